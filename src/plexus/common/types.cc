@@ -1,0 +1,186 @@
+#include "plexus/common/types.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace plexus {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+    case DType::kI32:
+      return 4;
+    case DType::kF64:
+    case DType::kI64:
+      return 8;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "float32";
+    case DType::kF64:
+      return "float64";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
+  }
+  return "invalid";
+}
+
+absl::StatusOr<DType> ParseDType(const std::string& name) {
+  if (name == "float32" || name == "f32") return DType::kF32;
+  if (name == "float64" || name == "f64") return DType::kF64;
+  if (name == "int32" || name == "i32") return DType::kI32;
+  if (name == "int64" || name == "i64") return DType::kI64;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype '", name,
+                   "' (supported: float32, float64, int32, int64)"));
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+std::string TensorSpec::ToString() const {
+  return absl::StrCat(DTypeName(dtype), ShapeString(shape));
+}
+
+std::string Sharding::ToString() const {
+  if (is_split()) return absl::StrCat("split(", axis, ")");
+  return is_partial() ? "partial" : "replicated";
+}
+
+absl::StatusOr<TensorSpec> ArgSpec::Local(int num_shards) const {
+  if (!sharding.is_split()) return global;
+  int axis = sharding.axis;
+  if (axis < 0 || axis >= static_cast<int>(global.shape.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sharding ", sharding.ToString(), " names axis ", axis,
+                     " but the array ", global.ToString(), " has ",
+                     global.shape.size(), " axes"));
+  }
+  if (num_shards <= 0 || global.shape[axis] % num_shards != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "axis ", axis, " of ", global.ToString(), " (length ",
+        global.shape[axis], ") does not split evenly over ", num_shards,
+        " devices"));
+  }
+  TensorSpec local = global;
+  local.shape[axis] /= num_shards;
+  return local;
+}
+
+std::string ArgSpec::ToString() const {
+  return absl::StrCat(global.ToString(), " ", sharding.ToString());
+}
+
+proto::TensorSpec ToProto(const TensorSpec& spec) {
+  proto::TensorSpec p;
+  p.set_dtype(static_cast<proto::DType>(spec.dtype));
+  for (int64_t d : spec.shape) p.add_shape(d);
+  return p;
+}
+
+absl::StatusOr<TensorSpec> FromProto(const proto::TensorSpec& p) {
+  if (p.dtype() < proto::F32 || p.dtype() > proto::I64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid dtype code ", p.dtype()));
+  }
+  TensorSpec spec;
+  spec.dtype = static_cast<DType>(p.dtype());
+  for (int64_t d : p.shape()) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("negative dimension ", d, " in shape"));
+    }
+    spec.shape.push_back(d);
+  }
+  return spec;
+}
+
+proto::Sharding ToProto(const Sharding& s) {
+  proto::Sharding p;
+  p.set_kind(s.is_split()     ? proto::Sharding::SPLIT
+             : s.is_partial() ? proto::Sharding::PARTIAL
+                              : proto::Sharding::REPLICATED);
+  p.set_axis(s.axis);
+  return p;
+}
+
+Sharding FromProto(const proto::Sharding& p) {
+  switch (p.kind()) {
+    case proto::Sharding::SPLIT:
+      return Sharding::Split(p.axis());
+    case proto::Sharding::PARTIAL:
+      return Sharding::Partial();
+    default:
+      return Sharding::Replicated();
+  }
+}
+
+proto::ArgDef ToProto(const ArgSpec& arg) {
+  proto::ArgDef p;
+  *p.mutable_global() = ToProto(arg.global);
+  *p.mutable_sharding() = ToProto(arg.sharding);
+  return p;
+}
+
+absl::StatusOr<ArgSpec> FromProto(const proto::ArgDef& p) {
+  ArgSpec arg;
+  auto spec = FromProto(p.global());
+  if (!spec.ok()) return spec.status();
+  arg.global = *spec;
+  arg.sharding = FromProto(p.sharding());
+  return arg;
+}
+
+void AttrsToProto(const Attrs& attrs,
+                  google::protobuf::Map<std::string, proto::AttrValue>* out) {
+  for (const auto& [k, v] : attrs) {
+    proto::AttrValue& pv = (*out)[k];
+    if (auto* i = std::get_if<int64_t>(&v)) pv.set_i(*i);
+    if (auto* f = std::get_if<double>(&v)) pv.set_f(*f);
+    if (auto* s = std::get_if<std::string>(&v)) pv.set_s(*s);
+    if (auto* l = std::get_if<std::vector<int64_t>>(&v)) {
+      for (int64_t x : *l) pv.mutable_ints()->add_values(x);
+    }
+  }
+}
+
+Attrs AttrsFromProto(
+    const google::protobuf::Map<std::string, proto::AttrValue>& attrs) {
+  Attrs out;
+  for (const auto& [k, v] : attrs) {
+    switch (v.value_case()) {
+      case proto::AttrValue::kI:
+        out[k] = v.i();
+        break;
+      case proto::AttrValue::kF:
+        out[k] = v.f();
+        break;
+      case proto::AttrValue::kS:
+        out[k] = v.s();
+        break;
+      case proto::AttrValue::kInts:
+        out[k] = std::vector<int64_t>(v.ints().values().begin(),
+                                      v.ints().values().end());
+        break;
+      default:
+        break;
+    }
+  }
+  return out;
+}
+
+}  // namespace plexus

@@ -1,0 +1,93 @@
+// Value types shared by every component: dtypes, shapes, tensor specs,
+// shardings and program attributes. Plain data; safe to copy between threads.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "plexus/proto/plexus.pb.h"
+
+namespace plexus {
+
+enum class DType : int { kF32 = 1, kF64 = 2, kI32 = 3, kI64 = 4 };
+
+size_t DTypeSize(DType dtype);
+const char* DTypeName(DType dtype);  // "float32", "int64", ...
+absl::StatusOr<DType> ParseDType(const std::string& name);
+
+using Shape = std::vector<int64_t>;
+int64_t NumElements(const Shape& shape);
+std::string ShapeString(const Shape& shape);  // "[8, 4]"
+
+struct TensorSpec {
+  DType dtype = DType::kF32;
+  Shape shape;
+
+  int64_t num_elements() const { return NumElements(shape); }
+  int64_t byte_size() const { return num_elements() * DTypeSize(dtype); }
+  std::string ToString() const;  // "float32[8, 4]"
+  bool operator==(const TensorSpec& o) const {
+    return dtype == o.dtype && shape == o.shape;
+  }
+  bool operator!=(const TensorSpec& o) const { return !(*this == o); }
+};
+
+// Layout of a logical array over the N devices of a slice:
+//  - replicated: a full copy on each device;
+//  - split(a): an even split along axis a (shard i holds rows
+//    [i*len/N, (i+1)*len/N) of that axis);
+//  - partial: each device holds an addend of the global shape and the value
+//    is their sum (what a data-parallel gradient is before its all-reduce).
+struct Sharding {
+  enum class Kind { kReplicated, kSplit, kPartial };
+  Kind kind = Kind::kReplicated;
+  int axis = 0;
+
+  static Sharding Replicated() { return {}; }
+  static Sharding Split(int axis) { return {Kind::kSplit, axis}; }
+  static Sharding Partial() { return {Kind::kPartial, 0}; }
+  bool is_split() const { return kind == Kind::kSplit; }
+  bool is_partial() const { return kind == Kind::kPartial; }
+  bool is_replicated() const { return kind == Kind::kReplicated; }
+  std::string ToString() const;  // "replicated", "split(0)", "partial"
+  bool operator==(const Sharding& o) const {
+    return kind == o.kind && (kind != Kind::kSplit || axis == o.axis);
+  }
+  bool operator!=(const Sharding& o) const { return !(*this == o); }
+};
+
+// A program argument: global spec plus its layout over the slice.
+struct ArgSpec {
+  TensorSpec global;
+  Sharding sharding;
+
+  // The shape each device holds, or an error naming the axis that does not
+  // divide evenly.
+  absl::StatusOr<TensorSpec> Local(int num_shards) const;
+  std::string ToString() const;  // "float32[8, 4] split(0)"
+  bool operator==(const ArgSpec& o) const {
+    return global == o.global && sharding == o.sharding;
+  }
+};
+
+using AttrValue =
+    std::variant<int64_t, double, std::string, std::vector<int64_t>>;
+using Attrs = std::map<std::string, AttrValue>;
+
+// --- proto conversion -----------------------------------------------------
+proto::TensorSpec ToProto(const TensorSpec& spec);
+absl::StatusOr<TensorSpec> FromProto(const proto::TensorSpec& spec);
+proto::Sharding ToProto(const Sharding& sharding);
+Sharding FromProto(const proto::Sharding& sharding);
+proto::ArgDef ToProto(const ArgSpec& arg);
+absl::StatusOr<ArgSpec> FromProto(const proto::ArgDef& arg);
+void AttrsToProto(const Attrs& attrs,
+                  google::protobuf::Map<std::string, proto::AttrValue>* out);
+Attrs AttrsFromProto(
+    const google::protobuf::Map<std::string, proto::AttrValue>& attrs);
+
+}  // namespace plexus

@@ -1,0 +1,102 @@
+// Built-in C++ kernels: the program backend for host logic, tests and
+// benchmarks. A kernel has shard_map semantics: it runs once per shard on
+// that shard's local data, and its output shardings say how the local
+// results form the logical outputs (a reduction over a split axis gives a
+// `partial` output that all_reduce turns into a replicated one).
+//
+// Kernels are stateless and thread-safe; the registry is immutable after
+// static initialisation.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "plexus/common/types.h"
+
+namespace plexus::builtin {
+
+struct ConstTensor {
+  TensorSpec spec;  // local (per-shard) spec
+  const void* data = nullptr;
+  template <typename T>
+  const T* as() const {
+    return static_cast<const T*>(data);
+  }
+};
+
+struct MutableTensor {
+  TensorSpec spec;  // local (per-shard) spec
+  void* data = nullptr;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// What the worker offers a collective kernel. Every shard of the call calls
+// AllReduceSum exactly once; it blocks until all shards of the call (on
+// every worker) have contributed, then writes the elementwise sum into
+// `out`. Shards are summed in shard order, so results are deterministic.
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual absl::Status AllReduceSum(const ConstTensor& in,
+                                    const MutableTensor& out) = 0;
+};
+
+struct KernelContext {
+  const Attrs* attrs = nullptr;
+  std::vector<ConstTensor> inputs;
+  std::vector<MutableTensor> outputs;  // allocated by the caller, uninitialised
+  int shard = 0;                       // this shard's index in the slice
+  int num_shards = 1;
+  Collectives* collectives = nullptr;  // set only for collective kernels
+};
+
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // Output global specs and shardings from the inputs' global specs and
+  // shardings over `num_shards` devices. Errors name the argument by index
+  // and show the shapes and shardings involved, e.g.
+  //   "argument 1: expected float32[8, 4] split(0) like argument 0, got
+  //    float32[4, 4] split(0)".
+  // The caller prefixes the program name.
+  virtual absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
+      const std::vector<ArgSpec>& inputs, int num_shards,
+      const Attrs& attrs) const = 0;
+  // Runs one shard. Errors become the message of the call's futures.
+  virtual absl::Status Run(const KernelContext& ctx) const = 0;
+  virtual bool is_collective() const { return false; }
+};
+
+class KernelRegistry {
+ public:
+  static KernelRegistry& Global();
+  // Takes ownership. Registering a name twice is a programming error.
+  void Register(const std::string& name, std::unique_ptr<Kernel> kernel);
+  // Null if unknown.
+  const Kernel* Find(const std::string& name) const;
+  std::vector<std::string> Names() const;  // sorted
+
+ private:
+  std::vector<std::pair<std::string, std::unique_ptr<Kernel>>> kernels_;
+};
+
+// Attribute access with defaults and clear errors ("attribute 'lr' must be a
+// number, got a string").
+absl::StatusOr<double> GetFloatAttr(const Attrs& attrs, const std::string& key,
+                                    std::optional<double> fallback = {});
+absl::StatusOr<int64_t> GetIntAttr(const Attrs& attrs, const std::string& key,
+                                   std::optional<int64_t> fallback = {});
+absl::StatusOr<std::string> GetStringAttr(
+    const Attrs& attrs, const std::string& key,
+    std::optional<std::string> fallback = {});
+absl::StatusOr<std::vector<int64_t>> GetIntsAttr(const Attrs& attrs,
+                                                 const std::string& key);
+
+}  // namespace plexus::builtin

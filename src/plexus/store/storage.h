@@ -1,0 +1,52 @@
+// Storage: one contiguous block of host memory holding a shard's bytes.
+// Large blocks live in a memfd so that a worker or client on the same
+// machine can map them (the shared-memory data plane passes the fd over a
+// unix socket; no byte is copied through a socket). Small blocks live on the
+// heap, where a syscall per allocation would cost more than the copy.
+//
+// Immutable once its producer has written it; safe to read from any thread.
+// Shared (shared_ptr) because a block is read by the object store entry, by
+// in-flight transfers and by fetches at once, and freed by the last of them.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+
+namespace plexus {
+
+class Storage {
+ public:
+  // Blocks of at least this many bytes are memfd-backed.
+  static constexpr size_t kShmThreshold = 256 * 1024;
+
+  // New zero-filled block; memfd-backed when bytes >= kShmThreshold (or
+  // `force_shm`).
+  static absl::StatusOr<std::shared_ptr<Storage>> Allocate(
+      size_t bytes, bool force_shm = false);
+  // Maps a memfd received from another process. Takes ownership of `fd`
+  // (closes it once mapped). Errors if the file is shorter than `bytes`.
+  static absl::StatusOr<std::shared_ptr<Storage>> FromFd(int fd, size_t bytes);
+
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() { return data_; }
+  const void* data() const { return data_; }
+  size_t size() const { return size_; }
+  // A descriptor to hand to another process, or -1 for heap blocks.
+  int fd() const { return fd_; }
+  bool shared() const { return fd_ >= 0; }
+
+ private:
+  Storage(void* data, size_t size, int fd, bool mapped)
+      : data_(data), size_(size), fd_(fd), mapped_(mapped) {}
+  void* data_;
+  size_t size_;
+  int fd_;       // memfd kept open so it can be sent again; -1 for heap
+  bool mapped_;  // munmap vs free
+};
+
+}  // namespace plexus

@@ -1,0 +1,119 @@
+// The data plane: shard bytes moving worker to worker, and client to worker
+// for put and fetch. Never through the server.
+//
+// Two carriers behind one protocol (frames on a stream socket):
+//  - a unix socket (abstract namespace) between processes on one machine,
+//    where memfd-backed Storage travels as a file descriptor (SCM_RIGHTS)
+//    and the receiver maps it: no byte is copied through the socket;
+//  - TCP between machines (or when shared memory is disabled), where the
+//    payload is streamed in chunks of kChunkBytes, so sender and receiver
+//    pipeline a large buffer.
+//
+// Frames:
+//   PUSH   worker -> worker  a shard for (buffer_id, shard); one-way
+//   PUSH_ERROR worker -> worker  that shard failed upstream; payload = message
+//   PUT    client -> worker  a shard the client declared; replied with ACK
+//   FETCH  client -> worker  blocks until the shard is ready; replied with
+//                            DATA or ERROR (payload = message)
+//   WAIT   client -> worker  like FETCH without the bytes; ACK or ERROR
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "plexus/store/storage.h"
+
+namespace plexus::transport {
+
+inline constexpr size_t kChunkBytes = 1 << 20;
+
+struct ShardKey {
+  uint64_t buffer_id = 0;
+  int32_t shard = 0;
+  bool operator==(const ShardKey& o) const {
+    return buffer_id == o.buffer_id && shard == o.shard;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const ShardKey& k) {
+    return H::combine(std::move(h), k.buffer_id, k.shard);
+  }
+};
+
+// Byte counters of one process's data plane (payload bytes only).
+struct DataPlaneCounters {
+  std::atomic<int64_t> bytes_sent{0};      // PUSH payloads sent
+  std::atomic<int64_t> bytes_received{0};  // PUSH payloads received
+  std::atomic<int64_t> bytes_from_clients{0};  // PUT payloads received
+  std::atomic<int64_t> bytes_to_clients{0};    // FETCH payloads sent
+};
+
+// What a data-plane server asks of its owner (the worker's object store).
+// Called from connection threads; implementations are thread-safe and may
+// block (back-pressure and waiting for a shard to become ready).
+class DataPlaneHandler {
+ public:
+  virtual ~DataPlaneHandler() = default;
+  // Storage for `bytes` incoming bytes of `key` (TCP path). May block until
+  // the destination device has room. `from_client` tells PUT from PUSH.
+  virtual absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
+      const ShardKey& key, size_t bytes, bool from_client) = 0;
+  // The bytes of `key` arrived (either carrier). For a PUSH the data is
+  // complete; `from_client` tells PUT from PUSH.
+  virtual absl::Status Deliver(const ShardKey& key,
+                               std::shared_ptr<Storage> data,
+                               bool from_client) = 0;
+  // The sender says `key` failed upstream.
+  virtual void DeliverError(const ShardKey& key, const std::string& message) = 0;
+  // Blocks until `key` is ready; returns its bytes or its error.
+  virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
+      const ShardKey& key) = 0;
+};
+
+struct DataPlaneServerOptions {
+  std::string tcp_host = "127.0.0.1";  // TCP listens on port 0 here
+  std::string unix_name;  // abstract socket name; empty disables unix
+};
+
+// Accepts connections on TCP and (optionally) a unix socket; one thread per
+// connection, blocking I/O (idle connections sleep in recv).
+class DataPlaneServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
+      const DataPlaneServerOptions& options, DataPlaneHandler* handler,
+      DataPlaneCounters* counters);
+  virtual ~DataPlaneServer() = default;  // stops accepting, closes, joins
+  virtual std::string tcp_address() const = 0;  // "127.0.0.1:PORT"
+  virtual std::string unix_path() const = 0;    // "" when disabled
+};
+
+// One connection to one worker's data plane. Not thread-safe: one user at
+// a time (the worker keeps one per peer on its sender thread; the client
+// keeps a pool). An I/O error closes the connection and is returned; the
+// peer may have died.
+class DataPlaneConnection {
+ public:
+  // Connects to unix_path when non-empty (same machine), else tcp_address.
+  static absl::StatusOr<std::unique_ptr<DataPlaneConnection>> Connect(
+      const std::string& tcp_address, const std::string& unix_path,
+      DataPlaneCounters* counters);
+  virtual ~DataPlaneConnection() = default;
+
+  virtual bool uses_shared_memory() const = 0;
+  // One-way. Returns once the bytes are handed to the kernel.
+  virtual absl::Status Push(const ShardKey& key, const Storage& data) = 0;
+  virtual absl::Status PushError(const ShardKey& key,
+                                 const std::string& message) = 0;
+  // Waits for the worker's ACK (the shard is stored).
+  virtual absl::Status Put(const ShardKey& key, const Storage& data) = 0;
+  // Blocks until the shard is ready on the worker; its bytes or its error.
+  virtual absl::StatusOr<std::shared_ptr<Storage>> Fetch(
+      const ShardKey& key) = 0;
+  virtual absl::Status Wait(const ShardKey& key) = 0;
+};
+
+}  // namespace plexus::transport
