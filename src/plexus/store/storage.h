@@ -25,8 +25,10 @@ class Storage {
   // `force_shm`).
   static absl::StatusOr<std::shared_ptr<Storage>> Allocate(
       size_t bytes, bool force_shm = false);
-  // Maps a memfd received from another process. Takes ownership of `fd`
-  // (closes it once mapped). Errors if the file is shorter than `bytes`.
+  // Maps a memfd received from another process. Takes ownership of `fd`,
+  // also on error; it stays open (so the block can be sent on) until the
+  // Storage is destroyed. Errors if the file is shorter than `bytes` or is
+  // not sealed against shrinking (as Allocate's memfds are).
   static absl::StatusOr<std::shared_ptr<Storage>> FromFd(int fd, size_t bytes);
 
   ~Storage();

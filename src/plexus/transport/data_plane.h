@@ -46,8 +46,8 @@ struct ShardKey {
 
 // Byte counters of one process's data plane (payload bytes only).
 struct DataPlaneCounters {
-  std::atomic<int64_t> bytes_sent{0};      // PUSH payloads sent
-  std::atomic<int64_t> bytes_received{0};  // PUSH payloads received
+  std::atomic<int64_t> bytes_sent{0};          // PUSH payloads sent
+  std::atomic<int64_t> bytes_received{0};      // PUSH payloads received
   std::atomic<int64_t> bytes_from_clients{0};  // PUT payloads received
   std::atomic<int64_t> bytes_to_clients{0};    // FETCH payloads sent
 };
@@ -68,7 +68,8 @@ class DataPlaneHandler {
                                std::shared_ptr<Storage> data,
                                bool from_client) = 0;
   // The sender says `key` failed upstream.
-  virtual void DeliverError(const ShardKey& key, const std::string& message) = 0;
+  virtual void DeliverError(const ShardKey& key,
+                            const std::string& message) = 0;
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
@@ -86,7 +87,10 @@ class DataPlaneServer {
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
       const DataPlaneServerOptions& options, DataPlaneHandler* handler,
       DataPlaneCounters* counters);
-  virtual ~DataPlaneServer() = default;  // stops accepting, closes, joins
+  // Stops accepting, shuts every connection down and joins all threads.
+  // A thread blocked inside the handler (AwaitReady, AllocateIncoming) is
+  // joined too: the handler's owner releases those calls first.
+  virtual ~DataPlaneServer() = default;
   virtual std::string tcp_address() const = 0;  // "127.0.0.1:PORT"
   virtual std::string unix_path() const = 0;    // "" when disabled
 };

@@ -55,6 +55,11 @@ struct KernelContext {
   int shard = 0;                       // this shard's index in the slice
   int num_shards = 1;
   Collectives* collectives = nullptr;  // set only for collective kernels
+  // The inputs' shardings, as given to InferOutputs, one per input. Kernels
+  // whose local result depends on the global shape read them (softmax_xent
+  // divides by the global batch); they fail if this is left empty while
+  // num_shards > 1.
+  std::vector<Sharding> input_shardings;
 };
 
 class Kernel {

@@ -1,0 +1,268 @@
+#include "plexus/client/client.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "plexus/client/client_core.h"
+#include "plexus/executors/builtin/kernel.h"
+
+namespace plexus {
+
+// ---------------------------------------------------------------- Slice
+
+int Slice::num_hosts() const {
+  std::set<int64_t> hosts;
+  for (const auto& d : info_.devices()) hosts.insert(d.worker_id());
+  return static_cast<int>(hosts.size());
+}
+
+Slice::~Slice() { Close(); }
+
+void Slice::Close() {
+  if (core_) core_->ReleaseSlice(id());
+  core_.reset();
+}
+
+bool Slice::closed() const { return core_ == nullptr; }
+
+// ---------------------------------------------------------------- Future
+
+uint64_t Future::buffer_id() const { return handle_->id(); }
+const ArgSpec& Future::arg() const { return handle_->arg(); }
+const std::shared_ptr<Slice>& Future::slice() const {
+  return handle_->slice();
+}
+
+// ---------------------------------------------------------------- calls
+
+namespace {
+
+// Validates a call and fills `op`; the futures it returns are valid even
+// when `op` is not sent (an input already failed: the outputs fail too).
+absl::StatusOr<std::vector<Future>> BuildCall(
+    const std::shared_ptr<ClientCore>& core, const Program& program,
+    const std::vector<Future>& inputs, std::vector<proto::ClientOp>* ops) {
+  const std::string what = absl::StrCat("program '", program.name(), "'");
+  if (program.slice()->closed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": its slice was closed"));
+  }
+  if (inputs.size() != program.inputs().size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " takes ", program.inputs().size(),
+                     " arguments, got ", inputs.size()));
+  }
+  absl::Status upstream;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].valid()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " argument ", i, " is an empty future"));
+    }
+    const ArgSpec& want = program.inputs()[i];
+    const ArgSpec& got = inputs[i].arg();
+    if (!(got == want)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " argument ", i, " has ", got.ToString(),
+          " but the program was compiled for ", want.ToString()));
+    }
+    if (inputs[i].slice()->closed()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, " argument ", i, " lives on a slice that was closed"));
+    }
+    absl::Status s = core->BufferStatus(inputs[i].buffer_id());
+    if (!s.ok() && upstream.ok()) upstream = s;
+  }
+  proto::ClientOp op;
+  proto::Call* call = op.mutable_call();
+  call->set_call_id(core->NextId());
+  call->set_slice_id(program.slice()->id());
+  call->set_program_id(program.id());
+  std::vector<Future> outputs;
+  for (const ArgSpec& out : program.outputs()) {
+    uint64_t id = core->NextId();
+    call->add_output_ids(id);
+    outputs.emplace_back(
+        std::make_shared<BufferHandle>(core, id, out, program.slice()));
+    if (!upstream.ok()) core->MarkFailed(id, upstream);
+  }
+  if (!upstream.ok()) return outputs;
+  for (const Future& in : inputs) {
+    proto::InputRef* ref = call->add_inputs();
+    ref->set_buffer_id(in.buffer_id());
+    ref->set_slice_id(in.slice()->id());
+    *ref->mutable_arg() = ToProto(in.arg());
+  }
+  core->calls++;
+  ops->push_back(std::move(op));
+  return outputs;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Future>> Graph::Call(
+    const Program& program, const std::vector<Future>& inputs) {
+  return BuildCall(core_, program, inputs, &ops_);
+}
+
+absl::Status Graph::Submit() {
+  if (core_->closed()) return absl::FailedPreconditionError("client closed");
+  core_->Enqueue(std::move(ops_));
+  ops_.clear();
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------- Client
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const std::string& address, const ClientOptions& options) {
+  auto core = std::make_shared<ClientCore>(options);
+  absl::Status s = core->Init(address);
+  if (!s.ok()) return s;
+  return std::unique_ptr<Client>(new Client(std::move(core)));
+}
+
+Client::~Client() { Close(); }
+
+void Client::Close() { core_->Close(); }
+
+uint64_t Client::client_id() const { return core_->client_id(); }
+
+absl::StatusOr<std::shared_ptr<Slice>> Client::CreateSlice(
+    const SliceOptions& options) {
+  proto::SliceRequest req;
+  req.set_num_devices(options.num_devices);
+  for (int32_t m : options.mesh_shape) req.add_mesh_shape(m);
+  for (const auto& a : options.axis_names) req.add_axis_names(a);
+  req.set_placement(options.placement == Placement::kOneHost
+                        ? proto::PLACEMENT_ONE_HOST
+                    : options.placement == Placement::kSpread
+                        ? proto::PLACEMENT_SPREAD
+                        : proto::PLACEMENT_ANY);
+  auto info = core_->RequestSlice(req);
+  if (!info.ok()) return info.status();
+  return std::make_shared<Slice>(core_, *info);
+}
+
+absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
+    const std::shared_ptr<Slice>& slice, const std::string& name,
+    const std::string& kernel_name, const Attrs& attrs,
+    const std::vector<ArgSpec>& inputs) {
+  const std::string what = absl::StrCat("program '", name, "'");
+  if (slice == nullptr || slice->closed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the slice is closed"));
+  }
+  const builtin::Kernel* kernel =
+      builtin::KernelRegistry::Global().Find(kernel_name);
+  if (kernel == nullptr) {
+    std::string known;
+    for (const auto& n : builtin::KernelRegistry::Global().Names()) {
+      absl::StrAppend(&known, known.empty() ? "" : ", ", n);
+    }
+    return absl::NotFoundError(absl::StrCat(what, ": unknown kernel '",
+                                            kernel_name, "' (known: ", known,
+                                            ")"));
+  }
+  const int n = slice->num_devices();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto local = inputs[i].Local(n);
+    if (!local.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " argument ", i, ": ", local.status().message()));
+    }
+  }
+  auto outputs = kernel->InferOutputs(inputs, n, attrs);
+  if (!outputs.ok()) {
+    return absl::Status(outputs.status().code(),
+                        absl::StrCat(what, ": ", outputs.status().message()));
+  }
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    auto local = (*outputs)[i].Local(n);
+    if (!local.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " output ", i, ": ", local.status().message()));
+    }
+    for (const auto& d : slice->info().devices()) {
+      if (local->byte_size() > d.memory_bytes()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            what, " output ", i, " needs ", local->byte_size(),
+            " bytes per device, more than the ", d.memory_bytes(),
+            "-byte budget of device ", d.device(), " on ", d.host_name()));
+      }
+    }
+  }
+  proto::ProgramDef def;
+  def.set_name(name);
+  def.set_kernel(kernel_name);
+  AttrsToProto(attrs, def.mutable_attrs());
+  for (const auto& a : inputs) *def.add_inputs() = ToProto(a);
+  for (const auto& a : *outputs) *def.add_outputs() = ToProto(a);
+  uint64_t id = core_->NextId();
+  proto::ClientOp op;
+  op.mutable_program()->set_program_id(id);
+  *op.mutable_program()->mutable_program() = def;
+  std::vector<proto::ClientOp> ops;
+  ops.push_back(std::move(op));
+  core_->Enqueue(std::move(ops));
+  return std::make_shared<Program>(id, std::move(def), inputs,
+                                   std::move(*outputs), slice);
+}
+
+absl::StatusOr<std::vector<Future>> Client::Call(
+    const Program& program, const std::vector<Future>& inputs) {
+  std::vector<proto::ClientOp> ops;
+  auto outputs = BuildCall(core_, program, inputs, &ops);
+  if (outputs.ok() && !ops.empty()) core_->Enqueue(std::move(ops));
+  return outputs;
+}
+
+Graph Client::NewGraph() { return Graph(core_); }
+
+void Client::Flush() { core_->Flush(); }
+
+ClientCounters Client::counters() const {
+  ClientCounters c;
+  c.bytes_put = core_->bytes_put.load();
+  c.bytes_fetched = core_->bytes_fetched.load();
+  c.calls = core_->calls.load();
+  c.live_futures = core_->live_futures.load();
+  return c;
+}
+
+// ---------------------------------------------------------------- status
+
+absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
+    const std::string& address) {
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = proto::Controller::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  proto::StatusRequest req;
+  proto::ClusterStatus status;
+  grpc::Status s = stub->GetStatus(&ctx, req, &status);
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no Plexus server answers at ", address, ": ", s.error_message()));
+  }
+  return status;
+}
+
+absl::Status ShutdownServer(const std::string& address) {
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  auto stub = proto::Controller::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  proto::ShutdownRequest req;
+  proto::ShutdownReply reply;
+  grpc::Status s = stub->Shutdown(&ctx, req, &reply);
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no Plexus server answers at ", address, ": ", s.error_message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus

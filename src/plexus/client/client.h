@@ -1,0 +1,179 @@
+// The Plexus client: the single controller. Connects to the server, asks
+// for slices, compiles programs for them and calls them. Calls return
+// futures at once; the ops travel to the server in batches on one stream
+// (never one RPC per call) and the client never sits on the critical path.
+// Bulk bytes go straight to and from workers over the data plane (put and
+// fetch), never through the server.
+//
+// Client, Slice, Program and Future are safe to use from several threads.
+// Every blocking method waits without holding a lock the I/O threads need.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "plexus/common/types.h"
+#include "plexus/proto/plexus.pb.h"
+
+namespace plexus {
+
+class ClientCore;
+class BufferHandle;
+
+enum class Placement { kAny, kOneHost, kSpread };
+
+struct SliceOptions {
+  int num_devices = 1;
+  std::vector<int32_t> mesh_shape;       // default: [num_devices]
+  std::vector<std::string> axis_names;   // default: ["devices"]
+  Placement placement = Placement::kAny;
+};
+
+// A set of virtual devices granted by the server, with a mesh shape.
+class Slice {
+ public:
+  uint64_t id() const { return info_.slice_id(); }
+  int num_devices() const { return info_.devices_size(); }
+  const proto::SliceInfo& info() const { return info_; }
+  // Distinct hosts the slice spans.
+  int num_hosts() const;
+  // Returns the slice to the server. Futures on it stay readable until
+  // released; new calls on it fail.
+  void Close();
+  bool closed() const;
+
+  // Internal.
+  Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info)
+      : core_(std::move(core)), info_(std::move(info)) {}
+  ~Slice();
+
+ private:
+  std::shared_ptr<ClientCore> core_;
+  proto::SliceInfo info_;
+};
+
+// A program compiled for a slice: static input and output specs.
+class Program {
+ public:
+  const std::string& name() const { return def_.name(); }
+  const std::vector<ArgSpec>& inputs() const { return inputs_; }
+  const std::vector<ArgSpec>& outputs() const { return outputs_; }
+  const std::shared_ptr<Slice>& slice() const { return slice_; }
+  uint64_t id() const { return id_; }
+  const proto::ProgramDef& def() const { return def_; }
+
+  // Internal.
+  Program(uint64_t id, proto::ProgramDef def, std::vector<ArgSpec> inputs,
+          std::vector<ArgSpec> outputs, std::shared_ptr<Slice> slice)
+      : id_(id), def_(std::move(def)), inputs_(std::move(inputs)),
+        outputs_(std::move(outputs)), slice_(std::move(slice)) {}
+
+ private:
+  uint64_t id_;
+  proto::ProgramDef def_;
+  std::vector<ArgSpec> inputs_;
+  std::vector<ArgSpec> outputs_;
+  std::shared_ptr<Slice> slice_;
+};
+
+// A value that may not be computed yet: a sharded buffer on a slice.
+// Copies share one buffer; when the last copy goes, the workers free it.
+class Future {
+ public:
+  Future() = default;
+  explicit Future(std::shared_ptr<BufferHandle> handle)
+      : handle_(std::move(handle)) {}
+  bool valid() const { return handle_ != nullptr; }
+  uint64_t buffer_id() const;
+  const ArgSpec& arg() const;
+  const TensorSpec& spec() const { return arg().global; }
+  const Sharding& sharding() const { return arg().sharding; }
+  const std::shared_ptr<Slice>& slice() const;
+  const std::shared_ptr<BufferHandle>& handle() const { return handle_; }
+
+ private:
+  std::shared_ptr<BufferHandle> handle_;
+};
+
+// Calls recorded and submitted as one unit: they reach the server in one
+// batch, in order, and cannot be interleaved with other calls.
+class Graph {
+ public:
+  absl::StatusOr<std::vector<Future>> Call(const Program& program,
+                                           const std::vector<Future>& inputs);
+  // Sends the recorded calls. The graph is empty afterwards.
+  absl::Status Submit();
+  size_t size() const { return ops_.size(); }
+
+  // Internal.
+  explicit Graph(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
+
+ private:
+  std::shared_ptr<ClientCore> core_;
+  std::vector<proto::ClientOp> ops_;
+};
+
+struct ClientOptions {
+  std::string name = "client";
+  // Use shared memory with workers on this machine for put and fetch.
+  bool shared_memory = true;
+};
+
+struct ClientCounters {
+  int64_t bytes_put = 0;
+  int64_t bytes_fetched = 0;
+  int64_t calls = 0;
+  int64_t live_futures = 0;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& address, const ClientOptions& options = {});
+  ~Client();  // Close()
+
+  uint64_t client_id() const;
+
+  absl::StatusOr<std::shared_ptr<Slice>> CreateSlice(
+      const SliceOptions& options);
+  // Infers output specs from the kernel's rules; errors name the program.
+  absl::StatusOr<std::shared_ptr<Program>> Compile(
+      const std::shared_ptr<Slice>& slice, const std::string& name,
+      const std::string& kernel, const Attrs& attrs,
+      const std::vector<ArgSpec>& inputs);
+  // Returns at once with one future per output.
+  absl::StatusOr<std::vector<Future>> Call(const Program& program,
+                                           const std::vector<Future>& inputs);
+  Graph NewGraph();
+  // Copies `data` (the row-major global array) onto the slice's workers.
+  absl::StatusOr<Future> Put(const std::shared_ptr<Slice>& slice,
+                             const void* data, const ArgSpec& arg);
+  // Blocks until the value is ready, then writes the global array (row
+  // major, arg().global.byte_size() bytes) to `dst`.
+  absl::Status Fetch(const Future& future, void* dst);
+  // Blocks until every shard is ready, or returns the error that made it
+  // fail. With a timeout: DeadlineExceeded when it passes.
+  absl::Status Wait(const Future& future);
+  // Sends everything queued now (calls are otherwise sent as soon as the
+  // sender thread wakes).
+  void Flush();
+  ClientCounters counters() const;
+  // Closes the session: the server frees the client's slices and buffers.
+  void Close();
+
+ private:
+  explicit Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
+  std::shared_ptr<ClientCore> core_;
+};
+
+// The cluster status as the server sees it.
+absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
+    const std::string& address);
+// Asks the server to shut down (and, for an embedded cluster, its workers).
+absl::Status ShutdownServer(const std::string& address);
+
+}  // namespace plexus

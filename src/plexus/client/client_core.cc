@@ -1,0 +1,247 @@
+#include "plexus/client/client_core.h"
+
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+
+namespace plexus {
+namespace {
+
+constexpr size_t kMaxQueuedOps = 1 << 16;
+
+std::string LocalMachineId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "/", id);
+}
+
+}  // namespace
+
+ClientCore::~ClientCore() { Close(); }
+
+absl::Status ClientCore::Init(const std::string& address) {
+  machine_id_ = LocalMachineId();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  channel_ = grpc::CreateCustomChannel(
+      address, grpc::InsecureChannelCredentials(), args);
+  if (!channel_->WaitForConnected(
+          absl::ToChronoTime(absl::Now() + absl::Seconds(10)))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach a Plexus server at ", address));
+  }
+  stub_ = proto::Controller::NewStub(channel_);
+  stream_ = stub_->ClientSession(&context_);
+  proto::ClientToServer hello;
+  hello.set_client_name(options_.name);
+  if (!stream_->Write(hello)) {
+    return absl::UnavailableError("the server closed the client session");
+  }
+  proto::ServerToClient first;
+  if (!stream_->Read(&first)) {
+    return absl::UnavailableError("the server refused the client session");
+  }
+  client_id_ = first.client_id();
+  sender_ = std::thread([this] { SenderLoop(); });
+  reader_ = std::thread([this] { ReaderLoop(); });
+  return absl::OkStatus();
+}
+
+bool ClientCore::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+void ClientCore::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+  }
+  // The sender flushes what is queued, then half-closes the stream; the
+  // server frees the client's slices and buffers when the stream ends.
+  if (sender_.joinable()) sender_.join();
+  if (reader_.joinable()) reader_.join();
+  absl::MutexLock lock(&mu_);
+  pool_.clear();
+}
+
+void ClientCore::Enqueue(std::vector<proto::ClientOp> ops) {
+  absl::MutexLock lock(&mu_);
+  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || stream_broken_ || queue_.size() < kMaxQueuedOps;
+  };
+  mu_.Await(absl::Condition(&room));
+  if (closed_ || stream_broken_) return;
+  for (auto& op : ops) queue_.push_back(std::move(op));
+}
+
+void ClientCore::Flush() {
+  absl::MutexLock lock(&mu_);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stream_broken_ || (queue_.empty() && !sending_);
+  };
+  mu_.Await(absl::Condition(&drained));
+}
+
+void ClientCore::SenderLoop() {
+  absl::Time next_stats = absl::Now();
+  while (true) {
+    proto::ClientToServer msg;
+    bool last = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closed_ || !queue_.empty();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&ready), next_stats);
+      for (auto& op : queue_) *msg.add_ops() = std::move(op);
+      queue_.clear();
+      sending_ = msg.ops_size() > 0;
+      last = closed_;
+    }
+    if (absl::Now() >= next_stats || last) {
+      proto::ClientStats* s = msg.add_ops()->mutable_stats();
+      s->set_bytes_put(bytes_put.load());
+      s->set_bytes_fetched(bytes_fetched.load());
+      s->set_calls(calls.load());
+      s->set_live_futures(live_futures.load());
+      next_stats = absl::Now() + absl::Seconds(1);
+    }
+    bool ok = msg.ops_size() == 0 || stream_->Write(msg);
+    absl::MutexLock lock(&mu_);
+    sending_ = false;
+    if (!ok) {
+      stream_broken_ = true;
+      queue_.clear();
+    }
+    if (last || !ok) break;
+  }
+  stream_->WritesDone();
+}
+
+void ClientCore::ReaderLoop() {
+  proto::ServerToClient msg;
+  while (stream_->Read(&msg)) {
+    absl::MutexLock lock(&mu_);
+    for (const auto& r : msg.slices()) slice_replies_[r.request_id()] = r;
+    for (const auto& e : msg.errors()) {
+      absl::Status s = absl::InvalidArgumentError(e.message());
+      for (uint64_t id : e.output_ids()) failed_[id] = s;
+      if (e.output_ids_size() == 0) {
+        SPDLOG_WARN("server: {}", e.message());
+      }
+    }
+    for (const auto& d : msg.workers_down()) {
+      workers_down_[d.worker_id()] = absl::UnavailableError(d.message());
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (!closed_) SPDLOG_WARN("the server closed the client session");
+  stream_broken_ = true;
+}
+
+absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
+    proto::SliceRequest req) {
+  uint64_t rid;
+  {
+    absl::MutexLock lock(&mu_);
+    rid = next_request_++;
+  }
+  req.set_request_id(rid);
+  proto::ClientOp op;
+  *op.mutable_slice_request() = req;
+  std::vector<proto::ClientOp> ops;
+  ops.push_back(std::move(op));
+  Enqueue(std::move(ops));
+  absl::MutexLock lock(&mu_);
+  auto answered = [this, rid]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stream_broken_ || closed_ || slice_replies_.count(rid) > 0;
+  };
+  mu_.Await(absl::Condition(&answered));
+  auto it = slice_replies_.find(rid);
+  if (it == slice_replies_.end()) {
+    return absl::UnavailableError("lost the server before it granted a slice");
+  }
+  proto::SliceReply reply = std::move(it->second);
+  slice_replies_.erase(it);
+  if (!reply.error().empty()) {
+    return absl::ResourceExhaustedError(reply.error());
+  }
+  return reply.slice();
+}
+
+void ClientCore::ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id) {
+  proto::ClientOp op;
+  op.mutable_release()->set_buffer_id(buffer_id);
+  op.mutable_release()->set_slice_id(slice_id);
+  absl::MutexLock lock(&mu_);
+  if (closed_ || stream_broken_) return;
+  queue_.push_back(std::move(op));  // never blocks: destructors call this
+}
+
+void ClientCore::ReleaseSlice(uint64_t slice_id) {
+  proto::ClientOp op;
+  op.set_slice_release(slice_id);
+  absl::MutexLock lock(&mu_);
+  if (closed_ || stream_broken_) return;
+  queue_.push_back(std::move(op));
+}
+
+void ClientCore::MarkFailed(uint64_t buffer_id, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  failed_[buffer_id] = status;
+}
+
+absl::Status ClientCore::BufferStatus(uint64_t buffer_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = failed_.find(buffer_id);
+  return it == failed_.end() ? absl::OkStatus() : it->second;
+}
+
+void ClientCore::ForgetBuffer(uint64_t buffer_id) {
+  absl::MutexLock lock(&mu_);
+  failed_.erase(buffer_id);
+}
+
+absl::Status ClientCore::WorkerStatus(int64_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_down_.find(worker_id);
+  return it == workers_down_.end() ? absl::OkStatus() : it->second;
+}
+
+bool ClientCore::SameMachine(const proto::SliceDevice& device) const {
+  return options_.shared_memory && device.machine_id() == machine_id_;
+}
+
+absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>>
+ClientCore::Checkout(const proto::SliceDevice& device) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pool_.find(device.worker_id());
+    if (it != pool_.end() && !it->second.empty()) {
+      auto conn = std::move(it->second.back());
+      it->second.pop_back();
+      return conn;
+    }
+  }
+  return transport::DataPlaneConnection::Connect(
+      device.data_address(), SameMachine(device) ? device.unix_path() : "",
+      &data_counters_);
+}
+
+void ClientCore::Checkin(int64_t worker_id,
+                         std::unique_ptr<transport::DataPlaneConnection> conn) {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return;
+  auto& list = pool_[worker_id];
+  if (list.size() < 8) list.push_back(std::move(conn));
+}
+
+}  // namespace plexus

@@ -1,0 +1,123 @@
+// Internal: the state behind a Client, shared with its slices and futures
+// (shared_ptr: futures may outlive the Client object, e.g. in Python; a
+// release after Close is then a no-op).
+//
+// Threads: the sender (drains queued ops into one message per write, and
+// sends counters every second) and the reader (slice replies, call errors,
+// workers that died).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "plexus/client/client.h"
+#include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/transport/data_plane.h"
+
+namespace plexus {
+
+class ClientCore : public std::enable_shared_from_this<ClientCore> {
+ public:
+  explicit ClientCore(ClientOptions options) : options_(std::move(options)) {}
+  ~ClientCore();
+  absl::Status Init(const std::string& address);
+  void Close();
+
+  uint64_t client_id() const { return client_id_; }
+  uint64_t NextId() { return (client_id_ << 40) | next_id_++; }
+
+  // Queues ops for the sender; waits while too many are queued.
+  void Enqueue(std::vector<proto::ClientOp> ops);
+  void Flush();
+  absl::StatusOr<proto::SliceInfo> RequestSlice(proto::SliceRequest req);
+
+  void ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id);
+  void ReleaseSlice(uint64_t slice_id);
+
+  // Errors the server reported for buffers (rejected calls), and workers
+  // known to be down.
+  void MarkFailed(uint64_t buffer_id, const absl::Status& status);
+  absl::Status BufferStatus(uint64_t buffer_id);
+  void ForgetBuffer(uint64_t buffer_id);
+  absl::Status WorkerStatus(int64_t worker_id);
+
+  // A data-plane connection to the worker holding `device`.
+  absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> Checkout(
+      const proto::SliceDevice& device);
+  void Checkin(int64_t worker_id,
+               std::unique_ptr<transport::DataPlaneConnection> conn);
+  bool SameMachine(const proto::SliceDevice& device) const;
+
+  transport::DataPlaneCounters& data_counters() { return data_counters_; }
+  std::atomic<int64_t> calls{0};
+  std::atomic<int64_t> bytes_put{0};
+  std::atomic<int64_t> bytes_fetched{0};
+  std::atomic<int64_t> live_futures{0};
+  bool closed() const;
+
+ private:
+  void SenderLoop();
+  void ReaderLoop();
+
+  const ClientOptions options_;
+  std::string machine_id_;
+  uint64_t client_id_ = 0;
+  std::atomic<uint64_t> next_id_{1};
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Controller::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<proto::ClientToServer, proto::ServerToClient>>
+      stream_;
+  std::thread sender_;
+  std::thread reader_;
+  transport::DataPlaneCounters data_counters_;
+
+  mutable absl::Mutex mu_;
+  std::vector<proto::ClientOp> queue_ ABSL_GUARDED_BY(mu_);
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, proto::SliceReply> slice_replies_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int64_t, absl::Status> workers_down_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
+      pool_ ABSL_GUARDED_BY(mu_);
+};
+
+// One sharded buffer as the client holds it. The last Future copy destroys
+// it, which releases the buffer on the workers.
+class BufferHandle {
+ public:
+  BufferHandle(std::shared_ptr<ClientCore> core, uint64_t id, ArgSpec arg,
+               std::shared_ptr<Slice> slice)
+      : core_(std::move(core)), id_(id), arg_(std::move(arg)),
+        slice_(std::move(slice)) {
+    core_->live_futures++;
+  }
+  ~BufferHandle() {
+    core_->live_futures--;
+    core_->ForgetBuffer(id_);
+    core_->ReleaseBuffer(id_, slice_->id());
+  }
+  uint64_t id() const { return id_; }
+  const ArgSpec& arg() const { return arg_; }
+  const std::shared_ptr<Slice>& slice() const { return slice_; }
+
+ private:
+  std::shared_ptr<ClientCore> core_;
+  uint64_t id_;
+  ArgSpec arg_;
+  std::shared_ptr<Slice> slice_;
+};
+
+}  // namespace plexus

@@ -1,0 +1,205 @@
+// Client::Put, Fetch and Wait: the client's use of the data plane.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/client/client.h"
+#include "plexus/client/client_core.h"
+
+namespace plexus {
+namespace {
+
+// Copies rows [off, off+len) of axis `axis` between a global array and a
+// shard (`to_shard` picks the direction).
+void CopyShardRows(char* global, char* shard, const Shape& global_shape,
+                   int axis, int64_t off, int64_t len, size_t elem,
+                   bool to_shard) {
+  int64_t outer = 1, inner = static_cast<int64_t>(elem);
+  for (int i = 0; i < axis; ++i) outer *= global_shape[i];
+  for (size_t i = axis + 1; i < global_shape.size(); ++i) {
+    inner *= global_shape[i];
+  }
+  const int64_t rows = global_shape[axis];
+  for (int64_t o = 0; o < outer; ++o) {
+    char* g = global + (o * rows + off) * inner;
+    char* s = shard + o * len * inner;
+    if (to_shard) {
+      std::memcpy(s, g, len * inner);
+    } else {
+      std::memcpy(g, s, len * inner);
+    }
+  }
+}
+
+template <typename T>
+void AddInto(void* acc, const void* in, int64_t n) {
+  T* a = static_cast<T*>(acc);
+  const T* b = static_cast<const T*>(in);
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+
+void Accumulate(DType dtype, void* acc, const void* in, int64_t n) {
+  switch (dtype) {
+    case DType::kF32: return AddInto<float>(acc, in, n);
+    case DType::kF64: return AddInto<double>(acc, in, n);
+    case DType::kI32: return AddInto<int32_t>(acc, in, n);
+    case DType::kI64: return AddInto<int64_t>(acc, in, n);
+  }
+}
+
+// Runs `fn` with a pooled connection to the worker of `device`; a failure
+// against a worker the server reported down says so.
+template <typename Fn>
+absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
+                            Fn fn) {
+  absl::Status down = core.WorkerStatus(device.worker_id());
+  if (!down.ok()) return down;
+  auto conn = core.Checkout(device);
+  absl::Status s = conn.ok() ? fn(**conn) : conn.status();
+  if (s.ok()) {
+    core.Checkin(device.worker_id(), std::move(*conn));
+    return s;
+  }
+  down = core.WorkerStatus(device.worker_id());
+  if (!down.ok()) return down;
+  if (absl::IsUnavailable(s) || absl::IsInternal(s) || !conn.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "lost worker ", device.worker_id(), " (", device.host_name(),
+        "): ", s.message()));
+  }
+  return s;  // the worker's own error, intact
+}
+
+}  // namespace
+
+absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
+                                   const void* data, const ArgSpec& arg) {
+  if (slice == nullptr || slice->closed()) {
+    return absl::FailedPreconditionError("put: the slice is closed");
+  }
+  if (arg.sharding.is_partial()) {
+    return absl::InvalidArgumentError("put: an array cannot be put as partial");
+  }
+  const int n = slice->num_devices();
+  auto local = arg.Local(n);
+  if (!local.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("put: ", local.status().message()));
+  }
+  const int64_t bytes = local->byte_size();
+  for (const auto& d : slice->info().devices()) {
+    if (bytes > d.memory_bytes()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "put: a shard of ", arg.global.ToString(), " needs ", bytes,
+          " bytes, more than the ", d.memory_bytes(), "-byte budget of device ",
+          d.device(), " on ", d.host_name()));
+    }
+  }
+  const uint64_t id = core_->NextId();
+  proto::ClientOp op;
+  op.mutable_put()->set_buffer_id(id);
+  op.mutable_put()->set_slice_id(slice->id());
+  *op.mutable_put()->mutable_arg() = ToProto(arg);
+  std::vector<proto::ClientOp> ops;
+  ops.push_back(std::move(op));
+  core_->Enqueue(std::move(ops));
+  Future future(std::make_shared<BufferHandle>(core_, id, arg, slice));
+
+  std::shared_ptr<Storage> replicated;
+  for (int j = 0; j < n; ++j) {
+    const proto::SliceDevice& device = slice->info().devices(j);
+    std::shared_ptr<Storage> shard;
+    if (arg.sharding.is_split()) {
+      auto s = Storage::Allocate(bytes, core_->SameMachine(device) &&
+                                            bytes >= 64 * 1024);
+      if (!s.ok()) return s.status();
+      shard = *s;
+      const int64_t len = local->shape[arg.sharding.axis];
+      CopyShardRows(static_cast<char*>(const_cast<void*>(data)),
+                    static_cast<char*>(shard->data()), arg.global.shape,
+                    arg.sharding.axis, j * len, len, DTypeSize(arg.global.dtype),
+                    /*to_shard=*/true);
+    } else {
+      if (!replicated) {
+        auto s = Storage::Allocate(bytes, bytes >= 64 * 1024);
+        if (!s.ok()) return s.status();
+        replicated = *s;
+        if (bytes) std::memcpy(replicated->data(), data, bytes);
+      }
+      shard = replicated;  // one memfd, mapped by every local worker
+    }
+    absl::Status s = WithConnection(
+        *core_, device, [&](transport::DataPlaneConnection& conn) {
+          return conn.Put({id, j}, *shard);
+        });
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("put of ",
+                                                 arg.global.ToString(),
+                                                 " shard ", j, ": ",
+                                                 s.message()));
+    }
+    core_->bytes_put += bytes;
+  }
+  return future;
+}
+
+absl::Status Client::Fetch(const Future& future, void* dst) {
+  if (!future.valid()) return absl::InvalidArgumentError("empty future");
+  absl::Status failed = core_->BufferStatus(future.buffer_id());
+  if (!failed.ok()) return failed;
+  const ArgSpec& arg = future.arg();
+  const proto::SliceInfo& info = future.slice()->info();
+  const int n = info.devices_size();
+  auto local = arg.Local(n);
+  if (!local.ok()) return local.status();
+  const int64_t bytes = local->byte_size();
+  const int shards = arg.sharding.is_replicated() ? 1 : n;
+  if (arg.sharding.is_partial() && arg.global.byte_size() > 0) {
+    std::memset(dst, 0, arg.global.byte_size());
+  }
+  for (int j = 0; j < shards; ++j) {
+    const proto::SliceDevice& device = info.devices(j);
+    std::shared_ptr<Storage> data;
+    absl::Status s = WithConnection(
+        *core_, device, [&](transport::DataPlaneConnection& conn) {
+          auto got = conn.Fetch({future.buffer_id(), j});
+          if (!got.ok()) return got.status();
+          data = std::move(*got);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return s;
+    if (static_cast<int64_t>(data->size()) < bytes) {
+      return absl::InternalError(absl::StrCat(
+          "shard ", j, " of ", arg.global.ToString(), " has ", data->size(),
+          " bytes, expected ", bytes));
+    }
+    core_->bytes_fetched += bytes;
+    if (arg.sharding.is_split()) {
+      const int64_t len = local->shape[arg.sharding.axis];
+      CopyShardRows(static_cast<char*>(dst), static_cast<char*>(data->data()),
+                    arg.global.shape, arg.sharding.axis, j * len, len,
+                    DTypeSize(arg.global.dtype), /*to_shard=*/false);
+    } else if (arg.sharding.is_partial()) {
+      Accumulate(arg.global.dtype, dst, data->data(), arg.global.num_elements());
+    } else if (bytes > 0) {
+      std::memcpy(dst, data->data(), bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::Wait(const Future& future) {
+  if (!future.valid()) return absl::InvalidArgumentError("empty future");
+  absl::Status failed = core_->BufferStatus(future.buffer_id());
+  if (!failed.ok()) return failed;
+  const proto::SliceInfo& info = future.slice()->info();
+  for (int j = 0; j < info.devices_size(); ++j) {
+    absl::Status s = WithConnection(
+        *core_, info.devices(j), [&](transport::DataPlaneConnection& conn) {
+          return conn.Wait({future.buffer_id(), j});
+        });
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus

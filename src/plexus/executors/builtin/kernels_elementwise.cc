@@ -1,0 +1,280 @@
+// Elementwise kernels: add, mul, relu_grad, sgd_update (two arguments of one
+// spec), scale, identity, relu (one argument), and bias_add.
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/executors/builtin/kernel_support.h"
+
+namespace plexus::builtin {
+namespace {
+
+using internal::CheckArgs;
+using internal::CheckFloat;
+using internal::CheckNotPartial;
+using internal::CheckRunArity;
+using internal::CheckSameAs;
+using internal::KernelRegistrar;
+using internal::VisitDType;
+
+constexpr char kNotLinear[] =
+    "the kernel is not linear in it, all_reduce it first";
+
+// Every input has output 0's local spec (guards the loops below against a
+// caller that skipped InferOutputs).
+absl::Status CheckSpecsMatchOutput(const KernelContext& ctx) {
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    if (ctx.inputs[i].spec != ctx.outputs[0].spec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input ", i, " is ", ctx.inputs[i].spec.ToString(),
+                       " but the output is ", ctx.outputs[0].spec.ToString()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A kernel of two arguments with identical global specs and shardings,
+// computing out[i] = Op::Apply(a[i], b[i]). Op gives:
+// kName, kFloatOnly, kPartialOk (the op is linear, so partial inputs give a
+// partial output) with kPartialAdvice for when it is not, Param(attrs), and
+// Apply(a, b, param).
+template <typename Op>
+class BinaryKernel : public Kernel {
+ public:
+  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
+      const std::vector<ArgSpec>& inputs, int num_shards,
+      const Attrs& attrs) const override {
+    if (auto s = CheckArgs(inputs, 2, num_shards); !s.ok()) return s;
+    for (int i = 0; i < 2; ++i) {
+      if constexpr (Op::kFloatOnly) {
+        if (auto s = CheckFloat(inputs, i); !s.ok()) return s;
+      }
+      if constexpr (!Op::kPartialOk) {
+        if (auto s = CheckNotPartial(inputs, i, Op::kPartialAdvice); !s.ok()) {
+          return s;
+        }
+      }
+    }
+    if (auto s = CheckSameAs(inputs, 1, 0); !s.ok()) return s;
+    if (auto param = Op::Param(attrs); !param.ok()) return param.status();
+    return std::vector<ArgSpec>{inputs[0]};
+  }
+
+  absl::Status Run(const KernelContext& ctx) const override {
+    if (auto s = CheckRunArity(ctx, Op::kName, 2, 1); !s.ok()) return s;
+    if (auto s = CheckSpecsMatchOutput(ctx); !s.ok()) return s;
+    auto param = Op::Param(internal::AttrsOf(ctx));
+    if (!param.ok()) return param.status();
+    return VisitDType(ctx.outputs[0].spec.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      if constexpr (Op::kFloatOnly && !std::is_floating_point_v<T>) {
+        return internal::FloatOnlyError(Op::kName, ctx.outputs[0].spec.dtype);
+      }
+      const T* a = ctx.inputs[0].as<T>();
+      const T* b = ctx.inputs[1].as<T>();
+      T* out = ctx.outputs[0].as<T>();
+      const int64_t n = ctx.outputs[0].spec.num_elements();
+      for (int64_t i = 0; i < n; ++i) out[i] = Op::Apply(a[i], b[i], *param);
+      return absl::OkStatus();
+    });
+  }
+};
+
+absl::StatusOr<double> NoParam(const Attrs&) { return 0.0; }
+
+struct AddOp {
+  static constexpr char kName[] = "add";
+  static constexpr bool kFloatOnly = false;
+  static constexpr bool kPartialOk = true;
+  static constexpr const char* kPartialAdvice = "";
+  static absl::StatusOr<double> Param(const Attrs& a) { return NoParam(a); }
+  template <typename T>
+  static T Apply(T a, T b, double) {
+    return a + b;
+  }
+};
+
+struct MulOp {
+  static constexpr char kName[] = "mul";
+  static constexpr bool kFloatOnly = false;
+  static constexpr bool kPartialOk = false;
+  static constexpr const char* kPartialAdvice = kNotLinear;
+  static absl::StatusOr<double> Param(const Attrs& a) { return NoParam(a); }
+  template <typename T>
+  static T Apply(T a, T b, double) {
+    return a * b;
+  }
+};
+
+// relu_grad(x, dy) = dy where x > 0, else 0.
+struct ReluGradOp {
+  static constexpr char kName[] = "relu_grad";
+  static constexpr bool kFloatOnly = true;
+  static constexpr bool kPartialOk = false;
+  static constexpr const char* kPartialAdvice = kNotLinear;
+  static absl::StatusOr<double> Param(const Attrs& a) { return NoParam(a); }
+  template <typename T>
+  static T Apply(T x, T dy, double) {
+    return x > T{0} ? dy : T{0};
+  }
+};
+
+// sgd_update(param, grad) = param - lr * grad.
+struct SgdUpdateOp {
+  static constexpr char kName[] = "sgd_update";
+  static constexpr bool kFloatOnly = true;
+  static constexpr bool kPartialOk = false;
+  static constexpr const char* kPartialAdvice =
+      "sgd_update needs whole values, all_reduce it first";
+  static absl::StatusOr<double> Param(const Attrs& a) {
+    return GetFloatAttr(a, "lr");
+  }
+  template <typename T>
+  static T Apply(T param, T grad, double lr) {
+    return static_cast<T>(param - static_cast<T>(lr) * grad);
+  }
+};
+
+// A kernel of one argument computing out[i] = Op::Apply(x[i], parameter);
+// the output has the argument's spec and sharding.
+template <typename Op>
+class UnaryKernel : public Kernel {
+ public:
+  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
+      const std::vector<ArgSpec>& inputs, int num_shards,
+      const Attrs& attrs) const override {
+    if (auto s = CheckArgs(inputs, 1, num_shards); !s.ok()) return s;
+    if constexpr (Op::kFloatOnly) {
+      if (auto s = CheckFloat(inputs, 0); !s.ok()) return s;
+    }
+    if constexpr (!Op::kPartialOk) {
+      if (auto s = CheckNotPartial(inputs, 0, kNotLinear); !s.ok()) return s;
+    }
+    if (auto param = Op::Param(attrs); !param.ok()) return param.status();
+    return std::vector<ArgSpec>{inputs[0]};
+  }
+
+  absl::Status Run(const KernelContext& ctx) const override {
+    if (auto s = CheckRunArity(ctx, Op::kName, 1, 1); !s.ok()) return s;
+    if (auto s = CheckSpecsMatchOutput(ctx); !s.ok()) return s;
+    auto param = Op::Param(internal::AttrsOf(ctx));
+    if (!param.ok()) return param.status();
+    return VisitDType(ctx.outputs[0].spec.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      if constexpr (Op::kFloatOnly && !std::is_floating_point_v<T>) {
+        return internal::FloatOnlyError(Op::kName, ctx.outputs[0].spec.dtype);
+      }
+      const T* x = ctx.inputs[0].as<T>();
+      T* out = ctx.outputs[0].as<T>();
+      const int64_t n = ctx.outputs[0].spec.num_elements();
+      for (int64_t i = 0; i < n; ++i) out[i] = Op::Apply(x[i], *param);
+      return absl::OkStatus();
+    });
+  }
+};
+
+struct ScaleOp {
+  static constexpr char kName[] = "scale";
+  static constexpr bool kFloatOnly = false;
+  static constexpr bool kPartialOk = true;
+  static absl::StatusOr<double> Param(const Attrs& a) {
+    return GetFloatAttr(a, "factor");
+  }
+  template <typename T>
+  static T Apply(T x, double factor) {
+    return static_cast<T>(static_cast<double>(x) * factor);
+  }
+};
+
+struct IdentityOp {
+  static constexpr char kName[] = "identity";
+  static constexpr bool kFloatOnly = false;
+  static constexpr bool kPartialOk = true;
+  static absl::StatusOr<double> Param(const Attrs& a) { return NoParam(a); }
+  template <typename T>
+  static T Apply(T x, double) {
+    return x;
+  }
+};
+
+struct ReluOp {
+  static constexpr char kName[] = "relu";
+  static constexpr bool kFloatOnly = true;
+  static constexpr bool kPartialOk = false;
+  static absl::StatusOr<double> Param(const Attrs& a) { return NoParam(a); }
+  template <typename T>
+  static T Apply(T x, double) {
+    return std::max(x, T{0});
+  }
+};
+
+// bias_add(x[m, n], b[n]) = x + b broadcast over rows. b is replicated; x
+// is replicated or split along its rows.
+class BiasAddKernel : public Kernel {
+ public:
+  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
+      const std::vector<ArgSpec>& inputs, int num_shards,
+      const Attrs&) const override {
+    if (auto s = CheckArgs(inputs, 2, num_shards); !s.ok()) return s;
+    if (auto s = internal::CheckRank(inputs, 0, 2); !s.ok()) return s;
+    if (auto s = internal::CheckRank(inputs, 1, 1); !s.ok()) return s;
+    const ArgSpec& x = inputs[0];
+    const ArgSpec& b = inputs[1];
+    if (!x.sharding.is_replicated() && x.sharding != Sharding::Split(0)) {
+      return internal::ArgError(0, x, "expected replicated or split(0)");
+    }
+    if (!b.sharding.is_replicated()) {
+      return internal::ArgError(1, b, "expected a replicated bias");
+    }
+    if (b.global.dtype != x.global.dtype ||
+        b.global.shape[0] != x.global.shape[1]) {
+      return internal::ArgError(
+          1, b,
+          absl::StrCat("expected ", DTypeName(x.global.dtype), "[",
+                       x.global.shape[1],
+                       "] to match the columns of argument "
+                       "0 (",
+                       x.ToString(), ")"));
+    }
+    return std::vector<ArgSpec>{x};
+  }
+
+  absl::Status Run(const KernelContext& ctx) const override {
+    if (auto s = CheckRunArity(ctx, "bias_add", 2, 1); !s.ok()) return s;
+    const TensorSpec& x = ctx.inputs[0].spec;
+    const TensorSpec& b = ctx.inputs[1].spec;
+    if (x.shape.size() != 2 || b.shape.size() != 1 ||
+        b.shape[0] != x.shape[1] || ctx.outputs[0].spec != x) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bias_add got x ", x.ToString(), ", b ", b.ToString(),
+                       ", output ", ctx.outputs[0].spec.ToString()));
+    }
+    return VisitDType(x.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      const T* xs = ctx.inputs[0].as<T>();
+      const T* bs = ctx.inputs[1].as<T>();
+      T* out = ctx.outputs[0].as<T>();
+      const int64_t rows = x.shape[0];
+      const int64_t cols = x.shape[1];
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          out[r * cols + c] = xs[r * cols + c] + bs[c];
+        }
+      }
+      return absl::OkStatus();
+    });
+  }
+};
+
+const KernelRegistrar<BinaryKernel<AddOp>> kAdd("add");
+const KernelRegistrar<BinaryKernel<MulOp>> kMul("mul");
+const KernelRegistrar<BinaryKernel<ReluGradOp>> kReluGrad("relu_grad");
+const KernelRegistrar<BinaryKernel<SgdUpdateOp>> kSgdUpdate("sgd_update");
+const KernelRegistrar<UnaryKernel<ScaleOp>> kScale("scale");
+const KernelRegistrar<UnaryKernel<IdentityOp>> kIdentity("identity");
+const KernelRegistrar<UnaryKernel<ReluOp>> kRelu("relu");
+const KernelRegistrar<BiasAddKernel> kBiasAdd("bias_add");
+
+}  // namespace
+}  // namespace plexus::builtin

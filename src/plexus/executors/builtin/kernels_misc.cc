@@ -1,0 +1,254 @@
+// Kernels that create arrays (fill, iota), the all_reduce collective, and
+// kernels for tests and benchmarks (assert_finite, busy_wait).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/executors/builtin/kernel_support.h"
+
+namespace plexus::builtin {
+namespace {
+
+using internal::AttrsOf;
+using internal::CheckArgs;
+using internal::CheckRunArity;
+using internal::KernelRegistrar;
+
+// The output of fill and iota, from attributes shape, dtype (default
+// "float32") and split_axis (default -1: replicated).
+absl::StatusOr<ArgSpec> CreatedArray(const Attrs& attrs, int num_shards) {
+  auto shape = GetIntsAttr(attrs, "shape");
+  if (!shape.ok()) return shape.status();
+  for (int64_t d : *shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attribute 'shape' has a negative dimension: ", ShapeString(*shape)));
+    }
+  }
+  auto dtype_name = GetStringAttr(attrs, "dtype", "float32");
+  if (!dtype_name.ok()) return dtype_name.status();
+  auto dtype = ParseDType(*dtype_name);
+  if (!dtype.ok()) return dtype.status();
+  auto split_axis = GetIntAttr(attrs, "split_axis", -1);
+  if (!split_axis.ok()) return split_axis.status();
+  const int64_t rank = static_cast<int64_t>(shape->size());
+  if (*split_axis < -1 || *split_axis >= rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attribute 'split_axis' must be -1 (replicated) or in [0, ", rank,
+        ") for shape ", ShapeString(*shape), ", got ", *split_axis));
+  }
+  ArgSpec out{{*dtype, *shape},
+              *split_axis < 0 ? Sharding::Replicated()
+                              : Sharding::Split(static_cast<int>(*split_axis))};
+  if (auto local = out.Local(num_shards); !local.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output: ", local.status().message()));
+  }
+  return out;
+}
+
+// Checks that the caller's output buffer is this shard's piece of the
+// array the attributes describe.
+absl::StatusOr<ArgSpec> CheckCreatedOutput(const KernelContext& ctx,
+                                           const char* kernel) {
+  if (auto s = CheckRunArity(ctx, kernel, 0, 1); !s.ok()) return s;
+  auto global = CreatedArray(AttrsOf(ctx), ctx.num_shards);
+  if (!global.ok()) return global.status();
+  const TensorSpec local = internal::LocalOf(*global, ctx.num_shards);
+  if (ctx.outputs[0].spec != local) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kernel, " of ", global->ToString(), " over ", ctx.num_shards,
+        " shards gives ", local.ToString(), " per shard, but the output is ",
+        ctx.outputs[0].spec.ToString()));
+  }
+  return global;
+}
+
+// Base of fill and iota: no arguments, output described by attributes.
+class CreationKernel : public Kernel {
+ public:
+  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
+      const std::vector<ArgSpec>& inputs, int num_shards,
+      const Attrs& attrs) const override {
+    if (auto s = CheckArgs(inputs, 0, num_shards); !s.ok()) return s;
+    if (auto v = GetFloatAttr(attrs, "value", 0.0); !v.ok()) return v.status();
+    auto out = CreatedArray(attrs, num_shards);
+    if (!out.ok()) return out.status();
+    return std::vector<ArgSpec>{*out};
+  }
+};
+
+// fill: every element is attribute `value` (default 0).
+class FillKernel : public CreationKernel {
+ public:
+  absl::Status Run(const KernelContext& ctx) const override {
+    auto global = CheckCreatedOutput(ctx, "fill");
+    if (!global.ok()) return global.status();
+    auto value = GetFloatAttr(AttrsOf(ctx), "value", 0.0);
+    if (!value.ok()) return value.status();
+    const MutableTensor& out = ctx.outputs[0];
+    return internal::VisitDType(out.spec.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      std::fill_n(out.as<T>(), out.spec.num_elements(), static_cast<T>(*value));
+      return absl::OkStatus();
+    });
+  }
+};
+
+// iota: each element is its row-major index in the global array, so the
+// shards of a split iota assemble into one global iota.
+class IotaKernel : public CreationKernel {
+ public:
+  absl::Status Run(const KernelContext& ctx) const override {
+    auto global = CheckCreatedOutput(ctx, "iota");
+    if (!global.ok()) return global.status();
+    const MutableTensor& out = ctx.outputs[0];
+    // View the local array as [outer, len, inner] around the split axis;
+    // the shard's rows start at `offset` within the global length.
+    int64_t outer = 1, len = out.spec.num_elements(), inner = 1, offset = 0;
+    int64_t global_len = len;
+    if (global->sharding.is_split()) {
+      const int axis = global->sharding.axis;
+      len = out.spec.shape[axis];
+      global_len = global->global.shape[axis];
+      offset = ctx.shard * len;
+      for (int i = 0; i < axis; ++i) outer *= out.spec.shape[i];
+      for (size_t i = axis + 1; i < out.spec.shape.size(); ++i) {
+        inner *= out.spec.shape[i];
+      }
+    }
+    return internal::VisitDType(out.spec.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      T* data = out.as<T>();
+      for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t l = 0; l < len; ++l) {
+          const int64_t global_row = o * global_len + offset + l;
+          for (int64_t i = 0; i < inner; ++i) {
+            data[(o * len + l) * inner + i] =
+                static_cast<T>(global_row * inner + i);
+          }
+        }
+      }
+      return absl::OkStatus();
+    });
+  }
+};
+
+// all_reduce: sums the shards' local arrays; every shard gets the sum. A
+// split input's pieces are summed (not concatenated), so the output's
+// global spec is the input's local spec.
+class AllReduceKernel : public Kernel {
+ public:
+  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
+      const std::vector<ArgSpec>& inputs, int num_shards,
+      const Attrs&) const override {
+    if (auto s = CheckArgs(inputs, 1, num_shards); !s.ok()) return s;
+    return std::vector<ArgSpec>{
+        {internal::LocalOf(inputs[0], num_shards), Sharding::Replicated()}};
+  }
+
+  absl::Status Run(const KernelContext& ctx) const override {
+    if (auto s = CheckRunArity(ctx, "all_reduce", 1, 1); !s.ok()) return s;
+    if (ctx.collectives == nullptr) {
+      return absl::FailedPreconditionError(
+          "all_reduce needs the worker's collectives, but "
+          "KernelContext::collectives is null");
+    }
+    if (ctx.inputs[0].spec != ctx.outputs[0].spec) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("all_reduce of ", ctx.inputs[0].spec.ToString(),
+                       " into ", ctx.outputs[0].spec.ToString()));
+    }
+    return ctx.collectives->AllReduceSum(ctx.inputs[0], ctx.outputs[0]);
+  }
+
+  bool is_collective() const override { return true; }
+};
+
+// A kernel of one argument whose output is a copy of it.
+class CopyingKernel : public Kernel {
+ public:
+  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
+      const std::vector<ArgSpec>& inputs, int num_shards,
+      const Attrs& attrs) const override {
+    if (auto s = CheckArgs(inputs, 1, num_shards); !s.ok()) return s;
+    if (auto s = CheckArgsAndAttrs(inputs, attrs); !s.ok()) return s;
+    return std::vector<ArgSpec>{inputs[0]};
+  }
+
+ protected:
+  virtual absl::Status CheckArgsAndAttrs(const std::vector<ArgSpec>& inputs,
+                                         const Attrs& attrs) const = 0;
+};
+
+// assert_finite: copies a float array, failing at run time on NaN or Inf.
+class AssertFiniteKernel : public CopyingKernel {
+ public:
+  absl::Status Run(const KernelContext& ctx) const override {
+    if (auto s = CheckRunArity(ctx, "assert_finite", 1, 1); !s.ok()) return s;
+    if (auto s = internal::CopyInputToOutput(ctx); !s.ok()) return s;
+    const ConstTensor& in = ctx.inputs[0];
+    return internal::VisitFloatDType(
+        "assert_finite", in.spec.dtype, [&](auto zero) {
+          using T = decltype(zero);
+          const T* data = in.as<T>();
+          for (int64_t i = 0; i < in.spec.num_elements(); ++i) {
+            if (!std::isfinite(data[i])) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("non-finite value ", data[i], " at index ", i));
+            }
+          }
+          return absl::OkStatus();
+        });
+  }
+
+ protected:
+  absl::Status CheckArgsAndAttrs(const std::vector<ArgSpec>& inputs,
+                                 const Attrs&) const override {
+    return internal::CheckFloat(inputs, 0);
+  }
+};
+
+// busy_wait: spins (never sleeps) for attribute `micros` microseconds, then
+// copies its argument. Benchmarks use it as a program of known duration.
+class BusyWaitKernel : public CopyingKernel {
+ public:
+  absl::Status Run(const KernelContext& ctx) const override {
+    if (auto s = CheckRunArity(ctx, "busy_wait", 1, 1); !s.ok()) return s;
+    auto micros = Micros(AttrsOf(ctx));
+    if (!micros.ok()) return micros.status();
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::microseconds(*micros);
+    while (std::chrono::steady_clock::now() < deadline) {
+    }
+    return internal::CopyInputToOutput(ctx);
+  }
+
+ protected:
+  absl::Status CheckArgsAndAttrs(const std::vector<ArgSpec>&,
+                                 const Attrs& attrs) const override {
+    return Micros(attrs).status();
+  }
+
+ private:
+  static absl::StatusOr<int64_t> Micros(const Attrs& attrs) {
+    auto micros = GetIntAttr(attrs, "micros");
+    if (micros.ok() && *micros < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attribute 'micros' must not be negative, got ", *micros));
+    }
+    return micros;
+  }
+};
+
+const KernelRegistrar<FillKernel> kFill("fill");
+const KernelRegistrar<IotaKernel> kIota("iota");
+const KernelRegistrar<AllReduceKernel> kAllReduce("all_reduce");
+const KernelRegistrar<AssertFiniteKernel> kAssertFinite("assert_finite");
+const KernelRegistrar<BusyWaitKernel> kBusyWait("busy_wait");
+
+}  // namespace
+}  // namespace plexus::builtin

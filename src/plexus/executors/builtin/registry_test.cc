@@ -1,0 +1,95 @@
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plexus/executors/builtin/kernel.h"
+#include "plexus/executors/builtin/kernel_test_util.h"
+
+namespace plexus::builtin {
+namespace {
+
+using ::plexus::builtin::testing::MessageOf;
+using ::testing::HasSubstr;
+using ::testing::IsSupersetOf;
+
+TEST(KernelRegistryTest, EveryBuiltinKernelIsRegisteredAndNamesAreSorted) {
+  const std::vector<std::string> names = KernelRegistry::Global().Names();
+  EXPECT_THAT(names, IsSupersetOf(
+                         {"add", "mul", "scale", "identity", "matmul", "relu",
+                          "relu_grad", "bias_add", "reduce_sum", "softmax_xent",
+                          "softmax_xent_grad", "sgd_update", "all_reduce",
+                          "assert_finite", "busy_wait", "fill", "iota"}));
+  EXPECT_TRUE(std::is_sorted(names.begin(), names.end()));
+}
+
+TEST(KernelRegistryTest, OnlyAllReduceIsCollective) {
+  for (const std::string& name : KernelRegistry::Global().Names()) {
+    EXPECT_EQ(KernelRegistry::Global().Find(name)->is_collective(),
+              name == "all_reduce")
+        << name;
+  }
+}
+
+TEST(KernelRegistryTest, UnknownKernelIsNull) {
+  EXPECT_EQ(KernelRegistry::Global().Find("no_such_kernel"), nullptr);
+}
+
+TEST(AttrsTest, FloatAcceptsIntegersAndFallsBack) {
+  Attrs attrs{{"lr", 0.5}, {"steps", int64_t{3}}};
+  EXPECT_EQ(*GetFloatAttr(attrs, "lr"), 0.5);
+  EXPECT_EQ(*GetFloatAttr(attrs, "steps"), 3.0);
+  EXPECT_EQ(*GetFloatAttr(attrs, "momentum", 0.9), 0.9);
+}
+
+TEST(AttrsTest, WrongKindNamesTheAttributeAndBothKinds) {
+  Attrs attrs{{"lr", std::string("fast")},
+              {"axis", 1.5},
+              {"shape", int64_t{4}},
+              {"dtype", std::vector<int64_t>{1}}};
+  EXPECT_EQ(MessageOf(GetFloatAttr(attrs, "lr")),
+            "attribute 'lr' must be a number, got a string");
+  EXPECT_EQ(MessageOf(GetIntAttr(attrs, "axis")),
+            "attribute 'axis' must be an integer, got a float");
+  EXPECT_EQ(MessageOf(GetIntsAttr(attrs, "shape")),
+            "attribute 'shape' must be a list of integers, got an integer");
+  EXPECT_EQ(MessageOf(GetStringAttr(attrs, "dtype")),
+            "attribute 'dtype' must be a string, got a list of integers");
+}
+
+TEST(AttrsTest, MissingWithoutFallbackIsAnError) {
+  const Attrs attrs;
+  EXPECT_EQ(MessageOf(GetFloatAttr(attrs, "lr")), "missing attribute 'lr'");
+  EXPECT_EQ(MessageOf(GetIntAttr(attrs, "axis")), "missing attribute 'axis'");
+  EXPECT_EQ(MessageOf(GetStringAttr(attrs, "dtype")),
+            "missing attribute 'dtype'");
+  EXPECT_EQ(MessageOf(GetIntsAttr(attrs, "shape")),
+            "missing attribute 'shape'");
+  EXPECT_EQ(*GetStringAttr(attrs, "dtype", "float32"), "float32");
+  EXPECT_EQ(*GetIntAttr(attrs, "axis", -1), -1);
+}
+
+TEST(AttrsTest, PresentValuesWin) {
+  Attrs attrs{{"dtype", std::string("int32")},
+              {"shape", std::vector<int64_t>{2, 3}}};
+  EXPECT_EQ(*GetStringAttr(attrs, "dtype", "float32"), "int32");
+  EXPECT_EQ(*GetIntsAttr(attrs, "shape"), (std::vector<int64_t>{2, 3}));
+}
+
+TEST(KernelTest, WrongArgumentCountIsReported) {
+  auto out = testing::Infer("add", {testing::Arg(DType::kF32, {4})});
+  EXPECT_EQ(MessageOf(out), "expected 2 arguments, got 1");
+  out = testing::Infer("fill", {testing::Arg(DType::kF32, {4})}, 1,
+                       {{"shape", std::vector<int64_t>{4}}});
+  EXPECT_EQ(MessageOf(out), "expected 0 arguments, got 1");
+}
+
+TEST(KernelTest, RunWithMissingBuffersFailsInsteadOfCrashing) {
+  KernelContext ctx;
+  const Attrs attrs;
+  ctx.attrs = &attrs;
+  for (const std::string& name : KernelRegistry::Global().Names()) {
+    EXPECT_THAT(MessageOf(KernelRegistry::Global().Find(name)->Run(ctx)),
+                HasSubstr(name + " takes"));
+  }
+}
+
+}  // namespace
+}  // namespace plexus::builtin

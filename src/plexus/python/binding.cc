@@ -1,0 +1,376 @@
+// plexus._core: the Python binding of the C++ client. Thin: the Pythonic
+// API (futures like jax.Array, shardings like PartitionSpec) lives in
+// python/plexus/. Every call that blocks or waits releases the GIL.
+// absl::Status errors become Python exceptions with the message intact.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "google/protobuf/util/json_util.h"
+#include "plexus/client/client.h"
+#include "plexus/executors/builtin/kernel.h"
+
+namespace py = pybind11;
+
+namespace plexus {
+namespace {
+
+PyObject* g_error = nullptr;
+PyObject* g_invalid = nullptr;
+PyObject* g_not_found = nullptr;
+PyObject* g_exhausted = nullptr;
+PyObject* g_unavailable = nullptr;
+
+[[noreturn]] void Raise(const absl::Status& s) {
+  PyObject* type = g_error;
+  switch (s.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+      type = g_invalid;
+      break;
+    case absl::StatusCode::kNotFound:
+      type = g_not_found;
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      type = g_exhausted;
+      break;
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kAborted:
+      type = g_unavailable;
+      break;
+    default:
+      break;
+  }
+  PyErr_SetString(type, std::string(s.message()).c_str());
+  throw py::error_already_set();
+}
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) Raise(s);
+}
+
+template <typename T>
+T Unwrap(absl::StatusOr<T> s) {
+  if (!s.ok()) Raise(s.status());
+  return std::move(*s);
+}
+
+DType DTypeOf(const py::dtype& dt) {
+  std::string name = py::str(dt).cast<std::string>();
+  return Unwrap(ParseDType(name));
+}
+
+py::dtype NumpyDType(DType d) { return py::dtype(DTypeName(d)); }
+
+// Sharding <-> ("replicated"|"split"|"partial", axis)
+Sharding ShardingFrom(const py::tuple& t) {
+  std::string kind = t[0].cast<std::string>();
+  if (kind == "split") return Sharding::Split(t[1].cast<int>());
+  if (kind == "partial") return Sharding::Partial();
+  if (kind == "replicated") return Sharding::Replicated();
+  Raise(absl::InvalidArgumentError("unknown sharding kind '" + kind + "'"));
+}
+
+py::tuple ShardingTo(const Sharding& s) {
+  const char* kind = s.is_split() ? "split" : s.is_partial() ? "partial"
+                                                             : "replicated";
+  return py::make_tuple(kind, s.axis);
+}
+
+ArgSpec ArgFrom(const py::tuple& t) {
+  // (dtype, shape, sharding)
+  ArgSpec arg;
+  arg.global.dtype = DTypeOf(py::dtype::from_args(t[0]));
+  for (auto d : t[1].cast<py::sequence>()) {
+    arg.global.shape.push_back(d.cast<int64_t>());
+  }
+  arg.sharding = ShardingFrom(t[2].cast<py::tuple>());
+  return arg;
+}
+
+py::tuple ArgTo(const ArgSpec& a) {
+  return py::make_tuple(NumpyDType(a.global.dtype), py::tuple(py::cast(a.global.shape)),
+                        ShardingTo(a.sharding));
+}
+
+Attrs AttrsFrom(const py::dict& d) {
+  Attrs attrs;
+  for (auto [k, v] : d) {
+    std::string key = k.cast<std::string>();
+    if (py::isinstance<py::bool_>(v)) {
+      attrs[key] = static_cast<int64_t>(v.cast<bool>());
+    } else if (py::isinstance<py::int_>(v)) {
+      attrs[key] = v.cast<int64_t>();
+    } else if (py::isinstance<py::float_>(v)) {
+      attrs[key] = v.cast<double>();
+    } else if (py::isinstance<py::str>(v)) {
+      attrs[key] = v.cast<std::string>();
+    } else if (py::isinstance<py::sequence>(v)) {
+      std::vector<int64_t> ints;
+      for (auto x : v.cast<py::sequence>()) ints.push_back(x.cast<int64_t>());
+      attrs[key] = ints;
+    } else {
+      Raise(absl::InvalidArgumentError(
+          "attribute '" + key + "' must be an int, float, str or int list"));
+    }
+  }
+  return attrs;
+}
+
+py::dict SliceDevices(const Slice& s) {
+  py::list devices;
+  for (const auto& d : s.info().devices()) {
+    py::dict dev;
+    dev["worker"] = d.worker_id();
+    dev["device"] = d.device();
+    dev["host"] = d.host_name();
+    dev["memory_bytes"] = d.memory_bytes();
+    devices.append(dev);
+  }
+  py::dict out;
+  out["devices"] = devices;
+  out["mesh_shape"] = py::tuple(py::cast(std::vector<int>(
+      s.info().mesh_shape().begin(), s.info().mesh_shape().end())));
+  out["axis_names"] = py::tuple(py::cast(std::vector<std::string>(
+      s.info().axis_names().begin(), s.info().axis_names().end())));
+  return out;
+}
+
+std::vector<Future> FuturesFrom(const py::sequence& seq) {
+  std::vector<Future> out;
+  for (auto x : seq) out.push_back(x.cast<Future>());
+  return out;
+}
+
+}  // namespace
+}  // namespace plexus
+
+PYBIND11_MODULE(_core, m) {
+  using namespace plexus;
+  m.doc() = "Plexus C++ client (internal; use the plexus package)";
+
+  static py::exception<std::runtime_error> base(m, "PlexusError",
+                                                PyExc_RuntimeError);
+  g_error = base.ptr();
+  auto make = [&](const char* name, PyObject* extra) {
+    py::tuple bases = py::make_tuple(py::handle(g_error), py::handle(extra));
+    py::object type = py::reinterpret_steal<py::object>(PyErr_NewException(
+        (std::string("plexus._core.") + name).c_str(), bases.ptr(), nullptr));
+    m.attr(name) = type;
+    return type.release().ptr();
+  };
+  g_invalid = make("InvalidArgumentError", PyExc_ValueError);
+  g_not_found = make("NotFoundError", PyExc_LookupError);
+  g_exhausted = make("ResourceExhaustedError", PyExc_MemoryError);
+  g_unavailable = make("UnavailableError", PyExc_ConnectionError);
+
+  py::class_<Slice, std::shared_ptr<Slice>>(m, "Slice")
+      .def_property_readonly("id", &Slice::id)
+      .def_property_readonly("num_devices", &Slice::num_devices)
+      .def_property_readonly("num_hosts", &Slice::num_hosts)
+      .def("describe", [](const Slice& s) { return SliceDevices(s); })
+      .def("close", &Slice::Close)
+      .def_property_readonly("closed", &Slice::closed);
+
+  py::class_<Program, std::shared_ptr<Program>>(m, "Program")
+      .def_property_readonly("name", &Program::name)
+      .def_property_readonly("kernel",
+                             [](const Program& p) { return p.def().kernel(); })
+      .def_property_readonly("slice", &Program::slice)
+      .def_property_readonly("inputs",
+                             [](const Program& p) {
+                               py::list l;
+                               for (const auto& a : p.inputs()) l.append(ArgTo(a));
+                               return l;
+                             })
+      .def_property_readonly("outputs", [](const Program& p) {
+        py::list l;
+        for (const auto& a : p.outputs()) l.append(ArgTo(a));
+        return l;
+      });
+
+  py::class_<Future>(m, "Future")
+      .def_property_readonly("buffer_id", &Future::buffer_id)
+      .def_property_readonly("shape",
+                             [](const Future& f) {
+                               return py::tuple(py::cast(f.spec().shape));
+                             })
+      .def_property_readonly(
+          "dtype", [](const Future& f) { return NumpyDType(f.spec().dtype); })
+      .def_property_readonly(
+          "sharding", [](const Future& f) { return ShardingTo(f.sharding()); })
+      .def_property_readonly("slice", &Future::slice);
+
+  py::class_<Graph>(m, "Graph")
+      .def("call",
+           [](Graph& g, const Program& p, const py::sequence& inputs) {
+             return Unwrap(g.Call(p, FuturesFrom(inputs)));
+           })
+      .def("submit",
+           [](Graph& g) {
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = g.Submit();
+             }
+             Check(s);
+           })
+      .def("__len__", &Graph::size);
+
+  py::class_<Client>(m, "Client")
+      .def_static(
+          "connect",
+          [](const std::string& address, const std::string& name,
+             bool shared_memory) {
+            ClientOptions options;
+            options.name = name;
+            options.shared_memory = shared_memory;
+            absl::StatusOr<std::unique_ptr<Client>> c;
+            {
+              py::gil_scoped_release release;
+              c = Client::Connect(address, options);
+            }
+            return Unwrap(std::move(c));
+          },
+          py::arg("address"), py::arg("name") = "python",
+          py::arg("shared_memory") = true)
+      .def_property_readonly("client_id", &Client::client_id)
+      .def(
+          "slice",
+          [](Client& c, int n, std::vector<int32_t> mesh,
+             std::vector<std::string> axes, const std::string& placement) {
+            SliceOptions o;
+            o.num_devices = n;
+            o.mesh_shape = mesh;
+            o.axis_names = axes;
+            if (placement == "one_host") {
+              o.placement = Placement::kOneHost;
+            } else if (placement == "spread") {
+              o.placement = Placement::kSpread;
+            } else if (placement != "any") {
+              Raise(absl::InvalidArgumentError(
+                  "placement must be 'any', 'one_host' or 'spread', not '" +
+                  placement + "'"));
+            }
+            absl::StatusOr<std::shared_ptr<Slice>> s;
+            {
+              py::gil_scoped_release release;
+              s = c.CreateSlice(o);
+            }
+            return Unwrap(std::move(s));
+          },
+          py::arg("n"), py::arg("mesh_shape") = std::vector<int32_t>{},
+          py::arg("axis_names") = std::vector<std::string>{},
+          py::arg("placement") = "any")
+      .def("compile",
+           [](Client& c, std::shared_ptr<Slice> slice, const std::string& name,
+              const std::string& kernel, const py::dict& attrs,
+              const py::sequence& inputs) {
+             std::vector<ArgSpec> args;
+             for (auto t : inputs) args.push_back(ArgFrom(t.cast<py::tuple>()));
+             Attrs a = AttrsFrom(attrs);
+             absl::StatusOr<std::shared_ptr<Program>> p;
+             {
+               py::gil_scoped_release release;
+               p = c.Compile(slice, name, kernel, a, args);
+             }
+             return Unwrap(std::move(p));
+           })
+      .def("call",
+           [](Client& c, const Program& p, const py::sequence& inputs) {
+             std::vector<Future> in = FuturesFrom(inputs);
+             absl::StatusOr<std::vector<Future>> out;
+             {
+               py::gil_scoped_release release;  // may wait on back-pressure
+               out = c.Call(p, in);
+             }
+             return Unwrap(std::move(out));
+           })
+      .def("graph", &Client::NewGraph)
+      .def("put",
+           [](Client& c, std::shared_ptr<Slice> slice, py::array array,
+              const py::tuple& sharding) {
+             py::array a = py::array::ensure(
+                 array, py::array::c_style | py::array::forcecast);
+             ArgSpec arg;
+             arg.global.dtype = DTypeOf(a.dtype());
+             for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+               arg.global.shape.push_back(a.shape(i));
+             }
+             arg.sharding = ShardingFrom(sharding);
+             const void* data = a.data();
+             absl::StatusOr<Future> f;
+             {
+               py::gil_scoped_release release;
+               f = c.Put(slice, data, arg);
+             }
+             return Unwrap(std::move(f));
+           })
+      .def("fetch",
+           [](Client& c, const Future& f) {
+             std::vector<py::ssize_t> shape(f.spec().shape.begin(),
+                                            f.spec().shape.end());
+             py::array out(NumpyDType(f.spec().dtype), shape);
+             void* dst = out.mutable_data();
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.Fetch(f, dst);
+             }
+             Check(s);
+             return out;
+           })
+      .def("wait",
+           [](Client& c, const Future& f) {
+             absl::Status s;
+             {
+               py::gil_scoped_release release;
+               s = c.Wait(f);
+             }
+             Check(s);
+           })
+      .def("flush",
+           [](Client& c) {
+             py::gil_scoped_release release;
+             c.Flush();
+           })
+      .def("counters",
+           [](const Client& c) {
+             ClientCounters k = c.counters();
+             py::dict d;
+             d["bytes_put"] = k.bytes_put;
+             d["bytes_fetched"] = k.bytes_fetched;
+             d["calls"] = k.calls;
+             d["live_futures"] = k.live_futures;
+             return d;
+           })
+      .def("close", [](Client& c) {
+        py::gil_scoped_release release;
+        c.Close();
+      });
+
+  m.def("cluster_status", [](const std::string& address) {
+    absl::StatusOr<proto::ClusterStatus> s;
+    {
+      py::gil_scoped_release release;
+      s = GetClusterStatus(address);
+    }
+    proto::ClusterStatus st = Unwrap(std::move(s));
+    std::string json;
+    google::protobuf::util::JsonPrintOptions opts;
+    opts.always_print_primitive_fields = true;
+    opts.preserve_proto_field_names = true;
+    (void)google::protobuf::util::MessageToJsonString(st, &json, opts);
+    return json;
+  });
+  m.def("shutdown_server", [](const std::string& address) {
+    absl::Status s;
+    {
+      py::gil_scoped_release release;
+      s = ShutdownServer(address);
+    }
+    Check(s);
+  });
+  m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
+}

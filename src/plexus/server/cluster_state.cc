@@ -1,0 +1,308 @@
+#include "plexus/server/cluster_state.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "plexus/executors/builtin/kernel.h"
+
+namespace plexus {
+
+WorkerRecord& ClusterState::AddWorker(const proto::RegisterWorker& info,
+                                      absl::Time now) {
+  int64_t id = next_worker_id_++;
+  WorkerRecord& w = workers_[id];
+  w.id = id;
+  w.info = info;
+  w.last_heartbeat = now;
+  return w;
+}
+
+WorkerRecord* ClusterState::FindWorker(int64_t id) {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+std::set<uint64_t> ClusterState::MarkWorkerDown(int64_t id,
+                                                const std::string& reason) {
+  std::set<uint64_t> clients;
+  WorkerRecord* w = FindWorker(id);
+  if (w == nullptr || !w->alive) return clients;
+  w->alive = false;
+  w->down_reason = reason;
+  for (auto& [sid, slice] : slices_) {
+    for (const DeviceRef& d : slice.devices) {
+      if (d.worker_id == id) {
+        if (slice.broken.empty()) slice.broken = reason;
+        clients.insert(slice.client_id);
+        break;
+      }
+    }
+  }
+  return clients;
+}
+
+ClientRecord& ClusterState::AddClient(const std::string& name) {
+  uint64_t id = next_client_id_++;
+  ClientRecord& c = clients_[id];
+  c.id = id;
+  c.name = name;
+  return c;
+}
+
+ClientRecord* ClusterState::FindClient(uint64_t id) {
+  auto it = clients_.find(id);
+  return it == clients_.end() ? nullptr : &it->second;
+}
+
+std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
+  std::set<int64_t> touched;
+  ClientRecord* c = FindClient(id);
+  if (c == nullptr) return touched;
+  for (uint64_t sid : c->slices) {
+    auto it = slices_.find(sid);
+    if (it == slices_.end()) continue;
+    for (const DeviceRef& d : it->second.devices) {
+      touched.insert(d.worker_id);
+      if (WorkerRecord* w = FindWorker(d.worker_id)) w->slices_mapped--;
+    }
+    slices_.erase(it);
+  }
+  clients_.erase(id);
+  // Workers may hold the client's buffers from slices already released.
+  for (auto& [wid, w] : workers_) {
+    if (w.alive) touched.insert(wid);
+  }
+  return touched;
+}
+
+absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
+    uint64_t client_id, const proto::SliceRequest& req) {
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  const int n = req.num_devices();
+  if (n <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a slice needs at least 1 device, asked for ", n));
+  }
+  std::vector<int32_t> mesh(req.mesh_shape().begin(), req.mesh_shape().end());
+  if (mesh.empty()) mesh = {n};
+  int64_t mesh_size = 1;
+  for (int32_t m : mesh) mesh_size *= m;
+  if (mesh_size != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("mesh shape [", absl::StrJoin(mesh, ", "), "] holds ",
+                     mesh_size, " devices, but the slice has ", n));
+  }
+  std::vector<std::string> axes(req.axis_names().begin(),
+                                req.axis_names().end());
+  if (axes.empty()) {
+    for (size_t i = 0; i < mesh.size(); ++i) {
+      axes.push_back(mesh.size() == 1 ? "devices" : absl::StrCat("axis", i));
+    }
+  }
+  if (axes.size() != mesh.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(axes.size(), " axis names for a mesh of rank ",
+                     mesh.size()));
+  }
+
+  std::vector<WorkerRecord*> alive;
+  int total = 0;
+  for (auto& [id, w] : workers_) {
+    if (w.alive) {
+      alive.push_back(&w);
+      total += w.info.devices_size();
+    }
+  }
+  if (total < n) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("asked for a slice of ", n, " devices, but the cluster has ",
+                     total, " live devices on ", alive.size(), " hosts"));
+  }
+  // Least-loaded hosts first; ties keep registration order.
+  std::stable_sort(alive.begin(), alive.end(),
+                   [](const WorkerRecord* a, const WorkerRecord* b) {
+                     return a->slices_mapped < b->slices_mapped;
+                   });
+  std::vector<DeviceRef> chosen;
+  if (req.placement() == proto::PLACEMENT_ONE_HOST) {
+    for (WorkerRecord* w : alive) {
+      if (w->info.devices_size() >= n) {
+        for (int d = 0; d < n; ++d) chosen.push_back({w->id, d});
+        break;
+      }
+    }
+    if (chosen.empty()) {
+      int largest = 0;
+      for (WorkerRecord* w : alive) {
+        largest = std::max(largest, w->info.devices_size());
+      }
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no host has ", n, " devices for a one-host slice (largest: ",
+          largest, ")"));
+    }
+  } else {
+    // Spread (and the default): deal devices to hosts round robin, so a
+    // slice of H devices on H hosts has one per host.
+    std::vector<int> next(alive.size(), 0);
+    while (static_cast<int>(chosen.size()) < n) {
+      for (size_t h = 0; h < alive.size() && static_cast<int>(chosen.size()) < n;
+           ++h) {
+        if (next[h] < alive[h]->info.devices_size()) {
+          chosen.push_back({alive[h]->id, next[h]++});
+        }
+      }
+    }
+    // Shards are ordered host by host, so neighbours share a host.
+    std::stable_sort(chosen.begin(), chosen.end(),
+                     [](const DeviceRef& a, const DeviceRef& b) {
+                       return a.worker_id < b.worker_id;
+                     });
+  }
+  SliceRecord& slice = slices_[next_slice_id_];
+  slice.id = next_slice_id_++;
+  slice.client_id = client_id;
+  slice.devices = chosen;
+  slice.mesh_shape = mesh;
+  slice.axis_names = axes;
+  std::set<int64_t> hosts;
+  for (const DeviceRef& d : chosen) hosts.insert(d.worker_id);
+  for (int64_t h : hosts) workers_[h].slices_mapped++;
+  client->slices.insert(slice.id);
+  return DescribeSlice(slice);
+}
+
+proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
+  proto::SliceInfo info;
+  info.set_slice_id(slice.id);
+  for (int32_t m : slice.mesh_shape) info.add_mesh_shape(m);
+  for (const auto& a : slice.axis_names) info.add_axis_names(a);
+  for (const DeviceRef& d : slice.devices) {
+    const WorkerRecord& w = workers_.at(d.worker_id);
+    auto* sd = info.add_devices();
+    sd->set_worker_id(d.worker_id);
+    sd->set_device(d.device);
+    sd->set_host_name(w.info.host_name());
+    sd->set_machine_id(w.info.machine_id());
+    sd->set_data_address(w.info.data_address());
+    sd->set_unix_path(w.info.unix_path());
+    sd->set_memory_bytes(w.info.devices(d.device).memory_bytes());
+  }
+  return info;
+}
+
+absl::Status ClusterState::ReleaseSlice(uint64_t client_id, uint64_t slice_id) {
+  auto it = slices_.find(slice_id);
+  if (it == slices_.end() || it->second.client_id != client_id) {
+    return absl::NotFoundError(
+        absl::StrCat("slice ", slice_id, " is not held by this client"));
+  }
+  std::set<int64_t> hosts;
+  for (const DeviceRef& d : it->second.devices) hosts.insert(d.worker_id);
+  for (int64_t h : hosts) workers_[h].slices_mapped--;
+  slices_.erase(it);
+  if (ClientRecord* c = FindClient(client_id)) c->slices.erase(slice_id);
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::RegisterProgram(uint64_t client_id,
+                                           const proto::RegisterProgram& reg) {
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  const proto::ProgramDef& def = reg.program();
+  const builtin::Kernel* kernel =
+      builtin::KernelRegistry::Global().Find(def.kernel());
+  if (kernel == nullptr) {
+    return absl::NotFoundError(absl::StrCat("program '", def.name(),
+                                            "': unknown kernel '",
+                                            def.kernel(), "'"));
+  }
+  ProgramRecord rec;
+  rec.def = def;
+  rec.collective = kernel->is_collective();
+  for (int i = 0; i < def.inputs_size(); ++i) {
+    auto a = FromProto(def.inputs(i));
+    if (!a.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program '", def.name(), "' argument ", i, ": ", a.status().message()));
+    }
+    rec.inputs.push_back(*a);
+  }
+  for (int i = 0; i < def.outputs_size(); ++i) {
+    auto a = FromProto(def.outputs(i));
+    if (!a.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "program '", def.name(), "' output ", i, ": ", a.status().message()));
+    }
+    rec.outputs.push_back(*a);
+  }
+  client->programs[reg.program_id()] = std::move(rec);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const SliceRecord*> ClusterState::UsableSlice(
+    uint64_t client_id, uint64_t slice_id, const std::string& what) {
+  auto it = slices_.find(slice_id);
+  if (it == slices_.end() || it->second.client_id != client_id) {
+    return absl::NotFoundError(absl::StrCat(
+        what, ": slice ", slice_id, " is not held by this client (released?)"));
+  }
+  if (!it->second.broken.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        what, ": slice ", slice_id, " lost a host: ", it->second.broken));
+  }
+  return &it->second;
+}
+
+absl::Status ClusterState::RoutePut(uint64_t client_id,
+                                    const proto::PutDecl& put, WorkerOps* ops) {
+  auto slice = UsableSlice(client_id, put.slice_id(), "put");
+  if (!slice.ok()) return slice.status();
+  auto arg = FromProto(put.arg());
+  if (!arg.ok()) return arg.status();
+  if (arg->sharding.is_partial()) {
+    return absl::InvalidArgumentError("put: an array cannot be put as partial");
+  }
+  const int n = static_cast<int>((*slice)->devices.size());
+  auto local = arg->Local(n);
+  if (!local.ok()) return local.status();
+  for (int j = 0; j < n; ++j) {
+    const DeviceRef& d = (*slice)->devices[j];
+    proto::WorkerOp op;
+    auto* decl = op.mutable_declare();
+    decl->set_buffer_id(put.buffer_id());
+    decl->set_shard(j);
+    decl->set_device(d.device);
+    *decl->mutable_spec() = ToProto(*local);
+    (*ops)[d.worker_id].push_back(std::move(op));
+  }
+  return absl::OkStatus();
+}
+
+void ClusterState::RouteRelease(uint64_t client_id,
+                                const proto::ReleaseRef& release,
+                                WorkerOps* ops) {
+  std::set<int64_t> targets;
+  auto it = slices_.find(release.slice_id());
+  if (it != slices_.end()) {
+    for (const DeviceRef& d : it->second.devices) targets.insert(d.worker_id);
+  } else {
+    for (auto& [id, w] : workers_) targets.insert(id);
+  }
+  for (int64_t w : targets) {
+    WorkerRecord* rec = FindWorker(w);
+    if (rec == nullptr || !rec->alive) continue;
+    auto& list = (*ops)[w];
+    if (!list.empty() && list.back().has_release()) {
+      list.back().mutable_release()->add_buffer_ids(release.buffer_id());
+    } else {
+      proto::WorkerOp op;
+      op.mutable_release()->add_buffer_ids(release.buffer_id());
+      list.push_back(std::move(op));
+    }
+  }
+}
+
+}  // namespace plexus

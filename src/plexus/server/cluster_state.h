@@ -1,0 +1,126 @@
+// ClusterState: what the resource manager knows — workers and their
+// devices, clients, slices and programs — and the routing of calls into
+// per-worker ops. Plain data plus pure functions: the server holds it under
+// its scheduler mutex (one consistent order of everything that reaches the
+// workers); tests drive it directly. Not thread-safe by itself.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/common/types.h"
+#include "plexus/proto/plexus.pb.h"
+
+namespace plexus {
+
+struct WorkerRecord {
+  int64_t id = 0;
+  proto::RegisterWorker info;
+  bool alive = true;
+  std::string down_reason;
+  proto::WorkerStats stats;
+  absl::Time last_heartbeat;
+  std::set<uint64_t> loaded_programs;
+  int64_t slices_mapped = 0;  // load used for placement
+};
+
+struct DeviceRef {
+  int64_t worker_id = 0;
+  int32_t device = 0;
+  bool operator==(const DeviceRef& o) const {
+    return worker_id == o.worker_id && device == o.device;
+  }
+};
+
+struct SliceRecord {
+  uint64_t id = 0;
+  uint64_t client_id = 0;
+  std::vector<DeviceRef> devices;
+  std::vector<int32_t> mesh_shape;
+  std::vector<std::string> axis_names;
+  std::string broken;  // non-empty once a worker of the slice died
+};
+
+struct ProgramRecord {
+  proto::ProgramDef def;
+  std::vector<ArgSpec> inputs;
+  std::vector<ArgSpec> outputs;
+  bool collective = false;
+};
+
+struct ClientRecord {
+  uint64_t id = 0;
+  std::string name;
+  proto::ClientStats stats;
+  std::set<uint64_t> slices;
+  absl::flat_hash_map<uint64_t, ProgramRecord> programs;
+};
+
+// Ops for each worker, in order.
+using WorkerOps = std::map<int64_t, std::vector<proto::WorkerOp>>;
+
+class ClusterState {
+ public:
+  // --- workers
+  WorkerRecord& AddWorker(const proto::RegisterWorker& info, absl::Time now);
+  WorkerRecord* FindWorker(int64_t id);
+  const std::map<int64_t, WorkerRecord>& workers() const { return workers_; }
+  // Marks the worker dead and every slice on it broken. Returns the ids of
+  // the clients that own such slices.
+  std::set<uint64_t> MarkWorkerDown(int64_t id, const std::string& reason);
+
+  // --- clients
+  ClientRecord& AddClient(const std::string& name);
+  ClientRecord* FindClient(uint64_t id);
+  // Forgets the client and its slices; returns the workers that held any.
+  std::set<int64_t> RemoveClient(uint64_t id);
+  const std::map<uint64_t, ClientRecord>& clients() const { return clients_; }
+
+  // --- slices
+  absl::StatusOr<proto::SliceInfo> CreateSlice(uint64_t client_id,
+                                               const proto::SliceRequest& req);
+  absl::Status ReleaseSlice(uint64_t client_id, uint64_t slice_id);
+  const std::map<uint64_t, SliceRecord>& slices() const { return slices_; }
+  proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
+
+  // --- programs and calls
+  // Validates and records a program the client compiled.
+  absl::Status RegisterProgram(uint64_t client_id,
+                               const proto::RegisterProgram& reg);
+  // Turns one call into ops for the workers involved (appended to `ops`):
+  // program loads, transfers between workers, expectations and the
+  // per-worker Execute. Errors name the program and the argument.
+  absl::Status RouteCall(uint64_t client_id, const proto::Call& call,
+                         WorkerOps* ops);
+  absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
+                        WorkerOps* ops);
+  void RouteRelease(uint64_t client_id, const proto::ReleaseRef& release,
+                    WorkerOps* ops);
+
+  int64_t calls_routed() const { return calls_routed_; }
+
+ private:
+  absl::StatusOr<const SliceRecord*> UsableSlice(uint64_t client_id,
+                                                 uint64_t slice_id,
+                                                 const std::string& what);
+
+  std::map<int64_t, WorkerRecord> workers_;
+  std::map<uint64_t, ClientRecord> clients_;
+  std::map<uint64_t, SliceRecord> slices_;
+  int64_t next_worker_id_ = 1;
+  uint64_t next_client_id_ = 1;
+  uint64_t next_slice_id_ = 1;
+  uint64_t next_transfer_ = 1;
+  int64_t calls_routed_ = 0;
+};
+
+// Buffer ids the server makes (transfer temporaries) carry this client id.
+inline constexpr uint64_t kServerClientId = 0xFFFFFF;
+
+}  // namespace plexus

@@ -1,0 +1,159 @@
+// Placement and call routing, driven directly on ClusterState.
+#include "plexus/server/cluster_state.h"
+
+#include "gtest/gtest.h"
+#include "plexus/store/object_store.h"
+
+namespace plexus {
+namespace {
+
+proto::RegisterWorker Host(const std::string& name, int devices) {
+  proto::RegisterWorker r;
+  r.set_host_name(name);
+  for (int d = 0; d < devices; ++d) {
+    auto* dev = r.add_devices();
+    dev->set_index(d);
+    dev->set_memory_bytes(1 << 20);
+  }
+  return r;
+}
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    state_.AddWorker(Host("host0", 2), absl::Now());
+    state_.AddWorker(Host("host1", 2), absl::Now());
+    client_ = state_.AddClient("test").id;
+  }
+  proto::SliceInfo Slice(int n, proto::Placement p = proto::PLACEMENT_ANY) {
+    proto::SliceRequest req;
+    req.set_num_devices(n);
+    req.set_placement(p);
+    auto s = state_.CreateSlice(client_, req);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return *s;
+  }
+  uint64_t Id(uint64_t n) { return (client_ << kBufferIdClientShift) | n; }
+  void Register(uint64_t pid, const std::string& kernel, ArgSpec in,
+                ArgSpec out) {
+    proto::RegisterProgram reg;
+    reg.set_program_id(pid);
+    reg.mutable_program()->set_name(kernel);
+    reg.mutable_program()->set_kernel(kernel);
+    *reg.mutable_program()->add_inputs() = ToProto(in);
+    *reg.mutable_program()->add_outputs() = ToProto(out);
+    ASSERT_TRUE(state_.RegisterProgram(client_, reg).ok());
+  }
+
+  ClusterState state_;
+  uint64_t client_ = 0;
+};
+
+TEST_F(ClusterStateTest, DefaultPlacementSpreadsOverHosts) {
+  proto::SliceInfo s = Slice(2);
+  EXPECT_NE(s.devices(0).worker_id(), s.devices(1).worker_id());
+}
+
+TEST_F(ClusterStateTest, OneHostPlacementStaysOnOneHost) {
+  proto::SliceInfo s = Slice(2, proto::PLACEMENT_ONE_HOST);
+  EXPECT_EQ(s.devices(0).worker_id(), s.devices(1).worker_id());
+}
+
+TEST_F(ClusterStateTest, TooLargeSliceNamesTheClusterSize) {
+  proto::SliceRequest req;
+  req.set_num_devices(5);
+  auto s = state_.CreateSlice(client_, req);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("4 live devices on 2 hosts"),
+            std::string::npos);
+}
+
+TEST_F(ClusterStateTest, CallBetweenSlicesOnDifferentHostsTransfers) {
+  proto::SliceInfo a = Slice(1, proto::PLACEMENT_ONE_HOST);  // host0
+  proto::SliceInfo b = Slice(1, proto::PLACEMENT_ONE_HOST);  // host1
+  ASSERT_NE(a.devices(0).worker_id(), b.devices(0).worker_id());
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(1), "scale", arg, arg);
+  proto::Call call;
+  call.set_call_id(Id(2));
+  call.set_slice_id(b.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_buffer_id(Id(3));
+  in->set_slice_id(a.slice_id());
+  *in->mutable_arg() = ToProto(arg);
+  call.add_output_ids(Id(4));
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, call, &ops).ok());
+  const auto& src = ops[a.devices(0).worker_id()];
+  const auto& dst = ops[b.devices(0).worker_id()];
+  ASSERT_EQ(src.size(), 1u);
+  EXPECT_TRUE(src[0].has_transfer());
+  EXPECT_EQ(src[0].transfer().dst_worker_id(), b.devices(0).worker_id());
+  ASSERT_EQ(dst.size(), 3u);  // expect, load, execute
+  EXPECT_TRUE(dst[0].has_expect());
+  EXPECT_TRUE(dst[1].has_load());
+  const auto& piece = dst[2].execute().tasks(0).inputs(0).pieces(0);
+  EXPECT_EQ(piece.buffer_id(), src[0].transfer().dst_buffer_id());
+}
+
+TEST_F(ClusterStateTest, ResplitGathersOverlappingPieces) {
+  proto::SliceInfo two = Slice(2);
+  proto::SliceInfo one = Slice(1, proto::PLACEMENT_ONE_HOST);
+  ArgSpec arg{{DType::kF32, {8, 3}}, Sharding::Split(0)};
+  Register(Id(1), "identity", arg, arg);
+  proto::Call call;
+  call.set_call_id(Id(2));
+  call.set_slice_id(one.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_buffer_id(Id(3));
+  in->set_slice_id(two.slice_id());
+  *in->mutable_arg() = ToProto(arg);
+  call.add_output_ids(Id(4));
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, call, &ops).ok());
+  const auto& exec = ops[one.devices(0).worker_id()].back().execute();
+  const auto& binding = exec.tasks(0).inputs(0);
+  ASSERT_EQ(binding.pieces_size(), 2);
+  EXPECT_EQ(binding.pieces(0).dst_offset(), 0);
+  EXPECT_EQ(binding.pieces(1).dst_offset(), 4);
+  EXPECT_EQ(binding.pieces(1).length(), 4);
+}
+
+TEST_F(ClusterStateTest, MismatchedArgumentNamesProgramAndShapes) {
+  proto::SliceInfo s = Slice(1);
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(1), "scale", arg, arg);
+  proto::Call call;
+  call.set_slice_id(s.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_slice_id(s.slice_id());
+  *in->mutable_arg() = ToProto(ArgSpec{{DType::kF32, {5}}, Sharding()});
+  call.add_output_ids(Id(4));
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(client_, call, &ops);
+  EXPECT_EQ(st.message(),
+            "program 'scale' argument 0 is float32[5] replicated but the "
+            "program was compiled for float32[4] replicated");
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST_F(ClusterStateTest, DeadHostBreaksItsSlices) {
+  proto::SliceInfo s = Slice(2);
+  auto clients = state_.MarkWorkerDown(s.devices(0).worker_id(), "killed");
+  EXPECT_EQ(clients.count(client_), 1u);
+  proto::Call call;
+  call.set_slice_id(s.slice_id());
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(1), "scale", arg, arg);
+  call.set_program_id(Id(1));
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(client_, call, &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(st.message().find("killed"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace plexus

@@ -1,0 +1,44 @@
+// LocalWorkers: the embedded cluster's worker processes, started by the
+// server on this machine. Each child dies with the server (PR_SET_PDEATHSIG)
+// and is stopped and reaped by Stop() or the destructor, so an embedded
+// cluster never leaves a process behind. Not thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace plexus {
+
+struct LocalWorkersOptions {
+  std::string worker_binary;  // path to plexus-worker
+  std::string server_address;
+  int hosts = 0;
+  int devices_per_host = 1;
+  double device_memory_mib = 1024;
+  bool shared_memory = true;
+  std::string log_level = "info";
+};
+
+class LocalWorkers {
+ public:
+  explicit LocalWorkers(LocalWorkersOptions options)
+      : options_(std::move(options)) {}
+  ~LocalWorkers() { Stop(); }
+  absl::Status Start();
+  // SIGTERM, then SIGKILL for any still alive after a grace period; reaps.
+  void Stop();
+  const std::vector<pid_t>& pids() const { return pids_; }
+
+ private:
+  LocalWorkersOptions options_;
+  std::vector<pid_t> pids_;
+};
+
+// The plexus-worker next to this executable.
+std::string SiblingBinary(const std::string& name);
+
+}  // namespace plexus

@@ -1,0 +1,90 @@
+// plexus-server: the resource manager and scheduler. With --local-workers
+// it is also the embedded cluster: it starts that many worker processes on
+// this machine and stops them when it exits.
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include <fstream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "plexus/common/logging.h"
+#include "plexus/server/local_workers.h"
+#include "plexus/server/server.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"plexus-server: resource manager and central scheduler"};
+  plexus::ServerOptions options;
+  plexus::LocalWorkersOptions local;
+  std::string address_file;
+  bool die_with_parent = false;
+  int heartbeat_timeout_ms = 3000;
+  std::string log_level = "info";
+  app.add_option("--listen", options.listen_address,
+                 "host:port to listen on (port 0 picks a free port)");
+  app.add_option("--address-file", address_file,
+                 "write the address actually bound to this file");
+  app.add_option("--local-workers", local.hosts,
+                 "start this many worker processes (hosts) on this machine")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--devices-per-host", local.devices_per_host,
+                 "devices of each local worker")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--device-memory-mib", local.device_memory_mib,
+                 "memory budget of each local device, MiB");
+  app.add_flag("--no-shm", [&](int64_t) { local.shared_memory = false; },
+               "local workers move buffers over TCP, as between hosts");
+  app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
+                 "declare a silent worker down after this long");
+  app.add_flag("--die-with-parent", die_with_parent,
+               "exit when the parent process dies");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+
+  if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  plexus::InitLogging("server", log_level);
+  options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto server = plexus::Server::Start(options);
+  if (!server.ok()) {
+    SPDLOG_ERROR("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+  std::thread signal_waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    SPDLOG_INFO("signal {}: shutting down", sig);
+    (*server)->Shutdown();
+  });
+  signal_waiter.detach();
+
+  local.server_address = (*server)->address();
+  local.worker_binary = plexus::SiblingBinary("plexus-worker");
+  local.log_level = log_level;
+  plexus::LocalWorkers workers(local);
+  if (local.hosts > 0) {
+    absl::Status s = workers.Start();
+    if (!s.ok()) {
+      SPDLOG_ERROR("cannot start local workers: {}", s.ToString());
+      return 1;
+    }
+  }
+  if (!address_file.empty()) {
+    // Written last and renamed into place: a reader that sees the file sees
+    // a server that accepts connections.
+    std::string tmp = address_file + ".tmp";
+    std::ofstream(tmp) << (*server)->address() << "\n";
+    std::rename(tmp.c_str(), address_file.c_str());
+  }
+  (*server)->Wait();
+  workers.Stop();
+  server->reset();
+  SPDLOG_INFO("stopped");
+  return 0;
+}

@@ -1,0 +1,88 @@
+// OutQueue: the outbound side of one control stream. Producers append ops
+// (under the scheduler's order); one writer thread drains everything queued
+// into a single message per write, so many calls travel as one batch.
+// Bounded: producers wait in WaitForRoom() while it is full, which pushes
+// back on the client when a worker falls behind. Thread-safe.
+#pragma once
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace plexus {
+
+template <typename Op>
+class OutQueue {
+ public:
+  // `write` sends one batch; returning false closes the queue.
+  using WriteFn = std::function<bool(std::vector<Op>&)>;
+
+  OutQueue(WriteFn write, size_t capacity = 1 << 16)
+      : write_(std::move(write)), capacity_(capacity) {
+    thread_ = std::thread([this] { Loop(); });
+  }
+  ~OutQueue() {
+    Close();
+    thread_.join();
+  }
+
+  void Push(Op op) {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    queue_.push_back(std::move(op));
+  }
+  // Waits while the queue holds `capacity` ops or more.
+  void WaitForRoom() {
+    absl::MutexLock lock(&mu_);
+    auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closed_ || queue_.size() < capacity_;
+    };
+    mu_.Await(absl::Condition(&room));
+  }
+  // Stops the writer after what is queued has been written.
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  bool closed() const {
+    absl::MutexLock lock(&mu_);
+    return closed_;
+  }
+
+ private:
+  void Loop() {
+    std::vector<Op> batch;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return closed_ || !queue_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (queue_.empty()) return;
+        batch.assign(std::make_move_iterator(queue_.begin()),
+                     std::make_move_iterator(queue_.end()));
+        queue_.clear();
+      }
+      if (!write_(batch)) {
+        absl::MutexLock lock(&mu_);
+        closed_ = true;
+        queue_.clear();
+        return;
+      }
+      batch.clear();
+    }
+  }
+
+  const WriteFn write_;
+  const size_t capacity_;
+  mutable absl::Mutex mu_;
+  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace plexus

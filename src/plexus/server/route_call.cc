@@ -1,0 +1,209 @@
+// ClusterState::RouteCall: one call into the ops of the workers involved.
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/server/cluster_state.h"
+#include "plexus/store/object_store.h"
+
+namespace plexus {
+namespace {
+
+// A source shard as the executing worker will find it: in its own store
+// (same worker) or under a transfer temporary.
+struct TransferKey {
+  uint64_t buffer_id;
+  int32_t shard;
+  int64_t dst_worker;
+  bool operator<(const TransferKey& o) const {
+    return std::tie(buffer_id, shard, dst_worker) <
+           std::tie(o.buffer_id, o.shard, o.dst_worker);
+  }
+};
+
+}  // namespace
+
+absl::Status ClusterState::RouteCall(uint64_t client_id,
+                                     const proto::Call& call, WorkerOps* ops) {
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  auto pit = client->programs.find(call.program_id());
+  if (pit == client->programs.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("program ", call.program_id(), " was never registered"));
+  }
+  const ProgramRecord& prog = pit->second;
+  const std::string what = absl::StrCat("program '", prog.def.name(), "'");
+  auto slice_or = UsableSlice(client_id, call.slice_id(), what);
+  if (!slice_or.ok()) return slice_or.status();
+  const SliceRecord& slice = **slice_or;
+  const int n = static_cast<int>(slice.devices.size());
+  if (call.inputs_size() != static_cast<int>(prog.inputs.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " takes ", prog.inputs.size(), " arguments, got ",
+                     call.inputs_size()));
+  }
+  if (call.output_ids_size() != static_cast<int>(prog.outputs.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " has ", prog.outputs.size(), " outputs, got ",
+                     call.output_ids_size(), " output ids"));
+  }
+  for (uint64_t id : call.output_ids()) {
+    if (ClientOfBuffer(id) != client_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": output id ", id, " is not this client's"));
+    }
+  }
+
+  std::vector<proto::ShardTask> tasks(n);
+  for (int j = 0; j < n; ++j) {
+    tasks[j].set_device(slice.devices[j].device);
+    tasks[j].set_shard(j);
+  }
+  std::map<TransferKey, uint64_t> transfers;
+  WorkerOps staged;  // transfers and expects: only kept if the call routes
+
+  for (int i = 0; i < call.inputs_size(); ++i) {
+    const proto::InputRef& ref = call.inputs(i);
+    const std::string arg_what = absl::StrCat(what, " argument ", i);
+    auto arg = FromProto(ref.arg());
+    if (!arg.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what, ": ", arg.status().message()));
+    }
+    if (!(*arg == prog.inputs[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what, " is ", arg->ToString(),
+                       " but the program was compiled for ",
+                       prog.inputs[i].ToString()));
+    }
+    auto src_or = UsableSlice(client_id, ref.slice_id(), arg_what);
+    if (!src_or.ok()) return src_or.status();
+    const SliceRecord& src = **src_or;
+    const int m = static_cast<int>(src.devices.size());
+    auto local_c = arg->Local(n);
+    auto local_p = arg->Local(m);
+    if (!local_c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what, ": ", local_c.status().message()));
+    }
+    if (!local_p.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what, ": ", local_p.status().message()));
+    }
+    const bool same_layout = src.devices == slice.devices;
+    if (arg->sharding.is_partial() && !same_layout) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          arg_what, " is partial (a sum not yet reduced) on slice ", src.id,
+          "; all_reduce it before using it on slice ", slice.id));
+    }
+
+    // The key under which consumer `dst` finds source shard `k`.
+    auto source_key = [&](int k, const DeviceRef& dst) -> std::pair<uint64_t, int> {
+      const DeviceRef& s = src.devices[k];
+      if (s.worker_id == dst.worker_id) return {ref.buffer_id(), k};
+      TransferKey tk{ref.buffer_id(), k, dst.worker_id};
+      auto it = transfers.find(tk);
+      if (it != transfers.end()) return {it->second, 0};
+      uint64_t temp = (kServerClientId << kBufferIdClientShift) | next_transfer_++;
+      transfers[tk] = temp;
+      proto::WorkerOp t;
+      auto* tr = t.mutable_transfer();
+      tr->set_buffer_id(ref.buffer_id());
+      tr->set_shard(k);
+      tr->set_dst_worker_id(dst.worker_id);
+      tr->set_dst_buffer_id(temp);
+      tr->set_dst_device(dst.device);
+      staged[s.worker_id].push_back(std::move(t));
+      proto::WorkerOp e;
+      auto* ex = e.mutable_expect();
+      ex->set_buffer_id(temp);
+      ex->set_src_worker_id(s.worker_id);
+      ex->set_device(dst.device);
+      *ex->mutable_spec() = ToProto(*local_p);
+      staged[dst.worker_id].push_back(std::move(e));
+      return {temp, 0};
+    };
+
+    for (int j = 0; j < n; ++j) {
+      const DeviceRef& dst = slice.devices[j];
+      proto::InputBinding* binding = tasks[j].add_inputs();
+      *binding->mutable_local() = ToProto(*local_c);
+      binding->set_axis(arg->sharding.is_split() ? arg->sharding.axis : 0);
+      auto add_piece = [&](int k, int64_t src_off, int64_t dst_off,
+                           int64_t len) {
+        auto [id, shard] = source_key(k, dst);
+        proto::Piece* p = binding->add_pieces();
+        p->set_buffer_id(id);
+        p->set_shard(shard);
+        p->set_src_offset(src_off);
+        p->set_dst_offset(dst_off);
+        p->set_length(len);
+      };
+      const int64_t rows =
+          arg->sharding.is_split() ? arg->global.shape[arg->sharding.axis] : 1;
+      if (same_layout) {
+        add_piece(j, 0, 0, rows / n);
+      } else if (!arg->sharding.is_split()) {
+        // Replicated: any source copy will do; prefer one on this worker.
+        int k = j % m;
+        for (int c = 0; c < m; ++c) {
+          if (src.devices[c] == dst) { k = c; break; }
+          if (src.devices[c].worker_id == dst.worker_id) k = c;
+        }
+        add_piece(k, 0, 0, rows);
+      } else {
+        const int64_t lc = rows / n, lp = rows / m;
+        const int64_t start = j * lc, end = start + lc;
+        for (int64_t k = start / lp; k * lp < end; ++k) {
+          const int64_t ps = k * lp;
+          const int64_t s = std::max(start, ps), e = std::min(end, ps + lp);
+          add_piece(static_cast<int>(k), s - ps, s - start, e - s);
+        }
+      }
+    }
+  }
+
+  // Everything validated: commit the ops.
+  for (auto& [w, list] : staged) {
+    auto& out = (*ops)[w];
+    for (auto& op : list) out.push_back(std::move(op));
+  }
+  std::vector<int64_t> order;  // workers in slice order, each once
+  std::map<int64_t, int> local_shards;
+  for (const DeviceRef& d : slice.devices) {
+    if (local_shards[d.worker_id]++ == 0) order.push_back(d.worker_id);
+  }
+  for (int64_t w : order) {
+    WorkerRecord& rec = workers_[w];
+    auto& out = (*ops)[w];
+    if (rec.loaded_programs.insert(call.program_id()).second) {
+      proto::WorkerOp load;
+      load.mutable_load()->set_program_id(call.program_id());
+      *load.mutable_load()->mutable_program() = prog.def;
+      out.push_back(std::move(load));
+    }
+    proto::WorkerOp op;
+    proto::Execute* exec = op.mutable_execute();
+    exec->set_call_id(call.call_id());
+    exec->set_program_id(call.program_id());
+    exec->set_num_shards(n);
+    exec->set_client_id(client_id);
+    for (uint64_t id : call.output_ids()) exec->add_output_ids(id);
+    for (int j = 0; j < n; ++j) {
+      if (slice.devices[j].worker_id == w) *exec->add_tasks() = tasks[j];
+    }
+    if (prog.collective) {
+      for (int64_t p : order) {
+        auto* peer = exec->add_peers();
+        peer->set_worker_id(p);
+        peer->set_local_shards(local_shards[p]);
+      }
+    }
+    out.push_back(std::move(op));
+  }
+  calls_routed_++;
+  return absl::OkStatus();
+}
+
+}  // namespace plexus

@@ -1,0 +1,400 @@
+#include "plexus/server/server.h"
+
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "plexus/common/logging.h"
+#include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/server/cluster_state.h"
+#include "plexus/server/out_queue.h"
+
+namespace plexus {
+namespace {
+
+using WorkerStream =
+    grpc::ServerReaderWriter<proto::ServerToWorker, proto::WorkerToServer>;
+using ClientStream =
+    grpc::ServerReaderWriter<proto::ServerToClient, proto::ClientToServer>;
+
+class ServerImpl : public Server, public proto::Controller::Service {
+ public:
+  explicit ServerImpl(const ServerOptions& options) : options_(options) {}
+
+  ~ServerImpl() override {
+    Shutdown();
+    if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(
+        absl::Now() + absl::Seconds(2)));
+    if (liveness_.joinable()) liveness_.join();
+  }
+
+  absl::Status Init() {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort(options_.listen_address,
+                             grpc::InsecureServerCredentials(), &port);
+    builder.SetMaxReceiveMessageSize(256 << 20);
+    builder.SetMaxSendMessageSize(256 << 20);
+    builder.RegisterService(this);
+    grpc_server_ = builder.BuildAndStart();
+    if (!grpc_server_ || port == 0) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot listen on ", options_.listen_address));
+    }
+    std::string host = options_.listen_address.substr(
+        0, options_.listen_address.rfind(':'));
+    address_ = absl::StrCat(host, ":", port);
+    liveness_ = std::thread([this] { LivenessLoop(); });
+    SPDLOG_INFO("listening on {}", address_);
+    return absl::OkStatus();
+  }
+
+  std::string address() const override { return address_; }
+
+  void Wait() override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&shutdown_));
+  }
+
+  void Shutdown() override {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    for (auto& [id, ctx] : worker_contexts_) ctx->TryCancel();
+    for (auto& [id, ctx] : client_contexts_) ctx->TryCancel();
+  }
+
+  void CheckLiveness() override {
+    std::vector<int64_t> late;
+    {
+      absl::MutexLock lock(&mu_);
+      absl::Time now = options_.clock->Now();
+      for (auto& [id, w] : state_.workers()) {
+        if (w.alive && now - w.last_heartbeat > options_.heartbeat_timeout) {
+          late.push_back(id);
+        }
+      }
+    }
+    for (int64_t id : late) {
+      WorkerDown(id, absl::StrCat("worker ", id, " missed heartbeats for ",
+                                  absl::FormatDuration(
+                                      options_.heartbeat_timeout)));
+    }
+  }
+
+  // ------------------------------------------------------------ workers
+  grpc::Status WorkerSession(grpc::ServerContext* ctx,
+                             WorkerStream* stream) override {
+    proto::WorkerToServer first;
+    if (!stream->Read(&first) || !first.has_register_()) {
+      return grpc::Status(grpc::INVALID_ARGUMENT,
+                          "the first message must register the worker");
+    }
+    int64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      control_bytes_in_ += first.ByteSizeLong();
+      WorkerRecord& w = state_.AddWorker(first.register_(),
+                                         options_.clock->Now());
+      id = w.id;
+      auto queue = std::make_shared<OutQueue<proto::WorkerOp>>(
+          [stream, id](std::vector<proto::WorkerOp>& ops) {
+            proto::ServerToWorker msg;
+            msg.set_worker_id(id);
+            for (auto& op : ops) *msg.add_ops() = std::move(op);
+            return stream->Write(msg);
+          });
+      // Tell the newcomer about everyone (itself included, so its first
+      // message carries its id) and everyone about the newcomer.
+      proto::WorkerOp me = PeerOp(w);
+      for (auto& [oid, other] : state_.workers()) {
+        if (!other.alive) continue;
+        queue->Push(PeerOp(other));
+        if (oid != id && worker_queues_.count(oid)) {
+          worker_queues_[oid]->Push(me);
+        }
+      }
+      worker_queues_[id] = std::move(queue);
+      worker_contexts_[id] = ctx;
+      SPDLOG_INFO("worker {} registered: host {}, {} device(s), pid {}", id,
+                  first.register_().host_name(),
+                  first.register_().devices_size(), first.register_().pid());
+    }
+    proto::WorkerToServer msg;
+    while (stream->Read(&msg)) {
+      if (msg.has_heartbeat()) {
+        absl::MutexLock lock(&mu_);
+        control_bytes_in_ += msg.ByteSizeLong();
+        if (WorkerRecord* w = state_.FindWorker(id)) {
+          w->stats = msg.heartbeat();
+          w->last_heartbeat = options_.clock->Now();
+        }
+      }
+    }
+    WorkerDown(id, absl::StrCat("worker ", id, " lost its connection to the "
+                                "server (process exited or was killed)"));
+    std::shared_ptr<OutQueue<proto::WorkerOp>> queue;
+    {
+      absl::MutexLock lock(&mu_);
+      queue = std::move(worker_queues_[id]);
+      queue->Close();
+      worker_queues_.erase(id);
+      worker_contexts_.erase(id);
+    }
+    queue.reset();  // the last owner joins the writer
+    return grpc::Status::OK;
+  }
+
+  // ------------------------------------------------------------ clients
+  grpc::Status ClientSession(grpc::ServerContext* ctx,
+                             ClientStream* stream) override {
+    proto::ClientToServer msg;
+    if (!stream->Read(&msg)) return grpc::Status::OK;
+    uint64_t id;
+    OutQueue<proto::ServerToClient>* out;
+    {
+      absl::MutexLock lock(&mu_);
+      id = state_.AddClient(msg.client_name()).id;
+      auto queue = std::make_unique<OutQueue<proto::ServerToClient>>(
+          [stream, id](std::vector<proto::ServerToClient>& parts) {
+            proto::ServerToClient merged;
+            merged.set_client_id(id);
+            for (auto& p : parts) merged.MergeFrom(p);
+            merged.set_client_id(id);
+            return stream->Write(merged);
+          });
+      out = queue.get();
+      client_queues_[id] = std::move(queue);
+      client_contexts_[id] = ctx;
+      out->Push(proto::ServerToClient());  // carries the client id
+      SPDLOG_INFO("client {} connected: {}", id, msg.client_name());
+    }
+    do {
+      HandleClientBatch(id, msg, out);
+    } while (stream->Read(&msg));
+
+    std::unique_ptr<OutQueue<proto::ServerToClient>> queue;
+    {
+      absl::MutexLock lock(&mu_);
+      std::set<int64_t> touched = state_.RemoveClient(id);
+      proto::WorkerOp gone;
+      gone.mutable_client_gone()->set_client_id(id);
+      for (int64_t w : touched) {
+        auto it = worker_queues_.find(w);
+        if (it != worker_queues_.end()) it->second->Push(gone);
+      }
+      queue = std::move(client_queues_[id]);
+      client_queues_.erase(id);
+      client_contexts_.erase(id);
+      SPDLOG_INFO("client {} disconnected; its slices and buffers are freed",
+                  id);
+    }
+    queue.reset();
+    return grpc::Status::OK;
+  }
+
+  void HandleClientBatch(uint64_t id, const proto::ClientToServer& msg,
+                         OutQueue<proto::ServerToClient>* out) {
+    // Back-pressure: wait until no worker queue is full before ordering more.
+    std::vector<std::shared_ptr<OutQueue<proto::WorkerOp>>> queues;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [w, q] : worker_queues_) queues.push_back(q);
+    }
+    for (auto& q : queues) q->WaitForRoom();  // a closed queue has room
+    queues.clear();
+
+    absl::MutexLock lock(&mu_);
+    control_bytes_in_ += msg.ByteSizeLong();
+    WorkerOps ops;
+    proto::ServerToClient reply;
+    for (const proto::ClientOp& op : msg.ops()) {
+      switch (op.op_case()) {
+        case proto::ClientOp::kSliceRequest: {
+          auto slice = state_.CreateSlice(id, op.slice_request());
+          proto::SliceReply* r = reply.add_slices();
+          r->set_request_id(op.slice_request().request_id());
+          if (slice.ok()) {
+            *r->mutable_slice() = *slice;
+            SPDLOG_INFO("client {}: slice {} of {} device(s)", id,
+                        slice->slice_id(), slice->devices_size());
+          } else {
+            r->set_error(std::string(slice.status().message()));
+          }
+          break;
+        }
+        case proto::ClientOp::kSliceRelease:
+          state_.ReleaseSlice(id, op.slice_release()).IgnoreError();
+          break;
+        case proto::ClientOp::kProgram: {
+          absl::Status s = state_.RegisterProgram(id, op.program());
+          if (!s.ok()) {
+            proto::CallError* e = reply.add_errors();
+            e->set_message(std::string(s.message()));
+          }
+          break;
+        }
+        case proto::ClientOp::kCall: {
+          absl::Status s = state_.RouteCall(id, op.call(), &ops);
+          if (!s.ok()) {
+            proto::CallError* e = reply.add_errors();
+            e->set_call_id(op.call().call_id());
+            for (uint64_t o : op.call().output_ids()) e->add_output_ids(o);
+            e->set_message(std::string(s.message()));
+          }
+          break;
+        }
+        case proto::ClientOp::kPut: {
+          absl::Status s = state_.RoutePut(id, op.put(), &ops);
+          if (!s.ok()) {
+            proto::CallError* e = reply.add_errors();
+            e->add_output_ids(op.put().buffer_id());
+            e->set_message(std::string(s.message()));
+          }
+          break;
+        }
+        case proto::ClientOp::kRelease:
+          state_.RouteRelease(id, op.release(), &ops);
+          break;
+        case proto::ClientOp::kStats:
+          if (ClientRecord* c = state_.FindClient(id)) c->stats = op.stats();
+          break;
+        default:
+          break;
+      }
+    }
+    for (auto& [w, list] : ops) {
+      auto it = worker_queues_.find(w);
+      if (it == worker_queues_.end()) continue;
+      for (auto& op : list) it->second->Push(std::move(op));
+    }
+    if (reply.slices_size() || reply.errors_size()) out->Push(std::move(reply));
+  }
+
+  // ------------------------------------------------------------ status
+  grpc::Status GetStatus(grpc::ServerContext*, const proto::StatusRequest*,
+                         proto::ClusterStatus* status) override {
+    absl::MutexLock lock(&mu_);
+    status->set_address(address_);
+    status->set_calls_routed(state_.calls_routed());
+    status->set_control_bytes_in(control_bytes_in_);
+    status->set_data_bytes(0);  // the server has no data path
+    for (const auto& [id, w] : state_.workers()) {
+      auto* ws = status->add_workers();
+      ws->set_worker_id(id);
+      ws->set_host_name(w.info.host_name());
+      ws->set_pid(w.info.pid());
+      ws->set_alive(w.alive);
+      ws->set_down_reason(w.down_reason);
+      ws->set_data_address(w.info.data_address());
+      *ws->mutable_devices() = w.info.devices();
+      *ws->mutable_stats() = w.stats;
+    }
+    for (const auto& [id, c] : state_.clients()) {
+      auto* cs = status->add_clients();
+      cs->set_client_id(id);
+      cs->set_name(c.name);
+      cs->set_slices(static_cast<int32_t>(c.slices.size()));
+      *cs->mutable_stats() = c.stats;
+    }
+    for (const auto& [id, s] : state_.slices()) {
+      auto* ss = status->add_slices();
+      ss->set_slice_id(id);
+      ss->set_client_id(s.client_id);
+      *ss->mutable_devices() = state_.DescribeSlice(s).devices();
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Shutdown(grpc::ServerContext*, const proto::ShutdownRequest*,
+                        proto::ShutdownReply*) override {
+    SPDLOG_INFO("shutdown requested");
+    std::thread([this] { Shutdown(); }).detach();
+    return grpc::Status::OK;
+  }
+
+ private:
+  static proto::WorkerOp PeerOp(const WorkerRecord& w) {
+    proto::WorkerOp op;
+    auto* p = op.mutable_peer();
+    p->set_worker_id(w.id);
+    p->set_machine_id(w.info.machine_id());
+    p->set_data_address(w.info.data_address());
+    p->set_unix_path(w.info.unix_path());
+    return op;
+  }
+
+  void WorkerDown(int64_t id, const std::string& reason) {
+    absl::MutexLock lock(&mu_);
+    WorkerRecord* w = state_.FindWorker(id);
+    if (w == nullptr || !w->alive) return;
+    std::string message = absl::StrCat(reason, " [host ", w->info.host_name(),
+                                       ", pid ", w->info.pid(), "]");
+    SPDLOG_WARN("{}", message);
+    std::set<uint64_t> clients = state_.MarkWorkerDown(id, message);
+    proto::WorkerOp down;
+    down.mutable_peer_down()->set_worker_id(id);
+    down.mutable_peer_down()->set_message(message);
+    for (auto& [wid, q] : worker_queues_) {
+      if (wid != id) q->Push(down);
+    }
+    auto ctx = worker_contexts_.find(id);
+    if (ctx != worker_contexts_.end()) ctx->second->TryCancel();
+    proto::ServerToClient note;
+    auto* wd = note.add_workers_down();
+    wd->set_worker_id(id);
+    wd->set_message(message);
+    for (uint64_t c : clients) {
+      auto it = client_queues_.find(c);
+      if (it != client_queues_.end()) it->second->Push(note);
+    }
+  }
+
+  void LivenessLoop() {
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&shutdown_),
+                                 options_.liveness_check_period)) {
+          return;
+        }
+      }
+      CheckLiveness();
+    }
+  }
+
+  const ServerOptions options_;
+  std::string address_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::thread liveness_;
+
+  // The scheduler lock: everything below, and the order in which ops enter
+  // the worker queues (one consistent order across clients).
+  absl::Mutex mu_;
+  ClusterState state_ ABSL_GUARDED_BY(mu_);
+  // Shared: client handlers wait for room on a queue outside the lock while
+  // its worker's session may be ending.
+  std::map<int64_t, std::shared_ptr<OutQueue<proto::WorkerOp>>> worker_queues_
+      ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, grpc::ServerContext*> worker_contexts_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>
+      client_queues_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, grpc::ServerContext*> client_contexts_
+      ABSL_GUARDED_BY(mu_);
+  int64_t control_bytes_in_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const ServerOptions& options) {
+  auto server = std::make_unique<ServerImpl>(options);
+  absl::Status s = server->Init();
+  if (!s.ok()) return s;
+  return std::unique_ptr<Server>(std::move(server));
+}
+
+}  // namespace plexus

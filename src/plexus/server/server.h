@@ -1,0 +1,42 @@
+// plexus-server: the resource manager and central scheduler. Long-lived;
+// serves many clients at once. Workers register over a bidirectional
+// stream and heartbeat on it; clients send batches of ops (slice requests,
+// programs, calls, puts, releases) over theirs. The server puts every call
+// into one order and forwards it, batched, to the workers involved; it never
+// carries buffer bytes.
+//
+// Threads: gRPC's (one per open stream, reading), one writer per stream
+// (OutQueue), and the liveness monitor.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/common/clock.h"
+
+namespace plexus {
+
+struct ServerOptions {
+  std::string listen_address = "127.0.0.1:0";  // port 0: pick a free one
+  // A worker silent for this long is declared down.
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+  absl::Duration liveness_check_period = absl::Milliseconds(200);
+  Clock* clock = Clock::Real();  // not owned
+};
+
+class Server {
+ public:
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      const ServerOptions& options);
+  virtual ~Server() = default;
+  virtual std::string address() const = 0;  // "127.0.0.1:PORT"
+  // Blocks until Shutdown() (locally or through the Shutdown RPC).
+  virtual void Wait() = 0;
+  virtual void Shutdown() = 0;
+  // Re-checks heartbeats now (tests with a FakeClock call it after Advance).
+  virtual void CheckLiveness() = 0;
+};
+
+}  // namespace plexus

@@ -1,0 +1,117 @@
+#include "plexus/store/storage.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace plexus {
+namespace {
+
+constexpr size_t kHeapAlignment = 64;  // one cache line
+// Seals that make a received memfd safe to map: its owner can neither shrink
+// it under our mapping (a later access would SIGBUS) nor grow it.
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+absl::Status SyscallError(absl::string_view syscall, size_t bytes, int err) {
+  return absl::ErrnoToStatus(
+      err, absl::StrCat("shard storage: ", syscall, " (", bytes,
+                        " bytes) failed: ", std::strerror(err)));
+}
+
+// Maps `bytes` of `fd` read-write and shared. A zero-byte block is not mapped
+// (mmap rejects a zero length); its data() is null.
+absl::StatusOr<void*> MapShared(int fd, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (data == MAP_FAILED) return SyscallError("mmap", bytes, errno);
+  return data;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t bytes,
+                                                           bool force_shm) {
+  if (bytes < kShmThreshold && !force_shm) {
+    // aligned_alloc wants a multiple of the alignment, and a non-zero size so
+    // that data() is never null for a heap block.
+    size_t rounded =
+        (bytes + kHeapAlignment - 1) / kHeapAlignment * kHeapAlignment;
+    if (rounded == 0) rounded = kHeapAlignment;
+    void* data = std::aligned_alloc(kHeapAlignment, rounded);
+    if (data == nullptr) return SyscallError("aligned_alloc", bytes, ENOMEM);
+    std::memset(data, 0, rounded);
+    return std::shared_ptr<Storage>(
+        new Storage(data, bytes, /*fd=*/-1, /*mapped=*/false));
+  }
+  int fd = memfd_create("plexus-shard", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return SyscallError("memfd_create", bytes, errno);
+  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    close(fd);
+    return SyscallError("ftruncate", bytes, err);
+  }
+  if (fcntl(fd, F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) {
+    int err = errno;
+    close(fd);
+    return SyscallError("fcntl(F_ADD_SEALS)", bytes, err);
+  }
+  absl::StatusOr<void*> data = MapShared(fd, bytes);
+  if (!data.ok()) {
+    close(fd);
+    return data.status();
+  }
+  // The kernel hands out zero-filled pages.
+  return std::shared_ptr<Storage>(new Storage(*data, bytes, fd, true));
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::FromFd(int fd, size_t bytes) {
+  if (fd < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard storage: invalid descriptor ", fd));
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return SyscallError("fstat", bytes, err);
+  }
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard storage: received file holds ", st.st_size,
+                     " bytes, expected at least ", bytes));
+  }
+  int seals = fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    close(fd);
+    return absl::InvalidArgumentError(
+        "shard storage: received file is not a memfd sealed against "
+        "shrinking; mapping it is unsafe");
+  }
+  absl::StatusOr<void*> data = MapShared(fd, bytes);
+  if (!data.ok()) {
+    close(fd);
+    return data.status();
+  }
+  return std::shared_ptr<Storage>(new Storage(*data, bytes, fd, true));
+}
+
+Storage::~Storage() {
+  if (mapped_) {
+    if (data_ != nullptr) munmap(data_, size_);
+  } else {
+    std::free(data_);
+  }
+  if (fd_ >= 0) close(fd_);
+}
+
+}  // namespace plexus

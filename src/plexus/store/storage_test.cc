@@ -1,0 +1,104 @@
+#include "plexus/store/storage.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "gtest/gtest.h"
+
+namespace plexus {
+namespace {
+
+bool AllZero(const Storage& s) {
+  const auto* p = static_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (p[i] != 0) return false;
+  }
+  return true;
+}
+
+TEST(StorageTest, SmallBlocksLiveOnTheHeapZeroFilledAndAligned) {
+  auto s = Storage::Allocate(1000);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE((*s)->shared());
+  EXPECT_EQ((*s)->fd(), -1);
+  EXPECT_EQ((*s)->size(), 1000u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>((*s)->data()) % 64, 0u);
+  EXPECT_TRUE(AllZero(**s));
+}
+
+TEST(StorageTest, BlocksFromTheThresholdUpAreMemfdBacked) {
+  auto below = Storage::Allocate(Storage::kShmThreshold - 1);
+  auto at = Storage::Allocate(Storage::kShmThreshold);
+  ASSERT_TRUE(below.ok() && at.ok());
+  EXPECT_FALSE((*below)->shared());
+  EXPECT_TRUE((*at)->shared());
+  EXPECT_GE((*at)->fd(), 0);
+  EXPECT_TRUE(AllZero(**at));
+}
+
+TEST(StorageTest, ForceShmMakesSmallBlocksShared) {
+  auto s = Storage::Allocate(100, /*force_shm=*/true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE((*s)->shared());
+  EXPECT_EQ((*s)->size(), 100u);
+  EXPECT_TRUE(AllZero(**s));
+}
+
+TEST(StorageTest, EmptyBlocksAreValid) {
+  auto heap = Storage::Allocate(0);
+  auto shm = Storage::Allocate(0, /*force_shm=*/true);
+  ASSERT_TRUE(heap.ok() && shm.ok());
+  EXPECT_EQ((*heap)->size(), 0u);
+  EXPECT_TRUE((*shm)->shared());
+  auto mapped = Storage::FromFd(dup((*shm)->fd()), 0);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_EQ((*mapped)->size(), 0u);
+}
+
+TEST(StorageTest, FromFdOfADuplicateSeesTheSameBytes) {
+  const size_t bytes = 1 << 20;
+  auto original = Storage::Allocate(bytes);
+  ASSERT_TRUE(original.ok()) << original.status();
+  auto* p = static_cast<unsigned char*>((*original)->data());
+  for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<unsigned char>(i * 7);
+
+  auto mapped = Storage::FromFd(dup((*original)->fd()), bytes);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_TRUE((*mapped)->shared());
+  EXPECT_NE((*mapped)->data(), (*original)->data());
+  EXPECT_EQ(std::memcmp((*mapped)->data(), p, bytes), 0);
+  // One file under both mappings: a later write shows through.
+  p[12345] = 0xAB;
+  EXPECT_EQ(static_cast<unsigned char*>((*mapped)->data())[12345], 0xAB);
+}
+
+TEST(StorageTest, FromFdRejectsAFileShorterThanClaimed) {
+  auto original = Storage::Allocate(Storage::kShmThreshold);
+  ASSERT_TRUE(original.ok());
+  auto mapped =
+      Storage::FromFd(dup((*original)->fd()), Storage::kShmThreshold + 1);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mapped.status().message().find("expected at least"),
+            std::string::npos);
+}
+
+TEST(StorageTest, FromFdRejectsAFileThatCanShrink) {
+  int fd = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  auto mapped = Storage::FromFd(fd, 4096);  // takes fd, also on error
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(mapped.status().message().find("sealed"), std::string::npos);
+}
+
+TEST(StorageTest, FromFdNamesTheFailingSyscall) {
+  auto mapped = Storage::FromFd(/*fd=*/1000000, 16);  // not open
+  EXPECT_FALSE(mapped.ok());
+  EXPECT_NE(mapped.status().message().find("fstat"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace plexus

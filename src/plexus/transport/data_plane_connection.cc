@@ -1,0 +1,172 @@
+// DataPlaneConnection: the client side of one data-plane socket. Each call
+// sends one request and, where the protocol has one, reads its reply.
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/transport/data_plane.h"
+#include "plexus/transport/internal/frame_socket.h"
+#include "plexus/transport/internal/socket_io.h"
+
+namespace plexus::transport {
+namespace {
+
+using internal::FrameHeader;
+using internal::FrameSocket;
+using internal::FrameType;
+
+// Thread-compatible, like the interface. The first I/O or protocol error
+// closes the connection; later calls fail at once.
+class DataPlaneConnectionImpl : public DataPlaneConnection {
+ public:
+  DataPlaneConnectionImpl(std::unique_ptr<FrameSocket> socket,
+                          std::string address, DataPlaneCounters* counters)
+      : socket_(std::move(socket)),
+        address_(std::move(address)),
+        counters_(counters) {}
+
+  bool uses_shared_memory() const override { return socket_->is_unix(); }
+
+  absl::Status Push(const ShardKey& key, const Storage& data) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (absl::Status s = socket_->SendShard(FrameType::kPush, key, data);
+        !s.ok()) {
+      return Context(FrameType::kPush, key, s);
+    }
+    if (counters_ != nullptr) {
+      counters_->bytes_sent.fetch_add(static_cast<int64_t>(data.size()));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PushError(const ShardKey& key,
+                         const std::string& message) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    absl::Status s = socket_->SendError(FrameType::kPushError, key,
+                                        absl::UnknownError(message));
+    return s.ok() ? s : Context(FrameType::kPushError, key, s);
+  }
+
+  absl::Status Put(const ShardKey& key, const Storage& data) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (absl::Status s = socket_->SendShard(FrameType::kPut, key, data);
+        !s.ok()) {
+      return Context(FrameType::kPut, key, s);
+    }
+    return AwaitAck(FrameType::kPut, key);
+  }
+
+  absl::StatusOr<std::shared_ptr<Storage>> Fetch(const ShardKey& key) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (absl::Status s = socket_->SendControl(FrameType::kFetch, key);
+        !s.ok()) {
+      return Context(FrameType::kFetch, key, s);
+    }
+    absl::StatusOr<FrameHeader> reply = ReadReply(FrameType::kFetch, key);
+    if (!reply.ok()) return reply.status();
+    if (reply->frame_type() == FrameType::kError) {
+      return ErrorReply(FrameType::kFetch, key, *reply);
+    }
+    if (reply->frame_type() != FrameType::kData) {
+      return Unexpected(FrameType::kFetch, key, *reply);
+    }
+    // A passed memfd is mapped where it lies; inline bytes land in fresh
+    // storage (memfd-backed when large, so it can be passed on in turn).
+    absl::StatusOr<std::shared_ptr<Storage>> data = socket_->ReadShard(
+        *reply, [](size_t bytes) { return Storage::Allocate(bytes); });
+    if (!data.ok()) return Context(FrameType::kFetch, key, data.status());
+    return data;
+  }
+
+  absl::Status Wait(const ShardKey& key) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (absl::Status s = socket_->SendControl(FrameType::kWait, key); !s.ok()) {
+      return Context(FrameType::kWait, key, s);
+    }
+    return AwaitAck(FrameType::kWait, key);
+  }
+
+ private:
+  absl::Status CheckOpen() const {
+    if (!socket_->broken()) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("data-plane connection to ", address_,
+                     " was closed after an earlier error"));
+  }
+
+  // Names the request and the peer in a transport error.
+  absl::Status Context(FrameType request, const ShardKey& key,
+                       const absl::Status& error) const {
+    return absl::Status(
+        error.code(),
+        absl::StrCat("data-plane ", internal::FrameTypeName(request),
+                     " of buffer ", key.buffer_id, " shard ", key.shard, " to ",
+                     address_, ": ", error.message()));
+  }
+
+  absl::StatusOr<FrameHeader> ReadReply(FrameType request,
+                                        const ShardKey& key) {
+    bool eof = false;
+    absl::StatusOr<FrameHeader> reply = socket_->ReadHeader(&eof);
+    if (!reply.ok()) return Context(request, key, reply.status());
+    if (!(reply->key() == key)) {
+      return Context(request, key,
+                     socket_->Break(absl::InternalError(
+                         absl::StrCat("reply names buffer ", reply->buffer_id,
+                                      " shard ", reply->shard))));
+    }
+    return reply;
+  }
+
+  // The worker's status, exactly as it sent it: users read this message.
+  absl::Status ErrorReply(FrameType request, const ShardKey& key,
+                          const FrameHeader& reply) {
+    absl::Status status = socket_->ReadErrorStatus(reply);
+    return socket_->broken() ? Context(request, key, status) : status;
+  }
+
+  absl::Status Unexpected(FrameType request, const ShardKey& key,
+                          const FrameHeader& reply) {
+    return Context(
+        request, key,
+        socket_->Break(absl::InternalError(absl::StrCat(
+            "unexpected ", internal::FrameTypeName(reply.frame_type()),
+            " reply"))));
+  }
+
+  absl::Status AwaitAck(FrameType request, const ShardKey& key) {
+    absl::StatusOr<FrameHeader> reply = ReadReply(request, key);
+    if (!reply.ok()) return reply.status();
+    switch (reply->frame_type()) {
+      case FrameType::kAck:
+        return absl::OkStatus();
+      case FrameType::kError:
+        return ErrorReply(request, key, *reply);
+      default:
+        return Unexpected(request, key, *reply);
+    }
+  }
+
+  std::unique_ptr<FrameSocket> socket_;
+  std::string address_;          // for messages
+  DataPlaneCounters* counters_;  // may be null
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPlaneConnection>>
+DataPlaneConnection::Connect(const std::string& tcp_address,
+                             const std::string& unix_path,
+                             DataPlaneCounters* counters) {
+  const bool is_unix = !unix_path.empty();
+  absl::StatusOr<internal::UniqueFd> fd =
+      is_unix ? internal::ConnectUnix(unix_path)
+              : internal::ConnectTcp(tcp_address);
+  if (!fd.ok()) return fd.status();
+  return std::make_unique<DataPlaneConnectionImpl>(
+      std::make_unique<FrameSocket>(*std::move(fd), is_unix),
+      is_unix ? absl::StrCat("unix @", unix_path) : tcp_address, counters);
+}
+
+}  // namespace plexus::transport

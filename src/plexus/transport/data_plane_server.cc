@@ -1,0 +1,297 @@
+// DataPlaneServer: an accept thread per listener (TCP, abstract unix) and a
+// thread per connection that serves its frames in order with blocking I/O.
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "plexus/common/logging.h"
+#include "plexus/transport/data_plane.h"
+#include "plexus/transport/internal/frame_socket.h"
+#include "plexus/transport/internal/socket_io.h"
+
+namespace plexus::transport {
+namespace {
+
+using internal::FrameHeader;
+using internal::FrameSocket;
+using internal::FrameType;
+using internal::UniqueFd;
+
+std::string KeyString(const ShardKey& key) {
+  return absl::StrCat("buffer ", key.buffer_id, " shard ", key.shard);
+}
+
+// Thread-safe. Destruction stops accepting, shuts every connection down and
+// joins all threads; connection threads blocked in the handler (AwaitReady,
+// AllocateIncoming) must be released by the handler's owner first.
+class DataPlaneServerImpl : public DataPlaneServer {
+ public:
+  DataPlaneServerImpl(DataPlaneHandler* handler, DataPlaneCounters* counters)
+      : handler_(handler),
+        counters_(counters != nullptr ? counters : &own_counters_) {}
+  ~DataPlaneServerImpl() override;
+
+  // Binds both listeners, then starts their accept threads.
+  absl::Status Listen(const DataPlaneServerOptions& options);
+
+  std::string tcp_address() const override { return tcp_address_; }
+  std::string unix_path() const override { return unix_name_; }
+
+ private:
+  struct Connection {
+    std::unique_ptr<FrameSocket> socket;
+    std::thread thread;
+    bool done = false;  // the thread has returned; join it
+  };
+
+  void AcceptLoop(int listen_fd, bool is_unix);
+  void StartConnection(UniqueFd fd, bool is_unix);
+  // Connection thread: serves frames until the peer leaves or errs.
+  void Serve(FrameSocket* socket, uint64_t id);
+  // Handles one frame. An error means the connection must close; handler
+  // failures that the peer should see travel as ERROR frames instead.
+  absl::Status ServeFrame(FrameSocket& socket, const FrameHeader& header);
+  absl::Status ServeShard(FrameSocket& socket, const FrameHeader& header);
+  absl::Status ServeFetchOrWait(FrameSocket& socket, const FrameHeader& header);
+  // Joins and closes connections whose threads have returned.
+  void ReapFinished();
+  bool stopping() const {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  }
+
+  DataPlaneHandler* const handler_;
+  DataPlaneCounters own_counters_;  // used when the owner passes none
+  DataPlaneCounters* const counters_;
+  std::string tcp_address_;
+  std::string unix_name_;
+  UniqueFd tcp_listener_;
+  UniqueFd unix_listener_;
+  std::vector<std::thread> accept_threads_;  // started by Listen only
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, Connection> connections_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status DataPlaneServerImpl::Listen(
+    const DataPlaneServerOptions& options) {
+  absl::StatusOr<UniqueFd> tcp =
+      internal::ListenTcp(options.tcp_host, &tcp_address_);
+  if (!tcp.ok()) return tcp.status();
+  tcp_listener_ = *std::move(tcp);
+  if (!options.unix_name.empty()) {
+    absl::StatusOr<UniqueFd> unix_fd = internal::ListenUnix(options.unix_name);
+    if (!unix_fd.ok()) return unix_fd.status();
+    unix_listener_ = *std::move(unix_fd);
+    unix_name_ = options.unix_name;
+  }
+  accept_threads_.emplace_back(
+      [this, fd = tcp_listener_.get()] { AcceptLoop(fd, /*is_unix=*/false); });
+  if (unix_listener_.valid()) {
+    accept_threads_.emplace_back([this, fd = unix_listener_.get()] {
+      AcceptLoop(fd, /*is_unix=*/true);
+    });
+  }
+  SPDLOG_INFO(
+      "data plane listening on {}{}", tcp_address_,
+      unix_name_.empty() ? "" : absl::StrCat(" and unix @", unix_name_));
+  return absl::OkStatus();
+}
+
+DataPlaneServerImpl::~DataPlaneServerImpl() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  // shutdown() makes a blocked accept() return (EINVAL) on Linux.
+  if (tcp_listener_.valid()) shutdown(tcp_listener_.get(), SHUT_RDWR);
+  if (unix_listener_.valid()) shutdown(unix_listener_.get(), SHUT_RDWR);
+  for (std::thread& t : accept_threads_) t.join();
+  absl::flat_hash_map<uint64_t, Connection> connections;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, connection] : connections_) connection.socket->Shutdown();
+    connections.swap(connections_);
+  }
+  for (auto& [id, connection] : connections) connection.thread.join();
+}
+
+void DataPlaneServerImpl::AcceptLoop(int listen_fd, bool is_unix) {
+  pthread_setname_np(pthread_self(), "plexus-dp-accept");
+  while (true) {
+    absl::StatusOr<UniqueFd> fd = internal::Accept(listen_fd);
+    if (stopping()) return;
+    if (!fd.ok()) {
+      // Out of descriptors, say: the pending connection stays queued, so
+      // back off instead of spinning, but wake at once on shutdown.
+      SPDLOG_WARN("data plane: {}", fd.status().ToString());
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                           absl::Milliseconds(100));
+      continue;
+    }
+    ReapFinished();
+    StartConnection(*std::move(fd), is_unix);
+  }
+}
+
+void DataPlaneServerImpl::StartConnection(UniqueFd fd, bool is_unix) {
+  auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
+  FrameSocket* raw = socket.get();
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  uint64_t id = next_id_++;
+  Connection& connection = connections_[id];
+  connection.socket = std::move(socket);
+  // The thread holds the socket, never the map entry (it may move).
+  connection.thread = std::thread([this, raw, id] { Serve(raw, id); });
+}
+
+void DataPlaneServerImpl::ReapFinished() {
+  std::vector<Connection> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<uint64_t> ids;
+    for (const auto& [id, connection] : connections_) {
+      if (connection.done) ids.push_back(id);
+    }
+    for (uint64_t id : ids) {
+      auto node = connections_.extract(id);
+      finished.push_back(std::move(node.mapped()));
+    }
+  }
+  for (Connection& connection : finished) connection.thread.join();
+}
+
+void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
+  pthread_setname_np(pthread_self(), "plexus-dp-conn");
+  SPDLOG_DEBUG("data plane: connection from {} opened", socket->peer());
+  while (true) {
+    bool eof = false;
+    absl::StatusOr<FrameHeader> header = socket->ReadHeader(&eof);
+    absl::Status status =
+        header.ok() ? ServeFrame(*socket, *header) : header.status();
+    if (status.ok()) continue;
+    socket->Break(status).IgnoreError();
+    if (eof || stopping()) {
+      SPDLOG_DEBUG("data plane: connection from {} closed", socket->peer());
+    } else {
+      SPDLOG_WARN("data plane: closing connection from {}: {}", socket->peer(),
+                  status.ToString());
+    }
+    break;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(id);
+  if (it != connections_.end()) it->second.done = true;
+}
+
+absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
+                                             const FrameHeader& header) {
+  switch (header.frame_type()) {
+    case FrameType::kPush:
+    case FrameType::kPut:
+      return ServeShard(socket, header);
+    case FrameType::kPushError: {
+      absl::StatusOr<std::string> message = socket.ReadMessage(header);
+      if (!message.ok()) return message.status();
+      handler_->DeliverError(header.key(), *message);
+      return absl::OkStatus();
+    }
+    case FrameType::kFetch:
+    case FrameType::kWait:
+      return ServeFetchOrWait(socket, header);
+    case FrameType::kAck:
+    case FrameType::kData:
+    case FrameType::kError:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unexpected ", FrameTypeName(header.frame_type()),
+                   " frame from a data-plane client"));
+}
+
+absl::Status DataPlaneServerImpl::ServeShard(FrameSocket& socket,
+                                             const FrameHeader& header) {
+  const ShardKey key = header.key();
+  const bool from_client = header.frame_type() == FrameType::kPut;
+  absl::StatusOr<std::shared_ptr<Storage>> data =
+      socket.ReadShard(header, [&](size_t bytes) {
+        return handler_->AllocateIncoming(key, bytes, from_client);
+      });
+  if (socket.broken()) return data.status();
+  absl::Status received = data.status();
+  absl::Status delivered;
+  if (received.ok()) {
+    (from_client ? counters_->bytes_from_clients : counters_->bytes_received)
+        .fetch_add(static_cast<int64_t>(header.payload_bytes));
+    delivered = handler_->Deliver(key, *std::move(data), from_client);
+  }
+  if (from_client) {
+    absl::Status result = received.ok() ? delivered : received;
+    return result.ok() ? socket.SendControl(FrameType::kAck, key)
+                       : socket.SendError(FrameType::kError, key, result);
+  }
+  if (!received.ok()) {
+    // No one else will hear of this shard: fail it, so that its readers
+    // see why instead of waiting for ever.
+    SPDLOG_WARN("data plane: receiving PUSH of {} from {} failed: {}",
+                KeyString(key), socket.peer(), received.ToString());
+    handler_->DeliverError(
+        key, absl::StrCat("receiving ", KeyString(key), " from ", socket.peer(),
+                          " failed: ", received.message()));
+  } else if (!delivered.ok()) {
+    SPDLOG_WARN("data plane: PUSH of {} from {} was not stored: {}",
+                KeyString(key), socket.peer(), delivered.ToString());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DataPlaneServerImpl::ServeFetchOrWait(FrameSocket& socket,
+                                                   const FrameHeader& header) {
+  const ShardKey key = header.key();
+  absl::StatusOr<std::shared_ptr<const Storage>> ready =
+      handler_->AwaitReady(key);
+  if (ready.ok() && *ready == nullptr) {
+    ready = absl::InternalError(
+        absl::StrCat(KeyString(key), " is ready but holds no storage"));
+  }
+  if (!ready.ok()) {
+    return socket.SendError(FrameType::kError, key, ready.status());
+  }
+  if (header.frame_type() == FrameType::kWait) {
+    return socket.SendControl(FrameType::kAck, key);
+  }
+  const Storage& data = **ready;
+  if (absl::Status s = socket.SendShard(FrameType::kData, key, data); !s.ok()) {
+    return s;
+  }
+  counters_->bytes_to_clients.fetch_add(static_cast<int64_t>(data.size()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
+    const DataPlaneServerOptions& options, DataPlaneHandler* handler,
+    DataPlaneCounters* counters) {
+  if (handler == nullptr) {
+    return absl::InvalidArgumentError("data plane server needs a handler");
+  }
+  auto server = std::make_unique<DataPlaneServerImpl>(handler, counters);
+  if (absl::Status s = server->Listen(options); !s.ok()) return s;
+  return server;
+}
+
+}  // namespace plexus::transport

@@ -1,0 +1,144 @@
+// The data plane's robustness: bad peers, shutdown, addresses.
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <cerrno>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "plexus/transport/data_plane.h"
+#include "plexus/transport/internal/frame_socket.h"
+#include "plexus/transport/internal/socket_io.h"
+#include "plexus/transport/internal/test_handler.h"
+
+namespace plexus::transport {
+namespace {
+
+using test_support::kDeadline;
+using test_support::MapHandler;
+using test_support::Pattern;
+using test_support::SameBytes;
+using test_support::UniqueUnixName;
+
+// Sends `bytes` on a raw connection and waits (with a deadline) for the
+// server to close it.
+bool ServerClosesAfter(internal::UniqueFd fd, const std::string& bytes) {
+  if (send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) < 0) {
+    return true;  // already closed
+  }
+  timeval timeout{static_cast<time_t>(absl::ToInt64Seconds(kDeadline)), 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  char c;
+  ssize_t n = recv(fd.get(), &c, 1, 0);
+  return n == 0 || (n < 0 && errno == ECONNRESET);
+}
+
+std::string Header(uint32_t magic, internal::FrameType type, uint16_t flags,
+                   uint64_t payload_bytes) {
+  internal::FrameHeader h;
+  h.magic = magic;
+  h.type = static_cast<uint16_t>(type);
+  h.flags = flags;
+  h.payload_bytes = payload_bytes;
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+TEST(DataPlaneServerTest, MalformedFramesCloseOnlyTheirConnection) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  using internal::FrameType;
+  const uint32_t magic = internal::kFrameMagic;
+  const std::vector<std::string> garbage = {
+      std::string(64, 'x'),
+      Header(magic, FrameType::kPush, 0, uint64_t{1} << 40),  // 1 TiB
+      Header(magic, static_cast<FrameType>(42), 0, 0),
+      Header(magic, FrameType::kPut, internal::kFlagFd, 16),  // fd over TCP
+      Header(magic, FrameType::kData, 0, 0),  // a reply sent to the server
+  };
+  for (const std::string& bytes : garbage) {
+    auto fd = internal::ConnectTcp((*server)->tcp_address());
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    EXPECT_TRUE(ServerClosesAfter(*std::move(fd), bytes));
+  }
+  // A descriptor flag with no descriptor, on the unix socket.
+  auto fd = internal::ConnectUnix((*server)->unix_path());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  EXPECT_TRUE(ServerClosesAfter(
+      *std::move(fd), Header(magic, FrameType::kPut, internal::kFlagFd, 16)));
+
+  auto conn =
+      DataPlaneConnection::Connect((*server)->tcp_address(), "", nullptr);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  std::shared_ptr<Storage> data = Pattern(1000, 9);
+  ASSERT_TRUE((*conn)->Put({1, 0}, *data).ok());
+  auto fetched = (*conn)->Fetch({1, 0});
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(SameBytes(**fetched, *data));
+}
+
+TEST(DataPlaneServerTest, DestructionWithIdleConnectionsIsPromptAndSafe) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::unique_ptr<DataPlaneConnection>> idle;
+  for (int i = 0; i < 4; ++i) {
+    auto c = DataPlaneConnection::Connect(
+        (*server)->tcp_address(), i % 2 ? (*server)->unix_path() : "", nullptr);
+    ASSERT_TRUE(c.ok()) << c.status();
+    ASSERT_TRUE((*c)->Put({static_cast<uint64_t>(i), 0}, *Pattern(64, i)).ok());
+    idle.push_back(*std::move(c));
+  }
+  absl::Time start = absl::Now();
+  server->reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+
+  // The peer is gone: calls fail with an error, never a signal.
+  std::shared_ptr<Storage> big = Pattern(16 << 20, 0);
+  for (auto& c : idle) {
+    absl::Status s = c->Put({99, 0}, *big);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_FALSE(c->Wait({99, 0}).ok());
+  }
+}
+
+TEST(DataPlaneServerTest, ReportsItsAddressesAndRejectsATakenUnixName) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  EXPECT_EQ((*server)->tcp_address().rfind("127.0.0.1:", 0), 0u);
+  EXPECT_NE((*server)->tcp_address(), "127.0.0.1:0");
+  EXPECT_EQ((*server)->unix_path(), options.unix_name);
+
+  auto second = DataPlaneServer::Start(options, &handler, nullptr);
+  EXPECT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find(options.unix_name),
+            std::string::npos);
+
+  options.unix_name.clear();
+  auto tcp_only = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(tcp_only.ok());
+  EXPECT_EQ((*tcp_only)->unix_path(), "");
+}
+
+TEST(DataPlaneConnectionTest, ConnectToNothingFailsWithAClearError) {
+  auto c = DataPlaneConnection::Connect("", UniqueUnixName(), nullptr);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(c.status().message().find("Connection refused"), std::string::npos)
+      << c.status();
+  auto bad = DataPlaneConnection::Connect("no-port", "", nullptr);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace plexus::transport

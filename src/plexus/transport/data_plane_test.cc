@@ -1,0 +1,193 @@
+#include "plexus/transport/data_plane.h"
+
+#include <sys/stat.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "plexus/transport/internal/test_handler.h"
+
+namespace plexus::transport {
+namespace {
+
+using test_support::kDeadline;
+using test_support::MapHandler;
+using test_support::Pattern;
+using test_support::SameBytes;
+using test_support::UniqueUnixName;
+
+ino_t Inode(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+enum class Carrier { kTcp, kUnix };
+
+// A worker's data plane (server + map handler) and clients of it.
+class DataPlaneTest : public ::testing::TestWithParam<Carrier> {
+ protected:
+  void SetUp() override {
+    DataPlaneServerOptions options;
+    options.unix_name = UniqueUnixName();
+    auto server = DataPlaneServer::Start(options, &handler_, &server_counters_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+  void TearDown() override {
+    handler_.Close();
+    server_.reset();
+  }
+  std::unique_ptr<DataPlaneConnection> Connect() {
+    auto c = DataPlaneConnection::Connect(
+        server_->tcp_address(),
+        GetParam() == Carrier::kUnix ? server_->unix_path() : "",
+        &client_counters_);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? *std::move(c) : nullptr;
+  }
+
+  MapHandler handler_;
+  DataPlaneCounters server_counters_;
+  DataPlaneCounters client_counters_;
+  std::unique_ptr<DataPlaneServer> server_;
+};
+
+TEST_P(DataPlaneTest, PutThenFetchReturnsTheSameBytes) {
+  const size_t bytes = 16 << 20;
+  auto conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  const bool over_unix = GetParam() == Carrier::kUnix;
+  EXPECT_EQ(conn->uses_shared_memory(), over_unix);
+  std::shared_ptr<Storage> sent = Pattern(bytes, 1);
+  ASSERT_TRUE(sent->shared());
+
+  ASSERT_TRUE(conn->Put({7, 2}, *sent).ok());
+  EXPECT_EQ(server_counters_.bytes_from_clients.load(), bytes);
+  auto fetched = conn->Fetch({7, 2});
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(SameBytes(**fetched, *sent));
+  // Frames are served in order: once WAIT is answered, the FETCH has been
+  // counted.
+  ASSERT_TRUE(conn->Wait({7, 2}).ok());
+  EXPECT_EQ(server_counters_.bytes_to_clients.load(), bytes);
+
+  if (over_unix) {
+    // The memfd travelled both ways: no storage was allocated for the bytes,
+    // and what came back is the very file that was put.
+    EXPECT_EQ(handler_.allocations(), 0);
+    EXPECT_TRUE((*fetched)->shared());
+    EXPECT_EQ(Inode((*fetched)->fd()), Inode(sent->fd()));
+  } else {
+    EXPECT_EQ(handler_.allocations(), 1);
+    EXPECT_NE(Inode((*fetched)->fd()), Inode(sent->fd()));
+  }
+}
+
+TEST_P(DataPlaneTest, FetchBlocksUntilTheShardIsPushed) {
+  auto fetcher = Connect();
+  auto pusher = Connect();
+  ASSERT_TRUE(fetcher && pusher);
+  absl::Notification fetched;
+  absl::StatusOr<std::shared_ptr<Storage>> result;
+  std::thread t([&] {
+    result = fetcher->Fetch({1, 0});
+    fetched.Notify();
+  });
+  ASSERT_TRUE(handler_.WaitForWaiters(1));
+  EXPECT_FALSE(fetched.HasBeenNotified());
+
+  std::shared_ptr<Storage> data = Pattern(Storage::kShmThreshold, 3);
+  ASSERT_TRUE(pusher->Push({1, 0}, *data).ok());
+  ASSERT_TRUE(fetched.WaitForNotificationWithTimeout(kDeadline));
+  t.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(SameBytes(**result, *data));
+}
+
+TEST_P(DataPlaneTest, PushOfSmallHeapDataArrivesInline) {
+  auto conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  std::shared_ptr<Storage> data = Pattern(4096, 5);
+  ASSERT_FALSE(data->shared());
+  ASSERT_TRUE(conn->Push({3, 1}, *data).ok());
+  EXPECT_EQ(client_counters_.bytes_sent.load(), 4096);
+
+  absl::Status error;
+  std::shared_ptr<Storage> received = handler_.WaitFor({3, 1}, &error);
+  ASSERT_NE(received, nullptr) << error;
+  EXPECT_TRUE(SameBytes(*received, *data));
+  EXPECT_EQ(server_counters_.bytes_received.load(), 4096);
+  EXPECT_EQ(handler_.allocations(), 1);  // heap bytes travel inline
+}
+
+TEST_P(DataPlaneTest, ErrorsKeepTheirCodeAndMessage) {
+  auto conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  const absl::Status freed = absl::NotFoundError(
+      "buffer 9 was deleted by the client before shard 0 was fetched");
+  handler_.Fail({9, 0}, freed);
+  EXPECT_EQ(conn->Fetch({9, 0}).status(), freed);
+  EXPECT_EQ(conn->Wait({9, 0}), freed);
+
+  const absl::Status full =
+      absl::ResourceExhaustedError("device 3 has no room for 16777216 bytes");
+  handler_.RejectDeliveries(full);
+  EXPECT_EQ(conn->Put({10, 0}, *Pattern(1 << 20, 0)), full);
+  EXPECT_EQ(conn->Put({10, 1}, *Pattern(100, 0)), full);
+
+  // The connection is still usable after error replies.
+  handler_.Fail({11, 0}, absl::InvalidArgumentError("x"));
+  EXPECT_EQ(conn->Wait({11, 0}), absl::InvalidArgumentError("x"));
+
+  const std::string why = "program 'matmul' failed: shapes [8, 4] and [5, 2]";
+  ASSERT_TRUE(conn->PushError({12, 3}, why).ok());
+  absl::Status error;
+  EXPECT_EQ(handler_.WaitFor({12, 3}, &error), nullptr);
+  EXPECT_EQ(error.message(), why);
+}
+
+TEST_P(DataPlaneTest, PushThatCannotBeStoredFailsTheShardNotTheConnection) {
+  auto conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  handler_.RejectAllocations(absl::ResourceExhaustedError("device 0 is full"));
+  ASSERT_TRUE(conn->Push({4, 0}, *Pattern(4096, 1)).ok());
+  absl::Status error;
+  EXPECT_EQ(handler_.WaitFor({4, 0}, &error), nullptr);
+  EXPECT_NE(error.message().find("device 0 is full"), std::string::npos)
+      << error;
+  EXPECT_NE(error.message().find("buffer 4 shard 0"), std::string::npos)
+      << error;
+
+  handler_.RejectAllocations(absl::OkStatus());
+  std::shared_ptr<Storage> data = Pattern(4096, 2);
+  ASSERT_TRUE(conn->Push({4, 1}, *data).ok());
+  std::shared_ptr<Storage> received = handler_.WaitFor({4, 1}, &error);
+  ASSERT_NE(received, nullptr) << error;
+  EXPECT_TRUE(SameBytes(*received, *data));
+}
+
+TEST_P(DataPlaneTest, ClosingTheHandlerReleasesABlockedFetch) {
+  auto conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  absl::StatusOr<std::shared_ptr<Storage>> result;
+  std::thread t([&] { result = conn->Fetch({5, 0}); });
+  ASSERT_TRUE(handler_.WaitForWaiters(1));
+  handler_.Close();
+  t.join();
+  EXPECT_EQ(result.status(), absl::CancelledError("handler closed"));
+  server_.reset();  // returns: no thread is left inside the handler
+}
+
+INSTANTIATE_TEST_SUITE_P(Carriers, DataPlaneTest,
+                         ::testing::Values(Carrier::kTcp, Carrier::kUnix),
+                         [](const auto& info) {
+                           return info.param == Carrier::kTcp ? "Tcp" : "Unix";
+                         });
+
+}  // namespace
+}  // namespace plexus::transport

@@ -1,0 +1,220 @@
+#include "plexus/transport/internal/frame_socket.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace plexus::transport::internal {
+namespace {
+
+bool IsShardFrame(FrameType type) {
+  return type == FrameType::kPush || type == FrameType::kPut ||
+         type == FrameType::kData;
+}
+
+bool IsMessageFrame(FrameType type) {
+  return type == FrameType::kPushError || type == FrameType::kError;
+}
+
+FrameHeader MakeHeader(FrameType type, const ShardKey& key) {
+  FrameHeader header;
+  header.type = static_cast<uint16_t>(type);
+  header.buffer_id = key.buffer_id;
+  header.shard = key.shard;
+  return header;
+}
+
+}  // namespace
+
+const char* FrameTypeName(FrameType type) {
+  switch (type) {
+    case FrameType::kPush:
+      return "PUSH";
+    case FrameType::kPushError:
+      return "PUSH_ERROR";
+    case FrameType::kPut:
+      return "PUT";
+    case FrameType::kFetch:
+      return "FETCH";
+    case FrameType::kWait:
+      return "WAIT";
+    case FrameType::kAck:
+      return "ACK";
+    case FrameType::kData:
+      return "DATA";
+    case FrameType::kError:
+      return "ERROR";
+  }
+  return "UNKNOWN";
+}
+
+FrameSocket::FrameSocket(UniqueFd fd, bool is_unix)
+    : fd_(std::move(fd)), is_unix_(is_unix), peer_(PeerName(fd_.get())) {}
+
+absl::Status FrameSocket::Break(absl::Status status) {
+  if (!broken_) Shutdown();  // the peer sees the end now, not at close
+  broken_ = true;
+  return status;
+}
+
+absl::Status FrameSocket::SendControl(FrameType type, const ShardKey& key) {
+  FrameHeader header = MakeHeader(type, key);
+  iovec iov{&header, sizeof(header)};
+  if (absl::Status s = SendAll(fd(), &iov, 1); !s.ok()) return Break(s);
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::SendShard(FrameType type, const ShardKey& key,
+                                    const Storage& data) {
+  FrameHeader header = MakeHeader(type, key);
+  header.payload_bytes = data.size();
+  if (is_unix_ && data.shared()) {
+    header.flags = kFlagFd;
+    iovec iov{&header, sizeof(header)};
+    if (absl::Status s = SendAll(fd(), &iov, 1, data.fd()); !s.ok()) {
+      return Break(s);
+    }
+    return absl::OkStatus();
+  }
+  // The header rides with the first chunk; each further write is one chunk,
+  // so the receiver starts reading while the rest is still being sent.
+  const auto* bytes = static_cast<const char*>(data.data());
+  size_t sent = std::min(data.size(), kChunkBytes);
+  iovec first[2] = {{&header, sizeof(header)},
+                    {const_cast<char*>(bytes), sent}};
+  if (absl::Status s = SendAll(fd(), first, sent > 0 ? 2 : 1); !s.ok()) {
+    return Break(s);
+  }
+  while (sent < data.size()) {
+    size_t step = std::min(data.size() - sent, kChunkBytes);
+    iovec iov{const_cast<char*>(bytes + sent), step};
+    if (absl::Status s = SendAll(fd(), &iov, 1); !s.ok()) return Break(s);
+    sent += step;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::SendError(FrameType type, const ShardKey& key,
+                                    const absl::Status& error) {
+  FrameHeader header = MakeHeader(type, key);
+  absl::string_view message = error.message();
+  if (message.size() > kMaxMessageBytes) {
+    message.remove_suffix(message.size() - kMaxMessageBytes);
+  }
+  header.status_code = static_cast<int32_t>(error.code());
+  header.payload_bytes = message.size();
+  iovec iov[2] = {{&header, sizeof(header)},
+                  {const_cast<char*>(message.data()), message.size()}};
+  if (absl::Status s = SendAll(fd(), iov, message.empty() ? 1 : 2); !s.ok()) {
+    return Break(s);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
+  auto malformed = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "malformed data-plane frame: %s (magic 0x%08x, type %d, flags 0x%x, "
+        "payload %d bytes)",
+        what, header.magic, header.type, header.flags, header.payload_bytes));
+  };
+  if (header.magic != kFrameMagic) return malformed("bad magic");
+  if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
+      header.type > static_cast<uint16_t>(FrameType::kError)) {
+    return malformed("unknown frame type");
+  }
+  FrameType type = header.frame_type();
+  if ((header.flags & ~kFlagFd) != 0) return malformed("unknown flags");
+  if (header.payload_bytes > kMaxPayloadBytes) {
+    return malformed("payload larger than 64 GiB");
+  }
+  if (IsMessageFrame(type) && header.payload_bytes > kMaxMessageBytes) {
+    return malformed("error message larger than 1 MiB");
+  }
+  if (!IsShardFrame(type) && !IsMessageFrame(type) &&
+      header.payload_bytes != 0) {
+    return malformed("payload on a control frame");
+  }
+  bool wants_fd = (header.flags & kFlagFd) != 0;
+  if (wants_fd && (!IsShardFrame(type) || !is_unix_)) {
+    return malformed("descriptor flag on a frame that cannot carry one");
+  }
+  if (wants_fd && !passed_fd_.valid()) {
+    return malformed("descriptor flag set but no descriptor arrived");
+  }
+  if (!wants_fd && passed_fd_.valid()) {
+    return malformed("descriptor arrived without the descriptor flag");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof) {
+  *eof = false;
+  if (broken_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("data-plane connection to ", peer_, " is closed"));
+  }
+  FrameHeader header;
+  passed_fd_.Reset();
+  absl::Status s =
+      is_unix_ ? RecvAllWithFd(fd(), &header, sizeof(header), &passed_fd_, eof)
+               : RecvAll(fd(), &header, sizeof(header), eof);
+  if (!s.ok()) return Break(s);
+  if (s = CheckHeader(header); !s.ok()) {
+    passed_fd_.Reset();
+    return Break(s);
+  }
+  return header;
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> FrameSocket::ReadShard(
+    const FrameHeader& header, const Allocator& allocate) {
+  size_t bytes = header.payload_bytes;
+  if (header.flags & kFlagFd) {
+    // A failed mapping leaves the stream in step: no payload bytes follow.
+    return Storage::FromFd(passed_fd_.Release(), bytes);
+  }
+  absl::StatusOr<std::shared_ptr<Storage>> storage = allocate(bytes);
+  if (storage.ok() && (*storage == nullptr || (*storage)->size() < bytes)) {
+    storage = absl::InternalError(absl::StrCat("storage allocated for ", bytes,
+                                               " incoming bytes is too small"));
+  }
+  if (!storage.ok()) {
+    if (absl::Status s = Discard(fd(), bytes); !s.ok()) return Break(s);
+    return storage.status();
+  }
+  if (absl::Status s = RecvAll(fd(), (*storage)->data(), bytes); !s.ok()) {
+    return Break(s);
+  }
+  return storage;
+}
+
+absl::StatusOr<std::string> FrameSocket::ReadMessage(
+    const FrameHeader& header) {
+  std::string message(header.payload_bytes, '\0');
+  if (absl::Status s = RecvAll(fd(), message.data(), message.size()); !s.ok()) {
+    return Break(s);
+  }
+  return message;
+}
+
+absl::Status FrameSocket::ReadErrorStatus(const FrameHeader& header) {
+  absl::StatusOr<std::string> message = ReadMessage(header);
+  if (!message.ok()) return message.status();
+  auto code = static_cast<absl::StatusCode>(header.status_code);
+  if (header.status_code <= 0 ||
+      header.status_code >
+          static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
+    code = absl::StatusCode::kUnknown;  // an ERROR is never OK
+  }
+  return absl::Status(code, *message);
+}
+
+void FrameSocket::Shutdown() { shutdown(fd(), SHUT_RDWR); }
+
+}  // namespace plexus::transport::internal

@@ -1,0 +1,127 @@
+// The data plane's wire format, and one end of a connection that speaks it.
+//
+// Every frame starts with a fixed 32-byte header, in host byte order (both
+// ends are little-endian machines):
+//
+//   offset  size  field
+//        0     4  magic          "PLXD"
+//        4     2  type           FrameType
+//        6     2  flags          kFlagFd: the payload is a passed memfd
+//        8     8  buffer_id
+//       16     4  shard
+//       20     4  status_code    absl::StatusCode (ERROR frames)
+//       24     8  payload_bytes  logical bytes moved
+//
+// The payload follows the header, except under kFlagFd, where the memfd
+// holding it rides on the header's first byte (SCM_RIGHTS, unix sockets
+// only) and no payload bytes follow. ERROR and PUSH_ERROR carry the message
+// text as payload; ERROR also its status code, so the receiver rebuilds the
+// same absl::Status.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "plexus/store/storage.h"
+#include "plexus/transport/data_plane.h"
+#include "plexus/transport/internal/socket_io.h"
+
+namespace plexus::transport::internal {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the data-plane header is sent in host (little-endian) order");
+
+enum class FrameType : uint16_t {
+  kPush = 1,       // worker -> worker: a shard
+  kPushError = 2,  // worker -> worker: the shard failed upstream
+  kPut = 3,        // client -> worker: a shard; replied with ACK or ERROR
+  kFetch = 4,      // client -> worker: replied with DATA or ERROR
+  kWait = 5,       // client -> worker: replied with ACK or ERROR
+  kAck = 6,
+  kData = 7,
+  kError = 8,
+};
+const char* FrameTypeName(FrameType type);
+
+inline constexpr uint32_t kFrameMagic = 0x44584C50;  // "PLXD" on the wire
+inline constexpr uint16_t kFlagFd = 1;
+// Larger claims are malformed frames, not allocations to attempt.
+inline constexpr uint64_t kMaxPayloadBytes = uint64_t{64} << 30;
+inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 20;
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint16_t type = 0;
+  uint16_t flags = 0;
+  uint64_t buffer_id = 0;
+  int32_t shard = 0;
+  int32_t status_code = 0;
+  uint64_t payload_bytes = 0;
+
+  FrameType frame_type() const { return static_cast<FrameType>(type); }
+  ShardKey key() const { return ShardKey{buffer_id, shard}; }
+};
+static_assert(sizeof(FrameHeader) == 32, "the header layout is the protocol");
+
+// One end of a data-plane connection: sends and reads whole frames.
+// Thread-compatible (one reader and one writer at a time). After an I/O or
+// protocol error the stream is out of step, broken() is true and the socket
+// is shut down (the owner still closes it). Errors that leave the stream in
+// step (a shard that could not be stored) do not break it.
+class FrameSocket {
+ public:
+  FrameSocket(UniqueFd fd, bool is_unix);
+
+  int fd() const { return fd_.get(); }
+  bool is_unix() const { return is_unix_; }
+  bool broken() const { return broken_; }
+  const std::string& peer() const { return peer_; }
+
+  // A frame without payload (FETCH, WAIT, ACK).
+  absl::Status SendControl(FrameType type, const ShardKey& key);
+  // PUSH, PUT or DATA. A memfd-backed `data` on a unix socket travels as its
+  // descriptor; otherwise its bytes follow in kChunkBytes writes.
+  absl::Status SendShard(FrameType type, const ShardKey& key,
+                         const Storage& data);
+  // PUSH_ERROR or ERROR, with `error`'s code and message (messages beyond
+  // kMaxMessageBytes are cut).
+  absl::Status SendError(FrameType type, const ShardKey& key,
+                         const absl::Status& error);
+
+  // Reads and checks the next header. Sets `*eof` when the peer closed the
+  // connection between frames (an orderly end; still an error result).
+  absl::StatusOr<FrameHeader> ReadHeader(bool* eof);
+  // The shard of a PUSH, PUT or DATA header: the passed memfd mapped, or the
+  // inline bytes read straight into storage from `allocate(bytes)`. If
+  // `allocate` fails the bytes are skipped and its error returned.
+  using Allocator =
+      std::function<absl::StatusOr<std::shared_ptr<Storage>>(size_t bytes)>;
+  absl::StatusOr<std::shared_ptr<Storage>> ReadShard(const FrameHeader& header,
+                                                     const Allocator& allocate);
+  // The message of a PUSH_ERROR or ERROR header.
+  absl::StatusOr<std::string> ReadMessage(const FrameHeader& header);
+  // An ERROR frame as the status it carries (code and message intact); an
+  // I/O error if the message cannot be read.
+  absl::Status ReadErrorStatus(const FrameHeader& header);
+
+  // Marks the stream out of step (say, a reply that does not match its
+  // request) and returns `status`.
+  absl::Status Break(absl::Status status);
+  // Wakes a reader or writer blocked on this socket (it sees an error).
+  void Shutdown();
+
+ private:
+  absl::Status CheckHeader(const FrameHeader& header);
+
+  UniqueFd fd_;
+  bool is_unix_;
+  std::string peer_;
+  bool broken_ = false;
+  UniqueFd passed_fd_;  // arrived with the last header
+};
+
+}  // namespace plexus::transport::internal

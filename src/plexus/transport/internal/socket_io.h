@@ -1,0 +1,83 @@
+// Blocking stream-socket I/O for the data plane: an owning descriptor, whole
+// reads and writes (EINTR and short transfers handled, no SIGPIPE), passing a
+// descriptor over a unix socket, and listen/connect for TCP and abstract unix
+// names. Errors are Unavailable and name the call and the errno text.
+//
+// Thread-compatible: at most one reader and one writer per socket at a time.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace plexus::transport::internal {
+
+// Owns one file descriptor; closes it on destruction.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { Reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.Release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) Reset(other.Release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int Release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
+  void Reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+// Unavailable("<what>: <strerror(err)>").
+absl::Status IoError(absl::string_view what, int err);
+
+// Writes all of `iov` (modified in place). When `pass_fd` >= 0 it travels as
+// SCM_RIGHTS with the first byte (unix sockets only).
+absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, int pass_fd = -1);
+
+// Reads exactly `n` bytes. Sets `*eof` (when given) if the peer closed the
+// stream before the first byte; that is still an error.
+absl::Status RecvAll(int fd, void* data, size_t n, bool* eof = nullptr);
+
+// Like RecvAll, and also takes a descriptor passed with these bytes into
+// `*passed` (extra descriptors are closed). Unix sockets only.
+absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
+                           bool* eof);
+
+// Reads and drops `n` bytes (to stay in step with the peer's framing).
+absl::Status Discard(int fd, size_t n);
+
+// Listens on `host`, an ephemeral port; `*address` becomes "host:port"
+// ("[v6]:port" for IPv6).
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& host,
+                                   std::string* address);
+// Listens on the abstract unix socket `name` (no file in the filesystem).
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& name);
+// Accepts one connection; TCP connections get TCP_NODELAY.
+absl::StatusOr<UniqueFd> Accept(int listen_fd);
+
+// Connects to "host:port" (or "[v6]:port") with TCP_NODELAY.
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address);
+// Connects to the abstract unix socket `name`.
+absl::StatusOr<UniqueFd> ConnectUnix(const std::string& name);
+
+// "10.0.0.2:41234", "unix" or "?" — for log lines.
+std::string PeerName(int fd);
+
+}  // namespace plexus::transport::internal

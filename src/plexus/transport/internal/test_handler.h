@@ -1,0 +1,136 @@
+// Test scaffolding for data-plane tests: a handler that stands in for the
+// worker's object store, and helpers to make and compare shard bytes.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "plexus/store/storage.h"
+#include "plexus/transport/data_plane.h"
+
+namespace plexus::transport::test_support {
+
+// How long a test waits for a condition before it fails.
+inline constexpr absl::Duration kDeadline = absl::Seconds(20);
+
+// An object store reduced to a map of ready shards (and failed ones).
+class MapHandler : public DataPlaneHandler {
+ public:
+  absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(const ShardKey&,
+                                                            size_t bytes,
+                                                            bool) override {
+    absl::MutexLock lock(&mu_);
+    ++allocations_;
+    if (!no_room_.ok()) return no_room_;
+    return Storage::Allocate(bytes);
+  }
+  absl::Status Deliver(const ShardKey& key, std::shared_ptr<Storage> data,
+                       bool) override {
+    absl::MutexLock lock(&mu_);
+    if (!reject_.ok()) return reject_;
+    ready_[key] = std::move(data);
+    cv_.SignalAll();
+    return absl::OkStatus();
+  }
+  void DeliverError(const ShardKey& key, const std::string& message) override {
+    Fail(key, absl::AbortedError(message));
+  }
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
+      const ShardKey& key) override {
+    absl::MutexLock lock(&mu_);
+    ++waiters_;
+    cv_.SignalAll();
+    while (!ready_.contains(key) && !errors_.contains(key) && !closed_) {
+      cv_.Wait(&mu_);
+    }
+    --waiters_;
+    if (closed_) return absl::CancelledError("handler closed");
+    if (errors_.contains(key)) return errors_[key];
+    return std::shared_ptr<const Storage>(ready_[key]);
+  }
+
+  void Fail(const ShardKey& key, absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    errors_[key] = std::move(error);
+    cv_.SignalAll();
+  }
+  void RejectDeliveries(absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    reject_ = std::move(error);
+  }
+  void RejectAllocations(absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    no_room_ = std::move(error);
+  }
+  void Close() {  // releases every AwaitReady caller
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    cv_.SignalAll();
+  }
+  // The shard once delivered (or its error); null on timeout.
+  std::shared_ptr<Storage> WaitFor(const ShardKey& key, absl::Status* error) {
+    absl::MutexLock lock(&mu_);
+    absl::Time deadline = absl::Now() + kDeadline;
+    while (!ready_.contains(key) && !errors_.contains(key)) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) return nullptr;
+    }
+    if (errors_.contains(key)) *error = errors_[key];
+    return ready_.contains(key) ? ready_[key] : nullptr;
+  }
+  bool WaitForWaiters(int n) {
+    absl::MutexLock lock(&mu_);
+    absl::Time deadline = absl::Now() + kDeadline;
+    while (waiters_ < n) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) return false;
+    }
+    return true;
+  }
+  int allocations() {
+    absl::MutexLock lock(&mu_);
+    return allocations_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  absl::flat_hash_map<ShardKey, std::shared_ptr<Storage>> ready_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ShardKey, absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  absl::Status reject_ ABSL_GUARDED_BY(mu_);
+  absl::Status no_room_ ABSL_GUARDED_BY(mu_);
+  int allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  int waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// `bytes` of a pattern that depends on `seed`; memfd-backed from
+// Storage::kShmThreshold up, like any Storage.
+inline std::shared_ptr<Storage> Pattern(size_t bytes, int seed) {
+  std::shared_ptr<Storage> s = *Storage::Allocate(bytes);
+  auto* p = static_cast<unsigned char*>(s->data());
+  for (size_t i = 0; i < bytes; ++i) {
+    p[i] = static_cast<unsigned char>(i * 131 + seed);
+  }
+  return s;
+}
+
+inline bool SameBytes(const Storage& a, const Storage& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+// An abstract socket name no other test (or test process) uses.
+inline std::string UniqueUnixName() {
+  static std::atomic<int> counter{0};
+  return absl::StrCat("plexus-dp-test-", getpid(), "-", counter++);
+}
+
+}  // namespace plexus::transport::test_support

@@ -1,0 +1,55 @@
+// A device of a worker: where shard tasks run, in the order they arrive.
+// The interface is what a CUDA device will implement too (its queue would
+// feed a stream); CpuDevice runs tasks on one thread of its own.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+
+namespace plexus {
+
+class Device {
+ public:
+  using Task = std::function<void()>;
+  virtual ~Device() = default;
+  virtual int index() const = 0;
+  virtual std::string kind() const = 0;
+  virtual int64_t memory_bytes() const = 0;
+  // Runs `task` after every task enqueued before it. Blocks while more than
+  // `max_queued` tasks wait (back-pressure on the control stream).
+  virtual void Enqueue(Task task) = 0;
+  // Tasks queued or running.
+  virtual int64_t pending() const = 0;
+};
+
+// A CPU device: one thread draining a FIFO. Thread-safe.
+class CpuDevice : public Device {
+ public:
+  CpuDevice(int index, int64_t memory_bytes, int64_t max_queued = 65536);
+  ~CpuDevice() override;  // finishes queued tasks, then joins
+  int index() const override { return index_; }
+  std::string kind() const override { return "cpu"; }
+  int64_t memory_bytes() const override { return memory_bytes_; }
+  void Enqueue(Task task) override;
+  int64_t pending() const override;
+
+ private:
+  void Loop();
+
+  const int index_;
+  const int64_t memory_bytes_;
+  const int64_t max_queued_;
+  mutable absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  bool running_task_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace plexus

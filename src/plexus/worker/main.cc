@@ -1,0 +1,69 @@
+// plexus-worker: one per host. See worker.h.
+#include <signal.h>
+#include <sys/prctl.h>
+
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/worker/worker.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"plexus-worker: executes programs on this host's devices"};
+  plexus::WorkerOptions options;
+  double memory_mib = 1024;
+  bool die_with_parent = false;
+  bool no_shm = false;
+  std::string log_level = "info";
+  app.add_option("--server", options.server_address,
+                 "address of plexus-server (host:port)")
+      ->required();
+  app.add_option("--devices", options.num_devices, "number of CPU devices")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--device-memory-mib", memory_mib,
+                 "memory budget per device, MiB")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--host-name", options.host_name,
+                 "name this host reports (default: the machine's)");
+  app.add_option("--data-host", options.data_host,
+                 "address the TCP data plane binds");
+  app.add_flag("--no-shm", no_shm,
+               "move every buffer over TCP, even to workers on this machine");
+  app.add_flag("--die-with-parent", die_with_parent,
+               "exit when the parent process dies (embedded clusters)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+
+  if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  options.device_memory = static_cast<int64_t>(memory_mib * (1 << 20));
+  options.shared_memory = !no_shm;
+  plexus::InitLogging(
+      options.host_name.empty() ? "worker" : "worker " + options.host_name,
+      log_level);
+
+  // Block the termination signals in every thread; one thread waits for them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  auto worker = plexus::Worker::Start(options);
+  if (!worker.ok()) {
+    SPDLOG_ERROR("cannot start: {}", worker.status().ToString());
+    return 1;
+  }
+  std::thread signal_waiter([&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    SPDLOG_INFO("signal {}: shutting down", sig);
+    (*worker)->Shutdown();
+  });
+  signal_waiter.detach();
+  absl::Status end = (*worker)->Wait();
+  SPDLOG_INFO("stopped: {}", end.ToString());
+  worker->reset();
+  return end.code() == absl::StatusCode::kCancelled ? 0 : 2;
+}

@@ -1,0 +1,76 @@
+#include "plexus/worker/peer_sender.h"
+
+#include "plexus/common/logging.h"
+
+namespace plexus {
+
+PeerSender::PeerSender(int64_t peer_id, std::string tcp_address,
+                       std::string unix_path,
+                       transport::DataPlaneCounters* counters)
+    : peer_id_(peer_id),
+      tcp_address_(std::move(tcp_address)),
+      unix_path_(std::move(unix_path)),
+      counters_(counters),
+      thread_([this] { Loop(); }) {}
+
+PeerSender::~PeerSender() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void PeerSender::Send(const transport::ShardKey& key,
+                      absl::StatusOr<std::shared_ptr<const Storage>> data) {
+  absl::MutexLock lock(&mu_);
+  if (down_) return;
+  queue_.push_back({key, std::move(data)});
+}
+
+void PeerSender::MarkDown() {
+  absl::MutexLock lock(&mu_);
+  down_ = true;
+  queue_.clear();
+}
+
+absl::Status PeerSender::SendOne(const Item& item) {
+  if (!conn_) {
+    auto conn = transport::DataPlaneConnection::Connect(tcp_address_,
+                                                        unix_path_, counters_);
+    if (!conn.ok()) return conn.status();
+    conn_ = std::move(*conn);
+  }
+  if (item.data.ok()) return conn_->Push(item.key, **item.data);
+  return conn_->PushError(item.key, std::string(item.data.status().message()));
+}
+
+void PeerSender::Loop() {
+  while (true) {
+    Item item;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status s = SendOne(item);
+    if (!s.ok()) {
+      // One reconnect: the connection may have been closed under us. A dead
+      // peer fails again here and is reported by the server as PeerDown.
+      conn_.reset();
+      s = SendOne(item);
+    }
+    if (!s.ok()) {
+      conn_.reset();
+      SPDLOG_WARN("push of buffer {} shard {} to worker {} failed: {}",
+                  item.key.buffer_id, item.key.shard, peer_id_, s.ToString());
+    }
+  }
+}
+
+}  // namespace plexus

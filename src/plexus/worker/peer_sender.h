@@ -1,0 +1,50 @@
+// PeerSender: pushes ready shards to one peer worker over the data plane,
+// in the order they became ready. One thread per peer, sleeping on its
+// queue when idle. Thread-safe.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "plexus/transport/data_plane.h"
+
+namespace plexus {
+
+class PeerSender {
+ public:
+  PeerSender(int64_t peer_id, std::string tcp_address, std::string unix_path,
+             transport::DataPlaneCounters* counters);
+  ~PeerSender();  // drops what is queued and joins
+
+  // Queues `data` (or its error) for `key` on the peer.
+  void Send(const transport::ShardKey& key,
+            absl::StatusOr<std::shared_ptr<const Storage>> data);
+  // The peer is gone: drop everything queued and everything sent later.
+  void MarkDown();
+
+ private:
+  struct Item {
+    transport::ShardKey key;
+    absl::StatusOr<std::shared_ptr<const Storage>> data;
+  };
+  void Loop();
+  absl::Status SendOne(const Item& item);
+
+  const int64_t peer_id_;
+  const std::string tcp_address_;
+  const std::string unix_path_;
+  transport::DataPlaneCounters* const counters_;
+  std::unique_ptr<transport::DataPlaneConnection> conn_;  // sender thread only
+
+  absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+}  // namespace plexus

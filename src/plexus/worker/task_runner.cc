@@ -1,0 +1,231 @@
+// Execution of the shard tasks of a call on this worker's devices.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/worker/worker_impl.h"
+
+namespace plexus {
+
+// What the tasks of one call on this worker share.
+struct WorkerImpl::CallContext {
+  proto::Execute exec;
+  const LoadedProgram* program = nullptr;
+  std::unique_ptr<CallCollective> collective;
+  std::atomic<int> tasks_left{0};
+};
+
+namespace {
+
+// Collective exchange buffers are keyed by the call id with the top bit set.
+constexpr uint64_t kCollectiveBit = uint64_t{1} << 63;
+
+// Copies rows [src_off, src_off+len) of axis `axis` of `src` (local shape
+// `src_shape`) to rows [dst_off, ...) of `dst` (shape `dst_shape`).
+void CopyRows(const char* src, const Shape& src_shape, char* dst,
+              const Shape& dst_shape, int axis, int64_t src_off,
+              int64_t dst_off, int64_t len, size_t elem) {
+  int64_t outer = 1, inner = static_cast<int64_t>(elem);
+  for (int i = 0; i < axis; ++i) outer *= src_shape[i];
+  for (size_t i = axis + 1; i < src_shape.size(); ++i) inner *= src_shape[i];
+  const int64_t src_rows = src_shape.empty() ? 1 : src_shape[axis];
+  const int64_t dst_rows = dst_shape.empty() ? 1 : dst_shape[axis];
+  for (int64_t o = 0; o < outer; ++o) {
+    std::memcpy(dst + (o * dst_rows + dst_off) * inner,
+                src + (o * src_rows + src_off) * inner, len * inner);
+  }
+}
+
+}  // namespace
+
+void WorkerImpl::ApplyExecute(const proto::Execute& exec) {
+  auto pit = programs_.find(exec.program_id());
+  auto call = std::make_shared<CallContext>();
+  call->exec = exec;
+  if (pit != programs_.end()) call->program = pit->second.get();
+  call->tasks_left = exec.tasks_size();
+
+  if (call->program && call->program->kernel &&
+      call->program->kernel->is_collective() && exec.peers_size() > 0) {
+    std::vector<CallCollective::Peer> peers;
+    int my_rank = -1;
+    for (int r = 0; r < exec.peers_size(); ++r) {
+      peers.push_back({exec.peers(r).worker_id(), exec.peers(r).local_shards()});
+      if (exec.peers(r).worker_id() == worker_id_) my_rank = r;
+    }
+    call->collective = std::make_unique<CallCollective>(
+        exec.call_id() | kCollectiveBit, std::move(peers), my_rank,
+        store_.get(),
+        [this](int64_t worker, const BufferKey& key,
+               absl::StatusOr<std::shared_ptr<const Storage>> data) {
+          if (PeerSender* s = SenderTo(worker)) {
+            s->Send({key.buffer_id, key.shard}, std::move(data));
+          }
+        });
+    call->collective->ExpectPartials(exec.tasks(0).device());
+  }
+
+  // Declare outputs and pin inputs now, in stream order, so fetches and
+  // releases that follow see them.
+  for (const auto& task : exec.tasks()) {
+    for (int o = 0; o < exec.output_ids_size(); ++o) {
+      TensorSpec spec;
+      if (call->program && o < static_cast<int>(call->program->outputs.size())) {
+        auto local = call->program->outputs[o].Local(exec.num_shards());
+        if (local.ok()) spec = *local;
+      }
+      store_->Declare({exec.output_ids(o), task.shard()}, task.device(), spec,
+                      /*owned=*/true);
+    }
+    for (const auto& binding : task.inputs()) {
+      for (const auto& piece : binding.pieces()) {
+        store_->AddReader({piece.buffer_id(), piece.shard()});
+      }
+    }
+  }
+  for (int i = 0; i < exec.tasks_size(); ++i) {
+    int device = exec.tasks(i).device();
+    if (device < 0 || device >= static_cast<int>(devices_.size())) {
+      SPDLOG_ERROR("call {} names device {} but this worker has {}",
+                   exec.call_id(), device, devices_.size());
+      continue;
+    }
+    devices_[device]->Enqueue([this, call, i] { RunTask(call, i); });
+  }
+}
+
+absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
+    const proto::InputBinding& binding, int device,
+    std::vector<std::shared_ptr<const Storage>>* keep,
+    int64_t* reserved_bytes) {
+  auto local = FromProto(binding.local());
+  if (!local.ok()) return local.status();
+  std::vector<std::shared_ptr<const Storage>> sources;
+  for (const auto& piece : binding.pieces()) {
+    auto data = store_->AwaitReady({piece.buffer_id(), piece.shard()});
+    if (!data.ok()) return data.status();
+    sources.push_back(*data);
+  }
+  const size_t bytes = local->byte_size();
+  if (binding.pieces_size() == 1 && sources[0]->size() == bytes &&
+      binding.pieces(0).dst_offset() == 0) {
+    keep->push_back(sources[0]);
+    return builtin::ConstTensor{*local, sources[0]->data()};
+  }
+  // Assemble the input from pieces of its sources.
+  absl::Status reserve = store_->Reserve(device, bytes);
+  if (!reserve.ok()) return reserve;
+  *reserved_bytes += bytes;
+  auto assembled = Storage::Allocate(bytes);
+  if (!assembled.ok()) return assembled.status();
+  const int axis = binding.axis();
+  const size_t elem = DTypeSize(local->dtype);
+  for (int p = 0; p < binding.pieces_size(); ++p) {
+    const proto::Piece& piece = binding.pieces(p);
+    // The source's rows along `axis`: its size over the other dims.
+    Shape src_shape = local->shape;
+    int64_t other = elem;
+    for (size_t i = 0; i < src_shape.size(); ++i) {
+      if (static_cast<int>(i) != axis) other *= src_shape[i];
+    }
+    if (!src_shape.empty()) src_shape[axis] = sources[p]->size() / other;
+    CopyRows(static_cast<const char*>(sources[p]->data()), src_shape,
+             static_cast<char*>((*assembled)->data()), local->shape, axis,
+             piece.src_offset(), piece.dst_offset(), piece.length(), elem);
+  }
+  std::shared_ptr<const Storage> result = std::move(*assembled);
+  keep->push_back(result);
+  return builtin::ConstTensor{*local, result->data()};
+}
+
+void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
+                         int task_index) {
+  const proto::Execute& exec = call->exec;
+  const proto::ShardTask& task = exec.tasks(task_index);
+  const LoadedProgram* program = call->program;
+  const int device = task.device();
+  std::vector<std::shared_ptr<const Storage>> keep;
+  std::vector<std::shared_ptr<Storage>> outputs;
+  int64_t scratch_bytes = 0;
+  int64_t output_bytes = 0;
+
+  std::unique_ptr<ShardCollectives> shard_collectives;
+  auto run = [&]() -> absl::Status {
+    if (program == nullptr || program->kernel == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "program ", exec.program_id(), " is not loaded on this worker"));
+    }
+    builtin::KernelContext ctx;
+    ctx.attrs = &program->attrs;
+    ctx.shard = task.shard();
+    ctx.num_shards = exec.num_shards();
+    for (const ArgSpec& in : program->inputs) {
+      ctx.input_shardings.push_back(in.sharding);
+    }
+    for (int i = 0; i < task.inputs_size(); ++i) {
+      auto input = BindInput(task.inputs(i), device, &keep, &scratch_bytes);
+      if (!input.ok()) return input.status();  // upstream error, intact
+      ctx.inputs.push_back(*input);
+    }
+    for (const ArgSpec& out : program->outputs) {
+      auto local = out.Local(exec.num_shards());
+      if (!local.ok()) return local.status();
+      auto storage = store_->Allocate(device, local->byte_size());
+      if (!storage.ok()) return storage.status();
+      output_bytes += local->byte_size();
+      ctx.outputs.push_back({*local, (*storage)->data()});
+      outputs.push_back(std::move(*storage));
+    }
+    if (call->collective) {
+      shard_collectives =
+          std::make_unique<ShardCollectives>(call->collective.get(),
+                                             task.shard());
+      ctx.collectives = shard_collectives.get();
+    }
+    absl::Status s = program->kernel->Run(ctx);
+    if (!s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("program '", program->name, "' failed on shard ",
+                                 task.shard(), " (worker ", worker_id_.load(),
+                                 "): ", s.message()));
+    }
+    return absl::OkStatus();
+  };
+
+  absl::Status status = run();
+  if (call->collective &&
+      (shard_collectives == nullptr || !shard_collectives->contributed())) {
+    call->collective->Abort(task.shard(), status.ok()
+                                              ? absl::InternalError(
+                                                    "collective kernel did "
+                                                    "not all-reduce")
+                                              : status);
+  }
+  if (status.ok()) {
+    for (int o = 0; o < exec.output_ids_size(); ++o) {
+      store_->Fulfil({exec.output_ids(o), task.shard()}, std::move(outputs[o]),
+                     device, /*reserved=*/true);
+    }
+    calls_executed_++;
+  } else {
+    if (output_bytes > 0) store_->Unreserve(device, output_bytes);
+    for (int o = 0; o < exec.output_ids_size(); ++o) {
+      store_->Fail({exec.output_ids(o), task.shard()}, status);
+    }
+    calls_failed_++;
+    SPDLOG_DEBUG("call {} shard {} failed: {}", exec.call_id(), task.shard(),
+                 status.ToString());
+  }
+  if (scratch_bytes > 0) store_->Unreserve(device, scratch_bytes);
+  keep.clear();
+  for (const auto& binding : task.inputs()) {
+    for (const auto& piece : binding.pieces()) {
+      store_->RemoveReader({piece.buffer_id(), piece.shard()});
+    }
+  }
+  if (--call->tasks_left == 0 && call->collective) {
+    call->collective->ReleasePartials();
+  }
+}
+
+}  // namespace plexus

@@ -1,0 +1,307 @@
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/worker/worker_impl.h"
+
+namespace plexus {
+namespace {
+
+std::string ReadMachineId() {
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(f, id);
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  return absl::StrCat(host, "/", id);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
+    const WorkerOptions& options) {
+  auto worker = std::make_unique<WorkerImpl>(options);
+  absl::Status s = worker->Init();
+  if (!s.ok()) return s;
+  return std::unique_ptr<Worker>(std::move(worker));
+}
+
+WorkerImpl::WorkerImpl(const WorkerOptions& options) : options_(options) {}
+
+WorkerImpl::~WorkerImpl() {
+  Shutdown();
+  if (reader_.joinable()) reader_.join();
+  if (writer_.joinable()) writer_.join();
+  store_->Shutdown();
+  data_server_.reset();
+  {
+    absl::MutexLock lock(&peers_mu_);
+    senders_.clear();
+  }
+  devices_.clear();
+}
+
+absl::Status WorkerImpl::Init() {
+  if (options_.num_devices <= 0) {
+    return absl::InvalidArgumentError("--devices must be at least 1");
+  }
+  machine_id_ = ReadMachineId();
+  if (!options_.shared_memory) {
+    absl::StrAppend(&machine_id_, "/pid", getpid());
+  }
+  ObjectStore::Options store_options;
+  store_options.device_memory.assign(options_.num_devices,
+                                     options_.device_memory);
+  store_ = std::make_unique<ObjectStore>(store_options);
+  for (int d = 0; d < options_.num_devices; ++d) {
+    devices_.push_back(std::make_unique<CpuDevice>(d, options_.device_memory));
+  }
+
+  transport::DataPlaneServerOptions dp;
+  dp.tcp_host = options_.data_host;
+  std::random_device rd;
+  dp.unix_name = absl::StrCat("plexus-worker-", getpid(), "-", rd());
+  auto server = transport::DataPlaneServer::Start(dp, this, &counters_);
+  if (!server.ok()) return server.status();
+  data_server_ = std::move(*server);
+
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(256 << 20);
+  channel_ = grpc::CreateCustomChannel(
+      options_.server_address, grpc::InsecureChannelCredentials(), args);
+  if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() +
+                                                     absl::Seconds(10)))) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach the server at ", options_.server_address));
+  }
+  stub_ = proto::Controller::NewStub(channel_);
+  stream_ = stub_->WorkerSession(&context_);
+
+  proto::WorkerToServer hello;
+  auto* reg = hello.mutable_register_();
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  reg->set_host_name(options_.host_name.empty() ? host : options_.host_name);
+  reg->set_machine_id(machine_id_);
+  reg->set_pid(getpid());
+  for (const auto& d : devices_) {
+    auto* info = reg->add_devices();
+    info->set_index(d->index());
+    info->set_kind(d->kind());
+    info->set_memory_bytes(d->memory_bytes());
+  }
+  reg->set_data_address(data_server_->tcp_address());
+  reg->set_unix_path(data_server_->unix_path());
+  if (!stream_->Write(hello)) {
+    return absl::UnavailableError("the server closed the session at once");
+  }
+  proto::ServerToWorker first;
+  if (!stream_->Read(&first)) {
+    return absl::UnavailableError("the server refused the registration");
+  }
+  worker_id_ = first.worker_id();
+  SPDLOG_INFO("registered as worker {} ({} device(s), data plane {} {})",
+              worker_id_.load(), devices_.size(), data_server_->tcp_address(),
+              data_server_->unix_path());
+  for (const auto& op : first.ops()) Apply(op);
+  reader_ = std::thread([this] { ReaderLoop(); });
+  writer_ = std::thread([this] { WriterLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status WorkerImpl::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&done_));
+  return end_status_;
+}
+
+void WorkerImpl::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (done_) return;
+  done_ = true;
+  end_status_ = absl::CancelledError("worker shut down");
+  context_.TryCancel();
+  wake_writer_.SignalAll();
+}
+
+void WorkerImpl::ReaderLoop() {
+  proto::ServerToWorker msg;
+  while (stream_->Read(&msg)) {
+    for (const auto& op : msg.ops()) Apply(op);
+  }
+  absl::MutexLock lock(&mu_);
+  if (!done_) {
+    done_ = true;
+    end_status_ = absl::UnavailableError("the server closed the session");
+    SPDLOG_WARN("server session ended; shutting down");
+  }
+  wake_writer_.SignalAll();
+}
+
+void WorkerImpl::WriterLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      wake_writer_.WaitWithTimeout(&mu_, options_.heartbeat_interval);
+      if (done_) break;
+    }
+    proto::WorkerToServer beat;
+    *beat.mutable_heartbeat() = CollectStats();
+    if (!stream_->Write(beat)) break;
+  }
+  stream_->WritesDone();
+}
+
+proto::WorkerStats WorkerImpl::CollectStats() {
+  proto::WorkerStats s;
+  ObjectStoreStats st = store_->Stats();
+  s.set_live_buffers(st.live_shards);
+  s.set_live_bytes(st.live_bytes);
+  for (int64_t b : st.device_bytes) s.add_device_live_bytes(b);
+  s.set_calls_executed(calls_executed_.load());
+  s.set_calls_failed(calls_failed_.load());
+  s.set_bytes_sent(counters_.bytes_sent.load());
+  s.set_bytes_received(counters_.bytes_received.load());
+  s.set_bytes_from_clients(counters_.bytes_from_clients.load());
+  s.set_bytes_to_clients(counters_.bytes_to_clients.load());
+  return s;
+}
+
+void WorkerImpl::Apply(const proto::WorkerOp& op) {
+  switch (op.op_case()) {
+    case proto::WorkerOp::kLoad: {
+      auto prog = std::make_unique<LoadedProgram>();
+      const proto::ProgramDef& def = op.load().program();
+      prog->name = def.name();
+      prog->kernel = builtin::KernelRegistry::Global().Find(def.kernel());
+      prog->attrs = AttrsFromProto(def.attrs());
+      for (const auto& a : def.inputs()) prog->inputs.push_back(*FromProto(a));
+      for (const auto& a : def.outputs()) {
+        prog->outputs.push_back(*FromProto(a));
+      }
+      programs_[op.load().program_id()] = std::move(prog);
+      break;
+    }
+    case proto::WorkerOp::kExecute:
+      ApplyExecute(op.execute());
+      break;
+    case proto::WorkerOp::kTransfer:
+      ApplyTransfer(op.transfer());
+      break;
+    case proto::WorkerOp::kExpect: {
+      const auto& e = op.expect();
+      auto spec = FromProto(e.spec());
+      store_->Declare({e.buffer_id(), 0}, e.device(),
+                      spec.ok() ? *spec : TensorSpec{}, /*owned=*/false,
+                      e.src_worker_id());
+      break;
+    }
+    case proto::WorkerOp::kDeclare: {
+      const auto& d = op.declare();
+      auto spec = FromProto(d.spec());
+      store_->Declare({d.buffer_id(), d.shard()}, d.device(),
+                      spec.ok() ? *spec : TensorSpec{}, /*owned=*/true);
+      break;
+    }
+    case proto::WorkerOp::kRelease:
+      for (uint64_t id : op.release().buffer_ids()) store_->Release(id);
+      break;
+    case proto::WorkerOp::kFail:
+      break;  // reserved: rejected calls are reported to the client directly
+    case proto::WorkerOp::kPeerDown:
+      ApplyPeerDown(op.peer_down());
+      break;
+    case proto::WorkerOp::kPeer: {
+      absl::MutexLock lock(&peers_mu_);
+      peers_[op.peer().worker_id()] = op.peer();
+      break;
+    }
+    case proto::WorkerOp::kClientGone:
+      store_->ReleaseClient(op.client_gone().client_id());
+      break;
+    default:
+      SPDLOG_WARN("ignoring unknown op {}", static_cast<int>(op.op_case()));
+  }
+}
+
+PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
+  absl::MutexLock lock(&peers_mu_);
+  auto it = senders_.find(worker_id);
+  if (it != senders_.end()) return it->second.get();
+  auto pit = peers_.find(worker_id);
+  if (pit == peers_.end()) return nullptr;
+  const proto::PeerInfo& p = pit->second;
+  bool same_machine = p.machine_id() == machine_id_;
+  auto sender = std::make_unique<PeerSender>(
+      worker_id, p.data_address(), same_machine ? p.unix_path() : "",
+      &counters_);
+  PeerSender* raw = sender.get();
+  senders_[worker_id] = std::move(sender);
+  return raw;
+}
+
+void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
+  BufferKey src{t.buffer_id(), t.shard()};
+  transport::ShardKey dst{t.dst_buffer_id(), 0};
+  PeerSender* sender = SenderTo(t.dst_worker_id());
+  if (sender == nullptr) {
+    SPDLOG_WARN("transfer to unknown worker {}", t.dst_worker_id());
+    return;
+  }
+  store_->AddReader(src);
+  store_->OnReady(src, [this, src, dst, sender](auto result) {
+    sender->Send(dst, std::move(result));
+    store_->RemoveReader(src);
+  });
+}
+
+void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
+  SPDLOG_WARN("worker {} is down: {}", down.worker_id(), down.message());
+  {
+    absl::MutexLock lock(&peers_mu_);
+    auto it = senders_.find(down.worker_id());
+    if (it != senders_.end()) it->second->MarkDown();
+  }
+  store_->FailFromSource(down.worker_id(),
+                         absl::UnavailableError(down.message()));
+}
+
+// --- data plane handler ---------------------------------------------------
+
+absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::AllocateIncoming(
+    const transport::ShardKey& key, size_t bytes, bool from_client) {
+  return Storage::Allocate(bytes);
+}
+
+absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
+                                 std::shared_ptr<Storage> data,
+                                 bool from_client) {
+  BufferKey k{key.buffer_id, key.shard};
+  auto desc = store_->Describe(k);
+  if (desc.ok() && desc->first.byte_size() !=
+                       static_cast<int64_t>(data->size()) &&
+      desc->first.num_elements() > 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        KeyString(k), " is declared as ", desc->first.ToString(), " (",
+        desc->first.byte_size(), " bytes) but ", data->size(),
+        " bytes arrived"));
+  }
+  store_->Fulfil(k, std::move(data), desc.ok() ? desc->second : -1,
+                 /*reserved=*/false);
+  return absl::OkStatus();
+}
+
+void WorkerImpl::DeliverError(const transport::ShardKey& key,
+                              const std::string& message) {
+  store_->Fail({key.buffer_id, key.shard}, absl::AbortedError(message));
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::AwaitReady(
+    const transport::ShardKey& key) {
+  return store_->AwaitReady({key.buffer_id, key.shard});
+}
+
+}  // namespace plexus

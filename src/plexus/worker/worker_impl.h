@@ -1,0 +1,110 @@
+// Internal: the Worker implementation. See worker.h.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "plexus/executors/builtin/kernel.h"
+#include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/store/object_store.h"
+#include "plexus/transport/data_plane.h"
+#include "plexus/worker/collective.h"
+#include "plexus/worker/device.h"
+#include "plexus/worker/peer_sender.h"
+#include "plexus/worker/worker.h"
+
+namespace plexus {
+
+// A program as loaded on this worker.
+struct LoadedProgram {
+  std::string name;
+  const builtin::Kernel* kernel = nullptr;
+  Attrs attrs;
+  std::vector<ArgSpec> inputs;
+  std::vector<ArgSpec> outputs;
+};
+
+class WorkerImpl : public Worker, public transport::DataPlaneHandler {
+ public:
+  explicit WorkerImpl(const WorkerOptions& options);
+  ~WorkerImpl() override;
+
+  absl::Status Init();
+  absl::Status Wait() override;
+  void Shutdown() override;
+  int64_t worker_id() const override { return worker_id_.load(); }
+
+  // transport::DataPlaneHandler
+  absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
+      const transport::ShardKey& key, size_t bytes, bool from_client) override;
+  absl::Status Deliver(const transport::ShardKey& key,
+                       std::shared_ptr<Storage> data,
+                       bool from_client) override;
+  void DeliverError(const transport::ShardKey& key,
+                    const std::string& message) override;
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
+      const transport::ShardKey& key) override;
+
+ private:
+  // --- control stream (worker.cc)
+  void ReaderLoop();
+  void WriterLoop();
+  void Apply(const proto::WorkerOp& op);
+  void ApplyExecute(const proto::Execute& exec);
+  void ApplyTransfer(const proto::Transfer& transfer);
+  void ApplyPeerDown(const proto::PeerDown& down);
+  proto::WorkerStats CollectStats();
+  PeerSender* SenderTo(int64_t worker_id);
+
+  // --- execution (task_runner.cc)
+  struct CallContext;
+  void RunTask(const std::shared_ptr<CallContext>& call, int task_index);
+  absl::StatusOr<builtin::ConstTensor> BindInput(
+      const proto::InputBinding& binding, int device,
+      std::vector<std::shared_ptr<const Storage>>* keep,
+      int64_t* reserved_bytes);
+
+  const WorkerOptions options_;
+  std::string machine_id_;
+  std::atomic<int64_t> worker_id_{-1};
+
+  std::unique_ptr<ObjectStore> store_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  transport::DataPlaneCounters counters_;
+  std::unique_ptr<transport::DataPlaneServer> data_server_;
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Controller::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<proto::WorkerToServer, proto::ServerToWorker>>
+      stream_;
+  std::thread reader_;
+  std::thread writer_;
+
+  // Programs are loaded and read by the reader thread only; tasks hold
+  // pointers into stable unique_ptrs.
+  absl::flat_hash_map<uint64_t, std::unique_ptr<LoadedProgram>> programs_;
+
+  absl::Mutex peers_mu_;
+  absl::flat_hash_map<int64_t, proto::PeerInfo> peers_
+      ABSL_GUARDED_BY(peers_mu_);
+  absl::flat_hash_map<int64_t, std::unique_ptr<PeerSender>> senders_
+      ABSL_GUARDED_BY(peers_mu_);
+
+  std::atomic<int64_t> calls_executed_{0};
+  std::atomic<int64_t> calls_failed_{0};
+
+  absl::Mutex mu_;
+  absl::CondVar wake_writer_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace plexus
