@@ -1,0 +1,22 @@
+"""Plexus: a single-controller, asynchronous, distributed dataflow runtime.
+
+    import numpy as np, plexus
+    with plexus.local(hosts=2, devices_per_host=1) as cluster:
+        client = cluster.connect()
+        s = client.slice(2)
+        x = s.put(np.arange(8, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        print(np.asarray(double(x)))
+"""
+from ._core import (InvalidArgumentError, NotFoundError, PlexusError,
+                    ResourceExhaustedError, UnavailableError)
+from ._api import (Client, Future, Graph, P, Program, Slice, Spec, connect,
+                   partial, replicated, split, status)
+from ._cluster import LocalCluster, local
+
+__all__ = [
+    "Client", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
+    "Spec", "connect", "local", "partial", "replicated", "split", "status",
+    "PlexusError", "InvalidArgumentError", "NotFoundError",
+    "ResourceExhaustedError", "UnavailableError",
+]

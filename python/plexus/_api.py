@@ -1,0 +1,357 @@
+"""The Python API: clients, slices, programs, futures and graphs."""
+import threading
+
+import numpy as np
+
+from . import _core
+
+# ---------------------------------------------------------------- shardings
+
+
+class P(tuple):
+    """A PartitionSpec over a slice's mesh axes, as in jax.sharding.
+
+    One entry per array dimension: None (not split) or the mesh axis name
+    (or tuple of all mesh axis names) that the dimension is split over.
+    Built-in programs split at most one dimension, over the whole mesh.
+    """
+
+    def __new__(cls, *entries):
+        return super().__new__(cls, entries)
+
+    def __repr__(self):
+        return "P(" + ", ".join(repr(e) for e in self) + ")"
+
+
+def replicated():
+    return ("replicated", 0)
+
+
+def split(axis):
+    return ("split", int(axis))
+
+
+def partial():
+    return ("partial", 0)
+
+
+def _sharding(spec, slice_, ndim):
+    """Normalises None / P(...) / ("split", a) to the core's tuple."""
+    if spec is None:
+        return replicated()
+    if isinstance(spec, P):
+        axes = tuple(slice_.axis_names)
+        used = [(d, e) for d, e in enumerate(spec) if e is not None]
+        if len(spec) > ndim:
+            raise ValueError(f"{spec!r} has {len(spec)} entries but the array "
+                             f"has {ndim} dimensions")
+        if not used:
+            return replicated()
+        if len(used) > 1:
+            raise ValueError(f"{spec!r} splits {len(used)} dimensions; built-in "
+                             "programs split at most one")
+        dim, entry = used[0]
+        names = entry if isinstance(entry, tuple) else (entry,)
+        if tuple(names) != axes:
+            raise ValueError(
+                f"{spec!r} splits dimension {dim} over {names}, but built-in "
+                f"programs split over the whole mesh {axes}")
+        return split(dim)
+    if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in (
+            "replicated", "split", "partial"):
+        return spec
+    raise TypeError(f"not a sharding: {spec!r} (use None, plexus.P(...), "
+                    "plexus.split(axis) or plexus.replicated())")
+
+
+def _sharding_repr(t):
+    kind, axis = t
+    return f"split({axis})" if kind == "split" else kind
+
+
+class Spec:
+    """A static input of a program: shape, dtype and sharding."""
+
+    def __init__(self, shape, dtype="float32", sharding=None):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.sharding = sharding
+
+    def __repr__(self):
+        return f"Spec({self.shape}, {self.dtype}, {self.sharding!r})"
+
+
+# ---------------------------------------------------------------- futures
+
+
+class Future:
+    """A value that may not be computed yet, like a jax.Array that is not
+    ready: .shape, .dtype, .sharding, block_until_ready(), np.asarray().
+    Dropping the last reference frees its shards on the workers.
+    """
+
+    __slots__ = ("_f", "_client", "__weakref__")
+
+    def __init__(self, core_future, client):
+        self._f = core_future
+        self._client = client
+
+    @property
+    def shape(self):
+        return self._f.shape
+
+    @property
+    def dtype(self):
+        return self._f.dtype
+
+    @property
+    def ndim(self):
+        return len(self._f.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self._f.shape, dtype=np.int64))
+
+    @property
+    def sharding(self):
+        return _sharding_repr(self._f.sharding)
+
+    @property
+    def slice(self):
+        return Slice(self._f.slice, self._client)
+
+    def block_until_ready(self):
+        self._client._core.wait(self._f)
+        return self
+
+    def result(self):
+        return self._client._core.fetch(self._f)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self.result()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __repr__(self):
+        return (f"Future(shape={self.shape}, dtype={self.dtype}, "
+                f"sharding={self.sharding}, buffer={self._f.buffer_id})")
+
+
+# ---------------------------------------------------------------- programs
+
+_recording = threading.local()
+
+
+class Program:
+    """A program compiled for a slice; call it like a function."""
+
+    def __init__(self, core_program, client):
+        self._p = core_program
+        self._client = client
+
+    @property
+    def name(self):
+        return self._p.name
+
+    @property
+    def input_specs(self):
+        return [(tuple(s), d, _sharding_repr(sh)) for d, s, sh in self._p.inputs]
+
+    @property
+    def output_specs(self):
+        return [(tuple(s), d, _sharding_repr(sh)) for d, s, sh in self._p.outputs]
+
+    def __call__(self, *args):
+        inputs = self._p.inputs
+        if len(args) != len(inputs):
+            raise _core.InvalidArgumentError(
+                f"program '{self.name}' takes {len(inputs)} arguments, "
+                f"got {len(args)}")
+        futures = []
+        for i, (arg, (dtype, shape, sharding)) in enumerate(zip(args, inputs)):
+            if isinstance(arg, Future):
+                futures.append(arg._f)
+                continue
+            a = np.asarray(arg)
+            if a.shape != tuple(shape) or a.dtype != dtype:
+                raise _core.InvalidArgumentError(
+                    f"program '{self.name}' argument {i} has "
+                    f"{a.dtype}{list(a.shape)} but the program was compiled "
+                    f"for {np.dtype(dtype)}{list(shape)}")
+            futures.append(self._client._core.put(self._p.slice, a, sharding))
+        graph = getattr(_recording, "graph", None)
+        if graph is not None and graph._client is self._client:
+            outs = graph._g.call(self._p, futures)
+        else:
+            outs = self._client._core.call(self._p, futures)
+        wrapped = [Future(o, self._client) for o in outs]
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def __repr__(self):
+        return f"Program({self.name!r}, kernel={self._p.kernel!r})"
+
+
+class Graph:
+    """Calls recorded and submitted as one unit.
+
+        with client.graph():
+            y = f(x)
+            z = g(y)      # both reach the server in one batch, in order
+    """
+
+    def __init__(self, client):
+        self._client = client
+        self._g = client._core.graph()
+
+    def __enter__(self):
+        if getattr(_recording, "graph", None) is not None:
+            raise RuntimeError("graphs do not nest")
+        _recording.graph = self
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        _recording.graph = None
+        if exc_type is None:
+            self._g.submit()
+        return False
+
+    def __len__(self):
+        return len(self._g)
+
+
+# ---------------------------------------------------------------- slices
+
+
+class Slice:
+    """A set of virtual devices with a mesh shape, like a jax Mesh."""
+
+    def __init__(self, core_slice, client):
+        self._s = core_slice
+        self._client = client
+
+    @property
+    def id(self):
+        return self._s.id
+
+    @property
+    def num_devices(self):
+        return self._s.num_devices
+
+    @property
+    def num_hosts(self):
+        return self._s.num_hosts
+
+    @property
+    def devices(self):
+        return self._s.describe()["devices"]
+
+    @property
+    def mesh_shape(self):
+        return self._s.describe()["mesh_shape"]
+
+    @property
+    def axis_names(self):
+        return self._s.describe()["axis_names"]
+
+    def put(self, array, sharding=None):
+        """Copies a numpy array onto this slice's devices."""
+        a = np.ascontiguousarray(array)
+        return Future(self._client._core.put(
+            self._s, a, _sharding(sharding, self, a.ndim)), self._client)
+
+    def program(self, kernel, *inputs, name=None, **attrs):
+        """Compiles a built-in kernel for this slice.
+
+        `inputs` are Specs, futures or arrays (their shape, dtype and
+        sharding are used). Output specs are inferred from the kernel.
+        """
+        args = []
+        for i, x in enumerate(inputs):
+            if isinstance(x, Future):
+                args.append((x.dtype, x.shape, x._f.sharding))
+            elif isinstance(x, Spec):
+                args.append((x.dtype, x.shape,
+                             _sharding(x.sharding, self, len(x.shape))))
+            elif isinstance(x, np.ndarray):
+                args.append((x.dtype, x.shape, replicated()))
+            else:
+                raise TypeError(f"input {i} of program '{name or kernel}' must "
+                                f"be a Spec, Future or numpy array, not "
+                                f"{type(x).__name__}")
+        return Program(self._client._core.compile(
+            self._s, name or kernel, kernel, attrs, args), self._client)
+
+    def close(self):
+        self._s.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        hosts = sorted({d["host"] for d in self.devices})
+        return (f"Slice(id={self.id}, devices={self.num_devices}, "
+                f"mesh={dict(zip(self.axis_names, self.mesh_shape))}, "
+                f"hosts={hosts})")
+
+
+# ---------------------------------------------------------------- client
+
+
+class Client:
+    """The single controller's connection to a Plexus cluster."""
+
+    def __init__(self, core_client):
+        self._core = core_client
+
+    @property
+    def id(self):
+        return self._core.client_id
+
+    def slice(self, n, mesh=None, axis_names=None, placement="any"):
+        """Asks the server for a slice of `n` virtual devices.
+
+        mesh: shape of the device mesh (default (n,)); axis_names: its axis
+        names; placement: "any", "one_host" or "spread" (over hosts).
+        """
+        return Slice(self._core.slice(n, list(mesh or []), list(axis_names or []),
+                                      placement), self)
+
+    def graph(self):
+        return Graph(self)
+
+    def counters(self):
+        return self._core.counters()
+
+    def flush(self):
+        self._core.flush()
+
+    def close(self):
+        self._core.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def connect(address=None, name="python", shared_memory=True):
+    """Connects to a Plexus server (default: $PLEXUS_ADDRESS, or the cluster
+    started by `plexus up`)."""
+    if address is None:
+        from .cli import current_address
+        address = current_address()
+    return Client(_core.Client.connect(address, name, shared_memory))
+
+
+def status(address=None):
+    """The server's view of the cluster, as a dict."""
+    import json
+    if address is None:
+        from .cli import current_address
+        address = current_address()
+    return json.loads(_core.cluster_status(address))

@@ -1,0 +1,198 @@
+"""The `plexus` command: up, status, down.
+
+    plexus up --hosts 2 --devices-per-host 2
+    plexus status
+    plexus down
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from . import _core
+
+
+def _state_file():
+    root = Path(os.environ.get("PLEXUS_STATE_DIR",
+                               Path.home() / ".plexus"))
+    return root / "cluster.json"
+
+
+def current_address():
+    """$PLEXUS_ADDRESS, else the cluster `plexus up` started."""
+    if os.environ.get("PLEXUS_ADDRESS"):
+        return os.environ["PLEXUS_ADDRESS"]
+    f = _state_file()
+    if f.exists():
+        return json.loads(f.read_text())["address"]
+    raise _core.NotFoundError(
+        "no Plexus cluster: start one with `plexus up` or set PLEXUS_ADDRESS")
+
+
+def _human(n):
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def _table(headers, rows):
+    widths = [len(h) for h in headers]
+    for r in rows:
+        widths = [max(w, len(str(c))) for w, c in zip(widths, r)]
+    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))
+    return "\n".join([line(headers)] + [line(r) for r in rows])
+
+
+def format_status(st):
+    """The cluster status as tables a person can scan."""
+    out = []
+    workers = st.get("workers", [])
+    rows = []
+    for w in workers:
+        s = w.get("stats", {})
+        rows.append([
+            w["host_name"], w["worker_id"], w["pid"],
+            "up" if w["alive"] else "DOWN", len(w.get("devices", [])),
+            s.get("live_buffers", 0), _human(s.get("live_bytes", 0)),
+            s.get("calls_executed", 0), s.get("calls_failed", 0),
+            _human(s.get("bytes_sent", 0)), _human(s.get("bytes_received", 0)),
+            _human(s.get("bytes_from_clients", 0)),
+            _human(s.get("bytes_to_clients", 0))])
+    out.append(_table(["HOST", "WORKER", "PID", "STATE", "DEVICES", "BUFFERS",
+                       "LIVE", "CALLS", "FAILED", "SENT", "RECEIVED",
+                       "FROM-CLIENTS", "TO-CLIENTS"], rows))
+    down = [w for w in workers if not w["alive"] and w.get("down_reason")]
+    for w in down:
+        out.append(f"  worker {w['worker_id']} down: {w['down_reason']}")
+    slices = st.get("slices", [])
+    if slices:
+        rows = []
+        for s in slices:
+            devs = ", ".join(f"{d['host_name']}:{d['device']}"
+                             for d in s.get("devices", []))
+            rows.append([s["slice_id"], s["client_id"], len(s.get("devices", [])),
+                         devs])
+        out.append("")
+        out.append(_table(["SLICE", "CLIENT", "DEVICES", "PLACEMENT"], rows))
+    clients = st.get("clients", [])
+    if clients:
+        rows = []
+        for c in clients:
+            s = c.get("stats", {})
+            rows.append([c["client_id"], c["name"], c["slices"],
+                         s.get("calls", 0), s.get("live_futures", 0),
+                         _human(s.get("bytes_put", 0)),
+                         _human(s.get("bytes_fetched", 0))])
+        out.append("")
+        out.append(_table(["CLIENT", "NAME", "SLICES", "CALLS", "FUTURES",
+                           "PUT", "FETCHED"], rows))
+    out.append("")
+    out.append(f"server {st.get('address')}: {st.get('calls_routed', 0)} calls "
+               f"routed, {_human(st.get('control_bytes_in', 0))} of control "
+               f"messages in, {_human(st.get('data_bytes', 0))} of buffer data "
+               "through the server")
+    return "\n".join(out)
+
+
+def cmd_up(args):
+    from ._cluster import LocalCluster
+    f = _state_file()
+    if f.exists():
+        try:
+            _core.cluster_status(json.loads(f.read_text())["address"])
+            print(f"a cluster is already up ({f}); `plexus down` first",
+                  file=sys.stderr)
+            return 1
+        except Exception:  # noqa: BLE001 - stale state file
+            f.unlink()
+    f.parent.mkdir(parents=True, exist_ok=True)
+    log = f.parent / "cluster.log"
+    print(f"starting a server and {args.hosts} worker(s) "
+          f"({args.devices_per_host} device(s) each); log: {log}")
+    cluster = LocalCluster(hosts=args.hosts,
+                           devices_per_host=args.devices_per_host,
+                           device_memory_mib=args.device_memory_mib,
+                           shared_memory=not args.no_shm, log_level="info",
+                           log_file=str(log), attached=False)
+    cluster.start()
+    f.write_text(json.dumps({"address": cluster.address,
+                             "pid": cluster.process.pid}))
+    print(f"cluster up at {cluster.address} (server pid {cluster.process.pid})")
+    return 0
+
+
+def cmd_status(args):
+    address = args.address or current_address()
+    st = json.loads(_core.cluster_status(address))
+    print(json.dumps(st, indent=2) if args.json else format_status(st))
+    return 0
+
+
+def cmd_down(args):
+    f = _state_file()
+    if not f.exists() and not args.address:
+        print("no cluster is up", file=sys.stderr)
+        return 1
+    state = json.loads(f.read_text()) if f.exists() else {}
+    address = args.address or state["address"]
+    pid = state.get("pid")
+    try:
+        _core.shutdown_server(address)
+    except Exception as e:  # noqa: BLE001 - fall back to signals
+        print(f"shutdown request failed ({e}); signalling", file=sys.stderr)
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    if pid:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if f.exists():
+        f.unlink()
+    print("cluster down")
+    return 0
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="plexus", description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a cluster on this machine")
+    up.add_argument("--hosts", type=int, default=2)
+    up.add_argument("--devices-per-host", type=int, default=1)
+    up.add_argument("--device-memory-mib", type=float, default=1024)
+    up.add_argument("--no-shm", action="store_true",
+                    help="move buffers over TCP even between local workers")
+    up.set_defaults(fn=cmd_up)
+    st = sub.add_parser("status", help="hosts, devices, slices, clients, bytes")
+    st.add_argument("--address")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(fn=cmd_status)
+    down = sub.add_parser("down", help="stop the cluster `plexus up` started")
+    down.add_argument("--address")
+    down.set_defaults(fn=cmd_down)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except _core.PlexusError as e:
+        print(f"plexus: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
