@@ -181,6 +181,7 @@ class Program:
         graph = getattr(_recording, "graph", None)
         if graph is not None and graph._client is self._client:
             outs = graph._g.call(self._p, futures)
+            graph.calls += 1
         else:
             outs = self._client._core.call(self._p, futures)
         wrapped = [Future(o, self._client) for o in outs]
@@ -201,6 +202,7 @@ class Graph:
     def __init__(self, client):
         self._client = client
         self._g = client._core.graph()
+        self.calls = 0  # calls recorded, including those already submitted
 
     def __enter__(self):
         if getattr(_recording, "graph", None) is not None:
@@ -348,10 +350,31 @@ def connect(address=None, name="python", shared_memory=True):
     return Client(_core.Client.connect(address, name, shared_memory))
 
 
+def _int64_fields(obj):
+    """protobuf's JSON writes int64 as strings; make them ints again."""
+    if isinstance(obj, dict):
+        return {k: _int64_fields(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_int64_fields(v) for v in obj]
+    if isinstance(obj, str) and obj.lstrip("-").isdigit():
+        return int(obj)
+    return obj
+
+
+def _decode_status(text):
+    import json
+    st = _int64_fields(json.loads(text))
+    # Names stay names even when they look like numbers.
+    for w in st.get("workers", []):
+        w["host_name"] = str(w.get("host_name", ""))
+    for c in st.get("clients", []):
+        c["name"] = str(c.get("name", ""))
+    return st
+
+
 def status(address=None):
     """The server's view of the cluster, as a dict."""
-    import json
     if address is None:
         from .cli import current_address
         address = current_address()
-    return json.loads(_core.cluster_status(address))
+    return _decode_status(_core.cluster_status(address))

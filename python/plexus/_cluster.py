@@ -99,7 +99,8 @@ class LocalCluster:
 
     def status(self):
         """The server's view of the cluster, as a dict."""
-        return json.loads(_core.cluster_status(self.address))
+        from ._api import _decode_status
+        return _decode_status(_core.cluster_status(self.address))
 
     def worker_pids(self):
         return [int(w["pid"]) for w in self.status()["workers"] if w["alive"]]

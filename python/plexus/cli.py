@@ -128,7 +128,8 @@ def cmd_up(args):
 
 def cmd_status(args):
     address = args.address or current_address()
-    st = json.loads(_core.cluster_status(address))
+    from ._api import _decode_status
+    st = _decode_status(_core.cluster_status(address))
     print(json.dumps(st, indent=2) if args.json else format_status(st))
     return 0
 

@@ -102,13 +102,19 @@ absl::StatusOr<std::vector<Future>> BuildCall(
 
 absl::StatusOr<std::vector<Future>> Graph::Call(
     const Program& program, const std::vector<Future>& inputs) {
-  return BuildCall(core_, program, inputs, &ops_);
+  auto outputs = BuildCall(core_, program, inputs, &ops_);
+  if (outputs.ok()) {
+    keep_.insert(keep_.end(), inputs.begin(), inputs.end());
+    keep_.insert(keep_.end(), outputs->begin(), outputs->end());
+  }
+  return outputs;
 }
 
 absl::Status Graph::Submit() {
   if (core_->closed()) return absl::FailedPreconditionError("client closed");
   core_->Enqueue(std::move(ops_));
   ops_.clear();
+  keep_.clear();  // releases now queue after the calls
   return absl::OkStatus();
 }
 

@@ -115,6 +115,10 @@ class Graph {
  private:
   std::shared_ptr<ClientCore> core_;
   std::vector<proto::ClientOp> ops_;
+  // Every future the recorded calls read or write, held until Submit: a
+  // future dropped while recording must not be released before the calls
+  // that use it reach the server.
+  std::vector<Future> keep_;
 };
 
 struct ClientOptions {

@@ -30,7 +30,7 @@ void ObjectStore::MaybeRemoveLocked(const BufferKey& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   Entry& e = it->second;
-  if (!e.declared || e.owned || e.readers > 0 ||
+  if (!e.declared || !e.held || e.owned || e.readers > 0 ||
       e.state == Entry::State::kPending) {
     return;
   }
@@ -54,6 +54,7 @@ void ObjectStore::Declare(const BufferKey& key, int device,
   Entry& e = GetOrCreateLocked(key);
   e.declared = true;
   e.owned = e.owned || owned;
+  e.held = e.held || owned;
   if (e.device < 0) e.device = device;
   e.spec = spec;
   if (source_worker >= 0) e.source_worker = source_worker;
@@ -62,7 +63,9 @@ void ObjectStore::Declare(const BufferKey& key, int device,
 
 void ObjectStore::AddReader(const BufferKey& key) {
   absl::MutexLock lock(&mu_);
-  GetOrCreateLocked(key).readers++;
+  Entry& e = GetOrCreateLocked(key);
+  e.readers++;
+  e.held = true;
 }
 
 void ObjectStore::RemoveReader(const BufferKey& key) {
@@ -97,6 +100,7 @@ void ObjectStore::ReleaseClient(uint64_t client_id) {
     Entry& e = entries_[key];
     e.owned = false;
     e.declared = true;
+    e.held = true;
     MaybeRemoveLocked(key);
   }
 }

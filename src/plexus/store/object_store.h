@@ -7,9 +7,11 @@
 //                                              \------Fail----> failed
 //
 // An entry is removed once (a) it was declared (by a call output, a put, an
-// Expect), (b) its owner released it (client-owned) or it is a temporary,
-// (c) no queued reader holds it, and (d) it is no longer pending. Entries may
-// be touched in any order (data can arrive before its declaration).
+// Expect), (b) it was held at least once (owned by a client, or read by a
+// queued consumer), (c) its owner released it and no queued reader holds it
+// any more, and (d) it is no longer pending. Entries may be touched in any
+// order: data can arrive before its declaration, and a temporary declared
+// before its reader is queued is not dropped in between.
 //
 // Thread-safe. Waits (AwaitReady, Reserve) block on condition variables and
 // never spin.
@@ -126,6 +128,7 @@ class ObjectStore {
     int64_t source_worker = -1;
     int64_t charged = 0;
     int readers = 0;
+    bool held = false;  // owned or read at least once
     TensorSpec spec;
     std::shared_ptr<Storage> data;
     absl::Status status;

@@ -48,7 +48,10 @@ TEST(ObjectStoreTest, DataBeforeDeclarationIsKept) {
   store.Fulfil(key, Bytes(8), 0, false);
   EXPECT_EQ(store.Stats().live_shards, 1);
   store.Declare(key, 0, {DType::kI32, {2}}, /*owned=*/false);
-  EXPECT_EQ(store.Stats().live_shards, 0);  // a temporary nobody reads
+  EXPECT_EQ(store.Stats().live_shards, 1);  // its reader is not queued yet
+  store.AddReader(key);
+  store.RemoveReader(key);
+  EXPECT_EQ(store.Stats().live_shards, 0);  // read once: gone
 }
 
 TEST(ObjectStoreTest, AwaitReadyWakesWhenAnotherThreadFulfils) {

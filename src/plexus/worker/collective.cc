@@ -37,11 +37,11 @@ CallCollective::CallCollective(uint64_t exchange_id, std::vector<Peer> peers,
       store_(store),
       send_(std::move(send)) {}
 
-void CallCollective::ExpectPartials(int device) {
+void CallCollective::ExpectPartials(int device, const TensorSpec& spec) {
   for (int r = 0; r < static_cast<int>(peers_.size()); ++r) {
     if (r == my_rank_) continue;
     BufferKey key{exchange_id_, r};
-    store_->Declare(key, device, {}, /*owned=*/false, peers_[r].worker_id);
+    store_->Declare(key, device, spec, /*owned=*/false, peers_[r].worker_id);
     store_->AddReader(key);
   }
 }

@@ -34,7 +34,7 @@ class CallCollective {
 
   // Declares the partials expected from other workers (call before any
   // task runs).
-  void ExpectPartials(int device);
+  void ExpectPartials(int device, const TensorSpec& spec);
   // Done with the exchange entries (the last local task calls it).
   void ReleasePartials();
 

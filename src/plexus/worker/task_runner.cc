@@ -62,7 +62,13 @@ void WorkerImpl::ApplyExecute(const proto::Execute& exec) {
             s->Send({key.buffer_id, key.shard}, std::move(data));
           }
         });
-    call->collective->ExpectPartials(exec.tasks(0).device());
+    // Every rank's partial has the shape of one shard's input.
+    TensorSpec partial_spec;
+    if (!call->program->inputs.empty()) {
+      auto local = call->program->inputs[0].Local(exec.num_shards());
+      if (local.ok()) partial_spec = *local;
+    }
+    call->collective->ExpectPartials(exec.tasks(0).device(), partial_spec);
   }
 
   // Declare outputs and pin inputs now, in stream order, so fetches and

@@ -281,13 +281,15 @@ absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
                                  bool from_client) {
   BufferKey k{key.buffer_id, key.shard};
   auto desc = store_->Describe(k);
-  if (desc.ok() && desc->first.byte_size() !=
-                       static_cast<int64_t>(data->size()) &&
-      desc->first.num_elements() > 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
+  if (desc.ok() &&
+      desc->first.byte_size() != static_cast<int64_t>(data->size())) {
+    absl::Status mismatch = absl::InvalidArgumentError(absl::StrCat(
         KeyString(k), " is declared as ", desc->first.ToString(), " (",
         desc->first.byte_size(), " bytes) but ", data->size(),
         " bytes arrived"));
+    // Whoever waits for this shard learns why, rather than waiting forever.
+    store_->Fail(k, mismatch);
+    return mismatch;
   }
   store_->Fulfil(k, std::move(data), desc.ok() ? desc->second : -1,
                  /*reserved=*/false);

@@ -1,0 +1,65 @@
+// EmbeddedCluster: a whole Plexus cluster on this machine for a benchmark.
+// It runs `plexus-server --local-workers H` (found next to the running
+// binary) as a child process in a process group of its own; the server
+// starts the worker processes. The server dies with this process
+// (PR_SET_PDEATHSIG), and the destructor stops it and reaps it, so a
+// benchmark never leaves a process behind, even when it fails half-way.
+// Not thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/proto/plexus.pb.h"
+
+namespace plexus::bench {
+
+struct EmbeddedClusterOptions {
+  int hosts = 1;
+  int devices_per_host = 1;
+  int64_t device_memory_mib = 1024;
+  // False: workers move buffers over TCP, as between hosts (--no-shm).
+  bool shared_memory = true;
+  std::string log_level = "warn";
+  // How long the server and all of its workers may take to come up.
+  absl::Duration start_timeout = absl::Seconds(30);
+};
+
+class EmbeddedCluster {
+ public:
+  // Returns once the server listens and `hosts` workers are alive. Errors
+  // name what did not happen and include the end of the server's log.
+  static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Start(
+      const EmbeddedClusterOptions& options);
+  // SIGTERM to the server (it stops its workers), SIGKILL to the whole
+  // process group if it is not gone within a grace period; reaps.
+  ~EmbeddedCluster();
+
+  EmbeddedCluster(const EmbeddedCluster&) = delete;
+  EmbeddedCluster& operator=(const EmbeddedCluster&) = delete;
+
+  const std::string& address() const { return address_; }
+  const EmbeddedClusterOptions& options() const { return options_; }
+  absl::StatusOr<proto::ClusterStatus> Status() const;
+
+ private:
+  EmbeddedCluster(EmbeddedClusterOptions options, std::string dir)
+      : options_(std::move(options)), dir_(std::move(dir)) {}
+  void Stop();
+  std::string LogTail() const;
+
+  EmbeddedClusterOptions options_;
+  std::string dir_;  // temporary: address file and server log
+  pid_t pid_ = -1;   // the server; also its process group id
+  std::string address_;
+};
+
+// The file `name` in the directory of the running executable.
+std::string SiblingPath(const std::string& name);
+
+}  // namespace plexus::bench

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds the Plexus benchmarks and runs each with its default flags; the
+# figures go to bench/results/<name>.json (and the tables to stdout).
+#   bench/run_all.sh [build-dir]     (default: build, configured already)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$root/build}"
+results="$root/bench/results"
+mkdir -p "$results"
+
+cmake -S "$root" -B "$build" -DPLEXUS_BUILD_BENCH=ON > /dev/null
+ninja -C "$build" plexus-bench-dispatch plexus-bench-transfer
+
+status=0
+for bench in dispatch transfer; do
+  echo "== plexus-bench-$bench"
+  if ! "$build/bin/plexus-bench-$bench" --json "$results/$bench.json"; then
+    echo "plexus-bench-$bench failed" >&2
+    status=1
+  fi
+done
+echo
+echo "figures: $results/dispatch.json $results/transfer.json"
+exit $status

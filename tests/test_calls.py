@@ -1,0 +1,132 @@
+"""Programs, calls, futures and graphs on a real 2-host cluster."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import plexus
+from conftest import wait_until
+
+
+def test_call_returns_before_a_200ms_kernel_finishes(client):
+    s = client.slice(2)
+    x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
+    busy = s.program("busy_wait", x, micros=200_000)
+    busy(x).block_until_ready()  # first call loads the program everywhere
+    t0 = time.perf_counter()
+    y = busy(x)
+    returned = time.perf_counter() - t0
+    assert returned < 0.001, f"call took {returned * 1e3:.2f} ms to return"
+    np.testing.assert_array_equal(np.asarray(y), np.arange(4, dtype=np.float32))
+    assert time.perf_counter() - t0 >= 0.2
+
+
+def test_future_looks_like_a_jax_array(client):
+    s = client.slice(4, placement="spread")
+    x = s.put(np.ones((8, 3), np.float32), plexus.P("devices", None))
+    assert x.shape == (8, 3)
+    assert x.dtype == np.float32
+    assert x.sharding == "split(0)"
+    assert x.block_until_ready() is x
+    np.testing.assert_array_equal(np.asarray(x), np.ones((8, 3), np.float32))
+
+
+def test_graph_of_1000_calls_over_two_hosts_matches_numpy(client):
+    rng = np.random.default_rng(0)
+    s = client.slice(4, placement="spread")
+    assert s.num_hosts == 2
+    a0 = rng.standard_normal((16, 8)).astype(np.float32)
+    b0 = rng.standard_normal((16, 8)).astype(np.float32)
+    c0 = rng.uniform(0.99, 1.01, (16, 8)).astype(np.float32)
+    a, b, c = (s.put(v, plexus.P("devices", None)) for v in (a0, b0, c0))
+    add = s.program("add", a, b)
+    mul = s.program("mul", a, b)
+    half = s.program("scale", a, factor=0.5)
+    ea, eb = a0.copy(), b0.copy()
+    with client.graph() as g:
+        for i in range(1002):
+            if i % 3 == 0:
+                a = add(a, b)
+                ea = ea + eb
+            elif i % 3 == 1:
+                a = half(a)
+                ea = ea * np.float32(0.5)
+            else:
+                b = mul(b, c)
+                eb = eb * c0
+    assert g.calls == 1002
+    np.testing.assert_allclose(np.asarray(a), ea, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(b), eb, rtol=1e-5)
+
+
+def test_values_move_between_slices_on_different_hosts(client):
+    a = client.slice(1, placement="one_host")
+    b = client.slice(1, placement="one_host")
+    assert a.devices[0]["host"] != b.devices[0]["host"]
+    x = a.put(np.arange(6, dtype=np.int32).reshape(2, 3))
+    ident = b.program("identity", plexus.Spec((2, 3), "int32"))
+    np.testing.assert_array_equal(np.asarray(ident(x)),
+                                  np.arange(6, dtype=np.int32).reshape(2, 3))
+
+
+def test_resharding_from_four_devices_to_two(client):
+    four = client.slice(4, placement="spread")
+    two = client.slice(2, placement="spread")
+    x0 = np.arange(24, dtype=np.float64).reshape(8, 3)
+    x = four.put(x0, plexus.P("devices", None))
+    double = two.program("scale", plexus.Spec((8, 3), "float64",
+                                              plexus.P("devices", None)),
+                         factor=2.0)
+    np.testing.assert_array_equal(np.asarray(double(x)), 2 * x0)
+
+
+def test_all_reduce_of_partial_sums_across_hosts(client):
+    s = client.slice(4, placement="spread")
+    x0 = np.arange(16, dtype=np.float32).reshape(8, 2)
+    x = s.put(x0, plexus.P("devices", None))
+    partial = s.program("reduce_sum", x, axis=0)(x)
+    assert partial.sharding == "partial"
+    total = s.program("all_reduce", partial)(partial)
+    assert total.sharding == "replicated"
+    np.testing.assert_array_equal(np.asarray(total), x0.sum(axis=0))
+
+
+def test_two_python_threads_share_one_client(client):
+    s = client.slice(2)
+    x = s.put(np.zeros(2, np.float32), plexus.P("devices"))
+    busy = s.program("busy_wait", x, micros=50_000)
+    inc = s.program("scale", x, factor=1.0)
+    errors = []
+
+    def slow():
+        try:
+            busy(x).block_until_ready()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    t = threading.Thread(target=slow)
+    t.start()
+    # The other thread blocks in the binding; this one must still run.
+    for _ in range(50):
+        np.asarray(inc(x))
+    t.join(timeout=10)
+    assert not t.is_alive() and not errors
+
+
+def test_dropping_futures_frees_every_shard(cluster):
+    client = cluster.connect(name="dropper")
+    s = client.slice(4, placement="spread")
+    x = s.put(np.ones((8, 8), np.float32), plexus.P("devices", None))
+    f = s.program("scale", x, factor=2.0)
+    ys = [f(x) for _ in range(20)]
+    ys[-1].block_until_ready()
+    wait_until(lambda: sum(w["stats"].get("live_buffers", 0)
+                           for w in cluster.status()["workers"]) > 0,
+               what="workers to report live buffers")
+    del x, ys
+    client.flush()
+    wait_until(lambda: all(w["stats"].get("live_buffers", 0) == 0
+                           for w in cluster.status()["workers"]),
+               what="every worker to report zero live buffers")
+    client.close()
