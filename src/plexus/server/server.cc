@@ -243,6 +243,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
             e->set_call_id(op.call().call_id());
             for (uint64_t o : op.call().output_ids()) e->add_output_ids(o);
             e->set_message(std::string(s.message()));
+            // The client may already be waiting on a worker for these
+            // outputs: tell the workers too.
+            FailOutputs(op.call().slice_id(), op.call().output_ids(),
+                        e->message(), &ops);
           }
           break;
         }
@@ -324,6 +328,22 @@ class ServerImpl : public Server, public proto::Controller::Service {
     p->set_data_address(w.info.data_address());
     p->set_unix_path(w.info.unix_path());
     return op;
+  }
+
+  void FailOutputs(uint64_t slice_id,
+                   const google::protobuf::RepeatedField<uint64_t>& ids,
+                   const std::string& message, WorkerOps* ops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = state_.slices().find(slice_id);
+    if (it == state_.slices().end()) return;
+    std::set<int64_t> workers;
+    for (const DeviceRef& d : it->second.devices) workers.insert(d.worker_id);
+    for (int64_t w : workers) {
+      proto::WorkerOp op;
+      for (uint64_t id : ids) op.mutable_fail()->add_buffer_ids(id);
+      op.mutable_fail()->set_message(message);
+      (*ops)[w].push_back(std::move(op));
+    }
   }
 
   void WorkerDown(int64_t id, const std::string& reason) {

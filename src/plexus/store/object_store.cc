@@ -76,8 +76,21 @@ void ObjectStore::RemoveReader(const BufferKey& key) {
   MaybeRemoveLocked(key);
 }
 
+void ObjectStore::FailBuffer(uint64_t buffer_id, const absl::Status& status) {
+  std::vector<int32_t> shards;
+  {
+    absl::MutexLock lock(&mu_);
+    rejected_[buffer_id] = status;
+    changed_.SignalAll();
+    auto it = shards_.find(buffer_id);
+    if (it != shards_.end()) shards = it->second;
+  }
+  for (int32_t s : shards) Fail({buffer_id, s}, status);
+}
+
 void ObjectStore::Release(uint64_t buffer_id) {
   absl::MutexLock lock(&mu_);
+  rejected_.erase(buffer_id);
   auto sit = shards_.find(buffer_id);
   if (sit == shards_.end()) return;
   std::vector<int32_t> shards = sit->second;
@@ -92,6 +105,10 @@ void ObjectStore::Release(uint64_t buffer_id) {
 
 void ObjectStore::ReleaseClient(uint64_t client_id) {
   absl::MutexLock lock(&mu_);
+  for (auto it = rejected_.begin(); it != rejected_.end();) {
+    auto cur = it++;
+    if (ClientOfBuffer(cur->first) == client_id) rejected_.erase(cur);
+  }
   std::vector<BufferKey> keys;
   for (auto& [key, e] : entries_) {
     if (ClientOfBuffer(key.buffer_id) == client_id) keys.push_back(key);
@@ -232,6 +249,8 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
       changed_.Wait(&mu_);
       continue;
     }
+    auto rejected = rejected_.find(key.buffer_id);
+    if (rejected != rejected_.end()) return rejected->second;
     if (changed_.WaitWithDeadline(&mu_, unknown_deadline) &&
         entries_.find(key) == entries_.end()) {
       return absl::NotFoundError(

@@ -100,6 +100,10 @@ class ObjectStore {
   void Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
               int device = -1, bool reserved = true);
   void Fail(const BufferKey& key, const absl::Status& status);
+  // Every shard of `buffer_id`, present or still to be declared, fails with
+  // `status` (its call was rejected before reaching this worker) until the
+  // buffer is released.
+  void FailBuffer(uint64_t buffer_id, const absl::Status& status);
   // Fails every pending shard expected from `worker_id`.
   void FailFromSource(int64_t worker_id, const absl::Status& status);
 
@@ -157,6 +161,8 @@ class ObjectStore {
   absl::flat_hash_map<uint64_t, std::vector<int32_t>> shards_
       ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> used_ ABSL_GUARDED_BY(mu_);
+  // Buffers whose calls were rejected: their shards fail on sight.
+  absl::flat_hash_map<uint64_t, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

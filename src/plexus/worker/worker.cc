@@ -210,7 +210,10 @@ void WorkerImpl::Apply(const proto::WorkerOp& op) {
       for (uint64_t id : op.release().buffer_ids()) store_->Release(id);
       break;
     case proto::WorkerOp::kFail:
-      break;  // reserved: rejected calls are reported to the client directly
+      for (uint64_t id : op.fail().buffer_ids()) {
+        store_->FailBuffer(id, absl::InvalidArgumentError(op.fail().message()));
+      }
+      break;
     case proto::WorkerOp::kPeerDown:
       ApplyPeerDown(op.peer_down());
       break;

@@ -1,0 +1,136 @@
+"""Data-parallel training of a small MLP over two hosts.
+
+One client drives a slice of 2*D virtual devices spread over 2 hosts. Each
+batch is split over the slice (P("devices", None)); the parameters are
+replicated. Every built-in kernel runs on its shard's local rows, so
+gradients come out `partial` and one all_reduce per gradient turns them
+into replicated values before the SGD update. Each step is one program
+graph: its ~25 calls reach the server as one unit, and the loop never
+waits for a step to finish except when it fetches a loss to print.
+
+    python examples/mlp_data_parallel.py --steps 200 --hosts 2 --devices-per-host 1
+"""
+import argparse
+import sys
+import time
+
+import numpy as np
+
+import plexus
+from mlp_common import (PARAM_NAMES, Kernels, accuracy, batches,
+                        check_against_numpy, init_params, make_dataset)
+
+LOSS_THRESHOLD = 0.3  # the final loss must be below this
+
+
+class DataParallelMLP:
+    """The MLP's training step as calls of built-in kernels on one slice."""
+
+    def __init__(self, client, slice_, lr):
+        self.client = client
+        self.slice = slice_
+        self.k = Kernels(slice_)
+        self.lr = lr
+
+    def put_params(self, params):
+        """Copies numpy parameters to every device of the slice."""
+        return {n: self.slice.put(params[n], plexus.P()) for n in PARAM_NAMES}
+
+    def put_batch(self, x, labels):
+        """Splits a batch over the slice: each device gets its own rows."""
+        return (self.slice.put(x, plexus.P("devices", None)),
+                self.slice.put(labels, plexus.P("devices")))
+
+    def step(self, params, x, labels):
+        """One SGD step. Returns (loss, grads, new params), all futures; the
+        loss is `partial` (fetching it sums the shards' parts)."""
+        k = self.k
+        # Forward, on each device's rows.
+        h_pre = k.bias_add(k.matmul(x, params["w1"]), params["b1"])
+        h = k.relu(h_pre)
+        logits = k.bias_add(k.matmul(h, params["w2"]), params["b2"])
+        loss = k.softmax_xent(logits, labels)             # partial
+        # Backward. Contracting over the split batch axis gives partial sums.
+        dlogits = k.softmax_xent_grad(logits, labels)     # split(0)
+        grads = {
+            "w2": k.matmul(h, dlogits, transpose_a=1),    # partial
+            "b2": k.reduce_sum(dlogits, axis=0),          # partial
+        }
+        dh = k.matmul(dlogits, params["w2"], transpose_b=1)  # split(0)
+        dh_pre = k.relu_grad(h_pre, dh)
+        grads["w1"] = k.matmul(x, dh_pre, transpose_a=1)  # partial
+        grads["b1"] = k.reduce_sum(dh_pre, axis=0)        # partial
+        # Sum the partial gradients over the devices of both hosts.
+        grads = {n: k.all_reduce(g) for n, g in grads.items()}  # replicated
+        new = {n: k.sgd_update(params[n], grads[n], lr=self.lr)
+               for n in PARAM_NAMES}
+        return loss, grads, new
+
+    def graph_step(self, params, x, labels):
+        """`step` recorded as one program graph and submitted as a unit."""
+        with self.client.graph():
+            return self.step(params, x, labels)
+
+
+def train(client, args):
+    devices = args.hosts * args.devices_per_host
+    s = client.slice(devices, axis_names=("devices",),
+                     placement="spread" if args.hosts > 1 else "any")
+    print(f"slice: {s}")
+    if args.batch_size % devices:
+        sys.exit(f"--batch-size {args.batch_size} must be a multiple of the "
+                 f"{devices} devices")
+    model = DataParallelMLP(client, s, args.lr)
+
+    x, labels = make_dataset(args.train_examples, seed=args.seed)
+    x_test, labels_test = make_dataset(512, seed=args.seed + 1)
+    # The whole training set goes to the devices once, batch by batch.
+    data = [model.put_batch(bx, bl)
+            for bx, bl in batches(x, labels, args.batch_size)]
+    params = model.put_params(init_params(args.seed))
+
+    t0 = time.perf_counter()
+    loss = None
+    for step in range(1, args.steps + 1):
+        loss, _, params = model.graph_step(params, *data[(step - 1) % len(data)])
+        if step % args.log_every == 0 or step in (1, args.steps):
+            print(f"step {step:4d}  loss {float(np.asarray(loss)):.4f}  "
+                  f"({time.perf_counter() - t0:.2f} s)", flush=True)
+    final_loss = float(np.asarray(loss))
+    elapsed = time.perf_counter() - t0
+    final = {n: np.asarray(params[n]) for n in PARAM_NAMES}
+    print(f"{args.steps} steps in {elapsed:.2f} s "
+          f"({elapsed / args.steps * 1e3:.1f} ms/step); "
+          f"test accuracy {accuracy(final, x_test, labels_test):.3f}")
+
+    err = check_against_numpy(model, final, x[:args.batch_size],
+                              labels[:args.batch_size])
+    print(f"one step matches the numpy reference: max relative error {err:.1e}")
+    return final_loss, err
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--devices-per-host", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--train-examples", type=int, default=1024)
+    parser.add_argument("--log-every", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-file", help="write the cluster's log here")
+    args = parser.parse_args(argv)
+
+    with plexus.local(hosts=args.hosts, devices_per_host=args.devices_per_host,
+                      log_file=args.log_file) as cluster:
+        final_loss, err = train(cluster.connect(name="mlp-data-parallel"), args)
+    if err > 1e-5:
+        print(f"FAILED: Plexus and numpy differ by {err:.1e} (> 1e-5)")
+        return 1
+    print(f"final loss {final_loss:.4f} (threshold {LOSS_THRESHOLD})")
+    return 0 if final_loss < LOSS_THRESHOLD else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

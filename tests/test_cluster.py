@@ -1,0 +1,126 @@
+"""The embedded cluster as a user drives it: processes, failures, status."""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import plexus
+from conftest import ROOT, wait_until
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_context_manager_leaves_no_process_behind_even_on_error(tmp_path):
+    pids = []
+    with pytest.raises(RuntimeError, match="boom"):
+        with plexus.local(hosts=2, devices_per_host=1,
+                          log_file=str(tmp_path / "log")) as cluster:
+            pids = cluster.worker_pids() + [cluster.process.pid]
+            assert len(pids) == 3 and all(alive(p) for p in pids)
+            raise RuntimeError("boom")
+    wait_until(lambda: not any(alive(p) for p in pids), timeout=10,
+               what="server and workers to exit")
+
+
+def test_killed_worker_fails_dependent_futures_within_5s(tmp_path):
+    with plexus.local(hosts=2, devices_per_host=1, log_level="info",
+                      log_file=str(tmp_path / "log")) as cluster:
+        client = cluster.connect()
+        s = client.slice(2, placement="spread")
+        x = s.put(np.zeros(2, np.float32), plexus.P("devices"))
+        busy = s.program("busy_wait", x, micros=20_000)
+        reduce = s.program("reduce_sum", x)
+        y = x
+        for _ in range(200):            # ~4 s of work queued on each host
+            y = busy(y)
+        total = s.program("all_reduce", plexus.Spec((), "float32",
+                                                    plexus.partial()))(reduce(y))
+        victim = next(w for w in cluster.status()["workers"]
+                      if w["host_name"] == "host1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(plexus.PlexusError) as e:
+            np.asarray(total)
+        elapsed = time.monotonic() - t0
+        assert elapsed < 5, f"took {elapsed:.1f} s to fail"
+        assert "worker" in str(e.value)
+        # The rest of the cluster still serves a new client.
+        wait_until(lambda: any(not w["alive"] for w in cluster.status()["workers"]),
+                   what="the server to mark the worker down")
+        other = cluster.connect(name="after")
+        s2 = other.slice(1)
+        assert s2.devices[0]["host"] == "host0"
+        z = s2.put(np.arange(3, dtype=np.float32))
+        np.testing.assert_array_equal(
+            np.asarray(s2.program("scale", z, factor=2.0)(z)), [0, 2, 4])
+        from plexus.cli import format_status
+        assert "DOWN" in format_status(cluster.status())
+
+
+def test_64mib_moves_worker_to_worker_not_through_client_or_server(tmp_path):
+    with plexus.local(hosts=2, devices_per_host=1, device_memory_mib=512,
+                      log_file=str(tmp_path / "log")) as cluster:
+        client = cluster.connect()
+        a = client.slice(1, placement="one_host")
+        b = client.slice(1, placement="one_host")
+        assert a.devices[0]["host"] != b.devices[0]["host"]
+        n = 16 << 20  # float32: 64 MiB
+        x = a.program("iota", shape=[n], dtype="float32")()
+        total = b.program("reduce_sum", plexus.Spec((n,), "float32"))(x)
+        got = float(np.asarray(total))
+        assert got == pytest.approx(float(n) * (n - 1) / 2, rel=1e-3)
+        counters = client.counters()
+        assert counters["bytes_put"] == 0
+        assert counters["bytes_fetched"] < 1024
+
+        def moved():
+            st = cluster.status()
+            by_host = {w["host_name"]: w["stats"] for w in st["workers"]}
+            src = by_host[a.devices[0]["host"]]
+            dst = by_host[b.devices[0]["host"]]
+            return (src.get("bytes_sent", 0) >= 64 << 20 and
+                    dst.get("bytes_received", 0) >= 64 << 20 and st)
+
+        st = wait_until(moved, what="worker counters to show 64 MiB moved") or moved()
+        assert st["data_bytes"] == 0
+        assert st["control_bytes_in"] < 1 << 20  # control messages only
+        from plexus.cli import format_status
+        table = format_status(st)
+        assert "64.0 MiB" in table
+
+
+def test_cli_up_status_down(tmp_path):
+    env = dict(os.environ, PLEXUS_STATE_DIR=str(tmp_path),
+               PYTHONPATH=str(ROOT / "python"))
+    run = lambda *args: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "plexus", *args], env=env, capture_output=True,
+        text=True, timeout=60)
+    up = run("up", "--hosts", "2", "--devices-per-host", "2")
+    assert up.returncode == 0, up.stderr
+    try:
+        st = run("status")
+        assert st.returncode == 0, st.stderr
+        assert "host0" in st.stdout and "host1" in st.stdout
+        assert "HOST" in st.stdout and "DEVICES" in st.stdout
+        again = run("up")
+        assert again.returncode == 1 and "already up" in again.stderr
+    finally:
+        down = run("down")
+    assert down.returncode == 0, down.stderr
+    gone = run("status")
+    assert gone.returncode == 1 and "no Plexus cluster" in gone.stderr

@@ -1,0 +1,92 @@
+"""Bad input gets a clear error naming what is wrong, and nothing dies."""
+import numpy as np
+import pytest
+
+import plexus
+
+
+def test_shape_mismatch_names_program_argument_and_both_shapes(client):
+    s = client.slice(2)
+    prog = s.program("scale", plexus.Spec((4,), "float32"), name="halve",
+                     factor=0.5)
+    wrong = s.put(np.zeros(5, np.float32))
+    with pytest.raises(plexus.InvalidArgumentError) as e:
+        prog(wrong)
+    msg = str(e.value)
+    assert "program 'halve'" in msg and "argument 0" in msg
+    assert "float32[5]" in msg and "float32[4]" in msg
+
+
+def test_numpy_argument_of_the_wrong_shape_is_rejected(client):
+    s = client.slice(1)
+    prog = s.program("relu", plexus.Spec((3,), "float32"))
+    with pytest.raises(plexus.InvalidArgumentError, match=r"float32\[2\].*float32\[3\]"):
+        prog(np.zeros(2, np.float32))
+
+
+def test_unknown_kernel_lists_the_known_ones(client):
+    s = client.slice(1)
+    with pytest.raises(plexus.NotFoundError, match="unknown kernel 'conv9d'.*matmul"):
+        s.program("conv9d", plexus.Spec((3,)))
+
+
+def test_kernel_shape_rules_fail_at_compile_time(client):
+    s = client.slice(1)
+    with pytest.raises(plexus.InvalidArgumentError, match=r"float32\[3, 4\].*float32\[5, 2\]|\[5, 2\].*\[3, 4\]"):
+        s.program("matmul", plexus.Spec((3, 4)), plexus.Spec((5, 2)))
+
+
+def test_runtime_failure_raises_the_workers_message_and_worker_keeps_serving(client):
+    s = client.slice(2)
+    check = s.program("assert_finite", plexus.Spec((4,), "float32"),
+                      name="check")
+    bad = s.put(np.array([1, 2, np.nan, 4], np.float32))
+    failed = check(bad)
+    with pytest.raises(plexus.PlexusError, match="program 'check' failed.*non-finite value nan at index 2"):
+        np.asarray(failed)
+    # A call that depends on the failed one fails with the same message.
+    double = s.program("scale", plexus.Spec((4,), "float32"), factor=2.0)
+    with pytest.raises(plexus.PlexusError, match="non-finite value nan"):
+        double(failed).block_until_ready()
+    # The same workers still compute.
+    ok = s.put(np.array([1, 2, 3, 4], np.float32))
+    np.testing.assert_array_equal(np.asarray(double(check(ok))), [2, 4, 6, 8])
+
+
+def test_uneven_split_is_rejected_with_the_axis_length(client):
+    s = client.slice(4)
+    with pytest.raises(plexus.InvalidArgumentError, match="length 6.*4 devices"):
+        s.put(np.zeros(6, np.float32), plexus.P("devices"))
+
+
+def test_partition_spec_over_an_unknown_axis(client):
+    s = client.slice(2, mesh=(2,), axis_names=("data",))
+    with pytest.raises(ValueError, match="'model'"):
+        s.put(np.zeros(4, np.float32), plexus.P("model"))
+
+
+def test_slice_larger_than_the_cluster(client):
+    with pytest.raises(plexus.ResourceExhaustedError, match="4 live devices on 2 hosts"):
+        client.slice(9)
+
+
+def test_mesh_shape_must_match_the_slice(client):
+    with pytest.raises(plexus.ResourceExhaustedError, match=r"mesh shape \[3\] holds 3 devices"):
+        client.slice(2, mesh=(3,))
+
+
+def test_buffer_that_can_never_fit_is_refused(tmp_path):
+    with plexus.local(hosts=1, devices_per_host=1, device_memory_mib=1,
+                      log_file=str(tmp_path / "log")) as cluster:
+        client = cluster.connect()
+        s = client.slice(1)
+        with pytest.raises(plexus.ResourceExhaustedError, match="budget"):
+            s.put(np.zeros(1 << 20, np.float32))
+        with pytest.raises(plexus.ResourceExhaustedError, match="budget"):
+            s.program("fill", shape=[1 << 19], value=1.0)
+        # Buffers that fit one at a time keep flowing as futures are dropped.
+        x = s.put(np.ones(1 << 16, np.float32))          # 256 KiB
+        step = s.program("scale", x, factor=1.0)
+        for _ in range(40):                                # 10 MiB in total
+            x = step(x)
+        np.testing.assert_array_equal(np.asarray(x), np.ones(1 << 16, np.float32))
