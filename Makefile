@@ -1,0 +1,49 @@
+# Plexus: two commands do all the set-up on a fresh machine.
+#   make demo   - installs what is missing, builds, and trains the data-parallel
+#                 MLP on the embedded default (a server + 2 worker processes)
+#   make test   - installs what is missing, builds, runs every test
+BUILD ?= build
+PYTHON ?= python3
+JOBS ?= $(shell nproc)
+export PLEXUS_BIN_DIR := $(CURDIR)/$(BUILD)/bin
+export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
+
+.PHONY: all setup build test test-cpp test-python demo bench install clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD)/build.ninja: CMakeLists.txt
+	@echo "[build] configuring $(BUILD)/"
+	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
+
+build: setup $(BUILD)/build.ninja
+	@echo "[build] compiling (ccache: $$(command -v ccache >/dev/null && echo on || echo off))"
+	ninja -C $(BUILD) -j$(JOBS)
+
+test: build
+	@$(MAKE) --no-print-directory test-cpp test-python
+
+test-cpp:
+	@echo "[test] C++ unit tests (GoogleTest through CTest)"
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 300
+
+test-python:
+	@echo "[test] integration tests: real server and worker processes on loopback"
+	$(PYTHON) -m pytest -q tests
+
+demo: build
+	$(PYTHON) examples/mlp_data_parallel.py
+
+bench: build
+	bash bench/run_all.sh
+
+# The package as users get it: `pip install .` builds the C++ tree with
+# scikit-build-core and puts plexus-server, plexus-worker and `plexus` on PATH.
+install: setup
+	$(PYTHON) -m pip install .
+
+clean:
+	rm -rf $(BUILD) python/plexus/_core*.so
