@@ -60,7 +60,7 @@ class DataParallelMLP:
         dh_pre = k.relu_grad(h_pre, dh)
         grads["w1"] = k.matmul(x, dh_pre, transpose_a=1)  # partial
         grads["b1"] = k.reduce_sum(dh_pre, axis=0)        # partial
-        # Sum the partial gradients over the devices of both hosts.
+        # Sum the partial gradients over every device of the slice.
         grads = {n: k.all_reduce(g) for n, g in grads.items()}  # replicated
         new = {n: k.sgd_update(params[n], grads[n], lr=self.lr)
                for n in PARAM_NAMES}
