@@ -25,8 +25,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
 
   ~ServerImpl() override {
     Shutdown();
+    // Sessions were cancelled by Shutdown(); give in-flight unary calls a
+    // moment, then cancel whatever is left.
     if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(
-        absl::Now() + absl::Seconds(2)));
+        absl::Now() + absl::Milliseconds(100)));
     if (liveness_.joinable()) liveness_.join();
   }
 
@@ -352,7 +354,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
     if (w == nullptr || !w->alive) return;
     std::string message = absl::StrCat(reason, " [host ", w->info.host_name(),
                                        ", pid ", w->info.pid(), "]");
-    SPDLOG_WARN("{}", message);
+    if (shutdown_) {
+      SPDLOG_INFO("{}", message);  // expected: the cluster is going down
+    } else {
+      SPDLOG_WARN("{}", message);
+    }
     std::set<uint64_t> clients = state_.MarkWorkerDown(id, message);
     proto::WorkerOp down;
     down.mutable_peer_down()->set_worker_id(id);

@@ -160,7 +160,7 @@ absl::StatusOr<std::shared_ptr<Storage>> ObjectStore::Allocate(int device,
                                                                int64_t bytes) {
   absl::Status s = Reserve(device, bytes);
   if (!s.ok()) return s;
-  auto storage = Storage::Allocate(bytes);
+  auto storage = Storage::AllocateForWrite(bytes);
   if (!storage.ok()) Unreserve(device, bytes);
   return storage;
 }

@@ -8,6 +8,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+
+#include "absl/synchronization/mutex.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +40,78 @@ absl::StatusOr<void*> MapShared(int fd, size_t bytes) {
 }
 
 }  // namespace
+
+// Freed memfd blocks that never left this process, by size, for reuse.
+class StorageCache {
+ public:
+  static StorageCache& Get() {
+    static StorageCache* cache = new StorageCache();
+    return *cache;
+  }
+  Storage* Take(size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    auto it = blocks_.find(bytes);
+    if (it == blocks_.end()) return nullptr;
+    Storage* s = it->second;
+    blocks_.erase(it);
+    cached_ -= bytes;
+    return s;
+  }
+  // Keeps `s` if it fits under the cap; otherwise the caller frees it.
+  bool Put(Storage* s) {
+    absl::MutexLock lock(&mu_);
+    if (s->size_ > limit_) return false;
+    while (cached_ + s->size_ > limit_ && !blocks_.empty()) {
+      auto victim = blocks_.begin();  // any block: sizes repeat in practice
+      cached_ -= victim->first;
+      Storage* v = victim->second;
+      blocks_.erase(victim);
+      delete v;
+    }
+    blocks_.emplace(s->size_, s);
+    cached_ += s->size_;
+    return true;
+  }
+  size_t cached() {
+    absl::MutexLock lock(&mu_);
+    return cached_;
+  }
+  void set_limit(size_t limit) {
+    absl::MutexLock lock(&mu_);
+    limit_ = limit;
+  }
+
+ private:
+  StorageCache() {
+    const char* env = std::getenv("PLEXUS_STORAGE_CACHE_MIB");
+    limit_ = (env ? std::strtoull(env, nullptr, 10) : 512) << 20;
+  }
+  absl::Mutex mu_;
+  std::multimap<size_t, Storage*> blocks_ ABSL_GUARDED_BY(mu_);
+  size_t cached_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t limit_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+void Storage::Recycle(Storage* storage) {
+  if (storage->mapped_ && storage->fd_ >= 0 && !storage->exported_ &&
+      StorageCache::Get().Put(storage)) {
+    return;
+  }
+  delete storage;
+}
+
+size_t Storage::CachedBytes() { return StorageCache::Get().cached(); }
+void Storage::SetCacheLimit(size_t bytes) { StorageCache::Get().set_limit(bytes); }
+
+absl::StatusOr<std::shared_ptr<Storage>> Storage::AllocateForWrite(
+    size_t bytes) {
+  if (bytes >= kShmThreshold) {
+    if (Storage* s = StorageCache::Get().Take(bytes)) {
+      return std::shared_ptr<Storage>(s, &Storage::Recycle);
+    }
+  }
+  return Allocate(bytes);
+}
 
 absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t bytes,
                                                            bool force_shm) {
@@ -70,7 +145,8 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t bytes,
     return data.status();
   }
   // The kernel hands out zero-filled pages.
-  return std::shared_ptr<Storage>(new Storage(*data, bytes, fd, true));
+  return std::shared_ptr<Storage>(new Storage(*data, bytes, fd, true),
+                                  &Storage::Recycle);
 }
 
 absl::StatusOr<std::shared_ptr<Storage>> Storage::FromFd(int fd, size_t bytes) {
@@ -102,7 +178,9 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::FromFd(int fd, size_t bytes) {
     close(fd);
     return data.status();
   }
-  return std::shared_ptr<Storage>(new Storage(*data, bytes, fd, true));
+  auto received = std::shared_ptr<Storage>(new Storage(*data, bytes, fd, true));
+  received->exported_ = true;  // the sender still maps it
+  return received;
 }
 
 Storage::~Storage() {

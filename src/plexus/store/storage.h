@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -25,6 +26,16 @@ class Storage {
   // `force_shm`).
   static absl::StatusOr<std::shared_ptr<Storage>> Allocate(
       size_t bytes, bool force_shm = false);
+  // A block whose contents the caller overwrites entirely: a kernel output,
+  // an incoming transfer. memfd blocks come from a per-process cache of
+  // blocks freed earlier, when one of that size is there (mapping fresh
+  // shared memory costs more than copying it on these machines).
+  static absl::StatusOr<std::shared_ptr<Storage>> AllocateForWrite(
+      size_t bytes);
+  // Bytes kept for reuse by AllocateForWrite, and the cap (default 512 MiB,
+  // PLEXUS_STORAGE_CACHE_MIB overrides).
+  static size_t CachedBytes();
+  static void SetCacheLimit(size_t bytes);
   // Maps a memfd received from another process. Takes ownership of `fd`,
   // also on error; it stays open (so the block can be sent on) until the
   // Storage is destroyed. Errors if the file is shorter than `bytes` or is
@@ -38,17 +49,26 @@ class Storage {
   void* data() { return data_; }
   const void* data() const { return data_; }
   size_t size() const { return size_; }
-  // A descriptor to hand to another process, or -1 for heap blocks.
-  int fd() const { return fd_; }
+  // A descriptor to hand to another process, or -1 for heap blocks. Asking
+  // for it marks the block shared: it is never recycled, since the other
+  // process may still read it.
+  int fd() const {
+    exported_ = true;
+    return fd_;
+  }
   bool shared() const { return fd_ >= 0; }
 
  private:
   Storage(void* data, size_t size, int fd, bool mapped)
       : data_(data), size_(size), fd_(fd), mapped_(mapped) {}
+  friend class StorageCache;
+  static void Recycle(Storage* storage);  // shared_ptr deleter
+
   void* data_;
   size_t size_;
   int fd_;       // memfd kept open so it can be sent again; -1 for heap
   bool mapped_;  // munmap vs free
+  mutable std::atomic<bool> exported_{false};  // another process has it
 };
 
 }  // namespace plexus

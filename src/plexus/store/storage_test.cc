@@ -102,3 +102,30 @@ TEST(StorageTest, FromFdNamesTheFailingSyscall) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+TEST(StorageCacheTest, FreedPrivateBlockIsReusedAndSharedBlockIsNot) {
+  constexpr size_t kBytes = Storage::kShmThreshold * 3;
+  Storage::SetCacheLimit(64 << 20);
+  const size_t before = Storage::CachedBytes();
+  const void* first_data = nullptr;
+  {
+    auto block = Storage::AllocateForWrite(kBytes);
+    ASSERT_TRUE(block.ok());
+    first_data = (*block)->data();
+  }
+  EXPECT_EQ(Storage::CachedBytes(), before + kBytes);
+  {
+    auto again = Storage::AllocateForWrite(kBytes);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ((*again)->data(), first_data);  // the same mapping, reused
+    EXPECT_EQ(Storage::CachedBytes(), before);
+    (void)(*again)->fd();  // handed to another process: never recycled
+  }
+  EXPECT_EQ(Storage::CachedBytes(), before);
+}
+
+}  // namespace
+}  // namespace plexus

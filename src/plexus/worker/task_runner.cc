@@ -122,7 +122,7 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
   absl::Status reserve = store_->Reserve(device, bytes);
   if (!reserve.ok()) return reserve;
   *reserved_bytes += bytes;
-  auto assembled = Storage::Allocate(bytes);
+  auto assembled = Storage::AllocateForWrite(bytes);
   if (!assembled.ok()) return assembled.status();
   const int axis = binding.axis();
   const size_t elem = DTypeSize(local->dtype);
@@ -154,6 +154,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   std::vector<std::shared_ptr<Storage>> outputs;
   int64_t scratch_bytes = 0;
   int64_t output_bytes = 0;
+  std::vector<bool> aliased;
 
   std::unique_ptr<ShardCollectives> shard_collectives;
   auto run = [&]() -> absl::Status {
@@ -168,14 +169,29 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     for (const ArgSpec& in : program->inputs) {
       ctx.input_shardings.push_back(in.sharding);
     }
+    std::vector<std::shared_ptr<const Storage>> input_storage;
     for (int i = 0; i < task.inputs_size(); ++i) {
       auto input = BindInput(task.inputs(i), device, &keep, &scratch_bytes);
       if (!input.ok()) return input.status();  // upstream error, intact
       ctx.inputs.push_back(*input);
+      input_storage.push_back(keep.back());
     }
-    for (const ArgSpec& out : program->outputs) {
-      auto local = out.Local(exec.num_shards());
+    bool all_aliased = !program->outputs.empty();
+    for (size_t o = 0; o < program->outputs.size(); ++o) {
+      auto local = program->outputs[o].Local(exec.num_shards());
       if (!local.ok()) return local.status();
+      const int alias = program->kernel->AliasedInput(static_cast<int>(o));
+      if (alias >= 0 && alias < static_cast<int>(ctx.inputs.size()) &&
+          ctx.inputs[alias].spec == *local) {
+        // Immutable buffers: the output is the input's buffer, no copy.
+        auto shared = std::const_pointer_cast<Storage>(input_storage[alias]);
+        ctx.outputs.push_back({*local, shared->data()});
+        outputs.push_back(std::move(shared));
+        aliased.push_back(true);
+        continue;
+      }
+      all_aliased = false;
+      aliased.push_back(false);
       auto storage = store_->Allocate(device, local->byte_size());
       if (!storage.ok()) return storage.status();
       output_bytes += local->byte_size();
@@ -188,6 +204,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
                                              task.shard());
       ctx.collectives = shard_collectives.get();
     }
+    if (all_aliased) return absl::OkStatus();
     absl::Status s = program->kernel->Run(ctx);
     if (!s.ok()) {
       return absl::Status(
@@ -209,8 +226,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   }
   if (status.ok()) {
     for (int o = 0; o < exec.output_ids_size(); ++o) {
+      // An aliased output is charged again: a conservative budget.
       store_->Fulfil({exec.output_ids(o), task.shard()}, std::move(outputs[o]),
-                     device, /*reserved=*/true);
+                     device, /*reserved=*/!aliased[o]);
     }
     calls_executed_++;
   } else {

@@ -136,7 +136,7 @@ void WorkerImpl::ReaderLoop() {
   if (!done_) {
     done_ = true;
     end_status_ = absl::UnavailableError("the server closed the session");
-    SPDLOG_WARN("server session ended; shutting down");
+    SPDLOG_INFO("server session ended; shutting down");
   }
   wake_writer_.SignalAll();
 }
@@ -276,7 +276,7 @@ void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
 
 absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::AllocateIncoming(
     const transport::ShardKey& key, size_t bytes, bool from_client) {
-  return Storage::Allocate(bytes);
+  return Storage::AllocateForWrite(bytes);
 }
 
 absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,

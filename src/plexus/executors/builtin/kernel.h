@@ -77,6 +77,10 @@ class Kernel {
   // Runs one shard. Errors become the message of the call's futures.
   virtual absl::Status Run(const KernelContext& ctx) const = 0;
   virtual bool is_collective() const { return false; }
+  // Output `output` equals input AliasedInput(output) bit for bit, or -1.
+  // Buffers are immutable, so the runtime may hand out the input's buffer
+  // as the output; when every output is aliased it skips Run altogether.
+  virtual int AliasedInput(int output) const { return -1; }
 };
 
 class KernelRegistry {

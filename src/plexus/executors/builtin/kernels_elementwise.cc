@@ -85,6 +85,7 @@ absl::StatusOr<double> NoParam(const Attrs&) { return 0.0; }
 
 struct AddOp {
   static constexpr char kName[] = "add";
+  static constexpr bool kIdentity = false;
   static constexpr bool kFloatOnly = false;
   static constexpr bool kPartialOk = true;
   static constexpr const char* kPartialAdvice = "";
@@ -97,6 +98,7 @@ struct AddOp {
 
 struct MulOp {
   static constexpr char kName[] = "mul";
+  static constexpr bool kIdentity = false;
   static constexpr bool kFloatOnly = false;
   static constexpr bool kPartialOk = false;
   static constexpr const char* kPartialAdvice = kNotLinear;
@@ -110,6 +112,7 @@ struct MulOp {
 // relu_grad(x, dy) = dy where x > 0, else 0.
 struct ReluGradOp {
   static constexpr char kName[] = "relu_grad";
+  static constexpr bool kIdentity = false;
   static constexpr bool kFloatOnly = true;
   static constexpr bool kPartialOk = false;
   static constexpr const char* kPartialAdvice = kNotLinear;
@@ -123,6 +126,7 @@ struct ReluGradOp {
 // sgd_update(param, grad) = param - lr * grad.
 struct SgdUpdateOp {
   static constexpr char kName[] = "sgd_update";
+  static constexpr bool kIdentity = false;
   static constexpr bool kFloatOnly = true;
   static constexpr bool kPartialOk = false;
   static constexpr const char* kPartialAdvice =
@@ -155,6 +159,10 @@ class UnaryKernel : public Kernel {
     return std::vector<ArgSpec>{inputs[0]};
   }
 
+  int AliasedInput(int output) const override {
+    return Op::kIdentity && output == 0 ? 0 : -1;
+  }
+
   absl::Status Run(const KernelContext& ctx) const override {
     if (auto s = CheckRunArity(ctx, Op::kName, 1, 1); !s.ok()) return s;
     if (auto s = CheckSpecsMatchOutput(ctx); !s.ok()) return s;
@@ -176,6 +184,7 @@ class UnaryKernel : public Kernel {
 
 struct ScaleOp {
   static constexpr char kName[] = "scale";
+  static constexpr bool kIdentity = false;
   static constexpr bool kFloatOnly = false;
   static constexpr bool kPartialOk = true;
   static absl::StatusOr<double> Param(const Attrs& a) {
@@ -189,6 +198,7 @@ struct ScaleOp {
 
 struct IdentityOp {
   static constexpr char kName[] = "identity";
+  static constexpr bool kIdentity = true;
   static constexpr bool kFloatOnly = false;
   static constexpr bool kPartialOk = true;
   static absl::StatusOr<double> Param(const Attrs& a) { return NoParam(a); }
@@ -200,6 +210,7 @@ struct IdentityOp {
 
 struct ReluOp {
   static constexpr char kName[] = "relu";
+  static constexpr bool kIdentity = false;
   static constexpr bool kFloatOnly = true;
   static constexpr bool kPartialOk = false;
   static absl::StatusOr<double> Param(const Attrs& a) { return NoParam(a); }
