@@ -37,7 +37,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "embedded_cluster.h"
+#include "plexus/client/embedded_cluster.h"
 #include "measure.h"
 #include "nlohmann/json.hpp"
 #include "plexus/client/client.h"

@@ -31,7 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "embedded_cluster.h"
+#include "plexus/client/embedded_cluster.h"
 #include "measure.h"
 #include "nlohmann/json.hpp"
 #include "plexus/client/client.h"

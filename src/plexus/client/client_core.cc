@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/common/file_limit.h"
 #include "plexus/common/logging.h"
 
 namespace plexus {
@@ -27,6 +28,7 @@ ClientCore::~ClientCore() { Close(); }
 
 absl::Status ClientCore::Init(const std::string& address) {
   machine_id_ = LocalMachineId();
+  RaiseOpenFileLimit();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   channel_ = grpc::CreateCustomChannel(

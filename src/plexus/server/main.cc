@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "plexus/common/file_limit.h"
 #include "plexus/common/logging.h"
 #include "plexus/server/local_workers.h"
 #include "plexus/server/server.h"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  plexus::RaiseOpenFileLimit();
   plexus::InitLogging("server", log_level);
   options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
   sigset_t signals;

@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "plexus/common/file_limit.h"
 #include "plexus/common/logging.h"
 #include "plexus/worker/worker.h"
 
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  plexus::RaiseOpenFileLimit();
   options.device_memory = static_cast<int64_t>(memory_mib * (1 << 20));
   options.shared_memory = !no_shm;
   plexus::InitLogging(

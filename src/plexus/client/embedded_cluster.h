@@ -1,4 +1,5 @@
-// EmbeddedCluster: a whole Plexus cluster on this machine for a benchmark.
+// EmbeddedCluster: a whole Plexus cluster on this machine, for C++ programs,
+// tests and benchmarks (plexus.local() is the Python equivalent).
 // It runs `plexus-server --local-workers H` (found next to the running
 // binary) as a child process in a process group of its own; the server
 // starts the worker processes. The server dies with this process
@@ -17,7 +18,7 @@
 #include "absl/time/time.h"
 #include "plexus/proto/plexus.pb.h"
 
-namespace plexus::bench {
+namespace plexus {
 
 struct EmbeddedClusterOptions {
   int hosts = 1;
@@ -62,4 +63,4 @@ class EmbeddedCluster {
 // The file `name` in the directory of the running executable.
 std::string SiblingPath(const std::string& name);
 
-}  // namespace plexus::bench
+}  // namespace plexus

@@ -1,4 +1,4 @@
-#include "embedded_cluster.h"
+#include "plexus/client/embedded_cluster.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "plexus/client/client.h"
 
-namespace plexus::bench {
+namespace plexus {
 namespace {
 
 std::string ReadFile(const std::string& path) {
@@ -182,4 +182,4 @@ std::string EmbeddedCluster::LogTail() const {
   return log;
 }
 
-}  // namespace plexus::bench
+}  // namespace plexus

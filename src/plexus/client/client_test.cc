@@ -1,0 +1,117 @@
+// The C++ client against a real embedded cluster: a plexus-server process
+// with two plexus-worker processes, on loopback.
+#include "plexus/client/client.h"
+
+#include <limits>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "plexus/client/embedded_cluster.h"
+
+namespace plexus {
+namespace {
+
+class ClientTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    EmbeddedClusterOptions options;
+    options.hosts = 2;
+    options.devices_per_host = 2;
+    auto cluster = EmbeddedCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = cluster->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  void SetUp() override {
+    auto client = Client::Connect(cluster_->address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+
+  static EmbeddedCluster* cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+EmbeddedCluster* ClientTest::cluster_ = nullptr;
+
+TEST_F(ClientTest, SplitPutScaleAndFetchOverTwoHosts) {
+  auto slice = client_->CreateSlice({.num_devices = 4});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  EXPECT_EQ((*slice)->num_hosts(), 2);
+  ArgSpec arg{{DType::kF32, {8}}, Sharding::Split(0)};
+  std::vector<float> x = {0, 1, 2, 3, 4, 5, 6, 7};
+  auto fx = client_->Put(*slice, x.data(), arg);
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  auto scale = client_->Compile(*slice, "triple", "scale", {{"factor", 3.0}},
+                                {arg});
+  ASSERT_TRUE(scale.ok()) << scale.status();
+  auto out = client_->Call(**scale, {*fx});
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<float> y(8);
+  ASSERT_TRUE(client_->Fetch((*out)[0], y.data()).ok());
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(y[i], 3 * i);
+}
+
+TEST_F(ClientTest, GraphOfChainedCallsMatchesTheLoop) {
+  auto slice = client_->CreateSlice({.num_devices = 2});
+  ASSERT_TRUE(slice.ok());
+  ArgSpec arg{{DType::kF64, {4}}, Sharding::Replicated()};
+  std::vector<double> x = {1, 2, 3, 4};
+  auto f = client_->Put(*slice, x.data(), arg);
+  ASSERT_TRUE(f.ok());
+  auto add = client_->Compile(*slice, "add", "add", {}, {arg, arg});
+  ASSERT_TRUE(add.ok());
+  Graph graph = client_->NewGraph();
+  Future acc = *f;
+  for (int i = 0; i < 100; ++i) acc = (*graph.Call(**add, {acc, *f}))[0];
+  ASSERT_TRUE(graph.Submit().ok());
+  std::vector<double> y(4);
+  ASSERT_TRUE(client_->Fetch(acc, y.data()).ok());
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(y[i], 101 * x[i]);
+}
+
+TEST_F(ClientTest, MismatchedArgumentFailsAtCallTimeNamingBothSpecs) {
+  auto slice = client_->CreateSlice({.num_devices = 1});
+  ASSERT_TRUE(slice.ok());
+  ArgSpec want{{DType::kF32, {4}}, Sharding::Replicated()};
+  ArgSpec got{{DType::kF32, {3}}, Sharding::Replicated()};
+  std::vector<float> x(3, 1.0f);
+  auto f = client_->Put(*slice, x.data(), got);
+  ASSERT_TRUE(f.ok());
+  auto relu = client_->Compile(*slice, "act", "relu", {}, {want});
+  ASSERT_TRUE(relu.ok());
+  auto out = client_->Call(**relu, {*f});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().message(),
+            "program 'act' argument 0 has float32[3] replicated but the "
+            "program was compiled for float32[4] replicated");
+}
+
+TEST_F(ClientTest, KernelFailureReachesTheFutureAndWorkersKeepServing) {
+  auto slice = client_->CreateSlice({.num_devices = 2});
+  ASSERT_TRUE(slice.ok());
+  ArgSpec arg{{DType::kF32, {2}}, Sharding::Replicated()};
+  std::vector<float> bad = {1.0f, std::numeric_limits<float>::infinity()};
+  auto f = client_->Put(*slice, bad.data(), arg);
+  ASSERT_TRUE(f.ok());
+  auto check = client_->Compile(*slice, "check", "assert_finite", {}, {arg});
+  ASSERT_TRUE(check.ok());
+  auto out = client_->Call(**check, {*f});
+  ASSERT_TRUE(out.ok());
+  absl::Status waited = client_->Wait((*out)[0]);
+  EXPECT_NE(waited.message().find("non-finite value inf at index 1"),
+            std::string::npos)
+      << waited;
+  std::vector<float> good = {1.0f, 2.0f};
+  auto g = client_->Put(*slice, good.data(), arg);
+  ASSERT_TRUE(g.ok());
+  auto ok = client_->Call(**check, {*g});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(client_->Wait((*ok)[0]).ok());
+}
+
+}  // namespace
+}  // namespace plexus
