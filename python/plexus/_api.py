@@ -341,13 +341,15 @@ class Client:
         return False
 
 
-def connect(address=None, name="python", shared_memory=True):
+def connect(address=None, name="python", shared_memory=True,
+            sequential_dispatch=False):
     """Connects to a Plexus server (default: $PLEXUS_ADDRESS, or the cluster
     started by `plexus up`)."""
     if address is None:
         from .cli import current_address
         address = current_address()
-    return Client(_core.Client.connect(address, name, shared_memory))
+    return Client(_core.Client.connect(address, name, shared_memory,
+                                       sequential_dispatch))
 
 
 def _int64_fields(obj):

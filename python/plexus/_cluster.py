@@ -105,9 +105,14 @@ class LocalCluster:
     def worker_pids(self):
         return [int(w["pid"]) for w in self.status()["workers"] if w["alive"]]
 
-    def connect(self, name="python", shared_memory=True):
+    def connect(self, name="python", shared_memory=True,
+                sequential_dispatch=False):
+        """A new client of this cluster. sequential_dispatch=True sends each
+        call only once its inputs are computed (for comparison with the
+        default parallel asynchronous dispatch)."""
         from ._api import Client
-        client = Client(_core.Client.connect(self.address, name, shared_memory))
+        client = Client(_core.Client.connect(self.address, name, shared_memory,
+                                             sequential_dispatch))
         self._clients.append(client)
         return client
 

@@ -102,7 +102,9 @@ absl::StatusOr<std::vector<Future>> BuildCall(
 
 absl::StatusOr<std::vector<Future>> Graph::Call(
     const Program& program, const std::vector<Future>& inputs) {
+  const size_t before = ops_.size();
   auto outputs = BuildCall(core_, program, inputs, &ops_);
+  if (ops_.size() > before) op_inputs_.push_back(inputs);
   if (outputs.ok()) {
     keep_.insert(keep_.end(), inputs.begin(), inputs.end());
     keep_.insert(keep_.end(), outputs->begin(), outputs->end());
@@ -112,8 +114,18 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
 
 absl::Status Graph::Submit() {
   if (core_->closed()) return absl::FailedPreconditionError("client closed");
-  core_->Enqueue(std::move(ops_));
+  if (core_->options().sequential_dispatch) {
+    for (size_t i = 0; i < ops_.size(); ++i) {
+      core_->AwaitInputs(op_inputs_[i]);
+      std::vector<proto::ClientOp> one;
+      one.push_back(std::move(ops_[i]));
+      core_->Enqueue(std::move(one));
+    }
+  } else {
+    core_->Enqueue(std::move(ops_));
+  }
   ops_.clear();
+  op_inputs_.clear();
   keep_.clear();  // releases now queue after the calls
   return absl::OkStatus();
 }
@@ -219,7 +231,10 @@ absl::StatusOr<std::vector<Future>> Client::Call(
     const Program& program, const std::vector<Future>& inputs) {
   std::vector<proto::ClientOp> ops;
   auto outputs = BuildCall(core_, program, inputs, &ops);
-  if (outputs.ok() && !ops.empty()) core_->Enqueue(std::move(ops));
+  if (outputs.ok() && !ops.empty()) {
+    if (core_->options().sequential_dispatch) core_->AwaitInputs(inputs);
+    core_->Enqueue(std::move(ops));
+  }
   return outputs;
 }
 

@@ -115,6 +115,7 @@ class Graph {
  private:
   std::shared_ptr<ClientCore> core_;
   std::vector<proto::ClientOp> ops_;
+  std::vector<std::vector<Future>> op_inputs_;  // per op, for sequential
   // Every future the recorded calls read or write, held until Submit: a
   // future dropped while recording must not be released before the calls
   // that use it reach the server.
@@ -125,6 +126,11 @@ struct ClientOptions {
   std::string name = "client";
   // Use shared memory with workers on this machine for put and fetch.
   bool shared_memory = true;
+  // Sequential dispatch, for comparison: a call is sent only once every
+  // input it reads is computed (one round trip per dependent call). The
+  // default, parallel asynchronous dispatch, sends calls at once and lets
+  // the workers arrange inputs before they exist.
+  bool sequential_dispatch = false;
 };
 
 struct ClientCounters {

@@ -61,6 +61,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::atomic<int64_t> bytes_fetched{0};
   std::atomic<int64_t> live_futures{0};
   bool closed() const;
+  const ClientOptions& options() const { return options_; }
+  // Sequential dispatch: blocks until every input is computed (or failed).
+  void AwaitInputs(const std::vector<Future>& inputs);
 
  private:
   void SenderLoop();

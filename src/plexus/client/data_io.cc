@@ -187,6 +187,19 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
   return absl::OkStatus();
 }
 
+void ClientCore::AwaitInputs(const std::vector<Future>& inputs) {
+  for (const Future& in : inputs) {
+    const proto::SliceInfo& info = in.slice()->info();
+    for (int j = 0; j < info.devices_size(); ++j) {
+      // A failed input is not waited on again: the call will fail with it.
+      (void)WithConnection(*this, info.devices(j),
+                           [&](transport::DataPlaneConnection& conn) {
+                             return conn.Wait({in.buffer_id(), j});
+                           });
+    }
+  }
+}
+
 absl::Status Client::Wait(const Future& future) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   absl::Status failed = core_->BufferStatus(future.buffer_id());

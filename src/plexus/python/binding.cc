@@ -222,10 +222,11 @@ PYBIND11_MODULE(_core, m) {
       .def_static(
           "connect",
           [](const std::string& address, const std::string& name,
-             bool shared_memory) {
+             bool shared_memory, bool sequential_dispatch) {
             ClientOptions options;
             options.name = name;
             options.shared_memory = shared_memory;
+            options.sequential_dispatch = sequential_dispatch;
             absl::StatusOr<std::unique_ptr<Client>> c;
             {
               py::gil_scoped_release release;
@@ -234,7 +235,8 @@ PYBIND11_MODULE(_core, m) {
             return Unwrap(std::move(c));
           },
           py::arg("address"), py::arg("name") = "python",
-          py::arg("shared_memory") = true)
+          py::arg("shared_memory") = true,
+          py::arg("sequential_dispatch") = false)
       .def_property_readonly("client_id", &Client::client_id)
       .def(
           "slice",

@@ -16,6 +16,7 @@ WorkerRecord& ClusterState::AddWorker(const proto::RegisterWorker& info,
   w.id = id;
   w.info = info;
   w.last_heartbeat = now;
+  w.device_load.assign(info.devices_size(), 0);
   return w;
 }
 
@@ -63,9 +64,14 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   for (uint64_t sid : c->slices) {
     auto it = slices_.find(sid);
     if (it == slices_.end()) continue;
+    std::set<int64_t> hosts;
     for (const DeviceRef& d : it->second.devices) {
       touched.insert(d.worker_id);
-      if (WorkerRecord* w = FindWorker(d.worker_id)) w->slices_mapped--;
+      hosts.insert(d.worker_id);
+      if (WorkerRecord* w = FindWorker(d.worker_id)) w->device_load[d.device]--;
+    }
+    for (int64_t h : hosts) {
+      if (WorkerRecord* w = FindWorker(h)) w->slices_mapped--;
     }
     slices_.erase(it);
   }
@@ -76,6 +82,18 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   }
   return touched;
 }
+
+namespace {
+// The worker's devices, least loaded first (ties by index).
+std::vector<int> LeastLoaded(const WorkerRecord& w) {
+  std::vector<int> order(w.info.devices_size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return w.device_load[a] < w.device_load[b];
+  });
+  return order;
+}
+}  // namespace
 
 absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
     uint64_t client_id, const proto::SliceRequest& req) {
@@ -130,7 +148,13 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
   if (req.placement() == proto::PLACEMENT_ONE_HOST) {
     for (WorkerRecord* w : alive) {
       if (w->info.devices_size() >= n) {
-        for (int d = 0; d < n; ++d) chosen.push_back({w->id, d});
+        for (int d : LeastLoaded(*w)) {
+          if (static_cast<int>(chosen.size()) < n) chosen.push_back({w->id, d});
+        }
+        std::sort(chosen.begin(), chosen.end(),
+                  [](const DeviceRef& a, const DeviceRef& b) {
+                    return a.device < b.device;
+                  });
         break;
       }
     }
@@ -147,18 +171,22 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
     // Spread (and the default): deal devices to hosts round robin, so a
     // slice of H devices on H hosts has one per host.
     std::vector<int> next(alive.size(), 0);
+    std::vector<std::vector<int>> order;
+    for (WorkerRecord* w : alive) order.push_back(LeastLoaded(*w));
     while (static_cast<int>(chosen.size()) < n) {
       for (size_t h = 0; h < alive.size() && static_cast<int>(chosen.size()) < n;
            ++h) {
         if (next[h] < alive[h]->info.devices_size()) {
-          chosen.push_back({alive[h]->id, next[h]++});
+          chosen.push_back({alive[h]->id, order[h][next[h]++]});
         }
       }
     }
     // Shards are ordered host by host, so neighbours share a host.
     std::stable_sort(chosen.begin(), chosen.end(),
                      [](const DeviceRef& a, const DeviceRef& b) {
-                       return a.worker_id < b.worker_id;
+                       return a.worker_id < b.worker_id ||
+                              (a.worker_id == b.worker_id &&
+                               a.device < b.device);
                      });
   }
   SliceRecord& slice = slices_[next_slice_id_];
@@ -170,6 +198,7 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
   std::set<int64_t> hosts;
   for (const DeviceRef& d : chosen) hosts.insert(d.worker_id);
   for (int64_t h : hosts) workers_[h].slices_mapped++;
+  for (const DeviceRef& d : chosen) workers_[d.worker_id].device_load[d.device]++;
   client->slices.insert(slice.id);
   return DescribeSlice(slice);
 }
@@ -200,7 +229,10 @@ absl::Status ClusterState::ReleaseSlice(uint64_t client_id, uint64_t slice_id) {
         absl::StrCat("slice ", slice_id, " is not held by this client"));
   }
   std::set<int64_t> hosts;
-  for (const DeviceRef& d : it->second.devices) hosts.insert(d.worker_id);
+  for (const DeviceRef& d : it->second.devices) {
+    hosts.insert(d.worker_id);
+    workers_[d.worker_id].device_load[d.device]--;
+  }
   for (int64_t h : hosts) workers_[h].slices_mapped--;
   slices_.erase(it);
   if (ClientRecord* c = FindClient(client_id)) c->slices.erase(slice_id);

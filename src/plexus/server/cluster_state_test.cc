@@ -59,6 +59,15 @@ TEST_F(ClusterStateTest, OneHostPlacementStaysOnOneHost) {
   EXPECT_EQ(s.devices(0).worker_id(), s.devices(1).worker_id());
 }
 
+TEST_F(ClusterStateTest, SmallSlicesFillTheLeastLoadedDevices) {
+  std::set<std::pair<int64_t, int>> used;
+  for (int i = 0; i < 4; ++i) {
+    proto::SliceInfo s = Slice(1, proto::PLACEMENT_ONE_HOST);
+    used.insert({s.devices(0).worker_id(), s.devices(0).device()});
+  }
+  EXPECT_EQ(used.size(), 4u);  // every device of both hosts, none twice
+}
+
 TEST_F(ClusterStateTest, TooLargeSliceNamesTheClusterSize) {
   proto::SliceRequest req;
   req.set_num_devices(5);

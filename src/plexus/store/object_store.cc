@@ -13,7 +13,8 @@ std::string KeyString(const BufferKey& key) {
 ObjectStore::ObjectStore(Options options)
     : options_(std::move(options)),
       capacity_(options_.device_memory),
-      used_(capacity_.size(), 0) {}
+      used_(capacity_.size(), 0),
+      peak_(capacity_.size(), 0) {}
 
 ObjectStore::~ObjectStore() { Shutdown(); }
 
@@ -146,7 +147,7 @@ absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
     }
   }
   if (shutdown_) return absl::CancelledError("object store shut down");
-  used_[device] += bytes;
+  ChargeLocked(device, bytes);
   return absl::OkStatus();
 }
 
@@ -197,7 +198,7 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
       return;
     }
     int charge_device = e.device >= 0 ? e.device : device;
-    if (!reserved && charge_device >= 0) used_[charge_device] += bytes;
+    if (!reserved && charge_device >= 0) ChargeLocked(charge_device, bytes);
     if (charge_device >= 0) e.charged = bytes;
     e.state = Entry::State::kReady;
     e.data = std::move(data);
@@ -292,6 +293,7 @@ ObjectStoreStats ObjectStore::Stats() const {
   ObjectStoreStats stats;
   stats.live_shards = static_cast<int64_t>(entries_.size());
   stats.device_bytes = used_;
+  stats.device_peak_bytes = peak_;
   for (int64_t b : used_) stats.live_bytes += b;
   return stats;
 }

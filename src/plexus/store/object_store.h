@@ -56,6 +56,7 @@ struct ObjectStoreStats {
   int64_t live_shards = 0;
   int64_t live_bytes = 0;
   std::vector<int64_t> device_bytes;
+  std::vector<int64_t> device_peak_bytes;  // high-water mark since start
 };
 
 class ObjectStore {
@@ -161,6 +162,12 @@ class ObjectStore {
   absl::flat_hash_map<uint64_t, std::vector<int32_t>> shards_
       ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> used_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> peak_ ABSL_GUARDED_BY(mu_);
+  void ChargeLocked(int device, int64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    used_[device] += bytes;
+    if (used_[device] > peak_[device]) peak_[device] = used_[device];
+  }
   // Buffers whose calls were rejected: their shards fail on sight.
   absl::flat_hash_map<uint64_t, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

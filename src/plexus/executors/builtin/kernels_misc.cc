@@ -2,6 +2,7 @@
 // kernels for tests and benchmarks (assert_finite, busy_wait).
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
@@ -244,11 +245,28 @@ class BusyWaitKernel : public CopyingKernel {
   }
 };
 
+// device_sleep: holds its device for attribute `micros` microseconds without
+// using a CPU core (it sleeps), then copies its input. It stands for device
+// time on an accelerator — the host thread waits while the device computes —
+// so scheduling benchmarks measure the runtime, not CPU contention, on
+// machines with fewer cores than devices.
+class DeviceSleepKernel : public BusyWaitKernel {
+ public:
+  absl::Status Run(const KernelContext& ctx) const override {
+    if (auto s = CheckRunArity(ctx, "device_sleep", 1, 1); !s.ok()) return s;
+    auto micros = GetIntAttr(AttrsOf(ctx), "micros");
+    if (!micros.ok()) return micros.status();
+    std::this_thread::sleep_for(std::chrono::microseconds(*micros));
+    return internal::CopyInputToOutput(ctx);
+  }
+};
+
 const KernelRegistrar<FillKernel> kFill("fill");
 const KernelRegistrar<IotaKernel> kIota("iota");
 const KernelRegistrar<AllReduceKernel> kAllReduce("all_reduce");
 const KernelRegistrar<AssertFiniteKernel> kAssertFinite("assert_finite");
 const KernelRegistrar<BusyWaitKernel> kBusyWait("busy_wait");
+const KernelRegistrar<DeviceSleepKernel> kDeviceSleep("device_sleep");
 
 }  // namespace
 }  // namespace plexus::builtin
