@@ -36,7 +36,7 @@ class LocalCluster:
 
     def __init__(self, hosts=2, devices_per_host=1, device_memory_mib=1024,
                  shared_memory=True, log_level="warn", log_file=None,
-                 attached=True, heartbeat_timeout_ms=3000):
+                 attached=True, heartbeat_timeout_ms=3000, scheduler="gang"):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -50,6 +50,10 @@ class LocalCluster:
         self.log_file = log_file
         self.attached = attached
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        if scheduler not in ("gang", "none"):
+            raise ValueError(f"scheduler must be 'gang' or 'none' (test only), "
+                             f"not {scheduler!r}")
+        self.scheduler = scheduler
         self.address = None
         self.process = None
         self._tmp = None
@@ -66,6 +70,7 @@ class LocalCluster:
                "--devices-per-host", str(self.devices_per_host),
                "--device-memory-mib", str(self.device_memory_mib),
                "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms),
+               "--scheduler", self.scheduler,
                "--log-level", self.log_level]
         if not self.shared_memory:
             cmd.append("--no-shm")

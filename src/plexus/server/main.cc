@@ -39,8 +39,14 @@ int main(int argc, char** argv) {
                  "declare a silent worker down after this long");
   app.add_flag("--die-with-parent", die_with_parent,
                "exit when the parent process dies");
+  std::string scheduler = "gang";
+  app.add_option("--scheduler", scheduler,
+                 "gang (default), or none: TEST ONLY, islands order calls on "
+                 "their own and collectives can deadlock")
+      ->check(CLI::IsMember({"gang", "none"}));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
+  options.consistent_order = scheduler == "gang";
 
   if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
   plexus::RaiseOpenFileLimit();
@@ -53,6 +59,10 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  if (!options.consistent_order) {
+    SPDLOG_WARN("--scheduler=none: no consistent order across islands; "
+                "collectives may deadlock (test only)");
+  }
   auto server = plexus::Server::Start(options);
   if (!server.ok()) {
     SPDLOG_ERROR("cannot start: {}", server.status().ToString());

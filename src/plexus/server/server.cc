@@ -9,6 +9,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/server/cluster_state.h"
+#include "plexus/server/gang_scheduler.h"
 #include "plexus/server/out_queue.h"
 
 namespace plexus {
@@ -21,7 +22,10 @@ using ClientStream =
 
 class ServerImpl : public Server, public proto::Controller::Service {
  public:
-  explicit ServerImpl(const ServerOptions& options) : options_(options) {}
+  explicit ServerImpl(const ServerOptions& options)
+      : options_(options),
+        scheduler_(std::make_unique<FifoPolicy>(),
+                   {.consistent_order = options.consistent_order}) {}
 
   ~ServerImpl() override {
     Shutdown();
@@ -101,7 +105,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       WorkerRecord& w = state_.AddWorker(first.register_(),
                                          options_.clock->Now());
       id = w.id;
-      auto queue = std::make_shared<OutQueue<proto::WorkerOp>>(
+      auto queue = std::make_shared<WorkerQueue>(
           [stream, id](std::vector<proto::WorkerOp>& ops) {
             proto::ServerToWorker msg;
             msg.set_worker_id(id);
@@ -110,15 +114,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
           });
       // Tell the newcomer about everyone (itself included, so its first
       // message carries its id) and everyone about the newcomer.
-      proto::WorkerOp me = PeerOp(w);
       for (auto& [oid, other] : state_.workers()) {
-        if (!other.alive) continue;
-        queue->Push(PeerOp(other));
-        if (oid != id && worker_queues_.count(oid)) {
-          worker_queues_[oid]->Push(me);
-        }
+        if (other.alive) queue->Push(PeerOp(other));
       }
-      worker_queues_[id] = std::move(queue);
+      scheduler_.Broadcast(PeerOp(w));
+      scheduler_.AddWorker(id, std::move(queue));
       worker_contexts_[id] = ctx;
       SPDLOG_INFO("worker {} registered: host {}, {} device(s), pid {}", id,
                   first.register_().host_name(),
@@ -137,12 +137,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
     }
     WorkerDown(id, absl::StrCat("worker ", id, " lost its connection to the "
                                 "server (process exited or was killed)"));
-    std::shared_ptr<OutQueue<proto::WorkerOp>> queue;
+    std::shared_ptr<WorkerQueue> queue;
     {
       absl::MutexLock lock(&mu_);
-      queue = std::move(worker_queues_[id]);
-      queue->Close();
-      worker_queues_.erase(id);
+      queue = scheduler_.RemoveWorker(id);
+      if (queue) queue->Close();
       worker_contexts_.erase(id);
     }
     queue.reset();  // the last owner joins the writer
@@ -183,10 +182,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       std::set<int64_t> touched = state_.RemoveClient(id);
       proto::WorkerOp gone;
       gone.mutable_client_gone()->set_client_id(id);
-      for (int64_t w : touched) {
-        auto it = worker_queues_.find(w);
-        if (it != worker_queues_.end()) it->second->Push(gone);
-      }
+      for (int64_t w : touched) scheduler_.Send(w, gone);
       queue = std::move(client_queues_[id]);
       client_queues_.erase(id);
       client_contexts_.erase(id);
@@ -200,19 +196,18 @@ class ServerImpl : public Server, public proto::Controller::Service {
   void HandleClientBatch(uint64_t id, const proto::ClientToServer& msg,
                          OutQueue<proto::ServerToClient>* out) {
     // Back-pressure: wait until no worker queue is full before ordering more.
-    std::vector<std::shared_ptr<OutQueue<proto::WorkerOp>>> queues;
-    {
-      absl::MutexLock lock(&mu_);
-      for (auto& [w, q] : worker_queues_) queues.push_back(q);
-    }
-    for (auto& q : queues) q->WaitForRoom();  // a closed queue has room
-    queues.clear();
+    for (auto& q : scheduler_.Queues()) q->WaitForRoom();  // closed: room
 
     absl::MutexLock lock(&mu_);
     control_bytes_in_ += msg.ByteSizeLong();
-    WorkerOps ops;
+    // One unit per op, so the scheduler can keep (or, in the test-only
+    // bypass, break) the order of calls across islands.
+    std::vector<WorkerOps> units;
+    int calls = 0;
     proto::ServerToClient reply;
     for (const proto::ClientOp& op : msg.ops()) {
+      units.emplace_back();
+      WorkerOps& ops = units.back();
       switch (op.op_case()) {
         case proto::ClientOp::kSliceRequest: {
           auto slice = state_.CreateSlice(id, op.slice_request());
@@ -239,6 +234,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
           break;
         }
         case proto::ClientOp::kCall: {
+          calls++;
           absl::Status s = state_.RouteCall(id, op.call(), &ops);
           if (!s.ok()) {
             proto::CallError* e = reply.add_errors();
@@ -271,11 +267,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
           break;
       }
     }
-    for (auto& [w, list] : ops) {
-      auto it = worker_queues_.find(w);
-      if (it == worker_queues_.end()) continue;
-      for (auto& op : list) it->second->Push(std::move(op));
-    }
+    scheduler_.Submit(id, std::move(units), calls);
     if (reply.slices_size() || reply.errors_size()) out->Push(std::move(reply));
   }
 
@@ -285,6 +277,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
     absl::MutexLock lock(&mu_);
     status->set_address(address_);
     status->set_calls_routed(state_.calls_routed());
+    status->set_epoch(scheduler_.epoch());
+    status->set_scheduler(options_.consistent_order
+                              ? "gang/" + scheduler_.policy_name()
+                              : "none (test only)");
     status->set_control_bytes_in(control_bytes_in_);
     status->set_data_bytes(0);  // the server has no data path
     for (const auto& [id, w] : state_.workers()) {
@@ -363,9 +359,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     proto::WorkerOp down;
     down.mutable_peer_down()->set_worker_id(id);
     down.mutable_peer_down()->set_message(message);
-    for (auto& [wid, q] : worker_queues_) {
-      if (wid != id) q->Push(down);
-    }
+    scheduler_.Broadcast(down, /*except=*/id);
     auto ctx = worker_contexts_.find(id);
     if (ctx != worker_contexts_.end()) ctx->second->TryCancel();
     proto::ServerToClient note;
@@ -400,10 +394,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
   // the worker queues (one consistent order across clients).
   absl::Mutex mu_;
   ClusterState state_ ABSL_GUARDED_BY(mu_);
-  // Shared: client handlers wait for room on a queue outside the lock while
-  // its worker's session may be ending.
-  std::map<int64_t, std::shared_ptr<OutQueue<proto::WorkerOp>>> worker_queues_
-      ABSL_GUARDED_BY(mu_);
+  // Owns the worker queues and the order of everything put on them.
+  GangScheduler scheduler_;
   std::map<int64_t, grpc::ServerContext*> worker_contexts_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>
       client_queues_ ABSL_GUARDED_BY(mu_);

@@ -24,6 +24,9 @@ struct ServerOptions {
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   absl::Duration liveness_check_period = absl::Milliseconds(200);
   Clock* clock = Clock::Real();  // not owned
+  // TEST ONLY: false bypasses the gang scheduler's consistent order (see
+  // GangScheduler::Options). Collectives can deadlock without it.
+  bool consistent_order = true;
 };
 
 class Server {

@@ -1,0 +1,79 @@
+#include "plexus/server/gang_scheduler.h"
+
+namespace plexus {
+
+GangScheduler::GangScheduler(std::unique_ptr<SchedulingPolicy> policy,
+                             Options options)
+    : options_(options), policy_(std::move(policy)) {}
+
+void GangScheduler::AddWorker(int64_t worker_id,
+                              std::shared_ptr<WorkerQueue> queue) {
+  absl::MutexLock lock(&mu_);
+  queues_[worker_id] = std::move(queue);
+}
+
+std::shared_ptr<WorkerQueue> GangScheduler::RemoveWorker(int64_t worker_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = queues_.find(worker_id);
+  if (it == queues_.end()) return nullptr;
+  std::shared_ptr<WorkerQueue> queue = std::move(it->second);
+  queues_.erase(it);
+  return queue;
+}
+
+std::vector<std::shared_ptr<WorkerQueue>> GangScheduler::Queues() {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<WorkerQueue>> out;
+  for (auto& [id, q] : queues_) out.push_back(q);
+  return out;
+}
+
+void GangScheduler::Send(int64_t worker_id, proto::WorkerOp op) {
+  absl::MutexLock lock(&mu_);
+  auto it = queues_.find(worker_id);
+  if (it != queues_.end()) it->second->Push(std::move(op));
+}
+
+void GangScheduler::Broadcast(const proto::WorkerOp& op, int64_t except) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, q] : queues_) {
+    if (id != except) q->Push(op);
+  }
+}
+
+uint64_t GangScheduler::Submit(uint64_t client_id,
+                               std::vector<WorkerOps> units, int calls) {
+  absl::MutexLock lock(&mu_);
+  auto may = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return policy_->MayAdmit(client_id, calls);
+  };
+  mu_.Await(absl::Condition(&may));
+  policy_->Admitted(client_id, calls);
+  const uint64_t epoch = ++epoch_;
+  for (auto& [worker, queue] : queues_) {
+    const bool reverse = !options_.consistent_order && worker % 2 == 1;
+    auto deliver = [&](WorkerOps& unit) {
+      auto it = unit.find(worker);
+      if (it == unit.end()) return;
+      for (auto& op : it->second) queue->Push(std::move(op));
+    };
+    if (reverse) {
+      for (auto u = units.rbegin(); u != units.rend(); ++u) deliver(*u);
+    } else {
+      for (auto& u : units) deliver(u);
+    }
+  }
+  return epoch;
+}
+
+uint64_t GangScheduler::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+std::string GangScheduler::policy_name() const {
+  absl::MutexLock lock(&mu_);
+  return policy_->name();
+}
+
+}  // namespace plexus
