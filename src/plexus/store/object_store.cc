@@ -23,6 +23,7 @@ ObjectStore::Entry& ObjectStore::GetOrCreateLocked(const BufferKey& key) {
   if (inserted) {
     auto& shards = shards_[key.buffer_id];
     shards.push_back(key.shard);
+    if (unknown_waiters_ > 0) created_.SignalAll();
   }
   return it->second;
 }
@@ -37,7 +38,7 @@ void ObjectStore::MaybeRemoveLocked(const BufferKey& key) {
   }
   if (e.charged > 0 && e.device >= 0) {
     used_[e.device] -= e.charged;
-    changed_.SignalAll();
+    memory_freed_.SignalAll();
   }
   entries_.erase(it);
   auto sit = shards_.find(key.buffer_id);
@@ -82,7 +83,7 @@ void ObjectStore::FailBuffer(uint64_t buffer_id, const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     rejected_[buffer_id] = status;
-    changed_.SignalAll();
+    created_.SignalAll();
     auto it = shards_.find(buffer_id);
     if (it != shards_.end()) shards = it->second;
   }
@@ -136,7 +137,7 @@ absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   absl::Time deadline = absl::Now() + options_.reserve_timeout;
   while (!shutdown_ && used_[device] + bytes > capacity_[device]) {
-    if (changed_.WaitWithDeadline(&mu_, deadline)) {
+    if (memory_freed_.WaitWithDeadline(&mu_, deadline)) {
       if (used_[device] + bytes > capacity_[device]) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "waited ", absl::FormatDuration(options_.reserve_timeout),
@@ -154,7 +155,7 @@ absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
 void ObjectStore::Unreserve(int device, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   used_[device] -= bytes;
-  changed_.SignalAll();
+  memory_freed_.SignalAll();
 }
 
 absl::StatusOr<std::shared_ptr<Storage>> ObjectStore::Allocate(int device,
@@ -168,7 +169,7 @@ absl::StatusOr<std::shared_ptr<Storage>> ObjectStore::Allocate(int device,
 
 std::vector<ObjectStore::ReadyCallback> ObjectStore::CompleteLocked(
     const BufferKey& key, Entry& e) {
-  changed_.SignalAll();
+  if (e.ready) e.ready->SignalAll();
   std::vector<ReadyCallback> callbacks;
   callbacks.swap(e.callbacks);
   return callbacks;
@@ -193,7 +194,7 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
       // Late duplicate (e.g. the data raced a failure): drop it.
       if (reserved && device >= 0) {
         used_[device] -= bytes;
-        changed_.SignalAll();
+        memory_freed_.SignalAll();
       }
       return;
     }
@@ -247,13 +248,18 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
       Entry& e = it->second;
       if (e.state == Entry::State::kReady) return e.data;
       if (e.state == Entry::State::kFailed) return e.status;
-      changed_.Wait(&mu_);
+      if (!e.ready) e.ready = std::make_shared<absl::CondVar>();
+      std::shared_ptr<absl::CondVar> ready = e.ready;
+      ready->Wait(&mu_);
       continue;
     }
     auto rejected = rejected_.find(key.buffer_id);
     if (rejected != rejected_.end()) return rejected->second;
-    if (changed_.WaitWithDeadline(&mu_, unknown_deadline) &&
-        entries_.find(key) == entries_.end()) {
+    unknown_waiters_++;
+    bool timed_out = created_.WaitWithDeadline(&mu_, unknown_deadline);
+    unknown_waiters_--;
+    if (timed_out && entries_.find(key) == entries_.end() &&
+        rejected_.find(key.buffer_id) == rejected_.end()) {
       return absl::NotFoundError(
           absl::StrCat(KeyString(key), " is not on this worker"));
     }
@@ -301,7 +307,11 @@ ObjectStoreStats ObjectStore::Stats() const {
 void ObjectStore::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
-  changed_.SignalAll();
+  memory_freed_.SignalAll();
+  created_.SignalAll();
+  for (auto& [key, e] : entries_) {
+    if (e.ready) e.ready->SignalAll();
+  }
 }
 
 }  // namespace plexus

@@ -138,6 +138,9 @@ class ObjectStore {
     std::shared_ptr<Storage> data;
     absl::Status status;
     std::vector<ReadyCallback> callbacks;
+    // Waiters on this shard only (made by the first one); shared so that a
+    // waiter keeps it while the entry may be erased.
+    std::shared_ptr<absl::CondVar> ready;
   };
 
   Entry& GetOrCreateLocked(const BufferKey& key)
@@ -156,7 +159,9 @@ class ObjectStore {
   const std::vector<int64_t> capacity_;
 
   mutable absl::Mutex mu_;
-  absl::CondVar changed_;  // any entry completed, or memory freed
+  absl::CondVar memory_freed_;  // a device's used bytes went down
+  absl::CondVar created_;       // an entry appeared (for unknown-key waits)
+  int unknown_waiters_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<BufferKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // Shards per buffer id, for Release.
   absl::flat_hash_map<uint64_t, std::vector<int32_t>> shards_

@@ -23,9 +23,19 @@ PeerSender::~PeerSender() {
 
 void PeerSender::Send(const transport::ShardKey& key,
                       absl::StatusOr<std::shared_ptr<const Storage>> data) {
+  const bool small = !data.ok() || (*data)->size() <= kInlineBytes;
+  {
+    absl::MutexLock lock(&mu_);
+    if (down_) return;
+    if (!small || busy_ || !queue_.empty() || stop_) {
+      queue_.push_back({key, std::move(data)});
+      return;
+    }
+    busy_ = true;
+  }
+  Deliver({key, std::move(data)});
   absl::MutexLock lock(&mu_);
-  if (down_) return;
-  queue_.push_back({key, std::move(data)});
+  busy_ = false;
 }
 
 void PeerSender::MarkDown() {
@@ -51,13 +61,22 @@ void PeerSender::Loop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !queue_.empty();
+        return stop_ || (!queue_.empty() && !busy_);
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
+    Deliver(item);
+    absl::MutexLock lock(&mu_);
+    busy_ = false;
+  }
+}
+
+void PeerSender::Deliver(const Item& item) {
+  {
     absl::Status s = SendOne(item);
     if (!s.ok()) {
       // One reconnect: the connection may have been closed under us. A dead

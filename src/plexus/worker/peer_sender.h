@@ -1,6 +1,8 @@
 // PeerSender: pushes ready shards to one peer worker over the data plane,
-// in the order they became ready. One thread per peer, sleeping on its
-// queue when idle. Thread-safe.
+// in the order they became ready. A small shard sent while nothing is queued
+// goes out at once on the caller's thread (saving a thread hand-off per
+// hop); everything else goes through one sender thread per peer, which
+// sleeps on its queue when idle. Thread-safe.
 #pragma once
 
 #include <deque>
@@ -33,6 +35,9 @@ class PeerSender {
   };
   void Loop();
   absl::Status SendOne(const Item& item);
+  // SendOne with one reconnect; logs a failure.
+  void Deliver(const Item& item);
+  static constexpr size_t kInlineBytes = 64 * 1024;
 
   const int64_t peer_id_;
   const std::string tcp_address_;
@@ -44,6 +49,7 @@ class PeerSender {
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool down_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // someone is using conn_
   std::thread thread_;
 };
 
