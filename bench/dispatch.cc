@@ -6,8 +6,10 @@
 //
 //   op-by-op     each call is issued, then waited on before the next;
 //   chained      graphs of 128 calls, each taking the previous output,
-//                submitted as one graph, then the last output waited on;
-//   independent  graphs of 128 calls that all take the same input.
+//                submitted back to back, the last output waited on;
+//   independent  graphs of 128 calls that all take the same input;
+//   chained-wait chained, but each graph's result waited on before the
+//                next graph is built (one round trip per 128 calls).
 //
 // Beside them, in the same run: the round trip of 64 bytes between two
 // processes over TCP loopback (the cost this machine puts on one process
@@ -232,25 +234,30 @@ absl::StatusOr<double> OpByOpOnce(Setup& s, int calls) {
   return NowSeconds() - start;
 }
 
-// Graphs of `graph_size` calls, each submitted and its last output waited
-// on before the next graph. For independent calls, waiting on the last is
-// enough: a device runs its calls in the order they were enqueued
+// Graphs of `graph_size` calls, submitted back to back (each chained graph
+// continues from the previous one's last output), the last output waited on
+// at the end; with `wait_each`, every graph's last output is waited on
+// before the next graph is built. For independent calls, waiting on the last
+// is enough: a device runs its calls in the order they were enqueued
 // (worker/device.h), and every call of the graph has a shard on every
 // device of the slice.
 absl::StatusOr<double> GraphsOnce(Setup& s, int graphs, int graph_size,
-                                  bool chained) {
+                                  bool chained, bool wait_each) {
   const double start = NowSeconds();
+  Future last = s.input;
   for (int g = 0; g < graphs; ++g) {
     Graph graph = s.client->NewGraph();
-    Future last = s.input;
     for (int i = 0; i < graph_size; ++i) {
       auto out = graph.Call(*s.scale, {chained ? last : s.input});
       if (!out.ok()) return out.status();
       last = (*out)[0];
     }
     if (absl::Status st = graph.Submit(); !st.ok()) return st;
-    if (absl::Status st = s.client->Wait(last); !st.ok()) return st;
+    if (wait_each) {
+      if (absl::Status st = s.client->Wait(last); !st.ok()) return st;
+    }
   }
+  if (absl::Status st = s.client->Wait(last); !st.ok()) return st;
   return NowSeconds() - start;
 }
 
@@ -278,12 +285,20 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
 
   const int graphs = std::max(1, flags.calls / flags.graph_size);
   const int graph_calls = graphs * flags.graph_size;
-  for (bool chained : {true, false}) {
+  struct Mode {
+    const char* name;
+    bool chained;
+    bool wait_each;
+  };
+  for (const Mode& mode : {Mode{"chained", true, false},
+                           Mode{"independent", false, false},
+                           Mode{"chained-wait", true, true}}) {
     auto m = Measure(flags.repeats, graph_calls, [&] {
-      return GraphsOnce(s, graphs, flags.graph_size, chained);
+      return GraphsOnce(s, graphs, flags.graph_size, mode.chained,
+                        mode.wait_each);
     });
     if (!m.ok()) return m.status();
-    report({chained ? "chained" : "independent", hosts, graph_calls, *m});
+    report({mode.name, hosts, graph_calls, *m});
   }
   return results;
 }
@@ -341,6 +356,8 @@ int Main(int argc, char** argv) {
       ->check(CLI::Range(16, 10000000));
   app.add_option("--json", flags.json_path, "also write the figures here");
   app.add_option("--log-level", flags.log_level, "log level of the cluster");
+  bool skip_busy = false;
+  app.add_flag("--skip-busy", skip_busy, "skip the busy-kernel saturation runs");
   CLI11_PARSE(app, argc, argv);
   signal(SIGPIPE, SIG_IGN);
 
@@ -377,7 +394,9 @@ int Main(int argc, char** argv) {
     }
     dispatch.insert(dispatch.end(), r->begin(), r->end());
   }
-  auto busy = RunBusy(flags);
+  auto busy = skip_busy ? absl::StatusOr<std::vector<BusyResult>>(
+                              std::vector<BusyResult>{})
+                        : RunBusy(flags);
   if (!busy.ok()) {
     std::fprintf(stderr, "busy_wait: %s\n", busy.status().ToString().c_str());
     return 1;
