@@ -130,3 +130,30 @@ def test_dropping_futures_frees_every_shard(cluster):
                            for w in cluster.status()["workers"]),
                what="every worker to report zero live buffers")
     client.close()
+
+
+def test_data_dependent_control_flow(client):
+    """The client reads a value, then decides what to call next."""
+    s = client.slice(2, placement="spread")
+    x = s.put(np.array([1.0, 3.0], np.float32), plexus.P("devices"))
+    double = s.program("scale", x, factor=2.0)
+    halve = s.program("scale", x, factor=0.5)
+    total = s.program("reduce_sum", x)
+    steps = []
+    for _ in range(12):
+        t = float(np.asarray(total(x)))  # a partial sum, summed on fetch
+        if t < 50:
+            x = double(x)
+            steps.append("double")
+        else:
+            x = halve(x)
+            steps.append("halve")
+    expect, v = [], np.array([1.0, 3.0])
+    for _ in range(12):
+        if v.sum() < 50:
+            v, step = v * 2, "double"
+        else:
+            v, step = v / 2, "halve"
+        expect.append(step)
+    assert steps == expect
+    np.testing.assert_array_equal(np.asarray(x), v.astype(np.float32))
