@@ -205,8 +205,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
     std::vector<WorkerOps> units;
     int calls = 0;
     proto::ServerToClient reply;
+    bool last_was_release = false;
     for (const proto::ClientOp& op : msg.ops()) {
-      units.emplace_back();
+      // Releases commute with each other: consecutive ones share a unit, so
+      // each worker gets them as one op.
+      const bool release = op.op_case() == proto::ClientOp::kRelease;
+      if (!(release && last_was_release)) units.emplace_back();
+      last_was_release = release;
       WorkerOps& ops = units.back();
       switch (op.op_case()) {
         case proto::ClientOp::kSliceRequest: {

@@ -38,10 +38,11 @@ void CopyRows(const char* src, const Shape& src_shape, char* dst,
 
 }  // namespace
 
-void WorkerImpl::ApplyExecute(const proto::Execute& exec) {
-  auto pit = programs_.find(exec.program_id());
+void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   auto call = std::make_shared<CallContext>();
-  call->exec = exec;
+  call->exec.Swap(&incoming);  // no copy: the op is consumed
+  const proto::Execute& exec = call->exec;
+  auto pit = programs_.find(exec.program_id());
   if (pit != programs_.end()) call->program = pit->second.get();
   call->tasks_left = exec.tasks_size();
 

@@ -106,7 +106,7 @@ absl::Status WorkerImpl::Init() {
   SPDLOG_INFO("registered as worker {} ({} device(s), data plane {} {})",
               worker_id_.load(), devices_.size(), data_server_->tcp_address(),
               data_server_->unix_path());
-  for (const auto& op : first.ops()) Apply(op);
+  for (auto& op : *first.mutable_ops()) Apply(op);
   reader_ = std::thread([this] { ReaderLoop(); });
   writer_ = std::thread([this] { WriterLoop(); });
   return absl::OkStatus();
@@ -130,7 +130,7 @@ void WorkerImpl::Shutdown() {
 void WorkerImpl::ReaderLoop() {
   proto::ServerToWorker msg;
   while (stream_->Read(&msg)) {
-    for (const auto& op : msg.ops()) Apply(op);
+    for (auto& op : *msg.mutable_ops()) Apply(op);
   }
   absl::MutexLock lock(&mu_);
   if (!done_) {
@@ -171,7 +171,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   return s;
 }
 
-void WorkerImpl::Apply(const proto::WorkerOp& op) {
+void WorkerImpl::Apply(proto::WorkerOp& op) {
   switch (op.op_case()) {
     case proto::WorkerOp::kLoad: {
       auto prog = std::make_unique<LoadedProgram>();
@@ -187,7 +187,7 @@ void WorkerImpl::Apply(const proto::WorkerOp& op) {
       break;
     }
     case proto::WorkerOp::kExecute:
-      ApplyExecute(op.execute());
+      ApplyExecute(*op.mutable_execute());
       break;
     case proto::WorkerOp::kTransfer:
       ApplyTransfer(op.transfer());

@@ -55,8 +55,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // --- control stream (worker.cc)
   void ReaderLoop();
   void WriterLoop();
-  void Apply(const proto::WorkerOp& op);
-  void ApplyExecute(const proto::Execute& exec);
+  // Ops are consumed (moved from): the reader owns each message.
+  void Apply(proto::WorkerOp& op);
+  void ApplyExecute(proto::Execute& exec);
   void ApplyTransfer(const proto::Transfer& transfer);
   void ApplyPeerDown(const proto::PeerDown& down);
   proto::WorkerStats CollectStats();
