@@ -9,7 +9,9 @@
 //                submitted back to back, the last output waited on;
 //   independent  graphs of 128 calls that all take the same input;
 //   chained-wait chained, but each graph's result waited on before the
-//                next graph is built (one round trip per 128 calls).
+//                next graph is built (one round trip per 128 calls);
+//   fused        the 128 ops of a chained graph as one program (`scale` with
+//                repeat=128): ops per second, one call per 128 ops.
 //
 // Beside them, in the same run: the round trip of 64 bytes between two
 // processes over TCP loopback (the cost this machine puts on one process
@@ -184,6 +186,7 @@ struct Setup {
   std::shared_ptr<Slice> slice;
   Future input;
   std::shared_ptr<Program> scale;
+  std::shared_ptr<Program> fused;  // graph_size scales in one program
 };
 
 absl::StatusOr<Setup> MakeSetup(int hosts, const Flags& flags) {
@@ -221,7 +224,26 @@ absl::StatusOr<Setup> MakeSetup(int hosts, const Flags& flags) {
                                  {{"factor", 1.0}}, {arg});
   if (!scale.ok()) return scale.status();
   s.scale = std::move(*scale);
+  auto fused = s.client->Compile(
+      s.slice, "scale_by_one_fused", "scale",
+      {{"factor", 1.0}, {"repeat", int64_t{flags.graph_size}}}, {arg});
+  if (!fused.ok()) return fused.status();
+  s.fused = std::move(*fused);
   return s;
+}
+
+// Fused: each call is one program that performs `graph_size` scales (the
+// chain fused into a single computation); counts graph_size ops per call.
+absl::StatusOr<double> FusedOnce(Setup& s, int graphs) {
+  const double start = NowSeconds();
+  Future last = s.input;
+  for (int g = 0; g < graphs; ++g) {
+    auto out = s.client->Call(*s.fused, {last});
+    if (!out.ok()) return out.status();
+    last = (*out)[0];
+  }
+  if (absl::Status st = s.client->Wait(last); !st.ok()) return st;
+  return NowSeconds() - start;
 }
 
 absl::StatusOr<double> OpByOpOnce(Setup& s, int calls) {
@@ -300,6 +322,10 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
     if (!m.ok()) return m.status();
     report({mode.name, hosts, graph_calls, *m});
   }
+  auto fused = Measure(flags.repeats, graph_calls,
+                       [&] { return FusedOnce(s, graphs); });
+  if (!fused.ok()) return fused.status();
+  report({"fused", hosts, graph_calls, *fused});
   return results;
 }
 

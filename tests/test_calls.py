@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+import pytest
 
 import plexus
 from conftest import wait_until
@@ -157,3 +158,16 @@ def test_data_dependent_control_flow(client):
         expect.append(step)
     assert steps == expect
     np.testing.assert_array_equal(np.asarray(x), v.astype(np.float32))
+
+
+def test_scale_repeat_is_the_fused_chain(client):
+    s = client.slice(1)
+    x = s.put(np.array([1.0, -2.0], np.float64))
+    chained = s.program("scale", x, factor=1.5)
+    fused = s.program("scale", x, factor=1.5, repeat=4)
+    y = x
+    for _ in range(4):
+        y = chained(y)
+    np.testing.assert_array_equal(np.asarray(fused(x)), np.asarray(y))
+    with pytest.raises(plexus.InvalidArgumentError, match="'repeat' must be at least 1"):
+        s.program("scale", x, factor=1.5, repeat=0)

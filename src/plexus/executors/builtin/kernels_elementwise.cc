@@ -182,17 +182,34 @@ class UnaryKernel : public Kernel {
   }
 };
 
+// scale: x * factor, applied `repeat` times (default 1). repeat > 1 is the
+// "fused" form of a chain of scales: the same multiplications, one call.
 struct ScaleOp {
   static constexpr char kName[] = "scale";
   static constexpr bool kIdentity = false;
   static constexpr bool kFloatOnly = false;
   static constexpr bool kPartialOk = true;
-  static absl::StatusOr<double> Param(const Attrs& a) {
-    return GetFloatAttr(a, "factor");
+  struct Scaling {
+    double factor;
+    int64_t repeat;
+  };
+  static absl::StatusOr<Scaling> Param(const Attrs& a) {
+    auto factor = GetFloatAttr(a, "factor");
+    if (!factor.ok()) return factor.status();
+    auto repeat = GetIntAttr(a, "repeat", 1);
+    if (!repeat.ok()) return repeat.status();
+    if (*repeat < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attribute 'repeat' must be at least 1, got ", *repeat));
+    }
+    return Scaling{*factor, *repeat};
   }
   template <typename T>
-  static T Apply(T x, double factor) {
-    return static_cast<T>(static_cast<double>(x) * factor);
+  static T Apply(T x, const Scaling& p) {
+    for (int64_t r = 0; r < p.repeat; ++r) {
+      x = static_cast<T>(static_cast<double>(x) * p.factor);
+    }
+    return x;
   }
 };
 
