@@ -4,7 +4,6 @@ import time
 
 import numpy as np
 import pytest
-import pytest
 
 import plexus
 from conftest import wait_until
