@@ -13,10 +13,11 @@ from ._core import (InvalidArgumentError, NotFoundError, PlexusError,
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec, connect,
                    partial, replicated, split, status)
 from ._cluster import LocalCluster, local
+from . import pipeline, rl  # noqa: E402 - libraries over the API above
 
 __all__ = [
     "Client", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
     "Spec", "connect", "local", "partial", "replicated", "split", "status",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
-    "ResourceExhaustedError", "UnavailableError",
+    "ResourceExhaustedError", "UnavailableError", "pipeline", "rl",
 ]

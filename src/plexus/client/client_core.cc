@@ -5,22 +5,13 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "plexus/common/file_limit.h"
+#include "plexus/common/process.h"
 #include "plexus/common/logging.h"
 
 namespace plexus {
 namespace {
 
 constexpr size_t kMaxQueuedOps = 1 << 16;
-
-std::string LocalMachineId() {
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(f, id);
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, "/", id);
-}
 
 }  // namespace
 

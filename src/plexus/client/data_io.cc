@@ -30,22 +30,6 @@ void CopyShardRows(char* global, char* shard, const Shape& global_shape,
   }
 }
 
-template <typename T>
-void AddInto(void* acc, const void* in, int64_t n) {
-  T* a = static_cast<T*>(acc);
-  const T* b = static_cast<const T*>(in);
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-}
-
-void Accumulate(DType dtype, void* acc, const void* in, int64_t n) {
-  switch (dtype) {
-    case DType::kF32: return AddInto<float>(acc, in, n);
-    case DType::kF64: return AddInto<double>(acc, in, n);
-    case DType::kI32: return AddInto<int32_t>(acc, in, n);
-    case DType::kI64: return AddInto<int64_t>(acc, in, n);
-  }
-}
-
 // Runs `fn` with a pooled connection to the worker of `device`; a failure
 // against a worker the server reported down says so.
 template <typename Fn>
@@ -179,7 +163,7 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
                     arg.global.shape, arg.sharding.axis, j * len, len,
                     DTypeSize(arg.global.dtype), /*to_shard=*/false);
     } else if (arg.sharding.is_partial()) {
-      Accumulate(arg.global.dtype, dst, data->data(), arg.global.num_elements());
+      AccumulateInto(arg.global.dtype, dst, data->data(), arg.global.num_elements());
     } else if (bytes > 0) {
       std::memcpy(dst, data->data(), bytes);
     }

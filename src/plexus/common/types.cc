@@ -85,6 +85,28 @@ std::string ArgSpec::ToString() const {
   return absl::StrCat(global.ToString(), " ", sharding.ToString());
 }
 
+namespace {
+template <typename T>
+void AddInto(void* acc, const void* in, int64_t n) {
+  T* a = static_cast<T*>(acc);
+  const T* b = static_cast<const T*>(in);
+  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
+}
+}  // namespace
+
+void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n) {
+  switch (dtype) {
+    case DType::kF32:
+      return AddInto<float>(acc, in, n);
+    case DType::kF64:
+      return AddInto<double>(acc, in, n);
+    case DType::kI32:
+      return AddInto<int32_t>(acc, in, n);
+    case DType::kI64:
+      return AddInto<int64_t>(acc, in, n);
+  }
+}
+
 proto::TensorSpec ToProto(const TensorSpec& spec) {
   proto::TensorSpec p;
   p.set_dtype(static_cast<proto::DType>(spec.dtype));

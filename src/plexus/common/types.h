@@ -78,6 +78,9 @@ using AttrValue =
     std::variant<int64_t, double, std::string, std::vector<int64_t>>;
 using Attrs = std::map<std::string, AttrValue>;
 
+// acc[i] += in[i] for n elements of `dtype` (partial sums, all-reduce).
+void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n);
+
 // --- proto conversion -----------------------------------------------------
 proto::TensorSpec ToProto(const TensorSpec& spec);
 absl::StatusOr<TensorSpec> FromProto(const proto::TensorSpec& spec);

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "plexus/common/file_limit.h"
+#include "plexus/common/process.h"
 #include "plexus/common/logging.h"
 #include "plexus/server/local_workers.h"
 #include "plexus/server/server.h"
@@ -52,12 +52,7 @@ int main(int argc, char** argv) {
   plexus::RaiseOpenFileLimit();
   plexus::InitLogging("server", log_level);
   options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  plexus::BlockTerminationSignals();
 
   if (!options.consistent_order) {
     SPDLOG_WARN("--scheduler=none: no consistent order across islands; "
@@ -68,13 +63,10 @@ int main(int argc, char** argv) {
     SPDLOG_ERROR("cannot start: {}", server.status().ToString());
     return 1;
   }
-  std::thread signal_waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  plexus::OnTerminationSignal([&](int sig) {
     SPDLOG_INFO("signal {}: shutting down", sig);
     (*server)->Shutdown();
   });
-  signal_waiter.detach();
 
   local.server_address = (*server)->address();
   local.worker_binary = plexus::SiblingBinary("plexus-worker");

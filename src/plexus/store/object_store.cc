@@ -60,6 +60,13 @@ void ObjectStore::Declare(const BufferKey& key, int device,
   if (e.device < 0) e.device = device;
   e.spec = spec;
   if (source_worker >= 0) e.source_worker = source_worker;
+  // Data that arrived before its declaration had no device to be charged
+  // to; it is charged now.
+  if (e.state == Entry::State::kReady && e.charged == 0 && e.data &&
+      e.device >= 0 && e.data->size() > 0) {
+    e.charged = static_cast<int64_t>(e.data->size());
+    ChargeLocked(e.device, e.charged);
+  }
   MaybeRemoveLocked(key);
 }
 

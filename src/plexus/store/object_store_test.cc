@@ -54,6 +54,17 @@ TEST(ObjectStoreTest, DataBeforeDeclarationIsKept) {
   EXPECT_EQ(store.Stats().live_shards, 0);  // read once: gone
 }
 
+TEST(ObjectStoreTest, DataBeforeDeclarationIsChargedWhenDeclared) {
+  ObjectStore store(TwoDevices(1 << 20));
+  BufferKey key{11, 0};
+  store.Fulfil(key, Bytes(64), /*device=*/-1, /*reserved=*/false);
+  EXPECT_EQ(store.Stats().device_bytes[1], 0);
+  store.Declare(key, 1, {DType::kF32, {16}}, /*owned=*/true);
+  EXPECT_EQ(store.Stats().device_bytes[1], 64);
+  store.Release(11);
+  EXPECT_EQ(store.Stats().device_bytes[1], 0);
+}
+
 TEST(ObjectStoreTest, AwaitReadyWakesWhenAnotherThreadFulfils) {
   ObjectStore store(TwoDevices(1 << 20));
   BufferKey key{3, 0};

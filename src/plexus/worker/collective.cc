@@ -7,26 +7,6 @@
 namespace plexus {
 namespace {
 
-template <typename T>
-void AddInto(char* acc, const void* in, int64_t n) {
-  T* a = reinterpret_cast<T*>(acc);
-  const T* b = static_cast<const T*>(in);
-  for (int64_t i = 0; i < n; ++i) a[i] += b[i];
-}
-
-void Accumulate(DType dtype, char* acc, const void* in, int64_t n) {
-  switch (dtype) {
-    case DType::kF32:
-      return AddInto<float>(acc, in, n);
-    case DType::kF64:
-      return AddInto<double>(acc, in, n);
-    case DType::kI32:
-      return AddInto<int32_t>(acc, in, n);
-    case DType::kI64:
-      return AddInto<int64_t>(acc, in, n);
-  }
-}
-
 }  // namespace
 
 CallCollective::CallCollective(uint64_t exchange_id, std::vector<Peer> peers,
@@ -65,7 +45,7 @@ absl::Status CallCollective::ReduceLocked() {
                        t.spec.ToString(), ", shard ", inputs_.begin()->first,
                        " has ", first.spec.ToString()));
     }
-    Accumulate(first.spec.dtype, result_.data(), t.data, n);
+    AccumulateInto(first.spec.dtype, result_.data(), t.data, n);
   }
   if (peers_.size() <= 1) return absl::OkStatus();
 
@@ -101,7 +81,7 @@ absl::Status CallCollective::ReduceLocked() {
       }
       part = theirs->data();
     }
-    Accumulate(first.spec.dtype, total.data(), part, n);
+    AccumulateInto(first.spec.dtype, total.data(), part, n);
   }
   result_ = std::move(total);
   return absl::OkStatus();

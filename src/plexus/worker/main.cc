@@ -6,7 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "plexus/common/file_limit.h"
+#include "plexus/common/process.h"
 #include "plexus/common/logging.h"
 #include "plexus/worker/worker.h"
 
@@ -44,26 +44,18 @@ int main(int argc, char** argv) {
       options.host_name.empty() ? "worker" : "worker " + options.host_name,
       log_level);
 
-  // Block the termination signals in every thread; one thread waits for them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  // Termination signals are blocked in every thread; one thread waits.
+  plexus::BlockTerminationSignals();
 
   auto worker = plexus::Worker::Start(options);
   if (!worker.ok()) {
     SPDLOG_ERROR("cannot start: {}", worker.status().ToString());
     return 1;
   }
-  std::thread signal_waiter([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
+  plexus::OnTerminationSignal([&](int sig) {
     SPDLOG_INFO("signal {}: shutting down", sig);
     (*worker)->Shutdown();
   });
-  signal_waiter.detach();
   absl::Status end = (*worker)->Wait();
   SPDLOG_INFO("stopped: {}", end.ToString());
   worker->reset();

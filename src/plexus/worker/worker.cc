@@ -5,22 +5,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/process.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
-namespace {
-
-std::string ReadMachineId() {
-  std::ifstream f("/proc/sys/kernel/random/boot_id");
-  std::string id;
-  std::getline(f, id);
-  char host[256] = {0};
-  gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, "/", id);
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     const WorkerOptions& options) {
   auto worker = std::make_unique<WorkerImpl>(options);
@@ -48,7 +36,7 @@ absl::Status WorkerImpl::Init() {
   if (options_.num_devices <= 0) {
     return absl::InvalidArgumentError("--devices must be at least 1");
   }
-  machine_id_ = ReadMachineId();
+  machine_id_ = LocalMachineId();
   if (!options_.shared_memory) {
     absl::StrAppend(&machine_id_, "/pid", getpid());
   }
