@@ -7,9 +7,12 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
 results="$root/bench/results"
 mkdir -p "$results"
+export PYTHONPATH="$root/python${PYTHONPATH:+:$PYTHONPATH}"
+export PLEXUS_BIN_DIR="$build/bin"
+PY="${PYTHON:-python3}"
 
 cmake -S "$root" -B "$build" -DPLEXUS_BUILD_BENCH=ON > /dev/null
-ninja -C "$build" plexus-bench-dispatch plexus-bench-transfer
+ninja -C "$build" plexus-bench-dispatch plexus-bench-transfer _core
 
 status=0
 for bench in dispatch transfer; do
@@ -19,6 +22,13 @@ for bench in dispatch transfer; do
     status=1
   fi
 done
+for bench in stages pipeline rl; do
+  echo "== bench/$bench.py"
+  if ! "$PY" "$root/bench/$bench.py" --json "$results/$bench.json"; then
+    echo "bench/$bench.py failed" >&2
+    status=1
+  fi
+done
 echo
-echo "figures: $results/dispatch.json $results/transfer.json"
+echo "figures: $results/{dispatch,transfer,stages,pipeline,rl}.json"
 exit $status
