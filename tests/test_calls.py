@@ -170,3 +170,23 @@ def test_scale_repeat_is_the_fused_chain(client):
     np.testing.assert_array_equal(np.asarray(fused(x)), np.asarray(y))
     with pytest.raises(plexus.InvalidArgumentError, match="'repeat' must be at least 1"):
         s.program("scale", x, factor=1.5, repeat=0)
+
+
+def test_device_busy_time_counts_kernel_time(cluster, client):
+    s = client.slice(1, placement="one_host")
+    dev = s.devices[0]
+
+    def busy_micros():
+        for w in cluster.status()["workers"]:
+            if w["worker_id"] == dev["worker"]:
+                return w["stats"].get("device_busy_micros", [0] * 8)[dev["device"]]
+
+    before = busy_micros()
+    x = s.put(np.zeros(4, np.float32))
+    nap = s.program("device_sleep", x, micros=50_000)
+    y = x
+    for _ in range(4):
+        y = nap(y)
+    y.block_until_ready()
+    wait_until(lambda: busy_micros() - before >= 200_000,
+               what="the device's busy time to grow by the 200 ms it ran")

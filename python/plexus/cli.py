@@ -92,10 +92,11 @@ def format_status(st):
         out.append(_table(["CLIENT", "NAME", "SLICES", "CALLS", "FUTURES",
                            "PUT", "FETCHED"], rows))
     out.append("")
-    out.append(f"server {st.get('address')}: {st.get('calls_routed', 0)} calls "
-               f"routed, {_human(st.get('control_bytes_in', 0))} of control "
-               f"messages in, {_human(st.get('data_bytes', 0))} of buffer data "
-               "through the server")
+    out.append(f"server {st.get('address')}: scheduler {st.get('scheduler', '?')}, "
+               f"{st.get('epoch', 0)} batches ordered, {st.get('calls_routed', 0)} "
+               f"calls routed, {_human(st.get('control_bytes_in', 0))} of "
+               f"control messages in, {_human(st.get('data_bytes', 0))} of "
+               "buffer data through the server")
     return "\n".join(out)
 
 

@@ -1,5 +1,7 @@
 #include "plexus/worker/device.h"
 
+#include "absl/time/clock.h"
+
 namespace plexus {
 
 CpuDevice::CpuDevice(int index, int64_t memory_bytes, int64_t max_queued)
@@ -44,7 +46,9 @@ void CpuDevice::Loop() {
       queue_.pop_front();
       running_task_ = true;
     }
+    const absl::Time start = absl::Now();
     task();
+    busy_micros_ += absl::ToInt64Microseconds(absl::Now() - start);
     absl::MutexLock lock(&mu_);
     running_task_ = false;
   }

@@ -3,6 +3,7 @@
 // feed a stream); CpuDevice runs tasks on one thread of its own.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -26,6 +27,9 @@ class Device {
   virtual void Enqueue(Task task) = 0;
   // Tasks queued or running.
   virtual int64_t pending() const = 0;
+  // Time spent running tasks since the device started (utilisation =
+  // its growth over wall time).
+  virtual int64_t busy_micros() const = 0;
 };
 
 // A CPU device: one thread draining a FIFO. Thread-safe.
@@ -38,6 +42,7 @@ class CpuDevice : public Device {
   int64_t memory_bytes() const override { return memory_bytes_; }
   void Enqueue(Task task) override;
   int64_t pending() const override;
+  int64_t busy_micros() const override { return busy_micros_.load(); }
 
  private:
   void Loop();
@@ -49,6 +54,7 @@ class CpuDevice : public Device {
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
   bool running_task_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> busy_micros_{0};
   std::thread thread_;
 };
 

@@ -150,6 +150,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_live_bytes(st.live_bytes);
   for (int64_t b : st.device_bytes) s.add_device_live_bytes(b);
   for (int64_t b : st.device_peak_bytes) s.add_device_peak_bytes(b);
+  for (const auto& d : devices_) s.add_device_busy_micros(d->busy_micros());
   s.set_calls_executed(calls_executed_.load());
   s.set_calls_failed(calls_failed_.load());
   s.set_bytes_sent(counters_.bytes_sent.load());
