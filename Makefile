@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 export PLEXUS_BIN_DIR := $(CURDIR)/$(BUILD)/bin
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all setup build test test-cpp test-python demo bench install clean
+.PHONY: all setup build test test-cpp test-python test-install demo bench install clean
 
 all: build
 
@@ -44,6 +44,15 @@ bench: build
 # scikit-build-core and puts plexus-server, plexus-worker and `plexus` on PATH.
 install: setup
 	$(PYTHON) -m pip install .
+
+# `pip install .` into a fresh virtual environment, then the installed
+# `plexus` command and package drive a cluster (not part of `make test`: a
+# second full build of the C++ tree).
+test-install:
+	rm -rf $(BUILD)/venv && $(PYTHON) -m venv $(BUILD)/venv
+	$(BUILD)/venv/bin/pip install -q .
+	cd $(BUILD) && env -u PYTHONPATH -u PLEXUS_BIN_DIR PLEXUS_STATE_DIR=$(CURDIR)/$(BUILD)/venv-state \
+	  sh -c 'venv/bin/plexus up --hosts 2 && venv/bin/plexus status && venv/bin/plexus down'
 
 clean:
 	rm -rf $(BUILD) python/plexus/_core*.so
