@@ -8,7 +8,7 @@ JOBS ?= $(shell nproc)
 export PLEXUS_BIN_DIR := $(CURDIR)/$(BUILD)/bin
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all setup build test test-cpp test-python test-install demo bench install clean
+.PHONY: all setup build test lint test-cpp test-python test-install demo bench install clean
 
 all: build
 
@@ -24,7 +24,12 @@ build: setup $(BUILD)/build.ninja
 	ninja -C $(BUILD) -j$(JOBS)
 
 test: build
-	@$(MAKE) --no-print-directory test-cpp test-python
+	@$(MAKE) --no-print-directory lint test-cpp test-python
+
+# Google style (.clang-format) on every C++ file; fails on any difference.
+lint:
+	@echo "[lint] clang-format --dry-run on $$(git ls-files '*.cc' '*.h' | wc -l) files"
+	@git ls-files '*.cc' '*.h' | xargs clang-format --dry-run --Werror
 
 test-cpp:
 	@echo "[test] C++ unit tests (GoogleTest through CTest)"

@@ -41,10 +41,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "plexus/client/embedded_cluster.h"
 #include "measure.h"
 #include "nlohmann/json.hpp"
 #include "plexus/client/client.h"
+#include "plexus/client/embedded_cluster.h"
 
 namespace plexus::bench {
 namespace {
@@ -68,8 +68,8 @@ struct DispatchResult {
 
 struct BusyResult {
   int64_t micros = 0;
-  int calls = 0;           // per repeat
-  Summary utilisation;     // (calls * micros) / wall time, per repeat
+  int calls = 0;        // per repeat
+  Summary utilisation;  // (calls * micros) / wall time, per repeat
 };
 
 void Progress(const std::string& line) {
@@ -289,7 +289,8 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
   if (!setup.ok()) return setup.status();
   Setup& s = *setup;
   std::vector<DispatchResult> results;
-  const std::string where = absl::StrCat(hosts, hosts == 1 ? " host" : " hosts");
+  const std::string where =
+      absl::StrCat(hosts, hosts == 1 ? " host" : " hosts");
   auto report = [&](const DispatchResult& r) {
     Progress(absl::StrFormat("%s, %s: %s calls/s (median of %d)", r.mode, where,
                              Grouped(r.calls_per_second.median()),
@@ -300,8 +301,8 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
   // Op-by-op pays a full round trip per call; a quarter of the calls keeps
   // its time near that of the batched modes.
   const int op_calls = std::max(16, flags.calls / 4);
-  auto op = Measure(flags.repeats, op_calls,
-                    [&] { return OpByOpOnce(s, op_calls); });
+  auto op =
+      Measure(flags.repeats, op_calls, [&] { return OpByOpOnce(s, op_calls); });
   if (!op.ok()) return op.status();
   report({"op-by-op", hosts, op_calls, *op});
 
@@ -312,9 +313,9 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
     bool chained;
     bool wait_each;
   };
-  for (const Mode& mode : {Mode{"chained", true, false},
-                           Mode{"independent", false, false},
-                           Mode{"chained-wait", true, true}}) {
+  for (const Mode& mode :
+       {Mode{"chained", true, false}, Mode{"independent", false, false},
+        Mode{"chained-wait", true, true}}) {
     auto m = Measure(flags.repeats, graph_calls, [&] {
       return GraphsOnce(s, graphs, flags.graph_size, mode.chained,
                         mode.wait_each);
@@ -322,8 +323,8 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
     if (!m.ok()) return m.status();
     report({mode.name, hosts, graph_calls, *m});
   }
-  auto fused = Measure(flags.repeats, graph_calls,
-                       [&] { return FusedOnce(s, graphs); });
+  auto fused =
+      Measure(flags.repeats, graph_calls, [&] { return FusedOnce(s, graphs); });
   if (!fused.ok()) return fused.status();
   report({"fused", hosts, graph_calls, *fused});
   return results;
@@ -337,9 +338,9 @@ absl::StatusOr<std::vector<BusyResult>> RunBusy(const Flags& flags) {
   Setup& s = *setup;
   std::vector<BusyResult> results;
   for (int64_t micros : {1000, 500, 200, 100, 50, 20, 10}) {
-    auto busy = s.client->Compile(s.slice, absl::StrCat("busy_", micros),
-                                  "busy_wait", {{"micros", micros}},
-                                  s.scale->inputs());
+    auto busy =
+        s.client->Compile(s.slice, absl::StrCat("busy_", micros), "busy_wait",
+                          {{"micros", micros}}, s.scale->inputs());
     if (!busy.ok()) return busy.status();
     // About 100 ms of kernel time per repeat, at least 100 calls.
     const int calls =
@@ -383,7 +384,8 @@ int Main(int argc, char** argv) {
   app.add_option("--json", flags.json_path, "also write the figures here");
   app.add_option("--log-level", flags.log_level, "log level of the cluster");
   bool skip_busy = false;
-  app.add_flag("--skip-busy", skip_busy, "skip the busy-kernel saturation runs");
+  app.add_flag("--skip-busy", skip_busy,
+               "skip the busy-kernel saturation runs");
   CLI11_PARSE(app, argc, argv);
   signal(SIGPIPE, SIG_IGN);
 
@@ -420,9 +422,10 @@ int Main(int argc, char** argv) {
     }
     dispatch.insert(dispatch.end(), r->begin(), r->end());
   }
-  auto busy = skip_busy ? absl::StatusOr<std::vector<BusyResult>>(
-                              std::vector<BusyResult>{})
-                        : RunBusy(flags);
+  auto busy =
+      skip_busy
+          ? absl::StatusOr<std::vector<BusyResult>>(std::vector<BusyResult>{})
+          : RunBusy(flags);
   if (!busy.ok()) {
     std::fprintf(stderr, "busy_wait: %s\n", busy.status().ToString().c_str());
     return 1;
@@ -441,18 +444,20 @@ int Main(int argc, char** argv) {
                     .c_str(),
                 1e6 / c.median());
   }
-  std::printf("%-12s %5s %8d %12s %25s %9.1f   (round trips)\n", "tcp-pingpong",
-              "-", kRoundTrips, Grouped(ping->median()).c_str(),
-              absl::StrCat("[", Grouped(ping->min()), ", ", Grouped(ping->max()),
-                           "]")
-                  .c_str(),
-              1e6 / ping->median());
-  std::printf("\nbusy_wait, chained, 2-host slice: utilisation = calls x micros / wall\n");
+  std::printf(
+      "%-12s %5s %8d %12s %25s %9.1f   (round trips)\n", "tcp-pingpong", "-",
+      kRoundTrips, Grouped(ping->median()).c_str(),
+      absl::StrCat("[", Grouped(ping->min()), ", ", Grouped(ping->max()), "]")
+          .c_str(),
+      1e6 / ping->median());
+  std::printf(
+      "\nbusy_wait, chained, 2-host slice: utilisation = calls x micros / "
+      "wall\n");
   std::printf("%8s %8s %10s %20s\n", "micros", "calls", "util", "[min, max]");
   std::optional<int64_t> shortest;
   for (const auto& b : *busy) {
-    std::printf("%8ld %8d %9.1f%% %20s\n", static_cast<long>(b.micros),
-                b.calls, 100 * b.utilisation.median(),
+    std::printf("%8ld %8d %9.1f%% %20s\n", static_cast<long>(b.micros), b.calls,
+                100 * b.utilisation.median(),
                 absl::StrFormat("[%.1f%%, %.1f%%]", 100 * b.utilisation.min(),
                                 100 * b.utilisation.max())
                     .c_str());
@@ -468,10 +473,11 @@ int Main(int argc, char** argv) {
   std::printf("(total %.1f s)\n", elapsed);
 
   for (const auto& r : dispatch) {
-    json["dispatch"].push_back({{"mode", r.mode},
-                                {"hosts", r.hosts},
-                                {"calls", r.calls},
-                                {"calls_per_second", r.calls_per_second.ToJson()}});
+    json["dispatch"].push_back(
+        {{"mode", r.mode},
+         {"hosts", r.hosts},
+         {"calls", r.calls},
+         {"calls_per_second", r.calls_per_second.ToJson()}});
   }
   for (const auto& b : *busy) {
     json["busy_wait"].push_back({{"micros", b.micros},

@@ -34,13 +34,17 @@ struct Summary {
     return n % 2 == 1 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
   }
   double min() const {
-    return samples.empty() ? 0 : *std::min_element(samples.begin(), samples.end());
+    return samples.empty() ? 0
+                           : *std::min_element(samples.begin(), samples.end());
   }
   double max() const {
-    return samples.empty() ? 0 : *std::max_element(samples.begin(), samples.end());
+    return samples.empty() ? 0
+                           : *std::max_element(samples.begin(), samples.end());
   }
   nlohmann::json ToJson() const {
-    return {{"median", median()}, {"min", min()}, {"max", max()},
+    return {{"median", median()},
+            {"min", min()},
+            {"max", max()},
             {"samples", samples}};
   }
 };

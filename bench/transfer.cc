@@ -27,14 +27,14 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
-#include "plexus/client/embedded_cluster.h"
 #include "measure.h"
 #include "nlohmann/json.hpp"
 #include "plexus/client/client.h"
+#include "plexus/client/embedded_cluster.h"
 
 namespace plexus::bench {
 namespace {
@@ -74,11 +74,11 @@ int RepeatsFor(int64_t bytes, const Flags& flags) {
 
 // What one cluster mode measured.
 struct ModeResult {
-  std::map<int64_t, Summary> seconds;  // per transfer, by size
-  int64_t bytes_moved = 0;             // sum of size x transfers
-  ClientCounters client_delta;         // counters' growth during transfers
-  int64_t sender_bytes_sent = 0;       // worker A, data plane, after the run
-  int64_t receiver_bytes_received = 0; // worker B
+  std::map<int64_t, Summary> seconds;   // per transfer, by size
+  int64_t bytes_moved = 0;              // sum of size x transfers
+  ClientCounters client_delta;          // counters' growth during transfers
+  int64_t sender_bytes_sent = 0;        // worker A, data plane, after the run
+  int64_t receiver_bytes_received = 0;  // worker B
   bool workers_account_for_bytes = false;
 };
 
@@ -164,9 +164,9 @@ absl::StatusOr<ModeResult> RunMode(bool shared_memory, const Flags& flags,
   const int64_t worker_a = (*a)->info().devices(0).worker_id();
   const int64_t worker_b = (*b)->info().devices(0).worker_id();
   if (worker_a == worker_b) {
-    return absl::InternalError(absl::StrCat(
-        "slices A and B are both on worker ", worker_a,
-        "; the benchmark needs them on different hosts"));
+    return absl::InternalError(
+        absl::StrCat("slices A and B are both on worker ", worker_a,
+                     "; the benchmark needs them on different hosts"));
   }
 
   // No transfer has happened yet, so these are exact baselines.
@@ -237,8 +237,7 @@ absl::StatusOr<ModeResult> RunMode(bool shared_memory, const Flags& flags,
     const double median = seconds.median();
     Progress(absl::StrFormat(
         "%s, %s: %s MB/s, %.1f us per transfer (median of %d)", mode,
-        SizeName(bytes), Grouped(bytes / median / kMB), median * 1e6,
-        repeats));
+        SizeName(bytes), Grouped(bytes / median / kMB), median * 1e6, repeats));
     result.seconds[bytes] = seconds;
   }
 
@@ -326,10 +325,10 @@ int Main(int argc, char** argv) {
   std::map<int64_t, Summary> memcpy_seconds;
   for (int64_t bytes : Sizes(flags)) {
     memcpy_seconds[bytes] = Memcpy(bytes, RepeatsFor(bytes, flags));
-    Progress(absl::StrFormat(
-        "memcpy, %s: %s MB/s (median of %d)", SizeName(bytes),
-        Grouped(bytes / memcpy_seconds[bytes].median() / kMB),
-        RepeatsFor(bytes, flags)));
+    Progress(
+        absl::StrFormat("memcpy, %s: %s MB/s (median of %d)", SizeName(bytes),
+                        Grouped(bytes / memcpy_seconds[bytes].median() / kMB),
+                        RepeatsFor(bytes, flags)));
   }
   std::map<std::string, ModeResult> modes;
   Watchdog watchdog(absl::Seconds(flags.stuck_seconds));
@@ -370,14 +369,14 @@ int Main(int argc, char** argv) {
     const double mc_bw = bytes / mc.median() / kMB;
     const auto shm_bw = bandwidth("shm", bytes);
     const auto tcp_bw = bandwidth("tcp", bytes);
-    std::printf("%8s %12s %12s %12s %10s %10s %10s\n", SizeName(bytes).c_str(),
-                cell(shm_bw).c_str(), cell(tcp_bw).c_str(),
-                Grouped(mc_bw).c_str(),
-                shm_bw ? absl::StrFormat("%.3f", *shm_bw / mc_bw).c_str() : "-",
-                shm_bw ? absl::StrFormat("%.1f", bytes / *shm_bw / kMB * 1e6).c_str()
-                       : "-",
-                tcp_bw ? absl::StrFormat("%.1f", bytes / *tcp_bw / kMB * 1e6).c_str()
-                       : "-");
+    std::printf(
+        "%8s %12s %12s %12s %10s %10s %10s\n", SizeName(bytes).c_str(),
+        cell(shm_bw).c_str(), cell(tcp_bw).c_str(), Grouped(mc_bw).c_str(),
+        shm_bw ? absl::StrFormat("%.3f", *shm_bw / mc_bw).c_str() : "-",
+        shm_bw ? absl::StrFormat("%.1f", bytes / *shm_bw / kMB * 1e6).c_str()
+               : "-",
+        tcp_bw ? absl::StrFormat("%.1f", bytes / *tcp_bw / kMB * 1e6).c_str()
+               : "-");
     nlohmann::json row = {{"bytes", bytes},
                           {"repeats", RepeatsFor(bytes, flags)},
                           {"memcpy", Figures(bytes, mc)}};

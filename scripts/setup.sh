@@ -6,7 +6,7 @@ APT_PKGS=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libgoogle-perftools-dev)
+  libgoogle-perftools-dev clang-format)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -30,9 +30,7 @@ bool Slice::closed() const { return core_ == nullptr; }
 
 uint64_t Future::buffer_id() const { return handle_->id(); }
 const ArgSpec& Future::arg() const { return handle_->arg(); }
-const std::shared_ptr<Slice>& Future::slice() const {
-  return handle_->slice();
-}
+const std::shared_ptr<Slice>& Future::slice() const { return handle_->slice(); }
 
 // ---------------------------------------------------------------- calls
 
@@ -62,9 +60,9 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     const ArgSpec& want = program.inputs()[i];
     const ArgSpec& got = inputs[i].arg();
     if (!(got == want)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " argument ", i, " has ", got.ToString(),
-          " but the program was compiled for ", want.ToString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " argument ", i, " has ", got.ToString(),
+                       " but the program was compiled for ", want.ToString()));
     }
     if (inputs[i].slice()->closed()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -152,11 +150,10 @@ absl::StatusOr<std::shared_ptr<Slice>> Client::CreateSlice(
   req.set_num_devices(options.num_devices);
   for (int32_t m : options.mesh_shape) req.add_mesh_shape(m);
   for (const auto& a : options.axis_names) req.add_axis_names(a);
-  req.set_placement(options.placement == Placement::kOneHost
-                        ? proto::PLACEMENT_ONE_HOST
-                    : options.placement == Placement::kSpread
-                        ? proto::PLACEMENT_SPREAD
-                        : proto::PLACEMENT_ANY);
+  req.set_placement(
+      options.placement == Placement::kOneHost  ? proto::PLACEMENT_ONE_HOST
+      : options.placement == Placement::kSpread ? proto::PLACEMENT_SPREAD
+                                                : proto::PLACEMENT_ANY);
   auto info = core_->RequestSlice(req);
   if (!info.ok()) return info.status();
   return std::make_shared<Slice>(core_, *info);
@@ -178,16 +175,15 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
     for (const auto& n : builtin::KernelRegistry::Global().Names()) {
       absl::StrAppend(&known, known.empty() ? "" : ", ", n);
     }
-    return absl::NotFoundError(absl::StrCat(what, ": unknown kernel '",
-                                            kernel_name, "' (known: ", known,
-                                            ")"));
+    return absl::NotFoundError(absl::StrCat(
+        what, ": unknown kernel '", kernel_name, "' (known: ", known, ")"));
   }
   const int n = slice->num_devices();
   for (size_t i = 0; i < inputs.size(); ++i) {
     auto local = inputs[i].Local(n);
     if (!local.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " argument ", i, ": ", local.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " argument ", i, ": ", local.status().message()));
     }
   }
   auto outputs = kernel->InferOutputs(inputs, n, attrs);
@@ -198,8 +194,8 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
   for (size_t i = 0; i < outputs->size(); ++i) {
     auto local = (*outputs)[i].Local(n);
     if (!local.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " output ", i, ": ", local.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " output ", i, ": ", local.status().message()));
     }
     for (const auto& d : slice->info().devices()) {
       if (local->byte_size() > d.memory_bytes()) {

@@ -28,8 +28,8 @@ enum class Placement { kAny, kOneHost, kSpread };
 
 struct SliceOptions {
   int num_devices = 1;
-  std::vector<int32_t> mesh_shape;       // default: [num_devices]
-  std::vector<std::string> axis_names;   // default: ["devices"]
+  std::vector<int32_t> mesh_shape;      // default: [num_devices]
+  std::vector<std::string> axis_names;  // default: ["devices"]
   Placement placement = Placement::kAny;
 };
 
@@ -69,8 +69,11 @@ class Program {
   // Internal.
   Program(uint64_t id, proto::ProgramDef def, std::vector<ArgSpec> inputs,
           std::vector<ArgSpec> outputs, std::shared_ptr<Slice> slice)
-      : id_(id), def_(std::move(def)), inputs_(std::move(inputs)),
-        outputs_(std::move(outputs)), slice_(std::move(slice)) {}
+      : id_(id),
+        def_(std::move(def)),
+        inputs_(std::move(inputs)),
+        outputs_(std::move(outputs)),
+        slice_(std::move(slice)) {}
 
  private:
   uint64_t id_;

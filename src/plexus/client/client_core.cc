@@ -5,8 +5,8 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
-#include "plexus/common/process.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/process.h"
 
 namespace plexus {
 namespace {

@@ -93,7 +93,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::map<uint64_t, proto::SliceReply> slice_replies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int64_t, absl::Status> workers_down_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
+  std::map<int64_t,
+           std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
       pool_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -103,7 +104,9 @@ class BufferHandle {
  public:
   BufferHandle(std::shared_ptr<ClientCore> core, uint64_t id, ArgSpec arg,
                std::shared_ptr<Slice> slice)
-      : core_(std::move(core)), id_(id), arg_(std::move(arg)),
+      : core_(std::move(core)),
+        id_(id),
+        arg_(std::move(arg)),
         slice_(std::move(slice)) {
     core_->live_futures++;
   }

@@ -45,8 +45,8 @@ TEST_F(ClientTest, SplitPutScaleAndFetchOverTwoHosts) {
   std::vector<float> x = {0, 1, 2, 3, 4, 5, 6, 7};
   auto fx = client_->Put(*slice, x.data(), arg);
   ASSERT_TRUE(fx.ok()) << fx.status();
-  auto scale = client_->Compile(*slice, "triple", "scale", {{"factor", 3.0}},
-                                {arg});
+  auto scale =
+      client_->Compile(*slice, "triple", "scale", {{"factor", 3.0}}, {arg});
   ASSERT_TRUE(scale.ok()) << scale.status();
   auto out = client_->Call(**scale, {*fx});
   ASSERT_TRUE(out.ok()) << out.status();

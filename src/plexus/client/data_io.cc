@@ -46,9 +46,9 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
   down = core.WorkerStatus(device.worker_id());
   if (!down.ok()) return down;
   if (absl::IsUnavailable(s) || absl::IsInternal(s) || !conn.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "lost worker ", device.worker_id(), " (", device.host_name(),
-        "): ", s.message()));
+    return absl::UnavailableError(
+        absl::StrCat("lost worker ", device.worker_id(), " (",
+                     device.host_name(), "): ", s.message()));
   }
   return s;  // the worker's own error, intact
 }
@@ -93,14 +93,15 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
     const proto::SliceDevice& device = slice->info().devices(j);
     std::shared_ptr<Storage> shard;
     if (arg.sharding.is_split()) {
-      auto s = Storage::Allocate(bytes, core_->SameMachine(device) &&
-                                            bytes >= 64 * 1024);
+      auto s = Storage::Allocate(
+          bytes, core_->SameMachine(device) && bytes >= 64 * 1024);
       if (!s.ok()) return s.status();
       shard = *s;
       const int64_t len = local->shape[arg.sharding.axis];
       CopyShardRows(static_cast<char*>(const_cast<void*>(data)),
                     static_cast<char*>(shard->data()), arg.global.shape,
-                    arg.sharding.axis, j * len, len, DTypeSize(arg.global.dtype),
+                    arg.sharding.axis, j * len, len,
+                    DTypeSize(arg.global.dtype),
                     /*to_shard=*/true);
     } else {
       if (!replicated) {
@@ -111,15 +112,14 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
       }
       shard = replicated;  // one memfd, mapped by every local worker
     }
-    absl::Status s = WithConnection(
-        *core_, device, [&](transport::DataPlaneConnection& conn) {
-          return conn.Put({id, j}, *shard);
-        });
+    absl::Status s = WithConnection(*core_, device,
+                                    [&](transport::DataPlaneConnection& conn) {
+                                      return conn.Put({id, j}, *shard);
+                                    });
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("put of ",
-                                                 arg.global.ToString(),
-                                                 " shard ", j, ": ",
-                                                 s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("put of ", arg.global.ToString(), " shard ", j,
+                                 ": ", s.message()));
     }
     core_->bytes_put += bytes;
   }
@@ -152,9 +152,9 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
         });
     if (!s.ok()) return s;
     if (static_cast<int64_t>(data->size()) < bytes) {
-      return absl::InternalError(absl::StrCat(
-          "shard ", j, " of ", arg.global.ToString(), " has ", data->size(),
-          " bytes, expected ", bytes));
+      return absl::InternalError(
+          absl::StrCat("shard ", j, " of ", arg.global.ToString(), " has ",
+                       data->size(), " bytes, expected ", bytes));
     }
     core_->bytes_fetched += bytes;
     if (arg.sharding.is_split()) {
@@ -163,7 +163,8 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
                     arg.global.shape, arg.sharding.axis, j * len, len,
                     DTypeSize(arg.global.dtype), /*to_shard=*/false);
     } else if (arg.sharding.is_partial()) {
-      AccumulateInto(arg.global.dtype, dst, data->data(), arg.global.num_elements());
+      AccumulateInto(arg.global.dtype, dst, data->data(),
+                     arg.global.num_elements());
     } else if (bytes > 0) {
       std::memcpy(dst, data->data(), bytes);
     }
@@ -190,10 +191,10 @@ absl::Status Client::Wait(const Future& future) {
   if (!failed.ok()) return failed;
   const proto::SliceInfo& info = future.slice()->info();
   for (int j = 0; j < info.devices_size(); ++j) {
-    absl::Status s = WithConnection(
-        *core_, info.devices(j), [&](transport::DataPlaneConnection& conn) {
-          return conn.Wait({future.buffer_id(), j});
-        });
+    absl::Status s = WithConnection(*core_, info.devices(j),
+                                    [&](transport::DataPlaneConnection& conn) {
+                                      return conn.Wait({future.buffer_id(), j});
+                                    });
     if (!s.ok()) return s;
   }
   return absl::OkStatus();

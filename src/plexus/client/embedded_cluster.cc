@@ -60,15 +60,20 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
   const std::string address_file = tmpl + "/address";
   const std::string log_file = tmpl + "/server.log";
 
-  std::vector<std::string> args = {
-      server,
-      "--listen", "127.0.0.1:0",
-      "--address-file", address_file,
-      "--local-workers", std::to_string(options.hosts),
-      "--devices-per-host", std::to_string(options.devices_per_host),
-      "--device-memory-mib", std::to_string(options.device_memory_mib),
-      "--log-level", options.log_level,
-      "--die-with-parent"};
+  std::vector<std::string> args = {server,
+                                   "--listen",
+                                   "127.0.0.1:0",
+                                   "--address-file",
+                                   address_file,
+                                   "--local-workers",
+                                   std::to_string(options.hosts),
+                                   "--devices-per-host",
+                                   std::to_string(options.devices_per_host),
+                                   "--device-memory-mib",
+                                   std::to_string(options.device_memory_mib),
+                                   "--log-level",
+                                   options.log_level,
+                                   "--die-with-parent"};
   if (!options.shared_memory) args.push_back("--no-shm");
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -76,7 +81,8 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
 
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid < 0)
+    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
   if (pid == 0) {
     // Own process group, so that Stop() can reach the workers too; die with
     // the benchmark even if it is killed before its destructor runs.
@@ -108,9 +114,9 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
     int wstatus = 0;
     if (waitpid(cluster->pid_, &wstatus, WNOHANG) == cluster->pid_) {
       cluster->pid_ = -1;
-      return absl::InternalError(absl::StrCat(
-          "plexus-server exited while starting (status ", wstatus,
-          "); its log ends with:\n", cluster->LogTail()));
+      return absl::InternalError(
+          absl::StrCat("plexus-server exited while starting (status ", wstatus,
+                       "); its log ends with:\n", cluster->LogTail()));
     }
     return absl::OkStatus();
   };
@@ -123,10 +129,10 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
       break;
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "plexus-server did not write its address within ",
-          absl::FormatDuration(options.start_timeout), "; its log ends with:\n",
-          cluster->LogTail()));
+      return absl::DeadlineExceededError(
+          absl::StrCat("plexus-server did not write its address within ",
+                       absl::FormatDuration(options.start_timeout),
+                       "; its log ends with:\n", cluster->LogTail()));
     }
     backoff();
   }
@@ -139,8 +145,9 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
       return absl::DeadlineExceededError(absl::StrCat(
           "the embedded cluster did not have ", options.hosts,
           " live workers within ", absl::FormatDuration(options.start_timeout),
-          " (", status.ok() ? absl::StrCat(AliveWorkers(*status), " alive")
-                            : std::string(status.status().message()),
+          " (",
+          status.ok() ? absl::StrCat(AliveWorkers(*status), " alive")
+                      : std::string(status.status().message()),
           "); the server log ends with:\n", cluster->LogTail()));
     }
     backoff();

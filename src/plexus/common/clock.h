@@ -2,9 +2,9 @@
 // milliseconds without sleeping. Implementations are thread-safe.
 #pragma once
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "absl/synchronization/mutex.h"
 
 namespace plexus {
 

@@ -71,10 +71,10 @@ absl::StatusOr<TensorSpec> ArgSpec::Local(int num_shards) const {
                      global.shape.size(), " axes"));
   }
   if (num_shards <= 0 || global.shape[axis] % num_shards != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "axis ", axis, " of ", global.ToString(), " (length ",
-        global.shape[axis], ") does not split evenly over ", num_shards,
-        " devices"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("axis ", axis, " of ", global.ToString(), " (length ",
+                     global.shape[axis], ") does not split evenly over ",
+                     num_shards, " devices"));
   }
   TensorSpec local = global;
   local.shape[axis] /= num_shards;

@@ -28,7 +28,9 @@ TEST(ArgSpecTest, ProtoRoundTripKeepsPartial) {
 }
 
 TEST(AttrsTest, ProtoRoundTrip) {
-  Attrs attrs{{"lr", 0.5}, {"n", int64_t{3}}, {"s", std::string("x")},
+  Attrs attrs{{"lr", 0.5},
+              {"n", int64_t{3}},
+              {"s", std::string("x")},
               {"shape", std::vector<int64_t>{2, 3}}};
   proto::ProgramDef def;
   AttrsToProto(attrs, def.mutable_attrs());

@@ -73,8 +73,9 @@ Sharding ShardingFrom(const py::tuple& t) {
 }
 
 py::tuple ShardingTo(const Sharding& s) {
-  const char* kind = s.is_split() ? "split" : s.is_partial() ? "partial"
-                                                             : "replicated";
+  const char* kind = s.is_split()     ? "split"
+                     : s.is_partial() ? "partial"
+                                      : "replicated";
   return py::make_tuple(kind, s.axis);
 }
 
@@ -90,7 +91,8 @@ ArgSpec ArgFrom(const py::tuple& t) {
 }
 
 py::tuple ArgTo(const ArgSpec& a) {
-  return py::make_tuple(NumpyDType(a.global.dtype), py::tuple(py::cast(a.global.shape)),
+  return py::make_tuple(NumpyDType(a.global.dtype),
+                        py::tuple(py::cast(a.global.shape)),
                         ShardingTo(a.sharding));
 }
 
@@ -181,7 +183,8 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("inputs",
                              [](const Program& p) {
                                py::list l;
-                               for (const auto& a : p.inputs()) l.append(ArgTo(a));
+                               for (const auto& a : p.inputs())
+                                 l.append(ArgTo(a));
                                return l;
                              })
       .def_property_readonly("outputs", [](const Program& p) {
@@ -192,10 +195,9 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<Future>(m, "Future")
       .def_property_readonly("buffer_id", &Future::buffer_id)
-      .def_property_readonly("shape",
-                             [](const Future& f) {
-                               return py::tuple(py::cast(f.spec().shape));
-                             })
+      .def_property_readonly(
+          "shape",
+          [](const Future& f) { return py::tuple(py::cast(f.spec().shape)); })
       .def_property_readonly(
           "dtype", [](const Future& f) { return NumpyDType(f.spec().dtype); })
       .def_property_readonly(

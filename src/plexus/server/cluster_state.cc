@@ -121,9 +121,8 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
     }
   }
   if (axes.size() != mesh.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(axes.size(), " axis names for a mesh of rank ",
-                     mesh.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        axes.size(), " axis names for a mesh of rank ", mesh.size()));
   }
 
   std::vector<WorkerRecord*> alive;
@@ -135,9 +134,9 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
     }
   }
   if (total < n) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("asked for a slice of ", n, " devices, but the cluster has ",
-                     total, " live devices on ", alive.size(), " hosts"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "asked for a slice of ", n, " devices, but the cluster has ", total,
+        " live devices on ", alive.size(), " hosts"));
   }
   // Least-loaded hosts first; ties keep registration order.
   std::stable_sort(alive.begin(), alive.end(),
@@ -164,8 +163,8 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
         largest = std::max(largest, w->info.devices_size());
       }
       return absl::ResourceExhaustedError(absl::StrCat(
-          "no host has ", n, " devices for a one-host slice (largest: ",
-          largest, ")"));
+          "no host has ", n,
+          " devices for a one-host slice (largest: ", largest, ")"));
     }
   } else {
     // Spread (and the default): deal devices to hosts round robin, so a
@@ -174,20 +173,20 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
     std::vector<std::vector<int>> order;
     for (WorkerRecord* w : alive) order.push_back(LeastLoaded(*w));
     while (static_cast<int>(chosen.size()) < n) {
-      for (size_t h = 0; h < alive.size() && static_cast<int>(chosen.size()) < n;
-           ++h) {
+      for (size_t h = 0;
+           h < alive.size() && static_cast<int>(chosen.size()) < n; ++h) {
         if (next[h] < alive[h]->info.devices_size()) {
           chosen.push_back({alive[h]->id, order[h][next[h]++]});
         }
       }
     }
     // Shards are ordered host by host, so neighbours share a host.
-    std::stable_sort(chosen.begin(), chosen.end(),
-                     [](const DeviceRef& a, const DeviceRef& b) {
-                       return a.worker_id < b.worker_id ||
-                              (a.worker_id == b.worker_id &&
-                               a.device < b.device);
-                     });
+    std::stable_sort(
+        chosen.begin(), chosen.end(),
+        [](const DeviceRef& a, const DeviceRef& b) {
+          return a.worker_id < b.worker_id ||
+                 (a.worker_id == b.worker_id && a.device < b.device);
+        });
   }
   SliceRecord& slice = slices_[next_slice_id_];
   slice.id = next_slice_id_++;
@@ -198,7 +197,8 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
   std::set<int64_t> hosts;
   for (const DeviceRef& d : chosen) hosts.insert(d.worker_id);
   for (int64_t h : hosts) workers_[h].slices_mapped++;
-  for (const DeviceRef& d : chosen) workers_[d.worker_id].device_load[d.device]++;
+  for (const DeviceRef& d : chosen)
+    workers_[d.worker_id].device_load[d.device]++;
   client->slices.insert(slice.id);
   return DescribeSlice(slice);
 }
@@ -247,9 +247,8 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   const builtin::Kernel* kernel =
       builtin::KernelRegistry::Global().Find(def.kernel());
   if (kernel == nullptr) {
-    return absl::NotFoundError(absl::StrCat("program '", def.name(),
-                                            "': unknown kernel '",
-                                            def.kernel(), "'"));
+    return absl::NotFoundError(absl::StrCat(
+        "program '", def.name(), "': unknown kernel '", def.kernel(), "'"));
   }
   ProgramRecord rec;
   rec.def = def;
@@ -257,8 +256,9 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   for (int i = 0; i < def.inputs_size(); ++i) {
     auto a = FromProto(def.inputs(i));
     if (!a.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "program '", def.name(), "' argument ", i, ": ", a.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat("program '", def.name(),
+                                                     "' argument ", i, ": ",
+                                                     a.status().message()));
     }
     rec.inputs.push_back(*a);
   }

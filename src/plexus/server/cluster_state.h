@@ -27,8 +27,8 @@ struct WorkerRecord {
   proto::WorkerStats stats;
   absl::Time last_heartbeat;
   std::set<uint64_t> loaded_programs;
-  int64_t slices_mapped = 0;      // load used for placement
-  std::vector<int> device_load;   // slices mapped onto each device
+  int64_t slices_mapped = 0;     // load used for placement
+  std::vector<int> device_load;  // slices mapped onto each device
 };
 
 struct DeviceRef {

@@ -41,8 +41,8 @@ void GangScheduler::Broadcast(const proto::WorkerOp& op, int64_t except) {
   }
 }
 
-uint64_t GangScheduler::Submit(uint64_t client_id,
-                               std::vector<WorkerOps> units, int calls) {
+uint64_t GangScheduler::Submit(uint64_t client_id, std::vector<WorkerOps> units,
+                               int calls) {
   absl::MutexLock lock(&mu_);
   auto may = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return policy_->MayAdmit(client_id, calls);

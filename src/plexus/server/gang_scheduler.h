@@ -75,8 +75,7 @@ class GangScheduler {
 
   // Admits one client batch: `units` in order; `calls` counts its calls.
   // Returns the epoch (position in the global order) it was given.
-  uint64_t Submit(uint64_t client_id, std::vector<WorkerOps> units,
-                  int calls);
+  uint64_t Submit(uint64_t client_id, std::vector<WorkerOps> units, int calls);
 
   uint64_t epoch() const;
   std::string policy_name() const;

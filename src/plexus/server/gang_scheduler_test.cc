@@ -10,8 +10,8 @@ namespace {
 struct RecordingWorker {
   absl::Mutex mu;
   std::vector<uint64_t> calls ABSL_GUARDED_BY(mu);
-  std::shared_ptr<WorkerQueue> queue = std::make_shared<WorkerQueue>(
-      [this](std::vector<proto::WorkerOp>& ops) {
+  std::shared_ptr<WorkerQueue> queue =
+      std::make_shared<WorkerQueue>([this](std::vector<proto::WorkerOp>& ops) {
         absl::MutexLock lock(&mu);
         for (auto& op : ops) calls.push_back(op.execute().call_id());
         return true;

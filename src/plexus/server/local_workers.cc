@@ -28,14 +28,18 @@ absl::Status LocalWorkers::Start() {
         absl::StrCat("worker binary not found: ", options_.worker_binary));
   }
   for (int h = 0; h < options_.hosts; ++h) {
-    std::vector<std::string> args = {
-        options_.worker_binary,
-        "--server", options_.server_address,
-        "--devices", std::to_string(options_.devices_per_host),
-        "--device-memory-mib", absl::StrCat(options_.device_memory_mib),
-        "--host-name", absl::StrCat("host", h),
-        "--log-level", options_.log_level,
-        "--die-with-parent"};
+    std::vector<std::string> args = {options_.worker_binary,
+                                     "--server",
+                                     options_.server_address,
+                                     "--devices",
+                                     std::to_string(options_.devices_per_host),
+                                     "--device-memory-mib",
+                                     absl::StrCat(options_.device_memory_mib),
+                                     "--host-name",
+                                     absl::StrCat("host", h),
+                                     "--log-level",
+                                     options_.log_level,
+                                     "--die-with-parent"};
     if (!options_.shared_memory) args.push_back("--no-shm");
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -76,7 +80,8 @@ void LocalWorkers::Stop() {
       }
       break;
     }
-    absl::SleepFor(absl::Milliseconds(10));  // reaping children: no fd to wait on
+    absl::SleepFor(
+        absl::Milliseconds(10));  // reaping children: no fd to wait on
   }
   pids_.clear();
 }

@@ -8,8 +8,8 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
-#include "plexus/common/process.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/process.h"
 #include "plexus/server/local_workers.h"
 #include "plexus/server/server.h"
 
@@ -33,8 +33,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--device-memory-mib", local.device_memory_mib,
                  "memory budget of each local device, MiB");
-  app.add_flag("--no-shm", [&](int64_t) { local.shared_memory = false; },
-               "local workers move buffers over TCP, as between hosts");
+  app.add_flag(
+      "--no-shm", [&](int64_t) { local.shared_memory = false; },
+      "local workers move buffers over TCP, as between hosts");
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
                  "declare a silent worker down after this long");
   app.add_flag("--die-with-parent", die_with_parent,
@@ -55,8 +56,9 @@ int main(int argc, char** argv) {
   plexus::BlockTerminationSignals();
 
   if (!options.consistent_order) {
-    SPDLOG_WARN("--scheduler=none: no consistent order across islands; "
-                "collectives may deadlock (test only)");
+    SPDLOG_WARN(
+        "--scheduler=none: no consistent order across islands; "
+        "collectives may deadlock (test only)");
   }
   auto server = plexus::Server::Start(options);
   if (!server.ok()) {

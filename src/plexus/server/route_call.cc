@@ -72,10 +72,9 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
           absl::StrCat(arg_what, ": ", arg.status().message()));
     }
     if (!(*arg == prog.inputs[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(arg_what, " is ", arg->ToString(),
-                       " but the program was compiled for ",
-                       prog.inputs[i].ToString()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          arg_what, " is ", arg->ToString(),
+          " but the program was compiled for ", prog.inputs[i].ToString()));
     }
     auto src_or = UsableSlice(client_id, ref.slice_id(), arg_what);
     if (!src_or.ok()) return src_or.status();
@@ -99,13 +98,15 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     }
 
     // The key under which consumer `dst` finds source shard `k`.
-    auto source_key = [&](int k, const DeviceRef& dst) -> std::pair<uint64_t, int> {
+    auto source_key = [&](int k,
+                          const DeviceRef& dst) -> std::pair<uint64_t, int> {
       const DeviceRef& s = src.devices[k];
       if (s.worker_id == dst.worker_id) return {ref.buffer_id(), k};
       TransferKey tk{ref.buffer_id(), k, dst.worker_id};
       auto it = transfers.find(tk);
       if (it != transfers.end()) return {it->second, 0};
-      uint64_t temp = (kServerClientId << kBufferIdClientShift) | next_transfer_++;
+      uint64_t temp =
+          (kServerClientId << kBufferIdClientShift) | next_transfer_++;
       transfers[tk] = temp;
       proto::WorkerOp t;
       auto* tr = t.mutable_transfer();
@@ -148,7 +149,10 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         // Replicated: any source copy will do; prefer one on this worker.
         int k = j % m;
         for (int c = 0; c < m; ++c) {
-          if (src.devices[c] == dst) { k = c; break; }
+          if (src.devices[c] == dst) {
+            k = c;
+            break;
+          }
           if (src.devices[c].worker_id == dst.worker_id) k = c;
         }
         add_piece(k, 0, 0, rows);

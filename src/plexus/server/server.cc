@@ -31,8 +31,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
     Shutdown();
     // Sessions were cancelled by Shutdown(); give in-flight unary calls a
     // moment, then cancel whatever is left.
-    if (grpc_server_) grpc_server_->Shutdown(absl::ToChronoTime(
-        absl::Now() + absl::Milliseconds(100)));
+    if (grpc_server_)
+      grpc_server_->Shutdown(
+          absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
     if (liveness_.joinable()) liveness_.join();
   }
 
@@ -49,8 +50,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
       return absl::UnavailableError(
           absl::StrCat("cannot listen on ", options_.listen_address));
     }
-    std::string host = options_.listen_address.substr(
-        0, options_.listen_address.rfind(':'));
+    std::string host =
+        options_.listen_address.substr(0, options_.listen_address.rfind(':'));
     address_ = absl::StrCat(host, ":", port);
     liveness_ = std::thread([this] { LivenessLoop(); });
     SPDLOG_INFO("listening on {}", address_);
@@ -84,9 +85,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
       }
     }
     for (int64_t id : late) {
-      WorkerDown(id, absl::StrCat("worker ", id, " missed heartbeats for ",
-                                  absl::FormatDuration(
-                                      options_.heartbeat_timeout)));
+      WorkerDown(
+          id, absl::StrCat("worker ", id, " missed heartbeats for ",
+                           absl::FormatDuration(options_.heartbeat_timeout)));
     }
   }
 
@@ -102,8 +103,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
     {
       absl::MutexLock lock(&mu_);
       control_bytes_in_ += first.ByteSizeLong();
-      WorkerRecord& w = state_.AddWorker(first.register_(),
-                                         options_.clock->Now());
+      WorkerRecord& w =
+          state_.AddWorker(first.register_(), options_.clock->Now());
       id = w.id;
       auto queue = std::make_shared<WorkerQueue>(
           [stream, id](std::vector<proto::WorkerOp>& ops) {
@@ -135,7 +136,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
         }
       }
     }
-    WorkerDown(id, absl::StrCat("worker ", id, " lost its connection to the "
+    WorkerDown(id, absl::StrCat("worker ", id,
+                                " lost its connection to the "
                                 "server (process exited or was killed)"));
     std::shared_ptr<WorkerQueue> queue;
     {

@@ -137,9 +137,9 @@ absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
         absl::StrCat("no device ", device, " on this worker"));
   }
   if (bytes > capacity_[device]) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a shard of ", bytes, " bytes can never fit device ", device,
-        " (memory budget ", capacity_[device], " bytes)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("a shard of ", bytes, " bytes can never fit device ",
+                     device, " (memory budget ", capacity_[device], " bytes)"));
   }
   absl::MutexLock lock(&mu_);
   absl::Time deadline = absl::Now() + options_.reserve_timeout;
@@ -147,9 +147,9 @@ absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
     if (memory_freed_.WaitWithDeadline(&mu_, deadline)) {
       if (used_[device] + bytes > capacity_[device]) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            "waited ", absl::FormatDuration(options_.reserve_timeout),
-            " for ", bytes, " bytes on device ", device, " (budget ",
-            capacity_[device], ", in use ", used_[device],
+            "waited ", absl::FormatDuration(options_.reserve_timeout), " for ",
+            bytes, " bytes on device ", device, " (budget ", capacity_[device],
+            ", in use ", used_[device],
             "): release futures you no longer need"));
       }
     }

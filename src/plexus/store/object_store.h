@@ -151,9 +151,9 @@ class ObjectStore {
   // Moves the entry to a final state; returns the callbacks to run unlocked.
   std::vector<ReadyCallback> CompleteLocked(const BufferKey& key, Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void RunCallbacks(std::vector<ReadyCallback> callbacks,
-                           const absl::StatusOr<std::shared_ptr<const Storage>>&
-                               result);
+  static void RunCallbacks(
+      std::vector<ReadyCallback> callbacks,
+      const absl::StatusOr<std::shared_ptr<const Storage>>& result);
 
   const Options options_;
   const std::vector<int64_t> capacity_;

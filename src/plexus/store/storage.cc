@@ -10,10 +10,9 @@
 #include <cstring>
 #include <map>
 
-#include "absl/synchronization/mutex.h"
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace plexus {
 namespace {
@@ -101,7 +100,9 @@ void Storage::Recycle(Storage* storage) {
 }
 
 size_t Storage::CachedBytes() { return StorageCache::Get().cached(); }
-void Storage::SetCacheLimit(size_t bytes) { StorageCache::Get().set_limit(bytes); }
+void Storage::SetCacheLimit(size_t bytes) {
+  StorageCache::Get().set_limit(bytes);
+}
 
 absl::StatusOr<std::shared_ptr<Storage>> Storage::AllocateForWrite(
     size_t bytes) {

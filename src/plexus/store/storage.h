@@ -9,8 +9,8 @@
 // in-flight transfers and by fetches at once, and freed by the last of them.
 #pragma once
 
-#include <cstddef>
 #include <atomic>
+#include <cstddef>
 #include <memory>
 
 #include "absl/status/statusor.h"

@@ -5,9 +5,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace plexus {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 CallCollective::CallCollective(uint64_t exchange_id, std::vector<Peer> peers,
                                int my_rank, ObjectStore* store, SendFn send)
@@ -40,10 +38,9 @@ absl::Status CallCollective::ReduceLocked() {
   result_.assign(bytes, 0);
   for (auto& [shard, t] : inputs_) {
     if (t.spec != first.spec) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("all_reduce: shard ", shard, " has ",
-                       t.spec.ToString(), ", shard ", inputs_.begin()->first,
-                       " has ", first.spec.ToString()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_reduce: shard ", shard, " has ", t.spec.ToString(), ", shard ",
+          inputs_.begin()->first, " has ", first.spec.ToString()));
     }
     AccumulateInto(first.spec.dtype, result_.data(), t.data, n);
   }
@@ -113,9 +110,7 @@ absl::Status CallCollective::AllReduceSum(int shard,
   absl::MutexLock lock(&mu_);
   inputs_[shard] = in;
   ArriveLocked();
-  auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return done_;
-  };
+  auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
   mu_.Await(absl::Condition(&finished));
   if (!status_.ok()) return status_;
   if (out.spec.byte_size() != static_cast<int64_t>(result_.size())) {

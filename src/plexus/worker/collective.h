@@ -23,9 +23,9 @@ class CallCollective {
     int64_t worker_id;
     int32_t local_shards;
   };
-  using SendFn = std::function<void(
-      int64_t worker_id, const BufferKey& key,
-      absl::StatusOr<std::shared_ptr<const Storage>> data)>;
+  using SendFn =
+      std::function<void(int64_t worker_id, const BufferKey& key,
+                         absl::StatusOr<std::shared_ptr<const Storage>> data)>;
 
   // `exchange_id`: the buffer id under which ranks' partials travel (shard =
   // rank). `my_rank` indexes `peers`.

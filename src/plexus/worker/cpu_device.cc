@@ -1,6 +1,5 @@
-#include "plexus/worker/device.h"
-
 #include "absl/time/clock.h"
+#include "plexus/worker/device.h"
 
 namespace plexus {
 

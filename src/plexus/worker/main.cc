@@ -6,8 +6,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "plexus/common/process.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/process.h"
 #include "plexus/worker/worker.h"
 
 int main(int argc, char** argv) {

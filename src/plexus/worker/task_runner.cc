@@ -51,7 +51,8 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
     std::vector<CallCollective::Peer> peers;
     int my_rank = -1;
     for (int r = 0; r < exec.peers_size(); ++r) {
-      peers.push_back({exec.peers(r).worker_id(), exec.peers(r).local_shards()});
+      peers.push_back(
+          {exec.peers(r).worker_id(), exec.peers(r).local_shards()});
       if (exec.peers(r).worker_id() == worker_id_) my_rank = r;
     }
     call->collective = std::make_unique<CallCollective>(
@@ -77,7 +78,8 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   for (const auto& task : exec.tasks()) {
     for (int o = 0; o < exec.output_ids_size(); ++o) {
       TensorSpec spec;
-      if (call->program && o < static_cast<int>(call->program->outputs.size())) {
+      if (call->program &&
+          o < static_cast<int>(call->program->outputs.size())) {
         auto local = call->program->outputs[o].Local(exec.num_shards());
         if (local.ok()) spec = *local;
       }
@@ -160,8 +162,8 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   std::unique_ptr<ShardCollectives> shard_collectives;
   auto run = [&]() -> absl::Status {
     if (program == nullptr || program->kernel == nullptr) {
-      return absl::NotFoundError(absl::StrCat(
-          "program ", exec.program_id(), " is not loaded on this worker"));
+      return absl::NotFoundError(absl::StrCat("program ", exec.program_id(),
+                                              " is not loaded on this worker"));
     }
     builtin::KernelContext ctx;
     ctx.attrs = &program->attrs;
@@ -200,18 +202,18 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
       outputs.push_back(std::move(*storage));
     }
     if (call->collective) {
-      shard_collectives =
-          std::make_unique<ShardCollectives>(call->collective.get(),
-                                             task.shard());
+      shard_collectives = std::make_unique<ShardCollectives>(
+          call->collective.get(), task.shard());
       ctx.collectives = shard_collectives.get();
     }
     if (all_aliased) return absl::OkStatus();
     absl::Status s = program->kernel->Run(ctx);
     if (!s.ok()) {
       return absl::Status(
-          s.code(), absl::StrCat("program '", program->name, "' failed on shard ",
-                                 task.shard(), " (worker ", worker_id_.load(),
-                                 "): ", s.message()));
+          s.code(),
+          absl::StrCat("program '", program->name, "' failed on shard ",
+                       task.shard(), " (worker ", worker_id_.load(),
+                       "): ", s.message()));
     }
     return absl::OkStatus();
   };
@@ -219,11 +221,10 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   absl::Status status = run();
   if (call->collective &&
       (shard_collectives == nullptr || !shard_collectives->contributed())) {
-    call->collective->Abort(task.shard(), status.ok()
-                                              ? absl::InternalError(
-                                                    "collective kernel did "
-                                                    "not all-reduce")
-                                              : status);
+    call->collective->Abort(
+        task.shard(), status.ok() ? absl::InternalError("collective kernel did "
+                                                        "not all-reduce")
+                                  : status);
   }
   if (status.ok()) {
     for (int o = 0; o < exec.output_ids_size(); ++o) {

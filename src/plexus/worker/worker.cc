@@ -60,10 +60,10 @@ absl::Status WorkerImpl::Init() {
   args.SetMaxReceiveMessageSize(256 << 20);
   channel_ = grpc::CreateCustomChannel(
       options_.server_address, grpc::InsecureChannelCredentials(), args);
-  if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() +
-                                                     absl::Seconds(10)))) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot reach the server at ", options_.server_address));
+  if (!channel_->WaitForConnected(
+          absl::ToChronoTime(absl::Now() + absl::Seconds(10)))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the server at ", options_.server_address));
   }
   stub_ = proto::Controller::NewStub(channel_);
   stream_ = stub_->WorkerSession(&context_);
@@ -228,9 +228,9 @@ PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
   if (pit == peers_.end()) return nullptr;
   const proto::PeerInfo& p = pit->second;
   bool same_machine = p.machine_id() == machine_id_;
-  auto sender = std::make_unique<PeerSender>(
-      worker_id, p.data_address(), same_machine ? p.unix_path() : "",
-      &counters_);
+  auto sender = std::make_unique<PeerSender>(worker_id, p.data_address(),
+                                             same_machine ? p.unix_path() : "",
+                                             &counters_);
   PeerSender* raw = sender.get();
   senders_[worker_id] = std::move(sender);
   return raw;
@@ -276,10 +276,10 @@ absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
   auto desc = store_->Describe(k);
   if (desc.ok() &&
       desc->first.byte_size() != static_cast<int64_t>(data->size())) {
-    absl::Status mismatch = absl::InvalidArgumentError(absl::StrCat(
-        KeyString(k), " is declared as ", desc->first.ToString(), " (",
-        desc->first.byte_size(), " bytes) but ", data->size(),
-        " bytes arrived"));
+    absl::Status mismatch = absl::InvalidArgumentError(
+        absl::StrCat(KeyString(k), " is declared as ", desc->first.ToString(),
+                     " (", desc->first.byte_size(), " bytes) but ",
+                     data->size(), " bytes arrived"));
     // Whoever waits for this shard learns why, rather than waiting forever.
     store_->Fail(k, mismatch);
     return mismatch;

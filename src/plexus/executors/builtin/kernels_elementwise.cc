@@ -199,8 +199,8 @@ struct ScaleOp {
     auto repeat = GetIntAttr(a, "repeat", 1);
     if (!repeat.ok()) return repeat.status();
     if (*repeat < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attribute 'repeat' must be at least 1, got ", *repeat));
+      return absl::InvalidArgumentError(
+          absl::StrCat("attribute 'repeat' must be at least 1, got ", *repeat));
     }
     return Scaling{*factor, *repeat};
   }

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
