@@ -15,11 +15,18 @@ def test_call_returns_before_a_200ms_kernel_finishes(client):
     busy = s.program("busy_wait", x, micros=200_000)
     busy(x).block_until_ready()  # first call loads the program everywhere
     t0 = time.perf_counter()
-    y = busy(x)
-    returned = time.perf_counter() - t0
-    assert returned < 0.001, f"call took {returned * 1e3:.2f} ms to return"
+    returned = []
+    y = x
+    for _ in range(3):  # all three return while the first kernel still runs
+        t = time.perf_counter()
+        y = busy(y)
+        returned.append(time.perf_counter() - t)
+    # The median, so that one preemption of this process on a loaded 2-core
+    # machine does not decide the test.
+    assert sorted(returned)[1] < 0.001, f"calls took {returned} s to return"
+    assert time.perf_counter() - t0 < 0.2, "the calls waited for the kernel"
     np.testing.assert_array_equal(np.asarray(y), np.arange(4, dtype=np.float32))
-    assert time.perf_counter() - t0 >= 0.2
+    assert time.perf_counter() - t0 >= 0.6
 
 
 def test_future_looks_like_a_jax_array(client):
