@@ -90,3 +90,11 @@ def test_buffer_that_can_never_fit_is_refused(tmp_path):
         for _ in range(40):                                # 10 MiB in total
             x = step(x)
         np.testing.assert_array_equal(np.asarray(x), np.ones(1 << 16, np.float32))
+
+
+def test_absurd_shape_is_refused_not_overflowed(client):
+    s = client.slice(1)
+    with pytest.raises(plexus.InvalidArgumentError, match="more than 2\\^50 elements"):
+        s.program("fill", shape=[1 << 40, 1 << 40], value=1.0)
+    with pytest.raises(plexus.InvalidArgumentError, match="more than 2\\^50 elements"):
+        s.program("relu", plexus.Spec((1 << 30, 1 << 30, 8)))

@@ -180,6 +180,10 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
   }
   const int n = slice->num_devices();
   for (size_t i = 0; i < inputs.size(); ++i) {
+    if (absl::Status s = ValidateSpec(inputs[i].global); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " argument ", i, ": ", s.message()));
+    }
     auto local = inputs[i].Local(n);
     if (!local.ok()) {
       return absl::InvalidArgumentError(
@@ -192,6 +196,10 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
                         absl::StrCat(what, ": ", outputs.status().message()));
   }
   for (size_t i = 0; i < outputs->size(); ++i) {
+    if (absl::Status s = ValidateSpec((*outputs)[i].global); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " output ", i, ": ", s.message()));
+    }
     auto local = (*outputs)[i].Local(n);
     if (!local.ok()) {
       return absl::InvalidArgumentError(

@@ -107,6 +107,23 @@ void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n) {
   }
 }
 
+absl::Status ValidateSpec(const TensorSpec& spec) {
+  constexpr int64_t kMaxElements = int64_t{1} << 50;
+  int64_t n = 1;
+  for (int64_t d : spec.shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "negative dimension ", d, " in ", ShapeString(spec.shape)));
+    }
+    if (d != 0 && n > kMaxElements / d) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape ", ShapeString(spec.shape), " has more than 2^50 elements"));
+    }
+    n *= d;
+  }
+  return absl::OkStatus();
+}
+
 proto::TensorSpec ToProto(const TensorSpec& spec) {
   proto::TensorSpec p;
   p.set_dtype(static_cast<proto::DType>(spec.dtype));
@@ -128,6 +145,7 @@ absl::StatusOr<TensorSpec> FromProto(const proto::TensorSpec& p) {
     }
     spec.shape.push_back(d);
   }
+  if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
   return spec;
 }
 

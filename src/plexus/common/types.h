@@ -78,6 +78,10 @@ using AttrValue =
     std::variant<int64_t, double, std::string, std::vector<int64_t>>;
 using Attrs = std::map<std::string, AttrValue>;
 
+// OK if the spec's byte size is representable (at most 2^50 elements);
+// otherwise an error naming the shape. Every spec from a user passes here.
+absl::Status ValidateSpec(const TensorSpec& spec);
+
 // acc[i] += in[i] for n elements of `dtype` (partial sums, all-reduce).
 void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n);
 
