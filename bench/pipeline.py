@@ -228,16 +228,10 @@ def wait_for_stats(cluster, client, deadline_s=10.0):
     """Waits until a heartbeat taken after every call issued so far has run
     reached the server; returns the status."""
     issued = client.counters()["calls"]
-    deadline = time.monotonic() + deadline_s
-    while True:
-        st = cluster.status()
-        done = sum(w["stats"].get("calls_executed", 0) for w in st["workers"])
-        if done >= issued:
-            return st
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"no heartbeat with {issued} calls executed "
-                               f"after {deadline_s} s (have {done})")
-        time.sleep(0.1)
+    return cluster.wait_until(
+        lambda st: sum(w["stats"].get("calls_executed", 0)
+                       for w in st["workers"]) >= issued,
+        timeout=deadline_s, what=f"a heartbeat with {issued} calls executed")
 
 
 def device_peaks(status, devices):

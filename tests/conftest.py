@@ -26,16 +26,3 @@ def client(cluster):
     c = cluster.connect(name="test")
     yield c
     c.close()
-
-
-def wait_until(condition, timeout=10.0, what="condition"):
-    """Waits for `condition()` to be true, checking with backoff; fails the
-    test with `what` after `timeout` seconds."""
-    import time
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)

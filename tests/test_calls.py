@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 import plexus
-from conftest import wait_until
 
 
 def test_call_returns_before_a_200ms_kernel_finishes(client):
@@ -128,14 +127,14 @@ def test_dropping_futures_frees_every_shard(cluster):
     f = s.program("scale", x, factor=2.0)
     ys = [f(x) for _ in range(20)]
     ys[-1].block_until_ready()
-    wait_until(lambda: sum(w["stats"].get("live_buffers", 0)
-                           for w in cluster.status()["workers"]) > 0,
-               what="workers to report live buffers")
+    cluster.wait_until(lambda st: sum(w["stats"].get("live_buffers", 0)
+                                      for w in st["workers"]) > 0,
+                       what="workers to report live buffers")
     del x, ys
     client.flush()
-    wait_until(lambda: all(w["stats"].get("live_buffers", 0) == 0
-                           for w in cluster.status()["workers"]),
-               what="every worker to report zero live buffers")
+    cluster.wait_until(lambda st: all(w["stats"].get("live_buffers", 0) == 0
+                                      for w in st["workers"]),
+                       what="every worker to report zero live buffers")
     client.close()
 
 
@@ -183,17 +182,17 @@ def test_device_busy_time_counts_kernel_time(cluster, client):
     s = client.slice(1, placement="one_host")
     dev = s.devices[0]
 
-    def busy_micros():
-        for w in cluster.status()["workers"]:
+    def busy_micros(st):
+        for w in st["workers"]:
             if w["worker_id"] == dev["worker"]:
                 return w["stats"].get("device_busy_micros", [0] * 8)[dev["device"]]
 
-    before = busy_micros()
+    before = busy_micros(cluster.status(fresh=True))
     x = s.put(np.zeros(4, np.float32))
     nap = s.program("device_sleep", x, micros=50_000)
     y = x
     for _ in range(4):
         y = nap(y)
     y.block_until_ready()
-    wait_until(lambda: busy_micros() - before >= 200_000,
-               what="the device's busy time to grow by the 200 ms it ran")
+    cluster.wait_until(lambda st: busy_micros(st) - before >= 200_000,
+                       what="the device's busy time to grow by the 200 ms it ran")

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import plexus
-from conftest import ROOT, wait_until
+from conftest import ROOT
+from plexus._process import wait_for_exit
 
 
 def alive(pid):
@@ -33,8 +34,8 @@ def test_context_manager_leaves_no_process_behind_even_on_error(tmp_path):
             pids = cluster.worker_pids() + [cluster.process.pid]
             assert len(pids) == 3 and all(alive(p) for p in pids)
             raise RuntimeError("boom")
-    wait_until(lambda: not any(alive(p) for p in pids), timeout=10,
-               what="server and workers to exit")
+    assert wait_for_exit(pids, timeout=10) == [], "server or workers still running"
+    assert not any(alive(p) for p in pids)
 
 
 def test_killed_worker_fails_dependent_futures_within_5s(tmp_path):
@@ -60,7 +61,7 @@ def test_killed_worker_fails_dependent_futures_within_5s(tmp_path):
         assert elapsed < 5, f"took {elapsed:.1f} s to fail"
         assert "worker" in str(e.value)
         # The rest of the cluster still serves a new client.
-        wait_until(lambda: any(not w["alive"] for w in cluster.status()["workers"]),
+        cluster.wait_until(lambda st: any(not w["alive"] for w in st["workers"]),
                    what="the server to mark the worker down")
         other = cluster.connect(name="after")
         s2 = other.slice(1)
@@ -88,15 +89,14 @@ def test_64mib_moves_worker_to_worker_not_through_client_or_server(tmp_path):
         assert counters["bytes_put"] == 0
         assert counters["bytes_fetched"] < 1024
 
-        def moved():
-            st = cluster.status()
+        def moved(st):
             by_host = {w["host_name"]: w["stats"] for w in st["workers"]}
             src = by_host[a.devices[0]["host"]]
             dst = by_host[b.devices[0]["host"]]
             return (src.get("bytes_sent", 0) >= 64 << 20 and
-                    dst.get("bytes_received", 0) >= 64 << 20 and st)
+                    dst.get("bytes_received", 0) >= 64 << 20)
 
-        st = wait_until(moved, what="worker counters to show 64 MiB moved") or moved()
+        st = cluster.wait_until(moved, what="worker counters to show 64 MiB moved")
         assert st["data_bytes"] == 0
         assert st["control_bytes_in"] < 1 << 20  # control messages only
         from plexus.cli import format_status

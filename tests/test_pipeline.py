@@ -11,7 +11,6 @@ from plexus.pipeline import (Pipeline, Stage, check_schedule, gpipe,
                              issue_order, one_f_one_b, peak_in_flight,
                              schedule_actions, simulate)
 
-from conftest import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
@@ -235,9 +234,9 @@ def test_training_matches_the_hand_written_pipeline(client, schedule):
     assert float(np.asarray(losses[-1])) < float(np.asarray(losses[0]))
 
 
-def live_buffers(cluster):
+def live_buffers(status):
     return {w["worker_id"]: w["stats"].get("live_buffers", 0)
-            for w in cluster.status()["workers"]}
+            for w in status["workers"]}
 
 
 def test_a_step_leaves_no_activation_alive(cluster, client):
@@ -245,7 +244,7 @@ def test_a_step_leaves_no_activation_alive(cluster, client):
     the steps have run and their results are gone, each stage's worker
     holds only the new parameters and the inputs the client still owns.
     (Counted in shards, not bytes: see the report on put accounting.)"""
-    before = live_buffers(cluster)
+    before = live_buffers(cluster.status(fresh=True))
     s1, s2 = two_stage_slices(client)
     workers = [s.devices[0]["worker"] for s in (s1, s2)]
     params = init_params(seed=0)
@@ -260,8 +259,9 @@ def test_a_step_leaves_no_activation_alive(cluster, client):
     del out
     # 2 parameters + M inputs per stage
     want = {w: before.get(w, 0) + 2 + M for w in workers}
-    wait_until(lambda: {w: live_buffers(cluster)[w] for w in workers} == want,
-               timeout=10, what=f"live shards on the stages' workers to "
+    cluster.wait_until(
+        lambda st: {w: live_buffers(st)[w] for w in workers} == want,
+        timeout=10, what=f"live shards on the stages' workers to "
                f"fall to {want}")
     assert np.isfinite(np.asarray(pipe.params[0]["w1"])).all()
 

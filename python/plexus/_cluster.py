@@ -1,28 +1,12 @@
 """The embedded default: a server and H worker processes on this machine."""
-import json
 import os
+import select
 import signal
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 from . import _core
 from ._binaries import bin_dir
-
-
-def _wait_for(condition, timeout, what):
-    """Polls `condition` until true; raises TimeoutError naming `what`."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
 
 
 class LocalCluster:
@@ -56,16 +40,16 @@ class LocalCluster:
         self.scheduler = scheduler
         self.address = None
         self.process = None
-        self._tmp = None
         self._clients = []
 
     # ------------------------------------------------------------------
     def start(self, timeout=30.0):
-        self._tmp = tempfile.TemporaryDirectory(prefix="plexus-")
-        address_file = Path(self._tmp.name) / "address"
+        """Starts the server and its workers; returns once every worker has
+        registered (the server says so on a pipe), or raises."""
+        read_end, write_end = os.pipe()
         cmd = [str(bin_dir() / "plexus-server"),
                "--listen", "127.0.0.1:0",
-               "--address-file", str(address_file),
+               "--ready-fd", str(write_end),
                "--local-workers", str(self.hosts),
                "--devices-per-host", str(self.devices_per_host),
                "--device-memory-mib", str(self.device_memory_mib),
@@ -77,35 +61,49 @@ class LocalCluster:
         if self.attached:
             cmd.append("--die-with-parent")
         log = open(self.log_file, "ab") if self.log_file else None
-        self.process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
-            stderr=log, start_new_session=True)
-        if log:
-            log.close()
-
-        def address_ready():
-            if self.process.poll() is not None:
-                raise RuntimeError(
-                    f"plexus-server exited with code {self.process.returncode}"
-                    " while starting (see its log)")
-            return address_file.exists() and address_file.read_text().strip()
-
-        self.address = _wait_for(address_ready, timeout, "the server to listen")
-        _wait_for(lambda: self._alive_workers() >= self.hosts, timeout,
-                  f"{self.hosts} workers to register")
+        try:
+            self.process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
+                stderr=log, start_new_session=True, pass_fds=(write_end,))
+        finally:
+            os.close(write_end)
+            if log:
+                log.close()
+        try:
+            # The server closes its end once ready, or by exiting.
+            ready, _, _ = select.select([read_end], [], [], timeout)
+            line = os.read(read_end, 256).decode().strip() if ready else None
+        finally:
+            os.close(read_end)
+        if not line:
+            code = self.process.poll()
+            self.down()
+            if line is None:
+                raise TimeoutError(f"timed out after {timeout:.0f} s waiting for "
+                                   f"the server and {self.hosts} workers")
+            raise RuntimeError(f"plexus-server exited with code {code} while "
+                               "starting (see its log)")
+        self.address = line
         return self
 
-    def _alive_workers(self):
-        if self.process.poll() is not None:
-            raise RuntimeError(
-                f"plexus-server exited with code {self.process.returncode}")
-        st = self.status()
-        return sum(1 for w in st.get("workers", []) if w.get("alive"))
-
-    def status(self):
-        """The server's view of the cluster, as a dict."""
+    def status(self, fresh=False):
+        """The server's view of the cluster, as a dict. fresh=True waits for
+        a heartbeat from every live worker first (~0.5 s), so worker stats
+        are current."""
         from ._api import _decode_status
-        return _decode_status(_core.cluster_status(self.address))
+        return _decode_status(_core.cluster_status(self.address, fresh))
+
+    def wait_until(self, predicate, timeout=10.0, what="a condition"):
+        """Waits until `predicate(status)` is true, re-reading the status
+        after each round of heartbeats (the only thing that changes it);
+        returns that status. TimeoutError naming `what` after `timeout`."""
+        deadline = time.monotonic() + timeout
+        st = self.status()
+        while not predicate(st):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+            st = self.status(fresh=True)
+        return st
 
     def worker_pids(self):
         return [int(w["pid"]) for w in self.status()["workers"] if w["alive"]]
@@ -144,9 +142,6 @@ class LocalCluster:
         except ProcessLookupError:
             pass
         self.process = None
-        if self._tmp:
-            self._tmp.cleanup()
-            self._tmp = None
 
     def __enter__(self):
         if self.process is None:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from . import _core
+from ._process import wait_for_exit
 
 
 def _state_file():
@@ -153,13 +154,7 @@ def cmd_down(args):
             except ProcessLookupError:
                 pass
     if pid:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+        wait_for_exit([pid], timeout=10)
         try:
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:

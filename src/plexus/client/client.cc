@@ -258,13 +258,14 @@ ClientCounters Client::counters() const {
 // ---------------------------------------------------------------- status
 
 absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
-    const std::string& address) {
+    const std::string& address, bool fresh) {
   auto channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   proto::StatusRequest req;
+  if (fresh) req.set_fresh_timeout_ms(3000);
   proto::ClusterStatus status;
   grpc::Status s = stub->GetStatus(&ctx, req, &status);
   if (!s.ok()) {

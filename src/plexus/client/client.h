@@ -183,9 +183,11 @@ class Client {
   std::shared_ptr<ClientCore> core_;
 };
 
-// The cluster status as the server sees it.
+// The cluster status as the server sees it. With `fresh`, the server
+// answers once every live worker has reported after the request (one
+// heartbeat, ~500 ms): the way to wait for a change in worker stats.
 absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
-    const std::string& address);
+    const std::string& address, bool fresh = false);
 // Asks the server to shut down (and, for an embedded cluster, its workers).
 absl::Status ShutdownServer(const std::string& address);
 

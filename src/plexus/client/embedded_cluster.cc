@@ -1,6 +1,7 @@
 #include "plexus/client/embedded_cluster.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "plexus/client/client.h"
+#include "plexus/common/process.h"
 
 namespace plexus {
 namespace {
@@ -28,25 +30,11 @@ std::string ReadFile(const std::string& path) {
   return ss.str();
 }
 
-int AliveWorkers(const proto::ClusterStatus& status) {
-  int alive = 0;
-  for (const auto& w : status.workers()) alive += w.alive() ? 1 : 0;
-  return alive;
-}
-
 }  // namespace
-
-std::string SiblingPath(const std::string& name) {
-  char self[4096] = {0};
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string dir = n > 0 ? std::string(self, n) : std::string(".");
-  dir = dir.substr(0, dir.rfind('/'));
-  return absl::StrCat(dir, "/", name);
-}
 
 absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
     const EmbeddedClusterOptions& options) {
-  const std::string server = SiblingPath("plexus-server");
+  const std::string server = SiblingBinary("plexus-server");
   if (access(server.c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat(
         "plexus-server not found next to this benchmark: ", server));
@@ -57,14 +45,20 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
     return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
   }
   std::unique_ptr<EmbeddedCluster> cluster(new EmbeddedCluster(options, tmpl));
-  const std::string address_file = tmpl + "/address";
   const std::string log_file = tmpl + "/server.log";
+  // The server writes its address to this pipe once it listens and every
+  // worker has registered; the read end also sees EOF if it dies first.
+  int ready[2];
+  if (pipe2(ready, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe2: ", strerror(errno)));
+  }
+  constexpr int kReadyFd = 3;  // where the child finds the write end
 
   std::vector<std::string> args = {server,
                                    "--listen",
                                    "127.0.0.1:0",
-                                   "--address-file",
-                                   address_file,
+                                   "--ready-fd",
+                                   std::to_string(kReadyFd),
                                    "--local-workers",
                                    std::to_string(options.hosts),
                                    "--devices-per-host",
@@ -96,62 +90,30 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
       dup2(fd, STDERR_FILENO);
     }
     if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    dup2(ready[1], kReadyFd);  // dup2 clears close-on-exec on the copy
     execv(argv[0], argv.data());
     _exit(127);
   }
   setpgid(pid, pid);  // also here: no race with the child's own call
   cluster->pid_ = pid;
+  close(ready[1]);
 
-  // Wait with a deadline: first for the address file (written, then renamed
-  // into place, once the server accepts connections), then for the workers.
-  const absl::Time deadline = absl::Now() + options.start_timeout;
-  absl::Duration delay = absl::Milliseconds(2);
-  auto backoff = [&delay] {
-    absl::SleepFor(delay);  // polling a child process: nothing to wait on
-    delay = std::min(delay * 2, absl::Milliseconds(100));
-  };
-  auto exited = [&]() -> absl::Status {
-    int wstatus = 0;
-    if (waitpid(cluster->pid_, &wstatus, WNOHANG) == cluster->pid_) {
-      cluster->pid_ = -1;
-      return absl::InternalError(
-          absl::StrCat("plexus-server exited while starting (status ", wstatus,
-                       "); its log ends with:\n", cluster->LogTail()));
-    }
-    return absl::OkStatus();
-  };
-  while (true) {
-    if (absl::Status s = exited(); !s.ok()) return s;
-    std::string address = ReadFile(address_file);
-    while (!address.empty() && std::isspace(address.back())) address.pop_back();
-    if (!address.empty()) {
-      cluster->address_ = address;
-      break;
-    }
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("plexus-server did not write its address within ",
-                       absl::FormatDuration(options.start_timeout),
-                       "; its log ends with:\n", cluster->LogTail()));
-    }
-    backoff();
+  pollfd pfd{ready[0], POLLIN, 0};
+  const int waited =
+      poll(&pfd, 1, absl::ToInt64Milliseconds(options.start_timeout));
+  char line[256] = {0};
+  const ssize_t got = waited > 0 ? read(ready[0], line, sizeof(line) - 1) : 0;
+  close(ready[0]);
+  std::string address(line, got > 0 ? got : 0);
+  while (!address.empty() && std::isspace(address.back())) address.pop_back();
+  if (address.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        waited == 0 ? "the embedded cluster did not come up within "
+                    : "plexus-server exited while starting, within ",
+        absl::FormatDuration(options.start_timeout), " (", options.hosts,
+        " workers); its log ends with:\n", cluster->LogTail()));
   }
-  delay = absl::Milliseconds(2);
-  while (true) {
-    if (absl::Status s = exited(); !s.ok()) return s;
-    auto status = GetClusterStatus(cluster->address_);
-    if (status.ok() && AliveWorkers(*status) >= options.hosts) break;
-    if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "the embedded cluster did not have ", options.hosts,
-          " live workers within ", absl::FormatDuration(options.start_timeout),
-          " (",
-          status.ok() ? absl::StrCat(AliveWorkers(*status), " alive")
-                      : std::string(status.status().message()),
-          "); the server log ends with:\n", cluster->LogTail()));
-    }
-    backoff();
-  }
+  cluster->address_ = address;
   return cluster;
 }
 
@@ -168,17 +130,12 @@ absl::StatusOr<proto::ClusterStatus> EmbeddedCluster::Status() const {
 void EmbeddedCluster::Stop() {
   if (pid_ <= 0) return;
   kill(pid_, SIGTERM);
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  bool reaped = false;
-  while (!reaped && absl::Now() < deadline) {
-    reaped = waitpid(pid_, nullptr, WNOHANG) == pid_;
-    if (!reaped) absl::SleepFor(absl::Milliseconds(5));  // no fd to wait on
-  }
+  const bool reaped = WaitForExit(pid_, absl::Seconds(5));
   // Whatever of the group is left (a server that would not stop, or a
   // worker that outlived it) goes now. The group id stays reserved while
   // any member lives, so this cannot reach an unrelated process.
   kill(-pid_, SIGKILL);
-  if (!reaped) waitpid(pid_, nullptr, 0);
+  waitpid(pid_, nullptr, 0);
   pid_ = -1;
 }
 

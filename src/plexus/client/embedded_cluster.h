@@ -55,12 +55,9 @@ class EmbeddedCluster {
   std::string LogTail() const;
 
   EmbeddedClusterOptions options_;
-  std::string dir_;  // temporary: address file and server log
+  std::string dir_;  // temporary: the server's log
   pid_t pid_ = -1;   // the server; also its process group id
   std::string address_;
 };
-
-// The file `name` in the directory of the running executable.
-std::string SiblingPath(const std::string& name);
 
 }  // namespace plexus

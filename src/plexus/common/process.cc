@@ -1,10 +1,13 @@
 #include "plexus/common/process.h"
 
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <fstream>
 #include <thread>
 
@@ -21,6 +24,14 @@ std::string LocalMachineId() {
   return absl::StrCat(host, "/", id);
 }
 
+std::string SiblingBinary(const std::string& name) {
+  char self[4096] = {0};
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  std::string dir = n > 0 ? std::string(self, n) : std::string(".");
+  dir = dir.substr(0, dir.rfind('/'));
+  return absl::StrCat(dir, "/", name);
+}
+
 void RaiseOpenFileLimit() {
   struct rlimit limit;
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
@@ -28,6 +39,15 @@ void RaiseOpenFileLimit() {
     limit.rlim_cur = limit.rlim_max;
     setrlimit(RLIMIT_NOFILE, &limit);
   }
+}
+
+bool WaitForExit(int pid, absl::Duration timeout) {
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;  // already gone (and reaped)
+  pollfd pfd{fd, POLLIN, 0};
+  const int ready = poll(&pfd, 1, absl::ToInt64Milliseconds(timeout));
+  close(fd);
+  return ready > 0;
 }
 
 namespace {

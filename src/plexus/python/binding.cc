@@ -354,20 +354,23 @@ PYBIND11_MODULE(_core, m) {
         c.Close();
       });
 
-  m.def("cluster_status", [](const std::string& address) {
-    absl::StatusOr<proto::ClusterStatus> s;
-    {
-      py::gil_scoped_release release;
-      s = GetClusterStatus(address);
-    }
-    proto::ClusterStatus st = Unwrap(std::move(s));
-    std::string json;
-    google::protobuf::util::JsonPrintOptions opts;
-    opts.always_print_primitive_fields = true;
-    opts.preserve_proto_field_names = true;
-    (void)google::protobuf::util::MessageToJsonString(st, &json, opts);
-    return json;
-  });
+  m.def(
+      "cluster_status",
+      [](const std::string& address, bool fresh) {
+        absl::StatusOr<proto::ClusterStatus> s;
+        {
+          py::gil_scoped_release release;
+          s = GetClusterStatus(address, fresh);
+        }
+        proto::ClusterStatus st = Unwrap(std::move(s));
+        std::string json;
+        google::protobuf::util::JsonPrintOptions opts;
+        opts.always_print_primitive_fields = true;
+        opts.preserve_proto_field_names = true;
+        (void)google::protobuf::util::MessageToJsonString(st, &json, opts);
+        return json;
+      },
+      py::arg("address"), py::arg("fresh") = false);
   m.def("shutdown_server", [](const std::string& address) {
     absl::Status s;
     {

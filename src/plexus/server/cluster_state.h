@@ -26,6 +26,7 @@ struct WorkerRecord {
   std::string down_reason;
   proto::WorkerStats stats;
   absl::Time last_heartbeat;
+  int64_t heartbeats = 0;  // received so far
   std::set<uint64_t> loaded_programs;
   int64_t slices_mapped = 0;     // load used for placement
   std::vector<int> device_load;  // slices mapped onto each device

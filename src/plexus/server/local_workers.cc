@@ -5,22 +5,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/process.h"
 
 namespace plexus {
-
-std::string SiblingBinary(const std::string& name) {
-  char self[4096] = {0};
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  std::string dir = n > 0 ? std::string(self, n) : std::string();
-  dir = dir.substr(0, dir.rfind('/'));
-  return absl::StrCat(dir, "/", name);
-}
 
 absl::Status LocalWorkers::Start() {
   if (access(options_.worker_binary.c_str(), X_OK) != 0) {
@@ -64,24 +58,13 @@ absl::Status LocalWorkers::Start() {
 void LocalWorkers::Stop() {
   if (pids_.empty()) return;
   for (pid_t pid : pids_) kill(pid, SIGTERM);
-  absl::Time deadline = absl::Now() + absl::Seconds(3);
-  std::vector<pid_t> left = pids_;
-  while (!left.empty()) {
-    std::vector<pid_t> still;
-    for (pid_t pid : left) {
-      if (waitpid(pid, nullptr, WNOHANG) == 0) still.push_back(pid);
+  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  for (pid_t pid : pids_) {
+    if (!WaitForExit(pid,
+                     std::max(deadline - absl::Now(), absl::ZeroDuration()))) {
+      kill(pid, SIGKILL);
     }
-    left.swap(still);
-    if (left.empty()) break;
-    if (absl::Now() > deadline) {
-      for (pid_t pid : left) {
-        kill(pid, SIGKILL);
-        waitpid(pid, nullptr, 0);
-      }
-      break;
-    }
-    absl::SleepFor(
-        absl::Milliseconds(10));  // reaping children: no fd to wait on
+    waitpid(pid, nullptr, 0);
   }
   pids_.clear();
 }

@@ -38,7 +38,4 @@ class LocalWorkers {
   std::vector<pid_t> pids_;
 };
 
-// The plexus-worker next to this executable.
-std::string SiblingBinary(const std::string& name);
-
 }  // namespace plexus

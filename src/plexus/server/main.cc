@@ -3,6 +3,7 @@
 // this machine and stops them when it exits.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <thread>
@@ -25,6 +26,11 @@ int main(int argc, char** argv) {
                  "host:port to listen on (port 0 picks a free port)");
   app.add_option("--address-file", address_file,
                  "write the address actually bound to this file");
+  int ready_fd = -1;
+  app.add_option("--ready-fd", ready_fd,
+                 "once listening and every local worker has registered, "
+                 "write the address and a newline to this inherited file "
+                 "descriptor and close it (a parent waits by reading it)");
   app.add_option("--local-workers", local.hosts,
                  "start this many worker processes (hosts) on this machine")
       ->check(CLI::Range(0, 256));
@@ -80,6 +86,21 @@ int main(int argc, char** argv) {
       SPDLOG_ERROR("cannot start local workers: {}", s.ToString());
       return 1;
     }
+  }
+  if (local.hosts > 0) {
+    absl::Status s = (*server)->WaitForWorkers(local.hosts, absl::Seconds(60));
+    if (!s.ok()) {
+      SPDLOG_ERROR("local workers did not come up: {}", s.ToString());
+      return 1;
+    }
+  }
+  if (ready_fd >= 0) {
+    std::string line = (*server)->address() + "\n";
+    if (write(ready_fd, line.data(), line.size()) !=
+        static_cast<ssize_t>(line.size())) {
+      SPDLOG_WARN("could not write the address to --ready-fd {}", ready_fd);
+    }
+    close(ready_fd);
   }
   if (!address_file.empty()) {
     // Written last and renamed into place: a reader that sees the file sees

@@ -133,6 +133,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
         if (WorkerRecord* w = state_.FindWorker(id)) {
           w->stats = msg.heartbeat();
           w->last_heartbeat = options_.clock->Now();
+          w->heartbeats++;
         }
       }
     }
@@ -279,9 +280,43 @@ class ServerImpl : public Server, public proto::Controller::Service {
   }
 
   // ------------------------------------------------------------ status
-  grpc::Status GetStatus(grpc::ServerContext*, const proto::StatusRequest*,
+  absl::Status WaitForWorkers(int n, absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      int alive = 0;
+      for (const auto& [id, w] : state_.workers()) alive += w.alive;
+      return shutdown_ || alive >= n;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&enough), timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("fewer than ", n, " workers registered within ",
+                       absl::FormatDuration(timeout)));
+    }
+    return shutdown_ ? absl::CancelledError("server shut down")
+                     : absl::OkStatus();
+  }
+
+  grpc::Status GetStatus(grpc::ServerContext*,
+                         const proto::StatusRequest* request,
                          proto::ClusterStatus* status) override {
     absl::MutexLock lock(&mu_);
+    if (request->fresh_timeout_ms() > 0) {
+      // Wait for one heartbeat from every live worker (heartbeats are
+      // recorded under mu_, so Await re-checks as they arrive).
+      std::map<int64_t, int64_t> seen;
+      for (const auto& [id, w] : state_.workers()) {
+        if (w.alive) seen[id] = w.heartbeats;
+      }
+      auto fresh = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        for (const auto& [id, count] : seen) {
+          const WorkerRecord* w = state_.FindWorker(id);
+          if (w != nullptr && w->alive && w->heartbeats == count) return false;
+        }
+        return true;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&fresh),
+                           absl::Milliseconds(request->fresh_timeout_ms()));
+    }
     status->set_address(address_);
     status->set_calls_routed(state_.calls_routed());
     status->set_epoch(scheduler_.epoch());

@@ -40,6 +40,8 @@ class Server {
   virtual void Shutdown() = 0;
   // Re-checks heartbeats now (tests with a FakeClock call it after Advance).
   virtual void CheckLiveness() = 0;
+  // Waits until `n` workers are alive; DeadlineExceeded after `timeout`.
+  virtual absl::Status WaitForWorkers(int n, absl::Duration timeout) = 0;
 };
 
 }  // namespace plexus
