@@ -41,32 +41,33 @@ namespace {
 absl::StatusOr<std::vector<Future>> BuildCall(
     const std::shared_ptr<ClientCore>& core, const Program& program,
     const std::vector<Future>& inputs, std::vector<proto::ClientOp>* ops) {
-  const std::string what = absl::StrCat("program '", program.name(), "'");
+  // Error context, built only when an error needs it (every call runs this).
+  auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
   if (program.slice()->closed()) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what, ": its slice was closed"));
+        absl::StrCat(what(), ": its slice was closed"));
   }
   if (inputs.size() != program.inputs().size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " takes ", program.inputs().size(),
+        absl::StrCat(what(), " takes ", program.inputs().size(),
                      " arguments, got ", inputs.size()));
   }
   absl::Status upstream;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].valid()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " argument ", i, " is an empty future"));
+          absl::StrCat(what(), " argument ", i, " is an empty future"));
     }
     const ArgSpec& want = program.inputs()[i];
     const ArgSpec& got = inputs[i].arg();
     if (!(got == want)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, " argument ", i, " has ", got.ToString(),
+          absl::StrCat(what(), " argument ", i, " has ", got.ToString(),
                        " but the program was compiled for ", want.ToString()));
     }
     if (inputs[i].slice()->closed()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          what, " argument ", i, " lives on a slice that was closed"));
+          what(), " argument ", i, " lives on a slice that was closed"));
     }
     absl::Status s = core->BufferStatus(inputs[i].buffer_id());
     if (!s.ok() && upstream.ok()) upstream = s;

@@ -8,28 +8,6 @@
 namespace plexus {
 namespace {
 
-// Copies rows [off, off+len) of axis `axis` between a global array and a
-// shard (`to_shard` picks the direction).
-void CopyShardRows(char* global, char* shard, const Shape& global_shape,
-                   int axis, int64_t off, int64_t len, size_t elem,
-                   bool to_shard) {
-  int64_t outer = 1, inner = static_cast<int64_t>(elem);
-  for (int i = 0; i < axis; ++i) outer *= global_shape[i];
-  for (size_t i = axis + 1; i < global_shape.size(); ++i) {
-    inner *= global_shape[i];
-  }
-  const int64_t rows = global_shape[axis];
-  for (int64_t o = 0; o < outer; ++o) {
-    char* g = global + (o * rows + off) * inner;
-    char* s = shard + o * len * inner;
-    if (to_shard) {
-      std::memcpy(s, g, len * inner);
-    } else {
-      std::memcpy(g, s, len * inner);
-    }
-  }
-}
-
 // Runs `fn` with a pooled connection to the worker of `device`; a failure
 // against a worker the server reported down says so.
 template <typename Fn>
@@ -98,11 +76,8 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
       if (!s.ok()) return s.status();
       shard = *s;
       const int64_t len = local->shape[arg.sharding.axis];
-      CopyShardRows(static_cast<char*>(const_cast<void*>(data)),
-                    static_cast<char*>(shard->data()), arg.global.shape,
-                    arg.sharding.axis, j * len, len,
-                    DTypeSize(arg.global.dtype),
-                    /*to_shard=*/true);
+      CopyRows(data, arg.global.shape, shard->data(), local->shape,
+               arg.sharding.axis, j * len, 0, len, DTypeSize(arg.global.dtype));
     } else {
       if (!replicated) {
         auto s = Storage::Allocate(bytes, bytes >= 64 * 1024);
@@ -159,9 +134,8 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
     core_->bytes_fetched += bytes;
     if (arg.sharding.is_split()) {
       const int64_t len = local->shape[arg.sharding.axis];
-      CopyShardRows(static_cast<char*>(dst), static_cast<char*>(data->data()),
-                    arg.global.shape, arg.sharding.axis, j * len, len,
-                    DTypeSize(arg.global.dtype), /*to_shard=*/false);
+      CopyRows(data->data(), local->shape, dst, arg.global.shape,
+               arg.sharding.axis, 0, j * len, len, DTypeSize(arg.global.dtype));
     } else if (arg.sharding.is_partial()) {
       AccumulateInto(arg.global.dtype, dst, data->data(),
                      arg.global.num_elements());

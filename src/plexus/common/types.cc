@@ -1,5 +1,7 @@
 #include "plexus/common/types.h"
 
+#include <cstring>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -122,6 +124,22 @@ absl::Status ValidateSpec(const TensorSpec& spec) {
     n *= d;
   }
   return absl::OkStatus();
+}
+
+void CopyRows(const void* src, const Shape& src_shape, void* dst,
+              const Shape& dst_shape, int axis, int64_t src_off,
+              int64_t dst_off, int64_t len, size_t elem_size) {
+  int64_t outer = 1, inner = static_cast<int64_t>(elem_size);
+  for (int i = 0; i < axis; ++i) outer *= src_shape[i];
+  for (size_t i = axis + 1; i < src_shape.size(); ++i) inner *= src_shape[i];
+  const int64_t src_rows = src_shape.empty() ? 1 : src_shape[axis];
+  const int64_t dst_rows = dst_shape.empty() ? 1 : dst_shape[axis];
+  const char* s = static_cast<const char*>(src);
+  char* d = static_cast<char*>(dst);
+  for (int64_t o = 0; o < outer; ++o) {
+    std::memcpy(d + (o * dst_rows + dst_off) * inner,
+                s + (o * src_rows + src_off) * inner, len * inner);
+  }
 }
 
 proto::TensorSpec ToProto(const TensorSpec& spec) {

@@ -82,6 +82,14 @@ using Attrs = std::map<std::string, AttrValue>;
 // otherwise an error naming the shape. Every spec from a user passes here.
 absl::Status ValidateSpec(const TensorSpec& spec);
 
+// Copies `len` rows along `axis` — rows [src_off, src_off + len) of the
+// row-major array `src` (shape `src_shape`) to rows [dst_off, ...) of `dst`
+// (shape `dst_shape`); the two shapes differ only along `axis`. How shards
+// are cut from and assembled into arrays split along an axis.
+void CopyRows(const void* src, const Shape& src_shape, void* dst,
+              const Shape& dst_shape, int axis, int64_t src_off,
+              int64_t dst_off, int64_t len, size_t elem_size);
+
 // acc[i] += in[i] for n elements of `dtype` (partial sums, all-reduce).
 void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n);
 

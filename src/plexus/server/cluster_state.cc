@@ -64,19 +64,12 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   for (uint64_t sid : c->slices) {
     auto it = slices_.find(sid);
     if (it == slices_.end()) continue;
-    std::set<int64_t> hosts;
-    for (const DeviceRef& d : it->second.devices) {
-      touched.insert(d.worker_id);
-      hosts.insert(d.worker_id);
-      if (WorkerRecord* w = FindWorker(d.worker_id)) w->device_load[d.device]--;
-    }
-    for (int64_t h : hosts) {
-      if (WorkerRecord* w = FindWorker(h)) w->slices_mapped--;
-    }
+    AddLoad(it->second.devices, -1);
     slices_.erase(it);
   }
   clients_.erase(id);
-  // Workers may hold the client's buffers from slices already released.
+  // Every live worker: they may hold the client's buffers from slices it
+  // already released.
   for (auto& [wid, w] : workers_) {
     if (w.alive) touched.insert(wid);
   }
@@ -194,11 +187,7 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
   slice.devices = chosen;
   slice.mesh_shape = mesh;
   slice.axis_names = axes;
-  std::set<int64_t> hosts;
-  for (const DeviceRef& d : chosen) hosts.insert(d.worker_id);
-  for (int64_t h : hosts) workers_[h].slices_mapped++;
-  for (const DeviceRef& d : chosen)
-    workers_[d.worker_id].device_load[d.device]++;
+  AddLoad(chosen, +1);
   client->slices.insert(slice.id);
   return DescribeSlice(slice);
 }
@@ -222,18 +211,22 @@ proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
   return info;
 }
 
+void ClusterState::AddLoad(const std::vector<DeviceRef>& devices, int delta) {
+  std::set<int64_t> hosts;
+  for (const DeviceRef& d : devices) {
+    hosts.insert(d.worker_id);
+    workers_[d.worker_id].device_load[d.device] += delta;
+  }
+  for (int64_t h : hosts) workers_[h].slices_mapped += delta;
+}
+
 absl::Status ClusterState::ReleaseSlice(uint64_t client_id, uint64_t slice_id) {
   auto it = slices_.find(slice_id);
   if (it == slices_.end() || it->second.client_id != client_id) {
     return absl::NotFoundError(
         absl::StrCat("slice ", slice_id, " is not held by this client"));
   }
-  std::set<int64_t> hosts;
-  for (const DeviceRef& d : it->second.devices) {
-    hosts.insert(d.worker_id);
-    workers_[d.worker_id].device_load[d.device]--;
-  }
-  for (int64_t h : hosts) workers_[h].slices_mapped--;
+  AddLoad(it->second.devices, -1);
   slices_.erase(it);
   if (ClientRecord* c = FindClient(client_id)) c->slices.erase(slice_id);
   return absl::OkStatus();
@@ -275,22 +268,25 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
 }
 
 absl::StatusOr<const SliceRecord*> ClusterState::UsableSlice(
-    uint64_t client_id, uint64_t slice_id, const std::string& what) {
+    uint64_t client_id, uint64_t slice_id,
+    absl::FunctionRef<std::string()> what) {
   auto it = slices_.find(slice_id);
   if (it == slices_.end() || it->second.client_id != client_id) {
-    return absl::NotFoundError(absl::StrCat(
-        what, ": slice ", slice_id, " is not held by this client (released?)"));
+    return absl::NotFoundError(
+        absl::StrCat(what(), ": slice ", slice_id,
+                     " is not held by this client (released?)"));
   }
   if (!it->second.broken.empty()) {
     return absl::UnavailableError(absl::StrCat(
-        what, ": slice ", slice_id, " lost a host: ", it->second.broken));
+        what(), ": slice ", slice_id, " lost a host: ", it->second.broken));
   }
   return &it->second;
 }
 
 absl::Status ClusterState::RoutePut(uint64_t client_id,
                                     const proto::PutDecl& put, WorkerOps* ops) {
-  auto slice = UsableSlice(client_id, put.slice_id(), "put");
+  auto slice =
+      UsableSlice(client_id, put.slice_id(), [] { return std::string("put"); });
   if (!slice.ok()) return slice.status();
   auto arg = FromProto(put.arg());
   if (!arg.ok()) return arg.status();

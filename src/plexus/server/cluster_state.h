@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "plexus/common/types.h"
@@ -108,9 +109,14 @@ class ClusterState {
   int64_t calls_routed() const { return calls_routed_; }
 
  private:
-  absl::StatusOr<const SliceRecord*> UsableSlice(uint64_t client_id,
-                                                 uint64_t slice_id,
-                                                 const std::string& what);
+  // `what` names the caller in errors; it is only called on an error.
+  absl::StatusOr<const SliceRecord*> UsableSlice(
+      uint64_t client_id, uint64_t slice_id,
+      absl::FunctionRef<std::string()> what);
+
+  // Placement load of a slice's devices and hosts, +1 when it is mapped and
+  // -1 when it goes.
+  void AddLoad(const std::vector<DeviceRef>& devices, int delta);
 
   std::map<int64_t, WorkerRecord> workers_;
   std::map<uint64_t, ClientRecord> clients_;

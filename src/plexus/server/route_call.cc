@@ -33,25 +33,26 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         absl::StrCat("program ", call.program_id(), " was never registered"));
   }
   const ProgramRecord& prog = pit->second;
-  const std::string what = absl::StrCat("program '", prog.def.name(), "'");
+  // Error context, built only when an error needs it (this is the hot path).
+  auto what = [&] { return absl::StrCat("program '", prog.def.name(), "'"); };
   auto slice_or = UsableSlice(client_id, call.slice_id(), what);
   if (!slice_or.ok()) return slice_or.status();
   const SliceRecord& slice = **slice_or;
   const int n = static_cast<int>(slice.devices.size());
   if (call.inputs_size() != static_cast<int>(prog.inputs.size())) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " takes ", prog.inputs.size(), " arguments, got ",
+        absl::StrCat(what(), " takes ", prog.inputs.size(), " arguments, got ",
                      call.inputs_size()));
   }
   if (call.output_ids_size() != static_cast<int>(prog.outputs.size())) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, " has ", prog.outputs.size(), " outputs, got ",
+        absl::StrCat(what(), " has ", prog.outputs.size(), " outputs, got ",
                      call.output_ids_size(), " output ids"));
   }
   for (uint64_t id : call.output_ids()) {
     if (ClientOfBuffer(id) != client_id) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": output id ", id, " is not this client's"));
+          absl::StrCat(what(), ": output id ", id, " is not this client's"));
     }
   }
 
@@ -65,15 +66,15 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
 
   for (int i = 0; i < call.inputs_size(); ++i) {
     const proto::InputRef& ref = call.inputs(i);
-    const std::string arg_what = absl::StrCat(what, " argument ", i);
+    auto arg_what = [&] { return absl::StrCat(what(), " argument ", i); };
     auto arg = FromProto(ref.arg());
     if (!arg.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(arg_what, ": ", arg.status().message()));
+          absl::StrCat(arg_what(), ": ", arg.status().message()));
     }
     if (!(*arg == prog.inputs[i])) {
       return absl::InvalidArgumentError(absl::StrCat(
-          arg_what, " is ", arg->ToString(),
+          arg_what(), " is ", arg->ToString(),
           " but the program was compiled for ", prog.inputs[i].ToString()));
     }
     auto src_or = UsableSlice(client_id, ref.slice_id(), arg_what);
@@ -84,16 +85,16 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     auto local_p = arg->Local(m);
     if (!local_c.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(arg_what, ": ", local_c.status().message()));
+          absl::StrCat(arg_what(), ": ", local_c.status().message()));
     }
     if (!local_p.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(arg_what, ": ", local_p.status().message()));
+          absl::StrCat(arg_what(), ": ", local_p.status().message()));
     }
     const bool same_layout = src.devices == slice.devices;
     if (arg->sharding.is_partial() && !same_layout) {
       return absl::InvalidArgumentError(absl::StrCat(
-          arg_what, " is partial (a sum not yet reduced) on slice ", src.id,
+          arg_what(), " is partial (a sum not yet reduced) on slice ", src.id,
           "; all_reduce it before using it on slice ", slice.id));
     }
 

@@ -20,22 +20,6 @@ namespace {
 // Collective exchange buffers are keyed by the call id with the top bit set.
 constexpr uint64_t kCollectiveBit = uint64_t{1} << 63;
 
-// Copies rows [src_off, src_off+len) of axis `axis` of `src` (local shape
-// `src_shape`) to rows [dst_off, ...) of `dst` (shape `dst_shape`).
-void CopyRows(const char* src, const Shape& src_shape, char* dst,
-              const Shape& dst_shape, int axis, int64_t src_off,
-              int64_t dst_off, int64_t len, size_t elem) {
-  int64_t outer = 1, inner = static_cast<int64_t>(elem);
-  for (int i = 0; i < axis; ++i) outer *= src_shape[i];
-  for (size_t i = axis + 1; i < src_shape.size(); ++i) inner *= src_shape[i];
-  const int64_t src_rows = src_shape.empty() ? 1 : src_shape[axis];
-  const int64_t dst_rows = dst_shape.empty() ? 1 : dst_shape[axis];
-  for (int64_t o = 0; o < outer; ++o) {
-    std::memcpy(dst + (o * dst_rows + dst_off) * inner,
-                src + (o * src_rows + src_off) * inner, len * inner);
-  }
-}
-
 }  // namespace
 
 void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
@@ -138,9 +122,9 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
       if (static_cast<int>(i) != axis) other *= src_shape[i];
     }
     if (!src_shape.empty()) src_shape[axis] = sources[p]->size() / other;
-    CopyRows(static_cast<const char*>(sources[p]->data()), src_shape,
-             static_cast<char*>((*assembled)->data()), local->shape, axis,
-             piece.src_offset(), piece.dst_offset(), piece.length(), elem);
+    CopyRows(sources[p]->data(), src_shape, (*assembled)->data(), local->shape,
+             axis, piece.src_offset(), piece.dst_offset(), piece.length(),
+             elem);
   }
   std::shared_ptr<const Storage> result = std::move(*assembled);
   keep->push_back(result);
