@@ -18,14 +18,11 @@ int main(int argc, char** argv) {
   CLI::App app{"plexus-server: resource manager and central scheduler"};
   plexus::ServerOptions options;
   plexus::LocalWorkersOptions local;
-  std::string address_file;
   bool die_with_parent = false;
   int heartbeat_timeout_ms = 3000;
   std::string log_level = "info";
   app.add_option("--listen", options.listen_address,
                  "host:port to listen on (port 0 picks a free port)");
-  app.add_option("--address-file", address_file,
-                 "write the address actually bound to this file");
   int ready_fd = -1;
   app.add_option("--ready-fd", ready_fd,
                  "once listening and every local worker has registered, "
@@ -101,13 +98,6 @@ int main(int argc, char** argv) {
       SPDLOG_WARN("could not write the address to --ready-fd {}", ready_fd);
     }
     close(ready_fd);
-  }
-  if (!address_file.empty()) {
-    // Written last and renamed into place: a reader that sees the file sees
-    // a server that accepts connections.
-    std::string tmp = address_file + ".tmp";
-    std::ofstream(tmp) << (*server)->address() << "\n";
-    std::rename(tmp.c_str(), address_file.c_str());
   }
   (*server)->Wait();
   workers.Stop();
