@@ -13,11 +13,12 @@ from ._core import (InvalidArgumentError, NotFoundError, PlexusError,
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec, connect,
                    partial, replicated, split, status)
 from ._cluster import LocalCluster, local
+from ._jit import jit
 from . import pipeline, rl  # noqa: E402 - libraries over the API above
 
 __all__ = [
     "Client", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
-    "Spec", "connect", "local", "partial", "replicated", "split", "status",
+    "Spec", "connect", "jit", "local", "partial", "replicated", "split", "status",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
     "ResourceExhaustedError", "UnavailableError", "pipeline", "rl",
 ]

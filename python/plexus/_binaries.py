@@ -26,3 +26,17 @@ def bin_dir() -> Path:
         "plexus-server not found: looked in "
         + ", ".join(str(c) for c in candidates)
         + " and $PATH; build with `make build` or `pip install .`")
+
+
+def default_pjrt_plugin():
+    """The PJRT plugin workers load for XLA programs: $PLEXUS_PJRT_PLUGIN, or
+    the CPU plugin of the xla-cpu-pjrt wheel (scripts/setup.sh installs it);
+    None if neither is there (XLA calls then fail with that reason)."""
+    if os.environ.get("PLEXUS_PJRT_PLUGIN"):
+        return os.environ["PLEXUS_PJRT_PLUGIN"]
+    import importlib.util
+    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "xla_cpu_pjrt.so"
+    return str(path) if path.exists() else None

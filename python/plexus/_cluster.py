@@ -6,7 +6,7 @@ import subprocess
 import time
 
 from . import _core
-from ._binaries import bin_dir
+from ._binaries import bin_dir, default_pjrt_plugin
 
 
 class LocalCluster:
@@ -20,7 +20,8 @@ class LocalCluster:
 
     def __init__(self, hosts=2, devices_per_host=1, device_memory_mib=1024,
                  shared_memory=True, log_level="warn", log_file=None,
-                 attached=True, heartbeat_timeout_ms=3000, scheduler="gang"):
+                 attached=True, heartbeat_timeout_ms=3000, scheduler="gang",
+                 pjrt_plugin=None):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -38,6 +39,8 @@ class LocalCluster:
             raise ValueError(f"scheduler must be 'gang' or 'none' (test only), "
                              f"not {scheduler!r}")
         self.scheduler = scheduler
+        # The workers' PJRT plugin for XLA programs (plexus.jit).
+        self.pjrt_plugin = pjrt_plugin or default_pjrt_plugin() or ""
         self.address = None
         self.process = None
         self._clients = []
@@ -61,10 +64,13 @@ class LocalCluster:
         if self.attached:
             cmd.append("--die-with-parent")
         log = open(self.log_file, "ab") if self.log_file else None
+        # Workers inherit the server's environment.
+        env = dict(os.environ, PLEXUS_PJRT_PLUGIN=self.pjrt_plugin)
         try:
             self.process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
-                stderr=log, start_new_session=True, pass_fds=(write_end,))
+                stderr=log, start_new_session=True, pass_fds=(write_end,),
+                env=env)
         finally:
             os.close(write_end)
             if log:

@@ -179,48 +179,87 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
     return absl::NotFoundError(absl::StrCat(
         what, ": unknown kernel '", kernel_name, "' (known: ", known, ")"));
   }
-  const int n = slice->num_devices();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (absl::Status s = ValidateSpec(inputs[i].global); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " argument ", i, ": ", s.message()));
-    }
-    auto local = inputs[i].Local(n);
-    if (!local.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " argument ", i, ": ", local.status().message()));
-    }
+  if (absl::Status s = CheckArgs(*slice, what, "argument", inputs); !s.ok()) {
+    return s;
   }
-  auto outputs = kernel->InferOutputs(inputs, n, attrs);
+  auto outputs = kernel->InferOutputs(inputs, slice->num_devices(), attrs);
   if (!outputs.ok()) {
     return absl::Status(outputs.status().code(),
                         absl::StrCat(what, ": ", outputs.status().message()));
-  }
-  for (size_t i = 0; i < outputs->size(); ++i) {
-    if (absl::Status s = ValidateSpec((*outputs)[i].global); !s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " output ", i, ": ", s.message()));
-    }
-    auto local = (*outputs)[i].Local(n);
-    if (!local.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " output ", i, ": ", local.status().message()));
-    }
-    for (const auto& d : slice->info().devices()) {
-      if (local->byte_size() > d.memory_bytes()) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            what, " output ", i, " needs ", local->byte_size(),
-            " bytes per device, more than the ", d.memory_bytes(),
-            "-byte budget of device ", d.device(), " on ", d.host_name()));
-      }
-    }
   }
   proto::ProgramDef def;
   def.set_name(name);
   def.set_kernel(kernel_name);
   AttrsToProto(attrs, def.mutable_attrs());
+  return Register(slice, std::move(def), inputs, std::move(*outputs));
+}
+
+absl::StatusOr<std::shared_ptr<Program>> Client::CompileXla(
+    const std::shared_ptr<Slice>& slice, const std::string& name,
+    proto::XlaProgram xla, const std::vector<ArgSpec>& inputs,
+    std::vector<ArgSpec> outputs) {
+  const std::string what = absl::StrCat("program '", name, "'");
+  if (slice == nullptr || slice->closed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": the slice is closed"));
+  }
+  if (xla.module().empty() || xla.islands_size() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": an XLA program needs a module and islands"));
+  }
+  if (absl::Status s = CheckArgs(*slice, what, "argument", inputs); !s.ok()) {
+    return s;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].sharding.is_partial()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " argument ", i,
+          ": XLA programs take replicated or split inputs, not partial ones; "
+          "all_reduce it first"));
+    }
+  }
+  proto::ProgramDef def;
+  def.set_name(name);
+  def.set_kernel("xla");
+  *def.mutable_xla() = std::move(xla);
+  return Register(slice, std::move(def), inputs, std::move(outputs));
+}
+
+absl::Status Client::CheckArgs(const Slice& slice, const std::string& what,
+                               const char* kind,
+                               const std::vector<ArgSpec>& args) {
+  const int n = slice.num_devices();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (absl::Status s = ValidateSpec(args[i].global); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", kind, " ", i, ": ", s.message()));
+    }
+    auto local = args[i].Local(n);
+    if (!local.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", kind, " ", i, ": ", local.status().message()));
+    }
+    for (const auto& d : slice.info().devices()) {
+      if (local->byte_size() > d.memory_bytes()) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            what, " ", kind, " ", i, " needs ", local->byte_size(),
+            " bytes per device, more than the ", d.memory_bytes(),
+            "-byte budget of device ", d.device(), " on ", d.host_name()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Program>> Client::Register(
+    const std::shared_ptr<Slice>& slice, proto::ProgramDef def,
+    const std::vector<ArgSpec>& inputs, std::vector<ArgSpec> outputs) {
+  const std::string what = absl::StrCat("program '", def.name(), "'");
+  if (absl::Status s = CheckArgs(*slice, what, "output", outputs); !s.ok()) {
+    return s;
+  }
   for (const auto& a : inputs) *def.add_inputs() = ToProto(a);
-  for (const auto& a : *outputs) *def.add_outputs() = ToProto(a);
+  for (const auto& a : outputs) *def.add_outputs() = ToProto(a);
   uint64_t id = core_->NextId();
   proto::ClientOp op;
   op.mutable_program()->set_program_id(id);
@@ -229,7 +268,7 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
   ops.push_back(std::move(op));
   core_->Enqueue(std::move(ops));
   return std::make_shared<Program>(id, std::move(def), inputs,
-                                   std::move(*outputs), slice);
+                                   std::move(outputs), slice);
 }
 
 absl::StatusOr<std::vector<Future>> Client::Call(

@@ -159,6 +159,13 @@ class Client {
       const std::string& kernel, const Attrs& attrs,
       const std::vector<ArgSpec>& inputs);
   // Returns at once with one future per output.
+  // An XLA program: a StableHLO module (see proto::XlaProgram) whose
+  // inputs and outputs the caller read from the lowering. Inputs must be
+  // replicated or split.
+  absl::StatusOr<std::shared_ptr<Program>> CompileXla(
+      const std::shared_ptr<Slice>& slice, const std::string& name,
+      proto::XlaProgram xla, const std::vector<ArgSpec>& inputs,
+      std::vector<ArgSpec> outputs);
   absl::StatusOr<std::vector<Future>> Call(const Program& program,
                                            const std::vector<Future>& inputs);
   Graph NewGraph();
@@ -180,6 +187,15 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
+  // Checks argument (or output) specs against the slice: valid, evenly
+  // split, within every device's budget.
+  static absl::Status CheckArgs(const Slice& slice, const std::string& what,
+                                const char* kind,
+                                const std::vector<ArgSpec>& args);
+  // Checks the outputs and registers the program with the server.
+  absl::StatusOr<std::shared_ptr<Program>> Register(
+      const std::shared_ptr<Slice>& slice, proto::ProgramDef def,
+      const std::vector<ArgSpec>& inputs, std::vector<ArgSpec> outputs);
   std::shared_ptr<ClientCore> core_;
 };
 

@@ -281,6 +281,34 @@ PYBIND11_MODULE(_core, m) {
              }
              return Unwrap(std::move(p));
            })
+      .def("compile_xla",
+           [](Client& c, std::shared_ptr<Slice> slice, const std::string& name,
+              const py::bytes& module, int partitions,
+              const std::string& platform, const py::list& islands,
+              const py::sequence& inputs, const py::sequence& outputs) {
+             proto::XlaProgram xla;
+             xla.set_module(module.cast<std::string>());
+             xla.set_partitions(partitions);
+             xla.set_platform(platform);
+             for (auto item : islands) {
+               auto t = item.cast<py::tuple>();
+               proto::XlaIsland* island = xla.add_islands();
+               for (int d : t[0].cast<std::vector<int>>()) {
+                 island->add_devices(d);
+               }
+               island->set_compile_options(t[1].cast<std::string>());
+             }
+             std::vector<ArgSpec> in, out;
+             for (auto t : inputs) in.push_back(ArgFrom(t.cast<py::tuple>()));
+             for (auto t : outputs) out.push_back(ArgFrom(t.cast<py::tuple>()));
+             absl::StatusOr<std::shared_ptr<Program>> p;
+             {
+               py::gil_scoped_release release;
+               p = c.CompileXla(slice, name, std::move(xla), in,
+                                std::move(out));
+             }
+             return Unwrap(std::move(p));
+           })
       .def("call",
            [](Client& c, const Program& p, const py::sequence& inputs) {
              std::vector<Future> in = FuturesFrom(inputs);

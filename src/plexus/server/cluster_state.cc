@@ -239,13 +239,19 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   const proto::ProgramDef& def = reg.program();
   const builtin::Kernel* kernel =
       builtin::KernelRegistry::Global().Find(def.kernel());
-  if (kernel == nullptr) {
+  const bool xla = def.kernel() == "xla";
+  if (kernel == nullptr && !xla) {
     return absl::NotFoundError(absl::StrCat(
         "program '", def.name(), "': unknown kernel '", def.kernel(), "'"));
   }
+  if (xla && (def.xla().module().empty() || def.xla().islands_size() == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "program '", def.name(), "': an XLA program needs a module and at "
+        "least one island"));
+  }
   ProgramRecord rec;
   rec.def = def;
-  rec.collective = kernel->is_collective();
+  rec.collective = kernel != nullptr && kernel->is_collective();
   for (int i = 0; i < def.inputs_size(); ++i) {
     auto a = FromProto(def.inputs(i));
     if (!a.ok()) {

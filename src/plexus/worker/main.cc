@@ -2,6 +2,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include "CLI/CLI.hpp"
@@ -33,6 +34,12 @@ int main(int argc, char** argv) {
                "move every buffer over TCP, even to workers on this machine");
   app.add_flag("--die-with-parent", die_with_parent,
                "exit when the parent process dies (embedded clusters)");
+  if (const char* env = std::getenv("PLEXUS_PJRT_PLUGIN")) {
+    options.pjrt_plugin = env;
+  }
+  app.add_option("--pjrt-plugin", options.pjrt_plugin,
+                 "PJRT C API plugin (.so) for XLA programs, loaded on the "
+                 "first XLA call (default: $PLEXUS_PJRT_PLUGIN)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
 

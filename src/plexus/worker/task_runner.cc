@@ -4,16 +4,10 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/worker/worker_impl.h"
+#include "plexus/worker/call_context.h"
 
 namespace plexus {
 
-// What the tasks of one call on this worker share.
-struct WorkerImpl::CallContext {
-  proto::Execute exec;
-  const LoadedProgram* program = nullptr;
-  std::unique_ptr<CallCollective> collective;
-  std::atomic<int> tasks_left{0};
-};
 
 namespace {
 
@@ -29,6 +23,9 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   auto pit = programs_.find(exec.program_id());
   if (pit != programs_.end()) call->program = pit->second.get();
   call->tasks_left = exec.tasks_size();
+  if (call->program && call->program->xla) {
+    call->island = std::make_unique<IslandExecution>(exec.tasks_size());
+  }
 
   if (call->program && call->program->kernel &&
       call->program->kernel->is_collective() && exec.peers_size() > 0) {
@@ -135,7 +132,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
                          int task_index) {
   const proto::Execute& exec = call->exec;
   const proto::ShardTask& task = exec.tasks(task_index);
-  const LoadedProgram* program = call->program;
+  LoadedProgram* program = call->program;
   const int device = task.device();
   std::vector<std::shared_ptr<const Storage>> keep;
   std::vector<std::shared_ptr<Storage>> outputs;
@@ -144,8 +141,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   std::vector<bool> aliased;
 
   std::unique_ptr<ShardCollectives> shard_collectives;
+  bool joined_island = false;
   auto run = [&]() -> absl::Status {
-    if (program == nullptr || program->kernel == nullptr) {
+    if (program == nullptr || (program->kernel == nullptr && !program->xla)) {
       return absl::NotFoundError(absl::StrCat("program ", exec.program_id(),
                                               " is not loaded on this worker"));
     }
@@ -167,7 +165,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     for (size_t o = 0; o < program->outputs.size(); ++o) {
       auto local = program->outputs[o].Local(exec.num_shards());
       if (!local.ok()) return local.status();
-      const int alias = program->kernel->AliasedInput(static_cast<int>(o));
+      const int alias =
+          program->kernel ? program->kernel->AliasedInput(static_cast<int>(o))
+                          : -1;
       if (alias >= 0 && alias < static_cast<int>(ctx.inputs.size()) &&
           ctx.inputs[alias].spec == *local) {
         // Immutable buffers: the output is the input's buffer, no copy.
@@ -191,6 +191,10 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
       ctx.collectives = shard_collectives.get();
     }
     if (all_aliased) return absl::OkStatus();
+    if (program->xla) {
+      joined_island = true;
+      return RunXlaPartition(*call, task_index, ctx);
+    }
     absl::Status s = program->kernel->Run(ctx);
     if (!s.ok()) {
       return absl::Status(
@@ -203,6 +207,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   };
 
   absl::Status status = run();
+  if (call->island && !joined_island) call->island->Fail(task_index, status);
   if (call->collective &&
       (shard_collectives == nullptr || !shard_collectives->contributed())) {
     call->collective->Abort(

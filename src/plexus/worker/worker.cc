@@ -44,6 +44,10 @@ absl::Status WorkerImpl::Init() {
   store_options.device_memory.assign(options_.num_devices,
                                      options_.device_memory);
   store_ = std::make_unique<ObjectStore>(store_options);
+  xla::PjrtOptions pjrt;
+  pjrt.plugin_path = options_.pjrt_plugin;
+  pjrt.cpu_device_count = options_.num_devices;  // PJRT device i = ours
+  xla_ = std::make_unique<xla::XlaExecutor>(pjrt);
   for (int d = 0; d < options_.num_devices; ++d) {
     devices_.push_back(std::make_unique<CpuDevice>(d, options_.device_memory));
   }
@@ -153,6 +157,10 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   for (const auto& d : devices_) s.add_device_busy_micros(d->busy_micros());
   s.set_calls_executed(calls_executed_.load());
   s.set_calls_failed(calls_failed_.load());
+  s.set_xla_compiles(xla_->compiles());
+  s.set_xla_cache_hits(xla_->cache_hits());
+  s.set_xla_compile_micros(xla_->compile_micros());
+  s.set_xla_platform(xla_->Describe());
   s.set_bytes_sent(counters_.bytes_sent.load());
   s.set_bytes_received(counters_.bytes_received.load());
   s.set_bytes_from_clients(counters_.bytes_from_clients.load());
@@ -167,6 +175,10 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       const proto::ProgramDef& def = op.load().program();
       prog->name = def.name();
       prog->kernel = builtin::KernelRegistry::Global().Find(def.kernel());
+      if (def.kernel() == "xla") {
+        prog->xla = std::make_unique<proto::XlaProgram>();
+        prog->xla->Swap(op.mutable_load()->mutable_program()->mutable_xla());
+      }
       prog->attrs = AttrsFromProto(def.attrs());
       for (const auto& a : def.inputs()) prog->inputs.push_back(*FromProto(a));
       for (const auto& a : def.outputs()) {

@@ -27,6 +27,9 @@ struct WorkerOptions {
   bool shared_memory = true;
   std::string data_host = "127.0.0.1";  // the TCP data plane binds here
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // The PJRT C API plugin that runs XLA programs, loaded on the first XLA
+  // call (e.g. the xla_cpu_pjrt.so of the xla-cpu-pjrt wheel).
+  std::string pjrt_plugin;
 };
 
 class Worker {

@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/executors/builtin/kernel.h"
+#include "plexus/executors/xla/xla_executor.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/store/object_store.h"
 #include "plexus/transport/data_plane.h"
@@ -21,13 +22,21 @@
 
 namespace plexus {
 
-// A program as loaded on this worker.
+// A program as loaded on this worker: a built-in kernel, or an XLA module.
 struct LoadedProgram {
   std::string name;
   const builtin::Kernel* kernel = nullptr;
   Attrs attrs;
   std::vector<ArgSpec> inputs;
   std::vector<ArgSpec> outputs;
+
+  std::unique_ptr<proto::XlaProgram> xla;  // set for kernel "xla"
+  // The executables of `xla` by island (device indices), resolved through
+  // the worker's content-addressed cache on the first call of each.
+  absl::Mutex xla_mu;
+  absl::flat_hash_map<std::vector<int>,
+                      std::shared_ptr<const xla::PjrtExecutable>>
+      executables ABSL_GUARDED_BY(xla_mu);
 };
 
 class WorkerImpl : public Worker, public transport::DataPlaneHandler {
@@ -66,6 +75,13 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // --- execution (task_runner.cc)
   struct CallContext;
   void RunTask(const std::shared_ptr<CallContext>& call, int task_index);
+  // Runs partition `task_index` of an XLA call (xla_task.cc): joins the
+  // island's other tasks and blocks until the executable has run.
+  absl::Status RunXlaPartition(CallContext& call, int task_index,
+                               const builtin::KernelContext& ctx);
+  // The executable of `program` for the island on `devices`.
+  absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>> XlaExecutableFor(
+      LoadedProgram& program, const std::vector<int>& devices);
   absl::StatusOr<builtin::ConstTensor> BindInput(
       const proto::InputBinding& binding, int device,
       std::vector<std::shared_ptr<const Storage>>* keep,
@@ -76,6 +92,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   std::atomic<int64_t> worker_id_{-1};
 
   std::unique_ptr<ObjectStore> store_;
+  std::unique_ptr<xla::XlaExecutor> xla_;
   std::vector<std::unique_ptr<Device>> devices_;
   transport::DataPlaneCounters counters_;
   std::unique_ptr<transport::DataPlaneServer> data_server_;

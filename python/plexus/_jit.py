@@ -1,0 +1,320 @@
+"""plexus.jit: JAX functions as Plexus programs.
+
+JAX is the client-side tracer and compiler front end only. `jit` lowers a
+function with `jax.export` to a StableHLO portable artifact for the slice's
+islands, reads its output shapes from the lowering, and registers it as an
+XLA program; workers compile it through their PJRT plugin (once per device
+assignment, cached) and run it. Calls take and return pytrees of futures,
+like any other program, and join graphs.
+
+Islands. The devices of a slice on one worker form an island. The function
+is lowered once as an SPMD program over the k devices of an island (a 1-D
+mesh named by `axis_name`); every island runs it on its own shards, and
+XLA's own collectives work inside the island. Arguments are seen per
+island: a `split(a)` array of global length L along `a` appears to the
+function with length L / num_islands (the island's shards concatenated in
+slice order) and is split again over the island's k devices; a replicated
+array appears whole. Outputs follow `out_shardings`:
+  - replicated(): the island's value (the same on every island, e.g. an
+    optimizer update of replicated parameters);
+  - split(a): the island's value is one block of the global array along a;
+  - partial(): each island's value is an addend of the global value (a
+    data-parallel gradient before the runtime's all-reduce between islands).
+"""
+import collections
+
+import numpy as np
+
+from . import _core
+from ._api import Future, Program, Spec, _sharding, partial, replicated, split
+
+# Plexus dtypes; JAX's x64 switch decides whether 64-bit ones lower as such.
+_DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def _jax():
+    """Imports JAX on first use, with enough CPU devices to lower SPMD
+    programs for islands of up to 8 devices (if JAX is not started yet)."""
+    import jax
+    from jax._src import xla_bridge
+    if not xla_bridge.backends_are_initialized():
+        if jax.config.jax_num_cpu_devices < 8:
+            jax.config.update("jax_num_cpu_devices", 8)
+    return jax
+
+
+def jit(fn, slice, *, in_shardings=None, out_shardings=None, name=None,
+        axis_name="devices", platform="cpu"):
+    """Makes `fn` a Plexus program on `slice`.
+
+    in_shardings: a pytree prefix of the arguments giving the sharding of
+        arrays passed by value (None: replicated); futures keep their own.
+    out_shardings: a pytree prefix of the outputs (None: replicated).
+    platform: what the workers' PJRT plugin runs ("cpu", "cuda").
+    The returned object compiles on first call for each input signature,
+    like jax.jit; `.lower(*specs)` gives the program for one signature.
+    """
+    return Jitted(fn, slice, in_shardings, out_shardings,
+                  name or getattr(fn, "__name__", "jit"), axis_name, platform)
+
+
+class Jitted:
+    """A JAX function bound to a slice; compiled per input signature."""
+
+    def __init__(self, fn, slice_, in_shardings, out_shardings, name,
+                 axis_name, platform):
+        self._fn = fn
+        self._slice = slice_
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
+        self._name = name
+        self._axis = axis_name
+        self._platform = platform
+        self._cache = {}
+
+    @property
+    def slice(self):
+        return self._slice
+
+    def __call__(self, *args):
+        jax = _jax()
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        specs = self._leaf_specs(args, leaves, treedef)
+        key = (treedef, tuple(specs))
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._lower(treedef, specs)
+            self._cache[key] = compiled
+        return compiled._call_leaves(leaves)
+
+    def lower(self, *args):
+        """The program for the signature of `args` (Specs, futures, arrays
+        or jax.ShapeDtypeStructs); calls with other shapes are refused."""
+        jax = _jax()
+        leaves, treedef = jax.tree_util.tree_flatten(
+            args, is_leaf=lambda x: isinstance(x, Spec))
+        return self._lower(treedef, self._leaf_specs(args, leaves, treedef))
+
+    @property
+    def compiled_signatures(self):
+        return len(self._cache)
+
+    # ------------------------------------------------------------ internals
+
+    def _leaf_specs(self, args, leaves, treedef):
+        """(dtype name, shape, core sharding) per argument leaf."""
+        jax = _jax()
+        shardings = _broadcast_prefix(jax, self._in_shardings, args, treedef,
+                                      "in_shardings")
+        specs = []
+        for i, (x, sh) in enumerate(zip(leaves, shardings)):
+            if isinstance(x, Future):
+                specs.append((str(np.dtype(x.dtype)), tuple(x.shape),
+                              x._f.sharding))
+                continue
+            if isinstance(x, Spec):
+                shape, dtype, sh = x.shape, x.dtype, x.sharding
+            elif hasattr(x, "shape") and hasattr(x, "dtype"):
+                shape, dtype = tuple(x.shape), np.dtype(x.dtype)
+            else:
+                a = np.asarray(x)
+                shape, dtype = a.shape, a.dtype
+            dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+            specs.append((str(dtype), tuple(int(d) for d in shape),
+                          _sharding(sh, self._slice, len(shape))))
+        return specs
+
+    def _islands(self):
+        """Devices grouped by worker: [(worker, [(shard, device), ...])]."""
+        groups = collections.OrderedDict()
+        for shard, d in enumerate(self._slice.devices):
+            groups.setdefault(d["worker"], []).append((shard, d["device"]))
+        sizes = {len(v) for v in groups.values()}
+        if len(sizes) != 1:
+            raise _core.InvalidArgumentError(
+                f"program '{self._name}': XLA programs need the same number "
+                f"of devices on every host of the slice, got "
+                f"{ {w: len(v) for w, v in groups.items()} }")
+        return list(groups.items())
+
+    def _lower(self, treedef, specs):
+        jax = _jax()
+        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        from jax._src import compiler
+
+        islands = self._islands()
+        k = len(islands[0][1])
+        num_islands = len(islands)
+        what = f"program '{self._name}'"
+        for i, (dtype, shape, sh) in enumerate(specs):
+            if dtype not in _DTYPES:
+                raise _core.InvalidArgumentError(
+                    f"{what} argument {i}: dtype {dtype} is not one of "
+                    f"{', '.join(_DTYPES)}")
+            if sh[0] == "partial":
+                raise _core.InvalidArgumentError(
+                    f"{what} argument {i}: XLA programs take replicated or "
+                    "split inputs, not partial ones; all_reduce it first")
+            if sh[0] == "split" and shape[sh[1]] % (k * num_islands):
+                raise _core.InvalidArgumentError(
+                    f"{what} argument {i}: dimension {sh[1]} of "
+                    f"{dtype}{list(shape)} does not split evenly over "
+                    f"{k * num_islands} devices")
+
+        cpus = jax.devices("cpu")
+        if k > len(cpus):
+            raise _core.InvalidArgumentError(
+                f"{what}: lowering for islands of {k} devices needs {k} JAX "
+                f"CPU devices in this process, it has {len(cpus)}; import "
+                "plexus.jit before JAX starts or set jax_num_cpu_devices")
+        mesh = Mesh(np.array(cpus[:k]), (self._axis,))
+
+        def island_sharding(kind, axis, ndim):
+            if kind == "split":
+                entries = [None] * ndim
+                entries[axis] = self._axis
+                return NamedSharding(mesh, PartitionSpec(*entries))
+            return NamedSharding(mesh, PartitionSpec())
+
+        avals, in_sh = [], []
+        for dtype, shape, (kind, axis) in specs:
+            local = list(shape)
+            if kind == "split":
+                local[axis] //= num_islands
+            avals.append(jax.ShapeDtypeStruct(tuple(local), np.dtype(dtype)))
+            in_sh.append(island_sharding(kind, axis, len(shape)))
+
+        fn = self._fn
+        out_tree = []
+
+        def flat_fn(*leaves):
+            out = fn(*jax.tree_util.tree_unflatten(treedef, leaves))
+            flat, tree = jax.tree_util.tree_flatten(out)
+            out_tree.append(tree)
+            return flat
+
+        # Trace once to learn the outputs' tree, then give their shardings.
+        try:
+            shapes = jax.eval_shape(flat_fn, *avals)
+        except Exception as e:  # the user's function failed to trace
+            raise _core.InvalidArgumentError(
+                f"{what}: JAX could not trace the function: "
+                f"{type(e).__name__}: {e}") from e
+        tree = out_tree[-1]
+        out_kinds = [_sharding(s, self._slice, len(a.shape)) for s, a in zip(
+            _broadcast_prefix(jax, self._out_shardings,
+                              jax.tree_util.tree_unflatten(tree, shapes), tree,
+                              "out_shardings"), shapes)]
+        out_sh = [island_sharding(kind, axis, len(a.shape))
+                  for (kind, axis), a in zip(out_kinds, shapes)]
+        try:
+            exported = jax.export.export(
+                jax.jit(flat_fn, in_shardings=in_sh, out_shardings=out_sh),
+                platforms=[self._platform])(*avals)
+        except Exception as e:
+            raise _core.InvalidArgumentError(
+                f"{what}: JAX could not lower the function: "
+                f"{type(e).__name__}: {e}") from e
+
+        outputs = []
+        for o, (aval, (kind, axis)) in enumerate(zip(exported.out_avals,
+                                                     out_kinds)):
+            dtype = str(np.dtype(aval.dtype))
+            if dtype not in _DTYPES:
+                raise _core.InvalidArgumentError(
+                    f"{what} output {o}: dtype {dtype} is not one of "
+                    f"{', '.join(_DTYPES)}; cast it in the function")
+            shape = list(aval.shape)
+            if kind == "split":
+                shape[axis] *= num_islands
+            outputs.append((dtype, tuple(shape), (kind, axis)))
+
+        assignments = []
+        for _, devs in islands:
+            d = tuple(dev for _, dev in devs)
+            if d not in [a for a, _ in assignments]:
+                opts = compiler.get_compile_options(
+                    num_replicas=1, num_partitions=k,
+                    device_assignment=np.array([d]))
+                assignments.append((d, opts.SerializeAsString()))
+        core = self._slice._client._core.compile_xla(
+            self._slice._s, self._name, exported.mlir_module_serialized, k,
+            self._platform, [(list(d), o) for d, o in assignments],
+            [(np.dtype(dt), sh, s) for dt, sh, s in specs],
+            [(np.dtype(dt), sh, s) for dt, sh, s in outputs])
+        return XlaProgram(core, self._slice._client, treedef, tree)
+
+
+class XlaProgram(Program):
+    """A lowered JAX function: a Program whose calls take and return
+    pytrees."""
+
+    def __init__(self, core_program, client, in_tree, out_tree):
+        super().__init__(core_program, client)
+        self._in_tree = in_tree
+        self._out_tree = out_tree
+
+    def __call__(self, *args):
+        jax = _jax()
+        leaves, treedef = jax.tree_util.tree_flatten(args)
+        if treedef != self._in_tree:
+            raise _core.InvalidArgumentError(
+                f"program '{self.name}' was compiled for arguments "
+                f"{self._in_tree}, got {treedef}")
+        return self._call_leaves(leaves)
+
+    def _call_leaves(self, leaves):
+        jax = _jax()
+        values = []
+        for i, (x, (dtype, shape, _)) in enumerate(zip(leaves,
+                                                       self._p.inputs)):
+            if isinstance(x, Future):
+                if tuple(x.shape) != tuple(shape) or x.dtype != dtype:
+                    raise _core.InvalidArgumentError(
+                        f"program '{self.name}' argument {i} is "
+                        f"{np.dtype(x.dtype)}{list(x.shape)} but the program "
+                        f"was compiled for {np.dtype(dtype)}{list(shape)}")
+                values.append(x)
+            else:
+                a = np.asarray(x)
+                if a.shape == tuple(shape) and a.dtype != dtype:
+                    a = a.astype(dtype)  # JAX's canonical dtype (x64 off)
+                values.append(a)
+        outs = super().__call__(*values)
+        if not isinstance(outs, tuple) or len(self._p.outputs) == 1:
+            outs = (outs,)
+        return jax.tree_util.tree_unflatten(self._out_tree, list(outs))
+
+
+def _broadcast_prefix(jax, prefix, full, full_tree, what):
+    """One entry of `prefix` (a pytree prefix of `full`) per leaf of full."""
+    if prefix is None:
+        return [None] * full_tree.num_leaves
+    try:
+        grouped = jax.tree_util.tree_map(
+            lambda p, sub: _Group([p] * len(jax.tree_util.tree_leaves(sub))),
+            prefix, full, is_leaf=_is_sharding_leaf)
+    except ValueError as e:
+        raise _core.InvalidArgumentError(
+            f"{what} must be a pytree prefix of the "
+            f"{'arguments' if what == 'in_shardings' else 'outputs'}: {e}"
+        ) from e
+    return [s for group in jax.tree_util.tree_leaves(
+        grouped, is_leaf=lambda x: isinstance(x, _Group)) for s in group.items]
+
+
+class _Group:
+    __slots__ = ("items",)
+
+    def __init__(self, items):
+        self.items = items
+
+
+def _is_sharding_leaf(x):
+    from ._api import P
+    return x is None or isinstance(x, P) or (
+        isinstance(x, tuple) and len(x) == 2 and
+        x[0] in ("replicated", "split", "partial"))
+
+
+__all__ = ["jit", "Jitted", "XlaProgram", "partial", "replicated", "split"]

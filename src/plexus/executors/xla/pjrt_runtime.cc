@@ -1,0 +1,440 @@
+#include "plexus/executors/xla/pjrt_runtime.h"
+
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "pjrt_c_api.h"  // from the xla-cpu-pjrt wheel (CMakeLists.txt)
+
+namespace plexus::xla {
+namespace {
+
+// Zero-initialised PJRT argument struct with its size set, as the C API
+// requires for forward and backward compatibility.
+template <typename T>
+T Args(size_t struct_size) {
+  T args;
+  std::memset(&args, 0, sizeof(args));
+  args.struct_size = struct_size;
+  return args;
+}
+#define PJRT_ARGS(type) Args<type>(type##_STRUCT_SIZE)
+
+absl::StatusCode CodeOf(PJRT_Error_Code code) {
+  switch (code) {
+    case PJRT_Error_Code_CANCELLED:
+      return absl::StatusCode::kCancelled;
+    case PJRT_Error_Code_INVALID_ARGUMENT:
+      return absl::StatusCode::kInvalidArgument;
+    case PJRT_Error_Code_NOT_FOUND:
+      return absl::StatusCode::kNotFound;
+    case PJRT_Error_Code_RESOURCE_EXHAUSTED:
+      return absl::StatusCode::kResourceExhausted;
+    case PJRT_Error_Code_FAILED_PRECONDITION:
+      return absl::StatusCode::kFailedPrecondition;
+    case PJRT_Error_Code_UNIMPLEMENTED:
+      return absl::StatusCode::kUnimplemented;
+    case PJRT_Error_Code_UNAVAILABLE:
+      return absl::StatusCode::kUnavailable;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+absl::StatusOr<PJRT_Buffer_Type> BufferType(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return PJRT_Buffer_Type_F32;
+    case DType::kF64:
+      return PJRT_Buffer_Type_F64;
+    case DType::kI32:
+      return PJRT_Buffer_Type_S32;
+    case DType::kI64:
+      return PJRT_Buffer_Type_S64;
+  }
+  return absl::InvalidArgumentError("unsupported dtype");
+}
+
+absl::StatusOr<DType> FromBufferType(PJRT_Buffer_Type type) {
+  switch (type) {
+    case PJRT_Buffer_Type_F32:
+      return DType::kF32;
+    case PJRT_Buffer_Type_F64:
+      return DType::kF64;
+    case PJRT_Buffer_Type_S32:
+      return DType::kI32;
+    case PJRT_Buffer_Type_S64:
+      return DType::kI64;
+    default:
+      return absl::UnimplementedError(absl::StrCat(
+          "XLA element type ", static_cast<int>(type),
+          " has no Plexus dtype (float32, float64, int32, int64)"));
+  }
+}
+
+// Owns PJRT objects created during one call and destroys them in order.
+class Scope {
+ public:
+  explicit Scope(const PJRT_Api* api) : api_(api) {}
+  ~Scope() {
+    for (PJRT_Buffer* b : buffers_) {
+      auto a = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+      a.buffer = b;
+      Consume(api_->PJRT_Buffer_Destroy(&a));
+    }
+    // Zero-copy inputs: the host memory is ours again once the plugin is
+    // done with it.
+    for (PJRT_Event* e : host_done_) {
+      Await(e).IgnoreError();
+    }
+  }
+  void Own(PJRT_Buffer* b) { buffers_.push_back(b); }
+  void HostDone(PJRT_Event* e) {
+    if (e != nullptr) host_done_.push_back(e);
+  }
+  absl::Status ToStatus(PJRT_Error* error, absl::string_view what) const {
+    if (error == nullptr) return absl::OkStatus();
+    auto m = PJRT_ARGS(PJRT_Error_Message_Args);
+    m.error = error;
+    api_->PJRT_Error_Message(&m);
+    auto c = PJRT_ARGS(PJRT_Error_GetCode_Args);
+    c.error = error;
+    PJRT_Error* code_error = api_->PJRT_Error_GetCode(&c);
+    absl::StatusCode code =
+        code_error == nullptr ? CodeOf(c.code) : absl::StatusCode::kInternal;
+    absl::Status s(code, absl::StrCat(what, ": ",
+                                      absl::string_view(m.message,
+                                                       m.message_size)));
+    Consume(code_error);
+    Consume(error);
+    return s;
+  }
+  // Waits for `event`, then destroys it.
+  absl::Status Await(PJRT_Event* event) const {
+    auto a = PJRT_ARGS(PJRT_Event_Await_Args);
+    a.event = event;
+    absl::Status s = ToStatus(api_->PJRT_Event_Await(&a), "XLA execution");
+    auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    d.event = event;
+    Consume(api_->PJRT_Event_Destroy(&d));
+    return s;
+  }
+
+ private:
+  void Consume(PJRT_Error* error) const {
+    if (error == nullptr) return;
+    auto d = PJRT_ARGS(PJRT_Error_Destroy_Args);
+    d.error = error;
+    api_->PJRT_Error_Destroy(&d);
+  }
+  const PJRT_Api* api_;
+  std::vector<PJRT_Buffer*> buffers_;
+  std::vector<PJRT_Event*> host_done_;
+};
+
+int DeviceId(const PJRT_Api* api, PJRT_Device* device) {
+  auto d = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  d.device = device;
+  if (api->PJRT_Device_GetDescription(&d) != nullptr) return -1;
+  auto i = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+  i.device_description = d.device_description;
+  if (api->PJRT_DeviceDescription_Id(&i) != nullptr) return -1;
+  return i.id;
+}
+
+}  // namespace
+
+PjrtExecutable::~PjrtExecutable() {
+  auto a = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
+  a.executable = exe_;
+  Scope(runtime_->api_)
+      .ToStatus(runtime_->api_->PJRT_LoadedExecutable_Destroy(&a), "")
+      .IgnoreError();
+}
+
+absl::StatusOr<std::unique_ptr<PjrtRuntime>> PjrtRuntime::Load(
+    const PjrtOptions& options) {
+  std::unique_ptr<PjrtRuntime> runtime(new PjrtRuntime());
+  absl::Status s = runtime->Init(options);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("PJRT plugin '",
+                                               options.plugin_path,
+                                               "': ", s.message()));
+  }
+  return runtime;
+}
+
+absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
+  plugin_path_ = options.plugin_path;
+  if (plugin_path_.empty()) {
+    return absl::FailedPreconditionError(
+        "no plugin configured (plexus-worker --pjrt-plugin or "
+        "PLEXUS_PJRT_PLUGIN); scripts/setup.sh installs xla-cpu-pjrt");
+  }
+  // RTLD_LOCAL: the plugin keeps its own protobuf, abseil and LLVM.
+  handle_ = dlopen(plugin_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle_ == nullptr) {
+    return absl::NotFoundError(absl::StrCat("cannot load: ", dlerror()));
+  }
+  using GetApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetApiFn>(dlsym(handle_, "GetPjrtApi"));
+  if (get_api == nullptr) {
+    return absl::InvalidArgumentError("not a PJRT plugin: no GetPjrtApi");
+  }
+  api_ = get_api();
+  if (api_ == nullptr) return absl::InternalError("GetPjrtApi returned null");
+  const auto& v = api_->pjrt_api_version;
+  if (v.major_version != PJRT_API_MAJOR) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PJRT C API ", v.major_version, ".", v.minor_version,
+        " is incompatible with the ", PJRT_API_MAJOR, ".", PJRT_API_MINOR,
+        " Plexus was built against"));
+  }
+  Scope scope(api_);
+  auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+  if (absl::Status s = scope.ToStatus(api_->PJRT_Plugin_Initialize(&init),
+                                      "initialise");
+      !s.ok()) {
+    return s;
+  }
+  PJRT_NamedValue count;
+  std::memset(&count, 0, sizeof(count));
+  count.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+  static const char kCount[] = "cpu_device_count";
+  count.name = kCount;
+  count.name_size = sizeof(kCount) - 1;
+  count.type = PJRT_NamedValue_kInt64;
+  count.int64_value = options.cpu_device_count;
+  count.value_size = 1;
+  auto create = PJRT_ARGS(PJRT_Client_Create_Args);
+  create.create_options = &count;
+  create.num_options = 1;
+  PJRT_Error* error = api_->PJRT_Client_Create(&create);
+  if (error != nullptr) {
+    // Plugins that do not know the option (GPU) reject it: retry bare.
+    scope.ToStatus(error, "").IgnoreError();
+    create = PJRT_ARGS(PJRT_Client_Create_Args);
+    if (absl::Status s = scope.ToStatus(api_->PJRT_Client_Create(&create),
+                                        "create client");
+        !s.ok()) {
+      return s;
+    }
+  }
+  client_ = create.client;
+  auto name = PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  name.client = client_;
+  if (absl::Status s = scope.ToStatus(api_->PJRT_Client_PlatformName(&name),
+                                      "platform name");
+      !s.ok()) {
+    return s;
+  }
+  platform_.assign(name.platform_name, name.platform_name_size);
+  auto devs = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  devs.client = client_;
+  if (absl::Status s = scope.ToStatus(
+          api_->PJRT_Client_AddressableDevices(&devs), "list devices");
+      !s.ok()) {
+    return s;
+  }
+  devices_.assign(devs.addressable_devices,
+                  devs.addressable_devices + devs.num_addressable_devices);
+  return absl::OkStatus();
+}
+
+PjrtRuntime::~PjrtRuntime() {
+  if (client_ != nullptr) {
+    auto a = PJRT_ARGS(PJRT_Client_Destroy_Args);
+    a.client = client_;
+    Scope(api_).ToStatus(api_->PJRT_Client_Destroy(&a), "").IgnoreError();
+  }
+  // The plugin stays mapped: its static destructors and threads may still
+  // run at exit, and unloading XLA is not supported.
+}
+
+std::string PjrtRuntime::api_version() const {
+  return absl::StrCat(api_->pjrt_api_version.major_version, ".",
+                      api_->pjrt_api_version.minor_version);
+}
+
+absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
+    absl::string_view module, absl::string_view compile_options) const {
+  Scope scope(api_);
+  auto program = PJRT_ARGS(PJRT_Program);
+  static const char kFormat[] = "mlir";
+  program.code = const_cast<char*>(module.data());
+  program.code_size = module.size();
+  program.format = kFormat;
+  program.format_size = sizeof(kFormat) - 1;
+  auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
+  args.client = client_;
+  args.program = &program;
+  args.compile_options = compile_options.data();
+  args.compile_options_size = compile_options.size();
+  if (absl::Status s =
+          scope.ToStatus(api_->PJRT_Client_Compile(&args), "XLA compile");
+      !s.ok()) {
+    return s;
+  }
+  std::unique_ptr<PjrtExecutable> exe(
+      new PjrtExecutable(this, args.executable));
+
+  auto devs = PJRT_ARGS(PJRT_LoadedExecutable_AddressableDevices_Args);
+  devs.executable = exe->exe_;
+  if (absl::Status s = scope.ToStatus(
+          api_->PJRT_LoadedExecutable_AddressableDevices(&devs),
+          "executable devices");
+      !s.ok()) {
+    return s;
+  }
+  exe->devices_.assign(devs.addressable_devices,
+                       devs.addressable_devices + devs.num_addressable_devices);
+
+  // Output element types and dimensions, checked against what the client
+  // declared before any call runs.
+  auto get = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = exe->exe_;
+  if (absl::Status s = scope.ToStatus(
+          api_->PJRT_LoadedExecutable_GetExecutable(&get), "executable");
+      !s.ok()) {
+    return s;
+  }
+  absl::Status status;
+  auto types = PJRT_ARGS(PJRT_Executable_OutputElementTypes_Args);
+  types.executable = get.executable;
+  auto dims = PJRT_ARGS(PJRT_Executable_OutputDimensions_Args);
+  dims.executable = get.executable;
+  status = scope.ToStatus(api_->PJRT_Executable_OutputElementTypes(&types),
+                          "output types");
+  if (status.ok()) {
+    status = scope.ToStatus(api_->PJRT_Executable_OutputDimensions(&dims),
+                            "output dimensions");
+  }
+  if (status.ok()) {
+    const int64_t* d = dims.dims;
+    for (size_t o = 0; o < types.num_output_types && status.ok(); ++o) {
+      auto dtype = FromBufferType(types.output_types[o]);
+      if (!dtype.ok()) {
+        status = absl::Status(dtype.status().code(),
+                              absl::StrCat("output ", o, ": ",
+                                           dtype.status().message()));
+        break;
+      }
+      TensorSpec spec{*dtype, Shape(d, d + dims.dim_sizes[o])};
+      d += dims.dim_sizes[o];
+      exe->outputs_.push_back(std::move(spec));
+    }
+  }
+  auto destroy = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  destroy.executable = get.executable;
+  scope.ToStatus(api_->PJRT_Executable_Destroy(&destroy), "").IgnoreError();
+  if (!status.ok()) return status;
+  return exe;
+}
+
+absl::Status PjrtRuntime::Execute(
+    const PjrtExecutable& exe,
+    const std::vector<std::vector<builtin::ConstTensor>>& inputs,
+    const std::vector<std::vector<builtin::MutableTensor>>& outputs) const {
+  const size_t parts = exe.devices_.size();
+  if (inputs.size() != parts || outputs.size() != parts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the executable runs on ", parts, " devices, given ", inputs.size()));
+  }
+  const size_t num_args = parts == 0 ? 0 : inputs[0].size();
+  const size_t num_outputs = exe.outputs_.size();
+  Scope scope(api_);
+  std::vector<std::vector<PJRT_Buffer*>> args(parts);
+  for (size_t p = 0; p < parts; ++p) {
+    if (inputs[p].size() != num_args || outputs[p].size() != num_outputs) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "partition ", p, ": ", inputs[p].size(), " inputs and ",
+          outputs[p].size(), " outputs, the executable has ", num_outputs,
+          " outputs"));
+    }
+    for (size_t i = 0; i < num_args; ++i) {
+      const builtin::ConstTensor& in = inputs[p][i];
+      auto type = BufferType(in.spec.dtype);
+      if (!type.ok()) return type.status();
+      auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+      a.client = client_;
+      a.data = in.data;
+      a.type = *type;
+      a.dims = in.spec.shape.data();
+      a.num_dims = in.spec.shape.size();
+      // Store buffers are immutable while a task reads them: the plugin
+      // may use them in place (CPU) until it signals done_with_host_buffer.
+      a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+      a.device = exe.devices_[p];
+      if (absl::Status s = scope.ToStatus(
+              api_->PJRT_Client_BufferFromHostBuffer(&a),
+              absl::StrCat("argument ", i, " to device"));
+          !s.ok()) {
+        return s;
+      }
+      scope.Own(a.buffer);
+      scope.HostDone(a.done_with_host_buffer);
+      args[p].push_back(a.buffer);
+    }
+  }
+  std::vector<PJRT_Buffer* const*> arg_lists(parts);
+  std::vector<std::vector<PJRT_Buffer*>> outs(
+      parts, std::vector<PJRT_Buffer*>(num_outputs, nullptr));
+  std::vector<PJRT_Buffer**> out_lists(parts);
+  for (size_t p = 0; p < parts; ++p) {
+    arg_lists[p] = args[p].data();
+    out_lists[p] = outs[p].data();
+  }
+  static std::atomic<int> launch_id{1};
+  auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
+  opts.launch_id = launch_id.fetch_add(1);
+  auto ex = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  ex.executable = exe.exe_;
+  ex.options = &opts;
+  ex.argument_lists = arg_lists.data();
+  ex.num_devices = parts;
+  ex.num_args = num_args;
+  ex.output_lists = out_lists.data();
+  if (absl::Status s = scope.ToStatus(
+          api_->PJRT_LoadedExecutable_Execute(&ex), "XLA execute");
+      !s.ok()) {
+    return s;
+  }
+  for (auto& list : outs) {
+    for (PJRT_Buffer* b : list) {
+      if (b != nullptr) scope.Own(b);
+    }
+  }
+  // Start every device-to-host copy, then wait for them all.
+  std::vector<PJRT_Event*> copies;
+  absl::Status status;
+  for (size_t p = 0; p < parts && status.ok(); ++p) {
+    for (size_t o = 0; o < num_outputs; ++o) {
+      const builtin::MutableTensor& dst = outputs[p][o];
+      if (dst.data == nullptr) continue;
+      if (dst.spec.byte_size() !=
+          exe.outputs_[o].byte_size()) {
+        status = absl::InternalError(absl::StrCat(
+            "output ", o, " is ", exe.outputs_[o].ToString(),
+            " but the program declared ", dst.spec.ToString()));
+        break;
+      }
+      auto t = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+      t.src = outs[p][o];
+      t.dst = dst.data;
+      t.dst_size = dst.spec.byte_size();
+      status = scope.ToStatus(api_->PJRT_Buffer_ToHostBuffer(&t),
+                              absl::StrCat("output ", o, " to host"));
+      if (!status.ok()) break;
+      copies.push_back(t.event);
+    }
+  }
+  for (PJRT_Event* e : copies) {
+    absl::Status s = scope.Await(e);
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
+}  // namespace plexus::xla

@@ -1,0 +1,115 @@
+// The XLA executor against the real CPU PJRT plugin (xla-cpu-pjrt wheel):
+// StableHLO text compiled once, run on host buffers, errors as statuses.
+#include "plexus/executors/xla/xla_executor.h"
+
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace plexus::xla {
+namespace {
+
+// out0 = tanh(x) * y + y, out1 = sum(x) (a scalar).
+constexpr char kModule[] = R"(
+module @m {
+  func.func public @main(%x: tensor<2x3xf32>, %y: tensor<2x3xf32>)
+      -> (tensor<2x3xf32>, tensor<f32>) {
+    %t = stablehlo.tanh %x : tensor<2x3xf32>
+    %m = stablehlo.multiply %t, %y : tensor<2x3xf32>
+    %a = stablehlo.add %m, %y : tensor<2x3xf32>
+    %zero = stablehlo.constant dense<0.0> : tensor<f32>
+    %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across
+        dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
+    return %a, %s : tensor<2x3xf32>, tensor<f32>
+  }
+}
+)";
+
+// A serialized xla.CompileOptionsProto for one replica and one partition
+// (executable_build_options { num_replicas: 1 num_partitions: 1 }), as
+// jaxlib's CompileOptions.SerializeAsString() writes those fields. Clients
+// send the full options that plexus.jit builds with jaxlib.
+const std::string kOneDevice("\x1a\x04\x20\x01\x28\x01", 6);
+
+PjrtOptions Options() {
+  PjrtOptions o;
+  o.plugin_path = PLEXUS_TEST_PJRT_PLUGIN;
+  o.cpu_device_count = 2;
+  return o;
+}
+
+TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
+  XlaExecutor executor(Options());
+  auto runtime = executor.Runtime();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  EXPECT_EQ((*runtime)->platform(), "cpu");
+  EXPECT_EQ((*runtime)->num_devices(), 2);
+
+  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  ASSERT_EQ((*exe)->outputs().size(), 2u);
+  EXPECT_EQ((*exe)->outputs()[0], (TensorSpec{DType::kF32, {2, 3}}));
+  EXPECT_EQ((*exe)->outputs()[1], (TensorSpec{DType::kF32, {}}));
+  auto again = executor.GetOrCompile(kModule, kOneDevice);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(exe->get(), again->get());
+  EXPECT_EQ(executor.compiles(), 1);
+  EXPECT_EQ(executor.cache_hits(), 1);
+
+  alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
+  alignas(64) float y[6] = {1, 2, 3, 4, 5, 6};
+  alignas(64) float out[6] = {};
+  float sum = 0;
+  const TensorSpec m{DType::kF32, {2, 3}};
+  std::vector<std::vector<builtin::ConstTensor>> in = {{{m, x}, {m, y}}};
+  std::vector<std::vector<builtin::MutableTensor>> outs = {
+      {{m, out}, {TensorSpec{DType::kF32, {}}, &sum}}};
+  for (int round = 0; round < 3; ++round) {
+    absl::Status s = (*runtime)->Execute(**exe, in, outs);
+    ASSERT_TRUE(s.ok()) << s;
+    float expect_sum = 0;
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_NEAR(out[i], std::tanh(x[i]) * y[i] + y[i], 1e-5) << i;  // XLA tanh
+      expect_sum += x[i];
+    }
+    EXPECT_FLOAT_EQ(sum, expect_sum);
+  }
+}
+
+TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
+  XlaExecutor executor(Options());
+  auto bad = executor.GetOrCompile("module { this is not mlir }", kOneDevice);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("XLA compile"), std::string::npos)
+      << bad.status();
+  // A failed compile is cached too: the second request fails the same way.
+  auto bad2 = executor.GetOrCompile("module { this is not mlir }", kOneDevice);
+  EXPECT_EQ(bad.status(), bad2.status());
+  EXPECT_EQ(executor.compiles(), 1);
+
+  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const PjrtRuntime* runtime = *executor.Runtime();
+  float x[4] = {}, out[6] = {}, sum = 0;
+  const TensorSpec wrong{DType::kF32, {4}};
+  const TensorSpec m{DType::kF32, {2, 3}};
+  absl::Status s = runtime->Execute(
+      **exe, {{{wrong, x}, {wrong, x}}},
+      {{{m, out}, {TensorSpec{DType::kF32, {}}, &sum}}});
+  EXPECT_FALSE(s.ok());
+}
+
+TEST(XlaExecutorTest, MissingPluginIsAClearErrorEveryTime) {
+  PjrtOptions o;
+  o.plugin_path = "/nonexistent/pjrt_plugin.so";
+  XlaExecutor executor(o);
+  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  ASSERT_FALSE(exe.ok());
+  EXPECT_NE(exe.status().message().find("/nonexistent/pjrt_plugin.so"),
+            std::string::npos)
+      << exe.status();
+  EXPECT_FALSE(executor.Runtime().ok());
+}
+
+}  // namespace
+}  // namespace plexus::xla

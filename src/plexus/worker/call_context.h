@@ -1,0 +1,21 @@
+// Internal: what the shard tasks of one call on this worker share.
+#pragma once
+
+#include <atomic>
+#include <memory>
+
+#include "plexus/worker/collective.h"
+#include "plexus/worker/worker_impl.h"
+#include "plexus/worker/xla_island.h"
+
+namespace plexus {
+
+struct WorkerImpl::CallContext {
+  proto::Execute exec;
+  LoadedProgram* program = nullptr;
+  std::unique_ptr<CallCollective> collective;  // collective kernels
+  std::unique_ptr<IslandExecution> island;     // XLA programs
+  std::atomic<int> tasks_left{0};
+};
+
+}  // namespace plexus

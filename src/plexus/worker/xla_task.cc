@@ -1,0 +1,96 @@
+// Execution of XLA programs: the tasks of one call on this worker form an
+// island that runs the program's SPMD executable once over its devices.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "plexus/common/logging.h"
+#include "plexus/worker/worker_impl.h"
+#include "plexus/worker/call_context.h"
+
+namespace plexus {
+
+
+absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>>
+WorkerImpl::XlaExecutableFor(LoadedProgram& program,
+                             const std::vector<int>& devices) {
+  {
+    absl::MutexLock lock(&program.xla_mu);
+    auto it = program.executables.find(devices);
+    if (it != program.executables.end()) return it->second;
+  }
+  const proto::XlaIsland* island = nullptr;
+  for (const auto& candidate : program.xla->islands()) {
+    if (std::vector<int>(candidate.devices().begin(),
+                         candidate.devices().end()) == devices) {
+      island = &candidate;
+    }
+  }
+  if (island == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "not compiled for devices [", absl::StrJoin(devices, ", "),
+        "] of worker ", worker_id_.load(),
+        " (was the slice re-placed after plexus.jit lowered it?)"));
+  }
+  auto exe = xla_->GetOrCompile(program.xla->module(),
+                                island->compile_options());
+  if (!exe.ok()) return exe.status();
+  if ((*exe)->num_partitions() != static_cast<int>(devices.size())) {
+    return absl::InternalError(absl::StrCat(
+        "compiled for ", (*exe)->num_partitions(), " devices, the island has ",
+        devices.size()));
+  }
+  if ((*exe)->outputs().size() != program.outputs.size()) {
+    return absl::InternalError(absl::StrCat(
+        "XLA compiled ", (*exe)->outputs().size(),
+        " outputs, the program declared ", program.outputs.size()));
+  }
+  absl::MutexLock lock(&program.xla_mu);
+  program.executables[devices] = *exe;
+  return *exe;
+}
+
+absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
+                                         const builtin::KernelContext& ctx) {
+  const proto::Execute& exec = call.exec;
+  LoadedProgram& program = *call.program;
+  // Outputs of `partial` sharding: partition 0 of the island holds the
+  // island's value, the other partitions hold zeros, so the sum over all
+  // devices of the slice is the sum over islands.
+  std::vector<builtin::MutableTensor> outputs = ctx.outputs;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    if (task_index > 0 && program.outputs[o].sharding.is_partial()) {
+      std::memset(outputs[o].data, 0, outputs[o].spec.byte_size());
+      outputs[o].data = nullptr;
+    }
+  }
+  auto run = [&](const IslandExecution::Inputs& inputs,
+                 const IslandExecution::Outputs& outs) -> absl::Status {
+    std::vector<int> devices;
+    for (const auto& task : exec.tasks()) devices.push_back(task.device());
+    auto exe = XlaExecutableFor(program, devices);
+    if (!exe.ok()) return exe.status();
+    for (size_t o = 0; o < program.outputs.size(); ++o) {
+      const TensorSpec& got = (*exe)->outputs()[o];
+      const TensorSpec& want = outs[0][o].spec;
+      if (got != want) {
+        return absl::InternalError(absl::StrCat(
+            "XLA compiled output ", o, " as ", got.ToString(),
+            " per device, the program declared ", want.ToString()));
+      }
+    }
+    auto runtime = xla_->Runtime();
+    if (!runtime.ok()) return runtime.status();
+    return (*runtime)->Execute(**exe, inputs, outs);
+  };
+  absl::Status s =
+      call.island->Arrive(task_index, ctx.inputs, std::move(outputs), run);
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("program '", program.name, "' failed on worker ",
+                               worker_id_.load(), ": ", s.message()));
+  }
+  return s;
+}
+
+}  // namespace plexus
