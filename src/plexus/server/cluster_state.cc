@@ -245,9 +245,10 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
         "program '", def.name(), "': unknown kernel '", def.kernel(), "'"));
   }
   if (xla && (def.xla().module().empty() || def.xla().islands_size() == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "program '", def.name(), "': an XLA program needs a module and at "
-        "least one island"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", def.name(),
+                     "': an XLA program needs a module and at "
+                     "least one island"));
   }
   ProgramRecord rec;
   rec.def = def;

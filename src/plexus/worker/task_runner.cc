@@ -3,11 +3,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
-#include "plexus/worker/worker_impl.h"
 #include "plexus/worker/call_context.h"
+#include "plexus/worker/worker_impl.h"
 
 namespace plexus {
-
 
 namespace {
 
@@ -165,9 +164,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     for (size_t o = 0; o < program->outputs.size(); ++o) {
       auto local = program->outputs[o].Local(exec.num_shards());
       if (!local.ok()) return local.status();
-      const int alias =
-          program->kernel ? program->kernel->AliasedInput(static_cast<int>(o))
-                          : -1;
+      const int alias = program->kernel
+                            ? program->kernel->AliasedInput(static_cast<int>(o))
+                            : -1;
       if (alias >= 0 && alias < static_cast<int>(ctx.inputs.size()) &&
           ctx.inputs[alias].spec == *local) {
         // Immutable buffers: the output is the input's buffer, no copy.

@@ -2,10 +2,9 @@
 
 namespace plexus {
 
-absl::Status IslandExecution::Arrive(int p,
-                                     std::vector<builtin::ConstTensor> inputs,
-                                     std::vector<builtin::MutableTensor> outputs,
-                                     const RunFn& run) {
+absl::Status IslandExecution::Arrive(
+    int p, std::vector<builtin::ConstTensor> inputs,
+    std::vector<builtin::MutableTensor> outputs, const RunFn& run) {
   absl::MutexLock lock(&mu_);
   inputs_[p] = std::move(inputs);
   outputs_[p] = std::move(outputs);
@@ -17,8 +16,9 @@ absl::Status IslandExecution::Arrive(int p,
 void IslandExecution::Fail(int p, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (failure_.ok()) {
-    failure_ = status.ok() ? absl::InternalError("an XLA partition left its "
-                                                 "island without running")
+    failure_ = status.ok() ? absl::InternalError(
+                                 "an XLA partition left its "
+                                 "island without running")
                            : status;
   }
   ArriveLocked(nullptr);

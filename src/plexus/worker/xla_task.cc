@@ -5,11 +5,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/common/logging.h"
-#include "plexus/worker/worker_impl.h"
 #include "plexus/worker/call_context.h"
+#include "plexus/worker/worker_impl.h"
 
 namespace plexus {
-
 
 absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>>
 WorkerImpl::XlaExecutableFor(LoadedProgram& program,
@@ -32,13 +31,13 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
         "] of worker ", worker_id_.load(),
         " (was the slice re-placed after plexus.jit lowered it?)"));
   }
-  auto exe = xla_->GetOrCompile(program.xla->module(),
-                                island->compile_options());
+  auto exe =
+      xla_->GetOrCompile(program.xla->module(), island->compile_options());
   if (!exe.ok()) return exe.status();
   if ((*exe)->num_partitions() != static_cast<int>(devices.size())) {
-    return absl::InternalError(absl::StrCat(
-        "compiled for ", (*exe)->num_partitions(), " devices, the island has ",
-        devices.size()));
+    return absl::InternalError(
+        absl::StrCat("compiled for ", (*exe)->num_partitions(),
+                     " devices, the island has ", devices.size()));
   }
   if ((*exe)->outputs().size() != program.outputs.size()) {
     return absl::InternalError(absl::StrCat(

@@ -104,9 +104,9 @@ class Scope {
     PJRT_Error* code_error = api_->PJRT_Error_GetCode(&c);
     absl::StatusCode code =
         code_error == nullptr ? CodeOf(c.code) : absl::StatusCode::kInternal;
-    absl::Status s(code, absl::StrCat(what, ": ",
-                                      absl::string_view(m.message,
-                                                       m.message_size)));
+    absl::Status s(
+        code,
+        absl::StrCat(what, ": ", absl::string_view(m.message, m.message_size)));
     Consume(code_error);
     Consume(error);
     return s;
@@ -159,9 +159,9 @@ absl::StatusOr<std::unique_ptr<PjrtRuntime>> PjrtRuntime::Load(
   std::unique_ptr<PjrtRuntime> runtime(new PjrtRuntime());
   absl::Status s = runtime->Init(options);
   if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("PJRT plugin '",
-                                               options.plugin_path,
-                                               "': ", s.message()));
+    return absl::Status(
+        s.code(),
+        absl::StrCat("PJRT plugin '", options.plugin_path, "': ", s.message()));
   }
   return runtime;
 }
@@ -187,15 +187,15 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
   if (api_ == nullptr) return absl::InternalError("GetPjrtApi returned null");
   const auto& v = api_->pjrt_api_version;
   if (v.major_version != PJRT_API_MAJOR) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PJRT C API ", v.major_version, ".", v.minor_version,
-        " is incompatible with the ", PJRT_API_MAJOR, ".", PJRT_API_MINOR,
-        " Plexus was built against"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("PJRT C API ", v.major_version, ".", v.minor_version,
+                     " is incompatible with the ", PJRT_API_MAJOR, ".",
+                     PJRT_API_MINOR, " Plexus was built against"));
   }
   Scope scope(api_);
   auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
-  if (absl::Status s = scope.ToStatus(api_->PJRT_Plugin_Initialize(&init),
-                                      "initialise");
+  if (absl::Status s =
+          scope.ToStatus(api_->PJRT_Plugin_Initialize(&init), "initialise");
       !s.ok()) {
     return s;
   }
@@ -216,8 +216,8 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
     // Plugins that do not know the option (GPU) reject it: retry bare.
     scope.ToStatus(error, "").IgnoreError();
     create = PJRT_ARGS(PJRT_Client_Create_Args);
-    if (absl::Status s = scope.ToStatus(api_->PJRT_Client_Create(&create),
-                                        "create client");
+    if (absl::Status s =
+            scope.ToStatus(api_->PJRT_Client_Create(&create), "create client");
         !s.ok()) {
       return s;
     }
@@ -282,9 +282,9 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
 
   auto devs = PJRT_ARGS(PJRT_LoadedExecutable_AddressableDevices_Args);
   devs.executable = exe->exe_;
-  if (absl::Status s = scope.ToStatus(
-          api_->PJRT_LoadedExecutable_AddressableDevices(&devs),
-          "executable devices");
+  if (absl::Status s =
+          scope.ToStatus(api_->PJRT_LoadedExecutable_AddressableDevices(&devs),
+                         "executable devices");
       !s.ok()) {
     return s;
   }
@@ -316,9 +316,9 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
     for (size_t o = 0; o < types.num_output_types && status.ok(); ++o) {
       auto dtype = FromBufferType(types.output_types[o]);
       if (!dtype.ok()) {
-        status = absl::Status(dtype.status().code(),
-                              absl::StrCat("output ", o, ": ",
-                                           dtype.status().message()));
+        status = absl::Status(
+            dtype.status().code(),
+            absl::StrCat("output ", o, ": ", dtype.status().message()));
         break;
       }
       TensorSpec spec{*dtype, Shape(d, d + dims.dim_sizes[o])};
@@ -348,10 +348,10 @@ absl::Status PjrtRuntime::Execute(
   std::vector<std::vector<PJRT_Buffer*>> args(parts);
   for (size_t p = 0; p < parts; ++p) {
     if (inputs[p].size() != num_args || outputs[p].size() != num_outputs) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "partition ", p, ": ", inputs[p].size(), " inputs and ",
-          outputs[p].size(), " outputs, the executable has ", num_outputs,
-          " outputs"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition ", p, ": ", inputs[p].size(), " inputs and ",
+                       outputs[p].size(), " outputs, the executable has ",
+                       num_outputs, " outputs"));
     }
     for (size_t i = 0; i < num_args; ++i) {
       const builtin::ConstTensor& in = inputs[p][i];
@@ -367,9 +367,9 @@ absl::Status PjrtRuntime::Execute(
       // may use them in place (CPU) until it signals done_with_host_buffer.
       a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
       a.device = exe.devices_[p];
-      if (absl::Status s = scope.ToStatus(
-              api_->PJRT_Client_BufferFromHostBuffer(&a),
-              absl::StrCat("argument ", i, " to device"));
+      if (absl::Status s =
+              scope.ToStatus(api_->PJRT_Client_BufferFromHostBuffer(&a),
+                             absl::StrCat("argument ", i, " to device"));
           !s.ok()) {
         return s;
       }
@@ -396,8 +396,8 @@ absl::Status PjrtRuntime::Execute(
   ex.num_devices = parts;
   ex.num_args = num_args;
   ex.output_lists = out_lists.data();
-  if (absl::Status s = scope.ToStatus(
-          api_->PJRT_LoadedExecutable_Execute(&ex), "XLA execute");
+  if (absl::Status s = scope.ToStatus(api_->PJRT_LoadedExecutable_Execute(&ex),
+                                      "XLA execute");
       !s.ok()) {
     return s;
   }
@@ -413,11 +413,10 @@ absl::Status PjrtRuntime::Execute(
     for (size_t o = 0; o < num_outputs; ++o) {
       const builtin::MutableTensor& dst = outputs[p][o];
       if (dst.data == nullptr) continue;
-      if (dst.spec.byte_size() !=
-          exe.outputs_[o].byte_size()) {
-        status = absl::InternalError(absl::StrCat(
-            "output ", o, " is ", exe.outputs_[o].ToString(),
-            " but the program declared ", dst.spec.ToString()));
+      if (dst.spec.byte_size() != exe.outputs_[o].byte_size()) {
+        status = absl::InternalError(
+            absl::StrCat("output ", o, " is ", exe.outputs_[o].ToString(),
+                         " but the program declared ", dst.spec.ToString()));
         break;
       }
       auto t = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);

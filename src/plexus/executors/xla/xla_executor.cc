@@ -30,9 +30,8 @@ std::string XlaExecutor::Describe() {
   return (*runtime_)->platform();
 }
 
-absl::StatusOr<std::shared_ptr<const PjrtExecutable>>
-XlaExecutor::GetOrCompile(const std::string& module,
-                          const std::string& compile_options) {
+absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrCompile(
+    const std::string& module, const std::string& compile_options) {
   auto runtime = Runtime();
   if (!runtime.ok()) return runtime.status();
   const size_t key = absl::HashOf(module, compile_options);

@@ -69,7 +69,8 @@ TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
     ASSERT_TRUE(s.ok()) << s;
     float expect_sum = 0;
     for (int i = 0; i < 6; ++i) {
-      EXPECT_NEAR(out[i], std::tanh(x[i]) * y[i] + y[i], 1e-5) << i;  // XLA tanh
+      EXPECT_NEAR(out[i], std::tanh(x[i]) * y[i] + y[i], 1e-5)
+          << i;  // XLA tanh
       expect_sum += x[i];
     }
     EXPECT_FLOAT_EQ(sum, expect_sum);
@@ -93,9 +94,9 @@ TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
   float x[4] = {}, out[6] = {}, sum = 0;
   const TensorSpec wrong{DType::kF32, {4}};
   const TensorSpec m{DType::kF32, {2, 3}};
-  absl::Status s = runtime->Execute(
-      **exe, {{{wrong, x}, {wrong, x}}},
-      {{{m, out}, {TensorSpec{DType::kF32, {}}, &sum}}});
+  absl::Status s =
+      runtime->Execute(**exe, {{{wrong, x}, {wrong, x}}},
+                       {{{m, out}, {TensorSpec{DType::kF32, {}}, &sum}}});
   EXPECT_FALSE(s.ok());
 }
 
