@@ -207,10 +207,17 @@ class Jitted:
                               "out_shardings"), shapes)]
         out_sh = [island_sharding(kind, axis, len(a.shape))
                   for (kind, axis), a in zip(out_kinds, shapes)]
+        flat_fn.__name__ = flat_fn.__qualname__ = self._name
         try:
-            exported = jax.export.export(
-                jax.jit(flat_fn, in_shardings=in_sh, out_shardings=out_sh),
-                platforms=[self._platform])(*avals)
+            # Locations name operations only, not the caller's source lines,
+            # so the same function lowered from two call sites (or clients)
+            # is the same module and the workers' compile cache serves it.
+            from jax._src import config
+            with config.traceback_in_locations_limit(0):
+                exported = jax.export.export(
+                    jax.jit(flat_fn, in_shardings=in_sh,
+                            out_shardings=out_sh),
+                    platforms=[self._platform])(*avals)
         except Exception as e:
             raise _core.InvalidArgumentError(
                 f"{what}: JAX could not lower the function: "
