@@ -25,4 +25,17 @@ if ! $PY -c "import numpy, pytest, pybind11, scikit_build_core" 2>/dev/null; the
   echo "[setup] pip install numpy pytest pybind11 scikit-build-core"
   $PY -m pip install -q --disable-pip-version-check "numpy>=1.26" "pytest>=7" "pybind11>=2.11" "scikit-build-core>=0.8"
 fi
+# The XLA backend, pinned together because behaviour depends on the pair:
+# - xla-cpu-pjrt 0.0.1 (the only release) ships the CPU PJRT C API plugin
+#   the workers load and include/pjrt_c_api.h (PJRT C API 0.81) that the C++
+#   build compiles against; its StableHLO parser (v1.13) accepts portable
+#   artifacts up to 12 weeks older.
+# - jax/jaxlib 0.10.2 are the newest for Python 3.11: plexus.jit lowers
+#   with jax.export and builds compile options with jaxlib; their artifacts
+#   load in that plugin (tests/test_xla.py checks it).
+XLA_PKGS=("jax==0.10.2" "jaxlib==0.10.2" "xla-cpu-pjrt==0.0.1")
+if ! $PY -c "import jax, xla_plugins.xla_cpu_pjrt; assert jax.__version__ == '0.10.2'" 2>/dev/null; then
+  echo "[setup] pip install ${XLA_PKGS[*]}"
+  $PY -m pip install -q --disable-pip-version-check "${XLA_PKGS[@]}"
+fi
 echo "[setup] dependencies present"

@@ -156,6 +156,12 @@ def test_function_that_fails_to_lower_is_a_clear_error(client):
         plexus.jit(bad, s)(rand(4, 4))
 
 
+def test_unused_arguments_are_still_arguments(client):
+    s = client.slice(1)
+    out = plexus.jit(lambda x, unused: x + 1, s)(rand(3), rand(5))
+    assert out.shape == (3,)
+
+
 def test_a_shape_the_program_was_not_compiled_for_is_refused(client):
     s = client.slice(1)
     prog = plexus.jit(lambda x: x * 2, s, name="twice").lower(

@@ -178,14 +178,20 @@ class Program:
                     f"{a.dtype}{list(a.shape)} but the program was compiled "
                     f"for {np.dtype(dtype)}{list(shape)}")
             futures.append(self._client._core.put(self._p.slice, a, sharding))
+        wrapped = self._invoke(futures)
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def _invoke(self, core_futures):
+        """Calls (or records in the current graph) with checked inputs;
+        returns the list of output Futures."""
         graph = getattr(_recording, "graph", None)
         if graph is not None and graph._client is self._client:
-            outs = graph._g.call(self._p, futures)
+            outs = graph._g.call(self._p, core_futures)
             graph.calls += 1
         else:
-            outs = self._client._core.call(self._p, futures)
-        wrapped = [Future(o, self._client) for o in outs]
-        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+            outs = self._client._core.call(self._p, core_futures)
+        client = self._client
+        return [Future(o, client) for o in outs]
 
     def __repr__(self):
         return f"Program({self.name!r}, kernel={self._p.kernel!r})"

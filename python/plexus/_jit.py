@@ -32,15 +32,21 @@ from ._api import Future, Program, Spec, _sharding, partial, replicated, split
 _DTYPES = ("float32", "float64", "int32", "int64")
 
 
+_JAX = None
+
+
 def _jax():
     """Imports JAX on first use, with enough CPU devices to lower SPMD
     programs for islands of up to 8 devices (if JAX is not started yet)."""
-    import jax
-    from jax._src import xla_bridge
-    if not xla_bridge.backends_are_initialized():
-        if jax.config.jax_num_cpu_devices < 8:
-            jax.config.update("jax_num_cpu_devices", 8)
-    return jax
+    global _JAX
+    if _JAX is None:
+        import jax
+        from jax._src import xla_bridge
+        if not xla_bridge.backends_are_initialized():
+            if jax.config.jax_num_cpu_devices < 8:
+                jax.config.update("jax_num_cpu_devices", 8)
+        _JAX = jax
+    return _JAX
 
 
 def jit(fn, slice, *, in_shardings=None, out_shardings=None, name=None,
@@ -70,7 +76,8 @@ class Jitted:
         self._name = name
         self._axis = axis_name
         self._platform = platform
-        self._cache = {}
+        self._cache = {}       # (treedef, leaf specs) -> XlaProgram
+        self._by_futures = {}  # (treedef, futures' core specs) -> same
 
     @property
     def slice(self):
@@ -79,12 +86,24 @@ class Jitted:
     def __call__(self, *args):
         jax = _jax()
         leaves, treedef = jax.tree_util.tree_flatten(args)
+        fast_key = None
+        if all(type(x) is Future for x in leaves):
+            # Fast path (a training loop): every leaf a future, so the
+            # signature is read off the futures' core specs.
+            fs = [x._f for x in leaves]
+            fast_key = (treedef, tuple((f.shape, f.dtype, f.sharding)
+                                       for f in fs))
+            compiled = self._by_futures.get(fast_key)
+            if compiled is not None:
+                return compiled._invoke_checked(fs)
         specs = self._leaf_specs(args, leaves, treedef)
         key = (treedef, tuple(specs))
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._lower(treedef, specs)
             self._cache[key] = compiled
+        if fast_key is not None:
+            self._by_futures[fast_key] = compiled
         return compiled._call_leaves(leaves)
 
     def lower(self, *args):
@@ -209,14 +228,15 @@ class Jitted:
                   for (kind, axis), a in zip(out_kinds, shapes)]
         flat_fn.__name__ = flat_fn.__qualname__ = self._name
         try:
-            # Locations name operations only, not the caller's source lines,
+            # keep_unused: the module takes every argument the program
+            # declares. Locations name operations only, not the caller's source lines,
             # so the same function lowered from two call sites (or clients)
             # is the same module and the workers' compile cache serves it.
             from jax._src import config
             with config.traceback_in_locations_limit(0):
                 exported = jax.export.export(
                     jax.jit(flat_fn, in_shardings=in_sh,
-                            out_shardings=out_sh),
+                            out_shardings=out_sh, keep_unused=True),
                     platforms=[self._platform])(*avals)
         except Exception as e:
             raise _core.InvalidArgumentError(
@@ -269,6 +289,11 @@ class XlaProgram(Program):
                 f"program '{self.name}' was compiled for arguments "
                 f"{self._in_tree}, got {treedef}")
         return self._call_leaves(leaves)
+
+    def _invoke_checked(self, core_futures):
+        """Calls with core futures already known to match the inputs."""
+        outs = self._invoke(core_futures)
+        return _jax().tree_util.tree_unflatten(self._out_tree, outs)
 
     def _call_leaves(self, leaves):
         jax = _jax()

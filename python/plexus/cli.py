@@ -67,6 +67,19 @@ def format_status(st):
     out.append(_table(["HOST", "WORKER", "PID", "STATE", "DEVICES", "BUFFERS",
                        "LIVE", "CALLS", "FAILED", "SENT", "RECEIVED",
                        "FROM-CLIENTS", "TO-CLIENTS"], rows))
+    xla = [w for w in workers if w.get("stats", {}).get("xla_platform") or
+           w.get("stats", {}).get("xla_compiles")]
+    if xla:
+        rows = []
+        for w in xla:
+            s = w["stats"]
+            rows.append([w["host_name"], w["worker_id"],
+                         s.get("xla_platform", "") or "-",
+                         s.get("xla_compiles", 0), s.get("xla_cache_hits", 0),
+                         f"{s.get('xla_compile_micros', 0) / 1000:.0f} ms"])
+        out.append("")
+        out.append(_table(["HOST", "WORKER", "XLA PLATFORM", "COMPILES",
+                           "CACHE-HITS", "COMPILE-TIME"], rows))
     down = [w for w in workers if not w["alive"] and w.get("down_reason")]
     for w in down:
         out.append(f"  worker {w['worker_id']} down: {w['down_reason']}")

@@ -1,0 +1,194 @@
+"""The cost of running an XLA program through Plexus instead of calling the
+same jitted function in this process with JAX.
+
+Two programs, each f32[n, n] -> f32[n, n] so calls can chain:
+  - tiny:  x + 1 on f32[8, 8] (nothing but overhead);
+  - heavy: r rounds of tanh(x @ w), sized so that one in-process call takes
+    about --heavy-ms milliseconds here.
+
+For each, per call (medians of --repeats runs):
+  - round trip: call, then wait for the result to be ready (one at a time);
+  - chained: --calls calls each taking the previous output, submitted at
+    once, then one wait; time / calls.
+The same two measures for a built-in kernel (scale) give the runtime's own
+floor, without XLA.
+JAX runs in this process on its own CPU client; Plexus runs on a 1-host,
+1-device embedded cluster whose worker compiles the same StableHLO through
+the xla-cpu-pjrt plugin. Both share this machine's cores.
+
+    PYTHONPATH=python PLEXUS_BIN_DIR=build/bin python3 bench/xla.py
+
+On a GPU machine: --platform cuda --plugin /path/to/xla_cuda_plugin.so
+(JAX in-process is then skipped unless it has a GPU backend too) and
+--matmul N adds an N x N matmul throughput figure.
+"""
+import argparse
+import json
+import platform as platform_mod
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+import plexus  # noqa: E402
+
+
+def per_call(run, calls, repeats):
+    """Median seconds per call of `run(calls)` over `repeats` runs."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run(calls)
+        times.append((time.perf_counter() - t0) / calls)
+    return statistics.median(times)
+
+
+def jax_timings(jax, f, x, w, calls, repeats):
+    jf = jax.jit(f)
+    xd = jax.device_put(x)
+    wd = jax.device_put(w)
+    jf(xd, wd).block_until_ready()  # compile
+
+    def round_trip(n):
+        for _ in range(n):
+            jf(xd, wd).block_until_ready()
+
+    def chained(n):
+        y = xd
+        for _ in range(n):
+            y = jf(y, wd)
+        y.block_until_ready()
+
+    return {"round_trip_s": per_call(round_trip, calls, repeats),
+            "chained_s": per_call(chained, calls, repeats)}
+
+
+def plexus_timings(client, prog, s, x, w, calls, repeats):
+    xf = s.put(x)
+    wf = None if w is None else s.put(w)
+    prog(xf, wf).block_until_ready()  # compile on the worker
+
+    def round_trip(n):
+        for _ in range(n):
+            prog(xf, wf).block_until_ready()
+
+    def chained(n):
+        with client.graph():
+            y = xf
+            for _ in range(n):
+                y = prog(y, wf)
+        y.block_until_ready()
+
+    return {"round_trip_s": per_call(round_trip, calls, repeats),
+            "chained_s": per_call(chained, calls, repeats)}
+
+
+def calibrate(jax, jnp, n, target_ms):
+    """Rounds of tanh(x @ w) on f32[n, n] that take ~target_ms in-process."""
+    def make(rounds):
+        def heavy(x, w):
+            for _ in range(rounds):
+                x = jnp.tanh(x @ w)
+            return x
+        return heavy
+    x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    w = (x / n).astype(np.float32)
+    jf = jax.jit(make(1))
+    jf(x, w).block_until_ready()
+    t = per_call(lambda k: [jf(x, w).block_until_ready() for _ in range(k)],
+                 20, 3)
+    rounds = max(1, round(target_ms / 1000 / t))
+    return make(rounds), rounds
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--heavy-n", type=int, default=256)
+    ap.add_argument("--heavy-ms", type=float, default=10.0)
+    ap.add_argument("--platform", default="cpu")
+    ap.add_argument("--plugin", default=None,
+                    help="PJRT plugin for the workers (default: the CPU one)")
+    ap.add_argument("--matmul", type=int, default=0,
+                    help="also measure an N x N matmul's throughput")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import jax
+    import jax.numpy as jnp
+    jax_here = args.platform == "cpu" or any(
+        d.platform == "gpu" for d in jax.devices())
+
+    def tiny(x, w):
+        return x + 1.0
+
+    heavy, rounds = calibrate(jax, jnp, args.heavy_n, args.heavy_ms)
+    cases = [("tiny", tiny, 8), ("heavy", heavy, args.heavy_n)]
+    results = {"machine": f"{platform_mod.node()} ({platform_mod.machine()}, "
+                          f"{__import__('os').cpu_count()} cores)",
+               "platform": args.platform, "calls": args.calls,
+               "repeats": args.repeats, "heavy_rounds": rounds,
+               "heavy_n": args.heavy_n, "cases": {}}
+    with plexus.local(hosts=1, devices_per_host=1,
+                      pjrt_plugin=args.plugin) as cluster:
+        client = cluster.connect(name="bench-xla")
+        s = client.slice(1)
+        for name, f, n in cases:
+            rng = np.random.default_rng(1)
+            x = rng.standard_normal((n, n)).astype(np.float32)
+            w = (rng.standard_normal((n, n)) / n).astype(np.float32)
+            prog = plexus.jit(f, s, name=name, platform=args.platform)
+            calls = args.calls if name == "tiny" else max(10, args.calls // 10)
+            row = {"plexus": plexus_timings(client, prog, s, x, w, calls,
+                                            args.repeats)}
+            if jax_here:
+                row["jax"] = jax_timings(jax, f, x, w, calls, args.repeats)
+                for k in ("round_trip_s", "chained_s"):
+                    row[f"overhead_{k}"] = row["plexus"][k] - row["jax"][k]
+                    row[f"ratio_{k}"] = row["plexus"][k] / row["jax"][k]
+            results["cases"][name] = row
+            p = row["plexus"]
+            j = row.get("jax", {})
+            print(f"{name:6s} plexus round trip {p['round_trip_s'] * 1e6:9.1f} µs"
+                  f"  chained {p['chained_s'] * 1e6:9.1f} µs/call", end="")
+            if j:
+                print(f" | jax {j['round_trip_s'] * 1e6:9.1f} / "
+                      f"{j['chained_s'] * 1e6:9.1f} µs"
+                      f" | overhead {row['overhead_round_trip_s'] * 1e6:8.1f} / "
+                      f"{row['overhead_chained_s'] * 1e6:8.1f} µs", end="")
+            print(flush=True)
+        # The runtime's own floor: the same calls of a built-in kernel.
+        xf = s.put(np.zeros((8, 8), np.float32))
+        scale = s.program("scale", xf, factor=1.0)
+        builtin = plexus_timings(client, lambda y, w: scale(y), s,
+                                 np.zeros((8, 8), np.float32), None,
+                                 args.calls, args.repeats)
+        results["builtin_scale_8x8"] = builtin
+        print(f"builtin plexus round trip {builtin['round_trip_s'] * 1e6:7.1f} µs"
+              f"  chained {builtin['chained_s'] * 1e6:9.1f} µs/call "
+              "(the runtime without XLA)", flush=True)
+        if args.matmul:
+            n = args.matmul
+            mm = plexus.jit(lambda a, b: a @ b, s, name="matmul",
+                            platform=args.platform)
+            a = s.put(np.ones((n, n), np.float32))
+            mm(a, a).block_until_ready()
+            t = per_call(lambda k: [mm(a, a) for _ in range(k - 1)] and
+                         mm(a, a).block_until_ready(), 20, args.repeats)
+            results["matmul"] = {"n": n, "s": t, "tflops": 2 * n ** 3 / t / 1e12}
+            print(f"matmul {n}x{n}: {t * 1e3:.2f} ms/call, "
+                  f"{results['matmul']['tflops']:.2f} TFLOP/s")
+        st = cluster.status(fresh=True)["workers"][0]["stats"]
+        results["worker_xla"] = {k: st.get(k) for k in (
+            "xla_platform", "xla_compiles", "xla_cache_hits")}
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
