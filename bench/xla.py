@@ -86,14 +86,18 @@ def plexus_timings(client, prog, s, x, w, calls, repeats):
             "chained_s": per_call(chained, calls, repeats)}
 
 
+def make_heavy(jnp, rounds):
+    def heavy(x, w):
+        for _ in range(rounds):
+            x = jnp.tanh(x @ w)
+        return x
+    return heavy
+
+
 def calibrate(jax, jnp, n, target_ms):
     """Rounds of tanh(x @ w) on f32[n, n] that take ~target_ms in-process."""
     def make(rounds):
-        def heavy(x, w):
-            for _ in range(rounds):
-                x = jnp.tanh(x @ w)
-            return x
-        return heavy
+        return make_heavy(jnp, rounds)
     x = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     w = (x / n).astype(np.float32)
     jf = jax.jit(make(1))
@@ -110,6 +114,8 @@ def main():
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--heavy-n", type=int, default=256)
     ap.add_argument("--heavy-ms", type=float, default=10.0)
+    ap.add_argument("--heavy-rounds", type=int, default=0,
+                    help="fixed rounds instead of calibrating in-process")
     ap.add_argument("--platform", default="cpu")
     ap.add_argument("--plugin", default=None,
                     help="PJRT plugin for the workers (default: the CPU one)")
@@ -126,7 +132,11 @@ def main():
     def tiny(x, w):
         return x + 1.0
 
-    heavy, rounds = calibrate(jax, jnp, args.heavy_n, args.heavy_ms)
+    if args.heavy_rounds > 0 or not jax_here:
+        heavy, rounds = make_heavy(jnp, args.heavy_rounds or 10), (
+            args.heavy_rounds or 10)
+    else:
+        heavy, rounds = calibrate(jax, jnp, args.heavy_n, args.heavy_ms)
     cases = [("tiny", tiny, 8), ("heavy", heavy, args.heavy_n)]
     results = {"machine": f"{platform_mod.node()} ({platform_mod.machine()}, "
                           f"{__import__('os').cpu_count()} cores)",

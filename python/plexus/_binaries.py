@@ -40,3 +40,27 @@ def default_pjrt_plugin():
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / "xla_cpu_pjrt.so"
     return str(path) if path.exists() else None
+
+
+def cuda_pjrt_plugin():
+    """The NVIDIA GPU PJRT plugin of the jax-cuda13-pjrt wheel, or None."""
+    import importlib.util
+    spec = importlib.util.find_spec("jax_plugins.xla_cuda13")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "xla_cuda_plugin.so"
+    return str(path) if path.exists() else None
+
+
+def nvidia_library_dirs():
+    """lib/ folders of the nvidia-* wheels (CUDA runtime, cuBLAS, cuDNN,
+    NCCL) that the GPU plugin links against: a worker process finds them
+    through LD_LIBRARY_PATH (JAX preloads them in-process instead)."""
+    import importlib.util
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    dirs = []
+    for root in spec.submodule_search_locations:
+        dirs.extend(str(p) for p in sorted(Path(root).glob("*/lib")) if p.is_dir())
+    return dirs
