@@ -333,6 +333,39 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
   return exe;
 }
 
+absl::StatusOr<bool> PjrtRuntime::ReadsInPlace(
+    const builtin::ConstTensor& input, int device) const {
+  if (device < 0 || device >= num_devices()) {
+    return absl::InvalidArgumentError(absl::StrCat("no device ", device));
+  }
+  auto type = BufferType(input.spec.dtype);
+  if (!type.ok()) return type.status();
+  Scope scope(api_);
+  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = input.data;
+  a.type = *type;
+  a.dims = input.spec.shape.data();
+  a.num_dims = input.spec.shape.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+  a.device = devices_[device];
+  if (absl::Status s =
+          scope.ToStatus(api_->PJRT_Client_BufferFromHostBuffer(&a), "buffer");
+      !s.ok()) {
+    return s;
+  }
+  scope.Own(a.buffer);
+  scope.HostDone(a.done_with_host_buffer);
+  auto p = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
+  p.buffer = a.buffer;
+  if (absl::Status s =
+          scope.ToStatus(api_->PJRT_Buffer_UnsafePointer(&p), "pointer");
+      !s.ok()) {
+    return s;
+  }
+  return p.buffer_pointer == reinterpret_cast<uintptr_t>(input.data);
+}
+
 absl::Status PjrtRuntime::Execute(
     const PjrtExecutable& exe,
     const std::vector<std::vector<builtin::ConstTensor>>& inputs,

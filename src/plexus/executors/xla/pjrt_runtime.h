@@ -80,6 +80,11 @@ class PjrtRuntime {
   // is in host memory. inputs[p][i] is argument i of partition p, read in
   // place where the plugin can (CPU: zero-copy); outputs[p][o] receives
   // output o of partition p; a null `data` discards that output.
+  // Whether an input on device `device` (client device index) would be read
+  // in place, without a copy: true on CPU for aligned store buffers.
+  absl::StatusOr<bool> ReadsInPlace(const builtin::ConstTensor& input,
+                                    int device) const;
+
   absl::Status Execute(
       const PjrtExecutable& exe,
       const std::vector<std::vector<builtin::ConstTensor>>& inputs,

@@ -18,16 +18,17 @@ absl::StatusOr<const PjrtRuntime*> XlaExecutor::Runtime() {
     } else {
       SPDLOG_ERROR("XLA: {}", runtime_.status().ToString());
     }
+    absl::MutexLock describe(&describe_mu_);
+    description_ = runtime_.ok() ? (*runtime_)->platform()
+                                 : std::string(runtime_.status().message());
   }
   if (!runtime_.ok()) return runtime_.status();
   return runtime_->get();
 }
 
 std::string XlaExecutor::Describe() {
-  absl::MutexLock lock(&load_mu_);
-  if (!loaded_) return "";
-  if (!runtime_.ok()) return std::string(runtime_.status().message());
-  return (*runtime_)->platform();
+  absl::MutexLock lock(&describe_mu_);
+  return description_;
 }
 
 absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrCompile(

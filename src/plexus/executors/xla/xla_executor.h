@@ -55,6 +55,11 @@ class XlaExecutor {
   absl::StatusOr<std::unique_ptr<PjrtRuntime>> runtime_
       ABSL_GUARDED_BY(load_mu_);
 
+  // What Describe() returns, set once the load is done: heartbeats never
+  // wait for a plugin that is loading.
+  absl::Mutex describe_mu_;
+  std::string description_ ABSL_GUARDED_BY(describe_mu_);
+
   absl::Mutex cache_mu_;
   // Keyed by a hash of module and options; entries with equal hashes are
   // told apart by their contents.

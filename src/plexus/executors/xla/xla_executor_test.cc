@@ -77,6 +77,20 @@ TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
   }
 }
 
+TEST(XlaExecutorTest, StoreBuffersAreReadInPlace) {
+  XlaExecutor executor(Options());
+  auto runtime = executor.Runtime();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  // Store buffers are 64-byte aligned (heap) or page aligned (memfd).
+  alignas(64) static float data[1024] = {};
+  const TensorSpec spec{DType::kF32, {32, 32}};
+  for (int device = 0; device < 2; ++device) {
+    auto in_place = (*runtime)->ReadsInPlace({spec, data}, device);
+    ASSERT_TRUE(in_place.ok()) << in_place.status();
+    EXPECT_TRUE(*in_place) << "device " << device;
+  }
+}
+
 TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
   XlaExecutor executor(Options());
   auto bad = executor.GetOrCompile("module { this is not mlir }", kOneDevice);
