@@ -38,6 +38,16 @@ def test_future_looks_like_a_jax_array(client):
     np.testing.assert_array_equal(np.asarray(x), np.ones((8, 3), np.float32))
 
 
+def test_put_keeps_scalars_scalars(client):
+    s = client.slice(2)
+    for value in (np.float32(2.5), np.array(2.5, np.float32)):
+        f = s.put(value)
+        assert f.shape == () and np.asarray(f) == np.float32(2.5)
+    # Non-contiguous arrays are laid out row-major on the way.
+    t = np.arange(12, dtype=np.float32).reshape(3, 4).T
+    np.testing.assert_array_equal(np.asarray(s.put(t)), t)
+
+
 def test_graph_of_1000_calls_over_two_hosts_matches_numpy(client):
     rng = np.random.default_rng(0)
     s = client.slice(4, placement="spread")

@@ -262,7 +262,7 @@ class Slice:
 
     def put(self, array, sharding=None):
         """Copies a numpy array onto this slice's devices."""
-        a = np.ascontiguousarray(array)
+        a = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
         return Future(self._client._core.put(
             self._s, a, _sharding(sharding, self, a.ndim)), self._client)
 

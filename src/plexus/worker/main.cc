@@ -44,6 +44,12 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // The PJRT plugin's own log (XLA/TSL) goes to stderr: quiet unless we
+  // debug. Its errors reach us as statuses, which we log. The environment
+  // wins when set.
+  setenv("TF_CPP_MIN_LOG_LEVEL",
+         log_level == "debug" || log_level == "trace" ? "0" : "3",
+         /*overwrite=*/0);
   plexus::RaiseOpenFileLimit();
   options.device_memory = static_cast<int64_t>(memory_mib * (1 << 20));
   options.shared_memory = !no_shm;
