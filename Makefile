@@ -1,6 +1,8 @@
 # Plexus: two commands do all the set-up on a fresh machine.
-#   make demo   - installs what is missing, builds, and trains the data-parallel
-#                 MLP on the embedded default (a server + 2 worker processes)
+#   make demo   - installs what is missing, builds, and on the embedded default
+#                 (a server + 2 worker processes) trains the data-parallel MLP
+#                 and a small JAX transformer (pipeline and data parallel,
+#                 checked against one-process jax.jit)
 #   make test   - installs what is missing, builds, runs every test
 BUILD ?= build
 PYTHON ?= python3
@@ -41,6 +43,7 @@ test-python:
 
 demo: build
 	$(PYTHON) examples/mlp_data_parallel.py
+	$(PYTHON) examples/transformer.py
 
 bench: build
 	bash bench/run_all.sh
