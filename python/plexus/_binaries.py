@@ -34,22 +34,25 @@ def default_pjrt_plugin():
     None if neither is there (XLA calls then fail with that reason)."""
     if os.environ.get("PLEXUS_PJRT_PLUGIN"):
         return os.environ["PLEXUS_PJRT_PLUGIN"]
+    return _package_file("xla_plugins.xla_cpu_pjrt", "xla_cpu_pjrt.so")
+
+
+def _package_file(package, name):
+    """Path of `name` inside an installed package (not imported), or None."""
     import importlib.util
-    spec = importlib.util.find_spec("xla_plugins.xla_cpu_pjrt")
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:  # its parent package is missing
+        return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "xla_cpu_pjrt.so"
+    path = Path(list(spec.submodule_search_locations)[0]) / name
     return str(path) if path.exists() else None
 
 
 def cuda_pjrt_plugin():
     """The NVIDIA GPU PJRT plugin of the jax-cuda13-pjrt wheel, or None."""
-    import importlib.util
-    spec = importlib.util.find_spec("jax_plugins.xla_cuda13")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "xla_cuda_plugin.so"
-    return str(path) if path.exists() else None
+    return _package_file("jax_plugins.xla_cuda13", "xla_cuda_plugin.so")
 
 
 def nvidia_library_dirs():

@@ -134,14 +134,31 @@ class Scope {
   std::vector<PJRT_Event*> host_done_;
 };
 
-int DeviceId(const PJRT_Api* api, PJRT_Device* device) {
-  auto d = PJRT_ARGS(PJRT_Device_GetDescription_Args);
-  d.device = device;
-  if (api->PJRT_Device_GetDescription(&d) != nullptr) return -1;
-  auto i = PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
-  i.device_description = d.device_description;
-  if (api->PJRT_DeviceDescription_Id(&i) != nullptr) return -1;
-  return i.id;
+// A PJRT buffer on `device` over `input`'s host memory, owned by `scope`.
+// Store buffers are immutable while a task reads them, so the plugin may use
+// them in place (CPU) until it signals done_with_host_buffer.
+absl::StatusOr<PJRT_Buffer*> HostBuffer(const PJRT_Api* api,
+                                        PJRT_Client* client, Scope& scope,
+                                        const builtin::ConstTensor& input,
+                                        PJRT_Device* device) {
+  auto type = BufferType(input.spec.dtype);
+  if (!type.ok()) return type.status();
+  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client;
+  a.data = input.data;
+  a.type = *type;
+  a.dims = input.spec.shape.data();
+  a.num_dims = input.spec.shape.size();
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+  a.device = device;
+  if (absl::Status s = scope.ToStatus(api->PJRT_Client_BufferFromHostBuffer(&a),
+                                      "to device");
+      !s.ok()) {
+    return s;
+  }
+  scope.Own(a.buffer);
+  scope.HostDone(a.done_with_host_buffer);
+  return a.buffer;
 }
 
 }  // namespace
@@ -338,26 +355,11 @@ absl::StatusOr<bool> PjrtRuntime::ReadsInPlace(
   if (device < 0 || device >= num_devices()) {
     return absl::InvalidArgumentError(absl::StrCat("no device ", device));
   }
-  auto type = BufferType(input.spec.dtype);
-  if (!type.ok()) return type.status();
   Scope scope(api_);
-  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-  a.client = client_;
-  a.data = input.data;
-  a.type = *type;
-  a.dims = input.spec.shape.data();
-  a.num_dims = input.spec.shape.size();
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
-  a.device = devices_[device];
-  if (absl::Status s =
-          scope.ToStatus(api_->PJRT_Client_BufferFromHostBuffer(&a), "buffer");
-      !s.ok()) {
-    return s;
-  }
-  scope.Own(a.buffer);
-  scope.HostDone(a.done_with_host_buffer);
+  auto buffer = HostBuffer(api_, client_, scope, input, devices_[device]);
+  if (!buffer.ok()) return buffer.status();
   auto p = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
-  p.buffer = a.buffer;
+  p.buffer = *buffer;
   if (absl::Status s =
           scope.ToStatus(api_->PJRT_Buffer_UnsafePointer(&p), "pointer");
       !s.ok()) {
@@ -387,28 +389,14 @@ absl::Status PjrtRuntime::Execute(
                        num_outputs, " outputs"));
     }
     for (size_t i = 0; i < num_args; ++i) {
-      const builtin::ConstTensor& in = inputs[p][i];
-      auto type = BufferType(in.spec.dtype);
-      if (!type.ok()) return type.status();
-      auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
-      a.client = client_;
-      a.data = in.data;
-      a.type = *type;
-      a.dims = in.spec.shape.data();
-      a.num_dims = in.spec.shape.size();
-      // Store buffers are immutable while a task reads them: the plugin
-      // may use them in place (CPU) until it signals done_with_host_buffer.
-      a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
-      a.device = exe.devices_[p];
-      if (absl::Status s =
-              scope.ToStatus(api_->PJRT_Client_BufferFromHostBuffer(&a),
-                             absl::StrCat("argument ", i, " to device"));
-          !s.ok()) {
-        return s;
+      auto buffer =
+          HostBuffer(api_, client_, scope, inputs[p][i], exe.devices_[p]);
+      if (!buffer.ok()) {
+        return absl::Status(
+            buffer.status().code(),
+            absl::StrCat("argument ", i, ": ", buffer.status().message()));
       }
-      scope.Own(a.buffer);
-      scope.HostDone(a.done_with_host_buffer);
-      args[p].push_back(a.buffer);
+      args[p].push_back(*buffer);
     }
   }
   std::vector<PJRT_Buffer* const*> arg_lists(parts);
