@@ -135,10 +135,13 @@ class Scope {
 };
 
 // A PJRT buffer on `device` over `input`'s host memory, owned by `scope`.
-// Store buffers are immutable while a task reads them, so the plugin may use
-// them in place (CPU) until it signals done_with_host_buffer.
+// Store buffers are immutable while a task reads them: a plugin whose
+// devices address host memory (CPU) uses them in place until it signals
+// done_with_host_buffer; others copy them to the device, from the same
+// memory, before signalling.
 absl::StatusOr<PJRT_Buffer*> HostBuffer(const PJRT_Api* api,
-                                        PJRT_Client* client, Scope& scope,
+                                        PJRT_Client* client, bool host_memory,
+                                        Scope& scope,
                                         const builtin::ConstTensor& input,
                                         PJRT_Device* device) {
   auto type = BufferType(input.spec.dtype);
@@ -149,7 +152,9 @@ absl::StatusOr<PJRT_Buffer*> HostBuffer(const PJRT_Api* api,
   a.type = *type;
   a.dims = input.spec.shape.data();
   a.num_dims = input.spec.shape.size();
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+  a.host_buffer_semantics =
+      host_memory ? PJRT_HostBufferSemantics_kImmutableZeroCopy
+                  : PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
   a.device = device;
   if (absl::Status s = scope.ToStatus(api->PJRT_Client_BufferFromHostBuffer(&a),
                                       "to device");
@@ -356,7 +361,8 @@ absl::StatusOr<bool> PjrtRuntime::ReadsInPlace(
     return absl::InvalidArgumentError(absl::StrCat("no device ", device));
   }
   Scope scope(api_);
-  auto buffer = HostBuffer(api_, client_, scope, input, devices_[device]);
+  auto buffer = HostBuffer(api_, client_, platform_ == "cpu", scope, input,
+                           devices_[device]);
   if (!buffer.ok()) return buffer.status();
   auto p = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
   p.buffer = *buffer;
@@ -389,8 +395,8 @@ absl::Status PjrtRuntime::Execute(
                        num_outputs, " outputs"));
     }
     for (size_t i = 0; i < num_args; ++i) {
-      auto buffer =
-          HostBuffer(api_, client_, scope, inputs[p][i], exe.devices_[p]);
+      auto buffer = HostBuffer(api_, client_, platform_ == "cpu", scope,
+                               inputs[p][i], exe.devices_[p]);
       if (!buffer.ok()) {
         return absl::Status(
             buffer.status().code(),
