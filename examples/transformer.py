@@ -14,6 +14,7 @@ vocabulary with its own stride), three ways:
                  activations and activation gradients travel between the
                  workers as futures; each stage sums its gradients over the
                  micro-batches and updates its own parameters on its slice;
+  1F1B library   the same two stages driven by plexus.pipeline (1F1B);
   data parallel  one 4-device slice over 2 hosts (2 islands of 2 devices):
                  the batch is split over the slice, XLA's SPMD partitioner
                  reduces the gradient inside each island, and the runtime's
@@ -276,6 +277,61 @@ def _pipeline(client, steps, microbatches, batch, seed, lr, on_step, info):
     return losses
 
 
+def train_pipeline_library(cluster_or_client, steps=30, microbatches=4,
+                           schedule="1f1b", batch=BATCH, seed=0, lr=LR,
+                           on_step=None, info=None):
+    """The same two stages through plexus.pipeline (1F1B by default): the
+    library decides when each stage's forward and backward run, sums and
+    averages the gradients and the loss, and calls the updates. Each
+    micro-batch's loss is its own mean, so the average over micro-batches
+    is the global batch's mean."""
+    with _client(cluster_or_client, "transformer-pipeline-lib") as client:
+        s0, s1 = stage_slices(client)
+        if info is not None:
+            info["workers"] = [s.devices[0]["worker"] for s in (s0, s1)]
+        mb = batch // microbatches
+
+        def backward0(p, tokens, dh):
+            _, vjp = jax.vjp(lambda q: stage0_forward(q, tokens), p)
+            return vjp(dh)[0]
+
+        def loss1(p, h, targets):
+            return stage1_loss(p, h, targets, mb)
+
+        def backward1(p, h, targets):
+            gp, gh = jax.grad(loss1, argnums=(0, 1))(p, h, targets)
+            return gh, gp
+
+        fwd0 = plexus.jit(stage0_forward, s0, name="lib_stage0_forward")
+        bwd0 = plexus.jit(backward0, s0, name="lib_stage0_backward")
+        fwd1 = plexus.jit(loss1, s1, name="lib_stage1_loss")
+        bwd1 = plexus.jit(backward1, s1, name="lib_stage1_backward")
+        sgd0 = plexus.jit(lambda p, g: sgd(p, g, lr), s0, name="lib_sgd0")
+        sgd1 = plexus.jit(lambda p, g: sgd(p, g, lr), s1, name="lib_sgd1")
+        stages = [
+            plexus.pipeline.Stage(
+                s0, forward=lambda p, x: (fwd0(p, x), x),
+                backward=lambda p, x, dh: (None, bwd0(p, x, dh)),
+                update=sgd0, name="embedding + block 1"),
+            plexus.pipeline.Stage(
+                s1, forward=lambda p, h, y: (fwd1(p, h, y), (h, y)),
+                backward=lambda p, saved, _: bwd1(p, *saved),
+                update=sgd1, name="block 2 + head"),
+        ]
+        params = init_params(seed)
+        pipe = plexus.pipeline.Pipeline(
+            stages, schedule=schedule,
+            params=[jax.tree_util.tree_map(s0.put, params["stage0"]),
+                    jax.tree_util.tree_map(s1.put, params["stage1"])])
+        losses = []
+        for step, (x, y) in enumerate(make_batches(steps, batch, seed), 1):
+            out = pipe.step([s0.put(m) for m in np.split(x, microbatches)],
+                            [s1.put(m) for m in np.split(y, microbatches)])
+            losses.append(float(np.asarray(out.loss)))
+            _report(on_step, step, losses[-1], out.params)
+        return losses
+
+
 def train_data_parallel(cluster_or_client, steps=30, batch=BATCH, seed=0,
                         lr=LR, on_step=None, info=None):
     """Data parallel over one 4-device slice spanning 2 hosts. Returns the
@@ -363,6 +419,11 @@ def main(argv=None):
             on_step=progress("pipeline"), info=info)
         times["pipeline"] = time.perf_counter() - t
         print(f"pipeline stages ran on workers {info['workers']}")
+        t = time.perf_counter()
+        curves["1F1B library"] = train_pipeline_library(
+            cluster, args.steps, args.microbatches, seed=args.seed,
+            on_step=progress("1F1B library"))
+        times["1F1B library"] = time.perf_counter() - t
         t = time.perf_counter()
         curves["data parallel"] = train_data_parallel(
             cluster, args.steps, seed=args.seed,

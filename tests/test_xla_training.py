@@ -1,9 +1,9 @@
 """A small transformer language model trained with plexus.jit programs on a
 real cluster of 2 hosts x 2 devices (examples/transformer.py): as a 2-stage
-pipeline over two workers and data parallel over two islands, each for 30
-SGD steps. Both loss curves match a one-process jax.jit reference to float32
-rounding, the loss falls, and every program compiles during the first step
-only. One cluster serves the module (conftest's module-scoped `cluster`)."""
+pipeline over two workers (a hand-written GPipe loop, and plexus.pipeline's
+1F1B) and data parallel over two islands, each for 30 SGD steps. Every loss
+curve matches a one-process jax.jit reference to float32 rounding, the loss
+falls, and every program compiles during the first step only. One cluster serves the module (conftest's module-scoped `cluster`)."""
 import collections
 import sys
 from pathlib import Path
@@ -71,6 +71,15 @@ def test_pipeline_on_two_workers_matches_reference(cluster, reference):
     assert stage0_worker != stage1_worker
     assert_matches(losses, reference)
     assert losses[-1] < 0.8 * losses[0], losses
+    assert_compiled_in_first_step_only(compiles)
+
+
+def test_pipeline_library_1f1b_with_jit_programs_matches_reference(
+        cluster, reference):
+    losses, info, compiles = train(cluster, transformer.train_pipeline_library,
+                                   microbatches=4, schedule="1f1b")
+    assert info["workers"][0] != info["workers"][1]
+    assert_matches(losses, reference)
     assert_compiled_in_first_step_only(compiles)
 
 
