@@ -185,6 +185,17 @@ def test_unsupported_dtypes_and_partial_inputs_are_refused(client):
         plexus.jit(lambda x: x, s2)(part)
 
 
+def test_a_program_lowered_for_another_platform_is_refused(client):
+    s = client.slice(1)
+    prog = plexus.jit(lambda x: x * 2, s, name="for_gpu", platform="cuda")
+    with pytest.raises(plexus.PlexusError,
+                       match=r"for_gpu.*lowered for platform 'cuda'.*runs 'cpu'"):
+        np.asarray(prog(rand(3)))
+    # The worker still runs the same function lowered for its platform.
+    assert max_rel(plexus.jit(lambda x: x * 2, s)(np.ones(3, np.float32)),
+                   2 * np.ones(3)) == 0
+
+
 def test_missing_plugin_fails_calls_and_the_worker_keeps_serving(tmp_path):
     missing = str(tmp_path / "no_such_pjrt_plugin.so")
     with plexus.local(hosts=1, devices_per_host=1, pjrt_plugin=missing,

@@ -31,6 +31,16 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
         "] of worker ", worker_id_.load(),
         " (was the slice re-placed after plexus.jit lowered it?)"));
   }
+  auto runtime = xla_->Runtime();
+  if (!runtime.ok()) return runtime.status();
+  const std::string& lowered_for = program.xla->platform();
+  if (!lowered_for.empty() && lowered_for != (*runtime)->platform()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "lowered for platform '", lowered_for,
+        "' but this worker's PJRT "
+        "plugin runs '",
+        (*runtime)->platform(), "' (plexus.jit(..., platform=...))"));
+  }
   auto exe =
       xla_->GetOrCompile(program.xla->module(), island->compile_options());
   if (!exe.ok()) return exe.status();
