@@ -33,17 +33,10 @@ import time
 import numpy as np
 
 import jax
-from jax._src import xla_bridge
+import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
-if not xla_bridge.backends_are_initialized():
-    # plexus.jit lowers an island of k devices on k JAX CPU devices; the
-    # reference runs on the first.
-    jax.config.update("jax_num_cpu_devices", 8)
-
-import jax.numpy as jnp  # noqa: E402
-from jax.flatten_util import ravel_pytree  # noqa: E402
-
-import plexus  # noqa: E402
+import plexus
 
 VOCAB, D_MODEL, HEADS, SEQ, BATCH, BLOCKS = 64, 32, 2, 16, 8, 2
 LR = 0.5

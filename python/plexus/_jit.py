@@ -9,7 +9,7 @@ like any other program, and join graphs.
 
 Islands. The devices of a slice on one worker form an island. The function
 is lowered once as an SPMD program over the k devices of an island (a 1-D
-mesh named by `axis_name`); every island runs it on its own shards, and
+abstract mesh named by `axis_name`: the client needs no such devices); every island runs it on its own shards, and
 XLA's own collectives work inside the island. Arguments are seen per
 island: a `split(a)` array of global length L along `a` appears to the
 function with length L / num_islands (the island's shards concatenated in
@@ -36,15 +36,10 @@ _JAX = None
 
 
 def _jax():
-    """Imports JAX on first use, with enough CPU devices to lower SPMD
-    programs for islands of up to 8 devices (if JAX is not started yet)."""
+    """Imports JAX on first use (plexus itself does not need it)."""
     global _JAX
     if _JAX is None:
         import jax
-        from jax._src import xla_bridge
-        if not xla_bridge.backends_are_initialized():
-            if jax.config.jax_num_cpu_devices < 8:
-                jax.config.update("jax_num_cpu_devices", 8)
         _JAX = jax
     return _JAX
 
@@ -158,7 +153,7 @@ class Jitted:
 
     def _lower(self, treedef, specs):
         jax = _jax()
-        from jax.sharding import Mesh, NamedSharding, PartitionSpec
+        from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
         from jax._src import compiler
 
         islands = self._islands()
@@ -180,13 +175,8 @@ class Jitted:
                     f"{dtype}{list(shape)} does not split evenly over "
                     f"{k * num_islands} devices")
 
-        cpus = jax.devices("cpu")
-        if k > len(cpus):
-            raise _core.InvalidArgumentError(
-                f"{what}: lowering for islands of {k} devices needs {k} JAX "
-                f"CPU devices in this process, it has {len(cpus)}; import "
-                "plexus.jit before JAX starts or set jax_num_cpu_devices")
-        mesh = Mesh(np.array(cpus[:k]), (self._axis,))
+        # An abstract mesh: lowering for k devices needs none of them here.
+        mesh = AbstractMesh((k,), (self._axis,))
 
         def island_sharding(kind, axis, ndim):
             if kind == "split":
@@ -200,8 +190,10 @@ class Jitted:
             local = list(shape)
             if kind == "split":
                 local[axis] //= num_islands
-            avals.append(jax.ShapeDtypeStruct(tuple(local), np.dtype(dtype)))
-            in_sh.append(island_sharding(kind, axis, len(shape)))
+            sharding = island_sharding(kind, axis, len(shape))
+            avals.append(jax.ShapeDtypeStruct(tuple(local), np.dtype(dtype),
+                                              sharding=sharding))
+            in_sh.append(sharding)
 
         fn = self._fn
         out_tree = []
