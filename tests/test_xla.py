@@ -1,6 +1,7 @@
 """XLA programs through PJRT: plexus.jit against jax.jit on the same inputs,
-SPMD inside an island, all-reduce between islands, the compile cache, and
-clear errors for bad programs and a missing plugin (workers keep serving).
+SPMD inside an island, all-reduce between islands, the compile cache,
+clear errors for bad programs and a missing plugin (workers keep serving),
+and a worker killed under an XLA data-parallel step.
 
 Everything runs on a real embedded cluster whose workers load the CPU PJRT
 plugin of the xla-cpu-pjrt wheel."""
@@ -215,3 +216,49 @@ def test_missing_plugin_fails_calls_and_the_worker_keeps_serving(tmp_path):
         st = c.status(fresh=True)
         assert all(w["alive"] for w in st["workers"])
         assert "cannot load" in st["workers"][0]["stats"]["xla_platform"]
+
+
+def test_killed_worker_fails_an_xla_data_parallel_step_and_the_rest_serves(tmp_path):
+    import os
+    import signal
+    import time
+    with plexus.local(hosts=2, devices_per_host=2, log_level="info",
+                      log_file=str(tmp_path / "cluster.log")) as c:
+        client = c.connect()
+        s = client.slice(4, placement="spread")
+        x, w = rand(64, 64), rand(64, 64) / 8
+
+        def heavy(w, x):
+            for _ in range(20):
+                x = jnp.tanh(x @ w)
+            return x
+
+        step = plexus.jit(heavy, s, in_shardings=(None, plexus.split(0)),
+                          out_shardings=plexus.split(0))
+        grad = plexus.jit(lambda w, x: jax.grad(
+            lambda w: jnp.sum(heavy(w, x)) / 64)(w), s,
+            in_shardings=(None, plexus.split(0)),
+            out_shardings=plexus.partial())
+        wf, y = s.put(w), s.put(x, plexus.split(0))
+        np.asarray(step(wf, y))             # compiled on both workers
+        hold = s.program("device_sleep", y, micros=20_000)
+        for _ in range(100):               # ~2 s queued on every device
+            y = step(wf, hold(y))
+        g = grad(wf, y)
+        total = s.program("all_reduce", g)(g)
+        victim = next(v for v in c.status()["workers"]
+                      if v["host_name"] == "host1")
+        os.kill(victim["pid"], signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(plexus.PlexusError, match="worker"):
+            np.asarray(total)
+        assert time.monotonic() - t0 < 5
+        c.wait_until(lambda st: any(not v["alive"] for v in st["workers"]),
+                     what="the server to mark the worker down")
+        # The surviving host still compiles and runs XLA programs.
+        other = c.connect(name="after")
+        s2 = other.slice(2, placement="one_host")
+        assert {d["host"] for d in s2.devices} == {"host0"}
+        out = plexus.jit(heavy, s2, in_shardings=(None, plexus.split(0)),
+                         out_shardings=plexus.split(0))(w, x)
+        assert max_rel(out, jax.jit(heavy)(w, x)) <= 1e-5
