@@ -54,13 +54,20 @@ install: setup
 	$(PYTHON) -m pip install .
 
 # `pip install .` into a fresh virtual environment, then the installed
-# `plexus` command and package drive a cluster (not part of `make test`: a
-# second full build of the C++ tree).
+# `plexus` command and package drive a cluster, and an installed plexus.jit
+# program runs on the installed plugin (not part of `make test`: a second
+# full build of the C++ tree).
 test-install:
 	rm -rf $(BUILD)/venv && $(PYTHON) -m venv $(BUILD)/venv
 	$(BUILD)/venv/bin/pip install -q .
 	cd $(BUILD) && env -u PYTHONPATH -u PLEXUS_BIN_DIR PLEXUS_STATE_DIR=$(CURDIR)/$(BUILD)/venv-state \
 	  sh -c 'venv/bin/plexus up --hosts 2 && venv/bin/plexus status && venv/bin/plexus down'
+	cd $(BUILD) && env -u PYTHONPATH -u PLEXUS_BIN_DIR venv/bin/python -c \
+	  'import numpy as np, plexus, jax.numpy as jnp; \
+	   c = plexus.local(hosts=1, devices_per_host=2); \
+	   f = plexus.jit(lambda x: jnp.tanh(x).sum(), c.connect().slice(2), in_shardings=plexus.split(0)); \
+	   y = float(np.asarray(f(np.ones(4, np.float32)))); c.down(); \
+	   assert abs(y - 4 * np.tanh(1)) < 1e-5, y; print("installed plexus.jit:", y)'
 
 clean:
 	rm -rf $(BUILD) python/plexus/_core*.so
