@@ -29,7 +29,8 @@ from . import _core
 from ._api import Future, Program, Spec, _sharding, partial, replicated, split
 
 # Plexus dtypes; JAX's x64 switch decides whether 64-bit ones lower as such.
-_DTYPES = ("float32", "float64", "int32", "int64")
+_DTYPES = ("float32", "float64", "int32", "int64", "bfloat16", "float16",
+           "int8", "uint8", "bool")
 
 
 _JAX = None

@@ -182,6 +182,16 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
   if (absl::Status s = CheckArgs(*slice, what, "argument", inputs); !s.ok()) {
     return s;
   }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!kernel->AcceptsDType(inputs[i].global.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " argument ", i, ": kernel '", kernel_name,
+                       "' computes in float32, float64, int32 and int64, not ",
+                       DTypeName(inputs[i].global.dtype),
+                       " (plexus.jit programs take "
+                       "every dtype)"));
+    }
+  }
   auto outputs = kernel->InferOutputs(inputs, slice->num_devices(), attrs);
   if (!outputs.ok()) {
     return absl::Status(outputs.status().code(),

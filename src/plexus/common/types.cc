@@ -16,6 +16,13 @@ size_t DTypeSize(DType dtype) {
     case DType::kF64:
     case DType::kI64:
       return 8;
+    case DType::kBF16:
+    case DType::kF16:
+      return 2;
+    case DType::kI8:
+    case DType::kU8:
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
@@ -30,18 +37,44 @@ const char* DTypeName(DType dtype) {
       return "int32";
     case DType::kI64:
       return "int64";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kI8:
+      return "int8";
+    case DType::kU8:
+      return "uint8";
+    case DType::kBool:
+      return "bool";
   }
   return "invalid";
 }
 
+bool IsArithmeticDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF64 || dtype == DType::kI32 ||
+         dtype == DType::kI64;
+}
+
 absl::StatusOr<DType> ParseDType(const std::string& name) {
-  if (name == "float32" || name == "f32") return DType::kF32;
-  if (name == "float64" || name == "f64") return DType::kF64;
-  if (name == "int32" || name == "i32") return DType::kI32;
-  if (name == "int64" || name == "i64") return DType::kI64;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype '", name,
-                   "' (supported: float32, float64, int32, int64)"));
+  static const std::pair<const char*, DType> kNames[] = {
+      {"float32", DType::kF32},   {"f32", DType::kF32},
+      {"float64", DType::kF64},   {"f64", DType::kF64},
+      {"int32", DType::kI32},     {"i32", DType::kI32},
+      {"int64", DType::kI64},     {"i64", DType::kI64},
+      {"bfloat16", DType::kBF16}, {"bf16", DType::kBF16},
+      {"float16", DType::kF16},   {"f16", DType::kF16},
+      {"int8", DType::kI8},       {"i8", DType::kI8},
+      {"uint8", DType::kU8},      {"u8", DType::kU8},
+      {"bool", DType::kBool},
+  };
+  for (const auto& [n, d] : kNames) {
+    if (name == n) return d;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unsupported dtype '", name,
+      "' (supported: float32, float64, int32, int64, bfloat16, float16, "
+      "int8, uint8, bool)"));
 }
 
 int64_t NumElements(const Shape& shape) {
@@ -106,7 +139,45 @@ void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n) {
       return AddInto<int32_t>(acc, in, n);
     case DType::kI64:
       return AddInto<int64_t>(acc, in, n);
+    case DType::kI8:
+      return AddInto<int8_t>(acc, in, n);
+    case DType::kU8:
+      return AddInto<uint8_t>(acc, in, n);
+    case DType::kF16:
+      return AddInto<_Float16>(acc, in, n);  // IEEE binary16 (GCC, x86-64)
+    case DType::kBF16: {
+      auto* a = static_cast<uint16_t*>(acc);
+      const auto* b = static_cast<const uint16_t*>(in);
+      for (int64_t i = 0; i < n; ++i) {
+        a[i] = FloatToBfloat16(Bfloat16ToFloat(a[i]) + Bfloat16ToFloat(b[i]));
+      }
+      return;
+    }
+    case DType::kBool: {
+      auto* a = static_cast<uint8_t*>(acc);
+      const auto* b = static_cast<const uint8_t*>(in);
+      for (int64_t i = 0; i < n; ++i) a[i] = (a[i] | b[i]) != 0;
+      return;
+    }
   }
+}
+
+float Bfloat16ToFloat(uint16_t bits) {
+  uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToBfloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  if ((bits & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<uint16_t>((bits >> 16) | 0x40);  // NaN stays NaN
+  }
+  // Round to nearest, ties to even.
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
 }
 
 absl::Status ValidateSpec(const TensorSpec& spec) {
@@ -150,7 +221,7 @@ proto::TensorSpec ToProto(const TensorSpec& spec) {
 }
 
 absl::StatusOr<TensorSpec> FromProto(const proto::TensorSpec& p) {
-  if (p.dtype() < proto::F32 || p.dtype() > proto::I64) {
+  if (p.dtype() < proto::F32 || p.dtype() > proto::BOOL) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid dtype code ", p.dtype()));
   }

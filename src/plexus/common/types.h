@@ -13,7 +13,21 @@
 
 namespace plexus {
 
-enum class DType : int { kF32 = 1, kF64 = 2, kI32 = 3, kI64 = 4 };
+enum class DType : int {
+  kF32 = 1,
+  kF64 = 2,
+  kI32 = 3,
+  kI64 = 4,
+  kBF16 = 5,
+  kF16 = 6,
+  kI8 = 7,
+  kU8 = 8,
+  kBool = 9,
+};
+
+// float32, float64, int32, int64: the dtypes built-in arithmetic kernels
+// compute in. Every dtype moves, is stored and runs in XLA programs.
+bool IsArithmeticDType(DType dtype);
 
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);  // "float32", "int64", ...
@@ -91,7 +105,13 @@ void CopyRows(const void* src, const Shape& src_shape, void* dst,
               int64_t dst_off, int64_t len, size_t elem_size);
 
 // acc[i] += in[i] for n elements of `dtype` (partial sums, all-reduce).
+// bfloat16 and float16 add in float32 and round to nearest even; bool is
+// logical or.
 void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n);
+
+// bfloat16 <-> float32 (round to nearest even; NaN stays NaN).
+float Bfloat16ToFloat(uint16_t bits);
+uint16_t FloatToBfloat16(float f);
 
 // --- proto conversion -----------------------------------------------------
 proto::TensorSpec ToProto(const TensorSpec& spec);

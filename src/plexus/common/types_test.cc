@@ -1,5 +1,7 @@
 #include "plexus/common/types.h"
 
+#include <cmath>
+
 #include "gtest/gtest.h"
 
 namespace plexus {
@@ -37,5 +39,44 @@ TEST(AttrsTest, ProtoRoundTrip) {
   EXPECT_EQ(AttrsFromProto(def.attrs()), attrs);
 }
 
+TEST(DTypeTest, EveryDTypeRoundTripsThroughItsName) {
+  for (int code = 1; code <= 9; ++code) {
+    DType d = static_cast<DType>(code);
+    auto parsed = ParseDType(DTypeName(d));
+    ASSERT_TRUE(parsed.ok()) << DTypeName(d);
+    EXPECT_EQ(*parsed, d);
+    EXPECT_GT(DTypeSize(d), 0u);
+  }
+  EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
+  EXPECT_FALSE(ParseDType("complex64").ok());
+}
+
+TEST(DTypeTest, Bfloat16RoundsToNearestEven) {
+  EXPECT_EQ(Bfloat16ToFloat(FloatToBfloat16(1.0f)), 1.0f);
+  EXPECT_EQ(Bfloat16ToFloat(FloatToBfloat16(-2.5f)), -2.5f);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to even (1).
+  EXPECT_EQ(Bfloat16ToFloat(FloatToBfloat16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_EQ(Bfloat16ToFloat(FloatToBfloat16(1.0f + 3.0f / 256)),
+            1.0f + 1.0f / 64);
+  EXPECT_TRUE(std::isnan(Bfloat16ToFloat(FloatToBfloat16(NAN))));
+}
+
+TEST(DTypeTest, AccumulateAddsNarrowTypesAndOrsBools) {
+  uint16_t acc[2] = {FloatToBfloat16(1.5f), FloatToBfloat16(-1.0f)};
+  const uint16_t in[2] = {FloatToBfloat16(0.25f), FloatToBfloat16(3.0f)};
+  AccumulateInto(DType::kBF16, acc, in, 2);
+  EXPECT_EQ(Bfloat16ToFloat(acc[0]), 1.75f);
+  EXPECT_EQ(Bfloat16ToFloat(acc[1]), 2.0f);
+  _Float16 h[1] = {static_cast<_Float16>(0.5f)};
+  const _Float16 hi[1] = {static_cast<_Float16>(0.25f)};
+  AccumulateInto(DType::kF16, h, hi, 1);
+  EXPECT_EQ(static_cast<float>(h[0]), 0.75f);
+  uint8_t b[3] = {0, 1, 0};
+  const uint8_t bi[3] = {0, 1, 1};
+  AccumulateInto(DType::kBool, b, bi, 3);
+  EXPECT_EQ(b[0], 0);
+  EXPECT_EQ(b[1], 1);
+  EXPECT_EQ(b[2], 1);
+}
 }  // namespace
 }  // namespace plexus

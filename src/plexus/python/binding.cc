@@ -61,7 +61,14 @@ DType DTypeOf(const py::dtype& dt) {
   return Unwrap(ParseDType(name));
 }
 
-py::dtype NumpyDType(DType d) { return py::dtype(DTypeName(d)); }
+py::dtype NumpyDType(DType d) {
+  if (d == DType::kBF16) {
+    // numpy has no bfloat16 of its own; ml_dtypes (a JAX dependency) does.
+    return py::dtype::from_args(
+        py::module_::import("ml_dtypes").attr("bfloat16"));
+  }
+  return py::dtype(DTypeName(d));
+}
 
 // Sharding <-> ("replicated"|"split"|"partial", axis)
 Sharding ShardingFrom(const py::tuple& t) {

@@ -77,6 +77,12 @@ class Kernel {
   // Runs one shard. Errors become the message of the call's futures.
   virtual absl::Status Run(const KernelContext& ctx) const = 0;
   virtual bool is_collective() const { return false; }
+  // Whether the kernel takes inputs of `dtype` (checked at compile time for
+  // every input, before InferOutputs). Kernels compute in the arithmetic
+  // dtypes; those that only move bytes take every dtype.
+  virtual bool AcceptsDType(DType dtype) const {
+    return IsArithmeticDType(dtype);
+  }
   // Output `output` equals input AliasedInput(output) bit for bit, or -1.
   // Buffers are immutable, so the runtime may hand out the input's buffer
   // as the output; when every output is aliased it skips Run altogether.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "plexus/common/types.h"
 #include "plexus/executors/builtin/kernel.h"
@@ -62,8 +63,12 @@ absl::Status VisitDType(DType dtype, Fn&& fn) {
       return fn(int32_t{});
     case DType::kI64:
       return fn(int64_t{});
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("built-in kernels compute in float32, float64, int32 "
+                       "and int64, not ",
+                       DTypeName(dtype)));
   }
-  return absl::InternalError("invalid dtype");
 }
 
 absl::Status FloatOnlyError(absl::string_view kernel, DType dtype);

@@ -35,6 +35,12 @@ absl::StatusOr<ArgSpec> CreatedArray(const Attrs& attrs, int num_shards) {
   if (!dtype_name.ok()) return dtype_name.status();
   auto dtype = ParseDType(*dtype_name);
   if (!dtype.ok()) return dtype.status();
+  if (!IsArithmeticDType(*dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "attribute 'dtype': built-in kernels compute in float32, float64, "
+        "int32 and int64, not ",
+        *dtype_name));
+  }
   auto split_axis = GetIntAttr(attrs, "split_axis", -1);
   if (!split_axis.ok()) return split_axis.status();
   const int64_t rank = static_cast<int64_t>(shape->size());
@@ -169,6 +175,8 @@ class AllReduceKernel : public Kernel {
   }
 
   bool is_collective() const override { return true; }
+  // Sums with AccumulateInto, which knows every dtype.
+  bool AcceptsDType(DType) const override { return true; }
 };
 
 // A kernel of one argument whose output is a copy of it.
@@ -229,6 +237,7 @@ class BusyWaitKernel : public CopyingKernel {
     }
     return internal::CopyInputToOutput(ctx);
   }
+  bool AcceptsDType(DType) const override { return true; }  // bytes only
 
  protected:
   absl::Status CheckArgsAndAttrs(const std::vector<ArgSpec>&,

@@ -203,7 +203,12 @@ TEST(FillTest, BadAttributesAreExplained) {
   EXPECT_THAT(MessageOf(Infer("fill", {}, 1,
                               {{"shape", std::vector<int64_t>{4}},
                                {"dtype", std::string("bfloat16")}})),
-              HasSubstr("unsupported dtype 'bfloat16'"));
+              HasSubstr("compute in float32, float64, int32 and int64, not "
+                        "bfloat16"));
+  EXPECT_THAT(MessageOf(Infer("fill", {}, 1,
+                              {{"shape", std::vector<int64_t>{4}},
+                               {"dtype", std::string("complex64")}})),
+              HasSubstr("unsupported dtype 'complex64'"));
 }
 
 TEST(IotaTest, ReplicatedIotaCountsInRowMajorOrder) {

@@ -43,35 +43,31 @@ absl::StatusCode CodeOf(PJRT_Error_Code code) {
   }
 }
 
+// Plexus dtypes and PJRT element types, one to one.
+constexpr std::pair<DType, PJRT_Buffer_Type> kTypes[] = {
+    {DType::kF32, PJRT_Buffer_Type_F32},   {DType::kF64, PJRT_Buffer_Type_F64},
+    {DType::kI32, PJRT_Buffer_Type_S32},   {DType::kI64, PJRT_Buffer_Type_S64},
+    {DType::kBF16, PJRT_Buffer_Type_BF16}, {DType::kF16, PJRT_Buffer_Type_F16},
+    {DType::kI8, PJRT_Buffer_Type_S8},     {DType::kU8, PJRT_Buffer_Type_U8},
+    {DType::kBool, PJRT_Buffer_Type_PRED},
+};
+
 absl::StatusOr<PJRT_Buffer_Type> BufferType(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return PJRT_Buffer_Type_F32;
-    case DType::kF64:
-      return PJRT_Buffer_Type_F64;
-    case DType::kI32:
-      return PJRT_Buffer_Type_S32;
-    case DType::kI64:
-      return PJRT_Buffer_Type_S64;
+  for (const auto& [d, t] : kTypes) {
+    if (d == dtype) return t;
   }
-  return absl::InvalidArgumentError("unsupported dtype");
+  return absl::InvalidArgumentError(
+      absl::StrCat("dtype ", DTypeName(dtype), " has no XLA element type"));
 }
 
 absl::StatusOr<DType> FromBufferType(PJRT_Buffer_Type type) {
-  switch (type) {
-    case PJRT_Buffer_Type_F32:
-      return DType::kF32;
-    case PJRT_Buffer_Type_F64:
-      return DType::kF64;
-    case PJRT_Buffer_Type_S32:
-      return DType::kI32;
-    case PJRT_Buffer_Type_S64:
-      return DType::kI64;
-    default:
-      return absl::UnimplementedError(absl::StrCat(
-          "XLA element type ", static_cast<int>(type),
-          " has no Plexus dtype (float32, float64, int32, int64)"));
+  for (const auto& [d, t] : kTypes) {
+    if (t == type) return d;
   }
+  return absl::UnimplementedError(absl::StrCat(
+      "XLA element type ", static_cast<int>(type),
+      " has no Plexus dtype (float32, float64, int32, int64, bfloat16, "
+      "float16, int8, uint8, bool)"));
 }
 
 // Owns PJRT objects created during one call and destroys them in order.
