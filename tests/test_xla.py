@@ -12,6 +12,7 @@ import plexus
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 RNG = np.random.default_rng(7)
 
@@ -99,6 +100,25 @@ def test_spmd_inside_an_island_uses_xla_collectives(client):
                       out_shardings=plexus.split(0))(x)
     assert rows.sharding == "split(0)"
     assert max_rel(rows, np.tanh(x) * 3) <= 1e-6
+
+
+def test_shard_map_collectives_over_the_island_axis(client):
+    s = client.slice(2, placement="one_host")
+    x = rand(8, 3)
+
+    def f(x):
+        def per_device(block):  # [4, 3] on each of the island's 2 devices
+            total = jax.lax.psum(jnp.sum(block, axis=0), "devices")
+            index = jax.lax.axis_index("devices")
+            return total[None], block * (index + 1)
+        return jax.shard_map(per_device, in_specs=P("devices"),
+                             out_specs=(P(), P("devices")))(x)
+
+    total, scaled = plexus.jit(f, s, in_shardings=plexus.split(0),
+                               out_shardings=(None, plexus.split(0)))(x)
+    assert max_rel(total, x.sum(0, keepdims=True)) <= 1e-6
+    want = np.concatenate([x[:4], 2 * x[4:]])
+    assert max_rel(scaled, want) == 0
 
 
 def test_gradients_all_reduce_between_islands(client):

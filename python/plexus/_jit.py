@@ -9,7 +9,9 @@ like any other program, and join graphs.
 
 Islands. The devices of a slice on one worker form an island. The function
 is lowered once as an SPMD program over the k devices of an island (a 1-D
-abstract mesh named by `axis_name`: the client needs no such devices); every island runs it on its own shards, and
+abstract mesh named by `axis_name`, the context mesh while tracing, so the
+function may use jax.shard_map and collectives over that axis; the client
+needs no such devices); every island runs it on its own shards, and
 XLA's own collectives work inside the island. Arguments are seen per
 island: a `split(a)` array of global length L along `a` appears to the
 function with length L / num_islands (the island's shards concatenated in
@@ -206,8 +208,13 @@ class Jitted:
             return flat
 
         # Trace once to learn the outputs' tree, then give their shardings.
+        # The island's mesh is the context mesh while tracing: the function
+        # may use jax.shard_map (with collectives over `axis_name`) and
+        # with_sharding_constraint with bare PartitionSpecs.
+        in_mesh = jax.sharding.use_abstract_mesh
         try:
-            shapes = jax.eval_shape(flat_fn, *avals)
+            with in_mesh(mesh):
+                shapes = jax.eval_shape(flat_fn, *avals)
         except Exception as e:  # the user's function failed to trace
             raise _core.InvalidArgumentError(
                 f"{what}: JAX could not trace the function: "
@@ -226,7 +233,7 @@ class Jitted:
             # so the same function lowered from two call sites (or clients)
             # is the same module and the workers' compile cache serves it.
             from jax._src import config
-            with config.traceback_in_locations_limit(0):
+            with config.traceback_in_locations_limit(0), in_mesh(mesh):
                 exported = jax.export.export(
                     jax.jit(flat_fn, in_shardings=in_sh,
                             out_shardings=out_sh, keep_unused=True),
