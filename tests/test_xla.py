@@ -325,3 +325,26 @@ def test_killed_worker_fails_an_xla_data_parallel_step_and_the_rest_serves(tmp_p
         out = plexus.jit(heavy, s2, in_shardings=(None, plexus.split(0)),
                          out_shardings=plexus.split(0))(w, x)
         assert max_rel(out, jax.jit(heavy)(w, x)) <= 1e-5
+
+
+def test_static_arguments_and_decorator_form(cluster, client):
+    s = client.slice(1)
+
+    @plexus.jit(slice=s, static_argnums=1)
+    def power(x, n, scale):
+        return scale * x ** n
+
+    x = rand(5)
+    before = xla_stats(cluster)["xla_compiles"]
+    cube = power(x, 3, np.float32(2.0))
+    square = power(x, 2, np.float32(2.0))
+    assert max_rel(cube, 2 * x ** 3) <= 1e-6
+    assert max_rel(square, 2 * x ** 2) <= 1e-6
+    assert power.compiled_signatures == 2  # one program per static value
+    np.asarray(power(x, 3, np.float32(5.0)))  # same program: a new input
+    assert power.compiled_signatures == 2
+    assert xla_stats(cluster)["xla_compiles"] == before + 2
+    with pytest.raises(plexus.InvalidArgumentError, match="hashable"):
+        power(x, [3], np.float32(1.0))
+    with pytest.raises(TypeError, match="needs the slice"):
+        plexus.jit(lambda x: x)

@@ -47,27 +47,44 @@ def _jax():
     return _JAX
 
 
-def jit(fn, slice, *, in_shardings=None, out_shardings=None, name=None,
-        axis_name="devices", platform="cpu"):
+def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
+        static_argnums=(), name=None, axis_name="devices", platform="cpu"):
     """Makes `fn` a Plexus program on `slice`.
 
-    in_shardings: a pytree prefix of the arguments giving the sharding of
-        arrays passed by value (None: replicated); futures keep their own.
+    in_shardings: a pytree prefix of the (non-static) arguments giving the
+        sharding of arrays passed by value (None: replicated); futures keep
+        their own.
     out_shardings: a pytree prefix of the outputs (None: replicated).
+    static_argnums: positions of arguments that are Python values baked
+        into the program (hashable), as in jax.jit; each value compiles
+        its own program.
     platform: what the workers' PJRT plugin runs ("cpu", "cuda").
     The returned object compiles on first call for each input signature,
     like jax.jit; `.lower(*specs)` gives the program for one signature.
+    Without `fn` it is a decorator: @plexus.jit(slice=s).
     """
+    if slice is None:
+        raise TypeError("plexus.jit needs the slice to run on: "
+                        "plexus.jit(fn, slice) or @plexus.jit(slice=s)")
+    options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
+                   static_argnums=static_argnums, name=name,
+                   axis_name=axis_name, platform=platform)
+    if fn is None:
+        return lambda f: jit(f, slice, **options)
+    if isinstance(static_argnums, int):
+        static_argnums = (static_argnums,)
     return Jitted(fn, slice, in_shardings, out_shardings,
-                  name or getattr(fn, "__name__", "jit"), axis_name, platform)
+                  name or getattr(fn, "__name__", "jit"), axis_name, platform,
+                  tuple(sorted(static_argnums)))
 
 
 class Jitted:
     """A JAX function bound to a slice; compiled per input signature."""
 
     def __init__(self, fn, slice_, in_shardings, out_shardings, name,
-                 axis_name, platform):
+                 axis_name, platform, static_argnums=()):
         self._fn = fn
+        self._static = static_argnums
         self._slice = slice_
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
@@ -83,22 +100,23 @@ class Jitted:
 
     def __call__(self, *args):
         jax = _jax()
+        static, args = self._split_static(args)
         leaves, treedef = jax.tree_util.tree_flatten(args)
         fast_key = None
         if all(type(x) is Future for x in leaves):
             # Fast path (a training loop): every leaf a future, so the
             # signature is read off the futures' core specs.
             fs = [x._f for x in leaves]
-            fast_key = (treedef, tuple((f.shape, f.dtype, f.sharding)
-                                       for f in fs))
+            fast_key = (static, treedef, tuple((f.shape, f.dtype, f.sharding)
+                                               for f in fs))
             compiled = self._by_futures.get(fast_key)
             if compiled is not None:
                 return compiled._invoke_checked(fs)
         specs = self._leaf_specs(args, leaves, treedef)
-        key = (treedef, tuple(specs))
+        key = (static, treedef, tuple(specs))
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._lower(treedef, specs)
+            compiled = self._lower(treedef, specs, static)
             self._cache[key] = compiled
         if fast_key is not None:
             self._by_futures[fast_key] = compiled
@@ -106,11 +124,33 @@ class Jitted:
 
     def lower(self, *args):
         """The program for the signature of `args` (Specs, futures, arrays
-        or jax.ShapeDtypeStructs); calls with other shapes are refused."""
+        or jax.ShapeDtypeStructs, and the static values); calls with other
+        shapes are refused. Its calls take the non-static arguments."""
         jax = _jax()
+        static, args = self._split_static(args)
         leaves, treedef = jax.tree_util.tree_flatten(
             args, is_leaf=lambda x: isinstance(x, Spec))
-        return self._lower(treedef, self._leaf_specs(args, leaves, treedef))
+        return self._lower(treedef, self._leaf_specs(args, leaves, treedef),
+                           static)
+
+    def _split_static(self, args):
+        """((position, value) of each static argument, the others)."""
+        if not self._static:
+            return (), args
+        for i in self._static:
+            if i >= len(args):
+                raise _core.InvalidArgumentError(
+                    f"program '{self._name}': static argument {i} missing "
+                    f"({len(args)} arguments given)")
+        static = tuple((i, args[i]) for i in self._static)
+        try:
+            hash(static)
+        except TypeError as e:
+            raise _core.InvalidArgumentError(
+                f"program '{self._name}': static arguments must be hashable: "
+                f"{e}") from e
+        return static, tuple(a for i, a in enumerate(args)
+                             if i not in self._static)
 
     @property
     def compiled_signatures(self):
@@ -154,7 +194,7 @@ class Jitted:
                 f"{ {w: len(v) for w, v in groups.items()} }")
         return list(groups.items())
 
-    def _lower(self, treedef, specs):
+    def _lower(self, treedef, specs, static=()):
         jax = _jax()
         from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
         from jax._src import compiler
@@ -201,8 +241,17 @@ class Jitted:
         fn = self._fn
         out_tree = []
 
+        def with_static(dynamic):
+            """The full argument list: static values at their positions."""
+            args, rest = [], iter(dynamic)
+            fixed = dict(static)
+            for i in range(len(dynamic) + len(fixed)):
+                args.append(fixed[i] if i in fixed else next(rest))
+            return args
+
         def flat_fn(*leaves):
-            out = fn(*jax.tree_util.tree_unflatten(treedef, leaves))
+            out = fn(*with_static(jax.tree_util.tree_unflatten(treedef,
+                                                                leaves)))
             flat, tree = jax.tree_util.tree_flatten(out)
             out_tree.append(tree)
             return flat
