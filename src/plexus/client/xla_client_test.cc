@@ -127,5 +127,31 @@ TEST_F(XlaClientTest, DeclaredOutputsThatDisagreeWithXlaAreAnErrorNotACrash) {
   EXPECT_EQ(got[1], 6);
 }
 
+TEST_F(XlaClientTest, CompileOptionsThatWouldAbortXlaAreRefused) {
+  auto slice = client_->CreateSlice({.num_devices = 1});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  const ArgSpec two{{DType::kF32, {2}}, Sharding::Replicated()};
+  proto::XlaProgram xla = Program();
+  // Empty options: XLA would CHECK-fail on zero replicas and abort.
+  xla.mutable_islands(0)->set_compile_options("");
+  auto program =
+      client_->CompileXla(*slice, "no_options", xla, {two, two}, {two});
+  ASSERT_TRUE(program.ok()) << program.status();
+  std::vector<float> v = {1, 2};
+  auto f = client_->Put(*slice, v.data(), two);
+  ASSERT_TRUE(f.ok());
+  auto out = client_->Call(**program, {*f, *f});
+  ASSERT_TRUE(out.ok());
+  absl::Status s = client_->Wait((*out)[0]);
+  EXPECT_NE(s.message().find("no executable_build_options"), std::string::npos)
+      << s;
+  // The worker is alive and serves the next call.
+  auto fine = client_->CompileXla(*slice, "fine", Program(), {two, two}, {two});
+  ASSERT_TRUE(fine.ok());
+  auto again = client_->Call(**fine, {*f, *f});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(client_->Wait((*again)[0]).ok());
+}
+
 }  // namespace
 }  // namespace plexus

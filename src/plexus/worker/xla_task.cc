@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/common/logging.h"
+#include "plexus/executors/xla/compile_options.h"
 #include "plexus/worker/call_context.h"
 #include "plexus/worker/worker_impl.h"
 
@@ -40,6 +41,13 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
         "' but this worker's PJRT "
         "plugin runs '",
         (*runtime)->platform(), "' (plexus.jit(..., platform=...))"));
+  }
+  // Options that would abort XLA, or place the program on other devices,
+  // never reach the plugin.
+  if (absl::Status s =
+          xla::CheckCompileOptions(island->compile_options(), devices);
+      !s.ok()) {
+    return s;
   }
   auto exe =
       xla_->GetOrCompile(program.xla->module(), island->compile_options());
