@@ -208,6 +208,27 @@ def test_second_call_compiles_nothing(cluster, client):
     assert again["xla_cache_hits"] == after["xla_cache_hits"] + 1
 
 
+def test_programs_compile_when_registered_before_their_first_call(
+        cluster, client):
+    s = client.slice(2, placement="spread")
+    before = xla_stats(cluster)["xla_compiles"]
+
+    def f(x):
+        return jnp.cos(x) * 41.0  # a module no other test compiles
+
+    prog = plexus.jit(f, s, in_shardings=plexus.split(0),
+                      out_shardings=plexus.split(0)).lower(
+        plexus.Spec((4, 3), "float32", plexus.split(0)))
+    client.flush()
+    # No call yet: both islands' workers compile it on their own.
+    cluster.wait_until(
+        lambda st: sum(int(w["stats"]["xla_compiles"]) for w in st["workers"])
+        >= before + 2, timeout=60, what="both workers to compile ahead")
+    x = rand(4, 3)
+    assert max_rel(prog(x), np.cos(x) * 41) <= 1e-6
+    assert xla_stats(cluster)["xla_compiles"] == before + 2
+
+
 def test_function_that_fails_to_lower_is_a_clear_error(client):
     s = client.slice(1)
 

@@ -305,17 +305,21 @@ class Jitted:
                 shape[axis] *= num_islands
             outputs.append((dtype, tuple(shape), (kind, axis)))
 
-        assignments = []
-        for _, devs in islands:
+        # One entry per distinct device assignment, with the workers that
+        # run it (they compile it as soon as the program is registered).
+        assignments = {}
+        for worker, devs in islands:
             d = tuple(dev for _, dev in devs)
-            if d not in [a for a, _ in assignments]:
+            if d not in assignments:
                 opts = compiler.get_compile_options(
                     num_replicas=1, num_partitions=k,
                     device_assignment=np.array([d]))
-                assignments.append((d, opts.SerializeAsString()))
+                assignments[d] = (opts.SerializeAsString(), [])
+            assignments[d][1].append(worker)
         core = self._slice._client._core.compile_xla(
             self._slice._s, self._name, exported.mlir_module_serialized, k,
-            self._platform, [(list(d), o) for d, o in assignments],
+            self._platform,
+            [(list(d), o, w) for d, (o, w) in assignments.items()],
             [(np.dtype(dt), sh, s) for dt, sh, s in specs],
             [(np.dtype(dt), sh, s) for dt, sh, s in outputs])
         return XlaProgram(core, self._slice._client, treedef, tree)

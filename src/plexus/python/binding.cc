@@ -304,6 +304,11 @@ PYBIND11_MODULE(_core, m) {
                  island->add_devices(d);
                }
                island->set_compile_options(t[1].cast<std::string>());
+               if (t.size() > 2) {
+                 for (int64_t w : t[2].cast<std::vector<int64_t>>()) {
+                   island->add_workers(w);
+                 }
+               }
              }
              std::vector<ArgSpec> in, out;
              for (auto t : inputs) in.push_back(ArgFrom(t.cast<py::tuple>()));

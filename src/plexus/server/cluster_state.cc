@@ -233,7 +233,8 @@ absl::Status ClusterState::ReleaseSlice(uint64_t client_id, uint64_t slice_id) {
 }
 
 absl::Status ClusterState::RegisterProgram(uint64_t client_id,
-                                           const proto::RegisterProgram& reg) {
+                                           const proto::RegisterProgram& reg,
+                                           WorkerOps* ops) {
   ClientRecord* client = FindClient(client_id);
   if (client == nullptr) return absl::NotFoundError("unknown client");
   const proto::ProgramDef& def = reg.program();
@@ -271,6 +272,21 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
     rec.outputs.push_back(*a);
   }
   client->programs[reg.program_id()] = std::move(rec);
+  if (xla && ops != nullptr) {
+    for (const auto& island : def.xla().islands()) {
+      for (int64_t worker_id : island.workers()) {
+        auto w = workers_.find(worker_id);
+        if (w == workers_.end() || !w->second.alive ||
+            !w->second.loaded_programs.insert(reg.program_id()).second) {
+          continue;
+        }
+        proto::WorkerOp load;
+        load.mutable_load()->set_program_id(reg.program_id());
+        *load.mutable_load()->mutable_program() = def;
+        (*ops)[worker_id].push_back(std::move(load));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

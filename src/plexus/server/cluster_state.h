@@ -94,8 +94,11 @@ class ClusterState {
 
   // --- programs and calls
   // Validates and records a program the client compiled.
+  // XLA programs are also loaded onto their islands' workers now (ops
+  // appended to `ops`), so that those compile them before the first call.
   absl::Status RegisterProgram(uint64_t client_id,
-                               const proto::RegisterProgram& reg);
+                               const proto::RegisterProgram& reg,
+                               WorkerOps* ops = nullptr);
   // Turns one call into ops for the workers involved (appended to `ops`):
   // program loads, transfers between workers, expectations and the
   // per-worker Execute. Errors name the program and the argument.

@@ -234,7 +234,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
           state_.ReleaseSlice(id, op.slice_release()).IgnoreError();
           break;
         case proto::ClientOp::kProgram: {
-          absl::Status s = state_.RegisterProgram(id, op.program());
+          absl::Status s = state_.RegisterProgram(id, op.program(), &ops);
           if (!s.ok()) {
             proto::CallError* e = reply.add_errors();
             e->set_message(std::string(s.message()));

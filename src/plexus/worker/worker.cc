@@ -23,6 +23,7 @@ WorkerImpl::~WorkerImpl() {
   Shutdown();
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
+  StopCompiler();
   store_->Shutdown();
   data_server_.reset();
   {
@@ -178,6 +179,7 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       if (def.kernel() == "xla") {
         prog->xla = std::make_unique<proto::XlaProgram>();
         prog->xla->Swap(op.mutable_load()->mutable_program()->mutable_xla());
+        CompileAhead(prog.get());
       }
       prog->attrs = AttrsFromProto(def.attrs());
       for (const auto& a : def.inputs()) prog->inputs.push_back(*FromProto(a));

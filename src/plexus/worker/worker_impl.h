@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -82,6 +83,12 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // The executable of `program` for the island on `devices`.
   absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>> XlaExecutableFor(
       LoadedProgram& program, const std::vector<int>& devices);
+  // Ahead-of-time compiles (xla_task.cc): an XLA program loaded before its
+  // first call compiles its islands on this worker on the compiler thread,
+  // off the device threads; a call that comes first waits for it.
+  void CompileAhead(LoadedProgram* program);
+  void CompilerLoop();
+  void StopCompiler();
   absl::StatusOr<builtin::ConstTensor> BindInput(
       const proto::InputBinding& binding, int device,
       std::vector<std::shared_ptr<const Storage>>* keep,
@@ -115,6 +122,12 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       ABSL_GUARDED_BY(peers_mu_);
   absl::flat_hash_map<int64_t, std::unique_ptr<PeerSender>> senders_
       ABSL_GUARDED_BY(peers_mu_);
+
+  absl::Mutex compile_mu_;
+  std::deque<std::pair<LoadedProgram*, std::vector<int>>> compile_queue_
+      ABSL_GUARDED_BY(compile_mu_);
+  bool compile_stop_ ABSL_GUARDED_BY(compile_mu_) = false;
+  std::thread compiler_;  // started by the first CompileAhead (reader thread)
 
   std::atomic<int64_t> calls_executed_{0};
   std::atomic<int64_t> calls_failed_{0};

@@ -14,11 +14,11 @@ namespace plexus {
 absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>>
 WorkerImpl::XlaExecutableFor(LoadedProgram& program,
                              const std::vector<int>& devices) {
-  {
-    absl::MutexLock lock(&program.xla_mu);
-    auto it = program.executables.find(devices);
-    if (it != program.executables.end()) return it->second;
-  }
+  // Held throughout: the compiler thread and the first call's device
+  // thread resolve an island once between them; the later one waits.
+  absl::MutexLock lock(&program.xla_mu);
+  auto it = program.executables.find(devices);
+  if (it != program.executables.end()) return it->second;
   const proto::XlaIsland* island = nullptr;
   for (const auto& candidate : program.xla->islands()) {
     if (std::vector<int>(candidate.devices().begin(),
@@ -62,9 +62,55 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
         "XLA compiled ", (*exe)->outputs().size(),
         " outputs, the program declared ", program.outputs.size()));
   }
-  absl::MutexLock lock(&program.xla_mu);
   program.executables[devices] = *exe;
   return *exe;
+}
+
+void WorkerImpl::CompileAhead(LoadedProgram* program) {
+  absl::MutexLock lock(&compile_mu_);
+  for (const auto& island : program->xla->islands()) {
+    for (int64_t w : island.workers()) {
+      if (w != worker_id_.load()) continue;
+      compile_queue_.emplace_back(
+          program,
+          std::vector<int>(island.devices().begin(), island.devices().end()));
+    }
+  }
+  if (!compile_queue_.empty() && !compiler_.joinable()) {
+    compiler_ = std::thread([this] { CompilerLoop(); });
+  }
+}
+
+void WorkerImpl::CompilerLoop() {
+  while (true) {
+    std::pair<LoadedProgram*, std::vector<int>> job;
+    {
+      absl::MutexLock lock(&compile_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(compile_mu_) {
+        return compile_stop_ || !compile_queue_.empty();
+      };
+      compile_mu_.Await(absl::Condition(&ready));
+      if (compile_stop_) return;
+      job = std::move(compile_queue_.front());
+      compile_queue_.pop_front();
+    }
+    // Programs are never unloaded, so the pointer outlives the job. A
+    // failure is cached; the first call reports it.
+    auto exe = XlaExecutableFor(*job.first, job.second);
+    if (!exe.ok()) {
+      SPDLOG_WARN("program '{}': ahead-of-time compile failed: {}",
+                  job.first->name, exe.status().ToString());
+    }
+  }
+}
+
+void WorkerImpl::StopCompiler() {
+  {
+    absl::MutexLock lock(&compile_mu_);
+    compile_stop_ = true;
+    compile_queue_.clear();
+  }
+  if (compiler_.joinable()) compiler_.join();
 }
 
 absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
