@@ -27,16 +27,20 @@ global batch), so their loss curves agree to float32 rounding.
 """
 import argparse
 import contextlib
+import os
 import sys
 import time
 
 import numpy as np
 
-import jax
-import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
+# This process's own XLA (the jax.jit reference) logs a harmless
+# "Unsupported fusion type" error per compile; keep the output readable.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.flatten_util import ravel_pytree  # noqa: E402
 
-import plexus
+import plexus  # noqa: E402
 
 VOCAB, D_MODEL, HEADS, SEQ, BATCH, BLOCKS = 64, 32, 2, 16, 8, 2
 LR = 0.5
