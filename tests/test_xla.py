@@ -206,6 +206,10 @@ def test_second_call_compiles_nothing(cluster, client):
     again = xla_stats(cluster)
     assert again["xla_compiles"] == after_first["xla_compiles"]
     assert again["xla_cache_hits"] == after["xla_cache_hits"] + 1
+    # `plexus status` shows the counters, per worker.
+    from plexus.cli import format_status
+    table = format_status(cluster.status())
+    assert "XLA PLATFORM" in table and "COMPILES" in table and "CACHE-HITS" in table
 
 
 def test_programs_compile_when_registered_before_their_first_call(
