@@ -5,6 +5,8 @@ and a worker killed under an XLA data-parallel step.
 
 Everything runs on a real embedded cluster whose workers load the CPU PJRT
 plugin of the xla-cpu-pjrt wheel."""
+import collections
+
 import numpy as np
 import pytest
 
@@ -181,6 +183,29 @@ def test_bfloat16_bool_and_8_bit_arrays_flow_through_programs(client):
     with pytest.raises(plexus.InvalidArgumentError,
                        match=r"kernel 'add' computes in float32.*not bfloat16"):
         s.program("add", xf, xf)
+
+
+def test_islands_of_different_sizes(client):
+    s = client.slice(3, placement="spread")
+    sizes = sorted(collections.Counter(d["worker"] for d in s.devices).values())
+    assert sizes == [1, 2], s.devices
+    x, w = rand(12, 4), rand(4, 3)
+
+    def island_loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2) / 12
+
+    grad = plexus.jit(jax.grad(island_loss), s,
+                      in_shardings=(None, plexus.split(0)),
+                      out_shardings=plexus.partial())
+    g = grad(w, x)
+    total = s.program("all_reduce", g)(g)
+    want = jax.grad(lambda w: jnp.mean(jnp.sum(jnp.tanh(x @ w) ** 2, 1)))(w)
+    assert max_rel(total, want) <= 1e-5
+    rows = plexus.jit(lambda x: jnp.tanh(x) + 1, s,
+                      in_shardings=plexus.split(0),
+                      out_shardings=plexus.split(0))(x)
+    assert rows.shape == (12, 4)
+    assert max_rel(rows, np.tanh(x) + 1) <= 1e-6
 
 
 def test_second_call_compiles_nothing(cluster, client):

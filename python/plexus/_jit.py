@@ -13,9 +13,10 @@ abstract mesh named by `axis_name`, the context mesh while tracing, so the
 function may use jax.shard_map and collectives over that axis; the client
 needs no such devices); every island runs it on its own shards, and
 XLA's own collectives work inside the island. Arguments are seen per
-island: a `split(a)` array of global length L along `a` appears to the
-function with length L / num_islands (the island's shards concatenated in
-slice order) and is split again over the island's k devices; a replicated
+island: a `split(a)` array of global length L along `a` over a slice of n
+devices appears to the function with length L * k / n (the island's shards
+concatenated in slice order) and is split again over the island's k
+devices (islands of different sizes get a module each); a replicated
 array appears whole. Outputs follow `out_shardings`:
   - replicated(): the island's value (the same on every island, e.g. an
     optimizer update of replicated parameters);
@@ -182,26 +183,19 @@ class Jitted:
         return specs
 
     def _islands(self):
-        """Devices grouped by worker: [(worker, [(shard, device), ...])]."""
+        """Devices grouped by worker: [(worker, [device, ...])], in slice
+        order."""
         groups = collections.OrderedDict()
-        for shard, d in enumerate(self._slice.devices):
-            groups.setdefault(d["worker"], []).append((shard, d["device"]))
-        sizes = {len(v) for v in groups.values()}
-        if len(sizes) != 1:
-            raise _core.InvalidArgumentError(
-                f"program '{self._name}': XLA programs need the same number "
-                f"of devices on every host of the slice, got "
-                f"{ {w: len(v) for w, v in groups.items()} }")
+        for d in self._slice.devices:
+            groups.setdefault(d["worker"], []).append(d["device"])
         return list(groups.items())
 
     def _lower(self, treedef, specs, static=()):
         jax = _jax()
-        from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
         from jax._src import compiler
 
         islands = self._islands()
-        k = len(islands[0][1])
-        num_islands = len(islands)
+        n = sum(len(devs) for _, devs in islands)
         what = f"program '{self._name}'"
         for i, (dtype, shape, sh) in enumerate(specs):
             if dtype not in _DTYPES:
@@ -212,12 +206,55 @@ class Jitted:
                 raise _core.InvalidArgumentError(
                     f"{what} argument {i}: XLA programs take replicated or "
                     "split inputs, not partial ones; all_reduce it first")
-            if sh[0] == "split" and shape[sh[1]] % (k * num_islands):
+            if sh[0] == "split" and shape[sh[1]] % n:
                 raise _core.InvalidArgumentError(
                     f"{what} argument {i}: dimension {sh[1]} of "
                     f"{dtype}{list(shape)} does not split evenly over "
-                    f"{k * num_islands} devices")
+                    f"{n} devices")
 
+        # One module per island size (hosts may hold different numbers of
+        # the slice's devices); they agree on what each device holds.
+        modules, tree, outputs = {}, None, None
+        for k in sorted({len(devs) for _, devs in islands}):
+            exported, out_kinds, tree = self._export(treedef, specs, static,
+                                                     k, n)
+            per_device = self._outputs(exported, out_kinds, k, n)
+            if outputs is not None and per_device != outputs:
+                raise _core.InvalidArgumentError(
+                    f"{what}: islands of different sizes give outputs "
+                    f"{outputs} and {per_device}; make the outputs' shapes "
+                    "follow the split inputs'")
+            outputs = per_device
+            modules[k] = exported.mlir_module_serialized
+
+        # One entry per distinct device assignment, with the workers that
+        # run it (they compile it as soon as the program is registered), and
+        # its module when the island's size is not the first island's.
+        first_k = len(islands[0][1])
+        assignments = {}
+        for worker, devs in islands:
+            d = tuple(devs)
+            if d not in assignments:
+                opts = compiler.get_compile_options(
+                    num_replicas=1, num_partitions=len(d),
+                    device_assignment=np.array([d]))
+                module = b"" if len(d) == first_k else modules[len(d)]
+                assignments[d] = (opts.SerializeAsString(), [], module)
+            assignments[d][1].append(worker)
+        core = self._slice._client._core.compile_xla(
+            self._slice._s, self._name, modules[first_k], first_k,
+            self._platform,
+            [(list(d), o, w, m) for d, (o, w, m) in assignments.items()],
+            [(np.dtype(dt), sh, s) for dt, sh, s in specs],
+            [(np.dtype(dt), sh, s) for dt, sh, s in outputs])
+        return XlaProgram(core, self._slice._client, treedef, tree)
+
+    def _export(self, treedef, specs, static, k, n):
+        """The StableHLO of the function for an island of k of the slice's
+        n devices: (exported, output shardings, output tree)."""
+        jax = _jax()
+        from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+        what = f"program '{self._name}'"
         # An abstract mesh: lowering for k devices needs none of them here.
         mesh = AbstractMesh((k,), (self._axis,))
 
@@ -231,8 +268,8 @@ class Jitted:
         avals, in_sh = [], []
         for dtype, shape, (kind, axis) in specs:
             local = list(shape)
-            if kind == "split":
-                local[axis] //= num_islands
+            if kind == "split":  # the island's k shards of n
+                local[axis] = local[axis] // n * k
             sharding = island_sharding(kind, axis, len(shape))
             avals.append(jax.ShapeDtypeStruct(tuple(local), np.dtype(dtype),
                                               sharding=sharding))
@@ -278,9 +315,10 @@ class Jitted:
         flat_fn.__name__ = flat_fn.__qualname__ = self._name
         try:
             # keep_unused: the module takes every argument the program
-            # declares. Locations name operations only, not the caller's source lines,
-            # so the same function lowered from two call sites (or clients)
-            # is the same module and the workers' compile cache serves it.
+            # declares. Locations name operations only, not the caller's
+            # source lines, so the same function lowered from two call sites
+            # (or clients) is the same module and the workers' compile cache
+            # serves it.
             from jax._src import config
             with config.traceback_in_locations_limit(0), in_mesh(mesh):
                 exported = jax.export.export(
@@ -291,7 +329,12 @@ class Jitted:
             raise _core.InvalidArgumentError(
                 f"{what}: JAX could not lower the function: "
                 f"{type(e).__name__}: {e}") from e
+        return exported, out_kinds, tree
 
+    def _outputs(self, exported, out_kinds, k, n):
+        """The outputs' global (dtype, shape, sharding) from an island of k
+        devices' lowering."""
+        what = f"program '{self._name}'"
         outputs = []
         for o, (aval, (kind, axis)) in enumerate(zip(exported.out_avals,
                                                      out_kinds)):
@@ -302,27 +345,14 @@ class Jitted:
                     f"{', '.join(_DTYPES)}; cast it in the function")
             shape = list(aval.shape)
             if kind == "split":
-                shape[axis] *= num_islands
+                if shape[axis] % k:
+                    raise _core.InvalidArgumentError(
+                        f"{what} output {o}: dimension {axis} of "
+                        f"{dtype}{shape} does not split over the island's "
+                        f"{k} devices")
+                shape[axis] = shape[axis] // k * n
             outputs.append((dtype, tuple(shape), (kind, axis)))
-
-        # One entry per distinct device assignment, with the workers that
-        # run it (they compile it as soon as the program is registered).
-        assignments = {}
-        for worker, devs in islands:
-            d = tuple(dev for _, dev in devs)
-            if d not in assignments:
-                opts = compiler.get_compile_options(
-                    num_replicas=1, num_partitions=k,
-                    device_assignment=np.array([d]))
-                assignments[d] = (opts.SerializeAsString(), [])
-            assignments[d][1].append(worker)
-        core = self._slice._client._core.compile_xla(
-            self._slice._s, self._name, exported.mlir_module_serialized, k,
-            self._platform,
-            [(list(d), o, w) for d, (o, w) in assignments.items()],
-            [(np.dtype(dt), sh, s) for dt, sh, s in specs],
-            [(np.dtype(dt), sh, s) for dt, sh, s in outputs])
-        return XlaProgram(core, self._slice._client, treedef, tree)
+        return outputs
 
 
 class XlaProgram(Program):

@@ -309,6 +309,9 @@ PYBIND11_MODULE(_core, m) {
                    island->add_workers(w);
                  }
                }
+               if (t.size() > 3) {
+                 island->set_module(t[3].cast<std::string>());
+               }
              }
              std::vector<ArgSpec> in, out;
              for (auto t : inputs) in.push_back(ArgFrom(t.cast<py::tuple>()));

@@ -49,8 +49,9 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
       !s.ok()) {
     return s;
   }
-  auto exe =
-      xla_->GetOrCompile(program.xla->module(), island->compile_options());
+  const std::string& module =
+      island->module().empty() ? program.xla->module() : island->module();
+  auto exe = xla_->GetOrCompile(module, island->compile_options());
   if (!exe.ok()) return exe.status();
   if ((*exe)->num_partitions() != static_cast<int>(devices.size())) {
     return absl::InternalError(
