@@ -310,6 +310,24 @@ def test_a_program_lowered_for_another_platform_is_refused(client):
                    2 * np.ones(3)) == 0
 
 
+def test_xla_scratch_memory_counts_against_the_device_budget(tmp_path):
+    with plexus.local(hosts=1, devices_per_host=1, device_memory_mib=4,
+                      log_file=str(tmp_path / "cluster.log")) as c:
+        s = c.connect().slice(1)
+
+        def smallest(v):  # sorts the 16 MiB outer product: XLA scratch
+            return jnp.sort(jnp.outer(v, v).ravel())[:4]
+
+        prog = plexus.jit(smallest, s, name="big_scratch")
+        with pytest.raises(plexus.ResourceExhaustedError,
+                           match=r"big_scratch.*XLA scratch memory of "
+                                 r"\d+ bytes.*can never fit device 0"):
+            np.asarray(prog(np.ones(2048, np.float32)))
+        # The same function on a small input fits, on the same worker.
+        v = rand(64)
+        assert max_rel(prog(v), np.sort(np.outer(v, v).ravel())[:4]) <= 1e-6
+
+
 def test_missing_plugin_fails_calls_and_the_worker_keeps_serving(tmp_path):
     missing = str(tmp_path / "no_such_pjrt_plugin.so")
     with plexus.local(hosts=1, devices_per_host=1, pjrt_plugin=missing,

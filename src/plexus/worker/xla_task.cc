@@ -118,6 +118,32 @@ absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
                                          const builtin::KernelContext& ctx) {
   const proto::Execute& exec = call.exec;
   LoadedProgram& program = *call.program;
+  const int device = exec.tasks(task_index).device();
+  auto named = [&](const absl::Status& s) {
+    return absl::Status(
+        s.code(), absl::StrCat("program '", program.name, "' failed on worker ",
+                               worker_id_.load(), ": ", s.message()));
+  };
+  // Every partition resolves the executable (compiled once, cached), then
+  // charges XLA's scratch memory to its own device's budget while the
+  // island runs. A partition that cannot still arrives, failing the island.
+  std::vector<int> devices;
+  for (const auto& task : exec.tasks()) devices.push_back(task.device());
+  auto exe = XlaExecutableFor(program, devices);
+  absl::Status ready = exe.status();
+  const int64_t scratch = exe.ok() ? (*exe)->temp_bytes() : 0;
+  if (ready.ok() && scratch > 0) {
+    ready = store_->Reserve(device, scratch);
+    if (!ready.ok()) {
+      ready = absl::Status(ready.code(),
+                           absl::StrCat("XLA scratch memory of ", scratch,
+                                        " bytes: ", ready.message()));
+    }
+  }
+  if (!ready.ok()) {
+    call.island->Fail(task_index, ready);
+    return named(ready);
+  }
   // Outputs of `partial` sharding: partition 0 of the island holds the
   // island's value, the other partitions hold zeros, so the sum over all
   // devices of the slice is the sum over islands.
@@ -130,10 +156,6 @@ absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
   }
   auto run = [&](const IslandExecution::Inputs& inputs,
                  const IslandExecution::Outputs& outs) -> absl::Status {
-    std::vector<int> devices;
-    for (const auto& task : exec.tasks()) devices.push_back(task.device());
-    auto exe = XlaExecutableFor(program, devices);
-    if (!exe.ok()) return exe.status();
     for (size_t o = 0; o < program.outputs.size(); ++o) {
       const TensorSpec& got = (*exe)->outputs()[o];
       const TensorSpec& want = outs[0][o].spec;
@@ -149,12 +171,8 @@ absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
   };
   absl::Status s =
       call.island->Arrive(task_index, ctx.inputs, std::move(outputs), run);
-  if (!s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat("program '", program.name, "' failed on worker ",
-                               worker_id_.load(), ": ", s.message()));
-  }
-  return s;
+  if (scratch > 0) store_->Unreserve(device, scratch);
+  return s.ok() ? s : named(s);
 }
 
 }  // namespace plexus

@@ -344,6 +344,15 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
       exe->outputs_.push_back(std::move(spec));
     }
   }
+  auto stats = PJRT_ARGS(PJRT_Executable_GetCompiledMemoryStats_Args);
+  stats.executable = get.executable;
+  if (status.ok() &&
+      scope.ToStatus(api_->PJRT_Executable_GetCompiledMemoryStats(&stats), "")
+          .ok()) {
+    // Device scratch; host scratch too on CPU, where they are one memory.
+    exe->temp_bytes_ = stats.temp_size_in_bytes +
+                       (platform_ == "cpu" ? stats.host_temp_size_in_bytes : 0);
+  }
   auto destroy = PJRT_ARGS(PJRT_Executable_Destroy_Args);
   destroy.executable = get.executable;
   scope.ToStatus(api_->PJRT_Executable_Destroy(&destroy), "").IgnoreError();

@@ -39,6 +39,10 @@ class PjrtExecutable {
   int num_partitions() const { return static_cast<int>(devices_.size()); }
   // The per-partition output specs, as XLA compiled them.
   const std::vector<TensorSpec>& outputs() const { return outputs_; }
+  // Scratch memory one execution needs on each device, beyond its
+  // arguments and outputs (XLA's compiled memory stats; 0 if the plugin
+  // does not say).
+  int64_t temp_bytes() const { return temp_bytes_; }
 
  private:
   friend class PjrtRuntime;
@@ -48,6 +52,7 @@ class PjrtExecutable {
   PJRT_LoadedExecutable* exe_;
   std::vector<PJRT_Device*> devices_;  // the executable's, partition order
   std::vector<TensorSpec> outputs_;
+  int64_t temp_bytes_ = 0;
 };
 
 struct PjrtOptions {
