@@ -38,9 +38,8 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
   if (!lowered_for.empty() && lowered_for != (*runtime)->platform()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "lowered for platform '", lowered_for,
-        "' but this worker's PJRT "
-        "plugin runs '",
-        (*runtime)->platform(), "' (plexus.jit(..., platform=...))"));
+        "' but this worker's PJRT plugin runs '", (*runtime)->platform(),
+        "' (plexus.jit(..., platform=...))"));
   }
   // Options that would abort XLA, or place the program on other devices,
   // never reach the plugin.
