@@ -179,14 +179,17 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       if (def.kernel() == "xla") {
         prog->xla = std::make_unique<proto::XlaProgram>();
         prog->xla->Swap(op.mutable_load()->mutable_program()->mutable_xla());
-        CompileAhead(prog.get());
       }
       prog->attrs = AttrsFromProto(def.attrs());
       for (const auto& a : def.inputs()) prog->inputs.push_back(*FromProto(a));
       for (const auto& a : def.outputs()) {
         prog->outputs.push_back(*FromProto(a));
       }
+      LoadedProgram* loaded = prog.get();
       programs_[op.load().program_id()] = std::move(prog);
+      // Complete now, and never modified again: the compiler thread may
+      // read it from here on.
+      if (loaded->xla) CompileAhead(loaded);
       break;
     }
     case proto::WorkerOp::kExecute:
