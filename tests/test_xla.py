@@ -395,7 +395,7 @@ def test_killed_worker_fails_an_xla_data_parallel_step_and_the_rest_serves(tmp_p
         assert max_rel(out, jax.jit(heavy)(w, x)) <= 1e-5
 
 
-def test_static_arguments_and_decorator_form(cluster, client):
+def test_static_and_keyword_arguments_and_decorator_form(cluster, client):
     s = client.slice(1)
 
     @plexus.jit(slice=s, static_argnums=1)
@@ -416,3 +416,13 @@ def test_static_arguments_and_decorator_form(cluster, client):
         power(x, [3], np.float32(1.0))
     with pytest.raises(TypeError, match="needs the slice"):
         plexus.jit(lambda x: x)
+
+    # Keyword arguments are arguments too, as in jax.jit.
+    @plexus.jit(slice=s)
+    def affine(x, *, w, b):
+        return x @ w + b
+
+    w, b = rand(5, 2), rand(2)
+    assert max_rel(affine(x, w=w, b=b), x @ w + b) <= 1e-6
+    lowered = plexus.jit(lambda x, *, w, b: x @ w + b, s).lower(x, w=w, b=b)
+    assert max_rel(lowered(x, w=s.put(w), b=b), x @ w + b) <= 1e-6

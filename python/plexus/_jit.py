@@ -99,9 +99,10 @@ class Jitted:
     def slice(self):
         return self._slice
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         jax = _jax()
         static, args = self._split_static(args)
+        args = (args, kwargs)  # one pytree: positional, then keyword
         leaves, treedef = jax.tree_util.tree_flatten(args)
         fast_key = None
         if all(type(x) is Future for x in leaves):
@@ -123,12 +124,13 @@ class Jitted:
             self._by_futures[fast_key] = compiled
         return compiled._call_leaves(leaves)
 
-    def lower(self, *args):
+    def lower(self, *args, **kwargs):
         """The program for the signature of `args` (Specs, futures, arrays
         or jax.ShapeDtypeStructs, and the static values); calls with other
         shapes are refused. Its calls take the non-static arguments."""
         jax = _jax()
         static, args = self._split_static(args)
+        args = (args, kwargs)
         leaves, treedef = jax.tree_util.tree_flatten(
             args, is_leaf=lambda x: isinstance(x, Spec))
         return self._lower(treedef, self._leaf_specs(args, leaves, treedef),
@@ -160,10 +162,18 @@ class Jitted:
     # ------------------------------------------------------------ internals
 
     def _leaf_specs(self, args, leaves, treedef):
-        """(dtype name, shape, core sharding) per argument leaf."""
+        """(dtype name, shape, core sharding) per argument leaf; `args` is
+        (positional, keyword). in_shardings covers the positional ones, as
+        in jax.jit; keyword arrays passed by value are replicated."""
         jax = _jax()
-        shardings = _broadcast_prefix(jax, self._in_shardings, args, treedef,
-                                      "in_shardings")
+        positional, keyword = args
+        is_spec = lambda x: isinstance(x, Spec)  # noqa: E731
+        shardings = _broadcast_prefix(
+            jax, self._in_shardings, positional,
+            jax.tree_util.tree_structure(positional, is_leaf=is_spec),
+            "in_shardings")
+        shardings += [None] * len(jax.tree_util.tree_leaves(
+            keyword, is_leaf=is_spec))
         specs = []
         for i, (x, sh) in enumerate(zip(leaves, shardings)):
             if isinstance(x, Future):
@@ -287,8 +297,8 @@ class Jitted:
             return args
 
         def flat_fn(*leaves):
-            out = fn(*with_static(jax.tree_util.tree_unflatten(treedef,
-                                                                leaves)))
+            positional, keyword = jax.tree_util.tree_unflatten(treedef, leaves)
+            out = fn(*with_static(positional), **keyword)
             flat, tree = jax.tree_util.tree_flatten(out)
             out_tree.append(tree)
             return flat
@@ -364,9 +374,9 @@ class XlaProgram(Program):
         self._in_tree = in_tree
         self._out_tree = out_tree
 
-    def __call__(self, *args):
+    def __call__(self, *args, **kwargs):
         jax = _jax()
-        leaves, treedef = jax.tree_util.tree_flatten(args)
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
         if treedef != self._in_tree:
             raise _core.InvalidArgumentError(
                 f"program '{self.name}' was compiled for arguments "
