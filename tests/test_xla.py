@@ -293,6 +293,9 @@ def test_unsupported_dtypes_and_partial_inputs_are_refused(client):
     with pytest.raises(plexus.InvalidArgumentError,
                        match="output 0: dtype complex64"):
         plexus.jit(lambda x: x.astype(jnp.complex64), s)(rand(3))
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match="float64 future, but JAX computes it in float32"):
+        plexus.jit(lambda x: x + 1, s)(s.put(np.ones(3)))
     s2 = client.slice(2)
     part = plexus.jit(lambda x: x, s2, out_shardings=plexus.partial())(rand(3))
     with pytest.raises(plexus.InvalidArgumentError, match="not partial"):

@@ -177,8 +177,14 @@ class Jitted:
         specs = []
         for i, (x, sh) in enumerate(zip(leaves, shardings)):
             if isinstance(x, Future):
-                specs.append((str(np.dtype(x.dtype)), tuple(x.shape),
-                              x._f.sharding))
+                dtype = np.dtype(x.dtype)
+                if np.dtype(jax.dtypes.canonicalize_dtype(dtype)) != dtype:
+                    raise _core.InvalidArgumentError(
+                        f"program '{self._name}' argument {i} is a {dtype} "
+                        "future, but JAX computes it in "
+                        f"{np.dtype(jax.dtypes.canonicalize_dtype(dtype))} "
+                        "(enable jax_enable_x64, or make it in that dtype)")
+                specs.append((str(dtype), tuple(x.shape), x._f.sharding))
                 continue
             if isinstance(x, Spec):
                 shape, dtype, sh = x.shape, x.dtype, x.sharding
