@@ -206,3 +206,31 @@ def test_device_busy_time_counts_kernel_time(cluster, client):
     y.block_until_ready()
     cluster.wait_until(lambda st: busy_micros(st) - before >= 200_000,
                        what="the device's busy time to grow by the 200 ms it ran")
+
+
+def test_ring_all_reduce_over_four_hosts(tmp_path):
+    # Three workers or more and at least 256 KiB: the runtime's ring
+    # (reduce-scatter + all-gather) rather than every partial to everyone.
+    with plexus.local(hosts=4, devices_per_host=1,
+                      log_file=str(tmp_path / "cluster.log")) as c:
+        client = c.connect()
+        s = client.slice(4, placement="spread")
+        assert len({d["worker"] for d in s.devices}) == 4
+        n = 300_001  # 1.2 MB of float32, chunks of uneven length
+        rng = np.random.default_rng(3)
+        parts = rng.integers(-1000, 1000, size=(4, n)).astype(np.float32)
+        x = s.put(parts.reshape(-1), plexus.split(0))
+        # Each device's shard as an addend of one [n] vector.
+        partial = plexus.jit(lambda v: v, s, in_shardings=plexus.split(0),
+                             out_shardings=plexus.partial())
+        total = s.program("all_reduce", plexus.Spec((n,), "float32",
+                                                    plexus.partial()))
+        before = c.status(fresh=True)
+        got = np.asarray(total(partial(x)))
+        np.testing.assert_array_equal(got, parts.sum(0))
+        after = c.status(fresh=True)
+        sent = [a["stats"]["bytes_sent"] - b["stats"]["bytes_sent"]
+                for a, b in zip(after["workers"], before["workers"])]
+        # A ring moves 2 (P-1)/P of the value per worker (1.5x here); every
+        # partial to every other worker would be 3x.
+        assert all(1.49 * n * 4 < b < 1.51 * n * 4 for b in sent), sent

@@ -1,9 +1,15 @@
 // CallCollective: the rendezvous of one collective call on one worker. Every
 // local shard task of the call contributes; the last one sums the local
-// contributions (shard order), exchanges that partial sum with the other
-// workers of the call over the data plane, sums the partials in rank order
-// and wakes the others. Shared by the call's tasks (shared_ptr: the last
-// task to finish frees it). Thread-safe.
+// contributions (shard order), combines that partial sum with the other
+// workers' over the data plane and wakes the others:
+//  - two workers, or a small value: each sends its partial to every other
+//    and sums them all in rank order (one round trip);
+//  - three workers or more and at least ring_min_bytes: a ring all-reduce
+//    (reduce-scatter, then all-gather, P-1 steps each), so each worker sends
+//    and receives 2(P-1)/P of the value whatever P is. Each chunk is summed
+//    in a fixed ring order, so results are deterministic too.
+// Shared by the call's tasks (shared_ptr: the last task to finish frees
+// it). Thread-safe.
 #pragma once
 
 #include <functional>
@@ -29,8 +35,11 @@ class CallCollective {
 
   // `exchange_id`: the buffer id under which ranks' partials travel (shard =
   // rank). `my_rank` indexes `peers`.
+  static constexpr int64_t kRingMinBytes = 256 * 1024;
+
   CallCollective(uint64_t exchange_id, std::vector<Peer> peers, int my_rank,
-                 ObjectStore* store, SendFn send);
+                 ObjectStore* store, SendFn send,
+                 int64_t ring_min_bytes = kRingMinBytes);
 
   // Declares the partials expected from other workers (call before any
   // task runs).
@@ -47,6 +56,18 @@ class CallCollective {
 
  private:
   absl::Status ReduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every worker's partial to every other; result_ becomes the total.
+  absl::Status ExchangeAllLocked(DType dtype, int64_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The ring over result_ (this worker's partial) in place.
+  absl::Status RingLocked(DType dtype, int64_t n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ring step s (0 .. 2(P-1)-1): the chunk this worker sends, and the one
+  // it receives from the previous worker.
+  int SendChunk(int step) const;
+  int RecvChunk(int step) const;
+  // Chunk c of n elements: [ChunkBegin(c), ChunkBegin(c + 1)).
+  int64_t ChunkBegin(int c, int64_t n) const;
   // Counts an arrival; the last one reduces (or fails) and wakes the rest.
   void ArriveLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -55,11 +76,15 @@ class CallCollective {
   const int my_rank_;
   ObjectStore* const store_;
   const SendFn send_;
+  const int64_t ring_min_bytes_;
+  bool ring_ = false;                // set by ExpectPartials
+  std::vector<BufferKey> expected_;  // entries ExpectPartials declared
 
   absl::Mutex mu_;
   std::map<int, builtin::ConstTensor> inputs_ ABSL_GUARDED_BY(mu_);
   int arrived_ ABSL_GUARDED_BY(mu_) = 0;
   bool sent_ ABSL_GUARDED_BY(mu_) = false;  // our partial went to the peers
+  int ring_steps_sent_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status abort_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);

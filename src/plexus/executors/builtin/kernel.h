@@ -40,7 +40,8 @@ struct MutableTensor {
 // What the worker offers a collective kernel. Every shard of the call calls
 // AllReduceSum exactly once; it blocks until all shards of the call (on
 // every worker) have contributed, then writes the elementwise sum into
-// `out`. Shards are summed in shard order, so results are deterministic.
+// `out`. The summation order is fixed (shard order on a worker, then rank
+// order or ring order between workers), so results are deterministic.
 class Collectives {
  public:
   virtual ~Collectives() = default;
