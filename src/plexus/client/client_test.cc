@@ -6,36 +6,12 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "plexus/client/embedded_cluster.h"
+#include "plexus/client/cluster_fixture.h"
 
 namespace plexus {
 namespace {
 
-class ClientTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    EmbeddedClusterOptions options;
-    options.hosts = 2;
-    options.devices_per_host = 2;
-    auto cluster = EmbeddedCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-  void SetUp() override {
-    auto client = Client::Connect(cluster_->address());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
-  }
-
-  static EmbeddedCluster* cluster_;
-  std::unique_ptr<Client> client_;
-};
-
-EmbeddedCluster* ClientTest::cluster_ = nullptr;
+using ClientTest = EmbeddedClusterTest<2, 2>;
 
 TEST_F(ClientTest, SplitPutScaleAndFetchOverTwoHosts) {
   auto slice = client_->CreateSlice({.num_devices = 4});

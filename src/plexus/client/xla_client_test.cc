@@ -8,7 +8,7 @@
 
 #include "gtest/gtest.h"
 #include "plexus/client/client.h"
-#include "plexus/client/embedded_cluster.h"
+#include "plexus/client/cluster_fixture.h"
 
 namespace plexus {
 namespace {
@@ -30,26 +30,12 @@ module @square_add {
 // clients get theirs from jaxlib.
 const std::string kOneDevice("\x1a\x04\x20\x01\x28\x01", 6);
 
-class XlaClientTest : public ::testing::Test {
+class XlaClientTest : public EmbeddedClusterTest<2, 1> {
  protected:
   static void SetUpTestSuite() {
     // Workers inherit the server's environment.
     setenv("PLEXUS_PJRT_PLUGIN", PLEXUS_TEST_PJRT_PLUGIN, /*overwrite=*/1);
-    EmbeddedClusterOptions options;
-    options.hosts = 2;
-    options.devices_per_host = 1;
-    auto cluster = EmbeddedCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
-  }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-  void SetUp() override {
-    auto client = Client::Connect(cluster_->address());
-    ASSERT_TRUE(client.ok()) << client.status();
-    client_ = std::move(*client);
+    EmbeddedClusterTest::SetUpTestSuite();
   }
 
   proto::XlaProgram Program() {
@@ -62,12 +48,7 @@ class XlaClientTest : public ::testing::Test {
     island->set_compile_options(kOneDevice);
     return xla;
   }
-
-  static EmbeddedCluster* cluster_;
-  std::unique_ptr<Client> client_;
 };
-
-EmbeddedCluster* XlaClientTest::cluster_ = nullptr;
 
 TEST_F(XlaClientTest, EveryIslandRunsTheModuleOnItsShards) {
   auto slice = client_->CreateSlice({.num_devices = 2});
