@@ -331,6 +331,30 @@ def test_xla_scratch_memory_counts_against_the_device_budget(tmp_path):
         assert max_rel(prog(v), np.sort(np.outer(v, v).ravel())[:4]) <= 1e-6
 
 
+def test_a_clients_programs_and_executables_go_with_it(tmp_path):
+    with plexus.local(hosts=1, devices_per_host=1,
+                      log_file=str(tmp_path / "cluster.log")) as c:
+        def loaded():
+            st = c.status(fresh=True)["workers"][0]["stats"]
+            return int(st.get("programs_loaded", 0)), int(st["xla_compiles"])
+
+        def run_once():
+            client = c.connect()
+            s = client.slice(1)
+            np.asarray(plexus.jit(lambda x: jnp.exp(x) - 3, s)(rand(4)))
+            return client
+
+        client = run_once()
+        assert loaded() == (1, 1)
+        client.close()
+        c.wait_until(lambda st: int(st["workers"][0]["stats"].get(
+            "programs_loaded", 0)) == 0, what="the worker to unload")
+        # The executable went with the last program using it: the same
+        # module from a new client compiles again.
+        client = run_once()
+        assert loaded() == (1, 2)
+
+
 def test_missing_plugin_fails_calls_and_the_worker_keeps_serving(tmp_path):
     missing = str(tmp_path / "no_such_pjrt_plugin.so")
     with plexus.local(hosts=1, devices_per_host=1, pjrt_plugin=missing,

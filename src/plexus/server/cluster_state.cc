@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/executors/builtin/kernel.h"
+#include "plexus/store/object_store.h"  // ClientOfBuffer
 
 namespace plexus {
 
@@ -69,9 +70,12 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   }
   clients_.erase(id);
   // Every live worker: they may hold the client's buffers from slices it
-  // already released.
+  // already released, and its programs (which they unload).
   for (auto& [wid, w] : workers_) {
     if (w.alive) touched.insert(wid);
+    for (auto p = w.loaded_programs.begin(); p != w.loaded_programs.end();) {
+      p = ClientOfBuffer(*p) == id ? w.loaded_programs.erase(p) : std::next(p);
+    }
   }
   return touched;
 }

@@ -13,6 +13,8 @@ namespace plexus {
 struct WorkerImpl::CallContext {
   proto::Execute exec;
   LoadedProgram* program = nullptr;
+  // Keeps the program alive if it is unloaded (its client left) meanwhile.
+  std::shared_ptr<LoadedProgram> program_ref;
   std::unique_ptr<CallCollective> collective;  // collective kernels
   std::unique_ptr<IslandExecution> island;     // XLA programs
   std::atomic<int> tasks_left{0};

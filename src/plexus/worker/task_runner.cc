@@ -20,7 +20,10 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   call->exec.Swap(&incoming);  // no copy: the op is consumed
   const proto::Execute& exec = call->exec;
   auto pit = programs_.find(exec.program_id());
-  if (pit != programs_.end()) call->program = pit->second.get();
+  if (pit != programs_.end()) {
+    call->program_ref = pit->second;  // alive while the call runs
+    call->program = pit->second.get();
+  }
   call->tasks_left = exec.tasks_size();
   if (call->program && call->program->xla) {
     call->island = std::make_unique<IslandExecution>(exec.tasks_size());

@@ -158,6 +158,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   for (const auto& d : devices_) s.add_device_busy_micros(d->busy_micros());
   s.set_calls_executed(calls_executed_.load());
   s.set_calls_failed(calls_failed_.load());
+  s.set_programs_loaded(programs_loaded_.load());
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());
   s.set_xla_compile_micros(xla_->compile_micros());
@@ -185,11 +186,12 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       for (const auto& a : def.outputs()) {
         prog->outputs.push_back(*FromProto(a));
       }
-      LoadedProgram* loaded = prog.get();
-      programs_[op.load().program_id()] = std::move(prog);
+      std::shared_ptr<LoadedProgram> loaded = std::move(prog);
+      programs_[op.load().program_id()] = loaded;
+      programs_loaded_ = static_cast<int64_t>(programs_.size());
       // Complete now, and never modified again: the compiler thread may
       // read it from here on.
-      if (loaded->xla) CompileAhead(loaded);
+      if (loaded->xla) CompileAhead(std::move(loaded));
       break;
     }
     case proto::WorkerOp::kExecute:
@@ -229,9 +231,26 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       peers_[op.peer().worker_id()] = op.peer();
       break;
     }
-    case proto::WorkerOp::kClientGone:
-      store_->ReleaseClient(op.client_gone().client_id());
+    case proto::WorkerOp::kClientGone: {
+      const uint64_t client = op.client_gone().client_id();
+      store_->ReleaseClient(client);
+      // Its programs go too (their ids carry the client's, as buffer ids
+      // do); calls and compiles still running hold their own reference.
+      int64_t unloaded = 0;
+      for (auto it = programs_.begin(); it != programs_.end();) {
+        if (ClientOfBuffer(it->first) == client) {
+          programs_.erase(it++);
+          unloaded++;
+        } else {
+          ++it;
+        }
+      }
+      programs_loaded_ = static_cast<int64_t>(programs_.size());
+      if (unloaded > 0) {
+        SPDLOG_INFO("client {} gone: unloaded {} program(s)", client, unloaded);
+      }
       break;
+    }
     default:
       SPDLOG_WARN("ignoring unknown op {}", static_cast<int>(op.op_case()));
   }

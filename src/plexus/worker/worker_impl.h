@@ -86,7 +86,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // Ahead-of-time compiles (xla_task.cc): an XLA program loaded before its
   // first call compiles its islands on this worker on the compiler thread,
   // off the device threads; a call that comes first waits for it.
-  void CompileAhead(LoadedProgram* program);
+  void CompileAhead(std::shared_ptr<LoadedProgram> program);
   void CompilerLoop();
   void StopCompiler();
   absl::StatusOr<builtin::ConstTensor> BindInput(
@@ -113,9 +113,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   std::thread reader_;
   std::thread writer_;
 
-  // Programs are loaded and read by the reader thread only; tasks hold
-  // pointers into stable unique_ptrs.
-  absl::flat_hash_map<uint64_t, std::unique_ptr<LoadedProgram>> programs_;
+  // Programs are loaded, looked up and unloaded by the reader thread only;
+  // calls and compile jobs hold their own references.
+  absl::flat_hash_map<uint64_t, std::shared_ptr<LoadedProgram>> programs_;
+  std::atomic<int64_t> programs_loaded_{0};  // programs_.size(), for stats
 
   absl::Mutex peers_mu_;
   absl::flat_hash_map<int64_t, proto::PeerInfo> peers_
@@ -124,8 +125,8 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       ABSL_GUARDED_BY(peers_mu_);
 
   absl::Mutex compile_mu_;
-  std::deque<std::pair<LoadedProgram*, std::vector<int>>> compile_queue_
-      ABSL_GUARDED_BY(compile_mu_);
+  std::deque<std::pair<std::shared_ptr<LoadedProgram>, std::vector<int>>>
+      compile_queue_ ABSL_GUARDED_BY(compile_mu_);
   bool compile_stop_ ABSL_GUARDED_BY(compile_mu_) = false;
   std::thread compiler_;  // started by the first CompileAhead (reader thread)
 

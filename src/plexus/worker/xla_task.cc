@@ -66,7 +66,7 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
   return *exe;
 }
 
-void WorkerImpl::CompileAhead(LoadedProgram* program) {
+void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {
   absl::MutexLock lock(&compile_mu_);
   for (const auto& island : program->xla->islands()) {
     for (int64_t w : island.workers()) {
@@ -83,7 +83,7 @@ void WorkerImpl::CompileAhead(LoadedProgram* program) {
 
 void WorkerImpl::CompilerLoop() {
   while (true) {
-    std::pair<LoadedProgram*, std::vector<int>> job;
+    std::pair<std::shared_ptr<LoadedProgram>, std::vector<int>> job;
     {
       absl::MutexLock lock(&compile_mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(compile_mu_) {
@@ -94,7 +94,7 @@ void WorkerImpl::CompilerLoop() {
       job = std::move(compile_queue_.front());
       compile_queue_.pop_front();
     }
-    // Programs are never unloaded, so the pointer outlives the job. A
+    // The job holds the program even if its client leaves meanwhile. A
     // failure is cached; the first call reports it.
     auto exe = XlaExecutableFor(*job.first, job.second);
     if (!exe.ok()) {

@@ -2,7 +2,9 @@
 // on first use, so a worker without a plugin still serves built-in
 // kernels) and a content-addressed cache of compiled executables: a
 // StableHLO module is compiled once per device assignment, however many
-// programs or clients carry it.
+// programs or clients carry it. The cache does not keep executables alive:
+// the programs using one do, and when the last goes (its clients left) the
+// executable is freed; the module is compiled again if it comes back.
 //
 // Thread-safe.
 #pragma once
@@ -43,11 +45,13 @@ class XlaExecutor {
   struct Entry {
     std::string module;
     std::string options;
-    absl::Mutex mu;
+    absl::Mutex mu;  // held while compiling
     bool done ABSL_GUARDED_BY(mu) = false;
-    absl::StatusOr<std::shared_ptr<const PjrtExecutable>> result
-        ABSL_GUARDED_BY(mu);
+    absl::Status error ABSL_GUARDED_BY(mu);  // a failed compile, kept
+    std::weak_ptr<const PjrtExecutable> executable ABSL_GUARDED_BY(mu);
   };
+  // Drops entries whose executable is gone (cache_mu_ held).
+  void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
 
   const PjrtOptions options_;
   absl::Mutex load_mu_;
