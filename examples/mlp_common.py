@@ -114,3 +114,35 @@ class Kernels:
             return program(*args)
 
         return call
+
+
+def train_and_check(model, args):
+    """The examples' training loop: the dataset put once, batch by batch;
+    one graph per step with the loss printed every --log-every steps; then
+    test accuracy and one step checked against the numpy reference.
+    Returns (final loss, that step's max relative error)."""
+    import time
+    x, labels = make_dataset(args.train_examples, seed=args.seed)
+    x_test, labels_test = make_dataset(512, seed=args.seed + 1)
+    data = [model.put_batch(bx, bl)
+            for bx, bl in batches(x, labels, args.batch_size)]
+    params = model.put_params(init_params(args.seed))
+
+    t0 = time.perf_counter()
+    loss = None
+    for step in range(1, args.steps + 1):
+        loss, _, params = model.graph_step(params, *data[(step - 1) % len(data)])
+        if step % args.log_every == 0 or step in (1, args.steps):
+            print(f"step {step:4d}  loss {float(np.asarray(loss)):.4f}  "
+                  f"({time.perf_counter() - t0:.2f} s)", flush=True)
+    final_loss = float(np.asarray(loss))
+    elapsed = time.perf_counter() - t0
+    final = {n: np.asarray(params[n]) for n in PARAM_NAMES}
+    print(f"{args.steps} steps in {elapsed:.2f} s "
+          f"({elapsed / args.steps * 1e3:.1f} ms/step); "
+          f"test accuracy {accuracy(final, x_test, labels_test):.3f}")
+
+    err = check_against_numpy(model, final, x[:args.batch_size],
+                              labels[:args.batch_size])
+    print(f"one step matches the numpy reference: max relative error {err:.1e}")
+    return final_loss, err

@@ -12,13 +12,10 @@ waits for a step to finish except when it fetches a loss to print.
 """
 import argparse
 import sys
-import time
 
-import numpy as np
 
 import plexus
-from mlp_common import (PARAM_NAMES, Kernels, accuracy, batches,
-                        check_against_numpy, init_params, make_dataset)
+from mlp_common import PARAM_NAMES, Kernels, train_and_check
 
 LOSS_THRESHOLD = 0.3  # the final loss must be below this
 
@@ -81,32 +78,7 @@ def train(client, args):
         sys.exit(f"--batch-size {args.batch_size} must be a multiple of the "
                  f"{devices} devices")
     model = DataParallelMLP(client, s, args.lr)
-
-    x, labels = make_dataset(args.train_examples, seed=args.seed)
-    x_test, labels_test = make_dataset(512, seed=args.seed + 1)
-    # The whole training set goes to the devices once, batch by batch.
-    data = [model.put_batch(bx, bl)
-            for bx, bl in batches(x, labels, args.batch_size)]
-    params = model.put_params(init_params(args.seed))
-
-    t0 = time.perf_counter()
-    loss = None
-    for step in range(1, args.steps + 1):
-        loss, _, params = model.graph_step(params, *data[(step - 1) % len(data)])
-        if step % args.log_every == 0 or step in (1, args.steps):
-            print(f"step {step:4d}  loss {float(np.asarray(loss)):.4f}  "
-                  f"({time.perf_counter() - t0:.2f} s)", flush=True)
-    final_loss = float(np.asarray(loss))
-    elapsed = time.perf_counter() - t0
-    final = {n: np.asarray(params[n]) for n in PARAM_NAMES}
-    print(f"{args.steps} steps in {elapsed:.2f} s "
-          f"({elapsed / args.steps * 1e3:.1f} ms/step); "
-          f"test accuracy {accuracy(final, x_test, labels_test):.3f}")
-
-    err = check_against_numpy(model, final, x[:args.batch_size],
-                              labels[:args.batch_size])
-    print(f"one step matches the numpy reference: max relative error {err:.1e}")
-    return final_loss, err
+    return train_and_check(model, args)
 
 
 def main(argv=None):

@@ -258,8 +258,7 @@ class Jitted:
                 assignments[d] = (opts.SerializeAsString(), [], module)
             assignments[d][1].append(worker)
         core = self._slice._client._core.compile_xla(
-            self._slice._s, self._name, modules[first_k], first_k,
-            self._platform,
+            self._slice._s, self._name, modules[first_k], self._platform,
             [(list(d), o, w, m) for d, (o, w, m) in assignments.items()],
             [(np.dtype(dt), sh, s) for dt, sh, s in specs],
             [(np.dtype(dt), sh, s) for dt, sh, s in outputs])

@@ -41,7 +41,6 @@ class XlaClientTest : public EmbeddedClusterTest<2, 1> {
   proto::XlaProgram Program() {
     proto::XlaProgram xla;
     xla.set_module(kModule);
-    xla.set_partitions(1);
     xla.set_platform("cpu");
     proto::XlaIsland* island = xla.add_islands();
     island->add_devices(0);

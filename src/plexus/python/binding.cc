@@ -290,12 +290,11 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("compile_xla",
            [](Client& c, std::shared_ptr<Slice> slice, const std::string& name,
-              const py::bytes& module, int partitions,
-              const std::string& platform, const py::list& islands,
-              const py::sequence& inputs, const py::sequence& outputs) {
+              const py::bytes& module, const std::string& platform,
+              const py::list& islands, const py::sequence& inputs,
+              const py::sequence& outputs) {
              proto::XlaProgram xla;
              xla.set_module(module.cast<std::string>());
-             xla.set_partitions(partitions);
              xla.set_platform(platform);
              for (auto item : islands) {
                auto t = item.cast<py::tuple>();

@@ -164,9 +164,7 @@ absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
             " per device, the program declared ", want.ToString()));
       }
     }
-    auto runtime = xla_->Runtime();
-    if (!runtime.ok()) return runtime.status();
-    return (*runtime)->Execute(**exe, inputs, outs);
+    return (*exe)->runtime().Execute(**exe, inputs, outs);
   };
   absl::Status s =
       call.island->Arrive(task_index, ctx.inputs, std::move(outputs), run);

@@ -37,6 +37,8 @@ class PjrtExecutable {
   PjrtExecutable& operator=(const PjrtExecutable&) = delete;
 
   int num_partitions() const { return static_cast<int>(devices_.size()); }
+  // The runtime that compiled it, which runs it (PjrtRuntime::Execute).
+  const PjrtRuntime& runtime() const { return *runtime_; }
   // The per-partition output specs, as XLA compiled them.
   const std::vector<TensorSpec>& outputs() const { return outputs_; }
   // Scratch memory one execution needs on each device, beyond its
