@@ -31,7 +31,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -488,15 +487,7 @@ int Main(int argc, char** argv) {
   json["busy_wait_shortest_micros_over_90_percent"] =
       shortest ? nlohmann::json(*shortest) : nlohmann::json(nullptr);
   json["seconds"] = elapsed;
-  if (!flags.json_path.empty()) {
-    std::ofstream out(flags.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "cannot write %s\n", flags.json_path.c_str());
-      return 1;
-    }
-    std::printf("figures written to %s\n", flags.json_path.c_str());
-  }
+  if (!WriteJson(flags.json_path, json)) return 1;
   return 0;
 }
 

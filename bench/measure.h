@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -73,6 +75,20 @@ inline std::string SizeName(int64_t bytes) {
     return absl::StrFormat("%d KiB", bytes >> 10);
   }
   return absl::StrFormat("%d B", bytes);
+}
+
+// Writes `json` to `path` (nothing when empty) and says where; false if it
+// could not be written.
+inline bool WriteJson(const std::string& path, const nlohmann::json& json) {
+  if (path.empty()) return true;
+  std::ofstream out(path);
+  out << json.dump(2) << "\n";
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::printf("figures written to %s\n", path.c_str());
+  return true;
 }
 
 }  // namespace plexus::bench

@@ -18,7 +18,6 @@
 
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -412,15 +411,7 @@ int Main(int argc, char** argv) {
   const double elapsed = NowSeconds() - started;
   std::printf("(total %.1f s)\n", elapsed);
   json["seconds"] = elapsed;
-  if (!flags.json_path.empty()) {
-    std::ofstream out(flags.json_path);
-    out << json.dump(2) << "\n";
-    if (!out) {
-      std::fprintf(stderr, "cannot write %s\n", flags.json_path.c_str());
-      return 1;
-    }
-    std::printf("figures written to %s\n", flags.json_path.c_str());
-  }
+  if (!WriteJson(flags.json_path, json)) return 1;
   return accounted ? 0 : 2;
 }
 
