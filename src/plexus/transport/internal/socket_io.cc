@@ -246,16 +246,28 @@ absl::StatusOr<UniqueFd> ListenTcp(const std::string& host,
   return last;
 }
 
-absl::StatusOr<UniqueFd> ListenUnix(const std::string& name) {
-  sockaddr_un addr;
-  absl::StatusOr<socklen_t> len = AbstractAddress(name, &addr);
-  if (!len.ok()) return len.status();
+namespace {
+// A unix stream socket and the abstract address `name`.
+absl::StatusOr<UniqueFd> UnixSocket(const std::string& name, sockaddr_un* addr,
+                                    socklen_t* len) {
+  absl::StatusOr<socklen_t> l = AbstractAddress(name, addr);
+  if (!l.ok()) return l.status();
+  *len = *l;
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return IoError("socket(AF_UNIX)", errno);
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), *len) != 0) {
+  return fd;
+}
+}  // namespace
+
+absl::StatusOr<UniqueFd> ListenUnix(const std::string& name) {
+  sockaddr_un addr;
+  socklen_t len;
+  absl::StatusOr<UniqueFd> fd = UnixSocket(name, &addr, &len);
+  if (!fd.ok()) return fd.status();
+  if (bind(fd->get(), reinterpret_cast<sockaddr*>(&addr), len) != 0) {
     return IoError(absl::StrCat("bind unix '@", name, "'"), errno);
   }
-  if (listen(fd.get(), SOMAXCONN) != 0) return IoError("listen", errno);
+  if (listen(fd->get(), SOMAXCONN) != 0) return IoError("listen", errno);
   return fd;
 }
 
@@ -309,11 +321,10 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address) {
 
 absl::StatusOr<UniqueFd> ConnectUnix(const std::string& name) {
   sockaddr_un addr;
-  absl::StatusOr<socklen_t> len = AbstractAddress(name, &addr);
-  if (!len.ok()) return len.status();
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return IoError("socket(AF_UNIX)", errno);
-  if (ConnectRetrying(fd.get(), reinterpret_cast<sockaddr*>(&addr), *len) !=
+  socklen_t len;
+  absl::StatusOr<UniqueFd> fd = UnixSocket(name, &addr, &len);
+  if (!fd.ok()) return fd.status();
+  if (ConnectRetrying(fd->get(), reinterpret_cast<sockaddr*>(&addr), len) !=
       0) {
     return IoError(absl::StrCat("connect unix '@", name, "'"), errno);
   }
