@@ -10,7 +10,8 @@ JOBS ?= $(shell nproc)
 export PLEXUS_BIN_DIR := $(CURDIR)/$(BUILD)/bin
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all setup build test lint test-cpp test-python test-install demo bench install clean
+.PHONY: all setup build test lint test-cpp test-python test-install demo bench install clean \
+  fuzz-build fuzz-corpus fuzz-smoke
 
 all: build
 
@@ -27,6 +28,8 @@ build: setup $(BUILD)/build.ninja
 
 test: build
 	@$(MAKE) --no-print-directory lint test-cpp test-python
+	@start=$$(date +%s); $(MAKE) --no-print-directory fuzz-smoke; rc=$$?; \
+	  echo "[fuzz-smoke] wall time $$(( $$(date +%s) - start )) s"; exit $$rc
 
 # Google style (.clang-format) on every C++ file; fails on any difference.
 lint:
@@ -40,6 +43,37 @@ test-cpp:
 test-python:
 	@echo "[test] integration tests: real server and worker processes on loopback"
 	$(PYTHON) -m pytest -q tests
+
+# Fuzz targets (fuzz/, docs/RELIABILITY.md "Fuzzing"): clang, libFuzzer,
+# ASan + UBSan, in their own build folder. fuzz-smoke runs each for
+# FUZZ_SECONDS from the seed corpus and fails on any crash or hang, and on a
+# seed corpus older than the formats it encodes; bench/fuzz.sh runs longer.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS := data_plane_fuzz client_batch_fuzz worker_batch_fuzz \
+  worker_ops_fuzz compile_options_fuzz
+
+$(FUZZ_BUILD)/build.ninja: CMakeLists.txt fuzz/CMakeLists.txt
+	@echo "[fuzz] configuring $(FUZZ_BUILD)/"
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+	  -DPLEXUS_BUILD_FUZZ=ON -DPLEXUS_BUILD_TESTS=OFF -DPLEXUS_BUILD_PYTHON=OFF \
+	  -DPLEXUS_BUILD_BENCH=OFF -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
+
+fuzz-build: setup $(FUZZ_BUILD)/build.ninja
+	ninja -C $(FUZZ_BUILD) -j$(JOBS) $(FUZZ_TARGETS) plexus_fuzz_corpus
+
+# Rewrites fuzz/corpus/*/seed-* from the current formats (regress-* stay).
+fuzz-corpus: fuzz-build
+	rm -f fuzz/corpus/*/seed-*
+	$(FUZZ_BUILD)/bin/plexus_fuzz_corpus fuzz/corpus
+
+fuzz-smoke: fuzz-build
+	@rm -rf $(FUZZ_BUILD)/seeds $(FUZZ_BUILD)/smoke
+	@$(FUZZ_BUILD)/bin/plexus_fuzz_corpus $(FUZZ_BUILD)/seeds
+	@for t in $(FUZZ_TARGETS); do \
+	  diff -rq $(FUZZ_BUILD)/seeds/$$t fuzz/corpus/$$t -x 'regress-*' >/dev/null || { \
+	    echo "[fuzz] fuzz/corpus/$$t is stale: run make fuzz-corpus"; exit 1; }; done
+	bash fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_BUILD)/smoke $(FUZZ_TARGETS)
 
 demo: build
 	$(PYTHON) examples/mlp_data_parallel.py

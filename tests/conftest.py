@@ -1,5 +1,8 @@
 """Shared fixtures: real embedded clusters (a server process and worker
-processes on loopback), started once per module where tests only read."""
+processes on loopback), started once per module where tests only read.
+
+With CI=true a test that skips fails instead (see pytest_runtest_makereport)."""
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -7,10 +10,46 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "python"))
+# The package under test: the one on PYTHONPATH if there is one (the ASan
+# stage puts build-asan/python there, whose extension is instrumented),
+# else the source tree's.
+if importlib.util.find_spec("plexus") is None:
+    sys.path.insert(0, str(ROOT / "python"))
 os.environ.setdefault("PLEXUS_BIN_DIR", str(ROOT / "build" / "bin"))
 
 import plexus  # noqa: E402
+
+# PYTHONPATH for a Python subprocess (an example, the CLI): the package and
+# extension this test process runs.
+PLEXUS_PYTHONPATH = str(Path(plexus.__file__).parent.parent)
+
+CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def _fail_skip_under_ci(report):
+    # CI has every capability the suite needs (packages, root for network
+    # namespaces, ...): a test that skips there for a missing one would
+    # hide that it never ran. Expected failures (xfail) are not skips.
+    if not (CI and report.skipped) or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    report.outcome = "failed"
+    report.longrepr = ("CI=true: a test may not skip; it skipped with "
+                       f"{reason.removeprefix('Skipped: ')!r}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_skip_under_ci(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    # A whole module skipped at import (pytest.importorskip) fails too.
+    outcome = yield
+    _fail_skip_under_ci(outcome.get_result())
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import plexus
-from conftest import ROOT
+from conftest import PLEXUS_PYTHONPATH, ROOT
 from plexus._process import wait_for_exit
 
 
@@ -38,9 +38,49 @@ def test_context_manager_leaves_no_process_behind_even_on_error(tmp_path):
     assert not any(alive(p) for p in pids)
 
 
+def test_every_process_exits_cleanly_at_shutdown(tmp_path):
+    # Regression: every worker used to segfault at shutdown (its signal
+    # thread called into the worker after main had destroyed it), and
+    # nothing noticed. down() now raises if the server or any worker exits
+    # non-zero or on a signal.
+    cluster = plexus.local(hosts=3, devices_per_host=1,
+                           log_file=str(tmp_path / "log"))
+    try:
+        pids = cluster.worker_pids() + [cluster.process.pid]
+        client = cluster.connect()
+        s = client.slice(3, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        total = s.program("all_reduce", plexus.Spec((), "float32",
+                                                    plexus.partial()))
+        assert float(np.asarray(total(s.program("reduce_sum", x)(x)))) == 15
+    except BaseException:
+        cluster._stop(timeout=10)
+        raise
+    cluster.down()  # raises ClusterExitError on any unclean exit
+    assert not any(alive(p) for p in pids)
+
+
+def test_a_worker_crash_before_shutdown_makes_down_raise(tmp_path):
+    cluster = plexus.local(hosts=2, devices_per_host=1,
+                           log_file=str(tmp_path / "log"))
+    victim = next(w for w in cluster.status()["workers"]
+                  if w["host_name"] == "host1")
+    os.kill(victim["pid"], signal.SIGSEGV)
+    assert wait_for_exit([victim["pid"]], timeout=10) == []
+    with pytest.raises(plexus.ClusterExitError) as e:
+        cluster.down()
+    message = str(e.value)
+    assert f"worker host1 (pid {victim['pid']})" in message, message
+    assert "signal 11 (SIGSEGV)" in message, message
+    assert "plexus-server" in message and "code 3" in message, message
+    assert "host0" not in message, message  # the other worker was fine
+
+
 def test_killed_worker_fails_dependent_futures_within_5s(tmp_path):
-    with plexus.local(hosts=2, devices_per_host=1, log_level="info",
-                      log_file=str(tmp_path / "log")) as cluster:
+    # The SIGKILLed worker is reported again when the cluster goes down.
+    with pytest.raises(plexus.ClusterExitError, match=r"host1 .*SIGKILL"), \
+            plexus.local(hosts=2, devices_per_host=1, log_level="info",
+                         log_file=str(tmp_path / "log")) as cluster:
         client = cluster.connect()
         s = client.slice(2, placement="spread")
         x = s.put(np.zeros(2, np.float32), plexus.P("devices"))
@@ -106,7 +146,7 @@ def test_64mib_moves_worker_to_worker_not_through_client_or_server(tmp_path):
 
 def test_cli_up_status_down(tmp_path):
     env = dict(os.environ, PLEXUS_STATE_DIR=str(tmp_path),
-               PYTHONPATH=str(ROOT / "python"))
+               PYTHONPATH=PLEXUS_PYTHONPATH)
     run = lambda *args: subprocess.run(  # noqa: E731
         [sys.executable, "-m", "plexus", *args], env=env, capture_output=True,
         text=True, timeout=60)

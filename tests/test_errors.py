@@ -1,4 +1,7 @@
 """Bad input gets a clear error naming what is wrong, and nothing dies."""
+import os
+import signal
+
 import numpy as np
 import pytest
 
@@ -71,8 +74,40 @@ def test_slice_larger_than_the_cluster(client):
 
 
 def test_mesh_shape_must_match_the_slice(client):
-    with pytest.raises(plexus.ResourceExhaustedError, match=r"mesh shape \[3\] holds 3 devices"):
+    # Bad input, not a lack of devices: the server's code reaches Python.
+    with pytest.raises(plexus.InvalidArgumentError, match=r"mesh shape \[3\] holds 3 devices"):
         client.slice(2, mesh=(3,))
+
+
+@pytest.mark.parametrize("n", [0, -3])
+def test_slice_of_no_devices_is_invalid(client, n):
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=f"at least 1 device, asked for {n}"):
+        client.slice(n)
+
+
+def test_a_slice_that_lost_a_host_is_unavailable(tmp_path):
+    # The server refuses calls on a slice whose worker died with UNAVAILABLE;
+    # the code travels with the error to the client (and to the workers that
+    # hold the call's outputs), so Python raises UnavailableError.
+    with plexus.local(hosts=2, devices_per_host=1, log_level="info",
+                      log_file=str(tmp_path / "log")) as cluster:
+        client = cluster.connect()
+        s = client.slice(2, placement="spread")
+        ones = s.program("fill", shape=[4], value=1.0, name="ones")
+        np.testing.assert_array_equal(np.asarray(ones()), np.ones(4))
+        # Kill the host that does not hold shard 0, which a fetch of this
+        # replicated value reads: the fetch reaches a live worker.
+        lost = s.devices[1]["host"]
+        assert lost != s.devices[0]["host"]
+        victim = next(w for w in cluster.status()["workers"]
+                      if w["host_name"] == lost)
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        cluster.wait_until(lambda st: any(not w["alive"] for w in st["workers"]),
+                           what="the server to mark the worker down")
+        with pytest.raises(plexus.UnavailableError,
+                           match=r"program 'ones': slice \d+ lost a host"):
+            np.asarray(ones())
 
 
 def test_buffer_that_can_never_fit_is_refused(tmp_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import plexus
+from conftest import PLEXUS_PYTHONPATH
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -27,7 +28,7 @@ CHECK = re.compile(r"max relative error ([0-9.e+-]+)")
 def run_example(script, *args, timeout=120):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [PLEXUS_PYTHONPATH] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     proc = subprocess.run([sys.executable, str(EXAMPLES / script), *args],
                           cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)

@@ -13,6 +13,7 @@ import pytest
 
 import plexus
 import plexus.rl
+from conftest import PLEXUS_PYTHONPATH
 from plexus.rl import sampler_weights_step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,7 +200,7 @@ def test_bad_arguments():
 def test_example_runs_and_learns():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT / "python")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        [PLEXUS_PYTHONPATH] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "rl_loop.py"), "--steps", "60",
          "--sync-every", "2"], cwd=ROOT, env=env, capture_output=True,

@@ -380,8 +380,10 @@ def test_killed_worker_fails_an_xla_data_parallel_step_and_the_rest_serves(tmp_p
     import os
     import signal
     import time
-    with plexus.local(hosts=2, devices_per_host=2, log_level="info",
-                      log_file=str(tmp_path / "cluster.log")) as c:
+    # The SIGKILLed worker is reported again when the cluster goes down.
+    with pytest.raises(plexus.ClusterExitError, match=r"host1 .*SIGKILL"), \
+            plexus.local(hosts=2, devices_per_host=2, log_level="info",
+                         log_file=str(tmp_path / "cluster.log")) as c:
         client = c.connect()
         s = client.slice(4, placement="spread")
         x, w = rand(64, 64), rand(64, 64) / 8

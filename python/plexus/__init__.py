@@ -12,12 +12,12 @@ from ._core import (InvalidArgumentError, NotFoundError, PlexusError,
                     ResourceExhaustedError, UnavailableError)
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec, connect,
                    partial, replicated, split, status)
-from ._cluster import LocalCluster, local
+from ._cluster import ClusterExitError, LocalCluster, local
 from ._jit import jit
 from . import pipeline, rl  # noqa: E402 - libraries over the API above
 
 __all__ = [
-    "Client", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
+    "Client", "ClusterExitError", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
     "Spec", "connect", "jit", "local", "partial", "replicated", "split", "status",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
     "ResourceExhaustedError", "UnavailableError", "pipeline", "rl",

@@ -9,6 +9,22 @@ from . import _core
 from ._binaries import bin_dir, default_pjrt_plugin
 
 
+class ClusterExitError(RuntimeError):
+    """A process of an embedded cluster did not exit cleanly at `down()`:
+    the server exited non-zero or on a signal, or a worker did (the server
+    reports each by name). A crash at shutdown is a bug, never noise."""
+
+
+def _describe_exit(returncode):
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "?"
+        return f"was killed by signal {-returncode} ({name})"
+    return f"exited with code {returncode}"
+
+
 class LocalCluster:
     """A whole Plexus cluster on this machine: one server process that starts
     `hosts` worker processes, each with `devices_per_host` CPU devices.
@@ -44,6 +60,9 @@ class LocalCluster:
         self.address = None
         self.process = None
         self._clients = []
+        # The read end of the server's --ready-fd pipe: its address once
+        # ready, then at exit one line per worker that did not exit cleanly.
+        self._ready_fd = None
 
     # ------------------------------------------------------------------
     def start(self, timeout=30.0):
@@ -75,15 +94,13 @@ class LocalCluster:
             os.close(write_end)
             if log:
                 log.close()
-        try:
-            # The server closes its end once ready, or by exiting.
-            ready, _, _ = select.select([read_end], [], [], timeout)
-            line = os.read(read_end, 256).decode().strip() if ready else None
-        finally:
-            os.close(read_end)
+        self._ready_fd = read_end  # down() reads the rest
+        # The server writes its address once ready; end-of-file if it exits.
+        ready, _, _ = select.select([read_end], [], [], timeout)
+        line = os.read(read_end, 256).decode().strip() if ready else None
         if not line:
             code = self.process.poll()
-            self.down()
+            self._stop(timeout=10.0)
             if line is None:
                 raise TimeoutError(f"timed out after {timeout:.0f} s waiting for "
                                    f"the server and {self.hosts} workers")
@@ -126,12 +143,23 @@ class LocalCluster:
         return client
 
     def down(self, timeout=10.0):
-        """Stops the server and its workers, and reaps them."""
+        """Stops the server and its workers, and reaps them. Raises
+        ClusterExitError naming every process (server or worker) that did not
+        exit cleanly: a crash, a signal, or a non-zero exit code."""
+        problems = self._stop(timeout)
+        if problems:
+            raise ClusterExitError(
+                "the embedded cluster did not shut down cleanly:\n  " +
+                "\n  ".join(problems))
+
+    def _stop(self, timeout):
+        """down() without the check: returns what did not exit cleanly."""
         for c in self._clients:
             c.close()
         self._clients.clear()
         if self.process is None:
-            return
+            return []
+        problems = []
         if self.process.poll() is None:
             try:
                 _core.shutdown_server(self.address)
@@ -142,20 +170,55 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+                problems.append(f"plexus-server (pid {self.process.pid}) did "
+                                f"not stop within {timeout:g} s and was killed")
         # Anything left in the session (workers are in it) goes too.
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        if not problems and self.process.returncode != 0:
+            problems.append(f"plexus-server (pid {self.process.pid}) "
+                            f"{_describe_exit(self.process.returncode)}")
+        problems += self._read_exit_report()
         self.process = None
+        return problems
+
+    def _read_exit_report(self):
+        """The lines the server wrote on its ready pipe after the address:
+        one per worker that did not exit cleanly. The server has exited, so
+        the pipe ends (bounded wait all the same)."""
+        if self._ready_fd is None:
+            return []
+        data = b""
+        try:
+            while True:
+                ready, _, _ = select.select([self._ready_fd], [], [], 5.0)
+                chunk = os.read(self._ready_fd, 4096) if ready else b""
+                if not chunk:
+                    break
+                data += chunk
+        finally:
+            os.close(self._ready_fd)
+            self._ready_fd = None
+        lines = data.decode(errors="replace").splitlines()
+        if self.address and lines and lines[0].strip() == self.address:
+            lines = lines[1:]  # start() may not have read it (a timeout)
+        return [ln.strip() for ln in lines if ln.strip()]
 
     def __enter__(self):
         if self.process is None:
             self.start()
         return self
 
-    def __exit__(self, *exc):
-        self.down()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            self.down()
+        except ClusterExitError as e:
+            if exc is None:
+                raise
+            # The body's own error stays the one raised; this one rides on it.
+            exc.add_note(str(e))
         return False
 
     def __repr__(self):

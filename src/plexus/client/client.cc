@@ -20,11 +20,34 @@ int Slice::num_hosts() const {
 Slice::~Slice() { Close(); }
 
 void Slice::Close() {
-  if (core_) core_->ReleaseSlice(id());
-  core_.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    if (holds_ > 0) return;  // the last Unhold() releases it
+  }
+  core_->ReleaseSlice(id());
 }
 
-bool Slice::closed() const { return core_ == nullptr; }
+bool Slice::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+bool Slice::Hold() {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return false;
+  holds_++;
+  return true;
+}
+
+void Slice::Unhold() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (--holds_ > 0 || !closed_) return;
+  }
+  core_->ReleaseSlice(id());  // closed during the hold
+}
 
 // ---------------------------------------------------------------- Future
 
@@ -36,14 +59,40 @@ const std::shared_ptr<Slice>& Future::slice() const { return handle_->slice(); }
 
 namespace {
 
+// The slices a call uses, held open (Slice::Hold) until its op is queued,
+// so that a slice closed meanwhile is released after the call, not before.
+class SliceHolds {
+ public:
+  SliceHolds() = default;
+  SliceHolds(const SliceHolds&) = delete;
+  SliceHolds& operator=(const SliceHolds&) = delete;
+  ~SliceHolds() {
+    for (Slice* slice : held_) slice->Unhold();
+  }
+  // False if `slice` is closed.
+  bool Hold(Slice* slice) {
+    for (Slice* held : held_) {
+      if (held == slice) return true;
+    }
+    if (!slice->Hold()) return false;
+    held_.push_back(slice);
+    return true;
+  }
+
+ private:
+  std::vector<Slice*> held_;  // borrowed: the program and inputs own them
+};
+
 // Validates a call and fills `op`; the futures it returns are valid even
 // when `op` is not sent (an input already failed: the outputs fail too).
+// `holds` keeps the slices open; the caller queues `op` before dropping it.
 absl::StatusOr<std::vector<Future>> BuildCall(
     const std::shared_ptr<ClientCore>& core, const Program& program,
-    const std::vector<Future>& inputs, std::vector<proto::ClientOp>* ops) {
+    const std::vector<Future>& inputs, SliceHolds* holds,
+    std::vector<proto::ClientOp>* ops) {
   // Error context, built only when an error needs it (every call runs this).
   auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
-  if (program.slice()->closed()) {
+  if (!holds->Hold(program.slice().get())) {
     return absl::FailedPreconditionError(
         absl::StrCat(what(), ": its slice was closed"));
   }
@@ -65,7 +114,7 @@ absl::StatusOr<std::vector<Future>> BuildCall(
           absl::StrCat(what(), " argument ", i, " has ", got.ToString(),
                        " but the program was compiled for ", want.ToString()));
     }
-    if (inputs[i].slice()->closed()) {
+    if (!holds->Hold(inputs[i].slice().get())) {
       return absl::FailedPreconditionError(absl::StrCat(
           what(), " argument ", i, " lives on a slice that was closed"));
     }
@@ -102,7 +151,8 @@ absl::StatusOr<std::vector<Future>> BuildCall(
 absl::StatusOr<std::vector<Future>> Graph::Call(
     const Program& program, const std::vector<Future>& inputs) {
   const size_t before = ops_.size();
-  auto outputs = BuildCall(core_, program, inputs, &ops_);
+  SliceHolds holds;  // recorded only: Submit may still find a slice closed
+  auto outputs = BuildCall(core_, program, inputs, &holds, &ops_);
   if (ops_.size() > before) op_inputs_.push_back(inputs);
   if (outputs.ok()) {
     keep_.insert(keep_.end(), inputs.begin(), inputs.end());
@@ -283,8 +333,9 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
 
 absl::StatusOr<std::vector<Future>> Client::Call(
     const Program& program, const std::vector<Future>& inputs) {
+  SliceHolds holds;  // declared first: dropped after the op is queued
   std::vector<proto::ClientOp> ops;
-  auto outputs = BuildCall(core_, program, inputs, &ops);
+  auto outputs = BuildCall(core_, program, inputs, &holds, &ops);
   if (outputs.ok() && !ops.empty()) {
     if (core_->options().sequential_dispatch) core_->AwaitInputs(inputs);
     core_->Enqueue(std::move(ops));

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
 
@@ -34,6 +35,9 @@ struct SliceOptions {
 };
 
 // A set of virtual devices granted by the server, with a mesh shape.
+// Thread-safe: Close() may race calls on the slice from other threads; each
+// such call either fails with FailedPrecondition ("... slice was closed")
+// or reaches the server before the slice's release (and computes).
 class Slice {
  public:
   uint64_t id() const { return info_.slice_id(); }
@@ -42,9 +46,16 @@ class Slice {
   // Distinct hosts the slice spans.
   int num_hosts() const;
   // Returns the slice to the server. Futures on it stay readable until
-  // released; new calls on it fail.
+  // released; new calls on it fail. Never blocks: a call still being
+  // queued sends the release after its own op.
   void Close();
   bool closed() const;
+
+  // Internal. A call (or put) holds the slice from its closed() check until
+  // its op is queued; Close() during a hold queues the release at the last
+  // Unhold(). Hold() is false (and holds nothing) once the slice is closed.
+  bool Hold();
+  void Unhold();
 
   // Internal.
   Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info)
@@ -52,8 +63,12 @@ class Slice {
   ~Slice();
 
  private:
-  std::shared_ptr<ClientCore> core_;
-  proto::SliceInfo info_;
+  const std::shared_ptr<ClientCore> core_;
+  const proto::SliceInfo info_;
+
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A program compiled for a slice: static input and output specs.

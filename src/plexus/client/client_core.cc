@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
+#include "plexus/common/status_proto.h"
 
 namespace plexus {
 namespace {
@@ -51,11 +52,22 @@ bool ClientCore::closed() const {
   return closed_;
 }
 
+absl::Status ClientCore::CheckOpen() const {
+  absl::MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("client ", client_id_, " is closed"));
+  }
+  return absl::OkStatus();
+}
+
 void ClientCore::Close() {
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    // Fetches and waits in other threads end now, with "closed".
+    for (auto& [conn, worker] : in_use_) conn->Shutdown();
   }
   // The sender flushes what is queued, then half-closes the stream; the
   // server frees the client's slices and buffers when the stream ends.
@@ -125,14 +137,20 @@ void ClientCore::ReaderLoop() {
     absl::MutexLock lock(&mu_);
     for (const auto& r : msg.slices()) slice_replies_[r.request_id()] = r;
     for (const auto& e : msg.errors()) {
-      absl::Status s = absl::InvalidArgumentError(e.message());
+      absl::Status s = StatusFromProto(e.status());
       for (uint64_t id : e.output_ids()) failed_[id] = s;
       if (e.output_ids_size() == 0) {
-        SPDLOG_WARN("server: {}", e.message());
+        SPDLOG_WARN("server: {}", s.ToString());
       }
     }
     for (const auto& d : msg.workers_down()) {
-      workers_down_[d.worker_id()] = absl::UnavailableError(d.message());
+      workers_down_[d.worker_id()] = StatusFromProto(d.status());
+      // A worker that is down (or stopped) will not answer: wake whoever
+      // waits on it; they find it in workers_down_ and say so.
+      pool_.erase(d.worker_id());
+      for (auto& [conn, worker] : in_use_) {
+        if (worker == d.worker_id()) conn->Shutdown();
+      }
     }
   }
   absl::MutexLock lock(&mu_);
@@ -164,8 +182,9 @@ absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
   }
   proto::SliceReply reply = std::move(it->second);
   slice_replies_.erase(it);
-  if (!reply.error().empty()) {
-    return absl::ResourceExhaustedError(reply.error());
+  if (reply.has_error()) {
+    absl::Status refused = StatusFromProto(reply.error());
+    if (!refused.ok()) return refused;
   }
   return reply.slice();
 }
@@ -215,26 +234,49 @@ bool ClientCore::SameMachine(const proto::SliceDevice& device) const {
 
 absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>>
 ClientCore::Checkout(const proto::SliceDevice& device) {
+  const int64_t worker = device.worker_id();
   {
     absl::MutexLock lock(&mu_);
-    auto it = pool_.find(device.worker_id());
+    auto it = pool_.find(worker);
     if (it != pool_.end() && !it->second.empty()) {
       auto conn = std::move(it->second.back());
       it->second.pop_back();
+      in_use_[conn.get()] = worker;
       return conn;
     }
   }
-  return transport::DataPlaneConnection::Connect(
+  auto conn = transport::DataPlaneConnection::Connect(
       device.data_address(), SameMachine(device) ? device.unix_path() : "",
       &data_counters_);
+  if (!conn.ok()) return conn;
+  absl::MutexLock lock(&mu_);
+  // Checked under the lock that the reader takes to wake connections: a
+  // worker reported down meanwhile, or a close, is seen here or wakes this.
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("client ", client_id_, " is closed"));
+  }
+  if (auto down = workers_down_.find(worker); down != workers_down_.end()) {
+    return down->second;
+  }
+  in_use_[conn->get()] = worker;
+  return conn;
 }
 
 void ClientCore::Checkin(int64_t worker_id,
                          std::unique_ptr<transport::DataPlaneConnection> conn) {
   absl::MutexLock lock(&mu_);
-  if (closed_) return;
+  in_use_.erase(conn.get());
+  if (closed_ || workers_down_.contains(worker_id)) return;
   auto& list = pool_[worker_id];
   if (list.size() < 8) list.push_back(std::move(conn));
+}
+
+void ClientCore::Discard(std::unique_ptr<transport::DataPlaneConnection> conn) {
+  absl::MutexLock lock(&mu_);
+  in_use_.erase(conn.get());
+  // Destroyed here, under the lock: the reader never shuts down a freed one.
+  conn.reset();
 }
 
 }  // namespace plexus

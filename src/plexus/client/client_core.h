@@ -48,11 +48,19 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void ForgetBuffer(uint64_t buffer_id);
   absl::Status WorkerStatus(int64_t worker_id);
 
-  // A data-plane connection to the worker holding `device`.
+  // FailedPrecondition once Close() has begun: a closed client does no
+  // more work (puts, calls, fetches), and says so.
+  absl::Status CheckOpen() const;
+
+  // A data-plane connection to the worker holding `device`, in use until
+  // it is handed back (Checkin: kept for reuse; Discard: closed). While in
+  // use it is woken (shut down) when the server reports its worker down or
+  // the client closes, so no fetch waits on a worker that will not answer.
   absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> Checkout(
       const proto::SliceDevice& device);
   void Checkin(int64_t worker_id,
                std::unique_ptr<transport::DataPlaneConnection> conn);
+  void Discard(std::unique_ptr<transport::DataPlaneConnection> conn);
   bool SameMachine(const proto::SliceDevice& device) const;
 
   transport::DataPlaneCounters& data_counters() { return data_counters_; }
@@ -96,6 +104,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::map<int64_t,
            std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
       pool_ ABSL_GUARDED_BY(mu_);
+  // Connections checked out now, and their workers.
+  absl::flat_hash_map<transport::DataPlaneConnection*, int64_t> in_use_
+      ABSL_GUARDED_BY(mu_);
 };
 
 // One sharded buffer as the client holds it. The last Future copy destroys

@@ -3,8 +3,10 @@
 #include "plexus/client/client.h"
 
 #include <limits>
+#include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "plexus/client/cluster_fixture.h"
 
@@ -87,6 +89,76 @@ TEST_F(ClientTest, KernelFailureReachesTheFutureAndWorkersKeepServing) {
   auto ok = client_->Call(**check, {*g});
   ASSERT_TRUE(ok.ok());
   EXPECT_TRUE(client_->Wait((*ok)[0]).ok());
+}
+
+TEST_F(ClientTest, SliceRequestErrorsKeepTheServersCode) {
+  // The server refuses these; its status code reaches the caller intact.
+  auto none = client_->CreateSlice({.num_devices = 0});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument)
+      << none.status();
+  auto negative = client_->CreateSlice({.num_devices = -3});
+  EXPECT_EQ(negative.status().code(), absl::StatusCode::kInvalidArgument)
+      << negative.status();
+  auto mesh = client_->CreateSlice({.num_devices = 2, .mesh_shape = {3}});
+  EXPECT_EQ(mesh.status().code(), absl::StatusCode::kInvalidArgument)
+      << mesh.status();
+  auto too_big = client_->CreateSlice({.num_devices = 9});
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kResourceExhausted)
+      << too_big.status();
+}
+
+// Slice::Close from one thread while another calls a program on the slice
+// in a loop: each call is either refused (FailedPrecondition, naming the
+// closed slice) or reaches the server before the slice's release, so its
+// future computes. Before the fix Close() reset the slice's state under the
+// caller's check, and a call that passed the check could be queued after the
+// release: its future failed with "slice N is not held by this client".
+TEST_F(ClientTest, CloseRacingCallsEitherRefusesOrComputesEachCall) {
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  std::vector<float> x = {1, 2, 3, 4};
+  for (int trial = 0; trial < 10; ++trial) {
+    SCOPED_TRACE(trial);
+    auto slice = client_->CreateSlice({.num_devices = 2});
+    ASSERT_TRUE(slice.ok()) << slice.status();
+    auto fx = client_->Put(*slice, x.data(), arg);
+    ASSERT_TRUE(fx.ok()) << fx.status();
+    auto twice =
+        client_->Compile(*slice, "twice", "scale", {{"factor", 2.0}}, {arg});
+    ASSERT_TRUE(twice.ok()) << twice.status();
+
+    absl::Notification calling;
+    Future last;  // the last call accepted
+    absl::Status refused;
+    int accepted = 0;
+    std::thread caller([&] {
+      for (int i = 0; i < 200000 && refused.ok(); ++i) {
+        auto out = client_->Call(**twice, {*fx});
+        if (out.ok()) {
+          last = (*out)[0];
+          accepted++;
+        } else {
+          refused = out.status();
+        }
+        if (i == 10) calling.Notify();
+      }
+      if (!calling.HasBeenNotified()) calling.Notify();
+    });
+    calling.WaitForNotification();
+    (*slice)->Close();
+    caller.join();
+
+    ASSERT_FALSE(refused.ok()) << "the caller never saw the slice closed";
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_EQ(refused.message(), "program 'twice': its slice was closed");
+    ASSERT_GT(accepted, 10);
+    // A round trip to the server: its answers to everything sent before
+    // (errors for rejected calls included) have reached the client.
+    ASSERT_TRUE(client_->CreateSlice({.num_devices = 1}).ok());
+    std::vector<float> y(4);
+    absl::Status fetched = client_->Fetch(last, y.data());
+    ASSERT_TRUE(fetched.ok()) << fetched;
+    EXPECT_EQ(y, (std::vector<float>{2, 4, 6, 8}));
+  }
 }
 
 }  // namespace

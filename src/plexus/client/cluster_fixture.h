@@ -23,6 +23,12 @@ class EmbeddedClusterTest : public ::testing::Test {
     cluster_ = cluster->release();
   }
   static void TearDownTestSuite() {
+    // Every process of the cluster exits cleanly: a crash at shutdown
+    // fails the suite.
+    if (cluster_ != nullptr) {
+      absl::Status stopped = cluster_->Stop();
+      EXPECT_TRUE(stopped.ok()) << stopped;
+    }
     delete cluster_;
     cluster_ = nullptr;
   }

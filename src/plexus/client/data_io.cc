@@ -21,6 +21,9 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
     core.Checkin(device.worker_id(), std::move(*conn));
     return s;
   }
+  if (conn.ok()) core.Discard(std::move(*conn));
+  // Woken because the client closed, or its worker went down: say that.
+  if (absl::Status open = core.CheckOpen(); !open.ok()) return open;
   down = core.WorkerStatus(device.worker_id());
   if (!down.ok()) return down;
   if (absl::IsUnavailable(s) || absl::IsInternal(s) || !conn.ok()) {
@@ -35,6 +38,9 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
 
 absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
                                    const void* data, const ArgSpec& arg) {
+  if (absl::Status open = core_->CheckOpen(); !open.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("put: ", open.message()));
+  }
   if (slice == nullptr || slice->closed()) {
     return absl::FailedPreconditionError("put: the slice is closed");
   }
@@ -63,7 +69,13 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
   *op.mutable_put()->mutable_arg() = ToProto(arg);
   std::vector<proto::ClientOp> ops;
   ops.push_back(std::move(op));
+  // Held while the put is queued: a Close() racing it releases the slice
+  // after the put, never before (see Slice).
+  if (!slice->Hold()) {
+    return absl::FailedPreconditionError("put: the slice is closed");
+  }
   core_->Enqueue(std::move(ops));
+  slice->Unhold();
   Future future(std::make_shared<BufferHandle>(core_, id, arg, slice));
 
   std::shared_ptr<Storage> replicated;
@@ -76,8 +88,11 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
       if (!s.ok()) return s.status();
       shard = *s;
       const int64_t len = local->shape[arg.sharding.axis];
-      CopyRows(data, arg.global.shape, shard->data(), local->shape,
-               arg.sharding.axis, j * len, 0, len, DTypeSize(arg.global.dtype));
+      absl::Status copied = CopyRows(
+          data, arg.global.byte_size(), arg.global.shape, shard->data(),
+          shard->size(), local->shape, arg.sharding.axis, j * len, 0, len,
+          DTypeSize(arg.global.dtype));
+      if (!copied.ok()) return copied;
     } else {
       if (!replicated) {
         auto s = Storage::Allocate(bytes, bytes >= 64 * 1024);
@@ -103,6 +118,7 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
 
 absl::Status Client::Fetch(const Future& future, void* dst) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
+  if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
   absl::Status failed = core_->BufferStatus(future.buffer_id());
   if (!failed.ok()) return failed;
   const ArgSpec& arg = future.arg();
@@ -134,8 +150,11 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
     core_->bytes_fetched += bytes;
     if (arg.sharding.is_split()) {
       const int64_t len = local->shape[arg.sharding.axis];
-      CopyRows(data->data(), local->shape, dst, arg.global.shape,
-               arg.sharding.axis, 0, j * len, len, DTypeSize(arg.global.dtype));
+      absl::Status copied =
+          CopyRows(data->data(), data->size(), local->shape, dst,
+                   arg.global.byte_size(), arg.global.shape, arg.sharding.axis,
+                   0, j * len, len, DTypeSize(arg.global.dtype));
+      if (!copied.ok()) return copied;
     } else if (arg.sharding.is_partial()) {
       AccumulateInto(arg.global.dtype, dst, data->data(),
                      arg.global.num_elements());
@@ -161,6 +180,7 @@ void ClientCore::AwaitInputs(const std::vector<Future>& inputs) {
 
 absl::Status Client::Wait(const Future& future) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
+  if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
   absl::Status failed = core_->BufferStatus(future.buffer_id());
   if (!failed.ok()) return failed;
   const proto::SliceInfo& info = future.slice()->info();

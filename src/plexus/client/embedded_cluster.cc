@@ -7,7 +7,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -98,12 +100,13 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
   cluster->pid_ = pid;
   close(ready[1]);
 
+  cluster->ready_fd_ = ready[0];  // Stop() reads the rest
+
   pollfd pfd{ready[0], POLLIN, 0};
   const int waited =
       poll(&pfd, 1, absl::ToInt64Milliseconds(options.start_timeout));
   char line[256] = {0};
   const ssize_t got = waited > 0 ? read(ready[0], line, sizeof(line) - 1) : 0;
-  close(ready[0]);
   std::string address(line, got > 0 ? got : 0);
   while (!address.empty() && std::isspace(address.back())) address.pop_back();
   if (address.empty()) {
@@ -118,7 +121,11 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
 }
 
 EmbeddedCluster::~EmbeddedCluster() {
-  Stop();
+  absl::Status stopped = Stop();
+  if (!stopped.ok()) {
+    std::fprintf(stderr, "plexus: embedded cluster: %s\n",
+                 std::string(stopped.message()).c_str());
+  }
   std::error_code ignored;
   std::filesystem::remove_all(dir_, ignored);
 }
@@ -127,16 +134,40 @@ absl::StatusOr<proto::ClusterStatus> EmbeddedCluster::Status() const {
   return GetClusterStatus(address_);
 }
 
-void EmbeddedCluster::Stop() {
-  if (pid_ <= 0) return;
+absl::Status EmbeddedCluster::Stop() {
+  if (pid_ <= 0) return absl::OkStatus();
   kill(pid_, SIGTERM);
-  const bool reaped = WaitForExit(pid_, absl::Seconds(5));
+  const bool exited = WaitForExit(pid_, absl::Seconds(5));
   // Whatever of the group is left (a server that would not stop, or a
   // worker that outlived it) goes now. The group id stays reserved while
   // any member lives, so this cannot reach an unrelated process.
   kill(-pid_, SIGKILL);
-  waitpid(pid_, nullptr, 0);
+  int wait_status = 0;
+  const bool reaped = waitpid(pid_, &wait_status, 0) == pid_;
   pid_ = -1;
+  // The server is gone, so the pipe ends: what it said about its workers.
+  std::string report;
+  if (ready_fd_ >= 0) {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(ready_fd_, buf, sizeof(buf))) > 0 ||
+           (n < 0 && errno == EINTR)) {
+      if (n > 0) report.append(buf, n);
+    }
+    close(ready_fd_);
+    ready_fd_ = -1;
+    // (Start() read the address line already.)
+    while (!report.empty() && std::isspace(report.back())) report.pop_back();
+  }
+  if (exited && reaped && ExitedCleanly(wait_status) && report.empty()) {
+    return absl::OkStatus();
+  }
+  std::string message = absl::StrCat(
+      "plexus-server (", address_, ") ",
+      !exited ? "did not stop within 5s and was killed"
+              : (reaped ? DescribeExit(wait_status) : "could not be reaped"));
+  if (!report.empty()) absl::StrAppend(&message, "\n", report);
+  return absl::InternalError(message);
 }
 
 std::string EmbeddedCluster::LogTail() const {

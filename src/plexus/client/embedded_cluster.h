@@ -37,8 +37,7 @@ class EmbeddedCluster {
   // name what did not happen and include the end of the server's log.
   static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Start(
       const EmbeddedClusterOptions& options);
-  // SIGTERM to the server (it stops its workers), SIGKILL to the whole
-  // process group if it is not gone within a grace period; reaps.
+  // Stop(); an error is printed to stderr (call Stop() to check it).
   ~EmbeddedCluster();
 
   EmbeddedCluster(const EmbeddedCluster&) = delete;
@@ -48,15 +47,24 @@ class EmbeddedCluster {
   const EmbeddedClusterOptions& options() const { return options_; }
   absl::StatusOr<proto::ClusterStatus> Status() const;
 
+  // SIGTERM to the server (it stops its workers), SIGKILL to the whole
+  // process group if it is not gone within a grace period; reaps. An error
+  // when any process did not exit cleanly: the server (its exit code or
+  // signal) and each worker that crashed, was killed or exited non-zero,
+  // as the server reported them. Later calls return OK and do nothing.
+  absl::Status Stop();
+
  private:
   EmbeddedCluster(EmbeddedClusterOptions options, std::string dir)
       : options_(std::move(options)), dir_(std::move(dir)) {}
-  void Stop();
   std::string LogTail() const;
 
   EmbeddedClusterOptions options_;
   std::string dir_;  // temporary: the server's log
   pid_t pid_ = -1;   // the server; also its process group id
+  // The read end of the server's --ready-fd pipe: its address, then at
+  // exit a line for each worker that did not exit cleanly.
+  int ready_fd_ = -1;
   std::string address_;
 };
 

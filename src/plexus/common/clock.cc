@@ -1,10 +1,18 @@
 #include "plexus/common/clock.h"
 
+#include <algorithm>
+
 namespace plexus {
 namespace {
 class RealClock : public Clock {
  public:
   absl::Time Now() const override { return absl::Now(); }
+  bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
+                         absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    cv->WaitWithDeadline(mu, deadline);
+    return absl::Now() >= deadline;
+  }
 };
 }  // namespace
 
@@ -12,4 +20,55 @@ Clock* Clock::Real() {
   static RealClock* clock = new RealClock();
   return clock;
 }
+
+absl::Time FakeClock::Now() const {
+  absl::MutexLock lock(&mu_);
+  return now_;
+}
+
+bool FakeClock::AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
+                                  absl::Time deadline) {
+  // Registered before the time is read, so an Advance() that moves past
+  // the deadline after this read also signals `cv`.
+  {
+    absl::MutexLock lock(&mu_);
+    waiters_.push_back({mu, cv});
+    if (now_ < deadline) {
+      mu_.Unlock();
+      cv->Wait(mu);
+      mu_.Lock();
+    }
+    auto it = std::find_if(waiters_.begin(), waiters_.end(),
+                           [&](const Waiter& w) { return w.cv == cv; });
+    if (it != waiters_.end()) waiters_.erase(it);
+    return now_ >= deadline;
+  }
+}
+
+void FakeClock::Advance(absl::Duration d) {
+  std::vector<Waiter> waiters;
+  {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+    waiters = waiters_;
+  }
+  for (const Waiter& w : waiters) {
+    absl::MutexLock lock(w.mu);
+    w.cv->SignalAll();
+  }
+}
+
+void FakeClock::AwaitWaiters(int n) {
+  struct Enough {
+    const FakeClock* clock;
+    int n;
+    // Evaluated by Await with mu_ held.
+    bool Reached() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return static_cast<int>(clock->waiters_.size()) >= n;
+    }
+  } enough{this, n};
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&enough, &Enough::Reached));
+}
+
 }  // namespace plexus

@@ -1,6 +1,13 @@
-// Time as an injected dependency, so heartbeat and failure tests run in
-// milliseconds without sleeping. Implementations are thread-safe.
+// Time as an injected dependency, so heartbeat, deadline and failure tests
+// run in milliseconds without sleeping. Implementations are thread-safe.
+//
+// Code that waits with a deadline waits through its Clock
+// (AwaitWithDeadline), never on the wall clock directly: with the real
+// clock that is an ordinary timed wait; with a FakeClock the wait ends when
+// the test advances the clock past the deadline.
 #pragma once
+
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -12,25 +19,41 @@ class Clock {
  public:
   virtual ~Clock() = default;
   virtual absl::Time Now() const = 0;
+  // Waits on `cv` (with `mu` held, as CondVar::Wait) until signalled or
+  // until Now() reaches `deadline`. Returns true if the deadline has passed.
+  // Spurious wake-ups happen, as with any condition variable: callers loop.
+  virtual bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
+                                 absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
   static Clock* Real();  // process-wide wall clock; never deleted
 };
 
-// A clock that moves only when told to. For tests.
+// A clock that moves only when told to. For tests. Advance() wakes every
+// wait in AwaitWithDeadline, which then re-reads the time; a waiter's mutex
+// and condition variable must outlive any Advance() that runs during the
+// wait.
 class FakeClock : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::UnixEpoch()) : now_(start) {}
-  absl::Time Now() const override {
-    absl::MutexLock lock(&mu_);
-    return now_;
-  }
-  void Advance(absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    now_ += d;
-  }
+  absl::Time Now() const override;
+  bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
+                         absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void Advance(absl::Duration d);
+  // Waits (really) until at least `n` threads are waiting on this clock, so
+  // a test advances time only once the code under test is blocked.
+  void AwaitWaiters(int n);
 
  private:
+  struct Waiter {
+    absl::Mutex* mu;
+    absl::CondVar* cv;
+  };
+  // Lock order: a waiter's mutex, then this one; Advance() never holds
+  // this one while taking a waiter's.
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
+  std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace plexus

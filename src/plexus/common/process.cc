@@ -4,12 +4,14 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <fstream>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,7 +23,10 @@ std::string LocalMachineId() {
   std::getline(f, id);
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
-  return absl::StrCat(host, "/", id);
+  struct stat net;
+  const uint64_t net_inode =
+      stat("/proc/self/ns/net", &net) == 0 ? net.st_ino : 0;
+  return absl::StrCat(host, "/", id, "/net:", net_inode);
 }
 
 std::string SiblingBinary(const std::string& name) {
@@ -50,6 +55,23 @@ bool WaitForExit(int pid, absl::Duration timeout) {
   return ready > 0;
 }
 
+std::string DescribeExit(int wait_status) {
+  if (WIFEXITED(wait_status)) {
+    return absl::StrCat("exited with code ", WEXITSTATUS(wait_status));
+  }
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    const char* abbrev = sigabbrev_np(sig);
+    return absl::StrCat("was killed by signal ", sig, " (SIG",
+                        abbrev != nullptr ? abbrev : "?", ")");
+  }
+  return absl::StrCat("stopped with wait status ", wait_status);
+}
+
+bool ExitedCleanly(int wait_status) {
+  return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0;
+}
+
 namespace {
 sigset_t TerminationSignals() {
   sigset_t signals;
@@ -66,13 +88,30 @@ void BlockTerminationSignals() {
   signal(SIGPIPE, SIG_IGN);
 }
 
-void OnTerminationSignal(std::function<void(int)> on_signal) {
-  std::thread([on_signal = std::move(on_signal)] {
-    sigset_t signals = TerminationSignals();
+TerminationSignalWatcher::TerminationSignalWatcher(
+    std::function<void(int)> on_signal)
+    : on_signal_(std::move(on_signal)), thread_([this] { Loop(); }) {}
+
+TerminationSignalWatcher::~TerminationSignalWatcher() {
+  stopping_ = true;
+  // Wakes the thread's sigwait: SIGTERM is blocked in it, so this signal
+  // waits for it there and nowhere else.
+  pthread_kill(thread_.native_handle(), SIGTERM);
+  thread_.join();
+}
+
+void TerminationSignalWatcher::Loop() {
+  const sigset_t signals = TerminationSignals();
+  bool called = false;
+  while (true) {
     int sig = 0;
-    sigwait(&signals, &sig);
-    on_signal(sig);
-  }).detach();
+    if (sigwait(&signals, &sig) != 0) continue;
+    if (stopping_) return;
+    if (!called) {
+      called = true;
+      on_signal_(sig);
+    }
+  }
 }
 
 }  // namespace plexus

@@ -1,15 +1,24 @@
 // Process-level helpers shared by plexus-server, plexus-worker and the
-// client: the machine's identity, the open-file limit, termination signals.
+// client: the machine's identity, the open-file limit, process exits,
+// termination signals.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <string>
+#include <thread>
 
 #include "absl/time/time.h"
 
 namespace plexus {
 
-// "hostname/boot-id": equal on processes that can share memory.
+// "hostname/boot-id/net:inode": equal on processes that can share memory
+// over the data plane's unix socket. The boot id names the kernel; the
+// network namespace is part of it because the data plane's unix socket is
+// abstract, and an abstract socket is visible only inside its namespace
+// (two containers, or pods on one node, share the kernel but not that).
+// Workers register it; the client and other workers compare it with their
+// own. The one place this identity is decided.
 std::string LocalMachineId();
 
 // The file `name` in the directory of the running executable (where
@@ -24,12 +33,35 @@ void RaiseOpenFileLimit();
 // zombie counts — or `timeout` passes; true if it exited. Does not reap.
 bool WaitForExit(int pid, absl::Duration timeout);
 
+// A waitpid() status in words: "exited with code 2", "was killed by signal
+// 11 (SIGSEGV)".
+std::string DescribeExit(int wait_status);
+// True for a status that is "exited with code 0".
+bool ExitedCleanly(int wait_status);
+
 // Blocks SIGTERM and SIGINT in this thread and the threads it starts (call
 // first thing in main), and ignores SIGPIPE (a dead peer is an error, not a
 // death).
 void BlockTerminationSignals();
-// Starts a detached thread that waits for SIGTERM or SIGINT and then calls
-// `on_signal` once, with the signal number.
-void OnTerminationSignal(std::function<void(int)> on_signal);
+
+// A thread that waits for SIGTERM or SIGINT (blocked first, with
+// BlockTerminationSignals) and calls `on_signal` with the first one's
+// number; later signals are ignored. The destructor stops and joins the
+// thread: `on_signal` never runs after it, so it may borrow what its owner
+// destroys next. Destroy it on the thread that created it.
+class TerminationSignalWatcher {
+ public:
+  explicit TerminationSignalWatcher(std::function<void(int)> on_signal);
+  ~TerminationSignalWatcher();
+  TerminationSignalWatcher(const TerminationSignalWatcher&) = delete;
+  TerminationSignalWatcher& operator=(const TerminationSignalWatcher&) = delete;
+
+ private:
+  void Loop();
+
+  const std::function<void(int)> on_signal_;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
 
 }  // namespace plexus

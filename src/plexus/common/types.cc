@@ -143,8 +143,14 @@ void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n) {
       return AddInto<int8_t>(acc, in, n);
     case DType::kU8:
       return AddInto<uint8_t>(acc, in, n);
-    case DType::kF16:
-      return AddInto<_Float16>(acc, in, n);  // IEEE binary16 (GCC, x86-64)
+    case DType::kF16: {
+      auto* a = static_cast<uint16_t*>(acc);
+      const auto* b = static_cast<const uint16_t*>(in);
+      for (int64_t i = 0; i < n; ++i) {
+        a[i] = FloatToFloat16(Float16ToFloat(a[i]) + Float16ToFloat(b[i]));
+      }
+      return;
+    }
     case DType::kBF16: {
       auto* a = static_cast<uint16_t*>(acc);
       const auto* b = static_cast<const uint16_t*>(in);
@@ -180,6 +186,57 @@ uint16_t FloatToBfloat16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+float Float16ToFloat(uint16_t bits) {
+  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
+  const uint32_t exponent = (bits >> 10) & 0x1fu;
+  uint32_t mantissa = bits & 0x3ffu;
+  uint32_t wide;
+  if (exponent == 0x1fu) {  // infinity or NaN
+    wide = sign | 0x7f800000u | (mantissa << 13);
+  } else if (exponent != 0) {  // normal: rebias 15 -> 127
+    wide = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {  // zero
+    wide = sign;
+  } else {  // subnormal, mantissa * 2^-24: normalise
+    uint32_t e = 113;
+    while ((mantissa & 0x400u) == 0) {
+      mantissa <<= 1;
+      --e;
+    }
+    wide = sign | (e << 23) | ((mantissa & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+uint16_t FloatToFloat16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  bits &= 0x7fffffffu;
+  uint32_t half;
+  if (bits >= 0x47800000u) {  // 2^16 or more, infinity, NaN
+    half = bits > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  } else if (bits < 0x38800000u) {  // below 2^-14: subnormal or zero
+    // Adding 0.5 places the 10 kept bits at the bottom of the mantissa and
+    // rounds them to nearest even in the float unit.
+    constexpr uint32_t kMagicBits = 126u << 23;  // 0.5f
+    float magic, sum;
+    std::memcpy(&magic, &kMagicBits, sizeof(magic));
+    std::memcpy(&sum, &bits, sizeof(sum));
+    sum += magic;
+    std::memcpy(&half, &sum, sizeof(half));
+    half -= kMagicBits;
+  } else {  // normal: rebias 127 -> 15, round to nearest even
+    const uint32_t odd = (bits >> 13) & 1u;
+    bits -= 112u << 23;
+    bits += 0xfffu + odd;
+    half = bits >> 13;  // a carry into exponent 31 is infinity
+  }
+  return static_cast<uint16_t>(sign | half);
+}
+
 absl::Status ValidateSpec(const TensorSpec& spec) {
   constexpr int64_t kMaxElements = int64_t{1} << 50;
   int64_t n = 1;
@@ -197,20 +254,53 @@ absl::Status ValidateSpec(const TensorSpec& spec) {
   return absl::OkStatus();
 }
 
-void CopyRows(const void* src, const Shape& src_shape, void* dst,
-              const Shape& dst_shape, int axis, int64_t src_off,
-              int64_t dst_off, int64_t len, size_t elem_size) {
-  int64_t outer = 1, inner = static_cast<int64_t>(elem_size);
-  for (int i = 0; i < axis; ++i) outer *= src_shape[i];
-  for (size_t i = axis + 1; i < src_shape.size(); ++i) inner *= src_shape[i];
-  const int64_t src_rows = src_shape.empty() ? 1 : src_shape[axis];
-  const int64_t dst_rows = dst_shape.empty() ? 1 : dst_shape[axis];
+absl::Status CopyRows(const void* src, size_t src_bytes, const Shape& src_shape,
+                      void* dst, size_t dst_bytes, const Shape& dst_shape,
+                      int axis, int64_t src_off, int64_t dst_off, int64_t len,
+                      size_t elem_size) {
+  auto refuse = [&](absl::string_view why) {
+    return absl::InternalError(absl::StrCat(
+        "copy of rows [", src_off, ", +", len, ") along axis ", axis, " of [",
+        absl::StrJoin(src_shape, ", "), "] (", src_bytes, " bytes) to row ",
+        dst_off, " of [", absl::StrJoin(dst_shape, ", "), "] (", dst_bytes,
+        " bytes) refused: ", why));
+  };
+  const bool scalar = src_shape.empty() && dst_shape.empty();
+  if (!scalar && (axis < 0 || static_cast<size_t>(axis) >= src_shape.size() ||
+                  src_shape.size() != dst_shape.size())) {
+    return refuse("the axis or the ranks do not match");
+  }
+  // Sizes from the shapes, in 128 bits: a shape from another process may
+  // overflow 64.
+  __int128 outer = 1, inner = static_cast<__int128>(elem_size);
+  for (size_t i = 0; i < src_shape.size(); ++i) {
+    if (src_shape[i] < 0 || dst_shape[i] < 0) return refuse("negative dim");
+    if (static_cast<int>(i) == axis) continue;
+    if (src_shape[i] != dst_shape[i]) {
+      return refuse("the shapes differ off the axis");
+    }
+    (static_cast<int>(i) < axis ? outer : inner) *= src_shape[i];
+    if (outer * inner > (__int128{1} << 62)) return refuse("too large");
+  }
+  const int64_t src_rows = scalar ? 1 : src_shape[axis];
+  const int64_t dst_rows = scalar ? 1 : dst_shape[axis];
+  if (src_off < 0 || dst_off < 0 || len < 0 || src_off > src_rows - len ||
+      dst_off > dst_rows - len) {
+    return refuse("the rows are out of range");
+  }
+  if (outer * src_rows * inner > static_cast<__int128>(src_bytes) ||
+      outer * dst_rows * inner > static_cast<__int128>(dst_bytes)) {
+    return refuse("a buffer is smaller than its shape");
+  }
+  const int64_t row_outer = static_cast<int64_t>(outer);
+  const int64_t row_bytes = static_cast<int64_t>(inner);
   const char* s = static_cast<const char*>(src);
   char* d = static_cast<char*>(dst);
-  for (int64_t o = 0; o < outer; ++o) {
-    std::memcpy(d + (o * dst_rows + dst_off) * inner,
-                s + (o * src_rows + src_off) * inner, len * inner);
+  for (int64_t o = 0; o < row_outer; ++o) {
+    std::memcpy(d + (o * dst_rows + dst_off) * row_bytes,
+                s + (o * src_rows + src_off) * row_bytes, len * row_bytes);
   }
+  return absl::OkStatus();
 }
 
 proto::TensorSpec ToProto(const TensorSpec& spec) {

@@ -99,10 +99,14 @@ absl::Status ValidateSpec(const TensorSpec& spec);
 // Copies `len` rows along `axis` — rows [src_off, src_off + len) of the
 // row-major array `src` (shape `src_shape`) to rows [dst_off, ...) of `dst`
 // (shape `dst_shape`); the two shapes differ only along `axis`. How shards
-// are cut from and assembled into arrays split along an axis.
-void CopyRows(const void* src, const Shape& src_shape, void* dst,
-              const Shape& dst_shape, int axis, int64_t src_off,
-              int64_t dst_off, int64_t len, size_t elem_size);
+// are cut from and assembled into arrays split along an axis. Checks every
+// bound first (the shapes against each other and against `src_bytes` and
+// `dst_bytes`, the rows against the shapes) and copies nothing if one
+// fails: an Internal error naming the copy.
+absl::Status CopyRows(const void* src, size_t src_bytes, const Shape& src_shape,
+                      void* dst, size_t dst_bytes, const Shape& dst_shape,
+                      int axis, int64_t src_off, int64_t dst_off, int64_t len,
+                      size_t elem_size);
 
 // acc[i] += in[i] for n elements of `dtype` (partial sums, all-reduce).
 // bfloat16 and float16 add in float32 and round to nearest even; bool is
@@ -112,6 +116,10 @@ void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n);
 // bfloat16 <-> float32 (round to nearest even; NaN stays NaN).
 float Bfloat16ToFloat(uint16_t bits);
 uint16_t FloatToBfloat16(float f);
+// IEEE binary16 (float16) <-> float32, the same way; in software, since
+// clang has no _Float16 on x86-64 before version 15.
+float Float16ToFloat(uint16_t bits);
+uint16_t FloatToFloat16(float f);
 
 // --- proto conversion -----------------------------------------------------
 proto::TensorSpec ToProto(const TensorSpec& spec);

@@ -1,6 +1,7 @@
 #include "plexus/common/types.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "gtest/gtest.h"
 
@@ -61,16 +62,47 @@ TEST(DTypeTest, Bfloat16RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(Bfloat16ToFloat(FloatToBfloat16(NAN))));
 }
 
+TEST(DTypeTest, Float16RoundTripsEveryValueAndRoundsToNearestEven) {
+  for (uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    const float f = Float16ToFloat(h);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(Float16ToFloat(FloatToFloat16(f)))) << bits;
+    } else {
+      EXPECT_EQ(FloatToFloat16(f), h) << bits;
+    }
+  }
+  EXPECT_EQ(FloatToFloat16(1.0f), 0x3c00);
+  EXPECT_EQ(FloatToFloat16(-2.0f), 0xc000);
+  EXPECT_EQ(FloatToFloat16(65504.0f), 0x7bff);  // largest finite
+  EXPECT_EQ(FloatToFloat16(65520.0f), 0x7c00);  // rounds up to infinity
+  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -24)), 0x0001);  // smallest
+  EXPECT_EQ(FloatToFloat16(std::ldexp(1.0f, -26)), 0x0000);  // under half
+  EXPECT_EQ(Float16ToFloat(0x0001), std::ldexp(1.0f, -24));
+  // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties go to even (1).
+  EXPECT_EQ(FloatToFloat16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(FloatToFloat16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+#if defined(__FLT16_MAX__)
+  // Against the compiler's own binary16 where it has one (GCC 12).
+  for (float f = -70000.0f; f < 70000.0f; f += 0.37f) {
+    const _Float16 ref = static_cast<_Float16>(f);
+    uint16_t ref_bits;
+    std::memcpy(&ref_bits, &ref, sizeof(ref_bits));
+    ASSERT_EQ(FloatToFloat16(f), ref_bits) << f;
+  }
+#endif
+}
+
 TEST(DTypeTest, AccumulateAddsNarrowTypesAndOrsBools) {
   uint16_t acc[2] = {FloatToBfloat16(1.5f), FloatToBfloat16(-1.0f)};
   const uint16_t in[2] = {FloatToBfloat16(0.25f), FloatToBfloat16(3.0f)};
   AccumulateInto(DType::kBF16, acc, in, 2);
   EXPECT_EQ(Bfloat16ToFloat(acc[0]), 1.75f);
   EXPECT_EQ(Bfloat16ToFloat(acc[1]), 2.0f);
-  _Float16 h[1] = {static_cast<_Float16>(0.5f)};
-  const _Float16 hi[1] = {static_cast<_Float16>(0.25f)};
+  uint16_t h[1] = {FloatToFloat16(0.5f)};
+  const uint16_t hi[1] = {FloatToFloat16(0.25f)};
   AccumulateInto(DType::kF16, h, hi, 1);
-  EXPECT_EQ(static_cast<float>(h[0]), 0.75f);
+  EXPECT_EQ(Float16ToFloat(h[0]), 0.75f);
   uint8_t b[3] = {0, 1, 0};
   const uint8_t bi[3] = {0, 1, 1};
   AccumulateInto(DType::kBool, b, bi, 3);

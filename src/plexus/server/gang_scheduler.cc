@@ -50,7 +50,10 @@ uint64_t GangScheduler::Submit(uint64_t client_id, std::vector<WorkerOps> units,
   mu_.Await(absl::Condition(&may));
   policy_->Admitted(client_id, calls);
   const uint64_t epoch = ++epoch_;
-  for (auto& [worker, queue] : queues_) {
+  for (auto& entry : queues_) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang).
+    const auto& worker = entry.first;
+    auto& queue = entry.second;
     const bool reverse = !options_.consistent_order && worker % 2 == 1;
     auto deliver = [&](WorkerOps& unit) {
       auto it = unit.find(worker);

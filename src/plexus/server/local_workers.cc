@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
@@ -55,18 +56,31 @@ absl::Status LocalWorkers::Start() {
   return absl::OkStatus();
 }
 
-void LocalWorkers::Stop() {
-  if (pids_.empty()) return;
+absl::Status LocalWorkers::Stop() {
+  if (pids_.empty()) return absl::OkStatus();
   for (pid_t pid : pids_) kill(pid, SIGTERM);
   const absl::Time deadline = absl::Now() + absl::Seconds(3);
-  for (pid_t pid : pids_) {
+  std::vector<std::string> unclean;
+  for (size_t h = 0; h < pids_.size(); ++h) {
+    const pid_t pid = pids_[h];
+    bool killed = false;
     if (!WaitForExit(pid,
                      std::max(deadline - absl::Now(), absl::ZeroDuration()))) {
       kill(pid, SIGKILL);
+      killed = true;
     }
-    waitpid(pid, nullptr, 0);
+    int status = 0;
+    if (waitpid(pid, &status, 0) != pid) continue;  // not ours any more
+    if (ExitedCleanly(status)) continue;
+    unclean.push_back(absl::StrCat("worker host", h, " (pid ", pid, ") ",
+                                   killed
+                                       ? "did not stop within 3s and was killed"
+                                       : DescribeExit(status)));
+    SPDLOG_ERROR("{}", unclean.back());
   }
   pids_.clear();
+  if (unclean.empty()) return absl::OkStatus();
+  return absl::InternalError(absl::StrJoin(unclean, "\n"));
 }
 
 }  // namespace plexus

@@ -1,7 +1,9 @@
 // LocalWorkers: the embedded cluster's worker processes, started by the
 // server on this machine. Each child dies with the server (PR_SET_PDEATHSIG)
 // and is stopped and reaped by Stop() or the destructor, so an embedded
-// cluster never leaves a process behind. Not thread-safe.
+// cluster never leaves a process behind. Stop() says which workers did not
+// exit cleanly (a crash at shutdown must not pass unnoticed). Not
+// thread-safe.
 #pragma once
 
 #include <sys/types.h>
@@ -27,15 +29,17 @@ class LocalWorkers {
  public:
   explicit LocalWorkers(LocalWorkersOptions options)
       : options_(std::move(options)) {}
-  ~LocalWorkers() { Stop(); }
+  ~LocalWorkers() { Stop().IgnoreError(); }
   absl::Status Start();
   // SIGTERM, then SIGKILL for any still alive after a grace period; reaps.
-  void Stop();
+  // An error names every worker that did not exit with code 0 (a crash, a
+  // signal, or one killed for outliving the grace period), one per line.
+  absl::Status Stop();
   const std::vector<pid_t>& pids() const { return pids_; }
 
  private:
   LocalWorkersOptions options_;
-  std::vector<pid_t> pids_;
+  std::vector<pid_t> pids_;  // pids_[h] runs host h
 };
 
 }  // namespace plexus

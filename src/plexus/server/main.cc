@@ -1,18 +1,66 @@
 // plexus-server: the resource manager and scheduler. With --local-workers
 // it is also the embedded cluster: it starts that many worker processes on
 // this machine and stops them when it exits.
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <thread>
+#include <cerrno>
+#include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/server/local_workers.h"
 #include "plexus/server/server.h"
+
+namespace {
+
+// Writes all of `text` to `fd`; false if it could not.
+bool WriteAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Starts the local workers, serves until shutdown, stops them. Returns the
+// exit code: 0, 1 when the workers did not come up, 3 when a worker did not
+// exit cleanly (each such worker is also a line on `ready_fd`).
+int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
+          int ready_fd) {
+  local.server_address = server.address();
+  local.worker_binary = plexus::SiblingBinary("plexus-worker");
+  plexus::LocalWorkers workers(local);
+  if (local.hosts > 0) {
+    absl::Status s = workers.Start();
+    if (!s.ok()) {
+      SPDLOG_ERROR("cannot start local workers: {}", s.ToString());
+      return 1;
+    }
+    s = server.WaitForWorkers(local.hosts, absl::Seconds(60));
+    if (!s.ok()) {
+      SPDLOG_ERROR("local workers did not come up: {}", s.ToString());
+      return 1;
+    }
+  }
+  if (ready_fd >= 0 && !WriteAll(ready_fd, server.address() + "\n")) {
+    SPDLOG_WARN("could not write the address to --ready-fd {}", ready_fd);
+  }
+  server.Wait();
+  absl::Status stopped = workers.Stop();
+  if (stopped.ok()) return 0;
+  if (ready_fd >= 0) WriteAll(ready_fd, absl::StrCat(stopped.message(), "\n"));
+  return 3;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"plexus-server: resource manager and central scheduler"};
@@ -27,7 +75,9 @@ int main(int argc, char** argv) {
   app.add_option("--ready-fd", ready_fd,
                  "once listening and every local worker has registered, "
                  "write the address and a newline to this inherited file "
-                 "descriptor and close it (a parent waits by reading it)");
+                 "descriptor (a parent waits by reading it); at exit, write "
+                 "one line for each local worker that did not exit cleanly, "
+                 "then close it");
   app.add_option("--local-workers", local.hosts,
                  "start this many worker processes (hosts) on this machine")
       ->check(CLI::Range(0, 256));
@@ -53,6 +103,9 @@ int main(int argc, char** argv) {
   options.consistent_order = scheduler == "gang";
 
   if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Held until exit; the workers must not inherit it (the parent reads to
+  // end-of-file when this process is gone).
+  if (ready_fd >= 0) fcntl(ready_fd, F_SETFD, FD_CLOEXEC);
   plexus::RaiseOpenFileLimit();
   plexus::InitLogging("server", log_level);
   options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
@@ -68,40 +121,17 @@ int main(int argc, char** argv) {
     SPDLOG_ERROR("cannot start: {}", server.status().ToString());
     return 1;
   }
-  plexus::OnTerminationSignal([&](int sig) {
-    SPDLOG_INFO("signal {}: shutting down", sig);
-    (*server)->Shutdown();
-  });
-
-  local.server_address = (*server)->address();
-  local.worker_binary = plexus::SiblingBinary("plexus-worker");
-  local.log_level = log_level;
-  plexus::LocalWorkers workers(local);
-  if (local.hosts > 0) {
-    absl::Status s = workers.Start();
-    if (!s.ok()) {
-      SPDLOG_ERROR("cannot start local workers: {}", s.ToString());
-      return 1;
-    }
+  int code = 0;
+  {
+    // Joined at the end of this block, before the server goes.
+    plexus::TerminationSignalWatcher on_signal([&](int sig) {
+      SPDLOG_INFO("signal {}: shutting down", sig);
+      (*server)->Shutdown();
+    });
+    code = Serve(**server, local, ready_fd);
   }
-  if (local.hosts > 0) {
-    absl::Status s = (*server)->WaitForWorkers(local.hosts, absl::Seconds(60));
-    if (!s.ok()) {
-      SPDLOG_ERROR("local workers did not come up: {}", s.ToString());
-      return 1;
-    }
-  }
-  if (ready_fd >= 0) {
-    std::string line = (*server)->address() + "\n";
-    if (write(ready_fd, line.data(), line.size()) !=
-        static_cast<ssize_t>(line.size())) {
-      SPDLOG_WARN("could not write the address to --ready-fd {}", ready_fd);
-    }
-    close(ready_fd);
-  }
-  (*server)->Wait();
-  workers.Stop();
   server->reset();
+  if (ready_fd >= 0) close(ready_fd);
   SPDLOG_INFO("stopped");
-  return 0;
+  return code;
 }

@@ -3,6 +3,11 @@
 // into a single message per write, so many calls travel as one batch.
 // Bounded: producers wait in WaitForRoom() while it is full, which pushes
 // back on the client when a worker falls behind. Thread-safe.
+//
+// The writer uses the stream until Stop(): the RPC handler that owns the
+// stream calls Stop() before it returns, even when others (a client session
+// waiting for room) still hold the queue. After Stop(), `write` is never
+// called again; Push is ignored and WaitForRoom returns at once.
 #pragma once
 
 #include <deque>
@@ -24,10 +29,7 @@ class OutQueue {
       : write_(std::move(write)), capacity_(capacity) {
     thread_ = std::thread([this] { Loop(); });
   }
-  ~OutQueue() {
-    Close();
-    thread_.join();
-  }
+  ~OutQueue() { Stop(); }
 
   void Push(Op op) {
     absl::MutexLock lock(&mu_);
@@ -46,6 +48,13 @@ class OutQueue {
   void Close() {
     absl::MutexLock lock(&mu_);
     closed_ = true;
+  }
+  // Close(), then waits until the writer has written what was queued (or
+  // failed to) and exited. Idempotent.
+  void Stop() {
+    Close();
+    absl::MutexLock lock(&join_mu_);
+    if (thread_.joinable()) thread_.join();
   }
   bool closed() const {
     absl::MutexLock lock(&mu_);
@@ -82,7 +91,8 @@ class OutQueue {
   mutable absl::Mutex mu_;
   std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
+  absl::Mutex join_mu_;  // one Stop() joins; others wait for it
+  std::thread thread_ ABSL_GUARDED_BY(join_mu_);
 };
 
 }  // namespace plexus

@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/status_proto.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/server/cluster_state.h"
 #include "plexus/server/gang_scheduler.h"
@@ -135,6 +136,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
           w->last_heartbeat = options_.clock->Now();
           w->heartbeats++;
         }
+      } else if (msg.has_transfer_failed()) {
+        RelayTransferFailure(id, msg.transfer_failed());
       }
     }
     WorkerDown(id, absl::StrCat("worker ", id,
@@ -144,10 +147,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
     {
       absl::MutexLock lock(&mu_);
       queue = scheduler_.RemoveWorker(id);
-      if (queue) queue->Close();
       worker_contexts_.erase(id);
     }
-    queue.reset();  // the last owner joins the writer
+    // The writer uses `stream`, which dies when this handler returns: stop
+    // it here. A client session waiting for room may still hold the queue
+    // (and destroy it later); it no longer writes.
+    if (queue) queue->Stop();
     return grpc::Status::OK;
   }
 
@@ -192,7 +197,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       SPDLOG_INFO("client {} disconnected; its slices and buffers are freed",
                   id);
     }
-    queue.reset();
+    queue.reset();  // the only owner: stops and joins the writer
     return grpc::Status::OK;
   }
 
@@ -226,7 +231,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
             SPDLOG_INFO("client {}: slice {} of {} device(s)", id,
                         slice->slice_id(), slice->devices_size());
           } else {
-            r->set_error(std::string(slice.status().message()));
+            *r->mutable_error() = StatusToProto(slice.status());
           }
           break;
         }
@@ -237,7 +242,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
           absl::Status s = state_.RegisterProgram(id, op.program(), &ops);
           if (!s.ok()) {
             proto::CallError* e = reply.add_errors();
-            e->set_message(std::string(s.message()));
+            *e->mutable_status() = StatusToProto(s);
           }
           break;
         }
@@ -248,11 +253,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
             proto::CallError* e = reply.add_errors();
             e->set_call_id(op.call().call_id());
             for (uint64_t o : op.call().output_ids()) e->add_output_ids(o);
-            e->set_message(std::string(s.message()));
+            *e->mutable_status() = StatusToProto(s);
             // The client may already be waiting on a worker for these
             // outputs: tell the workers too.
-            FailOutputs(op.call().slice_id(), op.call().output_ids(),
-                        e->message(), &ops);
+            FailOutputs(op.call().slice_id(), op.call().output_ids(), s,
+                        &ops);
           }
           break;
         }
@@ -261,7 +266,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
           if (!s.ok()) {
             proto::CallError* e = reply.add_errors();
             e->add_output_ids(op.put().buffer_id());
-            e->set_message(std::string(s.message()));
+            *e->mutable_status() = StatusToProto(s);
           }
           break;
         }
@@ -355,7 +360,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
   grpc::Status Shutdown(grpc::ServerContext*, const proto::ShutdownRequest*,
                         proto::ShutdownReply*) override {
     SPDLOG_INFO("shutdown requested");
-    std::thread([this] { Shutdown(); }).detach();
+    // On this thread: Shutdown() only marks the server down and cancels the
+    // sessions (it never waits on an RPC), and the owner's Wait() returns
+    // once it has. The reply therefore means the server is going down, and
+    // no thread is left holding `this` when the owner destroys the server
+    // (its destructor waits for this handler to return).
+    Shutdown();
     return grpc::Status::OK;
   }
 
@@ -372,7 +382,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
 
   void FailOutputs(uint64_t slice_id,
                    const google::protobuf::RepeatedField<uint64_t>& ids,
-                   const std::string& message, WorkerOps* ops)
+                   const absl::Status& status, WorkerOps* ops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = state_.slices().find(slice_id);
     if (it == state_.slices().end()) return;
@@ -381,9 +391,23 @@ class ServerImpl : public Server, public proto::Controller::Service {
     for (int64_t w : workers) {
       proto::WorkerOp op;
       for (uint64_t id : ids) op.mutable_fail()->add_buffer_ids(id);
-      op.mutable_fail()->set_message(message);
+      *op.mutable_fail()->mutable_status() = StatusToProto(status);
       (*ops)[w].push_back(std::move(op));
     }
+  }
+
+  // Worker `from` could not push a shard to the destination's data plane:
+  // the destination fails that entry, so its consumers hear why instead of
+  // waiting for bytes that will not come.
+  void RelayTransferFailure(int64_t from, const proto::TransferFailed& failed) {
+    absl::MutexLock lock(&mu_);
+    control_bytes_in_ += failed.ByteSizeLong();
+    SPDLOG_WARN("worker {}: {}", from, failed.status().message());
+    const WorkerRecord* dst = state_.FindWorker(failed.dst_worker_id());
+    if (dst == nullptr || !dst->alive) return;  // PeerDown said it all
+    proto::WorkerOp op;
+    *op.mutable_transfer_failed() = failed;
+    scheduler_.Send(failed.dst_worker_id(), std::move(op));
   }
 
   void WorkerDown(int64_t id, const std::string& reason) {
@@ -398,16 +422,17 @@ class ServerImpl : public Server, public proto::Controller::Service {
       SPDLOG_WARN("{}", message);
     }
     std::set<uint64_t> clients = state_.MarkWorkerDown(id, message);
+    const proto::Status lost = StatusToProto(absl::UnavailableError(message));
     proto::WorkerOp down;
     down.mutable_peer_down()->set_worker_id(id);
-    down.mutable_peer_down()->set_message(message);
+    *down.mutable_peer_down()->mutable_status() = lost;
     scheduler_.Broadcast(down, /*except=*/id);
     auto ctx = worker_contexts_.find(id);
     if (ctx != worker_contexts_.end()) ctx->second->TryCancel();
     proto::ServerToClient note;
     auto* wd = note.add_workers_down();
     wd->set_worker_id(id);
-    wd->set_message(message);
+    *wd->mutable_status() = lost;
     for (uint64_t c : clients) {
       auto it = client_queues_.find(c);
       if (it != client_queues_.end()) it->second->Push(note);

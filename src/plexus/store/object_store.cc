@@ -50,31 +50,64 @@ void ObjectStore::MaybeRemoveLocked(const BufferKey& key) {
 }
 
 void ObjectStore::Declare(const BufferKey& key, int device,
-                          const TensorSpec& spec, bool owned,
+                          const TensorSpec& spec, bool owned, Arrival arrival,
                           int64_t source_worker) {
-  absl::MutexLock lock(&mu_);
-  Entry& e = GetOrCreateLocked(key);
-  e.declared = true;
-  e.owned = e.owned || owned;
-  e.held = e.held || owned;
-  if (e.device < 0) e.device = device;
-  e.spec = spec;
-  if (source_worker >= 0) e.source_worker = source_worker;
-  // Data that arrived before its declaration had no device to be charged
-  // to; it is charged now.
-  if (e.state == Entry::State::kReady && e.charged == 0 && e.data &&
-      e.device >= 0 && e.data->size() > 0) {
-    e.charged = static_cast<int64_t>(e.data->size());
-    ChargeLocked(e.device, e.charged);
+  std::vector<ReadyCallback> callbacks;
+  absl::Status mismatch;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& e = GetOrCreateLocked(key);
+    e.declared = true;
+    e.owned = e.owned || owned;
+    e.held = e.held || owned;
+    if (e.device < 0) e.device = device;
+    e.spec = spec;
+    e.arrival = arrival;
+    e.expected_bytes = spec.byte_size();
+    if (source_worker >= 0) e.source_worker = source_worker;
+    if (e.state == Entry::State::kReady && e.data &&
+        static_cast<int64_t>(e.data->size()) != e.expected_bytes) {
+      // Data that came before its declaration, in another size: nothing
+      // may read it as this spec.
+      mismatch = absl::InvalidArgumentError(absl::StrCat(
+          KeyString(key), " is declared as ", spec.ToString(), " (",
+          e.expected_bytes, " bytes) but ", e.data->size(), " bytes arrived"));
+      if (e.charged > 0) {
+        used_[e.device] -= e.charged;
+        e.charged = 0;
+        memory_freed_.SignalAll();
+      }
+      e.data.reset();
+      e.state = Entry::State::kPending;
+      callbacks = FailLocked(key, e, mismatch);
+    } else if (e.state == Entry::State::kReady && e.charged == 0 && e.data &&
+               e.device >= 0 && e.data->size() > 0) {
+      // Data that arrived before its declaration had no device to be
+      // charged to; it is charged now.
+      e.charged = static_cast<int64_t>(e.data->size());
+      ChargeLocked(e.device, e.charged);
+    }
+    MaybeRemoveLocked(key);
   }
-  MaybeRemoveLocked(key);
+  if (!mismatch.ok()) RunCallbacks(std::move(callbacks), mismatch);
 }
 
-void ObjectStore::AddReader(const BufferKey& key) {
+absl::Status ObjectStore::AddReader(const BufferKey& key) {
   absl::MutexLock lock(&mu_);
-  Entry& e = GetOrCreateLocked(key);
-  e.readers++;
-  e.held = true;
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    if (rejected_.contains(key.buffer_id)) {
+      // Its readers fail with the rejection; nothing to keep alive.
+      return absl::OkStatus();
+    }
+    return absl::NotFoundError(absl::StrCat(
+        KeyString(key),
+        " is not on this worker: it was released before this call could "
+        "read it, or never existed"));
+  }
+  it->second.readers++;
+  it->second.held = true;
+  return absl::OkStatus();
 }
 
 void ObjectStore::RemoveReader(const BufferKey& key) {
@@ -114,6 +147,8 @@ void ObjectStore::Release(uint64_t buffer_id) {
 
 void ObjectStore::ReleaseClient(uint64_t client_id) {
   absl::MutexLock lock(&mu_);
+  departed_.insert(client_id);
+  created_.SignalAll();  // waits for its undeclared keys end now
   for (auto it = rejected_.begin(); it != rejected_.end();) {
     auto cur = it++;
     if (ClientOfBuffer(cur->first) == client_id) rejected_.erase(cur);
@@ -132,20 +167,30 @@ void ObjectStore::ReleaseClient(uint64_t client_id) {
 }
 
 absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  return ReserveLocked(device, bytes, /*wait=*/true);
+}
+
+absl::Status ObjectStore::ReserveLocked(int device, int64_t bytes, bool wait) {
   if (device < 0 || device >= num_devices()) {
     return absl::InvalidArgumentError(
         absl::StrCat("no device ", device, " on this worker"));
+  }
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot reserve ", bytes, " bytes"));
   }
   if (bytes > capacity_[device]) {
     return absl::ResourceExhaustedError(
         absl::StrCat("a shard of ", bytes, " bytes can never fit device ",
                      device, " (memory budget ", capacity_[device], " bytes)"));
   }
-  absl::MutexLock lock(&mu_);
-  absl::Time deadline = absl::Now() + options_.reserve_timeout;
-  while (!shutdown_ && used_[device] + bytes > capacity_[device]) {
-    if (memory_freed_.WaitWithDeadline(&mu_, deadline)) {
-      if (used_[device] + bytes > capacity_[device]) {
+  if (wait) {
+    const absl::Time deadline =
+        options_.clock->Now() + options_.reserve_timeout;
+    while (!shutdown_ && used_[device] + bytes > capacity_[device]) {
+      if (options_.clock->AwaitWithDeadline(&mu_, &memory_freed_, deadline) &&
+          used_[device] + bytes > capacity_[device]) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "waited ", absl::FormatDuration(options_.reserve_timeout), " for ",
             bytes, " bytes on device ", device, " (budget ", capacity_[device],
@@ -157,6 +202,114 @@ absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
   if (shutdown_) return absl::CancelledError("object store shut down");
   ChargeLocked(device, bytes);
   return absl::OkStatus();
+}
+
+absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key) const {
+  if (shutdown_) return absl::CancelledError("worker shutting down");
+  auto rejected = rejected_.find(key.buffer_id);
+  if (rejected != rejected_.end()) return rejected->second;
+  if (departed_.contains(ClientOfBuffer(key.buffer_id))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(KeyString(key), " belongs to client ",
+                     ClientOfBuffer(key.buffer_id), ", which has left"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
+    const BufferKey& key) {
+  const absl::Time deadline =
+      options_.clock->Now() + options_.unknown_key_timeout;
+  while (true) {
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.declared) return &it->second;
+    if (absl::Status end = UnknownKeyEndLocked(key); !end.ok()) return end;
+    unknown_waiters_++;
+    bool timed_out =
+        options_.clock->AwaitWithDeadline(&mu_, &created_, deadline);
+    unknown_waiters_--;
+    if (timed_out) {
+      it = entries_.find(key);
+      if (it != entries_.end() && it->second.declared) return &it->second;
+      return absl::NotFoundError(absl::StrCat(
+          KeyString(key), " was never declared on this worker (waited ",
+          absl::FormatDuration(options_.unknown_key_timeout), ")"));
+    }
+  }
+}
+
+absl::Status ObjectStore::AdmitIncoming(const BufferKey& key, int64_t bytes,
+                                        bool from_client) {
+  std::vector<ReadyCallback> callbacks;
+  absl::Status mismatch;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Entry*> found = AwaitDeclaredLocked(key);
+    if (!found.ok()) return found.status();
+    Entry& e = **found;
+    const Arrival want =
+        from_client ? Arrival::kFromClient : Arrival::kFromPeer;
+    if (e.arrival != want) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          KeyString(key), " does not take data from a ",
+          from_client ? "client" : "peer worker",
+          e.arrival == Arrival::kComputed ? " (it is computed on this worker)"
+                                          : ""));
+    }
+    if (e.state != Entry::State::kPending || e.receiving) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(KeyString(key), " already has its data"));
+    }
+    if (bytes != e.expected_bytes) {
+      mismatch = absl::InvalidArgumentError(absl::StrCat(
+          KeyString(key), " is declared as ", e.spec.ToString(), " (",
+          e.expected_bytes, " bytes) but ", bytes, " bytes were sent"));
+      callbacks = FailLocked(key, e, mismatch);
+      MaybeRemoveLocked(key);
+    } else {
+      // A client waits for room; a peer's transfer is already scheduled.
+      const int device = e.device;  // `e` may move while the wait runs
+      absl::Status reserved = ReserveLocked(device, bytes, from_client);
+      if (!reserved.ok()) return reserved;
+      // The entry may have moved while the reservation waited.
+      auto it = entries_.find(key);
+      if (it == entries_.end() || it->second.state != Entry::State::kPending ||
+          it->second.receiving) {
+        used_[device] -= bytes;
+        memory_freed_.SignalAll();
+        return absl::AbortedError(
+            absl::StrCat(KeyString(key),
+                         " was completed or released while its data "
+                         "waited for memory"));
+      }
+      it->second.receiving = true;
+      it->second.charged = bytes;
+      return absl::OkStatus();
+    }
+  }
+  RunCallbacks(std::move(callbacks), mismatch);
+  return mismatch;
+}
+
+void ObjectStore::FulfilIncoming(const BufferKey& key,
+                                 std::shared_ptr<Storage> data) {
+  std::vector<ReadyCallback> callbacks;
+  std::shared_ptr<const Storage> ready = data;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = entries_.find(key);
+    if (it == entries_.end() || !it->second.receiving ||
+        it->second.state != Entry::State::kPending) {
+      return;  // failed meanwhile; Fail returned the reservation
+    }
+    Entry& e = it->second;
+    e.receiving = false;
+    e.state = Entry::State::kReady;
+    e.data = std::move(data);
+    callbacks = CompleteLocked(key, e);
+    MaybeRemoveLocked(key);
+  }
+  RunCallbacks(std::move(callbacks), ready);
 }
 
 void ObjectStore::Unreserve(int device, int64_t bytes) {
@@ -197,8 +350,9 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
     Entry& e = GetOrCreateLocked(key);
     if (e.device < 0) e.device = device;
     int64_t bytes = static_cast<int64_t>(data->size());
-    if (e.state != Entry::State::kPending) {
-      // Late duplicate (e.g. the data raced a failure): drop it.
+    if (e.state != Entry::State::kPending || e.receiving) {
+      // Late duplicate (e.g. the data raced a failure), or bytes already
+      // being received for it: drop it.
       if (reserved && device >= 0) {
         used_[device] -= bytes;
         memory_freed_.SignalAll();
@@ -216,15 +370,27 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
   RunCallbacks(std::move(callbacks), ready);
 }
 
+std::vector<ObjectStore::ReadyCallback> ObjectStore::FailLocked(
+    const BufferKey& key, Entry& e, const absl::Status& status) {
+  if (e.state != Entry::State::kPending) return {};
+  if (e.receiving) {
+    // Bytes admitted for data that will not arrive.
+    used_[e.device] -= e.charged;
+    e.charged = 0;
+    e.receiving = false;
+    memory_freed_.SignalAll();
+  }
+  e.state = Entry::State::kFailed;
+  e.status = status;
+  return CompleteLocked(key, e);
+}
+
 void ObjectStore::Fail(const BufferKey& key, const absl::Status& status) {
   std::vector<ReadyCallback> callbacks;
   {
     absl::MutexLock lock(&mu_);
     Entry& e = GetOrCreateLocked(key);
-    if (e.state != Entry::State::kPending) return;
-    e.state = Entry::State::kFailed;
-    e.status = status;
-    callbacks = CompleteLocked(key, e);
+    callbacks = FailLocked(key, e, status);
     MaybeRemoveLocked(key);
   }
   RunCallbacks(std::move(callbacks), status);
@@ -247,7 +413,8 @@ void ObjectStore::FailFromSource(int64_t worker_id,
 absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
     const BufferKey& key) {
   absl::MutexLock lock(&mu_);
-  absl::Time unknown_deadline = absl::Now() + options_.unknown_key_timeout;
+  const absl::Time unknown_deadline =
+      options_.clock->Now() + options_.unknown_key_timeout;
   while (true) {
     if (shutdown_) return absl::CancelledError("worker shutting down");
     auto it = entries_.find(key);
@@ -255,20 +422,23 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
       Entry& e = it->second;
       if (e.state == Entry::State::kReady) return e.data;
       if (e.state == Entry::State::kFailed) return e.status;
+      // Pending: its producer, its sender's death (FailFromSource) or the
+      // shutdown ends this wait; no deadline.
       if (!e.ready) e.ready = std::make_shared<absl::CondVar>();
       std::shared_ptr<absl::CondVar> ready = e.ready;
       ready->Wait(&mu_);
       continue;
     }
-    auto rejected = rejected_.find(key.buffer_id);
-    if (rejected != rejected_.end()) return rejected->second;
+    if (absl::Status end = UnknownKeyEndLocked(key); !end.ok()) return end;
     unknown_waiters_++;
-    bool timed_out = created_.WaitWithDeadline(&mu_, unknown_deadline);
+    bool timed_out =
+        options_.clock->AwaitWithDeadline(&mu_, &created_, unknown_deadline);
     unknown_waiters_--;
-    if (timed_out && entries_.find(key) == entries_.end() &&
-        rejected_.find(key.buffer_id) == rejected_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat(KeyString(key), " is not on this worker"));
+    if (timed_out && !entries_.contains(key) && UnknownKeyEndLocked(key).ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          KeyString(key),
+          " is not on this worker (never declared here; waited ",
+          absl::FormatDuration(options_.unknown_key_timeout), ")"));
     }
   }
 }

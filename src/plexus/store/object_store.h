@@ -13,8 +13,19 @@
 // order: data can arrive before its declaration, and a temporary declared
 // before its reader is queued is not dropped in between.
 //
-// Thread-safe. Waits (AwaitReady, Reserve) block on condition variables and
-// never spin.
+// Data from another process (a client's PUT, a peer's PUSH) is admitted
+// only for a key that was declared to take it, and only in the declared
+// size (AdmitIncoming); a key not declared yet is waited for, up to
+// unknown_key_timeout.
+//
+// Every wait has a way out and says which: the shard's failure, its
+// client's departure (ReleaseClient), the store's shutdown, or, where no
+// event can end it (a key nobody declared, memory nobody frees), a deadline
+// read from the injected Clock. A shard still being computed is waited for
+// without a deadline: its producer fulfils or fails it.
+//
+// Thread-safe. Waits (AwaitReady, Reserve, AdmitIncoming) block on
+// condition variables and never spin.
 #pragma once
 
 #include <cstdint>
@@ -24,10 +35,12 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/types.h"
 #include "plexus/store/storage.h"
 
@@ -65,7 +78,12 @@ class ObjectStore {
     std::vector<int64_t> device_memory;  // budget in bytes, per device
     absl::Duration reserve_timeout = absl::Seconds(30);
     absl::Duration unknown_key_timeout = absl::Seconds(30);
+    Clock* clock = Clock::Real();  // deadlines; not owned
   };
+  // Where a declared shard's data comes from: computed on this worker, or
+  // received over the data plane from a client (put) or a peer (transfer).
+  // Only the last two admit incoming bytes, each from its own sender kind.
+  enum class Arrival { kComputed, kFromClient, kFromPeer };
   using ReadyCallback =
       std::function<void(absl::StatusOr<std::shared_ptr<const Storage>>)>;
 
@@ -77,15 +95,20 @@ class ObjectStore {
 
   // A shard this worker will hold. `owned`: the client holds a reference
   // until Release. `source_worker` >= 0: the data will come from that peer
-  // (so PeerDown can fail it).
+  // (so PeerDown can fail it). Data that reached the entry before its
+  // declaration (Fulfil) must have the spec's size, or the shard fails.
   void Declare(const BufferKey& key, int device, const TensorSpec& spec,
-               bool owned, int64_t source_worker = -1);
-  // Queued consumers keep an entry alive until they are done.
-  void AddReader(const BufferKey& key);
+               bool owned, Arrival arrival = Arrival::kComputed,
+               int64_t source_worker = -1);
+  // Queued consumers keep an entry alive until they are done. NotFound (and
+  // nothing changes) if the shard is unknown here: released, or never
+  // declared. A buffer whose call was rejected (FailBuffer) is known.
+  absl::Status AddReader(const BufferKey& key);
   void RemoveReader(const BufferKey& key);
   // The client dropped its reference: every shard of the buffer.
   void Release(uint64_t buffer_id);
-  // Everything `client_id` owned (it disconnected).
+  // Everything `client_id` owned (it disconnected). Later waits for its
+  // undeclared keys fail at once, saying the client left.
   void ReleaseClient(uint64_t client_id);
 
   // Charges `bytes` to `device`, waiting while the budget is exhausted
@@ -95,6 +118,20 @@ class ObjectStore {
   void Unreserve(int device, int64_t bytes);
   // Reserve + Storage::Allocate.
   absl::StatusOr<std::shared_ptr<Storage>> Allocate(int device, int64_t bytes);
+
+  // Admits `bytes` incoming bytes for `key` from a client (PUT) or a peer
+  // (PUSH): waits until the key is declared (up to unknown_key_timeout),
+  // checks that it takes data from that kind of sender, is still pending,
+  // is not being received already, and that `bytes` is its declared size
+  // (if not, the shard fails with a message naming both sizes), then charges
+  // the bytes to its device: a client's wait for room (back-pressure, up to
+  // reserve_timeout); a peer's are charged at once, as the scheduler
+  // already placed the transfer. On success the bytes are reserved for
+  // FulfilIncoming; a failure of the shard (Fail) returns them.
+  absl::Status AdmitIncoming(const BufferKey& key, int64_t bytes,
+                             bool from_client);
+  // The admitted bytes arrived: the shard is ready.
+  void FulfilIncoming(const BufferKey& key, std::shared_ptr<Storage> data);
 
   // Attaches data; the reservation for data->size() on the entry's device
   // moves to the entry (`reserved`), or is taken now without waiting.
@@ -109,8 +146,9 @@ class ObjectStore {
   void FailFromSource(int64_t worker_id, const absl::Status& status);
 
   // Blocks until the shard is ready or failed. A key this store has never
-  // seen is waited for up to unknown_key_timeout (its declaration may still
-  // be in flight), then NotFound.
+  // seen is waited for (its declaration may still be in flight) until it
+  // appears, its buffer is rejected, its client leaves, the store shuts
+  // down, or unknown_key_timeout passes (NotFound, saying so).
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const BufferKey& key);
   // Runs `callback` once the shard is ready or failed: at once (on this
@@ -132,6 +170,9 @@ class ObjectStore {
     int device = -1;
     int64_t source_worker = -1;
     int64_t charged = 0;
+    Arrival arrival = Arrival::kComputed;
+    int64_t expected_bytes = -1;  // declared size of incoming data
+    bool receiving = false;       // admitted (and charged), not arrived
     int readers = 0;
     bool held = false;  // owned or read at least once
     TensorSpec spec;
@@ -144,6 +185,19 @@ class ObjectStore {
   };
 
   Entry& GetOrCreateLocked(const BufferKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until `key` is declared; its entry, or why there is none.
+  absl::StatusOr<Entry*> AwaitDeclaredLocked(const BufferKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a wait for `key`, which has no entry, must end now; OK to go on.
+  absl::Status UnknownKeyEndLocked(const BufferKey& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Charges `bytes` to `device`, waiting for room while `wait`.
+  absl::Status ReserveLocked(int device, int64_t bytes, bool wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails a pending entry; returns the callbacks to run unlocked.
+  std::vector<ReadyCallback> FailLocked(const BufferKey& key, Entry& e,
+                                        const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the entry if nothing keeps it.
   void MaybeRemoveLocked(const BufferKey& key)
@@ -175,6 +229,8 @@ class ObjectStore {
   }
   // Buffers whose calls were rejected: their shards fail on sight.
   absl::flat_hash_map<uint64_t, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
+  // Clients that left: nothing of theirs will be declared any more.
+  absl::flat_hash_set<uint64_t> departed_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

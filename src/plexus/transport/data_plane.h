@@ -26,6 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "plexus/store/storage.h"
 
 namespace plexus::transport {
@@ -55,19 +56,31 @@ struct DataPlaneCounters {
 // What a data-plane server asks of its owner (the worker's object store).
 // Called from connection threads; implementations are thread-safe and may
 // block (back-pressure and waiting for a shard to become ready).
+//
+// An incoming shard (PUT or PUSH) goes AdmitIncoming -> [AllocateIncoming,
+// TCP only] -> Deliver, or, once admitted, DeliverError if its bytes do not
+// all arrive. Nothing is allocated or mapped for a shard before it is
+// admitted, and never more than the size it was admitted with.
 class DataPlaneHandler {
  public:
   virtual ~DataPlaneHandler() = default;
-  // Storage for `bytes` incoming bytes of `key` (TCP path). May block until
-  // the destination device has room. `from_client` tells PUT from PUSH.
+  // Whether `bytes` bytes of `key` may be received now (may block: for the
+  // key's declaration, for room on its device). An error drops the payload
+  // unread (a PUT's sender hears the error); the handler fails the shard
+  // itself where its readers must hear of it (a size that differs from the
+  // declared one). `from_client` tells PUT from PUSH.
+  virtual absl::Status AdmitIncoming(const ShardKey& key, size_t bytes,
+                                     bool from_client) = 0;
+  // Storage for the admitted `bytes` bytes of `key` (TCP path).
   virtual absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
       const ShardKey& key, size_t bytes, bool from_client) = 0;
-  // The bytes of `key` arrived (either carrier). For a PUSH the data is
-  // complete; `from_client` tells PUT from PUSH.
+  // The admitted bytes of `key` arrived (either carrier), exactly as many
+  // as admitted. `from_client` tells PUT from PUSH.
   virtual absl::Status Deliver(const ShardKey& key,
                                std::shared_ptr<Storage> data,
                                bool from_client) = 0;
-  // The sender says `key` failed upstream.
+  // `key` will not arrive: the sender says it failed upstream, or its
+  // admitted bytes could not be received.
   virtual void DeliverError(const ShardKey& key,
                             const std::string& message) = 0;
   // Blocks until `key` is ready; returns its bytes or its error.
@@ -78,10 +91,17 @@ class DataPlaneHandler {
 struct DataPlaneServerOptions {
   std::string tcp_host = "127.0.0.1";  // TCP listens on port 0 here
   std::string unix_name;  // abstract socket name; empty disables unix
+  // Connections open at once; more are closed as they arrive (each holds a
+  // thread).
+  int max_connections = 1024;
+  // Once a frame has begun, each further read of it (header or payload)
+  // must make progress within this time, or the connection is closed. An
+  // idle connection between frames waits without limit.
+  absl::Duration frame_timeout = absl::Seconds(10);
 };
 
 // Accepts connections on TCP and (optionally) a unix socket; one thread per
-// connection, blocking I/O (idle connections sleep in recv).
+// connection, blocking I/O (idle connections sleep in poll).
 class DataPlaneServer {
  public:
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
@@ -101,7 +121,9 @@ class DataPlaneServer {
 // peer may have died.
 class DataPlaneConnection {
  public:
-  // Connects to unix_path when non-empty (same machine), else tcp_address.
+  // Connects to unix_path when non-empty (same machine, see
+  // LocalMachineId), else tcp_address; to tcp_address too when the unix
+  // socket cannot be reached (uses_shared_memory() tells which).
   static absl::StatusOr<std::unique_ptr<DataPlaneConnection>> Connect(
       const std::string& tcp_address, const std::string& unix_path,
       DataPlaneCounters* counters);
@@ -118,6 +140,11 @@ class DataPlaneConnection {
   virtual absl::StatusOr<std::shared_ptr<Storage>> Fetch(
       const ShardKey& key) = 0;
   virtual absl::Status Wait(const ShardKey& key) = 0;
+  // Wakes the user blocked in one of the calls above (it returns an error)
+  // and breaks the connection. The one method safe to call from another
+  // thread, while the connection exists: how a client stops waiting on a
+  // worker that the server declared down.
+  virtual void Shutdown() = 0;
 };
 
 }  // namespace plexus::transport

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
 #include "plexus/transport/internal/socket_io.h"
@@ -27,6 +28,8 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
         counters_(counters) {}
 
   bool uses_shared_memory() const override { return socket_->is_unix(); }
+
+  void Shutdown() override { socket_->Shutdown(); }
 
   absl::Status Push(const ShardKey& key, const Storage& data) override {
     if (absl::Status s = CheckOpen(); !s.ok()) return s;
@@ -159,14 +162,31 @@ absl::StatusOr<std::unique_ptr<DataPlaneConnection>>
 DataPlaneConnection::Connect(const std::string& tcp_address,
                              const std::string& unix_path,
                              DataPlaneCounters* counters) {
-  const bool is_unix = !unix_path.empty();
-  absl::StatusOr<internal::UniqueFd> fd =
-      is_unix ? internal::ConnectUnix(unix_path)
-              : internal::ConnectTcp(tcp_address);
-  if (!fd.ok()) return fd.status();
+  absl::Status unix_error;
+  if (!unix_path.empty()) {
+    absl::StatusOr<internal::UniqueFd> fd = internal::ConnectUnix(unix_path);
+    if (fd.ok()) {
+      return std::make_unique<DataPlaneConnectionImpl>(
+          std::make_unique<FrameSocket>(*std::move(fd), /*is_unix=*/true),
+          absl::StrCat("unix @", unix_path), counters);
+    }
+    if (tcp_address.empty()) return fd.status();
+    // The socket is abstract: in another network namespace it does not
+    // exist. TCP reaches the same worker wherever it is.
+    unix_error = fd.status();
+    SPDLOG_INFO("data plane: {}; using TCP ({})",
+                std::string(unix_error.message()), tcp_address);
+  }
+  absl::StatusOr<internal::UniqueFd> fd = internal::ConnectTcp(tcp_address);
+  if (!fd.ok()) {
+    if (unix_error.ok()) return fd.status();
+    return absl::Status(
+        fd.status().code(),
+        absl::StrCat(unix_error.message(), "; then ", fd.status().message()));
+  }
   return std::make_unique<DataPlaneConnectionImpl>(
-      std::make_unique<FrameSocket>(*std::move(fd), is_unix),
-      is_unix ? absl::StrCat("unix @", unix_path) : tcp_address, counters);
+      std::make_unique<FrameSocket>(*std::move(fd), /*is_unix=*/false),
+      tcp_address, counters);
 }
 
 }  // namespace plexus::transport

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "plexus/common/logging.h"
 #include "plexus/transport/data_plane.h"
@@ -35,8 +36,10 @@ std::string KeyString(const ShardKey& key) {
 // AllocateIncoming) must be released by the handler's owner first.
 class DataPlaneServerImpl : public DataPlaneServer {
  public:
-  DataPlaneServerImpl(DataPlaneHandler* handler, DataPlaneCounters* counters)
-      : handler_(handler),
+  DataPlaneServerImpl(const DataPlaneServerOptions& options,
+                      DataPlaneHandler* handler, DataPlaneCounters* counters)
+      : options_(options),
+        handler_(handler),
         counters_(counters != nullptr ? counters : &own_counters_) {}
   ~DataPlaneServerImpl() override;
 
@@ -69,6 +72,7 @@ class DataPlaneServerImpl : public DataPlaneServer {
     return stopping_;
   }
 
+  const DataPlaneServerOptions options_;
   DataPlaneHandler* const handler_;
   DataPlaneCounters own_counters_;  // used when the owner passes none
   DataPlaneCounters* const counters_;
@@ -81,6 +85,7 @@ class DataPlaneServerImpl : public DataPlaneServer {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::flat_hash_map<uint64_t, Connection> connections_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -148,9 +153,29 @@ void DataPlaneServerImpl::AcceptLoop(int listen_fd, bool is_unix) {
 
 void DataPlaneServerImpl::StartConnection(UniqueFd fd, bool is_unix) {
   auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
+  if (absl::Status s = socket->SetFrameTimeout(options_.frame_timeout);
+      !s.ok()) {
+    SPDLOG_WARN("data plane: refusing connection from {}: {}", socket->peer(),
+                s.ToString());
+    return;
+  }
   FrameSocket* raw = socket.get();
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
+  if (static_cast<int>(connections_.size()) >= options_.max_connections) {
+    // Each connection holds a thread: past the cap, a new one is closed at
+    // once (the peer sees the end of the stream) rather than starve the
+    // process. Logged at most once per second.
+    const absl::Time now = absl::Now();
+    if (now - last_refusal_log_ >= absl::Seconds(1)) {
+      last_refusal_log_ = now;
+      SPDLOG_WARN(
+          "data plane: {} connections open (the limit); closing the one "
+          "from {}",
+          connections_.size(), raw->peer());
+    }
+    return;
+  }
   uint64_t id = next_id_++;
   Connection& connection = connections_[id];
   connection.socket = std::move(socket);
@@ -226,34 +251,46 @@ absl::Status DataPlaneServerImpl::ServeShard(FrameSocket& socket,
                                              const FrameHeader& header) {
   const ShardKey key = header.key();
   const bool from_client = header.frame_type() == FrameType::kPut;
+  const char* what = from_client ? "PUT" : "PUSH";
+  // Nothing is mapped or allocated before the handler admits the claimed
+  // size (for the key's declaration, in its declared size).
+  absl::Status admitted =
+      handler_->AdmitIncoming(key, header.payload_bytes, from_client);
+  if (!admitted.ok()) {
+    if (absl::Status s = socket.SkipShard(header); !s.ok()) return s;
+    if (from_client) {
+      return socket.SendError(FrameType::kError, key, admitted);
+    }
+    SPDLOG_WARN("data plane: {} of {} from {} refused: {}", what,
+                KeyString(key), socket.peer(), admitted.ToString());
+    return absl::OkStatus();
+  }
   absl::StatusOr<std::shared_ptr<Storage>> data =
       socket.ReadShard(header, [&](size_t bytes) {
         return handler_->AllocateIncoming(key, bytes, from_client);
       });
-  if (socket.broken()) return data.status();
-  absl::Status received = data.status();
-  absl::Status delivered;
-  if (received.ok()) {
+  absl::Status result = data.status();
+  if (result.ok()) {
     (from_client ? counters_->bytes_from_clients : counters_->bytes_received)
         .fetch_add(static_cast<int64_t>(header.payload_bytes));
-    delivered = handler_->Deliver(key, *std::move(data), from_client);
+    result = handler_->Deliver(key, *std::move(data), from_client);
+  } else {
+    // Admitted bytes that will not arrive: fail the shard, so its readers
+    // see why instead of waiting for ever (and its memory comes back).
+    SPDLOG_WARN("data plane: receiving {} of {} from {} failed: {}", what,
+                KeyString(key), socket.peer(), result.ToString());
+    handler_->DeliverError(
+        key, absl::StrCat("receiving ", KeyString(key), " from ", socket.peer(),
+                          " failed: ", result.message()));
   }
+  if (socket.broken()) return result;
   if (from_client) {
-    absl::Status result = received.ok() ? delivered : received;
     return result.ok() ? socket.SendControl(FrameType::kAck, key)
                        : socket.SendError(FrameType::kError, key, result);
   }
-  if (!received.ok()) {
-    // No one else will hear of this shard: fail it, so that its readers
-    // see why instead of waiting for ever.
-    SPDLOG_WARN("data plane: receiving PUSH of {} from {} failed: {}",
-                KeyString(key), socket.peer(), received.ToString());
-    handler_->DeliverError(
-        key, absl::StrCat("receiving ", KeyString(key), " from ", socket.peer(),
-                          " failed: ", received.message()));
-  } else if (!delivered.ok()) {
+  if (!result.ok()) {
     SPDLOG_WARN("data plane: PUSH of {} from {} was not stored: {}",
-                KeyString(key), socket.peer(), delivered.ToString());
+                KeyString(key), socket.peer(), result.ToString());
   }
   return absl::OkStatus();
 }
@@ -289,7 +326,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   if (handler == nullptr) {
     return absl::InvalidArgumentError("data plane server needs a handler");
   }
-  auto server = std::make_unique<DataPlaneServerImpl>(handler, counters);
+  if (options.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        "data plane server: max_connections must be at least 1");
+  }
+  auto server =
+      std::make_unique<DataPlaneServerImpl>(options, handler, counters);
   if (absl::Status s = server->Listen(options); !s.ok()) return s;
   return server;
 }

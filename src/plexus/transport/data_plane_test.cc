@@ -183,6 +183,51 @@ TEST_P(DataPlaneTest, ClosingTheHandlerReleasesABlockedFetch) {
   server_.reset();  // returns: no thread is left inside the handler
 }
 
+// A worker in another network namespace registers a unix socket that is not
+// there for us (abstract sockets are per namespace): Connect falls back to
+// TCP, the same worker, and the bytes still arrive.
+TEST(DataPlaneConnectTest, AnUnreachableUnixSocketFallsBackToTcp) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+
+  auto conn = DataPlaneConnection::Connect(
+      (*server)->tcp_address(), UniqueUnixName() + "-nobody-listens", nullptr);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  EXPECT_FALSE((*conn)->uses_shared_memory());
+  std::shared_ptr<Storage> sent = Pattern(1 << 20, 3);
+  ASSERT_TRUE((*conn)->Put({9, 0}, *sent).ok());
+  auto fetched = (*conn)->Fetch({9, 0});
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(SameBytes(**fetched, *sent));
+
+  // A reachable unix socket is still preferred.
+  auto shm = DataPlaneConnection::Connect((*server)->tcp_address(),
+                                          (*server)->unix_path(), nullptr);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_TRUE((*shm)->uses_shared_memory());
+  handler.Close();
+}
+
+TEST(DataPlaneConnectTest, NeitherCarrierReachableNamesTheTcpAddress) {
+  // A port nobody listens on: bind one, note it, close it.
+  MapHandler handler;
+  auto server = DataPlaneServer::Start({}, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string address = (*server)->tcp_address();
+  handler.Close();
+  server->reset();
+
+  auto conn = DataPlaneConnection::Connect(
+      address, UniqueUnixName() + "-nobody-listens", nullptr);
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(conn.status().message().find(address), std::string::npos)
+      << conn.status();
+}
+
 INSTANTIATE_TEST_SUITE_P(Carriers, DataPlaneTest,
                          ::testing::Values(Carrier::kTcp, Carrier::kUnix),
                          [](const auto& info) {

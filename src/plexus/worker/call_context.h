@@ -3,7 +3,9 @@
 
 #include <atomic>
 #include <memory>
+#include <vector>
 
+#include "absl/status/status.h"
 #include "plexus/worker/collective.h"
 #include "plexus/worker/worker_impl.h"
 #include "plexus/worker/xla_island.h"
@@ -18,6 +20,9 @@ struct WorkerImpl::CallContext {
   std::unique_ptr<CallCollective> collective;  // collective kernels
   std::unique_ptr<IslandExecution> island;     // XLA programs
   std::atomic<int> tasks_left{0};
+  // Per task: why it cannot run, found when it was queued (an input that
+  // is not on this worker); OK otherwise.
+  std::vector<absl::Status> input_errors;
 };
 
 }  // namespace plexus

@@ -26,7 +26,7 @@ void CallCollective::ExpectPartials(int device, const TensorSpec& spec) {
       if (r == my_rank_) continue;
       expected_.push_back({exchange_id_, r});
       store_->Declare(expected_.back(), device, spec, /*owned=*/false,
-                      peers_[r].worker_id);
+                      ObjectStore::Arrival::kFromPeer, peers_[r].worker_id);
     }
   } else {
     // Step s of the ring arrives under (exchange_id, s) from the previous
@@ -38,10 +38,11 @@ void CallCollective::ExpectPartials(int device, const TensorSpec& spec) {
       TensorSpec chunk{spec.dtype, {ChunkBegin(c + 1, n) - ChunkBegin(c, n)}};
       expected_.push_back({exchange_id_, step});
       store_->Declare(expected_.back(), device, chunk, /*owned=*/false,
-                      peers_[prev].worker_id);
+                      ObjectStore::Arrival::kFromPeer, peers_[prev].worker_id);
     }
   }
-  for (const BufferKey& key : expected_) store_->AddReader(key);
+  // Just declared: known, so AddReader cannot fail.
+  for (const BufferKey& key : expected_) store_->AddReader(key).IgnoreError();
 }
 
 void CallCollective::ReleasePartials() {

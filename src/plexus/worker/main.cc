@@ -3,7 +3,6 @@
 #include <sys/prctl.h>
 
 #include <cstdlib>
-#include <thread>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
@@ -65,12 +64,21 @@ int main(int argc, char** argv) {
     SPDLOG_ERROR("cannot start: {}", worker.status().ToString());
     return 1;
   }
-  plexus::OnTerminationSignal([&](int sig) {
-    SPDLOG_INFO("signal {}: shutting down", sig);
-    (*worker)->Shutdown();
-  });
-  absl::Status end = (*worker)->Wait();
+  absl::Status end;
+  {
+    // Joined at the end of this block, before the worker goes: a signal
+    // that comes later finds no handler (it stays blocked) rather than a
+    // destroyed worker.
+    plexus::TerminationSignalWatcher on_signal([&](int sig) {
+      SPDLOG_INFO("signal {}: shutting down", sig);
+      (*worker)->Shutdown();
+    });
+    end = (*worker)->Wait();
+  }
   SPDLOG_INFO("stopped: {}", end.ToString());
   worker->reset();
+  // Cancelled: stopped by a signal, or the server ended the session on
+  // purpose (it is shutting down). Anything else (the server vanished) is
+  // an error.
   return end.code() == absl::StatusCode::kCancelled ? 0 : 2;
 }

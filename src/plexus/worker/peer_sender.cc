@@ -1,16 +1,19 @@
 #include "plexus/worker/peer_sender.h"
 
+#include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 
 namespace plexus {
 
 PeerSender::PeerSender(int64_t peer_id, std::string tcp_address,
                        std::string unix_path,
-                       transport::DataPlaneCounters* counters)
+                       transport::DataPlaneCounters* counters,
+                       FailureCallback on_failure)
     : peer_id_(peer_id),
       tcp_address_(std::move(tcp_address)),
       unix_path_(std::move(unix_path)),
       counters_(counters),
+      on_failure_(std::move(on_failure)),
       thread_([this] { Loop(); }) {}
 
 PeerSender::~PeerSender() {
@@ -76,20 +79,29 @@ void PeerSender::Loop() {
 }
 
 void PeerSender::Deliver(const Item& item) {
+  absl::Status s = SendOne(item);
+  if (s.ok()) return;
+  // One reconnect: the connection may have been closed under us.
+  conn_.reset();
+  s = SendOne(item);
+  if (s.ok()) return;
+  conn_.reset();
   {
-    absl::Status s = SendOne(item);
-    if (!s.ok()) {
-      // One reconnect: the connection may have been closed under us. A dead
-      // peer fails again here and is reported by the server as PeerDown.
-      conn_.reset();
-      s = SendOne(item);
-    }
-    if (!s.ok()) {
-      conn_.reset();
-      SPDLOG_WARN("push of buffer {} shard {} to worker {} failed: {}",
-                  item.key.buffer_id, item.key.shard, peer_id_, s.ToString());
-    }
+    // A dead peer fails here too; the server reports it (PeerDown) and
+    // fails what it was sent, so there is nobody to tell.
+    absl::MutexLock lock(&mu_);
+    if (down_) return;
   }
+  std::string reason = absl::StrCat(
+      "transfer of buffer ", item.key.buffer_id, " shard ", item.key.shard,
+      " to worker ", peer_id_, " could not be delivered: ", s.message());
+  if (!item.data.ok()) {
+    absl::StrAppend(&reason,
+                    " (it had failed upstream: ", item.data.status().message(),
+                    ")");
+  }
+  SPDLOG_WARN("{}", reason);
+  if (on_failure_) on_failure_(item.key, absl::UnavailableError(reason));
 }
 
 }  // namespace plexus

@@ -2,10 +2,14 @@
 // in the order they became ready. A small shard sent while nothing is queued
 // goes out at once on the caller's thread (saving a thread hand-off per
 // hop); everything else goes through one sender thread per peer, which
-// sleeps on its queue when idle. Thread-safe.
+// sleeps on its queue when idle. A shard that cannot be delivered at all
+// (the connection fails, again after one reconnect) is reported through
+// `on_failure`, so the destination can fail it instead of waiting.
+// Thread-safe.
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -18,8 +22,16 @@ namespace plexus {
 
 class PeerSender {
  public:
+  // Called on the sending thread, once per shard that could not be
+  // delivered, with the reason (never after MarkDown: the peer is gone, and
+  // the server fails what was expected from or by it).
+  using FailureCallback = std::function<void(const transport::ShardKey& key,
+                                             const absl::Status& reason)>;
+  // `unix_path`: the peer's unix socket when it may share memory with this
+  // process (tried first; TCP when it cannot be reached), else empty.
   PeerSender(int64_t peer_id, std::string tcp_address, std::string unix_path,
-             transport::DataPlaneCounters* counters);
+             transport::DataPlaneCounters* counters,
+             FailureCallback on_failure);
   ~PeerSender();  // drops what is queued and joins
 
   // Queues `data` (or its error) for `key` on the peer.
@@ -35,7 +47,7 @@ class PeerSender {
   };
   void Loop();
   absl::Status SendOne(const Item& item);
-  // SendOne with one reconnect; logs a failure.
+  // SendOne with one reconnect; reports a failure.
   void Deliver(const Item& item);
   static constexpr size_t kInlineBytes = 64 * 1024;
 
@@ -43,6 +55,7 @@ class PeerSender {
   const std::string tcp_address_;
   const std::string unix_path_;
   transport::DataPlaneCounters* const counters_;
+  const FailureCallback on_failure_;
   std::unique_ptr<transport::DataPlaneConnection> conn_;  // sender thread only
 
   absl::Mutex mu_;

@@ -57,8 +57,12 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   }
 
   // Declare outputs and pin inputs now, in stream order, so fetches and
-  // releases that follow see them.
-  for (const auto& task : exec.tasks()) {
+  // releases that follow see them. An input that is not here (released
+  // before this call reached the worker) fails its task now: nothing would
+  // ever fulfil it.
+  call->input_errors.resize(exec.tasks_size());
+  for (int t = 0; t < exec.tasks_size(); ++t) {
+    const proto::ShardTask& task = exec.tasks(t);
     for (int o = 0; o < exec.output_ids_size(); ++o) {
       TensorSpec spec;
       if (call->program &&
@@ -69,10 +73,25 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
       store_->Declare({exec.output_ids(o), task.shard()}, task.device(), spec,
                       /*owned=*/true);
     }
-    for (const auto& binding : task.inputs()) {
-      for (const auto& piece : binding.pieces()) {
-        store_->AddReader({piece.buffer_id(), piece.shard()});
+    std::vector<BufferKey> pinned;
+    for (int i = 0; i < task.inputs_size() && call->input_errors[t].ok(); ++i) {
+      for (const auto& piece : task.inputs(i).pieces()) {
+        BufferKey key{piece.buffer_id(), piece.shard()};
+        absl::Status known = store_->AddReader(key);
+        if (!known.ok()) {
+          call->input_errors[t] = absl::Status(
+              known.code(),
+              absl::StrCat(call->program
+                               ? "program '" + call->program->name + "'"
+                               : "a program",
+                           " argument ", i, ": ", known.message()));
+          break;
+        }
+        pinned.push_back(key);
       }
+    }
+    if (!call->input_errors[t].ok()) {
+      for (const BufferKey& key : pinned) store_->RemoveReader(key);
     }
   }
   for (int i = 0; i < exec.tasks_size(); ++i) {
@@ -120,10 +139,21 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
     for (size_t i = 0; i < src_shape.size(); ++i) {
       if (static_cast<int>(i) != axis) other *= src_shape[i];
     }
-    if (!src_shape.empty()) src_shape[axis] = sources[p]->size() / other;
-    CopyRows(sources[p]->data(), src_shape, (*assembled)->data(), local->shape,
-             axis, piece.src_offset(), piece.dst_offset(), piece.length(),
-             elem);
+    if (other == 0) continue;  // an empty array: no rows to copy
+    if (!src_shape.empty() && axis >= 0 &&
+        axis < static_cast<int>(src_shape.size())) {
+      src_shape[axis] = static_cast<int64_t>(sources[p]->size()) / other;
+    }
+    absl::Status copied =
+        CopyRows(sources[p]->data(), sources[p]->size(), src_shape,
+                 (*assembled)->data(), (*assembled)->size(), local->shape, axis,
+                 piece.src_offset(), piece.dst_offset(), piece.length(), elem);
+    if (!copied.ok()) {
+      return absl::InternalError(
+          absl::StrCat("assembling an input from ",
+                       KeyString({piece.buffer_id(), piece.shard()}), ": ",
+                       copied.message()));
+    }
   }
   std::shared_ptr<const Storage> result = std::move(*assembled);
   keep->push_back(result);
@@ -144,7 +174,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
 
   std::unique_ptr<ShardCollectives> shard_collectives;
   bool joined_island = false;
+  const absl::Status& input_error = call->input_errors[task_index];
   auto run = [&]() -> absl::Status {
+    if (!input_error.ok()) return input_error;
     if (program == nullptr || (program->kernel == nullptr && !program->xla)) {
       return absl::NotFoundError(absl::StrCat("program ", exec.program_id(),
                                               " is not loaded on this worker"));
@@ -235,9 +267,11 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   }
   if (scratch_bytes > 0) store_->Unreserve(device, scratch_bytes);
   keep.clear();
-  for (const auto& binding : task.inputs()) {
-    for (const auto& piece : binding.pieces()) {
-      store_->RemoveReader({piece.buffer_id(), piece.shard()});
+  if (input_error.ok()) {  // else its pins were dropped when it was queued
+    for (const auto& binding : task.inputs()) {
+      for (const auto& piece : binding.pieces()) {
+        store_->RemoveReader({piece.buffer_id(), piece.shard()});
+      }
     }
   }
   if (--call->tasks_left == 0 && call->collective) {

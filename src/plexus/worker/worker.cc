@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
+#include "plexus/common/status_proto.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
@@ -24,16 +25,33 @@ WorkerImpl::~WorkerImpl() {
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
   StopCompiler();
-  store_->Shutdown();
+  store_->Shutdown();  // wakes every waiting task: the devices drain at once
   data_server_.reset();
+  // Transfer callbacks (ApplyTransfer, collectives) hold raw PeerSender
+  // pointers and still fire on the device threads as the drained tasks fail
+  // their outputs. So the senders stop first (what they are given from now
+  // on is dropped, and no new one is made), the devices drain, and only then
+  // do the senders go.
+  absl::flat_hash_map<int64_t, std::unique_ptr<PeerSender>> senders;
   {
     absl::MutexLock lock(&peers_mu_);
-    senders_.clear();
+    senders_stopped_ = true;
+    for (auto& [id, sender] : senders_) sender->MarkDown();
   }
   devices_.clear();
+  {
+    absl::MutexLock lock(&peers_mu_);
+    senders.swap(senders_);
+  }
+  senders.clear();  // joins their threads, outside the lock
 }
 
 absl::Status WorkerImpl::Init() {
+  if (absl::Status s = StartLocal(); !s.ok()) return s;
+  return ConnectToServer();
+}
+
+absl::Status WorkerImpl::StartLocal() {
   if (options_.num_devices <= 0) {
     return absl::InvalidArgumentError("--devices must be at least 1");
   }
@@ -60,7 +78,10 @@ absl::Status WorkerImpl::Init() {
   auto server = transport::DataPlaneServer::Start(dp, this, &counters_);
   if (!server.ok()) return server.status();
   data_server_ = std::move(*server);
+  return absl::OkStatus();
+}
 
+absl::Status WorkerImpl::ConnectToServer() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   channel_ = grpc::CreateCustomChannel(
@@ -95,11 +116,10 @@ absl::Status WorkerImpl::Init() {
   if (!stream_->Read(&first)) {
     return absl::UnavailableError("the server refused the registration");
   }
-  worker_id_ = first.worker_id();
   SPDLOG_INFO("registered as worker {} ({} device(s), data plane {} {})",
-              worker_id_.load(), devices_.size(), data_server_->tcp_address(),
+              first.worker_id(), devices_.size(), data_server_->tcp_address(),
               data_server_->unix_path());
-  for (auto& op : *first.mutable_ops()) Apply(op);
+  ApplyOps(first);
   reader_ = std::thread([this] { ReaderLoop(); });
   writer_ = std::thread([this] { WriterLoop(); });
   return absl::OkStatus();
@@ -122,30 +142,73 @@ void WorkerImpl::Shutdown() {
 
 void WorkerImpl::ReaderLoop() {
   proto::ServerToWorker msg;
-  while (stream_->Read(&msg)) {
-    for (auto& op : *msg.mutable_ops()) Apply(op);
+  while (stream_->Read(&msg)) ApplyOps(msg);
+  {
+    absl::MutexLock lock(&mu_);
+    stream_ended_ = true;
+    wake_writer_.SignalAll();
+    mu_.Await(absl::Condition(&writer_done_));
   }
+  // Both directions are closed: Finish says how the session ended. The
+  // server cancels it on purpose when it shuts down (or gave up on this
+  // worker); anything else means it vanished.
+  const grpc::Status how = stream_->Finish();
   absl::MutexLock lock(&mu_);
   if (!done_) {
     done_ = true;
-    end_status_ = absl::UnavailableError("the server closed the session");
-    SPDLOG_INFO("server session ended; shutting down");
+    if (how.error_code() == grpc::StatusCode::CANCELLED) {
+      end_status_ = absl::CancelledError("the server ended the session");
+    } else {
+      end_status_ = absl::UnavailableError(
+          absl::StrCat("the server closed the session: ", how.error_message()));
+    }
+    SPDLOG_INFO("server session ended ({}); shutting down",
+                end_status_.ToString());
   }
-  wake_writer_.SignalAll();
 }
 
 void WorkerImpl::WriterLoop() {
+  absl::Time next_beat = absl::Now() + options_.heartbeat_interval;
   while (true) {
+    std::vector<proto::WorkerToServer> out;
     {
       absl::MutexLock lock(&mu_);
-      wake_writer_.WaitWithTimeout(&mu_, options_.heartbeat_interval);
-      if (done_) break;
+      while (!done_ && !stream_ended_ && failed_transfers_.empty() &&
+             absl::Now() < next_beat) {
+        wake_writer_.WaitWithDeadline(&mu_, next_beat);
+      }
+      if (done_ || stream_ended_) break;
+      for (proto::TransferFailed& f : failed_transfers_) {
+        *out.emplace_back().mutable_transfer_failed() = std::move(f);
+      }
+      failed_transfers_.clear();
     }
-    proto::WorkerToServer beat;
-    *beat.mutable_heartbeat() = CollectStats();
-    if (!stream_->Write(beat)) break;
+    if (absl::Now() >= next_beat) {
+      *out.emplace_back().mutable_heartbeat() = CollectStats();
+      next_beat = absl::Now() + options_.heartbeat_interval;
+    }
+    bool written = true;
+    for (const proto::WorkerToServer& m : out) {
+      if (!(written = stream_->Write(m))) break;
+    }
+    if (!written) break;
   }
   stream_->WritesDone();
+  absl::MutexLock lock(&mu_);
+  writer_done_ = true;
+}
+
+void WorkerImpl::ReportTransferFailure(int64_t dst_worker,
+                                       const transport::ShardKey& key,
+                                       const absl::Status& reason) {
+  proto::TransferFailed f;
+  f.set_dst_worker_id(dst_worker);
+  f.set_buffer_id(key.buffer_id);
+  f.set_shard(key.shard);
+  *f.mutable_status() = StatusToProto(reason);
+  absl::MutexLock lock(&mu_);
+  failed_transfers_.push_back(std::move(f));
+  wake_writer_.SignalAll();
 }
 
 proto::WorkerStats WorkerImpl::CollectStats() {
@@ -170,6 +233,12 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   return s;
 }
 
+void WorkerImpl::ApplyOps(proto::ServerToWorker& msg) {
+  // The server names the worker in its first message.
+  if (worker_id_.load() < 0) worker_id_ = msg.worker_id();
+  for (auto& op : *msg.mutable_ops()) Apply(op);
+}
+
 void WorkerImpl::Apply(proto::WorkerOp& op) {
   switch (op.op_case()) {
     case proto::WorkerOp::kLoad: {
@@ -182,9 +251,30 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
         prog->xla->Swap(op.mutable_load()->mutable_program()->mutable_xla());
       }
       prog->attrs = AttrsFromProto(def.attrs());
-      for (const auto& a : def.inputs()) prog->inputs.push_back(*FromProto(a));
-      for (const auto& a : def.outputs()) {
-        prog->outputs.push_back(*FromProto(a));
+      // The server checked these specs when the program was registered; a
+      // load that still carries one that does not parse is refused, never
+      // trusted: its calls fail, saying the program is not loaded.
+      absl::Status specs;
+      auto add_specs = [&](const auto& defs, std::vector<ArgSpec>* out,
+                           const char* what) {
+        for (int i = 0; i < defs.size() && specs.ok(); ++i) {
+          auto a = FromProto(defs[i]);
+          if (a.ok()) {
+            out->push_back(*a);
+          } else {
+            specs = absl::InvalidArgumentError(
+                absl::StrCat(what, " ", i, ": ", a.status().message()));
+          }
+        }
+      };
+      add_specs(def.inputs(), &prog->inputs, "argument");
+      add_specs(def.outputs(), &prog->outputs, "output");
+      if (!specs.ok()) {
+        SPDLOG_ERROR("program {} ('{}') not loaded: {}", op.load().program_id(),
+                     def.name(), std::string(specs.message()));
+        programs_.erase(op.load().program_id());
+        programs_loaded_ = static_cast<int64_t>(programs_.size());
+        break;
       }
       std::shared_ptr<LoadedProgram> loaded = std::move(prog);
       programs_[op.load().program_id()] = loaded;
@@ -205,14 +295,15 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       auto spec = FromProto(e.spec());
       store_->Declare({e.buffer_id(), 0}, e.device(),
                       spec.ok() ? *spec : TensorSpec{}, /*owned=*/false,
-                      e.src_worker_id());
+                      ObjectStore::Arrival::kFromPeer, e.src_worker_id());
       break;
     }
     case proto::WorkerOp::kDeclare: {
       const auto& d = op.declare();
       auto spec = FromProto(d.spec());
       store_->Declare({d.buffer_id(), d.shard()}, d.device(),
-                      spec.ok() ? *spec : TensorSpec{}, /*owned=*/true);
+                      spec.ok() ? *spec : TensorSpec{}, /*owned=*/true,
+                      ObjectStore::Arrival::kFromClient);
       break;
     }
     case proto::WorkerOp::kRelease:
@@ -220,11 +311,18 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       break;
     case proto::WorkerOp::kFail:
       for (uint64_t id : op.fail().buffer_ids()) {
-        store_->FailBuffer(id, absl::InvalidArgumentError(op.fail().message()));
+        store_->FailBuffer(id, StatusFromProto(op.fail().status()));
       }
       break;
     case proto::WorkerOp::kPeerDown:
       ApplyPeerDown(op.peer_down());
+      break;
+    case proto::WorkerOp::kTransferFailed:
+      // The sender could not reach this worker's data plane; the server
+      // relays what it would have said in a PUSH_ERROR.
+      store_->Fail(
+          {op.transfer_failed().buffer_id(), op.transfer_failed().shard()},
+          StatusFromProto(op.transfer_failed().status()));
       break;
     case proto::WorkerOp::kPeer: {
       absl::MutexLock lock(&peers_mu_);
@@ -258,15 +356,20 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
 
 PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
   absl::MutexLock lock(&peers_mu_);
+  if (senders_stopped_) return nullptr;  // the worker is being destroyed
   auto it = senders_.find(worker_id);
   if (it != senders_.end()) return it->second.get();
   auto pit = peers_.find(worker_id);
   if (pit == peers_.end()) return nullptr;
   const proto::PeerInfo& p = pit->second;
   bool same_machine = p.machine_id() == machine_id_;
-  auto sender = std::make_unique<PeerSender>(worker_id, p.data_address(),
-                                             same_machine ? p.unix_path() : "",
-                                             &counters_);
+  auto sender = std::make_unique<PeerSender>(
+      worker_id, p.data_address(), same_machine ? p.unix_path() : "",
+      &counters_,
+      [this, worker_id](const transport::ShardKey& key,
+                        const absl::Status& reason) {
+        ReportTransferFailure(worker_id, key, reason);
+      });
   PeerSender* raw = sender.get();
   senders_[worker_id] = std::move(sender);
   return raw;
@@ -280,7 +383,14 @@ void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
     SPDLOG_WARN("transfer to unknown worker {}", t.dst_worker_id());
     return;
   }
-  store_->AddReader(src);
+  if (absl::Status known = store_->AddReader(src); !known.ok()) {
+    // The source is gone (released): the destination's consumers hear why
+    // rather than wait for a shard that will never come.
+    sender->Send(dst, absl::NotFoundError(
+                          absl::StrCat("transfer to worker ", t.dst_worker_id(),
+                                       " failed: ", known.message())));
+    return;
+  }
   store_->OnReady(src, [this, src, dst, sender](auto result) {
     sender->Send(dst, std::move(result));
     store_->RemoveReader(src);
@@ -288,17 +398,24 @@ void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
 }
 
 void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
-  SPDLOG_WARN("worker {} is down: {}", down.worker_id(), down.message());
+  const absl::Status lost = StatusFromProto(down.status());
+  SPDLOG_WARN("worker {} is down: {}", down.worker_id(),
+              std::string(lost.message()));
   {
     absl::MutexLock lock(&peers_mu_);
     auto it = senders_.find(down.worker_id());
     if (it != senders_.end()) it->second->MarkDown();
   }
-  store_->FailFromSource(down.worker_id(),
-                         absl::UnavailableError(down.message()));
+  store_->FailFromSource(down.worker_id(), lost);
 }
 
 // --- data plane handler ---------------------------------------------------
+
+absl::Status WorkerImpl::AdmitIncoming(const transport::ShardKey& key,
+                                       size_t bytes, bool from_client) {
+  return store_->AdmitIncoming({key.buffer_id, key.shard},
+                               static_cast<int64_t>(bytes), from_client);
+}
 
 absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::AllocateIncoming(
     const transport::ShardKey& key, size_t bytes, bool from_client) {
@@ -308,20 +425,7 @@ absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::AllocateIncoming(
 absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
                                  std::shared_ptr<Storage> data,
                                  bool from_client) {
-  BufferKey k{key.buffer_id, key.shard};
-  auto desc = store_->Describe(k);
-  if (desc.ok() &&
-      desc->first.byte_size() != static_cast<int64_t>(data->size())) {
-    absl::Status mismatch = absl::InvalidArgumentError(
-        absl::StrCat(KeyString(k), " is declared as ", desc->first.ToString(),
-                     " (", desc->first.byte_size(), " bytes) but ",
-                     data->size(), " bytes arrived"));
-    // Whoever waits for this shard learns why, rather than waiting forever.
-    store_->Fail(k, mismatch);
-    return mismatch;
-  }
-  store_->Fulfil(k, std::move(data), desc.ok() ? desc->second : -1,
-                 /*reserved=*/false);
+  store_->FulfilIncoming({key.buffer_id, key.shard}, std::move(data));
   return absl::OkStatus();
 }
 

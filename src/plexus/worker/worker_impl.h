@@ -45,12 +45,29 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   explicit WorkerImpl(const WorkerOptions& options);
   ~WorkerImpl() override;
 
+  // StartLocal, then ConnectToServer (registers and applies the first ops).
   absl::Status Init();
+  // The worker without its server session: object store, devices, XLA
+  // executor and data plane. What Init does before it connects; on its own,
+  // a harness (fuzz/worker_ops_fuzz.cc) feeds ApplyOps directly.
+  absl::Status StartLocal();
+  // Applies one message of the server's op stream, in order (the first
+  // message also names this worker). The reader thread's only entry point:
+  // one caller at a time.
+  void ApplyOps(proto::ServerToWorker& msg);
+  // Tasks queued or running on this worker's devices.
+  int64_t pending_tasks() const {
+    int64_t n = 0;
+    for (const auto& d : devices_) n += d->pending();
+    return n;
+  }
   absl::Status Wait() override;
   void Shutdown() override;
   int64_t worker_id() const override { return worker_id_.load(); }
 
   // transport::DataPlaneHandler
+  absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
+                             bool from_client) override;
   absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
       const transport::ShardKey& key, size_t bytes, bool from_client) override;
   absl::Status Deliver(const transport::ShardKey& key,
@@ -63,14 +80,21 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
 
  private:
   // --- control stream (worker.cc)
+  absl::Status ConnectToServer();
   void ReaderLoop();
   void WriterLoop();
+  // A peer sender could not deliver `key` to `dst_worker`: the writer tells
+  // the server, which fails the key there.
+  void ReportTransferFailure(int64_t dst_worker, const transport::ShardKey& key,
+                             const absl::Status& reason);
   // Ops are consumed (moved from): the reader owns each message.
   void Apply(proto::WorkerOp& op);
   void ApplyExecute(proto::Execute& exec);
   void ApplyTransfer(const proto::Transfer& transfer);
   void ApplyPeerDown(const proto::PeerDown& down);
   proto::WorkerStats CollectStats();
+  // The sender to a peer, made on first use: valid until ~WorkerImpl; null
+  // for an unknown peer, and once the worker is being destroyed.
   PeerSender* SenderTo(int64_t worker_id);
 
   // --- execution (task_runner.cc)
@@ -121,8 +145,11 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   absl::Mutex peers_mu_;
   absl::flat_hash_map<int64_t, proto::PeerInfo> peers_
       ABSL_GUARDED_BY(peers_mu_);
+  // Senders live until the worker is destroyed, so SenderTo's raw pointers
+  // stay valid in every callback (see ~WorkerImpl).
   absl::flat_hash_map<int64_t, std::unique_ptr<PeerSender>> senders_
       ABSL_GUARDED_BY(peers_mu_);
+  bool senders_stopped_ ABSL_GUARDED_BY(peers_mu_) = false;
 
   absl::Mutex compile_mu_;
   std::deque<std::pair<std::shared_ptr<LoadedProgram>, std::vector<int>>>
@@ -137,6 +164,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   absl::CondVar wake_writer_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;  // the reader saw its end
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;   // WritesDone was called
+  std::vector<proto::TransferFailed> failed_transfers_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace plexus

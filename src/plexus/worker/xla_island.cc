@@ -1,5 +1,7 @@
 #include "plexus/worker/xla_island.h"
 
+#include <utility>
+
 namespace plexus {
 
 absl::Status IslandExecution::Arrive(
@@ -25,13 +27,17 @@ void IslandExecution::Fail(int p, const absl::Status& status) {
 }
 
 void IslandExecution::ArriveLocked(const RunFn* run) {
-  if (++arrived_ < static_cast<int>(inputs_.size())) return;
+  if (++arrived_ < partitions_) return;
   if (!failure_.ok()) {
     status_ = failure_;
   } else {
-    // Every partition's tensors stay alive while their tasks wait here.
+    // Every partition's tensors stay alive while their tasks wait here;
+    // run reads them outside the lock, so it gets them out of the guarded
+    // fields (no arrival writes them again).
+    const Inputs inputs = std::move(inputs_);
+    const Outputs outputs = std::move(outputs_);
     mu_.Unlock();
-    absl::Status s = (*run)(inputs_, outputs_);
+    absl::Status s = (*run)(inputs, outputs);
     mu_.Lock();
     status_ = s;
   }

@@ -23,7 +23,7 @@ class IslandExecution {
   using RunFn = std::function<absl::Status(const Inputs&, const Outputs&)>;
 
   explicit IslandExecution(int partitions)
-      : inputs_(partitions), outputs_(partitions) {}
+      : partitions_(partitions), inputs_(partitions), outputs_(partitions) {}
 
   // Partition `p` is ready. Blocks until the island has run; returns its
   // status. `run` is called by the last arrival only.
@@ -37,6 +37,7 @@ class IslandExecution {
   // Counts an arrival; the last runs (or fails) and wakes the rest.
   void ArriveLocked(const RunFn* run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const int partitions_;
   absl::Mutex mu_;
   Inputs inputs_ ABSL_GUARDED_BY(mu_);
   Outputs outputs_ ABSL_GUARDED_BY(mu_);

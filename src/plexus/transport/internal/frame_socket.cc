@@ -124,6 +124,14 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
         what, header.magic, header.type, header.flags, header.payload_bytes));
   };
   if (header.magic != kFrameMagic) return malformed("bad magic");
+  if (header.version != kFrameVersion) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "data-plane frame of protocol version %d; this end speaks version %d",
+        header.version, kFrameVersion));
+  }
+  if (header.reserved0 != 0 || header.reserved1 != 0) {
+    return malformed("reserved header fields are not zero");
+  }
   if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
       header.type > static_cast<uint16_t>(FrameType::kError)) {
     return malformed("unknown frame type");
@@ -153,6 +161,11 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   return absl::OkStatus();
 }
 
+absl::Status FrameSocket::SetFrameTimeout(absl::Duration timeout) {
+  timed_ = true;
+  return SetRecvTimeout(fd(), timeout);
+}
+
 absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof) {
   *eof = false;
   if (broken_) {
@@ -161,6 +174,11 @@ absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof) {
   }
   FrameHeader header;
   passed_fd_.Reset();
+  if (timed_) {
+    // Idle between frames: no limit. The frame timeout applies from its
+    // first byte on.
+    if (absl::Status s = WaitReadable(fd()); !s.ok()) return Break(s);
+  }
   absl::Status s =
       is_unix_ ? RecvAllWithFd(fd(), &header, sizeof(header), &passed_fd_, eof)
                : RecvAll(fd(), &header, sizeof(header), eof);
@@ -192,6 +210,17 @@ absl::StatusOr<std::shared_ptr<Storage>> FrameSocket::ReadShard(
     return Break(s);
   }
   return storage;
+}
+
+absl::Status FrameSocket::SkipShard(const FrameHeader& header) {
+  if (header.flags & kFlagFd) {
+    passed_fd_.Reset();
+    return absl::OkStatus();
+  }
+  if (absl::Status s = Discard(fd(), header.payload_bytes); !s.ok()) {
+    return Break(s);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> FrameSocket::ReadMessage(

@@ -1,17 +1,28 @@
 // The data plane's wire format, and one end of a connection that speaks it.
 //
-// Every frame starts with a fixed 32-byte header, in host byte order (both
+// Every frame starts with a fixed 64-byte header, in host byte order (both
 // ends are little-endian machines):
 //
 //   offset  size  field
 //        0     4  magic          "PLXD"
-//        4     2  type           FrameType
-//        6     2  flags          kFlagFd: the payload is a passed memfd
-//        8     8  buffer_id
-//       16     4  shard
-//       20     4  status_code    absl::StatusCode (ERROR frames)
+//        4     2  version        kFrameVersion; another is refused
+//        6     2  type           FrameType
+//        8     2  flags          kFlagFd: the payload is a passed memfd
+//       10     2  reserved       zero
+//       12     4  shard
+//       16     8  buffer_id
 //       24     8  payload_bytes  logical bytes moved
+//       32     4  status_code    absl::StatusCode (ERROR frames)
+//       36     4  reserved       zero
+//       40     8  generation     the virtual-to-physical map generation the
+//                                sender acts in (0 until elastic execution
+//                                sets it; receivers will fence older ones)
+//       48    16  credential     the sender's per-session credential, issued
+//                                by the server (zero until the shared-
+//                                service work checks it)
 //
+// Reserved fields must be zero, so that a later version can use them and
+// an older receiver refuses rather than misreads.
 // The payload follows the header, except under kFlagFd, where the memfd
 // holding it rides on the header's first byte (SCM_RIGHTS, unix sockets
 // only) and no payload bytes follow. ERROR and PUSH_ERROR carry the message
@@ -19,6 +30,7 @@
 // same absl::Status.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -48,6 +60,9 @@ enum class FrameType : uint16_t {
 const char* FrameTypeName(FrameType type);
 
 inline constexpr uint32_t kFrameMagic = 0x44584C50;  // "PLXD" on the wire
+// 1: the 32-byte header without version; 2: this one.
+inline constexpr uint16_t kFrameVersion = 2;
+inline constexpr size_t kCredentialBytes = 16;
 inline constexpr uint16_t kFlagFd = 1;
 // Larger claims are malformed frames, not allocations to attempt.
 inline constexpr uint64_t kMaxPayloadBytes = uint64_t{64} << 30;
@@ -55,17 +70,29 @@ inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 20;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
+  uint16_t version = kFrameVersion;
   uint16_t type = 0;
   uint16_t flags = 0;
-  uint64_t buffer_id = 0;
+  uint16_t reserved0 = 0;
   int32_t shard = 0;
-  int32_t status_code = 0;
+  uint64_t buffer_id = 0;
   uint64_t payload_bytes = 0;
+  int32_t status_code = 0;
+  uint32_t reserved1 = 0;
+  uint64_t generation = 0;
+  uint8_t credential[kCredentialBytes] = {};
 
   FrameType frame_type() const { return static_cast<FrameType>(type); }
   ShardKey key() const { return ShardKey{buffer_id, shard}; }
 };
-static_assert(sizeof(FrameHeader) == 32, "the header layout is the protocol");
+static_assert(sizeof(FrameHeader) == 64, "the header layout is the protocol");
+static_assert(offsetof(FrameHeader, shard) == 12 &&
+                  offsetof(FrameHeader, buffer_id) == 16 &&
+                  offsetof(FrameHeader, payload_bytes) == 24 &&
+                  offsetof(FrameHeader, status_code) == 32 &&
+                  offsetof(FrameHeader, generation) == 40 &&
+                  offsetof(FrameHeader, credential) == 48,
+              "field offsets are those of the table above");
 
 // One end of a data-plane connection: sends and reads whole frames.
 // Thread-compatible (one reader and one writer at a time). After an I/O or
@@ -92,6 +119,11 @@ class FrameSocket {
   absl::Status SendError(FrameType type, const ShardKey& key,
                          const absl::Status& error);
 
+  // Server side: every read once a frame has begun must make progress
+  // within `timeout`; ReadHeader first waits, without limit, for a frame to
+  // begin.
+  absl::Status SetFrameTimeout(absl::Duration timeout);
+
   // Reads and checks the next header. Sets `*eof` when the peer closed the
   // connection between frames (an orderly end; still an error result).
   absl::StatusOr<FrameHeader> ReadHeader(bool* eof);
@@ -102,6 +134,10 @@ class FrameSocket {
       std::function<absl::StatusOr<std::shared_ptr<Storage>>(size_t bytes)>;
   absl::StatusOr<std::shared_ptr<Storage>> ReadShard(const FrameHeader& header,
                                                      const Allocator& allocate);
+  // Drops the payload of a PUSH, PUT or DATA header unread (a passed memfd
+  // is closed unmapped; inline bytes are read and discarded), keeping the
+  // stream in step.
+  absl::Status SkipShard(const FrameHeader& header);
   // The message of a PUSH_ERROR or ERROR header.
   absl::StatusOr<std::string> ReadMessage(const FrameHeader& header);
   // An ERROR frame as the status it carries (code and message intact); an
@@ -121,6 +157,7 @@ class FrameSocket {
   bool is_unix_;
   std::string peer_;
   bool broken_ = false;
+  bool timed_ = false;  // SetFrameTimeout was called
   UniqueFd passed_fd_;  // arrived with the last header
 };
 

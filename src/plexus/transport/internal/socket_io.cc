@@ -17,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace plexus::transport::internal {
 namespace {
@@ -146,6 +147,22 @@ absl::Status SendAll(int fd, struct iovec* iov, int iovcnt, int pass_fd) {
   return absl::OkStatus();
 }
 
+absl::Status WaitReadable(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  while (poll(&p, 1, -1) < 0) {
+    if (errno != EINTR) return IoError("poll", errno);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetRecvTimeout(int fd, absl::Duration timeout) {
+  timeval tv = absl::ToTimeval(timeout);
+  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+    return IoError("setsockopt(SO_RCVTIMEO)", errno);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RecvAll(int fd, void* data, size_t n, bool* eof) {
   return RecvAllWithFd(fd, data, n, nullptr, eof);
 }
@@ -168,6 +185,12 @@ absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
     ssize_t got = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (got < 0) {
       if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        // SO_RCVTIMEO passed with no byte of the rest of the frame.
+        return absl::DeadlineExceededError(
+            absl::StrCat("recv: the peer stopped sending after ", done, " of ",
+                         n, " bytes"));
+      }
       return IoError("recv", errno);
     }
     if (passed != nullptr) {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace plexus::transport::internal {
 
@@ -59,6 +60,13 @@ absl::Status RecvAll(int fd, void* data, size_t n, bool* eof = nullptr);
 // `*passed` (extra descriptors are closed). Unix sockets only.
 absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
                            bool* eof);
+
+// Blocks until `fd` has bytes to read, an end of stream or an error (a
+// shutdown wakes it). No timeout: for idle connections between frames.
+absl::Status WaitReadable(int fd);
+// Every later read on `fd` fails with DeadlineExceeded when no byte
+// arrives for `timeout` (SO_RCVTIMEO).
+absl::Status SetRecvTimeout(int fd, absl::Duration timeout);
 
 // Reads and drops `n` bytes (to stay in step with the peer's framing).
 absl::Status Discard(int fd, size_t n);

@@ -25,6 +25,16 @@ inline constexpr absl::Duration kDeadline = absl::Seconds(20);
 // An object store reduced to a map of ready shards (and failed ones).
 class MapHandler : public DataPlaneHandler {
  public:
+  absl::Status AdmitIncoming(const ShardKey&, size_t bytes, bool) override {
+    absl::MutexLock lock(&mu_);
+    ++admissions_;
+    if (bytes > admit_limit_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(bytes, " bytes is more than the ", admit_limit_,
+                       " bytes this handler admits"));
+    }
+    return absl::OkStatus();
+  }
   absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(const ShardKey&,
                                                             size_t bytes,
                                                             bool) override {
@@ -67,6 +77,14 @@ class MapHandler : public DataPlaneHandler {
     absl::MutexLock lock(&mu_);
     reject_ = std::move(error);
   }
+  void LimitAdmissions(size_t bytes) {
+    absl::MutexLock lock(&mu_);
+    admit_limit_ = bytes;
+  }
+  int admissions() {
+    absl::MutexLock lock(&mu_);
+    return admissions_;
+  }
   void RejectAllocations(absl::Status error) {
     absl::MutexLock lock(&mu_);
     no_room_ = std::move(error);
@@ -108,6 +126,8 @@ class MapHandler : public DataPlaneHandler {
   absl::Status reject_ ABSL_GUARDED_BY(mu_);
   absl::Status no_room_ ABSL_GUARDED_BY(mu_);
   int allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  int admissions_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t admit_limit_ ABSL_GUARDED_BY(mu_) = ~size_t{0};
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };

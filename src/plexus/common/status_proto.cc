@@ -1,0 +1,25 @@
+#include "plexus/common/status_proto.h"
+
+#include <string>
+
+namespace plexus {
+
+proto::Status StatusToProto(const absl::Status& status) {
+  proto::Status proto;
+  proto.set_code(static_cast<int32_t>(status.code()));
+  proto.set_message(std::string(status.message()));
+  return proto;
+}
+
+absl::Status StatusFromProto(const proto::Status& proto) {
+  const int32_t code = proto.code();
+  const bool known = code >= static_cast<int32_t>(absl::StatusCode::kOk) &&
+                     code <= static_cast<int32_t>(
+                                 absl::StatusCode::kUnauthenticated);
+  if (!known || (code == 0 && !proto.message().empty())) {
+    return absl::UnknownError(proto.message());
+  }
+  return absl::Status(static_cast<absl::StatusCode>(code), proto.message());
+}
+
+}  // namespace plexus

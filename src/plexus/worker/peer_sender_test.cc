@@ -1,0 +1,96 @@
+#include "plexus/worker/peer_sender.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "plexus/transport/internal/test_handler.h"
+
+namespace plexus {
+namespace {
+
+using transport::ShardKey;
+using transport::test_support::kDeadline;
+using transport::test_support::MapHandler;
+using transport::test_support::Pattern;
+using transport::test_support::SameBytes;
+using transport::test_support::UniqueUnixName;
+
+// What a PeerSender reported as undeliverable.
+class Failures {
+ public:
+  PeerSender::FailureCallback Callback() {
+    return [this](const ShardKey& key, const absl::Status& reason) {
+      absl::MutexLock lock(&mu_);
+      keys_.push_back(key);
+      reasons_.push_back(reason);
+    };
+  }
+  // The first report, once there is one (within kDeadline).
+  bool Await(ShardKey* key, absl::Status* reason) {
+    absl::MutexLock lock(&mu_);
+    auto some = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !keys_.empty();
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&some), kDeadline)) return false;
+    *key = keys_.front();
+    *reason = reasons_.front();
+    return true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<ShardKey> keys_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> reasons_ ABSL_GUARDED_BY(mu_);
+};
+
+// A peer in another network namespace: its unix socket is not reachable
+// from here, its TCP address is. The shard arrives over TCP.
+TEST(PeerSenderTest, DeliversOverTcpWhenThePeersUnixSocketIsUnreachable) {
+  MapHandler handler;
+  auto server = transport::DataPlaneServer::Start({}, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Failures failures;
+  {
+    PeerSender sender(2, (*server)->tcp_address(),
+                      UniqueUnixName() + "-elsewhere", nullptr,
+                      failures.Callback());
+    std::shared_ptr<Storage> sent = Pattern(256 << 10, 5);
+    sender.Send({41, 0}, std::shared_ptr<const Storage>(sent));
+    absl::Status error;
+    std::shared_ptr<Storage> got = handler.WaitFor({41, 0}, &error);
+    ASSERT_NE(got, nullptr) << error;
+    EXPECT_TRUE(SameBytes(*got, *sent));
+  }
+  handler.Close();
+}
+
+// A peer that cannot be reached at all: the shard is reported, with the
+// reason, instead of being dropped with a log line.
+TEST(PeerSenderTest, ReportsAShardItCannotDeliver) {
+  std::string address;
+  {
+    MapHandler handler;
+    auto server = transport::DataPlaneServer::Start({}, &handler, nullptr);
+    ASSERT_TRUE(server.ok()) << server.status();
+    address = (*server)->tcp_address();  // closed below: nobody listens
+    handler.Close();
+  }
+  Failures failures;
+  PeerSender sender(7, address, UniqueUnixName() + "-elsewhere", nullptr,
+                    failures.Callback());
+  sender.Send({42, 3}, std::shared_ptr<const Storage>(Pattern(1024, 1)));
+  ShardKey key;
+  absl::Status reason;
+  ASSERT_TRUE(failures.Await(&key, &reason)) << "no failure was reported";
+  EXPECT_EQ(key, (ShardKey{42, 3}));
+  EXPECT_EQ(reason.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(reason.message().find("buffer 42 shard 3 to worker 7"),
+            std::string::npos)
+      << reason;
+  EXPECT_NE(reason.message().find(address), std::string::npos) << reason;
+}
+
+}  // namespace
+}  // namespace plexus
