@@ -76,8 +76,8 @@ class WatchedHandler : public transport::DataPlaneHandler {
     return target()->Deliver(key, std::move(data), from_client);
   }
   void DeliverError(const transport::ShardKey& key,
-                    const std::string& message) override {
-    target()->DeliverError(key, message);
+                    const absl::Status& error) override {
+    target()->DeliverError(key, error);
   }
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const transport::ShardKey& key) override {
