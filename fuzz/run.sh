@@ -31,7 +31,7 @@ for t in "${targets[@]}"; do
   # several records. -rss_limit_mb: a claimed size that makes the process
   # allocate beyond its bound is a finding.
   "$build/bin/$t" -max_total_time="$seconds" -timeout=30 -max_len=65536 \
-    -rss_limit_mb=4096 -print_final_stats=1 \
+    -rss_limit_mb=4096 -print_final_stats=1 -dict=fuzz/proto.dict \
     -artifact_prefix="$dir/artifacts/" "$dir/corpus" "fuzz/corpus/$t" \
     >"$dir/log.txt" 2>&1
   rc=$?

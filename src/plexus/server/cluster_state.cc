@@ -104,11 +104,20 @@ absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
   std::vector<int32_t> mesh(req.mesh_shape().begin(), req.mesh_shape().end());
   if (mesh.empty()) mesh = {n};
   int64_t mesh_size = 1;
-  for (int32_t m : mesh) mesh_size *= m;
+  for (int32_t m : mesh) {
+    if (m <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh shape [", absl::StrJoin(mesh, ", "),
+                       "] has a dimension of ", m, "; each must be positive"));
+    }
+    // Past n it can only be a mismatch; stopping there keeps it in range.
+    if (mesh_size <= n) mesh_size *= m;
+  }
   if (mesh_size != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("mesh shape [", absl::StrJoin(mesh, ", "), "] holds ",
-                     mesh_size, " devices, but the slice has ", n));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh shape [", absl::StrJoin(mesh, ", "), "] holds ",
+        mesh_size > n ? "more than " : "", mesh_size > n ? n : mesh_size,
+        " devices, but the slice has ", n));
   }
   std::vector<std::string> axes(req.axis_names().begin(),
                                 req.axis_names().end());
@@ -339,6 +348,10 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
 void ClusterState::RouteRelease(uint64_t client_id,
                                 const proto::ReleaseRef& release,
                                 WorkerOps* ops) {
+  // A buffer id names its owner; only the owner may release it (an id is
+  // not a permission: another client's release would pull the buffer from
+  // under calls that still read it).
+  if (ClientOfBuffer(release.buffer_id()) != client_id) return;
   std::set<int64_t> targets;
   auto it = slices_.find(release.slice_id());
   if (it != slices_.end()) {

@@ -164,5 +164,58 @@ TEST_F(ClusterStateTest, DeadHostBreaksItsSlices) {
   EXPECT_NE(st.message().find("killed"), std::string::npos);
 }
 
+// Found by reading RouteCall while writing fuzz/client_batch_fuzz.cc: an
+// empty array split over a slice of another layout divided by its zero
+// rows per source shard (SIGFPE in the server).
+TEST_F(ClusterStateTest, EmptySplitArrayMovesBetweenLayouts) {
+  proto::SliceInfo four = Slice(4);
+  proto::SliceInfo two = Slice(2);
+  ArgSpec arg{{DType::kF32, {0, 3}}, Sharding::Split(0)};
+  Register(Id(1), "relu", arg, arg);
+  proto::Call call;
+  call.set_call_id(1);
+  call.set_slice_id(two.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_buffer_id(Id(2));
+  in->set_slice_id(four.slice_id());
+  *in->mutable_arg() = ToProto(arg);
+  call.add_output_ids(Id(3));
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, call, &ops).ok());
+}
+
+// A mesh must name positive dimensions: [-1, -2] holds 2 devices by the
+// product alone, and dimensions of 2^31 - 1 overflowed the product.
+TEST_F(ClusterStateTest, MeshDimensionsArePositiveAndTheirProductIsChecked) {
+  for (std::vector<int32_t> mesh :
+       {std::vector<int32_t>{-1, -2}, std::vector<int32_t>{2, 0},
+        std::vector<int32_t>(4, 2147483647)}) {
+    proto::SliceRequest req;
+    req.set_num_devices(2);
+    for (int32_t m : mesh) req.add_mesh_shape(m);
+    auto s = state_.CreateSlice(client_, req);
+    ASSERT_FALSE(s.ok()) << mesh[0];
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("mesh shape ["), std::string::npos)
+        << s.status();
+  }
+  EXPECT_TRUE(state_.slices().empty());
+}
+
+TEST_F(ClusterStateTest, OnlyTheOwnerReleasesABuffer) {
+  proto::SliceInfo s = Slice(2);
+  const uint64_t other = state_.AddClient("other").id;
+  proto::ReleaseRef release;
+  release.set_slice_id(s.slice_id());
+  release.set_buffer_id(Id(7));
+  WorkerOps ops;
+  state_.RouteRelease(other, release, &ops);
+  EXPECT_TRUE(ops.empty()) << "another client released client " << client_
+                           << "'s buffer";
+  state_.RouteRelease(client_, release, &ops);
+  EXPECT_EQ(ops.size(), 2u);  // both workers of the slice
+}
+
 }  // namespace
 }  // namespace plexus

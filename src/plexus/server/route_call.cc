@@ -160,7 +160,8 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       } else {
         const int64_t lc = rows / n, lp = rows / m;
         const int64_t start = j * lc, end = start + lc;
-        for (int64_t k = start / lp; k * lp < end; ++k) {
+        // An empty array (lc == lp == 0) has no rows to gather.
+        for (int64_t k = lp > 0 ? start / lp : 0; lp > 0 && k * lp < end; ++k) {
           const int64_t ps = k * lp;
           const int64_t s = std::max(start, ps), e = std::min(end, ps + lp);
           add_piece(static_cast<int>(k), s - ps, s - start, e - s);
