@@ -106,6 +106,8 @@ class ClusterState {
                          WorkerOps* ops);
   absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
                         WorkerOps* ops);
+  // Releases one of `client_id`'s buffers on the workers of its slice; a
+  // release of another client's buffer is ignored.
   void RouteRelease(uint64_t client_id, const proto::ReleaseRef& release,
                     WorkerOps* ops);
 

@@ -256,16 +256,19 @@ absl::Status ObjectStore::AdmitIncoming(const BufferKey& key, int64_t bytes,
           e.arrival == Arrival::kComputed ? " (it is computed on this worker)"
                                           : ""));
     }
-    if (e.state != Entry::State::kPending || e.receiving) {
-      return absl::AlreadyExistsError(
-          absl::StrCat(KeyString(key), " already has its data"));
-    }
+    // The size first: a claim that differs from the declaration fails the
+    // shard whatever else is under way, and always names both sizes.
     if (bytes != e.expected_bytes) {
       mismatch = absl::InvalidArgumentError(absl::StrCat(
           KeyString(key), " is declared as ", e.spec.ToString(), " (",
           e.expected_bytes, " bytes) but ", bytes, " bytes were sent"));
       callbacks = FailLocked(key, e, mismatch);
       MaybeRemoveLocked(key);
+    } else if (e.state == Entry::State::kFailed) {
+      return e.status;  // say why, e.g. another sender's size
+    } else if (e.state != Entry::State::kPending || e.receiving) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(KeyString(key), " already has its data"));
     } else {
       // A client waits for room; a peer's transfer is already scheduled.
       const int device = e.device;  // `e` may move while the wait runs

@@ -1,0 +1,198 @@
+"""Hostile or broken peers against real processes: nothing a client sends
+crashes, pins or wedges a worker, and every wait ends saying why."""
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import plexus
+
+# The data-plane header (src/plexus/transport/internal/frame_socket.h).
+HEADER = struct.Struct("<IHHHHiQQiIQ16s")
+MAGIC, VERSION = 0x44584C50, 2
+PUT, ACK, ERROR = 3, 6, 8
+assert HEADER.size == 64
+
+
+def frame(kind, buffer_id, shard=0, payload=b"", claim=None):
+    size = len(payload) if claim is None else claim
+    return HEADER.pack(MAGIC, VERSION, kind, 0, 0, shard, buffer_id, size, 0,
+                       0, 0, b"\0" * 16) + payload
+
+
+def connect(address):
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=20)
+    return sock
+
+
+def read_reply(sock):
+    head = b""
+    while len(head) < HEADER.size:
+        chunk = sock.recv(HEADER.size - len(head))
+        assert chunk, "the worker closed the connection instead of replying"
+        head += chunk
+    fields = HEADER.unpack(head)
+    kind, payload_bytes = fields[2], fields[7]
+    body = b""
+    while len(body) < payload_bytes:
+        body += sock.recv(payload_bytes - len(body))
+    return kind, body.decode(errors="replace")
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def wait_stopped(pid, timeout=10.0):
+    """Waits until every thread of `pid` is stopped (SIGSTOP takes effect
+    asynchronously); reads /proc, bounded in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as f:
+            if "T (stopped)" in f.read():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} did not stop")
+
+
+def worker_alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.fixture
+def cluster():
+    with plexus.local(hosts=1, devices_per_host=1) as c:
+        yield c
+
+
+def test_a_put_of_another_size_fails_the_buffer_and_not_the_worker(cluster):
+    client = cluster.connect()
+    s = client.slice(1)
+    first = s.put(np.ones(1024, np.float32))
+    target = first._f.buffer_id + 1  # the id of the client's next put
+    worker = cluster.status()["workers"][0]
+    replies = []
+
+    def hostile():
+        with connect(worker["data_address"]) as sock:
+            # Before the declaration: held until it arrives, then compared.
+            sock.sendall(frame(PUT, target, payload=b"\xff" * 16))
+            replies.append(read_reply(sock))
+
+    t = threading.Thread(target=hostile)
+    t.start()
+    try:
+        victim = s.put(np.full(1024, 2.0, np.float32))
+        assert victim._f.buffer_id == target
+        victim_value = np.asarray(victim)
+        np.testing.assert_array_equal(victim_value, 2.0)
+    except plexus.InvalidArgumentError as e:
+        # The hostile bytes won the race: the buffer failed, saying why.
+        assert "4096 bytes" in str(e) and "16 bytes" in str(e), e
+    t.join(20)
+    assert not t.is_alive()
+    kind, message = replies[0]
+    assert kind == ERROR
+    assert "4096 bytes" in message and "16 bytes" in message, message
+    # The worker is alive and serves as before.
+    assert worker_alive(worker["pid"])
+    np.testing.assert_array_equal(np.asarray(first), 1.0)
+    np.testing.assert_array_equal(np.asarray(s.put(np.arange(4.0))),
+                                  np.arange(4.0))
+
+
+def test_a_header_claiming_a_gibibyte_maps_nothing(cluster):
+    worker = cluster.status()["workers"][0]
+    before = rss_kib(worker["pid"])
+    socks = []
+    try:
+        for i in range(4):  # 4 GiB claimed in all, no byte sent
+            sock = connect(worker["data_address"])
+            sock.sendall(frame(PUT, (999 << 40) | i, claim=1 << 30))
+            socks.append(sock)
+        # A round trip on the same worker shows the claims were read.
+        client = cluster.connect()
+        x = client.slice(1).put(np.arange(8.0))
+        np.testing.assert_array_equal(np.asarray(x), np.arange(8.0))
+        grown_mib = (rss_kib(worker["pid"]) - before) / 1024
+        assert grown_mib < 64, f"the worker grew by {grown_mib:.0f} MiB"
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_a_stopped_worker_does_not_wedge_a_fetch():
+    with plexus.local(hosts=2, heartbeat_timeout_ms=1000) as cluster:
+        client = cluster.connect()
+        s = client.slice(1, placement="one_host")
+        x = s.put(np.arange(1 << 16, dtype=np.float32))
+        pids = cluster.worker_pids()
+        # Stop every worker that could hold x: the fetch cannot be answered.
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
+        for p in pids:
+            wait_stopped(p)
+        outcome = []
+
+        def fetch():
+            try:
+                outcome.append(np.asarray(x))
+            except plexus.PlexusError as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=fetch)
+        t.start()
+        try:
+            t.join(30)
+            assert not t.is_alive(), "the fetch is still blocked"
+            assert isinstance(outcome[0], plexus.UnavailableError), outcome
+        finally:
+            for p in pids:
+                os.kill(p, signal.SIGCONT)
+
+
+def test_a_closed_client_refuses_work(cluster):
+    client = cluster.connect()
+    s = client.slice(1)
+    x = s.put(np.arange(4.0))
+    client.close()
+    closed = getattr(plexus, "FailedPreconditionError", plexus.PlexusError)
+    with pytest.raises(closed, match="is closed"):
+        s.put(np.arange(4.0))
+    with pytest.raises(closed, match="is closed"):
+        np.asarray(x)
+    with pytest.raises(closed, match="is closed"):
+        x.block_until_ready()
+
+
+def test_puts_wait_for_room_on_the_device():
+    with plexus.local(hosts=1, device_memory_mib=1) as cluster:
+        client = cluster.connect()
+        s = client.slice(1)
+        big = np.ones(150_000, np.float32)  # 600 KB of a 1 MiB budget
+        first = s.put(big)
+        done = []
+        t = threading.Thread(target=lambda: done.append(s.put(big * 2)))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive(), "the second put did not wait for room"
+        peak = cluster.status(fresh=True)["workers"][0]["stats"]
+        assert max(peak["device_peak_bytes"]) <= 1 << 20, peak
+        del first  # frees the room: the waiting put goes on
+        t.join(20)
+        assert not t.is_alive()
+        np.testing.assert_array_equal(np.asarray(done[0]), 2.0)
