@@ -75,7 +75,7 @@ def test_slice_larger_than_the_cluster(client):
 
 def test_mesh_shape_must_match_the_slice(client):
     # Bad input, not a lack of devices: the server's code reaches Python.
-    with pytest.raises(plexus.InvalidArgumentError, match=r"mesh shape \[3\] holds 3 devices"):
+    with pytest.raises(plexus.InvalidArgumentError, match=r"mesh shape \[3\] holds .*the slice has 2"):
         client.slice(2, mesh=(3,))
 
 
@@ -89,9 +89,11 @@ def test_slice_of_no_devices_is_invalid(client, n):
 def test_a_slice_that_lost_a_host_is_unavailable(tmp_path):
     # The server refuses calls on a slice whose worker died with UNAVAILABLE;
     # the code travels with the error to the client (and to the workers that
-    # hold the call's outputs), so Python raises UnavailableError.
-    with plexus.local(hosts=2, devices_per_host=1, log_level="info",
-                      log_file=str(tmp_path / "log")) as cluster:
+    # hold the call's outputs), so Python raises UnavailableError. (The
+    # SIGKILLed worker is reported again when the cluster goes down.)
+    with pytest.raises(plexus.ClusterExitError, match=r"SIGKILL"), \
+            plexus.local(hosts=2, devices_per_host=1, log_level="info",
+                         log_file=str(tmp_path / "log")) as cluster:
         client = cluster.connect()
         s = client.slice(2, placement="spread")
         ones = s.program("fill", shape=[4], value=1.0, name="ones")
@@ -133,3 +135,18 @@ def test_absurd_shape_is_refused_not_overflowed(client):
         s.program("fill", shape=[1 << 40, 1 << 40], value=1.0)
     with pytest.raises(plexus.InvalidArgumentError, match="more than 2\\^50 elements"):
         s.program("relu", plexus.Spec((1 << 30, 1 << 30, 8)))
+
+
+def test_a_failed_call_keeps_its_class_on_another_host(client):
+    # The failure reaches the consumer's worker over the data plane (a
+    # transfer of the failed value), its code with it.
+    a = client.slice(1, placement="one_host")
+    b = client.slice(1, placement="one_host")
+    assert a.devices[0]["host"] != b.devices[0]["host"]
+    check = a.program("assert_finite", plexus.Spec((2,), "float32"),
+                      name="check")
+    failed = check(a.put(np.array([1, np.inf], np.float32)))
+    double = b.program("scale", plexus.Spec((2,), "float32"), factor=2.0)
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match="program 'check' failed.*non-finite value inf"):
+        np.asarray(double(failed))

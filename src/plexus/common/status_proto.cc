@@ -13,9 +13,9 @@ proto::Status StatusToProto(const absl::Status& status) {
 
 absl::Status StatusFromProto(const proto::Status& proto) {
   const int32_t code = proto.code();
-  const bool known = code >= static_cast<int32_t>(absl::StatusCode::kOk) &&
-                     code <= static_cast<int32_t>(
-                                 absl::StatusCode::kUnauthenticated);
+  const bool known =
+      code >= static_cast<int32_t>(absl::StatusCode::kOk) &&
+      code <= static_cast<int32_t>(absl::StatusCode::kUnauthenticated);
   if (!known || (code == 0 && !proto.message().empty())) {
     return absl::UnknownError(proto.message());
   }

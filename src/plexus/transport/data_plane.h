@@ -79,10 +79,10 @@ class DataPlaneHandler {
   virtual absl::Status Deliver(const ShardKey& key,
                                std::shared_ptr<Storage> data,
                                bool from_client) = 0;
-  // `key` will not arrive: the sender says it failed upstream, or its
-  // admitted bytes could not be received.
-  virtual void DeliverError(const ShardKey& key,
-                            const std::string& message) = 0;
+  // `key` will not arrive: the sender says it failed upstream (`error` is
+  // its status, code and message as the sender had it), or its admitted
+  // bytes could not be received.
+  virtual void DeliverError(const ShardKey& key, const absl::Status& error) = 0;
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
@@ -132,8 +132,10 @@ class DataPlaneConnection {
   virtual bool uses_shared_memory() const = 0;
   // One-way. Returns once the bytes are handed to the kernel.
   virtual absl::Status Push(const ShardKey& key, const Storage& data) = 0;
+  // One-way: `key` failed upstream; the peer's readers get `error`, code
+  // and message.
   virtual absl::Status PushError(const ShardKey& key,
-                                 const std::string& message) = 0;
+                                 const absl::Status& error) = 0;
   // Waits for the worker's ACK (the shard is stored).
   virtual absl::Status Put(const ShardKey& key, const Storage& data) = 0;
   // Blocks until the shard is ready on the worker; its bytes or its error.

@@ -44,10 +44,9 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
   }
 
   absl::Status PushError(const ShardKey& key,
-                         const std::string& message) override {
+                         const absl::Status& error) override {
     if (absl::Status s = CheckOpen(); !s.ok()) return s;
-    absl::Status s = socket_->SendError(FrameType::kPushError, key,
-                                        absl::UnknownError(message));
+    absl::Status s = socket_->SendError(FrameType::kPushError, key, error);
     return s.ok() ? s : Context(FrameType::kPushError, key, s);
   }
 

@@ -229,9 +229,9 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
     case FrameType::kPut:
       return ServeShard(socket, header);
     case FrameType::kPushError: {
-      absl::StatusOr<std::string> message = socket.ReadMessage(header);
-      if (!message.ok()) return message.status();
-      handler_->DeliverError(header.key(), *message);
+      absl::Status error = socket.ReadErrorStatus(header);  // code intact
+      if (socket.broken()) return error;
+      handler_->DeliverError(header.key(), error);
       return absl::OkStatus();
     }
     case FrameType::kFetch:
@@ -280,8 +280,9 @@ absl::Status DataPlaneServerImpl::ServeShard(FrameSocket& socket,
     SPDLOG_WARN("data plane: receiving {} of {} from {} failed: {}", what,
                 KeyString(key), socket.peer(), result.ToString());
     handler_->DeliverError(
-        key, absl::StrCat("receiving ", KeyString(key), " from ", socket.peer(),
-                          " failed: ", result.message()));
+        key, absl::AbortedError(absl::StrCat("receiving ", KeyString(key),
+                                             " from ", socket.peer(),
+                                             " failed: ", result.message())));
   }
   if (socket.broken()) return result;
   if (from_client) {

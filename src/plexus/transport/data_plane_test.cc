@@ -144,11 +144,14 @@ TEST_P(DataPlaneTest, ErrorsKeepTheirCodeAndMessage) {
   handler_.Fail({11, 0}, absl::InvalidArgumentError("x"));
   EXPECT_EQ(conn->Wait({11, 0}), absl::InvalidArgumentError("x"));
 
-  const std::string why = "program 'matmul' failed: shapes [8, 4] and [5, 2]";
+  // A failure pushed to a peer keeps its code (the peer's readers, and a
+  // Python caller, see the same error class) and its message.
+  const absl::Status why = absl::InvalidArgumentError(
+      "program 'matmul' failed: shapes [8, 4] and [5, 2]");
   ASSERT_TRUE(conn->PushError({12, 3}, why).ok());
   absl::Status error;
   EXPECT_EQ(handler_.WaitFor({12, 3}, &error), nullptr);
-  EXPECT_EQ(error.message(), why);
+  EXPECT_EQ(error, why);
 }
 
 TEST_P(DataPlaneTest, PushThatCannotBeStoredFailsTheShardNotTheConnection) {

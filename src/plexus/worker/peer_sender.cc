@@ -55,7 +55,7 @@ absl::Status PeerSender::SendOne(const Item& item) {
     conn_ = std::move(*conn);
   }
   if (item.data.ok()) return conn_->Push(item.key, **item.data);
-  return conn_->PushError(item.key, std::string(item.data.status().message()));
+  return conn_->PushError(item.key, item.data.status());
 }
 
 void PeerSender::Loop() {

@@ -430,8 +430,8 @@ absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
 }
 
 void WorkerImpl::DeliverError(const transport::ShardKey& key,
-                              const std::string& message) {
-  store_->Fail({key.buffer_id, key.shard}, absl::AbortedError(message));
+                              const absl::Status& error) {
+  store_->Fail({key.buffer_id, key.shard}, error);
 }
 
 absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::AwaitReady(

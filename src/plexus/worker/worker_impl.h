@@ -74,7 +74,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
                        std::shared_ptr<Storage> data,
                        bool from_client) override;
   void DeliverError(const transport::ShardKey& key,
-                    const std::string& message) override;
+                    const absl::Status& error) override;
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const transport::ShardKey& key) override;
 

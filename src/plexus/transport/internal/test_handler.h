@@ -51,8 +51,8 @@ class MapHandler : public DataPlaneHandler {
     cv_.SignalAll();
     return absl::OkStatus();
   }
-  void DeliverError(const ShardKey& key, const std::string& message) override {
-    Fail(key, absl::AbortedError(message));
+  void DeliverError(const ShardKey& key, const absl::Status& error) override {
+    Fail(key, error);
   }
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) override {
