@@ -140,5 +140,83 @@ TEST(DataPlaneConnectionTest, ConnectToNothingFailsWithAClearError) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DataPlaneServerTest, AnotherProtocolVersionIsRefused) {
+  MapHandler handler;
+  auto server = DataPlaneServer::Start({}, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  internal::FrameHeader h;
+  h.type = static_cast<uint16_t>(internal::FrameType::kWait);
+  h.version = 1;
+  auto fd = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(fd.ok());
+  EXPECT_TRUE(ServerClosesAfter(
+      *std::move(fd), std::string(reinterpret_cast<const char*>(&h), 64)));
+  h.version = internal::kFrameVersion;
+  h.reserved1 = 7;  // a field a later version may use
+  fd = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(fd.ok());
+  EXPECT_TRUE(ServerClosesAfter(
+      *std::move(fd), std::string(reinterpret_cast<const char*>(&h), 64)));
+}
+
+TEST(DataPlaneServerTest, AStalledFrameIsDroppedButAnIdleConnectionIsNot) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.frame_timeout = absl::Milliseconds(100);
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  // Opened first, then idle while the stalled frame below times out.
+  auto idle =
+      DataPlaneConnection::Connect((*server)->tcp_address(), "", nullptr);
+  ASSERT_TRUE(idle.ok());
+  // Half a header, then nothing: closed once the frame timeout passes.
+  auto stalled = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(stalled.ok());
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(ServerClosesAfter(*std::move(stalled), std::string(20, '\0')));
+  EXPECT_GE(absl::Now() - start, options.frame_timeout);
+  // The idle connection waited longer than the frame timeout between
+  // frames, and still serves.
+  std::shared_ptr<Storage> data = Pattern(1024, 3);
+  ASSERT_TRUE((*idle)->Put({5, 0}, *data).ok());
+  EXPECT_TRUE((*idle)->Wait({5, 0}).ok());
+}
+
+TEST(DataPlaneServerTest, ConnectionsPastTheCapAreClosed) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.max_connections = 2;
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::unique_ptr<DataPlaneConnection>> held;
+  for (int i = 0; i < 2; ++i) {
+    auto c =
+        DataPlaneConnection::Connect((*server)->tcp_address(), "", nullptr);
+    ASSERT_TRUE(c.ok());
+    std::shared_ptr<Storage> data = Pattern(64, i);
+    ASSERT_TRUE((*c)->Put({10, i}, *data).ok());  // served: a thread each
+    held.push_back(*std::move(c));
+  }
+  auto third = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(third.ok());
+  internal::FrameHeader h;
+  h.type = static_cast<uint16_t>(internal::FrameType::kWait);
+  EXPECT_TRUE(ServerClosesAfter(
+      *std::move(third), std::string(reinterpret_cast<const char*>(&h), 64)));
+  held.pop_back();  // one leaves: a new one is served
+  auto c = DataPlaneConnection::Connect((*server)->tcp_address(), "", nullptr);
+  ASSERT_TRUE(c.ok());
+  absl::Status waited = (*c)->Wait({10, 0});
+  // The server notices the departure on its own thread: a connection that
+  // arrives first is still past the cap, and is retried (bounded in time).
+  const absl::Time deadline = absl::Now() + kDeadline;
+  while (!waited.ok() && absl::Now() < deadline) {
+    c = DataPlaneConnection::Connect((*server)->tcp_address(), "", nullptr);
+    ASSERT_TRUE(c.ok());
+    waited = (*c)->Wait({10, 0});
+  }
+  EXPECT_TRUE(waited.ok()) << waited;
+}
+
 }  // namespace
 }  // namespace plexus::transport
