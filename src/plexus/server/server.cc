@@ -256,8 +256,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
             *e->mutable_status() = StatusToProto(s);
             // The client may already be waiting on a worker for these
             // outputs: tell the workers too.
-            FailOutputs(op.call().slice_id(), op.call().output_ids(), s,
-                        &ops);
+            FailOutputs(op.call().slice_id(), op.call().output_ids(), s, &ops);
           }
           break;
         }

@@ -1,8 +1,8 @@
 // The server in this process, driven over its gRPC API.
 #include "plexus/server/server.h"
 
-#include "gtest/gtest.h"
 #include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 
 namespace plexus {
