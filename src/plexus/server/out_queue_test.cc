@@ -46,7 +46,7 @@ TEST(OutQueueTest, NoWriteAfterStopReturnsWhileAnotherOwnerHoldsTheQueue) {
   gate.Notify();
   handler.join();
 
-  EXPECT_EQ(writes, 2);  // what was queued before Stop() went out
+  EXPECT_EQ(writes, 2);           // what was queued before Stop() went out
   client_session->WaitForRoom();  // returns at once: the queue is closed
   client_session->Push(3);        // dropped
   client_session.reset();         // the last owner
