@@ -38,8 +38,10 @@ TEST(WorkerShutdownTest, TransferPendingOnAQueuedCallWhenTheWorkerIsDestroyed) {
   Client& c = **client;
 
   // Slices: device 0 of worker a, worker b, device 1 of worker a.
-  auto on_a = c.CreateSlice({.num_devices = 1, .placement = Placement::kOneHost});
-  auto on_b = c.CreateSlice({.num_devices = 1, .placement = Placement::kOneHost});
+  auto on_a =
+      c.CreateSlice({.num_devices = 1, .placement = Placement::kOneHost});
+  auto on_b =
+      c.CreateSlice({.num_devices = 1, .placement = Placement::kOneHost});
   auto also_a =
       c.CreateSlice({.num_devices = 1, .placement = Placement::kOneHost});
   ASSERT_TRUE(on_a.ok() && on_b.ok() && also_a.ok());
