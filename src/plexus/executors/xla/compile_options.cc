@@ -73,6 +73,15 @@ absl::Status CheckCompileOptions(absl::string_view options,
         absl::StrCat("compile options for devices [",
                      absl::StrJoin(devices, ", "), "]: ", what));
   };
+  if (devices.empty()) return bad("the island has no devices");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    if (devices[i] < 0) return bad(absl::StrCat("device ", devices[i]));
+    for (size_t j = 0; j < i; ++j) {
+      if (devices[j] == devices[i]) {
+        return bad(absl::StrCat("device ", devices[i], " appears twice"));
+      }
+    }
+  }
   UnknownFieldSet top;
   if (!top.ParseFromArray(options.data(), static_cast<int>(options.size()))) {
     return bad("not a serialized xla.CompileOptionsProto");

@@ -18,7 +18,8 @@
 
 namespace plexus::xla {
 
-// OK if `options` parses, asks for one replica and devices.size()
+// OK if `devices` are distinct and non-negative (at least one), and
+// `options` parses, asks for one replica and devices.size()
 // partitions, and assigns partition p to device devices[p] when it assigns
 // devices at all (without an assignment XLA picks device 0, which is only
 // right for the island [0]). The error names what is wrong.

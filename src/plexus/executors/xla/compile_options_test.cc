@@ -71,5 +71,19 @@ TEST(CompileOptionsTest, WhatWouldAbortOrMisplaceIsAnError) {
                         "devices [0, 1]"));
 }
 
+// An island XLA cannot run on: options that match it passed the check
+// before (the invariant of fuzz/compile_options_fuzz.cc).
+TEST(CompileOptionsTest, AnIslandNeedsDistinctNonNegativeDevices) {
+  const std::vector<int> none = {};
+  EXPECT_THAT(CheckCompileOptions(Options(1, 0, &none), none).message(),
+              HasSubstr("the island has no devices"));
+  const std::vector<int> twice = {1, 1};
+  EXPECT_THAT(CheckCompileOptions(Options(1, 2, &twice), twice).message(),
+              HasSubstr("device 1 appears twice"));
+  const std::vector<int> negative = {0, -1};
+  EXPECT_THAT(CheckCompileOptions(Options(1, 2, &negative), negative).message(),
+              HasSubstr("device -1"));
+}
+
 }  // namespace
 }  // namespace plexus::xla
