@@ -196,3 +196,19 @@ def test_puts_wait_for_room_on_the_device():
         t.join(20)
         assert not t.is_alive()
         np.testing.assert_array_equal(np.asarray(done[0]), 2.0)
+
+
+def test_a_closed_client_refuses_calls(cluster):
+    client = cluster.connect()
+    s = client.slice(1)
+    x = s.put(np.arange(4, dtype=np.float32))
+    double = s.program("scale", x, factor=2.0)
+    np.testing.assert_array_equal(np.asarray(double(x)), np.arange(4) * 2)
+    client.close()
+    closed = getattr(plexus, "FailedPreconditionError", plexus.PlexusError)
+    with pytest.raises(closed, match="program 'scale': client .* is closed"):
+        double(x)
+    # Nothing of the closed client stays on the worker.
+    cluster.wait_until(
+        lambda st: st["workers"][0]["stats"]["live_buffers"] == 0,
+        what="the closed client's buffers to be freed")

@@ -92,6 +92,10 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     std::vector<proto::ClientOp>* ops) {
   // Error context, built only when an error needs it (every call runs this).
   auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
+  if (absl::Status open = core->CheckOpen(); !open.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what(), ": ", open.message()));
+  }
   if (!holds->Hold(program.slice().get())) {
     return absl::FailedPreconditionError(
         absl::StrCat(what(), ": its slice was closed"));

@@ -53,8 +53,7 @@ bool ClientCore::closed() const {
 }
 
 absl::Status ClientCore::CheckOpen() const {
-  absl::MutexLock lock(&mu_);
-  if (closed_) {
+  if (closing_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
         absl::StrCat("client ", client_id_, " is closed"));
   }
@@ -66,6 +65,7 @@ void ClientCore::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    closing_.store(true, std::memory_order_release);
     // Fetches and waits in other threads end now, with "closed".
     for (auto& [conn, worker] : in_use_) conn->Shutdown();
   }

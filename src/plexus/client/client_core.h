@@ -92,6 +92,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::thread reader_;
   transport::DataPlaneCounters data_counters_;
 
+  // closed_, readable without the lock (CheckOpen runs on every call).
+  std::atomic<bool> closing_{false};
   mutable absl::Mutex mu_;
   std::vector<proto::ClientOp> queue_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
