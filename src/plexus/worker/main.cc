@@ -1,6 +1,7 @@
 // plexus-worker: one per host. See worker.h.
 #include <signal.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -33,6 +34,11 @@ int main(int argc, char** argv) {
                "move every buffer over TCP, even to workers on this machine");
   app.add_flag("--die-with-parent", die_with_parent,
                "exit when the parent process dies (embedded clusters)");
+  int ready_fd = -1;
+  app.add_option("--ready-fd", ready_fd,
+                 "once registered with the server, write the worker id and a "
+                 "newline to this inherited file descriptor and close it (a "
+                 "parent waits by reading it)");
   if (const char* env = std::getenv("PLEXUS_PJRT_PLUGIN")) {
     options.pjrt_plugin = env;
   }
@@ -63,6 +69,14 @@ int main(int argc, char** argv) {
   if (!worker.ok()) {
     SPDLOG_ERROR("cannot start: {}", worker.status().ToString());
     return 1;
+  }
+  if (ready_fd >= 0) {
+    const std::string line = absl::StrCat((*worker)->worker_id(), "\n");
+    if (write(ready_fd, line.data(), line.size()) !=
+        static_cast<ssize_t>(line.size())) {
+      SPDLOG_WARN("could not write to --ready-fd {}", ready_fd);
+    }
+    close(ready_fd);
   }
   absl::Status end;
   {

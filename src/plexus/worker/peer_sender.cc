@@ -92,16 +92,15 @@ void PeerSender::Deliver(const Item& item) {
     absl::MutexLock lock(&mu_);
     if (down_) return;
   }
-  std::string reason = absl::StrCat(
+  const std::string reason = absl::StrCat(
       "transfer of buffer ", item.key.buffer_id, " shard ", item.key.shard,
       " to worker ", peer_id_, " could not be delivered: ", s.message());
-  if (!item.data.ok()) {
-    absl::StrAppend(&reason,
-                    " (it had failed upstream: ", item.data.status().message(),
-                    ")");
-  }
   SPDLOG_WARN("{}", reason);
-  if (on_failure_) on_failure_(item.key, absl::UnavailableError(reason));
+  if (!on_failure_) return;
+  // A shard that had failed upstream: the destination learns that error,
+  // exactly as the PUSH_ERROR would have told it.
+  on_failure_(item.key, item.data.ok() ? absl::UnavailableError(reason)
+                                       : item.data.status());
 }
 
 }  // namespace plexus

@@ -23,8 +23,9 @@ namespace plexus {
 class PeerSender {
  public:
   // Called on the sending thread, once per shard that could not be
-  // delivered, with the reason (never after MarkDown: the peer is gone, and
-  // the server fails what was expected from or by it).
+  // delivered, with the reason (or, for a shard that had failed upstream,
+  // its own error), never after MarkDown: the peer is gone, and the server
+  // fails what was expected from or by it.
   using FailureCallback = std::function<void(const transport::ShardKey& key,
                                              const absl::Status& reason)>;
   // `unix_path`: the peer's unix socket when it may share memory with this

@@ -92,5 +92,21 @@ TEST(PeerSenderTest, ReportsAShardItCannotDeliver) {
   EXPECT_NE(reason.message().find(address), std::string::npos) << reason;
 }
 
+// A shard that had failed upstream and cannot be delivered either: what the
+// destination must learn is the upstream error, code and message, as the
+// PUSH_ERROR would have said it.
+TEST(PeerSenderTest, ReportsTheUpstreamErrorOfAFailedShard) {
+  Failures failures;
+  PeerSender sender(7, "127.0.0.1:1", "", nullptr, failures.Callback());
+  const absl::Status upstream =
+      absl::InvalidArgumentError("program 'check' failed: nan at index 2");
+  sender.Send({43, 0}, upstream);
+  ShardKey key;
+  absl::Status reason;
+  ASSERT_TRUE(failures.Await(&key, &reason)) << "no failure was reported";
+  EXPECT_EQ(key, (ShardKey{43, 0}));
+  EXPECT_EQ(reason, upstream);
+}
+
 }  // namespace
 }  // namespace plexus

@@ -1,0 +1,272 @@
+"""Network namespaces for tests: hosts that share this machine's kernel (and
+its /etc/machine-id, hostname and boot id) but not its network, as
+containers or Kubernetes pods on one node do.
+
+    lab = NetnsLab.create()          # or pytest.skip with the reason
+    a, b = lab.add_host(), lab.add_host()
+    server = lab.start_server()      # in this (the root) namespace
+    lab.start_worker(server, a)      # plexus-worker inside namespace a
+    ...
+    lab.close()                      # kills what it started, deletes it all
+
+The topology: a hub namespace holds a bridge; this namespace and every host
+namespace have one veth end on it, all on one private /24 (this namespace
+is .1). The bridge lives in a namespace of its own so that no firewall of
+the machine's own namespace sees the traffic between hosts. A host may also
+have a *hidden* address (on its loopback, in a second /24): this namespace
+routes to it, the other hosts do not, so a worker that advertises it can be
+reached by the client and the server but not by its peers.
+
+Needs root and the `ip` command (iproute2); `NetnsLab.create()` skips the
+test with the reason where namespaces cannot be made.
+"""
+import ipaddress
+import os
+import select
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+
+import pytest
+
+from conftest import ROOT  # noqa: F401 - sets up sys.path and PLEXUS_BIN_DIR
+
+from plexus._binaries import bin_dir
+
+
+@dataclass
+class Host:
+    name: str          # plexus host name, e.g. "host1"
+    netns: str         # network namespace
+    address: str       # on the shared /24
+    hidden: str        # reachable from the root namespace only
+
+
+@dataclass
+class Process:
+    popen: subprocess.Popen
+    what: str
+    address: str = ""  # the server's, once ready
+    ready_fd: int = -1
+
+
+def _ip(*args, netns=None, check=True):
+    cmd = ["ip"] + (["-n", netns] if netns else []) + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return r
+
+
+def _used_networks():
+    out = _ip("-4", "route", "show", "table", "all", check=False).stdout
+    nets = []
+    for line in out.splitlines():
+        word = line.split()[0] if line.split() else ""
+        try:
+            nets.append(ipaddress.ip_network(word, strict=False))
+        except ValueError:
+            pass  # "default", "broadcast", "local", ...
+    return nets
+
+
+def _free_subnets(count):
+    """`count` 10.x.y.0/24 networks no route of this machine touches."""
+    used = _used_networks()
+    found = []
+    start = os.getpid() % 200
+    for i in range(250 * 50):
+        second, third = 200 + (start + i) // 250 % 50, (start + i) % 250 + 1
+        net = ipaddress.ip_network(f"10.{second}.{third}.0/24")
+        if any(net.overlaps(u) for u in used if u.prefixlen > 0):
+            continue
+        found.append(net)
+        if len(found) == count:
+            return found
+    raise RuntimeError("no free private /24 for the test network")
+
+
+def cannot_make_namespaces():
+    """Why this process cannot make network namespaces, or None."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "the `ip` command (iproute2) is not installed"
+    probe = f"plxprobe{uuid.uuid4().hex[:6]}"
+    r = _ip("netns", "add", probe, check=False)
+    if r.returncode != 0:
+        return f"`ip netns add` failed: {r.stderr.strip()}"
+    _ip("netns", "del", probe, check=False)
+    return None
+
+
+@dataclass
+class NetnsLab:
+    tag: str
+    net: ipaddress.IPv4Network
+    hidden_net: ipaddress.IPv4Network
+    hub: str = ""
+    hosts: list = field(default_factory=list)
+    namespaces: list = field(default_factory=list)
+    root_links: list = field(default_factory=list)
+    processes: list = field(default_factory=list)
+
+    @classmethod
+    def create(cls):
+        reason = cannot_make_namespaces()
+        if reason:
+            pytest.skip(f"cannot run hosts in network namespaces: {reason}")
+        net, hidden = _free_subnets(2)
+        lab = cls(tag=f"plx{uuid.uuid4().hex[:5]}", net=net, hidden_net=hidden)
+        try:
+            lab._make_hub()
+        except BaseException:
+            lab.close()
+            raise
+        return lab
+
+    @property
+    def root_address(self):
+        return str(self.net.network_address + 1)
+
+    def _netns(self, suffix):
+        name = f"{self.tag}{suffix}"
+        _ip("netns", "add", name)
+        self.namespaces.append(name)
+        _ip("link", "set", "lo", "up", netns=name)
+        return name
+
+    def _make_hub(self):
+        self.hub = self._netns("hub")
+        _ip("link", "add", "br0", "type", "bridge", netns=self.hub)
+        _ip("link", "set", "br0", "up", netns=self.hub)
+        # This namespace's end: .1 on the shared /24.
+        root_end = f"{self.tag}r"
+        _ip("link", "add", root_end, "type", "veth", "peer", "name", "hubr")
+        self.root_links.append(root_end)
+        self._attach_to_hub("hubr")
+        _ip("addr", "add", f"{self.root_address}/{self.net.prefixlen}",
+            "dev", root_end)
+        _ip("link", "set", root_end, "up")
+
+    def _attach_to_hub(self, link):
+        _ip("link", "set", link, "netns", self.hub)
+        _ip("link", "set", link, "master", "br0", netns=self.hub)
+        _ip("link", "set", link, "up", netns=self.hub)
+
+    def add_host(self):
+        """A namespace with its own address on the /24 (and a hidden one)."""
+        i = len(self.hosts)
+        ns = self._netns(f"h{i}")
+        address = str(self.net.network_address + 10 + i)
+        hidden = str(self.hidden_net.network_address + 10 + i)
+        root_end = f"{self.tag}h{i}"
+        _ip("link", "add", root_end, "type", "veth", "peer", "name", f"hub{i}")
+        self.root_links.append(root_end)  # until it moves into `ns`
+        self._attach_to_hub(f"hub{i}")
+        _ip("link", "set", root_end, "netns", ns)
+        self.root_links.remove(root_end)
+        _ip("link", "set", root_end, "name", "eth0", netns=ns)
+        _ip("addr", "add", f"{address}/{self.net.prefixlen}", "dev", "eth0",
+            netns=ns)
+        _ip("link", "set", "eth0", "up", netns=ns)
+        _ip("addr", "add", f"{hidden}/32", "dev", "lo", netns=ns)
+        # Only this namespace knows the way to the hidden address.
+        _ip("route", "add", f"{hidden}/32", "via", address)
+        host = Host(name=f"host{i}", netns=ns, address=address, hidden=hidden)
+        self.hosts.append(host)
+        return host
+
+    # ---------------------------------------------------------- processes
+    def _spawn(self, cmd, what, log):
+        read_end, write_end = os.pipe()
+        cmd = [c.replace("{READY_FD}", str(write_end)) for c in cmd]
+        with open(log, "ab") as out:
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=out, pass_fds=(write_end,))
+        os.close(write_end)
+        proc = Process(p, what, ready_fd=read_end)
+        self.processes.append(proc)
+        return proc
+
+    @staticmethod
+    def _await_ready(proc, timeout, log):
+        ready, _, _ = select.select([proc.ready_fd], [], [], timeout)
+        line = os.read(proc.ready_fd, 256).decode().strip() if ready else ""
+        if not line:
+            raise RuntimeError(
+                f"{proc.what} did not come up within {timeout} s "
+                f"(exit code {proc.popen.poll()}); its log ({log}) ends with:\n"
+                + open(log, errors="replace").read()[-3000:])
+        return line
+
+    def start_server(self, log, timeout=30):
+        """plexus-server in this namespace, listening on the shared /24."""
+        proc = self._spawn(
+            [str(bin_dir() / "plexus-server"),
+             "--listen", f"{self.root_address}:0", "--ready-fd", "{READY_FD}",
+             "--log-level", "info", "--die-with-parent"], "plexus-server", log)
+        proc.address = self._await_ready(proc, timeout, log)
+        return proc
+
+    def start_worker(self, server, host, log, data_host=None, devices=1,
+                     timeout=30):
+        """plexus-worker inside `host`'s namespace; its data plane binds and
+        advertises `data_host` (default: the host's address on the /24)."""
+        proc = self._spawn(
+            ["ip", "netns", "exec", host.netns,
+             str(bin_dir() / "plexus-worker"), "--server", server.address,
+             "--devices", str(devices), "--host-name", host.name,
+             "--data-host", data_host or host.address,
+             "--ready-fd", "{READY_FD}", "--log-level", "info",
+             "--die-with-parent"], f"plexus-worker {host.name}", log)
+        self._await_ready(proc, timeout, log)
+        return proc
+
+    def stop(self, timeout=10):
+        """Shuts the server down (it ends every worker's session), reaps
+        everything and returns what did not exit with code 0."""
+        import plexus._core as core
+        servers = [p for p in self.processes if p.what == "plexus-server"]
+        for s in servers:
+            if s.popen.poll() is None:
+                try:
+                    core.shutdown_server(s.address)
+                except Exception:  # noqa: BLE001 - signals below
+                    s.popen.terminate()
+        unclean = []
+        for p in self.processes:
+            try:
+                code = p.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+                p.popen.wait()
+                unclean.append(f"{p.what} did not stop within {timeout} s")
+                continue
+            if code != 0:
+                unclean.append(f"{p.what} exited with {code}")
+        for p in self.processes:
+            if p.ready_fd >= 0:
+                os.close(p.ready_fd)
+        self.processes.clear()
+        return unclean
+
+    def close(self):
+        """Kills whatever is left and deletes every namespace and link."""
+        for p in self.processes:
+            if p.popen.poll() is None:
+                p.popen.kill()
+            p.popen.wait()
+            if p.ready_fd >= 0:
+                os.close(p.ready_fd)
+        self.processes.clear()
+        for host in self.hosts:
+            _ip("route", "del", f"{host.hidden}/32", check=False)
+        # Deleting a namespace deletes the veth ends in it, and their peers.
+        for ns in reversed(self.namespaces):
+            _ip("netns", "del", ns, check=False)
+        for link in self.root_links:
+            _ip("link", "del", link, check=False)
+        self.namespaces.clear()
+        self.root_links.clear()
