@@ -130,40 +130,70 @@ void ObjectStore::FailBuffer(uint64_t buffer_id, const absl::Status& status) {
   for (int32_t s : shards) Fail({buffer_id, s}, status);
 }
 
-void ObjectStore::Release(uint64_t buffer_id) {
-  absl::MutexLock lock(&mu_);
-  rejected_.erase(buffer_id);
-  auto sit = shards_.find(buffer_id);
-  if (sit == shards_.end()) return;
-  std::vector<int32_t> shards = sit->second;
-  for (int32_t s : shards) {
-    BufferKey key{buffer_id, s};
-    auto it = entries_.find(key);
-    if (it == entries_.end()) continue;
-    it->second.owned = false;
-    MaybeRemoveLocked(key);
+std::vector<ObjectStore::ReadyCallback> ObjectStore::AbandonPutLocked(
+    const BufferKey& key, Entry& e, const absl::Status& why) {
+  // A put whose bytes have not begun to arrive will not arrive once its
+  // owner let go: its readers (if any) hear why; bytes already being
+  // received complete it as usual.
+  if (e.arrival != Arrival::kFromClient || e.state != Entry::State::kPending ||
+      e.receiving) {
+    return {};
   }
+  return FailLocked(key, e, why);
+}
+
+void ObjectStore::Release(uint64_t buffer_id) {
+  std::vector<ReadyCallback> callbacks;
+  const absl::Status why = absl::CancelledError(absl::StrCat(
+      "buffer ", buffer_id, " was released before its put arrived"));
+  {
+    absl::MutexLock lock(&mu_);
+    rejected_.erase(buffer_id);
+    auto sit = shards_.find(buffer_id);
+    if (sit == shards_.end()) return;
+    std::vector<int32_t> shards = sit->second;
+    for (int32_t s : shards) {
+      BufferKey key{buffer_id, s};
+      auto it = entries_.find(key);
+      if (it == entries_.end()) continue;
+      it->second.owned = false;
+      for (auto& cb : AbandonPutLocked(key, it->second, why)) {
+        callbacks.push_back(std::move(cb));
+      }
+      MaybeRemoveLocked(key);
+    }
+  }
+  RunCallbacks(std::move(callbacks), why);
 }
 
 void ObjectStore::ReleaseClient(uint64_t client_id) {
-  absl::MutexLock lock(&mu_);
-  departed_.insert(client_id);
-  created_.SignalAll();  // waits for its undeclared keys end now
-  for (auto it = rejected_.begin(); it != rejected_.end();) {
-    auto cur = it++;
-    if (ClientOfBuffer(cur->first) == client_id) rejected_.erase(cur);
+  std::vector<ReadyCallback> callbacks;
+  const absl::Status why = absl::CancelledError(
+      absl::StrCat("client ", client_id, " left before its put arrived"));
+  {
+    absl::MutexLock lock(&mu_);
+    departed_.insert(client_id);
+    created_.SignalAll();  // waits for its undeclared keys end now
+    for (auto it = rejected_.begin(); it != rejected_.end();) {
+      auto cur = it++;
+      if (ClientOfBuffer(cur->first) == client_id) rejected_.erase(cur);
+    }
+    std::vector<BufferKey> keys;
+    for (auto& [key, e] : entries_) {
+      if (ClientOfBuffer(key.buffer_id) == client_id) keys.push_back(key);
+    }
+    for (const BufferKey& key : keys) {
+      Entry& e = entries_[key];
+      e.owned = false;
+      e.declared = true;
+      e.held = true;
+      for (auto& cb : AbandonPutLocked(key, e, why)) {
+        callbacks.push_back(std::move(cb));
+      }
+      MaybeRemoveLocked(key);
+    }
   }
-  std::vector<BufferKey> keys;
-  for (auto& [key, e] : entries_) {
-    if (ClientOfBuffer(key.buffer_id) == client_id) keys.push_back(key);
-  }
-  for (const BufferKey& key : keys) {
-    Entry& e = entries_[key];
-    e.owned = false;
-    e.declared = true;
-    e.held = true;
-    MaybeRemoveLocked(key);
-  }
+  RunCallbacks(std::move(callbacks), why);
 }
 
 absl::Status ObjectStore::Reserve(int device, int64_t bytes) {

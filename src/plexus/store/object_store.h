@@ -105,7 +105,8 @@ class ObjectStore {
   // declared. A buffer whose call was rejected (FailBuffer) is known.
   absl::Status AddReader(const BufferKey& key);
   void RemoveReader(const BufferKey& key);
-  // The client dropped its reference: every shard of the buffer.
+  // The client dropped its reference: every shard of the buffer. A put
+  // whose bytes have not begun to arrive fails (they never will).
   void Release(uint64_t buffer_id);
   // Everything `client_id` owned (it disconnected). Later waits for its
   // undeclared keys fail at once, saying the client left.
@@ -194,6 +195,10 @@ class ObjectStore {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Charges `bytes` to `device`, waiting for room while `wait`.
   absl::Status ReserveLocked(int device, int64_t bytes, bool wait)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails a put still waiting for its bytes (its owner let go of it).
+  std::vector<ReadyCallback> AbandonPutLocked(const BufferKey& key, Entry& e,
+                                              const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails a pending entry; returns the callbacks to run unlocked.
   std::vector<ReadyCallback> FailLocked(const BufferKey& key, Entry& e,

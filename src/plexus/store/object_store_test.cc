@@ -296,5 +296,28 @@ TEST(ObjectStoreTest, ShutdownEndsEveryWait) {
   EXPECT_EQ(got.code(), absl::StatusCode::kCancelled);
 }
 
+TEST(ObjectStoreTest, APutReleasedBeforeItsBytesFailsAndGoes) {
+  ObjectStore store(TwoDevices(1 << 20));
+  BufferKey key{32, 0};
+  store.Declare(key, 0, {DType::kF32, {4}}, true, kClient);
+  absl::Status seen;
+  store.OnReady(key, [&](auto r) { seen = r.status(); });
+  store.Release(32);
+  EXPECT_EQ(seen.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(store.Stats().live_shards, 0);  // no pending entry left for good
+}
+
+TEST(ObjectStoreTest, APutOfAClientThatLeftFailsItsReaders) {
+  ObjectStore store(TwoDevices(1 << 20));
+  const uint64_t id = (uint64_t{8} << kBufferIdClientShift) | 1;
+  store.Declare({id, 0}, 0, {DType::kF32, {4}}, true, kClient);
+  ASSERT_TRUE(store.AddReader({id, 0}).ok());  // a queued call reads it
+  store.ReleaseClient(8);
+  absl::Status s = store.AwaitReady({id, 0}).status();
+  EXPECT_TRUE(absl::StrContains(s.message(), "client 8 left")) << s;
+  store.RemoveReader({id, 0});
+  EXPECT_EQ(store.Stats().live_shards, 0);
+}
+
 }  // namespace
 }  // namespace plexus

@@ -46,5 +46,61 @@ TEST(WorkerOpsTest, LoadWithSpecThatDoesNotParseIsRefusedAndItsCallsFail) {
       << result.status();
 }
 
+// A call reading a buffer released before the call reached the worker used
+// to re-create a pending entry that nothing fulfils: the device thread
+// waited for good, and every later call on that device with it.
+TEST(WorkerOpsTest, ACallReadingAReleasedBufferFailsAndTheDeviceGoesOn) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  auto id = [](uint64_t n) {
+    return (uint64_t{1} << kBufferIdClientShift) | n;
+  };
+  const uint64_t program = id(1), input = id(2), first = id(3), second = id(4);
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* load = msg.add_ops()->mutable_load();
+  load->set_program_id(program);
+  load->mutable_program()->set_name("copy");
+  load->mutable_program()->set_kernel("identity");
+  for (auto* arg : {load->mutable_program()->add_inputs(),
+                    load->mutable_program()->add_outputs()}) {
+    arg->mutable_global()->set_dtype(proto::F32);
+    arg->mutable_global()->add_shape(4);
+  }
+  auto* decl = msg.add_ops()->mutable_declare();  // a put, never sent
+  decl->set_buffer_id(input);
+  decl->set_device(0);
+  decl->mutable_spec()->set_dtype(proto::F32);
+  decl->mutable_spec()->add_shape(4);
+  msg.add_ops()->mutable_release()->add_buffer_ids(input);
+  for (uint64_t output : {first, second}) {
+    auto* exec = msg.add_ops()->mutable_execute();
+    exec->set_call_id(output);
+    exec->set_program_id(program);
+    exec->set_num_shards(1);
+    exec->set_client_id(1);
+    exec->add_output_ids(output);
+    auto* task = exec->add_tasks();
+    task->set_device(0);
+    auto* binding = task->add_inputs();
+    binding->mutable_local()->set_dtype(proto::F32);
+    binding->mutable_local()->add_shape(4);
+    auto* piece = binding->add_pieces();
+    piece->set_buffer_id(input);
+    piece->set_length(4);
+  }
+  worker->ApplyOps(msg);
+
+  for (uint64_t output : {first, second}) {
+    auto result = worker->AwaitReady({output, 0});  // returns: no hang
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+    EXPECT_NE(result.status().message().find("program 'copy' argument 0"),
+              std::string::npos)
+        << result.status();
+    EXPECT_NE(result.status().message().find("released"), std::string::npos)
+        << result.status();
+  }
+}
+
 }  // namespace
 }  // namespace plexus
