@@ -195,6 +195,23 @@ void ClientBatchSeeds() {
   Write(t, "data-parallel", ClientInput(DataParallelStep(1), 0));
   Write(t, "reshard", ClientInput(Reshard(1), 0));
   Write(t, "mistakes", ClientInput(Mistakes(1), 0));
+  // Inputs of bugs fixed in ClusterState (cluster_state_test.cc): an empty
+  // array split over slices of two layouts; meshes of non-positive or huge
+  // dimensions.
+  const ArgSpec empty = Arg({0, 3}, Sharding::Split(0));
+  Write(
+      t, "empty-split-reshard",
+      ClientInput(
+          {Batch({SliceOp(1, 4), SliceOp(2, 2),
+                  ProgramOp(Id(1, 1), "relu", {empty}, {empty}),
+                  CallOp(1, 2, Id(1, 1), {{Id(1, 2), 1}}, empty, {Id(1, 3)})})},
+          0));
+  Write(t, "bad-meshes",
+        ClientInput({Batch({SliceOp(1, 2, proto::PLACEMENT_ANY, {-1, -2}),
+                            SliceOp(2, 2, proto::PLACEMENT_ANY, {2, 0}),
+                            SliceOp(3, 2, proto::PLACEMENT_ANY,
+                                    std::vector<int32_t>(4, 2147483647))})},
+                    0));
   // Two clients, a worker lost mid-way, a client replaced.
   InputWriter w;
   w.Bytes(ClientInput(DataParallelStep(1), 0));
@@ -235,6 +252,16 @@ void WorkerBatchSeeds() {
   three.U8(4).Record(Bytes(beat)).U8(2).Record("");
   three.U8(1).Record(reg("again", 3));  // a second registration: ignored
   Write(t, "three-workers", three.str());
+  proto::WorkerToServer failed;
+  auto* f = failed.mutable_transfer_failed();
+  f->set_dst_worker_id(2);
+  f->set_buffer_id(Id(kServerClientId, 7));
+  f->mutable_status()->set_code(14);
+  f->mutable_status()->set_message("seed: push to worker 2 failed");
+  InputWriter relay;
+  relay.U8(0).Record(reg("host0", 2)).U8(0).Record(reg("host1", 2));
+  relay.U8(1).Record(Bytes(failed));
+  Write(t, "transfer-failed", relay.str());
   InputWriter refused;
   refused.U8(0).Record(Bytes(beat)).U8(0).Record(reg("empty", 0));
   Write(t, "refused", refused.str());
@@ -497,6 +524,10 @@ void CompileOptionsSeeds() {
   Write(t, "zero-replicas", OptionsInput(two, Options(0, 2, &two)));
   Write(t, "wrong-assignment", OptionsInput(other, Options(1, 2, &two)));
   Write(t, "not-a-proto", OptionsInput(one, "\xff\xff\xff"));
+  // Islands XLA cannot run on, whose matching options once passed.
+  const std::vector<int> none = {}, twice = {1, 1};
+  Write(t, "no-devices", OptionsInput(none, Options(1, 0, &none)));
+  Write(t, "device-twice", OptionsInput(twice, Options(1, 2, &twice)));
 }
 
 }  // namespace

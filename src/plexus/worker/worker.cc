@@ -10,6 +10,20 @@
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
+namespace {
+
+// The error an op that fails something carries. Such an op without a code
+// (a status that reads as OK) is still a failure, never a success: the
+// store cannot hold an OK failure.
+absl::Status FailureFromProto(const proto::Status& proto,
+                              absl::string_view what) {
+  absl::Status status = StatusFromProto(proto);
+  if (!status.ok()) return status;
+  return absl::UnknownError(absl::StrCat(what, " (no reason given)"));
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     const WorkerOptions& options) {
   auto worker = std::make_unique<WorkerImpl>(options);
@@ -311,7 +325,8 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       break;
     case proto::WorkerOp::kFail:
       for (uint64_t id : op.fail().buffer_ids()) {
-        store_->FailBuffer(id, StatusFromProto(op.fail().status()));
+        store_->FailBuffer(
+            id, FailureFromProto(op.fail().status(), "call rejected"));
       }
       break;
     case proto::WorkerOp::kPeerDown:
@@ -322,7 +337,7 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       // relays what it would have said in a PUSH_ERROR.
       store_->Fail(
           {op.transfer_failed().buffer_id(), op.transfer_failed().shard()},
-          StatusFromProto(op.transfer_failed().status()));
+          FailureFromProto(op.transfer_failed().status(), "transfer failed"));
       break;
     case proto::WorkerOp::kPeer: {
       absl::MutexLock lock(&peers_mu_);
@@ -398,7 +413,8 @@ void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
 }
 
 void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
-  const absl::Status lost = StatusFromProto(down.status());
+  const absl::Status lost = FailureFromProto(
+      down.status(), absl::StrCat("worker ", down.worker_id(), " is down"));
   SPDLOG_WARN("worker {} is down: {}", down.worker_id(),
               std::string(lost.message()));
   {

@@ -102,5 +102,44 @@ TEST(WorkerOpsTest, ACallReadingAReleasedBufferFailsAndTheDeviceGoesOn) {
   }
 }
 
+proto::WorkerOp Expect(uint64_t buffer, int64_t from) {
+  proto::WorkerOp op;
+  op.mutable_expect()->set_buffer_id(buffer);
+  op.mutable_expect()->set_src_worker_id(from);
+  op.mutable_expect()->mutable_spec()->set_dtype(proto::F32);
+  op.mutable_expect()->mutable_spec()->add_shape(4);
+  return op;
+}
+
+// A failure op whose status reads as OK (no code, no message) failed the
+// shard with an OK status, which the store cannot hold (abort).
+TEST(WorkerOpsTest, FailuresWithoutAReasonStillFail) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t a = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t b = a + 1, c = a + 2;
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  *msg.add_ops() = Expect(a, 2);
+  *msg.add_ops() = Expect(b, 2);
+  *msg.add_ops() = Expect(c, 3);
+  auto* relayed = msg.add_ops()->mutable_transfer_failed();
+  relayed->set_dst_worker_id(1);
+  relayed->set_buffer_id(a);
+  msg.add_ops()->mutable_fail()->add_buffer_ids(b);
+  msg.add_ops()->mutable_peer_down()->set_worker_id(3);
+
+  worker->ApplyOps(msg);  // aborted here before the fix
+
+  for (const auto& [buffer, why] :
+       {std::pair{a, "transfer failed"}, std::pair{b, "call rejected"},
+        std::pair{c, "worker 3 is down"}}) {
+    auto result = worker->AwaitReady({buffer, 0});
+    ASSERT_FALSE(result.ok()) << why;
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kUnknown);
+    EXPECT_NE(result.status().message().find(why), std::string::npos)
+        << result.status();
+  }
+}
+
 }  // namespace
 }  // namespace plexus
