@@ -17,7 +17,9 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
   if (!down.ok()) return down;
   auto conn = core.Checkout(device);
   absl::Status s = conn.ok() ? fn(**conn) : conn.status();
-  if (s.ok()) {
+  if (conn.ok() && (*conn)->healthy()) {
+    // Success, or the worker's own answer (its error, code and message
+    // intact): the connection is in step and goes back to the pool.
     core.Checkin(device.worker_id(), std::move(*conn));
     return s;
   }
@@ -26,12 +28,10 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
   if (absl::Status open = core.CheckOpen(); !open.ok()) return open;
   down = core.WorkerStatus(device.worker_id());
   if (!down.ok()) return down;
-  if (absl::IsUnavailable(s) || absl::IsInternal(s) || !conn.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("lost worker ", device.worker_id(), " (",
-                     device.host_name(), "): ", s.message()));
-  }
-  return s;  // the worker's own error, intact
+  // The connection itself failed: the worker may be gone.
+  return absl::UnavailableError(absl::StrCat("lost worker ", device.worker_id(),
+                                             " (", device.host_name(),
+                                             "): ", s.message()));
 }
 
 }  // namespace

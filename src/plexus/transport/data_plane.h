@@ -130,6 +130,10 @@ class DataPlaneConnection {
   virtual ~DataPlaneConnection() = default;
 
   virtual bool uses_shared_memory() const = 0;
+  // False once an I/O or protocol error broke the connection. An error the
+  // worker sent (an ERROR frame: the shard failed, was not found, ...) leaves
+  // it in step and usable.
+  virtual bool healthy() const = 0;
   // One-way. Returns once the bytes are handed to the kernel.
   virtual absl::Status Push(const ShardKey& key, const Storage& data) = 0;
   // One-way: `key` failed upstream; the peer's readers get `error`, code

@@ -28,6 +28,7 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
         counters_(counters) {}
 
   bool uses_shared_memory() const override { return socket_->is_unix(); }
+  bool healthy() const override { return !socket_->broken(); }
 
   void Shutdown() override { socket_->Shutdown(); }
 
