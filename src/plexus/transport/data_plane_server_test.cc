@@ -218,5 +218,28 @@ TEST(DataPlaneServerTest, ConnectionsPastTheCapAreClosed) {
   EXPECT_TRUE(waited.ok()) << waited;
 }
 
+TEST(SocketIoTest, ATcpConnectThatGetsNoAnswerEndsAtItsTimeout) {
+  // A listener that never accepts, its backlog full: the kernel drops
+  // further SYNs, as a host that silently drops packets would.
+  std::string address;
+  auto listener = internal::ListenTcp("127.0.0.1", &address);
+  ASSERT_TRUE(listener.ok());
+  ASSERT_EQ(listen(listener->get(), 0), 0);
+  std::vector<internal::UniqueFd> queued;
+  absl::Status refused;
+  for (int i = 0; i < 64 && refused.ok(); ++i) {
+    auto fd = internal::ConnectTcp(address, absl::Milliseconds(200));
+    if (fd.ok()) {
+      queued.push_back(*std::move(fd));
+    } else {
+      refused = fd.status();
+    }
+  }
+  ASSERT_FALSE(refused.ok()) << "the backlog never filled";
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(refused.message().find("no answer within 200ms"), std::string::npos)
+      << refused;
+}
+
 }  // namespace
 }  // namespace plexus::transport

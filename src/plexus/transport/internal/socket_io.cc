@@ -1,6 +1,7 @@
 #include "plexus/transport/internal/socket_io.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace plexus::transport::internal {
@@ -81,23 +83,53 @@ std::string FormatAddress(const sockaddr* sa) {
   return "?";
 }
 
-// connect(2) that survives EINTR: the attempt goes on in the kernel, so wait
-// for it to finish instead of calling connect again.
-int ConnectRetrying(int fd, const sockaddr* addr, socklen_t len) {
-  if (connect(fd, addr, len) == 0) return 0;
-  if (errno != EINTR) return -1;
-  pollfd p{fd, POLLOUT, 0};
-  while (poll(&p, 1, -1) < 0) {
+// connect(2) that ends by `timeout`: non-blocking, then poll for the
+// outcome (EINTR-safe: the attempt goes on in the kernel meanwhile). A peer
+// that silently drops the SYN would otherwise hold the caller for the
+// kernel's retries, about two minutes.
+int ConnectWithin(int fd, const sockaddr* addr, socklen_t len,
+                  absl::Duration timeout) {
+  if (timeout == absl::InfiniteDuration()) {
+    if (connect(fd, addr, len) == 0) return 0;
     if (errno != EINTR) return -1;
-  }
-  int err = 0;
-  socklen_t err_len = sizeof(err);
-  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) != 0) return -1;
-  if (err != 0) {
+    // Interrupted: the attempt goes on in the kernel; wait for its end.
+    pollfd p{fd, POLLOUT, 0};
+    while (poll(&p, 1, -1) < 0) {
+      if (errno != EINTR) return -1;
+    }
+    int err = 0;
+    socklen_t err_len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) != 0) return -1;
     errno = err;
-    return -1;
+    return err == 0 ? 0 : -1;
   }
-  return 0;
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -1;
+  if (connect(fd, addr, len) != 0) {
+    if (errno != EINPROGRESS && errno != EINTR) return -1;
+    const absl::Time deadline = absl::Now() + timeout;
+    pollfd p{fd, POLLOUT, 0};
+    while (true) {
+      const int64_t left_ms = std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+      const int ready =
+          poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1 << 30)));
+      if (ready > 0) break;
+      if (ready == 0) {
+        errno = ETIMEDOUT;
+        return -1;
+      }
+      if (errno != EINTR) return -1;
+    }
+    int err = 0;
+    socklen_t err_len = sizeof(err);
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) != 0) return -1;
+    if (err != 0) {
+      errno = err;
+      return -1;
+    }
+  }
+  return fcntl(fd, F_SETFL, flags) < 0 ? -1 : 0;
 }
 
 }  // namespace
@@ -311,7 +343,8 @@ absl::StatusOr<UniqueFd> Accept(int listen_fd) {
   }
 }
 
-absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address) {
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
+                                    absl::Duration timeout) {
   std::string host, port;
   if (absl::Status s = SplitHostPort(address, &host, &port); !s.ok()) return s;
   addrinfo hints{};
@@ -330,8 +363,12 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address) {
       last = IoError("socket", errno);
       continue;
     }
-    if (ConnectRetrying(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-      last = IoError(absl::StrCat("connect ", address), errno);
+    if (ConnectWithin(fd.get(), ai->ai_addr, ai->ai_addrlen, timeout) != 0) {
+      last = errno == ETIMEDOUT
+                 ? absl::UnavailableError(
+                       absl::StrCat("connect ", address, ": no answer within ",
+                                    absl::FormatDuration(timeout)))
+                 : IoError(absl::StrCat("connect ", address), errno);
       continue;
     }
     freeaddrinfo(result);
@@ -347,8 +384,10 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& name) {
   socklen_t len;
   absl::StatusOr<UniqueFd> fd = UnixSocket(name, &addr, &len);
   if (!fd.ok()) return fd.status();
-  if (ConnectRetrying(fd->get(), reinterpret_cast<sockaddr*>(&addr), len) !=
-      0) {
+  // Blocking: a unix socket answers at once or says why (a non-blocking
+  // connect would fail with EAGAIN on a full backlog instead of waiting).
+  if (ConnectWithin(fd->get(), reinterpret_cast<sockaddr*>(&addr), len,
+                    absl::InfiniteDuration()) != 0) {
     return IoError(absl::StrCat("connect unix '@", name, "'"), errno);
   }
   return fd;

@@ -80,8 +80,10 @@ absl::StatusOr<UniqueFd> ListenUnix(const std::string& name);
 // Accepts one connection; TCP connections get TCP_NODELAY.
 absl::StatusOr<UniqueFd> Accept(int listen_fd);
 
-// Connects to "host:port" (or "[v6]:port") with TCP_NODELAY.
-absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address);
+// Connects to "host:port" (or "[v6]:port") with TCP_NODELAY; Unavailable
+// if no connection is made within `timeout` (a peer that drops packets).
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
+                                    absl::Duration timeout = absl::Seconds(10));
 // Connects to the abstract unix socket `name`.
 absl::StatusOr<UniqueFd> ConnectUnix(const std::string& name);
 
