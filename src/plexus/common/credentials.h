@@ -1,0 +1,70 @@
+// Credentials: who may touch what, on both planes. An id is not a
+// permission; a credential is.
+//
+// One secret per cluster (32 random bytes). Every credential is derived from
+// it, so the server and every worker can check one without a table or a
+// round trip:
+//
+//   credential(role, id) = first 16 bytes of HMAC-SHA256(secret,
+//                                                        "plexus/" role "/" id)
+//
+//   role      id          held by                 lets it
+//   client    client id   that client's session   put, fetch and wait on keys
+//                                                 whose buffer id names it
+//   worker    0           every worker            push to peers, register
+//   admin     0           the operator            shut the server down
+//
+// The server issues a client its credential when its session opens; workers
+// get the secret from their environment (PLEXUS_CLUSTER_SECRET, hex) or a
+// file; an embedded cluster makes a secret of its own and hands it to its
+// workers, so loopback needs no set-up and every check applies there too.
+// Secrets and credentials never appear in logs or in status (Redacted()).
+//
+// Thread-safe: values are immutable.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace plexus {
+
+inline constexpr size_t kCredentialSize = 16;
+using Credential = std::array<uint8_t, kCredentialSize>;
+
+enum class CredentialRole { kClient, kWorker, kAdmin };
+
+class ClusterSecret {
+ public:
+  static constexpr size_t kSize = 32;
+  // 32 bytes from the kernel's random source.
+  static absl::StatusOr<ClusterSecret> Generate();
+  // From 64 hex digits (what ToHex writes).
+  static absl::StatusOr<ClusterSecret> FromHex(absl::string_view hex);
+  // From $PLEXUS_CLUSTER_SECRET, else the file `path` (its first line, hex),
+  // else NotFound naming both.
+  static absl::StatusOr<ClusterSecret> Load(const std::string& path);
+
+  std::string ToHex() const;
+  Credential Derive(CredentialRole role, uint64_t id = 0) const;
+  // Constant time; false for a wrong length.
+  bool Verify(CredentialRole role, uint64_t id, const uint8_t* credential,
+              size_t size) const;
+
+ private:
+  std::array<uint8_t, kSize> bytes_{};
+};
+
+// The environment variable that carries the secret to a cluster's processes.
+inline constexpr char kClusterSecretEnv[] = "PLEXUS_CLUSTER_SECRET";
+
+// Equality of two byte strings in time independent of their contents.
+bool ConstantTimeEqual(const uint8_t* a, const uint8_t* b, size_t size);
+
+// "<redacted 16 bytes>": what a log line shows instead of a credential.
+std::string Redacted(size_t size);
+
+}  // namespace plexus
