@@ -13,6 +13,7 @@
 // (cluster_harness.h); after every client leaves, no slice or load is left.
 #include "fuzz/cluster_harness.h"
 #include "fuzz/fuzz_support.h"
+#include "google/protobuf/stubs/logging.h"
 
 namespace plexus::fuzz {
 namespace {
@@ -23,6 +24,11 @@ uint8_t First(const std::string& s) {
 
 }  // namespace
 }  // namespace plexus::fuzz
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);  // invalid UTF-8 notes
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace plexus;

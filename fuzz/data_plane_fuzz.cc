@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "fuzz/fuzz_support.h"
 #include "fuzz/worker_harness.h"
+#include "google/protobuf/stubs/logging.h"
 #include "plexus/transport/data_plane.h"
 #include "spdlog/spdlog.h"
 
@@ -61,6 +62,16 @@ class WatchedHandler : public transport::DataPlaneHandler {
     return std::set<uint64_t>(waiting_.begin(), waiting_.end());
   }
 
+  // The worker checks the credential (so that code runs on every input),
+  // and the request goes on whatever it says: random bytes never carry a
+  // valid credential, and the fuzzer must reach the code behind the check.
+  // Refusals are covered by tests (test_hardening, WorkerAuthorizeTest).
+  absl::Status Authorize(
+      transport::DataPlaneRequest request, const transport::ShardKey& key,
+      const transport::DataPlaneCredential& credential) override {
+    target()->Authorize(request, key, credential).IgnoreError();
+    return absl::OkStatus();
+  }
   absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
                              bool from_client) override {
     Watch watch(this, key);
@@ -285,6 +296,7 @@ int MakeMemfd(uint32_t bytes, bool seal) {
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);
+  google::protobuf::SetLogHandler(nullptr);  // invalid UTF-8 notes
   return 0;
 }
 

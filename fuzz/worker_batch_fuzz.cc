@@ -15,6 +15,7 @@
 
 #include "fuzz/cluster_harness.h"
 #include "fuzz/fuzz_support.h"
+#include "google/protobuf/stubs/logging.h"
 #include "plexus/store/object_store.h"
 
 namespace plexus::fuzz {
@@ -82,6 +83,11 @@ void Probe(ClusterState& state) {
 
 }  // namespace
 }  // namespace plexus::fuzz
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  google::protobuf::SetLogHandler(nullptr);  // invalid UTF-8 notes
+  return 0;
+}
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace plexus;

@@ -11,10 +11,12 @@
 // (worker_harness.h).
 #include "fuzz/fuzz_support.h"
 #include "fuzz/worker_harness.h"
+#include "google/protobuf/stubs/logging.h"
 #include "spdlog/spdlog.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   spdlog::set_level(spdlog::level::off);
+  google::protobuf::SetLogHandler(nullptr);  // invalid UTF-8 notes
   return 0;
 }
 

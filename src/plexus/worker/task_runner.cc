@@ -29,15 +29,31 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
     call->island = std::make_unique<IslandExecution>(exec.tasks_size());
   }
 
+  // Why the collective of this call cannot take place here: every task
+  // fails with it.
+  absl::Status collective_error;
+  std::vector<CallCollective::Peer> peers;
+  int my_rank = -1;
   if (call->program && call->program->kernel &&
       call->program->kernel->is_collective() && exec.peers_size() > 0) {
-    std::vector<CallCollective::Peer> peers;
-    int my_rank = -1;
     for (int r = 0; r < exec.peers_size(); ++r) {
       peers.push_back(
           {exec.peers(r).worker_id(), exec.peers(r).local_shards()});
       if (exec.peers(r).worker_id() == worker_id_) my_rank = r;
     }
+    if (my_rank < 0) {
+      collective_error = absl::InvalidArgumentError(absl::StrCat(
+          "program '", call->program->name, "': call ", exec.call_id(),
+          " does not list this worker among its peers"));
+    } else if (exec.tasks_size() == 0 ||
+               peers[my_rank].local_shards != exec.tasks_size()) {
+      collective_error = absl::InvalidArgumentError(
+          absl::StrCat("program '", call->program->name, "': call ",
+                       exec.call_id(), " counts ", peers[my_rank].local_shards,
+                       " shards on this worker but sends ", exec.tasks_size()));
+    }
+  }
+  if (!peers.empty() && collective_error.ok()) {
     call->collective = std::make_unique<CallCollective>(
         exec.call_id() | kCollectiveBit, std::move(peers), my_rank,
         store_.get(),
@@ -60,7 +76,7 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   // releases that follow see them. An input that is not here (released
   // before this call reached the worker) fails its task now: nothing would
   // ever fulfil it.
-  call->input_errors.resize(exec.tasks_size());
+  call->input_errors.assign(exec.tasks_size(), collective_error);
   for (int t = 0; t < exec.tasks_size(); ++t) {
     const proto::ShardTask& task = exec.tasks(t);
     for (int o = 0; o < exec.output_ids_size(); ++o) {

@@ -141,5 +141,84 @@ TEST(WorkerOpsTest, FailuresWithoutAReasonStillFail) {
   }
 }
 
+// A collective call whose peers do not list this worker made its rank -1,
+// and the collective read peers[-1] (found by worker_ops_fuzz under UBSan).
+TEST(WorkerOpsTest, CollectiveCallWithoutThisWorkerAmongItsPeersFails) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t program = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t output = program + 1;
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* load = msg.add_ops()->mutable_load();
+  load->set_program_id(program);
+  load->mutable_program()->set_name("sum");
+  load->mutable_program()->set_kernel("all_reduce");
+  ArgSpec partial{{DType::kF32, {4}}, Sharding::Partial()};
+  ArgSpec whole{{DType::kF32, {4}}, Sharding::Replicated()};
+  *load->mutable_program()->add_inputs() = ToProto(partial);
+  *load->mutable_program()->add_outputs() = ToProto(whole);
+  auto* exec = msg.add_ops()->mutable_execute();
+  exec->set_call_id(7);
+  exec->set_program_id(program);
+  exec->set_num_shards(2);
+  exec->set_client_id(1);
+  exec->add_output_ids(output);
+  exec->add_tasks()->set_device(0);
+  auto* peer = exec->add_peers();  // worker 2 only: not this worker (1)
+  peer->set_worker_id(2);
+  peer->set_local_shards(1);
+
+  worker->ApplyOps(msg);
+
+  auto result = worker->AwaitReady({output, 0});
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find(
+                "does not list this worker among its peers"),
+            std::string::npos)
+      << result.status();
+}
+
+TEST(WorkerAuthorizeTest, EachRequestNeedsTheCredentialOfWhatItTouches) {
+  auto secret = ClusterSecret::Generate();
+  ASSERT_TRUE(secret.ok());
+  WorkerOptions options;
+  options.num_devices = 1;
+  options.device_memory = 1 << 20;
+  options.secret = *secret;
+  auto worker = std::make_unique<WorkerImpl>(options);
+  ASSERT_TRUE(worker->StartLocal().ok());
+  auto as_wire = [](const Credential& c) {
+    transport::DataPlaneCredential out;
+    std::copy(c.begin(), c.end(), out.begin());
+    return out;
+  };
+  const auto client1 = as_wire(secret->Derive(CredentialRole::kClient, 1));
+  const auto peer = as_wire(secret->Derive(CredentialRole::kWorker));
+  const transport::ShardKey of1{(uint64_t{1} << kBufferIdClientShift) | 5, 0};
+  const transport::ShardKey of2{(uint64_t{2} << kBufferIdClientShift) | 5, 0};
+  using R = transport::DataPlaneRequest;
+  for (R r : {R::kPut, R::kFetch, R::kWait}) {
+    EXPECT_TRUE(worker->Authorize(r, of1, client1).ok());
+    absl::Status other = worker->Authorize(r, of2, client1);
+    EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_NE(other.message().find("belongs to client 2"), std::string::npos)
+        << other;
+    EXPECT_FALSE(worker->Authorize(r, of1, {}).ok());    // none at all
+    EXPECT_FALSE(worker->Authorize(r, of1, peer).ok());  // a worker's
+  }
+  for (R r : {R::kPush, R::kPushError}) {
+    EXPECT_TRUE(worker->Authorize(r, of1, peer).ok());
+    EXPECT_EQ(worker->Authorize(r, of1, client1).code(),
+              absl::StatusCode::kPermissionDenied);
+  }
+  // Another cluster's credentials open nothing here.
+  auto stranger = ClusterSecret::Generate();
+  EXPECT_FALSE(
+      worker
+          ->Authorize(R::kFetch, of1,
+                      as_wire(stranger->Derive(CredentialRole::kClient, 1)))
+          .ok());
+}
+
 }  // namespace
 }  // namespace plexus
