@@ -59,16 +59,12 @@ void FakeClock::Advance(absl::Duration d) {
 }
 
 void FakeClock::AwaitWaiters(int n) {
-  struct Enough {
-    const FakeClock* clock;
-    int n;
-    // Evaluated by Await with mu_ held.
-    bool Reached() const ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return static_cast<int>(clock->waiters_.size()) >= n;
-    }
-  } enough{this, n};
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(&enough, &Enough::Reached));
+  // Await evaluates the condition with mu_ held.
+  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int>(waiters_.size()) >= n;
+  };
+  mu_.Await(absl::Condition(&enough));
 }
 
 }  // namespace plexus

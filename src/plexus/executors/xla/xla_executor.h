@@ -61,7 +61,7 @@ class XlaExecutor {
 
   // What Describe() returns, set once the load is done: heartbeats never
   // wait for a plugin that is loading.
-  absl::Mutex describe_mu_;
+  absl::Mutex describe_mu_ ABSL_ACQUIRED_AFTER(load_mu_);  // Runtime() nests
   std::string description_ ABSL_GUARDED_BY(describe_mu_);
 
   absl::Mutex cache_mu_;
