@@ -11,6 +11,7 @@ export PLEXUS_BIN_DIR := $(CURDIR)/$(BUILD)/bin
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: all setup build test lint test-cpp test-python test-install demo bench install clean \
+  test-tsa test-asan \
   fuzz-build fuzz-corpus fuzz-smoke
 
 all: build
@@ -26,10 +27,19 @@ build: setup $(BUILD)/build.ninja
 	@echo "[build] compiling (ccache: $$(command -v ccache >/dev/null && echo on || echo off))"
 	ninja -C $(BUILD) -j$(JOBS)
 
-test: build
-	@$(MAKE) --no-print-directory lint test-cpp test-python
-	@start=$$(date +%s); $(MAKE) --no-print-directory fuzz-smoke; rc=$$?; \
-	  echo "[fuzz-smoke] wall time $$(( $$(date +%s) - start )) s"; exit $$rc
+# The stages of `make test`, in order. Each prints its wall time; the first
+# that fails ends the run. The checked builds (test-tsa, test-asan) are in
+# docs/RELIABILITY.md, "Sanitizer stages", with what each costs.
+TEST_STAGES := build lint test-cpp test-python test-tsa test-asan fuzz-smoke
+
+test:
+	@times=""; for stage in $(TEST_STAGES); do \
+	  start=$$(date +%s); \
+	  $(MAKE) --no-print-directory $$stage; rc=$$?; \
+	  took=$$(( $$(date +%s) - start )); times="$$times $$stage=$${took}s"; \
+	  if [ $$rc -ne 0 ]; then echo "[time] $$stage failed after $$took s;$$times"; exit $$rc; fi; \
+	  echo "[time] $$stage: $$took s"; \
+	done; echo "[time]$$times"
 
 # Google style (.clang-format) on every C++ file; fails on any difference.
 lint:
@@ -40,9 +50,79 @@ test-cpp:
 	@echo "[test] C++ unit tests (GoogleTest through CTest)"
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 300
 
+# tests/gpu needs an NVIDIA GPU: tests/gpu/run.sh runs it, CI does not (with
+# CI=true a test that skips fails, tests/conftest.py).
 test-python:
 	@echo "[test] integration tests: real server and worker processes on loopback"
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q tests --ignore=tests/gpu
+
+# --- Checked builds (docs/RELIABILITY.md, "Sanitizer stages") -------------
+# clang (Debian's 14, scripts/setup.sh), each in its own build folder.
+CLANGXX ?= clang++
+TSA_BUILD ?= build-tsa
+ASAN_BUILD ?= build-asan
+
+$(TSA_BUILD)/build.ninja: CMakeLists.txt
+	@echo "[tsa] configuring $(TSA_BUILD)/"
+	cmake -S . -B $(TSA_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) \
+	  -DPLEXUS_THREAD_SAFETY=ON -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-O0 \
+	  -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
+
+# Every translation unit (libraries, binaries, tests, benchmarks, the
+# extension; not the generated protobuf code) compiled with -Wthread-safety
+# -Wthread-safety-beta -Werror, at -O0, without debug information and
+# without linking: only the analysis matters. thread_safety_canary proves
+# the analysis is on: planted lock bugs (tests/sanitizer/
+# thread_safety_canary.cc) must fail to compile.
+test-tsa: setup $(TSA_BUILD)/build.ninja
+	@echo "[tsa] clang -Wthread-safety -Wthread-safety-beta -Werror on every translation unit"
+	@ninja -C $(TSA_BUILD) build.ninja >/dev/null  # reconfigures if CMake files changed
+	@ninja -C $(TSA_BUILD) -t targets all | sed -n 's/^\(.*\.o\): .*/\1/p' | \
+	  grep -v /plexus_proto.dir/ > $(TSA_BUILD)/objects
+	ninja -C $(TSA_BUILD) -j$(JOBS) thread_safety_canary $$(cat $(TSA_BUILD)/objects)
+
+$(ASAN_BUILD)/build.ninja: CMakeLists.txt
+	@echo "[asan] configuring $(ASAN_BUILD)/"
+	cmake -S . -B $(ASAN_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=$(CLANGXX) \
+	  -DPLEXUS_SANITIZE=address -DPLEXUS_BUILD_BENCH=OFF \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only" \
+	  -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
+
+# Every process of the stage (C++ tests, Python, and the servers and workers
+# they start, which inherit the environment) writes its reports to
+# ASAN_REPORTS, and the stage fails unless that folder is empty at the end.
+# ASan and UBSan share one runtime: UBSan's log_path, read last, names the
+# files. Suppressions (third-party frames only, each with its reason) are in
+# tests/sanitizer/*.supp.
+ASAN_REPORTS := $(CURDIR)/$(ASAN_BUILD)/reports
+ASAN_ENV := \
+  ASAN_OPTIONS=log_path=$(ASAN_REPORTS)/asan:check_initialization_order=1:suppressions=$(CURDIR)/tests/sanitizer/asan.supp \
+  UBSAN_OPTIONS=log_path=$(ASAN_REPORTS)/ubsan:print_stacktrace=1 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizer/lsan.supp:print_suppressions=0
+
+# ASan + UBSan (-fno-sanitize-recover=all), no tcmalloc: the C++ suites
+# (sanitizer_canary.* among them: planted bugs the stage must catch), then
+# the whole Python suite with the instrumented extension
+# ($(ASAN_BUILD)/python) and binaries ($(ASAN_BUILD)/bin). Python is not
+# instrumented, so it preloads the runtime; its children inherit LD_PRELOAD,
+# harmless for the instrumented server and workers (-shared-libsan: the same
+# runtime).
+test-asan: setup $(ASAN_BUILD)/build.ninja
+	@echo "[asan] ASan + UBSan build"
+	ninja -C $(ASAN_BUILD) -j$(JOBS)
+	@rm -rf $(ASAN_REPORTS) && mkdir -p $(ASAN_REPORTS)
+	@rc=0; \
+	echo "[asan] C++ suites"; \
+	(cd $(ASAN_BUILD) && env $(ASAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 300) || rc=1; \
+	echo "[asan] Python integration suite"; \
+	env $(ASAN_ENV) LD_PRELOAD=$$($(CLANGXX) -print-file-name=libclang_rt.asan-x86_64.so) \
+	  PYTHONPATH=$(CURDIR)/$(ASAN_BUILD)/python PLEXUS_BIN_DIR=$(CURDIR)/$(ASAN_BUILD)/bin \
+	  $$($(PYTHON) -c 'import sys; print(sys.executable)') -m pytest -q tests --ignore=tests/gpu || rc=1; \
+	if [ -n "$$(ls -A $(ASAN_REPORTS))" ]; then \
+	  echo "[asan] sanitizer reports in $(ASAN_REPORTS):"; \
+	  for f in $(ASAN_REPORTS)/*; do echo "--- $$f"; cat "$$f"; done; rc=1; \
+	fi; \
+	exit $$rc
 
 # Fuzz targets (fuzz/, docs/RELIABILITY.md "Fuzzing"): clang, libFuzzer,
 # ASan + UBSan, in their own build folder. fuzz-smoke runs each for

@@ -6,7 +6,10 @@ APT_PKGS=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
-  libgoogle-perftools-dev clang-format)
+  libgoogle-perftools-dev clang-format
+  # clang 14, its sanitizer runtimes and llvm-symbolizer: the thread-safety
+  # and sanitizer stages of make test.
+  clang libclang-rt-14-dev llvm)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -7,6 +7,8 @@
 #include <memory>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
+
 namespace {
 
 // Opaque to the optimiser, so that each bug happens at run time.
@@ -31,6 +33,20 @@ int DataRace() {
   return seen;
 }
 
+// Two mutexes taken in both orders, one after the other: no deadlock
+// happens, but abseil's deadlock detection (on in Debian's abseil, which
+// is built without NDEBUG) sees the cycle and aborts.
+int LockOrderInversion() {
+  absl::Mutex first, second;
+  {
+    absl::MutexLock a(&first);
+    absl::MutexLock b(&second);
+  }
+  absl::MutexLock b(&second);
+  absl::MutexLock a(&first);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -43,6 +59,8 @@ int main(int argc, char** argv) {
     result = SignedOverflow();
   } else if (std::strcmp(bug, "data-race") == 0) {
     result = DataRace();
+  } else if (std::strcmp(bug, "lock-order-inversion") == 0) {
+    result = LockOrderInversion();
   } else {
     std::fprintf(stderr, "unknown bug %s\n", bug);
     return 2;

@@ -1,8 +1,9 @@
 # cmake -DCANARY=<sanitizer_canary> -DBUG=<name> -DREPORT=<text> -DDIR=<folder>
-#       -P sanitizer_canary.cmake
+#       [-DON_STDERR=ON] -P sanitizer_canary.cmake
 # Runs the canary's planted bug with every report sent to DIR (not to the
 # stage's own report folder, which must stay empty) and fails unless the
-# process failed and a report in DIR names the bug.
+# process failed and a report in DIR names the bug (with ON_STDERR, its
+# output does: abseil's deadlock detection writes there).
 file(REMOVE_RECURSE ${DIR})
 file(MAKE_DIRECTORY ${DIR})
 foreach(tool ASAN UBSAN TSAN)
@@ -12,6 +13,15 @@ execute_process(COMMAND ${CANARY} ${BUG} RESULT_VARIABLE result
   OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(result EQUAL 0)
   message(FATAL_ERROR "sanitizer canary: ${BUG} went unnoticed:\n${out}")
+endif()
+if(ON_STDERR)
+  string(FIND "${out}" "${REPORT}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "sanitizer canary: ${BUG} stopped the process "
+      "(${result}) without saying \"${REPORT}\":\n${out}")
+  endif()
+  message(STATUS "sanitizer canary: ${BUG} caught")
+  return()
 endif()
 file(GLOB reports ${DIR}/report.*)
 if(NOT reports)
