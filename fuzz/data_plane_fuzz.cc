@@ -146,29 +146,43 @@ struct Harness {
 };
 
 int Connect(Harness& h, bool unix_socket) {
-  int fd =
-      socket(unix_socket ? AF_UNIX : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = socket(unix_socket ? AF_UNIX : AF_INET,
+                  SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) Die(absl::StrCat("socket: ", strerror(errno)));
-  int rc;
+  sockaddr_storage storage{};
+  socklen_t len;
   if (unix_socket) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
+    auto* addr = reinterpret_cast<sockaddr_un*>(&storage);
+    addr->sun_family = AF_UNIX;
     const std::string& name = h.server->unix_path();
-    std::memcpy(addr.sun_path + 1, name.data(), name.size());
-    rc = connect(fd, reinterpret_cast<sockaddr*>(&addr),
-                 offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    std::memcpy(addr->sun_path + 1, name.data(), name.size());
+    len = offsetof(sockaddr_un, sun_path) + 1 + name.size();
   } else {
     // Reset on close: no TIME_WAIT left per input.
     linger no_linger{1, 0};
     setsockopt(fd, SOL_SOCKET, SO_LINGER, &no_linger, sizeof(no_linger));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(h.tcp_port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    auto* addr = reinterpret_cast<sockaddr_in*>(&storage);
+    addr->sin_family = AF_INET;
+    addr->sin_port = htons(static_cast<uint16_t>(h.tcp_port));
+    addr->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof(sockaddr_in);
   }
-  if (rc != 0) Die(absl::StrCat("connect: ", strerror(errno)));
-  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+  // Non-blocking: a signal (libFuzzer's timer) or a full backlog retries.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (connect(fd, reinterpret_cast<sockaddr*>(&storage), len) != 0) {
+    if (errno == EISCONN) break;
+    if (errno != EINPROGRESS && errno != EALREADY && errno != EINTR &&
+        errno != EAGAIN) {
+      Die(absl::StrCat("connect: ", strerror(errno)));
+    }
+    if (absl::Now() > deadline) Die("connect: no answer for 10 s");
+    pollfd p{fd, POLLOUT, 0};
+    poll(&p, 1, 1);
+    int error = 0;
+    socklen_t error_len = sizeof(error);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &error_len);
+    if (error != 0) Die(absl::StrCat("connect: ", strerror(error)));
+  }
   return fd;
 }
 
