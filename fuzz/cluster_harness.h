@@ -47,22 +47,6 @@ struct BatchResult {
   int calls = 0;
 };
 
-// ServerImpl::FailOutputs.
-inline void FailOutputs(const ClusterState& state, uint64_t slice_id,
-                        const google::protobuf::RepeatedField<uint64_t>& ids,
-                        const absl::Status& status, WorkerOps* ops) {
-  auto it = state.slices().find(slice_id);
-  if (it == state.slices().end()) return;
-  std::set<int64_t> workers;
-  for (const DeviceRef& d : it->second.devices) workers.insert(d.worker_id);
-  for (int64_t w : workers) {
-    proto::WorkerOp op;
-    for (uint64_t id : ids) op.mutable_fail()->add_buffer_ids(id);
-    *op.mutable_fail()->mutable_status() = StatusToProto(status);
-    (*ops)[w].push_back(std::move(op));
-  }
-}
-
 // ServerImpl::HandleClientBatch, less the scheduler and the queues.
 inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
                                     const proto::ClientToServer& msg) {
@@ -102,8 +86,7 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
           e->set_call_id(op.call().call_id());
           for (uint64_t o : op.call().output_ids()) e->add_output_ids(o);
           *e->mutable_status() = StatusToProto(s);
-          FailOutputs(state, op.call().slice_id(), op.call().output_ids(), s,
-                      &ops);
+          state.FailCallOutputs(id, op.call(), s, &ops);
         }
         break;
       }

@@ -9,6 +9,9 @@ containers or Kubernetes pods on one node do.
     ...
     lab.close()                      # kills what it started, deletes it all
 
+Every process the lab starts gets the lab's cluster secret in its
+environment ($PLEXUS_CLUSTER_SECRET), as an operator would hand it out.
+
 The topology: a hub namespace holds a bridge; this namespace and every host
 namespace have one veth end on it, all on one private /24 (this namespace
 is .1). The bridge lives in a namespace of its own so that no firewall of
@@ -32,6 +35,7 @@ import pytest
 
 from conftest import ROOT  # noqa: F401 - sets up sys.path and PLEXUS_BIN_DIR
 
+from plexus import _core
 from plexus._binaries import bin_dir
 
 
@@ -111,6 +115,8 @@ class NetnsLab:
     namespaces: list = field(default_factory=list)
     root_links: list = field(default_factory=list)
     processes: list = field(default_factory=list)
+    # The cluster secret (hex) of every server and worker the lab starts.
+    secret: str = field(default_factory=lambda: _core.new_cluster_secret())
 
     @classmethod
     def create(cls):
@@ -179,12 +185,13 @@ class NetnsLab:
         return host
 
     # ---------------------------------------------------------- processes
-    def _spawn(self, cmd, what, log):
+    def _spawn(self, cmd, what, log, secret=None):
         read_end, write_end = os.pipe()
         cmd = [c.replace("{READY_FD}", str(write_end)) for c in cmd]
+        env = dict(os.environ, PLEXUS_CLUSTER_SECRET=secret or self.secret)
         with open(log, "ab") as out:
             p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                 stderr=out, pass_fds=(write_end,))
+                                 stderr=out, pass_fds=(write_end,), env=env)
         os.close(write_end)
         proc = Process(p, what, ready_fd=read_end)
         self.processes.append(proc)
@@ -211,28 +218,29 @@ class NetnsLab:
         return proc
 
     def start_worker(self, server, host, log, data_host=None, devices=1,
-                     timeout=30):
+                     timeout=30, secret=None):
         """plexus-worker inside `host`'s namespace; its data plane binds and
-        advertises `data_host` (default: the host's address on the /24)."""
+        advertises `data_host` (default: the host's address on the /24).
+        `secret`: another cluster secret than the lab's (hex)."""
         proc = self._spawn(
             ["ip", "netns", "exec", host.netns,
              str(bin_dir() / "plexus-worker"), "--server", server.address,
              "--devices", str(devices), "--host-name", host.name,
              "--data-host", data_host or host.address,
              "--ready-fd", "{READY_FD}", "--log-level", "info",
-             "--die-with-parent"], f"plexus-worker {host.name}", log)
+             "--die-with-parent"], f"plexus-worker {host.name}", log,
+            secret=secret)
         self._await_ready(proc, timeout, log)
         return proc
 
     def stop(self, timeout=10):
         """Shuts the server down (it ends every worker's session), reaps
         everything and returns what did not exit with code 0."""
-        import plexus._core as core
         servers = [p for p in self.processes if p.what == "plexus-server"]
         for s in servers:
             if s.popen.poll() is None:
                 try:
-                    core.shutdown_server(s.address)
+                    _core.shutdown_server(s.address, self.secret)
                 except Exception:  # noqa: BLE001 - signals below
                     s.popen.terminate()
         unclean = []

@@ -8,8 +8,8 @@
         double = s.program("scale", x, factor=2.0)
         print(np.asarray(double(x)))
 """
-from ._core import (InvalidArgumentError, NotFoundError, PlexusError,
-                    ResourceExhaustedError, UnavailableError)
+from ._core import (InvalidArgumentError, NotFoundError, PermissionDeniedError,
+                    PlexusError, ResourceExhaustedError, UnavailableError)
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec, connect,
                    partial, replicated, split, status)
 from ._cluster import ClusterExitError, LocalCluster, local
@@ -20,5 +20,5 @@ __all__ = [
     "Client", "ClusterExitError", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
     "Spec", "connect", "jit", "local", "partial", "replicated", "split", "status",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
-    "ResourceExhaustedError", "UnavailableError", "pipeline", "rl",
+    "PermissionDeniedError", "ResourceExhaustedError", "UnavailableError", "pipeline", "rl",
 ]

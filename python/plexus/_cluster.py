@@ -32,12 +32,18 @@ class LocalCluster:
     Used as a context manager it tears everything down, even on an
     exception. Worker processes die with the server (PR_SET_PDEATHSIG);
     with `attached=True` (the default) the server dies with this process.
+
+    The cluster has a secret of its own (`secret`, 64 hex digits; None
+    draws one): the server and its workers get it in their environment
+    ($PLEXUS_CLUSTER_SECRET, never on a command line), workers register
+    with it, each client gets a credential of its own from the server, and
+    `down()` asks the server to shut down with the admin credential.
     """
 
     def __init__(self, hosts=2, devices_per_host=1, device_memory_mib=1024,
                  shared_memory=True, log_level="warn", log_file=None,
                  attached=True, heartbeat_timeout_ms=3000, scheduler="gang",
-                 pjrt_plugin=None):
+                 pjrt_plugin=None, secret=None):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -57,6 +63,8 @@ class LocalCluster:
         self.scheduler = scheduler
         # The workers' PJRT plugin for XLA programs (plexus.jit).
         self.pjrt_plugin = pjrt_plugin or default_pjrt_plugin() or ""
+        # Hex, from the binding: credentials are derived in C++ only.
+        self._secret = secret or _core.new_cluster_secret()
         self.address = None
         self.process = None
         self._clients = []
@@ -83,8 +91,9 @@ class LocalCluster:
         if self.attached:
             cmd.append("--die-with-parent")
         log = open(self.log_file, "ab") if self.log_file else None
-        # Workers inherit the server's environment.
-        env = dict(os.environ, PLEXUS_PJRT_PLUGIN=self.pjrt_plugin)
+        # Workers inherit the server's environment, the secret included.
+        env = dict(os.environ, PLEXUS_PJRT_PLUGIN=self.pjrt_plugin,
+                   PLEXUS_CLUSTER_SECRET=self._secret)
         try:
             self.process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
@@ -162,7 +171,7 @@ class LocalCluster:
         problems = []
         if self.process.poll() is None:
             try:
-                _core.shutdown_server(self.address)
+                _core.shutdown_server(self.address, self._secret)
             except Exception:  # noqa: BLE001 - fall back to signals below
                 pass
             try:

@@ -16,6 +16,14 @@ from . import _core
 from ._process import wait_for_exit
 
 
+def _write_private(path, text):
+    """Writes a new file that only this user can read (it holds the
+    cluster secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def _state_file():
     root = Path(os.environ.get("PLEXUS_STATE_DIR",
                                Path.home() / ".plexus"))
@@ -129,14 +137,18 @@ def cmd_up(args):
     log = f.parent / "cluster.log"
     print(f"starting a server and {args.hosts} worker(s) "
           f"({args.devices_per_host} device(s) each); log: {log}")
+    # The cluster secret: kept in the state file (mode 0600) for `plexus
+    # down`, which needs the admin credential.
+    secret = _core.new_cluster_secret()
     cluster = LocalCluster(hosts=args.hosts,
                            devices_per_host=args.devices_per_host,
                            device_memory_mib=args.device_memory_mib,
                            shared_memory=not args.no_shm, log_level="info",
-                           log_file=str(log), attached=False)
+                           log_file=str(log), attached=False, secret=secret)
     cluster.start()
-    f.write_text(json.dumps({"address": cluster.address,
-                             "pid": cluster.process.pid}))
+    _write_private(f, json.dumps({"address": cluster.address,
+                                  "pid": cluster.process.pid,
+                                  "secret": secret}))
     print(f"cluster up at {cluster.address} (server pid {cluster.process.pid})")
     return 0
 
@@ -158,7 +170,8 @@ def cmd_down(args):
     address = args.address or state["address"]
     pid = state.get("pid")
     try:
-        _core.shutdown_server(address)
+        # The secret `plexus up` kept; else $PLEXUS_CLUSTER_SECRET's.
+        _core.shutdown_server(address, state.get("secret"))
     except Exception as e:  # noqa: BLE001 - fall back to signals
         print(f"shutdown request failed ({e}); signalling", file=sys.stderr)
         if pid:

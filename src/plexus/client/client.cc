@@ -380,15 +380,23 @@ absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
   return status;
 }
 
-absl::Status ShutdownServer(const std::string& address) {
+absl::Status ShutdownServer(const std::string& address,
+                            const ClusterSecret& secret) {
   auto channel =
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
   proto::ShutdownRequest req;
+  const Credential admin = secret.Derive(CredentialRole::kAdmin);
+  req.set_credential(admin.data(), admin.size());
   proto::ShutdownReply reply;
   grpc::Status s = stub->Shutdown(&ctx, req, &reply);
+  if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the Plexus server at ", address,
+                     " refused to shut down: ", s.error_message()));
+  }
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat(
         "no Plexus server answers at ", address, ": ", s.error_message()));

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "plexus/common/credentials.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
 
@@ -219,7 +220,10 @@ class Client {
 // heartbeat, ~500 ms): the way to wait for a change in worker stats.
 absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
     const std::string& address, bool fresh = false);
-// Asks the server to shut down (and, for an embedded cluster, its workers).
-absl::Status ShutdownServer(const std::string& address);
+// Asks the server to shut down (and, for an embedded cluster, its workers),
+// with the admin credential derived from the cluster's `secret`;
+// PermissionDenied if the server holds another secret.
+absl::Status ShutdownServer(const std::string& address,
+                            const ClusterSecret& secret);
 
 }  // namespace plexus

@@ -41,12 +41,15 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
     return absl::NotFoundError(absl::StrCat(
         "plexus-server not found next to this benchmark: ", server));
   }
+  absl::StatusOr<ClusterSecret> secret = ClusterSecret::Generate();
+  if (!secret.ok()) return secret.status();
   std::string tmpl =
       (std::filesystem::temp_directory_path() / "plexus-bench-XXXXXX").string();
   if (mkdtemp(tmpl.data()) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp: ", strerror(errno)));
   }
-  std::unique_ptr<EmbeddedCluster> cluster(new EmbeddedCluster(options, tmpl));
+  std::unique_ptr<EmbeddedCluster> cluster(
+      new EmbeddedCluster(options, tmpl, *secret));
   const std::string log_file = tmpl + "/server.log";
   // The server writes its address to this pipe once it listens and every
   // worker has registered; the read end also sees EOF if it dies first.
@@ -74,6 +77,11 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<std::string> env =
+      EnvironmentWith(kClusterSecretEnv, secret->ToHex());
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
 
   const pid_t parent = getpid();
   const pid_t pid = fork();
@@ -93,7 +101,7 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
     }
     if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
     dup2(ready[1], kReadyFd);  // dup2 clears close-on-exec on the copy
-    execv(argv[0], argv.data());
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   setpgid(pid, pid);  // also here: no race with the child's own call

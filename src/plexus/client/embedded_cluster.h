@@ -5,6 +5,9 @@
 // starts the worker processes. The server dies with this process
 // (PR_SET_PDEATHSIG), and the destructor stops it and reaps it, so a
 // benchmark never leaves a process behind, even when it fails half-way.
+// It draws the cluster's secret and hands it to the server in its
+// environment ($PLEXUS_CLUSTER_SECRET; the server passes it on to its
+// workers); secret() is for tests that act as the operator.
 // Not thread-safe.
 #pragma once
 
@@ -16,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/common/credentials.h"
 #include "plexus/proto/plexus.pb.h"
 
 namespace plexus {
@@ -45,6 +49,8 @@ class EmbeddedCluster {
 
   const std::string& address() const { return address_; }
   const EmbeddedClusterOptions& options() const { return options_; }
+  // The cluster secret (common/credentials.h). Never log it.
+  const ClusterSecret& secret() const { return secret_; }
   absl::StatusOr<proto::ClusterStatus> Status() const;
 
   // SIGTERM to the server (it stops its workers), SIGKILL to the whole
@@ -55,13 +61,17 @@ class EmbeddedCluster {
   absl::Status Stop();
 
  private:
-  EmbeddedCluster(EmbeddedClusterOptions options, std::string dir)
-      : options_(std::move(options)), dir_(std::move(dir)) {}
+  EmbeddedCluster(EmbeddedClusterOptions options, std::string dir,
+                  ClusterSecret secret)
+      : options_(std::move(options)),
+        dir_(std::move(dir)),
+        secret_(std::move(secret)) {}
   std::string LogTail() const;
 
   EmbeddedClusterOptions options_;
   std::string dir_;  // temporary: the server's log
-  pid_t pid_ = -1;   // the server; also its process group id
+  ClusterSecret secret_;
+  pid_t pid_ = -1;  // the server; also its process group id
   // The read end of the server's --ready-fd pipe: its address, then at
   // exit a line for each worker that did not exit cleanly.
   int ready_fd_ = -1;

@@ -13,7 +13,10 @@
 #include <cstring>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+
+extern char** environ;
 
 namespace plexus {
 
@@ -35,6 +38,17 @@ std::string SiblingBinary(const std::string& name) {
   std::string dir = n > 0 ? std::string(self, n) : std::string(".");
   dir = dir.substr(0, dir.rfind('/'));
   return absl::StrCat(dir, "/", name);
+}
+
+std::vector<std::string> EnvironmentWith(const std::string& name,
+                                         const std::string& value) {
+  const std::string prefix = name + "=";
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (!absl::StartsWith(*e, prefix)) env.emplace_back(*e);
+  }
+  env.push_back(prefix + value);
+  return env;
 }
 
 void RaiseOpenFileLimit() {

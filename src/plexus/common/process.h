@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -24,6 +25,13 @@ std::string LocalMachineId();
 // The file `name` in the directory of the running executable (where
 // plexus-server finds plexus-worker, and tests and benchmarks find both).
 std::string SiblingBinary(const std::string& name);
+
+// This process's environment with `name` set to `value` (replacing any
+// value it had), as "NAME=value" strings for execve: how a launcher hands a
+// child the cluster secret without putting it on its command line (which
+// `ps` shows to every user). Build it before fork; the child only execs.
+std::vector<std::string> EnvironmentWith(const std::string& name,
+                                         const std::string& value);
 
 // Every memfd-backed shard holds a descriptor open (so it can be sent
 // again): raises RLIMIT_NOFILE's soft limit to its hard limit.

@@ -20,6 +20,7 @@ PyObject* g_invalid = nullptr;
 PyObject* g_not_found = nullptr;
 PyObject* g_exhausted = nullptr;
 PyObject* g_unavailable = nullptr;
+PyObject* g_denied = nullptr;
 
 [[noreturn]] void Raise(const absl::Status& s) {
   PyObject* type = g_error;
@@ -38,6 +39,10 @@ PyObject* g_unavailable = nullptr;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kAborted:
       type = g_unavailable;
+      break;
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+      type = g_denied;
       break;
     default:
       break;
@@ -173,6 +178,7 @@ PYBIND11_MODULE(_core, m) {
   g_not_found = make("NotFoundError", PyExc_LookupError);
   g_exhausted = make("ResourceExhaustedError", PyExc_MemoryError);
   g_unavailable = make("UnavailableError", PyExc_ConnectionError);
+  g_denied = make("PermissionDeniedError", PyExc_PermissionError);
 
   py::class_<Slice, std::shared_ptr<Slice>>(m, "Slice")
       .def_property_readonly("id", &Slice::id)
@@ -413,13 +419,25 @@ PYBIND11_MODULE(_core, m) {
         return json;
       },
       py::arg("address"), py::arg("fresh") = false);
-  m.def("shutdown_server", [](const std::string& address) {
-    absl::Status s;
-    {
-      py::gil_scoped_release release;
-      s = ShutdownServer(address);
-    }
-    Check(s);
-  });
+  // The secret stays in C++: Python sees it as hex only, to hand it to the
+  // processes of a cluster it starts (by environment) and to keep it in a
+  // file of mode 0600; credentials are derived here.
+  m.def("new_cluster_secret",
+        [] { return Unwrap(ClusterSecret::Generate()).ToHex(); });
+  m.def(
+      "shutdown_server",
+      [](const std::string& address, std::optional<std::string> secret_hex) {
+        // No secret given: $PLEXUS_CLUSTER_SECRET's.
+        ClusterSecret secret =
+            Unwrap(secret_hex.has_value() ? ClusterSecret::FromHex(*secret_hex)
+                                          : ClusterSecret::Load(""));
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          s = ShutdownServer(address, secret);
+        }
+        Check(s);
+      },
+      py::arg("address"), py::arg("secret_hex") = py::none());
   m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
 }

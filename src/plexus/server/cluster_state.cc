@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plexus/common/status_proto.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/object_store.h"  // ClientOfBuffer
 
@@ -251,6 +252,13 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   ClientRecord* client = FindClient(client_id);
   if (client == nullptr) return absl::NotFoundError("unknown client");
   const proto::ProgramDef& def = reg.program();
+  // Program ids are buffer-style ids: they name their client. Workers keep
+  // loaded programs by id, so another client's id would reach its program.
+  if (ClientOfBuffer(reg.program_id()) != client_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("program '", def.name(), "': program id ",
+                     reg.program_id(), " belongs to another client"));
+  }
   const builtin::Kernel* kernel =
       builtin::KernelRegistry::Global().Find(def.kernel());
   const bool xla = def.kernel() == "xla";
@@ -321,6 +329,10 @@ absl::StatusOr<const SliceRecord*> ClusterState::UsableSlice(
 
 absl::Status ClusterState::RoutePut(uint64_t client_id,
                                     const proto::PutDecl& put, WorkerOps* ops) {
+  if (ClientOfBuffer(put.buffer_id()) != client_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "put: buffer id ", put.buffer_id(), " belongs to another client"));
+  }
   auto slice =
       UsableSlice(client_id, put.slice_id(), [] { return std::string("put"); });
   if (!slice.ok()) return slice.status();
@@ -343,6 +355,22 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
     (*ops)[d.worker_id].push_back(std::move(op));
   }
   return absl::OkStatus();
+}
+
+void ClusterState::FailCallOutputs(uint64_t client_id, const proto::Call& call,
+                                   const absl::Status& status,
+                                   WorkerOps* ops) const {
+  auto it = slices_.find(call.slice_id());
+  if (it == slices_.end() || it->second.client_id != client_id) return;
+  proto::WorkerOp op;
+  for (uint64_t id : call.output_ids()) {
+    if (ClientOfBuffer(id) == client_id) op.mutable_fail()->add_buffer_ids(id);
+  }
+  if (op.fail().buffer_ids_size() == 0) return;
+  *op.mutable_fail()->mutable_status() = StatusToProto(status);
+  std::set<int64_t> workers;
+  for (const DeviceRef& d : it->second.devices) workers.insert(d.worker_id);
+  for (int64_t w : workers) (*ops)[w].push_back(op);
 }
 
 void ClusterState::RouteRelease(uint64_t client_id,

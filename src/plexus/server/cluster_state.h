@@ -106,6 +106,12 @@ class ClusterState {
                          WorkerOps* ops);
   absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
                         WorkerOps* ops);
+  // A call that did not route: its outputs fail on the workers of its
+  // slice, for a consumer that already waits there. Only the client's own
+  // outputs on its own slice: a refused call must not fail another
+  // client's buffers by naming them.
+  void FailCallOutputs(uint64_t client_id, const proto::Call& call,
+                       const absl::Status& status, WorkerOps* ops) const;
   // Releases one of `client_id`'s buffers on the workers of its slice; a
   // release of another client's buffer is ignored.
   void RouteRelease(uint64_t client_id, const proto::ReleaseRef& release,

@@ -1,6 +1,7 @@
 // Placement and call routing, driven directly on ClusterState.
 #include "plexus/server/cluster_state.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "plexus/store/object_store.h"
 
@@ -138,6 +139,7 @@ TEST_F(ClusterStateTest, MismatchedArgumentNamesProgramAndShapes) {
   call.set_slice_id(s.slice_id());
   call.set_program_id(Id(1));
   auto* in = call.add_inputs();
+  in->set_buffer_id(Id(3));
   in->set_slice_id(s.slice_id());
   *in->mutable_arg() = ToProto(ArgSpec{{DType::kF32, {5}}, Sharding()});
   call.add_output_ids(Id(4));
@@ -215,6 +217,145 @@ TEST_F(ClusterStateTest, OnlyTheOwnerReleasesABuffer) {
                            << "'s buffer";
   state_.RouteRelease(client_, release, &ops);
   EXPECT_EQ(ops.size(), 2u);  // both workers of the slice
+}
+
+// Client B knows client A's ids (they are sequential, and `plexus status`
+// shows client ids): naming them gets B nothing. Each attempt is refused
+// with PERMISSION_DENIED naming what was refused, and no op reaches a
+// worker.
+class OwnershipTest : public ClusterStateTest {
+ protected:
+  void SetUp() override {
+    ClusterStateTest::SetUp();
+    a_slice_ = Slice(2);
+    Register(Id(1), "scale", arg_, arg_);
+    other_ = state_.AddClient("other").id;
+    proto::SliceRequest req;
+    req.set_num_devices(2);
+    auto s = state_.CreateSlice(other_, req);
+    ASSERT_TRUE(s.ok()) << s.status();
+    b_slice_ = *s;
+    proto::RegisterProgram reg;
+    reg.set_program_id(B(1));
+    reg.mutable_program()->set_name("b_scale");
+    reg.mutable_program()->set_kernel("scale");
+    *reg.mutable_program()->add_inputs() = ToProto(arg_);
+    *reg.mutable_program()->add_outputs() = ToProto(arg_);
+    ASSERT_TRUE(state_.RegisterProgram(other_, reg).ok());
+  }
+  uint64_t B(uint64_t n) { return (other_ << kBufferIdClientShift) | n; }
+  // A call of B's program on B's slice, reading `input`.
+  proto::Call BCall(uint64_t input) {
+    proto::Call call;
+    call.set_call_id(B(2));
+    call.set_slice_id(b_slice_.slice_id());
+    call.set_program_id(B(1));
+    auto* in = call.add_inputs();
+    in->set_buffer_id(input);
+    in->set_slice_id(b_slice_.slice_id());
+    *in->mutable_arg() = ToProto(arg_);
+    call.add_output_ids(B(3));
+    return call;
+  }
+
+  ArgSpec arg_{{DType::kF32, {4}}, Sharding::Replicated()};
+  proto::SliceInfo a_slice_, b_slice_;
+  uint64_t other_ = 0;
+};
+
+TEST_F(OwnershipTest, ACallReadsOnlyItsClientsBuffers) {
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(other_, BCall(B(5)), &ops).ok());
+  ops.clear();
+  absl::Status st = state_.RouteCall(other_, BCall(Id(5)), &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_EQ(st.message(),
+            absl::StrCat("program 'b_scale' argument 0: buffer id ", Id(5),
+                         " belongs to another client"));
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST_F(OwnershipTest, ACallWritesOnlyItsClientsBuffers) {
+  proto::Call call = BCall(B(5));
+  call.set_output_ids(0, Id(6));
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(other_, call, &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_NE(st.message().find("output id"), std::string::npos) << st;
+  EXPECT_TRUE(ops.empty());
+  // The refused call's outputs fail on its workers, but never A's buffer.
+  state_.FailCallOutputs(other_, call, st, &ops);
+  EXPECT_TRUE(ops.empty());
+  call.add_output_ids(B(7));  // B's own output does fail
+  state_.FailCallOutputs(other_, call, st, &ops);
+  ASSERT_FALSE(ops.empty());
+  for (const auto& [w, list] : ops) {
+    ASSERT_EQ(list.size(), 1u);
+    ASSERT_EQ(list[0].fail().buffer_ids_size(), 1);
+    EXPECT_EQ(list[0].fail().buffer_ids(0), B(7));
+  }
+}
+
+TEST_F(OwnershipTest, AFailedCallFailsNothingOnAnotherClientsSlice) {
+  proto::Call call = BCall(B(5));
+  call.set_slice_id(a_slice_.slice_id());
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(other_, call, &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  state_.FailCallOutputs(other_, call, st, &ops);
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST_F(OwnershipTest, ACallRunsOnlyItsClientsPrograms) {
+  proto::Call call = BCall(B(5));
+  call.set_program_id(Id(1));  // A's program
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(other_, call, &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_EQ(st.message(),
+            absl::StrCat("program ", Id(1), " belongs to another client"));
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST_F(OwnershipTest, AProgramIdNamesItsClient) {
+  proto::RegisterProgram reg;
+  reg.set_program_id(Id(9));  // A's id space
+  reg.mutable_program()->set_name("sneaky");
+  reg.mutable_program()->set_kernel("scale");
+  *reg.mutable_program()->add_inputs() = ToProto(arg_);
+  *reg.mutable_program()->add_outputs() = ToProto(arg_);
+  absl::Status st = state_.RegisterProgram(other_, reg);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_NE(st.message().find("program 'sneaky'"), std::string::npos) << st;
+}
+
+TEST_F(OwnershipTest, APutWritesOnlyItsClientsBuffers) {
+  proto::PutDecl put;
+  put.set_slice_id(b_slice_.slice_id());
+  *put.mutable_arg() = ToProto(arg_);
+  put.set_buffer_id(B(8));
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RoutePut(other_, put, &ops).ok());
+  ops.clear();
+  put.set_buffer_id(Id(8));
+  absl::Status st = state_.RoutePut(other_, put, &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_EQ(st.message(), absl::StrCat("put: buffer id ", Id(8),
+                                       " belongs to another client"));
+  EXPECT_TRUE(ops.empty());
+}
+
+TEST_F(OwnershipTest, ASliceServesOnlyItsClient) {
+  proto::Call call = BCall(B(5));
+  call.mutable_inputs(0)->set_slice_id(a_slice_.slice_id());
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(other_, call, &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("is not held by this client"), std::string::npos)
+      << st;
+  EXPECT_TRUE(ops.empty());
+  EXPECT_FALSE(state_.ReleaseSlice(other_, a_slice_.slice_id()).ok());
+  EXPECT_EQ(state_.slices().count(a_slice_.slice_id()), 1u);
 }
 
 }  // namespace

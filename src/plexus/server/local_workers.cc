@@ -22,6 +22,15 @@ absl::Status LocalWorkers::Start() {
     return absl::NotFoundError(
         absl::StrCat("worker binary not found: ", options_.worker_binary));
   }
+  if (!options_.secret.has_value()) {
+    return absl::FailedPreconditionError(
+        "local workers need the cluster secret to register");
+  }
+  std::vector<std::string> env =
+      EnvironmentWith(kClusterSecretEnv, options_.secret->ToHex());
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   for (int h = 0; h < options_.hosts; ++h) {
     std::vector<std::string> args = {options_.worker_binary,
                                      "--server",
@@ -47,7 +56,7 @@ absl::Status LocalWorkers::Start() {
     if (pid == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (getppid() != parent) _exit(1);  // the parent died already
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     pids_.push_back(pid);

@@ -2,16 +2,19 @@
 // server on this machine. Each child dies with the server (PR_SET_PDEATHSIG)
 // and is stopped and reaped by Stop() or the destructor, so an embedded
 // cluster never leaves a process behind. Stop() says which workers did not
-// exit cleanly (a crash at shutdown must not pass unnoticed). Not
-// thread-safe.
+// exit cleanly (a crash at shutdown must not pass unnoticed). Each child
+// gets the cluster secret in its environment ($PLEXUS_CLUSTER_SECRET), never
+// on its command line (which `ps` shows to everyone). Not thread-safe.
 #pragma once
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "plexus/common/credentials.h"
 
 namespace plexus {
 
@@ -23,6 +26,8 @@ struct LocalWorkersOptions {
   double device_memory_mib = 1024;
   bool shared_memory = true;
   std::string log_level = "info";
+  // Handed to every worker; Start() refuses to start workers without it.
+  std::optional<ClusterSecret> secret;
 };
 
 class LocalWorkers {

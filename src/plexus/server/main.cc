@@ -1,16 +1,28 @@
 // plexus-server: the resource manager and scheduler. With --local-workers
 // it is also the embedded cluster: it starts that many worker processes on
 // this machine and stops them when it exits.
+//
+// The cluster secret (common/credentials.h) comes from $PLEXUS_CLUSTER_SECRET,
+// else from --secret-file. Without either:
+//   - with --local-workers, the server draws one and hands it to its
+//     workers in their environment (the embedded cluster needs no set-up);
+//   - with --secret-file PATH that does not exist yet, it draws one and
+//     writes it there (mode 0600, created exclusively) for workers started
+//     separately to read (plexus-worker --secret-file PATH);
+//   - otherwise it refuses to start: no worker could ever register.
+// The secret is never logged or shown in status.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/server/local_workers.h"
@@ -28,6 +40,52 @@ bool WriteAll(int fd, const std::string& text) {
     done += static_cast<size_t>(n);
   }
   return true;
+}
+
+// Writes a new secret to `path`, which must not exist: readable by this
+// user only.
+absl::Status WriteNewSecret(const std::string& path,
+                            const plexus::ClusterSecret& secret) {
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat(
+        "cannot create the cluster secret file ", path, ": ", strerror(errno)));
+  }
+  const bool written = WriteAll(fd, secret.ToHex() + "\n");
+  const bool closed = close(fd) == 0;
+  if (!written || !closed) {
+    unlink(path.c_str());
+    return absl::InternalError(
+        absl::StrCat("cannot write the cluster secret file ", path));
+  }
+  return absl::OkStatus();
+}
+
+// The cluster secret, as the comment at the top says. `created` is set when
+// it was drawn and written to `file`.
+absl::StatusOr<plexus::ClusterSecret> FindSecret(const std::string& file,
+                                                 int local_hosts,
+                                                 bool* created) {
+  *created = false;
+  absl::StatusOr<plexus::ClusterSecret> loaded =
+      plexus::ClusterSecret::Load(file);
+  // NotFound: no environment variable, and no readable file.
+  if (loaded.ok() || !absl::IsNotFound(loaded.status())) return loaded;
+  if (!file.empty() && access(file.c_str(), F_OK) == 0) return loaded;
+  if (file.empty() && local_hosts == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster secret: set $", plexus::kClusterSecretEnv,
+        " (64 hex digits) or give --secret-file PATH (a new secret is "
+        "written there if PATH does not exist); workers started separately "
+        "need the same secret to register"));
+  }
+  absl::StatusOr<plexus::ClusterSecret> drawn =
+      plexus::ClusterSecret::Generate();
+  if (!drawn.ok() || file.empty()) return drawn;
+  if (absl::Status s = WriteNewSecret(file, *drawn); !s.ok()) return s;
+  *created = true;
+  return drawn;
 }
 
 // Starts the local workers, serves until shutdown, stops them. Returns the
@@ -69,6 +127,7 @@ int main(int argc, char** argv) {
   bool die_with_parent = false;
   int heartbeat_timeout_ms = 3000;
   std::string log_level = "info";
+  std::string secret_file;
   app.add_option("--listen", options.listen_address,
                  "host:port to listen on (port 0 picks a free port)");
   int ready_fd = -1;
@@ -99,6 +158,10 @@ int main(int argc, char** argv) {
                  "their own and collectives can deadlock")
       ->check(CLI::IsMember({"gang", "none"}));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  app.add_option("--secret-file", secret_file,
+                 "file holding the cluster secret (64 hex digits; "
+                 "$PLEXUS_CLUSTER_SECRET wins). Created, mode 0600, with a "
+                 "new secret if it does not exist");
   CLI11_PARSE(app, argc, argv);
   options.consistent_order = scheduler == "gang";
 
@@ -110,6 +173,19 @@ int main(int argc, char** argv) {
   plexus::InitLogging("server", log_level);
   options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
   plexus::BlockTerminationSignals();
+
+  bool secret_created = false;
+  absl::StatusOr<plexus::ClusterSecret> secret =
+      FindSecret(secret_file, local.hosts, &secret_created);
+  if (!secret.ok()) {
+    SPDLOG_ERROR("cannot start: {}", std::string(secret.status().message()));
+    return 1;
+  }
+  if (secret_created) {
+    SPDLOG_INFO("wrote a new cluster secret to {} (mode 0600)", secret_file);
+  }
+  options.secret = *secret;
+  local.secret = *secret;
 
   if (!options.consistent_order) {
     SPDLOG_WARN(

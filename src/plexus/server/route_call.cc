@@ -27,6 +27,10 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
                                      const proto::Call& call, WorkerOps* ops) {
   ClientRecord* client = FindClient(client_id);
   if (client == nullptr) return absl::NotFoundError("unknown client");
+  if (ClientOfBuffer(call.program_id()) != client_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "program ", call.program_id(), " belongs to another client"));
+  }
   auto pit = client->programs.find(call.program_id());
   if (pit == client->programs.end()) {
     return absl::NotFoundError(
@@ -51,8 +55,8 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   }
   for (uint64_t id : call.output_ids()) {
     if (ClientOfBuffer(id) != client_id) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what(), ": output id ", id, " is not this client's"));
+      return absl::PermissionDeniedError(absl::StrCat(
+          what(), ": output id ", id, " belongs to another client"));
     }
   }
 
@@ -67,6 +71,13 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   for (int i = 0; i < call.inputs_size(); ++i) {
     const proto::InputRef& ref = call.inputs(i);
     auto arg_what = [&] { return absl::StrCat(what(), " argument ", i); };
+    // An id is not a permission: only the client's own buffers go in (the
+    // workers would otherwise hand this call another client's shards).
+    if (ClientOfBuffer(ref.buffer_id()) != client_id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(arg_what(), ": buffer id ", ref.buffer_id(),
+                       " belongs to another client"));
+    }
     auto arg = FromProto(ref.arg());
     if (!arg.ok()) {
       return absl::InvalidArgumentError(

@@ -23,8 +23,9 @@ using ClientStream =
 
 class ServerImpl : public Server, public proto::Controller::Service {
  public:
-  explicit ServerImpl(const ServerOptions& options)
+  ServerImpl(const ServerOptions& options, ClusterSecret secret)
       : options_(options),
+        secret_(std::move(secret)),
         scheduler_(std::make_unique<FifoPolicy>(),
                    {.consistent_order = options.consistent_order}) {}
 
@@ -60,6 +61,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
   }
 
   std::string address() const override { return address_; }
+  const ClusterSecret& secret() const override { return secret_; }
 
   void Wait() override {
     absl::MutexLock lock(&mu_);
@@ -100,6 +102,27 @@ class ServerImpl : public Server, public proto::Controller::Service {
       return grpc::Status(grpc::INVALID_ARGUMENT,
                           "the first message must register the worker");
     }
+    // Only a process that holds the cluster secret may join: a worker
+    // receives programs and pushed tensors of every client.
+    const std::string& credential = first.register_().credential();
+    if (!secret_.Verify(CredentialRole::kWorker, 0,
+                        reinterpret_cast<const uint8_t*>(credential.data()),
+                        credential.size())) {
+      SPDLOG_WARN(
+          "refused a worker registration from host {} (pid {}, peer {}): "
+          "{} worker credential",
+          first.register_().host_name(), first.register_().pid(), ctx->peer(),
+          credential.empty() ? "no" : "a wrong");
+      return grpc::Status(
+          grpc::PERMISSION_DENIED,
+          absl::StrCat("worker registration refused: ",
+                       credential.empty()
+                           ? "no worker credential"
+                           : "the worker credential does not match",
+                       " (start the worker with this cluster's secret: $",
+                       kClusterSecretEnv, " or --secret-file)"));
+    }
+    first.mutable_register_()->clear_credential();  // not kept, not shown
     int64_t id;
     {
       absl::MutexLock lock(&mu_);
@@ -177,7 +200,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
       out = queue.get();
       client_queues_[id] = std::move(queue);
       client_contexts_[id] = ctx;
-      out->Push(proto::ServerToClient());  // carries the client id
+      // The first message carries the client id and the session's
+      // credential, which its data-plane requests present to the workers.
+      proto::ServerToClient hello;
+      const Credential credential = secret_.Derive(CredentialRole::kClient, id);
+      hello.set_credential(credential.data(), credential.size());
+      out->Push(std::move(hello));
       SPDLOG_INFO("client {} connected: {}", id, msg.client_name());
     }
     do {
@@ -256,7 +284,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
             *e->mutable_status() = StatusToProto(s);
             // The client may already be waiting on a worker for these
             // outputs: tell the workers too.
-            FailOutputs(op.call().slice_id(), op.call().output_ids(), s, &ops);
+            state_.FailCallOutputs(id, op.call(), s, &ops);
           }
           break;
         }
@@ -356,9 +384,23 @@ class ServerImpl : public Server, public proto::Controller::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Shutdown(grpc::ServerContext*, const proto::ShutdownRequest*,
+  grpc::Status Shutdown(grpc::ServerContext* ctx,
+                        const proto::ShutdownRequest* request,
                         proto::ShutdownReply*) override {
-    SPDLOG_INFO("shutdown requested");
+    const std::string& credential = request->credential();
+    if (!secret_.Verify(CredentialRole::kAdmin, 0,
+                        reinterpret_cast<const uint8_t*>(credential.data()),
+                        credential.size())) {
+      SPDLOG_WARN("refused a shutdown request from {}: {} admin credential",
+                  ctx->peer(), credential.empty() ? "no" : "a wrong");
+      return grpc::Status(
+          grpc::PERMISSION_DENIED,
+          credential.empty()
+              ? "shutdown refused: the request carries no admin credential"
+              : "shutdown refused: the admin credential does not match this "
+                "cluster's secret");
+    }
+    SPDLOG_INFO("shutdown requested by {}", ctx->peer());
     // On this thread: Shutdown() only marks the server down and cancels the
     // sessions (it never waits on an RPC), and the owner's Wait() returns
     // once it has. The reply therefore means the server is going down, and
@@ -377,22 +419,6 @@ class ServerImpl : public Server, public proto::Controller::Service {
     p->set_data_address(w.info.data_address());
     p->set_unix_path(w.info.unix_path());
     return op;
-  }
-
-  void FailOutputs(uint64_t slice_id,
-                   const google::protobuf::RepeatedField<uint64_t>& ids,
-                   const absl::Status& status, WorkerOps* ops)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto it = state_.slices().find(slice_id);
-    if (it == state_.slices().end()) return;
-    std::set<int64_t> workers;
-    for (const DeviceRef& d : it->second.devices) workers.insert(d.worker_id);
-    for (int64_t w : workers) {
-      proto::WorkerOp op;
-      for (uint64_t id : ids) op.mutable_fail()->add_buffer_ids(id);
-      *op.mutable_fail()->mutable_status() = StatusToProto(status);
-      (*ops)[w].push_back(std::move(op));
-    }
   }
 
   // Worker `from` could not push a shard to the destination's data plane:
@@ -452,6 +478,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
   }
 
   const ServerOptions options_;
+  const ClusterSecret secret_;
   std::string address_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::thread liveness_;
@@ -475,7 +502,15 @@ class ServerImpl : public Server, public proto::Controller::Service {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     const ServerOptions& options) {
-  auto server = std::make_unique<ServerImpl>(options);
+  ClusterSecret secret;
+  if (options.secret.has_value()) {
+    secret = *options.secret;
+  } else {
+    absl::StatusOr<ClusterSecret> drawn = ClusterSecret::Generate();
+    if (!drawn.ok()) return drawn.status();
+    secret = *drawn;
+  }
+  auto server = std::make_unique<ServerImpl>(options, std::move(secret));
   absl::Status s = server->Init();
   if (!s.ok()) return s;
   return std::unique_ptr<Server>(std::move(server));

@@ -10,11 +10,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "plexus/common/clock.h"
+#include "plexus/common/credentials.h"
 
 namespace plexus {
 
@@ -27,6 +29,11 @@ struct ServerOptions {
   // TEST ONLY: false bypasses the gang scheduler's consistent order (see
   // GangScheduler::Options). Collectives can deadlock without it.
   bool consistent_order = true;
+  // The cluster secret (common/credentials.h). The server refuses a worker
+  // registration without the worker credential and a Shutdown RPC without
+  // the admin credential, and issues each client session its credential.
+  // None: Start() draws one, which secret() hands to in-process workers.
+  std::optional<ClusterSecret> secret;
 };
 
 class Server {
@@ -35,6 +42,8 @@ class Server {
       const ServerOptions& options);
   virtual ~Server() = default;
   virtual std::string address() const = 0;  // "127.0.0.1:PORT"
+  // The cluster secret it checks credentials against. Never log it.
+  virtual const ClusterSecret& secret() const = 0;
   // Blocks until Shutdown() (locally or through the Shutdown RPC).
   virtual void Wait() = 0;
   virtual void Shutdown() = 0;

@@ -1,20 +1,45 @@
-// The server in this process, driven over its gRPC API.
+// The server in this process, driven over its gRPC API: raw requests, as a
+// hostile process would send them, so that each check is the server's own.
 #include "plexus/server/server.h"
 
+#include <functional>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "plexus/common/credentials.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/common/types.h"
 #include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/store/object_store.h"
 
 namespace plexus {
 namespace {
 
-grpc::Status CallShutdown(const std::string& address) {
-  auto stub = proto::Controller::NewStub(
+std::string Bytes(const Credential& c) {
+  return std::string(reinterpret_cast<const char*>(c.data()), c.size());
+}
+
+std::unique_ptr<proto::Controller::Stub> Stub(const std::string& address) {
+  return proto::Controller::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+}
+
+grpc::Status CallShutdown(const std::string& address,
+                          const std::string& credential) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  proto::ShutdownRequest request;
+  request.set_credential(credential);
   proto::ShutdownReply reply;
-  return stub->Shutdown(&ctx, proto::ShutdownRequest(), &reply);
+  return Stub(address)->Shutdown(&ctx, request, &reply);
+}
+
+ClusterSecret NewSecret() {
+  absl::StatusOr<ClusterSecret> secret = ClusterSecret::Generate();
+  EXPECT_TRUE(secret.ok()) << secret.status();
+  return *secret;
 }
 
 // The Shutdown RPC shuts the server down before it answers, and leaves no
@@ -27,7 +52,9 @@ TEST(ServerTest, ShutdownRpcHasShutDownTheServerWhenItAnswers) {
     SCOPED_TRACE(i);
     auto server = Server::Start({});
     ASSERT_TRUE(server.ok()) << server.status();
-    grpc::Status rpc = CallShutdown((*server)->address());
+    grpc::Status rpc =
+        CallShutdown((*server)->address(),
+                     Bytes((*server)->secret().Derive(CredentialRole::kAdmin)));
     ASSERT_TRUE(rpc.ok()) << rpc.error_message();
     // Already shut down: a wait for workers ends at once, saying so.
     absl::Status waited = (*server)->WaitForWorkers(1, absl::ZeroDuration());
@@ -35,6 +62,330 @@ TEST(ServerTest, ShutdownRpcHasShutDownTheServerWhenItAnswers) {
     (*server)->Wait();  // returns: the server is down
     server->reset();    // at once, as plexus-server's main does
   }
+}
+
+// A fake worker: a registration on a raw stream, reading the ops the
+// server sends it.
+class RawWorker {
+ public:
+  RawWorker(proto::Controller::Stub& stub, const std::string& credential) {
+    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    stream_ = stub.WorkerSession(&ctx_);
+    proto::WorkerToServer hello;
+    auto* reg = hello.mutable_register_();
+    reg->set_host_name("rawhost");
+    reg->set_pid(1);
+    for (int d = 0; d < 2; ++d) {
+      auto* dev = reg->add_devices();
+      dev->set_index(d);
+      dev->set_memory_bytes(1 << 20);
+    }
+    reg->set_credential(credential);
+    stream_->Write(hello);
+  }
+  ~RawWorker() {
+    if (finished_) return;
+    ctx_.TryCancel();
+    proto::ServerToWorker drain;
+    while (stream_->Read(&drain)) {
+    }
+    stream_->Finish().IgnoreError();
+  }
+  // The next op; false when the session ended.
+  bool NextOp(proto::WorkerOp* op) {
+    while (pending_.empty()) {
+      proto::ServerToWorker msg;
+      if (!stream_->Read(&msg)) return false;
+      if (msg.worker_id() != 0) worker_id_ = msg.worker_id();
+      for (auto& o : msg.ops()) pending_.push_back(o);
+    }
+    *op = pending_.front();
+    pending_.erase(pending_.begin());
+    return true;
+  }
+  // After a refusal: how the server ended the session.
+  grpc::Status Refusal() {
+    proto::ServerToWorker msg;
+    EXPECT_FALSE(stream_->Read(&msg)) << "the server accepted the worker";
+    if (msg.worker_id() != 0) ctx_.TryCancel();
+    while (stream_->Read(&msg)) {
+    }
+    finished_ = true;
+    return stream_->Finish();
+  }
+  int64_t worker_id() {
+    proto::WorkerOp op;
+    while (worker_id_ == 0 && NextOp(&op)) {
+    }
+    return worker_id_;
+  }
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<proto::WorkerToServer, proto::ServerToWorker>>
+      stream_;
+  std::vector<proto::WorkerOp> pending_;
+  int64_t worker_id_ = 0;
+  bool finished_ = false;
+};
+
+// A raw client session: what a client library would send, or anything else.
+class RawClient {
+ public:
+  RawClient(proto::Controller::Stub& stub, const std::string& name,
+            const std::vector<proto::ClientOp>& first_ops) {
+    stream_ = stub.ClientSession(&ctx_);
+    proto::ClientToServer hello;
+    hello.set_client_name(name);
+    for (const auto& op : first_ops) *hello.add_ops() = op;
+    stream_->Write(hello);
+  }
+  ~RawClient() {
+    stream_->WritesDone();
+    proto::ServerToClient drain;
+    while (stream_->Read(&drain)) {
+    }
+    stream_->Finish().IgnoreError();
+  }
+  void Send(const std::vector<proto::ClientOp>& ops) {
+    proto::ClientToServer msg;
+    for (const auto& op : ops) *msg.add_ops() = op;
+    ASSERT_TRUE(stream_->Write(msg));
+  }
+  // Reads until `done` holds for what was read so far.
+  void ReadUntil(const std::function<bool()>& done) {
+    proto::ServerToClient msg;
+    while (!done() && stream_->Read(&msg)) {
+      if (msg.client_id() != 0) id_ = msg.client_id();
+      if (!msg.credential().empty()) credential_ = msg.credential();
+      for (const auto& s : msg.slices()) slices_.push_back(s);
+      for (const auto& e : msg.errors()) errors_.push_back(e);
+    }
+  }
+  uint64_t Id(uint64_t n) const { return (id_ << kBufferIdClientShift) | n; }
+
+  uint64_t id_ = 0;
+  std::string credential_;
+  std::vector<proto::SliceReply> slices_;
+  std::vector<proto::CallError> errors_;
+
+ private:
+  grpc::ClientContext ctx_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<proto::ClientToServer, proto::ServerToClient>>
+      stream_;
+};
+
+class ServerCredentialsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    secret_ = NewSecret();
+    ServerOptions options;
+    options.secret = secret_;
+    options.heartbeat_timeout = absl::Seconds(60);  // raw workers are silent
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = Stub(server_->address());
+  }
+  void TearDown() override { server_.reset(); }
+
+  proto::ClusterStatus Status() {
+    grpc::ClientContext ctx;
+    proto::ClusterStatus status;
+    grpc::Status s = stub_->GetStatus(&ctx, proto::StatusRequest(), &status);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return status;
+  }
+  bool Up() { return server_->WaitForWorkers(0, absl::ZeroDuration()).ok(); }
+
+  ClusterSecret secret_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<proto::Controller::Stub> stub_;
+};
+
+TEST_F(ServerCredentialsTest, ShutdownNeedsTheAdminCredential) {
+  const ClusterSecret other = NewSecret();
+  const std::string admin = Bytes(secret_.Derive(CredentialRole::kAdmin));
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"none", ""},
+      {"another cluster's", Bytes(other.Derive(CredentialRole::kAdmin))},
+      {"the worker credential", Bytes(secret_.Derive(CredentialRole::kWorker))},
+      {"a client credential",
+       Bytes(secret_.Derive(CredentialRole::kClient, 1))},
+      {"a prefix of the right one", admin.substr(0, kCredentialSize - 1)},
+      {"the secret itself", secret_.ToHex()},
+  };
+  for (const auto& [what, credential] : refused) {
+    SCOPED_TRACE(what);
+    grpc::Status rpc = CallShutdown(server_->address(), credential);
+    EXPECT_EQ(rpc.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(rpc.error_message().find("shutdown refused"), std::string::npos)
+        << rpc.error_message();
+    EXPECT_TRUE(Up()) << "the server shut down";
+  }
+  EXPECT_EQ(Status().address(), server_->address());  // still serving
+  grpc::Status rpc = CallShutdown(server_->address(), admin);
+  EXPECT_TRUE(rpc.ok()) << rpc.error_message();
+  EXPECT_FALSE(Up());
+}
+
+TEST_F(ServerCredentialsTest, WorkerRegistrationNeedsTheWorkerCredential) {
+  const ClusterSecret other = NewSecret();
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"none", ""},
+      {"another cluster's", Bytes(other.Derive(CredentialRole::kWorker))},
+      {"the admin credential", Bytes(secret_.Derive(CredentialRole::kAdmin))},
+  };
+  for (const auto& [what, credential] : refused) {
+    SCOPED_TRACE(what);
+    RawWorker intruder(*stub_, credential);
+    grpc::Status refusal = intruder.Refusal();
+    EXPECT_EQ(refusal.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_NE(refusal.error_message().find("worker registration refused"),
+              std::string::npos)
+        << refusal.error_message();
+  }
+  EXPECT_EQ(Status().workers_size(), 0);
+  RawWorker worker(*stub_, Bytes(secret_.Derive(CredentialRole::kWorker)));
+  EXPECT_NE(worker.worker_id(), 0);
+  EXPECT_EQ(Status().workers_size(), 1);
+}
+
+TEST_F(ServerCredentialsTest, EachClientSessionGetsItsOwnCredential) {
+  RawClient a(*stub_, "a", {});
+  RawClient b(*stub_, "b", {});
+  a.ReadUntil([&] { return !a.credential_.empty(); });
+  b.ReadUntil([&] { return !b.credential_.empty(); });
+  ASSERT_NE(a.id_, b.id_);
+  EXPECT_EQ(a.credential_,
+            Bytes(secret_.Derive(CredentialRole::kClient, a.id_)));
+  EXPECT_EQ(b.credential_,
+            Bytes(secret_.Derive(CredentialRole::kClient, b.id_)));
+  // Status shows neither credential nor the secret, in any form.
+  RawWorker worker(*stub_, Bytes(secret_.Derive(CredentialRole::kWorker)));
+  ASSERT_NE(worker.worker_id(), 0);
+  const std::string status = Status().SerializeAsString();
+  for (const std::string& hidden :
+       {a.credential_, b.credential_,
+        Bytes(secret_.Derive(CredentialRole::kWorker)), secret_.ToHex(),
+        absl::HexStringToBytes(secret_.ToHex())}) {
+    EXPECT_EQ(status.find(hidden), std::string::npos);
+  }
+}
+
+proto::ClientOp SliceOp(uint64_t request_id) {
+  proto::ClientOp op;
+  op.mutable_slice_request()->set_request_id(request_id);
+  op.mutable_slice_request()->set_num_devices(1);
+  return op;
+}
+
+const ArgSpec kArg{{DType::kF32, {4}}, Sharding::Replicated()};
+
+proto::ClientOp ProgramOp(uint64_t id) {
+  proto::ClientOp op;
+  op.mutable_program()->set_program_id(id);
+  auto* def = op.mutable_program()->mutable_program();
+  def->set_name("twice");
+  def->set_kernel("scale");
+  *def->add_inputs() = ToProto(kArg);
+  *def->add_outputs() = ToProto(kArg);
+  return op;
+}
+
+proto::ClientOp PutOp(uint64_t buffer, uint64_t slice) {
+  proto::ClientOp op;
+  op.mutable_put()->set_buffer_id(buffer);
+  op.mutable_put()->set_slice_id(slice);
+  *op.mutable_put()->mutable_arg() = ToProto(kArg);
+  return op;
+}
+
+bool Names(const proto::WorkerOp& op, uint64_t id) {
+  if (op.has_declare()) return op.declare().buffer_id() == id;
+  if (op.has_transfer()) return op.transfer().buffer_id() == id;
+  for (uint64_t b : op.release().buffer_ids()) {
+    if (b == id) return true;
+  }
+  for (uint64_t b : op.fail().buffer_ids()) {
+    if (b == id) return true;
+  }
+  for (uint64_t b : op.execute().output_ids()) {
+    if (b == id) return true;
+  }
+  for (const auto& task : op.execute().tasks()) {
+    for (const auto& input : task.inputs()) {
+      for (const auto& piece : input.pieces()) {
+        if (piece.buffer_id() == id) return true;
+      }
+    }
+  }
+  return false;
+}
+
+// Client B knows client A's buffer id (ids are sequential; status shows
+// client ids) and names it in raw requests: as a call input, as a call
+// output, as a put, in a release. Each is refused or ignored by the
+// server, the refusals say PERMISSION_DENIED, and no op naming A's buffer
+// reaches the worker.
+TEST_F(ServerCredentialsTest, AnotherClientsBufferIdsGetNothing) {
+  RawWorker worker(*stub_, Bytes(secret_.Derive(CredentialRole::kWorker)));
+  ASSERT_NE(worker.worker_id(), 0);
+  RawClient a(*stub_, "a", {SliceOp(1)});
+  a.ReadUntil([&] { return !a.slices_.empty(); });
+  ASSERT_TRUE(a.slices_[0].has_slice()) << a.slices_[0].error().message();
+  const uint64_t a_slice = a.slices_[0].slice().slice_id();
+  const uint64_t a_buffer = a.Id(2);
+  a.Send({PutOp(a_buffer, a_slice)});
+  proto::WorkerOp op;
+  do {
+    ASSERT_TRUE(worker.NextOp(&op));
+  } while (!Names(op, a_buffer));  // A's own declare
+
+  RawClient b(*stub_, "b", {SliceOp(1)});
+  b.ReadUntil([&] { return !b.slices_.empty(); });
+  ASSERT_TRUE(b.slices_[0].has_slice()) << b.slices_[0].error().message();
+  const uint64_t b_slice = b.slices_[0].slice().slice_id();
+  proto::ClientOp read;  // B's program reading A's buffer
+  read.mutable_call()->set_call_id(b.Id(2));
+  read.mutable_call()->set_slice_id(b_slice);
+  read.mutable_call()->set_program_id(b.Id(1));
+  auto* in = read.mutable_call()->add_inputs();
+  in->set_buffer_id(a_buffer);
+  in->set_slice_id(b_slice);
+  *in->mutable_arg() = ToProto(kArg);
+  read.mutable_call()->add_output_ids(b.Id(3));
+  proto::ClientOp write = read;  // ... and one writing it
+  write.mutable_call()->set_call_id(b.Id(4));
+  write.mutable_call()->mutable_inputs(0)->set_buffer_id(b.Id(5));
+  write.mutable_call()->set_output_ids(0, a_buffer);
+  proto::ClientOp release;
+  release.mutable_release()->set_buffer_id(a_buffer);
+  release.mutable_release()->set_slice_id(a_slice);
+  const uint64_t marker = b.Id(9);
+  b.Send({ProgramOp(b.Id(1)), PutOp(b.Id(5), b_slice), read, write,
+          PutOp(a_buffer, b_slice), release, PutOp(marker, b_slice)});
+  b.ReadUntil([&] { return b.errors_.size() >= 3; });
+  ASSERT_EQ(b.errors_.size(), 3u);
+  const std::vector<std::string> want = {"argument 0: buffer id", "output id",
+                                         "put: buffer id"};
+  for (size_t i = 0; i < want.size(); ++i) {
+    absl::Status s = StatusFromProto(b.errors_[i].status());
+    EXPECT_TRUE(absl::IsPermissionDenied(s)) << s;
+    EXPECT_NE(s.message().find(want[i]), std::string::npos) << s;
+    EXPECT_NE(s.message().find("belongs to another client"), std::string::npos)
+        << s;
+  }
+  EXPECT_EQ(b.errors_[0].call_id(), b.Id(2));
+  EXPECT_EQ(b.errors_[1].call_id(), b.Id(4));
+
+  // The worker's ops, in order, up to B's marker: none names A's buffer.
+  do {
+    ASSERT_TRUE(worker.NextOp(&op));
+    EXPECT_FALSE(Names(op, a_buffer)) << op.ShortDebugString();
+  } while (!Names(op, marker));
 }
 
 }  // namespace
