@@ -38,10 +38,7 @@ cmake_common=(-G Ninja -DCMAKE_CXX_COMPILER=clang++ -DPLEXUS_BUILD_FUZZ=ON
   -DPLEXUS_BUILD_TESTS=OFF -DPLEXUS_BUILD_PYTHON=OFF -DPLEXUS_BUILD_BENCH=OFF
   -DPython3_EXECUTABLE="$(command -v python3)")
 [ -f build-fuzz/build.ninja ] || cmake -S . -B build-fuzz "${cmake_common[@]}"
-[ -f build-fuzz-cov/build.ninja ] ||
-  cmake -S . -B build-fuzz-cov "${cmake_common[@]}" -DPLEXUS_FUZZ_COVERAGE=ON
 ninja -C build-fuzz -j"$JOBS" "${targets[@]}"
-ninja -C build-fuzz-cov -j"$JOBS" "${targets[@]}"
 
 echo "[fuzz] ${#targets[@]} target(s), $MINUTES_PER_TARGET min each, on" \
   "$(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs))"
@@ -51,6 +48,9 @@ bash fuzz/run.sh build-fuzz $((MINUTES_PER_TARGET * 60)) build-fuzz/long \
 
 # Coverage: each target, built for source coverage, runs every input of its
 # seed corpus and of the corpus the run grew once (-runs=0 reads them all).
+[ -f build-fuzz-cov/build.ninja ] ||
+  cmake -S . -B build-fuzz-cov "${cmake_common[@]}" -DPLEXUS_FUZZ_COVERAGE=ON
+ninja -C build-fuzz-cov -j"$JOBS" "${targets[@]}"
 mkdir -p build-fuzz-cov/profiles bench/results
 cov_json=()
 for t in "${targets[@]}"; do

@@ -7,7 +7,10 @@
 //
 // Input:
 //   u8    flags: 1 unix socket (else TCP); 2 a memfd rides on the first
-//         byte; 4 the memfd is sealed against shrinking
+//         byte; 4 the memfd is sealed against shrinking; 8 the frames'
+//         credentials are sent as they are (else the sender's valid one is
+//         written into each header the bytes parse into: the owner's client
+//         credential, or the worker one for PUSH and PUSH_ERROR)
 //   u32   the memfd's size in bytes (mod 1 MiB), only with flag 2
 //   u16 + bytes  one serialized ServerToWorker, applied first (declares,
 //         expects, ...); empty or unparsable: none
@@ -25,6 +28,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -38,7 +42,9 @@
 #include "fuzz/fuzz_support.h"
 #include "fuzz/worker_harness.h"
 #include "google/protobuf/stubs/logging.h"
+#include "plexus/store/object_store.h"
 #include "plexus/transport/data_plane.h"
+#include "plexus/transport/internal/frame_socket.h"
 #include "spdlog/spdlog.h"
 
 namespace plexus::fuzz {
@@ -62,15 +68,14 @@ class WatchedHandler : public transport::DataPlaneHandler {
     return std::set<uint64_t>(waiting_.begin(), waiting_.end());
   }
 
-  // The worker checks the credential (so that code runs on every input),
-  // and the request goes on whatever it says: random bytes never carry a
-  // valid credential, and the fuzzer must reach the code behind the check.
-  // Refusals are covered by tests (test_hardening, WorkerAuthorizeTest).
+  // The worker's own check, enforced: the harness writes valid
+  // credentials into the frames (StampCredentials) unless the input asks
+  // for them as sent, so the fuzzer reaches both the code behind the check
+  // and its refusals.
   absl::Status Authorize(
       transport::DataPlaneRequest request, const transport::ShardKey& key,
       const transport::DataPlaneCredential& credential) override {
-    target()->Authorize(request, key, credential).IgnoreError();
-    return absl::OkStatus();
+    return target()->Authorize(request, key, credential);
   }
   absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
                              bool from_client) override {
@@ -297,6 +302,46 @@ void Exchange(Harness& h, WorkerImpl& worker, bool unix_socket, int memfd,
   close(fd);
 }
 
+// The cluster secret of every worker this target starts.
+const ClusterSecret& Secret() {
+  static const ClusterSecret* secret = [] {
+    absl::StatusOr<ClusterSecret> s = ClusterSecret::Generate();
+    if (!s.ok()) Die(s.status().ToString());
+    return new ClusterSecret(*s);
+  }();
+  return *secret;
+}
+
+// Writes into each frame header of `bytes` the credential its sender
+// would hold, walking the frames by their claimed payload sizes.
+void StampCredentials(std::string& bytes) {
+  using transport::internal::FrameHeader;
+  using transport::internal::FrameType;
+  size_t at = 0;
+  while (at + sizeof(FrameHeader) <= bytes.size()) {
+    FrameHeader h;
+    std::memcpy(&h, bytes.data() + at, sizeof(h));
+    const FrameType type = h.frame_type();
+    const bool push = type == FrameType::kPush || type == FrameType::kPushError;
+    const Credential c = push ? Secret().Derive(CredentialRole::kWorker)
+                              : Secret().Derive(CredentialRole::kClient,
+                                                ClientOfBuffer(h.buffer_id));
+    std::memcpy(h.credential, c.data(),
+                std::min(c.size(), sizeof(h.credential)));
+    std::memcpy(bytes.data() + at, &h, sizeof(h));
+    at += sizeof(h);
+    const bool inline_payload =
+        ((type == FrameType::kPush || type == FrameType::kPut ||
+          type == FrameType::kData) &&
+         (h.flags & transport::internal::kFlagFd) == 0) ||
+        type == FrameType::kPushError || type == FrameType::kError;
+    if (inline_payload) {
+      if (h.payload_bytes > bytes.size() - at) break;
+      at += h.payload_bytes;
+    }
+  }
+}
+
 int MakeMemfd(uint32_t bytes, bool seal) {
   int fd = memfd_create("plexus-fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) Die(absl::StrCat("memfd_create: ", strerror(errno)));
@@ -327,9 +372,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   proto::ServerToWorker ops;
   const bool have_ops = ops.ParseFromString(in.Record());
-  const std::string bytes = in.Rest();
+  std::string bytes = in.Rest();
+  if ((flags & 8) == 0) StampCredentials(bytes);
 
-  std::unique_ptr<WorkerImpl> worker = StartWorker();
+  std::unique_ptr<WorkerImpl> worker = StartWorker(&Secret());
   if (have_ops) {
     DisarmPeers(ops);
     worker->ApplyOps(ops);

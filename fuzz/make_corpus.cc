@@ -413,6 +413,8 @@ void DataPlaneSeeds() {
                          Frame(FrameType::kPush, temp, 0, sixteen) +
                              Frame(FrameType::kFetch, temp, 0)));
   }
+  // Flag 8: the frames' credentials go as written (zero): refused.
+  Write(t, "no-credential", DataPlaneInput(kUnix | 8, declared, put_fetch));
   Write(t, "put-undeclared",
         DataPlaneInput(kUnix, {}, Frame(FrameType::kPut, y, 0, sixteen)));
   Write(t, "put-wrong-size",

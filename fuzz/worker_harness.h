@@ -7,14 +7,19 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "plexus/common/credentials.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus::fuzz {
 
 // Two devices of 1 MiB each; no PJRT plugin (XLA programs fail to load).
-inline std::unique_ptr<WorkerImpl> StartWorker() {
+// With `secret`, the worker checks data-plane credentials against it (else
+// against one of its own that no input can know).
+inline std::unique_ptr<WorkerImpl> StartWorker(
+    const ClusterSecret* secret = nullptr) {
   WorkerOptions options;
+  if (secret != nullptr) options.secret = *secret;
   options.num_devices = 2;
   options.device_memory = 1 << 20;
   options.data_host = "127.0.0.1";
