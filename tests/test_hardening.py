@@ -79,7 +79,11 @@ def cluster():
         yield c
 
 
-def test_a_put_of_another_size_fails_the_buffer_and_not_the_worker(cluster):
+def test_a_put_into_a_guessed_id_is_refused_and_the_owner_is_intact(cluster):
+    # Before credentials, this PUT (16 bytes for an id the client was about
+    # to declare as 4096) was accepted and later read as 4096 bytes: a
+    # SIGSEGV in the worker. Now it needs the owner's credential; the size
+    # check behind it is WorkerOpsTest.APutOfAnotherSizeFailsItsBuffer.
     client = cluster.connect()
     s = client.slice(1)
     first = s.put(np.ones(1024, np.float32))
@@ -89,30 +93,21 @@ def test_a_put_of_another_size_fails_the_buffer_and_not_the_worker(cluster):
 
     def hostile():
         with connect(worker["data_address"]) as sock:
-            # Before the declaration: held until it arrives, then compared.
             sock.sendall(frame(PUT, target, payload=b"\xff" * 16))
             replies.append(read_reply(sock))
 
     t = threading.Thread(target=hostile)
     t.start()
-    try:
-        victim = s.put(np.full(1024, 2.0, np.float32))
-        assert victim._f.buffer_id == target
-        victim_value = np.asarray(victim)
-        np.testing.assert_array_equal(victim_value, 2.0)
-    except plexus.InvalidArgumentError as e:
-        # The hostile bytes won the race: the buffer failed, saying why.
-        assert "4096 bytes" in str(e) and "16 bytes" in str(e), e
     t.join(20)
     assert not t.is_alive()
     kind, message = replies[0]
     assert kind == ERROR
-    assert "4096 bytes" in message and "16 bytes" in message, message
-    # The worker is alive and serves as before.
+    assert "does not carry its credential" in message, message
+    victim = s.put(np.full(1024, 2.0, np.float32))
+    assert victim._f.buffer_id == target
+    np.testing.assert_array_equal(np.asarray(victim), 2.0)
     assert worker_alive(worker["pid"])
     np.testing.assert_array_equal(np.asarray(first), 1.0)
-    np.testing.assert_array_equal(np.asarray(s.put(np.arange(4.0))),
-                                  np.arange(4.0))
 
 
 def test_a_header_claiming_a_gibibyte_maps_nothing(cluster):
@@ -212,3 +207,29 @@ def test_a_closed_client_refuses_calls(cluster):
     cluster.wait_until(
         lambda st: st["workers"][0]["stats"]["live_buffers"] == 0,
         what="the closed client's buffers to be freed")
+
+
+FETCH, PUSH = 4, 1
+
+
+@pytest.mark.parametrize("shared_memory", [True, False])
+def test_a_buffer_id_opens_nothing_without_its_clients_credential(
+        cluster, shared_memory):
+    client = cluster.connect(shared_memory=shared_memory)
+    s = client.slice(1)
+    x = s.put(np.arange(256, dtype=np.float32))
+    worker = cluster.status()["workers"][0]
+    with connect(worker["data_address"]) as sock:
+        # Knowing the id is not enough: a fetch, a put over it, a push.
+        sock.sendall(frame(FETCH, x._f.buffer_id))
+        kind, message = read_reply(sock)
+        assert kind == ERROR
+        assert "does not carry its credential" in message, message
+        sock.sendall(frame(PUT, x._f.buffer_id, payload=b"\0" * 1024))
+        kind, message = read_reply(sock)
+        assert kind == ERROR and "credential" in message, message
+        sock.sendall(frame(PUSH, x._f.buffer_id, payload=b"\0" * 1024))
+        sock.sendall(frame(FETCH, x._f.buffer_id))  # still in step
+        assert read_reply(sock)[0] == ERROR
+    # The owner's value is intact.
+    np.testing.assert_array_equal(np.asarray(x), np.arange(256))

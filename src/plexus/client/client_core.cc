@@ -42,6 +42,12 @@ absl::Status ClientCore::Init(const std::string& address) {
     return absl::UnavailableError("the server refused the client session");
   }
   client_id_ = first.client_id();
+  if (first.credential().size() != credential_.size()) {
+    return absl::UnavailableError(
+        "the server sent no data-plane credential (an older server?)");
+  }
+  std::copy(first.credential().begin(), first.credential().end(),
+            credential_.begin());
   sender_ = std::thread([this] { SenderLoop(); });
   reader_ = std::thread([this] { ReaderLoop(); });
   return absl::OkStatus();
@@ -247,7 +253,7 @@ ClientCore::Checkout(const proto::SliceDevice& device) {
   }
   auto conn = transport::DataPlaneConnection::Connect(
       device.data_address(), SameMachine(device) ? device.unix_path() : "",
-      &data_counters_);
+      &data_counters_, credential_);
   if (!conn.ok()) return conn;
   absl::MutexLock lock(&mu_);
   // Checked under the lock that the reader takes to wake connections: a

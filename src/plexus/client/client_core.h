@@ -80,6 +80,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   const ClientOptions options_;
   std::string machine_id_;
   uint64_t client_id_ = 0;
+  // What the server issued this session; every data-plane request carries
+  // it. Set once by Init.
+  transport::DataPlaneCredential credential_{};
   std::atomic<uint64_t> next_id_{1};
 
   std::shared_ptr<grpc::Channel> channel_;

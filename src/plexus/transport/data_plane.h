@@ -18,6 +18,7 @@
 //   WAIT   client -> worker  like FETCH without the bytes; ACK or ERROR
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -61,9 +62,22 @@ struct DataPlaneCounters {
 // TCP only] -> Deliver, or, once admitted, DeliverError if its bytes do not
 // all arrive. Nothing is allocated or mapped for a shard before it is
 // admitted, and never more than the size it was admitted with.
+// What a request asks of a worker's data plane.
+enum class DataPlaneRequest { kPush, kPushError, kPut, kFetch, kWait };
+
+// The 16 bytes every frame carries to say who sends it
+// (common/credentials.h); zero when the sender holds none.
+inline constexpr size_t kDataPlaneCredentialBytes = 16;
+using DataPlaneCredential = std::array<uint8_t, kDataPlaneCredentialBytes>;
+
 class DataPlaneHandler {
  public:
   virtual ~DataPlaneHandler() = default;
+  // Whether the sender of `credential` may make `request` for `key`; called
+  // before anything else is done for it. An error refuses the request: a
+  // PUT's or FETCH's sender hears it, a PUSH is dropped unread and logged.
+  virtual absl::Status Authorize(DataPlaneRequest request, const ShardKey& key,
+                                 const DataPlaneCredential& credential) = 0;
   // Whether `bytes` bytes of `key` may be received now (may block: for the
   // key's declaration, for room on its device). An error drops the payload
   // unread (a PUT's sender hears the error); the handler fails the shard
@@ -124,9 +138,10 @@ class DataPlaneConnection {
   // Connects to unix_path when non-empty (same machine, see
   // LocalMachineId), else tcp_address; to tcp_address too when the unix
   // socket cannot be reached (uses_shared_memory() tells which).
+  // Every request carries `credential`.
   static absl::StatusOr<std::unique_ptr<DataPlaneConnection>> Connect(
       const std::string& tcp_address, const std::string& unix_path,
-      DataPlaneCounters* counters);
+      DataPlaneCounters* counters, const DataPlaneCredential& credential = {});
   virtual ~DataPlaneConnection() = default;
 
   virtual bool uses_shared_memory() const = 0;

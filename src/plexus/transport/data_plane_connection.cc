@@ -161,13 +161,21 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
 absl::StatusOr<std::unique_ptr<DataPlaneConnection>>
 DataPlaneConnection::Connect(const std::string& tcp_address,
                              const std::string& unix_path,
-                             DataPlaneCounters* counters) {
+                             DataPlaneCounters* counters,
+                             const DataPlaneCredential& credential) {
+  auto socket_for = [&](internal::UniqueFd fd, bool is_unix) {
+    auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
+    uint8_t bytes[internal::kCredentialBytes];
+    std::copy(credential.begin(), credential.end(), bytes);
+    socket->set_credential(bytes);
+    return socket;
+  };
   absl::Status unix_error;
   if (!unix_path.empty()) {
     absl::StatusOr<internal::UniqueFd> fd = internal::ConnectUnix(unix_path);
     if (fd.ok()) {
       return std::make_unique<DataPlaneConnectionImpl>(
-          std::make_unique<FrameSocket>(*std::move(fd), /*is_unix=*/true),
+          socket_for(*std::move(fd), /*is_unix=*/true),
           absl::StrCat("unix @", unix_path), counters);
     }
     if (tcp_address.empty()) return fd.status();
@@ -185,8 +193,7 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
         absl::StrCat(unix_error.message(), "; then ", fd.status().message()));
   }
   return std::make_unique<DataPlaneConnectionImpl>(
-      std::make_unique<FrameSocket>(*std::move(fd), /*is_unix=*/false),
-      tcp_address, counters);
+      socket_for(*std::move(fd), /*is_unix=*/false), tcp_address, counters);
 }
 
 }  // namespace plexus::transport

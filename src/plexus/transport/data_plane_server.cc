@@ -224,6 +224,51 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
 
 absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
                                              const FrameHeader& header) {
+  DataPlaneRequest request;
+  switch (header.frame_type()) {
+    case FrameType::kPush:
+      request = DataPlaneRequest::kPush;
+      break;
+    case FrameType::kPushError:
+      request = DataPlaneRequest::kPushError;
+      break;
+    case FrameType::kPut:
+      request = DataPlaneRequest::kPut;
+      break;
+    case FrameType::kFetch:
+      request = DataPlaneRequest::kFetch;
+      break;
+    case FrameType::kWait:
+      request = DataPlaneRequest::kWait;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected ", FrameTypeName(header.frame_type()),
+                       " frame from a data-plane client"));
+  }
+  DataPlaneCredential credential;
+  std::copy(std::begin(header.credential), std::end(header.credential),
+            credential.begin());
+  if (absl::Status allowed =
+          handler_->Authorize(request, header.key(), credential);
+      !allowed.ok()) {
+    // Refused before anything is done for it; the stream stays in step.
+    SPDLOG_WARN("data plane: {} of {} from {} refused: {}",
+                FrameTypeName(header.frame_type()), KeyString(header.key()),
+                socket.peer(), allowed.ToString());
+    switch (request) {
+      case DataPlaneRequest::kPush:
+        return socket.SkipShard(header);
+      case DataPlaneRequest::kPushError:
+        return socket.ReadMessage(header).status();
+      case DataPlaneRequest::kPut:
+        if (absl::Status s = socket.SkipShard(header); !s.ok()) return s;
+        [[fallthrough]];
+      case DataPlaneRequest::kFetch:
+      case DataPlaneRequest::kWait:
+        return socket.SendError(FrameType::kError, header.key(), allowed);
+    }
+  }
   switch (header.frame_type()) {
     case FrameType::kPush:
     case FrameType::kPut:

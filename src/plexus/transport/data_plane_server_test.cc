@@ -241,5 +241,33 @@ TEST(SocketIoTest, ATcpConnectThatGetsNoAnswerEndsAtItsTimeout) {
       << refused;
 }
 
+TEST(DataPlaneServerTest, ARequestWithoutTheRightCredentialIsRefusedInStep) {
+  MapHandler handler;
+  DataPlaneCredential right;
+  right.fill(7);
+  handler.RequireCredential(right);
+  auto server = DataPlaneServer::Start({}, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  DataPlaneCredential wrong;
+  wrong.fill(8);
+  auto intruder = DataPlaneConnection::Connect((*server)->tcp_address(), "",
+                                               nullptr, wrong);
+  ASSERT_TRUE(intruder.ok());
+  std::shared_ptr<Storage> data = Pattern(300 << 10, 1);
+  absl::Status put = (*intruder)->Put({3, 0}, *data);
+  EXPECT_EQ(put.code(), absl::StatusCode::kPermissionDenied) << put;
+  EXPECT_EQ((*intruder)->Wait({3, 0}).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE((*intruder)->healthy());  // refused, and still in step
+  EXPECT_EQ(handler.admissions(), 0);   // nothing was done for it
+  auto owner = DataPlaneConnection::Connect((*server)->tcp_address(), "",
+                                            nullptr, right);
+  ASSERT_TRUE(owner.ok());
+  EXPECT_TRUE((*owner)->Put({3, 0}, *data).ok());
+  auto back = (*owner)->Fetch({3, 0});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(SameBytes(**back, *data));
+}
+
 }  // namespace
 }  // namespace plexus::transport

@@ -7,6 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/worker/worker.h"
@@ -45,6 +46,10 @@ int main(int argc, char** argv) {
   app.add_option("--pjrt-plugin", options.pjrt_plugin,
                  "PJRT C API plugin (.so) for XLA programs, loaded on the "
                  "first XLA call (default: $PLEXUS_PJRT_PLUGIN)");
+  std::string secret_file;
+  app.add_option("--secret-file", secret_file,
+                 "file holding the cluster secret, hex (default: "
+                 "$PLEXUS_CLUSTER_SECRET, which wins when set)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
 
@@ -64,6 +69,16 @@ int main(int argc, char** argv) {
 
   // Termination signals are blocked in every thread; one thread waits.
   plexus::BlockTerminationSignals();
+
+  absl::StatusOr<plexus::ClusterSecret> secret =
+      plexus::ClusterSecret::Load(secret_file);
+  if (!secret.ok()) {
+    SPDLOG_ERROR("cannot start: {}", secret.status().ToString());
+    return 1;
+  }
+  options.secret = *secret;
+  // Children (none today) need not see it.
+  unsetenv(plexus::kClusterSecretEnv);
 
   auto worker = plexus::Worker::Start(options);
   if (!worker.ok()) {

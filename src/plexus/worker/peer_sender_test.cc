@@ -54,7 +54,7 @@ TEST(PeerSenderTest, DeliversOverTcpWhenThePeersUnixSocketIsUnreachable) {
   Failures failures;
   {
     PeerSender sender(2, (*server)->tcp_address(),
-                      UniqueUnixName() + "-elsewhere", nullptr,
+                      UniqueUnixName() + "-elsewhere", nullptr, {},
                       failures.Callback());
     std::shared_ptr<Storage> sent = Pattern(256 << 10, 5);
     sender.Send({41, 0}, std::shared_ptr<const Storage>(sent));
@@ -78,7 +78,7 @@ TEST(PeerSenderTest, ReportsAShardItCannotDeliver) {
     handler.Close();
   }
   Failures failures;
-  PeerSender sender(7, address, UniqueUnixName() + "-elsewhere", nullptr,
+  PeerSender sender(7, address, UniqueUnixName() + "-elsewhere", nullptr, {},
                     failures.Callback());
   sender.Send({42, 3}, std::shared_ptr<const Storage>(Pattern(1024, 1)));
   ShardKey key;
@@ -97,7 +97,7 @@ TEST(PeerSenderTest, ReportsAShardItCannotDeliver) {
 // PUSH_ERROR would have said it.
 TEST(PeerSenderTest, ReportsTheUpstreamErrorOfAFailedShard) {
   Failures failures;
-  PeerSender sender(7, "127.0.0.1:1", "", nullptr, failures.Callback());
+  PeerSender sender(7, "127.0.0.1:1", "", nullptr, {}, failures.Callback());
   const absl::Status upstream =
       absl::InvalidArgumentError("program 'check' failed: nan at index 2");
   sender.Send({43, 0}, upstream);

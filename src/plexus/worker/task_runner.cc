@@ -77,8 +77,17 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   // before this call reached the worker) fails its task now: nothing would
   // ever fulfil it.
   call->input_errors.assign(exec.tasks_size(), collective_error);
+  const int num_devices = static_cast<int>(devices_.size());
   for (int t = 0; t < exec.tasks_size(); ++t) {
     const proto::ShardTask& task = exec.tasks(t);
+    // A task for a device this worker lacks fails where it stands: its
+    // outputs are declared on no device and fail, nothing waits for it.
+    const bool on_device = task.device() >= 0 && task.device() < num_devices;
+    if (!on_device && call->input_errors[t].ok()) {
+      call->input_errors[t] = absl::InvalidArgumentError(
+          absl::StrCat("call ", exec.call_id(), " names device ", task.device(),
+                       " but this worker has ", num_devices));
+    }
     for (int o = 0; o < exec.output_ids_size(); ++o) {
       TensorSpec spec;
       if (call->program &&
@@ -86,8 +95,8 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
         auto local = call->program->outputs[o].Local(exec.num_shards());
         if (local.ok()) spec = *local;
       }
-      store_->Declare({exec.output_ids(o), task.shard()}, task.device(), spec,
-                      /*owned=*/true);
+      store_->Declare({exec.output_ids(o), task.shard()},
+                      on_device ? task.device() : -1, spec, /*owned=*/true);
     }
     std::vector<BufferKey> pinned;
     for (int i = 0; i < task.inputs_size() && call->input_errors[t].ok(); ++i) {
@@ -112,9 +121,10 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   }
   for (int i = 0; i < exec.tasks_size(); ++i) {
     int device = exec.tasks(i).device();
-    if (device < 0 || device >= static_cast<int>(devices_.size())) {
+    if (device < 0 || device >= num_devices) {
       SPDLOG_ERROR("call {} names device {} but this worker has {}",
-                   exec.call_id(), device, devices_.size());
+                   exec.call_id(), device, num_devices);
+      RunTask(call, i);  // fails at once with input_errors[i]
       continue;
     }
     devices_[device]->Enqueue([this, call, i] { RunTask(call, i); });

@@ -61,6 +61,11 @@ WorkerImpl::~WorkerImpl() {
 }
 
 absl::Status WorkerImpl::Init() {
+  if (!options_.secret.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no cluster secret: set $", kClusterSecretEnv,
+                     " or pass --secret-file (the server's)"));
+  }
   if (absl::Status s = StartLocal(); !s.ok()) return s;
   return ConnectToServer();
 }
@@ -68,6 +73,15 @@ absl::Status WorkerImpl::Init() {
 absl::Status WorkerImpl::StartLocal() {
   if (options_.num_devices <= 0) {
     return absl::InvalidArgumentError("--devices must be at least 1");
+  }
+  if (options_.secret.has_value()) {
+    secret_ = *options_.secret;
+  } else {
+    // Without a server (tests, fuzzing): a secret of its own, so every
+    // request is still checked.
+    absl::StatusOr<ClusterSecret> own = ClusterSecret::Generate();
+    if (!own.ok()) return own.status();
+    secret_ = *own;
   }
   machine_id_ = LocalMachineId();
   if (!options_.shared_memory) {
@@ -123,12 +137,19 @@ absl::Status WorkerImpl::ConnectToServer() {
   }
   reg->set_data_address(data_server_->tcp_address());
   reg->set_unix_path(data_server_->unix_path());
+  const Credential credential = secret_.Derive(CredentialRole::kWorker);
+  reg->set_credential(credential.data(), credential.size());
   if (!stream_->Write(hello)) {
     return absl::UnavailableError("the server closed the session at once");
   }
   proto::ServerToWorker first;
   if (!stream_->Read(&first)) {
-    return absl::UnavailableError("the server refused the registration");
+    grpc::Status why = stream_->Finish();
+    return absl::Status(
+        static_cast<absl::StatusCode>(why.error_code()),
+        absl::StrCat("the server refused the registration: ",
+                     why.error_message().empty() ? "no reason given"
+                                                 : why.error_message()));
   }
   SPDLOG_INFO("registered as worker {} ({} device(s), data plane {} {})",
               first.worker_id(), devices_.size(), data_server_->tcp_address(),
@@ -253,6 +274,22 @@ void WorkerImpl::ApplyOps(proto::ServerToWorker& msg) {
   for (auto& op : *msg.mutable_ops()) Apply(op);
 }
 
+absl::StatusOr<TensorSpec> WorkerImpl::HeldSpec(const BufferKey& key,
+                                                const proto::TensorSpec& spec,
+                                                int device) const {
+  if (device < 0 || device >= static_cast<int>(devices_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(KeyString(key), " is declared on device ", device,
+                     " but this worker has ", devices_.size()));
+  }
+  auto parsed = FromProto(spec);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        KeyString(key), " is declared as ", parsed.status().message()));
+  }
+  return parsed;
+}
+
 void WorkerImpl::Apply(proto::WorkerOp& op) {
   switch (op.op_case()) {
     case proto::WorkerOp::kLoad: {
@@ -306,18 +343,22 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       break;
     case proto::WorkerOp::kExpect: {
       const auto& e = op.expect();
-      auto spec = FromProto(e.spec());
-      store_->Declare({e.buffer_id(), 0}, e.device(),
+      const BufferKey key{e.buffer_id(), 0};
+      auto spec = HeldSpec(key, e.spec(), e.device());
+      store_->Declare(key, spec.ok() ? e.device() : -1,
                       spec.ok() ? *spec : TensorSpec{}, /*owned=*/false,
                       ObjectStore::Arrival::kFromPeer, e.src_worker_id());
+      if (!spec.ok()) store_->Fail(key, spec.status());
       break;
     }
     case proto::WorkerOp::kDeclare: {
       const auto& d = op.declare();
-      auto spec = FromProto(d.spec());
-      store_->Declare({d.buffer_id(), d.shard()}, d.device(),
+      const BufferKey key{d.buffer_id(), d.shard()};
+      auto spec = HeldSpec(key, d.spec(), d.device());
+      store_->Declare(key, spec.ok() ? d.device() : -1,
                       spec.ok() ? *spec : TensorSpec{}, /*owned=*/true,
                       ObjectStore::Arrival::kFromClient);
+      if (!spec.ok()) store_->Fail(key, spec.status());
       break;
     }
     case proto::WorkerOp::kRelease:
@@ -378,9 +419,12 @@ PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
   if (pit == peers_.end()) return nullptr;
   const proto::PeerInfo& p = pit->second;
   bool same_machine = p.machine_id() == machine_id_;
+  transport::DataPlaneCredential credential;
+  const Credential mine = secret_.Derive(CredentialRole::kWorker);
+  std::copy(mine.begin(), mine.end(), credential.begin());
   auto sender = std::make_unique<PeerSender>(
       worker_id, p.data_address(), same_machine ? p.unix_path() : "",
-      &counters_,
+      &counters_, credential,
       [this, worker_id](const transport::ShardKey& key,
                         const absl::Status& reason) {
         ReportTransferFailure(worker_id, key, reason);
@@ -426,6 +470,29 @@ void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
 }
 
 // --- data plane handler ---------------------------------------------------
+
+absl::Status WorkerImpl::Authorize(
+    transport::DataPlaneRequest request, const transport::ShardKey& key,
+    const transport::DataPlaneCredential& credential) {
+  if (request == transport::DataPlaneRequest::kPush ||
+      request == transport::DataPlaneRequest::kPushError) {
+    if (secret_.Verify(CredentialRole::kWorker, 0, credential.data(),
+                       credential.size())) {
+      return absl::OkStatus();
+    }
+    return absl::PermissionDeniedError(
+        "a push must carry the worker credential");
+  }
+  // An id names its owner; only the owner's credential opens it.
+  const uint64_t owner = ClientOfBuffer(key.buffer_id);
+  if (secret_.Verify(CredentialRole::kClient, owner, credential.data(),
+                     credential.size())) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      KeyString(BufferKey{key.buffer_id, key.shard}), " belongs to client ",
+      owner, ", and this request does not carry its credential"));
+}
 
 absl::Status WorkerImpl::AdmitIncoming(const transport::ShardKey& key,
                                        size_t bytes, bool from_client) {

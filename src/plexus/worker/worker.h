@@ -9,11 +9,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/common/credentials.h"
 
 namespace plexus {
 
@@ -30,6 +32,10 @@ struct WorkerOptions {
   // The PJRT C API plugin that runs XLA programs, loaded on the first XLA
   // call (e.g. the xla_cpu_pjrt.so of the xla-cpu-pjrt wheel).
   std::string pjrt_plugin;
+  // The cluster secret (common/credentials.h): the worker proves itself to
+  // the server and its peers with it, and checks every data-plane request
+  // against it. Start() refuses to run without one.
+  std::optional<ClusterSecret> secret;
 };
 
 class Worker {

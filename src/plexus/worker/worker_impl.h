@@ -66,6 +66,11 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   int64_t worker_id() const override { return worker_id_.load(); }
 
   // transport::DataPlaneHandler
+  // A client's request (put, fetch, wait) must carry the credential of the
+  // client its buffer id names; a push, the worker credential.
+  absl::Status Authorize(
+      transport::DataPlaneRequest request, const transport::ShardKey& key,
+      const transport::DataPlaneCredential& credential) override;
   absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
                              bool from_client) override;
   absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
@@ -92,6 +97,12 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   void ApplyExecute(proto::Execute& exec);
   void ApplyTransfer(const proto::Transfer& transfer);
   void ApplyPeerDown(const proto::PeerDown& down);
+  // The spec of a shard the server declares on `device`, or why this
+  // worker cannot hold it (no such device, a spec that does not parse):
+  // the shard then fails instead of waiting for data in a wrong size.
+  absl::StatusOr<TensorSpec> HeldSpec(const BufferKey& key,
+                                      const proto::TensorSpec& spec,
+                                      int device) const;
   proto::WorkerStats CollectStats();
   // The sender to a peer, made on first use: valid until ~WorkerImpl; null
   // for an unknown peer, and once the worker is being destroyed.
@@ -119,6 +130,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       int64_t* reserved_bytes);
 
   const WorkerOptions options_;
+  ClusterSecret secret_;  // options_.secret, or one of its own (StartLocal)
   std::string machine_id_;
   std::atomic<int64_t> worker_id_{-1};
 

@@ -220,5 +220,58 @@ TEST(WorkerAuthorizeTest, EachRequestNeedsTheCredentialOfWhatItTouches) {
           .ok());
 }
 
+// A put of another size than its declaration used to be stored as it came
+// and read later as the declared size (a SIGSEGV in CopyRows). The owner's
+// own credential does not change that: the buffer fails, naming both sizes.
+TEST(WorkerOpsTest, APutOfAnotherSizeFailsItsBuffer) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t id = (uint64_t{1} << kBufferIdClientShift) | 2;
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* decl = msg.add_ops()->mutable_declare();
+  decl->set_buffer_id(id);
+  decl->set_device(0);
+  decl->mutable_spec()->set_dtype(proto::F32);
+  decl->mutable_spec()->add_shape(1024);
+  worker->ApplyOps(msg);
+  absl::Status admitted =
+      worker->AdmitIncoming({id, 0}, 16, /*from_client=*/true);
+  EXPECT_EQ(admitted.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(admitted.message().find("4096 bytes"), std::string::npos)
+      << admitted;
+  EXPECT_NE(admitted.message().find("16 bytes"), std::string::npos) << admitted;
+  EXPECT_EQ(worker->AwaitReady({id, 0}).status(), admitted);
+}
+
+// A declaration this worker cannot hold (a device it lacks, a spec that
+// does not parse) fails its shard, rather than holding it on a device index
+// out of range or as a float32 scalar that a 4-byte put would fulfil.
+TEST(WorkerOpsTest, DeclarationsItCannotHoldFailTheirShards) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t a = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t b = a + 1;
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* on_device_7 = msg.add_ops()->mutable_declare();
+  on_device_7->set_buffer_id(a);
+  on_device_7->set_device(7);
+  on_device_7->mutable_spec()->set_dtype(proto::F32);
+  auto* no_dtype = msg.add_ops()->mutable_expect();
+  no_dtype->set_buffer_id(b);
+  no_dtype->set_src_worker_id(2);
+  worker->ApplyOps(msg);
+
+  auto on_7 = worker->AwaitReady({a, 0});
+  ASSERT_FALSE(on_7.ok());
+  EXPECT_NE(on_7.status().message().find("declared on device 7 but this "
+                                         "worker has 1"),
+            std::string::npos)
+      << on_7.status();
+  auto invalid = worker->AwaitReady({b, 0});
+  ASSERT_FALSE(invalid.ok());
+  EXPECT_NE(invalid.status().message().find("invalid dtype"), std::string::npos)
+      << invalid.status();
+}
+
 }  // namespace
 }  // namespace plexus

@@ -25,12 +25,14 @@ TEST(WorkerShutdownTest, TransferPendingOnAQueuedCallWhenTheWorkerIsDestroyed) {
   auto a = Worker::Start({.server_address = address,
                           .host_name = "host-a",
                           .num_devices = 2,
-                          .device_memory = 64 << 20});
+                          .device_memory = 64 << 20,
+                          .secret = (*server)->secret()});
   ASSERT_TRUE(a.ok()) << a.status();
   auto b = Worker::Start({.server_address = address,
                           .host_name = "host-b",
                           .num_devices = 1,
-                          .device_memory = 64 << 20});
+                          .device_memory = 64 << 20,
+                          .secret = (*server)->secret()});
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_TRUE((*server)->WaitForWorkers(2, absl::Seconds(30)).ok());
   auto client = Client::Connect(address);

@@ -21,14 +21,6 @@ bool IsMessageFrame(FrameType type) {
   return type == FrameType::kPushError || type == FrameType::kError;
 }
 
-FrameHeader MakeHeader(FrameType type, const ShardKey& key) {
-  FrameHeader header;
-  header.type = static_cast<uint16_t>(type);
-  header.buffer_id = key.buffer_id;
-  header.shard = key.shard;
-  return header;
-}
-
 }  // namespace
 
 const char* FrameTypeName(FrameType type) {
@@ -55,6 +47,20 @@ const char* FrameTypeName(FrameType type) {
 
 FrameSocket::FrameSocket(UniqueFd fd, bool is_unix)
     : fd_(std::move(fd)), is_unix_(is_unix), peer_(PeerName(fd_.get())) {}
+
+void FrameSocket::set_credential(
+    const uint8_t (&credential)[kCredentialBytes]) {
+  std::memcpy(credential_, credential, kCredentialBytes);
+}
+
+FrameHeader FrameSocket::MakeHeader(FrameType type, const ShardKey& key) const {
+  FrameHeader header;
+  header.type = static_cast<uint16_t>(type);
+  header.buffer_id = key.buffer_id;
+  header.shard = key.shard;
+  std::memcpy(header.credential, credential_, kCredentialBytes);
+  return header;
+}
 
 absl::Status FrameSocket::Break(absl::Status status) {
   if (!broken_) Shutdown();  // the peer sees the end now, not at close

@@ -103,6 +103,9 @@ class FrameSocket {
  public:
   FrameSocket(UniqueFd fd, bool is_unix);
 
+  // Every frame this end sends carries `credential` (zero until set).
+  void set_credential(const uint8_t (&credential)[kCredentialBytes]);
+
   int fd() const { return fd_.get(); }
   bool is_unix() const { return is_unix_; }
   bool broken() const { return broken_; }
@@ -152,12 +155,14 @@ class FrameSocket {
 
  private:
   absl::Status CheckHeader(const FrameHeader& header);
+  FrameHeader MakeHeader(FrameType type, const ShardKey& key) const;
 
   UniqueFd fd_;
   bool is_unix_;
   std::string peer_;
   bool broken_ = false;
   bool timed_ = false;  // SetFrameTimeout was called
+  uint8_t credential_[kCredentialBytes] = {};
   UniqueFd passed_fd_;  // arrived with the last header
 };
 

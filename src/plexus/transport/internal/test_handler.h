@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -25,6 +26,19 @@ inline constexpr absl::Duration kDeadline = absl::Seconds(20);
 // An object store reduced to a map of ready shards (and failed ones).
 class MapHandler : public DataPlaneHandler {
  public:
+  // Allows every request, or only those carrying `required` once set.
+  absl::Status Authorize(DataPlaneRequest, const ShardKey&,
+                         const DataPlaneCredential& credential) override {
+    absl::MutexLock lock(&mu_);
+    if (required_.has_value() && credential != *required_) {
+      return absl::PermissionDeniedError("wrong credential");
+    }
+    return absl::OkStatus();
+  }
+  void RequireCredential(const DataPlaneCredential& credential) {
+    absl::MutexLock lock(&mu_);
+    required_ = credential;
+  }
   absl::Status AdmitIncoming(const ShardKey&, size_t bytes, bool) override {
     absl::MutexLock lock(&mu_);
     ++admissions_;
@@ -127,6 +141,7 @@ class MapHandler : public DataPlaneHandler {
   absl::Status no_room_ ABSL_GUARDED_BY(mu_);
   int allocations_ ABSL_GUARDED_BY(mu_) = 0;
   int admissions_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<DataPlaneCredential> required_ ABSL_GUARDED_BY(mu_);
   size_t admit_limit_ ABSL_GUARDED_BY(mu_) = ~size_t{0};
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
