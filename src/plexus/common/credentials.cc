@@ -38,6 +38,12 @@ absl::StatusOr<ClusterSecret> ClusterSecret::Generate() {
   return secret;
 }
 
+absl::StatusOr<ClusterSecret> ClusterSecret::GivenOrGenerate(
+    const std::optional<ClusterSecret>& given) {
+  if (given.has_value()) return *given;
+  return Generate();
+}
+
 absl::StatusOr<ClusterSecret> ClusterSecret::FromHex(absl::string_view hex) {
   hex = absl::StripAsciiWhitespace(hex);
   if (hex.size() != 2 * kSize) {

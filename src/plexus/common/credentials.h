@@ -25,6 +25,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -42,6 +43,11 @@ class ClusterSecret {
   static constexpr size_t kSize = 32;
   // 32 bytes from the kernel's random source.
   static absl::StatusOr<ClusterSecret> Generate();
+  // `given` if set, else Generate(): a process that was handed no secret
+  // (an in-process server, a worker without a server) still checks every
+  // credential, against one of its own.
+  static absl::StatusOr<ClusterSecret> GivenOrGenerate(
+      const std::optional<ClusterSecret>& given);
   // From 64 hex digits (what ToHex writes).
   static absl::StatusOr<ClusterSecret> FromHex(absl::string_view hex);
   // From $PLEXUS_CLUSTER_SECRET, else the file `path` (its first line, hex),

@@ -502,15 +502,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     const ServerOptions& options) {
-  ClusterSecret secret;
-  if (options.secret.has_value()) {
-    secret = *options.secret;
-  } else {
-    absl::StatusOr<ClusterSecret> drawn = ClusterSecret::Generate();
-    if (!drawn.ok()) return drawn.status();
-    secret = *drawn;
-  }
-  auto server = std::make_unique<ServerImpl>(options, std::move(secret));
+  absl::StatusOr<ClusterSecret> given_or_drawn =
+      ClusterSecret::GivenOrGenerate(options.secret);
+  if (!given_or_drawn.ok()) return given_or_drawn.status();
+  auto server = std::make_unique<ServerImpl>(options, *given_or_drawn);
   absl::Status s = server->Init();
   if (!s.ok()) return s;
   return std::unique_ptr<Server>(std::move(server));

@@ -74,15 +74,11 @@ absl::Status WorkerImpl::StartLocal() {
   if (options_.num_devices <= 0) {
     return absl::InvalidArgumentError("--devices must be at least 1");
   }
-  if (options_.secret.has_value()) {
-    secret_ = *options_.secret;
-  } else {
-    // Without a server (tests, fuzzing): a secret of its own, so every
-    // request is still checked.
-    absl::StatusOr<ClusterSecret> own = ClusterSecret::Generate();
-    if (!own.ok()) return own.status();
-    secret_ = *own;
-  }
+  // Without a server (tests, fuzzing), a secret of its own.
+  absl::StatusOr<ClusterSecret> secret =
+      ClusterSecret::GivenOrGenerate(options_.secret);
+  if (!secret.ok()) return secret.status();
+  secret_ = *secret;
   machine_id_ = LocalMachineId();
   if (!options_.shared_memory) {
     absl::StrAppend(&machine_id_, "/pid", getpid());
