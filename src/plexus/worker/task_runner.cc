@@ -207,6 +207,14 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
       return absl::NotFoundError(absl::StrCat("program ", exec.program_id(),
                                               " is not loaded on this worker"));
     }
+    // Each output id is one of the program's outputs (the server routes
+    // them so; the worker does not rely on it).
+    if (exec.output_ids_size() != static_cast<int>(program->outputs.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program '", program->name, "' has ",
+                       program->outputs.size(), " outputs, but call ",
+                       exec.call_id(), " names ", exec.output_ids_size()));
+    }
     builtin::KernelContext ctx;
     ctx.attrs = &program->attrs;
     ctx.shard = task.shard();

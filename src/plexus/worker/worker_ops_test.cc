@@ -273,5 +273,39 @@ TEST(WorkerOpsTest, DeclarationsItCannotHoldFailTheirShards) {
       << invalid.status();
 }
 
+// A call naming more output ids than its program has outputs read past the
+// outputs it made (heap overflow; found by data_plane_fuzz under ASan).
+TEST(WorkerOpsTest, CallWithMoreOutputIdsThanItsProgramHasFails) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t program = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t first = program + 1, second = program + 2;
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* load = msg.add_ops()->mutable_load();
+  load->set_program_id(program);
+  load->mutable_program()->set_name("ones");
+  load->mutable_program()->set_kernel("fill");
+  ArgSpec out{{DType::kF32, {4}}, Sharding::Replicated()};
+  *load->mutable_program()->add_outputs() = ToProto(out);
+  auto* exec = msg.add_ops()->mutable_execute();
+  exec->set_call_id(9);
+  exec->set_program_id(program);
+  exec->set_num_shards(1);
+  exec->set_client_id(1);
+  exec->add_output_ids(first);
+  exec->add_output_ids(second);  // the program has one output
+  exec->add_tasks()->set_device(0);
+  worker->ApplyOps(msg);
+
+  for (uint64_t id : {first, second}) {
+    auto result = worker->AwaitReady({id, 0});
+    ASSERT_FALSE(result.ok());
+    EXPECT_NE(
+        result.status().message().find("has 1 outputs, but call 9 names 2"),
+        std::string::npos)
+        << result.status();
+  }
+}
+
 }  // namespace
 }  // namespace plexus
