@@ -307,5 +307,36 @@ TEST(WorkerOpsTest, CallWithMoreOutputIdsThanItsProgramHasFails) {
   }
 }
 
+// A task for a device this worker lacks was skipped with a log line: its
+// outputs stayed pending, and a fetch of them waited for good.
+TEST(WorkerOpsTest, TaskOnADeviceTheWorkerLacksFailsItsOutputs) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t program = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t output = program + 1;
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* load = msg.add_ops()->mutable_load();
+  load->set_program_id(program);
+  load->mutable_program()->set_name("ones");
+  load->mutable_program()->set_kernel("fill");
+  *load->mutable_program()->add_outputs() =
+      ToProto(ArgSpec{{DType::kF32, {4}}, Sharding::Replicated()});
+  auto* exec = msg.add_ops()->mutable_execute();
+  exec->set_call_id(3);
+  exec->set_program_id(program);
+  exec->set_num_shards(1);
+  exec->set_client_id(1);
+  exec->add_output_ids(output);
+  exec->add_tasks()->set_device(5);  // the worker has device 0 only
+  worker->ApplyOps(msg);
+
+  auto result = worker->AwaitReady({output, 0});
+  ASSERT_FALSE(result.ok());
+  EXPECT_NE(result.status().message().find(
+                "call 3 names device 5 but this worker has 1"),
+            std::string::npos)
+      << result.status();
+}
+
 }  // namespace
 }  // namespace plexus
