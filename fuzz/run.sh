@@ -21,7 +21,14 @@ fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:handle_abort=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 mkdir -p "$work"
-printf 'target\tseconds\texecutions\texec_per_s\tcorpus\tresult\n' >"$work/summary.tsv"
+# One row per target: a rerun of some targets replaces their rows only.
+if [ -f "$work/summary.tsv" ]; then
+  awk -F'\t' -v run=" ${targets[*]} " 'NR == 1 || index(run, " " $1 " ") == 0' \
+    "$work/summary.tsv" >"$work/summary.tsv.new"
+  mv "$work/summary.tsv.new" "$work/summary.tsv"
+else
+  printf 'target\tseconds\texecutions\texec_per_s\tcorpus\tresult\n' >"$work/summary.tsv"
+fi
 failed=0
 for t in "${targets[@]}"; do
   dir=$work/$t
