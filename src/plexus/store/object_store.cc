@@ -404,8 +404,14 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
 }
 
 std::vector<ObjectStore::ReadyCallback> ObjectStore::FailLocked(
-    const BufferKey& key, Entry& e, const absl::Status& status) {
+    const BufferKey& key, Entry& e, const absl::Status& given) {
   if (e.state != Entry::State::kPending) return {};
+  // A failure is never OK (a StatusOr cannot hold one, and readers would
+  // take it for data): an OK reason reads as UNKNOWN, naming the shard.
+  const absl::Status status =
+      given.ok() ? absl::UnknownError(
+                       absl::StrCat(KeyString(key), " failed without a reason"))
+                 : given;
   if (e.receiving) {
     // Bytes admitted for data that will not arrive.
     used_[e.device] -= e.charged;
@@ -420,13 +426,15 @@ std::vector<ObjectStore::ReadyCallback> ObjectStore::FailLocked(
 
 void ObjectStore::Fail(const BufferKey& key, const absl::Status& status) {
   std::vector<ReadyCallback> callbacks;
+  absl::Status reason;
   {
     absl::MutexLock lock(&mu_);
     Entry& e = GetOrCreateLocked(key);
     callbacks = FailLocked(key, e, status);
+    reason = e.status;
     MaybeRemoveLocked(key);
   }
-  RunCallbacks(std::move(callbacks), status);
+  if (!callbacks.empty()) RunCallbacks(std::move(callbacks), reason);
 }
 
 void ObjectStore::FailFromSource(int64_t worker_id,

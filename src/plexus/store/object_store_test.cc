@@ -319,5 +319,16 @@ TEST(ObjectStoreTest, APutOfAClientThatLeftFailsItsReaders) {
   EXPECT_EQ(store.Stats().live_shards, 0);
 }
 
+TEST(ObjectStoreTest, AFailureWithAnOkReasonStillFails) {
+  ObjectStore store(TwoDevices(1 << 20));
+  BufferKey key{33, 0};
+  store.Declare(key, 0, {DType::kF32, {1}}, true);
+  absl::Status seen;
+  store.OnReady(key, [&](auto r) { seen = r.status(); });
+  store.Fail(key, absl::OkStatus());  // aborted the process before
+  EXPECT_EQ(seen.code(), absl::StatusCode::kUnknown);
+  EXPECT_EQ(store.AwaitReady(key).status().code(), absl::StatusCode::kUnknown);
+}
+
 }  // namespace
 }  // namespace plexus
