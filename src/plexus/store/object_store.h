@@ -3,15 +3,17 @@
 //
 // Entry states:
 //
-//   (created by Declare/Expect/Deliver) --> pending --Fulfil--> ready
-//                                              \------Fail----> failed
+//   (Declare / OnReady) --> pending --Fulfil / FulfilIncoming--> ready
+//                             |   \--------------Fail-----------> failed
+//                             \--AdmitIncoming--> pending, receiving
+//                                                 (bytes charged)
 //
 // An entry is removed once (a) it was declared (by a call output, a put, an
 // Expect), (b) it was held at least once (owned by a client, or read by a
 // queued consumer), (c) its owner released it and no queued reader holds it
-// any more, and (d) it is no longer pending. Entries may be touched in any
-// order: data can arrive before its declaration, and a temporary declared
-// before its reader is queued is not dropped in between.
+// any more, and (d) it is no longer pending. A temporary declared before
+// its reader is queued is not dropped in between; a reader queued for an
+// entry that is gone is refused (AddReader), never given a new one.
 //
 // Data from another process (a client's PUT, a peer's PUSH) is admitted
 // only for a key that was declared to take it, and only in the declared
