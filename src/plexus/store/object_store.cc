@@ -64,6 +64,9 @@ void ObjectStore::Declare(const BufferKey& key, int device,
     e.spec = spec;
     e.arrival = arrival;
     e.expected_bytes = spec.byte_size();
+    // An entry made before its declaration (OnReady, Fail) was not new to
+    // GetOrCreateLocked: its waiters for the declaration learn of it here.
+    if (unknown_waiters_ > 0) created_.SignalAll();
     if (source_worker >= 0) e.source_worker = source_worker;
     if (e.state == Entry::State::kReady && e.data &&
         static_cast<int64_t>(e.data->size()) != e.expected_bytes) {

@@ -330,5 +330,17 @@ TEST(ObjectStoreTest, AFailureWithAnOkReasonStillFails) {
   EXPECT_EQ(store.AwaitReady(key).status().code(), absl::StatusCode::kUnknown);
 }
 
+TEST(ObjectStoreTest, ADeclarationWakesAPutWaitingOnAnEntryMadeBeforeIt) {
+  FakeClockStore f(1 << 20);
+  BufferKey key{34, 0};
+  f.store->OnReady(key, [](auto) {});  // makes the entry, undeclared
+  absl::Status admitted;
+  std::thread sender([&] { admitted = f.store->AdmitIncoming(key, 16, true); });
+  f.clock.AwaitWaiters(1);
+  f.store->Declare(key, 0, {DType::kF32, {4}}, true, kClient);
+  sender.join();  // waited for the fake clock's deadline before the fix
+  EXPECT_TRUE(admitted.ok()) << admitted;
+}
+
 }  // namespace
 }  // namespace plexus
