@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -26,6 +27,28 @@ using internal::FrameHeader;
 using internal::FrameSocket;
 using internal::FrameType;
 using internal::UniqueFd;
+
+// What a frame from a data-plane client asks for; none for the frames only
+// a server sends (ACK, DATA, ERROR).
+std::optional<DataPlaneRequest> RequestOf(FrameType type) {
+  switch (type) {
+    case FrameType::kPush:
+      return DataPlaneRequest::kPush;
+    case FrameType::kPushError:
+      return DataPlaneRequest::kPushError;
+    case FrameType::kPut:
+      return DataPlaneRequest::kPut;
+    case FrameType::kFetch:
+      return DataPlaneRequest::kFetch;
+    case FrameType::kWait:
+      return DataPlaneRequest::kWait;
+    case FrameType::kAck:
+    case FrameType::kData:
+    case FrameType::kError:
+      break;
+  }
+  return std::nullopt;
+}
 
 std::string KeyString(const ShardKey& key) {
   return absl::StrCat("buffer ", key.buffer_id, " shard ", key.shard);
@@ -224,72 +247,47 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
 
 absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
                                              const FrameHeader& header) {
-  DataPlaneRequest request;
-  switch (header.frame_type()) {
-    case FrameType::kPush:
-      request = DataPlaneRequest::kPush;
-      break;
-    case FrameType::kPushError:
-      request = DataPlaneRequest::kPushError;
-      break;
-    case FrameType::kPut:
-      request = DataPlaneRequest::kPut;
-      break;
-    case FrameType::kFetch:
-      request = DataPlaneRequest::kFetch;
-      break;
-    case FrameType::kWait:
-      request = DataPlaneRequest::kWait;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected ", FrameTypeName(header.frame_type()),
-                       " frame from a data-plane client"));
+  std::optional<DataPlaneRequest> request = RequestOf(header.frame_type());
+  if (!request.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected ", FrameTypeName(header.frame_type()),
+                     " frame from a data-plane client"));
   }
   DataPlaneCredential credential;
   std::copy(std::begin(header.credential), std::end(header.credential),
             credential.begin());
-  if (absl::Status allowed =
-          handler_->Authorize(request, header.key(), credential);
-      !allowed.ok()) {
+  absl::Status allowed =
+      handler_->Authorize(*request, header.key(), credential);
+  if (!allowed.ok()) {
     // Refused before anything is done for it; the stream stays in step.
     SPDLOG_WARN("data plane: {} of {} from {} refused: {}",
                 FrameTypeName(header.frame_type()), KeyString(header.key()),
                 socket.peer(), allowed.ToString());
-    switch (request) {
-      case DataPlaneRequest::kPush:
-        return socket.SkipShard(header);
-      case DataPlaneRequest::kPushError:
-        return socket.ReadMessage(header).status();
-      case DataPlaneRequest::kPut:
-        if (absl::Status s = socket.SkipShard(header); !s.ok()) return s;
-        [[fallthrough]];
-      case DataPlaneRequest::kFetch:
-      case DataPlaneRequest::kWait:
-        return socket.SendError(FrameType::kError, header.key(), allowed);
-    }
   }
-  switch (header.frame_type()) {
-    case FrameType::kPush:
-    case FrameType::kPut:
+  switch (*request) {
+    case DataPlaneRequest::kPush:
+      if (!allowed.ok()) return socket.SkipShard(header);
       return ServeShard(socket, header);
-    case FrameType::kPushError: {
+    case DataPlaneRequest::kPut:
+      if (!allowed.ok()) {
+        if (absl::Status s = socket.SkipShard(header); !s.ok()) return s;
+        return socket.SendError(FrameType::kError, header.key(), allowed);
+      }
+      return ServeShard(socket, header);
+    case DataPlaneRequest::kPushError: {
       absl::Status error = socket.ReadErrorStatus(header);  // code intact
       if (socket.broken()) return error;
-      handler_->DeliverError(header.key(), error);
+      if (allowed.ok()) handler_->DeliverError(header.key(), error);
       return absl::OkStatus();
     }
-    case FrameType::kFetch:
-    case FrameType::kWait:
+    case DataPlaneRequest::kFetch:
+    case DataPlaneRequest::kWait:
+      if (!allowed.ok()) {
+        return socket.SendError(FrameType::kError, header.key(), allowed);
+      }
       return ServeFetchOrWait(socket, header);
-    case FrameType::kAck:
-    case FrameType::kData:
-    case FrameType::kError:
-      break;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unexpected ", FrameTypeName(header.frame_type()),
-                   " frame from a data-plane client"));
+  return absl::InternalError("unreachable");
 }
 
 absl::Status DataPlaneServerImpl::ServeShard(FrameSocket& socket,
