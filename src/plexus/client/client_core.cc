@@ -258,10 +258,7 @@ ClientCore::Checkout(const proto::SliceDevice& device) {
   absl::MutexLock lock(&mu_);
   // Checked under the lock that the reader takes to wake connections: a
   // worker reported down meanwhile, or a close, is seen here or wakes this.
-  if (closed_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("client ", client_id_, " is closed"));
-  }
+  if (absl::Status open = CheckOpen(); !open.ok()) return open;
   if (auto down = workers_down_.find(worker); down != workers_down_.end()) {
     return down->second;
   }
