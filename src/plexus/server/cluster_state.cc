@@ -46,11 +46,13 @@ std::set<uint64_t> ClusterState::MarkWorkerDown(int64_t id,
   return clients;
 }
 
-ClientRecord& ClusterState::AddClient(const std::string& name) {
+ClientRecord& ClusterState::AddClient(const std::string& name,
+                                      const std::string& tenant) {
   uint64_t id = next_client_id_++;
   ClientRecord& c = clients_[id];
   c.id = id;
   c.name = name;
+  c.tenant = tenant;
   return c;
 }
 

@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
+#include "plexus/server/tenants.h"
 
 namespace plexus {
 
@@ -60,6 +61,8 @@ struct ProgramRecord {
 struct ClientRecord {
   uint64_t id = 0;
   std::string name;
+  // The tenant it authenticated as (server/tenants.h): its share and quotas.
+  std::string tenant = kDefaultTenant;
   proto::ClientStats stats;
   std::set<uint64_t> slices;
   absl::flat_hash_map<uint64_t, ProgramRecord> programs;
@@ -79,7 +82,8 @@ class ClusterState {
   std::set<uint64_t> MarkWorkerDown(int64_t id, const std::string& reason);
 
   // --- clients
-  ClientRecord& AddClient(const std::string& name);
+  ClientRecord& AddClient(const std::string& name,
+                          const std::string& tenant = kDefaultTenant);
   ClientRecord* FindClient(uint64_t id);
   // Forgets the client and its slices; returns the workers that held any.
   std::set<int64_t> RemoveClient(uint64_t id);
