@@ -9,6 +9,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -73,6 +74,13 @@ using WorkerOps = std::map<int64_t, std::vector<proto::WorkerOp>>;
 
 class ClusterState {
  public:
+  // --- tenants: the operator's shares and quotas (server/tenants.h)
+  void SetTenants(TenantTable tenants) { tenants_ = std::move(tenants); }
+  const TenantTable& tenants() const { return tenants_; }
+  const TenantPolicy& PolicyOf(const ClientRecord& client) const {
+    return tenants_.For(client.tenant);
+  }
+
   // --- workers
   WorkerRecord& AddWorker(const proto::RegisterWorker& info, absl::Time now);
   WorkerRecord* FindWorker(int64_t id);
@@ -133,6 +141,7 @@ class ClusterState {
   // -1 when it goes.
   void AddLoad(const std::vector<DeviceRef>& devices, int delta);
 
+  TenantTable tenants_;
   std::map<int64_t, WorkerRecord> workers_;
   std::map<uint64_t, ClientRecord> clients_;
   std::map<uint64_t, SliceRecord> slices_;
