@@ -8,14 +8,14 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 
 namespace plexus {
-namespace {
 
-const char* RoleName(CredentialRole role) {
+const char* CredentialRoleName(CredentialRole role) {
   switch (role) {
     case CredentialRole::kClient:
       return "client";
@@ -23,11 +23,59 @@ const char* RoleName(CredentialRole role) {
       return "worker";
     case CredentialRole::kAdmin:
       return "admin";
+    case CredentialRole::kTenant:
+      return "tenant";
   }
   return "?";
 }
 
-}  // namespace
+Proof ProofOf(const Credential& credential, absl::string_view message) {
+  uint8_t mac[EVP_MAX_MD_SIZE];
+  unsigned int mac_size = 0;
+  HMAC(EVP_sha256(), credential.data(), static_cast<int>(credential.size()),
+       reinterpret_cast<const uint8_t*>(message.data()), message.size(), mac,
+       &mac_size);
+  Proof proof;
+  std::copy(mac, mac + kProofSize, proof.begin());
+  return proof;
+}
+
+absl::Status CheckTenantName(absl::string_view name) {
+  if (name.empty() || name.size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a tenant name is 1 to 64 characters, not ", name.size()));
+  }
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' &&
+        c != '_' && c != '-') {
+      return absl::InvalidArgumentError(
+          "a tenant name is letters, digits, '.', '_' and '-' only");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string TenantTokenHex(const Credential& credential) {
+  return absl::BytesToHexString(absl::string_view(
+      reinterpret_cast<const char*>(credential.data()), credential.size()));
+}
+
+absl::StatusOr<Credential> TenantTokenFromHex(absl::string_view hex) {
+  hex = absl::StripAsciiWhitespace(hex);
+  bool digits = hex.size() == 2 * kCredentialSize;
+  for (char c : hex) {
+    digits = digits && absl::ascii_isxdigit(static_cast<unsigned char>(c));
+  }
+  if (!digits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a tenant token is ", 2 * kCredentialSize,
+                     " hex digits (what `plexus token` prints)"));
+  }
+  const std::string bytes = absl::HexStringToBytes(hex);
+  Credential credential;
+  std::copy(bytes.begin(), bytes.end(), credential.begin());
+  return credential;
+}
 
 absl::StatusOr<ClusterSecret> ClusterSecret::Generate() {
   ClusterSecret secret;
@@ -96,7 +144,13 @@ std::string ClusterSecret::ToHex() const {
 }
 
 Credential ClusterSecret::Derive(CredentialRole role, uint64_t id) const {
-  const std::string message = absl::StrCat("plexus/", RoleName(role), "/", id);
+  return Derive(role, absl::StrCat(id));
+}
+
+Credential ClusterSecret::Derive(CredentialRole role,
+                                 absl::string_view id) const {
+  const std::string message =
+      absl::StrCat("plexus/", CredentialRoleName(role), "/", id);
   uint8_t mac[EVP_MAX_MD_SIZE];
   unsigned int mac_size = 0;
   HMAC(EVP_sha256(), bytes_.data(), static_cast<int>(bytes_.size()),
@@ -108,6 +162,11 @@ Credential ClusterSecret::Derive(CredentialRole role, uint64_t id) const {
 }
 
 bool ClusterSecret::Verify(CredentialRole role, uint64_t id,
+                           const uint8_t* credential, size_t size) const {
+  return Verify(role, absl::StrCat(id), credential, size);
+}
+
+bool ClusterSecret::Verify(CredentialRole role, absl::string_view id,
                            const uint8_t* credential, size_t size) const {
   if (credential == nullptr || size != kCredentialSize) return false;
   const Credential want = Derive(role, id);
