@@ -20,6 +20,22 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# A single-node Slurm for tests/test_deploy_slurm.py (deploy/slurm): the
+# daemons, srun/sbatch and munge, without their recommends (8 packages,
+# ~13 MB installed; with them 42 packages, ~44 MB: HDF5, ROCm SMI, IPMI
+# and database plugins nothing here uses). The test starts munged,
+# slurmctld and slurmd itself, with configuration in a folder of its own.
+SLURM_PKGS=(slurmd slurmctld slurm-client munge)
+missing=()
+for p in "${SLURM_PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] apt-get install --no-install-recommends ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
 PY=${PYTHON:-python3}
 # numpy>=1.26: the buffer protocol and dtype behaviour the binding relies on.
 # pybind11>=2.11: py::array and GIL release helpers used by the binding.
@@ -40,5 +56,18 @@ XLA_PKGS=("jax==0.10.2" "jaxlib==0.10.2" "xla-cpu-pjrt==0.0.1")
 if ! $PY -c "import jax, xla_plugins.xla_cpu_pjrt; assert jax.__version__ == '0.10.2'" 2>/dev/null; then
   echo "[setup] pip install ${XLA_PKGS[*]}"
   $PY -m pip install -q --disable-pip-version-check "${XLA_PKGS[@]}"
+fi
+# The launchers' tests (docs/DEPLOY.md), pinned so that what they check
+# does not move under them:
+# - kubernetes-validate 1.37.0: the Kubernetes JSON schemas (1.37 and
+#   older) offline; tests/test_deploy_kubernetes.py validates
+#   deploy/kubernetes/ against them (strict: unknown fields are errors).
+# - ray 2.60.0: plexus.ray starts a cluster on resources Ray reserved;
+#   tests/test_ray.py runs it on a local Ray (under CI=true it fails, not
+#   skips, without Ray). The plain `ray` wheel (core only, no dashboard).
+DEPLOY_PKGS=("kubernetes-validate==1.37.0" "ray==2.60.0")
+if ! $PY -c "import importlib.metadata as m; assert m.version('kubernetes-validate') == '1.37.0' and m.version('ray') == '2.60.0'" 2>/dev/null; then
+  echo "[setup] pip install ${DEPLOY_PKGS[*]}"
+  $PY -m pip install -q --disable-pip-version-check "${DEPLOY_PKGS[@]}"
 fi
 echo "[setup] dependencies present"
