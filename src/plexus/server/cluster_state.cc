@@ -72,6 +72,11 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
     slices_.erase(it);
   }
   clients_.erase(id);
+  // Its waiting slice requests go unanswered: nobody is left to answer.
+  pending_slices_.erase(
+      std::remove_if(pending_slices_.begin(), pending_slices_.end(),
+                     [id](const PendingSlice& p) { return p.client_id == id; }),
+      pending_slices_.end());
   // Every live worker: they may hold the client's buffers from slices it
   // already released, and its programs (which they unload).
   for (auto& [wid, w] : workers_) {
@@ -81,171 +86,6 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
     }
   }
   return touched;
-}
-
-namespace {
-// The worker's devices, least loaded first (ties by index).
-std::vector<int> LeastLoaded(const WorkerRecord& w) {
-  std::vector<int> order(w.info.devices_size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    return w.device_load[a] < w.device_load[b];
-  });
-  return order;
-}
-}  // namespace
-
-absl::StatusOr<proto::SliceInfo> ClusterState::CreateSlice(
-    uint64_t client_id, const proto::SliceRequest& req) {
-  ClientRecord* client = FindClient(client_id);
-  if (client == nullptr) return absl::NotFoundError("unknown client");
-  const int n = req.num_devices();
-  if (n <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a slice needs at least 1 device, asked for ", n));
-  }
-  std::vector<int32_t> mesh(req.mesh_shape().begin(), req.mesh_shape().end());
-  if (mesh.empty()) mesh = {n};
-  int64_t mesh_size = 1;
-  for (int32_t m : mesh) {
-    if (m <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mesh shape [", absl::StrJoin(mesh, ", "),
-                       "] has a dimension of ", m, "; each must be positive"));
-    }
-    // Past n it can only be a mismatch; stopping there keeps it in range.
-    if (mesh_size <= n) mesh_size *= m;
-  }
-  if (mesh_size != n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mesh shape [", absl::StrJoin(mesh, ", "), "] holds ",
-        mesh_size > n ? "more than " : "", mesh_size > n ? n : mesh_size,
-        " devices, but the slice has ", n));
-  }
-  std::vector<std::string> axes(req.axis_names().begin(),
-                                req.axis_names().end());
-  if (axes.empty()) {
-    for (size_t i = 0; i < mesh.size(); ++i) {
-      axes.push_back(mesh.size() == 1 ? "devices" : absl::StrCat("axis", i));
-    }
-  }
-  if (axes.size() != mesh.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        axes.size(), " axis names for a mesh of rank ", mesh.size()));
-  }
-
-  std::vector<WorkerRecord*> alive;
-  int total = 0;
-  for (auto& [id, w] : workers_) {
-    if (w.alive) {
-      alive.push_back(&w);
-      total += w.info.devices_size();
-    }
-  }
-  if (total < n) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "asked for a slice of ", n, " devices, but the cluster has ", total,
-        " live devices on ", alive.size(), " hosts"));
-  }
-  // Least-loaded hosts first; ties keep registration order.
-  std::stable_sort(alive.begin(), alive.end(),
-                   [](const WorkerRecord* a, const WorkerRecord* b) {
-                     return a->slices_mapped < b->slices_mapped;
-                   });
-  std::vector<DeviceRef> chosen;
-  if (req.placement() == proto::PLACEMENT_ONE_HOST) {
-    for (WorkerRecord* w : alive) {
-      if (w->info.devices_size() >= n) {
-        for (int d : LeastLoaded(*w)) {
-          if (static_cast<int>(chosen.size()) < n) chosen.push_back({w->id, d});
-        }
-        std::sort(chosen.begin(), chosen.end(),
-                  [](const DeviceRef& a, const DeviceRef& b) {
-                    return a.device < b.device;
-                  });
-        break;
-      }
-    }
-    if (chosen.empty()) {
-      int largest = 0;
-      for (WorkerRecord* w : alive) {
-        largest = std::max(largest, w->info.devices_size());
-      }
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "no host has ", n,
-          " devices for a one-host slice (largest: ", largest, ")"));
-    }
-  } else {
-    // Spread (and the default): deal devices to hosts round robin, so a
-    // slice of H devices on H hosts has one per host.
-    std::vector<int> next(alive.size(), 0);
-    std::vector<std::vector<int>> order;
-    for (WorkerRecord* w : alive) order.push_back(LeastLoaded(*w));
-    while (static_cast<int>(chosen.size()) < n) {
-      for (size_t h = 0;
-           h < alive.size() && static_cast<int>(chosen.size()) < n; ++h) {
-        if (next[h] < alive[h]->info.devices_size()) {
-          chosen.push_back({alive[h]->id, order[h][next[h]++]});
-        }
-      }
-    }
-    // Shards are ordered host by host, so neighbours share a host.
-    std::stable_sort(
-        chosen.begin(), chosen.end(),
-        [](const DeviceRef& a, const DeviceRef& b) {
-          return a.worker_id < b.worker_id ||
-                 (a.worker_id == b.worker_id && a.device < b.device);
-        });
-  }
-  SliceRecord& slice = slices_[next_slice_id_];
-  slice.id = next_slice_id_++;
-  slice.client_id = client_id;
-  slice.devices = chosen;
-  slice.mesh_shape = mesh;
-  slice.axis_names = axes;
-  AddLoad(chosen, +1);
-  client->slices.insert(slice.id);
-  return DescribeSlice(slice);
-}
-
-proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
-  proto::SliceInfo info;
-  info.set_slice_id(slice.id);
-  for (int32_t m : slice.mesh_shape) info.add_mesh_shape(m);
-  for (const auto& a : slice.axis_names) info.add_axis_names(a);
-  for (const DeviceRef& d : slice.devices) {
-    const WorkerRecord& w = workers_.at(d.worker_id);
-    auto* sd = info.add_devices();
-    sd->set_worker_id(d.worker_id);
-    sd->set_device(d.device);
-    sd->set_host_name(w.info.host_name());
-    sd->set_machine_id(w.info.machine_id());
-    sd->set_data_address(w.info.data_address());
-    sd->set_unix_path(w.info.unix_path());
-    sd->set_memory_bytes(w.info.devices(d.device).memory_bytes());
-  }
-  return info;
-}
-
-void ClusterState::AddLoad(const std::vector<DeviceRef>& devices, int delta) {
-  std::set<int64_t> hosts;
-  for (const DeviceRef& d : devices) {
-    hosts.insert(d.worker_id);
-    workers_[d.worker_id].device_load[d.device] += delta;
-  }
-  for (int64_t h : hosts) workers_[h].slices_mapped += delta;
-}
-
-absl::Status ClusterState::ReleaseSlice(uint64_t client_id, uint64_t slice_id) {
-  auto it = slices_.find(slice_id);
-  if (it == slices_.end() || it->second.client_id != client_id) {
-    return absl::NotFoundError(
-        absl::StrCat("slice ", slice_id, " is not held by this client"));
-  }
-  AddLoad(it->second.devices, -1);
-  slices_.erase(it);
-  if (ClientRecord* c = FindClient(client_id)) c->slices.erase(slice_id);
-  return absl::OkStatus();
 }
 
 absl::Status ClusterState::RegisterProgram(uint64_t client_id,

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -50,6 +52,26 @@ struct SliceRecord {
   std::vector<int32_t> mesh_shape;
   std::vector<std::string> axis_names;
   std::string broken;  // non-empty once a worker of the slice died
+};
+
+// A slice request that could not be met when it came. It waits at the
+// server, in arrival order, until it can be met (ServePendingSlices), its
+// deadline passes, or its client leaves.
+struct PendingSlice {
+  uint64_t client_id = 0;
+  proto::SliceRequest request;
+  // The hosts of request.avoid_slices, resolved when it came (a slice
+  // released meanwhile still names the hosts it avoided).
+  std::set<std::string> avoid_hosts;
+  absl::Time since;
+  absl::Time deadline;
+};
+
+// The answer to a slice request: the slice, or why none was granted.
+struct SliceAnswer {
+  uint64_t client_id = 0;
+  uint64_t request_id = 0;
+  absl::StatusOr<proto::SliceInfo> slice;
 };
 
 struct ProgramRecord {
@@ -98,8 +120,30 @@ class ClusterState {
   const std::map<uint64_t, ClientRecord>& clients() const { return clients_; }
 
   // --- slices
+  // Asks for a slice. Returns the answer when there is one now: the slice,
+  // or an error for a request that is invalid (a bad mesh, a host name no
+  // worker ever registered with, an avoided slice the client does not
+  // hold, more devices than its tenant's max_devices) or that cannot be met
+  // now and may not wait (timeout_ms 0: ResourceExhausted saying what it
+  // lacks). Otherwise the request waits until `now` + its timeout_ms and
+  // nullopt is returned: ServePendingSlices answers it later.
+  std::optional<absl::StatusOr<proto::SliceInfo>> RequestSlice(
+      uint64_t client_id, const proto::SliceRequest& req, absl::Time now);
+  // RequestSlice that never waits, whatever the request's timeout_ms.
   absl::StatusOr<proto::SliceInfo> CreateSlice(uint64_t client_id,
                                                const proto::SliceRequest& req);
+  // Answers waiting requests: grants, in arrival order, each that can be
+  // met now, and fails each whose deadline is not after `now`
+  // (DeadlineExceeded, saying what it waited for). Call it whenever
+  // capacity may have appeared (a worker registered, a slice was released,
+  // a client left) and periodically, for the deadlines.
+  std::vector<SliceAnswer> ServePendingSlices(absl::Time now);
+  const std::deque<PendingSlice>& pending_slices() const {
+    return pending_slices_;
+  }
+  // What pending_slices()[i] waits for, in words: what it lacks and how
+  // many requests wait ahead of it.
+  std::string WaitingFor(size_t i) const;
   absl::Status ReleaseSlice(uint64_t client_id, uint64_t slice_id);
   const std::map<uint64_t, SliceRecord>& slices() const { return slices_; }
   proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
@@ -140,11 +184,27 @@ class ClusterState {
   // Placement load of a slice's devices and hosts, +1 when it is mapped and
   // -1 when it goes.
   void AddLoad(const std::vector<DeviceRef>& devices, int delta);
+  // The parts of a slice request that never change while it waits:
+  // InvalidArgument, NotFound or ResourceExhausted if it can never be met
+  // as asked. Fills the hosts of its avoided slices.
+  absl::Status CheckSliceRequest(const ClientRecord& client,
+                                 const proto::SliceRequest& req,
+                                 std::set<std::string>* avoid_hosts) const;
+  // The devices for a checked request now, or ResourceExhausted saying
+  // what it lacks (live devices or hosts, room under max_devices).
+  absl::StatusOr<std::vector<DeviceRef>> PlaceSlice(
+      const ClientRecord& client, const proto::SliceRequest& req,
+      const std::set<std::string>& avoid_hosts) const;
+  // Records a placed slice for the client.
+  proto::SliceInfo GrantSlice(ClientRecord& client,
+                              const proto::SliceRequest& req,
+                              std::vector<DeviceRef> devices);
 
   TenantTable tenants_;
   std::map<int64_t, WorkerRecord> workers_;
   std::map<uint64_t, ClientRecord> clients_;
   std::map<uint64_t, SliceRecord> slices_;
+  std::deque<PendingSlice> pending_slices_;  // in arrival order
   int64_t next_worker_id_ = 1;
   uint64_t next_client_id_ = 1;
   uint64_t next_slice_id_ = 1;
