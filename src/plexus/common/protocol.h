@@ -1,0 +1,32 @@
+// The control-plane protocol version, and the check both ends of a session
+// make at registration. The one place the version is written: a worker
+// (RegisterWorker.protocol_version) and a client
+// (ClientToServer.protocol_version) send it in their first message, the
+// server sends its own back in its first reply, and each side refuses a
+// peer that speaks another one, naming both. Bump it when a message
+// changes meaning in a way an older peer would misread (a field added at
+// the end that an older peer may ignore needs no bump).
+// (The data plane's frames carry their own version: transport/internal/
+// frame_socket.h, kFrameVersion.)
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace plexus {
+
+// 1: the first versioned protocol. A peer built before versioning sends
+// none (reads as 0).
+inline constexpr int32_t kProtocolVersion = 1;
+
+// OK when `theirs` is kProtocolVersion. Otherwise FailedPrecondition naming
+// both versions, from the point of view of `me` ("server", "worker",
+// "client"), which refuses `them`; e.g. "protocol version mismatch: the
+// worker speaks version 2, this server speaks version 1 (run the same
+// Plexus release on every host)".
+absl::Status CheckProtocolVersion(absl::string_view me, absl::string_view them,
+                                  int32_t theirs);
+
+}  // namespace plexus
