@@ -1,0 +1,220 @@
+#include "plexus/server/admission.h"
+
+#include <algorithm>
+
+namespace plexus {
+namespace {
+
+// Weight of a new report in a program's moving average.
+constexpr double kCostSmoothing = 0.2;
+
+}  // namespace
+
+Admission::Admission(Options options) : options_(options) {}
+
+void Admission::AddClient(uint64_t client, double weight,
+                          int32_t max_calls_in_flight) {
+  Client& c = clients_[client];
+  c.view.weight = weight > 0 ? weight : 1;
+  c.view.max_calls_in_flight = std::max(1, max_calls_in_flight);
+  c.pass = virtual_pass_;
+}
+
+int64_t Admission::RemoveClient(uint64_t client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return 0;
+  Unbacklog(client, it->second);
+  const int64_t dropped = static_cast<int64_t>(it->second.pending.size());
+  // Frees the windows now: the workers drop its work on ClientGone.
+  std::vector<uint64_t> tickets;
+  for (const auto& [ticket, f] : in_flight_) {
+    if (f.client == client) tickets.push_back(ticket);
+  }
+  for (uint64_t ticket : tickets) EndEverywhere(ticket);
+  clients_.erase(it);
+  return dropped;
+}
+
+void Admission::AddWorker(int64_t worker, int devices) {
+  windows_[worker].devices = std::max(1, devices);
+}
+
+void Admission::RemoveWorker(int64_t worker) {
+  std::vector<uint64_t> tickets;
+  for (const auto& [ticket, f] : in_flight_) {
+    if (std::find(f.workers.begin(), f.workers.end(), worker) !=
+        f.workers.end()) {
+      tickets.push_back(ticket);
+    }
+  }
+  for (uint64_t ticket : tickets) EndOn(in_flight_.find(ticket), worker);
+  windows_.erase(worker);
+}
+
+void Admission::EndEverywhere(uint64_t ticket) {
+  for (auto it = in_flight_.find(ticket); it != in_flight_.end();
+       it = in_flight_.find(ticket)) {
+    EndOn(it, it->second.workers.back());
+  }
+}
+
+void Admission::Backlog(uint64_t id, Client& c) {
+  // Idleness earns no credit: a client that comes back starts at the pass
+  // the others have reached.
+  c.pass = std::max(c.pass, virtual_pass_);
+  c.arrival = next_arrival_++;
+  order_.emplace(c.pass, c.arrival, id);
+}
+
+void Admission::Unbacklog(uint64_t id, Client& c) {
+  if (!c.pending.empty()) order_.erase({c.pass, c.arrival, id});
+}
+
+void Admission::Enqueue(uint64_t client, AdmissionUnit unit) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;  // it left: nothing of it goes
+  Client& c = it->second;
+  if (c.pending.empty()) Backlog(client, c);
+  if (unit.is_call()) c.view.pending_calls++;
+  c.view.pending_units++;
+  c.pending.push_back(std::move(unit));
+}
+
+double Admission::Estimate(const Client& c, uint64_t program_id) const {
+  auto it = c.cost.find(program_id);
+  return it == c.cost.end() ? static_cast<double>(options_.default_cost_micros)
+                            : it->second;
+}
+
+bool Admission::HasRoom(int64_t worker, double cost) const {
+  auto it = windows_.find(worker);
+  if (it == windows_.end()) return true;  // gone: its ops are dropped
+  const Window& w = it->second;
+  return w.calls < int64_t{options_.min_window_calls} * w.devices ||
+         w.micros + cost <=
+             static_cast<double>(options_.window_micros) * w.devices;
+}
+
+bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
+  std::vector<int64_t> reserved;
+  for (auto entry = order_.begin(); entry != order_.end(); ++entry) {
+    const uint64_t id = std::get<2>(*entry);
+    Client& c = clients_.at(id);
+    AdmissionUnit& unit = c.pending.front();
+    double cost = 0;
+    if (unit.is_call()) {
+      if (c.view.in_flight >= c.view.max_calls_in_flight) continue;
+      cost = Estimate(c, unit.program_id);
+      bool blocked = false;
+      for (int64_t w : unit.exec_workers) {
+        if (std::find(reserved.begin(), reserved.end(), w) != reserved.end() ||
+            !HasRoom(w, cost)) {
+          blocked = true;
+          break;
+        }
+      }
+      if (blocked) {
+        reserved.insert(reserved.end(), unit.exec_workers.begin(),
+                        unit.exec_workers.end());
+        continue;
+      }
+    }
+
+    // Admit it.
+    order_.erase(entry);
+    virtual_pass_ = std::max(virtual_pass_, c.pass);
+    *unit_out = std::move(unit);
+    c.pending.pop_front();
+    c.view.pending_units--;
+    if (unit_out->is_call()) {
+      c.view.pending_calls--;
+      c.view.in_flight++;
+      c.view.admitted++;
+      const uint64_t ticket = next_ticket_++;
+      InFlight& f = in_flight_[ticket];
+      f.client = id;
+      f.program_id = unit_out->program_id;
+      f.cost = cost;
+      for (int64_t w : unit_out->exec_workers) {
+        auto window = windows_.find(w);
+        if (window == windows_.end()) continue;  // gone: never reports
+        window->second.calls++;
+        window->second.micros += cost;
+        f.workers.push_back(w);
+        for (proto::WorkerOp& op : unit_out->ops[w]) {
+          if (op.has_execute()) op.mutable_execute()->set_ticket(ticket);
+        }
+      }
+      if (f.workers.empty()) {
+        in_flight_.erase(ticket);
+        c.view.in_flight--;
+      }
+      c.pass += cost * static_cast<double>(unit_out->exec_workers.size()) /
+                c.view.weight;
+    }
+    if (!c.pending.empty()) {
+      c.arrival = next_arrival_++;
+      order_.emplace(c.pass, c.arrival, id);
+    }
+    *client_out = id;
+    return true;
+  }
+  return false;
+}
+
+void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+                      int64_t worker) {
+  InFlight& f = it->second;
+  auto w = std::find(f.workers.begin(), f.workers.end(), worker);
+  if (w == f.workers.end()) return;
+  f.workers.erase(w);
+  auto window = windows_.find(worker);
+  if (window != windows_.end()) {
+    window->second.calls--;
+    window->second.micros = std::max(0.0, window->second.micros - f.cost);
+  }
+  if (f.workers.empty()) {
+    auto c = clients_.find(f.client);
+    if (c != clients_.end()) c->second.view.in_flight--;
+    in_flight_.erase(it);
+  }
+}
+
+void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
+  const int n = std::min(done.tickets_size(), done.busy_micros_size());
+  for (int i = 0; i < n; ++i) {
+    auto it = in_flight_.find(done.tickets(i));
+    if (it == in_flight_.end()) continue;
+    const int64_t busy = done.busy_micros(i);
+    auto c = clients_.find(it->second.client);
+    if (c != clients_.end() && busy >= 0) {
+      Client& client = c->second;
+      client.view.device_micros += busy;
+      auto [cost, fresh] = client.cost.try_emplace(it->second.program_id, busy);
+      if (!fresh) {
+        cost->second +=
+            kCostSmoothing * (static_cast<double>(busy) - cost->second);
+      }
+    }
+    EndOn(it, worker);
+  }
+}
+
+const Admission::ClientView* Admission::Find(uint64_t client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? nullptr : &it->second.view;
+}
+
+std::pair<int64_t, int64_t> Admission::WorkerLoad(int64_t worker) const {
+  auto it = windows_.find(worker);
+  if (it == windows_.end()) return {0, 0};
+  return {it->second.calls, static_cast<int64_t>(it->second.micros)};
+}
+
+int64_t Admission::CostOf(uint64_t client, uint64_t program_id) const {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return options_.default_cost_micros;
+  return static_cast<int64_t>(Estimate(it->second, program_id));
+}
+
+}  // namespace plexus

@@ -1,0 +1,160 @@
+// Admission: when each client's routed work enters the workers' queues,
+// and how much of it is there at once. The fair-share and quota half of
+// the central scheduler (the gang scheduler keeps the order consistent).
+//
+// Routing turns a client's ops into units (the ops of one call, one put,
+// or a run of releases) under the server's state lock. Admission then
+// decides, under a lock of its own and before anything reaches a worker,
+// which unit goes next:
+//
+//  - One client's units go in the order it sent them.
+//  - Across clients, in weighted fair order (stride scheduling over device
+//    time): each client has a pass; admitting a call adds its estimated
+//    device time divided by the client's weight; among the clients whose
+//    next unit may go, the lowest pass goes first. A client that was idle
+//    starts at the current pass (idleness earns no credit), so a client
+//    that floods gets what the others leave, never their share.
+//  - A call may go when every worker it runs on has room in its window
+//    (device time admitted there and not yet reported done is under
+//    `window_micros` per device, or fewer than `min_window_calls` calls per
+//    device are there) and its client has fewer calls in flight than its
+//    quota. The window keeps each device busy across the round trip of a
+//    completion report while the queue in front of a newcomer stays short;
+//    the backlog waits here, where the fair order is decided.
+//  - A call blocked by a full window reserves the workers it needs: calls
+//    after it in fair order that need any of them wait behind it (a wide
+//    call is never starved by narrow ones); calls on other workers go on,
+//    so one client's stalled or slow island does not stall the others.
+//    A call blocked by its own client's quota reserves nothing.
+//
+// A call's device time is estimated per program from what the workers
+// report (CallsDone: device time per call per worker), as a moving
+// average; until a program has run, `default_cost_micros`.
+//
+// Each admitted call gets a ticket (Execute.ticket) that the workers' reports
+// name; a call is in flight until every worker it runs on has reported it,
+// or has been removed. Units that touch no worker window (puts, releases)
+// go as soon as they reach the head of their client's queue.
+//
+// Pure: no threads, no clock, no I/O; the server holds it under its
+// admission lock; tests drive it directly. Not thread-safe by itself.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "plexus/proto/plexus.pb.h"
+#include "plexus/server/cluster_state.h"
+
+namespace plexus {
+
+// One unit of routed work: the ops of one call (or put, or releases) for
+// every worker involved.
+struct AdmissionUnit {
+  WorkerOps ops;
+  // Set for a call: its program and the workers that run its shards (each
+  // has one Execute op in `ops`).
+  uint64_t program_id = 0;
+  std::vector<int64_t> exec_workers;
+  bool is_call() const { return !exec_workers.empty(); }
+};
+
+class Admission {
+ public:
+  struct Options {
+    // Device time admitted per device and not yet reported done, above
+    // which a worker takes no new call.
+    int64_t window_micros = 1000;
+    // Calls per device that may always be there, whatever their estimate
+    // (a long call, or an unknown program, still goes to an idle device).
+    int min_window_calls = 2;
+    // Estimate for a program that has not run yet.
+    int64_t default_cost_micros = 100;
+  };
+
+  // What admission knows of one client, for status and tests.
+  struct ClientView {
+    double weight = 1;
+    int32_t max_calls_in_flight = 0;
+    int64_t pending_units = 0;
+    int64_t pending_calls = 0;  // waiting here
+    int64_t in_flight = 0;      // admitted, not reported done
+    int64_t admitted = 0;       // calls admitted so far
+    int64_t device_micros = 0;  // reported device time of its calls
+  };
+
+  explicit Admission(Options options);
+  Admission() : Admission(Options{}) {}
+
+  void AddClient(uint64_t client, double weight, int32_t max_calls_in_flight);
+  // Drops the client's waiting units and forgets its calls in flight (the
+  // workers drop them on ClientGone). Returns the units dropped.
+  int64_t RemoveClient(uint64_t client);
+  void AddWorker(int64_t worker, int devices);
+  // Its calls in flight end there (the server has failed them).
+  void RemoveWorker(int64_t worker);
+
+  void Enqueue(uint64_t client, AdmissionUnit unit);
+  // The next unit that may go, in fair order, with its Execute ops
+  // stamped with their ticket. False when none may go now (call again after
+  // Enqueue, Completed, RemoveWorker or RemoveClient).
+  bool Next(uint64_t* client, AdmissionUnit* unit);
+  // Worker `worker` reports calls done. Unknown tickets (a client or worker
+  // removed since) are ignored.
+  void Completed(int64_t worker, const proto::CallsDone& done);
+
+  const ClientView* Find(uint64_t client) const;
+  // The window of `worker` now: calls and estimated device time in flight.
+  std::pair<int64_t, int64_t> WorkerLoad(int64_t worker) const;
+  // The current estimate of one execute of `program_id`.
+  int64_t CostOf(uint64_t client, uint64_t program_id) const;
+
+ private:
+  struct Client {
+    ClientView view;
+    double pass = 0;
+    uint64_t arrival = 0;  // tie-break: first backlogged first
+    std::deque<AdmissionUnit> pending;
+    // Moving average of one execute's device time, per program.
+    absl::flat_hash_map<uint64_t, double> cost;
+  };
+  struct Window {
+    int devices = 1;
+    int64_t calls = 0;
+    double micros = 0;
+  };
+  struct InFlight {
+    uint64_t client = 0;
+    uint64_t program_id = 0;
+    double cost = 0;               // estimate charged on each of `workers`
+    std::vector<int64_t> workers;  // not yet reported done
+  };
+
+  double Estimate(const Client& c, uint64_t program_id) const;
+  bool HasRoom(int64_t worker, double cost) const;
+  void Backlog(uint64_t id, Client& c);
+  void Unbacklog(uint64_t id, Client& c);
+  // One execute of `ticket` on `worker` is over (done or worker gone).
+  // `it->second.workers` holds `worker`.
+  void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+             int64_t worker);
+  void EndEverywhere(uint64_t ticket);
+
+  const Options options_;
+  std::map<uint64_t, Client> clients_;
+  // Clients with waiting units, in fair order: (pass, arrival, id).
+  std::set<std::tuple<double, uint64_t, uint64_t>> order_;
+  std::map<int64_t, Window> windows_;
+  absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // by ticket
+  double virtual_pass_ = 0;
+  uint64_t next_ticket_ = 1;
+  uint64_t next_arrival_ = 1;
+};
+
+}  // namespace plexus

@@ -1,0 +1,285 @@
+#include "plexus/server/admission.h"
+
+#include <deque>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace plexus {
+namespace {
+
+// A call of `program` with one Execute on each of `workers`.
+AdmissionUnit Call(uint64_t program, std::vector<int64_t> workers) {
+  AdmissionUnit unit;
+  unit.program_id = program;
+  unit.exec_workers = workers;
+  for (int64_t w : workers) {
+    proto::WorkerOp op;
+    op.mutable_execute()->set_program_id(program);
+    unit.ops[w].push_back(op);
+  }
+  return unit;
+}
+
+AdmissionUnit Release(int64_t worker) {
+  AdmissionUnit unit;
+  unit.ops[worker].emplace_back().mutable_release()->add_buffer_ids(1);
+  return unit;
+}
+
+struct Admitted {
+  uint64_t client = 0;
+  AdmissionUnit unit;
+};
+
+std::vector<Admitted> Drain(Admission& a) {
+  std::vector<Admitted> out;
+  Admitted next;
+  while (a.Next(&next.client, &next.unit)) out.push_back(std::move(next));
+  return out;
+}
+
+uint64_t TicketOn(const Admitted& a, int64_t worker) {
+  return a.unit.ops.at(worker).back().execute().ticket();
+}
+
+proto::CallsDone Done(uint64_t client, uint64_t ticket, int64_t micros) {
+  proto::CallsDone done;
+  done.add_client_ids(client);
+  done.add_tickets(ticket);
+  done.add_busy_micros(micros);
+  return done;
+}
+
+// A device that runs what was admitted to it, in order, each call taking
+// `micros`, and reports it done: the workers' side of the loop.
+class FakeDevices {
+ public:
+  explicit FakeDevices(Admission* a) : a_(a) {}
+  void Admit(const Admitted& ad) {
+    for (int64_t w : ad.unit.exec_workers) {
+      queue_[w].push_back({ad.client, TicketOn(ad, w)});
+    }
+  }
+  // Finishes the oldest call on `worker`; returns its client.
+  uint64_t FinishOne(int64_t worker, int64_t micros) {
+    auto [client, ticket] = queue_[worker].front();
+    queue_[worker].pop_front();
+    a_->Completed(worker, Done(client, ticket, micros));
+    return client;
+  }
+  size_t queued(int64_t worker) { return queue_[worker].size(); }
+
+ private:
+  Admission* a_;
+  std::map<int64_t, std::deque<std::pair<uint64_t, uint64_t>>> queue_;
+};
+
+TEST(AdmissionTest, DeviceTimeFollowsTheWeightsWhenEveryoneFloods) {
+  Admission a({.window_micros = 1000, .min_window_calls = 2});
+  a.AddWorker(1, 1);
+  const std::map<uint64_t, double> weights = {{1, 1}, {2, 2}, {3, 4}, {4, 8}};
+  for (auto [c, w] : weights) a.AddClient(c, w, 64);
+  FakeDevices devices(&a);
+  std::map<uint64_t, int64_t> busy;
+  const int kCalls = 3000;
+  for (int i = 0; i < kCalls; ++i) {
+    // Every client always has work waiting.
+    for (auto [c, w] : weights) {
+      if (a.Find(c)->pending_calls < 4) a.Enqueue(c, Call(100 + c, {1}));
+    }
+    for (const Admitted& ad : Drain(a)) devices.Admit(ad);
+    ASSERT_GT(devices.queued(1), 0u);
+    busy[devices.FinishOne(1, 330)] += 330;
+  }
+  int64_t total = 0;
+  for (auto [c, b] : busy) total += b;
+  for (auto [c, w] : weights) {
+    const double share = static_cast<double>(busy[c]) / total;
+    EXPECT_NEAR(share, w / 15.0, 0.01) << "client " << c;
+  }
+  // The queue in front of the device stayed within the window: 1000 µs of
+  // 330 µs calls is 3 calls.
+  EXPECT_LE(a.WorkerLoad(1).first, 3);
+}
+
+TEST(AdmissionTest, AClientsOwnUnitsKeepTheirOrder) {
+  Admission a;
+  a.AddWorker(1, 1);
+  a.AddClient(7, 1, 64);
+  a.Enqueue(7, Call(1, {1}));
+  a.Enqueue(7, Release(1));
+  a.Enqueue(7, Call(2, {1}));
+  std::vector<Admitted> out = Drain(a);
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].unit.program_id, 1u);
+  EXPECT_FALSE(out[1].unit.is_call());
+  EXPECT_EQ(out[2].unit.program_id, 2u);
+  EXPECT_NE(TicketOn(out[0], 1), TicketOn(out[2], 1));
+  EXPECT_NE(TicketOn(out[0], 1), 0u);
+}
+
+TEST(AdmissionTest, AFullWindowHoldsCallsUntilTheWorkerReports) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 2,
+               .default_cost_micros = 400});
+  a.AddWorker(1, 1);
+  a.AddClient(1, 1, 64);
+  for (int i = 0; i < 5; ++i) a.Enqueue(1, Call(9, {1}));
+  // Two always fit; a third would make 1200 µs > 1000 µs.
+  std::vector<Admitted> first = Drain(a);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(a.Find(1)->pending_calls, 3);
+  a.Completed(1, Done(1, TicketOn(first[0], 1), 400));
+  EXPECT_EQ(Drain(a).size(), 1u);
+  EXPECT_EQ(a.Find(1)->in_flight, 2);
+  EXPECT_EQ(a.Find(1)->device_micros, 400);
+}
+
+TEST(AdmissionTest, AStalledWorkerStallsOnlyTheCallsThatNeedIt) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 500});
+  a.AddWorker(1, 1);
+  a.AddWorker(2, 1);
+  a.AddClient(1, 8, 64);  // the heavier client: first in fair order
+  a.AddClient(2, 1, 64);
+  // Worker 1 never reports (SIGSTOPped): client 1's calls pile up there.
+  for (int i = 0; i < 10; ++i) a.Enqueue(1, Call(5, {1}));
+  EXPECT_EQ(Drain(a).size(), 2u);
+  // Client 2, on worker 2 only, goes on however long worker 1 stalls.
+  FakeDevices devices(&a);
+  for (int i = 0; i < 100; ++i) {
+    a.Enqueue(2, Call(6, {2}));
+    std::vector<Admitted> out = Drain(a);
+    ASSERT_EQ(out.size(), 1u) << "round " << i;
+    EXPECT_EQ(out[0].client, 2u);
+    devices.Admit(out[0]);
+    devices.FinishOne(2, 500);
+  }
+}
+
+TEST(AdmissionTest, AWideCallBlockedByAWindowReservesItsWorkers) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 600});
+  for (int64_t w : {1, 2, 3}) a.AddWorker(w, 1);
+  a.AddClient(1, 1, 64);
+  a.AddClient(2, 1, 64);
+  a.AddClient(3, 1, 64);
+  // Worker 1 is busy with client 3's call.
+  a.Enqueue(3, Call(30, {1}));
+  std::vector<Admitted> busy = Drain(a);
+  ASSERT_EQ(busy.size(), 1u);
+  // Client 1 asks for workers 1 and 2 (blocked on 1); client 2 for worker
+  // 2 alone and worker 3 alone.
+  a.Enqueue(1, Call(10, {1, 2}));
+  a.Enqueue(2, Call(20, {3}));
+  a.Enqueue(2, Call(21, {2}));
+  std::vector<Admitted> out = Drain(a);
+  // Worker 3 is free and unreserved: client 2's first call goes; its
+  // second needs worker 2, which the wide call waits for.
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].unit.program_id, 20u);
+  a.Completed(1, Done(3, TicketOn(busy[0], 1), 600));
+  out = Drain(a);
+  ASSERT_GE(out.size(), 1u);
+  EXPECT_EQ(out[0].unit.program_id, 10u);
+}
+
+TEST(AdmissionTest, TheCallsInFlightQuotaHoldsOnlyItsClient) {
+  Admission a({.window_micros = 100000});
+  a.AddWorker(1, 1);
+  a.AddClient(1, 1, /*max_calls_in_flight=*/2);
+  a.AddClient(2, 1, 64);
+  for (int i = 0; i < 5; ++i) a.Enqueue(1, Call(1, {1}));
+  for (int i = 0; i < 5; ++i) a.Enqueue(2, Call(2, {1}));
+  std::vector<Admitted> out = Drain(a);
+  int of_one = 0;
+  for (const Admitted& ad : out) of_one += ad.client == 1;
+  EXPECT_EQ(of_one, 2);
+  EXPECT_EQ(out.size(), 7u);
+  EXPECT_EQ(a.Find(1)->pending_calls, 3);
+  for (const Admitted& ad : out) {
+    if (ad.client == 1) {
+      a.Completed(1, Done(1, TicketOn(ad, 1), 10));
+      break;
+    }
+  }
+  out = Drain(a);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].client, 1u);
+}
+
+TEST(AdmissionTest, ALeavingClientFreesItsWindowAndDropsItsQueue) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 1000});
+  a.AddWorker(1, 1);
+  a.AddClient(1, 1, 64);
+  a.AddClient(2, 1, 64);
+  for (int i = 0; i < 3; ++i) a.Enqueue(1, Call(1, {1}));
+  EXPECT_EQ(Drain(a).size(), 1u);
+  a.Enqueue(2, Call(2, {1}));
+  EXPECT_TRUE(Drain(a).empty());
+  EXPECT_EQ(a.RemoveClient(1), 2);
+  EXPECT_EQ(a.Find(1), nullptr);
+  std::vector<Admitted> out = Drain(a);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].client, 2u);
+  // A late report of the gone client's call is ignored.
+  a.Completed(1, Done(1, 1, 1000));
+  EXPECT_EQ(a.WorkerLoad(1).first, 1);
+}
+
+TEST(AdmissionTest, ALostWorkerEndsItsCallsInFlight) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 1000});
+  a.AddWorker(1, 1);
+  a.AddWorker(2, 1);
+  a.AddClient(1, 1, 2);
+  a.Enqueue(1, Call(1, {1, 2}));
+  a.Enqueue(1, Call(1, {1, 2}));
+  a.Enqueue(1, Call(1, {1, 2}));
+  EXPECT_EQ(Drain(a).size(), 1u);
+  a.RemoveWorker(2);
+  // Worker 2's share of the call is over; worker 1 still holds it.
+  EXPECT_EQ(a.Find(1)->in_flight, 1);
+  a.RemoveWorker(1);
+  EXPECT_EQ(a.Find(1)->in_flight, 0);
+  // Calls for gone workers go at once (their ops are dropped).
+  EXPECT_EQ(Drain(a).size(), 2u);
+}
+
+TEST(AdmissionTest, IdlenessEarnsNoCredit) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 500});
+  a.AddWorker(1, 1);
+  a.AddClient(1, 1, 64);
+  a.AddClient(2, 1, 64);
+  FakeDevices devices(&a);
+  // Client 1 runs alone for a long time.
+  for (int i = 0; i < 200; ++i) {
+    a.Enqueue(1, Call(1, {1}));
+    for (const Admitted& ad : Drain(a)) devices.Admit(ad);
+    devices.FinishOne(1, 500);
+  }
+  // Now both flood: they alternate instead of client 2 catching up on the
+  // time it did not use.
+  std::map<uint64_t, int> served;
+  for (int i = 0; i < 100; ++i) {
+    for (uint64_t c : {1, 2}) {
+      if (a.Find(c)->pending_calls < 2) a.Enqueue(c, Call(c, {1}));
+    }
+    for (const Admitted& ad : Drain(a)) devices.Admit(ad);
+    served[devices.FinishOne(1, 500)]++;
+  }
+  EXPECT_NEAR(served[1], 50, 3);
+  EXPECT_NEAR(served[2], 50, 3);
+}
+
+}  // namespace
+}  // namespace plexus
