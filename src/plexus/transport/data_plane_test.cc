@@ -231,6 +231,37 @@ TEST(DataPlaneConnectTest, NeitherCarrierReachableNamesTheTcpAddress) {
       << conn.status();
 }
 
+// A worker in a pod or behind a firewall listens on a port fixed by its
+// flags (plexus-worker --data-host 0.0.0.0:7071).
+TEST(DataPlaneListenTest, AFixedPortIsTheOneBoundAndAPortInUseIsNamed) {
+  MapHandler handler;
+  auto first = DataPlaneServer::Start({}, &handler, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string taken = (*first)->tcp_address();  // 127.0.0.1:<port>
+
+  DataPlaneServerOptions fixed;
+  fixed.tcp_host = taken;
+  auto refused = DataPlaneServer::Start(fixed, &handler, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("bind " + taken), std::string::npos)
+      << refused.status();
+
+  first->reset();  // the port is free again
+  auto second = DataPlaneServer::Start(fixed, &handler, nullptr);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->tcp_address(), taken);
+
+  DataPlaneServerOptions bad;
+  bad.tcp_host = "127.0.0.1:notaport";
+  auto named = DataPlaneServer::Start(bad, &handler, nullptr);
+  ASSERT_FALSE(named.ok());
+  EXPECT_EQ(named.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(named.status().message().find("127.0.0.1:notaport"),
+            std::string::npos)
+      << named.status();
+  handler.Close();
+}
+
 INSTANTIATE_TEST_SUITE_P(Carriers, DataPlaneTest,
                          ::testing::Values(Carrier::kTcp, Carrier::kUnix),
                          [](const auto& info) {

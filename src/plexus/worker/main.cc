@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   app.add_option("--host-name", options.host_name,
                  "name this host reports (default: the machine's)");
   app.add_option("--data-host", options.data_host,
-                 "address the TCP data plane binds");
+                 "address the TCP data plane binds: HOST (a free port) or "
+                 "HOST:PORT (a fixed one, e.g. 0.0.0.0:7071)");
   app.add_flag("--no-shm", no_shm,
                "move every buffer over TCP, even to workers on this machine");
   app.add_flag("--die-with-parent", die_with_parent,

@@ -264,14 +264,27 @@ absl::Status Discard(int fd, size_t n) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<UniqueFd> ListenTcp(const std::string& host,
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& where,
                                    std::string* address) {
+  // "host", "[v6]" or a bare v6 address (more than one colon): any free
+  // port; "host:port" or "[v6]:port": that port.
+  std::string host = where, port = "0";
+  if (where.size() >= 2 && where.front() == '[' && where.back() == ']') {
+    host = where.substr(1, where.size() - 2);
+  } else if (!where.empty() &&
+             (where.front() == '[' ||
+              std::count(where.begin(), where.end(), ':') == 1)) {
+    if (absl::Status s = SplitHostPort(where, &host, &port); !s.ok()) {
+      return s;
+    }
+  }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* result = nullptr;
-  if (int rc = getaddrinfo(host.c_str(), "0", &hints, &result); rc != 0) {
+  if (int rc = getaddrinfo(host.c_str(), port.c_str(), &hints, &result);
+      rc != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data plane: cannot resolve '", host, "': ", gai_strerror(rc)));
   }
@@ -284,8 +297,15 @@ absl::StatusOr<UniqueFd> ListenTcp(const std::string& host,
     }
     sockaddr_storage bound{};
     socklen_t len = sizeof(bound);
+    // A fixed port is taken again at once by a restarted worker, though
+    // connections of the last one linger in TIME_WAIT (Linux still refuses
+    // a second listener).
+    const int one = 1;
+    if (port != "0") {
+      setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    }
     if (bind(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
-      last = IoError(absl::StrCat("bind ", host), errno);
+      last = IoError(absl::StrCat("bind ", where), errno);
     } else if (listen(fd.get(), SOMAXCONN) != 0) {
       last = IoError("listen", errno);
     } else if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound),

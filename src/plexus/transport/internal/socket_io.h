@@ -71,9 +71,10 @@ absl::Status SetRecvTimeout(int fd, absl::Duration timeout);
 // Reads and drops `n` bytes (to stay in step with the peer's framing).
 absl::Status Discard(int fd, size_t n);
 
-// Listens on `host`, an ephemeral port; `*address` becomes "host:port"
-// ("[v6]:port" for IPv6).
-absl::StatusOr<UniqueFd> ListenTcp(const std::string& host,
+// Listens on `where`: "host" (or a bare IPv6 address, or "[v6]") on an
+// ephemeral port, "host:port" or "[v6]:port" on that port. `*address`
+// becomes the bound "host:port" ("[v6]:port" for IPv6).
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& where,
                                    std::string* address);
 // Listens on the abstract unix socket `name` (no file in the filesystem).
 absl::StatusOr<UniqueFd> ListenUnix(const std::string& name);
