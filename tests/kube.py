@@ -1,0 +1,337 @@
+"""Kubernetes manifests, read and run without Kubernetes: each pod of a
+Deployment or StatefulSet becomes a network namespace of a NetnsLab
+(tests/netns.py) running its containers' commands, with the environment,
+arguments and files the manifests give them.
+
+    m = Manifests.load(paths)
+    m.set_secret("plexus-cluster-secret", "cluster-secret", hex)
+    runner = PodRunner(m, lab, tmp_path, namespace="plexus")
+    (server,) = runner.start("Deployment", "plexus-server")
+    server.wait_for_log("listening on", timeout=30)
+    ...
+    runner.wait_all(timeout=15)   # {pod name: exit code}
+
+Kubernetes semantics kept: $(VAR) in command, args and env values is
+expanded from the container's environment ($$ escapes, an undefined
+variable stays as written); `envFrom` first, then `env` in order; the
+downward API's metadata.name, metadata.namespace and status.podIP; a
+Service name, short or fully qualified, resolves to the address of the pod
+it selects; a ConfigMap or Secret volume is a folder of one file per key,
+and its mount path in an argument becomes that folder. Not kept: the
+image's user (the processes run as this test), probes, resources.
+"""
+import base64
+import os
+import re
+import subprocess
+import threading
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from plexus._binaries import bin_dir, default_pjrt_plugin
+
+# Flags the manifests use that work in progress adds to the binaries; until
+# a binary lists one in --help, PodRunner runs without it and says so.
+#   --advertise-host (worker): the address the data plane tells the server;
+#     without it the worker advertises what --data-host binds, so the host
+#     part of --data-host becomes this value (the port stays).
+#   --advertise-address (server): the address clients are told to use.
+#   --tenants (server): the operator's per-tenant policy file.
+PENDING_FLAGS = {"--advertise-host", "--advertise-address", "--tenants"}
+
+# The image's own environment (deploy/docker/Dockerfile's ENV), with this
+# tree's paths; sanitizer settings of the test run pass through.
+_SANITIZER_VARS = ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
+                   "TSAN_OPTIONS")
+
+
+def image_env(home):
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
+           "PYTHONUNBUFFERED": "1",
+           "PLEXUS_PJRT_PLUGIN": default_pjrt_plugin() or ""}
+    env.update({k: os.environ[k] for k in _SANITIZER_VARS if k in os.environ})
+    return env
+
+
+_VAR = re.compile(r"\$(\$|\(([A-Za-z_][A-Za-z0-9_]*)\))")
+
+
+def expand(text, env):
+    """Kubernetes' $(VAR) expansion of command, args and env values."""
+    def one(m):
+        if m.group(1) == "$":
+            return "$"
+        return env.get(m.group(2), m.group(0))
+    return _VAR.sub(one, text)
+
+
+@dataclass
+class Manifests:
+    docs: list
+
+    @classmethod
+    def load(cls, paths):
+        docs = []
+        for p in paths:
+            docs += [d for d in yaml.safe_load_all(Path(p).read_text()) if d]
+        return cls(docs)
+
+    def one(self, kind, name):
+        found = [d for d in self.docs
+                 if d["kind"] == kind and d["metadata"]["name"] == name]
+        assert len(found) == 1, f"{kind}/{name}: {len(found)} in the manifests"
+        return found[0]
+
+    def all(self, kind):
+        return [d for d in self.docs if d["kind"] == kind]
+
+    def config_map(self, name):
+        return dict(self.one("ConfigMap", name).get("data", {}))
+
+    def secret(self, name):
+        s = self.one("Secret", name)
+        data = {k: base64.b64decode(v).decode()
+                for k, v in s.get("data", {}).items()}
+        data.update(s.get("stringData", {}))
+        return data
+
+    def set_secret(self, name, key, value):
+        """What `kubectl create secret generic NAME --from-literal=KEY=...`
+        would hold."""
+        s = self.one("Secret", name)
+        s.setdefault("stringData", {})[key] = value
+        s.get("data", {}).pop(key, None)
+
+
+class Container:
+    """One container's process, its output copied to a log file and
+    watched line by line."""
+
+    def __init__(self, pod, name, cmd, env, log):
+        self.pod, self.name, self.log = pod, name, log
+        self.lines = []
+        self.done = threading.Condition()
+        self.eof = False
+        self.popen = subprocess.Popen(
+            ["ip", "netns", "exec", pod.netns] + cmd, env=env,
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True)
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        with open(self.log, "ab") as out:
+            for line in self.popen.stdout:
+                out.write(line)
+                out.flush()
+                with self.done:
+                    self.lines.append(line.decode(errors="replace"))
+                    self.done.notify_all()
+        with self.done:
+            self.eof = True
+            self.done.notify_all()
+
+    def wait_for_log(self, text, timeout):
+        """Returns the first line holding `text`; raises if the process
+        ends first (its output ended) or `timeout` passes."""
+        deadline = time.monotonic() + timeout
+        with self.done:
+            while True:
+                hit = next((ln for ln in self.lines if text in ln), None)
+                if hit is not None:
+                    return hit
+                left = deadline - time.monotonic()
+                if self.eof or left <= 0:
+                    why = ("its output ended (exit code "
+                           f"{self.popen.poll()})" if self.eof
+                           else f"{timeout} s passed")
+                    raise AssertionError(
+                        f"{self.pod.name}/{self.name}: no line with {text!r}; "
+                        f"{why}. Its log ({self.log}):\n"
+                        + "".join(self.lines)[-3000:])
+                self.done.wait(left)
+
+
+@dataclass
+class Pod:
+    name: str
+    netns: str
+    ip: str
+    labels: dict
+    containers: list = field(default_factory=list)
+
+    def wait_for_log(self, text, timeout):
+        return self.containers[0].wait_for_log(text, timeout)
+
+
+class PodRunner:
+    def __init__(self, manifests, lab, tmp_path, namespace="default"):
+        self.m = manifests
+        self.lab = lab
+        self.tmp = Path(tmp_path)
+        self.namespace = namespace
+        self.pods = []
+        self.notes = []    # what was changed, in words
+        self.dropped = []  # pending flags run without
+        self._flags = {}
+
+    # ------------------------------------------------------------ pods
+    def start(self, kind, name):
+        """Every pod of the Deployment or StatefulSet `name`, started."""
+        w = self.m.one(kind, name)
+        template = w["spec"]["template"]
+        labels = template["metadata"].get("labels", {})
+        pods = []
+        for i in range(w["spec"].get("replicas", 1)):
+            host = self.lab.add_host()
+            pod_name = (f"{name}-{i}" if kind == "StatefulSet"
+                        else f"{name}-{uuid.uuid4().hex[:5]}")
+            pods.append(Pod(pod_name, host.netns, host.address, labels))
+        self.pods += pods
+        for pod in pods:
+            for c in template["spec"]["containers"]:
+                pod.containers.append(self._run(pod, template["spec"], c))
+        return pods
+
+    def _run(self, pod, spec, c):
+        env = self._env(pod, c)
+        cmd = [expand(a, env) for a in c.get("command", [])]
+        args = [expand(a, env) for a in c.get("args", [])]
+        args = [self._resolve_services(a) for a in args]
+        args = self._mount_volumes(pod, spec, c, args)
+        assert cmd, f"{pod.name}/{c['name']}: no command (the image's default)"
+        exe = cmd[0] if "/" in cmd[0] else str(bin_dir() / cmd[0])
+        args = self._pending(exe, cmd[1:] + args, f"{pod.name}/{c['name']}")
+        log = self.tmp / f"{pod.name}.{c['name']}.log"
+        return Container(pod, c["name"], [exe] + args, env, log)
+
+    def _env(self, pod, c):
+        env = image_env(self.tmp)
+        for src in c.get("envFrom", []):
+            prefix = src.get("prefix", "")
+            if "configMapRef" in src:
+                data = self.m.config_map(src["configMapRef"]["name"])
+            else:
+                data = self.m.secret(src["secretRef"]["name"])
+            env.update({prefix + k: v for k, v in data.items()})
+        fields = {"metadata.name": pod.name,
+                  "metadata.namespace": self.namespace,
+                  "status.podIP": pod.ip}
+        for e in c.get("env", []):
+            if "value" in e:
+                env[e["name"]] = expand(e["value"], env)
+                continue
+            src = e["valueFrom"]
+            if "fieldRef" in src:
+                env[e["name"]] = fields[src["fieldRef"]["fieldPath"]]
+            elif "secretKeyRef" in src:
+                ref = src["secretKeyRef"]
+                env[e["name"]] = self.m.secret(ref["name"])[ref["key"]]
+            elif "configMapKeyRef" in src:
+                ref = src["configMapKeyRef"]
+                env[e["name"]] = self.m.config_map(ref["name"])[ref["key"]]
+            else:
+                raise AssertionError(f"{e['name']}: unsupported {src}")
+        return env
+
+    def _resolve_services(self, arg):
+        """Service DNS names (name, name.ns, name.ns.svc[.cluster.local])
+        followed by a port become the address of the pod they select."""
+        for svc in self.m.all("Service"):
+            name = svc["metadata"]["name"]
+            pattern = re.compile(
+                rf"(?<![\w.-]){re.escape(name)}"
+                rf"(\.{re.escape(self.namespace)}(\.svc(\.cluster\.local)?)?)?"
+                r"(?=:\d)")
+            if not pattern.search(arg):
+                continue
+            selector = svc["spec"]["selector"]
+            backends = [p for p in self.pods
+                        if all(p.labels.get(k) == v
+                               for k, v in selector.items())]
+            assert len(backends) == 1, (
+                f"Service {name} in {arg!r}: {len(backends)} pods started "
+                "behind it (start the pods it selects first)")
+            arg = pattern.sub(backends[0].ip, arg)
+        return arg
+
+    def _mount_volumes(self, pod, spec, c, args):
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for mount in c.get("volumeMounts", []):
+            v = volumes[mount["name"]]
+            if "configMap" in v:
+                data = self.m.config_map(v["configMap"]["name"])
+            elif "secret" in v:
+                data = self.m.secret(v["secret"]["secretName"])
+            else:
+                continue  # emptyDir (/dev/shm): the machine's own
+            folder = self.tmp / pod.name / mount["mountPath"].strip("/")
+            folder.mkdir(parents=True, exist_ok=True)
+            for key, value in data.items():
+                (folder / key).write_text(value)
+            args = [a.replace(mount["mountPath"], str(folder)) for a in args]
+        return args
+
+    def _known_flags(self, exe):
+        if exe not in self._flags:
+            out = subprocess.run([exe, "--help"], capture_output=True,
+                                 text=True, timeout=30).stdout
+            self._flags[exe] = set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
+        return self._flags[exe]
+
+    def _pending(self, exe, args, where):
+        known = self._known_flags(exe)
+        out = []
+        for a in args:
+            flag, _, value = a.partition("=")
+            if not flag.startswith("--") or flag in known:
+                out.append(a)
+                continue
+            assert flag in PENDING_FLAGS, (
+                f"{where}: {Path(exe).name} has no flag {flag}")
+            self.dropped.append(flag)
+            note = (f"{where}: {Path(exe).name} of this tree has no {flag} "
+                    "yet: run without it")
+            if flag == "--advertise-host":
+                # Until then a worker advertises the address it binds.
+                i = next(i for i, x in enumerate(out)
+                         if x.startswith("--data-host="))
+                port = out[i].rpartition(":")[2]
+                out[i] = f"--data-host={value}:{port}"
+                note += f", binding --data-host={value}:{port} instead"
+            self.notes.append(note)
+            warnings.warn(note)
+        return out
+
+    # ------------------------------------------------------------ end
+    def wait_all(self, timeout):
+        """Waits for every container to exit; {pod name: exit code}, None
+        for one still running after `timeout` (then killed)."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        for pod in self.pods:
+            for c in pod.containers:
+                try:
+                    codes[pod.name] = c.popen.wait(
+                        timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    codes[pod.name] = None
+        self.kill()
+        return codes
+
+    def logs(self):
+        return "\n".join(f"--- {p.name}/{c.name}\n" + "".join(c.lines)[-2000:]
+                         for p in self.pods for c in p.containers)
+
+    def kill(self):
+        for pod in self.pods:
+            for c in pod.containers:
+                if c.popen.poll() is None:
+                    os.killpg(c.popen.pid, 9)
+                c.popen.wait()
+                c.reader.join(timeout=5)

@@ -1,0 +1,174 @@
+"""deploy/kubernetes/: the manifests validate against the Kubernetes schema,
+and the commands and environment they give each container, run as written
+in network namespaces of their own (one per pod, as on a node), make a
+cluster that runs a job.
+
+What stands in for Kubernetes here (tests/kube.py does each, nothing else):
+- a pod is a network namespace with its own address (tests/netns.py);
+- a container's environment is what its `env` and `envFrom` say (ConfigMap
+  and Secret values, the downward API's pod name, namespace and address),
+  on top of the image's own (PATH, PLEXUS_PJRT_PLUGIN: the source tree's
+  here); $(VAR) in command and args is expanded as Kubernetes does;
+- a Service name (plexus-server, plexus-server.<ns>.svc.cluster.local)
+  resolves to the address of the one pod it selects;
+- a ConfigMap or Secret volume is a folder with one file per key;
+- the image's `plexus-server` and `plexus-worker` are the build's
+  ($PLEXUS_BIN_DIR). The image itself (deploy/docker/Dockerfile) is not
+  built: these machines have no container engine.
+The only change made to a command: a flag the binary of this tree does not
+have yet and that work in progress adds (PENDING_FLAGS) is dropped, with a
+warning naming it.
+"""
+import copy
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+import plexus
+from conftest import ROOT
+from kube import Manifests, PodRunner, PENDING_FLAGS
+from netns import NetnsLab
+from test_netns import bounded, readme_example
+
+DEPLOY = ROOT / "deploy" / "kubernetes"
+FILES = sorted(DEPLOY.glob("*.yaml"))
+KUBERNETES_VERSION = "1.37.0"  # kubernetes-validate 1.37.0's newest schema
+
+
+def validate(paths):
+    """kubernetes-validate --strict over `paths`: (exit code, output)."""
+    exe = shutil.which("kubernetes-validate")
+    cmd = ([exe] if exe else [sys.executable, "-m", "kubernetes_validate"])
+    cmd += ["--strict", "-k", KUBERNETES_VERSION] + [str(p) for p in paths]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_the_manifests_validate_against_the_kubernetes_schema(tmp_path):
+    pytest.importorskip("kubernetes_validate")  # scripts/setup.sh installs it
+    assert FILES, f"no manifests in {DEPLOY}"
+    code, out = validate(FILES)
+    assert code == 0, out
+    kinds = {(d["kind"], d["metadata"]["name"])
+             for d in Manifests.load(FILES).docs}
+    for kind in kinds:
+        assert f"{kind[0].lower()}/{kind[1]} " in out.lower() + " ", out
+    # --strict rejects what Kubernetes would: a misspelt field fails.
+    broken = tmp_path / "broken.yaml"
+    docs = copy.deepcopy(Manifests.load(FILES).docs)
+    for d in docs:
+        if d["kind"] == "StatefulSet":
+            c = d["spec"]["template"]["spec"]["containers"][0]
+            c["comand"] = c.pop("command")
+    broken.write_text(yaml.safe_dump_all(docs))
+    code, out = validate([broken])
+    assert code != 0 and "comand" in out, out
+
+
+def test_the_manifests_say_what_docs_deploy_promises():
+    m = Manifests.load(FILES)
+    server = m.one("Deployment", "plexus-server")
+    workers = m.one("StatefulSet", "plexus-worker")
+    assert m.one("Service", "plexus-server")["spec"]["selector"] == \
+        server["spec"]["template"]["metadata"]["labels"]
+    # One worker per node.
+    terms = workers["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]
+    assert [t["topologyKey"] for t in terms] == ["kubernetes.io/hostname"]
+    for pod in (server, workers):
+        spec = pod["spec"]["template"]["spec"]
+        (c,) = spec["containers"]
+        # The image the Dockerfile builds, named in the pod.
+        dockerfile = pod["spec"]["template"]["metadata"]["annotations"][
+            "plexus.dev/dockerfile"]
+        assert (ROOT / dockerfile).is_file()
+        assert f"-t {c['image']} " in (ROOT / dockerfile).read_text()
+        # The cluster secret comes from the Secret, in the environment.
+        (secret,) = [e for e in c["env"] if e["name"] == "PLEXUS_CLUSTER_SECRET"]
+        ref = secret["valueFrom"]["secretKeyRef"]
+        assert m.one("Secret", ref["name"])["stringData"].get(ref["key"])
+        assert not any("secret" in a.lower() for a in c["args"])
+        # Fixed ports, by flags, the ones the pod declares.
+        for port in c["ports"]:
+            assert any(a.endswith(f":{port['containerPort']}")
+                       for a in c["args"]), (c["args"], port)
+        assert "configMapRef" in c["envFrom"][0]
+
+
+@pytest.fixture
+def lab():
+    lab = NetnsLab.create()
+    yield lab
+    lab.close()
+
+
+@pytest.fixture
+def manifests():
+    return Manifests.load(FILES)
+
+
+@pytest.fixture
+def runner(manifests, lab, tmp_path):
+    runner = PodRunner(manifests, lab, tmp_path, namespace="plexus")
+    yield runner
+    runner.kill()
+
+
+def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
+        manifests, lab, runner):
+    m = manifests
+    # What `kubectl create secret` would hold: a fresh cluster secret.
+    m.set_secret("plexus-cluster-secret", "cluster-secret", lab.secret)
+    server = runner.start("Deployment", "plexus-server")[0]
+    server.wait_for_log("listening on", timeout=30)
+    workers = runner.start("StatefulSet", "plexus-worker")
+    for w in workers:
+        w.wait_for_log("registered as worker", timeout=30)
+    for note in runner.notes:
+        print(note)
+
+    address = f"{server.ip}:7070"
+    st = plexus.status(address)
+    got = {w["host_name"]: w for w in st["workers"] if w["alive"]}
+    want_names = [f"plexus-worker-{i}" for i in range(len(workers))]
+    assert sorted(got) == want_names
+    devices = int(m.one("ConfigMap", "plexus-config")["data"][
+        "PLEXUS_DEVICES_PER_HOST"])
+    for pod in workers:
+        w = got[pod.name]
+        # Advertised: the pod's address, on the fixed port.
+        assert w["data_address"] == f"{pod.ip}:7071", w
+        assert len(w["devices"]) == devices
+
+    client = plexus.connect(address, name="k8s-job")
+    try:
+        y, sharding, z, triple = bounded(lambda: readme_example(client),
+                                         "a job on the Kubernetes cluster")
+    finally:
+        client.close()
+    assert y == 56.0
+    rng = np.random.default_rng(7)
+    big = rng.standard_normal((512, 1024)).astype(np.float32)
+    np.testing.assert_array_equal(z, big)
+    np.testing.assert_array_equal(triple, big * 3)
+
+    # The operator stops the cluster (admin credential: the Secret's); every
+    # container exits with code 0.
+    plexus._core.shutdown_server(address, lab.secret)
+    assert runner.wait_all(timeout=15) == {
+        p.name: 0 for p in [server] + workers}, runner.logs()
+    assert set(runner.dropped) <= PENDING_FLAGS
+
+
+def test_the_placeholder_secret_is_refused(runner):
+    # cluster-secret.yaml applied as it is: the server does not start, and
+    # says why, without showing the value.
+    (server,) = runner.start("Deployment", "plexus-server")
+    line = server.wait_for_log("cannot start", timeout=30)
+    assert server.containers[0].popen.wait(timeout=15) == 1
+    assert "PLEXUS_CLUSTER_SECRET" in line or "hex" in line, line
+    assert "REPLACE-ME" not in "".join(server.containers[0].lines)
