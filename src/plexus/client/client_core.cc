@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
+#include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
 
 namespace plexus {
@@ -34,12 +35,30 @@ absl::Status ClientCore::Init(const std::string& address) {
   stream_ = stub_->ClientSession(&context_);
   proto::ClientToServer hello;
   hello.set_client_name(options_.name);
+  hello.set_protocol_version(kProtocolVersion);
   if (!stream_->Write(hello)) {
     return absl::UnavailableError("the server closed the client session");
   }
   proto::ServerToClient first;
   if (!stream_->Read(&first)) {
-    return absl::UnavailableError("the server refused the client session");
+    // Finish says why: a protocol version mismatch names both versions.
+    const grpc::Status why = stream_->Finish();
+    return absl::Status(
+        why.ok() ? absl::StatusCode::kUnavailable
+                 : static_cast<absl::StatusCode>(why.error_code()),
+        absl::StrCat("the server refused the client session: ",
+                     why.error_message().empty() ? "no reason given"
+                                                 : why.error_message()));
+  }
+  if (absl::Status v =
+          CheckProtocolVersion("client", "server", first.protocol_version());
+      !v.ok()) {
+    context_.TryCancel();
+    proto::ServerToClient rest;
+    while (stream_->Read(&rest)) {
+    }
+    stream_->Finish().IgnoreError();
+    return v;
   }
   client_id_ = first.client_id();
   if (first.credential().size() != credential_.size()) {

@@ -26,6 +26,10 @@ namespace plexus {
 
 struct WorkerRecord {
   int64_t id = 0;
+  // Unique to this registration, and newer than every earlier one (also a
+  // restarted server's predecessor's): the worker's pushes carry it, and
+  // once the worker is declared down its peers refuse it (fencing).
+  uint64_t generation = 0;
   proto::RegisterWorker info;
   bool alive = true;
   std::string down_reason;

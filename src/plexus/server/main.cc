@@ -108,7 +108,8 @@ int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
       return 1;
     }
   }
-  if (ready_fd >= 0 && !WriteAll(ready_fd, server.address() + "\n")) {
+  if (ready_fd >= 0 &&
+      !WriteAll(ready_fd, server.advertised_address() + "\n")) {
     SPDLOG_WARN("could not write the address to --ready-fd {}", ready_fd);
   }
   server.Wait();
@@ -125,11 +126,16 @@ int main(int argc, char** argv) {
   plexus::ServerOptions options;
   plexus::LocalWorkersOptions local;
   bool die_with_parent = false;
-  int heartbeat_timeout_ms = 3000;
+  int heartbeat_timeout_ms = 1000;
   std::string log_level = "info";
   std::string secret_file;
   app.add_option("--listen", options.listen_address,
                  "host:port to listen on (port 0 picks a free port)");
+  app.add_option("--advertise-address", options.advertise_address,
+                 "HOST or HOST:PORT that clients are told and status shows "
+                 "(default: the --listen address; without a port, the port "
+                 "it listens on), e.g. a Service name for a server that "
+                 "listens on 0.0.0.0");
   int ready_fd = -1;
   app.add_option("--ready-fd", ready_fd,
                  "once listening and every local worker has registered, "
@@ -149,7 +155,10 @@ int main(int argc, char** argv) {
       "--no-shm", [&](int64_t) { local.shared_memory = false; },
       "local workers move buffers over TCP, as between hosts");
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
-                 "declare a silent worker down after this long");
+                 "failure deadline: a worker that hangs is declared down "
+                 "within this long of its last heartbeat (workers heartbeat "
+                 "every tenth of it); one whose stream breaks at once")
+      ->check(CLI::Range(10, 3600 * 1000));
   app.add_flag("--die-with-parent", die_with_parent,
                "exit when the parent process dies");
   std::string scheduler = "gang";

@@ -80,6 +80,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     std::vector<int64_t> late;
     {
       absl::MutexLock lock(&mu_);
+      AnswerSlicesLocked();  // slice requests past their deadline fail
       absl::Time now = options_.clock->Now();
       for (auto& [id, w] : state_.workers()) {
         if (w.alive && now - w.last_heartbeat > options_.heartbeat_timeout) {
@@ -145,6 +146,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       scheduler_.Broadcast(PeerOp(w));
       scheduler_.AddWorker(id, std::move(queue));
       worker_contexts_[id] = ctx;
+      AnswerSlicesLocked();  // slice requests that waited for its devices
       SPDLOG_INFO("worker {} registered: host {}, {} device(s), pid {}", id,
                   first.register_().host_name(),
                   first.register_().devices_size(), first.register_().pid());
@@ -215,7 +217,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     std::unique_ptr<OutQueue<proto::ServerToClient>> queue;
     {
       absl::MutexLock lock(&mu_);
-      std::set<int64_t> touched = state_.RemoveClient(id);
+      std::set<int64_t> touched = state_.RemoveClient(id);  // and its waits
       proto::WorkerOp gone;
       gone.mutable_client_gone()->set_client_id(id);
       for (int64_t w : touched) scheduler_.Send(w, gone);
@@ -224,6 +226,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       client_contexts_.erase(id);
       SPDLOG_INFO("client {} disconnected; its slices and buffers are freed",
                   id);
+      AnswerSlicesLocked();
     }
     queue.reset();  // the only owner: stops and joins the writer
     return grpc::Status::OK;
@@ -242,6 +245,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     int calls = 0;
     proto::ServerToClient reply;
     bool last_was_release = false;
+    bool released_slice = false;  // room under max_devices for waiters
     for (const proto::ClientOp& op : msg.ops()) {
       // Releases commute with each other: consecutive ones share a unit, so
       // each worker gets them as one op.
@@ -251,20 +255,23 @@ class ServerImpl : public Server, public proto::Controller::Service {
       WorkerOps& ops = units.back();
       switch (op.op_case()) {
         case proto::ClientOp::kSliceRequest: {
-          auto slice = state_.CreateSlice(id, op.slice_request());
-          proto::SliceReply* r = reply.add_slices();
-          r->set_request_id(op.slice_request().request_id());
-          if (slice.ok()) {
-            *r->mutable_slice() = *slice;
-            SPDLOG_INFO("client {}: slice {} of {} device(s)", id,
-                        slice->slice_id(), slice->devices_size());
+          // One that cannot be met yet waits in state_: its reply comes
+          // later (AnswerSlicesLocked), and the rest of the batch goes on.
+          auto slice = state_.RequestSlice(id, op.slice_request(),
+                                           options_.clock->Now());
+          if (slice.has_value()) {
+            AddSliceReply(id, op.slice_request().request_id(), *slice, &reply);
           } else {
-            *r->mutable_error() = StatusToProto(slice.status());
+            SPDLOG_INFO("client {}: slice request {} waits: {}", id,
+                        op.slice_request().request_id(),
+                        state_.WaitingFor(state_.pending_slices().size() - 1));
           }
           break;
         }
         case proto::ClientOp::kSliceRelease:
-          state_.ReleaseSlice(id, op.slice_release()).IgnoreError();
+          if (state_.ReleaseSlice(id, op.slice_release()).ok()) {
+            released_slice = true;
+          }
           break;
         case proto::ClientOp::kProgram: {
           absl::Status s = state_.RegisterProgram(id, op.program(), &ops);
@@ -309,6 +316,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     }
     scheduler_.Submit(id, std::move(units), calls);
     if (reply.slices_size() || reply.errors_size()) out->Push(std::move(reply));
+    if (released_slice) AnswerSlicesLocked();
   }
 
   // ------------------------------------------------------------ status
@@ -381,6 +389,18 @@ class ServerImpl : public Server, public proto::Controller::Service {
       ss->set_client_id(s.client_id);
       *ss->mutable_devices() = state_.DescribeSlice(s).devices();
     }
+    const absl::Time now = options_.clock->Now();
+    for (size_t i = 0; i < state_.pending_slices().size(); ++i) {
+      const PendingSlice& p = state_.pending_slices()[i];
+      auto* ps = status->add_pending_slices();
+      ps->set_client_id(p.client_id);
+      ps->set_request_id(p.request.request_id());
+      ps->set_num_devices(p.request.num_devices());
+      ps->set_waiting_for(state_.WaitingFor(i));
+      ps->set_waited_ms(absl::ToInt64Milliseconds(now - p.since));
+      ps->set_left_ms(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(p.deadline - now)));
+    }
     return grpc::Status::OK;
   }
 
@@ -419,6 +439,36 @@ class ServerImpl : public Server, public proto::Controller::Service {
     p->set_data_address(w.info.data_address());
     p->set_unix_path(w.info.unix_path());
     return op;
+  }
+
+  static void AddSliceReply(uint64_t client_id, uint64_t request_id,
+                            const absl::StatusOr<proto::SliceInfo>& slice,
+                            proto::ServerToClient* reply) {
+    proto::SliceReply* r = reply->add_slices();
+    r->set_request_id(request_id);
+    if (slice.ok()) {
+      *r->mutable_slice() = *slice;
+      SPDLOG_INFO("client {}: slice {} of {} device(s)", client_id,
+                  slice->slice_id(), slice->devices_size());
+    } else {
+      *r->mutable_error() = StatusToProto(slice.status());
+    }
+  }
+
+  // Answers the waiting slice requests that can be met now or whose
+  // deadline has passed, each on its client's stream.
+  void AnswerSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (SliceAnswer& a : state_.ServePendingSlices(options_.clock->Now())) {
+      auto it = client_queues_.find(a.client_id);
+      if (it == client_queues_.end()) continue;
+      if (!a.slice.ok()) {
+        SPDLOG_INFO("client {}: slice request {} refused: {}", a.client_id,
+                    a.request_id, std::string(a.slice.status().message()));
+      }
+      proto::ServerToClient reply;
+      AddSliceReply(a.client_id, a.request_id, a.slice, &reply);
+      it->second->Push(std::move(reply));
+    }
   }
 
   // Worker `from` could not push a shard to the destination's data plane:

@@ -22,9 +22,18 @@ namespace plexus {
 
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: pick a free one
-  // A worker silent for this long is declared down.
-  absl::Duration heartbeat_timeout = absl::Seconds(3);
-  absl::Duration liveness_check_period = absl::Milliseconds(200);
+  // The address clients and status are told (--advertise-address), for a
+  // server that listens on 0.0.0.0 or sits behind a load balancer: HOST or
+  // HOST:PORT (without a port, the one it listens on). Empty: the address
+  // it listens on.
+  std::string advertise_address;
+  // The failure deadline. A worker whose stream breaks is declared down at
+  // once; one that hangs (SIGSTOP, a wedged host) within this long of its
+  // last heartbeat. Workers heartbeat every tenth of it (the server tells
+  // them at registration), and the server checks every
+  // liveness_check_period (zero: a tenth of it too).
+  absl::Duration heartbeat_timeout = absl::Seconds(1);
+  absl::Duration liveness_check_period = absl::ZeroDuration();
   Clock* clock = Clock::Real();  // not owned
   // TEST ONLY: false bypasses the gang scheduler's consistent order (see
   // GangScheduler::Options). Collectives can deadlock without it.
@@ -36,12 +45,31 @@ struct ServerOptions {
   std::optional<ClusterSecret> secret;
 };
 
+// The heartbeat period a server with `options` asks of its workers, and
+// how often it checks them.
+inline absl::Duration HeartbeatInterval(const ServerOptions& options) {
+  return options.heartbeat_timeout / 10;
+}
+inline absl::Duration LivenessCheckPeriod(const ServerOptions& options) {
+  return options.liveness_check_period > absl::ZeroDuration()
+             ? options.liveness_check_period
+             : options.heartbeat_timeout / 10;
+}
+
+// `advertise` (HOST or HOST:PORT; empty: `bound`) completed with the port
+// of `bound` ("HOST:PORT") where it names none.
+std::string AdvertisedAddress(const std::string& advertise,
+                              const std::string& bound);
+
 class Server {
  public:
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       const ServerOptions& options);
   virtual ~Server() = default;
   virtual std::string address() const = 0;  // "127.0.0.1:PORT"
+  // What clients are told (ServerOptions::advertise_address); address()
+  // when none was given.
+  virtual std::string advertised_address() const = 0;
   // The cluster secret it checks credentials against. Never log it.
   virtual const ClusterSecret& secret() const = 0;
   // Blocks until Shutdown() (locally or through the Shutdown RPC).

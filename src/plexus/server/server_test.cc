@@ -9,6 +9,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "plexus/common/credentials.h"
+#include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.grpc.pb.h"
@@ -81,6 +82,7 @@ class RawWorker {
       dev->set_memory_bytes(1 << 20);
     }
     reg->set_credential(credential);
+    reg->set_protocol_version(kProtocolVersion);
     stream_->Write(hello);
   }
   ~RawWorker() {
@@ -138,6 +140,7 @@ class RawClient {
     stream_ = stub.ClientSession(&ctx_);
     proto::ClientToServer hello;
     hello.set_client_name(name);
+    hello.set_protocol_version(kProtocolVersion);
     for (const auto& op : first_ops) *hello.add_ops() = op;
     stream_->Write(hello);
   }
@@ -386,6 +389,100 @@ TEST_F(ServerCredentialsTest, AnotherClientsBufferIdsGetNothing) {
     ASSERT_TRUE(worker.NextOp(&op));
     EXPECT_FALSE(Names(op, a_buffer)) << op.ShortDebugString();
   } while (!Names(op, marker));
+}
+
+// Slice requests that cannot be met wait at the server, on its injected
+// clock, without holding up the rest of their client's stream.
+class SliceWaitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    secret_ = NewSecret();
+    ServerOptions options;
+    options.secret = secret_;
+    options.clock = &clock_;
+    options.heartbeat_timeout = absl::Hours(1);  // raw workers are silent
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    stub_ = Stub(server_->address());
+  }
+  void TearDown() override { server_.reset(); }
+
+  std::unique_ptr<RawWorker> AddWorker() {
+    auto w = std::make_unique<RawWorker>(
+        *stub_, Bytes(secret_.Derive(CredentialRole::kWorker)));
+    EXPECT_NE(w->worker_id(), 0);
+    return w;
+  }
+  static proto::ClientOp SliceOp(uint64_t request_id, int n,
+                                 absl::Duration timeout) {
+    proto::ClientOp op;
+    auto* req = op.mutable_slice_request();
+    req->set_request_id(request_id);
+    req->set_num_devices(n);
+    req->set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+    return op;
+  }
+  proto::ClusterStatus Status() {
+    grpc::ClientContext ctx;
+    proto::ClusterStatus status;
+    grpc::Status s = stub_->GetStatus(&ctx, proto::StatusRequest(), &status);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return status;
+  }
+
+  FakeClock clock_{absl::FromUnixSeconds(1000)};
+  ClusterSecret secret_;
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<proto::Controller::Stub> stub_;
+};
+
+TEST_F(SliceWaitTest, AWaitingRequestIsGrantedWhenAWorkerRegisters) {
+  auto first = AddWorker();  // 2 devices
+  RawClient client(
+      *stub_, "c",
+      {SliceOp(1, 4, absl::Seconds(30)), SliceOp(2, 1, absl::Seconds(30))});
+  // The second request is answered while the first waits.
+  client.ReadUntil([&] { return !client.slices_.empty(); });
+  ASSERT_EQ(client.slices_.size(), 1u);
+  EXPECT_EQ(client.slices_[0].request_id(), 2u);
+  EXPECT_FALSE(client.slices_[0].has_error());
+
+  proto::ClusterStatus status = Status();
+  ASSERT_EQ(status.pending_slices_size(), 1);
+  EXPECT_EQ(status.pending_slices(0).request_id(), 1u);
+  EXPECT_EQ(status.pending_slices(0).waiting_for(),
+            "asked for 4 devices; the cluster has 2 live devices on 1 host; "
+            "no request ahead");
+  EXPECT_EQ(status.pending_slices(0).left_ms(), 30000);
+
+  auto second = AddWorker();
+  client.ReadUntil([&] { return client.slices_.size() == 2; });
+  ASSERT_EQ(client.slices_.size(), 2u);
+  EXPECT_EQ(client.slices_[1].request_id(), 1u);
+  EXPECT_FALSE(client.slices_[1].has_error());
+  EXPECT_EQ(client.slices_[1].slice().devices_size(), 4);
+  EXPECT_EQ(Status().pending_slices_size(), 0);
+}
+
+TEST_F(SliceWaitTest, AWaitingRequestTimesOutOnTheServersClock) {
+  auto worker = AddWorker();
+  RawClient client(*stub_, "c", {SliceOp(7, 3, absl::Seconds(5))});
+  client.ReadUntil([&] { return client.id_ != 0; });
+  ASSERT_EQ(Status().pending_slices_size(), 1);
+  clock_.Advance(absl::Milliseconds(4999));
+  server_->CheckLiveness();
+  EXPECT_EQ(Status().pending_slices_size(), 1);
+  clock_.Advance(absl::Milliseconds(1));
+  server_->CheckLiveness();
+  client.ReadUntil([&] { return !client.slices_.empty(); });
+  ASSERT_EQ(client.slices_.size(), 1u);
+  absl::Status refused = StatusFromProto(client.slices_[0].error());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(refused)) << refused;
+  EXPECT_EQ(refused.message(),
+            "no slice within 5s: asked for 3 devices; the cluster has 2 live "
+            "devices on 1 host; no request ahead");
+  EXPECT_EQ(Status().pending_slices_size(), 0);
 }
 
 }  // namespace
