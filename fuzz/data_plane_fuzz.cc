@@ -7,10 +7,10 @@
 //
 // Input:
 //   u8    flags: 1 unix socket (else TCP); 2 a memfd rides on the first
-//         byte; 4 the memfd is sealed against shrinking; 8 the frames'
-//         credentials are sent as they are (else the sender's valid one is
-//         written into each header the bytes parse into: the owner's client
-//         credential, or the worker one for PUSH and PUSH_ERROR)
+//         byte; 4 the memfd is sealed against shrinking; 8 no handshake:
+//         the bytes are the first thing sent (refused) (else the harness
+//         opens the connection with a valid handshake, as a worker with
+//         flag 16, else as the client the first frame's buffer id names)
 //   u32   the memfd's size in bytes (mod 1 MiB), only with flag 2
 //   u16 + bytes  one serialized ServerToWorker, applied first (declares,
 //         expects, ...); empty or unparsable: none
@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -45,6 +46,7 @@
 #include "plexus/store/object_store.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
+#include "plexus/transport/internal/handshake.h"
 #include "spdlog/spdlog.h"
 
 namespace plexus::fuzz {
@@ -68,14 +70,17 @@ class WatchedHandler : public transport::DataPlaneHandler {
     return std::set<uint64_t>(waiting_.begin(), waiting_.end());
   }
 
-  // The worker's own check, enforced: the harness writes valid
-  // credentials into the frames (StampCredentials) unless the input asks
-  // for them as sent, so the fuzzer reaches both the code behind the check
-  // and its refusals.
-  absl::Status Authorize(
-      transport::DataPlaneRequest request, const transport::ShardKey& key,
-      const transport::DataPlaneCredential& credential) override {
-    return target()->Authorize(request, key, credential);
+  // The worker's own checks, enforced: the harness opens the connection
+  // with a valid handshake unless the input asks for none, so the fuzzer
+  // reaches both the code behind the checks and their refusals.
+  absl::StatusOr<Credential> CredentialFor(
+      const transport::DataPlanePeer& peer) override {
+    return target()->CredentialFor(peer);
+  }
+  absl::Status Authorize(transport::DataPlaneRequest request,
+                         const transport::ShardKey& key,
+                         const transport::DataPlanePeer& peer) override {
+    return target()->Authorize(request, key, peer);
   }
   absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
                              bool from_client) override {
@@ -252,9 +257,14 @@ void EndWaits(WorkerImpl& worker, const std::set<uint64_t>& buffers) {
   worker.ApplyOps(msg);
 }
 
+void Handshake(int fd, bool unix_socket,
+               const transport::DataPlaneIdentity& me);
+
 void Exchange(Harness& h, WorkerImpl& worker, bool unix_socket, int memfd,
-              const std::string& bytes) {
+              const std::string& bytes,
+              const std::optional<transport::DataPlaneIdentity>& me) {
   int fd = Connect(h, unix_socket);
+  if (me.has_value()) Handshake(fd, unix_socket, *me);
   size_t sent = 0;
   if (memfd >= 0 && !bytes.empty()) {
     std::string first = bytes.substr(0, 64);
@@ -312,34 +322,33 @@ const ClusterSecret& Secret() {
   return *secret;
 }
 
-// Writes into each frame header of `bytes` the credential its sender
-// would hold, walking the frames by their claimed payload sizes.
-void StampCredentials(std::string& bytes) {
-  using transport::internal::FrameHeader;
-  using transport::internal::FrameType;
-  size_t at = 0;
-  while (at + sizeof(FrameHeader) <= bytes.size()) {
-    FrameHeader h;
-    std::memcpy(&h, bytes.data() + at, sizeof(h));
-    const FrameType type = h.frame_type();
-    const bool push = type == FrameType::kPush || type == FrameType::kPushError;
-    const Credential c = push ? Secret().Derive(CredentialRole::kWorker)
-                              : Secret().Derive(CredentialRole::kClient,
-                                                ClientOfBuffer(h.buffer_id));
-    std::memcpy(h.credential, c.data(),
-                std::min(c.size(), sizeof(h.credential)));
-    std::memcpy(bytes.data() + at, &h, sizeof(h));
-    at += sizeof(h);
-    const bool inline_payload =
-        ((type == FrameType::kPush || type == FrameType::kPut ||
-          type == FrameType::kData) &&
-         (h.flags & transport::internal::kFlagFd) == 0) ||
-        type == FrameType::kPushError || type == FrameType::kError;
-    if (inline_payload) {
-      if (h.payload_bytes > bytes.size() - at) break;
-      at += h.payload_bytes;
-    }
+// Who the harness says it is in the handshake: a worker (flag 16), else
+// the client that the first frame's buffer id names.
+transport::DataPlaneIdentity IdentityFor(const std::string& bytes,
+                                         bool worker) {
+  transport::DataPlaneIdentity me;
+  if (worker) {
+    me.peer = {CredentialRole::kWorker, 0};
+  } else {
+    transport::internal::FrameHeader h;
+    if (bytes.size() >= sizeof(h)) std::memcpy(&h, bytes.data(), sizeof(h));
+    me.peer = {CredentialRole::kClient, ClientOfBuffer(h.buffer_id)};
   }
+  me.credential = Secret().Derive(me.peer.role, me.peer.id);
+  return me;
+}
+
+// Runs the connector's side of the handshake on the connection `fd`
+// (non-blocking; made blocking for the handshake only).
+void Handshake(int fd, bool unix_socket,
+               const transport::DataPlaneIdentity& me) {
+  const int fl = fcntl(fd, F_GETFL);
+  fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+  transport::internal::FrameSocket socket(
+      transport::internal::UniqueFd(dup(fd)), unix_socket);
+  absl::Status s = transport::internal::ConnectHandshake(socket, me);
+  if (!s.ok()) Die(absl::StrCat("handshake: ", s.ToString()));
+  fcntl(fd, F_SETFL, fl);
 }
 
 int MakeMemfd(uint32_t bytes, bool seal) {
@@ -373,7 +382,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   proto::ServerToWorker ops;
   const bool have_ops = ops.ParseFromString(in.Record());
   std::string bytes = in.Rest();
-  if ((flags & 8) == 0) StampCredentials(bytes);
+  std::optional<transport::DataPlaneIdentity> me;
+  if ((flags & 8) == 0) me = IdentityFor(bytes, flags & 16);
 
   std::unique_ptr<WorkerImpl> worker = StartWorker(&Secret());
   if (have_ops) {
@@ -382,7 +392,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   {
     Harness h(worker.get());
-    Exchange(h, *worker, unix_socket, memfd, bytes);
+    Exchange(h, *worker, unix_socket, memfd, bytes, me);
   }
   if (memfd >= 0) close(memfd);
   WaitForDevices(*worker, absl::Milliseconds(20));

@@ -408,13 +408,15 @@ void DataPlaneSeeds() {
   for (uint8_t carrier : {kTcp, kUnix}) {
     const std::string c = carrier == kUnix ? "unix-" : "tcp-";
     Write(t, c + "put-fetch", DataPlaneInput(carrier, declared, put_fetch));
+    // Flag 16: the connection is a worker's (a push is allowed, the fetch
+    // that follows is not).
     Write(t, c + "push-fetch",
-          DataPlaneInput(carrier, declared,
+          DataPlaneInput(carrier | 16, declared,
                          Frame(FrameType::kPush, temp, 0, sixteen) +
                              Frame(FrameType::kFetch, temp, 0)));
   }
-  // Flag 8: the frames' credentials go as written (zero): refused.
-  Write(t, "no-credential", DataPlaneInput(kUnix | 8, declared, put_fetch));
+  // Flag 8: no handshake; the first frame is a PUT: refused.
+  Write(t, "no-handshake", DataPlaneInput(kUnix | 8, declared, put_fetch));
   Write(t, "put-undeclared",
         DataPlaneInput(kUnix, {}, Frame(FrameType::kPut, y, 0, sixteen)));
   Write(t, "put-wrong-size",

@@ -61,12 +61,13 @@ absl::Status ClientCore::Init(const std::string& address) {
     return v;
   }
   client_id_ = first.client_id();
-  if (first.credential().size() != credential_.size()) {
+  if (first.credential().size() != identity_.credential.size()) {
     return absl::UnavailableError(
         "the server sent no data-plane credential (an older server?)");
   }
+  identity_.peer = {CredentialRole::kClient, client_id_};
   std::copy(first.credential().begin(), first.credential().end(),
-            credential_.begin());
+            identity_.credential.begin());
   sender_ = std::thread([this] { SenderLoop(); });
   reader_ = std::thread([this] { ReaderLoop(); });
   return absl::OkStatus();
@@ -272,7 +273,7 @@ ClientCore::Checkout(const proto::SliceDevice& device) {
   }
   auto conn = transport::DataPlaneConnection::Connect(
       device.data_address(), SameMachine(device) ? device.unix_path() : "",
-      &data_counters_, credential_);
+      &data_counters_, identity_);
   if (!conn.ok()) return conn;
   absl::MutexLock lock(&mu_);
   // Checked under the lock that the reader takes to wake connections: a

@@ -80,9 +80,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   const ClientOptions options_;
   std::string machine_id_;
   uint64_t client_id_ = 0;
-  // What the server issued this session; every data-plane request carries
-  // it. Set once by Init.
-  transport::DataPlaneCredential credential_{};
+  // This session as the workers know it: its client id and the credential
+  // the server issued, which every data-plane connection proves (never
+  // sends). Set once by Init.
+  transport::DataPlaneIdentity identity_{};
   std::atomic<uint64_t> next_id_{1};
 
   std::shared_ptr<grpc::Channel> channel_;

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/common/credentials.h"
 #include "plexus/store/storage.h"
 
 namespace plexus::transport {
@@ -65,19 +66,34 @@ struct DataPlaneCounters {
 // What a request asks of a worker's data plane.
 enum class DataPlaneRequest { kPush, kPushError, kPut, kFetch, kWait };
 
-// The 16 bytes every frame carries to say who sends it
-// (common/credentials.h); zero when the sender holds none.
-inline constexpr size_t kDataPlaneCredentialBytes = 16;
-using DataPlaneCredential = std::array<uint8_t, kDataPlaneCredentialBytes>;
+// Who is at the far end of a data-plane connection: what it proved in the
+// connection's handshake (internal/handshake.h), once, before any request.
+struct DataPlanePeer {
+  CredentialRole role = CredentialRole::kClient;  // kClient or kWorker
+  uint64_t id = 0;  // the client id; 0 for a worker
+};
+
+// What a connecting side proves: who it is, and the credential that says so
+// (common/credentials.h: issued by the server to a client session, derived
+// from the cluster secret by a worker). Never sent on the wire.
+struct DataPlaneIdentity {
+  DataPlanePeer peer;
+  Credential credential{};
+};
 
 class DataPlaneHandler {
  public:
   virtual ~DataPlaneHandler() = default;
-  // Whether the sender of `credential` may make `request` for `key`; called
-  // before anything else is done for it. An error refuses the request: a
-  // PUT's or FETCH's sender hears it, a PUSH is dropped unread and logged.
+  // The credential `peer` must prove it holds to open a connection; an
+  // error refuses the connection (say, a role that may not connect here).
+  virtual absl::StatusOr<Credential> CredentialFor(
+      const DataPlanePeer& peer) = 0;
+  // Whether `peer` (proven by the connection's handshake) may make
+  // `request` for `key`; called before anything else is done for it. An
+  // error refuses the request: a PUT's or FETCH's sender hears it, a PUSH
+  // is dropped unread and logged.
   virtual absl::Status Authorize(DataPlaneRequest request, const ShardKey& key,
-                                 const DataPlaneCredential& credential) = 0;
+                                 const DataPlanePeer& peer) = 0;
   // Whether `bytes` bytes of `key` may be received now (may block: for the
   // key's declaration, for room on its device). An error drops the payload
   // unread (a PUT's sender hears the error); the handler fails the shard
@@ -138,10 +154,11 @@ class DataPlaneConnection {
   // Connects to unix_path when non-empty (same machine, see
   // LocalMachineId), else tcp_address; to tcp_address too when the unix
   // socket cannot be reached (uses_shared_memory() tells which).
-  // Every request carries `credential`.
+  // The connection opens with the handshake, proving `me` (a refusal is
+  // PermissionDenied, and is not retried over TCP).
   static absl::StatusOr<std::unique_ptr<DataPlaneConnection>> Connect(
       const std::string& tcp_address, const std::string& unix_path,
-      DataPlaneCounters* counters, const DataPlaneCredential& credential = {});
+      DataPlaneCounters* counters, const DataPlaneIdentity& me = {});
   virtual ~DataPlaneConnection() = default;
 
   virtual bool uses_shared_memory() const = 0;

@@ -8,6 +8,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
+#include "plexus/transport/internal/handshake.h"
 #include "plexus/transport/internal/socket_io.h"
 
 namespace plexus::transport {
@@ -162,21 +163,25 @@ absl::StatusOr<std::unique_ptr<DataPlaneConnection>>
 DataPlaneConnection::Connect(const std::string& tcp_address,
                              const std::string& unix_path,
                              DataPlaneCounters* counters,
-                             const DataPlaneCredential& credential) {
-  auto socket_for = [&](internal::UniqueFd fd, bool is_unix) {
+                             const DataPlaneIdentity& me) {
+  // A connection is handed out only once the handshake proved `me` and the
+  // worker proved it holds the same secret.
+  auto open = [&](internal::UniqueFd fd, bool is_unix, std::string address)
+      -> absl::StatusOr<std::unique_ptr<DataPlaneConnection>> {
     auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
-    uint8_t bytes[internal::kCredentialBytes];
-    std::copy(credential.begin(), credential.end(), bytes);
-    socket->set_credential(bytes);
-    return socket;
+    if (absl::Status s = internal::ConnectHandshake(*socket, me); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("data-plane connection to ",
+                                                 address, ": ", s.message()));
+    }
+    return std::make_unique<DataPlaneConnectionImpl>(
+        std::move(socket), std::move(address), counters);
   };
   absl::Status unix_error;
   if (!unix_path.empty()) {
     absl::StatusOr<internal::UniqueFd> fd = internal::ConnectUnix(unix_path);
     if (fd.ok()) {
-      return std::make_unique<DataPlaneConnectionImpl>(
-          socket_for(*std::move(fd), /*is_unix=*/true),
-          absl::StrCat("unix @", unix_path), counters);
+      return open(*std::move(fd), /*is_unix=*/true,
+                  absl::StrCat("unix @", unix_path));
     }
     if (tcp_address.empty()) return fd.status();
     // The socket is abstract: in another network namespace it does not
@@ -192,8 +197,7 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
         fd.status().code(),
         absl::StrCat(unix_error.message(), "; then ", fd.status().message()));
   }
-  return std::make_unique<DataPlaneConnectionImpl>(
-      socket_for(*std::move(fd), /*is_unix=*/false), tcp_address, counters);
+  return open(*std::move(fd), /*is_unix=*/false, tcp_address);
 }
 
 }  // namespace plexus::transport

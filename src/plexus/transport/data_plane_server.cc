@@ -18,6 +18,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
+#include "plexus/transport/internal/handshake.h"
 #include "plexus/transport/internal/socket_io.h"
 
 namespace plexus::transport {
@@ -45,6 +46,9 @@ std::optional<DataPlaneRequest> RequestOf(FrameType type) {
     case FrameType::kAck:
     case FrameType::kData:
     case FrameType::kError:
+    case FrameType::kChallenge:
+    case FrameType::kHello:
+    case FrameType::kWelcome:
       break;
   }
   return std::nullopt;
@@ -85,7 +89,8 @@ class DataPlaneServerImpl : public DataPlaneServer {
   void Serve(FrameSocket* socket, uint64_t id);
   // Handles one frame. An error means the connection must close; handler
   // failures that the peer should see travel as ERROR frames instead.
-  absl::Status ServeFrame(FrameSocket& socket, const FrameHeader& header);
+  absl::Status ServeFrame(FrameSocket& socket, const FrameHeader& header,
+                          const DataPlanePeer& peer);
   absl::Status ServeShard(FrameSocket& socket, const FrameHeader& header);
   absl::Status ServeFetchOrWait(FrameSocket& socket, const FrameHeader& header);
   // Joins and closes connections whose threads have returned.
@@ -225,11 +230,19 @@ void DataPlaneServerImpl::ReapFinished() {
 void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
   pthread_setname_np(pthread_self(), "plexus-dp-conn");
   SPDLOG_DEBUG("data plane: connection from {} opened", socket->peer());
-  while (true) {
+  // Bound to the identity its handshake proves; nothing is served before.
+  absl::StatusOr<DataPlanePeer> peer = internal::AcceptHandshake(
+      *socket,
+      [this](const DataPlanePeer& p) { return handler_->CredentialFor(p); });
+  if (!peer.ok() && !stopping()) {
+    SPDLOG_WARN("data plane: refused connection from {}: {}", socket->peer(),
+                peer.status().ToString());
+  }
+  while (peer.ok()) {
     bool eof = false;
     absl::StatusOr<FrameHeader> header = socket->ReadHeader(&eof);
     absl::Status status =
-        header.ok() ? ServeFrame(*socket, *header) : header.status();
+        header.ok() ? ServeFrame(*socket, *header, *peer) : header.status();
     if (status.ok()) continue;
     socket->Break(status).IgnoreError();
     if (eof || stopping()) {
@@ -246,18 +259,15 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
 }
 
 absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
-                                             const FrameHeader& header) {
+                                             const FrameHeader& header,
+                                             const DataPlanePeer& peer) {
   std::optional<DataPlaneRequest> request = RequestOf(header.frame_type());
   if (!request.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unexpected ", FrameTypeName(header.frame_type()),
                      " frame from a data-plane client"));
   }
-  DataPlaneCredential credential;
-  std::copy(std::begin(header.credential), std::end(header.credential),
-            credential.begin());
-  absl::Status allowed =
-      handler_->Authorize(*request, header.key(), credential);
+  absl::Status allowed = handler_->Authorize(*request, header.key(), peer);
   if (!allowed.ok()) {
     // Refused before anything is done for it; the stream stays in step.
     SPDLOG_WARN("data plane: {} of {} from {} refused: {}",

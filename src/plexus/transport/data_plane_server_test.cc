@@ -1,10 +1,13 @@
 // The data plane's robustness: bad peers, shutdown, addresses.
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
 #include <cerrno>
+#include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -25,16 +28,24 @@ using test_support::SameBytes;
 using test_support::UniqueUnixName;
 
 // Sends `bytes` on a raw connection and waits (with a deadline) for the
-// server to close it.
-bool ServerClosesAfter(internal::UniqueFd fd, const std::string& bytes) {
+// server to close it, reading what it sends meanwhile (its CHALLENGE, an
+// ERROR) into `*heard` when given.
+bool ServerClosesAfter(internal::UniqueFd fd, const std::string& bytes,
+                       std::string* heard = nullptr) {
   if (send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL) < 0) {
     return true;  // already closed
   }
   timeval timeout{static_cast<time_t>(absl::ToInt64Seconds(kDeadline)), 0};
   setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  char c;
-  ssize_t n = recv(fd.get(), &c, 1, 0);
-  return n == 0 || (n < 0 && errno == ECONNRESET);
+  char buffer[4096];
+  while (true) {
+    ssize_t n = recv(fd.get(), buffer, sizeof(buffer), 0);
+    if (n > 0) {
+      if (heard != nullptr) heard->append(buffer, n);
+      continue;
+    }
+    return n == 0 || (n < 0 && errno == ECONNRESET);
+  }
 }
 
 std::string Header(uint32_t magic, internal::FrameType type, uint16_t flags,
@@ -241,32 +252,185 @@ TEST(SocketIoTest, ATcpConnectThatGetsNoAnswerEndsAtItsTimeout) {
       << refused;
 }
 
-TEST(DataPlaneServerTest, ARequestWithoutTheRightCredentialIsRefusedInStep) {
+Credential Filled(uint8_t byte) {
+  Credential c;
+  c.fill(byte);
+  return c;
+}
+
+DataPlaneIdentity Client(uint64_t id, const Credential& credential) {
+  DataPlaneIdentity me;
+  me.peer = {CredentialRole::kClient, id};
+  me.credential = credential;
+  return me;
+}
+
+std::string Bytes(const void* data, size_t size) {
+  return std::string(static_cast<const char*>(data), size);
+}
+
+TEST(DataPlaneHandshakeTest, AConnectionThatCannotProveItsCredentialIsRefused) {
   MapHandler handler;
-  DataPlaneCredential right;
-  right.fill(7);
-  handler.RequireCredential(right);
-  auto server = DataPlaneServer::Start({}, &handler, nullptr);
+  handler.RequireCredential(Filled(7));
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
   ASSERT_TRUE(server.ok()) << server.status();
-  DataPlaneCredential wrong;
-  wrong.fill(8);
-  auto intruder = DataPlaneConnection::Connect((*server)->tcp_address(), "",
-                                               nullptr, wrong);
-  ASSERT_TRUE(intruder.ok());
-  std::shared_ptr<Storage> data = Pattern(300 << 10, 1);
-  absl::Status put = (*intruder)->Put({3, 0}, *data);
-  EXPECT_EQ(put.code(), absl::StatusCode::kPermissionDenied) << put;
-  EXPECT_EQ((*intruder)->Wait({3, 0}).code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_TRUE((*intruder)->healthy());  // refused, and still in step
-  EXPECT_EQ(handler.admissions(), 0);   // nothing was done for it
+  for (const std::string& unix_path : {std::string(), options.unix_name}) {
+    auto intruder = DataPlaneConnection::Connect(
+        (*server)->tcp_address(), unix_path, nullptr, Client(3, Filled(8)));
+    ASSERT_FALSE(intruder.ok());
+    EXPECT_EQ(intruder.status().code(), absl::StatusCode::kPermissionDenied)
+        << intruder.status();
+    EXPECT_NE(intruder.status().message().find("proof does not match"),
+              std::string::npos)
+        << intruder.status();
+  }
+  EXPECT_EQ(handler.admissions(), 0);  // nothing was done for it
   auto owner = DataPlaneConnection::Connect((*server)->tcp_address(), "",
-                                            nullptr, right);
-  ASSERT_TRUE(owner.ok());
+                                            nullptr, Client(3, Filled(7)));
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  std::shared_ptr<Storage> data = Pattern(300 << 10, 1);
   EXPECT_TRUE((*owner)->Put({3, 0}, *data).ok());
   auto back = (*owner)->Fetch({3, 0});
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(SameBytes(**back, *data));
+}
+
+TEST(DataPlaneHandshakeTest, ARawConnectionThatSkipsTheHandshakeIsRefused) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  internal::FrameHeader fetch;
+  fetch.type = static_cast<uint16_t>(internal::FrameType::kFetch);
+  for (bool unix_socket : {false, true}) {
+    auto fd = unix_socket ? internal::ConnectUnix(options.unix_name)
+                          : internal::ConnectTcp((*server)->tcp_address());
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    std::string heard;
+    EXPECT_TRUE(ServerClosesAfter(*std::move(fd), Bytes(&fetch, sizeof(fetch)),
+                                  &heard));
+    // The challenge, then an ERROR that says what was expected.
+    ASSERT_GE(heard.size(), 2 * sizeof(internal::FrameHeader) + 32);
+    internal::FrameHeader first, second;
+    std::memcpy(&first, heard.data(), sizeof(first));
+    std::memcpy(&second, heard.data() + sizeof(first) + 32, sizeof(second));
+    EXPECT_EQ(first.frame_type(), internal::FrameType::kChallenge);
+    EXPECT_EQ(second.frame_type(), internal::FrameType::kError);
+    EXPECT_EQ(second.status_code,
+              static_cast<int32_t>(absl::StatusCode::kPermissionDenied));
+    EXPECT_NE(heard.find("expected HELLO, got FETCH"), std::string::npos);
+  }
+  EXPECT_EQ(handler.admissions(), 0);
+}
+
+// A TCP relay between a connector and the server that records every byte
+// in both directions: what a sniffer on the path would see.
+class RecordingRelay {
+ public:
+  explicit RecordingRelay(const std::string& target) : target_(target) {
+    auto listener = internal::ListenTcp("127.0.0.1", &address_);
+    EXPECT_TRUE(listener.ok());
+    listener_ = *std::move(listener);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~RecordingRelay() { thread_.join(); }
+  const std::string& address() const { return address_; }
+  // Both directions, once the connector has closed.
+  std::string Recorded() {
+    thread_.join();
+    thread_ = std::thread([] {});
+    return to_server_ + to_client_;
+  }
+  const std::string& to_server() const { return to_server_; }
+
+ private:
+  void Run() {
+    auto in = internal::Accept(listener_.get());
+    auto out = internal::ConnectTcp(target_);
+    if (!in.ok() || !out.ok()) return;
+    pollfd fds[2] = {{in->get(), POLLIN, 0}, {out->get(), POLLIN, 0}};
+    char buffer[1 << 16];
+    const absl::Time deadline = absl::Now() + kDeadline;
+    while (absl::Now() < deadline) {
+      if (poll(fds, 2, 100) < 0) return;
+      for (int i = 0; i < 2; ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        ssize_t n = recv(fds[i].fd, buffer, sizeof(buffer), 0);
+        if (n <= 0) return;  // either side closed: the session is over
+        (i == 0 ? to_server_ : to_client_).append(buffer, n);
+        send(fds[1 - i].fd, buffer, n, MSG_NOSIGNAL);
+      }
+    }
+  }
+
+  std::string target_;
+  std::string address_;
+  internal::UniqueFd listener_;
+  std::string to_server_;
+  std::string to_client_;
+  std::thread thread_;
+};
+
+TEST(DataPlaneHandshakeTest, ASnifferLearnsNothingItCanReplay) {
+  MapHandler handler;
+  const Credential secret_credential = Filled(0x5c);
+  handler.RequireCredential(secret_credential);
+  auto server = DataPlaneServer::Start({}, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  RecordingRelay relay((*server)->tcp_address());
+  {
+    auto conn = DataPlaneConnection::Connect(relay.address(), "", nullptr,
+                                             Client(4, secret_credential));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    ASSERT_TRUE((*conn)->Put({4, 0}, *Pattern(4096, 2)).ok());
+  }
+  const std::string seen = relay.Recorded();
+  EXPECT_EQ(seen.find(Bytes(secret_credential.data(), kCredentialSize)),
+            std::string::npos)
+      << "the credential crossed the wire";
+  EXPECT_EQ(handler.admissions(), 1);
+  // Replaying the connector's bytes on a new connection opens nothing: the
+  // server's nonce is new, so the old proof does not match.
+  auto fd = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(fd.ok());
+  std::string heard;
+  EXPECT_TRUE(ServerClosesAfter(*std::move(fd), relay.to_server(), &heard));
+  EXPECT_NE(heard.find("proof does not match"), std::string::npos);
+  EXPECT_EQ(handler.admissions(), 1);
+}
+
+TEST(DataPlaneHandshakeTest, AnAcceptorThatCannotProveTheCredentialIsLeft) {
+  // A listener that speaks the handshake but does not know the credential:
+  // it answers every HELLO with a made-up proof.
+  std::string address;
+  auto listener = internal::ListenTcp("127.0.0.1", &address);
+  ASSERT_TRUE(listener.ok());
+  std::thread impostor([&] {
+    auto fd = internal::Accept(listener->get());
+    if (!fd.ok()) return;
+    internal::FrameSocket socket(*std::move(fd), /*is_unix=*/false);
+    internal::FrameHeader challenge;
+    challenge.type = static_cast<uint16_t>(internal::FrameType::kChallenge);
+    socket.SendFrame(challenge, std::string(32, 'n')).IgnoreError();
+    bool eof = false;
+    auto hello = socket.ReadHeader(&eof);
+    if (!hello.ok()) return;
+    socket.ReadMessage(*hello).IgnoreError();
+    internal::FrameHeader welcome;
+    welcome.type = static_cast<uint16_t>(internal::FrameType::kWelcome);
+    socket.SendFrame(welcome, std::string(32, 'p')).IgnoreError();
+    socket.ReadHeader(&eof).IgnoreError();  // until the connector leaves
+  });
+  auto conn =
+      DataPlaneConnection::Connect(address, "", nullptr, Client(1, Filled(1)));
+  impostor.join();
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(conn.status().message().find("could not prove"), std::string::npos)
+      << conn.status();
 }
 
 }  // namespace

@@ -8,13 +8,13 @@ namespace plexus {
 PeerSender::PeerSender(int64_t peer_id, std::string tcp_address,
                        std::string unix_path,
                        transport::DataPlaneCounters* counters,
-                       transport::DataPlaneCredential credential,
+                       transport::DataPlaneIdentity identity,
                        FailureCallback on_failure)
     : peer_id_(peer_id),
       tcp_address_(std::move(tcp_address)),
       unix_path_(std::move(unix_path)),
       counters_(counters),
-      credential_(credential),
+      identity_(identity),
       on_failure_(std::move(on_failure)),
       thread_([this] { Loop(); }) {}
 
@@ -52,7 +52,7 @@ void PeerSender::MarkDown() {
 absl::Status PeerSender::SendOne(const Item& item) {
   if (!conn_) {
     auto conn = transport::DataPlaneConnection::Connect(
-        tcp_address_, unix_path_, counters_, credential_);
+        tcp_address_, unix_path_, counters_, identity_);
     if (!conn.ok()) return conn.status();
     conn_ = std::move(*conn);
   }

@@ -30,11 +30,10 @@ class PeerSender {
                                              const absl::Status& reason)>;
   // `unix_path`: the peer's unix socket when it may share memory with this
   // process (tried first; TCP when it cannot be reached), else empty.
-  // Its pushes carry `credential` (the worker credential).
+  // Its connections prove `identity` (the worker's).
   PeerSender(int64_t peer_id, std::string tcp_address, std::string unix_path,
              transport::DataPlaneCounters* counters,
-             transport::DataPlaneCredential credential,
-             FailureCallback on_failure);
+             transport::DataPlaneIdentity identity, FailureCallback on_failure);
   ~PeerSender();  // drops what is queued and joins
 
   // Queues `data` (or its error) for `key` on the peer.
@@ -58,7 +57,7 @@ class PeerSender {
   const std::string tcp_address_;
   const std::string unix_path_;
   transport::DataPlaneCounters* const counters_;
-  const transport::DataPlaneCredential credential_;
+  const transport::DataPlaneIdentity identity_;
   const FailureCallback on_failure_;
   std::unique_ptr<transport::DataPlaneConnection> conn_;  // sender thread only
 

@@ -415,12 +415,12 @@ PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
   if (pit == peers_.end()) return nullptr;
   const proto::PeerInfo& p = pit->second;
   bool same_machine = p.machine_id() == machine_id_;
-  transport::DataPlaneCredential credential;
-  const Credential mine = secret_.Derive(CredentialRole::kWorker);
-  std::copy(mine.begin(), mine.end(), credential.begin());
+  transport::DataPlaneIdentity me;
+  me.peer = {CredentialRole::kWorker, 0};
+  me.credential = secret_.Derive(CredentialRole::kWorker);
   auto sender = std::make_unique<PeerSender>(
       worker_id, p.data_address(), same_machine ? p.unix_path() : "",
-      &counters_, credential,
+      &counters_, me,
       [this, worker_id](const transport::ShardKey& key,
                         const absl::Status& reason) {
         ReportTransferFailure(worker_id, key, reason);
@@ -467,27 +467,42 @@ void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
 
 // --- data plane handler ---------------------------------------------------
 
-absl::Status WorkerImpl::Authorize(
-    transport::DataPlaneRequest request, const transport::ShardKey& key,
-    const transport::DataPlaneCredential& credential) {
+absl::StatusOr<Credential> WorkerImpl::CredentialFor(
+    const transport::DataPlanePeer& peer) {
+  switch (peer.role) {
+    case CredentialRole::kClient:
+      return secret_.Derive(CredentialRole::kClient, peer.id);
+    case CredentialRole::kWorker:
+      if (peer.id != 0) break;
+      return secret_.Derive(CredentialRole::kWorker);
+    default:
+      break;
+  }
+  return absl::PermissionDeniedError(
+      "only client sessions and workers open data-plane connections");
+}
+
+absl::Status WorkerImpl::Authorize(transport::DataPlaneRequest request,
+                                   const transport::ShardKey& key,
+                                   const transport::DataPlanePeer& peer) {
   if (request == transport::DataPlaneRequest::kPush ||
       request == transport::DataPlaneRequest::kPushError) {
-    if (secret_.Verify(CredentialRole::kWorker, 0, credential.data(),
-                       credential.size())) {
-      return absl::OkStatus();
-    }
+    if (peer.role == CredentialRole::kWorker) return absl::OkStatus();
     return absl::PermissionDeniedError(
-        "a push must carry the worker credential");
+        absl::StrCat("a push comes from a worker; this connection is client ",
+                     peer.id, "'s"));
   }
-  // An id names its owner; only the owner's credential opens it.
+  // An id names its owner; only the owner's connection opens it.
   const uint64_t owner = ClientOfBuffer(key.buffer_id);
-  if (secret_.Verify(CredentialRole::kClient, owner, credential.data(),
-                     credential.size())) {
+  if (peer.role == CredentialRole::kClient && peer.id == owner) {
     return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      KeyString(BufferKey{key.buffer_id, key.shard}), " belongs to client ",
-      owner, ", and this request does not carry its credential"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(KeyString(BufferKey{key.buffer_id, key.shard}),
+                   " belongs to client ", owner, ", and this connection is ",
+                   peer.role == CredentialRole::kWorker
+                       ? std::string("a worker's")
+                       : absl::StrCat("client ", peer.id, "'s")));
 }
 
 absl::Status WorkerImpl::AdmitIncoming(const transport::ShardKey& key,

@@ -66,11 +66,15 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   int64_t worker_id() const override { return worker_id_.load(); }
 
   // transport::DataPlaneHandler
-  // A client's request (put, fetch, wait) must carry the credential of the
-  // client its buffer id names; a push, the worker credential.
-  absl::Status Authorize(
-      transport::DataPlaneRequest request, const transport::ShardKey& key,
-      const transport::DataPlaneCredential& credential) override;
+  // A connection proves a client's credential or the worker credential,
+  // each derived from the cluster secret. A client's request (put, fetch,
+  // wait) is allowed on a connection of the client its buffer id names; a
+  // push, on a worker's.
+  absl::StatusOr<Credential> CredentialFor(
+      const transport::DataPlanePeer& peer) override;
+  absl::Status Authorize(transport::DataPlaneRequest request,
+                         const transport::ShardKey& key,
+                         const transport::DataPlanePeer& peer) override;
   absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
                              bool from_client) override;
   absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(

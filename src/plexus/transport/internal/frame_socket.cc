@@ -21,6 +21,19 @@ bool IsMessageFrame(FrameType type) {
   return type == FrameType::kPushError || type == FrameType::kError;
 }
 
+// The exact payload size of a handshake frame (handshake.h); 0 for others.
+uint64_t HandshakePayload(FrameType type) {
+  switch (type) {
+    case FrameType::kChallenge:
+    case FrameType::kWelcome:
+      return 32;
+    case FrameType::kHello:
+      return 64;
+    default:
+      return 0;
+  }
+}
+
 }  // namespace
 
 const char* FrameTypeName(FrameType type) {
@@ -41,6 +54,12 @@ const char* FrameTypeName(FrameType type) {
       return "DATA";
     case FrameType::kError:
       return "ERROR";
+    case FrameType::kChallenge:
+      return "CHALLENGE";
+    case FrameType::kHello:
+      return "HELLO";
+    case FrameType::kWelcome:
+      return "WELCOME";
   }
   return "UNKNOWN";
 }
@@ -48,17 +67,11 @@ const char* FrameTypeName(FrameType type) {
 FrameSocket::FrameSocket(UniqueFd fd, bool is_unix)
     : fd_(std::move(fd)), is_unix_(is_unix), peer_(PeerName(fd_.get())) {}
 
-void FrameSocket::set_credential(
-    const uint8_t (&credential)[kCredentialBytes]) {
-  std::memcpy(credential_, credential, kCredentialBytes);
-}
-
 FrameHeader FrameSocket::MakeHeader(FrameType type, const ShardKey& key) const {
   FrameHeader header;
   header.type = static_cast<uint16_t>(type);
   header.buffer_id = key.buffer_id;
   header.shard = key.shard;
-  std::memcpy(header.credential, credential_, kCredentialBytes);
   return header;
 }
 
@@ -72,6 +85,17 @@ absl::Status FrameSocket::SendControl(FrameType type, const ShardKey& key) {
   FrameHeader header = MakeHeader(type, key);
   iovec iov{&header, sizeof(header)};
   if (absl::Status s = SendAll(fd(), &iov, 1); !s.ok()) return Break(s);
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::SendFrame(FrameHeader header,
+                                    absl::string_view payload) {
+  header.payload_bytes = payload.size();
+  iovec iov[2] = {{&header, sizeof(header)},
+                  {const_cast<char*>(payload.data()), payload.size()}};
+  if (absl::Status s = SendAll(fd(), iov, payload.empty() ? 1 : 2); !s.ok()) {
+    return Break(s);
+  }
   return absl::OkStatus();
 }
 
@@ -135,14 +159,23 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
         "data-plane frame of protocol version %d; this end speaks version %d",
         header.version, kFrameVersion));
   }
-  if (header.reserved0 != 0 || header.reserved1 != 0) {
-    return malformed("reserved header fields are not zero");
-  }
+  bool reserved_zero = header.reserved0 == 0 && header.reserved1 == 0;
+  for (uint8_t b : header.reserved2) reserved_zero = reserved_zero && b == 0;
+  if (!reserved_zero) return malformed("reserved header fields are not zero");
   if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
-      header.type > static_cast<uint16_t>(FrameType::kError)) {
+      header.type > static_cast<uint16_t>(FrameType::kWelcome)) {
     return malformed("unknown frame type");
   }
   FrameType type = header.frame_type();
+  if (const uint64_t size = HandshakePayload(type); size != 0) {
+    if (header.payload_bytes != size || header.flags != 0) {
+      return malformed("handshake frame of the wrong size");
+    }
+    if (passed_fd_.valid()) {
+      return malformed("descriptor arrived without the descriptor flag");
+    }
+    return absl::OkStatus();
+  }
   if ((header.flags & ~kFlagFd) != 0) return malformed("unknown flags");
   if (header.payload_bytes > kMaxPayloadBytes) {
     return malformed("payload larger than 64 GiB");
@@ -172,7 +205,7 @@ absl::Status FrameSocket::SetFrameTimeout(absl::Duration timeout) {
   return SetRecvTimeout(fd(), timeout);
 }
 
-absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof) {
+absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof, bool idle_wait) {
   *eof = false;
   if (broken_) {
     return absl::FailedPreconditionError(
@@ -180,7 +213,7 @@ absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof) {
   }
   FrameHeader header;
   passed_fd_.Reset();
-  if (timed_) {
+  if (timed_ && idle_wait) {
     // Idle between frames: no limit. The frame timeout applies from its
     // first byte on.
     if (absl::Status s = WaitReadable(fd()); !s.ok()) return Break(s);

@@ -17,12 +17,14 @@
 //       40     8  generation     the virtual-to-physical map generation the
 //                                sender acts in (0 until elastic execution
 //                                sets it; receivers will fence older ones)
-//       48    16  credential     the sender's per-session credential, issued
-//                                by the server (zero until the shared-
-//                                service work checks it)
+//       48    16  reserved       zero (version 2 sent a credential here;
+//                                since version 3 the connection's
+//                                handshake proves it once, handshake.h)
 //
 // Reserved fields must be zero, so that a later version can use them and
 // an older receiver refuses rather than misreads.
+// Every connection begins with the handshake (CHALLENGE, HELLO, WELCOME;
+// internal/handshake.h); any other frame before it ends is refused.
 // The payload follows the header, except under kFlagFd, where the memfd
 // holding it rides on the header's first byte (SCM_RIGHTS, unix sockets
 // only) and no payload bytes follow. ERROR and PUSH_ERROR carry the message
@@ -38,6 +40,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "plexus/store/storage.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/socket_io.h"
@@ -56,13 +59,16 @@ enum class FrameType : uint16_t {
   kAck = 6,
   kData = 7,
   kError = 8,
+  kChallenge = 9,  // acceptor -> connector: nonce (handshake.h)
+  kHello = 10,     // connector -> acceptor: who, nonce, proof
+  kWelcome = 11,   // acceptor -> connector: its proof
 };
 const char* FrameTypeName(FrameType type);
 
 inline constexpr uint32_t kFrameMagic = 0x44584C50;  // "PLXD" on the wire
-// 1: the 32-byte header without version; 2: this one.
-inline constexpr uint16_t kFrameVersion = 2;
-inline constexpr size_t kCredentialBytes = 16;
+// 1: the 32-byte header without version; 2: a credential in every header;
+// 3: this one (a handshake per connection, no credential in frames).
+inline constexpr uint16_t kFrameVersion = 3;
 inline constexpr uint16_t kFlagFd = 1;
 // Larger claims are malformed frames, not allocations to attempt.
 inline constexpr uint64_t kMaxPayloadBytes = uint64_t{64} << 30;
@@ -80,7 +86,7 @@ struct FrameHeader {
   int32_t status_code = 0;
   uint32_t reserved1 = 0;
   uint64_t generation = 0;
-  uint8_t credential[kCredentialBytes] = {};
+  uint8_t reserved2[16] = {};
 
   FrameType frame_type() const { return static_cast<FrameType>(type); }
   ShardKey key() const { return ShardKey{buffer_id, shard}; }
@@ -91,7 +97,7 @@ static_assert(offsetof(FrameHeader, shard) == 12 &&
                   offsetof(FrameHeader, payload_bytes) == 24 &&
                   offsetof(FrameHeader, status_code) == 32 &&
                   offsetof(FrameHeader, generation) == 40 &&
-                  offsetof(FrameHeader, credential) == 48,
+                  offsetof(FrameHeader, reserved2) == 48,
               "field offsets are those of the table above");
 
 // One end of a data-plane connection: sends and reads whole frames.
@@ -102,9 +108,6 @@ static_assert(offsetof(FrameHeader, shard) == 12 &&
 class FrameSocket {
  public:
   FrameSocket(UniqueFd fd, bool is_unix);
-
-  // Every frame this end sends carries `credential` (zero until set).
-  void set_credential(const uint8_t (&credential)[kCredentialBytes]);
 
   int fd() const { return fd_.get(); }
   bool is_unix() const { return is_unix_; }
@@ -127,9 +130,14 @@ class FrameSocket {
   // begin.
   absl::Status SetFrameTimeout(absl::Duration timeout);
 
+  // `header` and `payload` as they are (handshake frames).
+  absl::Status SendFrame(FrameHeader header, absl::string_view payload);
+
   // Reads and checks the next header. Sets `*eof` when the peer closed the
   // connection between frames (an orderly end; still an error result).
-  absl::StatusOr<FrameHeader> ReadHeader(bool* eof);
+  // With `idle_wait` false, a timed socket (SetFrameTimeout) also limits the
+  // wait for the frame to begin (the handshake's frames).
+  absl::StatusOr<FrameHeader> ReadHeader(bool* eof, bool idle_wait = true);
   // The shard of a PUSH, PUT or DATA header: the passed memfd mapped, or the
   // inline bytes read straight into storage from `allocate(bytes)`. If
   // `allocate` fails the bytes are skipped and its error returned.
@@ -162,7 +170,6 @@ class FrameSocket {
   std::string peer_;
   bool broken_ = false;
   bool timed_ = false;  // SetFrameTimeout was called
-  uint8_t credential_[kCredentialBytes] = {};
   UniqueFd passed_fd_;  // arrived with the last header
 };
 

@@ -26,16 +26,17 @@ inline constexpr absl::Duration kDeadline = absl::Seconds(20);
 // An object store reduced to a map of ready shards (and failed ones).
 class MapHandler : public DataPlaneHandler {
  public:
-  // Allows every request, or only those carrying `required` once set.
-  absl::Status Authorize(DataPlaneRequest, const ShardKey&,
-                         const DataPlaneCredential& credential) override {
+  // Every peer must prove `required_` (all zero until RequireCredential);
+  // a connection that does may make every request.
+  absl::StatusOr<Credential> CredentialFor(const DataPlanePeer&) override {
     absl::MutexLock lock(&mu_);
-    if (required_.has_value() && credential != *required_) {
-      return absl::PermissionDeniedError("wrong credential");
-    }
+    return required_;
+  }
+  absl::Status Authorize(DataPlaneRequest, const ShardKey&,
+                         const DataPlanePeer&) override {
     return absl::OkStatus();
   }
-  void RequireCredential(const DataPlaneCredential& credential) {
+  void RequireCredential(const Credential& credential) {
     absl::MutexLock lock(&mu_);
     required_ = credential;
   }
@@ -141,7 +142,7 @@ class MapHandler : public DataPlaneHandler {
   absl::Status no_room_ ABSL_GUARDED_BY(mu_);
   int allocations_ ABSL_GUARDED_BY(mu_) = 0;
   int admissions_ ABSL_GUARDED_BY(mu_) = 0;
-  std::optional<DataPlaneCredential> required_ ABSL_GUARDED_BY(mu_);
+  Credential required_ ABSL_GUARDED_BY(mu_) = {};
   size_t admit_limit_ ABSL_GUARDED_BY(mu_) = ~size_t{0};
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
