@@ -11,37 +11,8 @@ import pytest
 
 import plexus
 
-# The data-plane header (src/plexus/transport/internal/frame_socket.h).
-HEADER = struct.Struct("<IHHHHiQQiIQ16s")
-MAGIC, VERSION = 0x44584C50, 2
-PUT, ACK, ERROR = 3, 6, 8
-assert HEADER.size == 64
-
-
-def frame(kind, buffer_id, shard=0, payload=b"", claim=None):
-    size = len(payload) if claim is None else claim
-    return HEADER.pack(MAGIC, VERSION, kind, 0, 0, shard, buffer_id, size, 0,
-                       0, 0, b"\0" * 16) + payload
-
-
-def connect(address):
-    host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=20)
-    return sock
-
-
-def read_reply(sock):
-    head = b""
-    while len(head) < HEADER.size:
-        chunk = sock.recv(HEADER.size - len(head))
-        assert chunk, "the worker closed the connection instead of replying"
-        head += chunk
-    fields = HEADER.unpack(head)
-    kind, payload_bytes = fields[2], fields[7]
-    body = b""
-    while len(body) < payload_bytes:
-        body += sock.recv(payload_bytes - len(body))
-    return kind, body.decode(errors="replace")
+from dataplane import (ERROR, FETCH, PUSH, PUT, connect, connect_as, frame,
+                       read_reply)
 
 
 def rss_kib(pid):
@@ -77,9 +48,11 @@ def test_a_put_into_a_guessed_id_is_refused_and_the_owner_is_intact(cluster):
     target = first._f.buffer_id + 1  # the id of the client's next put
     worker = cluster.status()["workers"][0]
     replies = []
+    other = client.id + 1  # another client: holds its own credential
 
     def hostile():
-        with connect(worker["data_address"]) as sock:
+        with connect_as(worker["data_address"], cluster._secret, "client",
+                        other) as sock:
             sock.sendall(frame(PUT, target, payload=b"\xff" * 16))
             replies.append(read_reply(sock))
 
@@ -89,7 +62,7 @@ def test_a_put_into_a_guessed_id_is_refused_and_the_owner_is_intact(cluster):
     assert not t.is_alive()
     kind, message = replies[0]
     assert kind == ERROR
-    assert "does not carry its credential" in message, message
+    assert f"belongs to client {client.id}" in message, message
     victim = s.put(np.full(1024, 2.0, np.float32))
     assert victim._f.buffer_id == target
     np.testing.assert_array_equal(np.asarray(victim), 2.0)
@@ -103,7 +76,8 @@ def test_a_header_claiming_a_gibibyte_maps_nothing(cluster):
     socks = []
     try:
         for i in range(4):  # 4 GiB claimed in all, no byte sent
-            sock = connect(worker["data_address"])
+            sock = connect_as(worker["data_address"], cluster._secret,
+                              "client", 999)
             sock.sendall(frame(PUT, (999 << 40) | i, claim=1 << 30))
             socks.append(sock)
         # A round trip on the same worker shows the claims were read.
@@ -197,9 +171,6 @@ def test_a_closed_client_refuses_calls(cluster):
         what="the closed client's buffers to be freed")
 
 
-FETCH, PUSH = 4, 1
-
-
 @pytest.mark.parametrize("shared_memory", [True, False])
 def test_a_buffer_id_opens_nothing_without_its_clients_credential(
         cluster, shared_memory):
@@ -207,15 +178,26 @@ def test_a_buffer_id_opens_nothing_without_its_clients_credential(
     s = client.slice(1)
     x = s.put(np.arange(256, dtype=np.float32))
     worker = cluster.status()["workers"][0]
+    # No handshake at all: the first request is refused, the connection
+    # closed.
     with connect(worker["data_address"]) as sock:
-        # Knowing the id is not enough: a fetch, a put over it, a push.
+        sock.sendall(frame(FETCH, x._f.buffer_id))
+        assert read_reply(sock)[0] == 9  # CHALLENGE, sent on accept
+        kind, message = read_reply(sock)
+        assert kind == ERROR and "expected HELLO, got FETCH" in message, message
+    # Another client, with its own valid credential: knowing the id is not
+    # enough for a fetch, a put over it, or a push.
+    other = client.id + 1
+    with connect_as(worker["data_address"], cluster._secret, "client",
+                    other) as sock:
         sock.sendall(frame(FETCH, x._f.buffer_id))
         kind, message = read_reply(sock)
         assert kind == ERROR
-        assert "does not carry its credential" in message, message
+        assert (f"belongs to client {client.id}, and this connection "
+                f"is client {other}'s") in message, message
         sock.sendall(frame(PUT, x._f.buffer_id, payload=b"\0" * 1024))
         kind, message = read_reply(sock)
-        assert kind == ERROR and "credential" in message, message
+        assert kind == ERROR and "belongs to client" in message, message
         sock.sendall(frame(PUSH, x._f.buffer_id, payload=b"\0" * 1024))
         sock.sendall(frame(FETCH, x._f.buffer_id))  # still in step
         assert read_reply(sock)[0] == ERROR
