@@ -318,14 +318,31 @@ class Client:
     def id(self):
         return self._core.client_id
 
-    def slice(self, n, mesh=None, axis_names=None, placement="any"):
+    def slice(self, n, mesh=None, axis_names=None, placement="any", hosts=None,
+              avoid=None, timeout=30.0):
         """Asks the server for a slice of `n` virtual devices.
 
         mesh: shape of the device mesh (default (n,)); axis_names: its axis
-        names; placement: "any", "one_host" or "spread" (over hosts).
+        names; placement: "any", "one_host" or "spread" (over hosts);
+        hosts: only devices of these hosts (names as `plexus status` shows
+        them; an island is the devices of one host); avoid: slices (or slice
+        ids) of this client whose hosts it must not use.
+
+        A request the cluster cannot meet now (too few live devices or hosts
+        for the placement, or over the tenant's max_devices) waits at the
+        server up to `timeout` seconds for capacity to appear, then raises
+        DeadlineExceededError saying what it waited for; timeout=0 raises
+        ResourceExhaustedError at once. A bad request (mesh, unknown host)
+        raises at once. `plexus status` lists the requests that wait.
         """
+        if isinstance(hosts, str):
+            hosts = [hosts]
+        if isinstance(avoid, Slice):
+            avoid = [avoid]
+        avoid_ids = [a.id if isinstance(a, Slice) else int(a) for a in (avoid or [])]
         return Slice(self._core.slice(n, list(mesh or []), list(axis_names or []),
-                                      placement), self)
+                                      placement, list(hosts or []), avoid_ids,
+                                      float(timeout)), self)
 
     def graph(self):
         return Graph(self)
@@ -377,6 +394,11 @@ def _decode_status(text):
         w["host_name"] = str(w.get("host_name", ""))
     for c in st.get("clients", []):
         c["name"] = str(c.get("name", ""))
+    for s in st.get("slices", []):
+        for d in s.get("devices", []):
+            d["host_name"] = str(d.get("host_name", ""))
+    for p in st.get("pending_slices", []):
+        p["waiting_for"] = str(p.get("waiting_for", ""))
     return st
 
 

@@ -93,14 +93,31 @@ def format_status(st):
         out.append(f"  worker {w['worker_id']} down: {w['down_reason']}")
     slices = st.get("slices", [])
     if slices:
+        # Where each virtual device is: one row per host a slice uses, its
+        # virtual devices in mesh order with the device each maps to.
         rows = []
         for s in slices:
-            devs = ", ".join(f"{d['host_name']}:{d['device']}"
-                             for d in s.get("devices", []))
-            rows.append([s["slice_id"], s["client_id"], len(s.get("devices", [])),
-                         devs])
+            by_host = {}
+            for v, d in enumerate(s.get("devices", [])):
+                key = (d.get("host_name", ""), d.get("worker_id", 0))
+                by_host.setdefault(key, []).append(f"{v}->{d.get('device', 0)}")
+            for i, ((host, worker), maps) in enumerate(by_host.items()):
+                rows.append([s["slice_id"] if i == 0 else "",
+                             s["client_id"] if i == 0 else "",
+                             len(s.get("devices", [])) if i == 0 else "",
+                             host, worker, " ".join(maps)])
         out.append("")
-        out.append(_table(["SLICE", "CLIENT", "DEVICES", "PLACEMENT"], rows))
+        out.append(_table(["SLICE", "CLIENT", "DEVICES", "HOST", "WORKER",
+                           "VIRTUAL->DEVICE"], rows))
+    pending = st.get("pending_slices", [])
+    if pending:
+        rows = [[p["client_id"], p.get("request_id", 0), p.get("num_devices", 0),
+                 f"{p.get('waited_ms', 0) / 1000:.1f} s",
+                 f"{p.get('left_ms', 0) / 1000:.1f} s", p.get("waiting_for", "")]
+                for p in pending]
+        out.append("")
+        out.append(_table(["WAITING CLIENT", "REQUEST", "DEVICES", "WAITED",
+                           "LEFT", "WAITING FOR"], rows))
     clients = st.get("clients", [])
     if clients:
         rows = []

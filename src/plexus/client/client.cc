@@ -209,6 +209,9 @@ absl::StatusOr<std::shared_ptr<Slice>> Client::CreateSlice(
       options.placement == Placement::kOneHost  ? proto::PLACEMENT_ONE_HOST
       : options.placement == Placement::kSpread ? proto::PLACEMENT_SPREAD
                                                 : proto::PLACEMENT_ANY);
+  for (const auto& h : options.hosts) req.add_hosts(h);
+  for (uint64_t s : options.avoid_slices) req.add_avoid_slices(s);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
   auto info = core_->RequestSlice(req);
   if (!info.ok()) return info.status();
   return std::make_shared<Slice>(core_, *info);

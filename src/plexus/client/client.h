@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
@@ -33,6 +34,15 @@ struct SliceOptions {
   std::vector<int32_t> mesh_shape;      // default: [num_devices]
   std::vector<std::string> axis_names;  // default: ["devices"]
   Placement placement = Placement::kAny;
+  // Only devices of these hosts (host names as their workers registered).
+  std::vector<std::string> hosts;
+  // Not on the hosts of these slices (this client's own).
+  std::vector<uint64_t> avoid_slices;
+  // How long the server may hold the request for capacity it lacks now
+  // (live devices or hosts, room under the tenant's max_devices): past it,
+  // DeadlineExceeded saying what it waited for. Zero: ResourceExhausted
+  // at once.
+  absl::Duration timeout = absl::Seconds(30);
 };
 
 // A set of virtual devices granted by the server, with a mesh shape.

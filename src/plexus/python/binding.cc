@@ -256,11 +256,21 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "slice",
           [](Client& c, int n, std::vector<int32_t> mesh,
-             std::vector<std::string> axes, const std::string& placement) {
+             std::vector<std::string> axes, const std::string& placement,
+             std::vector<std::string> hosts, std::vector<uint64_t> avoid,
+             double timeout) {
             SliceOptions o;
             o.num_devices = n;
             o.mesh_shape = mesh;
             o.axis_names = axes;
+            o.hosts = std::move(hosts);
+            o.avoid_slices = std::move(avoid);
+            if (!(timeout >= 0)) {  // NaN too
+              Raise(absl::InvalidArgumentError(
+                  "a slice's timeout must be a number of seconds >= 0, not " +
+                  std::to_string(timeout)));
+            }
+            o.timeout = absl::Seconds(timeout);
             if (placement == "one_host") {
               o.placement = Placement::kOneHost;
             } else if (placement == "spread") {
@@ -279,7 +289,9 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("n"), py::arg("mesh_shape") = std::vector<int32_t>{},
           py::arg("axis_names") = std::vector<std::string>{},
-          py::arg("placement") = "any")
+          py::arg("placement") = "any",
+          py::arg("hosts") = std::vector<std::string>{},
+          py::arg("avoid") = std::vector<uint64_t>{}, py::arg("timeout") = 30.0)
       .def("compile",
            [](Client& c, std::shared_ptr<Slice> slice, const std::string& name,
               const std::string& kernel, const py::dict& attrs,
