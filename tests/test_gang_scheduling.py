@@ -61,7 +61,7 @@ def test_gang_scheduler_runs_opposite_collectives_to_completion(tmp_path):
             # all_reduce of a split [1, 1] (a) or [2, 2] (b): replicated sum.
             np.testing.assert_array_equal(value, [2.0] if k == "a" else [4.0])
         st = cluster.status()
-        assert st["scheduler"] == "gang/fifo" and st["epoch"] > 0
+        assert st["scheduler"] == "gang/fair" and st["epoch"] > 0
 
 
 def test_without_the_scheduler_opposite_collectives_deadlock(tmp_path):

@@ -2,9 +2,7 @@
 
 namespace plexus {
 
-GangScheduler::GangScheduler(std::unique_ptr<SchedulingPolicy> policy,
-                             Options options)
-    : options_(options), policy_(std::move(policy)) {}
+GangScheduler::GangScheduler(Options options) : options_(options) {}
 
 void GangScheduler::AddWorker(int64_t worker_id,
                               std::shared_ptr<WorkerQueue> queue) {
@@ -41,14 +39,8 @@ void GangScheduler::Broadcast(const proto::WorkerOp& op, int64_t except) {
   }
 }
 
-uint64_t GangScheduler::Submit(uint64_t client_id, std::vector<WorkerOps> units,
-                               int calls) {
+uint64_t GangScheduler::Submit(std::vector<WorkerOps> units) {
   absl::MutexLock lock(&mu_);
-  auto may = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return policy_->MayAdmit(client_id, calls);
-  };
-  mu_.Await(absl::Condition(&may));
-  policy_->Admitted(client_id, calls);
   const uint64_t epoch = ++epoch_;
   for (auto& entry : queues_) {
     // Not a structured binding: C++17 lambdas cannot capture one (clang).
@@ -72,11 +64,6 @@ uint64_t GangScheduler::Submit(uint64_t client_id, std::vector<WorkerOps> units,
 uint64_t GangScheduler::epoch() const {
   absl::MutexLock lock(&mu_);
   return epoch_;
-}
-
-std::string GangScheduler::policy_name() const {
-  absl::MutexLock lock(&mu_);
-  return policy_->name();
 }
 
 }  // namespace plexus

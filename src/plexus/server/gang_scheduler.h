@@ -11,8 +11,9 @@
 // by appending to in-memory queues under one lock: microseconds per batch,
 // never a round trip per call.
 //
-// Which pending batch is admitted next is the SchedulingPolicy's choice
-// (FIFO now; a fairness policy plugs in here). Thread-safe.
+// Which unit is ordered next, and when, is admission's choice
+// (server/admission.h: fair shares, windows, quotas); this class only
+// keeps the order it is given consistent. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -28,26 +29,6 @@
 
 namespace plexus {
 
-// Decides when a client's batch may be admitted. Called under the
-// scheduler's lock; must not block for long.
-class SchedulingPolicy {
- public:
-  virtual ~SchedulingPolicy() = default;
-  virtual std::string name() const = 0;
-  // Whether `client_id`'s next batch of `calls` calls may go now. A policy
-  // that says no is asked again whenever another batch is admitted.
-  virtual bool MayAdmit(uint64_t client_id, int calls) = 0;
-  virtual void Admitted(uint64_t client_id, int calls) = 0;
-};
-
-// First come, first served: batches are admitted in arrival order.
-class FifoPolicy : public SchedulingPolicy {
- public:
-  std::string name() const override { return "fifo"; }
-  bool MayAdmit(uint64_t, int) override { return true; }
-  void Admitted(uint64_t, int) override {}
-};
-
 using WorkerQueue = OutQueue<proto::WorkerOp>;
 
 class GangScheduler {
@@ -61,8 +42,7 @@ class GangScheduler {
     bool consistent_order = true;
   };
 
-  explicit GangScheduler(std::unique_ptr<SchedulingPolicy> policy,
-                         Options options);
+  explicit GangScheduler(Options options);
 
   void AddWorker(int64_t worker_id, std::shared_ptr<WorkerQueue> queue);
   // Returns the queue so its owner can close and join it.
@@ -73,17 +53,15 @@ class GangScheduler {
   void Send(int64_t worker_id, proto::WorkerOp op);
   void Broadcast(const proto::WorkerOp& op, int64_t except = -1);
 
-  // Admits one client batch: `units` in order; `calls` counts its calls.
+  // Orders one batch: `units` in order, after everything submitted before.
   // Returns the epoch (position in the global order) it was given.
-  uint64_t Submit(uint64_t client_id, std::vector<WorkerOps> units, int calls);
+  uint64_t Submit(std::vector<WorkerOps> units);
 
   uint64_t epoch() const;
-  std::string policy_name() const;
 
  private:
   const Options options_;
   mutable absl::Mutex mu_;
-  std::unique_ptr<SchedulingPolicy> policy_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::shared_ptr<WorkerQueue>> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -38,24 +38,23 @@ WorkerOps Call(uint64_t id) {
 }
 
 TEST(GangSchedulerTest, EveryIslandGetsTheSameOrderAcrossClients) {
-  GangScheduler scheduler(std::make_unique<FifoPolicy>(), {});
+  GangScheduler scheduler({});
   RecordingWorker a, b;
   scheduler.AddWorker(1, a.queue);
   scheduler.AddWorker(2, b.queue);
-  scheduler.Submit(/*client=*/1, {Call(10), Call(11)}, 2);
-  scheduler.Submit(/*client=*/2, {Call(20), Call(21)}, 2);
+  scheduler.Submit({Call(10), Call(11)});
+  scheduler.Submit({Call(20), Call(21)});
   EXPECT_EQ(a.WaitFor(4), (std::vector<uint64_t>{10, 11, 20, 21}));
   EXPECT_EQ(b.WaitFor(4), (std::vector<uint64_t>{10, 11, 20, 21}));
   EXPECT_EQ(scheduler.epoch(), 2u);
 }
 
 TEST(GangSchedulerTest, TestOnlyBypassLetsIslandsDisagree) {
-  GangScheduler scheduler(std::make_unique<FifoPolicy>(),
-                          {.consistent_order = false});
+  GangScheduler scheduler({.consistent_order = false});
   RecordingWorker a, b;
   scheduler.AddWorker(1, a.queue);
   scheduler.AddWorker(2, b.queue);
-  scheduler.Submit(1, {Call(10), Call(11)}, 2);
+  scheduler.Submit({Call(10), Call(11)});
   EXPECT_EQ(a.WaitFor(2), (std::vector<uint64_t>{11, 10}));
   EXPECT_EQ(b.WaitFor(2), (std::vector<uint64_t>{10, 11}));
 }

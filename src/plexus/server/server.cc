@@ -1,5 +1,6 @@
 #include "plexus/server/server.h"
 
+#include <atomic>
 #include <map>
 #include <thread>
 
@@ -9,6 +10,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/server/admission.h"
 #include "plexus/server/cluster_state.h"
 #include "plexus/server/gang_scheduler.h"
 #include "plexus/server/out_queue.h"
@@ -26,8 +28,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
   ServerImpl(const ServerOptions& options, ClusterSecret secret)
       : options_(options),
         secret_(std::move(secret)),
-        scheduler_(std::make_unique<FifoPolicy>(),
-                   {.consistent_order = options.consistent_order}) {}
+        admission_(options.admission),
+        scheduler_({.consistent_order = options.consistent_order}) {}
 
   ~ServerImpl() override {
     Shutdown();
@@ -40,6 +42,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
   }
 
   absl::Status Init() {
+    {
+      absl::MutexLock lock(&mu_);
+      state_.SetTenants(options_.tenants);
+    }
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort(options_.listen_address,
@@ -72,6 +78,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
+    {
+      absl::MutexLock admission(&admission_mu_);
+      stopping_ = true;
+      admission_room_.SignalAll();
+    }
     for (auto& [id, ctx] : worker_contexts_) ctx->TryCancel();
     for (auto& [id, ctx] : client_contexts_) ctx->TryCancel();
   }
@@ -145,6 +156,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
       }
       scheduler_.Broadcast(PeerOp(w));
       scheduler_.AddWorker(id, std::move(queue));
+      {
+        absl::MutexLock admission(&admission_mu_);
+        admission_.AddWorker(id, first.register_().devices_size());
+      }
       worker_contexts_[id] = ctx;
       AnswerSlicesLocked();  // slice requests that waited for its devices
       SPDLOG_INFO("worker {} registered: host {}, {} device(s), pid {}", id,
@@ -163,6 +178,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
         }
       } else if (msg.has_transfer_failed()) {
         RelayTransferFailure(id, msg.transfer_failed());
+      } else if (msg.has_calls_done()) {
+        control_bytes_in_ += msg.ByteSizeLong();
+        absl::MutexLock admission(&admission_mu_);
+        admission_.Completed(id, msg.calls_done());
+        AdmitLocked();
       }
     }
     WorkerDown(id, absl::StrCat("worker ", id,
@@ -190,7 +210,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
     OutQueue<proto::ServerToClient>* out;
     {
       absl::MutexLock lock(&mu_);
-      id = state_.AddClient(msg.client_name()).id;
+      const ClientRecord& client = state_.AddClient(msg.client_name());
+      id = client.id;
+      {
+        const TenantPolicy& policy = state_.PolicyOf(client);
+        absl::MutexLock admission(&admission_mu_);
+        admission_.AddClient(id, policy.weight, policy.max_calls_in_flight);
+      }
       auto queue = std::make_unique<OutQueue<proto::ServerToClient>>(
           [stream, id](std::vector<proto::ServerToClient>& parts) {
             proto::ServerToClient merged;
@@ -211,13 +237,24 @@ class ServerImpl : public Server, public proto::Controller::Service {
       SPDLOG_INFO("client {} connected: {}", id, msg.client_name());
     }
     do {
-      HandleClientBatch(id, msg, out);
+      HandleClientBatch(ctx, id, msg, out);
     } while (stream->Read(&msg));
 
     std::unique_ptr<OutQueue<proto::ServerToClient>> queue;
     {
       absl::MutexLock lock(&mu_);
       std::set<int64_t> touched = state_.RemoveClient(id);  // and its waits
+      {
+        // Its queued calls are dropped before the workers hear it is gone,
+        // and its calls in flight no longer hold their windows.
+        absl::MutexLock admission(&admission_mu_);
+        const int64_t dropped = admission_.RemoveClient(id);
+        if (dropped > 0) {
+          SPDLOG_INFO("client {}: dropped {} unit(s) of work it had queued", id,
+                      dropped);
+        }
+        AdmitLocked();
+      }
       proto::WorkerOp gone;
       gone.mutable_client_gone()->set_client_id(id);
       for (int64_t w : touched) scheduler_.Send(w, gone);
@@ -232,17 +269,15 @@ class ServerImpl : public Server, public proto::Controller::Service {
     return grpc::Status::OK;
   }
 
-  void HandleClientBatch(uint64_t id, const proto::ClientToServer& msg,
+  void HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
+                         const proto::ClientToServer& msg,
                          OutQueue<proto::ServerToClient>* out) {
-    // Back-pressure: wait until no worker queue is full before ordering more.
-    for (auto& q : scheduler_.Queues()) q->WaitForRoom();  // closed: room
-
-    absl::MutexLock lock(&mu_);
+    WaitForRoomInQueue(ctx, id);
+    absl::ReleasableMutexLock lock(&mu_);
     control_bytes_in_ += msg.ByteSizeLong();
     // One unit per op, so the scheduler can keep (or, in the test-only
     // bypass, break) the order of calls across islands.
     std::vector<WorkerOps> units;
-    int calls = 0;
     proto::ServerToClient reply;
     bool last_was_release = false;
     bool released_slice = false;  // room under max_devices for waiters
@@ -282,7 +317,6 @@ class ServerImpl : public Server, public proto::Controller::Service {
           break;
         }
         case proto::ClientOp::kCall: {
-          calls++;
           absl::Status s = state_.RouteCall(id, op.call(), &ops);
           if (!s.ok()) {
             proto::CallError* e = reply.add_errors();
@@ -314,9 +348,58 @@ class ServerImpl : public Server, public proto::Controller::Service {
           break;
       }
     }
-    scheduler_.Submit(id, std::move(units), calls);
     if (reply.slices_size() || reply.errors_size()) out->Push(std::move(reply));
     if (released_slice) AnswerSlicesLocked();
+    // Into the client's queue at admission, still under the state lock (so
+    // nothing of a client that is being removed gets in); admitted to the
+    // workers under the admission lock alone.
+    absl::MutexLock admission(&admission_mu_);
+    for (WorkerOps& ops : units) {
+      AdmissionUnit unit;
+      for (const auto& [w, list] : ops) {
+        for (const proto::WorkerOp& op : list) {
+          if (op.has_execute()) {
+            unit.exec_workers.push_back(w);
+            unit.program_id = op.execute().program_id();
+            break;
+          }
+        }
+      }
+      unit.ops = std::move(ops);
+      admission_.Enqueue(id, std::move(unit));
+    }
+    lock.Release();
+    AdmitLocked();
+  }
+
+  // Back-pressure on one client: its stream is not read while it has a
+  // full quota of calls waiting at the server (others go on). Ends when
+  // its calls are admitted, or it leaves, or the server shuts down.
+  void WaitForRoomInQueue(grpc::ServerContext* ctx, uint64_t id) {
+    absl::MutexLock admission(&admission_mu_);
+    while (!stopping_) {
+      const Admission::ClientView* view = admission_.Find(id);
+      if (view == nullptr || view->pending_calls < view->max_calls_in_flight) {
+        return;
+      }
+      // A client that died is seen here within this period (a cancelled
+      // stream has no other way to wake this thread).
+      if (ctx->IsCancelled()) return;
+      admission_room_.WaitWithTimeout(&admission_mu_, absl::Milliseconds(100));
+    }
+  }
+
+  // Hands the gang scheduler every unit admission lets go now, as one
+  // batch in the order admission chose.
+  void AdmitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
+    std::vector<WorkerOps> batch;
+    uint64_t client;
+    AdmissionUnit unit;
+    while (admission_.Next(&client, &unit))
+      batch.push_back(std::move(unit.ops));
+    if (batch.empty()) return;
+    scheduler_.Submit(std::move(batch));
+    admission_room_.SignalAll();
   }
 
   // ------------------------------------------------------------ status
@@ -361,7 +444,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     status->set_calls_routed(state_.calls_routed());
     status->set_epoch(scheduler_.epoch());
     status->set_scheduler(options_.consistent_order
-                              ? "gang/" + scheduler_.policy_name()
+                              ? "gang/fair"
                               : "none (test only)");
     status->set_control_bytes_in(control_bytes_in_);
     status->set_data_bytes(0);  // the server has no data path
@@ -382,6 +465,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
       cs->set_name(c.name);
       cs->set_slices(static_cast<int32_t>(c.slices.size()));
       *cs->mutable_stats() = c.stats;
+      absl::MutexLock admission(&admission_mu_);
+      if (const Admission::ClientView* v = admission_.Find(id)) {
+        cs->set_weight(v->weight);
+        cs->set_calls_pending(v->pending_calls);
+        cs->set_calls_in_flight(v->in_flight);
+        cs->set_calls_admitted(v->admitted);
+        cs->set_device_micros(v->device_micros);
+      }
     }
     for (const auto& [id, s] : state_.slices()) {
       auto* ss = status->add_slices();
@@ -497,6 +588,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
       SPDLOG_WARN("{}", message);
     }
     std::set<uint64_t> clients = state_.MarkWorkerDown(id, message);
+    {
+      absl::MutexLock admission(&admission_mu_);
+      admission_.RemoveWorker(id);
+      AdmitLocked();
+    }
     const proto::Status lost = StatusToProto(absl::UnavailableError(message));
     proto::WorkerOp down;
     down.mutable_peer_down()->set_worker_id(id);
@@ -538,13 +634,18 @@ class ServerImpl : public Server, public proto::Controller::Service {
   absl::Mutex mu_;
   ClusterState state_ ABSL_GUARDED_BY(mu_);
   // Owns the worker queues and the order of everything put on them.
+  // The admission lock: taken after mu_ when both are held, never before.
+  absl::Mutex admission_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  Admission admission_ ABSL_GUARDED_BY(admission_mu_);
+  absl::CondVar admission_room_;  // a client's queue at admission moved
+  bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
   GangScheduler scheduler_;
   std::map<int64_t, grpc::ServerContext*> worker_contexts_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>
       client_queues_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ServerContext*> client_contexts_
       ABSL_GUARDED_BY(mu_);
-  int64_t control_bytes_in_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> control_bytes_in_{0};
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

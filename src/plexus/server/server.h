@@ -17,6 +17,8 @@
 #include "absl/time/time.h"
 #include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
+#include "plexus/server/admission.h"
+#include "plexus/server/tenants.h"
 
 namespace plexus {
 
@@ -43,6 +45,10 @@ struct ServerOptions {
   // the admin credential, and issues each client session its credential.
   // None: Start() draws one, which secret() hands to in-process workers.
   std::optional<ClusterSecret> secret;
+  // The operator's per-tenant weights and quotas (--tenants FILE).
+  TenantTable tenants;
+  // Admission windows (server/admission.h).
+  Admission::Options admission;
 };
 
 // The heartbeat period a server with `options` asks of its workers, and

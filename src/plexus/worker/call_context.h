@@ -20,6 +20,8 @@ struct WorkerImpl::CallContext {
   std::unique_ptr<CallCollective> collective;  // collective kernels
   std::unique_ptr<IslandExecution> island;     // XLA programs
   std::atomic<int> tasks_left{0};
+  // Device time of its tasks here so far: reported when the last ends.
+  std::atomic<int64_t> busy_micros{0};
   // Per task: why it cannot run, found when it was queued (an input that
   // is not on this worker); OK otherwise.
   std::vector<absl::Status> input_errors;

@@ -274,7 +274,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     return absl::OkStatus();
   };
 
+  const absl::Time started = absl::Now();
   absl::Status status = run();
+  call->busy_micros += absl::ToInt64Microseconds(absl::Now() - started);
   if (call->island && !joined_island) call->island->Fail(task_index, status);
   if (call->collective &&
       (shard_collectives == nullptr || !shard_collectives->contributed())) {
@@ -308,8 +310,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
       }
     }
   }
-  if (--call->tasks_left == 0 && call->collective) {
-    call->collective->ReleasePartials();
+  if (--call->tasks_left == 0) {
+    if (call->collective) call->collective->ReleasePartials();
+    CallFinished(exec, call->busy_micros.load());
   }
 }
 

@@ -205,7 +205,7 @@ void WorkerImpl::WriterLoop() {
     {
       absl::MutexLock lock(&mu_);
       while (!done_ && !stream_ended_ && failed_transfers_.empty() &&
-             absl::Now() < next_beat) {
+             calls_done_.tickets().empty() && absl::Now() < next_beat) {
         wake_writer_.WaitWithDeadline(&mu_, next_beat);
       }
       if (done_ || stream_ended_) break;
@@ -213,6 +213,10 @@ void WorkerImpl::WriterLoop() {
         *out.emplace_back().mutable_transfer_failed() = std::move(f);
       }
       failed_transfers_.clear();
+      // Everything that finished while the last write was going out.
+      if (!calls_done_.tickets().empty()) {
+        out.emplace_back().mutable_calls_done()->Swap(&calls_done_);
+      }
     }
     if (absl::Now() >= next_beat) {
       *out.emplace_back().mutable_heartbeat() = CollectStats();
@@ -227,6 +231,19 @@ void WorkerImpl::WriterLoop() {
   stream_->WritesDone();
   absl::MutexLock lock(&mu_);
   writer_done_ = true;
+}
+
+void WorkerImpl::CallFinished(const proto::Execute& exec,
+                              int64_t busy_micros) {
+  absl::MutexLock lock(&mu_);
+  Usage& usage = usage_[exec.client_id()];
+  usage.busy_micros += busy_micros;
+  usage.calls++;
+  if (exec.ticket() == 0) return;  // not admitted by a server (harnesses)
+  calls_done_.add_client_ids(exec.client_id());
+  calls_done_.add_tickets(exec.ticket());
+  calls_done_.add_busy_micros(busy_micros);
+  wake_writer_.SignalAll();
 }
 
 void WorkerImpl::ReportTransferFailure(int64_t dst_worker,
@@ -261,6 +278,13 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_bytes_received(counters_.bytes_received.load());
   s.set_bytes_from_clients(counters_.bytes_from_clients.load());
   s.set_bytes_to_clients(counters_.bytes_to_clients.load());
+  absl::MutexLock lock(&mu_);
+  for (const auto& [client, usage] : usage_) {
+    proto::ClientUsage* u = s.add_clients();
+    u->set_client_id(client);
+    u->set_busy_micros(usage.busy_micros);
+    u->set_calls(usage.calls);
+  }
   return s;
 }
 
@@ -384,6 +408,10 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kClientGone: {
       const uint64_t client = op.client_gone().client_id();
       store_->ReleaseClient(client);
+      {
+        absl::MutexLock lock(&mu_);
+        usage_.erase(client);
+      }
       // Its programs go too (their ids carry the client's, as buffer ids
       // do); calls and compiles still running hold their own reference.
       int64_t unloaded = 0;

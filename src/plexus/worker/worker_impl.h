@@ -108,6 +108,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
                                       const proto::TensorSpec& spec,
                                       int device) const;
   proto::WorkerStats CollectStats();
+  // The last task of a call on this worker ended (done or failed): the
+  // writer reports it to the server's admission (CallsDone), and the
+  // client's usage grows.
+  void CallFinished(const proto::Execute& exec, int64_t busy_micros);
   // The sender to a peer, made on first use: valid until ~WorkerImpl; null
   // for an unknown peer, and once the worker is being destroyed.
   PeerSender* SenderTo(int64_t worker_id);
@@ -183,6 +187,14 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;  // the reader saw its end
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;   // WritesDone was called
   std::vector<proto::TransferFailed> failed_transfers_ ABSL_GUARDED_BY(mu_);
+  // Calls finished since the writer last reported them.
+  proto::CallsDone calls_done_ ABSL_GUARDED_BY(mu_);
+  // Device time and calls per live client (WorkerStats.clients).
+  struct Usage {
+    int64_t busy_micros = 0;
+    int64_t calls = 0;
+  };
+  absl::flat_hash_map<uint64_t, Usage> usage_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace plexus
