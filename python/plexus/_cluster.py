@@ -42,7 +42,7 @@ class LocalCluster:
 
     def __init__(self, hosts=2, devices_per_host=1, device_memory_mib=1024,
                  shared_memory=True, log_level="warn", log_file=None,
-                 attached=True, heartbeat_timeout_ms=3000, scheduler="gang",
+                 attached=True, heartbeat_timeout_ms=1000, scheduler="gang",
                  pjrt_plugin=None, secret=None):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")

@@ -1,5 +1,6 @@
 #include "plexus/server/server.h"
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <thread>
@@ -8,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/server/admission.h"
@@ -61,12 +63,17 @@ class ServerImpl : public Server, public proto::Controller::Service {
     std::string host =
         options_.listen_address.substr(0, options_.listen_address.rfind(':'));
     address_ = absl::StrCat(host, ":", port);
+    advertised_ = AdvertisedAddress(options_.advertise_address, address_);
     liveness_ = std::thread([this] { LivenessLoop(); });
-    SPDLOG_INFO("listening on {}", address_);
+    SPDLOG_INFO("listening on {}{}", address_,
+                advertised_ == address_
+                    ? ""
+                    : absl::StrCat(", advertised as ", advertised_));
     return absl::OkStatus();
   }
 
   std::string address() const override { return address_; }
+  std::string advertised_address() const override { return advertised_; }
   const ClusterSecret& secret() const override { return secret_; }
 
   void Wait() override {
@@ -93,10 +100,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
       absl::MutexLock lock(&mu_);
       AnswerSlicesLocked();  // slice requests past their deadline fail
       absl::Time now = options_.clock->Now();
+      // Silent for the deadline less one check period: declared down by
+      // this check or the next, so within the deadline of the last
+      // heartbeat (and of the hang, which came after it).
+      const absl::Duration silence =
+          options_.heartbeat_timeout - LivenessCheckPeriod(options_);
       for (auto& [id, w] : state_.workers()) {
-        if (w.alive && now - w.last_heartbeat > options_.heartbeat_timeout) {
-          late.push_back(id);
-        }
+        if (w.alive && now - w.last_heartbeat > silence) late.push_back(id);
       }
     }
     for (int64_t id : late) {
@@ -113,6 +123,15 @@ class ServerImpl : public Server, public proto::Controller::Service {
     if (!stream->Read(&first) || !first.has_register_()) {
       return grpc::Status(grpc::INVALID_ARGUMENT,
                           "the first message must register the worker");
+    }
+    // A worker of another release would misread the ops it is sent.
+    if (absl::Status v = CheckProtocolVersion(
+            "server", "worker", first.register_().protocol_version());
+        !v.ok()) {
+      SPDLOG_WARN("refused a worker registration from host {} (pid {}): {}",
+                  first.register_().host_name(), first.register_().pid(),
+                  std::string(v.message()));
+      return grpc::Status(grpc::FAILED_PRECONDITION, std::string(v.message()));
     }
     // Only a process that holds the cluster secret may join: a worker
     // receives programs and pushed tensors of every client.
@@ -135,16 +154,35 @@ class ServerImpl : public Server, public proto::Controller::Service {
                        kClusterSecretEnv, " or --secret-file)"));
     }
     first.mutable_register_()->clear_credential();  // not kept, not shown
+    // A host that rejoins (its session ended on its side) while its old
+    // registration still looks alive here: that one is declared down first,
+    // so nothing waits on it and its pushes are fenced.
+    const std::string rejoined = PreviousRegistration(first.register_());
     int64_t id;
     {
       absl::MutexLock lock(&mu_);
+      if (shutdown_) {
+        // Too late to be cancelled by Shutdown(): refused instead.
+        return grpc::Status(grpc::CANCELLED, "the server is shutting down");
+      }
       control_bytes_in_ += first.ByteSizeLong();
       WorkerRecord& w =
           state_.AddWorker(first.register_(), options_.clock->Now());
+      w.generation = ++generation_;
       id = w.id;
+      // The first message also carries what the worker needs to know of
+      // this session.
+      proto::ServerToWorker hello;
+      hello.set_protocol_version(kProtocolVersion);
+      hello.set_generation(w.generation);
+      hello.set_heartbeat_interval_ms(
+          absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
+      hello.set_rejoined(rejoined);
       auto queue = std::make_shared<WorkerQueue>(
-          [stream, id](std::vector<proto::WorkerOp>& ops) {
+          [stream, id, hello = std::move(hello)](
+              std::vector<proto::WorkerOp>& ops) mutable {
             proto::ServerToWorker msg;
+            msg.Swap(&hello);  // the first message; empty afterwards
             msg.set_worker_id(id);
             for (auto& op : ops) *msg.add_ops() = std::move(op);
             return stream->Write(msg);
@@ -162,9 +200,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
       }
       worker_contexts_[id] = ctx;
       AnswerSlicesLocked();  // slice requests that waited for its devices
-      SPDLOG_INFO("worker {} registered: host {}, {} device(s), pid {}", id,
-                  first.register_().host_name(),
-                  first.register_().devices_size(), first.register_().pid());
+      SPDLOG_INFO(
+          "worker {} registered: host {}, {} device(s), pid {}, data plane "
+          "{}, generation {}{}",
+          id, first.register_().host_name(), first.register_().devices_size(),
+          first.register_().pid(), first.register_().data_address(),
+          w.generation, rejoined.empty() ? "" : "; it rejoins: " + rejoined);
     }
     proto::WorkerToServer msg;
     while (stream->Read(&msg)) {
@@ -206,6 +247,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
                              ClientStream* stream) override {
     proto::ClientToServer msg;
     if (!stream->Read(&msg)) return grpc::Status::OK;
+    if (absl::Status v =
+            CheckProtocolVersion("server", "client", msg.protocol_version());
+        !v.ok()) {
+      SPDLOG_WARN("refused client '{}' ({}): {}", msg.client_name(),
+                  ctx->peer(), std::string(v.message()));
+      return grpc::Status(grpc::FAILED_PRECONDITION, std::string(v.message()));
+    }
     uint64_t id;
     OutQueue<proto::ServerToClient>* out;
     {
@@ -233,6 +281,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       proto::ServerToClient hello;
       const Credential credential = secret_.Derive(CredentialRole::kClient, id);
       hello.set_credential(credential.data(), credential.size());
+      hello.set_protocol_version(kProtocolVersion);
       out->Push(std::move(hello));
       SPDLOG_INFO("client {} connected: {}", id, msg.client_name());
     }
@@ -440,7 +489,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       mu_.AwaitWithTimeout(absl::Condition(&fresh),
                            absl::Milliseconds(request->fresh_timeout_ms()));
     }
-    status->set_address(address_);
+    status->set_address(advertised_);
     status->set_calls_routed(state_.calls_routed());
     status->set_epoch(scheduler_.epoch());
     status->set_scheduler(options_.consistent_order
@@ -456,6 +505,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       ws->set_alive(w.alive);
       ws->set_down_reason(w.down_reason);
       ws->set_data_address(w.info.data_address());
+      ws->set_generation(w.generation);
       *ws->mutable_devices() = w.info.devices();
       *ws->mutable_stats() = w.stats;
     }
@@ -529,7 +579,39 @@ class ServerImpl : public Server, public proto::Controller::Service {
     p->set_machine_id(w.info.machine_id());
     p->set_data_address(w.info.data_address());
     p->set_unix_path(w.info.unix_path());
+    p->set_generation(w.generation);
     return op;
+  }
+
+  // What became of the registration a rejoining worker names (empty for a
+  // first registration). One this server still counts alive is declared
+  // down now: the host left it behind.
+  std::string PreviousRegistration(const proto::RegisterWorker& reg) {
+    if (reg.previous_worker_id() == 0) return "";
+    const std::string was =
+        absl::StrCat("worker ", reg.previous_worker_id(), " (generation ",
+                     reg.previous_generation(), ")");
+    bool alive = false;
+    {
+      absl::MutexLock lock(&mu_);
+      const WorkerRecord* old = state_.FindWorker(reg.previous_worker_id());
+      if (old == nullptr || old->generation != reg.previous_generation()) {
+        return absl::StrCat(was,
+                            " is not one of this server's registrations (the "
+                            "server restarted)");
+      }
+      if (!old->alive) {
+        return absl::StrCat(was, " was declared down: ", old->down_reason);
+      }
+      alive = true;
+    }
+    if (alive) {
+      WorkerDown(reg.previous_worker_id(),
+                 absl::StrCat("worker ", reg.previous_worker_id(),
+                              " lost its session and rejoined as a fresh "
+                              "host"));
+    }
+    return absl::StrCat(was, " was declared down as it rejoined");
   }
 
   static void AddSliceReply(uint64_t client_id, uint64_t request_id,
@@ -596,6 +678,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     const proto::Status lost = StatusToProto(absl::UnavailableError(message));
     proto::WorkerOp down;
     down.mutable_peer_down()->set_worker_id(id);
+    down.mutable_peer_down()->set_generation(w->generation);
     *down.mutable_peer_down()->mutable_status() = lost;
     scheduler_.Broadcast(down, /*except=*/id);
     auto ctx = worker_contexts_.find(id);
@@ -615,7 +698,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       {
         absl::MutexLock lock(&mu_);
         if (mu_.AwaitWithTimeout(absl::Condition(&shutdown_),
-                                 options_.liveness_check_period)) {
+                                 LivenessCheckPeriod(options_))) {
           return;
         }
       }
@@ -626,6 +709,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
   const ServerOptions options_;
   const ClusterSecret secret_;
   std::string address_;
+  std::string advertised_;  // what clients and status are told
   std::unique_ptr<grpc::Server> grpc_server_;
   std::thread liveness_;
 
@@ -646,10 +730,29 @@ class ServerImpl : public Server, public proto::Controller::Service {
   std::map<uint64_t, grpc::ServerContext*> client_contexts_
       ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> control_bytes_in_{0};
+  // The generation the last registration was given; each takes the next.
+  // It starts at the wall clock in microseconds, so a restarted server's
+  // registrations are newer than its predecessor's.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) =
+      static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
+
+std::string AdvertisedAddress(const std::string& advertise,
+                              const std::string& bound) {
+  if (advertise.empty()) return bound;
+  const bool bracketed = advertise.front() == '[';
+  const size_t colons = std::count(advertise.begin(), advertise.end(), ':');
+  const bool has_port =
+      bracketed ? advertise.find("]:") != std::string::npos : colons == 1;
+  if (has_port) return advertise;
+  const std::string port = bound.substr(bound.rfind(':') + 1);
+  // A bare IPv6 address needs its brackets before a port.
+  if (!bracketed && colons > 1) return absl::StrCat("[", advertise, "]:", port);
+  return absl::StrCat(advertise, ":", port);
+}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     const ServerOptions& options) {

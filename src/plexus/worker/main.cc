@@ -32,10 +32,23 @@ int main(int argc, char** argv) {
   app.add_option("--data-host", options.data_host,
                  "address the TCP data plane binds: HOST (a free port) or "
                  "HOST:PORT (a fixed one, e.g. 0.0.0.0:7071)");
+  app.add_option("--advertise-host", options.advertise_host,
+                 "host (name or address) peers and clients are told to "
+                 "reach the TCP data plane at, with its bound port (default: "
+                 "the --data-host address; when that binds every interface, "
+                 "the local address this host reaches the server from)");
   app.add_flag("--no-shm", no_shm,
                "move every buffer over TCP, even to workers on this machine");
   app.add_flag("--die-with-parent", die_with_parent,
-               "exit when the parent process dies (embedded clusters)");
+               "exit when the parent process dies (embedded clusters); "
+               "such a worker also exits when its server goes, where a "
+               "standalone one registers again");
+  double reconnect_timeout_s = 300;
+  app.add_option("--reconnect-timeout-s", reconnect_timeout_s,
+                 "standalone worker: give up (exit 2) when the server cannot "
+                 "be reached for this long; attempts back off from 0.1 s to "
+                 "5 s apart (0: never give up)")
+      ->check(CLI::NonNegativeNumber);
   int ready_fd = -1;
   app.add_option("--ready-fd", ready_fd,
                  "once registered with the server, write the worker id and a "
@@ -81,34 +94,39 @@ int main(int argc, char** argv) {
   // Children (none today) need not see it.
   unsetenv(plexus::kClusterSecretEnv);
 
-  auto worker = plexus::Worker::Start(options);
-  if (!worker.ok()) {
-    SPDLOG_ERROR("cannot start: {}", worker.status().ToString());
-    return 1;
-  }
-  if (ready_fd >= 0) {
-    const std::string line = absl::StrCat((*worker)->worker_id(), "\n");
-    if (write(ready_fd, line.data(), line.size()) !=
-        static_cast<ssize_t>(line.size())) {
-      SPDLOG_WARN("could not write to --ready-fd {}", ready_fd);
-    }
-    close(ready_fd);
-  }
+  plexus::WorkerHostOptions host_options;
+  host_options.standalone = !die_with_parent;
+  host_options.backoff.give_up_after = absl::Seconds(reconnect_timeout_s);
+  plexus::WorkerHost host(options, host_options);
+  bool registered = false;
   absl::Status end;
   {
-    // Joined at the end of this block, before the worker goes: a signal
+    // Joined at the end of this block, before the host goes: a signal
     // that comes later finds no handler (it stays blocked) rather than a
-    // destroyed worker.
+    // destroyed host.
     plexus::TerminationSignalWatcher on_signal([&](int sig) {
       SPDLOG_INFO("signal {}: shutting down", sig);
-      (*worker)->Shutdown();
+      host.Shutdown();
     });
-    end = (*worker)->Wait();
+    end = host.Run([&](const plexus::Worker& worker) {
+      const bool first = !registered;
+      registered = true;
+      if (!first || ready_fd < 0) return;  // the first registration only
+      const std::string line = absl::StrCat(worker.worker_id(), "\n");
+      if (write(ready_fd, line.data(), line.size()) !=
+          static_cast<ssize_t>(line.size())) {
+        SPDLOG_WARN("could not write to --ready-fd {}", ready_fd);
+      }
+      close(ready_fd);
+    });
+  }
+  if (!registered && !absl::IsCancelled(end)) {
+    SPDLOG_ERROR("cannot start: {}", end.ToString());
+    return 1;
   }
   SPDLOG_INFO("stopped: {}", end.ToString());
-  worker->reset();
-  // Cancelled: stopped by a signal, or the server ended the session on
-  // purpose (it is shutting down). Anything else (the server vanished) is
-  // an error.
-  return end.code() == absl::StatusCode::kCancelled ? 0 : 2;
+  // Cancelled: stopped by a signal, or (embedded) the server ended the
+  // session on purpose (it is shutting down). Anything else (the server
+  // vanished, or could not be reached again in time) is an error.
+  return absl::IsCancelled(end) ? 0 : 2;
 }

@@ -1,3 +1,6 @@
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -6,10 +9,80 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
+#include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
+namespace {
+
+// The local address this host uses to reach `server` ("host:port"): a UDP
+// socket connected there (nothing is sent) shows the source address the
+// kernel's routes pick. Empty if it cannot tell.
+std::string LocalAddressTowards(const std::string& server) {
+  const size_t colon = server.rfind(':');
+  if (colon == std::string::npos) return "";
+  std::string host = server.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), server.substr(colon + 1).c_str(), &hints,
+                  &found) != 0) {
+    return "";
+  }
+  std::string local;
+  for (addrinfo* ai = found; ai != nullptr && local.empty(); ai = ai->ai_next) {
+    const int fd = socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    sockaddr_storage me{};
+    socklen_t len = sizeof(me);
+    char text[INET6_ADDRSTRLEN] = {0};
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0) {
+      if (me.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(&me)->sin_addr, text,
+                  sizeof(text));
+        local = text;
+      } else if (me.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(&me)->sin6_addr,
+                  text, sizeof(text));
+        local = absl::StrCat("[", text, "]");
+      }
+    }
+    close(fd);
+  }
+  freeaddrinfo(found);
+  return local;
+}
+
+}  // namespace
+
+std::string AdvertisedDataAddress(const std::string& bound,
+                                  const std::string& advertise_host,
+                                  const std::string& server) {
+  const size_t colon = bound.rfind(':');
+  const std::string host = bound.substr(0, colon);
+  const std::string port = bound.substr(colon + 1);
+  std::string advertised = advertise_host;
+  if (advertised.empty() && host != "0.0.0.0" && host != "[::]") return bound;
+  if (advertised.empty()) advertised = LocalAddressTowards(server);
+  if (advertised.empty()) {
+    char name[256] = {0};
+    gethostname(name, sizeof(name) - 1);
+    advertised = name;
+  }
+  // A bare IPv6 address needs its brackets before a port.
+  if (advertised.front() != '[' &&
+      std::count(advertised.begin(), advertised.end(), ':') > 1) {
+    advertised = absl::StrCat("[", advertised, "]");
+  }
+  return absl::StrCat(advertised, ":", port);
+}
+
 namespace {
 
 // The error an op that fails something carries. Such an op without a code
@@ -108,10 +181,15 @@ absl::Status WorkerImpl::StartLocal() {
 absl::Status WorkerImpl::ConnectToServer() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
+  // Each registration is a channel of its own: no reconnect back-off
+  // inherited from an earlier one (WorkerHost keeps its own).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   channel_ = grpc::CreateCustomChannel(
       options_.server_address, grpc::InsecureChannelCredentials(), args);
   if (!channel_->WaitForConnected(
-          absl::ToChronoTime(absl::Now() + absl::Seconds(10)))) {
+          absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
     return absl::UnavailableError(
         absl::StrCat("cannot reach the server at ", options_.server_address));
   }
@@ -131,10 +209,16 @@ absl::Status WorkerImpl::ConnectToServer() {
     info->set_kind(d->kind());
     info->set_memory_bytes(d->memory_bytes());
   }
-  reg->set_data_address(data_server_->tcp_address());
+  const std::string advertised =
+      AdvertisedDataAddress(data_server_->tcp_address(),
+                            options_.advertise_host, options_.server_address);
+  reg->set_data_address(advertised);
   reg->set_unix_path(data_server_->unix_path());
   const Credential credential = secret_.Derive(CredentialRole::kWorker);
   reg->set_credential(credential.data(), credential.size());
+  reg->set_protocol_version(kProtocolVersion);
+  reg->set_previous_worker_id(options_.previous_worker_id);
+  reg->set_previous_generation(options_.previous_generation);
   if (!stream_->Write(hello)) {
     return absl::UnavailableError("the server closed the session at once");
   }
@@ -147,9 +231,33 @@ absl::Status WorkerImpl::ConnectToServer() {
                      why.error_message().empty() ? "no reason given"
                                                  : why.error_message()));
   }
-  SPDLOG_INFO("registered as worker {} ({} device(s), data plane {} {})",
-              first.worker_id(), devices_.size(), data_server_->tcp_address(),
-              data_server_->unix_path());
+  if (absl::Status v =
+          CheckProtocolVersion("worker", "server", first.protocol_version());
+      !v.ok()) {
+    context_.TryCancel();
+    proto::ServerToWorker rest;
+    while (stream_->Read(&rest)) {
+    }
+    stream_->Finish().IgnoreError();
+    return v;
+  }
+  generation_ = first.generation();
+  heartbeat_interval_ =
+      options_.heartbeat_interval > absl::ZeroDuration()
+          ? options_.heartbeat_interval
+          : std::max(absl::Milliseconds(first.heartbeat_interval_ms()),
+                     absl::Milliseconds(1));
+  SPDLOG_INFO(
+      "registered as worker {}, generation {} ({} device(s), data plane {}{} "
+      "{}, heartbeat every {})",
+      first.worker_id(), first.generation(), devices_.size(), advertised,
+      advertised == data_server_->tcp_address()
+          ? ""
+          : absl::StrCat(" bound at ", data_server_->tcp_address()),
+      data_server_->unix_path(), absl::FormatDuration(heartbeat_interval_));
+  if (!first.rejoined().empty()) {
+    SPDLOG_WARN("rejoined as a fresh host: {}", first.rejoined());
+  }
   ApplyOps(first);
   reader_ = std::thread([this] { ReaderLoop(); });
   writer_ = std::thread([this] { WriterLoop(); });
@@ -199,7 +307,7 @@ void WorkerImpl::ReaderLoop() {
 }
 
 void WorkerImpl::WriterLoop() {
-  absl::Time next_beat = absl::Now() + options_.heartbeat_interval;
+  absl::Time next_beat = absl::Now() + heartbeat_interval_;
   while (true) {
     std::vector<proto::WorkerToServer> out;
     {
@@ -220,7 +328,7 @@ void WorkerImpl::WriterLoop() {
     }
     if (absl::Now() >= next_beat) {
       *out.emplace_back().mutable_heartbeat() = CollectStats();
-      next_beat = absl::Now() + options_.heartbeat_interval;
+      next_beat = absl::Now() + heartbeat_interval_;
     }
     bool written = true;
     for (const proto::WorkerToServer& m : out) {

@@ -8,13 +8,16 @@
 // one sender thread per peer, and the data-plane server's threads.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "plexus/common/backoff.h"
 #include "plexus/common/credentials.h"
 
 namespace plexus {
@@ -28,7 +31,20 @@ struct WorkerOptions {
   // transfer goes over TCP, as between hosts.
   bool shared_memory = true;
   std::string data_host = "127.0.0.1";  // the TCP data plane binds here
-  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  // The host peers and clients are told to reach the TCP data plane at
+  // (--advertise-host), with the bound port. Empty: the bound host, or,
+  // when it binds every interface (0.0.0.0, ::), the local address this
+  // host reaches the server from.
+  std::string advertise_host;
+  // Zero: the period the server asks for at registration (a tenth of its
+  // failure deadline).
+  absl::Duration heartbeat_interval = absl::ZeroDuration();
+  // How long a registration waits for the server to answer the connection.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Set when a host rejoins: the registration it had (the server says
+  // whether it was declared down). WorkerHost sets it.
+  int64_t previous_worker_id = 0;
+  uint64_t previous_generation = 0;
   // The PJRT C API plugin that runs XLA programs, loaded on the first XLA
   // call (e.g. the xla_cpu_pjrt.so of the xla-cpu-pjrt wheel).
   std::string pjrt_plugin;
@@ -49,6 +65,54 @@ class Worker {
   virtual absl::Status Wait() = 0;
   virtual void Shutdown() = 0;
   virtual int64_t worker_id() const = 0;
+  // This registration's generation (its pushes carry it).
+  virtual uint64_t generation() const = 0;
 };
+
+// What a worker process does when its server session ends.
+struct WorkerHostOptions {
+  // Standalone (plexus-worker started on its own): whenever the session
+  // ends (the server restarted, the network broke, the server declared this
+  // host down), it drops its state and registers again as a fresh host,
+  // retrying with `backoff` while the server cannot be reached, and gives
+  // up when the back-off does. Embedded (started by its server,
+  // --die-with-parent): it rejoins only a server that still answers (it was
+  // declared down) and otherwise exits, as its server is gone.
+  bool standalone = true;
+  BackoffOptions backoff;
+};
+
+// A host's worker over successive sessions: one Worker per registration,
+// each a fresh host (no buffer, program or peer of the last one survives;
+// the server gives it a new id and generation). Thread-safe: Shutdown()
+// may come from any thread.
+class WorkerHost {
+ public:
+  WorkerHost(WorkerOptions worker, WorkerHostOptions host);
+  ~WorkerHost();
+  // Registers and serves until Shutdown() (Cancelled) or until the host
+  // gives up: a registration refused for good (another protocol version, a
+  // wrong credential) or a server that cannot be reached in time
+  // (Unavailable). `on_registered` runs after each registration.
+  absl::Status Run(const std::function<void(const Worker&)>& on_registered);
+  void Shutdown();
+
+ private:
+  // Waits `delay` or until Shutdown(); false once shut down.
+  bool Pause(absl::Duration delay);
+
+  WorkerOptions options_;
+  const WorkerHostOptions host_;
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  Worker* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// What to do after a registration attempt failed or a session ended with
+// `status` (`session_ended`: how a session ended; else how a registration
+// attempt failed): true to register again, false to stop.
+// Pure (tested directly).
+bool ShouldRejoin(const absl::Status& status, bool standalone,
+                  bool session_ended);
 
 }  // namespace plexus

@@ -23,6 +23,14 @@
 
 namespace plexus {
 
+// The data-plane address a worker registers: `bound` ("HOST:PORT", as the
+// TCP data plane bound it) with `advertise_host` for its host; with none,
+// `bound` itself, unless it binds every interface (0.0.0.0, [::]): then the
+// local address that reaches `server`, else the host name.
+std::string AdvertisedDataAddress(const std::string& bound,
+                                  const std::string& advertise_host,
+                                  const std::string& server);
+
 // A program as loaded on this worker: a built-in kernel, or an XLA module.
 struct LoadedProgram {
   std::string name;
@@ -64,6 +72,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   absl::Status Wait() override;
   void Shutdown() override;
   int64_t worker_id() const override { return worker_id_.load(); }
+  uint64_t generation() const override { return generation_.load(); }
 
   // transport::DataPlaneHandler
   // A connection proves a client's credential or the worker credential,
@@ -141,6 +150,11 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   ClusterSecret secret_;  // options_.secret, or one of its own (StartLocal)
   std::string machine_id_;
   std::atomic<int64_t> worker_id_{-1};
+  // This registration's, from the server's first message (0 without one).
+  std::atomic<uint64_t> generation_{0};
+  // The server's, or options_.heartbeat_interval; set before the writer
+  // starts.
+  absl::Duration heartbeat_interval_ = absl::Milliseconds(100);
 
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<xla::XlaExecutor> xla_;

@@ -1,0 +1,115 @@
+// WorkerHost: a host's worker over successive server sessions. See worker.h.
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/worker/worker.h"
+
+namespace plexus {
+
+bool ShouldRejoin(const absl::Status& status, bool standalone,
+                  bool session_ended) {
+  switch (status.code()) {
+    // Refused for good: another release, another cluster's secret, bad
+    // options. Trying again cannot help.
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kInvalidArgument:
+      return false;
+    default:
+      break;
+  }
+  if (standalone) return true;  // the server restarts, the network heals
+  // Embedded: a session the server ended (it declared this host down, or
+  // it is shutting down) is worth one registration: a server that still
+  // answers takes the host back, one shutting down refuses it. A server
+  // that vanished is gone for good (and takes its workers with it).
+  return session_ended && absl::IsCancelled(status);
+}
+
+WorkerHost::WorkerHost(WorkerOptions worker, WorkerHostOptions host)
+    : options_(std::move(worker)), host_(host) {
+  // A standalone host retries on its own schedule (the back-off): each
+  // attempt waits for the server only briefly, and a shutdown is never
+  // held up for long.
+  if (host_.standalone) {
+    options_.connect_timeout =
+        std::min(options_.connect_timeout, absl::Seconds(2));
+  }
+}
+
+WorkerHost::~WorkerHost() { Shutdown(); }
+
+void WorkerHost::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  stop_ = true;
+  if (current_ != nullptr) current_->Shutdown();
+}
+
+bool WorkerHost::Pause(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stop_), delay);
+  return !stop_;
+}
+
+absl::Status WorkerHost::Run(
+    const std::function<void(const Worker&)>& on_registered) {
+  const absl::Status stopped = absl::CancelledError("worker shut down");
+  Backoff backoff(host_.backoff);
+  absl::Status session_end;  // how the last session ended (OK: none yet)
+  while (true) {
+    absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(options_);
+    if (worker.ok()) {
+      backoff.Reset();
+      {
+        absl::MutexLock lock(&mu_);
+        if (stop_) return stopped;
+        current_ = worker->get();
+      }
+      on_registered(**worker);
+      session_end = (*worker)->Wait();
+      options_.previous_worker_id = (*worker)->worker_id();
+      options_.previous_generation = (*worker)->generation();
+      {
+        absl::MutexLock lock(&mu_);
+        current_ = nullptr;
+        if (stop_) return stopped;
+      }
+      // Every buffer, program, peer and data-plane connection of the
+      // session goes with it: the next registration is a fresh host.
+      worker->reset();
+      if (!ShouldRejoin(session_end, host_.standalone,
+                        /*session_ended=*/true)) {
+        return session_end;
+      }
+      SPDLOG_WARN(
+          "the session of worker {} ended ({}); its state is dropped and it "
+          "registers again as a fresh host",
+          options_.previous_worker_id, session_end.ToString());
+      continue;  // the first attempt at once
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return stopped;
+    }
+    if (!ShouldRejoin(worker.status(), host_.standalone,
+                      /*session_ended=*/false)) {
+      // An embedded host whose server will not take it back ends as its
+      // session did (a server that ended it on purpose: a clean exit).
+      return session_end.ok() ? worker.status() : session_end;
+    }
+    std::optional<absl::Duration> delay = backoff.NextDelay(absl::Now());
+    if (!delay.has_value()) {
+      SPDLOG_ERROR("giving up: no registration with {} for {} ({})",
+                   options_.server_address,
+                   absl::FormatDuration(host_.backoff.give_up_after),
+                   worker.status().ToString());
+      return worker.status();
+    }
+    SPDLOG_WARN("registration with {} failed ({}); attempt {} in {}",
+                options_.server_address, worker.status().ToString(),
+                backoff.failures() + 1, absl::FormatDuration(*delay));
+    if (!Pause(*delay)) return stopped;
+  }
+}
+
+}  // namespace plexus
