@@ -199,6 +199,11 @@ void ObjectStore::ReleaseClient(uint64_t client_id) {
   RunCallbacks(std::move(callbacks), why);
 }
 
+bool ObjectStore::HasLeft(uint64_t client_id) const {
+  absl::MutexLock lock(&mu_);
+  return departed_.contains(client_id);
+}
+
 absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   return ReserveLocked(device, bytes, /*wait=*/true);

@@ -113,6 +113,9 @@ class ObjectStore {
   // Everything `client_id` owned (it disconnected). Later waits for its
   // undeclared keys fail at once, saying the client left.
   void ReleaseClient(uint64_t client_id);
+  // Whether ReleaseClient(client_id) was called: the worker then drops the
+  // client's calls still queued on its devices instead of running them.
+  bool HasLeft(uint64_t client_id) const;
 
   // Charges `bytes` to `device`, waiting while the budget is exhausted
   // (back-pressure). Fails at once if it can never fit, and after

@@ -201,8 +201,17 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   std::unique_ptr<ShardCollectives> shard_collectives;
   bool joined_island = false;
   const absl::Status& input_error = call->input_errors[task_index];
+  // A call of a client that left after the call was queued here is
+  // dropped, not run: nobody can read its outputs, and other clients' calls
+  // wait behind it on this device. (The worker cannot stop one that runs.)
+  const uint64_t client = ClientOfBuffer(exec.program_id());
+  const bool dropped = store_->HasLeft(client);
   auto run = [&]() -> absl::Status {
     if (!input_error.ok()) return input_error;
+    if (dropped) {
+      return absl::CancelledError(absl::StrCat(
+          "call ", exec.call_id(), " dropped: client ", client, " has left"));
+    }
     if (program == nullptr || (program->kernel == nullptr && !program->xla)) {
       return absl::NotFoundError(absl::StrCat("program ", exec.program_id(),
                                               " is not loaded on this worker"));
@@ -297,7 +306,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     for (int o = 0; o < exec.output_ids_size(); ++o) {
       store_->Fail({exec.output_ids(o), task.shard()}, status);
     }
-    calls_failed_++;
+    if (!dropped) calls_failed_++;
     SPDLOG_DEBUG("call {} shard {} failed: {}", exec.call_id(), task.shard(),
                  status.ToString());
   }
