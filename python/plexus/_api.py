@@ -330,8 +330,8 @@ class Client:
 
         A request the cluster cannot meet now (too few live devices or hosts
         for the placement, or over the tenant's max_devices) waits at the
-        server up to `timeout` seconds for capacity to appear, then raises
-        DeadlineExceededError saying what it waited for; timeout=0 raises
+        server up to `timeout` seconds for capacity to appear, then fails
+        with DEADLINE_EXCEEDED saying what it waited for; timeout=0 raises
         ResourceExhaustedError at once. A bad request (mesh, unknown host)
         raises at once. `plexus status` lists the requests that wait.
         """
