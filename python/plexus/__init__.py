@@ -8,8 +8,9 @@
         double = s.program("scale", x, factor=2.0)
         print(np.asarray(double(x)))
 """
-from ._core import (InvalidArgumentError, NotFoundError, PermissionDeniedError,
-                    PlexusError, ResourceExhaustedError, UnavailableError)
+from ._core import (DeadlineExceededError, InvalidArgumentError, NotFoundError,
+                    PermissionDeniedError, PlexusError, ResourceExhaustedError,
+                    UnavailableError, UnimplementedError)
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec, connect,
                    partial, replicated, split, status)
 from ._cluster import ClusterExitError, LocalCluster, local
@@ -20,5 +21,6 @@ __all__ = [
     "Client", "ClusterExitError", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
     "Spec", "connect", "jit", "local", "partial", "replicated", "split", "status",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
-    "PermissionDeniedError", "ResourceExhaustedError", "UnavailableError", "pipeline", "rl",
+    "PermissionDeniedError", "ResourceExhaustedError", "UnavailableError",
+    "DeadlineExceededError", "UnimplementedError", "pipeline", "rl",
 ]

@@ -1,4 +1,5 @@
 """The Python API: clients, slices, programs, futures and graphs."""
+import sys
 import threading
 
 import numpy as np
@@ -87,33 +88,52 @@ class Spec:
 class Future:
     """A value that may not be computed yet, like a jax.Array that is not
     ready: .shape, .dtype, .sharding, block_until_ready(), np.asarray().
+    JAX takes it where it takes an array (`jnp.sum(f)`, `jnp.asarray(f)`,
+    `jax.device_get(f)`): through `__jax_array__` it is fetched first.
     Dropping the last reference frees its shards on the workers.
+
+    A typed PRNG key output of plexus.jit is a future of its key data
+    (uint32, with the impl's trailing dimension): .shape and .dtype are the
+    key array's, result() is a key array again, np.asarray() the key data.
     """
 
-    __slots__ = ("_f", "_client", "__weakref__")
+    __slots__ = ("_f", "_client", "_key", "__weakref__")
 
     def __init__(self, core_future, client):
         self._f = core_future
         self._client = client
+        self._key = None  # the PRNG impl name when it holds typed keys
+        if not _jax_hooked and "jax" in sys.modules:
+            _hook_jax()
 
     @property
     def shape(self):
+        if self._key is not None:
+            return tuple(self._f.shape)[:len(self._f.shape)
+                                        - _key_data_ndim(self._key)]
         return self._f.shape
 
     @property
     def dtype(self):
+        if self._key is not None:
+            return _key_dtype(self._key)
         return self._f.dtype
 
     @property
     def ndim(self):
-        return len(self._f.shape)
+        return len(self.shape)
 
     @property
     def size(self):
-        return int(np.prod(self._f.shape, dtype=np.int64))
+        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def sharding(self):
+        if _jax_hooked and sys._getframe(1).f_globals.get(
+                "__name__", "").startswith("jax."):
+            # JAX reads `.sharding` as a jax.sharding.Sharding; to JAX a
+            # future is a host value like a numpy array, which has none.
+            raise AttributeError("sharding")
         return _sharding_repr(self._f.sharding)
 
     @property
@@ -125,15 +145,101 @@ class Future:
         return self
 
     def result(self):
-        return self._client._core.fetch(self._f)
+        """The value, fetched: a numpy array (a jax key array for keys)."""
+        data = self._client._core.fetch(self._f)
+        if self._key is not None:
+            import jax
+            return jax.random.wrap_key_data(data, impl=self._key)
+        return data
 
     def __array__(self, dtype=None, copy=None):
-        a = self.result()
+        a = self._client._core.fetch(self._f)  # key data for keys
         return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __jax_array__(self):
+        """The value as a jax.Array (fetched), for jax.numpy functions."""
+        import jax.numpy as jnp
+        return jnp.asarray(self._jax_value())
+
+    def _jax_value(self):
+        """What JAX computes with: the fetched array in JAX's canonical
+        dtype, or the key array."""
+        if self._key is not None:
+            return self.result()
+        import jax
+        a = self._client._core.fetch(self._f)
+        dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
+        return a if a.dtype == dtype else a.astype(dtype)
 
     def __repr__(self):
         return (f"Future(shape={self.shape}, dtype={self.dtype}, "
                 f"sharding={self.sharding}, buffer={self._f.buffer_id})")
+
+
+_jax_hooked = False
+
+
+def _hook_jax():
+    """Makes futures JAX values, fetched where JAX reads them (jnp
+    functions, jax.jit, jax.device_put), as numpy arrays are.
+
+    jax.numpy functions are themselves jitted, and since JAX 0.6 the jit
+    boundary no longer reads `__jax_array__` (JEP 28661: it wants a pytree,
+    but a future must stay a leaf of the pytrees Plexus and its users
+    map over). So futures join the per-type tables through which JAX takes
+    numpy arrays: an abstract value (shape, dtype, no fetch) and a
+    transfer rule that fetches; and `.sharding`, which JAX reads as a
+    jax.sharding.Sharding, is absent to JAX's own modules (Plexus's
+    "split(0)" names are not JAX shardings until futures carry a mesh).
+    These tables are JAX internals: where a
+    JAX release lacks one, only jnp.asarray(future) (`__jax_array__`) and
+    np.asarray(future) work, and nothing fails at import.
+    """
+    global _jax_hooked
+    _jax_hooked = True
+    try:
+        from jax._src import core, dtypes
+        from jax._src.interpreters import pxla
+    except ImportError:
+        return
+
+    def aval(f):
+        if f._key is not None:
+            return core.typeof(f.result())
+        return core.ShapedArray(tuple(f.shape),
+                                dtypes.canonicalize_dtype(np.dtype(f.dtype)))
+
+    def transfer(xs, shardings, layouts, copy_semantics):
+        return pxla.shard_args(shardings, layouts, copy_semantics,
+                               [x._jax_value() for x in xs])
+
+    try:
+        core.pytype_aval_mappings[Future] = aval
+        dtypes.canonicalize_value_handlers[Future] = Future._jax_value
+        pxla.shard_arg_handlers[Future] = transfer
+    except (AttributeError, TypeError):
+        pass
+
+
+_KEY_INFO = {}  # impl name -> (key dtype, key data's trailing ndim)
+
+
+def _key_info(impl):
+    info = _KEY_INFO.get(impl)
+    if info is None:
+        import jax
+        key = jax.eval_shape(lambda: jax.random.key(0, impl=impl))
+        data = jax.eval_shape(jax.random.key_data, key)
+        info = _KEY_INFO[impl] = (key.dtype, len(data.shape))
+    return info
+
+
+def _key_dtype(impl):
+    return _key_info(impl)[0]
+
+
+def _key_data_ndim(impl):
+    return _key_info(impl)[1]
 
 
 # ---------------------------------------------------------------- programs

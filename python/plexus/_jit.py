@@ -23,17 +23,35 @@ array appears whole. Outputs follow `out_shardings`:
   - split(a): the island's value is one block of the global array along a;
   - partial(): each island's value is an addend of the global value (a
     data-parallel gradient before the runtime's all-reduce between islands).
+
+Dtypes and keys. Every JAX dtype with a whole-byte element travels (JAX's
+x64 switch decides whether 64-bit ones lower as such); sub-byte ones (int4,
+float4_e2m1fn) are refused naming the argument. A typed PRNG key array
+(jax.random.key) travels as its key data (uint32, with the impl's trailing
+dimension) and is rewrapped inside the function; a key output is a future
+whose .dtype is the key dtype and whose result() is a key array again.
+
+Donation. donate_argnums / donate_argnames are accepted as in jax.jit, but
+an input's memory cannot be reused until buffers live in device memory:
+each lowering that donates warns, as jax.jit does on CPU.
 """
 import collections
+import inspect
+import warnings
 
 import numpy as np
 
 from . import _core
 from ._api import Future, Program, Spec, _sharding, partial, replicated, split
 
-# Plexus dtypes; JAX's x64 switch decides whether 64-bit ones lower as such.
+# Plexus dtypes (common/types.cc): every whole-byte JAX dtype.
 _DTYPES = ("float32", "float64", "int32", "int64", "bfloat16", "float16",
-           "int8", "uint8", "bool")
+           "int8", "uint8", "bool", "int16", "uint16", "uint32", "uint64",
+           "complex64", "complex128", "float8_e5m2", "float8_e4m3fn",
+           "float8_e4m3b11fnuz", "float8_e5m2fnuz", "float8_e4m3fnuz",
+           "float8_e4m3", "float8_e3m4", "float8_e8m0fnu")
+_SUB_BYTE = ("int1", "uint1", "int2", "uint2", "int4", "uint4",
+             "float4_e2m1fn")
 
 
 _JAX = None
@@ -49,7 +67,8 @@ def _jax():
 
 
 def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
-        static_argnums=(), name=None, axis_name="devices", platform="cpu"):
+        static_argnums=(), donate_argnums=(), donate_argnames=(), name=None,
+        axis_name="devices", platform="cpu"):
     """Makes `fn` a Plexus program on `slice`.
 
     in_shardings: a pytree prefix of the (non-static) arguments giving the
@@ -59,6 +78,9 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
     static_argnums: positions of arguments that are Python values baked
         into the program (hashable), as in jax.jit; each value compiles
         its own program.
+    donate_argnums, donate_argnames: as in jax.jit. Accepted, but not yet
+        honoured (buffers do not live in device memory yet): each lowering
+        that donates warns, as jax.jit does where it cannot donate.
     platform: what the workers' PJRT plugin runs ("cpu", "cuda").
     The returned object compiles on first call for each input signature,
     like jax.jit; `.lower(*specs)` gives the program for one signature.
@@ -68,15 +90,31 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
         raise TypeError("plexus.jit needs the slice to run on: "
                         "plexus.jit(fn, slice) or @plexus.jit(slice=s)")
     options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
-                   static_argnums=static_argnums, name=name,
+                   static_argnums=static_argnums,
+                   donate_argnums=donate_argnums,
+                   donate_argnames=donate_argnames, name=name,
                    axis_name=axis_name, platform=platform)
     if fn is None:
         return lambda f: jit(f, slice, **options)
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
-    return Jitted(fn, slice, in_shardings, out_shardings,
-                  name or getattr(fn, "__name__", "jit"), axis_name, platform,
-                  tuple(sorted(static_argnums)))
+    if isinstance(donate_argnums, int):
+        donate_argnums = (donate_argnums,)
+    if isinstance(donate_argnames, str):
+        donate_argnames = (donate_argnames,)
+    name = name or getattr(fn, "__name__", "jit")
+    for i in donate_argnums:
+        if not isinstance(i, int) or i < 0:
+            raise _core.InvalidArgumentError(
+                f"program '{name}': donate_argnums must be non-negative "
+                f"integers, got {i!r}")
+        if i in static_argnums:
+            raise _core.InvalidArgumentError(
+                f"program '{name}': argument {i} is both static and donated")
+    jitted = Jitted(fn, slice, in_shardings, out_shardings, name, axis_name,
+                    platform, tuple(sorted(static_argnums)))
+    jitted._donate = (tuple(sorted(donate_argnums)), tuple(donate_argnames))
+    return jitted
 
 
 class Jitted:
@@ -94,6 +132,13 @@ class Jitted:
         self._platform = platform
         self._cache = {}       # (treedef, leaf specs) -> XlaProgram
         self._by_futures = {}  # (treedef, futures' core specs) -> same
+        self._donate = ((), ())  # donate_argnums, donate_argnames
+        try:
+            self._params = [
+                p.name for p in inspect.signature(fn).parameters.values()
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        except (TypeError, ValueError):  # a builtin or C function
+            self._params = []
 
     @property
     def slice(self):
@@ -109,16 +154,18 @@ class Jitted:
             # Fast path (a training loop): every leaf a future, so the
             # signature is read off the futures' core specs.
             fs = [x._f for x in leaves]
-            fast_key = (static, treedef, tuple((f.shape, f.dtype, f.sharding)
-                                               for f in fs))
+            fast_key = (static, treedef, tuple(
+                (x._f.shape, x._f.dtype, x._f.sharding, x._key)
+                for x in leaves))
             compiled = self._by_futures.get(fast_key)
             if compiled is not None:
                 return compiled._invoke_checked(fs)
-        specs = self._leaf_specs(args, leaves, treedef)
+        specs = self._as_plexus_error(self._leaf_specs, args)
         key = (static, treedef, tuple(specs))
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._lower(treedef, specs, static)
+            compiled = self._as_plexus_error(self._lower, treedef, specs,
+                                             static)
             self._cache[key] = compiled
         if fast_key is not None:
             self._by_futures[fast_key] = compiled
@@ -131,10 +178,21 @@ class Jitted:
         jax = _jax()
         static, args = self._split_static(args)
         args = (args, kwargs)
-        leaves, treedef = jax.tree_util.tree_flatten(
+        treedef = jax.tree_util.tree_structure(
             args, is_leaf=lambda x: isinstance(x, Spec))
-        return self._lower(treedef, self._leaf_specs(args, leaves, treedef),
-                           static)
+        specs = self._as_plexus_error(self._leaf_specs, args)
+        return self._as_plexus_error(self._lower, treedef, specs, static)
+
+    def _as_plexus_error(self, fn, *args):
+        """fn(*args), any exception but a Plexus error becoming the
+        matching one, naming the program."""
+        try:
+            return fn(*args)
+        except _core.PlexusError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every error becomes Plexus's
+            raise _plexus_error(e)(
+                f"program '{self._name}': {type(e).__name__}: {e}") from e
 
     def _split_static(self, args):
         """((position, value) of each static argument, the others)."""
@@ -161,10 +219,10 @@ class Jitted:
 
     # ------------------------------------------------------------ internals
 
-    def _leaf_specs(self, args, leaves, treedef):
-        """(dtype name, shape, core sharding) per argument leaf; `args` is
-        (positional, keyword). in_shardings covers the positional ones, as
-        in jax.jit; keyword arrays passed by value are replicated."""
+    def _leaf_specs(self, args):
+        """A _Leaf per argument leaf; `args` is (positional, keyword).
+        in_shardings covers the positional ones, as in jax.jit; keyword
+        arrays passed by value are replicated."""
         jax = _jax()
         positional, keyword = args
         is_spec = lambda x: isinstance(x, Spec)  # noqa: E731
@@ -174,29 +232,59 @@ class Jitted:
             "in_shardings")
         shardings += [None] * len(jax.tree_util.tree_leaves(
             keyword, is_leaf=is_spec))
+        paths = jax.tree_util.tree_flatten_with_path(args, is_leaf=is_spec)[0]
         specs = []
-        for i, (x, sh) in enumerate(zip(leaves, shardings)):
+        for (path, x), sh in zip(paths, shardings):
+            what = (f"program '{self._name}' argument "
+                    f"{self._arg_name(path)}")
+            key = None
             if isinstance(x, Future):
-                dtype = np.dtype(x.dtype)
+                dtype = np.dtype(x._f.dtype)
+                shape, key = tuple(x._f.shape), x._key
                 if np.dtype(jax.dtypes.canonicalize_dtype(dtype)) != dtype:
                     raise _core.InvalidArgumentError(
-                        f"program '{self._name}' argument {i} is a {dtype} "
-                        "future, but JAX computes it in "
+                        f"{what} is a {dtype} future, but JAX computes it in "
                         f"{np.dtype(jax.dtypes.canonicalize_dtype(dtype))} "
                         "(enable jax_enable_x64, or make it in that dtype)")
-                specs.append((str(dtype), tuple(x.shape), x._f.sharding))
+                specs.append(_Leaf(str(dtype), shape, x._f.sharding, key))
                 continue
             if isinstance(x, Spec):
                 shape, dtype, sh = x.shape, x.dtype, x.sharding
             elif hasattr(x, "shape") and hasattr(x, "dtype"):
-                shape, dtype = tuple(x.shape), np.dtype(x.dtype)
+                shape, dtype = tuple(x.shape), x.dtype
             else:
                 a = np.asarray(x)
                 shape, dtype = a.shape, a.dtype
-            dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
-            specs.append((str(dtype), tuple(int(d) for d in shape),
-                          _sharding(sh, self._slice, len(shape))))
+            if _is_key_dtype(jax, dtype):
+                key = _key_impl(jax, x)
+                data = jax.eval_shape(
+                    jax.random.key_data,
+                    jax.ShapeDtypeStruct(tuple(shape), dtype))
+                shape, dtype = tuple(data.shape), data.dtype
+            dtype = _dtype_of(jax, dtype, what)
+            try:
+                core_sh = _sharding(sh, self._slice, len(shape))
+            except (TypeError, ValueError) as e:
+                raise _core.InvalidArgumentError(f"{what}: {e}") from e
+            specs.append(_Leaf(str(dtype), tuple(int(d) for d in shape),
+                               core_sh, key))
         return specs
+
+    def _arg_name(self, path):
+        """The Python name of an argument leaf: x, params['w'], kw['b']."""
+        jax = _jax()
+        keystr = jax.tree_util.keystr
+        if not path:
+            return "?"
+        if path[0].idx == 1:  # keyword
+            return path[1].key + keystr(tuple(path[2:]))
+        i = path[1].idx  # among the dynamic positional arguments
+        positions = [p for p in range(i + len(self._static) + 1)
+                     if p not in self._static]
+        pos = positions[i]
+        name = (self._params[pos] if pos < len(self._params)
+                else f"args[{pos}]")
+        return name + keystr(tuple(path[2:]))
 
     def _islands(self):
         """Devices grouped by worker: [(worker, [device, ...])], in slice
@@ -213,18 +301,15 @@ class Jitted:
         islands = self._islands()
         n = sum(len(devs) for _, devs in islands)
         what = f"program '{self._name}'"
-        for i, (dtype, shape, sh) in enumerate(specs):
-            if dtype not in _DTYPES:
-                raise _core.InvalidArgumentError(
-                    f"{what} argument {i}: dtype {dtype} is not one of "
-                    f"{', '.join(_DTYPES)}")
+        names = self._leaf_names(treedef)
+        for name, (dtype, shape, sh, _) in zip(names, specs):
             if sh[0] == "partial":
                 raise _core.InvalidArgumentError(
-                    f"{what} argument {i}: XLA programs take replicated or "
-                    "split inputs, not partial ones; all_reduce it first")
+                    f"{what} argument {name}: XLA programs take replicated "
+                    "or split inputs, not partial ones; all_reduce it first")
             if sh[0] == "split" and shape[sh[1]] % n:
                 raise _core.InvalidArgumentError(
-                    f"{what} argument {i}: dimension {sh[1]} of "
+                    f"{what} argument {name}: dimension {sh[1]} of "
                     f"{dtype}{list(shape)} does not split evenly over "
                     f"{n} devices")
 
@@ -232,8 +317,8 @@ class Jitted:
         # the slice's devices); they agree on what each device holds.
         modules, tree, outputs = {}, None, None
         for k in sorted({len(devs) for _, devs in islands}):
-            exported, out_kinds, tree = self._export(treedef, specs, static,
-                                                     k, n)
+            exported, out_kinds, tree, out_keys = self._export(
+                treedef, specs, static, k, n, names)
             per_device = self._outputs(exported, out_kinds, k, n)
             if outputs is not None and per_device != outputs:
                 raise _core.InvalidArgumentError(
@@ -260,13 +345,42 @@ class Jitted:
         core = self._slice._client._core.compile_xla(
             self._slice._s, self._name, modules[first_k], self._platform,
             [(list(d), o, w, m) for d, (o, w, m) in assignments.items()],
-            [(np.dtype(dt), sh, s) for dt, sh, s in specs],
+            [(np.dtype(dt), sh, s) for dt, sh, s, _ in specs],
             [(np.dtype(dt), sh, s) for dt, sh, s in outputs])
-        return XlaProgram(core, self._slice._client, treedef, tree)
+        self._warn_donation(names)
+        return XlaProgram(core, self._slice._client, treedef, tree,
+                          [key for *_, key in specs], out_keys)
 
-    def _export(self, treedef, specs, static, k, n):
+    def _leaf_names(self, treedef):
+        """The Python name of each argument leaf of `treedef`."""
+        jax = _jax()
+        marks = jax.tree_util.tree_unflatten(treedef,
+                                             list(range(treedef.num_leaves)))
+        return [self._arg_name(path) for path, _ in
+                jax.tree_util.tree_flatten_with_path(marks)[0]]
+
+    def _warn_donation(self, names):
+        """Warns, as jax.jit does where it cannot donate, naming the donated
+        arguments whose memory is not reused."""
+        nums, argnames = self._donate
+        if not nums and not argnames:
+            return
+        donated = [p for i, p in enumerate(self._params)
+                   if i in nums or p in argnames]
+        donated += [f"args[{i}]" for i in nums if i >= len(self._params)]
+        donated += [a for a in argnames if a not in self._params]
+        leaves = [n for n in names if any(
+            n == d or n.startswith(d + "[") for d in donated)]
+        warnings.warn(
+            f"program '{self._name}': some donated buffers were not usable: "
+            f"{', '.join(leaves) or ', '.join(donated)} (Plexus cannot reuse "
+            "a donated input's memory until buffers live in device memory; "
+            "the inputs stay valid)", UserWarning, stacklevel=4)
+
+    def _export(self, treedef, specs, static, k, n, names):
         """The StableHLO of the function for an island of k of the slice's
-        n devices: (exported, output shardings, output tree)."""
+        n devices: (exported, output shardings, output tree, output key
+        impls)."""
         jax = _jax()
         from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
         what = f"program '{self._name}'"
@@ -281,7 +395,7 @@ class Jitted:
             return NamedSharding(mesh, PartitionSpec())
 
         avals, in_sh = [], []
-        for dtype, shape, (kind, axis) in specs:
+        for dtype, shape, (kind, axis), _ in specs:
             local = list(shape)
             if kind == "split":  # the island's k shards of n
                 local[axis] = local[axis] // n * k
@@ -291,7 +405,8 @@ class Jitted:
             in_sh.append(sharding)
 
         fn = self._fn
-        out_tree = []
+        out_tree, out_keys = [], []
+        in_keys = [key for *_, key in specs]
 
         def with_static(dynamic):
             """The full argument list: static values at their positions."""
@@ -302,11 +417,19 @@ class Jitted:
             return args
 
         def flat_fn(*leaves):
+            # Typed keys travel as their key data: rewrap them.
+            leaves = [x if impl is None else
+                      jax.random.wrap_key_data(x, impl=impl)
+                      for x, impl in zip(leaves, in_keys)]
             positional, keyword = jax.tree_util.tree_unflatten(treedef, leaves)
             out = fn(*with_static(positional), **keyword)
             flat, tree = jax.tree_util.tree_flatten(out)
             out_tree.append(tree)
-            return flat
+            keys = [_key_impl(jax, x) if _is_key_dtype(jax, getattr(
+                x, "dtype", None)) else None for x in flat]
+            out_keys.append(keys)
+            return [x if impl is None else jax.random.key_data(x)
+                    for x, impl in zip(flat, keys)]
 
         # Trace once to learn the outputs' tree, then give their shardings.
         # The island's mesh is the context mesh while tracing: the function
@@ -317,9 +440,10 @@ class Jitted:
             with in_mesh(mesh):
                 shapes = jax.eval_shape(flat_fn, *avals)
         except Exception as e:  # the user's function failed to trace
-            raise _core.InvalidArgumentError(
-                f"{what}: JAX could not trace the function: "
-                f"{type(e).__name__}: {e}") from e
+            raise _plexus_error(e)(
+                f"{what}: JAX could not trace the function for arguments "
+                f"({_signature(names, specs)}): {type(e).__name__}: {e}"
+            ) from e
         tree = out_tree[-1]
         out_kinds = [_sharding(s, self._slice, len(a.shape)) for s, a in zip(
             _broadcast_prefix(jax, self._out_shardings,
@@ -341,10 +465,11 @@ class Jitted:
                             out_shardings=out_sh, keep_unused=True),
                     platforms=[self._platform])(*avals)
         except Exception as e:
-            raise _core.InvalidArgumentError(
-                f"{what}: JAX could not lower the function: "
-                f"{type(e).__name__}: {e}") from e
-        return exported, out_kinds, tree
+            raise _plexus_error(e)(
+                f"{what}: JAX could not lower the function for arguments "
+                f"({_signature(names, specs)}): {type(e).__name__}: {e}"
+            ) from e
+        return exported, out_kinds, tree, out_keys[-1]
 
     def _outputs(self, exported, out_kinds, k, n):
         """The outputs' global (dtype, shape, sharding) from an island of k
@@ -356,8 +481,11 @@ class Jitted:
             dtype = str(np.dtype(aval.dtype))
             if dtype not in _DTYPES:
                 raise _core.InvalidArgumentError(
-                    f"{what} output {o}: dtype {dtype} is not one of "
-                    f"{', '.join(_DTYPES)}; cast it in the function")
+                    f"{what} output {o}: dtype {dtype} "
+                    + ("has elements smaller than a byte"
+                       if dtype in _SUB_BYTE else "is not a Plexus dtype")
+                    + "; cast it in the function (Plexus moves every "
+                    "whole-byte dtype)")
             shape = list(aval.shape)
             if kind == "split":
                 if shape[axis] % k:
@@ -374,10 +502,20 @@ class XlaProgram(Program):
     """A lowered JAX function: a Program whose calls take and return
     pytrees."""
 
-    def __init__(self, core_program, client, in_tree, out_tree):
+    def __init__(self, core_program, client, in_tree, out_tree,
+                 in_keys=None, out_keys=None):
         super().__init__(core_program, client)
         self._in_tree = in_tree
         self._out_tree = out_tree
+        self._in_keys = in_keys or [None] * len(core_program.inputs)
+        self._out_keys = out_keys or [None] * len(core_program.outputs)
+
+    def _wrap_keys(self, outs):
+        """Marks the outputs that are typed keys (their key data)."""
+        for f, impl in zip(outs, self._out_keys):
+            if impl is not None:
+                f._key = impl
+        return outs
 
     def __call__(self, *args, **kwargs):
         jax = _jax()
@@ -390,22 +528,27 @@ class XlaProgram(Program):
 
     def _invoke_checked(self, core_futures):
         """Calls with core futures already known to match the inputs."""
-        outs = self._invoke(core_futures)
+        outs = self._wrap_keys(self._invoke(core_futures))
         return _jax().tree_util.tree_unflatten(self._out_tree, outs)
 
     def _call_leaves(self, leaves):
         jax = _jax()
         values = []
-        for i, (x, (dtype, shape, _)) in enumerate(zip(leaves,
-                                                       self._p.inputs)):
+        for i, (x, (dtype, shape, _), impl) in enumerate(zip(
+                leaves, self._p.inputs, self._in_keys)):
             if isinstance(x, Future):
-                if tuple(x.shape) != tuple(shape) or x.dtype != dtype:
+                f = x._f
+                if (tuple(f.shape) != tuple(shape) or f.dtype != dtype
+                        or x._key != impl):
                     raise _core.InvalidArgumentError(
                         f"program '{self.name}' argument {i} is "
-                        f"{np.dtype(x.dtype)}{list(x.shape)} but the program "
-                        f"was compiled for {np.dtype(dtype)}{list(shape)}")
+                        f"{_describe(x.dtype, x.shape)} but the program "
+                        f"was compiled for "
+                        f"{_describe(dtype, shape, impl)}")
                 values.append(x)
             else:
+                if _is_key_dtype(jax, getattr(x, "dtype", None)):
+                    x = jax.random.key_data(x)
                 a = np.asarray(x)
                 if a.shape == tuple(shape) and a.dtype != dtype:
                     a = a.astype(dtype)  # JAX's canonical dtype (x64 off)
@@ -413,7 +556,79 @@ class XlaProgram(Program):
         outs = super().__call__(*values)
         if not isinstance(outs, tuple) or len(self._p.outputs) == 1:
             outs = (outs,)
-        return jax.tree_util.tree_unflatten(self._out_tree, list(outs))
+        return jax.tree_util.tree_unflatten(self._out_tree,
+                                            self._wrap_keys(list(outs)))
+
+
+class _Leaf(collections.namedtuple("_Leaf", "dtype shape sharding key")):
+    """An argument leaf as the program takes it: dtype name, shape and core
+    sharding of what travels, and the key impl when it is a typed PRNG key
+    (its key data travels)."""
+
+
+def _is_key_dtype(jax, dtype):
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(
+            dtype, jax.dtypes.prng_key)
+    except TypeError:
+        return False
+
+
+def _key_impl(jax, x):
+    """The impl name of a typed key array (or a ShapeDtypeStruct of one)."""
+    try:
+        return str(jax.random.key_impl(x))
+    except Exception:  # noqa: BLE001 - a ShapeDtypeStruct: its dtype knows
+        return x.dtype._impl.name
+
+
+def _dtype_of(jax, dtype, what):
+    """The canonical numpy dtype of a leaf, or an error naming it."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError as e:
+        raise _core.InvalidArgumentError(
+            f"{what}: {dtype!r} is not an array dtype") from e
+    if dtype.name in _SUB_BYTE:
+        raise _core.InvalidArgumentError(
+            f"{what}: dtype {dtype.name} has elements smaller than a byte; "
+            "Plexus moves whole-byte dtypes only (cast it to int8, uint8 "
+            "or wider)")
+    dtype = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if dtype.name not in _DTYPES:
+        raise _core.InvalidArgumentError(
+            f"{what}: dtype {dtype} is not an array dtype JAX and Plexus "
+            f"share ({', '.join(_DTYPES)})")
+    return dtype
+
+
+def _describe(dtype, shape, key=None):
+    if key is not None:
+        return f"key<{key}> data {np.dtype(dtype)}{list(shape)}"
+    return f"{dtype}{list(shape)}"
+
+
+def _signature(names, specs):
+    """x: float32[8] split(0), k: key<threefry2x32>[] ..."""
+    from ._api import _sharding_repr
+    parts = []
+    for name, (dtype, shape, sh, key) in zip(names, specs):
+        if key is not None:
+            parts.append(f"{name}: key<{key}> data {dtype}{list(shape)} "
+                         f"{_sharding_repr(sh)}")
+        else:
+            parts.append(f"{name}: {dtype}{list(shape)} {_sharding_repr(sh)}")
+    return ", ".join(parts)
+
+
+def _plexus_error(e):
+    """The Plexus error class for an exception raised by JAX or user code
+    while tracing or lowering."""
+    if isinstance(e, NotImplementedError):
+        return _core.UnimplementedError
+    if isinstance(e, MemoryError):
+        return _core.ResourceExhaustedError
+    return _core.InvalidArgumentError
 
 
 def _broadcast_prefix(jax, prefix, full, full_tree, what):

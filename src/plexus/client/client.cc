@@ -285,6 +285,15 @@ absl::StatusOr<std::shared_ptr<Program>> Client::CompileXla(
           "all_reduce it first"));
     }
   }
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    if (outputs[o].sharding.is_partial() &&
+        !CanAccumulate(outputs[o].global.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " output ", o, ": a partial ", outputs[o].global.ToString(),
+          " cannot be summed (Plexus adds no 8-bit floats); make it "
+          "replicated or split, or cast it to a wider float in the program"));
+    }
+  }
   proto::ProgramDef def;
   def.set_name(name);
   def.set_kernel("xla");

@@ -1,5 +1,6 @@
 #include "plexus/common/types.h"
 
+#include <complex>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -8,47 +9,59 @@
 
 namespace plexus {
 
+namespace {
+
+struct DTypeInfo {
+  DType dtype;
+  const char* name;        // numpy's (ml_dtypes' for bfloat16 and float8_*)
+  const char* short_name;  // "f32", or null
+  size_t size;
+};
+
+constexpr DTypeInfo kDTypes[] = {
+    {DType::kF32, "float32", "f32", 4},
+    {DType::kF64, "float64", "f64", 8},
+    {DType::kI32, "int32", "i32", 4},
+    {DType::kI64, "int64", "i64", 8},
+    {DType::kBF16, "bfloat16", "bf16", 2},
+    {DType::kF16, "float16", "f16", 2},
+    {DType::kI8, "int8", "i8", 1},
+    {DType::kU8, "uint8", "u8", 1},
+    {DType::kBool, "bool", nullptr, 1},
+    {DType::kI16, "int16", "i16", 2},
+    {DType::kU16, "uint16", "u16", 2},
+    {DType::kU32, "uint32", "u32", 4},
+    {DType::kU64, "uint64", "u64", 8},
+    {DType::kC64, "complex64", "c64", 8},
+    {DType::kC128, "complex128", "c128", 16},
+    {DType::kF8E5M2, "float8_e5m2", nullptr, 1},
+    {DType::kF8E4M3FN, "float8_e4m3fn", nullptr, 1},
+    {DType::kF8E4M3B11FNUZ, "float8_e4m3b11fnuz", nullptr, 1},
+    {DType::kF8E5M2FNUZ, "float8_e5m2fnuz", nullptr, 1},
+    {DType::kF8E4M3FNUZ, "float8_e4m3fnuz", nullptr, 1},
+    {DType::kF8E4M3, "float8_e4m3", nullptr, 1},
+    {DType::kF8E3M4, "float8_e3m4", nullptr, 1},
+    {DType::kF8E8M0FNU, "float8_e8m0fnu", nullptr, 1},
+};
+static_assert(sizeof(kDTypes) / sizeof(kDTypes[0]) == kMaxDType,
+              "one row per DType, in code order");
+
+const DTypeInfo* InfoOf(DType dtype) {
+  const int code = static_cast<int>(dtype);
+  if (code < 1 || code > kMaxDType) return nullptr;
+  return &kDTypes[code - 1];
+}
+
+}  // namespace
+
 size_t DTypeSize(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kF64:
-    case DType::kI64:
-      return 8;
-    case DType::kBF16:
-    case DType::kF16:
-      return 2;
-    case DType::kI8:
-    case DType::kU8:
-    case DType::kBool:
-      return 1;
-  }
-  return 0;
+  const DTypeInfo* info = InfoOf(dtype);
+  return info == nullptr ? 0 : info->size;
 }
 
 const char* DTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "float32";
-    case DType::kF64:
-      return "float64";
-    case DType::kI32:
-      return "int32";
-    case DType::kI64:
-      return "int64";
-    case DType::kBF16:
-      return "bfloat16";
-    case DType::kF16:
-      return "float16";
-    case DType::kI8:
-      return "int8";
-    case DType::kU8:
-      return "uint8";
-    case DType::kBool:
-      return "bool";
-  }
-  return "invalid";
+  const DTypeInfo* info = InfoOf(dtype);
+  return info == nullptr ? "invalid" : info->name;
 }
 
 bool IsArithmeticDType(DType dtype) {
@@ -56,25 +69,34 @@ bool IsArithmeticDType(DType dtype) {
          dtype == DType::kI64;
 }
 
+bool CanAccumulate(DType dtype) {
+  const int code = static_cast<int>(dtype);
+  return code >= 1 && code < static_cast<int>(DType::kF8E5M2);
+}
+
 absl::StatusOr<DType> ParseDType(const std::string& name) {
-  static const std::pair<const char*, DType> kNames[] = {
-      {"float32", DType::kF32},   {"f32", DType::kF32},
-      {"float64", DType::kF64},   {"f64", DType::kF64},
-      {"int32", DType::kI32},     {"i32", DType::kI32},
-      {"int64", DType::kI64},     {"i64", DType::kI64},
-      {"bfloat16", DType::kBF16}, {"bf16", DType::kBF16},
-      {"float16", DType::kF16},   {"f16", DType::kF16},
-      {"int8", DType::kI8},       {"i8", DType::kI8},
-      {"uint8", DType::kU8},      {"u8", DType::kU8},
-      {"bool", DType::kBool},
-  };
-  for (const auto& [n, d] : kNames) {
-    if (name == n) return d;
+  for (const DTypeInfo& info : kDTypes) {
+    if (name == info.name ||
+        (info.short_name != nullptr && name == info.short_name)) {
+      return info.dtype;
+    }
+  }
+  std::string supported;
+  for (const DTypeInfo& info : kDTypes) {
+    absl::StrAppend(&supported, supported.empty() ? "" : ", ", info.name);
+  }
+  static const char* const kSubByte[] = {
+      "int4", "uint4", "int2", "uint2", "int1", "uint1", "float4_e2m1fn"};
+  for (const char* sub : kSubByte) {
+    if (name == sub) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "dtype '", name,
+          "' has elements smaller than a byte; Plexus moves whole-byte "
+          "dtypes only (cast to int8, uint8 or a wider type)"));
+    }
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "unsupported dtype '", name,
-      "' (supported: float32, float64, int32, int64, bfloat16, float16, "
-      "int8, uint8, bool)"));
+      "unsupported dtype '", name, "' (supported: ", supported, ")"));
 }
 
 int64_t NumElements(const Shape& shape) {
@@ -143,6 +165,18 @@ void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n) {
       return AddInto<int8_t>(acc, in, n);
     case DType::kU8:
       return AddInto<uint8_t>(acc, in, n);
+    case DType::kI16:
+      return AddInto<int16_t>(acc, in, n);
+    case DType::kU16:
+      return AddInto<uint16_t>(acc, in, n);
+    case DType::kU32:
+      return AddInto<uint32_t>(acc, in, n);
+    case DType::kU64:
+      return AddInto<uint64_t>(acc, in, n);
+    case DType::kC64:
+      return AddInto<std::complex<float>>(acc, in, n);
+    case DType::kC128:
+      return AddInto<std::complex<double>>(acc, in, n);
     case DType::kF16: {
       auto* a = static_cast<uint16_t*>(acc);
       const auto* b = static_cast<const uint16_t*>(in);
@@ -165,6 +199,8 @@ void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n) {
       for (int64_t i = 0; i < n; ++i) a[i] = (a[i] | b[i]) != 0;
       return;
     }
+    default:  // !CanAccumulate(dtype): refused before any data moves
+      return;
   }
 }
 
@@ -311,7 +347,7 @@ proto::TensorSpec ToProto(const TensorSpec& spec) {
 }
 
 absl::StatusOr<TensorSpec> FromProto(const proto::TensorSpec& p) {
-  if (p.dtype() < proto::F32 || p.dtype() > proto::BOOL) {
+  if (p.dtype() < proto::F32 || p.dtype() > kMaxDType) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid dtype code ", p.dtype()));
   }

@@ -23,11 +23,32 @@ enum class DType : int {
   kI8 = 7,
   kU8 = 8,
   kBool = 9,
+  // The other whole-byte dtypes of JAX (numpy's names, ml_dtypes' for the
+  // 8-bit floats). Sub-byte ones (int4, float4_e2m1fn, ...) have no DType.
+  kI16 = 10,
+  kU16 = 11,
+  kU32 = 12,
+  kU64 = 13,
+  kC64 = 14,
+  kC128 = 15,
+  kF8E5M2 = 16,
+  kF8E4M3FN = 17,
+  kF8E4M3B11FNUZ = 18,
+  kF8E5M2FNUZ = 19,
+  kF8E4M3FNUZ = 20,
+  kF8E4M3 = 21,
+  kF8E3M4 = 22,
+  kF8E8M0FNU = 23,
 };
+inline constexpr int kMaxDType = 23;
 
 // float32, float64, int32, int64: the dtypes built-in arithmetic kernels
 // compute in. Every dtype moves, is stored and runs in XLA programs.
 bool IsArithmeticDType(DType dtype);
+// Whether partial sums of `dtype` can be added (AccumulateInto): every
+// dtype but the 8-bit floats, which XLA programs compute in but Plexus does
+// not add on the host.
+bool CanAccumulate(DType dtype);
 
 size_t DTypeSize(DType dtype);
 const char* DTypeName(DType dtype);  // "float32", "int64", ...
@@ -110,7 +131,8 @@ absl::Status CopyRows(const void* src, size_t src_bytes, const Shape& src_shape,
 
 // acc[i] += in[i] for n elements of `dtype` (partial sums, all-reduce).
 // bfloat16 and float16 add in float32 and round to nearest even; bool is
-// logical or.
+// logical or; unsigned integers wrap. Only for CanAccumulate(dtype): for
+// the others it leaves `acc` as it is.
 void AccumulateInto(DType dtype, void* acc, const void* in, int64_t n);
 
 // bfloat16 <-> float32 (round to nearest even; NaN stays NaN).

@@ -41,15 +41,32 @@ TEST(AttrsTest, ProtoRoundTrip) {
 }
 
 TEST(DTypeTest, EveryDTypeRoundTripsThroughItsName) {
-  for (int code = 1; code <= 9; ++code) {
+  for (int code = 1; code <= kMaxDType; ++code) {
     DType d = static_cast<DType>(code);
     auto parsed = ParseDType(DTypeName(d));
     ASSERT_TRUE(parsed.ok()) << DTypeName(d);
     EXPECT_EQ(*parsed, d);
     EXPECT_GT(DTypeSize(d), 0u);
+    auto spec = FromProto(ToProto(TensorSpec{d, {2}}));
+    ASSERT_TRUE(spec.ok()) << DTypeName(d);
+    EXPECT_EQ(spec->dtype, d);
   }
   EXPECT_EQ(DTypeSize(DType::kBF16), 2u);
-  EXPECT_FALSE(ParseDType("complex64").ok());
+  EXPECT_EQ(DTypeSize(DType::kC128), 16u);
+  EXPECT_EQ(DTypeSize(DType::kF8E4M3FN), 1u);
+  EXPECT_STREQ(DTypeName(DType::kU32), "uint32");
+  EXPECT_FALSE(ParseDType("complex256").ok());
+  proto::TensorSpec beyond;
+  beyond.set_dtype(static_cast<proto::DType>(kMaxDType + 1));
+  EXPECT_FALSE(FromProto(beyond).ok());
+}
+
+TEST(DTypeTest, SubByteDTypesAreRefusedSayingWhy) {
+  auto parsed = ParseDType("int4");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.status().message().find("smaller than a byte"),
+            std::string::npos)
+      << parsed.status();
 }
 
 TEST(DTypeTest, Bfloat16RoundsToNearestEven) {
@@ -109,6 +126,22 @@ TEST(DTypeTest, AccumulateAddsNarrowTypesAndOrsBools) {
   EXPECT_EQ(b[0], 0);
   EXPECT_EQ(b[1], 1);
   EXPECT_EQ(b[2], 1);
+}
+
+TEST(DTypeTest, AccumulateWrapsUnsignedAndAddsComplex) {
+  uint32_t u[2] = {0xffffffffu, 7};
+  const uint32_t ui[2] = {2, 5};
+  ASSERT_TRUE(CanAccumulate(DType::kU32));
+  AccumulateInto(DType::kU32, u, ui, 2);
+  EXPECT_EQ(u[0], 1u);
+  EXPECT_EQ(u[1], 12u);
+  float c[2] = {1.0f, 2.0f};  // one complex64: 1 + 2i
+  const float ci[2] = {0.5f, -3.0f};
+  AccumulateInto(DType::kC64, c, ci, 1);
+  EXPECT_EQ(c[0], 1.5f);
+  EXPECT_EQ(c[1], -1.0f);
+  EXPECT_FALSE(CanAccumulate(DType::kF8E4M3FN));
+  EXPECT_FALSE(CanAccumulate(DType::kF8E8M0FNU));
 }
 }  // namespace
 }  // namespace plexus

@@ -21,6 +21,8 @@ PyObject* g_not_found = nullptr;
 PyObject* g_exhausted = nullptr;
 PyObject* g_unavailable = nullptr;
 PyObject* g_denied = nullptr;
+PyObject* g_deadline = nullptr;
+PyObject* g_unimplemented = nullptr;
 
 [[noreturn]] void Raise(const absl::Status& s) {
   PyObject* type = g_error;
@@ -43,6 +45,12 @@ PyObject* g_denied = nullptr;
     case absl::StatusCode::kPermissionDenied:
     case absl::StatusCode::kUnauthenticated:
       type = g_denied;
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      type = g_deadline;
+      break;
+    case absl::StatusCode::kUnimplemented:
+      type = g_unimplemented;
       break;
     default:
       break;
@@ -67,12 +75,14 @@ DType DTypeOf(const py::dtype& dt) {
 }
 
 py::dtype NumpyDType(DType d) {
-  if (d == DType::kBF16) {
-    // numpy has no bfloat16 of its own; ml_dtypes (a JAX dependency) does.
+  const std::string name = DTypeName(d);
+  if (d == DType::kBF16 || name.rfind("float8_", 0) == 0) {
+    // numpy has no bfloat16 or 8-bit floats of its own; ml_dtypes (a JAX
+    // dependency) does.
     return py::dtype::from_args(
-        py::module_::import("ml_dtypes").attr("bfloat16"));
+        py::module_::import("ml_dtypes").attr(name.c_str()));
   }
-  return py::dtype(DTypeName(d));
+  return py::dtype(name);
 }
 
 // Sharding <-> ("replicated"|"split"|"partial", axis)
@@ -179,6 +189,8 @@ PYBIND11_MODULE(_core, m) {
   g_exhausted = make("ResourceExhaustedError", PyExc_MemoryError);
   g_unavailable = make("UnavailableError", PyExc_ConnectionError);
   g_denied = make("PermissionDeniedError", PyExc_PermissionError);
+  g_deadline = make("DeadlineExceededError", PyExc_TimeoutError);
+  g_unimplemented = make("UnimplementedError", PyExc_NotImplementedError);
 
   py::class_<Slice, std::shared_ptr<Slice>>(m, "Slice")
       .def_property_readonly("id", &Slice::id)

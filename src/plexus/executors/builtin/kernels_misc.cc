@@ -175,8 +175,8 @@ class AllReduceKernel : public Kernel {
   }
 
   bool is_collective() const override { return true; }
-  // Sums with AccumulateInto, which knows every dtype.
-  bool AcceptsDType(DType) const override { return true; }
+  // Sums with AccumulateInto, which knows every dtype but the 8-bit floats.
+  bool AcceptsDType(DType dtype) const override { return CanAccumulate(dtype); }
 };
 
 // A kernel of one argument whose output is a copy of it.

@@ -45,11 +45,29 @@ absl::StatusCode CodeOf(PJRT_Error_Code code) {
 
 // Plexus dtypes and PJRT element types, one to one.
 constexpr std::pair<DType, PJRT_Buffer_Type> kTypes[] = {
-    {DType::kF32, PJRT_Buffer_Type_F32},   {DType::kF64, PJRT_Buffer_Type_F64},
-    {DType::kI32, PJRT_Buffer_Type_S32},   {DType::kI64, PJRT_Buffer_Type_S64},
-    {DType::kBF16, PJRT_Buffer_Type_BF16}, {DType::kF16, PJRT_Buffer_Type_F16},
-    {DType::kI8, PJRT_Buffer_Type_S8},     {DType::kU8, PJRT_Buffer_Type_U8},
+    {DType::kF32, PJRT_Buffer_Type_F32},
+    {DType::kF64, PJRT_Buffer_Type_F64},
+    {DType::kI32, PJRT_Buffer_Type_S32},
+    {DType::kI64, PJRT_Buffer_Type_S64},
+    {DType::kBF16, PJRT_Buffer_Type_BF16},
+    {DType::kF16, PJRT_Buffer_Type_F16},
+    {DType::kI8, PJRT_Buffer_Type_S8},
+    {DType::kU8, PJRT_Buffer_Type_U8},
     {DType::kBool, PJRT_Buffer_Type_PRED},
+    {DType::kI16, PJRT_Buffer_Type_S16},
+    {DType::kU16, PJRT_Buffer_Type_U16},
+    {DType::kU32, PJRT_Buffer_Type_U32},
+    {DType::kU64, PJRT_Buffer_Type_U64},
+    {DType::kC64, PJRT_Buffer_Type_C64},
+    {DType::kC128, PJRT_Buffer_Type_C128},
+    {DType::kF8E5M2, PJRT_Buffer_Type_F8E5M2},
+    {DType::kF8E4M3FN, PJRT_Buffer_Type_F8E4M3FN},
+    {DType::kF8E4M3B11FNUZ, PJRT_Buffer_Type_F8E4M3B11FNUZ},
+    {DType::kF8E5M2FNUZ, PJRT_Buffer_Type_F8E5M2FNUZ},
+    {DType::kF8E4M3FNUZ, PJRT_Buffer_Type_F8E4M3FNUZ},
+    {DType::kF8E4M3, PJRT_Buffer_Type_F8E4M3},
+    {DType::kF8E3M4, PJRT_Buffer_Type_F8E3M4},
+    {DType::kF8E8M0FNU, PJRT_Buffer_Type_F8E8M0FNU},
 };
 
 absl::StatusOr<PJRT_Buffer_Type> BufferType(DType dtype) {
@@ -64,10 +82,10 @@ absl::StatusOr<DType> FromBufferType(PJRT_Buffer_Type type) {
   for (const auto& [d, t] : kTypes) {
     if (t == type) return d;
   }
-  return absl::UnimplementedError(absl::StrCat(
-      "XLA element type ", static_cast<int>(type),
-      " has no Plexus dtype (float32, float64, int32, int64, bfloat16, "
-      "float16, int8, uint8, bool)"));
+  return absl::UnimplementedError(
+      absl::StrCat("XLA element type ", static_cast<int>(type),
+                   " has no Plexus dtype (Plexus takes every whole-byte dtype; "
+                   "sub-byte ones such as int4 are not)"));
 }
 
 // Owns PJRT objects created during one call and destroys them in order.
