@@ -14,6 +14,7 @@ import pytest
 
 import plexus
 from plexus._binaries import bin_dir
+from plexus.cli import format_status
 
 
 def hosts_of(s):
@@ -98,6 +99,14 @@ def test_a_waiting_request_does_not_hold_up_the_clients_other_work(four, client)
         assert p["client_id"] == client.id
         assert p["waiting_for"] == ("asked for 8 devices; the cluster has 4 "
                                     "live devices on 2 hosts; no request ahead")
+        # `plexus status` shows it, and where each virtual device of the
+        # slice it has is.
+        text = format_status(st)
+        assert "WAITING FOR" in text and p["waiting_for"] in text
+        (row,) = [line for line in text.splitlines()
+                  if line.split()[:2] == [str(small.id), str(client.id)]]
+        d = small.devices[0]
+        assert row.split()[3:6] == [d["host"], str(d["worker"]), f"0->{d['device']}"]
         # Meanwhile the same client computes on the slice it has.
         x = small.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
         y = small.program("scale", x, factor=2.0)(x)
