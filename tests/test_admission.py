@@ -1,0 +1,113 @@
+"""Admission at the server (src/plexus/server/admission.h) against real
+processes: a stalled worker holds up only the calls that need it, and the
+server and workers account each client's calls and device time."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+
+import plexus
+
+
+def _worker_pid(cluster, host):
+    for w in cluster.status()["workers"]:
+        if w["host_name"] == host:
+            return int(w["pid"])
+    raise AssertionError(f"no worker on {host}: {cluster.status()['workers']}")
+
+
+def _calls_per_second(program, x, calls):
+    """Issues `calls` calls at once and waits for all: device-bound, so the
+    rate is the devices' (10 ms each), not this process's."""
+    start = time.monotonic()
+    outs = [program(x) for _ in range(calls)]
+    for y in outs:
+        y.block_until_ready()
+    return calls / (time.monotonic() - start)
+
+
+def test_a_stopped_worker_with_a_full_queue_does_not_slow_other_hosts():
+    # A long heartbeat deadline: the stopped worker stays "alive" (a slow
+    # host, not a dead one) for the whole test.
+    with plexus.local(hosts=3, heartbeat_timeout_ms=120_000) as cluster:
+        a = cluster.connect(name="a")
+        b = cluster.connect(name="b")
+        sa = a.slice(1, hosts=["host0"])
+        sb = b.slice(2, hosts=["host1", "host2"])
+        xa = sa.put(np.zeros(4, np.float32))
+        xb = sb.put(np.zeros(4, np.float32), plexus.split(0))
+        nap_a = sa.program("device_sleep", xa, micros=1)
+        nap_b = sb.program("device_sleep", xb, micros=10_000)
+        _calls_per_second(nap_b, xb, 5)  # warm: programs loaded
+        before = _calls_per_second(nap_b, xb, 30)
+
+        pid = _worker_pid(cluster, "host0")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            # Client A floods its stopped worker from a thread of its own,
+            # past what a worker's outbound queue at the server holds (65536
+            # ops: before admission, one full queue blocked every client's
+            # batches). Its window fills, up to its quota of calls waits at
+            # the server, and then A's own stream waits for room.
+            issued = threading.Event()
+
+            def flood():
+                for _ in range(100_000):
+                    nap_a(xa)
+                issued.set()
+
+            t = threading.Thread(target=flood, daemon=True)
+            t.start()
+            assert issued.wait(120), "client a could not issue its calls"
+            cluster.wait_until(
+                lambda st: any(c["name"] == "a" and
+                               int(c.get("calls_pending", 0)) >= 32
+                               for c in st["clients"]),
+                timeout=60, what="client a's calls to queue at the server")
+            rate = []
+            m = threading.Thread(
+                target=lambda: rate.append(_calls_per_second(nap_b, xb, 30)),
+                daemon=True)
+            m.start()
+            m.join(60)
+            assert rate, "client b's calls stalled behind host0's queue"
+            during = rate[0]
+            assert during >= 0.9 * before, (
+                f"client b ran {during:.1f} calls/s while host0 was stopped, "
+                f"{before:.1f} before")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # A's calls run once host0 resumes; the cluster goes down with them.
+
+
+def test_status_accounts_each_clients_calls_and_device_time(cluster):
+    client = cluster.connect(name="accounted")
+    s = client.slice(2, placement="spread")
+    x = s.put(np.zeros(4, np.float32), plexus.split(0))
+    nap = s.program("device_sleep", x, micros=2000)
+    for y in [nap(x) for _ in range(20)]:
+        y.block_until_ready()
+    # The outputs are ready a moment before the workers count the call
+    # (its last task ends after it fulfils them): wait for the counts.
+
+    def mine(st):
+        return [c for c in st["clients"] if c["name"] == "accounted"][0]
+
+    def usage(st):
+        cid = int(mine(st)["client_id"])
+        return [u for w in st["workers"] for u in w["stats"].get("clients", [])
+                if int(u["client_id"]) == cid]
+
+    st = cluster.wait_until(
+        lambda st: int(mine(st).get("calls_admitted", 0)) >= 20 and
+        int(mine(st).get("calls_in_flight", 0)) == 0 and
+        len(usage(st)) == 2 and all(int(u["calls"]) >= 20 for u in usage(st)),
+        what="the workers and server to account the calls")
+    me = mine(st)
+    assert float(me["weight"]) == 1.0
+    # Each call held two devices (one per host) for >= 2 ms.
+    assert int(me["device_micros"]) >= 20 * 2 * 2000
+    assert sum(int(u["busy_micros"]) for u in usage(st)) >= 20 * 2 * 2000
+    client.close()
