@@ -171,6 +171,18 @@ int main(int argc, char** argv) {
                  "file holding the cluster secret (64 hex digits; "
                  "$PLEXUS_CLUSTER_SECRET wins). Created, mode 0600, with a "
                  "new secret if it does not exist");
+  std::string tenants_file;
+  app.add_option("--tenants", tenants_file,
+                 "JSON file of each tenant's weight (share of device time) "
+                 "and quotas (max_devices, max_bytes, max_calls_in_flight); "
+                 "see src/plexus/server/tenants.h. Default: equal weights");
+  app.add_option("--admission-window-us", options.admission.window_micros,
+                 "device time per device admitted to a worker and not yet "
+                 "reported done, above which its next call waits at the "
+                 "server (fair order is decided there); larger keeps devices "
+                 "busier across report round trips, smaller shortens the "
+                 "queue in front of a newcomer")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
   CLI11_PARSE(app, argc, argv);
   options.consistent_order = scheduler == "gang";
 
@@ -195,6 +207,17 @@ int main(int argc, char** argv) {
   }
   options.secret = *secret;
   local.secret = *secret;
+  if (!tenants_file.empty()) {
+    absl::StatusOr<plexus::TenantTable> tenants =
+        plexus::TenantTable::Load(tenants_file);
+    if (!tenants.ok()) {
+      SPDLOG_ERROR("cannot start: {}", std::string(tenants.status().message()));
+      return 1;
+    }
+    options.tenants = *std::move(tenants);
+    SPDLOG_INFO("tenants from {}: {} named, the rest share \"default\"",
+                tenants_file, options.tenants.tenants().size());
+  }
 
   if (!options.consistent_order) {
     SPDLOG_WARN(
