@@ -43,7 +43,8 @@ class LocalCluster:
     def __init__(self, hosts=2, devices_per_host=1, device_memory_mib=1024,
                  shared_memory=True, log_level="warn", log_file=None,
                  attached=True, heartbeat_timeout_ms=1000, scheduler="gang",
-                 pjrt_plugin=None, secret=None):
+                 pjrt_plugin=None, secret=None, tenants=None,
+                 admission_window_us=None):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -61,6 +62,11 @@ class LocalCluster:
             raise ValueError(f"scheduler must be 'gang' or 'none' (test only), "
                              f"not {scheduler!r}")
         self.scheduler = scheduler
+        # The operator's tenants (weights and quotas): a dict as the server's
+        # --tenants file holds it, or the path of such a file.
+        self.tenants = tenants
+        self.admission_window_us = admission_window_us
+        self._tenants_file = None
         # The workers' PJRT plugin for XLA programs (plexus.jit).
         self.pjrt_plugin = pjrt_plugin or default_pjrt_plugin() or ""
         # Hex, from the binding: credentials are derived in C++ only.
@@ -88,6 +94,20 @@ class LocalCluster:
                "--log-level", self.log_level]
         if not self.shared_memory:
             cmd.append("--no-shm")
+        if self.tenants is not None:
+            if isinstance(self.tenants, dict):
+                import json
+                import tempfile
+                with tempfile.NamedTemporaryFile(
+                        "w", prefix="plexus-tenants-", suffix=".json",
+                        delete=False) as f:
+                    json.dump(self.tenants, f)
+                self._tenants_file = f.name
+                cmd += ["--tenants", f.name]
+            else:
+                cmd += ["--tenants", str(self.tenants)]
+        if self.admission_window_us is not None:
+            cmd += ["--admission-window-us", str(int(self.admission_window_us))]
         if self.attached:
             cmd.append("--die-with-parent")
         log = open(self.log_file, "ab") if self.log_file else None
@@ -166,6 +186,9 @@ class LocalCluster:
         for c in self._clients:
             c.close()
         self._clients.clear()
+        if self._tenants_file is not None:
+            os.unlink(self._tenants_file)
+            self._tenants_file = None
         if self.process is None:
             return []
         problems = []
