@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -94,11 +95,37 @@ sigset_t TerminationSignals() {
   sigaddset(&signals, SIGINT);
   return signals;
 }
+
+// A thread started before main (OpenBLAS starts its pool when the library
+// loads) does not block the termination signals, so the kernel delivers
+// SIGTERM to it, and without a handler the default action ends the process
+// (a pod deleted by Kubernetes would never shut down cleanly). The handler
+// hands the signal to the watcher's thread, where sigwait takes it; one
+// that comes before a watcher waits is kept for it in `g_pending`.
+std::atomic<pid_t> g_watcher_tid{0};
+std::atomic<int> g_pending{0};
+
+void ForwardTerminationSignal(int sig) {
+  const int saved_errno = errno;
+  g_pending.store(sig);
+  if (const pid_t tid = g_watcher_tid.load(); tid != 0) {
+    // tgkill, not pthread_kill: async-signal-safe, and a thread that has
+    // just gone is ESRCH, not undefined behaviour.
+    syscall(SYS_tgkill, getpid(), tid, sig);
+  }
+  errno = saved_errno;
+}
 }  // namespace
 
 void BlockTerminationSignals() {
   sigset_t signals = TerminationSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  struct sigaction forward {};
+  forward.sa_handler = ForwardTerminationSignal;
+  forward.sa_flags = SA_RESTART;
+  sigfillset(&forward.sa_mask);
+  sigaction(SIGTERM, &forward, nullptr);
+  sigaction(SIGINT, &forward, nullptr);
   signal(SIGPIPE, SIG_IGN);
 }
 
@@ -108,6 +135,7 @@ TerminationSignalWatcher::TerminationSignalWatcher(
 
 TerminationSignalWatcher::~TerminationSignalWatcher() {
   stopping_ = true;
+  g_watcher_tid.store(0);
   // Wakes the thread's sigwait: SIGTERM is blocked in it, so this signal
   // waits for it there and nowhere else.
   pthread_kill(thread_.native_handle(), SIGTERM);
@@ -117,9 +145,24 @@ TerminationSignalWatcher::~TerminationSignalWatcher() {
 void TerminationSignalWatcher::Loop() {
   const sigset_t signals = TerminationSignals();
   bool called = false;
+  const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+  g_watcher_tid.store(tid);
+  struct Unregister {
+    pid_t tid;
+    ~Unregister() {
+      pid_t mine = tid;
+      g_watcher_tid.compare_exchange_strong(mine, 0);
+    }
+  } unregister{tid};
+  // A signal a handler took before this thread was known.
+  if (const int early = g_pending.exchange(0); early != 0 && !stopping_) {
+    called = true;
+    on_signal_(early);
+  }
   while (true) {
     int sig = 0;
     if (sigwait(&signals, &sig) != 0) continue;
+    g_pending.store(0);  // this one, if a handler forwarded it
     if (stopping_) return;
     if (!called) {
       called = true;

@@ -49,7 +49,9 @@ bool ExitedCleanly(int wait_status);
 
 // Blocks SIGTERM and SIGINT in this thread and the threads it starts (call
 // first thing in main), and ignores SIGPIPE (a dead peer is an error, not a
-// death).
+// death). A thread that a library started before main (OpenBLAS's pool)
+// does not block them; a handler there hands the signal to the watcher
+// below (one that comes before the watcher waits is kept for it).
 void BlockTerminationSignals();
 
 // A thread that waits for SIGTERM or SIGINT (blocked first, with

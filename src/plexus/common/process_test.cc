@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -69,6 +70,27 @@ int ExitStatusOf(void (*child)()) {
   int status = 0;
   waitpid(pid, &status, 0);
   return status;
+}
+
+// plexus-server and plexus-worker load OpenBLAS, which starts its threads
+// before main blocks the signals: the kernel delivers a SIGTERM to one of
+// them. It must still reach the watcher, not end the process (Kubernetes
+// deletes a pod with SIGTERM).
+TEST(TerminationSignalWatcherTest, ReachesTheWatcherFromAThreadStartedFirst) {
+  const int status = ExitStatusOf([] {
+    std::thread library([] {
+      while (true) pause();  // wakes for each signal handler it runs
+    });
+    library.detach();
+    BlockTerminationSignals();
+    absl::Notification called;
+    TerminationSignalWatcher watcher([&](int sig) {
+      if (sig == SIGTERM) called.Notify();
+    });
+    kill(getpid(), SIGTERM);  // only `library` does not block it
+    _exit(called.WaitForNotificationWithTimeout(absl::Seconds(20)) ? 0 : 3);
+  });
+  EXPECT_TRUE(ExitedCleanly(status)) << DescribeExit(status);
 }
 
 TEST(DescribeExitTest, NamesTheCodeOrTheSignal) {
