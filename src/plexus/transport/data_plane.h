@@ -79,6 +79,10 @@ struct DataPlanePeer {
 struct DataPlaneIdentity {
   DataPlanePeer peer;
   Credential credential{};
+  // Every frame the connection sends carries it (the header's generation):
+  // a worker's registration generation, so that peers can refuse the
+  // pushes of a registration the server declared down. 0 for a client.
+  uint64_t generation = 0;
 };
 
 class DataPlaneHandler {
@@ -94,6 +98,13 @@ class DataPlaneHandler {
   // is dropped unread and logged.
   virtual absl::Status Authorize(DataPlaneRequest request, const ShardKey& key,
                                  const DataPlanePeer& peer) = 0;
+  // Whether a PUSH or PUSH_ERROR stamped with `generation` (its sender's
+  // registration) may be received: a worker refuses a generation the
+  // server declared down (fencing). Called after Authorize; an error drops
+  // the push unread, as a refusal there does. By default any generation.
+  virtual absl::Status AdmitGeneration(uint64_t generation) {
+    return absl::OkStatus();
+  }
   // Whether `bytes` bytes of `key` may be received now (may block: for the
   // key's declaration, for room on its device). An error drops the payload
   // unread (a PUT's sender hears the error); the handler fails the shard

@@ -173,6 +173,7 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
       return absl::Status(s.code(), absl::StrCat("data-plane connection to ",
                                                  address, ": ", s.message()));
     }
+    socket->set_generation(me.generation);
     return std::make_unique<DataPlaneConnectionImpl>(
         std::move(socket), std::move(address), counters);
   };

@@ -268,6 +268,10 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
                      " frame from a data-plane client"));
   }
   absl::Status allowed = handler_->Authorize(*request, header.key(), peer);
+  if (allowed.ok() && (*request == DataPlaneRequest::kPush ||
+                       *request == DataPlaneRequest::kPushError)) {
+    allowed = handler_->AdmitGeneration(header.generation);
+  }
   if (!allowed.ok()) {
     // Refused before anything is done for it; the stream stays in step.
     SPDLOG_WARN("data plane: {} of {} from {} refused: {}",

@@ -378,6 +378,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_calls_executed(calls_executed_.load());
   s.set_calls_failed(calls_failed_.load());
   s.set_programs_loaded(programs_loaded_.load());
+  s.set_pushes_fenced(pushes_fenced_.load());
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());
   s.set_xla_compile_micros(xla_->compile_micros());
@@ -554,6 +555,7 @@ PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
   transport::DataPlaneIdentity me;
   me.peer = {CredentialRole::kWorker, 0};
   me.credential = secret_.Derive(CredentialRole::kWorker);
+  me.generation = generation_.load();  // peers fence it once it is down
   auto sender = std::make_unique<PeerSender>(
       worker_id, p.data_address(), same_machine ? p.unix_path() : "",
       &counters_, me,
@@ -597,11 +599,27 @@ void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
     absl::MutexLock lock(&peers_mu_);
     auto it = senders_.find(down.worker_id());
     if (it != senders_.end()) it->second->MarkDown();
+    // Fenced: should the process come back (a SIGSTOP ends, a network
+    // heals), what it still pushes in that registration is refused.
+    if (down.generation() != 0) {
+      fenced_[down.generation()] = down.worker_id();
+    }
   }
   store_->FailFromSource(down.worker_id(), lost);
 }
 
 // --- data plane handler ---------------------------------------------------
+
+absl::Status WorkerImpl::AdmitGeneration(uint64_t generation) {
+  absl::MutexLock lock(&peers_mu_);
+  auto it = fenced_.find(generation);
+  if (it == fenced_.end()) return absl::OkStatus();
+  pushes_fenced_++;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "a push from worker ", it->second, " of generation ", generation,
+      ", which the server declared down: fenced (it rejoins as "
+      "a fresh host)"));
+}
 
 absl::StatusOr<Credential> WorkerImpl::CredentialFor(
     const transport::DataPlanePeer& peer) {

@@ -73,6 +73,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   void Shutdown() override;
   int64_t worker_id() const override { return worker_id_.load(); }
   uint64_t generation() const override { return generation_.load(); }
+  // The TCP data plane as bound (tests connect to it).
+  std::string data_address() const { return data_server_->tcp_address(); }
+  // Pushes refused because their generation was declared down.
+  int64_t pushes_fenced() const { return pushes_fenced_.load(); }
 
   // transport::DataPlaneHandler
   // A connection proves a client's credential or the worker credential,
@@ -84,6 +88,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   absl::Status Authorize(transport::DataPlaneRequest request,
                          const transport::ShardKey& key,
                          const transport::DataPlanePeer& peer) override;
+  // Refuses the pushes of a registration the server declared down
+  // (PeerDown.generation), counted in WorkerStats.pushes_fenced.
+  absl::Status AdmitGeneration(uint64_t generation) override;
   absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
                              bool from_client) override;
   absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
@@ -184,6 +191,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   absl::flat_hash_map<int64_t, std::unique_ptr<PeerSender>> senders_
       ABSL_GUARDED_BY(peers_mu_);
   bool senders_stopped_ ABSL_GUARDED_BY(peers_mu_) = false;
+  // Generations the server declared down, and whose they were: their
+  // pushes are refused.
+  absl::flat_hash_map<uint64_t, int64_t> fenced_ ABSL_GUARDED_BY(peers_mu_);
 
   absl::Mutex compile_mu_;
   std::deque<std::pair<std::shared_ptr<LoadedProgram>, std::vector<int>>>
@@ -193,6 +203,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
 
   std::atomic<int64_t> calls_executed_{0};
   std::atomic<int64_t> calls_failed_{0};
+  std::atomic<int64_t> pushes_fenced_{0};
 
   absl::Mutex mu_;
   absl::CondVar wake_writer_;

@@ -72,6 +72,7 @@ FrameHeader FrameSocket::MakeHeader(FrameType type, const ShardKey& key) const {
   header.type = static_cast<uint16_t>(type);
   header.buffer_id = key.buffer_id;
   header.shard = key.shard;
+  header.generation = generation_;
   return header;
 }
 

@@ -14,9 +14,10 @@
 //       24     8  payload_bytes  logical bytes moved
 //       32     4  status_code    absl::StatusCode (ERROR frames)
 //       36     4  reserved       zero
-//       40     8  generation     the virtual-to-physical map generation the
-//                                sender acts in (0 until elastic execution
-//                                sets it; receivers will fence older ones)
+//       40     8  generation     the generation of the sender's
+//                                registration (0 from a client); a worker
+//                                refuses pushes of one the server declared
+//                                down (DataPlaneHandler::AdmitGeneration)
 //       48    16  reserved       zero (version 2 sent a credential here;
 //                                since version 3 the connection's
 //                                handshake proves it once, handshake.h)
@@ -129,6 +130,8 @@ class FrameSocket {
   // within `timeout`; ReadHeader first waits, without limit, for a frame to
   // begin.
   absl::Status SetFrameTimeout(absl::Duration timeout);
+  // Every frame this end sends from now on carries `generation`.
+  void set_generation(uint64_t generation) { generation_ = generation; }
 
   // `header` and `payload` as they are (handshake frames).
   absl::Status SendFrame(FrameHeader header, absl::string_view payload);
@@ -170,6 +173,7 @@ class FrameSocket {
   std::string peer_;
   bool broken_ = false;
   bool timed_ = false;  // SetFrameTimeout was called
+  uint64_t generation_ = 0;
   UniqueFd passed_fd_;  // arrived with the last header
 };
 
