@@ -309,6 +309,16 @@ class PodRunner:
         return out
 
     # ------------------------------------------------------------ end
+    def delete_all(self, grace_s):
+        """What `kubectl delete` does to every pod: SIGTERM to each
+        container, `grace_s` to exit, then SIGKILL. {pod name: exit code},
+        None for one that had to be killed."""
+        for pod in self.pods:
+            for c in pod.containers:
+                if c.popen.poll() is None:
+                    c.popen.terminate()
+        return self.wait_all(grace_s)
+
     def wait_all(self, timeout):
         """Waits for every container to exit; {pod name: exit code}, None
         for one still running after `timeout` (then killed)."""

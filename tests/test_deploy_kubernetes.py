@@ -99,6 +99,10 @@ def test_the_manifests_say_what_docs_deploy_promises():
         assert "configMapRef" in c["envFrom"][0]
 
 
+def server_spec(m):
+    return m.one("Deployment", "plexus-server")["spec"]["template"]["spec"]
+
+
 @pytest.fixture
 def lab():
     lab = NetnsLab.create()
@@ -156,10 +160,10 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
     np.testing.assert_array_equal(z, big)
     np.testing.assert_array_equal(triple, big * 3)
 
-    # The operator stops the cluster (admin credential: the Secret's); every
-    # container exits with code 0.
-    plexus._core.shutdown_server(address, lab.secret)
-    assert runner.wait_all(timeout=15) == {
+    # `kubectl delete -f plexus.yaml`: every container gets SIGTERM and
+    # exits with code 0 within the pods' grace period.
+    grace = server_spec(m)["terminationGracePeriodSeconds"]
+    assert runner.delete_all(grace_s=grace) == {
         p.name: 0 for p in [server] + workers}, runner.logs()
     assert set(runner.dropped) <= PENDING_FLAGS
 
