@@ -345,3 +345,5 @@ class PodRunner:
                     os.killpg(c.popen.pid, 9)
                 c.popen.wait()
                 c.reader.join(timeout=5)
+                if not c.reader.is_alive():
+                    c.popen.stdout.close()
