@@ -1,7 +1,8 @@
-"""The `plexus` command: up, status, down.
+"""The `plexus` command: up, status, wait, down.
 
     plexus up --hosts 2 --devices-per-host 2
     plexus status
+    plexus wait --address HOST:PORT --workers 4   # deploy/slurm, a client pod
     plexus down
 """
 import argparse
@@ -178,6 +179,37 @@ def cmd_status(args):
     return 0
 
 
+def cmd_wait(args):
+    """Waits until the server at --address answers and --workers workers are
+    up; exit 0, or 1 after --timeout saying what it saw. For scripts that
+    start a server and workers on their own (deploy/slurm, a client pod)."""
+    address = args.address or current_address()
+    from ._api import _decode_status
+    deadline = time.monotonic() + args.timeout
+    alive, error = 0, None
+    while True:
+        # A fresh status waits for a heartbeat of every live worker (~0.5 s);
+        # with no server or no worker yet it returns at once, so those
+        # rounds are 0.2 s apart.
+        try:
+            st = _decode_status(_core.cluster_status(address, True))
+            alive = sum(1 for w in st.get("workers", []) if w["alive"])
+            error = None
+        except _core.PlexusError as e:  # not up yet, or restarting
+            alive, error = 0, e
+        if alive >= args.workers:
+            print(f"{alive} worker(s) up at {address}")
+            return 0
+        if time.monotonic() > deadline:
+            seen = (f"no server answers ({error})" if error else
+                    f"{alive} of {args.workers} worker(s) up")
+            print(f"plexus wait: {seen} at {address} after {args.timeout:g} s",
+                  file=sys.stderr)
+            return 1
+        if not alive:
+            time.sleep(0.2)
+
+
 def cmd_down(args):
     f = _state_file()
     if not f.exists() and not args.address:
@@ -223,6 +255,11 @@ def main(argv=None):
     st.add_argument("--address")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
+    wait = sub.add_parser("wait", help="wait until a server and N workers are up")
+    wait.add_argument("--address")
+    wait.add_argument("--workers", type=int, default=1)
+    wait.add_argument("--timeout", type=float, default=60)
+    wait.set_defaults(fn=cmd_wait)
     down = sub.add_parser("down", help="stop the cluster `plexus up` started")
     down.add_argument("--address")
     down.set_defaults(fn=cmd_down)

@@ -1,0 +1,258 @@
+"""deploy/slurm/plexus.sbatch: the server on the first node, a worker per
+node with srun, the data-parallel example as the job's program.
+
+Under a real single-node Slurm where one can start: the test starts
+munged, slurmctld and slurmd (Debian's slurm-wlm, scripts/setup.sh) in the
+foreground with a configuration of its own in a temporary folder, and
+submits the script with `sbatch --wait`. Where slurmd cannot start (no
+root, no Slurm installed, a container that forbids it) the test runs the
+script with bash, with the variables Slurm would set (SLURM_JOB_ID,
+SLURM_JOB_NODELIST, ...) and an `srun` and `scontrol` that run each
+command once on this node. The test's output says which ("Slurm mode: ...")
+and the simulated mode is also a warning in the summary.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+from conftest import PLEXUS_PYTHONPATH, ROOT
+from plexus._binaries import bin_dir
+
+SCRIPT = ROOT / "deploy" / "slurm" / "plexus.sbatch"
+JOB = ROOT / "tests" / "deploy_job.py"
+DEVICES = 2
+JOB_TIMEOUT_S = 240  # the whole job: cluster up, 100 steps, down
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemons:
+    """slurmctld and slurmd in the foreground, children of this test, and
+    munged (which detaches; its pid file); stop() ends them."""
+
+    def __init__(self, folder):
+        self.folder = folder
+        self.procs = {}
+        self.pid_files = []  # daemons that detached (munged)
+
+    def start(self, name, cmd):
+        log = open(self.folder / f"{name}.out", "ab")
+        self.procs[name] = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True)
+        log.close()
+
+    def stop(self):
+        for f in self.pid_files:
+            try:
+                os.kill(int(f.read_text().split()[0]), 15)
+            except (OSError, ValueError, IndexError):
+                pass  # gone already
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for name, p in self.procs.items():
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def tail(self):
+        out = []
+        for f in sorted(self.folder.glob("*.log")) + sorted(
+                self.folder.glob("*.out")):
+            out.append(f"--- {f.name}\n" + f.read_text(errors="replace")[-1500:])
+        return "\n".join(out)
+
+
+SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun",
+                  "scontrol")
+
+
+def start_slurm(folder):
+    """A single-node Slurm cluster: (Daemons, the environment its commands
+    need), or (None, why it cannot start)."""
+    missing = [b for b in SLURM_BINARIES
+               if not shutil.which(b, path="/usr/sbin:/usr/bin:"
+                                   + os.environ.get("PATH", ""))]
+    if missing:
+        return None, f"not installed: {', '.join(missing)}"
+    if os.geteuid() != 0:
+        return None, "slurmd needs root"
+    d = Daemons(folder)
+    munge = folder / "munge"
+    munge.mkdir(mode=0o700)
+    key = munge / "munge.key"
+    key.write_bytes(os.urandom(128))
+    key.chmod(0o600)
+    sock = munge / "munge.sock"
+    # munged daemonizes once its socket is there (its parent exits after
+    # the child has started): a command that returns when it is ready.
+    r = subprocess.run(["/usr/sbin/munged", "--force", f"--socket={sock}",
+                        f"--key-file={key}", f"--pid-file={munge}/munged.pid",
+                        f"--log-file={folder}/munged.log",
+                        f"--seed-file={munge}/seed"],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        return None, f"munged: {r.stderr.strip()}"
+    d.pid_files.append(munge / "munged.pid")
+    (folder / "state").mkdir()
+    (folder / "spool").mkdir()
+    node = socket.gethostname()
+    conf = folder / "slurm.conf"
+    conf.write_text(f"""\
+ClusterName=plexustest
+SlurmctldHost={node}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
+SlurmUser=root
+AuthType=auth/munge
+AuthInfo=socket={sock}
+CredType=cred/munge
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+NodeName={node} CPUs={os.cpu_count()} State=UNKNOWN
+PartitionName=plexus Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+""")
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    d.start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)])
+    d.start("slurmd", ["/usr/sbin/slurmd", "-D", "-f", str(conf)])
+    # srun waits until the node can run a step (or fails): the cluster works.
+    try:
+        r = subprocess.run(["srun", "--nodes=1", "--time=1", "true"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        ok, why = r.returncode == 0, r.stderr.strip()
+    except subprocess.TimeoutExpired:
+        ok, why = False, "srun did not run a step within 60 s"
+    if not ok:
+        tail = d.tail()
+        d.stop()
+        return None, f"{why}\n{tail}"
+    return d, env
+
+
+SHIMS = {
+    # One node: each step runs its command once, here; --output=FILE
+    # (%N: the node's name) as srun does. The script passes every srun
+    # option as --name or --name=value.
+    "srun": r"""#!/bin/bash
+out=""
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case $1 in --output=*) out=${1#--output=};; esac
+  shift
+done
+out=${out//%N/$(hostname -s)}
+export SLURM_PROCID=0 SLURM_NODEID=0 SLURM_LOCALID=0
+if [ -n "$out" ]; then exec "$@" >"$out" 2>&1; else exec "$@"; fi
+""",
+    # No steps to list: the script signals the srun stand-in itself.
+    "squeue": "#!/bin/bash\nexit 0\n",
+    "scontrol": r"""#!/bin/bash
+[ "$1 $2" = "show hostnames" ] || { echo "scontrol stand-in: $*" >&2; exit 1; }
+tr ',' '\n' <<<"$3"
+""",
+}
+
+
+def job_env(tmp_path):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [PLEXUS_PYTHONPATH] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                               else []))
+    env.update(PLEXUS_PYTHON=sys.executable, PLEXUS_BIN_DIR=str(bin_dir()),
+               PLEXUS_DEVICES_PER_HOST=str(DEVICES),
+               PLEXUS_PORT=str(free_port()), PLEXUS_DATA_PORT=str(free_port()),
+               PLEXUS_LOG_DIR=str(tmp_path / "plexus-logs"),
+               PLEXUS_WAIT_S="60")
+    env.pop("PLEXUS_CLUSTER_SECRET", None)  # the script draws one
+    env.pop("PLEXUS_ADDRESS", None)
+    return env
+
+
+# "slurm": a real Slurm where one can start (else as "simulated", saying
+# why); "simulated": always as where slurmd cannot start, so that that path
+# is run too.
+@pytest.mark.parametrize("want", ["slurm", "simulated"])
+def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
+    result = tmp_path / "result.json"
+    job = [sys.executable, str(JOB), "--hosts", "1", "--devices-per-host",
+           str(DEVICES), "--steps", "100", "--out", str(result)]
+    slurm_dir = tmp_path / "slurm"
+    slurm_dir.mkdir()
+    if want == "slurm":
+        daemons, env_or_why = start_slurm(slurm_dir)
+    else:
+        daemons, env_or_why = None, None
+    out = tmp_path / "job.out"
+    try:
+        if daemons:
+            mode = ("a real single-node Slurm (munged, slurmctld and slurmd "
+                    "started by the test), sbatch --wait")
+            env = job_env(tmp_path)
+            env.update(SLURM_CONF=env_or_why["SLURM_CONF"])
+            cmd = ["sbatch", "--wait", "--nodes=1", f"--output={out}",
+                   f"--chdir={tmp_path}", str(SCRIPT)] + job
+        else:
+            why = (f"slurmd could not start here: {env_or_why.splitlines()[0]}"
+                   if env_or_why else "as where slurmd cannot start")
+            mode = (f"simulated ({why}): the script ran with bash, the Slurm "
+                    "variables set by the test and a one-node srun, scontrol "
+                    "and squeue")
+            if want == "slurm":
+                warnings.warn(f"Slurm mode: {mode}")
+            shims = tmp_path / "shims"
+            shims.mkdir()
+            for name, text in SHIMS.items():
+                (shims / name).write_text(text)
+                (shims / name).chmod(0o755)
+            env = job_env(tmp_path)
+            node = socket.gethostname()
+            env.update(PATH=f"{shims}:{env['PATH']}", SLURM_JOB_ID="4242",
+                       SLURM_JOB_NAME="plexus", SLURM_JOB_NODELIST=node,
+                       SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1",
+                       SLURM_SUBMIT_DIR=str(tmp_path), SLURM_NODEID="0",
+                       SLURM_CPUS_ON_NODE=str(os.cpu_count()))
+            cmd = ["bash", str(SCRIPT)] + job
+        print(f"Slurm mode: {mode}")
+        with open(out, "ab") as f:
+            r = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=JOB_TIMEOUT_S,
+                               stdout=f, stderr=subprocess.STDOUT)
+    finally:
+        if daemons:
+            daemons.stop()
+    text = out.read_text(errors="replace") if out.exists() else ""
+    logs = "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2000:]}"
+                     for p in sorted((tmp_path / "plexus-logs").glob("*.log")))
+    assert r.returncode == 0, f"{mode}: exit code {r.returncode}\n{text}\n{logs}"
+    got = json.loads(result.read_text())
+    assert got["max_rel_err"] <= 1e-5, got
+    assert got["final_loss"] < got["threshold"], got
+    # One worker on the one node, named as the node, devices as asked; the
+    # job and the steps exited cleanly.
+    assert got["hosts"] == [socket.gethostname().split(".")[0]], got
+    assert got["data_addresses"][0].endswith(f":{env['PLEXUS_DATA_PORT']}")
+    assert "plexus: done, exit code 0" in text, text
+    assert "a server or worker step exited" not in text, text
