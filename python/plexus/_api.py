@@ -141,7 +141,9 @@ class Future:
         return Slice(self._f.slice, self._client)
 
     def block_until_ready(self):
-        self._client._core.wait(self._f)
+        """Waits until every shard is ready (one round trip per worker);
+        raises the error that failed it."""
+        self._client._core.wait_many([self._f])
         return self
 
     def result(self):
@@ -240,6 +242,52 @@ def _key_dtype(impl):
 
 def _key_data_ndim(impl):
     return _key_info(impl)[1]
+
+
+def _leaves(tree):
+    """The futures among the leaves of a pytree (JAX's pytrees when JAX is
+    loaded, else lists, tuples and dicts)."""
+    if "jax" in sys.modules:
+        import jax
+        leaves = jax.tree_util.tree_leaves(tree)
+    else:
+        leaves, stack = [], [tree]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, (list, tuple)):
+                stack.extend(reversed(x))
+            elif isinstance(x, dict):
+                stack.extend(reversed(list(x.values())))
+            else:
+                leaves.append(x)
+    return [x for x in leaves if isinstance(x, Future)]
+
+
+def wait(futures, timeout=None):
+    """Waits until every future in `futures` (a pytree) is ready: one round
+    trip per worker, however many futures and shards. With `timeout`
+    (seconds) it raises DeadlineExceededError, saying how many were not
+    ready, once that passes; a failed future raises its error. Returns
+    `futures`."""
+    by_client = {}
+    for f in _leaves(futures):
+        by_client.setdefault(id(f._client._core), (f._client, []))[1].append(
+            f._f)
+    if timeout is None:
+        for client, fs in by_client.values():
+            client._core.wait_many(fs)
+        return futures
+    import time
+    deadline = time.monotonic() + timeout
+    for client, fs in by_client.values():
+        client._core.wait_many(fs, max(0.0, deadline - time.monotonic()))
+    return futures
+
+
+def block_until_ready(tree):
+    """Waits until every future in the pytree is ready, as
+    jax.block_until_ready does for arrays; returns the tree."""
+    return wait(tree)
 
 
 # ---------------------------------------------------------------- programs

@@ -369,6 +369,7 @@ ClientCounters Client::counters() const {
   c.bytes_fetched = core_->bytes_fetched.load();
   c.calls = core_->calls.load();
   c.live_futures = core_->live_futures.load();
+  c.wait_round_trips = core_->wait_round_trips.load();
   return c;
 }
 

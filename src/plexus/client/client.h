@@ -167,6 +167,9 @@ struct ClientCounters {
   int64_t bytes_fetched = 0;
   int64_t calls = 0;
   int64_t live_futures = 0;
+  // Times the client waited on a worker's answers to readiness requests:
+  // one per shard for Wait, one per worker for WaitMany.
+  int64_t wait_round_trips = 0;
 };
 
 class Client {
@@ -204,6 +207,13 @@ class Client {
   // Blocks until every shard is ready, or returns the error that made it
   // fail. With a timeout: DeadlineExceeded when it passes.
   absl::Status Wait(const Future& future);
+  // Blocks until every shard of every future is ready, in one round trip
+  // per worker (all its shards' waits are sent at once, to every worker,
+  // before any answer is read), or until `deadline`: then DeadlineExceeded
+  // saying how many futures were not confirmed ready. A failed future's
+  // error is returned as Wait returns it.
+  absl::Status WaitMany(const std::vector<Future>& futures,
+                        absl::Time deadline = absl::InfiniteFuture());
   // Sends everything queued now (calls are otherwise sent as soon as the
   // sender thread wakes).
   void Flush();

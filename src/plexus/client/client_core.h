@@ -68,6 +68,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::atomic<int64_t> bytes_put{0};
   std::atomic<int64_t> bytes_fetched{0};
   std::atomic<int64_t> live_futures{0};
+  std::atomic<int64_t> wait_round_trips{0};
   bool closed() const;
   const ClientOptions& options() const { return options_; }
   // Sequential dispatch: blocks until every input is computed (or failed).

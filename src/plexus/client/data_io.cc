@@ -1,5 +1,9 @@
 // Client::Put, Fetch and Wait: the client's use of the data plane.
+#include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/client/client.h"
@@ -189,7 +193,92 @@ absl::Status Client::Wait(const Future& future) {
                                     [&](transport::DataPlaneConnection& conn) {
                                       return conn.Wait({future.buffer_id(), j});
                                     });
+    core_->wait_round_trips++;
     if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Client::WaitMany(const std::vector<Future>& futures,
+                              absl::Time deadline) {
+  if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+  // Each worker's shards, and which future each belongs to.
+  struct Batch {
+    const proto::SliceDevice* device = nullptr;
+    std::vector<transport::ShardKey> keys;
+    std::vector<size_t> owners;  // index into `futures`, per key
+    std::unique_ptr<transport::DataPlaneConnection> conn;
+  };
+  std::map<int64_t, Batch> batches;
+  for (size_t f = 0; f < futures.size(); ++f) {
+    const Future& future = futures[f];
+    if (!future.valid()) return absl::InvalidArgumentError("empty future");
+    absl::Status failed = core_->BufferStatus(future.buffer_id());
+    if (!failed.ok()) return failed;
+    const proto::SliceInfo& info = future.slice()->info();
+    for (int j = 0; j < info.devices_size(); ++j) {
+      Batch& batch = batches[info.devices(j).worker_id()];
+      batch.device = &info.devices(j);
+      batch.keys.push_back({future.buffer_id(), j});
+      batch.owners.push_back(f);
+    }
+  }
+  // A failure against a worker the server reported down says so.
+  auto explain = [&](const Batch& batch, const absl::Status& s) {
+    if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+    absl::Status down = core_->WorkerStatus(batch.device->worker_id());
+    if (!down.ok()) return down;
+    return absl::UnavailableError(
+        absl::StrCat("lost worker ", batch.device->worker_id(), " (",
+                     batch.device->host_name(), "): ", s.message()));
+  };
+  // Every worker's waits go out before any answer is read.
+  absl::Status result;
+  for (auto& [worker, batch] : batches) {
+    absl::Status down = core_->WorkerStatus(worker);
+    if (!down.ok()) {
+      result = down;
+      break;
+    }
+    auto conn = core_->Checkout(*batch.device);
+    if (!conn.ok()) {
+      result = conn.status();
+      break;
+    }
+    batch.conn = *std::move(conn);
+    if (absl::Status sent = batch.conn->SendWaits(batch.keys); !sent.ok()) {
+      result = explain(batch, sent);
+      break;
+    }
+  }
+  std::vector<bool> not_ready(futures.size(), false);
+  for (auto& [worker, batch] : batches) {
+    if (batch.conn == nullptr) continue;
+    if (result.ok()) {
+      absl::StatusOr<size_t> answered =
+          batch.conn->AwaitWaits(batch.keys, deadline);
+      core_->wait_round_trips++;
+      if (!answered.ok()) {
+        result = batch.conn->healthy() ? answered.status()
+                                       : explain(batch, answered.status());
+      } else {
+        for (size_t k = *answered; k < batch.keys.size(); ++k) {
+          not_ready[batch.owners[k]] = true;
+        }
+      }
+    }
+    if (batch.conn->healthy()) {
+      core_->Checkin(worker, std::move(batch.conn));
+    } else {
+      core_->Discard(std::move(batch.conn));
+    }
+  }
+  if (!result.ok()) return result;
+  const int64_t late = std::count(not_ready.begin(), not_ready.end(), true);
+  if (late > 0) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("wait: ", late, " of ", futures.size(),
+                     " futures not ready by the deadline"));
   }
   return absl::OkStatus();
 }

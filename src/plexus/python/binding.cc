@@ -6,6 +6,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <optional>
+
+#include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "plexus/client/client.h"
 #include "plexus/executors/builtin/kernel.h"
@@ -406,6 +410,23 @@ PYBIND11_MODULE(_core, m) {
              }
              Check(s);
            })
+      // Futures of this client; timeout in seconds, None: no deadline.
+      .def(
+          "wait_many",
+          [](Client& c, const std::vector<Future>& futures,
+             std::optional<double> timeout_s) {
+            const absl::Time deadline =
+                timeout_s.has_value()
+                    ? absl::Now() + absl::Seconds(std::max(*timeout_s, 0.0))
+                    : absl::InfiniteFuture();
+            absl::Status s;
+            {
+              py::gil_scoped_release release;
+              s = c.WaitMany(futures, deadline);
+            }
+            Check(s);
+          },
+          py::arg("futures"), py::arg("timeout") = py::none())
       .def("flush",
            [](Client& c) {
              py::gil_scoped_release release;
@@ -417,6 +438,7 @@ PYBIND11_MODULE(_core, m) {
              py::dict d;
              d["bytes_put"] = k.bytes_put;
              d["bytes_fetched"] = k.bytes_fetched;
+             d["wait_round_trips"] = k.wait_round_trips;
              d["calls"] = k.calls;
              d["live_futures"] = k.live_futures;
              return d;

@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -189,6 +190,17 @@ class DataPlaneConnection {
   virtual absl::StatusOr<std::shared_ptr<Storage>> Fetch(
       const ShardKey& key) = 0;
   virtual absl::Status Wait(const ShardKey& key) = 0;
+  // Waits for many shards in one round trip: SendWaits sends a WAIT for
+  // each of `keys` at once (the worker answers them in order; a client
+  // sends to every worker before it reads), then AwaitWaits, given the same
+  // keys, reads the answers until all have come or `deadline` passes. It
+  // returns how many of `keys`, from the first, were confirmed ready (all
+  // of them, or fewer at the deadline), or the error of the first shard
+  // that failed. Unless all were answered, the connection is left broken
+  // (answers are still due).
+  virtual absl::Status SendWaits(const std::vector<ShardKey>& keys) = 0;
+  virtual absl::StatusOr<size_t> AwaitWaits(const std::vector<ShardKey>& keys,
+                                            absl::Time deadline) = 0;
   // Wakes the user blocked in one of the calls above (it returns an error)
   // and breaks the connection. The one method safe to call from another
   // thread, while the connection exists: how a client stops waiting on a

@@ -1,10 +1,16 @@
 // DataPlaneConnection: the client side of one data-plane socket. Each call
 // sends one request and, where the protocol has one, reads its reply.
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "plexus/common/logging.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
@@ -89,6 +95,58 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
       return Context(FrameType::kWait, key, s);
     }
     return AwaitAck(FrameType::kWait, key);
+  }
+
+  // At most this many WAITs are unanswered at once: the rest go out as
+  // answers come in, so neither side's socket buffer fills with frames the
+  // other is not reading (which would stall both).
+  static constexpr size_t kWaitsInFlight = 512;
+
+  absl::Status SendWaits(const std::vector<ShardKey>& keys) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    for (size_t i = 0; i < std::min(keys.size(), kWaitsInFlight); ++i) {
+      if (absl::Status s = socket_->SendControl(FrameType::kWait, keys[i]);
+          !s.ok()) {
+        return Context(FrameType::kWait, keys[i], s);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<size_t> AwaitWaits(const std::vector<ShardKey>& keys,
+                                    absl::Time deadline) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      // The next answer, or the deadline: the ones still due leave the
+      // stream out of step, so the connection is broken.
+      const absl::Duration left = deadline - absl::Now();
+      const int ms =
+          deadline == absl::InfiniteFuture()
+              ? -1
+              : static_cast<int>(absl::ToInt64Milliseconds(std::max(
+                    left + absl::Microseconds(999), absl::ZeroDuration())));
+      pollfd p{socket_->fd(), POLLIN, 0};
+      int ready;
+      do {
+        ready = poll(&p, 1, ms);
+      } while (ready < 0 && errno == EINTR);
+      if (ready == 0) {
+        socket_->Break(absl::DeadlineExceededError("wait deadline"))
+            .IgnoreError();
+        return i;
+      }
+      if (absl::Status s = AwaitAck(FrameType::kWait, keys[i]); !s.ok()) {
+        if (i + 1 < keys.size()) socket_->Break(s).IgnoreError();
+        return s;
+      }
+      if (const size_t next = i + kWaitsInFlight; next < keys.size()) {
+        if (absl::Status s = socket_->SendControl(FrameType::kWait, keys[next]);
+            !s.ok()) {
+          return Context(FrameType::kWait, keys[next], s);
+        }
+      }
+    }
+    return keys.size();
   }
 
  private:

@@ -154,6 +154,43 @@ TEST_P(DataPlaneTest, ErrorsKeepTheirCodeAndMessage) {
   EXPECT_EQ(error, why);
 }
 
+TEST_P(DataPlaneTest, WaitsForManyShardsAnsweredInOrderUntilADeadline) {
+  auto conn = Connect();
+  auto pusher = Connect();
+  ASSERT_TRUE(conn && pusher);
+  // More keys than are ever unanswered at once: the rest go out as answers
+  // come in.
+  std::vector<ShardKey> keys;
+  for (int i = 0; i < 600; ++i) {
+    keys.push_back({20, i});
+    ASSERT_TRUE(pusher->Push(keys.back(), *Pattern(8, i)).ok());
+  }
+  ASSERT_TRUE(conn->SendWaits(keys).ok());
+  auto all = conn->AwaitWaits(keys, absl::Now() + kDeadline);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, keys.size());
+  EXPECT_TRUE(conn->healthy());
+
+  // A shard not yet there: the ones before it are confirmed, then the
+  // deadline passes and the connection (answers still due) is broken.
+  const std::vector<ShardKey> some = {{20, 0}, {20, 1}, {21, 0}, {20, 2}};
+  ASSERT_TRUE(conn->SendWaits(some).ok());
+  auto two = conn->AwaitWaits(some, absl::Now() + absl::Milliseconds(50));
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, 2u);
+  EXPECT_FALSE(conn->healthy());
+
+  // A failed shard: its error, code and message intact.
+  auto again = Connect();
+  ASSERT_NE(again, nullptr);
+  handler_.Fail({22, 0}, absl::InvalidArgumentError("bad shard"));
+  const std::vector<ShardKey> failed = {{20, 0}, {22, 0}};
+  ASSERT_TRUE(again->SendWaits(failed).ok());
+  EXPECT_EQ(again->AwaitWaits(failed, absl::InfiniteFuture()).status(),
+            absl::InvalidArgumentError("bad shard"));
+  EXPECT_TRUE(again->healthy());  // it was the last answer due
+}
+
 TEST_P(DataPlaneTest, PushThatCannotBeStoredFailsTheShardNotTheConnection) {
   auto conn = Connect();
   ASSERT_NE(conn, nullptr);
@@ -250,6 +287,12 @@ TEST(DataPlaneListenTest, AFixedPortIsTheOneBoundAndAPortInUseIsNamed) {
   auto second = DataPlaneServer::Start(fixed, &handler, nullptr);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ((*second)->tcp_address(), taken);
+
+  DataPlaneServerOptions any;  // port 0: a free one, as "127.0.0.1" alone
+  any.tcp_host = "127.0.0.1:0";
+  auto ephemeral = DataPlaneServer::Start(any, &handler, nullptr);
+  ASSERT_TRUE(ephemeral.ok()) << ephemeral.status();
+  EXPECT_NE((*ephemeral)->tcp_address(), "127.0.0.1:0");
 
   DataPlaneServerOptions bad;
   bad.tcp_host = "127.0.0.1:notaport";
