@@ -186,6 +186,13 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
   const int n = static_cast<int>((*slice)->devices.size());
   auto local = arg->Local(n);
   if (!local.ok()) return local.status();
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  const int64_t bytes = static_cast<int64_t>(local->byte_size()) * n;
+  absl::Status quota =
+      CheckBytesQuota(*client, bytes, [] { return std::string("put"); });
+  if (!quota.ok()) return quota;
+  RecordBuffer(*client, put.buffer_id(), bytes);
   for (int j = 0; j < n; ++j) {
     const DeviceRef& d = (*slice)->devices[j];
     proto::WorkerOp op;
@@ -215,6 +222,38 @@ void ClusterState::FailCallOutputs(uint64_t client_id, const proto::Call& call,
   for (int64_t w : workers) (*ops)[w].push_back(op);
 }
 
+absl::Status ClusterState::CheckBytesQuota(
+    const ClientRecord& client, int64_t bytes,
+    absl::FunctionRef<std::string()> what) const {
+  const int64_t quota = PolicyOf(client).max_bytes;
+  if (quota <= 0 || client.live_bytes + bytes <= quota) {
+    return absl::OkStatus();
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what(), ": ", bytes, " more bytes of buffers would bring client ",
+      client.id, " (tenant '", client.tenant, "') to ",
+      client.live_bytes + bytes, " live bytes, over its quota of ", quota,
+      " (max_bytes); release buffers it no longer needs (drop their "
+      "futures) or ask the operator for more"));
+}
+
+void ClusterState::RecordBuffer(ClientRecord& client, uint64_t id,
+                                int64_t bytes) {
+  auto [it, fresh] = client.buffer_bytes.try_emplace(id, bytes);
+  if (!fresh) {
+    client.live_bytes -= it->second;
+    it->second = bytes;
+  }
+  client.live_bytes += bytes;
+}
+
+void ClusterState::ForgetBuffer(ClientRecord& client, uint64_t id) {
+  auto it = client.buffer_bytes.find(id);
+  if (it == client.buffer_bytes.end()) return;
+  client.live_bytes -= it->second;
+  client.buffer_bytes.erase(it);
+}
+
 void ClusterState::RouteRelease(uint64_t client_id,
                                 const proto::ReleaseRef& release,
                                 WorkerOps* ops) {
@@ -222,6 +261,9 @@ void ClusterState::RouteRelease(uint64_t client_id,
   // not a permission: another client's release would pull the buffer from
   // under calls that still read it).
   if (ClientOfBuffer(release.buffer_id()) != client_id) return;
+  if (ClientRecord* client = FindClient(client_id)) {
+    ForgetBuffer(*client, release.buffer_id());
+  }
   std::set<int64_t> targets;
   auto it = slices_.find(release.slice_id());
   if (it != slices_.end()) {

@@ -83,6 +83,12 @@ struct ProgramRecord {
   std::vector<ArgSpec> inputs;
   std::vector<ArgSpec> outputs;
   bool collective = false;
+  // Bytes each output holds over all shards of a slice of
+  // `output_bytes_shards` devices, and their sum (computed on the first
+  // call on such a slice).
+  std::vector<int64_t> output_bytes;
+  int64_t output_bytes_total = 0;
+  int output_bytes_shards = 0;
 };
 
 struct ClientRecord {
@@ -93,6 +99,10 @@ struct ClientRecord {
   proto::ClientStats stats;
   std::set<uint64_t> slices;
   absl::flat_hash_map<uint64_t, ProgramRecord> programs;
+  // Its live buffers as routed (call outputs and puts, until released):
+  // bytes over all shards, which the tenant's max_bytes bounds.
+  absl::flat_hash_map<uint64_t, int64_t> buffer_bytes;
+  int64_t live_bytes = 0;
 };
 
 // Ops for each worker, in order.
@@ -184,6 +194,15 @@ class ClusterState {
   absl::StatusOr<const SliceRecord*> UsableSlice(
       uint64_t client_id, uint64_t slice_id,
       absl::FunctionRef<std::string()> what);
+
+  // Refuses (RESOURCE_EXHAUSTED, naming the quota) `bytes` more of live
+  // buffers for `client` over its tenant's max_bytes.
+  absl::Status CheckBytesQuota(const ClientRecord& client, int64_t bytes,
+                               absl::FunctionRef<std::string()> what) const;
+  // Records buffer `id` of `bytes` as live (replacing a record of the same
+  // id), or forgets it.
+  static void RecordBuffer(ClientRecord& client, uint64_t id, int64_t bytes);
+  static void ForgetBuffer(ClientRecord& client, uint64_t id);
 
   // Placement load of a slice's devices and hosts, +1 when it is mapped and
   // -1 when it goes.

@@ -360,3 +360,73 @@ TEST_F(OwnershipTest, ASliceServesOnlyItsClient) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+// A tenant's max_bytes bounds the bytes of its client's live buffers, as
+// routed: puts and call outputs count (every shard), releases give back.
+TEST_F(ClusterStateTest, MaxBytesBoundsAClientsLiveBuffers) {
+  auto tenants =
+      TenantTable::FromJson(R"({"tenants": {"small": {"max_bytes": 64}}})");
+  ASSERT_TRUE(tenants.ok()) << tenants.status();
+  state_.SetTenants(*tenants);
+  const uint64_t small = state_.AddClient("q", "small").id;
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  auto slice = state_.CreateSlice(small, req);
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  auto id = [&](uint64_t n) { return (small << kBufferIdClientShift) | n; };
+  // 4 floats replicated on 2 devices: 32 bytes held.
+  const ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  proto::PutDecl put;
+  put.set_slice_id(slice->slice_id());
+  *put.mutable_arg() = ToProto(arg);
+  put.set_buffer_id(id(1));
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RoutePut(small, put, &ops).ok());
+  EXPECT_EQ(state_.FindClient(small)->live_bytes, 32);
+
+  proto::RegisterProgram reg;
+  reg.set_program_id(id(2));
+  reg.mutable_program()->set_name("scale");
+  reg.mutable_program()->set_kernel("scale");
+  *reg.mutable_program()->add_inputs() = ToProto(arg);
+  *reg.mutable_program()->add_outputs() = ToProto(arg);
+  ASSERT_TRUE(state_.RegisterProgram(small, reg).ok());
+  auto call = [&](uint64_t out) {
+    proto::Call c;
+    c.set_call_id(out);
+    c.set_slice_id(slice->slice_id());
+    c.set_program_id(id(2));
+    auto* in = c.add_inputs();
+    in->set_buffer_id(id(1));
+    in->set_slice_id(slice->slice_id());
+    *in->mutable_arg() = ToProto(arg);
+    c.add_output_ids(out);
+    return c;
+  };
+  ASSERT_TRUE(state_.RouteCall(small, call(id(3)), &ops).ok());
+  EXPECT_EQ(state_.FindClient(small)->live_bytes, 64);
+  ops.clear();
+  absl::Status over = state_.RouteCall(small, call(id(4)), &ops);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_NE(over.message().find("over its quota of 64 (max_bytes)"),
+            std::string::npos)
+      << over;
+  EXPECT_NE(over.message().find("program 'scale'"), std::string::npos) << over;
+  EXPECT_TRUE(ops.empty());
+  // Another tenant's client is not bound by it.
+  EXPECT_EQ(state_.FindClient(client_)->live_bytes, 0);
+
+  proto::ReleaseRef release;
+  release.set_slice_id(slice->slice_id());
+  release.set_buffer_id(id(3));
+  state_.RouteRelease(small, release, &ops);
+  EXPECT_EQ(state_.FindClient(small)->live_bytes, 32);
+  ops.clear();
+  EXPECT_TRUE(state_.RouteCall(small, call(id(4)), &ops).ok());
+}
+
+}  // namespace
+}  // namespace plexus

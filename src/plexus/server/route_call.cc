@@ -181,6 +181,29 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     }
   }
 
+  // The outputs' bytes count against the tenant's max_bytes.
+  ProgramRecord& record = pit->second;
+  if (record.output_bytes_shards != n) {
+    record.output_bytes.clear();
+    record.output_bytes_total = 0;
+    for (const ArgSpec& out : record.outputs) {
+      auto local = out.Local(n);
+      if (!local.ok()) return local.status();
+      record.output_bytes.push_back(static_cast<int64_t>(local->byte_size()) *
+                                    n);
+      record.output_bytes_total += record.output_bytes.back();
+    }
+    record.output_bytes_shards = n;
+  }
+  if (absl::Status quota =
+          CheckBytesQuota(*client, record.output_bytes_total, what);
+      !quota.ok()) {
+    return quota;
+  }
+  for (int o = 0; o < call.output_ids_size(); ++o) {
+    RecordBuffer(*client, call.output_ids(o), record.output_bytes[o]);
+  }
+
   // Everything validated: commit the ops.
   for (auto& [w, list] : staged) {
     auto& out = (*ops)[w];

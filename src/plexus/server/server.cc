@@ -492,9 +492,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
     status->set_address(advertised_);
     status->set_calls_routed(state_.calls_routed());
     status->set_epoch(scheduler_.epoch());
-    status->set_scheduler(options_.consistent_order
-                              ? "gang/fair"
-                              : "none (test only)");
+    status->set_scheduler(options_.consistent_order ? "gang/fair"
+                                                    : "none (test only)");
     status->set_control_bytes_in(control_bytes_in_);
     status->set_data_bytes(0);  // the server has no data path
     for (const auto& [id, w] : state_.workers()) {
@@ -515,6 +514,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       cs->set_name(c.name);
       cs->set_slices(static_cast<int32_t>(c.slices.size()));
       *cs->mutable_stats() = c.stats;
+      cs->set_live_bytes(c.live_bytes);
       absl::MutexLock admission(&admission_mu_);
       if (const Admission::ClientView* v = admission_.Find(id)) {
         cs->set_weight(v->weight);
