@@ -274,9 +274,20 @@ absl::StatusOr<UniqueFd> ListenTcp(const std::string& where,
   } else if (!where.empty() &&
              (where.front() == '[' ||
               std::count(where.begin(), where.end(), ':') == 1)) {
-    if (absl::Status s = SplitHostPort(where, &host, &port); !s.ok()) {
-      return s;
+    // As SplitHostPort, but port 0 (any free port) is allowed here.
+    const size_t colon = where.rfind(':');
+    int number = -1;
+    if (colon == 0 || !absl::SimpleAtoi(where.substr(colon + 1), &number) ||
+        number < 0 || number > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plane listen address '", where,
+                       "' is not of the form host, host:port or [v6]:port"));
     }
+    host = where.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    port = absl::StrCat(number);
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
