@@ -36,7 +36,7 @@ import time
 from . import _core
 from ._binaries import bin_dir, default_pjrt_plugin
 
-__all__ = ["RayCluster", "start"]
+__all__ = ["ClusterExitError", "RayCluster", "start"]
 
 
 class _Host:
