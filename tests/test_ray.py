@@ -20,6 +20,7 @@ from conftest import PLEXUS_PYTHONPATH  # noqa: E402
 import plexus.ray  # noqa: E402
 from deploy_job import run  # noqa: E402
 from mlp_data_parallel import LOSS_THRESHOLD  # noqa: E402 (deploy_job's path)
+from test_netns import bounded  # noqa: E402
 
 # Under the ASan stage the test process preloads the sanitizer runtime; Ray's
 # own daemons must not (they are not built with it), the host actors must
@@ -70,8 +71,9 @@ def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path):
         for w in workers.values():
             # Each worker is a process of its host actor.
             assert "ray::_Host" in parent_title(int(w["pid"])), w
-        final_loss, err = run(cluster.client, hosts=2, devices_per_host=1,
-                              steps=100)
+        final_loss, err = bounded(
+            lambda: run(cluster.client, hosts=2, devices_per_host=1,
+                        steps=100), "the data-parallel example", timeout=120)
         pg = cluster.placement_group
         pids = [int(w["pid"]) for w in workers.values()]
     assert err <= 1e-5
