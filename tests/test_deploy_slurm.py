@@ -256,3 +256,36 @@ def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
     assert got["data_addresses"][0].endswith(f":{env['PLEXUS_DATA_PORT']}")
     assert "plexus: done, exit code 0" in text, text
     assert "a server or worker step exited" not in text, text
+
+
+def test_plexus_down_with_an_address_leaves_another_clusters_state_alone(
+        tmp_path):
+    # The Slurm script stops its server with `plexus down --address`; a
+    # state file of a cluster `plexus up` started (another address, another
+    # secret, another server pid) must be neither used nor removed.
+    import plexus
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    state = state_dir / "cluster.json"
+    state.write_text(json.dumps({"address": "127.0.0.1:1", "pid": other.pid,
+                                 "secret": "00" * 32}))
+    try:
+        with plexus.local(hosts=1) as cluster:
+            env = dict(os.environ, PLEXUS_STATE_DIR=str(state_dir),
+                       PLEXUS_CLUSTER_SECRET=cluster._secret)
+            env["PYTHONPATH"] = os.pathsep.join(
+                [PLEXUS_PYTHONPATH] + ([env["PYTHONPATH"]]
+                                       if env.get("PYTHONPATH") else []))
+            r = subprocess.run([sys.executable, "-m", "plexus", "down",
+                                "--address", cluster.address], env=env,
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == 0, r.stderr
+            # This cluster's server went down (the admin credential from
+            # the environment).
+            assert cluster.process.wait(timeout=15) == 0
+        assert other.poll() is None, "the other cluster's server was killed"
+        assert state.exists()
+    finally:
+        other.kill()
+        other.wait()

@@ -216,6 +216,10 @@ def cmd_down(args):
         print("no cluster is up", file=sys.stderr)
         return 1
     state = json.loads(f.read_text()) if f.exists() else {}
+    if args.address and state.get("address") != args.address:
+        # Another cluster's state (`plexus up` on this machine): its secret
+        # and server pid are not this one's.
+        state, f = {}, None
     address = args.address or state["address"]
     pid = state.get("pid")
     try:
@@ -234,7 +238,7 @@ def cmd_down(args):
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    if f.exists():
+    if f is not None and f.exists():
         f.unlink()
     print("cluster down")
     return 0
