@@ -30,6 +30,8 @@ import yaml
 
 import plexus
 from conftest import ROOT
+from deploy_job import run
+from mlp_data_parallel import LOSS_THRESHOLD  # deploy_job's path
 from kube import Manifests, PodRunner, PENDING_FLAGS
 from netns import NetnsLab
 from test_netns import bounded, readme_example
@@ -152,8 +154,13 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
     try:
         y, sharding, z, triple = bounded(lambda: readme_example(client),
                                          "a job on the Kubernetes cluster")
+        # And the data-parallel example over both pods' devices.
+        final_loss, err = bounded(
+            lambda: run(client, hosts=len(workers), devices_per_host=devices,
+                        steps=100), "the data-parallel example", timeout=120)
     finally:
         client.close()
+    assert err <= 1e-5 and final_loss < LOSS_THRESHOLD, (final_loss, err)
     assert y == 56.0
     rng = np.random.default_rng(7)
     big = rng.standard_normal((512, 1024)).astype(np.float32)
