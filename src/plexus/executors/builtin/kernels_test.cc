@@ -207,8 +207,13 @@ TEST(FillTest, BadAttributesAreExplained) {
                         "bfloat16"));
   EXPECT_THAT(MessageOf(Infer("fill", {}, 1,
                               {{"shape", std::vector<int64_t>{4}},
-                               {"dtype", std::string("complex64")}})),
-              HasSubstr("unsupported dtype 'complex64'"));
+                               {"dtype", std::string("complex256")}})),
+              HasSubstr("unsupported dtype 'complex256'"));
+  EXPECT_THAT(MessageOf(Infer("fill", {}, 1,
+                              {{"shape", std::vector<int64_t>{4}},
+                               {"dtype", std::string("uint32")}})),
+              HasSubstr("compute in float32, float64, int32 and int64, not "
+                        "uint32"));
 }
 
 TEST(IotaTest, ReplicatedIotaCountsInRowMajorOrder) {
