@@ -114,6 +114,7 @@ class Container:
 
     def __init__(self, pod, name, cmd, env, log):
         self.pod, self.name, self.log = pod, name, log
+        self.cmd, self.env = cmd, env
         self.lines = []
         self.done = threading.Condition()
         self.eof = False
@@ -136,15 +137,15 @@ class Container:
             self.eof = True
             self.done.notify_all()
 
-    def wait_for_log(self, text, timeout):
-        """Returns the first line holding `text`; raises if the process
+    def wait_for_log(self, text, timeout, count=1):
+        """Returns the `count`th line holding `text`; raises if the process
         ends first (its output ended) or `timeout` passes."""
         deadline = time.monotonic() + timeout
         with self.done:
             while True:
-                hit = next((ln for ln in self.lines if text in ln), None)
-                if hit is not None:
-                    return hit
+                hits = [ln for ln in self.lines if text in ln]
+                if len(hits) >= count:
+                    return hits[count - 1]
                 left = deadline - time.monotonic()
                 if self.eof or left <= 0:
                     why = ("its output ended (exit code "
@@ -165,8 +166,8 @@ class Pod:
     labels: dict
     containers: list = field(default_factory=list)
 
-    def wait_for_log(self, text, timeout):
-        return self.containers[0].wait_for_log(text, timeout)
+    def wait_for_log(self, text, timeout, count=1):
+        return self.containers[0].wait_for_log(text, timeout, count)
 
 
 class PodRunner:
@@ -307,6 +308,21 @@ class PodRunner:
             self.notes.append(note)
             warnings.warn(note)
         return out
+
+    def restart(self, pod):
+        """What the kubelet does when a container dies (restartPolicy
+        Always): the same command and environment again, in the same pod
+        (same address). Kills the running one first (SIGKILL: a crash or
+        an OOM kill), and reaps it."""
+        old = pod.containers[0]
+        if old.popen.poll() is None:
+            os.killpg(old.popen.pid, 9)
+        old.popen.wait()
+        old.reader.join(timeout=5)
+        old.popen.stdout.close()
+        pod.containers[0] = Container(pod, old.name, old.cmd, old.env,
+                                      old.log)
+        return pod.containers[0]
 
     # ------------------------------------------------------------ end
     def delete_all(self, grace_s):

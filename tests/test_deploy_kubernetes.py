@@ -124,19 +124,25 @@ def runner(manifests, lab, tmp_path):
     runner.kill()
 
 
-def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
-        manifests, lab, runner):
-    m = manifests
+def start_cluster(m, lab, runner):
+    """The server's pod, then the workers': (server pod, worker pods), once
+    the server listens and every worker has registered."""
     # What `kubectl create secret` would hold: a fresh cluster secret.
     m.set_secret("plexus-cluster-secret", "cluster-secret", lab.secret)
-    server = runner.start("Deployment", "plexus-server")[0]
+    (server,) = runner.start("Deployment", "plexus-server")
     server.wait_for_log("listening on", timeout=30)
     workers = runner.start("StatefulSet", "plexus-worker")
     for w in workers:
         w.wait_for_log("registered as worker", timeout=30)
     for note in runner.notes:
         print(note)
+    return server, workers
 
+
+def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
+        manifests, lab, runner):
+    m = manifests
+    server, workers = start_cluster(m, lab, runner)
     address = f"{server.ip}:7070"
     st = plexus.status(address)
     got = {w["host_name"]: w for w in st["workers"] if w["alive"]}
@@ -183,3 +189,28 @@ def test_the_placeholder_secret_is_refused(runner):
     assert server.containers[0].popen.wait(timeout=15) == 1
     assert "PLEXUS_CLUSTER_SECRET" in line or "hex" in line, line
     assert "REPLACE-ME" not in "".join(server.containers[0].lines)
+
+
+def test_the_workers_rejoin_when_the_server_container_restarts(
+        manifests, lab, runner):
+    # The server's container dies (a crash, an OOM kill) and the kubelet
+    # starts it again in the same pod: the workers, still running, register
+    # again (plexus-worker reconnects with back-off, at most 5 s apart) and
+    # the cluster serves a job. No worker pod restarts.
+    server, workers = start_cluster(manifests, lab, runner)
+    runner.restart(server).wait_for_log("listening on", timeout=30)
+    for w in workers:
+        w.wait_for_log("registered as worker", timeout=30, count=2)
+    address = f"{server.ip}:7070"
+    st = plexus.status(address)
+    assert sorted(w["host_name"] for w in st["workers"] if w["alive"]) == \
+        [p.name for p in workers]
+    client = plexus.connect(address, name="after-restart")
+    try:
+        y = bounded(lambda: readme_example(client)[0], "a job after restart")
+    finally:
+        client.close()
+    assert y == 56.0
+    grace = server_spec(manifests)["terminationGracePeriodSeconds"]
+    assert runner.delete_all(grace_s=grace) == {
+        p.name: 0 for p in [server] + workers}, runner.logs()
