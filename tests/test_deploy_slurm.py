@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 
