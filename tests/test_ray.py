@@ -35,7 +35,9 @@ def local_ray():
     sanitizer = {k: os.environ.pop(k) for k in SANITIZER_VARS
                  if k in os.environ}
     try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        # address="local": a Ray of its own, never one already running here.
+        ray.init(address="local", num_cpus=2, include_dashboard=False,
+                 log_to_driver=False,
                  configure_logging=False,
                  object_store_memory=96 * 1024 * 1024)
     finally:
