@@ -39,6 +39,11 @@ def live_bytes(st):
             for w in st["workers"] if w["alive"]}
 
 
+def programs_loaded(st):
+    return {w["worker_id"]: w.get("stats", {}).get("programs_loaded", 0)
+            for w in st["workers"] if w["alive"]}
+
+
 def calls_executed(st):
     return sum(w.get("stats", {}).get("calls_executed", 0)
                for w in st["workers"])
@@ -56,6 +61,7 @@ def test_a_killed_client_is_reclaimed_and_its_queued_calls_dropped(tmp_path):
                                       np.arange(8, dtype=np.float32))
         before = cluster.status(fresh=True)
         baseline = live_bytes(before)
+        programs = programs_loaded(before)
 
         victim = subprocess.Popen(
             [sys.executable, "-c", VICTIM, cluster.address],
@@ -72,6 +78,7 @@ def test_a_killed_client_is_reclaimed_and_its_queued_calls_dropped(tmp_path):
                 timeout=30, what="the victim's calls to run")
             assert any(s["slice_id"] == victim_slice for s in busy["slices"])
             assert sum(live_bytes(busy).values()) > sum(baseline.values())
+            assert programs_loaded(busy) != programs
 
             os.kill(victim.pid, signal.SIGKILL)
             victim.wait(10)
@@ -89,10 +96,11 @@ def test_a_killed_client_is_reclaimed_and_its_queued_calls_dropped(tmp_path):
                 victim.wait()
 
         # Within the failure deadline the server and the workers have let
-        # go of everything the victim held.
+        # go of everything the victim held: slices, buffers, programs.
         deadline_s = cluster.heartbeat_timeout_ms / 1000 + 2
         st = cluster.wait_until(
             lambda st: live_bytes(st) == baseline and
+            programs_loaded(st) == programs and
             not any(c["client_id"] == victim_id for c in st["clients"]),
             timeout=deadline_s,
             what="the victim's buffers to be freed on every worker")
