@@ -55,6 +55,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 2:
         state.MarkWorkerDown(1 + First(payload) % 3, "fuzz: worker down");
+        // Waiting slice requests: those that fit now, or all of them past
+        // their deadline.
+        state.ServePendingSlices(First(payload) & 0x80 ? absl::InfiniteFuture()
+                                                       : absl::UnixEpoch());
         break;
       case 3: {
         const int c = First(payload) & 1;
@@ -69,5 +73,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (uint64_t c : clients) state.RemoveClient(c);
   CheckPlacement(state);
   if (!state.slices().empty()) Broken("slices outlive their clients");
+  if (!state.pending_slices().empty()) {
+    Broken("slice requests outlive their clients");
+  }
   return 0;
 }

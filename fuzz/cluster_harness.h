@@ -52,6 +52,7 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
                                     const proto::ClientToServer& msg) {
   BatchResult out;
   bool last_was_release = false;
+  bool released_slice = false;
   for (const proto::ClientOp& op : msg.ops()) {
     const bool release = op.op_case() == proto::ClientOp::kRelease;
     if (!(release && last_was_release)) out.units.emplace_back();
@@ -59,18 +60,25 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
     WorkerOps& ops = out.units.back();
     switch (op.op_case()) {
       case proto::ClientOp::kSliceRequest: {
-        auto slice = state.CreateSlice(id, op.slice_request());
+        // The harness's time stands still: a request that waits is
+        // answered by ServePendingSlices (a release, or the fuzzer's
+        // deadline record).
+        auto slice =
+            state.RequestSlice(id, op.slice_request(), absl::UnixEpoch());
+        if (!slice.has_value()) break;
         proto::SliceReply* r = out.reply.add_slices();
         r->set_request_id(op.slice_request().request_id());
-        if (slice.ok()) {
-          *r->mutable_slice() = *slice;
+        if (slice->ok()) {
+          *r->mutable_slice() = **slice;
         } else {
-          *r->mutable_error() = StatusToProto(slice.status());
+          *r->mutable_error() = StatusToProto(slice->status());
         }
         break;
       }
       case proto::ClientOp::kSliceRelease:
-        state.ReleaseSlice(id, op.slice_release()).IgnoreError();
+        if (state.ReleaseSlice(id, op.slice_release()).ok()) {
+          released_slice = true;
+        }
         break;
       case proto::ClientOp::kProgram: {
         absl::Status s = state.RegisterProgram(id, op.program(), &ops);
@@ -107,6 +115,11 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
         break;
       default:
         break;
+    }
+  }
+  if (released_slice) {
+    for (SliceAnswer& a : state.ServePendingSlices(absl::UnixEpoch())) {
+      if (a.slice.ok()) a.slice->ByteSizeLong();
     }
   }
   return out;
