@@ -61,7 +61,7 @@ void Admission::EndEverywhere(uint64_t ticket) {
 void Admission::Backlog(uint64_t id, Client& c) {
   // Idleness earns no credit: a client that comes back starts at the pass
   // the others have reached.
-  c.pass = std::max(c.pass, virtual_pass_);
+  c.pass = std::max(c.pass, VirtualTime());
   c.arrival = next_arrival_++;
   order_.emplace(c.pass, c.arrival, id);
 }
@@ -135,6 +135,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       f.client = id;
       f.program_id = unit_out->program_id;
       f.cost = cost;
+      f.start_tag = c.pass;
       for (int64_t w : unit_out->exec_workers) {
         auto window = windows_.find(w);
         if (window == windows_.end()) continue;  // gone: never reports
@@ -142,12 +143,17 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
         window->second.micros += cost;
         f.workers.push_back(w);
         for (proto::WorkerOp& op : unit_out->ops[w]) {
-          if (op.has_execute()) op.mutable_execute()->set_ticket(ticket);
+          if (op.has_execute()) {
+            op.mutable_execute()->set_ticket(ticket);
+            op.mutable_execute()->set_start_tag(c.pass);
+          }
         }
       }
       if (f.workers.empty()) {
         in_flight_.erase(ticket);
         c.view.in_flight--;
+      } else {
+        in_flight_tags_.insert(c.pass);
       }
       c.pass += cost * static_cast<double>(unit_out->exec_workers.size()) /
                 c.view.weight;
@@ -176,6 +182,7 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
   if (f.workers.empty()) {
     auto c = clients_.find(f.client);
     if (c != clients_.end()) c->second.view.in_flight--;
+    in_flight_tags_.erase(in_flight_tags_.find(f.start_tag));
     in_flight_.erase(it);
   }
 }
@@ -198,6 +205,10 @@ void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
     }
     EndOn(it, worker);
   }
+}
+
+double Admission::VirtualTime() const {
+  return in_flight_tags_.empty() ? virtual_pass_ : *in_flight_tags_.begin();
 }
 
 const Admission::ClientView* Admission::Find(uint64_t client) const {

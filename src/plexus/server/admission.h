@@ -8,12 +8,18 @@
 // which unit goes next:
 //
 //  - One client's units go in the order it sent them.
-//  - Across clients, in weighted fair order (stride scheduling over device
-//    time): each client has a pass; admitting a call adds its estimated
-//    device time divided by the client's weight; among the clients whose
-//    next unit may go, the lowest pass goes first. A client that was idle
-//    starts at the current pass (idleness earns no credit), so a client
-//    that floods gets what the others leave, never their share.
+//  - Across clients, in weighted fair order (start-time fair queuing over
+//    device time): each client has a pass; a call's start tag is its
+//    client's pass, and admitting it adds its estimated device time divided
+//    by the client's weight; among the clients whose next unit may go, the
+//    lowest pass goes first. A client that was idle starts at the virtual
+//    time — the lowest start tag of the calls in flight, i.e. about the
+//    one running — so idleness earns no credit, and a client that floods
+//    gets what the others leave, never their share.
+//  - Each call carries its start tag to the workers (Execute.start_tag): a
+//    device runs a client's independent task before other clients' queued
+//    tasks with higher tags (worker/task_queue.h), so a client under its
+//    share waits behind the call running, not behind a flood's window.
 //  - A call may go when every worker it runs on has room in its window
 //    (device time admitted there and not yet reported done is under
 //    `window_micros` per device, or fewer than `min_window_calls` calls per
@@ -132,6 +138,7 @@ class Admission {
   struct InFlight {
     uint64_t client = 0;
     uint64_t program_id = 0;
+    double start_tag = 0;
     double cost = 0;               // estimate charged on each of `workers`
     std::vector<int64_t> workers;  // not yet reported done
   };
@@ -152,7 +159,11 @@ class Admission {
   std::set<std::tuple<double, uint64_t, uint64_t>> order_;
   std::map<int64_t, Window> windows_;
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // by ticket
+  // The virtual time: the lowest start tag in flight, else the last
+  // admitted.
+  double VirtualTime() const;
   double virtual_pass_ = 0;
+  std::multiset<double> in_flight_tags_;
   uint64_t next_ticket_ = 1;
   uint64_t next_arrival_ = 1;
 };

@@ -283,3 +283,34 @@ TEST(AdmissionTest, IdlenessEarnsNoCredit) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+TEST(AdmissionTest, AReturningClientsCallIsTaggedBeforeAFloodsQueuedCalls) {
+  Admission a({.window_micros = 3000,
+               .min_window_calls = 1,
+               .default_cost_micros = 500});
+  a.AddWorker(1, 1);
+  a.AddClient(1, 1, 64);  // floods
+  a.AddClient(2, 1, 64);  // comes and goes
+  for (int i = 0; i < 10; ++i) a.Enqueue(1, Call(1, {1}));
+  std::vector<Admitted> flood = Drain(a);
+  ASSERT_EQ(flood.size(), 6u);  // 3000 µs of 500 µs calls
+  auto tag = [](const Admitted& ad) {
+    return ad.unit.ops.at(1).back().execute().start_tag();
+  };
+  // The first flood call runs; the others wait on the device with later
+  // tags. The newcomer's tag is that of the call running, so the device
+  // runs it next (worker/task_queue.h).
+  a.Completed(1, Done(1, TicketOn(flood[0], 1), 500));
+  a.Enqueue(2, Call(2, {1}));
+  std::vector<Admitted> out = Drain(a);
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out[0].client, 2u);
+  EXPECT_LE(tag(out[0]), tag(flood[1]));
+  EXPECT_LT(tag(out[0]), tag(flood[2]));
+}
+
+}  // namespace
+}  // namespace plexus

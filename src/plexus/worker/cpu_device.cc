@@ -17,13 +17,13 @@ CpuDevice::~CpuDevice() {
   thread_.join();
 }
 
-void CpuDevice::Enqueue(Task task) {
+void CpuDevice::Enqueue(Task task, TaskOrder order) {
   absl::MutexLock lock(&mu_);
   auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stop_ || static_cast<int64_t>(queue_.size()) < max_queued_;
   };
   mu_.Await(absl::Condition(&has_room));
-  queue_.push_back(std::move(task));
+  queue_.Push(std::move(task), order);
 }
 
 int64_t CpuDevice::pending() const {
@@ -41,8 +41,7 @@ void CpuDevice::Loop() {
       };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stop_ and drained
-      task = std::move(queue_.front());
-      queue_.pop_front();
+      task = queue_.Pop();
       running_task_ = true;
     }
     const absl::Time start = absl::Now();

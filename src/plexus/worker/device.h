@@ -1,4 +1,6 @@
-// A device of a worker: where shard tasks run, in the order they arrive.
+// A device of a worker: where shard tasks run, in the order they arrive
+// (except that a client's reorderable task may pass other clients' queued
+// ones: worker/task_queue.h).
 // The interface is what a CUDA device will implement too (its queue would
 // feed a stream); CpuDevice runs tasks on one thread of its own.
 #pragma once
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "plexus/worker/task_queue.h"
 
 namespace plexus {
 
@@ -22,9 +25,10 @@ class Device {
   virtual int index() const = 0;
   virtual std::string kind() const = 0;
   virtual int64_t memory_bytes() const = 0;
-  // Runs `task` after every task enqueued before it. Blocks while more than
-  // `max_queued` tasks wait (back-pressure on the control stream).
-  virtual void Enqueue(Task task) = 0;
+  // Runs `task` after the tasks enqueued before it, as TaskQueue orders
+  // them. Blocks while more than `max_queued` tasks wait (back-pressure on
+  // the control stream).
+  virtual void Enqueue(Task task, TaskOrder order) = 0;
   // Tasks queued or running.
   virtual int64_t pending() const = 0;
   // Time spent running tasks since the device started (utilisation =
@@ -40,7 +44,7 @@ class CpuDevice : public Device {
   int index() const override { return index_; }
   std::string kind() const override { return "cpu"; }
   int64_t memory_bytes() const override { return memory_bytes_; }
-  void Enqueue(Task task) override;
+  void Enqueue(Task task, TaskOrder order) override;
   int64_t pending() const override;
   int64_t busy_micros() const override { return busy_micros_.load(); }
 
@@ -51,7 +55,7 @@ class CpuDevice : public Device {
   const int64_t memory_bytes_;
   const int64_t max_queued_;
   mutable absl::Mutex mu_;
-  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  TaskQueue queue_ ABSL_GUARDED_BY(mu_);
   bool running_task_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> busy_micros_{0};

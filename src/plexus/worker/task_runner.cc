@@ -119,6 +119,15 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
       for (const BufferKey& key : pinned) store_->RemoveReader(key);
     }
   }
+  // Built-in kernels that are not collectives neither wait for nor are
+  // waited on by other calls' tasks: they may pass other clients' queued
+  // tasks by their start tag (worker/task_queue.h).
+  const TaskOrder order{
+      .client = exec.client_id(),
+      .start_tag = exec.start_tag(),
+      .reorderable =
+          call->program != nullptr && call->program->kernel != nullptr &&
+          !call->program->kernel->is_collective() && !call->program->xla};
   for (int i = 0; i < exec.tasks_size(); ++i) {
     int device = exec.tasks(i).device();
     if (device < 0 || device >= num_devices) {
@@ -127,7 +136,7 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
       RunTask(call, i);  // fails at once with input_errors[i]
       continue;
     }
-    devices_[device]->Enqueue([this, call, i] { RunTask(call, i); });
+    devices_[device]->Enqueue([this, call, i] { RunTask(call, i); }, order);
   }
 }
 
