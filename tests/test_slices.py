@@ -120,6 +120,7 @@ def test_a_waiting_request_does_not_hold_up_the_clients_other_work(four, client)
     four.wait_until(lambda st: not st.get("pending_slices"), 10,
                     "the request to be dropped")
     assert isinstance(outcome[0], plexus.PlexusError), outcome
+    assert "closed before the server granted the slice" in str(outcome[0])
 
 
 def _try(fn):

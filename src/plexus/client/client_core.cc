@@ -203,6 +203,11 @@ absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
   };
   mu_.Await(absl::Condition(&answered));
   auto it = slice_replies_.find(rid);
+  if (it == slice_replies_.end() && closed_) {
+    // Close() from another thread while this request waited at the server.
+    return absl::FailedPreconditionError(
+        "the client was closed before the server granted the slice");
+  }
   if (it == slice_replies_.end()) {
     return absl::UnavailableError("lost the server before it granted a slice");
   }
