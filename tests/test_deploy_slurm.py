@@ -1,10 +1,10 @@
 """deploy/slurm/plexus.sbatch: the server on the first node, a worker per
 node with srun, the data-parallel example as the job's program.
 
-Under a real single-node Slurm where one can start: the test starts
-munged, slurmctld and slurmd (Debian's slurm-wlm, scripts/setup.sh) in the
-foreground with a configuration of its own in a temporary folder, and
-submits the script with `sbatch --wait`. Where slurmd cannot start (no
+Under a real Slurm where one can start: the test starts munged, slurmctld
+and two slurmd (nodes n0 and n1, both on this machine; Debian's slurm-wlm,
+scripts/setup.sh) with a configuration of its own in a temporary folder,
+and submits the script with `sbatch --wait --nodes=2`. Where slurmd cannot start (no
 root, no Slurm installed, a container that forbids it) the test runs the
 script with bash, with the variables Slurm would set (SLURM_JOB_ID,
 SLURM_JOB_NODELIST, ...) and an `srun` and `scontrol` that run each
@@ -80,9 +80,10 @@ SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun",
                   "scontrol")
 
 
-def start_slurm(folder):
-    """A single-node Slurm cluster: (Daemons, the environment its commands
-    need), or (None, why it cannot start)."""
+def start_slurm(folder, nodes):
+    """A Slurm cluster of `nodes` nodes on this machine (n0, n1, ...: one
+    slurmd each, on ports of their own, NodeAddr 127.0.0.1): (Daemons, the
+    environment its commands need), or (None, why it cannot start)."""
     missing = [b for b in SLURM_BINARIES
                if not shutil.which(b, path="/usr/sbin:/usr/bin:"
                                    + os.environ.get("PATH", ""))]
@@ -108,24 +109,26 @@ def start_slurm(folder):
         return None, f"munged: {r.stderr.strip()}"
     d.pid_files.append(munge / "munged.pid")
     (folder / "state").mkdir()
-    (folder / "spool").mkdir()
-    node = socket.gethostname()
     conf = folder / "slurm.conf"
+    cpus = max(1, os.cpu_count() // nodes)
+    node_lines = "".join(
+        f"NodeName=n{i} NodeHostname={socket.gethostname()} "
+        f"NodeAddr=127.0.0.1 Port={free_port()} CPUs={cpus} State=UNKNOWN\n"
+        for i in range(nodes))
     conf.write_text(f"""\
 ClusterName=plexustest
-SlurmctldHost={node}
+SlurmctldHost={socket.gethostname()}
 SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
 SlurmUser=root
 AuthType=auth/munge
 AuthInfo=socket={sock}
 CredType=cred/munge
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -133,15 +136,19 @@ JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 ReturnToService=2
-NodeName={node} CPUs={os.cpu_count()} State=UNKNOWN
-PartitionName=plexus Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+{node_lines}PartitionName=plexus Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 """)
     env = dict(os.environ, SLURM_CONF=str(conf))
     d.start("slurmctld", ["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)])
-    d.start("slurmd", ["/usr/sbin/slurmd", "-D", "-f", str(conf)])
-    # srun waits until the node can run a step (or fails): the cluster works.
+    for i in range(nodes):
+        (folder / f"spool-n{i}").mkdir()
+        d.start(f"slurmd-n{i}", ["/usr/sbin/slurmd", "-D", "-N", f"n{i}",
+                                 "-f", str(conf)])
+    # srun waits until the nodes can run a step (or fails): the cluster
+    # works.
     try:
-        r = subprocess.run(["srun", "--nodes=1", "--time=1", "true"], env=env,
+        r = subprocess.run(["srun", f"--nodes={nodes}", "--time=1", "true"],
+                           env=env,
                            capture_output=True, text=True, timeout=60)
         ok, why = r.returncode == 0, r.stderr.strip()
     except subprocess.TimeoutExpired:
@@ -164,14 +171,18 @@ while [[ $# -gt 0 && $1 == --* ]]; do
   shift
 done
 out=${out//%N/$(hostname -s)}
+out=${out//%n/0}
 export SLURM_PROCID=0 SLURM_NODEID=0 SLURM_LOCALID=0
 if [ -n "$out" ]; then exec "$@" >"$out" 2>&1; else exec "$@"; fi
 """,
     # No steps to list: the script signals the srun stand-in itself.
     "squeue": "#!/bin/bash\nexit 0\n",
     "scontrol": r"""#!/bin/bash
-[ "$1 $2" = "show hostnames" ] || { echo "scontrol stand-in: $*" >&2; exit 1; }
-tr ',' '\n' <<<"$3"
+case "$1 $2" in
+  "show hostnames") tr ',' '\n' <<<"$3";;
+  "show node") echo "NodeName=$3 NodeAddr=$3";;
+  *) echo "scontrol stand-in: $*" >&2; exit 1;;
+esac
 """,
 }
 
@@ -191,30 +202,37 @@ def job_env(tmp_path):
     return env
 
 
-# "slurm": a real Slurm where one can start (else as "simulated", saying
-# why); "simulated": always as where slurmd cannot start, so that that path
-# is run too.
+SLURM_NODES = 2  # slurmd daemons of the real Slurm, all on this machine
+
+
+# "slurm": a real Slurm of two nodes where one can start (else as
+# "simulated", saying why); "simulated": always as where slurmd cannot
+# start, so that that path is run too.
 @pytest.mark.parametrize("want", ["slurm", "simulated"])
 def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
     result = tmp_path / "result.json"
-    job = [sys.executable, str(JOB), "--hosts", "1", "--devices-per-host",
-           str(DEVICES), "--steps", "100", "--out", str(result)]
     slurm_dir = tmp_path / "slurm"
     slurm_dir.mkdir()
     if want == "slurm":
-        daemons, env_or_why = start_slurm(slurm_dir)
+        daemons, env_or_why = start_slurm(slurm_dir, SLURM_NODES)
     else:
         daemons, env_or_why = None, None
     out = tmp_path / "job.out"
+    env = job_env(tmp_path)
     try:
         if daemons:
-            mode = ("a real single-node Slurm (munged, slurmctld and slurmd "
-                    "started by the test), sbatch --wait")
-            env = job_env(tmp_path)
-            env.update(SLURM_CONF=env_or_why["SLURM_CONF"])
-            cmd = ["sbatch", "--wait", "--nodes=1", f"--output={out}",
-                   f"--chdir={tmp_path}", str(SCRIPT)] + job
+            nodes = [f"n{i}" for i in range(SLURM_NODES)]
+            mode = (f"a real Slurm of {SLURM_NODES} nodes on this machine "
+                    "(munged, slurmctld and a slurmd per node, started by the "
+                    "test), sbatch --wait")
+            # The nodes share this machine's addresses: each worker takes a
+            # free data port.
+            env.update(SLURM_CONF=env_or_why["SLURM_CONF"],
+                       PLEXUS_DATA_PORT="0")
+            cmd = ["sbatch", "--wait", f"--nodes={len(nodes)}",
+                   f"--output={out}", f"--chdir={tmp_path}", str(SCRIPT)]
         else:
+            nodes = [socket.gethostname().split(".")[0]]
             why = (f"slurmd could not start here: {env_or_why.splitlines()[0]}"
                    if env_or_why else "as where slurmd cannot start")
             mode = (f"simulated ({why}): the script ran with bash, the Slurm "
@@ -227,14 +245,16 @@ def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
             for name, text in SHIMS.items():
                 (shims / name).write_text(text)
                 (shims / name).chmod(0o755)
-            env = job_env(tmp_path)
-            node = socket.gethostname()
             env.update(PATH=f"{shims}:{env['PATH']}", SLURM_JOB_ID="4242",
-                       SLURM_JOB_NAME="plexus", SLURM_JOB_NODELIST=node,
+                       SLURM_JOB_NAME="plexus",
+                       SLURM_JOB_NODELIST=socket.gethostname(),
                        SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1",
                        SLURM_SUBMIT_DIR=str(tmp_path), SLURM_NODEID="0",
                        SLURM_CPUS_ON_NODE=str(os.cpu_count()))
-            cmd = ["bash", str(SCRIPT)] + job
+            cmd = ["bash", str(SCRIPT)]
+        cmd += [sys.executable, str(JOB), "--hosts", str(len(nodes)),
+                "--devices-per-host", str(DEVICES), "--steps", "100",
+                "--out", str(result)]
         print(f"Slurm mode: {mode}")
         with open(out, "ab") as f:
             r = subprocess.run(cmd, env=env, cwd=tmp_path, timeout=JOB_TIMEOUT_S,
@@ -249,11 +269,17 @@ def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
     got = json.loads(result.read_text())
     assert got["max_rel_err"] <= 1e-5, got
     assert got["final_loss"] < got["threshold"], got
-    # One worker on the one node, named as the node, devices as asked; the
-    # job and the steps exited cleanly.
-    assert got["hosts"] == [socket.gethostname().split(".")[0]], got
-    assert got["data_addresses"][0].endswith(f":{env['PLEXUS_DATA_PORT']}")
+    # One worker per node, named as the node; the job and the steps exited
+    # cleanly.
+    assert got["hosts"] == nodes, got
+    ports = {a.rpartition(":")[2] for a in got["data_addresses"]}
+    assert len(ports) == len(nodes), got
+    if env["PLEXUS_DATA_PORT"] != "0":
+        assert ports == {env["PLEXUS_DATA_PORT"]}, got
     assert "plexus: done, exit code 0" in text, text
+    assert "wait_for" not in text, text  # nothing reaped twice at exit
+    assert len(list((tmp_path / "plexus-logs").glob("worker-*.log"))) == \
+        len(nodes)
     assert "a server or worker step exited" not in text, text
 
 
