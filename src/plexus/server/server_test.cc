@@ -401,6 +401,7 @@ class SliceWaitTest : public ::testing::Test {
     options.secret = secret_;
     options.clock = &clock_;
     options.heartbeat_timeout = absl::Hours(1);  // raw workers are silent
+    options.tenants = tenants_;
     auto server = Server::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -432,6 +433,7 @@ class SliceWaitTest : public ::testing::Test {
   }
 
   FakeClock clock_{absl::FromUnixSeconds(1000)};
+  TenantTable tenants_;
   ClusterSecret secret_;
   std::unique_ptr<Server> server_;
   std::unique_ptr<proto::Controller::Stub> stub_;
@@ -482,6 +484,45 @@ TEST_F(SliceWaitTest, AWaitingRequestTimesOutOnTheServersClock) {
   EXPECT_EQ(refused.message(),
             "no slice within 5s: asked for 3 devices; the cluster has 2 live "
             "devices on 1 host; no request ahead");
+  EXPECT_EQ(Status().pending_slices_size(), 0);
+}
+
+// Anonymous loopback sessions are tenant "default": here it may hold 3
+// devices over all of a client's slices.
+class SliceQuotaWaitTest : public SliceWaitTest {
+ protected:
+  SliceQuotaWaitTest() {
+    auto tenants = TenantTable::FromJson(R"({"default": {"max_devices": 3}})");
+    EXPECT_TRUE(tenants.ok()) << tenants.status();
+    if (tenants.ok()) tenants_ = *tenants;
+  }
+};
+
+TEST_F(SliceQuotaWaitTest, ARequestOverMaxDevicesIsGrantedOnceASliceGoes) {
+  auto first = AddWorker();
+  auto second = AddWorker();  // 4 devices: the quota binds, not the cluster
+  RawClient client(
+      *stub_, "c",
+      {SliceOp(1, 2, absl::Seconds(30)), SliceOp(2, 2, absl::Seconds(30))});
+  client.ReadUntil([&] { return !client.slices_.empty(); });
+  ASSERT_EQ(client.slices_.size(), 1u);
+  ASSERT_EQ(client.slices_[0].request_id(), 1u);
+  const uint64_t held = client.slices_[0].slice().slice_id();
+
+  proto::ClusterStatus status = Status();
+  ASSERT_EQ(status.pending_slices_size(), 1);
+  EXPECT_EQ(status.pending_slices(0).waiting_for(),
+            absl::StrCat("asked for 2 devices; client ", client.id_,
+                         " holds 2 devices in 1 slice, and tenant 'default' "
+                         "may hold 3 (max_devices); no request ahead"));
+
+  proto::ClientOp release;
+  release.set_slice_release(held);
+  client.Send({release});
+  client.ReadUntil([&] { return client.slices_.size() == 2; });
+  ASSERT_EQ(client.slices_.size(), 2u);
+  EXPECT_EQ(client.slices_[1].request_id(), 2u);
+  EXPECT_FALSE(client.slices_[1].has_error());
   EXPECT_EQ(Status().pending_slices_size(), 0);
 }
 
