@@ -14,13 +14,14 @@ from ._core import (DeadlineExceededError, InvalidArgumentError, NotFoundError,
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec,
                    block_until_ready, connect, partial, replicated, split,
                    status, wait)
+from ._builtins import builtins
 from ._cluster import ClusterExitError, LocalCluster, local
 from ._jit import jit
 from . import pipeline, rl  # noqa: E402 - libraries over the API above
 
 __all__ = [
     "Client", "ClusterExitError", "Future", "Graph", "LocalCluster", "P", "Program", "Slice",
-    "Spec", "block_until_ready", "connect", "jit", "local", "partial",
+    "Spec", "block_until_ready", "builtins", "connect", "jit", "local", "partial",
     "replicated", "split", "status", "wait",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
     "PermissionDeniedError", "ResourceExhaustedError", "UnavailableError",

@@ -421,24 +421,37 @@ class Slice:
             self._s, a, _sharding(sharding, self, a.ndim)), self._client)
 
     def program(self, kernel, *inputs, name=None, **attrs):
-        """Compiles a built-in kernel for this slice.
+        """Compiles the built-in program `kernel` (see plexus.builtins) for
+        this slice; returns a Program to call with arrays or futures.
 
-        `inputs` are Specs, futures or arrays (their shape, dtype and
-        sharding are used). Output specs are inferred from the kernel.
+        `inputs` describe its arguments: specs (plexus.Spec(shape, dtype,
+        sharding), jax.ShapeDtypeStruct: replicated), or example values
+        (futures keep their sharding; arrays are replicated). Only their
+        shape, dtype and sharding are read (a list or a scalar as numpy
+        reads it). Output specs are inferred from the kernel; `attrs` are
+        its attributes.
         """
+        what = f"program '{name or kernel}'"
         args = []
         for i, x in enumerate(inputs):
             if isinstance(x, Future):
-                args.append((x.dtype, x.shape, x._f.sharding))
-            elif isinstance(x, Spec):
-                args.append((x.dtype, x.shape,
-                             _sharding(x.sharding, self, len(x.shape))))
-            elif isinstance(x, np.ndarray):
-                args.append((x.dtype, x.shape, replicated()))
-            else:
-                raise TypeError(f"input {i} of program '{name or kernel}' must "
-                                f"be a Spec, Future or numpy array, not "
-                                f"{type(x).__name__}")
+                args.append((x._f.dtype, x._f.shape, x._f.sharding))
+                continue
+            if isinstance(x, Spec):
+                shape, dtype, sh = x.shape, x.dtype, x.sharding
+            elif hasattr(x, "shape") and hasattr(x, "dtype"):
+                # numpy and jax arrays, jax.ShapeDtypeStruct
+                shape, dtype, sh = tuple(x.shape), x.dtype, None
+            else:  # a scalar or a list, as numpy reads it
+                a = np.asarray(x)
+                shape, dtype, sh = a.shape, a.dtype, None
+            try:
+                dtype = np.dtype(dtype)
+                args.append((dtype, tuple(int(d) for d in shape),
+                             _sharding(sh, self, len(shape))))
+            except (TypeError, ValueError) as e:
+                raise _core.InvalidArgumentError(
+                    f"{what} argument {i}: {e}") from e
         return Program(self._client._core.compile(
             self._s, name or kernel, kernel, attrs, args), self._client)
 

@@ -487,3 +487,26 @@ PYBIND11_MODULE(_core, m) {
       py::arg("address"), py::arg("secret_hex") = py::none());
   m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
 }
+  // Every built-in program's documentation (builtin::KernelDoc), sorted by
+  // name: what plexus.builtins and docs/PROGRAMS.md show.
+  m.def("kernel_docs", [] {
+    const auto& registry = builtin::KernelRegistry::Global();
+    py::list out;
+    for (const std::string& name : registry.Names()) {
+      const builtin::KernelDoc& doc = *registry.FindDoc(name);
+      py::list attrs;
+      for (const auto& a : doc.attrs) {
+        attrs.append(py::make_tuple(a.name, a.kind, a.fallback, a.meaning));
+      }
+      py::dict d;
+      d["name"] = name;
+      d["summary"] = doc.summary;
+      d["attrs"] = attrs;
+      d["inputs"] = doc.inputs;
+      d["outputs"] = doc.outputs;
+      d["example"] = doc.example;
+      d["collective"] = registry.Find(name)->is_collective();
+      out.append(d);
+    }
+    return out;
+  });

@@ -90,17 +90,44 @@ class Kernel {
   virtual int AliasedInput(int output) const { return -1; }
 };
 
+// What a built-in program does and takes, written for its users next to
+// its registration: the one source of `plexus.builtins` (Python) and of
+// docs/PROGRAMS.md (scripts/programs_md.py). Every kernel has one.
+struct KernelDoc {
+  struct Attr {
+    std::string name;
+    std::string kind;      // "float", "int", "string" or "ints"
+    std::string fallback;  // the default, as Python writes it; "" required
+    std::string meaning;
+  };
+  std::string summary;  // one sentence
+  std::vector<Attr> attrs;
+  std::string inputs;   // what each argument may be: dtypes, ranks, shardings
+  std::string outputs;  // what the outputs are, and their shardings
+  // Python that runs it, given `s` (a slice of 2 devices over 2 hosts),
+  // `np` and `plexus`, and checks its result with assert (tests run it).
+  std::string example;
+};
+
 class KernelRegistry {
  public:
   static KernelRegistry& Global();
-  // Takes ownership. Registering a name twice is a programming error.
-  void Register(const std::string& name, std::unique_ptr<Kernel> kernel);
+  // Takes ownership. Registering a name twice, or without a summary, is a
+  // programming error.
+  void Register(const std::string& name, std::unique_ptr<Kernel> kernel,
+                KernelDoc doc);
   // Null if unknown.
   const Kernel* Find(const std::string& name) const;
+  const KernelDoc* FindDoc(const std::string& name) const;
   std::vector<std::string> Names() const;  // sorted
 
  private:
-  std::vector<std::pair<std::string, std::unique_ptr<Kernel>>> kernels_;
+  struct Entry {
+    std::string name;
+    std::unique_ptr<Kernel> kernel;
+    KernelDoc doc;
+  };
+  std::vector<Entry> kernels_;
 };
 
 // Attribute access with defaults and clear errors ("attribute 'lr' must be a

@@ -19,13 +19,15 @@
 
 namespace plexus::builtin::internal {
 
-// Registers a default-constructed `K` under `name` from a static
-// initialiser, e.g. `const KernelRegistrar<AddKernel> kAdd("add");`.
+// Registers a default-constructed `K` under `name`, with its documentation,
+// from a static initialiser, e.g.
+// `const KernelRegistrar<AddKernel> kAdd("add", {.summary = ...});`.
 template <typename K>
 class KernelRegistrar {
  public:
-  explicit KernelRegistrar(const char* name) {
-    KernelRegistry::Global().Register(name, std::make_unique<K>());
+  KernelRegistrar(const char* name, KernelDoc doc) {
+    KernelRegistry::Global().Register(name, std::make_unique<K>(),
+                                      std::move(doc));
   }
 };
 

@@ -295,14 +295,92 @@ class BiasAddKernel : public Kernel {
   }
 };
 
-const KernelRegistrar<BinaryKernel<AddOp>> kAdd("add");
-const KernelRegistrar<BinaryKernel<MulOp>> kMul("mul");
-const KernelRegistrar<BinaryKernel<ReluGradOp>> kReluGrad("relu_grad");
-const KernelRegistrar<BinaryKernel<SgdUpdateOp>> kSgdUpdate("sgd_update");
-const KernelRegistrar<UnaryKernel<ScaleOp>> kScale("scale");
-const KernelRegistrar<UnaryKernel<IdentityOp>> kIdentity("identity");
-const KernelRegistrar<UnaryKernel<ReluOp>> kRelu("relu");
-const KernelRegistrar<BiasAddKernel> kBiasAdd("bias_add");
+const KernelRegistrar<BinaryKernel<AddOp>> kAdd(
+    "add",
+    {"Elementwise sum of two arrays: a + b.",
+     {},
+     "Two arguments of one dtype (float32, float64, int32 or int64), shape "
+     "and sharding: replicated, split(a) or partial.",
+     "One array with the arguments' spec and sharding (the sum of two "
+     "partial values is partial).",
+     "x = s.put(np.arange(4, dtype=np.float32), plexus.split(0))\n"
+     "y = s.program(\"add\", x, x)(x, x)\n"
+     "assert np.asarray(y).tolist() == [0, 2, 4, 6]\n"});
+const KernelRegistrar<BinaryKernel<MulOp>> kMul(
+    "mul",
+    {"Elementwise product of two arrays: a * b.",
+     {},
+     "Two arguments of one dtype (float32, float64, int32 or int64), shape "
+     "and sharding: replicated or split(a), not partial (the product is not "
+     "linear in them; all_reduce first).",
+     "One array with the arguments' spec and sharding.",
+     "x = s.put(np.arange(4, dtype=np.int32), plexus.split(0))\n"
+     "y = s.program(\"mul\", x, x)(x, x)\n"
+     "assert np.asarray(y).tolist() == [0, 1, 4, 9]\n"});
+const KernelRegistrar<BinaryKernel<ReluGradOp>> kReluGrad(
+    "relu_grad",
+    {"The gradient of relu: dy where x > 0, else 0.",
+     {},
+     "x and dy, float32 or float64, of one shape and sharding: replicated or "
+     "split(a), not partial.",
+     "One array with the arguments' spec and sharding.",
+     "x = s.put(np.array([-1.0, 2.0], np.float32))\n"
+     "dy = s.put(np.array([5.0, 7.0], np.float32))\n"
+     "g = s.program(\"relu_grad\", x, dy)(x, dy)\n"
+     "assert np.asarray(g).tolist() == [0, 7]\n"});
+const KernelRegistrar<BinaryKernel<SgdUpdateOp>> kSgdUpdate(
+    "sgd_update",
+    {"One step of stochastic gradient descent: param - lr * grad.",
+     {{"lr", "float", "", "the learning rate"}},
+     "param and grad, float32 or float64, of one shape and sharding: "
+     "replicated or split(a), not partial (all_reduce the gradient first).",
+     "The new parameter, with param's spec and sharding.",
+     "w = s.put(np.ones(2, np.float32))\n"
+     "g = s.put(np.array([1.0, -2.0], np.float32))\n"
+     "w2 = s.program(\"sgd_update\", w, g, lr=0.5)(w, g)\n"
+     "assert np.asarray(w2).tolist() == [0.5, 2.0]\n"});
+const KernelRegistrar<UnaryKernel<ScaleOp>> kScale(
+    "scale", {"Multiplies by a constant: x * factor, `repeat` times.",
+              {{"factor", "float", "", "the multiplier"},
+               {"repeat", "int", "1",
+                "how many times to multiply (a chain of scales in one call)"}},
+              "One argument, float32, float64, int32 or int64, any sharding (a "
+              "partial value stays partial).",
+              "One array with the argument's spec and sharding.",
+              "x = s.put(np.arange(4, dtype=np.float32), plexus.split(0))\n"
+              "y = s.program(\"scale\", x, factor=2.0, repeat=2)(x)\n"
+              "assert np.asarray(y).tolist() == [0, 4, 8, 12]\n"});
+const KernelRegistrar<UnaryKernel<IdentityOp>> kIdentity(
+    "identity",
+    {"Returns its argument; the runtime hands out the input's buffer and "
+     "runs nothing.",
+     {},
+     "One argument, float32, float64, int32 or int64, any sharding.",
+     "The argument itself, same spec and sharding.",
+     "x = s.put(np.arange(4, dtype=np.int64))\n"
+     "y = s.program(\"identity\", x)(x)\n"
+     "assert np.asarray(y).tolist() == [0, 1, 2, 3]\n"});
+const KernelRegistrar<UnaryKernel<ReluOp>> kRelu(
+    "relu", {"Elementwise max(x, 0).",
+             {},
+             "One argument, float32 or float64, replicated or split(a), not "
+             "partial.",
+             "One array with the argument's spec and sharding.",
+             "x = s.put(np.array([-1.0, 0.5, -2.0, 3.0], np.float32), "
+             "plexus.split(0))\n"
+             "y = s.program(\"relu\", x)(x)\n"
+             "assert np.asarray(y).tolist() == [0, 0.5, 0, 3]\n"});
+const KernelRegistrar<BiasAddKernel> kBiasAdd(
+    "bias_add",
+    {"Adds a bias to every row: x[m, n] + b[n].",
+     {},
+     "x: rank 2, float32, float64, int32 or int64, replicated or split(0); "
+     "b: rank 1 of x's dtype and length n, replicated.",
+     "One array with x's spec and sharding.",
+     "x = s.put(np.zeros((4, 2), np.float32), plexus.split(0))\n"
+     "b = s.put(np.array([1.0, 2.0], np.float32))\n"
+     "y = s.program(\"bias_add\", x, b)(x, b)\n"
+     "assert np.asarray(y).tolist() == [[1, 2]] * 4\n"});
 
 }  // namespace
 }  // namespace plexus::builtin

@@ -229,8 +229,34 @@ class ReduceSumKernel : public Kernel {
   }
 };
 
-const KernelRegistrar<MatmulKernel> kMatmul("matmul");
-const KernelRegistrar<ReduceSumKernel> kReduceSum("reduce_sum");
+const KernelRegistrar<MatmulKernel> kMatmul(
+    "matmul",
+    {"Matrix product a @ b (BLAS), either side optionally transposed.",
+     {{"transpose_a", "int", "0", "1: use a's transpose ([k, m] given)"},
+      {"transpose_b", "int", "0", "1: use b's transpose ([n, k] given)"}},
+     "a [m, k] and b [k, n], rank 2, both float32 or both float64. "
+     "Shardings: both replicated; a split on m with b replicated; a "
+     "replicated with b split on n; or both split on k.",
+     "c [m, n] of a's dtype: replicated, split(0), split(1) or partial "
+     "(both split on k: each device holds an addend; all_reduce sums them), "
+     "in the order of the input cases.",
+     "a = s.put(np.ones((4, 3), np.float32), plexus.split(0))\n"
+     "b = s.put(np.ones((3, 2), np.float32))\n"
+     "c = s.program(\"matmul\", a, b)(a, b)\n"
+     "assert c.sharding == \"split(0)\"\n"
+     "assert np.asarray(c).tolist() == [[3, 3]] * 4\n"});
+const KernelRegistrar<ReduceSumKernel> kReduceSum(
+    "reduce_sum",
+    {"Sum over one axis, or over all of them.",
+     {{"axis", "int", "-1", "the axis to sum over; -1: every axis"}},
+     "One argument, float32, float64, int32 or int64, any sharding.",
+     "The array without `axis` (a scalar for -1). Summing over the split "
+     "axis (or all axes) of a split argument gives a partial value; a split "
+     "on another axis stays, renumbered; partial stays partial.",
+     "x = s.put(np.arange(4, dtype=np.float32), plexus.split(0))\n"
+     "total = s.program(\"reduce_sum\", x)(x)\n"
+     "assert total.sharding == \"partial\"\n"
+     "assert float(np.asarray(total)) == 6.0  # fetching sums the addends\n"});
 
 }  // namespace
 }  // namespace plexus::builtin

@@ -195,9 +195,33 @@ class SoftmaxXentGradKernel : public Kernel {
   }
 };
 
-const KernelRegistrar<SoftmaxXentKernel> kSoftmaxXent("softmax_xent");
+const KernelRegistrar<SoftmaxXentKernel> kSoftmaxXent(
+    "softmax_xent",
+    {"Softmax cross-entropy: the mean over the global batch of "
+     "-log softmax(logits)[label].",
+     {},
+     "logits [b, c], float32 or float64, and labels int32 [b]; both split(0) "
+     "(a batch over the devices) or both replicated.",
+     "A scalar of the logits' dtype: partial when the batch is split (each "
+     "device's addend is its rows' share of the mean), else replicated.",
+     "logits = s.put(np.zeros((4, 3), np.float32), plexus.split(0))\n"
+     "labels = s.put(np.zeros(4, np.int32), plexus.split(0))\n"
+     "loss = s.program(\"softmax_xent\", logits, labels)(logits, labels)\n"
+     "assert abs(float(np.asarray(loss)) - np.log(3)) < 1e-6\n"});
 const KernelRegistrar<SoftmaxXentGradKernel> kSoftmaxXentGrad(
-    "softmax_xent_grad");
+    "softmax_xent_grad",
+    {"The gradient of softmax_xent with respect to the logits: "
+     "(softmax(logits) - onehot(labels)) / global batch.",
+     {},
+     "As softmax_xent: logits [b, c] float32 or float64, labels int32 [b], "
+     "both split(0) or both replicated.",
+     "One array laid out like the logits (same spec and sharding).",
+     "logits = s.put(np.zeros((4, 3), np.float32), plexus.split(0))\n"
+     "labels = s.put(np.zeros(4, np.int32), plexus.split(0))\n"
+     "g = s.program(\"softmax_xent_grad\", logits, labels)(logits, "
+     "labels)\n"
+     "want = (np.full((4, 3), 1 / 3) - np.eye(3)[[0, 0, 0, 0]]) / 4\n"
+     "assert np.allclose(np.asarray(g), want)\n"});
 
 }  // namespace
 }  // namespace plexus::builtin

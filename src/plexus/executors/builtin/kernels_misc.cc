@@ -286,12 +286,84 @@ class DeviceSleepKernel : public BusyWaitKernel {
   }
 };
 
-const KernelRegistrar<FillKernel> kFill("fill");
-const KernelRegistrar<IotaKernel> kIota("iota");
-const KernelRegistrar<AllReduceKernel> kAllReduce("all_reduce");
-const KernelRegistrar<AssertFiniteKernel> kAssertFinite("assert_finite");
-const KernelRegistrar<BusyWaitKernel> kBusyWait("busy_wait");
-const KernelRegistrar<DeviceSleepKernel> kDeviceSleep("device_sleep");
+const KernelRegistrar<FillKernel> kFill(
+    "fill",
+    {"Makes an array whose every element is `value`.",
+     {{"shape", "ints", "", "the array's shape"},
+      {"dtype", "string", "\"float32\"", "float32, float64, int32 or int64"},
+      {"split_axis", "int", "-1",
+       "the axis split over the slice; -1: "
+       "replicated"},
+      {"value", "float", "0.0", "every element's value"}},
+     "None.",
+     "One array of `shape` and `dtype`, split(split_axis) or "
+     "replicated.",
+     "ones = s.program(\"fill\", shape=[4], value=1.5, split_axis=0)()\n"
+     "assert ones.sharding == \"split(0)\"\n"
+     "assert np.asarray(ones).tolist() == [1.5] * 4\n"});
+const KernelRegistrar<IotaKernel> kIota(
+    "iota",
+    {"Makes an array whose every element is its row-major index.",
+     {{"shape", "ints", "", "the array's shape"},
+      {"dtype", "string", "\"float32\"", "float32, float64, int32 or int64"},
+      {"split_axis", "int", "-1",
+       "the axis split over the slice; -1: "
+       "replicated"}},
+     "None.",
+     "One array of `shape` and `dtype`, split(split_axis) or "
+     "replicated; the shards of a split iota assemble into one iota.",
+     "i = s.program(\"iota\", shape=[2, 2], dtype=\"int32\", "
+     "split_axis=1)()\n"
+     "assert np.asarray(i).tolist() == [[0, 1], [2, 3]]\n"});
+const KernelRegistrar<AllReduceKernel> kAllReduce(
+    "all_reduce",
+    {"Sums the devices' local arrays; every device gets the sum (a "
+     "collective over the slice, between workers over the data plane).",
+     {},
+     "One argument of any dtype but the 8-bit floats, any sharding: "
+     "usually partial (a data-parallel gradient). A split argument's pieces "
+     "are summed, not concatenated.",
+     "One replicated array whose global spec is the argument's per-device "
+     "spec.",
+     "x = s.put(np.arange(4, dtype=np.float32), plexus.split(0))\n"
+     "part = s.program(\"reduce_sum\", x, axis=0)(x)\n"
+     "total = s.program(\"all_reduce\", part)(part)\n"
+     "assert total.sharding == \"replicated\"\n"
+     "assert float(np.asarray(total)) == 6.0\n"});
+const KernelRegistrar<AssertFiniteKernel> kAssertFinite(
+    "assert_finite",
+    {"Copies a float array, failing at run time on a NaN or an infinity "
+     "(the error names the value and its index).",
+     {},
+     "One argument, float32 or float64, any sharding.",
+     "A copy, with the argument's spec and sharding.",
+     "x = s.put(np.array([1.0, np.inf], np.float32))\n"
+     "y = s.program(\"assert_finite\", x)(x)\n"
+     "try:\n"
+     "    np.asarray(y)\n"
+     "    raise AssertionError(\"no error\")\n"
+     "except plexus.InvalidArgumentError as e:\n"
+     "    assert \"non-finite value inf at index 1\" in str(e)\n"});
+const KernelRegistrar<BusyWaitKernel> kBusyWait(
+    "busy_wait",
+    {"Spins a CPU core for `micros` microseconds, then copies its argument: "
+     "a program of known duration for benchmarks.",
+     {{"micros", "int", "", "how long to spin (0 or more)"}},
+     "One argument of any dtype and sharding.",
+     "A copy, with the argument's spec and sharding.",
+     "x = s.put(np.arange(3, dtype=np.uint32))\n"
+     "y = s.program(\"busy_wait\", x, micros=100)(x)\n"
+     "assert np.asarray(y).tolist() == [0, 1, 2]\n"});
+const KernelRegistrar<DeviceSleepKernel> kDeviceSleep(
+    "device_sleep",
+    {"Holds its device for `micros` microseconds without using a CPU core "
+     "(as a device computing would), then copies its argument.",
+     {{"micros", "int", "", "how long to hold the device (0 or more)"}},
+     "One argument of any dtype and sharding.",
+     "A copy, with the argument's spec and sharding.",
+     "x = s.put(np.ones(2, np.float32), plexus.split(0))\n"
+     "y = s.program(\"device_sleep\", x, micros=1000)(x)\n"
+     "assert np.asarray(y).tolist() == [1, 1]\n"});
 
 }  // namespace
 }  // namespace plexus::builtin

@@ -16,18 +16,27 @@ KernelRegistry& KernelRegistry::Global() {
 }
 
 void KernelRegistry::Register(const std::string& name,
-                              std::unique_ptr<Kernel> kernel) {
-  if (Find(name) != nullptr || kernel == nullptr) {
+                              std::unique_ptr<Kernel> kernel, KernelDoc doc) {
+  if (Find(name) != nullptr || kernel == nullptr || doc.summary.empty()) {
     std::fprintf(stderr, "plexus: kernel '%s' registered %s\n", name.c_str(),
-                 kernel == nullptr ? "as null" : "twice");
+                 kernel == nullptr     ? "as null"
+                 : doc.summary.empty() ? "without a summary"
+                                       : "twice");
     std::abort();
   }
-  kernels_.emplace_back(name, std::move(kernel));
+  kernels_.push_back({name, std::move(kernel), std::move(doc)});
 }
 
 const Kernel* KernelRegistry::Find(const std::string& name) const {
-  for (const auto& [kernel_name, kernel] : kernels_) {
-    if (kernel_name == name) return kernel.get();
+  for (const Entry& entry : kernels_) {
+    if (entry.name == name) return entry.kernel.get();
+  }
+  return nullptr;
+}
+
+const KernelDoc* KernelRegistry::FindDoc(const std::string& name) const {
+  for (const Entry& entry : kernels_) {
+    if (entry.name == name) return &entry.doc;
   }
   return nullptr;
 }
@@ -35,7 +44,7 @@ const Kernel* KernelRegistry::Find(const std::string& name) const {
 std::vector<std::string> KernelRegistry::Names() const {
   std::vector<std::string> names;
   names.reserve(kernels_.size());
-  for (const auto& entry : kernels_) names.push_back(entry.first);
+  for (const Entry& entry : kernels_) names.push_back(entry.name);
   std::sort(names.begin(), names.end());
   return names;
 }

@@ -30,6 +30,26 @@ TEST(KernelRegistryTest, OnlyAllReduceIsCollective) {
 
 TEST(KernelRegistryTest, UnknownKernelIsNull) {
   EXPECT_EQ(KernelRegistry::Global().Find("no_such_kernel"), nullptr);
+  EXPECT_EQ(KernelRegistry::Global().FindDoc("no_such_kernel"), nullptr);
+}
+
+TEST(KernelRegistryTest, EveryKernelIsDocumentedWithAnExample) {
+  for (const std::string& name : KernelRegistry::Global().Names()) {
+    const KernelDoc* doc = KernelRegistry::Global().FindDoc(name);
+    ASSERT_NE(doc, nullptr) << name;
+    EXPECT_FALSE(doc->summary.empty()) << name;
+    EXPECT_FALSE(doc->inputs.empty()) << name;
+    EXPECT_FALSE(doc->outputs.empty()) << name;
+    // The example runs the program it documents and checks what it got.
+    EXPECT_THAT(doc->example, HasSubstr("\"" + name + "\"")) << name;
+    EXPECT_THAT(doc->example, HasSubstr("assert")) << name;
+    for (const KernelDoc::Attr& attr : doc->attrs) {
+      EXPECT_THAT((std::vector<std::string>{"float", "int", "string", "ints"}),
+                  ::testing::Contains(attr.kind))
+          << name << " attribute " << attr.name;
+      EXPECT_FALSE(attr.meaning.empty()) << name << " attribute " << attr.name;
+    }
+  }
 }
 
 TEST(AttrsTest, FloatAcceptsIntegersAndFallsBack) {
