@@ -172,3 +172,34 @@ def test_a_waiting_request_is_granted_when_a_host_large_enough_registers(
         if worker is not None:
             worker.terminate()
             worker.wait(30)
+
+
+def test_a_request_over_max_devices_waits_for_a_slice_to_be_released(tmp_path):
+    # Sessions on loopback with no tenant credential are tenant "default".
+    with plexus.local(hosts=2, devices_per_host=2, log_file=str(tmp_path / "log"),
+                      tenants={"default": {"max_devices": 3}}) as cluster:
+        client = cluster.connect(name="capped")
+        with pytest.raises(plexus.ResourceExhaustedError,
+                           match=r"tenant 'default' may hold at most 3 .*max_devices"):
+            client.slice(4)  # never: refused at once
+        first = client.slice(2)
+        outcome = []
+        t = threading.Thread(target=lambda: outcome.append(
+            _try(lambda: client.slice(2, timeout=30))))
+        t.start()
+        try:
+            st = cluster.wait_until(lambda st: st.get("pending_slices"), 10,
+                                    "the request to wait")
+            assert st["pending_slices"][0]["waiting_for"] == (
+                f"asked for 2 devices; client {client.id} holds 2 devices in 1 "
+                "slice, and tenant 'default' may hold 3 (max_devices); no "
+                "request ahead")
+            first.close()
+            t.join(30)
+            assert not t.is_alive(), "the slice was not granted"
+            (s,) = outcome
+            assert isinstance(s, plexus.Slice), s
+            assert s.num_devices == 2
+        finally:
+            client.close()
+            t.join(30)
