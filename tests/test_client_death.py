@@ -168,12 +168,13 @@ def test_a_killed_clients_call_queued_on_a_worker_is_dropped(tmp_path):
                 victim.wait()
         killed = time.monotonic()
         # The call running when it died finishes (a device cannot be
-        # interrupted); the ones queued behind it are dropped, so the
-        # survivor's call runs right after it: under 3 s, not 6.
+        # interrupted); the four queued behind it are dropped, so the
+        # survivor's call runs right after it: within 3 s (and some slack
+        # for a loaded machine), not the 15 s of all five.
         np.testing.assert_array_equal(np.asarray(short_nap(a)),
                                       np.arange(8, dtype=np.float32))
         took = time.monotonic() - killed
-        assert took < 4.0, f"the survivor's call waited {took:.1f} s"
+        assert took < 5.5, f"the survivor's call waited {took:.1f} s"
         st = cluster.wait_until(
             lambda st: not any(c["client_id"] == victim_id
                                for c in st["clients"]),
