@@ -12,6 +12,9 @@ called and which futures it hands over:
                                                       stage; dx is ignored on
                                                       the first
     update(params, grads)         -> new params       optional
+    update(params, grads, state)  -> (new params, new state)
+                                   when the pipeline carries optimizer state
+                                   for the stage (Pipeline(opt_state=...))
 
 `params`, `saved` and `grads` are pytrees (dicts, lists, tuples, None) of
 futures; `x`, `y`, `dx`, `dy` are single futures (or pytrees of them). A
@@ -23,6 +26,16 @@ programs is all it takes for the runtime to move it worker to worker.
     pipe = Pipeline(stages, params=[p1, p2], schedule="1f1b")
     out = pipe.step(micro_batches, targets)  # one graph; returns at once
     print(float(np.asarray(out.loss)))       # pipe.params: the new params
+
+Optimizer state (Adam's moments, a step count) is a pytree of futures per
+stage, given as Pipeline(opt_state=[state1, state2]); a stage with state has
+its update called as update(params, grads, state) -> (params, state), and
+pipe.opt_state (and the step's result) holds the new state.
+
+Gradients are summed over micro-batches pytree-wide: one call per
+micro-batch per stage (a plexus.jit program adding the whole tree, the last
+one also scaling by 1/M), whatever the number of tensors; trees with partial
+leaves (or without JAX) are added leaf by leaf with the built-in `add`.
 
 One step is recorded as ONE program graph. The calls are issued in an order
 that follows the schedule on every stage (each device runs its calls in FIFO
@@ -253,8 +266,10 @@ class Stage:
     docstring for their signatures).
 
     accumulate(acc, grads) -> acc sums one micro-batch's gradients into the
-    running sum; the default adds leaf by leaf with the built-in `add`
-    kernel on the stage's slice (so it works for any program's outputs).
+    running sum. The default is one call per micro-batch: a plexus.jit
+    program that adds the whole tree on the stage's slice (the last one also
+    scales by 1/M), or, for trees with partial leaves or without JAX, the
+    built-in `add` leaf by leaf (so it works for any program's outputs).
     """
 
     def __init__(self, slice, forward, backward, update=None,
@@ -270,18 +285,52 @@ class Stage:
         self.accumulate = accumulate
         self.name = name
         self._k = _Builtins(slice)
+        self._tree_programs = {}  # (kind, factor, shardings) -> Jitted
 
-    def _add(self, acc, grads):
+    def _add(self, acc, grads, factor=1.0):
+        """acc + grads, times `factor` (the mean's 1/M, on the last one)."""
         if acc is None:
-            return grads
+            return self._scale(grads, factor)
         if self.accumulate is not None:
-            return self.accumulate(acc, grads)
-        return _map2(lambda a, b: self._k.call("add", a, b), acc, grads)
+            return self._scale(self.accumulate(acc, grads), factor)
+        if _tree_program_fits(acc, grads):
+            return self._tree_program("add", factor, acc)(acc, grads)
+        return self._scale(
+            _map2(lambda a, b: self._k.call("add", a, b), acc, grads), factor)
 
     def _scale(self, tree, factor):
-        if factor == 1.0:
+        if factor == 1.0 or tree is None:
             return tree
+        if _tree_program_fits(tree):
+            return self._tree_program("scale", factor, tree)(tree)
         return _map(lambda a: self._k.call("scale", a, factor=factor), tree)
+
+    def _tree_program(self, kind, factor, like):
+        """One plexus.jit program over a whole tree of futures shaped like
+        `like`: (acc, grads) -> (acc + grads) * factor, or tree -> tree *
+        factor; each output keeps its leaf's sharding and dtype."""
+        import jax
+        from ._jit import jit
+        shardings = _map(lambda f: f._f.sharding, like)
+        key = (kind, factor, repr(shardings))
+        prog = self._tree_programs.get(key)
+        if prog is None:
+            def times(x):
+                if factor == 1.0:
+                    return x
+                return (x * factor).astype(x.dtype)
+
+            if kind == "add":
+                def fn(acc, grads):
+                    return jax.tree_util.tree_map(
+                        lambda a, g: times(a + g), acc, grads)
+            else:
+                def fn(tree):
+                    return jax.tree_util.tree_map(times, tree)
+            prog = self._tree_programs[key] = jit(
+                fn, self.slice, out_shardings=shardings,
+                name=f"pipeline_{kind}_tree")
+        return prog
 
     def __repr__(self):
         name = f"{self.name} " if self.name else ""
@@ -291,21 +340,24 @@ class Stage:
 class StepResult:
     """What one pipeline step produced, all futures (nothing waited on):
     loss (mean over micro-batches, or None if the last stage returns none),
-    grads (per stage, mean over micro-batches) and params (per stage, after
-    the update). block_until_ready() waits for the whole step."""
+    grads (per stage, mean over micro-batches), params (per stage, after
+    the update) and opt_state (per stage, after the update; None for a
+    stage without). block_until_ready() waits for the whole step, one
+    round trip per worker."""
 
-    def __init__(self, loss, grads, params, tails, order):
+    def __init__(self, loss, grads, params, tails, order, opt_state=None):
         self.loss = loss
         self.grads = grads
         self.params = params
+        self.opt_state = opt_state or [None] * len(params)
         self.order = order  # [(stage, "F"|"B", m)] in the order recorded
         self._tails = tails  # the last backward's outputs
 
     def block_until_ready(self):
-        for f in [self.loss] + _leaves(self.grads) + _leaves(self.params) + \
-                self._tails:
-            if isinstance(f, Future):
-                f.block_until_ready()
+        from ._api import wait
+        wait([f for f in [self.loss] + _leaves(self.grads) +
+              _leaves(self.params) + _leaves(self.opt_state) + self._tails
+              if isinstance(f, Future)])
         return self
 
     def __iter__(self):  # loss, grads, params = pipe.step(...)
@@ -320,9 +372,12 @@ class Pipeline:
     lists of ("F", m) / ("B", m). average: divide summed gradients and
     losses by M (the default: with equal micro-batches whose losses are
     means, this makes one pipeline step one whole-batch step).
+    opt_state: one pytree of futures per stage (None for a stage without
+    state): the optimizer state its update takes and returns.
     """
 
-    def __init__(self, stages, params=None, schedule="1f1b", average=True):
+    def __init__(self, stages, params=None, schedule="1f1b", average=True,
+                 opt_state=None):
         self.stages = list(stages)
         if not self.stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -340,6 +395,16 @@ class Pipeline:
             raise ValueError(f"{len(params)} parameter trees for "
                              f"{len(self.stages)} stages")
         self.params = list(params)
+        if opt_state is None:
+            opt_state = [None] * len(self.stages)
+        if len(opt_state) != len(self.stages):
+            raise ValueError(f"{len(opt_state)} optimizer states for "
+                             f"{len(self.stages)} stages")
+        for s, (st, state) in enumerate(zip(self.stages, opt_state)):
+            if state is not None and st.update is None:
+                raise ValueError(f"stage {s} has optimizer state but no "
+                                 "update to take it")
+        self.opt_state = list(opt_state)
         self.schedule = schedule
         self.average = average
 
@@ -375,6 +440,7 @@ class Pipeline:
             result = self._record(plan, xs, targets, M, S)
         del xs, targets
         self.params = result.params
+        self.opt_state = result.opt_state
         return result
 
     def _record(self, plan, xs, targets, M, S):
@@ -385,6 +451,8 @@ class Pipeline:
         saved = [dict() for _ in range(S)]  # saved[s][m]
         acts[0] = dict(enumerate(xs))
         grad_sum = [None] * S
+        grads_seen = [0] * S  # backwards recorded per stage
+        factor = 1.0 / M if self.average else 1.0
         loss_sum = None
         tail = None  # stage 0's last dx: the step's last action's output
         for s, kind, m in plan:
@@ -413,26 +481,57 @@ class Pipeline:
                 else:
                     tail = dx
                 del dx
+                grads_seen[s] += 1
                 if grads is not None:
-                    grad_sum[s] = st._add(grad_sum[s], grads)
+                    # The last micro-batch's sum also takes the mean.
+                    grad_sum[s] = st._add(
+                        grad_sum[s], grads,
+                        factor if grads_seen[s] == M else 1.0)
                 del grads
-        factor = 1.0 / M if self.average else 1.0
-        grads_out, params_out = [], []
+        grads_out, params_out, state_out = [], [], []
         for s, st in enumerate(stages):
-            g = st._scale(grad_sum[s], factor)
+            g = grad_sum[s]
             grads_out.append(g)
+            state = self.opt_state[s]
             if st.update is not None and g is not None:
-                params_out.append(st.update(params[s], g))
+                if state is None:
+                    params_out.append(st.update(params[s], g))
+                else:
+                    new = st.update(params[s], g, state)
+                    if not isinstance(new, (tuple, list)) or len(new) != 2:
+                        raise TypeError(
+                            f"{st!r}: update with optimizer state must "
+                            "return a pair (params, state), got "
+                            f"{type(new).__name__}")
+                    params_out.append(new[0])
+                    state = new[1]
             else:
                 params_out.append(params[s])
+            state_out.append(state)
         loss = stages[-1]._scale(loss_sum, factor) if loss_sum is not None \
             else None
         return StepResult(loss, grads_out, params_out,
-                          [] if tail is None else _leaves(tail), plan)
+                          [] if tail is None else _leaves(tail), plan,
+                          state_out)
 
     def __repr__(self):
         return (f"Pipeline({self.num_stages} stages, schedule="
                 f"{self.schedule!r})")
+
+
+def _tree_program_fits(*trees):
+    """Whether a plexus.jit program can take these trees whole: JAX is
+    there and every leaf is a future that is not partial (XLA programs take
+    replicated or split inputs)."""
+    leaves = [l for t in trees for l in _leaves(t)]
+    if not leaves or not all(isinstance(l, Future) and
+                             l._f.sharding[0] != "partial" for l in leaves):
+        return False
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _pair(out, stage, what):
