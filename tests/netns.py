@@ -10,7 +10,9 @@ containers or Kubernetes pods on one node do.
     lab.close()                      # kills what it started, deletes it all
 
 Every process the lab starts gets the lab's cluster secret in its
-environment ($PLEXUS_CLUSTER_SECRET), as an operator would hand it out.
+environment ($PLEXUS_CLUSTER_SECRET), as an operator would hand it out
+(unless asked not to); clients connect as a tenant with its token
+(`lab.connect`), as a user the operator gave a token would.
 
 The topology: a hub namespace holds a bridge; this namespace and every host
 namespace have one veth end on it, all on one private /24 (this namespace
@@ -185,10 +187,15 @@ class NetnsLab:
         return host
 
     # ---------------------------------------------------------- processes
-    def _spawn(self, cmd, what, log, secret=None):
+    def _spawn(self, cmd, what, log, secret=None, env_extra=None):
+        """secret: the cluster secret to hand it (hex; default the lab's;
+        "" for none)."""
         read_end, write_end = os.pipe()
         cmd = [c.replace("{READY_FD}", str(write_end)) for c in cmd]
-        env = dict(os.environ, PLEXUS_CLUSTER_SECRET=secret or self.secret)
+        env = dict(os.environ, PLEXUS_CLUSTER_SECRET=self.secret
+                   if secret is None else secret, **(env_extra or {}))
+        if not env["PLEXUS_CLUSTER_SECRET"]:
+            del env["PLEXUS_CLUSTER_SECRET"]
         with open(log, "ab") as out:
             p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=out, pass_fds=(write_end,), env=env)
@@ -208,17 +215,43 @@ class NetnsLab:
                 + open(log, errors="replace").read()[-3000:])
         return line
 
-    def start_server(self, log, timeout=30):
-        """plexus-server in this namespace, listening on the shared /24."""
+    def start_server(self, log, timeout=30, host=None, secret=None,
+                     extra=()):
+        """plexus-server listening on the shared /24: in this namespace, or
+        inside `host`'s. `secret` as for _spawn; `extra`: more flags."""
+        listen = host.address if host else self.root_address
+        prefix = ["ip", "netns", "exec", host.netns] if host else []
         proc = self._spawn(
-            [str(bin_dir() / "plexus-server"),
-             "--listen", f"{self.root_address}:0", "--ready-fd", "{READY_FD}",
-             "--log-level", "info", "--die-with-parent"], "plexus-server", log)
+            prefix + [str(bin_dir() / "plexus-server"),
+                      "--listen", f"{listen}:0", "--ready-fd", "{READY_FD}",
+                      "--log-level", "info", "--die-with-parent", *extra],
+            "plexus-server", log, secret=secret)
         proc.address = self._await_ready(proc, timeout, log)
         return proc
 
+    def run_server_until_exit(self, log, host, secret=None, timeout=30):
+        """plexus-server asked to listen on `host`'s address, expected to
+        refuse: (exit code, its log)."""
+        proc = self._spawn(
+            ["ip", "netns", "exec", host.netns,
+             str(bin_dir() / "plexus-server"), "--listen",
+             f"{host.address}:0", "--log-level", "info"],
+            "plexus-server (refusing)", log, secret=secret)
+        code = proc.popen.wait(timeout=timeout)
+        self.processes.remove(proc)
+        os.close(proc.ready_fd)
+        return code, open(log, errors="replace").read()
+
+    def connect(self, address, name="netns", tenant="default", **kwargs):
+        """A client of the server at `address`, opening its session as
+        `tenant` with the token the operator would hand out."""
+        import plexus
+        return plexus.connect(address, name=name, tenant=tenant,
+                              token=_core.tenant_token(tenant, self.secret),
+                              **kwargs)
+
     def start_worker(self, server, host, log, data_host=None, devices=1,
-                     timeout=30, secret=None):
+                     timeout=30, secret=None, env_extra=None):
         """plexus-worker inside `host`'s namespace; its data plane binds and
         advertises `data_host` (default: the host's address on the /24).
         `secret`: another cluster secret than the lab's (hex)."""
@@ -229,7 +262,7 @@ class NetnsLab:
              "--data-host", data_host or host.address,
              "--ready-fd", "{READY_FD}", "--log-level", "info",
              "--die-with-parent"], f"plexus-worker {host.name}", log,
-            secret=secret)
+            secret=secret, env_extra=env_extra)
         self._await_ready(proc, timeout, log)
         return proc
 

@@ -7,11 +7,14 @@ for good in all_reduce (each worker pushed to the other's unreachable unix
 socket, logged a warning, and the consumer waited forever).
 """
 import concurrent.futures
+import os
+import subprocess
 
 import numpy as np
 import pytest
 
 import plexus
+from plexus import _core
 from netns import NetnsLab
 
 WAIT_S = 30  # what a result may take before the test calls it a hang
@@ -80,7 +83,7 @@ def test_a_slice_over_hosts_in_two_namespaces_computes_what_the_embedded_default
                       log_file=str(tmp_path / "embedded.log")) as c:
         want = bounded(lambda: readme_example(c.connect()), "embedded default")
     server = start(lab, tmp_path)
-    client = plexus.connect(server.address, name="netns")
+    client = lab.connect(server.address)
     try:
         st = plexus.status(server.address)
         hosts = {w["host_name"]: w for w in st["workers"] if w["alive"]}
@@ -105,7 +108,7 @@ def test_a_slice_over_hosts_in_two_namespaces_computes_what_the_embedded_default
 def test_a_transfer_that_cannot_be_delivered_fails_its_consumers(
         lab, tmp_path):
     server = start(lab, tmp_path, hidden=True)
-    client = plexus.connect(server.address, name="netns")
+    client = lab.connect(server.address)
     try:
         s = client.slice(2, mesh=(2,), axis_names=("data",),
                          placement="spread")
@@ -130,4 +133,106 @@ def test_a_transfer_that_cannot_be_delivered_fails_its_consumers(
     assert "lost worker" not in message, message
     # The cause, as the sender saw it: no route to the peer's address.
     assert "unreachable" in message.lower(), message
+    assert lab.stop() == []
+
+
+def make_certificate(tmp_path, *ips):
+    """A self-signed certificate naming `ips` (its own CA) and its key, made
+    with the openssl command."""
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    san = ",".join(f"IP:{ip}" for ip in ips)
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-test",
+         "-addext", f"subjectAltName={san}"],
+        check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def compute(client):
+    s = client.slice(2, placement="spread")
+    x = s.put(np.arange(8, dtype=np.float32), plexus.P("devices"))
+    return np.asarray(s.program("scale", x, factor=2.0)(x))
+
+
+def test_a_server_off_loopback_needs_credentials_then_serves_other_namespaces(
+        lab, tmp_path):
+    a, b, c = lab.add_host(), lab.add_host(), lab.add_host()
+    # Asked to listen on namespace a's address with no secret: it refuses,
+    # saying what to set.
+    code, text = lab.run_server_until_exit(tmp_path / "refused.log", a,
+                                           secret="")
+    assert code == 1, text
+    assert "is not a loopback address" in text, text
+    assert "PLEXUS_CLUSTER_SECRET" in text and "--secret-file" in text, text
+
+    # With the secret it serves: workers in namespaces b and c, the client
+    # here (a namespace of its own).
+    server = lab.start_server(tmp_path / "server.log", host=a)
+    assert server.address.startswith(a.address + ":"), server.address
+    # A worker without the secret does not start (loopback or not).
+    wlog = tmp_path / "no-secret-worker.log"
+    with pytest.raises(RuntimeError, match="did not come up"):
+        lab.start_worker(server, b, wlog, secret="")
+    failed = lab.processes.pop()
+    assert failed.popen.wait(timeout=30) == 1
+    os.close(failed.ready_fd)
+    assert "no cluster secret" in wlog.read_text(), wlog.read_text()
+    for host in (b, c):
+        lab.start_worker(server, host, tmp_path / f"{host.name}.log")
+
+    # Off loopback no session is anonymous, and a token of another cluster
+    # opens nothing.
+    with pytest.raises(plexus.PermissionDeniedError,
+                       match="PLEXUS_TENANT_TOKEN"):
+        plexus.connect(server.address, name="anonymous")
+    with pytest.raises(plexus.PermissionDeniedError,
+                       match="does not match tenant 'research'"):
+        plexus.connect(server.address, tenant="research",
+                       token=_core.tenant_token("research",
+                                                _core.new_cluster_secret()))
+    client = lab.connect(server.address, tenant="research")
+    try:
+        got = bounded(lambda: compute(client), "a slice over namespaces b, c")
+        np.testing.assert_array_equal(got, 2 * np.arange(8))
+        st = plexus.status(server.address)
+        assert [cl["tenant"] for cl in st["clients"]] == ["research"]
+        assert {w["host_name"] for w in st["workers"]} == {b.name, c.name}
+    finally:
+        client.close()
+    assert lab.stop() == []
+    token = _core.tenant_token("research", lab.secret)
+    for log in tmp_path.glob("*.log"):
+        text = log.read_text(errors="replace").lower()
+        assert lab.secret not in text and token not in text, log
+
+
+def test_tls_on_the_control_plane_between_namespaces(lab, tmp_path,
+                                                     monkeypatch):
+    a, b = lab.add_host(), lab.add_host()
+    cert, key = make_certificate(tmp_path, a.address)
+    server = lab.start_server(
+        tmp_path / "server.log", host=a,
+        extra=["--tls-cert", str(cert), "--tls-key", str(key)])
+    assert "(TLS;" in (tmp_path / "server.log").read_text()
+    lab.start_worker(server, b, tmp_path / "b.log",
+                     env_extra={"PLEXUS_TLS_CA": str(cert)})
+    # Plain text to a TLS server gets no answer.
+    monkeypatch.delenv("PLEXUS_TLS_CA", raising=False)
+    with pytest.raises(plexus.UnavailableError, match="no Plexus server"):
+        plexus.status(server.address)
+    client = lab.connect(server.address, tls_ca=str(cert))
+    try:
+        s = client.slice(1)
+        x = s.put(np.arange(8, dtype=np.float32))
+        np.testing.assert_array_equal(
+            bounded(lambda: np.asarray(s.program("scale", x, factor=2.0)(x)),
+                    "a call over TLS"), 2 * np.arange(8))
+    finally:
+        client.close()
+    # The CLI and status (and the lab's shutdown) trust the CA from the
+    # environment.
+    monkeypatch.setenv("PLEXUS_TLS_CA", str(cert))
+    assert len(plexus.status(server.address)["workers"]) == 1
     assert lab.stop() == []

@@ -532,14 +532,28 @@ class Client:
 
 
 def connect(address=None, name="python", shared_memory=True,
-            sequential_dispatch=False):
+            sequential_dispatch=False, tenant=None, token=None, tls_ca=None):
     """Connects to a Plexus server (default: $PLEXUS_ADDRESS, or the cluster
-    started by `plexus up`)."""
+    started by `plexus up`).
+
+    The session opens as a tenant, whose share and quotas the operator set:
+    `tenant` and `token` (what `plexus token --tenant NAME` prints), else
+    $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN. A process that holds the
+    cluster secret ($PLEXUS_CLUSTER_SECRET, or the cluster `plexus up`
+    started) derives the token itself. Without either the session is
+    anonymous, which only a server on loopback admits (as tenant
+    "default"). `tls_ca`: the CA file that the server's TLS certificate is
+    checked against (else $PLEXUS_TLS_CA; neither: plain text).
+    """
+    secret = None
     if address is None:
-        from .cli import current_address
+        from .cli import current_address, state_secret
         address = current_address()
-    return Client(_core.Client.connect(address, name, shared_memory,
-                                       sequential_dispatch))
+        secret = state_secret(address)
+    return Client(_core.Client.connect(
+        address, name, shared_memory, sequential_dispatch,
+        tenant=tenant or "", tenant_token=token or "", secret_hex=secret,
+        tls_ca=tls_ca or ""))
 
 
 def _int64_fields(obj):
@@ -561,6 +575,7 @@ def _decode_status(text):
         w["host_name"] = str(w.get("host_name", ""))
     for c in st.get("clients", []):
         c["name"] = str(c.get("name", ""))
+        c["tenant"] = str(c.get("tenant", ""))
     for s in st.get("slices", []):
         for d in s.get("devices", []):
             d["host_name"] = str(d.get("host_name", ""))

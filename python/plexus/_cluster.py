@@ -161,13 +161,16 @@ class LocalCluster:
         return [int(w["pid"]) for w in self.status()["workers"] if w["alive"]]
 
     def connect(self, name="python", shared_memory=True,
-                sequential_dispatch=False):
+                sequential_dispatch=False, tenant=None):
         """A new client of this cluster. sequential_dispatch=True sends each
         call only once its inputs are computed (for comparison with the
-        default parallel asynchronous dispatch)."""
+        default parallel asynchronous dispatch). The session opens as
+        `tenant` (default "default"), with the token derived from the
+        cluster's secret."""
         from ._api import Client
-        client = Client(_core.Client.connect(self.address, name, shared_memory,
-                                             sequential_dispatch))
+        client = Client(_core.Client.connect(
+            self.address, name, shared_memory, sequential_dispatch,
+            tenant=tenant or "", secret_hex=self._secret))
         self._clients.append(client)
         return client
 

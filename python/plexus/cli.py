@@ -1,9 +1,12 @@
-"""The `plexus` command: up, status, wait, down.
+"""The `plexus` command: up, status, wait, down, token.
 
     plexus up --hosts 2 --devices-per-host 2
     plexus status
     plexus wait --address HOST:PORT --workers 4   # deploy/slurm, a client pod
     plexus down
+    plexus token --tenant research --secret-file /etc/plexus/secret
+
+--tls-ca FILE (or $PLEXUS_TLS_CA): the CA of a server's TLS certificate.
 """
 import argparse
 import json
@@ -40,6 +43,16 @@ def current_address():
         return json.loads(f.read_text())["address"]
     raise _core.NotFoundError(
         "no Plexus cluster: start one with `plexus up` or set PLEXUS_ADDRESS")
+
+
+def state_secret(address):
+    """The cluster secret `plexus up` kept, if it started the cluster at
+    `address`; else None."""
+    f = _state_file()
+    if not f.exists():
+        return None
+    state = json.loads(f.read_text())
+    return state.get("secret") if state.get("address") == address else None
 
 
 def _human(n):
@@ -124,12 +137,14 @@ def format_status(st):
         rows = []
         for c in clients:
             s = c.get("stats", {})
-            rows.append([c["client_id"], c["name"], c["slices"],
+            rows.append([c["client_id"], c["name"], c.get("tenant", ""),
+                         c["slices"],
                          s.get("calls", 0), s.get("live_futures", 0),
                          _human(s.get("bytes_put", 0)),
                          _human(s.get("bytes_fetched", 0))])
         out.append("")
-        out.append(_table(["CLIENT", "NAME", "SLICES", "CALLS", "FUTURES",
+        out.append(_table(["CLIENT", "NAME", "TENANT", "SLICES", "CALLS",
+                           "FUTURES",
                            "PUT", "FETCHED"], rows))
     out.append("")
     out.append(f"server {st.get('address')}: scheduler {st.get('scheduler', '?')}, "
@@ -244,6 +259,23 @@ def cmd_down(args):
     return 0
 
 
+def cmd_token(args):
+    """Prints the tenant token of --tenant: what the operator hands to that
+    tenant's users ($PLEXUS_TENANT_TOKEN, or connect(token=...)). It is
+    derived from the cluster secret: --secret-file, else
+    $PLEXUS_CLUSTER_SECRET, else the cluster `plexus up` started."""
+    secret = None
+    if args.secret_file:
+        with open(args.secret_file) as f:
+            secret = f.readline().strip()
+    elif not os.environ.get("PLEXUS_CLUSTER_SECRET"):
+        f = _state_file()
+        if f.exists():
+            secret = json.loads(f.read_text()).get("secret")
+    print(_core.tenant_token(args.tenant, secret))
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(prog="plexus", description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
@@ -267,7 +299,19 @@ def main(argv=None):
     down = sub.add_parser("down", help="stop the cluster `plexus up` started")
     down.add_argument("--address")
     down.set_defaults(fn=cmd_down)
+    token = sub.add_parser("token", help="print a tenant's token (operator)")
+    token.add_argument("--tenant", required=True)
+    token.add_argument("--secret-file",
+                       help="the cluster secret (default: "
+                            "$PLEXUS_CLUSTER_SECRET, else `plexus up`'s)")
+    token.set_defaults(fn=cmd_token)
+    for cmd in (st, wait, down):
+        cmd.add_argument("--tls-ca",
+                         help="CA file of the server's TLS certificate "
+                              "(default: $PLEXUS_TLS_CA)")
     args = p.parse_args(argv)
+    if getattr(args, "tls_ca", None):
+        os.environ["PLEXUS_TLS_CA"] = args.tls_ca  # read by the C++ client
     try:
         return args.fn(args)
     except _core.PlexusError as e:

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client_core.h"
+#include "plexus/common/tls.h"
 #include "plexus/executors/builtin/kernel.h"
 
 namespace plexus {
@@ -377,8 +378,10 @@ ClientCounters Client::counters() const {
 
 absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
     const std::string& address, bool fresh) {
-  auto channel =
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+      ChannelCredentialsFor();  // $PLEXUS_TLS_CA
+  if (!tls.ok()) return tls.status();
+  auto channel = grpc::CreateChannel(address, *tls);
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
@@ -395,8 +398,10 @@ absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
 
 absl::Status ShutdownServer(const std::string& address,
                             const ClusterSecret& secret) {
-  auto channel =
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+      ChannelCredentialsFor();  // $PLEXUS_TLS_CA
+  if (!tls.ok()) return tls.status();
+  auto channel = grpc::CreateChannel(address, *tls);
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -160,6 +161,20 @@ struct ClientOptions {
   // default, parallel asynchronous dispatch, sends calls at once and lets
   // the workers arrange inputs before they exist.
   bool sequential_dispatch = false;
+  // Who the session opens as (common/credentials.h, tenant credentials):
+  //   - `tenant` and `tenant_token` (32 hex digits, `plexus token`), else
+  //     $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN;
+  //   - no token, but the cluster secret (`secret`, else
+  //     $PLEXUS_CLUSTER_SECRET): the token is derived from it, for
+  //     `tenant` (else $PLEXUS_TENANT, else "default");
+  //   - neither: anonymous, which a loopback server admits as "default"
+  //     and a server off loopback refuses.
+  std::string tenant;
+  std::string tenant_token;
+  std::optional<ClusterSecret> secret;
+  // The CA the server's TLS certificate is checked against (a PEM file;
+  // common/tls.h); empty: $PLEXUS_TLS_CA, else plain text.
+  std::string tls_ca;
 };
 
 struct ClientCounters {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -9,11 +10,65 @@
 #include "plexus/common/process.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
+#include "plexus/common/tls.h"
 
 namespace plexus {
 namespace {
 
 constexpr size_t kMaxQueuedOps = 1 << 16;
+
+}  // namespace
+
+namespace {
+
+// The tenant and tenant credential a session opens with, as ClientOptions
+// says; nothing for an anonymous session.
+absl::Status SetTenant(const ClientOptions& options,
+                       proto::ClientToServer* hello) {
+  auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return std::string(value != nullptr ? value : "");
+  };
+  std::string tenant =
+      options.tenant.empty() ? env(kTenantEnv) : options.tenant;
+  std::string token = options.tenant_token;
+  if (token.empty() && options.tenant.empty()) token = env(kTenantTokenEnv);
+  if (!token.empty()) {
+    absl::StatusOr<Credential> credential = TenantTokenFromHex(token);
+    if (!credential.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenant token",
+                       options.tenant_token.empty()
+                           ? absl::StrCat(" ($", kTenantTokenEnv, ")")
+                           : "",
+                       ": ", credential.status().message()));
+    }
+    hello->set_tenant(tenant.empty() ? kDefaultTenantName : tenant);
+    hello->set_tenant_credential(credential->data(), credential->size());
+    return absl::OkStatus();
+  }
+  std::optional<ClusterSecret> secret = options.secret;
+  if (!secret.has_value() && !env(kClusterSecretEnv).empty()) {
+    absl::StatusOr<ClusterSecret> loaded = ClusterSecret::Load("");
+    if (!loaded.ok()) return loaded.status();
+    secret = *loaded;
+  }
+  if (!secret.has_value()) {
+    if (!tenant.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenant '", tenant, "' needs its token: set $", kTenantTokenEnv,
+          " (the operator prints it with `plexus token --tenant ", tenant,
+          "`)"));
+    }
+    return absl::OkStatus();  // anonymous
+  }
+  if (tenant.empty()) tenant = kDefaultTenantName;
+  if (absl::Status s = CheckTenantName(tenant); !s.ok()) return s;
+  const Credential credential = secret->Derive(CredentialRole::kTenant, tenant);
+  hello->set_tenant(tenant);
+  hello->set_tenant_credential(credential.data(), credential.size());
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -24,8 +79,10 @@ absl::Status ClientCore::Init(const std::string& address) {
   RaiseOpenFileLimit();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
-  channel_ = grpc::CreateCustomChannel(
-      address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+      ChannelCredentialsFor(options_.tls_ca);
+  if (!tls.ok()) return tls.status();
+  channel_ = grpc::CreateCustomChannel(address, *tls, args);
   if (!channel_->WaitForConnected(
           absl::ToChronoTime(absl::Now() + absl::Seconds(10)))) {
     return absl::UnavailableError(
@@ -36,6 +93,7 @@ absl::Status ClientCore::Init(const std::string& address) {
   proto::ClientToServer hello;
   hello.set_client_name(options_.name);
   hello.set_protocol_version(kProtocolVersion);
+  if (absl::Status s = SetTenant(options_, &hello); !s.ok()) return s;
   if (!stream_->Write(hello)) {
     return absl::UnavailableError("the server closed the client session");
   }

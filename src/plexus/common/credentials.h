@@ -98,6 +98,13 @@ class ClusterSecret {
 
 // The environment variable that carries the secret to a cluster's processes.
 inline constexpr char kClusterSecretEnv[] = "PLEXUS_CLUSTER_SECRET";
+// A client's tenant and its token (TenantTokenHex), where it holds no
+// secret.
+inline constexpr char kTenantEnv[] = "PLEXUS_TENANT";
+inline constexpr char kTenantTokenEnv[] = "PLEXUS_TENANT_TOKEN";
+// The tenant of a session that names none (server/tenants.h's
+// kDefaultTenant).
+inline constexpr char kDefaultTenantName[] = "default";
 
 // A tenant token: a tenant credential as 32 hex digits, and back
 // (InvalidArgument for anything else).

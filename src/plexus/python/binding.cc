@@ -253,11 +253,21 @@ PYBIND11_MODULE(_core, m) {
       .def_static(
           "connect",
           [](const std::string& address, const std::string& name,
-             bool shared_memory, bool sequential_dispatch) {
+             bool shared_memory, bool sequential_dispatch,
+             const std::string& tenant, const std::string& tenant_token,
+             std::optional<std::string> secret_hex, const std::string& tls_ca) {
             ClientOptions options;
             options.name = name;
             options.shared_memory = shared_memory;
             options.sequential_dispatch = sequential_dispatch;
+            // Who the session opens as: ClientOptions says how each is
+            // found when not given.
+            options.tenant = tenant;
+            options.tenant_token = tenant_token;
+            if (secret_hex.has_value()) {
+              options.secret = Unwrap(ClusterSecret::FromHex(*secret_hex));
+            }
+            options.tls_ca = tls_ca;
             absl::StatusOr<std::unique_ptr<Client>> c;
             {
               py::gil_scoped_release release;
@@ -267,7 +277,9 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("address"), py::arg("name") = "python",
           py::arg("shared_memory") = true,
-          py::arg("sequential_dispatch") = false)
+          py::arg("sequential_dispatch") = false, py::arg("tenant") = "",
+          py::arg("tenant_token") = "", py::arg("secret_hex") = py::none(),
+          py::arg("tls_ca") = "")
       .def_property_readonly("client_id", &Client::client_id)
       .def(
           "slice",
@@ -485,8 +497,19 @@ PYBIND11_MODULE(_core, m) {
         Check(s);
       },
       py::arg("address"), py::arg("secret_hex") = py::none());
+  // The tenant token (credentials.h) of `tenant`: what the operator hands
+  // to that tenant's users. No secret given: $PLEXUS_CLUSTER_SECRET's.
+  m.def(
+      "tenant_token",
+      [](const std::string& tenant, std::optional<std::string> secret_hex) {
+        Check(CheckTenantName(tenant));
+        ClusterSecret secret =
+            Unwrap(secret_hex.has_value() ? ClusterSecret::FromHex(*secret_hex)
+                                          : ClusterSecret::Load(""));
+        return TenantTokenHex(secret.Derive(CredentialRole::kTenant, tenant));
+      },
+      py::arg("tenant"), py::arg("secret_hex") = py::none());
   m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
-}
   // Every built-in program's documentation (builtin::KernelDoc), sorted by
   // name: what plexus.builtins and docs/PROGRAMS.md show.
   m.def("kernel_docs", [] {
@@ -510,3 +533,4 @@ PYBIND11_MODULE(_core, m) {
     }
     return out;
   });
+}

@@ -10,6 +10,11 @@
 //     writes it there (mode 0600, created exclusively) for workers started
 //     separately to read (plexus-worker --secret-file PATH);
 //   - otherwise it refuses to start: no worker could ever register.
+// Listening off loopback (--listen 0.0.0.0:PORT, an interface's address),
+// it also refuses to start unless the secret was given explicitly ($ or
+// --secret-file): everyone who may reach it must be told the same secret,
+// and no client session opens without a tenant credential there.
+// --tls-cert and --tls-key put the control plane on TLS (common/tls.h).
 // The secret is never logged or shown in status.
 #include <fcntl.h>
 #include <signal.h>
@@ -17,14 +22,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "plexus/common/address.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
+#include "plexus/common/tls.h"
 #include "plexus/server/local_workers.h"
 #include "plexus/server/server.h"
 
@@ -66,6 +74,7 @@ absl::Status WriteNewSecret(const std::string& path,
 // it was drawn and written to `file`.
 absl::StatusOr<plexus::ClusterSecret> FindSecret(const std::string& file,
                                                  int local_hosts,
+                                                 const std::string& listen,
                                                  bool* created) {
   *created = false;
   absl::StatusOr<plexus::ClusterSecret> loaded =
@@ -73,6 +82,17 @@ absl::StatusOr<plexus::ClusterSecret> FindSecret(const std::string& file,
   // NotFound: no environment variable, and no readable file.
   if (loaded.ok() || !absl::IsNotFound(loaded.status())) return loaded;
   if (!file.empty() && access(file.c_str(), F_OK) == 0) return loaded;
+  if (file.empty() && !plexus::IsLoopbackHost(plexus::HostOfAddress(listen))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster secret given, and --listen ", listen,
+        " is not a loopback address: off loopback the secret must be given "
+        "explicitly. Set $",
+        plexus::kClusterSecretEnv,
+        " (64 hex digits) or give --secret-file PATH (a new secret is "
+        "written there if PATH does not exist); hand the same secret to "
+        "every worker, and tenant tokens (`plexus token --tenant NAME`) to "
+        "clients"));
+  }
   if (file.empty() && local_hosts == 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "no cluster secret: set $", plexus::kClusterSecretEnv,
@@ -171,6 +191,17 @@ int main(int argc, char** argv) {
                  "file holding the cluster secret (64 hex digits; "
                  "$PLEXUS_CLUSTER_SECRET wins). Created, mode 0600, with a "
                  "new secret if it does not exist");
+  app.add_option("--tls-cert", options.tls_cert_file,
+                 "PEM certificate: serve gRPC over TLS (with --tls-key). "
+                 "Workers, clients and `plexus` then trust its CA through "
+                 "$PLEXUS_TLS_CA or --tls-ca; local workers get this file "
+                 "as their CA unless $PLEXUS_TLS_CA is set");
+  app.add_option("--tls-key", options.tls_key_file,
+                 "PEM private key of --tls-cert");
+  app.add_flag(
+      "--require-tenant", [&](int64_t) { options.anonymous_clients = false; },
+      "refuse client sessions without a tenant credential on loopback too "
+      "(off loopback they always are)");
   std::string tenants_file;
   app.add_option("--tenants", tenants_file,
                  "JSON file of each tenant's weight (share of device time) "
@@ -196,8 +227,8 @@ int main(int argc, char** argv) {
   plexus::BlockTerminationSignals();
 
   bool secret_created = false;
-  absl::StatusOr<plexus::ClusterSecret> secret =
-      FindSecret(secret_file, local.hosts, &secret_created);
+  absl::StatusOr<plexus::ClusterSecret> secret = FindSecret(
+      secret_file, local.hosts, options.listen_address, &secret_created);
   if (!secret.ok()) {
     SPDLOG_ERROR("cannot start: {}", std::string(secret.status().message()));
     return 1;
@@ -207,6 +238,12 @@ int main(int argc, char** argv) {
   }
   options.secret = *secret;
   local.secret = *secret;
+  if (!options.tls_cert_file.empty() && local.hosts > 0 &&
+      std::getenv(plexus::kTlsCaEnv) == nullptr) {
+    // Local workers dial this server over TLS: trust its certificate (a
+    // self-signed one is its own CA).
+    setenv(plexus::kTlsCaEnv, options.tls_cert_file.c_str(), 1);
+  }
   if (!tenants_file.empty()) {
     absl::StatusOr<plexus::TenantTable> tenants =
         plexus::TenantTable::Load(tenants_file);

@@ -8,9 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
+#include "plexus/common/address.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
+#include "plexus/common/tls.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/server/admission.h"
 #include "plexus/server/cluster_state.h"
@@ -48,10 +50,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
       absl::MutexLock lock(&mu_);
       state_.SetTenants(options_.tenants);
     }
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        ServerCredentialsFor(options_.tls_cert_file, options_.tls_key_file);
+    if (!credentials.ok()) return credentials.status();
+    anonymous_clients_ = options_.anonymous_clients &&
+                         IsLoopbackHost(HostOfAddress(options_.listen_address));
     grpc::ServerBuilder builder;
     int port = 0;
-    builder.AddListeningPort(options_.listen_address,
-                             grpc::InsecureServerCredentials(), &port);
+    builder.AddListeningPort(options_.listen_address, *credentials, &port);
     builder.SetMaxReceiveMessageSize(256 << 20);
     builder.SetMaxSendMessageSize(256 << 20);
     builder.RegisterService(this);
@@ -65,10 +71,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
     address_ = absl::StrCat(host, ":", port);
     advertised_ = AdvertisedAddress(options_.advertise_address, address_);
     liveness_ = std::thread([this] { LivenessLoop(); });
-    SPDLOG_INFO("listening on {}{}", address_,
-                advertised_ == address_
-                    ? ""
-                    : absl::StrCat(", advertised as ", advertised_));
+    SPDLOG_INFO(
+        "listening on {}{} ({}; client sessions without a tenant "
+        "credential {})",
+        address_,
+        advertised_ == address_ ? ""
+                                : absl::StrCat(", advertised as ", advertised_),
+        options_.tls_cert_file.empty() ? "plain text" : "TLS",
+        anonymous_clients_ ? "open as tenant \"default\"" : "are refused");
     return absl::OkStatus();
   }
 
@@ -254,11 +264,19 @@ class ServerImpl : public Server, public proto::Controller::Service {
                   ctx->peer(), std::string(v.message()));
       return grpc::Status(grpc::FAILED_PRECONDITION, std::string(v.message()));
     }
+    absl::StatusOr<std::string> tenant = AuthenticateTenant(msg);
+    msg.clear_tenant_credential();  // verified; not kept, not shown
+    if (!tenant.ok()) {
+      SPDLOG_WARN("refused client '{}' ({}): {}", msg.client_name(),
+                  ctx->peer(), std::string(tenant.status().message()));
+      return grpc::Status(grpc::PERMISSION_DENIED,
+                          std::string(tenant.status().message()));
+    }
     uint64_t id;
     OutQueue<proto::ServerToClient>* out;
     {
       absl::MutexLock lock(&mu_);
-      const ClientRecord& client = state_.AddClient(msg.client_name());
+      const ClientRecord& client = state_.AddClient(msg.client_name(), *tenant);
       id = client.id;
       {
         const TenantPolicy& policy = state_.PolicyOf(client);
@@ -283,7 +301,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
       hello.set_credential(credential.data(), credential.size());
       hello.set_protocol_version(kProtocolVersion);
       out->Push(std::move(hello));
-      SPDLOG_INFO("client {} connected: {}", id, msg.client_name());
+      SPDLOG_INFO("client {} connected: {} (tenant {})", id, msg.client_name(),
+                  *tenant);
     }
     do {
       HandleClientBatch(ctx, id, msg, out);
@@ -316,6 +335,41 @@ class ServerImpl : public Server, public proto::Controller::Service {
     }
     queue.reset();  // the only owner: stops and joins the writer
     return grpc::Status::OK;
+  }
+
+  // The tenant a session's first message proves (common/credentials.h: a
+  // tenant credential over its name, compared in constant time), or
+  // "default" for an anonymous session where anonymous_clients_ allows it.
+  // PermissionDenied saying what to set otherwise.
+  absl::StatusOr<std::string> AuthenticateTenant(
+      const proto::ClientToServer& first) const {
+    const std::string& credential = first.tenant_credential();
+    if (first.tenant().empty() && credential.empty()) {
+      if (anonymous_clients_) return std::string(kDefaultTenant);
+      return absl::PermissionDeniedError(
+          "this server admits tenant sessions only: set $PLEXUS_TENANT and "
+          "$PLEXUS_TENANT_TOKEN (the operator "
+          "prints a token with `plexus token --tenant NAME`), or give the "
+          "client the cluster secret");
+    }
+    const std::string tenant =
+        first.tenant().empty() ? std::string(kDefaultTenant) : first.tenant();
+    if (absl::Status s = CheckTenantName(tenant); !s.ok()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("tenant '", tenant, "': ", s.message()));
+    }
+    if (!secret_.Verify(CredentialRole::kTenant, tenant,
+                        reinterpret_cast<const uint8_t*>(credential.data()),
+                        credential.size())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          credential.empty() ? "no tenant token for tenant '"
+                             : "the tenant token does not match tenant '",
+          tenant,
+          "' on this cluster (the operator prints one with `plexus token "
+          "--tenant ",
+          tenant, "`)"));
+    }
+    return tenant;
   }
 
   void HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
@@ -512,6 +566,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       auto* cs = status->add_clients();
       cs->set_client_id(id);
       cs->set_name(c.name);
+      cs->set_tenant(c.tenant);
       cs->set_slices(static_cast<int32_t>(c.slices.size()));
       *cs->mutable_stats() = c.stats;
       cs->set_live_bytes(c.live_bytes);
@@ -710,6 +765,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
   const ClusterSecret secret_;
   std::string address_;
   std::string advertised_;  // what clients and status are told
+  // Whether a session without a tenant credential opens (as "default"):
+  // options_.anonymous_clients on a loopback listen address. Set by Init.
+  bool anonymous_clients_ = false;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::thread liveness_;
 

@@ -47,6 +47,14 @@ struct ServerOptions {
   std::optional<ClusterSecret> secret;
   // The operator's per-tenant weights and quotas (--tenants FILE).
   TenantTable tenants;
+  // Whether a client session may open without a tenant credential (as
+  // tenant "default"). Honoured on a loopback listen address only: off
+  // loopback every session authenticates as a tenant.
+  bool anonymous_clients = true;
+  // TLS for every gRPC connection (common/tls.h): PEM files, both or
+  // neither.
+  std::string tls_cert_file;
+  std::string tls_key_file;
   // Admission windows (server/admission.h).
   Admission::Options admission;
 };

@@ -278,6 +278,104 @@ TEST_F(ServerCredentialsTest, EachClientSessionGetsItsOwnCredential) {
   }
 }
 
+// Opens a client session whose first message names `tenant` with
+// `credential`; the session's client id, or how the server refused it.
+absl::StatusOr<uint64_t> OpenSession(proto::Controller::Stub& stub,
+                                     const std::string& tenant,
+                                     const std::string& credential) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto stream = stub.ClientSession(&ctx);
+  proto::ClientToServer hello;
+  hello.set_client_name("t");
+  hello.set_protocol_version(kProtocolVersion);
+  hello.set_tenant(tenant);
+  hello.set_tenant_credential(credential);
+  stream->Write(hello);
+  proto::ServerToClient first;
+  const bool opened = stream->Read(&first);
+  stream->WritesDone();
+  proto::ServerToClient drain;
+  while (stream->Read(&drain)) {
+  }
+  grpc::Status end = stream->Finish();
+  if (opened) return first.client_id();
+  return absl::Status(static_cast<absl::StatusCode>(end.error_code()),
+                      end.error_message());
+}
+
+TEST_F(ServerCredentialsTest, AnonymousSessionsOpenAsDefaultOnLoopback) {
+  absl::StatusOr<uint64_t> id = OpenSession(*stub_, "", "");
+  ASSERT_TRUE(id.ok()) << id.status();
+  RawClient a(*stub_, "a", {});
+  a.ReadUntil([&] { return a.id_ != 0; });
+  ASSERT_EQ(Status().clients_size(), 1);
+  EXPECT_EQ(Status().clients(0).tenant(), "default");
+}
+
+TEST(ServerTenantTest, ASessionMustProveItsTenantWhereAnonymousIsRefused) {
+  const ClusterSecret secret = NewSecret();
+  ServerOptions options;
+  options.secret = secret;
+  options.anonymous_clients = false;
+  auto server = Server::Start(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = Stub((*server)->address());
+  const std::string research =
+      Bytes(secret.Derive(CredentialRole::kTenant, "research"));
+  struct Attempt {
+    const char* what;
+    std::string tenant;
+    std::string credential;
+    const char* says;
+  };
+  const std::vector<Attempt> refused = {
+      {"anonymous", "", "", "PLEXUS_TENANT_TOKEN"},
+      {"no token", "research", "", "no tenant token for tenant 'research'"},
+      {"another tenant's token", "ops", research,
+       "does not match tenant 'ops'"},
+      {"another cluster's token", "research",
+       Bytes(NewSecret().Derive(CredentialRole::kTenant, "research")),
+       "does not match tenant 'research'"},
+      {"a client credential", "research",
+       Bytes(secret.Derive(CredentialRole::kClient, 1)), "does not match"},
+      {"a prefix", "research", research.substr(0, 8), "does not match"},
+      {"a bad name", "a b", research, "tenant 'a b'"},
+  };
+  for (const Attempt& attempt : refused) {
+    SCOPED_TRACE(attempt.what);
+    absl::StatusOr<uint64_t> id =
+        OpenSession(*stub, attempt.tenant, attempt.credential);
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_NE(id.status().message().find(attempt.says), std::string::npos)
+        << id.status();
+  }
+  // The right token opens a session that status shows under its tenant,
+  // and never the token.
+  grpc::ClientContext ctx;
+  auto stream = stub->ClientSession(&ctx);
+  proto::ClientToServer hello;
+  hello.set_protocol_version(kProtocolVersion);
+  hello.set_tenant("research");
+  hello.set_tenant_credential(research);
+  ASSERT_TRUE(stream->Write(hello));
+  proto::ServerToClient first;
+  ASSERT_TRUE(stream->Read(&first));
+  EXPECT_NE(first.client_id(), 0u);
+  grpc::ClientContext status_ctx;
+  proto::ClusterStatus status;
+  ASSERT_TRUE(
+      stub->GetStatus(&status_ctx, proto::StatusRequest(), &status).ok());
+  ASSERT_EQ(status.clients_size(), 1);
+  EXPECT_EQ(status.clients(0).tenant(), "research");
+  EXPECT_EQ(status.SerializeAsString().find(research), std::string::npos);
+  stream->WritesDone();
+  while (stream->Read(&first)) {
+  }
+  stream->Finish().IgnoreError();
+}
+
 proto::ClientOp SliceOp(uint64_t request_id) {
   proto::ClientOp op;
   op.mutable_slice_request()->set_request_id(request_id);

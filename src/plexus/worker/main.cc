@@ -63,7 +63,12 @@ int main(int argc, char** argv) {
   std::string secret_file;
   app.add_option("--secret-file", secret_file,
                  "file holding the cluster secret, hex (default: "
-                 "$PLEXUS_CLUSTER_SECRET, which wins when set)");
+                 "$PLEXUS_CLUSTER_SECRET, which wins when set); required: "
+                 "loopback or not, a worker holds the cluster's secret");
+  app.add_option("--tls-ca", options.tls_ca,
+                 "PEM file of the CA that signed the server's TLS "
+                 "certificate (default: $PLEXUS_TLS_CA; neither: plain "
+                 "text)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
 

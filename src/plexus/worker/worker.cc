@@ -11,6 +11,7 @@
 #include "plexus/common/process.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
+#include "plexus/common/tls.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
@@ -186,8 +187,10 @@ absl::Status WorkerImpl::ConnectToServer() {
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  channel_ = grpc::CreateCustomChannel(
-      options_.server_address, grpc::InsecureChannelCredentials(), args);
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+      ChannelCredentialsFor(options_.tls_ca);
+  if (!tls.ok()) return tls.status();
+  channel_ = grpc::CreateCustomChannel(options_.server_address, *tls, args);
   if (!channel_->WaitForConnected(
           absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
     return absl::UnavailableError(

@@ -24,7 +24,10 @@ namespace plexus {
 
 struct WorkerOptions {
   std::string server_address;  // host:port of plexus-server
-  std::string host_name;       // defaults to gethostname()
+  // The CA the server's TLS certificate is checked against (PEM file,
+  // common/tls.h); empty: $PLEXUS_TLS_CA, else plain text.
+  std::string tls_ca;
+  std::string host_name;  // defaults to gethostname()
   int num_devices = 1;
   int64_t device_memory = int64_t{1} << 30;  // budget per device, bytes
   // Use the shared-memory data plane with peers on this machine. Off: every

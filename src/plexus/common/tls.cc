@@ -1,0 +1,58 @@
+#include "plexus/common/tls.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace plexus {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  if (!in || text.str().empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read the TLS ", what, " file ", path));
+  }
+  return text.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
+    const std::string& cert_file, const std::string& key_file) {
+  if (cert_file.empty() && key_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (cert_file.empty() || key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs both a certificate and its key (--tls-cert and "
+        "--tls-key)");
+  }
+  absl::StatusOr<std::string> cert = ReadPem(cert_file, "certificate");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem(key_file, "key");
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions options;
+  options.pem_key_cert_pairs.push_back({*key, *cert});
+  return grpc::SslServerCredentials(options);
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
+    const std::string& ca_file) {
+  std::string path = ca_file;
+  if (path.empty()) {
+    if (const char* env = std::getenv(kTlsCaEnv)) path = env;
+  }
+  if (path.empty()) return grpc::InsecureChannelCredentials();
+  absl::StatusOr<std::string> ca = ReadPem(path, "CA");
+  if (!ca.ok()) return ca.status();
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = *ca;
+  return grpc::SslCredentials(options);
+}
+
+}  // namespace plexus
