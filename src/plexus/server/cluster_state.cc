@@ -1,7 +1,6 @@
 #include "plexus/server/cluster_state.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
