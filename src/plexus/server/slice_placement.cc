@@ -41,7 +41,8 @@ std::vector<std::string> AxesOf(const proto::SliceRequest& req, size_t rank) {
   return axes;
 }
 
-// "asked for 4 devices on one host on hosts [host0] not on hosts [host1]"
+// "asked for 4 devices on one host of hosts [host0, host2] not on hosts
+// [host1] (of slices 3)": the request, in the words its errors use.
 std::string Asked(const proto::SliceRequest& req,
                   const std::set<std::string>& avoid_hosts) {
   std::string s = absl::StrCat("asked for ",
