@@ -1,10 +1,14 @@
 """Isolation between the parties of one cluster, against real processes:
 only the operator shuts the server down, only a process holding the
-cluster secret joins as a worker, and the secret shows up nowhere it could
-leak (status, logs, command lines)."""
+cluster secret joins as a worker, a client session opens only as a tenant
+it proves, a client's buffers open to its own session only on either
+carrier of the data plane, and the secret and credentials show up nowhere
+they could leak (status, logs, command lines)."""
 import json
 import os
+import re
 import select
+import socket
 import stat
 import subprocess
 import sys
@@ -16,6 +20,7 @@ import plexus
 from plexus import _core
 from plexus._binaries import bin_dir
 
+import dataplane
 from conftest import PLEXUS_PYTHONPATH
 
 
@@ -226,3 +231,170 @@ def test_cli_keeps_the_secret_to_its_state_file(tmp_path):
     assert not state_file.exists()
     assert_hidden(secret, (tmp_path / "cluster.log").read_text(errors="replace"),
                   where="the cluster's log")
+
+
+def hidden_credentials(secret, client_ids=(), tenants=("default",)):
+    """Every credential of this cluster a log could leak, as hex: the
+    secret, the worker and admin credentials, each client's, each tenant's
+    token."""
+    creds = [dataplane.credential(secret, "worker"),
+             dataplane.credential(secret, "admin")]
+    creds += [dataplane.credential(secret, "client", c) for c in client_ids]
+    creds += [dataplane.credential(secret, "tenant", t) for t in tenants]
+    return [secret] + [c.hex() for c in creds]
+
+
+def assert_no_credentials(texts, secret, **kwargs):
+    for where, text in texts.items():
+        lowered = text.lower()
+        for h in hidden_credentials(secret, **kwargs):
+            assert h not in lowered, f"a credential appears in {where}"
+
+
+def data_plane_socket(worker, log_text, unix):
+    """A raw connection to `worker`'s data plane: its abstract unix socket
+    (named in its log line "data plane listening on ... and unix @NAME"),
+    or TCP."""
+    if not unix:
+        return dataplane.connect(worker["data_address"])
+    names = re.findall(
+        r"data plane listening on " + re.escape(worker["data_address"]) +
+        r" and unix @(\S+)", log_text)
+    assert names, "the worker's log names no unix socket"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(20)
+    sock.connect("\0" + names[-1])
+    return sock
+
+
+@pytest.mark.parametrize("shared_memory", [True, False],
+                         ids=["unix-shm", "tcp"])
+def test_client_b_knowing_as_ids_gets_nothing_on_either_carrier(
+        tmp_path, shared_memory):
+    log = tmp_path / "cluster.log"
+    with plexus.local(hosts=2, shared_memory=shared_memory, log_level="info",
+                      log_file=str(log)) as cluster:
+        secret = cluster._secret
+        a = cluster.connect(name="a", shared_memory=shared_memory)
+        b = cluster.connect(name="b", shared_memory=shared_memory)
+        s = a.slice(2, placement="spread")
+        want = np.arange(64, dtype=np.float32)
+        x = s.put(want, plexus.P("devices"))
+        x.block_until_ready()
+        text = log.read_text(errors="replace")
+        for worker in cluster.status()["workers"]:
+            # B proves its own session (its credential, as its client
+            # holds it) on the carrier its client uses.
+            sock = data_plane_socket(worker, text, unix=shared_memory)
+            with sock:
+                refused = dataplane.handshake(
+                    sock, "client", b.id,
+                    dataplane.credential(secret, "client", b.id))
+                assert refused is None, refused
+                for shard in (0, 1):
+                    for request in (dataplane.FETCH, dataplane.WAIT):
+                        sock.sendall(dataplane.frame(request, x._f.buffer_id,
+                                                     shard))
+                        kind, message = dataplane.read_reply(sock)
+                        assert kind == dataplane.ERROR, kind
+                        assert f"belongs to client {a.id}" in message, message
+                    sock.sendall(dataplane.frame(dataplane.PUT,
+                                                 x._f.buffer_id, shard,
+                                                 b"\0" * 128))
+                    kind, message = dataplane.read_reply(sock)
+                    assert kind == dataplane.ERROR
+                    assert f"belongs to client {a.id}" in message, message
+                    # A push error (a worker's request) is dropped, logged.
+                    sock.sendall(dataplane.frame(dataplane.PUSH_ERROR,
+                                                 x._f.buffer_id, shard,
+                                                 b"poisoned"))
+            # No handshake, or a proof for A's session without A's
+            # credential: the connection is refused before any request.
+            with data_plane_socket(worker, text, unix=shared_memory) as sock:
+                sock.sendall(dataplane.frame(dataplane.FETCH, x._f.buffer_id))
+                assert dataplane.read_reply(sock)[0] == dataplane.CHALLENGE
+                kind, message = dataplane.read_reply(sock)
+                assert kind == dataplane.ERROR and "expected HELLO" in message
+            with data_plane_socket(worker, text, unix=shared_memory) as sock:
+                refused = dataplane.handshake(
+                    sock, "client", a.id,
+                    dataplane.credential(secret, "client", b.id))
+                assert refused and "proof does not match" in refused, refused
+        # A's value is intact, through A's own client on its carrier.
+        np.testing.assert_array_equal(np.asarray(x), want)
+        client_ids = [a.id, b.id]
+    text = log.read_text(errors="replace")
+    assert "refused: PERMISSION_DENIED" in text
+    assert_no_credentials({"the cluster's log": text}, secret,
+                          client_ids=client_ids)
+
+
+def test_a_session_must_prove_its_tenant(tmp_path, monkeypatch):
+    secret = _core.new_cluster_secret()
+    log = tmp_path / "server.log"
+    proc, ready = spawn(
+        [str(bin_dir() / "plexus-server"), "--listen", "127.0.0.1:0",
+         "--local-workers", "1", "--require-tenant", "--ready-fd",
+         "{READY_FD}", "--log-level", "info", "--die-with-parent"],
+        log, environment(secret))
+    for name in ("PLEXUS_CLUSTER_SECRET", "PLEXUS_TENANT",
+                 "PLEXUS_TENANT_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    env = dict(environment(None), PYTHONPATH=PLEXUS_PYTHONPATH,
+               PLEXUS_STATE_DIR=str(tmp_path))
+    try:
+        address = ready_line(ready)
+        assert address, log.read_text()
+        # The operator's token, printed from the secret file.
+        secret_file = tmp_path / "secret"
+        secret_file.write_text(secret + "\n")
+        r = subprocess.run([sys.executable, "-m", "plexus", "token",
+                            "--tenant", "research", "--secret-file",
+                            str(secret_file)], env=env, capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        token = r.stdout.strip()
+        assert token == _core.tenant_token("research", secret)
+        assert len(token) == 32
+
+        with pytest.raises(plexus.PermissionDeniedError,
+                           match="PLEXUS_TENANT_TOKEN"):
+            plexus.connect(address, name="anonymous")
+        with pytest.raises(plexus.PermissionDeniedError,
+                           match="does not match tenant 'ops'"):
+            plexus.connect(address, tenant="ops", token=token)
+        other = _core.tenant_token("research", _core.new_cluster_secret())
+        with pytest.raises(plexus.PermissionDeniedError,
+                           match="does not match tenant 'research'"):
+            plexus.connect(address, tenant="research", token=other)
+        with pytest.raises(plexus.InvalidArgumentError, match="32 hex digits"):
+            plexus.connect(address, tenant="research", token="not-a-token")
+
+        # From the environment, as a tenant's user gets it.
+        monkeypatch.setenv("PLEXUS_TENANT", "research")
+        monkeypatch.setenv("PLEXUS_TENANT_TOKEN", token)
+        c = plexus.connect(address, name="user")
+        try:
+            s = c.slice(1)
+            np.testing.assert_array_equal(np.asarray(s.put(np.arange(4.0))),
+                                          np.arange(4.0))
+            st = subprocess.run([sys.executable, "-m", "plexus", "status",
+                                 "--address", address], env=env,
+                                capture_output=True, text=True, timeout=60)
+            assert st.returncode == 0, st.stderr
+            row = [ln for ln in st.stdout.splitlines() if " user " in ln]
+            assert row and "research" in row[0], st.stdout
+            assert token not in st.stdout
+            client_id = c.id
+        finally:
+            c.close()
+        _core.shutdown_server(address, secret)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text(errors="replace")
+    assert "refused client 'anonymous'" in text
+    assert_no_credentials({"the server's log": text}, secret,
+                          client_ids=[client_id], tenants=("research", "ops"))
