@@ -23,7 +23,9 @@ image's user (the processes run as this test), probes, resources.
 import base64
 import os
 import re
+import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -33,6 +35,7 @@ from pathlib import Path
 
 import yaml
 
+from conftest import PLEXUS_PYTHONPATH
 from plexus._binaries import bin_dir, default_pjrt_plugin
 
 # Flags the manifests use that work in progress adds to the binaries; until
@@ -51,8 +54,9 @@ _SANITIZER_VARS = ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
 
 
 def image_env(home):
+    # PYTHONPATH: the image has the package installed; here, the tree's.
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-           "PYTHONUNBUFFERED": "1",
+           "PYTHONUNBUFFERED": "1", "PYTHONPATH": PLEXUS_PYTHONPATH,
            "PLEXUS_PJRT_PLUGIN": default_pjrt_plugin() or ""}
     env.update({k: os.environ[k] for k in _SANITIZER_VARS if k in os.environ})
     return env
@@ -183,7 +187,7 @@ class PodRunner:
 
     # ------------------------------------------------------------ pods
     def start(self, kind, name):
-        """Every pod of the Deployment or StatefulSet `name`, started."""
+        """Every pod of the Deployment, StatefulSet or Job `name`, started."""
         w = self.m.one(kind, name)
         template = w["spec"]["template"]
         labels = template["metadata"].get("labels", {})
@@ -201,13 +205,22 @@ class PodRunner:
 
     def _run(self, pod, spec, c):
         env = self._env(pod, c)
+        # Cluster DNS: a Service name in a value is the pod behind it.
+        env = {k: self._resolve_services(v) for k, v in env.items()}
         cmd = [expand(a, env) for a in c.get("command", [])]
         args = [expand(a, env) for a in c.get("args", [])]
         args = [self._resolve_services(a) for a in args]
         args = self._mount_volumes(pod, spec, c, args)
         assert cmd, f"{pod.name}/{c['name']}: no command (the image's default)"
-        exe = cmd[0] if "/" in cmd[0] else str(bin_dir() / cmd[0])
-        args = self._pending(exe, cmd[1:] + args, f"{pod.name}/{c['name']}")
+        args = cmd[1:] + args
+        if (bin_dir() / cmd[0]).exists():  # plexus-server, plexus-worker
+            exe = str(bin_dir() / cmd[0])
+            args = self._pending(exe, args, f"{pod.name}/{c['name']}")
+        elif cmd[0] in ("python3", "python"):
+            exe = sys.executable  # the image's, with plexus installed
+        else:
+            exe = shutil.which(cmd[0], path=env["PATH"])
+            assert exe, f"{pod.name}/{c['name']}: no {cmd[0]} on PATH"
         log = self.tmp / f"{pod.name}.{c['name']}.log"
         return Container(pod, c["name"], [exe] + args, env, log)
 
@@ -334,6 +347,17 @@ class PodRunner:
                 if c.popen.poll() is None:
                     c.popen.terminate()
         return self.wait_all(grace_s)
+
+    def wait(self, pod, timeout):
+        """The exit code of `pod`'s container; AssertionError naming its
+        output if it runs longer than `timeout`."""
+        c = pod.containers[0]
+        try:
+            return c.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"{pod.name}/{c.name} still runs after {timeout} s; its "
+                "output:\n" + "".join(c.lines)[-3000:]) from None
 
     def wait_all(self, timeout):
         """Waits for every container to exit; {pod name: exit code}, None

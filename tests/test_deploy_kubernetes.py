@@ -10,10 +10,12 @@ What stands in for Kubernetes here (tests/kube.py does each, nothing else):
   on top of the image's own (PATH, PLEXUS_PJRT_PLUGIN: the source tree's
   here); $(VAR) in command and args is expanded as Kubernetes does;
 - a Service name (plexus-server, plexus-server.<ns>.svc.cluster.local)
-  resolves to the address of the one pod it selects;
+  followed by a port, in an argument or an environment value, resolves to
+  the address of the one pod it selects;
 - a ConfigMap or Secret volume is a folder with one file per key;
 - the image's `plexus-server` and `plexus-worker` are the build's
-  ($PLEXUS_BIN_DIR). The image itself (deploy/docker/Dockerfile) is not
+  ($PLEXUS_BIN_DIR), its `python3` this test's interpreter with the tree's
+  package on PYTHONPATH. The image itself (deploy/docker/Dockerfile) is not
   built: these machines have no container engine.
 The only change made to a command: a flag the binary of this tree does not
 have yet and that work in progress adds (PENDING_FLAGS) is dropped, with a
@@ -127,8 +129,12 @@ def runner(manifests, lab, tmp_path):
 def start_cluster(m, lab, runner):
     """The server's pod, then the workers': (server pod, worker pods), once
     the server listens and every worker has registered."""
-    # What `kubectl create secret` would hold: a fresh cluster secret.
+    # What `kubectl create secret` would hold: a fresh cluster secret, and
+    # the smoke tenant's token (`plexus token --tenant smoke`).
     m.set_secret("plexus-cluster-secret", "cluster-secret", lab.secret)
+    if hasattr(plexus._core, "tenant_token"):  # until tenant tokens land
+        m.set_secret("plexus-tenant-smoke", "token",
+                     plexus._core.tenant_token("smoke", lab.secret))
     (server,) = runner.start("Deployment", "plexus-server")
     server.wait_for_log("listening on", timeout=30)
     workers = runner.start("StatefulSet", "plexus-worker")
@@ -140,10 +146,12 @@ def start_cluster(m, lab, runner):
 
 
 def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
-        manifests, lab, runner):
+        manifests, lab, runner, monkeypatch):
     m = manifests
     server, workers = start_cluster(m, lab, runner)
     address = f"{server.ip}:7070"
+    # This test's own client holds the cluster secret, as the operator does.
+    monkeypatch.setenv("PLEXUS_CLUSTER_SECRET", lab.secret)
     st = plexus.status(address)
     got = {w["host_name"]: w for w in st["workers"] if w["alive"]}
     want_names = [f"plexus-worker-{i}" for i in range(len(workers))]
@@ -155,6 +163,12 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
         # Advertised: the pod's address, on the fixed port.
         assert w["data_address"] == f"{pod.ip}:7071", w
         assert len(w["devices"]) == devices
+
+    # smoke-job.yaml: a client pod of its own, with its tenant's token.
+    (job,) = runner.start("Job", "plexus-smoke")
+    assert runner.wait(job, timeout=120) == 0, runner.logs()
+    assert any(f"plexus-smoke: 56.0 over {len(workers)} hosts (ok)" in ln
+               for ln in job.containers[0].lines), runner.logs()
 
     client = plexus.connect(address, name="k8s-job")
     try:
@@ -177,7 +191,7 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
     # exits with code 0 within the pods' grace period.
     grace = server_spec(m)["terminationGracePeriodSeconds"]
     assert runner.delete_all(grace_s=grace) == {
-        p.name: 0 for p in [server] + workers}, runner.logs()
+        p.name: 0 for p in [server] + workers + [job]}, runner.logs()
     assert set(runner.dropped) <= PENDING_FLAGS
 
 
@@ -192,7 +206,7 @@ def test_the_placeholder_secret_is_refused(runner):
 
 
 def test_the_workers_rejoin_when_the_server_container_restarts(
-        manifests, lab, runner):
+        manifests, lab, runner, monkeypatch):
     # The server's container dies (a crash, an OOM kill) and the kubelet
     # starts it again in the same pod: the workers, still running, register
     # again (plexus-worker reconnects with back-off, at most 5 s apart) and
@@ -202,6 +216,7 @@ def test_the_workers_rejoin_when_the_server_container_restarts(
     for w in workers:
         w.wait_for_log("registered as worker", timeout=30, count=2)
     address = f"{server.ip}:7070"
+    monkeypatch.setenv("PLEXUS_CLUSTER_SECRET", lab.secret)  # the operator's
     st = plexus.status(address)
     assert sorted(w["host_name"] for w in st["workers"] if w["alive"]) == \
         [p.name for p in workers]
