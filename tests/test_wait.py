@@ -41,14 +41,19 @@ def test_a_timeout_says_how_many_were_not_ready(client):
     np.testing.assert_array_equal(np.asarray(late[1]), np.ones(4))
 
 
-def test_a_failed_future_raises_its_error(client):
+@pytest.mark.parametrize("values", [[1.0, np.nan], [np.nan, 1.0]])
+def test_a_failed_future_raises_its_error(client, values):
     s = client.slice(2, placement="spread")
-    bad = s.put(np.array([1.0, np.nan], np.float32), plexus.split(0))
+    bad = s.put(np.array(values, np.float32), plexus.split(0))
     check = s.program("assert_finite", bad)
     good = s.put(np.ones(2, np.float32))
     with pytest.raises(plexus.InvalidArgumentError, match="non-finite value"):
         plexus.wait([good, check(bad)], timeout=30)
-    plexus.wait([good])  # the connections are still in step
+    # The connections are in step again: the answers still due from the
+    # other worker were not left for the next request to read.
+    plexus.wait([good])
+    again = s.put(np.arange(2, dtype=np.float32), plexus.split(0))
+    np.testing.assert_array_equal(np.asarray(again), [0, 1])
 
 
 def test_one_round_trip_per_worker_not_per_shard(client):

@@ -254,17 +254,21 @@ absl::Status Client::WaitMany(const std::vector<Future>& futures,
   std::vector<bool> not_ready(futures.size(), false);
   for (auto& [worker, batch] : batches) {
     if (batch.conn == nullptr) continue;
-    if (result.ok()) {
-      absl::StatusOr<size_t> answered =
-          batch.conn->AwaitWaits(batch.keys, deadline);
-      core_->wait_round_trips++;
-      if (!answered.ok()) {
-        result = batch.conn->healthy() ? answered.status()
-                                       : explain(batch, answered.status());
-      } else {
-        for (size_t k = *answered; k < batch.keys.size(); ++k) {
-          not_ready[batch.owners[k]] = true;
-        }
+    if (!result.ok()) {
+      // Its answers are still due: pooled, the next request would read
+      // them as its own.
+      core_->Discard(std::move(batch.conn));
+      continue;
+    }
+    absl::StatusOr<size_t> answered =
+        batch.conn->AwaitWaits(batch.keys, deadline);
+    core_->wait_round_trips++;
+    if (!answered.ok()) {
+      result = batch.conn->healthy() ? answered.status()
+                                     : explain(batch, answered.status());
+    } else {
+      for (size_t k = *answered; k < batch.keys.size(); ++k) {
+        not_ready[batch.owners[k]] = true;
       }
     }
     if (batch.conn->healthy()) {
