@@ -72,3 +72,25 @@ def test_one_round_trip_per_worker_not_per_shard(client):
     plexus.block_until_ready({"all": futures})
     futures[0].block_until_ready()  # one future: one trip per worker too
     assert trips() - before == 2 + 2
+
+
+def test_a_worker_killed_during_a_wait_ends_it_naming_the_worker(tmp_path):
+    import os
+    import signal
+    # The SIGKILLed worker is reported again when the cluster goes down.
+    with pytest.raises(plexus.ClusterExitError, match=r"host1 .*SIGKILL"), \
+            plexus.local(hosts=2, devices_per_host=1, log_level="info",
+                         log_file=str(tmp_path / "cluster.log")) as c:
+        client = c.connect()
+        s = client.slice(2, placement="spread")
+        x = s.put(np.ones(2, np.float32), plexus.split(0))
+        slow = s.program("device_sleep", x, micros=30_000_000)(x)
+        fast = s.put(np.ones(2, np.float32))
+        victim = next(v for v in c.status()["workers"]
+                      if v["host_name"] == "host1")
+        start = time.monotonic()
+        os.kill(victim["pid"], signal.SIGKILL)
+        # No deadline: the worker's death is the way out.
+        with pytest.raises(plexus.PlexusError, match="worker"):
+            plexus.wait([fast, slow])
+        assert time.monotonic() - start < 10
