@@ -9,6 +9,10 @@
 //    payload is streamed in chunks of kChunkBytes, so sender and receiver
 //    pipeline a large buffer.
 //
+// Every connection opens with a handshake (internal/handshake.h) that
+// proves who connects (a client session or a worker) without sending a
+// credential; requests are then authorized against that identity.
+//
 // Frames:
 //   PUSH   worker -> worker  a shard for (buffer_id, shard); one-way
 //   PUSH_ERROR worker -> worker  that shard failed upstream; payload = message
