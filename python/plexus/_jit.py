@@ -375,7 +375,7 @@ class Jitted:
             f"program '{self._name}': some donated buffers were not usable: "
             f"{', '.join(leaves) or ', '.join(donated)} (Plexus cannot reuse "
             "a donated input's memory until buffers live in device memory; "
-            "the inputs stay valid)", UserWarning, stacklevel=4)
+            "the inputs stay valid)", UserWarning, stacklevel=5)
 
     def _export(self, treedef, specs, static, k, n, names):
         """The StableHLO of the function for an island of k of the slice's
