@@ -163,11 +163,14 @@ class RayCluster:
         self.client = None
 
     def connect(self, name="python", shared_memory=True,
-                sequential_dispatch=False):
-        """Another client of this cluster."""
+                sequential_dispatch=False, tenant=None):
+        """Another client of this cluster. The session opens as `tenant`
+        (default "default"), with the token derived from the cluster's
+        secret (the server listens off loopback: no anonymous sessions)."""
         from ._api import Client
-        c = Client(_core.Client.connect(self.address, name, shared_memory,
-                                        sequential_dispatch))
+        c = Client(_core.Client.connect(
+            self.address, name, shared_memory, sequential_dispatch,
+            tenant=tenant or "", secret_hex=self._secret))
         self._clients.append(c)
         return c
 
