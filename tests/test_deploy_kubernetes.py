@@ -132,9 +132,8 @@ def start_cluster(m, lab, runner):
     # What `kubectl create secret` would hold: a fresh cluster secret, and
     # the smoke tenant's token (`plexus token --tenant smoke`).
     m.set_secret("plexus-cluster-secret", "cluster-secret", lab.secret)
-    if hasattr(plexus._core, "tenant_token"):  # until tenant tokens land
-        m.set_secret("plexus-tenant-smoke", "token",
-                     plexus._core.tenant_token("smoke", lab.secret))
+    m.set_secret("plexus-tenant-smoke", "token",
+                 plexus._core.tenant_token("smoke", lab.secret))
     (server,) = runner.start("Deployment", "plexus-server")
     server.wait_for_log("listening on", timeout=30)
     workers = runner.start("StatefulSet", "plexus-worker")
@@ -169,6 +168,8 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
     assert runner.wait(job, timeout=120) == 0, runner.logs()
     assert any(f"plexus-smoke: 56.0 over {len(workers)} hosts (ok)" in ln
                for ln in job.containers[0].lines), runner.logs()
+    # Its session was the Secret's tenant's.
+    server.wait_for_log("connected: plexus-smoke (tenant smoke)", timeout=5)
 
     client = plexus.connect(address, name="k8s-job")
     try:
