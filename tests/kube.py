@@ -186,8 +186,11 @@ class PodRunner:
         self._flags = {}
 
     # ------------------------------------------------------------ pods
-    def start(self, kind, name):
-        """Every pod of the Deployment, StatefulSet or Job `name`, started."""
+    def start(self, kind, name, prepare=None):
+        """Every pod of the Deployment, StatefulSet or Job `name`, started.
+        prepare(pods), if given, runs once their addresses are known and
+        before their containers start (e.g. to make a certificate naming
+        them)."""
         w = self.m.one(kind, name)
         template = w["spec"]["template"]
         labels = template["metadata"].get("labels", {})
@@ -198,6 +201,8 @@ class PodRunner:
                         else f"{name}-{uuid.uuid4().hex[:5]}")
             pods.append(Pod(pod_name, host.netns, host.address, labels))
         self.pods += pods
+        if prepare is not None:
+            prepare(pods)
         for pod in pods:
             for c in template["spec"]["containers"]:
                 pod.containers.append(self._run(pod, template["spec"], c))
@@ -210,7 +215,7 @@ class PodRunner:
         cmd = [expand(a, env) for a in c.get("command", [])]
         args = [expand(a, env) for a in c.get("args", [])]
         args = [self._resolve_services(a) for a in args]
-        args = self._mount_volumes(pod, spec, c, args)
+        args, env = self._mount_volumes(pod, spec, c, args, env)
         assert cmd, f"{pod.name}/{c['name']}: no command (the image's default)"
         args = cmd[1:] + args
         if (bin_dir() / cmd[0]).exists():  # plexus-server, plexus-worker
@@ -274,22 +279,31 @@ class PodRunner:
             arg = pattern.sub(backends[0].ip, arg)
         return arg
 
-    def _mount_volumes(self, pod, spec, c, args):
+    def _mount_volumes(self, pod, spec, c, args, env):
+        """ConfigMap and Secret volumes as folders (every key, or the
+        `items` listed, each at its `path`); their mount paths in arguments
+        and environment values become those folders."""
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for mount in c.get("volumeMounts", []):
             v = volumes[mount["name"]]
             if "configMap" in v:
-                data = self.m.config_map(v["configMap"]["name"])
+                source = v["configMap"]
+                data = self.m.config_map(source["name"])
             elif "secret" in v:
-                data = self.m.secret(v["secret"]["secretName"])
+                source = v["secret"]
+                data = self.m.secret(source["secretName"])
             else:
                 continue  # emptyDir (/dev/shm): the machine's own
+            files = ({i["path"]: data[i["key"]] for i in source["items"]}
+                     if "items" in source else data)
             folder = self.tmp / pod.name / mount["mountPath"].strip("/")
             folder.mkdir(parents=True, exist_ok=True)
-            for key, value in data.items():
-                (folder / key).write_text(value)
+            for path, value in files.items():
+                (folder / path).write_text(value)
             args = [a.replace(mount["mountPath"], str(folder)) for a in args]
-        return args
+            env = {k: v.replace(mount["mountPath"], str(folder))
+                   for k, v in env.items()}
+        return args, env
 
     def _known_flags(self, exe):
         if exe not in self._flags:

@@ -126,15 +126,42 @@ def runner(manifests, lab, tmp_path):
     runner.kill()
 
 
-def start_cluster(m, lab, runner):
-    """The server's pod, then the workers': (server pod, worker pods), once
-    the server listens and every worker has registered."""
-    # What `kubectl create secret` would hold: a fresh cluster secret, and
-    # the smoke tenant's token (`plexus token --tenant smoke`).
+def make_secrets(m, lab, tmp_path, monkeypatch):
+    """What the operator's `kubectl create secret` would hold: a fresh
+    cluster secret, the smoke tenant's token (`plexus token --tenant
+    smoke`), and the server's TLS certificate, made once the server pod's
+    address is known (the test dials it by address, a cluster by the
+    Service's names; the certificate names both). Returns the `prepare`
+    for the server's pods. This test's own clients trust the certificate
+    too ($PLEXUS_TLS_CA)."""
     m.set_secret("plexus-cluster-secret", "cluster-secret", lab.secret)
     m.set_secret("plexus-tenant-smoke", "token",
                  plexus._core.tenant_token("smoke", lab.secret))
-    (server,) = runner.start("Deployment", "plexus-server")
+
+    def prepare(pods):
+        (pod,) = pods
+        names = ["plexus-server", "plexus-server.plexus",
+                 "plexus-server.plexus.svc",
+                 "plexus-server.plexus.svc.cluster.local"]
+        cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+        san = ",".join([f"DNS:{n}" for n in names] + [f"IP:{pod.ip}"])
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
+             "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-server",
+             "-addext", f"subjectAltName={san}"],
+            check=True, capture_output=True, timeout=60)
+        for k, f in (("tls.crt", cert), ("tls.key", key), ("ca.crt", cert)):
+            m.set_secret("plexus-tls", k, f.read_text())
+        monkeypatch.setenv("PLEXUS_TLS_CA", str(cert))
+    return prepare
+
+
+def start_cluster(m, lab, runner, tmp_path, monkeypatch):
+    """The server's pod, then the workers': (server pod, worker pods), once
+    the server listens and every worker has registered."""
+    prepare = make_secrets(m, lab, tmp_path, monkeypatch)
+    (server,) = runner.start("Deployment", "plexus-server", prepare=prepare)
     server.wait_for_log("listening on", timeout=30)
     workers = runner.start("StatefulSet", "plexus-worker")
     for w in workers:
@@ -145,9 +172,9 @@ def start_cluster(m, lab, runner):
 
 
 def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
-        manifests, lab, runner, monkeypatch):
+        manifests, lab, runner, tmp_path, monkeypatch):
     m = manifests
-    server, workers = start_cluster(m, lab, runner)
+    server, workers = start_cluster(m, lab, runner, tmp_path, monkeypatch)
     address = f"{server.ip}:7070"
     # This test's own client holds the cluster secret, as the operator does.
     monkeypatch.setenv("PLEXUS_CLUSTER_SECRET", lab.secret)
@@ -207,12 +234,13 @@ def test_the_placeholder_secret_is_refused(runner):
 
 
 def test_the_workers_rejoin_when_the_server_container_restarts(
-        manifests, lab, runner, monkeypatch):
+        manifests, lab, runner, tmp_path, monkeypatch):
     # The server's container dies (a crash, an OOM kill) and the kubelet
     # starts it again in the same pod: the workers, still running, register
     # again (plexus-worker reconnects with back-off, at most 5 s apart) and
     # the cluster serves a job. No worker pod restarts.
-    server, workers = start_cluster(manifests, lab, runner)
+    server, workers = start_cluster(manifests, lab, runner, tmp_path,
+                                    monkeypatch)
     runner.restart(server).wait_for_log("listening on", timeout=30)
     for w in workers:
         w.wait_for_log("registered as worker", timeout=30, count=2)
