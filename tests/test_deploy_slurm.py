@@ -198,7 +198,9 @@ def job_env(tmp_path):
                PLEXUS_LOG_DIR=str(tmp_path / "plexus-logs"),
                PLEXUS_WAIT_S="60")
     env.pop("PLEXUS_CLUSTER_SECRET", None)  # the script draws one
-    env.pop("PLEXUS_ADDRESS", None)
+    for k in ("PLEXUS_ADDRESS", "PLEXUS_TLS_CERT", "PLEXUS_TLS_KEY",
+              "PLEXUS_TLS_CA"):
+        env.pop(k, None)
     return env
 
 
@@ -237,7 +239,7 @@ def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
                    if env_or_why else "as where slurmd cannot start")
             mode = (f"simulated ({why}): the script ran with bash, the Slurm "
                     "variables set by the test and a one-node srun, scontrol "
-                    "and squeue")
+                    "and squeue; the control plane on TLS")
             if want == "slurm":
                 warnings.warn(f"Slurm mode: {mode}")
             shims = tmp_path / "shims"
@@ -245,6 +247,18 @@ def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
             for name, text in SHIMS.items():
                 (shims / name).write_text(text)
                 (shims / name).chmod(0o755)
+            # This path also runs the control plane on TLS: a certificate
+            # naming the node, the CA for the workers and the program.
+            cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+            subprocess.run(
+                ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                 "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+                 str(key), "-out", str(cert), "-days", "1", "-subj",
+                 "/CN=plexus-server", "-addext",
+                 f"subjectAltName=DNS:{socket.gethostname()}"],
+                check=True, capture_output=True, timeout=60)
+            env.update(PLEXUS_TLS_CERT=str(cert), PLEXUS_TLS_KEY=str(key),
+                       PLEXUS_TLS_CA=str(cert))
             env.update(PATH=f"{shims}:{env['PATH']}", SLURM_JOB_ID="4242",
                        SLURM_JOB_NAME="plexus",
                        SLURM_JOB_NODELIST=socket.gethostname(),
@@ -278,6 +292,9 @@ def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
         assert ports == {env["PLEXUS_DATA_PORT"]}, got
     assert "plexus: done, exit code 0" in text, text
     assert "wait_for" not in text, text  # nothing reaped twice at exit
+    server_log = (tmp_path / "plexus-logs" / "server.log").read_text()
+    assert ("(TLS;" if "PLEXUS_TLS_CERT" in env else "(plain text;") in \
+        server_log, server_log
     assert len(list((tmp_path / "plexus-logs").glob("worker-*.log"))) == \
         len(nodes)
     assert "a server or worker step exited" not in text, text
