@@ -95,6 +95,10 @@ class DataPlaneServerImpl : public DataPlaneServer {
   absl::Status ServeFetchOrWait(FrameSocket& socket, const FrameHeader& header);
   // Joins and closes connections whose threads have returned.
   void ReapFinished();
+  // A connection refused at its handshake: logged at most once per second
+  // (with how many were refused meanwhile), so that a peer connecting in a
+  // loop cannot flood the log.
+  void LogRefusal(const FrameSocket& socket, const absl::Status& why);
   bool stopping() const {
     absl::MutexLock lock(&mu_);
     return stopping_;
@@ -114,6 +118,8 @@ class DataPlaneServerImpl : public DataPlaneServer {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_handshake_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t handshakes_unlogged_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, Connection> connections_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -211,6 +217,26 @@ void DataPlaneServerImpl::StartConnection(UniqueFd fd, bool is_unix) {
   connection.thread = std::thread([this, raw, id] { Serve(raw, id); });
 }
 
+void DataPlaneServerImpl::LogRefusal(const FrameSocket& socket,
+                                     const absl::Status& why) {
+  int64_t unlogged;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    if (now - last_handshake_log_ < absl::Seconds(1)) {
+      ++handshakes_unlogged_;
+      return;
+    }
+    last_handshake_log_ = now;
+    unlogged = std::exchange(handshakes_unlogged_, 0);
+  }
+  SPDLOG_WARN("data plane: refused connection from {}: {}{}", socket.peer(),
+              why.ToString(),
+              unlogged == 0 ? ""
+                            : absl::StrCat(" (and ", unlogged,
+                                           " more since the last report)"));
+}
+
 void DataPlaneServerImpl::ReapFinished() {
   std::vector<Connection> finished;
   {
@@ -234,10 +260,7 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
   absl::StatusOr<DataPlanePeer> peer = internal::AcceptHandshake(
       *socket,
       [this](const DataPlanePeer& p) { return handler_->CredentialFor(p); });
-  if (!peer.ok() && !stopping()) {
-    SPDLOG_WARN("data plane: refused connection from {}: {}", socket->peer(),
-                peer.status().ToString());
-  }
+  if (!peer.ok() && !stopping()) LogRefusal(*socket, peer.status());
   while (peer.ok()) {
     bool eof = false;
     absl::StatusOr<FrameHeader> header = socket->ReadHeader(&eof);
