@@ -326,6 +326,26 @@ TEST(DataPlaneHandshakeTest, ARawConnectionThatSkipsTheHandshakeIsRefused) {
   EXPECT_EQ(handler.admissions(), 0);
 }
 
+TEST(DataPlaneHandshakeTest, AConnectionThatNeverSaysHelloIsClosedInTime) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.frame_timeout = absl::Milliseconds(200);
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto fd = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(fd.ok());
+  // It reads the challenge and then says nothing: the worker's thread for
+  // it is not held beyond the frame timeout.
+  const absl::Time start = absl::Now();
+  std::string heard;
+  EXPECT_TRUE(ServerClosesAfter(*std::move(fd), "", &heard));
+  EXPECT_LT(absl::Now() - start, kDeadline / 2);
+  ASSERT_GE(heard.size(), sizeof(internal::FrameHeader));
+  internal::FrameHeader first;
+  std::memcpy(&first, heard.data(), sizeof(first));
+  EXPECT_EQ(first.frame_type(), internal::FrameType::kChallenge);
+}
+
 // A TCP relay between a connector and the server that records every byte
 // in both directions: what a sniffer on the path would see.
 class RecordingRelay {
