@@ -13,6 +13,10 @@
 //   fused        the 128 ops of a chained graph as one program (`scale` with
 //                repeat=128): ops per second, one call per 128 ops.
 //
+// For chained graphs it also reads the server process's CPU time over >= 2 s
+// of them: the server's cost per call (what its records and admission cost
+// on the hot path), printed per cluster size (`--hosts-list 1,2,4,8,16,32`).
+//
 // Beside them, in the same run: the round trip of 64 bytes between two
 // processes over TCP loopback (the cost this machine puts on one process
 // hop), and the utilisation of a 2-host slice running chained busy_wait
@@ -63,7 +67,33 @@ struct DispatchResult {
   int hosts = 0;
   int calls = 0;             // per repeat
   Summary calls_per_second;  // one sample per repeat
+  // Chained only: the server process's CPU time (user + system) per call,
+  // over at least 2 s of chained graphs; < 0 when not measured.
+  double server_cpu_micros_per_call = -1;
 };
+
+// CPU time (user + system, every thread, live or exited) of process `pid`.
+absl::StatusOr<double> ProcessCpuSeconds(pid_t pid) {
+  FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
+  if (f == nullptr)
+    return absl::NotFoundError(absl::StrCat("no process ", pid));
+  char buf[4096];
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = 0;
+  // Fields after the command (which may hold spaces) start past its ')'.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr) return absl::InternalError("unreadable /proc/pid/stat");
+  unsigned long long utime = 0, stime = 0;
+  // state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
+  // utime stime
+  if (std::sscanf(p + 2,
+                  "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+                  &utime, &stime) != 2) {
+    return absl::InternalError("unreadable /proc/pid/stat");
+  }
+  return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
+}
 
 struct BusyResult {
   int64_t micros = 0;
@@ -320,7 +350,27 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
                         mode.wait_each);
     });
     if (!m.ok()) return m.status();
-    report({mode.name, hosts, graph_calls, *m});
+    DispatchResult r{mode.name, hosts, graph_calls, *m};
+    if (mode.chained && !mode.wait_each) {
+      // The server's own cost per call: its CPU time over >= 2 s of
+      // chained graphs (clock ticks are 10 ms; 2 s keeps that under 1%).
+      const pid_t pid = s.cluster->server_pid();
+      auto cpu0 = ProcessCpuSeconds(pid);
+      const double t0 = NowSeconds();
+      int64_t calls = 0;
+      while (NowSeconds() - t0 < 2.0) {
+        auto once = GraphsOnce(s, graphs, flags.graph_size, true, false);
+        if (!once.ok()) return once.status();
+        calls += graph_calls;
+      }
+      auto cpu1 = ProcessCpuSeconds(pid);
+      if (cpu0.ok() && cpu1.ok()) {
+        r.server_cpu_micros_per_call = (*cpu1 - *cpu0) * 1e6 / calls;
+        Progress(absl::StrFormat("server CPU, chained, %s: %.2f us per call",
+                                 where, r.server_cpu_micros_per_call));
+      }
+    }
+    report(r);
   }
   auto fused =
       Measure(flags.repeats, graph_calls, [&] { return FusedOnce(s, graphs); });
@@ -433,15 +483,19 @@ int Main(int argc, char** argv) {
   // The final table.
   std::printf("\nPlexus dispatch (%ld CPUs; median of %d, [min, max])\n",
               sysconf(_SC_NPROCESSORS_ONLN), flags.repeats);
-  std::printf("%-12s %5s %8s %12s %25s %9s\n", "mode", "hosts", "calls",
-              "calls/s", "[min, max]", "us/call");
+  std::printf("%-12s %5s %8s %12s %25s %9s %11s\n", "mode", "hosts", "calls",
+              "calls/s", "[min, max]", "us/call", "server us");
   for (const auto& r : dispatch) {
     const Summary& c = r.calls_per_second;
-    std::printf("%-12s %5d %8d %12s %25s %9.1f\n", r.mode.c_str(), r.hosts,
-                r.calls, Grouped(c.median()).c_str(),
-                absl::StrCat("[", Grouped(c.min()), ", ", Grouped(c.max()), "]")
-                    .c_str(),
-                1e6 / c.median());
+    std::printf(
+        "%-12s %5d %8d %12s %25s %9.1f %11s\n", r.mode.c_str(), r.hosts,
+        r.calls, Grouped(c.median()).c_str(),
+        absl::StrCat("[", Grouped(c.min()), ", ", Grouped(c.max()), "]")
+            .c_str(),
+        1e6 / c.median(),
+        r.server_cpu_micros_per_call < 0
+            ? ""
+            : absl::StrFormat("%.2f", r.server_cpu_micros_per_call).c_str());
   }
   std::printf(
       "%-12s %5s %8d %12s %25s %9.1f   (round trips)\n", "tcp-pingpong", "-",
@@ -477,6 +531,10 @@ int Main(int argc, char** argv) {
          {"hosts", r.hosts},
          {"calls", r.calls},
          {"calls_per_second", r.calls_per_second.ToJson()}});
+    if (r.server_cpu_micros_per_call >= 0) {
+      json["dispatch"].back()["server_cpu_micros_per_call"] =
+          r.server_cpu_micros_per_call;
+    }
   }
   for (const auto& b : *busy) {
     json["busy_wait"].push_back({{"micros", b.micros},

@@ -77,6 +77,7 @@ ClientCore::~ClientCore() { Close(); }
 absl::Status ClientCore::Init(const std::string& address) {
   machine_id_ = LocalMachineId();
   RaiseOpenFileLimit();
+  UseLockOrderChecksOfThisBuild();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =

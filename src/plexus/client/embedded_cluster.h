@@ -51,6 +51,8 @@ class EmbeddedCluster {
   const EmbeddedClusterOptions& options() const { return options_; }
   // The cluster secret (common/credentials.h). Never log it.
   const ClusterSecret& secret() const { return secret_; }
+  // The server process (its workers are its children).
+  pid_t server_pid() const { return pid_; }
   absl::StatusOr<proto::ClusterStatus> Status() const;
 
   // SIGTERM to the server (it stops its workers), SIGKILL to the whole

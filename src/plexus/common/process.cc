@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 extern char** environ;
 
@@ -50,6 +51,14 @@ std::vector<std::string> EnvironmentWith(const std::string& name,
   }
   env.push_back(prefix + value);
   return env;
+}
+
+void UseLockOrderChecksOfThisBuild() {
+#ifdef PLEXUS_CHECK_LOCK_ORDER
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+#else
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+#endif
 }
 
 void RaiseOpenFileLimit() {

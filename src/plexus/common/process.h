@@ -37,6 +37,13 @@ std::vector<std::string> EnvironmentWith(const std::string& name,
 // again): raises RLIMIT_NOFILE's soft limit to its hard limit.
 void RaiseOpenFileLimit();
 
+// abseil's lock-order (deadlock) detection: kept, aborting on an inversion,
+// in the checking builds (PLEXUS_CHECK_LOCK_ORDER: sanitizers,
+// thread-safety, Debug); off in release builds, where it costs a graph
+// lookup per lock on the hot path. Called once at start by the server, the
+// worker and the client.
+void UseLockOrderChecksOfThisBuild();
+
 // Waits (on a pidfd, without polling) until process `pid` has exited — a
 // zombie counts — or `timeout` passes; true if it exited. Does not reap.
 bool WaitForExit(int pid, absl::Duration timeout);

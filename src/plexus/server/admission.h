@@ -76,10 +76,10 @@ class Admission {
   struct Options {
     // Device time admitted per device and not yet reported done, above
     // which a worker takes no new call.
-    int64_t window_micros = 1000;
+    int64_t window_micros = 5000;
     // Calls per device that may always be there, whatever their estimate
     // (a long call, or an unknown program, still goes to an idle device).
-    int min_window_calls = 2;
+    int min_window_calls = 4;
     // Estimate for a program that has not run yet.
     int64_t default_cost_micros = 100;
   };

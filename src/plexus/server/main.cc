@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
   // end-of-file when this process is gone).
   if (ready_fd >= 0) fcntl(ready_fd, F_SETFD, FD_CLOEXEC);
   plexus::RaiseOpenFileLimit();
+  plexus::UseLockOrderChecksOfThisBuild();
   plexus::InitLogging("server", log_level);
   options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
   plexus::BlockTerminationSignals();

@@ -22,7 +22,7 @@
 //   max_bytes            bytes of one client's live buffers (0: none)
 //   max_calls_in_flight  calls of one client admitted to workers and not
 //                        yet finished; further calls wait at the server
-//                        (0: the built-in default)
+//                        (0: the built-in default, 4096)
 //
 // Quotas are per client session; the weight is shared by the tenant's
 // sessions in proportion. Immutable once loaded; thread-safe.
@@ -38,10 +38,11 @@
 namespace plexus {
 
 struct TenantPolicy {
-  // Calls in flight when the file says nothing: deep enough to keep every
-  // device of a slice busy, shallow enough that a flood waits at the server,
-  // where the fair share is decided, not in the workers' queues.
-  static constexpr int32_t kDefaultCallsInFlight = 64;
+  // Calls in flight when the file says nothing: a bound on one client's
+  // backlog, deep enough for graphs of tiny calls (a smaller bound made
+  // chained dispatch wait for completion reports). Fair shares come from
+  // admission's order and windows, not from this.
+  static constexpr int32_t kDefaultCallsInFlight = 4096;
 
   double weight = 1.0;
   int32_t max_devices = 0;

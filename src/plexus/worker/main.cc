@@ -80,6 +80,7 @@ int main(int argc, char** argv) {
          log_level == "debug" || log_level == "trace" ? "0" : "3",
          /*overwrite=*/0);
   plexus::RaiseOpenFileLimit();
+  plexus::UseLockOrderChecksOfThisBuild();
   options.device_memory = static_cast<int64_t>(memory_mib * (1 << 20));
   options.shared_memory = !no_shm;
   plexus::InitLogging(

@@ -315,9 +315,20 @@ void WorkerImpl::WriterLoop() {
     std::vector<proto::WorkerToServer> out;
     {
       absl::MutexLock lock(&mu_);
+      // Finished calls go out in batches: once kReportBatch have gathered,
+      // or kReportDelay after the first of them, whichever comes first (the
+      // server's admission windows cover that delay).
+      auto report_due = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return calls_done_.tickets_size() >= kReportBatch ||
+               (!calls_done_.tickets().empty() &&
+                absl::Now() >= first_done_ + kReportDelay);
+      };
       while (!done_ && !stream_ended_ && failed_transfers_.empty() &&
-             calls_done_.tickets().empty() && absl::Now() < next_beat) {
-        wake_writer_.WaitWithDeadline(&mu_, next_beat);
+             !report_due() && absl::Now() < next_beat) {
+        wake_writer_.WaitWithDeadline(
+            &mu_, calls_done_.tickets().empty()
+                      ? next_beat
+                      : std::min(next_beat, first_done_ + kReportDelay));
       }
       if (done_ || stream_ended_) break;
       for (proto::TransferFailed& f : failed_transfers_) {
@@ -344,17 +355,22 @@ void WorkerImpl::WriterLoop() {
   writer_done_ = true;
 }
 
-void WorkerImpl::CallFinished(const proto::Execute& exec,
-                              int64_t busy_micros) {
+void WorkerImpl::CallFinished(const proto::Execute& exec, int64_t busy_micros) {
   absl::MutexLock lock(&mu_);
   Usage& usage = usage_[exec.client_id()];
   usage.busy_micros += busy_micros;
   usage.calls++;
   if (exec.ticket() == 0) return;  // not admitted by a server (harnesses)
+  if (calls_done_.tickets().empty()) first_done_ = absl::Now();
   calls_done_.add_client_ids(exec.client_id());
   calls_done_.add_tickets(exec.ticket());
   calls_done_.add_busy_micros(busy_micros);
-  wake_writer_.SignalAll();
+  // The writer wakes for the first of a batch (to time it) and when the
+  // batch is full; not for each call.
+  if (calls_done_.tickets_size() == 1 ||
+      calls_done_.tickets_size() == kReportBatch) {
+    wake_writer_.SignalAll();
+  }
 }
 
 void WorkerImpl::ReportTransferFailure(int64_t dst_worker,

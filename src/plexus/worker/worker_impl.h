@@ -212,8 +212,12 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;  // the reader saw its end
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;   // WritesDone was called
   std::vector<proto::TransferFailed> failed_transfers_ ABSL_GUARDED_BY(mu_);
-  // Calls finished since the writer last reported them.
+  // Calls finished since the writer last reported them, and when the first
+  // of them finished. Reported in batches (WriterLoop).
+  static constexpr int kReportBatch = 512;
+  static constexpr absl::Duration kReportDelay = absl::Milliseconds(1);
   proto::CallsDone calls_done_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_done_ ABSL_GUARDED_BY(mu_);
   // Device time and calls per live client (WorkerStats.clients).
   struct Usage {
     int64_t busy_micros = 0;
