@@ -5,6 +5,7 @@ import signal
 import socket
 import struct
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -120,6 +121,28 @@ def test_a_stopped_worker_does_not_wedge_a_fetch():
         finally:
             for p in pids:
                 os.kill(p, signal.SIGCONT)
+
+
+def test_connecting_to_a_stopped_worker_ends_when_it_is_declared_down():
+    # The first data-plane request to a worker opens a connection, whose
+    # handshake waits for the worker's challenge. A stopped worker's kernel
+    # accepts the connection but the worker never answers: the connecting
+    # ends when the server declares it down (1 s), not at the handshake's
+    # own 10 s deadline.
+    with plexus.local(hosts=2, heartbeat_timeout_ms=1000) as cluster:
+        client = cluster.connect()
+        s = client.slice(1, hosts=["host1"])
+        (victim,) = [w["pid"] for w in cluster.status()["workers"]
+                     if w["host_name"] == "host1"]
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(plexus.UnavailableError, match="host1"):
+                s.put(np.arange(16, dtype=np.float32))
+            elapsed = time.monotonic() - t0
+            assert elapsed < 5, f"the put waited {elapsed:.1f} s"
+        finally:
+            os.kill(victim, signal.SIGCONT)
 
 
 def test_a_closed_client_refuses_work(cluster):

@@ -335,10 +335,15 @@ ClientCore::Checkout(const proto::SliceDevice& device) {
       return conn;
     }
   }
+  // A worker declared down (a stopped one accepts but never answers the
+  // handshake) or a close ends the connecting too.
+  auto given_up = [this, worker] {
+    absl::MutexLock lock(&mu_);
+    return closed_ || workers_down_.contains(worker);
+  };
   auto conn = transport::DataPlaneConnection::Connect(
       device.data_address(), SameMachine(device) ? device.unix_path() : "",
-      &data_counters_, identity_);
-  if (!conn.ok()) return conn;
+      &data_counters_, identity_, given_up);
   absl::MutexLock lock(&mu_);
   // Checked under the lock that the reader takes to wake connections: a
   // worker reported down meanwhile, or a close, is seen here or wakes this.
@@ -346,6 +351,7 @@ ClientCore::Checkout(const proto::SliceDevice& device) {
   if (auto down = workers_down_.find(worker); down != workers_down_.end()) {
     return down->second;
   }
+  if (!conn.ok()) return conn;
   in_use_[conn->get()] = worker;
   return conn;
 }

@@ -171,10 +171,14 @@ class DataPlaneConnection {
   // LocalMachineId), else tcp_address; to tcp_address too when the unix
   // socket cannot be reached (uses_shared_memory() tells which).
   // The connection opens with the handshake, proving `me` (a refusal is
-  // PermissionDenied, and is not retried over TCP).
+  // PermissionDenied, and is not retried over TCP). The handshake waits
+  // for the worker at most 10 s, and gives up (Cancelled) once
+  // `cancelled`, if given, returns true: checked every 50 ms, it is how a
+  // client stops connecting to a worker the server declared down.
   static absl::StatusOr<std::unique_ptr<DataPlaneConnection>> Connect(
       const std::string& tcp_address, const std::string& unix_path,
-      DataPlaneCounters* counters, const DataPlaneIdentity& me = {});
+      DataPlaneCounters* counters, const DataPlaneIdentity& me = {},
+      const std::function<bool()>& cancelled = {});
   virtual ~DataPlaneConnection() = default;
 
   virtual bool uses_shared_memory() const = 0;

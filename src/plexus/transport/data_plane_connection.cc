@@ -221,13 +221,15 @@ absl::StatusOr<std::unique_ptr<DataPlaneConnection>>
 DataPlaneConnection::Connect(const std::string& tcp_address,
                              const std::string& unix_path,
                              DataPlaneCounters* counters,
-                             const DataPlaneIdentity& me) {
+                             const DataPlaneIdentity& me,
+                             const std::function<bool()>& cancelled) {
   // A connection is handed out only once the handshake proved `me` and the
   // worker proved it holds the same secret.
   auto open = [&](internal::UniqueFd fd, bool is_unix, std::string address)
       -> absl::StatusOr<std::unique_ptr<DataPlaneConnection>> {
     auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
-    if (absl::Status s = internal::ConnectHandshake(*socket, me); !s.ok()) {
+    if (absl::Status s = internal::ConnectHandshake(*socket, me, cancelled);
+        !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("data-plane connection to ",
                                                  address, ": ", s.message()));
     }

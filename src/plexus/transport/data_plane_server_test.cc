@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -344,6 +345,28 @@ TEST(DataPlaneHandshakeTest, AConnectionThatNeverSaysHelloIsClosedInTime) {
   internal::FrameHeader first;
   std::memcpy(&first, heard.data(), sizeof(first));
   EXPECT_EQ(first.frame_type(), internal::FrameType::kChallenge);
+}
+
+TEST(DataPlaneHandshakeTest, ConnectingToAWorkerThatNeverAnswersCanBeGivenUp) {
+  // A listener that never accepts, as a SIGSTOPped worker's: the kernel
+  // completes the TCP connection, but no challenge ever comes.
+  std::string address;
+  auto listener = internal::ListenTcp("127.0.0.1", &address);
+  ASSERT_TRUE(listener.ok());
+  std::atomic<bool> down{false};
+  std::thread server_says_down([&] {
+    absl::SleepFor(absl::Milliseconds(100));  // the report, some time later
+    down = true;
+  });
+  const absl::Time start = absl::Now();
+  auto conn = DataPlaneConnection::Connect(
+      address, "", nullptr, Client(1, Filled(1)), [&] { return down.load(); });
+  const absl::Duration took = absl::Now() - start;
+  server_says_down.join();
+  ASSERT_FALSE(conn.ok());
+  EXPECT_EQ(conn.status().code(), absl::StatusCode::kCancelled)
+      << conn.status();
+  EXPECT_LT(took, absl::Seconds(2)) << "not given up at once";
 }
 
 // A TCP relay between a connector and the server that records every byte

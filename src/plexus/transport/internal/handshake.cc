@@ -1,7 +1,10 @@
 #include "plexus/transport/internal/handshake.h"
 
 #include <openssl/rand.h>
+#include <poll.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -61,6 +64,31 @@ bool SameProof(const Proof& want, absl::string_view got) {
          ConstantTimeEqual(want.data(),
                            reinterpret_cast<const uint8_t*>(got.data()),
                            want.size());
+}
+
+// Waits until `socket` has bytes to read (or an end), at most until
+// `deadline`, and no longer than `cancelled` allows.
+absl::Status AwaitReadable(FrameSocket& socket, absl::Time deadline,
+                           const std::function<bool()>& cancelled) {
+  while (true) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(
+          "data-plane handshake: given up (the worker was declared down, "
+          "or the connection is no longer wanted)");
+    }
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("data-plane handshake: no answer within ",
+                       absl::FormatDuration(kHandshakeTimeout)));
+    }
+    pollfd p{socket.fd(), POLLIN, 0};
+    const int ms = static_cast<int>(
+        absl::ToInt64Milliseconds(std::min(left, kCancelPoll)) + 1);
+    const int ready = poll(&p, 1, ms);
+    if (ready > 0) return absl::OkStatus();
+    if (ready < 0 && errno != EINTR) return IoError("poll", errno);
+  }
 }
 
 // Reads the next frame, which must be `want`, with its payload.
@@ -141,11 +169,16 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
   return peer;
 }
 
-absl::Status ConnectHandshake(FrameSocket& socket,
-                              const DataPlaneIdentity& me) {
-  // Bounded: an acceptor that never answers does not hold the caller.
+absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
+                              const std::function<bool()>& cancelled) {
+  // Bounded: an acceptor that never answers (a stopped worker) does not
+  // hold the caller beyond the deadline, or beyond `cancelled`.
+  const absl::Time deadline = absl::Now() + kHandshakeTimeout;
   if (absl::Status s = SetRecvTimeout(socket.fd(), kHandshakeTimeout);
       !s.ok()) {
+    return socket.Break(s);
+  }
+  if (absl::Status s = AwaitReadable(socket, deadline, cancelled); !s.ok()) {
     return socket.Break(s);
   }
   auto challenge = ReadExpected(socket, FrameType::kChallenge);
@@ -162,6 +195,9 @@ absl::Status ConnectHandshake(FrameSocket& socket,
   std::string payload = *nonce_c;
   payload.append(reinterpret_cast<const char*>(proof_c.data()), kProofSize);
   if (absl::Status s = socket.SendFrame(hello, payload); !s.ok()) return s;
+  if (absl::Status s = AwaitReadable(socket, deadline, cancelled); !s.ok()) {
+    return socket.Break(s);
+  }
   auto welcome = ReadExpected(socket, FrameType::kWelcome);
   if (!welcome.ok()) return socket.Break(welcome.status());
   if (!SameProof(

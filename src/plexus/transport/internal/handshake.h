@@ -57,6 +57,11 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
 
 // Connector side. PermissionDenied when the acceptor refuses `me` or
 // cannot prove it knows `me`'s credential; the socket is then broken.
-absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me);
+// Each wait for the acceptor ends at kHandshakeTimeout, or, checked every
+// kCancelPoll, once `cancelled` (if given) returns true: Cancelled, saying
+// so (the acceptor's owner was declared down, the caller is closing).
+inline constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
+                              const std::function<bool()>& cancelled = {});
 
 }  // namespace plexus::transport::internal
