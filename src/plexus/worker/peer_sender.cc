@@ -51,8 +51,14 @@ void PeerSender::MarkDown() {
 
 absl::Status PeerSender::SendOne(const Item& item) {
   if (!conn_) {
+    // A peer declared down (a stopped one accepts but never answers the
+    // handshake), or this sender stopping, ends the connecting too.
+    auto given_up = [this] {
+      absl::MutexLock lock(&mu_);
+      return down_ || stop_;
+    };
     auto conn = transport::DataPlaneConnection::Connect(
-        tcp_address_, unix_path_, counters_, identity_);
+        tcp_address_, unix_path_, counters_, identity_, given_up);
     if (!conn.ok()) return conn.status();
     conn_ = std::move(*conn);
   }

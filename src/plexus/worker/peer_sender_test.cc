@@ -5,6 +5,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "plexus/transport/internal/socket_io.h"
 #include "plexus/transport/internal/test_handler.h"
 
 namespace plexus {
@@ -44,6 +45,30 @@ class Failures {
   std::vector<ShardKey> keys_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> reasons_ ABSL_GUARDED_BY(mu_);
 };
+
+// A stopped peer: the kernel completes the connection, the worker never
+// sends its challenge. Once the peer is declared down, the sender stops
+// connecting at once (it used to sit out the handshake's 10 s, and a
+// worker shutting down waited on it).
+TEST(PeerSenderTest, StopsConnectingToAPeerDeclaredDown) {
+  std::string address;
+  auto listener = transport::internal::ListenTcp("127.0.0.1", &address);
+  ASSERT_TRUE(listener.ok());
+  Failures failures;
+  auto sender = std::make_unique<PeerSender>(2, address, "", nullptr,
+                                             transport::DataPlaneIdentity{},
+                                             failures.Callback());
+  // Large: queued for the sender's thread, which connects.
+  sender->Send({41, 0}, std::shared_ptr<const Storage>(Pattern(256 << 10, 5)));
+  // The connection arrives: the sender now waits for a challenge.
+  auto accepted = transport::internal::Accept(listener->get());
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  const absl::Time start = absl::Now();
+  sender->MarkDown();
+  sender.reset();  // joins its thread
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_LT(took, absl::Seconds(2)) << "the sender sat out the handshake";
+}
 
 // A peer in another network namespace: its unix socket is not reachable
 // from here, its TCP address is. The shard arrives over TCP.
