@@ -9,6 +9,7 @@ every wait is bounded. With CI=true a missing Ray fails the module
 (tests/conftest.py), it does not skip.
 """
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -58,10 +59,22 @@ def parent_title(pid):
     return Path(f"/proc/{ppid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
-def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path):
+def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path,
+                                                    monkeypatch):
+    # The control plane on TLS: a certificate naming the node's address.
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-ray",
+         "-addext", f"subjectAltName=IP:{ray.util.get_node_ip_address()}"],
+        check=True, capture_output=True, timeout=60)
+    monkeypatch.delenv("PLEXUS_TLS_CA", raising=False)
     with plexus.ray.start(hosts=2, devices_per_host=1, cpus_per_host=1,
                           strategy="PACK", timeout=60, log_dir=str(tmp_path),
-                          actor_options=local_ray) as cluster:
+                          actor_options=local_ray, tls_cert=str(cert),
+                          tls_key=str(key)) as cluster:
+        assert "(TLS;" in (tmp_path / "plexus-server.log").read_text()
         # Ray reserved the resources: one bundle of one CPU per host.
         table = ray.util.placement_group_table(cluster.placement_group)
         assert table["state"] == "CREATED", table

@@ -56,6 +56,19 @@ class _Host:
         import ray
         return ray.util.get_node_ip_address()
 
+    def write_tls(self, files):
+        """Writes the PEM files given by content ({name: text}) into this
+        host's folder (mode 0600) and returns {name: path}."""
+        paths = {}
+        for name, text in files.items():
+            # Hosts may share the folder (log_dir): a name per host.
+            path = os.path.join(self.log_dir, f"host{self.index}-{name}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            paths[name] = path
+        return paths
+
     def _spawn(self, name, cmd, secret, timeout, extra_env=None):
         """Starts `cmd` with --ready-fd and returns (process, the line it
         writes once ready); raises naming its log if it does not come up."""
@@ -86,27 +99,32 @@ class _Host:
         return proc, line
 
     def start_server(self, secret, port, heartbeat_timeout_ms, log_level,
-                     timeout):
-        proc, address = self._spawn(
-            "plexus-server",
-            [str(bin_dir() / "plexus-server"),
-             "--listen", f"{self.node_ip()}:{port}",
-             "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
-             "--log-level", log_level], secret, timeout)
+                     timeout, tls=None):
+        cmd = [str(bin_dir() / "plexus-server"),
+               "--listen", f"{self.node_ip()}:{port}",
+               "--heartbeat-timeout-ms", str(heartbeat_timeout_ms),
+               "--log-level", log_level]
+        if tls:
+            paths = self.write_tls({"tls.crt": tls[0], "tls.key": tls[1]})
+            cmd += ["--tls-cert", paths["tls.crt"],
+                    "--tls-key", paths["tls.key"]]
+        proc, address = self._spawn("plexus-server", cmd, secret, timeout)
         self.server = proc
         return address
 
     def start_worker(self, server, secret, host_name, devices,
-                     device_memory_mib, data_port, log_level, timeout):
-        plugin = default_pjrt_plugin() or ""
+                     device_memory_mib, data_port, log_level, timeout,
+                     tls_ca=None):
+        env = {"PLEXUS_PJRT_PLUGIN": default_pjrt_plugin() or ""}
+        if tls_ca:
+            env["PLEXUS_TLS_CA"] = self.write_tls({"ca.crt": tls_ca})["ca.crt"]
         proc, worker_id = self._spawn(
             f"plexus-worker-{host_name}",
             [str(bin_dir() / "plexus-worker"), "--server", server,
              "--host-name", host_name, "--devices", str(devices),
              "--device-memory-mib", str(device_memory_mib),
              "--data-host", f"{self.node_ip()}:{data_port}",
-             "--log-level", log_level], secret, timeout,
-            extra_env={"PLEXUS_PJRT_PLUGIN": plugin})
+             "--log-level", log_level], secret, timeout, extra_env=env)
         self.worker = proc
         return int(worker_id), proc.pid
 
@@ -153,12 +171,14 @@ class RayCluster:
     `client` (connected at start), `hosts` (the host actors, in bundle
     order), `placement_group`. Use as a context manager, or call down()."""
 
-    def __init__(self, placement_group, hosts, address, secret, timeout):
+    def __init__(self, placement_group, hosts, address, secret, timeout,
+                 tls_ca=None):
         self.placement_group = placement_group
         self.hosts = hosts
         self.address = address
         self._secret = secret
         self._timeout = timeout
+        self._tls_ca = tls_ca  # a file on this machine, or None
         self._clients = []
         self.client = None
 
@@ -170,7 +190,8 @@ class RayCluster:
         from ._api import Client
         c = Client(_core.Client.connect(
             self.address, name, shared_memory, sequential_dispatch,
-            tenant=tenant or "", secret_hex=self._secret))
+            tenant=tenant or "", secret_hex=self._secret,
+            tls_ca=self._tls_ca or ""))
         self._clients.append(c)
         return c
 
@@ -234,7 +255,7 @@ def start(hosts=None, devices_per_host=1, *, cpus_per_host=1,
           gpus_per_host=0, strategy="STRICT_SPREAD", device_memory_mib=1024,
           server_port=0, data_port=0, heartbeat_timeout_ms=3000,
           log_level="info", log_dir=None, timeout=60.0, client_name="ray",
-          actor_options=None):
+          actor_options=None, tls_cert=None, tls_key=None, tls_ca=None):
     """Starts a Plexus cluster on the Ray cluster this process is connected
     to (ray.init() first) and returns it with a connected client.
 
@@ -246,7 +267,11 @@ def start(hosts=None, devices_per_host=1, *, cpus_per_host=1,
     server_port, data_port: the server's control port and every worker's
       data-plane port (0: any free one);
     timeout: seconds for Ray to place the bundles and for each process to
-      come up (TimeoutError or RuntimeError naming what did not).
+      come up (TimeoutError or RuntimeError naming what did not);
+    tls_cert, tls_key: PEM files here (the server's certificate, naming the
+      first host's node address, and its key): the control plane on TLS;
+      they reach the host actors by content. tls_ca: the CA that signed it
+      (default: tls_cert itself, self-signed), for workers and clients.
     """
     import ray
     from ray.util.placement_group import placement_group
@@ -259,6 +284,16 @@ def start(hosts=None, devices_per_host=1, *, cpus_per_host=1,
         hosts = sum(1 for n in ray.nodes() if n.get("Alive"))
     if hosts < 1:
         raise ValueError(f"hosts must be at least 1, got {hosts}")
+    if bool(tls_cert) != bool(tls_key):
+        raise ValueError("tls_cert and tls_key go together")
+    tls = None
+    if tls_cert:
+        tls_ca = tls_ca or tls_cert
+        with open(tls_cert) as c, open(tls_key) as k, open(tls_ca) as a:
+            tls = (c.read(), k.read(), a.read())
+        # status() and down() (the status and shutdown calls) read the CA
+        # from the environment, as the plexus command does.
+        os.environ.setdefault("PLEXUS_TLS_CA", tls_ca)
     bundle = {"CPU": cpus_per_host}
     if gpus_per_host:
         bundle["GPU"] = gpus_per_host
@@ -280,16 +315,18 @@ def start(hosts=None, devices_per_host=1, *, cpus_per_host=1,
         scheduling_strategy=PlacementGroupSchedulingStrategy(
             pg, placement_group_bundle_index=i), **options).remote(i, log_dir)
         for i in range(hosts)]
-    cluster = RayCluster(pg, actors, None, _core.new_cluster_secret(), timeout)
+    cluster = RayCluster(pg, actors, None, _core.new_cluster_secret(), timeout,
+                         tls_ca=tls_ca if tls else None)
     try:
         deadline = time.monotonic() + 3 * timeout
         left = lambda: max(1.0, deadline - time.monotonic())  # noqa: E731
         cluster.address = ray.get(actors[0].start_server.remote(
             cluster._secret, server_port, heartbeat_timeout_ms, log_level,
-            timeout), timeout=left())
+            timeout, tls=tls[:2] if tls else None), timeout=left())
         ray.get([a.start_worker.remote(
             cluster.address, cluster._secret, f"ray-{i}", devices_per_host,
-            device_memory_mib, data_port, log_level, timeout)
+            device_memory_mib, data_port, log_level, timeout,
+            tls_ca=tls[2] if tls else None)
             for i, a in enumerate(actors)], timeout=left())
         cluster.client = cluster.connect(name=client_name)
     except BaseException:
