@@ -221,6 +221,11 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
     assert runner.delete_all(grace_s=grace) == {
         p.name: 0 for p in [server] + workers + [job]}, runner.logs()
     assert set(runner.dropped) <= PENDING_FLAGS
+    # No container logged a credential.
+    token = plexus._core.tenant_token("smoke", lab.secret)
+    for pod in runner.pods:
+        text = "".join(pod.containers[0].lines).lower()
+        assert lab.secret not in text and token not in text, pod.name
 
 
 def test_the_placeholder_secret_is_refused(runner):

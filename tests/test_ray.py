@@ -91,6 +91,7 @@ def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path,
                         steps=100), "the data-parallel example", timeout=120)
         pg = cluster.placement_group
         pids = [int(w["pid"]) for w in workers.values()]
+        secret = cluster._secret
     assert err <= 1e-5
     assert final_loss < LOSS_THRESHOLD
     # down(): processes gone, the reservation returned to Ray.
@@ -98,6 +99,9 @@ def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path,
                "State:\tZ" in Path(f"/proc/{p}/status").read_text()
                for p in pids)
     assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+    # The secret is in no log of the server or the workers.
+    for log in tmp_path.glob("plexus-*.log"):
+        assert secret not in log.read_text(errors="replace").lower(), log
 
 
 def test_a_reservation_ray_cannot_place_fails_within_the_timeout(local_ray):
