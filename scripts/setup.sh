@@ -9,7 +9,10 @@ APT_PKGS=(cmake ninja-build g++ ccache pkg-config
   libgoogle-perftools-dev clang-format
   # clang 14, its sanitizer runtimes and llvm-symbolizer: the thread-safety
   # and sanitizer stages of make test.
-  clang libclang-rt-14-dev llvm)
+  clang libclang-rt-14-dev llvm
+  # openssl and iproute2: the tests make TLS certificates (openssl req) and
+  # hosts in network namespaces (ip netns).
+  openssl iproute2)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
