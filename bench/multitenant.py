@@ -77,7 +77,8 @@ def flood_client(address, tenant, micros, ready, start, stop_at, depth=256):
     client.close()
 
 
-def steady_client(address, tenant, micros, ready, start, stop_at, results):
+def steady_client(address, tenant, micros, ready, start, stop_at, results,
+                  window):
     """Asks for a fixed share of device time: one call every
     micros / STEADY_SHARE, issued on time whether or not the last has
     finished (open loop). A second thread waits for each in order; a call's
@@ -110,7 +111,7 @@ def steady_client(address, tenant, micros, ready, start, stop_at, results):
                 issued.clear()
             plexus.wait([f for _, f in batch])
             now = time.monotonic()
-            latencies.extend(now - began for began, _ in batch)
+            latencies.extend((began, now - began) for began, _ in batch)
 
     t = threading.Thread(target=waiter)
     t.start()
@@ -131,14 +132,16 @@ def steady_client(address, tenant, micros, ready, start, stop_at, results):
         done_issuing.append(True)
         cv.notify()
     t.join()
-    elapsed = time.monotonic() - t0
-    results.put((tenant, len(latencies) / elapsed, latencies))
+    # Only the calls issued inside the parent's measured window count.
+    lo, hi = window[0], window[1]
+    measured = [lat for began, lat in latencies if lo <= began < hi]
+    results.put((tenant, len(measured) / (hi - lo), measured))
     client.close()
 
 
-def usage(cluster):
-    """(per-client busy µs summed over workers by name, total device busy
-    µs, time of the sample)."""
+def usage(cluster, field="busy_micros"):
+    """(per-client `field` of the workers' usage, summed over workers, by
+    client name; total device busy µs; time of the sample)."""
     st = cluster.status(fresh=True)
     names = {int(c["client_id"]): c["name"] for c in st["clients"]}
     per_client = collections.Counter()
@@ -149,8 +152,28 @@ def usage(cluster):
         for u in stats.get("clients", []):
             name = names.get(int(u["client_id"]))
             if name is not None:
-                per_client[name] += int(u["busy_micros"])
+                name = (name, int(u["client_id"]), int(w["worker_id"]))
+                if isinstance(field, tuple):
+                    per_client[name] += complex(int(u.get(field[0], 0)),
+                                                int(u.get(field[1], 0)))
+                else:
+                    per_client[name] += int(u.get(field, 0))
     return per_client, device, time.monotonic()
+
+
+def delta(c0, c1, name):
+    """c1 - c0 for client `name`, summed over workers; a counter that went
+    back (a worker that restarted, a client id seen twice) is an error."""
+    total = 0
+    for key, v1 in c1.items():
+        if key[0] != name:
+            continue
+        d = v1 - c0.get(key, 0)
+        if (d.real if isinstance(d, complex) else d) < 0:
+            raise RuntimeError(f"counter of {key} went back: {c0.get(key)} "
+                               f"-> {v1}")
+        total += d
+    return total
 
 
 def start_clients(ctx, specs, address, micros, seconds, warmup):
@@ -158,23 +181,27 @@ def start_clients(ctx, specs, address, micros, seconds, warmup):
     ready, with the shared start event, and the results queue."""
     ready, results = ctx.Queue(), ctx.Queue()
     start = ctx.Event()
+    # Clients run until the parent sets stop_at, after its last sample; the
+    # measured window (monotonic time, shared by every process here) is set
+    # by the parent too.
     stop_at = ctx.Value("d", 1e18)
+    window = ctx.Array("d", [0.0, 0.0])
     procs = []
     for kind, tenant in specs:
         if kind == "flood":
             args = (address, tenant, micros, ready, start, stop_at)
             target = flood_client
         else:
-            args = (address, tenant, micros, ready, start, stop_at, results)
+            args = (address, tenant, micros, ready, start, stop_at, results,
+                    window)
             target = steady_client
         p = ctx.Process(target=target, args=args, name=tenant, daemon=True)
         p.start()
         procs.append(p)
     for _ in specs:
         ready.get(timeout=120)
-    stop_at.value = time.monotonic() + warmup + seconds
     start.set()
-    return procs, results
+    return procs, results, stop_at, window
 
 
 def join(procs):
@@ -186,20 +213,21 @@ def join(procs):
 
 def run_shares(cluster, ctx, args):
     log(f"shares: 4 clients weighted 1:2:4:8 flood for {args.seconds} s")
-    procs, _ = start_clients(ctx, [("flood", t) for t in WEIGHTS],
-                             cluster.address, args.micros, args.seconds,
-                             args.warmup)
+    procs, _, stop_at, _ = start_clients(
+        ctx, [("flood", t) for t in WEIGHTS], cluster.address, args.micros,
+        args.seconds, args.warmup)
     time.sleep(args.warmup)
     c0, d0, t0 = usage(cluster)
     time.sleep(args.seconds)
     c1, d1, t1 = usage(cluster)
+    stop_at.value = time.monotonic()
     join(procs)
     wall = (t1 - t0) * 1e6
-    total = sum(c1[t] - c0[t] for t in WEIGHTS)
+    total = sum(delta(c0, c1, t) for t in WEIGHTS)
     weight_sum = sum(WEIGHTS.values())
     rows = []
     for t, w in WEIGHTS.items():
-        share = (c1[t] - c0[t]) / total
+        share = delta(c0, c1, t) / total
         rows.append({"tenant": t, "weight": w, "share": share,
                      "weight_share": w / weight_sum,
                      "error_pp": 100 * (share - w / weight_sum)})
@@ -214,20 +242,27 @@ def run_steady(cluster, ctx, args, flood):
     log(f"{'flood' if flood else 'steady'}: 4 clients asking "
         f"{STEADY_SHARE:.0%} each{' + one flooding' if flood else ''}, "
         f"{args.seconds} s")
-    procs, results = start_clients(ctx, specs, cluster.address, args.micros,
-                                   args.seconds, args.warmup)
+    procs, results, stop_at, window = start_clients(
+        ctx, specs, cluster.address, args.micros, args.seconds, args.warmup)
     time.sleep(args.warmup)
-    c0, d0, t0 = usage(cluster)
+    # Per client: (device-queue wait µs, tasks) as a complex pair.
+    c0, d0, t0 = usage(cluster, ("queued_micros", "tasks"))
+    window[0] = time.monotonic()
     time.sleep(args.seconds)
-    c1, d1, t1 = usage(cluster)
+    window[1] = time.monotonic()
+    c1, d1, t1 = usage(cluster, ("queued_micros", "tasks"))
+    stop_at.value = time.monotonic()
     out = {}
     for _ in range(4):
         tenant, rate, lat = results.get(timeout=120)
         lat.sort()
+        q = delta(c0, c1, tenant)
         out[tenant] = {"calls_per_s": rate,
                        "p50_ms": 1e3 * statistics.median(lat),
                        "p99_ms": 1e3 * lat[int(0.99 * (len(lat) - 1))],
-                       "calls": len(lat)}
+                       "calls": len(lat),
+                       # Mean time a task waited in its device's queue.
+                       "device_wait_us": q.real / max(1.0, q.imag)}
     join(procs)
     return {"clients": out,
             "utilisation": (d1 - d0) / (2 * (t1 - t0) * 1e6)}
@@ -264,7 +299,8 @@ def main():
           f"flooding fifth (utilisation {steady['utilisation']:.1%} -> "
           f"{flooded['utilisation']:.1%})")
     print(f"{'client':8} {'calls/s':>9} {'with':>9} {'ratio':>6} "
-          f"{'p50 ms':>8} {'with':>8} {'p99 ms':>8} {'with':>8} {'ratio':>6}")
+          f"{'p50 ms':>8} {'with':>8} {'p99 ms':>8} {'with':>8} {'ratio':>6} "
+          f"{'queue us':>9} {'with':>8}")
     ratios = []
     for t in sorted(steady["clients"]):
         a, b = steady["clients"][t], flooded["clients"][t]
@@ -273,7 +309,8 @@ def main():
         ratios.append({"client": t, "rate_ratio": r_rate, "p99_ratio": r_p99})
         print(f"{t:8} {a['calls_per_s']:>9.1f} {b['calls_per_s']:>9.1f} "
               f"{r_rate:>6.2f} {a['p50_ms']:>8.2f} {b['p50_ms']:>8.2f} "
-              f"{a['p99_ms']:>8.2f} {b['p99_ms']:>8.2f} {r_p99:>6.2f}")
+              f"{a['p99_ms']:>8.2f} {b['p99_ms']:>8.2f} {r_p99:>6.2f} "
+              f"{a['device_wait_us']:>9.0f} {b['device_wait_us']:>8.0f}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": "python3 bench/multitenant.py " + " ".join(sys.argv[1:]),

@@ -86,13 +86,22 @@ double Admission::Estimate(const Client& c, uint64_t program_id) const {
                             : it->second;
 }
 
-bool Admission::HasRoom(int64_t worker, double cost) const {
+Admission::Room Admission::RoomFor(int64_t worker, uint64_t client,
+                                   double cost) const {
   auto it = windows_.find(worker);
-  if (it == windows_.end()) return true;  // gone: its ops are dropped
+  if (it == windows_.end()) return Room::kYes;  // gone: its ops are dropped
   const Window& w = it->second;
-  return w.calls < int64_t{options_.min_window_calls} * w.devices ||
-         w.micros + cost <=
-             static_cast<double>(options_.window_micros) * w.devices;
+  auto fits = [&](const Load& load, int windows) {
+    return load.calls < int64_t{options_.min_window_calls} * w.devices ||
+           load.micros + cost <= static_cast<double>(options_.window_micros) *
+                                     w.devices * windows;
+  };
+  if (!fits(w.total, 2)) return Room::kWorkerFull;
+  auto own = w.clients.find(client);
+  if (own != w.clients.end() && !fits(own->second, 1)) {
+    return Room::kClientFull;
+  }
+  return Room::kYes;
 }
 
 bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
@@ -105,19 +114,25 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
     if (unit.is_call()) {
       if (c.view.in_flight >= c.view.max_calls_in_flight) continue;
       cost = Estimate(c, unit.program_id);
-      bool blocked = false;
+      // Blocked by a full worker: it reserves its workers. Blocked by its
+      // own window only: it reserves nothing (others may use the room).
+      Room room = Room::kYes;
       for (int64_t w : unit.exec_workers) {
-        if (std::find(reserved.begin(), reserved.end(), w) != reserved.end() ||
-            !HasRoom(w, cost)) {
-          blocked = true;
+        const Room r =
+            std::find(reserved.begin(), reserved.end(), w) != reserved.end()
+                ? Room::kWorkerFull
+                : RoomFor(w, id, cost);
+        if (r == Room::kWorkerFull) {
+          room = r;
           break;
         }
+        if (r == Room::kClientFull) room = r;
       }
-      if (blocked) {
+      if (room == Room::kWorkerFull) {
         reserved.insert(reserved.end(), unit.exec_workers.begin(),
                         unit.exec_workers.end());
-        continue;
       }
+      if (room != Room::kYes) continue;
     }
 
     // Admit it.
@@ -139,8 +154,11 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       for (int64_t w : unit_out->exec_workers) {
         auto window = windows_.find(w);
         if (window == windows_.end()) continue;  // gone: never reports
-        window->second.calls++;
-        window->second.micros += cost;
+        for (Load* load :
+             {&window->second.total, &window->second.clients[id]}) {
+          load->calls++;
+          load->micros += cost;
+        }
         f.workers.push_back(w);
         for (proto::WorkerOp& op : unit_out->ops[w]) {
           if (op.has_execute()) {
@@ -176,8 +194,15 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
   f.workers.erase(w);
   auto window = windows_.find(worker);
   if (window != windows_.end()) {
-    window->second.calls--;
-    window->second.micros = std::max(0.0, window->second.micros - f.cost);
+    Load& total = window->second.total;
+    total.calls--;
+    total.micros = std::max(0.0, total.micros - f.cost);
+    auto own = window->second.clients.find(f.client);
+    if (own != window->second.clients.end() && --own->second.calls == 0) {
+      window->second.clients.erase(own);
+    } else if (own != window->second.clients.end()) {
+      own->second.micros = std::max(0.0, own->second.micros - f.cost);
+    }
   }
   if (f.workers.empty()) {
     auto c = clients_.find(f.client);
@@ -219,7 +244,8 @@ const Admission::ClientView* Admission::Find(uint64_t client) const {
 std::pair<int64_t, int64_t> Admission::WorkerLoad(int64_t worker) const {
   auto it = windows_.find(worker);
   if (it == windows_.end()) return {0, 0};
-  return {it->second.calls, static_cast<int64_t>(it->second.micros)};
+  return {it->second.total.calls,
+          static_cast<int64_t>(it->second.total.micros)};
 }
 
 int64_t Admission::CostOf(uint64_t client, uint64_t program_id) const {

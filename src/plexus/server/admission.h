@@ -20,13 +20,16 @@
 //    device runs a client's independent task before other clients' queued
 //    tasks with higher tags (worker/task_queue.h), so a client under its
 //    share waits behind the call running, not behind a flood's window.
-//  - A call may go when every worker it runs on has room in its window
-//    (device time admitted there and not yet reported done is under
-//    `window_micros` per device, or fewer than `min_window_calls` calls per
-//    device are there) and its client has fewer calls in flight than its
-//    quota. The window keeps each device busy across the round trip of a
-//    completion report while the queue in front of a newcomer stays short;
-//    the backlog waits here, where the fair order is decided.
+//  - A call may go when every worker it runs on has room for it, and its
+//    client has fewer calls in flight than its quota. Room is counted in
+//    device time admitted to a worker and not yet reported done, per
+//    device: the call's client may have up to `window_micros` there (or
+//    fewer than `min_window_calls` calls), and all clients together twice
+//    that. The window keeps each device busy across the round trip of a
+//    completion report; the backlog waits here, where the fair order is
+//    decided; and a client that floods fills only its own window, leaving
+//    room for the others' calls, which then pass its queued ones on the
+//    device (start tags, below).
 //  - A call blocked by a full window reserves the workers it needs: calls
 //    after it in fair order that need any of them wait behind it (a wide
 //    call is never starved by narrow ones); calls on other workers go on,
@@ -130,11 +133,16 @@ class Admission {
     // Moving average of one execute's device time, per program.
     absl::flat_hash_map<uint64_t, double> cost;
   };
-  struct Window {
-    int devices = 1;
+  struct Load {
     int64_t calls = 0;
     double micros = 0;
   };
+  struct Window {
+    int devices = 1;
+    Load total;
+    absl::flat_hash_map<uint64_t, Load> clients;  // only clients with calls
+  };
+  enum class Room { kYes, kClientFull, kWorkerFull };
   struct InFlight {
     uint64_t client = 0;
     uint64_t program_id = 0;
@@ -144,7 +152,7 @@ class Admission {
   };
 
   double Estimate(const Client& c, uint64_t program_id) const;
-  bool HasRoom(int64_t worker, double cost) const;
+  Room RoomFor(int64_t worker, uint64_t client, double cost) const;
   void Backlog(uint64_t id, Client& c);
   void Unbacklog(uint64_t id, Client& c);
   // One execute of `ticket` on `worker` is over (done or worker gone).

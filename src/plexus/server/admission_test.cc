@@ -1,5 +1,6 @@
 #include "plexus/server/admission.h"
 
+#include <algorithm>
 #include <deque>
 #include <map>
 #include <vector>
@@ -52,28 +53,46 @@ proto::CallsDone Done(uint64_t client, uint64_t ticket, int64_t micros) {
   return done;
 }
 
-// A device that runs what was admitted to it, in order, each call taking
-// `micros`, and reports it done: the workers' side of the loop.
+// A device that runs what was admitted to it, each call taking `micros`,
+// and reports it done: the workers' side of the loop. It picks as a worker's
+// TaskQueue does for independent tasks: among each client's oldest call, the
+// lowest start tag.
 class FakeDevices {
  public:
   explicit FakeDevices(Admission* a) : a_(a) {}
   void Admit(const Admitted& ad) {
     for (int64_t w : ad.unit.exec_workers) {
-      queue_[w].push_back({ad.client, TicketOn(ad, w)});
+      const proto::Execute& e = ad.unit.ops.at(w).back().execute();
+      queue_[w].push_back({ad.client, e.ticket(), e.start_tag()});
     }
   }
-  // Finishes the oldest call on `worker`; returns its client.
+  // Finishes the next call on `worker`; returns its client.
   uint64_t FinishOne(int64_t worker, int64_t micros) {
-    auto [client, ticket] = queue_[worker].front();
-    queue_[worker].pop_front();
-    a_->Completed(worker, Done(client, ticket, micros));
-    return client;
+    auto& q = queue_[worker];
+    size_t best = 0;
+    std::vector<uint64_t> seen;
+    for (size_t i = 0; i < q.size(); ++i) {
+      if (std::find(seen.begin(), seen.end(), q[i].client) != seen.end()) {
+        continue;
+      }
+      seen.push_back(q[i].client);
+      if (q[i].tag < q[best].tag) best = i;
+    }
+    const Queued next = q[best];
+    q.erase(q.begin() + static_cast<std::ptrdiff_t>(best));
+    a_->Completed(worker, Done(next.client, next.ticket, micros));
+    return next.client;
   }
   size_t queued(int64_t worker) { return queue_[worker].size(); }
 
  private:
+  struct Queued {
+    uint64_t client;
+    uint64_t ticket;
+    double tag;
+  };
   Admission* a_;
-  std::map<int64_t, std::deque<std::pair<uint64_t, uint64_t>>> queue_;
+  std::map<int64_t, std::deque<Queued>> queue_;
 };
 
 TEST(AdmissionTest, DeviceTimeFollowsTheWeightsWhenEveryoneFloods) {
@@ -99,9 +118,9 @@ TEST(AdmissionTest, DeviceTimeFollowsTheWeightsWhenEveryoneFloods) {
     const double share = static_cast<double>(busy[c]) / total;
     EXPECT_NEAR(share, w / 15.0, 0.01) << "client " << c;
   }
-  // The queue in front of the device stayed within the window: 1000 µs of
-  // 330 µs calls is 3 calls.
-  EXPECT_LE(a.WorkerLoad(1).first, 3);
+  // The queue in front of the device stayed within the windows: each
+  // client's 1000 µs (3 calls of 330 µs), all together twice that.
+  EXPECT_LE(a.WorkerLoad(1).first, 6);
 }
 
 TEST(AdmissionTest, AClientsOwnUnitsKeepTheirOrder) {
@@ -161,7 +180,7 @@ TEST(AdmissionTest, AStalledWorkerStallsOnlyTheCallsThatNeedIt) {
 }
 
 TEST(AdmissionTest, AWideCallBlockedByAWindowReservesItsWorkers) {
-  Admission a({.window_micros = 1000,
+  Admission a({.window_micros = 500,
                .min_window_calls = 1,
                .default_cost_micros = 600});
   for (int64_t w : {1, 2, 3}) a.AddWorker(w, 1);
@@ -212,6 +231,23 @@ TEST(AdmissionTest, TheCallsInFlightQuotaHoldsOnlyItsClient) {
   EXPECT_EQ(out[0].client, 1u);
 }
 
+TEST(AdmissionTest, AFloodFillsOnlyItsOwnWindow) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 500});
+  a.AddWorker(1, 1);
+  a.AddClient(1, 1, 64);
+  a.AddClient(2, 1, 64);
+  for (int i = 0; i < 10; ++i) a.Enqueue(1, Call(1, {1}));
+  EXPECT_EQ(Drain(a).size(), 2u);  // its own 1000 µs
+  // Another client's call goes at once: the worker holds up to twice a
+  // window, and a flood fills only its own.
+  a.Enqueue(2, Call(2, {1}));
+  std::vector<Admitted> out = Drain(a);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].client, 2u);
+}
+
 TEST(AdmissionTest, ALeavingClientFreesItsWindowAndDropsItsQueue) {
   Admission a({.window_micros = 1000,
                .min_window_calls = 1,
@@ -219,18 +255,20 @@ TEST(AdmissionTest, ALeavingClientFreesItsWindowAndDropsItsQueue) {
   a.AddWorker(1, 1);
   a.AddClient(1, 1, 64);
   a.AddClient(2, 1, 64);
+  a.AddClient(3, 1, 64);
   for (int i = 0; i < 3; ++i) a.Enqueue(1, Call(1, {1}));
-  EXPECT_EQ(Drain(a).size(), 1u);
-  a.Enqueue(2, Call(2, {1}));
+  for (int i = 0; i < 2; ++i) a.Enqueue(2, Call(2, {1}));
+  EXPECT_EQ(Drain(a).size(), 2u);  // one each: the worker is full
+  a.Enqueue(3, Call(3, {1}));
   EXPECT_TRUE(Drain(a).empty());
   EXPECT_EQ(a.RemoveClient(1), 2);
   EXPECT_EQ(a.Find(1), nullptr);
   std::vector<Admitted> out = Drain(a);
   ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].client, 2u);
+  EXPECT_EQ(out[0].client, 3u);
   // A late report of the gone client's call is ignored.
   a.Completed(1, Done(1, 1, 1000));
-  EXPECT_EQ(a.WorkerLoad(1).first, 1);
+  EXPECT_EQ(a.WorkerLoad(1).first, 2);
 }
 
 TEST(AdmissionTest, ALostWorkerEndsItsCallsInFlight) {

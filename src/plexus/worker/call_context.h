@@ -22,6 +22,8 @@ struct WorkerImpl::CallContext {
   std::atomic<int> tasks_left{0};
   // Device time of its tasks here so far: reported when the last ends.
   std::atomic<int64_t> busy_micros{0};
+  // Time its tasks here waited in their device's queue, summed.
+  std::atomic<int64_t> queued_micros{0};
   // Per task: why it cannot run, found when it was queued (an input that
   // is not on this worker); OK otherwise.
   std::vector<absl::Status> input_errors;

@@ -133,10 +133,12 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
     if (device < 0 || device >= num_devices) {
       SPDLOG_ERROR("call {} names device {} but this worker has {}",
                    exec.call_id(), device, num_devices);
-      RunTask(call, i);  // fails at once with input_errors[i]
+      RunTask(call, i, absl::Now());  // fails at once with input_errors[i]
       continue;
     }
-    devices_[device]->Enqueue([this, call, i] { RunTask(call, i); }, order);
+    devices_[device]->Enqueue(
+        [this, call, i, queued = absl::Now()] { RunTask(call, i, queued); },
+        order);
   }
 }
 
@@ -196,7 +198,7 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
 }
 
 void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
-                         int task_index) {
+                         int task_index, absl::Time queued) {
   const proto::Execute& exec = call->exec;
   const proto::ShardTask& task = exec.tasks(task_index);
   LoadedProgram* program = call->program;
@@ -293,6 +295,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   };
 
   const absl::Time started = absl::Now();
+  call->queued_micros += absl::ToInt64Microseconds(started - queued);
   absl::Status status = run();
   call->busy_micros += absl::ToInt64Microseconds(absl::Now() - started);
   if (call->island && !joined_island) call->island->Fail(task_index, status);
@@ -330,7 +333,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   }
   if (--call->tasks_left == 0) {
     if (call->collective) call->collective->ReleasePartials();
-    CallFinished(exec, call->busy_micros.load());
+    CallFinished(exec, call->busy_micros.load(), call->queued_micros.load());
   }
 }
 

@@ -355,11 +355,14 @@ void WorkerImpl::WriterLoop() {
   writer_done_ = true;
 }
 
-void WorkerImpl::CallFinished(const proto::Execute& exec, int64_t busy_micros) {
+void WorkerImpl::CallFinished(const proto::Execute& exec, int64_t busy_micros,
+                              int64_t queued_micros) {
   absl::MutexLock lock(&mu_);
   Usage& usage = usage_[exec.client_id()];
   usage.busy_micros += busy_micros;
   usage.calls++;
+  usage.tasks += exec.tasks_size();
+  usage.queued_micros += queued_micros;
   if (exec.ticket() == 0) return;  // not admitted by a server (harnesses)
   if (calls_done_.tickets().empty()) first_done_ = absl::Now();
   calls_done_.add_client_ids(exec.client_id());
@@ -412,6 +415,8 @@ proto::WorkerStats WorkerImpl::CollectStats() {
     u->set_client_id(client);
     u->set_busy_micros(usage.busy_micros);
     u->set_calls(usage.calls);
+    u->set_tasks(usage.tasks);
+    u->set_queued_micros(usage.queued_micros);
   }
   return s;
 }

@@ -127,14 +127,17 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // The last task of a call on this worker ended (done or failed): the
   // writer reports it to the server's admission (CallsDone), and the
   // client's usage grows.
-  void CallFinished(const proto::Execute& exec, int64_t busy_micros);
+  void CallFinished(const proto::Execute& exec, int64_t busy_micros,
+                    int64_t queued_micros);
   // The sender to a peer, made on first use: valid until ~WorkerImpl; null
   // for an unknown peer, and once the worker is being destroyed.
   PeerSender* SenderTo(int64_t worker_id);
 
   // --- execution (task_runner.cc)
   struct CallContext;
-  void RunTask(const std::shared_ptr<CallContext>& call, int task_index);
+  // `queued`: when it entered its device's queue.
+  void RunTask(const std::shared_ptr<CallContext>& call, int task_index,
+               absl::Time queued);
   // Runs partition `task_index` of an XLA call (xla_task.cc): joins the
   // island's other tasks and blocks until the executable has run.
   absl::Status RunXlaPartition(CallContext& call, int task_index,
@@ -222,6 +225,8 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   struct Usage {
     int64_t busy_micros = 0;
     int64_t calls = 0;
+    int64_t tasks = 0;
+    int64_t queued_micros = 0;
   };
   absl::flat_hash_map<uint64_t, Usage> usage_ ABSL_GUARDED_BY(mu_);
 };
