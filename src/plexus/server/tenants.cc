@@ -15,7 +15,10 @@ absl::Status ParsePolicy(const nlohmann::json& j, const std::string& who,
     return absl::InvalidArgumentError(
         absl::StrCat("tenants: ", who, " must be an object"));
   }
-  for (const auto& [key, value] : j.items()) {
+  for (const auto& item : j.items()) {
+    // Not a structured binding: C++17 lambdas cannot capture one (clang).
+    const std::string& key = item.key();
+    const nlohmann::json& value = item.value();
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tenants: ", who, ".", key, " ", why, " (got ", value.dump(), ")"));
