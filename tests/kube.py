@@ -48,9 +48,11 @@ from plexus._binaries import bin_dir, default_pjrt_plugin
 PENDING_FLAGS = {"--advertise-host", "--advertise-address", "--tenants"}
 
 # The image's own environment (deploy/docker/Dockerfile's ENV), with this
-# tree's paths; sanitizer settings of the test run pass through.
+# tree's paths; sanitizer settings of the test run pass through (the ASan
+# stage preloads the runtime, which a pod's python3 needs to import the
+# instrumented extension, as the test process does).
 _SANITIZER_VARS = ("ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS",
-                   "TSAN_OPTIONS")
+                   "TSAN_OPTIONS", "LD_PRELOAD")
 
 
 def image_env(home):
