@@ -22,7 +22,7 @@ for bench in dispatch transfer; do
     status=1
   fi
 done
-for bench in stages pipeline rl xla; do
+for bench in stages pipeline rl xla multitenant; do
   echo "== bench/$bench.py"
   if ! "$PY" "$root/bench/$bench.py" --json "$results/$bench.json"; then
     echo "bench/$bench.py failed" >&2
@@ -30,5 +30,5 @@ for bench in stages pipeline rl xla; do
   fi
 done
 echo
-echo "figures: $results/{dispatch,transfer,stages,pipeline,rl,xla}.json"
+echo "figures: $results/{dispatch,transfer,stages,pipeline,rl,xla,multitenant}.json"
 exit $status
