@@ -49,7 +49,7 @@ class Daemons:
         log = open(self.folder / f"{name}.out", "ab")
         self.procs[name] = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-            start_new_session=True)
+            start_new_session=True, env=DAEMON_ENV)
         log.close()
 
     def stop(self):
@@ -75,6 +75,11 @@ class Daemons:
             out.append(f"--- {f.name}\n" + f.read_text(errors="replace")[-1500:])
         return "\n".join(out)
 
+
+# The daemons' environment: not the sanitizer runtime the ASan stage
+# preloads into this process (they are not built for it; a job's own
+# processes still get it, through sbatch's environment).
+DAEMON_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun",
                   "scontrol")
@@ -104,7 +109,8 @@ def start_slurm(folder, nodes):
                         f"--key-file={key}", f"--pid-file={munge}/munged.pid",
                         f"--log-file={folder}/munged.log",
                         f"--seed-file={munge}/seed"],
-                       capture_output=True, text=True, timeout=30)
+                       capture_output=True, text=True, timeout=30,
+                       env=DAEMON_ENV)
     if r.returncode != 0:
         return None, f"munged: {r.stderr.strip()}"
     d.pid_files.append(munge / "munged.pid")
