@@ -135,8 +135,8 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       if (room != Room::kYes) continue;
     }
 
-    // Admit it.
-    order_.erase(entry);
+    // Admit it. Its entry in the fair order is reused (no allocation).
+    auto node = order_.extract(entry);
     virtual_pass_ = std::max(virtual_pass_, c.pass);
     *unit_out = std::move(unit);
     c.pending.pop_front();
@@ -178,7 +178,8 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
     }
     if (!c.pending.empty()) {
       c.arrival = next_arrival_++;
-      order_.emplace(c.pass, c.arrival, id);
+      node.value() = {c.pass, c.arrival, id};
+      order_.insert(std::move(node));
     }
     *client_out = id;
     return true;

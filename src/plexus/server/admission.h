@@ -58,6 +58,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/cluster_state.h"
 
@@ -147,8 +148,8 @@ class Admission {
     uint64_t client = 0;
     uint64_t program_id = 0;
     double start_tag = 0;
-    double cost = 0;               // estimate charged on each of `workers`
-    std::vector<int64_t> workers;  // not yet reported done
+    double cost = 0;  // estimate charged on each of `workers`
+    absl::InlinedVector<int64_t, 4> workers;  // not yet reported done
   };
 
   double Estimate(const Client& c, uint64_t program_id) const;
