@@ -398,3 +398,50 @@ def test_a_session_must_prove_its_tenant(tmp_path, monkeypatch):
     assert "refused client 'anonymous'" in text
     assert_no_credentials({"the server's log": text}, secret,
                           client_ids=[client_id], tenants=("research", "ops"))
+
+
+def test_tls_on_loopback_with_local_workers(tmp_path, monkeypatch):
+    # A self-signed certificate for 127.0.0.1 (its own CA), from openssl.
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-test",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True, timeout=60)
+    secret = _core.new_cluster_secret()
+    monkeypatch.delenv("PLEXUS_TLS_CA", raising=False)
+    log = tmp_path / "server.log"
+    # Its local workers dial it over TLS, trusting its certificate.
+    proc, ready = spawn(
+        [str(bin_dir() / "plexus-server"), "--listen", "127.0.0.1:0",
+         "--local-workers", "1", "--tls-cert", str(cert), "--tls-key",
+         str(key), "--ready-fd", "{READY_FD}", "--log-level", "info",
+         "--die-with-parent"], log, environment(secret))
+    try:
+        address = ready_line(ready)
+        assert address, log.read_text()
+        with pytest.raises(plexus.UnavailableError, match="no Plexus server"):
+            plexus.status(address)  # plain text gets no answer
+        env = dict(environment(None), PYTHONPATH=PLEXUS_PYTHONPATH)
+        st = subprocess.run([sys.executable, "-m", "plexus", "status",
+                             "--address", address, "--tls-ca", str(cert)],
+                            env=env, capture_output=True, text=True,
+                            timeout=60)
+        assert st.returncode == 0, st.stderr
+        assert "host" in st.stdout, st.stdout
+        c = plexus.connect(address, name="tls", tls_ca=str(cert))
+        try:
+            s = c.slice(1)
+            np.testing.assert_array_equal(np.asarray(s.put(np.arange(5.0))),
+                                          np.arange(5.0))
+        finally:
+            c.close()
+        monkeypatch.setenv("PLEXUS_TLS_CA", str(cert))
+        _core.shutdown_server(address, secret)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "(TLS;" in log.read_text()
