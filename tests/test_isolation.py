@@ -388,6 +388,17 @@ def test_a_session_must_prove_its_tenant(tmp_path, monkeypatch):
             client_id = c.id
         finally:
             c.close()
+        # A process that holds the secret derives the token itself: for
+        # $PLEXUS_TENANT, else "default".
+        monkeypatch.delenv("PLEXUS_TENANT_TOKEN")
+        monkeypatch.setenv("PLEXUS_CLUSTER_SECRET", secret)
+        for tenant in ("research", None):
+            if tenant is None:
+                monkeypatch.delenv("PLEXUS_TENANT")
+            with plexus.connect(address, name="holder") as c:
+                (row,) = [cl for cl in plexus.status(address)["clients"]
+                          if cl["name"] == "holder"]
+                assert row["tenant"] == (tenant or "default"), row
         _core.shutdown_server(address, secret)
         assert proc.wait(timeout=30) == 0
     finally:
