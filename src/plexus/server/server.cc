@@ -295,7 +295,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       client_queues_[id] = std::move(queue);
       client_contexts_[id] = ctx;
       // The first message carries the client id and the session's
-      // credential, which its data-plane requests present to the workers.
+      // credential, which its data-plane connections prove to the workers.
       proto::ServerToClient hello;
       const Credential credential = secret_.Derive(CredentialRole::kClient, id);
       hello.set_credential(credential.data(), credential.size());
