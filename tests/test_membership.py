@@ -169,12 +169,24 @@ def test_a_standalone_worker_registers_with_a_restarted_server(tmp_path):
         # The advertised address, never the wildcard it bound.
         assert w["data_address"].startswith("127.0.0.1:"), w["data_address"]
 
+        old_client = plexus.connect(address, name="before the restart")
+        s_old = old_client.slice(1)
+        kept = s_old.put(np.arange(3, dtype=np.float32))
+        kept.block_until_ready()
+
         # The server dies; the worker keeps running and retries.
         server.kill()
         server.wait()
         assert worker.poll() is None, "the worker exited with its server"
         _wait_for_log(worker_log, "registration with", 1, timeout=30)
         assert worker.poll() is None
+        # Its client hears what was lost, as UnavailableError, each time.
+        for use in (lambda: np.asarray(kept), lambda: s_old.put(np.ones(3)),
+                    lambda: old_client.slice(1)):
+            with pytest.raises(plexus.UnavailableError,
+                               match="the server restarted or went away"):
+                use()
+        old_client.close()
 
         # A new server on the same address: the worker registers there as a
         # fresh host, and serves.

@@ -75,6 +75,7 @@ absl::Status SetTenant(const ClientOptions& options,
 ClientCore::~ClientCore() { Close(); }
 
 absl::Status ClientCore::Init(const std::string& address) {
+  address_ = address;
   machine_id_ = LocalMachineId();
   RaiseOpenFileLimit();
   UseLockOrderChecksOfThisBuild();
@@ -142,7 +143,15 @@ absl::Status ClientCore::CheckOpen() const {
     return absl::FailedPreconditionError(
         absl::StrCat("client ", client_id_, " is closed"));
   }
+  if (session_lost_.load(std::memory_order_acquire)) return SessionLost();
   return absl::OkStatus();
+}
+
+absl::Status ClientCore::SessionLost() const {
+  return absl::UnavailableError(absl::StrCat(
+      "client ", client_id_, "'s session with the server at ", address_,
+      " ended (the server restarted or went away): its slices, programs and "
+      "futures are lost; connect again"));
 }
 
 void ClientCore::Close() {
@@ -239,8 +248,16 @@ void ClientCore::ReaderLoop() {
     }
   }
   absl::MutexLock lock(&mu_);
-  if (!closed_) SPDLOG_WARN("the server closed the client session");
   stream_broken_ = true;
+  if (closed_) return;
+  // Everything of this session lived in the server's records and on
+  // workers it ordered: nothing of it can be used again. Each use says so
+  // (CheckOpen), and whoever waits on a worker now stops.
+  session_lost_.store(true, std::memory_order_release);
+  SPDLOG_WARN("{} ({} live future(s))", std::string(SessionLost().message()),
+              live_futures.load());
+  pool_.clear();
+  for (auto& [conn, worker] : in_use_) conn->Shutdown();
 }
 
 absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
@@ -268,7 +285,8 @@ absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
         "the client was closed before the server granted the slice");
   }
   if (it == slice_replies_.end()) {
-    return absl::UnavailableError("lost the server before it granted a slice");
+    return absl::UnavailableError(
+        absl::StrCat("no slice: ", SessionLost().message()));
   }
   proto::SliceReply reply = std::move(it->second);
   slice_replies_.erase(it);

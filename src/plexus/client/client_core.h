@@ -49,7 +49,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   absl::Status WorkerStatus(int64_t worker_id);
 
   // FailedPrecondition once Close() has begun: a closed client does no
-  // more work (puts, calls, fetches), and says so.
+  // more work (puts, calls, fetches), and says so. Unavailable once the
+  // server ended the session (it restarted or went away), saying what was
+  // lost.
   absl::Status CheckOpen() const;
 
   // A data-plane connection to the worker holding `device`, in use until
@@ -99,6 +101,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   // closed_, readable without the lock (CheckOpen runs on every call).
   std::atomic<bool> closing_{false};
+  // Set when the server ended the session without Close (it restarted or
+  // went away): every later use fails with SessionLost().
+  std::atomic<bool> session_lost_{false};
+  absl::Status SessionLost() const;
+  std::string address_;  // the server's, as given to Init
   mutable absl::Mutex mu_;
   std::vector<proto::ClientOp> queue_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;

@@ -43,7 +43,7 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
 absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
                                    const void* data, const ArgSpec& arg) {
   if (absl::Status open = core_->CheckOpen(); !open.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat("put: ", open.message()));
+    return absl::Status(open.code(), absl::StrCat("put: ", open.message()));
   }
   if (slice == nullptr || slice->closed()) {
     return absl::FailedPreconditionError("put: the slice is closed");
