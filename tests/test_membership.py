@@ -191,8 +191,11 @@ def test_a_standalone_worker_registers_with_a_restarted_server(tmp_path):
         # A new server on the same address: the worker registers there as a
         # fresh host, and serves.
         server, address2 = _server(address, server_log, env)
+        up = time.monotonic()
         assert address2 == address
         _wait_for_log(worker_log, "registered as worker", 2, timeout=60)
+        print(f"the worker registered {time.monotonic() - up:.3f} s after "
+              "the new server was up")
         st = plexus.status(address)
         (w,) = st["workers"]
         assert w["alive"] and int(w["pid"]) == worker.pid
