@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "plexus/common/status_proto.h"
+
 namespace plexus {
 namespace {
 
@@ -49,6 +51,32 @@ void Admission::RemoveWorker(int64_t worker) {
   }
   for (uint64_t ticket : tickets) EndOn(in_flight_.find(ticket), worker);
   windows_.erase(worker);
+}
+
+int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
+  int64_t failed = 0;
+  const proto::Status lost = StatusToProto(status);
+  for (auto& [id, c] : clients_) {
+    for (AdmissionUnit& unit : c.pending) {
+      const auto& ws = unit.exec_workers;
+      if (std::find(ws.begin(), ws.end(), worker) == ws.end()) continue;
+      unit.ops.erase(worker);
+      for (auto& [w, list] : unit.ops) {
+        for (proto::WorkerOp& op : list) {
+          if (!op.has_execute()) continue;  // loads, transfers, expects stay
+          proto::WorkerOp fail;
+          *fail.mutable_fail()->mutable_buffer_ids() =
+              op.execute().output_ids();
+          *fail.mutable_fail()->mutable_status() = lost;
+          op = std::move(fail);
+        }
+      }
+      unit.exec_workers.clear();
+      c.view.pending_calls--;
+      failed++;
+    }
+  }
+  return failed;
 }
 
 void Admission::EndEverywhere(uint64_t ticket) {

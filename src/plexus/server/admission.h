@@ -109,6 +109,12 @@ class Admission {
   void AddWorker(int64_t worker, int devices);
   // Its calls in flight end there (the server has failed them).
   void RemoveWorker(int64_t worker);
+  // Calls still waiting here that run on `worker` (lost) will never run:
+  // each becomes a unit that fails its outputs with `status` on the other
+  // workers it touched, and goes as soon as it reaches the head of its
+  // client's queue (no window). So whoever waits on such an output hears
+  // at once, not after the calls in front of it have run. Returns how many.
+  int64_t FailCallsOn(int64_t worker, const absl::Status& status);
 
   void Enqueue(uint64_t client, AdmissionUnit unit);
   // The next unit that may go, in fair order, with its Execute ops

@@ -352,3 +352,43 @@ TEST(AdmissionTest, AReturningClientsCallIsTaggedBeforeAFloodsQueuedCalls) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+TEST(AdmissionTest, CallsWaitingForALostWorkerFailTheirOutputsAtOnce) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 1000});
+  a.AddWorker(1, 1);
+  a.AddWorker(2, 1);
+  a.AddClient(1, 1, 64);
+  auto call = [](uint64_t out) {
+    AdmissionUnit unit = Call(7, {1, 2});
+    for (auto& [w, list] : unit.ops) {
+      list.back().mutable_execute()->add_output_ids(out);
+    }
+    return unit;
+  };
+  for (uint64_t out : {10, 11, 12}) a.Enqueue(1, call(out));
+  a.Enqueue(1, Call(8, {1}));      // does not need worker 2
+  ASSERT_EQ(Drain(a).size(), 1u);  // the windows are full
+  a.RemoveWorker(2);
+  EXPECT_EQ(a.FailCallsOn(2, absl::UnavailableError("worker 2 is down")), 2);
+  EXPECT_EQ(a.Find(1)->pending_calls, 1);
+  // They go at once, in their place, as failures on worker 1 only.
+  std::vector<Admitted> out = Drain(a);
+  ASSERT_EQ(out.size(), 2u);
+  for (const Admitted& ad : out) {
+    EXPECT_FALSE(ad.unit.is_call());
+    ASSERT_EQ(ad.unit.ops.count(2), 0u);
+    const proto::WorkerOp& op = ad.unit.ops.at(1).back();
+    ASSERT_TRUE(op.has_fail());
+    EXPECT_EQ(op.fail().status().message(), "worker 2 is down");
+  }
+  EXPECT_EQ(out[0].unit.ops.at(1).back().fail().buffer_ids(0), 11u);
+  EXPECT_EQ(out[1].unit.ops.at(1).back().fail().buffer_ids(0), 12u);
+}
+
+}  // namespace
+}  // namespace plexus

@@ -728,6 +728,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
     {
       absl::MutexLock admission(&admission_mu_);
       admission_.RemoveWorker(id);
+      // Calls still waiting that need it fail now, in their place, rather
+      // than after the calls in front of them have run.
+      const int64_t failed =
+          admission_.FailCallsOn(id, absl::UnavailableError(message));
+      if (failed > 0) {
+        SPDLOG_INFO("failed {} waiting call(s) that needed worker {}", failed,
+                    id);
+      }
       AdmitLocked();
     }
     const proto::Status lost = StatusToProto(absl::UnavailableError(message));

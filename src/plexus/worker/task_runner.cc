@@ -52,6 +52,17 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
                        exec.call_id(), " counts ", peers[my_rank].local_shards,
                        " shards on this worker but sends ", exec.tasks_size()));
     }
+    for (const CallCollective::Peer& peer : peers) {
+      auto down = down_peers_.find(peer.worker_id);
+      if (down == down_peers_.end() || !collective_error.ok()) continue;
+      // Its partial will never come.
+      collective_error = absl::Status(
+          down->second.code(),
+          absl::StrCat("program '", call->program->name, "': call ",
+                       exec.call_id(), " takes part with worker ",
+                       peer.worker_id,
+                       ", which is down: ", down->second.message()));
+    }
   }
   if (!peers.empty() && collective_error.ok()) {
     call->collective = std::make_unique<CallCollective>(

@@ -630,6 +630,7 @@ void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
     }
   }
   store_->FailFromSource(down.worker_id(), lost);
+  down_peers_[down.worker_id()] = lost;
 }
 
 // --- data plane handler ---------------------------------------------------

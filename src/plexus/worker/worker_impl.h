@@ -181,6 +181,14 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   std::thread reader_;
   std::thread writer_;
 
+  // Peers the server declared down, and why: a collective with one that
+  // arrives later fails at once (an Expect from one fails in the store:
+  // FailFromSource). Ops can come after the PeerDown, since admission holds
+  // calls at the server until there is room. A host that comes back
+  // rejoins under a new id, so an id once down stays down. Reader thread
+  // only.
+  absl::flat_hash_map<int64_t, absl::Status> down_peers_;
+
   // Programs are loaded, looked up and unloaded by the reader thread only;
   // calls and compile jobs hold their own references.
   absl::flat_hash_map<uint64_t, std::shared_ptr<LoadedProgram>> programs_;
