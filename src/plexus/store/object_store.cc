@@ -83,6 +83,15 @@ void ObjectStore::Declare(const BufferKey& key, int device,
       e.data.reset();
       e.state = Entry::State::kPending;
       callbacks = FailLocked(key, e, mismatch);
+    } else if (auto down = down_sources_.find(e.source_worker);
+               arrival == Arrival::kFromPeer &&
+               e.state == Entry::State::kPending &&
+               down != down_sources_.end()) {
+      // Expected from a worker already declared down (a collective's
+      // partial declared when its task runs, after the PeerDown): nothing
+      // will send it, so it fails now rather than waiting for good.
+      mismatch = down->second;
+      callbacks = FailLocked(key, e, mismatch);
     } else if (e.state == Entry::State::kReady && e.charged == 0 && e.data &&
                e.device >= 0 && e.data->size() > 0) {
       // Data that arrived before its declaration had no device to be
@@ -450,6 +459,8 @@ void ObjectStore::FailFromSource(int64_t worker_id,
   std::vector<BufferKey> keys;
   {
     absl::MutexLock lock(&mu_);
+    // Later declarations of data from it fail too (Declare).
+    down_sources_[worker_id] = status;
     for (auto& [key, e] : entries_) {
       if (e.state == Entry::State::kPending && e.source_worker == worker_id) {
         keys.push_back(key);

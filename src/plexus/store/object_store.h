@@ -148,7 +148,8 @@ class ObjectStore {
   // `status` (its call was rejected before reaching this worker) until the
   // buffer is released.
   void FailBuffer(uint64_t buffer_id, const absl::Status& status);
-  // Fails every pending shard expected from `worker_id`.
+  // Fails every pending shard expected from `worker_id`, and every one
+  // declared later as coming from it (it is down: nothing will come).
   void FailFromSource(int64_t worker_id, const absl::Status& status);
 
   // Blocks until the shard is ready or failed. A key this store has never
@@ -241,6 +242,8 @@ class ObjectStore {
   absl::flat_hash_map<uint64_t, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   // Clients that left: nothing of theirs will be declared any more.
   absl::flat_hash_set<uint64_t> departed_ ABSL_GUARDED_BY(mu_);
+  // Workers declared down (FailFromSource), and why.
+  absl::flat_hash_map<int64_t, absl::Status> down_sources_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -89,6 +89,29 @@ TEST(ObjectStoreTest, FailureReachesWaitersAndCallbacks) {
   EXPECT_EQ(store.AwaitReady(key).status().message(), "worker 2 died");
 }
 
+// A collective declares its peers' partials when its task runs, which may
+// be long after a peer was declared down: such a declaration used to wait
+// for good (a fetch of the all_reduce hung).
+TEST(ObjectStoreTest, DataExpectedFromAWorkerAlreadyDownFailsAtOnce) {
+  ObjectStore store(TwoDevices(1 << 20));
+  store.FailFromSource(2, absl::UnavailableError("worker 2 died"));
+  BufferKey late{5, 1};
+  store.Declare(late, 0, {DType::kF32, {1}}, false,
+                ObjectStore::Arrival::kFromPeer, /*source_worker=*/2);
+  auto got = store.AwaitReady(late);  // returns: no hang
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(got.status().message(), "worker 2 died");
+  // Data from other sources still waits for them.
+  BufferKey other{6, 0};
+  store.Declare(other, 0, {DType::kF32, {1}}, false,
+                ObjectStore::Arrival::kFromPeer, /*source_worker=*/3);
+  bool completed = false;
+  store.OnReady(other, [&](auto) { completed = true; });
+  EXPECT_FALSE(completed);
+  store.FailFromSource(3, absl::UnavailableError("worker 3 died"));
+  EXPECT_TRUE(completed);
+}
+
 TEST(ObjectStoreTest, UnknownKeyTimesOutWithNotFound) {
   ObjectStore store(TwoDevices(1 << 20));
   auto got = store.AwaitReady({99, 0});
