@@ -154,3 +154,37 @@ def test_weights_set_the_order_in_which_backlogged_clients_are_served():
         # briefly without calls waiting, which earns it nothing back.
         assert 70 <= admitted["light"] <= 160, admitted
         plexus.wait(outs["light"])
+
+
+def test_a_put_does_not_wait_behind_its_clients_calls_queued_for_a_stalled_host():
+    # A client's calls pile up at the server for a stopped host; its put to
+    # another host still lands at once: a put's Declare goes to its workers
+    # ahead of the calls still waiting (before, its bytes waited at the
+    # worker for that Declare and failed after 30 s).
+    with plexus.local(hosts=2, heartbeat_timeout_ms=120_000) as cluster:
+        client = cluster.connect(name="a")
+        stalled = client.slice(1, hosts=["host0"])
+        other = client.slice(1, hosts=["host1"])
+        x = stalled.put(np.zeros(4, np.float32))
+        nap = stalled.program("device_sleep", x, micros=1)
+        nap(x).block_until_ready()
+        pid = _worker_pid(cluster, "host0")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            outs = [nap(x) for _ in range(2000)]
+            cluster.wait_until(
+                lambda st: any(c["name"] == "a" and
+                               int(c.get("calls_pending", 0)) > 0
+                               for c in st["clients"]),
+                timeout=60, what="client a's calls to wait at the server")
+            result = []
+            t = threading.Thread(target=lambda: result.append(
+                np.asarray(other.put(np.arange(8, dtype=np.float32)))),
+                daemon=True)
+            t.start()
+            t.join(20)
+            assert result, "the put waited behind calls queued for host0"
+            np.testing.assert_array_equal(result[0], np.arange(8))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        plexus.wait(outs)

@@ -457,10 +457,20 @@ class ServerImpl : public Server, public proto::Controller::Service {
     // nothing of a client that is being removed gets in); admitted to the
     // workers under the admission lock alone.
     absl::MutexLock admission(&admission_mu_);
+    // Units that only say what will exist or what failed (puts' Declares,
+    // program loads, refused calls' failures) use no device and need
+    // nothing that comes before them: they go to the workers now, ahead of
+    // the client's calls still waiting, so a put's bytes never wait at a
+    // worker for a Declare held behind those calls. Calls and releases (a
+    // release must follow the calls that read its buffer) keep the
+    // client's order at admission.
+    std::vector<WorkerOps> express;
     for (WorkerOps& ops : units) {
       AdmissionUnit unit;
+      bool releases = false;
       for (const auto& [w, list] : ops) {
         for (const proto::WorkerOp& op : list) {
+          releases |= op.has_release();
           if (op.has_execute()) {
             unit.exec_workers.push_back(w);
             unit.program_id = op.execute().program_id();
@@ -468,9 +478,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
           }
         }
       }
+      if (!unit.is_call() && !releases) {
+        if (!ops.empty()) express.push_back(std::move(ops));
+        continue;
+      }
       unit.ops = std::move(ops);
       admission_.Enqueue(id, std::move(unit));
     }
+    if (!express.empty()) scheduler_.Submit(std::move(express));
     lock.Release();
     AdmitLocked();
   }

@@ -160,6 +160,12 @@ absl::Status WorkerImpl::StartLocal() {
   ObjectStore::Options store_options;
   store_options.device_memory.assign(options_.num_devices,
                                      options_.device_memory);
+  // A client's fetch or wait may name an output whose call still waits at
+  // the server's admission (behind its own backlog, or a busier tenant's):
+  // the worker learns of it only when the call is admitted. So a key not
+  // yet declared is waited for long; the wait also ends when it is
+  // declared or failed, the client leaves, or the worker stops.
+  store_options.unknown_key_timeout = kUnknownKeyTimeout;
   store_ = std::make_unique<ObjectStore>(store_options);
   xla::PjrtOptions pjrt;
   pjrt.plugin_path = options_.pjrt_plugin;

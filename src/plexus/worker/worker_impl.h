@@ -226,6 +226,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // Calls finished since the writer last reported them, and when the first
   // of them finished. Reported in batches (WriterLoop).
   static constexpr int kReportBatch = 512;
+  static constexpr absl::Duration kUnknownKeyTimeout = absl::Minutes(10);
   static constexpr absl::Duration kReportDelay = absl::Milliseconds(1);
   proto::CallsDone calls_done_ ABSL_GUARDED_BY(mu_);
   absl::Time first_done_ ABSL_GUARDED_BY(mu_);
