@@ -102,6 +102,10 @@ def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path,
     # The secret is in no log of the server or the workers.
     for log in tmp_path.glob("plexus-*.log"):
         assert secret not in log.read_text(errors="replace").lower(), log
+    # The CA stayed this cluster's: nothing in this process's environment
+    # points later clusters at it (their workers would speak TLS to a
+    # plain-text server and never register).
+    assert "PLEXUS_TLS_CA" not in os.environ
 
 
 def test_a_reservation_ray_cannot_place_fails_within_the_timeout(local_ray):

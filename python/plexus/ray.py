@@ -195,9 +195,27 @@ class RayCluster:
         self._clients.append(c)
         return c
 
+    def _with_tls_ca(self, fn):
+        """Runs fn() with $PLEXUS_TLS_CA naming this cluster's CA (the
+        status and shutdown calls read it there), and puts the variable back
+        as it was: the rest of the process (and clusters it starts later)
+        must not inherit it."""
+        if not self._tls_ca:
+            return fn()
+        before = os.environ.get("PLEXUS_TLS_CA")
+        os.environ["PLEXUS_TLS_CA"] = self._tls_ca
+        try:
+            return fn()
+        finally:
+            if before is None:
+                os.environ.pop("PLEXUS_TLS_CA", None)
+            else:
+                os.environ["PLEXUS_TLS_CA"] = before
+
     def status(self, fresh=False):
         from ._api import _decode_status
-        return _decode_status(_core.cluster_status(self.address, fresh))
+        return _decode_status(self._with_tls_ca(
+            lambda: _core.cluster_status(self.address, fresh)))
 
     def down(self, timeout=30.0):
         """Closes the clients, stops every worker (SIGTERM), shuts the
@@ -216,7 +234,8 @@ class RayCluster:
                                     timeout=timeout + 10)
                 if self.address:
                     try:
-                        _core.shutdown_server(self.address, self._secret)
+                        self._with_tls_ca(lambda: _core.shutdown_server(
+                            self.address, self._secret))
                     except _core.PlexusError as e:
                         problems.append(f"shutdown of the server failed: {e}")
                 problems.append(ray.get(self.hosts[0].stop_server.remote(
@@ -291,9 +310,6 @@ def start(hosts=None, devices_per_host=1, *, cpus_per_host=1,
         tls_ca = tls_ca or tls_cert
         with open(tls_cert) as c, open(tls_key) as k, open(tls_ca) as a:
             tls = (c.read(), k.read(), a.read())
-        # status() and down() (the status and shutdown calls) read the CA
-        # from the environment, as the plexus command does.
-        os.environ.setdefault("PLEXUS_TLS_CA", tls_ca)
     bundle = {"CPU": cpus_per_host}
     if gpus_per_host:
         bundle["GPU"] = gpus_per_host
