@@ -65,7 +65,7 @@ def test_a_stopped_worker_with_a_full_queue_does_not_slow_other_hosts():
                 lambda st: any(c["name"] == "a" and
                                int(c.get("calls_pending", 0)) >= 32
                                for c in st["clients"]),
-                timeout=60, what="client a's calls to queue at the server")
+                timeout=300, what="client a's calls to queue at the server")
             rate = []
             m = threading.Thread(
                 target=lambda: rate.append(_calls_per_second(nap_b, xb, 30)),

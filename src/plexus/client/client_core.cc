@@ -161,7 +161,7 @@ void ClientCore::Close() {
     closed_ = true;
     closing_.store(true, std::memory_order_release);
     // Fetches and waits in other threads end now, with "closed".
-    for (auto& [conn, worker] : in_use_) conn->Shutdown();
+    for (auto& [conn, use] : in_use_) conn->Shutdown();
   }
   // The sender flushes what is queued, then half-closes the stream; the
   // server frees the client's slices and buffers when the stream ends.
@@ -242,8 +242,8 @@ void ClientCore::ReaderLoop() {
       // A worker that is down (or stopped) will not answer: wake whoever
       // waits on it; they find it in workers_down_ and say so.
       pool_.erase(d.worker_id());
-      for (auto& [conn, worker] : in_use_) {
-        if (worker == d.worker_id()) conn->Shutdown();
+      for (auto& [conn, use] : in_use_) {
+        if (use.NeedsWorker(d.worker_id())) conn->Shutdown();
       }
     }
   }
@@ -257,7 +257,7 @@ void ClientCore::ReaderLoop() {
   SPDLOG_WARN("{} ({} live future(s))", std::string(SessionLost().message()),
               live_futures.load());
   pool_.clear();
-  for (auto& [conn, worker] : in_use_) conn->Shutdown();
+  for (auto& [conn, use] : in_use_) conn->Shutdown();
 }
 
 absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
@@ -341,7 +341,8 @@ bool ClientCore::SameMachine(const proto::SliceDevice& device) const {
 }
 
 absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>>
-ClientCore::Checkout(const proto::SliceDevice& device) {
+ClientCore::Checkout(const proto::SliceDevice& device,
+                     absl::Span<const int64_t> also_on) {
   const int64_t worker = device.worker_id();
   {
     absl::MutexLock lock(&mu_);
@@ -349,7 +350,7 @@ ClientCore::Checkout(const proto::SliceDevice& device) {
     if (it != pool_.end() && !it->second.empty()) {
       auto conn = std::move(it->second.back());
       it->second.pop_back();
-      in_use_[conn.get()] = worker;
+      in_use_[conn.get()] = {worker, {also_on.begin(), also_on.end()}};
       return conn;
     }
   }
@@ -370,7 +371,7 @@ ClientCore::Checkout(const proto::SliceDevice& device) {
     return down->second;
   }
   if (!conn.ok()) return conn;
-  in_use_[conn->get()] = worker;
+  in_use_[conn->get()] = {worker, {also_on.begin(), also_on.end()}};
   return conn;
 }
 

@@ -7,6 +7,7 @@
 // workers that died).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <memory>
@@ -16,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client.h"
 #include "plexus/proto/plexus.grpc.pb.h"
@@ -58,8 +60,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // it is handed back (Checkin: kept for reuse; Discard: closed). While in
   // use it is woken (shut down) when the server reports its worker down or
   // the client closes, so no fetch waits on a worker that will not answer.
+  // `also_on`: other workers whose loss ends the request too (a wait on
+  // many workers' shards ends when any of them is lost).
   absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> Checkout(
-      const proto::SliceDevice& device);
+      const proto::SliceDevice& device, absl::Span<const int64_t> also_on = {});
   void Checkin(int64_t worker_id,
                std::unique_ptr<transport::DataPlaneConnection> conn);
   void Discard(std::unique_ptr<transport::DataPlaneConnection> conn);
@@ -118,8 +122,17 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::map<int64_t,
            std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
       pool_ ABSL_GUARDED_BY(mu_);
-  // Connections checked out now, and their workers.
-  absl::flat_hash_map<transport::DataPlaneConnection*, int64_t> in_use_
+  // Connections checked out now: the worker each talks to, and the other
+  // workers whose loss also wakes it (Checkout's also_on).
+  struct InUse {
+    int64_t worker = 0;
+    std::vector<int64_t> also_on;
+    bool NeedsWorker(int64_t w) const {
+      return worker == w ||
+             std::find(also_on.begin(), also_on.end(), w) != also_on.end();
+    }
+  };
+  absl::flat_hash_map<transport::DataPlaneConnection*, InUse> in_use_
       ABSL_GUARDED_BY(mu_);
 };
 

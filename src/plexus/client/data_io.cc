@@ -223,11 +223,15 @@ absl::Status Client::WaitMany(const std::vector<Future>& futures,
       batch.owners.push_back(f);
     }
   }
-  // A failure against a worker the server reported down says so.
+  // The wait ends when any of its workers is lost, saying which.
+  std::vector<int64_t> workers;
+  for (const auto& [worker, batch] : batches) workers.push_back(worker);
   auto explain = [&](const Batch& batch, const absl::Status& s) {
     if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
-    absl::Status down = core_->WorkerStatus(batch.device->worker_id());
-    if (!down.ok()) return down;
+    for (int64_t w : workers) {
+      absl::Status down = core_->WorkerStatus(w);
+      if (!down.ok()) return down;
+    }
     return absl::UnavailableError(
         absl::StrCat("lost worker ", batch.device->worker_id(), " (",
                      batch.device->host_name(), "): ", s.message()));
@@ -240,7 +244,7 @@ absl::Status Client::WaitMany(const std::vector<Future>& futures,
       result = down;
       break;
     }
-    auto conn = core_->Checkout(*batch.device);
+    auto conn = core_->Checkout(*batch.device, workers);
     if (!conn.ok()) {
       result = conn.status();
       break;
