@@ -78,7 +78,7 @@ def flood_client(address, tenant, micros, ready, start, stop_at, depth=256):
 
 
 def steady_client(address, tenant, micros, ready, start, stop_at, results,
-                  window):
+                  window, share):
     """Asks for a fixed share of device time: one call every
     micros / STEADY_SHARE, issued on time whether or not the last has
     finished (open loop). A second thread waits for each in order; a call's
@@ -90,7 +90,7 @@ def steady_client(address, tenant, micros, ready, start, stop_at, results,
         nap(x).block_until_ready()
     ready.put(tenant)
     start.wait()
-    period = micros * 1e-6 / STEADY_SHARE
+    period = micros * 1e-6 / share
     issued = collections.deque()
     cv = threading.Condition()
     done_issuing = []
@@ -176,7 +176,8 @@ def delta(c0, c1, name):
     return total
 
 
-def start_clients(ctx, specs, address, micros, seconds, warmup):
+def start_clients(ctx, specs, address, micros, seconds, warmup,
+                  steady_share=STEADY_SHARE):
     """Starts one process per (kind, tenant); returns them once all are
     ready, with the shared start event, and the results queue."""
     ready, results = ctx.Queue(), ctx.Queue()
@@ -193,7 +194,7 @@ def start_clients(ctx, specs, address, micros, seconds, warmup):
             target = flood_client
         else:
             args = (address, tenant, micros, ready, start, stop_at, results,
-                    window)
+                    window, steady_share)
             target = steady_client
         p = ctx.Process(target=target, args=args, name=tenant, daemon=True)
         p.start()
@@ -240,10 +241,11 @@ def run_steady(cluster, ctx, args, flood):
     if flood:
         specs.append(("flood", "flood"))
     log(f"{'flood' if flood else 'steady'}: 4 clients asking "
-        f"{STEADY_SHARE:.0%} each{' + one flooding' if flood else ''}, "
+        f"{args.steady_share:.0%} each{' + one flooding' if flood else ''}, "
         f"{args.seconds} s")
     procs, results, stop_at, window = start_clients(
-        ctx, specs, cluster.address, args.micros, args.seconds, args.warmup)
+        ctx, specs, cluster.address, args.micros, args.seconds, args.warmup,
+        args.steady_share)
     time.sleep(args.warmup)
     # Per client: (device-queue wait µs, tasks) as a complex pair.
     c0, d0, t0 = usage(cluster, ("queued_micros", "tasks"))
@@ -275,6 +277,8 @@ def main():
     ap.add_argument("--micros", type=int, default=330)
     ap.add_argument("--window-us", type=int, default=None,
                     help="the server's --admission-window-us")
+    ap.add_argument("--steady-share", type=float, default=STEADY_SHARE,
+                    help="share of device time each steady client asks for")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -295,7 +299,7 @@ def main():
     for r in shares["clients"]:
         print(f"{r['tenant']:8} {r['weight']:>6} {r['share']:>8.2%} "
               f"{r['weight_share']:>13.2%} {r['error_pp']:>+7.2f}pp")
-    print(f"\nsteady clients at {STEADY_SHARE:.0%} each, without and with a "
+    print(f"\nsteady clients at {args.steady_share:.0%} each, without and with a "
           f"flooding fifth (utilisation {steady['utilisation']:.1%} -> "
           f"{flooded['utilisation']:.1%})")
     print(f"{'client':8} {'calls/s':>9} {'with':>9} {'ratio':>6} "
