@@ -149,10 +149,12 @@ def test_weights_set_the_order_in_which_backlogged_clients_are_served():
         assert tenant == {"heavy": "heavy", "light": "light"}, tenant
         assert admitted["heavy"] == 301, admitted
         # 300 / 3 = 100 (+1 warm-up call), give or take the windows' calls.
-        # Equal shares would have admitted ~300; the slack is for moments
-        # when heavy's issuing thread (sharing this process's GIL) leaves it
-        # briefly without calls waiting, which earns it nothing back.
-        assert 70 <= admitted["light"] <= 160, admitted
+        # Equal shares would have admitted ~300. The slack: light's own
+        # window (up to 5 ms of its calls, ~16, admitted ahead of running)
+        # and moments when heavy's issuing thread (sharing this process's
+        # GIL) leaves it briefly without calls waiting, which earns it
+        # nothing back.
+        assert 70 <= admitted["light"] <= 200, admitted
         plexus.wait(outs["light"])
 
 
