@@ -16,6 +16,8 @@ class ClusterExitError(RuntimeError):
 
 
 def _describe_exit(returncode):
+    if returncode is None:
+        return "still running"
     if returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -23,6 +25,19 @@ def _describe_exit(returncode):
             name = "?"
         return f"was killed by signal {-returncode} ({name})"
     return f"exited with code {returncode}"
+
+
+def _down_on_exit(cluster, exc):
+    """A cluster's __exit__: down(); a ClusterExitError is raised, unless
+    the body raised already: the body's own error stays the one raised, and
+    this one rides on it as a note."""
+    try:
+        cluster.down()
+    except ClusterExitError as e:
+        if exc is None:
+            raise
+        exc.add_note(str(e))
+    return False
 
 
 class LocalCluster:
@@ -247,14 +262,7 @@ class LocalCluster:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        try:
-            self.down()
-        except ClusterExitError as e:
-            if exc is None:
-                raise
-            # The body's own error stays the one raised; this one rides on it.
-            exc.add_note(str(e))
-        return False
+        return _down_on_exit(self, exc)
 
     def __repr__(self):
         return (f"LocalCluster(hosts={self.hosts}, devices_per_host="

@@ -35,6 +35,7 @@ import time
 
 from . import _core
 from ._binaries import bin_dir, default_pjrt_plugin
+from ._cluster import ClusterExitError, _describe_exit, _down_on_exit
 
 __all__ = ["ClusterExitError", "RayCluster", "start"]
 
@@ -94,7 +95,7 @@ class _Host:
                 tail = f.read()[-2000:]
             raise RuntimeError(
                 f"{name} on {socket.gethostname()} did not come up within "
-                f"{timeout:g} s ({_describe(proc.returncode)}); its log "
+                f"{timeout:g} s ({_describe_exit(proc.returncode)}); its log "
                 f"({log_path}) ends with:\n{tail}")
         return proc, line
 
@@ -150,20 +151,8 @@ class _Host:
             return (f"plexus-{what} of host {self.index} did not stop within "
                     f"{timeout:g} s and was killed")
         if code != 0:
-            return f"plexus-{what} of host {self.index} {_describe(code)}"
+            return f"plexus-{what} of host {self.index} {_describe_exit(code)}"
         return None
-
-
-def _describe(returncode):
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        return f"was killed by signal {-returncode}"
-    return f"exited with code {returncode}"
-
-
-class ClusterExitError(RuntimeError):
-    """A server or worker of a RayCluster did not exit cleanly at down()."""
 
 
 class RayCluster:
@@ -257,13 +246,7 @@ class RayCluster:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        try:
-            self.down()
-        except ClusterExitError as e:
-            if exc is None:
-                raise
-            exc.add_note(str(e))
-        return False
+        return _down_on_exit(self, exc)
 
     def __repr__(self):
         return (f"RayCluster(hosts={len(self.hosts)}, "
