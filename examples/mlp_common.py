@@ -129,15 +129,19 @@ def train_and_check(model, args):
     params = model.put_params(init_params(args.seed))
 
     t0 = time.perf_counter()
-    loss = None
+    loss, losses = None, []
     for step in range(1, args.steps + 1):
         loss, _, params = model.graph_step(params, *data[(step - 1) % len(data)])
+        losses.append(loss)  # futures; fetched at the end for --save
         if step % args.log_every == 0 or step in (1, args.steps):
             print(f"step {step:4d}  loss {float(np.asarray(loss)):.4f}  "
                   f"({time.perf_counter() - t0:.2f} s)", flush=True)
     final_loss = float(np.asarray(loss))
     elapsed = time.perf_counter() - t0
     final = {n: np.asarray(params[n]) for n in PARAM_NAMES}
+    if getattr(args, "save", None):
+        from example_cluster import save_results
+        save_results(args, losses=[np.asarray(l) for l in losses], **final)
     print(f"{args.steps} steps in {elapsed:.2f} s "
           f"({elapsed / args.steps * 1e3:.1f} ms/step); "
           f"test accuracy {accuracy(final, x_test, labels_test):.3f}")

@@ -9,12 +9,18 @@ graph: its ~25 calls reach the server as one unit, and the loop never
 waits for a step to finish except when it fetches a loss to print.
 
     python examples/mlp_data_parallel.py --steps 200 --hosts 2 --devices-per-host 1
+
+On a cluster that is already running (examples/example_cluster.py):
+
+    PLEXUS_TENANT=... PLEXUS_TENANT_TOKEN=... \
+        python examples/mlp_data_parallel.py --address HOST:PORT
 """
 import argparse
 import sys
 
 
 import plexus
+from example_cluster import add_cluster_args, example_client
 from mlp_common import PARAM_NAMES, Kernels, train_and_check
 
 LOSS_THRESHOLD = 0.3  # the final loss must be below this
@@ -91,12 +97,12 @@ def main(argv=None):
     parser.add_argument("--train-examples", type=int, default=1024)
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log-file", help="write the cluster's log here")
+    add_cluster_args(parser)
     args = parser.parse_args(argv)
 
-    with plexus.local(hosts=args.hosts, devices_per_host=args.devices_per_host,
-                      log_file=args.log_file) as cluster:
-        final_loss, err = train(cluster.connect(name="mlp-data-parallel"), args)
+    with example_client(args, "mlp-data-parallel", args.hosts,
+                        args.devices_per_host) as client:
+        final_loss, err = train(client, args)
     if err > 1e-5:
         print(f"FAILED: Plexus and numpy differ by {err:.1e} (> 1e-5)")
         return 1

@@ -10,13 +10,16 @@ Gradients are summed over the micro-batches, and each stage updates its own
 parameters on its own slice. A step is one program graph over both slices.
 
     python examples/mlp_pipeline.py --steps 200 --microbatches 4
+
+On a cluster that is already running (two hosts or more; see
+examples/example_cluster.py), add --address HOST:PORT.
 """
 import argparse
 import sys
 
 import numpy as np
 
-import plexus
+from example_cluster import add_cluster_args, example_client
 from mlp_common import PARAM_NAMES, Kernels, train_and_check
 
 LOSS_THRESHOLD = 0.3  # the final loss must be below this
@@ -113,13 +116,14 @@ def main(argv=None):
     parser.add_argument("--train-examples", type=int, default=1024)
     parser.add_argument("--log-every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--log-file", help="write the cluster's log here")
+    add_cluster_args(parser)
     args = parser.parse_args(argv)
 
-    # One device per host, so each "one_host" slice gets a host of its own.
-    with plexus.local(hosts=2, devices_per_host=1,
-                      log_file=args.log_file) as cluster:
-        final_loss, err = train(cluster.connect(name="mlp-pipeline"), args)
+    # Embedded: one device per host, so each "one_host" slice gets a host of
+    # its own.
+    with example_client(args, "mlp-pipeline", hosts=2,
+                        devices_per_host=1) as client:
+        final_loss, err = train(client, args)
     if err > 1e-5:
         print(f"FAILED: Plexus and numpy differ by {err:.1e} (> 1e-5)")
         return 1

@@ -17,6 +17,9 @@ sampler (0: on-policy, every step, no overlap). Reward rises towards the
 best achievable (always picking the teacher's best action).
 
     python examples/rl_loop.py --steps 100 --sync-every 1
+
+On a cluster that is already running (three hosts or more; see
+examples/example_cluster.py), add --address HOST:PORT.
 """
 import argparse
 import sys
@@ -26,6 +29,7 @@ import numpy as np
 
 import plexus
 import plexus.rl
+from example_cluster import add_cluster_args, example_client, save_results
 
 D, A, B, POOL = 8, 4, 32, 8  # features, actions, prompts per batch, batches
 REWARD_THRESHOLD = 0.9  # final reward / best achievable must exceed this
@@ -151,14 +155,13 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sequential", action="store_true",
                         help="block on every stage before the next")
-    parser.add_argument("--log-file", help="write the cluster's log here")
+    add_cluster_args(parser)
     args = parser.parse_args(argv)
 
     pool, teacher, w0 = make_task(args.seed)
-    with plexus.local(hosts=3, devices_per_host=1,
-                      log_file=args.log_file) as cluster:
-        task = RLTask(cluster.connect(name="rl-loop"), args.lr, pool, teacher,
-                      w0)
+    with example_client(args, "rl-loop", hosts=3,
+                        devices_per_host=1) as client:
+        task = RLTask(client, args.lr, pool, teacher, w0)
         print("sampler, reward, trainer on (host, device): "
               + ", ".join(map(str, task.devices)))
         loop = task.loop(args.sync_every, args.sequential)
@@ -178,6 +181,7 @@ def main(argv=None):
         final_w = np.asarray(loop.run(args.steps, on_step))
         elapsed = time.perf_counter() - t0
         got = [float(np.asarray(rewards[k])) for k in range(args.steps)]
+    save_results(args, rewards=np.array(got, np.float32), final_w=final_w)
     print(f"{args.steps} steps in {elapsed:.2f} s "
           f"({elapsed / args.steps * 1e3:.2f} ms/step), sync_every "
           f"{args.sync_every}, {loop.syncs} weight transfers to the sampler")

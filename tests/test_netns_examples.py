@@ -1,0 +1,167 @@
+"""The examples on hosts that are really apart: the server and each worker in
+a network namespace of its own (tests/netns.py: one kernel, but each has its
+own address and loopback, joined by veth pairs on a bridge), the client (the
+example, run as a user runs it with --address) in this namespace. What each
+computes must be bit for bit what it computes on the embedded default
+(`plexus.local()`, every process on loopback): every step's loss (reward,
+for the RL loop) and the final parameters, written by the example's --save.
+The embedded runs themselves repeat bit for bit (their reductions sum in a
+fixed order), which is what makes an exact comparison meaningful.
+
+And a link that goes down: a worker's veth set down inside the lab (no
+RST, no FIN: its connections just go silent) is noticed by the server's
+heartbeat deadline, and what depends on that worker fails within the
+deadline (plus a bounded margin) with an error that names the lost worker.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import plexus
+from plexus import _core
+from conftest import PLEXUS_PYTHONPATH, ROOT
+from netns import NetnsLab, _ip
+from test_netns import bounded, fresh_status
+
+EXAMPLES = ROOT / "examples"
+
+# (script, its arguments, hosts, devices per host) -- the same arguments
+# on both clusters; the embedded one is sized by the example itself.
+CASES = {
+    "data_parallel": ("mlp_data_parallel.py",
+                      ["--steps", "100", "--hosts", "2",
+                       "--devices-per-host", "2"], 2, 2),
+    "pipeline": ("mlp_pipeline.py", ["--steps", "100", "--microbatches", "4"],
+                 2, 1),
+    "rl": ("rl_loop.py", ["--steps", "60", "--sync-every", "2"], 3, 1),
+}
+
+
+@pytest.fixture
+def lab():
+    lab = NetnsLab.create()
+    yield lab
+    lab.close()
+
+
+def run_example(script, args, out, env_extra=None, timeout=120):
+    """The example as a user runs it; returns its stdout and what it saved."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PLEXUS_") or k == "PLEXUS_BIN_DIR"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [PLEXUS_PYTHONPATH] + ([os.environ["PYTHONPATH"]]
+                               if os.environ.get("PYTHONPATH") else []))
+    env.update(env_extra or {})
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / script), *args, "--save", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (
+        f"{script} {' '.join(args)} exited with {proc.returncode}:\n"
+        f"{proc.stdout}\n{proc.stderr[-4000:]}")
+    with np.load(out) as saved:
+        return proc.stdout, {k: saved[k] for k in saved.files}
+
+
+def start_cluster(lab, tmp_path, hosts, devices, extra=()):
+    """A server in a namespace of its own and `hosts` workers of `devices`
+    devices, each in a namespace of its own."""
+    server_ns = lab.add_host()
+    server = lab.start_server(tmp_path / "server.log", host=server_ns,
+                              extra=extra)
+    workers = []
+    for _ in range(hosts):
+        host = lab.add_host()
+        lab.start_worker(server, host, tmp_path / f"{host.name}.log",
+                         devices=devices)
+        workers.append(host)
+    return server_ns, server, workers
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_example_on_hosts_in_namespaces_matches_the_embedded_default_bit_for_bit(
+        lab, tmp_path, case):
+    script, args, hosts, devices = CASES[case]
+    _, embedded = run_example(script, args, tmp_path / "embedded.npz")
+    server_ns, server, workers = start_cluster(lab, tmp_path, hosts, devices)
+    assert server.address.startswith(server_ns.address + ":")
+    token = _core.tenant_token("default", lab.secret)
+    out, apart = run_example(
+        script, args + ["--address", server.address], tmp_path / "apart.npz",
+        env_extra={"PLEXUS_TENANT": "default", "PLEXUS_TENANT_TOKEN": token})
+
+    assert sorted(apart) == sorted(embedded)
+    for name in embedded:
+        assert apart[name].dtype == embedded[name].dtype, name
+        assert apart[name].shape == embedded[name].shape, name
+        assert apart[name].tobytes() == embedded[name].tobytes(), (
+            f"{case}: {name} differs from the embedded run; max abs "
+            f"difference {np.max(np.abs(apart[name] - embedded[name]))}")
+
+    # It ran where it was meant to: every worker on its own namespace's
+    # address, each with a share of the work, and tensors went worker to
+    # worker across namespaces.
+    st = fresh_status(server.address)
+    alive = {w["host_name"]: w for w in st["workers"] if w["alive"]}
+    assert set(alive) == {h.name for h in workers}, st["workers"]
+    for h in workers:
+        assert alive[h.name]["data_address"].startswith(h.address + ":")
+    assert sum(w["stats"].get("bytes_sent", 0) for w in alive.values()) > 0
+    assert lab.stop() == []
+
+
+def test_a_worker_whose_link_goes_down_fails_dependent_futures_within_the_deadline(
+        lab, tmp_path):
+    heartbeat_ms = 1000
+    server_ns, server, (a, b) = start_cluster(
+        lab, tmp_path, 2, 1, extra=["--heartbeat-timeout-ms", str(heartbeat_ms)])
+    client = lab.connect(server.address, name="link-down")
+    try:
+        s = client.slice(2, placement="spread")
+        assert {d["host"] for d in s.devices} == {a.name, b.name}
+        x = s.put(np.ones(2, np.float32), plexus.P("devices"))
+        sleep = s.program("device_sleep", x, micros=50_000)
+        y = x
+        for _ in range(200):  # ~10 s of queued device time on each host
+            y = sleep(y)
+        total = s.program("all_reduce", plexus.Spec((), "float32",
+                                                    plexus.partial()))(
+            s.program("reduce_sum", y)(y))
+        # b's only link, to the bridge the server, a and the client are on.
+        _ip("link", "set", "eth0", "down", netns=b.netns)
+        t0 = time.monotonic()
+
+        def fetch():
+            with pytest.raises(plexus.PlexusError) as e:
+                np.asarray(total)
+            return e.value, time.monotonic() - t0
+        error, elapsed = bounded(fetch, "a future that needs the cut-off "
+                                 "worker", timeout=heartbeat_ms / 1000 + 15)
+        message = str(error)
+        # Heartbeat deadline plus a margin for the report to reach the
+        # client; the queued work alone would take ~10 s.
+        assert elapsed < heartbeat_ms / 1000 + 5, (elapsed, message)
+        assert isinstance(error, plexus.UnavailableError), (type(error),
+                                                            message)
+        # "worker 2 missed heartbeats for 1s [host host2, pid 452]": the
+        # cause, the deadline and the host.
+        assert "missed heartbeats for 1s" in message, message
+        assert f"[host {b.name}," in message, message
+        print(f"the dependent future failed {elapsed:.2f} s after the link "
+              f"went down (deadline {heartbeat_ms} ms): {message}")
+
+        st = plexus.status(server.address)
+        state = {w["host_name"]: w["alive"] for w in st["workers"]}
+        assert state[b.name] is False and state[a.name] is True, state
+        # The other host still serves.
+        rest = client.slice(1, hosts=[a.name], timeout=0)
+        z = rest.put(np.arange(3, dtype=np.float32))
+        np.testing.assert_array_equal(
+            bounded(lambda: np.asarray(rest.program("scale", z,
+                                                    factor=2.0)(z)),
+                    "a call on the host still up"), [0, 2, 4])
+    finally:
+        client.close()
