@@ -1,4 +1,6 @@
 // WorkerHost: a host's worker over successive server sessions. See worker.h.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/worker/worker.h"
@@ -25,6 +27,10 @@ bool ShouldRejoin(const absl::Status& status, bool standalone,
   // that vanished is gone for good (and takes its workers with it).
   return session_ended && absl::IsCancelled(status);
 }
+
+namespace {
+constexpr absl::Duration kEmbeddedRejoinTimeout = absl::Seconds(2);
+}  // namespace
 
 WorkerHost::WorkerHost(WorkerOptions worker, WorkerHostOptions host)
     : options_(std::move(worker)), host_(host) {
@@ -85,6 +91,13 @@ absl::Status WorkerHost::Run(
           "the session of worker {} ended ({}); its state is dropped and it "
           "registers again as a fresh host",
           options_.previous_worker_id, session_end.ToString());
+      // An embedded host rejoins only a server that still answers, and one
+      // that answers does so at once: a server that shut down must not
+      // hold its workers' exit for the whole first-connect timeout (10 s).
+      if (!host_.standalone) {
+        options_.connect_timeout =
+            std::min(options_.connect_timeout, kEmbeddedRejoinTimeout);
+      }
       continue;  // the first attempt at once
     }
     {

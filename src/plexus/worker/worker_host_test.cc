@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "plexus/server/server.h"
 #include "plexus/worker/worker.h"
@@ -134,6 +135,40 @@ TEST(WorkerHostTest, AStandaloneWorkerRegistersWithARestartedServer) {
   host.Shutdown();
   run.join();
   EXPECT_TRUE(absl::IsCancelled(end)) << end;
+}
+
+TEST(WorkerHostTest, AnEmbeddedWorkerEndsSoonAfterItsServerShutsDown) {
+  auto secret = ClusterSecret::Generate();
+  ASSERT_TRUE(secret.ok());
+  ServerOptions server_options;
+  server_options.secret = *secret;
+  auto server = Server::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  WorkerOptions worker;  // the default first-connect timeout (10 s)
+  worker.server_address = (*server)->address();
+  worker.secret = *secret;
+  WorkerHostOptions host_options;
+  host_options.standalone = false;
+  WorkerHost host(worker, host_options);
+  Registrations seen;
+  absl::Notification ended;
+  absl::Status end;
+  std::thread run([&] {
+    end = host.Run([&](const Worker& w) { seen.Add(w); });
+    ended.Notify();
+  });
+  ASSERT_TRUE(seen.AwaitCount(1, absl::Seconds(30)));
+  ASSERT_TRUE((*server)->WaitForWorkers(1, absl::Seconds(30)).ok());
+  const absl::Time t0 = absl::Now();
+  server->reset();  // ends every session; nothing listens any more
+  // Its one rejoin attempt finds no server: it ends within the embedded
+  // rejoin timeout (2 s), not the first connect's 10 s (before: 10.0 s).
+  const bool in_time = ended.WaitForNotificationWithTimeout(absl::Seconds(5));
+  if (!in_time) host.Shutdown();
+  run.join();
+  EXPECT_TRUE(in_time) << "ended after " << absl::Now() - t0;
+  EXPECT_FALSE(end.ok());
+  EXPECT_EQ(seen.generations().size(), 1u);
 }
 
 TEST(WorkerHostTest, AStandaloneWorkerGivesUpWhenTheBackOffDoes) {
