@@ -38,6 +38,16 @@ that only move bytes (`busy_wait`, `device_sleep`) take every dtype, and
 `all_reduce` every dtype but the 8-bit floats. Each example below runs with
 `s`, a slice of 2 devices over 2 hosts (`tests/test_builtins.py` runs them).
 
+Meshes of several axes (`client.slice(mesh={"data": 2, "fsdp": 2, "tensor":
+2})`) lay values out by `PartitionSpec`s over any of their axes, on any
+dimension. The programs marked *takes PartitionSpecs over meshes* below
+compute on each device's block whatever it is (the elementwise ones); the
+others refuse such inputs when compiled, naming the program and the
+argument. A program compiled for one layout takes a value of any other
+layout of the same shape (not partial): the runtime moves each block from
+the blocks that hold it, between slices of different meshes too, so
+`identity` compiled for a layout is a reshard.
+
 """
 
 
@@ -51,6 +61,8 @@ def render():
         out.append(f"\n## {name}\n\n{p.summary}")
         if p.collective:
             out.append(" A collective: every device of the slice takes part.")
+        if p.mesh_shardings:
+            out.append(" *Takes PartitionSpecs over meshes* of several axes.")
         out.append("\n\n")
         if p.attrs:
             out.append("| attribute | kind | default | meaning |\n"

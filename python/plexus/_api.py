@@ -10,11 +10,12 @@ from . import _core
 
 
 class P(tuple):
-    """A PartitionSpec over a slice's mesh axes, as in jax.sharding.
+    """A PartitionSpec over a slice's mesh axes, as in jax.sharding
+    (jax.sharding.PartitionSpec is taken too).
 
-    One entry per array dimension: None (not split) or the mesh axis name
-    (or tuple of all mesh axis names) that the dimension is split over.
-    Built-in programs split at most one dimension, over the whole mesh.
+    One entry per array dimension (missing trailing ones: None): None (not
+    split), a mesh axis name, or a tuple of names (the dimension is split
+    over them, the first major). Mesh axes no entry names hold replicas.
     """
 
     def __new__(cls, *entries):
@@ -36,36 +37,63 @@ def partial():
     return ("partial", 0)
 
 
+def _is_partition_spec(spec):
+    t = type(spec)
+    return isinstance(spec, P) or (
+        t.__module__.split(".")[0] == "jax"
+        and t.__name__ in ("PartitionSpec", "P"))
+
+
 def _sharding(spec, slice_, ndim):
-    """Normalises None / P(...) / ("split", a) to the core's tuple."""
+    """Normalises None / P(...) / jax PartitionSpec / ("split", a) to the
+    core's tuple: ("replicated"|"split"|"partial", axis), or ("mesh", axis
+    sizes, axis names, per dimension the indices of its axes) for a
+    PartitionSpec that is neither a 1-D split nor replicated."""
     if spec is None:
         return replicated()
-    if isinstance(spec, P):
-        axes = tuple(slice_.axis_names)
-        used = [(d, e) for d, e in enumerate(spec) if e is not None]
-        if len(spec) > ndim:
-            raise ValueError(f"{spec!r} has {len(spec)} entries but the array "
-                             f"has {ndim} dimensions")
-        if not used:
-            return replicated()
-        if len(used) > 1:
-            raise ValueError(f"{spec!r} splits {len(used)} dimensions; built-in "
-                             "programs split at most one")
-        dim, entry = used[0]
-        names = entry if isinstance(entry, tuple) else (entry,)
-        if tuple(names) != axes:
-            raise ValueError(
-                f"{spec!r} splits dimension {dim} over {names}, but built-in "
-                f"programs split over the whole mesh {axes}")
-        return split(dim)
+    if type(spec).__name__ == "NamedSharding":  # jax's: its spec
+        spec = spec.spec
+    if _is_partition_spec(spec):
+        return _mesh_sharding(tuple(spec), tuple(slice_.axis_names),
+                              tuple(slice_.mesh_shape), ndim)
     if isinstance(spec, tuple) and len(spec) == 2 and spec[0] in (
             "replicated", "split", "partial"):
         return spec
+    if isinstance(spec, tuple) and len(spec) == 4 and spec[0] == "mesh":
+        return _core.canonical_sharding(spec)
     raise TypeError(f"not a sharding: {spec!r} (use None, plexus.P(...), "
-                    "plexus.split(axis) or plexus.replicated())")
+                    "jax.sharding.PartitionSpec(...), plexus.split(axis) or "
+                    "plexus.replicated())")
+
+
+def _mesh_sharding(entries, axes, sizes, ndim):
+    """The core sharding of PartitionSpec `entries` over the mesh `axes`
+    (of `sizes`) for an array of `ndim` dimensions."""
+    mesh = ", ".join(f"{a!r}: {n}" for a, n in zip(axes, sizes))
+    spec = "P(" + ", ".join(repr(e) for e in entries) + ")"
+    if len(entries) > ndim:
+        raise ValueError(f"{spec} has {len(entries)} entries but the array "
+                         f"has {ndim} dimensions")
+    dims, used = [], set()
+    for e in entries + (None,) * (ndim - len(entries)):
+        names = () if e is None else (tuple(e) if isinstance(
+            e, (tuple, list)) else (e,))
+        idx = []
+        for name in names:
+            if name not in axes:
+                raise ValueError(f"{spec} names {name!r}, which is not an "
+                                 f"axis of the slice's mesh {{{mesh}}}")
+            if name in used:
+                raise ValueError(f"{spec} names mesh axis {name!r} twice")
+            used.add(name)
+            idx.append(axes.index(name))
+        dims.append(tuple(idx))
+    return _core.canonical_sharding(("mesh", sizes, axes, tuple(dims)))
 
 
 def _sharding_repr(t):
+    if t[0] == "mesh":
+        return _core.sharding_str(t)
     kind, axis = t
     return f"split({axis})" if kind == "split" else kind
 
@@ -414,6 +442,18 @@ class Slice:
     def axis_names(self):
         return self._s.describe()["axis_names"]
 
+    @property
+    def mesh(self):
+        """{axis name: size}, in mesh order (the devices row-major)."""
+        d = self._s.describe()
+        return dict(zip(d["axis_names"], d["mesh_shape"]))
+
+    @property
+    def dcn_axes(self):
+        """The mesh axes that cross islands (client.slice(dcn_axes=...));
+        the others lie inside each island."""
+        return self._client._dcn_axes.get(self.id, ())
+
     def put(self, array, sharding=None):
         """Copies a numpy array onto this slice's devices."""
         a = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
@@ -480,17 +520,25 @@ class Client:
 
     def __init__(self, core_client):
         self._core = core_client
+        self._dcn_axes = {}  # slice id -> its DCN axes
 
     @property
     def id(self):
         return self._core.client_id
 
-    def slice(self, n, mesh=None, axis_names=None, placement="any", hosts=None,
-              avoid=None, timeout=30.0):
+    def slice(self, n=None, mesh=None, axis_names=None, placement="any",
+              hosts=None, avoid=None, timeout=30.0, dcn_axes=()):
         """Asks the server for a slice of `n` virtual devices.
 
-        mesh: shape of the device mesh (default (n,)); axis_names: its axis
-        names; placement: "any", "one_host" or "spread" (over hosts);
+        mesh: the device mesh, as a dict {axis name: size} in order (like
+        jax.make_mesh; `n` defaults to its size), or its shape with
+        `axis_names` (default: (n,), ("devices",)). The virtual devices are
+        the mesh's points in row-major order. dcn_axes: the mesh axes that
+        cross islands (JAX's hybrid mesh, MaxText's dcn_* axes): each
+        island (the slice's devices on one host) must hold exactly the
+        devices of one point of those axes, so that the other axes lie
+        inside an island; otherwise the slice is refused, saying so.
+        placement: "any", "one_host" or "spread" (over hosts);
         hosts: only devices of these hosts (names as `plexus status` shows
         them; an island is the devices of one host); avoid: slices (or slice
         ids) of this client whose hosts it must not use.
@@ -502,14 +550,37 @@ class Client:
         ResourceExhaustedError at once. A bad request (mesh, unknown host)
         raises at once. `plexus status` lists the requests that wait.
         """
+        if isinstance(mesh, dict):
+            if axis_names is not None:
+                raise _core.InvalidArgumentError(
+                    "slice: give the mesh as a dict or as a shape with "
+                    "axis_names, not both")
+            axis_names = list(mesh)
+            mesh = [int(v) for v in mesh.values()]
+        if n is None:
+            if not mesh:
+                raise _core.InvalidArgumentError(
+                    "slice: give the number of devices or a mesh")
+            n = int(np.prod(mesh))
+        if isinstance(dcn_axes, str):
+            dcn_axes = (dcn_axes,)
+        dcn_axes = tuple(dcn_axes)
         if isinstance(hosts, str):
             hosts = [hosts]
         if isinstance(avoid, Slice):
             avoid = [avoid]
         avoid_ids = [a.id if isinstance(a, Slice) else int(a) for a in (avoid or [])]
-        return Slice(self._core.slice(n, list(mesh or []), list(axis_names or []),
-                                      placement, list(hosts or []), avoid_ids,
-                                      float(timeout)), self)
+        s = Slice(self._core.slice(n, list(mesh or []), list(axis_names or []),
+                                   placement, list(hosts or []), avoid_ids,
+                                   float(timeout)), self)
+        if dcn_axes:
+            try:
+                _check_dcn_axes(s, dcn_axes)
+            except Exception:
+                s.close()
+                raise
+            self._dcn_axes[s.id] = dcn_axes
+        return s
 
     def graph(self):
         return Graph(self)
@@ -529,6 +600,39 @@ class Client:
     def __exit__(self, *exc):
         self.close()
         return False
+
+
+def _check_dcn_axes(s, dcn_axes):
+    """Raises unless each island of `s` holds exactly the devices of one
+    point of the DCN axes."""
+    axes, sizes = tuple(s.axis_names), tuple(s.mesh_shape)
+    mesh = ", ".join(f"{a!r}: {n}" for a, n in zip(axes, sizes))
+    for a in dcn_axes:
+        if a not in axes:
+            raise _core.InvalidArgumentError(
+                f"slice: dcn_axes names {a!r}, which is not an axis of the "
+                f"mesh {{{mesh}}}")
+    coords = np.indices(sizes).reshape(len(sizes), -1).T  # row-major
+    idx = [axes.index(a) for a in dcn_axes]
+    islands = {}  # DCN point -> workers holding its devices
+    workers = {}  # worker -> DCN points it holds
+    for c, d in zip(coords, s.devices):
+        point = tuple(int(c[i]) for i in idx)
+        islands.setdefault(point, set()).add(d["worker"])
+        workers.setdefault(d["worker"], set()).add(point)
+    if (any(len(w) > 1 for w in islands.values())
+            or any(len(p) > 1 for p in workers.values())):
+        layout = "; ".join(f"{d['host']} holds devices " + ", ".join(
+            str(i) for i, e in enumerate(s.devices) if e["worker"] == w)
+            for w, d in {d["worker"]: d for d in s.devices}.items())
+        inner = int(np.prod([n for a, n in zip(axes, sizes)
+                             if a not in dcn_axes]))
+        raise _core.InvalidArgumentError(
+            f"slice: dcn_axes {dcn_axes} of the mesh {{{mesh}}} need each "
+            f"island (host) to hold the {inner} devices of one point of "
+            f"those axes, but {layout} (virtual devices are row-major over "
+            "the mesh: put the DCN axes first, and ask for hosts with that "
+            "many devices, e.g. placement='spread')")
 
 
 def connect(address=None, name="python", shared_memory=True,

@@ -26,7 +26,8 @@ class Attr(collections.namedtuple("Attr", "name kind default meaning")):
 
 
 class Builtin(collections.namedtuple(
-        "Builtin", "name summary attrs inputs outputs example collective")):
+        "Builtin", "name summary attrs inputs outputs example collective "
+        "mesh_shardings")):
     """One built-in program: s.program(name, *inputs, **attrs)."""
 
     def __str__(self):
@@ -60,7 +61,8 @@ class Builtins(collections.abc.Mapping):
                               for n, k, v, m in d["attrs"])
                 self._by_name[d["name"]] = Builtin(
                     d["name"], d["summary"], attrs, d["inputs"],
-                    d["outputs"], d["example"], d["collective"])
+                    d["outputs"], d["example"], d["collective"],
+                    d["mesh_shardings"])
         return self._by_name
 
     def __getitem__(self, name):

@@ -114,7 +114,7 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     }
     const ArgSpec& want = program.inputs()[i];
     const ArgSpec& got = inputs[i].arg();
-    if (!(got == want)) {
+    if (!CanRelayout(got, want)) {  // another layout moves to `want`'s
       return absl::InvalidArgumentError(
           absl::StrCat(what(), " argument ", i, " has ", got.ToString(),
                        " but the program was compiled for ", want.ToString()));
@@ -259,6 +259,22 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
   def.set_name(name);
   def.set_kernel(kernel_name);
   AttrsToProto(attrs, def.mutable_attrs());
+    if (inputs[i].sharding.is_mesh() && !kernel->TakesMeshShardings()) {
+      std::string takers;
+      for (const auto& n : builtin::KernelRegistry::Global().Names()) {
+        if (!builtin::KernelRegistry::Global().Find(n)->TakesMeshShardings()) {
+          continue;
+        }
+        absl::StrAppend(&takers, takers.empty() ? "" : ", ", n);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " argument ", i, ": kernel '", kernel_name,
+          "' takes replicated, split or partial inputs, not ",
+          inputs[i].sharding.ToString(),
+          " (built-in programs that take PartitionSpecs over meshes of "
+          "several axes: ",
+          takers, "; plexus.jit programs take them all)"));
+    }
   return Register(slice, std::move(def), inputs, std::move(*outputs));
 }
 

@@ -83,10 +83,27 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
   Future future(std::make_shared<BufferHandle>(core_, id, arg, slice));
 
   std::shared_ptr<Storage> replicated;
+  std::map<Shape, std::shared_ptr<Storage>> blocks;  // mesh: by block start
   for (int j = 0; j < n; ++j) {
     const proto::SliceDevice& device = slice->info().devices(j);
     std::shared_ptr<Storage> shard;
-    if (arg.sharding.is_split()) {
+    if (arg.sharding.is_mesh()) {
+      auto box = arg.BlockOf(n, j);
+      if (!box.ok()) return box.status();
+      std::shared_ptr<Storage>& block = blocks[box->start];
+      if (!block) {  // replicas of a block share one memfd
+        auto s = Storage::Allocate(bytes, bytes >= 64 * 1024);
+        if (!s.ok()) return s.status();
+        block = *s;
+        absl::Status copied =
+            CopyBox(data, arg.global.byte_size(), arg.global.shape, box->start,
+                    block->data(), block->size(), local->shape,
+                    Shape(local->shape.size(), 0), local->shape,
+                    DTypeSize(arg.global.dtype));
+        if (!copied.ok()) return copied;
+      }
+      shard = block;
+    } else if (arg.sharding.is_split()) {
       auto s = Storage::Allocate(
           bytes, core_->SameMachine(device) && bytes >= 64 * 1024);
       if (!s.ok()) return s.status();
@@ -131,11 +148,28 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
   auto local = arg.Local(n);
   if (!local.ok()) return local.status();
   const int64_t bytes = local->byte_size();
-  const int shards = arg.sharding.is_replicated() ? 1 : n;
+  // The devices to read: one per distinct block.
+  std::vector<int> reads;
+  std::vector<Box> boxes;
+  if (arg.sharding.is_mesh()) {
+    std::map<Shape, bool> seen;
+    for (int j = 0; j < n; ++j) {
+      auto box = arg.BlockOf(n, j);
+      if (!box.ok()) return box.status();
+      if (!seen.emplace(box->start, true).second) continue;
+      reads.push_back(j);
+      boxes.push_back(*box);
+    }
+  } else {
+    for (int j = 0; j < (arg.sharding.is_replicated() ? 1 : n); ++j) {
+      reads.push_back(j);
+    }
+  }
   if (arg.sharding.is_partial() && arg.global.byte_size() > 0) {
     std::memset(dst, 0, arg.global.byte_size());
   }
-  for (int j = 0; j < shards; ++j) {
+  for (size_t r = 0; r < reads.size(); ++r) {
+    const int j = reads[r];
     const proto::SliceDevice& device = info.devices(j);
     std::shared_ptr<Storage> data;
     absl::Status s = WithConnection(
@@ -152,7 +186,14 @@ absl::Status Client::Fetch(const Future& future, void* dst) {
                        data->size(), " bytes, expected ", bytes));
     }
     core_->bytes_fetched += bytes;
-    if (arg.sharding.is_split()) {
+    if (arg.sharding.is_mesh()) {
+      absl::Status copied =
+          CopyBox(data->data(), data->size(), local->shape,
+                  Shape(local->shape.size(), 0), dst, arg.global.byte_size(),
+                  arg.global.shape, boxes[r].start, local->shape,
+                  DTypeSize(arg.global.dtype));
+      if (!copied.ok()) return copied;
+    } else if (arg.sharding.is_split()) {
       const int64_t len = local->shape[arg.sharding.axis];
       absl::Status copied =
           CopyRows(data->data(), data->size(), local->shape, dst,

@@ -1,5 +1,6 @@
 #include "plexus/common/types.h"
 
+#include <algorithm>
 #include <complex>
 #include <cstring>
 
@@ -113,13 +114,129 @@ std::string TensorSpec::ToString() const {
   return absl::StrCat(DTypeName(dtype), ShapeString(shape));
 }
 
+Sharding Sharding::Mesh(std::vector<int32_t> mesh,
+                        std::vector<std::string> axis_names,
+                        std::vector<std::vector<int32_t>> dims) {
+  // Axes of size 1 split nothing: dropped, so that equal layouts compare
+  // equal and reduce to the 1-D forms below.
+  int split_dim = -1, named = 0;
+  bool one_dim = true;
+  for (size_t d = 0; d < dims.size(); ++d) {
+    std::vector<int32_t> kept;
+    for (int32_t a : dims[d]) {
+      if (a < 0 || a >= static_cast<int32_t>(mesh.size()) || mesh[a] != 1) {
+        kept.push_back(a);
+      }
+    }
+    dims[d] = std::move(kept);
+    if (dims[d].empty()) continue;
+    named += static_cast<int>(dims[d].size());
+    if (split_dim >= 0) one_dim = false;
+    split_dim = static_cast<int>(d);
+  }
+  if (named == 0) return Replicated();
+  // One dimension over every axis larger than 1, in mesh order: split.
+  if (one_dim) {
+    std::vector<int32_t> all;
+    for (size_t a = 0; a < mesh.size(); ++a) {
+      if (mesh[a] != 1) all.push_back(static_cast<int32_t>(a));
+    }
+    if (dims[split_dim] == all) return Split(split_dim);
+  }
+  Sharding s;
+  s.kind = Kind::kMesh;
+  s.mesh = std::move(mesh);
+  s.axis_names = std::move(axis_names);
+  s.dims = std::move(dims);
+  return s;
+}
+
 std::string Sharding::ToString() const {
   if (is_split()) return absl::StrCat("split(", axis, ")");
-  return is_partial() ? "partial" : "replicated";
+  if (!is_mesh()) return is_partial() ? "partial" : "replicated";
+  auto name = [&](int32_t a) {
+    return a >= 0 && static_cast<size_t>(a) < axis_names.size()
+               ? axis_names[a]
+               : absl::StrCat("axis", a);
+  };
+  std::vector<std::string> entries, sizes;
+  for (const auto& axes : dims) {
+    if (axes.empty()) {
+      entries.push_back("None");
+    } else if (axes.size() == 1) {
+      entries.push_back(absl::StrCat("'", name(axes[0]), "'"));
+    } else {
+      std::vector<std::string> names;
+      for (int32_t a : axes) names.push_back(absl::StrCat("'", name(a), "'"));
+      entries.push_back(absl::StrCat("(", absl::StrJoin(names, ", "), ")"));
+    }
+  }
+  for (size_t a = 0; a < mesh.size(); ++a) {
+    sizes.push_back(absl::StrCat(name(a), ": ", mesh[a]));
+  }
+  return absl::StrCat("P(", absl::StrJoin(entries, ", "), ") over {",
+                      absl::StrJoin(sizes, ", "), "}");
+}
+
+absl::Status ValidateSharding(const Sharding& s, size_t rank) {
+  if (!s.is_mesh()) return absl::OkStatus();
+  auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sharding over mesh [", absl::StrJoin(s.mesh, ", "), "] ", why));
+  };
+  if (s.mesh.empty() || s.mesh.size() > 16)
+    return refuse("has no axes or over 16");
+  int64_t devices = 1;
+  for (int32_t m : s.mesh) {
+    if (m < 1) return refuse("has an axis smaller than 1");
+    devices *= m;
+    if (devices > (int64_t{1} << 20)) return refuse("has over 2^20 devices");
+  }
+  if (s.dims.size() != rank) {
+    return refuse(absl::StrCat("gives ", s.dims.size(),
+                               " dimensions, but the array has ", rank));
+  }
+  std::vector<bool> used(s.mesh.size(), false);
+  for (const auto& axes : s.dims) {
+    for (int32_t a : axes) {
+      if (a < 0 || static_cast<size_t>(a) >= s.mesh.size()) {
+        return refuse(absl::StrCat("has no axis ", a));
+      }
+      if (used[a]) return refuse(absl::StrCat("names axis ", a, " twice"));
+      used[a] = true;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TensorSpec> ArgSpec::Local(int num_shards) const {
-  if (!sharding.is_split()) return global;
+  if (sharding.is_replicated() || sharding.is_partial()) return global;
+  if (sharding.is_mesh()) {
+    if (absl::Status s = ValidateSharding(sharding, global.shape.size());
+        !s.ok()) {
+      return s;
+    }
+    int64_t devices = 1;
+    for (int32_t m : sharding.mesh) devices *= m;
+    if (devices != num_shards) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharding ", sharding.ToString(), " is over ", devices,
+                       " devices, but the slice has ", num_shards));
+    }
+    TensorSpec local = global;
+    for (size_t d = 0; d < sharding.dims.size(); ++d) {
+      int64_t parts = 1;
+      for (int32_t a : sharding.dims[d]) parts *= sharding.mesh[a];
+      if (global.shape[d] % parts != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "dimension ", d, " of ", global.ToString(), " (length ",
+            global.shape[d], ") does not split evenly into ", parts,
+            " blocks of ", sharding.ToString()));
+      }
+      local.shape[d] /= parts;
+    }
+    return local;
+  }
   int axis = sharding.axis;
   if (axis < 0 || axis >= static_cast<int>(global.shape.size())) {
     return absl::InvalidArgumentError(
@@ -136,6 +253,41 @@ absl::StatusOr<TensorSpec> ArgSpec::Local(int num_shards) const {
   TensorSpec local = global;
   local.shape[axis] /= num_shards;
   return local;
+}
+
+absl::StatusOr<Box> ArgSpec::BlockOf(int num_shards, int device) const {
+  auto local = Local(num_shards);
+  if (!local.ok()) return local.status();
+  if (device < 0 || device >= num_shards) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device ", device, " is not one of the slice's ", num_shards));
+  }
+  Box box{Shape(global.shape.size(), 0), local->shape};
+  if (sharding.is_split()) {
+    box.start[sharding.axis] = device * local->shape[sharding.axis];
+  } else if (sharding.is_mesh()) {
+    // Row-major coordinates of `device` over the mesh.
+    std::vector<int64_t> coord(sharding.mesh.size());
+    int64_t rest = device;
+    for (size_t a = sharding.mesh.size(); a-- > 0;) {
+      coord[a] = rest % sharding.mesh[a];
+      rest /= sharding.mesh[a];
+    }
+    for (size_t d = 0; d < sharding.dims.size(); ++d) {
+      int64_t block = 0;
+      for (int32_t a : sharding.dims[d]) {
+        block = block * sharding.mesh[a] + coord[a];
+      }
+      box.start[d] = block * local->shape[d];
+    }
+  }
+  return box;
+}
+
+bool CanRelayout(const ArgSpec& from, const ArgSpec& to) {
+  if (from.global != to.global) return false;
+  if (from.sharding == to.sharding) return true;
+  return !from.sharding.is_partial() && !to.sharding.is_partial();
 }
 
 std::string ArgSpec::ToString() const {
@@ -339,6 +491,96 @@ absl::Status CopyRows(const void* src, size_t src_bytes, const Shape& src_shape,
   return absl::OkStatus();
 }
 
+absl::Status CopyBox(const void* src, size_t src_bytes, const Shape& src_shape,
+                     const Shape& src_start, void* dst, size_t dst_bytes,
+                     const Shape& dst_shape, const Shape& dst_start,
+                     const Shape& extent, size_t elem_size) {
+  auto refuse = [&](absl::string_view why) {
+    return absl::InternalError(
+        absl::StrCat("copy of box [", absl::StrJoin(extent, ", "), "] at [",
+                     absl::StrJoin(src_start, ", "), "] of [",
+                     absl::StrJoin(src_shape, ", "), "] (", src_bytes,
+                     " bytes) to [", absl::StrJoin(dst_start, ", "), "] of [",
+                     absl::StrJoin(dst_shape, ", "), "] (", dst_bytes,
+                     " bytes) refused: ", why));
+  };
+  const size_t rank = extent.size();
+  if (src_shape.size() != rank || dst_shape.size() != rank ||
+      src_start.size() != rank || dst_start.size() != rank || rank > 64) {
+    return refuse("the ranks do not match");
+  }
+  // Sizes in 128 bits: shapes from another process may overflow 64.
+  __int128 src_n = elem_size, dst_n = elem_size;
+  bool empty = false;
+  for (size_t d = 0; d < rank; ++d) {
+    if (src_shape[d] < 0 || dst_shape[d] < 0 || extent[d] < 0 ||
+        src_start[d] < 0 || dst_start[d] < 0) {
+      return refuse("a negative size or start");
+    }
+    if (src_start[d] > src_shape[d] - extent[d] ||
+        dst_start[d] > dst_shape[d] - extent[d]) {
+      return refuse("the box is out of range");
+    }
+    src_n *= src_shape[d];
+    dst_n *= dst_shape[d];
+    if (src_n > (__int128{1} << 62) || dst_n > (__int128{1} << 62)) {
+      return refuse("too large");
+    }
+    empty |= extent[d] == 0;
+  }
+  if (src_n > static_cast<__int128>(src_bytes) ||
+      dst_n > static_cast<__int128>(dst_bytes)) {
+    return refuse("a buffer is smaller than its shape");
+  }
+  if (empty) return absl::OkStatus();
+  // Byte strides, and the run: the innermost dimensions the box covers
+  // whole in both arrays, plus the next one, are one memcpy.
+  std::vector<int64_t> src_stride(rank), dst_stride(rank);
+  int64_t ss = static_cast<int64_t>(elem_size), ds = ss;
+  for (size_t d = rank; d-- > 0;) {
+    src_stride[d] = ss;
+    dst_stride[d] = ds;
+    ss *= src_shape[d];
+    ds *= dst_shape[d];
+  }
+  size_t outer = rank;
+  while (outer > 0 && extent[outer - 1] == src_shape[outer - 1] &&
+         extent[outer - 1] == dst_shape[outer - 1]) {
+    --outer;
+  }
+  int64_t run = static_cast<int64_t>(elem_size);
+  for (size_t d = outer; d < rank; ++d) run *= extent[d];
+  if (outer > 0) {
+    --outer;
+    run *= extent[outer];
+  }
+  const char* s = static_cast<const char*>(src);
+  char* t = static_cast<char*>(dst);
+  for (size_t d = 0; d < rank; ++d) {
+    s += src_start[d] * src_stride[d];
+    t += dst_start[d] * dst_stride[d];
+  }
+  // An odometer over the dimensions outside the run.
+  std::vector<int64_t> at(outer, 0);
+  while (true) {
+    std::memcpy(t, s, run);
+    size_t d = outer;
+    while (d > 0) {
+      --d;
+      if (++at[d] < extent[d]) {
+        s += src_stride[d];
+        t += dst_stride[d];
+        break;
+      }
+      s -= (extent[d] - 1) * src_stride[d];
+      t -= (extent[d] - 1) * dst_stride[d];
+      at[d] = 0;
+      if (d == 0) return absl::OkStatus();
+    }
+    if (outer == 0) return absl::OkStatus();
+  }
+}
+
 proto::TensorSpec ToProto(const TensorSpec& spec) {
   proto::TensorSpec p;
   p.set_dtype(static_cast<proto::DType>(spec.dtype));
@@ -368,8 +610,17 @@ proto::Sharding ToProto(const Sharding& s) {
   proto::Sharding p;
   p.set_kind(s.is_split()     ? proto::Sharding::SPLIT
              : s.is_partial() ? proto::Sharding::PARTIAL
+             : s.is_mesh()    ? proto::Sharding::MESH
                               : proto::Sharding::REPLICATED);
   p.set_axis(s.axis);
+  if (s.is_mesh()) {
+    for (int32_t m : s.mesh) p.add_mesh(m);
+    for (const auto& name : s.axis_names) p.add_mesh_axis_names(name);
+    for (const auto& axes : s.dims) {
+      auto* list = p.add_dim_axes();
+      for (int32_t a : axes) list->add_values(a);
+    }
+  }
   return p;
 }
 
@@ -379,6 +630,22 @@ Sharding FromProto(const proto::Sharding& p) {
       return Sharding::Split(p.axis());
     case proto::Sharding::PARTIAL:
       return Sharding::Partial();
+    case proto::Sharding::MESH: {
+      // As sent: ValidateSharding (FromProto of the ArgDef) checks it.
+      Sharding s;
+      s.kind = Sharding::Kind::kMesh;
+      s.mesh.assign(p.mesh().begin(), p.mesh().end());
+      s.axis_names.assign(p.mesh_axis_names().begin(),
+                          p.mesh_axis_names().end());
+      for (const auto& list : p.dim_axes()) {
+        std::vector<int32_t> axes;
+        for (int64_t a : list.values()) {
+          axes.push_back(a < 0 || a > 64 ? -1 : static_cast<int32_t>(a));
+        }
+        s.dims.push_back(std::move(axes));
+      }
+      return s;
+    }
     default:
       return Sharding::Replicated();
   }
@@ -397,6 +664,15 @@ absl::StatusOr<ArgSpec> FromProto(const proto::ArgDef& p) {
   if (!spec.ok()) return spec.status();
   arg.global = *spec;
   arg.sharding = FromProto(p.sharding());
+  if (absl::Status s = ValidateSharding(arg.sharding, arg.global.shape.size());
+      !s.ok()) {
+    return s;
+  }
+  if (arg.sharding.is_mesh()) {  // one form per layout, as Mesh() gives
+    arg.sharding = Sharding::Mesh(std::move(arg.sharding.mesh),
+                                  std::move(arg.sharding.axis_names),
+                                  std::move(arg.sharding.dims));
+  }
   return arg;
 }
 

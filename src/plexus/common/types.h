@@ -76,23 +76,56 @@ struct TensorSpec {
 //  - split(a): an even split along axis a (shard i holds rows
 //    [i*len/N, (i+1)*len/N) of that axis);
 //  - partial: each device holds an addend of the global shape and the value
-//    is their sum (what a data-parallel gradient is before its all-reduce).
+//    is their sum (what a data-parallel gradient is before its all-reduce);
+//  - mesh: a jax.sharding.PartitionSpec over a named mesh of several axes.
+//    The slice's virtual devices are the mesh's points in row-major order;
+//    array dimension d is split over the mesh axes dims[d] (major first, as
+//    in P(("data", "fsdp"))), and the mesh axes no dimension names hold
+//    replicas. Device i holds one block (BlockOf): per dimension, block
+//    number c (the mixed-radix number of i's coordinates along dims[d]) of
+//    len / (product of those axes' sizes). Mesh() gives split or replicated
+//    when the spec is one of those, so a 1-D layout has one form.
 struct Sharding {
-  enum class Kind { kReplicated, kSplit, kPartial };
+  enum class Kind { kReplicated, kSplit, kPartial, kMesh };
   Kind kind = Kind::kReplicated;
   int axis = 0;
+  // kMesh only.
+  std::vector<int32_t> mesh;               // axis sizes
+  std::vector<std::string> axis_names;     // for messages; not compared
+  std::vector<std::vector<int32_t>> dims;  // per array dimension
 
   static Sharding Replicated() { return {}; }
   static Sharding Split(int axis) { return {Kind::kSplit, axis}; }
   static Sharding Partial() { return {Kind::kPartial, 0}; }
+  static Sharding Mesh(std::vector<int32_t> mesh,
+                       std::vector<std::string> axis_names,
+                       std::vector<std::vector<int32_t>> dims);
   bool is_split() const { return kind == Kind::kSplit; }
   bool is_partial() const { return kind == Kind::kPartial; }
   bool is_replicated() const { return kind == Kind::kReplicated; }
-  std::string ToString() const;  // "replicated", "split(0)", "partial"
+  bool is_mesh() const { return kind == Kind::kMesh; }
+  // "replicated", "split(0)", "partial", "P(('data', 'fsdp'), None) over
+  // {data: 2, fsdp: 2, tensor: 2}"
+  std::string ToString() const;
   bool operator==(const Sharding& o) const {
-    return kind == o.kind && (kind != Kind::kSplit || axis == o.axis);
+    if (kind != o.kind) return false;
+    if (kind == Kind::kSplit) return axis == o.axis;
+    if (kind == Kind::kMesh) return mesh == o.mesh && dims == o.dims;
+    return true;
   }
   bool operator!=(const Sharding& o) const { return !(*this == o); }
+};
+
+// OK if `sharding` is well formed for an array of `rank` dimensions (a mesh
+// one: axis sizes of at least 1, each axis named by at most one dimension,
+// one entry per dimension); otherwise an error saying what is wrong.
+absl::Status ValidateSharding(const Sharding& sharding, size_t rank);
+
+// A box of an N-dimensional array: rows [start[d], start[d] + extent[d]) of
+// each dimension d.
+struct Box {
+  Shape start;
+  Shape extent;
 };
 
 // A program argument: global spec plus its layout over the slice.
@@ -101,13 +134,22 @@ struct ArgSpec {
   Sharding sharding;
 
   // The shape each device holds, or an error naming the axis that does not
-  // divide evenly.
+  // divide evenly (or the mesh that is not the slice's size).
   absl::StatusOr<TensorSpec> Local(int num_shards) const;
+  // The box of the global array that device `device` of `num_shards` holds
+  // (the whole array for replicated and partial values). The one rule that
+  // puts, fetches, routing and programs follow; Local() is its extent.
+  absl::StatusOr<Box> BlockOf(int num_shards, int device) const;
   std::string ToString() const;  // "float32[8, 4] split(0)"
   bool operator==(const ArgSpec& o) const {
     return global == o.global && sharding == o.sharding;
   }
 };
+
+// Whether a value laid out as `from` can be an input declared `to`: the
+// same global spec, and the same sharding or two that are not partial (the
+// runtime moves each block of `to` from the blocks of `from` that hold it).
+bool CanRelayout(const ArgSpec& from, const ArgSpec& to);
 
 using AttrValue =
     std::variant<int64_t, double, std::string, std::vector<int64_t>>;
@@ -128,6 +170,17 @@ absl::Status CopyRows(const void* src, size_t src_bytes, const Shape& src_shape,
                       void* dst, size_t dst_bytes, const Shape& dst_shape,
                       int axis, int64_t src_off, int64_t dst_off, int64_t len,
                       size_t elem_size);
+
+// Copies the box `extent` at `src_start` of the row-major array `src`
+// (shape `src_shape`) to `dst_start` of `dst` (shape `dst_shape`), one
+// memcpy per contiguous run. The ranks must agree. Checks every bound first
+// (against the shapes and `src_bytes`, `dst_bytes`) and copies nothing if
+// one fails: an Internal error naming the copy. How blocks of PartitionSpec
+// layouts are cut from and assembled into arrays.
+absl::Status CopyBox(const void* src, size_t src_bytes, const Shape& src_shape,
+                     const Shape& src_start, void* dst, size_t dst_bytes,
+                     const Shape& dst_shape, const Shape& dst_start,
+                     const Shape& extent, size_t elem_size);
 
 // acc[i] += in[i] for n elements of `dtype` (partial sums, all-reduce).
 // bfloat16 and float16 add in float32 and round to nearest even; bool is

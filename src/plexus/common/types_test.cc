@@ -143,5 +143,108 @@ TEST(DTypeTest, AccumulateWrapsUnsignedAndAddsComplex) {
   EXPECT_FALSE(CanAccumulate(DType::kF8E4M3FN));
   EXPECT_FALSE(CanAccumulate(DType::kF8E8M0FNU));
 }
+
+// --- PartitionSpecs over meshes of several axes ----------------------------
+
+// {data: 2, fsdp: 2, tensor: 2}; dims[d]: the mesh axes splitting dim d.
+Sharding Mesh222(std::vector<std::vector<int32_t>> dims) {
+  return Sharding::Mesh({2, 2, 2}, {"data", "fsdp", "tensor"}, std::move(dims));
+}
+
+TEST(MeshShardingTest, OneDimensionOverTheWholeMeshIsSplit) {
+  EXPECT_EQ(Mesh222({{0, 1, 2}, {}}), Sharding::Split(0));
+  EXPECT_EQ(Mesh222({{}, {}}), Sharding::Replicated());
+  // Axes of size 1 split nothing.
+  EXPECT_EQ(Sharding::Mesh({4, 1}, {"x", "y"}, {{1}, {0}}), Sharding::Split(1));
+  EXPECT_TRUE(Mesh222({{1, 0, 2}, {}}).is_mesh());  // another order
+  EXPECT_TRUE(Mesh222({{0}, {}}).is_mesh());
+}
+
+TEST(MeshShardingTest, NamesItsAxes) {
+  EXPECT_EQ(Mesh222({{0, 1}, {}}).ToString(),
+            "P(('data', 'fsdp'), None) over {data: 2, fsdp: 2, tensor: 2}");
+}
+
+TEST(MeshShardingTest, BlocksFollowJaxDeviceOrder) {
+  // P(('fsdp', 'data'), 'tensor') on [8, 4]: dim 0 in 4 blocks numbered
+  // fsdp * 2 + data, dim 1 in 2 blocks by tensor.
+  ArgSpec arg{{DType::kF32, {8, 4}}, Mesh222({{1, 0}, {2}})};
+  ASSERT_EQ(arg.Local(8)->shape, (Shape{2, 2}));
+  for (int i = 0; i < 8; ++i) {
+    const int data = i / 4, fsdp = (i / 2) % 2, tensor = i % 2;
+    auto box = arg.BlockOf(8, i);
+    ASSERT_TRUE(box.ok());
+    EXPECT_EQ(box->start, (Shape{(fsdp * 2 + data) * 2, tensor * 2})) << i;
+    EXPECT_EQ(box->extent, (Shape{2, 2}));
+  }
+}
+
+TEST(MeshShardingTest, RefusesAMeshOfAnotherSizeAndUnevenSplits) {
+  ArgSpec arg{{DType::kF32, {8, 3}}, Mesh222({{0}, {1}})};
+  EXPECT_EQ(arg.Local(4).status().message(),
+            "sharding P('data', 'fsdp') over {data: 2, fsdp: 2, tensor: 2} "
+            "is over 8 devices, but the slice has 4");
+  EXPECT_EQ(arg.Local(8).status().message(),
+            "dimension 1 of float32[8, 3] (length 3) does not split evenly "
+            "into 2 blocks of P('data', 'fsdp') over {data: 2, fsdp: 2, "
+            "tensor: 2}");
+  Sharding twice = Mesh222({{0}, {0}});
+  EXPECT_FALSE(ValidateSharding(twice, 2).ok());
+  EXPECT_FALSE(ValidateSharding(Mesh222({{0}}), 2).ok());
+}
+
+TEST(MeshShardingTest, RoundTripsThroughProto) {
+  ArgSpec arg{{DType::kF32, {8, 4}}, Mesh222({{1, 0}, {2}})};
+  auto back = FromProto(ToProto(arg));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, arg);
+  EXPECT_EQ(back->sharding.axis_names, arg.sharding.axis_names);
+  proto::ArgDef bad = ToProto(arg);
+  bad.mutable_sharding()->mutable_dim_axes(1)->set_values(0, 7);
+  EXPECT_FALSE(FromProto(bad).ok());
+}
+
+TEST(MeshShardingTest, RelayoutIsAnyButPartial) {
+  TensorSpec t{DType::kF32, {8, 4}};
+  EXPECT_TRUE(CanRelayout({t, Mesh222({{0}, {1}})}, {t, Sharding::Split(1)}));
+  EXPECT_TRUE(
+      CanRelayout({t, Sharding::Replicated()}, {t, Sharding::Split(0)}));
+  EXPECT_FALSE(CanRelayout({t, Sharding::Partial()}, {t, Sharding::Split(0)}));
+  EXPECT_FALSE(CanRelayout({t, Sharding::Split(0)},
+                           {{DType::kF32, {8, 5}}, Sharding::Split(0)}));
+}
+
+TEST(CopyBoxTest, CopiesABoxRunByRun) {
+  // src [4, 6] = 0..23; copy the [2, 3] box at (1, 2) to (0, 1) of [3, 5].
+  std::vector<int32_t> src(24), dst(15, -1);
+  for (int i = 0; i < 24; ++i) src[i] = i;
+  ASSERT_TRUE(CopyBox(src.data(), 96, {4, 6}, {1, 2}, dst.data(), 60, {3, 5},
+                      {0, 1}, {2, 3}, 4)
+                  .ok());
+  EXPECT_EQ(dst, (std::vector<int32_t>{-1, 8, 9, 10, -1, -1, 14, 15, 16, -1, -1,
+                                       -1, -1, -1, -1}));
+  // Whole inner rows merge into one run; scalars copy one element.
+  std::vector<int32_t> whole(24, 0);
+  ASSERT_TRUE(CopyBox(src.data(), 96, {4, 6}, {2, 0}, whole.data(), 96, {4, 6},
+                      {0, 0}, {2, 6}, 4)
+                  .ok());
+  EXPECT_EQ(whole[0], 12);
+  EXPECT_EQ(whole[11], 23);
+  int32_t one = 5, out = 0;
+  ASSERT_TRUE(CopyBox(&one, 4, {}, {}, &out, 4, {}, {}, {}, 4).ok());
+  EXPECT_EQ(out, 5);
+}
+
+TEST(CopyBoxTest, RefusesOutOfRangeBoxesAndCopiesNothing) {
+  std::vector<int32_t> src(24, 1), dst(15, 0);
+  absl::Status s = CopyBox(src.data(), 96, {4, 6}, {3, 0}, dst.data(), 60,
+                           {3, 5}, {0, 0}, {2, 3}, 4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(dst, std::vector<int32_t>(15, 0));
+  EXPECT_FALSE(CopyBox(src.data(), 90, {4, 6}, {0, 0}, dst.data(), 60, {3, 5},
+                       {0, 0}, {1, 1}, 4)
+                   .ok());
+}
+
 }  // namespace
 }  // namespace plexus

@@ -89,7 +89,9 @@ py::dtype NumpyDType(DType d) {
   return py::dtype(name);
 }
 
-// Sharding <-> ("replicated"|"split"|"partial", axis)
+// Sharding <-> ("replicated"|"split"|"partial", axis), or for a
+// PartitionSpec over a mesh of several axes ("mesh", sizes, axis names,
+// per array dimension the indices of the axes splitting it).
 Sharding ShardingFrom(const py::tuple& t) {
   std::string kind = t[0].cast<std::string>();
   if (kind == "split") return Sharding::Split(t[1].cast<int>());
@@ -99,10 +101,32 @@ Sharding ShardingFrom(const py::tuple& t) {
 }
 
 py::tuple ShardingTo(const Sharding& s) {
+  if (kind == "mesh" && t.size() == 4) {
+    std::vector<std::vector<int32_t>> dims;
+    for (auto d : t[3].cast<py::sequence>()) {
+      dims.push_back(d.cast<std::vector<int32_t>>());
+    }
+    Sharding s;
+    s.kind = Sharding::Kind::kMesh;
+    s.mesh = t[1].cast<std::vector<int32_t>>();
+    s.axis_names = t[2].cast<std::vector<std::string>>();
+    s.dims = std::move(dims);
+    if (absl::Status v = ValidateSharding(s, s.dims.size()); !v.ok()) {
+      Raise(v);
+    }
+    return Sharding::Mesh(std::move(s.mesh), std::move(s.axis_names),
+                          std::move(s.dims));
+  }
   const char* kind = s.is_split()     ? "split"
                      : s.is_partial() ? "partial"
                                       : "replicated";
   return py::make_tuple(kind, s.axis);
+  if (s.is_mesh()) {
+    py::list dims;
+    for (const auto& axes : s.dims) dims.append(py::tuple(py::cast(axes)));
+    return py::make_tuple("mesh", py::tuple(py::cast(s.mesh)),
+                          py::tuple(py::cast(s.axis_names)), py::tuple(dims));
+  }
 }
 
 ArgSpec ArgFrom(const py::tuple& t) {
@@ -526,6 +550,12 @@ PYBIND11_MODULE(_core, m) {
       d["summary"] = doc.summary;
       d["attrs"] = attrs;
       d["inputs"] = doc.inputs;
+  // The one form of a sharding (a PartitionSpec that is a 1-D split or
+  // replicated becomes that), and its description.
+  m.def("canonical_sharding",
+        [](const py::tuple& t) { return ShardingTo(ShardingFrom(t)); });
+  m.def("sharding_str",
+        [](const py::tuple& t) { return ShardingFrom(t).ToString(); });
       d["outputs"] = doc.outputs;
       d["example"] = doc.example;
       d["collective"] = registry.Find(name)->is_collective();
@@ -534,3 +564,4 @@ PYBIND11_MODULE(_core, m) {
     return out;
   });
 }
+      d["mesh_shardings"] = registry.Find(name)->TakesMeshShardings();

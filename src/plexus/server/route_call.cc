@@ -21,6 +21,63 @@ struct TransferKey {
   }
 };
 
+// The pieces of destination block `j` (of `want` over `n` devices) from
+// the blocks of `from` over the source slice's `m` devices: one box per
+// distinct source block that meets it, from the replica on the same device,
+// else on the same worker, else one picked by `j` (spreading the reads).
+template <typename SourceKey>
+absl::Status AddBoxPieces(const ArgSpec& from, int m, const ArgSpec& want,
+                          int n, int j, const SliceRecord& src,
+                          const DeviceRef& dst, SourceKey source_key,
+                          proto::InputBinding* binding) {
+  auto dst_box = want.BlockOf(n, j);
+  if (!dst_box.ok()) return dst_box.status();
+  const size_t rank = dst_box->start.size();
+  // Source devices grouped by the block they hold, in first-seen order.
+  std::map<Shape, std::vector<int>> holders;
+  std::vector<std::pair<Shape, Box>> blocks;
+  for (int k = 0; k < m; ++k) {
+    auto box = from.BlockOf(m, k);
+    if (!box.ok()) return box.status();
+    auto [it, fresh] = holders.try_emplace(box->start);
+    if (fresh) blocks.emplace_back(box->start, *box);
+    it->second.push_back(k);
+  }
+  for (const auto& [start, box] : blocks) {
+    Box cut{Shape(rank), Shape(rank)};
+    bool meets = true;
+    for (size_t d = 0; d < rank; ++d) {
+      const int64_t lo = std::max(box.start[d], dst_box->start[d]);
+      const int64_t hi = std::min(box.start[d] + box.extent[d],
+                                  dst_box->start[d] + dst_box->extent[d]);
+      if (hi <= lo) meets = false;
+      cut.start[d] = lo;
+      cut.extent[d] = std::max<int64_t>(hi - lo, 0);
+    }
+    if (!meets) continue;  // (an empty array has no pieces to gather)
+    const std::vector<int>& ks = holders[start];
+    int k = ks[j % ks.size()];
+    for (int c : ks) {
+      if (src.devices[c] == dst) {
+        k = c;
+        break;
+      }
+      if (src.devices[c].worker_id == dst.worker_id) k = c;
+    }
+    auto [id, shard] = source_key(k);
+    proto::Piece* p = binding->add_pieces();
+    p->set_buffer_id(id);
+    p->set_shard(shard);
+    for (size_t d = 0; d < rank; ++d) {
+      p->add_src_shape(box.extent[d]);
+      p->add_src_start(cut.start[d] - box.start[d]);
+      p->add_dst_start(cut.start[d] - dst_box->start[d]);
+      p->add_extent(cut.extent[d]);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ClusterState::RouteCall(uint64_t client_id,
@@ -83,16 +140,19 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       return absl::InvalidArgumentError(
           absl::StrCat(arg_what(), ": ", arg.status().message()));
     }
-    if (!(*arg == prog.inputs[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          arg_what(), " is ", arg->ToString(),
-          " but the program was compiled for ", prog.inputs[i].ToString()));
+    // The value moves from its own layout (`arg`, on its slice) to the
+    // one the program was compiled for (`want`, on the call's slice).
+    const ArgSpec& want = prog.inputs[i];
+    if (!CanRelayout(*arg, want)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what(), " is ", arg->ToString(),
+                       " but the program was compiled for ", want.ToString()));
     }
     auto src_or = UsableSlice(client_id, ref.slice_id(), arg_what);
     if (!src_or.ok()) return src_or.status();
     const SliceRecord& src = **src_or;
     const int m = static_cast<int>(src.devices.size());
-    auto local_c = arg->Local(n);
+    auto local_c = want.Local(n);
     auto local_p = arg->Local(m);
     if (!local_c.ok()) {
       return absl::InvalidArgumentError(
@@ -102,7 +162,12 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       return absl::InvalidArgumentError(
           absl::StrCat(arg_what(), ": ", local_p.status().message()));
     }
-    const bool same_layout = src.devices == slice.devices;
+    const bool same_layout =
+        src.devices == slice.devices && arg->sharding == want.sharding;
+    // Layouts other than one split or replicated on both sides (a mesh
+    // PartitionSpec, or a change of layout) move N-D boxes.
+    const bool boxes = !same_layout && (arg->sharding != want.sharding ||
+                                        arg->sharding.is_mesh());
     if (arg->sharding.is_partial() && !same_layout) {
       return absl::InvalidArgumentError(absl::StrCat(
           arg_what(), " is partial (a sum not yet reduced) on slice ", src.id,
@@ -157,6 +222,14 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
           arg->sharding.is_split() ? arg->global.shape[arg->sharding.axis] : 1;
       if (same_layout) {
         add_piece(j, 0, 0, rows / n);
+      } else if (boxes) {
+        absl::Status s = AddBoxPieces(
+            *arg, m, want, n, j, src, dst,
+            [&](int k) { return source_key(k, dst); }, binding);
+        if (!s.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(arg_what(), ": ", s.message()));
+        }
       } else if (!arg->sharding.is_split()) {
         // Replicated: any source copy will do; prefer one on this worker.
         int k = j % m;

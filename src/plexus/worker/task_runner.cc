@@ -192,6 +192,22 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
         axis < static_cast<int>(src_shape.size())) {
       src_shape[axis] = static_cast<int64_t>(sources[p]->size()) / other;
     }
+    if (piece.extent_size() > 0) {  // a box of a block (mesh layouts)
+      auto shape = [](const auto& field) {
+        return Shape(field.begin(), field.end());
+      };
+      absl::Status copied = CopyBox(
+          sources[p]->data(), sources[p]->size(), shape(piece.src_shape()),
+          shape(piece.src_start()), (*assembled)->data(), (*assembled)->size(),
+          local->shape, shape(piece.dst_start()), shape(piece.extent()), elem);
+      if (!copied.ok()) {
+        return absl::InternalError(
+            absl::StrCat("assembling an input from ",
+                         KeyString({piece.buffer_id(), piece.shard()}), ": ",
+                         copied.message()));
+      }
+      continue;
+    }
     absl::Status copied =
         CopyRows(sources[p]->data(), sources[p]->size(), src_shape,
                  (*assembled)->data(), (*assembled)->size(), local->shape, axis,

@@ -78,6 +78,11 @@ class Kernel {
   // Runs one shard. Errors become the message of the call's futures.
   virtual absl::Status Run(const KernelContext& ctx) const = 0;
   virtual bool is_collective() const { return false; }
+  // Whether the kernel takes inputs laid out by a PartitionSpec over a mesh
+  // of several axes (Sharding::kMesh). Elementwise kernels do: each device
+  // computes on its block whatever the block is. The others are refused
+  // such inputs when a program is compiled.
+  virtual bool TakesMeshShardings() const { return false; }
   // Whether the kernel takes inputs of `dtype` (checked at compile time for
   // every input, before InferOutputs). Kernels compute in the arithmetic
   // dtypes; those that only move bytes take every dtype.

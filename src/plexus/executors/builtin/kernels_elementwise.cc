@@ -42,6 +42,7 @@ absl::Status CheckSpecsMatchOutput(const KernelContext& ctx) {
 template <typename Op>
 class BinaryKernel : public Kernel {
  public:
+  bool TakesMeshShardings() const override { return true; }
   absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
       const std::vector<ArgSpec>& inputs, int num_shards,
       const Attrs& attrs) const override {
@@ -145,6 +146,7 @@ struct SgdUpdateOp {
 template <typename Op>
 class UnaryKernel : public Kernel {
  public:
+  bool TakesMeshShardings() const override { return true; }
   absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
       const std::vector<ArgSpec>& inputs, int num_shards,
       const Attrs& attrs) const override {
