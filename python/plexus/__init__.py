@@ -8,7 +8,7 @@
         double = s.program("scale", x, factor=2.0)
         print(np.asarray(double(x)))
 """
-from ._core import (DeadlineExceededError, InvalidArgumentError, NotFoundError,
+from ._core import (DeadlineExceededError, DeviceLostError, InvalidArgumentError, NotFoundError,
                     PermissionDeniedError, PlexusError, ResourceExhaustedError,
                     UnavailableError, UnimplementedError)
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec,
@@ -25,5 +25,5 @@ __all__ = [
     "replicated", "split", "status", "wait",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
     "PermissionDeniedError", "ResourceExhaustedError", "UnavailableError",
-    "DeadlineExceededError", "UnimplementedError", "pipeline", "rl",
+    "DeadlineExceededError", "DeviceLostError", "UnimplementedError", "pipeline", "rl",
 ]

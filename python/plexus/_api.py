@@ -431,6 +431,16 @@ class Slice:
         return self._s.num_hosts
 
     @property
+    def generation(self):
+        """The version of the map from the slice's virtual devices to
+        physical ones: 0 when granted, +1 each time the server remapped the
+        slice onto a spare after losing one of its hosts (`devices` then
+        names the spare). The slice, its programs and futures stay valid."""
+        return self._s.generation
+
+    epoch = generation  # the name the elastic issue uses for it
+
+    @property
     def devices(self):
         return self._s.describe()["devices"]
 

@@ -42,7 +42,10 @@ def _down_on_exit(cluster, exc):
 
 class LocalCluster:
     """A whole Plexus cluster on this machine: one server process that starts
-    `hosts` worker processes, each with `devices_per_host` CPU devices.
+    `hosts` worker processes, each with `devices_per_host` CPU devices, and
+    `spare` more that the server keeps for taking the place of a host that
+    is lost (its slices are remapped there, and what it held is recovered;
+    a worker that exits is replaced by a new spare).
 
     Used as a context manager it tears everything down, even on an
     exception. Worker processes die with the server (PR_SET_PDEATHSIG);
@@ -56,6 +59,7 @@ class LocalCluster:
     """
 
     def __init__(self, hosts=2, devices_per_host=1, device_memory_mib=1024,
+                 spare=0,
                  shared_memory=True, log_level="warn", log_file=None,
                  attached=True, heartbeat_timeout_ms=1000, scheduler="gang",
                  pjrt_plugin=None, secret=None, tenants=None,
@@ -65,7 +69,10 @@ class LocalCluster:
         if devices_per_host < 1:
             raise ValueError(
                 f"devices_per_host must be at least 1, got {devices_per_host}")
+        if spare < 0:
+            raise ValueError(f"spare must be at least 0, got {spare}")
         self.hosts = hosts
+        self.spare = spare
         self.devices_per_host = devices_per_host
         self.device_memory_mib = device_memory_mib
         self.shared_memory = shared_memory
@@ -102,6 +109,7 @@ class LocalCluster:
                "--listen", "127.0.0.1:0",
                "--ready-fd", str(write_end),
                "--local-workers", str(self.hosts),
+               "--spare-workers", str(self.spare),
                "--devices-per-host", str(self.devices_per_host),
                "--device-memory-mib", str(self.device_memory_mib),
                "--heartbeat-timeout-ms", str(self.heartbeat_timeout_ms),

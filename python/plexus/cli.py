@@ -115,14 +115,16 @@ def format_status(st):
             for v, d in enumerate(s.get("devices", [])):
                 key = (d.get("host_name", ""), d.get("worker_id", 0))
                 by_host.setdefault(key, []).append(f"{v}->{d.get('device', 0)}")
+            islands = len({host for host, _ in by_host})
             for i, ((host, worker), maps) in enumerate(by_host.items()):
                 rows.append([s["slice_id"] if i == 0 else "",
                              s["client_id"] if i == 0 else "",
                              len(s.get("devices", [])) if i == 0 else "",
-                             host, worker, " ".join(maps)])
+                             host, worker, " ".join(maps),
+                             islands if i == 0 else ""])
         out.append("")
         out.append(_table(["SLICE", "CLIENT", "DEVICES", "HOST", "WORKER",
-                           "VIRTUAL->DEVICE"], rows))
+                           "VIRTUAL->DEVICE", "ISLANDS"], rows))
     pending = st.get("pending_slices", [])
     if pending:
         rows = [[p["client_id"], p.get("request_id", 0), p.get("num_devices", 0),
@@ -168,12 +170,13 @@ def cmd_up(args):
             f.unlink()
     f.parent.mkdir(parents=True, exist_ok=True)
     log = f.parent / "cluster.log"
-    print(f"starting a server and {args.hosts} worker(s) "
+    spares = f" and {args.spare} spare(s)" if args.spare else ""
+    print(f"starting a server and {args.hosts} worker(s){spares} "
           f"({args.devices_per_host} device(s) each); log: {log}")
     # The cluster secret: kept in the state file (mode 0600) for `plexus
     # down`, which needs the admin credential.
     secret = _core.new_cluster_secret()
-    cluster = LocalCluster(hosts=args.hosts,
+    cluster = LocalCluster(hosts=args.hosts, spare=args.spare,
                            devices_per_host=args.devices_per_host,
                            device_memory_mib=args.device_memory_mib,
                            shared_memory=not args.no_shm, log_level="info",
@@ -283,6 +286,8 @@ def main(argv=None):
     up = sub.add_parser("up", help="start a cluster on this machine")
     up.add_argument("--hosts", type=int, default=2)
     up.add_argument("--devices-per-host", type=int, default=1)
+    up.add_argument("--spare", type=int, default=0,
+                    help="more workers kept to take the place of a lost host")
     up.add_argument("--device-memory-mib", type=float, default=1024)
     up.add_argument("--no-shm", action="store_true",
                     help="move buffers over TCP even between local workers")

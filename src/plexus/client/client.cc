@@ -12,13 +12,31 @@ namespace plexus {
 
 // ---------------------------------------------------------------- Slice
 
+Slice::Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info)
+    : core_(std::move(core)), id_(info.slice_id()) {
+  absl::MutexLock lock(&maps_mu_);
+  maps_.push_back(std::move(info));
+  current_.store(&maps_.back(), std::memory_order_release);
+  core_->AddSlice(this);
+}
+
+void Slice::Remap(proto::SliceInfo info) {
+  absl::MutexLock lock(&maps_mu_);
+  if (info.generation() <= maps_.back().generation()) return;
+  maps_.push_back(std::move(info));
+  current_.store(&maps_.back(), std::memory_order_release);
+}
+
 int Slice::num_hosts() const {
   std::set<int64_t> hosts;
-  for (const auto& d : info_.devices()) hosts.insert(d.worker_id());
+  for (const auto& d : info().devices()) hosts.insert(d.worker_id());
   return static_cast<int>(hosts.size());
 }
 
-Slice::~Slice() { Close(); }
+Slice::~Slice() {
+  core_->RemoveSlice(this);
+  Close();
+}
 
 void Slice::Close() {
   {
@@ -52,7 +70,7 @@ void Slice::Unhold() {
 
 // ---------------------------------------------------------------- Future
 
-uint64_t Future::buffer_id() const { return handle_->id(); }
+uint64_t Future::buffer_id() const { return handle_->current_id(); }
 const ArgSpec& Future::arg() const { return handle_->arg(); }
 const std::shared_ptr<Slice>& Future::slice() const { return handle_->slice(); }
 

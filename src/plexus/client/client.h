@@ -9,7 +9,9 @@
 // Every blocking method waits without holding a lock the I/O threads need.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -52,9 +54,16 @@ struct SliceOptions {
 // or reaches the server before the slice's release (and computes).
 class Slice {
  public:
-  uint64_t id() const { return info_.slice_id(); }
-  int num_devices() const { return info_.devices_size(); }
-  const proto::SliceInfo& info() const { return info_; }
+  uint64_t id() const { return id_; }
+  int num_devices() const { return info().devices_size(); }
+  // The slice's current map of virtual devices (its device indices) to
+  // physical ones. A remap (a host lost, a spare in its place) makes a new
+  // one, with a higher generation(); a reference to an older one stays
+  // valid as long as the slice.
+  const proto::SliceInfo& info() const {
+    return *current_.load(std::memory_order_acquire);
+  }
+  uint64_t generation() const { return info().generation(); }
   // Distinct hosts the slice spans.
   int num_hosts() const;
   // Returns the slice to the server. Futures on it stay readable until
@@ -69,14 +78,21 @@ class Slice {
   bool Hold();
   void Unhold();
 
+  // Internal. The server remapped the slice (ClientCore's reader).
+  void Remap(proto::SliceInfo info);
+
   // Internal.
-  Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info)
-      : core_(std::move(core)), info_(std::move(info)) {}
+  Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info);
   ~Slice();
 
  private:
   const std::shared_ptr<ClientCore> core_;
-  const proto::SliceInfo info_;
+  const uint64_t id_;
+  absl::Mutex maps_mu_;
+  // Every map the slice had, the last current; never shrinks (remaps are
+  // few), so info() references stay valid.
+  std::deque<proto::SliceInfo> maps_ ABSL_GUARDED_BY(maps_mu_);
+  std::atomic<const proto::SliceInfo*> current_{nullptr};
 
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -229,6 +245,11 @@ class Client {
   // error is returned as Wait returns it.
   absl::Status WaitMany(const std::vector<Future>& futures,
                         absl::Time deadline = absl::InfiniteFuture());
+  // Fetch, Wait and WaitMany go on through a lost host whose values the
+  // server recovers (client/recovering.cc): a read that fails because a
+  // host was lost waits for the server's word on the loss, then reads the
+  // recovered value (under its new id, from its new place), or returns
+  // DATA_LOSS if it was lost.
   // Sends everything queued now (calls are otherwise sent as soon as the
   // sender thread wakes).
   void Flush();
@@ -238,6 +259,11 @@ class Client {
 
  private:
   explicit Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
+  // One attempt of each (data_io.cc).
+  absl::Status FetchOnce(const Future& future, void* dst);
+  absl::Status WaitOnce(const Future& future);
+  absl::Status WaitManyOnce(const std::vector<Future>& futures,
+                            absl::Time deadline);
   // Checks argument (or output) specs against the slice: valid, evenly
   // split, within every device's budget.
   static absl::Status CheckArgs(const Slice& slice, const std::string& what,

@@ -237,7 +237,18 @@ void ClientCore::ReaderLoop() {
         SPDLOG_WARN("server: {}", s.ToString());
       }
     }
+    for (const auto& r : msg.recoveries()) ApplyRecoveryLocked(r);
     for (const auto& d : msg.workers_down()) {
+      // Slices still on it were not remapped: they broke.
+      for (const auto& [sid, slice] : slices_) {
+        for (const auto& dev : slice->info().devices()) {
+          if (dev.worker_id() != d.worker_id()) continue;
+          broken_slices_.try_emplace(
+              sid, absl::StrCat("worker ", d.worker_id(), " was lost"));
+          break;
+        }
+      }
+      losses_heard_++;
       workers_down_[d.worker_id()] = StatusFromProto(d.status());
       // A worker that is down (or stopped) will not answer: wake whoever
       // waits on it; they find it in workers_down_ and say so.

@@ -50,6 +50,24 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void ForgetBuffer(uint64_t buffer_id);
   absl::Status WorkerStatus(int64_t worker_id);
 
+  // --- recovery (the server's Recovery notes)
+  // The id buffer `id` has now (itself unless recovery gave it a new one).
+  uint64_t Resolve(uint64_t id) const {
+    if (!has_aliases_.load(std::memory_order_acquire)) return id;
+    return ResolveSlow(id);
+  }
+  // Why buffer `id` (as resolved) is lost, or OK.
+  absl::Status LostStatus(uint64_t id) const;
+  // Whether slice `slice_id` lost a host that no spare replaced.
+  bool SliceBroken(uint64_t slice_id) const;
+  // How many worker losses the server has told this client of.
+  int64_t losses_heard() const;
+  // Waits until more than `heard` losses were told, or `timeout` passes
+  // (false), or the session ends (false).
+  bool AwaitLoss(int64_t heard, absl::Duration timeout);
+  void AddSlice(Slice* slice);
+  void RemoveSlice(Slice* slice);
+
   // FailedPrecondition once Close() has begun: a closed client does no
   // more work (puts, calls, fetches), and says so. Unavailable once the
   // server ended the session (it restarted or went away), saying what was
@@ -83,6 +101,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
  private:
   void SenderLoop();
   void ReaderLoop();
+  uint64_t ResolveSlow(uint64_t id) const;
+  void ApplyRecoveryLocked(const proto::Recovery& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClientOptions options_;
   std::string machine_id_;
@@ -119,6 +140,15 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::map<uint64_t, proto::SliceReply> slice_replies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<int64_t, absl::Status> workers_down_ ABSL_GUARDED_BY(mu_);
+  // Recovery: buffers under new ids (old -> newest), buffers lost, slices
+  // broken, worker losses heard, and the slices to remap.
+  std::atomic<bool> has_aliases_{false};
+  absl::flat_hash_map<uint64_t, uint64_t> aliases_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, absl::Status> lost_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::string> broken_slices_
+      ABSL_GUARDED_BY(mu_);
+  int64_t losses_heard_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, Slice*> slices_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t,
            std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
       pool_ ABSL_GUARDED_BY(mu_);
@@ -154,6 +184,9 @@ class BufferHandle {
     core_->ReleaseBuffer(id_, slice_->id());
   }
   uint64_t id() const { return id_; }
+  // The id the value has now: recovery may have recomputed it under
+  // another (ClientCore::Resolve).
+  uint64_t current_id() const { return core_->Resolve(id_); }
   const ArgSpec& arg() const { return arg_; }
   const std::shared_ptr<Slice>& slice() const { return slice_; }
 

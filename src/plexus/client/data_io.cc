@@ -137,7 +137,7 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
   return future;
 }
 
-absl::Status Client::Fetch(const Future& future, void* dst) {
+absl::Status Client::FetchOnce(const Future& future, void* dst) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
   absl::Status failed = core_->BufferStatus(future.buffer_id());
@@ -223,7 +223,7 @@ void ClientCore::AwaitInputs(const std::vector<Future>& inputs) {
   }
 }
 
-absl::Status Client::Wait(const Future& future) {
+absl::Status Client::WaitOnce(const Future& future) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
   absl::Status failed = core_->BufferStatus(future.buffer_id());
@@ -240,8 +240,8 @@ absl::Status Client::Wait(const Future& future) {
   return absl::OkStatus();
 }
 
-absl::Status Client::WaitMany(const std::vector<Future>& futures,
-                              absl::Time deadline) {
+absl::Status Client::WaitManyOnce(const std::vector<Future>& futures,
+                                  absl::Time deadline) {
   if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
   // Each worker's shards, and which future each belongs to.
   struct Batch {

@@ -27,6 +27,7 @@ PyObject* g_unavailable = nullptr;
 PyObject* g_denied = nullptr;
 PyObject* g_deadline = nullptr;
 PyObject* g_unimplemented = nullptr;
+PyObject* g_device_lost = nullptr;
 
 [[noreturn]] void Raise(const absl::Status& s) {
   PyObject* type = g_error;
@@ -41,6 +42,9 @@ PyObject* g_unimplemented = nullptr;
       break;
     case absl::StatusCode::kResourceExhausted:
       type = g_exhausted;
+      break;
+    case absl::StatusCode::kDataLoss:
+      type = g_device_lost;
       break;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kAborted:
@@ -219,11 +223,21 @@ PYBIND11_MODULE(_core, m) {
   g_denied = make("PermissionDeniedError", PyExc_PermissionError);
   g_deadline = make("DeadlineExceededError", PyExc_TimeoutError);
   g_unimplemented = make("UnimplementedError", PyExc_NotImplementedError);
+  // A value lost with a host (DATA_LOSS): no spare took the host's place,
+  // or the value could not be recomputed. A kind of UnavailableError.
+  {
+    py::tuple bases = py::make_tuple(py::handle(g_unavailable));
+    py::object type = py::reinterpret_steal<py::object>(PyErr_NewException(
+        "plexus._core.DeviceLostError", bases.ptr(), nullptr));
+    m.attr("DeviceLostError") = type;
+    g_device_lost = type.release().ptr();
+  }
 
   py::class_<Slice, std::shared_ptr<Slice>>(m, "Slice")
       .def_property_readonly("id", &Slice::id)
       .def_property_readonly("num_devices", &Slice::num_devices)
       .def_property_readonly("num_hosts", &Slice::num_hosts)
+      .def_property_readonly("generation", &Slice::generation)
       .def("describe", [](const Slice& s) { return SliceDevices(s); })
       .def("close", &Slice::Close)
       .def_property_readonly("closed", &Slice::closed);
@@ -550,12 +564,12 @@ PYBIND11_MODULE(_core, m) {
       d["summary"] = doc.summary;
       d["attrs"] = attrs;
       d["inputs"] = doc.inputs;
-  // The one form of a sharding (a PartitionSpec that is a 1-D split or
-  // replicated becomes that), and its description.
-  m.def("canonical_sharding",
-        [](const py::tuple& t) { return ShardingTo(ShardingFrom(t)); });
-  m.def("sharding_str",
-        [](const py::tuple& t) { return ShardingFrom(t).ToString(); });
+      // The one form of a sharding (a PartitionSpec that is a 1-D split or
+      // replicated becomes that), and its description.
+      m.def("canonical_sharding",
+            [](const py::tuple& t) { return ShardingTo(ShardingFrom(t)); });
+      m.def("sharding_str",
+            [](const py::tuple& t) { return ShardingFrom(t).ToString(); });
       d["outputs"] = doc.outputs;
       d["example"] = doc.example;
       d["collective"] = registry.Find(name)->is_collective();
@@ -564,4 +578,4 @@ PYBIND11_MODULE(_core, m) {
     return out;
   });
 }
-      d["mesh_shardings"] = registry.Find(name)->TakesMeshShardings();
+d["mesh_shardings"] = registry.Find(name)->TakesMeshShardings();

@@ -49,7 +49,11 @@ void Admission::RemoveWorker(int64_t worker) {
       tickets.push_back(ticket);
     }
   }
-  for (uint64_t ticket : tickets) EndOn(in_flight_.find(ticket), worker);
+  for (uint64_t ticket : tickets) {
+    auto it = in_flight_.find(ticket);
+    it->second.cut_short = true;
+    EndOn(it, worker);
+  }
   windows_.erase(worker);
 }
 
@@ -82,6 +86,7 @@ int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
 void Admission::EndEverywhere(uint64_t ticket) {
   for (auto it = in_flight_.find(ticket); it != in_flight_.end();
        it = in_flight_.find(ticket)) {
+    it->second.cut_short = true;
     EndOn(it, it->second.workers.back());
   }
 }
@@ -96,6 +101,34 @@ void Admission::Backlog(uint64_t id, Client& c) {
 
 void Admission::Unbacklog(uint64_t id, Client& c) {
   if (!c.pending.empty()) order_.erase({c.pass, c.arrival, id});
+}
+
+std::deque<AdmissionUnit> Admission::TakePending(uint64_t client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return {};
+  Client& c = it->second;
+  Unbacklog(client, c);
+  std::deque<AdmissionUnit> taken = std::move(c.pending);
+  c.pending.clear();
+  c.view.pending_units = 0;
+  c.view.pending_calls = 0;
+  return taken;
+}
+
+AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq) {
+  AdmissionUnit unit;
+  for (const auto& [w, list] : ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (op.has_execute()) {
+        unit.exec_workers.push_back(w);
+        unit.program_id = op.execute().program_id();
+        break;
+      }
+    }
+  }
+  if (unit.is_call()) unit.call_seq = call_seq;
+  unit.ops = std::move(ops);
+  return unit;
 }
 
 void Admission::Enqueue(uint64_t client, AdmissionUnit unit) {
@@ -177,6 +210,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       InFlight& f = in_flight_[ticket];
       f.client = id;
       f.program_id = unit_out->program_id;
+      f.call_seq = unit_out->call_seq;
       f.cost = cost;
       f.start_tag = c.pass;
       for (int64_t w : unit_out->exec_workers) {
@@ -234,6 +268,7 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
     }
   }
   if (f.workers.empty()) {
+    if (!f.cut_short && f.call_seq != 0) done_calls_.push_back(f.call_seq);
     auto c = clients_.find(f.client);
     if (c != clients_.end()) c->second.view.in_flight--;
     in_flight_tags_.erase(in_flight_tags_.find(f.start_tag));

@@ -72,8 +72,14 @@ struct AdmissionUnit {
   // has one Execute op in `ops`).
   uint64_t program_id = 0;
   std::vector<int64_t> exec_workers;
+  // The call's record (ClusterState::RouteCall's seq), reported back by
+  // TakeDoneCalls once every worker has reported it done.
+  uint64_t call_seq = 0;
   bool is_call() const { return !exec_workers.empty(); }
 };
+
+// The unit for routed `ops`: a call's if they hold an Execute.
+AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq = 0);
 
 class Admission {
  public:
@@ -124,6 +130,13 @@ class Admission {
   // Worker `worker` reports calls done. Unknown tickets (a client or worker
   // removed since) are ignored.
   void Completed(int64_t worker, const proto::CallsDone& done);
+  // The call_seq of every call all of whose workers reported it done since
+  // the last call (not of calls that ended because a worker or client
+  // went).
+  std::vector<uint64_t> TakeDoneCalls() { return std::move(done_calls_); }
+  // Takes the client's units still waiting here, in order (recovery routes
+  // them again).
+  std::deque<AdmissionUnit> TakePending(uint64_t client);
 
   const ClientView* Find(uint64_t client) const;
   // The window of `worker` now: calls and estimated device time in flight.
@@ -156,6 +169,8 @@ class Admission {
     double start_tag = 0;
     double cost = 0;  // estimate charged on each of `workers`
     absl::InlinedVector<int64_t, 4> workers;  // not yet reported done
+    uint64_t call_seq = 0;
+    bool cut_short = false;  // a worker or the client went
   };
 
   double Estimate(const Client& c, uint64_t program_id) const;
@@ -181,6 +196,7 @@ class Admission {
   std::multiset<double> in_flight_tags_;
   uint64_t next_ticket_ = 1;
   uint64_t next_arrival_ = 1;
+  std::vector<uint64_t> done_calls_;
 };
 
 }  // namespace plexus

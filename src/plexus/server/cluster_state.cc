@@ -71,6 +71,17 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
     slices_.erase(it);
   }
   clients_.erase(id);
+  records_.RemoveClient(id);
+  for (auto a = aliases_.begin(); a != aliases_.end();) {
+    auto next = std::next(a);
+    if (ClientOfBuffer(a->first) == id) aliases_.erase(a);
+    a = next;
+  }
+  for (auto l = lost_.begin(); l != lost_.end();) {
+    auto next = std::next(l);
+    if (ClientOfBuffer(l->first) == id) lost_.erase(l);
+    l = next;
+  }
   // Its waiting slice requests go unanswered: nobody is left to answer.
   pending_slices_.erase(
       std::remove_if(pending_slices_.begin(), pending_slices_.end(),
@@ -192,6 +203,7 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
       CheckBytesQuota(*client, bytes, [] { return std::string("put"); });
   if (!quota.ok()) return quota;
   RecordBuffer(*client, put.buffer_id(), bytes);
+  records_.AddPut(put.buffer_id(), put.slice_id(), *arg);
   for (int j = 0; j < n; ++j) {
     const DeviceRef& d = (*slice)->devices[j];
     proto::WorkerOp op;
@@ -260,25 +272,41 @@ void ClusterState::RouteRelease(uint64_t client_id,
   // not a permission: another client's release would pull the buffer from
   // under calls that still read it).
   if (ClientOfBuffer(release.buffer_id()) != client_id) return;
-  if (ClientRecord* client = FindClient(client_id)) {
-    ForgetBuffer(*client, release.buffer_id());
+  uint64_t id = release.buffer_id();
+  if (!aliases_.empty()) {
+    auto alias = aliases_.find(id);
+    if (alias != aliases_.end()) {
+      id = alias->second;
+      aliases_.erase(alias);
+    }
   }
+  if (!lost_.empty()) lost_.erase(id);
+  if (ClientRecord* client = FindClient(client_id)) ForgetBuffer(*client, id);
+  // Held back while a call that reads it is not done (it may run again).
+  const BufferRecord* rec = records_.FindBuffer(id);
+  const uint64_t slice_id = rec != nullptr ? rec->slice_id : release.slice_id();
+  if (!records_.Release(id)) return;
+  ReleaseOps(id, slice_id, ops);
+}
+
+void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id,
+                              WorkerOps* ops) const {
   std::set<int64_t> targets;
-  auto it = slices_.find(release.slice_id());
+  auto it = slices_.find(slice_id);
   if (it != slices_.end()) {
     for (const DeviceRef& d : it->second.devices) targets.insert(d.worker_id);
   } else {
     for (auto& [id, w] : workers_) targets.insert(id);
   }
   for (int64_t w : targets) {
-    WorkerRecord* rec = FindWorker(w);
-    if (rec == nullptr || !rec->alive) continue;
+    auto rec = workers_.find(w);
+    if (rec == workers_.end() || !rec->second.alive) continue;
     auto& list = (*ops)[w];
     if (!list.empty() && list.back().has_release()) {
-      list.back().mutable_release()->add_buffer_ids(release.buffer_id());
+      list.back().mutable_release()->add_buffer_ids(id);
     } else {
       proto::WorkerOp op;
-      op.mutable_release()->add_buffer_ids(release.buffer_id());
+      op.mutable_release()->add_buffer_ids(id);
       list.push_back(std::move(op));
     }
   }

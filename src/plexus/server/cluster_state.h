@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
+#include "plexus/server/job_records.h"
 #include "plexus/server/tenants.h"
 
 namespace plexus {
@@ -56,6 +57,9 @@ struct SliceRecord {
   std::vector<int32_t> mesh_shape;
   std::vector<std::string> axis_names;
   std::string broken;  // non-empty once a worker of the slice died
+  // generation of the map from virtual devices (indices into `devices`)
+  // to physical ones: +1 on every remap (SliceInfo.generation).
+  uint64_t generation = 0;
 };
 
 // A slice request that could not be met when it came. It waits at the
@@ -108,6 +112,41 @@ struct ClientRecord {
 // Ops for each worker, in order.
 using WorkerOps = std::map<int64_t, std::vector<proto::WorkerOp>>;
 
+// What a lost worker did to the slices on it (ClusterState::LoseWorker).
+struct WorkerLoss {
+  int64_t worker_id = 0;
+  std::string reason;
+  // The host that took its place (its devices of the same indices), or 0
+  // where no spare could.
+  int64_t spare = 0;
+  std::set<uint64_t> clients;   // owners of slices that were on it
+  std::set<uint64_t> remapped;  // slices now on the spare
+  std::set<uint64_t> broken;    // slices that had no spare
+};
+
+// Work of a client that had not reached the workers when a worker was lost
+// (admission's queue), to route again: a call (its record), releases, or
+// ops that name no call (the lost worker's part dropped).
+struct TakenWork {
+  uint64_t call_seq = 0;
+  std::vector<uint64_t> release_ids;
+  WorkerOps ops;
+};
+
+// Routed work in the order it must reach the workers: a call's ops
+// (call_seq > 0), or ops that need no device.
+struct RoutedWork {
+  uint64_t call_seq = 0;
+  WorkerOps ops;
+};
+
+// What recovery did for one client: the work to admit, in order, and what
+// the client is told.
+struct ClientRecovery {
+  std::vector<RoutedWork> work;
+  proto::Recovery note;
+};
+
 class ClusterState {
  public:
   // --- tenants: the operator's shares and quotas (server/tenants.h)
@@ -124,6 +163,31 @@ class ClusterState {
   // Marks the worker dead and every slice on it broken. Returns the ids of
   // the clients that own such slices.
   std::set<uint64_t> MarkWorkerDown(int64_t id, const std::string& reason);
+  // Marks the worker dead and remaps each slice on it onto a spare host
+  // (one live host in no slice, preferably started as a spare, with devices
+  // of the same indices): the slice's virtual devices keep their order and
+  // its generation goes up; the client's XLA programs name the spare in
+  // place of the lost host. Slices no spare can take break, as in
+  // MarkWorkerDown. (server/recovery.cc)
+  WorkerLoss LoseWorker(int64_t id, const std::string& reason);
+  // Recovers what `client_id` lost with `loss` (server/recovery.cc):
+  //  - calls not done that ran on a remapped slice, or read a buffer of one
+  //    or an output of such a call, run again in their order, with new
+  //    call and output ids (the old output ids become aliases of the new,
+  //    for the client's later calls, fetches and releases);
+  //  - done buffers with a shard on the lost host: a replicated one is
+  //    copied from a surviving shard; one whose producer's inputs are all
+  //    available is recomputed by running that call again; the rest are
+  //    lost (DATA_LOSS: calls that read them fail, the client is told);
+  //  - `taken`, its work that had not reached the workers, is routed again
+  //    on the new map after all that.
+  ClientRecovery RecoverClient(uint64_t client_id, const WorkerLoss& loss,
+                               std::vector<TakenWork> taken);
+  // The call's workers all reported it done: held-back releases it frees
+  // are appended to `ops`.
+  void CallDone(uint64_t seq, WorkerOps* ops);
+  const JobRecords& records() const { return records_; }
+  const proto::RecoveryCounters& recovery_counters() const { return counters_; }
 
   // --- clients
   ClientRecord& AddClient(const std::string& name,
@@ -172,8 +236,9 @@ class ClusterState {
   // Turns one call into ops for the workers involved (appended to `ops`):
   // program loads, transfers between workers, expectations and the
   // per-worker Execute. Errors name the program and the argument.
+  // `seq`, if given, gets the call's sequence number (its record's key).
   absl::Status RouteCall(uint64_t client_id, const proto::Call& call,
-                         WorkerOps* ops);
+                         WorkerOps* ops, uint64_t* seq = nullptr);
   absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
                         WorkerOps* ops);
   // A call that did not route: its outputs fail on the workers of its
@@ -190,6 +255,20 @@ class ClusterState {
   int64_t calls_routed() const { return calls_routed_; }
 
  private:
+  // The release of `id` to the live workers of slice `slice_id` (every
+  // live worker if the slice is gone), merged into a trailing Release op.
+  void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) const;
+  // The call with its inputs named by their current ids (aliases_), or
+  // nullptr if none changed.
+  const proto::Call* Translated(const proto::Call& call,
+                                proto::Call* storage) const;
+  // A new id in the client's namespace, made by the server (recovery).
+  uint64_t ServerMadeId(uint64_t client_id) {
+    return (client_id << kServerIdShift) |
+           (uint64_t{1} << (kServerIdShift - 1)) | next_server_id_++;
+  }
+  static constexpr int kServerIdShift = 40;  // kBufferIdClientShift
+
   // `what` names the caller in errors; it is only called on an error.
   absl::StatusOr<const SliceRecord*> UsableSlice(
       uint64_t client_id, uint64_t slice_id,
@@ -233,6 +312,13 @@ class ClusterState {
   uint64_t next_slice_id_ = 1;
   uint64_t next_transfer_ = 1;
   int64_t calls_routed_ = 0;
+  uint64_t next_seq_ = 1;
+  uint64_t next_server_id_ = 1;
+  JobRecords records_;
+  // Buffers recovery gave new ids (old -> new) and buffers it lost (-> why).
+  absl::flat_hash_map<uint64_t, uint64_t> aliases_;
+  absl::flat_hash_map<uint64_t, absl::Status> lost_;
+  proto::RecoveryCounters counters_;
 };
 
 // Buffer ids the server makes (transfer temporaries) carry this client id.

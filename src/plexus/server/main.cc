@@ -116,13 +116,13 @@ int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
   local.server_address = server.address();
   local.worker_binary = plexus::SiblingBinary("plexus-worker");
   plexus::LocalWorkers workers(local);
-  if (local.hosts > 0) {
+  if (local.hosts + local.spares > 0) {
     absl::Status s = workers.Start();
     if (!s.ok()) {
       SPDLOG_ERROR("cannot start local workers: {}", s.ToString());
       return 1;
     }
-    s = server.WaitForWorkers(local.hosts, absl::Seconds(60));
+    s = server.WaitForWorkers(local.hosts + local.spares, absl::Seconds(60));
     if (!s.ok()) {
       SPDLOG_ERROR("local workers did not come up: {}", s.ToString());
       return 1;
@@ -165,6 +165,11 @@ int main(int argc, char** argv) {
                  "then close it");
   app.add_option("--local-workers", local.hosts,
                  "start this many worker processes (hosts) on this machine")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--spare-workers", local.spares,
+                 "start this many more local workers as spares: kept for "
+                 "remapping the slices of a host that is lost (a local "
+                 "worker that exits is replaced by a new spare)")
       ->check(CLI::Range(0, 256));
   app.add_option("--devices-per-host", local.devices_per_host,
                  "devices of each local worker")

@@ -81,7 +81,12 @@ absl::Status AddBoxPieces(const ArgSpec& from, int m, const ArgSpec& want,
 }  // namespace
 
 absl::Status ClusterState::RouteCall(uint64_t client_id,
-                                     const proto::Call& call, WorkerOps* ops) {
+                                     const proto::Call& call_as_sent,
+                                     WorkerOps* ops, uint64_t* seq) {
+  // Inputs that recovery gave new ids are read under those.
+  proto::Call translated;
+  const proto::Call* t = Translated(call_as_sent, &translated);
+  const proto::Call& call = t != nullptr ? *t : call_as_sent;
   ClientRecord* client = FindClient(client_id);
   if (client == nullptr) return absl::NotFoundError("unknown client");
   if (ClientOfBuffer(call.program_id()) != client_id) {
@@ -134,6 +139,13 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       return absl::PermissionDeniedError(
           absl::StrCat(arg_what(), ": buffer id ", ref.buffer_id(),
                        " belongs to another client"));
+    }
+    if (!lost_.empty()) {
+      auto lost = lost_.find(ref.buffer_id());
+      if (lost != lost_.end()) {
+        return absl::DataLossError(
+            absl::StrCat(arg_what(), ": ", lost->second.message()));
+      }
     }
     auto arg = FromProto(ref.arg());
     if (!arg.ok()) {
@@ -316,6 +328,9 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     out.push_back(std::move(op));
   }
   calls_routed_++;
+  const uint64_t routed = next_seq_++;
+  records_.AddCall(routed, client_id, call, prog.outputs);
+  if (seq != nullptr) *seq = routed;
   return absl::OkStatus();
 }
 

@@ -231,9 +231,18 @@ class ServerImpl : public Server, public proto::Controller::Service {
         RelayTransferFailure(id, msg.transfer_failed());
       } else if (msg.has_calls_done()) {
         control_bytes_in_ += msg.ByteSizeLong();
-        absl::MutexLock admission(&admission_mu_);
-        admission_.Completed(id, msg.calls_done());
-        AdmitLocked();
+        absl::MutexLock lock(&mu_);
+        std::vector<uint64_t> done;
+        {
+          absl::MutexLock admission(&admission_mu_);
+          admission_.Completed(id, msg.calls_done());
+          done = admission_.TakeDoneCalls();
+          AdmitLocked();
+        }
+        // Their records: releases held back for them go now.
+        WorkerOps releases;
+        for (uint64_t seq : done) state_.CallDone(seq, &releases);
+        if (!releases.empty()) scheduler_.Submit({std::move(releases)});
       }
     }
     WorkerDown(id, absl::StrCat("worker ", id,
@@ -381,6 +390,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     // One unit per op, so the scheduler can keep (or, in the test-only
     // bypass, break) the order of calls across islands.
     std::vector<WorkerOps> units;
+    std::vector<uint64_t> seqs;  // each unit's call record, if a call
     proto::ServerToClient reply;
     bool last_was_release = false;
     bool released_slice = false;  // room under max_devices for waiters
@@ -388,7 +398,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
       // Releases commute with each other: consecutive ones share a unit, so
       // each worker gets them as one op.
       const bool release = op.op_case() == proto::ClientOp::kRelease;
-      if (!(release && last_was_release)) units.emplace_back();
+      if (!(release && last_was_release)) {
+        units.emplace_back();
+        seqs.push_back(0);
+      }
       last_was_release = release;
       WorkerOps& ops = units.back();
       switch (op.op_case()) {
@@ -420,7 +433,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
           break;
         }
         case proto::ClientOp::kCall: {
-          absl::Status s = state_.RouteCall(id, op.call(), &ops);
+          absl::Status s = state_.RouteCall(id, op.call(), &ops, &seqs.back());
           if (!s.ok()) {
             proto::CallError* e = reply.add_errors();
             e->set_call_id(op.call().call_id());
@@ -465,24 +478,17 @@ class ServerImpl : public Server, public proto::Controller::Service {
     // release must follow the calls that read its buffer) keep the
     // client's order at admission.
     std::vector<WorkerOps> express;
-    for (WorkerOps& ops : units) {
-      AdmissionUnit unit;
+    for (size_t u = 0; u < units.size(); ++u) {
+      WorkerOps& ops = units[u];
       bool releases = false;
       for (const auto& [w, list] : ops) {
-        for (const proto::WorkerOp& op : list) {
-          releases |= op.has_release();
-          if (op.has_execute()) {
-            unit.exec_workers.push_back(w);
-            unit.program_id = op.execute().program_id();
-            break;
-          }
-        }
+        for (const proto::WorkerOp& op : list) releases |= op.has_release();
       }
+      AdmissionUnit unit = MakeAdmissionUnit(std::move(ops), seqs[u]);
       if (!unit.is_call() && !releases) {
-        if (!ops.empty()) express.push_back(std::move(ops));
+        if (!unit.ops.empty()) express.push_back(std::move(unit.ops));
         continue;
       }
-      unit.ops = std::move(ops);
       admission_.Enqueue(id, std::move(unit));
     }
     if (!express.empty()) scheduler_.Submit(std::move(express));
@@ -574,6 +580,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       ws->set_down_reason(w.down_reason);
       ws->set_data_address(w.info.data_address());
       ws->set_generation(w.generation);
+      ws->set_spare(w.info.spare());
       *ws->mutable_devices() = w.info.devices();
       *ws->mutable_stats() = w.stats;
     }
@@ -599,7 +606,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
       ss->set_slice_id(id);
       ss->set_client_id(s.client_id);
       *ss->mutable_devices() = state_.DescribeSlice(s).devices();
+      ss->set_generation(s.generation);
+      ss->set_broken(s.broken);
     }
+    *status->mutable_recovery() = state_.recovery_counters();
+    status->mutable_recovery()->set_call_records(
+        static_cast<int64_t>(state_.records().calls().size()));
+    status->mutable_recovery()->set_buffer_records(
+        static_cast<int64_t>(state_.records().buffers().size()));
     const absl::Time now = options_.clock->Now();
     for (size_t i = 0; i < state_.pending_slices().size(); ++i) {
       const PendingSlice& p = state_.pending_slices()[i];
@@ -739,10 +753,43 @@ class ServerImpl : public Server, public proto::Controller::Service {
     } else {
       SPDLOG_WARN("{}", message);
     }
-    std::set<uint64_t> clients = state_.MarkWorkerDown(id, message);
+    const WorkerLoss loss = state_.LoseWorker(id, message);
+    const std::set<uint64_t>& clients = loss.clients;
+    // Clients with a slice remapped onto the spare: their work recovers
+    // (ClusterState::RecoverClient), including what waits at admission.
+    std::map<uint64_t, std::vector<TakenWork>> recovering;
+    for (uint64_t c : clients) {
+      for (uint64_t sid : loss.remapped) {
+        if (state_.slices().at(sid).client_id == c) recovering[c];
+      }
+    }
     {
       absl::MutexLock admission(&admission_mu_);
       admission_.RemoveWorker(id);
+      for (auto& [c, taken] : recovering) {
+        for (AdmissionUnit& unit : admission_.TakePending(c)) {
+          TakenWork& t = taken.emplace_back();
+          t.call_seq = unit.call_seq;
+          if (unit.call_seq != 0) continue;
+          for (auto& [w, list] : unit.ops) {
+            for (const proto::WorkerOp& op : list) {
+              if (!op.has_release()) continue;
+              for (uint64_t b : op.release().buffer_ids()) {
+                if (std::find(t.release_ids.begin(), t.release_ids.end(), b) ==
+                    t.release_ids.end()) {
+                  t.release_ids.push_back(b);
+                }
+              }
+            }
+          }
+          // Ops other than releases (failures of refused calls) stay.
+          for (auto& [w, list] : unit.ops) {
+            for (proto::WorkerOp& op : list) {
+              if (!op.has_release()) t.ops[w].push_back(std::move(op));
+            }
+          }
+        }
+      }
       // Calls still waiting that need it fail now, in their place, rather
       // than after the calls in front of them have run.
       const int64_t failed =
@@ -761,13 +808,36 @@ class ServerImpl : public Server, public proto::Controller::Service {
     scheduler_.Broadcast(down, /*except=*/id);
     auto ctx = worker_contexts_.find(id);
     if (ctx != worker_contexts_.end()) ctx->second->TryCancel();
-    proto::ServerToClient note;
-    auto* wd = note.add_workers_down();
-    wd->set_worker_id(id);
-    *wd->mutable_status() = lost;
+    if (loss.spare != 0) {
+      SPDLOG_INFO("worker {}'s {} slice(s) remapped onto spare worker {}", id,
+                  loss.remapped.size(), loss.spare);
+    }
     for (uint64_t c : clients) {
+      proto::ServerToClient note;
+      auto* wd = note.add_workers_down();
+      wd->set_worker_id(id);
+      *wd->mutable_status() = lost;
+      auto r = recovering.find(c);
+      if (r != recovering.end()) {
+        ClientRecovery rec =
+            state_.RecoverClient(c, loss, std::move(r->second));
+        SPDLOG_INFO(
+            "client {}: {} unit(s) of work routed again, {} buffer(s) under "
+            "new ids, {} lost",
+            c, rec.work.size(), rec.note.new_ids_size(),
+            rec.note.lost_ids_size());
+        {
+          absl::MutexLock admission(&admission_mu_);
+          for (RoutedWork& w : rec.work) {
+            admission_.Enqueue(c,
+                               MakeAdmissionUnit(std::move(w.ops), w.call_seq));
+          }
+          AdmitLocked();
+        }
+        *note.add_recoveries() = std::move(rec.note);
+      }
       auto it = client_queues_.find(c);
-      if (it != client_queues_.end()) it->second->Push(note);
+      if (it != client_queues_.end()) it->second->Push(std::move(note));
     }
   }
 

@@ -158,8 +158,9 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceSlice(
   int largest = 0;
   for (const auto& [id, w] : workers_) {
     const std::string& host = w.info.host_name();
+    // Spares are kept for remapping (LoseWorker), unless asked for by name.
     if (!w.alive || (!wanted.empty() && wanted.count(host) == 0) ||
-        avoid_hosts.count(host) > 0) {
+        avoid_hosts.count(host) > 0 || (w.info.spare() && wanted.empty())) {
       continue;
     }
     down.erase(host);
@@ -316,6 +317,7 @@ std::string ClusterState::WaitingFor(size_t i) const {
 proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
   proto::SliceInfo info;
   info.set_slice_id(slice.id);
+  info.set_generation(slice.generation);
   for (int32_t m : slice.mesh_shape) info.add_mesh_shape(m);
   for (const auto& a : slice.axis_names) info.add_axis_names(a);
   for (const DeviceRef& d : slice.devices) {

@@ -39,6 +39,9 @@ int main(int argc, char** argv) {
                  "the local address this host reaches the server from)");
   app.add_flag("--no-shm", no_shm,
                "move every buffer over TCP, even to workers on this machine");
+  app.add_flag("--spare", options.spare,
+               "join as a spare: the server places no new slice here and "
+               "keeps this host to take the place of one that is lost");
   app.add_flag("--die-with-parent", die_with_parent,
                "exit when the parent process dies (embedded clusters); "
                "such a worker also exits when its server goes, where a "

@@ -227,6 +227,7 @@ absl::Status WorkerImpl::ConnectToServer() {
   reg->set_credential(credential.data(), credential.size());
   reg->set_protocol_version(kProtocolVersion);
   reg->set_previous_worker_id(options_.previous_worker_id);
+  reg->set_spare(options_.spare);
   reg->set_previous_generation(options_.previous_generation);
   if (!stream_->Write(hello)) {
     return absl::UnavailableError("the server closed the session at once");
@@ -502,10 +503,12 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       break;
     case proto::WorkerOp::kExpect: {
       const auto& e = op.expect();
-      const BufferKey key{e.buffer_id(), 0};
+      // A temporary, or a client's shard restored from a surviving copy
+      // (recovery), which the client owns as it owns a call's output.
+      const BufferKey key{e.buffer_id(), e.shard()};
       auto spec = HeldSpec(key, e.spec(), e.device());
       store_->Declare(key, spec.ok() ? e.device() : -1,
-                      spec.ok() ? *spec : TensorSpec{}, /*owned=*/false,
+                      spec.ok() ? *spec : TensorSpec{}, /*owned=*/e.owned(),
                       ObjectStore::Arrival::kFromPeer, e.src_worker_id());
       if (!spec.ok()) store_->Fail(key, spec.status());
       break;
@@ -600,7 +603,7 @@ PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
 
 void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
   BufferKey src{t.buffer_id(), t.shard()};
-  transport::ShardKey dst{t.dst_buffer_id(), 0};
+  transport::ShardKey dst{t.dst_buffer_id(), t.dst_shard()};
   PeerSender* sender = SenderTo(t.dst_worker_id());
   if (sender == nullptr) {
     SPDLOG_WARN("transfer to unknown worker {}", t.dst_worker_id());

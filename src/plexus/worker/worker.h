@@ -33,6 +33,9 @@ struct WorkerOptions {
   // Use the shared-memory data plane with peers on this machine. Off: every
   // transfer goes over TCP, as between hosts.
   bool shared_memory = true;
+  // A spare host (--spare): the server keeps it for remapping a lost
+  // host's slices, and places no new slice on it.
+  bool spare = false;
   std::string data_host = "127.0.0.1";  // the TCP data plane binds here
   // The host peers and clients are told to reach the TCP data plane at
   // (--advertise-host), with the bound port. Empty: the bound host, or,

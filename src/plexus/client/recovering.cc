@@ -1,0 +1,167 @@
+// What a client does when the server recovers from a lost host
+// (proto::Recovery): slices take their new map, values recomputed under new
+// ids are read under those, lost values say so; and reads that failed
+// because of the loss run again.
+#include "absl/strings/str_cat.h"
+#include "plexus/client/client.h"
+#include "plexus/client/client_core.h"
+#include "plexus/common/status_proto.h"
+
+namespace plexus {
+namespace {
+
+// Reads go again at most this many times (each after a loss was heard).
+constexpr int kMaxRetries = 4;
+// How long a read that failed as a host was lost waits for the server's
+// word on it (the server sends it as it declares the host down).
+constexpr absl::Duration kLossNoteWait = absl::Seconds(5);
+
+}  // namespace
+
+uint64_t ClientCore::ResolveSlow(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = aliases_.find(id);
+  return it == aliases_.end() ? id : it->second;
+}
+
+absl::Status ClientCore::LostStatus(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = lost_.find(id);
+  return it == lost_.end() ? absl::OkStatus() : it->second;
+}
+
+bool ClientCore::SliceBroken(uint64_t slice_id) const {
+  absl::MutexLock lock(&mu_);
+  return broken_slices_.contains(slice_id);
+}
+
+int64_t ClientCore::losses_heard() const {
+  absl::MutexLock lock(&mu_);
+  return losses_heard_;
+}
+
+bool ClientCore::AwaitLoss(int64_t heard, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto news = [this, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return losses_heard_ > heard || stream_broken_ || closed_;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&news), timeout) &&
+         losses_heard_ > heard;
+}
+
+void ClientCore::AddSlice(Slice* slice) {
+  absl::MutexLock lock(&mu_);
+  slices_[slice->id()] = slice;
+}
+
+void ClientCore::RemoveSlice(Slice* slice) {
+  absl::MutexLock lock(&mu_);
+  auto it = slices_.find(slice->id());
+  if (it != slices_.end() && it->second == slice) slices_.erase(it);
+}
+
+void ClientCore::ApplyRecoveryLocked(const proto::Recovery& r) {
+  for (const proto::SliceInfo& info : r.remapped()) {
+    auto it = slices_.find(info.slice_id());
+    if (it != slices_.end()) it->second->Remap(info);
+  }
+  const int n = std::min(r.old_ids_size(), r.new_ids_size());
+  for (int i = 0; i < n; ++i) {
+    const uint64_t from = r.old_ids(i), to = r.new_ids(i);
+    for (auto& [old_id, now] : aliases_) {
+      if (now == from) now = to;
+    }
+    aliases_[from] = to;
+  }
+  if (!aliases_.empty()) has_aliases_.store(true, std::memory_order_release);
+  const absl::Status lost = StatusFromProto(r.status());
+  for (uint64_t id : r.lost_ids()) lost_[id] = lost;
+  for (uint64_t sid : r.broken_slices()) {
+    broken_slices_[sid] = absl::StrCat("worker ", r.worker_id(), " was lost");
+  }
+}
+
+// ---------------------------------------------------------------- reads
+
+namespace {
+
+// Whether `s` is how a read fails when a host it needed is lost.
+bool LostHost(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable;
+}
+
+}  // namespace
+
+// Runs `attempt` until it succeeds, fails for another reason than a lost
+// host, or the loss is settled: the server's note says what became of the
+// futures (recovered: read again; lost: DATA_LOSS; broken slice: DATA_LOSS
+// naming the host).
+// Why none of `futures` can be read any more after a loss: lost, or on a
+// slice that no spare replaced; OK if they may be read again.
+static absl::Status Settled(ClientCore& core,
+                            const std::vector<const Future*>& futures,
+                            const absl::Status& failure) {
+  for (const Future* f : futures) {
+    absl::Status lost = core.LostStatus(f->buffer_id());
+    if (!lost.ok()) return lost;
+    if (!failure.ok() && core.SliceBroken(f->slice()->id())) {
+      return absl::DataLossError(
+          absl::StrCat(failure.message(), " (slice ", f->slice()->id(),
+                       " lost that host and no spare took its place)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Runs `attempt` until it succeeds, fails for another reason than a lost
+// host, or the loss is settled: the server's note says what became of the
+// futures (recovered: read again, under their new ids and places; lost or
+// on a broken slice: DATA_LOSS).
+template <typename Attempt>
+static absl::Status Recovering(ClientCore& core,
+                               const std::vector<const Future*>& futures,
+                               Attempt attempt) {
+  if (absl::Status lost = Settled(core, futures, absl::OkStatus());
+      !lost.ok()) {
+    return lost;
+  }
+  for (int tries = 1;; ++tries) {
+    const int64_t heard = core.losses_heard();
+    absl::Status s = attempt();
+    if (s.ok() || !LostHost(s)) return s;
+    if (absl::Status settled = Settled(core, futures, s); !settled.ok()) {
+      return settled;
+    }
+    // The read may have raced the server's note on the loss.
+    if (tries >= kMaxRetries || (core.losses_heard() == heard &&
+                                 !core.AwaitLoss(heard, kLossNoteWait))) {
+      return s;
+    }
+    if (absl::Status settled = Settled(core, futures, s); !settled.ok()) {
+      return settled;
+    }
+  }
+}
+
+absl::Status Client::Fetch(const Future& future, void* dst) {
+  if (!future.valid()) return absl::InvalidArgumentError("empty future");
+  return Recovering(*core_, {&future}, [&] { return FetchOnce(future, dst); });
+}
+
+absl::Status Client::Wait(const Future& future) {
+  if (!future.valid()) return absl::InvalidArgumentError("empty future");
+  return Recovering(*core_, {&future}, [&] { return WaitOnce(future); });
+}
+
+absl::Status Client::WaitMany(const std::vector<Future>& futures,
+                              absl::Time deadline) {
+  std::vector<const Future*> all;
+  for (const Future& f : futures) {
+    if (!f.valid()) return absl::InvalidArgumentError("empty future");
+    all.push_back(&f);
+  }
+  return Recovering(*core_, all,
+                    [&] { return WaitManyOnce(futures, deadline); });
+}
+
+}  // namespace plexus

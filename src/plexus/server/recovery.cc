@@ -1,0 +1,328 @@
+// ClusterState::LoseWorker and RecoverClient: a lost host's slices move to
+// a spare, and what was lost with it is copied, recomputed or declared lost
+// from the server's records (server/job_records.h).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/server/cluster_state.h"
+#include "plexus/store/object_store.h"  // ClientOfBuffer
+
+namespace plexus {
+
+WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
+  WorkerLoss loss;
+  loss.worker_id = id;
+  loss.reason = reason;
+  WorkerRecord* w = FindWorker(id);
+  if (w == nullptr || !w->alive) return loss;
+  w->alive = false;
+  w->down_reason = reason;
+  counters_.set_hosts_lost(counters_.hosts_lost() + 1);
+  std::vector<uint64_t> affected;
+  int32_t highest = -1;  // the highest device index of it a slice uses
+  for (auto& [sid, slice] : slices_) {
+    bool on = false;
+    for (const DeviceRef& d : slice.devices) {
+      if (d.worker_id != id) continue;
+      on = true;
+      highest = std::max(highest, d.device);
+    }
+    if (!on) continue;
+    affected.push_back(sid);
+    loss.clients.insert(slice.client_id);
+  }
+  if (affected.empty()) return loss;
+  // The spare: a live host in no slice with the lost host's device indices,
+  // one started as a spare first, then the oldest.
+  WorkerRecord* spare = nullptr;
+  for (auto& [wid, c] : workers_) {
+    if (!c.alive || c.slices_mapped > 0 || c.info.devices_size() <= highest) {
+      continue;
+    }
+    if (spare == nullptr || (c.info.spare() && !spare->info.spare())) {
+      spare = &c;
+    }
+  }
+  for (uint64_t sid : affected) {
+    SliceRecord& slice = slices_[sid];
+    if (spare == nullptr) {
+      if (slice.broken.empty()) slice.broken = reason;
+      loss.broken.insert(sid);
+      counters_.set_slices_broken(counters_.slices_broken() + 1);
+      continue;
+    }
+    AddLoad(slice.devices, -1);
+    for (DeviceRef& d : slice.devices) {
+      if (d.worker_id == id) d.worker_id = spare->id;
+    }
+    AddLoad(slice.devices, +1);
+    slice.generation++;
+    loss.remapped.insert(sid);
+    counters_.set_slices_remapped(counters_.slices_remapped() + 1);
+  }
+  if (spare == nullptr) return loss;
+  loss.spare = spare->id;
+  spare->info.set_spare(false);  // a host like the others from now on
+  // XLA programs name their islands' workers: the spare stands in for the
+  // lost host (same device indices, so the same compile options).
+  for (uint64_t c : loss.clients) {
+    ClientRecord* client = FindClient(c);
+    if (client == nullptr) continue;
+    for (auto& [pid, prog] : client->programs) {
+      if (prog.def.kernel() != "xla") continue;
+      for (auto& island : *prog.def.mutable_xla()->mutable_islands()) {
+        for (int i = 0; i < island.workers_size(); ++i) {
+          if (island.workers(i) == id) island.set_workers(i, spare->id);
+        }
+      }
+    }
+  }
+  return loss;
+}
+
+const proto::Call* ClusterState::Translated(const proto::Call& call,
+                                            proto::Call* storage) const {
+  if (aliases_.empty()) return nullptr;
+  bool any = false;
+  for (int i = 0; i < call.inputs_size(); ++i) {
+    auto it = aliases_.find(call.inputs(i).buffer_id());
+    if (it == aliases_.end()) continue;
+    if (!any) *storage = call;
+    any = true;
+    storage->mutable_inputs(i)->set_buffer_id(it->second);
+  }
+  return any ? storage : nullptr;
+}
+
+void ClusterState::CallDone(uint64_t seq, WorkerOps* ops) {
+  std::vector<uint64_t> slices;
+  std::vector<uint64_t> due = records_.CallDone(seq, &slices);
+  for (size_t i = 0; i < due.size(); ++i) ReleaseOps(due[i], slices[i], ops);
+}
+
+ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
+                                           const WorkerLoss& loss,
+                                           std::vector<TakenWork> taken) {
+  ClientRecovery out;
+  proto::Recovery& note = out.note;
+  note.set_worker_id(loss.worker_id);
+  for (uint64_t sid : loss.remapped) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) {
+      *note.add_remapped() = DescribeSlice(it->second);
+    }
+  }
+  for (uint64_t sid : loss.broken) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) {
+      note.add_broken_slices(sid);
+    }
+  }
+  auto remapped = [&](uint64_t slice_id) {
+    return loss.remapped.count(slice_id) > 0;
+  };
+  const std::string lost_host = absl::StrCat("worker ", loss.worker_id);
+  std::set<uint64_t> taken_seqs;
+  std::set<uint64_t> taken_outputs;  // routed again in step 4
+  for (const TakenWork& t : taken) {
+    if (t.call_seq == 0) continue;
+    taken_seqs.insert(t.call_seq);
+    if (const CallRecord* rec = records_.FindCall(t.call_seq)) {
+      for (uint64_t o : rec->call.output_ids()) taken_outputs.insert(o);
+    }
+  }
+
+  // 1. Calls not done that depend on the lost host: they run again.
+  std::set<uint64_t> again;     // their sequence numbers
+  std::set<uint64_t> produced;  // their outputs
+  for (const auto& [seq, rec] : records_.calls()) {
+    if (rec.client_id != client_id || rec.done || taken_seqs.count(seq)) {
+      continue;
+    }
+    bool depends = remapped(rec.call.slice_id());
+    for (const proto::InputRef& in : rec.call.inputs()) {
+      depends |= remapped(in.slice_id()) || produced.count(in.buffer_id()) > 0;
+    }
+    if (!depends) continue;
+    again.insert(seq);
+    for (uint64_t o : rec.call.output_ids()) produced.insert(o);
+  }
+
+  // 2. Buffers computed (or put) before the loss, with shards on it: copied
+  // from a surviving shard, recomputed, or lost. In the order they were
+  // made, so a recomputation finds its inputs recovered.
+  std::vector<std::pair<uint64_t, uint64_t>> hit;  // (producer, id)
+  for (const auto& [id, b] : records_.buffers()) {
+    if (ClientOfBuffer(id) != client_id || !remapped(b.slice_id) ||
+        produced.count(id) > 0 || taken_outputs.count(id) > 0) {
+      continue;
+    }
+    hit.emplace_back(b.producer, id);
+  }
+  std::sort(hit.begin(), hit.end());
+  std::set<uint64_t> restored;
+  WorkerOps copies;
+  auto available = [&](uint64_t id) {
+    if (lost_.count(id) > 0) return false;
+    const BufferRecord* b = records_.FindBuffer(id);
+    if (b == nullptr) return false;  // released: its bytes are gone
+    return !remapped(b->slice_id) || restored.count(id) > 0 ||
+           produced.count(id) > 0 || taken_outputs.count(id) > 0;
+  };
+  for (const auto& [producer, id] : hit) {
+    const BufferRecord& b = *records_.FindBuffer(id);
+    const SliceRecord& slice = slices_.at(b.slice_id);
+    const int n = static_cast<int>(slice.devices.size());
+    // The spare holds exactly the shards that were on the lost host.
+    int survivor = -1;
+    for (int k = 0; k < n; ++k) {
+      if (slice.devices[k].worker_id != loss.spare) survivor = k;
+    }
+    if (b.spec.sharding.is_replicated() && survivor >= 0) {
+      auto local = b.spec.Local(n);
+      for (int j = 0; j < n && local.ok(); ++j) {
+        const DeviceRef& dst = slice.devices[j];
+        if (dst.worker_id != loss.spare) continue;
+        const DeviceRef& src = slice.devices[survivor];
+        proto::WorkerOp t;
+        auto* tr = t.mutable_transfer();
+        tr->set_buffer_id(id);
+        tr->set_shard(survivor);
+        tr->set_dst_worker_id(dst.worker_id);
+        tr->set_dst_buffer_id(id);
+        tr->set_dst_shard(j);
+        tr->set_dst_device(dst.device);
+        copies[src.worker_id].push_back(std::move(t));
+        proto::WorkerOp e;
+        auto* ex = e.mutable_expect();
+        ex->set_buffer_id(id);
+        ex->set_shard(j);
+        ex->set_owned(true);
+        ex->set_src_worker_id(src.worker_id);
+        ex->set_device(dst.device);
+        *ex->mutable_spec() = ToProto(*local);
+        copies[dst.worker_id].push_back(std::move(e));
+      }
+      restored.insert(id);
+      counters_.set_buffers_restored(counters_.buffers_restored() + 1);
+      continue;
+    }
+    const CallRecord* p = producer != 0 ? records_.FindCall(producer) : nullptr;
+    std::string why;
+    if (p == nullptr) {
+      why = producer == 0 ? "it was put by the client"
+                          : "the call that made it is no longer recorded";
+    } else {
+      for (const proto::InputRef& in : p->call.inputs()) {
+        if (!available(in.buffer_id())) {
+          why =
+              absl::StrCat("its input buffer ", in.buffer_id(), " is gone too");
+          break;
+        }
+      }
+    }
+    if (why.empty()) {
+      again.insert(producer);
+      for (uint64_t o : p->call.output_ids()) produced.insert(o);
+      continue;
+    }
+    const absl::Status status = absl::DataLossError(absl::StrCat(
+        "buffer ", id, " had shards on ", lost_host, ", which was lost (",
+        loss.reason, "), and cannot be recomputed: ", why));
+    lost_[id] = status;
+    note.add_lost_ids(id);
+    *note.mutable_status() = StatusToProto(status);
+    counters_.set_buffers_failed(counters_.buffers_failed() + 1);
+  }
+  if (!copies.empty()) out.work.push_back({0, std::move(copies)});
+
+  // 3. The calls that run again, in their order, under new ids.
+  WorkerOps releases;  // after all of them
+  std::vector<uint64_t> release_new;
+  std::vector<uint64_t> due_ids, due_slices;
+  ClientRecord* client = FindClient(client_id);
+  for (uint64_t seq : again) {
+    const CallRecord* rec = records_.FindCall(seq);
+    if (rec == nullptr) continue;
+    proto::Call call = rec->call;
+    const std::vector<uint64_t> old_outputs(call.output_ids().begin(),
+                                            call.output_ids().end());
+    call.set_call_id(ServerMadeId(client_id));
+    for (int o = 0; o < call.output_ids_size(); ++o) {
+      const uint64_t old_id = call.output_ids(o);
+      const uint64_t new_id = ServerMadeId(client_id);
+      call.set_output_ids(o, new_id);
+      for (auto& [from, to] : aliases_) {
+        if (to == old_id) to = new_id;
+      }
+      aliases_[old_id] = new_id;
+      note.add_old_ids(old_id);
+      note.add_new_ids(new_id);
+    }
+    WorkerOps ops;
+    uint64_t new_seq = 0;
+    absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
+    if (routed.ok()) {
+      counters_.set_calls_recomputed(counters_.calls_recomputed() + 1);
+    } else {
+      FailCallOutputs(client_id, call, routed, &ops);
+      for (uint64_t o : call.output_ids()) lost_[o] = routed;
+    }
+    // The old outputs live on under the new ids: their records go (one the
+    // client released waits for the calls that still read it, below).
+    for (size_t o = 0; o < old_outputs.size(); ++o) {
+      const uint64_t old_id = old_outputs[o];
+      const BufferRecord* ob = records_.FindBuffer(old_id);
+      if (ob == nullptr) continue;
+      if (ob->released) {
+        release_new.push_back(call.output_ids(static_cast<int>(o)));
+        continue;
+      }
+      if (client != nullptr) ForgetBuffer(*client, old_id);
+      ReleaseOps(old_id, ob->slice_id, &releases);
+      records_.Erase(old_id);
+    }
+    std::vector<uint64_t> ids, slices;
+    ids = records_.Drop(seq, &slices);
+    due_ids.insert(due_ids.end(), ids.begin(), ids.end());
+    due_slices.insert(due_slices.end(), slices.begin(), slices.end());
+    out.work.push_back({new_seq, std::move(ops)});
+  }
+  for (uint64_t id : release_new) {
+    const BufferRecord* b = records_.FindBuffer(id);
+    const uint64_t slice_id = b != nullptr ? b->slice_id : 0;
+    if (client != nullptr) ForgetBuffer(*client, id);
+    if (records_.Release(id)) ReleaseOps(id, slice_id, &releases);
+  }
+  for (size_t i = 0; i < due_ids.size(); ++i) {
+    ReleaseOps(due_ids[i], due_slices[i], &releases);
+  }
+  if (!releases.empty()) out.work.push_back({0, std::move(releases)});
+
+  // 4. What had not reached the workers, routed again on the new map.
+  for (TakenWork& t : taken) {
+    if (t.call_seq != 0) {
+      const CallRecord* rec = records_.FindCall(t.call_seq);
+      if (rec == nullptr) continue;
+      const proto::Call call = rec->call;
+      WorkerOps ops;
+      uint64_t new_seq = 0;
+      absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
+      if (!routed.ok()) FailCallOutputs(client_id, call, routed, &ops);
+      std::vector<uint64_t> slices;
+      std::vector<uint64_t> ids = records_.Drop(t.call_seq, &slices);
+      for (size_t i = 0; i < ids.size(); ++i)
+        ReleaseOps(ids[i], slices[i], &ops);
+      out.work.push_back({routed.ok() ? new_seq : 0, std::move(ops)});
+      continue;
+    }
+    WorkerOps ops = std::move(t.ops);
+    ops.erase(loss.worker_id);
+    for (uint64_t id : t.release_ids) ReleaseOps(id, 0, &ops);
+    if (!ops.empty()) out.work.push_back({0, std::move(ops)});
+  }
+  return out;
+}
+
+}  // namespace plexus
