@@ -441,6 +441,12 @@ class Slice:
     epoch = generation  # the name the elastic issue uses for it
 
     @property
+    def islands(self):
+        """The islands (hosts) the slice spans, in shard order. The default
+        placement keeps a slice inside one island where one can hold it."""
+        return list(dict.fromkeys(d["host"] for d in self.devices))
+
+    @property
     def devices(self):
         return self._s.describe()["devices"]
 
@@ -516,10 +522,11 @@ class Slice:
         return False
 
     def __repr__(self):
-        hosts = sorted({d["host"] for d in self.devices})
+        islands = self.islands
         return (f"Slice(id={self.id}, devices={self.num_devices}, "
                 f"mesh={dict(zip(self.axis_names, self.mesh_shape))}, "
-                f"hosts={hosts})")
+                f"hosts={sorted(islands)}, {len(islands)} island"
+                f"{'' if len(islands) == 1 else 's'})")
 
 
 # ---------------------------------------------------------------- client
@@ -575,6 +582,10 @@ class Client:
         if isinstance(dcn_axes, str):
             dcn_axes = (dcn_axes,)
         dcn_axes = tuple(dcn_axes)
+        if dcn_axes and placement == "any":
+            # The default keeps a slice that fits inside one island; one
+            # with DCN axes is meant to cross islands.
+            placement = "spread"
         if isinstance(hosts, str):
             hosts = [hosts]
         if isinstance(avoid, Slice):

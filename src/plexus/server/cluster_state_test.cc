@@ -50,8 +50,13 @@ class ClusterStateTest : public ::testing::Test {
   uint64_t client_ = 0;
 };
 
-TEST_F(ClusterStateTest, DefaultPlacementSpreadsOverHosts) {
+TEST_F(ClusterStateTest, DefaultPlacementKeepsASliceThatFitsOnOneHost) {
   proto::SliceInfo s = Slice(2);
+  EXPECT_EQ(s.devices(0).worker_id(), s.devices(1).worker_id());
+}
+
+TEST_F(ClusterStateTest, SpreadPlacementSpreadsOverHosts) {
+  proto::SliceInfo s = Slice(2, proto::PLACEMENT_SPREAD);
   EXPECT_NE(s.devices(0).worker_id(), s.devices(1).worker_id());
 }
 
@@ -206,7 +211,7 @@ TEST_F(ClusterStateTest, MeshDimensionsArePositiveAndTheirProductIsChecked) {
 }
 
 TEST_F(ClusterStateTest, OnlyTheOwnerReleasesABuffer) {
-  proto::SliceInfo s = Slice(2);
+  proto::SliceInfo s = Slice(2, proto::PLACEMENT_SPREAD);
   const uint64_t other = state_.AddClient("other").id;
   proto::ReleaseRef release;
   release.set_slice_id(s.slice_id());

@@ -193,7 +193,11 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceSlice(
                      return a->slices_mapped < b->slices_mapped;
                    });
   std::vector<DeviceRef> chosen;
-  if (one_host) {
+  // The default keeps a slice inside one island (host) where one can hold
+  // it: between islands data moves over the network, inside one it does
+  // not. One that no island can hold takes as few islands as it can.
+  const bool any = req.placement() == proto::PLACEMENT_ANY;
+  if (one_host || (any && largest >= n)) {
     for (const WorkerRecord* w : usable) {
       if (w->info.devices_size() < n) continue;
       for (int d : LeastLoaded(*w)) {
@@ -205,9 +209,24 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceSlice(
                 });
       break;
     }
+  } else if (any) {
+    // Whole islands, least loaded first and the larger first among equals,
+    // until the slice is full.
+    std::vector<const WorkerRecord*> by_size = usable;
+    std::stable_sort(by_size.begin(), by_size.end(),
+                     [](const WorkerRecord* a, const WorkerRecord* b) {
+                       return a->slices_mapped < b->slices_mapped ||
+                              (a->slices_mapped == b->slices_mapped &&
+                               a->info.devices_size() > b->info.devices_size());
+                     });
+    for (const WorkerRecord* w : by_size) {
+      for (int d : LeastLoaded(*w)) {
+        if (static_cast<int>(chosen.size()) < n) chosen.push_back({w->id, d});
+      }
+    }
   } else {
-    // Spread (and the default): deal devices to hosts round robin, so a
-    // slice of H devices on H hosts has one per host.
+    // Spread: deal devices to hosts round robin, so a slice of H devices on
+    // H hosts has one per host.
     std::vector<int> next(usable.size(), 0);
     std::vector<std::vector<int>> order;
     for (const WorkerRecord* w : usable) order.push_back(LeastLoaded(*w));

@@ -91,6 +91,41 @@ TEST_F(SliceQueueTest, AnUnmetRequestWaitsUntilAHostBigEnoughRegisters) {
   EXPECT_EQ(state_.FindClient(client_)->slices.size(), 1u);
 }
 
+// The default placement keeps a slice inside one island (host) where one
+// holds it (islands talk over the network), on the least-loaded such host;
+// a slice no island holds takes whole islands, as few as it can.
+TEST(SlicePlacementTest, TheDefaultKeepsASliceInsideOneIslandWhereItFits) {
+  ClusterState state;
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  state.AddWorker(Host("host0", 2), now);
+  state.AddWorker(Host("host1", 2), now);
+  state.AddWorker(Host("host2", 4), now);
+  const uint64_t client = state.AddClient("test").id;
+  auto place = [&](int n, proto::Placement p) {
+    auto s = state.RequestSlice(client, Request(n, p), now);
+    EXPECT_TRUE(s.has_value() && s->ok());
+    return s.has_value() && s->ok() ? **s : proto::SliceInfo();
+  };
+  // 2 devices: one island (the first registered of the least loaded).
+  EXPECT_EQ(HostsOf(place(2, proto::PLACEMENT_ANY)),
+            std::set<std::string>{"host0"});
+  // 4 devices: only host2 holds 4, so there, though host1 is idler.
+  EXPECT_EQ(HostsOf(place(4, proto::PLACEMENT_ANY)),
+            std::set<std::string>{"host2"});
+  // The next 2 go to the idle island, not next to the first slice.
+  EXPECT_EQ(HostsOf(place(2, proto::PLACEMENT_ANY)),
+            std::set<std::string>{"host1"});
+  // 6 devices fit no island: the fewest whole islands, the larger first
+  // (host2's 4 and one 2-device host), not one device per host round robin.
+  proto::SliceInfo six = place(6, proto::PLACEMENT_ANY);
+  EXPECT_EQ(six.devices_size(), 6);
+  EXPECT_EQ(HostsOf(six).size(), 2u);
+  EXPECT_EQ(HostsOf(six).count("host2"), 1u);
+  // spread still deals one per host.
+  EXPECT_EQ(HostsOf(place(3, proto::PLACEMENT_SPREAD)),
+            (std::set<std::string>{"host0", "host1", "host2"}));
+}
+
 TEST_F(SliceQueueTest, AWaitingRequestTimesOutSayingWhatItWaitedFor) {
   proto::SliceRequest req = Request(5, proto::PLACEMENT_ANY, absl::Seconds(2));
   EXPECT_FALSE(state_.RequestSlice(client_, req, now_).has_value());

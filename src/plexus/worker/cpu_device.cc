@@ -7,7 +7,8 @@ CpuDevice::CpuDevice(int index, int64_t memory_bytes, int64_t max_queued)
     : index_(index),
       memory_bytes_(memory_bytes),
       max_queued_(max_queued),
-      thread_([this] { Loop(); }) {}
+      thread_([this] { Loop(/*collective=*/false); }),
+      collective_thread_([this] { Loop(/*collective=*/true); }) {}
 
 CpuDevice::~CpuDevice() {
   {
@@ -15,40 +16,57 @@ CpuDevice::~CpuDevice() {
     stop_ = true;
   }
   thread_.join();
+  collective_thread_.join();
+}
+
+void CpuDevice::Push(bool collective, Task task, TaskOrder order) {
+  absl::MutexLock lock(&mu_);
+  auto has_room = [this, collective]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || static_cast<int64_t>(StreamOf(collective).queue.size()) <
+                        max_queued_;
+  };
+  mu_.Await(absl::Condition(&has_room));
+  StreamOf(collective).queue.Push(std::move(task), order);
 }
 
 void CpuDevice::Enqueue(Task task, TaskOrder order) {
-  absl::MutexLock lock(&mu_);
-  auto has_room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stop_ || static_cast<int64_t>(queue_.size()) < max_queued_;
-  };
-  mu_.Await(absl::Condition(&has_room));
-  queue_.Push(std::move(task), order);
+  Push(/*collective=*/false, std::move(task), order);
+}
+
+void CpuDevice::EnqueueCollective(Task task, TaskOrder order) {
+  order.reorderable = false;  // collectives run in the order they came
+  Push(/*collective=*/true, std::move(task), order);
 }
 
 int64_t CpuDevice::pending() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(queue_.size()) + (running_task_ ? 1 : 0);
+  return static_cast<int64_t>(compute_.queue.size() +
+                              collectives_.queue.size()) +
+         (compute_.running_task ? 1 : 0) + (collectives_.running_task ? 1 : 0);
 }
 
-void CpuDevice::Loop() {
+void CpuDevice::Loop(bool collective) {
   while (true) {
     Task task;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !queue_.empty();
+      auto ready = [this, collective]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_ || !StreamOf(collective).queue.empty();
       };
       mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stop_ and drained
-      task = queue_.Pop();
-      running_task_ = true;
+      Stream& stream = StreamOf(collective);
+      if (stream.queue.empty()) return;  // stop_ and drained
+      task = stream.queue.Pop();
+      stream.running_task = true;
     }
     const absl::Time start = absl::Now();
     task();
-    busy_micros_ += absl::ToInt64Microseconds(absl::Now() - start);
+    // A collective waiting on the network keeps no device busy.
+    if (!collective) {
+      busy_micros_ += absl::ToInt64Microseconds(absl::Now() - start);
+    }
     absl::MutexLock lock(&mu_);
-    running_task_ = false;
+    StreamOf(collective).running_task = false;
   }
 }
 

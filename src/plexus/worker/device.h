@@ -29,6 +29,16 @@ class Device {
   // them. Blocks while more than `max_queued` tasks wait (back-pressure on
   // the control stream).
   virtual void Enqueue(Task task, TaskOrder order) = 0;
+  // Runs a collective's task (a built-in all_reduce, which waits on its
+  // peers and the network rather than computing) after the collectives
+  // enqueued before it but beside the tasks of Enqueue: the device's
+  // communication stream (on a GPU, NCCL's stream next to the compute
+  // one). So a gradient's transfer overlaps the backward that follows it;
+  // what reads the collective's output waits for it in the object store.
+  // Default: Enqueue (one stream).
+  virtual void EnqueueCollective(Task task, TaskOrder order) {
+    Enqueue(std::move(task), order);
+  }
   // Tasks queued or running.
   virtual int64_t pending() const = 0;
   // Time spent running tasks since the device started (utilisation =
@@ -36,7 +46,8 @@ class Device {
   virtual int64_t busy_micros() const = 0;
 };
 
-// A CPU device: one thread draining a FIFO. Thread-safe.
+// A CPU device: one thread draining a FIFO, and one draining its
+// collectives' FIFO (the communication stream). Thread-safe.
 class CpuDevice : public Device {
  public:
   CpuDevice(int index, int64_t memory_bytes, int64_t max_queued = 65536);
@@ -45,21 +56,32 @@ class CpuDevice : public Device {
   std::string kind() const override { return "cpu"; }
   int64_t memory_bytes() const override { return memory_bytes_; }
   void Enqueue(Task task, TaskOrder order) override;
+  void EnqueueCollective(Task task, TaskOrder order) override;
   int64_t pending() const override;
+  // Compute only: a collective waiting on the network keeps no device busy.
   int64_t busy_micros() const override { return busy_micros_.load(); }
 
  private:
-  void Loop();
+  struct Stream {
+    TaskQueue queue;
+    bool running_task = false;
+  };
+  Stream& StreamOf(bool collective) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return collective ? collectives_ : compute_;
+  }
+  void Push(bool collective, Task task, TaskOrder order);
+  void Loop(bool collective);
 
   const int index_;
   const int64_t memory_bytes_;
   const int64_t max_queued_;
   mutable absl::Mutex mu_;
-  TaskQueue queue_ ABSL_GUARDED_BY(mu_);
-  bool running_task_ ABSL_GUARDED_BY(mu_) = false;
+  Stream compute_ ABSL_GUARDED_BY(mu_);
+  Stream collectives_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> busy_micros_{0};
   std::thread thread_;
+  std::thread collective_thread_;
 };
 
 }  // namespace plexus

@@ -139,6 +139,9 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
       .reorderable =
           call->program != nullptr && call->program->kernel != nullptr &&
           !call->program->kernel->is_collective() && !call->program->xla};
+  const bool collective_kernel =
+      call->program != nullptr && call->program->kernel != nullptr &&
+      call->program->kernel->is_collective() && !call->program->xla;
   for (int i = 0; i < exec.tasks_size(); ++i) {
     int device = exec.tasks(i).device();
     if (device < 0 || device >= num_devices) {
@@ -147,9 +150,17 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
       RunTask(call, i, absl::Now());  // fails at once with input_errors[i]
       continue;
     }
-    devices_[device]->Enqueue(
-        [this, call, i, queued = absl::Now()] { RunTask(call, i, queued); },
-        order);
+    Device::Task run = [this, call, i, queued = absl::Now()] {
+      RunTask(call, i, queued);
+    };
+    // A built-in collective waits on its peers and the network, not on the
+    // device: it runs on the device's communication stream, so the compute
+    // queued behind it (the rest of a backward pass) goes on meanwhile.
+    if (collective_kernel) {
+      devices_[device]->EnqueueCollective(std::move(run), order);
+    } else {
+      devices_[device]->Enqueue(std::move(run), order);
+    }
   }
 }
 
