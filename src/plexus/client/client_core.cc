@@ -167,8 +167,10 @@ void ClientCore::Close() {
   // server frees the client's slices and buffers when the stream ends.
   if (sender_.joinable()) sender_.join();
   if (reader_.joinable()) reader_.join();
+  if (reputter_.joinable()) reputter_.join();
   absl::MutexLock lock(&mu_);
   pool_.clear();
+  kept_puts_.clear();
 }
 
 void ClientCore::Enqueue(std::vector<proto::ClientOp> ops) {
@@ -237,6 +239,7 @@ void ClientCore::ReaderLoop() {
         SPDLOG_WARN("server: {}", s.ToString());
       }
     }
+    for (uint64_t id : msg.released_puts()) kept_puts_.erase(id);
     for (const auto& r : msg.recoveries()) ApplyRecoveryLocked(r);
     for (const auto& d : msg.workers_down()) {
       // Slices still on it were not remapped: they broke.

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +68,11 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   bool AwaitLoss(int64_t heard, absl::Duration timeout);
   void AddSlice(Slice* slice);
   void RemoveSlice(Slice* slice);
+  // Keeps the shards of put `id` (on slice `slice_id`) until the server
+  // says the buffer is released for good, to put them again should the
+  // host holding one be lost (Recovery.reput_ids).
+  void KeepPut(uint64_t id, uint64_t slice_id,
+               std::vector<std::shared_ptr<Storage>> shards);
 
   // FailedPrecondition once Close() has begun: a closed client does no
   // more work (puts, calls, fetches), and says so. Unavailable once the
@@ -102,6 +108,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void SenderLoop();
   void ReaderLoop();
   uint64_t ResolveSlow(uint64_t id) const;
+  // Puts shards again for a recovery (its own thread: the reader must not
+  // wait on a worker).
+  void RePutLoop();
   void ApplyRecoveryLocked(const proto::Recovery& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -149,6 +158,13 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       ABSL_GUARDED_BY(mu_);
   int64_t losses_heard_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, Slice*> slices_ ABSL_GUARDED_BY(mu_);
+  struct KeptPut {
+    uint64_t slice_id = 0;
+    std::vector<std::shared_ptr<Storage>> shards;
+  };
+  absl::flat_hash_map<uint64_t, KeptPut> kept_puts_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<uint64_t, int32_t>> reputs_ ABSL_GUARDED_BY(mu_);
+  std::thread reputter_;  // started by the reader on the first reput
   std::map<int64_t,
            std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
       pool_ ABSL_GUARDED_BY(mu_);

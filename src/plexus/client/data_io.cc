@@ -84,6 +84,8 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
 
   std::shared_ptr<Storage> replicated;
   std::map<Shape, std::shared_ptr<Storage>> blocks;  // mesh: by block start
+  // Every shard's data, kept to put it again after a loss.
+  std::vector<std::shared_ptr<Storage>> kept(n);
   for (int j = 0; j < n; ++j) {
     const proto::SliceDevice& device = slice->info().devices(j);
     std::shared_ptr<Storage> shard;
@@ -133,7 +135,9 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
                                  ": ", s.message()));
     }
     core_->bytes_put += bytes;
+    kept[j] = std::move(shard);
   }
+  core_->KeepPut(id, slice->id(), std::move(kept));
   return future;
 }
 

@@ -2,9 +2,12 @@
 // (proto::Recovery): slices take their new map, values recomputed under new
 // ids are read under those, lost values say so; and reads that failed
 // because of the loss run again.
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "plexus/client/client.h"
 #include "plexus/client/client_core.h"
+#include "plexus/common/logging.h"
 #include "plexus/common/status_proto.h"
 
 namespace plexus {
@@ -78,6 +81,65 @@ void ClientCore::ApplyRecoveryLocked(const proto::Recovery& r) {
   for (uint64_t id : r.lost_ids()) lost_[id] = lost;
   for (uint64_t sid : r.broken_slices()) {
     broken_slices_[sid] = absl::StrCat("worker ", r.worker_id(), " was lost");
+  }
+  const int reputs = std::min(r.reput_ids_size(), r.reput_shards_size());
+  for (int i = 0; i < reputs; ++i) {
+    reputs_.emplace_back(r.reput_ids(i), r.reput_shards(i));
+  }
+  if (reputs > 0 && !reputter_.joinable()) {
+    reputter_ = std::thread([this] { RePutLoop(); });
+  }
+}
+
+void ClientCore::KeepPut(uint64_t id, uint64_t slice_id,
+                         std::vector<std::shared_ptr<Storage>> shards) {
+  absl::MutexLock lock(&mu_);
+  kept_puts_[id] = {slice_id, std::move(shards)};
+}
+
+void ClientCore::RePutLoop() {
+  while (true) {
+    uint64_t id;
+    int32_t shard;
+    std::shared_ptr<Storage> data;
+    proto::SliceDevice device;
+    {
+      absl::MutexLock lock(&mu_);
+      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closed_ || stream_broken_ || !reputs_.empty();
+      };
+      mu_.Await(absl::Condition(&work));
+      if (closed_ || stream_broken_) return;
+      std::tie(id, shard) = reputs_.front();
+      reputs_.pop_front();
+      auto kept = kept_puts_.find(id);
+      auto slice = kept == kept_puts_.end()
+                       ? slices_.end()
+                       : slices_.find(kept->second.slice_id);
+      if (slice == slices_.end() || shard < 0 ||
+          shard >= static_cast<int>(kept->second.shards.size()) ||
+          shard >= slice->second->info().devices_size()) {
+        SPDLOG_ERROR(
+            "cannot put buffer {} shard {} again after a loss: its data or "
+            "slice is gone here",
+            id, shard);
+        continue;
+      }
+      data = kept->second.shards[shard];
+      device = slice->second->info().devices(shard);
+    }
+    auto conn = Checkout(device);
+    absl::Status s =
+        conn.ok() ? (*conn)->Put({id, shard}, *data) : conn.status();
+    if (conn.ok() && (*conn)->healthy()) {
+      Checkin(device.worker_id(), std::move(*conn));
+    } else if (conn.ok()) {
+      Discard(std::move(*conn));
+    }
+    if (!s.ok()) {
+      SPDLOG_WARN("putting buffer {} shard {} again on worker {} failed: {}",
+                  id, shard, device.worker_id(), s.ToString());
+    }
   }
 }
 

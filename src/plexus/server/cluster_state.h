@@ -187,6 +187,9 @@ class ClusterState {
   // are appended to `ops`.
   void CallDone(uint64_t seq, WorkerOps* ops);
   const JobRecords& records() const { return records_; }
+  // Puts released for good since the last call, by client: each client
+  // drops the data it kept to put them again.
+  std::map<uint64_t, std::vector<uint64_t>> TakeReleasedPuts();
   const proto::RecoveryCounters& recovery_counters() const { return counters_; }
 
   // --- clients

@@ -27,6 +27,7 @@ void JobRecords::AddPut(uint64_t buffer_id, uint64_t slice_id,
   b.slice_id = slice_id;
   b.spec = spec;
   b.producer = 0;
+  b.put = true;
 }
 
 void JobRecords::Unread(uint64_t id, std::vector<uint64_t>* due,
@@ -87,6 +88,7 @@ void JobRecords::Forget(uint64_t id) {
   auto it = buffers_.find(id);
   if (it == buffers_.end()) return;
   const uint64_t producer = it->second.producer;
+  if (it->second.put) released_puts_.push_back(id);
   buffers_.erase(it);
   if (producer == 0) return;
   auto call = calls_.find(producer);

@@ -40,6 +40,7 @@ struct BufferRecord {
   uint64_t producer = 0;  // the call's sequence number; 0: a put
   int readers = 0;        // calls not done that read it
   bool released = false;  // by its client; the release waits for readers
+  bool put = false;       // put by its client (which keeps the data)
 };
 
 class JobRecords {
@@ -71,6 +72,8 @@ class JobRecords {
   const absl::flat_hash_map<uint64_t, BufferRecord>& buffers() const {
     return buffers_;
   }
+  // Puts whose records went since the last call (released for good).
+  std::vector<uint64_t> TakeReleasedPuts() { return std::move(released_puts_); }
 
  private:
   // One reader of `id` fewer; appends it to `due` if its held release may
@@ -82,6 +85,7 @@ class JobRecords {
 
   std::map<uint64_t, CallRecord> calls_;  // by seq: routing order
   absl::flat_hash_map<uint64_t, BufferRecord> buffers_;
+  std::vector<uint64_t> released_puts_;
 };
 
 }  // namespace plexus

@@ -95,6 +95,14 @@ const proto::Call* ClusterState::Translated(const proto::Call& call,
   return any ? storage : nullptr;
 }
 
+std::map<uint64_t, std::vector<uint64_t>> ClusterState::TakeReleasedPuts() {
+  std::map<uint64_t, std::vector<uint64_t>> by_client;
+  for (uint64_t id : records_.TakeReleasedPuts()) {
+    by_client[ClientOfBuffer(id)].push_back(id);
+  }
+  return by_client;
+}
+
 void ClusterState::CallDone(uint64_t seq, WorkerOps* ops) {
   std::vector<uint64_t> slices;
   std::vector<uint64_t> due = records_.CallDone(seq, &slices);
@@ -208,11 +216,31 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       counters_.set_buffers_restored(counters_.buffers_restored() + 1);
       continue;
     }
+    if (b.put) {
+      // The client kept the data: the spare declares the lost shards, the
+      // client puts them again.
+      auto local = b.spec.Local(n);
+      for (int j = 0; j < n && local.ok(); ++j) {
+        const DeviceRef& d = slice.devices[j];
+        if (d.worker_id != loss.spare) continue;
+        proto::WorkerOp op;
+        auto* decl = op.mutable_declare();
+        decl->set_buffer_id(id);
+        decl->set_shard(j);
+        decl->set_device(d.device);
+        *decl->mutable_spec() = ToProto(*local);
+        copies[d.worker_id].push_back(std::move(op));
+        note.add_reput_ids(id);
+        note.add_reput_shards(j);
+        counters_.set_shards_reput(counters_.shards_reput() + 1);
+      }
+      restored.insert(id);
+      continue;
+    }
     const CallRecord* p = producer != 0 ? records_.FindCall(producer) : nullptr;
     std::string why;
     if (p == nullptr) {
-      why = producer == 0 ? "it was put by the client"
-                          : "the call that made it is no longer recorded";
+      why = "the call that made it is no longer recorded";
     } else {
       for (const proto::InputRef& in : p->call.inputs()) {
         if (!available(in.buffer_id())) {

@@ -243,6 +243,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
         WorkerOps releases;
         for (uint64_t seq : done) state_.CallDone(seq, &releases);
         if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+        TellReleasedPutsLocked();
       }
     }
     WorkerDown(id, absl::StrCat("worker ", id,
@@ -465,6 +466,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       }
     }
     if (reply.slices_size() || reply.errors_size()) out->Push(std::move(reply));
+    TellReleasedPutsLocked();
     if (released_slice) AnswerSlicesLocked();
     // Into the client's queue at admission, still under the state lock (so
     // nothing of a client that is being removed gets in); admitted to the
@@ -838,6 +840,19 @@ class ServerImpl : public Server, public proto::Controller::Service {
       }
       auto it = client_queues_.find(c);
       if (it != client_queues_.end()) it->second->Push(std::move(note));
+    }
+    TellReleasedPutsLocked();
+  }
+
+  // Each client hears which of its puts are released for good: it drops
+  // the data it kept to put them again after a loss.
+  void TellReleasedPutsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (auto& [client, ids] : state_.TakeReleasedPuts()) {
+      auto it = client_queues_.find(client);
+      if (it == client_queues_.end()) continue;
+      proto::ServerToClient note;
+      for (uint64_t id : ids) note.add_released_puts(id);
+      it->second->Push(std::move(note));
     }
   }
 
