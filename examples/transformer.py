@@ -374,6 +374,105 @@ def _data_parallel(client, steps, batch, seed, lr, on_step, info):
     return losses
 
 
+# ------------------------------------------------- a 3-axis mesh (hybrid)
+
+MESH = {"data": 2, "fsdp": 2, "tensor": 2}
+BATCH_SPEC = ("data", "fsdp")  # dimension 0 of the batch
+
+
+# Matrices split over tensor (rows) and fsdp (columns). (With ("fsdp",
+# "tensor") jax.jit itself over 8 CPU devices, jax 0.10.2, computes
+# gradients 3e-2 away from the unsharded ones; Plexus, whose islands
+# partition over (fsdp, tensor) only, does not: tests/test_mesh_training.py.)
+MATRIX_SPEC = ("tensor", "fsdp")
+
+
+def param_specs(params, matrix_spec=MATRIX_SPEC):
+    """Each parameter's PartitionSpec entries over MESH: matrices by
+    `matrix_spec`, vectors over tensor; all are replicated over data."""
+    return jax.tree_util.tree_map(
+        lambda w: matrix_spec if w.ndim == 2 else ("tensor",), params)
+
+
+def train_mesh(cluster_or_client, steps=30, batch=BATCH, seed=0, lr=LR,
+               on_step=None, info=None, matrix_spec=MATRIX_SPEC):
+    """Data parallel across 2 islands, FSDP and tensor parallel inside each:
+    one slice of 8 devices, mesh {data: 2, fsdp: 2, tensor: 2} with "data"
+    across hosts (dcn_axes). Inside an island XLA partitions the step over
+    (fsdp, tensor) as jax.jit would; between islands the runtime sums the
+    islands' gradients (partial -> all_reduce). Returns the losses; `info`
+    gets the slice's devices."""
+    with _client(cluster_or_client, "transformer-mesh") as client:
+        s = client.slice(mesh=MESH, dcn_axes=("data",))
+        try:
+            return _mesh(client, s, steps, batch, seed, lr, on_step, info,
+                         matrix_spec)
+        finally:
+            s.close()
+
+
+def _mesh(client, s, steps, batch, seed, lr, on_step, info, matrix_spec):
+    if info is not None:
+        info["devices"] = s.devices
+    params = init_params(seed)
+    specs = jax.tree_util.tree_map(lambda e: plexus.P(*e),
+                                   param_specs(params, matrix_spec),
+                                   is_leaf=lambda x: isinstance(x, tuple))
+    flat, unravel = ravel_pytree(params)
+    data_spec = plexus.P(BATCH_SPEC)
+
+    def island_grad(p, x, y):
+        """This island's addend of the loss and gradient (its half of the
+        batch); inside the island the batch is split over fsdp, the weights
+        over tensor and fsdp, and XLA inserts the collectives."""
+        loss, grads = jax.value_and_grad(loss_fn)(p, x, y, batch)
+        return loss, ravel_pytree(grads)[0]
+
+    grad = plexus.jit(island_grad, s, name="mesh_grad",
+                      in_shardings=(specs, data_spec, data_spec),
+                      out_shardings=plexus.partial())
+    all_reduce = s.program("all_reduce", plexus.Spec(flat.shape, "float32",
+                                                     plexus.partial()))
+    update = plexus.jit(lambda p, g: sgd(p, unravel(g), lr), s,
+                        name="mesh_sgd", out_shardings=specs)
+    p = jax.tree_util.tree_map(s.put, params, specs)
+    data = [(s.put(x, data_spec), s.put(y, data_spec))
+            for x, y in make_batches(steps, batch, seed)]
+    losses = []
+    for step, (x, y) in enumerate(data, 1):
+        with client.graph():
+            loss, g = grad(p, x, y)
+            p = update(p, all_reduce(g))
+        losses.append(float(np.asarray(loss)))
+        _report(on_step, step, losses[-1], p)
+    return losses
+
+
+def train_mesh_reference(steps=30, batch=BATCH, seed=0, lr=LR):
+    """One process, `jax.jit` over 8 devices with MESH and the same
+    shardings as train_mesh (run it with
+    XLA_FLAGS=--xla_force_host_platform_device_count=8). Returns the
+    losses."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+    devices = np.array(jax.devices()[:8]).reshape(tuple(MESH.values()))
+    mesh = Mesh(devices, tuple(MESH))
+    params = init_params(seed)
+    shard = jax.tree_util.tree_map(
+        lambda e: NamedSharding(mesh, PartitionSpec(*e)), param_specs(params),
+        is_leaf=lambda x: isinstance(x, tuple))
+    data = NamedSharding(mesh, PartitionSpec(BATCH_SPEC))
+    step_fn = jax.jit(lambda p, x, y: _sgd_step(p, x, y, batch, lr),
+                      in_shardings=(shard, data, data),
+                      out_shardings=(NamedSharding(mesh, PartitionSpec()),
+                                     shard))
+    p = jax.device_put(params, shard)
+    losses = []
+    for x, y in make_batches(steps, batch, seed):
+        loss, p = step_fn(p, x, y)
+        losses.append(float(loss))
+    return losses
+
+
 # ---------------------------------------------------------------- main
 
 
@@ -390,7 +489,14 @@ def main(argv=None):
     parser.add_argument("--tolerance", type=float, default=1e-4)
     parser.add_argument("--log-every", type=int, default=5)
     parser.add_argument("--log-file", help="write the cluster's log here")
+    parser.add_argument("--mesh-reference", action="store_true",
+                        help="print the 3-axis-mesh jax.jit reference's "
+                        "losses as JSON and exit (needs 8 JAX devices)")
     args = parser.parse_args(argv)
+    if args.mesh_reference:
+        import json
+        print(json.dumps(train_mesh_reference(args.steps, seed=args.seed)))
+        return 0
 
     def progress(what):
         """Prints step 1 (which compiles), every --log-every'th and the last."""

@@ -24,6 +24,16 @@ array appears whole. Outputs follow `out_shardings`:
   - partial(): each island's value is an addend of the global value (a
     data-parallel gradient before the runtime's all-reduce between islands).
 
+Meshes of several axes (client.slice(mesh={"data": 2, "fsdp": 2, "tensor":
+2}, dcn_axes=("data",))): the island's mesh is the sub-mesh of the axes
+that are not DCN axes, with their names, so the function may name "fsdp"
+and "tensor" as under jax.jit. in_shardings / out_shardings are
+PartitionSpecs over the whole mesh: their DCN axes say which part of the
+array an island holds (a dimension split over ("data", "fsdp") appears
+divided by data's size), their other axes are the island's NamedSharding
+(_IslandLayout). A function that names a DCN axis gets an error saying so;
+a sum over the DCN axes is a partial() output and an all_reduce.
+
 Dtypes and keys. Every JAX dtype with a whole-byte element travels (JAX's
 x64 switch decides whether 64-bit ones lower as such); sub-byte ones (int4,
 float4_e2m1fn) are refused naming the argument. A typed PRNG key array
@@ -72,8 +82,9 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
     """Makes `fn` a Plexus program on `slice`.
 
     in_shardings: a pytree prefix of the (non-static) arguments giving the
-        sharding of arrays passed by value (None: replicated); futures keep
-        their own.
+        sharding of arrays passed by value (None: replicated; a
+        PartitionSpec, plexus.P or jax's, over the slice's mesh axes;
+        plexus.split(a)); futures keep their own.
     out_shardings: a pytree prefix of the outputs (None: replicated).
     static_argnums: positions of arguments that are Python values baked
         into the program (hashable), as in jax.jit; each value compiles
@@ -81,6 +92,8 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
     donate_argnums, donate_argnames: as in jax.jit. Accepted, but not yet
         honoured (buffers do not live in device memory yet): each lowering
         that donates warns, as jax.jit does where it cannot donate.
+    axis_name: the island's axis name on a 1-D slice (on a mesh of
+        several axes the island has the mesh's own non-DCN axes).
     platform: what the workers' PJRT plugin runs ("cpu", "cuda").
     The returned object compiles on first call for each input signature,
     like jax.jit; `.lower(*specs)` gives the program for one signature.
@@ -302,24 +315,21 @@ class Jitted:
         n = sum(len(devs) for _, devs in islands)
         what = f"program '{self._name}'"
         names = self._leaf_names(treedef)
+        layout = _IslandLayout(self._slice, islands, self._axis, what)
         for name, (dtype, shape, sh, _) in zip(names, specs):
             if sh[0] == "partial":
                 raise _core.InvalidArgumentError(
                     f"{what} argument {name}: XLA programs take replicated "
                     "or split inputs, not partial ones; all_reduce it first")
-            if sh[0] == "split" and shape[sh[1]] % n:
-                raise _core.InvalidArgumentError(
-                    f"{what} argument {name}: dimension {sh[1]} of "
-                    f"{dtype}{list(shape)} does not split evenly over "
-                    f"{n} devices")
+            layout.check_input(f"{what} argument {name}", dtype, shape, sh, n)
 
         # One module per island size (hosts may hold different numbers of
         # the slice's devices); they agree on what each device holds.
         modules, tree, outputs = {}, None, None
         for k in sorted({len(devs) for _, devs in islands}):
             exported, out_kinds, tree, out_keys = self._export(
-                treedef, specs, static, k, n, names)
-            per_device = self._outputs(exported, out_kinds, k, n)
+                treedef, specs, static, k, n, names, layout)
+            per_device = self._outputs(exported, out_kinds, k, n, layout)
             if outputs is not None and per_device != outputs:
                 raise _core.InvalidArgumentError(
                     f"{what}: islands of different sizes give outputs "
@@ -377,7 +387,7 @@ class Jitted:
             "a donated input's memory until buffers live in device memory; "
             "the inputs stay valid)", UserWarning, stacklevel=5)
 
-    def _export(self, treedef, specs, static, k, n, names):
+    def _export(self, treedef, specs, static, k, n, names, layout):
         """The StableHLO of the function for an island of k of the slice's
         n devices: (exported, output shardings, output tree, output key
         impls)."""
@@ -385,21 +395,16 @@ class Jitted:
         from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
         what = f"program '{self._name}'"
         # An abstract mesh: lowering for k devices needs none of them here.
-        mesh = AbstractMesh((k,), (self._axis,))
+        mesh = AbstractMesh(*layout.island_mesh(k))
 
-        def island_sharding(kind, axis, ndim):
-            if kind == "split":
-                entries = [None] * ndim
-                entries[axis] = self._axis
-                return NamedSharding(mesh, PartitionSpec(*entries))
-            return NamedSharding(mesh, PartitionSpec())
+        def island_sharding(sh, ndim):
+            return NamedSharding(mesh, PartitionSpec(
+                *layout.island_spec(sh, ndim)))
 
         avals, in_sh = [], []
-        for dtype, shape, (kind, axis), _ in specs:
-            local = list(shape)
-            if kind == "split":  # the island's k shards of n
-                local[axis] = local[axis] // n * k
-            sharding = island_sharding(kind, axis, len(shape))
+        for dtype, shape, sh, _ in specs:
+            local = layout.island_shape(shape, sh, k, n)
+            sharding = island_sharding(sh, len(shape))
             avals.append(jax.ShapeDtypeStruct(tuple(local), np.dtype(dtype),
                                               sharding=sharding))
             in_sh.append(sharding)
@@ -440,6 +445,9 @@ class Jitted:
             with in_mesh(mesh):
                 shapes = jax.eval_shape(flat_fn, *avals)
         except Exception as e:  # the user's function failed to trace
+            layout.explain_dcn_axis(e)
+            if layout.traces_with_dcn_axes(jax, flat_fn, specs, k, n):
+                layout.explain_dcn_axis(e, named=True)
             raise _plexus_error(e)(
                 f"{what}: JAX could not trace the function for arguments "
                 f"({_signature(names, specs)}): {type(e).__name__}: {e}"
@@ -449,8 +457,8 @@ class Jitted:
             _broadcast_prefix(jax, self._out_shardings,
                               jax.tree_util.tree_unflatten(tree, shapes), tree,
                               "out_shardings"), shapes)]
-        out_sh = [island_sharding(kind, axis, len(a.shape))
-                  for (kind, axis), a in zip(out_kinds, shapes)]
+        out_sh = [island_sharding(sh, len(a.shape))
+                  for sh, a in zip(out_kinds, shapes)]
         flat_fn.__name__ = flat_fn.__qualname__ = self._name
         try:
             # keep_unused: the module takes every argument the program
@@ -465,19 +473,19 @@ class Jitted:
                             out_shardings=out_sh, keep_unused=True),
                     platforms=[self._platform])(*avals)
         except Exception as e:
+            layout.explain_dcn_axis(e)
             raise _plexus_error(e)(
                 f"{what}: JAX could not lower the function for arguments "
                 f"({_signature(names, specs)}): {type(e).__name__}: {e}"
             ) from e
         return exported, out_kinds, tree, out_keys[-1]
 
-    def _outputs(self, exported, out_kinds, k, n):
+    def _outputs(self, exported, out_kinds, k, n, layout):
         """The outputs' global (dtype, shape, sharding) from an island of k
         devices' lowering."""
         what = f"program '{self._name}'"
         outputs = []
-        for o, (aval, (kind, axis)) in enumerate(zip(exported.out_avals,
-                                                     out_kinds)):
+        for o, (aval, sh) in enumerate(zip(exported.out_avals, out_kinds)):
             dtype = str(np.dtype(aval.dtype))
             if dtype not in _DTYPES:
                 raise _core.InvalidArgumentError(
@@ -486,16 +494,185 @@ class Jitted:
                        if dtype in _SUB_BYTE else "is not a Plexus dtype")
                     + "; cast it in the function (Plexus moves every "
                     "whole-byte dtype)")
-            shape = list(aval.shape)
-            if kind == "split":
+            shape = layout.global_shape(f"{what} output {o}", dtype,
+                                        list(aval.shape), sh, k, n)
+            outputs.append((dtype, tuple(shape), sh))
+        return outputs
+
+
+class _IslandLayout:
+    """How a slice's layouts look from inside one island (the slice's
+    devices on one worker), for lowering.
+
+    A 1-D mesh without dcn_axes (the original model): the island is a 1-D
+    abstract mesh named `axis_name` of its k devices; a split(a) array of
+    length L over n devices appears with length L * k / n, split over it.
+
+    A mesh of several axes (or one with dcn_axes): the island is the
+    sub-mesh of the axes that are not DCN axes, with their names and
+    sizes, so code naming them ("fsdp", "tensor") works unchanged. A
+    PartitionSpec's DCN axes say which part of the array the island holds
+    (dimension d appears divided by the sizes of the DCN axes splitting
+    it); its other axes become the island's NamedSharding.
+    """
+
+    def __init__(self, slice_, islands, axis_name, what):
+        self._axis = axis_name
+        self._what = what
+        self.axes = tuple(slice_.axis_names)
+        self.sizes = tuple(int(x) for x in slice_.mesh_shape)
+        self.dcn = tuple(slice_.dcn_axes)
+        self.multi = len(self.axes) > 1 or bool(self.dcn)
+        if not self.multi:
+            return
+        self.ici = tuple(a for a in self.axes if a not in self.dcn)
+        self.ici_sizes = tuple(n for a, n in zip(self.axes, self.sizes)
+                               if a not in self.dcn)
+        per_island = int(np.prod(self.ici_sizes, dtype=np.int64))
+        mesh = ", ".join(f"{a!r}: {n}" for a, n in zip(self.axes, self.sizes))
+        for worker, devs in islands:
+            if len(devs) != per_island:
+                raise _core.InvalidArgumentError(
+                    f"{what}: the slice's mesh {{{mesh}}} has "
+                    f"dcn_axes {self.dcn}, so each island must hold the "
+                    f"{per_island} devices of the other axes, but worker "
+                    f"{worker} holds {len(devs)}; ask for the slice with "
+                    "client.slice(mesh=..., dcn_axes=(...)) naming the "
+                    "axes that cross hosts")
+
+    def island_mesh(self, k):
+        """(axis sizes, axis names) of the island's abstract mesh."""
+        if not self.multi:
+            return (k,), (self._axis,)
+        return self.ici_sizes, self.ici
+
+    def _dims(self, sh, ndim):
+        """Per array dimension, the names of the mesh axes splitting it."""
+        if sh[0] == "split":
+            return [self.axes if d == sh[1] else () for d in range(ndim)]
+        if sh[0] == "mesh":
+            _, sizes, names, dims = sh
+            return [tuple(names[a] for a in axes) for axes in dims]
+        return [()] * ndim
+
+    def check_input(self, what, dtype, shape, sh, n):
+        if sh[0] == "mesh" and (tuple(sh[1]) != self.sizes
+                                or tuple(sh[2]) != self.axes):
+            raise _core.InvalidArgumentError(
+                f"{what} is laid out over another mesh "
+                f"({_core.sharding_str(sh)}); move it to this slice first "
+                "(a program on this slice compiled for its layout, e.g. "
+                "s.program('identity', plexus.Spec(shape, dtype, P(...))))")
+        size = dict(zip(self.axes, self.sizes))
+        for d, names in enumerate(self._dims(sh, len(shape))):
+            parts = int(np.prod([size[a] for a in names], dtype=np.int64))
+            if shape[d] % parts:
+                raise _core.InvalidArgumentError(
+                    f"{what}: dimension {d} of {dtype}{list(shape)} does not "
+                    f"split evenly over {parts} devices")
+
+    def island_spec(self, sh, ndim):
+        """The island's PartitionSpec entries for a core sharding."""
+        if not self.multi:
+            entries = [None] * ndim
+            if sh[0] == "split":
+                entries[sh[1]] = self._axis
+            return entries
+        entries = []
+        for names in self._dims(sh, ndim):
+            inner = tuple(a for a in names if a not in self.dcn)
+            entries.append(None if not inner else
+                           inner[0] if len(inner) == 1 else inner)
+        return entries
+
+    def _dcn_parts(self, names):
+        size = dict(zip(self.axes, self.sizes))
+        return int(np.prod([size[a] for a in names if a in self.dcn],
+                           dtype=np.int64))
+
+    def island_shape(self, shape, sh, k, n):
+        """The shape of the island's part of a global array."""
+        local = list(shape)
+        if not self.multi:
+            if sh[0] == "split":  # the island's k shards of n
+                local[sh[1]] = local[sh[1]] // n * k
+            return local
+        for d, names in enumerate(self._dims(sh, len(shape))):
+            local[d] //= self._dcn_parts(names)
+        return local
+
+    def global_shape(self, what, dtype, shape, sh, k, n):
+        """The global shape of an output the island computes as `shape`."""
+        if not self.multi:
+            if sh[0] == "split":
+                axis = sh[1]
                 if shape[axis] % k:
                     raise _core.InvalidArgumentError(
-                        f"{what} output {o}: dimension {axis} of "
-                        f"{dtype}{shape} does not split over the island's "
-                        f"{k} devices")
+                        f"{what}: dimension {axis} of {dtype}{shape} does "
+                        f"not split over the island's {k} devices")
                 shape[axis] = shape[axis] // k * n
-            outputs.append((dtype, tuple(shape), (kind, axis)))
-        return outputs
+            return shape
+        size = dict(zip(self.axes, self.sizes))
+        for d, names in enumerate(self._dims(sh, len(shape))):
+            inner = int(np.prod([size[a] for a in names if a not in self.dcn],
+                                dtype=np.int64))
+            if shape[d] % inner:
+                raise _core.InvalidArgumentError(
+                    f"{what}: dimension {d} of {dtype}{shape} does not split "
+                    f"over the island's {inner} devices")
+            shape[d] *= self._dcn_parts(names)
+        return shape
+
+    def traces_with_dcn_axes(self, jax, flat_fn, specs, k, n):
+        """Whether the function, which failed to trace over the island's
+        mesh, traces once the DCN axes are there too (as axes of size 1,
+        for this diagnosis only): then it names one of them."""
+        if not self.multi or not self.dcn:
+            return False
+        from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+        sizes = tuple(1 if a in self.dcn else n_
+                      for a, n_ in zip(self.axes, self.sizes))
+        mesh = AbstractMesh(sizes, self.axes)
+        avals = [jax.ShapeDtypeStruct(
+            tuple(self.island_shape(shape, sh, k, n)), np.dtype(dtype),
+            sharding=NamedSharding(mesh, PartitionSpec(
+                *self.island_spec(sh, len(shape)))))
+            for dtype, shape, sh, _ in specs]
+        try:
+            with jax.sharding.use_abstract_mesh(mesh):
+                jax.eval_shape(flat_fn, *avals)
+        except Exception:  # noqa: BLE001 - it fails for another reason
+            return False
+        return True
+
+    def explain_dcn_axis(self, e, named=False):
+        """Raises a clear error if `e` comes from the function naming a DCN
+        axis, which the island's mesh does not have (`named`: known to)."""
+        if not self.multi:
+            return
+        text = str(e)
+        for a in self.dcn:
+            if (named and len(self.dcn) == 1) or any(
+                    p in text for p in (f"'{a}'", f'"{a}"',
+                                        f"axis name: {a}", f"axis: {a}")):
+                raise _core.InvalidArgumentError(
+                    f"{self._what}: mesh axis {a!r} crosses islands (dcn_axes {self.dcn}): "
+                    "inside a program XLA partitions over the island's own "
+                    f"axes {self.ici} only, so a collective or sharding "
+                    f"constraint cannot name {a!r}. Between islands Plexus "
+                    f"moves the data: shard over {a!r} with in_shardings / "
+                    "out_shardings, and sum over it by returning the value "
+                    "with out_shardings=plexus.partial() and calling "
+                    f"all_reduce. ({type(e).__name__}: {e})") from e
+        if named:
+            raise _core.InvalidArgumentError(
+                f"{self._what}: the function names one of the mesh axes "
+                f"{self.dcn}, which cross islands (dcn_axes): inside a "
+                f"program XLA partitions over the island's own axes "
+                f"{self.ici} only. Shard over them with in_shardings / "
+                "out_shardings, and sum over them with "
+                "out_shardings=plexus.partial() and all_reduce. "
+                f"({type(e).__name__}: {e})") from e
 
 
 class XlaProgram(Program):
@@ -656,10 +833,12 @@ class _Group:
 
 
 def _is_sharding_leaf(x):
-    from ._api import P
-    return x is None or isinstance(x, P) or (
+    from ._api import _is_partition_spec
+    return x is None or _is_partition_spec(x) or (
+        type(x).__name__ == "NamedSharding") or (
         isinstance(x, tuple) and len(x) == 2 and
-        x[0] in ("replicated", "split", "partial"))
+        x[0] in ("replicated", "split", "partial")) or (
+        isinstance(x, tuple) and len(x) == 4 and x[0] == "mesh")
 
 
 __all__ = ["jit", "Jitted", "XlaProgram", "partial", "replicated", "split"]
