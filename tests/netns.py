@@ -259,20 +259,26 @@ class NetnsLab:
                               **kwargs)
 
     def start_worker(self, server, host, log, data_host=None, devices=1,
-                     timeout=30, secret=None, env_extra=None):
+                     timeout=30, secret=None, env_extra=None, extra=()):
         """plexus-worker inside `host`'s namespace; its data plane binds and
         advertises `data_host` (default: the host's address on the /24).
-        `secret`: another cluster secret than the lab's (hex)."""
+        `secret`: another cluster secret than the lab's (hex); `extra`: more
+        flags (e.g. --spare)."""
         proc = self._spawn(
             ["ip", "netns", "exec", host.netns,
              str(bin_dir() / "plexus-worker"), "--server", server.address,
              "--devices", str(devices), "--host-name", host.name,
              "--data-host", data_host or host.address,
              "--ready-fd", "{READY_FD}", "--log-level", "info",
-             "--die-with-parent"], f"plexus-worker {host.name}", log,
+             "--die-with-parent", *extra], f"plexus-worker {host.name}", log,
             secret=secret, env_extra=env_extra)
         self._await_ready(proc, timeout, log)
         return proc
+
+    def set_link(self, host, up):
+        """Sets `host`'s only link (to the bridge every other namespace is
+        on) up or down: down, its connections go silent (no RST, no FIN)."""
+        _ip("link", "set", "eth0", "up" if up else "down", netns=host.netns)
 
     def stop(self, timeout=10):
         """Shuts the server down (it ends every worker's session), reaps

@@ -10,8 +10,10 @@ fixed order), which is what makes an exact comparison meaningful.
 
 And a link that goes down: a worker's veth set down inside the lab (no
 RST, no FIN: its connections just go silent) is noticed by the server's
-heartbeat deadline, and what depends on that worker fails within the
-deadline (plus a bounded margin) with an error that names the lost worker.
+heartbeat deadline. With no spare, what depends on that worker fails within
+the deadline (plus a bounded margin) with an error that names the lost
+worker; with a spare, the server remaps the slice onto it and the futures
+read what a failure-free run computes.
 """
 import os
 import subprocess
@@ -24,7 +26,7 @@ import pytest
 import plexus
 from plexus import _core
 from conftest import PLEXUS_PYTHONPATH, ROOT
-from netns import NetnsLab, _ip
+from netns import NetnsLab
 from test_netns import bounded, fresh_status
 
 EXAMPLES = ROOT / "examples"
@@ -66,17 +68,18 @@ def run_example(script, args, out, env_extra=None, timeout=120):
         return proc.stdout, {k: saved[k] for k in saved.files}
 
 
-def start_cluster(lab, tmp_path, hosts, devices, extra=()):
+def start_cluster(lab, tmp_path, hosts, devices, extra=(), spares=0):
     """A server in a namespace of its own and `hosts` workers of `devices`
-    devices, each in a namespace of its own."""
+    devices (then `spares` spare workers), each in a namespace of its own."""
     server_ns = lab.add_host()
     server = lab.start_server(tmp_path / "server.log", host=server_ns,
                               extra=extra)
     workers = []
-    for _ in range(hosts):
+    for i in range(hosts + spares):
         host = lab.add_host()
         lab.start_worker(server, host, tmp_path / f"{host.name}.log",
-                         devices=devices)
+                         devices=devices,
+                         extra=["--spare"] if i >= hosts else [])
         workers.append(host)
     return server_ns, server, workers
 
@@ -131,7 +134,7 @@ def test_a_worker_whose_link_goes_down_fails_dependent_futures_within_the_deadli
                                                     plexus.partial()))(
             s.program("reduce_sum", y)(y))
         # b's only link, to the bridge the server, a and the client are on.
-        _ip("link", "set", "eth0", "down", netns=b.netns)
+        lab.set_link(b, up=False)
         t0 = time.monotonic()
 
         def fetch():
@@ -163,5 +166,48 @@ def test_a_worker_whose_link_goes_down_fails_dependent_futures_within_the_deadli
             bounded(lambda: np.asarray(rest.program("scale", z,
                                                     factor=2.0)(z)),
                     "a call on the host still up"), [0, 2, 4])
+    finally:
+        client.close()
+
+
+def test_with_a_spare_a_worker_whose_link_goes_down_is_replaced_and_values_recovered(
+        lab, tmp_path):
+    heartbeat_ms = 1000
+    server_ns, server, (a, b, spare) = start_cluster(
+        lab, tmp_path, 2, 1, spares=1,
+        extra=["--heartbeat-timeout-ms", str(heartbeat_ms)])
+    client = lab.connect(server.address, name="link-down-spare")
+    try:
+        s = client.slice(2, placement="spread")
+        assert {d["host"] for d in s.devices} == {a.name, b.name}  # not the spare
+        # Replicated: every value has a copy on the host that stays up.
+        x = s.put(np.arange(6, dtype=np.float32), plexus.replicated())
+        nap = s.program("device_sleep", x, micros=50_000)
+        add = s.program("add", x, x)
+        chain = [x]
+        for _ in range(40):  # ~2 s of device time on each device
+            chain.append(add(nap(chain[-1]), x))
+        client.flush()
+        np.testing.assert_array_equal(
+            bounded(lambda: np.asarray(chain[3]), "an early value"),
+            4 * np.arange(6))
+        lab.set_link(b, up=False)
+        t0 = time.monotonic()
+        # What a failure-free run computes, the last value and one from
+        # before the loss.
+        np.testing.assert_array_equal(
+            bounded(lambda: np.asarray(chain[-1]), "the chain's last value "
+                    "after the remap", timeout=60), 41 * np.arange(6))
+        elapsed = time.monotonic() - t0
+        np.testing.assert_array_equal(np.asarray(chain[20]),
+                                      21 * np.arange(6))
+        assert s.generation == 1
+        hosts = [d["host"] for d in s.devices]
+        assert spare.name in hosts and b.name not in hosts, hosts
+        st = plexus.status(server.address)
+        state = {w["host_name"]: w["alive"] for w in st["workers"]}
+        assert state[b.name] is False, state
+        print(f"the chain's last value read {elapsed:.2f} s after the link "
+              f"went down, on {hosts} (deadline {heartbeat_ms} ms)")
     finally:
         client.close()
