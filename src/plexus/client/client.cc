@@ -259,6 +259,22 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
     return s;
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].sharding.is_mesh() && !kernel->TakesMeshShardings()) {
+      std::string takers;
+      for (const auto& n : builtin::KernelRegistry::Global().Names()) {
+        if (!builtin::KernelRegistry::Global().Find(n)->TakesMeshShardings()) {
+          continue;
+        }
+        absl::StrAppend(&takers, takers.empty() ? "" : ", ", n);
+      }
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " argument ", i, ": kernel '", kernel_name,
+          "' takes replicated, split or partial inputs, not ",
+          inputs[i].sharding.ToString(),
+          " (built-in programs that take PartitionSpecs over meshes of "
+          "several axes: ",
+          takers, "; plexus.jit programs take them all)"));
+    }
     if (!kernel->AcceptsDType(inputs[i].global.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, " argument ", i, ": kernel '", kernel_name,
@@ -277,22 +293,6 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
   def.set_name(name);
   def.set_kernel(kernel_name);
   AttrsToProto(attrs, def.mutable_attrs());
-    if (inputs[i].sharding.is_mesh() && !kernel->TakesMeshShardings()) {
-      std::string takers;
-      for (const auto& n : builtin::KernelRegistry::Global().Names()) {
-        if (!builtin::KernelRegistry::Global().Find(n)->TakesMeshShardings()) {
-          continue;
-        }
-        absl::StrAppend(&takers, takers.empty() ? "" : ", ", n);
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " argument ", i, ": kernel '", kernel_name,
-          "' takes replicated, split or partial inputs, not ",
-          inputs[i].sharding.ToString(),
-          " (built-in programs that take PartitionSpecs over meshes of "
-          "several axes: ",
-          takers, "; plexus.jit programs take them all)"));
-    }
   return Register(slice, std::move(def), inputs, std::move(*outputs));
 }
 

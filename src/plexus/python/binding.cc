@@ -101,10 +101,6 @@ Sharding ShardingFrom(const py::tuple& t) {
   if (kind == "split") return Sharding::Split(t[1].cast<int>());
   if (kind == "partial") return Sharding::Partial();
   if (kind == "replicated") return Sharding::Replicated();
-  Raise(absl::InvalidArgumentError("unknown sharding kind '" + kind + "'"));
-}
-
-py::tuple ShardingTo(const Sharding& s) {
   if (kind == "mesh" && t.size() == 4) {
     std::vector<std::vector<int32_t>> dims;
     for (auto d : t[3].cast<py::sequence>()) {
@@ -121,16 +117,20 @@ py::tuple ShardingTo(const Sharding& s) {
     return Sharding::Mesh(std::move(s.mesh), std::move(s.axis_names),
                           std::move(s.dims));
   }
-  const char* kind = s.is_split()     ? "split"
-                     : s.is_partial() ? "partial"
-                                      : "replicated";
-  return py::make_tuple(kind, s.axis);
+  Raise(absl::InvalidArgumentError("unknown sharding kind '" + kind + "'"));
+}
+
+py::tuple ShardingTo(const Sharding& s) {
   if (s.is_mesh()) {
     py::list dims;
     for (const auto& axes : s.dims) dims.append(py::tuple(py::cast(axes)));
     return py::make_tuple("mesh", py::tuple(py::cast(s.mesh)),
                           py::tuple(py::cast(s.axis_names)), py::tuple(dims));
   }
+  const char* kind = s.is_split()     ? "split"
+                     : s.is_partial() ? "partial"
+                                      : "replicated";
+  return py::make_tuple(kind, s.axis);
 }
 
 ArgSpec ArgFrom(const py::tuple& t) {
@@ -550,6 +550,12 @@ PYBIND11_MODULE(_core, m) {
   m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
   // Every built-in program's documentation (builtin::KernelDoc), sorted by
   // name: what plexus.builtins and docs/PROGRAMS.md show.
+  // The one form of a sharding (a PartitionSpec that is a 1-D split or
+  // replicated becomes that), and its description.
+  m.def("canonical_sharding",
+        [](const py::tuple& t) { return ShardingTo(ShardingFrom(t)); });
+  m.def("sharding_str",
+        [](const py::tuple& t) { return ShardingFrom(t).ToString(); });
   m.def("kernel_docs", [] {
     const auto& registry = builtin::KernelRegistry::Global();
     py::list out;
@@ -564,18 +570,12 @@ PYBIND11_MODULE(_core, m) {
       d["summary"] = doc.summary;
       d["attrs"] = attrs;
       d["inputs"] = doc.inputs;
-      // The one form of a sharding (a PartitionSpec that is a 1-D split or
-      // replicated becomes that), and its description.
-      m.def("canonical_sharding",
-            [](const py::tuple& t) { return ShardingTo(ShardingFrom(t)); });
-      m.def("sharding_str",
-            [](const py::tuple& t) { return ShardingFrom(t).ToString(); });
       d["outputs"] = doc.outputs;
       d["example"] = doc.example;
       d["collective"] = registry.Find(name)->is_collective();
+      d["mesh_shardings"] = registry.Find(name)->TakesMeshShardings();
       out.append(d);
     }
     return out;
   });
 }
-d["mesh_shardings"] = registry.Find(name)->TakesMeshShardings();

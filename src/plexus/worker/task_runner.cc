@@ -192,17 +192,6 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
   const size_t elem = DTypeSize(local->dtype);
   for (int p = 0; p < binding.pieces_size(); ++p) {
     const proto::Piece& piece = binding.pieces(p);
-    // The source's rows along `axis`: its size over the other dims.
-    Shape src_shape = local->shape;
-    int64_t other = elem;
-    for (size_t i = 0; i < src_shape.size(); ++i) {
-      if (static_cast<int>(i) != axis) other *= src_shape[i];
-    }
-    if (other == 0) continue;  // an empty array: no rows to copy
-    if (!src_shape.empty() && axis >= 0 &&
-        axis < static_cast<int>(src_shape.size())) {
-      src_shape[axis] = static_cast<int64_t>(sources[p]->size()) / other;
-    }
     if (piece.extent_size() > 0) {  // a box of a block (mesh layouts)
       auto shape = [](const auto& field) {
         return Shape(field.begin(), field.end());
@@ -218,6 +207,17 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
                          copied.message()));
       }
       continue;
+    }
+    // The source's rows along `axis`: its size over the other dims.
+    Shape src_shape = local->shape;
+    int64_t other = elem;
+    for (size_t i = 0; i < src_shape.size(); ++i) {
+      if (static_cast<int>(i) != axis) other *= src_shape[i];
+    }
+    if (other == 0) continue;  // an empty array: no rows to copy
+    if (!src_shape.empty() && axis >= 0 &&
+        axis < static_cast<int>(src_shape.size())) {
+      src_shape[axis] = static_cast<int64_t>(sources[p]->size()) / other;
     }
     absl::Status copied =
         CopyRows(sources[p]->data(), sources[p]->size(), src_shape,
