@@ -146,3 +146,45 @@ def test_calls_in_flight_on_a_lost_host_run_again_and_give_the_same_values():
         np.testing.assert_array_equal(np.asarray(chain[20]), 21 * np.arange(6))
         assert s.generation == 1
         assert counters(cluster)["calls_recomputed"] > 0
+
+
+def live_bytes(cluster):
+    return sum(int(w.get("stats", {}).get("live_bytes", 0))
+               for w in status(cluster)["workers"] if w["alive"])
+
+
+def test_a_snapshotted_value_is_restored_from_its_copy():
+    with plexus.local(hosts=3, spare=1) as cluster:
+        c = cluster.connect()
+        s = c.slice(3)
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        m = double(x)
+        del x  # m's input goes: m cannot be recomputed
+        c.snapshot(m)
+        np.testing.assert_array_equal(np.asarray(m), 2 * np.arange(6))
+        # m and its copy (24 bytes each) are all the workers hold.
+        wait_until("the snapshot's copy", lambda: live_bytes(cluster) == 48)
+        kill_host(cluster, s.devices[1]["host"])
+        wait_until("the remap", lambda: s.generation == 1)
+        np.testing.assert_array_equal(np.asarray(m), 2 * np.arange(6))
+        r = counters(cluster)
+        assert r["snapshots_taken"] == 1 and r["shards_from_snapshots"] == 1
+        assert r["buffers_failed"] == 0 and r["calls_recomputed"] == 0
+
+
+def test_a_value_whose_inputs_are_gone_and_has_no_snapshot_is_lost():
+    with plexus.local(hosts=3, spare=1) as cluster:
+        c = cluster.connect()
+        s = c.slice(3)
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        m = double(x)
+        del x
+        np.testing.assert_array_equal(np.asarray(m), 2 * np.arange(6))
+        wait_until("x released", lambda: live_bytes(cluster) == 24)
+        victim = s.devices[1]["host"]
+        kill_host(cluster, victim)
+        with pytest.raises(plexus.DeviceLostError, match="cannot be recomputed"):
+            np.asarray(m)
+        assert counters(cluster)["buffers_failed"] == 1

@@ -250,6 +250,11 @@ class Client {
   // host was lost waits for the server's word on the loss, then reads the
   // recovered value (under its new id, from its new place), or returns
   // DATA_LOSS if it was lost.
+  // Asks for an in-memory copy of each future's shards on another host of
+  // its slice (peer to peer, after the calls before it; asynchronous),
+  // replacing its previous one: should a host be lost, its shards are
+  // restored from the copy instead of being recomputed or lost.
+  absl::Status Snapshot(const std::vector<Future>& futures);
   // Sends everything queued now (calls are otherwise sent as soon as the
   // sender thread wakes).
   void Flush();

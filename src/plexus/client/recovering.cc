@@ -205,6 +205,17 @@ static absl::Status Recovering(ClientCore& core,
   }
 }
 
+absl::Status Client::Snapshot(const std::vector<Future>& futures) {
+  if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+  std::vector<proto::ClientOp> ops;
+  for (const Future& f : futures) {
+    if (!f.valid()) return absl::InvalidArgumentError("empty future");
+    ops.emplace_back().set_snapshot(f.buffer_id());
+  }
+  core_->Enqueue(std::move(ops));
+  return absl::OkStatus();
+}
+
 absl::Status Client::Fetch(const Future& future, void* dst) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   return Recovering(*core_, {&future}, [&] { return FetchOnce(future, dst); });

@@ -482,6 +482,10 @@ PYBIND11_MODULE(_core, m) {
              py::gil_scoped_release release;
              c.Flush();
            })
+      .def("snapshot",
+           [](Client& c, const std::vector<Future>& futures) {
+             Check(c.Snapshot(futures));
+           })
       .def("counters",
            [](const Client& c) {
              ClientCounters k = c.counters();

@@ -289,8 +289,15 @@ void ClusterState::RouteRelease(uint64_t client_id,
   ReleaseOps(id, slice_id, ops);
 }
 
-void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id,
-                              WorkerOps* ops) const {
+void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
+  if (!snapshots_.empty()) {
+    auto snap = snapshots_.find(id);
+    if (snap != snapshots_.end()) {
+      const uint64_t copy = snap->second.id;
+      snapshots_.erase(snap);
+      ReleaseOps(copy, slice_id, ops);
+    }
+  }
   std::set<int64_t> targets;
   auto it = slices_.find(slice_id);
   if (it != slices_.end()) {

@@ -250,6 +250,11 @@ class ClusterState {
   // client's buffers by naming them.
   void FailCallOutputs(uint64_t client_id, const proto::Call& call,
                        const absl::Status& status, WorkerOps* ops) const;
+  // client.snapshot: copies each shard of the client's buffer to the next
+  // shard's host (another host of the slice), replacing the buffer's
+  // previous snapshot (server/recovery.cc). Replicated buffers, and
+  // buffers on one host, need none and get none.
+  void RouteSnapshot(uint64_t client_id, uint64_t buffer_id, WorkerOps* ops);
   // Releases one of `client_id`'s buffers on the workers of its slice; a
   // release of another client's buffer is ignored.
   void RouteRelease(uint64_t client_id, const proto::ReleaseRef& release,
@@ -260,7 +265,8 @@ class ClusterState {
  private:
   // The release of `id` to the live workers of slice `slice_id` (every
   // live worker if the slice is gone), merged into a trailing Release op.
-  void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) const;
+  // Its snapshot goes too.
+  void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops);
   // The call with its inputs named by their current ids (aliases_), or
   // nullptr if none changed.
   const proto::Call* Translated(const proto::Call& call,
@@ -321,6 +327,13 @@ class ClusterState {
   // Buffers recovery gave new ids (old -> new) and buffers it lost (-> why).
   absl::flat_hash_map<uint64_t, uint64_t> aliases_;
   absl::flat_hash_map<uint64_t, absl::Status> lost_;
+  // Each snapshotted buffer's copy: its id there, and the worker holding
+  // the copy of each shard.
+  struct Snapshot {
+    uint64_t id = 0;
+    std::vector<int64_t> holders;
+  };
+  absl::flat_hash_map<uint64_t, Snapshot> snapshots_;
   proto::RecoveryCounters counters_;
 };
 

@@ -103,6 +103,63 @@ std::map<uint64_t, std::vector<uint64_t>> ClusterState::TakeReleasedPuts() {
   return by_client;
 }
 
+void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
+                                 WorkerOps* ops) {
+  if (ClientOfBuffer(buffer_id) != client_id) return;
+  if (!aliases_.empty()) {
+    auto alias = aliases_.find(buffer_id);
+    if (alias != aliases_.end()) buffer_id = alias->second;
+  }
+  const BufferRecord* b = records_.FindBuffer(buffer_id);
+  if (b == nullptr || b->released || b->spec.sharding.is_replicated()) return;
+  auto slice = slices_.find(b->slice_id);
+  if (slice == slices_.end() || !slice->second.broken.empty()) return;
+  const std::vector<DeviceRef>& devices = slice->second.devices;
+  const int n = static_cast<int>(devices.size());
+  auto local = b->spec.Local(n);
+  if (!local.ok()) return;
+  Snapshot snap;
+  snap.id = ServerMadeId(client_id);
+  for (int j = 0; j < n; ++j) {
+    // The next shard's host that is not this shard's.
+    int k = -1;
+    for (int step = 1; step < n && k < 0; ++step) {
+      const int c = (j + step) % n;
+      if (devices[c].worker_id != devices[j].worker_id) k = c;
+    }
+    if (k < 0) return;  // one host: nowhere else to keep it
+    snap.holders.push_back(devices[k].worker_id);
+    proto::WorkerOp t;
+    auto* tr = t.mutable_transfer();
+    tr->set_buffer_id(buffer_id);
+    tr->set_shard(j);
+    tr->set_dst_worker_id(devices[k].worker_id);
+    tr->set_dst_buffer_id(snap.id);
+    tr->set_dst_shard(j);
+    tr->set_dst_device(devices[k].device);
+    (*ops)[devices[j].worker_id].push_back(std::move(t));
+    proto::WorkerOp e;
+    auto* ex = e.mutable_expect();
+    ex->set_buffer_id(snap.id);
+    ex->set_shard(j);
+    ex->set_owned(true);
+    ex->set_src_worker_id(devices[j].worker_id);
+    ex->set_device(devices[k].device);
+    *ex->mutable_spec() = ToProto(*local);
+    (*ops)[devices[k].worker_id].push_back(std::move(e));
+  }
+  // The previous copy goes once this one is asked for (a copy being made
+  // is never the only one).
+  auto old = snapshots_.find(buffer_id);
+  if (old != snapshots_.end()) {
+    const uint64_t copy = old->second.id;
+    snapshots_.erase(old);
+    ReleaseOps(copy, b->slice_id, ops);
+  }
+  snapshots_[buffer_id] = std::move(snap);
+  counters_.set_snapshots_taken(counters_.snapshots_taken() + 1);
+}
+
 void ClusterState::CallDone(uint64_t seq, WorkerOps* ops) {
   std::vector<uint64_t> slices;
   std::vector<uint64_t> due = records_.CallDone(seq, &slices);
@@ -211,6 +268,44 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
         ex->set_device(dst.device);
         *ex->mutable_spec() = ToProto(*local);
         copies[dst.worker_id].push_back(std::move(e));
+      }
+      restored.insert(id);
+      counters_.set_buffers_restored(counters_.buffers_restored() + 1);
+      continue;
+    }
+    auto snap = snapshots_.find(id);
+    bool from_snapshot = snap != snapshots_.end();
+    for (int j = 0; j < n && from_snapshot; ++j) {
+      if (slice.devices[j].worker_id != loss.spare) continue;
+      const WorkerRecord* holder = FindWorker(snap->second.holders[j]);
+      from_snapshot = holder != nullptr && holder->alive;
+    }
+    if (from_snapshot) {
+      auto local = b.spec.Local(n);
+      for (int j = 0; j < n && local.ok(); ++j) {
+        const DeviceRef& dst = slice.devices[j];
+        if (dst.worker_id != loss.spare) continue;
+        const int64_t holder = snap->second.holders[j];
+        proto::WorkerOp t;
+        auto* tr = t.mutable_transfer();
+        tr->set_buffer_id(snap->second.id);
+        tr->set_shard(j);
+        tr->set_dst_worker_id(dst.worker_id);
+        tr->set_dst_buffer_id(id);
+        tr->set_dst_shard(j);
+        tr->set_dst_device(dst.device);
+        copies[holder].push_back(std::move(t));
+        proto::WorkerOp e;
+        auto* ex = e.mutable_expect();
+        ex->set_buffer_id(id);
+        ex->set_shard(j);
+        ex->set_owned(true);
+        ex->set_src_worker_id(holder);
+        ex->set_device(dst.device);
+        *ex->mutable_spec() = ToProto(*local);
+        copies[dst.worker_id].push_back(std::move(e));
+        counters_.set_shards_from_snapshots(counters_.shards_from_snapshots() +
+                                            1);
       }
       restored.insert(id);
       counters_.set_buffers_restored(counters_.buffers_restored() + 1);

@@ -458,6 +458,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
         case proto::ClientOp::kRelease:
           state_.RouteRelease(id, op.release(), &ops);
           break;
+        case proto::ClientOp::kSnapshot:
+          state_.RouteSnapshot(id, op.snapshot(), &ops);
+          break;
         case proto::ClientOp::kStats:
           if (ClientRecord* c = state_.FindClient(id)) c->stats = op.stats();
           break;
@@ -482,12 +485,15 @@ class ServerImpl : public Server, public proto::Controller::Service {
     std::vector<WorkerOps> express;
     for (size_t u = 0; u < units.size(); ++u) {
       WorkerOps& ops = units[u];
-      bool releases = false;
+      // Releases and snapshots' copies follow the calls before them.
+      bool ordered = false;
       for (const auto& [w, list] : ops) {
-        for (const proto::WorkerOp& op : list) releases |= op.has_release();
+        for (const proto::WorkerOp& op : list) {
+          ordered |= op.has_release() || op.has_transfer();
+        }
       }
       AdmissionUnit unit = MakeAdmissionUnit(std::move(ops), seqs[u]);
-      if (!unit.is_call() && !releases) {
+      if (!unit.is_call() && !ordered) {
         if (!unit.ops.empty()) express.push_back(std::move(unit.ops));
         continue;
       }
