@@ -1,6 +1,8 @@
 // Placement and call routing, driven directly on ClusterState.
 #include "plexus/server/cluster_state.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "plexus/store/object_store.h"
@@ -431,6 +433,72 @@ TEST_F(ClusterStateTest, MaxBytesBoundsAClientsLiveBuffers) {
   EXPECT_EQ(state_.FindClient(small)->live_bytes, 32);
   ops.clear();
   EXPECT_TRUE(state_.RouteCall(small, call(id(4)), &ops).ok());
+}
+
+// A value laid out P('x', 'y') over a 2x2 mesh (device k holds rows
+// [2 * (k / 2), +2), columns [2 * (k % 2), +2) of a [4, 4] array) read by a
+// program compiled for split(1) (device j takes column j): each input is
+// two boxes of one column, from the two blocks that hold it.
+TEST_F(ClusterStateTest, AnotherLayoutIsAssembledFromBoxesOfTheBlocks) {
+  proto::SliceInfo s = Slice(4);
+  TensorSpec t{DType::kF32, {4, 4}};
+  ArgSpec mesh{t, Sharding::Mesh({2, 2}, {"x", "y"}, {{0}, {1}})};
+  ArgSpec columns{t, Sharding::Split(1)};
+  Register(Id(1), "scale", columns, columns);
+  proto::Call call;
+  call.set_call_id(Id(2));
+  call.set_slice_id(s.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_buffer_id(Id(3));
+  in->set_slice_id(s.slice_id());
+  *in->mutable_arg() = ToProto(mesh);
+  call.add_output_ids(Id(4));
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, call, &ops).ok());
+  std::map<int, const proto::ShardTask*> tasks;
+  for (const auto& [worker, list] : ops) {
+    for (const auto& op : list) {
+      if (!op.has_execute()) continue;
+      for (const auto& task : op.execute().tasks()) tasks[task.shard()] = &task;
+    }
+  }
+  ASSERT_EQ(tasks.size(), 4u);
+  for (int j = 0; j < 4; ++j) {
+    const proto::InputBinding& b = tasks[j]->inputs(0);
+    EXPECT_EQ(FromProto(b.local())->shape, (Shape{4, 1}));
+    ASSERT_EQ(b.pieces_size(), 2) << j;
+    for (int r = 0; r < 2; ++r) {  // rows [0, 2) then [2, 4)
+      const proto::Piece& p = b.pieces(r);
+      const int k = r * 2 + j / 2;  // the block holding them
+      if (p.buffer_id() == Id(3)) EXPECT_EQ(p.shard(), k);
+      EXPECT_EQ(Shape(p.src_shape().begin(), p.src_shape().end()),
+                (Shape{2, 2}));
+      EXPECT_EQ(Shape(p.src_start().begin(), p.src_start().end()),
+                (Shape{0, j % 2}));
+      EXPECT_EQ(Shape(p.dst_start().begin(), p.dst_start().end()),
+                (Shape{2 * r, 0}));
+      EXPECT_EQ(Shape(p.extent().begin(), p.extent().end()), (Shape{2, 1}));
+    }
+  }
+}
+
+TEST_F(ClusterStateTest, APartialValueIsNotRelaidOut) {
+  proto::SliceInfo s = Slice(2);
+  TensorSpec t{DType::kF32, {4}};
+  Register(Id(1), "scale", {t, Sharding::Split(0)}, {t, Sharding::Split(0)});
+  proto::Call call;
+  call.set_slice_id(s.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_buffer_id(Id(3));
+  in->set_slice_id(s.slice_id());
+  *in->mutable_arg() = ToProto(ArgSpec{t, Sharding::Partial()});
+  call.add_output_ids(Id(4));
+  WorkerOps ops;
+  EXPECT_EQ(state_.RouteCall(client_, call, &ops).message(),
+            "program 'scale' argument 0 is float32[4] partial but the "
+            "program was compiled for float32[4] split(0)");
 }
 
 }  // namespace
