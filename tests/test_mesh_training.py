@@ -143,3 +143,21 @@ def test_a_sum_over_the_dcn_axis_is_partial_then_all_reduce(mesh_slice):
     assert float(np.asarray(s)) == x.sum()   # a fetch sums the islands
     reduce = mesh_slice.program("all_reduce", s)
     assert float(np.asarray(reduce(s))) == x.sum()
+
+
+def test_a_future_of_another_mesh_moves_to_the_in_shardings_layout(
+        client, mesh_slice):
+    other = client.slice(mesh={"x": 2, "y": 2})
+    x = np.arange(8 * 8, dtype=np.float32).reshape(8, 8)
+    f = other.put(x, P("y", "x"))
+    double = plexus.jit(lambda v: v * 2, mesh_slice,
+                        in_shardings=P(("data", "fsdp"), "tensor"),
+                        out_shardings=P(("data", "tensor"), "fsdp"))
+    out = double(f)
+    np.testing.assert_array_equal(np.asarray(out), 2 * x)
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"argument v is laid out over another mesh "
+                             r".*give its layout on this slice in "
+                             r"in_shardings"):
+        plexus.jit(lambda v: v, mesh_slice)(f)
+

@@ -84,7 +84,9 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
     in_shardings: a pytree prefix of the (non-static) arguments giving the
         sharding of arrays passed by value (None: replicated; a
         PartitionSpec, plexus.P or jax's, over the slice's mesh axes;
-        plexus.split(a)); futures keep their own.
+        plexus.split(a)); futures keep their own, but for a future laid out
+        over another slice's mesh the program takes the in_shardings
+        layout, and the runtime moves it there.
     out_shardings: a pytree prefix of the outputs (None: replicated).
     static_argnums: positions of arguments that are Python values baked
         into the program (hashable), as in jax.jit; each value compiles
@@ -259,7 +261,18 @@ class Jitted:
                         f"{what} is a {dtype} future, but JAX computes it in "
                         f"{np.dtype(jax.dtypes.canonicalize_dtype(dtype))} "
                         "(enable jax_enable_x64, or make it in that dtype)")
-                specs.append(_Leaf(str(dtype), shape, x._f.sharding, key))
+                fsh = x._f.sharding
+                if fsh[0] == "mesh" and sh is not None and (
+                        tuple(fsh[1]) != tuple(self._slice.mesh_shape)
+                        or tuple(fsh[2]) != tuple(self._slice.axis_names)):
+                    # Laid out over another slice's mesh: the program takes
+                    # it as in_shardings says, and the runtime moves it.
+                    try:
+                        fsh = _sharding(sh, self._slice, len(shape))
+                    except (TypeError, ValueError) as e:
+                        raise _core.InvalidArgumentError(
+                            f"{what}: {e}") from e
+                specs.append(_Leaf(str(dtype), shape, fsh, key))
                 continue
             if isinstance(x, Spec):
                 shape, dtype, sh = x.shape, x.dtype, x.sharding
@@ -560,9 +573,8 @@ class _IslandLayout:
                                 or tuple(sh[2]) != self.axes):
             raise _core.InvalidArgumentError(
                 f"{what} is laid out over another mesh "
-                f"({_core.sharding_str(sh)}); move it to this slice first "
-                "(a program on this slice compiled for its layout, e.g. "
-                "s.program('identity', plexus.Spec(shape, dtype, P(...))))")
+                f"({_core.sharding_str(sh)}); give its layout on this "
+                "slice in in_shardings (the runtime moves it there)")
         size = dict(zip(self.axes, self.sizes))
         for d, names in enumerate(self._dims(sh, len(shape))):
             parts = int(np.prod([size[a] for a in names], dtype=np.int64))
