@@ -206,6 +206,20 @@ void ClientBatchSeeds() {
                   ProgramOp(Id(1, 1), "relu", {empty}, {empty}),
                   CallOp(1, 2, Id(1, 1), {{Id(1, 2), 1}}, empty, {Id(1, 3)})})},
           0));
+  // A PartitionSpec over a 2x2 mesh read by a program compiled for a 1-D
+  // split on another slice: routed as N-D boxes of the blocks.
+  const ArgSpec mesh =
+      Arg({4, 4}, Sharding::Mesh({2, 2}, {"data", "model"}, {{0}, {1}}));
+  const ArgSpec cols = Arg({4, 4}, Sharding::Split(1));
+  Write(t, "mesh-reshard",
+        ClientInput(
+            {Batch(
+                {SliceOp(1, 4, proto::PLACEMENT_SPREAD, {2, 2},
+                         {"data", "model"}),
+                 SliceOp(2, 4), ProgramOp(Id(1, 1), "identity", {cols}, {cols}),
+                 PutOp(Id(1, 10), 1, mesh),
+                 CallOp(1, 2, Id(1, 1), {{Id(1, 10), 1}}, mesh, {Id(1, 11)})})},
+            0));
   Write(t, "bad-meshes",
         ClientInput({Batch({SliceOp(1, 2, proto::PLACEMENT_ANY, {-1, -2}),
                             SliceOp(2, 2, proto::PLACEMENT_ANY, {2, 0}),
