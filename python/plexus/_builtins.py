@@ -32,6 +32,8 @@ class Builtin(collections.namedtuple(
 
     def __str__(self):
         lines = [f"{self.name}: {self.summary}"]
+        if self.mesh_shardings:
+            lines.append("  takes PartitionSpecs over meshes of several axes")
         if self.attrs:
             lines.append("  attributes:")
             lines += [f"    {a}" for a in self.attrs]
