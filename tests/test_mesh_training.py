@@ -161,3 +161,11 @@ def test_a_future_of_another_mesh_moves_to_the_in_shardings_layout(
                              r"in_shardings"):
         plexus.jit(lambda v: v, mesh_slice)(f)
 
+
+def test_a_mesh_over_islands_without_dcn_axes_is_refused_clearly(client):
+    s = client.slice(mesh={"data": 2, "fsdp": 2, "tensor": 2})
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"spans 2 islands .*dcn_axes"):
+        plexus.jit(lambda v: v, s)(np.ones(8, np.float32))
+    s.close()
+

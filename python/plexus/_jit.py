@@ -543,6 +543,11 @@ class _IslandLayout:
                                if a not in self.dcn)
         per_island = int(np.prod(self.ici_sizes, dtype=np.int64))
         mesh = ", ".join(f"{a!r}: {n}" for a, n in zip(self.axes, self.sizes))
+        if not self.dcn and len(islands) > 1:
+            raise _core.InvalidArgumentError(
+                f"{what}: the slice's mesh {{{mesh}}} spans {len(islands)} "
+                "islands (hosts); say which of its axes cross them: "
+                "client.slice(mesh=..., dcn_axes=(...))")
         for worker, devs in islands:
             if len(devs) != per_island:
                 raise _core.InvalidArgumentError(
