@@ -53,6 +53,13 @@ def slice_status(cluster, s):
 
 
 def test_without_a_spare_the_values_of_a_lost_host_raise_device_lost():
+    # Without spares the killed worker stays lost, and the cluster says so
+    # when it shuts down.
+    with pytest.raises(plexus.ClusterExitError, match="SIGKILL"):
+        lose_a_host_with_no_spare()
+
+
+def lose_a_host_with_no_spare():
     with plexus.local(hosts=3) as cluster:
         c = cluster.connect()
         s = c.slice(3)
@@ -99,7 +106,10 @@ def test_a_lost_host_is_remapped_onto_the_spare_and_its_values_recovered():
         np.testing.assert_array_equal(np.asarray(add(v, w)), 3 * np.arange(6))
         r = counters(cluster)
         assert r["hosts_lost"] == 1 and r["slices_remapped"] == 1
-        assert r["buffers_restored"] == 2 and r["buffers_failed"] == 0
+        # w is copied; v too, or recomputed if its completion had not
+        # reached the server yet.
+        assert r["buffers_restored"] >= 1 and r["buffers_failed"] == 0
+        assert r["buffers_restored"] + r["calls_recomputed"] >= 2
         assert r["shards_reput"] == 1
         assert int(slice_status(cluster, s)["generation"]) == 1
         # The embedded cluster replaced the killed worker with a new spare.
@@ -173,18 +183,30 @@ def test_a_snapshotted_value_is_restored_from_its_copy():
         assert r["buffers_failed"] == 0 and r["calls_recomputed"] == 0
 
 
-def test_a_value_whose_inputs_are_gone_and_has_no_snapshot_is_lost():
+def test_a_split_value_keeps_its_inputs_until_snapshotted_so_it_can_be_recomputed():
+    """Lineage reaches back to the last snapshot, put or replicated value:
+    a dropped input of a split value that has no snapshot stays on the
+    workers (the server holds its release), so the value is recomputed
+    after a loss; a snapshot lets the input go."""
     with plexus.local(hosts=3, spare=1) as cluster:
         c = cluster.connect()
         s = c.slice(3)
-        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        y = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        x = s.program("scale", y, factor=1.0)(y)
+        del y
         double = s.program("scale", x, factor=2.0)
         m = double(x)
         del x
         np.testing.assert_array_equal(np.asarray(m), 2 * np.arange(6))
-        wait_until("x released", lambda: live_bytes(cluster) == 24)
-        victim = s.devices[1]["host"]
-        kill_host(cluster, victim)
-        with pytest.raises(plexus.DeviceLostError, match="cannot be recomputed"):
-            np.asarray(m)
-        assert counters(cluster)["buffers_failed"] == 1
+        # Neither x nor y went: m's lineage reaches back to the put.
+        assert live_bytes(cluster) == 72 or wait_until(
+            "x, y and m", lambda: live_bytes(cluster) == 72)
+        kill_host(cluster, s.devices[1]["host"])
+        np.testing.assert_array_equal(np.asarray(m), 2 * np.arange(6))
+        r = counters(cluster)
+        assert r["buffers_failed"] == 0 and r["calls_recomputed"] >= 1
+        # Snapshotted, m no longer needs x, nor x y: both go.
+        c.snapshot(m)
+        wait_until("x and y released, m's copy made",
+                   lambda: live_bytes(cluster) == 48)
+        assert counters(cluster)["buffer_records"] == 1

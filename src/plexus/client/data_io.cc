@@ -88,7 +88,7 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
   std::vector<std::shared_ptr<Storage>> kept(n);
   for (int j = 0; j < n; ++j) {
     const proto::SliceDevice& device = slice->info().devices(j);
-    std::shared_ptr<Storage> shard;
+    std::shared_ptr<Storage>& shard = kept[j];
     if (arg.sharding.is_mesh()) {
       auto box = arg.BlockOf(n, j);
       if (!box.ok()) return box.status();
@@ -125,19 +125,42 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
       }
       shard = replicated;  // one memfd, mapped by every local worker
     }
-    absl::Status s = WithConnection(*core_, device,
-                                    [&](transport::DataPlaneConnection& conn) {
-                                      return conn.Put({id, j}, *shard);
-                                    });
+  }
+  // Kept before any is sent: a host lost meanwhile gets its shards again
+  // from here (the server asks, Recovery.reput_ids).
+  core_->KeepPut(id, slice->id(), kept);
+  for (int j = 0; j < n; ++j) {
+    absl::Status s;
+    for (int attempt = 0;; ++attempt) {
+      const int64_t heard = core_->losses_heard();
+      const uint64_t generation = slice->generation();
+      const proto::SliceDevice device = slice->info().devices(j);
+      s = WithConnection(*core_, device,
+                         [&](transport::DataPlaneConnection& conn) {
+                           return conn.Put({id, j}, *kept[j]);
+                         });
+      // Put again by the recovery already.
+      if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
+      // A host lost under the put: once the server remapped the slice, the
+      // shard goes to the device that took its place.
+      if (s.code() != absl::StatusCode::kUnavailable || attempt >= 2 ||
+          (core_->losses_heard() == heard &&
+           !core_->AwaitLoss(heard, absl::Seconds(5))) ||
+          slice->generation() == generation) {
+        break;
+      }
+    }
     if (!s.ok()) {
+      // A host lost that no spare replaced: the value cannot be held.
+      const absl::StatusCode code = core_->SliceBroken(slice->id())
+                                        ? absl::StatusCode::kDataLoss
+                                        : s.code();
       return absl::Status(
-          s.code(), absl::StrCat("put of ", arg.global.ToString(), " shard ", j,
-                                 ": ", s.message()));
+          code, absl::StrCat("put of ", arg.global.ToString(), " shard ", j,
+                             ": ", s.message()));
     }
     core_->bytes_put += bytes;
-    kept[j] = std::move(shard);
   }
-  core_->KeepPut(id, slice->id(), std::move(kept));
   return future;
 }
 

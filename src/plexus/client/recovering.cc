@@ -136,6 +136,8 @@ void ClientCore::RePutLoop() {
     } else if (conn.ok()) {
       Discard(std::move(*conn));
     }
+    // The put itself reached the new device first: nothing to do.
+    if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
     if (!s.ok()) {
       SPDLOG_WARN("putting buffer {} shard {} again on worker {} failed: {}",
                   id, shard, device.worker_id(), s.ToString());

@@ -268,7 +268,9 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
     }
   }
   if (f.workers.empty()) {
-    if (!f.cut_short && f.call_seq != 0) done_calls_.push_back(f.call_seq);
+    if (!f.cut_short && f.call_seq != 0) {
+      done_calls_.emplace_back(f.call_seq, f.failed);
+    }
     auto c = clients_.find(f.client);
     if (c != clients_.end()) c->second.view.in_flight--;
     in_flight_tags_.erase(in_flight_tags_.find(f.start_tag));
@@ -277,6 +279,10 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
 }
 
 void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
+  for (uint64_t ticket : done.failed_tickets()) {
+    auto it = in_flight_.find(ticket);
+    if (it != in_flight_.end()) it->second.failed = true;
+  }
   const int n = std::min(done.tickets_size(), done.busy_micros_size());
   for (int i = 0; i < n; ++i) {
     auto it = in_flight_.find(done.tickets(i));

@@ -132,8 +132,10 @@ class Admission {
   void Completed(int64_t worker, const proto::CallsDone& done);
   // The call_seq of every call all of whose workers reported it done since
   // the last call (not of calls that ended because a worker or client
-  // went).
-  std::vector<uint64_t> TakeDoneCalls() { return std::move(done_calls_); }
+  // went), and whether a task of it failed.
+  std::vector<std::pair<uint64_t, bool>> TakeDoneCalls() {
+    return std::move(done_calls_);
+  }
   // Takes the client's units still waiting here, in order (recovery routes
   // them again).
   std::deque<AdmissionUnit> TakePending(uint64_t client);
@@ -171,6 +173,7 @@ class Admission {
     absl::InlinedVector<int64_t, 4> workers;  // not yet reported done
     uint64_t call_seq = 0;
     bool cut_short = false;  // a worker or the client went
+    bool failed = false;     // a worker reported a task of it failed
   };
 
   double Estimate(const Client& c, uint64_t program_id) const;
@@ -196,7 +199,7 @@ class Admission {
   std::multiset<double> in_flight_tags_;
   uint64_t next_ticket_ = 1;
   uint64_t next_arrival_ = 1;
-  std::vector<uint64_t> done_calls_;
+  std::vector<std::pair<uint64_t, bool>> done_calls_;
 };
 
 }  // namespace plexus

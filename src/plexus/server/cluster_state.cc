@@ -72,6 +72,14 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   }
   clients_.erase(id);
   records_.RemoveClient(id);
+  for (auto sn = snapshots_.begin(); sn != snapshots_.end();) {
+    auto next = std::next(sn);
+    if (ClientOfBuffer(sn->first) == id) {
+      snapshot_of_.erase(sn->second.id);
+      snapshots_.erase(sn);
+    }
+    sn = next;
+  }
   for (auto a = aliases_.begin(); a != aliases_.end();) {
     auto next = std::next(a);
     if (ClientOfBuffer(a->first) == id) aliases_.erase(a);
@@ -282,11 +290,13 @@ void ClusterState::RouteRelease(uint64_t client_id,
   }
   if (!lost_.empty()) lost_.erase(id);
   if (ClientRecord* client = FindClient(client_id)) ForgetBuffer(*client, id);
-  // Held back while a call that reads it is not done (it may run again).
-  const BufferRecord* rec = records_.FindBuffer(id);
-  const uint64_t slice_id = rec != nullptr ? rec->slice_id : release.slice_id();
-  if (!records_.Release(id)) return;
-  ReleaseOps(id, slice_id, ops);
+  if (records_.FindBuffer(id) == nullptr) {  // never recorded
+    ReleaseOps(id, release.slice_id(), ops);
+    return;
+  }
+  // Held back while a call holds it (it may have to run again).
+  records_.Release(id);
+  DrainReleases(ops);
 }
 
 void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
@@ -295,6 +305,7 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
     if (snap != snapshots_.end()) {
       const uint64_t copy = snap->second.id;
       snapshots_.erase(snap);
+      snapshot_of_.erase(copy);
       ReleaseOps(copy, slice_id, ops);
     }
   }

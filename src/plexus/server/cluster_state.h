@@ -131,6 +131,9 @@ struct TakenWork {
   uint64_t call_seq = 0;
   std::vector<uint64_t> release_ids;
   WorkerOps ops;
+  // Program loads it carried (worker, program): they never reached the
+  // workers, which must get them with the work routed again.
+  std::vector<std::pair<int64_t, uint64_t>> unsent_loads;
 };
 
 // Routed work in the order it must reach the workers: a call's ops
@@ -183,9 +186,9 @@ class ClusterState {
   //    on the new map after all that.
   ClientRecovery RecoverClient(uint64_t client_id, const WorkerLoss& loss,
                                std::vector<TakenWork> taken);
-  // The call's workers all reported it done: held-back releases it frees
-  // are appended to `ops`.
-  void CallDone(uint64_t seq, WorkerOps* ops);
+  // The call's workers all reported it done (`failed`: a task of it
+  // failed): held-back releases it frees are appended to `ops`.
+  void CallDone(uint64_t seq, bool failed, WorkerOps* ops);
   const JobRecords& records() const { return records_; }
   // Puts released for good since the last call, by client: each client
   // drops the data it kept to put them again.
@@ -255,6 +258,11 @@ class ClusterState {
   // previous snapshot (server/recovery.cc). Replicated buffers, and
   // buffers on one host, need none and get none.
   void RouteSnapshot(uint64_t client_id, uint64_t buffer_id, WorkerOps* ops);
+  // A worker holds a shard of snapshot copy `copy_id` (CallsDone
+  // .copies_done). Once every shard has arrived the snapshot counts:
+  // recovery restores from it, and the buffer's producer lets go of its
+  // inputs (releases that frees go to `ops`).
+  void CopyArrived(uint64_t copy_id, WorkerOps* ops);
   // Releases one of `client_id`'s buffers on the workers of its slice; a
   // release of another client's buffer is ignored.
   void RouteRelease(uint64_t client_id, const proto::ReleaseRef& release,
@@ -267,6 +275,12 @@ class ClusterState {
   // live worker if the slice is gone), merged into a trailing Release op.
   // Its snapshot goes too.
   void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops);
+  // The releases the records let go now (JobRecords::TakeDue).
+  void DrainReleases(WorkerOps* ops) {
+    for (const auto& [id, slice] : records_.TakeDue()) {
+      ReleaseOps(id, slice, ops);
+    }
+  }
   // The call with its inputs named by their current ids (aliases_), or
   // nullptr if none changed.
   const proto::Call* Translated(const proto::Call& call,
@@ -332,8 +346,13 @@ class ClusterState {
   struct Snapshot {
     uint64_t id = 0;
     std::vector<int64_t> holders;
+    int arrived = 0;  // shards of the copy reported arrived (CopyArrived)
+    bool complete() const {
+      return arrived >= static_cast<int>(holders.size());
+    }
   };
   absl::flat_hash_map<uint64_t, Snapshot> snapshots_;
+  absl::flat_hash_map<uint64_t, uint64_t> snapshot_of_;  // copy id -> buffer
   proto::RecoveryCounters counters_;
 };
 

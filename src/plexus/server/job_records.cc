@@ -1,5 +1,7 @@
 #include "plexus/server/job_records.h"
 
+#include "plexus/store/object_store.h"  // ClientOfBuffer
+
 namespace plexus {
 
 void JobRecords::AddCall(uint64_t seq, uint64_t client_id,
@@ -30,47 +32,75 @@ void JobRecords::AddPut(uint64_t buffer_id, uint64_t slice_id,
   b.put = true;
 }
 
-void JobRecords::Unread(uint64_t id, std::vector<uint64_t>* due,
-                        std::vector<uint64_t>* slices) {
+void JobRecords::Reconsider(uint64_t seq) {
+  auto it = calls_.find(seq);
+  if (it == calls_.end()) return;
+  CallRecord& rec = it->second;
+  if (rec.holding && rec.done && !rec.failed) {
+    bool needed = false;  // an output that only its inputs can rebuild
+    for (uint64_t o : rec.call.output_ids()) {
+      auto b = buffers_.find(o);
+      if (b != buffers_.end() && b->second.producer == seq &&
+          !b->second.spec.sharding.is_replicated() && !b->second.snapshotted) {
+        needed = true;
+        break;
+      }
+    }
+    if (!needed) {
+      rec.holding = false;
+      // Unread may forget buffers and reconsider their producers (earlier
+      // calls); `rec` stays valid (std::map), and this call's own record
+      // is not touched by them.
+      for (const proto::InputRef& in : rec.call.inputs()) {
+        Unread(in.buffer_id());
+      }
+    }
+  }
+  // Done and no output lives: the record goes (a failed call lets go of
+  // its inputs now).
+  it = calls_.find(seq);
+  if (it == calls_.end() || !it->second.done || it->second.live_outputs > 0) {
+    return;
+  }
+  if (it->second.holding) {
+    it->second.holding = false;
+    for (const proto::InputRef& in : it->second.call.inputs()) {
+      Unread(in.buffer_id());
+    }
+  }
+  calls_.erase(seq);
+}
+
+void JobRecords::Unread(uint64_t id) {
   auto it = buffers_.find(id);
   if (it == buffers_.end()) return;
   if (--it->second.readers > 0 || !it->second.released) return;
-  due->push_back(id);
-  slices->push_back(it->second.slice_id);
+  due_.emplace_back(id, it->second.slice_id);
   Forget(id);
 }
 
-std::vector<uint64_t> JobRecords::CallDone(uint64_t seq,
-                                           std::vector<uint64_t>* slices) {
-  std::vector<uint64_t> due;
+void JobRecords::CallDone(uint64_t seq, bool failed) {
   auto it = calls_.find(seq);
-  if (it == calls_.end() || it->second.done) return due;
+  if (it == calls_.end() || it->second.done) return;
   it->second.done = true;
-  for (const proto::InputRef& in : it->second.call.inputs()) {
-    Unread(in.buffer_id(), &due, slices);
-  }
-  MaybeForgetCall(calls_.find(seq));
-  return due;
+  it->second.failed = failed;
+  Reconsider(seq);
 }
 
-std::vector<uint64_t> JobRecords::Drop(uint64_t seq,
-                                       std::vector<uint64_t>* slices) {
-  std::vector<uint64_t> due;
+void JobRecords::Drop(uint64_t seq) {
   auto it = calls_.find(seq);
-  if (it == calls_.end()) return due;
-  if (!it->second.done) {
-    for (const proto::InputRef& in : it->second.call.inputs()) {
-      Unread(in.buffer_id(), &due, slices);
-    }
-  }
+  if (it == calls_.end()) return;
+  CallRecord rec = std::move(it->second);
+  calls_.erase(it);
   // Its outputs no longer name it as their producer.
-  for (uint64_t id : it->second.call.output_ids()) {
+  for (uint64_t id : rec.call.output_ids()) {
     auto b = buffers_.find(id);
     if (b != buffers_.end() && b->second.producer == seq)
       b->second.producer = 0;
   }
-  calls_.erase(seq);
-  return due;
+  if (rec.holding) {
+    for (const proto::InputRef& in : rec.call.inputs()) Unread(in.buffer_id());
+  }
 }
 
 bool JobRecords::Release(uint64_t buffer_id) {
@@ -80,9 +110,19 @@ bool JobRecords::Release(uint64_t buffer_id) {
     it->second.released = true;
     return false;
   }
+  due_.emplace_back(buffer_id, it->second.slice_id);
   Forget(buffer_id);
   return true;
 }
+
+void JobRecords::Snapshotted(uint64_t buffer_id) {
+  auto it = buffers_.find(buffer_id);
+  if (it == buffers_.end()) return;
+  it->second.snapshotted = true;
+  if (it->second.producer != 0) Reconsider(it->second.producer);
+}
+
+void JobRecords::Erase(uint64_t id) { Forget(id); }
 
 void JobRecords::Forget(uint64_t id) {
   auto it = buffers_.find(id);
@@ -94,12 +134,7 @@ void JobRecords::Forget(uint64_t id) {
   auto call = calls_.find(producer);
   if (call == calls_.end()) return;
   call->second.live_outputs--;
-  MaybeForgetCall(call);
-}
-
-void JobRecords::MaybeForgetCall(std::map<uint64_t, CallRecord>::iterator it) {
-  if (it == calls_.end()) return;
-  if (it->second.done && it->second.live_outputs <= 0) calls_.erase(it);
+  Reconsider(producer);
 }
 
 void JobRecords::RemoveClient(uint64_t client_id) {
@@ -108,7 +143,7 @@ void JobRecords::RemoveClient(uint64_t client_id) {
   }
   for (auto it = buffers_.begin(); it != buffers_.end();) {
     auto next = std::next(it);
-    if ((it->first >> 40) == client_id) buffers_.erase(it);
+    if (ClientOfBuffer(it->first) == client_id) buffers_.erase(it);
     it = next;
   }
 }

@@ -4,21 +4,27 @@
 // (what was lost, what can be recomputed, what must run again); so can
 // isolation (owners) and "who waits on what".
 //
+// A call *holds* its inputs (they stay on the workers, whatever their
+// client does) while it is not done, or while one of its outputs may have
+// to be recomputed from them: an output whose record lives and that is
+// neither replicated (a surviving shard is a copy) nor snapshotted. So the
+// lineage of a value reaches back only to replicated values, snapshots and
+// puts (which the client keeps): a chain of replicated parameters, or of a
+// split state snapshotted each step, holds one step.
+//
 // Lifetimes, bounded by what is live:
 //  - a call record lives while the call is not done (its workers have not
-//    all reported it), and after that while one of its outputs is live
-//    (its lineage: the call that recomputes a lost output);
+//    all reported it), and after that while one of its outputs lives;
 //  - a buffer record lives from its routing (call output or put) until
-//    its client releases it and no call that reads it is still not done.
-//    A release of a buffer that such a call reads is held back (Release
-//    returns false) and goes when the last of those calls is done
-//    (CallDone returns it), so that the buffer is still there if the call
-//    must run again.
+//    its client releases it and no call holds it. A release of a held
+//    buffer is held back and goes (TakeDue) when the last call holding it
+//    lets go.
 // Not thread-safe (ClusterState's lock).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -31,40 +37,51 @@ struct CallRecord {
   uint64_t client_id = 0;
   proto::Call call;
   bool done = false;
-  int live_outputs = 0;  // outputs whose buffers are not released
+  bool failed = false;   // done, and a task of it failed
+  bool holding = true;   // its inputs (see above)
+  int live_outputs = 0;  // outputs whose records live
 };
 
 struct BufferRecord {
   uint64_t slice_id = 0;
   ArgSpec spec;
-  uint64_t producer = 0;  // the call's sequence number; 0: a put
-  int readers = 0;        // calls not done that read it
-  bool released = false;  // by its client; the release waits for readers
-  bool put = false;       // put by its client (which keeps the data)
+  uint64_t producer = 0;     // the call's sequence number; 0: a put
+  int readers = 0;           // calls that hold it
+  bool released = false;     // by its client; the release waits for readers
+  bool put = false;          // put by its client (which keeps the data)
+  bool snapshotted = false;  // a copy of each shard is on another host
 };
 
 class JobRecords {
  public:
-  // A call routed (seq: its routing order, > 0). Its inputs gain a reader,
-  // its outputs a record.
+  // A call routed (seq: its routing order, > 0). It holds its inputs; its
+  // outputs get records.
   void AddCall(uint64_t seq, uint64_t client_id, const proto::Call& call,
                const std::vector<ArgSpec>& outputs);
   void AddPut(uint64_t buffer_id, uint64_t slice_id, const ArgSpec& spec);
-  // The call's workers have all reported it done. Returns the buffers whose
-  // release was held back for it (their slice ids in *slices).
-  std::vector<uint64_t> CallDone(uint64_t seq, std::vector<uint64_t>* slices);
-  // The client released the buffer. False: a call that reads it is not
-  // done yet, and the release is held back until it is.
+  // The call's workers have all reported it done. A call that failed
+  // keeps holding its inputs (it may have failed because a host was lost,
+  // and run again).
+  void CallDone(uint64_t seq, bool failed = false);
+  // The client released the buffer: it goes now (TakeDue has it), or when
+  // the last call holding it lets go. False if it is held back.
   bool Release(uint64_t buffer_id);
-  // The call will not run as recorded (it runs again under `new_seq`, or
-  // it failed): its readers go, its record goes unless an output is live.
-  // Returns held-back releases now due, as CallDone does.
-  std::vector<uint64_t> Drop(uint64_t seq, std::vector<uint64_t>* slices);
+  // The buffer has a snapshot: its producer need not hold its inputs for it.
+  void Snapshotted(uint64_t buffer_id);
+  // The call will not run as recorded (it runs again under another seq, or
+  // it failed): it lets go of its inputs, and its record goes.
+  void Drop(uint64_t seq);
+  // The buffer's record goes, whatever holds it (recovery: it lives on
+  // under another id); its release is the caller's.
+  void Erase(uint64_t id);
   // Everything of a client that left.
   void RemoveClient(uint64_t client_id);
-  // The buffer's record goes, whatever holds it (recovery: it lives on
-  // under another id).
-  void Erase(uint64_t id) { Forget(id); }
+  // Buffers whose release may go to the workers now, with their slices.
+  std::vector<std::pair<uint64_t, uint64_t>> TakeDue() {
+    return std::move(due_);
+  }
+  // Puts whose records went since the last call (released for good).
+  std::vector<uint64_t> TakeReleasedPuts() { return std::move(released_puts_); }
 
   CallRecord* FindCall(uint64_t seq);
   BufferRecord* FindBuffer(uint64_t id);
@@ -72,19 +89,19 @@ class JobRecords {
   const absl::flat_hash_map<uint64_t, BufferRecord>& buffers() const {
     return buffers_;
   }
-  // Puts whose records went since the last call (released for good).
-  std::vector<uint64_t> TakeReleasedPuts() { return std::move(released_puts_); }
 
  private:
-  // One reader of `id` fewer; appends it to `due` if its held release may
-  // go now.
-  void Unread(uint64_t id, std::vector<uint64_t>* due,
-              std::vector<uint64_t>* slices);
-  void Forget(uint64_t id);  // the buffer record goes; its producer's count
-  void MaybeForgetCall(std::map<uint64_t, CallRecord>::iterator it);
+  // One holder of `id` fewer; its held release goes if it was the last.
+  void Unread(uint64_t id);
+  // The record goes; its producer may let go of its inputs.
+  void Forget(uint64_t id);
+  // Lets go of the call's inputs if it no longer needs them; forgets the
+  // record when it is done and no output lives.
+  void Reconsider(uint64_t seq);
 
   std::map<uint64_t, CallRecord> calls_;  // by seq: routing order
   absl::flat_hash_map<uint64_t, BufferRecord> buffers_;
+  std::vector<std::pair<uint64_t, uint64_t>> due_;
   std::vector<uint64_t> released_puts_;
 };
 

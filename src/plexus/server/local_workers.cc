@@ -40,8 +40,12 @@ absl::Status LocalWorkers::Start() {
     pids_.push_back(*pid);
     names_.push_back(name);
   }
-  stop_fd_ = eventfd(0, EFD_CLOEXEC);
-  if (stop_fd_ >= 0) supervisor_ = std::thread([this] { Supervise(); });
+  // Only a cluster with spares replaces its workers: without one a lost
+  // worker stays lost, and Stop() reports how it ended.
+  if (options_.spares > 0) {
+    stop_fd_ = eventfd(0, EFD_CLOEXEC);
+    if (stop_fd_ >= 0) supervisor_ = std::thread([this] { Supervise(); });
+  }
   return absl::OkStatus();
 }
 

@@ -7,11 +7,12 @@
 // on its command line (which `ps` shows to everyone).
 //
 // Spares (`spares`): workers started with --spare, which the server keeps
-// for remapping a lost host's devices. While the cluster runs, a worker
-// that exits (killed, crashed) is replaced by a new spare (at most
-// kMaxRestarts times), so a killed host's slot comes back as capacity for
-// the next loss. Start and Stop from one thread; the supervisor thread
-// restarts workers in between.
+// for remapping a lost host's devices. In a cluster with spares, a worker
+// that exits while the cluster runs (killed, crashed) is replaced by a new
+// spare (at most kMaxRestarts times), so a killed host's slot comes back
+// as capacity for the next loss; its exit is logged, as an event the
+// cluster recovered from, not reported by Stop(). Start and Stop from one
+// thread; the supervisor thread restarts workers in between.
 #pragma once
 
 #include <sys/types.h>

@@ -168,8 +168,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 256));
   app.add_option("--spare-workers", local.spares,
                  "start this many more local workers as spares: kept for "
-                 "remapping the slices of a host that is lost (a local "
-                 "worker that exits is replaced by a new spare)")
+                 "remapping the slices of a host that is lost; with spares, "
+                 "a local worker that exits is replaced by a new spare")
       ->check(CLI::Range(0, 256));
   app.add_option("--devices-per-host", local.devices_per_host,
                  "devices of each local worker")

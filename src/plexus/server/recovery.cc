@@ -143,6 +143,7 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
     ex->set_buffer_id(snap.id);
     ex->set_shard(j);
     ex->set_owned(true);
+    ex->set_report(true);
     ex->set_src_worker_id(devices[j].worker_id);
     ex->set_device(devices[k].device);
     *ex->mutable_spec() = ToProto(*local);
@@ -154,16 +155,30 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
   if (old != snapshots_.end()) {
     const uint64_t copy = old->second.id;
     snapshots_.erase(old);
+    snapshot_of_.erase(copy);
     ReleaseOps(copy, b->slice_id, ops);
   }
+  snapshot_of_[snap.id] = buffer_id;
   snapshots_[buffer_id] = std::move(snap);
   counters_.set_snapshots_taken(counters_.snapshots_taken() + 1);
 }
 
-void ClusterState::CallDone(uint64_t seq, WorkerOps* ops) {
-  std::vector<uint64_t> slices;
-  std::vector<uint64_t> due = records_.CallDone(seq, &slices);
-  for (size_t i = 0; i < due.size(); ++i) ReleaseOps(due[i], slices[i], ops);
+void ClusterState::CopyArrived(uint64_t copy_id, WorkerOps* ops) {
+  auto of = snapshot_of_.find(copy_id);
+  if (of == snapshot_of_.end()) return;
+  auto snap = snapshots_.find(of->second);
+  if (snap == snapshots_.end()) return;
+  if (++snap->second.arrived != static_cast<int>(snap->second.holders.size())) {
+    return;
+  }
+  // Complete: its producer need not keep its inputs for it any more.
+  records_.Snapshotted(of->second);
+  DrainReleases(ops);
+}
+
+void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops) {
+  records_.CallDone(seq, failed);
+  DrainReleases(ops);
 }
 
 ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
@@ -188,6 +203,13 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     return loss.remapped.count(slice_id) > 0;
   };
   const std::string lost_host = absl::StrCat("worker ", loss.worker_id);
+  // Loads that never reached their workers are sent again with the work.
+  for (const TakenWork& t : taken) {
+    for (const auto& [w, program] : t.unsent_loads) {
+      auto it = workers_.find(w);
+      if (it != workers_.end()) it->second.loaded_programs.erase(program);
+    }
+  }
   std::set<uint64_t> taken_seqs;
   std::set<uint64_t> taken_outputs;  // routed again in step 4
   for (const TakenWork& t : taken) {
@@ -202,7 +224,10 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
   std::set<uint64_t> again;     // their sequence numbers
   std::set<uint64_t> produced;  // their outputs
   for (const auto& [seq, rec] : records_.calls()) {
-    if (rec.client_id != client_id || rec.done || taken_seqs.count(seq)) {
+    // A call that failed may have failed for the loss (a peer's push
+    // broke before the server declared the host down): it runs again too.
+    if (rec.client_id != client_id || (rec.done && !rec.failed) ||
+        taken_seqs.count(seq)) {
       continue;
     }
     bool depends = remapped(rec.call.slice_id());
@@ -274,7 +299,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       continue;
     }
     auto snap = snapshots_.find(id);
-    bool from_snapshot = snap != snapshots_.end();
+    bool from_snapshot = snap != snapshots_.end() && snap->second.complete();
     for (int j = 0; j < n && from_snapshot; ++j) {
       if (slice.devices[j].worker_id != loss.spare) continue;
       const WorkerRecord* holder = FindWorker(snap->second.holders[j]);
@@ -360,10 +385,54 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
   }
   if (!copies.empty()) out.work.push_back({0, std::move(copies)});
 
+  // Snapshots whose copy of a shard was on the lost host: the shard is
+  // copied again, from where it lives now, to the next shard's host.
+  WorkerOps recopies;
+  for (auto& [id, snap] : snapshots_) {
+    if (ClientOfBuffer(id) != client_id) continue;
+    const BufferRecord* b = records_.FindBuffer(id);
+    auto slice = b == nullptr ? slices_.end() : slices_.find(b->slice_id);
+    if (slice == slices_.end() || !slice->second.broken.empty()) continue;
+    const std::vector<DeviceRef>& devices = slice->second.devices;
+    const int n = static_cast<int>(devices.size());
+    auto local = b->spec.Local(n);
+    for (int j = 0; j < n && local.ok(); ++j) {
+      if (j >= static_cast<int>(snap.holders.size()) ||
+          snap.holders[j] != loss.worker_id) {
+        continue;
+      }
+      int k = -1;
+      for (int step = 1; step < n && k < 0; ++step) {
+        const int c = (j + step) % n;
+        if (devices[c].worker_id != devices[j].worker_id) k = c;
+      }
+      if (k < 0) continue;
+      proto::WorkerOp t;
+      auto* tr = t.mutable_transfer();
+      tr->set_buffer_id(id);
+      tr->set_shard(j);
+      tr->set_dst_worker_id(devices[k].worker_id);
+      tr->set_dst_buffer_id(snap.id);
+      tr->set_dst_shard(j);
+      tr->set_dst_device(devices[k].device);
+      recopies[devices[j].worker_id].push_back(std::move(t));
+      proto::WorkerOp e;
+      auto* ex = e.mutable_expect();
+      ex->set_buffer_id(snap.id);
+      ex->set_shard(j);
+      ex->set_owned(true);
+      ex->set_src_worker_id(devices[j].worker_id);
+      ex->set_device(devices[k].device);
+      *ex->mutable_spec() = ToProto(*local);
+      recopies[devices[k].worker_id].push_back(std::move(e));
+      snap.holders[j] = devices[k].worker_id;
+    }
+  }
+  if (!recopies.empty()) out.work.push_back({0, std::move(recopies)});
+
   // 3. The calls that run again, in their order, under new ids.
   WorkerOps releases;  // after all of them
   std::vector<uint64_t> release_new;
-  std::vector<uint64_t> due_ids, due_slices;
   ClientRecord* client = FindClient(client_id);
   for (uint64_t seq : again) {
     const CallRecord* rec = records_.FindCall(seq);
@@ -406,21 +475,10 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       ReleaseOps(old_id, ob->slice_id, &releases);
       records_.Erase(old_id);
     }
-    std::vector<uint64_t> ids, slices;
-    ids = records_.Drop(seq, &slices);
-    due_ids.insert(due_ids.end(), ids.begin(), ids.end());
-    due_slices.insert(due_slices.end(), slices.begin(), slices.end());
+    records_.Drop(seq);
     out.work.push_back({new_seq, std::move(ops)});
   }
-  for (uint64_t id : release_new) {
-    const BufferRecord* b = records_.FindBuffer(id);
-    const uint64_t slice_id = b != nullptr ? b->slice_id : 0;
-    if (client != nullptr) ForgetBuffer(*client, id);
-    if (records_.Release(id)) ReleaseOps(id, slice_id, &releases);
-  }
-  for (size_t i = 0; i < due_ids.size(); ++i) {
-    ReleaseOps(due_ids[i], due_slices[i], &releases);
-  }
+  DrainReleases(&releases);
   if (!releases.empty()) out.work.push_back({0, std::move(releases)});
 
   // 4. What had not reached the workers, routed again on the new map.
@@ -433,10 +491,8 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       uint64_t new_seq = 0;
       absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
       if (!routed.ok()) FailCallOutputs(client_id, call, routed, &ops);
-      std::vector<uint64_t> slices;
-      std::vector<uint64_t> ids = records_.Drop(t.call_seq, &slices);
-      for (size_t i = 0; i < ids.size(); ++i)
-        ReleaseOps(ids[i], slices[i], &ops);
+      records_.Drop(t.call_seq);
+      DrainReleases(&ops);
       out.work.push_back({routed.ok() ? new_seq : 0, std::move(ops)});
       continue;
     }
@@ -445,6 +501,16 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     for (uint64_t id : t.release_ids) ReleaseOps(id, 0, &ops);
     if (!ops.empty()) out.work.push_back({0, std::move(ops)});
   }
+  // Outputs the client had released: released again, under their new ids,
+  // once nothing holds them (after everything above has been routed: a
+  // call routed again in step 4 may read one).
+  WorkerOps last;
+  for (uint64_t id : release_new) {
+    if (client != nullptr) ForgetBuffer(*client, id);
+    records_.Release(id);
+  }
+  DrainReleases(&last);
+  if (!last.empty()) out.work.push_back({0, std::move(last)});
   return out;
 }
 

@@ -232,7 +232,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
       } else if (msg.has_calls_done()) {
         control_bytes_in_ += msg.ByteSizeLong();
         absl::MutexLock lock(&mu_);
-        std::vector<uint64_t> done;
+        std::vector<std::pair<uint64_t, bool>> done;
         {
           absl::MutexLock admission(&admission_mu_);
           admission_.Completed(id, msg.calls_done());
@@ -241,7 +241,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
         }
         // Their records: releases held back for them go now.
         WorkerOps releases;
-        for (uint64_t seq : done) state_.CallDone(seq, &releases);
+        for (const auto& [seq, failed] : done) {
+          state_.CallDone(seq, failed, &releases);
+        }
+        for (uint64_t copy : msg.calls_done().copies_done()) {
+          state_.CopyArrived(copy, &releases);
+        }
         if (!releases.empty()) scheduler_.Submit({std::move(releases)});
         TellReleasedPutsLocked();
       }
@@ -778,6 +783,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
         for (AdmissionUnit& unit : admission_.TakePending(c)) {
           TakenWork& t = taken.emplace_back();
           t.call_seq = unit.call_seq;
+          for (auto& [w, list] : unit.ops) {
+            for (const proto::WorkerOp& op : list) {
+              if (op.has_load()) {
+                t.unsent_loads.emplace_back(w, op.load().program_id());
+              }
+            }
+          }
           if (unit.call_seq != 0) continue;
           for (auto& [w, list] : unit.ops) {
             for (const proto::WorkerOp& op : list) {

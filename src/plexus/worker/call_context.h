@@ -24,6 +24,7 @@ struct WorkerImpl::CallContext {
   std::atomic<int64_t> busy_micros{0};
   // Time its tasks here waited in their device's queue, summed.
   std::atomic<int64_t> queued_micros{0};
+  std::atomic<bool> failed{false};  // a task of it failed here
   // Per task: why it cannot run, found when it was queued (an input that
   // is not on this worker); OK otherwise.
   std::vector<absl::Status> input_errors;

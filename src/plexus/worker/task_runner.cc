@@ -357,6 +357,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
       store_->Fail({exec.output_ids(o), task.shard()}, status);
     }
     if (!dropped) calls_failed_++;
+    call->failed = true;
     SPDLOG_DEBUG("call {} shard {} failed: {}", exec.call_id(), task.shard(),
                  status.ToString());
   }
@@ -371,7 +372,8 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   }
   if (--call->tasks_left == 0) {
     if (call->collective) call->collective->ReleasePartials();
-    CallFinished(exec, call->busy_micros.load(), call->queued_micros.load());
+    CallFinished(exec, call->failed.load(), call->busy_micros.load(),
+                 call->queued_micros.load());
   }
 }
 

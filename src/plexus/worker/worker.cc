@@ -325,17 +325,19 @@ void WorkerImpl::WriterLoop() {
       // Finished calls go out in batches: once kReportBatch have gathered,
       // or kReportDelay after the first of them, whichever comes first (the
       // server's admission windows cover that delay).
+      auto pending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !calls_done_.tickets().empty() ||
+               !calls_done_.copies_done().empty();
+      };
       auto report_due = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return calls_done_.tickets_size() >= kReportBatch ||
-               (!calls_done_.tickets().empty() &&
-                absl::Now() >= first_done_ + kReportDelay);
+               (pending() && absl::Now() >= first_done_ + kReportDelay);
       };
       while (!done_ && !stream_ended_ && failed_transfers_.empty() &&
              !report_due() && absl::Now() < next_beat) {
         wake_writer_.WaitWithDeadline(
-            &mu_, calls_done_.tickets().empty()
-                      ? next_beat
-                      : std::min(next_beat, first_done_ + kReportDelay));
+            &mu_, !pending() ? next_beat
+                             : std::min(next_beat, first_done_ + kReportDelay));
       }
       if (done_ || stream_ended_) break;
       for (proto::TransferFailed& f : failed_transfers_) {
@@ -343,7 +345,7 @@ void WorkerImpl::WriterLoop() {
       }
       failed_transfers_.clear();
       // Everything that finished while the last write was going out.
-      if (!calls_done_.tickets().empty()) {
+      if (pending()) {
         out.emplace_back().mutable_calls_done()->Swap(&calls_done_);
       }
     }
@@ -362,8 +364,8 @@ void WorkerImpl::WriterLoop() {
   writer_done_ = true;
 }
 
-void WorkerImpl::CallFinished(const proto::Execute& exec, int64_t busy_micros,
-                              int64_t queued_micros) {
+void WorkerImpl::CallFinished(const proto::Execute& exec, bool failed,
+                              int64_t busy_micros, int64_t queued_micros) {
   absl::MutexLock lock(&mu_);
   Usage& usage = usage_[exec.client_id()];
   usage.busy_micros += busy_micros;
@@ -371,16 +373,28 @@ void WorkerImpl::CallFinished(const proto::Execute& exec, int64_t busy_micros,
   usage.tasks += exec.tasks_size();
   usage.queued_micros += queued_micros;
   if (exec.ticket() == 0) return;  // not admitted by a server (harnesses)
-  if (calls_done_.tickets().empty()) first_done_ = absl::Now();
+  if (calls_done_.tickets().empty() && calls_done_.copies_done().empty()) {
+    first_done_ = absl::Now();
+  }
   calls_done_.add_client_ids(exec.client_id());
   calls_done_.add_tickets(exec.ticket());
   calls_done_.add_busy_micros(busy_micros);
+  if (failed) calls_done_.add_failed_tickets(exec.ticket());
   // The writer wakes for the first of a batch (to time it) and when the
   // batch is full; not for each call.
   if (calls_done_.tickets_size() == 1 ||
       calls_done_.tickets_size() == kReportBatch) {
     wake_writer_.SignalAll();
   }
+}
+
+void WorkerImpl::CopyArrived(uint64_t buffer_id) {
+  absl::MutexLock lock(&mu_);
+  if (calls_done_.tickets().empty() && calls_done_.copies_done().empty()) {
+    first_done_ = absl::Now();
+  }
+  calls_done_.add_copies_done(buffer_id);
+  wake_writer_.SignalAll();
 }
 
 void WorkerImpl::ReportTransferFailure(int64_t dst_worker,
@@ -511,6 +525,11 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
                       spec.ok() ? *spec : TensorSpec{}, /*owned=*/e.owned(),
                       ObjectStore::Arrival::kFromPeer, e.src_worker_id());
       if (!spec.ok()) store_->Fail(key, spec.status());
+      if (e.report()) {
+        store_->OnReady(key, [this, id = key.buffer_id](auto result) {
+          if (result.ok()) CopyArrived(id);
+        });
+      }
       break;
     }
     case proto::WorkerOp::kDeclare: {

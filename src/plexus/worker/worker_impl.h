@@ -127,8 +127,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // The last task of a call on this worker ended (done or failed): the
   // writer reports it to the server's admission (CallsDone), and the
   // client's usage grows.
-  void CallFinished(const proto::Execute& exec, int64_t busy_micros,
-                    int64_t queued_micros);
+  // A reported copy (Expect.report) arrived: told in the next CallsDone.
+  void CopyArrived(uint64_t buffer_id);
+  void CallFinished(const proto::Execute& exec, bool failed,
+                    int64_t busy_micros, int64_t queued_micros);
   // The sender to a peer, made on first use: valid until ~WorkerImpl; null
   // for an unknown peer, and once the worker is being destroyed.
   PeerSender* SenderTo(int64_t worker_id);
