@@ -5,52 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "plexus/server/cluster_state_test_util.h"
 #include "plexus/store/object_store.h"
 
 namespace plexus {
 namespace {
-
-proto::RegisterWorker Host(const std::string& name, int devices) {
-  proto::RegisterWorker r;
-  r.set_host_name(name);
-  for (int d = 0; d < devices; ++d) {
-    auto* dev = r.add_devices();
-    dev->set_index(d);
-    dev->set_memory_bytes(1 << 20);
-  }
-  return r;
-}
-
-class ClusterStateTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    state_.AddWorker(Host("host0", 2), absl::Now());
-    state_.AddWorker(Host("host1", 2), absl::Now());
-    client_ = state_.AddClient("test").id;
-  }
-  proto::SliceInfo Slice(int n, proto::Placement p = proto::PLACEMENT_ANY) {
-    proto::SliceRequest req;
-    req.set_num_devices(n);
-    req.set_placement(p);
-    auto s = state_.CreateSlice(client_, req);
-    EXPECT_TRUE(s.ok()) << s.status();
-    return *s;
-  }
-  uint64_t Id(uint64_t n) { return (client_ << kBufferIdClientShift) | n; }
-  void Register(uint64_t pid, const std::string& kernel, ArgSpec in,
-                ArgSpec out) {
-    proto::RegisterProgram reg;
-    reg.set_program_id(pid);
-    reg.mutable_program()->set_name(kernel);
-    reg.mutable_program()->set_kernel(kernel);
-    *reg.mutable_program()->add_inputs() = ToProto(in);
-    *reg.mutable_program()->add_outputs() = ToProto(out);
-    ASSERT_TRUE(state_.RegisterProgram(client_, reg).ok());
-  }
-
-  ClusterState state_;
-  uint64_t client_ = 0;
-};
 
 TEST_F(ClusterStateTest, DefaultPlacementKeepsASliceThatFitsOnOneHost) {
   proto::SliceInfo s = Slice(2);

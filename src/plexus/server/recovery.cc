@@ -466,8 +466,9 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     for (size_t o = 0; o < old_outputs.size(); ++o) {
       const uint64_t old_id = old_outputs[o];
       const BufferRecord* ob = records_.FindBuffer(old_id);
-      if (ob == nullptr) continue;
-      if (ob->released) {
+      // No record: the client released it and nothing read it; the new
+      // one is released too (nobody else will).
+      if (ob == nullptr || ob->released) {
         release_new.push_back(call.output_ids(static_cast<int>(o)));
         continue;
       }

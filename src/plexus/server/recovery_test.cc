@@ -1,0 +1,852 @@
+// The server's records of the job (JobRecords) and recovery from a lost
+// host (ClusterState::LoseWorker, RecoverClient, snapshots), driven
+// directly: which releases are held back and when they go, which slices
+// move onto which spare, and the ops and notes a recovery makes.
+#include <algorithm>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "plexus/server/cluster_state.h"
+#include "plexus/server/cluster_state_test_util.h"
+#include "plexus/server/job_records.h"
+#include "plexus/store/object_store.h"
+
+namespace plexus {
+namespace {
+
+using Due = std::vector<std::pair<uint64_t, uint64_t>>;  // (buffer, slice)
+
+const TensorSpec kVector{DType::kF32, {8}};
+const ArgSpec kReplicated{kVector, Sharding::Replicated()};
+const ArgSpec kSplit{kVector, Sharding::Split(0)};
+
+// --- JobRecords on their own: buffers on slice 1, client 1.
+
+class JobRecordsTest : public ::testing::Test {
+ protected:
+  static uint64_t B(uint64_t n) { return (uint64_t{1} << 40) | n; }
+  // Records call `seq` reading `inputs` and making `outputs`.
+  void AddCall(uint64_t seq, std::vector<uint64_t> inputs,
+               std::vector<std::pair<uint64_t, ArgSpec>> outputs) {
+    proto::Call call;
+    call.set_call_id(B(1000 + seq));
+    call.set_slice_id(1);
+    for (uint64_t in : inputs) {
+      auto* ref = call.add_inputs();
+      ref->set_buffer_id(in);
+      ref->set_slice_id(1);
+    }
+    std::vector<ArgSpec> specs;
+    for (const auto& [id, spec] : outputs) {
+      call.add_output_ids(id);
+      specs.push_back(spec);
+    }
+    records_.AddCall(seq, 1, call, specs);
+  }
+  void ExpectEmpty() {
+    EXPECT_TRUE(records_.calls().empty()) << records_.calls().size();
+    EXPECT_TRUE(records_.buffers().empty()) << records_.buffers().size();
+  }
+
+  JobRecords records_;
+};
+
+TEST_F(JobRecordsTest, AReleaseOfABufferANotDoneCallReadsWaitsForTheCall) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kReplicated}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  EXPECT_TRUE(records_.TakeDue().empty());
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());
+  ASSERT_NE(records_.FindBuffer(B(1)), nullptr);
+  EXPECT_TRUE(records_.FindBuffer(B(1))->released);
+  // Done, and its only output is replicated (a surviving shard is a copy):
+  // it holds nothing any more.
+  records_.CallDone(1);
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  EXPECT_EQ(records_.FindBuffer(B(1)), nullptr);
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());  // reported once
+  // The call's record lives while its output does.
+  ASSERT_NE(records_.FindCall(1), nullptr);
+  EXPECT_FALSE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());  // not a put
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, ADoneCallWithASplitOutputHoldsUntilTheOutputGoes) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kReplicated}, {B(3), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  records_.CallDone(1);
+  // B(3) can only be rebuilt from B(1): B(1) stays.
+  EXPECT_TRUE(records_.TakeDue().empty());
+  ASSERT_NE(records_.FindCall(1), nullptr);
+  EXPECT_TRUE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));  // the replicated one changes nothing
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());
+  EXPECT_TRUE(records_.Release(B(3)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(3), 1}, {B(1), 1}}));
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, ASnapshottedSplitOutputLetsItsProducerGo) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  records_.CallDone(1);
+  EXPECT_TRUE(records_.TakeDue().empty());
+  records_.Snapshotted(B(2));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  ASSERT_NE(records_.FindCall(1), nullptr);  // B(2) lives
+  EXPECT_FALSE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, AFailedCallHoldsUntilItsOutputsGo) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kReplicated}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  // It may have failed for a lost host and run again: even with a
+  // replicated output, it keeps its input.
+  records_.CallDone(1, /*failed=*/true);
+  EXPECT_TRUE(records_.TakeDue().empty());
+  ASSERT_NE(records_.FindCall(1), nullptr);
+  EXPECT_TRUE(records_.FindCall(1)->failed);
+  EXPECT_TRUE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}, {B(1), 1}}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, DropLetsGoOfTheInputsAndTheOutputsOfTheProducer) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  records_.Drop(1);  // not done: it runs again elsewhere
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  EXPECT_EQ(records_.FindCall(1), nullptr);
+  ASSERT_NE(records_.FindBuffer(B(2)), nullptr);
+  EXPECT_EQ(records_.FindBuffer(B(2))->producer, 0u);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  ExpectEmpty();
+}
+
+// A chain of split values holds back to its root while its end lives, and
+// everything goes, end first, when the end is released.
+TEST_F(JobRecordsTest, AChainOfSplitValuesGoesWhenItsEndIsReleased) {
+  records_.AddPut(B(1), 1, kSplit);
+  AddCall(1, {B(1)}, {{B(2), kSplit}});
+  AddCall(2, {B(2)}, {{B(3), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  EXPECT_FALSE(records_.Release(B(2)));
+  records_.CallDone(2);  // out of order: workers report in batches
+  records_.CallDone(1);
+  EXPECT_TRUE(records_.TakeDue().empty());
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());
+  EXPECT_EQ(records_.calls().size(), 2u);
+  EXPECT_TRUE(records_.Release(B(3)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(3), 1}, {B(2), 1}, {B(1), 1}}));
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, AReleaseOfAnUnreadBufferGoesAtOnce) {
+  records_.AddPut(B(1), 1, kSplit);
+  EXPECT_TRUE(records_.Release(B(1)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  EXPECT_TRUE(records_.Release(B(7)));  // never recorded: nothing holds it
+  EXPECT_TRUE(records_.TakeDue().empty());
+  ExpectEmpty();
+}
+
+// --- ClusterState: host0 and host1 (workers 1 and 2, two devices each)
+// and spare0 (worker 3, started as a spare).
+
+class RecoveryTest : public ClusterStateTest {
+ protected:
+  void SetUp() override {
+    ClusterStateTest::SetUp();
+    spare_ =
+        state_.AddWorker(Host("spare0", 2, /*spare=*/true), absl::Now()).id;
+  }
+  // A slice of `n` devices only on `host`.
+  proto::SliceInfo SliceOn(int n, const std::string& host) {
+    proto::SliceRequest req;
+    req.set_num_devices(n);
+    req.add_hosts(host);
+    auto s = state_.CreateSlice(client_, req);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : proto::SliceInfo();
+  }
+  // Four devices: shards 0 and 1 on host0 (worker 1), 2 and 3 on host1.
+  uint64_t Spread4() {
+    proto::SliceInfo s = Slice(4, proto::PLACEMENT_SPREAD);
+    EXPECT_EQ(s.devices(0).worker_id(), 1);
+    EXPECT_EQ(s.devices(2).worker_id(), 2);
+    return s.slice_id();
+  }
+  void Put(uint64_t id, uint64_t slice, const ArgSpec& spec) {
+    proto::PutDecl put;
+    put.set_buffer_id(id);
+    put.set_slice_id(slice);
+    *put.mutable_arg() = ToProto(spec);
+    WorkerOps ops;
+    absl::Status s = state_.RoutePut(client_, put, &ops);
+    EXPECT_TRUE(s.ok()) << s;
+  }
+  proto::Call MakeCall(uint64_t program, uint64_t slice, uint64_t input,
+                       const ArgSpec& input_spec, uint64_t output) {
+    proto::Call call;
+    call.set_call_id(Id(next_call_++));
+    call.set_slice_id(slice);
+    call.set_program_id(program);
+    auto* in = call.add_inputs();
+    in->set_buffer_id(input);
+    in->set_slice_id(slice);
+    *in->mutable_arg() = ToProto(input_spec);
+    call.add_output_ids(output);
+    return call;
+  }
+  // Routes the call; returns its sequence number (0 if it did not route).
+  uint64_t Route(const proto::Call& call, WorkerOps* ops = nullptr) {
+    WorkerOps mine;
+    uint64_t seq = 0;
+    absl::Status s = state_.RouteCall(client_, call, ops ? ops : &mine, &seq);
+    EXPECT_TRUE(s.ok()) << s;
+    return seq;
+  }
+  WorkerOps Done(uint64_t seq, bool failed = false) {
+    WorkerOps ops;
+    state_.CallDone(seq, failed, &ops);
+    return ops;
+  }
+  WorkerOps Release(uint64_t id, uint64_t slice) {
+    proto::ReleaseRef r;
+    r.set_buffer_id(id);
+    r.set_slice_id(slice);
+    WorkerOps ops;
+    state_.RouteRelease(client_, r, &ops);
+    return ops;
+  }
+  // The ids released by `ops`, on any worker.
+  static std::set<uint64_t> Released(const WorkerOps& ops) {
+    std::set<uint64_t> ids;
+    for (const auto& [w, list] : ops) {
+      for (const auto& op : list) {
+        if (!op.has_release()) continue;
+        for (uint64_t id : op.release().buffer_ids()) ids.insert(id);
+      }
+    }
+    return ids;
+  }
+  static std::set<uint64_t> Released(const ClientRecovery& rec) {
+    std::set<uint64_t> ids;
+    for (const RoutedWork& w : rec.work) {
+      for (uint64_t id : Released(w.ops)) ids.insert(id);
+    }
+    return ids;
+  }
+  // Each op of `kind` in the recovery's work, with its worker.
+  template <typename Pred>
+  static std::vector<std::pair<int64_t, proto::WorkerOp>> Ops(
+      const ClientRecovery& rec, Pred pred) {
+    std::vector<std::pair<int64_t, proto::WorkerOp>> found;
+    for (const RoutedWork& w : rec.work) {
+      for (const auto& [worker, list] : w.ops) {
+        for (const auto& op : list) {
+          if (pred(op)) found.emplace_back(worker, op);
+        }
+      }
+    }
+    return found;
+  }
+  // The work of a call routed again (call_seq > 0) whose Execute makes
+  // `output`, or nullptr.
+  static const RoutedWork* CallMaking(const ClientRecovery& rec,
+                                      uint64_t output) {
+    for (const RoutedWork& w : rec.work) {
+      if (w.call_seq == 0) continue;
+      for (const auto& [worker, list] : w.ops) {
+        for (const auto& op : list) {
+          if (!op.has_execute()) continue;
+          const auto& ids = op.execute().output_ids();
+          if (std::find(ids.begin(), ids.end(), output) != ids.end()) {
+            return &w;
+          }
+        }
+      }
+    }
+    return nullptr;
+  }
+  // The records, read as the server's other readers do (const).
+  const CallRecord* CallOf(uint64_t seq) const {
+    auto it = state_.records().calls().find(seq);
+    return it == state_.records().calls().end() ? nullptr : &it->second;
+  }
+  const BufferRecord* BufferOf(uint64_t id) const {
+    auto it = state_.records().buffers().find(id);
+    return it == state_.records().buffers().end() ? nullptr : &it->second;
+  }
+  ClientRecovery LoseHost1() {
+    WorkerLoss loss = state_.LoseWorker(2, "killed");
+    EXPECT_EQ(loss.spare, spare_);
+    return state_.RecoverClient(client_, loss, {});
+  }
+  // What the lost host's note said, id by id.
+  static std::map<uint64_t, uint64_t> Renamed(const proto::Recovery& note) {
+    std::map<uint64_t, uint64_t> renamed;
+    EXPECT_EQ(note.old_ids_size(), note.new_ids_size());
+    for (int i = 0; i < note.old_ids_size(); ++i) {
+      renamed[note.old_ids(i)] = note.new_ids(i);
+    }
+    return renamed;
+  }
+
+  int64_t spare_ = 0;
+  uint64_t next_call_ = 500;
+};
+
+TEST_F(RecoveryTest, ALostHostsSlicesMoveOntoTheSpareInPlace) {
+  const uint64_t wide = Spread4();
+  const uint64_t narrow = SliceOn(1, "host1").slice_id();
+  const int32_t narrow_device = state_.slices().at(narrow).devices[0].device;
+  const uint64_t other = SliceOn(2, "host0").slice_id();
+  EXPECT_EQ(state_.workers().at(spare_).slices_mapped, 0);
+  WorkerLoss loss = state_.LoseWorker(2, "killed");
+  EXPECT_EQ(loss.worker_id, 2);
+  EXPECT_EQ(loss.spare, spare_);
+  EXPECT_EQ(loss.remapped, (std::set<uint64_t>{wide, narrow}));
+  EXPECT_TRUE(loss.broken.empty());
+  EXPECT_EQ(loss.clients, (std::set<uint64_t>{client_}));
+  // Same virtual order; the spare's devices of the same indices.
+  const SliceRecord& w = state_.slices().at(wide);
+  EXPECT_EQ(w.devices,
+            (std::vector<DeviceRef>{{1, 0}, {1, 1}, {spare_, 0}, {spare_, 1}}));
+  EXPECT_EQ(w.generation, 1u);
+  EXPECT_TRUE(w.broken.empty());
+  const SliceRecord& n = state_.slices().at(narrow);
+  EXPECT_EQ(n.devices, (std::vector<DeviceRef>{{spare_, narrow_device}}));
+  EXPECT_EQ(n.generation, 1u);
+  EXPECT_EQ(state_.slices().at(other).generation, 0u);  // not on it
+  proto::SliceInfo info = state_.DescribeSlice(w);
+  EXPECT_EQ(info.generation(), 1u);
+  EXPECT_EQ(info.devices(2).host_name(), "spare0");
+  EXPECT_FALSE(state_.workers().at(2).alive);
+  EXPECT_EQ(state_.workers().at(2).down_reason, "killed");
+  // The spare is a host like the others now, and carries the load.
+  EXPECT_FALSE(state_.workers().at(spare_).info.spare());
+  EXPECT_EQ(state_.workers().at(spare_).slices_mapped, 2);
+  const proto::RecoveryCounters& c = state_.recovery_counters();
+  EXPECT_EQ(c.hosts_lost(), 1);
+  EXPECT_EQ(c.slices_remapped(), 2);
+  EXPECT_EQ(c.slices_broken(), 0);
+  // Losing it again changes nothing.
+  EXPECT_TRUE(state_.LoseWorker(2, "again").remapped.empty());
+  EXPECT_EQ(state_.recovery_counters().hosts_lost(), 1);
+}
+
+TEST_F(RecoveryTest, AHostStartedAsASpareIsPreferredToAFreeHost) {
+  const int64_t free_host = state_.AddWorker(Host("host2", 2), absl::Now()).id;
+  const uint64_t s = SliceOn(2, "host0").slice_id();
+  WorkerLoss loss = state_.LoseWorker(1, "killed");
+  EXPECT_EQ(loss.spare, spare_);  // not the older host2
+  EXPECT_EQ(state_.slices().at(s).devices[0].worker_id, spare_);
+  EXPECT_EQ(state_.workers().at(free_host).slices_mapped, 0);
+}
+
+TEST_F(ClusterStateTest, AHostInNoSliceTakesALostHostsSlice) {
+  proto::SliceInfo s = Slice(2, proto::PLACEMENT_ONE_HOST);
+  const int64_t lost = s.devices(0).worker_id();
+  const int64_t free_host = lost == 1 ? 2 : 1;
+  WorkerLoss loss = state_.LoseWorker(lost, "killed");
+  EXPECT_EQ(loss.spare, free_host);
+  EXPECT_EQ(loss.remapped, (std::set<uint64_t>{s.slice_id()}));
+  EXPECT_EQ(state_.slices().at(s.slice_id()).devices,
+            (std::vector<DeviceRef>{{free_host, 0}, {free_host, 1}}));
+}
+
+TEST_F(ClusterStateTest, WithoutASpareALostHostsSliceBreaks) {
+  proto::SliceInfo s = Slice(4, proto::PLACEMENT_SPREAD);
+  WorkerLoss loss = state_.LoseWorker(1, "killed");
+  EXPECT_EQ(loss.spare, 0);
+  EXPECT_TRUE(loss.remapped.empty());
+  EXPECT_EQ(loss.broken, (std::set<uint64_t>{s.slice_id()}));
+  EXPECT_EQ(state_.slices().at(s.slice_id()).broken, "killed");
+  EXPECT_EQ(state_.slices().at(s.slice_id()).generation, 0u);
+  EXPECT_EQ(state_.recovery_counters().slices_broken(), 1);
+  EXPECT_EQ(state_.recovery_counters().slices_remapped(), 0);
+  Register(Id(1), "scale", kReplicated, kReplicated);
+  proto::Call call;
+  call.set_slice_id(s.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_buffer_id(Id(2));
+  in->set_slice_id(s.slice_id());
+  *in->mutable_arg() = ToProto(kReplicated);
+  call.add_output_ids(Id(3));
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(client_, call, &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "killed")) << st;
+}
+
+// A free host with fewer devices than the slice uses of the lost one
+// cannot stand in for it.
+TEST_F(ClusterStateTest, ASpareNeedsTheLostHostsDeviceIndices) {
+  state_.AddWorker(Host("small", 1, /*spare=*/true), absl::Now());
+  proto::SliceInfo s = Slice(4, proto::PLACEMENT_SPREAD);
+  WorkerLoss loss = state_.LoseWorker(2, "killed");
+  EXPECT_EQ(loss.spare, 0);
+  EXPECT_EQ(loss.broken, (std::set<uint64_t>{s.slice_id()}));
+}
+
+TEST_F(RecoveryTest, SparesAreNotPlacedOnUnlessNamed) {
+  proto::SliceRequest req;
+  req.set_num_devices(6);
+  auto big = state_.CreateSlice(client_, req);
+  ASSERT_FALSE(big.ok());
+  EXPECT_TRUE(
+      absl::StrContains(big.status().message(), "4 live devices on 2 hosts"))
+      << big.status();
+  for (int i = 0; i < 4; ++i) {
+    proto::SliceInfo s = Slice(1);
+    EXPECT_NE(s.devices(0).worker_id(), spare_);
+  }
+  EXPECT_EQ(SliceOn(2, "spare0").devices(0).worker_id(), spare_);
+}
+
+TEST_F(RecoveryTest, XlaProgramsNameTheSpareInPlaceOfTheLostHost) {
+  Spread4();
+  proto::RegisterProgram reg;
+  reg.set_program_id(Id(1));
+  reg.mutable_program()->set_name("step");
+  reg.mutable_program()->set_kernel("xla");
+  reg.mutable_program()->mutable_xla()->set_module("module");
+  for (int64_t w : {1, 2}) {
+    auto* island = reg.mutable_program()->mutable_xla()->add_islands();
+    island->add_devices(0);
+    island->add_devices(1);
+    island->add_workers(w);
+  }
+  ASSERT_TRUE(state_.RegisterProgram(client_, reg).ok());
+  state_.LoseWorker(2, "killed");
+  const auto& islands =
+      state_.FindClient(client_)->programs.at(Id(1)).def.xla().islands();
+  ASSERT_EQ(islands.size(), 2);
+  EXPECT_EQ(islands[0].workers(0), 1);
+  EXPECT_EQ(islands[1].workers(0), spare_);
+}
+
+TEST_F(RecoveryTest, AReplicatedValueIsCopiedFromASurvivingShard) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "scale", kReplicated, kReplicated);
+  Put(Id(10), s, kReplicated);
+  const uint64_t seq = Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
+  Done(seq);
+  ClientRecovery rec = LoseHost1();
+  ASSERT_EQ(rec.note.remapped_size(), 1);
+  EXPECT_EQ(rec.note.remapped(0).generation(), 1u);
+  EXPECT_EQ(rec.note.worker_id(), 2);
+  EXPECT_EQ(rec.note.old_ids_size(), 0);
+  EXPECT_EQ(rec.note.lost_ids_size(), 0);
+  EXPECT_EQ(rec.note.reput_ids_size(), 0);
+  for (uint64_t id : {Id(10), Id(11)}) {
+    auto transfers = Ops(rec, [&](const proto::WorkerOp& op) {
+      return op.has_transfer() && op.transfer().buffer_id() == id;
+    });
+    auto expects = Ops(rec, [&](const proto::WorkerOp& op) {
+      return op.has_expect() && op.expect().buffer_id() == id;
+    });
+    ASSERT_EQ(transfers.size(), 2u) << id;
+    ASSERT_EQ(expects.size(), 2u) << id;
+    for (int k = 0; k < 2; ++k) {
+      const auto& [from, t] = transfers[k];
+      EXPECT_EQ(from, 1);  // the surviving host
+      EXPECT_LT(t.transfer().shard(), 2);
+      EXPECT_EQ(t.transfer().dst_worker_id(), spare_);
+      EXPECT_EQ(t.transfer().dst_buffer_id(), id);
+      EXPECT_EQ(t.transfer().dst_shard(), 2 + k);
+      EXPECT_EQ(t.transfer().dst_device(), k);
+      const auto& [to, e] = expects[k];
+      EXPECT_EQ(to, spare_);
+      EXPECT_EQ(e.expect().shard(), 2 + k);
+      EXPECT_TRUE(e.expect().owned());
+      EXPECT_EQ(e.expect().src_worker_id(), 1);
+      EXPECT_EQ(e.expect().device(), k);
+    }
+  }
+  // Nothing ran again.
+  for (const RoutedWork& w : rec.work) EXPECT_EQ(w.call_seq, 0u);
+  const proto::RecoveryCounters& c = state_.recovery_counters();
+  EXPECT_EQ(c.buffers_restored(), 2);
+  EXPECT_EQ(c.calls_recomputed(), 0);
+  EXPECT_EQ(c.buffers_failed(), 0);
+}
+
+TEST_F(RecoveryTest, APutsLostShardsAreDeclaredOnTheSpareAndPutAgain) {
+  const uint64_t s = Spread4();
+  Put(Id(10), s, kSplit);
+  Put(Id(12), SliceOn(2, "host0").slice_id(), kSplit);  // not on the lost host
+  ClientRecovery rec = LoseHost1();
+  auto declares =
+      Ops(rec, [](const proto::WorkerOp& op) { return op.has_declare(); });
+  ASSERT_EQ(declares.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(declares[k].first, spare_);
+    EXPECT_EQ(declares[k].second.declare().buffer_id(), Id(10));
+    EXPECT_EQ(declares[k].second.declare().shard(), 2 + k);
+    EXPECT_EQ(declares[k].second.declare().device(), k);
+  }
+  EXPECT_EQ(std::vector<uint64_t>(rec.note.reput_ids().begin(),
+                                  rec.note.reput_ids().end()),
+            (std::vector<uint64_t>{Id(10), Id(10)}));
+  EXPECT_EQ(std::vector<int32_t>(rec.note.reput_shards().begin(),
+                                 rec.note.reput_shards().end()),
+            (std::vector<int32_t>{2, 3}));
+  EXPECT_EQ(state_.recovery_counters().shards_reput(), 2);
+  EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 0);
+}
+
+TEST_F(RecoveryTest, ASplitValueIsRecomputedUnderNewIds) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Register(Id(2), "identity", kSplit, kSplit);
+  Put(Id(10), s, kReplicated);
+  const proto::Call first = MakeCall(Id(1), s, Id(10), kReplicated, Id(11));
+  const uint64_t seq = Route(first);
+  Done(seq);
+  ClientRecovery rec = LoseHost1();
+  const auto renamed = Renamed(rec.note);
+  ASSERT_EQ(renamed.size(), 1u);
+  ASSERT_EQ(renamed.count(Id(11)), 1u);
+  const uint64_t fresh = renamed.at(Id(11));
+  EXPECT_NE(fresh, Id(11));
+  EXPECT_EQ(ClientOfBuffer(fresh), client_);  // in the client's namespace
+  EXPECT_EQ(rec.note.lost_ids_size(), 0);
+  // The producer runs again, after its input was copied to the spare.
+  const RoutedWork* again = CallMaking(rec, fresh);
+  ASSERT_NE(again, nullptr);
+  EXPECT_NE(again->call_seq, seq);
+  const proto::WorkerOp& exec = again->ops.at(spare_).back();
+  ASSERT_TRUE(exec.has_execute());
+  EXPECT_NE(exec.execute().call_id(), first.call_id());
+  EXPECT_EQ(exec.execute().tasks_size(), 2);
+  EXPECT_TRUE(again->ops.count(1));
+  size_t copy_at = rec.work.size(), call_at = rec.work.size();
+  for (size_t i = 0; i < rec.work.size(); ++i) {
+    for (const auto& [w, list] : rec.work[i].ops) {
+      for (const auto& op : list) {
+        if (op.has_transfer() && op.transfer().buffer_id() == Id(10)) {
+          copy_at = std::min(copy_at, i);
+        }
+      }
+    }
+    if (&rec.work[i] == again) call_at = i;
+  }
+  EXPECT_LT(copy_at, call_at);
+  // The old value's record and bytes go; the new one is the call's.
+  EXPECT_EQ(Released(rec).count(Id(11)), 1u);
+  EXPECT_EQ(CallOf(seq), nullptr);
+  ASSERT_NE(BufferOf(fresh), nullptr);
+  EXPECT_EQ(BufferOf(fresh)->producer, again->call_seq);
+  EXPECT_EQ(BufferOf(Id(11)), nullptr);
+  const proto::RecoveryCounters& c = state_.recovery_counters();
+  EXPECT_EQ(c.calls_recomputed(), 1);
+  EXPECT_EQ(c.buffers_restored(), 1);  // the replicated put
+  EXPECT_EQ(c.buffers_failed(), 0);
+
+  // A later call that names the old id reads the new one.
+  WorkerOps ops;
+  const uint64_t later =
+      Route(MakeCall(Id(2), s, Id(11), kSplit, Id(12)), &ops);
+  int pieces = 0;
+  for (const auto& [w, list] : ops) {
+    for (const auto& op : list) {
+      if (!op.has_execute()) continue;
+      for (const auto& task : op.execute().tasks()) {
+        for (const auto& piece : task.inputs(0).pieces()) {
+          EXPECT_EQ(piece.buffer_id(), fresh);
+          ++pieces;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(pieces, 4);
+  // And its release releases the new one, once nothing holds it.
+  EXPECT_TRUE(Released(Release(Id(11), s)).empty());  // the call reads it
+  EXPECT_TRUE(Released(Done(later)).empty());  // Id(12) is rebuilt from it
+  EXPECT_EQ(Released(Release(Id(12), s)), (std::set<uint64_t>{Id(12), fresh}));
+}
+
+TEST_F(RecoveryTest, ACallNotDoneOnTheRemappedSliceRunsAgain) {
+  const uint64_t s = Spread4();
+  const uint64_t elsewhere = SliceOn(1, "host0").slice_id();
+  Register(Id(1), "scale", kReplicated, kReplicated);
+  Put(Id(10), s, kReplicated);
+  Put(Id(20), elsewhere, kReplicated);
+  const uint64_t seq = Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
+  const uint64_t untouched =
+      Route(MakeCall(Id(1), elsewhere, Id(20), kReplicated, Id(21)));
+  ClientRecovery rec = LoseHost1();
+  const auto renamed = Renamed(rec.note);
+  EXPECT_EQ(renamed.size(), 1u);
+  ASSERT_EQ(renamed.count(Id(11)), 1u);
+  const RoutedWork* again = CallMaking(rec, renamed.at(Id(11)));
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(CallOf(seq), nullptr);
+  ASSERT_NE(CallOf(again->call_seq), nullptr);
+  EXPECT_FALSE(CallOf(again->call_seq)->done);
+  // A call that needs nothing of the lost host is left alone.
+  EXPECT_NE(CallOf(untouched), nullptr);
+  EXPECT_EQ(CallMaking(rec, Id(21)), nullptr);
+  EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 1);
+}
+
+TEST_F(RecoveryTest, AFailedCallRunsAgainLikeOneNotDone) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "scale", kReplicated, kReplicated);
+  Put(Id(10), s, kReplicated);
+  const uint64_t seq = Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
+  Done(seq, /*failed=*/true);
+  ClientRecovery rec = LoseHost1();
+  ASSERT_EQ(Renamed(rec.note).count(Id(11)), 1u);
+  EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 1);
+  EXPECT_EQ(CallOf(seq), nullptr);
+}
+
+TEST_F(RecoveryTest, AValueThatCannotBeRecomputedIsLost) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Register(Id(2), "identity", kSplit, kSplit);
+  // Its input has no record (its bytes are gone): nothing to rebuild from.
+  const uint64_t seq = Route(MakeCall(Id(1), s, Id(9), kReplicated, Id(11)));
+  Done(seq);
+  ClientRecovery rec = LoseHost1();
+  ASSERT_EQ(rec.note.lost_ids_size(), 1);
+  EXPECT_EQ(rec.note.lost_ids(0), Id(11));
+  EXPECT_EQ(rec.note.status().code(),
+            static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_TRUE(absl::StrContains(rec.note.status().message(),
+                                absl::StrCat("buffer ", Id(11))))
+      << rec.note.status().message();
+  EXPECT_TRUE(absl::StrContains(rec.note.status().message(), "worker 2"));
+  EXPECT_EQ(rec.note.old_ids_size(), 0);
+  EXPECT_EQ(state_.recovery_counters().buffers_failed(), 1);
+  EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 0);
+  // A call that reads it fails with DATA_LOSS, and nothing reaches a worker.
+  WorkerOps ops;
+  absl::Status st = state_.RouteCall(
+      client_, MakeCall(Id(2), s, Id(11), kSplit, Id(12)), &ops);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "cannot be recomputed")) << st;
+  EXPECT_TRUE(ops.empty());
+}
+
+// Snapshots X (split, four shards on two hosts) and reports `arrived` of
+// its shard copies. Returns the copy's id.
+class SnapshotTest : public RecoveryTest {
+ protected:
+  void SetUp() override {
+    RecoveryTest::SetUp();
+    s_ = Spread4();
+    Register(Id(1), "identity", kReplicated, kSplit);
+    Put(Id(10), s_, kReplicated);
+    seq_ = Route(MakeCall(Id(1), s_, Id(10), kReplicated, Id(11)));
+    Done(seq_);
+  }
+  uint64_t Snapshot(int arrived) {
+    WorkerOps ops;
+    state_.RouteSnapshot(client_, Id(11), &ops);
+    uint64_t copy = 0;
+    std::map<int, int64_t> holders;  // shard -> worker of its copy
+    for (const auto& [w, list] : ops) {
+      for (const auto& op : list) {
+        if (!op.has_expect()) continue;
+        copy = op.expect().buffer_id();
+        EXPECT_TRUE(op.expect().report());
+        EXPECT_TRUE(op.expect().owned());
+        holders[op.expect().shard()] = w;
+      }
+    }
+    // Each shard's copy is on another host than the shard.
+    EXPECT_EQ(holders,
+              (std::map<int, int64_t>{{0, 2}, {1, 2}, {2, 1}, {3, 1}}));
+    EXPECT_EQ(state_.recovery_counters().snapshots_taken(), 1);
+    for (int i = 0; i < arrived; ++i) {
+      WorkerOps releases;
+      state_.CopyArrived(copy, &releases);
+    }
+    return copy;
+  }
+
+  uint64_t s_ = 0;
+  uint64_t seq_ = 0;
+};
+
+TEST_F(SnapshotTest, ACompleteSnapshotIsRestoredNotRecomputed) {
+  const uint64_t copy = Snapshot(4);
+  // Its producer need not hold its input for it any more.
+  ASSERT_NE(CallOf(seq_), nullptr);
+  EXPECT_FALSE(CallOf(seq_)->holding);
+  ClientRecovery rec = LoseHost1();
+  EXPECT_EQ(rec.note.old_ids_size(), 0);
+  EXPECT_EQ(rec.note.lost_ids_size(), 0);
+  for (const RoutedWork& w : rec.work) EXPECT_EQ(w.call_seq, 0u);
+  // Shards 2 and 3 come from their copies on host0 (worker 1).
+  auto restores = Ops(rec, [&](const proto::WorkerOp& op) {
+    return op.has_transfer() && op.transfer().buffer_id() == copy;
+  });
+  ASSERT_EQ(restores.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(restores[k].first, 1);
+    EXPECT_EQ(restores[k].second.transfer().shard(), 2 + k);
+    EXPECT_EQ(restores[k].second.transfer().dst_buffer_id(), Id(11));
+    EXPECT_EQ(restores[k].second.transfer().dst_worker_id(), spare_);
+    EXPECT_EQ(restores[k].second.transfer().dst_shard(), 2 + k);
+  }
+  // The copies of shards 0 and 1 were on the lost host: made again, now
+  // on the spare.
+  auto recopies = Ops(rec, [&](const proto::WorkerOp& op) {
+    return op.has_transfer() && op.transfer().buffer_id() == Id(11);
+  });
+  ASSERT_EQ(recopies.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(recopies[k].first, 1);
+    EXPECT_EQ(recopies[k].second.transfer().shard(), k);
+    EXPECT_EQ(recopies[k].second.transfer().dst_buffer_id(), copy);
+    EXPECT_EQ(recopies[k].second.transfer().dst_worker_id(), spare_);
+  }
+  const proto::RecoveryCounters& c = state_.recovery_counters();
+  EXPECT_EQ(c.shards_from_snapshots(), 2);
+  EXPECT_EQ(c.buffers_restored(), 2);  // the put (replicated) and X
+  EXPECT_EQ(c.calls_recomputed(), 0);
+  EXPECT_EQ(c.buffers_failed(), 0);
+}
+
+TEST_F(SnapshotTest, AnIncompleteSnapshotIsNotRestoredFrom) {
+  const uint64_t copy = Snapshot(3);
+  ASSERT_NE(CallOf(seq_), nullptr);
+  EXPECT_TRUE(CallOf(seq_)->holding);
+  ClientRecovery rec = LoseHost1();
+  EXPECT_EQ(Renamed(rec.note).count(Id(11)), 1u);
+  auto restores = Ops(rec, [&](const proto::WorkerOp& op) {
+    return op.has_transfer() && op.transfer().buffer_id() == copy;
+  });
+  EXPECT_TRUE(restores.empty());
+  const proto::RecoveryCounters& c = state_.recovery_counters();
+  EXPECT_EQ(c.shards_from_snapshots(), 0);
+  EXPECT_EQ(c.calls_recomputed(), 1);
+  EXPECT_EQ(c.buffers_restored(), 1);  // the put
+}
+
+// After a client releases everything and every call is done, the server
+// holds no record of it (and its releases reached the workers).
+TEST_F(RecoveryTest, NothingIsLeftAfterEverythingIsReleased) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Register(Id(2), "identity", kSplit, kSplit);
+  Put(Id(10), s, kReplicated);
+  const uint64_t a = Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
+  const uint64_t b = Route(MakeCall(Id(2), s, Id(11), kSplit, Id(12)));
+  std::set<uint64_t> released;
+  for (uint64_t id : {Id(10), Id(11)}) {
+    for (uint64_t r : Released(Release(id, s))) released.insert(r);
+  }
+  EXPECT_TRUE(released.empty());  // both still read
+  for (uint64_t seq : {a, b}) {
+    for (uint64_t r : Released(Done(seq))) released.insert(r);
+  }
+  EXPECT_TRUE(released.empty());  // Id(12) can only be rebuilt from them
+  for (uint64_t r : Released(Release(Id(12), s))) released.insert(r);
+  EXPECT_EQ(released, (std::set<uint64_t>{Id(10), Id(11), Id(12)}));
+  EXPECT_TRUE(state_.records().calls().empty());
+  EXPECT_TRUE(state_.records().buffers().empty());
+  EXPECT_EQ(state_.FindClient(client_)->live_bytes, 0);
+  EXPECT_EQ(state_.TakeReleasedPuts(),
+            (std::map<uint64_t, std::vector<uint64_t>>{{client_, {Id(10)}}}));
+}
+
+// The same after a recovery that copied, recomputed, restored from a
+// snapshot and ran again a call not done.
+TEST_F(RecoveryTest, NothingIsLeftAfterARecoveryEither) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Register(Id(2), "identity", kSplit, kSplit);
+  Put(Id(10), s, kReplicated);
+  Put(Id(20), s, kSplit);
+  const uint64_t a = Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
+  const uint64_t b = Route(MakeCall(Id(2), s, Id(20), kSplit, Id(21)));
+  Route(MakeCall(Id(2), s, Id(21), kSplit, Id(22)));  // not done
+  Done(a);
+  Done(b);
+  WorkerOps ops;
+  state_.RouteSnapshot(client_, Id(21), &ops);
+  uint64_t copy = 0;
+  for (const auto& [w, list] : ops) {
+    for (const auto& op : list) {
+      if (op.has_expect()) copy = op.expect().buffer_id();
+    }
+  }
+  for (int i = 0; i < 4; ++i) state_.CopyArrived(copy, &ops);
+  ClientRecovery rec = LoseHost1();
+  EXPECT_EQ(Renamed(rec.note).size(), 2u);  // Id(11) and Id(22)
+  // The workers report what runs now.
+  std::vector<uint64_t> seqs;
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (!call.done) seqs.push_back(seq);
+  }
+  EXPECT_EQ(seqs.size(), 2u);
+  for (uint64_t seq : seqs) Done(seq);
+  std::set<uint64_t> released = Released(rec);
+  for (uint64_t id : {Id(10), Id(11), Id(20), Id(21), Id(22)}) {
+    for (uint64_t r : Released(Release(id, s))) released.insert(r);
+  }
+  EXPECT_TRUE(state_.records().calls().empty());
+  EXPECT_TRUE(state_.records().buffers().empty());
+  EXPECT_EQ(state_.FindClient(client_)->live_bytes, 0);
+  const auto renamed = Renamed(rec.note);
+  for (uint64_t id :
+       {Id(10), Id(20), Id(21), renamed.at(Id(11)), renamed.at(Id(22)), copy}) {
+    EXPECT_EQ(released.count(id), 1u) << id;
+  }
+}
+
+// A call not done whose output its client had already released (and
+// nothing read) runs again under a new output id: nobody will release
+// that one, so recovery must.
+TEST_F(RecoveryTest, AReleasedOutputOfACallRunAgainIsReleasedToo) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Put(Id(10), s, kReplicated);
+  Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
+  EXPECT_EQ(Released(Release(Id(11), s)), (std::set<uint64_t>{Id(11)}));
+  ClientRecovery rec = LoseHost1();
+  const auto renamed = Renamed(rec.note);
+  ASSERT_EQ(renamed.count(Id(11)), 1u);
+  const uint64_t fresh = renamed.at(Id(11));
+  const RoutedWork* again = CallMaking(rec, fresh);
+  ASSERT_NE(again, nullptr);
+  std::set<uint64_t> released = Released(rec);
+  for (uint64_t r : Released(Done(again->call_seq))) released.insert(r);
+  EXPECT_EQ(released.count(fresh), 1u);
+  for (uint64_t r : Released(Release(Id(10), s))) released.insert(r);
+  EXPECT_TRUE(state_.records().calls().empty());
+  EXPECT_TRUE(state_.records().buffers().empty())
+      << state_.records().buffers().size();
+  EXPECT_EQ(state_.FindClient(client_)->live_bytes, 0);
+}
+
+}  // namespace
+}  // namespace plexus
