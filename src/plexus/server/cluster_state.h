@@ -255,7 +255,8 @@ class ClusterState {
                        const absl::Status& status, WorkerOps* ops) const;
   // client.snapshot: copies each shard of the client's buffer to the next
   // shard's host (another host of the slice), replacing the buffer's
-  // previous snapshot (server/recovery.cc). Replicated buffers, and
+  // previous snapshot if that is not complete yet (a complete one stays:
+  // the value is the same) (server/recovery.cc). Replicated buffers, and
   // buffers on one host, need none and get none.
   void RouteSnapshot(uint64_t client_id, uint64_t buffer_id, WorkerOps* ops);
   // A worker holds a shard of snapshot copy `copy_id` (CallsDone

@@ -114,6 +114,11 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
   if (b == nullptr || b->released || b->spec.sharding.is_replicated()) return;
   auto slice = slices_.find(b->slice_id);
   if (slice == slices_.end() || !slice->second.broken.empty()) return;
+  // A complete copy stays: the value never changes, and recovery keeps
+  // the copy whole. Replacing it would leave none while the new one is
+  // made (and its producer no longer holds the inputs to recompute it).
+  auto done = snapshots_.find(buffer_id);
+  if (done != snapshots_.end() && done->second.complete()) return;
   const std::vector<DeviceRef>& devices = slice->second.devices;
   const int n = static_cast<int>(devices.size());
   auto local = b->spec.Local(n);

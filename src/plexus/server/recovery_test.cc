@@ -850,3 +850,51 @@ TEST_F(RecoveryTest, AReleasedOutputOfACallRunAgainIsReleasedToo) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+// A buffer snapshotted twice: a loss after the second request still finds
+// the value. The first copy was complete, so its producer let go of its
+// input (which its client then released); the second request used to drop
+// that copy while a new one was made, and the value was lost (DATA_LOSS).
+TEST_F(SnapshotTest, ASecondSnapshotOfABufferKeepsItRecoverable) {
+  Snapshot(4);
+  EXPECT_TRUE(Released(Release(Id(10), s_)).count(Id(10)));
+  WorkerOps ops;
+  state_.RouteSnapshot(client_, Id(11), &ops);
+  // The complete copy is the same value: it stays, and no other is made.
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(state_.recovery_counters().snapshots_taken(), 1);
+  ClientRecovery rec = LoseHost1();
+  EXPECT_EQ(rec.note.lost_ids_size(), 0) << rec.note.status().message();
+  EXPECT_EQ(state_.recovery_counters().buffers_failed(), 0);
+  EXPECT_EQ(state_.recovery_counters().shards_from_snapshots(), 2);
+}
+
+// Recovery of one client leaves another's work alone.
+TEST_F(RecoveryTest, AnotherClientsWorkIsNotRecovered) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Put(Id(10), s, kReplicated);
+  Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
+  const uint64_t other = state_.AddClient("other").id;
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  req.add_hosts("host1");
+  auto os = state_.CreateSlice(other, req);
+  ASSERT_TRUE(os.ok()) << os.status();
+  WorkerLoss loss = state_.LoseWorker(2, "killed");
+  EXPECT_EQ(loss.clients, (std::set<uint64_t>{client_, other}));
+  ClientRecovery mine = state_.RecoverClient(client_, loss, {});
+  EXPECT_EQ(mine.note.remapped_size(), 1);
+  EXPECT_EQ(mine.note.remapped(0).slice_id(), s);
+  ClientRecovery theirs = state_.RecoverClient(other, loss, {});
+  ASSERT_EQ(theirs.note.remapped_size(), 1);
+  EXPECT_EQ(theirs.note.remapped(0).slice_id(), os->slice_id());
+  EXPECT_EQ(theirs.note.old_ids_size(), 0);
+  EXPECT_TRUE(theirs.work.empty());
+}
+
+}  // namespace
+}  // namespace plexus
