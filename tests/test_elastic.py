@@ -210,3 +210,39 @@ def test_a_split_value_keeps_its_inputs_until_snapshotted_so_it_can_be_recompute
         wait_until("x and y released, m's copy made",
                    lambda: live_bytes(cluster) == 48)
         assert counters(cluster)["buffer_records"] == 1
+
+
+def test_a_stopped_host_is_declared_down_remapped_and_fenced_when_it_wakes():
+    with plexus.local(hosts=3, spare=1) as cluster:
+        c = cluster.connect()
+        s = c.slice(3)
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        y = s.program("scale", x, factor=5.0)(x)
+        np.testing.assert_array_equal(np.asarray(y), 5 * np.arange(6))
+        victim = s.devices[1]["host"]
+        other = s.devices[0]["host"]
+        sb = c.slice(1, hosts=[other])
+        gather = sb.program("identity", plexus.Spec((6,), "float32"))
+        w = next(w for w in status(cluster)["workers"]
+                 if w["alive"] and w["host_name"] == victim)
+        pid = int(w["pid"])
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            # Routed while the host is stopped: its share (pushing its
+            # shard of y to `other`) waits in its stream until it wakes.
+            z = gather(y)
+            wait_until("the stopped host declared down and remapped",
+                       lambda: s.generation == 1)
+            took = time.monotonic() - stopped
+            assert took <= 1.0 + 0.5, took  # the deadline, and status reads
+            # The job goes on, on the spare: z is computed again.
+            np.testing.assert_array_equal(np.asarray(z), 5 * np.arange(6))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # It wakes: its late push is refused (fenced) and z stays right.
+        wait_until("the fenced push", lambda: any(
+            int(wk.get("stats", {}).get("pushes_fenced", 0)) >= 1
+            for wk in status(cluster)["workers"] if wk["alive"]))
+        np.testing.assert_array_equal(np.asarray(z), 5 * np.arange(6))
+        np.testing.assert_array_equal(np.asarray(y), 5 * np.arange(6))
