@@ -898,3 +898,94 @@ TEST_F(RecoveryTest, AnotherClientsWorkIsNotRecovered) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+// Work still at admission when the host was lost is routed again on the
+// new map under its own ids, after the recovery's own work; the program
+// loads it carried are sent again.
+TEST_F(RecoveryTest, WorkThatHadNotReachedTheWorkersIsRoutedAgainOnTheNewMap) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "scale", kReplicated, kReplicated);
+  Put(Id(10), s, kReplicated);
+  WorkerOps first;
+  const uint64_t seq =
+      Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)), &first);
+  ASSERT_TRUE(first.at(1).front().has_load());
+  TakenWork taken;
+  taken.call_seq = seq;
+  taken.unsent_loads.emplace_back(1, Id(1));
+  taken.unsent_loads.emplace_back(2, Id(1));
+  WorkerLoss loss = state_.LoseWorker(2, "killed");
+  std::vector<TakenWork> work;
+  work.push_back(std::move(taken));
+  ClientRecovery rec = state_.RecoverClient(client_, loss, std::move(work));
+  EXPECT_EQ(rec.note.old_ids_size(), 0);  // not run twice, not renamed
+  EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 0);
+  const RoutedWork* again = CallMaking(rec, Id(11));
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(&rec.work.back(), again);  // after the copies of Id(10)
+  EXPECT_NE(again->call_seq, seq);
+  EXPECT_EQ(CallOf(seq), nullptr);
+  ASSERT_NE(CallOf(again->call_seq), nullptr);
+  EXPECT_EQ(again->ops.count(2), 0u);  // nothing for the lost host
+  for (int64_t w : {int64_t{1}, spare_}) {
+    ASSERT_TRUE(again->ops.count(w)) << w;
+    EXPECT_TRUE(again->ops.at(w).front().has_load()) << w;
+    EXPECT_TRUE(again->ops.at(w).back().has_execute()) << w;
+  }
+  ASSERT_NE(BufferOf(Id(11)), nullptr);
+  EXPECT_EQ(BufferOf(Id(11))->producer, again->call_seq);
+}
+
+// A value recomputed after one loss and lost again with the next host is
+// recomputed again; its first id reads the newest.
+TEST_F(RecoveryTest, AValueLostTwiceIsRecomputedTwice) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Register(Id(2), "identity", kSplit, kSplit);
+  Put(Id(10), s, kReplicated);
+  Done(Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11))));
+  ClientRecovery first = LoseHost1();
+  const uint64_t once = Renamed(first.note).at(Id(11));
+  Done(CallMaking(first, once)->call_seq);
+  const int64_t spare1 =
+      state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
+  WorkerLoss loss = state_.LoseWorker(spare_, "killed too");
+  EXPECT_EQ(loss.spare, spare1);
+  EXPECT_EQ(state_.slices().at(s).generation, 2u);
+  ClientRecovery second = state_.RecoverClient(client_, loss, {});
+  const auto renamed = Renamed(second.note);
+  ASSERT_EQ(renamed.count(once), 1u);
+  const uint64_t twice = renamed.at(once);
+  EXPECT_EQ(second.note.lost_ids_size(), 0);
+  EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 2);
+  ASSERT_NE(CallMaking(second, twice), nullptr);
+  Done(CallMaking(second, twice)->call_seq);
+  WorkerOps ops;
+  const uint64_t later =
+      Route(MakeCall(Id(2), s, Id(11), kSplit, Id(12)), &ops);
+  for (const auto& [w, list] : ops) {
+    EXPECT_NE(w, spare_);
+    for (const auto& op : list) {
+      if (!op.has_execute()) continue;
+      for (const auto& task : op.execute().tasks()) {
+        for (const auto& piece : task.inputs(0).pieces()) {
+          EXPECT_EQ(piece.buffer_id(), twice);
+        }
+      }
+    }
+  }
+  // Everything goes in the end.
+  Done(later);
+  Release(Id(11), s);
+  Release(Id(12), s);
+  Release(Id(10), s);
+  EXPECT_TRUE(state_.records().calls().empty());
+  EXPECT_TRUE(state_.records().buffers().empty());
+  EXPECT_EQ(state_.FindClient(client_)->live_bytes, 0);
+}
+
+}  // namespace
+}  // namespace plexus
