@@ -124,6 +124,25 @@ void JobRecords::Snapshotted(uint64_t buffer_id) {
 
 void JobRecords::Erase(uint64_t id) { Forget(id); }
 
+void JobRecords::Rename(uint64_t from, uint64_t to) {
+  auto f = buffers_.find(from);
+  auto t = buffers_.find(to);
+  if (f == buffers_.end() || t == buffers_.end()) return;
+  for (auto& [seq, rec] : calls_) {
+    if (!rec.done || rec.failed || !rec.holding) continue;
+    for (proto::InputRef& in : *rec.call.mutable_inputs()) {
+      if (in.buffer_id() != from) continue;
+      in.set_buffer_id(to);
+      f->second.readers--;
+      t->second.readers++;
+    }
+  }
+  if (f->second.readers == 0 && f->second.released) {
+    due_.emplace_back(from, f->second.slice_id);
+    Forget(from);
+  }
+}
+
 void JobRecords::Forget(uint64_t id) {
   auto it = buffers_.find(id);
   if (it == buffers_.end()) return;

@@ -74,6 +74,10 @@ class JobRecords {
   // The buffer's record goes, whatever holds it (recovery: it lives on
   // under another id); its release is the caller's.
   void Erase(uint64_t id);
+  // Recovery made `from`'s value again as `to`: calls done that hold
+  // `from` (for their outputs' lineage) read and hold `to` instead. If that
+  // was the last hold of a released `from`, its release is due.
+  void Rename(uint64_t from, uint64_t to);
   // Everything of a client that left.
   void RemoveClient(uint64_t client_id);
   // Buffers whose release may go to the workers now, with their slices.

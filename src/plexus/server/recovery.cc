@@ -2,6 +2,7 @@
 // a spare, and what was lost with it is copied, recomputed or declared lost
 // from the server's records (server/job_records.h).
 #include <algorithm>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/status_proto.h"
@@ -256,6 +257,26 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     hit.emplace_back(b.producer, id);
   }
   std::sort(hit.begin(), hit.end());
+  {
+    // Each after the hit values its producer reads: a value recomputed
+    // after an earlier loss has a newer producer than calls that read it.
+    std::map<uint64_t, uint64_t> producer_of;
+    for (const auto& [p, id] : hit) producer_of[id] = p;
+    std::vector<std::pair<uint64_t, uint64_t>> ordered;
+    std::set<uint64_t> placed;
+    std::function<void(uint64_t)> place = [&](uint64_t id) {
+      if (!placed.insert(id).second) return;
+      const uint64_t p = producer_of.at(id);
+      if (const CallRecord* rec = p != 0 ? records_.FindCall(p) : nullptr) {
+        for (const proto::InputRef& in : rec->call.inputs()) {
+          if (producer_of.count(in.buffer_id()) > 0) place(in.buffer_id());
+        }
+      }
+      ordered.emplace_back(p, id);
+    };
+    for (const auto& [p, id] : hit) place(id);
+    hit = std::move(ordered);
+  }
   std::set<uint64_t> restored;
   WorkerOps copies;
   auto available = [&](uint64_t id) {
@@ -439,7 +460,23 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
   WorkerOps releases;  // after all of them
   std::vector<uint64_t> release_new;
   ClientRecord* client = FindClient(client_id);
-  for (uint64_t seq : again) {
+  // Each after the calls that make its inputs (as in step 2).
+  std::vector<uint64_t> order;
+  {
+    std::set<uint64_t> placed;
+    std::function<void(uint64_t)> place = [&](uint64_t seq) {
+      if (!placed.insert(seq).second) return;
+      if (const CallRecord* rec = records_.FindCall(seq)) {
+        for (const proto::InputRef& in : rec->call.inputs()) {
+          const BufferRecord* b = records_.FindBuffer(in.buffer_id());
+          if (b != nullptr && again.count(b->producer) > 0) place(b->producer);
+        }
+      }
+      order.push_back(seq);
+    };
+    for (uint64_t seq : again) place(seq);
+  }
+  for (uint64_t seq : order) {
     const CallRecord* rec = records_.FindCall(seq);
     if (rec == nullptr) continue;
     proto::Call call = rec->call;
@@ -470,6 +507,10 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     // client released waits for the calls that still read it, below).
     for (size_t o = 0; o < old_outputs.size(); ++o) {
       const uint64_t old_id = old_outputs[o];
+      // Calls done that hold it for their lineage hold the new one.
+      if (routed.ok()) {
+        records_.Rename(old_id, call.output_ids(static_cast<int>(o)));
+      }
       const BufferRecord* ob = records_.FindBuffer(old_id);
       // No record: the client released it and nothing read it; the new
       // one is released too (nobody else will).

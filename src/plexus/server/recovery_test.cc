@@ -989,3 +989,71 @@ TEST_F(RecoveryTest, AValueLostTwiceIsRecomputedTwice) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+// A done call on another slice read a value that a first loss recomputed
+// under a new id; a second loss, of the host of that call's output, finds
+// the output's lineage through the new id. Found here: the call still held
+// the old id (whose record recovery erased), so the new one was released
+// under it and the output was lost (DATA_LOSS); and recovery ordered the
+// work by routing order, in which the value's new producer comes after the
+// call that reads it.
+TEST_F(RecoveryTest, ALineageThroughARecomputedValueSurvivesASecondLoss) {
+  const uint64_t s = Spread4();
+  const uint64_t t = SliceOn(2, "host0").slice_id();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Register(Id(2), "identity", kSplit, kSplit);
+  Put(Id(10), s, kReplicated);
+  Done(Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11))));
+  proto::Call on_t = MakeCall(Id(2), t, Id(11), kSplit, Id(12));
+  on_t.mutable_inputs(0)->set_slice_id(s);
+  Done(Route(on_t));
+  ClientRecovery first = LoseHost1();
+  const auto renamed = Renamed(first.note);
+  EXPECT_EQ(renamed.size(), 1u);  // Id(12) was not on host1
+  Done(CallMaking(first, renamed.at(Id(11)))->call_seq);
+  // The client lets go of Id(11): Id(12) may still need it, under its new
+  // id, which stays.
+  EXPECT_TRUE(Released(Release(Id(11), s)).empty());
+  const int64_t spare1 =
+      state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
+  WorkerLoss loss = state_.LoseWorker(1, "killed too");
+  EXPECT_EQ(loss.spare, spare1);
+  ClientRecovery second = state_.RecoverClient(client_, loss, {});
+  EXPECT_EQ(second.note.lost_ids_size(), 0) << second.note.status().message();
+  const auto again = Renamed(second.note);
+  ASSERT_EQ(again.count(Id(12)), 1u);
+  const uint64_t newest = again.at(renamed.at(Id(11)));
+  // Id(12)'s producer runs after the call that makes its input again, and
+  // reads it under its newest id.
+  const RoutedWork* input = CallMaking(second, newest);
+  const RoutedWork* output = CallMaking(second, again.at(Id(12)));
+  ASSERT_NE(input, nullptr);
+  ASSERT_NE(output, nullptr);
+  EXPECT_LT(input, output);
+  for (const auto& [w, list] : output->ops) {
+    for (const auto& op : list) {
+      if (!op.has_execute()) continue;
+      for (const auto& task : op.execute().tasks()) {
+        for (const auto& piece : task.inputs(0).pieces()) {
+          if (ClientOfBuffer(piece.buffer_id()) == client_) {
+            EXPECT_EQ(piece.buffer_id(), newest);
+          }
+        }
+      }
+    }
+  }
+  // And everything goes in the end.
+  Done(input->call_seq);
+  Done(output->call_seq);
+  Release(Id(12), t);
+  Release(Id(10), s);
+  EXPECT_TRUE(state_.records().calls().empty());
+  EXPECT_TRUE(state_.records().buffers().empty());
+  EXPECT_EQ(state_.FindClient(client_)->live_bytes, 0);
+}
+
+}  // namespace
+}  // namespace plexus
