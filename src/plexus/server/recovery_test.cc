@@ -366,7 +366,10 @@ TEST_F(RecoveryTest, AHostStartedAsASpareIsPreferredToAFreeHost) {
   EXPECT_EQ(state_.workers().at(free_host).slices_mapped, 0);
 }
 
-TEST_F(ClusterStateTest, AHostInNoSliceTakesALostHostsSlice) {
+// Two hosts of two devices, neither started as a spare.
+class RecoveryWithoutSpareTest : public ClusterStateTest {};
+
+TEST_F(RecoveryWithoutSpareTest, AHostInNoSliceTakesALostHostsSlice) {
   proto::SliceInfo s = Slice(2, proto::PLACEMENT_ONE_HOST);
   const int64_t lost = s.devices(0).worker_id();
   const int64_t free_host = lost == 1 ? 2 : 1;
@@ -377,7 +380,7 @@ TEST_F(ClusterStateTest, AHostInNoSliceTakesALostHostsSlice) {
             (std::vector<DeviceRef>{{free_host, 0}, {free_host, 1}}));
 }
 
-TEST_F(ClusterStateTest, WithoutASpareALostHostsSliceBreaks) {
+TEST_F(RecoveryWithoutSpareTest, WithoutASpareALostHostsSliceBreaks) {
   proto::SliceInfo s = Slice(4, proto::PLACEMENT_SPREAD);
   WorkerLoss loss = state_.LoseWorker(1, "killed");
   EXPECT_EQ(loss.spare, 0);
@@ -404,7 +407,7 @@ TEST_F(ClusterStateTest, WithoutASpareALostHostsSliceBreaks) {
 
 // A free host with fewer devices than the slice uses of the lost one
 // cannot stand in for it.
-TEST_F(ClusterStateTest, ASpareNeedsTheLostHostsDeviceIndices) {
+TEST_F(RecoveryWithoutSpareTest, ASpareNeedsTheLostHostsDeviceIndices) {
   state_.AddWorker(Host("small", 1, /*spare=*/true), absl::Now());
   proto::SliceInfo s = Slice(4, proto::PLACEMENT_SPREAD);
   WorkerLoss loss = state_.LoseWorker(2, "killed");
@@ -656,7 +659,7 @@ TEST_F(RecoveryTest, AValueThatCannotBeRecomputedIsLost) {
 
 // Snapshots X (split, four shards on two hosts) and reports `arrived` of
 // its shard copies. Returns the copy's id.
-class SnapshotTest : public RecoveryTest {
+class RecoverySnapshotTest : public RecoveryTest {
  protected:
   void SetUp() override {
     RecoveryTest::SetUp();
@@ -695,7 +698,7 @@ class SnapshotTest : public RecoveryTest {
   uint64_t seq_ = 0;
 };
 
-TEST_F(SnapshotTest, ACompleteSnapshotIsRestoredNotRecomputed) {
+TEST_F(RecoverySnapshotTest, ACompleteSnapshotIsRestoredNotRecomputed) {
   const uint64_t copy = Snapshot(4);
   // Its producer need not hold its input for it any more.
   ASSERT_NE(CallOf(seq_), nullptr);
@@ -735,7 +738,7 @@ TEST_F(SnapshotTest, ACompleteSnapshotIsRestoredNotRecomputed) {
   EXPECT_EQ(c.buffers_failed(), 0);
 }
 
-TEST_F(SnapshotTest, AnIncompleteSnapshotIsNotRestoredFrom) {
+TEST_F(RecoverySnapshotTest, AnIncompleteSnapshotIsNotRestoredFrom) {
   const uint64_t copy = Snapshot(3);
   ASSERT_NE(CallOf(seq_), nullptr);
   EXPECT_TRUE(CallOf(seq_)->holding);
@@ -858,7 +861,7 @@ namespace {
 // the value. The first copy was complete, so its producer let go of its
 // input (which its client then released); the second request used to drop
 // that copy while a new one was made, and the value was lost (DATA_LOSS).
-TEST_F(SnapshotTest, ASecondSnapshotOfABufferKeepsItRecoverable) {
+TEST_F(RecoverySnapshotTest, ASecondSnapshotOfABufferKeepsItRecoverable) {
   Snapshot(4);
   EXPECT_TRUE(Released(Release(Id(10), s_)).count(Id(10)));
   WorkerOps ops;
