@@ -1,5 +1,7 @@
 #include "plexus/server/job_records.h"
 
+#include <algorithm>
+
 #include "plexus/store/object_store.h"  // ClientOfBuffer
 
 namespace plexus {
@@ -33,6 +35,24 @@ void JobRecords::AddPut(uint64_t buffer_id, uint64_t slice_id,
 }
 
 void JobRecords::Reconsider(uint64_t seq) {
+  // A loop, not recursion: letting go of a chain's end lets go of the whole
+  // chain, one call per link (a chain of 43,000 split values overflowed a
+  // gRPC thread's 8 MiB stack). The calls a reconsideration frees are
+  // reconsidered after it, in the order it freed them.
+  reconsider_.push_back(seq);
+  if (reconsidering_) return;
+  reconsidering_ = true;
+  while (!reconsider_.empty()) {
+    const uint64_t next = reconsider_.back();
+    reconsider_.pop_back();
+    const size_t before = reconsider_.size();
+    ReconsiderOne(next);
+    std::reverse(reconsider_.begin() + before, reconsider_.end());
+  }
+  reconsidering_ = false;
+}
+
+void JobRecords::ReconsiderOne(uint64_t seq) {
   auto it = calls_.find(seq);
   if (it == calls_.end()) return;
   CallRecord& rec = it->second;
@@ -48,9 +68,8 @@ void JobRecords::Reconsider(uint64_t seq) {
     }
     if (!needed) {
       rec.holding = false;
-      // Unread may forget buffers and reconsider their producers (earlier
-      // calls); `rec` stays valid (std::map), and this call's own record
-      // is not touched by them.
+      // Unread may forget buffers; their producers (earlier calls) are
+      // reconsidered after this one.
       for (const proto::InputRef& in : rec.call.inputs()) {
         Unread(in.buffer_id());
       }

@@ -100,13 +100,17 @@ class JobRecords {
   // The record goes; its producer may let go of its inputs.
   void Forget(uint64_t id);
   // Lets go of the call's inputs if it no longer needs them; forgets the
-  // record when it is done and no output lives.
+  // record when it is done and no output lives. The calls that frees are
+  // reconsidered in turn (a loop over reconsider_, not recursion).
   void Reconsider(uint64_t seq);
+  void ReconsiderOne(uint64_t seq);
 
   std::map<uint64_t, CallRecord> calls_;  // by seq: routing order
   absl::flat_hash_map<uint64_t, BufferRecord> buffers_;
   std::vector<std::pair<uint64_t, uint64_t>> due_;
   std::vector<uint64_t> released_puts_;
+  std::vector<uint64_t> reconsider_;  // calls to reconsider, last first
+  bool reconsidering_ = false;
 };
 
 }  // namespace plexus

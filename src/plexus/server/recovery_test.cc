@@ -161,6 +161,29 @@ TEST_F(JobRecordsTest, AChainOfSplitValuesGoesWhenItsEndIsReleased) {
   ExpectEmpty();
 }
 
+// The end of a long chain lets go of it link by link without recursing
+// once per link (a chain of ~43,000 calls overflowed the server's stack:
+// plexus-bench-dispatch --calls 262144 crashed it with SIGSEGV).
+TEST_F(JobRecordsTest, ALongChainGoesWhenItsEndIsReleased) {
+  constexpr uint64_t kLinks = 200000;
+  records_.AddPut(B(1), 1, kSplit);
+  for (uint64_t i = 1; i <= kLinks; ++i) {
+    AddCall(i, {B(i)}, {{B(i + 1), kSplit}});
+    EXPECT_FALSE(records_.Release(B(i)));
+    records_.CallDone(i);
+  }
+  EXPECT_TRUE(records_.TakeDue().empty());
+  EXPECT_EQ(records_.calls().size(), kLinks);
+  EXPECT_TRUE(records_.Release(B(kLinks + 1)));
+  const Due due = records_.TakeDue();
+  ASSERT_EQ(due.size(), kLinks + 1);
+  for (uint64_t i = 0; i <= kLinks; ++i) {  // end first
+    ASSERT_EQ(due[i], std::make_pair(B(kLinks + 1 - i), uint64_t{1})) << i;
+  }
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  ExpectEmpty();
+}
+
 TEST_F(JobRecordsTest, AReleaseOfAnUnreadBufferGoesAtOnce) {
   records_.AddPut(B(1), 1, kSplit);
   EXPECT_TRUE(records_.Release(B(1)));
