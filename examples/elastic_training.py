@@ -133,14 +133,35 @@ class Chaos:
         self.window_s = window_s
         self.kills = []  # (step, host, pid, seconds into the step)
         self._timers = []
-        self._lock = threading.Lock()
 
     def __call__(self, step):
         if step not in self.steps:
             return
+        # Before the step is issued: the last loss has been declared and a
+        # spare has joined (each loss recoverable), and the victim is
+        # chosen among the slice's hosts; the kill itself comes at a
+        # random moment of the step, from another thread.
+        for t in self._timers:
+            t.join()
+        if self.kills:
+            last = self.kills[-1]
+            self._status("the last loss", lambda st: not any(
+                w["alive"] and int(w["pid"]) == last[2]
+                for w in st["workers"]))
+
+        def spare_and_slice(st):
+            in_slices = {d["worker_id"] for sl in st.get("slices", [])
+                         for d in sl.get("devices", [])}
+            return any(w["alive"] and w.get("spare") for w in st["workers"]) \
+                and in_slices
+        st = self._status("a spare joining", spare_and_slice)
+        in_slices = {d["worker_id"] for sl in st.get("slices", [])
+                     for d in sl.get("devices", [])}
+        used = [w for w in st["workers"]
+                if w["alive"] and w["worker_id"] in in_slices]
+        victim = used[int(self.rng.random() * len(used)) % len(used)]
         delay = self.rng.uniform(0, self.window_s)
-        pick = self.rng.random()
-        timer = threading.Timer(delay, self._kill, (step, delay, pick))
+        timer = threading.Timer(delay, self._kill, (step, delay, victim))
         timer.start()
         self._timers.append(timer)
 
@@ -155,22 +176,10 @@ class Chaos:
                 raise RuntimeError(f"chaos: {what} did not happen within 30 s")
             time.sleep(0.05)
 
-    def _kill(self, step, delay, pick):
-        with self._lock:  # one loss at a time, each recoverable
-            # A host is recovered onto a spare: wait until the one started
-            # after the last kill has joined.
-            st = self._status("a spare joining", lambda st: any(
-                w["alive"] and w.get("spare") for w in st["workers"]))
-            used = [w for w in st["workers"]
-                    if w["alive"] and not w.get("spare")]
-            victim = used[int(pick * len(used)) % len(used)]
-            os.kill(int(victim["pid"]), signal.SIGKILL)
-            self.kills.append((step, victim["host_name"], int(victim["pid"]),
-                               round(delay, 4)))
-            # Until the server has declared it down (and remapped).
-            self._status("the loss", lambda st: not any(
-                w["alive"] and w["worker_id"] == victim["worker_id"]
-                for w in st["workers"]))
+    def _kill(self, step, delay, victim):
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        self.kills.append((step, victim["host_name"], int(victim["pid"]),
+                           round(delay, 4)))
 
     def join(self):
         for t in self._timers:

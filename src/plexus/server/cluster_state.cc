@@ -18,7 +18,14 @@ WorkerRecord& ClusterState::AddWorker(const proto::RegisterWorker& info,
   w.info = info;
   w.last_heartbeat = now;
   w.device_load.assign(info.devices_size(), 0);
+  UpdateLineagePolicy();
   return w;
+}
+
+void ClusterState::UpdateLineagePolicy() {
+  bool spare = false;
+  for (const auto& [id, w] : workers_) spare |= w.alive && w.info.spare();
+  records_.set_keep_lineage(spare);
 }
 
 WorkerRecord* ClusterState::FindWorker(int64_t id) {
@@ -33,6 +40,7 @@ std::set<uint64_t> ClusterState::MarkWorkerDown(int64_t id,
   if (w == nullptr || !w->alive) return clients;
   w->alive = false;
   w->down_reason = reason;
+  if (w->info.spare()) UpdateLineagePolicy();
   for (auto& [sid, slice] : slices_) {
     for (const DeviceRef& d : slice.devices) {
       if (d.worker_id == id) {
@@ -154,18 +162,25 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   }
   client->programs[reg.program_id()] = std::move(rec);
   if (xla && ops != nullptr) {
+    std::set<int64_t> targets;
     for (const auto& island : def.xla().islands()) {
-      for (int64_t worker_id : island.workers()) {
-        auto w = workers_.find(worker_id);
-        if (w == workers_.end() || !w->second.alive ||
-            !w->second.loaded_programs.insert(reg.program_id()).second) {
-          continue;
-        }
-        proto::WorkerOp load;
-        load.mutable_load()->set_program_id(reg.program_id());
-        *load.mutable_load()->mutable_program() = def;
-        (*ops)[worker_id].push_back(std::move(load));
+      targets.insert(island.workers().begin(), island.workers().end());
+    }
+    // Spares compile it too: one that takes a lost host's place then
+    // runs the program at once (recovery costs no compile).
+    for (const auto& [id, w] : workers_) {
+      if (w.alive && w.info.spare()) targets.insert(id);
+    }
+    for (int64_t worker_id : targets) {
+      auto w = workers_.find(worker_id);
+      if (w == workers_.end() || !w->second.alive ||
+          !w->second.loaded_programs.insert(reg.program_id()).second) {
+        continue;
       }
+      proto::WorkerOp load;
+      load.mutable_load()->set_program_id(reg.program_id());
+      *load.mutable_load()->mutable_program() = def;
+      (*ops)[worker_id].push_back(std::move(load));
     }
   }
   return absl::OkStatus();

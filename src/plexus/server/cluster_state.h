@@ -161,6 +161,9 @@ class ClusterState {
 
   // --- workers
   WorkerRecord& AddWorker(const proto::RegisterWorker& info, absl::Time now);
+  // A spare that joined gets every XLA program of every client, to compile
+  // ahead (server/recovery.cc): the loads, marked loaded.
+  std::vector<proto::WorkerOp> LoadsForSpare(int64_t worker_id);
   WorkerRecord* FindWorker(int64_t id);
   const std::map<int64_t, WorkerRecord>& workers() const { return workers_; }
   // Marks the worker dead and every slice on it broken. Returns the ids of
@@ -190,6 +193,9 @@ class ClusterState {
   // failed): held-back releases it frees are appended to `ops`.
   void CallDone(uint64_t seq, bool failed, WorkerOps* ops);
   const JobRecords& records() const { return records_; }
+  // Lineage is kept while a live spare is registered (JobRecords::
+  // set_keep_lineage); called as workers come and go.
+  void UpdateLineagePolicy();
   // Puts released for good since the last call, by client: each client
   // drops the data it kept to put them again.
   std::map<uint64_t, std::vector<uint64_t>> TakeReleasedPuts();

@@ -59,6 +59,7 @@ void JobRecords::ReconsiderOne(uint64_t seq) {
   if (rec.holding && rec.done && !rec.failed) {
     bool needed = false;  // an output that only its inputs can rebuild
     for (uint64_t o : rec.call.output_ids()) {
+      if (!keep_lineage_) break;
       auto b = buffers_.find(o);
       if (b != buffers_.end() && b->second.producer == seq &&
           !b->second.spec.sharding.is_replicated() && !b->second.snapshotted) {

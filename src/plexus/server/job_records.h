@@ -78,6 +78,13 @@ class JobRecords {
   // `from` (for their outputs' lineage) read and hold `to` instead. If that
   // was the last hold of a released `from`, its release is due.
   void Rename(uint64_t from, uint64_t to);
+  // Whether done calls hold their inputs for their outputs' lineage. Only
+  // a cluster with a spare can recover, so only one keeps lineage (it
+  // costs memory: a chain of split values without snapshots stays on the
+  // workers until its end is released); calls not done, or failed, hold
+  // their inputs either way. Takes effect as calls are next reconsidered.
+  void set_keep_lineage(bool keep) { keep_lineage_ = keep; }
+  bool keep_lineage() const { return keep_lineage_; }
   // Everything of a client that left.
   void RemoveClient(uint64_t client_id);
   // Buffers whose release may go to the workers now, with their slices.
@@ -109,6 +116,7 @@ class JobRecords {
   absl::flat_hash_map<uint64_t, BufferRecord> buffers_;
   std::vector<std::pair<uint64_t, uint64_t>> due_;
   std::vector<uint64_t> released_puts_;
+  bool keep_lineage_ = true;
   std::vector<uint64_t> reconsider_;  // calls to reconsider, last first
   bool reconsidering_ = false;
 };

@@ -20,6 +20,7 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
   w->alive = false;
   w->down_reason = reason;
   counters_.set_hosts_lost(counters_.hosts_lost() + 1);
+  if (w->info.spare()) UpdateLineagePolicy();
   std::vector<uint64_t> affected;
   int32_t highest = -1;  // the highest device index of it a slice uses
   for (auto& [sid, slice] : slices_) {
@@ -62,9 +63,13 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
     loss.remapped.insert(sid);
     counters_.set_slices_remapped(counters_.slices_remapped() + 1);
   }
-  if (spare == nullptr) return loss;
+  if (spare == nullptr) {
+    UpdateLineagePolicy();
+    return loss;
+  }
   loss.spare = spare->id;
   spare->info.set_spare(false);  // a host like the others from now on
+  UpdateLineagePolicy();
   // XLA programs name their islands' workers: the spare stands in for the
   // lost host (same device indices, so the same compile options).
   for (uint64_t c : loss.clients) {
@@ -80,6 +85,24 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
     }
   }
   return loss;
+}
+
+std::vector<proto::WorkerOp> ClusterState::LoadsForSpare(int64_t worker_id) {
+  std::vector<proto::WorkerOp> loads;
+  WorkerRecord* w = FindWorker(worker_id);
+  if (w == nullptr || !w->info.spare()) return loads;
+  for (const auto& [cid, client] : clients_) {
+    for (const auto& [pid, prog] : client.programs) {
+      if (prog.def.kernel() != "xla" ||
+          !w->loaded_programs.insert(pid).second) {
+        continue;
+      }
+      proto::WorkerOp& load = loads.emplace_back();
+      load.mutable_load()->set_program_id(pid);
+      *load.mutable_load()->mutable_program() = prog.def;
+    }
+  }
+  return loads;
 }
 
 const proto::Call* ClusterState::Translated(const proto::Call& call,

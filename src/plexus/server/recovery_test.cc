@@ -593,6 +593,9 @@ TEST_F(RecoveryTest, ASplitValueIsRecomputedUnderNewIds) {
   EXPECT_EQ(c.buffers_restored(), 1);  // the replicated put
   EXPECT_EQ(c.buffers_failed(), 0);
 
+  // A new spare joins (as the embedded cluster starts one): the cluster
+  // can recover again, so lineage is kept again.
+  state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now());
   // A later call that names the old id reads the new one.
   WorkerOps ops;
   const uint64_t later =
@@ -1079,6 +1082,34 @@ TEST_F(RecoveryTest, ALineageThroughARecomputedValueSurvivesASecondLoss) {
   EXPECT_TRUE(state_.records().calls().empty());
   EXPECT_TRUE(state_.records().buffers().empty());
   EXPECT_EQ(state_.FindClient(client_)->live_bytes, 0);
+}
+
+}  // namespace
+}  // namespace plexus
+
+namespace plexus {
+namespace {
+
+// Lineage costs memory; only a cluster that can recover (a spare is
+// registered) keeps it. Without one, a done call lets go of its inputs.
+TEST(JobRecordsLineageTest, ACallLetsGoOfItsInputsWhenLineageIsNotKept) {
+  for (bool keep : {true, false}) {
+    JobRecords records;
+    records.set_keep_lineage(keep);
+    const ArgSpec split =
+        ArgSpec{TensorSpec{DType::kF32, {4}}, Sharding::Split(0)};
+    records.AddPut(1, 7, split);
+    proto::Call call;
+    call.set_slice_id(7);
+    call.add_inputs()->set_buffer_id(1);
+    call.add_output_ids(2);
+    records.AddCall(1, 0, call, {split});
+    EXPECT_FALSE(records.Release(1));  // the call is not done: held
+    records.CallDone(1);
+    std::vector<std::pair<uint64_t, uint64_t>> due = records.TakeDue();
+    // Kept: the split output may need its input; not kept: it goes.
+    EXPECT_EQ(due.empty(), keep) << "keep_lineage " << keep;
+  }
 }
 
 }  // namespace

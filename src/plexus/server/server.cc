@@ -203,6 +203,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
         if (other.alive) queue->Push(PeerOp(other));
       }
       scheduler_.Broadcast(PeerOp(w));
+      // A spare compiles every XLA program ahead, to take a place at once.
+      for (proto::WorkerOp& load : state_.LoadsForSpare(id)) {
+        queue->Push(std::move(load));
+      }
       scheduler_.AddWorker(id, std::move(queue));
       {
         absl::MutexLock admission(&admission_mu_);

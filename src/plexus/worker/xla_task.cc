@@ -1,6 +1,8 @@
 // Execution of XLA programs: the tasks of one call on this worker form an
 // island that runs the program's SPMD executable once over its devices.
+#include <algorithm>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -68,13 +70,20 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
 
 void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {
   absl::MutexLock lock(&compile_mu_);
+  // Its own islands; a spare compiles every island that fits its devices,
+  // so that taking a lost host's place costs no compile.
+  std::set<std::vector<int>> queued;
+  const int num_devices = static_cast<int>(devices_.size());
   for (const auto& island : program->xla->islands()) {
-    for (int64_t w : island.workers()) {
-      if (w != worker_id_.load()) continue;
-      compile_queue_.emplace_back(
-          program,
-          std::vector<int>(island.devices().begin(), island.devices().end()));
+    std::vector<int> devices(island.devices().begin(), island.devices().end());
+    bool mine = false;
+    for (int64_t w : island.workers()) mine |= w == worker_id_.load();
+    const bool fits = std::all_of(devices.begin(), devices.end(),
+                                  [&](int d) { return d < num_devices; });
+    if (!(mine || (options_.spare && fits)) || !queued.insert(devices).second) {
+      continue;
     }
+    compile_queue_.emplace_back(program, std::move(devices));
   }
   if (!compile_queue_.empty() && !compiler_.joinable()) {
     compiler_ = std::thread([this] { CompilerLoop(); });

@@ -1,0 +1,223 @@
+"""Soak of host failures under one long elastic training run (not in CI).
+
+Runs examples/elastic_training.py's loop (the data-parallel transformer on
+3 hosts + 1 spare, momentum split and snapshotted every step) for as many
+steps as it takes, killing a random worker of the slice every
+`--every` steps at a random moment of the step: SIGKILL, or SIGSTOP
+(declared down by missed heartbeats, then SIGCONT: it is fenced and
+rejoins as a fresh host), mixed. Each failure waits for the previous one's
+spare to join. Prints, and writes as JSON (--json):
+
+  recovered / total     failures after which training went on (and the
+                        whole loss curve equals a failure-free run's)
+  steps redone          per failure: 1 if calls of the step in flight ran
+                        again, else 0 (no step is ever lost: the loop never
+                        sees the failure)
+  recovery time         from the kill to the next step completed (median,
+                        max), split into detection (kill -> the server
+                        declares the host down, from its log), compile (the
+                        spare compiling the programs, from its log) and the
+                        rest (routing again, copies, recomputation)
+
+    PYTHONPATH=python PLEXUS_BIN_DIR=build/bin \\
+        python3 bench/recovery.py --failures 100 --every 3
+"""
+import argparse
+import datetime
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "examples"))
+import elastic_training  # noqa: E402
+import plexus  # noqa: E402
+from plexus import _core  # noqa: E402
+
+LOG_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d{3}) ")
+
+
+def log_seconds(line, day):
+    """A log line's wall-clock time, as seconds since the epoch."""
+    m = LOG_TIME.match(line)
+    if not m:
+        return None
+    h, mi, s, ms = (int(g) for g in m.groups())
+    t = datetime.datetime.combine(day, datetime.time(h, mi, s, ms * 1000))
+    return t.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+class Soak:
+    def __init__(self, cluster, failures, every, seed, stop_share):
+        self.cluster = cluster
+        self.failures = failures
+        self.every = every
+        self.rng = random.Random(seed)
+        self.stop_share = stop_share
+        self.kills = []      # dicts: step, kind, host, worker, at (wall)
+        self.completed = []  # (step, wall time its loss was read)
+        self._lock = threading.Lock()
+        self._threads = []
+
+    def status(self):
+        return json.loads(_core.cluster_status(self.cluster.address))
+
+    def wait(self, what, ready, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if ready(st):
+                return st
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"soak: {what} did not happen in {timeout} s")
+            time.sleep(0.02)
+
+    def on_step(self, step):
+        self.completed.append((step - 1, time.time()))
+        if step % self.every or len(self._threads) >= self.failures:
+            return
+        kind = "SIGSTOP" if self.rng.random() < self.stop_share else "SIGKILL"
+        t = threading.Thread(target=self._fail,
+                             args=(step, kind, self.rng.uniform(0, 0.05),
+                                   self.rng.random()))
+        t.start()
+        self._threads.append(t)
+
+    def _fail(self, step, kind, delay, pick):
+        time.sleep(delay)  # a random moment of the step
+        def in_slices(st):
+            return {d["worker_id"] for sl in st.get("slices", [])
+                    for d in sl.get("devices", [])}
+
+        with self._lock:
+            # A host in no slice to take the next loss: the last kill's new
+            # spare, or a stopped host that woke and rejoined.
+            st = self.wait("a spare joining", lambda st: any(
+                w["alive"] and w["worker_id"] not in in_slices(st)
+                for w in st["workers"]))
+            used = [w for w in st["workers"]
+                    if w["alive"] and w["worker_id"] in in_slices(st)]
+            victim = used[int(pick * len(used)) % len(used)]
+            pid = int(victim["pid"])
+            at = time.time()
+            os.kill(pid, getattr(signal, kind))
+            self.kills.append({"step": step, "kind": kind, "pid": pid,
+                               "host": victim["host_name"],
+                               "worker": victim["worker_id"], "at": at})
+            self.wait("the loss", lambda st: not any(
+                w["alive"] and w["worker_id"] == victim["worker_id"]
+                for w in st["workers"]))
+            if kind == "SIGSTOP":
+                os.kill(pid, signal.SIGCONT)  # fenced; rejoins as a fresh host
+
+    def join(self):
+        for t in self._threads:
+            t.join()
+
+
+def analyse(soak, log_text, steps, counters):
+    day = datetime.datetime.now(datetime.timezone.utc).date()
+    down_at = {}   # worker id -> when the server declared it down
+    compiles = []  # (time, ms) of compiles on spares
+    for line in log_text.splitlines():
+        t = log_seconds(line, day)
+        if t is None:
+            continue
+        m = re.search(r"\[server\] \w+ worker (\d+) (lost its connection|"
+                      r"missed heartbeats)", line)
+        if m:
+            down_at.setdefault(m.group(1), t)
+        m = re.search(r"\[worker spare\d+\] info XLA: compiled .* in (\d+) ms",
+                      line)
+        if m:
+            compiles.append((t, int(m.group(1))))
+    rows = []
+    for i, k in enumerate(soak.kills):
+        nxt = [c for c in soak.completed if c[1] > k["at"]]
+        until = soak.kills[i + 1]["at"] if i + 1 < len(soak.kills) else 1e30
+        compile_ms = sum(ms for t, ms in compiles if k["at"] < t < until and
+                         (not nxt or t <= nxt[0][1]))
+        detect = down_at.get(k["worker"], k["at"]) - k["at"]
+        total = (nxt[0][1] - k["at"]) if nxt else None
+        rows.append({**k, "detect_s": round(detect, 3),
+                     "compile_s": round(compile_ms / 1000, 3),
+                     "to_next_step_s": None if total is None else round(total, 3)})
+    recovered = [r for r in rows if r["to_next_step_s"] is not None]
+    totals = [r["to_next_step_s"] for r in recovered]
+    summary = {
+        "failures": len(rows),
+        "recovered": len(recovered),
+        "sigkill": sum(r["kind"] == "SIGKILL" for r in rows),
+        "sigstop": sum(r["kind"] == "SIGSTOP" for r in rows),
+        "steps": steps,
+        "to_next_step_median_s": statistics.median(totals) if totals else None,
+        "to_next_step_max_s": max(totals) if totals else None,
+        "detect_median_s": {
+            kind: statistics.median([r["detect_s"] for r in rows
+                                     if r["kind"] == kind] or [0])
+            for kind in ("SIGKILL", "SIGSTOP")},
+        "compile_median_s": statistics.median(
+            [r["compile_s"] for r in rows] or [0]),
+        "rest_median_s": statistics.median(
+            [r["to_next_step_s"] - r["detect_s"] - r["compile_s"]
+             for r in recovered] or [0]),
+        "calls_recomputed": counters.get("calls_recomputed"),
+        "calls_recomputed_per_failure": round(
+            counters.get("calls_recomputed", 0) / max(1, len(rows)), 2),
+        "counters": counters,
+    }
+    return summary, rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--failures", type=int, default=100)
+    parser.add_argument("--every", type=int, default=3,
+                        help="a failure every this many steps")
+    parser.add_argument("--stop-share", type=float, default=0.3,
+                        help="share of failures that are SIGSTOP")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    steps = args.failures * args.every + 2
+    log = tempfile.NamedTemporaryFile(prefix="plexus-soak-", suffix=".log",
+                                      delete=False).name
+    print(f"{steps} steps, {args.failures} failures; cluster log {log}",
+          flush=True)
+    with plexus.local(hosts=3, spare=1, log_level="info",
+                      log_file=log) as cluster:
+        with cluster.connect(name="reference") as client:
+            expected = elastic_training.train(client, steps, seed=0)
+        soak = Soak(cluster, args.failures, args.every, args.seed,
+                    args.stop_share)
+
+        def progress(step):
+            soak.on_step(step)
+            if step % 25 == 0:
+                print(f"  step {step}/{steps}, {len(soak.kills)} failures",
+                      flush=True)
+
+        with cluster.connect(name="soak") as client:
+            losses = elastic_training.train(client, steps, seed=0,
+                                            on_step=progress)
+            soak.completed.append((steps, time.time()))
+            soak.join()
+        counters = {k: int(v) for k, v in json.loads(
+            _core.cluster_status(cluster.address)).get("recovery", {}).items()}
+    summary, rows = analyse(soak, open(log).read(), steps, counters)
+    summary["loss_curve_equal"] = losses == expected
+    print(json.dumps(summary, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"summary": summary, "failures": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
