@@ -155,9 +155,8 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
       const absl::StatusCode code = core_->SliceBroken(slice->id())
                                         ? absl::StatusCode::kDataLoss
                                         : s.code();
-      return absl::Status(
-          code, absl::StrCat("put of ", arg.global.ToString(), " shard ", j,
-                             ": ", s.message()));
+      return absl::Status(code, absl::StrCat("put of ", arg.global.ToString(),
+                                             " shard ", j, ": ", s.message()));
     }
     core_->bytes_put += bytes;
   }
