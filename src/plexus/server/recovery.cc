@@ -10,6 +10,49 @@
 #include "plexus/store/object_store.h"  // ClientOfBuffer
 
 namespace plexus {
+namespace {
+
+// A copy of shard `src_shard` of buffer `src_id`, on worker `src_worker`,
+// into (dst_id, dst_shard) on `dst`: the source pushes it once it is ready
+// and the destination takes it as the client's (`report`: and says when it
+// arrived, CallsDone.copies_done).
+void CopyShard(uint64_t src_id, int32_t src_shard, int64_t src_worker,
+               uint64_t dst_id, int32_t dst_shard, const DeviceRef& dst,
+               const TensorSpec& spec, bool report, WorkerOps* ops) {
+  proto::WorkerOp t;
+  auto* tr = t.mutable_transfer();
+  tr->set_buffer_id(src_id);
+  tr->set_shard(src_shard);
+  tr->set_dst_worker_id(dst.worker_id);
+  tr->set_dst_buffer_id(dst_id);
+  tr->set_dst_shard(dst_shard);
+  tr->set_dst_device(dst.device);
+  (*ops)[src_worker].push_back(std::move(t));
+  proto::WorkerOp e;
+  auto* ex = e.mutable_expect();
+  ex->set_buffer_id(dst_id);
+  ex->set_shard(dst_shard);
+  ex->set_owned(true);
+  ex->set_report(report);
+  ex->set_src_worker_id(src_worker);
+  ex->set_device(dst.device);
+  *ex->mutable_spec() = ToProto(spec);
+  (*ops)[dst.worker_id].push_back(std::move(e));
+}
+
+// The index of the next device after `j` (cyclically) on another host than
+// device `j`'s, or -1 if every device is on its host: where shard j's
+// snapshot copy is kept.
+int NextHostShard(const std::vector<DeviceRef>& devices, int j) {
+  const int n = static_cast<int>(devices.size());
+  for (int step = 1; step < n; ++step) {
+    const int c = (j + step) % n;
+    if (devices[c].worker_id != devices[j].worker_id) return c;
+  }
+  return -1;
+}
+
+}  // namespace
 
 WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
   WorkerLoss loss;
@@ -151,32 +194,11 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
   snap.id = ServerMadeId(client_id);
   for (int j = 0; j < n; ++j) {
     // The next shard's host that is not this shard's.
-    int k = -1;
-    for (int step = 1; step < n && k < 0; ++step) {
-      const int c = (j + step) % n;
-      if (devices[c].worker_id != devices[j].worker_id) k = c;
-    }
+    const int k = NextHostShard(devices, j);
     if (k < 0) return;  // one host: nowhere else to keep it
     snap.holders.push_back(devices[k].worker_id);
-    proto::WorkerOp t;
-    auto* tr = t.mutable_transfer();
-    tr->set_buffer_id(buffer_id);
-    tr->set_shard(j);
-    tr->set_dst_worker_id(devices[k].worker_id);
-    tr->set_dst_buffer_id(snap.id);
-    tr->set_dst_shard(j);
-    tr->set_dst_device(devices[k].device);
-    (*ops)[devices[j].worker_id].push_back(std::move(t));
-    proto::WorkerOp e;
-    auto* ex = e.mutable_expect();
-    ex->set_buffer_id(snap.id);
-    ex->set_shard(j);
-    ex->set_owned(true);
-    ex->set_report(true);
-    ex->set_src_worker_id(devices[j].worker_id);
-    ex->set_device(devices[k].device);
-    *ex->mutable_spec() = ToProto(*local);
-    (*ops)[devices[k].worker_id].push_back(std::move(e));
+    CopyShard(buffer_id, j, devices[j].worker_id, snap.id, j, devices[k],
+              *local, /*report=*/true, ops);
   }
   // The previous copy goes once this one is asked for (a copy being made
   // is never the only one).
@@ -323,25 +345,8 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       for (int j = 0; j < n && local.ok(); ++j) {
         const DeviceRef& dst = slice.devices[j];
         if (dst.worker_id != loss.spare) continue;
-        const DeviceRef& src = slice.devices[survivor];
-        proto::WorkerOp t;
-        auto* tr = t.mutable_transfer();
-        tr->set_buffer_id(id);
-        tr->set_shard(survivor);
-        tr->set_dst_worker_id(dst.worker_id);
-        tr->set_dst_buffer_id(id);
-        tr->set_dst_shard(j);
-        tr->set_dst_device(dst.device);
-        copies[src.worker_id].push_back(std::move(t));
-        proto::WorkerOp e;
-        auto* ex = e.mutable_expect();
-        ex->set_buffer_id(id);
-        ex->set_shard(j);
-        ex->set_owned(true);
-        ex->set_src_worker_id(src.worker_id);
-        ex->set_device(dst.device);
-        *ex->mutable_spec() = ToProto(*local);
-        copies[dst.worker_id].push_back(std::move(e));
+        CopyShard(id, survivor, slice.devices[survivor].worker_id, id, j, dst,
+                  *local, /*report=*/false, &copies);
       }
       restored.insert(id);
       counters_.set_buffers_restored(counters_.buffers_restored() + 1);
@@ -359,25 +364,8 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       for (int j = 0; j < n && local.ok(); ++j) {
         const DeviceRef& dst = slice.devices[j];
         if (dst.worker_id != loss.spare) continue;
-        const int64_t holder = snap->second.holders[j];
-        proto::WorkerOp t;
-        auto* tr = t.mutable_transfer();
-        tr->set_buffer_id(snap->second.id);
-        tr->set_shard(j);
-        tr->set_dst_worker_id(dst.worker_id);
-        tr->set_dst_buffer_id(id);
-        tr->set_dst_shard(j);
-        tr->set_dst_device(dst.device);
-        copies[holder].push_back(std::move(t));
-        proto::WorkerOp e;
-        auto* ex = e.mutable_expect();
-        ex->set_buffer_id(id);
-        ex->set_shard(j);
-        ex->set_owned(true);
-        ex->set_src_worker_id(holder);
-        ex->set_device(dst.device);
-        *ex->mutable_spec() = ToProto(*local);
-        copies[dst.worker_id].push_back(std::move(e));
+        CopyShard(snap->second.id, j, snap->second.holders[j], id, j, dst,
+                  *local, /*report=*/false, &copies);
         counters_.set_shards_from_snapshots(counters_.shards_from_snapshots() +
                                             1);
       }
@@ -450,30 +438,10 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
           snap.holders[j] != loss.worker_id) {
         continue;
       }
-      int k = -1;
-      for (int step = 1; step < n && k < 0; ++step) {
-        const int c = (j + step) % n;
-        if (devices[c].worker_id != devices[j].worker_id) k = c;
-      }
+      const int k = NextHostShard(devices, j);
       if (k < 0) continue;
-      proto::WorkerOp t;
-      auto* tr = t.mutable_transfer();
-      tr->set_buffer_id(id);
-      tr->set_shard(j);
-      tr->set_dst_worker_id(devices[k].worker_id);
-      tr->set_dst_buffer_id(snap.id);
-      tr->set_dst_shard(j);
-      tr->set_dst_device(devices[k].device);
-      recopies[devices[j].worker_id].push_back(std::move(t));
-      proto::WorkerOp e;
-      auto* ex = e.mutable_expect();
-      ex->set_buffer_id(snap.id);
-      ex->set_shard(j);
-      ex->set_owned(true);
-      ex->set_src_worker_id(devices[j].worker_id);
-      ex->set_device(devices[k].device);
-      *ex->mutable_spec() = ToProto(*local);
-      recopies[devices[k].worker_id].push_back(std::move(e));
+      CopyShard(id, j, devices[j].worker_id, snap.id, j, devices[k], *local,
+                /*report=*/false, &recopies);
       snap.holders[j] = devices[k].worker_id;
     }
   }
