@@ -70,17 +70,9 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
   proto::ClientOp op;
   op.mutable_put()->set_buffer_id(id);
   op.mutable_put()->set_slice_id(slice->id());
+  // The map the shards go by (the server asks for them again if it is old).
+  op.mutable_put()->set_slice_generation(slice->generation());
   *op.mutable_put()->mutable_arg() = ToProto(arg);
-  std::vector<proto::ClientOp> ops;
-  ops.push_back(std::move(op));
-  // Held while the put is queued: a Close() racing it releases the slice
-  // after the put, never before (see Slice).
-  if (!slice->Hold()) {
-    return absl::FailedPreconditionError("put: the slice is closed");
-  }
-  core_->Enqueue(std::move(ops));
-  slice->Unhold();
-  Future future(std::make_shared<BufferHandle>(core_, id, arg, slice));
 
   std::shared_ptr<Storage> replicated;
   std::map<Shape, std::shared_ptr<Storage>> blocks;  // mesh: by block start
@@ -126,9 +118,20 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
       shard = replicated;  // one memfd, mapped by every local worker
     }
   }
-  // Kept before any is sent: a host lost meanwhile gets its shards again
-  // from here (the server asks, Recovery.reput_ids).
+  // Kept before the put is declared or any shard sent: a host lost
+  // meanwhile gets its shards again from here (the server asks,
+  // Recovery.reput_ids).
+  std::vector<proto::ClientOp> ops;
+  ops.push_back(std::move(op));
+  // Held while the put is queued: a Close() racing it releases the slice
+  // after the put, never before (see Slice).
+  if (!slice->Hold()) {
+    return absl::FailedPreconditionError("put: the slice is closed");
+  }
   core_->KeepPut(id, slice->id(), kept);
+  core_->Enqueue(std::move(ops));
+  slice->Unhold();
+  Future future(std::make_shared<BufferHandle>(core_, id, arg, slice));
   for (int j = 0; j < n; ++j) {
     absl::Status s;
     for (int attempt = 0;; ++attempt) {

@@ -203,7 +203,8 @@ absl::StatusOr<const SliceRecord*> ClusterState::UsableSlice(
 }
 
 absl::Status ClusterState::RoutePut(uint64_t client_id,
-                                    const proto::PutDecl& put, WorkerOps* ops) {
+                                    const proto::PutDecl& put, WorkerOps* ops,
+                                    proto::Recovery* reput) {
   if (ClientOfBuffer(put.buffer_id()) != client_id) {
     return absl::PermissionDeniedError(absl::StrCat(
         "put: buffer id ", put.buffer_id(), " belongs to another client"));
@@ -227,6 +228,14 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
   if (!quota.ok()) return quota;
   RecordBuffer(*client, put.buffer_id(), bytes);
   records_.AddPut(put.buffer_id(), put.slice_id(), *arg);
+  // Put by a map the slice has changed since (a host lost while the put
+  // went out): every shard again, to where the map says now.
+  if (reput != nullptr && put.slice_generation() < (*slice)->generation) {
+    for (int j = 0; j < n; ++j) {
+      reput->add_reput_ids(put.buffer_id());
+      reput->add_reput_shards(j);
+    }
+  }
   for (int j = 0; j < n; ++j) {
     const DeviceRef& d = (*slice)->devices[j];
     proto::WorkerOp op;

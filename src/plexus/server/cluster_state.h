@@ -251,8 +251,10 @@ class ClusterState {
   // `seq`, if given, gets the call's sequence number (its record's key).
   absl::Status RouteCall(uint64_t client_id, const proto::Call& call,
                          WorkerOps* ops, uint64_t* seq = nullptr);
+  // `reput`, if given, gets the shards the client must put again: all of
+  // them when it put by an older map of the slice than the server's.
   absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
-                        WorkerOps* ops);
+                        WorkerOps* ops, proto::Recovery* reput = nullptr);
   // A call that did not route: its outputs fail on the workers of its
   // slice, for a consumer that already waits there. Only the client's own
   // outputs on its own slice: a refused call must not fail another

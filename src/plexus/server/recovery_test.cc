@@ -545,6 +545,36 @@ TEST_F(RecoveryTest, APutsLostShardsAreDeclaredOnTheSpareAndPutAgain) {
   EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 0);
 }
 
+// A put declared by the map from before a remap (the client put its
+// shards while the host was being lost, and the server routed the put
+// after the recovery): the client is asked to put every shard again, to
+// where the map says now; a put by the current map is not.
+TEST_F(RecoveryTest, APutByAMapOlderThanTheSlicesIsPutAgain) {
+  const uint64_t s = Spread4();
+  LoseHost1();
+  proto::PutDecl put;
+  put.set_slice_id(s);
+  *put.mutable_arg() = ToProto(kSplit);
+  for (uint64_t generation : {0, 1}) {
+    put.set_buffer_id(Id(40 + generation));
+    put.set_slice_generation(generation);
+    WorkerOps ops;
+    proto::Recovery reput;
+    ASSERT_TRUE(state_.RoutePut(client_, put, &ops, &reput).ok());
+    // Declared on the current map either way: the spare holds 2 and 3.
+    ASSERT_TRUE(ops.count(spare_));
+    EXPECT_EQ(ops.at(spare_).size(), 2u);
+    if (generation == 0) {
+      EXPECT_EQ(reput.reput_ids_size(), 4);
+      EXPECT_EQ(std::vector<int32_t>(reput.reput_shards().begin(),
+                                     reput.reput_shards().end()),
+                (std::vector<int32_t>{0, 1, 2, 3}));
+    } else {
+      EXPECT_EQ(reput.reput_ids_size(), 0);
+    }
+  }
+}
+
 TEST_F(RecoveryTest, ASplitValueIsRecomputedUnderNewIds) {
   const uint64_t s = Spread4();
   Register(Id(1), "identity", kReplicated, kSplit);

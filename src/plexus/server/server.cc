@@ -456,7 +456,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
           break;
         }
         case proto::ClientOp::kPut: {
-          absl::Status s = state_.RoutePut(id, op.put(), &ops);
+          proto::Recovery reput;
+          absl::Status s = state_.RoutePut(id, op.put(), &ops, &reput);
+          if (reput.reput_ids_size() > 0) {
+            *reply.add_recoveries() = std::move(reput);
+          }
           if (!s.ok()) {
             proto::CallError* e = reply.add_errors();
             e->add_output_ids(op.put().buffer_id());
@@ -477,7 +481,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
           break;
       }
     }
-    if (reply.slices_size() || reply.errors_size()) out->Push(std::move(reply));
+    if (reply.slices_size() || reply.errors_size() || reply.recoveries_size()) {
+      out->Push(std::move(reply));
+    }
     TellReleasedPutsLocked();
     if (released_slice) AnswerSlicesLocked();
     // Into the client's queue at admission, still under the state lock (so
