@@ -14,9 +14,13 @@ namespace plexus {
 
 Slice::Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info)
     : core_(std::move(core)), id_(info.slice_id()) {
-  absl::MutexLock lock(&maps_mu_);
-  maps_.push_back(std::move(info));
-  current_.store(&maps_.back(), std::memory_order_release);
+  {
+    absl::MutexLock lock(&maps_mu_);
+    maps_.push_back(std::move(info));
+    current_.store(&maps_.back(), std::memory_order_release);
+  }
+  // Not under maps_mu_: the core's reader remaps under its own lock, so
+  // its lock comes first (lock order: ClientCore::mu_, then maps_mu_).
   core_->AddSlice(this);
 }
 
