@@ -80,7 +80,8 @@ def format_status(st):
         s = w.get("stats", {})
         rows.append([
             w["host_name"], w["worker_id"], w["pid"],
-            "up" if w["alive"] else "DOWN", len(w.get("devices", [])),
+            ("spare" if w.get("spare") else "up") if w["alive"] else "DOWN",
+            len(w.get("devices", [])),
             s.get("live_buffers", 0), _human(s.get("live_bytes", 0)),
             s.get("calls_executed", 0), s.get("calls_failed", 0),
             _human(s.get("bytes_sent", 0)), _human(s.get("bytes_received", 0)),
@@ -121,10 +122,24 @@ def format_status(st):
                              s["client_id"] if i == 0 else "",
                              len(s.get("devices", [])) if i == 0 else "",
                              host, worker, " ".join(maps),
+                             # remaps onto spares; BROKEN: lost a host, no spare
+                             ("BROKEN" if s.get("broken") else
+                              s.get("generation", 0)) if i == 0 else "",
                              islands if i == 0 else ""])
         out.append("")
         out.append(_table(["SLICE", "CLIENT", "DEVICES", "HOST", "WORKER",
-                           "VIRTUAL->DEVICE", "ISLANDS"], rows))
+                           "VIRTUAL->DEVICE", "GENERATION", "ISLANDS"], rows))
+    r = st.get("recovery", {})
+    if int(r.get("hosts_lost", 0)):
+        out.append("")
+        out.append(
+            f"recovery: {r.get('hosts_lost', 0)} host(s) lost, "
+            f"{r.get('slices_remapped', 0)} slice remap(s), "
+            f"{r.get('slices_broken', 0)} broken; "
+            f"{r.get('calls_recomputed', 0)} call(s) run again, "
+            f"{r.get('buffers_restored', 0)} buffer(s) restored, "
+            f"{r.get('shards_reput', 0)} shard(s) put again, "
+            f"{r.get('buffers_failed', 0)} lost")
     pending = st.get("pending_slices", [])
     if pending:
         rows = [[p["client_id"], p.get("request_id", 0), p.get("num_devices", 0),
