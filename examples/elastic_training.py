@@ -135,14 +135,16 @@ class Chaos:
         self._timers = []
 
     def __call__(self, step):
+        # A kill lands inside the step it was meant for: the next step is
+        # not issued before it.
+        for t in self._timers:
+            t.join()
         if step not in self.steps:
             return
         # Before the step is issued: the last loss has been declared and a
         # spare has joined (each loss recoverable), and the victim is
         # chosen among the slice's hosts; the kill itself comes at a
         # random moment of the step, from another thread.
-        for t in self._timers:
-            t.join()
         if self.kills:
             last = self.kills[-1]
             self._status("the last loss", lambda st: not any(

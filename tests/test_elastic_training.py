@@ -46,8 +46,15 @@ def test_training_goes_on_through_killed_hosts_with_the_same_loss_curve():
             chaos.join()
         for kill in chaos.kills:
             print("killed {1} (pid {2}) {3} s into step {0}".format(*kill))
-        st = status(cluster)
-        recovery = {k: int(v) for k, v in st.get("recovery", {}).items()}
+        # Each kill declared (a stream break is seen at once; bounded).
+        deadline = time.monotonic() + 10
+        while True:
+            st = status(cluster)
+            recovery = {k: int(v) for k, v in st.get("recovery", {}).items()}
+            if recovery.get("hosts_lost", 0) >= len(chaos.kills) or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         print("recovery", recovery)
         pids = {int(w["pid"]) for w in st["workers"]}
         # The workers free the closed client's buffers on ClientGone, and
