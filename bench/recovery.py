@@ -104,6 +104,8 @@ class Soak:
                 for w in st["workers"]))
             used = [w for w in st["workers"]
                     if w["alive"] and w["worker_id"] in in_slices(st)]
+            if not used:
+                return  # the run ended first
             victim = used[int(pick * len(used)) % len(used)]
             pid = int(victim["pid"])
             at = time.time()
@@ -125,7 +127,9 @@ class Soak:
 def analyse(soak, log_text, steps, counters):
     day = datetime.datetime.now(datetime.timezone.utc).date()
     down_at = {}   # worker id -> when the server declared it down
-    compiles = []  # (time, ms) of compiles on spares
+    compiles = []  # (time, ms, host) of compiles on spares
+    host_of = {}   # worker id -> host name
+    took = {}      # lost worker id -> the spare worker id that took its place
     for line in log_text.splitlines():
         t = log_seconds(line, day)
         if t is None:
@@ -134,15 +138,27 @@ def analyse(soak, log_text, steps, counters):
                       r"missed heartbeats)", line)
         if m:
             down_at.setdefault(m.group(1), t)
-        m = re.search(r"\[worker spare\d+\] info XLA: compiled .* in (\d+) ms",
+        m = re.search(r"\[server\] info worker (\d+) registered: host (\S+),",
                       line)
         if m:
-            compiles.append((t, int(m.group(1))))
+            host_of[m.group(1)] = m.group(2)
+        m = re.search(r"worker (\d+)'s \d+ slice\(s\) remapped onto spare "
+                      r"worker (\d+)", line)
+        if m:
+            took[m.group(1)] = m.group(2)
+        m = re.search(r"\[worker (\S+)\] info XLA: compiled .* in (\d+) ms",
+                      line)
+        if m:
+            compiles.append((t, int(m.group(2)), m.group(1)))
     rows = []
     for i, k in enumerate(soak.kills):
         nxt = [c for c in soak.completed if c[1] > k["at"]]
         until = soak.kills[i + 1]["at"] if i + 1 < len(soak.kills) else 1e30
-        compile_ms = sum(ms for t, ms in compiles if k["at"] < t < until and
+        # Compiles the spare that took the host's place did between the kill
+        # and the next step: it had not finished compiling ahead.
+        spare_host = host_of.get(took.get(k["worker"], ""), "?")
+        compile_ms = sum(ms for t, ms, host in compiles
+                         if host == spare_host and k["at"] < t < until and
                          (not nxt or t <= nxt[0][1]))
         detect = down_at.get(k["worker"], k["at"]) - k["at"]
         total = (nxt[0][1] - k["at"]) if nxt else None
