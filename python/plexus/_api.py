@@ -615,8 +615,9 @@ class Client:
     def snapshot(self, tree):
         """Asks for an in-memory copy of every future in the pytree on
         another host of its slice, made peer to peer after the calls issued
-        before it, never through the client or the server; each replaces
-        the future's previous snapshot. Should a host be lost, the shards
+        before it, never through the client or the server (a future that
+        already has a complete snapshot keeps it). It counts once every
+        shard's copy has arrived. Should a host be lost, the shards
         it held are restored from these copies (the server's recovery)
         rather than recomputed or lost. Asynchronous: returns at once.
         Replicated futures need none (their other shards are copies)."""
