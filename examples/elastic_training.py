@@ -39,7 +39,6 @@ from jax.flatten_util import ravel_pytree  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plexus  # noqa: E402
-from plexus import _core  # noqa: E402
 from transformer import init_params, loss_fn, make_batches  # noqa: E402
 
 HOSTS = 3
@@ -148,7 +147,7 @@ class Chaos:
         if self.kills:
             last = self.kills[-1]
             self._status("the last loss", lambda st: not any(
-                w["alive"] and int(w["pid"]) == last[2]
+                w["alive"] and w["pid"] == last[2]
                 for w in st["workers"]))
 
         def spare_and_slice(st):
@@ -168,15 +167,9 @@ class Chaos:
         self._timers.append(timer)
 
     def _status(self, what, ready):
-        """The cluster status once `ready(status)` holds (bounded)."""
-        deadline = time.monotonic() + 30
-        while True:
-            st = json.loads(_core.cluster_status(self.cluster.address))
-            if ready(st):
-                return st
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"chaos: {what} did not happen within 30 s")
-            time.sleep(0.05)
+        """The cluster status once `ready(status)` holds: re-read after each
+        round of heartbeats, for at most 30 s."""
+        return self.cluster.wait_until(ready, timeout=30, what=f"chaos: {what}")
 
     def _kill(self, step, delay, victim):
         os.kill(int(victim["pid"]), signal.SIGKILL)
@@ -209,14 +202,13 @@ def main(argv=None):
                            on_step=chaos)
             chaos.join()
             elapsed = time.monotonic() - t0
-        st = json.loads(_core.cluster_status(cluster.address))
+        st = cluster.status()
     for step, loss in enumerate(losses, 1):
         print(f"step {step:3d}  loss {loss:.6f}")
     for step, host, pid, at in chaos.kills:
         print(f"killed {host} (pid {pid}) {at * 1000:.1f} ms into step {step} "
               f"(seed {args.seed})")
-    print("recovery " + json.dumps({k: int(v) for k, v in
-                                    st.get("recovery", {}).items()}))
+    print("recovery " + json.dumps(st.get("recovery", {})))
     print(f"{args.steps} steps in {elapsed:.1f} s")
     print("losses " + json.dumps(losses))
 

@@ -6,17 +6,14 @@ the recovery did; nothing is left behind.
 
 The seed is printed (and taken from $PLEXUS_CHAOS_SEED when set), with
 each kill's worker and moment, so a failing run can be replayed."""
-import json
 import os
 import random
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 import plexus
-from plexus import _core
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import elastic_training  # noqa: E402
@@ -25,8 +22,19 @@ STEPS = 10
 CALLS_PER_STEP = 6  # grad, all_reduce, to_split, momentum, to_whole, update
 
 
-def status(cluster):
-    return json.loads(_core.cluster_status(cluster.address))
+def settle(cluster, predicate, timeout=10):
+    """The status once predicate(status) holds (re-read after each round of
+    heartbeats), or the last one read after `timeout`: the assertions that
+    follow say what did not happen."""
+    try:
+        return cluster.wait_until(predicate, timeout=timeout)
+    except TimeoutError:
+        return cluster.status()
+
+
+def live_bytes(st):
+    return sum(w.get("stats", {}).get("live_bytes", 0)
+               for w in st["workers"] if w["alive"])
 
 
 def test_training_goes_on_through_killed_hosts_with_the_same_loss_curve():
@@ -46,26 +54,15 @@ def test_training_goes_on_through_killed_hosts_with_the_same_loss_curve():
             chaos.join()
         for kill in chaos.kills:
             print("killed {1} (pid {2}) {3} s into step {0}".format(*kill))
-        # Each kill declared (a stream break is seen at once; bounded).
-        deadline = time.monotonic() + 10
-        while True:
-            st = status(cluster)
-            recovery = {k: int(v) for k, v in st.get("recovery", {}).items()}
-            if recovery.get("hosts_lost", 0) >= len(chaos.kills) or \
-                    time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        # Each kill declared (a stream break is seen at once).
+        st = settle(cluster, lambda st: st.get("recovery", {}).get(
+            "hosts_lost", 0) >= len(chaos.kills))
+        recovery = st.get("recovery", {})
         print("recovery", recovery)
-        pids = {int(w["pid"]) for w in st["workers"]}
+        pids = {w["pid"] for w in st["workers"]}
         # The workers free the closed client's buffers on ClientGone, and
         # report it with their next heartbeat.
-        deadline = time.monotonic() + 10
-        while True:
-            live = sum(int(w.get("stats", {}).get("live_bytes", 0))
-                       for w in status(cluster)["workers"] if w["alive"])
-            if live == 0 or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        live = live_bytes(settle(cluster, lambda st: live_bytes(st) == 0))
     np.testing.assert_allclose(losses, expected, rtol=1e-6, atol=0)
     assert len(chaos.kills) == 2
     assert recovery["hosts_lost"] == 2 and recovery["slices_remapped"] == 2
