@@ -93,6 +93,11 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
     if (ClientOfBuffer(a->first) == id) aliases_.erase(a);
     a = next;
   }
+  for (auto sup = superseded_.begin(); sup != superseded_.end();) {
+    auto next = std::next(sup);
+    if (ClientOfBuffer(sup->first) == id) superseded_.erase(sup);
+    sup = next;
+  }
   for (auto l = lost_.begin(); l != lost_.end();) {
     auto next = std::next(l);
     if (ClientOfBuffer(l->first) == id) lost_.erase(l);
@@ -313,6 +318,15 @@ void ClusterState::RouteRelease(uint64_t client_id,
     }
   }
   if (!lost_.empty()) lost_.erase(id);
+  if (!superseded_.empty()) {
+    auto stale = superseded_.find(id);
+    if (stale != superseded_.end()) {
+      for (const auto& [old_id, slice] : stale->second) {
+        ReleaseOps(old_id, slice, ops);
+      }
+      superseded_.erase(stale);
+    }
+  }
   if (ClientRecord* client = FindClient(client_id)) ForgetBuffer(*client, id);
   if (records_.FindBuffer(id) == nullptr) {  // never recorded
     ReleaseOps(id, release.slice_id(), ops);

@@ -350,6 +350,11 @@ class ClusterState {
   // Buffers recovery gave new ids (old -> new) and buffers it lost (-> why).
   absl::flat_hash_map<uint64_t, uint64_t> aliases_;
   absl::flat_hash_map<uint64_t, absl::Status> lost_;
+  // Ids a recovery replaced, by the id that holds their value now: their
+  // entries are released on the workers with it (the client may still read
+  // an old id until it hears of the new one).
+  absl::flat_hash_map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>>
+      superseded_;
   // Each snapshotted buffer's copy: its id there, and the worker holding
   // the copy of each shard.
   struct Snapshot {

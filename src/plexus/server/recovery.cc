@@ -510,7 +510,18 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
         continue;
       }
       if (client != nullptr) ForgetBuffer(*client, old_id);
-      ReleaseOps(old_id, ob->slice_id, &releases);
+      // Its entries stay on the workers until the client releases the old
+      // id: a read of it that has not heard of the new one yet finds them
+      // (failed, or the same value) instead of waiting for a key released
+      // under it.
+      std::vector<std::pair<uint64_t, uint64_t>>& stale =
+          superseded_[call.output_ids(static_cast<int>(o))];
+      stale.emplace_back(old_id, ob->slice_id);
+      auto older = superseded_.find(old_id);
+      if (older != superseded_.end()) {
+        stale.insert(stale.end(), older->second.begin(), older->second.end());
+        superseded_.erase(older);
+      }
       records_.Erase(old_id);
     }
     records_.Drop(seq);
