@@ -30,8 +30,10 @@ def _calls_per_second(program, x, calls):
 
 def test_a_stopped_worker_with_a_full_queue_does_not_slow_other_hosts():
     # A long heartbeat deadline: the stopped worker stays "alive" (a slow
-    # host, not a dead one) for the whole test.
-    with plexus.local(hosts=3, heartbeat_timeout_ms=120_000) as cluster:
+    # host, not a dead one) for the whole test, longer than its bounded waits
+    # add up to (under ASan on 2 busy cores the flood alone took over 80 s,
+    # and a 2-minute deadline declared host0 down before its calls queued).
+    with plexus.local(hosts=3, heartbeat_timeout_ms=900_000) as cluster:
         a = cluster.connect(name="a")
         b = cluster.connect(name="b")
         sa = a.slice(1, hosts=["host0"])
