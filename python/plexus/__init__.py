@@ -10,7 +10,7 @@
 """
 from ._core import (DeadlineExceededError, DeviceLostError, InvalidArgumentError, NotFoundError,
                     PermissionDeniedError, PlexusError, ResourceExhaustedError,
-                    UnavailableError, UnimplementedError)
+                    ServerRestartedError, UnavailableError, UnimplementedError)
 from ._api import (Client, Future, Graph, P, Program, Slice, Spec,
                    block_until_ready, connect, partial, replicated, split,
                    status, wait)
@@ -25,5 +25,6 @@ __all__ = [
     "replicated", "split", "status", "wait",
     "PlexusError", "InvalidArgumentError", "NotFoundError",
     "PermissionDeniedError", "ResourceExhaustedError", "UnavailableError",
-    "DeadlineExceededError", "DeviceLostError", "UnimplementedError", "pipeline", "rl",
+    "DeadlineExceededError", "DeviceLostError", "ServerRestartedError",
+    "UnimplementedError", "pipeline", "rl",
 ]

@@ -468,7 +468,7 @@ class Slice:
     def dcn_axes(self):
         """The mesh axes that cross islands (client.slice(dcn_axes=...));
         the others lie inside each island."""
-        return self._client._dcn_axes.get(self.id, ())
+        return self._client._dcn_axes.get(self._s.first_id, ())
 
     def put(self, array, sharding=None):
         """Copies a numpy array onto this slice's devices."""
@@ -537,11 +537,30 @@ class Client:
 
     def __init__(self, core_client):
         self._core = core_client
-        self._dcn_axes = {}  # slice id -> its DCN axes
+        self._dcn_axes = {}  # slice's first id -> its DCN axes
 
     @property
     def id(self):
+        """The client id of the current session (a reconnect changes it)."""
         return self._core.client_id
+
+    @property
+    def state(self):
+        """"open", "reconnecting" (the session ended; the client is opening
+        a new one), "gave_up" (it could not within reconnect_timeout) or
+        "closed"."""
+        return self._core.state
+
+    @property
+    def session_ends(self):
+        """The sessions with the server that ended under this client, oldest
+        first: a dict each, with what was lost ("lost_futures": futures of
+        the session alive when it ended, now raising ServerRestartedError),
+        why ("reason"), and what the reconnect did ("reconnected",
+        "new_client_id", "down_s", "attempts", "slices_restored",
+        "slices_lost", "programs_restored", "programs_lost", "gave_up"),
+        and a one-line "summary" (the warning the client logged)."""
+        return self._core.session_ends()
 
     def slice(self, n=None, mesh=None, axis_names=None, placement="any",
               hosts=None, avoid=None, timeout=30.0, dcn_axes=()):
@@ -600,7 +619,7 @@ class Client:
             except Exception:
                 s.close()
                 raise
-            self._dcn_axes[s.id] = dcn_axes
+            self._dcn_axes[s._s.first_id] = dcn_axes
         return s
 
     def graph(self):
@@ -669,9 +688,23 @@ def _check_dcn_axes(s, dcn_axes):
 
 
 def connect(address=None, name="python", shared_memory=True,
-            sequential_dispatch=False, tenant=None, token=None, tls_ca=None):
+            sequential_dispatch=False, tenant=None, token=None, tls_ca=None,
+            reconnect_timeout=None):
     """Connects to a Plexus server (default: $PLEXUS_ADDRESS, or the cluster
     started by `plexus up`).
+
+    The client outlives a restart of its server. When its session ends
+    without close() (the server restarted, or the connection broke), it
+    opens a new one at the same address, with back-off, for up to
+    `reconnect_timeout` seconds (default 60; 0: never; the cluster `plexus
+    up` started, whose workers end with its server: 0). Its slices and
+    programs are asked for and registered again there and keep working;
+    futures of the old session raise ServerRestartedError (a kind of
+    DeviceLostError) naming the server and the buffer; `client.session_ends`
+    records what each ended session lost. Calls, puts and slice requests
+    made while it reconnects wait for it (at most reconnect_timeout; a
+    slice request at most its timeout), then raise UnavailableError naming
+    the server and how long they waited.
 
     The session opens as a tenant, whose share and quotas the operator set:
     `tenant` and `token` (what `plexus token --tenant NAME` prints), else
@@ -687,10 +720,14 @@ def connect(address=None, name="python", shared_memory=True,
         from .cli import current_address, state_secret
         address = current_address()
         secret = state_secret(address)
+    if reconnect_timeout is None:
+        # `plexus up`'s cluster (its state holds the secret) is embedded:
+        # its workers end with its server.
+        reconnect_timeout = 0.0 if secret is not None else 60.0
     return Client(_core.Client.connect(
         address, name, shared_memory, sequential_dispatch,
         tenant=tenant or "", tenant_token=token or "", secret_hex=secret,
-        tls_ca=tls_ca or ""))
+        tls_ca=tls_ca or "", reconnect_timeout=float(reconnect_timeout)))
 
 
 def _int64_fields(obj):

@@ -12,8 +12,13 @@ namespace plexus {
 
 // ---------------------------------------------------------------- Slice
 
-Slice::Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info)
-    : core_(std::move(core)), id_(info.slice_id()) {
+Slice::Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info,
+             SliceOptions options, uint64_t epoch)
+    : core_(std::move(core)),
+      first_id_(info.slice_id()),
+      options_(std::move(options)),
+      id_(info.slice_id()),
+      epoch_(epoch) {
   {
     absl::MutexLock lock(&maps_mu_);
     maps_.push_back(std::move(info));
@@ -29,6 +34,24 @@ void Slice::Remap(proto::SliceInfo info) {
   if (info.generation() <= maps_.back().generation()) return;
   maps_.push_back(std::move(info));
   current_.store(&maps_.back(), std::memory_order_release);
+}
+
+void Slice::Rebind(proto::SliceInfo info, uint64_t epoch) {
+  absl::MutexLock lock(&maps_mu_);
+  id_.store(info.slice_id(), std::memory_order_release);
+  maps_.push_back(std::move(info));
+  current_.store(&maps_.back(), std::memory_order_release);
+  epoch_.store(epoch, std::memory_order_release);
+}
+
+void Slice::MarkLost(absl::Status lost) {
+  absl::MutexLock lock(&mu_);
+  lost_ = std::move(lost);
+}
+
+absl::Status Slice::lost() const {
+  absl::MutexLock lock(&mu_);
+  return lost_;
 }
 
 int Slice::num_hosts() const {
@@ -49,7 +72,7 @@ void Slice::Close() {
     closed_ = true;
     if (holds_ > 0) return;  // the last Unhold() releases it
   }
-  core_->ReleaseSlice(id());
+  core_->ReleaseSlice(id(), epoch());
 }
 
 bool Slice::closed() const {
@@ -69,7 +92,24 @@ void Slice::Unhold() {
     absl::MutexLock lock(&mu_);
     if (--holds_ > 0 || !closed_) return;
   }
-  core_->ReleaseSlice(id());  // closed during the hold
+  core_->ReleaseSlice(id(), epoch());  // closed during the hold
+}
+
+// ---------------------------------------------------------------- Program
+
+void Program::Rebind(uint64_t id, uint64_t epoch) {
+  id_.store(id, std::memory_order_release);
+  epoch_.store(epoch, std::memory_order_release);
+}
+
+void Program::MarkLost(absl::Status lost) {
+  absl::MutexLock lock(&mu_);
+  lost_ = std::move(lost);
+}
+
+absl::Status Program::lost() const {
+  absl::MutexLock lock(&mu_);
+  return lost_;
 }
 
 // ---------------------------------------------------------------- Future
@@ -77,6 +117,7 @@ void Slice::Unhold() {
 uint64_t Future::buffer_id() const { return handle_->current_id(); }
 const ArgSpec& Future::arg() const { return handle_->arg(); }
 const std::shared_ptr<Slice>& Future::slice() const { return handle_->slice(); }
+uint64_t Future::epoch() const { return handle_->epoch(); }
 
 // ---------------------------------------------------------------- calls
 
@@ -108,16 +149,39 @@ class SliceHolds {
 
 // Validates a call and fills `op`; the futures it returns are valid even
 // when `op` is not sent (an input already failed: the outputs fail too).
-// `holds` keeps the slices open; the caller queues `op` before dropping it.
+// `holds` keeps the slices open; the caller queues `op` (in session
+// `*session`) before dropping it. A null `*session` is the open one, waited
+// for while the client reconnects; a graph passes the one its first call
+// was made in.
 absl::StatusOr<std::vector<Future>> BuildCall(
     const std::shared_ptr<ClientCore>& core, const Program& program,
     const std::vector<Future>& inputs, SliceHolds* holds,
-    std::vector<proto::ClientOp>* ops) {
+    std::vector<proto::ClientOp>* ops, std::shared_ptr<SessionTag>* session) {
   // Error context, built only when an error needs it (every call runs this).
   auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
-  if (absl::Status open = core->CheckOpen(); !open.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what(), ": ", open.message()));
+  if (*session == nullptr) {
+    auto open =
+        core->AwaitSession(absl::Now() + core->options().reconnect_timeout);
+    if (!open.ok()) {
+      return absl::Status(open.status().code(),
+                          absl::StrCat(what(), ": ", open.status().message()));
+    }
+    *session = std::move(*open);
+  } else if (absl::Status s = core->SessionStatus((*session)->epoch); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what(), ": ", s.message()));
+  }
+  const uint64_t epoch = (*session)->epoch;
+  if (program.epoch() != epoch) {
+    // Not registered again after a reconnect: its own reason, or its
+    // session's end.
+    absl::Status lost = program.lost();
+    if (lost.ok()) lost = core->SessionStatus(program.epoch());
+    if (lost.ok()) {
+      lost = absl::FailedPreconditionError(
+          "it is not registered in the client's session");
+    }
+    return absl::Status(lost.code(),
+                        absl::StrCat(what(), ": ", lost.message()));
   }
   if (!holds->Hold(program.slice().get())) {
     return absl::FailedPreconditionError(
@@ -145,7 +209,11 @@ absl::StatusOr<std::vector<Future>> BuildCall(
       return absl::FailedPreconditionError(absl::StrCat(
           what(), " argument ", i, " lives on a slice that was closed"));
     }
-    absl::Status s = core->BufferStatus(inputs[i].buffer_id());
+    // A future of an ended session is lost: so are the outputs.
+    absl::Status s =
+        inputs[i].epoch() != epoch
+            ? core->SessionStatus(inputs[i].epoch(), inputs[i].buffer_id())
+            : core->BufferStatus(inputs[i].buffer_id());
     if (!s.ok() && upstream.ok()) upstream = s;
   }
   proto::ClientOp op;
@@ -157,8 +225,8 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   for (const ArgSpec& out : program.outputs()) {
     uint64_t id = core->NextId();
     call->add_output_ids(id);
-    outputs.emplace_back(
-        std::make_shared<BufferHandle>(core, id, out, program.slice()));
+    outputs.emplace_back(std::make_shared<BufferHandle>(
+        core, id, out, program.slice(), *session));
     if (!upstream.ok()) core->MarkFailed(id, upstream);
   }
   if (!upstream.ok()) return outputs;
@@ -179,7 +247,7 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
     const Program& program, const std::vector<Future>& inputs) {
   const size_t before = ops_.size();
   SliceHolds holds;  // recorded only: Submit may still find a slice closed
-  auto outputs = BuildCall(core_, program, inputs, &holds, &ops_);
+  auto outputs = BuildCall(core_, program, inputs, &holds, &ops_, &session_);
   if (ops_.size() > before) op_inputs_.push_back(inputs);
   if (outputs.ok()) {
     keep_.insert(keep_.end(), inputs.begin(), inputs.end());
@@ -195,11 +263,12 @@ absl::Status Graph::Submit() {
       core_->AwaitInputs(op_inputs_[i]);
       std::vector<proto::ClientOp> one;
       one.push_back(std::move(ops_[i]));
-      core_->Enqueue(std::move(one));
+      core_->Enqueue(std::move(one), session_->epoch);
     }
-  } else {
-    core_->Enqueue(std::move(ops_));
+  } else if (session_ != nullptr) {
+    core_->Enqueue(std::move(ops_), session_->epoch);
   }
+  session_ = nullptr;
   ops_.clear();
   op_inputs_.clear();
   keep_.clear();  // releases now queue after the calls
@@ -235,9 +304,26 @@ absl::StatusOr<std::shared_ptr<Slice>> Client::CreateSlice(
   for (const auto& h : options.hosts) req.add_hosts(h);
   for (uint64_t s : options.avoid_slices) req.add_avoid_slices(s);
   req.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
-  auto info = core_->RequestSlice(req);
-  if (!info.ok()) return info.status();
-  return std::make_shared<Slice>(core_, *info);
+  // While the client reconnects, the request waits for the new session
+  // (at most its own timeout); one cut short by the session's end is made
+  // again in the next.
+  const absl::Time deadline = absl::Now() + options.timeout;
+  for (;;) {
+    auto session = core_->AwaitSession(deadline);
+    if (!session.ok()) {
+      return absl::Status(session.status().code(),
+                          absl::StrCat("slice: ", session.status().message()));
+    }
+    const uint64_t epoch = (*session)->epoch;
+    auto info = core_->RequestSlice(req, epoch);
+    if (!info.ok() && core_->SessionStatus(epoch).ok()) return info.status();
+    if (!info.ok() && !core_->CheckOpen().ok()) return info.status();
+    if (!info.ok() && absl::Now() < deadline) continue;
+    if (!info.ok()) return info.status();
+    auto slice = std::make_shared<Slice>(core_, *info, options, epoch);
+    core_->Track(slice);
+    return slice;
+  }
 }
 
 absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
@@ -375,25 +461,41 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
   }
   for (const auto& a : inputs) *def.add_inputs() = ToProto(a);
   for (const auto& a : outputs) *def.add_outputs() = ToProto(a);
+  // While the client reconnects, registering waits for the new session.
+  auto session =
+      core_->AwaitSession(absl::Now() + core_->options().reconnect_timeout);
+  if (!session.ok()) {
+    return absl::Status(session.status().code(),
+                        absl::StrCat(what, ": ", session.status().message()));
+  }
+  const uint64_t epoch = (*session)->epoch;
+  if (slice->epoch() != epoch) {
+    absl::Status lost = slice->lost();
+    if (lost.ok()) lost = core_->SessionStatus(slice->epoch());
+    return absl::Status(lost.code(), absl::StrCat(what, ": ", lost.message()));
+  }
   uint64_t id = core_->NextId();
   proto::ClientOp op;
   op.mutable_program()->set_program_id(id);
   *op.mutable_program()->mutable_program() = def;
   std::vector<proto::ClientOp> ops;
   ops.push_back(std::move(op));
-  core_->Enqueue(std::move(ops));
-  return std::make_shared<Program>(id, std::move(def), inputs,
-                                   std::move(outputs), slice);
+  core_->Enqueue(std::move(ops), epoch);
+  auto program = std::make_shared<Program>(id, std::move(def), inputs,
+                                           std::move(outputs), slice, epoch);
+  core_->Track(program);
+  return program;
 }
 
 absl::StatusOr<std::vector<Future>> Client::Call(
     const Program& program, const std::vector<Future>& inputs) {
   SliceHolds holds;  // declared first: dropped after the op is queued
   std::vector<proto::ClientOp> ops;
-  auto outputs = BuildCall(core_, program, inputs, &holds, &ops);
+  std::shared_ptr<SessionTag> session;
+  auto outputs = BuildCall(core_, program, inputs, &holds, &ops, &session);
   if (outputs.ok() && !ops.empty()) {
     if (core_->options().sequential_dispatch) core_->AwaitInputs(inputs);
-    core_->Enqueue(std::move(ops));
+    core_->Enqueue(std::move(ops), session->epoch);
   }
   return outputs;
 }
@@ -401,6 +503,12 @@ absl::StatusOr<std::vector<Future>> Client::Call(
 Graph Client::NewGraph() { return Graph(core_); }
 
 void Client::Flush() { core_->Flush(); }
+
+std::vector<SessionEnd> Client::SessionEnds() const {
+  return core_->SessionEnds();
+}
+
+SessionState Client::state() const { return core_->state(); }
 
 ClientCounters Client::counters() const {
   ClientCounters c;

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "plexus/client/reconnect.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
@@ -29,6 +30,7 @@ namespace plexus {
 
 class ClientCore;
 class BufferHandle;
+struct SessionTag;
 
 enum class Placement { kAny, kOneHost, kSpread };
 
@@ -52,9 +54,20 @@ struct SliceOptions {
 // Thread-safe: Close() may race calls on the slice from other threads; each
 // such call either fails with FailedPrecondition ("... slice was closed")
 // or reaches the server before the slice's release (and computes).
+// A slice outlives its client's session: after a reconnect the client asks
+// for it again with the same options (Rebind: a new id and map), or, if it
+// cannot be granted again, its uses fail with lost() (reconnect.h).
 class Slice {
  public:
-  uint64_t id() const { return id_; }
+  // The server's id for it in the current session (a reconnect changes it).
+  uint64_t id() const { return id_.load(std::memory_order_acquire); }
+  // The id it was first granted under; stays across reconnects.
+  uint64_t first_id() const { return first_id_; }
+  // The session it is granted in (ClientCore's epoch).
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  const SliceOptions& options() const { return options_; }
+  // Why it could not be granted again after a reconnect, or OK.
+  absl::Status lost() const;
   int num_devices() const { return info().devices_size(); }
   // The slice's current map of virtual devices (its device indices) to
   // physical ones. A remap (a host lost, a spare in its place) makes a new
@@ -80,14 +93,22 @@ class Slice {
 
   // Internal. The server remapped the slice (ClientCore's reader).
   void Remap(proto::SliceInfo info);
+  // Internal. Granted again in session `epoch` (ClientCore's reconnect), or
+  // not: `lost` says why.
+  void Rebind(proto::SliceInfo info, uint64_t epoch);
+  void MarkLost(absl::Status lost);
 
   // Internal.
-  Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info);
+  Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info,
+        SliceOptions options, uint64_t epoch);
   ~Slice();
 
  private:
   const std::shared_ptr<ClientCore> core_;
-  const uint64_t id_;
+  const uint64_t first_id_;
+  const SliceOptions options_;
+  std::atomic<uint64_t> id_;
+  std::atomic<uint64_t> epoch_;
   absl::Mutex maps_mu_;
   // Every map the slice had, the last current; never shrinks (remaps are
   // few), so info() references stay valid.
@@ -97,29 +118,48 @@ class Slice {
   mutable absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int holds_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status lost_ ABSL_GUARDED_BY(mu_);
 };
 
-// A program compiled for a slice: static input and output specs.
+// A program compiled for a slice: static input and output specs. Like its
+// slice, it outlives a session: a reconnect registers it again (Rebind),
+// or its calls fail with lost(). Thread-safe.
 class Program {
  public:
   const std::string& name() const { return def_.name(); }
   const std::vector<ArgSpec>& inputs() const { return inputs_; }
   const std::vector<ArgSpec>& outputs() const { return outputs_; }
   const std::shared_ptr<Slice>& slice() const { return slice_; }
-  uint64_t id() const { return id_; }
+  // The id it is registered under in the current session.
+  uint64_t id() const { return id_.load(std::memory_order_acquire); }
+  // The session it is registered in.
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
+  // As first registered (a reconnect registers a copy whose XLA islands
+  // name the workers of the slice's new map).
   const proto::ProgramDef& def() const { return def_; }
+  // Why it could not be registered again after a reconnect, or OK.
+  absl::Status lost() const;
+
+  // Internal (ClientCore's reconnect).
+  void Rebind(uint64_t id, uint64_t epoch);
+  void MarkLost(absl::Status lost);
 
   // Internal.
   Program(uint64_t id, proto::ProgramDef def, std::vector<ArgSpec> inputs,
-          std::vector<ArgSpec> outputs, std::shared_ptr<Slice> slice)
+          std::vector<ArgSpec> outputs, std::shared_ptr<Slice> slice,
+          uint64_t epoch)
       : id_(id),
+        epoch_(epoch),
         def_(std::move(def)),
         inputs_(std::move(inputs)),
         outputs_(std::move(outputs)),
         slice_(std::move(slice)) {}
 
  private:
-  uint64_t id_;
+  std::atomic<uint64_t> id_;
+  std::atomic<uint64_t> epoch_;
+  mutable absl::Mutex mu_;
+  absl::Status lost_ ABSL_GUARDED_BY(mu_);
   proto::ProgramDef def_;
   std::vector<ArgSpec> inputs_;
   std::vector<ArgSpec> outputs_;
@@ -139,6 +179,8 @@ class Future {
   const TensorSpec& spec() const { return arg().global; }
   const Sharding& sharding() const { return arg().sharding; }
   const std::shared_ptr<Slice>& slice() const;
+  // The session it was made in; once that session ended, it is lost.
+  uint64_t epoch() const;
   const std::shared_ptr<BufferHandle>& handle() const { return handle_; }
 
  private:
@@ -166,6 +208,9 @@ class Graph {
   // future dropped while recording must not be released before the calls
   // that use it reach the server.
   std::vector<Future> keep_;
+  // The session of its first recorded call (null: none yet); every call
+  // of the graph is of that session.
+  std::shared_ptr<SessionTag> session_;
 };
 
 struct ClientOptions {
@@ -191,6 +236,17 @@ struct ClientOptions {
   // The CA the server's TLS certificate is checked against (a PEM file;
   // common/tls.h); empty: $PLEXUS_TLS_CA, else plain text.
   std::string tls_ca;
+  // After the session with the server ends without Close (the server
+  // restarted, or the connection broke), how long the client keeps trying
+  // to open a new one at the same address (back-off from 0.1 s to 2 s).
+  // In the new session it asks for its slices again and registers its
+  // programs again; futures of the old session are lost (reconnect.h).
+  // Calls, puts and slice requests made meanwhile wait for it (at most
+  // this long; a slice request at most its own timeout), then fail with
+  // UNAVAILABLE naming the server and the wait. Zero: no reconnect, every
+  // use fails once the session ended (the embedded cluster's clients:
+  // their workers end with the server).
+  absl::Duration reconnect_timeout = absl::Seconds(60);
 };
 
 struct ClientCounters {
@@ -209,6 +265,7 @@ class Client {
       const std::string& address, const ClientOptions& options = {});
   ~Client();  // Close()
 
+  // The current session's client id (a reconnect changes it).
   uint64_t client_id() const;
 
   absl::StatusOr<std::shared_ptr<Slice>> CreateSlice(
@@ -255,6 +312,10 @@ class Client {
   // replacing its previous one: should a host be lost, its shards are
   // restored from the copy instead of being recomputed or lost.
   absl::Status Snapshot(const std::vector<Future>& futures);
+  // The sessions that ended under this client, oldest first: what each
+  // lost and what the reconnect after it restored (reconnect.h).
+  std::vector<SessionEnd> SessionEnds() const;
+  SessionState state() const;
   // Sends everything queued now (calls are otherwise sent as soon as the
   // sender thread wakes).
   void Flush();

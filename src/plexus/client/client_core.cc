@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/common/backoff.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/common/protocol.h"
@@ -16,6 +17,13 @@ namespace plexus {
 namespace {
 
 constexpr size_t kMaxQueuedOps = 1 << 16;
+
+template <typename T>
+void DropExpired(std::vector<std::weak_ptr<T>>& v) {
+  v.erase(std::remove_if(v.begin(), v.end(),
+                         [](const std::weak_ptr<T>& w) { return w.expired(); }),
+          v.end());
+}
 
 }  // namespace
 
@@ -72,6 +80,20 @@ absl::Status SetTenant(const ClientOptions& options,
 
 }  // namespace
 
+// One session: the channel and the stream it lives on.
+struct ClientCore::Session {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<proto::Controller::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<proto::ClientToServer, proto::ServerToClient>>
+      stream;
+  uint64_t client_id = 0;
+  transport::DataPlaneIdentity identity{};
+};
+
+ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {}
+
 ClientCore::~ClientCore() { Close(); }
 
 absl::Status ClientCore::Init(const std::string& address) {
@@ -79,58 +101,386 @@ absl::Status ClientCore::Init(const std::string& address) {
   machine_id_ = LocalMachineId();
   RaiseOpenFileLimit();
   UseLockOrderChecksOfThisBuild();
+  auto session = OpenSession(absl::Now() + absl::Seconds(10));
+  if (!session.ok()) return session.status();
+  Install(**session);
+  session_thread_ = std::thread(
+      [this, s = std::move(*session)]() mutable { SessionLoop(std::move(s)); });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ClientCore::Session>> ClientCore::OpenSession(
+    absl::Time deadline) {
+  auto session = std::make_unique<Session>();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
+  // A channel of its own, not one shared with an earlier attempt's
+  // connection in gRPC's back-off, and quick to try again within an
+  // attempt: a server that comes back is found within ~0.1 s to 1 s.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
       ChannelCredentialsFor(options_.tls_ca);
   if (!tls.ok()) return tls.status();
-  channel_ = grpc::CreateCustomChannel(address, *tls, args);
-  if (!channel_->WaitForConnected(
-          absl::ToChronoTime(absl::Now() + absl::Seconds(10)))) {
+  // A fresh channel each time: a channel that failed to connect waits out
+  // gRPC's own back-off before it tries again.
+  session->channel = grpc::CreateCustomChannel(address_, *tls, args);
+  if (!session->channel->WaitForConnected(absl::ToChronoTime(deadline))) {
     return absl::UnavailableError(
-        absl::StrCat("cannot reach a Plexus server at ", address));
+        absl::StrCat("cannot reach a Plexus server at ", address_));
   }
-  stub_ = proto::Controller::NewStub(channel_);
-  stream_ = stub_->ClientSession(&context_);
-  proto::ClientToServer hello;
-  hello.set_client_name(options_.name);
-  hello.set_protocol_version(kProtocolVersion);
-  if (absl::Status s = SetTenant(options_, &hello); !s.ok()) return s;
-  if (!stream_->Write(hello)) {
-    return absl::UnavailableError("the server closed the client session");
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return absl::CancelledError("the client was closed");
+    opening_ = &session->context;
   }
-  proto::ServerToClient first;
-  if (!stream_->Read(&first)) {
-    // Finish says why: a protocol version mismatch names both versions.
-    const grpc::Status why = stream_->Finish();
-    return absl::Status(
-        why.ok() ? absl::StatusCode::kUnavailable
-                 : static_cast<absl::StatusCode>(why.error_code()),
-        absl::StrCat("the server refused the client session: ",
-                     why.error_message().empty() ? "no reason given"
-                                                 : why.error_message()));
-  }
-  if (absl::Status v =
-          CheckProtocolVersion("client", "server", first.protocol_version());
-      !v.ok()) {
-    context_.TryCancel();
-    proto::ServerToClient rest;
-    while (stream_->Read(&rest)) {
+  auto opened = [&]() -> absl::Status {
+    session->stub = proto::Controller::NewStub(session->channel);
+    session->stream = session->stub->ClientSession(&session->context);
+    proto::ClientToServer hello;
+    hello.set_client_name(options_.name);
+    hello.set_protocol_version(kProtocolVersion);
+    if (absl::Status s = SetTenant(options_, &hello); !s.ok()) return s;
+    if (!session->stream->Write(hello)) {
+      return absl::UnavailableError("the server closed the client session");
     }
-    stream_->Finish().IgnoreError();
-    return v;
+    proto::ServerToClient first;
+    if (!session->stream->Read(&first)) {
+      // Finish says why: a protocol version mismatch names both versions.
+      const grpc::Status why = session->stream->Finish();
+      return absl::Status(
+          why.ok() ? absl::StatusCode::kUnavailable
+                   : static_cast<absl::StatusCode>(why.error_code()),
+          absl::StrCat("the server refused the client session: ",
+                       why.error_message().empty() ? "no reason given"
+                                                   : why.error_message()));
+    }
+    if (absl::Status v =
+            CheckProtocolVersion("client", "server", first.protocol_version());
+        !v.ok()) {
+      session->context.TryCancel();
+      proto::ServerToClient rest;
+      while (session->stream->Read(&rest)) {
+      }
+      session->stream->Finish().IgnoreError();
+      return v;
+    }
+    session->client_id = first.client_id();
+    if (first.credential().size() != session->identity.credential.size()) {
+      return absl::UnavailableError(
+          "the server sent no data-plane credential (an older server?)");
+    }
+    session->identity.peer = {CredentialRole::kClient, session->client_id};
+    std::copy(first.credential().begin(), first.credential().end(),
+              session->identity.credential.begin());
+    return absl::OkStatus();
+  }();
+  absl::MutexLock lock(&mu_);
+  opening_ = nullptr;
+  if (!opened.ok()) return opened;
+  return session;
+}
+
+void ClientCore::Install(Session& session) {
+  absl::MutexLock lock(&mu_);
+  const uint64_t epoch = epoch_.load() + 1;
+  session_tag_ = std::make_shared<SessionTag>(epoch);
+  epoch_.store(epoch, std::memory_order_release);
+  client_id_.store(session.client_id, std::memory_order_release);
+  identity_ = session.identity;
+  stream_broken_ = false;
+  // The last session's records name its ids, workers and slices, which
+  // the server that answers now may hand out again for other things.
+  queue_.clear();
+  slice_replies_.clear();
+  workers_down_.clear();
+  aliases_.clear();
+  has_aliases_.store(false, std::memory_order_release);
+  lost_.clear();
+  broken_slices_.clear();
+  slices_.clear();
+  kept_puts_.clear();
+  reputs_.clear();
+  pool_.clear();
+}
+
+void ClientCore::SessionLoop(std::unique_ptr<Session> session) {
+  while (session != nullptr) {
+    std::shared_ptr<SessionTag> tag;
+    {
+      absl::MutexLock lock(&mu_);
+      tag = session_tag_;
+    }
+    sender_ = std::thread([this, &session] { SenderLoop(*session); });
+    reader_ = std::thread([this, &session] { ReaderLoop(*session); });
+    if (tag->epoch > 1) Restore(tag);
+    {
+      absl::MutexLock lock(&mu_);
+      auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stream_broken_ || closed_;
+      };
+      mu_.Await(absl::Condition(&ended));
+    }
+    sender_.join();
+    reader_.join();
+    if (reputter_.joinable()) reputter_.join();
+    // Both directions are done: Finish says why the stream ended.
+    const grpc::Status why = session->stream->Finish();
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      if (!ends_.empty() && ends_.back().epoch == tag->epoch &&
+          !why.error_message().empty()) {
+        ends_.back().reason = why.error_message();
+      }
+      if (state_ != SessionState::kReconnecting) return;  // gave up
+    }
+    session.reset();
+    session = Reconnect();
   }
-  client_id_ = first.client_id();
-  if (first.credential().size() != identity_.credential.size()) {
-    return absl::UnavailableError(
-        "the server sent no data-plane credential (an older server?)");
+}
+
+std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
+  BackoffOptions options;
+  options.initial = absl::Milliseconds(100);
+  options.cap = absl::Seconds(2);
+  options.give_up_after = options_.reconnect_timeout;
+  Backoff backoff(options);
+  absl::Time give_up;
+  {
+    absl::MutexLock lock(&mu_);
+    give_up = give_up_at_;
   }
-  identity_.peer = {CredentialRole::kClient, client_id_};
-  std::copy(first.credential().begin(), first.credential().end(),
-            identity_.credential.begin());
-  sender_ = std::thread([this] { SenderLoop(); });
-  reader_ = std::thread([this] { ReaderLoop(); });
-  return absl::OkStatus();
+  for (int attempts = 1;; ++attempts) {
+    // An attempt ends by the give-up time, and soon enough that one on a
+    // server that accepts but does not answer is not the only one.
+    const absl::Time deadline =
+        std::min(absl::Now() + absl::Seconds(2), give_up);
+    auto session = OpenSession(deadline);
+    if (session.ok()) {
+      Install(**session);
+      absl::MutexLock lock(&mu_);
+      if (!ends_.empty()) ends_.back().attempts = attempts;
+      return std::move(*session);
+    }
+    const absl::StatusCode code = session.status().code();
+    absl::MutexLock lock(&mu_);
+    if (closed_) return nullptr;
+    // A server that answers and refuses (another protocol version, a
+    // tenant it does not admit) will refuse again.
+    if (code == absl::StatusCode::kFailedPrecondition ||
+        code == absl::StatusCode::kPermissionDenied ||
+        code == absl::StatusCode::kUnauthenticated ||
+        code == absl::StatusCode::kInvalidArgument) {
+      GiveUpLocked(absl::StrCat(
+          "the server at ", address_,
+          " refused the new session: ", session.status().message()));
+      return nullptr;
+    }
+    std::optional<absl::Duration> delay = backoff.NextDelay(absl::Now());
+    if (!delay.has_value() || absl::Now() >= give_up) {
+      GiveUpLocked(absl::StrCat(
+          "no server answered at ", address_, " within the reconnect timeout (",
+          absl::FormatDuration(options_.reconnect_timeout), ", ", attempts,
+          attempts == 1 ? " attempt)" : " attempts)"));
+      return nullptr;
+    }
+    auto closed = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_; };
+    mu_.AwaitWithTimeout(absl::Condition(&closed), *delay);
+    if (closed_) return nullptr;
+  }
+}
+
+void ClientCore::GiveUpLocked(std::string why) {
+  if (state_ == SessionState::kClosed) return;
+  state_ = SessionState::kGaveUp;
+  if (!ends_.empty()) ends_.back().gave_up = why;
+  SPDLOG_ERROR("client {}: {}; its slices and programs are gone too",
+               client_id(), why);
+}
+
+absl::Status ClientCore::GaveUpStatusLocked() const {
+  const SessionEnd* end = ends_.empty() ? nullptr : &ends_.back();
+  return absl::UnavailableError(absl::StrCat(
+      "client ", end != nullptr ? end->client_id : client_id(),
+      "'s session with the server at ", address_,
+      " ended (the server restarted or went away",
+      end != nullptr && !end->reason.empty() ? absl::StrCat(": ", end->reason)
+                                             : std::string(),
+      "); its slices, programs and futures are lost, and ",
+      end == nullptr || end->gave_up.empty() || end->gave_up == kNoReconnect
+          ? absl::StrCat("the client does not reconnect (", kNoReconnect, ")")
+          : absl::StrCat("the client gave up reconnecting: ", end->gave_up),
+      "; connect again"));
+}
+
+void ClientCore::Track(const std::shared_ptr<Slice>& slice) {
+  absl::MutexLock lock(&made_mu_);
+  if (slices_made_.size() >= 64 && (slices_made_.size() & 63) == 0) {
+    DropExpired(slices_made_);
+  }
+  slices_made_.push_back(slice);
+}
+
+void ClientCore::Track(const std::shared_ptr<Program>& program) {
+  absl::MutexLock lock(&made_mu_);
+  if (programs_made_.size() >= 64 && (programs_made_.size() & 63) == 0) {
+    DropExpired(programs_made_);
+  }
+  programs_made_.push_back(program);
+}
+
+void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
+  const uint64_t epoch = tag->epoch;
+  std::vector<std::shared_ptr<Slice>> slices;
+  std::vector<std::shared_ptr<Program>> programs;
+  {
+    absl::MutexLock lock(&made_mu_);
+    DropExpired(slices_made_);
+    DropExpired(programs_made_);
+    for (const auto& w : slices_made_) {
+      if (auto s = w.lock()) slices.push_back(std::move(s));
+    }
+    for (const auto& w : programs_made_) {
+      if (auto p = w.lock()) programs.push_back(std::move(p));
+    }
+  }
+  auto broke = [this, epoch] {
+    absl::MutexLock lock(&mu_);
+    return closed_ || stream_broken_ || epoch_.load() != epoch;
+  };
+  // Each slice as it was asked for, one after another (a slice may avoid
+  // the hosts of one asked for before it); the map before, for programs.
+  absl::flat_hash_map<const Slice*, proto::SliceInfo> before;
+  absl::flat_hash_map<uint64_t, uint64_t> new_ids;  // last id -> new id
+  int slices_restored = 0, slices_lost = 0;
+  for (const auto& slice : slices) {
+    if (slice->closed() || !slice->lost().ok()) continue;
+    const SliceOptions& o = slice->options();
+    proto::SliceRequest req;
+    req.set_num_devices(o.num_devices);
+    for (int32_t m : o.mesh_shape) req.add_mesh_shape(m);
+    for (const auto& a : o.axis_names) req.add_axis_names(a);
+    req.set_placement(
+        o.placement == Placement::kOneHost  ? proto::PLACEMENT_ONE_HOST
+        : o.placement == Placement::kSpread ? proto::PLACEMENT_SPREAD
+                                            : proto::PLACEMENT_ANY);
+    for (const auto& h : o.hosts) req.add_hosts(h);
+    for (uint64_t avoid : o.avoid_slices) {
+      // Granted again just now under another id, or gone (dropped).
+      for (const auto& other : slices) {
+        if (other->first_id() == avoid || other->id() == avoid) {
+          if (other->epoch() == epoch) req.add_avoid_slices(other->id());
+          break;
+        }
+      }
+    }
+    const uint64_t last_id = slice->id();
+    // A restarted server knows no worker until they rejoin (by their own
+    // back-off): a request naming a host is refused until that host is
+    // back. So a refused request is made again, with back-off, until the
+    // slice's own timeout passes (each one waits at the server for
+    // capacity as any request does).
+    const absl::Time deadline = absl::Now() + o.timeout;
+    BackoffOptions retry_options;
+    retry_options.initial = absl::Milliseconds(100);
+    retry_options.cap = absl::Seconds(1);
+    retry_options.give_up_after = o.timeout;
+    Backoff retry(retry_options);
+    absl::StatusOr<proto::SliceInfo> info;
+    for (;;) {
+      req.set_timeout_ms(std::max<int64_t>(
+          0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+      info = RequestSlice(req, epoch);
+      if (info.ok() || broke()) break;
+      std::optional<absl::Duration> delay = retry.NextDelay(absl::Now());
+      if (!delay.has_value() || absl::Now() + *delay >= deadline) break;
+      absl::MutexLock lock(&mu_);
+      auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closed_ || stream_broken_;
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ended), *delay);
+    }
+    if (!info.ok() && broke()) return;  // the next session tries again
+    if (!info.ok()) {
+      slice->MarkLost(absl::UnavailableError(absl::StrCat(
+          "slice ", last_id, " could not be granted again after the server at ",
+          address_, " restarted: ", info.status().message())));
+      slices_lost++;
+      continue;
+    }
+    before[slice.get()] = slice->info();
+    new_ids[last_id] = info->slice_id();
+    slice->Rebind(*info, epoch);
+    AddSlice(slice.get());
+    slices_restored++;
+  }
+  // Programs, on their slices' new maps. Queued before any call: every
+  // caller waits until the session is open, below.
+  std::vector<proto::ClientOp> ops;
+  int programs_restored = 0, programs_lost = 0;
+  for (const auto& program : programs) {
+    if (!program->lost().ok()) continue;
+    const std::string what = absl::StrCat("program '", program->name(), "'");
+    const std::shared_ptr<Slice>& slice = program->slice();
+    if (slice->epoch() != epoch) {
+      absl::Status why = slice->lost();
+      if (why.ok()) why = absl::FailedPreconditionError("its slice was closed");
+      program->MarkLost(
+          absl::Status(why.code(), absl::StrCat(what, ": ", why.message())));
+      programs_lost++;
+      continue;
+    }
+    proto::ProgramDef def = program->def();
+    auto it = before.find(slice.get());
+    if (def.has_xla() && it != before.end()) {
+      absl::Status rebound =
+          RebindIslands(it->second, slice->info(), def.mutable_xla());
+      if (!rebound.ok()) {
+        program->MarkLost(absl::FailedPreconditionError(
+            absl::StrCat(what,
+                         " cannot run on its slice as granted again after the "
+                         "server at ",
+                         address_, " restarted: ", rebound.message(),
+                         "; compile it again")));
+        programs_lost++;
+        continue;
+      }
+    }
+    const uint64_t id = NextId();
+    proto::ClientOp& op = ops.emplace_back();
+    op.mutable_program()->set_program_id(id);
+    *op.mutable_program()->mutable_program() = std::move(def);
+    program->Rebind(id, epoch);
+    programs_restored++;
+  }
+  Enqueue(std::move(ops), epoch);
+  absl::MutexLock lock(&mu_);
+  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
+  state_ = SessionState::kOpen;
+  if (!ends_.empty()) {
+    SessionEnd& end = ends_.back();
+    end.reconnected = true;
+    end.new_client_id = client_id();
+    end.reconnected_at = absl::Now();
+    end.slices_restored = slices_restored;
+    end.slices_lost = slices_lost;
+    end.programs_restored = programs_restored;
+    end.programs_lost = programs_lost;
+    SPDLOG_WARN("{}", DescribeSessionEnd(end));
+  }
+}
+
+std::vector<SessionEnd> ClientCore::SessionEnds() const {
+  absl::MutexLock lock(&mu_);
+  return ends_;
+}
+
+SessionState ClientCore::state() const {
+  absl::MutexLock lock(&mu_);
+  return state_;
 }
 
 bool ClientCore::closed() const {
@@ -141,17 +491,62 @@ bool ClientCore::closed() const {
 absl::Status ClientCore::CheckOpen() const {
   if (closing_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
-        absl::StrCat("client ", client_id_, " is closed"));
+        absl::StrCat("client ", client_id(), " is closed"));
   }
-  if (session_lost_.load(std::memory_order_acquire)) return SessionLost();
   return absl::OkStatus();
 }
 
-absl::Status ClientCore::SessionLost() const {
-  return absl::UnavailableError(absl::StrCat(
-      "client ", client_id_, "'s session with the server at ", address_,
-      " ended (the server restarted or went away): its slices, programs and "
-      "futures are lost; connect again"));
+absl::StatusOr<std::shared_ptr<SessionTag>> ClientCore::AwaitSession(
+    absl::Time deadline) {
+  if (absl::Status open = CheckOpen(); !open.ok()) return open;
+  absl::MutexLock lock(&mu_);
+  if (state_ == SessionState::kOpen && !stream_broken_) return session_tag_;
+  const absl::Time start = absl::Now();
+  // A write that failed marks the stream before the reader sees it end
+  // and the state moves on: wait for that too.
+  auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_ == SessionState::kOpen
+               ? !stream_broken_
+               : state_ != SessionState::kReconnecting;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  switch (state_) {
+    case SessionState::kOpen:
+      if (!stream_broken_) return session_tag_;
+      break;
+    case SessionState::kClosed:
+      return absl::FailedPreconditionError(
+          absl::StrCat("client ", client_id(), " is closed"));
+    case SessionState::kGaveUp:
+      return GaveUpStatusLocked();
+    case SessionState::kReconnecting:
+      break;
+  }
+  const absl::Time now = absl::Now();
+  return WaitedForServer(address_, ends_.empty() ? start : ends_.back().ended,
+                         now - start, give_up_at_, now);
+}
+
+absl::Status ClientCore::SessionStatus(uint64_t epoch,
+                                       uint64_t buffer_id) const {
+  if (absl::Status open = CheckOpen(); !open.ok()) return open;
+  absl::MutexLock lock(&mu_);
+  return SessionStatusLocked(epoch, buffer_id);
+}
+
+absl::Status ClientCore::SessionStatusLocked(uint64_t epoch,
+                                             uint64_t buffer_id) const {
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("client ", client_id(), " is closed"));
+  }
+  if (epoch == epoch_.load() && !stream_broken_) return absl::OkStatus();
+  for (const SessionEnd& end : ends_) {
+    if (end.epoch == epoch) return LostWithSession(end, buffer_id);
+  }
+  // Ended a moment ago: the reader records it as it marks the stream.
+  return absl::UnavailableError(
+      absl::StrCat("the session with the server at ", address_, " ended"));
 }
 
 void ClientCore::Close() {
@@ -159,39 +554,40 @@ void ClientCore::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
+    state_ = SessionState::kClosed;
     closing_.store(true, std::memory_order_release);
     // Fetches and waits in other threads end now, with "closed".
     for (auto& [conn, use] : in_use_) conn->Shutdown();
+    if (opening_ != nullptr) opening_->TryCancel();
   }
   // The sender flushes what is queued, then half-closes the stream; the
   // server frees the client's slices and buffers when the stream ends.
-  if (sender_.joinable()) sender_.join();
-  if (reader_.joinable()) reader_.join();
-  if (reputter_.joinable()) reputter_.join();
+  if (session_thread_.joinable()) session_thread_.join();
   absl::MutexLock lock(&mu_);
   pool_.clear();
   kept_puts_.clear();
 }
 
-void ClientCore::Enqueue(std::vector<proto::ClientOp> ops) {
+void ClientCore::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
   absl::MutexLock lock(&mu_);
-  auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || stream_broken_ || queue_.size() < kMaxQueuedOps;
+  auto room = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || stream_broken_ || epoch_.load() != epoch ||
+           queue_.size() < kMaxQueuedOps;
   };
   mu_.Await(absl::Condition(&room));
-  if (closed_ || stream_broken_) return;
+  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
   for (auto& op : ops) queue_.push_back(std::move(op));
 }
 
 void ClientCore::Flush() {
   absl::MutexLock lock(&mu_);
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stream_broken_ || (queue_.empty() && !sending_);
+    return stream_broken_ || closed_ || (queue_.empty() && !sending_);
   };
   mu_.Await(absl::Condition(&drained));
 }
 
-void ClientCore::SenderLoop() {
+void ClientCore::SenderLoop(Session& session) {
   absl::Time next_stats = absl::Now();
   while (true) {
     proto::ClientToServer msg;
@@ -199,9 +595,10 @@ void ClientCore::SenderLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || !queue_.empty();
+        return closed_ || stream_broken_ || !queue_.empty();
       };
       mu_.AwaitWithDeadline(absl::Condition(&ready), next_stats);
+      if (stream_broken_ && !closed_) break;  // the reader saw it end
       for (auto& op : queue_) *msg.add_ops() = std::move(op);
       queue_.clear();
       sending_ = msg.ops_size() > 0;
@@ -215,7 +612,7 @@ void ClientCore::SenderLoop() {
       s->set_live_futures(live_futures.load());
       next_stats = absl::Now() + absl::Seconds(1);
     }
-    bool ok = msg.ops_size() == 0 || stream_->Write(msg);
+    bool ok = msg.ops_size() == 0 || session.stream->Write(msg);
     absl::MutexLock lock(&mu_);
     sending_ = false;
     if (!ok) {
@@ -224,12 +621,12 @@ void ClientCore::SenderLoop() {
     }
     if (last || !ok) break;
   }
-  stream_->WritesDone();
+  session.stream->WritesDone();
 }
 
-void ClientCore::ReaderLoop() {
+void ClientCore::ReaderLoop(Session& session) {
   proto::ServerToClient msg;
-  while (stream_->Read(&msg)) {
+  while (session.stream->Read(&msg)) {
     absl::MutexLock lock(&mu_);
     for (const auto& r : msg.slices()) slice_replies_[r.request_id()] = r;
     for (const auto& e : msg.errors()) {
@@ -263,19 +660,37 @@ void ClientCore::ReaderLoop() {
   }
   absl::MutexLock lock(&mu_);
   stream_broken_ = true;
+  queue_.clear();
   if (closed_) return;
   // Everything of this session lived in the server's records and on
-  // workers it ordered: nothing of it can be used again. Each use says so
-  // (CheckOpen), and whoever waits on a worker now stops.
-  session_lost_.store(true, std::memory_order_release);
-  SPDLOG_WARN("{} ({} live future(s))", std::string(SessionLost().message()),
-              live_futures.load());
+  // workers it ordered: nothing of it can be used again. Each use of it
+  // says so (SessionStatus), and whoever waits on a worker now stops.
+  SessionEnd& end = ends_.emplace_back();
+  end.epoch = epoch_.load();
+  end.client_id = session.client_id;
+  end.address = address_;
+  end.ended = absl::Now();
+  end.lost_futures = session_tag_->live_futures.load();
+  if (options_.reconnect_timeout > absl::ZeroDuration()) {
+    state_ = SessionState::kReconnecting;
+    give_up_at_ = end.ended + options_.reconnect_timeout;
+    SPDLOG_WARN(
+        "client {}'s session with the server at {} ended (the server "
+        "restarted or went away): its {} live future(s) are lost; "
+        "reconnecting for up to {}",
+        end.client_id, address_, end.lost_futures,
+        absl::FormatDuration(options_.reconnect_timeout));
+  } else {
+    state_ = SessionState::kGaveUp;
+    end.gave_up = kNoReconnect;
+    SPDLOG_WARN("{}", std::string(GaveUpStatusLocked().message()));
+  }
   pool_.clear();
   for (auto& [conn, use] : in_use_) conn->Shutdown();
 }
 
 absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
-    proto::SliceRequest req) {
+    proto::SliceRequest req, uint64_t epoch) {
   uint64_t rid;
   {
     absl::MutexLock lock(&mu_);
@@ -286,10 +701,11 @@ absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
   *op.mutable_slice_request() = req;
   std::vector<proto::ClientOp> ops;
   ops.push_back(std::move(op));
-  Enqueue(std::move(ops));
+  Enqueue(std::move(ops), epoch);
   absl::MutexLock lock(&mu_);
-  auto answered = [this, rid]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stream_broken_ || closed_ || slice_replies_.count(rid) > 0;
+  auto answered = [this, rid, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stream_broken_ || closed_ || epoch_.load() != epoch ||
+           slice_replies_.count(rid) > 0;
   };
   mu_.Await(absl::Condition(&answered));
   auto it = slice_replies_.find(rid);
@@ -300,7 +716,8 @@ absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
   }
   if (it == slice_replies_.end()) {
     return absl::UnavailableError(
-        absl::StrCat("no slice: ", SessionLost().message()));
+        absl::StrCat("the session with the server at ", address_,
+                     " ended before the server granted the slice"));
   }
   proto::SliceReply reply = std::move(it->second);
   slice_replies_.erase(it);
@@ -311,20 +728,21 @@ absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
   return reply.slice();
 }
 
-void ClientCore::ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id) {
+void ClientCore::ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id,
+                               uint64_t epoch) {
   proto::ClientOp op;
   op.mutable_release()->set_buffer_id(buffer_id);
   op.mutable_release()->set_slice_id(slice_id);
   absl::MutexLock lock(&mu_);
-  if (closed_ || stream_broken_) return;
+  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
   queue_.push_back(std::move(op));  // never blocks: destructors call this
 }
 
-void ClientCore::ReleaseSlice(uint64_t slice_id) {
+void ClientCore::ReleaseSlice(uint64_t slice_id, uint64_t epoch) {
   proto::ClientOp op;
   op.set_slice_release(slice_id);
   absl::MutexLock lock(&mu_);
-  if (closed_ || stream_broken_) return;
+  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
   queue_.push_back(std::move(op));
 }
 
@@ -355,11 +773,14 @@ bool ClientCore::SameMachine(const proto::SliceDevice& device) const {
 }
 
 absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>>
-ClientCore::Checkout(const proto::SliceDevice& device,
+ClientCore::Checkout(const proto::SliceDevice& device, uint64_t epoch,
                      absl::Span<const int64_t> also_on) {
   const int64_t worker = device.worker_id();
+  transport::DataPlaneIdentity identity;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status s = SessionStatusLocked(epoch, 0); !s.ok()) return s;
+    identity = identity_;
     auto it = pool_.find(worker);
     if (it != pool_.end() && !it->second.empty()) {
       auto conn = std::move(it->second.back());
@@ -369,18 +790,20 @@ ClientCore::Checkout(const proto::SliceDevice& device,
     }
   }
   // A worker declared down (a stopped one accepts but never answers the
-  // handshake) or a close ends the connecting too.
-  auto given_up = [this, worker] {
+  // handshake), the session's end or a close ends the connecting too.
+  auto given_up = [this, worker, epoch] {
     absl::MutexLock lock(&mu_);
-    return closed_ || workers_down_.contains(worker);
+    return closed_ || stream_broken_ || epoch_.load() != epoch ||
+           workers_down_.contains(worker);
   };
   auto conn = transport::DataPlaneConnection::Connect(
       device.data_address(), SameMachine(device) ? device.unix_path() : "",
-      &data_counters_, identity_, given_up);
+      &data_counters_, identity, given_up);
   absl::MutexLock lock(&mu_);
   // Checked under the lock that the reader takes to wake connections: a
-  // worker reported down meanwhile, or a close, is seen here or wakes this.
-  if (absl::Status open = CheckOpen(); !open.ok()) return open;
+  // worker reported down meanwhile, the session's end, or a close, is seen
+  // here or wakes this.
+  if (absl::Status s = SessionStatusLocked(epoch, 0); !s.ok()) return s;
   if (auto down = workers_down_.find(worker); down != workers_down_.end()) {
     return down->second;
   }
@@ -390,10 +813,15 @@ ClientCore::Checkout(const proto::SliceDevice& device,
 }
 
 void ClientCore::Checkin(int64_t worker_id,
-                         std::unique_ptr<transport::DataPlaneConnection> conn) {
+                         std::unique_ptr<transport::DataPlaneConnection> conn,
+                         uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   in_use_.erase(conn.get());
-  if (closed_ || workers_down_.contains(worker_id)) return;
+  // A connection of an ended session proves its credential: not pooled.
+  if (closed_ || stream_broken_ || epoch_.load() != epoch ||
+      workers_down_.contains(worker_id)) {
+    return;
+  }
   auto& list = pool_[worker_id];
   if (list.size() < 8) list.push_back(std::move(conn));
 }

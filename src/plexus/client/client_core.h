@@ -2,9 +2,11 @@
 // (shared_ptr: futures may outlive the Client object, e.g. in Python; a
 // release after Close is then a no-op).
 //
-// Threads: the sender (drains queued ops into one message per write, and
-// sends counters every second) and the reader (slice replies, call errors,
-// workers that died).
+// Threads: the session thread (SessionLoop: runs one session after another,
+// reconnecting when one ends without Close; reconnect.h has the states),
+// and per session the sender (drains queued ops into one message per
+// write, and sends counters every second) and the reader (slice replies,
+// call errors, workers that died).
 #pragma once
 
 #include <algorithm>
@@ -26,23 +28,55 @@
 
 namespace plexus {
 
+// One session as the futures made in it know it.
+struct SessionTag {
+  explicit SessionTag(uint64_t e) : epoch(e) {}
+  const uint64_t epoch;
+  std::atomic<int64_t> live_futures{0};
+};
+
 class ClientCore : public std::enable_shared_from_this<ClientCore> {
  public:
-  explicit ClientCore(ClientOptions options) : options_(std::move(options)) {}
+  explicit ClientCore(ClientOptions options);
   ~ClientCore();
   absl::Status Init(const std::string& address);
   void Close();
 
-  uint64_t client_id() const { return client_id_; }
-  uint64_t NextId() { return (client_id_ << 40) | next_id_++; }
+  // The current session's.
+  uint64_t client_id() const {
+    return client_id_.load(std::memory_order_acquire);
+  }
+  uint64_t NextId() { return (client_id() << 40) | next_id_++; }
+  // The current session's epoch (1 for the first, +1 per reconnect).
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
 
-  // Queues ops for the sender; waits while too many are queued.
-  void Enqueue(std::vector<proto::ClientOp> ops);
+  // The open session, waiting for one while the client reconnects, at
+  // most until `deadline`. FailedPrecondition once closed; UNAVAILABLE
+  // once the client gave up, or when the deadline passes (saying how
+  // long it waited for which server).
+  absl::StatusOr<std::shared_ptr<SessionTag>> AwaitSession(absl::Time deadline);
+  // OK while session `epoch` is open; else why what it made is gone:
+  // FailedPrecondition once closed, LostWithSession (naming `buffer_id`)
+  // once it ended.
+  absl::Status SessionStatus(uint64_t epoch, uint64_t buffer_id = 0) const;
+  absl::Status SessionStatusLocked(uint64_t epoch, uint64_t buffer_id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  // Queues ops of session `epoch` for the sender; waits while too many
+  // are queued. Dropped if that session ended: what they made reads as
+  // lost with it.
+  void Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch);
   void Flush();
-  absl::StatusOr<proto::SliceInfo> RequestSlice(proto::SliceRequest req);
+  absl::StatusOr<proto::SliceInfo> RequestSlice(proto::SliceRequest req,
+                                                uint64_t epoch);
 
-  void ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id);
-  void ReleaseSlice(uint64_t slice_id);
+  void ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id, uint64_t epoch);
+  void ReleaseSlice(uint64_t slice_id, uint64_t epoch);
+  // Slices and programs to ask for and register again after a reconnect.
+  void Track(const std::shared_ptr<Slice>& slice);
+  void Track(const std::shared_ptr<Program>& program);
+  std::vector<SessionEnd> SessionEnds() const;
+  SessionState state() const;
 
   // Errors the server reported for buffers (rejected calls), and workers
   // known to be down.
@@ -75,21 +109,22 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
                std::vector<std::shared_ptr<Storage>> shards);
 
   // FailedPrecondition once Close() has begun: a closed client does no
-  // more work (puts, calls, fetches), and says so. Unavailable once the
-  // server ended the session (it restarted or went away), saying what was
-  // lost.
+  // more work (puts, calls, fetches), and says so.
   absl::Status CheckOpen() const;
 
-  // A data-plane connection to the worker holding `device`, in use until
-  // it is handed back (Checkin: kept for reuse; Discard: closed). While in
-  // use it is woken (shut down) when the server reports its worker down or
-  // the client closes, so no fetch waits on a worker that will not answer.
-  // `also_on`: other workers whose loss ends the request too (a wait on
-  // many workers' shards ends when any of them is lost).
+  // A data-plane connection, for session `epoch`, to the worker holding
+  // `device`, in use until it is handed back (Checkin: kept for reuse;
+  // Discard: closed). While in use it is woken (shut down) when the server
+  // reports its worker down, the session ends or the client closes, so no
+  // fetch waits on a worker that will not answer. `also_on`: other workers
+  // whose loss ends the request too (a wait on many workers' shards ends
+  // when any of them is lost).
   absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> Checkout(
-      const proto::SliceDevice& device, absl::Span<const int64_t> also_on = {});
+      const proto::SliceDevice& device, uint64_t epoch,
+      absl::Span<const int64_t> also_on = {});
   void Checkin(int64_t worker_id,
-               std::unique_ptr<transport::DataPlaneConnection> conn);
+               std::unique_ptr<transport::DataPlaneConnection> conn,
+               uint64_t epoch);
   void Discard(std::unique_ptr<transport::DataPlaneConnection> conn);
   bool SameMachine(const proto::SliceDevice& device) const;
 
@@ -105,8 +140,25 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void AwaitInputs(const std::vector<Future>& inputs);
 
  private:
-  void SenderLoop();
-  void ReaderLoop();
+  struct Session;  // one session's channel and stream (client_core.cc)
+  // Connects and opens a session (hello, protocol and credential), by
+  // `deadline`; Close() cancels it.
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(absl::Time deadline);
+  // Makes `session` the current one: a new epoch, its client id and
+  // credential, nothing of the last one's records.
+  void Install(Session& session);
+  // Runs `session`, then the next ones, until Close or the client gives up.
+  void SessionLoop(std::unique_ptr<Session> session);
+  // Opens the next session with back-off; null when closed or given up.
+  std::unique_ptr<Session> Reconnect();
+  // Asks for every live slice again and registers every live program
+  // again in session `tag`; then the session is open for use.
+  void Restore(const std::shared_ptr<SessionTag>& tag);
+  void GiveUpLocked(std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why the client does no work any more, once it gave up.
+  absl::Status GaveUpStatusLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  void SenderLoop(Session& session);
+  void ReaderLoop(Session& session);
   uint64_t ResolveSlow(uint64_t id) const;
   // Puts shards again for a recovery (its own thread: the reader must not
   // wait on a worker).
@@ -116,31 +168,35 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 
   const ClientOptions options_;
   std::string machine_id_;
-  uint64_t client_id_ = 0;
-  // This session as the workers know it: its client id and the credential
-  // the server issued, which every data-plane connection proves (never
-  // sends). Set once by Init.
-  transport::DataPlaneIdentity identity_{};
+  std::atomic<uint64_t> client_id_{0};
+  // Never reset: ids stay unique across sessions, whatever client ids the
+  // server hands out.
   std::atomic<uint64_t> next_id_{1};
 
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<proto::Controller::Stub> stub_;
-  grpc::ClientContext context_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<proto::ClientToServer, proto::ServerToClient>>
-      stream_;
-  std::thread sender_;
+  std::thread session_thread_;
+  std::thread sender_;  // of the current session; the session thread joins
   std::thread reader_;
   transport::DataPlaneCounters data_counters_;
 
   // closed_, readable without the lock (CheckOpen runs on every call).
   std::atomic<bool> closing_{false};
-  // Set when the server ended the session without Close (it restarted or
-  // went away): every later use fails with SessionLost().
-  std::atomic<bool> session_lost_{false};
-  absl::Status SessionLost() const;
   std::string address_;  // the server's, as given to Init
   mutable absl::Mutex mu_;
+  // The session's state (reconnect.h) and the current session, with its
+  // client id and the credential the server issued, which every
+  // data-plane connection proves (never sends).
+  SessionState state_ ABSL_GUARDED_BY(mu_) = SessionState::kOpen;
+  std::atomic<uint64_t> epoch_{0};  // written under mu_
+  std::shared_ptr<SessionTag> session_tag_ ABSL_GUARDED_BY(mu_);
+  transport::DataPlaneIdentity identity_ ABSL_GUARDED_BY(mu_){};
+  // The context of a session being opened, for Close to cancel.
+  grpc::ClientContext* opening_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<SessionEnd> ends_ ABSL_GUARDED_BY(mu_);
+  absl::Time give_up_at_ ABSL_GUARDED_BY(mu_);
+  // Slices and programs made, in order (weak: the user owns them).
+  absl::Mutex made_mu_;
+  std::vector<std::weak_ptr<Slice>> slices_made_ ABSL_GUARDED_BY(made_mu_);
+  std::vector<std::weak_ptr<Program>> programs_made_ ABSL_GUARDED_BY(made_mu_);
   std::vector<proto::ClientOp> queue_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
@@ -164,7 +220,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   };
   absl::flat_hash_map<uint64_t, KeptPut> kept_puts_ ABSL_GUARDED_BY(mu_);
   std::deque<std::pair<uint64_t, int32_t>> reputs_ ABSL_GUARDED_BY(mu_);
-  std::thread reputter_;  // started by the reader on the first reput
+  // Started by the reader on the session's first reput; the session
+  // thread joins it when the session ends.
+  std::thread reputter_;
   std::map<int64_t,
            std::vector<std::unique_ptr<transport::DataPlaneConnection>>>
       pool_ ABSL_GUARDED_BY(mu_);
@@ -182,24 +240,30 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       ABSL_GUARDED_BY(mu_);
 };
 
-// One sharded buffer as the client holds it. The last Future copy destroys
-// it, which releases the buffer on the workers.
+// One sharded buffer as the client holds it, in the session that made it.
+// The last Future copy destroys it, which releases the buffer on the
+// workers (if that session is still open).
 class BufferHandle {
  public:
   BufferHandle(std::shared_ptr<ClientCore> core, uint64_t id, ArgSpec arg,
-               std::shared_ptr<Slice> slice)
+               std::shared_ptr<Slice> slice,
+               std::shared_ptr<SessionTag> session)
       : core_(std::move(core)),
         id_(id),
         arg_(std::move(arg)),
-        slice_(std::move(slice)) {
+        slice_(std::move(slice)),
+        session_(std::move(session)) {
     core_->live_futures++;
+    session_->live_futures++;
   }
   ~BufferHandle() {
     core_->live_futures--;
+    session_->live_futures--;
     core_->ForgetBuffer(id_);
-    core_->ReleaseBuffer(id_, slice_->id());
+    core_->ReleaseBuffer(id_, slice_->id(), session_->epoch);
   }
   uint64_t id() const { return id_; }
+  uint64_t epoch() const { return session_->epoch; }
   // The id the value has now: recovery may have recomputed it under
   // another (ClientCore::Resolve).
   uint64_t current_id() const { return core_->Resolve(id_); }
@@ -211,6 +275,7 @@ class BufferHandle {
   uint64_t id_;
   ArgSpec arg_;
   std::shared_ptr<Slice> slice_;
+  std::shared_ptr<SessionTag> session_;
 };
 
 }  // namespace plexus

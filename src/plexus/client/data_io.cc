@@ -12,24 +12,35 @@
 namespace plexus {
 namespace {
 
-// Runs `fn` with a pooled connection to the worker of `device`; a failure
-// against a worker the server reported down says so.
+// Runs `fn` with a pooled connection (of session `epoch`) to the worker of
+// `device`; a failure against a worker the server reported down says so,
+// and one of a session that ended says what was lost with it (`buffer`).
 template <typename Fn>
 absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
-                            Fn fn) {
+                            uint64_t epoch, uint64_t buffer, Fn fn) {
   absl::Status down = core.WorkerStatus(device.worker_id());
   if (!down.ok()) return down;
-  auto conn = core.Checkout(device);
+  auto conn = core.Checkout(device, epoch);
   absl::Status s = conn.ok() ? fn(**conn) : conn.status();
   if (conn.ok() && (*conn)->healthy()) {
     // Success, or the worker's own answer (its error, code and message
     // intact): the connection is in step and goes back to the pool.
-    core.Checkin(device.worker_id(), std::move(*conn));
+    core.Checkin(device.worker_id(), std::move(*conn), epoch);
+    // A worker whose server went away may answer for a value nobody will
+    // compute: the session's end says what happened.
+    if (!s.ok()) {
+      if (absl::Status ended = core.SessionStatus(epoch, buffer); !ended.ok()) {
+        return ended;
+      }
+    }
     return s;
   }
   if (conn.ok()) core.Discard(std::move(*conn));
-  // Woken because the client closed, or its worker went down: say that.
-  if (absl::Status open = core.CheckOpen(); !open.ok()) return open;
+  // Woken because the client closed, its session ended, or its worker went
+  // down: say that.
+  if (absl::Status ended = core.SessionStatus(epoch, buffer); !ended.ok()) {
+    return ended;
+  }
   down = core.WorkerStatus(device.worker_id());
   if (!down.ok()) return down;
   // The connection itself failed: the worker may be gone.
@@ -42,11 +53,21 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
 
 absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
                                    const void* data, const ArgSpec& arg) {
-  if (absl::Status open = core_->CheckOpen(); !open.ok()) {
-    return absl::Status(open.code(), absl::StrCat("put: ", open.message()));
+  // While the client reconnects, a put waits for the new session.
+  auto session =
+      core_->AwaitSession(absl::Now() + core_->options().reconnect_timeout);
+  if (!session.ok()) {
+    return absl::Status(session.status().code(),
+                        absl::StrCat("put: ", session.status().message()));
   }
+  const uint64_t epoch = (*session)->epoch;
   if (slice == nullptr || slice->closed()) {
     return absl::FailedPreconditionError("put: the slice is closed");
+  }
+  if (slice->epoch() != epoch) {
+    absl::Status lost = slice->lost();
+    if (lost.ok()) lost = core_->SessionStatus(slice->epoch());
+    return absl::Status(lost.code(), absl::StrCat("put: ", lost.message()));
   }
   if (arg.sharding.is_partial()) {
     return absl::InvalidArgumentError("put: an array cannot be put as partial");
@@ -129,16 +150,17 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
     return absl::FailedPreconditionError("put: the slice is closed");
   }
   core_->KeepPut(id, slice->id(), kept);
-  core_->Enqueue(std::move(ops));
+  core_->Enqueue(std::move(ops), epoch);
   slice->Unhold();
-  Future future(std::make_shared<BufferHandle>(core_, id, arg, slice));
+  Future future(std::make_shared<BufferHandle>(core_, id, arg, slice,
+                                               std::move(*session)));
   for (int j = 0; j < n; ++j) {
     absl::Status s;
     for (int attempt = 0;; ++attempt) {
       const int64_t heard = core_->losses_heard();
       const uint64_t generation = slice->generation();
       const proto::SliceDevice device = slice->info().devices(j);
-      s = WithConnection(*core_, device,
+      s = WithConnection(*core_, device, epoch, id,
                          [&](transport::DataPlaneConnection& conn) {
                            return conn.Put({id, j}, *kept[j]);
                          });
@@ -168,7 +190,11 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
 
 absl::Status Client::FetchOnce(const Future& future, void* dst) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
-  if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+  const uint64_t epoch = future.epoch();
+  if (absl::Status s = core_->SessionStatus(epoch, future.buffer_id());
+      !s.ok()) {
+    return s;
+  }
   absl::Status failed = core_->BufferStatus(future.buffer_id());
   if (!failed.ok()) return failed;
   const ArgSpec& arg = future.arg();
@@ -201,13 +227,14 @@ absl::Status Client::FetchOnce(const Future& future, void* dst) {
     const int j = reads[r];
     const proto::SliceDevice& device = info.devices(j);
     std::shared_ptr<Storage> data;
-    absl::Status s = WithConnection(
-        *core_, device, [&](transport::DataPlaneConnection& conn) {
-          auto got = conn.Fetch({future.buffer_id(), j});
-          if (!got.ok()) return got.status();
-          data = std::move(*got);
-          return absl::OkStatus();
-        });
+    absl::Status s =
+        WithConnection(*core_, device, epoch, future.buffer_id(),
+                       [&](transport::DataPlaneConnection& conn) {
+                         auto got = conn.Fetch({future.buffer_id(), j});
+                         if (!got.ok()) return got.status();
+                         data = std::move(*got);
+                         return absl::OkStatus();
+                       });
     if (!s.ok()) return s;
     if (static_cast<int64_t>(data->size()) < bytes) {
       return absl::InternalError(
@@ -244,7 +271,7 @@ void ClientCore::AwaitInputs(const std::vector<Future>& inputs) {
     const proto::SliceInfo& info = in.slice()->info();
     for (int j = 0; j < info.devices_size(); ++j) {
       // A failed input is not waited on again: the call will fail with it.
-      (void)WithConnection(*this, info.devices(j),
+      (void)WithConnection(*this, info.devices(j), in.epoch(), in.buffer_id(),
                            [&](transport::DataPlaneConnection& conn) {
                              return conn.Wait({in.buffer_id(), j});
                            });
@@ -254,15 +281,20 @@ void ClientCore::AwaitInputs(const std::vector<Future>& inputs) {
 
 absl::Status Client::WaitOnce(const Future& future) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
-  if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+  const uint64_t epoch = future.epoch();
+  if (absl::Status s = core_->SessionStatus(epoch, future.buffer_id());
+      !s.ok()) {
+    return s;
+  }
   absl::Status failed = core_->BufferStatus(future.buffer_id());
   if (!failed.ok()) return failed;
   const proto::SliceInfo& info = future.slice()->info();
   for (int j = 0; j < info.devices_size(); ++j) {
-    absl::Status s = WithConnection(*core_, info.devices(j),
-                                    [&](transport::DataPlaneConnection& conn) {
-                                      return conn.Wait({future.buffer_id(), j});
-                                    });
+    absl::Status s =
+        WithConnection(*core_, info.devices(j), epoch, future.buffer_id(),
+                       [&](transport::DataPlaneConnection& conn) {
+                         return conn.Wait({future.buffer_id(), j});
+                       });
     core_->wait_round_trips++;
     if (!s.ok()) return s;
   }
@@ -272,6 +304,17 @@ absl::Status Client::WaitOnce(const Future& future) {
 absl::Status Client::WaitManyOnce(const std::vector<Future>& futures,
                                   absl::Time deadline) {
   if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+  // Every future must be of the open session (`epoch`): one of a session
+  // that ended is lost, and says so.
+  const uint64_t epoch = core_->epoch();
+  for (const Future& future : futures) {
+    if (!future.valid()) return absl::InvalidArgumentError("empty future");
+    if (absl::Status s =
+            core_->SessionStatus(future.epoch(), future.buffer_id());
+        !s.ok()) {
+      return s;
+    }
+  }
   // Each worker's shards, and which future each belongs to.
   struct Batch {
     const proto::SliceDevice* device = nullptr;
@@ -297,7 +340,11 @@ absl::Status Client::WaitManyOnce(const std::vector<Future>& futures,
   std::vector<int64_t> workers;
   for (const auto& [worker, batch] : batches) workers.push_back(worker);
   auto explain = [&](const Batch& batch, const absl::Status& s) {
-    if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+    if (absl::Status ended = core_->SessionStatus(
+            epoch, futures[batch.owners.front()].buffer_id());
+        !ended.ok()) {
+      return ended;
+    }
     for (int64_t w : workers) {
       absl::Status down = core_->WorkerStatus(w);
       if (!down.ok()) return down;
@@ -314,7 +361,7 @@ absl::Status Client::WaitManyOnce(const std::vector<Future>& futures,
       result = down;
       break;
     }
-    auto conn = core_->Checkout(*batch.device, workers);
+    auto conn = core_->Checkout(*batch.device, epoch, workers);
     if (!conn.ok()) {
       result = conn.status();
       break;
@@ -346,12 +393,20 @@ absl::Status Client::WaitManyOnce(const std::vector<Future>& futures,
       }
     }
     if (batch.conn->healthy()) {
-      core_->Checkin(worker, std::move(batch.conn));
+      core_->Checkin(worker, std::move(batch.conn), epoch);
     } else {
       core_->Discard(std::move(batch.conn));
     }
   }
-  if (!result.ok()) return result;
+  if (!result.ok()) {
+    // Failed as the session ended: say what was lost with it.
+    if (absl::Status ended = core_->SessionStatus(
+            epoch, futures.empty() ? 0 : futures.front().buffer_id());
+        !ended.ok()) {
+      return ended;
+    }
+    return result;
+  }
   const int64_t late = std::count(not_ready.begin(), not_ready.end(), true);
   if (late > 0) {
     return absl::DeadlineExceededError(

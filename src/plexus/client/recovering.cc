@@ -98,6 +98,7 @@ void ClientCore::KeepPut(uint64_t id, uint64_t slice_id,
 }
 
 void ClientCore::RePutLoop() {
+  const uint64_t epoch = epoch_.load();  // the session that started it
   while (true) {
     uint64_t id;
     int32_t shard;
@@ -128,11 +129,11 @@ void ClientCore::RePutLoop() {
       data = kept->second.shards[shard];
       device = slice->second->info().devices(shard);
     }
-    auto conn = Checkout(device);
+    auto conn = Checkout(device, epoch);
     absl::Status s =
         conn.ok() ? (*conn)->Put({id, shard}, *data) : conn.status();
     if (conn.ok() && (*conn)->healthy()) {
-      Checkin(device.worker_id(), std::move(*conn));
+      Checkin(device.worker_id(), std::move(*conn), epoch);
     } else if (conn.ok()) {
       Discard(std::move(*conn));
     }
@@ -166,6 +167,11 @@ static absl::Status Settled(ClientCore& core,
                             const std::vector<const Future*>& futures,
                             const absl::Status& failure) {
   for (const Future* f : futures) {
+    // Made in a session that ended: the server freed it with the session.
+    if (absl::Status s = core.SessionStatus(f->epoch(), f->buffer_id());
+        !s.ok()) {
+      return s;
+    }
     absl::Status lost = core.LostStatus(f->buffer_id());
     if (!lost.ok()) return lost;
     if (!failure.ok() && core.SliceBroken(f->slice()->id())) {
@@ -210,11 +216,18 @@ static absl::Status Recovering(ClientCore& core,
 absl::Status Client::Snapshot(const std::vector<Future>& futures) {
   if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
   std::vector<proto::ClientOp> ops;
+  const uint64_t epoch = core_->epoch();
   for (const Future& f : futures) {
     if (!f.valid()) return absl::InvalidArgumentError("empty future");
+    // OK only for the open session's futures (`epoch`, unless it has just
+    // ended, when Enqueue drops the ops).
+    if (absl::Status s = core_->SessionStatus(f.epoch(), f.buffer_id());
+        !s.ok()) {
+      return s;
+    }
     ops.emplace_back().set_snapshot(f.buffer_id());
   }
-  core_->Enqueue(std::move(ops));
+  core_->Enqueue(std::move(ops), epoch);
   return absl::OkStatus();
 }
 

@@ -28,6 +28,7 @@ PyObject* g_denied = nullptr;
 PyObject* g_deadline = nullptr;
 PyObject* g_unimplemented = nullptr;
 PyObject* g_device_lost = nullptr;
+PyObject* g_server_restarted = nullptr;
 
 [[noreturn]] void Raise(const absl::Status& s) {
   PyObject* type = g_error;
@@ -44,7 +45,9 @@ PyObject* g_device_lost = nullptr;
       type = g_exhausted;
       break;
     case absl::StatusCode::kDataLoss:
-      type = g_device_lost;
+      // Lost with a session that ended (reconnect.h), or with a host.
+      type = s.GetPayload(kSessionLostPayload).has_value() ? g_server_restarted
+                                                           : g_device_lost;
       break;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kAborted:
@@ -232,9 +235,20 @@ PYBIND11_MODULE(_core, m) {
     m.attr("DeviceLostError") = type;
     g_device_lost = type.release().ptr();
   }
+  // A value lost with the client's session: the server restarted (or the
+  // session broke), and it freed the session's buffers. A kind of
+  // DeviceLostError.
+  {
+    py::tuple bases = py::make_tuple(py::handle(g_device_lost));
+    py::object type = py::reinterpret_steal<py::object>(PyErr_NewException(
+        "plexus._core.ServerRestartedError", bases.ptr(), nullptr));
+    m.attr("ServerRestartedError") = type;
+    g_server_restarted = type.release().ptr();
+  }
 
   py::class_<Slice, std::shared_ptr<Slice>>(m, "Slice")
       .def_property_readonly("id", &Slice::id)
+      .def_property_readonly("first_id", &Slice::first_id)
       .def_property_readonly("num_devices", &Slice::num_devices)
       .def_property_readonly("num_hosts", &Slice::num_hosts)
       .def_property_readonly("generation", &Slice::generation)
@@ -293,8 +307,15 @@ PYBIND11_MODULE(_core, m) {
           [](const std::string& address, const std::string& name,
              bool shared_memory, bool sequential_dispatch,
              const std::string& tenant, const std::string& tenant_token,
-             std::optional<std::string> secret_hex, const std::string& tls_ca) {
+             std::optional<std::string> secret_hex, const std::string& tls_ca,
+             double reconnect_timeout) {
             ClientOptions options;
+            if (!(reconnect_timeout >= 0)) {  // NaN too
+              Raise(absl::InvalidArgumentError(
+                  "reconnect_timeout must be a number of seconds >= 0, not " +
+                  std::to_string(reconnect_timeout)));
+            }
+            options.reconnect_timeout = absl::Seconds(reconnect_timeout);
             options.name = name;
             options.shared_memory = shared_memory;
             options.sequential_dispatch = sequential_dispatch;
@@ -317,8 +338,55 @@ PYBIND11_MODULE(_core, m) {
           py::arg("shared_memory") = true,
           py::arg("sequential_dispatch") = false, py::arg("tenant") = "",
           py::arg("tenant_token") = "", py::arg("secret_hex") = py::none(),
-          py::arg("tls_ca") = "")
+          py::arg("tls_ca") = "",
+          // No reconnect unless asked (plexus.connect asks): the embedded
+          // cluster's and plexus.ray's servers do not come back.
+          py::arg("reconnect_timeout") = 0.0)
       .def_property_readonly("client_id", &Client::client_id)
+      .def_property_readonly("state",
+                             [](const Client& c) {
+                               switch (c.state()) {
+                                 case SessionState::kOpen:
+                                   return "open";
+                                 case SessionState::kReconnecting:
+                                   return "reconnecting";
+                                 case SessionState::kGaveUp:
+                                   return "gave_up";
+                                 case SessionState::kClosed:
+                                   return "closed";
+                               }
+                               return "unknown";
+                             })
+      // The sessions that ended (reconnect.h, SessionEnd), oldest first.
+      .def("session_ends",
+           [](const Client& c) {
+             py::list out;
+             for (const SessionEnd& e : c.SessionEnds()) {
+               py::dict d;
+               d["client_id"] = e.client_id;
+               d["address"] = e.address;
+               d["ended"] = absl::ToUnixMicros(e.ended) / 1e6;
+               d["reason"] = e.reason;
+               d["lost_futures"] = e.lost_futures;
+               d["reconnected"] = e.reconnected;
+               d["new_client_id"] = e.reconnected
+                                        ? py::object(py::int_(e.new_client_id))
+                                        : py::object(py::none());
+               d["down_s"] = e.reconnected
+                                 ? py::object(py::float_(absl::ToDoubleSeconds(
+                                       e.reconnected_at - e.ended)))
+                                 : py::object(py::none());
+               d["attempts"] = e.attempts;
+               d["slices_restored"] = e.slices_restored;
+               d["slices_lost"] = e.slices_lost;
+               d["programs_restored"] = e.programs_restored;
+               d["programs_lost"] = e.programs_lost;
+               d["gave_up"] = e.gave_up;
+               d["summary"] = DescribeSessionEnd(e);
+               out.append(d);
+             }
+             return out;
+           })
       .def(
           "slice",
           [](Client& c, int n, std::vector<int32_t> mesh,

@@ -1,0 +1,93 @@
+// The pure pieces of a client's reconnect to its server: what the client
+// records of a session that ended, the errors that say what was lost with
+// it, and how a program's XLA islands follow a slice granted again. No
+// threads, no I/O; ClientCore (client_core.cc) drives them.
+//
+// A client's life, one session after another (ClientCore::SessionLoop):
+//
+//   Init ──▶ kOpen ──stream breaks──▶ kReconnecting ──new session──▶ kOpen
+//              │                        │   (back-off; slices asked for
+//              │                        │    again, programs registered
+//              │                        │    again, then kOpen)
+//              │                        └─ reconnect_timeout passed, or
+//              │                           refused ──▶ kGaveUp
+//              └─ Close() (from any state) ──▶ kClosed
+//
+// Every session has an epoch (1, 2, ...). A future belongs to the session
+// that made it: the server's records and the workers' buffers of a session
+// go when it ends (ClientGone), so a future of an ended session reads as
+// lost (LostWithSession), never as a wait for a value nobody will make.
+// Slices and programs are the client's own descriptions and outlive a
+// session: they are asked for and registered again in the next one.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "plexus/proto/plexus.pb.h"
+
+namespace plexus {
+
+// The payload that marks a status as "lost with an ended session"
+// (DATA_LOSS): the Python binding raises plexus.ServerRestartedError for it.
+inline constexpr char kSessionLostPayload[] = "plexus.dev/session-lost";
+
+enum class SessionState { kOpen, kReconnecting, kGaveUp, kClosed };
+
+// One session that ended, as the client records it.
+struct SessionEnd {
+  uint64_t epoch = 0;
+  uint64_t client_id = 0;
+  std::string address;
+  absl::Time ended;
+  std::string reason;        // why the stream ended, as gRPC said
+  int64_t lost_futures = 0;  // futures of the session alive when it ended
+  // Set once the next session opened (and its restore finished).
+  bool reconnected = false;
+  uint64_t new_client_id = 0;
+  absl::Time reconnected_at;
+  int attempts = 0;  // connection attempts it took
+  int slices_restored = 0;
+  int slices_lost = 0;
+  int programs_restored = 0;
+  int programs_lost = 0;
+  // Set when the client stopped trying (reconnect_timeout, or a refusal),
+  // or kNoReconnect when it never tries.
+  std::string gave_up;
+};
+
+// SessionEnd::gave_up of a client whose reconnect_timeout is zero.
+inline constexpr char kNoReconnect[] = "reconnect_timeout is 0";
+
+// The error a use of buffer `buffer_id` (0: none named) of ended session
+// `end` gets: DATA_LOSS carrying kSessionLostPayload, naming the server,
+// the buffer, how many futures went with the session, and what the client
+// did next.
+absl::Status LostWithSession(const SessionEnd& end, uint64_t buffer_id);
+
+// The log line (and the gist of the Python record) for `end`: what was
+// lost and what the reconnect restored.
+std::string DescribeSessionEnd(const SessionEnd& end);
+
+// The error of an operation that waited `waited` for a session while the
+// client was reconnecting to `address` (UNAVAILABLE), naming the server,
+// how long it waited and when the client gives up.
+absl::Status WaitedForServer(const std::string& address, absl::Time ended,
+                             absl::Duration waited, absl::Time give_up,
+                             absl::Time now);
+
+// An XLA program's islands name the workers that run them (and their
+// device indices, baked into its compile options). Rewrites `xla`'s
+// workers from slice map `before` to `after` (the same slice granted in
+// the next session): each island's worker becomes the worker that holds,
+// in `after`, the virtual devices it held in `before`. Fails
+// (FAILED_PRECONDITION, saying what differs) when those devices are not
+// on one worker with the same device indices, as the compile options
+// need: the program must be compiled again.
+absl::Status RebindIslands(const proto::SliceInfo& before,
+                           const proto::SliceInfo& after,
+                           proto::XlaProgram* xla);
+
+}  // namespace plexus

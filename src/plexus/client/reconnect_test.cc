@@ -1,0 +1,138 @@
+// The pure pieces of a client's reconnect (reconnect.h): what an ended
+// session's futures say, and how an XLA program's islands follow its slice
+// into the next session.
+#include "plexus/client/reconnect.h"
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plexus {
+namespace {
+
+using ::testing::HasSubstr;
+
+SessionEnd AnEnd() {
+  SessionEnd end;
+  end.epoch = 1;
+  end.client_id = 3;
+  end.address = "10.0.0.1:7070";
+  end.ended = absl::FromUnixSeconds(1000);
+  end.reason = "Socket closed";
+  end.lost_futures = 12;
+  return end;
+}
+
+TEST(LostWithSessionTest, NamesTheServerTheBufferAndHowManyWentWithIt) {
+  SessionEnd end = AnEnd();
+  absl::Status s = LostWithSession(end, 1099511627781);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(s.GetPayload(kSessionLostPayload).has_value());
+  EXPECT_THAT(s.message(),
+              HasSubstr("the server at 10.0.0.1:7070 restarted or went away"));
+  EXPECT_THAT(s.message(), HasSubstr("buffer 1099511627781 was lost"));
+  EXPECT_THAT(s.message(), HasSubstr("client 3's session"));
+  EXPECT_THAT(s.message(), HasSubstr("12 live futures"));
+  EXPECT_THAT(s.message(), HasSubstr("Socket closed"));
+  EXPECT_THAT(s.message(), HasSubstr("the client is reconnecting"));
+}
+
+TEST(LostWithSessionTest, SaysWhatTheReconnectRestored) {
+  SessionEnd end = AnEnd();
+  end.reconnected = true;
+  end.new_client_id = 1;
+  end.reconnected_at = end.ended + absl::Milliseconds(1500);
+  end.attempts = 4;
+  end.slices_restored = 2;
+  end.programs_restored = 3;
+  end.programs_lost = 1;
+  const std::string text(LostWithSession(end, 7).message());
+  EXPECT_THAT(text, HasSubstr("reconnected as client 1 after 1.5 s"));
+  EXPECT_THAT(text, HasSubstr("restored 2 of 2 slices and 3 of 4 programs"));
+  EXPECT_THAT(DescribeSessionEnd(end), HasSubstr("(4 attempts)"));
+  EXPECT_THAT(DescribeSessionEnd(end), HasSubstr("12 live futures were lost"));
+}
+
+TEST(LostWithSessionTest, AClientThatGaveUpSaysToConnectAgain) {
+  SessionEnd end = AnEnd();
+  end.gave_up = "no server answered at 10.0.0.1:7070 within 60 s";
+  const std::string text(LostWithSession(end, 0).message());
+  EXPECT_THAT(text, HasSubstr("a value of the session was lost"));
+  EXPECT_THAT(text, HasSubstr("gave up reconnecting: no server answered"));
+  EXPECT_THAT(text, HasSubstr("connect again"));
+}
+
+TEST(LostWithSessionTest, AClientThatNeverReconnectsSaysSo) {
+  SessionEnd end = AnEnd();
+  end.gave_up = kNoReconnect;
+  const std::string text(LostWithSession(end, 9).message());
+  EXPECT_THAT(text, HasSubstr("does not reconnect (reconnect_timeout is 0)"));
+}
+
+TEST(WaitedForServerTest, NamesTheServerTheWaitAndWhatIsLeft) {
+  const absl::Time ended = absl::FromUnixSeconds(1000);
+  absl::Status s =
+      WaitedForServer("10.0.0.1:7070", ended, absl::Seconds(2),
+                      ended + absl::Seconds(60), ended + absl::Seconds(3));
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s.message(), HasSubstr("the server at 10.0.0.1:7070 is "
+                                     "unreachable: waited 2.0 s"));
+  EXPECT_THAT(s.message(), HasSubstr("ended 3.0 s ago"));
+  EXPECT_THAT(s.message(), HasSubstr("57.0 s more"));
+}
+
+// A slice map: (worker, device) per virtual device.
+proto::SliceInfo Map(std::vector<std::pair<int64_t, int32_t>> devices) {
+  proto::SliceInfo info;
+  for (auto [worker, device] : devices) {
+    proto::SliceDevice* d = info.add_devices();
+    d->set_worker_id(worker);
+    d->set_device(device);
+    d->set_host_name(absl::StrCat("host", worker));
+  }
+  return info;
+}
+
+proto::XlaProgram Islands(std::vector<std::vector<int64_t>> workers) {
+  proto::XlaProgram xla;
+  for (const auto& ws : workers) {
+    proto::XlaIsland* island = xla.add_islands();
+    for (int64_t w : ws) island->add_workers(w);
+  }
+  return xla;
+}
+
+TEST(RebindIslandsTest, IslandsNameTheWorkersThatHoldTheirDevicesNow) {
+  // Two hosts of two devices; after the restart the workers are 7 and 5.
+  proto::XlaProgram xla = Islands({{1, 2}});
+  ASSERT_TRUE(RebindIslands(Map({{1, 0}, {1, 1}, {2, 0}, {2, 1}}),
+                            Map({{7, 0}, {7, 1}, {5, 0}, {5, 1}}), &xla)
+                  .ok());
+  EXPECT_THAT(xla.islands(0).workers(), ::testing::ElementsAre(7, 5));
+}
+
+TEST(RebindIslandsTest, OtherDeviceIndicesNeedACompile) {
+  proto::XlaProgram xla = Islands({{1}});
+  absl::Status s =
+      RebindIslands(Map({{1, 0}, {1, 1}}), Map({{4, 2}, {4, 3}}), &xla);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("virtual device 0 was device 0"));
+  EXPECT_THAT(s.message(), HasSubstr("is now device 2 of host4"));
+}
+
+TEST(RebindIslandsTest, AnIslandSplitOverTwoWorkersNeedsACompile) {
+  proto::XlaProgram xla = Islands({{1}});
+  absl::Status s =
+      RebindIslands(Map({{1, 0}, {1, 1}}), Map({{4, 0}, {5, 1}}), &xla);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.message(), HasSubstr("virtual device 1"));
+}
+
+TEST(RebindIslandsTest, ASliceOfAnotherSizeNeedsACompile) {
+  proto::XlaProgram xla = Islands({{1}});
+  EXPECT_EQ(RebindIslands(Map({{1, 0}}), Map({{1, 0}, {1, 1}}), &xla).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace plexus
