@@ -205,3 +205,33 @@ def test_a_jit_program_is_registered_again_on_its_slice(standalone):
         assert end["programs_restored"] == 1, end
     finally:
         client.close()
+
+
+def test_close_ends_a_reconnect_at_once_and_embedded_clients_do_not_try(
+        standalone):
+    client = plexus.connect(standalone.address, name="closer")
+    never = plexus.connect(standalone.address, name="never",
+                           reconnect_timeout=0)
+    s = never.slice(1)
+    x = s.put(np.arange(3, dtype=np.float32))
+    standalone.kill()
+    # A client that does not reconnect (the embedded cluster's default)
+    # fails every use at once, saying so.
+    start = time.monotonic()
+    with pytest.raises(plexus.ServerRestartedError,
+                       match=r"does not reconnect \(reconnect_timeout is 0\)"):
+        np.asarray(x)
+    with pytest.raises(plexus.UnavailableError, match="does not reconnect"):
+        s.put(np.ones(3, dtype=np.float32))
+    assert time.monotonic() - start < 2
+    assert never.state == "gave_up"
+    # close() during the reconnect's attempts returns at once. (A slice
+    # request that waited out its timeout saw the session end.)
+    with pytest.raises(plexus.UnavailableError, match="is unreachable"):
+        client.slice(1, timeout=0.3)
+    assert client.state == "reconnecting"
+    start = time.monotonic()
+    client.close()
+    assert time.monotonic() - start < 1.0
+    assert client.state == "closed"
+    never.close()

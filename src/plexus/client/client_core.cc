@@ -126,9 +126,16 @@ absl::StatusOr<std::unique_ptr<ClientCore::Session>> ClientCore::OpenSession(
   // A fresh channel each time: a channel that failed to connect waits out
   // gRPC's own back-off before it tries again.
   session->channel = grpc::CreateCustomChannel(address_, *tls, args);
-  if (!session->channel->WaitForConnected(absl::ToChronoTime(deadline))) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach a Plexus server at ", address_));
+  // In steps, so that Close() does not wait out an attempt.
+  while (!session->channel->WaitForConnected(absl::ToChronoTime(
+      std::min(deadline, absl::Now() + absl::Milliseconds(100))))) {
+    if (closing_.load(std::memory_order_acquire)) {
+      return absl::CancelledError("the client was closed");
+    }
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot reach a Plexus server at ", address_));
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -264,15 +271,9 @@ std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
       if (!ends_.empty()) ends_.back().attempts = attempts;
       return std::move(*session);
     }
-    const absl::StatusCode code = session.status().code();
     absl::MutexLock lock(&mu_);
     if (closed_) return nullptr;
-    // A server that answers and refuses (another protocol version, a
-    // tenant it does not admit) will refuse again.
-    if (code == absl::StatusCode::kFailedPrecondition ||
-        code == absl::StatusCode::kPermissionDenied ||
-        code == absl::StatusCode::kUnauthenticated ||
-        code == absl::StatusCode::kInvalidArgument) {
+    if (RefusedForGood(session.status())) {
       GiveUpLocked(absl::StrCat(
           "the server at ", address_,
           " refused the new session: ", session.status().message()));

@@ -92,6 +92,18 @@ absl::Status WaitedForServer(const std::string& address, absl::Time ended,
       Seconds(std::max(give_up - now, absl::ZeroDuration())), " more)"));
 }
 
+bool RefusedForGood(const absl::Status& attempt) {
+  switch (attempt.code()) {
+    case absl::StatusCode::kFailedPrecondition:  // protocol version
+    case absl::StatusCode::kPermissionDenied:    // tenant, credentials
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kInvalidArgument:  // the client's own options
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status RebindIslands(const proto::SliceInfo& before,
                            const proto::SliceInfo& after,
                            proto::XlaProgram* xla) {

@@ -78,6 +78,12 @@ absl::Status WaitedForServer(const std::string& address, absl::Time ended,
                              absl::Duration waited, absl::Time give_up,
                              absl::Time now);
 
+// Whether a failed attempt to open a session means the server will refuse
+// every next one too (another protocol version, a tenant it does not
+// admit, options it rejects): the client gives up at once instead of
+// retrying. Not for a server that is not there or not answering yet.
+bool RefusedForGood(const absl::Status& attempt);
+
 // An XLA program's islands name the workers that run them (and their
 // device indices, baked into its compile options). Rewrites `xla`'s
 // workers from slice map `before` to `after` (the same slice granted in

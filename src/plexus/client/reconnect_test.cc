@@ -81,6 +81,16 @@ TEST(WaitedForServerTest, NamesTheServerTheWaitAndWhatIsLeft) {
   EXPECT_THAT(s.message(), HasSubstr("57.0 s more"));
 }
 
+TEST(RefusedForGoodTest, ARefusalEndsTheReconnectAnAbsentServerDoesNot) {
+  EXPECT_TRUE(RefusedForGood(
+      absl::FailedPreconditionError("client protocol version 7, server 8")));
+  EXPECT_TRUE(RefusedForGood(absl::PermissionDeniedError("unknown tenant")));
+  EXPECT_TRUE(RefusedForGood(absl::InvalidArgumentError("tenant token")));
+  EXPECT_FALSE(RefusedForGood(absl::UnavailableError("cannot reach")));
+  EXPECT_FALSE(RefusedForGood(absl::DeadlineExceededError("no answer")));
+  EXPECT_FALSE(RefusedForGood(absl::CancelledError("stream cancelled")));
+}
+
 // A slice map: (worker, device) per virtual device.
 proto::SliceInfo Map(std::vector<std::pair<int64_t, int32_t>> devices) {
   proto::SliceInfo info;
