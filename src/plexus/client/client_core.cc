@@ -461,11 +461,15 @@ void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
   absl::MutexLock lock(&mu_);
   if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
   state_ = SessionState::kOpen;
-  if (!ends_.empty()) {
-    SessionEnd& end = ends_.back();
+  // The session that just ended, and any before it whose own restore a
+  // quick second end cut short: this reconnect is theirs too.
+  const absl::Time now = absl::Now();
+  for (auto it = ends_.rbegin(); it != ends_.rend(); ++it) {
+    SessionEnd& end = *it;
+    if (end.reconnected || !end.gave_up.empty()) break;
     end.reconnected = true;
     end.new_client_id = client_id();
-    end.reconnected_at = absl::Now();
+    end.reconnected_at = now;
     end.slices_restored = slices_restored;
     end.slices_lost = slices_lost;
     end.programs_restored = programs_restored;
