@@ -237,3 +237,32 @@ def test_close_ends_a_reconnect_at_once_and_embedded_clients_do_not_try(
     assert time.monotonic() - start < 1.0
     assert client.state == "closed"
     never.close()
+
+
+def test_an_embedded_clusters_client_does_not_wait_for_a_dead_server():
+    # plexus.local(): the workers end with their server, so its clients do
+    # not reconnect; every use fails at once once the server is gone.
+    cluster = plexus.local(hosts=1, devices_per_host=1)
+    cluster.start()
+    try:
+        client = cluster.connect(name="embedded")
+        s = client.slice(1)
+        x = s.put(np.arange(4, dtype=np.float32))
+        np.testing.assert_array_equal(np.asarray(x), np.arange(4))
+        cluster.process.kill()
+        cluster.process.wait()
+        start = time.monotonic()
+        with pytest.raises(plexus.UnavailableError,
+                           match=r"does not reconnect.*connect again"):
+            client.slice(1, timeout=30)
+        with pytest.raises(plexus.ServerRestartedError,
+                           match=rf"buffer {x._f.buffer_id} was lost"):
+            np.asarray(x)
+        with pytest.raises(plexus.UnavailableError, match="does not reconnect"):
+            s.put(np.ones(4, dtype=np.float32))
+        assert time.monotonic() - start < 5
+        assert client.state == "gave_up"
+    finally:
+        # The server was killed: down() says so.
+        with pytest.raises(plexus.ClusterExitError, match="plexus-server"):
+            cluster.down()
