@@ -129,6 +129,7 @@ def test_the_client_reconnects_to_a_restarted_server_and_says_what_was_lost(
         assert impatient.state == "gave_up"
 
         standalone.restart()
+        up = time.time()
 
         # The same Client, Slice and Program: the slice is granted again
         # (once the workers rejoined by their own back-off) and the program
@@ -144,6 +145,8 @@ def test_the_client_reconnects_to_a_restarted_server_and_says_what_was_lost(
 
         (end,) = client.session_ends
         print(end["summary"])
+        print(f"reconnected and restored {end['ended'] + end['down_s'] - up:.3f}"
+              " s after the new server was up")
         assert end["address"] == address
         assert end["reconnected"] and end["new_client_id"] == client.id
         assert end["lost_futures"] >= 3, end
@@ -266,3 +269,22 @@ def test_an_embedded_clusters_client_does_not_wait_for_a_dead_server():
         # The server was killed: down() says so.
         with pytest.raises(plexus.ClusterExitError, match="plexus-server"):
             cluster.down()
+
+
+def test_a_slice_asked_for_again_still_avoids_the_slices_it_avoided(
+        standalone):
+    client = plexus.connect(standalone.address, name="avoider")
+    try:
+        s = client.slice(1, hosts=["host0"])
+        u = client.slice(1, avoid=[s])
+        assert (s.islands, u.islands) == (["host0"], ["host1"])
+        standalone.kill()
+        standalone.restart()
+        # Asked for again in the order made, u naming s by its new id.
+        v = u.put(np.arange(2, dtype=np.int32))
+        np.testing.assert_array_equal(np.asarray(v), np.arange(2))
+        assert (s.islands, u.islands) == (["host0"], ["host1"])
+        (end,) = client.session_ends
+        assert end["slices_restored"] == 2, end
+    finally:
+        client.close()

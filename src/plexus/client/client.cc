@@ -12,6 +12,21 @@ namespace plexus {
 
 // ---------------------------------------------------------------- Slice
 
+proto::SliceRequest ToProto(const SliceOptions& options) {
+  proto::SliceRequest req;
+  req.set_num_devices(options.num_devices);
+  for (int32_t m : options.mesh_shape) req.add_mesh_shape(m);
+  for (const auto& a : options.axis_names) req.add_axis_names(a);
+  req.set_placement(
+      options.placement == Placement::kOneHost  ? proto::PLACEMENT_ONE_HOST
+      : options.placement == Placement::kSpread ? proto::PLACEMENT_SPREAD
+                                                : proto::PLACEMENT_ANY);
+  for (const auto& h : options.hosts) req.add_hosts(h);
+  for (uint64_t s : options.avoid_slices) req.add_avoid_slices(s);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  return req;
+}
+
 Slice::Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info,
              SliceOptions options, uint64_t epoch)
     : core_(std::move(core)),
@@ -52,6 +67,16 @@ void Slice::MarkLost(absl::Status lost) {
 absl::Status Slice::lost() const {
   absl::MutexLock lock(&mu_);
   return lost_;
+}
+
+void Slice::SetAvoided(std::vector<std::weak_ptr<Slice>> slices) {
+  absl::MutexLock lock(&mu_);
+  avoided_ = std::move(slices);
+}
+
+std::vector<std::weak_ptr<Slice>> Slice::avoided() const {
+  absl::MutexLock lock(&mu_);
+  return avoided_;
 }
 
 int Slice::num_hosts() const {
@@ -293,17 +318,7 @@ uint64_t Client::client_id() const { return core_->client_id(); }
 
 absl::StatusOr<std::shared_ptr<Slice>> Client::CreateSlice(
     const SliceOptions& options) {
-  proto::SliceRequest req;
-  req.set_num_devices(options.num_devices);
-  for (int32_t m : options.mesh_shape) req.add_mesh_shape(m);
-  for (const auto& a : options.axis_names) req.add_axis_names(a);
-  req.set_placement(
-      options.placement == Placement::kOneHost  ? proto::PLACEMENT_ONE_HOST
-      : options.placement == Placement::kSpread ? proto::PLACEMENT_SPREAD
-                                                : proto::PLACEMENT_ANY);
-  for (const auto& h : options.hosts) req.add_hosts(h);
-  for (uint64_t s : options.avoid_slices) req.add_avoid_slices(s);
-  req.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  proto::SliceRequest req = ToProto(options);
   // While the client reconnects, the request waits for the new session
   // (at most its own timeout); one cut short by the session's end is made
   // again in the next.
@@ -321,6 +336,7 @@ absl::StatusOr<std::shared_ptr<Slice>> Client::CreateSlice(
     if (!info.ok() && absl::Now() < deadline) continue;
     if (!info.ok()) return info.status();
     auto slice = std::make_shared<Slice>(core_, *info, options, epoch);
+    slice->SetAvoided(core_->TrackedSlices(options.avoid_slices, epoch));
     core_->Track(slice);
     return slice;
   }

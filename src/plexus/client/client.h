@@ -50,6 +50,9 @@ struct SliceOptions {
   absl::Duration timeout = absl::Seconds(30);
 };
 
+// The request that asks for a slice as `options` say.
+proto::SliceRequest ToProto(const SliceOptions& options);
+
 // A set of virtual devices granted by the server, with a mesh shape.
 // Thread-safe: Close() may race calls on the slice from other threads; each
 // such call either fails with FailedPrecondition ("... slice was closed")
@@ -97,6 +100,10 @@ class Slice {
   // not: `lost` says why.
   void Rebind(proto::SliceInfo info, uint64_t epoch);
   void MarkLost(absl::Status lost);
+  // Internal. The slices options().avoid_slices named when it was made,
+  // to name them by their ids of the day when it is asked for again.
+  void SetAvoided(std::vector<std::weak_ptr<Slice>> slices);
+  std::vector<std::weak_ptr<Slice>> avoided() const;
 
   // Internal.
   Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info,
@@ -119,6 +126,7 @@ class Slice {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int holds_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status lost_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<Slice>> avoided_ ABSL_GUARDED_BY(mu_);
 };
 
 // A program compiled for a slice: static input and output specs. Like its

@@ -333,6 +333,21 @@ void ClientCore::Track(const std::shared_ptr<Program>& program) {
   programs_made_.push_back(program);
 }
 
+std::vector<std::weak_ptr<Slice>> ClientCore::TrackedSlices(
+    const std::vector<uint64_t>& ids, uint64_t epoch) {
+  std::vector<std::weak_ptr<Slice>> found;
+  if (ids.empty()) return found;
+  absl::MutexLock lock(&made_mu_);
+  for (const auto& w : slices_made_) {
+    std::shared_ptr<Slice> s = w.lock();
+    if (s == nullptr || s->epoch() != epoch) continue;
+    if (std::find(ids.begin(), ids.end(), s->id()) != ids.end()) {
+      found.push_back(w);
+    }
+  }
+  return found;
+}
+
 void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
   const uint64_t epoch = tag->epoch;
   std::vector<std::shared_ptr<Slice>> slices;
@@ -360,22 +375,14 @@ void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
   for (const auto& slice : slices) {
     if (slice->closed() || !slice->lost().ok()) continue;
     const SliceOptions& o = slice->options();
-    proto::SliceRequest req;
-    req.set_num_devices(o.num_devices);
-    for (int32_t m : o.mesh_shape) req.add_mesh_shape(m);
-    for (const auto& a : o.axis_names) req.add_axis_names(a);
-    req.set_placement(
-        o.placement == Placement::kOneHost  ? proto::PLACEMENT_ONE_HOST
-        : o.placement == Placement::kSpread ? proto::PLACEMENT_SPREAD
-                                            : proto::PLACEMENT_ANY);
-    for (const auto& h : o.hosts) req.add_hosts(h);
-    for (uint64_t avoid : o.avoid_slices) {
-      // Granted again just now under another id, or gone (dropped).
-      for (const auto& other : slices) {
-        if (other->first_id() == avoid || other->id() == avoid) {
-          if (other->epoch() == epoch) req.add_avoid_slices(other->id());
-          break;
-        }
+    proto::SliceRequest req = ToProto(o);
+    // The slices it avoids, by their ids in this session: each was made
+    // before it, so asked for again before it (or gone: dropped).
+    req.clear_avoid_slices();
+    for (const std::weak_ptr<Slice>& w : slice->avoided()) {
+      std::shared_ptr<Slice> other = w.lock();
+      if (other != nullptr && other->epoch() == epoch) {
+        req.add_avoid_slices(other->id());
       }
     }
     const uint64_t last_id = slice->id();

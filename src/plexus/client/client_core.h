@@ -75,6 +75,9 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Slices and programs to ask for and register again after a reconnect.
   void Track(const std::shared_ptr<Slice>& slice);
   void Track(const std::shared_ptr<Program>& program);
+  // The tracked slices that have ids `ids` in session `epoch`.
+  std::vector<std::weak_ptr<Slice>> TrackedSlices(
+      const std::vector<uint64_t>& ids, uint64_t epoch);
   std::vector<SessionEnd> SessionEnds() const;
   SessionState state() const;
 

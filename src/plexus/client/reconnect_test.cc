@@ -1,11 +1,13 @@
 // The pure pieces of a client's reconnect (reconnect.h): what an ended
-// session's futures say, and how an XLA program's islands follow its slice
+// session's futures say, which refusals end the reconnect, what a slice is
+// asked for again with, and how an XLA program's islands follow its slice
 // into the next session.
 #include "plexus/client/reconnect.h"
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plexus/client/client.h"
 
 namespace plexus {
 namespace {
@@ -89,6 +91,26 @@ TEST(RefusedForGoodTest, ARefusalEndsTheReconnectAnAbsentServerDoesNot) {
   EXPECT_FALSE(RefusedForGood(absl::UnavailableError("cannot reach")));
   EXPECT_FALSE(RefusedForGood(absl::DeadlineExceededError("no answer")));
   EXPECT_FALSE(RefusedForGood(absl::CancelledError("stream cancelled")));
+}
+
+TEST(SliceRequestTest, AsksAgainForWhatTheOptionsSay) {
+  // What a reconnect sends for a slice is what CreateSlice sent.
+  SliceOptions o;
+  o.num_devices = 4;
+  o.mesh_shape = {2, 2};
+  o.axis_names = {"data", "model"};
+  o.placement = Placement::kSpread;
+  o.hosts = {"a", "b"};
+  o.avoid_slices = {7};
+  o.timeout = absl::Seconds(3);
+  proto::SliceRequest req = ToProto(o);
+  EXPECT_EQ(req.num_devices(), 4);
+  EXPECT_THAT(req.mesh_shape(), ::testing::ElementsAre(2, 2));
+  EXPECT_THAT(req.axis_names(), ::testing::ElementsAre("data", "model"));
+  EXPECT_EQ(req.placement(), proto::PLACEMENT_SPREAD);
+  EXPECT_THAT(req.hosts(), ::testing::ElementsAre("a", "b"));
+  EXPECT_THAT(req.avoid_slices(), ::testing::ElementsAre(7));
+  EXPECT_EQ(req.timeout_ms(), 3000);
 }
 
 // A slice map: (worker, device) per virtual device.
