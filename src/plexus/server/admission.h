@@ -136,6 +136,12 @@ class Admission {
   std::vector<std::pair<uint64_t, bool>> TakeDoneCalls() {
     return std::move(done_calls_);
   }
+  bool has_done_calls() const { return !done_calls_.empty(); }
+  // The same into `out` (cleared first), whose room the next take reuses.
+  void TakeDoneCalls(std::vector<std::pair<uint64_t, bool>>* out) {
+    out->clear();
+    out->swap(done_calls_);
+  }
   // Takes the client's units still waiting here, in order (recovery routes
   // them again).
   std::deque<AdmissionUnit> TakePending(uint64_t client);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/common/status_proto.h"
@@ -165,7 +166,11 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
     }
     rec.outputs.push_back(*a);
   }
-  client->programs[reg.program_id()] = std::move(rec);
+  auto [slot, fresh] = client->programs.try_emplace(reg.program_id());
+  if (!fresh) {
+    client->replaced_outputs.push_back(std::move(slot->second.outputs));
+  }
+  slot->second = std::move(rec);
   if (xla && ops != nullptr) {
     std::set<int64_t> targets;
     for (const auto& island : def.xla().islands()) {
@@ -347,12 +352,17 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
       ReleaseOps(copy, slice_id, ops);
     }
   }
-  std::set<int64_t> targets;
+  // Each worker once (no set: this runs for every release).
+  absl::InlinedVector<int64_t, 8> targets;
   auto it = slices_.find(slice_id);
   if (it != slices_.end()) {
-    for (const DeviceRef& d : it->second.devices) targets.insert(d.worker_id);
+    for (const DeviceRef& d : it->second.devices) {
+      targets.push_back(d.worker_id);
+    }
+    std::sort(targets.begin(), targets.end());
+    targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
   } else {
-    for (auto& [id, w] : workers_) targets.insert(id);
+    for (auto& [id, w] : workers_) targets.push_back(id);
   }
   for (int64_t w : targets) {
     auto rec = workers_.find(w);

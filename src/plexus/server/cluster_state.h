@@ -107,6 +107,11 @@ struct ClientRecord {
   // bytes over all shards, which the tenant's max_bytes bounds.
   absl::flat_hash_map<uint64_t, int64_t> buffer_bytes;
   int64_t live_bytes = 0;
+  // The records of the buffers its calls make point at their programs'
+  // `outputs` (JobRecords::AddCall): a program registered again under its
+  // id leaves its old outputs here, for those made before, until the
+  // client leaves.
+  std::vector<std::vector<ArgSpec>> replaced_outputs;
 };
 
 // Ops for each worker, in order.
@@ -286,9 +291,8 @@ class ClusterState {
   void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops);
   // The releases the records let go now (JobRecords::TakeDue).
   void DrainReleases(WorkerOps* ops) {
-    for (const auto& [id, slice] : records_.TakeDue()) {
-      ReleaseOps(id, slice, ops);
-    }
+    records_.DrainDue(
+        [&](uint64_t id, uint64_t slice) { ReleaseOps(id, slice, ops); });
   }
   // The call with its inputs named by their current ids (aliases_), or
   // nullptr if none changed.

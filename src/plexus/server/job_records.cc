@@ -6,22 +6,147 @@
 
 namespace plexus {
 
+proto::Call CallRecord::ToCall() const {
+  proto::Call call;
+  call.set_call_id(call_id);
+  call.set_slice_id(slice_id);
+  call.set_program_id(program_id);
+  for (const CallInput& in : inputs) {
+    proto::InputRef* ref = call.add_inputs();
+    ref->set_buffer_id(in.buffer_id);
+    ref->set_slice_id(in.slice_id);
+    *ref->mutable_arg() = ToProto(in.arg);
+  }
+  for (uint64_t id : output_ids) call.add_output_ids(id);
+  return call;
+}
+
+CallRecord CallRecord::FromCall(uint64_t client_id, const proto::Call& call) {
+  CallRecord rec;
+  rec.client_id = client_id;
+  rec.call_id = call.call_id();
+  rec.slice_id = call.slice_id();
+  rec.program_id = call.program_id();
+  for (const proto::InputRef& ref : call.inputs()) {
+    CallInput& in = rec.inputs.emplace_back();
+    in.buffer_id = ref.buffer_id();
+    in.slice_id = ref.slice_id();
+    if (auto arg = FromProto(ref.arg()); arg.ok()) in.arg = *std::move(arg);
+  }
+  rec.output_ids.assign(call.output_ids().begin(), call.output_ids().end());
+  return rec;
+}
+
+// --- CallTable
+
+CallRecord& CallTable::Add(uint64_t seq, CallRecord&& record) {
+  if (slots_.empty() || seq > slots_.back().seq) {
+    live_++;
+    return slots_.emplace_back(Slot{seq, true, std::move(record)}).record;
+  }
+  // Out of order (not the server's way): in its place.
+  auto it = std::lower_bound(
+      slots_.begin(), slots_.end(), seq,
+      [](const Slot& slot, uint64_t s) { return slot.seq < s; });
+  if (it == slots_.end() || it->seq != seq) {
+    it = slots_.insert(it, Slot{});
+    it->seq = seq;
+  }
+  if (!it->live) live_++;
+  it->live = true;
+  it->record = std::move(record);
+  return it->record;
+}
+
+size_t CallTable::IndexOf(uint64_t seq) const {
+  if (slots_.empty() || seq < slots_.front().seq) return kNone;
+  // Its place if no seq was skipped and nothing compacted since the front.
+  const uint64_t guess = seq - slots_.front().seq;
+  size_t i;
+  if (guess < slots_.size() && slots_[guess].seq == seq) {
+    i = guess;
+  } else {
+    auto it = std::lower_bound(
+        slots_.begin(), slots_.end(), seq,
+        [](const Slot& slot, uint64_t s) { return slot.seq < s; });
+    if (it == slots_.end() || it->seq != seq) return kNone;
+    i = static_cast<size_t>(it - slots_.begin());
+  }
+  return slots_[i].live ? i : kNone;
+}
+
+CallRecord* CallTable::Find(uint64_t seq) {
+  const size_t i = IndexOf(seq);
+  return i == kNone ? nullptr : &slots_[i].record;
+}
+
+const CallRecord* CallTable::Find(uint64_t seq) const {
+  const size_t i = IndexOf(seq);
+  return i == kNone ? nullptr : &slots_[i].record;
+}
+
+bool CallTable::Erase(uint64_t seq) {
+  const size_t i = IndexOf(seq);
+  if (i == kNone) return false;
+  slots_[i].live = false;
+  slots_[i].record = CallRecord{};  // its memory goes now
+  live_--;
+  Trim();
+  return true;
+}
+
+void CallTable::Trim() {
+  while (!slots_.empty() && !slots_.front().live) slots_.pop_front();
+  if (slots_.size() - live_ <= live_ + kSlack) return;
+  slots_.erase(std::remove_if(slots_.begin(), slots_.end(),
+                              [](const Slot& slot) { return !slot.live; }),
+               slots_.end());
+}
+
+// --- JobRecords
+
+namespace {
+
+// The layout of an output its program does not say (a record made by
+// hand): the default one.
+const ArgSpec* DefaultLayout() {
+  static const ArgSpec* layout = new ArgSpec();
+  return layout;
+}
+
+}  // namespace
+
+void JobRecords::AddCall(uint64_t seq, CallRecord&& call,
+                         absl::Span<const ArgSpec> outputs) {
+  CallRecord& rec = calls_.Add(seq, std::move(call));
+  rec.done = false;
+  rec.failed = false;
+  rec.holding = true;
+  rec.live_outputs = 0;
+  for (const CallInput& in : rec.inputs) {
+    auto it = buffers_.find(in.buffer_id);
+    if (it != buffers_.end()) it->second.readers++;
+  }
+  for (size_t o = 0; o < rec.output_ids.size(); ++o) {
+    BufferRecord& b = buffers_[rec.output_ids[o]];
+    b.slice_id = rec.slice_id;
+    b.layout = o < outputs.size() ? &outputs[o] : DefaultLayout();
+    b.own_layout.reset();
+    b.producer = seq;
+    rec.live_outputs++;
+  }
+}
+
 void JobRecords::AddCall(uint64_t seq, uint64_t client_id,
                          const proto::Call& call,
                          const std::vector<ArgSpec>& outputs) {
-  CallRecord& rec = calls_[seq];
-  rec.client_id = client_id;
-  rec.call = call;
-  for (const proto::InputRef& in : call.inputs()) {
-    auto it = buffers_.find(in.buffer_id());
-    if (it != buffers_.end()) it->second.readers++;
-  }
-  for (int o = 0; o < call.output_ids_size(); ++o) {
-    BufferRecord& b = buffers_[call.output_ids(o)];
-    b.slice_id = call.slice_id();
-    if (o < static_cast<int>(outputs.size())) b.spec = outputs[o];
-    b.producer = seq;
-    rec.live_outputs++;
+  AddCall(seq, CallRecord::FromCall(client_id, call), {});
+  for (size_t o = 0;
+       o < outputs.size() && static_cast<int>(o) < call.output_ids_size();
+       ++o) {
+    BufferRecord& b = buffers_[call.output_ids(static_cast<int>(o))];
+    b.own_layout = std::make_unique<const ArgSpec>(outputs[o]);
+    b.layout = b.own_layout.get();
   }
 }
 
@@ -29,7 +154,8 @@ void JobRecords::AddPut(uint64_t buffer_id, uint64_t slice_id,
                         const ArgSpec& spec) {
   BufferRecord& b = buffers_[buffer_id];
   b.slice_id = slice_id;
-  b.spec = spec;
+  b.own_layout = std::make_unique<const ArgSpec>(spec);
+  b.layout = b.own_layout.get();
   b.producer = 0;
   b.put = true;
 }
@@ -53,42 +179,37 @@ void JobRecords::Reconsider(uint64_t seq) {
 }
 
 void JobRecords::ReconsiderOne(uint64_t seq) {
-  auto it = calls_.find(seq);
-  if (it == calls_.end()) return;
-  CallRecord& rec = it->second;
-  if (rec.holding && rec.done && !rec.failed) {
+  // Records are not added or erased until the end (Unread and Forget only
+  // queue calls to reconsider), so `rec` stays valid.
+  CallRecord* rec = calls_.Find(seq);
+  if (rec == nullptr) return;
+  if (rec->holding && rec->done && !rec->failed) {
     bool needed = false;  // an output that only its inputs can rebuild
-    for (uint64_t o : rec.call.output_ids()) {
+    for (uint64_t o : rec->output_ids) {
       if (!keep_lineage_) break;
       auto b = buffers_.find(o);
       if (b != buffers_.end() && b->second.producer == seq &&
-          !b->second.spec.sharding.is_replicated() && !b->second.snapshotted) {
+          !b->second.spec().sharding.is_replicated() &&
+          !b->second.snapshotted) {
         needed = true;
         break;
       }
     }
     if (!needed) {
-      rec.holding = false;
+      rec->holding = false;
       // Unread may forget buffers; their producers (earlier calls) are
       // reconsidered after this one.
-      for (const proto::InputRef& in : rec.call.inputs()) {
-        Unread(in.buffer_id());
-      }
+      for (const CallInput& in : rec->inputs) Unread(in.buffer_id);
     }
   }
   // Done and no output lives: the record goes (a failed call lets go of
   // its inputs now).
-  it = calls_.find(seq);
-  if (it == calls_.end() || !it->second.done || it->second.live_outputs > 0) {
-    return;
+  if (!rec->done || rec->live_outputs > 0) return;
+  if (rec->holding) {
+    rec->holding = false;
+    for (const CallInput& in : rec->inputs) Unread(in.buffer_id);
   }
-  if (it->second.holding) {
-    it->second.holding = false;
-    for (const proto::InputRef& in : it->second.call.inputs()) {
-      Unread(in.buffer_id());
-    }
-  }
-  calls_.erase(seq);
+  calls_.Erase(seq);
 }
 
 void JobRecords::Unread(uint64_t id) {
@@ -96,30 +217,30 @@ void JobRecords::Unread(uint64_t id) {
   if (it == buffers_.end()) return;
   if (--it->second.readers > 0 || !it->second.released) return;
   due_.emplace_back(id, it->second.slice_id);
-  Forget(id);
+  Forget(it);
 }
 
 void JobRecords::CallDone(uint64_t seq, bool failed) {
-  auto it = calls_.find(seq);
-  if (it == calls_.end() || it->second.done) return;
-  it->second.done = true;
-  it->second.failed = failed;
+  CallRecord* rec = calls_.Find(seq);
+  if (rec == nullptr || rec->done) return;
+  rec->done = true;
+  rec->failed = failed;
   Reconsider(seq);
 }
 
 void JobRecords::Drop(uint64_t seq) {
-  auto it = calls_.find(seq);
-  if (it == calls_.end()) return;
-  CallRecord rec = std::move(it->second);
-  calls_.erase(it);
+  CallRecord* found = calls_.Find(seq);
+  if (found == nullptr) return;
+  CallRecord rec = std::move(*found);
+  calls_.Erase(seq);
   // Its outputs no longer name it as their producer.
-  for (uint64_t id : rec.call.output_ids()) {
+  for (uint64_t id : rec.output_ids) {
     auto b = buffers_.find(id);
     if (b != buffers_.end() && b->second.producer == seq)
       b->second.producer = 0;
   }
   if (rec.holding) {
-    for (const proto::InputRef& in : rec.call.inputs()) Unread(in.buffer_id());
+    for (const CallInput& in : rec.inputs) Unread(in.buffer_id);
   }
 }
 
@@ -131,7 +252,7 @@ bool JobRecords::Release(uint64_t buffer_id) {
     return false;
   }
   due_.emplace_back(buffer_id, it->second.slice_id);
-  Forget(buffer_id);
+  Forget(it);
   return true;
 }
 
@@ -142,54 +263,51 @@ void JobRecords::Snapshotted(uint64_t buffer_id) {
   if (it->second.producer != 0) Reconsider(it->second.producer);
 }
 
-void JobRecords::Erase(uint64_t id) { Forget(id); }
+void JobRecords::Erase(uint64_t id) {
+  auto it = buffers_.find(id);
+  if (it != buffers_.end()) Forget(it);
+}
 
 void JobRecords::Rename(uint64_t from, uint64_t to) {
   auto f = buffers_.find(from);
   auto t = buffers_.find(to);
   if (f == buffers_.end() || t == buffers_.end()) return;
-  for (auto& [seq, rec] : calls_) {
+  for (auto [seq, rec] : calls_) {
     if (!rec.done || rec.failed || !rec.holding) continue;
-    for (proto::InputRef& in : *rec.call.mutable_inputs()) {
-      if (in.buffer_id() != from) continue;
-      in.set_buffer_id(to);
+    for (CallInput& in : rec.inputs) {
+      if (in.buffer_id != from) continue;
+      in.buffer_id = to;
       f->second.readers--;
       t->second.readers++;
     }
   }
   if (f->second.readers == 0 && f->second.released) {
     due_.emplace_back(from, f->second.slice_id);
-    Forget(from);
+    Forget(f);
   }
 }
 
-void JobRecords::Forget(uint64_t id) {
-  auto it = buffers_.find(id);
-  if (it == buffers_.end()) return;
+void JobRecords::Forget(
+    absl::flat_hash_map<uint64_t, BufferRecord>::iterator it) {
   const uint64_t producer = it->second.producer;
-  if (it->second.put) released_puts_.push_back(id);
+  if (it->second.put) released_puts_.push_back(it->first);
   buffers_.erase(it);
   if (producer == 0) return;
-  auto call = calls_.find(producer);
-  if (call == calls_.end()) return;
-  call->second.live_outputs--;
+  CallRecord* call = calls_.Find(producer);
+  if (call == nullptr) return;
+  call->live_outputs--;
   Reconsider(producer);
 }
 
 void JobRecords::RemoveClient(uint64_t client_id) {
-  for (auto it = calls_.begin(); it != calls_.end();) {
-    it = it->second.client_id == client_id ? calls_.erase(it) : std::next(it);
-  }
+  calls_.EraseIf([client_id](uint64_t, const CallRecord& rec) {
+    return rec.client_id == client_id;
+  });
   for (auto it = buffers_.begin(); it != buffers_.end();) {
     auto next = std::next(it);
     if (ClientOfBuffer(it->first) == client_id) buffers_.erase(it);
     it = next;
   }
-}
-
-CallRecord* JobRecords::FindCall(uint64_t seq) {
-  auto it = calls_.find(seq);
-  return it == calls_.end() ? nullptr : &it->second;
 }
 
 BufferRecord* JobRecords::FindBuffer(uint64_t id) {

@@ -22,40 +22,167 @@
 // Not thread-safe (ClusterState's lock).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
-#include <map>
+#include <deque>
+#include <memory>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
 
 namespace plexus {
 
+// One input of a recorded call: the buffer, its slice and its layout as
+// the call named them.
+struct CallInput {
+  uint64_t buffer_id = 0;
+  uint64_t slice_id = 0;
+  ArgSpec arg;
+};
+
+// A call as routed (its inputs under the ids they had then): what routing
+// it again needs, and no more (routing moves the parsed layouts in; no
+// copy of the client's message is kept).
 struct CallRecord {
   uint64_t client_id = 0;
-  proto::Call call;
+  uint64_t call_id = 0;
+  uint64_t slice_id = 0;
+  uint64_t program_id = 0;
+  absl::InlinedVector<CallInput, 2> inputs;
+  absl::InlinedVector<uint64_t, 2> output_ids;
   bool done = false;
   bool failed = false;   // done, and a task of it failed
   bool holding = true;   // its inputs (see above)
   int live_outputs = 0;  // outputs whose records live
+
+  // The call as its client would send it (recovery routes it again).
+  proto::Call ToCall() const;
+  // The record of a call as sent; an input whose layout does not parse
+  // keeps a default one (tests record calls with no layouts).
+  static CallRecord FromCall(uint64_t client_id, const proto::Call& call);
 };
+
+// Call records by sequence number. Seqs come in increasing order, and
+// records mostly go in about that order (a call's record goes once it is
+// done and its outputs are released): a deque in seq order, with holes
+// where records went, trimmed from the front, and compacted when the holes
+// outnumber the records by more than a few (a long-lived record, such as
+// the producer of a value kept all run, holds the front). Finding a record
+// looks at its place (its distance from the front) and, if something was
+// compacted or skipped, searches. Adding in seq order keeps pointers to
+// records valid; erasing (or adding out of order) may move every record.
+class CallTable {
+ private:
+  struct Slot {
+    uint64_t seq = 0;
+    bool live = false;
+    CallRecord record;
+  };
+
+ public:
+  // In seq order, skipping holes; each element reads as (seq, record).
+  template <bool kConst>
+  class Iterator {
+    using Slots =
+        std::conditional_t<kConst, const std::deque<Slot>, std::deque<Slot>>;
+    using Record = std::conditional_t<kConst, const CallRecord, CallRecord>;
+
+   public:
+    Iterator(Slots* slots, size_t i) : slots_(slots), i_(i) { Skip(); }
+    std::pair<uint64_t, Record&> operator*() const {
+      return {(*slots_)[i_].seq, (*slots_)[i_].record};
+    }
+    Iterator& operator++() {
+      ++i_;
+      Skip();
+      return *this;
+    }
+    bool operator==(const Iterator& o) const { return i_ == o.i_; }
+    bool operator!=(const Iterator& o) const { return i_ != o.i_; }
+
+   private:
+    void Skip() {
+      while (i_ < slots_->size() && !(*slots_)[i_].live) ++i_;
+    }
+    Slots* slots_;
+    size_t i_;
+  };
+  using iterator = Iterator<false>;
+  using const_iterator = Iterator<true>;
+
+  // `record` as the record of `seq` (> 0), replacing one already there.
+  // O(1) when `seq` is above every seq in the table.
+  CallRecord& Add(uint64_t seq, CallRecord&& record = {});
+  CallRecord* Find(uint64_t seq);
+  const CallRecord* Find(uint64_t seq) const;
+  // False if there was no record.
+  bool Erase(uint64_t seq);
+  // Erases every record `pred(seq, record)` holds for.
+  template <typename Pred>
+  void EraseIf(Pred pred);
+  size_t size() const { return live_; }
+  bool empty() const { return live_ == 0; }
+  iterator begin() { return iterator(&slots_, 0); }
+  iterator end() { return iterator(&slots_, slots_.size()); }
+  const_iterator begin() const { return const_iterator(&slots_, 0); }
+  const_iterator end() const { return const_iterator(&slots_, slots_.size()); }
+  // Slots held, holes included (tests: the bound on memory).
+  size_t slots() const { return slots_.size(); }
+
+ private:
+  static constexpr size_t kNone = ~size_t{0};
+  // Holes beyond the records' number that a compaction waits for.
+  static constexpr size_t kSlack = 64;
+  size_t IndexOf(uint64_t seq) const;  // of a live record, or kNone
+  // Drops holes at the front, and every hole once they outnumber the
+  // records by more than kSlack.
+  void Trim();
+
+  std::deque<Slot> slots_;  // seq order; the first is live
+  size_t live_ = 0;
+};
+
+template <typename Pred>
+void CallTable::EraseIf(Pred pred) {
+  for (Slot& slot : slots_) {
+    if (slot.live && pred(slot.seq, slot.record)) {
+      slot.live = false;
+      slot.record = CallRecord{};
+      live_--;
+    }
+  }
+  Trim();
+}
 
 struct BufferRecord {
   uint64_t slice_id = 0;
-  ArgSpec spec;
+  // Its layout, never null: its program's output (not a copy per call: the
+  // client's record of the program keeps it while the buffer may live,
+  // see JobRecords::AddCall), or its own (`own_layout`: a put's).
+  const ArgSpec* layout = nullptr;
+  std::unique_ptr<const ArgSpec> own_layout;
   uint64_t producer = 0;     // the call's sequence number; 0: a put
   int readers = 0;           // calls that hold it
   bool released = false;     // by its client; the release waits for readers
   bool put = false;          // put by its client (which keeps the data)
   bool snapshotted = false;  // a copy of each shard is on another host
+  const ArgSpec& spec() const { return *layout; }
 };
 
 class JobRecords {
  public:
   // A call routed (seq: its routing order, > 0). It holds its inputs; its
-  // outputs get records.
+  // outputs get records, output o laid out as outputs[o] (a default layout
+  // past its end), which must outlive the records of the call's outputs.
+  void AddCall(uint64_t seq, CallRecord&& call,
+               absl::Span<const ArgSpec> outputs);
+  // The same from a call as sent, the layouts copied (tests).
   void AddCall(uint64_t seq, uint64_t client_id, const proto::Call& call,
                const std::vector<ArgSpec>& outputs);
   void AddPut(uint64_t buffer_id, uint64_t slice_id, const ArgSpec& spec);
@@ -91,12 +218,21 @@ class JobRecords {
   std::vector<std::pair<uint64_t, uint64_t>> TakeDue() {
     return std::move(due_);
   }
+  // The same, each handed to `fn` (which must not change the records);
+  // keeps the list's room for the next ones (the hot path).
+  template <typename Fn>
+  void DrainDue(Fn fn) {
+    for (const auto& [id, slice] : due_) fn(id, slice);
+    due_.clear();
+  }
   // Puts whose records went since the last call (released for good).
   std::vector<uint64_t> TakeReleasedPuts() { return std::move(released_puts_); }
 
-  CallRecord* FindCall(uint64_t seq);
+  // Pointers stay valid until the next change to the records.
+  CallRecord* FindCall(uint64_t seq) { return calls_.Find(seq); }
+  const CallRecord* FindCall(uint64_t seq) const { return calls_.Find(seq); }
   BufferRecord* FindBuffer(uint64_t id);
-  const std::map<uint64_t, CallRecord>& calls() const { return calls_; }
+  const CallTable& calls() const { return calls_; }
   const absl::flat_hash_map<uint64_t, BufferRecord>& buffers() const {
     return buffers_;
   }
@@ -105,14 +241,14 @@ class JobRecords {
   // One holder of `id` fewer; its held release goes if it was the last.
   void Unread(uint64_t id);
   // The record goes; its producer may let go of its inputs.
-  void Forget(uint64_t id);
+  void Forget(absl::flat_hash_map<uint64_t, BufferRecord>::iterator it);
   // Lets go of the call's inputs if it no longer needs them; forgets the
   // record when it is done and no output lives. The calls that frees are
   // reconsidered in turn (a loop over reconsider_, not recursion).
   void Reconsider(uint64_t seq);
   void ReconsiderOne(uint64_t seq);
 
-  std::map<uint64_t, CallRecord> calls_;  // by seq: routing order
+  CallTable calls_;  // by seq: routing order
   absl::flat_hash_map<uint64_t, BufferRecord> buffers_;
   std::vector<std::pair<uint64_t, uint64_t>> due_;
   std::vector<uint64_t> released_puts_;

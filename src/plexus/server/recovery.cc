@@ -178,7 +178,7 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
     if (alias != aliases_.end()) buffer_id = alias->second;
   }
   const BufferRecord* b = records_.FindBuffer(buffer_id);
-  if (b == nullptr || b->released || b->spec.sharding.is_replicated()) return;
+  if (b == nullptr || b->released || b->spec().sharding.is_replicated()) return;
   auto slice = slices_.find(b->slice_id);
   if (slice == slices_.end() || !slice->second.broken.empty()) return;
   // A complete copy stays: the value never changes, and recovery keeps
@@ -188,7 +188,7 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
   if (done != snapshots_.end() && done->second.complete()) return;
   const std::vector<DeviceRef>& devices = slice->second.devices;
   const int n = static_cast<int>(devices.size());
-  auto local = b->spec.Local(n);
+  auto local = b->spec().Local(n);
   if (!local.ok()) return;
   Snapshot snap;
   snap.id = ServerMadeId(client_id);
@@ -267,7 +267,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     if (t.call_seq == 0) continue;
     taken_seqs.insert(t.call_seq);
     if (const CallRecord* rec = records_.FindCall(t.call_seq)) {
-      for (uint64_t o : rec->call.output_ids()) taken_outputs.insert(o);
+      for (uint64_t o : rec->output_ids) taken_outputs.insert(o);
     }
   }
 
@@ -281,13 +281,13 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
         taken_seqs.count(seq)) {
       continue;
     }
-    bool depends = remapped(rec.call.slice_id());
-    for (const proto::InputRef& in : rec.call.inputs()) {
-      depends |= remapped(in.slice_id()) || produced.count(in.buffer_id()) > 0;
+    bool depends = remapped(rec.slice_id);
+    for (const CallInput& in : rec.inputs) {
+      depends |= remapped(in.slice_id) || produced.count(in.buffer_id) > 0;
     }
     if (!depends) continue;
     again.insert(seq);
-    for (uint64_t o : rec.call.output_ids()) produced.insert(o);
+    for (uint64_t o : rec.output_ids) produced.insert(o);
   }
 
   // 2. Buffers computed (or put) before the loss, with shards on it: copied
@@ -313,8 +313,8 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       if (!placed.insert(id).second) return;
       const uint64_t p = producer_of.at(id);
       if (const CallRecord* rec = p != 0 ? records_.FindCall(p) : nullptr) {
-        for (const proto::InputRef& in : rec->call.inputs()) {
-          if (producer_of.count(in.buffer_id()) > 0) place(in.buffer_id());
+        for (const CallInput& in : rec->inputs) {
+          if (producer_of.count(in.buffer_id) > 0) place(in.buffer_id);
         }
       }
       ordered.emplace_back(p, id);
@@ -340,8 +340,8 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     for (int k = 0; k < n; ++k) {
       if (slice.devices[k].worker_id != loss.spare) survivor = k;
     }
-    if (b.spec.sharding.is_replicated() && survivor >= 0) {
-      auto local = b.spec.Local(n);
+    if (b.spec().sharding.is_replicated() && survivor >= 0) {
+      auto local = b.spec().Local(n);
       for (int j = 0; j < n && local.ok(); ++j) {
         const DeviceRef& dst = slice.devices[j];
         if (dst.worker_id != loss.spare) continue;
@@ -360,7 +360,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       from_snapshot = holder != nullptr && holder->alive;
     }
     if (from_snapshot) {
-      auto local = b.spec.Local(n);
+      auto local = b.spec().Local(n);
       for (int j = 0; j < n && local.ok(); ++j) {
         const DeviceRef& dst = slice.devices[j];
         if (dst.worker_id != loss.spare) continue;
@@ -376,7 +376,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     if (b.put) {
       // The client kept the data: the spare declares the lost shards, the
       // client puts them again.
-      auto local = b.spec.Local(n);
+      auto local = b.spec().Local(n);
       for (int j = 0; j < n && local.ok(); ++j) {
         const DeviceRef& d = slice.devices[j];
         if (d.worker_id != loss.spare) continue;
@@ -399,17 +399,16 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     if (p == nullptr) {
       why = "the call that made it is no longer recorded";
     } else {
-      for (const proto::InputRef& in : p->call.inputs()) {
-        if (!available(in.buffer_id())) {
-          why =
-              absl::StrCat("its input buffer ", in.buffer_id(), " is gone too");
+      for (const CallInput& in : p->inputs) {
+        if (!available(in.buffer_id)) {
+          why = absl::StrCat("its input buffer ", in.buffer_id, " is gone too");
           break;
         }
       }
     }
     if (why.empty()) {
       again.insert(producer);
-      for (uint64_t o : p->call.output_ids()) produced.insert(o);
+      for (uint64_t o : p->output_ids) produced.insert(o);
       continue;
     }
     const absl::Status status = absl::DataLossError(absl::StrCat(
@@ -432,7 +431,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     if (slice == slices_.end() || !slice->second.broken.empty()) continue;
     const std::vector<DeviceRef>& devices = slice->second.devices;
     const int n = static_cast<int>(devices.size());
-    auto local = b->spec.Local(n);
+    auto local = b->spec().Local(n);
     for (int j = 0; j < n && local.ok(); ++j) {
       if (j >= static_cast<int>(snap.holders.size()) ||
           snap.holders[j] != loss.worker_id) {
@@ -458,8 +457,8 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     std::function<void(uint64_t)> place = [&](uint64_t seq) {
       if (!placed.insert(seq).second) return;
       if (const CallRecord* rec = records_.FindCall(seq)) {
-        for (const proto::InputRef& in : rec->call.inputs()) {
-          const BufferRecord* b = records_.FindBuffer(in.buffer_id());
+        for (const CallInput& in : rec->inputs) {
+          const BufferRecord* b = records_.FindBuffer(in.buffer_id);
           if (b != nullptr && again.count(b->producer) > 0) place(b->producer);
         }
       }
@@ -470,7 +469,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
   for (uint64_t seq : order) {
     const CallRecord* rec = records_.FindCall(seq);
     if (rec == nullptr) continue;
-    proto::Call call = rec->call;
+    proto::Call call = rec->ToCall();
     const std::vector<uint64_t> old_outputs(call.output_ids().begin(),
                                             call.output_ids().end());
     call.set_call_id(ServerMadeId(client_id));
@@ -535,7 +534,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     if (t.call_seq != 0) {
       const CallRecord* rec = records_.FindCall(t.call_seq);
       if (rec == nullptr) continue;
-      const proto::Call call = rec->call;
+      const proto::Call call = rec->ToCall();
       WorkerOps ops;
       uint64_t new_seq = 0;
       absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);

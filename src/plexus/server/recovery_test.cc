@@ -315,8 +315,7 @@ class RecoveryTest : public ClusterStateTest {
   }
   // The records, read as the server's other readers do (const).
   const CallRecord* CallOf(uint64_t seq) const {
-    auto it = state_.records().calls().find(seq);
-    return it == state_.records().calls().end() ? nullptr : &it->second;
+    return state_.records().FindCall(seq);
   }
   const BufferRecord* BufferOf(uint64_t id) const {
     auto it = state_.records().buffers().find(id);

@@ -1,7 +1,10 @@
 // ClusterState::RouteCall: one call into the ops of the workers involved.
+#include <algorithm>
 #include <map>
 #include <tuple>
+#include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/server/cluster_state.h"
 #include "plexus/store/object_store.h"
@@ -129,6 +132,15 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   }
   std::map<TransferKey, uint64_t> transfers;
   WorkerOps staged;  // transfers and expects: only kept if the call routes
+  // Its record (kept if it routes), with the layouts parsed here.
+  CallRecord call_record;
+  call_record.client_id = client_id;
+  call_record.call_id = call.call_id();
+  call_record.slice_id = call.slice_id();
+  call_record.program_id = call.program_id();
+  call_record.inputs.reserve(call.inputs_size());
+  call_record.output_ids.assign(call.output_ids().begin(),
+                                call.output_ids().end());
 
   for (int i = 0; i < call.inputs_size(); ++i) {
     const proto::InputRef& ref = call.inputs(i);
@@ -264,6 +276,8 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         }
       }
     }
+    call_record.inputs.push_back(
+        {ref.buffer_id(), ref.slice_id(), *std::move(arg)});
   }
 
   // The outputs' bytes count against the tenant's max_bytes.
@@ -294,12 +308,20 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     auto& out = (*ops)[w];
     for (auto& op : list) out.push_back(std::move(op));
   }
-  std::vector<int64_t> order;  // workers in slice order, each once
-  std::map<int64_t, int> local_shards;
+  // Workers in slice order, each once, with their shards of the call.
+  absl::InlinedVector<std::pair<int64_t, int>, 8> order;
   for (const DeviceRef& d : slice.devices) {
-    if (local_shards[d.worker_id]++ == 0) order.push_back(d.worker_id);
+    auto it = std::find_if(order.begin(), order.end(), [&](const auto& o) {
+      return o.first == d.worker_id;
+    });
+    if (it == order.end()) {
+      order.emplace_back(d.worker_id, 1);
+    } else {
+      it->second++;
+    }
   }
-  for (int64_t w : order) {
+  for (const auto& entry : order) {
+    const int64_t w = entry.first;
     WorkerRecord& rec = workers_[w];
     auto& out = (*ops)[w];
     if (rec.loaded_programs.insert(call.program_id()).second) {
@@ -316,20 +338,23 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     exec->set_client_id(client_id);
     for (uint64_t id : call.output_ids()) exec->add_output_ids(id);
     for (int j = 0; j < n; ++j) {
-      if (slice.devices[j].worker_id == w) *exec->add_tasks() = tasks[j];
+      // Each task runs on one worker: moved, not copied.
+      if (slice.devices[j].worker_id == w) {
+        *exec->add_tasks() = std::move(tasks[j]);
+      }
     }
     if (prog.collective) {
-      for (int64_t p : order) {
+      for (const auto& [p, shards] : order) {
         auto* peer = exec->add_peers();
         peer->set_worker_id(p);
-        peer->set_local_shards(local_shards[p]);
+        peer->set_local_shards(shards);
       }
     }
     out.push_back(std::move(op));
   }
   calls_routed_++;
   const uint64_t routed = next_seq_++;
-  records_.AddCall(routed, client_id, call, prog.outputs);
+  records_.AddCall(routed, std::move(call_record), record.outputs);
   if (seq != nullptr) *seq = routed;
   return absl::OkStatus();
 }

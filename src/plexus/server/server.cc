@@ -235,24 +235,39 @@ class ServerImpl : public Server, public proto::Controller::Service {
         RelayTransferFailure(id, msg.transfer_failed());
       } else if (msg.has_calls_done()) {
         control_bytes_in_ += msg.ByteSizeLong();
-        absl::MutexLock lock(&mu_);
-        std::vector<std::pair<uint64_t, bool>> done;
+        bool pending = false;
         {
           absl::MutexLock admission(&admission_mu_);
           admission_.Completed(id, msg.calls_done());
-          done = admission_.TakeDoneCalls();
-          AdmitLocked();
+          for (uint64_t copy : msg.calls_done().copies_done()) {
+            copies_arrived_.push_back(copy);
+          }
+          pending = CompletionsPendingLocked();
         }
-        // Their records: releases held back for them go now.
+        // Into the records (ApplyCompletionsLocked) if the state lock is
+        // free; the releases they let go then ride with the calls that the
+        // room they left admits (one write to each worker, not two). If a
+        // client's batch is being routed, it applies them as it ends.
+        // Admission never waits for the state lock.
         WorkerOps releases;
-        for (const auto& [seq, failed] : done) {
-          state_.CallDone(seq, failed, &releases);
+        bool applied = false;
+        if (pending && mu_.TryLock()) {
+          ApplyCompletionsLocked(&releases);
+          mu_.Unlock();
+          applied = true;
         }
-        for (uint64_t copy : msg.calls_done().copies_done()) {
-          state_.CopyArrived(copy, &releases);
+        bool wait_for_state = false;
+        {
+          absl::MutexLock admission(&admission_mu_);
+          AdmitLocked(std::move(releases));
+          wait_for_state = pending && !applied && !routing_batch_ &&
+                           CompletionsPendingLocked();
         }
-        if (!releases.empty()) scheduler_.Submit({std::move(releases)});
-        TellReleasedPutsLocked();
+        if (wait_for_state) {  // another holder of the state lock (rare)
+          absl::MutexLock lock(&mu_);
+          ApplyCompletionsLocked(&releases);
+          if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+        }
       }
     }
     WorkerDown(id, absl::StrCat("worker ", id,
@@ -396,6 +411,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
                          OutQueue<proto::ServerToClient>* out) {
     WaitForRoomInQueue(ctx, id);
     absl::ReleasableMutexLock lock(&mu_);
+    {
+      // Completions reported from here on wait for the end of the batch.
+      absl::MutexLock admission(&admission_mu_);
+      routing_batch_ = true;
+    }
     control_bytes_in_ += msg.ByteSizeLong();
     // One unit per op, so the scheduler can keep (or, in the test-only
     // bypass, break) the order of calls across islands.
@@ -484,6 +504,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
     if (reply.slices_size() || reply.errors_size() || reply.recoveries_size()) {
       out->Push(std::move(reply));
     }
+    // Completions reported while it was routed; their releases go with it.
+    WorkerOps released;
+    ApplyCompletionsLocked(&released, /*batch_ends=*/true);
     TellReleasedPutsLocked();
     if (released_slice) AnswerSlicesLocked();
     // Into the client's queue at admission, still under the state lock (so
@@ -498,6 +521,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
     // release must follow the calls that read its buffer) keep the
     // client's order at admission.
     std::vector<WorkerOps> express;
+    if (!released.empty()) express.push_back(std::move(released));
     for (size_t u = 0; u < units.size(); ++u) {
       WorkerOps& ops = units[u];
       // Releases and snapshots' copies follow the calls before them.
@@ -536,17 +560,49 @@ class ServerImpl : public Server, public proto::Controller::Service {
     }
   }
 
+  // Calls done and snapshot copies arrived (CallsDone) into the records;
+  // the releases held back for them, which go to the workers now, are
+  // appended to `releases`. Those reported while a client's batch is
+  // routed wait for its end (`batch_ends`): the worker sessions need not
+  // wait for the state lock, and the records are mostly written by the
+  // thread that routes.
+  void ApplyCompletionsLocked(WorkerOps* releases, bool batch_ends = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    {
+      absl::MutexLock admission(&admission_mu_);
+      if (batch_ends) routing_batch_ = false;
+      admission_.TakeDoneCalls(&done_calls_);
+      copies_to_apply_.clear();
+      copies_to_apply_.swap(copies_arrived_);
+    }
+    if (done_calls_.empty() && copies_to_apply_.empty()) return;
+    for (const auto& [seq, failed] : done_calls_) {
+      state_.CallDone(seq, failed, releases);
+    }
+    for (uint64_t copy : copies_to_apply_) state_.CopyArrived(copy, releases);
+    TellReleasedPutsLocked();
+  }
+  bool CompletionsPendingLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
+    return admission_.has_done_calls() || !copies_arrived_.empty();
+  }
+
   // Hands the gang scheduler every unit admission lets go now, as one
-  // batch in the order admission chose.
-  void AdmitLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
+  // batch in the order admission chose, after `first` (ops that need no
+  // admission) if any.
+  void AdmitLocked(WorkerOps first = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
     std::vector<WorkerOps> batch;
+    if (!first.empty()) batch.push_back(std::move(first));
+    const size_t admitted_from = batch.size();
     uint64_t client;
     AdmissionUnit unit;
     while (admission_.Next(&client, &unit))
       batch.push_back(std::move(unit.ops));
     if (batch.empty()) return;
+    const bool admitted = batch.size() > admitted_from;
     scheduler_.Submit(std::move(batch));
-    admission_room_.SignalAll();
+    if (admitted) admission_room_.SignalAll();
   }
 
   // ------------------------------------------------------------ status
@@ -769,6 +825,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
     absl::MutexLock lock(&mu_);
     WorkerRecord* w = state_.FindWorker(id);
     if (w == nullptr || !w->alive) return;
+    // What is known done counts as done: it need not run again.
+    {
+      WorkerOps releases;
+      ApplyCompletionsLocked(&releases);
+      if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+    }
     std::string message = absl::StrCat(reason, " [host ", w->info.host_name(),
                                        ", pid ", w->info.pid(), "]");
     if (shutdown_) {
@@ -917,6 +979,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
   Admission admission_ ABSL_GUARDED_BY(admission_mu_);
   absl::CondVar admission_room_;  // a client's queue at admission moved
   bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
+  // Completions not yet in the records (ApplyCompletionsLocked): calls
+  // done wait in admission_, snapshot copies arrived here; and whether a
+  // client's batch is being routed (it applies them as it ends).
+  std::vector<uint64_t> copies_arrived_ ABSL_GUARDED_BY(admission_mu_);
+  bool routing_batch_ ABSL_GUARDED_BY(admission_mu_) = false;
+  // Their room, reused: taken under admission_mu_, applied under mu_.
+  std::vector<std::pair<uint64_t, bool>> done_calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> copies_to_apply_ ABSL_GUARDED_BY(mu_);
   GangScheduler scheduler_;
   std::map<int64_t, grpc::ServerContext*> worker_contexts_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>

@@ -1,0 +1,155 @@
+// The pieces of the server's records on their own: the table of call
+// records (CallTable) and a call's record as routing keeps it (CallRecord),
+// which recovery routes again.
+#include "plexus/server/job_records.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "plexus/common/types.h"
+
+namespace plexus {
+namespace {
+
+std::vector<uint64_t> Seqs(const CallTable& table) {
+  std::vector<uint64_t> seqs;
+  for (const auto& [seq, rec] : table) seqs.push_back(seq);
+  return seqs;
+}
+
+TEST(CallTableTest, RecordsAreFoundAndIteratedInSeqOrderWhateverOrderTheyGo) {
+  CallTable table;
+  for (uint64_t seq = 1; seq <= 6; ++seq) table.Add(seq).call_id = 100 + seq;
+  EXPECT_EQ(table.size(), 6u);
+  EXPECT_TRUE(table.Erase(4));
+  EXPECT_FALSE(table.Erase(4));  // gone already
+  EXPECT_TRUE(table.Erase(1));
+  EXPECT_EQ(Seqs(table), (std::vector<uint64_t>{2, 3, 5, 6}));
+  EXPECT_EQ(table.Find(1), nullptr);
+  EXPECT_EQ(table.Find(4), nullptr);
+  EXPECT_EQ(table.Find(7), nullptr);
+  ASSERT_NE(table.Find(5), nullptr);
+  EXPECT_EQ(table.Find(5)->call_id, 105u);
+  // The front went: the table no longer holds its slot.
+  EXPECT_EQ(table.slots(), 5u);
+  // Seqs may skip (a call that did not route took none) and come late.
+  table.Add(10).call_id = 110;
+  table.Add(8).call_id = 108;
+  EXPECT_EQ(Seqs(table), (std::vector<uint64_t>{2, 3, 5, 6, 8, 10}));
+  ASSERT_NE(table.Find(8), nullptr);
+  EXPECT_EQ(table.Find(8)->call_id, 108u);
+  EXPECT_EQ(table.Find(10)->call_id, 110u);
+  EXPECT_EQ(table.Find(9), nullptr);
+  table.EraseIf([](uint64_t seq, const CallRecord&) { return seq % 2 == 0; });
+  EXPECT_EQ(Seqs(table), (std::vector<uint64_t>{3, 5}));
+  EXPECT_EQ(table.size(), 2u);
+  table.EraseIf([](uint64_t, const CallRecord&) { return true; });
+  EXPECT_TRUE(table.empty());
+  EXPECT_EQ(table.slots(), 0u);
+}
+
+TEST(CallTableTest, AddingKeepsPointersToRecords) {
+  CallTable table;
+  CallRecord* first = &table.Add(1);
+  first->call_id = 7;
+  for (uint64_t seq = 2; seq < 5000; ++seq) table.Add(seq);
+  EXPECT_EQ(table.Find(1), first);
+  EXPECT_EQ(first->call_id, 7u);
+}
+
+// A record that lives all run (the producer of a value kept throughout)
+// holds the front; the slots of the records that went after it do not stay.
+TEST(CallTableTest, ALongLivedRecordDoesNotHoldTheSlotsOfThoseThatWent) {
+  CallTable table;
+  table.Add(1).call_id = 1;
+  for (uint64_t seq = 2; seq < 100000; ++seq) {
+    table.Add(seq).call_id = seq;
+    if (seq > 10) ASSERT_TRUE(table.Erase(seq - 8));  // 8 in flight
+    ASSERT_LE(table.slots(), 2 * table.size() + 64 + 1) << "seq " << seq;
+  }
+  EXPECT_EQ(table.size(), 1u + 8u + 1u);  // 1, 2 and the last 8
+  // After compactions a record is still found where it now is.
+  for (uint64_t seq :
+       {uint64_t{1}, uint64_t{2}, uint64_t{99992}, uint64_t{99999}}) {
+    ASSERT_NE(table.Find(seq), nullptr) << seq;
+    EXPECT_EQ(table.Find(seq)->call_id, seq);
+  }
+  EXPECT_EQ(table.Find(3), nullptr);
+  EXPECT_EQ(table.Find(99991), nullptr);
+}
+
+// Recovery routes a recorded call again from its record: the call it
+// makes must be the one routed (layouts as parsed from the client's).
+TEST(CallRecordTest, ARecordMakesTheCallItWasRecordedFrom) {
+  const std::vector<ArgSpec> layouts = {
+      {{DType::kF32, {8, 4}}, Sharding::Split(1)},
+      {{DType::kI32, {3}}, Sharding::Replicated()},
+      {{DType::kF32, {8}}, Sharding::Partial()},
+      {{DType::kF32, {8, 6}},
+       Sharding::Mesh({2, 3}, {"data", "model"}, {{0}, {1}})},
+      {{DType::kF32, {6, 6}}, Sharding::Mesh({2, 3}, {"x", "y"}, {{1, 0}, {}})},
+  };
+  proto::Call call;
+  call.set_call_id(41);
+  call.set_slice_id(3);
+  call.set_program_id(9);
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    proto::InputRef* in = call.add_inputs();
+    in->set_buffer_id(100 + i);
+    in->set_slice_id(4 + i);
+    *in->mutable_arg() = ToProto(layouts[i]);
+  }
+  call.add_output_ids(200);
+  call.add_output_ids(201);
+  const CallRecord rec = CallRecord::FromCall(5, call);
+  EXPECT_EQ(rec.client_id, 5u);
+  const proto::Call again = rec.ToCall();
+  EXPECT_EQ(again.call_id(), 41u);
+  EXPECT_EQ(again.slice_id(), 3u);
+  EXPECT_EQ(again.program_id(), 9u);
+  EXPECT_EQ(std::vector<uint64_t>(again.output_ids().begin(),
+                                  again.output_ids().end()),
+            (std::vector<uint64_t>{200, 201}));
+  ASSERT_EQ(again.inputs_size(), call.inputs_size());
+  for (int i = 0; i < call.inputs_size(); ++i) {
+    EXPECT_EQ(again.inputs(i).buffer_id(), call.inputs(i).buffer_id());
+    EXPECT_EQ(again.inputs(i).slice_id(), call.inputs(i).slice_id());
+    // What routing reads of it: the same layout.
+    auto sent = FromProto(call.inputs(i).arg());
+    auto replayed = FromProto(again.inputs(i).arg());
+    ASSERT_TRUE(sent.ok()) << sent.status();
+    ASSERT_TRUE(replayed.ok()) << replayed.status();
+    EXPECT_EQ(*replayed, *sent) << sent->ToString();
+    EXPECT_EQ(replayed->sharding.axis_names, sent->sharding.axis_names);
+  }
+}
+
+// Without lineage (no spare), a done call's record and its inputs' go as
+// soon as nothing reads them: a long chain leaves nothing behind.
+TEST(JobRecordsMemoryTest, AChainWithoutLineageHoldsOnlyWhatIsInFlight) {
+  JobRecords records;
+  records.set_keep_lineage(false);
+  const ArgSpec split{{DType::kF32, {4}}, Sharding::Split(0)};
+  records.AddPut(1, 7, split);
+  for (uint64_t seq = 1; seq <= 10000; ++seq) {
+    proto::Call call;
+    call.set_slice_id(7);
+    call.add_inputs()->set_buffer_id(seq);
+    call.add_output_ids(seq + 1);
+    records.AddCall(seq, 0, call, {split});
+    records.Release(seq);  // the client drops the previous value
+    if (seq > 4) records.CallDone(seq - 4);  // 4 in flight
+    ASSERT_LE(records.calls().size(), 5u) << seq;
+    ASSERT_LE(records.buffers().size(), 6u) << seq;
+  }
+  for (uint64_t seq = 9997; seq <= 10000; ++seq) records.CallDone(seq);
+  records.Release(10001);
+  EXPECT_TRUE(records.calls().empty());
+  EXPECT_EQ(records.calls().slots(), 0u);
+  EXPECT_TRUE(records.buffers().empty());
+  EXPECT_EQ(records.TakeDue().size(), 10001u);
+}
+
+}  // namespace
+}  // namespace plexus
