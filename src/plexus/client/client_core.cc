@@ -193,10 +193,12 @@ void ClientCore::Install(Session& session) {
   absl::MutexLock lock(&mu_);
   const uint64_t epoch = epoch_.load() + 1;
   session_tag_ = std::make_shared<SessionTag>(epoch);
+  tags_.push_back(session_tag_);
   epoch_.store(epoch, std::memory_order_release);
   client_id_.store(session.client_id, std::memory_order_release);
   identity_ = session.identity;
   stream_broken_ = false;
+  UpdateOpenTagLocked();
   // The last session's records name its ids, workers and slices, which
   // the server that answers now may hand out again for other things.
   queue_.clear();
@@ -297,6 +299,7 @@ std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
 void ClientCore::GiveUpLocked(std::string why) {
   if (state_ == SessionState::kClosed) return;
   state_ = SessionState::kGaveUp;
+  UpdateOpenTagLocked();
   if (!ends_.empty()) ends_.back().gave_up = why;
   SPDLOG_ERROR("client {}: {}; its slices and programs are gone too",
                client_id(), why);
@@ -468,6 +471,7 @@ void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
   absl::MutexLock lock(&mu_);
   if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
   state_ = SessionState::kOpen;
+  UpdateOpenTagLocked();
   // The session that just ended, and any before it whose own restore a
   // quick second end cut short: this reconnect is theirs too.
   const absl::Time now = absl::Now();
@@ -508,9 +512,18 @@ absl::Status ClientCore::CheckOpen() const {
   return absl::OkStatus();
 }
 
+void ClientCore::UpdateOpenTagLocked() {
+  const bool usable = state_ == SessionState::kOpen && !stream_broken_;
+  open_tag_.store(usable ? session_tag_.get() : nullptr,
+                  std::memory_order_release);
+}
+
 absl::StatusOr<std::shared_ptr<SessionTag>> ClientCore::AwaitSession(
     absl::Time deadline) {
   if (absl::Status open = CheckOpen(); !open.ok()) return open;
+  if (SessionTag* open = open_tag_.load(std::memory_order_acquire)) {
+    return open->shared_from_this();  // kept in tags_: alive
+  }
   absl::MutexLock lock(&mu_);
   if (state_ == SessionState::kOpen && !stream_broken_) return session_tag_;
   const absl::Time start = absl::Now();
@@ -567,6 +580,7 @@ void ClientCore::Close() {
     if (closed_) return;
     closed_ = true;
     state_ = SessionState::kClosed;
+    UpdateOpenTagLocked();
     closing_.store(true, std::memory_order_release);
     // Fetches and waits in other threads end now, with "closed".
     for (auto& [conn, use] : in_use_) conn->Shutdown();
@@ -629,6 +643,7 @@ void ClientCore::SenderLoop(Session& session) {
     sending_ = false;
     if (!ok) {
       stream_broken_ = true;
+      UpdateOpenTagLocked();
       queue_.clear();
     }
     if (last || !ok) break;
@@ -672,6 +687,7 @@ void ClientCore::ReaderLoop(Session& session) {
   }
   absl::MutexLock lock(&mu_);
   stream_broken_ = true;
+  UpdateOpenTagLocked();
   queue_.clear();
   if (closed_) return;
   // Everything of this session lived in the server's records and on

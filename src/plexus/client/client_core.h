@@ -28,8 +28,9 @@
 
 namespace plexus {
 
-// One session as the futures made in it know it.
-struct SessionTag {
+// One session as the futures made in it know it. The core keeps every
+// one it made (a few), so a tag outlives what names it.
+struct SessionTag : std::enable_shared_from_this<SessionTag> {
   explicit SessionTag(uint64_t e) : epoch(e) {}
   const uint64_t epoch;
   std::atomic<int64_t> live_futures{0};
@@ -191,6 +192,12 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   SessionState state_ ABSL_GUARDED_BY(mu_) = SessionState::kOpen;
   std::atomic<uint64_t> epoch_{0};  // written under mu_
   std::shared_ptr<SessionTag> session_tag_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<SessionTag>> tags_ ABSL_GUARDED_BY(mu_);
+  // session_tag_ while the session is open for use (kOpen, stream not
+  // broken), else null: AwaitSession's path without the lock (every call
+  // and put takes it). Written under mu_ (UpdateOpenTagLocked).
+  std::atomic<SessionTag*> open_tag_{nullptr};
+  void UpdateOpenTagLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   transport::DataPlaneIdentity identity_ ABSL_GUARDED_BY(mu_){};
   // The context of a session being opened, for Close to cancel.
   grpc::ClientContext* opening_ ABSL_GUARDED_BY(mu_) = nullptr;
