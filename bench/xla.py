@@ -1,10 +1,13 @@
 """The cost of running an XLA program through Plexus instead of calling the
 same jitted function in this process with JAX.
 
-Two programs, each f32[n, n] -> f32[n, n] so calls can chain:
+Three programs, each f32[n, n] -> f32[n, n] so calls can chain:
   - tiny:  x + 1 on f32[8, 8] (nothing but overhead);
   - heavy: r rounds of tanh(x @ w), sized so that one in-process call takes
-    about --heavy-ms milliseconds here.
+    about --heavy-ms milliseconds here;
+  - big:   x * 1.0001 + 1 on a --big-mib MiB value (f32[n, n]; default 64:
+    memory traffic, where a copy of each output would cost as much as the
+    call).
 
 For each, per call (medians of --repeats runs):
   - round trip: call, then wait for the result to be ready (one at a time);
@@ -116,6 +119,8 @@ def main():
     ap.add_argument("--heavy-ms", type=float, default=10.0)
     ap.add_argument("--heavy-rounds", type=int, default=0,
                     help="fixed rounds instead of calibrating in-process")
+    ap.add_argument("--big-mib", type=int, default=64,
+                    help="size of the big case's value (0: skip it)")
     ap.add_argument("--platform", default="cpu")
     ap.add_argument("--plugin", default=None,
                     help="PJRT plugin for the workers (default: the CPU one)")
@@ -137,14 +142,20 @@ def main():
             args.heavy_rounds or 10)
     else:
         heavy, rounds = calibrate(jax, jnp, args.heavy_n, args.heavy_ms)
+    def big(x, w):
+        return x * 1.0001 + 1.0
+
     cases = [("tiny", tiny, 8), ("heavy", heavy, args.heavy_n)]
+    if args.big_mib > 0:
+        cases.append(("big", big, int((args.big_mib * 2**20 / 4) ** 0.5)))
     results = {"machine": f"{platform_mod.node()} ({platform_mod.machine()}, "
                           f"{__import__('os').cpu_count()} cores)",
                "platform": args.platform, "calls": args.calls,
                "repeats": args.repeats, "heavy_rounds": rounds,
                "heavy_n": args.heavy_n, "cases": {}}
-    with plexus.local(hosts=1, devices_per_host=1,
-                      pjrt_plugin=args.plugin) as cluster:
+    with plexus.local(hosts=1, devices_per_host=1, pjrt_plugin=args.plugin,
+                      device_memory_mib=max(1024, 8 * args.big_mib)) \
+            as cluster:
         client = cluster.connect(name="bench-xla")
         s = client.slice(1)
         for name, f, n in cases:
@@ -152,7 +163,8 @@ def main():
             x = rng.standard_normal((n, n)).astype(np.float32)
             w = (rng.standard_normal((n, n)) / n).astype(np.float32)
             prog = plexus.jit(f, s, name=name, platform=args.platform)
-            calls = args.calls if name == "tiny" else max(10, args.calls // 10)
+            calls = {"tiny": args.calls, "heavy": max(10, args.calls // 10),
+                     "big": max(5, args.calls // 20)}[name]
             row = {"plexus": plexus_timings(client, prog, s, x, w, calls,
                                             args.repeats)}
             if jax_here:
@@ -194,7 +206,8 @@ def main():
                   f"{results['matmul']['tflops']:.2f} TFLOP/s")
         st = cluster.status(fresh=True)["workers"][0]["stats"]
         results["worker_xla"] = {k: st.get(k) for k in (
-            "xla_platform", "xla_compiles", "xla_cache_hits")}
+            "xla_platform", "xla_compiles", "xla_cache_hits",
+            "bytes_host_to_device", "bytes_device_to_host")}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -237,6 +237,71 @@ def test_second_call_compiles_nothing(cluster, client):
     assert "XLA PLATFORM" in table and "COMPILES" in table and "CACHE-HITS" in table
 
 
+def memory_traffic(cluster):
+    """Bytes copied between host and device memory, summed over workers,
+    once every worker has reported after this call; and the shards they
+    hold in device memory."""
+    st = cluster.status(fresh=True)
+    total = collections.Counter()
+    for w in st["workers"]:
+        for k in ("bytes_host_to_device", "bytes_device_to_host",
+                  "device_memory_shards"):
+            total[k] += int(w["stats"].get(k, 0))
+    return total
+
+
+def test_a_chain_of_xla_calls_stays_in_device_memory_until_fetched(cluster,
+                                                                  client):
+    s = client.slice(1)
+    x = rand(512, 256)  # 512 KiB: a fetch of it goes through shared memory
+    step = plexus.jit(lambda a: a * 1.0001 + 1.0, s)
+    xf = s.put(x)
+    step(xf).block_until_ready()  # compiled
+    before = memory_traffic(cluster)
+    y = xf
+    with client.graph():
+        for _ in range(1000):
+            y = step(y)
+    y.block_until_ready()
+    during = memory_traffic(cluster)
+    # Every output stayed where XLA made it; each call read the last one
+    # there. Nothing crossed between host and device memory.
+    assert during["bytes_host_to_device"] == before["bytes_host_to_device"]
+    assert during["bytes_device_to_host"] == before["bytes_device_to_host"]
+    assert during["device_memory_shards"] >= 1
+    want = x.astype(np.float64)
+    for _ in range(1000):
+        want = want * np.float32(1.0001) + 1.0
+    got = np.asarray(y)
+    assert max_rel(got, want) <= 1e-5
+    # The fetch moved it to host memory, once.
+    after = memory_traffic(cluster)
+    assert after["bytes_device_to_host"] == \
+        during["bytes_device_to_host"] + x.nbytes
+
+
+def test_device_values_reach_builtin_kernels_and_other_hosts(cluster, client):
+    host0 = client.slice(1, hosts=["host0"])
+    host1 = client.slice(1, hosts=["host1"])
+    x = rand(512, 256)
+    on0 = plexus.jit(lambda a: a + 1.0, host0)(x)
+    on0.block_until_ready()
+    before = memory_traffic(cluster)
+    # A built-in kernel on the same device reads it in place (CPU: device
+    # memory is host memory).
+    scaled = host0.program("scale", on0, factor=2.0)(on0)
+    np.testing.assert_allclose(np.asarray(scaled), (x + 1.0) * 2.0, rtol=1e-6)
+    mid = memory_traffic(cluster)
+    assert mid["bytes_device_to_host"] == before["bytes_device_to_host"]
+    # A program on another host gets it through host memory: one copy out.
+    there = plexus.jit(lambda a: a - 1.0, host1)(on0)
+    np.testing.assert_allclose(np.asarray(there), x, rtol=1e-6, atol=1e-6)
+    after = memory_traffic(cluster)
+    # The transfer copied it out once; the fetch of `there` once more.
+    assert after["bytes_device_to_host"] == \
+        mid["bytes_device_to_host"] + 2 * x.nbytes
+
+
 def test_programs_compile_when_registered_before_their_first_call(
         cluster, client):
     s = client.slice(2, placement="spread")

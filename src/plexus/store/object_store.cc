@@ -538,6 +538,11 @@ ObjectStoreStats ObjectStore::Stats() const {
   stats.device_bytes = used_;
   stats.device_peak_bytes = peak_;
   for (int64_t b : used_) stats.live_bytes += b;
+  for (const auto& [key, e] : entries_) {
+    if (e.data && e.data->kind() == MemoryKind::kDevice) {
+      stats.device_memory_shards++;
+    }
+  }
   return stats;
 }
 

@@ -72,6 +72,7 @@ struct ObjectStoreStats {
   int64_t live_bytes = 0;
   std::vector<int64_t> device_bytes;
   std::vector<int64_t> device_peak_bytes;  // high-water mark since start
+  int64_t device_memory_shards = 0;        // held in device memory
 };
 
 class ObjectStore {

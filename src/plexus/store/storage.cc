@@ -184,8 +184,35 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::FromFd(int fd, size_t bytes) {
   return received;
 }
 
+std::shared_ptr<Storage> Storage::OnDevice(
+    std::shared_ptr<const DeviceBuffer> buffer) {
+  auto storage = std::shared_ptr<Storage>(
+      new Storage(const_cast<void*>(buffer->host_address()), buffer->size(),
+                  /*fd=*/-1, /*mapped=*/false));
+  storage->device_ = std::move(buffer);
+  return storage;
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> Storage::InHostMemory(
+    std::shared_ptr<const Storage> storage, bool shareable) {
+  const DeviceBuffer* device = storage->device_buffer();
+  if (device == nullptr) return storage;
+  if (storage->data() != nullptr &&
+      !(shareable && storage->size() >= kShmThreshold)) {
+    return storage;  // read in place: the device's memory is the host's
+  }
+  auto copy = AllocateForWrite(storage->size());
+  if (!copy.ok()) return copy.status();
+  if (absl::Status s = device->CopyToHost((*copy)->data()); !s.ok()) {
+    return s;
+  }
+  return std::shared_ptr<const Storage>(std::move(*copy));
+}
+
 Storage::~Storage() {
-  if (mapped_) {
+  if (device_) {
+    // device memory: its buffer frees it
+  } else if (mapped_) {
     if (data_ != nullptr) munmap(data_, size_);
   } else {
     std::free(data_);

@@ -1,8 +1,13 @@
-// Storage: one contiguous block of host memory holding a shard's bytes.
-// Large blocks live in a memfd so that a worker or client on the same
-// machine can map them (the shared-memory data plane passes the fd over a
-// unix socket; no byte is copied through a socket). Small blocks live on the
-// heap, where a syscall per allocation would cost more than the copy.
+// Storage: one shard's bytes, in one of two memory kinds.
+//  - Host memory: one contiguous block. Large blocks live in a memfd so
+//    that a worker or client on the same machine can map them (the
+//    shared-memory data plane passes the fd over a unix socket; no byte is
+//    copied through a socket). Small blocks live on the heap, where a
+//    syscall per allocation would cost more than the copy.
+//  - Device memory: a DeviceBuffer (an XLA output), left where it was
+//    computed. The next XLA program on that device reads it in place; a
+//    reader that needs host bytes (a fetch, a transfer, a built-in kernel)
+//    asks InHostMemory, which copies only where it must.
 //
 // Immutable once its producer has written it; safe to read from any thread.
 // Shared (shared_ptr) because a block is read by the object store entry, by
@@ -14,8 +19,11 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "plexus/store/device_buffer.h"
 
 namespace plexus {
+
+enum class MemoryKind { kHost, kDevice };
 
 class Storage {
  public:
@@ -42,6 +50,19 @@ class Storage {
   // not sealed against shrinking (as Allocate's memfds are).
   static absl::StatusOr<std::shared_ptr<Storage>> FromFd(int fd, size_t bytes);
 
+  // A shard left in a device's memory. data() is its host address where
+  // the device's memory is the host's (DeviceBuffer::host_address), else
+  // null.
+  static std::shared_ptr<Storage> OnDevice(
+      std::shared_ptr<const DeviceBuffer> buffer);
+  // The bytes of `storage` in host memory, for a reader on the host: the
+  // block itself where it is host memory, or device memory readable in
+  // place (unless `shareable`); else a copy (counted in MemoryTraffic).
+  // `shareable`: the block may go to another process, so a large one must
+  // be a memfd (device memory never is).
+  static absl::StatusOr<std::shared_ptr<const Storage>> InHostMemory(
+      std::shared_ptr<const Storage> storage, bool shareable);
+
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -57,6 +78,11 @@ class Storage {
     return fd_;
   }
   bool shared() const { return fd_ >= 0; }
+  MemoryKind kind() const {
+    return device_ ? MemoryKind::kDevice : MemoryKind::kHost;
+  }
+  // The device buffer of a device-memory block; null for host memory.
+  const DeviceBuffer* device_buffer() const { return device_.get(); }
 
  private:
   Storage(void* data, size_t size, int fd, bool mapped)
@@ -68,7 +94,8 @@ class Storage {
   size_t size_;
   int fd_;       // memfd kept open so it can be sent again; -1 for heap
   bool mapped_;  // munmap vs free
-  mutable std::atomic<bool> exported_{false};  // another process has it
+  mutable std::atomic<bool> exported_{false};   // another process has it
+  std::shared_ptr<const DeviceBuffer> device_;  // device memory: the owner
 };
 
 }  // namespace plexus

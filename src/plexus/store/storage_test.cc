@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -125,6 +126,85 @@ TEST(StorageCacheTest, FreedPrivateBlockIsReusedAndSharedBlockIsNot) {
     (void)(*again)->fd();  // handed to another process: never recycled
   }
   EXPECT_EQ(Storage::CachedBytes(), before);
+}
+
+// Device memory as a GPU's is to host code: not addressable, only copied
+// out; or, as the CPU plugin's, readable in place.
+class TestDeviceBuffer : public DeviceBuffer {
+ public:
+  TestDeviceBuffer(std::vector<unsigned char> bytes, bool addressable)
+      : bytes_(std::move(bytes)), addressable_(addressable) {}
+  size_t size() const override { return bytes_.size(); }
+  const void* host_address() const override {
+    return addressable_ ? bytes_.data() : nullptr;
+  }
+  absl::Status CopyToHost(void* dst) const override {
+    std::memcpy(dst, bytes_.data(), bytes_.size());
+    MemoryTraffic::device_to_host() += static_cast<int64_t>(bytes_.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<unsigned char> bytes_;
+  const bool addressable_;
+};
+
+std::vector<unsigned char> Pattern(size_t n) {
+  std::vector<unsigned char> bytes(n);
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<unsigned char>(i * 7);
+  return bytes;
+}
+
+TEST(StorageTest, HostMemoryIsReadAsItIs) {
+  auto s = Storage::Allocate(Storage::kShmThreshold);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ((*s)->kind(), MemoryKind::kHost);
+  EXPECT_EQ((*s)->device_buffer(), nullptr);
+  auto host = Storage::InHostMemory(*s, /*shareable=*/true);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->get(), s->get());
+}
+
+TEST(StorageTest, DeviceMemoryHostCodeCannotAddressIsCopiedOutOnce) {
+  const int64_t before = MemoryTraffic::device_to_host().load();
+  auto buffer = std::make_shared<TestDeviceBuffer>(Pattern(1000), false);
+  std::shared_ptr<const Storage> held = Storage::OnDevice(buffer);
+  EXPECT_EQ(held->kind(), MemoryKind::kDevice);
+  EXPECT_EQ(held->device_buffer(), buffer.get());
+  EXPECT_EQ(held->data(), nullptr);
+  EXPECT_EQ(held->size(), 1000u);
+  EXPECT_FALSE(held->shared());
+  auto host = Storage::InHostMemory(held, /*shareable=*/false);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ((*host)->kind(), MemoryKind::kHost);
+  ASSERT_EQ((*host)->size(), 1000u);
+  EXPECT_EQ(std::memcmp((*host)->data(), Pattern(1000).data(), 1000), 0);
+  EXPECT_EQ(MemoryTraffic::device_to_host().load(), before + 1000);
+}
+
+TEST(StorageTest, AddressableDeviceMemoryIsReadInPlaceUnlessItMustBeShared) {
+  const size_t big = Storage::kShmThreshold;
+  auto buffer = std::make_shared<TestDeviceBuffer>(Pattern(big), true);
+  std::shared_ptr<const Storage> held = Storage::OnDevice(buffer);
+  EXPECT_EQ(held->data(), buffer->host_address());
+  const int64_t before = MemoryTraffic::device_to_host().load();
+  auto in_place = Storage::InHostMemory(held, /*shareable=*/false);
+  ASSERT_TRUE(in_place.ok());
+  EXPECT_EQ(in_place->get(), held.get());
+  EXPECT_EQ(MemoryTraffic::device_to_host().load(), before);
+  // For another process: a memfd the data plane can hand over.
+  auto shared = Storage::InHostMemory(held, /*shareable=*/true);
+  ASSERT_TRUE(shared.ok());
+  EXPECT_TRUE((*shared)->shared());
+  EXPECT_EQ(std::memcmp((*shared)->data(), Pattern(big).data(), big), 0);
+  EXPECT_EQ(MemoryTraffic::device_to_host().load(),
+            before + static_cast<int64_t>(big));
+  // A small one goes by socket anyway: read in place.
+  auto small =
+      Storage::OnDevice(std::make_shared<TestDeviceBuffer>(Pattern(100), true));
+  auto small_host = Storage::InHostMemory(small, /*shareable=*/true);
+  ASSERT_TRUE(small_host.ok());
+  EXPECT_EQ(small_host->get(), small.get());
 }
 
 }  // namespace

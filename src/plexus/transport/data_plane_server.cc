@@ -391,6 +391,12 @@ absl::Status DataPlaneServerImpl::ServeFetchOrWait(FrameSocket& socket,
   if (header.frame_type() == FrameType::kWait) {
     return socket.SendControl(FrameType::kAck, key);
   }
+  // The client reads host memory (shared with it where large): a value in
+  // device memory is copied out now, once per fetch.
+  ready = Storage::InHostMemory(*std::move(ready), /*shareable=*/true);
+  if (!ready.ok()) {
+    return socket.SendError(FrameType::kError, key, ready.status());
+  }
   const Storage& data = **ready;
   if (absl::Status s = socket.SendShard(FrameType::kData, key, data); !s.ok()) {
     return s;

@@ -63,6 +63,11 @@ int main(int argc, char** argv) {
   app.add_option("--pjrt-plugin", options.pjrt_plugin,
                  "PJRT C API plugin (.so) for XLA programs, loaded on the "
                  "first XLA call (default: $PLEXUS_PJRT_PLUGIN)");
+  app.add_option("--gpus", options.gpus,
+                 "GPU plugins: the host's GPUs this worker uses, e.g. 0,1 "
+                 "(default: all); workers sharing a host split them")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   std::string secret_file;
   app.add_option("--secret-file", secret_file,
                  "file holding the cluster secret, hex (default: "

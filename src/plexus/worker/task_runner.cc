@@ -166,8 +166,8 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
 
 absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
     const proto::InputBinding& binding, int device,
-    std::vector<std::shared_ptr<const Storage>>* keep,
-    int64_t* reserved_bytes) {
+    std::vector<std::shared_ptr<const Storage>>* keep, int64_t* reserved_bytes,
+    const DeviceBuffer** in_device) {
   auto local = FromProto(binding.local());
   if (!local.ok()) return local.status();
   std::vector<std::shared_ptr<const Storage>> sources;
@@ -179,8 +179,21 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
   const size_t bytes = local->byte_size();
   if (binding.pieces_size() == 1 && sources[0]->size() == bytes &&
       binding.pieces(0).dst_offset() == 0) {
-    keep->push_back(sources[0]);
-    return builtin::ConstTensor{*local, sources[0]->data()};
+    if (in_device != nullptr && sources[0]->kind() == MemoryKind::kDevice) {
+      *in_device = sources[0]->device_buffer();
+      keep->push_back(sources[0]);
+      return builtin::ConstTensor{*local, sources[0]->data()};
+    }
+    auto host = Storage::InHostMemory(sources[0], /*shareable=*/false);
+    if (!host.ok()) return host.status();
+    keep->push_back(*host);
+    return builtin::ConstTensor{*local, (*host)->data()};
+  }
+  // Pieces are cut on the host.
+  for (auto& source : sources) {
+    auto host = Storage::InHostMemory(source, /*shareable=*/false);
+    if (!host.ok()) return host.status();
+    source = *std::move(host);
   }
   // Assemble the input from pieces of its sources.
   absl::Status reserve = store_->Reserve(device, bytes);
@@ -281,8 +294,12 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
       ctx.input_shardings.push_back(in.sharding);
     }
     std::vector<std::shared_ptr<const Storage>> input_storage;
+    // XLA reads inputs where they are (device memory as it is).
+    std::vector<const DeviceBuffer*> input_devices;
     for (int i = 0; i < task.inputs_size(); ++i) {
-      auto input = BindInput(task.inputs(i), device, &keep, &scratch_bytes);
+      input_devices.push_back(nullptr);
+      auto input = BindInput(task.inputs(i), device, &keep, &scratch_bytes,
+                             program->xla ? &input_devices.back() : nullptr);
       if (!input.ok()) return input.status();  // upstream error, intact
       ctx.inputs.push_back(*input);
       input_storage.push_back(keep.back());
@@ -291,6 +308,21 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     for (size_t o = 0; o < program->outputs.size(); ++o) {
       auto local = program->outputs[o].Local(exec.num_shards());
       if (!local.ok()) return local.status();
+      if (program->xla &&
+          !(task_index > 0 && program->outputs[o].sharding.is_partial())) {
+        // XLA's output stays in device memory, charged to the device now;
+        // RunXlaPartition fills it in. (Of a `partial` output, partition
+        // 0 holds the island's value and the others zeros, made here.)
+        if (absl::Status s = store_->Reserve(device, local->byte_size());
+            !s.ok()) {
+          return s;
+        }
+        output_bytes += local->byte_size();
+        aliased.push_back(false);
+        all_aliased = false;
+        outputs.push_back(nullptr);
+        continue;
+      }
       const int alias = program->kernel
                             ? program->kernel->AliasedInput(static_cast<int>(o))
                             : -1;
@@ -319,7 +351,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     if (all_aliased) return absl::OkStatus();
     if (program->xla) {
       joined_island = true;
-      return RunXlaPartition(*call, task_index, ctx);
+      return RunXlaPartition(*call, task_index, ctx, input_devices, &outputs);
     }
     absl::Status s = program->kernel->Run(ctx);
     if (!s.ok()) {

@@ -170,6 +170,7 @@ absl::Status WorkerImpl::StartLocal() {
   xla::PjrtOptions pjrt;
   pjrt.plugin_path = options_.pjrt_plugin;
   pjrt.cpu_device_count = options_.num_devices;  // PJRT device i = ours
+  pjrt.gpus = options_.gpus;
   xla_ = std::make_unique<xla::XlaExecutor>(pjrt);
   for (int d = 0; d < options_.num_devices; ++d) {
     devices_.push_back(std::make_unique<CpuDevice>(d, options_.device_memory));
@@ -422,6 +423,9 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_calls_failed(calls_failed_.load());
   s.set_programs_loaded(programs_loaded_.load());
   s.set_pushes_fenced(pushes_fenced_.load());
+  s.set_bytes_host_to_device(MemoryTraffic::host_to_device().load());
+  s.set_bytes_device_to_host(MemoryTraffic::device_to_host().load());
+  s.set_device_memory_shards(st.device_memory_shards);
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());
   s.set_xla_compile_micros(xla_->compile_micros());
@@ -637,6 +641,10 @@ void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
     return;
   }
   store_->OnReady(src, [this, src, dst, sender](auto result) {
+    // No device path between workers yet: the bytes go from host memory.
+    if (result.ok()) {
+      result = Storage::InHostMemory(*std::move(result), /*shareable=*/true);
+    }
     sender->Send(dst, std::move(result));
     store_->RemoveReader(src);
   });

@@ -54,6 +54,10 @@ struct WorkerOptions {
   // The PJRT C API plugin that runs XLA programs, loaded on the first XLA
   // call (e.g. the xla_cpu_pjrt.so of the xla-cpu-pjrt wheel).
   std::string pjrt_plugin;
+  // GPU plugins: the host's GPUs this worker uses (the plugin's
+  // visible_devices), so several workers can share a host's GPUs; empty:
+  // the plugin's choice (all).
+  std::vector<int64_t> gpus;
   // The cluster secret (common/credentials.h): the worker proves itself to
   // the server and its peers with it, and checks every data-plane request
   // against it. Start() refuses to run without one.

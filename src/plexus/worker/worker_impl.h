@@ -141,9 +141,14 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   void RunTask(const std::shared_ptr<CallContext>& call, int task_index,
                absl::Time queued);
   // Runs partition `task_index` of an XLA call (xla_task.cc): joins the
-  // island's other tasks and blocks until the executable has run.
-  absl::Status RunXlaPartition(CallContext& call, int task_index,
-                               const builtin::KernelContext& ctx);
+  // island's other tasks and blocks until the executable has run. Inputs
+  // are `ctx.inputs`, read from `input_devices[i]` where that is set (a
+  // device buffer); the outputs it makes go into the null entries of
+  // `outputs` (device memory; the others were made by the caller).
+  absl::Status RunXlaPartition(
+      CallContext& call, int task_index, const builtin::KernelContext& ctx,
+      const std::vector<const DeviceBuffer*>& input_devices,
+      std::vector<std::shared_ptr<Storage>>* outputs);
   // The executable of `program` for the island on `devices`.
   absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>> XlaExecutableFor(
       LoadedProgram& program, const std::vector<int>& devices);
@@ -153,10 +158,14 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   void CompileAhead(std::shared_ptr<LoadedProgram> program);
   void CompilerLoop();
   void StopCompiler();
+  // Argument `binding` of a task on `device`, from its pieces: in host
+  // memory, or, where `in_device` is given and the argument is one whole
+  // shard in device memory, that shard as it is (*in_device set; the
+  // tensor's data is its host address, which may be null).
   absl::StatusOr<builtin::ConstTensor> BindInput(
       const proto::InputBinding& binding, int device,
       std::vector<std::shared_ptr<const Storage>>* keep,
-      int64_t* reserved_bytes);
+      int64_t* reserved_bytes, const DeviceBuffer** in_device = nullptr);
 
   const WorkerOptions options_;
   ClusterSecret secret_;  // options_.secret, or one of its own (StartLocal)

@@ -2,17 +2,19 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace plexus {
 
-absl::Status IslandExecution::Arrive(
-    int p, std::vector<builtin::ConstTensor> inputs,
-    std::vector<builtin::MutableTensor> outputs, const RunFn& run) {
+absl::StatusOr<std::vector<std::shared_ptr<const DeviceBuffer>>>
+IslandExecution::Arrive(int p, std::vector<xla::XlaArgument> inputs,
+                        const RunFn& run) {
   absl::MutexLock lock(&mu_);
   inputs_[p] = std::move(inputs);
-  outputs_[p] = std::move(outputs);
   ArriveLocked(&run);
   mu_.Await(absl::Condition(&done_));
-  return status_;
+  if (!status_.ok()) return status_;
+  return std::move(outputs_[p]);
 }
 
 void IslandExecution::Fail(int p, const absl::Status& status) {
@@ -31,15 +33,19 @@ void IslandExecution::ArriveLocked(const RunFn* run) {
   if (!failure_.ok()) {
     status_ = failure_;
   } else {
-    // Every partition's tensors stay alive while their tasks wait here;
+    // Every partition's inputs stay alive while their tasks wait here;
     // run reads them outside the lock, so it gets them out of the guarded
-    // fields (no arrival writes them again).
+    // field (no arrival writes them again).
     const Inputs inputs = std::move(inputs_);
-    const Outputs outputs = std::move(outputs_);
     mu_.Unlock();
-    absl::Status s = (*run)(inputs, outputs);
+    absl::StatusOr<Outputs> outputs = (*run)(inputs);
     mu_.Lock();
-    status_ = s;
+    if (outputs.ok() && outputs->size() != static_cast<size_t>(partitions_)) {
+      outputs = absl::InternalError(absl::StrCat(
+          "the island ran ", outputs->size(), " partitions of ", partitions_));
+    }
+    status_ = outputs.status();
+    if (outputs.ok()) outputs_ = std::move(*outputs);
   }
   done_ = true;
 }

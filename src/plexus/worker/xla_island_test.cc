@@ -10,8 +10,25 @@
 namespace plexus {
 namespace {
 
-builtin::ConstTensor In(const float* data) {
+xla::XlaArgument In(const float* data) {
   return {TensorSpec{DType::kF32, {1}}, data};
+}
+
+// A device buffer standing for partition p's output (only its identity is
+// looked at).
+class Marker : public DeviceBuffer {
+ public:
+  explicit Marker(int p) : p(p) {}
+  size_t size() const override { return 0; }
+  const void* host_address() const override { return nullptr; }
+  absl::Status CopyToHost(void*) const override { return absl::OkStatus(); }
+  const int p;
+};
+
+absl::StatusOr<IslandExecution::Outputs> OnePerPartition(int parts) {
+  IslandExecution::Outputs out(parts);
+  for (int p = 0; p < parts; ++p) out[p].push_back(std::make_shared<Marker>(p));
+  return out;
 }
 
 TEST(IslandExecutionTest, TheLastArrivalRunsOnceWithEveryPartition) {
@@ -20,40 +37,58 @@ TEST(IslandExecutionTest, TheLastArrivalRunsOnceWithEveryPartition) {
   float values[kParts] = {1, 2, 3};
   std::atomic<int> runs{0};
   std::atomic<int> seen_parts{0};
-  IslandExecution::RunFn run = [&](const IslandExecution::Inputs& in,
-                                   const IslandExecution::Outputs&) {
+  IslandExecution::RunFn run = [&](const IslandExecution::Inputs& in) {
     runs++;
     int n = 0;
     for (int p = 0; p < kParts; ++p) {
-      if (in[p].size() == 1 && in[p][0].data == &values[p]) n++;
+      if (in[p].size() == 1 && in[p][0].host == &values[p]) n++;
     }
     seen_parts = n;
-    return absl::OkStatus();
+    return OnePerPartition(kParts);
   };
   std::vector<std::thread> threads;
-  std::vector<absl::Status> status(kParts);
+  std::vector<absl::StatusOr<std::vector<std::shared_ptr<const DeviceBuffer>>>>
+      result(kParts);
   for (int p = 0; p < kParts; ++p) {
     threads.emplace_back(
-        [&, p] { status[p] = island.Arrive(p, {In(&values[p])}, {}, run); });
+        [&, p] { result[p] = island.Arrive(p, {In(&values[p])}, run); });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(runs.load(), 1);
   EXPECT_EQ(seen_parts.load(), kParts);
-  for (const auto& s : status) EXPECT_TRUE(s.ok()) << s;
+  for (int p = 0; p < kParts; ++p) {
+    ASSERT_TRUE(result[p].ok()) << result[p].status();
+    ASSERT_EQ(result[p]->size(), 1u);
+    // Each partition gets its own outputs.
+    EXPECT_EQ(static_cast<const Marker&>(*(*result[p])[0]).p, p);
+  }
+}
+
+TEST(IslandExecutionTest, ARunWithTooFewPartitionsIsAnError) {
+  IslandExecution island(2);
+  float v = 0;
+  IslandExecution::RunFn run = [](const IslandExecution::Inputs&) {
+    return OnePerPartition(1);
+  };
+  absl::Status a;
+  std::thread t([&] { a = island.Arrive(0, {In(&v)}, run).status(); });
+  absl::Status b = island.Arrive(1, {In(&v)}, run).status();
+  t.join();
+  EXPECT_EQ(a.code(), absl::StatusCode::kInternal) << a;
+  EXPECT_EQ(b, a);
 }
 
 TEST(IslandExecutionTest, AFailedPartitionFailsTheIslandWithoutRunning) {
   IslandExecution island(3);
   float v = 0;
   std::atomic<int> runs{0};
-  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&,
-                                   const IslandExecution::Outputs&) {
+  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&) {
     runs++;
-    return absl::OkStatus();
+    return OnePerPartition(3);
   };
   absl::Status a, b;
-  std::thread t1([&] { a = island.Arrive(0, {In(&v)}, {}, run); });
-  std::thread t2([&] { b = island.Arrive(2, {In(&v)}, {}, run); });
+  std::thread t1([&] { a = island.Arrive(0, {In(&v)}, run).status(); });
+  std::thread t2([&] { b = island.Arrive(2, {In(&v)}, run).status(); });
   island.Fail(1, absl::NotFoundError("input 0 failed upstream"));
   t1.join();
   t2.join();
@@ -65,13 +100,13 @@ TEST(IslandExecutionTest, AFailedPartitionFailsTheIslandWithoutRunning) {
 TEST(IslandExecutionTest, TheRunsErrorReachesEveryPartition) {
   IslandExecution island(2);
   float v = 0;
-  IslandExecution::RunFn run = [](const IslandExecution::Inputs&,
-                                  const IslandExecution::Outputs&) {
+  IslandExecution::RunFn run = [](const IslandExecution::Inputs&)
+      -> absl::StatusOr<IslandExecution::Outputs> {
     return absl::InternalError("XLA execute: boom");
   };
   absl::Status a;
-  std::thread t([&] { a = island.Arrive(0, {In(&v)}, {}, run); });
-  absl::Status b = island.Arrive(1, {In(&v)}, {}, run);
+  std::thread t([&] { a = island.Arrive(0, {In(&v)}, run).status(); });
+  absl::Status b = island.Arrive(1, {In(&v)}, run).status();
   t.join();
   EXPECT_EQ(a, absl::InternalError("XLA execute: boom"));
   EXPECT_EQ(b, a);
@@ -83,13 +118,12 @@ TEST(IslandExecutionTest, LeavingWithoutAnErrorStillFails) {
   IslandExecution island(2);
   float v = 0;
   std::atomic<int> runs{0};
-  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&,
-                                   const IslandExecution::Outputs&) {
+  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&) {
     runs++;
-    return absl::OkStatus();
+    return OnePerPartition(2);
   };
   island.Fail(0, absl::OkStatus());
-  absl::Status s = island.Arrive(1, {In(&v)}, {}, run);
+  absl::Status s = island.Arrive(1, {In(&v)}, run).status();
   EXPECT_EQ(runs.load(), 0);
   EXPECT_FALSE(s.ok());
 }

@@ -122,8 +122,10 @@ void WorkerImpl::StopCompiler() {
   if (compiler_.joinable()) compiler_.join();
 }
 
-absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
-                                         const builtin::KernelContext& ctx) {
+absl::Status WorkerImpl::RunXlaPartition(
+    CallContext& call, int task_index, const builtin::KernelContext& ctx,
+    const std::vector<const DeviceBuffer*>& input_devices,
+    std::vector<std::shared_ptr<Storage>>* outputs) {
   const proto::Execute& exec = call.exec;
   LoadedProgram& program = *call.program;
   const int device = exec.tasks(task_index).device();
@@ -152,33 +154,48 @@ absl::Status WorkerImpl::RunXlaPartition(CallContext& call, int task_index,
     call.island->Fail(task_index, ready);
     return named(ready);
   }
-  // Outputs of `partial` sharding: partition 0 of the island holds the
-  // island's value, the other partitions hold zeros, so the sum over all
-  // devices of the slice is the sum over islands.
-  std::vector<builtin::MutableTensor> outputs = ctx.outputs;
-  for (size_t o = 0; o < outputs.size(); ++o) {
-    if (task_index > 0 && program.outputs[o].sharding.is_partial()) {
-      std::memset(outputs[o].data, 0, outputs[o].spec.byte_size());
-      outputs[o].data = nullptr;
-    }
+  std::vector<xla::XlaArgument> inputs;
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    inputs.push_back({ctx.inputs[i].spec, ctx.inputs[i].data,
+                      i < input_devices.size() ? input_devices[i] : nullptr});
   }
-  auto run = [&](const IslandExecution::Inputs& inputs,
-                 const IslandExecution::Outputs& outs) -> absl::Status {
+  auto run = [&](const IslandExecution::Inputs& in)
+      -> absl::StatusOr<IslandExecution::Outputs> {
     for (size_t o = 0; o < program.outputs.size(); ++o) {
       const TensorSpec& got = (*exe)->outputs()[o];
-      const TensorSpec& want = outs[0][o].spec;
-      if (got != want) {
+      auto local = program.outputs[o].Local(exec.num_shards());
+      if (!local.ok()) return local.status();
+      if (got != *local) {
         return absl::InternalError(absl::StrCat(
             "XLA compiled output ", o, " as ", got.ToString(),
-            " per device, the program declared ", want.ToString()));
+            " per device, the program declared ", local->ToString()));
       }
     }
-    return (*exe)->runtime().Execute(**exe, inputs, outs);
+    auto out = (*exe)->runtime().Execute(**exe, in);
+    if (!out.ok()) return out.status();
+    IslandExecution::Outputs result(out->size());
+    for (size_t p = 0; p < out->size(); ++p) {
+      result[p].assign((*out)[p].begin(), (*out)[p].end());
+    }
+    return result;
   };
-  absl::Status s =
-      call.island->Arrive(task_index, ctx.inputs, std::move(outputs), run);
+  auto mine = call.island->Arrive(task_index, std::move(inputs), run);
   if (scratch > 0) store_->Unreserve(device, scratch);
-  return s.ok() ? s : named(s);
+  if (!mine.ok()) return named(mine.status());
+  for (size_t o = 0; o < outputs->size(); ++o) {
+    if ((*outputs)[o] != nullptr) {
+      // A `partial` output off partition 0: zeros, so the sum over all
+      // devices of the slice is the sum over islands. XLA's is dropped.
+      std::memset((*outputs)[o]->data(), 0, (*outputs)[o]->size());
+      continue;
+    }
+    if (o >= mine->size() || (*mine)[o] == nullptr) {
+      return named(absl::InternalError(
+          absl::StrCat("XLA made no output ", o, " on this partition")));
+    }
+    (*outputs)[o] = Storage::OnDevice((*mine)[o]);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace plexus

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "pjrt_c_api.h"  // from the xla-cpu-pjrt wheel (CMakeLists.txt)
@@ -88,11 +89,13 @@ absl::StatusOr<DType> FromBufferType(PJRT_Buffer_Type type) {
                    "sub-byte ones such as int4 are not)"));
 }
 
+}  // namespace
+
 // Owns PJRT objects created during one call and destroys them in order.
-class Scope {
+class PjrtScope {
  public:
-  explicit Scope(const PJRT_Api* api) : api_(api) {}
-  ~Scope() {
+  explicit PjrtScope(const PJRT_Api* api) : api_(api) {}
+  ~PjrtScope() {
     for (PJRT_Buffer* b : buffers_) {
       auto a = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
       a.buffer = b;
@@ -148,6 +151,8 @@ class Scope {
   std::vector<PJRT_Event*> host_done_;
 };
 
+namespace {
+
 // A PJRT buffer on `device` over `input`'s host memory, owned by `scope`.
 // Store buffers are immutable while a task reads them: a plugin whose
 // devices address host memory (CPU) uses them in place until it signals
@@ -155,7 +160,7 @@ class Scope {
 // memory, before signalling.
 absl::StatusOr<PJRT_Buffer*> HostBuffer(const PJRT_Api* api,
                                         PJRT_Client* client, bool host_memory,
-                                        Scope& scope,
+                                        PjrtScope& scope,
                                         const builtin::ConstTensor& input,
                                         PJRT_Device* device) {
   auto type = BufferType(input.spec.dtype);
@@ -182,10 +187,23 @@ absl::StatusOr<PJRT_Buffer*> HostBuffer(const PJRT_Api* api,
 
 }  // namespace
 
+// The PJRT client, destroyed with the last of its runtime and its buffers.
+struct PjrtClientHandle {
+  PjrtClientHandle(const PJRT_Api* api, PJRT_Client* client)
+      : api(api), client(client) {}
+  ~PjrtClientHandle() {
+    auto a = PJRT_ARGS(PJRT_Client_Destroy_Args);
+    a.client = client;
+    PjrtScope(api).ToStatus(api->PJRT_Client_Destroy(&a), "").IgnoreError();
+  }
+  const PJRT_Api* const api;
+  PJRT_Client* const client;
+};
+
 PjrtExecutable::~PjrtExecutable() {
   auto a = PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
   a.executable = exe_;
-  Scope(runtime_->api_)
+  PjrtScope(runtime_->api_)
       .ToStatus(runtime_->api_->PJRT_LoadedExecutable_Destroy(&a), "")
       .IgnoreError();
 }
@@ -228,29 +246,61 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
                      " is incompatible with the ", PJRT_API_MAJOR, ".",
                      PJRT_API_MINOR, " Plexus was built against"));
   }
-  Scope scope(api_);
+  PjrtScope scope(api_);
   auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
   if (absl::Status s =
           scope.ToStatus(api_->PJRT_Plugin_Initialize(&init), "initialise");
       !s.ok()) {
     return s;
   }
-  PJRT_NamedValue count;
-  std::memset(&count, 0, sizeof(count));
-  count.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-  static const char kCount[] = "cpu_device_count";
-  count.name = kCount;
-  count.name_size = sizeof(kCount) - 1;
-  count.type = PJRT_NamedValue_kInt64;
-  count.int64_value = options.cpu_device_count;
-  count.value_size = 1;
+  // The options of the CPU plugin, then of the GPU ones: each plugin
+  // refuses the options it does not know, so the first it takes wins.
+  auto int_option = [](const char* name, int64_t value) {
+    PJRT_NamedValue v;
+    std::memset(&v, 0, sizeof(v));
+    v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    v.name = name;
+    v.name_size = std::strlen(name);
+    v.type = PJRT_NamedValue_kInt64;
+    v.int64_value = value;
+    v.value_size = 1;
+    return v;
+  };
+  std::vector<PJRT_NamedValue> cpu = {
+      int_option("cpu_device_count", options.cpu_device_count)};
+  std::vector<PJRT_NamedValue> gpu;
+  PJRT_NamedValue preallocate;
+  std::memset(&preallocate, 0, sizeof(preallocate));
+  preallocate.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+  preallocate.name = "preallocate";
+  preallocate.name_size = std::strlen(preallocate.name);
+  preallocate.type = PJRT_NamedValue_kBool;
+  preallocate.bool_value = false;
+  preallocate.value_size = 1;
+  gpu.push_back(preallocate);
+  if (!options.gpus.empty()) {
+    PJRT_NamedValue visible;
+    std::memset(&visible, 0, sizeof(visible));
+    visible.struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    visible.name = "visible_devices";
+    visible.name_size = std::strlen(visible.name);
+    visible.type = PJRT_NamedValue_kInt64List;
+    visible.int64_array_value = options.gpus.data();
+    visible.value_size = options.gpus.size();
+    gpu.push_back(visible);
+  }
   auto create = PJRT_ARGS(PJRT_Client_Create_Args);
-  create.create_options = &count;
-  create.num_options = 1;
-  PJRT_Error* error = api_->PJRT_Client_Create(&create);
-  if (error != nullptr) {
-    // Plugins that do not know the option (GPU) reject it: retry bare.
-    scope.ToStatus(error, "").IgnoreError();
+  absl::Status created;
+  for (const std::vector<PJRT_NamedValue>* named : {&cpu, &gpu}) {
+    create = PJRT_ARGS(PJRT_Client_Create_Args);
+    create.create_options = named->data();
+    create.num_options = named->size();
+    created =
+        scope.ToStatus(api_->PJRT_Client_Create(&create), "create client");
+    if (created.ok()) break;
+  }
+  if (!created.ok()) {
+    // A plugin that knows neither: its defaults.
     create = PJRT_ARGS(PJRT_Client_Create_Args);
     if (absl::Status s =
             scope.ToStatus(api_->PJRT_Client_Create(&create), "create client");
@@ -259,6 +309,7 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
     }
   }
   client_ = create.client;
+  handle_of_client_ = std::make_shared<PjrtClientHandle>(api_, client_);
   auto name = PJRT_ARGS(PJRT_Client_PlatformName_Args);
   name.client = client_;
   if (absl::Status s = scope.ToStatus(api_->PJRT_Client_PlatformName(&name),
@@ -280,11 +331,7 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
 }
 
 PjrtRuntime::~PjrtRuntime() {
-  if (client_ != nullptr) {
-    auto a = PJRT_ARGS(PJRT_Client_Destroy_Args);
-    a.client = client_;
-    Scope(api_).ToStatus(api_->PJRT_Client_Destroy(&a), "").IgnoreError();
-  }
+  // The client goes with handle_of_client_, once no buffer of it is left.
   // The plugin stays mapped: its static destructors and threads may still
   // run at exit, and unloading XLA is not supported.
 }
@@ -296,7 +343,7 @@ std::string PjrtRuntime::api_version() const {
 
 absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
     absl::string_view module, absl::string_view compile_options) const {
-  Scope scope(api_);
+  PjrtScope scope(api_);
   auto program = PJRT_ARGS(PJRT_Program);
   static const char kFormat[] = "mlir";
   program.code = const_cast<char*>(module.data());
@@ -383,7 +430,7 @@ absl::StatusOr<bool> PjrtRuntime::ReadsInPlace(
   if (device < 0 || device >= num_devices()) {
     return absl::InvalidArgumentError(absl::StrCat("no device ", device));
   }
-  Scope scope(api_);
+  PjrtScope scope(api_);
   auto buffer = HostBuffer(api_, client_, platform_ == "cpu", scope, input,
                            devices_[device]);
   if (!buffer.ok()) return buffer.status();
@@ -397,29 +444,30 @@ absl::StatusOr<bool> PjrtRuntime::ReadsInPlace(
   return p.buffer_pointer == reinterpret_cast<uintptr_t>(input.data);
 }
 
-absl::Status PjrtRuntime::Execute(
+absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     const PjrtExecutable& exe,
-    const std::vector<std::vector<builtin::ConstTensor>>& inputs,
-    const std::vector<std::vector<builtin::MutableTensor>>& outputs) const {
+    const std::vector<std::vector<XlaArgument>>& inputs) const {
   const size_t parts = exe.devices_.size();
-  if (inputs.size() != parts || outputs.size() != parts) {
+  if (inputs.size() != parts) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the executable runs on ", parts, " devices, given ", inputs.size()));
   }
   const size_t num_args = parts == 0 ? 0 : inputs[0].size();
   const size_t num_outputs = exe.outputs_.size();
-  Scope scope(api_);
+  PjrtScope scope(api_);
+  // Host copies of device buffers no path here can read (another
+  // runtime's, not host-addressable): kept until the run is over.
+  std::vector<std::unique_ptr<char[]>> staged;
   std::vector<std::vector<PJRT_Buffer*>> args(parts);
   for (size_t p = 0; p < parts; ++p) {
-    if (inputs[p].size() != num_args || outputs[p].size() != num_outputs) {
+    if (inputs[p].size() != num_args) {
       return absl::InvalidArgumentError(
-          absl::StrCat("partition ", p, ": ", inputs[p].size(), " inputs and ",
-                       outputs[p].size(), " outputs, the executable has ",
-                       num_outputs, " outputs"));
+          absl::StrCat("partition ", p, ": ", inputs[p].size(),
+                       " inputs, partition 0 has ", num_args));
     }
     for (size_t i = 0; i < num_args; ++i) {
-      auto buffer = HostBuffer(api_, client_, platform_ == "cpu", scope,
-                               inputs[p][i], exe.devices_[p]);
+      absl::StatusOr<PJRT_Buffer*> buffer =
+          Argument(scope, inputs[p][i], exe.devices_[p], &staged);
       if (!buffer.ok()) {
         return absl::Status(
             buffer.status().code(),
@@ -451,39 +499,139 @@ absl::Status PjrtRuntime::Execute(
       !s.ok()) {
     return s;
   }
-  for (auto& list : outs) {
-    for (PJRT_Buffer* b : list) {
-      if (b != nullptr) scope.Own(b);
+  // The outputs are ours from here (freed with their PjrtBuffer, also on
+  // error). Each is ready once the execution that makes it has run: its
+  // error, if any, comes from the wait.
+  Outputs result(parts);
+  absl::Status status;
+  for (size_t p = 0; p < parts; ++p) {
+    for (size_t o = 0; o < num_outputs; ++o) {
+      if (outs[p][o] == nullptr) {
+        status.Update(absl::InternalError(
+            absl::StrCat("XLA returned no output ", o, " on partition ", p)));
+        result[p].push_back(nullptr);
+        continue;
+      }
+      result[p].push_back(std::shared_ptr<PjrtBuffer>(
+          new PjrtBuffer(handle_of_client_, outs[p][o], DeviceIndex(exe, p),
+                         exe.outputs_[o].byte_size())));
     }
   }
-  // Start every device-to-host copy, then wait for them all.
-  std::vector<PJRT_Event*> copies;
-  absl::Status status;
   for (size_t p = 0; p < parts && status.ok(); ++p) {
-    for (size_t o = 0; o < num_outputs; ++o) {
-      const builtin::MutableTensor& dst = outputs[p][o];
-      if (dst.data == nullptr) continue;
-      if (dst.spec.byte_size() != exe.outputs_[o].byte_size()) {
-        status = absl::InternalError(
-            absl::StrCat("output ", o, " is ", exe.outputs_[o].ToString(),
-                         " but the program declared ", dst.spec.ToString()));
+    for (const auto& out : result[p]) {
+      auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+      ready.buffer = out->buffer_;
+      status = scope.ToStatus(api_->PJRT_Buffer_ReadyEvent(&ready),
+                              "output ready event");
+      if (status.ok()) status = scope.Await(ready.event);
+      if (!status.ok()) break;
+      if (absl::Status s = FindHostAddress(scope, *out); !s.ok()) {
+        status = s;
         break;
       }
-      auto t = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
-      t.src = outs[p][o];
-      t.dst = dst.data;
-      t.dst_size = dst.spec.byte_size();
-      status = scope.ToStatus(api_->PJRT_Buffer_ToHostBuffer(&t),
-                              absl::StrCat("output ", o, " to host"));
-      if (!status.ok()) break;
-      copies.push_back(t.event);
     }
   }
-  for (PJRT_Event* e : copies) {
-    absl::Status s = scope.Await(e);
-    if (status.ok()) status = s;
+  if (!status.ok()) return status;
+  return result;
+}
+
+int PjrtRuntime::DeviceIndex(const PjrtExecutable& exe, size_t p) const {
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    if (devices_[d] == exe.devices_[p]) return static_cast<int>(d);
   }
-  return status;
+  return -1;
+}
+
+absl::Status PjrtRuntime::FindHostAddress(PjrtScope& scope,
+                                          PjrtBuffer& buffer) const {
+  if (platform_ != "cpu") return absl::OkStatus();  // device memory apart
+  // The CPU plugin's buffers are host memory; its default layout is dense
+  // and row-major, which the size confirms.
+  auto size = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+  size.buffer = buffer.buffer_;
+  if (!scope.ToStatus(api_->PJRT_Buffer_OnDeviceSizeInBytes(&size), "").ok() ||
+      size.on_device_size_in_bytes != buffer.size_) {
+    return absl::OkStatus();  // read through CopyToHost
+  }
+  auto p = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
+  p.buffer = buffer.buffer_;
+  if (scope.ToStatus(api_->PJRT_Buffer_UnsafePointer(&p), "").ok()) {
+    buffer.host_address_ = reinterpret_cast<const void*>(p.buffer_pointer);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
+    PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
+    std::vector<std::unique_ptr<char[]>>* staged) const {
+  const auto* mine = dynamic_cast<const PjrtBuffer*>(arg.device);
+  if (mine != nullptr && mine->BelongsTo(*this)) {
+    if (mine->size() != arg.spec.byte_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a device buffer of ", mine->size(), " bytes for ",
+                       arg.spec.ToString()));
+    }
+    if (devices_[mine->device()] == device) return mine->buffer_;  // as is
+    // Another device of this client: the plugin's device-to-device copy.
+    auto copy = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
+    copy.buffer = mine->buffer_;
+    copy.dst_device = device;
+    if (absl::Status s = scope.ToStatus(api_->PJRT_Buffer_CopyToDevice(&copy),
+                                        "device-to-device copy");
+        !s.ok()) {
+      return s;
+    }
+    scope.Own(copy.dst_buffer);
+    return copy.dst_buffer;
+  }
+  const void* host = arg.host;
+  if (host == nullptr && arg.device != nullptr) {
+    host = arg.device->host_address();
+    if (host == nullptr) {  // another runtime's device memory: via the host
+      staged->push_back(std::make_unique<char[]>(arg.device->size()));
+      if (absl::Status s = arg.device->CopyToHost(staged->back().get());
+          !s.ok()) {
+        return s;
+      }
+      host = staged->back().get();
+    }
+  }
+  const bool in_place = platform_ == "cpu";
+  auto buffer =
+      HostBuffer(api_, client_, in_place, scope, {arg.spec, host}, device);
+  if (buffer.ok() && !in_place) {
+    MemoryTraffic::host_to_device() += arg.spec.byte_size();
+  }
+  return buffer;
+}
+
+PjrtBuffer::~PjrtBuffer() {
+  auto a = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  a.buffer = buffer_;
+  PjrtScope(client_->api)
+      .ToStatus(client_->api->PJRT_Buffer_Destroy(&a), "")
+      .IgnoreError();
+}
+
+bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
+  return client_ == runtime.handle_of_client_;
+}
+
+absl::Status PjrtBuffer::CopyToHost(void* dst) const {
+  const PJRT_Api* api = client_->api;
+  PjrtScope scope(api);
+  auto t = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  t.src = buffer_;
+  t.dst = dst;
+  t.dst_size = size_;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_ToHostBuffer(&t), "copy to host");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = scope.Await(t.event); !s.ok()) return s;
+  MemoryTraffic::device_to_host() += size_;
+  return absl::OkStatus();
 }
 
 }  // namespace plexus::xla

@@ -1,11 +1,14 @@
 // PjrtRuntime: one PJRT C API plugin (a .so loaded at run time, e.g. the
 // xla-cpu-pjrt or jax-cuda13-pjrt wheels) and the PJRT client it creates.
 // It compiles StableHLO modules into executables and runs them on the
-// client's devices, moving buffers between host memory (the object store)
-// and the plugin's devices.
+// client's devices. Outputs stay in device memory (PjrtBuffer, the object
+// store's DeviceBuffer); inputs are read where they are: a buffer of this
+// client on the partition's device as it is, one on another device by the
+// plugin's device-to-device copy, host memory in place where the plugin
+// can (CPU) or copied to the device.
 //
-// Thread-safe: PJRT clients and loaded executables are thread-safe; the
-// runtime itself is immutable after Load.
+// Thread-safe: PJRT clients, buffers and loaded executables are
+// thread-safe; the runtime itself is immutable after Load.
 #pragma once
 
 #include <memory>
@@ -18,8 +21,10 @@
 #include "absl/types/span.h"
 #include "plexus/common/types.h"
 #include "plexus/executors/builtin/kernel.h"
+#include "plexus/store/device_buffer.h"
 
 struct PJRT_Api;
+struct PJRT_Buffer;
 struct PJRT_Client;
 struct PJRT_Device;
 struct PJRT_LoadedExecutable;
@@ -27,6 +32,48 @@ struct PJRT_LoadedExecutable;
 namespace plexus::xla {
 
 class PjrtRuntime;
+struct PjrtClientHandle;  // the PJRT client, destroyed after its last buffer
+class PjrtScope;          // PJRT objects of one operation (pjrt_runtime.cc)
+
+// An XLA output left in device memory: a PJRT buffer, ready (its
+// producer's execution finished) when handed out. Keeps the PJRT client
+// alive, so it may outlive its runtime.
+class PjrtBuffer final : public DeviceBuffer {
+ public:
+  ~PjrtBuffer() override;
+  PjrtBuffer(const PjrtBuffer&) = delete;
+  PjrtBuffer& operator=(const PjrtBuffer&) = delete;
+
+  size_t size() const override { return size_; }
+  const void* host_address() const override { return host_address_; }
+  absl::Status CopyToHost(void* dst) const override;
+  // The runtime device (client device index) it is on.
+  int device() const { return device_; }
+  // Whether it belongs to `runtime`'s client (so runs there read it as is).
+  bool BelongsTo(const PjrtRuntime& runtime) const;
+
+ private:
+  friend class PjrtRuntime;
+  PjrtBuffer(std::shared_ptr<PjrtClientHandle> client, PJRT_Buffer* buffer,
+             int device, size_t size)
+      : client_(std::move(client)),
+        buffer_(buffer),
+        device_(device),
+        size_(size) {}
+  std::shared_ptr<PjrtClientHandle> client_;
+  PJRT_Buffer* buffer_;
+  int device_;
+  size_t size_;
+  const void* host_address_ = nullptr;
+};
+
+// One argument of one partition: its value in host memory, or a device
+// buffer (any kind: a PjrtBuffer of this runtime is read as it is).
+struct XlaArgument {
+  TensorSpec spec;  // local (per-partition)
+  const void* host = nullptr;
+  const DeviceBuffer* device = nullptr;
+};
 
 // A compiled program, loaded on a fixed list of devices (its device
 // assignment, one device per SPMD partition).
@@ -62,6 +109,11 @@ struct PjrtOptions {
   // CPU plugins: how many devices the client creates (one per Plexus device
   // of the worker). Ignored by plugins that count their own devices.
   int cpu_device_count = 1;
+  // GPU plugins: the GPUs to use (visible_devices; empty: all). A GPU
+  // client never preallocates: it allocates as buffers need memory, which
+  // the worker's device budget bounds (the plugin's default would take
+  // ~75% of each GPU in every process that opens it).
+  std::vector<int64_t> gpus;
 };
 
 class PjrtRuntime {
@@ -83,29 +135,41 @@ class PjrtRuntime {
   absl::StatusOr<std::unique_ptr<PjrtExecutable>> Compile(
       absl::string_view module, absl::string_view compile_options) const;
 
-  // Runs `exe` once over all its partitions and blocks until every output
-  // is in host memory. inputs[p][i] is argument i of partition p, read in
-  // place where the plugin can (CPU: zero-copy); outputs[p][o] receives
-  // output o of partition p; a null `data` discards that output.
   // Whether an input on device `device` (client device index) would be read
   // in place, without a copy: true on CPU for aligned store buffers.
   absl::StatusOr<bool> ReadsInPlace(const builtin::ConstTensor& input,
                                     int device) const;
 
-  absl::Status Execute(
+  // Runs `exe` once over all its partitions and blocks until it has run.
+  // inputs[p][i] is argument i of partition p. Returns outputs[p][o],
+  // output o of partition p, in device memory. An error of the execution
+  // (the plugin's message: out of memory, a bad argument) is returned, the
+  // outputs are then freed.
+  using Outputs = std::vector<std::vector<std::shared_ptr<PjrtBuffer>>>;
+  absl::StatusOr<Outputs> Execute(
       const PjrtExecutable& exe,
-      const std::vector<std::vector<builtin::ConstTensor>>& inputs,
-      const std::vector<std::vector<builtin::MutableTensor>>& outputs) const;
+      const std::vector<std::vector<XlaArgument>>& inputs) const;
 
  private:
   friend class PjrtExecutable;
+  friend class PjrtBuffer;
   PjrtRuntime() = default;
   absl::Status Init(const PjrtOptions& options);
+  // The client device index of partition `p` of `exe`.
+  int DeviceIndex(const PjrtExecutable& exe, size_t p) const;
+  // On CPU, where the output's bytes are (host memory, dense row-major).
+  absl::Status FindHostAddress(PjrtScope& scope, PjrtBuffer& buffer) const;
+  // The PJRT buffer partition `device` reads for `arg` (owned by `scope`
+  // if made here; host copies it needed kept in `staged`).
+  absl::StatusOr<PJRT_Buffer*> Argument(
+      PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
+      std::vector<std::unique_ptr<char[]>>* staged) const;
 
   std::string plugin_path_;
   void* handle_ = nullptr;
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
+  std::shared_ptr<PjrtClientHandle> handle_of_client_;  // owns client_
   std::string platform_;
   std::vector<PJRT_Device*> devices_;  // addressable, by id
 };

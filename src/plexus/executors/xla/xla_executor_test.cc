@@ -1,10 +1,13 @@
 // The XLA executor against the real CPU PJRT plugin (xla-cpu-pjrt wheel):
-// StableHLO text compiled once, run on host buffers, errors as statuses.
+// StableHLO text compiled once, run on host and device buffers, outputs
+// left in device memory, errors as statuses.
 #include "plexus/executors/xla/xla_executor.h"
 
+#include <cstring>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "plexus/store/storage.h"
 
 namespace plexus::xla {
 namespace {
@@ -58,23 +61,69 @@ TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
 
   alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
   alignas(64) float y[6] = {1, 2, 3, 4, 5, 6};
-  alignas(64) float out[6] = {};
-  float sum = 0;
   const TensorSpec m{DType::kF32, {2, 3}};
-  std::vector<std::vector<builtin::ConstTensor>> in = {{{m, x}, {m, y}}};
-  std::vector<std::vector<builtin::MutableTensor>> outs = {
-      {{m, out}, {TensorSpec{DType::kF32, {}}, &sum}}};
+  const int64_t copied_in = MemoryTraffic::host_to_device().load();
+  const int64_t copied_out = MemoryTraffic::device_to_host().load();
   for (int round = 0; round < 3; ++round) {
-    absl::Status s = (*runtime)->Execute(**exe, in, outs);
-    ASSERT_TRUE(s.ok()) << s;
+    auto outs = (*runtime)->Execute(**exe, {{{m, x}, {m, y}}});
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    ASSERT_EQ(outs->size(), 1u);
+    ASSERT_EQ((*outs)[0].size(), 2u);
+    const PjrtBuffer& a = *(*outs)[0][0];
+    const PjrtBuffer& sum = *(*outs)[0][1];
+    EXPECT_EQ(a.size(), 6 * sizeof(float));
+    EXPECT_EQ(a.device(), 0);
+    // CPU device memory is the host's: read in place, no copy.
+    ASSERT_NE(a.host_address(), nullptr);
+    const float* out = static_cast<const float*>(a.host_address());
     float expect_sum = 0;
     for (int i = 0; i < 6; ++i) {
       EXPECT_NEAR(out[i], std::tanh(x[i]) * y[i] + y[i], 1e-5)
           << i;  // XLA tanh
       expect_sum += x[i];
     }
-    EXPECT_FLOAT_EQ(sum, expect_sum);
+    float s = 0;
+    ASSERT_TRUE(sum.CopyToHost(&s).ok());
+    EXPECT_FLOAT_EQ(s, expect_sum);
   }
+  EXPECT_EQ(MemoryTraffic::host_to_device().load(), copied_in);  // in place
+  EXPECT_EQ(MemoryTraffic::device_to_host().load(),
+            copied_out + 3 * static_cast<int64_t>(sizeof(float)));
+}
+
+TEST(XlaExecutorTest, ChainedCallsReadTheirInputsInDeviceMemory) {
+  XlaExecutor executor(Options());
+  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const PjrtRuntime& runtime = **executor.Runtime();
+  alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
+  alignas(64) float y[6] = {1, 0, 1, 0, 1, 0};
+  const TensorSpec m{DType::kF32, {2, 3}};
+  auto first = runtime.Execute(**exe, {{{m, x}, {m, y}}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::shared_ptr<const PjrtBuffer> value = (*first)[0][0];
+  const int64_t copied_out = MemoryTraffic::device_to_host().load();
+  // out = tanh(value) * y + y, ten times, each reading the last output
+  // where it is.
+  std::vector<float> expect(x, x + 6);
+  for (int i = 0; i < 6; ++i) expect[i] = std::tanh(x[i]) * y[i] + y[i];
+  for (int round = 0; round < 10; ++round) {
+    XlaArgument in{m, nullptr, value.get()};
+    auto next = runtime.Execute(**exe, {{in, {m, y}}});
+    ASSERT_TRUE(next.ok()) << next.status();
+    value = (*next)[0][0];
+    for (int i = 0; i < 6; ++i) expect[i] = std::tanh(expect[i]) * y[i] + y[i];
+  }
+  EXPECT_EQ(MemoryTraffic::device_to_host().load(), copied_out);
+  // As a store entry: in place on CPU, copied where it must be shared.
+  std::shared_ptr<const Storage> held = Storage::OnDevice(value);
+  EXPECT_EQ(held->kind(), MemoryKind::kDevice);
+  auto host = Storage::InHostMemory(held, /*shareable=*/false);
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->get(), held.get());
+  const float* got = static_cast<const float*>((*host)->data());
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(got[i], expect[i], 1e-5) << i;
+  EXPECT_EQ(MemoryTraffic::device_to_host().load(), copied_out);
 }
 
 TEST(XlaExecutorTest, StoreBuffersAreReadInPlace) {
@@ -105,12 +154,9 @@ TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
   auto exe = executor.GetOrCompile(kModule, kOneDevice);
   ASSERT_TRUE(exe.ok()) << exe.status();
   const PjrtRuntime* runtime = *executor.Runtime();
-  float x[4] = {}, out[6] = {}, sum = 0;
+  alignas(64) float x[4] = {};
   const TensorSpec wrong{DType::kF32, {4}};
-  const TensorSpec m{DType::kF32, {2, 3}};
-  absl::Status s =
-      runtime->Execute(**exe, {{{wrong, x}, {wrong, x}}},
-                       {{{m, out}, {TensorSpec{DType::kF32, {}}, &sum}}});
+  auto s = runtime->Execute(**exe, {{{wrong, x}, {wrong, x}}});
   EXPECT_FALSE(s.ok());
 }
 
