@@ -302,6 +302,21 @@ def test_device_values_reach_builtin_kernels_and_other_hosts(cluster, client):
         mid["bytes_device_to_host"] + 2 * x.nbytes
 
 
+def test_an_output_equal_to_its_input_outlives_the_input(client):
+    # XLA's output buffers are its own, never its (undonated) inputs' host
+    # memory: the input's block is freed and reused (the store recycles
+    # memfd blocks of the same size) while the output lives on.
+    s = client.slice(1)
+    x = rand(512, 256)
+    xf = s.put(x)
+    y = plexus.jit(lambda a: a, s, name="identity")(xf)
+    y.block_until_ready()
+    del xf
+    reuse = [s.put(np.full((512, 256), 7.0, np.float32)) for _ in range(3)]
+    plexus.wait(reuse)
+    np.testing.assert_array_equal(np.asarray(y), x)
+
+
 def test_programs_compile_when_registered_before_their_first_call(
         cluster, client):
     s = client.slice(2, placement="spread")
