@@ -235,6 +235,7 @@ def test_second_call_compiles_nothing(cluster, client):
     from plexus.cli import format_status
     table = format_status(cluster.status())
     assert "XLA PLATFORM" in table and "COMPILES" in table and "CACHE-HITS" in table
+    assert "ON-DEVICE" in table and "TO-HOST" in table
 
 
 def memory_traffic(cluster):
