@@ -92,7 +92,8 @@ struct ClientCore::Session {
   transport::DataPlaneIdentity identity{};
 };
 
-ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {}
+ClientCore::ClientCore(ClientOptions options)
+    : options_(std::move(options)), machine_(options_.reconnect_timeout) {}
 
 ClientCore::~ClientCore() { Close(); }
 
@@ -197,7 +198,7 @@ void ClientCore::Install(Session& session) {
   epoch_.store(epoch, std::memory_order_release);
   client_id_.store(session.client_id, std::memory_order_release);
   identity_ = session.identity;
-  stream_broken_ = false;
+  machine_.Installed();
   UpdateOpenTagLocked();
   // The last session's records name its ids, workers and slices, which
   // the server that answers now may hand out again for other things.
@@ -227,7 +228,7 @@ void ClientCore::SessionLoop(std::unique_ptr<Session> session) {
     {
       absl::MutexLock lock(&mu_);
       auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stream_broken_ || closed_;
+        return machine_.broken() || closed_;
       };
       mu_.Await(absl::Condition(&ended));
     }
@@ -243,7 +244,7 @@ void ClientCore::SessionLoop(std::unique_ptr<Session> session) {
           !why.error_message().empty()) {
         ends_.back().reason = why.error_message();
       }
-      if (state_ != SessionState::kReconnecting) return;  // gave up
+      if (machine_.state() != SessionState::kReconnecting) return;
     }
     session.reset();
     session = Reconnect();
@@ -251,21 +252,14 @@ void ClientCore::SessionLoop(std::unique_ptr<Session> session) {
 }
 
 std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
-  BackoffOptions options;
-  options.initial = absl::Milliseconds(100);
-  options.cap = absl::Seconds(2);
-  options.give_up_after = options_.reconnect_timeout;
-  Backoff backoff(options);
-  absl::Time give_up;
-  {
-    absl::MutexLock lock(&mu_);
-    give_up = give_up_at_;
-  }
   for (int attempts = 1;; ++attempts) {
     // An attempt ends by the give-up time, and soon enough that one on a
     // server that accepts but does not answer is not the only one.
-    const absl::Time deadline =
-        std::min(absl::Now() + absl::Seconds(2), give_up);
+    absl::Time deadline;
+    {
+      absl::MutexLock lock(&mu_);
+      deadline = machine_.AttemptDeadline(absl::Now());
+    }
     auto session = OpenSession(deadline);
     if (session.ok()) {
       Install(**session);
@@ -281,8 +275,8 @@ std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
           " refused the new session: ", session.status().message()));
       return nullptr;
     }
-    std::optional<absl::Duration> delay = backoff.NextDelay(absl::Now());
-    if (!delay.has_value() || absl::Now() >= give_up) {
+    std::optional<absl::Duration> delay = machine_.AttemptFailed(absl::Now());
+    if (!delay.has_value()) {
       GiveUpLocked(absl::StrCat(
           "no server answered at ", address_, " within the reconnect timeout (",
           absl::FormatDuration(options_.reconnect_timeout), ", ", attempts,
@@ -297,8 +291,8 @@ std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
 }
 
 void ClientCore::GiveUpLocked(std::string why) {
-  if (state_ == SessionState::kClosed) return;
-  state_ = SessionState::kGaveUp;
+  if (machine_.state() == SessionState::kClosed) return;
+  machine_.GiveUp();
   UpdateOpenTagLocked();
   if (!ends_.empty()) ends_.back().gave_up = why;
   SPDLOG_ERROR("client {}: {}; its slices and programs are gone too",
@@ -368,7 +362,7 @@ void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
   }
   auto broke = [this, epoch] {
     absl::MutexLock lock(&mu_);
-    return closed_ || stream_broken_ || epoch_.load() != epoch;
+    return closed_ || machine_.broken() || epoch_.load() != epoch;
   };
   // Each slice as it was asked for, one after another (a slice may avoid
   // the hosts of one asked for before it); the map before, for programs.
@@ -410,7 +404,7 @@ void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
       if (!delay.has_value() || absl::Now() + *delay >= deadline) break;
       absl::MutexLock lock(&mu_);
       auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || stream_broken_;
+        return closed_ || machine_.broken();
       };
       mu_.AwaitWithTimeout(absl::Condition(&ended), *delay);
     }
@@ -469,8 +463,8 @@ void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
   }
   Enqueue(std::move(ops), epoch);
   absl::MutexLock lock(&mu_);
-  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
-  state_ = SessionState::kOpen;
+  if (closed_ || machine_.broken() || epoch_.load() != epoch) return;
+  machine_.Restored();
   UpdateOpenTagLocked();
   // The session that just ended, and any before it whose own restore a
   // quick second end cut short: this reconnect is theirs too.
@@ -496,7 +490,7 @@ std::vector<SessionEnd> ClientCore::SessionEnds() const {
 
 SessionState ClientCore::state() const {
   absl::MutexLock lock(&mu_);
-  return state_;
+  return machine_.state();
 }
 
 bool ClientCore::closed() const {
@@ -513,8 +507,7 @@ absl::Status ClientCore::CheckOpen() const {
 }
 
 void ClientCore::UpdateOpenTagLocked() {
-  const bool usable = state_ == SessionState::kOpen && !stream_broken_;
-  open_tag_.store(usable ? session_tag_.get() : nullptr,
+  open_tag_.store(machine_.usable() ? session_tag_.get() : nullptr,
                   std::memory_order_release);
 }
 
@@ -525,31 +518,26 @@ absl::StatusOr<std::shared_ptr<SessionTag>> ClientCore::AwaitSession(
     return open->shared_from_this();  // kept in tags_: alive
   }
   absl::MutexLock lock(&mu_);
-  if (state_ == SessionState::kOpen && !stream_broken_) return session_tag_;
+  if (machine_.usable()) return session_tag_;
   const absl::Time start = absl::Now();
-  // A write that failed marks the stream before the reader sees it end
-  // and the state moves on: wait for that too.
   auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return state_ == SessionState::kOpen
-               ? !stream_broken_
-               : state_ != SessionState::kReconnecting;
+    return machine_.use() != SessionMachine::Use::kWait;
   };
   mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
-  switch (state_) {
-    case SessionState::kOpen:
-      if (!stream_broken_) return session_tag_;
-      break;
-    case SessionState::kClosed:
+  switch (machine_.use()) {
+    case SessionMachine::Use::kOpen:
+      return session_tag_;
+    case SessionMachine::Use::kClosed:
       return absl::FailedPreconditionError(
           absl::StrCat("client ", client_id(), " is closed"));
-    case SessionState::kGaveUp:
+    case SessionMachine::Use::kGaveUp:
       return GaveUpStatusLocked();
-    case SessionState::kReconnecting:
+    case SessionMachine::Use::kWait:
       break;
   }
   const absl::Time now = absl::Now();
   return WaitedForServer(address_, ends_.empty() ? start : ends_.back().ended,
-                         now - start, give_up_at_, now);
+                         now - start, machine_.give_up_at(), now);
 }
 
 absl::Status ClientCore::SessionStatus(uint64_t epoch,
@@ -565,7 +553,7 @@ absl::Status ClientCore::SessionStatusLocked(uint64_t epoch,
     return absl::FailedPreconditionError(
         absl::StrCat("client ", client_id(), " is closed"));
   }
-  if (epoch == epoch_.load() && !stream_broken_) return absl::OkStatus();
+  if (epoch == epoch_.load() && !machine_.broken()) return absl::OkStatus();
   for (const SessionEnd& end : ends_) {
     if (end.epoch == epoch) return LostWithSession(end, buffer_id);
   }
@@ -579,7 +567,7 @@ void ClientCore::Close() {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     closed_ = true;
-    state_ = SessionState::kClosed;
+    machine_.Close();
     UpdateOpenTagLocked();
     closing_.store(true, std::memory_order_release);
     // Fetches and waits in other threads end now, with "closed".
@@ -597,18 +585,18 @@ void ClientCore::Close() {
 void ClientCore::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   auto room = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || stream_broken_ || epoch_.load() != epoch ||
+    return closed_ || machine_.broken() || epoch_.load() != epoch ||
            queue_.size() < kMaxQueuedOps;
   };
   mu_.Await(absl::Condition(&room));
-  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
+  if (closed_ || machine_.broken() || epoch_.load() != epoch) return;
   for (auto& op : ops) queue_.push_back(std::move(op));
 }
 
 void ClientCore::Flush() {
   absl::MutexLock lock(&mu_);
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stream_broken_ || closed_ || (queue_.empty() && !sending_);
+    return machine_.broken() || closed_ || (queue_.empty() && !sending_);
   };
   mu_.Await(absl::Condition(&drained));
 }
@@ -621,10 +609,10 @@ void ClientCore::SenderLoop(Session& session) {
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || stream_broken_ || !queue_.empty();
+        return closed_ || machine_.broken() || !queue_.empty();
       };
       mu_.AwaitWithDeadline(absl::Condition(&ready), next_stats);
-      if (stream_broken_ && !closed_) break;  // the reader saw it end
+      if (machine_.broken() && !closed_) break;  // the reader saw it end
       for (auto& op : queue_) *msg.add_ops() = std::move(op);
       queue_.clear();
       sending_ = msg.ops_size() > 0;
@@ -642,7 +630,7 @@ void ClientCore::SenderLoop(Session& session) {
     absl::MutexLock lock(&mu_);
     sending_ = false;
     if (!ok) {
-      stream_broken_ = true;
+      machine_.StreamBroke();
       UpdateOpenTagLocked();
       queue_.clear();
     }
@@ -686,7 +674,7 @@ void ClientCore::ReaderLoop(Session& session) {
     }
   }
   absl::MutexLock lock(&mu_);
-  stream_broken_ = true;
+  machine_.StreamBroke();
   UpdateOpenTagLocked();
   queue_.clear();
   if (closed_) return;
@@ -699,9 +687,7 @@ void ClientCore::ReaderLoop(Session& session) {
   end.address = address_;
   end.ended = absl::Now();
   end.lost_futures = session_tag_->live_futures.load();
-  if (options_.reconnect_timeout > absl::ZeroDuration()) {
-    state_ = SessionState::kReconnecting;
-    give_up_at_ = end.ended + options_.reconnect_timeout;
+  if (machine_.Ended(end.ended) == SessionState::kReconnecting) {
     SPDLOG_WARN(
         "client {}'s session with the server at {} ended (the server "
         "restarted or went away): its {} live future(s) are lost; "
@@ -709,7 +695,6 @@ void ClientCore::ReaderLoop(Session& session) {
         end.client_id, address_, end.lost_futures,
         absl::FormatDuration(options_.reconnect_timeout));
   } else {
-    state_ = SessionState::kGaveUp;
     end.gave_up = kNoReconnect;
     SPDLOG_WARN("{}", std::string(GaveUpStatusLocked().message()));
   }
@@ -732,7 +717,7 @@ absl::StatusOr<proto::SliceInfo> ClientCore::RequestSlice(
   Enqueue(std::move(ops), epoch);
   absl::MutexLock lock(&mu_);
   auto answered = [this, rid, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stream_broken_ || closed_ || epoch_.load() != epoch ||
+    return machine_.broken() || closed_ || epoch_.load() != epoch ||
            slice_replies_.count(rid) > 0;
   };
   mu_.Await(absl::Condition(&answered));
@@ -762,7 +747,7 @@ void ClientCore::ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id,
   op.mutable_release()->set_buffer_id(buffer_id);
   op.mutable_release()->set_slice_id(slice_id);
   absl::MutexLock lock(&mu_);
-  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
+  if (closed_ || machine_.broken() || epoch_.load() != epoch) return;
   queue_.push_back(std::move(op));  // never blocks: destructors call this
 }
 
@@ -770,7 +755,7 @@ void ClientCore::ReleaseSlice(uint64_t slice_id, uint64_t epoch) {
   proto::ClientOp op;
   op.set_slice_release(slice_id);
   absl::MutexLock lock(&mu_);
-  if (closed_ || stream_broken_ || epoch_.load() != epoch) return;
+  if (closed_ || machine_.broken() || epoch_.load() != epoch) return;
   queue_.push_back(std::move(op));
 }
 
@@ -821,7 +806,7 @@ ClientCore::Checkout(const proto::SliceDevice& device, uint64_t epoch,
   // handshake), the session's end or a close ends the connecting too.
   auto given_up = [this, worker, epoch] {
     absl::MutexLock lock(&mu_);
-    return closed_ || stream_broken_ || epoch_.load() != epoch ||
+    return closed_ || machine_.broken() || epoch_.load() != epoch ||
            workers_down_.contains(worker);
   };
   auto conn = transport::DataPlaneConnection::Connect(
@@ -846,7 +831,7 @@ void ClientCore::Checkin(int64_t worker_id,
   absl::MutexLock lock(&mu_);
   in_use_.erase(conn.get());
   // A connection of an ended session proves its credential: not pooled.
-  if (closed_ || stream_broken_ || epoch_.load() != epoch ||
+  if (closed_ || machine_.broken() || epoch_.load() != epoch ||
       workers_down_.contains(worker_id)) {
     return;
   }

@@ -189,7 +189,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // The session's state (reconnect.h) and the current session, with its
   // client id and the credential the server issued, which every
   // data-plane connection proves (never sends).
-  SessionState state_ ABSL_GUARDED_BY(mu_) = SessionState::kOpen;
+  SessionMachine machine_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> epoch_{0};  // written under mu_
   std::shared_ptr<SessionTag> session_tag_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionTag>> tags_ ABSL_GUARDED_BY(mu_);
@@ -202,7 +202,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // The context of a session being opened, for Close to cancel.
   grpc::ClientContext* opening_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::vector<SessionEnd> ends_ ABSL_GUARDED_BY(mu_);
-  absl::Time give_up_at_ ABSL_GUARDED_BY(mu_);
   // Slices and programs made, in order (weak: the user owns them).
   absl::Mutex made_mu_;
   std::vector<std::weak_ptr<Slice>> slices_made_ ABSL_GUARDED_BY(made_mu_);
@@ -210,7 +209,6 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   std::vector<proto::ClientOp> queue_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  bool stream_broken_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, proto::SliceReply> slice_replies_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);

@@ -49,7 +49,83 @@ std::string Aftermath(const SessionEnd& end) {
   return "the client is reconnecting";
 }
 
+BackoffOptions ReconnectBackoff() {
+  BackoffOptions options;
+  options.initial = absl::Milliseconds(100);
+  options.multiplier = 2.0;
+  options.cap = absl::Seconds(2);
+  options.give_up_after = absl::ZeroDuration();  // the machine's give_up_at
+  return options;
+}
+
 }  // namespace
+
+SessionMachine::SessionMachine(absl::Duration reconnect_timeout)
+    : reconnect_timeout_(reconnect_timeout), backoff_(ReconnectBackoff()) {}
+
+bool SessionMachine::usable() const {
+  return state_ == SessionState::kOpen && !broken_;
+}
+
+SessionMachine::Use SessionMachine::use() const {
+  switch (state_) {
+    case SessionState::kOpen:
+      // A write that failed marks the stream before the reader sees it
+      // end and the state moves on.
+      return broken_ ? Use::kWait : Use::kOpen;
+    case SessionState::kReconnecting:
+      return Use::kWait;
+    case SessionState::kGaveUp:
+      return Use::kGaveUp;
+    case SessionState::kClosed:
+      return Use::kClosed;
+  }
+  return Use::kClosed;
+}
+
+void SessionMachine::Installed() { broken_ = false; }
+
+void SessionMachine::StreamBroke() { broken_ = true; }
+
+SessionState SessionMachine::Ended(absl::Time now) {
+  broken_ = true;
+  if (state_ == SessionState::kClosed || state_ == SessionState::kGaveUp) {
+    return state_;
+  }
+  if (reconnect_timeout_ <= absl::ZeroDuration()) {
+    state_ = SessionState::kGaveUp;
+    return state_;
+  }
+  state_ = SessionState::kReconnecting;
+  give_up_at_ = now + reconnect_timeout_;
+  backoff_.Reset();
+  return state_;
+}
+
+void SessionMachine::Restored() {
+  if (state_ == SessionState::kReconnecting && !broken_) {
+    state_ = SessionState::kOpen;
+  }
+}
+
+std::optional<absl::Duration> SessionMachine::AttemptFailed(absl::Time now) {
+  if (state_ != SessionState::kReconnecting || now >= give_up_at_) {
+    return std::nullopt;
+  }
+  std::optional<absl::Duration> delay = backoff_.NextDelay(now);
+  if (!delay.has_value()) return std::nullopt;
+  return std::min(*delay, give_up_at_ - now);
+}
+
+absl::Time SessionMachine::AttemptDeadline(absl::Time now) const {
+  return std::min(now + absl::Seconds(2), give_up_at_);
+}
+
+void SessionMachine::GiveUp() {
+  if (state_ != SessionState::kClosed) state_ = SessionState::kGaveUp;
+}
+
+void SessionMachine::Close() { state_ = SessionState::kClosed; }
 
 absl::Status LostWithSession(const SessionEnd& end, uint64_t buffer_id) {
   std::string what = buffer_id == 0

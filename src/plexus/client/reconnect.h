@@ -22,10 +22,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "plexus/common/backoff.h"
 #include "plexus/proto/plexus.pb.h"
 
 namespace plexus {
@@ -35,6 +37,57 @@ namespace plexus {
 inline constexpr char kSessionLostPayload[] = "plexus.dev/session-lost";
 
 enum class SessionState { kOpen, kReconnecting, kGaveUp, kClosed };
+
+// The states above as plain data: what each event does, what a use that
+// waits for a session finds, and when the reconnect tries again or gives
+// up. The caller passes the time. Not thread-safe: ClientCore holds one
+// under its lock.
+class SessionMachine {
+ public:
+  // What a use waiting for a session finds now.
+  enum class Use { kOpen, kWait, kClosed, kGaveUp };
+
+  // Reconnect attempts: the first at once, then 0.1 s doubling to 2 s
+  // apart, none once `reconnect_timeout` has passed since the end (zero:
+  // the client never reconnects).
+  explicit SessionMachine(absl::Duration reconnect_timeout);
+
+  SessionState state() const { return state_; }
+  // The current session's stream broke (a write failed, or its reader saw
+  // it end); until the next Installed().
+  bool broken() const { return broken_; }
+  // kOpen with a stream that is not broken.
+  bool usable() const;
+  Use use() const;
+  absl::Time give_up_at() const { return give_up_at_; }
+
+  // A session's stream is up: the first one is open; a reconnect's stays
+  // kReconnecting until Restored().
+  void Installed();
+  void StreamBroke();
+  // The session ended at `now` (its reader saw the stream end), not by
+  // Close(): kReconnecting until now + reconnect_timeout, or kGaveUp when
+  // that is zero. Returns the new state.
+  SessionState Ended(absl::Time now);
+  // The reconnect's restore finished: kOpen, if still reconnecting on a
+  // stream that is not broken.
+  void Restored();
+  // An attempt failed at `now`: the delay before the next one (never past
+  // the give-up time), or nullopt when the reconnect must give up.
+  std::optional<absl::Duration> AttemptFailed(absl::Time now);
+  // When an attempt that starts at `now` must end: 2 s at most, and never
+  // past the give-up time.
+  absl::Time AttemptDeadline(absl::Time now) const;
+  void GiveUp();  // kGaveUp, unless closed
+  void Close();   // kClosed, from any state, for good
+
+ private:
+  const absl::Duration reconnect_timeout_;
+  SessionState state_ = SessionState::kOpen;
+  bool broken_ = false;
+  absl::Time give_up_at_ = absl::InfiniteFuture();
+  Backoff backoff_;
+};
 
 // One session that ended, as the client records it.
 struct SessionEnd {

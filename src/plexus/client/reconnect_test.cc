@@ -1,8 +1,10 @@
-// The pure pieces of a client's reconnect (reconnect.h): what an ended
-// session's futures say, which refusals end the reconnect, what a slice is
-// asked for again with, and how an XLA program's islands follow its slice
-// into the next session.
+// The pure pieces of a client's reconnect (reconnect.h): the session states,
+// what an ended session's futures say, which refusals end the reconnect,
+// what a slice is asked for again with, and how an XLA program's islands
+// follow its slice into the next session.
 #include "plexus/client/reconnect.h"
+
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -24,6 +26,103 @@ SessionEnd AnEnd() {
   end.lost_futures = 12;
   return end;
 }
+
+// ---------------------------------------------------------------- states
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+TEST(SessionMachineTest, TheFirstSessionIsOpenForUse) {
+  SessionMachine m(absl::Seconds(60));
+  m.Installed();
+  EXPECT_EQ(m.state(), SessionState::kOpen);
+  EXPECT_TRUE(m.usable());
+  EXPECT_EQ(m.use(), SessionMachine::Use::kOpen);
+}
+
+TEST(SessionMachineTest, AWriteThatFailedMakesUsesWaitForTheReader) {
+  SessionMachine m(absl::Seconds(60));
+  m.StreamBroke();
+  EXPECT_EQ(m.state(), SessionState::kOpen);
+  EXPECT_FALSE(m.usable());
+  EXPECT_EQ(m.use(), SessionMachine::Use::kWait);
+}
+
+TEST(SessionMachineTest, AnEndReconnectsAndARestoreOpensTheNextSession) {
+  SessionMachine m(absl::Seconds(60));
+  EXPECT_EQ(m.Ended(kT0), SessionState::kReconnecting);
+  EXPECT_EQ(m.give_up_at(), kT0 + absl::Seconds(60));
+  EXPECT_EQ(m.use(), SessionMachine::Use::kWait);
+  // The new stream is up, but uses wait until slices and programs are
+  // back: no call goes out ahead of its program's registration.
+  m.Installed();
+  EXPECT_EQ(m.use(), SessionMachine::Use::kWait);
+  m.Restored();
+  EXPECT_EQ(m.state(), SessionState::kOpen);
+  EXPECT_TRUE(m.usable());
+}
+
+TEST(SessionMachineTest, ARestoreCutShortByASecondEndDoesNotOpen) {
+  SessionMachine m(absl::Seconds(60));
+  m.Ended(kT0);
+  m.Installed();
+  EXPECT_EQ(m.Ended(kT0 + absl::Seconds(5)), SessionState::kReconnecting);
+  EXPECT_EQ(m.give_up_at(), kT0 + absl::Seconds(65));  // from the new end
+  m.Restored();  // the restore that was running finishes late
+  EXPECT_EQ(m.use(), SessionMachine::Use::kWait);
+}
+
+TEST(SessionMachineTest, AttemptsBackOffTo2sAndStopAtTheTimeout) {
+  SessionMachine m(absl::Seconds(10));
+  m.Ended(kT0);
+  absl::Time now = kT0;
+  std::vector<absl::Duration> delays;
+  while (auto delay = m.AttemptFailed(now)) {
+    delays.push_back(*delay);
+    EXPECT_LE(m.AttemptDeadline(now), now + absl::Seconds(2));
+    now += *delay;
+    ASSERT_LT(delays.size(), 100u);
+  }
+  ASSERT_GE(delays.size(), 6u);
+  EXPECT_EQ(delays[0], absl::Milliseconds(100));
+  EXPECT_EQ(delays[1], absl::Milliseconds(200));
+  EXPECT_EQ(delays[4], absl::Milliseconds(1600));
+  EXPECT_EQ(delays[5], absl::Seconds(2));  // the cap
+  // The last wait ends at the give-up time, not past it; then no more.
+  EXPECT_EQ(now, kT0 + absl::Seconds(10));
+  EXPECT_EQ(m.AttemptDeadline(now - absl::Milliseconds(500)),
+            kT0 + absl::Seconds(10));
+}
+
+TEST(SessionMachineTest, WithoutAReconnectTimeoutAnEndGivesUpAtOnce) {
+  SessionMachine m(absl::ZeroDuration());
+  EXPECT_EQ(m.Ended(kT0), SessionState::kGaveUp);
+  EXPECT_EQ(m.use(), SessionMachine::Use::kGaveUp);
+  EXPECT_FALSE(m.AttemptFailed(kT0).has_value());
+}
+
+TEST(SessionMachineTest, CloseWinsFromEveryState) {
+  SessionMachine m(absl::Seconds(60));
+  m.Ended(kT0);
+  m.Close();
+  EXPECT_EQ(m.use(), SessionMachine::Use::kClosed);
+  m.GiveUp();
+  m.Installed();
+  m.Restored();
+  EXPECT_EQ(m.Ended(kT0), SessionState::kClosed);
+  EXPECT_EQ(m.state(), SessionState::kClosed);
+  EXPECT_FALSE(m.AttemptFailed(kT0).has_value());
+}
+
+TEST(SessionMachineTest, AClientThatGaveUpStaysSo) {
+  SessionMachine m(absl::Seconds(60));
+  m.Ended(kT0);
+  m.GiveUp();
+  EXPECT_EQ(m.use(), SessionMachine::Use::kGaveUp);
+  m.Restored();
+  EXPECT_EQ(m.Ended(kT0), SessionState::kGaveUp);
+}
+
+// ---------------------------------------------------------------- messages
 
 TEST(LostWithSessionTest, NamesTheServerTheBufferAndHowManyWentWithIt) {
   SessionEnd end = AnEnd();

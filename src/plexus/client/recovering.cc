@@ -46,7 +46,7 @@ int64_t ClientCore::losses_heard() const {
 bool ClientCore::AwaitLoss(int64_t heard, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto news = [this, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return losses_heard_ > heard || stream_broken_ || closed_;
+    return losses_heard_ > heard || machine_.broken() || closed_;
   };
   return mu_.AwaitWithTimeout(absl::Condition(&news), timeout) &&
          losses_heard_ > heard;
@@ -107,10 +107,10 @@ void ClientCore::RePutLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || stream_broken_ || !reputs_.empty();
+        return closed_ || machine_.broken() || !reputs_.empty();
       };
       mu_.Await(absl::Condition(&work));
-      if (closed_ || stream_broken_) return;
+      if (closed_ || machine_.broken()) return;
       std::tie(id, shard) = reputs_.front();
       reputs_.pop_front();
       auto kept = kept_puts_.find(id);
