@@ -118,7 +118,10 @@ class Future:
     ready: .shape, .dtype, .sharding, block_until_ready(), np.asarray().
     JAX takes it where it takes an array (`jnp.sum(f)`, `jnp.asarray(f)`,
     `jax.device_get(f)`): through `__jax_array__` it is fetched first.
-    Dropping the last reference frees its shards on the workers.
+    Dropping the last reference frees its shards on the workers. A future
+    belongs to its client's session with the server: once that ended (the
+    server restarted, and the client reconnected), it raises
+    ServerRestartedError naming the buffer and the server.
 
     A typed PRNG key output of plexus.jit is a future of its key data
     (uint32, with the impl's trailing dimension): .shape and .dtype are the
@@ -420,6 +423,8 @@ class Slice:
 
     @property
     def id(self):
+        """The server's id for the slice in the client's current session (a
+        reconnect asks for the slice again, under a new id)."""
         return self._s.id
 
     @property
