@@ -571,6 +571,10 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
           absl::StrCat("a device buffer of ", mine->size(), " bytes for ",
                        arg.spec.ToString()));
     }
+    if (mine->device() < 0 || mine->device() >= num_devices()) {
+      return absl::InternalError(
+          absl::StrCat("a device buffer on unknown device ", mine->device()));
+    }
     if (devices_[mine->device()] == device) return mine->buffer_;  // as is
     // Another device of this client: the plugin's device-to-device copy.
     auto copy = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
