@@ -6,7 +6,10 @@ steps as it takes, killing a random worker of the slice every
 `--every` steps at a random moment of the step: SIGKILL, or SIGSTOP
 (declared down by missed heartbeats, then SIGCONT: it is fenced and
 rejoins as a fresh host), mixed. Each failure waits for the previous one's
-spare to join. Prints, and writes as JSON (--json):
+spare to join and for a step to complete since the previous kill, so that
+failures come one at a time and each one's recovery is measured on its own
+(--overlap lets a kill fall while the previous recovery is still going on).
+Prints, and writes as JSON (--json):
 
   recovered / total     failures after which training went on (and the
                         whole loss curve equals a failure-free run's)
@@ -55,12 +58,15 @@ def log_seconds(line, day):
 
 
 class Soak:
-    def __init__(self, cluster, failures, every, seed, stop_share):
+    def __init__(self, cluster, failures, every, seed, stop_share,
+                 overlap=False):
         self.cluster = cluster
+        self.overlap = overlap
         self.failures = failures
         self.every = every
         self.rng = random.Random(seed)
         self.stop_share = stop_share
+        self.finished = False  # the run ended: no more failures
         self.kills = []      # dicts: step, kind, host, worker, at (wall)
         self.completed = []  # (step, wall time its loss was read)
         self._lock = threading.Lock()
@@ -97,6 +103,17 @@ class Soak:
                     for d in sl.get("devices", [])}
 
         with self._lock:
+            if self.kills and not self.overlap:
+                # The previous failure recovered: a step completed since.
+                last = self.kills[-1]["at"]
+                deadline = time.monotonic() + 120
+                while not any(c[1] > last for c in self.completed):
+                    if self.finished:
+                        return
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("soak: no step completed in 120 s "
+                                           "after the last kill")
+                    time.sleep(0.02)
             # A host in no slice to take the next loss: the last kill's new
             # spare, or a stopped host that woke and rejoined.
             st = self.wait("a spare joining", lambda st: any(
@@ -104,7 +121,7 @@ class Soak:
                 for w in st["workers"]))
             used = [w for w in st["workers"]
                     if w["alive"] and w["worker_id"] in in_slices(st)]
-            if not used:
+            if not used or self.finished:
                 return  # the run ended first
             victim = used[int(pick * len(used)) % len(used)]
             pid = int(victim["pid"])
@@ -200,6 +217,8 @@ def main(argv=None):
     parser.add_argument("--stop-share", type=float, default=0.3,
                         help="share of failures that are SIGSTOP")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overlap", action="store_true",
+                        help="do not wait for a step after the last kill")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     steps = args.failures * args.every + 2
@@ -212,7 +231,7 @@ def main(argv=None):
         with cluster.connect(name="reference") as client:
             expected = elastic_training.train(client, steps, seed=0)
         soak = Soak(cluster, args.failures, args.every, args.seed,
-                    args.stop_share)
+                    args.stop_share, overlap=args.overlap)
 
         def progress(step):
             soak.on_step(step)
@@ -223,6 +242,7 @@ def main(argv=None):
         with cluster.connect(name="soak") as client:
             losses = elastic_training.train(client, steps, seed=0,
                                             on_step=progress)
+            soak.finished = True
             soak.completed.append((steps, time.time()))
             soak.join()
         counters = {k: int(v) for k, v in json.loads(
