@@ -6,9 +6,10 @@ steps as it takes, killing a random worker of the slice every
 `--every` steps at a random moment of the step: SIGKILL, or SIGSTOP
 (declared down by missed heartbeats, then SIGCONT: it is fenced and
 rejoins as a fresh host), mixed. Each failure waits for the previous one's
-spare to join and for a step to complete since the previous kill, so that
-failures come one at a time and each one's recovery is measured on its own
-(--overlap lets a kill fall while the previous recovery is still going on).
+spare to join, for a step to complete since the previous kill and for the
+snapshot copies it took to be made again, so that failures come one at a time and
+each one's recovery is measured on its own (--overlap lets a kill fall while
+the previous recovery is still going on).
 Prints, and writes as JSON (--json):
 
   recovered / total     failures after which training went on (and the
@@ -104,14 +105,20 @@ class Soak:
 
         with self._lock:
             if self.kills and not self.overlap:
-                # The previous failure recovered: a step completed since.
+                # The previous failure recovered: a step completed since,
+                # and every snapshot copy the loss took was made again (a
+                # shard whose new copy is still on its way has one copy: a
+                # second loss in that window is a double fault that
+                # one-neighbour snapshots do not cover).
                 last = self.kills[-1]["at"]
                 deadline = time.monotonic() + 120
-                while not any(c[1] > last for c in self.completed):
+                while not (any(c[1] > last for c in self.completed) and int(
+                        self.status().get("recovery", {}).get(
+                            "snapshot_recopies_pending", 0)) == 0):
                     if self.finished:
                         return
                     if time.monotonic() > deadline:
-                        raise RuntimeError("soak: no step completed in 120 s "
+                        raise RuntimeError("soak: no recovery in 120 s "
                                            "after the last kill")
                     time.sleep(0.02)
             # A host in no slice to take the next loss: the last kill's new

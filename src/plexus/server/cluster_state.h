@@ -205,6 +205,11 @@ class ClusterState {
   // drops the data it kept to put them again.
   std::map<uint64_t, std::vector<uint64_t>> TakeReleasedPuts();
   const proto::RecoveryCounters& recovery_counters() const { return counters_; }
+  // Shards of complete snapshots copied again after a loss took the host
+  // that held their copy, whose new copy has not arrived yet: until then
+  // such a shard has one copy, and its producer no longer holds what
+  // would recompute it.
+  int64_t SnapshotRecopiesPending() const;
 
   // --- clients
   ClientRecord& AddClient(const std::string& name,
@@ -364,7 +369,8 @@ class ClusterState {
   struct Snapshot {
     uint64_t id = 0;
     std::vector<int64_t> holders;
-    int arrived = 0;  // shards of the copy reported arrived (CopyArrived)
+    int arrived = 0;   // shards of the copy reported arrived (CopyArrived)
+    int recopies = 0;  // shards copied again after a loss, not arrived
     bool complete() const {
       return arrived >= static_cast<int>(holders.size());
     }

@@ -219,12 +219,19 @@ void ClusterState::CopyArrived(uint64_t copy_id, WorkerOps* ops) {
   if (of == snapshot_of_.end()) return;
   auto snap = snapshots_.find(of->second);
   if (snap == snapshots_.end()) return;
+  if (snap->second.recopies > 0) snap->second.recopies--;
   if (++snap->second.arrived != static_cast<int>(snap->second.holders.size())) {
     return;
   }
   // Complete: its producer need not keep its inputs for it any more.
   records_.Snapshotted(of->second);
   DrainReleases(ops);
+}
+
+int64_t ClusterState::SnapshotRecopiesPending() const {
+  int64_t pending = 0;
+  for (const auto& [id, snap] : snapshots_) pending += snap.recopies;
+  return pending;
 }
 
 void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops) {
@@ -439,9 +446,13 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       }
       const int k = NextHostShard(devices, j);
       if (k < 0) continue;
+      // Incomplete until the copy arrives (CopyArrived): the shard has one
+      // copy meanwhile, and `snapshot_recopies_pending` says so.
       CopyShard(id, j, devices[j].worker_id, snap.id, j, devices[k], *local,
-                /*report=*/false, &recopies);
+                /*report=*/true, &recopies);
       snap.holders[j] = devices[k].worker_id;
+      snap.arrived--;
+      snap.recopies++;
     }
   }
   if (!recopies.empty()) out.work.push_back({0, std::move(recopies)});

@@ -790,6 +790,19 @@ TEST_F(RecoverySnapshotTest, ACompleteSnapshotIsRestoredNotRecomputed) {
     EXPECT_EQ(recopies[k].second.transfer().dst_buffer_id(), copy);
     EXPECT_EQ(recopies[k].second.transfer().dst_worker_id(), spare_);
   }
+  // Until they arrive, those two shards have one copy: the spare reports
+  // them (a loss in that window would find no copy).
+  auto expects = Ops(rec, [&](const proto::WorkerOp& op) {
+    return op.has_expect() && op.expect().buffer_id() == copy;
+  });
+  ASSERT_EQ(expects.size(), 2u);
+  for (const auto& [w, op] : expects) EXPECT_TRUE(op.expect().report());
+  EXPECT_EQ(state_.SnapshotRecopiesPending(), 2);
+  WorkerOps arrived;
+  state_.CopyArrived(copy, &arrived);
+  EXPECT_EQ(state_.SnapshotRecopiesPending(), 1);
+  state_.CopyArrived(copy, &arrived);
+  EXPECT_EQ(state_.SnapshotRecopiesPending(), 0);
   const proto::RecoveryCounters& c = state_.recovery_counters();
   EXPECT_EQ(c.shards_from_snapshots(), 2);
   EXPECT_EQ(c.buffers_restored(), 2);  // the put (replicated) and X
