@@ -255,39 +255,28 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
   }
   // The options of the CPU plugin, then of the GPU ones: each plugin
   // refuses the options it does not know, so the first it takes wins.
-  auto int_option = [](const char* name, int64_t value) {
+  // A create option: its name and type; the caller sets the value.
+  auto option = [](const char* name, PJRT_NamedValue_Type type,
+                   size_t value_size = 1) {
     PJRT_NamedValue v;
     std::memset(&v, 0, sizeof(v));
     v.struct_size = PJRT_NamedValue_STRUCT_SIZE;
     v.name = name;
     v.name_size = std::strlen(name);
-    v.type = PJRT_NamedValue_kInt64;
-    v.int64_value = value;
-    v.value_size = 1;
+    v.type = type;
+    v.value_size = value_size;
     return v;
   };
   std::vector<PJRT_NamedValue> cpu = {
-      int_option("cpu_device_count", options.cpu_device_count)};
-  std::vector<PJRT_NamedValue> gpu;
-  PJRT_NamedValue preallocate;
-  std::memset(&preallocate, 0, sizeof(preallocate));
-  preallocate.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-  preallocate.name = "preallocate";
-  preallocate.name_size = std::strlen(preallocate.name);
-  preallocate.type = PJRT_NamedValue_kBool;
-  preallocate.bool_value = false;
-  preallocate.value_size = 1;
-  gpu.push_back(preallocate);
+      option("cpu_device_count", PJRT_NamedValue_kInt64)};
+  cpu[0].int64_value = options.cpu_device_count;
+  std::vector<PJRT_NamedValue> gpu = {
+      option("preallocate", PJRT_NamedValue_kBool)};
+  gpu[0].bool_value = false;
   if (!options.gpus.empty()) {
-    PJRT_NamedValue visible;
-    std::memset(&visible, 0, sizeof(visible));
-    visible.struct_size = PJRT_NamedValue_STRUCT_SIZE;
-    visible.name = "visible_devices";
-    visible.name_size = std::strlen(visible.name);
-    visible.type = PJRT_NamedValue_kInt64List;
-    visible.int64_array_value = options.gpus.data();
-    visible.value_size = options.gpus.size();
-    gpu.push_back(visible);
+    gpu.push_back(option("visible_devices", PJRT_NamedValue_kInt64List,
+                         options.gpus.size()));
+    gpu.back().int64_array_value = options.gpus.data();
   }
   auto create = PJRT_ARGS(PJRT_Client_Create_Args);
   absl::Status created;
