@@ -40,6 +40,7 @@ void ObjectStore::MaybeRemoveLocked(const BufferKey& key) {
     used_[e.device] -= e.charged;
     memory_freed_.SignalAll();
   }
+  if (OnDevice(e)) device_memory_shards_--;
   entries_.erase(it);
   auto sit = shards_.find(key.buffer_id);
   if (sit != shards_.end()) {
@@ -80,6 +81,7 @@ void ObjectStore::Declare(const BufferKey& key, int device,
         e.charged = 0;
         memory_freed_.SignalAll();
       }
+      if (OnDevice(e)) device_memory_shards_--;
       e.data.reset();
       e.state = Entry::State::kPending;
       callbacks = FailLocked(key, e, mismatch);
@@ -356,6 +358,7 @@ void ObjectStore::FulfilIncoming(const BufferKey& key,
     e.receiving = false;
     e.state = Entry::State::kReady;
     e.data = std::move(data);
+    if (OnDevice(e)) device_memory_shards_++;
     callbacks = CompleteLocked(key, e);
     MaybeRemoveLocked(key);
   }
@@ -414,6 +417,7 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
     if (charge_device >= 0) e.charged = bytes;
     e.state = Entry::State::kReady;
     e.data = std::move(data);
+    if (OnDevice(e)) device_memory_shards_++;
     callbacks = CompleteLocked(key, e);
     MaybeRemoveLocked(key);
   }
@@ -538,11 +542,7 @@ ObjectStoreStats ObjectStore::Stats() const {
   stats.device_bytes = used_;
   stats.device_peak_bytes = peak_;
   for (int64_t b : used_) stats.live_bytes += b;
-  for (const auto& [key, e] : entries_) {
-    if (e.data && e.data->kind() == MemoryKind::kDevice) {
-      stats.device_memory_shards++;
-    }
-  }
+  stats.device_memory_shards = device_memory_shards_;
   return stats;
 }
 

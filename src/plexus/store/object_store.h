@@ -246,6 +246,12 @@ class ObjectStore {
   // Workers declared down (FailFromSource), and why.
   absl::flat_hash_map<int64_t, absl::Status> down_sources_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  // Entries whose data is in device memory (Stats, read every heartbeat:
+  // counted as data comes and goes, not by a walk of every entry).
+  static bool OnDevice(const Entry& e) {
+    return e.data && e.data->kind() == MemoryKind::kDevice;
+  }
+  int64_t device_memory_shards_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace plexus
