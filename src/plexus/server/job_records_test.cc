@@ -153,3 +153,207 @@ TEST(JobRecordsMemoryTest, AChainWithoutLineageHoldsOnlyWhatIsInFlight) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+using Due = std::vector<std::pair<uint64_t, uint64_t>>;  // (buffer, slice)
+
+const TensorSpec kVector{DType::kF32, {8}};
+const ArgSpec kReplicated{kVector, Sharding::Replicated()};
+const ArgSpec kSplit{kVector, Sharding::Split(0)};
+
+// --- JobRecords on their own: buffers on slice 1, client 1.
+
+class JobRecordsTest : public ::testing::Test {
+ protected:
+  static uint64_t B(uint64_t n) { return (uint64_t{1} << 40) | n; }
+  // Records call `seq` reading `inputs` and making `outputs`.
+  void AddCall(uint64_t seq, std::vector<uint64_t> inputs,
+               std::vector<std::pair<uint64_t, ArgSpec>> outputs) {
+    proto::Call call;
+    call.set_call_id(B(1000 + seq));
+    call.set_slice_id(1);
+    for (uint64_t in : inputs) {
+      auto* ref = call.add_inputs();
+      ref->set_buffer_id(in);
+      ref->set_slice_id(1);
+    }
+    std::vector<ArgSpec> specs;
+    for (const auto& [id, spec] : outputs) {
+      call.add_output_ids(id);
+      specs.push_back(spec);
+    }
+    records_.AddCall(seq, 1, call, specs);
+  }
+  void ExpectEmpty() {
+    EXPECT_TRUE(records_.calls().empty()) << records_.calls().size();
+    EXPECT_TRUE(records_.buffers().empty()) << records_.buffers().size();
+  }
+
+  JobRecords records_;
+};
+
+TEST_F(JobRecordsTest, AReleaseOfABufferANotDoneCallReadsWaitsForTheCall) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kReplicated}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  EXPECT_TRUE(records_.TakeDue().empty());
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());
+  ASSERT_NE(records_.FindBuffer(B(1)), nullptr);
+  EXPECT_TRUE(records_.FindBuffer(B(1))->released);
+  // Done, and its only output is replicated (a surviving shard is a copy):
+  // it holds nothing any more.
+  records_.CallDone(1);
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  EXPECT_EQ(records_.FindBuffer(B(1)), nullptr);
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());  // reported once
+  // The call's record lives while its output does.
+  ASSERT_NE(records_.FindCall(1), nullptr);
+  EXPECT_FALSE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());  // not a put
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, ADoneCallWithASplitOutputHoldsUntilTheOutputGoes) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kReplicated}, {B(3), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  records_.CallDone(1);
+  // B(3) can only be rebuilt from B(1): B(1) stays.
+  EXPECT_TRUE(records_.TakeDue().empty());
+  ASSERT_NE(records_.FindCall(1), nullptr);
+  EXPECT_TRUE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));  // the replicated one changes nothing
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());
+  EXPECT_TRUE(records_.Release(B(3)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(3), 1}, {B(1), 1}}));
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, ASnapshottedSplitOutputLetsItsProducerGo) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  records_.CallDone(1);
+  EXPECT_TRUE(records_.TakeDue().empty());
+  records_.Snapshotted(B(2));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  ASSERT_NE(records_.FindCall(1), nullptr);  // B(2) lives
+  EXPECT_FALSE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, AFailedCallHoldsUntilItsOutputsGo) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kReplicated}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  // It may have failed for a lost host and run again: even with a
+  // replicated output, it keeps its input.
+  records_.CallDone(1, /*failed=*/true);
+  EXPECT_TRUE(records_.TakeDue().empty());
+  ASSERT_NE(records_.FindCall(1), nullptr);
+  EXPECT_TRUE(records_.FindCall(1)->failed);
+  EXPECT_TRUE(records_.FindCall(1)->holding);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}, {B(1), 1}}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, DropLetsGoOfTheInputsAndTheOutputsOfTheProducer) {
+  records_.AddPut(B(1), 1, kReplicated);
+  AddCall(1, {B(1)}, {{B(2), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  records_.Drop(1);  // not done: it runs again elsewhere
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  EXPECT_EQ(records_.FindCall(1), nullptr);
+  ASSERT_NE(records_.FindBuffer(B(2)), nullptr);
+  EXPECT_EQ(records_.FindBuffer(B(2))->producer, 0u);
+  EXPECT_TRUE(records_.Release(B(2)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(2), 1}}));
+  ExpectEmpty();
+}
+
+// A chain of split values holds back to its root while its end lives, and
+// everything goes, end first, when the end is released.
+TEST_F(JobRecordsTest, AChainOfSplitValuesGoesWhenItsEndIsReleased) {
+  records_.AddPut(B(1), 1, kSplit);
+  AddCall(1, {B(1)}, {{B(2), kSplit}});
+  AddCall(2, {B(2)}, {{B(3), kSplit}});
+  EXPECT_FALSE(records_.Release(B(1)));
+  EXPECT_FALSE(records_.Release(B(2)));
+  records_.CallDone(2);  // out of order: workers report in batches
+  records_.CallDone(1);
+  EXPECT_TRUE(records_.TakeDue().empty());
+  EXPECT_TRUE(records_.TakeReleasedPuts().empty());
+  EXPECT_EQ(records_.calls().size(), 2u);
+  EXPECT_TRUE(records_.Release(B(3)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(3), 1}, {B(2), 1}, {B(1), 1}}));
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  ExpectEmpty();
+}
+
+// The end of a long chain lets go of it link by link without recursing
+// once per link (a chain of ~43,000 calls overflowed the server's stack:
+// plexus-bench-dispatch --calls 262144 crashed it with SIGSEGV).
+TEST_F(JobRecordsTest, ALongChainGoesWhenItsEndIsReleased) {
+  constexpr uint64_t kLinks = 200000;
+  records_.AddPut(B(1), 1, kSplit);
+  for (uint64_t i = 1; i <= kLinks; ++i) {
+    AddCall(i, {B(i)}, {{B(i + 1), kSplit}});
+    EXPECT_FALSE(records_.Release(B(i)));
+    records_.CallDone(i);
+  }
+  EXPECT_TRUE(records_.TakeDue().empty());
+  EXPECT_EQ(records_.calls().size(), kLinks);
+  EXPECT_TRUE(records_.Release(B(kLinks + 1)));
+  const Due due = records_.TakeDue();
+  ASSERT_EQ(due.size(), kLinks + 1);
+  for (uint64_t i = 0; i <= kLinks; ++i) {  // end first
+    ASSERT_EQ(due[i], std::make_pair(B(kLinks + 1 - i), uint64_t{1})) << i;
+  }
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  ExpectEmpty();
+}
+
+TEST_F(JobRecordsTest, AReleaseOfAnUnreadBufferGoesAtOnce) {
+  records_.AddPut(B(1), 1, kSplit);
+  EXPECT_TRUE(records_.Release(B(1)));
+  EXPECT_EQ(records_.TakeDue(), (Due{{B(1), 1}}));
+  EXPECT_EQ(records_.TakeReleasedPuts(), (std::vector<uint64_t>{B(1)}));
+  EXPECT_TRUE(records_.Release(B(7)));  // never recorded: nothing holds it
+  EXPECT_TRUE(records_.TakeDue().empty());
+  ExpectEmpty();
+}
+
+// Lineage costs memory; only a cluster that can recover (a spare is
+// registered) keeps it. Without one, a done call lets go of its inputs.
+TEST(JobRecordsLineageTest, ACallLetsGoOfItsInputsWhenLineageIsNotKept) {
+  for (bool keep : {true, false}) {
+    JobRecords records;
+    records.set_keep_lineage(keep);
+    const ArgSpec split =
+        ArgSpec{TensorSpec{DType::kF32, {4}}, Sharding::Split(0)};
+    records.AddPut(1, 7, split);
+    proto::Call call;
+    call.set_slice_id(7);
+    call.add_inputs()->set_buffer_id(1);
+    call.add_output_ids(2);
+    records.AddCall(1, 0, call, {split});
+    EXPECT_FALSE(records.Release(1));  // the call is not done: held
+    records.CallDone(1);
+    std::vector<std::pair<uint64_t, uint64_t>> due = records.TakeDue();
+    // Kept: the split output may need its input; not kept: it goes.
+    EXPECT_EQ(due.empty(), keep) << "keep_lineage " << keep;
+  }
+}
+
+}  // namespace
+}  // namespace plexus

@@ -224,10 +224,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
     proto::WorkerToServer msg;
     while (stream->Read(&msg)) {
       if (msg.has_heartbeat()) {
+        absl::Time DBG_r = absl::Now();
         absl::MutexLock lock(&mu_);
+        absl::Time DBG_l = absl::Now();
         control_bytes_in_ += msg.ByteSizeLong();
         if (WorkerRecord* w = state_.FindWorker(id)) {
           w->stats = msg.heartbeat();
+          if (DBG_l - DBG_r > absl::Milliseconds(50) || options_.clock->Now() - w->last_heartbeat > absl::Milliseconds(250)) SPDLOG_WARN("DBG server hb worker {}: lock wait {} ms, gap since last {} ms", id, absl::ToInt64Milliseconds(DBG_l - DBG_r), absl::ToInt64Milliseconds(options_.clock->Now() - w->last_heartbeat));
           w->last_heartbeat = options_.clock->Now();
           w->heartbeats++;
         }
