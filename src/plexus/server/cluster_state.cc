@@ -24,9 +24,8 @@ WorkerRecord& ClusterState::AddWorker(const proto::RegisterWorker& info,
 }
 
 void ClusterState::UpdateLineagePolicy() {
-  bool spare = false;
-  for (const auto& [id, w] : workers_) spare |= w.alive && w.info.spare();
-  records_.set_keep_lineage(spare);
+  for (const auto& [id, w] : workers_) spares_seen_ |= w.info.spare();
+  records_.set_keep_lineage(spares_seen_);
 }
 
 WorkerRecord* ClusterState::FindWorker(int64_t id) {

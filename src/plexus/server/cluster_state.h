@@ -198,8 +198,11 @@ class ClusterState {
   // failed): held-back releases it frees are appended to `ops`.
   void CallDone(uint64_t seq, bool failed, WorkerOps* ops);
   const JobRecords& records() const { return records_; }
-  // Lineage is kept while a live spare is registered (JobRecords::
-  // set_keep_lineage); called as workers come and go.
+  // Lineage is kept once a spare has registered (JobRecords::
+  // set_keep_lineage): a cluster given spares recovers, and keeps it
+  // between a spare taking a lost host's place and the next one joining
+  // (dropped then, the values made meanwhile could not be rebuilt once the
+  // next spare came). Called as workers come and go.
   void UpdateLineagePolicy();
   // Puts released for good since the last call, by client: each client
   // drops the data it kept to put them again.
@@ -210,6 +213,8 @@ class ClusterState {
   // such a shard has one copy, and its producer no longer holds what
   // would recompute it.
   int64_t SnapshotRecopiesPending() const;
+  // Snapshots asked for whose copies have not all arrived.
+  int64_t SnapshotsIncomplete() const;
 
   // --- clients
   ClientRecord& AddClient(const std::string& name,
@@ -378,6 +383,7 @@ class ClusterState {
   absl::flat_hash_map<uint64_t, Snapshot> snapshots_;
   absl::flat_hash_map<uint64_t, uint64_t> snapshot_of_;  // copy id -> buffer
   proto::RecoveryCounters counters_;
+  bool spares_seen_ = false;  // a spare has registered (UpdateLineagePolicy)
 };
 
 // Buffer ids the server makes (transfer temporaries) carry this client id.

@@ -228,6 +228,12 @@ void ClusterState::CopyArrived(uint64_t copy_id, WorkerOps* ops) {
   DrainReleases(ops);
 }
 
+int64_t ClusterState::SnapshotsIncomplete() const {
+  int64_t incomplete = 0;
+  for (const auto& [id, snap] : snapshots_) incomplete += !snap.complete();
+  return incomplete;
+}
+
 int64_t ClusterState::SnapshotRecopiesPending() const {
   int64_t pending = 0;
   for (const auto& [id, snap] : snapshots_) pending += snap.recopies;
@@ -428,11 +434,21 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
   }
   if (!copies.empty()) out.work.push_back({0, std::move(copies)});
 
-  // Snapshots whose copy of a shard was on the lost host: the shard is
-  // copied again, from where it lives now, to the next shard's host.
+  // Snapshots still being made, of values on a remapped slice: made
+  // again in step 5.
+  std::vector<uint64_t> incomplete;
+  for (const auto& [id, snap] : snapshots_) {
+    if (ClientOfBuffer(id) != client_id || snap.complete()) continue;
+    const BufferRecord* b = records_.FindBuffer(id);
+    if (b == nullptr || remapped(b->slice_id)) incomplete.push_back(id);
+  }
+  // Complete snapshots whose copy of a shard was on the lost host: the
+  // shard is copied again, from where it lives now, to the next shard's
+  // host.
   WorkerOps recopies;
   for (auto& [id, snap] : snapshots_) {
-    if (ClientOfBuffer(id) != client_id) continue;
+    // One still being made is made again whole (step 5).
+    if (ClientOfBuffer(id) != client_id || !snap.complete()) continue;
     const BufferRecord* b = records_.FindBuffer(id);
     auto slice = b == nullptr ? slices_.end() : slices_.find(b->slice_id);
     if (slice == slices_.end() || !slice->second.broken.empty()) continue;
@@ -560,6 +576,33 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     for (uint64_t id : t.release_ids) ReleaseOps(id, 0, &ops);
     if (!ops.empty()) out.work.push_back({0, std::move(ops)});
   }
+  // 5. Snapshots still being made of values on a remapped slice: a copy
+  // from or to the lost host never arrives, and a value run again lives
+  // under a new id. Each is asked for again, of the value as it is now
+  // (after the calls above, which make it), and the old copy goes.
+  {
+    WorkerOps again_ops;
+    for (uint64_t id : incomplete) {
+      auto snap = snapshots_.find(id);
+      const uint64_t copy = snap->second.id;
+      snapshots_.erase(snap);
+      snapshot_of_.erase(copy);
+      auto alias = aliases_.find(id);
+      const uint64_t now = alias != aliases_.end() ? alias->second : id;
+      const BufferRecord* b = records_.FindBuffer(now);
+      ReleaseOps(copy, b != nullptr ? b->slice_id : 0, &again_ops);
+      // Released (by the client, or as an output it had released): no
+      // copy is wanted any more.
+      if (b == nullptr || b->released ||
+          std::find(release_new.begin(), release_new.end(), now) !=
+              release_new.end()) {
+        continue;
+      }
+      RouteSnapshot(client_id, now, &again_ops);
+    }
+    if (!again_ops.empty()) out.work.push_back({0, std::move(again_ops)});
+  }
+
   // Outputs the client had released: released again, under their new ids,
   // once nothing holds them (after everything above has been routed: a
   // call routed again in step 4 may read one).

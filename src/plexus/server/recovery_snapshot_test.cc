@@ -1,6 +1,7 @@
 // Snapshots (client.snapshot): a copy of each shard on the next shard's
 // host, complete when every copy is reported arrived; what a loss restores
 // from one, and what it makes again.
+#include <algorithm>
 #include <cstdint>
 #include <map>
 
@@ -119,6 +120,69 @@ TEST_F(RecoverySnapshotTest, AnIncompleteSnapshotIsNotRestoredFrom) {
   EXPECT_EQ(c.shards_from_snapshots(), 0);
   EXPECT_EQ(c.calls_recomputed(), 1);
   EXPECT_EQ(c.buffers_restored(), 1);  // the put
+}
+
+// A snapshot still being made when its value's host is lost is made again,
+// of the value recomputed under its new id, after the call that makes it;
+// once that copy is complete, a second loss restores from it. Found by the
+// elastic example's chaos test: the copy from the lost host never came, so
+// the snapshot stayed incomplete and the next loss recomputed the value
+// from a lineage its producer had let go of.
+TEST_F(RecoverySnapshotTest,
+       ASnapshotBeingMadeIsMadeAgainOfTheRecomputedValue) {
+  const uint64_t old_copy = Snapshot(2);
+  EXPECT_EQ(state_.SnapshotsIncomplete(), 1);
+  ClientRecovery rec = LoseHost1();
+  EXPECT_EQ(state_.SnapshotsIncomplete(), 1);  // the new copy
+  const uint64_t fresh = Renamed(rec.note).at(Id(11));
+  const RoutedWork* call = CallMaking(rec, fresh);
+  ASSERT_NE(call, nullptr);
+  // The old copy goes; each shard of the new value is copied to the next
+  // shard's host, after the call.
+  EXPECT_EQ(Released(rec).count(old_copy), 1u);
+  auto copies = Ops(rec, [&](const proto::WorkerOp& op) {
+    return op.has_transfer() && op.transfer().buffer_id() == fresh;
+  });
+  ASSERT_EQ(copies.size(), 4u);
+  size_t call_at = rec.work.size(), copy_at = rec.work.size();
+  for (size_t i = 0; i < rec.work.size(); ++i) {
+    if (&rec.work[i] == call) call_at = i;
+    for (const auto& [w, list] : rec.work[i].ops) {
+      for (const auto& op : list) {
+        if (op.has_transfer() && op.transfer().buffer_id() == fresh) {
+          copy_at = std::min(copy_at, i);
+        }
+      }
+    }
+  }
+  EXPECT_LT(call_at, copy_at);
+  const uint64_t copy = copies[0].second.transfer().dst_buffer_id();
+  EXPECT_NE(copy, old_copy);
+  std::map<int, int64_t> holders;  // shard -> worker of its copy
+  for (const auto& [w, op] : copies) {
+    EXPECT_EQ(op.transfer().dst_buffer_id(), copy);
+    holders[op.transfer().shard()] = op.transfer().dst_worker_id();
+  }
+  EXPECT_EQ(holders,
+            (std::map<int, int64_t>{{0, spare_}, {1, spare_}, {2, 1}, {3, 1}}));
+  // A late arrival of the old copy counts for nothing.
+  WorkerOps ops;
+  state_.CopyArrived(old_copy, &ops);
+  Done(call->call_seq);
+  for (int k = 0; k < 4; ++k) state_.CopyArrived(copy, &ops);
+  EXPECT_EQ(state_.SnapshotsIncomplete(), 0);
+  // Complete: a second loss (of the spare) restores it, recomputing nothing.
+  const int64_t spare1 =
+      state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
+  WorkerLoss loss = state_.LoseWorker(spare_, "killed too");
+  EXPECT_EQ(loss.spare, spare1);
+  ClientRecovery second = state_.RecoverClient(client_, loss, {});
+  EXPECT_EQ(second.note.lost_ids_size(), 0) << second.note.status().message();
+  EXPECT_EQ(second.note.old_ids_size(), 0);
+  const proto::RecoveryCounters& c = state_.recovery_counters();
+  EXPECT_EQ(c.calls_recomputed(), 1);  // the first loss's
+  EXPECT_EQ(c.shards_from_snapshots(), 2);
+  EXPECT_EQ(c.buffers_failed(), 0);
 }
 
 // A buffer snapshotted twice: a loss after the second request still finds

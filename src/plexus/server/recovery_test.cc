@@ -564,6 +564,43 @@ TEST_F(RecoveryTest, WorkThatHadNotReachedTheWorkersIsRoutedAgainOnTheNewMap) {
   EXPECT_EQ(BufferOf(Id(11))->producer, again->call_seq);
 }
 
+// Between a spare taking a lost host's place and the next spare joining,
+// a call that finishes keeps its inputs for its split output: a loss
+// after the next spare joined rebuilds that output from them. Found by
+// the elastic example's chaos test (two hosts lost in consecutive steps):
+// with lineage dropped while no spare was registered, the momentum made
+// in that window was lost (DATA_LOSS, "its input buffer ... is gone too").
+TEST_F(RecoveryTest, LineageIsKeptUntilTheNextSpareJoins) {
+  const uint64_t s = Spread4();
+  Register(Id(1), "identity", kReplicated, kSplit);
+  Register(Id(2), "identity", kSplit, kSplit);
+  Put(Id(10), s, kReplicated);
+  Done(Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11))));
+  ClientRecovery first = LoseHost1();  // spare0 takes host1's place
+  const uint64_t once = Renamed(first.note).at(Id(11));
+  Done(CallMaking(first, once)->call_seq);
+  // No spare now. The next value is made from it, which the client then
+  // drops (as a training loop drops last step's momentum).
+  const uint64_t next = Route(MakeCall(Id(2), s, Id(11), kSplit, Id(12)));
+  // Held (the call is not done): only the old id's entries go.
+  EXPECT_EQ(Released(Release(Id(11), s)), (std::set<uint64_t>{Id(11)}));
+  Done(next);
+  EXPECT_TRUE(state_.records().keep_lineage());
+  ASSERT_NE(BufferOf(once), nullptr);  // held for Id(12)'s lineage
+  const int64_t spare1 =
+      state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
+  WorkerLoss loss = state_.LoseWorker(spare_, "killed too");
+  EXPECT_EQ(loss.spare, spare1);
+  ClientRecovery second = state_.RecoverClient(client_, loss, {});
+  EXPECT_EQ(second.note.lost_ids_size(), 0) << second.note.status().message();
+  EXPECT_EQ(state_.recovery_counters().buffers_failed(), 0);
+  // Id(12) from `once`, `once` from the put (replicated: a surviving copy).
+  const auto renamed = Renamed(second.note);
+  EXPECT_EQ(renamed.count(Id(12)), 1u);
+  EXPECT_EQ(renamed.count(once), 1u);
+  EXPECT_EQ(state_.recovery_counters().calls_recomputed(), 3);
+}
+
 // A value recomputed after one loss and lost again with the next host is
 // recomputed again; its first id reads the newest.
 TEST_F(RecoveryTest, AValueLostTwiceIsRecomputedTwice) {

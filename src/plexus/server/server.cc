@@ -694,6 +694,8 @@ class ServerImpl : public Server, public proto::Controller::Service {
     *status->mutable_recovery() = state_.recovery_counters();
     status->mutable_recovery()->set_snapshot_recopies_pending(
         state_.SnapshotRecopiesPending());
+    status->mutable_recovery()->set_snapshots_incomplete(
+        state_.SnapshotsIncomplete());
     status->mutable_recovery()->set_call_records(
         static_cast<int64_t>(state_.records().calls().size()));
     status->mutable_recovery()->set_buffer_records(
