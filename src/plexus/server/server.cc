@@ -5,6 +5,7 @@
 #include <map>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
@@ -104,26 +105,70 @@ class ServerImpl : public Server, public proto::Controller::Service {
     for (auto& [id, ctx] : client_contexts_) ctx->TryCancel();
   }
 
+  // When a worker was last heard from (heard_, below).
+  struct LastHeard {
+    absl::Time at;
+    bool handling = false;  // its reader is handling a message
+  };
+
   void CheckLiveness() override {
-    std::vector<int64_t> late;
     {
       absl::MutexLock lock(&mu_);
       AnswerSlicesLocked();  // slice requests past their deadline fail
-      absl::Time now = options_.clock->Now();
-      // Silent for the deadline less one check period: declared down by
-      // this check or the next, so within the deadline of the last
-      // heartbeat (and of the hang, which came after it).
-      const absl::Duration silence =
-          options_.heartbeat_timeout - LivenessCheckPeriod(options_);
-      for (auto& [id, w] : state_.workers()) {
-        if (w.alive && now - w.last_heartbeat > silence) late.push_back(id);
+    }
+    // Read from the stamps alone: a check never waits on the state lock to
+    // see who was heard, and a stamp never waits on it to be made.
+    const absl::Time now = options_.clock->Now();
+    std::vector<int64_t> late;
+    {
+      absl::MutexLock lock(&heard_mu_);
+      for (const auto& [id, heard] : heard_) {
+        if (SilentLocked(heard, now)) late.push_back(id);
       }
     }
     for (int64_t id : late) {
-      WorkerDown(
-          id, absl::StrCat("worker ", id, " missed heartbeats for ",
-                           absl::FormatDuration(options_.heartbeat_timeout)));
+      WorkerDown(id,
+                 absl::StrCat("worker ", id, " missed heartbeats for ",
+                              absl::FormatDuration(options_.heartbeat_timeout)),
+                 /*only_if_silent=*/true);
     }
+  }
+
+  // Worker `id`'s reader read a message (`handling`: it handles it now) or
+  // has handled it.
+  void HeardFrom(int64_t id, bool handling) {
+    const absl::Time now = options_.clock->Now();
+    absl::Duration silent;
+    {
+      absl::MutexLock lock(&heard_mu_);
+      LastHeard& heard = heard_[id];
+      silent = heard.handling ? absl::ZeroDuration() : now - heard.at;
+      heard.at = now;
+      heard.handling = handling;
+    }
+    // A near miss: a worker that was still alive, but late enough that the
+    // deadline is worth a look (a starved or stalled host).
+    if (handling && silent > options_.heartbeat_timeout / 2) {
+      SPDLOG_WARN("worker {} was silent for {} (failure deadline {})", id,
+                  absl::FormatDuration(silent),
+                  absl::FormatDuration(options_.heartbeat_timeout));
+    }
+  }
+  // Silent for the deadline less one check period: declared down by this
+  // check or the next, so within the deadline of its last message (and of
+  // a hang, which came after it). Not while its reader handles a message:
+  // what the server has not read yet is not the worker's silence.
+  bool SilentLocked(const LastHeard& heard, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heard_mu_) {
+    const absl::Duration silence =
+        options_.heartbeat_timeout - LivenessCheckPeriod(options_);
+    return !heard.handling && now - heard.at > silence;
+  }
+  bool Silent(int64_t id) {
+    const absl::Time now = options_.clock->Now();
+    absl::MutexLock lock(&heard_mu_);
+    auto it = heard_.find(id);
+    return it != heard_.end() && SilentLocked(it->second, now);
   }
 
   // ------------------------------------------------------------ workers
@@ -221,16 +266,17 @@ class ServerImpl : public Server, public proto::Controller::Service {
           first.register_().pid(), first.register_().data_address(),
           w.generation, rejoined.empty() ? "" : "; it rejoins: " + rejoined);
     }
+    HeardFrom(id, /*handling=*/false);
     proto::WorkerToServer msg;
     while (stream->Read(&msg)) {
+      // Any message shows the worker alive: stamped as it is read, before
+      // anything below waits for a lock (CheckLiveness).
+      HeardFrom(id, /*handling=*/true);
       if (msg.has_heartbeat()) {
-        absl::Time DBG_r = absl::Now();
         absl::MutexLock lock(&mu_);
-        absl::Time DBG_l = absl::Now();
         control_bytes_in_ += msg.ByteSizeLong();
         if (WorkerRecord* w = state_.FindWorker(id)) {
           w->stats = msg.heartbeat();
-          if (DBG_l - DBG_r > absl::Milliseconds(50) || options_.clock->Now() - w->last_heartbeat > absl::Milliseconds(250)) SPDLOG_WARN("DBG server hb worker {}: lock wait {} ms, gap since last {} ms", id, absl::ToInt64Milliseconds(DBG_l - DBG_r), absl::ToInt64Milliseconds(options_.clock->Now() - w->last_heartbeat));
           w->last_heartbeat = options_.clock->Now();
           w->heartbeats++;
         }
@@ -272,10 +318,15 @@ class ServerImpl : public Server, public proto::Controller::Service {
           if (!releases.empty()) scheduler_.Submit({std::move(releases)});
         }
       }
+      HeardFrom(id, /*handling=*/false);
     }
     WorkerDown(id, absl::StrCat("worker ", id,
                                 " lost its connection to the "
                                 "server (process exited or was killed)"));
+    {
+      absl::MutexLock lock(&heard_mu_);
+      heard_.erase(id);
+    }
     std::shared_ptr<WorkerQueue> queue;
     {
       absl::MutexLock lock(&mu_);
@@ -828,10 +879,14 @@ class ServerImpl : public Server, public proto::Controller::Service {
     scheduler_.Send(failed.dst_worker_id(), std::move(op));
   }
 
-  void WorkerDown(int64_t id, const std::string& reason) {
+  // `only_if_silent`: a worker that missed heartbeats, unless a message of
+  // it was read while this waited for the state lock.
+  void WorkerDown(int64_t id, const std::string& reason,
+                  bool only_if_silent = false) {
     absl::MutexLock lock(&mu_);
     WorkerRecord* w = state_.FindWorker(id);
     if (w == nullptr || !w->alive) return;
+    if (only_if_silent && !Silent(id)) return;
     // What is known done counts as done: it need not run again.
     {
       WorkerOps releases;
@@ -994,6 +1049,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
   // Their room, reused: taken under admission_mu_, applied under mu_.
   std::vector<std::pair<uint64_t, bool>> done_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> copies_to_apply_ ABSL_GUARDED_BY(mu_);
+  // When each worker was last heard from, on the injected clock, kept apart
+  // from the state lock: its session's reader stamps every message as it
+  // reads it (HeardFrom) and the liveness check reads the stamps, so a
+  // heartbeat that arrived is never applied late because the state lock
+  // was busy. A leaf lock, held only to stamp or read.
+  absl::Mutex heard_mu_ ABSL_ACQUIRED_AFTER(mu_, admission_mu_);
+  absl::flat_hash_map<int64_t, LastHeard> heard_ ABSL_GUARDED_BY(heard_mu_);
   GangScheduler scheduler_;
   std::map<int64_t, grpc::ServerContext*> worker_contexts_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>

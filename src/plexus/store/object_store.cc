@@ -537,6 +537,17 @@ absl::StatusOr<std::pair<TensorSpec, int>> ObjectStore::Describe(
 
 ObjectStoreStats ObjectStore::Stats() const {
   absl::MutexLock lock(&mu_);
+  return StatsLocked();
+}
+
+std::optional<ObjectStoreStats> ObjectStore::TryStats() const {
+  if (!mu_.TryLock()) return std::nullopt;
+  ObjectStoreStats stats = StatsLocked();
+  mu_.Unlock();
+  return stats;
+}
+
+ObjectStoreStats ObjectStore::StatsLocked() const {
   ObjectStoreStats stats;
   stats.live_shards = static_cast<int64_t>(entries_.size());
   stats.device_bytes = used_;

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -166,10 +167,14 @@ class ObjectStore {
   absl::StatusOr<std::pair<TensorSpec, int>> Describe(const BufferKey& key);
 
   ObjectStoreStats Stats() const;
+  // Stats() if the store's lock is free at once, else nothing: for a
+  // caller that must never wait on the store (the worker's heartbeat).
+  std::optional<ObjectStoreStats> TryStats() const;
   // Wakes every waiter with an error; later waits fail at once.
   void Shutdown();
 
  private:
+  ObjectStoreStats StatsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   struct Entry {
     enum class State { kPending, kReady, kFailed };
     State state = State::kPending;

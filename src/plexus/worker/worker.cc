@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -112,6 +113,7 @@ WorkerImpl::~WorkerImpl() {
   Shutdown();
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
   StopCompiler();
   store_->Shutdown();  // wakes every waiting task: the devices drain at once
   data_server_.reset();
@@ -166,6 +168,7 @@ absl::Status WorkerImpl::StartLocal() {
   // yet declared is waited for long; the wait also ends when it is
   // declared or failed, the client leaves, or the worker stops.
   store_options.unknown_key_timeout = kUnknownKeyTimeout;
+  store_options.clock = options_.clock;
   store_ = std::make_unique<ObjectStore>(store_options);
   xla::PjrtOptions pjrt;
   pjrt.plugin_path = options_.pjrt_plugin;
@@ -272,6 +275,7 @@ absl::Status WorkerImpl::ConnectToServer() {
   ApplyOps(first);
   reader_ = std::thread([this] { ReaderLoop(); });
   writer_ = std::thread([this] { WriterLoop(); });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
   return absl::OkStatus();
 }
 
@@ -282,6 +286,7 @@ absl::Status WorkerImpl::Wait() {
 }
 
 void WorkerImpl::Shutdown() {
+  StopHeartbeats();
   absl::MutexLock lock(&mu_);
   if (done_) return;
   done_ = true;
@@ -290,9 +295,17 @@ void WorkerImpl::Shutdown() {
   wake_writer_.SignalAll();
 }
 
+void WorkerImpl::StopHeartbeats() {
+  absl::MutexLock lock(&beat_mu_);
+  beat_stop_ = true;
+  beat_wake_.SignalAll();
+}
+
 void WorkerImpl::ReaderLoop() {
+  SetThreadName("plexus-reader");
   proto::ServerToWorker msg;
   while (stream_->Read(&msg)) ApplyOps(msg);
+  StopHeartbeats();
   {
     absl::MutexLock lock(&mu_);
     stream_ended_ = true;
@@ -318,7 +331,7 @@ void WorkerImpl::ReaderLoop() {
 }
 
 void WorkerImpl::WriterLoop() {
-  absl::Time next_beat = absl::Now() + heartbeat_interval_;
+  SetThreadName("plexus-writer");
   while (true) {
     std::vector<proto::WorkerToServer> out;
     {
@@ -335,10 +348,12 @@ void WorkerImpl::WriterLoop() {
                (pending() && absl::Now() >= first_done_ + kReportDelay);
       };
       while (!done_ && !stream_ended_ && failed_transfers_.empty() &&
-             !report_due() && absl::Now() < next_beat) {
-        wake_writer_.WaitWithDeadline(
-            &mu_, !pending() ? next_beat
-                             : std::min(next_beat, first_done_ + kReportDelay));
+             !report_due()) {
+        if (pending()) {
+          wake_writer_.WaitWithDeadline(&mu_, first_done_ + kReportDelay);
+        } else {
+          wake_writer_.Wait(&mu_);
+        }
       }
       if (done_ || stream_ended_) break;
       for (proto::TransferFailed& f : failed_transfers_) {
@@ -350,19 +365,52 @@ void WorkerImpl::WriterLoop() {
         out.emplace_back().mutable_calls_done()->Swap(&calls_done_);
       }
     }
-    if (absl::Now() >= next_beat) {
-      *out.emplace_back().mutable_heartbeat() = CollectStats();
-      next_beat = absl::Now() + heartbeat_interval_;
-    }
     bool written = true;
     for (const proto::WorkerToServer& m : out) {
-      if (!(written = stream_->Write(m))) break;
+      if (!(written = WriteToServer(m))) break;
     }
     if (!written) break;
   }
-  stream_->WritesDone();
+  {
+    absl::MutexLock lock(&write_mu_);
+    writes_done_ = true;
+    stream_->WritesDone();
+  }
   absl::MutexLock lock(&mu_);
   writer_done_ = true;
+}
+
+bool WorkerImpl::WriteToServer(const proto::WorkerToServer& msg) {
+  absl::MutexLock lock(&write_mu_);
+  return !writes_done_ && stream_->Write(msg);
+}
+
+// Heartbeats are what the server's failure detector reads, so nothing else
+// the worker does may hold them up: they have this thread to themselves,
+// which waits only on beat_mu_ (no other work takes it) and on write_mu_
+// (held only around a write of the stream); their figures come from
+// counters or from locks that are free at that instant (CollectStats). A
+// compile, a long execution or a busy store does not delay them.
+void WorkerImpl::HeartbeatLoop() {
+  SetThreadName("plexus-beat");
+  absl::Time next = absl::Now() + heartbeat_interval_;
+  while (true) {
+    {
+      absl::MutexLock lock(&beat_mu_);
+      while (!beat_stop_ && absl::Now() < next) {
+        beat_wake_.WaitWithDeadline(&beat_mu_, next);
+      }
+      if (beat_stop_) return;
+    }
+    proto::WorkerToServer beat;
+    *beat.mutable_heartbeat() = CollectStats();
+    if (!WriteToServer(beat)) return;
+    // On the period's grid; after a stall (the process stopped, the
+    // machine starved it), one beat at once and the grid from there.
+    next += heartbeat_interval_;
+    const absl::Time now = absl::Now();
+    if (next < now) next = now;
+  }
 }
 
 void WorkerImpl::CallFinished(const proto::Execute& exec, bool failed,
@@ -413,11 +461,15 @@ void WorkerImpl::ReportTransferFailure(int64_t dst_worker,
 
 proto::WorkerStats WorkerImpl::CollectStats() {
   proto::WorkerStats s;
-  ObjectStoreStats st = store_->Stats();
+  if (std::optional<ObjectStoreStats> st = store_->TryStats()) {
+    last_store_stats_ = std::move(*st);
+  }
+  const ObjectStoreStats& st = last_store_stats_;
   s.set_live_buffers(st.live_shards);
   s.set_live_bytes(st.live_bytes);
   for (int64_t b : st.device_bytes) s.add_device_live_bytes(b);
   for (int64_t b : st.device_peak_bytes) s.add_device_peak_bytes(b);
+  s.set_device_memory_shards(st.device_memory_shards);
   for (const auto& d : devices_) s.add_device_busy_micros(d->busy_micros());
   s.set_calls_executed(calls_executed_.load());
   s.set_calls_failed(calls_failed_.load());
@@ -425,24 +477,30 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_pushes_fenced(pushes_fenced_.load());
   s.set_bytes_host_to_device(MemoryTraffic::host_to_device().load());
   s.set_bytes_device_to_host(MemoryTraffic::device_to_host().load());
-  s.set_device_memory_shards(st.device_memory_shards);
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());
   s.set_xla_compile_micros(xla_->compile_micros());
-  s.set_xla_platform(xla_->Describe());
+  // Set once, when the plugin has loaded (Describe's lock is never held
+  // across the load; after that it is not taken at all).
+  if (xla_platform_.empty()) xla_platform_ = xla_->Describe();
+  s.set_xla_platform(xla_platform_);
   s.set_bytes_sent(counters_.bytes_sent.load());
   s.set_bytes_received(counters_.bytes_received.load());
   s.set_bytes_from_clients(counters_.bytes_from_clients.load());
   s.set_bytes_to_clients(counters_.bytes_to_clients.load());
-  absl::MutexLock lock(&mu_);
-  for (const auto& [client, usage] : usage_) {
-    proto::ClientUsage* u = s.add_clients();
-    u->set_client_id(client);
-    u->set_busy_micros(usage.busy_micros);
-    u->set_calls(usage.calls);
-    u->set_tasks(usage.tasks);
-    u->set_queued_micros(usage.queued_micros);
+  if (mu_.TryLock()) {
+    last_usage_.clear();
+    for (const auto& [client, usage] : usage_) {
+      proto::ClientUsage& u = last_usage_.emplace_back();
+      u.set_client_id(client);
+      u.set_busy_micros(usage.busy_micros);
+      u.set_calls(usage.calls);
+      u.set_tasks(usage.tasks);
+      u.set_queued_micros(usage.queued_micros);
+    }
+    mu_.Unlock();
   }
+  for (const proto::ClientUsage& u : last_usage_) *s.add_clients() = u;
   return s;
 }
 

@@ -4,8 +4,10 @@
 // shards directly to and from peer workers over the data plane.
 //
 // Threads: the control-stream reader (applies server ops in order), the
-// control-stream writer (registration, heartbeats), one thread per device,
-// one sender thread per peer, and the data-plane server's threads.
+// control-stream writer (calls done, failed transfers), the heartbeat
+// thread (nothing else's lock delays it), one thread per device, the
+// compiler (XLA programs ahead of their calls, at a lower priority), one
+// sender thread per peer, and the data-plane server's threads.
 #pragma once
 
 #include <functional>
@@ -18,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "plexus/common/backoff.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
 
 namespace plexus {
@@ -45,6 +48,9 @@ struct WorkerOptions {
   // Zero: the period the server asks for at registration (a tenth of its
   // failure deadline).
   absl::Duration heartbeat_interval = absl::ZeroDuration();
+  // The object store's deadlines (a reservation waiting for memory, a key
+  // not yet declared); not owned. Tests inject one.
+  Clock* clock = Clock::Real();
   // How long a registration waits for the server to answer the connection.
   absl::Duration connect_timeout = absl::Seconds(10);
   // Set when a host rejoins: the registration it had (the server says

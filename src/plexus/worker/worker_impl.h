@@ -1,6 +1,8 @@
 // Internal: the Worker implementation. See worker.h.
 #pragma once
 
+#include <pthread.h>
+
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -30,6 +32,12 @@ namespace plexus {
 std::string AdvertisedDataAddress(const std::string& bound,
                                   const std::string& advertise_host,
                                   const std::string& server);
+
+// Names the calling thread (`top -H`, /proc/PID/task/*/comm, debuggers);
+// at most 15 characters.
+inline void SetThreadName(const char* name) {
+  pthread_setname_np(pthread_self(), name);
+}
 
 // A program as loaded on this worker: a built-in kernel, or an XLA module.
 struct LoadedProgram {
@@ -107,7 +115,17 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // --- control stream (worker.cc)
   absl::Status ConnectToServer();
   void ReaderLoop();
+  // Sends what the worker has to report (calls done, transfers it could
+  // not deliver) as it comes; never heartbeats.
   void WriterLoop();
+  // Sends a heartbeat every heartbeat_interval_ on its own thread, which
+  // waits on nothing but its own lock and the stream (HeartbeatLoop below).
+  void HeartbeatLoop();
+  // Tells the heartbeat thread to stop (the session is over).
+  void StopHeartbeats();
+  // One message on the control stream: the writer and the heartbeat thread
+  // share it, one write at a time. False once the stream is closed.
+  bool WriteToServer(const proto::WorkerToServer& msg);
   // A peer sender could not deliver `key` to `dst_worker`: the writer tells
   // the server, which fails the key there.
   void ReportTransferFailure(int64_t dst_worker, const transport::ShardKey& key,
@@ -123,6 +141,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   absl::StatusOr<TensorSpec> HeldSpec(const BufferKey& key,
                                       const proto::TensorSpec& spec,
                                       int device) const;
+  // A heartbeat's figures. Never waits: counters are atomics, and what sits
+  // under a lock another thread may hold (the store's, mu_) is read only if
+  // that lock is free at once, else the last beat's figures go again. Only
+  // the heartbeat thread calls it.
   proto::WorkerStats CollectStats();
   // The last task of a call on this worker ended (done or failed): the
   // writer reports it to the server's admission (CallsDone), and the
@@ -156,7 +178,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // first call compiles its islands on this worker on the compiler thread,
   // off the device threads; a call that comes first waits for it.
   void CompileAhead(std::shared_ptr<LoadedProgram> program);
+  // Runs at kCompileNice above the worker's nice value.
   void CompilerLoop();
+  static constexpr int kCompileNice = 5;
   void StopCompiler();
   // Argument `binding` of a task on `device`, from its pieces: in host
   // memory, or, where `in_device` is given and the argument is one whole
@@ -191,6 +215,21 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       stream_;
   std::thread reader_;
   std::thread writer_;
+  std::thread heartbeat_;
+
+  // One Write (or the WritesDone) at a time on stream_; after WritesDone
+  // nothing more is written. Held only around those calls.
+  absl::Mutex write_mu_;
+  bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
+  // The heartbeat thread's own lock: no other work ever holds it.
+  absl::Mutex beat_mu_;
+  absl::CondVar beat_wake_;
+  bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
+  // The last figures read under a lock (heartbeat thread only): sent again
+  // when that lock is busy at a beat.
+  ObjectStoreStats last_store_stats_;
+  std::vector<proto::ClientUsage> last_usage_;
+  std::string xla_platform_;  // XlaExecutor::Describe() once it says one
 
   // Peers the server declared down, and why: a collective with one that
   // arrives later fails at once (an Expect from one fails in the store:

@@ -1,6 +1,11 @@
 // Execution of XLA programs: the tasks of one call on this worker form an
 // island that runs the program's SPMD executable once over its devices.
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <set>
 
@@ -91,6 +96,22 @@ void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {
 }
 
 void WorkerImpl::CompilerLoop() {
+  // Compiling ahead is background work: it yields the CPU to execution and
+  // to heartbeats (Linux: a thread's nice value is its own, and threads it
+  // starts inherit it, as XLA's LLVM pool does on the first compile). The
+  // plugin is loaded first, at the worker's priority, so the threads PJRT
+  // starts then to execute programs keep it. A load error is each
+  // compile's and each call's to report.
+  xla_->Runtime().IgnoreError();
+  SetThreadName("plexus-compile");
+  const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int nice = getpriority(PRIO_PROCESS, tid);
+  if (errno == 0 &&
+      setpriority(PRIO_PROCESS, tid, std::min(nice + kCompileNice, 19)) != 0) {
+    SPDLOG_DEBUG("compiling ahead at the worker's priority: {}",
+                 strerror(errno));
+  }
   while (true) {
     std::pair<std::shared_ptr<LoadedProgram>, std::vector<int>> job;
     {
