@@ -125,9 +125,11 @@ class Chaos:
     """SIGKILLs one random live worker of the slice's hosts at a random
     moment (0 to `window_s` after the step is issued) in each of `steps`."""
 
-    def __init__(self, cluster, steps, seed, window_s=0.05):
+    def __init__(self, cluster, steps, seed, window_s=0.05, snapshot_every=1):
         self.cluster = cluster
         self.steps = set(steps)
+        self.snapshot_every = snapshot_every
+        self._snapshots_before = None  # the cluster's count at step 1
         self.rng = random.Random(seed)
         self.window_s = window_s
         self.kills = []  # (step, host, pid, seconds into the step)
@@ -138,6 +140,9 @@ class Chaos:
         # not issued before it.
         for t in self._timers:
             t.join()
+        if self._snapshots_before is None:
+            self._snapshots_before = self.cluster.status().get(
+                "recovery", {}).get("snapshots_taken", 0)
         if step not in self.steps:
             return
         # Before the step is issued: the last loss has been declared and a
@@ -156,6 +161,20 @@ class Chaos:
             return any(w["alive"] and w.get("spare") for w in st["workers"]) \
                 and in_slices
         st = self._status("a spare joining", spare_and_slice)
+        # And the last snapshot the loop asked for is complete (every copy
+        # arrived, including those a loss made again): a loss restores from
+        # it, so only the step in flight runs again. (A loss before a
+        # snapshot lands recomputes the value from its lineage instead;
+        # src/plexus/server/recovery_snapshot_test.cc covers that.)
+        asked = self._snapshots_before + (
+            (step - 1) // self.snapshot_every if self.snapshot_every else 0)
+
+        def snapshot_landed(st):
+            r = st.get("recovery", {})
+            return r.get("snapshots_taken", 0) >= asked and \
+                r.get("snapshots_incomplete", 0) == 0 and \
+                r.get("snapshot_recopies_pending", 0) == 0
+        self._status("the last snapshot", snapshot_landed)
         in_slices = {d["worker_id"] for sl in st.get("slices", [])
                      for d in sl.get("devices", [])}
         used = [w for w in st["workers"]
@@ -195,7 +214,8 @@ def main(argv=None):
     kill_steps = [int(k) for k in args.kill_steps.split(",") if k]
     with plexus.local(hosts=HOSTS, spare=1, log_file=args.log_file,
                       log_level="info" if args.log_file else "warn") as cluster:
-        chaos = Chaos(cluster, kill_steps, args.seed)
+        chaos = Chaos(cluster, kill_steps, args.seed,
+                      snapshot_every=args.snapshot_every)
         with cluster.connect(name="elastic") as client:
             t0 = time.monotonic()
             losses = train(client, args.steps, args.seed, args.snapshot_every,

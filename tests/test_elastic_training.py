@@ -4,6 +4,12 @@ code in its loop that handles a failure, and its loss curve is the one a
 failure-free run of the same seed gives; the server's counters say what
 the recovery did; nothing is left behind.
 
+Each kill comes after the last loss was declared, a spare joined and the
+last step's snapshot landed (Chaos), so the counters can say that only the
+step in flight ran again and the momentum came back from its snapshot; a
+loss inside a snapshot's window is src/plexus/server/
+recovery_snapshot_test.cc's and bench/recovery.py's.
+
 The seed is printed (and taken from $PLEXUS_CHAOS_SEED when set), with
 each kill's worker and moment, so a failing run can be replayed."""
 import os

@@ -584,6 +584,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     WorkerOps again_ops;
     for (uint64_t id : incomplete) {
       auto snap = snapshots_.find(id);
+      if (snap == snapshots_.end()) continue;  // released meanwhile
       const uint64_t copy = snap->second.id;
       snapshots_.erase(snap);
       snapshot_of_.erase(copy);

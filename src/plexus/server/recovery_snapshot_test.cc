@@ -185,6 +185,22 @@ TEST_F(RecoverySnapshotTest,
   EXPECT_EQ(c.buffers_failed(), 0);
 }
 
+// A snapshot being made of a value the client released (held back while a
+// call that reads it runs): recovery lets the call go and the release goes
+// with it, taking the snapshot; nothing is asked for again. (The server
+// read a snapshot record that the release had erased: SIGILL.)
+TEST_F(RecoverySnapshotTest, ASnapshotOfAReleasedValueIsNotMadeAgain) {
+  Register(Id(2), "identity", kSplit, kSplit);
+  const uint64_t old_copy = Snapshot(2);
+  Route(MakeCall(Id(2), s_, Id(11), kSplit, Id(12)));
+  Release(Id(11), s_);  // held: the call reads it
+  ClientRecovery rec = LoseHost1();
+  EXPECT_EQ(rec.note.lost_ids_size(), 0) << rec.note.status().message();
+  EXPECT_EQ(Released(rec).count(old_copy), 1u);
+  EXPECT_EQ(state_.SnapshotsIncomplete(), 0);
+  EXPECT_EQ(state_.recovery_counters().snapshots_taken(), 1);
+}
+
 // A buffer snapshotted twice: a loss after the second request still finds
 // the value. The first copy was complete, so its producer let go of its
 // input (which its client then released); the second request used to drop
