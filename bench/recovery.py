@@ -17,8 +17,8 @@ Prints, and writes as JSON (--json):
   steps redone          per failure: 1 if calls of the step in flight ran
                         again, else 0 (no step is ever lost: the loop never
                         sees the failure)
-  recovery time         from the kill to the next step completed (median,
-                        max), split into detection (kill -> the server
+  recovery time         from the kill to the first step completed after the
+                        server declared the host down (median, max), split into detection (kill -> the server
                         declares the host down, from its log), compile (the
                         spare compiling the programs, from its log) and the
                         rest (routing again, copies, recomputation)
@@ -137,6 +137,10 @@ class Soak:
             self.kills.append({"step": step, "kind": kind, "pid": pid,
                                "host": victim["host_name"],
                                "worker": victim["worker_id"], "at": at})
+            # Said as it happens: a run that ends early still shows them.
+            print(f"  failure {len(self.kills)}: {kind} {victim['host_name']} "
+                  f"(worker {victim['worker_id']}, pid {pid}) in step {step}",
+                  flush=True)
             self.wait("the loss", lambda st: not any(
                 w["alive"] and w["worker_id"] == victim["worker_id"]
                 for w in st["workers"]))
@@ -151,6 +155,7 @@ class Soak:
 def analyse(soak, log_text, steps, counters):
     day = datetime.datetime.now(datetime.timezone.utc).date()
     down_at = {}   # worker id -> when the server declared it down
+    unplanned = []  # workers declared down that the soak did not fail
     compiles = []  # (time, ms, host) of compiles on spares
     host_of = {}   # worker id -> host name
     took = {}      # lost worker id -> the spare worker id that took its place
@@ -162,6 +167,11 @@ def analyse(soak, log_text, steps, counters):
                       r"missed heartbeats)", line)
         if m:
             down_at.setdefault(m.group(1), t)
+        # A warning: not the shutdown at the end (logged as info).
+        m = re.search(r"\[server\] warning worker (\d+) (lost its connection|"
+                      r"missed heartbeats)", line)
+        if m and m.group(1) not in unplanned:
+            unplanned.append(m.group(1))
         m = re.search(r"\[server\] info worker (\d+) registered: host (\S+),",
                       line)
         if m:
@@ -174,9 +184,14 @@ def analyse(soak, log_text, steps, counters):
                       line)
         if m:
             compiles.append((t, int(m.group(2)), m.group(1)))
+    failed = {str(k["worker"]) for k in soak.kills}
+    unplanned = [w for w in unplanned if w not in failed]
     rows = []
     for i, k in enumerate(soak.kills):
-        nxt = [c for c in soak.completed if c[1] > k["at"]]
+        # The first step completed once the host was declared down (a step
+        # may complete before a stopped host is missed: not a recovery).
+        after = max(k["at"], down_at.get(str(k["worker"]), k["at"]))
+        nxt = [c for c in soak.completed if c[1] > after]
         until = soak.kills[i + 1]["at"] if i + 1 < len(soak.kills) else 1e30
         # Compiles the spare that took the host's place did between the kill
         # and the next step: it had not finished compiling ahead.
@@ -184,7 +199,7 @@ def analyse(soak, log_text, steps, counters):
         compile_ms = sum(ms for t, ms, host in compiles
                          if host == spare_host and k["at"] < t < until and
                          (not nxt or t <= nxt[0][1]))
-        detect = down_at.get(k["worker"], k["at"]) - k["at"]
+        detect = down_at.get(str(k["worker"]), k["at"]) - k["at"]
         total = (nxt[0][1] - k["at"]) if nxt else None
         rows.append({**k, "detect_s": round(detect, 3),
                      "compile_s": round(compile_ms / 1000, 3),
@@ -208,6 +223,10 @@ def analyse(soak, log_text, steps, counters):
         "rest_median_s": statistics.median(
             [r["to_next_step_s"] - r["detect_s"] - r["compile_s"]
              for r in recovered] or [0]),
+        # Hosts declared down that the soak did not kill or stop (a busy
+        # host taken for a dead one would be one).
+        "unplanned_losses": [{"worker": w, "host": host_of.get(w, "?")}
+                             for w in unplanned],
         "calls_recomputed": counters.get("calls_recomputed"),
         "calls_recomputed_per_failure": round(
             counters.get("calls_recomputed", 0) / max(1, len(rows)), 2),
@@ -246,16 +265,24 @@ def main(argv=None):
                 print(f"  step {step}/{steps}, {len(soak.kills)} failures",
                       flush=True)
 
+        error = None
+        losses = None
         with cluster.connect(name="soak") as client:
-            losses = elastic_training.train(client, steps, seed=0,
-                                            on_step=progress)
+            try:
+                losses = elastic_training.train(client, steps, seed=0,
+                                                on_step=progress)
+                soak.completed.append((steps, time.time()))
+            except plexus.PlexusError as e:
+                # The run ended early: what it did until then is reported.
+                error = f"{type(e).__name__}: {e}"
+                print(f"soak: the run failed: {error}", flush=True)
             soak.finished = True
-            soak.completed.append((steps, time.time()))
             soak.join()
         counters = {k: int(v) for k, v in json.loads(
             _core.cluster_status(cluster.address)).get("recovery", {}).items()}
     summary, rows = analyse(soak, open(log).read(), steps, counters)
     summary["loss_curve_equal"] = losses == expected
+    summary["error"] = error
     print(json.dumps(summary, indent=2))
     if args.json:
         with open(args.json, "w") as f:

@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/common/backoff.h"
 #include "plexus/common/logging.h"
@@ -651,7 +653,19 @@ void ClientCore::ReaderLoop(Session& session) {
         SPDLOG_WARN("server: {}", s.ToString());
       }
     }
-    for (uint64_t id : msg.released_puts()) kept_puts_.erase(id);
+    if (msg.released_puts_size() > 0) {
+      // Released for good: nothing will read them, so a request to put
+      // them again still queued (the put itself got there first) is
+      // dropped, not refused for want of the data.
+      absl::flat_hash_set<uint64_t> released(msg.released_puts().begin(),
+                                             msg.released_puts().end());
+      for (uint64_t id : released) kept_puts_.erase(id);
+      reputs_.erase(std::remove_if(reputs_.begin(), reputs_.end(),
+                                   [&](const auto& r) {
+                                     return released.count(r.first) > 0;
+                                   }),
+                    reputs_.end());
+    }
     for (const auto& r : msg.recoveries()) ApplyRecoveryLocked(r);
     for (const auto& d : msg.workers_down()) {
       // Slices still on it were not remapped: they broke.
