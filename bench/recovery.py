@@ -110,7 +110,9 @@ class Soak:
                 # shard whose new copy is still on its way has one copy: a
                 # second loss in that window is a double fault that
                 # one-neighbour snapshots do not cover).
-                last = self.kills[-1]["at"]
+                # (Since the loss was declared: steps can complete while
+                # a stopped host is not yet missed.)
+                last = self.kills[-1]["declared"]
                 deadline = time.monotonic() + 120
                 while not (any(c[1] > last for c in self.completed) and int(
                         self.status().get("recovery", {}).get(
@@ -144,6 +146,7 @@ class Soak:
             self.wait("the loss", lambda st: not any(
                 w["alive"] and w["worker_id"] == victim["worker_id"]
                 for w in st["workers"]))
+            self.kills[-1]["declared"] = time.time()
             if kind == "SIGSTOP":
                 os.kill(pid, signal.SIGCONT)  # fenced; rejoins as a fresh host
 
