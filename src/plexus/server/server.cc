@@ -134,25 +134,36 @@ class ServerImpl : public Server, public proto::Controller::Service {
     }
   }
 
-  // Worker `id`'s reader read a message (`handling`: it handles it now) or
-  // has handled it.
-  void HeardFrom(int64_t id, bool handling) {
-    const absl::Time now = options_.clock->Now();
+  // Worker `id` was heard from at `now` (by default, the time read under
+  // heard_mu_: a check never reads the stamps between the two): registered,
+  // or its reader read a message, which it handles now.
+  void HeardFrom(int64_t id, absl::Time now = absl::InfinitePast()) {
     absl::Duration silent;
+    bool was_heard;
     {
       absl::MutexLock lock(&heard_mu_);
-      LastHeard& heard = heard_[id];
+      if (now == absl::InfinitePast()) now = options_.clock->Now();
+      auto [it, fresh] = heard_.try_emplace(id);
+      LastHeard& heard = it->second;
+      was_heard = !fresh;
       silent = heard.handling ? absl::ZeroDuration() : now - heard.at;
       heard.at = now;
-      heard.handling = handling;
+      heard.handling = was_heard;
     }
     // A near miss: a worker that was still alive, but late enough that the
     // deadline is worth a look (a starved or stalled host).
-    if (handling && silent > options_.heartbeat_timeout / 2) {
+    if (was_heard && silent > options_.heartbeat_timeout / 2) {
       SPDLOG_WARN("worker {} was silent for {} (failure deadline {})", id,
                   absl::FormatDuration(silent),
                   absl::FormatDuration(options_.heartbeat_timeout));
     }
+  }
+  // Its reader handled the message: silence counts from when it was read
+  // (no clock read here).
+  void Handled(int64_t id) {
+    absl::MutexLock lock(&heard_mu_);
+    auto it = heard_.find(id);
+    if (it != heard_.end()) it->second.handling = false;
   }
   // Silent for the deadline less one check period: declared down by this
   // check or the next, so within the deadline of its last message (and of
@@ -160,8 +171,13 @@ class ServerImpl : public Server, public proto::Controller::Service {
   // what the server has not read yet is not the worker's silence.
   bool SilentLocked(const LastHeard& heard, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(heard_mu_) {
-    const absl::Duration silence =
-        options_.heartbeat_timeout - LivenessCheckPeriod(options_);
+    // (A check period as long as the deadline, as a test that checks by
+    // hand sets, leaves the whole deadline: never a negative silence, which
+    // found every worker not handling a message silent.)
+    const absl::Duration period = LivenessCheckPeriod(options_);
+    const absl::Duration silence = period < options_.heartbeat_timeout
+                                       ? options_.heartbeat_timeout - period
+                                       : options_.heartbeat_timeout;
     return !heard.handling && now - heard.at > silence;
   }
   bool Silent(int64_t id) {
@@ -221,10 +237,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
         return grpc::Status(grpc::CANCELLED, "the server is shutting down");
       }
       control_bytes_in_ += first.ByteSizeLong();
-      WorkerRecord& w =
-          state_.AddWorker(first.register_(), options_.clock->Now());
+      const absl::Time now = options_.clock->Now();
+      WorkerRecord& w = state_.AddWorker(first.register_(), now);
       w.generation = ++generation_;
       id = w.id;
+      // Heard from as it registered, before anything is sent to it.
+      HeardFrom(id, now);
       // The first message also carries what the worker needs to know of
       // this session.
       proto::ServerToWorker hello;
@@ -266,12 +284,11 @@ class ServerImpl : public Server, public proto::Controller::Service {
           first.register_().pid(), first.register_().data_address(),
           w.generation, rejoined.empty() ? "" : "; it rejoins: " + rejoined);
     }
-    HeardFrom(id, /*handling=*/false);
     proto::WorkerToServer msg;
     while (stream->Read(&msg)) {
       // Any message shows the worker alive: stamped as it is read, before
       // anything below waits for a lock (CheckLiveness).
-      HeardFrom(id, /*handling=*/true);
+      HeardFrom(id);
       if (msg.has_heartbeat()) {
         absl::MutexLock lock(&mu_);
         control_bytes_in_ += msg.ByteSizeLong();
@@ -318,7 +335,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
           if (!releases.empty()) scheduler_.Submit({std::move(releases)});
         }
       }
-      HeardFrom(id, /*handling=*/false);
+      Handled(id);
     }
     WorkerDown(id, absl::StrCat("worker ", id,
                                 " lost its connection to the "

@@ -31,16 +31,17 @@ class GateClock : public Clock {
  public:
   explicit GateClock(Clock* base) : base_(base) {}
   absl::Time Now() const override {
-    {
-      absl::MutexLock lock(&mu_);
-      ++reads_;
-      if (closed_ && !held_) {
-        held_ = true;
-        mu_.Await(absl::Condition(
-            +[](bool* closed) { return !*closed; }, &closed_));
-      }
+    absl::MutexLock lock(&mu_);
+    if (closed_ && !held_) {
+      held_ = true;
+      mu_.Await(absl::Condition(
+          +[](bool* closed) { return !*closed; }, &closed_));
     }
-    return base_->Now();
+    // Counted once the time is taken: a test that waits for a read and
+    // then moves the time knows which time that read saw.
+    const absl::Time now = base_->Now();
+    ++reads_;
+    return now;
   }
   bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
                          absl::Time deadline) override
@@ -181,6 +182,10 @@ TEST(HeartbeatTest, AHeartbeatReadWhileTheStateLockIsHeldCountsAtOnce) {
   ASSERT_TRUE(stream->Write(hello));
   proto::ServerToWorker first;
   ASSERT_TRUE(stream->Read(&first));
+  // Registered all through (the status waits for the state lock it took):
+  // from here the check below is the server's only reader of the clock
+  // until the heartbeat comes.
+  ASSERT_TRUE(alive());
   absl::Cleanup end_session = [&] {
     session.TryCancel();
     proto::ServerToWorker rest;
@@ -212,8 +217,11 @@ TEST(HeartbeatTest, AHeartbeatReadWhileTheStateLockIsHeldCountsAtOnce) {
   EXPECT_TRUE(alive()) << "declared down by a check that held the lock "
                           "while its heartbeat waited";
 
-  // Silent from then on: declared down within a few deadlines' checks.
-  for (int i = 0; i < 5 && alive(); ++i) {
+  // Silent from then on: declared down by the first check after its
+  // reader has handled the heartbeat (until then it counts as heard; the
+  // reader waits for the state lock, which these checks and statuses also
+  // take, so it may take it only after a few of them).
+  for (int i = 0; i < 100 && alive(); ++i) {
     time.Advance(absl::Seconds(1));
     (*server)->CheckLiveness();
   }
