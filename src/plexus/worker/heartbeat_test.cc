@@ -132,7 +132,10 @@ TEST(HeartbeatTest, AWorkerWhoseStoreLockIsHeldPastTheDeadlineStaysAlive) {
         << " with its store lock held: " << status.workers(0).down_reason();
     ++statuses;
   }
-  EXPECT_GE(statuses, 5);  // heartbeats came all along, not once at the end
+  // Heartbeats came all along, not once at the end (held back, the first
+  // status would have waited out the 1.5 s). Fewer than the 15 a quiet
+  // machine answers: a sanitizer build on a loaded one is slower.
+  EXPECT_GE(statuses, 3);
 
   // The lock goes: the put completes, and the value is there.
   std::move(join).Invoke();
