@@ -9,7 +9,9 @@ rejoins as a fresh host), mixed. Each failure waits for the previous one's
 spare to join, for a step to complete since the previous kill and for the
 snapshot copies it took to be made again, so that failures come one at a time and
 each one's recovery is measured on its own (--overlap lets a kill fall while
-the previous recovery is still going on).
+the previous recovery is still going on; --ready-spare also waits for the
+spare to have compiled the job's programs ahead, so that recovery is
+measured without compiling).
 Prints, and writes as JSON (--json):
 
   recovered / total     failures after which training went on (and the
@@ -60,9 +62,10 @@ def log_seconds(line, day):
 
 class Soak:
     def __init__(self, cluster, failures, every, seed, stop_share,
-                 overlap=False):
+                 overlap=False, ready_spare=False):
         self.cluster = cluster
         self.overlap = overlap
+        self.ready_spare = ready_spare
         self.failures = failures
         self.every = every
         self.rng = random.Random(seed)
@@ -90,6 +93,11 @@ class Soak:
         self.completed.append((step - 1, time.time()))
         if step % self.every or len(self._threads) >= self.failures:
             return
+        if self.ready_spare:
+            # The loop waits for the last failure (and its ready spare), so
+            # that waiting for compiles does not leave the failures behind.
+            for t in self._threads:
+                t.join()
         kind = "SIGSTOP" if self.rng.random() < self.stop_share else "SIGKILL"
         t = threading.Thread(target=self._fail,
                              args=(step, kind, self.rng.uniform(0, 0.05),
@@ -125,9 +133,20 @@ class Soak:
                     time.sleep(0.02)
             # A host in no slice to take the next loss: the last kill's new
             # spare, or a stopped host that woke and rejoined.
+            def spare(st, w):
+                if not w["alive"] or w["worker_id"] in in_slices(st):
+                    return False
+                if not self.ready_spare:
+                    return True
+                # Every program it was loaded with compiled (a spare is
+                # loaded with the job's XLA programs only).
+                stats = w.get("stats", {})
+                return int(stats.get("xla_compiles", 0)) + int(stats.get(
+                    "xla_cache_hits", 0)) >= int(stats.get(
+                        "programs_loaded", 0)) > 0
+
             st = self.wait("a spare joining", lambda st: any(
-                w["alive"] and w["worker_id"] not in in_slices(st)
-                for w in st["workers"]))
+                spare(st, w) for w in st["workers"]), timeout=120)
             used = [w for w in st["workers"]
                     if w["alive"] and w["worker_id"] in in_slices(st)]
             if not used or self.finished:
@@ -199,9 +218,18 @@ def analyse(soak, log_text, steps, counters):
         # Compiles the spare that took the host's place did between the kill
         # and the next step: it had not finished compiling ahead.
         spare_host = host_of.get(took.get(k["worker"], ""), "?")
-        compile_ms = sum(ms for t, ms, host in compiles
-                         if host == spare_host and k["at"] < t < until and
-                         (not nxt or t <= nxt[0][1]))
+        # The time inside (kill, next step) in which it compiled: the union
+        # of its compiles' spans (they can overlap), clipped to the window.
+        end = nxt[0][1] if nxt else until
+        spans = sorted((max(t - ms / 1000, k["at"]), min(t, end))
+                       for t, ms, host in compiles
+                       if host == spare_host and k["at"] < t < until)
+        compile_ms, reach = 0.0, k["at"]
+        for a, b in spans:
+            a = max(a, reach)
+            if b > a:
+                compile_ms += (b - a) * 1000
+                reach = b
         detect = down_at.get(str(k["worker"]), k["at"]) - k["at"]
         total = (nxt[0][1] - k["at"]) if nxt else None
         rows.append({**k, "detect_s": round(detect, 3),
@@ -248,9 +276,14 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overlap", action="store_true",
                         help="do not wait for a step after the last kill")
+    parser.add_argument("--ready-spare", action="store_true",
+                        help="each failure also waits for a spare that has "
+                             "compiled the job's programs ahead (recovery "
+                             "without compile)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    steps = args.failures * args.every + 2
+    # Room after the last failure's step for it to be made and recovered.
+    steps = (args.failures + 2) * args.every + 2
     log = tempfile.NamedTemporaryFile(prefix="plexus-soak-", suffix=".log",
                                       delete=False).name
     print(f"{steps} steps, {args.failures} failures; cluster log {log}",
@@ -260,7 +293,8 @@ def main(argv=None):
         with cluster.connect(name="reference") as client:
             expected = elastic_training.train(client, steps, seed=0)
         soak = Soak(cluster, args.failures, args.every, args.seed,
-                    args.stop_share, overlap=args.overlap)
+                    args.stop_share, overlap=args.overlap,
+                    ready_spare=args.ready_spare)
 
         def progress(step):
             soak.on_step(step)
