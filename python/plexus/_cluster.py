@@ -197,7 +197,7 @@ class LocalCluster:
         self._clients.append(client)
         return client
 
-    def down(self, timeout=10.0):
+    def down(self, timeout=20.0):
         """Stops the server and its workers, and reaps them. Raises
         ClusterExitError naming every process (server or worker) that did not
         exit cleanly: a crash, a signal, or a non-zero exit code."""

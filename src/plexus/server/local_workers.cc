@@ -168,7 +168,11 @@ absl::Status LocalWorkers::StopWorkers() {
   stopping_ = true;  // the supervisor restarts nothing any more
   if (pids_.empty()) return absl::OkStatus();
   for (pid_t pid : pids_) kill(pid, SIGTERM);
-  const absl::Time deadline = absl::Now() + absl::Seconds(3);
+  // A worker finishes what it is compiling before it exits (an XLA compile
+  // cannot be interrupted: seconds for the largest, more on a loaded
+  // machine; a spare that just joined compiles the job's programs ahead).
+  // Ends as soon as they have all exited.
+  const absl::Time deadline = absl::Now() + kStopGrace;
   std::vector<std::string> unclean;
   for (size_t h = 0; h < pids_.size(); ++h) {
     const pid_t pid = pids_[h];
@@ -181,10 +185,12 @@ absl::Status LocalWorkers::StopWorkers() {
     int status = 0;
     if (waitpid(pid, &status, 0) != pid) continue;  // not ours any more
     if (ExitedCleanly(status)) continue;
-    unclean.push_back(absl::StrCat("worker ", names_[h], " (pid ", pid, ") ",
-                                   killed
-                                       ? "did not stop within 3s and was killed"
-                                       : DescribeExit(status)));
+    unclean.push_back(absl::StrCat(
+        "worker ", names_[h], " (pid ", pid, ") ",
+        killed
+            ? absl::StrCat("did not stop within ",
+                           absl::FormatDuration(kStopGrace), " and was killed")
+            : DescribeExit(status)));
     SPDLOG_ERROR("{}", unclean.back());
   }
   pids_.clear();

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "plexus/common/credentials.h"
 
 namespace plexus {
@@ -45,6 +46,9 @@ struct LocalWorkersOptions {
 class LocalWorkers {
  public:
   static constexpr int kMaxRestarts = 64;
+  // How long Stop() waits for the workers after SIGTERM (below the 20 s
+  // the Python LocalCluster waits for the server).
+  static constexpr absl::Duration kStopGrace = absl::Seconds(12);
 
   explicit LocalWorkers(LocalWorkersOptions options)
       : options_(std::move(options)) {}
