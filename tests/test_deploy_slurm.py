@@ -30,10 +30,22 @@ DEVICES = 2
 JOB_TIMEOUT_S = 240  # the whole job: cluster up, 100 steps, down
 
 
+_drawn_ports = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and not handed out before by this test run: two
+    draws in a row can get the same port from the kernel (the first socket
+    is closed by then), and the server and the workers' data planes then
+    collided ("cannot listen on 0.0.0.0:P: Address already in use")."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _drawn_ports:
+            _drawn_ports.add(port)
+            return port
+    raise RuntimeError("no free port not drawn before in 100 tries")
 
 
 class Daemons:
