@@ -172,11 +172,7 @@ TEST_F(RecoverySnapshotTest,
   for (int k = 0; k < 4; ++k) state_.CopyArrived(copy, &ops);
   EXPECT_EQ(state_.SnapshotsIncomplete(), 0);
   // Complete: a second loss (of the spare) restores it, recomputing nothing.
-  const int64_t spare1 =
-      state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
-  WorkerLoss loss = state_.LoseWorker(spare_, "killed too");
-  EXPECT_EQ(loss.spare, spare1);
-  ClientRecovery second = state_.RecoverClient(client_, loss, {});
+  ClientRecovery second = LoseSpareToANewOne("killed too");
   EXPECT_EQ(second.note.lost_ids_size(), 0) << second.note.status().message();
   EXPECT_EQ(second.note.old_ids_size(), 0);
   const proto::RecoveryCounters& c = state_.recovery_counters();

@@ -587,11 +587,7 @@ TEST_F(RecoveryTest, LineageIsKeptUntilTheNextSpareJoins) {
   Done(next);
   EXPECT_TRUE(state_.records().keep_lineage());
   ASSERT_NE(BufferOf(once), nullptr);  // held for Id(12)'s lineage
-  const int64_t spare1 =
-      state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
-  WorkerLoss loss = state_.LoseWorker(spare_, "killed too");
-  EXPECT_EQ(loss.spare, spare1);
-  ClientRecovery second = state_.RecoverClient(client_, loss, {});
+  ClientRecovery second = LoseSpareToANewOne("killed too");
   EXPECT_EQ(second.note.lost_ids_size(), 0) << second.note.status().message();
   EXPECT_EQ(state_.recovery_counters().buffers_failed(), 0);
   // Id(12) from `once`, `once` from the put (replicated: a surviving copy).

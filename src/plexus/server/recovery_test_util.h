@@ -148,6 +148,15 @@ class RecoveryTest : public ClusterStateTest {
     auto it = state_.records().buffers().find(id);
     return it == state_.records().buffers().end() ? nullptr : &it->second;
   }
+  // A new spare (spare1) joins, and the first spare, which took host1's
+  // place, is lost too: its recovery, onto spare1.
+  ClientRecovery LoseSpareToANewOne(const std::string& reason) {
+    const int64_t spare1 =
+        state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
+    WorkerLoss loss = state_.LoseWorker(spare_, reason);
+    EXPECT_EQ(loss.spare, spare1);
+    return state_.RecoverClient(client_, loss, {});
+  }
   ClientRecovery LoseHost1() {
     WorkerLoss loss = state_.LoseWorker(2, "killed");
     EXPECT_EQ(loss.spare, spare_);
