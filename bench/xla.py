@@ -23,7 +23,8 @@ the xla-cpu-pjrt plugin. Both share this machine's cores.
 
 On a GPU machine: --platform cuda --plugin /path/to/xla_cuda_plugin.so
 (JAX in-process is then skipped unless it has a GPU backend too) and
---matmul N adds an N x N matmul throughput figure.
+--matmul N adds chained N x N matmuls (each on the last result), beside
+JAX's where JAX has the platform too.
 """
 import argparse
 import json
@@ -194,20 +195,41 @@ def main():
               f"  chained {builtin['chained_s'] * 1e6:9.1f} µs/call "
               "(the runtime without XLA)", flush=True)
         if args.matmul:
+            # Back to back, each on the last result (a @ b, then that @ b):
+            # what a training step's matmuls do.
             n = args.matmul
-            mm = plexus.jit(lambda a, b: a @ b, s, name="matmul",
-                            platform=args.platform)
-            a = s.put(np.ones((n, n), np.float32))
-            mm(a, a).block_until_ready()
-            t = per_call(lambda k: [mm(a, a) for _ in range(k - 1)] and
-                         mm(a, a).block_until_ready(), 20, args.repeats)
-            results["matmul"] = {"n": n, "s": t, "tflops": 2 * n ** 3 / t / 1e12}
-            print(f"matmul {n}x{n}: {t * 1e3:.2f} ms/call, "
-                  f"{results['matmul']['tflops']:.2f} TFLOP/s")
+            rng = np.random.default_rng(2)
+            a_host = (rng.standard_normal((n, n)) / n ** 0.5).astype(np.float32)
+            b_host = (np.eye(n) + rng.standard_normal((n, n)) / n).astype(
+                np.float32)
+
+            def matmul(x, w):
+                return x @ w
+
+            mm = plexus.jit(matmul, s, name="matmul", platform=args.platform)
+            row = {"n": n, "plexus": plexus_timings(
+                client, mm, s, a_host, b_host, 20, args.repeats)}
+            t = row["plexus"]["chained_s"]
+            row["plexus"]["tflops"] = 2 * n ** 3 / t / 1e12
+            line = (f"matmul {n}x{n} chained: plexus {t * 1e3:.3f} ms/call "
+                    f"({row['plexus']['tflops']:.1f} TFLOP/s)")
+            if jax_here:
+                row["jax"] = jax_timings(jax, matmul, a_host, b_host, 20,
+                                         args.repeats)
+                tj = row["jax"]["chained_s"]
+                row["jax"]["tflops"] = 2 * n ** 3 / tj / 1e12
+                row["ratio_chained_s"] = t / tj
+                line += (f" | jax {tj * 1e3:.3f} ms/call "
+                         f"({row['jax']['tflops']:.1f} TFLOP/s) | "
+                         f"plexus/jax {t / tj:.3f}")
+            results["matmul"] = row
+            print(line, flush=True)
         st = cluster.status(fresh=True)["workers"][0]["stats"]
         results["worker_xla"] = {k: st.get(k) for k in (
             "xla_platform", "xla_compiles", "xla_cache_hits",
-            "bytes_host_to_device", "bytes_device_to_host")}
+            "bytes_host_to_device", "bytes_device_to_host",
+            "transfers_alias", "transfers_device_to_device",
+            "transfers_host_staged")}
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
         print(f"wrote {args.json}")

@@ -238,17 +238,26 @@ def test_second_call_compiles_nothing(cluster, client):
     assert "ON-DEVICE" in table and "TO-HOST" in table
 
 
+TRAFFIC = ("bytes_host_to_device", "bytes_device_to_host",
+           "device_memory_shards", "transfers_alias",
+           "transfers_device_to_device", "transfers_host_staged",
+           "transfers_ipc", "transfers_nccl")
+
+
 def memory_traffic(cluster):
     """Bytes copied between host and device memory, summed over workers,
-    once every worker has reported after this call; and the shards they
-    hold in device memory."""
+    once every worker has reported after this call; the shards they hold in
+    device memory; and the shards moved by each transfer path."""
     st = cluster.status(fresh=True)
     total = collections.Counter()
     for w in st["workers"]:
-        for k in ("bytes_host_to_device", "bytes_device_to_host",
-                  "device_memory_shards"):
+        for k in TRAFFIC:
             total[k] += int(w["stats"].get(k, 0))
     return total
+
+
+def grew(before, after):
+    return {k: after[k] - before[k] for k in TRAFFIC if k != "device_memory_shards"}
 
 
 def test_a_chain_of_xla_calls_stays_in_device_memory_until_fetched(cluster,
@@ -265,10 +274,14 @@ def test_a_chain_of_xla_calls_stays_in_device_memory_until_fetched(cluster,
             y = step(y)
     y.block_until_ready()
     during = memory_traffic(cluster)
-    # Every output stayed where XLA made it; each call read the last one
-    # there. Nothing crossed between host and device memory.
-    assert during["bytes_host_to_device"] == before["bytes_host_to_device"]
-    assert during["bytes_device_to_host"] == before["bytes_device_to_host"]
+    # Every output stayed where XLA made it; each call after the first
+    # (which reads the put's host memory in place) read the last one there,
+    # as it is: the alias path, 999 times. Nothing crossed between host and
+    # device memory.
+    assert grew(before, during) == {
+        "bytes_host_to_device": 0, "bytes_device_to_host": 0,
+        "transfers_alias": 999, "transfers_device_to_device": 0,
+        "transfers_host_staged": 0, "transfers_ipc": 0, "transfers_nccl": 0}
     assert during["device_memory_shards"] >= 1
     want = x.astype(np.float64)
     for _ in range(1000):
@@ -301,6 +314,36 @@ def test_device_values_reach_builtin_kernels_and_other_hosts(cluster, client):
     # The transfer copied it out once; the fetch of `there` once more.
     assert after["bytes_device_to_host"] == \
         mid["bytes_device_to_host"] + 2 * x.nbytes
+    # The path: staged through host memory (no device path between
+    # workers yet), one shard.
+    assert grew(mid, after)["transfers_host_staged"] == 1
+    assert grew(mid, after)["transfers_device_to_device"] == 0
+
+
+def test_a_device_value_read_on_another_device_of_its_worker(cluster, client):
+    # Two one-device slices on the same worker: a value XLA left on device
+    # 0 is read by a program on device 1 through the plugin's device-to-
+    # device copy, never through a transfer or a copy to the host.
+    first = client.slice(1, hosts=["host0"])
+    second = client.slice(1, hosts=["host0"])
+    devices = {(v["worker"], v["device"]) for v in first.devices}
+    other = {(v["worker"], v["device"]) for v in second.devices}
+    assert len({w for w, _ in devices | other}) == 1 and devices != other, \
+        (first.devices, second.devices)
+    x = rand(512, 256)
+    on_first = plexus.jit(lambda a: a + 1.0, first)(x)
+    on_first.block_until_ready()
+    there = plexus.jit(lambda a: a * 2.0, second)
+    there(on_first).block_until_ready()  # compiled
+    before = memory_traffic(cluster)
+    y = there(on_first)
+    y.block_until_ready()
+    after = memory_traffic(cluster)
+    assert grew(before, after) == {
+        "bytes_host_to_device": 0, "bytes_device_to_host": 0,
+        "transfers_alias": 0, "transfers_device_to_device": 1,
+        "transfers_host_staged": 0, "transfers_ipc": 0, "transfers_nccl": 0}
+    np.testing.assert_allclose(np.asarray(y), (x + 1.0) * 2.0, rtol=1e-6)
 
 
 def test_an_output_equal_to_its_input_outlives_the_input(client):

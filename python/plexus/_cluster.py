@@ -63,7 +63,7 @@ class LocalCluster:
                  shared_memory=True, log_level="warn", log_file=None,
                  attached=True, heartbeat_timeout_ms=1000, scheduler="gang",
                  pjrt_plugin=None, secret=None, tenants=None,
-                 admission_window_us=None):
+                 admission_window_us=None, gpus=None):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -91,6 +91,16 @@ class LocalCluster:
         self._tenants_file = None
         # The workers' PJRT plugin for XLA programs (plexus.jit).
         self.pjrt_plugin = pjrt_plugin or default_pjrt_plugin() or ""
+        # GPUs (indices on this machine) every worker uses, sharing them:
+        # its devices are then the plugin's (one per GPU, with the GPU's
+        # kind and memory, devices_per_host ignored), its budget
+        # device_memory_mib per GPU at most. None: devices_per_host CPU
+        # devices.
+        if gpus is not None:
+            gpus = [int(g) for g in gpus]
+            if not gpus or any(g < 0 for g in gpus):
+                raise ValueError(f"gpus must be GPU indices (0, 1, ...), got {gpus}")
+        self.gpus = gpus
         # Hex, from the binding: credentials are derived in C++ only.
         self._secret = secret or _core.new_cluster_secret()
         self.address = None
@@ -137,6 +147,9 @@ class LocalCluster:
         # Workers inherit the server's environment, the secret included.
         env = dict(os.environ, PLEXUS_PJRT_PLUGIN=self.pjrt_plugin,
                    PLEXUS_CLUSTER_SECRET=self._secret)
+        env.pop("PLEXUS_GPUS", None)
+        if self.gpus is not None:
+            env["PLEXUS_GPUS"] = ",".join(str(g) for g in self.gpus)
         try:
             self.process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,

@@ -42,8 +42,10 @@ dimension) and is rewrapped inside the function; a key output is a future
 whose .dtype is the key dtype and whose result() is a key array again.
 
 Donation. donate_argnums / donate_argnames are accepted as in jax.jit, but
-an input's memory cannot be reused until buffers live in device memory:
-each lowering that donates warns, as jax.jit does on CPU.
+not honoured yet: values live in device memory, but the worker does not
+hand a donated input's buffer to XLA to reuse (a future may still be read
+by another call); each lowering that donates warns, as jax.jit does where
+it cannot donate.
 """
 import collections
 import inspect
@@ -65,6 +67,20 @@ _SUB_BYTE = ("int1", "uint1", "int2", "uint2", "int4", "uint4",
 
 
 _JAX = None
+
+
+def _abstract_mesh(sizes, names):
+    """An abstract mesh whose axes are all Auto: jax.jit's default until
+    jax 0.11 made Explicit the default (the GPU machine's jax), under which
+    an island's sharded lowering changes meaning. Said explicitly, the same
+    program lowers on both."""
+    from jax.sharding import AbstractMesh
+    try:
+        from jax.sharding import AxisType
+    except ImportError:  # older jax: every axis is Auto
+        return AbstractMesh(tuple(sizes), tuple(names))
+    return AbstractMesh(tuple(sizes), tuple(names),
+                        axis_types=(AxisType.Auto,) * len(names))
 
 
 def _jax():
@@ -92,8 +108,9 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
         into the program (hashable), as in jax.jit; each value compiles
         its own program.
     donate_argnums, donate_argnames: as in jax.jit. Accepted, but not yet
-        honoured (buffers do not live in device memory yet): each lowering
-        that donates warns, as jax.jit does where it cannot donate.
+        honoured (the worker does not hand a donated buffer to XLA to
+        reuse): each lowering that donates warns, as jax.jit does where it
+        cannot donate.
     axis_name: the island's axis name on a 1-D slice (on a mesh of
         several axes the island has the mesh's own non-DCN axes).
     platform: what the workers' PJRT plugin runs ("cpu", "cuda").
@@ -397,7 +414,7 @@ class Jitted:
         warnings.warn(
             f"program '{self._name}': some donated buffers were not usable: "
             f"{', '.join(leaves) or ', '.join(donated)} (Plexus cannot reuse "
-            "a donated input's memory until buffers live in device memory; "
+            "a donated input's memory yet (the worker does not hand it to XLA); "
             "the inputs stay valid)", UserWarning, stacklevel=5)
 
     def _export(self, treedef, specs, static, k, n, names, layout):
@@ -405,10 +422,10 @@ class Jitted:
         n devices: (exported, output shardings, output tree, output key
         impls)."""
         jax = _jax()
-        from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+        from jax.sharding import NamedSharding, PartitionSpec
         what = f"program '{self._name}'"
         # An abstract mesh: lowering for k devices needs none of them here.
-        mesh = AbstractMesh(*layout.island_mesh(k))
+        mesh = _abstract_mesh(*layout.island_mesh(k))
 
         def island_sharding(sh, ndim):
             return NamedSharding(mesh, PartitionSpec(
@@ -646,10 +663,10 @@ class _IslandLayout:
         for this diagnosis only): then it names one of them."""
         if not self.multi or not self.dcn:
             return False
-        from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+        from jax.sharding import NamedSharding, PartitionSpec
         sizes = tuple(1 if a in self.dcn else n_
                       for a, n_ in zip(self.axes, self.sizes))
-        mesh = AbstractMesh(sizes, self.axes)
+        mesh = _abstract_mesh(sizes, self.axes)
         avals = [jax.ShapeDtypeStruct(
             tuple(self.island_shape(shape, sh, k, n)), np.dtype(dtype),
             sharding=NamedSharding(mesh, PartitionSpec(

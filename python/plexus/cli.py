@@ -102,13 +102,19 @@ def format_status(st):
                          f"{s.get('xla_compile_micros', 0) / 1000:.0f} ms",
                          s.get("device_memory_shards", 0),
                          _human(s.get("bytes_host_to_device", 0)),
-                         _human(s.get("bytes_device_to_host", 0))])
+                         _human(s.get("bytes_device_to_host", 0)),
+                         "/".join(str(s.get(f"transfers_{k}", 0)) for k in
+                                  ("alias", "device_to_device", "host_staged",
+                                   "ipc", "nccl"))])
         out.append("")
         # In device memory: shards XLA left there; the bytes copied each
-        # way between host and device memory since the worker started.
+        # way between host and device memory since the worker started; the
+        # shards moved by each path (alias / device-to-device / through
+        # host memory / CUDA IPC / NCCL).
         out.append(_table(["HOST", "WORKER", "XLA PLATFORM", "COMPILES",
                            "CACHE-HITS", "COMPILE-TIME", "ON-DEVICE",
-                           "TO-DEVICE", "TO-HOST"], rows))
+                           "TO-DEVICE", "TO-HOST",
+                           "PATHS A/D2D/HOST/IPC/NCCL"], rows))
     down = [w for w in workers if not w["alive"] and w.get("down_reason")]
     for w in down:
         out.append(f"  worker {w['worker_id']} down: {w['down_reason']}")

@@ -39,6 +39,5 @@ export PYTHONPATH="$root/python" PLEXUS_BIN_DIR="$root/build/bin"
 step "tests/gpu"
 $PY -m pytest -q -rs tests/gpu
 step "benchmark"
-$PY bench/xla.py --platform cuda --plugin "$plugin" --calls 200 --repeats 3 \
-  --heavy-n 2048 --heavy-rounds 10 --matmul 8192 --json "$out/xla_gpu.json"
-step "done: figures in $out/xla_gpu.json"
+bash tests/gpu/bench.sh "$out"
+step "done: figures in $out"

@@ -5,7 +5,15 @@
 // a device buffer (Storage::OnDevice); memory kinds are PJRT's: a device
 // buffer is in the memory space PJRT put it in.
 //
-// Immutable once ready (the executor hands it over only then); thread-safe.
+// A device buffer enters the store as soon as the program that makes it is
+// queued on its device, before it has run:
+//
+//   queued on the device ──(the program runs)──▶ ready
+//                        └─(the run fails)─────▶ failed (its error, kept)
+//
+// The next program on the device reads it as it is and the plugin orders
+// the two (no host thread waits); a reader on the host calls Await first.
+// Immutable once ready; thread-safe.
 #pragma once
 
 #include <atomic>
@@ -21,12 +29,18 @@ class DeviceBuffer {
   virtual ~DeviceBuffer() = default;
   // Bytes of the value, dense and row-major (as in host memory).
   virtual size_t size() const = 0;
+  // Blocks until the value has been computed. Its producer's error where
+  // that failed: every host reader then fails with it, and every program
+  // that reads it on the device fails with it too (the plugin's message,
+  // named by the program that made it). Cheap once it has returned.
+  virtual absl::Status Await() const = 0;
   // Where the device's memory is the host's (the CPU plugin) and the bytes
-  // are laid out densely and row-major: their address, readable in place.
-  // Null where host code cannot read them (a GPU).
+  // are laid out densely and row-major: their address, readable in place
+  // once Await returned OK. Null before, and where host code cannot read
+  // them (a GPU).
   virtual const void* host_address() const = 0;
-  // Copies the value into `dst` (size() bytes of host memory) and waits
-  // for the copy. Counts MemoryTraffic::device_to_host.
+  // Awaits the value, copies it into `dst` (size() bytes of host memory)
+  // and waits for the copy. Counts MemoryTraffic::device_to_host.
   virtual absl::Status CopyToHost(void* dst) const = 0;
 };
 
@@ -41,6 +55,28 @@ struct MemoryTraffic {
   static std::atomic<int64_t>& device_to_host() {
     static std::atomic<int64_t> bytes{0};
     return bytes;
+  }
+};
+
+// The paths shards took between devices and workers in this process, one
+// count per shard moved or read (WorkerStats.transfers_*; tests assert
+// which ran): a program reading a device value on its own device as it is
+// (alias), the plugin's copy between two devices of this worker
+// (device_to_device), a device value sent to another worker through host
+// memory (host_staged), and the device paths between workers: CUDA IPC
+// and NCCL (not built yet: always 0).
+struct TransferPaths {
+  static std::atomic<int64_t>& alias() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
+  static std::atomic<int64_t>& device_to_device() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
+  static std::atomic<int64_t>& host_staged() {
+    static std::atomic<int64_t> n{0};
+    return n;
   }
 };
 

@@ -187,8 +187,7 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::FromFd(int fd, size_t bytes) {
 std::shared_ptr<Storage> Storage::OnDevice(
     std::shared_ptr<const DeviceBuffer> buffer) {
   auto storage = std::shared_ptr<Storage>(
-      new Storage(const_cast<void*>(buffer->host_address()), buffer->size(),
-                  /*fd=*/-1, /*mapped=*/false));
+      new Storage(nullptr, buffer->size(), /*fd=*/-1, /*mapped=*/false));
   storage->device_ = std::move(buffer);
   return storage;
 }
@@ -197,6 +196,7 @@ absl::StatusOr<std::shared_ptr<const Storage>> Storage::InHostMemory(
     std::shared_ptr<const Storage> storage, bool shareable) {
   const DeviceBuffer* device = storage->device_buffer();
   if (device == nullptr) return storage;
+  if (absl::Status s = device->Await(); !s.ok()) return s;
   if (storage->data() != nullptr &&
       !(shareable && storage->size() >= kShmThreshold)) {
     return storage;  // read in place: the device's memory is the host's

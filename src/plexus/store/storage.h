@@ -50,14 +50,16 @@ class Storage {
   // not sealed against shrinking (as Allocate's memfds are).
   static absl::StatusOr<std::shared_ptr<Storage>> FromFd(int fd, size_t bytes);
 
-  // A shard left in a device's memory. data() is its host address where
-  // the device's memory is the host's (DeviceBuffer::host_address), else
-  // null.
+  // A shard left in a device's memory, which may not be computed yet
+  // (DeviceBuffer). data() is its host address where the device's memory
+  // is the host's and the value is ready (DeviceBuffer::host_address),
+  // else null: a reader on the host goes through InHostMemory.
   static std::shared_ptr<Storage> OnDevice(
       std::shared_ptr<const DeviceBuffer> buffer);
   // The bytes of `storage` in host memory, for a reader on the host: the
   // block itself where it is host memory, or device memory readable in
   // place (unless `shareable`); else a copy (counted in MemoryTraffic).
+  // Device memory is awaited first: its producer's error is returned.
   // `shareable`: the block may go to another process, so a large one must
   // be a memfd (device memory never is).
   static absl::StatusOr<std::shared_ptr<const Storage>> InHostMemory(
@@ -67,8 +69,10 @@ class Storage {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
-  void* data() { return data_; }
-  const void* data() const { return data_; }
+  void* data() {
+    return device_ ? const_cast<void*>(device_->host_address()) : data_;
+  }
+  const void* data() const { return device_ ? device_->host_address() : data_; }
   size_t size() const { return size_; }
   // A descriptor to hand to another process, or -1 for heap blocks. Asking
   // for it marks the block shared: it is never recycled, since the other

@@ -135,9 +135,12 @@ class TestDeviceBuffer : public DeviceBuffer {
   TestDeviceBuffer(std::vector<unsigned char> bytes, bool addressable)
       : bytes_(std::move(bytes)), addressable_(addressable) {}
   size_t size() const override { return bytes_.size(); }
+  absl::Status Await() const override { return error_; }
   const void* host_address() const override {
-    return addressable_ ? bytes_.data() : nullptr;
+    return addressable_ && error_.ok() ? bytes_.data() : nullptr;
   }
+  // Its producer failed: every host reader gets this.
+  void set_error(absl::Status error) { error_ = std::move(error); }
   absl::Status CopyToHost(void* dst) const override {
     std::memcpy(dst, bytes_.data(), bytes_.size());
     MemoryTraffic::device_to_host() += static_cast<int64_t>(bytes_.size());
@@ -147,7 +150,26 @@ class TestDeviceBuffer : public DeviceBuffer {
  private:
   std::vector<unsigned char> bytes_;
   const bool addressable_;
+  absl::Status error_;
 };
+
+TEST(StorageTest, AFailedDeviceValueFailsItsHostReaders) {
+  for (bool addressable : {false, true}) {
+    auto buffer = std::make_shared<TestDeviceBuffer>(
+        std::vector<unsigned char>(64, 1), addressable);
+    buffer->set_error(absl::ResourceExhaustedError(
+        "program 'f' on worker 1: XLA execution: out of memory"));
+    std::shared_ptr<const Storage> held = Storage::OnDevice(buffer);
+    EXPECT_EQ(held->data(), nullptr);
+    for (bool shareable : {false, true}) {
+      auto host = Storage::InHostMemory(held, shareable);
+      ASSERT_FALSE(host.ok());
+      EXPECT_EQ(host.status().code(), absl::StatusCode::kResourceExhausted);
+      EXPECT_NE(host.status().message().find("program 'f'"), std::string::npos)
+          << host.status();
+    }
+  }
+}
 
 std::vector<unsigned char> Pattern(size_t n) {
   std::vector<unsigned char> bytes(n);

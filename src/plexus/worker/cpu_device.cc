@@ -3,9 +3,11 @@
 
 namespace plexus {
 
-CpuDevice::CpuDevice(int index, int64_t memory_bytes, int64_t max_queued)
+CpuDevice::CpuDevice(int index, int64_t memory_bytes, int64_t max_queued,
+                     std::string kind)
     : index_(index),
       memory_bytes_(memory_bytes),
+      kind_(std::move(kind)),
       max_queued_(max_queued),
       thread_([this] { Loop(/*collective=*/false); }),
       collective_thread_([this] { Loop(/*collective=*/true); }) {}

@@ -46,14 +46,18 @@ class Device {
   virtual int64_t busy_micros() const = 0;
 };
 
-// A CPU device: one thread draining a FIFO, and one draining its
-// collectives' FIFO (the communication stream). Thread-safe.
+// A device served by host threads: one thread draining a FIFO, and one
+// draining its collectives' FIFO (the communication stream). A CPU; or a
+// PJRT plugin's device (a GPU), whose programs the thread queues on the
+// device and does not wait for (`kind` as the plugin names it).
+// Thread-safe.
 class CpuDevice : public Device {
  public:
-  CpuDevice(int index, int64_t memory_bytes, int64_t max_queued = 65536);
+  CpuDevice(int index, int64_t memory_bytes, int64_t max_queued = 65536,
+            std::string kind = "cpu");
   ~CpuDevice() override;  // finishes queued tasks, then joins
   int index() const override { return index_; }
-  std::string kind() const override { return "cpu"; }
+  std::string kind() const override { return kind_; }
   int64_t memory_bytes() const override { return memory_bytes_; }
   void Enqueue(Task task, TaskOrder order) override;
   void EnqueueCollective(Task task, TaskOrder order) override;
@@ -74,6 +78,7 @@ class CpuDevice : public Device {
 
   const int index_;
   const int64_t memory_bytes_;
+  const std::string kind_;
   const int64_t max_queued_;
   mutable absl::Mutex mu_;
   Stream compute_ ABSL_GUARDED_BY(mu_);

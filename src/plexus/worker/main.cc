@@ -6,7 +6,9 @@
 #include <cstdlib>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
@@ -24,9 +26,11 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--devices", options.num_devices, "number of CPU devices")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--device-memory-mib", memory_mib,
-                 "memory budget per device, MiB")
-      ->check(CLI::PositiveNumber);
+  CLI::Option* memory_option =
+      app.add_option("--device-memory-mib", memory_mib,
+                     "memory budget per device, MiB (with the plugin's "
+                     "devices: at most this, default the plugin's limit)")
+          ->check(CLI::PositiveNumber);
   app.add_option("--host-name", options.host_name,
                  "name this host reports (default: the machine's)");
   app.add_option("--data-host", options.data_host,
@@ -63,11 +67,26 @@ int main(int argc, char** argv) {
   app.add_option("--pjrt-plugin", options.pjrt_plugin,
                  "PJRT C API plugin (.so) for XLA programs, loaded on the "
                  "first XLA call (default: $PLEXUS_PJRT_PLUGIN)");
+  if (const char* env = std::getenv("PLEXUS_GPUS"); env && *env) {
+    for (absl::string_view g : absl::StrSplit(env, ',')) {
+      int64_t gpu = 0;
+      if (!absl::SimpleAtoi(g, &gpu) || gpu < 0) {
+        std::fprintf(stderr, "PLEXUS_GPUS: '%s' is not a GPU index\n",
+                     std::string(g).c_str());
+        return 2;
+      }
+      options.gpus.push_back(gpu);
+    }
+  }
   app.add_option("--gpus", options.gpus,
                  "GPU plugins: the host's GPUs this worker uses, e.g. 0,1 "
-                 "(default: all); workers sharing a host split them")
+                 "(default: $PLEXUS_GPUS); workers sharing a host split "
+                 "them, or share one. Implies --devices-from-plugin")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--devices-from-plugin", options.devices_from_plugin,
+               "this worker's devices are the PJRT plugin's (one per GPU), "
+               "with their kinds and memory; the plugin loads at start");
   std::string secret_file;
   app.add_option("--secret-file", secret_file,
                  "file holding the cluster secret, hex (default: "
@@ -90,6 +109,8 @@ int main(int argc, char** argv) {
   plexus::RaiseOpenFileLimit();
   plexus::UseLockOrderChecksOfThisBuild();
   options.device_memory = static_cast<int64_t>(memory_mib * (1 << 20));
+  options.device_memory_given = memory_option->count() > 0;
+  if (!options.gpus.empty()) options.devices_from_plugin = true;
   options.shared_memory = !no_shm;
   plexus::InitLogging(
       options.host_name.empty() ? "worker" : "worker " + options.host_name,

@@ -28,7 +28,10 @@ PeerSender::~PeerSender() {
 
 void PeerSender::Send(const transport::ShardKey& key,
                       absl::StatusOr<std::shared_ptr<const Storage>> data) {
-  const bool small = !data.ok() || (*data)->size() <= kInlineBytes;
+  // A value in device memory is never sent on the caller's thread (a
+  // device thread, as its producer is queued): it may not be computed yet.
+  const bool small = !data.ok() || ((*data)->kind() == MemoryKind::kHost &&
+                                    (*data)->size() <= kInlineBytes);
   {
     absl::MutexLock lock(&mu_);
     if (down_) return;
@@ -80,13 +83,20 @@ void PeerSender::Loop() {
       queue_.pop_front();
       busy_ = true;
     }
-    Deliver(item);
+    Deliver(std::move(item));
     absl::MutexLock lock(&mu_);
     busy_ = false;
   }
 }
 
-void PeerSender::Deliver(const Item& item) {
+void PeerSender::Deliver(Item item) {
+  if (item.data.ok() && (*item.data)->kind() == MemoryKind::kDevice) {
+    // No device path between workers yet: staged through host memory, on
+    // this thread, once the value is computed (or its error goes instead).
+    item.data =
+        Storage::InHostMemory(*std::move(item.data), /*shareable=*/true);
+    TransferPaths::host_staged()++;
+  }
   absl::Status s = SendOne(item);
   if (s.ok()) return;
   // One reconnect: the connection may have been closed under us.

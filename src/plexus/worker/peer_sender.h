@@ -49,8 +49,9 @@ class PeerSender {
   };
   void Loop();
   absl::Status SendOne(const Item& item);
-  // SendOne with one reconnect; reports a failure.
-  void Deliver(const Item& item);
+  // SendOne with one reconnect; reports a failure. A shard in device memory
+  // is copied to host memory first.
+  void Deliver(Item item);
   static constexpr size_t kInlineBytes = 64 * 1024;
 
   const int64_t peer_id_;

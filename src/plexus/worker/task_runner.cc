@@ -1,4 +1,5 @@
 // Execution of the shard tasks of a call on this worker's devices.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -351,7 +352,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     if (all_aliased) return absl::OkStatus();
     if (program->xla) {
       joined_island = true;
-      return RunXlaPartition(*call, task_index, ctx, input_devices, &outputs);
+      return RunXlaPartition(call, task_index, ctx, input_devices, &outputs);
     }
     absl::Status s = program->kernel->Run(ctx);
     if (!s.ok()) {
@@ -367,7 +368,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   const absl::Time started = absl::Now();
   call->queued_micros += absl::ToInt64Microseconds(started - queued);
   absl::Status status = run();
-  call->busy_micros += absl::ToInt64Microseconds(absl::Now() - started);
+  const absl::Time ran = absl::Now();
   if (call->island && !joined_island) call->island->Fail(task_index, status);
   if (call->collective &&
       (shard_collectives == nullptr || !shard_collectives->contributed())) {
@@ -377,12 +378,13 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
                                   : status);
   }
   if (status.ok()) {
+    // An XLA output goes in now, before its run has ended: the device's
+    // next program reads it as it is, host readers await it.
     for (int o = 0; o < exec.output_ids_size(); ++o) {
       // An aliased output is charged again: a conservative budget.
       store_->Fulfil({exec.output_ids(o), task.shard()}, std::move(outputs[o]),
                      device, /*reserved=*/!aliased[o]);
     }
-    calls_executed_++;
   } else {
     if (output_bytes > 0) store_->Unreserve(device, output_bytes);
     for (int o = 0; o < exec.output_ids_size(); ++o) {
@@ -393,9 +395,52 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     SPDLOG_DEBUG("call {} shard {} failed: {}", exec.call_id(), task.shard(),
                  status.ToString());
   }
-  if (scratch_bytes > 0) store_->Unreserve(device, scratch_bytes);
+  if (!(status.ok() && joined_island)) {
+    if (status.ok()) calls_executed_++;
+    FinishTask(call, task_index, std::move(keep), scratch_bytes,
+               absl::ToInt64Microseconds(ran - started));
+    return;
+  }
+  // An XLA run queued on the device: what it reads stays pinned, and the
+  // call is reported, once it has run.
+  xla_runs_started_.fetch_add(1);
+  call->island->WhenEnded([this, call, task_index, keep = std::move(keep),
+                           scratch_bytes, device,
+                           started](const absl::Status& end) mutable {
+    // Device time: from when it was queued or the device's previous run
+    // ended, whichever is later, to its end (runs on a device end in
+    // order, on one completion thread).
+    const int64_t now = absl::ToUnixMicros(absl::Now());
+    const int64_t from =
+        std::max(absl::ToUnixMicros(started), device_run_ends_[device].load());
+    device_run_ends_[device].store(now);
+    if (end.ok()) {
+      calls_executed_++;
+    } else {
+      calls_failed_++;
+      call->failed = true;
+      SPDLOG_DEBUG("call {} shard {} failed on its device: {}",
+                   call->exec.call_id(), call->exec.tasks(task_index).shard(),
+                   end.ToString());
+    }
+    FinishTask(call, task_index, std::move(keep), scratch_bytes,
+               std::max<int64_t>(0, now - from));
+    absl::MutexLock lock(&xla_runs_mu_);
+    ++xla_runs_ended_;
+  });
+}
+
+void WorkerImpl::FinishTask(const std::shared_ptr<CallContext>& call,
+                            int task_index,
+                            std::vector<std::shared_ptr<const Storage>> keep,
+                            int64_t scratch_bytes, int64_t busy_micros) {
+  const proto::Execute& exec = call->exec;
+  const proto::ShardTask& task = exec.tasks(task_index);
+  call->busy_micros += busy_micros;
+  if (scratch_bytes > 0) store_->Unreserve(task.device(), scratch_bytes);
   keep.clear();
-  if (input_error.ok()) {  // else its pins were dropped when it was queued
+  if (call->input_errors[task_index].ok()) {
+    // Else its pins were dropped when it was queued.
     for (const auto& binding : task.inputs()) {
       for (const auto& piece : binding.pieces()) {
         store_->RemoveReader({piece.buffer_id(), piece.shard()});

@@ -115,7 +115,9 @@ WorkerImpl::~WorkerImpl() {
   if (writer_.joinable()) writer_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
   StopCompiler();
-  store_->Shutdown();  // wakes every waiting task: the devices drain at once
+  // wakes every waiting task: the devices drain at once (no store: the
+  // start failed before it)
+  if (store_) store_->Shutdown();
   data_server_.reset();
   // Transfer callbacks (ApplyTransfer, collectives) hold raw PeerSender
   // pointers and still fire on the device threads as the drained tasks fail
@@ -129,6 +131,7 @@ WorkerImpl::~WorkerImpl() {
     for (auto& [id, sender] : senders_) sender->MarkDown();
   }
   devices_.clear();
+  AwaitXlaRuns();  // their ends read the store and report calls
   {
     absl::MutexLock lock(&peers_mu_);
     senders.swap(senders_);
@@ -159,9 +162,41 @@ absl::Status WorkerImpl::StartLocal() {
   if (!options_.shared_memory) {
     absl::StrAppend(&machine_id_, "/pid", getpid());
   }
+  xla::PjrtOptions pjrt;
+  pjrt.plugin_path = options_.pjrt_plugin;
+  pjrt.cpu_device_count = options_.num_devices;  // PJRT device i = ours
+  pjrt.gpus = options_.gpus;
+  xla_ = std::make_unique<xla::XlaExecutor>(pjrt);
+  // The devices: the plugin's, or num_devices of device_memory each.
+  struct DeviceSpec {
+    std::string kind;
+    int64_t memory;
+  };
+  std::vector<DeviceSpec> specs;
+  if (options_.devices_from_plugin) {
+    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
+    if (!runtime.ok()) return runtime.status();
+    for (int d = 0; d < (*runtime)->num_devices(); ++d) {
+      absl::StatusOr<int64_t> limit = (*runtime)->device_memory_limit(d);
+      int64_t memory = options_.device_memory;
+      if (limit.ok() && !(options_.device_memory_given && memory < *limit)) {
+        memory = *limit;
+      }
+      specs.push_back({(*runtime)->device_kind(d), memory});
+      SPDLOG_INFO("device {}: {} ({}), {} MiB", d, specs.back().kind,
+                  (*runtime)->platform(), memory >> 20);
+    }
+    if (specs.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "PJRT plugin '", options_.pjrt_plugin, "' shows no devices"));
+    }
+  } else {
+    specs.assign(options_.num_devices, {"cpu", options_.device_memory});
+  }
   ObjectStore::Options store_options;
-  store_options.device_memory.assign(options_.num_devices,
-                                     options_.device_memory);
+  for (const DeviceSpec& spec : specs) {
+    store_options.device_memory.push_back(spec.memory);
+  }
   // A client's fetch or wait may name an output whose call still waits at
   // the server's admission (behind its own backlog, or a busier tenant's):
   // the worker learns of it only when the call is admitted. So a key not
@@ -170,14 +205,12 @@ absl::Status WorkerImpl::StartLocal() {
   store_options.unknown_key_timeout = kUnknownKeyTimeout;
   store_options.clock = options_.clock;
   store_ = std::make_unique<ObjectStore>(store_options);
-  xla::PjrtOptions pjrt;
-  pjrt.plugin_path = options_.pjrt_plugin;
-  pjrt.cpu_device_count = options_.num_devices;  // PJRT device i = ours
-  pjrt.gpus = options_.gpus;
-  xla_ = std::make_unique<xla::XlaExecutor>(pjrt);
-  for (int d = 0; d < options_.num_devices; ++d) {
-    devices_.push_back(std::make_unique<CpuDevice>(d, options_.device_memory));
+  for (size_t d = 0; d < specs.size(); ++d) {
+    devices_.push_back(
+        std::make_unique<CpuDevice>(static_cast<int>(d), specs[d].memory,
+                                    /*max_queued=*/65536, specs[d].kind));
   }
+  device_run_ends_ = std::make_unique<std::atomic<int64_t>[]>(specs.size());
 
   transport::DataPlaneServerOptions dp;
   dp.tcp_host = options_.data_host;
@@ -476,6 +509,9 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_programs_loaded(programs_loaded_.load());
   s.set_pushes_fenced(pushes_fenced_.load());
   s.set_bytes_host_to_device(MemoryTraffic::host_to_device().load());
+  s.set_transfers_alias(TransferPaths::alias().load());
+  s.set_transfers_device_to_device(TransferPaths::device_to_device().load());
+  s.set_transfers_host_staged(TransferPaths::host_staged().load());
   s.set_bytes_device_to_host(MemoryTraffic::device_to_host().load());
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());
@@ -699,10 +735,8 @@ void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
     return;
   }
   store_->OnReady(src, [this, src, dst, sender](auto result) {
-    // No device path between workers yet: the bytes go from host memory.
-    if (result.ok()) {
-      result = Storage::InHostMemory(*std::move(result), /*shareable=*/true);
-    }
+    // No device path between workers yet: the sender stages a value in
+    // device memory through host memory, on its own thread.
     sender->Send(dst, std::move(result));
     store_->RemoveReader(src);
   });
@@ -803,7 +837,25 @@ void WorkerImpl::DeliverError(const transport::ShardKey& key,
 
 absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::AwaitReady(
     const transport::ShardKey& key) {
-  return store_->AwaitReady({key.buffer_id, key.shard});
+  absl::StatusOr<std::shared_ptr<const Storage>> ready =
+      store_->AwaitReady({key.buffer_id, key.shard});
+  // A value in device memory may still be being computed: a client's
+  // wait or fetch is answered once it is, with its error if it failed.
+  if (ready.ok() && *ready != nullptr) {
+    if (const DeviceBuffer* device = (*ready)->device_buffer()) {
+      if (absl::Status s = device->Await(); !s.ok()) return s;
+    }
+  }
+  return ready;
+}
+
+void WorkerImpl::AwaitXlaRuns() {
+  const int64_t started = xla_runs_started_.load();
+  absl::MutexLock lock(&xla_runs_mu_);
+  auto ended = [this, started]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(xla_runs_mu_) {
+    return xla_runs_ended_ >= started;
+  };
+  xla_runs_mu_.Await(absl::Condition(&ended));
 }
 
 }  // namespace plexus

@@ -64,6 +64,15 @@ struct WorkerOptions {
   // visible_devices), so several workers can share a host's GPUs; empty:
   // the plugin's choice (all).
   std::vector<int64_t> gpus;
+  // The worker's devices are the plugin's (one per GPU on an NVIDIA host),
+  // each with the kind the plugin gives and, as its budget, the memory the
+  // plugin's allocator may take on it, capped by `device_memory` where
+  // `device_memory_given`; the plugin is loaded as the worker starts, and
+  // a plugin that does not load ends the start. Else `num_devices`
+  // devices of `device_memory` each, and the plugin is loaded on the
+  // first XLA call.
+  bool devices_from_plugin = false;
+  bool device_memory_given = false;
   // The cluster secret (common/credentials.h): the worker proves itself to
   // the server and its peers with it, and checks every data-plane request
   // against it. Start() refuses to run without one.

@@ -71,6 +71,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // message also names this worker). The reader thread's only entry point:
   // one caller at a time.
   void ApplyOps(proto::ServerToWorker& msg);
+  // This worker's devices, by index (fixed once StartLocal returned).
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+  const Device& device(int index) const { return *devices_[index]; }
   // Tasks queued or running on this worker's devices.
   int64_t pending_tasks() const {
     int64_t n = 0;
@@ -162,13 +165,25 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // `queued`: when it entered its device's queue.
   void RunTask(const std::shared_ptr<CallContext>& call, int task_index,
                absl::Time queued);
+  // The end of a task's work (at once, or when its XLA run has ended): its
+  // inputs are let go and, for the call's last task here, the call is
+  // reported done.
+  void FinishTask(const std::shared_ptr<CallContext>& call, int task_index,
+                  std::vector<std::shared_ptr<const Storage>> keep,
+                  int64_t scratch_bytes, int64_t busy_micros);
+  // Blocks until every XLA run queued so far has ended and been finished
+  // (the destructor, once no device queues more).
+  void AwaitXlaRuns();
   // Runs partition `task_index` of an XLA call (xla_task.cc): joins the
-  // island's other tasks and blocks until the executable has run. Inputs
-  // are `ctx.inputs`, read from `input_devices[i]` where that is set (a
-  // device buffer); the outputs it makes go into the null entries of
-  // `outputs` (device memory; the others were made by the caller).
+  // island's other tasks and returns once the executable's run is queued
+  // (call.island->WhenEnded tells when it has run). Inputs are
+  // `ctx.inputs`, read from `input_devices[i]` where that is set (a device
+  // buffer, which need not be ready); the outputs it makes go into the null
+  // entries of `outputs` (device memory, ready when the run has completed;
+  // the others were made by the caller).
   absl::Status RunXlaPartition(
-      CallContext& call, int task_index, const builtin::KernelContext& ctx,
+      const std::shared_ptr<CallContext>& call, int task_index,
+      const builtin::KernelContext& ctx,
       const std::vector<const DeviceBuffer*>& input_devices,
       std::vector<std::shared_ptr<Storage>>* outputs);
   // The executable of `program` for the island on `devices`.
@@ -261,6 +276,14 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       compile_queue_ ABSL_GUARDED_BY(compile_mu_);
   bool compile_stop_ ABSL_GUARDED_BY(compile_mu_) = false;
   std::thread compiler_;  // started by the first CompileAhead (reader thread)
+
+  // XLA runs queued on the devices and ended (their FinishTask done): the
+  // destructor waits for them all.
+  std::atomic<int64_t> xla_runs_started_{0};
+  absl::Mutex xla_runs_mu_;
+  int64_t xla_runs_ended_ ABSL_GUARDED_BY(xla_runs_mu_) = 0;
+  // Per device, when its last XLA run ended (unix micros; device time).
+  std::unique_ptr<std::atomic<int64_t>[]> device_run_ends_;
 
   std::atomic<int64_t> calls_executed_{0};
   std::atomic<int64_t> calls_failed_{0};

@@ -333,5 +333,38 @@ TEST(WorkerOpsTest, TaskOnADeviceTheWorkerLacksFailsItsOutputs) {
       << result.status();
 }
 
+#ifdef PLEXUS_TEST_PJRT_PLUGIN
+TEST(WorkerDevicesTest, DevicesFromThePluginAreThePluginsWithItsKinds) {
+  WorkerOptions options;
+  options.pjrt_plugin = PLEXUS_TEST_PJRT_PLUGIN;
+  options.devices_from_plugin = true;
+  options.num_devices = 3;  // the CPU plugin makes as many
+  options.device_memory = 64 << 20;
+  options.device_memory_given = true;
+  WorkerImpl worker(options);
+  ASSERT_TRUE(worker.StartLocal().ok());
+  ASSERT_EQ(worker.num_devices(), 3);
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_EQ(worker.device(d).index(), d);
+    // The plugin's word for it; the CPU plugin gives no memory limit, so
+    // the budget is the operator's.
+    EXPECT_EQ(worker.device(d).kind(), "cpu");
+    EXPECT_EQ(worker.device(d).memory_bytes(), 64 << 20);
+  }
+}
+#endif
+
+TEST(WorkerDevicesTest, APluginThatDoesNotLoadEndsTheStartNamingIt) {
+  WorkerOptions options;
+  options.pjrt_plugin = "/nonexistent/xla_cuda_plugin.so";
+  options.devices_from_plugin = true;
+  WorkerImpl worker(options);
+  absl::Status s = worker.StartLocal();
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("/nonexistent/xla_cuda_plugin.so"),
+            std::string::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace plexus

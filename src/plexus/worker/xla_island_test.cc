@@ -2,6 +2,7 @@
 #include "plexus/worker/xla_island.h"
 
 #include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,6 +21,7 @@ class Marker : public DeviceBuffer {
  public:
   explicit Marker(int p) : p(p) {}
   size_t size() const override { return 0; }
+  absl::Status Await() const override { return absl::OkStatus(); }
   const void* host_address() const override { return nullptr; }
   absl::Status CopyToHost(void*) const override { return absl::OkStatus(); }
   const int p;
@@ -37,7 +39,9 @@ TEST(IslandExecutionTest, TheLastArrivalRunsOnceWithEveryPartition) {
   float values[kParts] = {1, 2, 3};
   std::atomic<int> runs{0};
   std::atomic<int> seen_parts{0};
-  IslandExecution::RunFn run = [&](const IslandExecution::Inputs& in) {
+  IslandExecution::RunFn run = [&](const IslandExecution::Inputs& in,
+                                   IslandExecution::DoneFn done) {
+    done(absl::OkStatus());
     runs++;
     int n = 0;
     for (int p = 0; p < kParts; ++p) {
@@ -67,7 +71,9 @@ TEST(IslandExecutionTest, TheLastArrivalRunsOnceWithEveryPartition) {
 TEST(IslandExecutionTest, ARunWithTooFewPartitionsIsAnError) {
   IslandExecution island(2);
   float v = 0;
-  IslandExecution::RunFn run = [](const IslandExecution::Inputs&) {
+  IslandExecution::RunFn run = [](const IslandExecution::Inputs&,
+                                  IslandExecution::DoneFn done) {
+    done(absl::OkStatus());
     return OnePerPartition(1);
   };
   absl::Status a;
@@ -82,7 +88,8 @@ TEST(IslandExecutionTest, AFailedPartitionFailsTheIslandWithoutRunning) {
   IslandExecution island(3);
   float v = 0;
   std::atomic<int> runs{0};
-  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&) {
+  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&,
+                                   IslandExecution::DoneFn) {
     runs++;
     return OnePerPartition(3);
   };
@@ -100,8 +107,9 @@ TEST(IslandExecutionTest, AFailedPartitionFailsTheIslandWithoutRunning) {
 TEST(IslandExecutionTest, TheRunsErrorReachesEveryPartition) {
   IslandExecution island(2);
   float v = 0;
-  IslandExecution::RunFn run = [](const IslandExecution::Inputs&)
-      -> absl::StatusOr<IslandExecution::Outputs> {
+  IslandExecution::RunFn run =
+      [](const IslandExecution::Inputs&,
+         IslandExecution::DoneFn) -> absl::StatusOr<IslandExecution::Outputs> {
     return absl::InternalError("XLA execute: boom");
   };
   absl::Status a;
@@ -118,7 +126,8 @@ TEST(IslandExecutionTest, LeavingWithoutAnErrorStillFails) {
   IslandExecution island(2);
   float v = 0;
   std::atomic<int> runs{0};
-  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&) {
+  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&,
+                                   IslandExecution::DoneFn) {
     runs++;
     return OnePerPartition(2);
   };
@@ -126,6 +135,54 @@ TEST(IslandExecutionTest, LeavingWithoutAnErrorStillFails) {
   absl::Status s = island.Arrive(1, {In(&v)}, run).status();
   EXPECT_EQ(runs.load(), 0);
   EXPECT_FALSE(s.ok());
+}
+
+TEST(IslandExecutionTest, WhatWaitsForTheEndRunsWhenTheRunEnds) {
+  // The run is queued, not run, when the partitions return: what needs its
+  // end (inputs let go, the call reported) waits for `done`.
+  IslandExecution island(2);
+  float v = 0;
+  IslandExecution::DoneFn done;
+  IslandExecution::RunFn run = [&](const IslandExecution::Inputs&,
+                                   IslandExecution::DoneFn d) {
+    done = std::move(d);
+    return OnePerPartition(2);
+  };
+  absl::Status a;
+  std::thread t([&] { a = island.Arrive(0, {In(&v)}, run).status(); });
+  absl::Status b = island.Arrive(1, {In(&v)}, run).status();
+  t.join();
+  ASSERT_TRUE(a.ok()) << a;
+  ASSERT_TRUE(b.ok()) << b;
+  std::vector<std::string> seen;
+  island.WhenEnded([&](const absl::Status& s) { seen.push_back("first"); });
+  island.WhenEnded(
+      [&](const absl::Status& s) { seen.push_back(std::string(s.message())); });
+  EXPECT_TRUE(seen.empty());  // not ended yet
+  ASSERT_TRUE(done);
+  done(absl::ResourceExhaustedError("out of memory on the device"));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], "first");
+  EXPECT_EQ(seen[1], "out of memory on the device");
+  // After the end: at once, with the same status.
+  absl::Status late;
+  island.WhenEnded([&](const absl::Status& s) { late = s; });
+  EXPECT_EQ(late.code(), absl::StatusCode::kResourceExhausted);
+}
+
+TEST(IslandExecutionTest, AnIslandThatNeverRanHasEndedAtOnce) {
+  IslandExecution island(2);
+  float v = 0;
+  IslandExecution::RunFn run =
+      [](const IslandExecution::Inputs&,
+         IslandExecution::DoneFn) -> absl::StatusOr<IslandExecution::Outputs> {
+    return absl::InternalError("never");
+  };
+  island.Fail(0, absl::NotFoundError("input 0 failed upstream"));
+  EXPECT_FALSE(island.Arrive(1, {In(&v)}, run).ok());
+  absl::Status end;
+  island.WhenEnded([&](const absl::Status& s) { end = s; });
+  EXPECT_EQ(end, absl::NotFoundError("input 0 failed upstream"));
 }
 
 }  // namespace

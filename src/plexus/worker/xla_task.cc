@@ -144,9 +144,11 @@ void WorkerImpl::StopCompiler() {
 }
 
 absl::Status WorkerImpl::RunXlaPartition(
-    CallContext& call, int task_index, const builtin::KernelContext& ctx,
+    const std::shared_ptr<CallContext>& call_ref, int task_index,
+    const builtin::KernelContext& ctx,
     const std::vector<const DeviceBuffer*>& input_devices,
     std::vector<std::shared_ptr<Storage>>* outputs) {
+  CallContext& call = *call_ref;
   const proto::Execute& exec = call.exec;
   LoadedProgram& program = *call.program;
   const int device = exec.tasks(task_index).device();
@@ -180,7 +182,8 @@ absl::Status WorkerImpl::RunXlaPartition(
     inputs.push_back({ctx.inputs[i].spec, ctx.inputs[i].data,
                       i < input_devices.size() ? input_devices[i] : nullptr});
   }
-  auto run = [&](const IslandExecution::Inputs& in)
+  auto run = [&](const IslandExecution::Inputs& in,
+                 IslandExecution::DoneFn done)
       -> absl::StatusOr<IslandExecution::Outputs> {
     for (size_t o = 0; o < program.outputs.size(); ++o) {
       const TensorSpec& got = (*exe)->outputs()[o];
@@ -192,7 +195,13 @@ absl::Status WorkerImpl::RunXlaPartition(
             " per device, the program declared ", local->ToString()));
       }
     }
-    auto out = (*exe)->runtime().Execute(**exe, in);
+    // Queued behind what the device runs already; its inputs need not be
+    // ready. The call stays alive until the run's end is handled.
+    auto out = (*exe)->runtime().Execute(
+        **exe, in,
+        absl::StrCat("program '", program.name, "' on worker ",
+                     worker_id_.load()),
+        [call_ref, done = std::move(done)](absl::Status end) { done(end); });
     if (!out.ok()) return out.status();
     IslandExecution::Outputs result(out->size());
     for (size_t p = 0; p < out->size(); ++p) {
@@ -201,7 +210,12 @@ absl::Status WorkerImpl::RunXlaPartition(
     return result;
   };
   auto mine = call.island->Arrive(task_index, std::move(inputs), run);
-  if (scratch > 0) store_->Unreserve(device, scratch);
+  if (scratch > 0) {
+    // XLA's scratch is in use until the run has ended.
+    call.island->WhenEnded([this, device, scratch](const absl::Status&) {
+      store_->Unreserve(device, scratch);
+    });
+  }
   if (!mine.ok()) return named(mine.status());
   for (size_t o = 0; o < outputs->size(); ++o) {
     if ((*outputs)[o] != nullptr) {

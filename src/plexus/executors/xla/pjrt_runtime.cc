@@ -316,10 +316,21 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
   }
   devices_.assign(devs.addressable_devices,
                   devs.addressable_devices + devs.num_addressable_devices);
+  completions_ = std::make_unique<SerialExecutor>("plexus-xla-done");
   return absl::OkStatus();
 }
 
 PjrtRuntime::~PjrtRuntime() {
+  // Every queued run ends (XLA runs cannot be cancelled), and its end is
+  // handled, before the completion thread goes.
+  {
+    absl::MutexLock lock(&runs_mu_);
+    auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runs_mu_) {
+      return runs_ == 0;
+    };
+    runs_mu_.Await(absl::Condition(&finished));
+  }
+  completions_.reset();
   // The client goes with handle_of_client_, once no buffer of it is left.
   // The plugin stays mapped: its static destructors and threads may still
   // run at exit, and unloading XLA is not supported.
@@ -328,6 +339,40 @@ PjrtRuntime::~PjrtRuntime() {
 std::string PjrtRuntime::api_version() const {
   return absl::StrCat(api_->pjrt_api_version.major_version, ".",
                       api_->pjrt_api_version.minor_version);
+}
+
+std::string PjrtRuntime::device_kind(int d) const {
+  if (d < 0 || d >= num_devices()) return "";
+  PjrtScope scope(api_);
+  auto desc = PJRT_ARGS(PJRT_Device_GetDescription_Args);
+  desc.device = devices_[d];
+  if (!scope.ToStatus(api_->PJRT_Device_GetDescription(&desc), "").ok()) {
+    return platform_;
+  }
+  auto kind = PJRT_ARGS(PJRT_DeviceDescription_Kind_Args);
+  kind.device_description = desc.device_description;
+  if (!scope.ToStatus(api_->PJRT_DeviceDescription_Kind(&kind), "").ok()) {
+    return platform_;
+  }
+  return std::string(kind.device_kind, kind.device_kind_size);
+}
+
+absl::StatusOr<int64_t> PjrtRuntime::device_memory_limit(int d) const {
+  if (d < 0 || d >= num_devices()) {
+    return absl::InvalidArgumentError(absl::StrCat("no device ", d));
+  }
+  PjrtScope scope(api_);
+  auto stats = PJRT_ARGS(PJRT_Device_MemoryStats_Args);
+  stats.device = devices_[d];
+  if (absl::Status s = scope.ToStatus(api_->PJRT_Device_MemoryStats(&stats),
+                                      "device memory stats");
+      !s.ok()) {
+    return absl::NotFoundError(s.message());
+  }
+  if (!stats.bytes_limit_is_set || stats.bytes_limit <= 0) {
+    return absl::NotFoundError("the plugin gives no memory limit");
+  }
+  return stats.bytes_limit;
 }
 
 absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
@@ -433,9 +478,25 @@ absl::StatusOr<bool> PjrtRuntime::ReadsInPlace(
   return p.buffer_pointer == reinterpret_cast<uintptr_t>(input.data);
 }
 
+// One queued run: what it reads stays alive until it has completed.
+struct PjrtRuntime::Run {
+  const PjrtRuntime* runtime = nullptr;
+  // The arguments' PJRT buffers made for this run (host memory in place,
+  // device-to-device copies) and their zero-copy events.
+  std::unique_ptr<PjrtScope> scope;
+  // Host copies of device buffers no path here can read.
+  std::vector<std::unique_ptr<char[]>> staged;
+  std::vector<PJRT_Event*> complete;  // one per partition
+  std::atomic<int> left{0};           // partitions not yet complete
+  absl::Mutex mu;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  DoneFn done;
+};
+
 absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     const PjrtExecutable& exe,
-    const std::vector<std::vector<XlaArgument>>& inputs) const {
+    const std::vector<std::vector<XlaArgument>>& inputs, absl::string_view what,
+    DoneFn done) const {
   const size_t parts = exe.devices_.size();
   if (inputs.size() != parts) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -443,10 +504,10 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   }
   const size_t num_args = parts == 0 ? 0 : inputs[0].size();
   const size_t num_outputs = exe.outputs_.size();
-  PjrtScope scope(api_);
-  // Host copies of device buffers no path here can read (another
-  // runtime's, not host-addressable): kept until the run is over.
-  std::vector<std::unique_ptr<char[]>> staged;
+  auto run = std::make_unique<Run>();
+  run->runtime = this;
+  run->scope = std::make_unique<PjrtScope>(api_);
+  PjrtScope& scope = *run->scope;
   std::vector<std::vector<PJRT_Buffer*>> args(parts);
   for (size_t p = 0; p < parts; ++p) {
     if (inputs[p].size() != num_args) {
@@ -456,7 +517,7 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     }
     for (size_t i = 0; i < num_args; ++i) {
       absl::StatusOr<PJRT_Buffer*> buffer =
-          Argument(scope, inputs[p][i], exe.devices_[p], &staged);
+          Argument(scope, inputs[p][i], exe.devices_[p], &run->staged);
       if (!buffer.ok()) {
         return absl::Status(
             buffer.status().code(),
@@ -473,6 +534,7 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     arg_lists[p] = args[p].data();
     out_lists[p] = outs[p].data();
   }
+  run->complete.assign(parts, nullptr);
   static std::atomic<int> launch_id{1};
   auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
   opts.launch_id = launch_id.fetch_add(1);
@@ -483,14 +545,15 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   ex.num_devices = parts;
   ex.num_args = num_args;
   ex.output_lists = out_lists.data();
+  ex.device_complete_events = run->complete.data();
   if (absl::Status s = scope.ToStatus(api_->PJRT_LoadedExecutable_Execute(&ex),
                                       "XLA execute");
       !s.ok()) {
     return s;
   }
   // The outputs are ours from here (freed with their PjrtBuffer, also on
-  // error). Each is ready once the execution that makes it has run: its
-  // error, if any, comes from the wait.
+  // error), each ready once the run that makes it has completed.
+  auto producer = std::make_shared<const std::string>(what);
   Outputs result(parts);
   absl::Status status;
   for (size_t p = 0; p < parts; ++p) {
@@ -501,27 +564,82 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
         result[p].push_back(nullptr);
         continue;
       }
-      result[p].push_back(std::shared_ptr<PjrtBuffer>(
-          new PjrtBuffer(handle_of_client_, outs[p][o], DeviceIndex(exe, p),
-                         exe.outputs_[o].byte_size())));
+      result[p].push_back(std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
+          handle_of_client_, outs[p][o], DeviceIndex(exe, p),
+          exe.outputs_[o].byte_size(), platform_ == "cpu", producer)));
     }
   }
-  for (size_t p = 0; p < parts && status.ok(); ++p) {
-    for (const auto& out : result[p]) {
-      auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-      ready.buffer = out->buffer_;
-      status = scope.ToStatus(api_->PJRT_Buffer_ReadyEvent(&ready),
-                              "output ready event");
-      if (status.ok()) status = scope.Await(ready.event);
-      if (!status.ok()) break;
-      if (absl::Status s = FindHostAddress(scope, *out); !s.ok()) {
-        status = s;
-        break;
+  // Its end: each partition's completion counts down, the last hands the
+  // run to the completion thread. The run is queued: it ends whatever
+  // this returns, and `done` is called if this returns its outputs.
+  if (status.ok()) run->done = std::move(done);
+  {
+    absl::MutexLock lock(&runs_mu_);
+    ++runs_;
+  }
+  Run* queued = run.release();
+  queued->left = static_cast<int>(parts);
+  if (parts == 0) completions_->Post([this, queued] { Finish(queued); });
+  for (size_t p = 0; p < parts; ++p) {
+    auto on = PJRT_ARGS(PJRT_Event_OnReady_Args);
+    on.event = queued->complete[p];
+    on.callback = &PjrtRuntime::PartitionDone;
+    on.user_arg = queued;
+    if (on.event == nullptr) {
+      PartitionDone(nullptr, queued);  // a plugin that gives no event
+      continue;
+    }
+    if (PJRT_Error* e = api_->PJRT_Event_OnReady(&on); e != nullptr) {
+      // Not registered: wait for it here instead (rare; never seen).
+      PJRT_Error* waited = nullptr;
+      {
+        auto a = PJRT_ARGS(PJRT_Event_Await_Args);
+        a.event = on.event;
+        waited = api_->PJRT_Event_Await(&a);
       }
+      PjrtScope(api_).ToStatus(e, "").IgnoreError();
+      PartitionDone(waited, queued);
     }
   }
   if (!status.ok()) return status;
   return result;
+}
+
+void PjrtRuntime::PartitionDone(PJRT_Error* error, void* arg) {
+  Run* run = static_cast<Run*>(arg);
+  const PjrtRuntime* runtime = run->runtime;
+  if (error != nullptr) {
+    absl::Status s = PjrtScope(runtime->api_).ToStatus(error, "XLA execution");
+    absl::MutexLock lock(&run->mu);
+    run->status.Update(s);
+  }
+  if (run->left.fetch_sub(1) == 1) {
+    runtime->completions_->Post([runtime, run] { runtime->Finish(run); });
+  }
+}
+
+void PjrtRuntime::Finish(Run* run) const {
+  std::unique_ptr<Run> owned(run);
+  for (PJRT_Event* e : run->complete) {
+    if (e == nullptr) continue;
+    auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    d.event = e;
+    run->scope->ToStatus(api_->PJRT_Event_Destroy(&d), "").IgnoreError();
+  }
+  // The arguments' buffers go, and host memory read in place is let go
+  // (the scope waits for the plugin's word on each), before `done` says
+  // the inputs may be freed.
+  run->scope.reset();
+  run->staged.clear();
+  absl::Status status;
+  {
+    absl::MutexLock lock(&run->mu);
+    status = run->status;
+  }
+  if (run->done) run->done(status);
+  owned.reset();
+  absl::MutexLock lock(&runs_mu_);
+  --runs_;
 }
 
 int PjrtRuntime::DeviceIndex(const PjrtExecutable& exe, size_t p) const {
@@ -529,25 +647,6 @@ int PjrtRuntime::DeviceIndex(const PjrtExecutable& exe, size_t p) const {
     if (devices_[d] == exe.devices_[p]) return static_cast<int>(d);
   }
   return -1;
-}
-
-absl::Status PjrtRuntime::FindHostAddress(PjrtScope& scope,
-                                          PjrtBuffer& buffer) const {
-  if (platform_ != "cpu") return absl::OkStatus();  // device memory apart
-  // The CPU plugin's buffers are host memory; its default layout is dense
-  // and row-major, which the size confirms.
-  auto size = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
-  size.buffer = buffer.buffer_;
-  if (!scope.ToStatus(api_->PJRT_Buffer_OnDeviceSizeInBytes(&size), "").ok() ||
-      size.on_device_size_in_bytes != buffer.size_) {
-    return absl::OkStatus();  // read through CopyToHost
-  }
-  auto p = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
-  p.buffer = buffer.buffer_;
-  if (scope.ToStatus(api_->PJRT_Buffer_UnsafePointer(&p), "").ok()) {
-    buffer.host_address_ = reinterpret_cast<const void*>(p.buffer_pointer);
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
@@ -564,7 +663,10 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
       return absl::InternalError(
           absl::StrCat("a device buffer on unknown device ", mine->device()));
     }
-    if (devices_[mine->device()] == device) return mine->buffer_;  // as is
+    if (devices_[mine->device()] == device) {
+      TransferPaths::alias()++;
+      return mine->buffer_;  // as is
+    }
     // Another device of this client: the plugin's device-to-device copy.
     auto copy = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
     copy.buffer = mine->buffer_;
@@ -575,10 +677,12 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
       return s;
     }
     scope.Own(copy.dst_buffer);
+    TransferPaths::device_to_device()++;
     return copy.dst_buffer;
   }
   const void* host = arg.host;
   if (host == nullptr && arg.device != nullptr) {
+    if (absl::Status s = arg.device->Await(); !s.ok()) return s;
     host = arg.device->host_address();
     if (host == nullptr) {  // another runtime's device memory: via the host
       staged->push_back(std::make_unique<char[]>(arg.device->size()));
@@ -610,7 +714,40 @@ bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
   return client_ == runtime.handle_of_client_;
 }
 
+absl::Status PjrtBuffer::Await() const {
+  absl::MutexLock lock(&mu_);
+  if (awaited_) return ready_;
+  const PJRT_Api* api = client_->api;
+  PjrtScope scope(api);
+  auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready.buffer = buffer_;
+  absl::Status s =
+      scope.ToStatus(api->PJRT_Buffer_ReadyEvent(&ready), "output ready event");
+  if (s.ok()) s = scope.Await(ready.event);
+  if (!s.ok()) {
+    ready_ =
+        absl::Status(s.code(), absl::StrCat(*producer_, ": ", s.message()));
+  } else if (host_memory_) {
+    // The CPU plugin's buffers are host memory; its default layout is
+    // dense and row-major, which the size confirms. Else read through
+    // CopyToHost.
+    auto bytes = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+    bytes.buffer = buffer_;
+    auto p = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
+    p.buffer = buffer_;
+    if (scope.ToStatus(api->PJRT_Buffer_OnDeviceSizeInBytes(&bytes), "").ok() &&
+        bytes.on_device_size_in_bytes == size_ &&
+        scope.ToStatus(api->PJRT_Buffer_UnsafePointer(&p), "").ok()) {
+      host_address_.store(reinterpret_cast<const void*>(p.buffer_pointer),
+                          std::memory_order_release);
+    }
+  }
+  awaited_ = true;
+  return ready_;
+}
+
 absl::Status PjrtBuffer::CopyToHost(void* dst) const {
+  if (absl::Status s = Await(); !s.ok()) return s;
   const PJRT_Api* api = client_->api;
   PjrtScope scope(api);
   auto t = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);

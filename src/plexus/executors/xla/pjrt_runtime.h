@@ -1,16 +1,22 @@
 // PjrtRuntime: one PJRT C API plugin (a .so loaded at run time, e.g. the
 // xla-cpu-pjrt or jax-cuda13-pjrt wheels) and the PJRT client it creates.
 // It compiles StableHLO modules into executables and runs them on the
-// client's devices. Outputs stay in device memory (PjrtBuffer, the object
-// store's DeviceBuffer); inputs are read where they are: a buffer of this
-// client on the partition's device as it is, one on another device by the
-// plugin's device-to-device copy, host memory in place where the plugin
-// can (CPU) or copied to the device.
+// client's devices. Execute queues a run and returns at once: its outputs
+// stay in device memory (PjrtBuffer, the object store's DeviceBuffer) and
+// are ready when the run has completed; a run queued on inputs that are not
+// ready yet waits for them inside the plugin, not on a host thread. Inputs
+// are read where they are: a buffer of this client on the partition's
+// device as it is, one on another device by the plugin's device-to-device
+// copy, host memory in place where the plugin can (CPU) or copied to the
+// device.
 //
 // Thread-safe: PJRT clients, buffers and loaded executables are
-// thread-safe; the runtime itself is immutable after Load.
+// thread-safe; the runtime is immutable after Load, but for its completion
+// thread (a SerialExecutor), where every run's end is handled.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,7 +24,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "plexus/common/serial_executor.h"
 #include "plexus/common/types.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/device_buffer.h"
@@ -27,6 +35,8 @@ struct PJRT_Api;
 struct PJRT_Buffer;
 struct PJRT_Client;
 struct PJRT_Device;
+struct PJRT_Error;
+struct PJRT_Event;
 struct PJRT_LoadedExecutable;
 
 namespace plexus::xla {
@@ -35,9 +45,10 @@ class PjrtRuntime;
 struct PjrtClientHandle;  // the PJRT client, destroyed after its last buffer
 class PjrtScope;          // PJRT objects of one operation (pjrt_runtime.cc)
 
-// An XLA output left in device memory: a PJRT buffer, ready (its
-// producer's execution finished) when handed out. Keeps the PJRT client
-// alive, so it may outlive its runtime.
+// An XLA output left in device memory: a PJRT buffer, handed out when its
+// run is queued; ready (or failed, with the run's error) once the run has
+// completed (DeviceBuffer's states). Keeps the PJRT client alive, so it may
+// outlive its runtime.
 class PjrtBuffer final : public DeviceBuffer {
  public:
   ~PjrtBuffer() override;
@@ -45,7 +56,10 @@ class PjrtBuffer final : public DeviceBuffer {
   PjrtBuffer& operator=(const PjrtBuffer&) = delete;
 
   size_t size() const override { return size_; }
-  const void* host_address() const override { return host_address_; }
+  absl::Status Await() const override;
+  const void* host_address() const override {
+    return host_address_.load(std::memory_order_acquire);
+  }
   absl::Status CopyToHost(void* dst) const override;
   // The runtime device (client device index) it is on.
   int device() const { return device_; }
@@ -54,17 +68,26 @@ class PjrtBuffer final : public DeviceBuffer {
 
  private:
   friend class PjrtRuntime;
+  // `producer` names the run that makes it, for its errors.
   PjrtBuffer(std::shared_ptr<PjrtClientHandle> client, PJRT_Buffer* buffer,
-             int device, size_t size)
+             int device, size_t size, bool host_memory,
+             std::shared_ptr<const std::string> producer)
       : client_(std::move(client)),
         buffer_(buffer),
         device_(device),
-        size_(size) {}
+        size_(size),
+        host_memory_(host_memory),
+        producer_(std::move(producer)) {}
   std::shared_ptr<PjrtClientHandle> client_;
   PJRT_Buffer* buffer_;
   int device_;
   size_t size_;
-  const void* host_address_ = nullptr;
+  bool host_memory_;  // the plugin's devices address host memory (CPU)
+  std::shared_ptr<const std::string> producer_;
+  mutable std::atomic<const void*> host_address_{nullptr};  // by Await
+  mutable absl::Mutex mu_;  // held while the first Await waits
+  mutable bool awaited_ ABSL_GUARDED_BY(mu_) = false;
+  mutable absl::Status ready_ ABSL_GUARDED_BY(mu_);
 };
 
 // One argument of one partition: its value in host memory, or a device
@@ -126,6 +149,11 @@ class PjrtRuntime {
 
   const std::string& platform() const { return platform_; }  // "cpu", "cuda"
   int num_devices() const { return static_cast<int>(devices_.size()); }
+  // What device `d` is, in the plugin's words ("cpu", "NVIDIA H200").
+  std::string device_kind(int d) const;
+  // The memory the plugin lets programs allocate on device `d` (its
+  // allocator's limit), or NotFound where the plugin does not say (CPU).
+  absl::StatusOr<int64_t> device_memory_limit(int d) const;
   // "<major>.<minor>" of the plugin's PJRT C API.
   std::string api_version() const;
 
@@ -140,15 +168,23 @@ class PjrtRuntime {
   absl::StatusOr<bool> ReadsInPlace(const builtin::ConstTensor& input,
                                     int device) const;
 
-  // Runs `exe` once over all its partitions and blocks until it has run.
-  // inputs[p][i] is argument i of partition p. Returns outputs[p][o],
-  // output o of partition p, in device memory. An error of the execution
-  // (the plugin's message: out of memory, a bad argument) is returned, the
-  // outputs are then freed.
+  // Queues one run of `exe` over all its partitions and returns without
+  // waiting for it. inputs[p][i] is argument i of partition p (each must
+  // stay readable until `done`). Returns outputs[p][o], output o of
+  // partition p, in device memory: ready when the run has completed; an
+  // error of the run (the plugin's message: out of memory, a bad argument)
+  // is then every output's (PjrtBuffer::Await), named by `what` (e.g.
+  // "program 'f' on worker 3"). An error the plugin gives at once is
+  // returned, and `done` is then never called. Otherwise `done` is called
+  // exactly once, on the runtime's completion thread, after the run has
+  // completed and let go of every input, with the run's status; it must
+  // not block for long (it delays the next run's completion).
   using Outputs = std::vector<std::vector<std::shared_ptr<PjrtBuffer>>>;
+  using DoneFn = std::function<void(absl::Status)>;
   absl::StatusOr<Outputs> Execute(
       const PjrtExecutable& exe,
-      const std::vector<std::vector<XlaArgument>>& inputs) const;
+      const std::vector<std::vector<XlaArgument>>& inputs,
+      absl::string_view what, DoneFn done) const;
 
  private:
   friend class PjrtExecutable;
@@ -157,8 +193,6 @@ class PjrtRuntime {
   absl::Status Init(const PjrtOptions& options);
   // The client device index of partition `p` of `exe`.
   int DeviceIndex(const PjrtExecutable& exe, size_t p) const;
-  // On CPU, where the output's bytes are (host memory, dense row-major).
-  absl::Status FindHostAddress(PjrtScope& scope, PjrtBuffer& buffer) const;
   // The PJRT buffer partition `device` reads for `arg` (owned by `scope`
   // if made here; host copies it needed kept in `staged`).
   absl::StatusOr<PJRT_Buffer*> Argument(
@@ -172,6 +206,19 @@ class PjrtRuntime {
   std::shared_ptr<PjrtClientHandle> handle_of_client_;  // owns client_
   std::string platform_;
   std::vector<PJRT_Device*> devices_;  // addressable, by id
+  struct Run;  // one queued run, until its end is handled
+  // A partition of `run` has completed (a PJRT callback, on a plugin
+  // thread: it only counts, and posts the end to completions_).
+  static void PartitionDone(PJRT_Error* error, void* run);
+  void Finish(Run* run) const;  // on completions_: the end of a run
+
+  // Runs queued and not yet finished: the destructor waits for them.
+  mutable absl::Mutex runs_mu_;
+  mutable int64_t runs_ ABSL_GUARDED_BY(runs_mu_) = 0;
+  // Where each run's end is handled (done callbacks, inputs let go): the
+  // plugin's own threads call back, and must not block. Destroyed first,
+  // once every run has finished.
+  std::unique_ptr<SerialExecutor> completions_;
 };
 
 }  // namespace plexus::xla

@@ -1,0 +1,135 @@
+"""Device memory on an NVIDIA GPU: two workers sharing one GPU take their
+devices from the CUDA plugin (plexus.local(gpus=[0])), each holds only its
+budget, a chain of programs stays in device memory, and a CUDA
+out-of-memory fails the calls that hit it with the plugin's message while
+the worker goes on serving. Skipped, with the reason, where there is no GPU
+or no plugin (tests/gpu/run.sh installs it)."""
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+from test_xla_gpu import REASON, cuda_pjrt_plugin, nvidia_library_dirs
+
+import plexus
+
+pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+
+BUDGET_MIB = 8192
+
+
+@pytest.fixture(scope="module")
+def shared_gpu(tmp_path_factory):
+    libs = ":".join(nvidia_library_dirs())
+    if libs:
+        os.environ["LD_LIBRARY_PATH"] = libs + ":" + os.environ.get("LD_LIBRARY_PATH", "")
+    log = tmp_path_factory.mktemp("logs") / "cluster.log"
+    with plexus.local(hosts=2, gpus=[0], device_memory_mib=BUDGET_MIB,
+                      pjrt_plugin=cuda_pjrt_plugin(), log_level="info",
+                      log_file=str(log)) as c:
+        yield c
+
+
+def gpu_memory_by_pid():
+    out = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory",
+         "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True).stdout
+    used = {}
+    for line in out.strip().splitlines():
+        pid, mib = (p.strip() for p in line.split(","))
+        used[int(pid)] = int(mib)
+    return used
+
+
+def test_workers_take_their_devices_from_the_plugin(shared_gpu):
+    st = shared_gpu.status()
+    workers = [w for w in st["workers"] if w["alive"]]
+    assert len(workers) == 2
+    for w in workers:
+        assert len(w["devices"]) == 1, w["devices"]  # one GPU each
+        d = w["devices"][0]
+        assert "cpu" not in d["kind"].lower(), d  # e.g. "NVIDIA H200"
+        assert int(d["memory_bytes"]) == BUDGET_MIB << 20, d
+
+
+def test_two_workers_on_one_gpu_each_hold_only_their_budget(shared_gpu):
+    import jax.numpy as jnp
+    client = shared_gpu.connect()
+    n = (2 << 30) // 4  # 2 GiB a value
+    held = []
+    for host in ("host0", "host1"):
+        s = client.slice(1, hosts=[host])
+        make = plexus.jit(lambda x: jnp.zeros((n,), jnp.float32) + x, s,
+                          platform="cuda")
+        held.append(make(np.float32(1.0)))
+    plexus.block_until_ready(held)
+    used = gpu_memory_by_pid()
+    for pid in shared_gpu.worker_pids():
+        # The budget, plus the CUDA context and XLA's own (~1 GiB at most).
+        assert used.get(pid, 0) <= BUDGET_MIB + 1024, (pid, used)
+
+
+def test_a_chain_on_the_gpu_copies_nothing_until_fetched(shared_gpu):
+    client = shared_gpu.connect()
+    s = client.slice(1, hosts=["host0"])
+    step = plexus.jit(lambda a: a * 1.0001 + 1.0, s, platform="cuda")
+    x = np.random.default_rng(0).standard_normal((1024, 1024)).astype(np.float32)
+    xf = s.put(x)
+    step(xf).block_until_ready()
+
+    def moved():
+        w = [w for w in shared_gpu.status(fresh=True)["workers"]
+             if w["host_name"] == "host0"][0]["stats"]
+        return (int(w.get("bytes_host_to_device", 0)),
+                int(w.get("bytes_device_to_host", 0)),
+                int(w.get("transfers_alias", 0)))
+
+    before = moved()
+    y = xf
+    with client.graph():
+        for _ in range(200):
+            y = step(y)
+    y.block_until_ready()
+    during = moved()
+    assert during[:2] == before[:2]
+    assert during[2] - before[2] == 200
+    want = x.astype(np.float64)
+    for _ in range(200):
+        want = want * np.float32(1.0001) + 1.0
+    np.testing.assert_allclose(np.asarray(y), want, rtol=1e-4)
+
+
+def test_a_cuda_out_of_memory_fails_its_calls_and_the_worker_serves_on(
+        tmp_path):
+    # Budgets larger than the GPU: the runtime lets both workers try, and
+    # the second finds the GPU full (the plugin's allocator, not Plexus's
+    # budget, refuses).
+    import jax.numpy as jnp
+    log = tmp_path / "cluster.log"
+    with plexus.local(hosts=2, gpus=[0], device_memory_mib=10 ** 6,
+                      pjrt_plugin=cuda_pjrt_plugin(), log_level="info",
+                      log_file=str(log)) as c:
+        client = c.connect()
+        limits = [int(w["devices"][0]["memory_bytes"])
+                  for w in c.status()["workers"]]
+        n = int(min(limits) * 0.7) // 4  # 70% of what one may take
+        first = client.slice(1, hosts=["host0"])
+        second = client.slice(1, hosts=["host1"])
+        big = lambda s: plexus.jit(  # noqa: E731
+            lambda x: jnp.zeros((n,), jnp.float32) + x, s, platform="cuda")
+        kept = big(first)(np.float32(1.0))
+        kept.block_until_ready()
+        failed = big(second)(np.float32(2.0))
+        with pytest.raises(plexus.PlexusError) as e:
+            failed.block_until_ready()
+        msg = str(e.value).lower()
+        assert "memory" in msg or "resource" in msg, e.value
+        # The worker that failed serves the next call; the value of the
+        # other is intact.
+        small = plexus.jit(lambda x: x + 1.0, second, platform="cuda")
+        np.testing.assert_array_equal(
+            np.asarray(small(np.ones(4, np.float32))), 2.0)
+        head = plexus.jit(lambda x: x[:4], first, platform="cuda")(kept)
+        np.testing.assert_array_equal(np.asarray(head), 1.0)
