@@ -99,15 +99,18 @@ def format_status(st):
             rows.append([w["host_name"], w["worker_id"],
                          s.get("xla_platform", "") or "-",
                          s.get("xla_compiles", 0), s.get("xla_cache_hits", 0),
+                         s.get("xla_serialized_loads", 0),
                          f"{s.get('xla_compile_micros', 0) / 1000:.0f} ms",
                          s.get("device_memory_shards", 0),
                          _human(s.get("bytes_host_to_device", 0)),
                          _human(s.get("bytes_device_to_host", 0))])
         out.append("")
-        # In device memory: shards XLA left there; the bytes copied each
-        # way between host and device memory since the worker started.
+        # Loaded: executables loaded from a peer's serialized bytes instead
+        # of compiled (a spare's). In device memory: shards XLA left there;
+        # the bytes copied each way between host and device memory since
+        # the worker started.
         out.append(_table(["HOST", "WORKER", "XLA PLATFORM", "COMPILES",
-                           "CACHE-HITS", "COMPILE-TIME", "ON-DEVICE",
+                           "CACHE-HITS", "LOADED", "COMPILE-TIME", "ON-DEVICE",
                            "TO-DEVICE", "TO-HOST"], rows))
     down = [w for w in workers if not w["alive"] and w.get("down_reason")]
     for w in down:
