@@ -141,7 +141,9 @@ class PjrtRuntime {
 
   // The plugin's serialization of `exe` (PJRT_Executable_Serialize): bytes
   // that Deserialize loads, in a runtime of the same plugin build, without
-  // compiling. Errors carry the plugin's message.
+  // compiling. Errors carry the plugin's message. Of a compiled executable
+  // only: the CPU plugin (xla-cpu-pjrt 0.0.1) serializes a deserialized one
+  // without its kernels' object code, and that fails to run.
   absl::StatusOr<std::string> Serialize(const PjrtExecutable& exe) const;
   // Loads an executable from Serialize's bytes with `compile_options` (the
   // serialized xla.CompileOptionsProto it was compiled with; its device

@@ -119,6 +119,7 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrCompile(
   std::shared_ptr<const PjrtExecutable> exe(std::move(*compiled));
   entry->error = absl::OkStatus();
   entry->executable = exe;
+  entry->serialized.clear();
   return exe;
 }
 
@@ -155,6 +156,7 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrLoad(
   entry->done = true;
   entry->error = absl::OkStatus();
   entry->executable = exe;
+  entry->serialized = serialized.executable;
   return exe;
 }
 
@@ -169,13 +171,18 @@ absl::StatusOr<XlaExecutor::Serialized> XlaExecutor::Serialize(
   bool busy = false;
   for (const auto& e : entries) {
     std::shared_ptr<const PjrtExecutable> alive;
+    std::string loaded_from;
     if (!e->mu.TryLock()) {  // being compiled or loaded
       busy = true;
       continue;
     }
     if (e->done && e->error.ok()) alive = e->executable.lock();
+    if (alive != nullptr) loaded_from = e->serialized;
     e->mu.Unlock();
     if (alive == nullptr) continue;
+    if (!loaded_from.empty()) {
+      return Serialized{e->module, e->options, std::move(loaded_from)};
+    }
     auto bytes = alive->runtime().Serialize(*alive);
     if (!bytes.ok()) return bytes.status();
     return Serialized{e->module, e->options, *std::move(bytes)};

@@ -65,7 +65,9 @@ class XlaExecutor {
 
   // The serialized executable of content `fingerprint`, for a peer:
   // NotFound if none is cached (or it is gone), Unavailable while it is
-  // being compiled or loaded (the asker compiles rather than waits).
+  // being compiled or loaded (the asker compiles rather than waits). One
+  // loaded from bytes is served those bytes: the CPU plugin re-serializes
+  // a deserialized executable without its kernels' object code.
   absl::StatusOr<Serialized> Serialize(uint64_t fingerprint);
 
   // For status: the platform ("cpu"), "" before the first load, or the
@@ -86,6 +88,8 @@ class XlaExecutor {
     bool done ABSL_GUARDED_BY(mu) = false;
     absl::Status error ABSL_GUARDED_BY(mu);  // a failed compile, kept
     std::weak_ptr<const PjrtExecutable> executable ABSL_GUARDED_BY(mu);
+    // The bytes it was loaded from (GetOrLoad), served again as they are.
+    std::string serialized ABSL_GUARDED_BY(mu);
   };
   // Drops entries whose executable is gone (cache_mu_ held).
   void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(cache_mu_);
