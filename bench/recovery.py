@@ -138,11 +138,13 @@ class Soak:
                     return False
                 if not self.ready_spare:
                     return True
-                # Every program it was loaded with compiled (a spare is
-                # loaded with the job's XLA programs only).
+                # Every program it was loaded with compiled or loaded from
+                # a live worker's serialized executable (a spare is loaded
+                # with the job's XLA programs only).
                 stats = w.get("stats", {})
                 return int(stats.get("xla_compiles", 0)) + int(stats.get(
-                    "xla_cache_hits", 0)) >= int(stats.get(
+                    "xla_cache_hits", 0)) + int(stats.get(
+                        "xla_serialized_loads", 0)) >= int(stats.get(
                         "programs_loaded", 0)) > 0
 
             st = self.wait("a spare joining", lambda st: any(
@@ -181,6 +183,7 @@ def analyse(soak, log_text, steps, counters):
     compiles = []  # (time, ms, host) of compiles on spares
     host_of = {}   # worker id -> host name
     took = {}      # lost worker id -> the spare worker id that took its place
+    spare_loads = 0  # executables spares loaded from a live worker's bytes
     for line in log_text.splitlines():
         t = log_seconds(line, day)
         if t is None:
@@ -206,6 +209,9 @@ def analyse(soak, log_text, steps, counters):
                       line)
         if m:
             compiles.append((t, int(m.group(2)), m.group(1)))
+        if re.search(r"\[worker spare\S*\] info XLA: loaded .* serialized "
+                     r"executable", line):
+            spare_loads += 1
     failed = {str(k["worker"]) for k in soak.kills}
     unplanned = [w for w in unplanned if w not in failed]
     rows = []
@@ -251,6 +257,12 @@ def analyse(soak, log_text, steps, counters):
             for kind in ("SIGKILL", "SIGSTOP")},
         "compile_median_s": statistics.median(
             [r["compile_s"] for r in rows] or [0]),
+        # Executables spares loaded from a live worker's serialized bytes,
+        # and compiles on spares (each spare of the run, not only those that
+        # took a place).
+        "spare_executables_loaded": spare_loads,
+        "spare_compiles": sum(host.startswith("spare")
+                              for _, _, host in compiles),
         "rest_median_s": statistics.median(
             [r["to_next_step_s"] - r["detect_s"] - r["compile_s"]
              for r in recovered] or [0]),

@@ -99,6 +99,7 @@ def format_status(st):
             rows.append([w["host_name"], w["worker_id"],
                          s.get("xla_platform", "") or "-",
                          s.get("xla_compiles", 0), s.get("xla_cache_hits", 0),
+                         s.get("xla_serialized_loads", 0),
                          f"{s.get('xla_compile_micros', 0) / 1000:.0f} ms",
                          s.get("device_memory_shards", 0),
                          _human(s.get("bytes_host_to_device", 0)),
@@ -107,12 +108,13 @@ def format_status(st):
                                   ("alias", "device_to_device", "host_staged",
                                    "ipc", "nccl"))])
         out.append("")
-        # In device memory: shards XLA left there; the bytes copied each
-        # way between host and device memory since the worker started; the
-        # shards moved by each path (alias / device-to-device / through
-        # host memory / CUDA IPC / NCCL).
+        # Loaded: executables loaded from a peer's serialized bytes instead
+        # of compiled (a spare's). In device memory: shards XLA left there;
+        # the bytes copied each way between host and device memory since
+        # the worker started; the shards moved by each path (alias /
+        # device-to-device / through host memory / CUDA IPC / NCCL).
         out.append(_table(["HOST", "WORKER", "XLA PLATFORM", "COMPILES",
-                           "CACHE-HITS", "COMPILE-TIME", "ON-DEVICE",
+                           "CACHE-HITS", "LOADED", "COMPILE-TIME", "ON-DEVICE",
                            "TO-DEVICE", "TO-HOST",
                            "PATHS A/D2D/HOST/IPC/NCCL"], rows))
     down = [w for w in workers if not w["alive"] and w.get("down_reason")]

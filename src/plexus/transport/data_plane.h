@@ -20,6 +20,10 @@
 //   FETCH  client -> worker  blocks until the shard is ready; replied with
 //                            DATA or ERROR (payload = message)
 //   WAIT   client -> worker  like FETCH without the bytes; ACK or ERROR
+//   FETCH_EXECUTABLE worker -> worker  a serialized XLA executable by its
+//                            content fingerprint; replied with DATA or ERROR
+//                            (a spare loads the job's executables from a
+//                            live worker instead of compiling them)
 #pragma once
 
 #include <array>
@@ -69,7 +73,14 @@ struct DataPlaneCounters {
 // all arrive. Nothing is allocated or mapped for a shard before it is
 // admitted, and never more than the size it was admitted with.
 // What a request asks of a worker's data plane.
-enum class DataPlaneRequest { kPush, kPushError, kPut, kFetch, kWait };
+enum class DataPlaneRequest {
+  kPush,
+  kPushError,
+  kPut,
+  kFetch,
+  kWait,
+  kFetchExecutable,  // key: {fingerprint, 0}
+};
 
 // Who is at the far end of a data-plane connection: what it proved in the
 // connection's handshake (internal/handshake.h), once, before any request.
@@ -132,6 +143,14 @@ class DataPlaneHandler {
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
+  // The serialized executable of content fingerprint `fingerprint`, now,
+  // or why not (none, still compiling): FETCH_EXECUTABLE's reply, after
+  // Authorize. Should not wait long: the asker compiles instead. By
+  // default there are none.
+  virtual absl::StatusOr<std::shared_ptr<const Storage>> SerializedExecutable(
+      uint64_t fingerprint) {
+    return absl::UnimplementedError("this data plane serves no executables");
+  }
 };
 
 struct DataPlaneServerOptions {
@@ -198,6 +217,10 @@ class DataPlaneConnection {
   virtual absl::StatusOr<std::shared_ptr<Storage>> Fetch(
       const ShardKey& key) = 0;
   virtual absl::Status Wait(const ShardKey& key) = 0;
+  // Blocks until the worker answers: the serialized executable of content
+  // `fingerprint` (a worker's connection only), or the worker's error.
+  virtual absl::StatusOr<std::shared_ptr<Storage>> FetchExecutable(
+      uint64_t fingerprint) = 0;
   // Waits for many shards in one round trip: SendWaits sends a WAIT for
   // each of `keys` at once (the worker answers them in order; a client
   // sends to every worker before it reads), then AwaitWaits, given the same

@@ -68,25 +68,12 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
   }
 
   absl::StatusOr<std::shared_ptr<Storage>> Fetch(const ShardKey& key) override {
-    if (absl::Status s = CheckOpen(); !s.ok()) return s;
-    if (absl::Status s = socket_->SendControl(FrameType::kFetch, key);
-        !s.ok()) {
-      return Context(FrameType::kFetch, key, s);
-    }
-    absl::StatusOr<FrameHeader> reply = ReadReply(FrameType::kFetch, key);
-    if (!reply.ok()) return reply.status();
-    if (reply->frame_type() == FrameType::kError) {
-      return ErrorReply(FrameType::kFetch, key, *reply);
-    }
-    if (reply->frame_type() != FrameType::kData) {
-      return Unexpected(FrameType::kFetch, key, *reply);
-    }
-    // A passed memfd is mapped where it lies; inline bytes land in fresh
-    // storage (memfd-backed when large, so it can be passed on in turn).
-    absl::StatusOr<std::shared_ptr<Storage>> data = socket_->ReadShard(
-        *reply, [](size_t bytes) { return Storage::Allocate(bytes); });
-    if (!data.ok()) return Context(FrameType::kFetch, key, data.status());
-    return data;
+    return FetchAs(FrameType::kFetch, key);
+  }
+
+  absl::StatusOr<std::shared_ptr<Storage>> FetchExecutable(
+      uint64_t fingerprint) override {
+    return FetchAs(FrameType::kFetchExecutable, ShardKey{fingerprint, 0});
   }
 
   absl::Status Wait(const ShardKey& key) override {
@@ -150,6 +137,29 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
   }
 
  private:
+  // FETCH or FETCH_EXECUTABLE: one request, DATA or ERROR back.
+  absl::StatusOr<std::shared_ptr<Storage>> FetchAs(FrameType type,
+                                                   const ShardKey& key) {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (absl::Status s = socket_->SendControl(type, key); !s.ok()) {
+      return Context(type, key, s);
+    }
+    absl::StatusOr<FrameHeader> reply = ReadReply(type, key);
+    if (!reply.ok()) return reply.status();
+    if (reply->frame_type() == FrameType::kError) {
+      return ErrorReply(type, key, *reply);
+    }
+    if (reply->frame_type() != FrameType::kData) {
+      return Unexpected(type, key, *reply);
+    }
+    // A passed memfd is mapped where it lies; inline bytes land in fresh
+    // storage (memfd-backed when large, so it can be passed on in turn).
+    absl::StatusOr<std::shared_ptr<Storage>> data = socket_->ReadShard(
+        *reply, [](size_t bytes) { return Storage::Allocate(bytes); });
+    if (!data.ok()) return Context(type, key, data.status());
+    return data;
+  }
+
   absl::Status CheckOpen() const {
     if (!socket_->broken()) return absl::OkStatus();
     return absl::FailedPreconditionError(

@@ -43,6 +43,8 @@ std::optional<DataPlaneRequest> RequestOf(FrameType type) {
       return DataPlaneRequest::kFetch;
     case FrameType::kWait:
       return DataPlaneRequest::kWait;
+    case FrameType::kFetchExecutable:
+      return DataPlaneRequest::kFetchExecutable;
     case FrameType::kAck:
     case FrameType::kData:
     case FrameType::kError:
@@ -323,6 +325,27 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
         return socket.SendError(FrameType::kError, header.key(), allowed);
       }
       return ServeFetchOrWait(socket, header);
+    case DataPlaneRequest::kFetchExecutable: {
+      if (!allowed.ok()) {
+        return socket.SendError(FrameType::kError, header.key(), allowed);
+      }
+      absl::StatusOr<std::shared_ptr<const Storage>> bytes =
+          handler_->SerializedExecutable(header.buffer_id);
+      if (bytes.ok() && *bytes == nullptr) {
+        bytes = absl::InternalError("a serialized executable of no storage");
+      }
+      if (!bytes.ok()) {
+        return socket.SendError(FrameType::kError, header.key(),
+                                bytes.status());
+      }
+      if (absl::Status s =
+              socket.SendShard(FrameType::kData, header.key(), **bytes);
+          !s.ok()) {
+        return s;
+      }
+      counters_->bytes_sent.fetch_add(static_cast<int64_t>((*bytes)->size()));
+      return absl::OkStatus();
+    }
   }
   return absl::InternalError("unreachable");
 }

@@ -88,6 +88,26 @@ TEST_P(DataPlaneTest, PutThenFetchReturnsTheSameBytes) {
   }
 }
 
+TEST_P(DataPlaneTest, AServedExecutableIsFetchedByItsFingerprint) {
+  auto conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  const size_t bytes = 3 << 20;  // a large executable: a memfd over unix
+  std::shared_ptr<Storage> exe = Pattern(bytes, 5);
+  handler_.ServeExecutable(0xfeedfacecafebeefull, exe);
+  auto fetched = conn->FetchExecutable(0xfeedfacecafebeefull);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(SameBytes(**fetched, *exe));
+  // None under another fingerprint: the peer's error, the stream in step.
+  auto missing = conn->FetchExecutable(7);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound)
+      << missing.status();
+  // Requests are served in order: once that is answered, the first reply
+  // has been counted.
+  EXPECT_EQ(server_counters_.bytes_sent.load(), bytes);
+  EXPECT_TRUE(conn->healthy());
+  EXPECT_TRUE(conn->FetchExecutable(0xfeedfacecafebeefull).ok());
+}
+
 TEST_P(DataPlaneTest, FetchBlocksUntilTheShardIsPushed) {
   auto fetcher = Connect();
   auto pusher = Connect();

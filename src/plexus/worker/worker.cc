@@ -516,6 +516,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());
   s.set_xla_compile_micros(xla_->compile_micros());
+  s.set_xla_serialized_loads(xla_->serialized_loads());
   // Set once, when the plugin has loaded (Describe's lock is never held
   // across the load; after that it is not taken at all).
   if (xla_platform_.empty()) xla_platform_ = xla_->Describe();
@@ -756,6 +757,7 @@ void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
     if (down.generation() != 0) {
       fenced_[down.generation()] = down.worker_id();
     }
+    peers_down_.insert(down.worker_id());
   }
   store_->FailFromSource(down.worker_id(), lost);
   down_peers_[down.worker_id()] = lost;
@@ -793,11 +795,14 @@ absl::Status WorkerImpl::Authorize(transport::DataPlaneRequest request,
                                    const transport::ShardKey& key,
                                    const transport::DataPlanePeer& peer) {
   if (request == transport::DataPlaneRequest::kPush ||
-      request == transport::DataPlaneRequest::kPushError) {
+      request == transport::DataPlaneRequest::kPushError ||
+      request == transport::DataPlaneRequest::kFetchExecutable) {
     if (peer.role == CredentialRole::kWorker) return absl::OkStatus();
     return absl::PermissionDeniedError(
-        absl::StrCat("a push comes from a worker; this connection is client ",
-                     peer.id, "'s"));
+        absl::StrCat(request == transport::DataPlaneRequest::kFetchExecutable
+                         ? "executables are fetched by workers"
+                         : "a push comes from a worker",
+                     "; this connection is client ", peer.id, "'s"));
   }
   // An id names its owner; only the owner's connection opens it.
   const uint64_t owner = ClientOfBuffer(key.buffer_id);

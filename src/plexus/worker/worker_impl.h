@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/executors/builtin/kernel.h"
@@ -113,6 +114,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
                     const absl::Status& error) override;
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const transport::ShardKey& key) override;
+  // A proto::XlaSerializedExecutable of this worker's cache, for a peer
+  // (a spare); never waits for a compile under way.
+  absl::StatusOr<std::shared_ptr<const Storage>> SerializedExecutable(
+      uint64_t fingerprint) override;
 
  private:
   // --- control stream (worker.cc)
@@ -186,9 +191,23 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       const builtin::KernelContext& ctx,
       const std::vector<const DeviceBuffer*>& input_devices,
       std::vector<std::shared_ptr<Storage>>* outputs);
-  // The executable of `program` for the island on `devices`.
+  // The executable of `program` for the island on `devices`: cached, else
+  // loaded from a peer (LoadFromPeers), else compiled.
   absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>> XlaExecutableFor(
       LoadedProgram& program, const std::vector<int>& devices);
+  // The executable of (`module`, `island`'s options) loaded from the
+  // serialized bytes of a worker the program names for an island of that
+  // content (a live worker, for a spare), checked to be that content's and
+  // to run on the island's devices; null where none does (the caller
+  // compiles).
+  std::shared_ptr<const xla::PjrtExecutable> LoadFromPeers(
+      const LoadedProgram& program, const std::string& module,
+      const proto::XlaIsland& island);
+  // FETCH_EXECUTABLE from `peer`'s data plane, in at most
+  // kFetchExecutableTimeout; given up once the peer is declared down.
+  absl::StatusOr<std::shared_ptr<Storage>> FetchExecutable(
+      int64_t peer, uint64_t fingerprint);
+  static constexpr absl::Duration kFetchExecutableTimeout = absl::Seconds(2);
   // Ahead-of-time compiles (xla_task.cc): an XLA program loaded before its
   // first call compiles its islands on this worker on the compiler thread,
   // off the device threads; a call that comes first waits for it.
@@ -270,6 +289,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // Generations the server declared down, and whose they were: their
   // pushes are refused.
   absl::flat_hash_map<uint64_t, int64_t> fenced_ ABSL_GUARDED_BY(peers_mu_);
+  // Peers the server declared down (the reader's down_peers_, for the
+  // threads that fetch executables).
+  absl::flat_hash_set<int64_t> peers_down_ ABSL_GUARDED_BY(peers_mu_);
 
   absl::Mutex compile_mu_;
   std::deque<std::pair<std::shared_ptr<LoadedProgram>, std::vector<int>>>

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "plexus/common/logging.h"
 #include "plexus/executors/xla/compile_options.h"
 #include "plexus/worker/call_context.h"
@@ -57,7 +58,21 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
   }
   const std::string& module =
       island->module().empty() ? program.xla->module() : island->module();
-  auto exe = xla_->GetOrCompile(module, island->compile_options());
+  // Cached here; else, for an island this worker stands by for (a spare:
+  // the island names other workers), loaded from a worker that runs it;
+  // else compiled. (The island's own workers compile: nobody has it yet
+  // when they are loaded with it.)
+  absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>> exe =
+      xla_->Lookup(module, island->compile_options());
+  const bool names_me =
+      std::find(island->workers().begin(), island->workers().end(),
+                worker_id_.load()) != island->workers().end();
+  if (*exe == nullptr && !names_me) {
+    exe = LoadFromPeers(program, module, *island);
+  }
+  if (*exe == nullptr) {
+    exe = xla_->GetOrCompile(module, island->compile_options());
+  }
   if (!exe.ok()) return exe.status();
   if ((*exe)->num_partitions() != static_cast<int>(devices.size())) {
     return absl::InternalError(
@@ -71,6 +86,131 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
   }
   program.executables[devices] = *exe;
   return *exe;
+}
+
+std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
+    const LoadedProgram& program, const std::string& module,
+    const proto::XlaIsland& island) {
+  const std::vector<int> devices(island.devices().begin(),
+                                 island.devices().end());
+  const uint64_t fingerprint =
+      xla::XlaExecutor::Fingerprint(module, island.compile_options());
+  // The workers of every island of the program on the same devices with the
+  // same module and options: each has compiled (or loaded) this content.
+  std::vector<int64_t> peers;
+  for (const auto& other : program.xla->islands()) {
+    const std::string& its_module =
+        other.module().empty() ? program.xla->module() : other.module();
+    if (other.compile_options() != island.compile_options() ||
+        its_module != module) {
+      continue;
+    }
+    for (int64_t w : other.workers()) {
+      if (w != worker_id_.load() &&
+          std::find(peers.begin(), peers.end(), w) == peers.end()) {
+        peers.push_back(w);
+      }
+    }
+  }
+  const std::string where =
+      absl::StrCat("program '", program.name, "' on devices [",
+                   absl::StrJoin(devices, ", "), "]");
+  for (int64_t peer : peers) {
+    absl::StatusOr<std::shared_ptr<Storage>> bytes =
+        FetchExecutable(peer, fingerprint);
+    if (!bytes.ok()) {
+      SPDLOG_INFO("{}: no serialized executable from worker {} ({})", where,
+                  peer, bytes.status().ToString());
+      continue;
+    }
+    proto::XlaSerializedExecutable got;
+    if (!got.ParseFromArray((*bytes)->data(),
+                            static_cast<int>((*bytes)->size())) ||
+        got.module() != module ||
+        got.compile_options() != island.compile_options()) {
+      SPDLOG_WARN("{}: worker {} sent the executable of other content", where,
+                  peer);
+      continue;
+    }
+    xla::XlaExecutor::Serialized serialized;
+    serialized.module = std::move(*got.mutable_module());
+    serialized.compile_options = std::move(*got.mutable_compile_options());
+    serialized.executable = std::move(*got.mutable_executable());
+    auto exe = xla_->GetOrLoad(serialized, devices);
+    if (exe.ok()) {
+      SPDLOG_INFO("{}: executable loaded from worker {}, not compiled", where,
+                  peer);
+      return *exe;
+    }
+    SPDLOG_WARN(
+        "{}: the executable serialized by worker {} does not load "
+        "here, compiling it: {}",
+        where, peer, exe.status().ToString());
+    return nullptr;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::FetchExecutable(
+    int64_t peer, uint64_t fingerprint) {
+  proto::PeerInfo info;
+  {
+    absl::MutexLock lock(&peers_mu_);
+    if (peers_down_.contains(peer)) {
+      return absl::UnavailableError("it was declared down");
+    }
+    auto it = peers_.find(peer);
+    if (it == peers_.end()) return absl::NotFoundError("an unknown worker");
+    info = it->second;
+  }
+  transport::DataPlaneIdentity me;
+  me.peer = {CredentialRole::kWorker, 0};
+  me.credential = secret_.Derive(CredentialRole::kWorker);
+  me.generation = generation_.load();
+  // A peer that stops answering (SIGSTOP, before it is declared down) costs
+  // at most kFetchExecutableTimeout, then this worker compiles.
+  const absl::Time deadline = absl::Now() + kFetchExecutableTimeout;
+  auto given_up = [this, peer, deadline] {
+    absl::MutexLock lock(&peers_mu_);
+    return peers_down_.contains(peer) || absl::Now() > deadline;
+  };
+  const bool same_machine = info.machine_id() == machine_id_;
+  auto conn = transport::DataPlaneConnection::Connect(
+      info.data_address(), same_machine ? info.unix_path() : "", &counters_, me,
+      given_up);
+  if (!conn.ok()) return conn.status();
+  absl::Notification answered;
+  std::thread watchdog([&] {
+    if (!answered.WaitForNotificationWithDeadline(deadline))
+      (*conn)->Shutdown();
+  });
+  absl::StatusOr<std::shared_ptr<Storage>> bytes =
+      (*conn)->FetchExecutable(fingerprint);
+  answered.Notify();
+  watchdog.join();
+  if (bytes.ok()) {
+    counters_.bytes_received.fetch_add(static_cast<int64_t>((*bytes)->size()));
+  }
+  return bytes;
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::SerializedExecutable(
+    uint64_t fingerprint) {
+  absl::StatusOr<xla::XlaExecutor::Serialized> serialized =
+      xla_->Serialize(fingerprint);
+  if (!serialized.ok()) return serialized.status();
+  proto::XlaSerializedExecutable msg;
+  msg.set_module(std::move(serialized->module));
+  msg.set_compile_options(std::move(serialized->compile_options));
+  msg.set_executable(std::move(serialized->executable));
+  absl::StatusOr<std::shared_ptr<Storage>> bytes =
+      Storage::AllocateForWrite(msg.ByteSizeLong());
+  if (!bytes.ok()) return bytes.status();
+  if (!msg.SerializeToArray((*bytes)->data(),
+                            static_cast<int>((*bytes)->size()))) {
+    return absl::InternalError("cannot encode a serialized executable");
+  }
+  return std::shared_ptr<const Storage>(*std::move(bytes));
 }
 
 void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {

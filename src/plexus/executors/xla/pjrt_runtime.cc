@@ -394,9 +394,60 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
       !s.ok()) {
     return s;
   }
-  std::unique_ptr<PjrtExecutable> exe(
-      new PjrtExecutable(this, args.executable));
+  return Describe(std::unique_ptr<PjrtExecutable>(
+      new PjrtExecutable(this, args.executable)));
+}
 
+absl::StatusOr<std::string> PjrtRuntime::Serialize(
+    const PjrtExecutable& exe) const {
+  PjrtScope scope(api_);
+  auto get = PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = exe.exe_;
+  if (absl::Status s = scope.ToStatus(
+          api_->PJRT_LoadedExecutable_GetExecutable(&get), "executable");
+      !s.ok()) {
+    return s;
+  }
+  auto args = PJRT_ARGS(PJRT_Executable_Serialize_Args);
+  args.executable = get.executable;
+  absl::Status status = scope.ToStatus(api_->PJRT_Executable_Serialize(&args),
+                                       "serialize executable");
+  std::string bytes;
+  if (status.ok())
+    bytes.assign(args.serialized_bytes, args.serialized_bytes_size);
+  if (args.serialized_executable != nullptr &&
+      args.serialized_executable_deleter != nullptr) {
+    args.serialized_executable_deleter(args.serialized_executable);
+  }
+  auto destroy = PJRT_ARGS(PJRT_Executable_Destroy_Args);
+  destroy.executable = get.executable;
+  scope.ToStatus(api_->PJRT_Executable_Destroy(&destroy), "").IgnoreError();
+  if (!status.ok()) return status;
+  return bytes;
+}
+
+absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Deserialize(
+    absl::string_view serialized, absl::string_view compile_options) const {
+  PjrtScope scope(api_);
+  auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  args.client = client_;
+  args.serialized_executable = serialized.data();
+  args.serialized_executable_size = serialized.size();
+  args.overridden_serialized_compile_options = compile_options.data();
+  args.overridden_serialized_compile_options_size = compile_options.size();
+  if (absl::Status s =
+          scope.ToStatus(api_->PJRT_Executable_DeserializeAndLoad(&args),
+                         "deserialize executable");
+      !s.ok()) {
+    return s;
+  }
+  return Describe(std::unique_ptr<PjrtExecutable>(
+      new PjrtExecutable(this, args.loaded_executable)));
+}
+
+absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Describe(
+    std::unique_ptr<PjrtExecutable> exe) const {
+  PjrtScope scope(api_);
   auto devs = PJRT_ARGS(PJRT_LoadedExecutable_AddressableDevices_Args);
   devs.executable = exe->exe_;
   if (absl::Status s =
@@ -407,6 +458,9 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
   }
   exe->devices_.assign(devs.addressable_devices,
                        devs.addressable_devices + devs.num_addressable_devices);
+  for (size_t p = 0; p < exe->devices_.size(); ++p) {
+    exe->device_indices_.push_back(DeviceIndex(*exe, p));
+  }
 
   // Output element types and dimensions, checked against what the client
   // declared before any call runs.

@@ -107,6 +107,9 @@ class PjrtExecutable {
   PjrtExecutable& operator=(const PjrtExecutable&) = delete;
 
   int num_partitions() const { return static_cast<int>(devices_.size()); }
+  // Its device assignment: the runtime device (client device index) of each
+  // partition, in partition order.
+  const std::vector<int>& device_indices() const { return device_indices_; }
   // The runtime that compiled it, which runs it (PjrtRuntime::Execute).
   const PjrtRuntime& runtime() const { return *runtime_; }
   // The per-partition output specs, as XLA compiled them.
@@ -123,6 +126,7 @@ class PjrtExecutable {
   const PjrtRuntime* runtime_;
   PJRT_LoadedExecutable* exe_;
   std::vector<PJRT_Device*> devices_;  // the executable's, partition order
+  std::vector<int> device_indices_;    // devices_ as client device indices
   std::vector<TensorSpec> outputs_;
   int64_t temp_bytes_ = 0;
 };
@@ -163,6 +167,19 @@ class PjrtRuntime {
   absl::StatusOr<std::unique_ptr<PjrtExecutable>> Compile(
       absl::string_view module, absl::string_view compile_options) const;
 
+  // The plugin's serialization of `exe` (PJRT_Executable_Serialize): bytes
+  // that Deserialize loads, in a runtime of the same plugin build, without
+  // compiling. Errors carry the plugin's message. Of a compiled executable
+  // only: the CPU plugin (xla-cpu-pjrt 0.0.1) serializes a deserialized one
+  // without its kernels' object code, and that fails to run.
+  absl::StatusOr<std::string> Serialize(const PjrtExecutable& exe) const;
+  // Loads an executable from Serialize's bytes with `compile_options` (the
+  // serialized xla.CompileOptionsProto it was compiled with; its device
+  // assignment names this client's device ids). The caller checks that the
+  // bytes are those of the (module, options) it wants: the plugin does not.
+  absl::StatusOr<std::unique_ptr<PjrtExecutable>> Deserialize(
+      absl::string_view serialized, absl::string_view compile_options) const;
+
   // Whether an input on device `device` (client device index) would be read
   // in place, without a copy: true on CPU for aligned store buffers.
   absl::StatusOr<bool> ReadsInPlace(const builtin::ConstTensor& input,
@@ -191,6 +208,9 @@ class PjrtRuntime {
   friend class PjrtBuffer;
   PjrtRuntime() = default;
   absl::Status Init(const PjrtOptions& options);
+  // Reads a loaded executable's devices, output specs and scratch size.
+  absl::StatusOr<std::unique_ptr<PjrtExecutable>> Describe(
+      std::unique_ptr<PjrtExecutable> exe) const;
   // The client device index of partition `p` of `exe`.
   int DeviceIndex(const PjrtExecutable& exe, size_t p) const;
   // The PJRT buffer partition `device` reads for `arg` (owned by `scope`

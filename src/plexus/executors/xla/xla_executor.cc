@@ -2,7 +2,8 @@
 
 #include <algorithm>
 
-#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "plexus/common/logging.h"
 
@@ -33,25 +34,62 @@ std::string XlaExecutor::Describe() {
   return description_;
 }
 
+uint64_t XlaExecutor::Fingerprint(const std::string& module,
+                                  const std::string& compile_options) {
+  // FNV-1a over both, the module's length between them: stable across
+  // processes and builds, unlike absl::Hash (seeded per process).
+  uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](const char* data, size_t size) {
+    for (size_t i = 0; i < size; ++i) {
+      h ^= static_cast<unsigned char>(data[i]);
+      h *= 1099511628211ull;
+    }
+  };
+  mix(module.data(), module.size());
+  const uint64_t size = module.size();
+  mix(reinterpret_cast<const char*>(&size), sizeof(size));
+  mix(compile_options.data(), compile_options.size());
+  return h;
+}
+
+std::shared_ptr<XlaExecutor::Entry> XlaExecutor::FindEntry(
+    const std::string& module, const std::string& compile_options,
+    bool create) {
+  const uint64_t key = Fingerprint(module, compile_options);
+  absl::MutexLock lock(&cache_mu_);
+  auto bucket = cache_.find(key);
+  if (bucket != cache_.end()) {
+    for (const auto& e : bucket->second) {
+      if (e->module == module && e->options == compile_options) return e;
+    }
+  }
+  if (!create) return nullptr;
+  SweepLocked();  // before growing: forget modules no program uses
+  auto entry = std::make_shared<Entry>();
+  entry->module = module;
+  entry->options = compile_options;
+  cache_[key].push_back(entry);
+  return entry;
+}
+
+std::shared_ptr<const PjrtExecutable> XlaExecutor::Lookup(
+    const std::string& module, const std::string& compile_options) {
+  std::shared_ptr<Entry> entry =
+      FindEntry(module, compile_options, /*create=*/false);
+  if (entry == nullptr) return nullptr;
+  absl::MutexLock lock(&entry->mu);  // waits for a compile under way
+  if (!entry->done || !entry->error.ok()) return nullptr;
+  std::shared_ptr<const PjrtExecutable> alive = entry->executable.lock();
+  if (alive != nullptr) cache_hits_++;
+  return alive;
+}
+
 absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrCompile(
     const std::string& module, const std::string& compile_options) {
   auto runtime = Runtime();
   if (!runtime.ok()) return runtime.status();
-  const size_t key = absl::HashOf(module, compile_options);
-  std::shared_ptr<Entry> entry;
-  {
-    absl::MutexLock lock(&cache_mu_);
-    for (const auto& e : cache_[key]) {
-      if (e->module == module && e->options == compile_options) entry = e;
-    }
-    if (entry == nullptr) {
-      SweepLocked();  // before growing: forget modules no program uses
-      entry = std::make_shared<Entry>();
-      entry->module = module;
-      entry->options = compile_options;
-      cache_[key].push_back(entry);
-    }
-  }
+  std::shared_ptr<Entry> entry =
+      FindEntry(module, compile_options, /*create=*/true);
   // A request that finds the compile under way waits here for it.
   absl::MutexLock lock(&entry->mu);
   if (entry->done) {
@@ -79,8 +117,83 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrCompile(
   SPDLOG_INFO("XLA: compiled a {}-byte module for {} device(s) in {} ms",
               module.size(), (*compiled)->num_partitions(), micros / 1000);
   std::shared_ptr<const PjrtExecutable> exe(std::move(*compiled));
+  entry->error = absl::OkStatus();
   entry->executable = exe;
+  entry->serialized.clear();
   return exe;
+}
+
+absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrLoad(
+    const Serialized& serialized, const std::vector<int>& devices) {
+  auto runtime = Runtime();
+  if (!runtime.ok()) return runtime.status();
+  std::shared_ptr<Entry> entry =
+      FindEntry(serialized.module, serialized.compile_options, /*create=*/true);
+  absl::MutexLock lock(&entry->mu);
+  if (entry->done && entry->error.ok()) {
+    if (auto alive = entry->executable.lock()) {
+      cache_hits_++;
+      return alive;
+    }
+  }
+  const absl::Time start = absl::Now();
+  auto loaded = (*runtime)->Deserialize(serialized.executable,
+                                        serialized.compile_options);
+  if (!loaded.ok()) return loaded.status();  // the entry is left as it was
+  if ((*loaded)->device_indices() != devices) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the serialized executable runs on devices [",
+                     absl::StrJoin((*loaded)->device_indices(), ", "),
+                     "], not [", absl::StrJoin(devices, ", "), "]"));
+  }
+  const int64_t micros = absl::ToInt64Microseconds(absl::Now() - start);
+  serialized_loads_++;
+  SPDLOG_INFO(
+      "XLA: loaded a {}-byte serialized executable for {} device(s) in {} ms "
+      "(not compiled)",
+      serialized.executable.size(), (*loaded)->num_partitions(), micros / 1000);
+  std::shared_ptr<const PjrtExecutable> exe(std::move(*loaded));
+  entry->done = true;
+  entry->error = absl::OkStatus();
+  entry->executable = exe;
+  entry->serialized = serialized.executable;
+  return exe;
+}
+
+absl::StatusOr<XlaExecutor::Serialized> XlaExecutor::Serialize(
+    uint64_t fingerprint) {
+  std::vector<std::shared_ptr<Entry>> entries;
+  {
+    absl::MutexLock lock(&cache_mu_);
+    auto bucket = cache_.find(fingerprint);
+    if (bucket != cache_.end()) entries = bucket->second;
+  }
+  bool busy = false;
+  for (const auto& e : entries) {
+    std::shared_ptr<const PjrtExecutable> alive;
+    std::string loaded_from;
+    if (!e->mu.TryLock()) {  // being compiled or loaded
+      busy = true;
+      continue;
+    }
+    if (e->done && e->error.ok()) alive = e->executable.lock();
+    if (alive != nullptr) loaded_from = e->serialized;
+    e->mu.Unlock();
+    if (alive == nullptr) continue;
+    if (!loaded_from.empty()) {
+      return Serialized{e->module, e->options, std::move(loaded_from)};
+    }
+    auto bytes = alive->runtime().Serialize(*alive);
+    if (!bytes.ok()) return bytes.status();
+    return Serialized{e->module, e->options, *std::move(bytes)};
+  }
+  const std::string key =
+      absl::StrCat(absl::Hex(fingerprint, absl::kZeroPad16));
+  if (busy) {
+    return absl::UnavailableError(
+        absl::StrCat("executable ", key, " is still being compiled here"));
+  }
+  return absl::NotFoundError(absl::StrCat("no executable ", key, " here"));
 }
 
 void XlaExecutor::SweepLocked() {

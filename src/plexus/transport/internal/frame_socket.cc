@@ -60,6 +60,8 @@ const char* FrameTypeName(FrameType type) {
       return "HELLO";
     case FrameType::kWelcome:
       return "WELCOME";
+    case FrameType::kFetchExecutable:
+      return "FETCH_EXECUTABLE";
   }
   return "UNKNOWN";
 }
@@ -164,7 +166,7 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   for (uint8_t b : header.reserved2) reserved_zero = reserved_zero && b == 0;
   if (!reserved_zero) return malformed("reserved header fields are not zero");
   if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
-      header.type > static_cast<uint16_t>(FrameType::kWelcome)) {
+      header.type > static_cast<uint16_t>(FrameType::kFetchExecutable)) {
     return malformed("unknown frame type");
   }
   FrameType type = header.frame_type();

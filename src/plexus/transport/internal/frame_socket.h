@@ -63,6 +63,9 @@ enum class FrameType : uint16_t {
   kChallenge = 9,  // acceptor -> connector: nonce (handshake.h)
   kHello = 10,     // connector -> acceptor: who, nonce, proof
   kWelcome = 11,   // acceptor -> connector: its proof
+  // worker -> worker: the serialized XLA executable whose content
+  // fingerprint is buffer_id (shard 0); replied with DATA or ERROR.
+  kFetchExecutable = 12,
 };
 const char* FrameTypeName(FrameType type);
 

@@ -83,6 +83,21 @@ class MapHandler : public DataPlaneHandler {
     return std::shared_ptr<const Storage>(ready_[key]);
   }
 
+  // FETCH_EXECUTABLE: what ServeExecutable put there, else NotFound.
+  absl::StatusOr<std::shared_ptr<const Storage>> SerializedExecutable(
+      uint64_t fingerprint) override {
+    absl::MutexLock lock(&mu_);
+    auto it = executables_.find(fingerprint);
+    if (it == executables_.end()) {
+      return absl::NotFoundError(absl::StrCat("no executable ", fingerprint));
+    }
+    return std::shared_ptr<const Storage>(it->second);
+  }
+  void ServeExecutable(uint64_t fingerprint, std::shared_ptr<Storage> bytes) {
+    absl::MutexLock lock(&mu_);
+    executables_[fingerprint] = std::move(bytes);
+  }
+
   void Fail(const ShardKey& key, absl::Status error) {
     absl::MutexLock lock(&mu_);
     errors_[key] = std::move(error);
@@ -138,6 +153,8 @@ class MapHandler : public DataPlaneHandler {
   absl::flat_hash_map<ShardKey, std::shared_ptr<Storage>> ready_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ShardKey, absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Storage>> executables_
+      ABSL_GUARDED_BY(mu_);
   absl::Status reject_ ABSL_GUARDED_BY(mu_);
   absl::Status no_room_ ABSL_GUARDED_BY(mu_);
   int allocations_ ABSL_GUARDED_BY(mu_) = 0;

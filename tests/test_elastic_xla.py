@@ -1,0 +1,87 @@
+"""A spare that joins a cluster whose XLA programs are already compiled
+takes their executables from a live worker (serialized, over the data
+plane) instead of compiling them, and a host lost afterwards recovers onto
+it without a compile: the call run again there uses the loaded executable.
+
+Real embedded clusters whose workers load the CPU PJRT plugin of the
+xla-cpu-pjrt wheel."""
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import plexus
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+WAIT_S = 60
+
+
+def stat(w, key):
+    return int(w.get("stats", {}).get(key, 0))
+
+
+def worker(st, worker_id):
+    return next(w for w in st["workers"] if int(w["worker_id"]) == worker_id)
+
+
+def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compiling():
+    with plexus.local(hosts=2, spare=1) as cluster:
+        c = cluster.connect()
+        s = c.slice(2)
+        f = plexus.jit(lambda x: jnp.tanh(x) * 2 + 1, s,
+                       in_shardings=plexus.split(0),
+                       out_shardings=plexus.split(0), name="scaled_tanh")
+        data = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+        want = np.tanh(data) * 2 + 1
+        x = s.put(data, plexus.P("devices"))
+        y = f(x)  # the hosts of the slice compiled it
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+
+        # The spare there from the start compiled along with them. Lose it:
+        # the embedded cluster starts a new spare, which joins a cluster
+        # whose program is compiled, and is loaded with it.
+        st = cluster.status(fresh=True)
+        first = next(w for w in st["workers"] if w["alive"] and w.get("spare"))
+        os.kill(int(first["pid"]), signal.SIGKILL)
+
+        def new_spare(st):
+            return next((w for w in st["workers"]
+                         if w["alive"] and w.get("spare")
+                         and w["worker_id"] != first["worker_id"]
+                         and stat(w, "programs_loaded") > 0
+                         and stat(w, "xla_compiles")
+                         + stat(w, "xla_serialized_loads") > 0), None)
+
+        st = cluster.wait_until(lambda st: new_spare(st) is not None,
+                                timeout=WAIT_S,
+                                what="a new spare with the program's executable")
+        spare = new_spare(st)
+        spare_id = int(spare["worker_id"])
+        assert stat(spare, "xla_serialized_loads") == 1, spare["stats"]
+        assert stat(spare, "xla_compiles") == 0, spare["stats"]
+
+        # A host of the slice lost: its island moves onto the new spare, and
+        # y's shard that was there is computed again by running f there.
+        before = cluster.status().get("recovery", {})
+        victim = s.devices[1]["host"]
+        victim_pid = next(int(w["pid"]) for w in st["workers"]
+                          if w["alive"] and w["host_name"] == victim)
+        os.kill(victim_pid, signal.SIGKILL)
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+        assert s.generation == 1
+        assert s.devices[1]["host"] == spare["host_name"]
+        z = f(y)  # and the job goes on on the new map
+        np.testing.assert_allclose(np.asarray(z), np.tanh(want) * 2 + 1,
+                                   rtol=1e-6)
+
+        st = cluster.status(fresh=True)
+        after = st.get("recovery", {})
+        assert (int(after.get("calls_recomputed", 0))
+                > int(before.get("calls_recomputed", 0)))
+        took = worker(st, spare_id)
+        assert stat(took, "calls_executed") >= 2, took["stats"]
+        assert stat(took, "xla_compiles") == 0, took["stats"]
+        assert stat(took, "xla_serialized_loads") == 1, took["stats"]
