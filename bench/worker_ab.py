@@ -32,11 +32,11 @@ def start(bin_dir, mib):
     a client, and the chained program on a value of `mib` MiB."""
     os.environ["PLEXUS_BIN_DIR"] = str(bin_dir)
     cluster = plexus.local(hosts=1, devices_per_host=1,
-                           device_memory_mib=max(1024, 8 * mib))
+                           device_memory_mib=max(1024, int(8 * mib)))
     cluster.__enter__()
     client = cluster.connect(name="worker-ab")
     s = client.slice(1)
-    n = int((mib * 2**20 / 4) ** 0.5)
+    n = max(1, int(round((mib * 2**20 / 4) ** 0.5)))
     x = s.put(np.ones((n, n), np.float32))
     step = plexus.jit(lambda a: a * 1.0001 + 1.0, s, name="big")
     step(x).block_until_ready()  # compiled
@@ -56,7 +56,8 @@ def per_call(client, step, x, calls):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--other-bin-dir", required=True)
-    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--mib", type=float, default=64,
+                    help="the value's size (0.000244 is 8x8 floats)")
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default=None)

@@ -633,7 +633,35 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   }
   Run* queued = run.release();
   queued->left = static_cast<int>(parts);
-  if (parts == 0) completions_->Post([this, queued] { Finish(queued); });
+  // A run that has already completed (the CPU plugin runs small programs
+  // inline, inside Execute) ends here, on this thread: no hand-off.
+  bool completed = true;
+  for (PJRT_Event* e : queued->complete) {
+    if (e == nullptr) continue;
+    auto ready = PJRT_ARGS(PJRT_Event_IsReady_Args);
+    ready.event = e;
+    if (PJRT_Error* error = api_->PJRT_Event_IsReady(&ready)) {
+      scope.ToStatus(error, "").IgnoreError();
+      completed = false;
+    }
+    completed = completed && ready.is_ready;
+    if (!completed) break;
+  }
+  if (completed) {
+    for (PJRT_Event* e : queued->complete) {
+      if (e == nullptr) continue;
+      auto error = PJRT_ARGS(PJRT_Event_Error_Args);
+      error.event = e;
+      if (PJRT_Error* failed = api_->PJRT_Event_Error(&error)) {
+        absl::Status s = scope.ToStatus(failed, "XLA execution");
+        absl::MutexLock lock(&queued->mu);
+        queued->status.Update(s);
+      }
+    }
+    Finish(queued);
+    if (!status.ok()) return status;
+    return result;
+  }
   for (size_t p = 0; p < parts; ++p) {
     auto on = PJRT_ARGS(PJRT_Event_OnReady_Args);
     on.event = queued->complete[p];

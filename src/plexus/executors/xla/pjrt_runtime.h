@@ -193,9 +193,11 @@ class PjrtRuntime {
   // is then every output's (PjrtBuffer::Await), named by `what` (e.g.
   // "program 'f' on worker 3"). An error the plugin gives at once is
   // returned, and `done` is then never called. Otherwise `done` is called
-  // exactly once, on the runtime's completion thread, after the run has
-  // completed and let go of every input, with the run's status; it must
-  // not block for long (it delays the next run's completion).
+  // exactly once, after the run has completed and let go of every input,
+  // with the run's status: on the runtime's completion thread, or on this
+  // thread before Execute returns where the run had completed by then (the
+  // CPU plugin runs small programs inline). It must not block for long (on
+  // the completion thread it delays the next run's end).
   using Outputs = std::vector<std::vector<std::shared_ptr<PjrtBuffer>>>;
   using DoneFn = std::function<void(absl::Status)>;
   absl::StatusOr<Outputs> Execute(
