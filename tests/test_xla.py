@@ -579,3 +579,9 @@ def test_static_and_keyword_arguments_and_decorator_form(cluster, client):
     assert max_rel(affine(x, w=w, b=b), x @ w + b) <= 1e-6
     lowered = plexus.jit(lambda x, *, w, b: x @ w + b, s).lower(x, w=w, b=b)
     assert max_rel(lowered(x, w=s.put(w), b=b), x @ w + b) <= 1e-6
+
+
+def test_gpus_that_are_not_gpu_indices_are_refused():
+    for bad in ([], [-1], ["x"], [True]):
+        with pytest.raises(ValueError, match=r"gpus must be GPU indices"):
+            plexus.local(hosts=1, gpus=bad)

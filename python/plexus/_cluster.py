@@ -97,9 +97,13 @@ class LocalCluster:
         # device_memory_mib per GPU at most. None: devices_per_host CPU
         # devices.
         if gpus is not None:
-            gpus = [int(g) for g in gpus]
-            if not gpus or any(g < 0 for g in gpus):
-                raise ValueError(f"gpus must be GPU indices (0, 1, ...), got {gpus}")
+            given = list(gpus)
+            if not given or not all(
+                    isinstance(g, int) and not isinstance(g, bool) and g >= 0
+                    for g in given):
+                raise ValueError(
+                    f"gpus must be GPU indices (0, 1, ...), got {given!r}")
+            gpus = given
         self.gpus = gpus
         # Hex, from the binding: credentials are derived in C++ only.
         self._secret = secret or _core.new_cluster_secret()
