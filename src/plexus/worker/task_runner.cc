@@ -395,39 +395,42 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     SPDLOG_DEBUG("call {} shard {} failed: {}", exec.call_id(), task.shard(),
                  status.ToString());
   }
-  if (!(status.ok() && joined_island)) {
+  if (!joined_island) {
     if (status.ok()) calls_executed_++;
     FinishTask(call, task_index, std::move(keep), scratch_bytes,
                absl::ToInt64Microseconds(ran - started));
     return;
   }
-  // An XLA run queued on the device: what it reads stays pinned, and the
-  // call is reported, once it has run.
+  // A partition of an XLA island: what it reads stays pinned, and the call
+  // is reported, once the island's run has ended (at once where none was
+  // queued), also where this task failed after it was queued.
   xla_runs_started_.fetch_add(1);
-  call->island->WhenEnded([this, call, task_index, keep = std::move(keep),
-                           scratch_bytes, device,
-                           started](const absl::Status& end) mutable {
-    // Device time: from when it was queued or the device's previous run
-    // ended, whichever is later, to its end (runs on a device end in
-    // order, on one completion thread).
-    const int64_t now = absl::ToUnixMicros(absl::Now());
-    const int64_t from =
-        std::max(absl::ToUnixMicros(started), device_run_ends_[device].load());
-    device_run_ends_[device].store(now);
-    if (end.ok()) {
-      calls_executed_++;
-    } else {
-      calls_failed_++;
-      call->failed = true;
-      SPDLOG_DEBUG("call {} shard {} failed on its device: {}",
-                   call->exec.call_id(), call->exec.tasks(task_index).shard(),
-                   end.ToString());
-    }
-    FinishTask(call, task_index, std::move(keep), scratch_bytes,
-               std::max<int64_t>(0, now - from));
-    absl::MutexLock lock(&xla_runs_mu_);
-    ++xla_runs_ended_;
-  });
+  call->island->WhenEnded(
+      [this, call, task_index, keep = std::move(keep), scratch_bytes, device,
+       started, failed = !status.ok()](const absl::Status& end) mutable {
+        // Device time: from when it was queued or the device's previous run
+        // ended, whichever is later, to its end.
+        const int64_t now = absl::ToUnixMicros(absl::Now());
+        const int64_t last =
+            device_run_ends_[device].exchange(now, std::memory_order_relaxed);
+        const int64_t from =
+            std::max(absl::ToUnixMicros(started), std::min(last, now));
+        if (failed) {
+          // Counted, and its outputs failed, when it failed.
+        } else if (end.ok()) {
+          calls_executed_++;
+        } else {
+          calls_failed_++;
+          call->failed = true;
+          SPDLOG_DEBUG("call {} shard {} failed on its device: {}",
+                       call->exec.call_id(),
+                       call->exec.tasks(task_index).shard(), end.ToString());
+        }
+        FinishTask(call, task_index, std::move(keep), scratch_bytes,
+                   std::max<int64_t>(0, now - from));
+        absl::MutexLock lock(&xla_runs_mu_);
+        ++xla_runs_ended_;
+      });
 }
 
 void WorkerImpl::FinishTask(const std::shared_ptr<CallContext>& call,

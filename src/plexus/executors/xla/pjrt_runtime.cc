@@ -545,6 +545,8 @@ struct PjrtRuntime::Run {
   absl::Mutex mu;
   absl::Status status ABSL_GUARDED_BY(mu);
   DoneFn done;
+  // The buffers that read `staged` go before it, also on an early return.
+  ~Run() { scope.reset(); }
 };
 
 absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
@@ -605,28 +607,26 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
       !s.ok()) {
     return s;
   }
-  // The outputs are ours from here (freed with their PjrtBuffer, also on
-  // error), each ready once the run that makes it has completed.
+  // Queued: from here `done` is called, once, whatever else happens. The
+  // outputs are ours (freed with their PjrtBuffer), each ready once the run
+  // that makes it has completed; one the plugin did not give is null, for
+  // the caller to report.
   auto producer = std::make_shared<const std::string>(what);
   Outputs result(parts);
-  absl::Status status;
   for (size_t p = 0; p < parts; ++p) {
     for (size_t o = 0; o < num_outputs; ++o) {
-      if (outs[p][o] == nullptr) {
-        status.Update(absl::InternalError(
-            absl::StrCat("XLA returned no output ", o, " on partition ", p)));
-        result[p].push_back(nullptr);
-        continue;
-      }
-      result[p].push_back(std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
-          handle_of_client_, outs[p][o], DeviceIndex(exe, p),
-          exe.outputs_[o].byte_size(), platform_ == "cpu", producer)));
+      result[p].push_back(
+          outs[p][o] == nullptr
+              ? nullptr
+              : std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
+                    handle_of_client_, outs[p][o], DeviceIndex(exe, p),
+                    exe.outputs_[o].byte_size(), platform_ == "cpu",
+                    producer)));
     }
   }
   // Its end: each partition's completion counts down, the last hands the
-  // run to the completion thread. The run is queued: it ends whatever
-  // this returns, and `done` is called if this returns its outputs.
-  if (status.ok()) run->done = std::move(done);
+  // run to the completion thread.
+  run->done = std::move(done);
   {
     absl::MutexLock lock(&runs_mu_);
     ++runs_;
@@ -637,19 +637,20 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   // inline, inside Execute) ends here, on this thread: no hand-off.
   bool completed = true;
   for (PJRT_Event* e : queued->complete) {
-    if (e == nullptr) continue;
     auto ready = PJRT_ARGS(PJRT_Event_IsReady_Args);
     ready.event = e;
-    if (PJRT_Error* error = api_->PJRT_Event_IsReady(&ready)) {
+    if (e == nullptr) {
+      completed = false;  // said below
+    } else if (PJRT_Error* error = api_->PJRT_Event_IsReady(&ready)) {
       scope.ToStatus(error, "").IgnoreError();
       completed = false;
+    } else {
+      completed = ready.is_ready;
     }
-    completed = completed && ready.is_ready;
     if (!completed) break;
   }
   if (completed) {
     for (PJRT_Event* e : queued->complete) {
-      if (e == nullptr) continue;
       auto error = PJRT_ARGS(PJRT_Event_Error_Args);
       error.event = e;
       if (PJRT_Error* failed = api_->PJRT_Event_Error(&error)) {
@@ -659,7 +660,6 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
       }
     }
     Finish(queued);
-    if (!status.ok()) return status;
     return result;
   }
   for (size_t p = 0; p < parts; ++p) {
@@ -667,23 +667,36 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     on.event = queued->complete[p];
     on.callback = &PjrtRuntime::PartitionDone;
     on.user_arg = queued;
-    if (on.event == nullptr) {
-      PartitionDone(nullptr, queued);  // a plugin that gives no event
-      continue;
+    PJRT_Error* refused = nullptr;
+    if (on.event != nullptr) {
+      refused = api_->PJRT_Event_OnReady(&on);
+      if (refused == nullptr) continue;  // the usual path
+      PjrtScope(api_).ToStatus(refused, "").IgnoreError();
     }
-    if (PJRT_Error* e = api_->PJRT_Event_OnReady(&on); e != nullptr) {
-      // Not registered: wait for it here instead (rare; never seen).
-      PJRT_Error* waited = nullptr;
-      {
+    // No event, or no callback on it (neither seen): the completion
+    // thread waits for the partition's end (its event, else its outputs'
+    // ready events), never this one.
+    PJRT_Event* event = on.event;
+    std::vector<std::shared_ptr<PjrtBuffer>> outputs = result[p];
+    completions_->Post([this, queued, event, outputs] {
+      PjrtScope scope(api_);
+      absl::Status s;
+      if (event != nullptr) {
         auto a = PJRT_ARGS(PJRT_Event_Await_Args);
-        a.event = on.event;
-        waited = api_->PJRT_Event_Await(&a);
+        a.event = event;
+        s = scope.ToStatus(api_->PJRT_Event_Await(&a), "XLA execution");
+      } else {
+        for (const auto& out : outputs) {
+          if (out != nullptr) s.Update(out->Await());
+        }
       }
-      PjrtScope(api_).ToStatus(e, "").IgnoreError();
-      PartitionDone(waited, queued);
-    }
+      if (!s.ok()) {
+        absl::MutexLock lock(&queued->mu);
+        queued->status.Update(s);
+      }
+      PartitionDone(nullptr, queued);
+    });
   }
-  if (!status.ok()) return status;
   return result;
 }
 

@@ -187,17 +187,19 @@ class PjrtRuntime {
 
   // Queues one run of `exe` over all its partitions and returns without
   // waiting for it. inputs[p][i] is argument i of partition p (each must
-  // stay readable until `done`). Returns outputs[p][o], output o of
-  // partition p, in device memory: ready when the run has completed; an
+  // stay readable, and `exe` alive, until `done`). Returns outputs[p][o],
+  // output o of partition p, in device memory (null where the plugin gave
+  // none: the caller reports it): ready when the run has completed; an
   // error of the run (the plugin's message: out of memory, a bad argument)
   // is then every output's (PjrtBuffer::Await), named by `what` (e.g.
-  // "program 'f' on worker 3"). An error the plugin gives at once is
-  // returned, and `done` is then never called. Otherwise `done` is called
-  // exactly once, after the run has completed and let go of every input,
-  // with the run's status: on the runtime's completion thread, or on this
-  // thread before Execute returns where the run had completed by then (the
-  // CPU plugin runs small programs inline). It must not block for long (on
-  // the completion thread it delays the next run's end).
+  // "program 'f' on worker 3"). An error the plugin gives at once (the run
+  // was not queued) is returned, and `done` is then never called. Once
+  // queued, `done` is called exactly once, after the run has completed and
+  // let go of every input, with the run's status: on the runtime's
+  // completion thread, or on this thread before Execute returns where the
+  // run had completed by then (the CPU plugin runs small programs inline).
+  // It must not block for long (on the completion thread it delays the
+  // next run's end).
   using Outputs = std::vector<std::vector<std::shared_ptr<PjrtBuffer>>>;
   using DoneFn = std::function<void(absl::Status)>;
   absl::StatusOr<Outputs> Execute(
