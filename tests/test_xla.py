@@ -6,6 +6,7 @@ and a worker killed under an XLA data-parallel step.
 Everything runs on a real embedded cluster whose workers load the CPU PJRT
 plugin of the xla-cpu-pjrt wheel."""
 import collections
+import time
 
 import numpy as np
 import pytest
@@ -585,3 +586,30 @@ def test_gpus_that_are_not_gpu_indices_are_refused():
     for bad in ([], [-1], ["x"], [True]):
         with pytest.raises(ValueError, match=r"gpus must be GPU indices"):
             plexus.local(hosts=1, gpus=bad)
+
+
+def test_device_busy_time_counts_xla_runs_it_did_not_wait_for(cluster, client):
+    # The device thread queues each run and goes on; the device's busy time
+    # is the runs' own (from each one's start, or the device's previous
+    # end, to its end), not the thread's few microseconds per launch.
+    s = client.slice(1, hosts=["host1"])
+    dev = s.devices[0]
+
+    def busy_micros(st):
+        for w in st["workers"]:
+            if w["worker_id"] == dev["worker"]:
+                return w["stats"].get("device_busy_micros", [0] * 8)[dev["device"]]
+
+    step = plexus.jit(lambda a: jnp.tanh(a @ a) * 0.5, s)
+    x = s.put(rand(256, 256))
+    step(x).block_until_ready()
+    before = busy_micros(cluster.status(fresh=True))
+    t0 = time.monotonic()
+    y = x
+    with client.graph():
+        for _ in range(100):
+            y = step(y)
+    y.block_until_ready()
+    wall_us = (time.monotonic() - t0) * 1e6
+    grown = busy_micros(cluster.status(fresh=True)) - before
+    assert grown >= 0.5 * wall_us, (grown, wall_us)

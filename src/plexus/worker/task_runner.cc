@@ -426,8 +426,9 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
                        call->exec.call_id(),
                        call->exec.tasks(task_index).shard(), end.ToString());
         }
-        FinishTask(call, task_index, std::move(keep), scratch_bytes,
-                   std::max<int64_t>(0, now - from));
+        const int64_t busy = std::max<int64_t>(0, now - from);
+        device_run_busy_[device].fetch_add(busy, std::memory_order_relaxed);
+        FinishTask(call, task_index, std::move(keep), scratch_bytes, busy);
         absl::MutexLock lock(&xla_runs_mu_);
         ++xla_runs_ended_;
       });

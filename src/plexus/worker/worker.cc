@@ -211,6 +211,7 @@ absl::Status WorkerImpl::StartLocal() {
                                     /*max_queued=*/65536, specs[d].kind));
   }
   device_run_ends_ = std::make_unique<std::atomic<int64_t>[]>(specs.size());
+  device_run_busy_ = std::make_unique<std::atomic<int64_t>[]>(specs.size());
 
   transport::DataPlaneServerOptions dp;
   dp.tcp_host = options_.data_host;
@@ -503,7 +504,12 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   for (int64_t b : st.device_bytes) s.add_device_live_bytes(b);
   for (int64_t b : st.device_peak_bytes) s.add_device_peak_bytes(b);
   s.set_device_memory_shards(st.device_memory_shards);
-  for (const auto& d : devices_) s.add_device_busy_micros(d->busy_micros());
+  for (size_t d = 0; d < devices_.size(); ++d) {
+    // The device thread's own time, and the device time of its XLA runs
+    // (which it queues and does not wait for).
+    s.add_device_busy_micros(devices_[d]->busy_micros() +
+                             device_run_busy_[d].load());
+  }
   s.set_calls_executed(calls_executed_.load());
   s.set_calls_failed(calls_failed_.load());
   s.set_programs_loaded(programs_loaded_.load());

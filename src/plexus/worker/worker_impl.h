@@ -304,8 +304,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   std::atomic<int64_t> xla_runs_started_{0};
   absl::Mutex xla_runs_mu_;
   int64_t xla_runs_ended_ ABSL_GUARDED_BY(xla_runs_mu_) = 0;
-  // Per device, when its last XLA run ended (unix micros; device time).
+  // Per device, when its last XLA run ended (unix micros), and the device
+  // time of its XLA runs so far (WorkerStats.device_busy_micros).
   std::unique_ptr<std::atomic<int64_t>[]> device_run_ends_;
+  std::unique_ptr<std::atomic<int64_t>[]> device_run_busy_;
 
   std::atomic<int64_t> calls_executed_{0};
   std::atomic<int64_t> calls_failed_{0};
