@@ -29,7 +29,6 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,15 +36,6 @@ import yaml
 
 from conftest import PLEXUS_PYTHONPATH
 from plexus._binaries import bin_dir, default_pjrt_plugin
-
-# Flags the manifests use that work in progress adds to the binaries; until
-# a binary lists one in --help, PodRunner runs without it and says so.
-#   --advertise-host (worker): the address the data plane tells the server;
-#     without it the worker advertises what --data-host binds, so the host
-#     part of --data-host becomes this value (the port stays).
-#   --advertise-address (server): the address clients are told to use.
-#   --tenants (server): the operator's per-tenant policy file.
-PENDING_FLAGS = {"--advertise-host", "--advertise-address", "--tenants"}
 
 # The image's own environment (deploy/docker/Dockerfile's ENV), with this
 # tree's paths; sanitizer settings of the test run pass through (the ASan
@@ -183,8 +173,6 @@ class PodRunner:
         self.tmp = Path(tmp_path)
         self.namespace = namespace
         self.pods = []
-        self.notes = []    # what was changed, in words
-        self.dropped = []  # pending flags run without
         self._flags = {}
 
     # ------------------------------------------------------------ pods
@@ -222,7 +210,7 @@ class PodRunner:
         args = cmd[1:] + args
         if (bin_dir() / cmd[0]).exists():  # plexus-server, plexus-worker
             exe = str(bin_dir() / cmd[0])
-            args = self._pending(exe, args, f"{pod.name}/{c['name']}")
+            args = self._check_flags(exe, args, f"{pod.name}/{c['name']}")
         elif cmd[0] in ("python3", "python"):
             exe = sys.executable  # the image's, with plexus installed
         else:
@@ -314,29 +302,15 @@ class PodRunner:
             self._flags[exe] = set(re.findall(r"(--[a-z][a-z0-9-]*)", out))
         return self._flags[exe]
 
-    def _pending(self, exe, args, where):
+    def _check_flags(self, exe, args, where):
+        """The manifests' flags, each one the binary lists in --help: a
+        flag it lacks fails the test, naming the container."""
         known = self._known_flags(exe)
-        out = []
         for a in args:
-            flag, _, value = a.partition("=")
-            if not flag.startswith("--") or flag in known:
-                out.append(a)
-                continue
-            assert flag in PENDING_FLAGS, (
+            flag = a.partition("=")[0]
+            assert not flag.startswith("--") or flag in known, (
                 f"{where}: {Path(exe).name} has no flag {flag}")
-            self.dropped.append(flag)
-            note = (f"{where}: {Path(exe).name} of this tree has no {flag} "
-                    "yet: run without it")
-            if flag == "--advertise-host":
-                # Until then a worker advertises the address it binds.
-                i = next(i for i, x in enumerate(out)
-                         if x.startswith("--data-host="))
-                port = out[i].rpartition(":")[2]
-                out[i] = f"--data-host={value}:{port}"
-                note += f", binding --data-host={value}:{port} instead"
-            self.notes.append(note)
-            warnings.warn(note)
-        return out
+        return args
 
     def restart(self, pod):
         """What the kubelet does when a container dies (restartPolicy
