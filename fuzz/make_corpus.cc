@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "fuzz/cluster_harness.h"
 #include "fuzz/fuzz_support.h"
+#include "plexus/executors/xla/xla_test_util.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/cluster_state.h"
 #include "plexus/store/object_store.h"
@@ -490,23 +491,9 @@ void DataPlaneSeeds() {
 
 // --- compile options (compile_options_fuzz.cc).
 
-std::string Varint(uint64_t v) {
-  std::string out;
-  do {
-    unsigned char c = v & 0x7f;
-    v >>= 7;
-    if (v) c |= 0x80;
-    out.push_back(static_cast<char>(c));
-  } while (v);
-  return out;
-}
-std::string VarintField(int number, uint64_t v) {
-  return Varint(static_cast<uint64_t>(number) << 3) + Varint(v);
-}
-std::string LenField(int number, const std::string& bytes) {
-  return Varint((static_cast<uint64_t>(number) << 3) | 2) +
-         Varint(bytes.size()) + bytes;
-}
+using xla::testing::LenField;
+using xla::testing::Varint;
+using xla::testing::VarintField;
 
 // CompileOptionsProto { executable_build_options { num_replicas,
 // num_partitions, device_assignment } }, as jaxlib writes it.

@@ -8,30 +8,15 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "plexus/executors/xla/xla_test_util.h"
 
 namespace plexus::xla {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Protobuf wire format: a varint field and a length-delimited field.
-std::string Varint(uint64_t v) {
-  std::string out;
-  do {
-    unsigned char c = v & 0x7f;
-    v >>= 7;
-    if (v) c |= 0x80;
-    out.push_back(static_cast<char>(c));
-  } while (v);
-  return out;
-}
-std::string VarintField(int number, uint64_t v) {
-  return Varint(static_cast<uint64_t>(number) << 3) + Varint(v);
-}
-std::string LenField(int number, const std::string& bytes) {
-  return Varint((static_cast<uint64_t>(number) << 3) | 2) +
-         Varint(bytes.size()) + bytes;
-}
+using testing::LenField;
+using testing::Varint;
+using testing::VarintField;
 
 // CompileOptionsProto { executable_build_options { num_replicas,
 // num_partitions, device_assignment { 1 x devices } } }, packed ids.

@@ -11,58 +11,14 @@
 #include "gtest/gtest.h"
 #include "plexus/executors/xla/pjrt_runtime.h"
 #include "plexus/executors/xla/xla_executor.h"
+#include "plexus/executors/xla/xla_test_util.h"
 
 namespace plexus::xla {
 namespace {
 
 using ::testing::HasSubstr;
-
-// out0 = tanh(x) * y + y, out1 = sum(x) (a scalar).
-constexpr char kModule[] = R"(
-module @m {
-  func.func public @main(%x: tensor<2x3xf32>, %y: tensor<2x3xf32>)
-      -> (tensor<2x3xf32>, tensor<f32>) {
-    %t = stablehlo.tanh %x : tensor<2x3xf32>
-    %m = stablehlo.multiply %t, %y : tensor<2x3xf32>
-    %a = stablehlo.add %m, %y : tensor<2x3xf32>
-    %zero = stablehlo.constant dense<0.0> : tensor<f32>
-    %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across
-        dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
-    return %a, %s : tensor<2x3xf32>, tensor<f32>
-  }
-}
-)";
-
-// Protobuf wire format, as compile_options_test.cc writes it.
-std::string Varint(uint64_t v) {
-  std::string out;
-  do {
-    unsigned char c = v & 0x7f;
-    v >>= 7;
-    if (v) c |= 0x80;
-    out.push_back(static_cast<char>(c));
-  } while (v);
-  return out;
-}
-std::string VarintField(int number, uint64_t v) {
-  return Varint(static_cast<uint64_t>(number) << 3) + Varint(v);
-}
-std::string LenField(int number, const std::string& bytes) {
-  return Varint((static_cast<uint64_t>(number) << 3) | 2) +
-         Varint(bytes.size()) + bytes;
-}
-
-// CompileOptionsProto { executable_build_options { num_replicas: 1
-// num_partitions: 1 device_assignment { replica_count: 1
-// computation_count: 1 computation_devices { replica_device_ids: d } } } }
-std::string OnDevice(int device) {
-  const std::string assignment =
-      VarintField(1, 1) + VarintField(2, 1) +
-      LenField(3, LenField(1, Varint(static_cast<uint64_t>(device))));
-  const std::string build =
-      VarintField(4, 1) + VarintField(5, 1) + LenField(9, assignment);
-  return LenField(3, build);
-}
+using testing::kTanhModule;
+using testing::OptionsOnDevice;
 
 PjrtOptions Options() {
   PjrtOptions o;
@@ -91,8 +47,8 @@ std::vector<float> Outputs(const PjrtRuntime& runtime,
 TEST(PjrtSerializeTest, AFreshRuntimeLoadsTheBytesAndComputesTheSame) {
   auto compiler = PjrtRuntime::Load(Options());
   ASSERT_TRUE(compiler.ok()) << compiler.status();
-  const std::string options = OnDevice(1);
-  auto compiled = (*compiler)->Compile(kModule, options);
+  const std::string options = OptionsOnDevice(1);
+  auto compiled = (*compiler)->Compile(kTanhModule, options);
   ASSERT_TRUE(compiled.ok()) << compiled.status();
   EXPECT_EQ((*compiled)->device_indices(), std::vector<int>{1});
   auto bytes = (*compiler)->Serialize(**compiled);
@@ -118,21 +74,22 @@ TEST(PjrtSerializeTest, AFreshRuntimeLoadsTheBytesAndComputesTheSame) {
 TEST(PjrtSerializeTest, BytesThatAreNoExecutableAreAnError) {
   auto runtime = PjrtRuntime::Load(Options());
   ASSERT_TRUE(runtime.ok()) << runtime.status();
-  auto loaded = (*runtime)->Deserialize("not an executable", OnDevice(0));
+  auto loaded =
+      (*runtime)->Deserialize("not an executable", OptionsOnDevice(0));
   ASSERT_FALSE(loaded.ok());
   EXPECT_THAT(loaded.status().message(), HasSubstr("deserialize executable"));
 }
 
 TEST(PjrtSerializeTest, TheCacheLoadsServesAndNeverCompiles) {
   XlaExecutor live(Options());
-  const std::string options = OnDevice(1);
-  auto compiled = live.GetOrCompile(kModule, options);
+  const std::string options = OptionsOnDevice(1);
+  auto compiled = live.GetOrCompile(kTanhModule, options);
   ASSERT_TRUE(compiled.ok()) << compiled.status();
-  const uint64_t key = XlaExecutor::Fingerprint(kModule, options);
-  EXPECT_NE(key, XlaExecutor::Fingerprint(kModule, OnDevice(0)));
+  const uint64_t key = XlaExecutor::Fingerprint(kTanhModule, options);
+  EXPECT_NE(key, XlaExecutor::Fingerprint(kTanhModule, OptionsOnDevice(0)));
   auto served = live.Serialize(key);
   ASSERT_TRUE(served.ok()) << served.status();
-  EXPECT_EQ(served->module, kModule);
+  EXPECT_EQ(served->module, kTanhModule);
   EXPECT_EQ(served->compile_options, options);
   EXPECT_EQ(live.Serialize(key + 1).status().code(),
             absl::StatusCode::kNotFound);
@@ -147,10 +104,10 @@ TEST(PjrtSerializeTest, TheCacheLoadsServesAndNeverCompiles) {
   EXPECT_EQ(spare.serialized_loads(), 1);
   // The cache holds it under its content: a program asking for it compiles
   // nothing.
-  auto same = spare.GetOrCompile(kModule, options);
+  auto same = spare.GetOrCompile(kTanhModule, options);
   ASSERT_TRUE(same.ok()) << same.status();
   EXPECT_EQ(same->get(), loaded->get());
-  EXPECT_EQ(spare.Lookup(kModule, options).get(), loaded->get());
+  EXPECT_EQ(spare.Lookup(kTanhModule, options).get(), loaded->get());
   EXPECT_EQ(spare.compiles(), 0);
   EXPECT_EQ(spare.cache_hits(), 2);
   EXPECT_EQ(Outputs(**spare.Runtime(), **loaded),

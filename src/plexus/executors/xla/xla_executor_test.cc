@@ -9,26 +9,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "plexus/executors/xla/xla_test_util.h"
 #include "plexus/store/storage.h"
 
 namespace plexus::xla {
 namespace {
 
-// out0 = tanh(x) * y + y, out1 = sum(x) (a scalar).
-constexpr char kModule[] = R"(
-module @m {
-  func.func public @main(%x: tensor<2x3xf32>, %y: tensor<2x3xf32>)
-      -> (tensor<2x3xf32>, tensor<f32>) {
-    %t = stablehlo.tanh %x : tensor<2x3xf32>
-    %m = stablehlo.multiply %t, %y : tensor<2x3xf32>
-    %a = stablehlo.add %m, %y : tensor<2x3xf32>
-    %zero = stablehlo.constant dense<0.0> : tensor<f32>
-    %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across
-        dimensions = [0, 1] : (tensor<2x3xf32>, tensor<f32>) -> tensor<f32>
-    return %a, %s : tensor<2x3xf32>, tensor<f32>
-  }
-}
-)";
+using testing::kTanhModule;
 
 // A serialized xla.CompileOptionsProto for one replica and one partition
 // (executable_build_options { num_replicas: 1 num_partitions: 1 }), as
@@ -69,12 +56,12 @@ TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
   EXPECT_EQ((*runtime)->platform(), "cpu");
   EXPECT_EQ((*runtime)->num_devices(), 2);
 
-  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
   ASSERT_TRUE(exe.ok()) << exe.status();
   ASSERT_EQ((*exe)->outputs().size(), 2u);
   EXPECT_EQ((*exe)->outputs()[0], (TensorSpec{DType::kF32, {2, 3}}));
   EXPECT_EQ((*exe)->outputs()[1], (TensorSpec{DType::kF32, {}}));
-  auto again = executor.GetOrCompile(kModule, kOneDevice);
+  auto again = executor.GetOrCompile(kTanhModule, kOneDevice);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(exe->get(), again->get());
   EXPECT_EQ(executor.compiles(), 1);
@@ -115,7 +102,7 @@ TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
 
 TEST(XlaExecutorTest, ChainedRunsAreQueuedOnInputsNotReadyYet) {
   XlaExecutor executor(Options());
-  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
   ASSERT_TRUE(exe.ok()) << exe.status();
   const PjrtRuntime& runtime = **executor.Runtime();
   alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
@@ -171,7 +158,7 @@ TEST(XlaExecutorTest, AnOutputDroppedBeforeItsRunEndsIsSafe) {
   // makes it, or one that reads it, is still queued: PJRT keeps what a
   // queued run uses.
   XlaExecutor executor(Options());
-  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
   ASSERT_TRUE(exe.ok()) << exe.status();
   const PjrtRuntime& runtime = **executor.Runtime();
   alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
@@ -224,7 +211,7 @@ TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
   EXPECT_EQ(bad.status(), bad2.status());
   EXPECT_EQ(executor.compiles(), 1);
 
-  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
   ASSERT_TRUE(exe.ok()) << exe.status();
   const PjrtRuntime* runtime = *executor.Runtime();
   alignas(64) float x[4] = {};
@@ -240,7 +227,7 @@ TEST(XlaExecutorTest, MissingPluginIsAClearErrorEveryTime) {
   PjrtOptions o;
   o.plugin_path = "/nonexistent/pjrt_plugin.so";
   XlaExecutor executor(o);
-  auto exe = executor.GetOrCompile(kModule, kOneDevice);
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
   ASSERT_FALSE(exe.ok());
   EXPECT_NE(exe.status().message().find("/nonexistent/pjrt_plugin.so"),
             std::string::npos)
