@@ -4,13 +4,12 @@ budget, a chain of programs stays in device memory, and a CUDA
 out-of-memory fails the calls that hit it with the plugin's message while
 the worker goes on serving. Skipped, with the reason, where there is no GPU
 or no plugin (tests/gpu/run.sh installs it)."""
-import os
 import subprocess
 
 import numpy as np
 import pytest
 
-from test_xla_gpu import REASON, cuda_pjrt_plugin, nvidia_library_dirs
+from test_xla_gpu import REASON, cuda_pjrt_plugin, use_nvidia_libraries
 
 import plexus
 
@@ -21,9 +20,7 @@ BUDGET_MIB = 8192
 
 @pytest.fixture(scope="module")
 def shared_gpu(tmp_path_factory):
-    libs = ":".join(nvidia_library_dirs())
-    if libs:
-        os.environ["LD_LIBRARY_PATH"] = libs + ":" + os.environ.get("LD_LIBRARY_PATH", "")
+    use_nvidia_libraries()
     log = tmp_path_factory.mktemp("logs") / "cluster.log"
     with plexus.local(hosts=2, gpus=[0], device_memory_mib=BUDGET_MIB,
                       pjrt_plugin=cuda_pjrt_plugin(), log_level="info",
@@ -107,6 +104,7 @@ def test_a_cuda_out_of_memory_fails_its_calls_and_the_worker_serves_on(
     # the second finds the GPU full (the plugin's allocator, not Plexus's
     # budget, refuses).
     import jax.numpy as jnp
+    use_nvidia_libraries()
     log = tmp_path / "cluster.log"
     with plexus.local(hosts=2, gpus=[0], device_memory_mib=10 ** 6,
                       pjrt_plugin=cuda_pjrt_plugin(), log_level="info",

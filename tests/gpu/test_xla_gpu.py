@@ -34,11 +34,17 @@ REASON = _gpu_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 
 
+def use_nvidia_libraries():
+    """The nvidia-* wheels' library folders on LD_LIBRARY_PATH, for the
+    workers the cluster starts (the CUDA plugin links against them)."""
+    libs = ":".join(nvidia_library_dirs())
+    if libs and libs not in os.environ.get("LD_LIBRARY_PATH", ""):
+        os.environ["LD_LIBRARY_PATH"] = libs + ":" + os.environ.get("LD_LIBRARY_PATH", "")
+
+
 @pytest.fixture(scope="module")
 def gpu_cluster(tmp_path_factory):
-    libs = ":".join(nvidia_library_dirs())
-    if libs:
-        os.environ["LD_LIBRARY_PATH"] = libs + ":" + os.environ.get("LD_LIBRARY_PATH", "")
+    use_nvidia_libraries()
     log = tmp_path_factory.mktemp("logs") / "cluster.log"
     with plexus.local(hosts=1, devices_per_host=1, pjrt_plugin=cuda_pjrt_plugin(),
                       log_level="info", log_file=str(log)) as c:
