@@ -10,6 +10,10 @@
 // copy, host memory in place where the plugin can (CPU) or copied to the
 // device.
 //
+// pjrt_runtime.cc: the plugin, client, devices and executables;
+// pjrt_run.cc: runs and their buffers; internal/pjrt_support.h: what both
+// share to speak the C API.
+//
 // Thread-safe: PJRT clients, buffers and loaded executables are
 // thread-safe; the runtime is immutable after Load, but for its completion
 // thread (a SerialExecutor), where every run's end is handled.
@@ -43,7 +47,7 @@ namespace plexus::xla {
 
 class PjrtRuntime;
 struct PjrtClientHandle;  // the PJRT client, destroyed after its last buffer
-class PjrtScope;          // PJRT objects of one operation (pjrt_runtime.cc)
+class PjrtScope;          // PJRT objects of one operation (internal/)
 
 // An XLA output left in device memory: a PJRT buffer, handed out when its
 // run is queued; ready (or failed, with the run's error) once the run has

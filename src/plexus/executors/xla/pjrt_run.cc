@@ -1,0 +1,329 @@
+// PjrtRuntime's runs (Execute: queued, their ends handled on the completion
+// thread) and the device buffers they make (PjrtBuffer).
+#include <atomic>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/executors/xla/internal/pjrt_support.h"
+#include "plexus/executors/xla/pjrt_runtime.h"
+
+namespace plexus::xla {
+
+// One queued run: what it reads stays alive until it has completed.
+struct PjrtRuntime::Run {
+  const PjrtRuntime* runtime = nullptr;
+  // The arguments' PJRT buffers made for this run (host memory in place,
+  // device-to-device copies) and their zero-copy events.
+  std::unique_ptr<PjrtScope> scope;
+  // Host copies of device buffers no path here can read.
+  std::vector<std::unique_ptr<char[]>> staged;
+  std::vector<PJRT_Event*> complete;  // one per partition
+  std::atomic<int> left{0};           // partitions not yet complete
+  absl::Mutex mu;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  DoneFn done;
+  // The buffers that read `staged` go before it, also on an early return.
+  ~Run() { scope.reset(); }
+  // A partition's end said `s`: the run's status, the first error kept.
+  void Update(const absl::Status& s) {
+    if (s.ok()) return;
+    absl::MutexLock lock(&mu);
+    status.Update(s);
+  }
+};
+
+absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
+    const PjrtExecutable& exe,
+    const std::vector<std::vector<XlaArgument>>& inputs, absl::string_view what,
+    DoneFn done) const {
+  const size_t parts = exe.devices_.size();
+  if (inputs.size() != parts) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the executable runs on ", parts, " devices, given ", inputs.size()));
+  }
+  const size_t num_args = parts == 0 ? 0 : inputs[0].size();
+  const size_t num_outputs = exe.outputs_.size();
+  auto run = std::make_unique<Run>();
+  run->runtime = this;
+  run->scope = std::make_unique<PjrtScope>(api_);
+  PjrtScope& scope = *run->scope;
+  std::vector<std::vector<PJRT_Buffer*>> args(parts);
+  for (size_t p = 0; p < parts; ++p) {
+    if (inputs[p].size() != num_args) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("partition ", p, ": ", inputs[p].size(),
+                       " inputs, partition 0 has ", num_args));
+    }
+    for (size_t i = 0; i < num_args; ++i) {
+      absl::StatusOr<PJRT_Buffer*> buffer =
+          Argument(scope, inputs[p][i], exe.devices_[p], &run->staged);
+      if (!buffer.ok()) {
+        return absl::Status(
+            buffer.status().code(),
+            absl::StrCat("argument ", i, ": ", buffer.status().message()));
+      }
+      args[p].push_back(*buffer);
+    }
+  }
+  std::vector<PJRT_Buffer* const*> arg_lists(parts);
+  std::vector<std::vector<PJRT_Buffer*>> outs(
+      parts, std::vector<PJRT_Buffer*>(num_outputs, nullptr));
+  std::vector<PJRT_Buffer**> out_lists(parts);
+  for (size_t p = 0; p < parts; ++p) {
+    arg_lists[p] = args[p].data();
+    out_lists[p] = outs[p].data();
+  }
+  run->complete.assign(parts, nullptr);
+  static std::atomic<int> launch_id{1};
+  auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
+  opts.launch_id = launch_id.fetch_add(1);
+  auto ex = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  ex.executable = exe.exe_;
+  ex.options = &opts;
+  ex.argument_lists = arg_lists.data();
+  ex.num_devices = parts;
+  ex.num_args = num_args;
+  ex.output_lists = out_lists.data();
+  ex.device_complete_events = run->complete.data();
+  if (absl::Status s = scope.ToStatus(api_->PJRT_LoadedExecutable_Execute(&ex),
+                                      "XLA execute");
+      !s.ok()) {
+    return s;
+  }
+  // Queued: from here `done` is called, once, whatever else happens. The
+  // outputs are ours (freed with their PjrtBuffer), each ready once the run
+  // that makes it has completed; one the plugin did not give is null, for
+  // the caller to report.
+  auto producer = std::make_shared<const std::string>(what);
+  Outputs result(parts);
+  for (size_t p = 0; p < parts; ++p) {
+    for (size_t o = 0; o < num_outputs; ++o) {
+      result[p].push_back(
+          outs[p][o] == nullptr
+              ? nullptr
+              : std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
+                    handle_of_client_, outs[p][o], DeviceIndex(exe, p),
+                    exe.outputs_[o].byte_size(), platform_ == "cpu",
+                    producer)));
+    }
+  }
+  // Its end: each partition's completion counts down, the last hands the
+  // run to the completion thread.
+  run->done = std::move(done);
+  {
+    absl::MutexLock lock(&runs_mu_);
+    ++runs_;
+  }
+  Run* queued = run.release();
+  queued->left = static_cast<int>(parts);
+  // A run that has already completed (the CPU plugin runs small programs
+  // inline, inside Execute) ends here, on this thread: no hand-off.
+  bool completed = true;
+  for (PJRT_Event* e : queued->complete) {
+    auto ready = PJRT_ARGS(PJRT_Event_IsReady_Args);
+    ready.event = e;
+    if (e == nullptr) {
+      completed = false;  // said below
+    } else if (PJRT_Error* error = api_->PJRT_Event_IsReady(&ready)) {
+      scope.ToStatus(error, "").IgnoreError();
+      completed = false;
+    } else {
+      completed = ready.is_ready;
+    }
+    if (!completed) break;
+  }
+  if (completed) {
+    for (PJRT_Event* e : queued->complete) {
+      auto error = PJRT_ARGS(PJRT_Event_Error_Args);
+      error.event = e;
+      queued->Update(
+          scope.ToStatus(api_->PJRT_Event_Error(&error), "XLA execution"));
+    }
+    Finish(queued);
+    return result;
+  }
+  for (size_t p = 0; p < parts; ++p) {
+    auto on = PJRT_ARGS(PJRT_Event_OnReady_Args);
+    on.event = queued->complete[p];
+    on.callback = &PjrtRuntime::PartitionDone;
+    on.user_arg = queued;
+    PJRT_Error* refused = nullptr;
+    if (on.event != nullptr) {
+      refused = api_->PJRT_Event_OnReady(&on);
+      if (refused == nullptr) continue;  // the usual path
+      PjrtScope(api_).ToStatus(refused, "").IgnoreError();
+    }
+    // No event, or no callback on it (neither seen): the completion
+    // thread waits for the partition's end (its event, else its outputs'
+    // ready events), never this one.
+    PJRT_Event* event = on.event;
+    std::vector<std::shared_ptr<PjrtBuffer>> outputs = result[p];
+    completions_->Post([this, queued, event, outputs] {
+      PjrtScope scope(api_);
+      absl::Status s;
+      if (event != nullptr) {
+        auto a = PJRT_ARGS(PJRT_Event_Await_Args);
+        a.event = event;
+        s = scope.ToStatus(api_->PJRT_Event_Await(&a), "XLA execution");
+      } else {
+        for (const auto& out : outputs) {
+          if (out != nullptr) s.Update(out->Await());
+        }
+      }
+      queued->Update(s);
+      PartitionDone(nullptr, queued);
+    });
+  }
+  return result;
+}
+
+void PjrtRuntime::PartitionDone(PJRT_Error* error, void* arg) {
+  Run* run = static_cast<Run*>(arg);
+  const PjrtRuntime* runtime = run->runtime;
+  run->Update(PjrtScope(runtime->api_).ToStatus(error, "XLA execution"));
+  if (run->left.fetch_sub(1) == 1) {
+    runtime->completions_->Post([runtime, run] { runtime->Finish(run); });
+  }
+}
+
+void PjrtRuntime::Finish(Run* run) const {
+  std::unique_ptr<Run> owned(run);
+  for (PJRT_Event* e : run->complete) {
+    if (e == nullptr) continue;
+    auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    d.event = e;
+    run->scope->ToStatus(api_->PJRT_Event_Destroy(&d), "").IgnoreError();
+  }
+  // The arguments' buffers go, and host memory read in place is let go
+  // (the scope waits for the plugin's word on each), before `done` says
+  // the inputs may be freed.
+  run->scope.reset();
+  run->staged.clear();
+  absl::Status status;
+  {
+    absl::MutexLock lock(&run->mu);
+    status = run->status;
+  }
+  if (run->done) run->done(status);
+  owned.reset();
+  absl::MutexLock lock(&runs_mu_);
+  --runs_;
+}
+
+absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
+    PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
+    std::vector<std::unique_ptr<char[]>>* staged) const {
+  const auto* mine = dynamic_cast<const PjrtBuffer*>(arg.device);
+  if (mine != nullptr && mine->BelongsTo(*this)) {
+    if (mine->size() != arg.spec.byte_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("a device buffer of ", mine->size(), " bytes for ",
+                       arg.spec.ToString()));
+    }
+    if (mine->device() < 0 || mine->device() >= num_devices()) {
+      return absl::InternalError(
+          absl::StrCat("a device buffer on unknown device ", mine->device()));
+    }
+    if (devices_[mine->device()] == device) {
+      TransferPaths::alias()++;
+      return mine->buffer_;  // as is
+    }
+    // Another device of this client: the plugin's device-to-device copy.
+    auto copy = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
+    copy.buffer = mine->buffer_;
+    copy.dst_device = device;
+    if (absl::Status s = scope.ToStatus(api_->PJRT_Buffer_CopyToDevice(&copy),
+                                        "device-to-device copy");
+        !s.ok()) {
+      return s;
+    }
+    scope.Own(copy.dst_buffer);
+    TransferPaths::device_to_device()++;
+    return copy.dst_buffer;
+  }
+  const void* host = arg.host;
+  if (host == nullptr && arg.device != nullptr) {
+    if (absl::Status s = arg.device->Await(); !s.ok()) return s;
+    host = arg.device->host_address();
+    if (host == nullptr) {  // another runtime's device memory: via the host
+      staged->push_back(std::make_unique<char[]>(arg.device->size()));
+      if (absl::Status s = arg.device->CopyToHost(staged->back().get());
+          !s.ok()) {
+        return s;
+      }
+      host = staged->back().get();
+    }
+  }
+  const bool in_place = platform_ == "cpu";
+  auto buffer =
+      HostBuffer(api_, client_, in_place, scope, {arg.spec, host}, device);
+  if (buffer.ok() && !in_place) {
+    MemoryTraffic::host_to_device() += arg.spec.byte_size();
+  }
+  return buffer;
+}
+
+PjrtBuffer::~PjrtBuffer() {
+  auto a = PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  a.buffer = buffer_;
+  PjrtScope(client_->api)
+      .ToStatus(client_->api->PJRT_Buffer_Destroy(&a), "")
+      .IgnoreError();
+}
+
+bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
+  return client_ == runtime.handle_of_client_;
+}
+
+absl::Status PjrtBuffer::Await() const {
+  absl::MutexLock lock(&mu_);
+  if (awaited_) return ready_;
+  const PJRT_Api* api = client_->api;
+  PjrtScope scope(api);
+  auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready.buffer = buffer_;
+  absl::Status s =
+      scope.ToStatus(api->PJRT_Buffer_ReadyEvent(&ready), "output ready event");
+  if (s.ok()) s = scope.Await(ready.event);
+  if (!s.ok()) {
+    ready_ =
+        absl::Status(s.code(), absl::StrCat(*producer_, ": ", s.message()));
+  } else if (host_memory_) {
+    // The CPU plugin's buffers are host memory; its default layout is
+    // dense and row-major, which the size confirms. Else read through
+    // CopyToHost.
+    auto bytes = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+    bytes.buffer = buffer_;
+    auto p = PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
+    p.buffer = buffer_;
+    if (scope.ToStatus(api->PJRT_Buffer_OnDeviceSizeInBytes(&bytes), "").ok() &&
+        bytes.on_device_size_in_bytes == size_ &&
+        scope.ToStatus(api->PJRT_Buffer_UnsafePointer(&p), "").ok()) {
+      host_address_.store(reinterpret_cast<const void*>(p.buffer_pointer),
+                          std::memory_order_release);
+    }
+  }
+  awaited_ = true;
+  return ready_;
+}
+
+absl::Status PjrtBuffer::CopyToHost(void* dst) const {
+  if (absl::Status s = Await(); !s.ok()) return s;
+  const PJRT_Api* api = client_->api;
+  PjrtScope scope(api);
+  auto t = PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  t.src = buffer_;
+  t.dst = dst;
+  t.dst_size = size_;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_ToHostBuffer(&t), "copy to host");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = scope.Await(t.event); !s.ok()) return s;
+  MemoryTraffic::device_to_host() += size_;
+  return absl::OkStatus();
+}
+
+}  // namespace plexus::xla
