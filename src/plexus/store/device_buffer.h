@@ -42,6 +42,9 @@ class DeviceBuffer {
   // Awaits the value, copies it into `dst` (size() bytes of host memory)
   // and waits for the copy. Counts MemoryTraffic::device_to_host.
   virtual absl::Status CopyToHost(void* dst) const = 0;
+  // Whether a program it was donated to wrote its output over it (XLA's
+  // input-output aliasing): it then holds no value.
+  virtual bool donated() const { return false; }
 };
 
 // Bytes this process copied between host and device memory, each way: the

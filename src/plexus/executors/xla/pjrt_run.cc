@@ -49,6 +49,9 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   run->scope = std::make_unique<PjrtScope>(api_);
   PjrtScope& scope = *run->scope;
   std::vector<std::vector<PJRT_Buffer*>> args(parts);
+  // Argument i may be donated only if every partition's is its own buffer
+  // and donated; the plugin takes one list for all partitions.
+  std::vector<bool> donatable(num_args, parts > 0);
   for (size_t p = 0; p < parts; ++p) {
     if (inputs[p].size() != num_args) {
       return absl::InvalidArgumentError(
@@ -56,15 +59,23 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
                        " inputs, partition 0 has ", num_args));
     }
     for (size_t i = 0; i < num_args; ++i) {
+      bool as_is = false;
       absl::StatusOr<PJRT_Buffer*> buffer =
-          Argument(scope, inputs[p][i], exe.devices_[p], &run->staged);
+          Argument(scope, inputs[p][i], exe.devices_[p], &run->staged, &as_is);
       if (!buffer.ok()) {
         return absl::Status(
             buffer.status().code(),
             absl::StrCat("argument ", i, ": ", buffer.status().message()));
       }
       args[p].push_back(*buffer);
+      if (!(as_is && inputs[p][i].donate)) donatable[i] = false;
     }
+  }
+  // Without this list the plugin would write an aliased output over any
+  // argument: a value the store still holds, or host memory read in place.
+  std::vector<int64_t> non_donatable;
+  for (size_t i = 0; i < num_args; ++i) {
+    if (!donatable[i]) non_donatable.push_back(static_cast<int64_t>(i));
   }
   std::vector<PJRT_Buffer* const*> arg_lists(parts);
   std::vector<std::vector<PJRT_Buffer*>> outs(
@@ -78,6 +89,8 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   static std::atomic<int> launch_id{1};
   auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
   opts.launch_id = launch_id.fetch_add(1);
+  opts.non_donatable_input_indices = non_donatable.data();
+  opts.num_non_donatable_input_indices = non_donatable.size();
   auto ex = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
   ex.executable = exe.exe_;
   ex.options = &opts;
@@ -213,7 +226,8 @@ void PjrtRuntime::Finish(Run* run) const {
 
 absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-    std::vector<std::unique_ptr<char[]>>* staged) const {
+    std::vector<std::unique_ptr<char[]>>* staged, bool* as_is) const {
+  *as_is = false;
   const auto* mine = dynamic_cast<const PjrtBuffer*>(arg.device);
   if (mine != nullptr && mine->BelongsTo(*this)) {
     if (mine->size() != arg.spec.byte_size()) {
@@ -227,7 +241,8 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     }
     if (devices_[mine->device()] == device) {
       TransferPaths::alias()++;
-      return mine->buffer_;  // as is
+      *as_is = true;
+      return mine->buffer_;
     }
     // Another device of this client: the plugin's device-to-device copy.
     auto copy = PJRT_ARGS(PJRT_Buffer_CopyToDevice_Args);
@@ -270,6 +285,15 @@ PjrtBuffer::~PjrtBuffer() {
   PjrtScope(client_->api)
       .ToStatus(client_->api->PJRT_Buffer_Destroy(&a), "")
       .IgnoreError();
+}
+
+bool PjrtBuffer::donated() const {
+  auto a = PJRT_ARGS(PJRT_Buffer_IsDeleted_Args);
+  a.buffer = buffer_;
+  return PjrtScope(client_->api)
+             .ToStatus(client_->api->PJRT_Buffer_IsDeleted(&a), "")
+             .ok() &&
+         a.is_deleted;
 }
 
 bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {

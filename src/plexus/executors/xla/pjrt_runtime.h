@@ -65,6 +65,9 @@ class PjrtBuffer final : public DeviceBuffer {
     return host_address_.load(std::memory_order_acquire);
   }
   absl::Status CopyToHost(void* dst) const override;
+  // Whether a run it was donated to took its memory (XlaArgument::donate):
+  // it then holds no value, and reading it fails.
+  bool donated() const override;
   // The runtime device (client device index) it is on.
   int device() const { return device_; }
   // Whether it belongs to `runtime`'s client (so runs there read it as is).
@@ -100,6 +103,13 @@ struct XlaArgument {
   TensorSpec spec;  // local (per-partition)
   const void* host = nullptr;
   const DeviceBuffer* device = nullptr;
+  // The caller gives this argument's memory away: where the module aliases
+  // it to an output (`tf.aliasing_output`) the output is written over it,
+  // and the buffer is then deleted (PjrtBuffer::donated). Honoured only
+  // where every partition's argument is a PjrtBuffer of this runtime on
+  // its partition's own device (read as it is); every other argument is
+  // never written, donated or not.
+  bool donate = false;
 };
 
 // A compiled program, loaded on a fixed list of devices (its device
@@ -222,10 +232,11 @@ class PjrtRuntime {
   // The client device index of partition `p` of `exe`.
   int DeviceIndex(const PjrtExecutable& exe, size_t p) const;
   // The PJRT buffer partition `device` reads for `arg` (owned by `scope`
-  // if made here; host copies it needed kept in `staged`).
+  // if made here; host copies it needed kept in `staged`). `as_is`: it is
+  // the argument's own PjrtBuffer (so it may be donated).
   absl::StatusOr<PJRT_Buffer*> Argument(
       PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-      std::vector<std::unique_ptr<char[]>>* staged) const;
+      std::vector<std::unique_ptr<char[]>>* staged, bool* as_is) const;
 
   std::string plugin_path_;
   void* handle_ = nullptr;

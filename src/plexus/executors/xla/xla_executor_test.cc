@@ -223,6 +223,64 @@ TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
   EXPECT_FALSE(done_called);  // an error at once: never queued
 }
 
+TEST(XlaExecutorTest, OnlyADonatedDeviceArgumentIsWrittenOver) {
+  // The module aliases x to its output. Before arguments were marked
+  // non-donatable by default, the plugin wrote over every such argument:
+  // a value the store still held, and host memory read in place.
+  XlaExecutor executor(Options());
+  auto exe = executor.GetOrCompile(testing::kDonatingModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const PjrtRuntime& runtime = **executor.Runtime();
+  const TensorSpec v{DType::kF32, {256}};
+  alignas(64) static float x[256], y[256];
+  for (int i = 0; i < 256; ++i) x[i] = static_cast<float>(i), y[i] = 1;
+  auto read = [](const PjrtBuffer& b, int i) {
+    EXPECT_TRUE(b.Await().ok());
+    return static_cast<const float*>(b.host_address())[i];
+  };
+
+  // Host memory read in place, donated or not, is never written.
+  XlaArgument host_x{v, x};
+  host_x.donate = true;
+  auto first = RunToEnd(runtime, **exe, {{host_x, {v, y}}});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(x[3], 3.0f);
+  std::shared_ptr<PjrtBuffer> a = (*first)[0][0];
+  EXPECT_EQ(read(*a, 3), 7.0f);
+
+  // A device value not donated stays as it was; the output is new memory.
+  auto second = RunToEnd(runtime, **exe, {{{v, nullptr, a.get()}, {v, y}}});
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::shared_ptr<PjrtBuffer> b = (*second)[0][0];
+  EXPECT_FALSE(a->donated());
+  EXPECT_EQ(read(*a, 3), 7.0f);
+  EXPECT_EQ(read(*b, 3), 15.0f);
+  EXPECT_NE(a->host_address(), b->host_address());
+
+  // Donated: the output is written over it, and it holds no value.
+  const void* b_memory = b->host_address();
+  XlaArgument give_b{v, nullptr, b.get()};
+  give_b.donate = true;
+  auto third = RunToEnd(runtime, **exe, {{give_b, {v, y}}});
+  ASSERT_TRUE(third.ok()) << third.status();
+  std::shared_ptr<PjrtBuffer> c = (*third)[0][0];
+  EXPECT_TRUE(b->donated());
+  EXPECT_EQ(read(*c, 3), 31.0f);
+  EXPECT_EQ(c->host_address(), b_memory);
+
+  // On another device it is copied there, not given away.
+  const std::string on_device_1 = testing::OptionsOnDevice(1);
+  auto exe1 = executor.GetOrCompile(testing::kDonatingModule, on_device_1);
+  ASSERT_TRUE(exe1.ok()) << exe1.status();
+  XlaArgument give_c{v, nullptr, c.get()};
+  give_c.donate = true;
+  auto fourth = RunToEnd(runtime, **exe1, {{give_c, {v, y}}});
+  ASSERT_TRUE(fourth.ok()) << fourth.status();
+  EXPECT_FALSE(c->donated());
+  EXPECT_EQ(read(*c, 3), 31.0f);
+  EXPECT_EQ(read(*(*fourth)[0][0], 3), 63.0f);
+}
+
 TEST(XlaExecutorTest, MissingPluginIsAClearErrorEveryTime) {
   PjrtOptions o;
   o.plugin_path = "/nonexistent/pjrt_plugin.so";

@@ -56,4 +56,17 @@ module @m {
 }
 )";
 
+// f32[256] x (donatable: aliased to the output), y -> x * 2 + y.
+inline constexpr char kDonatingModule[] = R"(
+module @m {
+  func.func public @main(%x: tensor<256xf32> {tf.aliasing_output = 0 : i32},
+                         %y: tensor<256xf32>) -> tensor<256xf32> {
+    %two = stablehlo.constant dense<2.0> : tensor<256xf32>
+    %d = stablehlo.multiply %x, %two : tensor<256xf32>
+    %s = stablehlo.add %d, %y : tensor<256xf32>
+    return %s : tensor<256xf32>
+  }
+}
+)";
+
 }  // namespace plexus::xla::testing
