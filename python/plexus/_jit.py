@@ -41,14 +41,19 @@ float4_e2m1fn) are refused naming the argument. A typed PRNG key array
 dimension) and is rewrapped inside the function; a key output is a future
 whose .dtype is the key dtype and whose result() is a key array again.
 
-Donation. donate_argnums / donate_argnames are accepted as in jax.jit, but
-not honoured yet: values live in device memory, but the worker does not
-hand a donated input's buffer to XLA to reuse (a future may still be read
-by another call); each lowering that donates warns, as jax.jit does where
-it cannot donate.
+Donation. donate_argnums / donate_argnames as in jax.jit: each donated leaf
+is lowered as jax.jit lowers it (aliased to an output of the same layout,
+`tf.aliasing_output`), and the call consumes it: its future is released by
+the call and refused afterwards, naming the program (a donated jax.Array is
+deleted). The worker writes the output over the input's device memory
+where nothing else reads it (no other call in flight, fetch, transfer or
+lineage); else the output gets memory of its own, as it would undonated. A
+donated leaf no output matches warns, naming it, and stays valid, as in
+jax.jit.
 """
 import collections
 import inspect
+import re
 import warnings
 
 import numpy as np
@@ -107,10 +112,11 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
     static_argnums: positions of arguments that are Python values baked
         into the program (hashable), as in jax.jit; each value compiles
         its own program.
-    donate_argnums, donate_argnames: as in jax.jit. Accepted, but not yet
-        honoured (the worker does not hand a donated buffer to XLA to
-        reuse): each lowering that donates warns, as jax.jit does where it
-        cannot donate.
+    donate_argnums, donate_argnames: as in jax.jit: a call consumes its
+        donated futures (later uses are refused), and the output of the
+        same layout is written over a donated input's device memory where
+        nothing else reads it. A donated leaf no output matches warns and
+        stays valid.
     axis_name: the island's axis name on a 1-D slice (on a mesh of
         several axes the island has the mesh's own non-DCN axes).
     platform: what the workers' PJRT plugin runs ("cpu", "cuda").
@@ -356,9 +362,13 @@ class Jitted:
         # One module per island size (hosts may hold different numbers of
         # the slice's devices); they agree on what each device holds.
         modules, tree, outputs = {}, None, None
+        donated = self._donated_leaves(names)
+        aliases = None  # (input, output) pairs the first module aliases
         for k in sorted({len(devs) for _, devs in islands}):
             exported, out_kinds, tree, out_keys = self._export(
-                treedef, specs, static, k, n, names, layout)
+                treedef, specs, static, k, n, names, layout, donated)
+            if aliases is None:
+                aliases = _aliased_inputs(exported)
             per_device = self._outputs(exported, out_kinds, k, n, layout)
             if outputs is not None and per_device != outputs:
                 raise _core.InvalidArgumentError(
@@ -382,12 +392,17 @@ class Jitted:
                 module = b"" if len(d) == first_k else modules[len(d)]
                 assignments[d] = (opts.SerializeAsString(), [], module)
             assignments[d][1].append(worker)
+        # A donated input is written over by the output XLA aliases it to,
+        # where the two are one layout over the slice (else it is copied).
+        pairs = [(i, o) for i, o in aliases
+                 if tuple(specs[i][:3]) == tuple(outputs[o])]
         core = self._slice._client._core.compile_xla(
             self._slice._s, self._name, modules[first_k], self._platform,
             [(list(d), o, w, m) for d, (o, w, m) in assignments.items()],
             [(np.dtype(dt), sh, s) for dt, sh, s, _ in specs],
-            [(np.dtype(dt), sh, s) for dt, sh, s in outputs])
-        self._warn_donation(names)
+            [(np.dtype(dt), sh, s) for dt, sh, s in outputs],
+            donated=pairs)
+        self._warn_donation(names, donated, {i for i, _ in pairs})
         return XlaProgram(core, self._slice._client, treedef, tree,
                           [key for *_, key in specs], out_keys)
 
@@ -399,25 +414,32 @@ class Jitted:
         return [self._arg_name(path) for path, _ in
                 jax.tree_util.tree_flatten_with_path(marks)[0]]
 
-    def _warn_donation(self, names):
-        """Warns, as jax.jit does where it cannot donate, naming the donated
-        arguments whose memory is not reused."""
+    def _donated_leaves(self, names):
+        """The argument leaves that donate_argnums / donate_argnames name,
+        by index."""
         nums, argnames = self._donate
         if not nums and not argnames:
-            return
+            return ()
         donated = [p for i, p in enumerate(self._params)
                    if i in nums or p in argnames]
         donated += [f"args[{i}]" for i in nums if i >= len(self._params)]
         donated += [a for a in argnames if a not in self._params]
-        leaves = [n for n in names if any(
-            n == d or n.startswith(d + "[") for d in donated)]
-        warnings.warn(
-            f"program '{self._name}': some donated buffers were not usable: "
-            f"{', '.join(leaves) or ', '.join(donated)} (Plexus cannot reuse "
-            "a donated input's memory yet (the worker does not hand it to XLA); "
-            "the inputs stay valid)", UserWarning, stacklevel=5)
+        return tuple(i for i, n in enumerate(names) if any(
+            n == d or n.startswith(d + "[") for d in donated))
 
-    def _export(self, treedef, specs, static, k, n, names, layout):
+    def _warn_donation(self, names, donated, used):
+        """Warns, as jax.jit does, naming the donated arguments that no
+        output of the same layout can be written over (they stay valid)."""
+        unusable = [names[i] for i in donated if i not in used]
+        if unusable:
+            warnings.warn(
+                f"program '{self._name}': some donated buffers were not "
+                f"usable: {', '.join(unusable)} (no output of the same "
+                "shape, dtype and sharding; they stay valid)", UserWarning,
+                stacklevel=5)
+
+    def _export(self, treedef, specs, static, k, n, names, layout,
+                donated=()):
         """The StableHLO of the function for an island of k of the slice's
         n devices: (exported, output shardings, output tree, output key
         impls)."""
@@ -496,11 +518,18 @@ class Jitted:
             # source lines, so the same function lowered from two call sites
             # (or clients) is the same module and the workers' compile cache
             # serves it.
+            # Donated leaves are aliased to outputs in the module
+            # (tf.aliasing_output); jax's own warning about those it cannot
+            # alias is replaced by one naming them (_warn_donation).
             from jax._src import config
-            with config.traceback_in_locations_limit(0), in_mesh(mesh):
+            with config.traceback_in_locations_limit(0), in_mesh(mesh), \
+                    warnings.catch_warnings():
+                warnings.filterwarnings(
+                    "ignore", message="Some donated buffers were not usable")
                 exported = jax.export.export(
                     jax.jit(flat_fn, in_shardings=in_sh,
-                            out_shardings=out_sh, keep_unused=True),
+                            out_shardings=out_sh, keep_unused=True,
+                            donate_argnums=donated),
                     platforms=[self._platform])(*avals)
         except Exception as e:
             layout.explain_dcn_axis(e)
@@ -528,6 +557,22 @@ class Jitted:
                                         list(aval.shape), sh, k, n)
             outputs.append((dtype, tuple(shape), sh))
         return outputs
+
+
+_ALIAS = re.compile(r"%arg(\d+):[^%]*?tf\.aliasing_output = (\d+)")
+
+
+def _aliased_inputs(exported):
+    """(input, output) pairs the exported module aliases: each argument of
+    its main function with `tf.aliasing_output`, as jax.jit lowers donated
+    arguments it can pair with an output."""
+    text = exported.mlir_module()
+    start = text.find("@main(")
+    if start < 0:
+        return []
+    end = text.find(") ->", start)
+    signature = text[start:end if end > 0 else None]
+    return [(int(i), int(o)) for i, o in _ALIAS.findall(signature)]
 
 
 class _IslandLayout:

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client_core.h"
+#include "plexus/common/donation.h"
 #include "plexus/common/tls.h"
 #include "plexus/executors/builtin/kernel.h"
 
@@ -223,6 +224,11 @@ absl::StatusOr<std::vector<Future>> BuildCall(
       return absl::InvalidArgumentError(
           absl::StrCat(what(), " argument ", i, " is an empty future"));
     }
+    if (inputs[i].handle()->donated()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what(), " argument ", i, ": ",
+                       core->BufferStatus(inputs[i].buffer_id()).message()));
+    }
     const ArgSpec& want = program.inputs()[i];
     const ArgSpec& got = inputs[i].arg();
     if (!CanRelayout(got, want)) {  // another layout moves to `want`'s
@@ -263,6 +269,25 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   }
   core->calls++;
   ops->push_back(std::move(op));
+  // A donated input is consumed, as jax.jit deletes a donated array: the
+  // buffer is released right after the call (the server holds it back
+  // until the call has read it), and every later use is refused.
+  for (int i : program.donated_inputs()) {
+    if (i < 0 || i >= static_cast<int>(inputs.size()) ||
+        !inputs[i].handle()->Donate()) {
+      continue;
+    }
+    const uint64_t id = inputs[i].buffer_id();
+    proto::ClientOp release;
+    release.mutable_release()->set_buffer_id(id);
+    release.mutable_release()->set_slice_id(inputs[i].slice()->id());
+    ops->push_back(std::move(release));
+    core->MarkFailed(
+        id, absl::FailedPreconditionError(absl::StrCat(
+                "buffer ", id, " was donated to program '", program.name(),
+                "' (donate_argnums): a donated value is gone once the call "
+                "that takes it is made, as a donated jax.Array is deleted")));
+  }
   return outputs;
 }
 
@@ -273,7 +298,10 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
   const size_t before = ops_.size();
   SliceHolds holds;  // recorded only: Submit may still find a slice closed
   auto outputs = BuildCall(core_, program, inputs, &holds, &ops_, &session_);
-  if (ops_.size() > before) op_inputs_.push_back(inputs);
+  // One list per op: the call's inputs, none for the releases after it.
+  for (size_t k = before; k < ops_.size(); ++k) {
+    op_inputs_.push_back(k == before ? inputs : std::vector<Future>{});
+  }
   if (outputs.ok()) {
     keep_.insert(keep_.end(), inputs.begin(), inputs.end());
     keep_.insert(keep_.end(), outputs->begin(), outputs->end());
@@ -439,6 +467,9 @@ absl::StatusOr<std::shared_ptr<Program>> Client::CompileXla(
   def.set_name(name);
   def.set_kernel("xla");
   *def.mutable_xla() = std::move(xla);
+  if (absl::Status s = DonatedInputs(def, inputs, outputs).status(); !s.ok()) {
+    return s;
+  }
   return Register(slice, std::move(def), inputs, std::move(outputs));
 }
 

@@ -147,6 +147,10 @@ class Program {
   const proto::ProgramDef& def() const { return def_; }
   // Why it could not be registered again after a reconnect, or OK.
   absl::Status lost() const;
+  // The inputs each call consumes (XLA donation: def().xla()
+  // .donated_inputs): their futures are released by the call and refused
+  // afterwards.
+  const std::vector<int>& donated_inputs() const { return donated_; }
 
   // Internal (ClientCore's reconnect).
   void Rebind(uint64_t id, uint64_t epoch);
@@ -161,7 +165,9 @@ class Program {
         def_(std::move(def)),
         inputs_(std::move(inputs)),
         outputs_(std::move(outputs)),
-        slice_(std::move(slice)) {}
+        slice_(std::move(slice)),
+        donated_(def_.xla().donated_inputs().begin(),
+                 def_.xla().donated_inputs().end()) {}
 
  private:
   std::atomic<uint64_t> id_;
@@ -172,6 +178,7 @@ class Program {
   std::vector<ArgSpec> inputs_;
   std::vector<ArgSpec> outputs_;
   std::shared_ptr<Slice> slice_;
+  std::vector<int> donated_;
 };
 
 // A value that may not be computed yet: a sharded buffer on a slice.

@@ -268,8 +268,13 @@ class BufferHandle {
     core_->live_futures--;
     session_->live_futures--;
     core_->ForgetBuffer(id_);
-    core_->ReleaseBuffer(id_, slice_->id(), session_->epoch);
+    // A donated buffer was released by the call it was donated to.
+    if (!donated()) core_->ReleaseBuffer(id_, slice_->id(), session_->epoch);
   }
+  // Donation (a program's donated input): true the first time, and the
+  // caller then releases the buffer after the call that consumes it.
+  bool Donate() { return !donated_.exchange(true); }
+  bool donated() const { return donated_.load(); }
   uint64_t id() const { return id_; }
   uint64_t epoch() const { return session_->epoch; }
   // The id the value has now: recovery may have recomputed it under
@@ -284,6 +289,7 @@ class BufferHandle {
   ArgSpec arg_;
   std::shared_ptr<Slice> slice_;
   std::shared_ptr<SessionTag> session_;
+  std::atomic<bool> donated_{false};
 };
 
 }  // namespace plexus

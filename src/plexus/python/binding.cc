@@ -440,41 +440,50 @@ PYBIND11_MODULE(_core, m) {
              }
              return Unwrap(std::move(p));
            })
-      .def("compile_xla",
-           [](Client& c, std::shared_ptr<Slice> slice, const std::string& name,
-              const py::bytes& module, const std::string& platform,
-              const py::list& islands, const py::sequence& inputs,
-              const py::sequence& outputs) {
-             proto::XlaProgram xla;
-             xla.set_module(module.cast<std::string>());
-             xla.set_platform(platform);
-             for (auto item : islands) {
-               auto t = item.cast<py::tuple>();
-               proto::XlaIsland* island = xla.add_islands();
-               for (int d : t[0].cast<std::vector<int>>()) {
-                 island->add_devices(d);
-               }
-               island->set_compile_options(t[1].cast<std::string>());
-               if (t.size() > 2) {
-                 for (int64_t w : t[2].cast<std::vector<int64_t>>()) {
-                   island->add_workers(w);
-                 }
-               }
-               if (t.size() > 3) {
-                 island->set_module(t[3].cast<std::string>());
-               }
-             }
-             std::vector<ArgSpec> in, out;
-             for (auto t : inputs) in.push_back(ArgFrom(t.cast<py::tuple>()));
-             for (auto t : outputs) out.push_back(ArgFrom(t.cast<py::tuple>()));
-             absl::StatusOr<std::shared_ptr<Program>> p;
-             {
-               py::gil_scoped_release release;
-               p = c.CompileXla(slice, name, std::move(xla), in,
-                                std::move(out));
-             }
-             return Unwrap(std::move(p));
-           })
+      .def(
+          "compile_xla",
+          [](Client& c, std::shared_ptr<Slice> slice, const std::string& name,
+             const py::bytes& module, const std::string& platform,
+             const py::list& islands, const py::sequence& inputs,
+             const py::sequence& outputs, const py::sequence& donated) {
+            proto::XlaProgram xla;
+            xla.set_module(module.cast<std::string>());
+            xla.set_platform(platform);
+            // (input, output) pairs: the output is written over the input.
+            for (auto pair : donated) {
+              auto t = pair.cast<std::pair<int, int>>();
+              xla.add_donated_inputs(t.first);
+              xla.add_donated_outputs(t.second);
+            }
+            for (auto item : islands) {
+              auto t = item.cast<py::tuple>();
+              proto::XlaIsland* island = xla.add_islands();
+              for (int d : t[0].cast<std::vector<int>>()) {
+                island->add_devices(d);
+              }
+              island->set_compile_options(t[1].cast<std::string>());
+              if (t.size() > 2) {
+                for (int64_t w : t[2].cast<std::vector<int64_t>>()) {
+                  island->add_workers(w);
+                }
+              }
+              if (t.size() > 3) {
+                island->set_module(t[3].cast<std::string>());
+              }
+            }
+            std::vector<ArgSpec> in, out;
+            for (auto t : inputs) in.push_back(ArgFrom(t.cast<py::tuple>()));
+            for (auto t : outputs) out.push_back(ArgFrom(t.cast<py::tuple>()));
+            absl::StatusOr<std::shared_ptr<Program>> p;
+            {
+              py::gil_scoped_release release;
+              p = c.CompileXla(slice, name, std::move(xla), in, std::move(out));
+            }
+            return Unwrap(std::move(p));
+          },
+          py::arg("slice"), py::arg("name"), py::arg("module"),
+          py::arg("platform"), py::arg("islands"), py::arg("inputs"),
+          py::arg("outputs"), py::arg("donated") = py::tuple())
       .def("call",
            [](Client& c, const Program& p, const py::sequence& inputs) {
              std::vector<Future> in = FuturesFrom(inputs);

@@ -5,6 +5,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plexus/common/donation.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/object_store.h"  // ClientOfBuffer
@@ -165,6 +166,10 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
     }
     rec.outputs.push_back(*a);
   }
+  absl::StatusOr<std::vector<int>> donated =
+      DonatedInputs(def, rec.inputs, rec.outputs);
+  if (!donated.ok()) return donated.status();
+  rec.donated = *std::move(donated);
   auto [slot, fresh] = client->programs.try_emplace(reg.program_id());
   if (!fresh) {
     client->replaced_outputs.push_back(std::move(slot->second.outputs));

@@ -87,6 +87,9 @@ struct ProgramRecord {
   std::vector<ArgSpec> inputs;
   std::vector<ArgSpec> outputs;
   bool collective = false;
+  // Inputs each call consumes (an XLA program's donated_inputs): their
+  // memory may become the aliased output's (RouteCall decides per call).
+  std::vector<int> donated;
   // Bytes each output holds over all shards of a slice of
   // `output_bytes_shards` devices, and their sum (computed on the first
   // call on such a slice).
@@ -382,6 +385,13 @@ class ClusterState {
   };
   absl::flat_hash_map<uint64_t, Snapshot> snapshots_;
   absl::flat_hash_map<uint64_t, uint64_t> snapshot_of_;  // copy id -> buffer
+  // Whether input `i` of `call` may give its memory to the program's
+  // output (InputBinding.donate): the program donates it, and nothing else
+  // reads the buffer: no call holds it (in flight, or for lineage, which a
+  // cluster with spares keeps), no snapshot copies it, the call names it
+  // once, and it is laid out on the call's slice as the program takes it.
+  bool MayDonate(const ProgramRecord& prog, const proto::Call& call, int i,
+                 bool same_layout) const;
   proto::RecoveryCounters counters_;
   bool spares_seen_ = false;  // a spare has registered (UpdateLineagePolicy)
 };

@@ -460,5 +460,124 @@ TEST_F(ClusterStateTest, APartialValueIsNotRelaidOut) {
             "program was compiled for float32[4] split(0)");
 }
 
+// Donation: the server lets a call's program write over a donated input's
+// memory only where nothing else reads the buffer.
+class DonationTest : public ClusterStateTest {
+ protected:
+  void SetUp() override {
+    ClusterStateTest::SetUp();
+    slice_ = Slice(2);
+    proto::RegisterProgram reg;
+    reg.set_program_id(Id(1));
+    proto::ProgramDef* def = reg.mutable_program();
+    def->set_name("update");
+    def->set_kernel("xla");
+    def->mutable_xla()->set_module("m");
+    def->mutable_xla()->add_islands();
+    *def->add_inputs() = ToProto(arg_);
+    *def->add_inputs() = ToProto(arg_);
+    *def->add_outputs() = ToProto(arg_);
+    def->mutable_xla()->add_donated_inputs(0);
+    def->mutable_xla()->add_donated_outputs(0);
+    ASSERT_TRUE(state_.RegisterProgram(client_, reg).ok());
+  }
+  void Put(uint64_t id) {
+    proto::PutDecl put;
+    put.set_buffer_id(id);
+    put.set_slice_id(slice_.slice_id());
+    *put.mutable_arg() = ToProto(arg_);
+    WorkerOps ops;
+    ASSERT_TRUE(state_.RoutePut(client_, put, &ops).ok());
+  }
+  // Routes update(a, b) -> out; whether each input's bindings say donate
+  // (one answer per input: all shards agree).
+  std::vector<bool> Route(uint64_t a, uint64_t b, uint64_t out,
+                          uint64_t* seq = nullptr) {
+    proto::Call call;
+    call.set_call_id(out + 1000);
+    call.set_slice_id(slice_.slice_id());
+    call.set_program_id(Id(1));
+    for (uint64_t id : {a, b}) {
+      auto* in = call.add_inputs();
+      in->set_buffer_id(id);
+      in->set_slice_id(slice_.slice_id());
+      *in->mutable_arg() = ToProto(arg_);
+    }
+    call.add_output_ids(out);
+    WorkerOps ops;
+    EXPECT_TRUE(state_.RouteCall(client_, call, &ops, seq).ok());
+    std::vector<bool> donate(2, false);
+    std::vector<int> seen(2, 0);
+    for (const auto& [w, list] : ops) {
+      for (const auto& op : list) {
+        if (!op.has_execute()) continue;
+        for (const auto& task : op.execute().tasks()) {
+          for (int i = 0; i < 2; ++i) {
+            if (seen[i]++ == 0) donate[i] = task.inputs(i).donate();
+            EXPECT_EQ(task.inputs(i).donate(), donate[i]) << "input " << i;
+          }
+        }
+      }
+    }
+    return donate;
+  }
+  const ArgSpec arg_{{DType::kF32, {8}}, Sharding::Split(0)};
+  proto::SliceInfo slice_;
+};
+
+TEST_F(DonationTest, ASoleReaderMayWriteOverTheDonatedInputOnly) {
+  Put(Id(10));
+  Put(Id(11));
+  EXPECT_EQ(Route(Id(10), Id(11), Id(12)), (std::vector<bool>{true, false}));
+}
+
+TEST_F(DonationTest, NotWhileAnotherCallReadsIt) {
+  Put(Id(10));
+  Put(Id(11));
+  uint64_t first = 0;
+  EXPECT_EQ(Route(Id(11), Id(10), Id(12), &first),
+            (std::vector<bool>{true, false}));  // reads 10, not donated
+  EXPECT_EQ(Route(Id(10), Id(11), Id(13)), (std::vector<bool>{false, false}));
+  // Once the first call is done and let go of it, it may be given.
+  WorkerOps ops;
+  state_.CallDone(first, /*failed=*/false, &ops);
+  EXPECT_EQ(Route(Id(10), Id(12), Id(14)), (std::vector<bool>{false, false}))
+      << "the second call still holds it";
+}
+
+TEST_F(DonationTest, NotWhenTheCallNamesItTwiceOrItIsUnknown) {
+  Put(Id(10));
+  EXPECT_EQ(Route(Id(10), Id(10), Id(12)), (std::vector<bool>{false, false}));
+  EXPECT_EQ(Route(Id(99), Id(10), Id(13)), (std::vector<bool>{false, false}));
+}
+
+TEST_F(DonationTest, NotWhereLineageMayNeedIt) {
+  // A spare registered: calls hold their inputs to recompute their
+  // outputs if a host is lost, so no input is written over.
+  state_.AddWorker(Host("spare", 2, /*spare=*/true), absl::Now());
+  Put(Id(10));
+  Put(Id(11));
+  EXPECT_EQ(Route(Id(10), Id(11), Id(12)), (std::vector<bool>{false, false}));
+}
+
+TEST_F(DonationTest, BadPairsAreRefusedAtRegistration) {
+  proto::RegisterProgram reg;
+  reg.set_program_id(Id(2));
+  proto::ProgramDef* def = reg.mutable_program();
+  def->set_name("bad");
+  def->set_kernel("xla");
+  def->mutable_xla()->set_module("m");
+  def->mutable_xla()->add_islands();
+  *def->add_inputs() = ToProto(arg_);
+  *def->add_outputs() = ToProto(ArgSpec{{DType::kF32, {8}}, {}});
+  def->mutable_xla()->add_donated_inputs(0);
+  def->mutable_xla()->add_donated_outputs(0);
+  absl::Status s = state_.RegisterProgram(client_, reg);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("program 'bad': donation: input 0 is"),
+            std::string::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace plexus

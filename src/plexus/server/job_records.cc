@@ -315,4 +315,9 @@ BufferRecord* JobRecords::FindBuffer(uint64_t id) {
   return it == buffers_.end() ? nullptr : &it->second;
 }
 
+const BufferRecord* JobRecords::FindBuffer(uint64_t id) const {
+  auto it = buffers_.find(id);
+  return it == buffers_.end() ? nullptr : &it->second;
+}
+
 }  // namespace plexus

@@ -232,6 +232,7 @@ class JobRecords {
   CallRecord* FindCall(uint64_t seq) { return calls_.Find(seq); }
   const CallRecord* FindCall(uint64_t seq) const { return calls_.Find(seq); }
   BufferRecord* FindBuffer(uint64_t id);
+  const BufferRecord* FindBuffer(uint64_t id) const;
   const CallTable& calls() const { return calls_; }
   const absl::flat_hash_map<uint64_t, BufferRecord>& buffers() const {
     return buffers_;

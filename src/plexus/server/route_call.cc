@@ -227,10 +227,13 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       return {temp, 0};
     };
 
+    const bool donate =
+        !prog.donated.empty() && MayDonate(prog, call, i, same_layout);
     for (int j = 0; j < n; ++j) {
       const DeviceRef& dst = slice.devices[j];
       proto::InputBinding* binding = tasks[j].add_inputs();
       *binding->mutable_local() = ToProto(*local_c);
+      if (donate) binding->set_donate(true);
       binding->set_axis(arg->sharding.is_split() ? arg->sharding.axis : 0);
       auto add_piece = [&](int k, int64_t src_off, int64_t dst_off,
                            int64_t len) {
@@ -357,6 +360,22 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   records_.AddCall(routed, std::move(call_record), record.outputs);
   if (seq != nullptr) *seq = routed;
   return absl::OkStatus();
+}
+
+bool ClusterState::MayDonate(const ProgramRecord& prog, const proto::Call& call,
+                             int i, bool same_layout) const {
+  if (!same_layout || records_.keep_lineage() ||
+      std::find(prog.donated.begin(), prog.donated.end(), i) ==
+          prog.donated.end()) {
+    return false;
+  }
+  const uint64_t id = call.inputs(i).buffer_id();
+  for (int k = 0; k < call.inputs_size(); ++k) {
+    if (k != i && call.inputs(k).buffer_id() == id) return false;
+  }
+  if (snapshots_.contains(id)) return false;
+  const BufferRecord* record = records_.FindBuffer(id);
+  return record != nullptr && record->readers == 0 && !record->released;
 }
 
 }  // namespace plexus

@@ -424,6 +424,27 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
   RunCallbacks(std::move(callbacks), ready);
 }
 
+bool ObjectStore::TakeForDonation(const BufferKey& key, const Storage* data,
+                                  long caller_refs, const absl::Status& gone) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return false;
+  Entry& e = it->second;
+  if (e.state != Entry::State::kReady || e.data.get() != data || !OnDevice(e) ||
+      e.readers != 1 || e.device < 0 || e.data.use_count() != 1 + caller_refs ||
+      e.data->device_buffer_use_count() != 1) {
+    return false;
+  }
+  device_memory_shards_--;
+  e.data.reset();
+  e.charged = 0;  // what was charged stays in used_: the reservation
+  e.state = Entry::State::kFailed;
+  e.status = gone.ok() ? absl::FailedPreconditionError(
+                             absl::StrCat(KeyString(key), " was donated"))
+                       : gone;
+  return true;
+}
+
 std::vector<ObjectStore::ReadyCallback> ObjectStore::FailLocked(
     const BufferKey& key, Entry& e, const absl::Status& given) {
   if (e.state != Entry::State::kPending) return {};

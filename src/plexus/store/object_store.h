@@ -154,6 +154,16 @@ class ObjectStore {
   // declared later as coming from it (it is down: nothing will come).
   void FailFromSource(int64_t worker_id, const absl::Status& status);
 
+  // Donation: hands a ready device-memory shard's memory to the program
+  // that reads it (XLA writes its output there), if nothing else holds it:
+  // the caller's pin is its only reader, and `data` (the entry's Storage,
+  // held by the caller in `caller_refs` references) and its device buffer
+  // are held nowhere else. The entry then holds no data and reads fail
+  // with `gone`; its bytes stay charged to its device as a reservation,
+  // which the output's Fulfil (reserved) takes over. False, and nothing
+  // changes, if any of that does not hold.
+  bool TakeForDonation(const BufferKey& key, const Storage* data,
+                       long caller_refs, const absl::Status& gone);
   // Blocks until the shard is ready or failed. A key this store has never
   // seen is waited for (its declaration may still be in flight) until it
   // appears, its buffer is rejected, its client leaves, the store shuts

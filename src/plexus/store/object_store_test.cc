@@ -18,6 +18,19 @@ ObjectStore::Options TwoDevices(int64_t budget) {
 
 std::shared_ptr<Storage> Bytes(size_t n) { return *Storage::Allocate(n); }
 
+// A ready value in a device's memory (the store only holds it).
+class HeldDeviceBuffer : public DeviceBuffer {
+ public:
+  explicit HeldDeviceBuffer(size_t n) : bytes_(n) {}
+  size_t size() const override { return bytes_.size(); }
+  absl::Status Await() const override { return absl::OkStatus(); }
+  const void* host_address() const override { return nullptr; }
+  absl::Status CopyToHost(void*) const override { return absl::OkStatus(); }
+
+ private:
+  std::vector<char> bytes_;
+};
+
 TEST(ObjectStoreTest, OwnedShardLivesUntilReleased) {
   ObjectStore store(TwoDevices(1 << 20));
   BufferKey key{7, 0};
@@ -363,6 +376,73 @@ TEST(ObjectStoreTest, ADeclarationWakesAPutWaitingOnAnEntryMadeBeforeIt) {
   f.store->Declare(key, 0, {DType::kF32, {4}}, true, kClient);
   sender.join();  // waited for the fake clock's deadline before the fix
   EXPECT_TRUE(admitted.ok()) << admitted;
+}
+
+TEST(ObjectStoreTest, ADonatedShardIsGoneAndItsChargeGoesToTheOutput) {
+  ObjectStore store(TwoDevices(1 << 20));
+  const BufferKey in{7, 0}, out{8, 0};
+  store.Declare(in, 0, {DType::kF32, {4}}, /*owned=*/true);
+  store.Fulfil(in, Storage::OnDevice(std::make_shared<HeldDeviceBuffer>(16)), 0,
+               /*reserved=*/false);
+  ASSERT_TRUE(store.AddReader(in).ok());  // the donating call's pin
+  auto held = store.AwaitReady(in);       // the call's reference
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(store.Stats().device_memory_shards, 1);
+  const absl::Status gone = absl::FailedPreconditionError("donated to 'f'");
+  ASSERT_TRUE(store.TakeForDonation(in, held->get(), 1, gone));
+  // Readers learn it is gone; its bytes are still charged, as the
+  // output's reservation.
+  EXPECT_EQ(store.AwaitReady(in).status(), gone);
+  EXPECT_EQ(store.Stats().device_bytes[0], 16);
+  EXPECT_EQ(store.Stats().device_memory_shards, 0);
+  store.Declare(out, 0, {DType::kF32, {4}}, /*owned=*/true);
+  store.Fulfil(out, Storage::OnDevice(std::make_shared<HeldDeviceBuffer>(16)),
+               0, /*reserved=*/true);
+  EXPECT_EQ(store.Stats().device_bytes[0], 16);
+  store.RemoveReader(in);
+  store.Release(7);
+  EXPECT_EQ(store.Stats().device_bytes[0], 16);
+  store.Release(8);
+  EXPECT_EQ(store.Stats().device_bytes[0], 0);
+}
+
+TEST(ObjectStoreTest, AShardSomethingElseHoldsIsNotDonated) {
+  ObjectStore store(TwoDevices(1 << 20));
+  const absl::Status gone = absl::FailedPreconditionError("donated");
+  std::shared_ptr<const DeviceBuffer> buffer;
+  auto device_value = [&](uint64_t id) {
+    BufferKey key{id, 0};
+    store.Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
+    buffer = std::make_shared<HeldDeviceBuffer>(16);
+    store.Fulfil(key, Storage::OnDevice(buffer), 0, /*reserved=*/false);
+    EXPECT_TRUE(store.AddReader(key).ok());
+    return *store.AwaitReady(key);
+  };
+  // Another reader pinned it.
+  auto a = device_value(1);
+  buffer.reset();
+  ASSERT_TRUE(store.AddReader({1, 0}).ok());
+  EXPECT_FALSE(store.TakeForDonation({1, 0}, a.get(), 1, gone));
+  // A reference the caller does not count (a transfer, a fetch).
+  auto b = device_value(2);
+  buffer.reset();
+  auto sending = b;
+  EXPECT_FALSE(store.TakeForDonation({2, 0}, b.get(), 1, gone));
+  // Its device buffer has another owner (`buffer`, as another block
+  // would).
+  auto c = device_value(3);
+  EXPECT_FALSE(store.TakeForDonation({3, 0}, c.get(), 1, gone));
+  // Host memory, or not the entry's data.
+  store.Declare({4, 0}, 0, {DType::kF32, {4}}, /*owned=*/true);
+  store.Fulfil({4, 0}, Bytes(16), 0, /*reserved=*/false);
+  ASSERT_TRUE(store.AddReader({4, 0}).ok());
+  auto d = *store.AwaitReady({4, 0});
+  EXPECT_FALSE(store.TakeForDonation({4, 0}, d.get(), 1, gone));
+  EXPECT_FALSE(store.TakeForDonation({1, 0}, b.get(), 1, gone));
+  // Each is still there.
+  for (uint64_t id : {1, 2, 3, 4}) {
+    EXPECT_TRUE(store.AwaitReady({id, 0}).ok()) << id;
+  }
 }
 
 }  // namespace

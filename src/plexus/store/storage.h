@@ -87,6 +87,8 @@ class Storage {
   }
   // The device buffer of a device-memory block; null for host memory.
   const DeviceBuffer* device_buffer() const { return device_.get(); }
+  // Owners of the device buffer (this block among them); 0 for host memory.
+  long device_buffer_use_count() const { return device_.use_count(); }
 
  private:
   Storage(void* data, size_t size, int fd, bool mapped)

@@ -249,6 +249,59 @@ absl::StatusOr<builtin::ConstTensor> WorkerImpl::BindInput(
   return builtin::ConstTensor{*local, result->data()};
 }
 
+void WorkerImpl::TakeDonations(
+    const CallContext& call, int task_index, const builtin::KernelContext& ctx,
+    const std::vector<const DeviceBuffer*>& input_devices,
+    const std::vector<std::shared_ptr<const Storage>>& keep,
+    const std::vector<std::shared_ptr<const Storage>>& bound,
+    std::vector<bool>* donate, std::vector<int>* written_over) {
+  const proto::Execute& exec = call.exec;
+  const proto::ShardTask& task = exec.tasks(task_index);
+  const LoadedProgram& program = *call.program;
+  const proto::XlaProgram& xla = *program.xla;
+  const int pairs =
+      std::min(xla.donated_inputs_size(), xla.donated_outputs_size());
+  for (int k = 0; k < pairs; ++k) {
+    const int i = xla.donated_inputs(k), o = xla.donated_outputs(k);
+    if (i < 0 || i >= task.inputs_size() || o < 0 ||
+        o >= static_cast<int>(written_over->size()) ||
+        !task.inputs(i).donate() || (*donate)[i] || (*written_over)[o] >= 0) {
+      continue;  // not allowed by the server (or not well formed)
+    }
+    const proto::InputBinding& binding = task.inputs(i);
+    auto local = program.outputs[o].Local(exec.num_shards());
+    const DeviceBuffer* buffer =
+        i < static_cast<int>(input_devices.size()) ? input_devices[i] : nullptr;
+    // The entry's Storage, as the task holds it: TakeForDonation checks
+    // that nothing else does.
+    const Storage* storage = nullptr;
+    long refs = 0;
+    for (const auto* list : {&keep, &bound}) {
+      for (const auto& held : *list) {
+        if (buffer != nullptr && held->device_buffer() == buffer) {
+          storage = held.get();
+          refs++;
+        }
+      }
+    }
+    const BufferKey key{binding.pieces(0).buffer_id(),
+                        binding.pieces(0).shard()};
+    if (storage == nullptr || binding.pieces_size() != 1 || !local.ok() ||
+        !(ctx.inputs[i].spec == *local) ||
+        !store_->TakeForDonation(
+            key, storage, refs,
+            absl::FailedPreconditionError(
+                absl::StrCat(KeyString(key), " was donated to program '",
+                             program.name, "' (call ", exec.call_id(),
+                             "): its memory holds that ", "call's output")))) {
+      donations_declined_++;
+      continue;
+    }
+    (*donate)[i] = true;
+    (*written_over)[o] = i;
+  }
+}
+
 void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
                          int task_index, absl::Time queued) {
   const proto::Execute& exec = call->exec;
@@ -305,6 +358,17 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
       ctx.inputs.push_back(*input);
       input_storage.push_back(keep.back());
     }
+    std::vector<bool> donate(ctx.inputs.size(), false);
+    std::vector<int> written_over(program->outputs.size(), -1);
+    if (program->xla) {
+      TakeDonations(*call, task_index, ctx, input_devices, keep, input_storage,
+                    &donate, &written_over);
+      // Their charges are reservations now: the outputs' (also if the
+      // task fails before it makes them).
+      for (int i : written_over) {
+        if (i >= 0) output_bytes += ctx.inputs[i].spec.byte_size();
+      }
+    }
     bool all_aliased = !program->outputs.empty();
     for (size_t o = 0; o < program->outputs.size(); ++o) {
       auto local = program->outputs[o].Local(exec.num_shards());
@@ -314,11 +378,14 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
         // XLA's output stays in device memory, charged to the device now;
         // RunXlaPartition fills it in. (Of a `partial` output, partition
         // 0 holds the island's value and the others zeros, made here.)
-        if (absl::Status s = store_->Reserve(device, local->byte_size());
-            !s.ok()) {
-          return s;
+        // One written over a donated input takes over the input's charge.
+        if (written_over[o] < 0) {
+          if (absl::Status s = store_->Reserve(device, local->byte_size());
+              !s.ok()) {
+            return s;
+          }
+          output_bytes += local->byte_size();
         }
-        output_bytes += local->byte_size();
         aliased.push_back(false);
         all_aliased = false;
         outputs.push_back(nullptr);
@@ -352,7 +419,8 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     if (all_aliased) return absl::OkStatus();
     if (program->xla) {
       joined_island = true;
-      return RunXlaPartition(call, task_index, ctx, input_devices, &outputs);
+      return RunXlaPartition(call, task_index, ctx, input_devices, donate,
+                             &outputs);
     }
     absl::Status s = program->kernel->Run(ctx);
     if (!s.ok()) {

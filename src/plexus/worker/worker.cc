@@ -516,6 +516,8 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_pushes_fenced(pushes_fenced_.load());
   s.set_bytes_host_to_device(MemoryTraffic::host_to_device().load());
   s.set_transfers_alias(TransferPaths::alias().load());
+  s.set_donations(donations_.load());
+  s.set_donations_declined(donations_declined_.load());
   s.set_transfers_device_to_device(TransferPaths::device_to_device().load());
   s.set_transfers_host_staged(TransferPaths::host_staged().load());
   s.set_bytes_device_to_host(MemoryTraffic::device_to_host().load());

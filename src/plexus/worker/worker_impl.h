@@ -185,12 +185,27 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // `ctx.inputs`, read from `input_devices[i]` where that is set (a device
   // buffer, which need not be ready); the outputs it makes go into the null
   // entries of `outputs` (device memory, ready when the run has completed;
-  // the others were made by the caller).
+  // the others were made by the caller). `donate[i]`: input i was taken
+  // for donation (TakeDonations), and the run may write over it.
   absl::Status RunXlaPartition(
       const std::shared_ptr<CallContext>& call, int task_index,
       const builtin::KernelContext& ctx,
       const std::vector<const DeviceBuffer*>& input_devices,
+      const std::vector<bool>& donate,
       std::vector<std::shared_ptr<Storage>>* outputs);
+  // The donated inputs of an XLA task that it may give to the run
+  // (task_runner.cc): each the server allowed (InputBinding.donate), a
+  // device value of the aliased output's shape, and held by nothing else
+  // here (ObjectStore::TakeForDonation: its store entry then says it was
+  // donated; `keep` and `bound` are the task's own references). Sets
+  // donate[i], and written_over[o] = i for output o, whose charge is input
+  // i's; counts the donations declined.
+  void TakeDonations(const CallContext& call, int task_index,
+                     const builtin::KernelContext& ctx,
+                     const std::vector<const DeviceBuffer*>& input_devices,
+                     const std::vector<std::shared_ptr<const Storage>>& keep,
+                     const std::vector<std::shared_ptr<const Storage>>& bound,
+                     std::vector<bool>* donate, std::vector<int>* written_over);
   // The executable of `program` for the island on `devices`: cached, else
   // loaded from a peer (LoadFromPeers), else compiled.
   absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>> XlaExecutableFor(
@@ -311,6 +326,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
 
   std::atomic<int64_t> calls_executed_{0};
   std::atomic<int64_t> calls_failed_{0};
+  // Donated inputs written over by their run, and those that could not be
+  // (WorkerStats.donations, donations_declined).
+  std::atomic<int64_t> donations_{0};
+  std::atomic<int64_t> donations_declined_{0};
   std::atomic<int64_t> pushes_fenced_{0};
 
   absl::Mutex mu_;

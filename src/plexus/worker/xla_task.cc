@@ -287,6 +287,7 @@ absl::Status WorkerImpl::RunXlaPartition(
     const std::shared_ptr<CallContext>& call_ref, int task_index,
     const builtin::KernelContext& ctx,
     const std::vector<const DeviceBuffer*>& input_devices,
+    const std::vector<bool>& donate,
     std::vector<std::shared_ptr<Storage>>* outputs) {
   CallContext& call = *call_ref;
   const proto::Execute& exec = call.exec;
@@ -320,7 +321,8 @@ absl::Status WorkerImpl::RunXlaPartition(
   std::vector<xla::XlaArgument> inputs;
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
     inputs.push_back({ctx.inputs[i].spec, ctx.inputs[i].data,
-                      i < input_devices.size() ? input_devices[i] : nullptr});
+                      i < input_devices.size() ? input_devices[i] : nullptr,
+                      i < donate.size() && donate[i]});
   }
   auto run = [&](const IslandExecution::Inputs& in,
                  IslandExecution::DoneFn done)
@@ -357,6 +359,17 @@ absl::Status WorkerImpl::RunXlaPartition(
     });
   }
   if (!mine.ok()) return named(mine.status());
+  // A donated input the plugin did not take (its module does not alias it,
+  // or another partition's could not be given): its memory is freed when
+  // the run ends, and its output was charged in its place meanwhile.
+  for (size_t i = 0; i < donate.size(); ++i) {
+    if (!donate[i]) continue;
+    if (input_devices[i] != nullptr && input_devices[i]->donated()) {
+      donations_++;
+    } else {
+      donations_declined_++;
+    }
+  }
   for (size_t o = 0; o < outputs->size(); ++o) {
     if ((*outputs)[o] != nullptr) {
       // A `partial` output off partition 0: zeros, so the sum over all
