@@ -1,6 +1,7 @@
 """Device memory on an NVIDIA GPU: two workers sharing one GPU take their
 devices from the CUDA plugin (plexus.local(gpus=[0])), each holds only its
-budget, a chain of programs stays in device memory, and a CUDA
+budget, a chain of programs stays in device memory, donated updates are
+written over their input, and a CUDA
 out-of-memory fails the calls that hit it with the plugin's message while
 the worker goes on serving. Skipped, with the reason, where there is no GPU
 or no plugin (tests/gpu/run.sh installs it)."""
@@ -96,6 +97,34 @@ def test_a_chain_on_the_gpu_copies_nothing_until_fetched(shared_gpu):
     for _ in range(200):
         want = want * np.float32(1.0001) + 1.0
     np.testing.assert_allclose(np.asarray(y), want, rtol=1e-4)
+
+
+def test_donated_updates_are_written_over_their_input_on_the_gpu(shared_gpu):
+    import jax.numpy as jnp
+    client = shared_gpu.connect()
+    s = client.slice(1, hosts=["host0"])
+    n = (1 << 30) // 4  # 1 GiB a value: ten undonated ones would not fit
+    init = plexus.jit(lambda: jnp.ones((n,), jnp.float32), s,
+                      platform="cuda", name="init")
+    step = plexus.jit(lambda p: p * 0.5 + 1.0, s, platform="cuda",
+                      name="step", donate_argnums=0)
+
+    def donations():
+        w = [w for w in shared_gpu.status(fresh=True)["workers"]
+             if w["host_name"] == "host0"][0]["stats"]
+        return int(w.get("donations", 0)), int(w.get("donations_declined", 0))
+
+    before = donations()
+    p = init()
+    for _ in range(10):
+        p = step(p)
+    p.block_until_ready()
+    assert donations() == (before[0] + 10, before[1])
+    got = np.asarray(p)[:4]
+    want = np.float32(1.0)
+    for _ in range(10):
+        want = want * np.float32(0.5) + np.float32(1.0)
+    np.testing.assert_array_equal(got, [want] * 4)
 
 
 def test_a_cuda_out_of_memory_fails_its_calls_and_the_worker_serves_on(
