@@ -185,6 +185,7 @@ py::dict SliceDevices(const Slice& s) {
     dev["device"] = d.device();
     dev["host"] = d.host_name();
     dev["memory_bytes"] = d.memory_bytes();
+    dev["stablehlo_version"] = d.stablehlo_version();
     devices.append(dev);
   }
   py::dict out;

@@ -349,6 +349,7 @@ proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
     sd->set_data_address(w.info.data_address());
     sd->set_unix_path(w.info.unix_path());
     sd->set_memory_bytes(w.info.devices(d.device).memory_bytes());
+    sd->set_stablehlo_version(w.info.stablehlo_version());
   }
   return info;
 }

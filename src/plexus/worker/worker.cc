@@ -266,6 +266,13 @@ absl::Status WorkerImpl::ConnectToServer() {
   reg->set_protocol_version(kProtocolVersion);
   reg->set_previous_worker_id(options_.previous_worker_id);
   reg->set_spare(options_.spare);
+  if (!options_.pjrt_plugin.empty()) {
+    // What plexus.jit may write for this worker (the plugin is loaded now,
+    // not at the first program; a plugin that cannot load says so then).
+    absl::StatusOr<std::string> stablehlo =
+        xla::PjrtRuntime::PluginStableHloVersion(options_.pjrt_plugin);
+    if (stablehlo.ok()) reg->set_stablehlo_version(*stablehlo);
+  }
   reg->set_previous_generation(options_.previous_generation);
   if (!stream_->Write(hello)) {
     return absl::UnavailableError("the server closed the session at once");

@@ -29,6 +29,44 @@ absl::StatusOr<std::unique_ptr<PjrtRuntime>> PjrtRuntime::Load(
   return runtime;
 }
 
+namespace {
+
+// The plugin's `stablehlo_current_version` attribute ("1.13.3"), or empty.
+std::string ReadStableHloVersion(const PJRT_Api* api) {
+  auto attrs = PJRT_ARGS(PJRT_Plugin_Attributes_Args);
+  if (PjrtScope(api)
+          .ToStatus(api->PJRT_Plugin_Attributes(&attrs), "attributes")
+          .ok()) {
+    for (size_t i = 0; i < attrs.num_attributes; ++i) {
+      const PJRT_NamedValue& a = attrs.attributes[i];
+      if (absl::string_view(a.name, a.name_size) !=
+              "stablehlo_current_version" ||
+          a.type != PJRT_NamedValue_kInt64List) {
+        continue;
+      }
+      std::string version;
+      for (size_t k = 0; k < a.value_size; ++k) {
+        absl::StrAppend(&version, k == 0 ? "" : ".", a.int64_array_value[k]);
+      }
+      return version;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> PjrtRuntime::PluginStableHloVersion(
+    const std::string& path) {
+  absl::StatusOr<const PJRT_Api*> api = OpenPlugin(path);
+  if (!api.ok()) {
+    return absl::Status(
+        api.status().code(),
+        absl::StrCat("PJRT plugin '", path, "': ", api.status().message()));
+  }
+  return ReadStableHloVersion(*api);
+}
+
 absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
   plugin_path_ = options.plugin_path;
   if (plugin_path_.empty()) {
@@ -36,32 +74,11 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
         "no plugin configured (plexus-worker --pjrt-plugin or "
         "PLEXUS_PJRT_PLUGIN); scripts/setup.sh installs xla-cpu-pjrt");
   }
-  // RTLD_LOCAL: the plugin keeps its own protobuf, abseil and LLVM.
-  handle_ = dlopen(plugin_path_.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (handle_ == nullptr) {
-    return absl::NotFoundError(absl::StrCat("cannot load: ", dlerror()));
-  }
-  using GetApiFn = const PJRT_Api* (*)();
-  auto get_api = reinterpret_cast<GetApiFn>(dlsym(handle_, "GetPjrtApi"));
-  if (get_api == nullptr) {
-    return absl::InvalidArgumentError("not a PJRT plugin: no GetPjrtApi");
-  }
-  api_ = get_api();
-  if (api_ == nullptr) return absl::InternalError("GetPjrtApi returned null");
-  const auto& v = api_->pjrt_api_version;
-  if (v.major_version != PJRT_API_MAJOR) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("PJRT C API ", v.major_version, ".", v.minor_version,
-                     " is incompatible with the ", PJRT_API_MAJOR, ".",
-                     PJRT_API_MINOR, " Plexus was built against"));
-  }
+  absl::StatusOr<const PJRT_Api*> api = OpenPlugin(plugin_path_);
+  if (!api.ok()) return api.status();
+  api_ = *api;
   PjrtScope scope(api_);
-  auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
-  if (absl::Status s =
-          scope.ToStatus(api_->PJRT_Plugin_Initialize(&init), "initialise");
-      !s.ok()) {
-    return s;
-  }
+  stablehlo_version_ = ReadStableHloVersion(api_);
   // The options of the CPU plugin, then of the GPU ones: each plugin
   // refuses the options it does not know, so the first it takes wins.
   // A create option: its name and type; the caller sets the value.

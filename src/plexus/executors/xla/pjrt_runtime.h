@@ -174,6 +174,13 @@ class PjrtRuntime {
   absl::StatusOr<int64_t> device_memory_limit(int d) const;
   // "<major>.<minor>" of the plugin's PJRT C API.
   std::string api_version() const;
+  // The newest StableHLO the plugin reads ("1.13.3": its
+  // `stablehlo_current_version` attribute), or empty where it does not say.
+  const std::string& stablehlo_version() const { return stablehlo_version_; }
+  // The same of the plugin at `path`, without creating a client (it is
+  // loaded and initialised, as Load would). Errors name the path.
+  static absl::StatusOr<std::string> PluginStableHloVersion(
+      const std::string& path);
 
   // Compiles `module` (StableHLO: MLIR bytecode, text or a portable
   // artifact) with a serialized xla.CompileOptionsProto (its device
@@ -239,11 +246,11 @@ class PjrtRuntime {
       std::vector<std::unique_ptr<char[]>>* staged, bool* as_is) const;
 
   std::string plugin_path_;
-  void* handle_ = nullptr;
   const PJRT_Api* api_ = nullptr;
   PJRT_Client* client_ = nullptr;
   std::shared_ptr<PjrtClientHandle> handle_of_client_;  // owns client_
   std::string platform_;
+  std::string stablehlo_version_;
   std::vector<PJRT_Device*> devices_;  // addressable, by id
   struct Run;  // one queued run, until its end is handled
   // A partition of `run` has completed (a PJRT callback, on a plugin

@@ -1,6 +1,50 @@
 #include "plexus/executors/xla/internal/pjrt_support.h"
 
+#include <dlfcn.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+
 namespace plexus::xla {
+
+absl::StatusOr<const PJRT_Api*> OpenPlugin(const std::string& path) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* opened =
+      new absl::flat_hash_map<std::string, absl::StatusOr<const PJRT_Api*>>();
+  absl::MutexLock lock(&mu);
+  auto it = opened->find(path);
+  if (it != opened->end()) return it->second;
+  auto open = [&]() -> absl::StatusOr<const PJRT_Api*> {
+    // RTLD_LOCAL: the plugin keeps its own protobuf, abseil and LLVM.
+    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      return absl::NotFoundError(absl::StrCat("cannot load: ", dlerror()));
+    }
+    using GetApiFn = const PJRT_Api* (*)();
+    auto get_api = reinterpret_cast<GetApiFn>(dlsym(handle, "GetPjrtApi"));
+    if (get_api == nullptr) {
+      return absl::InvalidArgumentError("not a PJRT plugin: no GetPjrtApi");
+    }
+    const PJRT_Api* api = get_api();
+    if (api == nullptr) return absl::InternalError("GetPjrtApi returned null");
+    const auto& v = api->pjrt_api_version;
+    if (v.major_version != PJRT_API_MAJOR) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("PJRT C API ", v.major_version, ".", v.minor_version,
+                       " is incompatible with the ", PJRT_API_MAJOR, ".",
+                       PJRT_API_MINOR, " Plexus was built against"));
+    }
+    PjrtScope scope(api);
+    auto init = PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+    if (absl::Status s =
+            scope.ToStatus(api->PJRT_Plugin_Initialize(&init), "initialise");
+        !s.ok()) {
+      return s;
+    }
+    return api;
+  };
+  return opened->emplace(path, open()).first->second;
+}
 namespace {
 
 // Plexus dtypes and PJRT element types, one to one.

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,6 +29,11 @@ T Args(size_t struct_size) {
 #define PJRT_ARGS(type) Args<type>(type##_STRUCT_SIZE)
 
 absl::StatusCode CodeOf(PJRT_Error_Code code);
+
+// The plugin at `path`, loaded (dlopen, RTLD_LOCAL), its C API version
+// checked and initialised: once per process and path (a plugin is
+// initialised once, and never unloaded), whoever asks first.
+absl::StatusOr<const PJRT_Api*> OpenPlugin(const std::string& path);
 // Plexus dtypes and PJRT element types, one to one.
 absl::StatusOr<PJRT_Buffer_Type> BufferType(DType dtype);
 absl::StatusOr<DType> FromBufferType(PJRT_Buffer_Type type);
