@@ -184,6 +184,7 @@ def analyse(soak, log_text, steps, counters):
     host_of = {}   # worker id -> host name
     took = {}      # lost worker id -> the spare worker id that took its place
     spare_loads = 0  # executables spares loaded from a live worker's bytes
+    loads = 0  # by any host (only hosts standing by load: spares, rejoined)
     for line in log_text.splitlines():
         t = log_seconds(line, day)
         if t is None:
@@ -209,9 +210,11 @@ def analyse(soak, log_text, steps, counters):
                       line)
         if m:
             compiles.append((t, int(m.group(2)), m.group(1)))
-        if re.search(r"\[worker spare\S*\] info XLA: loaded .* serialized "
-                     r"executable", line):
-            spare_loads += 1
+        m = re.search(r"\[worker (\S+)\] info XLA: loaded .* serialized "
+                      r"executable", line)
+        if m:
+            loads += 1
+            spare_loads += m.group(1).startswith("spare")
     failed = {str(k["worker"]) for k in soak.kills}
     unplanned = [w for w in unplanned if w not in failed]
     rows = []
@@ -263,6 +266,13 @@ def analyse(soak, log_text, steps, counters):
         "spare_executables_loaded": spare_loads,
         "spare_compiles": sum(host.startswith("spare")
                               for _, _, host in compiles),
+        # The same by any host, a host that rejoined after a SIGSTOP
+        # included (it stands by as a spare does): loads, and compiles after
+        # the first step (the slice's hosts compile the job before it).
+        "executables_loaded": loads,
+        "compiles_after_first_step": sum(
+            1 for t, _, _ in compiles
+            if soak.completed and t > soak.completed[0][1]),
         "rest_median_s": statistics.median(
             [r["to_next_step_s"] - r["detect_s"] - r["compile_s"]
              for r in recovered] or [0]),

@@ -210,8 +210,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   static constexpr absl::Duration kFetchExecutableTimeout = absl::Seconds(2);
   // Ahead-of-time compiles (xla_task.cc): an XLA program loaded before its
   // first call compiles its islands on this worker on the compiler thread,
-  // off the device threads; a call that comes first waits for it.
-  void CompileAhead(std::shared_ptr<LoadedProgram> program);
+  // off the device threads; a call that comes first waits for it. Its own
+  // islands, or, `stand_by` (the server's LoadProgram.stand_by: this host
+  // may take a lost host's place), every island that fits its devices.
+  void CompileAhead(std::shared_ptr<LoadedProgram> program, bool stand_by);
   // Runs at kCompileNice above the worker's nice value.
   void CompilerLoop();
   static constexpr int kCompileNice = 5;

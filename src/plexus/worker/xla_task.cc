@@ -213,10 +213,11 @@ absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::SerializedExecutable(
   return std::shared_ptr<const Storage>(*std::move(bytes));
 }
 
-void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {
+void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program,
+                              bool stand_by) {
   absl::MutexLock lock(&compile_mu_);
-  // Its own islands; a spare compiles every island that fits its devices,
-  // so that taking a lost host's place costs no compile.
+  // Its own islands; a host standing by has every island that fits its
+  // devices, so that taking a lost host's place costs no compile.
   std::set<std::vector<int>> queued;
   const int num_devices = static_cast<int>(devices_.size());
   for (const auto& island : program->xla->islands()) {
@@ -225,7 +226,7 @@ void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {
     for (int64_t w : island.workers()) mine |= w == worker_id_.load();
     const bool fits = std::all_of(devices.begin(), devices.end(),
                                   [&](int d) { return d < num_devices; });
-    if (!(mine || (options_.spare && fits)) || !queued.insert(devices).second) {
+    if (!(mine || (stand_by && fits)) || !queued.insert(devices).second) {
       continue;
     }
     compile_queue_.emplace_back(program, std::move(devices));
