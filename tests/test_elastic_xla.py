@@ -2,8 +2,9 @@
 takes their executables from a live worker (serialized, over the data
 plane) instead of compiling them, and a host lost afterwards recovers onto
 it without a compile: the call run again there uses the loaded executable.
-So does a host that rejoins after it was declared down (it stands by, as
-a spare does).
+So does a spare there when the program is registered (it waits for a host
+of the slice to have compiled it), and a host that rejoins after it was
+declared down (it stands by, as a spare does).
 
 Real embedded clusters whose workers load the CPU PJRT plugin of the
 xla-cpu-pjrt wheel."""
@@ -34,6 +35,15 @@ def has_executable(w):
     return stat(w, "xla_compiles") + stat(w, "xla_serialized_loads") > 0
 
 
+def deep(x):
+    """A program whose compile takes a while (hundreds of ms on the CPU
+    plugin), so that a worker that compiled along with the slice's hosts
+    would not find it compiled there."""
+    for k in range(24):
+        x = jnp.tanh(x * (1.0 + k / 100.0)) + jnp.sin(x) * (k % 3)
+    return x
+
+
 def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compiling():
     with plexus.local(hosts=2, spare=1) as cluster:
         c = cluster.connect()
@@ -47,7 +57,7 @@ def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compili
         y = f(x)  # the hosts of the slice compiled it
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
 
-        # The spare there from the start compiled along with them. Lose it:
+        # The spare there from the start loaded it from them. Lose it:
         # the embedded cluster starts a new spare, which joins a cluster
         # whose program is compiled, and is loaded with it.
         st = cluster.status(fresh=True)
@@ -92,6 +102,32 @@ def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compili
         assert stat(took, "calls_executed") >= 2, took["stats"]
         assert stat(took, "xla_compiles") == 0, took["stats"]
         assert stat(took, "xla_serialized_loads") == 1, took["stats"]
+
+
+def test_a_spare_there_when_a_program_is_registered_loads_it_from_a_host():
+    with plexus.local(hosts=2, spare=1) as cluster:
+        st = cluster.wait_until(
+            lambda st: any(w["alive"] and w.get("spare")
+                           for w in st["workers"]),
+            timeout=WAIT_S, what="the spare")
+        spare_id = next(int(w["worker_id"]) for w in st["workers"]
+                        if w["alive"] and w.get("spare"))
+        c = cluster.connect()
+        s = c.slice(2)
+        f = plexus.jit(deep, s, in_shardings=plexus.split(0),
+                       out_shardings=plexus.split(0), name="deep")
+        data = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+        y = f(s.put(data, plexus.P("devices")))
+        np.testing.assert_allclose(np.asarray(y), np.asarray(deep(data)),
+                                   rtol=1e-5)
+        # Registered while the spare was there: it waited for a host of the
+        # slice to compile the program, and loaded that executable.
+        st = cluster.wait_until(
+            lambda st: has_executable(worker(st, spare_id)), timeout=WAIT_S,
+            what="the spare's executable")
+        spare = worker(st, spare_id)
+        assert stat(spare, "xla_serialized_loads") == 1, spare["stats"]
+        assert stat(spare, "xla_compiles") == 0, spare["stats"]
 
 
 def test_a_host_that_rejoins_after_it_was_declared_down_loads_the_jobs_executables():
