@@ -8,7 +8,10 @@ steps as it takes, killing a random worker of the slice every
 rejoins as a fresh host), mixed. Each failure waits for the previous one's
 spare to join, for a step to complete since the previous kill and for the
 snapshot copies it took to be made again, so that failures come one at a time and
-each one's recovery is measured on its own (--overlap lets a kill fall while
+each one's recovery is measured on its own (and the loop waits at a
+failure's step until the previous failure was made, so that failures keep
+to one every `--every` steps when steps are faster than a failure is
+made: a spare joining, a stopped host missed; --overlap lets a kill fall while
 the previous recovery is still going on; --ready-spare also waits for the
 spare to have compiled the job's programs ahead, so that recovery is
 measured without compiling).
@@ -75,6 +78,7 @@ class Soak:
         self.completed = []  # (step, wall time its loss was read)
         self._lock = threading.Lock()
         self._threads = []
+        self._declared = []  # per failure: set once its loss was declared
 
     def status(self):
         return json.loads(_core.cluster_status(self.cluster.address))
@@ -98,14 +102,30 @@ class Soak:
             # that waiting for compiles does not leave the failures behind.
             for t in self._threads:
                 t.join()
+        elif self._declared and not self.overlap:
+            # Nor do steps faster than a failure is made (a spare joining,
+            # a stopped host missed): the loop waits until the last failure
+            # was made and declared, so that failures keep to one every
+            # `every` steps and all of them fall inside the run.
+            if not self._declared[-1].wait(timeout=600):
+                print("  soak: the last failure was not made in 600 s",
+                      flush=True)
         kind = "SIGSTOP" if self.rng.random() < self.stop_share else "SIGKILL"
+        declared = threading.Event()
+        self._declared.append(declared)
         t = threading.Thread(target=self._fail,
                              args=(step, kind, self.rng.uniform(0, 0.05),
-                                   self.rng.random()))
+                                   self.rng.random(), declared))
         t.start()
         self._threads.append(t)
 
-    def _fail(self, step, kind, delay, pick):
+    def _fail(self, step, kind, delay, pick, declared):
+        try:
+            self._fail_once(step, kind, delay, pick)
+        finally:
+            declared.set()  # also when it ended early: the loop goes on
+
+    def _fail_once(self, step, kind, delay, pick):
         time.sleep(delay)  # a random moment of the step
         def in_slices(st):
             return {d["worker_id"] for sl in st.get("slices", [])
@@ -171,6 +191,10 @@ class Soak:
             if kind == "SIGSTOP":
                 os.kill(pid, signal.SIGCONT)  # fenced; rejoins as a fresh host
 
+    def kills_before(self, t):
+        """Whether a failure was made before wall time t."""
+        return bool(self.kills) and self.kills[0]["at"] < t
+
     def join(self):
         for t in self._threads:
             t.join()
@@ -185,6 +209,9 @@ def analyse(soak, log_text, steps, counters):
     took = {}      # lost worker id -> the spare worker id that took its place
     spare_loads = 0  # executables spares loaded from a live worker's bytes
     loads = 0  # by any host (only hosts standing by load: spares, rejoined)
+    first = set()  # the workers the cluster started with (hosts + spare)
+    current = {}   # host name -> its latest registration's worker id
+    later_compiles = 0  # compiles by a host registered after those
     for line in log_text.splitlines():
         t = log_seconds(line, day)
         if t is None:
@@ -202,6 +229,9 @@ def analyse(soak, log_text, steps, counters):
                       line)
         if m:
             host_of[m.group(1)] = m.group(2)
+            current[m.group(2)] = m.group(1)
+            if len(first) < 4 and not soak.kills_before(t):
+                first.add(m.group(1))
         m = re.search(r"worker (\d+)'s \d+ slice\(s\) remapped onto spare "
                       r"worker (\d+)", line)
         if m:
@@ -210,6 +240,7 @@ def analyse(soak, log_text, steps, counters):
                       line)
         if m:
             compiles.append((t, int(m.group(2)), m.group(1)))
+            later_compiles += current.get(m.group(1)) not in first
         m = re.search(r"\[worker (\S+)\] info XLA: loaded .* serialized "
                       r"executable", line)
         if m:
@@ -266,13 +297,11 @@ def analyse(soak, log_text, steps, counters):
         "spare_executables_loaded": spare_loads,
         "spare_compiles": sum(host.startswith("spare")
                               for _, _, host in compiles),
-        # The same by any host, a host that rejoined after a SIGSTOP
-        # included (it stands by as a spare does): loads, and compiles after
-        # the first step (the slice's hosts compile the job before it).
+        # The same by any host that joined after the cluster started (new
+        # spares, and hosts that rejoined after a SIGSTOP: they stand by as
+        # spares do); the cluster's first hosts compile the job.
         "executables_loaded": loads,
-        "compiles_after_first_step": sum(
-            1 for t, _, _ in compiles
-            if soak.completed and t > soak.completed[0][1]),
+        "compiles_by_later_hosts": later_compiles,
         "rest_median_s": statistics.median(
             [r["to_next_step_s"] - r["detect_s"] - r["compile_s"]
              for r in recovered] or [0]),
