@@ -126,7 +126,7 @@ void LocalWorkers::Supervise() {
     {
       absl::MutexLock lock(&mu_);
       pids = pids_;
-      if (deferred_ > 0) {
+      if (!deferred_.empty()) {
         const absl::Time now = absl::Now();
         const absl::Duration wait = restart_limit_.NextAdmission(now) - now;
         timeout_ms = static_cast<int>(std::clamp<int64_t>(
@@ -193,13 +193,13 @@ void LocalWorkers::ReplaceLocked(size_t slot) {
   names_.erase(names_.begin() + slot);
   const absl::Time now = absl::Now();
   if (!restart_limit_.Admit(now)) {
-    deferred_++;
+    deferred_.push_back(name);
     SPDLOG_ERROR(
         "not replacing worker {} yet: {} workers were replaced in the last "
         "{} (the limit; a crash loop?); {} replacement(s) deferred, the "
         "next at {}",
         name, restart_limit_.InWindow(now),
-        absl::FormatDuration(restart_limit_.window()), deferred_,
+        absl::FormatDuration(restart_limit_.window()), deferred_.size(),
         absl::FormatTime("%H:%M:%E3S", restart_limit_.NextAdmission(now),
                          absl::UTCTimeZone()));
     return;
@@ -214,11 +214,11 @@ void LocalWorkers::ReplaceLocked(size_t slot) {
 }
 
 void LocalWorkers::StartDeferredLocked() {
-  while (deferred_ > 0 && restart_limit_.Admit(absl::Now())) {
-    deferred_--;
-    SpawnReplacementLocked(
-        absl::StrCat("a worker whose replacement was deferred (", deferred_,
-                     " more deferred)"));
+  while (!deferred_.empty() && restart_limit_.Admit(absl::Now())) {
+    const std::string name = std::move(deferred_.front());
+    deferred_.pop_front();
+    SpawnReplacementLocked(absl::StrCat(name, " (deferred by the rate limit; ",
+                                        deferred_.size(), " more deferred)"));
   }
 }
 
@@ -229,7 +229,7 @@ int LocalWorkers::restarts() const {
 
 int LocalWorkers::deferred_restarts() const {
   absl::MutexLock lock(&mu_);
-  return deferred_;
+  return static_cast<int>(deferred_.size());
 }
 
 bool LocalWorkers::AwaitSupervisor(int exits, int restarts,

@@ -127,8 +127,9 @@ class LocalWorkers {
   std::vector<pid_t> pids_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);  // per pid
   int restarts_ ABSL_GUARDED_BY(mu_) = 0;
-  int deferred_ ABSL_GUARDED_BY(mu_) = 0;  // replacements not yet made
-  int exits_ ABSL_GUARDED_BY(mu_) = 0;     // exits the supervisor handled
+  // The workers whose replacement is deferred, oldest first.
+  std::deque<std::string> deferred_ ABSL_GUARDED_BY(mu_);
+  int exits_ ABSL_GUARDED_BY(mu_) = 0;  // exits the supervisor handled
   RestartRateLimit restart_limit_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // Stop() began
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;   // every worker reaped

@@ -124,6 +124,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
   const absl::Time started = absl::Now();
   absl::Duration backoff = absl::Milliseconds(20);
   std::set<int64_t> heard;  // peers whose first refusal was logged
+  bool waited = false;      // for a peer to compile it
   while (true) {
     std::vector<int64_t> pending;
     for (int64_t peer : peers) {
@@ -159,13 +160,12 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
       serialized.executable = std::move(*got.mutable_executable());
       auto exe = xla_->GetOrLoad(serialized, devices);
       if (exe.ok()) {
-        const absl::Duration waited = absl::Now() - started;
         SPDLOG_INFO(
             "{}: executable loaded from worker {}, not compiled{}", where, peer,
-            waited > absl::Milliseconds(100)
-                ? absl::StrCat(" (waited ", absl::FormatDuration(waited),
-                               " for it to be compiled there)")
-                : "");
+            waited ? absl::StrCat(" (after waiting ",
+                                  absl::FormatDuration(absl::Now() - started),
+                                  " for it to be compiled there)")
+                   : "");
         return *exe;
       }
       SPDLOG_WARN(
@@ -192,6 +192,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
         return nullptr;
       }
     }
+    waited = true;
     backoff = std::min(2 * backoff, absl::Milliseconds(500));
   }
 }
