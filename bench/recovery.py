@@ -25,8 +25,9 @@ Prints, and writes as JSON (--json):
   recovery time         from the kill to the first step completed after the
                         server declared the host down (median, max), split into detection (kill -> the server
                         declares the host down, from its log), compile (the
-                        spare compiling the programs, from its log) and the
-                        rest (routing again, copies, recomputation)
+                        spare compiling the programs, from its log), load
+                        (the spare loading them from a peer, from its log)
+                        and the rest (routing again, copies, recomputation)
 
     PYTHONPATH=python PLEXUS_BIN_DIR=build/bin \\
         python3 bench/recovery.py --failures 100 --every 3
@@ -205,6 +206,7 @@ def analyse(soak, log_text, steps, counters):
     down_at = {}   # worker id -> when the server declared it down
     unplanned = []  # workers declared down that the soak did not fail
     compiles = []  # (time, ms, host) of compiles on spares
+    loaded = []    # (time, ms, host) of executables loaded from a peer
     host_of = {}   # worker id -> host name
     took = {}      # lost worker id -> the spare worker id that took its place
     spare_loads = 0  # executables spares loaded from a live worker's bytes
@@ -242,10 +244,11 @@ def analyse(soak, log_text, steps, counters):
             compiles.append((t, int(m.group(2)), m.group(1)))
             later_compiles += current.get(m.group(1)) not in first
         m = re.search(r"\[worker (\S+)\] info XLA: loaded .* serialized "
-                      r"executable", line)
+                      r"executable .* in (\d+) ms", line)
         if m:
             loads += 1
             spare_loads += m.group(1).startswith("spare")
+            loaded.append((t, int(m.group(2)), m.group(1)))
     failed = {str(k["worker"]) for k in soak.kills}
     unplanned = [w for w in unplanned if w not in failed]
     rows = []
@@ -261,19 +264,28 @@ def analyse(soak, log_text, steps, counters):
         # The time inside (kill, next step) in which it compiled: the union
         # of its compiles' spans (they can overlap), clipped to the window.
         end = nxt[0][1] if nxt else until
-        spans = sorted((max(t - ms / 1000, k["at"]), min(t, end))
-                       for t, ms, host in compiles
-                       if host == spare_host and k["at"] < t < until)
-        compile_ms, reach = 0.0, k["at"]
-        for a, b in spans:
-            a = max(a, reach)
-            if b > a:
-                compile_ms += (b - a) * 1000
-                reach = b
+
+        def busy_ms(events):
+            spans = sorted((max(t - ms / 1000, k["at"]), min(t, end))
+                           for t, ms, host in events
+                           if host == spare_host and k["at"] < t < until)
+            total_ms, reach = 0.0, k["at"]
+            for a, b in spans:
+                a = max(a, reach)
+                if b > a:
+                    total_ms += (b - a) * 1000
+                    reach = b
+            return total_ms
+
+        compile_ms = busy_ms(compiles)
+        # Likewise loading an executable from a peer: it joined so shortly
+        # before that it had not finished loading them.
+        load_ms = busy_ms(loaded)
         detect = down_at.get(str(k["worker"]), k["at"]) - k["at"]
         total = (nxt[0][1] - k["at"]) if nxt else None
         rows.append({**k, "detect_s": round(detect, 3),
                      "compile_s": round(compile_ms / 1000, 3),
+                     "load_s": round(load_ms / 1000, 3),
                      "to_next_step_s": None if total is None else round(total, 3)})
     recovered = [r for r in rows if r["to_next_step_s"] is not None]
     totals = [r["to_next_step_s"] for r in recovered]
@@ -302,9 +314,12 @@ def analyse(soak, log_text, steps, counters):
         # spares do); the cluster's first hosts compile the job.
         "executables_loaded": loads,
         "compiles_by_later_hosts": later_compiles,
+        "load_median_s": statistics.median(
+            [r["load_s"] for r in rows] or [0]),
+        "loading_in_window": sum(r["load_s"] > 0 for r in rows),
         "rest_median_s": statistics.median(
             [r["to_next_step_s"] - r["detect_s"] - r["compile_s"]
-             for r in recovered] or [0]),
+             - r["load_s"] for r in recovered] or [0]),
         # Hosts declared down that the soak did not kill or stop (a busy
         # host taken for a dead one would be one).
         "unplanned_losses": [{"worker": w, "host": host_of.get(w, "?")}
