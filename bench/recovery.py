@@ -8,7 +8,10 @@ steps as it takes, killing a random worker of the slice every
 rejoins as a fresh host), mixed. Each failure waits for the previous one's
 spare to join, for a step to complete since the previous kill and for the
 snapshot copies it took to be made again, so that failures come one at a time and
-each one's recovery is measured on its own (--overlap lets a kill fall while
+each one's recovery is measured on its own (and the loop waits at a
+failure's step until the previous failure was made, so that failures keep
+to one every `--every` steps when steps are faster than a failure is
+made: a spare joining, a stopped host missed; --overlap lets a kill fall while
 the previous recovery is still going on; --ready-spare also waits for the
 spare to have compiled the job's programs ahead, so that recovery is
 measured without compiling).
@@ -22,8 +25,9 @@ Prints, and writes as JSON (--json):
   recovery time         from the kill to the first step completed after the
                         server declared the host down (median, max), split into detection (kill -> the server
                         declares the host down, from its log), compile (the
-                        spare compiling the programs, from its log) and the
-                        rest (routing again, copies, recomputation)
+                        spare compiling the programs, from its log), load
+                        (the spare loading them from a peer, from its log)
+                        and the rest (routing again, copies, recomputation)
 
     PYTHONPATH=python PLEXUS_BIN_DIR=build/bin \\
         python3 bench/recovery.py --failures 100 --every 3
@@ -75,6 +79,7 @@ class Soak:
         self.completed = []  # (step, wall time its loss was read)
         self._lock = threading.Lock()
         self._threads = []
+        self._declared = []  # per failure: set once its loss was declared
 
     def status(self):
         return json.loads(_core.cluster_status(self.cluster.address))
@@ -98,14 +103,30 @@ class Soak:
             # that waiting for compiles does not leave the failures behind.
             for t in self._threads:
                 t.join()
+        elif self._declared and not self.overlap:
+            # Nor do steps faster than a failure is made (a spare joining,
+            # a stopped host missed): the loop waits until the last failure
+            # was made and declared, so that failures keep to one every
+            # `every` steps and all of them fall inside the run.
+            if not self._declared[-1].wait(timeout=600):
+                print("  soak: the last failure was not made in 600 s",
+                      flush=True)
         kind = "SIGSTOP" if self.rng.random() < self.stop_share else "SIGKILL"
+        declared = threading.Event()
+        self._declared.append(declared)
         t = threading.Thread(target=self._fail,
                              args=(step, kind, self.rng.uniform(0, 0.05),
-                                   self.rng.random()))
+                                   self.rng.random(), declared))
         t.start()
         self._threads.append(t)
 
-    def _fail(self, step, kind, delay, pick):
+    def _fail(self, step, kind, delay, pick, declared):
+        try:
+            self._fail_once(step, kind, delay, pick)
+        finally:
+            declared.set()  # also when it ended early: the loop goes on
+
+    def _fail_once(self, step, kind, delay, pick):
         time.sleep(delay)  # a random moment of the step
         def in_slices(st):
             return {d["worker_id"] for sl in st.get("slices", [])
@@ -171,6 +192,10 @@ class Soak:
             if kind == "SIGSTOP":
                 os.kill(pid, signal.SIGCONT)  # fenced; rejoins as a fresh host
 
+    def kills_before(self, t):
+        """Whether a failure was made before wall time t."""
+        return bool(self.kills) and self.kills[0]["at"] < t
+
     def join(self):
         for t in self._threads:
             t.join()
@@ -181,9 +206,14 @@ def analyse(soak, log_text, steps, counters):
     down_at = {}   # worker id -> when the server declared it down
     unplanned = []  # workers declared down that the soak did not fail
     compiles = []  # (time, ms, host) of compiles on spares
+    loaded = []    # (time, ms, host) of executables loaded from a peer
     host_of = {}   # worker id -> host name
     took = {}      # lost worker id -> the spare worker id that took its place
     spare_loads = 0  # executables spares loaded from a live worker's bytes
+    loads = 0  # by any host (only hosts standing by load: spares, rejoined)
+    first = set()  # the workers the cluster started with (hosts + spare)
+    current = {}   # host name -> its latest registration's worker id
+    later_compiles = 0  # compiles by a host registered after those
     for line in log_text.splitlines():
         t = log_seconds(line, day)
         if t is None:
@@ -201,6 +231,9 @@ def analyse(soak, log_text, steps, counters):
                       line)
         if m:
             host_of[m.group(1)] = m.group(2)
+            current[m.group(2)] = m.group(1)
+            if len(first) < 4 and not soak.kills_before(t):
+                first.add(m.group(1))
         m = re.search(r"worker (\d+)'s \d+ slice\(s\) remapped onto spare "
                       r"worker (\d+)", line)
         if m:
@@ -209,9 +242,13 @@ def analyse(soak, log_text, steps, counters):
                       line)
         if m:
             compiles.append((t, int(m.group(2)), m.group(1)))
-        if re.search(r"\[worker spare\S*\] info XLA: loaded .* serialized "
-                     r"executable", line):
-            spare_loads += 1
+            later_compiles += current.get(m.group(1)) not in first
+        m = re.search(r"\[worker (\S+)\] info XLA: loaded .* serialized "
+                      r"executable .* in (\d+) ms", line)
+        if m:
+            loads += 1
+            spare_loads += m.group(1).startswith("spare")
+            loaded.append((t, int(m.group(2)), m.group(1)))
     failed = {str(k["worker"]) for k in soak.kills}
     unplanned = [w for w in unplanned if w not in failed]
     rows = []
@@ -227,19 +264,28 @@ def analyse(soak, log_text, steps, counters):
         # The time inside (kill, next step) in which it compiled: the union
         # of its compiles' spans (they can overlap), clipped to the window.
         end = nxt[0][1] if nxt else until
-        spans = sorted((max(t - ms / 1000, k["at"]), min(t, end))
-                       for t, ms, host in compiles
-                       if host == spare_host and k["at"] < t < until)
-        compile_ms, reach = 0.0, k["at"]
-        for a, b in spans:
-            a = max(a, reach)
-            if b > a:
-                compile_ms += (b - a) * 1000
-                reach = b
+
+        def busy_ms(events):
+            spans = sorted((max(t - ms / 1000, k["at"]), min(t, end))
+                           for t, ms, host in events
+                           if host == spare_host and k["at"] < t < until)
+            total_ms, reach = 0.0, k["at"]
+            for a, b in spans:
+                a = max(a, reach)
+                if b > a:
+                    total_ms += (b - a) * 1000
+                    reach = b
+            return total_ms
+
+        compile_ms = busy_ms(compiles)
+        # Likewise loading an executable from a peer: it joined so shortly
+        # before that it had not finished loading them.
+        load_ms = busy_ms(loaded)
         detect = down_at.get(str(k["worker"]), k["at"]) - k["at"]
         total = (nxt[0][1] - k["at"]) if nxt else None
         rows.append({**k, "detect_s": round(detect, 3),
                      "compile_s": round(compile_ms / 1000, 3),
+                     "load_s": round(load_ms / 1000, 3),
                      "to_next_step_s": None if total is None else round(total, 3)})
     recovered = [r for r in rows if r["to_next_step_s"] is not None]
     totals = [r["to_next_step_s"] for r in recovered]
@@ -263,9 +309,17 @@ def analyse(soak, log_text, steps, counters):
         "spare_executables_loaded": spare_loads,
         "spare_compiles": sum(host.startswith("spare")
                               for _, _, host in compiles),
+        # The same by any host that joined after the cluster started (new
+        # spares, and hosts that rejoined after a SIGSTOP: they stand by as
+        # spares do); the cluster's first hosts compile the job.
+        "executables_loaded": loads,
+        "compiles_by_later_hosts": later_compiles,
+        "load_median_s": statistics.median(
+            [r["load_s"] for r in rows] or [0]),
+        "loading_in_window": sum(r["load_s"] > 0 for r in rows),
         "rest_median_s": statistics.median(
             [r["to_next_step_s"] - r["detect_s"] - r["compile_s"]
-             for r in recovered] or [0]),
+             - r["load_s"] for r in recovered] or [0]),
         # Hosts declared down that the soak did not kill or stop (a busy
         # host taken for a dead one would be one).
         "unplanned_losses": [{"worker": w, "host": host_of.get(w, "?")}

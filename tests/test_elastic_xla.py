@@ -2,6 +2,9 @@
 takes their executables from a live worker (serialized, over the data
 plane) instead of compiling them, and a host lost afterwards recovers onto
 it without a compile: the call run again there uses the loaded executable.
+So does a spare there when the program is registered (it waits for a host
+of the slice to have compiled it), and a host that rejoins after it was
+declared down (it stands by, as a spare does).
 
 Real embedded clusters whose workers load the CPU PJRT plugin of the
 xla-cpu-pjrt wheel."""
@@ -27,6 +30,20 @@ def worker(st, worker_id):
     return next(w for w in st["workers"] if int(w["worker_id"]) == worker_id)
 
 
+def has_executable(w):
+    """Whether worker `w` (a status dict) has compiled or loaded any."""
+    return stat(w, "xla_compiles") + stat(w, "xla_serialized_loads") > 0
+
+
+def deep(x):
+    """A program whose compile takes a while (hundreds of ms on the CPU
+    plugin), so that a worker that compiled along with the slice's hosts
+    would not find it compiled there."""
+    for k in range(24):
+        x = jnp.tanh(x * (1.0 + k / 100.0)) + jnp.sin(x) * (k % 3)
+    return x
+
+
 def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compiling():
     with plexus.local(hosts=2, spare=1) as cluster:
         c = cluster.connect()
@@ -40,7 +57,7 @@ def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compili
         y = f(x)  # the hosts of the slice compiled it
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
 
-        # The spare there from the start compiled along with them. Lose it:
+        # The spare there from the start loaded it from them. Lose it:
         # the embedded cluster starts a new spare, which joins a cluster
         # whose program is compiled, and is loaded with it.
         st = cluster.status(fresh=True)
@@ -85,3 +102,78 @@ def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compili
         assert stat(took, "calls_executed") >= 2, took["stats"]
         assert stat(took, "xla_compiles") == 0, took["stats"]
         assert stat(took, "xla_serialized_loads") == 1, took["stats"]
+
+
+def test_a_spare_there_when_a_program_is_registered_loads_it_from_a_host():
+    with plexus.local(hosts=2, spare=1) as cluster:
+        st = cluster.wait_until(
+            lambda st: any(w["alive"] and w.get("spare")
+                           for w in st["workers"]),
+            timeout=WAIT_S, what="the spare")
+        spare_id = next(int(w["worker_id"]) for w in st["workers"]
+                        if w["alive"] and w.get("spare"))
+        c = cluster.connect()
+        s = c.slice(2)
+        f = plexus.jit(deep, s, in_shardings=plexus.split(0),
+                       out_shardings=plexus.split(0), name="deep")
+        data = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+        y = f(s.put(data, plexus.P("devices")))
+        np.testing.assert_allclose(np.asarray(y), np.asarray(deep(data)),
+                                   rtol=1e-5)
+        # Registered while the spare was there: it waited for a host of the
+        # slice to compile the program, and loaded that executable.
+        st = cluster.wait_until(
+            lambda st: has_executable(worker(st, spare_id)), timeout=WAIT_S,
+            what="the spare's executable")
+        spare = worker(st, spare_id)
+        assert stat(spare, "xla_serialized_loads") == 1, spare["stats"]
+        assert stat(spare, "xla_compiles") == 0, spare["stats"]
+
+
+def test_a_host_that_rejoins_after_it_was_declared_down_loads_the_jobs_executables():
+    with plexus.local(hosts=2, spare=1) as cluster:
+        c = cluster.connect()
+        s = c.slice(2)
+        f = plexus.jit(lambda x: jnp.tanh(x) * 2 + 1, s,
+                       in_shardings=plexus.split(0),
+                       out_shardings=plexus.split(0), name="scaled_tanh")
+        data = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+        want = np.tanh(data) * 2 + 1
+        y = f(s.put(data, plexus.P("devices")))
+        np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
+
+        # A host of the slice stops: declared down by missed heartbeats,
+        # its place taken by the spare. It wakes, is fenced, and rejoins
+        # as a fresh host (a new registration, not a spare): in no slice.
+        victim = s.devices[1]["host"]
+        st = cluster.status()
+        old = next(w for w in st["workers"]
+                   if w["alive"] and w["host_name"] == victim)
+        os.kill(int(old["pid"]), signal.SIGSTOP)
+        try:
+            cluster.wait_until(
+                lambda st: not worker(st, int(old["worker_id"]))["alive"],
+                timeout=WAIT_S, what=f"{victim} declared down")
+        finally:
+            os.kill(int(old["pid"]), signal.SIGCONT)
+
+        def rejoined(st):
+            return next((w for w in st["workers"]
+                         if w["alive"] and w["host_name"] == victim
+                         and w["worker_id"] != old["worker_id"]), None)
+
+        st = cluster.wait_until(lambda st: rejoined(st) is not None,
+                                timeout=WAIT_S, what=f"{victim} rejoining")
+        back_id = int(rejoined(st)["worker_id"])
+        assert not rejoined(st).get("spare")
+        # It stands by for the slice's island: loaded with the program and
+        # its executable taken from a live worker, nothing compiled.
+        st = cluster.wait_until(
+            lambda st: has_executable(worker(st, back_id)), timeout=WAIT_S,
+            what="the rejoined host's executable")
+        back = worker(st, back_id)
+        assert stat(back, "programs_loaded") == 1, back["stats"]
+        assert stat(back, "xla_serialized_loads") == 1, back["stats"]
+        assert stat(back, "xla_compiles") == 0, back["stats"]
+        np.testing.assert_allclose(np.asarray(f(y)),
+                                   np.tanh(want) * 2 + 1, rtol=1e-6)

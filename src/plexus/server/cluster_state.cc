@@ -180,11 +180,13 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
     for (const auto& island : def.xla().islands()) {
       targets.insert(island.workers().begin(), island.workers().end());
     }
-    // Spares compile it too: one that takes a lost host's place then
-    // runs the program at once (recovery costs no compile).
+    // Hosts standing by have it ahead too: one that takes a lost host's
+    // place then runs the program at once (recovery costs no compile).
+    std::set<int64_t> standing_by;
     for (const auto& [id, w] : workers_) {
-      if (w.alive && w.info.spare()) targets.insert(id);
+      if (StandsBy(w)) standing_by.insert(id);
     }
+    targets.insert(standing_by.begin(), standing_by.end());
     for (int64_t worker_id : targets) {
       auto w = workers_.find(worker_id);
       if (w == workers_.end() || !w->second.alive ||
@@ -193,6 +195,7 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
       }
       proto::WorkerOp load;
       load.mutable_load()->set_program_id(reg.program_id());
+      load.mutable_load()->set_stand_by(standing_by.count(worker_id) > 0);
       *load.mutable_load()->mutable_program() = def;
       (*ops)[worker_id].push_back(std::move(load));
     }

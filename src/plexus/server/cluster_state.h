@@ -169,9 +169,19 @@ class ClusterState {
 
   // --- workers
   WorkerRecord& AddWorker(const proto::RegisterWorker& info, absl::Time now);
-  // A spare that joined gets every XLA program of every client, to compile
-  // ahead (server/recovery.cc): the loads, marked loaded.
-  std::vector<proto::WorkerOp> LoadsForSpare(int64_t worker_id);
+  // Whether a host stands by: alive, in no slice, in a cluster that can
+  // recover (a spare has registered, or this one is one). LoseWorker takes
+  // such hosts for a lost host's place, so each is loaded with every XLA
+  // program of every client (LoadProgram.stand_by) and has its executables
+  // ahead: a spare as it joins, a host that rejoined after it was declared
+  // down, one whose slices were all released.
+  bool StandsBy(const WorkerRecord& w) const;
+  // The loads a standing-by host lacks (none for another host), marked
+  // loaded (server/recovery.cc).
+  std::vector<proto::WorkerOp> LoadsForStandby(int64_t worker_id);
+  // LoadsForStandby of every host, into `ops`: after hosts may have become
+  // idle (slices released, a client gone).
+  void LoadStandbys(WorkerOps* ops);
   WorkerRecord* FindWorker(int64_t id);
   const std::map<int64_t, WorkerRecord>& workers() const { return workers_; }
   // Marks the worker dead and every slice on it broken. Returns the ids of

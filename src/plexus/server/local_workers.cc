@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -19,6 +20,32 @@
 #include "plexus/common/process.h"
 
 namespace plexus {
+
+void RestartRateLimit::Expire(absl::Time now) const {
+  while (!admitted_.empty() && admitted_.front() <= now - window_) {
+    admitted_.pop_front();
+  }
+}
+
+bool RestartRateLimit::Admit(absl::Time now) {
+  Expire(now);
+  if (static_cast<int>(admitted_.size()) >= max_) return false;
+  admitted_.push_back(now);
+  return true;
+}
+
+int RestartRateLimit::InWindow(absl::Time now) const {
+  Expire(now);
+  return static_cast<int>(admitted_.size());
+}
+
+absl::Time RestartRateLimit::NextAdmission(absl::Time now) const {
+  Expire(now);
+  if (static_cast<int>(admitted_.size()) < max_) return now;
+  if (max_ <= 0) return absl::InfiniteFuture();
+  // The event that must leave the window for one more to fit.
+  return admitted_[admitted_.size() - max_] + window_;
+}
 
 absl::Status LocalWorkers::Start() {
   if (access(options_.worker_binary.c_str(), X_OK) != 0) {
@@ -94,7 +121,18 @@ std::vector<pid_t> LocalWorkers::pids() const {
 
 void LocalWorkers::Supervise() {
   while (true) {
-    std::vector<pid_t> pids = this->pids();
+    std::vector<pid_t> pids;
+    int timeout_ms = -1;  // no deferred replacement: until a worker exits
+    {
+      absl::MutexLock lock(&mu_);
+      pids = pids_;
+      if (!deferred_.empty()) {
+        const absl::Time now = absl::Now();
+        const absl::Duration wait = restart_limit_.NextAdmission(now) - now;
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(
+            absl::ToInt64Milliseconds(wait) + 1, 1, 3'600'000));
+      }
+    }
     std::vector<pollfd> fds;
     fds.push_back({stop_fd_, POLLIN, 0});
     std::vector<int> pidfds;
@@ -103,8 +141,9 @@ void LocalWorkers::Supervise() {
       pidfds.push_back(fd);
       if (fd >= 0) fds.push_back({fd, POLLIN, 0});
     }
-    // Sleeps until a worker exits or Stop() writes the eventfd.
-    const int ready = poll(fds.data(), fds.size(), -1);
+    // Sleeps until a worker exits, Stop() writes the eventfd, or the rate
+    // limit lets a deferred replacement go.
+    const int ready = poll(fds.data(), fds.size(), timeout_ms);
     for (int fd : pidfds) {
       if (fd >= 0) close(fd);
     }
@@ -117,34 +156,89 @@ void LocalWorkers::Supervise() {
       mu_.Await(absl::Condition(&stopped_));
       return;
     }
+    StartDeferredLocked();
     for (size_t i = 0; i < pids.size(); ++i) {
       int status = 0;
       if (waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
-      const std::string name = names_[i];
-      SPDLOG_WARN("worker {} (pid {}) {}", name, pids[i], DescribeExit(status));
-      if (restarts_ >= kMaxRestarts) {
-        SPDLOG_ERROR("not restarting it: {} workers restarted already",
-                     restarts_);
-        pids_.erase(pids_.begin() + i);
-        names_.erase(names_.begin() + i);
-        break;
-      }
-      const std::string spare_name =
-          absl::StrCat("spare", options_.spares + restarts_++);
-      absl::StatusOr<pid_t> pid = Spawn(spare_name, /*spare=*/true);
-      if (!pid.ok()) {
-        SPDLOG_ERROR("cannot start a spare in its place: {}",
-                     pid.status().ToString());
-        pids_.erase(pids_.begin() + i);
-        names_.erase(names_.begin() + i);
-        break;
-      }
-      SPDLOG_INFO("{} (pid {}) takes its place as a spare", spare_name, *pid);
-      pids_[i] = *pid;
-      names_[i] = spare_name;
+      // pids_ may have grown at its end since the copy, never shrunk.
+      SPDLOG_WARN("worker {} (pid {}) {}", names_[i], pids[i],
+                  DescribeExit(status));
+      ReplaceLocked(i);
       break;  // the lists changed: poll again
     }
   }
+}
+
+pid_t LocalWorkers::SpawnReplacementLocked(const std::string& replaces) {
+  const std::string spare_name =
+      absl::StrCat("spare", options_.spares + restarts_);
+  absl::StatusOr<pid_t> pid = Spawn(spare_name, /*spare=*/true);
+  if (!pid.ok()) {
+    SPDLOG_ERROR("cannot start a spare in the place of {}: {}", replaces,
+                 pid.status().ToString());
+    return 0;
+  }
+  restarts_++;
+  SPDLOG_INFO("{} (pid {}) takes the place of {} as a spare", spare_name, *pid,
+              replaces);
+  names_.push_back(spare_name);
+  pids_.push_back(*pid);
+  return *pid;
+}
+
+void LocalWorkers::ReplaceLocked(size_t slot) {
+  exits_++;
+  const std::string name = names_[slot];
+  pids_.erase(pids_.begin() + slot);
+  names_.erase(names_.begin() + slot);
+  const absl::Time now = absl::Now();
+  if (!restart_limit_.Admit(now)) {
+    deferred_.push_back(name);
+    SPDLOG_ERROR(
+        "not replacing worker {} yet: {} workers were replaced in the last "
+        "{} (the limit; a crash loop?); {} replacement(s) deferred, the "
+        "next at {}",
+        name, restart_limit_.InWindow(now),
+        absl::FormatDuration(restart_limit_.window()), deferred_.size(),
+        absl::FormatTime("%H:%M:%E3S", restart_limit_.NextAdmission(now),
+                         absl::UTCTimeZone()));
+    return;
+  }
+  const pid_t pid = SpawnReplacementLocked(name);
+  if (pid == 0) return;
+  // In the place of the one it replaces.
+  pids_.insert(pids_.begin() + slot, pids_.back());
+  pids_.pop_back();
+  names_.insert(names_.begin() + slot, names_.back());
+  names_.pop_back();
+}
+
+void LocalWorkers::StartDeferredLocked() {
+  while (!deferred_.empty() && restart_limit_.Admit(absl::Now())) {
+    const std::string name = std::move(deferred_.front());
+    deferred_.pop_front();
+    SpawnReplacementLocked(absl::StrCat(name, " (deferred by the rate limit; ",
+                                        deferred_.size(), " more deferred)"));
+  }
+}
+
+int LocalWorkers::restarts() const {
+  absl::MutexLock lock(&mu_);
+  return restarts_;
+}
+
+int LocalWorkers::deferred_restarts() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(deferred_.size());
+}
+
+bool LocalWorkers::AwaitSupervisor(int exits, int restarts,
+                                   absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return exits_ >= exits && restarts_ >= restarts;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
 }
 
 absl::Status LocalWorkers::Stop() {

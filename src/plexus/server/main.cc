@@ -171,6 +171,11 @@ int main(int argc, char** argv) {
                  "remapping the slices of a host that is lost; with spares, "
                  "a local worker that exits is replaced by a new spare")
       ->check(CLI::Range(0, 256));
+  app.add_option("--max-restarts-per-minute", local.restarts_per_window,
+                 "crash-loop guard of --spare-workers: at most this many "
+                 "exited local workers are replaced in any sliding minute; "
+                 "one more is replaced when the minute allows")
+      ->check(CLI::Range(1, 100000));
   app.add_option("--devices-per-host", local.devices_per_host,
                  "devices of each local worker")
       ->check(CLI::Range(1, 1024));

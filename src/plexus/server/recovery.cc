@@ -130,10 +130,14 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
   return loss;
 }
 
-std::vector<proto::WorkerOp> ClusterState::LoadsForSpare(int64_t worker_id) {
+bool ClusterState::StandsBy(const WorkerRecord& w) const {
+  return w.alive && w.slices_mapped == 0 && (spares_seen_ || w.info.spare());
+}
+
+std::vector<proto::WorkerOp> ClusterState::LoadsForStandby(int64_t worker_id) {
   std::vector<proto::WorkerOp> loads;
   WorkerRecord* w = FindWorker(worker_id);
-  if (w == nullptr || !w->info.spare()) return loads;
+  if (w == nullptr || !StandsBy(*w)) return loads;
   for (const auto& [cid, client] : clients_) {
     for (const auto& [pid, prog] : client.programs) {
       if (prog.def.kernel() != "xla" ||
@@ -142,10 +146,20 @@ std::vector<proto::WorkerOp> ClusterState::LoadsForSpare(int64_t worker_id) {
       }
       proto::WorkerOp& load = loads.emplace_back();
       load.mutable_load()->set_program_id(pid);
+      load.mutable_load()->set_stand_by(true);
       *load.mutable_load()->mutable_program() = prog.def;
     }
   }
   return loads;
+}
+
+void ClusterState::LoadStandbys(WorkerOps* ops) {
+  for (const auto& [id, w] : workers_) {
+    std::vector<proto::WorkerOp> loads = LoadsForStandby(id);
+    if (loads.empty()) continue;
+    auto& to = (*ops)[id];
+    for (auto& load : loads) to.push_back(std::move(load));
+  }
 }
 
 const proto::Call* ClusterState::Translated(const proto::Call& call,

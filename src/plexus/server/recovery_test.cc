@@ -4,6 +4,7 @@
 // recovery makes. Snapshots: recovery_snapshot_test.cc; the records on
 // their own: job_records_test.cc.
 #include <algorithm>
+#include <map>
 #include <set>
 #include <utility>
 #include <vector>
@@ -151,6 +152,102 @@ TEST_F(RecoveryTest, XlaProgramsNameTheSpareInPlaceOfTheLostHost) {
   ASSERT_EQ(islands.size(), 2);
   EXPECT_EQ(islands[0].workers(0), 1);
   EXPECT_EQ(islands[1].workers(0), spare_);
+}
+
+// An XLA program with an island on devices 0 and 1 of each of `workers`.
+proto::RegisterProgram XlaStep(uint64_t id, std::vector<int64_t> workers) {
+  proto::RegisterProgram reg;
+  reg.set_program_id(id);
+  reg.mutable_program()->set_name("step");
+  reg.mutable_program()->set_kernel("xla");
+  reg.mutable_program()->mutable_xla()->set_module("module");
+  for (int64_t w : workers) {
+    auto* island = reg.mutable_program()->mutable_xla()->add_islands();
+    island->add_devices(0);
+    island->add_devices(1);
+    island->add_workers(w);
+  }
+  return reg;
+}
+
+// The loads in `ops` for `worker`: program id -> stand_by.
+std::map<uint64_t, bool> LoadsOf(const WorkerOps& ops, int64_t worker) {
+  std::map<uint64_t, bool> loads;
+  auto it = ops.find(worker);
+  if (it == ops.end()) return loads;
+  for (const auto& op : it->second) {
+    if (op.has_load()) loads[op.load().program_id()] = op.load().stand_by();
+  }
+  return loads;
+}
+
+TEST_F(RecoveryTest, AProgramIsLoadedOntoItsHostsAndOntoTheSpareStandingBy) {
+  Spread4();
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RegisterProgram(client_, XlaStep(Id(1), {1, 2}), &ops).ok());
+  EXPECT_EQ(LoadsOf(ops, 1), (std::map<uint64_t, bool>{{Id(1), false}}));
+  EXPECT_EQ(LoadsOf(ops, 2), (std::map<uint64_t, bool>{{Id(1), false}}));
+  EXPECT_EQ(LoadsOf(ops, spare_), (std::map<uint64_t, bool>{{Id(1), true}}));
+  // Once it has taken a place it stands by no more.
+  EXPECT_TRUE(state_.StandsBy(state_.workers().at(spare_)));
+  state_.LoseWorker(2, "killed");
+  EXPECT_FALSE(state_.StandsBy(state_.workers().at(spare_)));
+}
+
+// A host declared down (SIGSTOP) that comes back registers as a fresh host,
+// not as a spare; in no slice, it can take the next lost host's place, so
+// it has the job's programs ahead as a spare does.
+TEST_F(RecoveryTest, AHostThatRejoinsAfterItWasDeclaredDownStandsBy) {
+  Spread4();
+  ASSERT_TRUE(state_.RegisterProgram(client_, XlaStep(Id(1), {1, 2})).ok());
+  state_.LoseWorker(2, "missed heartbeats");  // the spare takes its place
+  const int64_t back = state_.AddWorker(Host("host1", 2), absl::Now()).id;
+  EXPECT_TRUE(state_.StandsBy(state_.workers().at(back)));
+  std::vector<proto::WorkerOp> loads = state_.LoadsForStandby(back);
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].load().program_id(), Id(1));
+  EXPECT_TRUE(loads[0].load().stand_by());
+  // The program as it is now: its island names the spare, not host1's
+  // old registration.
+  EXPECT_EQ(loads[0].load().program().xla().islands(1).workers(0), spare_);
+  EXPECT_TRUE(state_.LoadsForStandby(back).empty());  // marked loaded
+  // And the next loss takes it.
+  WorkerLoss loss = state_.LoseWorker(1, "killed");
+  EXPECT_EQ(loss.spare, back);
+}
+
+TEST_F(RecoveryTest, AHostInASliceDoesNotStandBy) {
+  Spread4();
+  ASSERT_TRUE(state_.RegisterProgram(client_, XlaStep(Id(1), {1, 2})).ok());
+  EXPECT_FALSE(state_.StandsBy(state_.workers().at(1)));
+  EXPECT_TRUE(state_.LoadsForStandby(1).empty());
+}
+
+TEST_F(RecoveryTest, AHostWhoseSlicesAreReleasedStandsBy) {
+  SliceOn(2, "host0");
+  const uint64_t other = SliceOn(2, "host1").slice_id();
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RegisterProgram(client_, XlaStep(Id(1), {1}), &ops).ok());
+  EXPECT_TRUE(LoadsOf(ops, 2).empty());
+  ASSERT_TRUE(state_.ReleaseSlice(client_, other).ok());
+  WorkerOps standby;
+  state_.LoadStandbys(&standby);
+  EXPECT_EQ(LoadsOf(standby, 2), (std::map<uint64_t, bool>{{Id(1), true}}));
+  EXPECT_TRUE(LoadsOf(standby, 1).empty());
+  EXPECT_TRUE(LoadsOf(standby, spare_).empty());  // it has it already
+}
+
+TEST_F(RecoveryWithoutSpareTest, InAClusterNeverGivenASpareNoHostStandsBy) {
+  proto::SliceInfo s = Slice(2, proto::PLACEMENT_ONE_HOST);
+  const int64_t used = s.devices(0).worker_id();
+  const int64_t free_host = used == 1 ? 2 : 1;
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RegisterProgram(client_, XlaStep(Id(1), {used}), &ops).ok());
+  EXPECT_TRUE(LoadsOf(ops, free_host).empty());
+  EXPECT_FALSE(state_.StandsBy(state_.workers().at(free_host)));
+  EXPECT_TRUE(state_.LoadsForStandby(free_host).empty());
 }
 
 TEST_F(RecoveryTest, AReplicatedValueIsCopiedFromASurvivingShard) {

@@ -266,8 +266,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
         if (other.alive) queue->Push(PeerOp(other));
       }
       scheduler_.Broadcast(PeerOp(w));
-      // A spare compiles every XLA program ahead, to take a place at once.
-      for (proto::WorkerOp& load : state_.LoadsForSpare(id)) {
+      // A spare, or a host that rejoins, has every XLA program's
+      // executables ahead, to take a place at once.
+      for (proto::WorkerOp& load : state_.LoadsForStandby(id)) {
         queue->Push(std::move(load));
       }
       scheduler_.AddWorker(id, std::move(queue));
@@ -431,6 +432,12 @@ class ServerImpl : public Server, public proto::Controller::Service {
       proto::WorkerOp gone;
       gone.mutable_client_gone()->set_client_id(id);
       for (int64_t w : touched) scheduler_.Send(w, gone);
+      // Hosts its slices leave idle stand by for the other clients' work.
+      WorkerOps loads;
+      state_.LoadStandbys(&loads);
+      for (auto& [w, ops] : loads) {
+        for (proto::WorkerOp& load : ops) scheduler_.Send(w, std::move(load));
+      }
       queue = std::move(client_queues_[id]);
       client_queues_.erase(id);
       client_contexts_.erase(id);
@@ -523,6 +530,7 @@ class ServerImpl : public Server, public proto::Controller::Service {
         case proto::ClientOp::kSliceRelease:
           if (state_.ReleaseSlice(id, op.slice_release()).ok()) {
             released_slice = true;
+            state_.LoadStandbys(&ops);  // hosts it leaves idle stand by
           }
           break;
         case proto::ClientOp::kProgram: {

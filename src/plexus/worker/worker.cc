@@ -620,7 +620,7 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
       programs_loaded_ = static_cast<int64_t>(programs_.size());
       // Complete now, and never modified again: the compiler thread may
       // read it from here on.
-      if (loaded->xla) CompileAhead(std::move(loaded));
+      if (loaded->xla) CompileAhead(std::move(loaded), op.load().stand_by());
       break;
     }
     case proto::WorkerOp::kExecute:

@@ -214,7 +214,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // serialized bytes of a worker the program names for an island of that
   // content (a live worker, for a spare), checked to be that content's and
   // to run on the island's devices; null where none does (the caller
-  // compiles).
+  // compiles). Waits, at most kAwaitPeerCompile, for live peers that do not
+  // have it yet (compiling it): a host standing by when a program is
+  // registered loads it once a worker of its island has compiled it.
+  // Returns null at once when the worker stops.
   std::shared_ptr<const xla::PjrtExecutable> LoadFromPeers(
       const LoadedProgram& program, const std::string& module,
       const proto::XlaIsland& island);
@@ -223,10 +226,13 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   absl::StatusOr<std::shared_ptr<Storage>> FetchExecutable(
       int64_t peer, uint64_t fingerprint);
   static constexpr absl::Duration kFetchExecutableTimeout = absl::Seconds(2);
+  static constexpr absl::Duration kAwaitPeerCompile = absl::Seconds(30);
   // Ahead-of-time compiles (xla_task.cc): an XLA program loaded before its
   // first call compiles its islands on this worker on the compiler thread,
-  // off the device threads; a call that comes first waits for it.
-  void CompileAhead(std::shared_ptr<LoadedProgram> program);
+  // off the device threads; a call that comes first waits for it. Its own
+  // islands, or, `stand_by` (the server's LoadProgram.stand_by: this host
+  // may take a lost host's place), every island that fits its devices.
+  void CompileAhead(std::shared_ptr<LoadedProgram> program, bool stand_by);
   // Runs at kCompileNice above the worker's nice value.
   void CompilerLoop();
   static constexpr int kCompileNice = 5;

@@ -115,40 +115,86 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
   const std::string where =
       absl::StrCat("program '", program.name, "' on devices [",
                    absl::StrJoin(devices, ", "), "]");
-  for (int64_t peer : peers) {
-    absl::StatusOr<std::shared_ptr<Storage>> bytes =
-        FetchExecutable(peer, fingerprint);
-    if (!bytes.ok()) {
-      SPDLOG_INFO("{}: no serialized executable from worker {} ({})", where,
-                  peer, bytes.status().ToString());
-      continue;
+  // A peer that does not have it yet (compiling it, or not yet loaded
+  // with the program: a host standing by is loaded with a program as its
+  // island's workers are) is asked again, at growing intervals, for at
+  // most kAwaitPeerCompile: loading once one has compiled costs
+  // milliseconds, where compiling along with them costs seconds on the
+  // same CPUs. A peer declared down is not waited for.
+  const absl::Time started = absl::Now();
+  absl::Duration backoff = absl::Milliseconds(20);
+  std::set<int64_t> heard;  // peers whose first refusal was logged
+  bool waited = false;      // for a peer to compile it
+  while (true) {
+    std::vector<int64_t> pending;
+    for (int64_t peer : peers) {
+      absl::StatusOr<std::shared_ptr<Storage>> bytes =
+          FetchExecutable(peer, fingerprint);
+      if (!bytes.ok()) {
+        const bool may_come = absl::IsUnavailable(bytes.status()) ||
+                              absl::IsNotFound(bytes.status());
+        bool down;
+        {
+          absl::MutexLock lock(&peers_mu_);
+          down = peers_down_.contains(peer);
+        }
+        if (may_come && !down) pending.push_back(peer);
+        if (heard.insert(peer).second) {
+          SPDLOG_INFO("{}: no serialized executable from worker {} ({})", where,
+                      peer, bytes.status().ToString());
+        }
+        continue;
+      }
+      proto::XlaSerializedExecutable got;
+      if (!got.ParseFromArray((*bytes)->data(),
+                              static_cast<int>((*bytes)->size())) ||
+          got.module() != module ||
+          got.compile_options() != island.compile_options()) {
+        SPDLOG_WARN("{}: worker {} sent the executable of other content", where,
+                    peer);
+        continue;
+      }
+      xla::XlaExecutor::Serialized serialized;
+      serialized.module = std::move(*got.mutable_module());
+      serialized.compile_options = std::move(*got.mutable_compile_options());
+      serialized.executable = std::move(*got.mutable_executable());
+      auto exe = xla_->GetOrLoad(serialized, devices);
+      if (exe.ok()) {
+        SPDLOG_INFO(
+            "{}: executable loaded from worker {}, not compiled{}", where, peer,
+            waited ? absl::StrCat(" (after waiting ",
+                                  absl::FormatDuration(absl::Now() - started),
+                                  " for it to be compiled there)")
+                   : "");
+        return *exe;
+      }
+      SPDLOG_WARN(
+          "{}: the executable serialized by worker {} does not load "
+          "here, compiling it: {}",
+          where, peer, exe.status().ToString());
+      return nullptr;
     }
-    proto::XlaSerializedExecutable got;
-    if (!got.ParseFromArray((*bytes)->data(),
-                            static_cast<int>((*bytes)->size())) ||
-        got.module() != module ||
-        got.compile_options() != island.compile_options()) {
-      SPDLOG_WARN("{}: worker {} sent the executable of other content", where,
-                  peer);
-      continue;
+    if (pending.empty()) return nullptr;
+    if (absl::Now() + backoff - started > kAwaitPeerCompile) {
+      SPDLOG_INFO("{}: no worker had it compiled within {}, compiling it",
+                  where, absl::FormatDuration(kAwaitPeerCompile));
+      return nullptr;
     }
-    xla::XlaExecutor::Serialized serialized;
-    serialized.module = std::move(*got.mutable_module());
-    serialized.compile_options = std::move(*got.mutable_compile_options());
-    serialized.executable = std::move(*got.mutable_executable());
-    auto exe = xla_->GetOrLoad(serialized, devices);
-    if (exe.ok()) {
-      SPDLOG_INFO("{}: executable loaded from worker {}, not compiled", where,
-                  peer);
-      return *exe;
+    if (backoff == absl::Milliseconds(20)) {
+      SPDLOG_INFO("{}: waiting for worker(s) {} to compile it", where,
+                  absl::StrJoin(pending, ", "));
     }
-    SPDLOG_WARN(
-        "{}: the executable serialized by worker {} does not load "
-        "here, compiling it: {}",
-        where, peer, exe.status().ToString());
-    return nullptr;
+    {
+      // Ends at once when the worker stops.
+      absl::MutexLock lock(&compile_mu_);
+      if (compile_mu_.AwaitWithTimeout(absl::Condition(&compile_stop_),
+                                       backoff)) {
+        return nullptr;
+      }
+    }
+    waited = true;
+    backoff = std::min(2 * backoff, absl::Milliseconds(500));
   }
-  return nullptr;
 }
 
 absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::FetchExecutable(
@@ -213,10 +259,11 @@ absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::SerializedExecutable(
   return std::shared_ptr<const Storage>(*std::move(bytes));
 }
 
-void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {
+void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program,
+                              bool stand_by) {
   absl::MutexLock lock(&compile_mu_);
-  // Its own islands; a spare compiles every island that fits its devices,
-  // so that taking a lost host's place costs no compile.
+  // Its own islands; a host standing by has every island that fits its
+  // devices, so that taking a lost host's place costs no compile.
   std::set<std::vector<int>> queued;
   const int num_devices = static_cast<int>(devices_.size());
   for (const auto& island : program->xla->islands()) {
@@ -225,7 +272,7 @@ void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program) {
     for (int64_t w : island.workers()) mine |= w == worker_id_.load();
     const bool fits = std::all_of(devices.begin(), devices.end(),
                                   [&](int d) { return d < num_devices; });
-    if (!(mine || (options_.spare && fits)) || !queued.insert(devices).second) {
+    if (!(mine || (stand_by && fits)) || !queued.insert(devices).second) {
       continue;
     }
     compile_queue_.emplace_back(program, std::move(devices));
