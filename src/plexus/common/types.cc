@@ -595,6 +595,7 @@ absl::StatusOr<TensorSpec> FromProto(const proto::TensorSpec& p) {
   }
   TensorSpec spec;
   spec.dtype = static_cast<DType>(p.dtype());
+  spec.shape.reserve(p.shape_size());
   for (int64_t d : p.shape()) {
     if (d < 0) {
       return absl::InvalidArgumentError(
@@ -662,7 +663,7 @@ absl::StatusOr<ArgSpec> FromProto(const proto::ArgDef& p) {
   ArgSpec arg;
   auto spec = FromProto(p.global());
   if (!spec.ok()) return spec.status();
-  arg.global = *spec;
+  arg.global = *std::move(spec);
   arg.sharding = FromProto(p.sharding());
   if (absl::Status s = ValidateSharding(arg.sharding, arg.global.shape.size());
       !s.ok()) {

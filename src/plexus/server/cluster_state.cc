@@ -340,12 +340,13 @@ void ClusterState::RouteRelease(uint64_t client_id,
     }
   }
   if (ClientRecord* client = FindClient(client_id)) ForgetBuffer(*client, id);
-  if (records_.FindBuffer(id) == nullptr) {  // never recorded
+  // Held back while a call holds it (it may have to run again).
+  bool recorded = false;
+  records_.Release(id, &recorded);
+  if (!recorded) {
     ReleaseOps(id, release.slice_id(), ops);
     return;
   }
-  // Held back while a call holds it (it may have to run again).
-  records_.Release(id);
   DrainReleases(ops);
 }
 

@@ -317,10 +317,11 @@ class ClusterState {
     records_.DrainDue(
         [&](uint64_t id, uint64_t slice) { ReleaseOps(id, slice, ops); });
   }
-  // The call with its inputs named by their current ids (aliases_), or
-  // nullptr if none changed.
+  // The call with its inputs named by their current ids (aliases_), made
+  // in `storage`, or nullptr if none changed (then `storage` stays empty:
+  // no message is built on the dispatch path).
   const proto::Call* Translated(const proto::Call& call,
-                                proto::Call* storage) const;
+                                std::optional<proto::Call>* storage) const;
   // A new id in the client's namespace, made by the server (recovery).
   uint64_t ServerMadeId(uint64_t client_id) {
     return (client_id << kServerIdShift) |

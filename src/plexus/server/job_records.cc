@@ -39,68 +39,111 @@ CallRecord CallRecord::FromCall(uint64_t client_id, const proto::Call& call) {
 
 // --- CallTable
 
+CallTable::Slot& CallTable::PushBack() {
+  if (count_ == ring_.size()) {
+    std::vector<Slot> bigger(ring_.empty() ? 16 : 2 * ring_.size());
+    for (size_t i = 0; i < count_; ++i) bigger[i] = std::move(At(i));
+    ring_ = std::move(bigger);
+    head_ = 0;
+  }
+  return At(count_++);
+}
+
+void CallTable::Clear(Slot& slot) {
+  slot.live = false;
+  // Without building an empty record to assign (this is the hot path).
+  slot.record.inputs.clear();
+  slot.record.output_ids.clear();
+}
+
 CallRecord& CallTable::Add(uint64_t seq, CallRecord&& record) {
-  if (slots_.empty() || seq > slots_.back().seq) {
+  if (count_ == 0 || seq > At(count_ - 1).seq) {
+    Slot& slot = PushBack();
+    slot.seq = seq;
+    slot.live = true;
+    slot.record = std::move(record);
     live_++;
-    return slots_.emplace_back(Slot{seq, true, std::move(record)}).record;
+    return slot.record;
   }
   // Out of order (not the server's way): in its place.
-  auto it = std::lower_bound(
-      slots_.begin(), slots_.end(), seq,
-      [](const Slot& slot, uint64_t s) { return slot.seq < s; });
-  if (it == slots_.end() || it->seq != seq) {
-    it = slots_.insert(it, Slot{});
-    it->seq = seq;
+  size_t i = LowerBound(seq);
+  if (i == count_ || At(i).seq != seq) {
+    PushBack();  // the slots from i on move one back
+    for (size_t k = count_ - 1; k > i; --k) At(k) = std::move(At(k - 1));
+    Slot& slot = At(i);
+    slot.seq = seq;
+    slot.live = false;
   }
-  if (!it->live) live_++;
-  it->live = true;
-  it->record = std::move(record);
-  return it->record;
+  Slot& slot = At(i);
+  if (!slot.live) live_++;
+  slot.live = true;
+  slot.record = std::move(record);
+  return slot.record;
+}
+
+size_t CallTable::LowerBound(uint64_t seq) const {
+  size_t lo = 0, hi = count_;
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (At(mid).seq < seq) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
 }
 
 size_t CallTable::IndexOf(uint64_t seq) const {
-  if (slots_.empty() || seq < slots_.front().seq) return kNone;
+  if (count_ == 0 || seq < At(0).seq) return kNone;
   // Its place if no seq was skipped and nothing compacted since the front.
-  const uint64_t guess = seq - slots_.front().seq;
+  const uint64_t guess = seq - At(0).seq;
   size_t i;
-  if (guess < slots_.size() && slots_[guess].seq == seq) {
+  if (guess < count_ && At(guess).seq == seq) {
     i = guess;
   } else {
-    auto it = std::lower_bound(
-        slots_.begin(), slots_.end(), seq,
-        [](const Slot& slot, uint64_t s) { return slot.seq < s; });
-    if (it == slots_.end() || it->seq != seq) return kNone;
-    i = static_cast<size_t>(it - slots_.begin());
+    i = LowerBound(seq);
+    if (i == count_ || At(i).seq != seq) return kNone;
   }
-  return slots_[i].live ? i : kNone;
+  return At(i).live ? i : kNone;
 }
 
 CallRecord* CallTable::Find(uint64_t seq) {
   const size_t i = IndexOf(seq);
-  return i == kNone ? nullptr : &slots_[i].record;
+  return i == kNone ? nullptr : &At(i).record;
 }
 
 const CallRecord* CallTable::Find(uint64_t seq) const {
   const size_t i = IndexOf(seq);
-  return i == kNone ? nullptr : &slots_[i].record;
+  return i == kNone ? nullptr : &At(i).record;
 }
 
 bool CallTable::Erase(uint64_t seq) {
   const size_t i = IndexOf(seq);
   if (i == kNone) return false;
-  slots_[i].live = false;
-  slots_[i].record = CallRecord{};  // its memory goes now
+  Clear(At(i));
   live_--;
   Trim();
   return true;
 }
 
 void CallTable::Trim() {
-  while (!slots_.empty() && !slots_.front().live) slots_.pop_front();
-  if (slots_.size() - live_ <= live_ + kSlack) return;
-  slots_.erase(std::remove_if(slots_.begin(), slots_.end(),
-                              [](const Slot& slot) { return !slot.live; }),
-               slots_.end());
+  while (count_ > 0 && !At(0).live) {
+    head_ = (head_ + 1) & (ring_.size() - 1);
+    count_--;
+  }
+  if (count_ == 0) head_ = 0;
+  if (count_ - live_ <= live_ + kSlack) return;
+  size_t kept = 0;
+  for (size_t i = 0; i < count_; ++i) {
+    if (!At(i).live) continue;
+    if (kept != i) {
+      At(kept) = std::move(At(i));
+      Clear(At(i));
+    }
+    kept++;
+  }
+  count_ = kept;
 }
 
 // --- JobRecords
@@ -244,8 +287,9 @@ void JobRecords::Drop(uint64_t seq) {
   }
 }
 
-bool JobRecords::Release(uint64_t buffer_id) {
+bool JobRecords::Release(uint64_t buffer_id, bool* recorded) {
   auto it = buffers_.find(buffer_id);
+  if (recorded != nullptr) *recorded = it != buffers_.end();
   if (it == buffers_.end()) return true;
   if (it->second.readers > 0) {
     it->second.released = true;

@@ -24,7 +24,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -70,13 +69,15 @@ struct CallRecord {
 
 // Call records by sequence number. Seqs come in increasing order, and
 // records mostly go in about that order (a call's record goes once it is
-// done and its outputs are released): a deque in seq order, with holes
-// where records went, trimmed from the front, and compacted when the holes
-// outnumber the records by more than a few (a long-lived record, such as
-// the producer of a value kept all run, holds the front). Finding a record
-// looks at its place (its distance from the front) and, if something was
-// compacted or skipped, searches. Adding in seq order keeps pointers to
-// records valid; erasing (or adding out of order) may move every record.
+// done and its outputs are released): a ring of slots in seq order, with
+// holes where records went, trimmed from the front, and compacted when the
+// holes outnumber the records by more than a few (a long-lived record, such
+// as the producer of a value kept all run, holds the front). Finding a
+// record looks at its place (its distance from the front) and, if something
+// was compacted or skipped, searches. The ring's slots are reused: adding
+// and erasing in seq order allocates nothing once it has room for the
+// records in flight (this is the dispatch path). Pointers to records stay
+// valid until the next Add or Erase (either may move every record).
 class CallTable {
  private:
   struct Slot {
@@ -89,14 +90,14 @@ class CallTable {
   // In seq order, skipping holes; each element reads as (seq, record).
   template <bool kConst>
   class Iterator {
-    using Slots =
-        std::conditional_t<kConst, const std::deque<Slot>, std::deque<Slot>>;
+    using Table = std::conditional_t<kConst, const CallTable, CallTable>;
     using Record = std::conditional_t<kConst, const CallRecord, CallRecord>;
 
    public:
-    Iterator(Slots* slots, size_t i) : slots_(slots), i_(i) { Skip(); }
+    Iterator(Table* table, size_t i) : table_(table), i_(i) { Skip(); }
     std::pair<uint64_t, Record&> operator*() const {
-      return {(*slots_)[i_].seq, (*slots_)[i_].record};
+      auto& slot = table_->At(i_);
+      return {slot.seq, slot.record};
     }
     Iterator& operator++() {
       ++i_;
@@ -108,9 +109,9 @@ class CallTable {
 
    private:
     void Skip() {
-      while (i_ < slots_->size() && !(*slots_)[i_].live) ++i_;
+      while (i_ < table_->count_ && !table_->At(i_).live) ++i_;
     }
-    Slots* slots_;
+    Table* table_;
     size_t i_;
   };
   using iterator = Iterator<false>;
@@ -128,32 +129,47 @@ class CallTable {
   void EraseIf(Pred pred);
   size_t size() const { return live_; }
   bool empty() const { return live_ == 0; }
-  iterator begin() { return iterator(&slots_, 0); }
-  iterator end() { return iterator(&slots_, slots_.size()); }
-  const_iterator begin() const { return const_iterator(&slots_, 0); }
-  const_iterator end() const { return const_iterator(&slots_, slots_.size()); }
+  iterator begin() { return iterator(this, 0); }
+  iterator end() { return iterator(this, count_); }
+  const_iterator begin() const { return const_iterator(this, 0); }
+  const_iterator end() const { return const_iterator(this, count_); }
   // Slots held, holes included (tests: the bound on memory).
-  size_t slots() const { return slots_.size(); }
+  size_t slots() const { return count_; }
 
  private:
   static constexpr size_t kNone = ~size_t{0};
   // Holes beyond the records' number that a compaction waits for.
   static constexpr size_t kSlack = 64;
+  // Slot `i` from the front (i < count_).
+  Slot& At(size_t i) { return ring_[(head_ + i) & (ring_.size() - 1)]; }
+  const Slot& At(size_t i) const {
+    return ring_[(head_ + i) & (ring_.size() - 1)];
+  }
+  // The first slot whose seq is not below `seq` (count_ if none).
+  size_t LowerBound(uint64_t seq) const;
   size_t IndexOf(uint64_t seq) const;  // of a live record, or kNone
+  // One slot more at the back (the ring doubles when full).
+  Slot& PushBack();
+  // Empties slot `i` (a hole): the record's memory goes now.
+  void Clear(Slot& slot);
   // Drops holes at the front, and every hole once they outnumber the
   // records by more than kSlack.
   void Trim();
 
-  std::deque<Slot> slots_;  // seq order; the first is live
+  // Slots in seq order from ring_[head_], count_ of them; the first is
+  // live. ring_.size() is 0 or a power of two.
+  std::vector<Slot> ring_;
+  size_t head_ = 0;
+  size_t count_ = 0;
   size_t live_ = 0;
 };
 
 template <typename Pred>
 void CallTable::EraseIf(Pred pred) {
-  for (Slot& slot : slots_) {
+  for (size_t i = 0; i < count_; ++i) {
+    Slot& slot = At(i);
     if (slot.live && pred(slot.seq, slot.record)) {
-      slot.live = false;
-      slot.record = CallRecord{};
+      Clear(slot);
       live_--;
     }
   }
@@ -191,8 +207,9 @@ class JobRecords {
   // and run again).
   void CallDone(uint64_t seq, bool failed = false);
   // The client released the buffer: it goes now (TakeDue has it), or when
-  // the last call holding it lets go. False if it is held back.
-  bool Release(uint64_t buffer_id);
+  // the last call holding it lets go. False if it is held back. True, and
+  // `*recorded` false, for a buffer that has no record.
+  bool Release(uint64_t buffer_id, bool* recorded = nullptr);
   // The buffer has a snapshot: its producer need not hold its inputs for it.
   void Snapshotted(uint64_t buffer_id);
   // The call will not run as recorded (it runs again under another seq, or

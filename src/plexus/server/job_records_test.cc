@@ -49,13 +49,28 @@ TEST(CallTableTest, RecordsAreFoundAndIteratedInSeqOrderWhateverOrderTheyGo) {
   EXPECT_EQ(table.slots(), 0u);
 }
 
-TEST(CallTableTest, AddingKeepsPointersToRecords) {
+// The ring wraps around (records go from the front as they are added),
+// grows while wrapped, and compacts: every record is found where it is.
+TEST(CallTableTest, RecordsAreFoundAsTheRingWrapsGrowsAndCompacts) {
   CallTable table;
-  CallRecord* first = &table.Add(1);
-  first->call_id = 7;
-  for (uint64_t seq = 2; seq < 5000; ++seq) table.Add(seq);
-  EXPECT_EQ(table.Find(1), first);
-  EXPECT_EQ(first->call_id, 7u);
+  std::vector<uint64_t> live;
+  for (uint64_t seq = 1; seq <= 1000; ++seq) {
+    table.Add(seq).call_id = 100 + seq;
+    if (seq > 10 && seq <= 300) ASSERT_TRUE(table.Erase(seq - 10));
+    // 291..300 stay (they hold the front); 100 in flight after 400.
+    if (seq > 400) ASSERT_TRUE(table.Erase(seq - 100));
+  }
+  for (uint64_t seq = 291; seq <= 300; ++seq) live.push_back(seq);
+  for (uint64_t seq = 901; seq <= 1000; ++seq) live.push_back(seq);
+  EXPECT_EQ(Seqs(table), live);
+  EXPECT_EQ(table.size(), live.size());
+  for (uint64_t seq : live) {
+    ASSERT_NE(table.Find(seq), nullptr) << seq;
+    EXPECT_EQ(table.Find(seq)->call_id, 100 + seq);
+  }
+  EXPECT_EQ(table.Find(301), nullptr);
+  EXPECT_EQ(table.Find(900), nullptr);
+  EXPECT_LE(table.slots(), 2 * table.size() + 64 + 1);
 }
 
 // A record that lives all run (the producer of a value kept throughout)

@@ -162,18 +162,16 @@ void ClusterState::LoadStandbys(WorkerOps* ops) {
   }
 }
 
-const proto::Call* ClusterState::Translated(const proto::Call& call,
-                                            proto::Call* storage) const {
+const proto::Call* ClusterState::Translated(
+    const proto::Call& call, std::optional<proto::Call>* storage) const {
   if (aliases_.empty()) return nullptr;
-  bool any = false;
   for (int i = 0; i < call.inputs_size(); ++i) {
     auto it = aliases_.find(call.inputs(i).buffer_id());
     if (it == aliases_.end()) continue;
-    if (!any) *storage = call;
-    any = true;
-    storage->mutable_inputs(i)->set_buffer_id(it->second);
+    if (!storage->has_value()) storage->emplace(call);
+    (*storage)->mutable_inputs(i)->set_buffer_id(it->second);
   }
-  return any ? storage : nullptr;
+  return storage->has_value() ? &**storage : nullptr;
 }
 
 std::map<uint64_t, std::vector<uint64_t>> ClusterState::TakeReleasedPuts() {

@@ -1,6 +1,8 @@
 // ClusterState::RouteCall: one call into the ops of the workers involved.
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <optional>
 #include <tuple>
 #include <utility>
 
@@ -87,7 +89,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
                                      const proto::Call& call_as_sent,
                                      WorkerOps* ops, uint64_t* seq) {
   // Inputs that recovery gave new ids are read under those.
-  proto::Call translated;
+  std::optional<proto::Call> translated;
   const proto::Call* t = Translated(call_as_sent, &translated);
   const proto::Call& call = t != nullptr ? *t : call_as_sent;
   ClientRecord* client = FindClient(client_id);
@@ -125,10 +127,13 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     }
   }
 
-  std::vector<proto::ShardTask> tasks(n);
+  // Each shard's task, handed to its Execute as it is (no copy, no move).
+  absl::InlinedVector<std::unique_ptr<proto::ShardTask>, 8> tasks;
+  tasks.reserve(n);
   for (int j = 0; j < n; ++j) {
-    tasks[j].set_device(slice.devices[j].device);
-    tasks[j].set_shard(j);
+    tasks.push_back(std::make_unique<proto::ShardTask>());
+    tasks[j]->set_device(slice.devices[j].device);
+    tasks[j]->set_shard(j);
   }
   std::map<TransferKey, uint64_t> transfers;
   WorkerOps staged;  // transfers and expects: only kept if the call routes
@@ -231,7 +236,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         !prog.donated.empty() && MayDonate(prog, call, i, same_layout);
     for (int j = 0; j < n; ++j) {
       const DeviceRef& dst = slice.devices[j];
-      proto::InputBinding* binding = tasks[j].add_inputs();
+      proto::InputBinding* binding = tasks[j]->add_inputs();
       *binding->mutable_local() = ToProto(*local_c);
       if (donate) binding->set_donate(true);
       binding->set_axis(arg->sharding.is_split() ? arg->sharding.axis : 0);
@@ -341,9 +346,9 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     exec->set_client_id(client_id);
     for (uint64_t id : call.output_ids()) exec->add_output_ids(id);
     for (int j = 0; j < n; ++j) {
-      // Each task runs on one worker: moved, not copied.
+      // Each task runs on one worker: handed over, not copied.
       if (slice.devices[j].worker_id == w) {
-        *exec->add_tasks() = std::move(tasks[j]);
+        exec->mutable_tasks()->AddAllocated(tasks[j].release());
       }
     }
     if (prog.collective) {
