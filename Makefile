@@ -12,7 +12,7 @@ export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: all setup build test lint test-cpp test-python test-install demo bench install clean \
   test-tsa test-asan \
-  fuzz-build fuzz-corpus fuzz-smoke
+  fuzz-build fuzz-corpus fuzz-smoke test-jax-next
 
 all: build
 
@@ -21,7 +21,8 @@ setup:
 
 $(BUILD)/build.ninja: CMakeLists.txt
 	@echo "[build] configuring $(BUILD)/"
-	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON))
+	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) \
+	  $$(test -x $(JAX_NEXT_PY) && echo -DPLEXUS_PYTHON_NEXT=$(JAX_NEXT_PY))
 
 build: setup $(BUILD)/build.ninja
 	@echo "[build] compiling (ccache: $$(command -v ccache >/dev/null && echo on || echo off))"
@@ -30,7 +31,8 @@ build: setup $(BUILD)/build.ninja
 # The stages of `make test`, in order. Each prints its wall time; the first
 # that fails ends the run. The checked builds (test-tsa, test-asan) are in
 # docs/RELIABILITY.md, "Sanitizer stages", with what each costs.
-TEST_STAGES := build lint test-cpp test-python test-tsa test-asan fuzz-smoke
+TEST_STAGES := build lint test-cpp test-python test-jax-next test-tsa test-asan \
+  fuzz-smoke
 
 test:
 	@times=""; for stage in $(TEST_STAGES); do \
@@ -62,6 +64,22 @@ test-cpp:
 test-python:
 	@echo "[test] integration tests: real server and worker processes on loopback"
 	$(PYTHON) -m pytest -q tests --ignore=tests/gpu
+
+# plexus.jit's tests on the next jax (0.11.0, Python 3.12: the venv
+# scripts/setup.sh makes, and plexus._core built for it, PLEXUS_PYTHON_NEXT).
+JAX_NEXT_PY := $(CURDIR)/.venv-jax-next/bin/python
+JAX_NEXT_TESTS := tests/test_jax_api.py tests/test_donation.py \
+  tests/test_stablehlo_version.py tests/test_xla.py tests/test_xla_training.py \
+  tests/test_mesh_training.py tests/test_pipeline_optimizer.py \
+  tests/test_calls.py tests/test_reconnect.py tests/test_elastic_xla.py
+test-jax-next:
+	@if [ ! -x $(JAX_NEXT_PY) ]; then \
+	  echo "[test] jax-next skipped: no .venv-jax-next (scripts/setup.sh makes it where a Python 3.12 exists)"; \
+	  case "$$CI" in [Tt]rue|TRUE|1|[Yy]es) exit 1;; esac; exit 0; fi
+	@cd python && $(JAX_NEXT_PY) -c "import plexus._core" 2>/dev/null || { \
+	  echo "[test] jax-next: plexus._core is not built for $(JAX_NEXT_PY): reconfigure $(BUILD)/ (rm $(BUILD)/build.ninja; make build)"; exit 1; }
+	@echo "[test] plexus.jit on jax $$($(JAX_NEXT_PY) -c 'import jax; print(jax.__version__)') ($(JAX_NEXT_PY))"
+	PYTHONPATH=$(CURDIR)/python $(JAX_NEXT_PY) -m pytest -q $(JAX_NEXT_TESTS)
 
 # --- Checked builds (docs/RELIABILITY.md, "Sanitizer stages") -------------
 # clang (Debian's 14, scripts/setup.sh), each in its own build folder.

@@ -73,4 +73,27 @@ if ! $PY -c "import importlib.metadata as m; assert m.version('kubernetes-valida
   echo "[setup] pip install ${DEPLOY_PKGS[*]}"
   $PY -m pip install -q --disable-pip-version-check "${DEPLOY_PKGS[@]}"
 fi
+# The next jax, for the jax-next stage of make test: jax/jaxlib 0.11.0 (what
+# the GPU machine runs) need Python 3.12, so they go in a venv of their own,
+# .venv-jax-next, made from a Python 3.12 (python3.12 on PATH, or pyenv's),
+# with the same plugin; CMake builds plexus._core for it too
+# (PLEXUS_PYTHON_NEXT). Where there is no Python 3.12 the stage says so and
+# is skipped; under CI=true that is a failure here.
+NEXT_VENV=$(cd "$(dirname "$0")/.." && pwd)/.venv-jax-next
+NEXT_PKGS=("jax==0.11.0" "jaxlib==0.11.0" "xla-cpu-pjrt==0.0.1" "numpy>=1.26" "pytest>=7")
+if ! "$NEXT_VENV/bin/python" -c "import jax, xla_plugins.xla_cpu_pjrt, pytest; assert jax.__version__ == '0.11.0'" 2>/dev/null; then
+  PY312=$(command -v python3.12 || true)
+  if [ -z "$PY312" ] && command -v pyenv >/dev/null; then
+    PY312=$(ls -d "$(pyenv root)"/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V | tail -1 || true)
+  fi
+  if [ -z "$PY312" ]; then
+    echo "[setup] no Python 3.12 (python3.12 or pyenv): the jax-next stage will be skipped"
+    case "${CI:-}" in [Tt]rue|TRUE|1|[Yy]es) echo "[setup] CI=true: a Python 3.12 is required"; exit 1;; esac
+  else
+    echo "[setup] $NEXT_VENV ($PY312): pip install ${NEXT_PKGS[*]}"
+    rm -rf "$NEXT_VENV"
+    "$PY312" -m venv "$NEXT_VENV"
+    "$NEXT_VENV/bin/python" -m pip install -q --disable-pip-version-check "${NEXT_PKGS[@]}"
+  fi
+fi
 echo "[setup] dependencies present"
