@@ -82,10 +82,12 @@ fi
 NEXT_VENV=$(cd "$(dirname "$0")/.." && pwd)/.venv-jax-next
 NEXT_PKGS=("jax==0.11.0" "jaxlib==0.11.0" "xla-cpu-pjrt==0.0.1" "numpy>=1.26" "pytest>=7")
 if ! "$NEXT_VENV/bin/python" -c "import jax, xla_plugins.xla_cpu_pjrt, pytest; assert jax.__version__ == '0.11.0'" 2>/dev/null; then
-  PY312=$(command -v python3.12 || true)
-  if [ -z "$PY312" ] && command -v pyenv >/dev/null; then
-    PY312=$(ls -d "$(pyenv root)"/versions/3.12.*/bin/python3.12 2>/dev/null | sort -V | tail -1 || true)
-  fi
+  # The first that runs (a pyenv shim on PATH may refuse to).
+  PY312=""
+  for c in $(command -v python3.12 || true) \
+      $( (command -v pyenv >/dev/null && ls -d "$(pyenv root)"/versions/3.12.*/bin/python3.12 | sort -rV) 2>/dev/null || true); do
+    if "$c" -c "import sys, venv; assert sys.version_info[:2] == (3, 12)" 2>/dev/null; then PY312=$c; break; fi
+  done
   if [ -z "$PY312" ]; then
     echo "[setup] no Python 3.12 (python3.12 or pyenv): the jax-next stage will be skipped"
     case "${CI:-}" in [Tt]rue|TRUE|1|[Yy]es) echo "[setup] CI=true: a Python 3.12 is required"; exit 1;; esac

@@ -44,15 +44,20 @@ def deep(x):
     return x
 
 
+def scaled_tanh(s):
+    """A program split over slice `s`, an input for it and its result."""
+    f = plexus.jit(lambda x: jnp.tanh(x) * 2 + 1, s,
+                   in_shardings=plexus.split(0),
+                   out_shardings=plexus.split(0), name="scaled_tanh")
+    data = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
+    return f, data, np.tanh(data) * 2 + 1
+
+
 def test_a_joining_spare_loads_the_jobs_executables_and_recovers_without_compiling():
     with plexus.local(hosts=2, spare=1) as cluster:
         c = cluster.connect()
         s = c.slice(2)
-        f = plexus.jit(lambda x: jnp.tanh(x) * 2 + 1, s,
-                       in_shardings=plexus.split(0),
-                       out_shardings=plexus.split(0), name="scaled_tanh")
-        data = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
-        want = np.tanh(data) * 2 + 1
+        f, data, want = scaled_tanh(s)
         x = s.put(data, plexus.P("devices"))
         y = f(x)  # the hosts of the slice compiled it
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
@@ -134,11 +139,7 @@ def test_a_host_that_rejoins_after_it_was_declared_down_loads_the_jobs_executabl
     with plexus.local(hosts=2, spare=1) as cluster:
         c = cluster.connect()
         s = c.slice(2)
-        f = plexus.jit(lambda x: jnp.tanh(x) * 2 + 1, s,
-                       in_shardings=plexus.split(0),
-                       out_shardings=plexus.split(0), name="scaled_tanh")
-        data = np.arange(8, dtype=np.float32).reshape(4, 2) / 8
-        want = np.tanh(data) * 2 + 1
+        f, data, want = scaled_tanh(s)
         y = f(s.put(data, plexus.P("devices")))
         np.testing.assert_allclose(np.asarray(y), want, rtol=1e-6)
 
