@@ -77,7 +77,9 @@ test-jax-next:
 	  echo "[test] jax-next skipped: no .venv-jax-next (scripts/setup.sh makes it where a Python 3.12 exists)"; \
 	  case "$$CI" in [Tt]rue|TRUE|1|[Yy]es) exit 1;; esac; exit 0; fi
 	@cd python && $(JAX_NEXT_PY) -c "import plexus._core" 2>/dev/null || { \
-	  echo "[test] jax-next: plexus._core is not built for $(JAX_NEXT_PY): reconfigure $(BUILD)/ (rm $(BUILD)/build.ninja; make build)"; exit 1; }
+	  echo "[test] jax-next: building plexus._core for $(JAX_NEXT_PY)"; \
+	  cmake -S .. -B ../$(BUILD) -DPLEXUS_PYTHON_NEXT=$(JAX_NEXT_PY) >/dev/null && \
+	  ninja -C ../$(BUILD) -j$(JOBS) _core_next; }
 	@echo "[test] plexus.jit on jax $$($(JAX_NEXT_PY) -c 'import jax; print(jax.__version__)') ($(JAX_NEXT_PY))"
 	PYTHONPATH=$(CURDIR)/python $(JAX_NEXT_PY) -m pytest -q $(JAX_NEXT_TESTS)
 
