@@ -44,6 +44,18 @@ def deep(x):
     return x
 
 
+def loaded_not_compiled(cluster, worker_id, what):
+    """Waits until the worker has an executable, and asserts it loaded it
+    from a peer and compiled nothing; its status."""
+    st = cluster.wait_until(
+        lambda st: has_executable(worker(st, worker_id)), timeout=WAIT_S,
+        what=what)
+    w = worker(st, worker_id)
+    assert stat(w, "xla_serialized_loads") == 1, w["stats"]
+    assert stat(w, "xla_compiles") == 0, w["stats"]
+    return w
+
+
 def scaled_tanh(s):
     """A program split over slice `s`, an input for it and its result."""
     f = plexus.jit(lambda x: jnp.tanh(x) * 2 + 1, s,
@@ -127,12 +139,7 @@ def test_a_spare_there_when_a_program_is_registered_loads_it_from_a_host():
                                    rtol=1e-5)
         # Registered while the spare was there: it waited for a host of the
         # slice to compile the program, and loaded that executable.
-        st = cluster.wait_until(
-            lambda st: has_executable(worker(st, spare_id)), timeout=WAIT_S,
-            what="the spare's executable")
-        spare = worker(st, spare_id)
-        assert stat(spare, "xla_serialized_loads") == 1, spare["stats"]
-        assert stat(spare, "xla_compiles") == 0, spare["stats"]
+        loaded_not_compiled(cluster, spare_id, "the spare's executable")
 
 
 def test_a_host_that_rejoins_after_it_was_declared_down_loads_the_jobs_executables():
@@ -169,12 +176,8 @@ def test_a_host_that_rejoins_after_it_was_declared_down_loads_the_jobs_executabl
         assert not rejoined(st).get("spare")
         # It stands by for the slice's island: loaded with the program and
         # its executable taken from a live worker, nothing compiled.
-        st = cluster.wait_until(
-            lambda st: has_executable(worker(st, back_id)), timeout=WAIT_S,
-            what="the rejoined host's executable")
-        back = worker(st, back_id)
+        back = loaded_not_compiled(cluster, back_id,
+                                   "the rejoined host's executable")
         assert stat(back, "programs_loaded") == 1, back["stats"]
-        assert stat(back, "xla_serialized_loads") == 1, back["stats"]
-        assert stat(back, "xla_compiles") == 0, back["stats"]
         np.testing.assert_allclose(np.asarray(f(y)),
                                    np.tanh(want) * 2 + 1, rtol=1e-6)

@@ -467,19 +467,27 @@ class DonationTest : public ClusterStateTest {
   void SetUp() override {
     ClusterStateTest::SetUp();
     slice_ = Slice(2);
+    ASSERT_TRUE(state_
+                    .RegisterProgram(
+                        client_, Donating(Id(1), "update", {arg_, arg_}, arg_))
+                    .ok());
+  }
+  // An XLA program `name` of `inputs` and one output, input 0 donated to it.
+  static proto::RegisterProgram Donating(uint64_t pid, const std::string& name,
+                                         const std::vector<ArgSpec>& inputs,
+                                         const ArgSpec& output) {
     proto::RegisterProgram reg;
-    reg.set_program_id(Id(1));
+    reg.set_program_id(pid);
     proto::ProgramDef* def = reg.mutable_program();
-    def->set_name("update");
+    def->set_name(name);
     def->set_kernel("xla");
     def->mutable_xla()->set_module("m");
     def->mutable_xla()->add_islands();
-    *def->add_inputs() = ToProto(arg_);
-    *def->add_inputs() = ToProto(arg_);
-    *def->add_outputs() = ToProto(arg_);
+    for (const ArgSpec& in : inputs) *def->add_inputs() = ToProto(in);
+    *def->add_outputs() = ToProto(output);
     def->mutable_xla()->add_donated_inputs(0);
     def->mutable_xla()->add_donated_outputs(0);
-    ASSERT_TRUE(state_.RegisterProgram(client_, reg).ok());
+    return reg;
   }
   void Put(uint64_t id) {
     proto::PutDecl put;
@@ -561,18 +569,8 @@ TEST_F(DonationTest, NotWhereLineageMayNeedIt) {
 }
 
 TEST_F(DonationTest, BadPairsAreRefusedAtRegistration) {
-  proto::RegisterProgram reg;
-  reg.set_program_id(Id(2));
-  proto::ProgramDef* def = reg.mutable_program();
-  def->set_name("bad");
-  def->set_kernel("xla");
-  def->mutable_xla()->set_module("m");
-  def->mutable_xla()->add_islands();
-  *def->add_inputs() = ToProto(arg_);
-  *def->add_outputs() = ToProto(ArgSpec{{DType::kF32, {8}}, {}});
-  def->mutable_xla()->add_donated_inputs(0);
-  def->mutable_xla()->add_donated_outputs(0);
-  absl::Status s = state_.RegisterProgram(client_, reg);
+  absl::Status s = state_.RegisterProgram(
+      client_, Donating(Id(2), "bad", {arg_}, ArgSpec{{DType::kF32, {8}}, {}}));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("program 'bad': donation: input 0 is"),
             std::string::npos)
