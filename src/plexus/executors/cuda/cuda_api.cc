@@ -1,0 +1,293 @@
+#include "plexus/executors/cuda/cuda_api.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#if __has_include(<cuda_runtime_api.h>) && __has_include(<cuda.h>)
+// The toolkit is installed (CI, the development machines): check the
+// declarations below against its headers.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#define PLEXUS_CUDA_HEADERS 1
+#endif
+
+namespace plexus::cuda {
+namespace {
+
+// The runtime's and driver's C ABI, as Plexus uses it.
+using Error = int;  // cudaError_t, CUresult: 0 is success
+constexpr Error kSuccess = 0;
+constexpr int kMemcpyDeviceToDevice = 3;  // cudaMemcpyKind
+constexpr unsigned kIpcLazyEnablePeerAccess = 1;
+constexpr unsigned kStreamNonBlocking = 1;
+struct IpcHandle {  // cudaIpcMemHandle_t
+  char reserved[IpcRegion::kHandleBytes];
+};
+using DevicePtr = unsigned long long;  // CUdeviceptr on 64-bit hosts
+
+#ifdef PLEXUS_CUDA_HEADERS
+static_assert(sizeof(IpcHandle) == sizeof(cudaIpcMemHandle_t));
+static_assert(kMemcpyDeviceToDevice == cudaMemcpyDeviceToDevice);
+static_assert(kIpcLazyEnablePeerAccess == cudaIpcMemLazyEnablePeerAccess);
+static_assert(kStreamNonBlocking == cudaStreamNonBlocking);
+static_assert(kSuccess == cudaSuccess && kSuccess == CUDA_SUCCESS);
+static_assert(sizeof(DevicePtr) == sizeof(CUdeviceptr));
+static_assert(sizeof(Stream) == sizeof(cudaStream_t));
+#endif
+
+}  // namespace
+
+struct CudaApi::Table {
+  const char* (*GetErrorString)(Error);
+  Error (*GetDeviceCount)(int*);
+  Error (*SetDevice)(int);
+  Error (*Free)(void*);
+  Error (*IpcGetMemHandle)(IpcHandle*, void*);
+  Error (*IpcOpenMemHandle)(void**, IpcHandle, unsigned);
+  Error (*IpcCloseMemHandle)(void*);
+  Error (*Memcpy)(void*, const void*, size_t, int);
+  Error (*StreamCreateWithFlags)(Stream*, unsigned);
+  Error (*StreamSynchronize)(Stream);
+  Error (*StreamDestroy)(Stream);
+  // Driver.
+  Error (*MemGetAddressRange)(DevicePtr*, size_t*, DevicePtr);
+  Error (*DriverGetErrorString)(Error, const char**);
+};
+
+namespace {
+
+// dlopen()s the first of `names` found, by soname and then in `dirs`.
+void* OpenFirst(const std::vector<std::string>& names,
+                const std::vector<std::string>& dirs, std::string* path,
+                std::vector<std::string>* tried) {
+  for (const std::string& name : names) {
+    if (void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      *path = name;
+      return h;
+    }
+    tried->push_back(name);
+  }
+  for (const std::string& dir : dirs) {
+    for (const std::string& name : names) {
+      std::string p = (std::filesystem::path(dir) / name).string();
+      if (void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+        *path = p;
+        return h;
+      }
+      tried->push_back(p);
+    }
+  }
+  return nullptr;
+}
+
+template <typename F>
+absl::Status Bind(void* lib, const char* symbol, F* fn) {
+  *fn = reinterpret_cast<F>(dlsym(lib, symbol));
+  if (*fn == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA: the library has no ", symbol));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const CudaApi*> LoadOnce(const std::vector<std::string>& dirs,
+                                        CudaApi::Table* t, std::string* rt,
+                                        std::string* drv) {
+  std::vector<std::string> tried;
+  void* runtime = OpenFirst(
+      {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}, dirs, rt, &tried);
+  void* driver = OpenFirst({"libcuda.so.1"}, dirs, drv, &tried);
+  if (runtime == nullptr || driver == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("CUDA is not available: could not open ",
+                     runtime == nullptr ? "the CUDA runtime" : "the driver",
+                     " (tried ", absl::StrJoin(tried, ", "), ")"));
+  }
+  for (absl::Status s : {
+           Bind(runtime, "cudaGetErrorString", &t->GetErrorString),
+           Bind(runtime, "cudaGetDeviceCount", &t->GetDeviceCount),
+           Bind(runtime, "cudaSetDevice", &t->SetDevice),
+           Bind(runtime, "cudaFree", &t->Free),
+           Bind(runtime, "cudaIpcGetMemHandle", &t->IpcGetMemHandle),
+           Bind(runtime, "cudaIpcOpenMemHandle", &t->IpcOpenMemHandle),
+           Bind(runtime, "cudaIpcCloseMemHandle", &t->IpcCloseMemHandle),
+           Bind(runtime, "cudaMemcpy", &t->Memcpy),
+           Bind(runtime, "cudaStreamCreateWithFlags",
+                &t->StreamCreateWithFlags),
+           Bind(runtime, "cudaStreamSynchronize", &t->StreamSynchronize),
+           Bind(runtime, "cudaStreamDestroy", &t->StreamDestroy),
+           Bind(driver, "cuMemGetAddressRange_v2", &t->MemGetAddressRange),
+           Bind(driver, "cuGetErrorString", &t->DriverGetErrorString),
+       }) {
+    if (!s.ok()) return s;
+  }
+  return nullptr;  // the caller fills in the CudaApi
+}
+
+}  // namespace
+
+absl::StatusOr<const CudaApi*> CudaApi::Load(
+    const std::vector<std::string>& search_dirs) {
+  static std::once_flag once;
+  static absl::StatusOr<const CudaApi*>* result;
+  std::call_once(once, [&] {
+    auto* table = new Table{};
+    auto* api = new CudaApi();
+    absl::StatusOr<const CudaApi*> loaded =
+        LoadOnce(search_dirs, table, &api->runtime_path_, &api->driver_path_);
+    if (loaded.ok()) {
+      api->table_ = table;
+      result = new absl::StatusOr<const CudaApi*>(api);
+    } else {
+      result = new absl::StatusOr<const CudaApi*>(loaded.status());
+      delete api;
+      delete table;
+    }
+  });
+  return *result;
+}
+
+std::vector<std::string> CudaApi::LibraryDirsBeside(
+    const std::string& plugin_path) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  // .../site-packages/jax_plugins/xla_cuda13/<plugin>.so (or one level
+  // less deep) → .../site-packages/nvidia: the nearest one up.
+  fs::path nvidia;
+  fs::path up = fs::path(plugin_path).parent_path();
+  for (int level = 0; level < 3 && !up.empty();
+       ++level, up = up.parent_path()) {
+    if (fs::is_directory(up / "nvidia", ec)) {
+      nvidia = up / "nvidia";
+      break;
+    }
+  }
+  if (nvidia.empty()) return dirs;
+  for (const fs::directory_entry& e : fs::directory_iterator(nvidia, ec)) {
+    for (const fs::path& lib : {e.path() / "lib", e.path() / "lib64"}) {
+      if (fs::is_directory(lib, ec)) dirs.push_back(lib.string());
+    }
+  }
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+namespace {
+absl::Status Check(const CudaApi::Table& t, Error e, const char* call) {
+  if (e == kSuccess) return absl::OkStatus();
+  const char* message = t.GetErrorString(e);
+  return absl::UnavailableError(absl::StrCat(
+      call, " failed: ", message != nullptr ? message : "unknown error",
+      " (CUDA error ", e, ")"));
+}
+absl::Status CheckDriver(const CudaApi::Table& t, Error e, const char* call) {
+  if (e == kSuccess) return absl::OkStatus();
+  const char* message = nullptr;
+  t.DriverGetErrorString(e, &message);
+  return absl::UnavailableError(absl::StrCat(
+      call, " failed: ", message != nullptr ? message : "unknown error",
+      " (CUDA driver error ", e, ")"));
+}
+}  // namespace
+
+absl::Status CudaApi::Use(int ordinal) const {
+  // cudaSetDevice makes the device's primary context current on this
+  // thread (CUDA 12 and later), which the driver calls need.
+  return Check(*table_, table_->SetDevice(ordinal), "cudaSetDevice");
+}
+
+absl::StatusOr<int> CudaApi::DeviceCount() const {
+  int n = 0;
+  absl::Status s =
+      Check(*table_, table_->GetDeviceCount(&n), "cudaGetDeviceCount");
+  if (!s.ok()) return s;
+  return n;
+}
+
+absl::StatusOr<IpcRegion> CudaApi::ExportRegion(int ordinal,
+                                                const void* ptr) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  DevicePtr base = 0;
+  size_t size = 0;
+  auto address = reinterpret_cast<DevicePtr>(ptr);
+  if (absl::Status s = CheckDriver(
+          *table_, table_->MemGetAddressRange(&base, &size, address),
+          "cuMemGetAddressRange");
+      !s.ok()) {
+    return s;
+  }
+  IpcHandle handle;
+  if (absl::Status s =
+          Check(*table_,
+                table_->IpcGetMemHandle(&handle, reinterpret_cast<void*>(base)),
+                "cudaIpcGetMemHandle");
+      !s.ok()) {
+    return s;
+  }
+  IpcRegion region;
+  std::memcpy(region.handle.data(), handle.reserved, sizeof(handle.reserved));
+  region.offset = address - base;
+  return region;
+}
+
+absl::StatusOr<CudaApi::Opened> CudaApi::OpenRegion(
+    int ordinal, const IpcRegion& region) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  IpcHandle handle;
+  std::memcpy(handle.reserved, region.handle.data(), sizeof(handle.reserved));
+  void* base = nullptr;
+  if (absl::Status s = Check(
+          *table_,
+          table_->IpcOpenMemHandle(&base, handle, kIpcLazyEnablePeerAccess),
+          "cudaIpcOpenMemHandle");
+      !s.ok()) {
+    return s;
+  }
+  return Opened{base, static_cast<char*>(base) + region.offset};
+}
+
+absl::Status CudaApi::CloseRegion(int ordinal, void* base) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  return Check(*table_, table_->IpcCloseMemHandle(base),
+               "cudaIpcCloseMemHandle");
+}
+
+absl::Status CudaApi::CopyDeviceToDevice(int ordinal, void* dst,
+                                         const void* src, size_t bytes) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  return Check(*table_, table_->Memcpy(dst, src, bytes, kMemcpyDeviceToDevice),
+               "cudaMemcpy (device to device)");
+}
+
+absl::StatusOr<Stream> CudaApi::CreateStream(int ordinal) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  Stream stream = nullptr;
+  if (absl::Status s = Check(
+          *table_, table_->StreamCreateWithFlags(&stream, kStreamNonBlocking),
+          "cudaStreamCreateWithFlags");
+      !s.ok()) {
+    return s;
+  }
+  return stream;
+}
+
+absl::Status CudaApi::Synchronize(int ordinal, Stream stream) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  return Check(*table_, table_->StreamSynchronize(stream),
+               "cudaStreamSynchronize");
+}
+
+absl::Status CudaApi::DestroyStream(int ordinal, Stream stream) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  return Check(*table_, table_->StreamDestroy(stream), "cudaStreamDestroy");
+}
+
+}  // namespace plexus::cuda

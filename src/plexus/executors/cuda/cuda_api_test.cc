@@ -1,0 +1,67 @@
+#include "plexus/executors/cuda/cuda_api.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace plexus::cuda {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+bool HasGpu() { return access("/dev/nvidiactl", F_OK) == 0; }
+
+TEST(CudaApiTest, FindsTheLibrariesOfAPluginWheel) {
+  fs::path root = fs::path(testing::TempDir()) / "cuda_api_test_site";
+  fs::remove_all(root);
+  fs::create_directories(root / "jax_plugins" / "xla_cuda13");
+  fs::create_directories(root / "nvidia" / "nccl" / "lib");
+  fs::create_directories(root / "nvidia" / "cuda_runtime" / "lib");
+  fs::create_directories(root / "nvidia" / "cu13" / "lib64");
+  fs::create_directories(root / "nvidia" / "no_libs");
+  std::string plugin =
+      (root / "jax_plugins" / "xla_cuda13" / "xla_cuda_plugin.so").string();
+  std::ofstream(plugin) << "";
+  EXPECT_THAT(CudaApi::LibraryDirsBeside(plugin),
+              ElementsAre((root / "nvidia/cu13/lib64").string(),
+                          (root / "nvidia/cuda_runtime/lib").string(),
+                          (root / "nvidia/nccl/lib").string()));
+  // No nvidia folder beside the plugin: nothing to search.
+  fs::remove_all(root / "nvidia");
+  EXPECT_TRUE(CudaApi::LibraryDirsBeside(plugin).empty());
+  fs::remove_all(root);
+}
+
+// On a machine with no GPU (CI), loading fails or finds no device, with a
+// message naming what is missing; it never crashes. Where a GPU is there,
+// it is counted.
+TEST(CudaApiTest, SaysWhyThereIsNoCuda) {
+  absl::StatusOr<const CudaApi*> api = CudaApi::Load({"/nonexistent"});
+  if (!api.ok()) {
+    EXPECT_EQ(api.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(api.status().message(), HasSubstr("CUDA is not available"));
+    EXPECT_THAT(api.status().message(), HasSubstr("/nonexistent/"));
+    ASSERT_FALSE(HasGpu()) << api.status();
+    return;
+  }
+  absl::StatusOr<int> n = (*api)->DeviceCount();
+  if (HasGpu()) {
+    ASSERT_TRUE(n.ok()) << n.status();
+    EXPECT_GE(*n, 1);
+  } else if (!n.ok()) {
+    EXPECT_THAT(n.status().message(), HasSubstr("cudaGetDeviceCount failed"));
+  } else {
+    EXPECT_EQ(*n, 0);
+  }
+  // The same table whatever a later caller asks.
+  EXPECT_EQ(*CudaApi::Load({}), *api);
+}
+
+}  // namespace
+}  // namespace plexus::cuda
