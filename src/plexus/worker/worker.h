@@ -73,6 +73,11 @@ struct WorkerOptions {
   // first XLA call.
   bool devices_from_plugin = false;
   bool device_memory_given = false;
+  // Tests without a GPU: the worker registers as running NCCL and trades
+  // all_reduce offers, saying no value is on a GPU, so each all_reduce
+  // takes the host path after them (OffersWithoutGpu,
+  // worker/nccl_collective.h). Ignored where NCCL itself runs.
+  bool nccl_offers_without_gpu = false;
   // The cluster secret (common/credentials.h): the worker proves itself to
   // the server and its peers with it, and checks every data-plane request
   // against it. Start() refuses to run without one.

@@ -258,6 +258,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
 
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<xla::XlaExecutor> xla_;
+  // NCCL's GPUs (NcclRuntime), where the worker's devices are a CUDA
+  // plugin's and CUDA and NCCL load, or OffersWithoutGpu where the options
+  // say; else null: all_reduce sums on the host.
+  std::unique_ptr<CollectiveGpus> nccl_;
   std::vector<std::unique_ptr<Device>> devices_;
   transport::DataPlaneCounters counters_;
   std::unique_ptr<transport::DataPlaneServer> data_server_;

@@ -1,6 +1,7 @@
 // PjrtRuntime's runs (Execute: queued, their ends handled on the completion
 // thread) and the device buffers they make (PjrtBuffer).
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -348,6 +349,107 @@ absl::Status PjrtBuffer::CopyToHost(void* dst) const {
   if (absl::Status s = scope.Await(t.event); !s.ok()) return s;
   MemoryTraffic::device_to_host() += size_;
   return absl::OkStatus();
+}
+
+}  // namespace plexus::xla
+
+namespace plexus::xla {
+namespace {
+// Whether the plugin's PJRT_Api has `offset`'s function (a plugin built
+// against an older header has a shorter struct).
+bool Has(const PJRT_Api* api, size_t offset, const void* fn) {
+  return offset < api->struct_size && fn != nullptr;
+}
+#define PLEXUS_PJRT_HAS(api, name) \
+  Has(api, offsetof(PJRT_Api, name), reinterpret_cast<const void*>(api->name))
+}  // namespace
+
+absl::StatusOr<PjrtBuffer::GpuMemory> PjrtBuffer::Gpu() const {
+  if (host_memory_) {
+    return absl::FailedPreconditionError(
+        "a buffer of a CPU plugin is host memory, not a GPU's");
+  }
+  if (absl::Status s = Await(); !s.ok()) return s;
+  const PJRT_Api* api = client_->api;
+  if (!PLEXUS_PJRT_HAS(api, PJRT_Buffer_OpaqueDeviceMemoryDataPointer) ||
+      !PLEXUS_PJRT_HAS(api, PJRT_Device_LocalHardwareId)) {
+    return absl::FailedPreconditionError(
+        "the PJRT plugin gives no device pointers");
+  }
+  PjrtScope scope(api);
+  auto bytes = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+  bytes.buffer = buffer_;
+  if (absl::Status s = scope.ToStatus(
+          api->PJRT_Buffer_OnDeviceSizeInBytes(&bytes), "on-device size");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (bytes.on_device_size_in_bytes != size_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the buffer holds ", bytes.on_device_size_in_bytes,
+                     " bytes on its device, not its dense ", size_));
+  }
+  auto ptr = PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+  ptr.buffer = buffer_;
+  auto dev = PJRT_ARGS(PJRT_Buffer_Device_Args);
+  dev.buffer = buffer_;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&ptr),
+                         "device pointer");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_Device(&dev), "buffer device");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  auto hw = PJRT_ARGS(PJRT_Device_LocalHardwareId_Args);
+  hw.device = dev.device;
+  if (absl::Status s = scope.ToStatus(api->PJRT_Device_LocalHardwareId(&hw),
+                                      "local hardware id");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (hw.local_hardware_id < 0) {
+    return absl::FailedPreconditionError(
+        "the plugin gives the device no hardware id");
+  }
+  return GpuMemory{ptr.device_memory_ptr, hw.local_hardware_id};
+}
+
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtBuffer::NewOnSameDevice(
+    const TensorSpec& spec, std::string producer) const {
+  const PJRT_Api* api = client_->api;
+  if (!PLEXUS_PJRT_HAS(api, PJRT_Client_CreateUninitializedBuffer)) {
+    return absl::FailedPreconditionError(
+        "the PJRT plugin cannot allocate uninitialized buffers");
+  }
+  auto type = BufferType(spec.dtype);
+  if (!type.ok()) return type.status();
+  PjrtScope scope(api);
+  auto dev = PJRT_ARGS(PJRT_Buffer_Device_Args);
+  dev.buffer = buffer_;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_Device(&dev), "buffer device");
+      !s.ok()) {
+    return s;
+  }
+  auto a = PJRT_ARGS(PJRT_Client_CreateUninitializedBuffer_Args);
+  a.client = client_->client;
+  a.shape_dims = spec.shape.data();
+  a.shape_num_dims = spec.shape.size();
+  a.shape_element_type = *type;
+  a.device = dev.device;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Client_CreateUninitializedBuffer(&a),
+                         "allocate a device buffer");
+      !s.ok()) {
+    return s;
+  }
+  return std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
+      client_, a.buffer, device_, static_cast<size_t>(spec.byte_size()),
+      host_memory_, std::make_shared<const std::string>(std::move(producer))));
 }
 
 }  // namespace plexus::xla

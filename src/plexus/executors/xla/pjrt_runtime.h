@@ -73,6 +73,25 @@ class PjrtBuffer final : public DeviceBuffer {
   // Whether it belongs to `runtime`'s client (so runs there read it as is).
   bool BelongsTo(const PjrtRuntime& runtime) const;
 
+  // For libraries that read and write GPU memory outside PJRT (NCCL,
+  // worker/nccl_collective.h): the device address of its bytes
+  // (PJRT_Buffer_OpaqueDeviceMemoryDataPointer) and the GPU's local
+  // hardware id (the CUDA ordinal). Awaits the value first. Fails
+  // (FailedPrecondition) for a buffer of a plugin whose devices address
+  // host memory (CPU), one whose on-device size is not its dense size
+  // (another layout), or where the plugin does not say.
+  struct GpuMemory {
+    void* address = nullptr;
+    int ordinal = -1;
+  };
+  absl::StatusOr<GpuMemory> Gpu() const;
+  // A new buffer of `spec` on the same device of the same client, its
+  // bytes undefined (PJRT_Client_CreateUninitializedBuffer), for such a
+  // library to fill before anyone reads it; ready at once as PJRT sees it.
+  // `producer` names it in its errors.
+  absl::StatusOr<std::shared_ptr<PjrtBuffer>> NewOnSameDevice(
+      const TensorSpec& spec, std::string producer) const;
+
  private:
   friend class PjrtRuntime;
   // `producer` names the run that makes it, for its errors.
