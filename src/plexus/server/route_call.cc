@@ -83,6 +83,22 @@ absl::Status AddBoxPieces(const ArgSpec& from, int m, const ArgSpec& want,
   return absl::OkStatus();
 }
 
+// Input `i` of `prog` as each device of a slice of `n` holds it, kept
+// with the program for the last slice size it was called on.
+const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
+  if (prog.local_inputs_shards != n ||
+      prog.local_inputs.size() != prog.inputs.size()) {
+    prog.local_inputs.clear();
+    for (const ArgSpec& in : prog.inputs) {
+      LocalInput& local = prog.local_inputs.emplace_back();
+      local.spec = in.Local(n);
+      if (local.spec.ok()) local.proto = ToProto(*local.spec);
+    }
+    prog.local_inputs_shards = n;
+  }
+  return prog.local_inputs[i];
+}
+
 }  // namespace
 
 absl::Status ClusterState::RouteCall(uint64_t client_id,
@@ -181,8 +197,17 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     if (!src_or.ok()) return src_or.status();
     const SliceRecord& src = **src_or;
     const int m = static_cast<int>(src.devices.size());
-    auto local_c = want.Local(n);
-    auto local_p = arg->Local(m);
+    // What each device of the call's slice holds of it (computed once per
+    // program and slice size); the same of the value's own layout when it
+    // is the program's, over as many devices.
+    const LocalInput& local = LocalInputOf(pit->second, i, n);
+    const absl::StatusOr<TensorSpec>& local_c = local.spec;
+    const bool program_layout =
+        *arg == want && arg->sharding.axis_names == want.sharding.axis_names;
+    std::optional<absl::StatusOr<TensorSpec>> own_local_p;
+    if (!program_layout || m != n) own_local_p = arg->Local(m);
+    const absl::StatusOr<TensorSpec>& local_p =
+        own_local_p.has_value() ? *own_local_p : local_c;
     if (!local_c.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(arg_what(), ": ", local_c.status().message()));
@@ -237,7 +262,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     for (int j = 0; j < n; ++j) {
       const DeviceRef& dst = slice.devices[j];
       proto::InputBinding* binding = tasks[j]->add_inputs();
-      *binding->mutable_local() = ToProto(*local_c);
+      *binding->mutable_local() = local.proto;
       if (donate) binding->set_donate(true);
       binding->set_axis(arg->sharding.is_split() ? arg->sharding.axis : 0);
       auto add_piece = [&](int k, int64_t src_off, int64_t dst_off,
@@ -284,8 +309,14 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         }
       }
     }
-    call_record.inputs.push_back(
-        {ref.buffer_id(), ref.slice_id(), *std::move(arg)});
+    // Most calls name the layout their program takes: the record points
+    // at the program's (no copy, nothing allocated per call).
+    if (program_layout) {
+      call_record.inputs.emplace_back(ref.buffer_id(), ref.slice_id(), &want);
+    } else {
+      call_record.inputs.emplace_back(ref.buffer_id(), ref.slice_id(),
+                                      *std::move(arg));
+    }
   }
 
   // The outputs' bytes count against the tenant's max_bytes.

@@ -4,10 +4,12 @@
 #include <atomic>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/common/address.h"
 #include "plexus/common/logging.h"
@@ -251,14 +253,17 @@ class ServerImpl : public Server, public proto::Controller::Service {
       hello.set_heartbeat_interval_ms(
           absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
       hello.set_rejoined(rejoined);
+      // One message, reused: the first carries the hello; clearing it
+      // keeps its ops' shells, which the next write fills (no allocation
+      // per op).
       auto queue = std::make_shared<WorkerQueue>(
-          [stream, id, hello = std::move(hello)](
-              std::vector<proto::WorkerOp>& ops) mutable {
-            proto::ServerToWorker msg;
-            msg.Swap(&hello);  // the first message; empty afterwards
+          [stream, id,
+           msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
             msg.set_worker_id(id);
             for (auto& op : ops) *msg.add_ops() = std::move(op);
-            return stream->Write(msg);
+            const bool written = stream->Write(msg);
+            msg.Clear();
+            return written;
           });
       // Tell the newcomer about everyone (itself included, so its first
       // message carries its id) and everyone about the newcomer.
@@ -410,9 +415,27 @@ class ServerImpl : public Server, public proto::Controller::Service {
       SPDLOG_INFO("client {} connected: {} (tenant {})", id, msg.client_name(),
                   *tenant);
     }
-    do {
-      HandleClientBatch(ctx, id, msg, out);
-    } while (stream->Read(&msg));
+    HandleClientBatch(ctx, id, msg, out);
+    {
+      // Each batch is parsed onto an arena and dropped with it once routed
+      // (routing copies what it keeps): its ops are allocated by bumping a
+      // pointer in a block this session reuses, and freed at once, not one
+      // by one (a batch of chained calls is thousands of small messages).
+      std::vector<char> block(kBatchArenaBlock);
+      google::protobuf::ArenaOptions arena_options;
+      arena_options.initial_block = block.data();
+      arena_options.initial_block_size = block.size();
+      arena_options.max_block_size = kBatchArenaBlock;
+      google::protobuf::Arena arena(arena_options);
+      while (true) {
+        auto* batch =
+            google::protobuf::Arena::CreateMessage<proto::ClientToServer>(
+                &arena);
+        if (!stream->Read(batch)) break;
+        HandleClientBatch(ctx, id, *batch, out);
+        arena.Reset();
+      }
+    }
 
     std::unique_ptr<OutQueue<proto::ServerToClient>> queue;
     {
@@ -448,6 +471,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
     queue.reset();  // the only owner: stops and joins the writer
     return grpc::Status::OK;
   }
+
+  // The block each client session parses its batches into (larger ones
+  // take more blocks of this size, freed after the batch).
+  static constexpr size_t kBatchArenaBlock = 256 << 10;
 
   // The tenant a session's first message proves (common/credentials.h: a
   // tenant credential over its name, compared in constant time), or
@@ -602,16 +629,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
     std::vector<WorkerOps> express;
     if (!released.empty()) express.push_back(std::move(released));
     for (size_t u = 0; u < units.size(); ++u) {
-      WorkerOps& ops = units[u];
+      AdmissionUnit unit = MakeAdmissionUnit(std::move(units[u]), seqs[u]);
       // Releases and snapshots' copies follow the calls before them.
-      bool ordered = false;
-      for (const auto& [w, list] : ops) {
-        for (const proto::WorkerOp& op : list) {
-          ordered |= op.has_release() || op.has_transfer();
-        }
-      }
-      AdmissionUnit unit = MakeAdmissionUnit(std::move(ops), seqs[u]);
-      if (!unit.is_call() && !ordered) {
+      if (!unit.is_call() && !Ordered(unit.ops)) {
         if (!unit.ops.empty()) express.push_back(std::move(unit.ops));
         continue;
       }
@@ -620,6 +640,17 @@ class ServerImpl : public Server, public proto::Controller::Service {
     if (!express.empty()) scheduler_.Submit(std::move(express));
     lock.Release();
     AdmitLocked();
+  }
+
+  // Whether `ops` (not a call's) must keep the client's order at
+  // admission: releases and snapshots' copies follow the calls before them.
+  static bool Ordered(const WorkerOps& ops) {
+    for (const auto& [w, list] : ops) {
+      for (const proto::WorkerOp& op : list) {
+        if (op.has_release() || op.has_transfer()) return true;
+      }
+    }
+    return false;
   }
 
   // Back-pressure on one client: its stream is not read while it has a
