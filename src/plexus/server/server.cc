@@ -627,7 +627,6 @@ class ServerImpl : public Server, public proto::Controller::Service {
     // release must follow the calls that read its buffer) keep the
     // client's order at admission.
     std::vector<WorkerOps> express;
-    if (!released.empty()) express.push_back(std::move(released));
     for (size_t u = 0; u < units.size(); ++u) {
       AdmissionUnit unit = MakeAdmissionUnit(std::move(units[u]), seqs[u]);
       // Releases and snapshots' copies follow the calls before them.
@@ -639,7 +638,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
     }
     if (!express.empty()) scheduler_.Submit(std::move(express));
     lock.Release();
-    AdmitLocked();
+    // The releases that completions let go need no order but that of the
+    // calls before them, which are done: they go with the calls admitted
+    // now (one write to each worker, not two), as in WorkerSession.
+    AdmitLocked(std::move(released));
   }
 
   // Whether `ops` (not a call's) must keep the client's order at
