@@ -315,30 +315,35 @@ class ServerImpl : public Server, public proto::Controller::Service {
             copies_arrived_.push_back(copy);
           }
           pending = CompletionsPendingLocked();
+          // Nothing for the records (a call ends with its last worker's
+          // report): the room it left is used now, under this one lock.
+          if (!pending) AdmitLocked();
         }
         // Into the records (ApplyCompletionsLocked) if the state lock is
         // free; the releases they let go then ride with the calls that the
         // room they left admits (one write to each worker, not two). If a
         // client's batch is being routed, it applies them as it ends.
         // Admission never waits for the state lock.
-        WorkerOps releases;
-        bool applied = false;
-        if (pending && mu_.TryLock()) {
-          ApplyCompletionsLocked(&releases);
-          mu_.Unlock();
-          applied = true;
-        }
-        bool wait_for_state = false;
-        {
-          absl::MutexLock admission(&admission_mu_);
-          AdmitLocked(std::move(releases));
-          wait_for_state = pending && !applied && !routing_batch_ &&
-                           CompletionsPendingLocked();
-        }
-        if (wait_for_state) {  // another holder of the state lock (rare)
-          absl::MutexLock lock(&mu_);
-          ApplyCompletionsLocked(&releases);
-          if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+        if (pending) {
+          WorkerOps releases;
+          bool applied = false;
+          if (mu_.TryLock()) {
+            ApplyCompletionsLocked(&releases);
+            mu_.Unlock();
+            applied = true;
+          }
+          bool wait_for_state = false;
+          {
+            absl::MutexLock admission(&admission_mu_);
+            AdmitLocked(std::move(releases));
+            wait_for_state =
+                !applied && !routing_batch_ && CompletionsPendingLocked();
+          }
+          if (wait_for_state) {  // another holder of the state lock (rare)
+            absl::MutexLock lock(&mu_);
+            ApplyCompletionsLocked(&releases);
+            if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+          }
         }
       }
       Handled(id);
