@@ -57,6 +57,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "plexus/proto/plexus.pb.h"
@@ -71,7 +72,7 @@ struct AdmissionUnit {
   // Set for a call: its program and the workers that run its shards (each
   // has one Execute op in `ops`).
   uint64_t program_id = 0;
-  std::vector<int64_t> exec_workers;
+  absl::InlinedVector<int64_t, 4> exec_workers;  // (no allocation per call)
   // The call's record (ClusterState::RouteCall's seq), reported back by
   // TakeDoneCalls once every worker has reported it done.
   uint64_t call_seq = 0;
@@ -202,7 +203,8 @@ class Admission {
   // admitted.
   double VirtualTime() const;
   double virtual_pass_ = 0;
-  std::multiset<double> in_flight_tags_;
+  // (A B-tree: no allocation per call, as std::multiset's node was.)
+  absl::btree_multiset<double> in_flight_tags_;
   uint64_t next_ticket_ = 1;
   uint64_t next_arrival_ = 1;
   std::vector<std::pair<uint64_t, bool>> done_calls_;

@@ -14,7 +14,7 @@ namespace {
 AdmissionUnit Call(uint64_t program, std::vector<int64_t> workers) {
   AdmissionUnit unit;
   unit.program_id = program;
-  unit.exec_workers = workers;
+  unit.exec_workers.assign(workers.begin(), workers.end());
   for (int64_t w : workers) {
     proto::WorkerOp op;
     op.mutable_execute()->set_program_id(program);

@@ -172,7 +172,8 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   rec.donated = *std::move(donated);
   auto [slot, fresh] = client->programs.try_emplace(reg.program_id());
   if (!fresh) {
-    client->replaced_outputs.push_back(std::move(slot->second.outputs));
+    client->replaced_layouts.push_back(std::move(slot->second.inputs));
+    client->replaced_layouts.push_back(std::move(slot->second.outputs));
   }
   slot->second = std::move(rec);
   if (xla && ops != nullptr) {
@@ -367,8 +368,10 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
     for (const DeviceRef& d : it->second.devices) {
       targets.push_back(d.worker_id);
     }
-    std::sort(targets.begin(), targets.end());
-    targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+    if (targets.size() > 1) {
+      std::sort(targets.begin(), targets.end());
+      targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+    }
   } else {
     for (auto& [id, w] : workers_) targets.push_back(id);
   }

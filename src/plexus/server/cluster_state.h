@@ -82,6 +82,12 @@ struct SliceAnswer {
   absl::StatusOr<proto::SliceInfo> slice;
 };
 
+// One input of a program as each device of a slice holds it.
+struct LocalInput {
+  absl::StatusOr<TensorSpec> spec;
+  proto::TensorSpec proto;  // of `spec`, if it is ok
+};
+
 struct ProgramRecord {
   proto::ProgramDef def;
   std::vector<ArgSpec> inputs;
@@ -96,6 +102,10 @@ struct ProgramRecord {
   std::vector<int64_t> output_bytes;
   int64_t output_bytes_total = 0;
   int output_bytes_shards = 0;
+  // Each input as each device of a slice of `local_inputs_shards` devices
+  // holds it (computed on the first call on such a slice; RouteCall).
+  std::vector<LocalInput> local_inputs;
+  int local_inputs_shards = 0;
 };
 
 struct ClientRecord {
@@ -110,11 +120,11 @@ struct ClientRecord {
   // bytes over all shards, which the tenant's max_bytes bounds.
   absl::flat_hash_map<uint64_t, int64_t> buffer_bytes;
   int64_t live_bytes = 0;
-  // The records of the buffers its calls make point at their programs'
-  // `outputs` (JobRecords::AddCall): a program registered again under its
-  // id leaves its old outputs here, for those made before, until the
-  // client leaves.
-  std::vector<std::vector<ArgSpec>> replaced_outputs;
+  // The records of its calls and of the buffers they make point at their
+  // programs' `inputs` and `outputs` (JobRecords::AddCall, RouteCall): a
+  // program registered again under its id leaves its old layouts here, for
+  // the records made before, until the client leaves.
+  std::vector<std::vector<ArgSpec>> replaced_layouts;
 };
 
 // Ops for each worker, in order.

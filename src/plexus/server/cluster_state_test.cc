@@ -185,6 +185,59 @@ TEST_F(ClusterStateTest, OnlyTheOwnerReleasesABuffer) {
   EXPECT_EQ(ops.size(), 2u);  // both workers of the slice
 }
 
+// A call's record names each input's layout as the call sent it: its
+// program's when that is the one named (the record points at it: no copy
+// per call), else its own. The program registered again under its id, with
+// other layouts, leaves them as they were: recovery routes the call again
+// as it was sent.
+TEST_F(ClusterStateTest,
+       ACallRecordKeepsItsLayoutsWhenItsProgramIsRegisteredAgain) {
+  proto::SliceInfo s = Slice(2);
+  const ArgSpec split{{DType::kF32, {4}}, Sharding::Split(0)};
+  const ArgSpec whole{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(1), "scale", split, split);
+  auto call_reading = [&](uint64_t call_id, const ArgSpec& layout) {
+    proto::Call call;
+    call.set_call_id(Id(call_id));
+    call.set_slice_id(s.slice_id());
+    call.set_program_id(Id(1));
+    auto* in = call.add_inputs();
+    in->set_buffer_id(Id(call_id + 1));
+    in->set_slice_id(s.slice_id());
+    *in->mutable_arg() = ToProto(layout);
+    call.add_output_ids(Id(call_id + 2));
+    return call;
+  };
+  WorkerOps ops;
+  uint64_t as_program = 0, relaid = 0;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, call_reading(10, split), &ops, &as_program)
+          .ok());
+  ASSERT_TRUE(
+      state_.RouteCall(client_, call_reading(20, whole), &ops, &relaid).ok());
+  Register(Id(1), "scale", whole, whole);
+  Register(Id(1), "scale", whole, whole);  // and again: each one stays
+  const std::pair<uint64_t, ArgSpec> expected[] = {{as_program, split},
+                                                   {relaid, whole}};
+  for (const auto& [seq, layout] : expected) {
+    const CallRecord* rec = state_.records().FindCall(seq);
+    ASSERT_NE(rec, nullptr);
+    auto arg = FromProto(rec->ToCall().inputs(0).arg());
+    ASSERT_TRUE(arg.ok()) << arg.status();
+    EXPECT_EQ(*arg, layout) << arg->ToString();
+  }
+}
+
+// RouteCall reads a layout the call writes as its program was registered
+// with without parsing it again (SameArgDef in route_call.cc compares every
+// field). A field added to these messages must be compared there too.
+TEST(LayoutProtoTest, ALayoutIsComparedByEveryFieldItHas) {
+  EXPECT_EQ(proto::ArgDef::descriptor()->field_count(), 2);
+  EXPECT_EQ(proto::TensorSpec::descriptor()->field_count(), 2);
+  EXPECT_EQ(proto::Sharding::descriptor()->field_count(), 5);
+  EXPECT_EQ(proto::IntList::descriptor()->field_count(), 1);
+}
+
 // Client B knows client A's ids (they are sequential, and `plexus status`
 // shows client ids): naming them gets B nothing. Each attempt is refused
 // with PERMISSION_DENIED naming what was refused, and no op reaches a

@@ -42,6 +42,9 @@ void GangScheduler::Broadcast(const proto::WorkerOp& op, int64_t except) {
 uint64_t GangScheduler::Submit(std::vector<WorkerOps> units) {
   absl::MutexLock lock(&mu_);
   const uint64_t epoch = ++epoch_;
+  // Each worker's ops of the batch enter its queue at once (one lock of
+  // the queue, one wake-up of its writer, not one per op).
+  std::vector<proto::WorkerOp> ops;
   for (auto& entry : queues_) {
     // Not a structured binding: C++17 lambdas cannot capture one (clang).
     const auto& worker = entry.first;
@@ -50,13 +53,14 @@ uint64_t GangScheduler::Submit(std::vector<WorkerOps> units) {
     auto deliver = [&](WorkerOps& unit) {
       auto it = unit.find(worker);
       if (it == unit.end()) return;
-      for (auto& op : it->second) queue->Push(std::move(op));
+      for (auto& op : it->second) ops.push_back(std::move(op));
     };
     if (reverse) {
       for (auto u = units.rbegin(); u != units.rend(); ++u) deliver(*u);
     } else {
       for (auto& u : units) deliver(u);
     }
+    if (!ops.empty()) queue->PushAll(ops);
   }
   return epoch;
 }

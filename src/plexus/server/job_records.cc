@@ -15,7 +15,7 @@ proto::Call CallRecord::ToCall() const {
     proto::InputRef* ref = call.add_inputs();
     ref->set_buffer_id(in.buffer_id);
     ref->set_slice_id(in.slice_id);
-    *ref->mutable_arg() = ToProto(in.arg);
+    *ref->mutable_arg() = ToProto(in.arg());
   }
   for (uint64_t id : output_ids) call.add_output_ids(id);
   return call;
@@ -28,10 +28,9 @@ CallRecord CallRecord::FromCall(uint64_t client_id, const proto::Call& call) {
   rec.slice_id = call.slice_id();
   rec.program_id = call.program_id();
   for (const proto::InputRef& ref : call.inputs()) {
-    CallInput& in = rec.inputs.emplace_back();
-    in.buffer_id = ref.buffer_id();
-    in.slice_id = ref.slice_id();
-    if (auto arg = FromProto(ref.arg()); arg.ok()) in.arg = *std::move(arg);
+    auto arg = FromProto(ref.arg());
+    rec.inputs.emplace_back(ref.buffer_id(), ref.slice_id(),
+                            arg.ok() ? *std::move(arg) : ArgSpec());
   }
   rec.output_ids.assign(call.output_ids().begin(), call.output_ids().end());
   return rec;
@@ -203,28 +202,32 @@ void JobRecords::AddPut(uint64_t buffer_id, uint64_t slice_id,
   b.put = true;
 }
 
-void JobRecords::Reconsider(uint64_t seq) {
+void JobRecords::Reconsider(uint64_t seq, CallRecord* rec) {
   // A loop, not recursion: letting go of a chain's end lets go of the whole
   // chain, one call per link (a chain of 43,000 split values overflowed a
   // gRPC thread's 8 MiB stack). The calls a reconsideration frees are
   // reconsidered after it, in the order it freed them.
-  reconsider_.push_back(seq);
-  if (reconsidering_) return;
+  if (reconsidering_) {
+    reconsider_.push_back(seq);
+    return;
+  }
   reconsidering_ = true;
+  ReconsiderOne(seq, rec);
+  std::reverse(reconsider_.begin(), reconsider_.end());
   while (!reconsider_.empty()) {
     const uint64_t next = reconsider_.back();
     reconsider_.pop_back();
     const size_t before = reconsider_.size();
-    ReconsiderOne(next);
+    ReconsiderOne(next, nullptr);
     std::reverse(reconsider_.begin() + before, reconsider_.end());
   }
   reconsidering_ = false;
 }
 
-void JobRecords::ReconsiderOne(uint64_t seq) {
+void JobRecords::ReconsiderOne(uint64_t seq, CallRecord* rec) {
   // Records are not added or erased until the end (Unread and Forget only
   // queue calls to reconsider), so `rec` stays valid.
-  CallRecord* rec = calls_.Find(seq);
+  if (rec == nullptr) rec = calls_.Find(seq);
   if (rec == nullptr) return;
   if (rec->holding && rec->done && !rec->failed) {
     bool needed = false;  // an output that only its inputs can rebuild
@@ -268,7 +271,7 @@ void JobRecords::CallDone(uint64_t seq, bool failed) {
   if (rec == nullptr || rec->done) return;
   rec->done = true;
   rec->failed = failed;
-  Reconsider(seq);
+  Reconsider(seq, rec);
 }
 
 void JobRecords::Drop(uint64_t seq) {
@@ -340,7 +343,7 @@ void JobRecords::Forget(
   CallRecord* call = calls_.Find(producer);
   if (call == nullptr) return;
   call->live_outputs--;
-  Reconsider(producer);
+  Reconsider(producer, call);
 }
 
 void JobRecords::RemoveClient(uint64_t client_id) {

@@ -40,9 +40,25 @@ namespace plexus {
 // One input of a recorded call: the buffer, its slice and its layout as
 // the call named them.
 struct CallInput {
+  CallInput() = default;
+  // Laid out as `layout`, which must outlive the record (a program's
+  // input: the client's record of the program keeps it, as for outputs).
+  CallInput(uint64_t buffer_id, uint64_t slice_id, const ArgSpec* layout)
+      : buffer_id(buffer_id), slice_id(slice_id), layout(layout) {}
+  // Laid out as `own` (a layout other than its program's).
+  CallInput(uint64_t buffer_id, uint64_t slice_id, ArgSpec own)
+      : buffer_id(buffer_id),
+        slice_id(slice_id),
+        own_layout(std::make_unique<const ArgSpec>(std::move(own))),
+        layout(own_layout.get()) {}
+
   uint64_t buffer_id = 0;
   uint64_t slice_id = 0;
-  ArgSpec arg;
+  // Never null once set: the program's input (no copy per call: most calls
+  // name the layout their program takes), or `own_layout`.
+  std::unique_ptr<const ArgSpec> own_layout;
+  const ArgSpec* layout = nullptr;
+  const ArgSpec& arg() const { return *layout; }
 };
 
 // A call as routed (its inputs under the ids they had then): what routing
@@ -263,8 +279,9 @@ class JobRecords {
   // Lets go of the call's inputs if it no longer needs them; forgets the
   // record when it is done and no output lives. The calls that frees are
   // reconsidered in turn (a loop over reconsider_, not recursion).
-  void Reconsider(uint64_t seq);
-  void ReconsiderOne(uint64_t seq);
+  // `rec`, if not null, is the record of `seq` (not looked up again).
+  void Reconsider(uint64_t seq, CallRecord* rec = nullptr);
+  void ReconsiderOne(uint64_t seq, CallRecord* rec);
 
   CallTable calls_;  // by seq: routing order
   absl::flat_hash_map<uint64_t, BufferRecord> buffers_;

@@ -10,7 +10,6 @@
 // called again; Push is ignored and WaitForRoom returns at once.
 #pragma once
 
-#include <deque>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -35,6 +34,18 @@ class OutQueue {
     absl::MutexLock lock(&mu_);
     if (closed_) return;
     queue_.push_back(std::move(op));
+  }
+  // All of `ops`, in order, under one lock (one wake-up of the writer);
+  // `ops` is left empty.
+  void PushAll(std::vector<Op>& ops) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!closed_) {
+        queue_.insert(queue_.end(), std::make_move_iterator(ops.begin()),
+                      std::make_move_iterator(ops.end()));
+      }
+    }
+    ops.clear();
   }
   // Waits while the queue holds `capacity` ops or more.
   void WaitForRoom() {
@@ -72,9 +83,9 @@ class OutQueue {
         };
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty()) return;
-        batch.assign(std::make_move_iterator(queue_.begin()),
-                     std::make_move_iterator(queue_.end()));
-        queue_.clear();
+        // Swapped, not moved op by op: the queue keeps the written batch's
+        // room for the next ops.
+        batch.swap(queue_);
       }
       if (!write_(batch)) {
         absl::MutexLock lock(&mu_);
@@ -89,7 +100,7 @@ class OutQueue {
   const WriteFn write_;
   const size_t capacity_;
   mutable absl::Mutex mu_;
-  std::deque<Op> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex join_mu_;  // one Stop() joins; others wait for it
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);

@@ -83,6 +83,44 @@ absl::Status AddBoxPieces(const ArgSpec& from, int m, const ArgSpec& want,
   return absl::OkStatus();
 }
 
+// Whether two layouts are written alike, so that they parse alike: every
+// field of ArgDef, TensorSpec and Sharding (a field added there is compared
+// here too; LayoutProtoTest.ALayoutIsComparedByEveryFieldItHas counts them).
+bool SameArgDef(const proto::ArgDef& a, const proto::ArgDef& b) {
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin());
+  };
+  const proto::Sharding& sa = a.sharding();
+  const proto::Sharding& sb = b.sharding();
+  if (a.global().dtype() != b.global().dtype() ||
+      !same(a.global().shape(), b.global().shape()) || sa.kind() != sb.kind() ||
+      sa.axis() != sb.axis() || !same(sa.mesh(), sb.mesh()) ||
+      !same(sa.mesh_axis_names(), sb.mesh_axis_names()) ||
+      sa.dim_axes_size() != sb.dim_axes_size()) {
+    return false;
+  }
+  for (int d = 0; d < sa.dim_axes_size(); ++d) {
+    if (!same(sa.dim_axes(d).values(), sb.dim_axes(d).values())) return false;
+  }
+  return true;
+}
+
+// Input `i` of `prog` as each device of a slice of `n` holds it, kept
+// with the program for the last slice size it was called on.
+const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
+  if (prog.local_inputs_shards != n ||
+      prog.local_inputs.size() != prog.inputs.size()) {
+    prog.local_inputs.clear();
+    for (const ArgSpec& in : prog.inputs) {
+      LocalInput& local = prog.local_inputs.emplace_back();
+      local.spec = in.Local(n);
+      if (local.spec.ok()) local.proto = ToProto(*local.spec);
+    }
+    prog.local_inputs_shards = n;
+  }
+  return prog.local_inputs[i];
+}
+
 }  // namespace
 
 absl::Status ClusterState::RouteCall(uint64_t client_id,
@@ -164,14 +202,21 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
             absl::StrCat(arg_what(), ": ", lost->second.message()));
       }
     }
-    auto arg = FromProto(ref.arg());
-    if (!arg.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(arg_what(), ": ", arg.status().message()));
-    }
     // The value moves from its own layout (`arg`, on its slice) to the
-    // one the program was compiled for (`want`, on the call's slice).
+    // one the program was compiled for (`want`, on the call's slice). Most
+    // calls name the layout as the program was registered with: that one
+    // is not parsed again.
     const ArgSpec& want = prog.inputs[i];
+    absl::StatusOr<ArgSpec> parsed;
+    const bool as_registered = SameArgDef(ref.arg(), prog.def.inputs(i));
+    if (!as_registered) {
+      parsed = FromProto(ref.arg());
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg_what(), ": ", parsed.status().message()));
+      }
+    }
+    const ArgSpec* arg = as_registered ? &want : &*parsed;
     if (!CanRelayout(*arg, want)) {
       return absl::InvalidArgumentError(
           absl::StrCat(arg_what(), " is ", arg->ToString(),
@@ -181,8 +226,18 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     if (!src_or.ok()) return src_or.status();
     const SliceRecord& src = **src_or;
     const int m = static_cast<int>(src.devices.size());
-    auto local_c = want.Local(n);
-    auto local_p = arg->Local(m);
+    // What each device of the call's slice holds of it (computed once per
+    // program and slice size); the same of the value's own layout when it
+    // is the program's, over as many devices.
+    const LocalInput& local = LocalInputOf(pit->second, i, n);
+    const absl::StatusOr<TensorSpec>& local_c = local.spec;
+    const bool program_layout =
+        as_registered ||
+        (*arg == want && arg->sharding.axis_names == want.sharding.axis_names);
+    std::optional<absl::StatusOr<TensorSpec>> own_local_p;
+    if (!program_layout || m != n) own_local_p = arg->Local(m);
+    const absl::StatusOr<TensorSpec>& local_p =
+        own_local_p.has_value() ? *own_local_p : local_c;
     if (!local_c.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(arg_what(), ": ", local_c.status().message()));
@@ -237,7 +292,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     for (int j = 0; j < n; ++j) {
       const DeviceRef& dst = slice.devices[j];
       proto::InputBinding* binding = tasks[j]->add_inputs();
-      *binding->mutable_local() = ToProto(*local_c);
+      *binding->mutable_local() = local.proto;
       if (donate) binding->set_donate(true);
       binding->set_axis(arg->sharding.is_split() ? arg->sharding.axis : 0);
       auto add_piece = [&](int k, int64_t src_off, int64_t dst_off,
@@ -284,8 +339,14 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         }
       }
     }
-    call_record.inputs.push_back(
-        {ref.buffer_id(), ref.slice_id(), *std::move(arg)});
+    // Most calls name the layout their program takes: the record points
+    // at the program's (no copy, nothing allocated per call).
+    if (program_layout) {
+      call_record.inputs.emplace_back(ref.buffer_id(), ref.slice_id(), &want);
+    } else {
+      call_record.inputs.emplace_back(ref.buffer_id(), ref.slice_id(),
+                                      *std::move(parsed));
+    }
   }
 
   // The outputs' bytes count against the tenant's max_bytes.

@@ -4,10 +4,12 @@
 #include <atomic>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/arena.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/common/address.h"
 #include "plexus/common/logging.h"
@@ -251,14 +253,17 @@ class ServerImpl : public Server, public proto::Controller::Service {
       hello.set_heartbeat_interval_ms(
           absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
       hello.set_rejoined(rejoined);
+      // One message, reused: the first carries the hello; clearing it
+      // keeps its ops' shells, which the next write fills (no allocation
+      // per op).
       auto queue = std::make_shared<WorkerQueue>(
-          [stream, id, hello = std::move(hello)](
-              std::vector<proto::WorkerOp>& ops) mutable {
-            proto::ServerToWorker msg;
-            msg.Swap(&hello);  // the first message; empty afterwards
+          [stream, id,
+           msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
             msg.set_worker_id(id);
             for (auto& op : ops) *msg.add_ops() = std::move(op);
-            return stream->Write(msg);
+            const bool written = stream->Write(msg);
+            msg.Clear();
+            return written;
           });
       // Tell the newcomer about everyone (itself included, so its first
       // message carries its id) and everyone about the newcomer.
@@ -310,30 +315,35 @@ class ServerImpl : public Server, public proto::Controller::Service {
             copies_arrived_.push_back(copy);
           }
           pending = CompletionsPendingLocked();
+          // Nothing for the records (a call ends with its last worker's
+          // report): the room it left is used now, under this one lock.
+          if (!pending) AdmitLocked();
         }
         // Into the records (ApplyCompletionsLocked) if the state lock is
         // free; the releases they let go then ride with the calls that the
         // room they left admits (one write to each worker, not two). If a
         // client's batch is being routed, it applies them as it ends.
         // Admission never waits for the state lock.
-        WorkerOps releases;
-        bool applied = false;
-        if (pending && mu_.TryLock()) {
-          ApplyCompletionsLocked(&releases);
-          mu_.Unlock();
-          applied = true;
-        }
-        bool wait_for_state = false;
-        {
-          absl::MutexLock admission(&admission_mu_);
-          AdmitLocked(std::move(releases));
-          wait_for_state = pending && !applied && !routing_batch_ &&
-                           CompletionsPendingLocked();
-        }
-        if (wait_for_state) {  // another holder of the state lock (rare)
-          absl::MutexLock lock(&mu_);
-          ApplyCompletionsLocked(&releases);
-          if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+        if (pending) {
+          WorkerOps releases;
+          bool applied = false;
+          if (mu_.TryLock()) {
+            ApplyCompletionsLocked(&releases);
+            mu_.Unlock();
+            applied = true;
+          }
+          bool wait_for_state = false;
+          {
+            absl::MutexLock admission(&admission_mu_);
+            AdmitLocked(std::move(releases));
+            wait_for_state =
+                !applied && !routing_batch_ && CompletionsPendingLocked();
+          }
+          if (wait_for_state) {  // another holder of the state lock (rare)
+            absl::MutexLock lock(&mu_);
+            ApplyCompletionsLocked(&releases);
+            if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+          }
         }
       }
       Handled(id);
@@ -410,9 +420,27 @@ class ServerImpl : public Server, public proto::Controller::Service {
       SPDLOG_INFO("client {} connected: {} (tenant {})", id, msg.client_name(),
                   *tenant);
     }
-    do {
-      HandleClientBatch(ctx, id, msg, out);
-    } while (stream->Read(&msg));
+    HandleClientBatch(ctx, id, msg, out);
+    {
+      // Each batch is parsed onto an arena and dropped with it once routed
+      // (routing copies what it keeps): its ops are allocated by bumping a
+      // pointer in a block this session reuses, and freed at once, not one
+      // by one (a batch of chained calls is thousands of small messages).
+      std::vector<char> block(kBatchArenaBlock);
+      google::protobuf::ArenaOptions arena_options;
+      arena_options.initial_block = block.data();
+      arena_options.initial_block_size = block.size();
+      arena_options.max_block_size = kBatchArenaBlock;
+      google::protobuf::Arena arena(arena_options);
+      while (true) {
+        auto* batch =
+            google::protobuf::Arena::CreateMessage<proto::ClientToServer>(
+                &arena);
+        if (!stream->Read(batch)) break;
+        HandleClientBatch(ctx, id, *batch, out);
+        arena.Reset();
+      }
+    }
 
     std::unique_ptr<OutQueue<proto::ServerToClient>> queue;
     {
@@ -448,6 +476,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
     queue.reset();  // the only owner: stops and joins the writer
     return grpc::Status::OK;
   }
+
+  // The block each client session parses its batches into (larger ones
+  // take more blocks of this size, freed after the batch).
+  static constexpr size_t kBatchArenaBlock = 256 << 10;
 
   // The tenant a session's first message proves (common/credentials.h: a
   // tenant credential over its name, compared in constant time), or
@@ -600,18 +632,10 @@ class ServerImpl : public Server, public proto::Controller::Service {
     // release must follow the calls that read its buffer) keep the
     // client's order at admission.
     std::vector<WorkerOps> express;
-    if (!released.empty()) express.push_back(std::move(released));
     for (size_t u = 0; u < units.size(); ++u) {
-      WorkerOps& ops = units[u];
+      AdmissionUnit unit = MakeAdmissionUnit(std::move(units[u]), seqs[u]);
       // Releases and snapshots' copies follow the calls before them.
-      bool ordered = false;
-      for (const auto& [w, list] : ops) {
-        for (const proto::WorkerOp& op : list) {
-          ordered |= op.has_release() || op.has_transfer();
-        }
-      }
-      AdmissionUnit unit = MakeAdmissionUnit(std::move(ops), seqs[u]);
-      if (!unit.is_call() && !ordered) {
+      if (!unit.is_call() && !Ordered(unit.ops)) {
         if (!unit.ops.empty()) express.push_back(std::move(unit.ops));
         continue;
       }
@@ -619,7 +643,21 @@ class ServerImpl : public Server, public proto::Controller::Service {
     }
     if (!express.empty()) scheduler_.Submit(std::move(express));
     lock.Release();
-    AdmitLocked();
+    // The releases that completions let go need no order but that of the
+    // calls before them, which are done: they go with the calls admitted
+    // now (one write to each worker, not two), as in WorkerSession.
+    AdmitLocked(std::move(released));
+  }
+
+  // Whether `ops` (not a call's) must keep the client's order at
+  // admission: releases and snapshots' copies follow the calls before them.
+  static bool Ordered(const WorkerOps& ops) {
+    for (const auto& [w, list] : ops) {
+      for (const proto::WorkerOp& op : list) {
+        if (op.has_release() || op.has_transfer()) return true;
+      }
+    }
+    return false;
   }
 
   // Back-pressure on one client: its stream is not read while it has a
