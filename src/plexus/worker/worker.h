@@ -73,6 +73,10 @@ struct WorkerOptions {
   // first XLA call.
   bool devices_from_plugin = false;
   bool device_memory_given = false;
+  // Device values move to and from workers of this host by CUDA IPC where
+  // both can (the plugin's devices are CUDA GPUs: worker/cuda_ipc.h); off
+  // (--no-cuda-ipc): through host memory, as between hosts.
+  bool cuda_ipc = true;
   // The cluster secret (common/credentials.h): the worker proves itself to
   // the server and its peers with it, and checks every data-plane request
   // against it. Start() refuses to run without one.

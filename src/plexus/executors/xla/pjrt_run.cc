@@ -1,6 +1,7 @@
 // PjrtRuntime's runs (Execute: queued, their ends handled on the completion
 // thread) and the device buffers they make (PjrtBuffer).
 #include <atomic>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -117,7 +118,7 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
               ? nullptr
               : std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
                     handle_of_client_, outs[p][o], DeviceIndex(exe, p),
-                    exe.outputs_[o].byte_size(), platform_ == "cpu",
+                    exe.outputs_[o].byte_size(), BufferMemory(),
                     producer)));
     }
   }
@@ -296,6 +297,98 @@ bool PjrtBuffer::donated() const {
          a.is_deleted;
 }
 
+PjrtBuffer::Memory PjrtRuntime::BufferMemory() const {
+  if (platform_ == "cpu") return PjrtBuffer::Memory::kHost;
+  if (platform_ == "cuda") return PjrtBuffer::Memory::kCudaGpu;
+  return PjrtBuffer::Memory::kOther;
+}
+
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtRuntime::CreateUninitialized(
+    int d, const TensorSpec& spec, absl::string_view what) const {
+  if (d < 0 || d >= num_devices()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": no device ", d, " in this PJRT client"));
+  }
+  // A plugin older than the call (the struct ends before it) has none.
+  if (api_->struct_size <=
+          offsetof(PJRT_Api, PJRT_Client_CreateUninitializedBuffer) ||
+      api_->PJRT_Client_CreateUninitializedBuffer == nullptr) {
+    return absl::UnimplementedError(absl::StrCat(
+        what, ": the PJRT plugin has no PJRT_Client_CreateUninitializedBuffer"));
+  }
+  absl::StatusOr<PJRT_Buffer_Type> type = BufferType(spec.dtype);
+  if (!type.ok()) return type.status();
+  PjrtScope scope(api_);
+  auto a = PJRT_ARGS(PJRT_Client_CreateUninitializedBuffer_Args);
+  a.client = client_;
+  a.shape_dims = spec.shape.data();
+  a.shape_num_dims = spec.shape.size();
+  a.shape_element_type = *type;
+  a.device = devices_[d];
+  if (absl::Status s =
+          scope.ToStatus(api_->PJRT_Client_CreateUninitializedBuffer(&a),
+                         absl::StrCat(what, ": allocating ", spec.ToString()));
+      !s.ok()) {
+    return s;
+  }
+  return std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
+      handle_of_client_, a.buffer, d, spec.byte_size(), BufferMemory(),
+      std::make_shared<const std::string>(what)));
+}
+
+absl::StatusOr<GpuAddress> PjrtBuffer::gpu_address() const {
+  if (memory_ != Memory::kCudaGpu) {
+    return absl::FailedPreconditionError(
+        "not in GPU memory (a buffer of a PJRT plugin that is not CUDA's)");
+  }
+  if (absl::Status s = Await(); !s.ok()) return s;
+  const PJRT_Api* api = client_->api;
+  PjrtScope scope(api);
+  auto bytes = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+  bytes.buffer = buffer_;
+  if (absl::Status s = scope.ToStatus(
+          api->PJRT_Buffer_OnDeviceSizeInBytes(&bytes), "on-device size");
+      !s.ok()) {
+    return s;
+  }
+  if (bytes.on_device_size_in_bytes != size_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("laid out in ", bytes.on_device_size_in_bytes,
+                     " bytes on the GPU, not densely in ", size_));
+  }
+  GpuAddress where;
+  auto p = PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+  p.buffer = buffer_;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&p),
+                         "device memory pointer");
+      !s.ok()) {
+    return s;
+  }
+  where.address = p.device_memory_ptr;
+  auto dev = PJRT_ARGS(PJRT_Buffer_Device_Args);
+  dev.buffer = buffer_;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_Device(&dev), "buffer device");
+      !s.ok()) {
+    return s;
+  }
+  auto id = PJRT_ARGS(PJRT_Device_LocalHardwareId_Args);
+  id.device = dev.device;
+  if (absl::Status s = scope.ToStatus(api->PJRT_Device_LocalHardwareId(&id),
+                                      "local hardware id");
+      !s.ok()) {
+    return s;
+  }
+  if (where.address == nullptr || id.local_hardware_id < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the plugin gives no device address or no CUDA ordinal (",
+        id.local_hardware_id, ")"));
+  }
+  where.ordinal = id.local_hardware_id;
+  return where;
+}
+
 bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
   return client_ == runtime.handle_of_client_;
 }
@@ -313,7 +406,7 @@ absl::Status PjrtBuffer::Await() const {
   if (!s.ok()) {
     ready_ =
         absl::Status(s.code(), absl::StrCat(*producer_, ": ", s.message()));
-  } else if (host_memory_) {
+  } else if (memory_ == Memory::kHost) {
     // The CPU plugin's buffers are host memory; its default layout is
     // dense and row-major, which the size confirms. Else read through
     // CopyToHost.
