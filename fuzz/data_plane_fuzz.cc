@@ -3,7 +3,8 @@
 // whose connection thread reads them (FrameSocket::ReadHeader, ReadShard,
 // ReadMessage, ReadIpc) and serves them (PUT, PUSH, PUSH_ERROR, PUSH_IPC,
 // FETCH, WAIT) on a real worker (worker_harness.h): WorkerImpl as the
-// handler, its object store behind it. Ops applied first declare what the frames may touch.
+// handler, its object store behind it. Ops applied first declare what the
+// frames may touch.
 //
 // Input:
 //   u8    flags: 1 unix socket (else TCP); 2 a memfd rides on the first

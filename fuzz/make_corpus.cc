@@ -489,8 +489,7 @@ void DataPlaneSeeds() {
           DataPlaneInput(carrier | 16, declared,
                          push_ipc + Frame(FrameType::kPush, temp, 0, sixteen)));
   }
-  Write(t, "push-ipc-from-client",
-        DataPlaneInput(kUnix, declared, push_ipc));
+  Write(t, "push-ipc-from-client", DataPlaneInput(kUnix, declared, push_ipc));
   transport::IpcShard huge = ipc;
   huge.bytes = ~0ull;
   huge.ordinal = -1;

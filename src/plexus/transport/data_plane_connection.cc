@@ -258,8 +258,8 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
       -> absl::StatusOr<std::unique_ptr<DataPlaneConnection>> {
     auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
     uint32_t capabilities = 0;
-    if (absl::Status s = internal::ConnectHandshake(*socket, me, cancelled,
-                                                    &capabilities);
+    if (absl::Status s =
+            internal::ConnectHandshake(*socket, me, cancelled, &capabilities);
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("data-plane connection to ",
                                                  address, ": ", s.message()));

@@ -147,12 +147,12 @@ TEST(DataPlaneIpcTest, OnlyAWorkerThatOpensCudaIpcOffersItAndOnlyOverUnix) {
   Served a = Serve(&opens);
   Served b = Serve(&closed);
   ASSERT_TRUE(a.server && b.server);
-  auto over_unix =
-      DataPlaneConnection::Connect(a.server->tcp_address(), a.unix_name, nullptr);
-  auto over_tcp = DataPlaneConnection::Connect(a.server->tcp_address(), "",
-                                               nullptr);
-  auto to_closed =
-      DataPlaneConnection::Connect(b.server->tcp_address(), b.unix_name, nullptr);
+  auto over_unix = DataPlaneConnection::Connect(a.server->tcp_address(),
+                                                a.unix_name, nullptr);
+  auto over_tcp =
+      DataPlaneConnection::Connect(a.server->tcp_address(), "", nullptr);
+  auto to_closed = DataPlaneConnection::Connect(b.server->tcp_address(),
+                                                b.unix_name, nullptr);
   ASSERT_TRUE(over_unix.ok() && over_tcp.ok() && to_closed.ok());
   EXPECT_TRUE((*over_unix)->uses_shared_memory());
   EXPECT_TRUE((*over_unix)->peer_opens_cuda_ipc());
@@ -208,8 +208,8 @@ TEST(DataPlaneIpcTest, ARefusedPushIpcIsAnsweredWithoutAskingTheHandler) {
   ASSERT_TRUE(served.server);
   DataPlaneIdentity fenced;
   fenced.generation = 9;
-  auto conn = DataPlaneConnection::Connect(
-      served.server->tcp_address(), served.unix_name, nullptr, fenced);
+  auto conn = DataPlaneConnection::Connect(served.server->tcp_address(),
+                                           served.unix_name, nullptr, fenced);
   ASSERT_TRUE(conn.ok()) << conn.status();
   absl::Status s = (*conn)->PushIpc({7, 0}, Shard(16));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
@@ -265,9 +265,9 @@ TEST(DataPlaneIpcTest, FromABadPeerAClearErrorNeverACrash) {
   reply = unix_socket->ReadHeader(&eof);
   ASSERT_TRUE(reply.ok()) << reply.status();
   ASSERT_EQ(reply->frame_type(), FrameType::kError);
-  EXPECT_NE(unix_socket->ReadErrorStatus(*reply).message().find(
-                "CUDA device -2"),
-            std::string::npos);
+  EXPECT_NE(
+      unix_socket->ReadErrorStatus(*reply).message().find("CUDA device -2"),
+      std::string::npos);
   EXPECT_EQ(handler.calls(), 0);
   // A payload of another size is a malformed frame: that connection closes.
   ASSERT_TRUE(unix_socket->SendFrame(header, "short").ok());

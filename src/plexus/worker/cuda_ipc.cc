@@ -78,9 +78,9 @@ absl::StatusOr<transport::IpcShard> CudaIpc::Export(
 
 absl::StatusOr<cuda::CudaApi::Opened> CudaIpc::Map(
     const transport::IpcShard& shard, int ordinal, std::string* key) const {
-  *key = absl::StrCat(absl::string_view(shard.handle.data(),
-                                        shard.handle.size()),
-                      "@", ordinal);
+  *key =
+      absl::StrCat(absl::string_view(shard.handle.data(), shard.handle.size()),
+                   "@", ordinal);
   absl::MutexLock lock(&mu_);
   auto it = mappings_.find(*key);
   if (it != mappings_.end()) {
@@ -120,11 +120,11 @@ absl::Status CudaIpc::CopyIn(const transport::IpcShard& shard,
   absl::Status s;
   // What the peer says is checked against what CUDA mapped: a value that
   // would lie outside it is refused, never read.
-  if (shard.offset > opened->size || shard.bytes > opened->size - shard.offset) {
+  if (shard.offset > opened->size ||
+      shard.bytes > opened->size - shard.offset) {
     s = absl::InvalidArgumentError(absl::StrCat(
-        "CUDA IPC: a value of ", shard.bytes, " bytes at offset ",
-        shard.offset, " lies outside the exported region of ", opened->size,
-        " bytes"));
+        "CUDA IPC: a value of ", shard.bytes, " bytes at offset ", shard.offset,
+        " lies outside the exported region of ", opened->size, " bytes"));
   } else {
     s = api_->CopyDeviceToDevice(
         dst.ordinal, dst.address,

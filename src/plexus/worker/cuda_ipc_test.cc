@@ -71,11 +71,15 @@ TEST(IpcPossibleTest, OnlyAGpuValueToAPeerOfThisHostThatOpensIt) {
 TEST(CudaIpcTest, AWorkerWithoutCudaSaysWhyAndDoesNothing) {
   // The CPU plugin, turned off, and (on a machine without CUDA, as CI) no
   // CUDA runtime: each says why, and no call reaches CUDA.
-  EXPECT_NE(CudaIpc::Create(true, "cpu", "")->available().message().find(
-                "'cpu', not CUDA"),
+  EXPECT_NE(CudaIpc::Create(true, "cpu", "")
+                ->available()
+                .message()
+                .find("'cpu', not CUDA"),
             std::string::npos);
-  EXPECT_NE(CudaIpc::Create(false, "cuda", "")->available().message().find(
-                "--no-cuda-ipc"),
+  EXPECT_NE(CudaIpc::Create(false, "cuda", "")
+                ->available()
+                .message()
+                .find("--no-cuda-ipc"),
             std::string::npos);
   std::unique_ptr<CudaIpc> cuda = CudaIpc::Create(true, "cuda", "/nowhere.so");
   if (cuda->available().ok()) GTEST_SKIP() << "this machine has a CUDA GPU";

@@ -105,12 +105,11 @@ bool PeerSender::SendByIpc(const Item& item) {
     conn_.reset();
     return false;
   }
-  absl::Status possible =
-      IpcPossible(**item.data, conn_->uses_shared_memory(),
-                  conn_->peer_opens_cuda_ipc(),
-                  ipc_ != nullptr ? ipc_->available()
-                                  : absl::FailedPreconditionError(
-                                        "this worker has no CUDA IPC"));
+  absl::Status possible = IpcPossible(
+      **item.data, conn_->uses_shared_memory(), conn_->peer_opens_cuda_ipc(),
+      ipc_ != nullptr
+          ? ipc_->available()
+          : absl::FailedPreconditionError("this worker has no CUDA IPC"));
   if (!possible.ok()) {
     if (!std::exchange(logged_not_possible_, true)) {
       SPDLOG_INFO("transfers to worker {}: host-staged ({})", peer_id_,

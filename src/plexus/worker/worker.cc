@@ -196,8 +196,9 @@ absl::Status WorkerImpl::StartLocal() {
   // CUDA IPC with the workers of this host: where the devices are the
   // plugin's CUDA GPUs (the plugin is loaded by now).
   if (options_.devices_from_plugin) {
-    cuda_ipc_ = CudaIpc::Create(options_.cuda_ipc, (*xla_->Runtime())->platform(),
-                                options_.pjrt_plugin);
+    cuda_ipc_ =
+        CudaIpc::Create(options_.cuda_ipc, (*xla_->Runtime())->platform(),
+                        options_.pjrt_plugin);
   } else {
     cuda_ipc_ = CudaIpc::Off(absl::FailedPreconditionError(
         "the worker's devices are not a PJRT plugin's GPUs (--gpus)"));

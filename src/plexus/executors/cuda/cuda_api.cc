@@ -254,11 +254,11 @@ absl::StatusOr<CudaApi::Opened> CudaApi::OpenRegion(
   // The mapped region's size, so a reader can check what it was told.
   DevicePtr mapped = 0;
   size_t size = 0;
-  if (absl::Status s = CheckDriver(
-          *table_,
-          table_->MemGetAddressRange(&mapped, &size,
-                                     reinterpret_cast<DevicePtr>(base)),
-          "cuMemGetAddressRange");
+  if (absl::Status s =
+          CheckDriver(*table_,
+                      table_->MemGetAddressRange(
+                          &mapped, &size, reinterpret_cast<DevicePtr>(base)),
+                      "cuMemGetAddressRange");
       !s.ok()) {
     table_->IpcCloseMemHandle(base);
     return s;

@@ -118,8 +118,7 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
               ? nullptr
               : std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
                     handle_of_client_, outs[p][o], DeviceIndex(exe, p),
-                    exe.outputs_[o].byte_size(), BufferMemory(),
-                    producer)));
+                    exe.outputs_[o].byte_size(), BufferMemory(), producer)));
     }
   }
   // Its end: each partition's completion counts down, the last hands the
@@ -314,7 +313,8 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtRuntime::CreateUninitialized(
           offsetof(PJRT_Api, PJRT_Client_CreateUninitializedBuffer) ||
       api_->PJRT_Client_CreateUninitializedBuffer == nullptr) {
     return absl::UnimplementedError(absl::StrCat(
-        what, ": the PJRT plugin has no PJRT_Client_CreateUninitializedBuffer"));
+        what,
+        ": the PJRT plugin has no PJRT_Client_CreateUninitializedBuffer"));
   }
   absl::StatusOr<PJRT_Buffer_Type> type = BufferType(spec.dtype);
   if (!type.ok()) return type.status();
@@ -381,9 +381,9 @@ absl::StatusOr<GpuAddress> PjrtBuffer::gpu_address() const {
     return s;
   }
   if (where.address == nullptr || id.local_hardware_id < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the plugin gives no device address or no CUDA ordinal (",
-        id.local_hardware_id, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("the plugin gives no device address or no CUDA ordinal (",
+                     id.local_hardware_id, ")"));
   }
   where.ordinal = id.local_hardware_id;
   return where;

@@ -91,8 +91,8 @@ absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload) {
     return refused(absl::StrCat("CUDA device ", payload.ordinal));
   }
   if (payload.offset > kMaxPayloadBytes * 4) {
-    return refused(absl::StrCat("offset ", payload.offset,
-                                " beyond any GPU's memory"));
+    return refused(
+        absl::StrCat("offset ", payload.offset, " beyond any GPU's memory"));
   }
   IpcShard shard;
   std::memcpy(shard.handle.data(), payload.handle, sizeof(payload.handle));
