@@ -118,10 +118,11 @@ absl::Status CudaIpc::CopyIn(const transport::IpcShard& shard,
   absl::StatusOr<cuda::CudaApi::Opened> opened = Map(shard, dst.ordinal, &key);
   if (!opened.ok()) return opened.status();
   absl::Status s;
-  // What the peer says is checked against what CUDA mapped: a value that
-  // would lie outside it is refused, never read.
-  if (shard.offset > opened->size ||
-      shard.bytes > opened->size - shard.offset) {
+  // What the peer says is checked against what CUDA mapped (where the
+  // driver says its size): a value that would lie outside it is refused,
+  // never read.
+  if (opened->size != 0 && (shard.offset > opened->size ||
+                            shard.bytes > opened->size - shard.offset)) {
     s = absl::InvalidArgumentError(absl::StrCat(
         "CUDA IPC: a value of ", shard.bytes, " bytes at offset ", shard.offset,
         " lies outside the exported region of ", opened->size, " bytes"));

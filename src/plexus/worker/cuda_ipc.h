@@ -64,7 +64,8 @@ class CudaIpc {
   // Receiver: maps `shard` (a peer's export), copies its shard.bytes to
   // `dst` (GPU memory of this process, as large) and waits for the copy,
   // then unmaps it (once no other copy of this process uses the mapping).
-  // InvalidArgument where the value would lie outside the mapped region.
+  // InvalidArgument where the value would lie outside the mapped region
+  // (checked where the driver gives the mapping's size).
   absl::Status CopyIn(const transport::IpcShard& shard,
                       const GpuAddress& dst) const;
 

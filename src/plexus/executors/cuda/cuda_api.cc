@@ -251,17 +251,13 @@ absl::StatusOr<CudaApi::Opened> CudaApi::OpenRegion(
       !s.ok()) {
     return s;
   }
-  // The mapped region's size, so a reader can check what it was told.
+  // The mapped region's size, so a reader can check what it was told (0
+  // where the driver does not say it of a mapping).
   DevicePtr mapped = 0;
   size_t size = 0;
-  if (absl::Status s =
-          CheckDriver(*table_,
-                      table_->MemGetAddressRange(
-                          &mapped, &size, reinterpret_cast<DevicePtr>(base)),
-                      "cuMemGetAddressRange");
-      !s.ok()) {
-    table_->IpcCloseMemHandle(base);
-    return s;
+  if (table_->MemGetAddressRange(
+          &mapped, &size, reinterpret_cast<DevicePtr>(base)) != kSuccess) {
+    size = 0;
   }
   return Opened{base, static_cast<char*>(base) + region.offset, size};
 }

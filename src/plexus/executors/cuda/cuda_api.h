@@ -70,7 +70,7 @@ class CudaApi {
   struct Opened {
     void* base = nullptr;   // for CloseRegion
     void* value = nullptr;  // base + offset
-    size_t size = 0;        // of the region mapped at base
+    size_t size = 0;        // of the region mapped at base; 0: unknown
   };
   absl::StatusOr<Opened> OpenRegion(int ordinal, const IpcRegion& region) const;
   absl::Status CloseRegion(int ordinal, void* base) const;
