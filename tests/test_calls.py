@@ -234,3 +234,49 @@ def test_ring_all_reduce_over_four_hosts(tmp_path):
         # A ring moves 2 (P-1)/P of the value per worker (1.5x here); every
         # partial to every other worker would be 3x.
         assert all(1.49 * n * 4 < b < 1.51 * n * 4 for b in sent), sent
+
+
+def test_all_reduce_offers_between_real_workers_choose_the_host_path(
+        tmp_path, monkeypatch):
+    # Workers that say they run NCCL trade offers over the data plane before
+    # every all_reduce (rank 0's with an NCCL unique id). Without a GPU the
+    # offers say no value is on one, so every rank takes the host path: the
+    # sum is exact on both host algorithms, nothing counts as NCCL, and the
+    # offers leave no entry behind.
+    monkeypatch.setenv("PLEXUS_NCCL_OFFERS_WITHOUT_GPU", "1")
+    with plexus.local(hosts=3, devices_per_host=1,
+                      log_file=str(tmp_path / "cluster.log")) as c:
+        client = c.connect()
+        s = client.slice(3, placement="spread")
+        assert len({d["worker"] for d in s.devices}) == 3
+        rng = np.random.default_rng(5)
+        for n in (10, 300_001):  # every partial to everyone; the ring
+            parts = rng.integers(-1000, 1000, size=(3, n)).astype(np.float32)
+            x = s.put(parts.reshape(-1), plexus.split(0))
+            partial = plexus.jit(lambda v: v, s, in_shardings=plexus.split(0),
+                                 out_shardings=plexus.partial())
+            total = s.program("all_reduce", plexus.Spec((n,), "float32",
+                                                        plexus.partial()))
+            addend = partial(x)
+            addend.block_until_ready()
+            before = c.status(fresh=True)
+            got = np.asarray(total(addend))
+            np.testing.assert_array_equal(got, parts.sum(0))
+            after = c.status(fresh=True)
+            sent = [a["stats"]["bytes_sent"] - b["stats"]["bytes_sent"]
+                    for a, b in zip(after["workers"], before["workers"])]
+            # Each worker's offer (176 bytes) went to both others, beside
+            # its partial to each (small) or its ring chunks, 2(P-1)/P of
+            # the value (large).
+            value = 2 * n * 4 if n < 1000 else (2 * 2 * n * 4) // 3 - 4
+            assert all(b >= 2 * 176 + value for b in sent), sent
+            got = np.asarray(total(partial(x)))  # and again
+            np.testing.assert_array_equal(got, parts.sum(0))
+            del x, got, addend
+        st = c.status(fresh=True)
+        assert sum(w["stats"]["transfers_nccl"] for w in st["workers"]) == 0
+        client.flush()
+        c.wait_until(lambda st: all(w["stats"].get("live_buffers", 0) == 0
+                                    for w in st["workers"]),
+                     what="every worker to report zero live buffers")
+        client.close()

@@ -346,6 +346,26 @@ def test_device_values_between_workers_of_one_host_go_host_staged_on_cpu(
     assert paths["transfers_nccl"] == 0, paths
 
 
+def test_all_reduce_of_device_values_sums_on_the_host_without_a_gpu(cluster,
+                                                                      client):
+    # XLA leaves each island's addend in device memory (CPU plugin); the
+    # workers cannot run NCCL (no GPU, no CUDA driver), so they register
+    # without it and the all_reduce takes the host path: right sum, no NCCL.
+    s = client.slice(2, placement="spread")
+    assert len({d["worker"] for d in s.devices}) == 2
+    x = rand(2, 4096)
+    addend = plexus.jit(lambda a: jnp.sum(a, axis=0) * 2.0, s,
+                        in_shardings=plexus.split(0),
+                        out_shardings=plexus.partial())(x)
+    addend.block_until_ready()
+    before = memory_traffic(cluster)
+    total = s.program("all_reduce", addend)(addend)
+    np.testing.assert_allclose(np.asarray(total), x.sum(0) * 2.0, rtol=1e-6)
+    after = memory_traffic(cluster)
+    assert grew(before, after)["transfers_nccl"] == 0
+    assert after["transfers_nccl"] == 0
+
+
 def test_a_device_value_read_on_another_device_of_its_worker(cluster, client):
     # Two one-device slices on the same worker: a value XLA left on device
     # 0 is read by a program on device 1 through the plugin's device-to-

@@ -33,7 +33,11 @@ step "plugin $plugin"
 
 step "build"
 cmake -S . -B build -G Ninja > /dev/null
-ninja -C build plexus-server plexus-worker _core xla_executor_test > /dev/null
+ninja -C build plexus-server plexus-worker _core xla_executor_test \
+  nccl_api_test nccl_collective_test > /dev/null
+step "NCCL and CUDA loaders with a GPU (the wheels' libraries)"
+build/bin/nccl_api_test --gtest_brief=1
+build/bin/nccl_collective_test --gtest_brief=1
 
 export PYTHONPATH="$root/python" PLEXUS_BIN_DIR="$root/build/bin"
 step "tests/gpu"

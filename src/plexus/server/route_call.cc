@@ -356,6 +356,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         auto* peer = exec->add_peers();
         peer->set_worker_id(p);
         peer->set_local_shards(shards);
+        peer->set_nccl(workers_[p].info.nccl());
       }
     }
     out.push_back(std::move(op));

@@ -4,9 +4,18 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
 
 namespace plexus {
-namespace {}  // namespace
+namespace {
+
+// With EnableNccl, beside the partials: rank r's offer arrives under
+// (exchange_id, kOfferShard + r); (exchange_id, kWatchShard + r) carries
+// only rank r's error, or fails when r is down.
+constexpr int kOfferShard = 1 << 24;
+constexpr int kWatchShard = 1 << 25;
+
+}  // namespace
 
 CallCollective::CallCollective(uint64_t exchange_id, std::vector<Peer> peers,
                                int my_rank, ObjectStore* store, SendFn send,
@@ -18,8 +27,26 @@ CallCollective::CallCollective(uint64_t exchange_id, std::vector<Peer> peers,
       send_(std::move(send)),
       ring_min_bytes_(ring_min_bytes) {}
 
+void CallCollective::EnableNccl(CollectiveGpus* nccl, absl::Duration timeout) {
+  nccl_ = nccl;
+  nccl_timeout_ = timeout;
+}
+
 void CallCollective::ExpectPartials(int device, const TensorSpec& spec) {
   const int p = static_cast<int>(peers_.size());
+  for (int r = 0; r < p && nccl_ != nullptr; ++r) {
+    if (r == my_rank_) continue;
+    const TensorSpec offer{DType::kU8,
+                           {static_cast<int64_t>(RankOffer::kBytes)}};
+    expected_.push_back({exchange_id_, kOfferShard + r});
+    store_->Declare(expected_.back(), device, offer, /*owned=*/false,
+                    ObjectStore::Arrival::kFromPeer, peers_[r].worker_id);
+    const BufferKey watch{exchange_id_, kWatchShard + r};
+    expected_.push_back(watch);
+    store_->Declare(watch, device, TensorSpec{DType::kU8, {1}},
+                    /*owned=*/false, ObjectStore::Arrival::kFromPeer,
+                    peers_[r].worker_id);
+  }
   ring_ = p >= 3 && spec.byte_size() >= ring_min_bytes_;
   if (!ring_) {
     for (int r = 0; r < p; ++r) {
@@ -43,10 +70,33 @@ void CallCollective::ExpectPartials(int device, const TensorSpec& spec) {
   }
   // Just declared: known, so AddReader cannot fail.
   for (const BufferKey& key : expected_) store_->AddReader(key).IgnoreError();
+  for (int r = 0; r < p && nccl_ != nullptr; ++r) {
+    if (r == my_rank_) continue;
+    store_->OnReady(
+        {exchange_id_, kWatchShard + r},
+        [give_up = give_up_, worker = peers_[r].worker_id](
+            const absl::StatusOr<std::shared_ptr<const Storage>>& got) {
+          if (got.ok()) return;
+          absl::MutexLock lock(&give_up->mu);
+          if (give_up->status.ok()) {
+            give_up->status =
+                absl::Status(got.status().code(),
+                             absl::StrCat("all_reduce: worker ", worker, ": ",
+                                          got.status().message()));
+          }
+        });
+  }
 }
 
 void CallCollective::ReleasePartials() {
-  for (const BufferKey& key : expected_) store_->RemoveReader(key);
+  for (const BufferKey& key : expected_) {
+    // With NCCL, entries nothing will fill (the watch entries; the partials
+    // where NCCL ran) end here, so that they are removed.
+    if (nccl_ != nullptr) {
+      store_->Fail(key, absl::CancelledError("all_reduce: finished"));
+    }
+    store_->RemoveReader(key);
+  }
 }
 
 int CallCollective::SendChunk(int step) const {
@@ -69,7 +119,87 @@ int64_t CallCollective::ChunkBegin(int c, int64_t n) const {
   return c * (n / p) + std::min<int64_t>(c, n % p);
 }
 
+absl::StatusOr<bool> CallCollective::ReduceOnGpusLocked() {
+  const int p = static_cast<int>(peers_.size());
+  std::vector<int64_t> workers;
+  for (const Peer& peer : peers_) workers.push_back(peer.worker_id);
+  std::vector<RankOffer> offers(p);
+  // One local shard per worker (ApplyExecute enables NCCL only so).
+  const Storage& in = *stored_.begin()->second;
+  offers[my_rank_] = nccl_->Offer(workers, my_rank_, in, stored_spec_);
+  const std::string mine = offers[my_rank_].Encode();
+  auto block = Storage::Allocate(mine.size());
+  if (!block.ok()) return block.status();
+  std::memcpy((*block)->data(), mine.data(), mine.size());
+  std::shared_ptr<const Storage> shared = std::move(*block);
+  for (int r = 0; r < p; ++r) {
+    if (r != my_rank_) {
+      send_(peers_[r].worker_id, {exchange_id_, kOfferShard + my_rank_},
+            shared);
+    }
+  }
+  offer_sent_ = true;
+  for (int r = 0; r < p; ++r) {
+    if (r == my_rank_) continue;
+    auto got = store_->AwaitReady({exchange_id_, kOfferShard + r});
+    if (!got.ok()) {
+      return absl::Status(
+          got.status().code(),
+          absl::StrCat("all_reduce: offer from worker ", peers_[r].worker_id,
+                       ": ", got.status().message()));
+    }
+    auto offer = RankOffer::Decode(absl::string_view(
+        static_cast<const char*>((*got)->data()), (*got)->size()));
+    if (!offer.ok()) {
+      return absl::InternalError(absl::StrCat("all_reduce: worker ",
+                                              peers_[r].worker_id, " sent ",
+                                              offer.status().message()));
+    }
+    offers[r] = *std::move(offer);
+  }
+  const PathChoice choice = ChoosePath(workers, offers);
+  if (choice.nccl) {
+    auto out = nccl_->AllReduce(
+        workers, my_rank_, offers, choice, in, stored_spec_,
+        absl::Now() + nccl_timeout_,
+        [give_up = give_up_](absl::Duration poll) {
+          absl::MutexLock lock(&give_up->mu);
+          give_up->mu.AwaitWithTimeout(
+              absl::Condition(
+                  +[](absl::Status* s) { return !s->ok(); }, &give_up->status),
+              poll);
+          return give_up->status;
+        },
+        absl::StrCat("all_reduce (rank ", my_rank_, " of ", p, ")"));
+    if (!out.ok()) return out.status();
+    gpu_result_ = *std::move(out);
+    return true;
+  }
+  SPDLOG_DEBUG("all_reduce {:#x}: the host path: {} (this rank: {})",
+               exchange_id_, choice.reason,
+               offers[my_rank_].on_gpu ? "on a GPU" : offers[my_rank_].why_not);
+  for (const auto& [shard, storage] : stored_) {
+    auto host = Storage::InHostMemory(storage, /*shareable=*/false);
+    if (!host.ok()) return host.status();
+    host_copies_.push_back(*host);
+    inputs_[shard] = builtin::ConstTensor{stored_spec_, (*host)->data()};
+  }
+  return false;
+}
+
 absl::Status CallCollective::ReduceLocked() {
+  if (nccl_ != nullptr && !stored_.empty() && peers_.size() > 1) {
+    absl::StatusOr<bool> on_gpus = ReduceOnGpusLocked();
+    if (!on_gpus.ok()) return on_gpus.status();
+    if (*on_gpus) return absl::OkStatus();
+  } else if (!stored_.empty()) {
+    for (const auto& [shard, storage] : stored_) {
+      auto host = Storage::InHostMemory(storage, /*shareable=*/false);
+      if (!host.ok()) return host.status();
+      host_copies_.push_back(*host);
+      inputs_[shard] = builtin::ConstTensor{stored_spec_, (*host)->data()};
+    }
+  }
   if (inputs_.empty()) return absl::InternalError("all_reduce: no inputs");
   const builtin::ConstTensor& first = inputs_.begin()->second;
   const int64_t n = first.spec.num_elements();
@@ -191,6 +321,18 @@ void CallCollective::ArriveLocked() {
       }
     }
   }
+  if (!status_.ok() && nccl_ != nullptr) {
+    // Peers waiting for our offer, or inside NCCL with us, give up.
+    for (int r = 0; r < p; ++r) {
+      if (r == my_rank_) continue;
+      if (!offer_sent_) {
+        send_(peers_[r].worker_id, {exchange_id_, kOfferShard + my_rank_},
+              status_);
+      }
+      send_(peers_[r].worker_id, {exchange_id_, kWatchShard + my_rank_},
+            status_);
+    }
+  }
   done_ = true;
 }
 
@@ -198,6 +340,26 @@ void CallCollective::Abort(int shard, const absl::Status& status) {
   absl::MutexLock lock(&mu_);
   if (abort_.ok()) abort_ = status;
   ArriveLocked();
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> CallCollective::AllReduceStored(
+    int shard, std::shared_ptr<const Storage> in, const TensorSpec& spec) {
+  absl::MutexLock lock(&mu_);
+  stored_[shard] = std::move(in);
+  stored_spec_ = spec;
+  ArriveLocked();
+  auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+  mu_.Await(absl::Condition(&finished));
+  if (!status_.ok()) return status_;
+  if (gpu_result_ != nullptr) return gpu_result_;  // one local shard
+  if (spec.byte_size() != static_cast<int64_t>(result_.size())) {
+    return absl::InternalError("all_reduce: output size mismatch");
+  }
+  auto out = Storage::AllocateForWrite(result_.size());
+  if (!out.ok()) return out.status();
+  if (!result_.empty())
+    std::memcpy((*out)->data(), result_.data(), result_.size());
+  return *std::move(out);
 }
 
 absl::Status CallCollective::AllReduceSum(int shard,

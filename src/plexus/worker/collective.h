@@ -8,6 +8,10 @@
 //    (reduce-scatter, then all-gather, P-1 steps each), so each worker sends
 //    and receives 2(P-1)/P of the value whatever P is. Each chunk is summed
 //    in a fixed ring order, so results are deterministic too.
+// Where every worker runs NCCL (EnableNccl), the ranks first trade offers
+// and may sum on the GPUs instead (worker/nccl_collective.h); the tasks
+// then hand in their inputs as stored (AllReduceStored), device memory
+// included, and get the output as a Storage.
 // Shared by the call's tasks (shared_ptr: the last task to finish frees
 // it). Thread-safe.
 #pragma once
@@ -18,8 +22,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/object_store.h"
+#include "plexus/worker/nccl_collective.h"
 
 namespace plexus {
 
@@ -41,6 +47,12 @@ class CallCollective {
                  ObjectStore* store, SendFn send,
                  int64_t ring_min_bytes = kRingMinBytes);
 
+  // Offers first, and the NCCL path where the offers allow it (call before
+  // ExpectPartials; every worker of the call does, as every worker's
+  // CollectivePeer.nccl says). `timeout` bounds each NCCL wait.
+  void EnableNccl(CollectiveGpus* nccl, absl::Duration timeout);
+  bool nccl_enabled() const { return nccl_ != nullptr; }
+
   // Declares the partials expected from other workers (call before any
   // task runs).
   void ExpectPartials(int device, const TensorSpec& spec);
@@ -50,12 +62,20 @@ class CallCollective {
   // Called once by each local shard task; blocks until the sum is known.
   absl::Status AllReduceSum(int shard, const builtin::ConstTensor& in,
                             const builtin::MutableTensor& out);
+  // With EnableNccl: called once by each local shard task with its input
+  // as stored (host or device memory); blocks until the sum is known and
+  // returns it: a device buffer where NCCL ran, else host memory.
+  absl::StatusOr<std::shared_ptr<Storage>> AllReduceStored(
+      int shard, std::shared_ptr<const Storage> in, const TensorSpec& spec);
   // A local shard task failed before contributing: the whole collective
   // fails with `status`, here and on the other workers (never a hang).
   void Abort(int shard, const absl::Status& status);
 
  private:
   absl::Status ReduceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The offers, then NCCL (true: done, result in gpu_result_) or the host
+  // path's inputs_ made from stored_ (false).
+  absl::StatusOr<bool> ReduceOnGpusLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every worker's partial to every other; result_ becomes the total.
   absl::Status ExchangeAllLocked(DType dtype, int64_t n)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -79,6 +99,16 @@ class CallCollective {
   const int64_t ring_min_bytes_;
   bool ring_ = false;                // set by ExpectPartials
   std::vector<BufferKey> expected_;  // entries ExpectPartials declared
+  CollectiveGpus* nccl_ = nullptr;   // set by EnableNccl
+  absl::Duration nccl_timeout_;
+  // A reason for the NCCL waits to give up: a peer's error or death, which
+  // fails the watch entries (expected from each peer, sent only on error).
+  // Shared with the store's callbacks on them.
+  struct GiveUp {
+    absl::Mutex mu;
+    absl::Status status ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<GiveUp> give_up_ = std::make_shared<GiveUp>();
 
   absl::Mutex mu_;
   std::map<int, builtin::ConstTensor> inputs_ ABSL_GUARDED_BY(mu_);
@@ -89,6 +119,12 @@ class CallCollective {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<char> result_ ABSL_GUARDED_BY(mu_);
+  // AllReduceStored's inputs, their spec, and NCCL's output.
+  std::map<int, std::shared_ptr<const Storage>> stored_ ABSL_GUARDED_BY(mu_);
+  TensorSpec stored_spec_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const Storage>> host_copies_ ABSL_GUARDED_BY(mu_);
+  bool offer_sent_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<Storage> gpu_result_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace plexus

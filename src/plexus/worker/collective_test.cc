@@ -5,11 +5,15 @@
 // failure on one worker fails all of them instead of hanging.
 #include "plexus/worker/collective.h"
 
+#include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace plexus {
@@ -17,7 +21,11 @@ namespace {
 
 struct Cluster {
   // `p` workers (ids 0..p-1, one local shard each) reducing int32[n].
-  Cluster(int p, int64_t n, int64_t ring_min_bytes) : p(p), n(n) {
+  // `gpus[w]`, where given: worker w runs NCCL (CallCollective::EnableNccl)
+  // with these GPUs.
+  Cluster(int p, int64_t n, int64_t ring_min_bytes,
+          std::vector<CollectiveGpus*> gpus = {})
+      : p(p), n(n) {
     for (int w = 0; w < p; ++w) {
       ObjectStore::Options o;
       o.device_memory = {int64_t{1} << 30};
@@ -39,8 +47,33 @@ struct Cluster {
             }
           },
           ring_min_bytes));
+      if (!gpus.empty()) calls[w]->EnableNccl(gpus[w], absl::Seconds(30));
       calls[w]->ExpectPartials(0, TensorSpec{DType::kI32, {n}});
     }
+  }
+
+  // As Run, through AllReduceStored (the tasks' entry with EnableNccl):
+  // inputs and outputs are Storage.
+  std::vector<absl::Status> RunStored(std::vector<std::vector<int32_t>>* outs) {
+    outs->assign(p, std::vector<int32_t>(n, -1));
+    std::vector<absl::Status> status(p);
+    std::vector<std::thread> threads;
+    for (int w = 0; w < p; ++w) {
+      threads.emplace_back([&, w] {
+        const TensorSpec spec{DType::kI32, {n}};
+        std::shared_ptr<Storage> in = *Storage::Allocate(spec.byte_size());
+        auto* data = static_cast<int32_t*>(in->data());
+        for (int64_t i = 0; i < n; ++i) data[i] = w * 1000 + i;
+        auto out = calls[w]->AllReduceStored(0, in, spec);
+        status[w] = out.status();
+        if (out.ok()) {
+          std::memcpy((*outs)[w].data(), (*out)->data(), spec.byte_size());
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (auto& c : calls) c->ReleasePartials();
+    return status;
   }
 
   // Worker w contributes w * 1000 + i at element i; `fail` aborts instead.
@@ -120,6 +153,188 @@ TEST(CallCollectiveTest, AFailedWorkerFailsTheWholeRing) {
           << status[w];
     }
   }
+}
+
+// The GPUs of one rank, as CallCollective sees them: offer what the test
+// says; on the NCCL path, note what was chosen and rank 0's unique id as
+// it arrived, then hand the input back, fail, or wait until told to give
+// up (a peer's error or death).
+class TestGpus : public CollectiveGpus {
+ public:
+  enum class Then { kInput, kFail, kWaitToGiveUp };
+  TestGpus(RankOffer offer, Then then)
+      : offer_(std::move(offer)), then_(then) {}
+
+  RankOffer Offer(const std::vector<int64_t>&, int, const Storage&,
+                  const TensorSpec&) override {
+    return offer_;
+  }
+  absl::StatusOr<std::shared_ptr<Storage>> AllReduce(
+      const std::vector<int64_t>&, int, const std::vector<RankOffer>& offers,
+      const PathChoice& choice, const Storage& in, const TensorSpec& spec,
+      absl::Time deadline, const cuda::NcclApi::GiveUpFn& give_up,
+      const std::string&) override {
+    chosen = choice;
+    rank0_id = offers[0].unique_id;
+    switch (then_) {
+      case Then::kInput: {
+        auto out = Storage::Allocate(spec.byte_size());
+        if (out.ok()) std::memcpy((*out)->data(), in.data(), spec.byte_size());
+        return out;
+      }
+      case Then::kFail:
+        return absl::DataLossError("the GPU broke");
+      case Then::kWaitToGiveUp:
+        for (;;) {
+          if (absl::Status s = give_up(absl::Milliseconds(50)); !s.ok()) {
+            return s;
+          }
+          if (absl::Now() > deadline) {
+            return absl::DeadlineExceededError("never told to give up");
+          }
+        }
+    }
+    return absl::InternalError("unreachable");
+  }
+
+  std::optional<PathChoice> chosen;
+  cuda::NcclUniqueId rank0_id;
+
+ private:
+  const RankOffer offer_;
+  const Then then_;
+};
+
+RankOffer OnGpu(int w) {
+  RankOffer o;
+  o.on_gpu = true;
+  o.gpu = absl::StrCat("gpu-of-worker-", w);
+  if (w == 0) {
+    o.has_unique_id = true;
+    for (size_t i = 0; i < o.unique_id.bytes.size(); ++i) {
+      o.unique_id.bytes[i] = static_cast<char>(i + 1);
+    }
+  }
+  return o;
+}
+
+// Host values on workers that run NCCL: the offers say so, every rank
+// takes the host path, and the sum is the host path's (both algorithms).
+TEST(CallCollectiveNcclTest, HostValuesTakeTheHostPathAfterTheOffers) {
+  for (int p : {2, 3}) {
+    for (int64_t ring_min : {int64_t{0}, int64_t{1} << 20}) {
+      std::vector<std::unique_ptr<TestGpus>> gpus;
+      std::vector<CollectiveGpus*> raw;
+      for (int w = 0; w < p; ++w) {
+        RankOffer host;
+        host.why_not = "a value in host memory";
+        gpus.push_back(std::make_unique<TestGpus>(host, TestGpus::Then::kFail));
+        raw.push_back(gpus.back().get());
+      }
+      Cluster c(p, 40, ring_min, raw);
+      std::vector<std::vector<int32_t>> outs;
+      auto status = c.RunStored(&outs);
+      ExpectSum(p, 40, outs, status);
+      for (auto& g : gpus) EXPECT_FALSE(g->chosen.has_value());
+    }
+  }
+}
+
+// Ranks on distinct GPUs choose NCCL, each with rank 0's unique id as it
+// travelled in rank 0's offer over the (in-process) data plane.
+TEST(CallCollectiveNcclTest, RankZerosUniqueIdReachesEveryRank) {
+  const int p = 3;
+  std::vector<std::unique_ptr<TestGpus>> gpus;
+  std::vector<CollectiveGpus*> raw;
+  for (int w = 0; w < p; ++w) {
+    gpus.push_back(
+        std::make_unique<TestGpus>(OnGpu(w), TestGpus::Then::kInput));
+    raw.push_back(gpus.back().get());
+  }
+  Cluster c(p, 8, /*ring_min_bytes=*/0, raw);
+  std::vector<std::vector<int32_t>> outs;
+  auto status = c.RunStored(&outs);
+  for (int w = 0; w < p; ++w) {
+    ASSERT_TRUE(status[w].ok()) << status[w];
+    ASSERT_TRUE(gpus[w]->chosen.has_value()) << "worker " << w;
+    EXPECT_TRUE(gpus[w]->chosen->nccl);
+    EXPECT_TRUE(gpus[w]->chosen->new_communicator);
+    EXPECT_EQ(gpus[w]->rank0_id.bytes, OnGpu(0).unique_id.bytes);
+    EXPECT_EQ(outs[w][1], w * 1000 + 1);  // what TestGpus handed back
+  }
+}
+
+TEST(CallCollectiveNcclTest, TwoRanksOnOneGpuTakeTheHostPath) {
+  std::vector<std::unique_ptr<TestGpus>> gpus;
+  std::vector<CollectiveGpus*> raw;
+  for (int w = 0; w < 2; ++w) {
+    RankOffer o = OnGpu(0);  // both on worker 0's GPU
+    o.has_unique_id = w == 0;
+    gpus.push_back(std::make_unique<TestGpus>(o, TestGpus::Then::kFail));
+    raw.push_back(gpus.back().get());
+  }
+  Cluster c(2, 16, /*ring_min_bytes=*/1 << 20, raw);
+  std::vector<std::vector<int32_t>> outs;
+  auto status = c.RunStored(&outs);
+  ExpectSum(2, 16, outs, status);
+  for (auto& g : gpus) EXPECT_FALSE(g->chosen.has_value());
+}
+
+// A rank whose NCCL call fails tells the others, which are inside NCCL
+// with it: they give up with its error instead of waiting for the deadline.
+TEST(CallCollectiveNcclTest, ARankThatFailsOnItsGpuEndsTheOthersWait) {
+  const int p = 3;
+  std::vector<std::unique_ptr<TestGpus>> gpus;
+  std::vector<CollectiveGpus*> raw;
+  for (int w = 0; w < p; ++w) {
+    gpus.push_back(std::make_unique<TestGpus>(
+        OnGpu(w),
+        w == 1 ? TestGpus::Then::kFail : TestGpus::Then::kWaitToGiveUp));
+    raw.push_back(gpus.back().get());
+  }
+  Cluster c(p, 8, /*ring_min_bytes=*/0, raw);
+  std::vector<std::vector<int32_t>> outs;
+  auto status = c.RunStored(&outs);
+  for (int w = 0; w < p; ++w) {
+    EXPECT_FALSE(status[w].ok()) << "worker " << w;
+    EXPECT_THAT(std::string(status[w].message()),
+                testing::HasSubstr("the GPU broke"))
+        << "worker " << w << ": " << status[w];
+  }
+}
+
+// A peer that dies while the others are inside NCCL (the worker's
+// PeerDown fails what is expected from it): they give up at once.
+TEST(CallCollectiveNcclTest, APeersDeathEndsTheWaitOnTheGpus) {
+  const int p = 2;
+  std::vector<std::unique_ptr<TestGpus>> gpus;
+  std::vector<CollectiveGpus*> raw;
+  for (int w = 0; w < p; ++w) {
+    gpus.push_back(
+        std::make_unique<TestGpus>(OnGpu(w), TestGpus::Then::kWaitToGiveUp));
+    raw.push_back(gpus.back().get());
+  }
+  Cluster c(p, 8, /*ring_min_bytes=*/0, raw);
+  std::vector<std::vector<int32_t>> outs(p, std::vector<int32_t>(8));
+  absl::StatusOr<std::shared_ptr<Storage>> out0;
+  std::thread rank0([&] {
+    const TensorSpec spec{DType::kI32, {8}};
+    out0 = c.calls[0]->AllReduceStored(0, *Storage::Allocate(32), spec);
+  });
+  // Worker 1 sends its offer (as its collective would), then dies.
+  RankOffer offer1 = OnGpu(1);
+  const std::string wire = offer1.Encode();
+  std::shared_ptr<Storage> bytes = *Storage::Allocate(wire.size());
+  std::memcpy(bytes->data(), wire.data(), wire.size());
+  c.stores[0]->Fulfil({77, (1 << 24) + 1}, bytes, 0, /*reserved=*/false);
+  c.stores[0]->FailFromSource(1, absl::UnavailableError("worker 1 is down"));
+  rank0.join();
+  ASSERT_FALSE(out0.ok());
+  EXPECT_THAT(std::string(out0.status().message()),
+              testing::HasSubstr("worker 1 is down"));
+  c.calls[0]->ReleasePartials();
+  c.calls[1]->Abort(0, absl::CancelledError("never ran"));
+  c.calls[1]->ReleasePartials();
 }
 
 }  // namespace

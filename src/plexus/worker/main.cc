@@ -93,6 +93,13 @@ int main(int argc, char** argv) {
                  "them, or share one. Implies --devices-from-plugin")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
+  if (const char* env = std::getenv("PLEXUS_NCCL_OFFERS_WITHOUT_GPU")) {
+    options.nccl_offers_without_gpu = std::string(env) == "1";
+  }
+  app.add_flag("--nccl-offers-without-gpu", options.nccl_offers_without_gpu,
+               "tests without a GPU: register as running NCCL and trade "
+               "all_reduce offers, which always choose the host path "
+               "(default: $PLEXUS_NCCL_OFFERS_WITHOUT_GPU=1)");
   app.add_flag("--devices-from-plugin", options.devices_from_plugin,
                "this worker's devices are the PJRT plugin's (one per GPU), "
                "with their kinds and memory; the plugin loads at start");

@@ -13,6 +13,9 @@ namespace {
 
 // Collective exchange buffers are keyed by the call id with the top bit set.
 constexpr uint64_t kCollectiveBit = uint64_t{1} << 63;
+// The longest an NCCL all_reduce waits for its peers (one that dies fails
+// it at once: CallCollective's watch entries).
+constexpr absl::Duration kNcclTimeout = absl::Minutes(5);
 
 }  // namespace
 
@@ -81,6 +84,19 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
       auto local = call->program->inputs[0].Local(exec.num_shards());
       if (local.ok()) partial_spec = *local;
     }
+    // On the GPUs where every worker runs NCCL and holds one shard of the
+    // call (several local shards on distinct GPUs would take one NCCL
+    // group call: not built, so they take the host path).
+    // (all_reduce only: its tasks then skip the kernel, RunTask.)
+    bool nccl = nccl_ != nullptr && exec.peers_size() > 1 &&
+                call->program->kernel ==
+                    builtin::KernelRegistry::Global().Find("all_reduce") &&
+                call->program->inputs.size() == 1 &&
+                call->program->outputs.size() == 1;
+    for (const proto::CollectivePeer& peer : exec.peers()) {
+      nccl &= peer.nccl() && peer.local_shards() == 1;
+    }
+    if (nccl) call->collective->EnableNccl(nccl_.get(), kNcclTimeout);
     call->collective->ExpectPartials(exec.tasks(0).device(), partial_spec);
   }
 
@@ -315,6 +331,10 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   std::vector<bool> aliased;
 
   std::unique_ptr<ShardCollectives> shard_collectives;
+  // The task handed its input to the collective as stored (EnableNccl).
+  const bool stored_collective =
+      call->collective != nullptr && call->collective->nccl_enabled();
+  bool contributed_stored = false;
   bool joined_island = false;
   const absl::Status& input_error = call->input_errors[task_index];
   // A call of a client that left after the call was queued here is
@@ -352,11 +372,42 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     std::vector<const DeviceBuffer*> input_devices;
     for (int i = 0; i < task.inputs_size(); ++i) {
       input_devices.push_back(nullptr);
-      auto input = BindInput(task.inputs(i), device, &keep, &scratch_bytes,
-                             program->xla ? &input_devices.back() : nullptr);
+      auto input = BindInput(
+          task.inputs(i), device, &keep, &scratch_bytes,
+          program->xla || stored_collective ? &input_devices.back() : nullptr);
       if (!input.ok()) return input.status();  // upstream error, intact
       ctx.inputs.push_back(*input);
       input_storage.push_back(keep.back());
+    }
+    if (stored_collective) {
+      // all_reduce on the values as they are stored: the collective sums
+      // them on the GPUs or on the host, and gives the output's Storage.
+      auto local = program->outputs[0].Local(exec.num_shards());
+      if (!local.ok()) return local.status();
+      if (ctx.inputs.size() != 1 || ctx.inputs[0].spec != *local) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "program '", program->name, "': all_reduce of ",
+            ctx.inputs.empty() ? "nothing" : ctx.inputs[0].spec.ToString(),
+            " into ", local->ToString()));
+      }
+      if (absl::Status s = store_->Reserve(device, local->byte_size());
+          !s.ok()) {
+        return s;
+      }
+      output_bytes += local->byte_size();
+      contributed_stored = true;
+      auto out = call->collective->AllReduceStored(task.shard(),
+                                                   input_storage[0], *local);
+      if (!out.ok()) {
+        return absl::Status(
+            out.status().code(),
+            absl::StrCat("program '", program->name, "' failed on shard ",
+                         task.shard(), " (worker ", worker_id_.load(),
+                         "): ", out.status().message()));
+      }
+      outputs.push_back(*std::move(out));
+      aliased.push_back(false);
+      return absl::OkStatus();
     }
     std::vector<bool> donate(ctx.inputs.size(), false);
     std::vector<int> written_over(program->outputs.size(), -1);
@@ -438,7 +489,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   absl::Status status = run();
   const absl::Time ran = absl::Now();
   if (call->island && !joined_island) call->island->Fail(task_index, status);
-  if (call->collective &&
+  if (call->collective && !contributed_stored &&
       (shard_collectives == nullptr || !shard_collectives->contributed())) {
     call->collective->Abort(
         task.shard(), status.ok() ? absl::InternalError("collective kernel did "

@@ -190,8 +190,24 @@ absl::Status WorkerImpl::StartLocal() {
       return absl::FailedPreconditionError(absl::StrCat(
           "PJRT plugin '", options_.pjrt_plugin, "' shows no devices"));
     }
+    if ((*runtime)->platform() == "cuda") {
+      // all_reduce between GPU islands may then run on the GPUs.
+      absl::StatusOr<std::unique_ptr<NcclRuntime>> nccl = NcclRuntime::Load(
+          cuda::CudaApi::LibraryDirsBeside(options_.pjrt_plugin));
+      if (nccl.ok()) {
+        nccl_ = *std::move(nccl);
+        SPDLOG_INFO("NCCL: all_reduce between GPU islands may run on GPUs");
+      } else {
+        SPDLOG_INFO("NCCL: not used ({}); all_reduce sums on the host",
+                    nccl.status().ToString());
+      }
+    }
   } else {
     specs.assign(options_.num_devices, {"cpu", options_.device_memory});
+  }
+  if (nccl_ == nullptr && options_.nccl_offers_without_gpu) {
+    nccl_ = std::make_unique<OffersWithoutGpu>();
+    SPDLOG_INFO("NCCL: offers only, no GPU (nccl_offers_without_gpu)");
   }
   // CUDA IPC with the workers of this host: where the devices are the
   // plugin's CUDA GPUs (the plugin is loaded by now).
@@ -282,6 +298,7 @@ absl::Status WorkerImpl::ConnectToServer() {
   reg->set_protocol_version(kProtocolVersion);
   reg->set_previous_worker_id(options_.previous_worker_id);
   reg->set_spare(options_.spare);
+  reg->set_nccl(nccl_ != nullptr);
   if (!options_.pjrt_plugin.empty()) {
     // What plexus.jit may write for this worker (the plugin is loaded now,
     // not at the first program; a plugin that cannot load says so then).
@@ -544,6 +561,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_transfers_device_to_device(TransferPaths::device_to_device().load());
   s.set_transfers_host_staged(TransferPaths::host_staged().load());
   s.set_transfers_ipc(TransferPaths::ipc().load());
+  s.set_transfers_nccl(NcclPaths::all_reduce().load());
   s.set_bytes_device_to_host(MemoryTraffic::device_to_host().load());
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());
@@ -793,6 +811,7 @@ void WorkerImpl::ApplyPeerDown(const proto::PeerDown& down) {
     peers_down_.insert(down.worker_id());
   }
   store_->FailFromSource(down.worker_id(), lost);
+  if (nccl_ != nullptr) nccl_->DropWorker(down.worker_id());
   down_peers_[down.worker_id()] = lost;
 }
 

@@ -77,6 +77,11 @@ struct WorkerOptions {
   // both can (the plugin's devices are CUDA GPUs: worker/cuda_ipc.h); off
   // (--no-cuda-ipc): through host memory, as between hosts.
   bool cuda_ipc = true;
+  // Tests without a GPU: the worker registers as running NCCL and trades
+  // all_reduce offers, saying no value is on a GPU, so each all_reduce
+  // takes the host path after them (OffersWithoutGpu,
+  // worker/nccl_collective.h). Ignored where NCCL itself runs.
+  bool nccl_offers_without_gpu = false;
   // The cluster secret (common/credentials.h): the worker proves itself to
   // the server and its peers with it, and checks every data-plane request
   // against it. Start() refuses to run without one.

@@ -270,6 +270,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   std::unique_ptr<xla::XlaExecutor> xla_;
   // Set by StartLocal before the data plane starts; never null after.
   std::unique_ptr<CudaIpc> cuda_ipc_;
+  // NCCL's GPUs (NcclRuntime), where the worker's devices are a CUDA
+  // plugin's and CUDA and NCCL load, or OffersWithoutGpu where the options
+  // say; else null: all_reduce sums on the host.
+  std::unique_ptr<CollectiveGpus> nccl_;
   std::vector<std::unique_ptr<Device>> devices_;
   transport::DataPlaneCounters counters_;
   std::unique_ptr<transport::DataPlaneServer> data_server_;

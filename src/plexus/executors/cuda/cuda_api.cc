@@ -31,6 +31,10 @@ struct IpcHandle {  // cudaIpcMemHandle_t
   char reserved[IpcRegion::kHandleBytes];
 };
 using DevicePtr = unsigned long long;  // CUdeviceptr on 64-bit hosts
+constexpr Error kNotReady = 600;       // cudaErrorNotReady
+struct DeviceUuidBytes {               // CUuuid
+  unsigned char bytes[16];
+};
 
 #ifdef PLEXUS_CUDA_HEADERS
 static_assert(sizeof(IpcHandle) == sizeof(cudaIpcMemHandle_t));
@@ -40,6 +44,9 @@ static_assert(kStreamNonBlocking == cudaStreamNonBlocking);
 static_assert(kSuccess == cudaSuccess && kSuccess == CUDA_SUCCESS);
 static_assert(sizeof(DevicePtr) == sizeof(CUdeviceptr));
 static_assert(sizeof(Stream) == sizeof(cudaStream_t));
+static_assert(kNotReady == cudaErrorNotReady);
+static_assert(sizeof(DeviceUuidBytes) == sizeof(CUuuid));
+static_assert(sizeof(int) == sizeof(CUdevice));
 #endif
 
 }  // namespace
@@ -56,9 +63,12 @@ struct CudaApi::Table {
   Error (*StreamCreateWithFlags)(Stream*, unsigned);
   Error (*StreamSynchronize)(Stream);
   Error (*StreamDestroy)(Stream);
+  Error (*StreamQuery)(Stream);
   // Driver.
   Error (*MemGetAddressRange)(DevicePtr*, size_t*, DevicePtr);
   Error (*DriverGetErrorString)(Error, const char**);
+  Error (*DeviceGet)(int*, int);                  // cuDeviceGet
+  Error (*DeviceGetUuid)(DeviceUuidBytes*, int);  // cuDeviceGetUuid_v2
 };
 
 namespace {
@@ -123,8 +133,11 @@ absl::StatusOr<const CudaApi*> LoadOnce(const std::vector<std::string>& dirs,
                 &t->StreamCreateWithFlags),
            Bind(runtime, "cudaStreamSynchronize", &t->StreamSynchronize),
            Bind(runtime, "cudaStreamDestroy", &t->StreamDestroy),
+           Bind(runtime, "cudaStreamQuery", &t->StreamQuery),
            Bind(driver, "cuMemGetAddressRange_v2", &t->MemGetAddressRange),
            Bind(driver, "cuGetErrorString", &t->DriverGetErrorString),
+           Bind(driver, "cuDeviceGet", &t->DeviceGet),
+           Bind(driver, "cuDeviceGetUuid_v2", &t->DeviceGetUuid),
        }) {
     if (!s.ok()) return s;
   }
@@ -304,6 +317,35 @@ absl::Status CudaApi::Synchronize(int ordinal, Stream stream) const {
 absl::Status CudaApi::DestroyStream(int ordinal, Stream stream) const {
   if (absl::Status s = Use(ordinal); !s.ok()) return s;
   return Check(*table_, table_->StreamDestroy(stream), "cudaStreamDestroy");
+}
+
+absl::StatusOr<bool> CudaApi::StreamDone(int ordinal, Stream stream) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  const Error e = table_->StreamQuery(stream);
+  if (e == kNotReady) return false;
+  if (absl::Status s = Check(*table_, e, "cudaStreamQuery"); !s.ok()) return s;
+  return true;
+}
+
+absl::StatusOr<std::string> CudaApi::DeviceUuid(int ordinal) const {
+  if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  int device = 0;
+  if (absl::Status s = CheckDriver(*table_, table_->DeviceGet(&device, ordinal),
+                                   "cuDeviceGet");
+      !s.ok()) {
+    return s;
+  }
+  DeviceUuidBytes uuid;
+  if (absl::Status s = CheckDriver(
+          *table_, table_->DeviceGetUuid(&uuid, device), "cuDeviceGetUuid");
+      !s.ok()) {
+    return s;
+  }
+  std::string hex;
+  for (unsigned char b : uuid.bytes) {
+    absl::StrAppend(&hex, absl::Hex(b, absl::kZeroPad2));
+  }
+  return hex;
 }
 
 }  // namespace plexus::cuda

@@ -85,6 +85,16 @@ class CudaApi {
   absl::StatusOr<Stream> CreateStream(int ordinal) const;
   absl::Status Synchronize(int ordinal, Stream stream) const;
   absl::Status DestroyStream(int ordinal, Stream stream) const;
+  // Whether `stream` has run everything queued on it (cudaStreamQuery),
+  // without waiting; an error queued work hit.
+  absl::StatusOr<bool> StreamDone(int ordinal, Stream stream) const;
+
+  // Makes GPU `ordinal` the calling thread's current device (for libraries
+  // that work on the current device: NCCL).
+  absl::Status MakeCurrent(int ordinal) const { return Use(ordinal); }
+  // The GPU's UUID (cuDeviceGetUuid), as 32 hex digits: the same GPU seen
+  // from two processes, whatever their CUDA_VISIBLE_DEVICES.
+  absl::StatusOr<std::string> DeviceUuid(int ordinal) const;
 
   // The files Load opened.
   const std::string& runtime_path() const { return runtime_path_; }

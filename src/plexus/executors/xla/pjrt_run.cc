@@ -308,85 +308,8 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtRuntime::CreateUninitialized(
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": no device ", d, " in this PJRT client"));
   }
-  // A plugin older than the call (the struct ends before it) has none.
-  if (api_->struct_size <=
-          offsetof(PJRT_Api, PJRT_Client_CreateUninitializedBuffer) ||
-      api_->PJRT_Client_CreateUninitializedBuffer == nullptr) {
-    return absl::UnimplementedError(absl::StrCat(
-        what,
-        ": the PJRT plugin has no PJRT_Client_CreateUninitializedBuffer"));
-  }
-  absl::StatusOr<PJRT_Buffer_Type> type = BufferType(spec.dtype);
-  if (!type.ok()) return type.status();
-  PjrtScope scope(api_);
-  auto a = PJRT_ARGS(PJRT_Client_CreateUninitializedBuffer_Args);
-  a.client = client_;
-  a.shape_dims = spec.shape.data();
-  a.shape_num_dims = spec.shape.size();
-  a.shape_element_type = *type;
-  a.device = devices_[d];
-  if (absl::Status s =
-          scope.ToStatus(api_->PJRT_Client_CreateUninitializedBuffer(&a),
-                         absl::StrCat(what, ": allocating ", spec.ToString()));
-      !s.ok()) {
-    return s;
-  }
-  return std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
-      handle_of_client_, a.buffer, d, spec.byte_size(), BufferMemory(),
-      std::make_shared<const std::string>(what)));
-}
-
-absl::StatusOr<GpuAddress> PjrtBuffer::gpu_address() const {
-  if (memory_ != Memory::kCudaGpu) {
-    return absl::FailedPreconditionError(
-        "not in GPU memory (a buffer of a PJRT plugin that is not CUDA's)");
-  }
-  if (absl::Status s = Await(); !s.ok()) return s;
-  const PJRT_Api* api = client_->api;
-  PjrtScope scope(api);
-  auto bytes = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
-  bytes.buffer = buffer_;
-  if (absl::Status s = scope.ToStatus(
-          api->PJRT_Buffer_OnDeviceSizeInBytes(&bytes), "on-device size");
-      !s.ok()) {
-    return s;
-  }
-  if (bytes.on_device_size_in_bytes != size_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("laid out in ", bytes.on_device_size_in_bytes,
-                     " bytes on the GPU, not densely in ", size_));
-  }
-  GpuAddress where;
-  auto p = PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
-  p.buffer = buffer_;
-  if (absl::Status s =
-          scope.ToStatus(api->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&p),
-                         "device memory pointer");
-      !s.ok()) {
-    return s;
-  }
-  where.address = p.device_memory_ptr;
-  auto dev = PJRT_ARGS(PJRT_Buffer_Device_Args);
-  dev.buffer = buffer_;
-  if (absl::Status s =
-          scope.ToStatus(api->PJRT_Buffer_Device(&dev), "buffer device");
-      !s.ok()) {
-    return s;
-  }
-  auto id = PJRT_ARGS(PJRT_Device_LocalHardwareId_Args);
-  id.device = dev.device;
-  if (absl::Status s = scope.ToStatus(api->PJRT_Device_LocalHardwareId(&id),
-                                      "local hardware id");
-      !s.ok()) {
-    return s;
-  }
-  if (where.address == nullptr || id.local_hardware_id < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the plugin gives no device address or no CUDA ordinal (",
-                     id.local_hardware_id, ")"));
-  }
-  where.ordinal = id.local_hardware_id;
-  return where;
+  return PjrtBuffer::Uninitialized(handle_of_client_, devices_[d], d,
+                                   BufferMemory(), spec, std::string(what));
 }
 
 bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
@@ -441,6 +364,115 @@ absl::Status PjrtBuffer::CopyToHost(void* dst) const {
   if (absl::Status s = scope.Await(t.event); !s.ok()) return s;
   MemoryTraffic::device_to_host() += size_;
   return absl::OkStatus();
+}
+
+}  // namespace plexus::xla
+
+namespace plexus::xla {
+namespace {
+// Whether the plugin's PJRT_Api has `offset`'s function (a plugin built
+// against an older header has a shorter struct).
+bool Has(const PJRT_Api* api, size_t offset, const void* fn) {
+  return offset < api->struct_size && fn != nullptr;
+}
+#define PLEXUS_PJRT_HAS(api, name) \
+  Has(api, offsetof(PJRT_Api, name), reinterpret_cast<const void*>(api->name))
+}  // namespace
+
+absl::StatusOr<GpuAddress> PjrtBuffer::gpu_address() const {
+  if (memory_ != Memory::kCudaGpu) {
+    return absl::FailedPreconditionError(
+        "not in GPU memory (a buffer of a PJRT plugin that is not CUDA's)");
+  }
+  if (absl::Status s = Await(); !s.ok()) return s;
+  const PJRT_Api* api = client_->api;
+  if (!PLEXUS_PJRT_HAS(api, PJRT_Buffer_OpaqueDeviceMemoryDataPointer) ||
+      !PLEXUS_PJRT_HAS(api, PJRT_Device_LocalHardwareId)) {
+    return absl::FailedPreconditionError(
+        "the PJRT plugin gives no device pointers");
+  }
+  PjrtScope scope(api);
+  auto bytes = PJRT_ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+  bytes.buffer = buffer_;
+  if (absl::Status s = scope.ToStatus(
+          api->PJRT_Buffer_OnDeviceSizeInBytes(&bytes), "on-device size");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (bytes.on_device_size_in_bytes != size_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the buffer holds ", bytes.on_device_size_in_bytes,
+                     " bytes on its device, not its dense ", size_));
+  }
+  auto ptr = PJRT_ARGS(PJRT_Buffer_OpaqueDeviceMemoryDataPointer_Args);
+  ptr.buffer = buffer_;
+  auto dev = PJRT_ARGS(PJRT_Buffer_Device_Args);
+  dev.buffer = buffer_;
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_OpaqueDeviceMemoryDataPointer(&ptr),
+                         "device pointer");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (absl::Status s =
+          scope.ToStatus(api->PJRT_Buffer_Device(&dev), "buffer device");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  auto hw = PJRT_ARGS(PJRT_Device_LocalHardwareId_Args);
+  hw.device = dev.device;
+  if (absl::Status s = scope.ToStatus(api->PJRT_Device_LocalHardwareId(&hw),
+                                      "local hardware id");
+      !s.ok()) {
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (hw.local_hardware_id < 0) {
+    return absl::FailedPreconditionError(
+        "the plugin gives the device no hardware id");
+  }
+  return GpuAddress{ptr.device_memory_ptr, hw.local_hardware_id};
+}
+
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtBuffer::NewOnSameDevice(
+    const TensorSpec& spec, std::string producer) const {
+  PjrtScope scope(client_->api);
+  auto dev = PJRT_ARGS(PJRT_Buffer_Device_Args);
+  dev.buffer = buffer_;
+  if (absl::Status s = scope.ToStatus(client_->api->PJRT_Buffer_Device(&dev),
+                                      "buffer device");
+      !s.ok()) {
+    return s;
+  }
+  return Uninitialized(client_, dev.device, device_, memory_, spec,
+                       std::move(producer));
+}
+
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtBuffer::Uninitialized(
+    std::shared_ptr<PjrtClientHandle> client, PJRT_Device* device, int index,
+    Memory memory, const TensorSpec& spec, std::string producer) {
+  const PJRT_Api* api = client->api;
+  if (!PLEXUS_PJRT_HAS(api, PJRT_Client_CreateUninitializedBuffer)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        producer, ": the PJRT plugin cannot allocate uninitialized buffers"));
+  }
+  absl::StatusOr<PJRT_Buffer_Type> type = BufferType(spec.dtype);
+  if (!type.ok()) return type.status();
+  PjrtScope scope(api);
+  auto a = PJRT_ARGS(PJRT_Client_CreateUninitializedBuffer_Args);
+  a.client = client->client;
+  a.shape_dims = spec.shape.data();
+  a.shape_num_dims = spec.shape.size();
+  a.shape_element_type = *type;
+  a.device = device;
+  if (absl::Status s = scope.ToStatus(
+          api->PJRT_Client_CreateUninitializedBuffer(&a),
+          absl::StrCat(producer, ": allocating ", spec.ToString()));
+      !s.ok()) {
+    return s;
+  }
+  return std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
+      std::move(client), a.buffer, index, static_cast<size_t>(spec.byte_size()),
+      memory, std::make_shared<const std::string>(std::move(producer))));
 }
 
 }  // namespace plexus::xla

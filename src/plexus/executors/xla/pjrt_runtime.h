@@ -68,9 +68,14 @@ class PjrtBuffer final : public DeviceBuffer {
   // Whether a run it was donated to took its memory (XlaArgument::donate):
   // it then holds no value, and reading it fails.
   bool donated() const override;
-  // A buffer of the CUDA plugin: its device memory pointer
-  // (PJRT_Buffer_OpaqueDeviceMemoryDataPointer) and the GPU's CUDA ordinal
-  // (PJRT_Device_LocalHardwareId).
+  // A buffer of the CUDA plugin, for what reads and writes GPU memory
+  // outside PJRT (CUDA IPC, worker/cuda_ipc.h; NCCL,
+  // worker/nccl_collective.h): the device address of its bytes
+  // (PJRT_Buffer_OpaqueDeviceMemoryDataPointer) and the GPU's local
+  // hardware id (PJRT_Device_LocalHardwareId: the CUDA ordinal). Awaits the
+  // value first. FailedPrecondition for a buffer of another plugin (CPU),
+  // one whose on-device size is not its dense size (another layout), or
+  // where the plugin does not say.
   bool in_gpu_memory() const override { return memory_ == Memory::kCudaGpu; }
   absl::StatusOr<GpuAddress> gpu_address() const override;
   // The runtime device (client device index) it is on.
@@ -78,11 +83,26 @@ class PjrtBuffer final : public DeviceBuffer {
   // Whether it belongs to `runtime`'s client (so runs there read it as is).
   bool BelongsTo(const PjrtRuntime& runtime) const;
 
+  // gpu_address, by the name NCCL's code uses.
+  using GpuMemory = GpuAddress;
+  absl::StatusOr<GpuMemory> Gpu() const { return gpu_address(); }
+  // A new buffer of `spec` on the same device of the same client, its
+  // bytes undefined (PJRT_Client_CreateUninitializedBuffer), for such a
+  // library to fill before anyone reads it (PjrtRuntime::CreateUninitialized
+  // on its device). `producer` names it in its errors.
+  absl::StatusOr<std::shared_ptr<PjrtBuffer>> NewOnSameDevice(
+      const TensorSpec& spec, std::string producer) const;
+
  private:
   friend class PjrtRuntime;
   // What the plugin's device memory is to this process: host memory (CPU),
   // a CUDA GPU's, or something else Plexus does not address itself.
   enum class Memory { kHost, kCudaGpu, kOther };
+  // A buffer of `spec` on `device` (client device index `index`), its
+  // bytes undefined: CreateUninitialized and NewOnSameDevice.
+  static absl::StatusOr<std::shared_ptr<PjrtBuffer>> Uninitialized(
+      std::shared_ptr<PjrtClientHandle> client, PJRT_Device* device, int index,
+      Memory memory, const TensorSpec& spec, std::string producer);
   // `producer` names the run that makes it, for its errors.
   PjrtBuffer(std::shared_ptr<PjrtClientHandle> client, PJRT_Buffer* buffer,
              int device, size_t size, Memory memory,
