@@ -1,9 +1,10 @@
 // Fuzz target: data-plane frames as a worker receives them. The bytes go
 // over a real connection (unix socket or TCP) to a real DataPlaneServer,
 // whose connection thread reads them (FrameSocket::ReadHeader, ReadShard,
-// ReadMessage) and serves them (PUT, PUSH, PUSH_ERROR, FETCH, WAIT) on a
-// real worker (worker_harness.h): WorkerImpl as the handler, its object
-// store behind it. Ops applied first declare what the frames may touch.
+// ReadMessage, ReadIpc) and serves them (PUT, PUSH, PUSH_ERROR, PUSH_IPC,
+// FETCH, WAIT) on a real worker (worker_harness.h): WorkerImpl as the
+// handler, its object store behind it. Ops applied first declare what the
+// frames may touch.
 //
 // Input:
 //   u8    flags: 1 unix socket (else TCP); 2 a memfd rides on the first
@@ -104,6 +105,12 @@ class WatchedHandler : public transport::DataPlaneHandler {
       const transport::ShardKey& key) override {
     Watch watch(this, key);
     return target()->AwaitReady(key);
+  }
+  bool OpensCudaIpc() override { return target()->OpensCudaIpc(); }
+  absl::Status ReceiveIpc(const transport::ShardKey& key,
+                          const transport::IpcShard& shard) override {
+    Watch watch(this, key);
+    return target()->ReceiveIpc(key, shard);
   }
 
  private:

@@ -470,6 +470,33 @@ void DataPlaneSeeds() {
         DataPlaneInput(kUnix | 2 | 4, declared,
                        fd_frame + Frame(FrameType::kFetch, x, 0), 16));
   Write(t, "memfd-unsealed", DataPlaneInput(kUnix | 2, declared, fd_frame, 16));
+  // PUSH_IPC (a shard by CUDA IPC) from a worker, a client, over TCP, and
+  // with a payload that breaks its rules: a worker without CUDA answers
+  // ERROR (send the bytes), the push that follows is stored.
+  transport::IpcShard ipc;
+  ipc.bytes = 16;
+  ipc.handle.fill('\x5a');
+  const auto ipc_payload = [](const transport::IpcShard& shard) {
+    const transport::internal::IpcPayload p =
+        transport::internal::EncodeIpc(shard);
+    return std::string(reinterpret_cast<const char*>(&p), sizeof(p));
+  };
+  const std::string push_ipc =
+      Frame(FrameType::kPushIpc, temp, 0, ipc_payload(ipc));
+  for (uint8_t carrier : {kTcp, kUnix}) {
+    const std::string c = carrier == kUnix ? "unix-" : "tcp-";
+    Write(t, c + "push-ipc-then-push",
+          DataPlaneInput(carrier | 16, declared,
+                         push_ipc + Frame(FrameType::kPush, temp, 0, sixteen)));
+  }
+  Write(t, "push-ipc-from-client", DataPlaneInput(kUnix, declared, push_ipc));
+  transport::IpcShard huge = ipc;
+  huge.bytes = ~0ull;
+  huge.ordinal = -1;
+  Write(t, "push-ipc-bad-payload",
+        DataPlaneInput(kUnix | 16, declared,
+                       Frame(FrameType::kPushIpc, temp, 0, ipc_payload(huge)) +
+                           Frame(FrameType::kPushIpc, temp, 0, "short")));
   // A call waiting on a put: the ops load a program and run it on the put
   // value once its bytes arrive; the client fetches the result.
   std::vector<proto::ServerToWorker> routed = RoutedOps({

@@ -315,10 +315,35 @@ def test_device_values_reach_builtin_kernels_and_other_hosts(cluster, client):
     # The transfer copied it out once; the fetch of `there` once more.
     assert after["bytes_device_to_host"] == \
         mid["bytes_device_to_host"] + 2 * x.nbytes
-    # The path: staged through host memory (no device path between
-    # workers yet), one shard.
+    # The path: staged through host memory, one shard. The two workers
+    # share this host's memory, but CPU device memory is no GPU's: no CUDA
+    # IPC (tests/gpu has that path).
     assert grew(mid, after)["transfers_host_staged"] == 1
     assert grew(mid, after)["transfers_device_to_device"] == 0
+    assert grew(mid, after)["transfers_ipc"] == 0
+
+
+def test_device_values_between_workers_of_one_host_go_host_staged_on_cpu(
+        cluster, client):
+    # Two workers of this machine, reached over the unix socket: where
+    # CUDA IPC would be taken on a GPU. On CPU every such transfer is
+    # staged through host memory, counted so, and the value arrives intact,
+    # however many shards move at once.
+    host0 = client.slice(1, hosts=["host0"])
+    host1 = client.slice(1, hosts=["host1"])
+    xs = [rand(256, 256) + i for i in range(4)]
+    make = plexus.jit(lambda a: a * 2.0, host0)
+    made = [make(x) for x in xs]
+    plexus.block_until_ready(made)
+    before = memory_traffic(cluster)
+    there = plexus.jit(lambda a: a + 0.5, host1)
+    moved = [there(m) for m in made]
+    for x, m in zip(xs, moved):
+        np.testing.assert_allclose(np.asarray(m), x * 2.0 + 0.5, rtol=1e-6)
+    paths = grew(before, memory_traffic(cluster))
+    assert paths["transfers_host_staged"] == len(xs), paths
+    assert paths["transfers_ipc"] == 0, paths
+    assert paths["transfers_nccl"] == 0, paths
 
 
 def test_all_reduce_of_device_values_sums_on_the_host_without_a_gpu(cluster,

@@ -63,7 +63,7 @@ class LocalCluster:
                  shared_memory=True, log_level="warn", log_file=None,
                  attached=True, heartbeat_timeout_ms=1000, scheduler="gang",
                  pjrt_plugin=None, secret=None, tenants=None,
-                 admission_window_us=None, gpus=None):
+                 admission_window_us=None, gpus=None, cuda_ipc=True):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -105,6 +105,9 @@ class LocalCluster:
                     f"gpus must be GPU indices (0, 1, ...), got {given!r}")
             gpus = given
         self.gpus = gpus
+        # Device values between these workers by CUDA IPC where they can
+        # (GPUs); False: through host memory (PLEXUS_CUDA_IPC=0).
+        self.cuda_ipc = bool(cuda_ipc)
         # Hex, from the binding: credentials are derived in C++ only.
         self._secret = secret or _core.new_cluster_secret()
         self.address = None
@@ -154,6 +157,9 @@ class LocalCluster:
         env.pop("PLEXUS_GPUS", None)
         if self.gpus is not None:
             env["PLEXUS_GPUS"] = ",".join(str(g) for g in self.gpus)
+        env.pop("PLEXUS_CUDA_IPC", None)
+        if not self.cuda_ipc:
+            env["PLEXUS_CUDA_IPC"] = "0"
         try:
             self.process = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,

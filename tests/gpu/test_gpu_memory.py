@@ -1,7 +1,7 @@
 """Device memory on an NVIDIA GPU: two workers sharing one GPU take their
 devices from the CUDA plugin (plexus.local(gpus=[0])), each holds only its
 budget, a chain of programs stays in device memory, donated updates are
-written over their input, and a CUDA
+written over their input, a value moves between them by CUDA IPC, and a CUDA
 out-of-memory fails the calls that hit it with the plugin's message while
 the worker goes on serving. Skipped, with the reason, where there is no GPU
 or no plugin (tests/gpu/run.sh installs it)."""
@@ -125,6 +125,53 @@ def test_donated_updates_are_written_over_their_input_on_the_gpu(shared_gpu):
     for _ in range(10):
         want = want * np.float32(0.5) + np.float32(1.0)
     np.testing.assert_array_equal(got, [want] * 4)
+
+
+def transfer_paths(cluster):
+    total = {}
+    for w in cluster.status(fresh=True)["workers"]:
+        for k in ("transfers_host_staged", "transfers_ipc"):
+            total[k] = total.get(k, 0) + int(w["stats"].get(k, 0))
+    return total
+
+
+def test_a_device_value_moves_between_workers_on_one_gpu_by_cuda_ipc(
+        shared_gpu):
+    # host0 makes a 64 MiB value on the GPU; host1, a worker sharing it,
+    # reads it after a long program of its own. The value goes by CUDA IPC
+    # (host1 maps host0's memory and copies it into a buffer of its own),
+    # so it is still intact when host1 reads it, after host0 has released
+    # its value and written other values into the memory it freed.
+    import jax
+    import jax.numpy as jnp
+    client = shared_gpu.connect()
+    a = client.slice(1, hosts=["host0"])
+    b = client.slice(1, hosts=["host1"])
+    n = (64 << 20) // 4
+    make = plexus.jit(lambda s: jnp.arange(n, dtype=jnp.float32) * s, a,
+                      platform="cuda", name="make")
+    busy = plexus.jit(
+        lambda m: jax.lax.fori_loop(0, 3000, lambda i, x: jnp.tanh(x @ x), m),
+        b, platform="cuda", name="busy")
+    read = plexus.jit(lambda x, y: x + 0.0 * y[0, 0], b, platform="cuda",
+                      name="read")
+    w = b.put(np.eye(2048, dtype=np.float32) * 0.5)
+    read(make(np.float32(1.0)), busy(w)).block_until_ready()  # compiled
+    before = transfer_paths(shared_gpu)
+    v = make(np.float32(1.0))
+    got = read(v, busy(w))  # queued behind `busy` on host1
+    v.block_until_ready()
+    del v  # host0 may free it once host1 has its copy
+    scrub = make(np.float32(-3.0))  # host0's freed memory, written over
+    scrub.block_until_ready()
+    out = np.asarray(got)
+    np.testing.assert_array_equal(out, np.arange(n, dtype=np.float32))
+    paths = transfer_paths(shared_gpu)
+    assert paths["transfers_ipc"] - before["transfers_ipc"] == 1, paths
+    assert paths["transfers_host_staged"] == before["transfers_host_staged"]
+    # The scrub was host0's own: its value is what it made.
+    np.testing.assert_array_equal(np.asarray(scrub)[:4],
+                                  [0.0, -3.0, -6.0, -9.0])
 
 
 def test_a_cuda_out_of_memory_fails_its_calls_and_the_worker_serves_on(

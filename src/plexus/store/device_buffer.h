@@ -21,8 +21,16 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace plexus {
+
+// Where a value lies in a CUDA GPU's memory: for the CUDA calls Plexus makes
+// beside the plugin (CUDA IPC between workers of one host).
+struct GpuAddress {
+  void* address = nullptr;
+  int ordinal = -1;  // the CUDA device, as this process numbers them
+};
 
 class DeviceBuffer {
  public:
@@ -45,6 +53,18 @@ class DeviceBuffer {
   // Whether a program it was donated to wrote its output over it (XLA's
   // input-output aliasing): it then holds no value.
   virtual bool donated() const { return false; }
+  // Whether the value is in a CUDA GPU's memory, so that gpu_address can
+  // say where (a PJRT buffer of the CUDA plugin). Cheap; never waits.
+  virtual bool in_gpu_memory() const { return false; }
+  // Awaits the value, then its address in GPU memory: valid while this
+  // buffer lives, dense and row-major, size() bytes. FailedPrecondition
+  // where it is not in GPU memory, or laid out otherwise (the plugin's
+  // on-device size differs from size()). The bytes of a ready buffer are
+  // never written through it, except by whoever made the buffer to fill
+  // it (PjrtRuntime::CreateUninitialized).
+  virtual absl::StatusOr<GpuAddress> gpu_address() const {
+    return absl::FailedPreconditionError("not in GPU memory");
+  }
 };
 
 // Bytes this process copied between host and device memory, each way: the
@@ -66,8 +86,9 @@ struct MemoryTraffic {
 // which ran): a program reading a device value on its own device as it is
 // (alias), the plugin's copy between two devices of this worker
 // (device_to_device), a device value sent to another worker through host
-// memory (host_staged), and the device paths between workers: CUDA IPC
-// and NCCL (not built yet: always 0).
+// memory (host_staged) or, to a worker of the same host, mapped and copied
+// by the receiver from the sender's GPU memory (ipc: counted by the sender
+// once the receiver has stored it); NCCL is not built yet (always 0).
 struct TransferPaths {
   static std::atomic<int64_t>& alias() {
     static std::atomic<int64_t> n{0};
@@ -78,6 +99,10 @@ struct TransferPaths {
     return n;
   }
   static std::atomic<int64_t>& host_staged() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
+  static std::atomic<int64_t>& ipc() {
     static std::atomic<int64_t> n{0};
     return n;
   }

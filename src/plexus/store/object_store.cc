@@ -343,6 +343,20 @@ absl::Status ObjectStore::AdmitIncoming(const BufferKey& key, int64_t bytes,
   return mismatch;
 }
 
+void ObjectStore::AbandonIncoming(const BufferKey& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || !it->second.receiving ||
+      it->second.state != Entry::State::kPending) {
+    return;
+  }
+  Entry& e = it->second;
+  used_[e.device] -= e.charged;
+  e.charged = 0;
+  e.receiving = false;
+  memory_freed_.SignalAll();
+}
+
 void ObjectStore::FulfilIncoming(const BufferKey& key,
                                  std::shared_ptr<Storage> data) {
   std::vector<ReadyCallback> callbacks;

@@ -140,6 +140,11 @@ class ObjectStore {
                              bool from_client);
   // The admitted bytes arrived: the shard is ready.
   void FulfilIncoming(const BufferKey& key, std::shared_ptr<Storage> data);
+  // The admitted bytes will come another way (a peer's CUDA IPC copy could
+  // not be made here, and the peer sends them as a PUSH instead): the
+  // shard is pending and not admitted again, its charge returned. Nothing
+  // happens to a shard that is no longer being received.
+  void AbandonIncoming(const BufferKey& key);
 
   // Attaches data; the reservation for data->size() on the entry's device
   // moves to the entry (`reserved`), or is taken now without waiting.

@@ -218,6 +218,25 @@ TEST(ObjectStoreTest, FailedReceptionReturnsItsMemory) {
   EXPECT_EQ(store.AwaitReady(key).status().message(), "connection broke");
 }
 
+TEST(ObjectStoreTest, AbandonedReceptionIsAdmittedAgainTheOtherWay) {
+  // A peer's CUDA IPC copy could not be made here: the shard's charge
+  // comes back and the bytes the peer then pushes are admitted as usual.
+  ObjectStore store(TwoDevices(1 << 20));
+  BufferKey key{26, 0};
+  store.Declare(key, 1, {DType::kF32, {4}}, true, kPeer, /*source_worker=*/1);
+  ASSERT_TRUE(store.AdmitIncoming(key, 16, false).ok());
+  EXPECT_EQ(store.Stats().device_bytes[1], 16);
+  store.AbandonIncoming(key);
+  EXPECT_EQ(store.Stats().device_bytes[1], 0);
+  ASSERT_TRUE(store.AdmitIncoming(key, 16, false).ok());
+  store.FulfilIncoming(key, Bytes(16));
+  EXPECT_EQ((*store.AwaitReady(key))->size(), 16u);
+  EXPECT_EQ(store.Stats().device_bytes[1], 16);
+  store.AbandonIncoming(key);  // no longer received: nothing changes
+  EXPECT_EQ(store.Stats().device_bytes[1], 16);
+  EXPECT_TRUE(store.AwaitReady(key).ok());
+}
+
 TEST(ObjectStoreTest, ComputedShardsTakeNoIncomingData) {
   ObjectStore store(TwoDevices(1 << 20));
   BufferKey key{24, 0};

@@ -24,6 +24,14 @@
 //                            content fingerprint; replied with DATA or ERROR
 //                            (a spare loads the job's executables from a
 //                            live worker instead of compiling them)
+//   PUSH_IPC worker -> worker, unix socket only, to a worker that said in
+//                            its handshake it opens CUDA IPC: a shard in the
+//                            sender's GPU memory, as an IpcShard (the
+//                            exported allocation, not the bytes); replied
+//                            with ACK (the receiver copied it into memory
+//                            of its own and stored it: the sender may free
+//                            it) or ERROR (nothing was taken: the sender
+//                            sends the bytes as a PUSH instead)
 #pragma once
 
 #include <array>
@@ -56,6 +64,21 @@ struct ShardKey {
   }
 };
 
+// A shard in a GPU's memory, exported by CUDA IPC (PUSH_IPC): where a
+// worker on the same host finds it. The sender keeps the memory alive
+// until the receiver answers.
+struct IpcShard {
+  static constexpr size_t kHandleBytes = 64;
+  std::array<char, kHandleBytes> handle{};  // cudaIpcMemHandle_t
+  uint64_t offset = 0;  // of the value from the exported allocation's base
+  uint64_t bytes = 0;   // of the value: dense, row-major
+  int32_t ordinal = 0;  // the sender's CUDA device, as it numbers them
+};
+
+// What the accepting end of a data-plane connection can do beyond the
+// base protocol, said in its handshake (WELCOME).
+inline constexpr uint32_t kCapabilityCudaIpc = 1;  // it serves PUSH_IPC
+
 // Byte counters of one process's data plane (payload bytes only).
 struct DataPlaneCounters {
   std::atomic<int64_t> bytes_sent{0};          // PUSH payloads sent
@@ -80,6 +103,7 @@ enum class DataPlaneRequest {
   kFetch,
   kWait,
   kFetchExecutable,  // key: {fingerprint, 0}
+  kPushIpc,
 };
 
 // Who is at the far end of a data-plane connection: what it proved in the
@@ -140,6 +164,20 @@ class DataPlaneHandler {
   // its status, code and message as the sender had it), or its admitted
   // bytes could not be received.
   virtual void DeliverError(const ShardKey& key, const absl::Status& error) = 0;
+  // Whether this end serves PUSH_IPC (it can open CUDA IPC handles and
+  // copy into device memory of its own): said to every peer that connects
+  // over the unix socket. By default not.
+  virtual bool OpensCudaIpc() { return false; }
+  // A PUSH_IPC of `key` (after Authorize and AdmitGeneration): admits the
+  // shard as AdmitIncoming does, then maps `shard` and copies it into
+  // device memory of its own, and stores it. OK: stored (the sender may
+  // free its memory). An error: nothing was taken for `key` (no charge,
+  // its entry as it was, unless admitting it failed it: a size that
+  // differs from the declared one), so the sender sends the bytes instead.
+  // Never called unless OpensCudaIpc.
+  virtual absl::Status ReceiveIpc(const ShardKey& key, const IpcShard& shard) {
+    return absl::UnimplementedError("this worker opens no CUDA IPC");
+  }
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
@@ -201,6 +239,9 @@ class DataPlaneConnection {
   virtual ~DataPlaneConnection() = default;
 
   virtual bool uses_shared_memory() const = 0;
+  // Whether the worker at the far end said in the handshake that it serves
+  // PUSH_IPC (kCapabilityCudaIpc; only ever over the unix socket).
+  virtual bool peer_opens_cuda_ipc() const = 0;
   // False once an I/O or protocol error broke the connection. An error the
   // worker sent (an ERROR frame: the shard failed, was not found, ...) leaves
   // it in step and usable.
@@ -213,6 +254,12 @@ class DataPlaneConnection {
                                  const absl::Status& error) = 0;
   // Waits for the worker's ACK (the shard is stored).
   virtual absl::Status Put(const ShardKey& key, const Storage& data) = 0;
+  // PUSH_IPC (peer_opens_cuda_ipc only): waits for the worker's answer. OK
+  // once it stored the shard (the exported memory may be freed); an error
+  // with the connection still healthy() is the worker's reason it took
+  // nothing (send the bytes by Push); one that broke it is an I/O error
+  // (whether the worker stored it is unknown).
+  virtual absl::Status PushIpc(const ShardKey& key, const IpcShard& shard) = 0;
   // Blocks until the shard is ready on the worker; its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<Storage>> Fetch(
       const ShardKey& key) = 0;

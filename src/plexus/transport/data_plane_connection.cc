@@ -29,12 +29,17 @@ using internal::FrameType;
 class DataPlaneConnectionImpl : public DataPlaneConnection {
  public:
   DataPlaneConnectionImpl(std::unique_ptr<FrameSocket> socket,
-                          std::string address, DataPlaneCounters* counters)
+                          std::string address, DataPlaneCounters* counters,
+                          uint32_t capabilities)
       : socket_(std::move(socket)),
         address_(std::move(address)),
-        counters_(counters) {}
+        counters_(counters),
+        capabilities_(capabilities) {}
 
   bool uses_shared_memory() const override { return socket_->is_unix(); }
+  bool peer_opens_cuda_ipc() const override {
+    return socket_->is_unix() && (capabilities_ & kCapabilityCudaIpc) != 0;
+  }
   bool healthy() const override { return !socket_->broken(); }
 
   void Shutdown() override { socket_->Shutdown(); }
@@ -65,6 +70,19 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
       return Context(FrameType::kPut, key, s);
     }
     return AwaitAck(FrameType::kPut, key);
+  }
+
+  absl::Status PushIpc(const ShardKey& key, const IpcShard& shard) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (!peer_opens_cuda_ipc()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "data-plane PUSH_IPC to ", address_,
+          ": the worker does not open CUDA IPC on this connection"));
+    }
+    if (absl::Status s = socket_->SendIpc(key, shard); !s.ok()) {
+      return Context(FrameType::kPushIpc, key, s);
+    }
+    return AwaitAck(FrameType::kPushIpc, key);
   }
 
   absl::StatusOr<std::shared_ptr<Storage>> Fetch(const ShardKey& key) override {
@@ -223,6 +241,7 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
   std::unique_ptr<FrameSocket> socket_;
   std::string address_;          // for messages
   DataPlaneCounters* counters_;  // may be null
+  const uint32_t capabilities_;  // the worker's, from its WELCOME
 };
 
 }  // namespace
@@ -238,14 +257,16 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
   auto open = [&](internal::UniqueFd fd, bool is_unix, std::string address)
       -> absl::StatusOr<std::unique_ptr<DataPlaneConnection>> {
     auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
-    if (absl::Status s = internal::ConnectHandshake(*socket, me, cancelled);
+    uint32_t capabilities = 0;
+    if (absl::Status s =
+            internal::ConnectHandshake(*socket, me, cancelled, &capabilities);
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("data-plane connection to ",
                                                  address, ": ", s.message()));
     }
     socket->set_generation(me.generation);
     return std::make_unique<DataPlaneConnectionImpl>(
-        std::move(socket), std::move(address), counters);
+        std::move(socket), std::move(address), counters, capabilities);
   };
   absl::Status unix_error;
   if (!unix_path.empty()) {

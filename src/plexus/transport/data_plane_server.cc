@@ -45,6 +45,8 @@ std::optional<DataPlaneRequest> RequestOf(FrameType type) {
       return DataPlaneRequest::kWait;
     case FrameType::kFetchExecutable:
       return DataPlaneRequest::kFetchExecutable;
+    case FrameType::kPushIpc:
+      return DataPlaneRequest::kPushIpc;
     case FrameType::kAck:
     case FrameType::kData:
     case FrameType::kError:
@@ -95,6 +97,10 @@ class DataPlaneServerImpl : public DataPlaneServer {
                           const DataPlanePeer& peer);
   absl::Status ServeShard(FrameSocket& socket, const FrameHeader& header);
   absl::Status ServeFetchOrWait(FrameSocket& socket, const FrameHeader& header);
+  // PUSH_IPC, its payload read; `allowed`: Authorize's and AdmitGeneration's
+  // word. Always answered (ACK or ERROR) unless the stream broke.
+  absl::Status ServeIpc(FrameSocket& socket, const FrameHeader& header,
+                        const absl::Status& allowed);
   // Joins and closes connections whose threads have returned.
   void ReapFinished();
   // A connection refused at its handshake: logged at most once per second
@@ -259,9 +265,13 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
   pthread_setname_np(pthread_self(), "plexus-dp-conn");
   SPDLOG_DEBUG("data plane: connection from {} opened", socket->peer());
   // Bound to the identity its handshake proves; nothing is served before.
+  // CUDA IPC needs a peer on this host: offered over the unix socket only.
+  const uint32_t capabilities =
+      socket->is_unix() && handler_->OpensCudaIpc() ? kCapabilityCudaIpc : 0;
   absl::StatusOr<DataPlanePeer> peer = internal::AcceptHandshake(
       *socket,
-      [this](const DataPlanePeer& p) { return handler_->CredentialFor(p); });
+      [this](const DataPlanePeer& p) { return handler_->CredentialFor(p); },
+      capabilities);
   if (!peer.ok() && !stopping()) LogRefusal(*socket, peer.status());
   while (peer.ok()) {
     bool eof = false;
@@ -294,7 +304,8 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
   }
   absl::Status allowed = handler_->Authorize(*request, header.key(), peer);
   if (allowed.ok() && (*request == DataPlaneRequest::kPush ||
-                       *request == DataPlaneRequest::kPushError)) {
+                       *request == DataPlaneRequest::kPushError ||
+                       *request == DataPlaneRequest::kPushIpc)) {
     allowed = handler_->AdmitGeneration(header.generation);
   }
   if (!allowed.ok()) {
@@ -325,6 +336,8 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
         return socket.SendError(FrameType::kError, header.key(), allowed);
       }
       return ServeFetchOrWait(socket, header);
+    case DataPlaneRequest::kPushIpc:
+      return ServeIpc(socket, header, allowed);
     case DataPlaneRequest::kFetchExecutable: {
       if (!allowed.ok()) {
         return socket.SendError(FrameType::kError, header.key(), allowed);
@@ -397,6 +410,32 @@ absl::Status DataPlaneServerImpl::ServeShard(FrameSocket& socket,
                 KeyString(key), socket.peer(), result.ToString());
   }
   return absl::OkStatus();
+}
+
+absl::Status DataPlaneServerImpl::ServeIpc(FrameSocket& socket,
+                                           const FrameHeader& header,
+                                           const absl::Status& allowed) {
+  const ShardKey key = header.key();
+  absl::StatusOr<IpcShard> shard = socket.ReadIpc(header);
+  if (socket.broken()) return shard.status();
+  // Every refusal is an ERROR, after which the sender sends the bytes: a
+  // refused push is then refused again, as a PUSH, and logged there.
+  absl::Status result = allowed;
+  if (result.ok()) result = shard.status();
+  if (result.ok() && !socket.is_unix()) {
+    result = absl::FailedPreconditionError(
+        "PUSH_IPC over TCP: CUDA IPC is offered over the unix socket only");
+  }
+  if (result.ok() && !handler_->OpensCudaIpc()) {
+    result = absl::FailedPreconditionError("this worker opens no CUDA IPC");
+  }
+  if (result.ok()) result = handler_->ReceiveIpc(key, *shard);
+  if (!result.ok()) {
+    SPDLOG_DEBUG("data plane: PUSH_IPC of {} from {} not taken: {}",
+                 KeyString(key), socket.peer(), result.ToString());
+    return socket.SendError(FrameType::kError, key, result);
+  }
+  return socket.SendControl(FrameType::kAck, key);
 }
 
 absl::Status DataPlaneServerImpl::ServeFetchOrWait(FrameSocket& socket,

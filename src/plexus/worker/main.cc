@@ -43,6 +43,15 @@ int main(int argc, char** argv) {
                  "the local address this host reaches the server from)");
   app.add_flag("--no-shm", no_shm,
                "move every buffer over TCP, even to workers on this machine");
+  // Off by default where the environment says PLEXUS_CUDA_IPC=0 (how an
+  // embedded cluster passes it to its workers).
+  bool no_cuda_ipc = false;
+  if (const char* env = std::getenv("PLEXUS_CUDA_IPC"); env && *env) {
+    no_cuda_ipc = std::string(env) == "0";
+  }
+  app.add_flag("--no-cuda-ipc", no_cuda_ipc,
+               "move device values to workers on this host through host "
+               "memory, never by CUDA IPC (default: $PLEXUS_CUDA_IPC=0)");
   app.add_flag("--spare", options.spare,
                "join as a spare: the server places no new slice here and "
                "keeps this host to take the place of one that is lost");
@@ -119,6 +128,7 @@ int main(int argc, char** argv) {
   options.device_memory_given = memory_option->count() > 0;
   if (!options.gpus.empty()) options.devices_from_plugin = true;
   options.shared_memory = !no_shm;
+  options.cuda_ipc = !no_cuda_ipc;
   plexus::InitLogging(
       options.host_name.empty() ? "worker" : "worker " + options.host_name,
       log_level);

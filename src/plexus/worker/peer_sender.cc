@@ -1,5 +1,7 @@
 #include "plexus/worker/peer_sender.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 
@@ -9,19 +11,21 @@ PeerSender::PeerSender(int64_t peer_id, std::string tcp_address,
                        std::string unix_path,
                        transport::DataPlaneCounters* counters,
                        transport::DataPlaneIdentity identity,
-                       FailureCallback on_failure)
+                       FailureCallback on_failure, const CudaIpc* ipc)
     : peer_id_(peer_id),
       tcp_address_(std::move(tcp_address)),
       unix_path_(std::move(unix_path)),
       counters_(counters),
       identity_(identity),
       on_failure_(std::move(on_failure)),
+      ipc_(ipc),
       thread_([this] { Loop(); }) {}
 
 PeerSender::~PeerSender() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    if (awaiting_ != nullptr) awaiting_->Shutdown();
   }
   thread_.join();
 }
@@ -50,21 +54,25 @@ void PeerSender::MarkDown() {
   absl::MutexLock lock(&mu_);
   down_ = true;
   queue_.clear();
+  // A peer that will not answer a PUSH_IPC: the sender thread lets go of
+  // the value now.
+  if (awaiting_ != nullptr) awaiting_->Shutdown();
+}
+
+absl::Status PeerSender::Connect() {
+  if (conn_) return absl::OkStatus();
+  // A peer declared down (a stopped one accepts but never answers the
+  // handshake), or this sender stopping, ends the connecting too.
+  auto conn = transport::DataPlaneConnection::Connect(
+      tcp_address_, unix_path_, counters_, identity_,
+      [this] { return given_up(); });
+  if (!conn.ok()) return conn.status();
+  conn_ = std::move(*conn);
+  return absl::OkStatus();
 }
 
 absl::Status PeerSender::SendOne(const Item& item) {
-  if (!conn_) {
-    // A peer declared down (a stopped one accepts but never answers the
-    // handshake), or this sender stopping, ends the connecting too.
-    auto given_up = [this] {
-      absl::MutexLock lock(&mu_);
-      return down_ || stop_;
-    };
-    auto conn = transport::DataPlaneConnection::Connect(
-        tcp_address_, unix_path_, counters_, identity_, given_up);
-    if (!conn.ok()) return conn.status();
-    conn_ = std::move(*conn);
-  }
+  if (absl::Status s = Connect(); !s.ok()) return s;
   if (item.data.ok()) return conn_->Push(item.key, **item.data);
   return conn_->PushError(item.key, item.data.status());
 }
@@ -89,10 +97,73 @@ void PeerSender::Loop() {
   }
 }
 
+bool PeerSender::SendByIpc(const Item& item) {
+  // Connecting says whether the peer is on this host's unix socket and
+  // opens CUDA IPC; a peer that cannot be reached is the host-staged
+  // path's to retry and report.
+  if (!Connect().ok()) {
+    conn_.reset();
+    return false;
+  }
+  absl::Status possible = IpcPossible(
+      **item.data, conn_->uses_shared_memory(), conn_->peer_opens_cuda_ipc(),
+      ipc_ != nullptr
+          ? ipc_->available()
+          : absl::FailedPreconditionError("this worker has no CUDA IPC"));
+  if (!possible.ok()) {
+    if (!std::exchange(logged_not_possible_, true)) {
+      SPDLOG_INFO("transfers to worker {}: host-staged ({})", peer_id_,
+                  std::string(possible.message()));
+    }
+    return false;
+  }
+  auto failed = [&](const absl::Status& why) {
+    if (!std::exchange(logged_failure_, true)) {
+      SPDLOG_WARN(
+          "transfer of buffer {} shard {} to worker {}: CUDA IPC failed, "
+          "staged through host memory instead (said once): {}",
+          item.key.buffer_id, item.key.shard, peer_id_, why.ToString());
+    } else {
+      SPDLOG_DEBUG("CUDA IPC to worker {} failed: {}", peer_id_,
+                   why.ToString());
+    }
+    return false;
+  };
+  // A value that failed upstream goes as its error (the host-staged
+  // path's PUSH_ERROR), not as a failure of CUDA IPC.
+  const DeviceBuffer& buffer = *(*item.data)->device_buffer();
+  if (!buffer.Await().ok()) return false;
+  absl::StatusOr<transport::IpcShard> shard = ipc_->Export(buffer);
+  if (!shard.ok()) return failed(shard.status());
+  {
+    absl::MutexLock lock(&mu_);
+    if (down_ || stop_) return false;
+    awaiting_ = conn_.get();
+  }
+  // `item` holds the value, so its memory stays exported until the answer.
+  absl::Status s = conn_->PushIpc(item.key, *shard);
+  {
+    absl::MutexLock lock(&mu_);
+    awaiting_ = nullptr;
+  }
+  if (s.ok()) {
+    TransferPaths::ipc()++;
+    return true;
+  }
+  if (!conn_->healthy()) {
+    // Broken (or cut by MarkDown): the host-staged path reconnects, once.
+    conn_.reset();
+    return false;
+  }
+  return failed(s);  // the peer took nothing: send the bytes
+}
+
 void PeerSender::Deliver(Item item) {
   if (item.data.ok() && (*item.data)->kind() == MemoryKind::kDevice) {
-    // No device path between workers yet: staged through host memory, on
-    // this thread, once the value is computed (or its error goes instead).
+    if (SendByIpc(item)) return;
+    if (given_up()) return;  // the server fails what was sent to it
+    // Staged through host memory, on this thread, once the value is
+    // computed (or its error goes instead).
     item.data =
         Storage::InHostMemory(*std::move(item.data), /*shareable=*/true);
     TransferPaths::host_staged()++;

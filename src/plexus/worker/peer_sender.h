@@ -5,6 +5,12 @@
 // sleeps on its queue when idle. A shard that cannot be delivered at all
 // (the connection fails, again after one reconnect) is reported through
 // `on_failure`, so the destination can fail it instead of waiting.
+//
+// A shard in GPU memory goes to a peer on this host by CUDA IPC where
+// both ends can (cuda_ipc.h): the peer copies it from this process's
+// memory, which the sender thread holds until the peer answers (or the
+// connection breaks, or the peer is marked down: the wait is then cut).
+// Anywhere else, or where CUDA IPC fails, it is staged through host memory.
 // Thread-safe.
 #pragma once
 
@@ -17,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "plexus/transport/data_plane.h"
+#include "plexus/worker/cuda_ipc.h"
 
 namespace plexus {
 
@@ -30,10 +37,12 @@ class PeerSender {
                                              const absl::Status& reason)>;
   // `unix_path`: the peer's unix socket when it may share memory with this
   // process (tried first; TCP when it cannot be reached), else empty.
-  // Its connections prove `identity` (the worker's).
+  // Its connections prove `identity` (the worker's). `ipc`: this worker's
+  // CUDA IPC (not owned; outlives the sender), or null for none.
   PeerSender(int64_t peer_id, std::string tcp_address, std::string unix_path,
              transport::DataPlaneCounters* counters,
-             transport::DataPlaneIdentity identity, FailureCallback on_failure);
+             transport::DataPlaneIdentity identity, FailureCallback on_failure,
+             const CudaIpc* ipc = nullptr);
   ~PeerSender();  // drops what is queued and joins
 
   // Queues `data` (or its error) for `key` on the peer.
@@ -48,7 +57,17 @@ class PeerSender {
     absl::StatusOr<std::shared_ptr<const Storage>> data;
   };
   void Loop();
+  // conn_, connected if it was not (the sender thread only).
+  absl::Status Connect();
   absl::Status SendOne(const Item& item);
+  // A device value by CUDA IPC: true once the peer stored it; false where
+  // it was not possible or failed (logged once per reason kind; the caller
+  // stages it through host memory).
+  bool SendByIpc(const Item& item);
+  bool given_up() {
+    absl::MutexLock lock(&mu_);
+    return down_ || stop_;
+  }
   // SendOne with one reconnect; reports a failure. A shard in device memory
   // is copied to host memory first.
   void Deliver(Item item);
@@ -60,13 +79,21 @@ class PeerSender {
   transport::DataPlaneCounters* const counters_;
   const transport::DataPlaneIdentity identity_;
   const FailureCallback on_failure_;
+  const CudaIpc* const ipc_;
   std::unique_ptr<transport::DataPlaneConnection> conn_;  // sender thread only
+  // Sender thread only: whether a fallback from CUDA IPC was logged, for a
+  // reason of the decision (INFO) and for a failure once it was tried (WARN).
+  bool logged_not_possible_ = false;
+  bool logged_failure_ = false;
 
   absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool down_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // someone is using conn_
+  // conn_ while a PUSH_IPC waits for its answer: MarkDown and the
+  // destructor shut it down, so the wait ends.
+  transport::DataPlaneConnection* awaiting_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 };
 

@@ -1,5 +1,7 @@
 #include "plexus/worker/peer_sender.h"
 
+#include <atomic>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -115,6 +117,64 @@ TEST(PeerSenderTest, ReportsAShardItCannotDeliver) {
             std::string::npos)
       << reason;
   EXPECT_NE(reason.message().find(address), std::string::npos) << reason;
+}
+
+// A value in GPU memory (as the CUDA plugin's buffers say) to a peer of
+// this host that offers CUDA IPC, from a worker that cannot make the CUDA
+// calls (no CUDA here): staged through host memory, the bytes intact,
+// counted as host-staged and never as IPC.
+TEST(PeerSenderTest, AGpuValueGoesHostStagedWhereCudaIpcIsNotPossible) {
+  class GpuBuffer : public DeviceBuffer {
+   public:
+    explicit GpuBuffer(std::shared_ptr<Storage> bytes)
+        : bytes_(std::move(bytes)) {}
+    size_t size() const override { return bytes_->size(); }
+    absl::Status Await() const override { return absl::OkStatus(); }
+    const void* host_address() const override { return nullptr; }
+    absl::Status CopyToHost(void* dst) const override {
+      std::memcpy(dst, bytes_->data(), bytes_->size());
+      return absl::OkStatus();
+    }
+    bool in_gpu_memory() const override { return true; }
+
+   private:
+    std::shared_ptr<Storage> bytes_;
+  };
+  class OffersIpc : public MapHandler {
+   public:
+    bool OpensCudaIpc() override { return true; }
+    absl::Status ReceiveIpc(const ShardKey&,
+                            const transport::IpcShard&) override {
+      ipc_calls++;
+      return absl::OkStatus();
+    }
+    std::atomic<int> ipc_calls{0};
+  };
+  OffersIpc handler;
+  transport::DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = transport::DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::unique_ptr<CudaIpc> no_cuda =
+      CudaIpc::Off(absl::UnavailableError("no CUDA runtime in this test"));
+  const int64_t staged = TransferPaths::host_staged().load();
+  const int64_t ipc = TransferPaths::ipc().load();
+  Failures failures;
+  {
+    PeerSender sender(2, (*server)->tcp_address(), options.unix_name, nullptr,
+                      {}, failures.Callback(), no_cuda.get());
+    std::shared_ptr<Storage> sent = Pattern(512 << 10, 3);
+    sender.Send({44, 0}, std::shared_ptr<const Storage>(Storage::OnDevice(
+                             std::make_shared<GpuBuffer>(sent))));
+    absl::Status error;
+    std::shared_ptr<Storage> got = handler.WaitFor({44, 0}, &error);
+    ASSERT_NE(got, nullptr) << error;
+    EXPECT_TRUE(SameBytes(*got, *sent));
+  }
+  EXPECT_EQ(TransferPaths::host_staged().load(), staged + 1);
+  EXPECT_EQ(TransferPaths::ipc().load(), ipc);
+  EXPECT_EQ(handler.ipc_calls.load(), 0);
+  handler.Close();
 }
 
 // A shard that had failed upstream and cannot be delivered either: what the

@@ -209,6 +209,22 @@ absl::Status WorkerImpl::StartLocal() {
     nccl_ = std::make_unique<OffersWithoutGpu>();
     SPDLOG_INFO("NCCL: offers only, no GPU (nccl_offers_without_gpu)");
   }
+  // CUDA IPC with the workers of this host: where the devices are the
+  // plugin's CUDA GPUs (the plugin is loaded by now).
+  if (options_.devices_from_plugin) {
+    cuda_ipc_ =
+        CudaIpc::Create(options_.cuda_ipc, (*xla_->Runtime())->platform(),
+                        options_.pjrt_plugin);
+  } else {
+    cuda_ipc_ = CudaIpc::Off(absl::FailedPreconditionError(
+        "the worker's devices are not a PJRT plugin's GPUs (--gpus)"));
+  }
+  if (cuda_ipc_->available().ok()) {
+    SPDLOG_INFO("CUDA IPC with workers of this host: on");
+  } else {
+    SPDLOG_INFO("CUDA IPC with workers of this host: off ({})",
+                std::string(cuda_ipc_->available().message()));
+  }
   ObjectStore::Options store_options;
   for (const DeviceSpec& spec : specs) {
     store_options.device_memory.push_back(spec.memory);
@@ -544,6 +560,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_donations_declined(donations_declined_.load());
   s.set_transfers_device_to_device(TransferPaths::device_to_device().load());
   s.set_transfers_host_staged(TransferPaths::host_staged().load());
+  s.set_transfers_ipc(TransferPaths::ipc().load());
   s.set_transfers_nccl(NcclPaths::all_reduce().load());
   s.set_bytes_device_to_host(MemoryTraffic::device_to_host().load());
   s.set_xla_compiles(xla_->compiles());
@@ -746,7 +763,8 @@ PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
       [this, worker_id](const transport::ShardKey& key,
                         const absl::Status& reason) {
         ReportTransferFailure(worker_id, key, reason);
-      });
+      },
+      cuda_ipc_.get());
   PeerSender* raw = sender.get();
   senders_[worker_id] = std::move(sender);
   return raw;
@@ -830,6 +848,7 @@ absl::Status WorkerImpl::Authorize(transport::DataPlaneRequest request,
                                    const transport::DataPlanePeer& peer) {
   if (request == transport::DataPlaneRequest::kPush ||
       request == transport::DataPlaneRequest::kPushError ||
+      request == transport::DataPlaneRequest::kPushIpc ||
       request == transport::DataPlaneRequest::kFetchExecutable) {
     if (peer.role == CredentialRole::kWorker) return absl::OkStatus();
     return absl::PermissionDeniedError(
@@ -866,6 +885,46 @@ absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
                                  std::shared_ptr<Storage> data,
                                  bool from_client) {
   store_->FulfilIncoming({key.buffer_id, key.shard}, std::move(data));
+  return absl::OkStatus();
+}
+
+bool WorkerImpl::OpensCudaIpc() {
+  return cuda_ipc_ != nullptr && cuda_ipc_->available().ok();
+}
+
+absl::Status WorkerImpl::ReceiveIpc(const transport::ShardKey& key,
+                                    const transport::IpcShard& shard) {
+  const BufferKey at{key.buffer_id, key.shard};
+  if (!OpensCudaIpc()) {
+    return absl::FailedPreconditionError("this worker opens no CUDA IPC");
+  }
+  if (absl::Status s = store_->AdmitIncoming(
+          at, static_cast<int64_t>(shard.bytes), /*from_client=*/false);
+      !s.ok()) {
+    return s;
+  }
+  auto copied = [&]() -> absl::StatusOr<std::shared_ptr<Storage>> {
+    absl::StatusOr<std::pair<TensorSpec, int>> declared = store_->Describe(at);
+    if (!declared.ok()) return declared.status();
+    const auto& [spec, device] = *declared;
+    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
+    if (!runtime.ok()) return runtime.status();
+    absl::StatusOr<std::shared_ptr<xla::PjrtBuffer>> buffer =
+        (*runtime)->CreateUninitialized(
+            device, spec, absl::StrCat(KeyString(at), " by CUDA IPC"));
+    if (!buffer.ok()) return buffer.status();
+    // Ready once its allocation is (work queued before it on the device
+    // may still use that memory).
+    absl::StatusOr<GpuAddress> dst = (*buffer)->gpu_address();
+    if (!dst.ok()) return dst.status();
+    if (absl::Status s = cuda_ipc_->CopyIn(shard, *dst); !s.ok()) return s;
+    return Storage::OnDevice(*std::move(buffer));
+  }();
+  if (!copied.ok()) {
+    store_->AbandonIncoming(at);
+    return copied.status();
+  }
+  store_->FulfilIncoming(at, *std::move(copied));
   return absl::OkStatus();
 }
 

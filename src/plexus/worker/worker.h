@@ -73,6 +73,10 @@ struct WorkerOptions {
   // first XLA call.
   bool devices_from_plugin = false;
   bool device_memory_given = false;
+  // Device values move to and from workers of this host by CUDA IPC where
+  // both can (the plugin's devices are CUDA GPUs: worker/cuda_ipc.h); off
+  // (--no-cuda-ipc): through host memory, as between hosts.
+  bool cuda_ipc = true;
   // Tests without a GPU: the worker registers as running NCCL and trades
   // all_reduce offers, saying no value is on a GPU, so each all_reduce
   // takes the host path after them (OffersWithoutGpu,

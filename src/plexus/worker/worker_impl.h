@@ -20,6 +20,7 @@
 #include "plexus/store/object_store.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/worker/collective.h"
+#include "plexus/worker/cuda_ipc.h"
 #include "plexus/worker/device.h"
 #include "plexus/worker/peer_sender.h"
 #include "plexus/worker/worker.h"
@@ -114,6 +115,15 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
                     const absl::Status& error) override;
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const transport::ShardKey& key) override;
+  // Where the worker's devices are CUDA GPUs and the CUDA libraries load
+  // (CudaIpc::available).
+  bool OpensCudaIpc() override;
+  // Admits the shard, makes a buffer of its declared spec on its device
+  // (PjrtRuntime::CreateUninitialized), copies the peer's value into it
+  // (CudaIpc::CopyIn) and stores it there, charged as any device value;
+  // any failure after admitting returns the charge (AbandonIncoming).
+  absl::Status ReceiveIpc(const transport::ShardKey& key,
+                          const transport::IpcShard& shard) override;
   // A proto::XlaSerializedExecutable of this worker's cache, for a peer
   // (a spare); never waits for a compile under way.
   absl::StatusOr<std::shared_ptr<const Storage>> SerializedExecutable(
@@ -258,6 +268,8 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
 
   std::unique_ptr<ObjectStore> store_;
   std::unique_ptr<xla::XlaExecutor> xla_;
+  // Set by StartLocal before the data plane starts; never null after.
+  std::unique_ptr<CudaIpc> cuda_ipc_;
   // NCCL's GPUs (NcclRuntime), where the worker's devices are a CUDA
   // plugin's and CUDA and NCCL load, or OffersWithoutGpu where the options
   // say; else null: all_reduce sums on the host.

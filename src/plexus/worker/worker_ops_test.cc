@@ -208,11 +208,28 @@ TEST(WorkerAuthorizeTest, EachRequestNeedsAConnectionOfWhoOwnsWhatItTouches) {
         << other;
     EXPECT_FALSE(worker->Authorize(r, of1, peer).ok());  // a worker's
   }
-  for (R r : {R::kPush, R::kPushError}) {
+  for (R r : {R::kPush, R::kPushError, R::kPushIpc}) {
     EXPECT_TRUE(worker->Authorize(r, of1, peer).ok());
     EXPECT_EQ(worker->Authorize(r, of1, client1).code(),
               absl::StatusCode::kPermissionDenied);
   }
+}
+
+// A worker whose devices are not a plugin's CUDA GPUs opens no CUDA IPC:
+// it offers none in its handshake, and a PUSH_IPC that comes anyway takes
+// nothing (the sender sends the bytes), however it is declared.
+TEST(WorkerCudaIpcTest, AWorkerWithoutCudaTakesNothingByIpc) {
+  WorkerOptions options;
+  options.num_devices = 1;
+  options.device_memory = 1 << 20;
+  options.secret = *ClusterSecret::Generate();
+  auto worker = std::make_unique<WorkerImpl>(options);
+  ASSERT_TRUE(worker->StartLocal().ok());
+  EXPECT_FALSE(worker->OpensCudaIpc());
+  transport::IpcShard shard;
+  shard.bytes = 16;
+  absl::Status s = worker->ReceiveIpc({9, 0}, shard);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 }
 
 // A put of another size than its declaration used to be stored as it came

@@ -59,7 +59,7 @@ struct CudaApi::Table {
   Error (*IpcGetMemHandle)(IpcHandle*, void*);
   Error (*IpcOpenMemHandle)(void**, IpcHandle, unsigned);
   Error (*IpcCloseMemHandle)(void*);
-  Error (*Memcpy)(void*, const void*, size_t, int);
+  Error (*MemcpyAsync)(void*, const void*, size_t, int, Stream);
   Error (*StreamCreateWithFlags)(Stream*, unsigned);
   Error (*StreamSynchronize)(Stream);
   Error (*StreamDestroy)(Stream);
@@ -128,7 +128,7 @@ absl::StatusOr<const CudaApi*> LoadOnce(const std::vector<std::string>& dirs,
            Bind(runtime, "cudaIpcGetMemHandle", &t->IpcGetMemHandle),
            Bind(runtime, "cudaIpcOpenMemHandle", &t->IpcOpenMemHandle),
            Bind(runtime, "cudaIpcCloseMemHandle", &t->IpcCloseMemHandle),
-           Bind(runtime, "cudaMemcpy", &t->Memcpy),
+           Bind(runtime, "cudaMemcpyAsync", &t->MemcpyAsync),
            Bind(runtime, "cudaStreamCreateWithFlags",
                 &t->StreamCreateWithFlags),
            Bind(runtime, "cudaStreamSynchronize", &t->StreamSynchronize),
@@ -264,7 +264,15 @@ absl::StatusOr<CudaApi::Opened> CudaApi::OpenRegion(
       !s.ok()) {
     return s;
   }
-  return Opened{base, static_cast<char*>(base) + region.offset};
+  // The mapped region's size, so a reader can check what it was told (0
+  // where the driver does not say it of a mapping).
+  DevicePtr mapped = 0;
+  size_t size = 0;
+  if (table_->MemGetAddressRange(
+          &mapped, &size, reinterpret_cast<DevicePtr>(base)) != kSuccess) {
+    size = 0;
+  }
+  return Opened{base, static_cast<char*>(base) + region.offset, size};
 }
 
 absl::Status CudaApi::CloseRegion(int ordinal, void* base) const {
@@ -275,9 +283,17 @@ absl::Status CudaApi::CloseRegion(int ordinal, void* base) const {
 
 absl::Status CudaApi::CopyDeviceToDevice(int ordinal, void* dst,
                                          const void* src, size_t bytes) const {
-  if (absl::Status s = Use(ordinal); !s.ok()) return s;
-  return Check(*table_, table_->Memcpy(dst, src, bytes, kMemcpyDeviceToDevice),
-               "cudaMemcpy (device to device)");
+  // cudaMemcpy does not wait for a device-to-device copy, and would order
+  // it behind the legacy default stream: a stream of its own, waited for.
+  absl::StatusOr<Stream> stream = CreateStream(ordinal);
+  if (!stream.ok()) return stream.status();
+  absl::Status s = Check(
+      *table_,
+      table_->MemcpyAsync(dst, src, bytes, kMemcpyDeviceToDevice, *stream),
+      "cudaMemcpyAsync (device to device)");
+  if (s.ok()) s = Synchronize(ordinal, *stream);
+  s.Update(DestroyStream(ordinal, *stream));
+  return s;
 }
 
 absl::StatusOr<Stream> CudaApi::CreateStream(int ordinal) const {

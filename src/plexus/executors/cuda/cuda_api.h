@@ -70,12 +70,13 @@ class CudaApi {
   struct Opened {
     void* base = nullptr;   // for CloseRegion
     void* value = nullptr;  // base + offset
+    size_t size = 0;        // of the region mapped at base; 0: unknown
   };
   absl::StatusOr<Opened> OpenRegion(int ordinal, const IpcRegion& region) const;
   absl::Status CloseRegion(int ordinal, void* base) const;
 
   // Copies `bytes` between two device addresses (any GPUs this process
-  // can address) and waits for the copy.
+  // can address) on a stream of its own, and waits for the copy.
   absl::Status CopyDeviceToDevice(int ordinal, void* dst, const void* src,
                                   size_t bytes) const;
 

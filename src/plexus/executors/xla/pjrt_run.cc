@@ -118,8 +118,7 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
               ? nullptr
               : std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
                     handle_of_client_, outs[p][o], DeviceIndex(exe, p),
-                    exe.outputs_[o].byte_size(), platform_ == "cpu",
-                    producer)));
+                    exe.outputs_[o].byte_size(), BufferMemory(), producer)));
     }
   }
   // Its end: each partition's completion counts down, the last hands the
@@ -297,6 +296,22 @@ bool PjrtBuffer::donated() const {
          a.is_deleted;
 }
 
+PjrtBuffer::Memory PjrtRuntime::BufferMemory() const {
+  if (platform_ == "cpu") return PjrtBuffer::Memory::kHost;
+  if (platform_ == "cuda") return PjrtBuffer::Memory::kCudaGpu;
+  return PjrtBuffer::Memory::kOther;
+}
+
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtRuntime::CreateUninitialized(
+    int d, const TensorSpec& spec, absl::string_view what) const {
+  if (d < 0 || d >= num_devices()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": no device ", d, " in this PJRT client"));
+  }
+  return PjrtBuffer::Uninitialized(handle_of_client_, devices_[d], d,
+                                   BufferMemory(), spec, std::string(what));
+}
+
 bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
   return client_ == runtime.handle_of_client_;
 }
@@ -314,7 +329,7 @@ absl::Status PjrtBuffer::Await() const {
   if (!s.ok()) {
     ready_ =
         absl::Status(s.code(), absl::StrCat(*producer_, ": ", s.message()));
-  } else if (host_memory_) {
+  } else if (memory_ == Memory::kHost) {
     // The CPU plugin's buffers are host memory; its default layout is
     // dense and row-major, which the size confirms. Else read through
     // CopyToHost.
@@ -364,10 +379,10 @@ bool Has(const PJRT_Api* api, size_t offset, const void* fn) {
   Has(api, offsetof(PJRT_Api, name), reinterpret_cast<const void*>(api->name))
 }  // namespace
 
-absl::StatusOr<PjrtBuffer::GpuMemory> PjrtBuffer::Gpu() const {
-  if (host_memory_) {
+absl::StatusOr<GpuAddress> PjrtBuffer::gpu_address() const {
+  if (memory_ != Memory::kCudaGpu) {
     return absl::FailedPreconditionError(
-        "a buffer of a CPU plugin is host memory, not a GPU's");
+        "not in GPU memory (a buffer of a PJRT plugin that is not CUDA's)");
   }
   if (absl::Status s = Await(); !s.ok()) return s;
   const PJRT_Api* api = client_->api;
@@ -415,41 +430,49 @@ absl::StatusOr<PjrtBuffer::GpuMemory> PjrtBuffer::Gpu() const {
     return absl::FailedPreconditionError(
         "the plugin gives the device no hardware id");
   }
-  return GpuMemory{ptr.device_memory_ptr, hw.local_hardware_id};
+  return GpuAddress{ptr.device_memory_ptr, hw.local_hardware_id};
 }
 
 absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtBuffer::NewOnSameDevice(
     const TensorSpec& spec, std::string producer) const {
-  const PJRT_Api* api = client_->api;
-  if (!PLEXUS_PJRT_HAS(api, PJRT_Client_CreateUninitializedBuffer)) {
-    return absl::FailedPreconditionError(
-        "the PJRT plugin cannot allocate uninitialized buffers");
-  }
-  auto type = BufferType(spec.dtype);
-  if (!type.ok()) return type.status();
-  PjrtScope scope(api);
+  PjrtScope scope(client_->api);
   auto dev = PJRT_ARGS(PJRT_Buffer_Device_Args);
   dev.buffer = buffer_;
-  if (absl::Status s =
-          scope.ToStatus(api->PJRT_Buffer_Device(&dev), "buffer device");
+  if (absl::Status s = scope.ToStatus(client_->api->PJRT_Buffer_Device(&dev),
+                                      "buffer device");
       !s.ok()) {
     return s;
   }
+  return Uninitialized(client_, dev.device, device_, memory_, spec,
+                       std::move(producer));
+}
+
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtBuffer::Uninitialized(
+    std::shared_ptr<PjrtClientHandle> client, PJRT_Device* device, int index,
+    Memory memory, const TensorSpec& spec, std::string producer) {
+  const PJRT_Api* api = client->api;
+  if (!PLEXUS_PJRT_HAS(api, PJRT_Client_CreateUninitializedBuffer)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        producer, ": the PJRT plugin cannot allocate uninitialized buffers"));
+  }
+  absl::StatusOr<PJRT_Buffer_Type> type = BufferType(spec.dtype);
+  if (!type.ok()) return type.status();
+  PjrtScope scope(api);
   auto a = PJRT_ARGS(PJRT_Client_CreateUninitializedBuffer_Args);
-  a.client = client_->client;
+  a.client = client->client;
   a.shape_dims = spec.shape.data();
   a.shape_num_dims = spec.shape.size();
   a.shape_element_type = *type;
-  a.device = dev.device;
-  if (absl::Status s =
-          scope.ToStatus(api->PJRT_Client_CreateUninitializedBuffer(&a),
-                         "allocate a device buffer");
+  a.device = device;
+  if (absl::Status s = scope.ToStatus(
+          api->PJRT_Client_CreateUninitializedBuffer(&a),
+          absl::StrCat(producer, ": allocating ", spec.ToString()));
       !s.ok()) {
     return s;
   }
   return std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
-      client_, a.buffer, device_, static_cast<size_t>(spec.byte_size()),
-      host_memory_, std::make_shared<const std::string>(std::move(producer))));
+      std::move(client), a.buffer, index, static_cast<size_t>(spec.byte_size()),
+      memory, std::make_shared<const std::string>(std::move(producer))));
 }
 
 }  // namespace plexus::xla

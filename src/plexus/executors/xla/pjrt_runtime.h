@@ -68,47 +68,56 @@ class PjrtBuffer final : public DeviceBuffer {
   // Whether a run it was donated to took its memory (XlaArgument::donate):
   // it then holds no value, and reading it fails.
   bool donated() const override;
+  // A buffer of the CUDA plugin, for what reads and writes GPU memory
+  // outside PJRT (CUDA IPC, worker/cuda_ipc.h; NCCL,
+  // worker/nccl_collective.h): the device address of its bytes
+  // (PJRT_Buffer_OpaqueDeviceMemoryDataPointer) and the GPU's local
+  // hardware id (PJRT_Device_LocalHardwareId: the CUDA ordinal). Awaits the
+  // value first. FailedPrecondition for a buffer of another plugin (CPU),
+  // one whose on-device size is not its dense size (another layout), or
+  // where the plugin does not say.
+  bool in_gpu_memory() const override { return memory_ == Memory::kCudaGpu; }
+  absl::StatusOr<GpuAddress> gpu_address() const override;
   // The runtime device (client device index) it is on.
   int device() const { return device_; }
   // Whether it belongs to `runtime`'s client (so runs there read it as is).
   bool BelongsTo(const PjrtRuntime& runtime) const;
 
-  // For libraries that read and write GPU memory outside PJRT (NCCL,
-  // worker/nccl_collective.h): the device address of its bytes
-  // (PJRT_Buffer_OpaqueDeviceMemoryDataPointer) and the GPU's local
-  // hardware id (the CUDA ordinal). Awaits the value first. Fails
-  // (FailedPrecondition) for a buffer of a plugin whose devices address
-  // host memory (CPU), one whose on-device size is not its dense size
-  // (another layout), or where the plugin does not say.
-  struct GpuMemory {
-    void* address = nullptr;
-    int ordinal = -1;
-  };
-  absl::StatusOr<GpuMemory> Gpu() const;
+  // gpu_address, by the name NCCL's code uses.
+  using GpuMemory = GpuAddress;
+  absl::StatusOr<GpuMemory> Gpu() const { return gpu_address(); }
   // A new buffer of `spec` on the same device of the same client, its
   // bytes undefined (PJRT_Client_CreateUninitializedBuffer), for such a
-  // library to fill before anyone reads it; ready at once as PJRT sees it.
-  // `producer` names it in its errors.
+  // library to fill before anyone reads it (PjrtRuntime::CreateUninitialized
+  // on its device). `producer` names it in its errors.
   absl::StatusOr<std::shared_ptr<PjrtBuffer>> NewOnSameDevice(
       const TensorSpec& spec, std::string producer) const;
 
  private:
   friend class PjrtRuntime;
+  // What the plugin's device memory is to this process: host memory (CPU),
+  // a CUDA GPU's, or something else Plexus does not address itself.
+  enum class Memory { kHost, kCudaGpu, kOther };
+  // A buffer of `spec` on `device` (client device index `index`), its
+  // bytes undefined: CreateUninitialized and NewOnSameDevice.
+  static absl::StatusOr<std::shared_ptr<PjrtBuffer>> Uninitialized(
+      std::shared_ptr<PjrtClientHandle> client, PJRT_Device* device, int index,
+      Memory memory, const TensorSpec& spec, std::string producer);
   // `producer` names the run that makes it, for its errors.
   PjrtBuffer(std::shared_ptr<PjrtClientHandle> client, PJRT_Buffer* buffer,
-             int device, size_t size, bool host_memory,
+             int device, size_t size, Memory memory,
              std::shared_ptr<const std::string> producer)
       : client_(std::move(client)),
         buffer_(buffer),
         device_(device),
         size_(size),
-        host_memory_(host_memory),
+        memory_(memory),
         producer_(std::move(producer)) {}
   std::shared_ptr<PjrtClientHandle> client_;
   PJRT_Buffer* buffer_;
   int device_;
   size_t size_;
-  bool host_memory_;  // the plugin's devices address host memory (CPU)
+  Memory memory_;
   std::shared_ptr<const std::string> producer_;
   mutable std::atomic<const void*> host_address_{nullptr};  // by Await
   mutable absl::Mutex mu_;  // held while the first Await waits
@@ -225,6 +234,15 @@ class PjrtRuntime {
   absl::StatusOr<bool> ReadsInPlace(const builtin::ConstTensor& input,
                                     int device) const;
 
+  // A buffer for a value of `spec` on device `d` whose bytes the caller
+  // writes once it is ready (Await; the allocation may wait for work queued
+  // before it on the device): a value a peer worker on this host exports by
+  // CUDA IPC, copied in at gpu_address. `what` names it in errors
+  // ("buffer 12 shard 0 from worker 3").
+  // PJRT_Client_CreateUninitializedBuffer.
+  absl::StatusOr<std::shared_ptr<PjrtBuffer>> CreateUninitialized(
+      int d, const TensorSpec& spec, absl::string_view what) const;
+
   // Queues one run of `exe` over all its partitions and returns without
   // waiting for it. inputs[p][i] is argument i of partition p (each must
   // stay readable, and `exe` alive, until `done`). Returns outputs[p][o],
@@ -257,6 +275,8 @@ class PjrtRuntime {
       std::unique_ptr<PjrtExecutable> exe) const;
   // The client device index of partition `p` of `exe`.
   int DeviceIndex(const PjrtExecutable& exe, size_t p) const;
+  // What the memory of this plugin's buffers is to this process.
+  PjrtBuffer::Memory BufferMemory() const;
   // The PJRT buffer partition `device` reads for `arg` (owned by `scope`
   // if made here; host copies it needed kept in `staged`). `as_is`: it is
   // the argument's own PjrtBuffer (so it may be donated).

@@ -200,6 +200,38 @@ TEST(XlaExecutorTest, StoreBuffersAreReadInPlace) {
   }
 }
 
+// The buffer a CUDA IPC copy from a peer is written into: allocated on the
+// given device, ready once allocated, then filled by whoever made it. On
+// CPU it is host memory (filled here through host_address); it is not GPU
+// memory, so gpu_address says so instead of giving an address.
+TEST(XlaExecutorTest, AnUninitializedBufferIsFilledByItsMaker) {
+  XlaExecutor executor(Options());
+  const PjrtRuntime& runtime = **executor.Runtime();
+  const TensorSpec spec{DType::kF32, {4, 8}};
+  auto buffer = runtime.CreateUninitialized(1, spec, "buffer 3 shard 0");
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_EQ((*buffer)->device(), 1);
+  EXPECT_EQ((*buffer)->size(), spec.byte_size());
+  EXPECT_FALSE((*buffer)->in_gpu_memory());
+  EXPECT_EQ((*buffer)->gpu_address().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*buffer)->Await().ok());
+  ASSERT_NE((*buffer)->host_address(), nullptr);
+  std::vector<float> values(32);
+  for (int i = 0; i < 32; ++i) values[i] = 0.5f * i;
+  std::memcpy(const_cast<void*>((*buffer)->host_address()), values.data(),
+              spec.byte_size());
+  std::vector<float> back(32);
+  ASSERT_TRUE((*buffer)->CopyToHost(back.data()).ok());
+  EXPECT_EQ(back, values);
+  // A device the client does not have is an error naming it.
+  auto none = runtime.CreateUninitialized(5, spec, "buffer 3 shard 1");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("buffer 3 shard 1: no device 5"),
+            std::string::npos)
+      << none.status();
+}
+
 TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
   XlaExecutor executor(Options());
   auto bad = executor.GetOrCompile("module { this is not mlir }", kOneDevice);

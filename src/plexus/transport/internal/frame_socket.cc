@@ -62,8 +62,44 @@ const char* FrameTypeName(FrameType type) {
       return "WELCOME";
     case FrameType::kFetchExecutable:
       return "FETCH_EXECUTABLE";
+    case FrameType::kPushIpc:
+      return "PUSH_IPC";
   }
   return "UNKNOWN";
+}
+
+IpcPayload EncodeIpc(const IpcShard& shard) {
+  IpcPayload payload;
+  std::memcpy(payload.handle, shard.handle.data(), sizeof(payload.handle));
+  payload.offset = shard.offset;
+  payload.bytes = shard.bytes;
+  payload.ordinal = shard.ordinal;
+  return payload;
+}
+
+absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload) {
+  auto refused = [](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed PUSH_IPC payload: ", why));
+  };
+  if (payload.reserved != 0) return refused("reserved field is not zero");
+  if (payload.bytes > kMaxPayloadBytes) {
+    return refused(absl::StrCat("a value of ", payload.bytes,
+                                " bytes (more than 64 GiB)"));
+  }
+  if (payload.ordinal < 0) {
+    return refused(absl::StrCat("CUDA device ", payload.ordinal));
+  }
+  if (payload.offset > kMaxPayloadBytes * 4) {
+    return refused(
+        absl::StrCat("offset ", payload.offset, " beyond any GPU's memory"));
+  }
+  IpcShard shard;
+  std::memcpy(shard.handle.data(), payload.handle, sizeof(payload.handle));
+  shard.offset = payload.offset;
+  shard.bytes = payload.bytes;
+  shard.ordinal = payload.ordinal;
+  return shard;
 }
 
 FrameSocket::FrameSocket(UniqueFd fd, bool is_unix)
@@ -132,6 +168,16 @@ absl::Status FrameSocket::SendShard(FrameType type, const ShardKey& key,
   return absl::OkStatus();
 }
 
+absl::Status FrameSocket::SendIpc(const ShardKey& key, const IpcShard& shard) {
+  FrameHeader header = MakeHeader(FrameType::kPushIpc, key);
+  const IpcPayload payload = EncodeIpc(shard);
+  header.payload_bytes = sizeof(payload);
+  iovec iov[2] = {{&header, sizeof(header)},
+                  {const_cast<IpcPayload*>(&payload), sizeof(payload)}};
+  if (absl::Status s = SendAll(fd(), iov, 2); !s.ok()) return Break(s);
+  return absl::OkStatus();
+}
+
 absl::Status FrameSocket::SendError(FrameType type, const ShardKey& key,
                                     const absl::Status& error) {
   FrameHeader header = MakeHeader(type, key);
@@ -166,7 +212,7 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   for (uint8_t b : header.reserved2) reserved_zero = reserved_zero && b == 0;
   if (!reserved_zero) return malformed("reserved header fields are not zero");
   if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
-      header.type > static_cast<uint16_t>(FrameType::kFetchExecutable)) {
+      header.type > static_cast<uint16_t>(FrameType::kPushIpc)) {
     return malformed("unknown frame type");
   }
   FrameType type = header.frame_type();
@@ -180,6 +226,10 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
     return absl::OkStatus();
   }
   if ((header.flags & ~kFlagFd) != 0) return malformed("unknown flags");
+  if (type == FrameType::kPushIpc &&
+      header.payload_bytes != sizeof(IpcPayload)) {
+    return malformed("PUSH_IPC payload is not 88 bytes");
+  }
   if (header.payload_bytes > kMaxPayloadBytes) {
     return malformed("payload larger than 64 GiB");
   }
@@ -187,7 +237,7 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
     return malformed("error message larger than 1 MiB");
   }
   if (!IsShardFrame(type) && !IsMessageFrame(type) &&
-      header.payload_bytes != 0) {
+      type != FrameType::kPushIpc && header.payload_bytes != 0) {
     return malformed("payload on a control frame");
   }
   bool wants_fd = (header.flags & kFlagFd) != 0;
@@ -263,6 +313,17 @@ absl::Status FrameSocket::SkipShard(const FrameHeader& header) {
     return Break(s);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<IpcShard> FrameSocket::ReadIpc(const FrameHeader& header) {
+  IpcPayload payload;
+  if (header.payload_bytes != sizeof(payload)) {  // CheckHeader's rule
+    return Break(absl::InternalError("PUSH_IPC payload of the wrong size"));
+  }
+  if (absl::Status s = RecvAll(fd(), &payload, sizeof(payload)); !s.ok()) {
+    return Break(s);
+  }
+  return DecodeIpc(payload);
 }
 
 absl::StatusOr<std::string> FrameSocket::ReadMessage(

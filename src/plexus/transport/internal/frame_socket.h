@@ -26,6 +26,8 @@
 // an older receiver refuses rather than misreads.
 // Every connection begins with the handshake (CHALLENGE, HELLO, WELCOME;
 // internal/handshake.h); any other frame before it ends is refused.
+// WELCOME's shard field carries the acceptor's capabilities
+// (kCapabilityCudaIpc), which the connector may use from then on.
 // The payload follows the header, except under kFlagFd, where the memfd
 // holding it rides on the header's first byte (SCM_RIGHTS, unix sockets
 // only) and no payload bytes follow. ERROR and PUSH_ERROR carry the message
@@ -35,6 +37,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
@@ -66,6 +69,9 @@ enum class FrameType : uint16_t {
   // worker -> worker: the serialized XLA executable whose content
   // fingerprint is buffer_id (shard 0); replied with DATA or ERROR.
   kFetchExecutable = 12,
+  // worker -> worker, unix socket: a shard by CUDA IPC (IpcPayload);
+  // replied with ACK (stored) or ERROR (not taken: send the bytes).
+  kPushIpc = 13,
 };
 const char* FrameTypeName(FrameType type);
 
@@ -104,6 +110,35 @@ static_assert(offsetof(FrameHeader, shard) == 12 &&
                   offsetof(FrameHeader, reserved2) == 48,
               "field offsets are those of the table above");
 
+// The payload of PUSH_IPC (transport::IpcShard), 88 bytes, host order:
+//
+//   offset  size  field
+//        0    64  handle    cudaIpcMemHandle_t of the exported allocation
+//       64     8  offset    of the value from the allocation's base
+//       72     8  bytes     the value's size; at most kMaxPayloadBytes
+//       80     4  ordinal   the sender's CUDA device; >= 0
+//       84     4  reserved  zero
+//
+// A header of another payload size is a malformed frame (the connection
+// closes); a payload that breaks a rule above is refused with an ERROR,
+// the stream in step.
+struct IpcPayload {
+  char handle[IpcShard::kHandleBytes] = {};
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  int32_t ordinal = 0;
+  uint32_t reserved = 0;
+};
+static_assert(sizeof(IpcPayload) == 88, "the PUSH_IPC payload is the protocol");
+static_assert(offsetof(IpcPayload, offset) == 64 &&
+                  offsetof(IpcPayload, bytes) == 72 &&
+                  offsetof(IpcPayload, ordinal) == 80 &&
+                  offsetof(IpcPayload, reserved) == 84,
+              "field offsets are those of the table above");
+IpcPayload EncodeIpc(const IpcShard& shard);
+// InvalidArgument naming the rule a payload breaks.
+absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload);
+
 // One end of a data-plane connection: sends and reads whole frames.
 // Thread-compatible (one reader and one writer at a time). After an I/O or
 // protocol error the stream is out of step, broken() is true and the socket
@@ -124,6 +159,8 @@ class FrameSocket {
   // descriptor; otherwise its bytes follow in kChunkBytes writes.
   absl::Status SendShard(FrameType type, const ShardKey& key,
                          const Storage& data);
+  // PUSH_IPC of `shard`.
+  absl::Status SendIpc(const ShardKey& key, const IpcShard& shard);
   // PUSH_ERROR or ERROR, with `error`'s code and message (messages beyond
   // kMaxMessageBytes are cut).
   absl::Status SendError(FrameType type, const ShardKey& key,
@@ -155,6 +192,9 @@ class FrameSocket {
   // is closed unmapped; inline bytes are read and discarded), keeping the
   // stream in step.
   absl::Status SkipShard(const FrameHeader& header);
+  // The payload of a PUSH_IPC header, decoded. An I/O error breaks the
+  // stream; a payload DecodeIpc refuses leaves it in step.
+  absl::StatusOr<IpcShard> ReadIpc(const FrameHeader& header);
   // The message of a PUSH_ERROR or ERROR header.
   absl::StatusOr<std::string> ReadMessage(const FrameHeader& header);
   // An ERROR frame as the status it carries (code and message intact); an

@@ -115,7 +115,8 @@ absl::StatusOr<std::pair<FrameHeader, std::string>> ReadExpected(
 }  // namespace
 
 absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
-                                              const CredentialLookup& lookup) {
+                                              const CredentialLookup& lookup,
+                                              uint32_t capabilities) {
   absl::StatusOr<std::string> nonce_a = Nonce();
   if (!nonce_a.ok()) return socket.Break(nonce_a.status());
   FrameHeader challenge;
@@ -159,6 +160,7 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
       SideProof(*credential, "acceptor", peer, *nonce_a, nonce_c);
   FrameHeader welcome;
   welcome.type = static_cast<uint16_t>(FrameType::kWelcome);
+  welcome.shard = static_cast<int32_t>(capabilities);
   if (absl::Status s = socket.SendFrame(
           welcome,
           absl::string_view(reinterpret_cast<const char*>(proof_a.data()),
@@ -170,7 +172,8 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
 }
 
 absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
-                              const std::function<bool()>& cancelled) {
+                              const std::function<bool()>& cancelled,
+                              uint32_t* capabilities) {
   // Bounded: an acceptor that never answers (a stopped worker) does not
   // hold the caller beyond the deadline, or beyond `cancelled`.
   const absl::Time deadline = absl::Now() + kHandshakeTimeout;
@@ -206,6 +209,9 @@ absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
     return socket.Break(absl::PermissionDeniedError(
         "data-plane handshake: the worker could not prove it holds this "
         "cluster's secret (another cluster, or not a worker)"));
+  }
+  if (capabilities != nullptr) {
+    *capabilities = static_cast<uint32_t>(welcome->first.shard);
   }
   // Replies to requests may take as long as the shard does.
   if (absl::Status s = SetRecvTimeout(socket.fd(), absl::ZeroDuration());

@@ -15,7 +15,9 @@
 //                                    buffer_id: id (client id; 0 for a
 //                                    worker), payload: nonce_c (32 random
 //                                    bytes) then proof_c (32 bytes)
-//                    <-- WELCOME     payload: proof_a (32 bytes)
+//                    <-- WELCOME     payload: proof_a (32 bytes); shard:
+//                                    the acceptor's capabilities
+//                                    (kCapability*, data_plane.h)
 //                    <-- or ERROR    PERMISSION_DENIED and why; the acceptor
 //                                    closes the connection
 //
@@ -52,8 +54,10 @@ using CredentialLookup =
 
 // Acceptor side. Returns the proven peer, or the reason it was refused
 // (the peer was told, and the socket is broken).
+// `capabilities`: what WELCOME tells the connector this end serves.
 absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
-                                              const CredentialLookup& lookup);
+                                              const CredentialLookup& lookup,
+                                              uint32_t capabilities = 0);
 
 // Connector side. PermissionDenied when the acceptor refuses `me` or
 // cannot prove it knows `me`'s credential; the socket is then broken.
@@ -61,7 +65,9 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
 // kCancelPoll, once `cancelled` (if given) returns true: Cancelled, saying
 // so (the acceptor's owner was declared down, the caller is closing).
 inline constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
+// `*capabilities`, if given, is set to what the acceptor said it serves.
 absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
-                              const std::function<bool()>& cancelled = {});
+                              const std::function<bool()>& cancelled = {},
+                              uint32_t* capabilities = nullptr);
 
 }  // namespace plexus::transport::internal
