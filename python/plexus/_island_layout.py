@@ -165,7 +165,7 @@ class IslandLayout:
                 *self.island_spec(sh, len(shape)))))
             for dtype, shape, sh, _ in specs]
         try:
-            with jax.sharding.useabstract_mesh(mesh):
+            with jax.sharding.use_abstract_mesh(mesh):
                 jax.eval_shape(flat_fn, *avals)
         except Exception:  # noqa: BLE001 - it fails for another reason
             return False
