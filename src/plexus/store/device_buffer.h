@@ -88,7 +88,9 @@ struct MemoryTraffic {
 // (device_to_device), a device value sent to another worker through host
 // memory (host_staged) or, to a worker of the same host, mapped and copied
 // by the receiver from the sender's GPU memory (ipc: counted by the sender
-// once the receiver has stored it); NCCL is not built yet (always 0).
+// once the receiver has stored it). All-reduces summed on the GPUs by
+// NCCL are counted beside the NCCL path (NcclPaths in
+// worker/nccl_collective.h).
 struct TransferPaths {
   static std::atomic<int64_t>& alias() {
     static std::atomic<int64_t> n{0};
