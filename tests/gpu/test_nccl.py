@@ -6,32 +6,26 @@ plugin, or no NCCL library (the nvidia-nccl wheel jax[cuda13] brings).
     tests/gpu/run.sh            (or: python3 -m pytest -q -rs tests/gpu/test_nccl.py)"""
 import glob
 import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "python"))
-os.environ.setdefault("PLEXUS_BIN_DIR", str(ROOT / "build" / "bin"))
+from test_xla_gpu import REASON as GPU_REASON
+from test_xla_gpu import cuda_pjrt_plugin, use_nvidia_libraries
 
-import plexus  # noqa: E402
-from plexus._binaries import cuda_pjrt_plugin, nvidia_library_dirs  # noqa: E402
+import plexus
+from plexus._binaries import nvidia_library_dirs
 
 
 def _reason():
-    if shutil.which("nvidia-smi") is None:
-        return "no nvidia-smi: no NVIDIA GPU on this machine"
+    if GPU_REASON is not None:  # no GPU or no CUDA plugin
+        return GPU_REASON
     r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
     gpus = [line for line in r.stdout.splitlines() if line.startswith("GPU ")]
     if len(gpus) < 2:
         return (f"NCCL needs a GPU per rank and nvidia-smi lists {len(gpus)} "
                 "GPU(s): the NCCL all_reduce needs two or more")
-    if cuda_pjrt_plugin() is None:
-        return "the CUDA PJRT plugin (jax-cuda13-pjrt) is not installed: run tests/gpu/run.sh"
     if not any(glob.glob(os.path.join(d, "libnccl.so*")) for d in nvidia_library_dirs()):
         return "no libnccl.so.2 beside the CUDA plugin (the nvidia-nccl wheel)"
     return None
@@ -48,8 +42,7 @@ def nccl_count(cluster):
 
 @pytest.fixture(scope="module")
 def two_gpu_cluster(tmp_path_factory):
-    libs = ":".join(nvidia_library_dirs())
-    os.environ["LD_LIBRARY_PATH"] = libs + ":" + os.environ.get("LD_LIBRARY_PATH", "")
+    use_nvidia_libraries()
     log = tmp_path_factory.mktemp("logs") / "cluster.log"
     # Each worker sees both GPUs (devices 0 and 1, its devices from the plugin).
     with plexus.local(hosts=2, gpus=[0, 1], device_memory_mib=4096,
