@@ -107,7 +107,9 @@ def test_the_client_reconnects_to_a_restarted_server_and_says_what_was_lost(
                                  r"unreachable: waited 1\.\d s"):
             client.slice(1, timeout=1.0)
         took = time.monotonic() - start
-        assert 1.0 <= took < 3.0, took
+        # The client times its wait by absl::Now(), which follows the
+        # kernel's clock only to a few ms on a loaded VM (seen: 0.996 s here).
+        assert 0.98 <= took < 3.0, took
         assert client.state == "reconnecting"
         # A wait while the server is down ends at once: the future's
         # session ended, and the server (restarted or not) freed it.
