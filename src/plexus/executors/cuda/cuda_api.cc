@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plexus/executors/cuda/internal/dl.h"
 
 #if __has_include(<cuda_runtime_api.h>) && __has_include(<cuda.h>)
 // The toolkit is installed (CI, the development machines): check the
@@ -73,39 +74,8 @@ struct CudaApi::Table {
 
 namespace {
 
-// dlopen()s the first of `names` found, by soname and then in `dirs`.
-void* OpenFirst(const std::vector<std::string>& names,
-                const std::vector<std::string>& dirs, std::string* path,
-                std::vector<std::string>* tried) {
-  for (const std::string& name : names) {
-    if (void* h = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-      *path = name;
-      return h;
-    }
-    tried->push_back(name);
-  }
-  for (const std::string& dir : dirs) {
-    for (const std::string& name : names) {
-      std::string p = (std::filesystem::path(dir) / name).string();
-      if (void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-        *path = p;
-        return h;
-      }
-      tried->push_back(p);
-    }
-  }
-  return nullptr;
-}
-
-template <typename F>
-absl::Status Bind(void* lib, const char* symbol, F* fn) {
-  *fn = reinterpret_cast<F>(dlsym(lib, symbol));
-  if (*fn == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("CUDA: the library has no ", symbol));
-  }
-  return absl::OkStatus();
-}
+using internal::Bind;
+using internal::OpenFirst;
 
 absl::StatusOr<const CudaApi*> LoadOnce(const std::vector<std::string>& dirs,
                                         CudaApi::Table* t, std::string* rt,
@@ -121,23 +91,26 @@ absl::StatusOr<const CudaApi*> LoadOnce(const std::vector<std::string>& dirs,
                      " (tried ", absl::StrJoin(tried, ", "), ")"));
   }
   for (absl::Status s : {
-           Bind(runtime, "cudaGetErrorString", &t->GetErrorString),
-           Bind(runtime, "cudaGetDeviceCount", &t->GetDeviceCount),
-           Bind(runtime, "cudaSetDevice", &t->SetDevice),
-           Bind(runtime, "cudaFree", &t->Free),
-           Bind(runtime, "cudaIpcGetMemHandle", &t->IpcGetMemHandle),
-           Bind(runtime, "cudaIpcOpenMemHandle", &t->IpcOpenMemHandle),
-           Bind(runtime, "cudaIpcCloseMemHandle", &t->IpcCloseMemHandle),
-           Bind(runtime, "cudaMemcpyAsync", &t->MemcpyAsync),
-           Bind(runtime, "cudaStreamCreateWithFlags",
+           Bind(runtime, "CUDA", "cudaGetErrorString", &t->GetErrorString),
+           Bind(runtime, "CUDA", "cudaGetDeviceCount", &t->GetDeviceCount),
+           Bind(runtime, "CUDA", "cudaSetDevice", &t->SetDevice),
+           Bind(runtime, "CUDA", "cudaFree", &t->Free),
+           Bind(runtime, "CUDA", "cudaIpcGetMemHandle", &t->IpcGetMemHandle),
+           Bind(runtime, "CUDA", "cudaIpcOpenMemHandle", &t->IpcOpenMemHandle),
+           Bind(runtime, "CUDA", "cudaIpcCloseMemHandle",
+                &t->IpcCloseMemHandle),
+           Bind(runtime, "CUDA", "cudaMemcpyAsync", &t->MemcpyAsync),
+           Bind(runtime, "CUDA", "cudaStreamCreateWithFlags",
                 &t->StreamCreateWithFlags),
-           Bind(runtime, "cudaStreamSynchronize", &t->StreamSynchronize),
-           Bind(runtime, "cudaStreamDestroy", &t->StreamDestroy),
-           Bind(runtime, "cudaStreamQuery", &t->StreamQuery),
-           Bind(driver, "cuMemGetAddressRange_v2", &t->MemGetAddressRange),
-           Bind(driver, "cuGetErrorString", &t->DriverGetErrorString),
-           Bind(driver, "cuDeviceGet", &t->DeviceGet),
-           Bind(driver, "cuDeviceGetUuid_v2", &t->DeviceGetUuid),
+           Bind(runtime, "CUDA", "cudaStreamSynchronize",
+                &t->StreamSynchronize),
+           Bind(runtime, "CUDA", "cudaStreamDestroy", &t->StreamDestroy),
+           Bind(runtime, "CUDA", "cudaStreamQuery", &t->StreamQuery),
+           Bind(driver, "CUDA", "cuMemGetAddressRange_v2",
+                &t->MemGetAddressRange),
+           Bind(driver, "CUDA", "cuGetErrorString", &t->DriverGetErrorString),
+           Bind(driver, "CUDA", "cuDeviceGet", &t->DeviceGet),
+           Bind(driver, "CUDA", "cuDeviceGetUuid_v2", &t->DeviceGetUuid),
        }) {
     if (!s.ok()) return s;
   }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "plexus/executors/cuda/internal/dl.h"
 
 #if __has_include(<nccl.h>)
 // The toolkit's NCCL is installed (CI, the development machines): check the
@@ -92,50 +93,29 @@ struct NcclApi::Table {
 
 namespace {
 
-template <typename F>
-absl::Status Bind(void* lib, const char* symbol, F* fn) {
-  *fn = reinterpret_cast<F>(dlsym(lib, symbol));
-  if (*fn == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("NCCL: the library has no ", symbol));
-  }
-  return absl::OkStatus();
-}
+using internal::Bind;
 
 absl::Status LoadOnce(const std::vector<std::string>& dirs, NcclApi::Table* t,
                       std::string* path) {
   std::vector<std::string> tried;
-  std::vector<std::string> candidates = {"libnccl.so.2", "libnccl.so"};
-  for (const std::string& dir : dirs) {
-    for (const char* name : {"libnccl.so.2", "libnccl.so"}) {
-      candidates.push_back((std::filesystem::path(dir) / name).string());
-    }
-  }
-  void* lib = nullptr;
-  for (const std::string& c : candidates) {
-    lib = dlopen(c.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (lib != nullptr) {
-      *path = c;
-      break;
-    }
-    tried.push_back(c);
-  }
+  void* lib =
+      internal::OpenFirst({"libnccl.so.2", "libnccl.so"}, dirs, path, &tried);
   if (lib == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("NCCL is not available: could not open libnccl (tried ",
                      absl::StrJoin(tried, ", "), ")"));
   }
   for (absl::Status s : {
-           Bind(lib, "ncclGetVersion", &t->GetVersion),
-           Bind(lib, "ncclGetUniqueId", &t->GetUniqueId),
-           Bind(lib, "ncclCommInitRankConfig", &t->CommInitRankConfig),
-           Bind(lib, "ncclCommGetAsyncError", &t->CommGetAsyncError),
-           Bind(lib, "ncclCommAbort", &t->CommAbort),
-           Bind(lib, "ncclAllReduce", &t->AllReduce),
-           Bind(lib, "ncclGroupStart", &t->GroupStart),
-           Bind(lib, "ncclGroupEnd", &t->GroupEnd),
-           Bind(lib, "ncclGetErrorString", &t->GetErrorString),
-           Bind(lib, "ncclGetLastError", &t->GetLastError),
+           Bind(lib, "NCCL", "ncclGetVersion", &t->GetVersion),
+           Bind(lib, "NCCL", "ncclGetUniqueId", &t->GetUniqueId),
+           Bind(lib, "NCCL", "ncclCommInitRankConfig", &t->CommInitRankConfig),
+           Bind(lib, "NCCL", "ncclCommGetAsyncError", &t->CommGetAsyncError),
+           Bind(lib, "NCCL", "ncclCommAbort", &t->CommAbort),
+           Bind(lib, "NCCL", "ncclAllReduce", &t->AllReduce),
+           Bind(lib, "NCCL", "ncclGroupStart", &t->GroupStart),
+           Bind(lib, "NCCL", "ncclGroupEnd", &t->GroupEnd),
+           Bind(lib, "NCCL", "ncclGetErrorString", &t->GetErrorString),
+           Bind(lib, "NCCL", "ncclGetLastError", &t->GetLastError),
        }) {
     if (!s.ok()) return s;
   }
