@@ -15,8 +15,11 @@ is a process of its own, authenticated as its own tenant. Three runs:
           time) and each client's share of device time, read from the
           workers' per-client busy time (`plexus status`), next to its
           weight's share.
-  steady  4 clients each ask for a fixed 15% of device time (a call every
-          micros / 0.15, waiting for each): calls/s and call latency.
+  steady  4 clients each ask for a fixed 15% of device time: a call every
+          hold / 0.15, where hold is the device time a call really takes
+          (its device's busy time per task, read from the workers in a
+          calibration run of the same 4 clients first; --no-calibrate:
+          micros, the nominal time). Calls/s and call latency.
   flood   the same 4, plus a fifth client (weight 1, like theirs) that
           floods: each steady client's calls/s and p99 latency against
           `steady`.
@@ -78,10 +81,10 @@ def flood_client(address, tenant, micros, ready, start, stop_at, depth=256):
 
 
 def steady_client(address, tenant, micros, ready, start, stop_at, results,
-                  window, share):
-    """Asks for a fixed share of device time: one call every
-    micros / STEADY_SHARE, issued on time whether or not the last has
-    finished (open loop). A second thread waits for each in order; a call's
+                  window, period):
+    """Asks for a fixed share of device time: one call every `period`
+    seconds, issued on time whether or not the last has finished (open
+    loop). A second thread waits for each in order; a call's
     latency is from its issue to its result being ready."""
     import threading
     client = _connect(address, tenant)
@@ -90,7 +93,6 @@ def steady_client(address, tenant, micros, ready, start, stop_at, results,
         nap(x).block_until_ready()
     ready.put(tenant)
     start.wait()
-    period = micros * 1e-6 / share
     issued = collections.deque()
     cv = threading.Condition()
     done_issuing = []
@@ -177,7 +179,7 @@ def delta(c0, c1, name):
 
 
 def start_clients(ctx, specs, address, micros, seconds, warmup,
-                  steady_share=STEADY_SHARE):
+                  period=None):
     """Starts one process per (kind, tenant); returns them once all are
     ready, with the shared start event, and the results queue."""
     ready, results = ctx.Queue(), ctx.Queue()
@@ -194,7 +196,7 @@ def start_clients(ctx, specs, address, micros, seconds, warmup,
             target = flood_client
         else:
             args = (address, tenant, micros, ready, start, stop_at, results,
-                    window, steady_share)
+                    window, period)
             target = steady_client
         p = ctx.Process(target=target, args=args, name=tenant, daemon=True)
         p.start()
@@ -236,30 +238,39 @@ def run_shares(cluster, ctx, args):
             "window_s": (t1 - t0)}
 
 
-def run_steady(cluster, ctx, args, flood):
+def run_steady(cluster, ctx, args, flood, period, seconds=None, what=None):
+    seconds = args.seconds if seconds is None else seconds
     specs = [("steady", f"s{i}") for i in range(4)]
     if flood:
         specs.append(("flood", "flood"))
-    log(f"{'flood' if flood else 'steady'}: 4 clients asking "
-        f"{args.steady_share:.0%} each{' + one flooding' if flood else ''}, "
-        f"{args.seconds} s")
+    log(f"{what or ('flood' if flood else 'steady')}: 4 clients, a call "
+        f"every {period * 1e3:.3f} ms each"
+        f"{' + one flooding' if flood else ''}, {seconds} s")
     procs, results, stop_at, window = start_clients(
-        ctx, specs, cluster.address, args.micros, args.seconds, args.warmup,
-        args.steady_share)
+        ctx, specs, cluster.address, args.micros, seconds, args.warmup,
+        period)
     time.sleep(args.warmup)
-    # Per client: (device-queue wait µs, tasks) as a complex pair.
+    # Per client: (device-queue wait µs, tasks) and (busy µs, tasks) as
+    # complex pairs.
     c0, d0, t0 = usage(cluster, ("queued_micros", "tasks"))
+    b0, _, _ = usage(cluster, ("busy_micros", "tasks"))
     window[0] = time.monotonic()
-    time.sleep(args.seconds)
+    time.sleep(seconds)
     window[1] = time.monotonic()
     c1, d1, t1 = usage(cluster, ("queued_micros", "tasks"))
+    b1, _, _ = usage(cluster, ("busy_micros", "tasks"))
     stop_at.value = time.monotonic()
     out = {}
     for _ in range(4):
         tenant, rate, lat = results.get(timeout=120)
         lat.sort()
         q = delta(c0, c1, tenant)
+        b = delta(b0, b1, tenant)
         out[tenant] = {"calls_per_s": rate,
+                       # Device time a task of it held its device, and its
+                       # share of the devices' time.
+                       "hold_us": b.real / max(1.0, b.imag),
+                       "device_share": b.real / (2 * (t1 - t0) * 1e6),
                        "p50_ms": 1e3 * statistics.median(lat),
                        "p99_ms": 1e3 * lat[int(0.99 * (len(lat) - 1))],
                        "calls": len(lat),
@@ -279,6 +290,9 @@ def main():
                     help="the server's --admission-window-us")
     ap.add_argument("--steady-share", type=float, default=STEADY_SHARE,
                     help="share of device time each steady client asks for")
+    ap.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                    help="steady clients call every micros / share, the "
+                    "nominal time, instead of the device time a call takes")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -289,8 +303,24 @@ def main():
         # Client processes authenticate with the cluster's secret.
         os.environ["PLEXUS_CLUSTER_SECRET"] = cluster._secret
         shares = run_shares(cluster, ctx, args)
-        steady = run_steady(cluster, ctx, args, flood=False)
-        flooded = run_steady(cluster, ctx, args, flood=True)
+        # On a machine with fewer cores than processes here, a device's
+        # thread wakes late from its sleep, so a call holds its device
+        # longer than `micros`: asking for a share of device time means a
+        # period from what a call really holds, measured with the same 4
+        # clients asking for it at the nominal time.
+        period = args.micros * 1e-6 / args.steady_share
+        calibration = None
+        if args.calibrate:
+            calibration = run_steady(cluster, ctx, args, False, period,
+                                     seconds=min(args.seconds, 4.0),
+                                     what="calibration")
+            holds = [c["hold_us"] for c in calibration["clients"].values()]
+            hold = statistics.median(holds)
+            log(f"a {args.micros} µs call holds its device {hold:.0f} µs "
+                f"(median over the 4 clients)")
+            period = hold * 1e-6 / args.steady_share
+        steady = run_steady(cluster, ctx, args, False, period)
+        flooded = run_steady(cluster, ctx, args, True, period)
 
     print(f"\nshares ({shares['window_s']:.1f} s, {args.micros} µs calls, "
           f"2 hosts x 1 device): utilisation {shares['utilisation']:.1%}")
@@ -299,12 +329,16 @@ def main():
     for r in shares["clients"]:
         print(f"{r['tenant']:8} {r['weight']:>6} {r['share']:>8.2%} "
               f"{r['weight_share']:>13.2%} {r['error_pp']:>+7.2f}pp")
-    print(f"\nsteady clients at {args.steady_share:.0%} each, without and with a "
-          f"flooding fifth (utilisation {steady['utilisation']:.1%} -> "
+    held = (f"a call holds its device "
+            f"{statistics.median(c['hold_us'] for c in calibration['clients'].values()):.0f} µs"
+            if calibration else f"nominal {args.micros} µs calls")
+    print(f"\nsteady clients asking {args.steady_share:.0%} each ({held}: a "
+          f"call every {period * 1e3:.3f} ms), without and with a flooding "
+          f"fifth (utilisation {steady['utilisation']:.1%} -> "
           f"{flooded['utilisation']:.1%})")
     print(f"{'client':8} {'calls/s':>9} {'with':>9} {'ratio':>6} "
           f"{'p50 ms':>8} {'with':>8} {'p99 ms':>8} {'with':>8} {'ratio':>6} "
-          f"{'queue us':>9} {'with':>8}")
+          f"{'queue us':>9} {'with':>8} {'share':>6} {'with':>6}")
     ratios = []
     for t in sorted(steady["clients"]):
         a, b = steady["clients"][t], flooded["clients"][t]
@@ -314,13 +348,16 @@ def main():
         print(f"{t:8} {a['calls_per_s']:>9.1f} {b['calls_per_s']:>9.1f} "
               f"{r_rate:>6.2f} {a['p50_ms']:>8.2f} {b['p50_ms']:>8.2f} "
               f"{a['p99_ms']:>8.2f} {b['p99_ms']:>8.2f} {r_p99:>6.2f} "
-              f"{a['device_wait_us']:>9.0f} {b['device_wait_us']:>8.0f}")
+              f"{a['device_wait_us']:>9.0f} {b['device_wait_us']:>8.0f} "
+              f"{a['device_share']:>6.1%} {b['device_share']:>6.1%}")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "command": "python3 bench/multitenant.py " + " ".join(sys.argv[1:]),
             "machine": f"{platform.node()} ({os.cpu_count()} cores)",
             "micros": args.micros, "seconds": args.seconds,
             "window_us": args.window_us,
+            "steady_share": args.steady_share, "period_s": period,
+            "calibration": calibration,
             "shares": shares, "steady": steady, "flood": flooded,
             "ratios": ratios}, indent=1) + "\n")
         log(f"wrote {args.json}")
