@@ -1072,6 +1072,9 @@ class ServerImpl : public Server, public proto::Controller::Service {
   }
 
   void LivenessLoop() {
+    // Real (monotonic) time, not the injected clock: what stalls is this
+    // process, whatever a test's clock says.
+    absl::Time last = absl::Now();
     while (true) {
       {
         absl::MutexLock lock(&mu_);
@@ -1080,8 +1083,34 @@ class ServerImpl : public Server, public proto::Controller::Service {
           return;
         }
       }
+      const absl::Time now = absl::Now();
+      if (ServerStalled(now - last, options_)) ExcuseSilence(now - last);
+      last = now;
       CheckLiveness();
     }
+  }
+  // The server did not run for `stalled` (ServerStalled): no worker's
+  // silence of that time counts. Each is deemed heard now, so a worker
+  // that really died or hung meanwhile is declared down a deadline from
+  // now (a dead one's stream break is seen at once, as ever).
+  void ExcuseSilence(absl::Duration stalled) {
+    const absl::Time now = options_.clock->Now();
+    size_t excused = 0;
+    {
+      absl::MutexLock lock(&heard_mu_);
+      for (auto& [id, heard] : heard_) {
+        if (heard.at < now) {
+          heard.at = now;
+          ++excused;
+        }
+      }
+    }
+    SPDLOG_WARN(
+        "the server did not run for {} (this process or its machine "
+        "stalled); the silence of its {} worker(s) over that time is not "
+        "theirs: each has a whole deadline ({}) from now",
+        absl::FormatDuration(stalled), excused,
+        absl::FormatDuration(options_.heartbeat_timeout));
   }
 
   const ServerOptions options_;

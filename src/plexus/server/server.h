@@ -69,6 +69,16 @@ inline absl::Duration LivenessCheckPeriod(const ServerOptions& options) {
              ? options.liveness_check_period
              : options.heartbeat_timeout / 10;
 }
+// Whether the server itself stalled: its liveness check, due every
+// LivenessCheckPeriod, ran `waited` (monotonic time) after the one before,
+// late by more than half the heartbeat deadline. A stopped or starved
+// server process, or a machine its hypervisor paused, reads nothing for
+// that long, so the workers' messages of that time wait unread in its
+// sockets: their silence is the server's, and it does not count
+// (ServerImpl::LivenessLoop gives every worker a whole deadline from then).
+inline bool ServerStalled(absl::Duration waited, const ServerOptions& options) {
+  return waited - LivenessCheckPeriod(options) > options.heartbeat_timeout / 2;
+}
 
 // `advertise` (HOST or HOST:PORT; empty: `bound`) completed with the port
 // of `bound` ("HOST:PORT") where it names none.

@@ -48,6 +48,18 @@ ClusterSecret NewSecret() {
 // Wait() returns. Before, the RPC detached a thread that called Shutdown()
 // later on `this`: the reply could come first (the server still up), and a
 // server destroyed meanwhile (SIGTERM at the same time) was used after free.
+TEST(ServerTest, ItsOwnStallIsALivenessCheckLateByHalfTheDeadline) {
+  ServerOptions options;
+  options.heartbeat_timeout = absl::Seconds(1);  // checked every 100 ms
+  EXPECT_FALSE(ServerStalled(absl::Milliseconds(100), options));
+  EXPECT_FALSE(ServerStalled(absl::Milliseconds(600), options));
+  EXPECT_TRUE(ServerStalled(absl::Milliseconds(601), options));
+  EXPECT_TRUE(ServerStalled(absl::Seconds(2), options));
+  options.liveness_check_period = absl::Seconds(1);  // as a test may set
+  EXPECT_FALSE(ServerStalled(absl::Milliseconds(1500), options));
+  EXPECT_TRUE(ServerStalled(absl::Milliseconds(1501), options));
+}
+
 TEST(ServerTest, ShutdownRpcHasShutDownTheServerWhenItAnswers) {
   for (int i = 0; i < 20; ++i) {
     SCOPED_TRACE(i);
