@@ -1,6 +1,7 @@
 // Internal: the Server implementation, also the gRPC Controller service.
 // See server.h. Its methods are defined by theme: server_workers.cc
-// (worker sessions and liveness) and server.cc (the rest). The helpers a
+// (worker sessions and liveness), server_clients.cc (client sessions,
+// admission, slice answers) and server.cc (the rest). The helpers a
 // session calls per message or per batch are inline, below the class.
 //
 // Thread-safe: every session runs on its own gRPC thread; the locks, in the
