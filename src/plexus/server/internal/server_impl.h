@@ -1,8 +1,9 @@
 // Internal: the Server implementation, also the gRPC Controller service.
-// See server.h. Its methods are defined by theme: server_workers.cc
-// (worker sessions and liveness), server_clients.cc (client sessions,
-// admission, slice answers) and server.cc (the rest). The helpers a
-// session calls per message or per batch are inline, below the class.
+// See server.h. Its methods are defined by theme: server.cc (construction,
+// Init, Wait, Shutdown), server_workers.cc (worker sessions and liveness),
+// server_clients.cc (client sessions, admission, slice answers) and
+// server_status.cc (GetStatus, the Shutdown RPC). The helpers a session
+// calls per message or per batch are inline, below the class.
 //
 // Thread-safe: every session runs on its own gRPC thread; the locks, in the
 // order they are taken, are mu_, admission_mu_, heard_mu_ (see the fields).
