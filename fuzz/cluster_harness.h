@@ -2,9 +2,9 @@
 // ClusterState without gRPC, and the promises the routed ops must keep.
 // Shared by client_batch_fuzz.cc and worker_batch_fuzz.cc.
 //
-// ApplyClientBatch follows ServerImpl::HandleClientBatch (server.cc) op by
-// op; keep the two in step. The checks abort (a libFuzzer crash) with what
-// was broken.
+// ApplyClientBatch follows ServerImpl::HandleClientBatch (server_clients.cc)
+// op by op; keep the two in step. The checks abort (a libFuzzer crash) with
+// what was broken.
 #pragma once
 
 #include <cstdio>

@@ -1,5 +1,5 @@
 // Test helpers shared by the tests that drive ClusterState directly
-// (cluster_state_test.cc, recovery_test.cc).
+// (cluster_state_test.cc; the recovery tests through recovery_test_util.h).
 #pragma once
 
 #include <string>

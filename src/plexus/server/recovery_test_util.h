@@ -1,6 +1,7 @@
 // The fixture of the tests that drive recovery on ClusterState directly
-// (recovery_test.cc, recovery_snapshot_test.cc): a client's calls, puts,
-// releases and completions, a lost host, and what its recovery made.
+// (recovery_test.cc, recovery_spare_test.cc, recovery_lineage_test.cc,
+// recovery_snapshot_test.cc): a client's calls, puts, releases and
+// completions, a lost host, and what its recovery made.
 #pragma once
 
 #include <algorithm>

@@ -1,0 +1,464 @@
+// ServerImpl: the worker side — a worker's session (registration, then
+// what it reports), when it was last heard from, and what follows when it
+// is declared down.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/common/protocol.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/server/internal/server_impl.h"
+
+namespace plexus {
+
+void ServerImpl::CheckLiveness() {
+  {
+    absl::MutexLock lock(&mu_);
+    AnswerSlicesLocked();  // slice requests past their deadline fail
+  }
+  // Read from the stamps alone: a check never waits on the state lock to
+  // see who was heard, and a stamp never waits on it to be made.
+  const absl::Time now = options_.clock->Now();
+  std::vector<int64_t> late;
+  {
+    absl::MutexLock lock(&heard_mu_);
+    for (const auto& [id, heard] : heard_) {
+      if (SilentLocked(heard, now)) late.push_back(id);
+    }
+  }
+  for (int64_t id : late) {
+    WorkerDown(id,
+               absl::StrCat("worker ", id, " missed heartbeats for ",
+                            absl::FormatDuration(options_.heartbeat_timeout)),
+               /*only_if_silent=*/true);
+  }
+}
+
+void ServerImpl::HeardFrom(int64_t id, absl::Time now) {
+  absl::Duration silent;
+  bool was_heard;
+  {
+    absl::MutexLock lock(&heard_mu_);
+    if (now == absl::InfinitePast()) now = options_.clock->Now();
+    auto [it, fresh] = heard_.try_emplace(id);
+    LastHeard& heard = it->second;
+    was_heard = !fresh;
+    silent = heard.handling ? absl::ZeroDuration() : now - heard.at;
+    heard.at = now;
+    heard.handling = was_heard;
+  }
+  // A near miss: a worker that was still alive, but late enough that the
+  // deadline is worth a look (a starved or stalled host).
+  if (was_heard && silent > options_.heartbeat_timeout / 2) {
+    SPDLOG_WARN("worker {} was silent for {} (failure deadline {})", id,
+                absl::FormatDuration(silent),
+                absl::FormatDuration(options_.heartbeat_timeout));
+  }
+}
+
+bool ServerImpl::SilentLocked(const LastHeard& heard, absl::Time now) {
+  // (A check period as long as the deadline, as a test that checks by
+  // hand sets, leaves the whole deadline: never a negative silence, which
+  // found every worker not handling a message silent.)
+  const absl::Duration period = LivenessCheckPeriod(options_);
+  const absl::Duration silence = period < options_.heartbeat_timeout
+                                     ? options_.heartbeat_timeout - period
+                                     : options_.heartbeat_timeout;
+  return !heard.handling && now - heard.at > silence;
+}
+
+bool ServerImpl::Silent(int64_t id) {
+  const absl::Time now = options_.clock->Now();
+  absl::MutexLock lock(&heard_mu_);
+  auto it = heard_.find(id);
+  return it != heard_.end() && SilentLocked(it->second, now);
+}
+
+grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
+                                       WorkerStream* stream) {
+  proto::WorkerToServer first;
+  if (!stream->Read(&first) || !first.has_register_()) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        "the first message must register the worker");
+  }
+  // A worker of another release would misread the ops it is sent.
+  if (absl::Status v = CheckProtocolVersion(
+          "server", "worker", first.register_().protocol_version());
+      !v.ok()) {
+    SPDLOG_WARN("refused a worker registration from host {} (pid {}): {}",
+                first.register_().host_name(), first.register_().pid(),
+                std::string(v.message()));
+    return grpc::Status(grpc::FAILED_PRECONDITION, std::string(v.message()));
+  }
+  // Only a process that holds the cluster secret may join: a worker
+  // receives programs and pushed tensors of every client.
+  const std::string& credential = first.register_().credential();
+  if (!secret_.Verify(CredentialRole::kWorker, 0,
+                      reinterpret_cast<const uint8_t*>(credential.data()),
+                      credential.size())) {
+    SPDLOG_WARN(
+        "refused a worker registration from host {} (pid {}, peer {}): "
+        "{} worker credential",
+        first.register_().host_name(), first.register_().pid(), ctx->peer(),
+        credential.empty() ? "no" : "a wrong");
+    return grpc::Status(
+        grpc::PERMISSION_DENIED,
+        absl::StrCat("worker registration refused: ",
+                     credential.empty()
+                         ? "no worker credential"
+                         : "the worker credential does not match",
+                     " (start the worker with this cluster's secret: $",
+                     kClusterSecretEnv, " or --secret-file)"));
+  }
+  first.mutable_register_()->clear_credential();  // not kept, not shown
+  // A host that rejoins (its session ended on its side) while its old
+  // registration still looks alive here: that one is declared down first,
+  // so nothing waits on it and its pushes are fenced.
+  const std::string rejoined = PreviousRegistration(first.register_());
+  int64_t id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) {
+      // Too late to be cancelled by Shutdown(): refused instead.
+      return grpc::Status(grpc::CANCELLED, "the server is shutting down");
+    }
+    control_bytes_in_ += first.ByteSizeLong();
+    const absl::Time now = options_.clock->Now();
+    WorkerRecord& w = state_.AddWorker(first.register_(), now);
+    w.generation = ++generation_;
+    id = w.id;
+    // Heard from as it registered, before anything is sent to it.
+    HeardFrom(id, now);
+    // The first message also carries what the worker needs to know of
+    // this session.
+    proto::ServerToWorker hello;
+    hello.set_protocol_version(kProtocolVersion);
+    hello.set_generation(w.generation);
+    hello.set_heartbeat_interval_ms(
+        absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
+    hello.set_rejoined(rejoined);
+    // One message, reused: the first carries the hello; clearing it
+    // keeps its ops' shells, which the next write fills (no allocation
+    // per op).
+    auto queue = std::make_shared<WorkerQueue>(
+        [stream, id,
+         msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
+          msg.set_worker_id(id);
+          for (auto& op : ops) *msg.add_ops() = std::move(op);
+          const bool written = stream->Write(msg);
+          msg.Clear();
+          return written;
+        });
+    // Tell the newcomer about everyone (itself included, so its first
+    // message carries its id) and everyone about the newcomer.
+    for (auto& [oid, other] : state_.workers()) {
+      if (other.alive) queue->Push(PeerOp(other));
+    }
+    scheduler_.Broadcast(PeerOp(w));
+    // A spare, or a host that rejoins, has every XLA program's
+    // executables ahead, to take a place at once.
+    for (proto::WorkerOp& load : state_.LoadsForStandby(id)) {
+      queue->Push(std::move(load));
+    }
+    scheduler_.AddWorker(id, std::move(queue));
+    {
+      absl::MutexLock admission(&admission_mu_);
+      admission_.AddWorker(id, first.register_().devices_size());
+    }
+    worker_contexts_[id] = ctx;
+    AnswerSlicesLocked();  // slice requests that waited for its devices
+    SPDLOG_INFO(
+        "worker {} registered: host {}, {} device(s), pid {}, data plane "
+        "{}, generation {}{}",
+        id, first.register_().host_name(), first.register_().devices_size(),
+        first.register_().pid(), first.register_().data_address(), w.generation,
+        rejoined.empty() ? "" : "; it rejoins: " + rejoined);
+  }
+  proto::WorkerToServer msg;
+  while (stream->Read(&msg)) {
+    // Any message shows the worker alive: stamped as it is read, before
+    // anything below waits for a lock (CheckLiveness).
+    HeardFrom(id);
+    if (msg.has_heartbeat()) {
+      absl::MutexLock lock(&mu_);
+      control_bytes_in_ += msg.ByteSizeLong();
+      if (WorkerRecord* w = state_.FindWorker(id)) {
+        w->stats = msg.heartbeat();
+        w->last_heartbeat = options_.clock->Now();
+        w->heartbeats++;
+      }
+    } else if (msg.has_transfer_failed()) {
+      RelayTransferFailure(id, msg.transfer_failed());
+    } else if (msg.has_calls_done()) {
+      control_bytes_in_ += msg.ByteSizeLong();
+      bool pending = false;
+      {
+        absl::MutexLock admission(&admission_mu_);
+        admission_.Completed(id, msg.calls_done());
+        for (uint64_t copy : msg.calls_done().copies_done()) {
+          copies_arrived_.push_back(copy);
+        }
+        pending = CompletionsPendingLocked();
+        // Nothing for the records (a call ends with its last worker's
+        // report): the room it left is used now, under this one lock.
+        if (!pending) AdmitLocked();
+      }
+      // Into the records (ApplyCompletionsLocked) if the state lock is
+      // free; the releases they let go then ride with the calls that the
+      // room they left admits (one write to each worker, not two). If a
+      // client's batch is being routed, it applies them as it ends.
+      // Admission never waits for the state lock.
+      if (pending) {
+        WorkerOps releases;
+        bool applied = false;
+        if (mu_.TryLock()) {
+          ApplyCompletionsLocked(&releases);
+          mu_.Unlock();
+          applied = true;
+        }
+        bool wait_for_state = false;
+        {
+          absl::MutexLock admission(&admission_mu_);
+          AdmitLocked(std::move(releases));
+          wait_for_state =
+              !applied && !routing_batch_ && CompletionsPendingLocked();
+        }
+        if (wait_for_state) {  // another holder of the state lock (rare)
+          absl::MutexLock lock(&mu_);
+          ApplyCompletionsLocked(&releases);
+          if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+        }
+      }
+    }
+    Handled(id);
+  }
+  WorkerDown(id, absl::StrCat("worker ", id,
+                              " lost its connection to the "
+                              "server (process exited or was killed)"));
+  {
+    absl::MutexLock lock(&heard_mu_);
+    heard_.erase(id);
+  }
+  std::shared_ptr<WorkerQueue> queue;
+  {
+    absl::MutexLock lock(&mu_);
+    queue = scheduler_.RemoveWorker(id);
+    worker_contexts_.erase(id);
+  }
+  // The writer uses `stream`, which dies when this handler returns: stop
+  // it here. A client session waiting for room may still hold the queue
+  // (and destroy it later); it no longer writes.
+  if (queue) queue->Stop();
+  return grpc::Status::OK;
+}
+
+proto::WorkerOp ServerImpl::PeerOp(const WorkerRecord& w) {
+  proto::WorkerOp op;
+  auto* p = op.mutable_peer();
+  p->set_worker_id(w.id);
+  p->set_machine_id(w.info.machine_id());
+  p->set_data_address(w.info.data_address());
+  p->set_unix_path(w.info.unix_path());
+  p->set_generation(w.generation);
+  return op;
+}
+
+std::string ServerImpl::PreviousRegistration(const proto::RegisterWorker& reg) {
+  if (reg.previous_worker_id() == 0) return "";
+  const std::string was =
+      absl::StrCat("worker ", reg.previous_worker_id(), " (generation ",
+                   reg.previous_generation(), ")");
+  bool alive = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const WorkerRecord* old = state_.FindWorker(reg.previous_worker_id());
+    if (old == nullptr || old->generation != reg.previous_generation()) {
+      return absl::StrCat(was,
+                          " is not one of this server's registrations (the "
+                          "server restarted)");
+    }
+    if (!old->alive) {
+      return absl::StrCat(was, " was declared down: ", old->down_reason);
+    }
+    alive = true;
+  }
+  if (alive) {
+    WorkerDown(reg.previous_worker_id(),
+               absl::StrCat("worker ", reg.previous_worker_id(),
+                            " lost its session and rejoined as a fresh "
+                            "host"));
+  }
+  return absl::StrCat(was, " was declared down as it rejoined");
+}
+
+void ServerImpl::RelayTransferFailure(int64_t from,
+                                      const proto::TransferFailed& failed) {
+  absl::MutexLock lock(&mu_);
+  control_bytes_in_ += failed.ByteSizeLong();
+  SPDLOG_WARN("worker {}: {}", from, failed.status().message());
+  const WorkerRecord* dst = state_.FindWorker(failed.dst_worker_id());
+  if (dst == nullptr || !dst->alive) return;  // PeerDown said it all
+  proto::WorkerOp op;
+  *op.mutable_transfer_failed() = failed;
+  scheduler_.Send(failed.dst_worker_id(), std::move(op));
+}
+
+void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
+                            bool only_if_silent) {
+  absl::MutexLock lock(&mu_);
+  WorkerRecord* w = state_.FindWorker(id);
+  if (w == nullptr || !w->alive) return;
+  if (only_if_silent && !Silent(id)) return;
+  // What is known done counts as done: it need not run again.
+  {
+    WorkerOps releases;
+    ApplyCompletionsLocked(&releases);
+    if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+  }
+  std::string message = absl::StrCat(reason, " [host ", w->info.host_name(),
+                                     ", pid ", w->info.pid(), "]");
+  if (shutdown_) {
+    SPDLOG_INFO("{}", message);  // expected: the cluster is going down
+  } else {
+    SPDLOG_WARN("{}", message);
+  }
+  const WorkerLoss loss = state_.LoseWorker(id, message);
+  const std::set<uint64_t>& clients = loss.clients;
+  // Clients with a slice remapped onto the spare: their work recovers
+  // (ClusterState::RecoverClient), including what waits at admission.
+  std::map<uint64_t, std::vector<TakenWork>> recovering;
+  for (uint64_t c : clients) {
+    for (uint64_t sid : loss.remapped) {
+      if (state_.slices().at(sid).client_id == c) recovering[c];
+    }
+  }
+  {
+    absl::MutexLock admission(&admission_mu_);
+    admission_.RemoveWorker(id);
+    for (auto& [c, taken] : recovering) {
+      for (AdmissionUnit& unit : admission_.TakePending(c)) {
+        TakenWork& t = taken.emplace_back();
+        t.call_seq = unit.call_seq;
+        for (auto& [w, list] : unit.ops) {
+          for (const proto::WorkerOp& op : list) {
+            if (op.has_load()) {
+              t.unsent_loads.emplace_back(w, op.load().program_id());
+            }
+          }
+        }
+        if (unit.call_seq != 0) continue;
+        for (auto& [w, list] : unit.ops) {
+          for (const proto::WorkerOp& op : list) {
+            if (!op.has_release()) continue;
+            for (uint64_t b : op.release().buffer_ids()) {
+              if (std::find(t.release_ids.begin(), t.release_ids.end(), b) ==
+                  t.release_ids.end()) {
+                t.release_ids.push_back(b);
+              }
+            }
+          }
+        }
+        // Ops other than releases (failures of refused calls) stay.
+        for (auto& [w, list] : unit.ops) {
+          for (proto::WorkerOp& op : list) {
+            if (!op.has_release()) t.ops[w].push_back(std::move(op));
+          }
+        }
+      }
+    }
+    // Calls still waiting that need it fail now, in their place, rather
+    // than after the calls in front of them have run.
+    const int64_t failed =
+        admission_.FailCallsOn(id, absl::UnavailableError(message));
+    if (failed > 0) {
+      SPDLOG_INFO("failed {} waiting call(s) that needed worker {}", failed,
+                  id);
+    }
+    AdmitLocked();
+  }
+  const proto::Status lost = StatusToProto(absl::UnavailableError(message));
+  proto::WorkerOp down;
+  down.mutable_peer_down()->set_worker_id(id);
+  down.mutable_peer_down()->set_generation(w->generation);
+  *down.mutable_peer_down()->mutable_status() = lost;
+  scheduler_.Broadcast(down, /*except=*/id);
+  auto ctx = worker_contexts_.find(id);
+  if (ctx != worker_contexts_.end()) ctx->second->TryCancel();
+  if (loss.spare != 0) {
+    SPDLOG_INFO("worker {}'s {} slice(s) remapped onto spare worker {}", id,
+                loss.remapped.size(), loss.spare);
+  }
+  for (uint64_t c : clients) {
+    proto::ServerToClient note;
+    auto* wd = note.add_workers_down();
+    wd->set_worker_id(id);
+    *wd->mutable_status() = lost;
+    auto r = recovering.find(c);
+    if (r != recovering.end()) {
+      ClientRecovery rec = state_.RecoverClient(c, loss, std::move(r->second));
+      SPDLOG_INFO(
+          "client {}: {} unit(s) of work routed again, {} buffer(s) under "
+          "new ids, {} lost",
+          c, rec.work.size(), rec.note.new_ids_size(),
+          rec.note.lost_ids_size());
+      {
+        absl::MutexLock admission(&admission_mu_);
+        for (RoutedWork& w : rec.work) {
+          admission_.Enqueue(c,
+                             MakeAdmissionUnit(std::move(w.ops), w.call_seq));
+        }
+        AdmitLocked();
+      }
+      *note.add_recoveries() = std::move(rec.note);
+    }
+    auto it = client_queues_.find(c);
+    if (it != client_queues_.end()) it->second->Push(std::move(note));
+  }
+  TellReleasedPutsLocked();
+}
+
+void ServerImpl::LivenessLoop() {
+  // Real (monotonic) time, not the injected clock: what stalls is this
+  // process, whatever a test's clock says.
+  absl::Time last = absl::Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&shutdown_),
+                               LivenessCheckPeriod(options_))) {
+        return;
+      }
+    }
+    const absl::Time now = absl::Now();
+    if (ServerStalled(now - last, options_)) ExcuseSilence(now - last);
+    last = now;
+    CheckLiveness();
+  }
+}
+
+void ServerImpl::ExcuseSilence(absl::Duration stalled) {
+  const absl::Time now = options_.clock->Now();
+  size_t excused = 0;
+  {
+    absl::MutexLock lock(&heard_mu_);
+    for (auto& [id, heard] : heard_) {
+      if (heard.at < now) {
+        heard.at = now;
+        ++excused;
+      }
+    }
+  }
+  SPDLOG_WARN(
+      "the server did not run for {} (this process or its machine "
+      "stalled); the silence of its {} worker(s) over that time is not "
+      "theirs: each has a whole deadline ({}) from now",
+      absl::FormatDuration(stalled), excused,
+      absl::FormatDuration(options_.heartbeat_timeout));
+}
+
+}  // namespace plexus
