@@ -240,25 +240,6 @@ absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::FetchExecutable(
   return bytes;
 }
 
-absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::SerializedExecutable(
-    uint64_t fingerprint) {
-  absl::StatusOr<xla::XlaExecutor::Serialized> serialized =
-      xla_->Serialize(fingerprint);
-  if (!serialized.ok()) return serialized.status();
-  proto::XlaSerializedExecutable msg;
-  msg.set_module(std::move(serialized->module));
-  msg.set_compile_options(std::move(serialized->compile_options));
-  msg.set_executable(std::move(serialized->executable));
-  absl::StatusOr<std::shared_ptr<Storage>> bytes =
-      Storage::AllocateForWrite(msg.ByteSizeLong());
-  if (!bytes.ok()) return bytes.status();
-  if (!msg.SerializeToArray((*bytes)->data(),
-                            static_cast<int>((*bytes)->size()))) {
-    return absl::InternalError("cannot encode a serialized executable");
-  }
-  return std::shared_ptr<const Storage>(*std::move(bytes));
-}
-
 void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program,
                               bool stand_by) {
   absl::MutexLock lock(&compile_mu_);
