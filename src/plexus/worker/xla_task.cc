@@ -120,7 +120,9 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
   // island's workers are) is asked again, at growing intervals, for at
   // most kAwaitPeerCompile: loading once one has compiled costs
   // milliseconds, where compiling along with them costs seconds on the
-  // same CPUs. A peer declared down is not waited for.
+  // same CPUs. A peer declared down is not waited for, nor one whose own
+  // compile of it failed (it answers FAILED_PRECONDITION: it never will
+  // have it); nor is it asked again.
   const absl::Time started = absl::Now();
   absl::Duration backoff = absl::Milliseconds(20);
   std::set<int64_t> heard;  // peers whose first refusal was logged
@@ -131,6 +133,8 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
       absl::StatusOr<std::shared_ptr<Storage>> bytes =
           FetchExecutable(peer, fingerprint);
       if (!bytes.ok()) {
+        // Not there yet (NOT_FOUND), or being compiled there or not reached
+        // (UNAVAILABLE); any other answer is final.
         const bool may_come = absl::IsUnavailable(bytes.status()) ||
                               absl::IsNotFound(bytes.status());
         bool down;
@@ -139,7 +143,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
           down = peers_down_.contains(peer);
         }
         if (may_come && !down) pending.push_back(peer);
-        if (heard.insert(peer).second) {
+        if (heard.insert(peer).second || !may_come) {
           SPDLOG_INFO("{}: no serialized executable from worker {} ({})", where,
                       peer, bytes.status().ToString());
         }
@@ -175,6 +179,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
       return nullptr;
     }
     if (pending.empty()) return nullptr;
+    peers.swap(pending);  // only those it may still come from
     if (absl::Now() + backoff - started > kAwaitPeerCompile) {
       SPDLOG_INFO("{}: no worker had it compiled within {}, compiling it",
                   where, absl::FormatDuration(kAwaitPeerCompile));
@@ -182,7 +187,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
     }
     if (backoff == absl::Milliseconds(20)) {
       SPDLOG_INFO("{}: waiting for worker(s) {} to compile it", where,
-                  absl::StrJoin(pending, ", "));
+                  absl::StrJoin(peers, ", "));
     }
     {
       // Ends at once when the worker stops.
