@@ -144,7 +144,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void AwaitInputs(const std::vector<Future>& inputs);
 
  private:
-  struct Session;  // one session's channel and stream (client_core.cc)
+  // --- sessions (client_session.cc)
+  struct Session;  // one session's channel and stream (below)
   // Connects and opens a session (hello, protocol and credential), by
   // `deadline`; Close() cancels it.
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(absl::Time deadline);
@@ -161,8 +162,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   void GiveUpLocked(std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why the client does no work any more, once it gave up.
   absl::Status GaveUpStatusLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // --- the session's traffic (client_core.cc)
   void SenderLoop(Session& session);
   void ReaderLoop(Session& session);
+  // --- recovery (recovering.cc)
   uint64_t ResolveSlow(uint64_t id) const;
   // Puts shards again for a recovery (its own thread: the reader must not
   // wait on a worker).
@@ -246,6 +249,18 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   };
   absl::flat_hash_map<transport::DataPlaneConnection*, InUse> in_use_
       ABSL_GUARDED_BY(mu_);
+};
+
+// One session: the channel and the stream it lives on.
+struct ClientCore::Session {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<proto::Controller::Stub> stub;
+  grpc::ClientContext context;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<proto::ClientToServer, proto::ServerToClient>>
+      stream;
+  uint64_t client_id = 0;
+  transport::DataPlaneIdentity identity{};
 };
 
 // One sharded buffer as the client holds it, in the session that made it.

@@ -1,7 +1,7 @@
 // The pure pieces of a client's reconnect to its server: what the client
 // records of a session that ended, the errors that say what was lost with
 // it, and how a program's XLA islands follow a slice granted again. No
-// threads, no I/O; ClientCore (client_core.cc) drives them.
+// threads, no I/O; ClientCore (client_session.cc) drives them.
 //
 // A client's life, one session after another (ClientCore::SessionLoop):
 //

@@ -577,4 +577,13 @@ void WorkerImpl::FinishTask(const std::shared_ptr<CallContext>& call,
   }
 }
 
+void WorkerImpl::AwaitXlaRuns() {
+  const int64_t started = xla_runs_started_.load();
+  absl::MutexLock lock(&xla_runs_mu_);
+  auto ended = [this, started]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(xla_runs_mu_) {
+    return xla_runs_ended_ >= started;
+  };
+  xla_runs_mu_.Await(absl::Condition(&ended));
+}
+
 }  // namespace plexus

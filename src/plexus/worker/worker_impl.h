@@ -65,9 +65,10 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
 
   // StartLocal, then ConnectToServer (registers and applies the first ops).
   absl::Status Init();
-  // The worker without its server session: object store, devices, XLA
-  // executor and data plane. What Init does before it connects; on its own,
-  // a harness (fuzz/worker_ops_fuzz.cc) feeds ApplyOps directly.
+  // The worker without its server session (worker_local.cc): object store,
+  // devices, XLA executor and data plane. What Init does before it
+  // connects; on its own, a harness (fuzz/worker_ops_fuzz.cc) feeds
+  // ApplyOps directly.
   absl::Status StartLocal();
   // Applies one message of the server's op stream, in order (the first
   // message also names this worker). The reader thread's only entry point:
@@ -91,7 +92,7 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return pushes_fenced_.load(); }
 
-  // transport::DataPlaneHandler
+  // transport::DataPlaneHandler (data_plane_handler.cc)
   // A connection proves a client's credential or the worker credential,
   // each derived from the cluster secret. A client's request (put, fetch,
   // wait) is allowed on a connection of the client its buffer id names; a

@@ -120,7 +120,9 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
   // island's workers are) is asked again, at growing intervals, for at
   // most kAwaitPeerCompile: loading once one has compiled costs
   // milliseconds, where compiling along with them costs seconds on the
-  // same CPUs. A peer declared down is not waited for.
+  // same CPUs. A peer declared down is not waited for, nor one whose own
+  // compile of it failed (it answers FAILED_PRECONDITION: it never will
+  // have it); nor is it asked again.
   const absl::Time started = absl::Now();
   absl::Duration backoff = absl::Milliseconds(20);
   std::set<int64_t> heard;  // peers whose first refusal was logged
@@ -131,6 +133,8 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
       absl::StatusOr<std::shared_ptr<Storage>> bytes =
           FetchExecutable(peer, fingerprint);
       if (!bytes.ok()) {
+        // Not there yet (NOT_FOUND), or being compiled there or not reached
+        // (UNAVAILABLE); any other answer is final.
         const bool may_come = absl::IsUnavailable(bytes.status()) ||
                               absl::IsNotFound(bytes.status());
         bool down;
@@ -139,7 +143,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
           down = peers_down_.contains(peer);
         }
         if (may_come && !down) pending.push_back(peer);
-        if (heard.insert(peer).second) {
+        if (heard.insert(peer).second || !may_come) {
           SPDLOG_INFO("{}: no serialized executable from worker {} ({})", where,
                       peer, bytes.status().ToString());
         }
@@ -175,6 +179,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
       return nullptr;
     }
     if (pending.empty()) return nullptr;
+    peers.swap(pending);  // only those it may still come from
     if (absl::Now() + backoff - started > kAwaitPeerCompile) {
       SPDLOG_INFO("{}: no worker had it compiled within {}, compiling it",
                   where, absl::FormatDuration(kAwaitPeerCompile));
@@ -182,7 +187,7 @@ std::shared_ptr<const xla::PjrtExecutable> WorkerImpl::LoadFromPeers(
     }
     if (backoff == absl::Milliseconds(20)) {
       SPDLOG_INFO("{}: waiting for worker(s) {} to compile it", where,
-                  absl::StrJoin(pending, ", "));
+                  absl::StrJoin(peers, ", "));
     }
     {
       // Ends at once when the worker stops.
@@ -238,25 +243,6 @@ absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::FetchExecutable(
     counters_.bytes_received.fetch_add(static_cast<int64_t>((*bytes)->size()));
   }
   return bytes;
-}
-
-absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::SerializedExecutable(
-    uint64_t fingerprint) {
-  absl::StatusOr<xla::XlaExecutor::Serialized> serialized =
-      xla_->Serialize(fingerprint);
-  if (!serialized.ok()) return serialized.status();
-  proto::XlaSerializedExecutable msg;
-  msg.set_module(std::move(serialized->module));
-  msg.set_compile_options(std::move(serialized->compile_options));
-  msg.set_executable(std::move(serialized->executable));
-  absl::StatusOr<std::shared_ptr<Storage>> bytes =
-      Storage::AllocateForWrite(msg.ByteSizeLong());
-  if (!bytes.ok()) return bytes.status();
-  if (!msg.SerializeToArray((*bytes)->data(),
-                            static_cast<int>((*bytes)->size()))) {
-    return absl::InternalError("cannot encode a serialized executable");
-  }
-  return std::shared_ptr<const Storage>(*std::move(bytes));
 }
 
 void WorkerImpl::CompileAhead(std::shared_ptr<LoadedProgram> program,

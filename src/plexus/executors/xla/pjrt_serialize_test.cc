@@ -129,5 +129,22 @@ TEST(PjrtSerializeTest, TheCacheLoadsServesAndNeverCompiles) {
             Outputs(**live.Runtime(), **compiled));
 }
 
+// A failed compile is cached, so that content will never be served here:
+// the peer asking hears so (FailedPrecondition, with the compile error),
+// not NotFound, which a compile not begun yet also answers.
+TEST(PjrtSerializeTest, AFailedCompileIsServedAsFinalNamingItsError) {
+  XlaExecutor executor(Options());
+  const std::string module = "module { this is not mlir }";
+  const std::string options = OptionsOnDevice(0);
+  const uint64_t key = XlaExecutor::Fingerprint(module, options);
+  EXPECT_EQ(executor.Serialize(key).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_FALSE(executor.GetOrCompile(module, options).ok());
+  absl::Status served = executor.Serialize(key).status();
+  EXPECT_EQ(served.code(), absl::StatusCode::kFailedPrecondition) << served;
+  EXPECT_THAT(served.message(), HasSubstr("failed to compile here"));
+  EXPECT_THAT(served.message(), HasSubstr("XLA compile"));
+}
+
 }  // namespace
 }  // namespace plexus::xla

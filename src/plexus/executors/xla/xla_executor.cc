@@ -169,6 +169,7 @@ absl::StatusOr<XlaExecutor::Serialized> XlaExecutor::Serialize(
     if (bucket != cache_.end()) entries = bucket->second;
   }
   bool busy = false;
+  absl::Status failed;  // a compile of this content that failed here
   for (const auto& e : entries) {
     std::shared_ptr<const PjrtExecutable> alive;
     std::string loaded_from;
@@ -177,6 +178,7 @@ absl::StatusOr<XlaExecutor::Serialized> XlaExecutor::Serialize(
       continue;
     }
     if (e->done && e->error.ok()) alive = e->executable.lock();
+    if (e->done && !e->error.ok()) failed = e->error;
     if (alive != nullptr) loaded_from = e->serialized;
     e->mu.Unlock();
     if (alive == nullptr) continue;
@@ -192,6 +194,10 @@ absl::StatusOr<XlaExecutor::Serialized> XlaExecutor::Serialize(
   if (busy) {
     return absl::UnavailableError(
         absl::StrCat("executable ", key, " is still being compiled here"));
+  }
+  if (!failed.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "executable ", key, " failed to compile here: ", failed.message()));
   }
   return absl::NotFoundError(absl::StrCat("no executable ", key, " here"));
 }

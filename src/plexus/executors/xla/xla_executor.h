@@ -65,9 +65,11 @@ class XlaExecutor {
 
   // The serialized executable of content `fingerprint`, for a peer:
   // NotFound if none is cached (or it is gone), Unavailable while it is
-  // being compiled or loaded (the asker compiles rather than waits). One
-  // loaded from bytes is served those bytes: the CPU plugin re-serializes
-  // a deserialized executable without its kernels' object code.
+  // being compiled or loaded, FailedPrecondition naming the compile error
+  // once its compile failed here (the failure is cached: this worker will
+  // never have it, so a peer waiting for it stops). One loaded from bytes
+  // is served those bytes: the CPU plugin re-serializes a deserialized
+  // executable without its kernels' object code.
   absl::StatusOr<Serialized> Serialize(uint64_t fingerprint);
 
   // For status: the platform ("cpu"), "" before the first load, or the

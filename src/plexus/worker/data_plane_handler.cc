@@ -1,0 +1,159 @@
+// What the worker answers on its data plane (transport::DataPlaneHandler):
+// who may connect and ask for what, incoming shards (pushes, puts, CUDA
+// IPC, pushed errors), fetches and waits, and serialized executables for
+// peers.
+#include "absl/strings/str_cat.h"
+#include "plexus/worker/worker_impl.h"
+
+namespace plexus {
+
+absl::Status WorkerImpl::AdmitGeneration(uint64_t generation) {
+  absl::MutexLock lock(&peers_mu_);
+  auto it = fenced_.find(generation);
+  if (it == fenced_.end()) return absl::OkStatus();
+  pushes_fenced_++;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "a push from worker ", it->second, " of generation ", generation,
+      ", which the server declared down: fenced (it rejoins as "
+      "a fresh host)"));
+}
+
+absl::StatusOr<Credential> WorkerImpl::CredentialFor(
+    const transport::DataPlanePeer& peer) {
+  switch (peer.role) {
+    case CredentialRole::kClient:
+      return secret_.Derive(CredentialRole::kClient, peer.id);
+    case CredentialRole::kWorker:
+      if (peer.id != 0) break;
+      return secret_.Derive(CredentialRole::kWorker);
+    default:
+      break;
+  }
+  return absl::PermissionDeniedError(
+      "only client sessions and workers open data-plane connections");
+}
+
+absl::Status WorkerImpl::Authorize(transport::DataPlaneRequest request,
+                                   const transport::ShardKey& key,
+                                   const transport::DataPlanePeer& peer) {
+  if (request == transport::DataPlaneRequest::kPush ||
+      request == transport::DataPlaneRequest::kPushError ||
+      request == transport::DataPlaneRequest::kPushIpc ||
+      request == transport::DataPlaneRequest::kFetchExecutable) {
+    if (peer.role == CredentialRole::kWorker) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        absl::StrCat(request == transport::DataPlaneRequest::kFetchExecutable
+                         ? "executables are fetched by workers"
+                         : "a push comes from a worker",
+                     "; this connection is client ", peer.id, "'s"));
+  }
+  // An id names its owner; only the owner's connection opens it.
+  const uint64_t owner = ClientOfBuffer(key.buffer_id);
+  if (peer.role == CredentialRole::kClient && peer.id == owner) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat(KeyString(BufferKey{key.buffer_id, key.shard}),
+                   " belongs to client ", owner, ", and this connection is ",
+                   peer.role == CredentialRole::kWorker
+                       ? std::string("a worker's")
+                       : absl::StrCat("client ", peer.id, "'s")));
+}
+
+absl::Status WorkerImpl::AdmitIncoming(const transport::ShardKey& key,
+                                       size_t bytes, bool from_client) {
+  return store_->AdmitIncoming({key.buffer_id, key.shard},
+                               static_cast<int64_t>(bytes), from_client);
+}
+
+absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::AllocateIncoming(
+    const transport::ShardKey& key, size_t bytes, bool from_client) {
+  return Storage::AllocateForWrite(bytes);
+}
+
+absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
+                                 std::shared_ptr<Storage> data,
+                                 bool from_client) {
+  store_->FulfilIncoming({key.buffer_id, key.shard}, std::move(data));
+  return absl::OkStatus();
+}
+
+bool WorkerImpl::OpensCudaIpc() {
+  return cuda_ipc_ != nullptr && cuda_ipc_->available().ok();
+}
+
+absl::Status WorkerImpl::ReceiveIpc(const transport::ShardKey& key,
+                                    const transport::IpcShard& shard) {
+  const BufferKey at{key.buffer_id, key.shard};
+  if (!OpensCudaIpc()) {
+    return absl::FailedPreconditionError("this worker opens no CUDA IPC");
+  }
+  if (absl::Status s = store_->AdmitIncoming(
+          at, static_cast<int64_t>(shard.bytes), /*from_client=*/false);
+      !s.ok()) {
+    return s;
+  }
+  auto copied = [&]() -> absl::StatusOr<std::shared_ptr<Storage>> {
+    absl::StatusOr<std::pair<TensorSpec, int>> declared = store_->Describe(at);
+    if (!declared.ok()) return declared.status();
+    const auto& [spec, device] = *declared;
+    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
+    if (!runtime.ok()) return runtime.status();
+    absl::StatusOr<std::shared_ptr<xla::PjrtBuffer>> buffer =
+        (*runtime)->CreateUninitialized(
+            device, spec, absl::StrCat(KeyString(at), " by CUDA IPC"));
+    if (!buffer.ok()) return buffer.status();
+    // Ready once its allocation is (work queued before it on the device
+    // may still use that memory).
+    absl::StatusOr<GpuAddress> dst = (*buffer)->gpu_address();
+    if (!dst.ok()) return dst.status();
+    if (absl::Status s = cuda_ipc_->CopyIn(shard, *dst); !s.ok()) return s;
+    return Storage::OnDevice(*std::move(buffer));
+  }();
+  if (!copied.ok()) {
+    store_->AbandonIncoming(at);
+    return copied.status();
+  }
+  store_->FulfilIncoming(at, *std::move(copied));
+  return absl::OkStatus();
+}
+
+void WorkerImpl::DeliverError(const transport::ShardKey& key,
+                              const absl::Status& error) {
+  store_->Fail({key.buffer_id, key.shard}, error);
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::AwaitReady(
+    const transport::ShardKey& key) {
+  absl::StatusOr<std::shared_ptr<const Storage>> ready =
+      store_->AwaitReady({key.buffer_id, key.shard});
+  // A value in device memory may still be being computed: a client's
+  // wait or fetch is answered once it is, with its error if it failed.
+  if (ready.ok() && *ready != nullptr) {
+    if (const DeviceBuffer* device = (*ready)->device_buffer()) {
+      if (absl::Status s = device->Await(); !s.ok()) return s;
+    }
+  }
+  return ready;
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::SerializedExecutable(
+    uint64_t fingerprint) {
+  absl::StatusOr<xla::XlaExecutor::Serialized> serialized =
+      xla_->Serialize(fingerprint);
+  if (!serialized.ok()) return serialized.status();
+  proto::XlaSerializedExecutable msg;
+  msg.set_module(std::move(serialized->module));
+  msg.set_compile_options(std::move(serialized->compile_options));
+  msg.set_executable(std::move(serialized->executable));
+  absl::StatusOr<std::shared_ptr<Storage>> bytes =
+      Storage::AllocateForWrite(msg.ByteSizeLong());
+  if (!bytes.ok()) return bytes.status();
+  if (!msg.SerializeToArray((*bytes)->data(),
+                            static_cast<int>((*bytes)->size()))) {
+    return absl::InternalError("cannot encode a serialized executable");
+  }
+  return std::shared_ptr<const Storage>(*std::move(bytes));
+}
+
+}  // namespace plexus
