@@ -23,7 +23,7 @@ ObjectStore::Entry& ObjectStore::GetOrCreateLocked(const BufferKey& key) {
   if (inserted) {
     auto& shards = shards_[key.buffer_id];
     shards.push_back(key.shard);
-    if (unknown_waiters_ > 0) created_.SignalAll();
+    SignalKeyLocked(key);
   }
   return it->second;
 }
@@ -67,7 +67,7 @@ void ObjectStore::Declare(const BufferKey& key, int device,
     e.expected_bytes = spec.byte_size();
     // An entry made before its declaration (OnReady, Fail) was not new to
     // GetOrCreateLocked: its waiters for the declaration learn of it here.
-    if (unknown_waiters_ > 0) created_.SignalAll();
+    SignalKeyLocked(key);
     if (source_worker >= 0) e.source_worker = source_worker;
     if (e.state == Entry::State::kReady && e.data &&
         static_cast<int64_t>(e.data->size()) != e.expected_bytes) {
@@ -137,7 +137,7 @@ void ObjectStore::FailBuffer(uint64_t buffer_id, const absl::Status& status) {
   {
     absl::MutexLock lock(&mu_);
     rejected_[buffer_id] = status;
-    created_.SignalAll();
+    SignalKeyWaitsLocked();
     auto it = shards_.find(buffer_id);
     if (it != shards_.end()) shards = it->second;
   }
@@ -187,7 +187,7 @@ void ObjectStore::ReleaseClient(uint64_t client_id) {
   {
     absl::MutexLock lock(&mu_);
     departed_.insert(client_id);
-    created_.SignalAll();  // waits for its undeclared keys end now
+    SignalKeyWaitsLocked();  // waits for its undeclared keys end now
     for (auto it = rejected_.begin(); it != rejected_.end();) {
       auto cur = it++;
       if (ClientOfBuffer(cur->first) == client_id) rejected_.erase(cur);
@@ -265,6 +265,37 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key) const {
   return absl::OkStatus();
 }
 
+bool ObjectStore::AwaitKeyLocked(const BufferKey& key, absl::Time deadline) {
+  KeyWait*& slot = key_waits_[key];
+  if (slot == nullptr) {
+    if (free_key_waits_.empty()) {
+      all_key_waits_.push_back(std::make_unique<KeyWait>());
+      free_key_waits_.push_back(all_key_waits_.back().get());
+    }
+    slot = free_key_waits_.back();
+    free_key_waits_.pop_back();
+  }
+  KeyWait* wait = slot;  // `slot` may move while the lock is released
+  wait->waiters++;
+  const bool timed_out =
+      options_.clock->AwaitWithDeadline(&mu_, &wait->cv, deadline);
+  if (--wait->waiters == 0) {
+    key_waits_.erase(key);
+    free_key_waits_.push_back(wait);
+  }
+  return timed_out;
+}
+
+void ObjectStore::SignalKeyLocked(const BufferKey& key) {
+  if (key_waits_.empty()) return;
+  auto it = key_waits_.find(key);
+  if (it != key_waits_.end()) it->second->cv.SignalAll();
+}
+
+void ObjectStore::SignalKeyWaitsLocked() {
+  for (auto& [key, wait] : key_waits_) wait->cv.SignalAll();
+}
+
 absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
     const BufferKey& key) {
   const absl::Time deadline =
@@ -273,10 +304,7 @@ absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second.declared) return &it->second;
     if (absl::Status end = UnknownKeyEndLocked(key); !end.ok()) return end;
-    unknown_waiters_++;
-    bool timed_out =
-        options_.clock->AwaitWithDeadline(&mu_, &created_, deadline);
-    unknown_waiters_--;
+    const bool timed_out = AwaitKeyLocked(key, deadline);
     if (timed_out) {
       it = entries_.find(key);
       if (it != entries_.end() && it->second.declared) return &it->second;
@@ -529,10 +557,7 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
       continue;
     }
     if (absl::Status end = UnknownKeyEndLocked(key); !end.ok()) return end;
-    unknown_waiters_++;
-    bool timed_out =
-        options_.clock->AwaitWithDeadline(&mu_, &created_, unknown_deadline);
-    unknown_waiters_--;
+    const bool timed_out = AwaitKeyLocked(key, unknown_deadline);
     if (timed_out && !entries_.contains(key) && UnknownKeyEndLocked(key).ok()) {
       return absl::NotFoundError(absl::StrCat(
           KeyString(key),
@@ -596,7 +621,7 @@ void ObjectStore::Shutdown() {
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
   memory_freed_.SignalAll();
-  created_.SignalAll();
+  SignalKeyWaitsLocked();
   for (auto& [key, e] : entries_) {
     if (e.ready) e.ready->SignalAll();
   }

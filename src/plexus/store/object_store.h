@@ -27,7 +27,10 @@
 // without a deadline: its producer fulfils or fails it.
 //
 // Thread-safe. Waits (AwaitReady, Reserve, AdmitIncoming) block on
-// condition variables and never spin.
+// condition variables and never spin. A wait for a key not declared yet is
+// woken by that key's declaration (or by an event that may end it), never
+// by other keys': a client's fetch of a graph's last output, which arrives
+// before the graph's calls do, sleeps through them.
 #pragma once
 
 #include <cstdint>
@@ -220,6 +223,15 @@ class ObjectStore {
   // Why a wait for `key`, which has no entry, must end now; OK to go on.
   absl::Status UnknownKeyEndLocked(const BufferKey& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for `key` to appear or be declared, until `deadline`; true when
+  // the deadline passed. Ends early on an event that may end every such
+  // wait (SignalKeyWaitsLocked); the caller looks again either way.
+  bool AwaitKeyLocked(const BufferKey& key, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the waits for `key` (it appeared, or was declared).
+  void SignalKeyLocked(const BufferKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes every wait for a key (a rejection, a departure, the shutdown).
+  void SignalKeyWaitsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Charges `bytes` to `device`, waiting for room while `wait`.
   absl::Status ReserveLocked(int device, int64_t bytes, bool wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -246,8 +258,16 @@ class ObjectStore {
 
   mutable absl::Mutex mu_;
   absl::CondVar memory_freed_;  // a device's used bytes went down
-  absl::CondVar created_;       // an entry appeared (for unknown-key waits)
-  int unknown_waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  // The waits for keys not declared yet, one condition variable per key
+  // waited on. A KeyWait is never freed, only reused (free_key_waits_): a
+  // FakeClock may still signal it after its wait ended.
+  struct KeyWait {
+    absl::CondVar cv;
+    int waiters = 0;
+  };
+  absl::flat_hash_map<BufferKey, KeyWait*> key_waits_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<KeyWait>> all_key_waits_ ABSL_GUARDED_BY(mu_);
+  std::vector<KeyWait*> free_key_waits_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BufferKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // Shards per buffer id, for Release.
   absl::flat_hash_map<uint64_t, std::vector<int32_t>> shards_

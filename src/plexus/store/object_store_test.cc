@@ -1,5 +1,6 @@
 #include "plexus/store/object_store.h"
 
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -297,6 +298,48 @@ TEST(ObjectStoreTest, UndeclaredPutIsHeldAtMostTheDeadline) {
   EXPECT_TRUE(absl::StrContains(admitted.message(), "never declared"))
       << admitted;
   EXPECT_EQ(f.store->Stats().live_shards, 0);
+}
+
+// A FakeClock that counts the waits begun on it: each time a waiter for an
+// undeclared key wakes and finds it still missing, it waits again.
+class CountingClock : public Clock {
+ public:
+  absl::Time Now() const override { return clock.Now(); }
+  bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
+                         absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    waits.fetch_add(1);
+    return clock.AwaitWithDeadline(mu, cv, deadline);
+  }
+  FakeClock clock;
+  std::atomic<int> waits{0};
+};
+
+// A client's fetch of a graph's last output reaches the worker before the
+// graph's calls: it sleeps through their declarations, woken once by its own
+// key's (it used to wake on every other key's, a futex and a context switch
+// on each of the worker's reader and the fetcher per call).
+TEST(ObjectStoreTest, AWaitForAnUndeclaredKeyWakesOnlyForThatKey) {
+  CountingClock counting;
+  ObjectStore::Options o;
+  o.device_memory = {1 << 20};
+  o.clock = &counting;
+  o.unknown_key_timeout = absl::Seconds(30);
+  ObjectStore store(o);
+  const BufferKey last{4000, 0};
+  absl::StatusOr<std::shared_ptr<const Storage>> got;
+  std::thread fetcher([&] { got = store.AwaitReady(last); });
+  counting.clock.AwaitWaiters(1);
+  for (uint64_t id = 1; id <= 2000; ++id) {
+    store.Declare({id, 0}, 0, {DType::kF32, {1}}, /*owned=*/false);
+  }
+  store.Declare(last, 0, {DType::kF32, {4}}, /*owned=*/true);
+  ASSERT_TRUE(store.Reserve(0, 16).ok());
+  store.Fulfil(last, Bytes(16), 0);
+  fetcher.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->size(), 16u);
+  EXPECT_EQ(counting.waits.load(), 1);  // one wait, ended by its own key
 }
 
 TEST(ObjectStoreTest, UnknownKeyWaitEndsWhenItsClientLeaves) {
