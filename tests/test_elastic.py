@@ -256,3 +256,78 @@ def test_a_stopped_host_is_declared_down_remapped_and_fenced_when_it_wakes():
             for wk in st["workers"] if wk["alive"]))
         np.testing.assert_array_equal(np.asarray(z), 5 * np.arange(6))
         np.testing.assert_array_equal(np.asarray(y), 5 * np.arange(6))
+
+
+def spare_of(cluster):
+    """The live spare's status entry."""
+    return next(w for w in status(cluster)["workers"]
+                if w["alive"] and w.get("spare"))
+
+
+def test_a_slice_whose_host_is_lost_while_no_spare_is_free_waits_for_one():
+    # The spare and a host of the slice die together. When the host's loss
+    # is handled no spare is free (the spare is dead, or was taken and is
+    # lost next), so the slice waits for a host rather than breaking: the
+    # embedded cluster's replacements join within the wait, and the job
+    # goes on on the new map with the values a failure-free run gives.
+    with plexus.local(hosts=2, spare=1) as cluster:
+        c = cluster.connect()
+        s = c.slice(2)
+        x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        y = double(x)
+        np.testing.assert_array_equal(np.asarray(y), 2 * np.arange(4))
+        os.kill(int(spare_of(cluster)["pid"]), signal.SIGKILL)
+        kill_host(cluster, s.devices[1]["host"])
+        z = double(y)  # its batch waits at the server for the new map
+        np.testing.assert_array_equal(np.asarray(z), 4 * np.arange(4))
+        np.testing.assert_array_equal(np.asarray(x), np.arange(4))
+        r = counters(cluster)
+        assert r.get("losses_awaited", 0) >= 1, r
+        assert r.get("losses_resumed", 0) == r["losses_awaited"], r
+        assert r.get("slices_broken", 0) == 0, r
+        assert s.generation >= 1
+        assert not slice_of(status(cluster), s).get("broken")
+        # The slice goes on: a new value, a new call.
+        v = s.put(np.full(4, 3, np.float32), plexus.P("devices"))
+        np.testing.assert_array_equal(np.asarray(double(v)), np.full(4, 6))
+
+
+def test_a_slice_that_waits_in_vain_for_a_host_breaks_at_its_deadline():
+    # One replacement a minute: the first killed spare is replaced, the
+    # second is not, so when a host of the slice dies no host can come.
+    with plexus.local(hosts=2, spare=1, spare_wait_ms=1000,
+                      max_restarts_per_minute=1) as cluster:
+        c = cluster.connect()
+        s = c.slice(2)
+        x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        y = double(x)
+        np.testing.assert_array_equal(np.asarray(y), 2 * np.arange(4))
+        first = spare_of(cluster)
+        os.kill(int(first["pid"]), signal.SIGKILL)
+        second = wait_until(cluster, "the spare's replacement", lambda st: any(
+            w["alive"] and w.get("spare") and w["pid"] != first["pid"]
+            for w in st["workers"]))
+        second = next(w for w in second["workers"]
+                      if w["alive"] and w.get("spare"))
+        os.kill(int(second["pid"]), signal.SIGKILL)
+        wait_until(cluster, "the second spare declared down", lambda st: all(
+            not w["alive"] for w in st["workers"]
+            if w["worker_id"] == second["worker_id"]))
+        kill_host(cluster, s.devices[1]["host"])
+        killed = time.monotonic()
+        st = wait_until(cluster, "the slice waiting for a host",
+                        lambda st: slice_of(st, s).get("awaiting")
+                        or slice_of(st, s).get("broken"))
+        z = double(y)
+        with pytest.raises(plexus.DeviceLostError) as e:
+            np.asarray(z)
+        waited = time.monotonic() - killed
+        assert "no host took its place" in str(e.value), e.value
+        assert waited >= 0.9, waited  # it waited for the deadline
+        broken = slice_of(status(cluster), s)["broken"]
+        assert "no host took its place within 1s" in broken, broken
+        r = counters(cluster)
+        assert r.get("losses_awaited", 0) == 1 and r.get("slices_broken") == 1
+        assert r.get("losses_resumed", 0) == 0

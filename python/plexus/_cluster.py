@@ -63,7 +63,8 @@ class LocalCluster:
                  shared_memory=True, log_level="warn", log_file=None,
                  attached=True, heartbeat_timeout_ms=1000, scheduler="gang",
                  pjrt_plugin=None, secret=None, tenants=None,
-                 admission_window_us=None, gpus=None, cuda_ipc=True):
+                 admission_window_us=None, gpus=None, cuda_ipc=True,
+                 spare_wait_ms=None, max_restarts_per_minute=None):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -88,6 +89,20 @@ class LocalCluster:
         # --tenants file holds it, or the path of such a file.
         self.tenants = tenants
         self.admission_window_us = admission_window_us
+        # With spares: how long a slice that lost a host waits for another
+        # when none is free at once (the server's --spare-wait-ms; None: its
+        # default, 10 s), and how many killed workers the cluster replaces
+        # in any minute (--max-restarts-per-minute; None: its default).
+        for name, value, least in (("spare_wait_ms", spare_wait_ms, 0),
+                                   ("max_restarts_per_minute",
+                                    max_restarts_per_minute, 1)):
+            if value is not None and (not isinstance(value, int)
+                                      or isinstance(value, bool)
+                                      or value < least):
+                raise ValueError(f"{name} must be an integer of at least "
+                                 f"{least}, got {value!r}")
+        self.spare_wait_ms = spare_wait_ms
+        self.max_restarts_per_minute = max_restarts_per_minute
         self._tenants_file = None
         # The workers' PJRT plugin for XLA programs (plexus.jit).
         self.pjrt_plugin = pjrt_plugin or default_pjrt_plugin() or ""
@@ -148,6 +163,11 @@ class LocalCluster:
                 cmd += ["--tenants", str(self.tenants)]
         if self.admission_window_us is not None:
             cmd += ["--admission-window-us", str(int(self.admission_window_us))]
+        if self.spare_wait_ms is not None:
+            cmd += ["--spare-wait-ms", str(self.spare_wait_ms)]
+        if self.max_restarts_per_minute is not None:
+            cmd += ["--max-restarts-per-minute",
+                    str(self.max_restarts_per_minute)]
         if self.attached:
             cmd.append("--die-with-parent")
         log = open(self.log_file, "ab") if self.log_file else None

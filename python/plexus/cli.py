@@ -136,8 +136,11 @@ def format_status(st):
                              s["client_id"] if i == 0 else "",
                              len(s.get("devices", [])) if i == 0 else "",
                              host, worker, " ".join(maps),
-                             # remaps onto spares; BROKEN: lost a host, no spare
+                             # remaps onto spares; BROKEN: lost a host, no
+                             # spare; WAITING: for a host to take its place
                              ("BROKEN" if s.get("broken") else
+                              f"WAITING ({int(s.get('awaiting_left_ms', 0)) / 1000:.1f} s left)"
+                              if s.get("awaiting") else
                               s.get("generation", 0)) if i == 0 else "",
                              islands if i == 0 else ""])
         out.append("")
@@ -209,7 +212,8 @@ def cmd_up(args):
                            devices_per_host=args.devices_per_host,
                            device_memory_mib=args.device_memory_mib,
                            shared_memory=not args.no_shm, log_level="info",
-                           log_file=str(log), attached=False, secret=secret)
+                           log_file=str(log), attached=False, secret=secret,
+                           spare_wait_ms=args.spare_wait_ms)
     cluster.start()
     _write_private(f, json.dumps({"address": cluster.address,
                                   "pid": cluster.process.pid,
@@ -317,6 +321,10 @@ def main(argv=None):
     up.add_argument("--devices-per-host", type=int, default=1)
     up.add_argument("--spare", type=int, default=0,
                     help="more workers kept to take the place of a lost host")
+    up.add_argument("--spare-wait-ms", type=int, default=None,
+                    help="with spares: how long a slice that lost a host "
+                         "waits for another when none is free at once "
+                         "(default 10000; 0: it breaks at once)")
     up.add_argument("--device-memory-mib", type=float, default=1024)
     up.add_argument("--no-shm", action="store_true",
                     help="move buffers over TCP even between local workers")

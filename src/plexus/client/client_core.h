@@ -104,6 +104,12 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Waits until more than `heard` losses were told, or `timeout` passes
   // (false), or the session ends (false).
   bool AwaitLoss(int64_t heard, absl::Duration timeout);
+  // How long the server lets a slice that lost a host wait for another
+  // before it breaks (its hello's spare_wait_ms): its word on a loss may
+  // come that late.
+  absl::Duration spare_wait() const {
+    return absl::Milliseconds(spare_wait_ms_.load(std::memory_order_relaxed));
+  }
   void AddSlice(Slice* slice);
   void RemoveSlice(Slice* slice);
   // Keeps the shards of put `id` (on slice `slice_id`) until the server
@@ -224,6 +230,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   absl::flat_hash_map<uint64_t, std::string> broken_slices_
       ABSL_GUARDED_BY(mu_);
   int64_t losses_heard_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<int64_t> spare_wait_ms_{0};
   absl::flat_hash_map<uint64_t, Slice*> slices_ ABSL_GUARDED_BY(mu_);
   struct KeptPut {
     uint64_t slice_id = 0;

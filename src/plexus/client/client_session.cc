@@ -154,6 +154,7 @@ absl::StatusOr<std::unique_ptr<ClientCore::Session>> ClientCore::OpenSession(
       return v;
     }
     session->client_id = first.client_id();
+    spare_wait_ms_.store(first.spare_wait_ms(), std::memory_order_relaxed);
     if (first.credential().size() != session->identity.credential.size()) {
       return absl::UnavailableError(
           "the server sent no data-plane credential (an older server?)");

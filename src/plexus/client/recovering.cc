@@ -16,7 +16,9 @@ namespace {
 // Reads go again at most this many times (each after a loss was heard).
 constexpr int kMaxRetries = 4;
 // How long a read that failed as a host was lost waits for the server's
-// word on it (the server sends it as it declares the host down).
+// word on it beyond the server's spare wait (the server sends it as it
+// declares the host down, or once a slice that waited for a host to take
+// its place is remapped or breaks).
 constexpr absl::Duration kLossNoteWait = absl::Seconds(5);
 
 }  // namespace
@@ -203,8 +205,9 @@ static absl::Status Recovering(ClientCore& core,
       return settled;
     }
     // The read may have raced the server's note on the loss.
-    if (tries >= kMaxRetries || (core.losses_heard() == heard &&
-                                 !core.AwaitLoss(heard, kLossNoteWait))) {
+    if (tries >= kMaxRetries ||
+        (core.losses_heard() == heard &&
+         !core.AwaitLoss(heard, kLossNoteWait + core.spare_wait()))) {
       return s;
     }
     if (absl::Status settled = Settled(core, futures, s); !settled.ok()) {

@@ -78,6 +78,7 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
     if (it == slices_.end()) continue;
     AddLoad(it->second.devices, -1);
     slices_.erase(it);
+    ForgetAwaitedSlice(sid);
   }
   clients_.erase(id);
   records_.RemoveClient(id);

@@ -57,6 +57,10 @@ struct SliceRecord {
   std::vector<int32_t> mesh_shape;
   std::vector<std::string> axis_names;
   std::string broken;  // non-empty once a worker of the slice died
+  // Non-empty while the slice waits for a host to take a lost one's place
+  // (ClusterState::AwaitedLoss): why, until `awaiting_until`.
+  std::string awaiting;
+  absl::Time awaiting_until;
   // generation of the map from virtual devices (indices into `devices`)
   // to physical ones: +1 on every remap (SliceInfo.generation).
   uint64_t generation = 0;
@@ -140,6 +144,21 @@ struct WorkerLoss {
   std::set<uint64_t> clients;   // owners of slices that were on it
   std::set<uint64_t> remapped;  // slices now on the spare
   std::set<uint64_t> broken;    // slices that had no spare
+  // Slices that had no spare at once and wait for a host (AwaitedLoss):
+  // neither remapped nor broken yet.
+  std::set<uint64_t> awaiting;
+};
+
+// A loss whose slices no spare could take when it happened, in a cluster
+// that recovers (one given spares): they wait for a host to join or come
+// free (a replacement the embedded cluster starts, a host that rejoins, a
+// `plexus-worker --server` the operator starts) until `deadline`, then
+// break. Their clients' work waits at the server meanwhile (ServerImpl).
+struct AwaitedLoss {
+  WorkerLoss loss;       // `awaiting` holds its slices
+  int32_t highest = -1;  // the highest device index of it the slices use
+  absl::Time since;
+  absl::Time deadline;
 };
 
 // Work of a client that had not reached the workers when a worker was lost
@@ -203,7 +222,25 @@ class ClusterState {
   // its generation goes up; the client's XLA programs name the spare in
   // place of the lost host. Slices no spare can take break, as in
   // MarkWorkerDown. (server/recovery.cc)
-  WorkerLoss LoseWorker(int64_t id, const std::string& reason);
+  // With `spare_wait` > 0 in a cluster given spares, slices no spare can
+  // take now wait for one until `now + spare_wait` (AwaitedLoss,
+  // ResumeAwaited) instead of breaking.
+  WorkerLoss LoseWorker(int64_t id, const std::string& reason,
+                        absl::Time now = absl::InfinitePast(),
+                        absl::Duration spare_wait = absl::ZeroDuration());
+  // The awaited losses a host can take now (one that joined or came free,
+  // as LoseWorker chooses a spare), oldest first: their slices remapped
+  // onto it as LoseWorker would have (`remapped`, `spare` set), each to
+  // recover with RecoverClient. (server/recovery.cc)
+  std::vector<WorkerLoss> ResumeAwaited();
+  // The awaited losses whose wait ends without a host: the deadline is not
+  // after `now`, or (`lost` > 0) a slice of theirs is on worker `lost`,
+  // which is being lost too (a slice waits for one host at a time). Their
+  // slices break (`broken` set), saying how long they waited.
+  std::vector<WorkerLoss> EndAwaited(absl::Time now, int64_t lost = 0);
+  const std::deque<AwaitedLoss>& awaited() const { return awaited_; }
+  // Whether one of the client's slices waits for a host.
+  bool Awaiting(uint64_t client_id) const;
   // Recovers what `client_id` lost with `loss` (server/recovery.cc):
   //  - calls not done that ran on a remapped slice, or read a buffer of one
   //    or an output of such a call, run again in their order, with new
@@ -353,6 +390,19 @@ class ClusterState {
   static void RecordBuffer(ClientRecord& client, uint64_t id, int64_t bytes);
   static void ForgetBuffer(ClientRecord& client, uint64_t id);
 
+  // The host LoseWorker takes for a lost one whose slices use its device
+  // indices up to `highest`: live, in no slice, with that many devices; a
+  // spare first, then the oldest. Null if none.
+  WorkerRecord* FindSpare(int32_t highest);
+  // Maps `loss`'s slices `sids` onto `spare` in place of the lost host
+  // (same device indices; XLA programs name it in its place), each
+  // slice's generation +1; fills `loss.remapped` and `loss.spare`.
+  void RemapOnto(WorkerLoss& loss, const std::set<uint64_t>& sids,
+                 WorkerRecord& spare);
+
+  // The slice is gone (released, its client left): no loss waits for it.
+  void ForgetAwaitedSlice(uint64_t slice_id);
+
   // Placement load of a slice's devices and hosts, +1 when it is mapped and
   // -1 when it goes.
   void AddLoad(const std::vector<DeviceRef>& devices, int delta);
@@ -377,6 +427,7 @@ class ClusterState {
   std::map<uint64_t, ClientRecord> clients_;
   std::map<uint64_t, SliceRecord> slices_;
   std::deque<PendingSlice> pending_slices_;  // in arrival order
+  std::deque<AwaitedLoss> awaited_;          // oldest first
   int64_t next_worker_id_ = 1;
   uint64_t next_client_id_ = 1;
   uint64_t next_slice_id_ = 1;

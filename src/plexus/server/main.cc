@@ -147,6 +147,7 @@ int main(int argc, char** argv) {
   plexus::LocalWorkersOptions local;
   bool die_with_parent = false;
   int heartbeat_timeout_ms = 1000;
+  int spare_wait_ms = 10000;
   std::string log_level = "info";
   std::string secret_file;
   app.add_option("--listen", options.listen_address,
@@ -189,6 +190,12 @@ int main(int argc, char** argv) {
                  "within this long of its last heartbeat (workers heartbeat "
                  "every tenth of it); one whose stream breaks at once")
       ->check(CLI::Range(10, 3600 * 1000));
+  app.add_option("--spare-wait-ms", spare_wait_ms,
+                 "in a cluster given spares: how long a slice that lost a "
+                 "host waits for another to take its place when no spare is "
+                 "free at once (its clients' work waits meanwhile); 0: it "
+                 "breaks at once")
+      ->check(CLI::Range(0, 3600 * 1000));
   app.add_flag("--die-with-parent", die_with_parent,
                "exit when the parent process dies");
   std::string scheduler = "gang";
@@ -235,6 +242,7 @@ int main(int argc, char** argv) {
   plexus::UseLockOrderChecksOfThisBuild();
   plexus::InitLogging("server", log_level);
   options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
+  options.spare_wait = absl::Milliseconds(spare_wait_ms);
   plexus::BlockTerminationSignals();
 
   bool secret_created = false;

@@ -3,6 +3,7 @@
 // from the server's records (server/job_records.h).
 #include <algorithm>
 #include <functional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/status_proto.h"
@@ -54,7 +55,8 @@ int NextHostShard(const std::vector<DeviceRef>& devices, int j) {
 
 }  // namespace
 
-WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
+WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
+                                    absl::Time now, absl::Duration spare_wait) {
   WorkerLoss loss;
   loss.worker_id = id;
   loss.reason = reason;
@@ -64,7 +66,7 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
   w->down_reason = reason;
   counters_.set_hosts_lost(counters_.hosts_lost() + 1);
   if (w->info.spare()) UpdateLineagePolicy();
-  std::vector<uint64_t> affected;
+  std::set<uint64_t> affected;
   int32_t highest = -1;  // the highest device index of it a slice uses
   for (auto& [sid, slice] : slices_) {
     bool on = false;
@@ -74,12 +76,45 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
       highest = std::max(highest, d.device);
     }
     if (!on) continue;
-    affected.push_back(sid);
+    affected.insert(sid);
     loss.clients.insert(slice.client_id);
   }
   if (affected.empty()) return loss;
-  // The spare: a live host in no slice with the lost host's device indices,
-  // one started as a spare first, then the oldest.
+  WorkerRecord* spare = FindSpare(highest);
+  if (spare != nullptr) {
+    RemapOnto(loss, affected, *spare);
+    return loss;
+  }
+  // A slice already broken (or waiting for another host: EndAwaited broke
+  // it first) stays broken.
+  bool may_wait = spare_wait > absl::ZeroDuration() && spares_seen_;
+  for (uint64_t sid : affected) may_wait &= slices_.at(sid).broken.empty();
+  if (may_wait) {
+    AwaitedLoss& waiting = awaited_.emplace_back();
+    waiting.highest = highest;
+    waiting.since = now;
+    waiting.deadline = now + spare_wait;
+    for (uint64_t sid : affected) {
+      SliceRecord& slice = slices_.at(sid);
+      slice.awaiting = reason;
+      slice.awaiting_until = waiting.deadline;
+    }
+    loss.awaiting = affected;
+    waiting.loss = loss;
+    counters_.set_losses_awaited(counters_.losses_awaited() + 1);
+    return loss;
+  }
+  for (uint64_t sid : affected) {
+    SliceRecord& slice = slices_.at(sid);
+    if (slice.broken.empty()) slice.broken = reason;
+    loss.broken.insert(sid);
+    counters_.set_slices_broken(counters_.slices_broken() + 1);
+  }
+  UpdateLineagePolicy();
+  return loss;
+}
+
+WorkerRecord* ClusterState::FindSpare(int32_t highest) {
   WorkerRecord* spare = nullptr;
   for (auto& [wid, c] : workers_) {
     if (!c.alive || c.slices_mapped > 0 || c.info.devices_size() <= highest) {
@@ -89,29 +124,26 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
       spare = &c;
     }
   }
-  for (uint64_t sid : affected) {
-    SliceRecord& slice = slices_[sid];
-    if (spare == nullptr) {
-      if (slice.broken.empty()) slice.broken = reason;
-      loss.broken.insert(sid);
-      counters_.set_slices_broken(counters_.slices_broken() + 1);
-      continue;
-    }
+  return spare;
+}
+
+void ClusterState::RemapOnto(WorkerLoss& loss, const std::set<uint64_t>& sids,
+                             WorkerRecord& spare) {
+  const int64_t id = loss.worker_id;
+  for (uint64_t sid : sids) {
+    SliceRecord& slice = slices_.at(sid);
     AddLoad(slice.devices, -1);
     for (DeviceRef& d : slice.devices) {
-      if (d.worker_id == id) d.worker_id = spare->id;
+      if (d.worker_id == id) d.worker_id = spare.id;
     }
     AddLoad(slice.devices, +1);
     slice.generation++;
+    slice.awaiting.clear();
     loss.remapped.insert(sid);
     counters_.set_slices_remapped(counters_.slices_remapped() + 1);
   }
-  if (spare == nullptr) {
-    UpdateLineagePolicy();
-    return loss;
-  }
-  loss.spare = spare->id;
-  spare->info.set_spare(false);  // a host like the others from now on
+  loss.spare = spare.id;
+  spare.info.set_spare(false);  // a host like the others from now on
   UpdateLineagePolicy();
   // XLA programs name their islands' workers: the spare stands in for the
   // lost host (same device indices, so the same compile options).
@@ -122,12 +154,79 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason) {
       if (prog.def.kernel() != "xla") continue;
       for (auto& island : *prog.def.mutable_xla()->mutable_islands()) {
         for (int i = 0; i < island.workers_size(); ++i) {
-          if (island.workers(i) == id) island.set_workers(i, spare->id);
+          if (island.workers(i) == id) island.set_workers(i, spare.id);
         }
       }
     }
   }
-  return loss;
+}
+
+std::vector<WorkerLoss> ClusterState::ResumeAwaited() {
+  std::vector<WorkerLoss> resumed;
+  while (!awaited_.empty()) {
+    AwaitedLoss& waiting = awaited_.front();
+    WorkerRecord* spare = FindSpare(waiting.highest);
+    if (spare == nullptr) break;  // the oldest first: none overtakes it
+    WorkerLoss loss = std::move(waiting.loss);
+    awaited_.pop_front();
+    const std::set<uint64_t> sids = std::exchange(loss.awaiting, {});
+    RemapOnto(loss, sids, *spare);
+    counters_.set_losses_resumed(counters_.losses_resumed() + 1);
+    resumed.push_back(std::move(loss));
+  }
+  return resumed;
+}
+
+std::vector<WorkerLoss> ClusterState::EndAwaited(absl::Time now, int64_t lost) {
+  std::vector<WorkerLoss> ended;
+  for (auto it = awaited_.begin(); it != awaited_.end();) {
+    bool end = it->deadline <= now;
+    for (uint64_t sid : it->loss.awaiting) {
+      for (const DeviceRef& d : slices_.at(sid).devices) {
+        end |= lost > 0 && d.worker_id == lost;
+      }
+    }
+    if (!end) {
+      ++it;
+      continue;
+    }
+    WorkerLoss loss = std::move(it->loss);
+    const std::string waited =
+        it->deadline <= now
+            ? absl::StrCat(" (no host took its place within ",
+                           absl::FormatDuration(it->deadline - it->since), ")")
+            : absl::StrCat(
+                  " (no host took its place before the slice lost another, ",
+                  absl::FormatDuration(
+                      absl::Trunc(now - it->since, absl::Milliseconds(1))),
+                  " later)");
+    it = awaited_.erase(it);
+    loss.reason += waited;
+    for (uint64_t sid : std::exchange(loss.awaiting, {})) {
+      SliceRecord& slice = slices_.at(sid);
+      slice.awaiting.clear();
+      if (slice.broken.empty()) slice.broken = loss.reason;
+      loss.broken.insert(sid);
+      counters_.set_slices_broken(counters_.slices_broken() + 1);
+    }
+    ended.push_back(std::move(loss));
+  }
+  if (!ended.empty()) UpdateLineagePolicy();
+  return ended;
+}
+
+void ClusterState::ForgetAwaitedSlice(uint64_t slice_id) {
+  for (auto it = awaited_.begin(); it != awaited_.end();) {
+    it->loss.awaiting.erase(slice_id);
+    it = it->loss.awaiting.empty() ? awaited_.erase(it) : std::next(it);
+  }
+}
+
+bool ClusterState::Awaiting(uint64_t client_id) const {
+  for (const AwaitedLoss& waiting : awaited_) {
+    if (waiting.loss.clients.count(client_id) > 0) return true;
+  }
+  return false;
 }
 
 bool ClusterState::StandsBy(const WorkerRecord& w) const {

@@ -245,5 +245,112 @@ TEST_F(RecoveryWithoutSpareTest, InAClusterNeverGivenASpareNoHostStandsBy) {
   EXPECT_TRUE(state_.LoadsForStandby(free_host).empty());
 }
 
+// --- A loss no spare can take at once, in a cluster given spares: its
+// slices wait for a host (AwaitedLoss) instead of breaking.
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+TEST_F(RecoveryTest, WithTheSpareTakenASliceWaitsForAHostThenMovesOntoIt) {
+  const uint64_t s = Spread4();
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  // The spare is taken by a slice of its own (a host in a slice stands in
+  // for nobody).
+  const uint64_t on_spare = SliceOn(1, "spare0").slice_id();
+  WorkerLoss loss = state_.LoseWorker(2, "killed", t0, kWait);
+  EXPECT_EQ(loss.spare, 0);
+  EXPECT_TRUE(loss.remapped.empty());
+  EXPECT_TRUE(loss.broken.empty());
+  EXPECT_EQ(loss.awaiting, (std::set<uint64_t>{s}));
+  const SliceRecord& slice = state_.slices().at(s);
+  EXPECT_EQ(slice.awaiting, "killed");
+  EXPECT_EQ(slice.awaiting_until, t0 + kWait);
+  EXPECT_TRUE(slice.broken.empty());
+  EXPECT_TRUE(state_.Awaiting(client_));
+  ASSERT_EQ(state_.awaited().size(), 1u);
+  // Nothing to take it yet, and its wait is not over.
+  EXPECT_TRUE(state_.ResumeAwaited().empty());
+  EXPECT_TRUE(state_.EndAwaited(t0 + kWait - absl::Milliseconds(1)).empty());
+  // A host joins (a replacement, a host that rejoins): the slice moves onto
+  // it as onto a spare, in place of the lost host.
+  const int64_t fresh =
+      state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now()).id;
+  std::vector<WorkerLoss> resumed = state_.ResumeAwaited();
+  ASSERT_EQ(resumed.size(), 1u);
+  EXPECT_EQ(resumed[0].worker_id, 2);
+  EXPECT_EQ(resumed[0].spare, fresh);
+  EXPECT_EQ(resumed[0].remapped, (std::set<uint64_t>{s}));
+  EXPECT_TRUE(resumed[0].awaiting.empty());
+  EXPECT_EQ(resumed[0].clients, (std::set<uint64_t>{client_}));
+  EXPECT_EQ(state_.slices().at(s).devices,
+            (std::vector<DeviceRef>{{1, 0}, {1, 1}, {fresh, 0}, {fresh, 1}}));
+  EXPECT_EQ(state_.slices().at(s).generation, 1u);
+  EXPECT_TRUE(state_.slices().at(s).awaiting.empty());
+  EXPECT_FALSE(state_.Awaiting(client_));
+  EXPECT_TRUE(state_.awaited().empty());
+  EXPECT_EQ(state_.slices().at(on_spare).generation, 0u);
+  const proto::RecoveryCounters& c = state_.recovery_counters();
+  EXPECT_EQ(c.losses_awaited(), 1);
+  EXPECT_EQ(c.losses_resumed(), 1);
+  EXPECT_EQ(c.slices_remapped(), 1);
+  EXPECT_EQ(c.slices_broken(), 0);
+}
+
+TEST_F(RecoveryTest, ASliceThatWaitsInVainBreaksAtItsDeadlineSayingSo) {
+  const uint64_t s = Spread4();
+  SliceOn(1, "spare0");
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  state_.LoseWorker(2, "killed", t0, kWait);
+  std::vector<WorkerLoss> ended = state_.EndAwaited(t0 + kWait);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_EQ(ended[0].broken, (std::set<uint64_t>{s}));
+  EXPECT_TRUE(ended[0].awaiting.empty());
+  const std::string& broken = state_.slices().at(s).broken;
+  EXPECT_TRUE(absl::StrContains(broken, "killed")) << broken;
+  EXPECT_TRUE(absl::StrContains(broken, "no host took its place")) << broken;
+  EXPECT_TRUE(absl::StrContains(broken, "within 10s")) << broken;
+  EXPECT_EQ(ended[0].reason, broken);
+  EXPECT_FALSE(state_.Awaiting(client_));
+  EXPECT_EQ(state_.recovery_counters().slices_broken(), 1);
+  // A host that comes later takes nothing: the slice stays broken.
+  state_.AddWorker(Host("spare1", 2, /*spare=*/true), absl::Now());
+  EXPECT_TRUE(state_.ResumeAwaited().empty());
+  EXPECT_EQ(state_.slices().at(s).generation, 0u);
+}
+
+TEST_F(RecoveryTest, ASliceWaitingForAHostThatLosesAnotherBreaks) {
+  const uint64_t s = Spread4();
+  SliceOn(1, "spare0");
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  state_.LoseWorker(2, "killed", t0, kWait);
+  // Host0 goes too: the waiting loss ends, then the new one finds its
+  // slice broken and does not wait.
+  std::vector<WorkerLoss> ended = state_.EndAwaited(t0, /*lost=*/1);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_TRUE(
+      absl::StrContains(ended[0].reason, "before the slice lost another"))
+      << ended[0].reason;
+  WorkerLoss second = state_.LoseWorker(1, "stopped", t0, kWait);
+  EXPECT_TRUE(second.awaiting.empty());
+  EXPECT_EQ(second.broken, (std::set<uint64_t>{s}));
+  EXPECT_TRUE(state_.awaited().empty());
+}
+
+TEST_F(RecoveryWithoutSpareTest, OnlyAClusterGivenSparesWaitsForAHost) {
+  proto::SliceInfo s = Slice(4, proto::PLACEMENT_SPREAD);
+  WorkerLoss loss = state_.LoseWorker(1, "killed", absl::Now(), kWait);
+  EXPECT_TRUE(loss.awaiting.empty());
+  EXPECT_EQ(loss.broken, (std::set<uint64_t>{s.slice_id()}));
+}
+
+TEST_F(RecoveryTest, AWaitingSliceReleasedOrItsClientGoneWaitsNoMore) {
+  const uint64_t s = Spread4();
+  SliceOn(1, "spare0");
+  state_.LoseWorker(2, "killed", absl::Now(), kWait);
+  ASSERT_EQ(state_.awaited().size(), 1u);
+  ASSERT_TRUE(state_.ReleaseSlice(client_, s).ok());
+  EXPECT_TRUE(state_.awaited().empty());
+  EXPECT_FALSE(state_.Awaiting(client_));
+}
+
 }  // namespace
 }  // namespace plexus

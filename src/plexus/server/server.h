@@ -36,6 +36,11 @@ struct ServerOptions {
   // liveness_check_period (zero: a tenth of it too).
   absl::Duration heartbeat_timeout = absl::Seconds(1);
   absl::Duration liveness_check_period = absl::ZeroDuration();
+  // In a cluster given spares, how long a slice that lost a host waits for
+  // one to take its place when no spare is free at once (a replacement
+  // still starting, a host rejoining): its client's work waits at the
+  // server meanwhile, and resumes on the new map. Zero: it breaks at once.
+  absl::Duration spare_wait = absl::Seconds(10);
   Clock* clock = Clock::Real();  // not owned
   // TEST ONLY: false bypasses the gang scheduler's consistent order (see
   // GangScheduler::Options). Collectives can deadlock without it.

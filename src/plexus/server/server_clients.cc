@@ -61,6 +61,7 @@ grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
     const Credential credential = secret_.Derive(CredentialRole::kClient, id);
     hello.set_credential(credential.data(), credential.size());
     hello.set_protocol_version(kProtocolVersion);
+    hello.set_spare_wait_ms(absl::ToInt64Milliseconds(options_.spare_wait));
     out->Push(std::move(hello));
     SPDLOG_INFO("client {} connected: {} (tenant {})", id, msg.client_name(),
                 *tenant);
@@ -114,7 +115,9 @@ grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
     client_queues_.erase(id);
     client_contexts_.erase(id);
     SPDLOG_INFO("client {} disconnected; its slices and buffers are freed", id);
+    held_units_.erase(id);
     AnswerSlicesLocked();
+    ResolveAwaitedLocked();  // its hosts may take a lost one's place
   }
   queue.reset();  // the only owner: stops and joins the writer
   return grpc::Status::OK;
@@ -156,6 +159,19 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
                                    OutQueue<proto::ServerToClient>* out) {
   WaitForRoomInQueue(ctx, id);
   absl::ReleasableMutexLock lock(&mu_);
+  if (state_.Awaiting(id)) {
+    // Its slice lost a host and waits for another: this batch routes on
+    // the new map once one takes the place (or fails if none comes in
+    // time: ServerOptions::spare_wait bounds the wait).
+    SPDLOG_INFO(
+        "client {}: its next batch waits for a host to take a lost "
+        "one's place",
+        id);
+    auto settled = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutdown_ || !state_.Awaiting(id);
+    };
+    mu_.Await(absl::Condition(&settled));
+  }
   {
     // Completions reported from here on wait for the end of the batch.
     absl::MutexLock admission(&admission_mu_);

@@ -91,6 +91,12 @@ grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
     *ss->mutable_devices() = state_.DescribeSlice(s).devices();
     ss->set_generation(s.generation);
     ss->set_broken(s.broken);
+    if (!s.awaiting.empty()) {
+      ss->set_awaiting(s.awaiting);
+      ss->set_awaiting_left_ms(std::max<int64_t>(
+          0,
+          absl::ToInt64Milliseconds(s.awaiting_until - options_.clock->Now())));
+    }
   }
   *status->mutable_recovery() = state_.recovery_counters();
   status->mutable_recovery()->set_snapshot_recopies_pending(

@@ -20,6 +20,8 @@ void ServerImpl::CheckLiveness() {
   {
     absl::MutexLock lock(&mu_);
     AnswerSlicesLocked();  // slice requests past their deadline fail
+    // Slices waiting for a host: one came free, or the wait is over.
+    ResolveAwaitedLocked();
   }
   // Read from the stamps alone: a check never waits on the state lock to
   // see who was heard, and a stamp never waits on it to be made.
@@ -171,7 +173,8 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
       admission_.AddWorker(id, first.register_().devices_size());
     }
     worker_contexts_[id] = ctx;
-    AnswerSlicesLocked();  // slice requests that waited for its devices
+    AnswerSlicesLocked();    // slice requests that waited for its devices
+    ResolveAwaitedLocked();  // slices that waited for a host
     SPDLOG_INFO(
         "worker {} registered: host {}, {} device(s), pid {}, data plane "
         "{}, generation {}{}",
@@ -308,6 +311,40 @@ void ServerImpl::RelayTransferFailure(int64_t from,
   scheduler_.Send(failed.dst_worker_id(), std::move(op));
 }
 
+namespace {
+
+// A unit taken from admission as work to route again (recovery).
+TakenWork Taken(AdmissionUnit unit) {
+  TakenWork t;
+  t.call_seq = unit.call_seq;
+  for (auto& [w, list] : unit.ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (op.has_load()) t.unsent_loads.emplace_back(w, op.load().program_id());
+    }
+  }
+  if (unit.call_seq != 0) return t;
+  for (auto& [w, list] : unit.ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (!op.has_release()) continue;
+      for (uint64_t b : op.release().buffer_ids()) {
+        if (std::find(t.release_ids.begin(), t.release_ids.end(), b) ==
+            t.release_ids.end()) {
+          t.release_ids.push_back(b);
+        }
+      }
+    }
+  }
+  // Ops other than releases (failures of refused calls) stay.
+  for (auto& [w, list] : unit.ops) {
+    for (proto::WorkerOp& op : list) {
+      if (!op.has_release()) t.ops[w].push_back(std::move(op));
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
 void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
                             bool only_if_silent) {
   absl::MutexLock lock(&mu_);
@@ -327,48 +364,32 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
   } else {
     SPDLOG_WARN("{}", message);
   }
-  const WorkerLoss loss = state_.LoseWorker(id, message);
-  const std::set<uint64_t>& clients = loss.clients;
-  // Clients with a slice remapped onto the spare: their work recovers
-  // (ClusterState::RecoverClient), including what waits at admission.
-  std::map<uint64_t, std::vector<TakenWork>> recovering;
-  for (uint64_t c : clients) {
-    for (uint64_t sid : loss.remapped) {
-      if (state_.slices().at(sid).client_id == c) recovering[c];
-    }
+  const absl::Time now = options_.clock->Now();
+  // A slice waiting for a host that loses another breaks (one at a time).
+  for (const WorkerLoss& ended : state_.EndAwaited(now, id)) {
+    SPDLOG_WARN("slice(s) waiting since worker {} was lost break: {}",
+                ended.worker_id, ended.reason);
+    SettleLossLocked(ended);
   }
+  const WorkerLoss loss = state_.LoseWorker(
+      id, message, now, shutdown_ ? absl::ZeroDuration() : options_.spare_wait);
+  auto owns_any = [&](const std::set<uint64_t>& sids, uint64_t c) {
+    for (uint64_t sid : sids) {
+      if (state_.slices().at(sid).client_id == c) return true;
+    }
+    return false;
+  };
   {
     absl::MutexLock admission(&admission_mu_);
     admission_.RemoveWorker(id);
-    for (auto& [c, taken] : recovering) {
+    // Clients whose slices were remapped onto a spare, or wait for one:
+    // their work waiting at admission is routed again on the new map
+    // (ClusterState::RecoverClient) as their loss is settled.
+    for (uint64_t c : loss.clients) {
+      if (!owns_any(loss.remapped, c) && !owns_any(loss.awaiting, c)) continue;
+      std::vector<AdmissionUnit>& held = held_units_[c];
       for (AdmissionUnit& unit : admission_.TakePending(c)) {
-        TakenWork& t = taken.emplace_back();
-        t.call_seq = unit.call_seq;
-        for (auto& [w, list] : unit.ops) {
-          for (const proto::WorkerOp& op : list) {
-            if (op.has_load()) {
-              t.unsent_loads.emplace_back(w, op.load().program_id());
-            }
-          }
-        }
-        if (unit.call_seq != 0) continue;
-        for (auto& [w, list] : unit.ops) {
-          for (const proto::WorkerOp& op : list) {
-            if (!op.has_release()) continue;
-            for (uint64_t b : op.release().buffer_ids()) {
-              if (std::find(t.release_ids.begin(), t.release_ids.end(), b) ==
-                  t.release_ids.end()) {
-                t.release_ids.push_back(b);
-              }
-            }
-          }
-        }
-        // Ops other than releases (failures of refused calls) stay.
-        for (auto& [w, list] : unit.ops) {
-          for (proto::WorkerOp& op : list) {
-            if (!op.has_release()) t.ops[w].push_back(std::move(op));
-          }
-        }
+        held.push_back(std::move(unit));
       }
     }
     // Calls still waiting that need it fail now, in their place, rather
@@ -381,11 +402,11 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
     }
     AdmitLocked();
   }
-  const proto::Status lost = StatusToProto(absl::UnavailableError(message));
   proto::WorkerOp down;
   down.mutable_peer_down()->set_worker_id(id);
   down.mutable_peer_down()->set_generation(w->generation);
-  *down.mutable_peer_down()->mutable_status() = lost;
+  *down.mutable_peer_down()->mutable_status() =
+      StatusToProto(absl::UnavailableError(message));
   scheduler_.Broadcast(down, /*except=*/id);
   auto ctx = worker_contexts_.find(id);
   if (ctx != worker_contexts_.end()) ctx->second->TryCancel();
@@ -393,14 +414,45 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
     SPDLOG_INFO("worker {}'s {} slice(s) remapped onto spare worker {}", id,
                 loss.remapped.size(), loss.spare);
   }
-  for (uint64_t c : clients) {
+  if (!loss.awaiting.empty()) {
+    SPDLOG_WARN(
+        "worker {}'s {} slice(s) wait up to {} for a host to take its place "
+        "(no spare is free); their clients' work waits meanwhile",
+        id, loss.awaiting.size(), absl::FormatDuration(options_.spare_wait));
+  }
+  SettleLossLocked(loss);
+  TellReleasedPutsLocked();
+}
+
+void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
+  const proto::Status lost = StatusToProto(absl::UnavailableError(loss.reason));
+  for (uint64_t c : loss.clients) {
+    bool remapped = false, waits = false;
+    for (uint64_t sid : loss.remapped) {
+      remapped |= state_.slices().at(sid).client_id == c;
+    }
+    for (uint64_t sid : loss.awaiting) {
+      waits |= state_.slices().at(sid).client_id == c;
+    }
+    auto queue = client_queues_.find(c);
+    if (waits || queue == client_queues_.end()) continue;  // heard later
     proto::ServerToClient note;
     auto* wd = note.add_workers_down();
-    wd->set_worker_id(id);
+    wd->set_worker_id(loss.worker_id);
     *wd->mutable_status() = lost;
-    auto r = recovering.find(c);
-    if (r != recovering.end()) {
-      ClientRecovery rec = state_.RecoverClient(c, loss, std::move(r->second));
+    // Units held for a slice of it still waiting on another loss stay.
+    std::vector<AdmissionUnit> held;
+    if (!state_.Awaiting(c)) {
+      auto h = held_units_.find(c);
+      if (h != held_units_.end()) {
+        held = std::move(h->second);
+        held_units_.erase(h);
+      }
+    }
+    if (remapped) {
+      std::vector<TakenWork> taken;
+      for (AdmissionUnit& unit : held) taken.push_back(Taken(std::move(unit)));
+      ClientRecovery rec = state_.RecoverClient(c, loss, std::move(taken));
       SPDLOG_INFO(
           "client {}: {} unit(s) of work routed again, {} buffer(s) under "
           "new ids, {} lost",
@@ -415,11 +467,35 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
         AdmitLocked();
       }
       *note.add_recoveries() = std::move(rec.note);
+    } else if (!held.empty()) {
+      // The slice broke after waiting: what it held fails where it needed
+      // the lost host, in the client's order.
+      absl::MutexLock admission(&admission_mu_);
+      for (AdmissionUnit& unit : held) admission_.Enqueue(c, std::move(unit));
+      admission_.FailCallsOn(loss.worker_id,
+                             absl::UnavailableError(loss.reason));
+      AdmitLocked();
     }
-    auto it = client_queues_.find(c);
-    if (it != client_queues_.end()) it->second->Push(std::move(note));
+    queue->second->Push(std::move(note));
   }
-  TellReleasedPutsLocked();
+}
+
+void ServerImpl::ResolveAwaitedLocked() {
+  if (state_.awaited().empty()) return;
+  std::vector<WorkerLoss> settled = state_.ResumeAwaited();
+  for (const WorkerLoss& loss : settled) {
+    SPDLOG_INFO(
+        "worker {}'s {} slice(s), which waited for a host, remapped onto "
+        "worker {}",
+        loss.worker_id, loss.remapped.size(), loss.spare);
+  }
+  for (WorkerLoss& loss : state_.EndAwaited(options_.clock->Now())) {
+    SPDLOG_WARN("worker {}'s {} slice(s) break: {}", loss.worker_id,
+                loss.broken.size(), loss.reason);
+    settled.push_back(std::move(loss));
+  }
+  for (const WorkerLoss& loss : settled) SettleLossLocked(loss);
+  if (!settled.empty()) TellReleasedPutsLocked();
 }
 
 void ServerImpl::LivenessLoop() {

@@ -371,6 +371,7 @@ absl::Status ClusterState::ReleaseSlice(uint64_t client_id, uint64_t slice_id) {
   }
   AddLoad(it->second.devices, -1);
   slices_.erase(it);
+  ForgetAwaitedSlice(slice_id);
   if (ClientRecord* c = FindClient(client_id)) c->slices.erase(slice_id);
   return absl::OkStatus();
 }

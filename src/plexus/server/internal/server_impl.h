@@ -159,6 +159,18 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // it was read while this waited for the state lock.
   void WorkerDown(int64_t id, const std::string& reason,
                   bool only_if_silent = false);
+  // What each client of `loss` hears and gets once its slices are settled
+  // (remapped or broken; a loss whose slices wait for a host is settled
+  // later): the workers_down note; on a remap, its work recovered
+  // (ClusterState::RecoverClient) with its units held since the loss; on a
+  // break after a wait, those units fail where they needed the lost host.
+  void SettleLossLocked(const WorkerLoss& loss)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Settles the losses waiting for a host that one can take now (it
+  // joined or came free) or whose wait is over (ClusterState::
+  // ResumeAwaited, EndAwaited). After a registration and on each liveness
+  // check.
+  void ResolveAwaitedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Each client hears which of its puts are released for good: it drops
   // the data it kept to put them again after a loss.
@@ -211,6 +223,12 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>
       client_queues_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ServerContext*> client_contexts_
+      ABSL_GUARDED_BY(mu_);
+  // The units each client had waiting at admission when it lost a host,
+  // taken out to be routed again on the slice's new map (or failed, if it
+  // breaks): held here while its slice waits for a host. Its next batches
+  // wait in HandleClientBatch meanwhile.
+  std::map<uint64_t, std::vector<AdmissionUnit>> held_units_
       ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> control_bytes_in_{0};
   // The generation the last registration was given; each takes the next.
