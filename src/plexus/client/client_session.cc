@@ -92,20 +92,12 @@ absl::Status ClientCore::Init(const std::string& address) {
 absl::StatusOr<std::unique_ptr<ClientCore::Session>> ClientCore::OpenSession(
     absl::Time deadline) {
   auto session = std::make_unique<Session>();
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
-  // A channel of its own, not one shared with an earlier attempt's
-  // connection in gRPC's back-off, and quick to try again within an
-  // attempt: a server that comes back is found within ~0.1 s to 1 s.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
-      ChannelCredentialsFor(options_.tls_ca);
-  if (!tls.ok()) return tls.status();
   // A fresh channel each time: a channel that failed to connect waits out
   // gRPC's own back-off before it tries again.
-  session->channel = grpc::CreateCustomChannel(address_, *tls, args);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      SessionChannel(address_, options_.tls_ca);
+  if (!channel.ok()) return channel.status();
+  session->channel = *std::move(channel);
   // In steps, so that Close() does not wait out an attempt.
   while (!session->channel->WaitForConnected(absl::ToChronoTime(
       std::min(deadline, absl::Now() + absl::Milliseconds(100))))) {

@@ -149,17 +149,12 @@ absl::Status WorkerImpl::Init() {
 }
 
 absl::Status WorkerImpl::ConnectToServer() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(256 << 20);
   // Each registration is a channel of its own: no reconnect back-off
   // inherited from an earlier one (WorkerHost keeps its own).
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
-      ChannelCredentialsFor(options_.tls_ca);
-  if (!tls.ok()) return tls.status();
-  channel_ = grpc::CreateCustomChannel(options_.server_address, *tls, args);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      SessionChannel(options_.server_address, options_.tls_ca);
+  if (!channel.ok()) return channel.status();
+  channel_ = *std::move(channel);
   if (!channel_->WaitForConnected(
           absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
     return absl::UnavailableError(
