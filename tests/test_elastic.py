@@ -264,6 +264,17 @@ def spare_of(cluster):
                 if w["alive"] and w.get("spare"))
 
 
+def doubled(cluster, n):
+    """A slice of `n` devices with a split put x, a program doubling it and
+    y = double(x), read once: (slice, x, double, y)."""
+    s = cluster.connect().slice(n)
+    x = s.put(np.arange(2 * n, dtype=np.float32), plexus.P("devices"))
+    double = s.program("scale", x, factor=2.0)
+    y = double(x)
+    np.testing.assert_array_equal(np.asarray(y), 2 * np.arange(2 * n))
+    return s, x, double, y
+
+
 def test_a_slice_whose_host_is_lost_while_no_spare_is_free_waits_for_one():
     # The spare and a host of the slice die together. When the host's loss
     # is handled no spare is free (the spare is dead, or was taken and is
@@ -271,12 +282,7 @@ def test_a_slice_whose_host_is_lost_while_no_spare_is_free_waits_for_one():
     # embedded cluster's replacements join within the wait, and the job
     # goes on on the new map with the values a failure-free run gives.
     with plexus.local(hosts=2, spare=1) as cluster:
-        c = cluster.connect()
-        s = c.slice(2)
-        x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
-        double = s.program("scale", x, factor=2.0)
-        y = double(x)
-        np.testing.assert_array_equal(np.asarray(y), 2 * np.arange(4))
+        s, x, double, y = doubled(cluster, 2)
         os.kill(int(spare_of(cluster)["pid"]), signal.SIGKILL)
         kill_host(cluster, s.devices[1]["host"])
         z = double(y)  # its batch waits at the server for the new map
@@ -298,12 +304,7 @@ def test_a_slice_that_waits_in_vain_for_a_host_breaks_at_its_deadline():
     # second is not, so when a host of the slice dies no host can come.
     with plexus.local(hosts=2, spare=1, spare_wait_ms=1000,
                       max_restarts_per_minute=1) as cluster:
-        c = cluster.connect()
-        s = c.slice(2)
-        x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
-        double = s.program("scale", x, factor=2.0)
-        y = double(x)
-        np.testing.assert_array_equal(np.asarray(y), 2 * np.arange(4))
+        s, _, double, y = doubled(cluster, 2)
         first = spare_of(cluster)
         os.kill(int(first["pid"]), signal.SIGKILL)
         second = wait_until(cluster, "the spare's replacement", lambda st: any(
