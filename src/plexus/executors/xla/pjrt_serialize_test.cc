@@ -146,5 +146,24 @@ TEST(PjrtSerializeTest, AFailedCompileIsServedAsFinalNamingItsError) {
   EXPECT_THAT(served.message(), HasSubstr("XLA compile"));
 }
 
+// A worker whose plugin did not load compiles nothing: a peer asking it
+// hears that at once (FailedPrecondition), not NotFound, which would keep
+// the peer asking for kAwaitPeerCompile (30 s).
+TEST(PjrtSerializeTest, AWorkerWhosePluginFailedToLoadAnswersFinal) {
+  PjrtOptions o = Options();
+  o.plugin_path = "/nonexistent/pjrt_plugin.so";
+  XlaExecutor executor(o);
+  const uint64_t key =
+      XlaExecutor::Fingerprint(kTanhModule, OptionsOnDevice(0));
+  // Before its first use nothing is known: the plugin may yet load.
+  EXPECT_EQ(executor.Serialize(key).status().code(),
+            absl::StatusCode::kNotFound);
+  ASSERT_FALSE(executor.GetOrCompile(kTanhModule, OptionsOnDevice(0)).ok());
+  absl::Status served = executor.Serialize(key).status();
+  EXPECT_EQ(served.code(), absl::StatusCode::kFailedPrecondition) << served;
+  EXPECT_THAT(served.message(), HasSubstr("PJRT plugin did not load"));
+  EXPECT_THAT(served.message(), HasSubstr("/nonexistent/pjrt_plugin.so"));
+}
+
 }  // namespace
 }  // namespace plexus::xla

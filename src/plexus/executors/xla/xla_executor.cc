@@ -199,6 +199,16 @@ absl::StatusOr<XlaExecutor::Serialized> XlaExecutor::Serialize(
     return absl::FailedPreconditionError(absl::StrCat(
         "executable ", key, " failed to compile here: ", failed.message()));
   }
+  {
+    absl::MutexLock lock(&load_mu_);
+    if (loaded_ && !runtime_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("no executable ", key,
+                       " here: this worker's PJRT plugin did not "
+                       "load (",
+                       runtime_.status().message(), ")"));
+    }
+  }
   return absl::NotFoundError(absl::StrCat("no executable ", key, " here"));
 }
 

@@ -67,7 +67,9 @@ class XlaExecutor {
   // NotFound if none is cached (or it is gone), Unavailable while it is
   // being compiled or loaded, FailedPrecondition naming the compile error
   // once its compile failed here (the failure is cached: this worker will
-  // never have it, so a peer waiting for it stops). One loaded from bytes
+  // never have it, so a peer waiting for it stops), as it does once this
+  // worker's PJRT plugin failed to load (nothing compiles here). One loaded
+  // from bytes
   // is served those bytes: the CPU plugin re-serializes a deserialized
   // executable without its kernels' object code.
   absl::StatusOr<Serialized> Serialize(uint64_t fingerprint);
