@@ -241,6 +241,8 @@ class ClusterState {
   const std::deque<AwaitedLoss>& awaited() const { return awaited_; }
   // Whether one of the client's slices waits for a host.
   bool Awaiting(uint64_t client_id) const;
+  // Whether the client holds one of `slice_ids`.
+  bool HoldsAny(uint64_t client_id, const std::set<uint64_t>& slice_ids) const;
   // Recovers what `client_id` lost with `loss` (server/recovery.cc):
   //  - calls not done that ran on a remapped slice, or read a buffer of one
   //    or an output of such a call, run again in their order, with new

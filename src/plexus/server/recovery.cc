@@ -222,6 +222,15 @@ void ClusterState::ForgetAwaitedSlice(uint64_t slice_id) {
   }
 }
 
+bool ClusterState::HoldsAny(uint64_t client_id,
+                            const std::set<uint64_t>& slice_ids) const {
+  for (uint64_t sid : slice_ids) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) return true;
+  }
+  return false;
+}
+
 bool ClusterState::Awaiting(uint64_t client_id) const {
   for (const AwaitedLoss& waiting : awaited_) {
     if (waiting.loss.clients.count(client_id) > 0) return true;

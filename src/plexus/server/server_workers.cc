@@ -373,12 +373,6 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
   }
   const WorkerLoss loss = state_.LoseWorker(
       id, message, now, shutdown_ ? absl::ZeroDuration() : options_.spare_wait);
-  auto owns_any = [&](const std::set<uint64_t>& sids, uint64_t c) {
-    for (uint64_t sid : sids) {
-      if (state_.slices().at(sid).client_id == c) return true;
-    }
-    return false;
-  };
   {
     absl::MutexLock admission(&admission_mu_);
     admission_.RemoveWorker(id);
@@ -386,7 +380,10 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
     // their work waiting at admission is routed again on the new map
     // (ClusterState::RecoverClient) as their loss is settled.
     for (uint64_t c : loss.clients) {
-      if (!owns_any(loss.remapped, c) && !owns_any(loss.awaiting, c)) continue;
+      if (!state_.HoldsAny(c, loss.remapped) &&
+          !state_.HoldsAny(c, loss.awaiting)) {
+        continue;
+      }
       std::vector<AdmissionUnit>& held = held_units_[c];
       for (AdmissionUnit& unit : admission_.TakePending(c)) {
         held.push_back(std::move(unit));
@@ -427,13 +424,8 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
 void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
   const proto::Status lost = StatusToProto(absl::UnavailableError(loss.reason));
   for (uint64_t c : loss.clients) {
-    bool remapped = false, waits = false;
-    for (uint64_t sid : loss.remapped) {
-      remapped |= state_.slices().at(sid).client_id == c;
-    }
-    for (uint64_t sid : loss.awaiting) {
-      waits |= state_.slices().at(sid).client_id == c;
-    }
+    const bool remapped = state_.HoldsAny(c, loss.remapped);
+    const bool waits = state_.HoldsAny(c, loss.awaiting);
     auto queue = client_queues_.find(c);
     if (waits || queue == client_queues_.end()) continue;  // heard later
     proto::ServerToClient note;
