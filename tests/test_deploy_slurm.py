@@ -13,6 +13,7 @@ and the simulated mode is also a warning in the summary.
 """
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -34,18 +35,29 @@ _drawn_ports = set()
 
 
 def free_port():
-    """A port free now and not handed out before by this test run: two
-    draws in a row can get the same port from the kernel (the first socket
-    is closed by then), and the server and the workers' data planes then
-    collided ("cannot listen on 0.0.0.0:P: Address already in use")."""
-    for _ in range(100):
+    """A port free now, not handed out before by this test run, and below
+    the kernel's ephemeral range. Free now is not enough: the port is used
+    seconds later, once Slurm is up, and meanwhile the kernel may give it to
+    an outgoing connection as its local port (an ASan run saw the server
+    refused: "0.0.0.0:36641: Address already in use"); ports below the
+    range are never given that way. Two draws must differ too: the server
+    and the workers' data planes collided when the kernel handed the same
+    port twice."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(10001, ephemeral_low))
+        if port in _drawn_ports:
+            continue
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _drawn_ports:
-            _drawn_ports.add(port)
-            return port
-    raise RuntimeError("no free port not drawn before in 100 tries")
+            try:
+                s.bind(("0.0.0.0", port))
+            except OSError:
+                continue  # in use
+        _drawn_ports.add(port)
+        return port
+    raise RuntimeError("no free port below the ephemeral range in 200 tries")
 
 
 class Daemons:
