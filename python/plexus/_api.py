@@ -638,13 +638,17 @@ class Client:
 
     def snapshot(self, tree):
         """Asks for an in-memory copy of every future in the pytree on
-        another host of its slice, made peer to peer after the calls issued
-        before it, never through the client or the server (a future that
-        already has a complete snapshot keeps it). It counts once every
-        shard's copy has arrived. Should a host be lost, the shards
-        it held are restored from these copies (the server's recovery)
-        rather than recomputed or lost. Asynchronous: returns at once.
-        Replicated futures need none (their other shards are copies)."""
+        another host of its slice (for a slice on one host, on another host
+        of the cluster), made peer to peer after the calls issued before
+        it, never through the client or the server (a future that already
+        has a complete snapshot keeps it). It counts once every shard's
+        copy has arrived; from then on the future no longer holds the
+        inputs it was computed from. Should a host be lost, the shards it
+        held are restored from these copies (the server's recovery) rather
+        than recomputed or lost. Asynchronous: returns at once. Futures
+        replicated over more than one host need none (their other shards
+        are copies); a cluster that never had a spare takes none (it
+        cannot recover)."""
         self._core.snapshot([f._f for f in _leaves(tree)])
         return tree
 

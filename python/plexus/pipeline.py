@@ -32,6 +32,13 @@ stage, given as Pipeline(opt_state=[state1, state2]); a stage with state has
 its update called as update(params, grads, state) -> (params, state), and
 pipe.opt_state (and the step's result) holds the new state.
 
+Recovery: in a cluster with spares, a stage's values keep their lineage
+(the calls that made them, and their inputs) so that a lost stage host is
+recomputed on a spare. So that this lineage reaches back one step, not to
+the start of training, each step snapshots the stages' new parameters,
+optimizer state and the loss on another host (Pipeline(snapshot=False)
+turns it off: a loss then recomputes from the last values the client put).
+
 Gradients are summed over micro-batches pytree-wide: one call per
 micro-batch per stage (a plexus.jit program adding the whole tree, the last
 one also scaling by 1/M), whatever the number of tensors; trees with partial
@@ -374,10 +381,13 @@ class Pipeline:
     means, this makes one pipeline step one whole-batch step).
     opt_state: one pytree of futures per stage (None for a stage without
     state): the optimizer state its update takes and returns.
+    snapshot: after each step, snapshot the new parameters, optimizer
+    state and loss (client.snapshot), which bounds what recovery keeps to
+    one step (see the module's docstring).
     """
 
     def __init__(self, stages, params=None, schedule="1f1b", average=True,
-                 opt_state=None):
+                 opt_state=None, snapshot=True):
         self.stages = list(stages)
         if not self.stages:
             raise ValueError("a pipeline needs at least one stage")
@@ -407,6 +417,7 @@ class Pipeline:
         self.opt_state = list(opt_state)
         self.schedule = schedule
         self.average = average
+        self.snapshot = snapshot
 
     @property
     def num_stages(self):
@@ -441,6 +452,10 @@ class Pipeline:
         del xs, targets
         self.params = result.params
         self.opt_state = result.opt_state
+        if self.snapshot:
+            # After the step's graph: copies of what the next step reads.
+            self.client.snapshot([result.params, result.opt_state,
+                                  result.loss])
         return result
 
     def _record(self, plan, xs, targets, M, S):

@@ -12,6 +12,13 @@
 
 namespace plexus {
 
+bool OnOneHost(const SliceRecord& slice) {
+  for (const DeviceRef& d : slice.devices) {
+    if (d.worker_id != slice.devices.front().worker_id) return false;
+  }
+  return true;
+}
+
 WorkerRecord& ClusterState::AddWorker(const proto::RegisterWorker& info,
                                       absl::Time now) {
   int64_t id = next_worker_id_++;
@@ -356,10 +363,10 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
   if (!snapshots_.empty()) {
     auto snap = snapshots_.find(id);
     if (snap != snapshots_.end()) {
-      const uint64_t copy = snap->second.id;
+      const Snapshot copy = std::move(snap->second);
       snapshots_.erase(snap);
-      snapshot_of_.erase(copy);
-      ReleaseOps(copy, slice_id, ops);
+      snapshot_of_.erase(copy.id);
+      ReleaseCopyOps(copy, slice_id, ops);
     }
   }
   // Each worker once (no set: this runs for every release).

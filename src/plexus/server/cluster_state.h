@@ -66,6 +66,10 @@ struct SliceRecord {
   uint64_t generation = 0;
 };
 
+// Whether every device of the slice is on one host (worker): then no
+// shard of its values survives the loss of that host, replicated or not.
+bool OnOneHost(const SliceRecord& slice);
+
 // A slice request that could not be met when it came. It waits at the
 // server, in arrival order, until it can be met (ServePendingSlices), its
 // deadline passes, or its client leaves.
@@ -147,6 +151,9 @@ struct WorkerLoss {
   // Slices that had no spare at once and wait for a host (AwaitedLoss):
   // neither remapped nor broken yet.
   std::set<uint64_t> awaiting;
+  // A host that held no slice: the spare that took its place as a host
+  // for new slices (0 if none did, or the lost worker was a spare).
+  int64_t promoted = 0;
 };
 
 // A loss whose slices no spare could take when it happened, in a cluster
@@ -338,11 +345,21 @@ class ClusterState {
   // client's buffers by naming them.
   void FailCallOutputs(uint64_t client_id, const proto::Call& call,
                        const absl::Status& status, WorkerOps* ops) const;
+  // What a loss that no spare took (`loss.broken`) costs `client_id`:
+  // every value of its broken slices, and every output of its calls not
+  // done that reads one (on any slice, transitively), can never be read.
+  // They are recorded as lost (a call that reads one is refused) and
+  // returned as a note (lost_ids, and a status naming the host), so that
+  // every future depending on them fails at once, not after a wait.
+  proto::Recovery LoseOnBrokenSlices(uint64_t client_id,
+                                     const WorkerLoss& loss);
   // client.snapshot: copies each shard of the client's buffer to the next
-  // shard's host (another host of the slice), replacing the buffer's
-  // previous snapshot if that is not complete yet (a complete one stays:
-  // the value is the same) (server/recovery.cc). Replicated buffers, and
-  // buffers on one host, need none and get none.
+  // shard's host (another host of the slice; for a slice on one host,
+  // another live host of the cluster: SnapshotHolder), replacing the
+  // buffer's previous snapshot if that is not complete yet (a complete one
+  // stays: the value is the same) (server/recovery.cc). Buffers replicated
+  // over more than one host need none and get none; nor does anything in
+  // a cluster that never had a spare (it cannot recover: keep_lineage).
   void RouteSnapshot(uint64_t client_id, uint64_t buffer_id, WorkerOps* ops);
   // A worker holds a shard of snapshot copy `copy_id` (CallsDone
   // .copies_done). Once every shard has arrived the snapshot counts:
@@ -361,6 +378,13 @@ class ClusterState {
   // live worker if the slice is gone), merged into a trailing Release op.
   // Its snapshot goes too.
   void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops);
+  // Where shard `j` of a value on `devices` keeps its snapshot copy: the
+  // next device of the slice on another host (NextHostShard), or, when the
+  // slice is on one host, device 0 of the next live host of the cluster
+  // after it (by worker id, cyclically; spares last); none if there is no
+  // other live host.
+  std::optional<DeviceRef> SnapshotHolder(const std::vector<DeviceRef>& devices,
+                                          int j) const;
   // The releases the records let go now (JobRecords::TakeDue).
   void DrainReleases(WorkerOps* ops) {
     records_.DrainDue(
@@ -459,6 +483,9 @@ class ClusterState {
   };
   absl::flat_hash_map<uint64_t, Snapshot> snapshots_;
   absl::flat_hash_map<uint64_t, uint64_t> snapshot_of_;  // copy id -> buffer
+  // The release of snapshot copy `snap` of a value on slice `slice_id`:
+  // on the slice's workers and on the holders of its shards.
+  void ReleaseCopyOps(const Snapshot& snap, uint64_t slice_id, WorkerOps* ops);
   // Whether input `i` of `call` may give its memory to the program's
   // output (InputBinding.donate): the program donates it, and nothing else
   // reads the buffer: no call holds it (in flight, or for lineage, which a

@@ -235,7 +235,7 @@ void JobRecords::ReconsiderOne(uint64_t seq, CallRecord* rec) {
       if (!keep_lineage_) break;
       auto b = buffers_.find(o);
       if (b != buffers_.end() && b->second.producer == seq &&
-          !b->second.spec().sharding.is_replicated() &&
+          (rec->one_host || !b->second.spec().sharding.is_replicated()) &&
           !b->second.snapshotted) {
         needed = true;
         break;

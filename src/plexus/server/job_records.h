@@ -7,10 +7,12 @@
 // A call *holds* its inputs (they stay on the workers, whatever their
 // client does) while it is not done, or while one of its outputs may have
 // to be recomputed from them: an output whose record lives and that is
-// neither replicated (a surviving shard is a copy) nor snapshotted. So the
-// lineage of a value reaches back only to replicated values, snapshots and
-// puts (which the client keeps): a chain of replicated parameters, or of a
-// split state snapshotted each step, holds one step.
+// neither replicated over more than one host (a surviving shard is a
+// copy) nor snapshotted. So the lineage of a value reaches back only to
+// values replicated over hosts, snapshots and puts (which the client
+// keeps): a chain of replicated parameters, or of a split state (or any
+// state of a one-host slice, such as a pipeline stage's) snapshotted each
+// step, holds one step.
 //
 // Lifetimes, bounded by what is live:
 //  - a call record lives while the call is not done (its workers have not
@@ -72,8 +74,11 @@ struct CallRecord {
   absl::InlinedVector<CallInput, 2> inputs;
   absl::InlinedVector<uint64_t, 2> output_ids;
   bool done = false;
-  bool failed = false;   // done, and a task of it failed
-  bool holding = true;   // its inputs (see above)
+  bool failed = false;  // done, and a task of it failed
+  bool holding = true;  // its inputs (see above)
+  // Its slice's devices are all on one host: a replicated output's shards
+  // are no copies that the loss of that host would spare.
+  bool one_host = false;
   int live_outputs = 0;  // outputs whose records live
 
   // The call as its client would send it (recovery routes it again).

@@ -3,6 +3,8 @@
 // from the server's records (server/job_records.h).
 #include <algorithm>
 #include <functional>
+#include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -65,7 +67,8 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
   w->alive = false;
   w->down_reason = reason;
   counters_.set_hosts_lost(counters_.hosts_lost() + 1);
-  if (w->info.spare()) UpdateLineagePolicy();
+  const bool was_spare = w->info.spare();
+  if (was_spare) UpdateLineagePolicy();
   std::set<uint64_t> affected;
   int32_t highest = -1;  // the highest device index of it a slice uses
   for (auto& [sid, slice] : slices_) {
@@ -79,7 +82,21 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
     affected.insert(sid);
     loss.clients.insert(slice.client_id);
   }
-  if (affected.empty()) return loss;
+  if (affected.empty()) {
+    // A host with no slice on it: a free spare takes its place as a host
+    // that serves new slices (spares serve none), so the cluster keeps
+    // its capacity (the embedded cluster starts a new spare for the pool).
+    if (!was_spare) {
+      for (auto& [wid, c] : workers_) {
+        if (!c.alive || !c.info.spare() || c.slices_mapped > 0) continue;
+        c.info.set_spare(false);
+        loss.promoted = wid;
+        UpdateLineagePolicy();
+        break;
+      }
+    }
+    return loss;
+  }
   WorkerRecord* spare = FindSpare(highest);
   if (spare != nullptr) {
     RemapOnto(loss, affected, *spare);
@@ -293,14 +310,19 @@ std::map<uint64_t, std::vector<uint64_t>> ClusterState::TakeReleasedPuts() {
 void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
                                  WorkerOps* ops) {
   if (ClientOfBuffer(buffer_id) != client_id) return;
+  // A cluster that never had a spare cannot recover: a copy would only
+  // cost memory and bandwidth (as lineage would: JobRecords).
+  if (!records_.keep_lineage()) return;
   if (!aliases_.empty()) {
     auto alias = aliases_.find(buffer_id);
     if (alias != aliases_.end()) buffer_id = alias->second;
   }
   const BufferRecord* b = records_.FindBuffer(buffer_id);
-  if (b == nullptr || b->released || b->spec().sharding.is_replicated()) return;
+  if (b == nullptr || b->released) return;
   auto slice = slices_.find(b->slice_id);
   if (slice == slices_.end() || !slice->second.broken.empty()) return;
+  // A copy on another host survives any one loss already.
+  if (b->spec().sharding.is_replicated() && !OnOneHost(slice->second)) return;
   // A complete copy stays: the value never changes, and recovery keeps
   // the copy whole. Replacing it would leave none while the new one is
   // made (and its producer no longer holds the inputs to recompute it).
@@ -312,26 +334,80 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
   if (!local.ok()) return;
   Snapshot snap;
   snap.id = ServerMadeId(client_id);
+  std::vector<DeviceRef> holders;
   for (int j = 0; j < n; ++j) {
-    // The next shard's host that is not this shard's.
-    const int k = NextHostShard(devices, j);
-    if (k < 0) return;  // one host: nowhere else to keep it
-    snap.holders.push_back(devices[k].worker_id);
-    CopyShard(buffer_id, j, devices[j].worker_id, snap.id, j, devices[k],
+    std::optional<DeviceRef> holder = SnapshotHolder(devices, j);
+    if (!holder.has_value()) return;  // no other live host to keep it
+    holders.push_back(*holder);
+  }
+  for (int j = 0; j < n; ++j) {
+    snap.holders.push_back(holders[j].worker_id);
+    CopyShard(buffer_id, j, devices[j].worker_id, snap.id, j, holders[j],
               *local, /*report=*/true, ops);
   }
   // The previous copy goes once this one is asked for (a copy being made
   // is never the only one).
   auto old = snapshots_.find(buffer_id);
   if (old != snapshots_.end()) {
-    const uint64_t copy = old->second.id;
+    const Snapshot previous = std::move(old->second);
     snapshots_.erase(old);
-    snapshot_of_.erase(copy);
-    ReleaseOps(copy, b->slice_id, ops);
+    snapshot_of_.erase(previous.id);
+    ReleaseCopyOps(previous, b->slice_id, ops);
   }
   snapshot_of_[snap.id] = buffer_id;
   snapshots_[buffer_id] = std::move(snap);
   counters_.set_snapshots_taken(counters_.snapshots_taken() + 1);
+}
+
+std::optional<DeviceRef> ClusterState::SnapshotHolder(
+    const std::vector<DeviceRef>& devices, int j) const {
+  const int k = NextHostShard(devices, j);
+  if (k >= 0) return devices[k];
+  // One host: the next live host of the cluster after it, spares last (a
+  // spare may be the one that takes this host's place: then the copy is
+  // already where it is needed, but it serves no one else meanwhile).
+  const int64_t self = devices[j].worker_id;
+  std::optional<DeviceRef> spare;
+  auto consider = [&](const WorkerRecord& w) -> std::optional<DeviceRef> {
+    if (w.id == self || !w.alive || w.info.devices_size() == 0) {
+      return std::nullopt;
+    }
+    DeviceRef d{w.id, 0};
+    if (w.info.spare()) {
+      if (!spare.has_value()) spare = d;
+      return std::nullopt;
+    }
+    return d;
+  };
+  for (auto it = workers_.upper_bound(self); it != workers_.end(); ++it) {
+    if (auto d = consider(it->second)) return d;
+  }
+  for (auto it = workers_.begin(); it != workers_.end() && it->first < self;
+       ++it) {
+    if (auto d = consider(it->second)) return d;
+  }
+  return spare;
+}
+
+void ClusterState::ReleaseCopyOps(const Snapshot& snap, uint64_t slice_id,
+                                  WorkerOps* ops) {
+  ReleaseOps(snap.id, slice_id, ops);
+  auto slice = slices_.find(slice_id);
+  std::set<int64_t> outside;  // holders that are not workers of the slice
+  for (int64_t h : snap.holders) {
+    const bool in_slice =
+        slice != slices_.end() &&
+        std::any_of(slice->second.devices.begin(), slice->second.devices.end(),
+                    [h](const DeviceRef& d) { return d.worker_id == h; });
+    if (!in_slice) outside.insert(h);
+  }
+  for (int64_t h : outside) {
+    const WorkerRecord* w = FindWorker(h);
+    if (w == nullptr || !w->alive) continue;
+    proto::WorkerOp op;
+    op.mutable_release()->add_buffer_ids(snap.id);
+    (*ops)[h].push_back(std::move(op));
+  }
 }
 
 void ClusterState::CopyArrived(uint64_t copy_id, WorkerOps* ops) {
@@ -358,6 +434,46 @@ int64_t ClusterState::SnapshotRecopiesPending() const {
   int64_t pending = 0;
   for (const auto& [id, snap] : snapshots_) pending += snap.recopies;
   return pending;
+}
+
+proto::Recovery ClusterState::LoseOnBrokenSlices(uint64_t client_id,
+                                                 const WorkerLoss& loss) {
+  proto::Recovery note;
+  note.set_worker_id(loss.worker_id);
+  const absl::Status status = absl::DataLossError(absl::StrCat(
+      "worker ", loss.worker_id, " was lost (", loss.reason,
+      ") and no spare took its place: the value was on a slice of it, or "
+      "was to be computed from one"));
+  std::set<uint64_t> lost;
+  for (const auto& [id, b] : records_.buffers()) {
+    if (ClientOfBuffer(id) == client_id && loss.broken.count(b.slice_id)) {
+      lost.insert(id);
+    }
+  }
+  if (lost.empty()) return note;
+  // In routing order: a call's inputs were routed before it.
+  for (const auto& [seq, rec] : records_.calls()) {
+    if (rec.client_id != client_id || (rec.done && !rec.failed)) continue;
+    for (const CallInput& in : rec.inputs) {
+      if (lost.count(in.buffer_id) == 0) continue;
+      lost.insert(rec.output_ids.begin(), rec.output_ids.end());
+      break;
+    }
+  }
+  for (uint64_t id : lost) {
+    lost_[id] = status;
+    note.add_lost_ids(id);
+  }
+  for (uint64_t sid : loss.broken) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) {
+      note.add_broken_slices(sid);
+    }
+  }
+  *note.mutable_status() = StatusToProto(status);
+  counters_.set_buffers_failed(counters_.buffers_failed() +
+                               static_cast<int64_t>(lost.size()));
+  return note;
 }
 
 void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops) {
@@ -580,13 +696,13 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
           snap.holders[j] != loss.worker_id) {
         continue;
       }
-      const int k = NextHostShard(devices, j);
-      if (k < 0) continue;
+      std::optional<DeviceRef> holder = SnapshotHolder(devices, j);
+      if (!holder.has_value()) continue;
       // Incomplete until the copy arrives (CopyArrived): the shard has one
       // copy meanwhile, and `snapshot_recopies_pending` says so.
-      CopyShard(id, j, devices[j].worker_id, snap.id, j, devices[k], *local,
+      CopyShard(id, j, devices[j].worker_id, snap.id, j, *holder, *local,
                 /*report=*/true, &recopies);
-      snap.holders[j] = devices[k].worker_id;
+      snap.holders[j] = holder->worker_id;
       snap.arrived--;
       snap.recopies++;
     }
@@ -705,13 +821,13 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     for (uint64_t id : incomplete) {
       auto snap = snapshots_.find(id);
       if (snap == snapshots_.end()) continue;  // released meanwhile
-      const uint64_t copy = snap->second.id;
+      const Snapshot previous = std::move(snap->second);
       snapshots_.erase(snap);
-      snapshot_of_.erase(copy);
+      snapshot_of_.erase(previous.id);
       auto alias = aliases_.find(id);
       const uint64_t now = alias != aliases_.end() ? alias->second : id;
       const BufferRecord* b = records_.FindBuffer(now);
-      ReleaseOps(copy, b != nullptr ? b->slice_id : 0, &again_ops);
+      ReleaseCopyOps(previous, b != nullptr ? b->slice_id : 0, &again_ops);
       // Released (by the client, or as an output it had released): no
       // copy is wanted any more.
       if (b == nullptr || b->released ||

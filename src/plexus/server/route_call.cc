@@ -181,6 +181,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   call_record.call_id = call.call_id();
   call_record.slice_id = call.slice_id();
   call_record.program_id = call.program_id();
+  call_record.one_host = OnOneHost(slice);
   call_record.inputs.reserve(call.inputs_size());
   call_record.output_ids.assign(call.output_ids().begin(),
                                 call.output_ids().end());
@@ -198,8 +199,12 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     if (!lost_.empty()) {
       auto lost = lost_.find(ref.buffer_id());
       if (lost != lost_.end()) {
+        // Its outputs can never be made either: a call that reads one is
+        // refused in turn, for the same reason (not left to wait for them).
+        const absl::Status cause = lost->second;
+        for (uint64_t o : call.output_ids()) lost_[o] = cause;
         return absl::DataLossError(
-            absl::StrCat(arg_what(), ": ", lost->second.message()));
+            absl::StrCat(arg_what(), ": ", cause.message()));
       }
     }
     // The value moves from its own layout (`arg`, on its slice) to the

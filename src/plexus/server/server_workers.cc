@@ -411,6 +411,13 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
     SPDLOG_INFO("worker {}'s {} slice(s) remapped onto spare worker {}", id,
                 loss.remapped.size(), loss.spare);
   }
+  if (loss.promoted != 0) {
+    SPDLOG_INFO(
+        "worker {} held no slice: spare worker {} takes its place as a host "
+        "for new slices",
+        id, loss.promoted);
+    AnswerSlicesLocked();  // requests that waited for its devices
+  }
   if (!loss.awaiting.empty()) {
     SPDLOG_WARN(
         "worker {}'s {} slice(s) wait up to {} for a host to take its place "
@@ -459,7 +466,16 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
         AdmitLocked();
       }
       *note.add_recoveries() = std::move(rec.note);
-    } else if (!held.empty()) {
+    } else if (state_.HoldsAny(c, loss.broken)) {
+      // No spare: what depended on the lost host fails now, everywhere.
+      proto::Recovery gone = state_.LoseOnBrokenSlices(c, loss);
+      if (gone.lost_ids_size() > 0) {
+        SPDLOG_INFO("client {}: {} buffer(s) lost with worker {}", c,
+                    gone.lost_ids_size(), loss.worker_id);
+        *note.add_recoveries() = std::move(gone);
+      }
+    }
+    if (!remapped && !held.empty()) {
       // The slice broke after waiting: what it held fails where it needed
       // the lost host, in the client's order.
       absl::MutexLock admission(&admission_mu_);

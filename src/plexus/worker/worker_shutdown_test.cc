@@ -79,8 +79,12 @@ TEST(WorkerShutdownTest, TransferPendingOnAQueuedCallWhenTheWorkerIsDestroyed) {
 
   a->reset();  // with the chain still queued: its tasks drain as failures
 
+  // Either the drained transfer reaches worker b first (UNAVAILABLE) or
+  // the server, which has no spare to restore on_a, fails z as lost
+  // (DATA_LOSS); either way it names the lost connection.
   absl::Status consumer = c.Wait(z);
-  EXPECT_TRUE(absl::IsUnavailable(consumer)) << consumer;
+  EXPECT_TRUE(absl::IsUnavailable(consumer) || absl::IsDataLoss(consumer))
+      << consumer;
   EXPECT_NE(consumer.message().find("lost its connection"), std::string::npos)
       << consumer;
   client->reset();
