@@ -45,6 +45,12 @@ class IslandLayout:
         self.sizes = tuple(int(x) for x in slice_.mesh_shape)
         self.dcn = tuple(slice_.dcn_axes)
         self.multi = len(self.axes) > 1 or bool(self.dcn)
+        # The axes whose points lie on different islands: a 1-D slice over
+        # several islands has its one axis; a mesh, its DCN axes (size > 1).
+        size = dict(zip(self.axes, self.sizes))
+        self.crossing = () if len(islands) < 2 else (
+            tuple(a for a in self.dcn if size[a] > 1) if self.multi
+            else self.axes[:1])
         if not self.multi:
             return
         self.ici = tuple(a for a in self.axes if a not in self.dcn)
@@ -110,6 +116,17 @@ class IslandLayout:
             entries.append(None if not inner else
                            inner[0] if len(inner) == 1 else inner)
         return entries
+
+    def crossing_dims(self, sh, ndim):
+        """Per dimension, the axes crossing islands that split it: each
+        island holds one block of that dimension (_dcn_check.py)."""
+        if sh[0] == "partial":
+            return "partial"
+        if not self.multi:
+            return [self.crossing if sh[0] == "split" and d == sh[1] else ()
+                    for d in range(ndim)]
+        return [tuple(a for a in names if a in self.crossing)
+                for names in self._dims(sh, ndim)]
 
     def _dcn_parts(self, names):
         size = dict(zip(self.axes, self.sizes))

@@ -34,6 +34,13 @@ divided by data's size), their other axes are the island's NamedSharding
 (_island_layout.py). A function that names a DCN axis gets an error saying so;
 a sum over the DCN axes is a partial() output and an all_reduce.
 
+Across islands (a slice over several islands, split over an axis crossing
+them) each island's result must be its part of what jax.jit computes over
+the whole mesh: _dcn_check.py reads the function's jaxpr, from the trace
+that gives the output shapes, and refuses what is not (a sum into a
+replicated output, random draws over a split dimension, ...), naming the
+output, the primitive and the axis.
+
 Dtypes and keys. Every JAX dtype with a whole-byte element travels (JAX's
 x64 switch decides whether 64-bit ones lower as such); sub-byte ones (int4,
 float4_e2m1fn) are refused naming the argument. A typed PRNG key array
@@ -58,7 +65,7 @@ import warnings
 
 import numpy as np
 
-from . import _core
+from . import _core, _dcn_check
 from ._api import Future, Program, Spec, _sharding, partial, replicated, split
 from ._island_layout import IslandLayout, abstract_mesh
 
@@ -482,7 +489,8 @@ class Jitted:
         in_mesh = jax.sharding.use_abstract_mesh
         try:
             with in_mesh(mesh):
-                shapes = jax.eval_shape(flat_fn, *avals)
+                jaxpr, shapes = jax.make_jaxpr(flat_fn, return_shape=True)(
+                    *avals)
         except Exception as e:  # the user's function failed to trace
             layout.explain_dcn_axis(e)
             if layout.traces_with_dcn_axes(jax, flat_fn, specs, k, n):
@@ -498,6 +506,16 @@ class Jitted:
                               "out_shardings"), shapes)]
         out_sh = [island_sharding(sh, len(a.shape))
                   for sh, a in zip(out_kinds, shapes)]
+        if layout.crossing:
+            # What each island computes must be its part of jax.jit's
+            # answer over the whole mesh, or the program is refused here.
+            _dcn_check.check(
+                jaxpr,
+                [layout.crossing_dims(sh, len(shape))
+                 for _, shape, sh, _ in specs], names,
+                [layout.crossing_dims(sh, len(a.shape))
+                 for sh, a in zip(out_kinds, shapes)],
+                _output_names(jax, tree), layout.crossing, what)
         flat_fn.__name__ = flat_fn.__qualname__ = self._name
         try:
             # keep_unused: the module takes every argument the program
@@ -718,6 +736,15 @@ def _signature(names, specs):
         else:
             parts.append(f"{name}: {dtype}{list(shape)} {_sharding_repr(sh)}")
     return ", ".join(parts)
+
+
+def _output_names(jax, tree):
+    """The name of each output leaf of `tree`: "output" for a lone array,
+    else "output [1]['w']"."""
+    marks = jax.tree_util.tree_unflatten(tree, list(range(tree.num_leaves)))
+    paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(marks)[0]]
+    return [f"output {jax.tree_util.keystr(p)}" if p else "output"
+            for p in paths]
 
 
 def _plexus_error(e):
