@@ -117,7 +117,15 @@ class Future:
     """A value that may not be computed yet, like a jax.Array that is not
     ready: .shape, .dtype, .sharding, block_until_ready(), np.asarray().
     JAX takes it where it takes an array (`jnp.sum(f)`, `jnp.asarray(f)`,
-    `jax.device_get(f)`): through `__jax_array__` it is fetched first.
+    `jax.device_get(f)`, `jax.random.split(key_future)`): it is fetched
+    first. Python's operators and conversions work as on a jax.Array and
+    block until the value is there: `float(f)`, `int(f)`, `bool(f)`,
+    `f.item()`, `f.tolist()`, `list(f)` fetch it; `f + 1`, `f * g`, `-f`,
+    `f[0]`, `f @ g`, `f < g` fetch the futures and compute on the client
+    with jax.numpy, returning a jax.Array, as mixing a jax.Array with a
+    host value does (numpy arrays where JAX is not installed); `len(f)`
+    reads the shape. Like a jax.Array it is unhashable (`==` compares
+    elements). To compute on the slice instead, call a program.
     Dropping the last reference frees its shards on the workers. A future
     belongs to its client's session with the server: once that ended (the
     server restarted, and the client reconnected), it raises
@@ -126,14 +134,20 @@ class Future:
     A typed PRNG key output of plexus.jit is a future of its key data
     (uint32, with the impl's trailing dimension): .shape and .dtype are the
     key array's, result() is a key array again, np.asarray() the key data.
+    A plexus.jit output that jax.jit would return weakly typed (computed
+    from Python scalars only) is a weakly typed future (.weak_type), and
+    stays weak where it goes into JAX.
     """
 
-    __slots__ = ("_f", "_client", "_key", "__weakref__")
+    __slots__ = ("_f", "_client", "_key", "_weak", "__weakref__")
+    __array_priority__ = 100  # numpy defers to its operators, as to jax's
+    __hash__ = None  # `==` compares elements, as on a jax.Array
 
     def __init__(self, core_future, client):
         self._f = core_future
         self._client = client
         self._key = None  # the PRNG impl name when it holds typed keys
+        self._weak = False  # weakly typed, as JAX types Python scalars
         if not _jax_hooked and "jax" in sys.modules:
             _hook_jax()
 
@@ -153,6 +167,10 @@ class Future:
     @property
     def ndim(self):
         return len(self.shape)
+
+    @property
+    def weak_type(self):
+        return self._weak
 
     @property
     def size(self):
@@ -204,9 +222,102 @@ class Future:
         dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
         return a if a.dtype == dtype else a.astype(dtype)
 
+    def _operand(self):
+        """What an operator computes with: the fetched value as a jax.Array
+        (a key array for keys, weakly typed where the future is), or a
+        numpy array where JAX is not installed."""
+        jnp = _jax_numpy()
+        if jnp is None:
+            return np.asarray(self)
+        if self._key is not None:
+            return self.result()
+        x = jnp.asarray(self._jax_value())
+        return _weakly_typed(x) if self._weak else x
+
+    # Conversions block and fetch, as on a jax.Array.
+    def __bool__(self):
+        return bool(self._operand())
+
+    def __float__(self):
+        return float(self._operand())
+
+    def __int__(self):
+        return int(self._operand())
+
+    def __complex__(self):
+        return complex(self._operand())
+
+    def __index__(self):
+        return self._operand().__index__()
+
+    def __len__(self):
+        shape = self.shape
+        if not shape:
+            raise TypeError("len() of unsized object")  # as jax.Array
+        return shape[0]
+
+    def __iter__(self):
+        return iter(self._operand())
+
+    def __format__(self, spec):
+        return format(self._operand(), spec)
+
+    def item(self, *args):
+        return self._operand().item(*args)
+
+    def tolist(self):
+        return self._operand().tolist()
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            index = tuple(_operand(i) for i in index)
+        return self._operand()[_operand(index)]
+
     def __repr__(self):
         return (f"Future(shape={self.shape}, dtype={self.dtype}, "
                 f"sharding={self.sharding}, buffer={self._f.buffer_id})")
+
+
+def _operand(x):
+    return x._operand() if isinstance(x, Future) else x
+
+
+def _future_operator(name):
+    """Future.<name>: jax.Array's operator on the fetched values (a
+    NotImplemented from it lets Python try the other operand's)."""
+    def operator(self, *others):
+        return getattr(self._operand(), name)(*map(_operand, others))
+    operator.__name__ = name
+    return operator
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "divmod",
+              "pow", "matmul", "and", "or", "xor", "lshift", "rshift"):
+    setattr(Future, f"__{_name}__", _future_operator(f"__{_name}__"))
+    setattr(Future, f"__r{_name}__", _future_operator(f"__r{_name}__"))
+for _name in ("neg", "pos", "abs", "invert", "round", "lt", "le", "eq",
+              "ne", "gt", "ge"):
+    setattr(Future, f"__{_name}__", _future_operator(f"__{_name}__"))
+del _name
+
+
+_JNP = []  # [jax.numpy or None], once looked up
+
+
+def _jax_numpy():
+    if not _JNP:
+        try:
+            import jax.numpy as jnp
+        except ImportError:
+            jnp = None
+        _JNP.append(jnp)
+    return _JNP[0]
+
+
+def _weakly_typed(x):
+    """x (a jax.Array) weakly typed, as JAX types a Python scalar."""
+    from jax._src.lax import lax
+    return lax._convert_element_type(x, weak_type=True)
 
 
 _jax_hooked = False
@@ -240,7 +351,8 @@ def _hook_jax():
         if f._key is not None:
             return core.typeof(f.result())
         return core.ShapedArray(tuple(f.shape),
-                                dtypes.canonicalize_dtype(np.dtype(f.dtype)))
+                                dtypes.canonicalize_dtype(np.dtype(f.dtype)),
+                                weak_type=f._weak)
 
     def transfer(xs, shardings, layouts, copy_semantics):
         return pxla.shard_args(shardings, layouts, copy_semantics,
@@ -252,6 +364,39 @@ def _hook_jax():
         pxla.shard_arg_handlers[Future] = transfer
     except (AttributeError, TypeError):
         pass
+    _hook_jax_random()
+
+
+def _hook_jax_random():
+    """Makes jax.random take a key future as it takes a key array.
+
+    jax.random functions take a typed key only if it is a jax.Array (a
+    future, a host value to JAX, would be read as raw uint32 key data), so
+    the one function through which they all read their key argument,
+    `_check_prng_key`, is given the fetched key array (or raw key data)
+    first. A JAX without that function gets no hook: call
+    jax.random.split(f.result()) there.
+    """
+    import importlib
+    for module in ("jax._src.random.core", "jax._src.random"):
+        try:
+            random = importlib.import_module(module)
+        except ImportError:
+            continue
+        check = getattr(random, "_check_prng_key", None)
+        if check is None:
+            continue
+        if getattr(check, "_takes_futures", False):
+            return
+
+        def check_prng_key(name, key, *args, **kwargs):
+            if isinstance(key, Future):
+                key = key._operand()
+            return check(name, key, *args, **kwargs)
+
+        check_prng_key._takes_futures = True
+        random._check_prng_key = check_prng_key
+        return
 
 
 _KEY_INFO = {}  # impl name -> (key dtype, key data's trailing ndim)

@@ -48,6 +48,15 @@ float4_e2m1fn) are refused naming the argument. A typed PRNG key array
 dimension) and is rewrapped inside the function; a key output is a future
 whose .dtype is the key dtype and whose result() is a key array again.
 
+Weak types and static arguments. A Python scalar argument is lowered
+weakly typed, as jax.jit traces it (bf16 * 2.0 stays bfloat16), and a
+weakly typed output is a weakly typed future. static_argnums and
+static_argnames as in jax.jit: each value compiles a program, cached.
+
+What the workers cannot run (host callbacks; jaxlib's LAPACK kernels on
+CPU) is refused while lowering, naming the program, its arguments and the
+JAX functions (_plugin_support.py).
+
 Donation. donate_argnums / donate_argnames as in jax.jit: each donated leaf
 is lowered as jax.jit lowers it (aliased to an output of the same layout,
 `tf.aliasing_output`), and the call consumes it: its future is released by
@@ -65,7 +74,7 @@ import warnings
 
 import numpy as np
 
-from . import _core, _dcn_check
+from . import _core, _dcn_check, _plugin_support
 from ._api import Future, Program, Spec, _sharding, partial, replicated, split
 from ._island_layout import IslandLayout, abstract_mesh
 
@@ -92,8 +101,8 @@ def _jax():
 
 
 def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
-        static_argnums=(), donate_argnums=(), donate_argnames=(), name=None,
-        axis_name="devices", platform="cpu"):
+        static_argnums=(), static_argnames=(), donate_argnums=(),
+        donate_argnames=(), name=None, axis_name="devices", platform="cpu"):
     """Makes `fn` a Plexus program on `slice`.
 
     in_shardings: a pytree prefix of the (non-static) arguments giving the
@@ -103,9 +112,11 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
         over another slice's mesh the program takes the in_shardings
         layout, and the runtime moves it there.
     out_shardings: a pytree prefix of the outputs (None: replicated).
-    static_argnums: positions of arguments that are Python values baked
-        into the program (hashable), as in jax.jit; each value compiles
-        its own program.
+    static_argnums, static_argnames: arguments that are Python values
+        baked into the program (hashable), as in jax.jit: by position or
+        by name, each completing the other from the signature (a static
+        name passed by position is static, and the reverse); each distinct
+        value compiles its own program, kept for later calls.
     donate_argnums, donate_argnames: as in jax.jit: a call consumes its
         donated futures (later uses are refused), and the output of the
         same layout is written over a donated input's device memory where
@@ -123,6 +134,7 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
                         "plexus.jit(fn, slice) or @plexus.jit(slice=s)")
     options = dict(in_shardings=in_shardings, out_shardings=out_shardings,
                    static_argnums=static_argnums,
+                   static_argnames=static_argnames,
                    donate_argnums=donate_argnums,
                    donate_argnames=donate_argnames, name=name,
                    axis_name=axis_name, platform=platform)
@@ -130,6 +142,8 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
         return lambda f: jit(f, slice, **options)
     if isinstance(static_argnums, int):
         static_argnums = (static_argnums,)
+    if isinstance(static_argnames, str):
+        static_argnames = (static_argnames,)
     if isinstance(donate_argnums, int):
         donate_argnums = (donate_argnums,)
     if isinstance(donate_argnames, str):
@@ -144,18 +158,57 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
             raise _core.InvalidArgumentError(
                 f"program '{name}': argument {i} is both static and donated")
     jitted = Jitted(fn, slice, in_shardings, out_shardings, name, axis_name,
-                    platform, tuple(sorted(static_argnums)))
+                    platform, tuple(sorted(static_argnums)),
+                    tuple(static_argnames))
+    both = sorted(set(donate_argnums) & set(jitted._static)) + sorted(
+        set(donate_argnames) & set(jitted._static_names))
+    if both:
+        raise _core.InvalidArgumentError(
+            f"program '{name}': argument {both[0]} is both static and donated")
     jitted._donate = (tuple(sorted(donate_argnums)), tuple(donate_argnames))
     return jitted
+
+
+def _static_arguments(name, parameters, argnums, argnames):
+    """The static arguments' positions and names. As in jax.jit, where only
+    one of the two is given it is completed from the signature (a
+    parameter that can be passed either way is static both ways); where
+    both are given they are taken as they are."""
+    parameters = list(parameters)
+    either = [p.name if p.kind == p.POSITIONAL_OR_KEYWORD else None
+              for p in parameters]
+    known = {p.name for p in parameters if p.kind != p.VAR_POSITIONAL}
+    takes_any = not parameters or any(p.kind == p.VAR_KEYWORD
+                                      for p in parameters)
+    for a in argnames:
+        if not isinstance(a, str):
+            raise _core.InvalidArgumentError(
+                f"program '{name}': static_argnames must be strings, got "
+                f"{a!r}")
+        if not takes_any and a not in known:
+            raise _core.InvalidArgumentError(
+                f"program '{name}': static_argnames names {a!r}, which is "
+                f"not a parameter of the function ({', '.join(known)})")
+    for i in argnums:
+        if not isinstance(i, int) or i < 0:
+            raise _core.InvalidArgumentError(
+                f"program '{name}': static_argnums must be non-negative "
+                f"integers, got {i!r}")
+    if argnums and argnames:
+        return tuple(sorted(set(argnums))), tuple(argnames)
+    positions = set(argnums) | {i for i, n in enumerate(either)
+                                if n is not None and n in argnames}
+    names = tuple(argnames) + tuple(
+        n for i, n in enumerate(either) if i in argnums and n is not None)
+    return tuple(sorted(positions)), names
 
 
 class Jitted:
     """A JAX function bound to a slice; compiled per input signature."""
 
     def __init__(self, fn, slice_, in_shardings, out_shardings, name,
-                 axis_name, platform, static_argnums=()):
+                 axis_name, platform, static_argnums=(), static_argnames=()):
         self._fn = fn
-        self._static = static_argnums
         self._slice = slice_
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
@@ -166,11 +219,13 @@ class Jitted:
         self._by_futures = {}  # (treedef, futures' core specs) -> same
         self._donate = ((), ())  # donate_argnums, donate_argnames
         try:
-            self._params = [
-                p.name for p in inspect.signature(fn).parameters.values()
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            parameters = inspect.signature(fn).parameters.values()
         except (TypeError, ValueError):  # a builtin or C function
-            self._params = []
+            parameters = ()
+        self._params = [p.name for p in parameters if p.kind in (
+            p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self._static, self._static_names = _static_arguments(
+            name, parameters, static_argnums, static_argnames)
 
     @property
     def slice(self):
@@ -178,7 +233,7 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         jax = _jax()
-        static, args = self._split_static(args)
+        static, args, kwargs = self._split_static(args, kwargs)
         args = (args, kwargs)  # one pytree: positional, then keyword
         leaves, treedef = jax.tree_util.tree_flatten(args)
         fast_key = None
@@ -187,7 +242,7 @@ class Jitted:
             # signature is read off the futures' core specs.
             fs = [x._f for x in leaves]
             fast_key = (static, treedef, tuple(
-                (x._f.shape, x._f.dtype, x._f.sharding, x._key)
+                (x._f.shape, x._f.dtype, x._f.sharding, x._key, x._weak)
                 for x in leaves))
             compiled = self._by_futures.get(fast_key)
             if compiled is not None:
@@ -208,7 +263,7 @@ class Jitted:
         or jax.ShapeDtypeStructs, and the static values); calls with other
         shapes are refused. Its calls take the non-static arguments."""
         jax = _jax()
-        static, args = self._split_static(args)
+        static, args, kwargs = self._split_static(args, kwargs)
         args = (args, kwargs)
         treedef = jax.tree_util.tree_structure(
             args, is_leaf=lambda x: isinstance(x, Spec))
@@ -226,24 +281,34 @@ class Jitted:
             raise _plexus_error(e)(
                 f"program '{self._name}': {type(e).__name__}: {e}") from e
 
-    def _split_static(self, args):
-        """((position, value) of each static argument, the others)."""
-        if not self._static:
-            return (), args
+    def _split_static(self, args, kwargs):
+        """((position or name, value) of each static argument, the other
+        positional ones, the other keyword ones)."""
+        if not self._static and not self._static_names:
+            return (), args, kwargs
+        static = []
         for i in self._static:
-            if i >= len(args):
+            if i < len(args):
+                static.append((i, args[i]))
+            elif not (i < len(self._params) and self._params[i] in kwargs):
                 raise _core.InvalidArgumentError(
                     f"program '{self._name}': static argument {i} missing "
                     f"({len(args)} arguments given)")
-        static = tuple((i, args[i]) for i in self._static)
-        try:
-            hash(static)
-        except TypeError as e:
-            raise _core.InvalidArgumentError(
-                f"program '{self._name}': static arguments must be hashable: "
-                f"{e}") from e
-        return static, tuple(a for i, a in enumerate(args)
-                             if i not in self._static)
+        static += [(k, kwargs[k]) for k in self._static_names if k in kwargs]
+        for where, value in static:
+            try:
+                hash(value)
+            except TypeError as e:
+                what = (self._params[where] if isinstance(where, int)
+                        and where < len(self._params) else where)
+                raise _core.InvalidArgumentError(
+                    f"program '{self._name}': static argument {what} must be "
+                    f"hashable (each value compiles a program of its own), "
+                    f"got {type(value).__name__}: {e}") from e
+        return (tuple(static),
+                tuple(a for i, a in enumerate(args) if i not in self._static),
+                {k: v for k, v in kwargs.items()
+                 if k not in self._static_names})
 
     @property
     def compiled_signatures(self):
@@ -289,8 +354,13 @@ class Jitted:
                     except (TypeError, ValueError) as e:
                         raise _core.InvalidArgumentError(
                             f"{what}: {e}") from e
-                specs.append(_Leaf(str(dtype), shape, fsh, key))
+                specs.append(_Leaf(str(dtype), shape, fsh, key, x._weak))
                 continue
+            # A Python scalar is weakly typed, as jax.jit types it (it takes
+            # the dtype of the arrays it meets: bf16 * 2.0 is bf16), and so
+            # is a weakly typed jax.Array or ShapeDtypeStruct.
+            weak = type(x) in (int, float, complex) or bool(
+                getattr(x, "weak_type", False))
             if isinstance(x, Spec):
                 shape, dtype, sh = x.shape, x.dtype, x.sharding
             elif hasattr(x, "shape") and hasattr(x, "dtype"):
@@ -305,12 +375,18 @@ class Jitted:
                     jax.ShapeDtypeStruct(tuple(shape), dtype))
                 shape, dtype = tuple(data.shape), data.dtype
             dtype = _dtype_of(jax, dtype, what)
+            if type(x) is int and not (np.iinfo(dtype).min <= x
+                                       <= np.iinfo(dtype).max):
+                raise _core.InvalidArgumentError(
+                    f"{what}: the Python int {x} does not fit JAX's {dtype} "
+                    "(jax.jit raises OverflowError; pass an array of a wider "
+                    "dtype, with jax_enable_x64 for 64 bits)")
             try:
                 core_sh = _sharding(sh, self._slice, len(shape))
             except (TypeError, ValueError) as e:
                 raise _core.InvalidArgumentError(f"{what}: {e}") from e
             specs.append(_Leaf(str(dtype), tuple(int(d) for d in shape),
-                               core_sh, key))
+                               core_sh, key, weak))
         return specs
 
     def _arg_name(self, path):
@@ -398,7 +474,8 @@ class Jitted:
             donated=pairs)
         self._warn_donation(names, donated, {i for i, _ in pairs})
         return XlaProgram(core, self._slice._client, treedef, tree,
-                          [key for *_, key in specs], out_keys)
+                          [key for *_, key in specs], out_keys,
+                          [bool(a.weak_type) for a in exported.out_avals])
 
     def _leaf_names(self, treedef):
         """The Python name of each argument leaf of `treedef`."""
@@ -448,21 +525,25 @@ class Jitted:
                 *layout.island_spec(sh, ndim)))
 
         avals, in_sh = [], []
-        for dtype, shape, sh, _ in specs:
+        for leaf in specs:
+            dtype, shape, sh, _ = leaf
             local = layout.island_shape(shape, sh, k, n)
             sharding = island_sharding(sh, len(shape))
             avals.append(jax.ShapeDtypeStruct(tuple(local), np.dtype(dtype),
-                                              sharding=sharding))
+                                              sharding=sharding,
+                                              weak_type=leaf.weak))
             in_sh.append(sharding)
 
         fn = self._fn
         out_tree, out_keys = [], []
         in_keys = [key for *_, key in specs]
 
+        fixed = {i: v for i, v in static if isinstance(i, int)}
+        named = {k: v for k, v in static if isinstance(k, str)}
+
         def with_static(dynamic):
             """The full argument list: static values at their positions."""
             args, rest = [], iter(dynamic)
-            fixed = dict(static)
             for i in range(len(dynamic) + len(fixed)):
                 args.append(fixed[i] if i in fixed else next(rest))
             return args
@@ -473,7 +554,7 @@ class Jitted:
                       jax.random.wrap_key_data(x, impl=impl)
                       for x, impl in zip(leaves, in_keys)]
             positional, keyword = jax.tree_util.tree_unflatten(treedef, leaves)
-            out = fn(*with_static(positional), **keyword)
+            out = fn(*with_static(positional), **keyword, **named)
             flat, tree = jax.tree_util.tree_flatten(out)
             out_tree.append(tree)
             keys = [_key_impl(jax, x) if _is_key_dtype(jax, getattr(
@@ -517,6 +598,11 @@ class Jitted:
                  for sh, a in zip(out_kinds, shapes)],
                 _output_names(jax, tree), layout.crossing, what)
         flat_fn.__name__ = flat_fn.__qualname__ = self._name
+
+        def jaxpr_of():
+            """The function's jaxpr, to name what the workers cannot run."""
+            return jaxpr
+
         try:
             # keep_unused: the module takes every argument the program
             # declares. Locations name operations only, not the caller's
@@ -537,11 +623,16 @@ class Jitted:
                             donate_argnums=donated),
                     platforms=[self._platform])(*avals)
         except Exception as e:
+            _plugin_support.check_failed_lowering(
+                jaxpr_of, f"{what}, arguments ({_signature(names, specs)})")
             layout.explain_dcn_axis(e)
             raise _plexus_error(e)(
                 f"{what}: JAX could not lower the function for arguments "
                 f"({_signature(names, specs)}): {type(e).__name__}: {e}"
             ) from e
+        _plugin_support.check_lowered(
+            exported, jaxpr_of,
+            f"{what}, arguments ({_signature(names, specs)})", self._platform)
         return exported, out_kinds, tree, out_keys[-1]
 
     def _outputs(self, exported, out_kinds, k, n, layout):
@@ -620,18 +711,21 @@ class XlaProgram(Program):
     pytrees."""
 
     def __init__(self, core_program, client, in_tree, out_tree,
-                 in_keys=None, out_keys=None):
+                 in_keys=None, out_keys=None, out_weak=None):
         super().__init__(core_program, client)
         self._in_tree = in_tree
         self._out_tree = out_tree
         self._in_keys = in_keys or [None] * len(core_program.inputs)
         self._out_keys = out_keys or [None] * len(core_program.outputs)
+        self._out_weak = out_weak or [False] * len(core_program.outputs)
 
     def _wrap_keys(self, outs):
-        """Marks the outputs that are typed keys (their key data)."""
-        for f, impl in zip(outs, self._out_keys):
+        """Marks the outputs that are typed keys (their key data) and those
+        that are weakly typed."""
+        for f, impl, weak in zip(outs, self._out_keys, self._out_weak):
             if impl is not None:
                 f._key = impl
+            f._weak = weak
         return outs
 
     def __call__(self, *args, **kwargs):
@@ -680,7 +774,24 @@ class XlaProgram(Program):
 class _Leaf(collections.namedtuple("_Leaf", "dtype shape sharding key")):
     """An argument leaf as the program takes it: dtype name, shape and core
     sharding of what travels, and the key impl when it is a typed PRNG key
-    (its key data travels)."""
+    (its key data travels). `weak`: JAX types it weakly (a Python scalar);
+    an attribute beside the four fields, which code unpacks, but part of
+    equality and hash, so that the program cache tells the two apart."""
+
+    def __new__(cls, dtype, shape, sharding, key=None, weak=False):
+        leaf = super().__new__(cls, dtype, shape, sharding, key)
+        leaf.weak = bool(weak)
+        return leaf
+
+    def __eq__(self, other):
+        return tuple.__eq__(self, other) is True and self.weak == getattr(
+            other, "weak", False)
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash((tuple(self), self.weak))
 
 
 def _is_key_dtype(jax, dtype):
