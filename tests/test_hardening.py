@@ -230,3 +230,83 @@ def test_a_buffer_id_opens_nothing_without_its_clients_credential(
         assert read_reply(sock)[0] == ERROR
     # The owner's value is intact.
     np.testing.assert_array_equal(np.asarray(x), np.arange(256))
+
+
+def threads_of(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError("no Threads")
+
+
+def test_a_connection_flood_and_dribbled_handshakes_deny_no_client(cluster):
+    # Anyone on the host may connect to a worker's data plane. 1,100
+    # connections that never finish their handshake took every one of its
+    # 1,024 slots, and a client's put then failed as "lost worker"; one
+    # byte every half second kept a slot for good. Now connections in
+    # their handshake have a pool of their own (the oldest makes room) and
+    # a deadline, and proven clients are served throughout.
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    worker = cluster.status()["workers"][0]
+    host, port = worker["data_address"].rsplit(":", 1)
+    pid = int(worker["pid"])
+    stop = threading.Event()
+    flood, dribbled = [], []
+
+    def flood_it():
+        # 1,100 held at once, then more while the clients come (each
+        # pushes an older one out of the worker's pool), 3,000 in all.
+        for _ in range(3000):
+            if stop.is_set():
+                return
+            try:
+                flood.append(socket.create_connection((host, int(port)), 2))
+            except OSError:
+                pass
+            if len(flood) >= 1100:
+                time.sleep(0.002)
+
+    def dribble():
+        for _ in range(20):
+            dribbled.append(socket.create_connection((host, int(port)), 2))
+        while not stop.wait(0.5):
+            for sock in dribbled:
+                try:
+                    sock.send(b"P")
+                except OSError:
+                    pass
+
+    threads = [threading.Thread(target=flood_it, daemon=True),
+               threading.Thread(target=dribble, daemon=True)]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(flood) < 1100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(flood) >= 1100, f"only {len(flood)} connections opened"
+        # Each round a new client, so a new data-plane connection, made
+        # while the flood goes on.
+        times = []
+        for i in range(5):
+            with cluster.connect(name=f"legit{i}") as c:
+                s = c.slice(1)
+                x = np.arange(1024, dtype=np.float32) + i
+                start = time.monotonic()
+                got = np.asarray(plexus.wait(s.put(x), timeout=5.0))
+                times.append(time.monotonic() - start)
+                np.testing.assert_array_equal(got, x)
+        assert max(times) < 1.0, times
+        # The flood holds a bounded set of the worker's threads (256
+        # handshakes at most), not one per connection.
+        assert threads_of(pid) < 400, threads_of(pid)
+        assert worker_alive(pid)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
+        for sock in flood + dribbled:
+            sock.close()

@@ -194,9 +194,18 @@ class DataPlaneHandler {
 struct DataPlaneServerOptions {
   std::string tcp_host = "127.0.0.1";  // TCP listens on port 0 here
   std::string unix_name;  // abstract socket name; empty disables unix
-  // Connections open at once; more are closed as they arrive (each holds a
-  // thread).
+  // Connections that proved a credential, open at once; past it a new one
+  // is refused at its handshake (RESOURCE_EXHAUSTED). Each holds a thread.
   int max_connections = 1024;
+  // Connections still in their handshake, which anyone can open: past this
+  // many, the oldest is closed to make room for the new one, so a flood
+  // without a credential costs a bounded set of threads and never takes a
+  // proven peer's slot; a legitimate handshake (a round trip) completes
+  // long before a flood cycles through the pool.
+  int max_handshaking = 256;
+  // The whole handshake, from accept to WELCOME, must end within this time
+  // (a peer sending a byte now and then keeps no slot for longer).
+  absl::Duration handshake_timeout = absl::Seconds(5);
   // Once a frame has begun, each further read of it (header or payload)
   // must make progress within this time, or the connection is closed. An
   // idle connection between frames waits without limit.

@@ -244,6 +244,16 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
   const uint32_t capabilities_;  // the worker's, from its WELCOME
 };
 
+using Opener =
+    std::function<absl::StatusOr<std::unique_ptr<DataPlaneConnection>>(
+        internal::UniqueFd fd, bool is_unix, std::string address)>;
+
+// One connection attempt: the unix socket if given (and there), else TCP;
+// `open` runs the handshake.
+absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
+    const std::string& tcp_address, const std::string& unix_path,
+    const Opener& open);
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DataPlaneConnection>>
@@ -268,6 +278,31 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
     return std::make_unique<DataPlaneConnectionImpl>(
         std::move(socket), std::move(address), counters, capabilities);
   };
+  // A handshake whose stream ended (the acceptor pushed it out of its pool
+  // of handshakes under a flood of connections without a credential, see
+  // DataPlaneServerOptions::max_handshaking) is tried again, a few times;
+  // a refusal, a deadline or a cancellation is not.
+  constexpr int kAttempts = 4;
+  absl::StatusOr<std::unique_ptr<DataPlaneConnection>> connection;
+  for (int attempt = 1; attempt <= kAttempts; ++attempt) {
+    connection = ConnectOnce(tcp_address, unix_path, open);
+    if (connection.ok() || !absl::IsUnavailable(connection.status()) ||
+        (cancelled && cancelled())) {
+      break;
+    }
+    if (attempt < kAttempts) {
+      SPDLOG_DEBUG("data plane: {}; trying again",
+                   connection.status().ToString());
+    }
+  }
+  return connection;
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
+    const std::string& tcp_address, const std::string& unix_path,
+    const Opener& open) {
   absl::Status unix_error;
   if (!unix_path.empty()) {
     absl::StatusOr<internal::UniqueFd> fd = internal::ConnectUnix(unix_path);
@@ -292,4 +327,5 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
   return open(*std::move(fd), /*is_unix=*/false, tcp_address);
 }
 
+}  // namespace
 }  // namespace plexus::transport

@@ -1,8 +1,14 @@
 // DataPlaneServer: an accept thread per listener (TCP, abstract unix) and a
 // thread per connection that serves its frames in order with blocking I/O.
+// Connections in their handshake and proven ones are bounded apart
+// (DataPlaneServerOptions::max_handshaking, max_connections); the accept
+// threads also close handshakes past handshake_timeout.
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <memory>
 #include <optional>
 #include <string>
@@ -84,11 +90,22 @@ class DataPlaneServerImpl : public DataPlaneServer {
   struct Connection {
     std::unique_ptr<FrameSocket> socket;
     std::thread thread;
-    bool done = false;  // the thread has returned; join it
+    // In its handshake (counts against max_handshaking) until this time;
+    // InfiniteFuture once proven, or once closed for taking too long.
+    absl::Time handshake_deadline = absl::InfiniteFuture();
+    bool proven = false;  // counts against max_connections
+    bool done = false;    // the thread has returned; join it
   };
 
+  // Waits for a connection (and, meanwhile, for the next handshake
+  // deadline: it closes the handshakes past theirs).
   void AcceptLoop(int listen_fd, bool is_unix);
   void StartConnection(UniqueFd fd, bool is_unix);
+  // Closes the handshakes past their deadline; the earliest deadline left.
+  absl::Time CloseLateHandshakes(absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Room for a proven peer on connection `id`, or why not.
+  absl::Status AdmitProven(uint64_t id, const DataPlanePeer& peer);
   // Connection thread: serves frames until the peer leaves or errs.
   void Serve(FrameSocket* socket, uint64_t id);
   // Handles one frame. An error means the connection must close; handler
@@ -125,6 +142,9 @@ class DataPlaneServerImpl : public DataPlaneServer {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int handshaking_ ABSL_GUARDED_BY(mu_) = 0;  // connections in their handshake
+  int proven_ ABSL_GUARDED_BY(mu_) = 0;       // proven and open
+  int64_t handshakes_closed_ ABSL_GUARDED_BY(mu_) = 0;  // late or pushed out
   absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_handshake_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t handshakes_unlogged_ ABSL_GUARDED_BY(mu_) = 0;
@@ -177,6 +197,23 @@ DataPlaneServerImpl::~DataPlaneServerImpl() {
 void DataPlaneServerImpl::AcceptLoop(int listen_fd, bool is_unix) {
   pthread_setname_np(pthread_self(), "plexus-dp-accept");
   while (true) {
+    // Sleeps until a connection arrives or the next handshake deadline
+    // (without handshakes in progress: until a connection arrives).
+    absl::Time next_deadline;
+    {
+      absl::MutexLock lock(&mu_);
+      next_deadline = CloseLateHandshakes(absl::Now());
+    }
+    pollfd p{listen_fd, POLLIN, 0};
+    const int ms =
+        next_deadline == absl::InfiniteFuture()
+            ? -1
+            : static_cast<int>(std::clamp<int64_t>(
+                  absl::ToInt64Milliseconds(next_deadline - absl::Now()) + 1,
+                  0, 1 << 30));
+    const int ready = poll(&p, 1, ms);
+    if (stopping()) return;
+    if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
     absl::StatusOr<UniqueFd> fd = internal::Accept(listen_fd);
     if (stopping()) return;
     if (!fd.ok()) {
@@ -204,25 +241,88 @@ void DataPlaneServerImpl::StartConnection(UniqueFd fd, bool is_unix) {
   FrameSocket* raw = socket.get();
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
-  if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-    // Each connection holds a thread: past the cap, a new one is closed at
-    // once (the peer sees the end of the stream) rather than starve the
-    // process. Logged at most once per second.
-    const absl::Time now = absl::Now();
+  const absl::Time now = absl::Now();
+  CloseLateHandshakes(now);
+  if (handshaking_ >= options_.max_handshaking) {
+    // Anyone may open a connection: the oldest handshake makes room (its
+    // thread sees the end of its stream and returns), so a flood without
+    // a credential holds at most max_handshaking threads and never a slot
+    // of a proven peer. Logged at most once per second.
+    auto oldest = connections_.end();
+    for (auto it = connections_.begin(); it != connections_.end(); ++it) {
+      if (it->second.handshake_deadline != absl::InfiniteFuture() &&
+          (oldest == connections_.end() ||
+           it->second.handshake_deadline < oldest->second.handshake_deadline)) {
+        oldest = it;
+      }
+    }
+    if (oldest != connections_.end()) {
+      oldest->second.socket->Shutdown();
+      oldest->second.handshake_deadline = absl::InfiniteFuture();
+      --handshaking_;
+      ++handshakes_closed_;
+    }
     if (now - last_refusal_log_ >= absl::Seconds(1)) {
       last_refusal_log_ = now;
       SPDLOG_WARN(
-          "data plane: {} connections open (the limit); closing the one "
-          "from {}",
-          connections_.size(), raw->peer());
+          "data plane: {} connections in their handshake (the limit); "
+          "closing the oldest for the one from {} ({} closed so far)",
+          options_.max_handshaking, raw->peer(), handshakes_closed_);
     }
-    return;
   }
   uint64_t id = next_id_++;
   Connection& connection = connections_[id];
   connection.socket = std::move(socket);
+  connection.handshake_deadline = now + options_.handshake_timeout;
+  ++handshaking_;
   // The thread holds the socket, never the map entry (it may move).
   connection.thread = std::thread([this, raw, id] { Serve(raw, id); });
+}
+
+absl::Time DataPlaneServerImpl::CloseLateHandshakes(absl::Time now) {
+  absl::Time next = absl::InfiniteFuture();
+  for (auto& [id, connection] : connections_) {
+    if (connection.handshake_deadline == absl::InfiniteFuture()) continue;
+    if (connection.handshake_deadline > now) {
+      next = std::min(next, connection.handshake_deadline);
+      continue;
+    }
+    // Its thread, blocked in a read, sees the end of the stream and
+    // returns (the handshake fails: logged there).
+    connection.socket->Shutdown();
+    connection.handshake_deadline = absl::InfiniteFuture();
+    --handshaking_;
+    ++handshakes_closed_;
+  }
+  return next;
+}
+
+absl::Status DataPlaneServerImpl::AdmitProven(uint64_t id,
+                                              const DataPlanePeer& peer) {
+  absl::MutexLock lock(&mu_);
+  auto it = connections_.find(id);
+  if (it == connections_.end() ||
+      it->second.handshake_deadline == absl::InfiniteFuture()) {
+    // Closed meanwhile (past its deadline, or pushed out by newer ones).
+    return absl::DeadlineExceededError(absl::StrCat(
+        "data-plane handshake: not completed within ",
+        absl::FormatDuration(options_.handshake_timeout),
+        " (or pushed out by ", options_.max_handshaking,
+        " newer connections still in their handshake)"));
+  }
+  if (proven_ >= options_.max_connections) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "data plane: ", proven_, " connections open (the limit, ",
+        options_.max_connections, "); the one of ",
+        peer.role == CredentialRole::kWorker ? std::string("a worker")
+                                             : absl::StrCat("client ", peer.id),
+        " is refused"));
+  }
+  it->second.handshake_deadline = absl::InfiniteFuture();
+  it->second.proven = true;
+  --handshaking_;
+  ++proven_;
+  return absl::OkStatus();
 }
 
 void DataPlaneServerImpl::LogRefusal(const FrameSocket& socket,
@@ -271,7 +371,8 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
   absl::StatusOr<DataPlanePeer> peer = internal::AcceptHandshake(
       *socket,
       [this](const DataPlanePeer& p) { return handler_->CredentialFor(p); },
-      capabilities);
+      capabilities,
+      [this, id](const DataPlanePeer& p) { return AdmitProven(id, p); });
   if (!peer.ok() && !stopping()) LogRefusal(*socket, peer.status());
   while (peer.ok()) {
     bool eof = false;
@@ -290,7 +391,18 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
   }
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(id);
-  if (it != connections_.end()) it->second.done = true;
+  if (it != connections_.end()) {
+    Connection& connection = it->second;
+    if (connection.handshake_deadline != absl::InfiniteFuture()) {
+      connection.handshake_deadline = absl::InfiniteFuture();
+      --handshaking_;
+    }
+    if (connection.proven) {
+      connection.proven = false;
+      --proven_;
+    }
+    connection.done = true;
+  }
 }
 
 absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
@@ -478,6 +590,14 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   if (options.max_connections < 1) {
     return absl::InvalidArgumentError(
         "data plane server: max_connections must be at least 1");
+  }
+  if (options.max_handshaking < 1) {
+    return absl::InvalidArgumentError(
+        "data plane server: max_handshaking must be at least 1");
+  }
+  if (options.handshake_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "data plane server: handshake_timeout must be positive");
   }
   auto server =
       std::make_unique<DataPlaneServerImpl>(options, handler, counters);

@@ -330,6 +330,65 @@ TEST(DataPlaneHandshakeTest, ARawConnectionThatSkipsTheHandshakeIsRefused) {
   EXPECT_EQ(handler.admissions(), 0);
 }
 
+TEST(DataPlaneHandshakeTest, AFloodWithoutACredentialTakesNoSlotOfAProvenPeer) {
+  // Anyone may connect: 60 connections that never finish their handshake
+  // (the cap on proven peers is 8) took every slot, and a client's
+  // connection was then closed unserved.
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.max_connections = 8;
+  options.max_handshaking = 4;
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<internal::UniqueFd> flood;
+  for (int i = 0; i < 60; ++i) {
+    auto fd = internal::ConnectTcp((*server)->tcp_address());
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    flood.push_back(*std::move(fd));
+  }
+  auto client =
+      DataPlaneConnection::Connect((*server)->tcp_address(), "", nullptr);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::shared_ptr<Storage> data = Pattern(256, 7);
+  ASSERT_TRUE((*client)->Put({20, 0}, *data).ok());
+  EXPECT_TRUE((*client)->Wait({20, 0}).ok());
+  // The flood was pushed out, oldest first: the first connection sees the
+  // end of its stream.
+  EXPECT_TRUE(ServerClosesAfter(std::move(flood.front()), ""));
+}
+
+TEST(DataPlaneHandshakeTest, AHandshakeDribbledAByteAtATimeEndsAtItsDeadline) {
+  // Every read made progress within the frame timeout, so a HELLO sent a
+  // byte every 40 ms kept its connection (and thread) for as long as it
+  // lasted; the handshake as a whole now has a deadline.
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.handshake_timeout = absl::Milliseconds(300);
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto fd = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  internal::FrameHeader hello;
+  hello.type = static_cast<uint16_t>(internal::FrameType::kHello);
+  hello.shard = 1;
+  hello.payload_bytes = 64;
+  const std::string bytes =
+      Bytes(&hello, sizeof(hello)) + std::string(64, 'x');  // 128 bytes, 5 s
+  size_t sent = 0;
+  bool closed = false;
+  char buffer[256];
+  while (sent < bytes.size() && !closed) {
+    if (send(fd->get(), bytes.data() + sent, 1, MSG_NOSIGNAL) != 1) break;
+    ++sent;
+    pollfd p{fd->get(), POLLIN, 0};
+    if (poll(&p, 1, 40) > 0) {
+      const ssize_t n = recv(fd->get(), buffer, sizeof(buffer), 0);
+      closed = n == 0 || (n < 0 && errno == ECONNRESET);
+    }
+  }
+  EXPECT_LT(sent, bytes.size()) << "the handshake outlived its deadline";
+}
+
 TEST(DataPlaneHandshakeTest, AConnectionThatNeverSaysHelloIsClosedInTime) {
   MapHandler handler;
   DataPlaneServerOptions options;

@@ -116,7 +116,8 @@ absl::StatusOr<std::pair<FrameHeader, std::string>> ReadExpected(
 
 absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
                                               const CredentialLookup& lookup,
-                                              uint32_t capabilities) {
+                                              uint32_t capabilities,
+                                              const Admission& admit) {
   absl::StatusOr<std::string> nonce_a = Nonce();
   if (!nonce_a.ok()) return socket.Break(nonce_a.status());
   FrameHeader challenge;
@@ -155,6 +156,9 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
         PeerString(peer),
         " (another cluster's secret, or a session the "
         "server did not issue)")));
+  }
+  if (admit) {
+    if (absl::Status room = admit(peer); !room.ok()) return refuse(room);
   }
   const Proof proof_a =
       SideProof(*credential, "acceptor", peer, *nonce_a, nonce_c);

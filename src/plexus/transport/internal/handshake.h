@@ -52,12 +52,19 @@ inline constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
 using CredentialLookup =
     std::function<absl::StatusOr<Credential>(const DataPlanePeer& peer)>;
 
+// Whether a peer that proved its credential may stay (room for it); an
+// error refuses it with that status.
+using Admission = std::function<absl::Status(const DataPlanePeer& peer)>;
+
 // Acceptor side. Returns the proven peer, or the reason it was refused
 // (the peer was told, and the socket is broken).
 // `capabilities`: what WELCOME tells the connector this end serves.
+// `admit`, if given, is asked once the peer's proof checks out, before
+// WELCOME.
 absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
                                               const CredentialLookup& lookup,
-                                              uint32_t capabilities = 0);
+                                              uint32_t capabilities = 0,
+                                              const Admission& admit = {});
 
 // Connector side. PermissionDenied when the acceptor refuses `me` or
 // cannot prove it knows `me`'s credential; the socket is then broken.
