@@ -160,3 +160,17 @@ def test_a_partial_sum_and_all_reduce_equal_jax_jits_sum(spread, mesh):
                       out_shardings=plexus.partial())(x4)
     total = mesh.program("all_reduce", part)(part)
     np.testing.assert_allclose(np.asarray(total), jnp.sum(x4), rtol=1e-5, atol=1e-6)
+
+
+def test_a_per_island_sum_padded_with_zeros_stays_a_sum(spread):
+    # jnp.pad's fill is an integer 0 converted to the float dtype: the
+    # conversion kept no record that it was zero, so padding the partial
+    # gradient (the elastic example's island_grad) was refused.
+    def f(x):
+        return jnp.pad(x.sum(0), (0, 3))
+
+    x = rows()
+    part = plexus.jit(f, spread, in_shardings=ROWS,
+                      out_shardings=plexus.partial())(x)
+    total = spread.program("all_reduce", part)(part)
+    np.testing.assert_allclose(np.asarray(total), jax.jit(f)(x), rtol=1e-5)

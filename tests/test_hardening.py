@@ -310,3 +310,26 @@ def test_a_connection_flood_and_dribbled_handshakes_deny_no_client(cluster):
             t.join(5)
         for sock in flood + dribbled:
             sock.close()
+
+
+def test_a_name_of_6_mib_is_refused_and_status_serves_everyone(cluster):
+    # A client name of 6 MiB made `plexus status` fail for every client
+    # and wrote 6 MiB to the server's log per connect.
+    ok = cluster.connect(name="ok")
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"a client name is at most 256 bytes; this "
+                             r"one is 6291456"):
+        cluster.connect(name="x" * (6 << 20))
+    s = ok.slice(1)
+    x = s.put(np.ones(2, np.float32))
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"a program name is at most 256 bytes"):
+        s.program("scale", x, factor=1.0, name="p" * 1000)
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"a mesh axis name is at most 256 bytes"):
+        ok.slice(1, axis_names=("a" * 300,))
+    st = cluster.status()
+    assert [c["name"] for c in st["clients"]] == ["ok"]
+    assert len(str(st)) < 100_000
+    # And the session served on.
+    np.testing.assert_array_equal(np.asarray(x), np.ones(2, np.float32))

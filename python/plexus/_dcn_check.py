@@ -288,7 +288,10 @@ def _convert(eqn, ins):
     src, dst = eqn.invars[0].aval.dtype, eqn.params["new_dtype"]
     if _inexact(src) and _inexact(dst):
         return _linear(eqn, ins)
-    return _nonlinear(eqn, ins)
+    outs = _nonlinear(eqn, ins)
+    if ins[0].zero and not outs[0].bad:
+        outs[0].zero = True  # 0 in any dtype is 0 (jnp.pad's fill, say)
+    return outs
 
 
 def _inexact(dtype):

@@ -6,6 +6,7 @@
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client_core.h"
 #include "plexus/common/donation.h"
+#include "plexus/common/names.h"
 #include "plexus/common/tls.h"
 #include "plexus/executors/builtin/kernel.h"
 
@@ -374,6 +375,8 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
     const std::shared_ptr<Slice>& slice, const std::string& name,
     const std::string& kernel_name, const Attrs& attrs,
     const std::vector<ArgSpec>& inputs) {
+  // The server refuses a longer one too; here it fails where it was made.
+  if (absl::Status s = CheckName("program name", name); !s.ok()) return s;
   const std::string what = absl::StrCat("program '", name, "'");
   if (slice == nullptr || slice->closed()) {
     return absl::FailedPreconditionError(
@@ -434,6 +437,8 @@ absl::StatusOr<std::shared_ptr<Program>> Client::CompileXla(
     const std::shared_ptr<Slice>& slice, const std::string& name,
     proto::XlaProgram xla, const std::vector<ArgSpec>& inputs,
     std::vector<ArgSpec> outputs) {
+  // The server refuses a longer one too; here it fails where it was made.
+  if (absl::Status s = CheckName("program name", name); !s.ok()) return s;
   const std::string what = absl::StrCat("program '", name, "'");
   if (slice == nullptr || slice->closed()) {
     return absl::FailedPreconditionError(

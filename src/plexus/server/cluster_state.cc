@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/common/donation.h"
+#include "plexus/common/names.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/object_store.h"  // ClientOfBuffer
@@ -59,6 +60,14 @@ std::set<uint64_t> ClusterState::MarkWorkerDown(int64_t id,
     }
   }
   return clients;
+}
+
+absl::Status ClusterState::CheckClientIdsLeft() const {
+  if (next_client_id_ < kServerClientId) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "this server has given all of its ", kServerClientId - 1,
+      " client ids (ids are never reused: a session's credential derives "
+      "from its id); restart the server to serve new sessions"));
 }
 
 ClientRecord& ClusterState::AddClient(const std::string& name,
@@ -134,6 +143,12 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   ClientRecord* client = FindClient(client_id);
   if (client == nullptr) return absl::NotFoundError("unknown client");
   const proto::ProgramDef& def = reg.program();
+  // Checked first: the messages below name the program.
+  if (absl::Status s = CheckName("program name", def.name()); !s.ok()) return s;
+  if (absl::Status s = CheckName("kernel name", def.kernel()); !s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("program '", def.name(), "': ", s.message()));
+  }
   // Program ids are buffer-style ids: they name their client. Workers keep
   // loaded programs by id, so another client's id would reach its program.
   if (ClientOfBuffer(reg.program_id()) != client_id) {

@@ -286,8 +286,17 @@ class ClusterState {
   int64_t SnapshotsIncomplete() const;
 
   // --- clients
+  // A client id is the top 24 bits of every id its client makes
+  // (kBufferIdClientShift), and the session's data-plane credential
+  // derives from it, so no id is given twice: ids run from 1 up to
+  // kServerClientId (the server's own, excluded). OK while one is left,
+  // else RESOURCE_EXHAUSTED saying so (after 16,777,214 sessions: the
+  // server must restart). AddClient needs one.
+  absl::Status CheckClientIdsLeft() const;
   ClientRecord& AddClient(const std::string& name,
                           const std::string& tenant = kDefaultTenant);
+  // The id the next client gets (tests; a server restoring its records).
+  void set_next_client_id(uint64_t id) { next_client_id_ = id; }
   ClientRecord* FindClient(uint64_t id);
   // Forgets the client and its slices; returns the workers that held any.
   std::set<int64_t> RemoveClient(uint64_t id);

@@ -190,5 +190,18 @@ TEST_F(NoSpareTest, ALossNoSpareTakesFailsWhatDependsOnItOnEverySliceAtOnce) {
   EXPECT_TRUE(state_.RouteCall(client_, call(b, Id(21), b, Id(22)), &ops).ok());
 }
 
+TEST_F(ClusterStateTest, ClientIdsAreNeverGivenTwice) {
+  // They are 24 bits of every buffer id, and a session's credential
+  // derives from its id: past the last, sessions are refused, never given
+  // the server's own id (its transfer temporaries') or a used one.
+  EXPECT_TRUE(state_.CheckClientIdsLeft().ok());
+  state_.set_next_client_id(kServerClientId - 1);
+  ASSERT_TRUE(state_.CheckClientIdsLeft().ok());
+  EXPECT_EQ(state_.AddClient("last").id, kServerClientId - 1);
+  absl::Status s = state_.CheckClientIdsLeft();
+  EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+  EXPECT_NE(s.message().find("16777214 client ids"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace plexus

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/arena.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/names.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/server/internal/server_impl.h"
@@ -21,9 +22,15 @@ grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
   if (absl::Status v =
           CheckProtocolVersion("server", "client", msg.protocol_version());
       !v.ok()) {
-    SPDLOG_WARN("refused client '{}' ({}): {}", msg.client_name(), ctx->peer(),
-                std::string(v.message()));
+    SPDLOG_WARN("refused client '{}' ({}): {}", Abbreviated(msg.client_name()),
+                ctx->peer(), std::string(v.message()));
     return grpc::Status(grpc::FAILED_PRECONDITION, std::string(v.message()));
+  }
+  if (absl::Status name = CheckName("client name", msg.client_name());
+      !name.ok()) {
+    SPDLOG_WARN("refused client ({}): {}", ctx->peer(),
+                std::string(name.message()));
+    return grpc::Status(grpc::INVALID_ARGUMENT, std::string(name.message()));
   }
   absl::StatusOr<std::string> tenant = AuthenticateTenant(msg);
   msg.clear_tenant_credential();  // verified; not kept, not shown
@@ -37,6 +44,12 @@ grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
   OutQueue<proto::ServerToClient>* out;
   {
     absl::MutexLock lock(&mu_);
+    if (absl::Status left = state_.CheckClientIdsLeft(); !left.ok()) {
+      SPDLOG_ERROR("refused client '{}' ({}): {}", msg.client_name(),
+                   ctx->peer(), std::string(left.message()));
+      return grpc::Status(grpc::RESOURCE_EXHAUSTED,
+                          std::string(left.message()));
+    }
     const ClientRecord& client = state_.AddClient(msg.client_name(), *tenant);
     id = client.id;
     {
@@ -138,7 +151,7 @@ absl::StatusOr<std::string> ServerImpl::AuthenticateTenant(
       first.tenant().empty() ? std::string(kDefaultTenant) : first.tenant();
   if (absl::Status s = CheckTenantName(tenant); !s.ok()) {
     return absl::PermissionDeniedError(
-        absl::StrCat("tenant '", tenant, "': ", s.message()));
+        absl::StrCat("tenant '", Abbreviated(tenant), "': ", s.message()));
   }
   if (!secret_.Verify(CredentialRole::kTenant, tenant,
                       reinterpret_cast<const uint8_t*>(credential.data()),

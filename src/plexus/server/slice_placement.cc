@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plexus/common/names.h"
 #include "plexus/server/cluster_state.h"
 
 namespace plexus {
@@ -97,6 +98,14 @@ absl::Status ClusterState::CheckSliceRequest(
     return absl::InvalidArgumentError(
         absl::StrCat("a slice request's timeout must not be negative, got ",
                      req.timeout_ms(), " ms"));
+  }
+  // Checked first: the messages below name them, and the slice keeps its
+  // axis names (status shows them).
+  for (const std::string& a : req.axis_names()) {
+    if (absl::Status s = CheckName("mesh axis name", a); !s.ok()) return s;
+  }
+  for (const std::string& h : req.hosts()) {
+    if (absl::Status s = CheckName("host name", h); !s.ok()) return s;
   }
   // A host that went down may come back (its name registers again); a name
   // no worker ever registered with is a mistake, not a wait.

@@ -209,8 +209,8 @@ void DataPlaneServerImpl::AcceptLoop(int listen_fd, bool is_unix) {
         next_deadline == absl::InfiniteFuture()
             ? -1
             : static_cast<int>(std::clamp<int64_t>(
-                  absl::ToInt64Milliseconds(next_deadline - absl::Now()) + 1,
-                  0, 1 << 30));
+                  absl::ToInt64Milliseconds(next_deadline - absl::Now()) + 1, 0,
+                  1 << 30));
     const int ready = poll(&p, 1, ms);
     if (stopping()) return;
     if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
@@ -304,11 +304,11 @@ absl::Status DataPlaneServerImpl::AdmitProven(uint64_t id,
   if (it == connections_.end() ||
       it->second.handshake_deadline == absl::InfiniteFuture()) {
     // Closed meanwhile (past its deadline, or pushed out by newer ones).
-    return absl::DeadlineExceededError(absl::StrCat(
-        "data-plane handshake: not completed within ",
-        absl::FormatDuration(options_.handshake_timeout),
-        " (or pushed out by ", options_.max_handshaking,
-        " newer connections still in their handshake)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("data-plane handshake: not completed within ",
+                     absl::FormatDuration(options_.handshake_timeout),
+                     " (or pushed out by ", options_.max_handshaking,
+                     " newer connections still in their handshake)"));
   }
   if (proven_ >= options_.max_connections) {
     return absl::ResourceExhaustedError(absl::StrCat(

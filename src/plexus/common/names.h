@@ -1,0 +1,27 @@
+// The strings a client names things with: its session, its programs and
+// their kernels, a slice's axes and hosts. Each is bounded, so that what
+// the server keeps, logs and shows in `plexus status` stays small whatever
+// one client sends (a client name of 6 MiB once made status fail for
+// every client and wrote 6 MiB to the log per connect).
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace plexus {
+
+inline constexpr size_t kMaxNameBytes = 256;
+
+// OK, or INVALID_ARGUMENT naming `what` ("client name", "program name")
+// and what is wrong: longer than kMaxNameBytes (its length said, the name
+// not echoed), or a control character (a byte below 0x20, or 0x7f).
+absl::Status CheckName(absl::string_view what, absl::string_view name);
+
+// `text` for a message or a log line: as it is when short (at most 64
+// bytes), else its first 64 bytes, "...", and its length.
+std::string Abbreviated(absl::string_view text);
+
+}  // namespace plexus
