@@ -201,13 +201,22 @@ bench: build
 install: setup
 	$(PYTHON) -m pip install .
 
-# `pip install .` into a fresh virtual environment, then the installed
-# `plexus` command and package drive a cluster, and an installed plexus.jit
+# `pip install .` into a fresh virtual environment, then: the installed
+# plexus-server and plexus-worker commands (console scripts that exec the
+# binaries inside the package) answer --help; a server and a worker started
+# by name from PATH serve a client and exit 0 on SIGTERM
+# (tests/installed_cluster.py, loopback, every wait bounded); the installed
+# `plexus` command and package drive a cluster; and an installed plexus.jit
 # program runs on the installed plugin (not part of `make test`: a second
-# full build of the C++ tree).
+# full build of the C++ tree; tests/test_console_scripts.py checks the
+# commands there without it).
 test-install:
 	rm -rf $(BUILD)/venv && $(PYTHON) -m venv $(BUILD)/venv
 	$(BUILD)/venv/bin/pip install -q .
+	cd $(BUILD) && env -u PYTHONPATH -u PLEXUS_BIN_DIR sh -c \
+	  'venv/bin/plexus-server --help >/dev/null && venv/bin/plexus-worker --help >/dev/null'
+	cd $(BUILD) && env -u PYTHONPATH -u PLEXUS_BIN_DIR timeout 300 \
+	  venv/bin/python $(CURDIR)/tests/installed_cluster.py venv/bin
 	cd $(BUILD) && env -u PYTHONPATH -u PLEXUS_BIN_DIR PLEXUS_STATE_DIR=$(CURDIR)/$(BUILD)/venv-state \
 	  sh -c 'venv/bin/plexus up --hosts 2 && venv/bin/plexus status && venv/bin/plexus down'
 	cd $(BUILD) && env -u PYTHONPATH -u PLEXUS_BIN_DIR venv/bin/python -c \
