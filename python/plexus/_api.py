@@ -685,8 +685,9 @@ class Slice:
 class Client:
     """The single controller's connection to a Plexus cluster."""
 
-    def __init__(self, core_client):
+    def __init__(self, core_client, address=None):
         self._core = core_client
+        self._address = address  # the server's, for why()
         self._dcn_axes = {}  # slice's first id -> its DCN axes
 
     @property
@@ -780,6 +781,22 @@ class Client:
 
     def flush(self):
         self._core.flush()
+
+    def why(self, after=1.0):
+        """Why this client's work is stuck: each call routed more than
+        `after` seconds ago (at least 1) and not done, the longest wait
+        first, as a dict with `reason` (one sentence: the chain of calls it
+        waits for and the root cause, naming the host), `blame_host`,
+        `waited_ms`, `program`, `call_id` and `root_call_id`. The server
+        follows its records (docs/ARCHITECTURE.md, "Why is it stuck");
+        `plexus why` shows every client's."""
+        if self._address is None:
+            raise RuntimeError("this client does not know its server's "
+                               "address")
+        st = _decode_status(_core.cluster_status(self._address))
+        return [e for e in st.get("why", [])
+                if int(e.get("client_id", 0)) == self.id
+                and int(e.get("waited_ms", 0)) >= after * 1000]
 
     def snapshot(self, tree):
         """Asks for an in-memory copy of every future in the pytree on
@@ -881,7 +898,8 @@ def connect(address=None, name="python", shared_memory=True,
     return Client(_core.Client.connect(
         address, name, shared_memory, sequential_dispatch,
         tenant=tenant or "", tenant_token=token or "", secret_hex=secret,
-        tls_ca=tls_ca or "", reconnect_timeout=float(reconnect_timeout)))
+        tls_ca=tls_ca or "", reconnect_timeout=float(reconnect_timeout)),
+        address)
 
 
 def _int64_fields(obj):
@@ -909,6 +927,9 @@ def _decode_status(text):
             d["host_name"] = str(d.get("host_name", ""))
     for p in st.get("pending_slices", []):
         p["waiting_for"] = str(p.get("waiting_for", ""))
+    for e in st.get("why", []):
+        for k in ("program", "reason", "blame_host"):
+            e[k] = str(e.get(k, ""))
     return st
 
 

@@ -236,7 +236,7 @@ class LocalCluster:
         from ._api import Client
         client = Client(_core.Client.connect(
             self.address, name, shared_memory, sequential_dispatch,
-            tenant=tenant or "", secret_hex=self._secret))
+            tenant=tenant or "", secret_hex=self._secret), self.address)
         self._clients.append(client)
         return client
 

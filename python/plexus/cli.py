@@ -230,6 +230,27 @@ def cmd_status(args):
     return 0
 
 
+def cmd_why(args):
+    """Every call that has waited longer than --after seconds, with the
+    root of its wait (the server follows its records: server/why.h)."""
+    address = args.address or current_address()
+    from ._api import _decode_status
+    st = _decode_status(_core.cluster_status(address))
+    names = {c["client_id"]: c["name"] for c in st.get("clients", [])}
+    why = [e for e in st.get("why", [])
+           if e.get("waited_ms", 0) >= args.after * 1000]
+    if args.json:
+        print(json.dumps(why, indent=2))
+        return 0
+    if not why:
+        print(f"nothing has waited longer than {args.after:g} s")
+        return 0
+    for e in why:
+        client = names.get(e.get("client_id"), e.get("client_id"))
+        print(f"client {e.get('client_id')} ({client}): {e['reason']}")
+    return 0
+
+
 def cmd_wait(args):
     """Waits until the server at --address answers and --workers workers are
     up; exit 0, or 1 after --timeout saying what it saw. For scripts that
@@ -333,6 +354,14 @@ def main(argv=None):
     st.add_argument("--address")
     st.add_argument("--json", action="store_true")
     st.set_defaults(fn=cmd_status)
+    why = sub.add_parser("why", help="why is it stuck: each call waiting "
+                                     "longer than --after, and its root cause")
+    why.add_argument("--address")
+    why.add_argument("--after", type=float, default=1.0,
+                     help="seconds (at least 1: the server lists no shorter "
+                          "waits)")
+    why.add_argument("--json", action="store_true")
+    why.set_defaults(fn=cmd_why)
     wait = sub.add_parser("wait", help="wait until a server and N workers are up")
     wait.add_argument("--address")
     wait.add_argument("--workers", type=int, default=1)
@@ -347,7 +376,7 @@ def main(argv=None):
                        help="the cluster secret (default: "
                             "$PLEXUS_CLUSTER_SECRET, else `plexus up`'s)")
     token.set_defaults(fn=cmd_token)
-    for cmd in (st, wait, down):
+    for cmd in (st, why, wait, down):
         cmd.add_argument("--tls-ca",
                          help="CA file of the server's TLS certificate "
                               "(default: $PLEXUS_TLS_CA)")

@@ -180,7 +180,7 @@ class RayCluster:
         c = Client(_core.Client.connect(
             self.address, name, shared_memory, sequential_dispatch,
             tenant=tenant or "", secret_hex=self._secret,
-            tls_ca=self._tls_ca or ""))
+            tls_ca=self._tls_ca or ""), self.address)
         self._clients.append(c)
         return c
 

@@ -85,6 +85,11 @@ ClientRecord* ClusterState::FindClient(uint64_t id) {
   return it == clients_.end() ? nullptr : &it->second;
 }
 
+const ClientRecord* ClusterState::FindClient(uint64_t id) const {
+  auto it = clients_.find(id);
+  return it == clients_.end() ? nullptr : &it->second;
+}
+
 std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   std::set<int64_t> touched;
   ClientRecord* c = FindClient(id);

@@ -298,6 +298,15 @@ class ClusterState {
   // The id the next client gets (tests; a server restoring its records).
   void set_next_client_id(uint64_t id) { next_client_id_ = id; }
   ClientRecord* FindClient(uint64_t id);
+  const ClientRecord* FindClient(uint64_t id) const;
+  // The time calls routed from now on record (CallRecord.routed): the
+  // server sets it once per batch, from its clock.
+  void set_now(absl::Time now) { now_ = now; }
+  // Why a buffer was lost (its reads fail with this), or null.
+  const absl::Status* LostStatus(uint64_t buffer_id) const {
+    auto it = lost_.find(buffer_id);
+    return it == lost_.end() ? nullptr : &it->second;
+  }
   // Forgets the client and its slices; returns the workers that held any.
   std::set<int64_t> RemoveClient(uint64_t id);
   const std::map<uint64_t, ClientRecord>& clients() const { return clients_; }
@@ -465,6 +474,7 @@ class ClusterState {
   std::deque<AwaitedLoss> awaited_;          // oldest first
   int64_t next_worker_id_ = 1;
   uint64_t next_client_id_ = 1;
+  absl::Time now_ = absl::InfinitePast();  // set_now
   uint64_t next_slice_id_ = 1;
   uint64_t next_transfer_ = 1;
   int64_t calls_routed_ = 0;

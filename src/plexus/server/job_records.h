@@ -33,6 +33,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
@@ -80,6 +81,7 @@ struct CallRecord {
   // are no copies that the loss of that host would spare.
   bool one_host = false;
   int live_outputs = 0;  // outputs whose records live
+  absl::Time routed;     // ClusterState::set_now when it was routed (why.h)
 
   // The call as its client would send it (recovery routes it again).
   proto::Call ToCall() const;

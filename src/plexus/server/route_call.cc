@@ -182,6 +182,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   call_record.slice_id = call.slice_id();
   call_record.program_id = call.program_id();
   call_record.one_host = OnOneHost(slice);
+  call_record.routed = now_;
   call_record.inputs.reserve(call.inputs_size());
   call_record.output_ids.assign(call.output_ids().begin(),
                                 call.output_ids().end());

@@ -198,6 +198,7 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   proto::ServerToClient reply;
   bool last_was_release = false;
   bool released_slice = false;  // room under max_devices for waiters
+  bool clock_read = false;      // once per batch, at its first call
   for (const proto::ClientOp& op : msg.ops()) {
     // Releases commute with each other: consecutive ones share a unit, so
     // each worker gets them as one op.
@@ -238,6 +239,10 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
         break;
       }
       case proto::ClientOp::kCall: {
+        if (!clock_read) {
+          state_.set_now(options_.clock->Now());
+          clock_read = true;
+        }
         absl::Status s = state_.RouteCall(id, op.call(), &ops, &seqs.back());
         if (!s.ok()) {
           proto::CallError* e = reply.add_errors();

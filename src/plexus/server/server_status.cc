@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/server/internal/server_impl.h"
+#include "plexus/server/why.h"
 
 namespace plexus {
 
@@ -108,6 +109,15 @@ grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
   status->mutable_recovery()->set_buffer_records(
       static_cast<int64_t>(state_.records().buffers().size()));
   const absl::Time now = options_.clock->Now();
+  WhyOptions why;
+  why.now = now;
+  if (request->why_after_ms() > 0) {
+    why.after = absl::Milliseconds(request->why_after_ms());
+  }
+  why.silent_after = options_.heartbeat_timeout * 3 / 10;
+  for (proto::WhyEntry& e : ExplainWaits(state_, why)) {
+    *status->add_why() = std::move(e);
+  }
   for (size_t i = 0; i < state_.pending_slices().size(); ++i) {
     const PendingSlice& p = state_.pending_slices()[i];
     auto* ps = status->add_pending_slices();

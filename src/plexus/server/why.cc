@@ -1,0 +1,150 @@
+#include "plexus/server/why.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace plexus {
+namespace {
+
+// A chain longer than this is cut (records form no cycle, but a bound
+// keeps one status request cheap whatever the job).
+constexpr int kMaxChain = 256;
+
+std::string ProgramName(const ClusterState& state, const CallRecord& call) {
+  const ClientRecord* client = state.FindClient(call.client_id);
+  if (client != nullptr) {
+    auto it = client->programs.find(call.program_id);
+    if (it != client->programs.end()) return it->second.def.name();
+  }
+  return absl::StrCat("program ", call.program_id);
+}
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrCat(absl::ToInt64Milliseconds(d) / 100 / 10.0, " s");
+}
+
+struct Root {
+  std::string reason;
+  std::string blame_host;
+};
+
+// Why `call`, whose inputs are all made (or lost), has not finished.
+Root RootCause(const ClusterState& state, const CallRecord& call,
+               const WhyOptions& options) {
+  auto slice = state.slices().find(call.slice_id);
+  if (slice == state.slices().end()) {
+    return {absl::StrCat("its slice ", call.slice_id,
+                         " was released (the calls on it still run)"),
+            ""};
+  }
+  const SliceRecord& s = slice->second;
+  if (!s.broken.empty()) {
+    return {absl::StrCat("its slice ", call.slice_id, " is broken: ", s.broken),
+            ""};
+  }
+  if (!s.awaiting.empty()) {
+    return {absl::StrCat("its slice ", call.slice_id,
+                         " waits for a host to take a lost one's place (",
+                         s.awaiting, "), ",
+                         Seconds(s.awaiting_until - options.now), " left"),
+            ""};
+  }
+  std::set<std::string> hosts;
+  for (const DeviceRef& d : s.devices) {
+    auto w = state.workers().find(d.worker_id);
+    if (w == state.workers().end()) continue;
+    const WorkerRecord& worker = w->second;
+    const std::string& host = worker.info.host_name();
+    if (!worker.alive) {
+      return {absl::StrCat("host ", host, " (worker ", worker.id,
+                           ") was lost: ", worker.down_reason),
+              host};
+    }
+    const absl::Duration silent = options.now - worker.last_heartbeat;
+    if (silent > options.silent_after) {
+      return {
+          absl::StrCat("host ", host, " (worker ", worker.id, ", pid ",
+                       worker.info.pid(), ") has sent no heartbeat for ",
+                       absl::ToInt64Milliseconds(silent),
+                       " ms: its process is stopped (SIGSTOP) or hung, and is "
+                       "declared lost once the heartbeat timeout passes"),
+          host};
+    }
+    hosts.insert(host);
+  }
+  const std::string where = absl::StrJoin(hosts, ", ");
+  return {absl::StrCat("it is running, or queued behind earlier calls, on ",
+                       hosts.size() == 1 ? "host " : "hosts ", where,
+                       ", which answer (routed ",
+                       Seconds(options.now - call.routed), " ago)"),
+          hosts.empty() ? "" : *hosts.begin()};
+}
+
+}  // namespace
+
+std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
+                                          const WhyOptions& options) {
+  const JobRecords& records = state.records();
+  std::vector<proto::WhyEntry> entries;
+  for (const auto& [seq, call] : records.calls()) {
+    if (call.done || call.routed == absl::InfinitePast()) continue;
+    const absl::Duration waited = options.now - call.routed;
+    if (waited < options.after) continue;
+    proto::WhyEntry e;
+    e.set_client_id(call.client_id);
+    e.set_call_id(call.call_id);
+    e.set_program(ProgramName(state, call));
+    e.set_waited_ms(absl::ToInt64Milliseconds(waited));
+    // Follow the first input not yet made to the call that makes it.
+    const CallRecord* at = &call;
+    std::string chain;
+    std::string lost;
+    for (int depth = 0; depth < kMaxChain && lost.empty(); ++depth) {
+      const CallRecord* next = nullptr;
+      for (const CallInput& in : at->inputs) {
+        if (const absl::Status* why = state.LostStatus(in.buffer_id)) {
+          lost = absl::StrCat("its input buffer ", in.buffer_id,
+                              " was lost: ", why->message());
+          break;
+        }
+        const BufferRecord* b = records.FindBuffer(in.buffer_id);
+        if (b == nullptr || b->producer == 0) continue;
+        const CallRecord* producer = records.calls().Find(b->producer);
+        if (producer != nullptr && !producer->done) {
+          next = producer;
+          break;
+        }
+      }
+      if (next == nullptr) break;
+      absl::StrAppend(&chain, chain.empty() ? "" : ", which waits for ",
+                      "call ", next->call_id, " ('", ProgramName(state, *next),
+                      "')");
+      at = next;
+    }
+    Root root = lost.empty() ? RootCause(state, *at, options) : Root{lost, ""};
+    e.set_root_call_id(at->call_id);
+    e.set_blame_host(root.blame_host);
+    e.set_reason(
+        chain.empty()
+            ? absl::StrCat("call ", call.call_id, " ('", e.program(),
+                           "') has waited ", Seconds(waited), ": ", root.reason)
+            : absl::StrCat("call ", call.call_id, " ('", e.program(),
+                           "') has waited ", Seconds(waited),
+                           " for its input from ", chain, "; ", root.reason));
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const proto::WhyEntry& a, const proto::WhyEntry& b) {
+              return a.waited_ms() > b.waited_ms();
+            });
+  if (static_cast<int>(entries.size()) > options.max_entries) {
+    entries.resize(options.max_entries);
+  }
+  return entries;
+}
+
+}  // namespace plexus

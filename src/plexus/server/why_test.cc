@@ -1,0 +1,110 @@
+// Why is it stuck (server/why.h), driven on ClusterState directly: a chain
+// of calls over two hosts, the root's host silent, lost, or answering.
+#include "plexus/server/why.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plexus/server/cluster_state_test_util.h"
+#include "plexus/server/recovery_test_util.h"
+
+namespace plexus {
+namespace {
+
+using ::testing::HasSubstr;
+
+class WhyTest : public ClusterStateTest {
+ protected:
+  void SetUp() override {
+    ClusterStateTest::SetUp();
+    proto::SliceRequest req;
+    req.set_num_devices(1);
+    req.add_hosts("host0");
+    a_ = state_.CreateSlice(client_, req)->slice_id();
+    req.set_hosts(0, "host1");
+    b_ = state_.CreateSlice(client_, req)->slice_id();
+    Register(Id(1), "scale", kReplicated, kReplicated);
+    proto::PutDecl put;
+    put.set_buffer_id(Id(10));
+    put.set_slice_id(a_);
+    *put.mutable_arg() = ToProto(kReplicated);
+    WorkerOps ops;
+    ASSERT_TRUE(state_.RoutePut(client_, put, &ops).ok());
+    // Y = scale(X) on host0, Z = scale(Y) on host1; neither done.
+    state_.set_now(start_);
+    ASSERT_TRUE(
+        state_.RouteCall(client_, Call(a_, Id(10), a_, Id(11)), &ops).ok());
+    ASSERT_TRUE(
+        state_.RouteCall(client_, Call(b_, Id(11), a_, Id(12)), &ops).ok());
+    for (auto& [id, w] : state_.workers()) Worker(id)->last_heartbeat = now_;
+  }
+  proto::Call Call(uint64_t slice, uint64_t in, uint64_t in_slice,
+                   uint64_t out) {
+    proto::Call c;
+    c.set_call_id(out);
+    c.set_slice_id(slice);
+    c.set_program_id(Id(1));
+    auto* i = c.add_inputs();
+    i->set_buffer_id(in);
+    i->set_slice_id(in_slice);
+    *i->mutable_arg() = ToProto(kReplicated);
+    c.add_output_ids(out);
+    return c;
+  }
+  WorkerRecord* Worker(int64_t id) { return state_.FindWorker(id); }
+  std::vector<proto::WhyEntry> Why() {
+    WhyOptions options;
+    options.now = now_;
+    return ExplainWaits(state_, options);
+  }
+
+  const absl::Time start_ = absl::FromUnixSeconds(1000);
+  const absl::Time now_ = start_ + absl::Seconds(5);
+  uint64_t a_ = 0;
+  uint64_t b_ = 0;
+};
+
+TEST_F(WhyTest, AConsumerIsFollowedToTheCallItWaitsFor) {
+  std::vector<proto::WhyEntry> why = Why();
+  ASSERT_EQ(why.size(), 2u);
+  const proto::WhyEntry* z = why[0].call_id() == Id(12) ? &why[0] : &why[1];
+  EXPECT_EQ(z->waited_ms(), 5000);
+  EXPECT_EQ(z->root_call_id(), Id(11));
+  EXPECT_EQ(z->blame_host(), "host0");
+  EXPECT_THAT(z->reason(),
+              HasSubstr("has waited 5 s for its input from call "));
+  EXPECT_THAT(z->reason(), HasSubstr("running, or queued behind earlier calls, "
+                                     "on host host0"));
+}
+
+TEST_F(WhyTest, ASilentHostIsNamedWithItsPid) {
+  Worker(1)->last_heartbeat = now_ - absl::Seconds(2);
+  for (const proto::WhyEntry& e : Why()) {
+    EXPECT_EQ(e.blame_host(), "host0");
+    EXPECT_THAT(e.reason(), HasSubstr("host host0 (worker 1, pid "));
+    EXPECT_THAT(e.reason(), HasSubstr("has sent no heartbeat for 2000 ms"));
+  }
+}
+
+TEST_F(WhyTest, ALostInputIsTheRoot) {
+  WorkerLoss loss = state_.LoseWorker(1, "killed [host host0, pid 7]");
+  state_.LoseOnBrokenSlices(client_, loss);
+  int explained = 0;
+  for (const proto::WhyEntry& e : Why()) {
+    if (e.call_id() != Id(12)) continue;
+    ++explained;
+    EXPECT_THAT(e.reason(), HasSubstr("was lost"));
+    EXPECT_THAT(e.reason(), HasSubstr("host0"));
+  }
+  EXPECT_EQ(explained, 1);
+}
+
+TEST_F(WhyTest, AShortWaitAndADoneCallAreNotListed) {
+  WhyOptions options;
+  options.now = start_ + absl::Milliseconds(500);
+  EXPECT_TRUE(ExplainWaits(state_, options).empty());
+}
+
+}  // namespace
+}  // namespace plexus

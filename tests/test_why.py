@@ -1,0 +1,81 @@
+"""Why is it stuck: a job hung on purpose, and `client.why()` / `plexus why`
+name the root cause, the host and the call chain (server/why.h)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import plexus
+from conftest import PLEXUS_PYTHONPATH
+
+WAIT_S = 30
+
+
+def poll_why(client, pred, what):
+    """client.why() once an entry satisfies `pred`; bounded in time."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        why = client.why()
+        hit = [e for e in why if pred(e)]
+        if hit:
+            return hit[0], why
+        assert time.monotonic() < deadline, f"no why entry for {what}: {why}"
+        time.sleep(0.05)
+
+
+def chain_across_two_hosts(cluster, sleep_micros):
+    c = cluster.connect(name="stuck")
+    a = c.slice(1, hosts=["host0"])
+    b = c.slice(1, hosts=["host1"])
+    x = a.put(np.arange(4, dtype=np.float32))
+    slow = a.program("device_sleep", x, micros=sleep_micros, name="slow_step")
+    g = b.program("scale", x, factor=2.0, name="consumer")
+    z = g(slow(x))
+    return c, z, (a, b)  # the slices stay held while the test reads why
+
+
+def test_a_consumer_waiting_on_a_long_call_names_it_and_its_host():
+    with plexus.local(hosts=2) as cluster:
+        c, z, slices = chain_across_two_hosts(cluster, 4_000_000)
+        e, why = poll_why(c, lambda e: e["program"] == "consumer",
+                          "the consumer")
+        assert "for its input from call" in e["reason"], e
+        assert "'slow_step'" in e["reason"], e
+        assert "on host host0" in e["reason"], e
+        assert e["blame_host"] == "host0", e
+        # The CLI says the same, for every client.
+        out = subprocess.run(
+            [sys.executable, "-m", "plexus", "why", "--address",
+             cluster.address], capture_output=True, text=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": PLEXUS_PYTHONPATH})
+        assert out.returncode == 0, out.stderr
+        assert "(stuck): call" in out.stdout and "'slow_step'" in out.stdout, \
+            out.stdout
+        plexus.wait(z, timeout=WAIT_S)
+
+
+def test_a_stopped_host_is_named_before_it_is_declared_lost():
+    # A long heartbeat timeout: the host stays stopped, not yet lost, while
+    # the consumer waits on it.
+    with plexus.local(hosts=2, heartbeat_timeout_ms=20_000) as cluster:
+        c, z, slices = chain_across_two_hosts(cluster, 2_000_000)
+        pid = next(int(w["pid"]) for w in cluster.status()["workers"]
+                   if w["host_name"] == "host0")
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            e, _ = poll_why(c, lambda e: e["program"] == "consumer" and
+                            "no heartbeat" in e["reason"], "the stopped host")
+            assert f"host host0 (worker" in e["reason"], e
+            assert f"pid {pid})" in e["reason"], e
+            assert "stopped (SIGSTOP) or hung" in e["reason"], e
+            assert e["blame_host"] == "host0", e
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # Once it runs again, the chain completes.
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(z, timeout=WAIT_S)),
+            2 * np.arange(4, dtype=np.float32))
