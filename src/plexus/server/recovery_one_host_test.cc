@@ -142,16 +142,7 @@ TEST_F(NoSpareTest, ALossNoSpareTakesFailsWhatDependsOnItOnEverySliceAtOnce) {
   Register(Id(1), "scale", kReplicated, kReplicated);
   auto call = [&](uint64_t slice, uint64_t in, uint64_t in_slice,
                   uint64_t out) {
-    proto::Call c;
-    c.set_call_id(out);
-    c.set_slice_id(slice);
-    c.set_program_id(Id(1));
-    auto* i = c.add_inputs();
-    i->set_buffer_id(in);
-    i->set_slice_id(in_slice);
-    *i->mutable_arg() = ToProto(kReplicated);
-    c.add_output_ids(out);
-    return c;
+    return OneInputCall(Id(1), slice, in, in_slice, out);
   };
   proto::PutDecl put;
   put.set_buffer_id(Id(10));

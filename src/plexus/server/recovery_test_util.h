@@ -20,6 +20,23 @@ namespace plexus {
 
 inline const TensorSpec kVector{DType::kF32, {8}};
 inline const ArgSpec kReplicated{kVector, Sharding::Replicated()};
+
+// Call `output` (its call id too) of `program` on `slice`, reading
+// replicated `input` of `input_slice`, making replicated `output`.
+inline proto::Call OneInputCall(uint64_t program, uint64_t slice,
+                                uint64_t input, uint64_t input_slice,
+                                uint64_t output) {
+  proto::Call call;
+  call.set_call_id(output);
+  call.set_slice_id(slice);
+  call.set_program_id(program);
+  auto* in = call.add_inputs();
+  in->set_buffer_id(input);
+  in->set_slice_id(input_slice);
+  *in->mutable_arg() = ToProto(kReplicated);
+  call.add_output_ids(output);
+  return call;
+}
 inline const ArgSpec kSplit{kVector, Sharding::Split(0)};
 
 // --- ClusterState: host0 and host1 (workers 1 and 2, two devices each)

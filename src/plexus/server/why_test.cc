@@ -41,16 +41,7 @@ class WhyTest : public ClusterStateTest {
   }
   proto::Call Call(uint64_t slice, uint64_t in, uint64_t in_slice,
                    uint64_t out) {
-    proto::Call c;
-    c.set_call_id(out);
-    c.set_slice_id(slice);
-    c.set_program_id(Id(1));
-    auto* i = c.add_inputs();
-    i->set_buffer_id(in);
-    i->set_slice_id(in_slice);
-    *i->mutable_arg() = ToProto(kReplicated);
-    c.add_output_ids(out);
-    return c;
+    return OneInputCall(Id(1), slice, in, in_slice, out);
   }
   WorkerRecord* Worker(int64_t id) { return state_.FindWorker(id); }
   std::vector<proto::WhyEntry> Why() {
