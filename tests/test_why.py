@@ -79,3 +79,37 @@ def test_a_stopped_host_is_named_before_it_is_declared_lost():
         np.testing.assert_array_equal(
             np.asarray(plexus.wait(z, timeout=WAIT_S)),
             2 * np.arange(4, dtype=np.float32))
+
+
+def test_a_slice_request_waiting_for_capacity_is_listed():
+    # Two hosts of one device: two devices on one host can come only from a
+    # host that joins, so the request waits (up to its timeout).
+    with plexus.local(hosts=2) as cluster:
+        c = cluster.connect(name="greedy")
+        errors = []
+
+        def ask():
+            try:
+                c.slice(2, placement="one_host", timeout=WAIT_S)
+            except plexus.PlexusError as e:
+                errors.append(e)
+
+        import threading
+        t = threading.Thread(target=ask)
+        t.start()
+        try:
+            cluster.wait_until(
+                lambda st: any(p.get("waited_ms", 0) >= 1000
+                               for p in st.get("pending_slices", [])),
+                timeout=WAIT_S, what="the request waiting for 1 s")
+            out = subprocess.run(
+                [sys.executable, "-m", "plexus", "why", "--address",
+                 cluster.address], capture_output=True, text=True,
+                timeout=60, env={**os.environ, "PYTHONPATH": PLEXUS_PYTHONPATH})
+            assert out.returncode == 0, out.stderr
+            assert "(greedy): a slice request for 2 device(s) has waited" \
+                in out.stdout, out.stdout
+            assert "on one host" in out.stdout, out.stdout
+        finally:
+            c.close()  # ends the wait
+            t.join(WAIT_S)

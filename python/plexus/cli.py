@@ -239,15 +239,31 @@ def cmd_why(args):
     names = {c["client_id"]: c["name"] for c in st.get("clients", [])}
     why = [e for e in st.get("why", [])
            if e.get("waited_ms", 0) >= args.after * 1000]
+    # Slice requests waiting for capacity, and slices waiting for a host
+    # to take a lost one's place: what their clients' work waits on too.
+    lines = []
+    for p in st.get("pending_slices", []):
+        if p.get("waited_ms", 0) >= args.after * 1000:
+            lines.append((p.get("client_id"), (
+                f"a slice request for {p.get('num_devices')} device(s) has "
+                f"waited {p.get('waited_ms', 0) / 1000:.1f} s "
+                f"({p.get('left_ms', 0) / 1000:.1f} s left): waiting for "
+                f"{p.get('waiting_for')}")))
+    for s in st.get("slices", []):
+        if s.get("awaiting"):
+            lines.append((s.get("client_id"), (
+                f"slice {s.get('slice_id')} waits for a host to take a lost "
+                f"one's place ({s['awaiting']}), "
+                f"{s.get('awaiting_left_ms', 0) / 1000:.1f} s left")))
+    lines += [(e.get("client_id"), e["reason"]) for e in why]
     if args.json:
         print(json.dumps(why, indent=2))
         return 0
-    if not why:
+    if not lines:
         print(f"nothing has waited longer than {args.after:g} s")
         return 0
-    for e in why:
-        client = names.get(e.get("client_id"), e.get("client_id"))
-        print(f"client {e.get('client_id')} ({client}): {e['reason']}")
+    for client_id, line in lines:
+        print(f"client {client_id} ({names.get(client_id, '?')}): {line}")
     return 0
 
 
