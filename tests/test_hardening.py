@@ -299,6 +299,8 @@ def test_a_connection_flood_and_dribbled_handshakes_deny_no_client(cluster):
                 got = np.asarray(plexus.wait(s.put(x), timeout=5.0))
                 times.append(time.monotonic() - start)
                 np.testing.assert_array_equal(got, x)
+        print("put+fetch under the flood, ms:",
+              [round(t * 1000, 1) for t in times])
         assert max(times) < 1.0, times
         # The flood holds a bounded set of the worker's threads (256
         # handshakes at most), not one per connection.
