@@ -113,3 +113,14 @@ def test_a_slice_request_waiting_for_capacity_is_listed():
         finally:
             c.close()  # ends the wait
             t.join(WAIT_S)
+
+
+def test_a_wait_that_reaches_its_deadline_says_what_it_waits_on():
+    with plexus.local(hosts=2) as cluster:
+        c, z, slices = chain_across_two_hosts(cluster, 4_000_000)
+        with pytest.raises(plexus.DeadlineExceededError) as e:
+            plexus.wait(z, timeout=1.5)
+        assert "The server says: call" in str(e.value), e.value
+        assert "'slow_step'" in str(e.value), e.value
+        assert "host host0" in str(e.value), e.value
+        plexus.wait(z, timeout=WAIT_S)

@@ -456,8 +456,27 @@ def wait(futures, timeout=None):
     import time
     deadline = time.monotonic() + timeout
     for client, fs in by_client.values():
-        client._core.wait_many(fs, max(0.0, deadline - time.monotonic()))
+        try:
+            client._core.wait_many(fs, max(0.0, deadline - time.monotonic()))
+        except _core.DeadlineExceededError as e:
+            raise _core.DeadlineExceededError(
+                f"{e}{_why_suffix(client)}") from None
     return futures
+
+
+def _why_suffix(client):
+    """What the server says this client's longest waits wait on (client.why),
+    for the message of a wait that reached its deadline; empty if it says
+    nothing or cannot be asked."""
+    try:
+        why = client.why()
+    except Exception:  # noqa: BLE001 - the deadline error stands on its own
+        return ""
+    if not why:
+        return ""
+    shown = "; ".join(e["reason"] for e in why[:3])
+    more = f" (and {len(why) - 3} more: client.why())" if len(why) > 3 else ""
+    return f". The server says: {shown}{more}"
 
 
 def block_until_ready(tree):
