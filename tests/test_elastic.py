@@ -6,12 +6,14 @@ again), so the client's futures read the values a failure-free run gives;
 without one, the values that depended on it raise DeviceLostError."""
 import os
 import signal
+import subprocess
 import time
 
 import numpy as np
 import pytest
 
 import plexus
+import plexus._binaries
 WAIT_S = 30
 
 
@@ -276,18 +278,45 @@ def doubled(cluster, n):
 
 
 def test_a_slice_whose_host_is_lost_while_no_spare_is_free_waits_for_one():
-    # The spare and a host of the slice die together. When the host's loss
-    # is handled no spare is free (the spare is dead, or was taken and is
-    # lost next), so the slice waits for a host rather than breaking: the
-    # embedded cluster's replacements join within the wait, and the job
-    # goes on on the new map with the values a failure-free run gives.
-    with plexus.local(hosts=2, spare=1) as cluster:
+    # A host of the slice dies while the only spare is stopped: the host's
+    # loss takes the spare (it still counts as alive), and when the spare
+    # is declared lost in turn no spare is free, so the slice waits for a
+    # host rather than breaking. One that joins within the wait (started
+    # here) takes its place, and the job goes on on the new map with the
+    # values a failure-free run gives. The embedded cluster may replace
+    # one worker a minute, and has replaced the first spare already: with
+    # its replacements free to join, one sometimes joined before the
+    # host's loss was handled and took the slice at once (no wait).
+    with plexus.local(hosts=2, spare=1,
+                      max_restarts_per_minute=1) as cluster:
         s, x, double, y = doubled(cluster, 2)
-        os.kill(int(spare_of(cluster)["pid"]), signal.SIGKILL)
-        kill_host(cluster, s.devices[1]["host"])
-        z = double(y)  # its batch waits at the server for the new map
-        np.testing.assert_array_equal(np.asarray(z), 4 * np.arange(4))
-        np.testing.assert_array_equal(np.asarray(x), np.arange(4))
+        first = int(spare_of(cluster)["pid"])
+        os.kill(first, signal.SIGKILL)
+        spare = wait_until(
+            cluster, "the spare's replacement",
+            lambda st: any(w["alive"] and w.get("spare") and
+                           int(w["pid"]) != first for w in st["workers"]))
+        spare_pid = next(int(w["pid"]) for w in spare["workers"]
+                         if w["alive"] and w.get("spare"))
+        host_pid = next(int(w["pid"]) for w in spare["workers"]
+                        if w["alive"] and w["host_name"] == s.devices[1]["host"])
+        os.kill(spare_pid, signal.SIGSTOP)
+        os.kill(host_pid, signal.SIGKILL)
+        worker = None
+        try:
+            wait_until(cluster, "the slice waiting for a host",
+                       lambda st: slice_of(st, s).get("awaiting"))
+            worker = subprocess.Popen(
+                [str(plexus._binaries.bin_dir() / "plexus-worker"),
+                 "--server", cluster.address, "--devices", "1",
+                 "--host-name", "joiner", "--die-with-parent"],
+                env={**os.environ, "PLEXUS_CLUSTER_SECRET": cluster._secret},
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            z = double(y)  # its batch waits at the server for the new map
+            np.testing.assert_array_equal(np.asarray(z), 4 * np.arange(4))
+            np.testing.assert_array_equal(np.asarray(x), np.arange(4))
+        finally:
+            os.kill(spare_pid, signal.SIGKILL)  # stopped: fenced, then gone
         r = counters(cluster)
         assert r.get("losses_awaited", 0) >= 1, r
         assert r.get("losses_resumed", 0) == r["losses_awaited"], r
@@ -297,6 +326,8 @@ def test_a_slice_whose_host_is_lost_while_no_spare_is_free_waits_for_one():
         # The slice goes on: a new value, a new call.
         v = s.put(np.full(4, 3, np.float32), plexus.P("devices"))
         np.testing.assert_array_equal(np.asarray(double(v)), np.full(4, 6))
+    # The server's shutdown ended the joiner's session.
+    assert worker.wait(timeout=WAIT_S) == 0
 
 
 def test_a_slice_that_waits_in_vain_for_a_host_breaks_at_its_deadline():
