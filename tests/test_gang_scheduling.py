@@ -54,6 +54,7 @@ def run_opposite_collectives(cluster, deadline_s):
 
 def test_gang_scheduler_runs_opposite_collectives_to_completion(tmp_path):
     with plexus.local(hosts=2, devices_per_host=1, scheduler="gang",
+                      heartbeat_timeout_ms=20_000,
                       log_file=str(tmp_path / "log")) as cluster:
         results = run_opposite_collectives(cluster, deadline_s=30)
         assert results is not None, "collectives hung under the gang scheduler"
@@ -65,7 +66,12 @@ def test_gang_scheduler_runs_opposite_collectives_to_completion(tmp_path):
 
 
 def test_without_the_scheduler_opposite_collectives_deadlock(tmp_path):
+    # A 20 s heartbeat timeout: the test is about the deadlock, and a
+    # stall of the loaded machine (both workers once went silent for ~1 s)
+    # must not have a host declared lost, whose values now fail their
+    # futures at once, within the 5 s the clients are given.
     with plexus.local(hosts=2, devices_per_host=1, scheduler="none",
+                      heartbeat_timeout_ms=20_000,
                       log_file=str(tmp_path / "log")) as cluster:
         assert cluster.status()["scheduler"] == "none (test only)"
         results = run_opposite_collectives(cluster, deadline_s=5)
