@@ -16,12 +16,17 @@ from dataplane import (ERROR, FETCH, PUSH, PUT, connect, connect_as, frame,
                        read_reply)
 
 
-def rss_kib(pid):
+def proc_status(pid, field):
+    """The number after `field:` in /proc/PID/status."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def rss_kib(pid):
+    return proc_status(pid, "VmRSS")
 
 
 def worker_alive(pid):
@@ -233,11 +238,7 @@ def test_a_buffer_id_opens_nothing_without_its_clients_credential(
 
 
 def threads_of(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Threads:"):
-                return int(line.split()[1])
-    raise AssertionError("no Threads")
+    return proc_status(pid, "Threads")
 
 
 def test_a_connection_flood_and_dribbled_handshakes_deny_no_client(cluster):

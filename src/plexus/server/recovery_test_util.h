@@ -21,19 +21,21 @@ namespace plexus {
 inline const TensorSpec kVector{DType::kF32, {8}};
 inline const ArgSpec kReplicated{kVector, Sharding::Replicated()};
 
-// Call `output` (its call id too) of `program` on `slice`, reading
-// replicated `input` of `input_slice`, making replicated `output`.
+// Call `call_id` of `program` on `slice`, reading `input` of
+// `input_slice` laid out as `input_spec`, making `output`.
 inline proto::Call OneInputCall(uint64_t program, uint64_t slice,
                                 uint64_t input, uint64_t input_slice,
-                                uint64_t output) {
+                                uint64_t output,
+                                const ArgSpec& input_spec = kReplicated,
+                                uint64_t call_id = 0) {
   proto::Call call;
-  call.set_call_id(output);
+  call.set_call_id(call_id != 0 ? call_id : output);
   call.set_slice_id(slice);
   call.set_program_id(program);
   auto* in = call.add_inputs();
   in->set_buffer_id(input);
   in->set_slice_id(input_slice);
-  *in->mutable_arg() = ToProto(kReplicated);
+  *in->mutable_arg() = ToProto(input_spec);
   call.add_output_ids(output);
   return call;
 }
@@ -76,16 +78,8 @@ class RecoveryTest : public ClusterStateTest {
   }
   proto::Call MakeCall(uint64_t program, uint64_t slice, uint64_t input,
                        const ArgSpec& input_spec, uint64_t output) {
-    proto::Call call;
-    call.set_call_id(Id(next_call_++));
-    call.set_slice_id(slice);
-    call.set_program_id(program);
-    auto* in = call.add_inputs();
-    in->set_buffer_id(input);
-    in->set_slice_id(slice);
-    *in->mutable_arg() = ToProto(input_spec);
-    call.add_output_ids(output);
-    return call;
+    return OneInputCall(program, slice, input, slice, output, input_spec,
+                        Id(next_call_++));
   }
   // Routes the call; returns its sequence number (0 if it did not route).
   uint64_t Route(const proto::Call& call, WorkerOps* ops = nullptr) {
