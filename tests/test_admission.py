@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 import plexus
+from plexus.cli import why_lines
 
 
 def _worker_pid(cluster, host):
@@ -177,6 +178,12 @@ def test_weights_set_the_order_in_which_backlogged_clients_are_served():
                  "test's premise)")
         waiting = {c["name"]: int(c.get("calls_pending", 0))
                    for c in queued["clients"]}
+        # `plexus why` names the queue each waits in, and who runs.
+        said = "\n".join(line for _, line in why_lines(queued, after=1.0))
+        assert "(light): " in said and "wait at admission" in said, said
+        assert "tenant light, weight 1" in said, said
+        assert "tenant heavy, weight 3" in said, said
+        assert "holder 1" in said, said  # the long call in flight
         plexus.wait(outs["heavy"])
         st = cluster.status()
         admitted = {c["name"]: int(c["calls_admitted"]) for c in st["clients"]}

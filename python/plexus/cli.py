@@ -230,20 +230,15 @@ def cmd_status(args):
     return 0
 
 
-def cmd_why(args):
-    """Every call that has waited longer than --after seconds, with the
-    root of its wait (the server follows its records: server/why.h)."""
-    address = args.address or current_address()
-    from ._api import _decode_status
-    st = _decode_status(_core.cluster_status(address))
+def why_lines(st, after=1.0):
+    """What `plexus why` says of status `st`: (client id, sentence) for each
+    slice request waiting for capacity, slice waiting for a host, client
+    with calls waiting at admission, and call waiting longer than `after`
+    seconds (the server's explanation, server/why.h)."""
     names = {c["client_id"]: c["name"] for c in st.get("clients", [])}
-    why = [e for e in st.get("why", [])
-           if e.get("waited_ms", 0) >= args.after * 1000]
-    # Slice requests waiting for capacity, and slices waiting for a host
-    # to take a lost one's place: what their clients' work waits on too.
     lines = []
     for p in st.get("pending_slices", []):
-        if p.get("waited_ms", 0) >= args.after * 1000:
+        if p.get("waited_ms", 0) >= after * 1000:
             lines.append((p.get("client_id"), (
                 f"a slice request for {p.get('num_devices')} device(s) has "
                 f"waited {p.get('waited_ms', 0) / 1000:.1f} s "
@@ -255,15 +250,45 @@ def cmd_why(args):
                 f"slice {s.get('slice_id')} waits for a host to take a lost "
                 f"one's place ({s['awaiting']}), "
                 f"{s.get('awaiting_left_ms', 0) / 1000:.1f} s left")))
-    lines += [(e.get("client_id"), e["reason"]) for e in why]
+    # Admission: calls not yet routed wait for their client's share.
+    running = {c["client_id"]: int(c.get("calls_in_flight", 0))
+               for c in st.get("clients", [])}
+    for c in st.get("clients", []):
+        pending = int(c.get("calls_pending", 0))
+        if pending == 0:
+            continue
+        others = ", ".join(
+            f"{names.get(o, o)} {n}" for o, n in running.items()
+            if o != c["client_id"] and n > 0) or "none"
+        lines.append((c["client_id"], (
+            f"{pending} call(s) wait at admission for this client's share "
+            f"(tenant {c.get('tenant', '?')}, weight "
+            f"{float(c.get('weight', 1)):g}); calls in flight: its own "
+            f"{running.get(c['client_id'], 0)}, other clients' {others}")))
+    lines += [(e.get("client_id"), e["reason"]) for e in st.get("why", [])
+              if e.get("waited_ms", 0) >= after * 1000]
+    return [(cid, f"client {cid} ({names.get(cid, '?')}): {line}")
+            for cid, line in lines]
+
+
+def cmd_why(args):
+    """Every call that has waited longer than --after seconds, with the
+    root of its wait (the server follows its records: server/why.h), and
+    what else its clients wait on."""
+    address = args.address or current_address()
+    from ._api import _decode_status
+    st = _decode_status(_core.cluster_status(address))
     if args.json:
-        print(json.dumps(why, indent=2))
+        print(json.dumps([e for e in st.get("why", [])
+                          if e.get("waited_ms", 0) >= args.after * 1000],
+                         indent=2))
         return 0
+    lines = why_lines(st, args.after)
     if not lines:
         print(f"nothing has waited longer than {args.after:g} s")
         return 0
-    for client_id, line in lines:
-        print(f"client {client_id} ({names.get(client_id, '?')}): {line}")
+    for _, line in lines:
+        print(line)
     return 0
 
 
