@@ -255,6 +255,7 @@ def test_a_connection_flood_and_dribbled_handshakes_deny_no_client(cluster):
     host, port = worker["data_address"].rsplit(":", 1)
     pid = int(worker["pid"])
     stop = threading.Event()
+    held = threading.Event()  # 1,100 flood connections open
     flood, dribbled = [], []
 
     def flood_it():
@@ -268,7 +269,8 @@ def test_a_connection_flood_and_dribbled_handshakes_deny_no_client(cluster):
             except OSError:
                 pass
             if len(flood) >= 1100:
-                time.sleep(0.002)
+                held.set()
+                stop.wait(0.002)  # the flood's pace once 1,100 are held
 
     def dribble():
         for _ in range(20):
@@ -285,10 +287,7 @@ def test_a_connection_flood_and_dribbled_handshakes_deny_no_client(cluster):
     try:
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 30
-        while len(flood) < 1100 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len(flood) >= 1100, f"only {len(flood)} connections opened"
+        assert held.wait(30), f"only {len(flood)} connections opened"
         # Each round a new client, so a new data-plane connection, made
         # while the flood goes on.
         times = []

@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -15,16 +14,18 @@ from conftest import PLEXUS_PYTHONPATH
 WAIT_S = 30
 
 
-def poll_why(client, pred, what):
-    """client.why() once an entry satisfies `pred`; bounded in time."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        why = client.why()
-        hit = [e for e in why if pred(e)]
-        if hit:
-            return hit[0], why
-        assert time.monotonic() < deadline, f"no why entry for {what}: {why}"
-        time.sleep(0.05)
+def poll_why(cluster, client, pred, what):
+    """The first of client.why()'s entries that satisfies `pred`, once the
+    server's status has one (re-read after each round of heartbeats, at
+    most WAIT_S)."""
+    cluster.wait_until(
+        lambda st: any(pred(e) and e["client_id"] == client.id
+                       for e in st.get("why", [])),
+        timeout=WAIT_S, what=f"a why entry for {what}")
+    why = client.why()
+    hit = [e for e in why if pred(e)]
+    assert hit, why
+    return hit[0], why
 
 
 def chain_across_two_hosts(cluster, sleep_micros):
@@ -41,7 +42,7 @@ def chain_across_two_hosts(cluster, sleep_micros):
 def test_a_consumer_waiting_on_a_long_call_names_it_and_its_host():
     with plexus.local(hosts=2) as cluster:
         c, z, slices = chain_across_two_hosts(cluster, 4_000_000)
-        e, why = poll_why(c, lambda e: e["program"] == "consumer",
+        e, why = poll_why(cluster, c, lambda e: e["program"] == "consumer",
                           "the consumer")
         assert "for its input from call" in e["reason"], e
         assert "'slow_step'" in e["reason"], e
@@ -67,7 +68,7 @@ def test_a_stopped_host_is_named_before_it_is_declared_lost():
                    if w["host_name"] == "host0")
         os.kill(pid, signal.SIGSTOP)
         try:
-            e, _ = poll_why(c, lambda e: e["program"] == "consumer" and
+            e, _ = poll_why(cluster, c, lambda e: e["program"] == "consumer" and
                             "no heartbeat" in e["reason"], "the stopped host")
             assert f"host host0 (worker" in e["reason"], e
             assert f"pid {pid})" in e["reason"], e
