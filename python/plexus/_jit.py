@@ -149,14 +149,7 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
     if isinstance(donate_argnames, str):
         donate_argnames = (donate_argnames,)
     name = name or getattr(fn, "__name__", "jit")
-    for i in donate_argnums:
-        if not isinstance(i, int) or i < 0:
-            raise _core.InvalidArgumentError(
-                f"program '{name}': donate_argnums must be non-negative "
-                f"integers, got {i!r}")
-        if i in static_argnums:
-            raise _core.InvalidArgumentError(
-                f"program '{name}': argument {i} is both static and donated")
+    _check_argnums(name, "donate_argnums", donate_argnums)
     jitted = Jitted(fn, slice, in_shardings, out_shardings, name, axis_name,
                     platform, tuple(sorted(static_argnums)),
                     tuple(static_argnames))
@@ -167,6 +160,16 @@ def jit(fn=None, slice=None, *, in_shardings=None, out_shardings=None,
             f"program '{name}': argument {both[0]} is both static and donated")
     jitted._donate = (tuple(sorted(donate_argnums)), tuple(donate_argnames))
     return jitted
+
+
+def _check_argnums(name, what, argnums):
+    """InvalidArgumentError unless every one of `argnums` (`what`, for the
+    message) is a non-negative integer."""
+    for i in argnums:
+        if not isinstance(i, int) or i < 0:
+            raise _core.InvalidArgumentError(
+                f"program '{name}': {what} must be non-negative integers, "
+                f"got {i!r}")
 
 
 def _static_arguments(name, parameters, argnums, argnames):
@@ -189,11 +192,7 @@ def _static_arguments(name, parameters, argnums, argnames):
             raise _core.InvalidArgumentError(
                 f"program '{name}': static_argnames names {a!r}, which is "
                 f"not a parameter of the function ({', '.join(known)})")
-    for i in argnums:
-        if not isinstance(i, int) or i < 0:
-            raise _core.InvalidArgumentError(
-                f"program '{name}': static_argnums must be non-negative "
-                f"integers, got {i!r}")
+    _check_argnums(name, "static_argnums", argnums)
     if argnums and argnames:
         return tuple(sorted(set(argnums))), tuple(argnames)
     positions = set(argnums) | {i for i, n in enumerate(either)
