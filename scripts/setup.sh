@@ -12,7 +12,11 @@ APT_PKGS=(cmake ninja-build g++ ccache pkg-config
   clang libclang-rt-14-dev llvm
   # openssl and iproute2: the tests make TLS certificates (openssl req) and
   # hosts in network namespaces (ip netns).
-  openssl iproute2)
+  openssl iproute2
+  # The server's live page and /metrics (src/plexus/web/CMakeLists.txt):
+  # civetweb (HTTP), prometheus-cpp (the text format), Chart.js (compiled
+  # into the server with the page).
+  libcivetweb-dev prometheus-cpp-dev libjs-chart.js)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,14 +27,17 @@ if ((${#missing[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# A single-node Slurm for tests/test_deploy_slurm.py (deploy/slurm): the
-# daemons, srun/sbatch and munge, without their recommends (8 packages,
+# Without their recommends: a single-node Slurm for tests/test_deploy_slurm.py
+# (deploy/slurm): the daemons, srun/sbatch and munge (8 packages,
 # ~13 MB installed; with them 42 packages, ~44 MB: HDF5, ROCm SMI, IPMI
 # and database plugins nothing here uses). The test starts munged,
 # slurmctld and slurmd itself, with configuration in a folder of its own.
-SLURM_PKGS=(slurmd slurmctld slurm-client munge)
+LEAN_PKGS=(slurmd slurmctld slurm-client munge
+  # Headless Chromium: tests/test_live_page.py opens the live page in it and
+  # saves a screenshot (without recommends: no desktop integration).
+  chromium)
 missing=()
-for p in "${SLURM_PKGS[@]}"; do
+for p in "${LEAN_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then

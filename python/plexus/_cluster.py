@@ -56,6 +56,9 @@ class LocalCluster:
     ($PLEXUS_CLUSTER_SECRET, never on a command line), workers register
     with it, each client gets a credential of its own from the server, and
     `down()` asks the server to shut down with the admin credential.
+
+    The server serves its live page and /metrics (`web_url()`; `web_listen`
+    "off" turns them off).
     """
 
     def __init__(self, hosts=2, devices_per_host=1, device_memory_mib=1024,
@@ -64,7 +67,8 @@ class LocalCluster:
                  attached=True, heartbeat_timeout_ms=1000, scheduler="gang",
                  pjrt_plugin=None, secret=None, tenants=None,
                  admission_window_us=None, gpus=None, cuda_ipc=True,
-                 spare_wait_ms=None, max_restarts_per_minute=None):
+                 spare_wait_ms=None, max_restarts_per_minute=None,
+                 web_listen="auto"):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -125,6 +129,9 @@ class LocalCluster:
         self.cuda_ipc = bool(cuda_ipc)
         # Hex, from the binding: credentials are derived in C++ only.
         self._secret = secret or _core.new_cluster_secret()
+        # The live page and /metrics (web/web_server.h): "auto" (a free
+        # port on the server's host), HOST:PORT, or "off".
+        self.web_listen = web_listen
         self.address = None
         self.process = None
         self._clients = []
@@ -149,6 +156,7 @@ class LocalCluster:
                "--log-level", self.log_level]
         if not self.shared_memory:
             cmd.append("--no-shm")
+        cmd += ["--web-listen", self.web_listen]
         if self.tenants is not None:
             if isinstance(self.tenants, dict):
                 import json
@@ -222,6 +230,15 @@ class LocalCluster:
                 raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
             st = self.status(fresh=True)
         return st
+
+    def web_url(self, tenant=None):
+        """The URL of this cluster's live page, with the operator's token
+        (or `tenant`'s) in its fragment (web/viewer.h)."""
+        from .cli import web_url
+        if tenant:
+            return web_url(self.status(), tenant=tenant,
+                           tenant_token=_core.tenant_token(tenant, self._secret))
+        return web_url(self.status(), secret=self._secret)
 
     def worker_pids(self):
         return [int(w["pid"]) for w in self.status()["workers"] if w["alive"]]

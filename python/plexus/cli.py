@@ -1,10 +1,14 @@
-"""The `plexus` command: up, status, wait, down, token.
+"""The `plexus` command: up, status, top, why, wait, down, token.
 
     plexus up --hosts 2 --devices-per-host 2
     plexus status
+    plexus status --web       # the live page's URL, with the operator's token
+    plexus top                # the same in a terminal
+    plexus why                # every call waiting > 1 s, and its root cause
     plexus wait --address HOST:PORT --workers 4   # deploy/slurm, a client pod
     plexus down
     plexus token --tenant research --secret-file /etc/plexus/secret
+    plexus token --admin      # for /metrics (Prometheus' bearer token)
 
 --tls-ca FILE (or $PLEXUS_TLS_CA): the CA of a server's TLS certificate.
 """
@@ -226,8 +230,61 @@ def cmd_status(args):
     address = args.address or current_address()
     from ._api import _decode_status
     st = _decode_status(_core.cluster_status(address))
+    if args.web:
+        url = web_url(st, secret=_secret_for(address, args.secret_file))
+        print(url)
+        # A browser only where there is a display to show it on.
+        if not args.no_browser and (os.environ.get("DISPLAY") or
+                                    os.environ.get("WAYLAND_DISPLAY") or
+                                    os.environ.get("BROWSER")):
+            import webbrowser
+            webbrowser.open(url)
+        return 0
     print(json.dumps(st, indent=2) if args.json else format_status(st))
     return 0
+
+
+def _secret_for(address, secret_file=None):
+    """The cluster secret this process holds for the server at `address`:
+    --secret-file's, else $PLEXUS_CLUSTER_SECRET's, else the one `plexus up`
+    kept for it; None if none."""
+    if secret_file:
+        with open(secret_file) as f:
+            return f.readline().strip()
+    if os.environ.get("PLEXUS_CLUSTER_SECRET"):
+        return os.environ["PLEXUS_CLUSTER_SECRET"]
+    return state_secret(address)
+
+
+def web_url(st, secret=None, tenant=None, tenant_token=None):
+    """The URL of the live page of the server whose status is `st`, with
+    the token it needs in its fragment (which a browser never sends): the
+    operator's when `secret` (hex) is given, else the tenant's ($PLEXUS_TENANT
+    and $PLEXUS_TENANT_TOKEN by default). The page keeps the token for the
+    tab and takes it off the address bar."""
+    web = st.get("web_address")
+    if not web:
+        raise _core.PlexusError(
+            f"the server at {st.get('address')} serves no live page (it "
+            "was started with --web-listen off)")
+    if secret:
+        token = _core.operator_token(secret)
+    else:
+        tenant = tenant or os.environ.get("PLEXUS_TENANT")
+        tenant_token = tenant_token or os.environ.get("PLEXUS_TENANT_TOKEN")
+        if not (tenant and tenant_token):
+            raise _core.PlexusError(
+                "the live page needs a token: give --secret-file (the "
+                "operator's), or set $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN "
+                "(a tenant's)")
+        token = f"{tenant}:{tenant_token}"
+    return f"http://{web}/#token={token}"
+
+
+def cmd_top(args):
+    from ._top import run
+    return run(args.address or current_address(), interval=args.interval,
+               iterations=args.iterations)
 
 
 def why_lines(st, after=1.0):
@@ -359,7 +416,8 @@ def cmd_down(args):
 
 def cmd_token(args):
     """Prints the tenant token of --tenant: what the operator hands to that
-    tenant's users ($PLEXUS_TENANT_TOKEN, or connect(token=...)). It is
+    tenant's users ($PLEXUS_TENANT_TOKEN, or connect(token=...)); with
+    --admin, the operator's token of the live page and /metrics. It is
     derived from the cluster secret: --secret-file, else
     $PLEXUS_CLUSTER_SECRET, else the cluster `plexus up` started."""
     secret = None
@@ -370,7 +428,10 @@ def cmd_token(args):
         f = _state_file()
         if f.exists():
             secret = json.loads(f.read_text()).get("secret")
-    print(_core.tenant_token(args.tenant, secret))
+    if args.admin:
+        print(_core.operator_token(secret))
+    else:
+        print(_core.tenant_token(args.tenant, secret))
     return 0
 
 
@@ -394,7 +455,26 @@ def main(argv=None):
     st = sub.add_parser("status", help="hosts, devices, slices, clients, bytes")
     st.add_argument("--address")
     st.add_argument("--json", action="store_true")
+    st.add_argument("--web", action="store_true",
+                    help="print the live page's URL (with the operator's "
+                         "token, or $PLEXUS_TENANT's) and open it where "
+                         "there is a display")
+    st.add_argument("--no-browser", action="store_true",
+                    help="with --web: only print the URL")
+    st.add_argument("--secret-file",
+                    help="with --web: the cluster secret (default: "
+                         "$PLEXUS_CLUSTER_SECRET, else `plexus up`'s)")
     st.set_defaults(fn=cmd_status)
+    top = sub.add_parser("top", help="the live page in a terminal: hosts' "
+                                     "busy time and memory, clients, slices, "
+                                     "why")
+    top.add_argument("--address")
+    top.add_argument("--interval", type=float, default=1.0,
+                     help="seconds between frames")
+    top.add_argument("-n", "--iterations", type=int, default=None,
+                     help="frames to print (default: until interrupted on a "
+                          "terminal, 1 otherwise)")
+    top.set_defaults(fn=cmd_top)
     why = sub.add_parser("why", help="why is it stuck: each call waiting "
                                      "longer than --after, and its root cause")
     why.add_argument("--address")
@@ -411,13 +491,18 @@ def main(argv=None):
     down = sub.add_parser("down", help="stop the cluster `plexus up` started")
     down.add_argument("--address")
     down.set_defaults(fn=cmd_down)
-    token = sub.add_parser("token", help="print a tenant's token (operator)")
-    token.add_argument("--tenant", required=True)
+    token = sub.add_parser("token", help="print a tenant's token, or the "
+                                         "operator's (--admin)")
+    who = token.add_mutually_exclusive_group(required=True)
+    who.add_argument("--tenant")
+    who.add_argument("--admin", action="store_true",
+                     help="the operator's token of the live page and "
+                          "/metrics")
     token.add_argument("--secret-file",
                        help="the cluster secret (default: "
                             "$PLEXUS_CLUSTER_SECRET, else `plexus up`'s)")
     token.set_defaults(fn=cmd_token)
-    for cmd in (st, why, wait, down):
+    for cmd in (st, top, why, wait, down):
         cmd.add_argument("--tls-ca",
                          help="CA file of the server's TLS certificate "
                               "(default: $PLEXUS_TLS_CA)")

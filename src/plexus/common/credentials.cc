@@ -55,6 +55,10 @@ absl::Status CheckTenantName(absl::string_view name) {
   return absl::OkStatus();
 }
 
+std::string OperatorTokenHex(const ClusterSecret& secret) {
+  return TenantTokenHex(secret.Derive(CredentialRole::kAdmin, uint64_t{0}));
+}
+
 std::string TenantTokenHex(const Credential& credential) {
   return absl::BytesToHexString(absl::string_view(
       reinterpret_cast<const char*>(credential.data()), credential.size()));

@@ -110,6 +110,9 @@ inline constexpr char kDefaultTenantName[] = "default";
 // (InvalidArgument for anything else).
 std::string TenantTokenHex(const Credential& credential);
 absl::StatusOr<Credential> TenantTokenFromHex(absl::string_view hex);
+// The operator's token: the admin credential as 32 hex digits (what the
+// live page and /metrics take, web/viewer.h; `plexus token --admin`).
+std::string OperatorTokenHex(const ClusterSecret& secret);
 
 // Equality of two byte strings in time independent of their contents.
 bool ConstantTimeEqual(const uint8_t* a, const uint8_t* b, size_t size);

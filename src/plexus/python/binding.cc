@@ -629,6 +629,17 @@ PYBIND11_MODULE(_core, m) {
         return TenantTokenHex(secret.Derive(CredentialRole::kTenant, tenant));
       },
       py::arg("tenant"), py::arg("secret_hex") = py::none());
+  // The operator's token of the live page and /metrics (credentials.h).
+  // No secret given: $PLEXUS_CLUSTER_SECRET's.
+  m.def(
+      "operator_token",
+      [](std::optional<std::string> secret_hex) {
+        ClusterSecret secret =
+            Unwrap(secret_hex.has_value() ? ClusterSecret::FromHex(*secret_hex)
+                                          : ClusterSecret::Load(""));
+        return OperatorTokenHex(secret);
+      },
+      py::arg("secret_hex") = py::none());
   m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
   // Every built-in program's documentation (builtin::KernelDoc), sorted by
   // name: what plexus.builtins and docs/PROGRAMS.md show.

@@ -231,8 +231,14 @@ int main(int argc, char** argv) {
                  "busier across report round trips, smaller shortens the "
                  "queue in front of a newcomer")
       ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  std::string web_listen = "auto";
+  app.add_option("--web-listen", web_listen,
+                 "HOST:PORT of the live page and Prometheus /metrics (port 0 "
+                 "picks a free one; `plexus status --web` finds it); \"auto\": "
+                 "the --listen host and a free port; \"off\": none");
   CLI11_PARSE(app, argc, argv);
   options.consistent_order = scheduler == "gang";
+  options.web_listen = web_listen == "off" ? "" : web_listen;
 
   if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
   // Held until exit; the workers must not inherit it (the parent reads to

@@ -20,6 +20,7 @@ ServerImpl::ServerImpl(const ServerOptions& options, ClusterSecret secret)
       scheduler_({.consistent_order = options.consistent_order}) {}
 
 ServerImpl::~ServerImpl() {
+  web_.reset();  // its threads read status through this
   Shutdown();
   // Sessions were cancelled by Shutdown(); give in-flight unary calls a
   // moment, then cancel whatever is left.
@@ -54,6 +55,7 @@ absl::Status ServerImpl::Init() {
       options_.listen_address.substr(0, options_.listen_address.rfind(':'));
   address_ = absl::StrCat(host, ":", port);
   advertised_ = AdvertisedAddress(options_.advertise_address, address_);
+  if (absl::Status s = StartWeb(); !s.ok()) return s;
   liveness_ = std::thread([this] { LivenessLoop(); });
   SPDLOG_INFO(
       "listening on {}{} ({}; client sessions without a tenant "
@@ -63,6 +65,36 @@ absl::Status ServerImpl::Init() {
                               : absl::StrCat(", advertised as ", advertised_),
       options_.tls_cert_file.empty() ? "plain text" : "TLS",
       anonymous_clients_ ? "open as tenant \"default\"" : "are refused");
+  return absl::OkStatus();
+}
+
+absl::Status ServerImpl::StartWeb() {
+  if (options_.web_listen.empty()) return absl::OkStatus();
+  web::WebOptions web;
+  web.clock = options_.clock;
+  // HOST:PORT, an IPv6 host in brackets.
+  auto with_port = [](const std::string& host, absl::string_view port) {
+    return host.find(':') != std::string::npos
+               ? absl::StrCat("[", host, "]:", port)
+               : absl::StrCat(host, ":", port);
+  };
+  web.listen = options_.web_listen == "auto"
+                   ? with_port(HostOfAddress(address_), "0")
+                   : options_.web_listen;
+  absl::StatusOr<std::unique_ptr<web::WebServer>> started =
+      web::WebServer::Start(web, secret_, [this](bool why) {
+        proto::StatusRequest request;
+        if (!why) request.set_why_after_ms(-1);
+        proto::ClusterStatus status;
+        FillStatus(request, &status);
+        return status;
+      });
+  if (!started.ok()) return started.status();
+  web_ = std::move(*started);
+  // The page is reached at the host clients are told, on its own port.
+  const std::string bound = web_->address();
+  web_advertised_ =
+      with_port(HostOfAddress(advertised_), bound.substr(bound.rfind(':') + 1));
   return absl::OkStatus();
 }
 

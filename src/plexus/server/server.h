@@ -62,6 +62,11 @@ struct ServerOptions {
   std::string tls_key_file;
   // Admission windows (server/admission.h).
   Admission::Options admission;
+  // The live page and /metrics (web/web_server.h): HOST:PORT to serve them
+  // on (port 0: a free one), "auto" for the listen address's host and a
+  // free port, empty for none (in-process servers; `plexus-server` serves
+  // them unless given --web-listen off).
+  std::string web_listen;
 };
 
 // The heartbeat period a server with `options` asks of its workers, and
@@ -99,6 +104,9 @@ class Server {
   // What clients are told (ServerOptions::advertise_address); address()
   // when none was given.
   virtual std::string advertised_address() const = 0;
+  // "HOST:PORT" of its live page and /metrics (the advertised host), or
+  // empty when it serves none (ServerOptions::web_listen).
+  virtual std::string web_address() const = 0;
   // The cluster secret it checks credentials against. Never log it.
   virtual const ClusterSecret& secret() const = 0;
   // Blocks until Shutdown() (locally or through the Shutdown RPC).

@@ -30,8 +30,14 @@ absl::Status ServerImpl::WaitForWorkers(int n, absl::Duration timeout) {
 grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
                                    const proto::StatusRequest* request,
                                    proto::ClusterStatus* status) {
+  FillStatus(*request, status);
+  return grpc::Status::OK;
+}
+
+void ServerImpl::FillStatus(const proto::StatusRequest& request,
+                            proto::ClusterStatus* status) {
   absl::MutexLock lock(&mu_);
-  if (request->fresh_timeout_ms() > 0) {
+  if (request.fresh_timeout_ms() > 0) {
     // Wait for one heartbeat from every live worker (heartbeats are
     // recorded under mu_, so Await re-checks as they arrive).
     std::map<int64_t, int64_t> seen;
@@ -46,9 +52,10 @@ grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
       return true;
     };
     mu_.AwaitWithTimeout(absl::Condition(&fresh),
-                         absl::Milliseconds(request->fresh_timeout_ms()));
+                         absl::Milliseconds(request.fresh_timeout_ms()));
   }
   status->set_address(advertised_);
+  status->set_web_address(web_advertised_);
   status->set_calls_routed(state_.calls_routed());
   status->set_epoch(scheduler_.epoch());
   status->set_scheduler(options_.consistent_order ? "gang/fair"
@@ -109,14 +116,16 @@ grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
   status->mutable_recovery()->set_buffer_records(
       static_cast<int64_t>(state_.records().buffers().size()));
   const absl::Time now = options_.clock->Now();
-  WhyOptions why;
-  why.now = now;
-  if (request->why_after_ms() > 0) {
-    why.after = absl::Milliseconds(request->why_after_ms());
-  }
-  why.silent_after = options_.heartbeat_timeout * 3 / 10;
-  for (proto::WhyEntry& e : ExplainWaits(state_, why)) {
-    *status->add_why() = std::move(e);
+  if (request.why_after_ms() >= 0) {
+    WhyOptions why;
+    why.now = now;
+    if (request.why_after_ms() > 0) {
+      why.after = absl::Milliseconds(request.why_after_ms());
+    }
+    why.silent_after = options_.heartbeat_timeout * 3 / 10;
+    for (proto::WhyEntry& e : ExplainWaits(state_, why)) {
+      *status->add_why() = std::move(e);
+    }
   }
   for (size_t i = 0; i < state_.pending_slices().size(); ++i) {
     const PendingSlice& p = state_.pending_slices()[i];
@@ -129,7 +138,6 @@ grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
     ps->set_left_ms(
         std::max<int64_t>(0, absl::ToInt64Milliseconds(p.deadline - now)));
   }
-  return grpc::Status::OK;
 }
 
 grpc::Status ServerImpl::Shutdown(grpc::ServerContext* ctx,

@@ -47,6 +47,12 @@ int64_t CpuDevice::pending() const {
          (compute_.running_task ? 1 : 0) + (collectives_.running_task ? 1 : 0);
 }
 
+int64_t CpuDevice::busy_micros() const {
+  absl::MutexLock lock(&mu_);
+  if (compute_since_ == absl::InfinitePast()) return busy_micros_;
+  return busy_micros_ + absl::ToInt64Microseconds(absl::Now() - compute_since_);
+}
+
 void CpuDevice::Loop(bool collective) {
   while (true) {
     Task task;
@@ -60,14 +66,15 @@ void CpuDevice::Loop(bool collective) {
       if (stream.queue.empty()) return;  // stop_ and drained
       task = stream.queue.Pop();
       stream.running_task = true;
+      // A collective waiting on the network keeps no device busy.
+      if (!collective) compute_since_ = absl::Now();
     }
-    const absl::Time start = absl::Now();
     task();
-    // A collective waiting on the network keeps no device busy.
-    if (!collective) {
-      busy_micros_ += absl::ToInt64Microseconds(absl::Now() - start);
-    }
     absl::MutexLock lock(&mu_);
+    if (!collective) {
+      busy_micros_ += absl::ToInt64Microseconds(absl::Now() - compute_since_);
+      compute_since_ = absl::InfinitePast();
+    }
     StreamOf(collective).running_task = false;
   }
 }

@@ -63,7 +63,9 @@ class CpuDevice : public Device {
   void EnqueueCollective(Task task, TaskOrder order) override;
   int64_t pending() const override;
   // Compute only: a collective waiting on the network keeps no device busy.
-  int64_t busy_micros() const override { return busy_micros_.load(); }
+  // The task running now counts up to now, so a long one shows as busy
+  // while it runs (the live page, plexus top), not only once it ends.
+  int64_t busy_micros() const override;
 
  private:
   struct Stream {
@@ -84,7 +86,9 @@ class CpuDevice : public Device {
   Stream compute_ ABSL_GUARDED_BY(mu_);
   Stream collectives_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  std::atomic<int64_t> busy_micros_{0};
+  int64_t busy_micros_ ABSL_GUARDED_BY(mu_) = 0;  // of finished tasks
+  // When the running compute task started (InfinitePast: none runs).
+  absl::Time compute_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread thread_;
   std::thread collective_thread_;
 };

@@ -27,6 +27,7 @@
 #include "plexus/server/gang_scheduler.h"
 #include "plexus/server/out_queue.h"
 #include "plexus/server/server.h"
+#include "plexus/web/web_server.h"
 
 namespace plexus {
 
@@ -44,6 +45,7 @@ class ServerImpl final : public Server, public proto::Controller::Service {
 
   std::string address() const override { return address_; }
   std::string advertised_address() const override { return advertised_; }
+  std::string web_address() const override { return web_advertised_; }
   const ClusterSecret& secret() const override { return secret_; }
 
   void Wait() override;
@@ -129,6 +131,12 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   grpc::Status GetStatus(grpc::ServerContext*,
                          const proto::StatusRequest* request,
                          proto::ClusterStatus* status) override;
+  // Starts web_ where ServerOptions::web_listen asks for it (Init).
+  absl::Status StartWeb();
+  // What GetStatus answers, for it and the live page (web_); without the
+  // why list when request.why_after_ms() < 0.
+  void FillStatus(const proto::StatusRequest& request,
+                  proto::ClusterStatus* status);
 
   grpc::Status Shutdown(grpc::ServerContext* ctx,
                         const proto::ShutdownRequest* request,
@@ -192,6 +200,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   bool anonymous_clients_ = false;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::thread liveness_;
+  // The live page and /metrics (ServerOptions::web_listen); null if none.
+  // Reads status through FillStatus; destroyed first.
+  std::unique_ptr<web::WebServer> web_;
+  std::string web_advertised_;
 
   // The scheduler lock: everything below, and the order in which ops enter
   // the worker queues (one consistent order across clients).
