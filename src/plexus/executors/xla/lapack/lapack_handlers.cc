@@ -257,10 +257,14 @@ absl::Status SyevdCall(const FfiCall& call) {
   }());
 }
 
-// gesdd {mode}: a -> (a destroyed, s, u, vt, info).
-template <typename T>
-absl::Status GesddCall(const FfiCall& call) {
-  return Named<T>("gesdd", [&]() -> absl::Status {
+// The two SVD routines, of the same signature.
+enum class SvdAlgorithm { kDivideAndConquer, kQr };
+
+// gesdd / gesvd {mode}: a -> (a destroyed, s, u, vt, info).
+template <typename T, SvdAlgorithm algorithm>
+absl::Status SvdCall(const FfiCall& call) {
+  const bool qr = algorithm == SvdAlgorithm::kQr;
+  return Named<T>(qr ? "gesvd" : "gesdd", [&]() -> absl::Status {
     auto b = Read(call,
                   {{false, DataTypeOf<T>(), "a"},
                    {true, DataTypeOf<T>(), "the destroyed a"},
@@ -297,8 +301,10 @@ absl::Status GesddCall(const FfiCall& call) {
       return st;
     }
     CopyUnlessAliased<T>(x, a);
-    return Gesdd((*letters)[0], BatchOf<T>(a, *m), Data<Real<T>>(s),
-                 BatchOf<T>(u, *mu), BatchOf<T>(vt, *mvt), Data<int32_t>(info));
+    return (qr ? Gesvd<T> : Gesdd<T>)((*letters)[0], BatchOf<T>(a, *m),
+                                      Data<Real<T>>(s), BatchOf<T>(u, *mu),
+                                      BatchOf<T>(vt, *mvt),
+                                      Data<int32_t>(info));
   }());
 }
 
@@ -499,10 +505,18 @@ constexpr Entry kHandlers[] = {
     {"lapack_dsyevd_ffi", Handler<SyevdCall<F64>>},
     {"lapack_cheevd_ffi", Handler<SyevdCall<C64>>},
     {"lapack_zheevd_ffi", Handler<SyevdCall<C128>>},
-    {"lapack_sgesdd_ffi", Handler<GesddCall<F32>>},
-    {"lapack_dgesdd_ffi", Handler<GesddCall<F64>>},
-    {"lapack_cgesdd_ffi", Handler<GesddCall<C64>>},
-    {"lapack_zgesdd_ffi", Handler<GesddCall<C128>>},
+    {"lapack_sgesdd_ffi",
+     Handler<SvdCall<F32, SvdAlgorithm::kDivideAndConquer>>},
+    {"lapack_dgesdd_ffi",
+     Handler<SvdCall<F64, SvdAlgorithm::kDivideAndConquer>>},
+    {"lapack_cgesdd_ffi",
+     Handler<SvdCall<C64, SvdAlgorithm::kDivideAndConquer>>},
+    {"lapack_zgesdd_ffi",
+     Handler<SvdCall<C128, SvdAlgorithm::kDivideAndConquer>>},
+    {"lapack_sgesvd_ffi", Handler<SvdCall<F32, SvdAlgorithm::kQr>>},
+    {"lapack_dgesvd_ffi", Handler<SvdCall<F64, SvdAlgorithm::kQr>>},
+    {"lapack_cgesvd_ffi", Handler<SvdCall<C64, SvdAlgorithm::kQr>>},
+    {"lapack_zgesvd_ffi", Handler<SvdCall<C128, SvdAlgorithm::kQr>>},
     {"lapack_sgeqrf_ffi", Handler<GeqrfCall<F32>>},
     {"lapack_dgeqrf_ffi", Handler<GeqrfCall<F64>>},
     {"lapack_cgeqrf_ffi", Handler<GeqrfCall<C64>>},

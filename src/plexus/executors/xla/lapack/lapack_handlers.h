@@ -20,6 +20,8 @@
 //   gesdd           svd, pinv, lstsq, a[..,m,n]      a: destroyed; s real
 //                   norm, cond,                      [..,k]; u[..,m,m|k];
 //                   matrix_rank                      vt[..,n|k,n]; info
+//   gesvd           svd with          as gesdd
+//                   SvdAlgorithm.QR
 //   geqrf           qr                a[..,m,n]      a: R and reflectors;
 //                                                    tau[..,k]
 //   orgqr (s, d),   qr                a[..,m,n],     a: Q (m >= n >= j)
@@ -37,7 +39,7 @@
 // calls' operand and result layouts) and the leading dimensions are a
 // batch, each matrix computed on its own. Attributes are LAPACK's letters
 // as uint8: uplo 'L'/'U' (potrf, syevd, trsm), mode 'V'/'N' (syevd) or
-// 'A'/'S'/'N' (gesdd: all, the first k, no singular vectors),
+// 'A'/'S'/'N' (gesdd, gesvd: all, the first k, no singular vectors),
 // compute_left / compute_right 'V'/'N' (geev), side 'L'/'R', trans_x
 // 'N'/'T'/'C', diag 'N'/'U' (trsm). Results not asked for (u and vt with
 // mode 'N', vl or vr with 'N') are left unwritten: JAX drops them.
@@ -50,7 +52,7 @@
 // that do not agree, an attribute letter LAPACK does not take, a matrix
 // too large for LAPACK's 32-bit sizes.
 //
-// Every other target jaxlib has (gesvd, gees, gehrd, sytrd, geqp3, ormqr,
+// Every other target jaxlib has (gees, gehrd, sytrd, geqp3, ormqr,
 // gtsv, ...) has no handler here: programs calling one are refused on the
 // client while lowering (python/plexus/_plugin_support.py reads
 // kLapackTargets through plexus._core.lapack_targets()).
@@ -69,18 +71,19 @@ struct PJRT_Api;
 namespace plexus::xla::lapack {
 
 // The custom call targets served, in the order they are registered.
-inline constexpr std::array<std::string_view, 32> kLapackTargets = {
+inline constexpr std::array<std::string_view, 36> kLapackTargets = {
     "lapack_sgetrf_ffi", "lapack_dgetrf_ffi", "lapack_cgetrf_ffi",
     "lapack_zgetrf_ffi", "lapack_spotrf_ffi", "lapack_dpotrf_ffi",
     "lapack_cpotrf_ffi", "lapack_zpotrf_ffi", "lapack_ssyevd_ffi",
     "lapack_dsyevd_ffi", "lapack_cheevd_ffi", "lapack_zheevd_ffi",
     "lapack_sgesdd_ffi", "lapack_dgesdd_ffi", "lapack_cgesdd_ffi",
-    "lapack_zgesdd_ffi", "lapack_sgeqrf_ffi", "lapack_dgeqrf_ffi",
-    "lapack_cgeqrf_ffi", "lapack_zgeqrf_ffi", "lapack_sorgqr_ffi",
-    "lapack_dorgqr_ffi", "lapack_cungqr_ffi", "lapack_zungqr_ffi",
-    "lapack_sgeev_ffi",  "lapack_dgeev_ffi",  "lapack_cgeev_ffi",
-    "lapack_zgeev_ffi",  "lapack_strsm_ffi",  "lapack_dtrsm_ffi",
-    "lapack_ctrsm_ffi",  "lapack_ztrsm_ffi",
+    "lapack_zgesdd_ffi", "lapack_sgesvd_ffi", "lapack_dgesvd_ffi",
+    "lapack_cgesvd_ffi", "lapack_zgesvd_ffi", "lapack_sgeqrf_ffi",
+    "lapack_dgeqrf_ffi", "lapack_cgeqrf_ffi", "lapack_zgeqrf_ffi",
+    "lapack_sorgqr_ffi", "lapack_dorgqr_ffi", "lapack_cungqr_ffi",
+    "lapack_zungqr_ffi", "lapack_sgeev_ffi",  "lapack_dgeev_ffi",
+    "lapack_cgeev_ffi",  "lapack_zgeev_ffi",  "lapack_strsm_ffi",
+    "lapack_dtrsm_ffi",  "lapack_ctrsm_ffi",  "lapack_ztrsm_ffi",
 };
 
 // The platform the handlers are registered for: XLA's name for its CPU

@@ -39,6 +39,11 @@ void dgesdd_(const char* jobz, const int* m, const int* n, double* a, const int*
 void cgesdd_(const char* jobz, const int* m, const int* n, fc* a, const int* lda, float* s, fc* u, const int* ldu, fc* vt, const int* ldvt, fc* work, const int* lwork, float* rwork, int* iwork, int* info, flen);
 void zgesdd_(const char* jobz, const int* m, const int* n, zc* a, const int* lda, double* s, zc* u, const int* ldu, zc* vt, const int* ldvt, zc* work, const int* lwork, double* rwork, int* iwork, int* info, flen);
 
+void sgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n, float* a, const int* lda, float* s, float* u, const int* ldu, float* vt, const int* ldvt, float* work, const int* lwork, int* info, flen, flen);
+void dgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n, double* a, const int* lda, double* s, double* u, const int* ldu, double* vt, const int* ldvt, double* work, const int* lwork, int* info, flen, flen);
+void cgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n, fc* a, const int* lda, float* s, fc* u, const int* ldu, fc* vt, const int* ldvt, fc* work, const int* lwork, float* rwork, int* info, flen, flen);
+void zgesvd_(const char* jobu, const char* jobvt, const int* m, const int* n, zc* a, const int* lda, double* s, zc* u, const int* ldu, zc* vt, const int* ldvt, zc* work, const int* lwork, double* rwork, int* info, flen, flen);
+
 void sgeqrf_(const int* m, const int* n, float* a, const int* lda, float* tau, float* work, const int* lwork, int* info);
 void dgeqrf_(const int* m, const int* n, double* a, const int* lda, double* tau, double* work, const int* lwork, int* info);
 void cgeqrf_(const int* m, const int* n, fc* a, const int* lda, fc* tau, fc* work, const int* lwork, int* info);
@@ -92,6 +97,7 @@ struct Routines<float> {
   static constexpr auto potrf = spotrf_;
   static constexpr auto syevd = ssyevd_;
   static constexpr auto gesdd = sgesdd_;
+  static constexpr auto gesvd = sgesvd_;
   static constexpr auto geqrf = sgeqrf_;
   static constexpr auto orgqr = sorgqr_;
   static constexpr auto geev = sgeev_;
@@ -103,6 +109,7 @@ struct Routines<double> {
   static constexpr auto potrf = dpotrf_;
   static constexpr auto syevd = dsyevd_;
   static constexpr auto gesdd = dgesdd_;
+  static constexpr auto gesvd = dgesvd_;
   static constexpr auto geqrf = dgeqrf_;
   static constexpr auto orgqr = dorgqr_;
   static constexpr auto geev = dgeev_;
@@ -114,6 +121,7 @@ struct Routines<fc> {
   static constexpr auto potrf = cpotrf_;
   static constexpr auto syevd = cheevd_;
   static constexpr auto gesdd = cgesdd_;
+  static constexpr auto gesvd = cgesvd_;
   static constexpr auto geqrf = cgeqrf_;
   static constexpr auto orgqr = cungqr_;
   static constexpr auto geev = cgeev_;
@@ -125,6 +133,7 @@ struct Routines<zc> {
   static constexpr auto potrf = zpotrf_;
   static constexpr auto syevd = zheevd_;
   static constexpr auto gesdd = zgesdd_;
+  static constexpr auto gesvd = zgesvd_;
   static constexpr auto geqrf = zgeqrf_;
   static constexpr auto orgqr = zungqr_;
   static constexpr auto geev = zgeev_;
@@ -239,13 +248,38 @@ absl::Status Syevd(char mode, char uplo, MatrixBatch<T> a, Real<T>* w,
   return absl::OkStatus();
 }
 
+// What Gesdd and Gesvd check: the sizes, the mode, and where vectors are
+// asked for, u and vt large enough.
+template <typename T>
+absl::Status CheckSvd(const char* routine, char mode, MatrixBatch<T> a,
+                      MatrixBatch<T> u, MatrixBatch<T> vt) {
+  if (absl::Status st = FitsInt<T>(routine, a.rows, a.cols); !st.ok()) {
+    return st;
+  }
+  if (absl::Status st = CheckMode<T>(routine, "mode", mode, "ASN"); !st.ok()) {
+    return st;
+  }
+  const int64_t m = a.rows;
+  const int64_t n = a.cols;
+  const int64_t k = std::min(m, n);
+  if (mode != 'N' &&
+      (u.count != a.count || vt.count != a.count || u.rows != m ||
+       vt.cols != n || u.cols < (mode == 'A' ? m : k) ||
+       vt.rows < (mode == 'A' ? n : k))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(1, TypePrefix<T>()), routine, ": mode '",
+        std::string(1, mode), "' of ", a.count, " ", m, "x", n,
+        " matrices needs u of ", m, "x", mode == 'A' ? m : k, " and vt of ",
+        mode == 'A' ? n : k, "x", n, ", got ", u.count, " of ", u.rows, "x",
+        u.cols, " and ", vt.count, " of ", vt.rows, "x", vt.cols));
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status Gesdd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
                    MatrixBatch<T> vt, int32_t* info) {
-  if (absl::Status st = FitsInt<T>("gesdd", a.rows, a.cols); !st.ok()) {
-    return st;
-  }
-  if (absl::Status st = CheckMode<T>("gesdd", "mode", mode, "ASN"); !st.ok()) {
+  if (absl::Status st = CheckSvd("gesdd", mode, a, u, vt); !st.ok()) {
     return st;
   }
   const int m = static_cast<int>(a.rows);
@@ -253,16 +287,6 @@ absl::Status Gesdd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
   const int k = std::min(m, n);
   const int lda = std::max(1, m);
   const bool vectors = mode != 'N';
-  if (vectors && (u.count != a.count || vt.count != a.count || u.rows != m ||
-                  vt.cols != n || u.cols < (mode == 'A' ? m : k) ||
-                  vt.rows < (mode == 'A' ? n : k))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(1, TypePrefix<T>()), "gesdd: mode '", std::string(1, mode),
-        "' of ", a.count, " ", m, "x", n, " matrices needs u of ", m, "x",
-        mode == 'A' ? m : k, " and vt of ", mode == 'A' ? n : k, "x", n,
-        ", got ", u.count, " of ", u.rows, "x", u.cols, " and ", vt.count,
-        " of ", vt.rows, "x", vt.cols));
-  }
   const int ldu = std::max<int>(1, vectors ? m : 1);
   const int ldvt = std::max<int>(1, vectors ? static_cast<int>(vt.rows) : 1);
   if (a.count == 0 || k == 0) return absl::OkStatus();
@@ -301,6 +325,53 @@ absl::Status Gesdd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
       Routines<T>::gesdd(&mode, &m, &n, a.matrix(b), &lda, s + b * k, u_of(b),
                          &ldu, vt_of(b), &ldvt, work.data(), &lwork,
                          iwork.data(), &info[b], 1);
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Gesvd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
+                   MatrixBatch<T> vt, int32_t* info) {
+  if (absl::Status st = CheckSvd("gesvd", mode, a, u, vt); !st.ok()) {
+    return st;
+  }
+  const int m = static_cast<int>(a.rows);
+  const int n = static_cast<int>(a.cols);
+  const int k = std::min(m, n);
+  const int lda = std::max(1, m);
+  const bool vectors = mode != 'N';
+  const int ldu = std::max<int>(1, vectors ? m : 1);
+  const int ldvt = std::max<int>(1, vectors ? static_cast<int>(vt.rows) : 1);
+  if (a.count == 0 || k == 0) return absl::OkStatus();
+  T unused_u{};
+  T unused_vt{};
+  auto u_of = [&](int64_t b) { return vectors ? u.matrix(b) : &unused_u; };
+  auto vt_of = [&](int64_t b) { return vectors ? vt.matrix(b) : &unused_vt; };
+  T work_size{};
+  int query = -1;
+  int query_info = 0;
+  // The complex routines' real workspace: 5 min(m, n).
+  [[maybe_unused]] std::vector<Real<T>> rwork(5 * static_cast<size_t>(k));
+  if constexpr (kIsComplex<T>) {
+    Routines<T>::gesvd(&mode, &mode, &m, &n, a.data, &lda, s, u_of(0), &ldu,
+                       vt_of(0), &ldvt, &work_size, &query, rwork.data(),
+                       &query_info, 1, 1);
+  } else {
+    Routines<T>::gesvd(&mode, &mode, &m, &n, a.data, &lda, s, u_of(0), &ldu,
+                       vt_of(0), &ldvt, &work_size, &query, &query_info, 1, 1);
+  }
+  std::vector<T> work(WorkSize(work_size));
+  const int lwork = static_cast<int>(work.size());
+  for (int64_t b = 0; b < a.count; ++b) {
+    if constexpr (kIsComplex<T>) {
+      Routines<T>::gesvd(&mode, &mode, &m, &n, a.matrix(b), &lda, s + b * k,
+                         u_of(b), &ldu, vt_of(b), &ldvt, work.data(), &lwork,
+                         rwork.data(), &info[b], 1, 1);
+    } else {
+      Routines<T>::gesvd(&mode, &mode, &m, &n, a.matrix(b), &lda, s + b * k,
+                         u_of(b), &ldu, vt_of(b), &ldvt, work.data(), &lwork,
+                         &info[b], 1, 1);
     }
   }
   return absl::OkStatus();
@@ -494,6 +565,8 @@ absl::Status Trsm(char side, char uplo, char trans, char diag,
   template absl::Status Potrf(char, MatrixBatch<T>, int32_t*);                 \
   template absl::Status Syevd(char, char, MatrixBatch<T>, Real<T>*, int32_t*); \
   template absl::Status Gesdd(char, MatrixBatch<T>, Real<T>*, MatrixBatch<T>,  \
+                              MatrixBatch<T>, int32_t*);                       \
+  template absl::Status Gesvd(char, MatrixBatch<T>, Real<T>*, MatrixBatch<T>,  \
                               MatrixBatch<T>, int32_t*);                       \
   template absl::Status Geqrf(MatrixBatch<T>, T*);                             \
   template absl::Status Orgqr(MatrixBatch<T>, const T*, int64_t);              \

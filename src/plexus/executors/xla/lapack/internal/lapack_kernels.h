@@ -82,6 +82,12 @@ template <typename T>
 absl::Status Gesdd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
                    MatrixBatch<T> vt, int32_t* info);
 
+// The same by the QR algorithm (?gesvd, jobu = jobvt = mode): slower,
+// sometimes more accurate (jax.lax.linalg.svd with SvdAlgorithm.QR).
+template <typename T>
+absl::Status Gesvd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
+                   MatrixBatch<T> vt, int32_t* info);
+
 // QR (?geqrf): `a` is overwritten with R above its diagonal and the
 // Householder reflectors below; tau[b * min(m, n) + i]: their scalars.
 template <typename T>

@@ -152,6 +152,20 @@ TEST(LapackKernelsTest, GesddGivesSingularValuesWithAndWithoutVectors) {
                     MatrixBatch<float>{vt.data(), 1, 2, 2}, &info)
                   .ok());
   EXPECT_THAT(s, ElementsAre(3, 2));
+
+  // The QR algorithm, the first k vectors: the same factorisation.
+  x = a;
+  std::vector<float> u2(6);
+  ASSERT_TRUE(Gesvd('S', MatrixBatch<float>{x.data(), 1, 3, 2}, s.data(),
+                    MatrixBatch<float>{u2.data(), 1, 3, 2},
+                    MatrixBatch<float>{vt.data(), 1, 2, 2}, &info)
+                  .ok());
+  EXPECT_EQ(info, 0);
+  EXPECT_THAT(s, ElementsAre(3, 2));
+  for (int j = 0; j < 2; ++j) {
+    for (int i = 0; i < 3; ++i) us[i + 3 * j] = u2[i + 3 * j] * s[j];
+  }
+  ExpectNear(Multiply(us.data(), vt.data(), 3, 2, 2), a, 1e-6);
 }
 
 TEST(LapackKernelsTest, GeqrfThenOrgqrGiveOrthonormalQWithQRBeingA) {
