@@ -103,6 +103,28 @@ TEST(LapackHandlersTest, ACpuRuntimeRunsJaxsLapackCustomCalls) {
   EXPECT_FLOAT_EQ(factor[3], std::sqrt(2.0f));
 }
 
+TEST(LapackHandlersTest, ASerializedExecutableRunsWherePeersLoadIt) {
+  // Workers hand compiled programs to each other (XlaExecutor): the custom
+  // call is found again in the runtime that loads the bytes.
+  auto compiler = CpuRuntime();
+  ASSERT_TRUE(compiler.ok()) << compiler.status();
+  const std::string options = testing::OptionsOnDevice(0);
+  auto compiled = (*compiler)->Compile(PotrfModule('L'), options);
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  auto bytes = (*compiler)->Serialize(**compiled);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  auto peer = CpuRuntime();
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  auto loaded = (*peer)->Deserialize(*bytes, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  alignas(64) const float a[8] = {4, 2, 2, 3, 1, 2, 2, 1};
+  auto outs = RunToEnd(**peer, **loaded, a);
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  int32_t info[2];
+  ASSERT_TRUE((*outs)[0][1]->CopyToHost(info).ok());
+  EXPECT_THAT(info, ElementsAre(0, 2));
+}
+
 TEST(LapackHandlersTest, ACallJaxWouldNotEmitFailsItsRunNamingTheTarget) {
   auto runtime = CpuRuntime();
   ASSERT_TRUE(runtime.ok()) << runtime.status();

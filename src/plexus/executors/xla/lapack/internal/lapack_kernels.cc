@@ -289,7 +289,11 @@ absl::Status Gesdd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
   const bool vectors = mode != 'N';
   const int ldu = std::max<int>(1, vectors ? m : 1);
   const int ldvt = std::max<int>(1, vectors ? static_cast<int>(vt.rows) : 1);
-  if (a.count == 0 || k == 0) return absl::OkStatus();
+  if (k == 0) {  // nothing to compute: LAPACK's answer for empty matrices
+    std::fill(info, info + a.count, 0);
+    return absl::OkStatus();
+  }
+  if (a.count == 0) return absl::OkStatus();
   // u and vt are not referenced without vectors: one element each stands in.
   T unused_u{};
   T unused_vt{};
@@ -343,7 +347,11 @@ absl::Status Gesvd(char mode, MatrixBatch<T> a, Real<T>* s, MatrixBatch<T> u,
   const bool vectors = mode != 'N';
   const int ldu = std::max<int>(1, vectors ? m : 1);
   const int ldvt = std::max<int>(1, vectors ? static_cast<int>(vt.rows) : 1);
-  if (a.count == 0 || k == 0) return absl::OkStatus();
+  if (k == 0) {  // nothing to compute: LAPACK's answer for empty matrices
+    std::fill(info, info + a.count, 0);
+    return absl::OkStatus();
+  }
+  if (a.count == 0) return absl::OkStatus();
   T unused_u{};
   T unused_vt{};
   auto u_of = [&](int64_t b) { return vectors ? u.matrix(b) : &unused_u; };
@@ -440,7 +448,11 @@ absl::Status RealGeev(char left, char right, MatrixBatch<const T> a, T* wr,
   }
   const int n = static_cast<int>(a.rows);
   const int ld = std::max(1, n);
-  if (a.count == 0 || n == 0) return absl::OkStatus();
+  if (n == 0) {  // nothing to compute: LAPACK's answer for empty matrices
+    std::fill(info, info + a.count, 0);
+    return absl::OkStatus();
+  }
+  if (a.count == 0) return absl::OkStatus();
   const size_t nn = static_cast<size_t>(n) * n;
   // geev destroys its input, and gives eigenvectors as real pairs: both in
   // scratch memory.
@@ -502,7 +514,11 @@ absl::Status ComplexGeev(char left, char right, MatrixBatch<const T> a, T* w,
   }
   const int n = static_cast<int>(a.rows);
   const int ld = std::max(1, n);
-  if (a.count == 0 || n == 0) return absl::OkStatus();
+  if (n == 0) {  // nothing to compute: LAPACK's answer for empty matrices
+    std::fill(info, info + a.count, 0);
+    return absl::OkStatus();
+  }
+  if (a.count == 0) return absl::OkStatus();
   const size_t nn = static_cast<size_t>(n) * n;
   std::vector<T> x(nn);
   T unused_l{};

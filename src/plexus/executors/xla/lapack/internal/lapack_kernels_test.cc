@@ -263,6 +263,22 @@ TEST(LapackKernelsTest, TrsmSolvesEachSideAndTranspose) {
   ExpectNear(Multiply(x.data(), lt.data(), 2, 2, 2), b, 1e-12);
 }
 
+TEST(LapackKernelsTest, EmptyMatricesAreComputedWithInfoZero) {
+  std::vector<int32_t> info(2, -7);
+  float unused = 0;
+  ASSERT_TRUE(Gesdd('A', MatrixBatch<float>{&unused, 2, 3, 0}, &unused,
+                    MatrixBatch<float>{&unused, 2, 3, 3},
+                    MatrixBatch<float>{&unused, 2, 0, 0}, info.data())
+                  .ok());
+  EXPECT_THAT(info, ElementsAre(0, 0));
+  info = {-7, -7};
+  std::complex<float> c;
+  ASSERT_TRUE(RealGeev('V', 'V', MatrixBatch<const float>{&unused, 2, 0, 0},
+                       &unused, &unused, &c, &c, info.data())
+                  .ok());
+  EXPECT_THAT(info, ElementsAre(0, 0));
+}
+
 TEST(LapackKernelsTest, RefusesLettersAndShapesLapackDoesNotTake) {
   std::vector<float> a(4, 1);
   int32_t info = 0;
