@@ -76,7 +76,7 @@ JAX_NEXT_TESTS := tests/test_jax_api.py tests/test_donation.py \
   tests/test_stablehlo_version.py tests/test_xla.py tests/test_xla_training.py \
   tests/test_mesh_training.py tests/test_pipeline_optimizer.py \
   tests/test_calls.py tests/test_reconnect.py tests/test_elastic_xla.py \
-  tests/test_jax_surface.py
+  tests/test_jax_surface.py tests/test_linalg.py
 test-jax-next:
 	@if [ ! -x $(JAX_NEXT_PY) ]; then \
 	  echo "[test] jax-next skipped: no .venv-jax-next (scripts/setup.sh makes it where a Python 3.12 exists)"; \

@@ -5,7 +5,11 @@ set -euo pipefail
 APT_PKGS=(cmake ninja-build g++ ccache pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
+  # OpenBLAS 0.3.21: BLAS for the built-in kernels, and the LAPACK the
+  # workers serve jaxlib's LAPACK custom calls with (jnp.linalg on CPU;
+  # src/plexus/executors/xla/lapack/): libopenblas0 carries both.
+  libopenblas-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
   libgoogle-perftools-dev clang-format
   # clang 14, its sanitizer runtimes and llvm-symbolizer: the thread-safety
   # and sanitizer stages of make test.

@@ -620,10 +620,13 @@ class Jitted:
                     jax.jit(flat_fn, in_shardings=in_sh,
                             out_shardings=out_sh, keep_unused=True,
                             donate_argnums=donated),
-                    platforms=[self._platform])(*avals)
+                    platforms=[self._platform],
+                    disabled_checks=_plugin_support.export_checks_to_disable(
+                        self._platform))(*avals)
         except Exception as e:
             _plugin_support.check_failed_lowering(
-                jaxpr_of, f"{what}, arguments ({_signature(names, specs)})")
+                jaxpr_of, f"{what}, arguments ({_signature(names, specs)})",
+                e, self._platform)
             layout.explain_dcn_axis(e)
             raise _plexus_error(e)(
                 f"{what}: JAX could not lower the function for arguments "

@@ -13,6 +13,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "plexus/client/client.h"
 #include "plexus/executors/builtin/kernel.h"
+#include "plexus/executors/xla/lapack/lapack_handlers.h"
 
 namespace py = pybind11;
 
@@ -641,6 +642,16 @@ PYBIND11_MODULE(_core, m) {
       },
       py::arg("secret_hex") = py::none());
   m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
+  // The LAPACK custom call targets (jnp.linalg on CPU) that workers serve
+  // with handlers of their own (executors/xla/lapack/lapack_handlers.h):
+  // plexus.jit refuses a program calling any other.
+  m.def("lapack_targets", [] {
+    std::vector<std::string> names;
+    for (std::string_view t : plexus::xla::lapack::kLapackTargets) {
+      names.emplace_back(t);
+    }
+    return names;
+  });
   // Every built-in program's documentation (builtin::KernelDoc), sorted by
   // name: what plexus.builtins and docs/PROGRAMS.md show.
   // The one form of a sharding (a PartitionSpec that is a 1-D split or

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/executors/xla/internal/pjrt_support.h"
+#include "plexus/executors/xla/lapack/lapack_handlers.h"
 
 namespace plexus::xla {
 
@@ -133,6 +134,11 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
     return s;
   }
   platform_.assign(name.platform_name, name.platform_name_size);
+  if (platform_ == "cpu") {
+    // jnp.linalg on CPU lowers to jaxlib's LAPACK custom calls, for which
+    // the CPU plugin has no handlers: ours, before anything compiles.
+    lapack_handlers_ = lapack::RegisterLapackHandlers(api_);
+  }
   auto devs = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
   devs.client = client_;
   if (absl::Status s = scope.ToStatus(

@@ -200,6 +200,12 @@ class PjrtRuntime {
   // The memory the plugin lets programs allocate on device `d` (its
   // allocator's limit), or NotFound where the plugin does not say (CPU).
   absl::StatusOr<int64_t> device_memory_limit(int d) const;
+  // Whether programs may call jaxlib's LAPACK custom call targets
+  // (lapack/lapack_handlers.h: what jnp.linalg lowers to on CPU): OK where
+  // their handlers were registered with this CPU plugin; why not otherwise
+  // (not a CPU plugin, or one without a PJRT FFI extension that registers
+  // handlers). Such a program then fails to compile, naming the target.
+  const absl::Status& lapack_handlers() const { return lapack_handlers_; }
   // "<major>.<minor>" of the plugin's PJRT C API.
   std::string api_version() const;
   // The newest StableHLO the plugin reads ("1.13.3": its
@@ -290,6 +296,8 @@ class PjrtRuntime {
   std::shared_ptr<PjrtClientHandle> handle_of_client_;  // owns client_
   std::string platform_;
   std::string stablehlo_version_;
+  absl::Status lapack_handlers_ = absl::FailedPreconditionError(
+      "LAPACK handlers are registered with CPU plugins only");
   std::vector<PJRT_Device*> devices_;  // addressable, by id
   struct Run;  // one queued run, until its end is handled
   // A partition of `run` has completed (a PJRT callback, on a plugin

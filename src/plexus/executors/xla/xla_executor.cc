@@ -18,6 +18,12 @@ absl::StatusOr<const PjrtRuntime*> XlaExecutor::Runtime() {
       SPDLOG_INFO("XLA: PJRT plugin {} (C API {}), platform {}, {} devices",
                   options_.plugin_path, (*runtime_)->api_version(),
                   (*runtime_)->platform(), (*runtime_)->num_devices());
+      if ((*runtime_)->platform() == "cpu" &&
+          !(*runtime_)->lapack_handlers().ok()) {
+        SPDLOG_WARN(
+            "XLA: programs calling LAPACK (jnp.linalg) will not compile: {}",
+            std::string((*runtime_)->lapack_handlers().message()));
+      }
     } else {
       SPDLOG_ERROR("XLA: {}", runtime_.status().ToString());
     }
