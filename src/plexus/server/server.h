@@ -62,6 +62,12 @@ struct ServerOptions {
   std::string tls_key_file;
   // Admission windows (server/admission.h).
   Admission::Options admission;
+  // The timeline (timeline/timeline.h): whether the server records, the
+  // events its ring keeps, and, TEST ONLY, a skew added to its timeline
+  // clock.
+  bool timeline = true;
+  size_t timeline_capacity = size_t{1} << 16;
+  absl::Duration timeline_skew;
 };
 
 // The heartbeat period a server with `options` asks of its workers, and

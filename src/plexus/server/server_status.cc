@@ -50,6 +50,7 @@ grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
   }
   status->set_address(advertised_);
   status->set_calls_routed(state_.calls_routed());
+  status->set_transfers_routed(state_.transfers_routed());
   status->set_epoch(scheduler_.epoch());
   status->set_scheduler(options_.consistent_order ? "gang/fair"
                                                   : "none (test only)");
