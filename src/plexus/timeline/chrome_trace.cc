@@ -32,7 +32,7 @@ std::string Quoted(absl::string_view s) {
         break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
+          absl::StrAppendFormat(&out, "\\u%04x", static_cast<int>(c));
         } else {
           out += c;
         }
@@ -221,11 +221,16 @@ class Writer {
         "{\"ph\":\"s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"name\":"
         "\"transfer\",\"cat\":\"flow\",\"id\":%d}",
         pid, tid, Us(s_ns, r.offset_ns()), id));
+    // The task's slice includes its wait for inputs: the arrow ends where
+    // the transfer was delivered, within the task (server's clock).
+    const int64_t f_ns = std::max(
+        task.start_ns() + dr.offset_ns(),
+        std::min(s_ns + r.offset_ns(), task.end_ns() + dr.offset_ns()));
     flow_ins_[{to->ring, to->event}].push_back(absl::StrFormat(
         "{\"ph\":\"f\",\"bp\":\"e\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,"
         "\"name\":\"transfer\",\"cat\":\"flow\",\"id\":%d}",
-        to->ring + 1, kDeviceTid + std::max(task.device(), 0),
-        Us(task.start_ns(), dr.offset_ns()), id));
+        to->ring + 1, kDeviceTid + std::max(task.device(), 0), Us(f_ns, 0),
+        id));
   }
 
   void WriteRing(int i) {

@@ -28,7 +28,7 @@ TEST(TimelineTest, KeepsTheLastCapacityEventsOldestFirst) {
   ASSERT_EQ(kept.size(), 4u);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(kept[i].call_id, 7u + i);
   // Those that end at or after the time asked for.
-  kept = t.Since(95);
+  kept = t.Since(96);
   ASSERT_EQ(kept.size(), 1u);
   EXPECT_EQ(kept[0].call_id, 10u);
 }
