@@ -35,17 +35,19 @@ def call_site(client, depth=2):
     if f is None:
         return 0
     g = f.f_back
-    key = (f.f_code, f.f_lineno, g.f_code if g else None,
+    # Code objects by identity (hashing one hashes its bytecode); the
+    # entry keeps them alive, so an id is never reused for another.
+    key = (id(f.f_code), f.f_lineno, id(g.f_code) if g else 0,
            g.f_lineno if g else 0)
     sites = client._sites
-    site = sites.get(key)
-    if site is None:
+    entry = sites.get(key)
+    if entry is None:
         text = _line(f)
         if g is not None:
             text = _line(g) + " > " + text
-        site = client._core.call_site(text)
-        sites[key] = site
-    return site
+        entry = sites[key] = (client._core.call_site(text), f.f_code,
+                              g.f_code if g else None)
+    return entry[0]
 
 
 def _line(frame):
