@@ -24,7 +24,7 @@
 // devices busy with).
 //
 //   plexus-bench-dispatch [--hosts-list 1,2] [--repeats 5] [--calls 2048]
-//                         [--json FILE]
+//                         [--json FILE] [--timeline on|off]
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -437,8 +437,17 @@ int Main(int argc, char** argv) {
   bool skip_busy = false;
   app.add_flag("--skip-busy", skip_busy,
                "skip the busy-kernel saturation runs");
+  std::string timeline = "on";
+  app.add_option("--timeline", timeline,
+                 "on (the default of every server and worker): the timeline "
+                 "records; off: the cluster it starts records nothing "
+                 "($PLEXUS_TIMELINE_EVENTS=0), to measure what recording "
+                 "costs (bench/timeline_ab.sh)")
+      ->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
   signal(SIGPIPE, SIG_IGN);
+  // The server and its workers read it as they start.
+  if (timeline == "off") setenv("PLEXUS_TIMELINE_EVENTS", "0", 1);
 
   const double started = NowSeconds();
   nlohmann::json json;
@@ -446,6 +455,7 @@ int Main(int argc, char** argv) {
   json["repeats"] = flags.repeats;
   json["calls"] = flags.calls;
   json["graph_size"] = flags.graph_size;
+  json["timeline"] = timeline;
   json["cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
 
   constexpr int kRoundTrips = 20000;

@@ -1,10 +1,12 @@
 """The Python API: clients, slices, programs, futures and graphs."""
+import contextlib
 import sys
 import threading
 
 import numpy as np
 
 from . import _core
+from . import _trace
 
 # ---------------------------------------------------------------- shardings
 
@@ -534,11 +536,12 @@ class Program:
         """Calls (or records in the current graph) with checked inputs;
         returns the list of output Futures."""
         graph = getattr(_recording, "graph", None)
+        site = _trace.call_site(self._client)
         if graph is not None and graph._client is self._client:
-            outs = graph._g.call(self._p, core_futures)
+            outs = graph._g.call(self._p, core_futures, site)
             graph.calls += 1
         else:
-            outs = self._client._core.call(self._p, core_futures)
+            outs = self._client._core.call(self._p, core_futures, site)
         client = self._client
         return [Future(o, client) for o in outs]
 
@@ -708,6 +711,7 @@ class Client:
         self._core = core_client
         self._address = address  # the server's, for why()
         self._dcn_axes = {}  # slice's first id -> its DCN axes
+        self._sites = {}  # (code, line) -> call site id (_trace.call_site)
 
     @property
     def id(self):
@@ -832,6 +836,29 @@ class Client:
         cannot recover)."""
         self._core.snapshot([f._f for f in _leaves(tree)])
         return tree
+
+    @contextlib.contextmanager
+    def trace(self, path, timeout=10.0):
+        """Writes a timeline of what this client's calls did on the whole
+        cluster while the block ran to `path` (the operator's `plexus
+        trace` shows every client's): a Chrome trace-event file that Perfetto
+        (ui.perfetto.dev) and TensorBoard open, with one track per host and
+        device, each call named by its program and the source line that
+        issued it, and flows from each transfer to the task that reads it
+        (docs/ARCHITECTURE.md, "The timeline"). Collected as the block
+        ends: wait for the results you want to see inside it. Returns (as
+        the `with` target) a dict that holds the trace's summary once the
+        block has ended."""
+        if self._address is None:
+            raise RuntimeError("this client does not know its server's "
+                               "address")
+        since = _trace.server_now(self._address)
+        summary = {}
+        try:
+            yield summary
+        finally:
+            summary.update(_trace.write(self._address, path, since, timeout,
+                                        client=self._core))
 
     def close(self):
         self._core.close()

@@ -9,6 +9,7 @@
     plexus down
     plexus token --tenant research --secret-file /etc/plexus/secret
     plexus token --admin      # for /metrics (Prometheus' bearer token)
+    plexus trace --seconds 10 -o job.json         # Perfetto, TensorBoard
 
 --tls-ca FILE (or $PLEXUS_TLS_CA): the CA of a server's TLS certificate.
 """
@@ -414,6 +415,25 @@ def cmd_down(args):
     return 0
 
 
+def cmd_trace(args):
+    """A timeline of the whole cluster (every process's ring, through the
+    server) as a Chrome trace-event file: the next --seconds, or with
+    --last the past ones the rings still hold."""
+    from . import _trace
+    address = args.address or current_address()
+    secret = _secret_for(address, args.secret_file)
+    if secret is None:
+        # Before recording: the server would refuse the trace at its end.
+        print("plexus: the trace of every client's calls needs the cluster "
+              "secret: give --secret-file or set $PLEXUS_CLUSTER_SECRET (a "
+              "client reads its own with client.trace())", file=sys.stderr)
+        return 1
+    summary = _trace.collect_for(address, args.seconds, args.output,
+                                 last=args.last, secret=secret)
+    print(_trace.describe(summary, args.output))
+    return 0
+
+
 def cmd_token(args):
     """Prints the tenant token of --tenant: what the operator hands to that
     tenant's users ($PLEXUS_TENANT_TOKEN, or connect(token=...)); with
@@ -502,7 +522,21 @@ def main(argv=None):
                        help="the cluster secret (default: "
                             "$PLEXUS_CLUSTER_SECRET, else `plexus up`'s)")
     token.set_defaults(fn=cmd_token)
-    for cmd in (st, top, why, wait, down):
+    trace = sub.add_parser("trace", help="write a timeline of the cluster "
+                                         "(Perfetto, TensorBoard)")
+    trace.add_argument("--address")
+    trace.add_argument("--seconds", type=float, default=10.0,
+                       help="how long to record (with --last: how far back)")
+    trace.add_argument("--last", action="store_true",
+                       help="the past --seconds, at once, from what each "
+                            "process's ring still holds")
+    trace.add_argument("-o", "--output", default="plexus-trace.json")
+    trace.add_argument("--secret-file",
+                       help="the cluster secret: the trace shows every "
+                            "client's calls to the operator only (default: "
+                            "$PLEXUS_CLUSTER_SECRET, else `plexus up`'s)")
+    trace.set_defaults(fn=cmd_trace)
+    for cmd in (st, top, why, wait, down, trace):
         cmd.add_argument("--tls-ca",
                          help="CA file of the server's TLS certificate "
                               "(default: $PLEXUS_TLS_CA)")

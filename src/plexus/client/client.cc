@@ -183,7 +183,8 @@ class SliceHolds {
 absl::StatusOr<std::vector<Future>> BuildCall(
     const std::shared_ptr<ClientCore>& core, const Program& program,
     const std::vector<Future>& inputs, SliceHolds* holds,
-    std::vector<proto::ClientOp>* ops, std::shared_ptr<SessionTag>* session) {
+    std::vector<proto::ClientOp>* ops, std::shared_ptr<SessionTag>* session,
+    uint32_t site) {
   // Error context, built only when an error needs it (every call runs this).
   auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
   if (*session == nullptr) {
@@ -249,8 +250,14 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     if (!s.ok() && upstream.ok()) upstream = s;
   }
   proto::ClientOp op;
+  // Its call site goes first, once per session.
+  if (site != 0 && core->CallSiteOp(site, epoch, &op)) {
+    ops->push_back(std::move(op));
+    op.Clear();
+  }
   proto::Call* call = op.mutable_call();
   call->set_call_id(core->NextId());
+  if (site != 0) call->set_site(site);
   call->set_slice_id(program.slice()->id());
   call->set_program_id(program.id());
   std::vector<Future> outputs;
@@ -295,10 +302,11 @@ absl::StatusOr<std::vector<Future>> BuildCall(
 }  // namespace
 
 absl::StatusOr<std::vector<Future>> Graph::Call(
-    const Program& program, const std::vector<Future>& inputs) {
+    const Program& program, const std::vector<Future>& inputs, uint32_t site) {
   const size_t before = ops_.size();
   SliceHolds holds;  // recorded only: Submit may still find a slice closed
-  auto outputs = BuildCall(core_, program, inputs, &holds, &ops_, &session_);
+  auto outputs =
+      BuildCall(core_, program, inputs, &holds, &ops_, &session_, site);
   // One list per op: the call's inputs, none for the releases after it.
   for (size_t k = before; k < ops_.size(); ++k) {
     op_inputs_.push_back(k == before ? inputs : std::vector<Future>{});
@@ -540,11 +548,12 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
 }
 
 absl::StatusOr<std::vector<Future>> Client::Call(
-    const Program& program, const std::vector<Future>& inputs) {
+    const Program& program, const std::vector<Future>& inputs, uint32_t site) {
   SliceHolds holds;  // declared first: dropped after the op is queued
   std::vector<proto::ClientOp> ops;
   std::shared_ptr<SessionTag> session;
-  auto outputs = BuildCall(core_, program, inputs, &holds, &ops, &session);
+  auto outputs =
+      BuildCall(core_, program, inputs, &holds, &ops, &session, site);
   if (outputs.ok() && !ops.empty()) {
     if (core_->options().sequential_dispatch) core_->AwaitInputs(inputs);
     core_->Enqueue(std::move(ops), session->epoch);
@@ -592,6 +601,50 @@ absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
         "no Plexus server answers at ", address, ": ", s.error_message()));
   }
   return status;
+}
+
+uint32_t Client::CallSite(const std::string& text) {
+  return core_->CallSiteId(text);
+}
+
+absl::StatusOr<proto::TraceReply> Client::Trace(int64_t since_ns,
+                                                absl::Duration timeout) {
+  const transport::DataPlaneIdentity identity = core_->identity();
+  return CollectTrace(core_->address(), since_ns, /*events=*/true, timeout,
+                      {identity.peer.id, identity.credential});
+}
+
+absl::StatusOr<proto::TraceReply> CollectTrace(const std::string& address,
+                                               int64_t since_ns, bool events,
+                                               absl::Duration timeout,
+                                               const TraceAuth& auth) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+      ChannelCredentialsFor();  // $PLEXUS_TLS_CA
+  if (!tls.ok()) return tls.status();
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);  // every process's ring, in one reply
+  auto channel = grpc::CreateCustomChannel(address, *tls, args);
+  auto stub = proto::Controller::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + timeout));
+  proto::TraceRequest req;
+  req.set_since_ns(since_ns);
+  req.set_events(events);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  req.set_client_id(auth.client_id);
+  if (auth.credential.has_value()) {
+    req.set_credential(auth.credential->data(), auth.credential->size());
+  }
+  proto::TraceReply reply;
+  grpc::Status s = stub->Trace(&ctx, req, &reply);
+  if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+    return absl::PermissionDeniedError(s.error_message());
+  }
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "no Plexus server answers at ", address, ": ", s.error_message()));
+  }
+  return reply;
 }
 
 absl::Status ShutdownServer(const std::string& address,

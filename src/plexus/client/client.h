@@ -206,8 +206,10 @@ class Future {
 // batch, in order, and cannot be interleaved with other calls.
 class Graph {
  public:
+  // `site`: Client::CallSite's id for where it was issued (0: none).
   absl::StatusOr<std::vector<Future>> Call(const Program& program,
-                                           const std::vector<Future>& inputs);
+                                           const std::vector<Future>& inputs,
+                                           uint32_t site = 0);
   // Sends the recorded calls. The graph is empty afterwards.
   absl::Status Submit();
   size_t size() const { return ops_.size(); }
@@ -298,8 +300,17 @@ class Client {
       const std::shared_ptr<Slice>& slice, const std::string& name,
       proto::XlaProgram xla, const std::vector<ArgSpec>& inputs,
       std::vector<ArgSpec> outputs);
+  // `site`: CallSite's id for where it was issued (0: none).
   absl::StatusOr<std::vector<Future>> Call(const Program& program,
-                                           const std::vector<Future>& inputs);
+                                           const std::vector<Future>& inputs,
+                                           uint32_t site = 0);
+  // An id for a place in the program that issues calls ("train.py:42 in
+  // step"), which the timeline names each call by; the same for the same
+  // text (0 past 4096 distinct ones).
+  uint32_t CallSite(const std::string& text);
+  // CollectTrace with this session's credential: this client's events.
+  absl::StatusOr<proto::TraceReply> Trace(int64_t since_ns,
+                                          absl::Duration timeout);
   Graph NewGraph();
   // Copies `data` (the row-major global array) onto the slice's workers.
   absl::StatusOr<Future> Put(const std::shared_ptr<Slice>& slice,
@@ -367,5 +378,18 @@ absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
 // PermissionDenied if the server holds another secret.
 absl::Status ShutdownServer(const std::string& address,
                             const ClusterSecret& secret);
+// Every process's timeline ring, through the server (timeline/timeline.h):
+// events that end at or after `since_ns` on the server's clock (0: all the
+// rings hold); without `events`, only the server's time now. Waits up to
+// `timeout` for the workers' rings.
+// `client_id` 0 with the admin credential reads every client's events; a
+// client's id with its session credential its own (TraceRequest).
+struct TraceAuth {
+  uint64_t client_id = 0;
+  std::optional<Credential> credential;
+};
+absl::StatusOr<proto::TraceReply> CollectTrace(
+    const std::string& address, int64_t since_ns, bool events = true,
+    absl::Duration timeout = absl::Seconds(10), const TraceAuth& auth = {});
 
 }  // namespace plexus

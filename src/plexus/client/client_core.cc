@@ -11,6 +11,33 @@
 #include "plexus/common/status_proto.h"
 
 namespace plexus {
+
+uint32_t ClientCore::CallSiteId(const std::string& text) {
+  absl::MutexLock lock(&sites_mu_);
+  auto it = site_ids_.find(text);
+  if (it != site_ids_.end()) return it->second;
+  if (sites_.size() >= kMaxCallSites) return 0;
+  sites_.push_back(text);
+  const uint32_t id = static_cast<uint32_t>(sites_.size());
+  site_ids_.emplace(text, id);
+  return id;
+}
+
+bool ClientCore::CallSiteOp(uint32_t site, uint64_t epoch,
+                            proto::ClientOp* op) {
+  absl::MutexLock lock(&sites_mu_);
+  if (site == 0 || site > sites_.size()) return false;
+  if (epoch != sites_epoch_) {
+    sites_epoch_ = epoch;
+    sites_sent_.assign(sites_.size(), false);
+  }
+  if (sites_sent_.size() < sites_.size()) sites_sent_.resize(sites_.size());
+  if (sites_sent_[site - 1]) return false;
+  sites_sent_[site - 1] = true;
+  op->mutable_site()->set_id(site);
+  op->mutable_site()->set_text(sites_[site - 1]);
+  return true;
+}
 namespace {
 
 constexpr size_t kMaxQueuedOps = 1 << 16;

@@ -43,11 +43,27 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   absl::Status Init(const std::string& address);
   void Close();
 
+  // The server's address, as given to Init.
+  const std::string& address() const { return address_; }
+  // The current session's client id and credential (which the data plane
+  // and the Trace RPC prove).
+  transport::DataPlaneIdentity identity() const {
+    absl::MutexLock lock(&mu_);
+    return identity_;
+  }
   // The current session's.
   uint64_t client_id() const {
     return client_id_.load(std::memory_order_acquire);
   }
   uint64_t NextId() { return (client_id() << 40) | next_id_++; }
+
+  // Call sites (proto::CallSite, for the timeline): the id of `text` (the
+  // same every time; 0 past kMaxCallSites), and the op that registers
+  // `site` with the server if the session of `epoch` has not had it yet
+  // (the server forgets sites with the session).
+  uint32_t CallSiteId(const std::string& text);
+  bool CallSiteOp(uint32_t site, uint64_t epoch, proto::ClientOp* op);
+  static constexpr size_t kMaxCallSites = 4096;
   // The current session's epoch (1 for the first, +1 per reconnect).
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
 
@@ -148,6 +164,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   const ClientOptions& options() const { return options_; }
   // Sequential dispatch: blocks until every input is computed (or failed).
   void AwaitInputs(const std::vector<Future>& inputs);
+
+ private:
+  absl::Mutex sites_mu_;
+  std::vector<std::string> sites_ ABSL_GUARDED_BY(sites_mu_);  // id - 1
+  absl::flat_hash_map<std::string, uint32_t> site_ids_
+      ABSL_GUARDED_BY(sites_mu_);
+  uint64_t sites_epoch_ ABSL_GUARDED_BY(sites_mu_) = 0;
+  std::vector<bool> sites_sent_ ABSL_GUARDED_BY(sites_mu_);  // in that epoch
 
  private:
   // --- sessions (client_session.cc)

@@ -14,6 +14,7 @@
 #include "plexus/client/client.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/executors/xla/lapack/lapack_handlers.h"
+#include "plexus/timeline/chrome_trace.h"
 
 namespace py = pybind11;
 
@@ -288,10 +289,13 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("slice", &Future::slice);
 
   py::class_<Graph>(m, "Graph")
-      .def("call",
-           [](Graph& g, const Program& p, const py::sequence& inputs) {
-             return Unwrap(g.Call(p, FuturesFrom(inputs)));
-           })
+      .def(
+          "call",
+          [](Graph& g, const Program& p, const py::sequence& inputs,
+             uint32_t site) {
+            return Unwrap(g.Call(p, FuturesFrom(inputs), site));
+          },
+          py::arg("program"), py::arg("inputs"), py::arg("site") = 0)
       .def("submit",
            [](Graph& g) {
              absl::Status s;
@@ -486,16 +490,40 @@ PYBIND11_MODULE(_core, m) {
           py::arg("slice"), py::arg("name"), py::arg("module"),
           py::arg("platform"), py::arg("islands"), py::arg("inputs"),
           py::arg("outputs"), py::arg("donated") = py::tuple())
-      .def("call",
-           [](Client& c, const Program& p, const py::sequence& inputs) {
-             std::vector<Future> in = FuturesFrom(inputs);
-             absl::StatusOr<std::vector<Future>> out;
-             {
-               py::gil_scoped_release release;  // may wait on back-pressure
-               out = c.Call(p, in);
-             }
-             return Unwrap(std::move(out));
-           })
+      .def(
+          "call",
+          [](Client& c, const Program& p, const py::sequence& inputs,
+             uint32_t site) {
+            std::vector<Future> in = FuturesFrom(inputs);
+            absl::StatusOr<std::vector<Future>> out;
+            {
+              py::gil_scoped_release release;  // may wait on back-pressure
+              out = c.Call(p, in, site);
+            }
+            return Unwrap(std::move(out));
+          },
+          py::arg("program"), py::arg("inputs"), py::arg("site") = 0)
+      .def("call_site", &Client::CallSite)
+      // This client's events (Client::Trace) as Chrome trace-event JSON.
+      .def(
+          "trace",
+          [](Client& c, int64_t since_ns, double timeout_s) {
+            std::string json;
+            absl::Status s;
+            {
+              py::gil_scoped_release release;
+              absl::StatusOr<proto::TraceReply> r =
+                  c.Trace(since_ns, absl::Seconds(timeout_s));
+              if (r.ok()) {
+                json = ChromeTraceJson(*r);
+              } else {
+                s = r.status();
+              }
+            }
+            Check(s);
+            return py::bytes(json);
+          },
+          py::arg("since_ns") = 0, py::arg("timeout") = 10.0)
       .def("graph", &Client::NewGraph)
       .def("put",
            [](Client& c, std::shared_ptr<Slice> slice, py::array array,
@@ -598,6 +626,46 @@ PYBIND11_MODULE(_core, m) {
         return json;
       },
       py::arg("address"), py::arg("fresh") = false);
+  // The timeline (timeline/timeline.h): the server's clock now, in ns.
+  m.def(
+      "trace_now",
+      [](const std::string& address) {
+        absl::StatusOr<proto::TraceReply> r;
+        {
+          py::gil_scoped_release release;
+          r = CollectTrace(address, 0, /*events=*/false);
+        }
+        return Unwrap(std::move(r)).server_now_ns();
+      },
+      py::arg("address"));
+  // Every process's events that end at or after `since_ns` (server clock;
+  // 0: all the rings hold), as Chrome trace-event JSON; the operator's
+  // (the admin credential of `secret_hex`, else $PLEXUS_CLUSTER_SECRET's).
+  m.def(
+      "trace",
+      [](const std::string& address, int64_t since_ns, double timeout_s,
+         std::optional<std::string> secret_hex) {
+        ClusterSecret secret =
+            Unwrap(secret_hex.has_value() ? ClusterSecret::FromHex(*secret_hex)
+                                          : ClusterSecret::Load(""));
+        std::string json;
+        absl::Status s;
+        {
+          py::gil_scoped_release release;
+          absl::StatusOr<proto::TraceReply> r = CollectTrace(
+              address, since_ns, /*events=*/true, absl::Seconds(timeout_s),
+              {0, secret.Derive(CredentialRole::kAdmin)});
+          if (r.ok()) {
+            json = ChromeTraceJson(*r);
+          } else {
+            s = r.status();
+          }
+        }
+        Check(s);
+        return py::bytes(json);
+      },
+      py::arg("address"), py::arg("since_ns") = 0, py::arg("timeout") = 10.0,
+      py::arg("secret_hex") = py::none());
   // The secret stays in C++: Python sees it as hex only, to hand it to the
   // processes of a cluster it starts (by environment) and to keep it in a
   // file of mode 0600; credentials are derived here.

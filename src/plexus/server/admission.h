@@ -76,6 +76,8 @@ struct AdmissionUnit {
   // The call's record (ClusterState::RouteCall's seq), reported back by
   // TakeDoneCalls once every worker has reported it done.
   uint64_t call_seq = 0;
+  // When it was routed, on the server's timeline clock (0: not recorded).
+  int64_t routed_ns = 0;
   bool is_call() const { return !exec_workers.empty(); }
 };
 

@@ -124,6 +124,10 @@ struct ClientRecord {
   proto::ClientStats stats;
   std::set<uint64_t> slices;
   absl::flat_hash_map<uint64_t, ProgramRecord> programs;
+  // Where it issues calls (CallSite), for the timeline: at most
+  // kMaxCallSites; later ones go unnamed.
+  absl::flat_hash_map<uint32_t, std::string> call_sites;
+  static constexpr size_t kMaxCallSites = 4096;
   // Its live buffers as routed (call outputs and puts, until released):
   // bytes over all shards, which the tenant's max_bytes bounds.
   absl::flat_hash_map<uint64_t, int64_t> buffer_bytes;
@@ -302,6 +306,9 @@ class ClusterState {
   // The time calls routed from now on record (CallRecord.routed): the
   // server sets it once per batch, from its clock.
   void set_now(absl::Time now) { now_ = now; }
+  // Transfers between workers routed for calls so far (the timeline test
+  // counts them against the trace).
+  int64_t transfers_routed() const { return transfers_routed_; }
   // Why a buffer was lost (its reads fail with this), or null.
   const absl::Status* LostStatus(uint64_t buffer_id) const {
     auto it = lost_.find(buffer_id);
@@ -475,6 +482,7 @@ class ClusterState {
   int64_t next_worker_id_ = 1;
   uint64_t next_client_id_ = 1;
   absl::Time now_ = absl::InfinitePast();  // set_now
+  int64_t transfers_routed_ = 0;
   uint64_t next_slice_id_ = 1;
   uint64_t next_transfer_ = 1;
   int64_t calls_routed_ = 0;

@@ -27,6 +27,7 @@ CallRecord CallRecord::FromCall(uint64_t client_id, const proto::Call& call) {
   rec.call_id = call.call_id();
   rec.slice_id = call.slice_id();
   rec.program_id = call.program_id();
+  rec.site = call.site();
   for (const proto::InputRef& ref : call.inputs()) {
     auto arg = FromProto(ref.arg());
     rec.inputs.emplace_back(ref.buffer_id(), ref.slice_id(),

@@ -82,6 +82,7 @@ struct CallRecord {
   bool one_host = false;
   int live_outputs = 0;  // outputs whose records live
   absl::Time routed;     // ClusterState::set_now when it was routed (why.h)
+  uint32_t site = 0;     // Call.site: where the client issued it
 
   // The call as its client would send it (recovery routes it again).
   proto::Call ToCall() const;

@@ -35,6 +35,7 @@
 #include "plexus/common/tls.h"
 #include "plexus/server/local_workers.h"
 #include "plexus/server/server.h"
+#include "plexus/timeline/timeline.h"
 
 namespace {
 
@@ -204,6 +205,11 @@ int main(int argc, char** argv) {
                  "their own and collectives can deadlock")
       ->check(CLI::IsMember({"gang", "none"}));
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  size_t timeline_events = plexus::TimelineEventsFromEnv();
+  app.add_option("--timeline-events", timeline_events,
+                 "events the timeline ring keeps (what `plexus trace` "
+                 "collects; about 80 bytes each); 0: no recording. Default: "
+                 "$PLEXUS_TIMELINE_EVENTS, else 65536");
   app.add_option("--secret-file", secret_file,
                  "file holding the cluster secret (64 hex digits; "
                  "$PLEXUS_CLUSTER_SECRET wins). Created, mode 0600, with a "
@@ -248,6 +254,9 @@ int main(int argc, char** argv) {
   plexus::UseLockOrderChecksOfThisBuild();
   plexus::InitLogging("server", log_level);
   options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
+  options.timeline = timeline_events > 0;
+  if (timeline_events > 0) options.timeline_capacity = timeline_events;
+  options.timeline_skew = plexus::TestSkewFromEnv("server");
   options.spare_wait = absl::Milliseconds(spare_wait_ms);
   plexus::BlockTerminationSignals();
 

@@ -183,6 +183,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   call_record.program_id = call.program_id();
   call_record.one_host = OnOneHost(slice);
   call_record.routed = now_;
+  call_record.site = call.site();
   call_record.inputs.reserve(call.inputs_size());
   call_record.output_ids.assign(call.output_ids().begin(),
                                 call.output_ids().end());
@@ -282,6 +283,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       tr->set_dst_worker_id(dst.worker_id);
       tr->set_dst_buffer_id(temp);
       tr->set_dst_device(dst.device);
+      tr->set_call_id(call.call_id());
       staged[s.worker_id].push_back(std::move(t));
       proto::WorkerOp e;
       auto* ex = e.mutable_expect();
@@ -429,6 +431,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     out.push_back(std::move(op));
   }
   calls_routed_++;
+  transfers_routed_ += static_cast<int64_t>(transfers.size());
   const uint64_t routed = next_seq_++;
   records_.AddCall(routed, std::move(call_record), record.outputs);
   if (seq != nullptr) *seq = routed;

@@ -16,6 +16,10 @@ namespace plexus {
 ServerImpl::ServerImpl(const ServerOptions& options, ClusterSecret secret)
     : options_(options),
       secret_(std::move(secret)),
+      timeline_({.capacity = options.timeline_capacity,
+                 .clock = options.clock,
+                 .skew = options.timeline_skew,
+                 .enabled = options.timeline}),
       admission_(options.admission),
       scheduler_({.consistent_order = options.consistent_order}) {}
 

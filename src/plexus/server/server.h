@@ -67,6 +67,12 @@ struct ServerOptions {
   // free port, empty for none (in-process servers; `plexus-server` serves
   // them unless given --web-listen off).
   std::string web_listen;
+  // The timeline (timeline/timeline.h): whether the server records, the
+  // events its ring keeps, and, TEST ONLY, a skew added to its timeline
+  // clock.
+  bool timeline = true;
+  size_t timeline_capacity = size_t{1} << 16;
+  absl::Duration timeline_skew;
 };
 
 // The heartbeat period a server with `options` asks of its workers, and

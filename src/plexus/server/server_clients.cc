@@ -277,6 +277,13 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
       case proto::ClientOp::kStats:
         if (ClientRecord* c = state_.FindClient(id)) c->stats = op.stats();
         break;
+      case proto::ClientOp::kSite:
+        if (ClientRecord* c = state_.FindClient(id);
+            c != nullptr &&
+            c->call_sites.size() < ClientRecord::kMaxCallSites) {
+          c->call_sites[op.site().id()] = op.site().text();
+        }
+        break;
       default:
         break;
     }
@@ -301,8 +308,12 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   // release must follow the calls that read its buffer) keep the
   // client's order at admission.
   std::vector<WorkerOps> express;
+  // The calls' wait at admission starts now (timeline).
+  const int64_t routed_ns =
+      clock_read && timeline_.enabled() ? timeline_.NowNs() : 0;
   for (size_t u = 0; u < units.size(); ++u) {
     AdmissionUnit unit = MakeAdmissionUnit(std::move(units[u]), seqs[u]);
+    if (unit.is_call()) unit.routed_ns = routed_ns;
     // Releases and snapshots' copies follow the calls before them.
     if (!unit.is_call() && !Ordered(unit.ops)) {
       if (!unit.ops.empty()) express.push_back(std::move(unit.ops));

@@ -57,6 +57,7 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
   status->set_address(advertised_);
   status->set_web_address(web_advertised_);
   status->set_calls_routed(state_.calls_routed());
+  status->set_transfers_routed(state_.transfers_routed());
   status->set_epoch(scheduler_.epoch());
   status->set_scheduler(options_.consistent_order ? "gang/fair"
                                                   : "none (test only)");

@@ -188,13 +188,19 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
     // anything below waits for a lock (CheckLiveness).
     HeardFrom(id);
     if (msg.has_heartbeat()) {
-      absl::MutexLock lock(&mu_);
-      control_bytes_in_ += msg.ByteSizeLong();
-      if (WorkerRecord* w = state_.FindWorker(id)) {
-        w->stats = msg.heartbeat();
-        w->last_heartbeat = options_.clock->Now();
-        w->heartbeats++;
+      const int64_t read_ns = timeline_.NowNs();
+      {
+        absl::MutexLock lock(&mu_);
+        control_bytes_in_ += msg.ByteSizeLong();
+        if (WorkerRecord* w = state_.FindWorker(id)) {
+          w->stats = msg.heartbeat();
+          w->last_heartbeat = options_.clock->Now();
+          w->heartbeats++;
+        }
       }
+      OnClockProbe(id, msg.heartbeat().clock(), read_ns);
+    } else if (msg.has_timeline()) {
+      OnTimelineChunk(id, *msg.mutable_timeline());
     } else if (msg.has_transfer_failed()) {
       RelayTransferFailure(id, msg.transfer_failed());
     } else if (msg.has_calls_done()) {
@@ -247,6 +253,7 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
     absl::MutexLock lock(&heard_mu_);
     heard_.erase(id);
   }
+  ForgetTimelineOf(id);
   std::shared_ptr<WorkerQueue> queue;
   {
     absl::MutexLock lock(&mu_);
@@ -347,6 +354,7 @@ TakenWork Taken(AdmissionUnit unit) {
 
 void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
                             bool only_if_silent) {
+  const int64_t start_ns = timeline_.NowNs();
   absl::MutexLock lock(&mu_);
   WorkerRecord* w = state_.FindWorker(id);
   if (w == nullptr || !w->alive) return;
@@ -426,6 +434,12 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
   }
   SettleLossLocked(loss);
   TellReleasedPutsLocked();
+  RecordRecovery(loss.spare != 0 ? "host lost, its slices remapped onto a spare"
+                 : !loss.awaiting.empty()
+                     ? "host lost, its slices wait for a host"
+                 : !loss.broken.empty() ? "host lost, its slices broke"
+                                        : "host lost",
+                 start_ns, id);
 }
 
 void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
@@ -451,7 +465,10 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
     if (remapped) {
       std::vector<TakenWork> taken;
       for (AdmissionUnit& unit : held) taken.push_back(Taken(std::move(unit)));
+      const int64_t start_ns = timeline_.NowNs();
       ClientRecovery rec = state_.RecoverClient(c, loss, std::move(taken));
+      RecordRecovery("work recomputed or restored", start_ns, loss.worker_id,
+                     c);
       SPDLOG_INFO(
           "client {}: {} unit(s) of work routed again, {} buffer(s) under "
           "new ids, {} lost",

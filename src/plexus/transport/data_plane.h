@@ -48,6 +48,10 @@
 #include "plexus/common/credentials.h"
 #include "plexus/store/storage.h"
 
+namespace plexus {
+class Timeline;  // timeline/timeline.h
+}  // namespace plexus
+
 namespace plexus::transport {
 
 inline constexpr size_t kChunkBytes = 1 << 20;
@@ -210,6 +214,9 @@ struct DataPlaneServerOptions {
   // must make progress within this time, or the connection is closed. An
   // idle connection between frames waits without limit.
   absl::Duration frame_timeout = absl::Seconds(10);
+  // Where the puts, fetches and waits it serves to clients are recorded
+  // (timeline/timeline.h; not owned, outlives the server), or null.
+  Timeline* timeline = nullptr;
 };
 
 // Accepts connections on TCP and (optionally) a unix socket; one thread per

@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "plexus/common/logging.h"
+#include "plexus/timeline/timeline.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
 #include "plexus/transport/internal/handshake.h"
@@ -426,6 +427,21 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
                 FrameTypeName(header.frame_type()), KeyString(header.key()),
                 socket.peer(), allowed.ToString());
   }
+  // A client's request, on the timeline: from its header to its answer.
+  const bool client_request = *request == DataPlaneRequest::kPut ||
+                              *request == DataPlaneRequest::kFetch ||
+                              *request == DataPlaneRequest::kWait;
+  ScopedEvent event(client_request ? options_.timeline : nullptr,
+                    *request == DataPlaneRequest::kPut     ? EventKind::kPut
+                    : *request == DataPlaneRequest::kFetch ? EventKind::kFetch
+                                                           : EventKind::kWait);
+  event.event.client_id = peer.role == CredentialRole::kClient ? peer.id : 0;
+  event.event.buffer_id = header.buffer_id;
+  event.event.shard = header.shard;
+  event.event.bytes = static_cast<int64_t>(header.payload_bytes);
+  event.event.path =
+      socket.is_unix() ? TransferPath::kSharedMemory : TransferPath::kTcp;
+  event.event.failed = !allowed.ok();
   switch (*request) {
     case DataPlaneRequest::kPush:
       if (!allowed.ok()) return socket.SkipShard(header);

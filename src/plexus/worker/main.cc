@@ -12,6 +12,7 @@
 #include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
+#include "plexus/timeline/timeline.h"
 #include "plexus/worker/worker.h"
 
 int main(int argc, char** argv) {
@@ -113,7 +114,15 @@ int main(int argc, char** argv) {
                  "certificate (default: $PLEXUS_TLS_CA; neither: plain "
                  "text)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  size_t timeline_events = plexus::TimelineEventsFromEnv();
+  app.add_option("--timeline-events", timeline_events,
+                 "events the timeline ring keeps (what `plexus trace` "
+                 "collects; about 80 bytes each); 0: no recording. Default: "
+                 "$PLEXUS_TIMELINE_EVENTS, else 65536");
   CLI11_PARSE(app, argc, argv);
+  options.timeline = timeline_events > 0;
+  options.timeline_skew = plexus::TestSkewFromEnv(options.host_name);
+  if (timeline_events > 0) options.timeline_capacity = timeline_events;
 
   if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The PJRT plugin's own log (XLA/TSL) goes to stderr: quiet unless we

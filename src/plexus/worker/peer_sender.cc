@@ -11,7 +11,8 @@ PeerSender::PeerSender(int64_t peer_id, std::string tcp_address,
                        std::string unix_path,
                        transport::DataPlaneCounters* counters,
                        transport::DataPlaneIdentity identity,
-                       FailureCallback on_failure, const CudaIpc* ipc)
+                       FailureCallback on_failure, const CudaIpc* ipc,
+                       Timeline* timeline)
     : peer_id_(peer_id),
       tcp_address_(std::move(tcp_address)),
       unix_path_(std::move(unix_path)),
@@ -19,6 +20,7 @@ PeerSender::PeerSender(int64_t peer_id, std::string tcp_address,
       identity_(identity),
       on_failure_(std::move(on_failure)),
       ipc_(ipc),
+      timeline_(timeline),
       thread_([this] { Loop(); }) {}
 
 PeerSender::~PeerSender() {
@@ -31,7 +33,8 @@ PeerSender::~PeerSender() {
 }
 
 void PeerSender::Send(const transport::ShardKey& key,
-                      absl::StatusOr<std::shared_ptr<const Storage>> data) {
+                      absl::StatusOr<std::shared_ptr<const Storage>> data,
+                      const TimelineEvent& event) {
   // A value in device memory is never sent on the caller's thread (a
   // device thread, as its producer is queued): it may not be computed yet.
   const bool small = !data.ok() || ((*data)->kind() == MemoryKind::kHost &&
@@ -40,12 +43,12 @@ void PeerSender::Send(const transport::ShardKey& key,
     absl::MutexLock lock(&mu_);
     if (down_) return;
     if (!small || busy_ || !queue_.empty() || stop_) {
-      queue_.push_back({key, std::move(data)});
+      queue_.push_back({key, std::move(data), event});
       return;
     }
     busy_ = true;
   }
-  Deliver({key, std::move(data)});
+  Deliver({key, std::move(data), event});
   absl::MutexLock lock(&mu_);
   busy_ = false;
 }
@@ -158,9 +161,27 @@ bool PeerSender::SendByIpc(const Item& item) {
   return failed(s);  // the peer took nothing: send the bytes
 }
 
+void PeerSender::Record(Item& item, TransferPath path) {
+  if (timeline_ == nullptr || item.event.kind == EventKind::kNone) return;
+  item.event.end_ns = timeline_->NowNs();
+  item.event.path = path;
+  item.event.bytes =
+      item.data.ok() ? static_cast<int64_t>((*item.data)->size()) : 0;
+  item.event.failed = !item.data.ok();
+  timeline_->Record(item.event);
+}
+
 void PeerSender::Deliver(Item item) {
+  // One transfer at a time per peer: its slice on the timeline runs from
+  // here (the sender took it) to its delivery.
+  if (timeline_ != nullptr && item.event.kind != EventKind::kNone) {
+    item.event.start_ns = timeline_->NowNs();
+  }
   if (item.data.ok() && (*item.data)->kind() == MemoryKind::kDevice) {
-    if (SendByIpc(item)) return;
+    if (SendByIpc(item)) {
+      Record(item, TransferPath::kIpc);
+      return;
+    }
     if (given_up()) return;  // the server fails what was sent to it
     // Staged through host memory, on this thread, once the value is
     // computed (or its error goes instead).
@@ -168,12 +189,17 @@ void PeerSender::Deliver(Item item) {
         Storage::InHostMemory(*std::move(item.data), /*shareable=*/true);
     TransferPaths::host_staged()++;
   }
+  auto delivered = [&] {
+    Record(item, conn_ != nullptr && conn_->uses_shared_memory()
+                     ? TransferPath::kSharedMemory
+                     : TransferPath::kTcp);
+  };
   absl::Status s = SendOne(item);
-  if (s.ok()) return;
+  if (s.ok()) return delivered();
   // One reconnect: the connection may have been closed under us.
   conn_.reset();
   s = SendOne(item);
-  if (s.ok()) return;
+  if (s.ok()) return delivered();
   conn_.reset();
   {
     // A dead peer fails here too; the server reports it (PeerDown) and

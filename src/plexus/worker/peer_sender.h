@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "plexus/timeline/timeline.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/worker/cuda_ipc.h"
 
@@ -39,15 +40,20 @@ class PeerSender {
   // process (tried first; TCP when it cannot be reached), else empty.
   // Its connections prove `identity` (the worker's). `ipc`: this worker's
   // CUDA IPC (not owned; outlives the sender), or null for none.
+  // `timeline`: where delivered transfers are recorded (not owned; outlives
+  // the sender), or null.
   PeerSender(int64_t peer_id, std::string tcp_address, std::string unix_path,
              transport::DataPlaneCounters* counters,
              transport::DataPlaneIdentity identity, FailureCallback on_failure,
-             const CudaIpc* ipc = nullptr);
+             const CudaIpc* ipc = nullptr, Timeline* timeline = nullptr);
   ~PeerSender();  // drops what is queued and joins
 
   // Queues `data` (or its error) for `key` on the peer.
+  // `event` (kind kTransfer, its ids and start filled in) is recorded once
+  // the shard is delivered, with its path, size and end; kNone: not.
   void Send(const transport::ShardKey& key,
-            absl::StatusOr<std::shared_ptr<const Storage>> data);
+            absl::StatusOr<std::shared_ptr<const Storage>> data,
+            const TimelineEvent& event = {});
   // The peer is gone: drop everything queued and everything sent later.
   void MarkDown();
 
@@ -55,7 +61,10 @@ class PeerSender {
   struct Item {
     transport::ShardKey key;
     absl::StatusOr<std::shared_ptr<const Storage>> data;
+    TimelineEvent event;
   };
+  // Item's event, delivered by `path`.
+  void Record(Item& item, TransferPath path);
   void Loop();
   // conn_, connected if it was not (the sender thread only).
   absl::Status Connect();
@@ -80,6 +89,7 @@ class PeerSender {
   const transport::DataPlaneIdentity identity_;
   const FailureCallback on_failure_;
   const CudaIpc* const ipc_;
+  Timeline* const timeline_;
   std::unique_ptr<transport::DataPlaneConnection> conn_;  // sender thread only
   // Sender thread only: whether a fallback from CUDA IPC was logged, for a
   // reason of the decision (INFO) and for a failure once it was tried (WARN).

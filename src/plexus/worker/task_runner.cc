@@ -516,6 +516,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
   }
   if (!joined_island) {
     if (status.ok()) calls_executed_++;
+    RecordTask(*call, task_index, started, ran, !status.ok());
     FinishTask(call, task_index, std::move(keep), scratch_bytes,
                absl::ToInt64Microseconds(ran - started));
     return;
@@ -547,10 +548,33 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
         }
         const int64_t busy = std::max<int64_t>(0, now - from);
         device_run_busy_[device].fetch_add(busy, std::memory_order_relaxed);
+        // On the timeline, the run's time on its device (runs queued
+        // behind each other do not overlap there).
+        RecordTask(*call, task_index, absl::FromUnixMicros(from),
+                   absl::FromUnixMicros(now), failed || !end.ok());
         FinishTask(call, task_index, std::move(keep), scratch_bytes, busy);
         absl::MutexLock lock(&xla_runs_mu_);
         ++xla_runs_ended_;
       });
+}
+
+void WorkerImpl::RecordTask(const CallContext& call, int task_index,
+                            absl::Time started, absl::Time ended, bool failed) {
+  if (!timeline_.enabled()) return;
+  const proto::Execute& exec = call.exec;
+  const proto::ShardTask& task = exec.tasks(task_index);
+  TimelineEvent e;
+  e.kind = EventKind::kTask;
+  e.start_ns = timeline_.At(started);
+  e.end_ns = timeline_.At(ended);
+  e.client_id = exec.client_id();
+  e.call_id = exec.call_id();
+  e.program_id = exec.program_id();
+  e.buffer_id = exec.output_ids_size() > 0 ? exec.output_ids(0) : 0;
+  e.device = task.device();
+  e.shard = task.shard();
+  e.failed = failed;
+  timeline_.Record(e);
 }
 
 void WorkerImpl::FinishTask(const std::shared_ptr<CallContext>& call,

@@ -12,6 +12,7 @@
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/common/tls.h"
+#include "plexus/timeline/timeline_proto.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
@@ -106,7 +107,12 @@ absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
   return std::unique_ptr<Worker>(std::move(worker));
 }
 
-WorkerImpl::WorkerImpl(const WorkerOptions& options) : options_(options) {}
+WorkerImpl::WorkerImpl(const WorkerOptions& options)
+    : options_(options),
+      timeline_({.capacity = options.timeline_capacity,
+                 .clock = options.clock,
+                 .skew = options.timeline_skew,
+                 .enabled = options.timeline}) {}
 
 WorkerImpl::~WorkerImpl() {
   Shutdown();
@@ -366,6 +372,13 @@ void WorkerImpl::HeartbeatLoop() {
     }
     proto::WorkerToServer beat;
     *beat.mutable_heartbeat() = CollectStats();
+    {
+      // The probe's send time is read last, as close to the write as it
+      // can be (timeline/clock_offset.h).
+      absl::MutexLock lock(&probe_mu_);
+      *beat.mutable_heartbeat()->mutable_clock() = last_probe_;
+    }
+    beat.mutable_heartbeat()->mutable_clock()->set_sent_ns(timeline_.NowNs());
     if (!WriteToServer(beat)) return;
     // On the period's grid; after a stall (the process stopped, the
     // machine starved it), one beat at once and the grid from there.
@@ -396,6 +409,30 @@ void WorkerImpl::CallFinished(const proto::Execute& exec, bool failed,
   if (calls_done_.tickets_size() == 1 ||
       calls_done_.tickets_size() == kReportBatch) {
     wake_writer_.SignalAll();
+  }
+}
+
+void WorkerImpl::ApplyClockEcho(const proto::ClockEcho& echo) {
+  const int64_t t4 = timeline_.NowNs();
+  absl::MutexLock lock(&probe_mu_);
+  last_probe_.set_t1(echo.t1());
+  last_probe_.set_t2(echo.t2());
+  last_probe_.set_t3(echo.t3());
+  last_probe_.set_t4(t4);
+}
+
+void WorkerImpl::SendTimeline(const proto::CollectTimeline& request) {
+  // On the reader thread: a trace is rare, and its events are copied out
+  // of the ring at once (recording goes on meanwhile).
+  std::vector<proto::TimelineRing> chunks =
+      RingChunks(timeline_, request.since_ns());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    proto::WorkerToServer msg;
+    proto::TimelineChunk* chunk = msg.mutable_timeline();
+    chunk->set_request_id(request.request_id());
+    *chunk->mutable_ring() = std::move(chunks[i]);
+    chunk->set_last(i + 1 == chunks.size());
+    if (!WriteToServer(msg)) return;
   }
 }
 
@@ -591,6 +628,12 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kPeerDown:
       ApplyPeerDown(op.peer_down());
       break;
+    case proto::WorkerOp::kClockEcho:
+      ApplyClockEcho(op.clock_echo());
+      break;
+    case proto::WorkerOp::kCollectTimeline:
+      SendTimeline(op.collect_timeline());
+      break;
     case proto::WorkerOp::kTransferFailed:
       // The sender could not reach this worker's data plane; the server
       // relays what it would have said in a PUSH_ERROR.
@@ -652,7 +695,7 @@ PeerSender* WorkerImpl::SenderTo(int64_t worker_id) {
                         const absl::Status& reason) {
         ReportTransferFailure(worker_id, key, reason);
       },
-      cuda_ipc_.get());
+      cuda_ipc_.get(), &timeline_);
   PeerSender* raw = sender.get();
   senders_[worker_id] = std::move(sender);
   return raw;
@@ -674,10 +717,21 @@ void WorkerImpl::ApplyTransfer(const proto::Transfer& t) {
                                        " failed: ", known.message())));
     return;
   }
-  store_->OnReady(src, [this, src, dst, sender](auto result) {
+  // The timeline's event: from when the shard is ready to its delivery.
+  TimelineEvent event;
+  if (timeline_.enabled()) {
+    event.kind = EventKind::kTransfer;
+    event.client_id = ClientOfBuffer(t.buffer_id());
+    event.call_id = t.call_id();
+    event.buffer_id = t.buffer_id();
+    event.shard = t.shard();
+    event.peer = t.dst_worker_id();
+    event.device = t.dst_device();
+  }
+  store_->OnReady(src, [this, src, dst, sender, event](auto result) mutable {
     // No device path between workers yet: the sender stages a value in
     // device memory through host memory, on its own thread.
-    sender->Send(dst, std::move(result));
+    sender->Send(dst, std::move(result), event);
     store_->RemoveReader(src);
   });
 }

@@ -86,6 +86,12 @@ struct WorkerOptions {
   // the server and its peers with it, and checks every data-plane request
   // against it. Start() refuses to run without one.
   std::optional<ClusterSecret> secret;
+  // The timeline (timeline/timeline.h): whether the worker records its
+  // tasks, transfers, compiles and client requests, the events its ring
+  // keeps, and, TEST ONLY, a skew added to its timeline clock.
+  bool timeline = true;
+  size_t timeline_capacity = size_t{1} << 16;
+  absl::Duration timeline_skew;
 };
 
 class Worker {

@@ -18,6 +18,7 @@
 #include "plexus/executors/xla/xla_executor.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/store/object_store.h"
+#include "plexus/timeline/timeline.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/worker/collective.h"
 #include "plexus/worker/cuda_ipc.h"
@@ -184,6 +185,9 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   // The end of a task's work (at once, or when its XLA run has ended): its
   // inputs are let go and, for the call's last task here, the call is
   // reported done.
+  // A shard task's event, from `started` to `ended` (real clock readings).
+  void RecordTask(const CallContext& call, int task_index, absl::Time started,
+                  absl::Time ended, bool failed);
   void FinishTask(const std::shared_ptr<CallContext>& call, int task_index,
                   std::vector<std::shared_ptr<const Storage>> keep,
                   int64_t scratch_bytes, int64_t busy_micros);
@@ -258,6 +262,15 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       int64_t* reserved_bytes, const DeviceBuffer** in_device = nullptr);
 
   const WorkerOptions options_;
+  // What this worker did (timeline/timeline.h); the server collects it
+  // (CollectTimeline, answered on the reader thread).
+  Timeline timeline_;
+  // The heartbeats' clock probes: the last round trip completed (the
+  // server's ClockEcho, read at t4), which the next heartbeat carries.
+  absl::Mutex probe_mu_;
+  proto::ClockProbe last_probe_ ABSL_GUARDED_BY(probe_mu_);
+  void ApplyClockEcho(const proto::ClockEcho& echo);
+  void SendTimeline(const proto::CollectTimeline& request);
   ClusterSecret secret_;  // options_.secret, or one of its own (StartLocal)
   std::string machine_id_;
   std::atomic<int64_t> worker_id_{-1};

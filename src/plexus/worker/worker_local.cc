@@ -112,6 +112,7 @@ absl::Status WorkerImpl::StartLocal() {
   dp.tcp_host = options_.data_host;
   std::random_device rd;
   dp.unix_name = absl::StrCat("plexus-worker-", getpid(), "-", rd());
+  dp.timeline = &timeline_;
   auto server = transport::DataPlaneServer::Start(dp, this, &counters_);
   if (!server.ok()) return server.status();
   data_server_ = std::move(*server);

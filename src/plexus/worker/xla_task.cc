@@ -68,10 +68,18 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
       std::find(island->workers().begin(), island->workers().end(),
                 worker_id_.load()) != island->workers().end();
   if (*exe == nullptr && !names_me) {
+    ScopedEvent load(&timeline_, EventKind::kLoad);
+    load.event.label = timeline_.Intern(program.name);
+    load.event.device = devices.empty() ? -1 : devices.front();
     exe = LoadFromPeers(program, module, *island);
+    if (*exe == nullptr) load.event.failed = true;
   }
   if (*exe == nullptr) {
+    ScopedEvent compile(&timeline_, EventKind::kCompile);
+    compile.event.label = timeline_.Intern(program.name);
+    compile.event.device = devices.empty() ? -1 : devices.front();
     exe = xla_->GetOrCompile(module, island->compile_options());
+    compile.event.failed = !exe.ok();
   }
   if (!exe.ok()) return exe.status();
   if ((*exe)->num_partitions() != static_cast<int>(devices.size())) {

@@ -12,12 +12,14 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -27,6 +29,8 @@
 #include "plexus/server/gang_scheduler.h"
 #include "plexus/server/out_queue.h"
 #include "plexus/server/server.h"
+#include "plexus/timeline/clock_offset.h"
+#include "plexus/timeline/timeline.h"
 #include "plexus/web/web_server.h"
 
 namespace plexus {
@@ -142,6 +146,32 @@ class ServerImpl final : public Server, public proto::Controller::Service {
                         const proto::ShutdownRequest* request,
                         proto::ShutdownReply*) override;
 
+  // ------------------------------------------------------------ timeline
+  // (server_trace.cc)
+  // Collects every process's ring: the server's, and each live worker's
+  // (CollectTimeline; each answers with TimelineChunks), with the clock
+  // offsets that align them and the names of programs and call sites.
+  grpc::Status Trace(grpc::ServerContext* ctx,
+                     const proto::TraceRequest* request,
+                     proto::TraceReply* reply) override;
+  // A heartbeat's clock probe, read at `read_ns`: its completed round trip
+  // (if any) into the worker's offset estimate, and a ClockEcho back.
+  void OnClockProbe(int64_t worker, const proto::ClockProbe& probe,
+                    int64_t read_ns);
+  void OnTimelineChunk(int64_t worker, proto::TimelineChunk& chunk);
+  // The worker's session ended: no trace waits for it, its estimate goes.
+  void ForgetTimelineOf(int64_t worker);
+  // The call of record `seq` is done (before CallDone drops its record).
+  void RecordCallDoneLocked(uint64_t seq, bool failed, int64_t now_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A call unit admitted now: its wait at admission.
+  void RecordAdmitted(uint64_t client, const AdmissionUnit& unit,
+                      int64_t now_ns);
+  // A recovery step, from `start_ns` to now.
+  void RecordRecovery(absl::string_view step, int64_t start_ns,
+                      int64_t worker = 0, uint64_t client = 0);
+  Timeline& timeline() { return timeline_; }
+
  private:
   static proto::WorkerOp PeerOp(const WorkerRecord& w);
 
@@ -193,6 +223,20 @@ class ServerImpl final : public Server, public proto::Controller::Service {
 
   const ServerOptions options_;
   const ClusterSecret secret_;
+  Timeline timeline_;
+  // Each worker's clock offset, from its heartbeats (a leaf lock).
+  absl::Mutex clock_mu_;
+  absl::flat_hash_map<int64_t, ClockOffsetEstimator> clock_offsets_
+      ABSL_GUARDED_BY(clock_mu_);
+  // Trace RPCs waiting for workers' rings, by request id (a leaf lock).
+  struct PendingTrace {
+    std::set<int64_t> waiting;  // workers that have not answered in full
+    std::map<int64_t, std::vector<proto::TimelineRing>> rings;
+  };
+  absl::Mutex trace_mu_;
+  absl::CondVar trace_answered_;
+  std::map<uint64_t, PendingTrace> traces_ ABSL_GUARDED_BY(trace_mu_);
+  uint64_t next_trace_ ABSL_GUARDED_BY(trace_mu_) = 0;
   std::string address_;
   std::string advertised_;  // what clients and status are told
   // Whether a session without a tenant credential opens (as "default"):
@@ -272,7 +316,10 @@ inline void ServerImpl::ApplyCompletionsLocked(WorkerOps* releases,
     copies_to_apply_.swap(copies_arrived_);
   }
   if (done_calls_.empty() && copies_to_apply_.empty()) return;
+  const int64_t now_ns =
+      timeline_.enabled() && !done_calls_.empty() ? timeline_.NowNs() : 0;
   for (const auto& [seq, failed] : done_calls_) {
+    if (now_ns != 0) RecordCallDoneLocked(seq, failed, now_ns);
     state_.CallDone(seq, failed, releases);
   }
   for (uint64_t copy : copies_to_apply_) state_.CopyArrived(copy, releases);
@@ -285,7 +332,14 @@ inline void ServerImpl::AdmitLocked(WorkerOps first) {
   const size_t admitted_from = batch.size();
   uint64_t client;
   AdmissionUnit unit;
-  while (admission_.Next(&client, &unit)) batch.push_back(std::move(unit.ops));
+  int64_t now_ns = 0;
+  while (admission_.Next(&client, &unit)) {
+    if (unit.routed_ns != 0 && timeline_.enabled()) {
+      if (now_ns == 0) now_ns = timeline_.NowNs();
+      RecordAdmitted(client, unit, now_ns);
+    }
+    batch.push_back(std::move(unit.ops));
+  }
   if (batch.empty()) return;
   const bool admitted = batch.size() > admitted_from;
   scheduler_.Submit(std::move(batch));

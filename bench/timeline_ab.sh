@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# bench/timeline_ab.sh: what the timeline's recording costs dispatch.
+#
+#   bench/timeline_ab.sh BIN ROUNDS [bench flags...]
+#
+# Runs BIN/plexus-bench-dispatch with --timeline off and on (every server
+# and worker recording, as by default) in ABBA order — off, on, on, off,
+# ... — ROUNDS times each, with the given flags (default: --hosts-list 1,2
+# --repeats 3 --calls 8192 --skip-busy). Prints each run's chained calls/s
+# per host count, the medians of off and on, and the median of the rounds'
+# on/off ratios: the table of docs/PERFORMANCE.md ("The timeline's cost").
+# Raw output stays in $AB_DIR (default a fresh temporary folder).
+set -euo pipefail
+if [[ $# -lt 2 ]]; then
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+bin=$1
+rounds=$2
+shift 2
+flags=("$@")
+if [[ ${#flags[@]} -eq 0 ]]; then
+  flags=(--hosts-list 1,2 --repeats 3 --calls 8192 --skip-busy)
+fi
+dir=${AB_DIR:-$(mktemp -d /tmp/timeline_ab.XXXXXX)}
+mkdir -p "$dir"
+echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg); raw output in $dir"
+echo "[ab] flags: ${flags[*]}"
+run() {  # off|on round
+  "$bin/plexus-bench-dispatch" --timeline "$1" "${flags[@]}" \
+    >"$dir/$1.$2.txt" 2>&1 ||
+    { echo "[ab] $1 round $2 failed:" >&2; tail -5 "$dir/$1.$2.txt" >&2; exit 1; }
+  echo "[ab] round $2 $1 done; load $(cut -d' ' -f1 /proc/loadavg)"
+}
+for ((r = 0; r < rounds; r++)); do
+  if ((r % 2 == 0)); then run off "$r"; run on "$r"; else run on "$r"; run off "$r"; fi
+done
+python3 - "$dir" "$rounds" <<'PY'
+import re, statistics, sys
+folder, rounds = sys.argv[1], int(sys.argv[2])
+cps = re.compile(r"^\[dispatch\] chained, (\d+) hosts?: ([\d,]+) calls/s")
+def read(which, r):
+    out = {}
+    for line in open(f"{folder}/{which}.{r}.txt"):
+        m = cps.match(line)
+        if m:
+            out[int(m.group(1))] = float(m.group(2).replace(",", ""))
+    return out
+runs = {w: [read(w, r) for r in range(rounds)] for w in ("off", "on")}
+for hosts in sorted(runs["off"][0]):
+    off = [x[hosts] for x in runs["off"]]
+    on = [x[hosts] for x in runs["on"]]
+    ratios = [b / a for a, b in zip(off, on)]
+    print(f"[ab] chained, {hosts} host(s): off {[round(x) for x in off]}")
+    print(f"[ab] chained, {hosts} host(s): on  {[round(x) for x in on]}")
+    print(f"[ab] chained, {hosts} host(s): median off {statistics.median(off):,.0f}"
+          f" calls/s, on {statistics.median(on):,.0f} calls/s; median on/off "
+          f"{statistics.median(ratios):.3f} over {rounds} rounds")
+PY

@@ -1,0 +1,244 @@
+"""The timeline (docs/ARCHITECTURE.md, "The timeline"): every process
+records what it did in a bounded ring; `plexus trace` and `client.trace()`
+collect the rings through the server and write a Chrome trace-event file
+(Perfetto, TensorBoard). Checked against the server's own records, and
+with a skewed clock in every process, which the server's offset estimates
+(from heartbeat round trips) must undo to within 1 ms."""
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import plexus
+from conftest import PLEXUS_PYTHONPATH
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+
+from mlp_common import init_params, make_dataset  # noqa: E402
+from mlp_pipeline import PipelineMLP  # noqa: E402
+
+MS = 1000.0  # trace timestamps are microseconds
+
+
+def check_valid(trace):
+    """The structure Perfetto's and TensorBoard's JSON importers read:
+    every event has a phase and a process, complete events a start and a
+    duration, async begins their end, flow ends their start."""
+    events = trace["traceEvents"]
+    assert events, "an empty trace"
+    begins, ends, starts, finishes = Counter(), Counter(), {}, {}
+    for e in events:
+        assert e["ph"] in "XbesfM" and isinstance(e["pid"], int), e
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and isinstance(e["ts"], float), e
+        elif e["ph"] == "b":
+            begins[(e["cat"], e["id"])] += 1
+        elif e["ph"] == "e":
+            ends[(e["cat"], e["id"])] += 1
+        elif e["ph"] == "s":
+            starts[e["id"]] = e
+        elif e["ph"] == "f":
+            assert e["bp"] == "e", e
+            finishes[e["id"]] = e
+    assert begins == ends
+    assert set(starts) == set(finishes)
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
+             if e["ph"] == "M" and e["name"] in ("process_name", "thread_name")}
+    return names
+
+
+def complete(trace, cat):
+    return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == cat]
+
+
+def calls(trace):
+    """The server's call slices: args and [begin, end] in microseconds."""
+    out, open_ = [], {}
+    for e in trace["traceEvents"]:
+        if e.get("cat") != "call":
+            continue
+        if e["ph"] == "b":
+            open_[e["id"]] = e
+        elif e["ph"] == "e":
+            b = open_.pop(e["id"])
+            out.append((b["name"], b["args"], b["ts"], e["ts"]))
+    return out
+
+
+def wait_until_idle(cluster):
+    """Every call the workers ran is reported done at the server."""
+    return cluster.wait_until(
+        lambda st: all(int(c.get("calls_in_flight", 0)) == 0 and
+                       int(c.get("calls_pending", 0)) == 0
+                       for c in st.get("clients", [])),
+        what="every call reported done")
+
+
+def test_plexus_trace_of_the_pipeline_example_matches_the_servers_records(
+        tmp_path):
+    with plexus.local(hosts=2, devices_per_host=1) as cluster:
+        client = cluster.connect(name="pipeline")
+        stage1 = client.slice(1, placement="one_host")
+        stage2 = client.slice(1, placement="one_host")
+        model = PipelineMLP(client, stage1, stage2, lr=0.5, microbatches=4)
+        params = model.put_params(init_params(0))
+        x, labels = make_dataset(64)
+        xs, ys = model.put_batch(x, labels)
+        for _ in range(3):
+            loss, _, params = model.graph_step(params, xs, ys)
+            assert np.isfinite(np.asarray(loss))
+        st = wait_until_idle(cluster)
+        out = tmp_path / "job.json"
+        # The operator's credential: every client's calls.
+        env = dict(os.environ, PYTHONPATH=PLEXUS_PYTHONPATH,
+                   PLEXUS_CLUSTER_SECRET=cluster._secret)
+        proc = subprocess.run(
+            [sys.executable, "-m", "plexus.cli", "trace", "--address",
+             cluster.address, "--last", "--seconds", "600", "-o", str(out)],
+            env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "ui.perfetto.dev" in proc.stdout
+        client.close()
+
+    trace = json.loads(out.read_text())
+    names = check_valid(trace)
+    summary = trace["plexus"]
+    assert summary["missing"] == []
+    procs = summary["processes"]
+    assert [p["name"] for p in procs][0] == "server"
+    assert sorted(p["host"] for p in procs[1:]) == ["host0", "host1"]
+    assert all(p["dropped"] == 0 for p in procs), procs
+    # One track per host (process) and device (thread).
+    assert {names[(p["pid"], None)] for p in procs} == {p["name"] for p in procs}
+    for p in procs[1:]:
+        assert names[(p["pid"], 100)] == "device 0"
+
+    # One call event per call the server routed; one task per shard (each
+    # slice has one device); one transfer per transfer routed, each with a
+    # flow to the task that reads it.
+    routed = int(st["calls_routed"])
+    transfers = int(st["transfers_routed"])
+    assert routed > 100 and transfers > 10
+    got = calls(trace)
+    assert len(got) == routed
+    assert len(complete(trace, "task")) == routed
+    moved = complete(trace, "transfer")
+    assert len(moved) == transfers
+    assert summary["flows"] == transfers
+    assert {e["args"]["path"] for e in moved} == {"shared memory"}
+    # Each call named by its program and the source lines that issued it.
+    # (The first line outside plexus is the examples' kernel wrapper; the
+    # line that called it is the step's.)
+    assert all(" @ mlp_pipeline.py:" in name and " > mlp_common.py:" in name
+               for name, *_ in got), [n for n, *_ in got][:5]
+    assert any(" in step > " in name for name, *_ in got)
+    assert any(name.startswith("matmul @ ") for name, *_ in got)
+    # The puts the workers served, on their client data-plane tracks.
+    puts = [e for e in trace["traceEvents"]
+            if e["ph"] == "b" and e["cat"] == "data plane"
+            and e["name"].startswith("put")]
+    assert len(puts) >= 4 + 4 + 4  # parameters, micro-batches, labels
+
+
+def test_the_servers_offset_estimates_align_skewed_clocks(tmp_path,
+                                                          monkeypatch):
+    skew = {"server": 120.0, "host0": -350.0, "host1": 275.0}  # ms
+    monkeypatch.setenv("PLEXUS_TEST_TIMELINE_SKEW_MS",
+                       ",".join(f"{k}={v}" for k, v in skew.items()))
+    with plexus.local(hosts=2, devices_per_host=1) as cluster:
+        client = cluster.connect(name="skewed")
+        a = client.slice(1, placement="one_host")
+        b = client.slice(1, placement="one_host")
+        assert a.devices[0]["host"] != b.devices[0]["host"]
+        # Heartbeat round trips until every worker has an estimate (two
+        # rounds of heartbeats make at least one).
+        cluster.status(fresh=True)
+        cluster.status(fresh=True)
+        spec = plexus.Spec((64, 64), np.float32)
+        double = b.program("add", spec, spec)
+        halve = a.program("scale", spec, factor=0.5)
+        x = a.put(np.ones((64, 64), np.float32))
+        with client.trace(str(tmp_path / "skewed.json")) as summary:
+            for _ in range(20):  # a chain back and forth between hosts
+                x = halve(double(x, x))
+            np.testing.assert_allclose(np.asarray(x), 1.0)
+            wait_until_idle(cluster)
+        client.close()
+
+    trace = json.loads((tmp_path / "skewed.json").read_text())
+    check_valid(trace)
+    by_host = {p["host"]: p for p in summary["processes"][1:]}
+    for host in ("host0", "host1"):
+        p = by_host[host]
+        expected_ms = skew["server"] - skew[host]
+        assert p["offset_error_ns"] >= 0, p
+        assert abs(p["offset_ns"] / 1e6 - expected_ms) < 1.0, (host, p)
+    # Aligned, each call's tasks lie within the call at the server (routed
+    # to reported done), and each transfer ends before the task that reads
+    # it starts, to within 1 ms.
+    got = calls(trace)
+    assert len(got) == 40
+    span = {args["call"]: (b, e) for _, args, b, e in got}
+    tasks = complete(trace, "task")
+    assert len(tasks) == 40
+    for t in tasks:
+        b, e = span[t["args"]["call"]]
+        assert b - MS <= t["ts"] and t["ts"] + t["dur"] <= e + MS, (t, b, e)
+    events = trace["traceEvents"]
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    finishes = [e for e in events if e["ph"] == "f"]
+    assert len(finishes) == 40  # one hop per call
+    for f in finishes:
+        assert starts[f["id"]]["ts"] <= f["ts"] + MS
+
+
+def test_a_trace_needs_a_credential_and_a_client_reads_its_own_calls(
+        tmp_path):
+    with plexus.local(hosts=1) as cluster:
+        mine = cluster.connect(name="mine")
+        theirs = cluster.connect(name="theirs")
+        spec = plexus.Spec((4,), np.float32)
+        for client, name in ((mine, "my_step"), (theirs, "their_step")):
+            s = client.slice(1)
+            f = s.program("scale", spec, factor=2.0, name=name)
+            np.asarray(f(s.put(np.ones(4, np.float32))))
+        wait_until_idle(cluster)
+        # Without the operator's credential, the CLI is refused, saying why.
+        env = {k: v for k, v in os.environ.items()
+               if k != "PLEXUS_CLUSTER_SECRET"}
+        proc = subprocess.run(
+            [sys.executable, "-m", "plexus.cli", "trace", "--address",
+             cluster.address, "--last", "--seconds", "60", "-o",
+             str(tmp_path / "no.json")],
+            env=dict(env, PYTHONPATH=PLEXUS_PYTHONPATH,
+                     HOME=str(tmp_path)),
+            capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0
+        assert "PLEXUS_CLUSTER_SECRET" in proc.stderr, proc.stderr
+        # A wrong secret is refused by the server.
+        from plexus import _core
+        with pytest.raises(plexus.PermissionDeniedError,
+                           match="operator's credential"):
+            _core.trace(cluster.address, 0, 10.0,
+                        _core.new_cluster_secret())
+        # A client's trace holds its own calls only.
+        path = tmp_path / "mine.json"
+        with mine.trace(str(path)):
+            s = mine.slice(1)
+            f = s.program("scale", spec, factor=3.0, name="my_step")
+            np.asarray(f(s.put(np.ones(4, np.float32))))
+            wait_until_idle(cluster)
+        text = path.read_text()
+        assert "my_step" in text and "their_step" not in text
+        # The operator's holds both.
+        everyone = json.dumps(json.loads(_core.trace(
+            cluster.address, 0, 10.0, cluster._secret)))
+        assert "my_step" in everyone and "their_step" in everyone
+        mine.close()
+        theirs.close()
