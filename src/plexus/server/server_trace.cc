@@ -130,11 +130,11 @@ grpc::Status ServerImpl::Trace(grpc::ServerContext* ctx,
   const std::string& credential = request->credential();
   const auto* bytes = reinterpret_cast<const uint8_t*>(credential.data());
   const uint64_t only = request->client_id();
-  const bool allowed =
-      only == 0 ? secret_.Verify(CredentialRole::kAdmin, uint64_t{0}, bytes,
-                                 credential.size())
-                : secret_.Verify(CredentialRole::kClient, only, bytes,
-                                 credential.size());
+  const bool allowed = only == 0
+                           ? secret_.Verify(CredentialRole::kAdmin, uint64_t{0},
+                                            bytes, credential.size())
+                           : secret_.Verify(CredentialRole::kClient, only,
+                                            bytes, credential.size());
   if (!allowed) {
     SPDLOG_WARN("refused a trace request from {}: {} credential", ctx->peer(),
                 credential.empty() ? "no" : "a wrong");
@@ -144,8 +144,7 @@ grpc::Status ServerImpl::Trace(grpc::ServerContext* ctx,
                     "trace: --secret-file, $PLEXUS_CLUSTER_SECRET or the "
                     "cluster `plexus up` started) or a client's own "
                     "(client.trace())"
-                  : absl::StrCat("the credential is not client ", only,
-                                 "'s"));
+                  : absl::StrCat("the credential is not client ", only, "'s"));
   }
   const int64_t since = request->since_ns();
   // The server's ring, first.
