@@ -17,6 +17,7 @@ import pytest
 
 import plexus
 from conftest import PLEXUS_PYTHONPATH
+from test_why import chain_across_two_hosts
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT_S = 30
@@ -37,18 +38,6 @@ def split(url):
     """(base URL, token) of a web_url."""
     base, token = url.split("#token=")
     return base, token
-
-
-def chain_across_two_hosts(cluster, sleep_micros):
-    """A consumer on host1 waiting for a long call on host0: a call the
-    server's why list names, in a graph still running."""
-    c = cluster.connect(name="stuck")
-    a = c.slice(1, hosts=["host0"])
-    b = c.slice(1, hosts=["host1"])
-    x = a.put(np.arange(4, dtype=np.float32))
-    slow = a.program("device_sleep", x, micros=sleep_micros, name="slow_step")
-    g = b.program("scale", x, factor=2.0, name="consumer")
-    return c, g(slow(x)), (a, b)
 
 
 def chromium(*args):

@@ -46,6 +46,9 @@ def test_a_consumer_waiting_on_a_long_call_names_it_and_its_host():
                           "the consumer")
         assert "for its input from call" in e["reason"], e
         assert "'slow_step'" in e["reason"], e
+        # The lines of this file that issued both calls.
+        assert e["site"].startswith("test_why.py:"), e
+        assert "('slow_step' issued at test_why.py:" in e["reason"], e
         assert "on host host0" in e["reason"], e
         assert e["blame_host"] == "host0", e
         # The CLI says the same, for every client.

@@ -7,6 +7,7 @@ import numpy as np
 
 from . import _core
 from . import _trace
+from ._progress import describe_slice, describe_wait, waiting
 
 # ---------------------------------------------------------------- shardings
 
@@ -194,19 +195,22 @@ class Future:
     def block_until_ready(self):
         """Waits until every shard is ready (one round trip per worker);
         raises the error that failed it."""
-        self._client._core.wait_many([self._f])
+        with waiting(self._client, describe_wait):
+            self._client._core.wait_many([self._f])
         return self
 
     def result(self):
         """The value, fetched: a numpy array (a jax key array for keys)."""
-        data = self._client._core.fetch(self._f)
+        with waiting(self._client, describe_wait):
+            data = self._client._core.fetch(self._f)
         if self._key is not None:
             import jax
             return jax.random.wrap_key_data(data, impl=self._key)
         return data
 
     def __array__(self, dtype=None, copy=None):
-        a = self._client._core.fetch(self._f)  # key data for keys
+        with waiting(self._client, describe_wait):
+            a = self._client._core.fetch(self._f)  # key data for keys
         return a if dtype is None else a.astype(dtype, copy=False)
 
     def __jax_array__(self):
@@ -453,13 +457,16 @@ def wait(futures, timeout=None):
             f._f)
     if timeout is None:
         for client, fs in by_client.values():
-            client._core.wait_many(fs)
+            with waiting(client, describe_wait):
+                client._core.wait_many(fs)
         return futures
     import time
     deadline = time.monotonic() + timeout
     for client, fs in by_client.values():
         try:
-            client._core.wait_many(fs, max(0.0, deadline - time.monotonic()))
+            with waiting(client, describe_wait):
+                client._core.wait_many(
+                    fs, max(0.0, deadline - time.monotonic()))
         except _core.DeadlineExceededError as e:
             raise _core.DeadlineExceededError(
                 f"{e}{_why_suffix(client)}") from None
@@ -784,9 +791,11 @@ class Client:
         if isinstance(avoid, Slice):
             avoid = [avoid]
         avoid_ids = [a.id if isinstance(a, Slice) else int(a) for a in (avoid or [])]
-        s = Slice(self._core.slice(n, list(mesh or []), list(axis_names or []),
-                                   placement, list(hosts or []), avoid_ids,
-                                   float(timeout)), self)
+        with waiting(self, describe_slice):
+            core_slice = self._core.slice(
+                n, list(mesh or []), list(axis_names or []), placement,
+                list(hosts or []), avoid_ids, float(timeout))
+        s = Slice(core_slice, self)
         if dcn_axes:
             try:
                 _check_dcn_axes(s, dcn_axes)
@@ -974,7 +983,7 @@ def _decode_status(text):
     for p in st.get("pending_slices", []):
         p["waiting_for"] = str(p.get("waiting_for", ""))
     for e in st.get("why", []):
-        for k in ("program", "reason", "blame_host"):
+        for k in ("program", "reason", "blame_host", "site"):
             e[k] = str(e.get(k, ""))
     return st
 

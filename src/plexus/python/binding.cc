@@ -205,6 +205,25 @@ std::vector<Future> FuturesFrom(const py::sequence& seq) {
   return out;
 }
 
+// The trace `collect` gathers (without the GIL), as Chrome trace-event
+// JSON; its error as the matching exception.
+template <typename Collect>
+py::bytes TraceJson(Collect collect) {
+  std::string json;
+  absl::Status s;
+  {
+    py::gil_scoped_release release;
+    absl::StatusOr<proto::TraceReply> r = collect();
+    if (r.ok()) {
+      json = ChromeTraceJson(*r);
+    } else {
+      s = r.status();
+    }
+  }
+  Check(s);
+  return py::bytes(json);
+}
+
 }  // namespace
 }  // namespace plexus
 
@@ -508,20 +527,8 @@ PYBIND11_MODULE(_core, m) {
       .def(
           "trace",
           [](Client& c, int64_t since_ns, double timeout_s) {
-            std::string json;
-            absl::Status s;
-            {
-              py::gil_scoped_release release;
-              absl::StatusOr<proto::TraceReply> r =
-                  c.Trace(since_ns, absl::Seconds(timeout_s));
-              if (r.ok()) {
-                json = ChromeTraceJson(*r);
-              } else {
-                s = r.status();
-              }
-            }
-            Check(s);
-            return py::bytes(json);
+            return TraceJson(
+                [&] { return c.Trace(since_ns, absl::Seconds(timeout_s)); });
           },
           py::arg("since_ns") = 0, py::arg("timeout") = 10.0)
       .def("graph", &Client::NewGraph)
@@ -648,21 +655,11 @@ PYBIND11_MODULE(_core, m) {
         ClusterSecret secret =
             Unwrap(secret_hex.has_value() ? ClusterSecret::FromHex(*secret_hex)
                                           : ClusterSecret::Load(""));
-        std::string json;
-        absl::Status s;
-        {
-          py::gil_scoped_release release;
-          absl::StatusOr<proto::TraceReply> r = CollectTrace(
-              address, since_ns, /*events=*/true, absl::Seconds(timeout_s),
-              {0, secret.Derive(CredentialRole::kAdmin)});
-          if (r.ok()) {
-            json = ChromeTraceJson(*r);
-          } else {
-            s = r.status();
-          }
-        }
-        Check(s);
-        return py::bytes(json);
+        return TraceJson([&] {
+          return CollectTrace(address, since_ns, /*events=*/true,
+                              absl::Seconds(timeout_s),
+                              {0, secret.Derive(CredentialRole::kAdmin)});
+        });
       },
       py::arg("address"), py::arg("since_ns") = 0, py::arg("timeout") = 10.0,
       py::arg("secret_hex") = py::none());

@@ -281,7 +281,9 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
         if (ClientRecord* c = state_.FindClient(id);
             c != nullptr &&
             c->call_sites.size() < ClientRecord::kMaxCallSites) {
-          c->call_sites[op.site().id()] = op.site().text();
+          // Bounded like every string a client sends (common/names.h).
+          c->call_sites[op.site().id()] =
+              op.site().text().substr(0, kMaxNameBytes);
         }
         break;
       default:

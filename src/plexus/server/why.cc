@@ -23,6 +23,23 @@ std::string ProgramName(const ClusterState& state, const CallRecord& call) {
   return absl::StrCat("program ", call.program_id);
 }
 
+// Where the client issued `call` (Call.site: "train.py:58 in step"), or
+// null when it did not say.
+const std::string* SiteOf(const ClusterState& state, const CallRecord& call) {
+  if (call.site == 0) return nullptr;
+  const ClientRecord* client = state.FindClient(call.client_id);
+  if (client == nullptr) return nullptr;
+  auto it = client->call_sites.find(call.site);
+  return it == client->call_sites.end() ? nullptr : &it->second;
+}
+
+// "call 12 ('consumer' issued at train.py:58 in step)".
+std::string CallName(const ClusterState& state, const CallRecord& call) {
+  const std::string* site = SiteOf(state, call);
+  return absl::StrCat("call ", call.call_id, " ('", ProgramName(state, call),
+                      "'", site ? absl::StrCat(" issued at ", *site) : "", ")");
+}
+
 std::string Seconds(absl::Duration d) {
   return absl::StrCat(absl::ToInt64Milliseconds(d) / 100 / 10.0, " s");
 }
@@ -98,6 +115,7 @@ std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
     e.set_client_id(call.client_id);
     e.set_call_id(call.call_id);
     e.set_program(ProgramName(state, call));
+    if (const std::string* site = SiteOf(state, call)) e.set_site(*site);
     e.set_waited_ms(absl::ToInt64Milliseconds(waited));
     // Follow the first input not yet made to the call that makes it.
     const CallRecord* at = &call;
@@ -121,20 +139,18 @@ std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
       }
       if (next == nullptr) break;
       absl::StrAppend(&chain, chain.empty() ? "" : ", which waits for ",
-                      "call ", next->call_id, " ('", ProgramName(state, *next),
-                      "')");
+                      CallName(state, *next));
       at = next;
     }
     Root root = lost.empty() ? RootCause(state, *at, options) : Root{lost, ""};
     e.set_root_call_id(at->call_id);
     e.set_blame_host(root.blame_host);
-    e.set_reason(
-        chain.empty()
-            ? absl::StrCat("call ", call.call_id, " ('", e.program(),
-                           "') has waited ", Seconds(waited), ": ", root.reason)
-            : absl::StrCat("call ", call.call_id, " ('", e.program(),
-                           "') has waited ", Seconds(waited),
-                           " for its input from ", chain, "; ", root.reason));
+    e.set_reason(chain.empty()
+                     ? absl::StrCat(CallName(state, call), " has waited ",
+                                    Seconds(waited), ": ", root.reason)
+                     : absl::StrCat(CallName(state, call), " has waited ",
+                                    Seconds(waited), " for its input from ",
+                                    chain, "; ", root.reason));
     entries.push_back(std::move(e));
   }
   std::sort(entries.begin(), entries.end(),

@@ -69,6 +69,32 @@ TEST_F(WhyTest, AConsumerIsFollowedToTheCallItWaitsFor) {
                                      "on host host0"));
 }
 
+TEST_F(WhyTest, NamesTheLinesOfTheUsersProgramThatIssuedEachCall) {
+  // Two more calls after Z, issued from lines the client named.
+  ClientRecord* client = state_.FindClient(client_);
+  client->call_sites[7] = "train.py:41 in step";
+  client->call_sites[8] = "train.py:58 in main";
+  proto::Call step = Call(a_, Id(12), b_, Id(13));
+  step.set_site(7);
+  proto::Call last = Call(b_, Id(13), a_, Id(14));
+  last.set_site(8);
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
+  ASSERT_TRUE(state_.RouteCall(client_, last, &ops).ok());
+  const proto::WhyEntry* e = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& w : why) {
+    if (w.call_id() == Id(14)) e = &w;
+  }
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->site(), "train.py:58 in main");
+  EXPECT_THAT(e->reason(),
+              HasSubstr("('scale' issued at train.py:58 in main) has waited "
+                        "5 s for its input from call "));
+  EXPECT_THAT(e->reason(), HasSubstr("('scale' issued at train.py:41 in "
+                                     "step), which waits for call "));
+}
+
 TEST_F(WhyTest, ASilentHostIsNamedWithItsPid) {
   Worker(1)->last_heartbeat = now_ - absl::Seconds(2);
   for (const proto::WhyEntry& e : Why()) {
