@@ -1,6 +1,7 @@
 """Why is it stuck: a job hung on purpose, and `client.why()` / `plexus why`
 name the root cause, the host and the call chain (server/why.h)."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,3 +129,31 @@ def test_a_wait_that_reaches_its_deadline_says_what_it_waits_on():
         assert "'slow_step'" in str(e.value), e.value
         assert "host host0" in str(e.value), e.value
         plexus.wait(z, timeout=WAIT_S)
+
+
+def test_a_collective_whose_other_rank_is_held_by_a_long_call_names_it():
+    # host0's only device runs a long call of another slice; the all_reduce
+    # over both hosts runs on host1 and waits there for host0's rank.
+    with plexus.local(hosts=2) as cluster:
+        c = cluster.connect(name="collective")
+        held = c.slice(1, hosts=["host0"])
+        both = c.slice(2, placement="spread")
+        x = held.put(np.arange(4, dtype=np.float32))
+        slow = held.program("device_sleep", x, micros=4_000_000,
+                            name="slow_step")(x)
+        parts = both.put(np.ones((4, 2), np.float32), plexus.P("devices", None))
+        partial = both.program("reduce_sum", parts, axis=0)(parts)
+        total = both.program("all_reduce", partial)(partial)
+        e, _ = poll_why(cluster, c, lambda e: e["program"] == "reduce_sum",
+                        "the collective's first call")
+        assert "it is queued on host host0 behind call" in e["reason"], e
+        # The line of this test that issued the long call (after pytest's
+        # frame that called the test).
+        assert re.search(r"\('slow_step' issued at [^)]*test_why\.py:\d+ in "
+                         r"test_a_collective", e["reason"]), e
+        assert "on host host1 it is first in line" in e["reason"], e
+        assert e["blame_host"] == "host0", e
+        np.testing.assert_array_equal(np.asarray(plexus.wait(total,
+                                                             timeout=WAIT_S)),
+                                      [4.0, 4.0])
+        plexus.wait(slow, timeout=WAIT_S)

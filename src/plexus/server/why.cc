@@ -1,9 +1,13 @@
 #include "plexus/server/why.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -49,9 +53,29 @@ struct Root {
   std::string blame_host;
 };
 
+// The first call not done in each device's queue: of the calls routed to
+// a device (its slice's), the one routed first (lowest seq). A device runs
+// its calls in that order, so a later call waits behind it.
+using Heads = absl::flat_hash_map<std::pair<int64_t, int32_t>,
+                                  std::pair<uint64_t, const CallRecord*>>;
+
+Heads QueueHeads(const ClusterState& state) {
+  Heads heads;
+  for (const auto& [seq, call] : state.records().calls()) {
+    if (call.done || call.routed == absl::InfinitePast()) continue;
+    auto slice = state.slices().find(call.slice_id);
+    if (slice == state.slices().end()) continue;
+    for (const DeviceRef& d : slice->second.devices) {
+      auto [it, fresh] = heads.try_emplace({d.worker_id, d.device}, seq, &call);
+      if (!fresh && seq < it->second.first) it->second = {seq, &call};
+    }
+  }
+  return heads;
+}
+
 // Why `call`, whose inputs are all made (or lost), has not finished.
 Root RootCause(const ClusterState& state, const CallRecord& call,
-               const WhyOptions& options) {
+               const Heads& heads, const WhyOptions& options) {
   auto slice = state.slices().find(call.slice_id);
   if (slice == state.slices().end()) {
     return {absl::StrCat("its slice ", call.slice_id,
@@ -71,11 +95,18 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
             ""};
   }
   std::set<std::string> hosts;
+  // Hosts where an earlier call holds one of its devices, and that call.
+  std::map<std::string, const CallRecord*> behind;
   for (const DeviceRef& d : s.devices) {
     auto w = state.workers().find(d.worker_id);
     if (w == state.workers().end()) continue;
     const WorkerRecord& worker = w->second;
     const std::string& host = worker.info.host_name();
+    auto head = heads.find({d.worker_id, d.device});
+    if (head != heads.end() && head->second.second != &call &&
+        !behind.count(host)) {
+      behind[host] = head->second.second;
+    }
     if (!worker.alive) {
       return {absl::StrCat("host ", host, " (worker ", worker.id,
                            ") was lost: ", worker.down_reason),
@@ -93,12 +124,38 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
     }
     hosts.insert(host);
   }
+  if (!behind.empty()) {
+    // The first such host: what holds it, and where this call is first in
+    // line (a collective there waits for the ranks still queued).
+    const auto& [host, first] = *behind.begin();
+    std::vector<std::string> ready;
+    for (const std::string& h : hosts) {
+      if (!behind.count(h)) ready.push_back(h);
+    }
+    std::string reason = absl::StrCat(
+        "it is queued on host ", host, " behind ", CallName(state, *first),
+        first->client_id == call.client_id
+            ? ""
+            : absl::StrCat(" of client ", first->client_id),
+        ", routed ", Seconds(options.now - first->routed), " ago");
+    if (behind.size() > 1) {
+      absl::StrAppend(&reason, " (and on ", behind.size() - 1,
+                      " more host(s))");
+    }
+    if (!ready.empty()) {
+      absl::StrAppend(&reason, "; on ", ready.size() == 1 ? "host " : "hosts ",
+                      absl::StrJoin(ready, ", "),
+                      " it is first in line (a collective there waits for "
+                      "the ranks still queued)");
+    }
+    return {reason, host};
+  }
   const std::string where = absl::StrJoin(hosts, ", ");
-  return {absl::StrCat("it is running, or queued behind earlier calls, on ",
-                       hosts.size() == 1 ? "host " : "hosts ", where,
-                       ", which answer (routed ",
-                       Seconds(options.now - call.routed), " ago)"),
-          hosts.empty() ? "" : *hosts.begin()};
+  return {
+      absl::StrCat("it is running on ", hosts.size() == 1 ? "host " : "hosts ",
+                   where, ", first in line there, which answer (routed ",
+                   Seconds(options.now - call.routed), " ago)"),
+      hosts.empty() ? "" : *hosts.begin()};
 }
 
 }  // namespace
@@ -106,6 +163,7 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
 std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
                                           const WhyOptions& options) {
   const JobRecords& records = state.records();
+  const Heads heads = QueueHeads(state);
   std::vector<proto::WhyEntry> entries;
   for (const auto& [seq, call] : records.calls()) {
     if (call.done || call.routed == absl::InfinitePast()) continue;
@@ -142,7 +200,8 @@ std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
                       CallName(state, *next));
       at = next;
     }
-    Root root = lost.empty() ? RootCause(state, *at, options) : Root{lost, ""};
+    Root root =
+        lost.empty() ? RootCause(state, *at, heads, options) : Root{lost, ""};
     e.set_root_call_id(at->call_id);
     e.set_blame_host(root.blame_host);
     e.set_reason(chain.empty()

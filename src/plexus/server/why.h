@@ -7,14 +7,24 @@
 //     and so on to the first call of the chain whose inputs are all there;
 //   - that root call's hosts: one lost, one whose heartbeats stopped (a
 //     stopped or hung process, named with how long it has been silent), or
-//     all alive, so it is running or queued on its devices (for how long);
+//     all alive: then, on each of its devices, the call first in that
+//     device's queue (routed first, not done). Where that is another call
+//     the root is queued behind it, named with its program, the line that
+//     issued it and its client; where it is the root itself the root runs
+//     there — so a collective whose other rank is held by a long call on
+//     one host names that host and that call, and the hosts where its
+//     ranks wait ("first in line");
 //   - its slice waiting for a host to take a lost one's place.
+// Each call is named with the line of the user's program that issued it
+// (Call.site), where the client said.
 // A pure function of the records: `plexus status` (ClusterStatus.why),
 // `plexus why` and client.why() read it.
 //
-// Not yet: calls still at admission (not routed, so without records),
-// fetches and puts (the client's, not the server's), collectives one rank
-// of which has not joined, full devices.
+// Not yet: calls still at admission (not routed, so without records; the
+// status lists them by client), fetches and puts (the client's, not the
+// server's), full devices, and which of a call's hosts already finished its
+// part (the workers report a call done per worker, to admission, not to
+// the records).
 #pragma once
 
 #include <vector>

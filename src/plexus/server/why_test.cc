@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plexus/server/cluster_state_test_util.h"
@@ -65,8 +66,26 @@ TEST_F(WhyTest, AConsumerIsFollowedToTheCallItWaitsFor) {
   EXPECT_EQ(z->blame_host(), "host0");
   EXPECT_THAT(z->reason(),
               HasSubstr("has waited 5 s for its input from call "));
-  EXPECT_THAT(z->reason(), HasSubstr("running, or queued behind earlier calls, "
-                                     "on host host0"));
+  EXPECT_THAT(z->reason(),
+              HasSubstr("it is running on host host0, first in line there"));
+}
+
+TEST_F(WhyTest, ACallQueuedBehindAnotherOnItsDeviceNamesIt) {
+  // W = scale(X) on host0 needs nothing Y makes, but Y holds the device.
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(a_, Id(10), a_, Id(15)), &ops).ok());
+  const proto::WhyEntry* w = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& e : why) {
+    if (e.call_id() == Id(15)) w = &e;
+  }
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->root_call_id(), Id(15));
+  EXPECT_EQ(w->blame_host(), "host0");
+  EXPECT_THAT(w->reason(),
+              HasSubstr(absl::StrCat("it is queued on host host0 behind call ",
+                                     Id(11), " ('scale'), routed 5 s ago")));
 }
 
 TEST_F(WhyTest, NamesTheLinesOfTheUsersProgramThatIssuedEachCall) {

@@ -90,7 +90,8 @@ size_t RoundUpToPowerOfTwo(size_t n) {
 Timeline::Timeline(Options options)
     : options_(options),
       enabled_(options.enabled),
-      ring_(RoundUpToPowerOfTwo(std::max<size_t>(options.capacity, 1))) {
+      capacity_(RoundUpToPowerOfTwo(std::max<size_t>(options.capacity, 1))),
+      ring_(capacity_) {
   labels_.emplace_back();  // id 0: ""
 }
 

@@ -126,7 +126,7 @@ class Timeline {
   // The text of a label id ("" for an unknown one).
   std::string Label(uint32_t id) const;
 
-  size_t capacity() const { return ring_.size(); }
+  size_t capacity() const { return capacity_; }
   uint64_t recorded() const;  // events ever recorded
   uint64_t dropped() const;   // overwritten: the ring was full
 
@@ -135,6 +135,7 @@ class Timeline {
  private:
   const Options options_;
   std::atomic<bool> enabled_;
+  const size_t capacity_;  // ring_'s size, fixed: a power of two
   mutable absl::Mutex mu_;
   std::vector<TimelineEvent> ring_ ABSL_GUARDED_BY(mu_);  // fixed size 2^k
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 0;  // events ever recorded
