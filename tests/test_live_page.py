@@ -46,11 +46,14 @@ def chromium(*args):
     time budget of 5 s lets it draw a few times before the dump."""
     exe = shutil.which("chromium")
     assert exe, "chromium is not installed (scripts/setup.sh installs it)"
+    # Not the sanitizer runtime the ASan stage preloads into this process.
+    env = {k: v for k, v in os.environ.items()
+           if k != "LD_PRELOAD" and not k.endswith("SAN_OPTIONS")}
     out = subprocess.run(
         [exe, "--headless=new", "--no-sandbox", "--disable-gpu",
          "--disable-dev-shm-usage", "--hide-scrollbars",
          "--virtual-time-budget=5000", *args],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout
 

@@ -15,8 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "google/protobuf/util/json_util.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/serial_executor.h"
 #include "plexus/web/assets.h"
 #include "plexus/web/metrics.h"
 #include "plexus/web/viewer.h"
@@ -80,6 +82,9 @@ int64_t UnixMillis(Clock* clock) { return absl::ToUnixMillis(clock->Now()); }
 }  // namespace
 
 struct WebServer::Impl {
+  // Requests are answered here, on a thread of ours: civetweb's threads
+  // have small stacks (an ASan build overflowed one writing /metrics).
+  SerialExecutor answers{"plexus-web"};
   mg_context* ctx = nullptr;
   std::thread sampler;
   absl::Mutex mu;
@@ -145,10 +150,17 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
       [](mg_connection* conn, void* self) -> int {
         const mg_request_info* info = mg_get_request_info(conn);
         const char* auth = mg_get_header(conn, "Authorization");
-        Response r = static_cast<WebServer*>(self)->Handle(
-            info->request_method ? info->request_method : "",
-            info->local_uri ? info->local_uri : "",
-            info->query_string ? info->query_string : "", auth ? auth : "");
+        auto* server = static_cast<WebServer*>(self);
+        Response r;
+        absl::Notification answered;
+        server->impl_->answers.Post([&] {
+          r = server->Handle(info->request_method ? info->request_method : "",
+                             info->local_uri ? info->local_uri : "",
+                             info->query_string ? info->query_string : "",
+                             auth ? auth : "");
+          answered.Notify();
+        });
+        answered.WaitForNotification();
         mg_response_header_start(conn, r.code);
         mg_response_header_add(conn, "Content-Type", r.content_type.c_str(),
                                -1);

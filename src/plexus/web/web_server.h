@@ -18,7 +18,9 @@
 //
 // A sampler thread reads the status (without its why list) once every
 // sample_period into the History the page plots; it sleeps between
-// samples. civetweb serves requests on `threads` threads of its own.
+// samples. civetweb reads requests on `threads` threads of its own and
+// hands each to one thread of ours that answers them in turn (civetweb's
+// threads have small stacks).
 #pragma once
 
 #include <functional>
