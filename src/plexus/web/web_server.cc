@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "google/protobuf/util/json_util.h"
+#include "plexus/common/address.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/serial_executor.h"
 #include "plexus/web/assets.h"
@@ -50,7 +51,8 @@ int LogMessage(const mg_connection*, const char* message) {
   return 1;  // logged: civetweb writes nothing itself
 }
 
-// One connection to the listening socket at host:port, closed at once.
+// One connection to the listening socket at host:port (an IPv6 host
+// without brackets), closed at once.
 void WakeListener(const std::string& host, int port) {
   const bool v6 = host.find(':') != std::string::npos;
   const int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -61,10 +63,7 @@ void WakeListener(const std::string& host, int port) {
     auto* a = reinterpret_cast<sockaddr_in6*>(&to);
     a->sin6_family = AF_INET6;
     a->sin6_port = htons(port);
-    std::string bare = host;
-    if (!bare.empty() && bare.front() == '[')
-      bare = bare.substr(1, bare.size() - 2);
-    inet_pton(AF_INET6, bare.c_str(), &a->sin6_addr);
+    inet_pton(AF_INET6, host.c_str(), &a->sin6_addr);
     size = sizeof(*a);
   } else {
     auto* a = reinterpret_cast<sockaddr_in*>(&to);
@@ -206,7 +205,7 @@ WebServer::~WebServer() {
     stopped = true;
   });
   const int port = std::stoi(address_.substr(address_.rfind(':') + 1));
-  std::string host = address_.substr(0, address_.rfind(':'));
+  std::string host = HostOfAddress(address_);  // IPv6 without brackets
   if (host == "0.0.0.0" || host == "localhost") host = "127.0.0.1";
   for (int i = 0; i < 100; ++i) {
     WakeListener(host, port);
