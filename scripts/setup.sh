@@ -54,9 +54,11 @@ PY=${PYTHON:-python3}
 # numpy>=1.26: the buffer protocol and dtype behaviour the binding relies on.
 # pybind11>=2.11: py::array and GIL release helpers used by the binding.
 # scikit-build-core: builds the C++ tree for `pip install .`.
-if ! $PY -c "import numpy, pytest, pybind11, scikit_build_core" 2>/dev/null; then
-  echo "[setup] pip install numpy pytest pybind11 scikit-build-core"
-  $PY -m pip install -q --disable-pip-version-check "numpy>=1.26" "pytest>=7" "pybind11>=2.11" "scikit-build-core>=0.8"
+# pytest-xdist 3.8.0: make test runs the Python suites in several pytest
+# processes (PYTEST_WORKERS in the Makefile; --dist worksteal needs >= 3.2).
+if ! $PY -c "import numpy, pytest, pybind11, scikit_build_core, xdist" 2>/dev/null; then
+  echo "[setup] pip install numpy pytest pytest-xdist pybind11 scikit-build-core"
+  $PY -m pip install -q --disable-pip-version-check "numpy>=1.26" "pytest>=7" "pytest-xdist==3.8.0" "pybind11>=2.11" "scikit-build-core>=0.8"
 fi
 # The XLA backend, pinned together because behaviour depends on the pair:
 # - xla-cpu-pjrt 0.0.1 (the only release) ships the CPU PJRT C API plugin
@@ -91,7 +93,7 @@ fi
 # (PLEXUS_PYTHON_NEXT). Where there is no Python 3.12 the stage says so and
 # is skipped; under CI=true that is a failure here.
 NEXT_VENV=$(cd "$(dirname "$0")/.." && pwd)/.venv-jax-next
-NEXT_PKGS=("jax==0.11.0" "jaxlib==0.11.0" "xla-cpu-pjrt==0.0.1" "numpy>=1.26" "pytest>=7")
+NEXT_PKGS=("jax==0.11.0" "jaxlib==0.11.0" "xla-cpu-pjrt==0.0.1" "numpy>=1.26" "pytest>=7" "pytest-xdist==3.8.0")
 if ! "$NEXT_VENV/bin/python" -c "import jax, xla_plugins.xla_cpu_pjrt, pytest; assert jax.__version__ == '0.11.0'" 2>/dev/null; then
   # The first that runs (a pyenv shim on PATH may refuse to).
   PY312=""
@@ -108,5 +110,9 @@ if ! "$NEXT_VENV/bin/python" -c "import jax, xla_plugins.xla_cpu_pjrt, pytest; a
     "$PY312" -m venv "$NEXT_VENV"
     "$NEXT_VENV/bin/python" -m pip install -q --disable-pip-version-check "${NEXT_PKGS[@]}"
   fi
+fi
+if [ -x "$NEXT_VENV/bin/python" ] && ! "$NEXT_VENV/bin/python" -c "import xdist" 2>/dev/null; then
+  echo "[setup] $NEXT_VENV: pip install pytest-xdist==3.8.0"
+  "$NEXT_VENV/bin/python" -m pip install -q --disable-pip-version-check "pytest-xdist==3.8.0"
 fi
 echo "[setup] dependencies present"

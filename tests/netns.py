@@ -25,11 +25,13 @@ reached by the client and the server but not by its peers.
 Needs root and the `ip` command (iproute2); `NetnsLab.create()` skips the
 test with the reason where namespaces cannot be made.
 """
+import fcntl
 import ipaddress
 import os
 import select
 import shutil
 import subprocess
+import tempfile
 import uuid
 from dataclasses import dataclass, field
 
@@ -133,13 +135,18 @@ class NetnsLab:
         reason = cannot_make_namespaces()
         if reason:
             pytest.skip(f"cannot run hosts in network namespaces: {reason}")
-        net, hidden = _free_subnets(2)
-        lab = cls(tag=f"plx{uuid.uuid4().hex[:5]}", net=net, hidden_net=hidden)
-        try:
-            lab._make_hub()
-        except BaseException:
-            lab.close()
-            raise
+        # Tests run in several processes (make test's PYTEST_WORKERS): one
+        # lab at a time picks its /24 and puts this namespace's address on
+        # it, which is what makes the next pick see it as used.
+        with open(os.path.join(tempfile.gettempdir(), "plexus-netns.lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            net, hidden = _free_subnets(2)
+            lab = cls(tag=f"plx{uuid.uuid4().hex[:5]}", net=net, hidden_net=hidden)
+            try:
+                lab._make_hub()
+            except BaseException:
+                lab.close()
+                raise
         return lab
 
     @property

@@ -20,9 +20,10 @@ def test_call_returns_before_a_200ms_kernel_finishes(client):
         t = time.perf_counter()
         y = busy(y)
         returned.append(time.perf_counter() - t)
-    # The median, so that one preemption of this process on a loaded 2-core
-    # machine does not decide the test.
-    assert sorted(returned)[1] < 0.001, f"calls took {returned} s to return"
+    # Each returned in a fraction of the kernel's time, and all three before
+    # the first kernel ended: none waited for it. (How fast a call returns
+    # is measured by bench/, not here: this machine runs other tests too.)
+    assert max(returned) < 0.05, f"calls took {returned} s to return"
     assert time.perf_counter() - t0 < 0.2, "the calls waited for the kernel"
     np.testing.assert_array_equal(np.asarray(y), np.arange(4, dtype=np.float32))
     assert time.perf_counter() - t0 >= 0.6

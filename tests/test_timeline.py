@@ -156,10 +156,19 @@ def test_the_servers_offset_estimates_align_skewed_clocks(tmp_path,
         a = client.slice(1, placement="one_host")
         b = client.slice(1, placement="one_host")
         assert a.devices[0]["host"] != b.devices[0]["host"]
-        # Heartbeat round trips until every worker has an estimate (two
-        # rounds of heartbeats make at least one).
-        cluster.status(fresh=True)
-        cluster.status(fresh=True)
+        # Heartbeat round trips until every worker's estimate is good to
+        # 1 ms: the bound is half the quickest round trip seen, which on a
+        # loaded machine takes more rounds to come (the test waits for
+        # that event, bounded in rounds, not for a time).
+        for _ in range(200):
+            cluster.status(fresh=True)
+            with client.trace(str(tmp_path / "probe.json")) as probe:
+                pass
+            bounds = [p["offset_error_ns"] for p in probe["processes"][1:]]
+            if len(bounds) == 2 and 0 <= max(bounds) < 1_000_000:
+                break
+        else:
+            pytest.fail(f"no estimate within 1 ms after 200 rounds: {probe}")
         spec = plexus.Spec((64, 64), np.float32)
         double = b.program("add", spec, spec)
         halve = a.program("scale", spec, factor=0.5)
@@ -174,14 +183,20 @@ def test_the_servers_offset_estimates_align_skewed_clocks(tmp_path,
     trace = json.loads((tmp_path / "skewed.json").read_text())
     check_valid(trace)
     by_host = {p["host"]: p for p in summary["processes"][1:]}
+    # Each estimate is within the bound it reports (half the least round
+    # trip's time in flight), and so within 1 ms of the skew (hundreds of
+    # milliseconds).
     for host in ("host0", "host1"):
         p = by_host[host]
         expected_ms = skew["server"] - skew[host]
-        assert p["offset_error_ns"] >= 0, p
-        assert abs(p["offset_ns"] / 1e6 - expected_ms) < 1.0, (host, p)
+        assert 0 <= p["offset_error_ns"] < 1_000_000, repr(p)
+        error_ms = abs(p["offset_ns"] / 1e6 - expected_ms)
+        assert error_ms <= p["offset_error_ns"] / 1e6 + 0.001, (host, repr(p))
+        assert error_ms < 1.0, (host, repr(p))
     # Aligned, each call's tasks lie within the call at the server (routed
-    # to reported done), and each transfer ends before the task that reads
-    # it starts, to within 1 ms.
+    # to reported done), and each transfer starts before the task that
+    # reads it ends, to within 1 ms.
+    tol = MS
     got = calls(trace)
     assert len(got) == 40
     span = {args["call"]: (b, e) for _, args, b, e in got}
@@ -189,13 +204,13 @@ def test_the_servers_offset_estimates_align_skewed_clocks(tmp_path,
     assert len(tasks) == 40
     for t in tasks:
         b, e = span[t["args"]["call"]]
-        assert b - MS <= t["ts"] and t["ts"] + t["dur"] <= e + MS, (t, b, e)
+        assert b - tol <= t["ts"] and t["ts"] + t["dur"] <= e + tol, (t, b, e)
     events = trace["traceEvents"]
     starts = {e["id"]: e for e in events if e["ph"] == "s"}
     finishes = [e for e in events if e["ph"] == "f"]
     assert len(finishes) == 40  # one hop per call
     for f in finishes:
-        assert starts[f["id"]]["ts"] <= f["ts"] + MS
+        assert starts[f["id"]]["ts"] <= f["ts"] + tol
 
 
 def test_a_trace_needs_a_credential_and_a_client_reads_its_own_calls(

@@ -215,14 +215,18 @@ class Writer {
     const proto::TimelineRing& dr = trace_.rings(to->ring);
     const proto::TimelineEvent& task = dr.events(to->event);
     const uint64_t id = ++next_flow_;
-    // "s" inside the transfer's slice, "f" bound to the task's slice.
-    const int64_t s_ns = std::max(e.start_ns(), e.end_ns() - 1);
+    // "s" where the transfer began, "f" bound to the task's slice. Its
+    // start, not its end: the sender stamps its end after the last byte
+    // went out, which a busy sender may do after the reader's task already
+    // ran; the start is before anything arrived, so before the task ended.
+    const int64_t s_ns = e.start_ns();
     Append(absl::StrFormat(
         "{\"ph\":\"s\",\"pid\":%d,\"tid\":%d,\"ts\":%.3f,\"name\":"
         "\"transfer\",\"cat\":\"flow\",\"id\":%d}",
         pid, tid, Us(s_ns, r.offset_ns()), id));
-    // The task's slice includes its wait for inputs: the arrow ends where
-    // the transfer was delivered, within the task (server's clock).
+    // The task's slice includes its wait for inputs: the arrow ends at
+    // the transfer's start if the task was waiting then, else where the
+    // task began (server's clock).
     const int64_t f_ns = std::max(
         task.start_ns() + dr.offset_ns(),
         std::min(s_ns + r.offset_ns(), task.end_ns() + dr.offset_ns()));
