@@ -60,6 +60,34 @@ def test_every_process_exits_cleanly_at_shutdown(tmp_path):
     assert not any(alive(p) for p in pids)
 
 
+def test_a_cluster_shuts_down_cleanly_while_a_kernel_runs(tmp_path):
+    # Regression: a worker whose device was in a long kernel waited for it
+    # at shutdown (its teardown joins the device's thread); the server
+    # killed it after 12 s and down() raised. A kernel cannot be
+    # interrupted: the worker now exits without it after its teardown
+    # grace, cleanly, and says so.
+    log = tmp_path / "log"
+    cluster = plexus.local(hosts=2, devices_per_host=1, log_file=str(log))
+    try:
+        pids = cluster.worker_pids() + [cluster.process.pid]
+        client = cluster.connect()
+        s = client.slice(1, hosts=["host0"])
+        x = s.put(np.arange(4, dtype=np.float32))
+        sleep = s.program("device_sleep", x, micros=600_000_000)
+        sleep(x)
+        cluster.wait_until(
+            lambda st: any(w["host_name"] == "host0"
+                           and sum(w["stats"].get("device_busy_micros", [])) > 0
+                           for w in st["workers"]),
+            timeout=30, what="host0's device running the kernel")
+    except BaseException:
+        cluster._stop(timeout=10)
+        raise
+    cluster.down()  # raises ClusterExitError on any unclean exit
+    assert not any(alive(p) for p in pids)
+    assert "exiting with a kernel still running" in log.read_text()
+
+
 def test_a_worker_crash_before_shutdown_makes_down_raise(tmp_path):
     cluster = plexus.local(hosts=2, devices_per_host=1,
                            log_file=str(tmp_path / "log"))

@@ -68,7 +68,7 @@ def artifacts_dir(tmp_path):
 
 def test_the_live_page_shows_hosts_slices_a_running_graph_and_why(tmp_path):
     with plexus.local(hosts=2) as cluster:
-        c, z, slices = chain_across_two_hosts(cluster, 15_000_000)
+        c, z, slices = chain_across_two_hosts(cluster)
         cluster.wait_until(
             lambda st: any(e["program"] == "consumer"
                            for e in st.get("why", [])),
@@ -98,9 +98,6 @@ def test_the_live_page_shows_hosts_slices_a_running_graph_and_why(tmp_path):
         chromium("--window-size=1400,1800", f"--screenshot={shot}", url)
         assert shot.stat().st_size > 10_000
         print(f"screenshot of the live page: {shot}")
-        np.testing.assert_array_equal(
-            np.asarray(plexus.wait(z, timeout=WAIT_S)),
-            2 * np.arange(4, dtype=np.float32))
 
 
 def test_a_page_without_a_token_asks_for_one_and_shows_nothing():
@@ -190,7 +187,7 @@ def run_cli(*args, env=None):
 
 def test_plexus_status_web_and_top():
     with plexus.local(hosts=2) as cluster:
-        c, z, slices = chain_across_two_hosts(cluster, 3_000_000)
+        c, z, slices = chain_across_two_hosts(cluster)
         cluster.wait_until(
             lambda st: any(e["program"] == "consumer"
                            for e in st.get("why", [])),
@@ -226,7 +223,6 @@ def test_plexus_status_web_and_top():
         assert "host0" in top.stdout and "host1" in top.stdout, top.stdout
         assert "stuck" in top.stdout, top.stdout
         assert "'slow_step'" in top.stdout, top.stdout
-        plexus.wait(z, timeout=WAIT_S)
 
 
 def test_a_server_started_without_the_page_says_so():

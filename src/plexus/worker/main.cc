@@ -189,5 +189,13 @@ int main(int argc, char** argv) {
   // Cancelled: stopped by a signal, or (embedded) the server ended the
   // session on purpose (it is shutting down). Anything else (the server
   // vanished, or could not be reached again in time) is an error.
-  return absl::IsCancelled(end) ? 0 : 2;
+  const int code = absl::IsCancelled(end) ? 0 : 2;
+  if (host.TeardownPending()) {
+    // A device is still in a kernel that cannot be interrupted: the
+    // process ends without it (destroying the host would wait for it).
+    SPDLOG_INFO("exiting with a kernel still running");
+    spdlog::shutdown();
+    std::_Exit(code);
+  }
+  return code;
 }

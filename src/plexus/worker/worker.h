@@ -14,10 +14,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "plexus/common/backoff.h"
 #include "plexus/common/clock.h"
@@ -120,6 +122,13 @@ struct WorkerHostOptions {
   // declared down) and otherwise exits, as its server is gone.
   bool standalone = true;
   BackoffOptions backoff;
+  // How long a session's teardown may take before the host stops waiting
+  // for it. A device that runs a kernel cannot be interrupted (a program
+  // may run for minutes), and the teardown joins its thread: past this
+  // grace a host that is ending leaves it to the process's exit
+  // (TeardownPending()), an embedded host ends instead of rejoining late,
+  // and a standalone host says what it waits for and waits.
+  absl::Duration teardown_grace = absl::Seconds(2);
 };
 
 // A host's worker over successive sessions: one Worker per registration,
@@ -136,16 +145,27 @@ class WorkerHost {
   // (Unavailable). `on_registered` runs after each registration.
   absl::Status Run(const std::function<void(const Worker&)>& on_registered);
   void Shutdown();
+  // After Run: whether the last session's teardown still runs (a device
+  // is still in a kernel after teardown_grace). The process should then
+  // exit without destroying the host, whose destructor would wait for it.
+  bool TeardownPending() const;
 
  private:
   // Waits `delay` or until Shutdown(); false once shut down.
   bool Pause(absl::Duration delay);
+  // Destroys `worker` on a thread of its own; true if that finished within
+  // teardown_grace (else it goes on, and WaitTeardown() waits for it).
+  bool Retire(std::unique_ptr<Worker> worker);
+  void WaitTeardown();
 
   WorkerOptions options_;
   const WorkerHostOptions host_;
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   Worker* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The teardown still running (Retire), on Run's thread only.
+  std::thread teardown_;
+  std::shared_ptr<absl::Notification> teardown_done_;
 };
 
 // What to do after a registration attempt failed or a session ended with

@@ -43,7 +43,41 @@ WorkerHost::WorkerHost(WorkerOptions worker, WorkerHostOptions host)
   }
 }
 
-WorkerHost::~WorkerHost() { Shutdown(); }
+WorkerHost::~WorkerHost() {
+  Shutdown();
+  WaitTeardown();
+}
+
+bool WorkerHost::Retire(std::unique_ptr<Worker> worker) {
+  WaitTeardown();  // one at a time
+  const int64_t id = worker->worker_id();
+  auto done = std::make_shared<absl::Notification>();
+  std::thread teardown([worker = std::move(worker), done]() mutable {
+    worker.reset();
+    done->Notify();
+  });
+  if (done->WaitForNotificationWithTimeout(host_.teardown_grace)) {
+    teardown.join();
+    return true;
+  }
+  SPDLOG_WARN(
+      "the teardown of worker {}'s session has not finished after {}: a "
+      "device is still in a kernel (a running program cannot be "
+      "interrupted)",
+      id, absl::FormatDuration(host_.teardown_grace));
+  teardown_ = std::move(teardown);
+  teardown_done_ = std::move(done);
+  return false;
+}
+
+void WorkerHost::WaitTeardown() {
+  if (teardown_.joinable()) teardown_.join();
+  teardown_done_.reset();
+}
+
+bool WorkerHost::TeardownPending() const {
+  return teardown_done_ != nullptr && !teardown_done_->HasBeenNotified();
+}
 
 void WorkerHost::Shutdown() {
   absl::MutexLock lock(&mu_);
@@ -66,10 +100,15 @@ absl::Status WorkerHost::Run(
     absl::StatusOr<std::unique_ptr<Worker>> worker = Worker::Start(options_);
     if (worker.ok()) {
       backoff.Reset();
+      bool stopping;
       {
         absl::MutexLock lock(&mu_);
-        if (stop_) return stopped;
-        current_ = worker->get();
+        stopping = stop_;
+        if (!stopping) current_ = worker->get();
+      }
+      if (stopping) {
+        Retire(*std::move(worker));
+        return stopped;
       }
       on_registered(**worker);
       session_end = (*worker)->Wait();
@@ -78,14 +117,27 @@ absl::Status WorkerHost::Run(
       {
         absl::MutexLock lock(&mu_);
         current_ = nullptr;
-        if (stop_) return stopped;
+        stopping = stop_;
       }
       // Every buffer, program, peer and data-plane connection of the
       // session goes with it: the next registration is a fresh host.
-      worker->reset();
+      const bool torn_down = Retire(*std::move(worker));
+      if (stopping) return stopped;
       if (!ShouldRejoin(session_end, host_.standalone,
                         /*session_ended=*/true)) {
         return session_end;
+      }
+      if (!torn_down) {
+        if (!host_.standalone) {
+          // Its server ended the session (it is shutting down, or declared
+          // this host down and replaces it); a late rejoin helps neither.
+          SPDLOG_WARN(
+              "not registering again: the last session's teardown "
+              "still waits for a kernel");
+          return session_end;
+        }
+        SPDLOG_WARN("registering again once the last session's kernel ends");
+        WaitTeardown();
       }
       SPDLOG_WARN(
           "the session of worker {} ended ({}); its state is dropped and it "
