@@ -91,6 +91,32 @@ def test_a_stopped_host_is_named_before_it_is_declared_lost():
             2 * np.arange(4, dtype=np.float32))
 
 
+def test_a_call_waiting_for_room_on_a_full_device_names_who_holds_it():
+    # One device of 1 MiB: another client's value holds 600 KB of it, and
+    # this client's call needs 600 KB more for its output.
+    with plexus.local(hosts=1, device_memory_mib=1) as cluster:
+        hog = cluster.connect(name="hog")
+        held = hog.slice(1).put(np.ones(150_000, np.float32))
+        c = cluster.connect(name="needy")
+        s = c.slice(1)
+        y = s.program("fill", shape=[150_000], value=1.0, name="big_output")()
+        e, _ = poll_why(cluster, c, lambda e: e["program"] == "big_output"
+                        and "is full" in e["reason"], "the full device")
+        assert "device 0 of host host0 is full (" in e["reason"], e
+        assert "wait for room" in e["reason"], e
+        assert f"held by client {hog.id} (hog) 0.6 MiB in 1 value" \
+            in e["reason"], e
+        assert e["blame_host"] == "host0", e
+        assert "test_why.py:" in e["site"], e
+        # The deadline error says the same.
+        with pytest.raises(plexus.DeadlineExceededError, match="is full"):
+            plexus.wait(y, timeout=0.5)
+        # Released, the hog's value makes room and the call goes on.
+        del held
+        np.testing.assert_array_equal(np.asarray(plexus.wait(y, timeout=WAIT_S)),
+                                      np.ones(150_000, np.float32))
+
+
 def test_a_slice_request_waiting_for_capacity_is_listed():
     # Two hosts of one device: two devices on one host can come only from a
     # host that joins, so the request waits (up to its timeout).

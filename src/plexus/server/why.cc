@@ -9,7 +9,9 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "plexus/store/object_store.h"  // ClientOfBuffer
 
 namespace plexus {
 namespace {
@@ -52,6 +54,75 @@ struct Root {
   std::string reason;
   std::string blame_host;
 };
+
+std::string MiB(int64_t bytes) {
+  return absl::StrCat(absl::StrFormat("%.1f", bytes / 1048576.0), " MiB");
+}
+
+// Device `d` of `worker` is full and something waits on it for room: how
+// full, and whose values hold it (from the records: every live buffer of a
+// slice mapped onto it, its shard's bytes, by client), the most first.
+std::string FullDevice(const ClusterState& state, const WorkerRecord& worker,
+                       int32_t d, int64_t waiting) {
+  struct Held {
+    int64_t bytes = 0;
+    int64_t values = 0;
+  };
+  std::map<uint64_t, Held> by_client;
+  for (const auto& [id, b] : state.records().buffers()) {
+    if (b.released) continue;
+    auto slice = state.slices().find(b.slice_id);
+    if (slice == state.slices().end()) continue;
+    const std::vector<DeviceRef>& devices = slice->second.devices;
+    int64_t shards_here = 0;
+    for (const DeviceRef& ref : devices) {
+      if (ref.worker_id == worker.id && ref.device == d) ++shards_here;
+    }
+    if (shards_here == 0) continue;
+    absl::StatusOr<TensorSpec> local =
+        b.spec().Local(static_cast<int>(devices.size()));
+    const int64_t shard =
+        local.ok() ? local->byte_size() : b.spec().global.byte_size();
+    Held& h = by_client[ClientOfBuffer(id)];
+    h.bytes += shard * shards_here;
+    ++h.values;
+  }
+  std::vector<std::pair<uint64_t, Held>> holders(by_client.begin(),
+                                                 by_client.end());
+  std::sort(holders.begin(), holders.end(), [](const auto& a, const auto& b) {
+    return a.second.bytes > b.second.bytes;
+  });
+  std::vector<std::string> named;
+  for (size_t i = 0; i < holders.size() && i < 3; ++i) {
+    const auto& [client_id, held] = holders[i];
+    const ClientRecord* c = state.FindClient(client_id);
+    named.push_back(absl::StrCat("client ", client_id,
+                                 c != nullptr && !c->name.empty()
+                                     ? absl::StrCat(" (", c->name, ")")
+                                     : "",
+                                 " ", MiB(held.bytes), " in ", held.values,
+                                 held.values == 1 ? " value" : " values"));
+  }
+  if (holders.size() > 3) {
+    absl::StrAppend(&named.back(), ", and ", holders.size() - 3,
+                    " more client(s)");
+  }
+  const int64_t used = d < worker.stats.device_live_bytes_size()
+                           ? worker.stats.device_live_bytes(d)
+                           : 0;
+  int64_t budget = 0;
+  for (const proto::DeviceInfo& info : worker.info.devices()) {
+    if (info.index() == d) budget = info.memory_bytes();
+  }
+  return absl::StrCat(
+      "device ", d, " of host ", worker.info.host_name(), " is full (",
+      MiB(used), " of ", MiB(budget), " in use; ", MiB(waiting),
+      " wait for room)",
+      named.empty() ? ""
+                    : absl::StrCat(", held by ", absl::StrJoin(named, "; ")),
+      ": release values no longer needed (or donate them), or give the "
+      "workers more memory (--device-memory-mib)");
+}
 
 // The first call not done in each device's queue: of the calls routed to
 // a device (its slice's), the one routed first (lowest seq). A device runs
@@ -123,6 +194,20 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
           host};
     }
     hosts.insert(host);
+  }
+  // A device of the slice whose memory is full, with something waiting on
+  // it for room (the root call's output, or the call it is queued behind).
+  for (const DeviceRef& d : s.devices) {
+    auto w = state.workers().find(d.worker_id);
+    if (w == state.workers().end()) continue;
+    const WorkerRecord& worker = w->second;
+    const int64_t waiting = d.device < worker.stats.device_waiting_bytes_size()
+                                ? worker.stats.device_waiting_bytes(d.device)
+                                : 0;
+    if (waiting > 0) {
+      return {FullDevice(state, worker, d.device, waiting),
+              worker.info.host_name()};
+    }
   }
   if (!behind.empty()) {
     // The first such host: what holds it, and where this call is first in

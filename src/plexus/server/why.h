@@ -14,6 +14,11 @@
 //     there — so a collective whose other rank is held by a long call on
 //     one host names that host and that call, and the hosts where its
 //     ranks wait ("first in line");
+//   - a device of its slice whose memory budget is full while something
+//     waits there for room (the workers report it: WorkerStats.
+//     device_waiting_bytes), named with how full it is and the clients
+//     whose values hold it, the most first (from the records: the live
+//     buffers of slices mapped onto it);
 //   - its slice waiting for a host to take a lost one's place.
 // Each call is named with the line of the user's program that issued it
 // (Call.site), where the client said.
@@ -22,7 +27,7 @@
 //
 // Not yet: calls still at admission (not routed, so without records; the
 // status lists them by client), fetches and puts (the client's, not the
-// server's), full devices, and which of a call's hosts already finished its
+// server's), and which of a call's hosts already finished its
 // part (the workers report a call done per worker, to admission, not to
 // the records).
 #pragma once

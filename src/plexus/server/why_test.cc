@@ -14,6 +14,7 @@ namespace plexus {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 class WhyTest : public ClusterStateTest {
  protected:
@@ -120,6 +121,32 @@ TEST_F(WhyTest, ASilentHostIsNamedWithItsPid) {
     EXPECT_EQ(e.blame_host(), "host0");
     EXPECT_THAT(e.reason(), HasSubstr("host host0 (worker 1, pid "));
     EXPECT_THAT(e.reason(), HasSubstr("has sent no heartbeat for 2000 ms"));
+  }
+}
+
+TEST_F(WhyTest, AFullDeviceIsNamedWithTheClientsWhoseValuesHoldIt) {
+  // host0's device reports an allocation waiting for room: the root call's
+  // output there cannot be made until something is released.
+  Worker(1)->stats.add_device_waiting_bytes(int64_t{3} << 20);
+  int explained = 0;
+  for (const proto::WhyEntry& e : Why()) {
+    ++explained;
+    EXPECT_EQ(e.root_call_id(), Id(11));
+    EXPECT_EQ(e.blame_host(), "host0");
+    EXPECT_THAT(e.reason(), HasSubstr("device 0 of host host0 is full ("));
+    EXPECT_THAT(e.reason(), HasSubstr("3.0 MiB wait for room"));
+    // The put X and the output Y of the root are held on host0's device:
+    // both the test client's.
+    EXPECT_THAT(e.reason(),
+                HasSubstr(absl::StrCat("held by client ", client_)));
+    EXPECT_THAT(e.reason(), HasSubstr("in 2 values"));
+    EXPECT_THAT(e.reason(), HasSubstr("--device-memory-mib"));
+  }
+  EXPECT_EQ(explained, 2);
+  // Once nothing waits there, the root is running again.
+  Worker(1)->stats.clear_device_waiting_bytes();
+  for (const proto::WhyEntry& e : Why()) {
+    EXPECT_THAT(e.reason(), Not(HasSubstr("is full")));
   }
 }
 

@@ -14,7 +14,8 @@ ObjectStore::ObjectStore(Options options)
     : options_(std::move(options)),
       capacity_(options_.device_memory),
       used_(capacity_.size(), 0),
-      peak_(capacity_.size(), 0) {}
+      peak_(capacity_.size(), 0),
+      waiting_(capacity_.size(), 0) {}
 
 ObjectStore::~ObjectStore() { Shutdown(); }
 
@@ -234,18 +235,26 @@ absl::Status ObjectStore::ReserveLocked(int device, int64_t bytes, bool wait) {
         absl::StrCat("a shard of ", bytes, " bytes can never fit device ",
                      device, " (memory budget ", capacity_[device], " bytes)"));
   }
-  if (wait) {
+  if (wait && used_[device] + bytes > capacity_[device]) {
+    // Counted while it waits: the device is full (Stats, and the server's
+    // `plexus why`, say so).
+    waiting_[device] += bytes;
     const absl::Time deadline =
         options_.clock->Now() + options_.reserve_timeout;
+    bool timed_out = false;
     while (!shutdown_ && used_[device] + bytes > capacity_[device]) {
       if (options_.clock->AwaitWithDeadline(&mu_, &memory_freed_, deadline) &&
           used_[device] + bytes > capacity_[device]) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "waited ", absl::FormatDuration(options_.reserve_timeout), " for ",
-            bytes, " bytes on device ", device, " (budget ", capacity_[device],
-            ", in use ", used_[device],
-            "): release futures you no longer need"));
+        timed_out = true;
+        break;
       }
+    }
+    waiting_[device] -= bytes;
+    if (timed_out) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "waited ", absl::FormatDuration(options_.reserve_timeout), " for ",
+          bytes, " bytes on device ", device, " (budget ", capacity_[device],
+          ", in use ", used_[device], "): release futures you no longer need"));
     }
   }
   if (shutdown_) return absl::CancelledError("object store shut down");
@@ -612,6 +621,7 @@ ObjectStoreStats ObjectStore::StatsLocked() const {
   stats.live_shards = static_cast<int64_t>(entries_.size());
   stats.device_bytes = used_;
   stats.device_peak_bytes = peak_;
+  stats.device_waiting_bytes = waiting_;
   for (int64_t b : used_) stats.live_bytes += b;
   stats.device_memory_shards = device_memory_shards_;
   return stats;

@@ -76,7 +76,10 @@ struct ObjectStoreStats {
   int64_t live_bytes = 0;
   std::vector<int64_t> device_bytes;
   std::vector<int64_t> device_peak_bytes;  // high-water mark since start
-  int64_t device_memory_shards = 0;        // held in device memory
+  // Bytes of reservations waiting for room (Reserve): non-zero while the
+  // device is full and something waits on it.
+  std::vector<int64_t> device_waiting_bytes;
+  int64_t device_memory_shards = 0;  // held in device memory
 };
 
 class ObjectStore {
@@ -274,6 +277,7 @@ class ObjectStore {
       ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> used_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> peak_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> waiting_ ABSL_GUARDED_BY(mu_);  // Reserve waiting
   void ChargeLocked(int device, int64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     used_[device] += bytes;

@@ -143,6 +143,26 @@ TEST(ObjectStoreTest, ReserveBlocksUntilMemoryIsFreed) {
   releaser.join();
 }
 
+TEST(ObjectStoreTest, AReservationWaitingForRoomIsCountedWhileItWaits) {
+  ObjectStore store(TwoDevices(100));
+  BufferKey key{1, 0};
+  store.Declare(key, 0, {DType::kF32, {20}}, true);
+  ASSERT_TRUE(store.Reserve(0, 80).ok());
+  store.Fulfil(key, Bytes(80), 0);
+  EXPECT_EQ(store.Stats().device_waiting_bytes, (std::vector<int64_t>{0, 0}));
+  std::thread waiter([&] { EXPECT_TRUE(store.Reserve(0, 60).ok()); });
+  // The waiter shows once it waits (bounded: it needs no more than its
+  // thread's start).
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (store.Stats().device_waiting_bytes[0] != 60 && absl::Now() < give_up) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(store.Stats().device_waiting_bytes, (std::vector<int64_t>{60, 0}));
+  store.Release(1);
+  waiter.join();
+  EXPECT_EQ(store.Stats().device_waiting_bytes, (std::vector<int64_t>{0, 0}));
+}
+
 TEST(ObjectStoreTest, ShardLargerThanBudgetFailsAtOnce) {
   ObjectStore store(TwoDevices(100));
   absl::Status s = store.Reserve(1, 101);

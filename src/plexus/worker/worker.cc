@@ -468,6 +468,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_live_bytes(st.live_bytes);
   for (int64_t b : st.device_bytes) s.add_device_live_bytes(b);
   for (int64_t b : st.device_peak_bytes) s.add_device_peak_bytes(b);
+  for (int64_t b : st.device_waiting_bytes) s.add_device_waiting_bytes(b);
   s.set_device_memory_shards(st.device_memory_shards);
   for (size_t d = 0; d < devices_.size(); ++d) {
     // The device thread's own time, and the device time of its XLA runs
