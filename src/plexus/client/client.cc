@@ -682,7 +682,7 @@ absl::StatusOr<proto::TraceReply> CallTrace(proto::Controller::Stub& stub,
     req.set_credential(auth.credential->data(), auth.credential->size());
   }
   proto::TraceReply reply;
-  grpc::Status s = stub->Trace(&ctx, req, &reply);
+  grpc::Status s = stub.Trace(&ctx, req, &reply);
   if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
     return absl::PermissionDeniedError(s.error_message());
   }

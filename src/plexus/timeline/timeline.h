@@ -159,7 +159,7 @@ class Timeline {
 };
 
 // The events a process's ring keeps: $PLEXUS_TIMELINE_EVENTS if set (0:
-// recording off), else the default (65536, about 5 MiB).
+// recording off), else the default (65536, about 5.5 MiB).
 size_t TimelineEventsFromEnv();
 
 // TEST ONLY: the skew $PLEXUS_TEST_TIMELINE_SKEW_MS gives process `name`
