@@ -355,6 +355,7 @@ def test_values_read_within_a_worker_are_transfers_with_their_path(tmp_path):
         there = plexus.jit(lambda a: a * 2.0, second)
         y = step(np.ones((64, 64), np.float32))
         there(step(y)).block_until_ready()  # compiled
+        wait_until_idle(cluster)
         with client.trace(str(path)):
             for _ in range(5):
                 y = step(y)  # XLA's output read in place: alias
@@ -380,3 +381,37 @@ def test_values_read_within_a_worker_are_transfers_with_their_path(tmp_path):
             f"device {e['args']['device']} reads"
     # Each with a flow to the task of the call that read it.
     assert trace["plexus"]["flows"] == 6
+
+
+def test_a_built_in_all_reduces_partials_are_transfers_of_its_call(tmp_path):
+    path = tmp_path / "all_reduce.json"
+    with plexus.local(hosts=2, devices_per_host=1) as cluster:
+        client = cluster.connect(name="sums")
+        s = client.slice(2, placement="spread")
+        x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
+        partial = s.program("reduce_sum", x)(x)
+        total = s.program("all_reduce",
+                          plexus.Spec((), "float32", plexus.partial()))
+        partial.block_until_ready()
+        # Its call done at the server too: the trace holds the next only.
+        before = int(wait_until_idle(cluster)["transfers_routed"])
+        with client.trace(str(path)):
+            assert float(np.asarray(total(partial))) == 6.0
+            wait_until_idle(cluster)
+        st = cluster.status()
+        client.close()
+
+    trace = json.loads(path.read_text())
+    check_valid(trace)
+    # The server routed no transfer: each worker sent its partial to the
+    # other itself, one transfer each, of the all_reduce's call, with a
+    # flow to the other's task of that call.
+    assert int(st["transfers_routed"]) == before
+    (call,) = [args["call"] for _, args, _, _ in calls(trace)]
+    moved = complete(trace, "transfer")
+    assert len(moved) == 2
+    assert {e["args"]["call"] for e in moved} == {call}
+    assert {e["args"]["worker"] for e in moved} == \
+        {e["args"]["peer_worker"] for e in moved}
+    assert all(e["args"]["bytes"] == 4 for e in moved)
+    assert trace["plexus"]["flows"] == 2
