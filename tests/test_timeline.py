@@ -164,8 +164,11 @@ def test_the_servers_offset_estimates_align_skewed_clocks(tmp_path,
             cluster.status(fresh=True)
             with client.trace(str(tmp_path / "probe.json")) as probe:
                 pass
-            bounds = [p["offset_error_ns"] for p in probe["processes"][1:]]
-            if len(bounds) == 2 and 0 <= max(bounds) < 1_000_000:
+            bounds = [p["offset_error_ns"] for p in probe["processes"]
+                      if p["worker_id"] != 0]
+            # (Every worker's: -1 is no estimate yet.)
+            if len(bounds) == 2 and 0 <= min(bounds) and \
+                    max(bounds) < 1_000_000:
                 break
         else:
             pytest.fail(f"no estimate within 1 ms after 200 rounds: {probe}")
@@ -182,7 +185,8 @@ def test_the_servers_offset_estimates_align_skewed_clocks(tmp_path,
 
     trace = json.loads((tmp_path / "skewed.json").read_text())
     check_valid(trace)
-    by_host = {p["host"]: p for p in summary["processes"][1:]}
+    by_host = {p["host"]: p for p in summary["processes"]
+               if p["worker_id"] != 0}
     # Each estimate is within the bound it reports (half the least round
     # trip's time in flight), and so within 1 ms of the skew (hundreds of
     # milliseconds).
@@ -257,3 +261,157 @@ def test_a_trace_needs_a_credential_and_a_client_reads_its_own_calls(
         assert "my_step" in everyone and "their_step" in everyone
         mine.close()
         theirs.close()
+
+
+def issued(trace):
+    """The client's own call slices (its ring): args and [begin, end]."""
+    out, open_ = [], {}
+    for e in trace["traceEvents"]:
+        if e.get("cat") != "call issued":
+            continue
+        if e["ph"] == "b":
+            open_[e["id"]] = e
+        elif e["ph"] == "e":
+            b = open_.pop(e["id"])
+            out.append((b["name"], b["args"], b["ts"], e["ts"]))
+    return out
+
+
+def client_requests(trace):
+    return Counter(e["name"] for e in trace["traceEvents"]
+                   if e["ph"] == "b" and e["cat"] == "client")
+
+
+def test_a_clients_trace_adds_its_own_ring_and_names_each_graph(
+        tmp_path, monkeypatch):
+    # The client's clock 400 ms behind the server's: its ring is aligned
+    # by the offset its trace measured from its own round trips.
+    monkeypatch.setenv("PLEXUS_TEST_TIMELINE_SKEW_MS", "client=-400")
+    path = tmp_path / "client.json"
+    with plexus.local(hosts=1) as cluster:
+        client = cluster.connect(name="trainer")
+        s = client.slice(1)
+        spec = plexus.Spec((64,), np.float32)
+        scale = s.program("scale", spec, factor=2.0)
+        x = s.put(np.ones(64, np.float32))
+        x.block_until_ready()
+        with client.trace(str(path)) as summary:
+            puts = [s.put(np.full(64, i, np.float32)) for i in range(3)]
+            with client.graph():
+                y = x
+                for _ in range(5):
+                    y = scale(y)
+            with client.graph():
+                z = x
+                for _ in range(4):
+                    z = scale(z)
+            w = scale(x)  # in no graph
+            plexus.block_until_ready(puts)  # one wait on many
+            for f in (y, z, w):
+                np.asarray(f)  # a fetch each
+            wait_until_idle(cluster)
+        client.close()
+
+    trace = json.loads(path.read_text())
+    names = check_valid(trace)
+    procs = summary["processes"]
+    mine = [p for p in procs if p["client_id"] != 0]
+    assert len(mine) == 1, procs
+    me = mine[0]
+    assert me["name"].startswith("client trainer (")
+    assert names[(me["pid"], None)] == me["name"]
+    # The server's calls and the client's, one each per call, with the
+    # same graph ids: two graphs of 5 and 4 calls, and a call in none.
+    routed = calls(trace)
+    sent = issued(trace)
+    assert len(routed) == len(sent) == 10
+    by_graph = Counter(args.get("graph") for _, args, _, _ in routed)
+    assert sorted(by_graph.values()) == [1, 4, 5] and by_graph[None] == 1
+    assert Counter(args.get("graph") for _, args, _, _ in sent) == by_graph
+    assert {a["call"] for _, a, _, _ in sent} == \
+        {a["call"] for _, a, _, _ in routed}
+    # Its puts, fetches and waits, one event each.
+    assert client_requests(trace) == {"put": 3, "fetch": 3, "wait": 1}
+    # The offset undoes the skew to within the bound it states (half the
+    # quickest round trip), and so each call was issued before the server
+    # routed it, to within that bound.
+    bound_ms = me["offset_error_ns"] / 1e6
+    assert me["offset_error_ns"] >= 0
+    assert abs(me["offset_ns"] / 1e6 - 400.0) <= bound_ms + 0.001, me
+    routed_at = {a["call"]: b for _, a, b, _ in routed}
+    for _, a, b, _ in sent:
+        assert b <= routed_at[a["call"]] + bound_ms * MS + 1, (a, b)
+
+
+def test_values_read_within_a_worker_are_transfers_with_their_path(tmp_path):
+    pytest.importorskip("jax")
+    path = tmp_path / "reads.json"
+    with plexus.local(hosts=1, devices_per_host=2) as cluster:
+        client = cluster.connect(name="reads")
+        first = client.slice(1)
+        second = client.slice(1)
+        assert first.devices[0]["device"] != second.devices[0]["device"]
+        step = plexus.jit(lambda a: a + 1.0, first)
+        there = plexus.jit(lambda a: a * 2.0, second)
+        y = step(np.ones((64, 64), np.float32))
+        there(step(y)).block_until_ready()  # compiled
+        wait_until_idle(cluster)
+        with client.trace(str(path)):
+            for _ in range(5):
+                y = step(y)  # XLA's output read in place: alias
+            out = there(y)  # from device 0 to device 1: device-to-device
+            np.testing.assert_allclose(np.asarray(out), 2.0 * 7.0)
+            wait_until_idle(cluster)
+        st = cluster.status(fresh=True)
+        client.close()
+
+    trace = json.loads(path.read_text())
+    names = check_valid(trace)
+    moved = complete(trace, "transfer")
+    assert Counter(e["args"]["path"] for e in moved) == {
+        "alias": 5, "device-to-device": 1}
+    worker = st["workers"][0]
+    # Counted against the worker's own counters (every read since start,
+    # the trace's a part of them).
+    assert int(worker["stats"]["transfers_alias"]) >= 5
+    assert int(worker["stats"]["transfers_device_to_device"]) >= 1
+    for e in moved:
+        assert e["args"]["bytes"] == 64 * 64 * 4
+        assert names[(e["pid"], e["tid"])] == \
+            f"device {e['args']['device']} reads"
+    # Each with a flow to the task of the call that read it.
+    assert trace["plexus"]["flows"] == 6
+
+
+def test_a_built_in_all_reduces_partials_are_transfers_of_its_call(tmp_path):
+    path = tmp_path / "all_reduce.json"
+    with plexus.local(hosts=2, devices_per_host=1) as cluster:
+        client = cluster.connect(name="sums")
+        s = client.slice(2, placement="spread")
+        x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
+        partial = s.program("reduce_sum", x)(x)
+        total = s.program("all_reduce",
+                          plexus.Spec((), "float32", plexus.partial()))
+        partial.block_until_ready()
+        # Its call done at the server too: the trace holds the next only.
+        before = int(wait_until_idle(cluster)["transfers_routed"])
+        with client.trace(str(path)):
+            assert float(np.asarray(total(partial))) == 6.0
+            wait_until_idle(cluster)
+        st = cluster.status()
+        client.close()
+
+    trace = json.loads(path.read_text())
+    check_valid(trace)
+    # The server routed no transfer: each worker sent its partial to the
+    # other itself, one transfer each, of the all_reduce's call, with a
+    # flow to the other's task of that call.
+    assert int(st["transfers_routed"]) == before
+    (call,) = [args["call"] for _, args, _, _ in calls(trace)]
+    moved = complete(trace, "transfer")
+    assert len(moved) == 2
+    assert {e["args"]["call"] for e in moved} == {call}
+    assert {e["args"]["worker"] for e in moved} == \
+        {e["args"]["peer_worker"] for e in moved}
+    assert all(e["args"]["bytes"] == 4 for e in moved)
+    assert trace["plexus"]["flows"] == 2

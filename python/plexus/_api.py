@@ -853,7 +853,9 @@ class Client:
         trace` shows every client's): a Chrome trace-event file that Perfetto
         (ui.perfetto.dev) and TensorBoard open, with one track per host and
         device, each call named by its program and the source line that
-        issued it, and flows from each transfer to the task that reads it
+        issued it (and its graph, if any), flows from each transfer to the
+        task that reads it, and this process's own track: the calls it
+        issued and its puts, fetches and waits, on the server's clock
         (docs/ARCHITECTURE.md, "The timeline"). Collected as the block
         ends: wait for the results you want to see inside it. Returns (as
         the `with` target) a dict that holds the trace's summary once the

@@ -66,7 +66,8 @@ def write(address, path, since_ns=0, timeout=10.0, secret=None, client=None):
     server's clock; 0: all they hold) and writes them to `path`: every
     client's with the operator's credential (`secret`, hex; None:
     $PLEXUS_CLUSTER_SECRET's), or with `client` (a core client) that
-    client's own. Returns the trace's "plexus" summary: per process its
+    client's own, and the client's own ring as one more process. Returns
+    the trace's "plexus" summary: per process its
     clock offset and bound, events kept, recorded and dropped; flows;
     workers missing."""
     if client is not None:

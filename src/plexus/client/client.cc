@@ -1,5 +1,7 @@
 #include "plexus/client/client.h"
 
+#include <unistd.h>
+
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,8 @@
 #include "plexus/common/names.h"
 #include "plexus/common/tls.h"
 #include "plexus/executors/builtin/kernel.h"
+#include "plexus/timeline/clock_offset.h"
+#include "plexus/timeline/timeline_proto.h"
 
 namespace plexus {
 
@@ -184,7 +188,7 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     const std::shared_ptr<ClientCore>& core, const Program& program,
     const std::vector<Future>& inputs, SliceHolds* holds,
     std::vector<proto::ClientOp>* ops, std::shared_ptr<SessionTag>* session,
-    uint32_t site) {
+    uint32_t site, uint64_t graph_id) {
   // Error context, built only when an error needs it (every call runs this).
   auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
   if (*session == nullptr) {
@@ -258,6 +262,7 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   proto::Call* call = op.mutable_call();
   call->set_call_id(core->NextId());
   if (site != 0) call->set_site(site);
+  if (graph_id != 0) call->set_graph_id(graph_id);
   call->set_slice_id(program.slice()->id());
   call->set_program_id(program.id());
   std::vector<Future> outputs;
@@ -299,14 +304,48 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   return outputs;
 }
 
+// The client's timeline events for the calls among `ops`, issued from
+// `start_ns`; their end is stamped by RecordIssued once they are queued.
+std::vector<TimelineEvent> IssuedCalls(ClientCore& core,
+                                       const std::vector<proto::ClientOp>& ops,
+                                       int64_t start_ns) {
+  std::vector<TimelineEvent> events;
+  if (!core.timeline().enabled()) return events;
+  const uint64_t client = core.client_id();
+  for (const proto::ClientOp& op : ops) {
+    if (!op.has_call()) continue;
+    const proto::Call& call = op.call();
+    TimelineEvent& e = events.emplace_back();
+    e.kind = EventKind::kCall;
+    e.start_ns = start_ns;
+    e.client_id = client;
+    e.call_id = call.call_id();
+    e.program_id = call.program_id();
+    e.buffer_id = call.output_ids_size() > 0 ? call.output_ids(0) : 0;
+    e.graph_id = call.graph_id();
+    e.label = call.site();
+  }
+  return events;
+}
+
+void RecordIssued(ClientCore& core, std::vector<TimelineEvent>& events) {
+  if (events.empty()) return;
+  const int64_t now = core.timeline().NowNs();
+  for (TimelineEvent& e : events) {
+    e.end_ns = now;
+    core.timeline().Record(e);
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Future>> Graph::Call(
     const Program& program, const std::vector<Future>& inputs, uint32_t site) {
   const size_t before = ops_.size();
   SliceHolds holds;  // recorded only: Submit may still find a slice closed
-  auto outputs =
-      BuildCall(core_, program, inputs, &holds, &ops_, &session_, site);
+  if (graph_id_ == 0) graph_id_ = core_->NextGraphId();
+  auto outputs = BuildCall(core_, program, inputs, &holds, &ops_, &session_,
+                           site, graph_id_);
   // One list per op: the call's inputs, none for the releases after it.
   for (size_t k = before; k < ops_.size(); ++k) {
     op_inputs_.push_back(k == before ? inputs : std::vector<Future>{});
@@ -320,6 +359,8 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
 
 absl::Status Graph::Submit() {
   if (core_->closed()) return absl::FailedPreconditionError("client closed");
+  std::vector<TimelineEvent> issued =
+      IssuedCalls(*core_, ops_, core_->timeline().NowNs());
   if (core_->options().sequential_dispatch) {
     for (size_t i = 0; i < ops_.size(); ++i) {
       core_->AwaitInputs(op_inputs_[i]);
@@ -330,7 +371,9 @@ absl::Status Graph::Submit() {
   } else if (session_ != nullptr) {
     core_->Enqueue(std::move(ops_), session_->epoch);
   }
+  RecordIssued(*core_, issued);
   session_ = nullptr;
+  graph_id_ = 0;  // the next call recorded starts another graph
   ops_.clear();
   op_inputs_.clear();
   keep_.clear();  // releases now queue after the calls
@@ -552,11 +595,14 @@ absl::StatusOr<std::vector<Future>> Client::Call(
   SliceHolds holds;  // declared first: dropped after the op is queued
   std::vector<proto::ClientOp> ops;
   std::shared_ptr<SessionTag> session;
-  auto outputs =
-      BuildCall(core_, program, inputs, &holds, &ops, &session, site);
+  const int64_t start_ns = core_->timeline().NowNs();
+  auto outputs = BuildCall(core_, program, inputs, &holds, &ops, &session, site,
+                           /*graph_id=*/0);
   if (outputs.ok() && !ops.empty()) {
+    std::vector<TimelineEvent> issued = IssuedCalls(*core_, ops, start_ns);
     if (core_->options().sequential_dispatch) core_->AwaitInputs(inputs);
     core_->Enqueue(std::move(ops), session->epoch);
+    RecordIssued(*core_, issued);
   }
   return outputs;
 }
@@ -607,24 +653,24 @@ uint32_t Client::CallSite(const std::string& text) {
   return core_->CallSiteId(text);
 }
 
-absl::StatusOr<proto::TraceReply> Client::Trace(int64_t since_ns,
-                                                absl::Duration timeout) {
-  const transport::DataPlaneIdentity identity = core_->identity();
-  return CollectTrace(core_->address(), since_ns, /*events=*/true, timeout,
-                      {identity.peer.id, identity.credential});
-}
+namespace {
 
-absl::StatusOr<proto::TraceReply> CollectTrace(const std::string& address,
-                                               int64_t since_ns, bool events,
-                                               absl::Duration timeout,
-                                               const TraceAuth& auth) {
+absl::StatusOr<std::unique_ptr<proto::Controller::Stub>> TraceStub(
+    const std::string& address) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
       ChannelCredentialsFor();  // $PLEXUS_TLS_CA
   if (!tls.ok()) return tls.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // every process's ring, in one reply
-  auto channel = grpc::CreateCustomChannel(address, *tls, args);
-  auto stub = proto::Controller::NewStub(channel);
+  return proto::Controller::NewStub(
+      grpc::CreateCustomChannel(address, *tls, args));
+}
+
+absl::StatusOr<proto::TraceReply> CallTrace(proto::Controller::Stub& stub,
+                                            const std::string& address,
+                                            int64_t since_ns, bool events,
+                                            absl::Duration timeout,
+                                            const TraceAuth& auth) {
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + timeout));
   proto::TraceRequest req;
@@ -636,7 +682,7 @@ absl::StatusOr<proto::TraceReply> CollectTrace(const std::string& address,
     req.set_credential(auth.credential->data(), auth.credential->size());
   }
   proto::TraceReply reply;
-  grpc::Status s = stub->Trace(&ctx, req, &reply);
+  grpc::Status s = stub.Trace(&ctx, req, &reply);
   if (s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
     return absl::PermissionDeniedError(s.error_message());
   }
@@ -645,6 +691,58 @@ absl::StatusOr<proto::TraceReply> CollectTrace(const std::string& address,
         "no Plexus server answers at ", address, ": ", s.error_message()));
   }
   return reply;
+}
+
+// Round trips that ask for the server's time only, for the client's clock
+// offset: the quickest gives the estimate.
+constexpr int kClockProbes = 8;
+
+}  // namespace
+
+absl::StatusOr<proto::TraceReply> Client::Trace(int64_t since_ns,
+                                                absl::Duration timeout) {
+  const transport::DataPlaneIdentity identity = core_->identity();
+  auto stub = TraceStub(core_->address());
+  if (!stub.ok()) return stub.status();
+  // The client's clock against the server's, as the server estimates a
+  // worker's (timeline/clock_offset.h), from the Trace RPC's own round
+  // trips on one channel (the first one connects it): the server stamps
+  // its time once (t2 = t3), the client sends at t1 and reads at t4.
+  Timeline& timeline = core_->timeline();
+  ClockOffsetEstimator clock(kClockProbes);
+  for (int i = 0; i < kClockProbes; ++i) {
+    const int64_t t1 = timeline.NowNs();
+    auto now =
+        CallTrace(**stub, core_->address(), 0, /*events=*/false, timeout, {});
+    const int64_t t4 = timeline.NowNs();
+    if (!now.ok()) return now.status();
+    clock.Add({t1, now->server_now_ns(), now->server_now_ns(), t4});
+  }
+  auto reply = CallTrace(**stub, core_->address(), since_ns, /*events=*/true,
+                         timeout, {identity.peer.id, identity.credential});
+  if (!reply.ok()) return reply;
+  // This client's own ring, on the server's clock like the rest.
+  proto::TimelineRing* mine = reply->add_rings();
+  const int64_t offset = clock.offset_ns();
+  std::vector<proto::TimelineRing> chunks = RingChunks(
+      timeline, since_ns == 0 ? 0 : since_ns - offset, /*per_chunk=*/1 << 30);
+  mine->Swap(&chunks.front());
+  mine->set_client_id(identity.peer.id);
+  mine->set_process(absl::StrCat("client ", core_->options().name, " (",
+                                 identity.peer.id, ")"));
+  mine->set_pid(getpid());
+  mine->set_offset_ns(offset);
+  mine->set_offset_error_ns(clock.error_ns());
+  return reply;
+}
+
+absl::StatusOr<proto::TraceReply> CollectTrace(const std::string& address,
+                                               int64_t since_ns, bool events,
+                                               absl::Duration timeout,
+                                               const TraceAuth& auth) {
+  auto stub = TraceStub(address);
+  if (!stub.ok()) return stub.status();
+  return CallTrace(**stub, address, since_ns, events, timeout, auth);
 }
 
 absl::Status ShutdownServer(const std::string& address,

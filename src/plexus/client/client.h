@@ -228,6 +228,9 @@ class Graph {
   // The session of its first recorded call (null: none yet); every call
   // of the graph is of that session.
   std::shared_ptr<SessionTag> session_;
+  // Its id (Call.graph_id), taken by its first recorded call (0: none
+  // yet); each Submit starts another graph.
+  uint64_t graph_id_ = 0;
 };
 
 struct ClientOptions {
@@ -352,6 +355,8 @@ class Client {
  private:
   explicit Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
   // One attempt of each (data_io.cc).
+  absl::StatusOr<Future> PutOnce(const std::shared_ptr<Slice>& slice,
+                                 const void* data, const ArgSpec& arg);
   absl::Status FetchOnce(const Future& future, void* dst);
   absl::Status WaitOnce(const Future& future);
   absl::Status WaitManyOnce(const std::vector<Future>& futures,

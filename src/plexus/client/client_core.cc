@@ -44,8 +44,22 @@ constexpr size_t kMaxQueuedOps = 1 << 16;
 
 }  // namespace
 
+namespace {
+
+Timeline::Options ClientTimelineOptions() {
+  Timeline::Options options;
+  options.capacity = TimelineEventsFromEnv();
+  options.enabled = options.capacity > 0;
+  options.skew = TestSkewFromEnv("client");
+  return options;
+}
+
+}  // namespace
+
 ClientCore::ClientCore(ClientOptions options)
-    : options_(std::move(options)), machine_(options_.reconnect_timeout) {}
+    : options_(std::move(options)),
+      timeline_(ClientTimelineOptions()),
+      machine_(options_.reconnect_timeout) {}
 
 ClientCore::~ClientCore() { Close(); }
 

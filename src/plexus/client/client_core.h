@@ -24,6 +24,7 @@
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client.h"
 #include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/timeline/timeline.h"
 #include "plexus/transport/data_plane.h"
 
 namespace plexus {
@@ -56,6 +57,14 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
     return client_id_.load(std::memory_order_acquire);
   }
   uint64_t NextId() { return (client_id() << 40) | next_id_++; }
+  // Graph ids (Call.graph_id): 1, 2, ... for this client's life.
+  uint64_t NextGraphId() { return next_graph_id_++; }
+
+  // The client's own timeline (timeline/timeline.h): one event per put,
+  // fetch and wait it made and per call it issued, recorded on the calling
+  // thread (no lock held across I/O). $PLEXUS_TIMELINE_EVENTS sizes it (0:
+  // off); $PLEXUS_TEST_TIMELINE_SKEW_MS's "client" skews its clock.
+  Timeline& timeline() { return timeline_; }
 
   // Call sites (proto::CallSite, for the timeline): the id of `text` (the
   // same every time; 0 past kMaxCallSites), and the op that registers
@@ -209,6 +218,8 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   // Never reset: ids stay unique across sessions, whatever client ids the
   // server hands out.
   std::atomic<uint64_t> next_id_{1};
+  std::atomic<uint64_t> next_graph_id_{1};
+  Timeline timeline_;
 
   std::thread session_thread_;
   std::thread sender_;  // of the current session; the session thread joins

@@ -53,6 +53,17 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
 
 absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
                                    const void* data, const ArgSpec& arg) {
+  ScopedEvent put(&core_->timeline(), EventKind::kPut);
+  absl::StatusOr<Future> f = PutOnce(slice, data, arg);
+  put.event.client_id = core_->client_id();
+  put.event.bytes = static_cast<int64_t>(arg.global.byte_size());
+  if (f.ok()) put.event.buffer_id = f->buffer_id();
+  put.event.failed = !f.ok();
+  return f;
+}
+
+absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
+                                       const void* data, const ArgSpec& arg) {
   // While the client reconnects, a put waits for the new session.
   auto session =
       core_->AwaitSession(absl::Now() + core_->options().reconnect_timeout);

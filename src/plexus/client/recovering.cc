@@ -234,14 +234,44 @@ absl::Status Client::Snapshot(const std::vector<Future>& futures) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The client's timeline event of a fetch or wait of `future` (its first,
+// for a wait on many), made to returned.
+class ClientRequestEvent {
+ public:
+  ClientRequestEvent(ClientCore& core, EventKind kind, const Future& future)
+      : scoped_(&core.timeline(), kind) {
+    scoped_.event.client_id = core.client_id();
+    scoped_.event.buffer_id = future.buffer_id();
+    if (kind == EventKind::kFetch) {
+      scoped_.event.bytes = static_cast<int64_t>(future.spec().byte_size());
+    }
+  }
+  absl::Status Done(absl::Status status) {
+    scoped_.event.failed = !status.ok();
+    scoped_.Done();
+    return status;
+  }
+
+ private:
+  ScopedEvent scoped_;
+};
+
+}  // namespace
+
 absl::Status Client::Fetch(const Future& future, void* dst) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
-  return Recovering(*core_, {&future}, [&] { return FetchOnce(future, dst); });
+  ClientRequestEvent fetch(*core_, EventKind::kFetch, future);
+  return fetch.Done(
+      Recovering(*core_, {&future}, [&] { return FetchOnce(future, dst); }));
 }
 
 absl::Status Client::Wait(const Future& future) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
-  return Recovering(*core_, {&future}, [&] { return WaitOnce(future); });
+  ClientRequestEvent wait(*core_, EventKind::kWait, future);
+  return wait.Done(
+      Recovering(*core_, {&future}, [&] { return WaitOnce(future); }));
 }
 
 absl::Status Client::WaitMany(const std::vector<Future>& futures,
@@ -251,8 +281,13 @@ absl::Status Client::WaitMany(const std::vector<Future>& futures,
     if (!f.valid()) return absl::InvalidArgumentError("empty future");
     all.push_back(&f);
   }
-  return Recovering(*core_, all,
-                    [&] { return WaitManyOnce(futures, deadline); });
+  if (futures.empty()) {
+    return Recovering(*core_, all,
+                      [&] { return WaitManyOnce(futures, deadline); });
+  }
+  ClientRequestEvent wait(*core_, EventKind::kWait, futures.front());
+  return wait.Done(
+      Recovering(*core_, all, [&] { return WaitManyOnce(futures, deadline); }));
 }
 
 }  // namespace plexus

@@ -11,6 +11,8 @@ proto::Call CallRecord::ToCall() const {
   call.set_call_id(call_id);
   call.set_slice_id(slice_id);
   call.set_program_id(program_id);
+  call.set_site(site);
+  call.set_graph_id(graph_id);
   for (const CallInput& in : inputs) {
     proto::InputRef* ref = call.add_inputs();
     ref->set_buffer_id(in.buffer_id);
@@ -28,6 +30,7 @@ CallRecord CallRecord::FromCall(uint64_t client_id, const proto::Call& call) {
   rec.slice_id = call.slice_id();
   rec.program_id = call.program_id();
   rec.site = call.site();
+  rec.graph_id = call.graph_id();
   for (const proto::InputRef& ref : call.inputs()) {
     auto arg = FromProto(ref.arg());
     rec.inputs.emplace_back(ref.buffer_id(), ref.slice_id(),

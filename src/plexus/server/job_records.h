@@ -80,9 +80,10 @@ struct CallRecord {
   // Its slice's devices are all on one host: a replicated output's shards
   // are no copies that the loss of that host would spare.
   bool one_host = false;
-  int live_outputs = 0;  // outputs whose records live
-  absl::Time routed;     // ClusterState::set_now when it was routed (why.h)
-  uint32_t site = 0;     // Call.site: where the client issued it
+  int live_outputs = 0;   // outputs whose records live
+  absl::Time routed;      // ClusterState::set_now when it was routed (why.h)
+  uint32_t site = 0;      // Call.site: where the client issued it
+  uint64_t graph_id = 0;  // Call.graph_id: the client's graph, if any
 
   // The call as its client would send it (recovery routes it again).
   proto::Call ToCall() const;

@@ -109,6 +109,8 @@ TEST(CallRecordTest, ARecordMakesTheCallItWasRecordedFrom) {
   call.set_call_id(41);
   call.set_slice_id(3);
   call.set_program_id(9);
+  call.set_site(7);
+  call.set_graph_id(12);
   for (size_t i = 0; i < layouts.size(); ++i) {
     proto::InputRef* in = call.add_inputs();
     in->set_buffer_id(100 + i);
@@ -123,6 +125,9 @@ TEST(CallRecordTest, ARecordMakesTheCallItWasRecordedFrom) {
   EXPECT_EQ(again.call_id(), 41u);
   EXPECT_EQ(again.slice_id(), 3u);
   EXPECT_EQ(again.program_id(), 9u);
+  // Routed again by recovery, it keeps its place in the user's program.
+  EXPECT_EQ(again.site(), 7u);
+  EXPECT_EQ(again.graph_id(), 12u);
   EXPECT_EQ(std::vector<uint64_t>(again.output_ids().begin(),
                                   again.output_ids().end()),
             (std::vector<uint64_t>{200, 201}));

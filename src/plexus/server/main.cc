@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
   size_t timeline_events = plexus::TimelineEventsFromEnv();
   app.add_option("--timeline-events", timeline_events,
                  "events the timeline ring keeps (what `plexus trace` "
-                 "collects; about 80 bytes each); 0: no recording. Default: "
+                 "collects; about 88 bytes each); 0: no recording. Default: "
                  "$PLEXUS_TIMELINE_EVENTS, else 65536");
   app.add_option("--secret-file", secret_file,
                  "file holding the cluster secret (64 hex digits; "

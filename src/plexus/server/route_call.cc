@@ -184,6 +184,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   call_record.one_host = OnOneHost(slice);
   call_record.routed = now_;
   call_record.site = call.site();
+  call_record.graph_id = call.graph_id();
   call_record.inputs.reserve(call.inputs_size());
   call_record.output_ids.assign(call.output_ids().begin(),
                                 call.output_ids().end());

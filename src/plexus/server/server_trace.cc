@@ -27,6 +27,7 @@ void ServerImpl::RecordCallDoneLocked(uint64_t seq, bool failed,
   e.program_id = rec->program_id;
   e.buffer_id = rec->output_ids.empty() ? 0 : rec->output_ids.front();
   e.label = rec->site;
+  e.graph_id = rec->graph_id;
   e.failed = failed;
   timeline_.Record(e);
 }

@@ -49,6 +49,7 @@ constexpr int kRecoveryTid = 3;
 constexpr int kCompileTid = 4;
 constexpr int kDataPlaneTid = 5;
 constexpr int kDeviceTid = 100;   // + device index
+constexpr int kLocalTid = 50000;  // + device index: transfers within a worker
 constexpr int kPeerTid = 100000;  // + destination worker id
 
 struct TaskRef {
@@ -98,8 +99,8 @@ class Writer {
       absl::StrAppend(
           &out_, i > 0 ? "," : "", "{\"pid\":", i + 1,
           ",\"name\":", Quoted(ProcessName(r)),
-          ",\"worker_id\":", r.worker_id(), ",\"host\":", Quoted(r.host_name()),
-          ",\"offset_ns\":", r.offset_ns(),
+          ",\"worker_id\":", r.worker_id(), ",\"client_id\":", r.client_id(),
+          ",\"host\":", Quoted(r.host_name()), ",\"offset_ns\":", r.offset_ns(),
           ",\"offset_error_ns\":", r.offset_error_ns(),
           ",\"events\":", r.events_size(), ",\"recorded\":", r.recorded(),
           ",\"dropped\":", r.dropped(), ",\"capacity\":", r.capacity(), "}");
@@ -115,6 +116,7 @@ class Writer {
 
  private:
   static std::string ProcessName(const proto::TimelineRing& r) {
+    if (r.client_id() != 0) return r.process();
     if (r.worker_id() == 0) return "server";
     return absl::StrCat(r.host_name(), " (worker ", r.worker_id(), ")");
   }
@@ -155,6 +157,7 @@ class Writer {
     if (e.call_id() != 0) field("call", e.call_id());
     if (e.program_id() != 0) field("program", e.program_id());
     if (e.buffer_id() != 0) field("buffer", e.buffer_id());
+    if (e.graph_id() != 0) field("graph", e.graph_id());
     if (e.device() >= 0) field("device", e.device());
     if (e.shard() >= 0) field("shard", e.shard());
     if (e.peer() != 0) field("peer_worker", e.peer());
@@ -253,11 +256,13 @@ class Writer {
     for (const proto::TimelineEvent& e : r.events()) {
       switch (static_cast<EventKind>(e.kind())) {
         case EventKind::kCall: {
-          Thread(pid, kCallsTid, "calls");
+          // The server's (routed to done), or a client's (issued).
+          const bool issued = r.client_id() != 0;
+          Thread(pid, kCallsTid, issued ? "calls issued" : "calls");
           std::string name = Program(e.client_id(), e.program_id());
           auto site = sites_.find({e.client_id(), e.label()});
           if (site != sites_.end()) absl::StrAppend(&name, " @ ", site->second);
-          Async(pid, kCallsTid, name, "call", e, r);
+          Async(pid, kCallsTid, name, issued ? "call issued" : "call", e, r);
           break;
         }
         case EventKind::kAdmissionWait:
@@ -280,8 +285,15 @@ class Writer {
           break;
         }
         case EventKind::kTransfer: {
-          const int tid = kPeerTid + static_cast<int>(e.peer());
-          Thread(pid, tid, absl::StrCat("to worker ", e.peer()));
+          // Between workers: a track per destination; within this one
+          // (read in place, copied between its devices, summed by NCCL): a
+          // track per reading device.
+          const bool local = IsLocalPath(static_cast<TransferPath>(e.path()));
+          const int tid = local ? kLocalTid + std::max(e.device(), 0)
+                                : kPeerTid + static_cast<int>(e.peer());
+          Thread(pid, tid,
+                 local ? absl::StrCat("device ", e.device(), " reads")
+                       : absl::StrCat("to worker ", e.peer()));
           Complete(
               pid, tid,
               absl::StrCat(
@@ -302,6 +314,13 @@ class Writer {
         case EventKind::kPut:
         case EventKind::kFetch:
         case EventKind::kWait:
+          if (r.client_id() != 0) {  // the client's own, as it made them
+            Thread(pid, kDataPlaneTid, "puts, fetches, waits");
+            Async(pid, kDataPlaneTid,
+                  EventKindName(static_cast<EventKind>(e.kind())), "client", e,
+                  r);
+            break;
+          }
           Thread(pid, kDataPlaneTid, "client data plane");
           Async(pid, kDataPlaneTid,
                 absl::StrCat(

@@ -71,5 +71,53 @@ TEST(ChromeTraceTest, NamesCallsAndDrawsAFlowFromTransferToConsumer) {
   EXPECT_THAT(json, HasSubstr("\"ts\":1.000,\"dur\":5.000"));
 }
 
+// A call of a graph names the graph in its args, at the server and in the
+// client's ring alike; the client's ring is a process of its own, its
+// clock aligned by its offset; a value read in place is a transfer on the
+// reading device's track, with a flow to the task of the call that read it.
+TEST(ChromeTraceTest, GraphsClientRingsAndTransfersWithinAWorker) {
+  proto::TraceReply trace;
+  proto::TimelineRing* server = trace.add_rings();
+  proto::TimelineEvent call = Event(EventKind::kCall, 1000, 90000, 5);
+  call.set_graph_id(3);
+  *server->add_events() = call;
+
+  proto::TimelineRing* w1 = trace.add_rings();
+  w1->set_worker_id(1);
+  w1->set_host_name("host0");
+  proto::TimelineEvent alias = Event(EventKind::kTransfer, 2000, 2000, 5);
+  alias.set_peer(1);
+  alias.set_device(0);
+  alias.set_path(static_cast<int>(TransferPath::kAlias));
+  *w1->add_events() = alias;
+  proto::TimelineEvent task = Event(EventKind::kTask, 2000, 9000, 5);
+  task.set_device(0);
+  *w1->add_events() = task;
+
+  proto::TimelineRing* client = trace.add_rings();
+  client->set_client_id(1);
+  client->set_process("client trainer (1)");
+  client->set_offset_ns(500);
+  proto::TimelineEvent issued = Event(EventKind::kCall, 0, 400, 5);
+  issued.set_graph_id(3);
+  *client->add_events() = issued;
+  *client->add_events() = Event(EventKind::kFetch, 95000, 99000, 0);
+
+  const std::string json = ChromeTraceJson(trace);
+  EXPECT_THAT(json, HasSubstr("\"cat\":\"call\",\"id\":1,\"args\":{"
+                              "\"client\":1,\"call\":5,\"program\":9,"
+                              "\"graph\":3"));
+  EXPECT_THAT(json, HasSubstr("\"cat\":\"call issued\""));
+  EXPECT_THAT(json, HasSubstr("\"name\":\"client trainer (1)\""));
+  EXPECT_THAT(json, HasSubstr("\"name\":\"device 0 reads\""));
+  EXPECT_THAT(json, HasSubstr("\"transfer (alias)\""));
+  EXPECT_THAT(json, HasSubstr("\"name\":\"fetch\",\"cat\":\"client\""));
+  EXPECT_THAT(json, HasSubstr("\"flows\":1"));
+  // The client's call, issued at 0 on its clock, 500 ns on the server's:
+  // the trace's origin.
+  EXPECT_THAT(json, HasSubstr("\"origin_ns\":500"));
+  EXPECT_THAT(json, HasSubstr("\"client_id\":1"));
+}
+
 }  // namespace
 }  // namespace plexus

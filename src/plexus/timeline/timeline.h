@@ -9,7 +9,11 @@
 // Chrome trace-event file (timeline/chrome_trace.h) that Perfetto and
 // TensorBoard open.
 //
-// Costs: Record() takes one uncontended mutex and copies one 96-byte event;
+// The client records its own side too (client/client_core.h): each put,
+// fetch and wait it made and each call it issued; `client.trace(path)`
+// adds that ring to the trace it collects.
+//
+// Costs: Record() takes one uncontended mutex and copies one 88-byte event;
 // nothing allocates after construction. The ring holds the last
 // `capacity` events: memory is capacity * sizeof(TimelineEvent) whatever
 // the job's length (the oldest events are overwritten; `dropped()` counts
@@ -51,6 +55,8 @@ enum class EventKind : uint8_t {
   kPut = 14,       // a client's shard stored (served on the data plane)
   kFetch = 15,     // a shard sent to a client
   kWait = 16,      // a client's wait answered
+  // Client (its own ring): kCall (issued: its ops built -> queued to the
+  // server), kPut, kFetch and kWait (made -> returned).
 };
 
 // The path a transfer took (TransferPaths, store/device_buffer.h).
@@ -63,6 +69,12 @@ enum class TransferPath : uint8_t {
   kTcp = 5,             // bytes over TCP
   kNccl = 6,            // summed on the GPUs by NCCL
 };
+// The paths that move nothing between workers (a transfer event on the
+// reading worker: `peer` is the worker itself).
+inline bool IsLocalPath(TransferPath path) {
+  return path == TransferPath::kAlias ||
+         path == TransferPath::kDeviceToDevice || path == TransferPath::kNccl;
+}
 
 const char* EventKindName(EventKind kind);
 const char* TransferPathName(TransferPath path);
@@ -75,8 +87,9 @@ struct TimelineEvent {
   uint64_t call_id = 0;  // the client's call id (Call.call_id)
   uint64_t program_id = 0;
   uint64_t buffer_id = 0;
-  int64_t peer = 0;   // transfer: the destination worker
-  int64_t bytes = 0;  // transfer, put, fetch
+  uint64_t graph_id = 0;  // kCall: the client's graph (Call.graph_id)
+  int64_t peer = 0;       // transfer: the destination worker
+  int64_t bytes = 0;      // transfer, put, fetch
   int32_t device = -1;
   int32_t shard = -1;
   uint32_t label = 0;  // Timeline::Intern()ed text, or a call site (kCall)
@@ -84,7 +97,7 @@ struct TimelineEvent {
   TransferPath path = TransferPath::kNone;
   bool failed = false;
 };
-static_assert(sizeof(TimelineEvent) == 80, "a ring slot: keep it small");
+static_assert(sizeof(TimelineEvent) == 88, "a ring slot: keep it small");
 
 class Timeline {
  public:
@@ -146,7 +159,7 @@ class Timeline {
 };
 
 // The events a process's ring keeps: $PLEXUS_TIMELINE_EVENTS if set (0:
-// recording off), else the default (65536, about 5 MiB).
+// recording off), else the default (65536, about 5.5 MiB).
 size_t TimelineEventsFromEnv();
 
 // TEST ONLY: the skew $PLEXUS_TEST_TIMELINE_SKEW_MS gives process `name`

@@ -12,6 +12,7 @@ void ToProto(const TimelineEvent& e, proto::TimelineEvent* out) {
   if (e.call_id != 0) out->set_call_id(e.call_id);
   if (e.program_id != 0) out->set_program_id(e.program_id);
   if (e.buffer_id != 0) out->set_buffer_id(e.buffer_id);
+  if (e.graph_id != 0) out->set_graph_id(e.graph_id);
   if (e.peer != 0) out->set_peer(e.peer);
   if (e.bytes != 0) out->set_bytes(e.bytes);
   out->set_device(e.device);

@@ -27,9 +27,13 @@ CallCollective::CallCollective(uint64_t exchange_id, std::vector<Peer> peers,
       send_(std::move(send)),
       ring_min_bytes_(ring_min_bytes) {}
 
-void CallCollective::EnableNccl(CollectiveGpus* nccl, absl::Duration timeout) {
+void CallCollective::EnableNccl(CollectiveGpus* nccl, absl::Duration timeout,
+                                Timeline* timeline,
+                                const TimelineEvent& event) {
   nccl_ = nccl;
   nccl_timeout_ = timeout;
+  timeline_ = timeline;
+  nccl_event_ = event;
 }
 
 void CallCollective::ExpectPartials(int device, const TensorSpec& spec) {
@@ -159,6 +163,15 @@ absl::StatusOr<bool> CallCollective::ReduceOnGpusLocked() {
   }
   const PathChoice choice = ChoosePath(workers, offers);
   if (choice.nccl) {
+    ScopedEvent summed(timeline_, EventKind::kTransfer);
+    if (timeline_ != nullptr) {
+      const int64_t start_ns = summed.event.start_ns;
+      summed.event = nccl_event_;
+      summed.event.kind = EventKind::kTransfer;
+      summed.event.path = TransferPath::kNccl;
+      summed.event.start_ns = start_ns;
+      summed.event.bytes = static_cast<int64_t>(stored_spec_.byte_size());
+    }
     auto out = nccl_->AllReduce(
         workers, my_rank_, offers, choice, in, stored_spec_,
         absl::Now() + nccl_timeout_,
@@ -171,6 +184,7 @@ absl::StatusOr<bool> CallCollective::ReduceOnGpusLocked() {
           return give_up->status;
         },
         absl::StrCat("all_reduce (rank ", my_rank_, " of ", p, ")"));
+    summed.event.failed = !out.ok();
     if (!out.ok()) return out.status();
     gpu_result_ = *std::move(out);
     return true;

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/object_store.h"
+#include "plexus/timeline/timeline.h"
 #include "plexus/worker/nccl_collective.h"
 
 namespace plexus {
@@ -49,8 +50,12 @@ class CallCollective {
 
   // Offers first, and the NCCL path where the offers allow it (call before
   // ExpectPartials; every worker of the call does, as every worker's
-  // CollectivePeer.nccl says). `timeout` bounds each NCCL wait.
-  void EnableNccl(CollectiveGpus* nccl, absl::Duration timeout);
+  // CollectivePeer.nccl says). `timeout` bounds each NCCL wait. Where NCCL
+  // sums, `event` (its ids: a transfer with path kNccl) is recorded on
+  // `timeline` (not owned; may be null) around the sum.
+  void EnableNccl(CollectiveGpus* nccl, absl::Duration timeout,
+                  Timeline* timeline = nullptr,
+                  const TimelineEvent& event = {});
   bool nccl_enabled() const { return nccl_ != nullptr; }
 
   // Declares the partials expected from other workers (call before any
@@ -101,6 +106,8 @@ class CallCollective {
   std::vector<BufferKey> expected_;  // entries ExpectPartials declared
   CollectiveGpus* nccl_ = nullptr;   // set by EnableNccl
   absl::Duration nccl_timeout_;
+  Timeline* timeline_ = nullptr;  // set by EnableNccl
+  TimelineEvent nccl_event_;
   // A reason for the NCCL waits to give up: a peer's error or death, which
   // fails the watch entries (expected from each peer, sent only on error).
   // Shared with the store's callbacks on them.

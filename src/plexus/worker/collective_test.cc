@@ -47,10 +47,23 @@ struct Cluster {
             }
           },
           ring_min_bytes));
-      if (!gpus.empty()) calls[w]->EnableNccl(gpus[w], absl::Seconds(30));
+      timelines.push_back(std::make_unique<Timeline>());
+      if (!gpus.empty()) {
+        TimelineEvent ids;  // as the worker fills it (task_runner.cc)
+        ids.client_id = 5;
+        ids.call_id = 9;
+        ids.peer = w;
+        ids.device = 0;
+        ids.shard = w;
+        calls[w]->EnableNccl(gpus[w], absl::Seconds(30), timelines[w].get(),
+                             ids);
+      }
       calls[w]->ExpectPartials(0, TensorSpec{DType::kI32, {n}});
     }
   }
+
+  // Each worker's timeline, where the NCCL path records its sums.
+  std::vector<std::unique_ptr<Timeline>> timelines;
 
   // As Run, through AllReduceStored (the tasks' entry with EnableNccl):
   // inputs and outputs are Storage.
@@ -261,6 +274,48 @@ TEST(CallCollectiveNcclTest, RankZerosUniqueIdReachesEveryRank) {
     EXPECT_TRUE(gpus[w]->chosen->new_communicator);
     EXPECT_EQ(gpus[w]->rank0_id.bytes, OnGpu(0).unique_id.bytes);
     EXPECT_EQ(outs[w][1], w * 1000 + 1);  // what TestGpus handed back
+  }
+}
+
+// Each rank's sum by NCCL is one transfer on its worker's timeline, with
+// the path, the call's ids and the shard's bytes; the host path records
+// none there (its partials are the data plane's transfers).
+TEST(CallCollectiveNcclTest, EachNcclSumIsATransferOnTheTimeline) {
+  const int p = 2;
+  std::vector<std::unique_ptr<TestGpus>> gpus;
+  std::vector<CollectiveGpus*> raw;
+  for (int w = 0; w < p; ++w) {
+    gpus.push_back(
+        std::make_unique<TestGpus>(OnGpu(w), TestGpus::Then::kInput));
+    raw.push_back(gpus.back().get());
+  }
+  Cluster c(p, 8, /*ring_min_bytes=*/0, raw);
+  std::vector<std::vector<int32_t>> outs;
+  auto status = c.RunStored(&outs);
+  for (int w = 0; w < p; ++w) {
+    ASSERT_TRUE(status[w].ok()) << status[w];
+    std::vector<TimelineEvent> events = c.timelines[w]->Since(0);
+    ASSERT_EQ(events.size(), 1u) << "worker " << w;
+    const TimelineEvent& e = events[0];
+    EXPECT_EQ(e.kind, EventKind::kTransfer);
+    EXPECT_EQ(e.path, TransferPath::kNccl);
+    EXPECT_EQ(e.client_id, 5u);
+    EXPECT_EQ(e.call_id, 9u);
+    EXPECT_EQ(e.peer, w);
+    EXPECT_EQ(e.shard, w);
+    EXPECT_EQ(e.bytes, 8 * 4);
+    EXPECT_FALSE(e.failed);
+    EXPECT_LE(e.start_ns, e.end_ns);
+  }
+
+  RankOffer host;
+  host.why_not = "a value in host memory";
+  TestGpus h0(host, TestGpus::Then::kFail), h1(host, TestGpus::Then::kFail);
+  Cluster on_hosts(p, 8, /*ring_min_bytes=*/0, {&h0, &h1});
+  auto host_status = on_hosts.RunStored(&outs);
+  ExpectSum(p, 8, outs, host_status);
+  for (int w = 0; w < p; ++w) {
+    EXPECT_TRUE(on_hosts.timelines[w]->Since(0).empty());
   }
 }
 

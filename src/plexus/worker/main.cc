@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
   size_t timeline_events = plexus::TimelineEventsFromEnv();
   app.add_option("--timeline-events", timeline_events,
                  "events the timeline ring keeps (what `plexus trace` "
-                 "collects; about 80 bytes each); 0: no recording. Default: "
+                 "collects; about 88 bytes each); 0: no recording. Default: "
                  "$PLEXUS_TIMELINE_EVENTS, else 65536");
   CLI11_PARSE(app, argc, argv);
   options.timeline = timeline_events > 0;

@@ -69,13 +69,26 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
     }
   }
   if (!peers.empty() && collective_error.ok()) {
+    // On the timeline, each partial, offer or ring step sent to a peer is
+    // a transfer of this call (the peer's task of it reads it).
+    TimelineEvent step;
+    if (timeline_.enabled()) {
+      step.kind = EventKind::kTransfer;
+      step.client_id = exec.client_id();
+      step.call_id = exec.call_id();
+      step.program_id = exec.program_id();
+    }
     call->collective = std::make_unique<CallCollective>(
         exec.call_id() | kCollectiveBit, std::move(peers), my_rank,
         store_.get(),
-        [this](int64_t worker, const BufferKey& key,
-               absl::StatusOr<std::shared_ptr<const Storage>> data) {
+        [this, step](int64_t worker, const BufferKey& key,
+                     absl::StatusOr<std::shared_ptr<const Storage>> data) {
           if (PeerSender* s = SenderTo(worker)) {
-            s->Send({key.buffer_id, key.shard}, std::move(data));
+            TimelineEvent e = step;
+            e.buffer_id = key.buffer_id;
+            e.shard = key.shard;
+            e.peer = worker;
+            s->Send({key.buffer_id, key.shard}, std::move(data), e);
           }
         });
     // Every rank's partial has the shape of one shard's input.
@@ -96,7 +109,20 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
     for (const proto::CollectivePeer& peer : exec.peers()) {
       nccl &= peer.nccl() && peer.local_shards() == 1;
     }
-    if (nccl) call->collective->EnableNccl(nccl_.get(), kNcclTimeout);
+    if (nccl) {
+      // Its one local shard's sum, on the timeline as a transfer by NCCL.
+      TimelineEvent summed;
+      summed.client_id = exec.client_id();
+      summed.call_id = exec.call_id();
+      summed.program_id = exec.program_id();
+      summed.buffer_id = exec.output_ids_size() > 0 ? exec.output_ids(0) : 0;
+      summed.peer = worker_id_.load();
+      summed.device = exec.tasks(0).device();
+      summed.shard = exec.tasks(0).shard();
+      call->collective->EnableNccl(nccl_.get(), kNcclTimeout,
+                                   timeline_.enabled() ? &timeline_ : nullptr,
+                                   summed);
+    }
     call->collective->ExpectPartials(exec.tasks(0).device(), partial_spec);
   }
 

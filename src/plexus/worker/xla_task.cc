@@ -324,6 +324,51 @@ void WorkerImpl::StopCompiler() {
   if (compiler_.joinable()) compiler_.join();
 }
 
+namespace {
+
+void RecordLocalReads(Timeline& timeline, int64_t worker_id,
+                      const proto::Execute& exec,
+                      const std::vector<std::vector<xla::XlaArgument>>& inputs,
+                      const xla::PjrtRuntime::ArgumentReads& reads,
+                      int64_t queued_ns) {
+  // A transfer event per argument a partition read on this worker's
+  // devices without a transfer between workers: as it is (its own device)
+  // or by the plugin's copy from another one; from the run's queueing to
+  // now (the copy is queued on the device with the run).
+  const int64_t now_ns = reads.empty() ? 0 : timeline.NowNs();
+  for (size_t p = 0; p < reads.size() && p < inputs.size(); ++p) {
+    if (static_cast<int>(p) >= exec.tasks_size()) break;
+    const proto::ShardTask& task = exec.tasks(static_cast<int>(p));
+    for (size_t i = 0; i < reads[p].size() && i < inputs[p].size(); ++i) {
+      if (reads[p][i] == xla::ArgumentRead::kHost) continue;
+      TimelineEvent e;
+      e.kind = EventKind::kTransfer;
+      e.path = reads[p][i] == xla::ArgumentRead::kAlias
+                   ? TransferPath::kAlias
+                   : TransferPath::kDeviceToDevice;
+      e.start_ns = queued_ns;
+      e.end_ns = now_ns;
+      e.client_id = exec.client_id();
+      e.call_id = exec.call_id();
+      e.program_id = exec.program_id();
+      const proto::InputBinding* binding =
+          static_cast<int>(i) < task.inputs_size()
+              ? &task.inputs(static_cast<int>(i))
+              : nullptr;
+      if (binding != nullptr && binding->pieces_size() > 0) {
+        e.buffer_id = binding->pieces(0).buffer_id();
+      }
+      e.peer = worker_id;
+      e.device = task.device();
+      e.shard = task.shard();
+      e.bytes = static_cast<int64_t>(inputs[p][i].spec.byte_size());
+      timeline.Record(e);
+    }
+  }
+}
+
+}  // namespace
+
 absl::Status WorkerImpl::RunXlaPartition(
     const std::shared_ptr<CallContext>& call_ref, int task_index,
     const builtin::KernelContext& ctx,
@@ -380,12 +425,16 @@ absl::Status WorkerImpl::RunXlaPartition(
     }
     // Queued behind what the device runs already; its inputs need not be
     // ready. The call stays alive until the run's end is handled.
+    const int64_t queued_ns = timeline_.enabled() ? timeline_.NowNs() : 0;
+    xla::PjrtRuntime::ArgumentReads reads;
     auto out = (*exe)->runtime().Execute(
         **exe, in,
         absl::StrCat("program '", program.name, "' on worker ",
                      worker_id_.load()),
-        [call_ref, done = std::move(done)](absl::Status end) { done(end); });
+        [call_ref, done = std::move(done)](absl::Status end) { done(end); },
+        timeline_.enabled() ? &reads : nullptr);
     if (!out.ok()) return out.status();
+    RecordLocalReads(timeline_, worker_id_.load(), exec, in, reads, queued_ns);
     IslandExecution::Outputs result(out->size());
     for (size_t p = 0; p < out->size(); ++p) {
       result[p].assign((*out)[p].begin(), (*out)[p].end());

@@ -37,7 +37,7 @@ struct PjrtRuntime::Run {
 absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     const PjrtExecutable& exe,
     const std::vector<std::vector<XlaArgument>>& inputs, absl::string_view what,
-    DoneFn done) const {
+    DoneFn done, ArgumentReads* reads) const {
   const size_t parts = exe.devices_.size();
   if (inputs.size() != parts) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -53,6 +53,7 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   // Argument i may be donated only if every partition's is its own buffer
   // and donated; the plugin takes one list for all partitions.
   std::vector<bool> donatable(num_args, parts > 0);
+  if (reads != nullptr) reads->assign(parts, {});
   for (size_t p = 0; p < parts; ++p) {
     if (inputs[p].size() != num_args) {
       return absl::InvalidArgumentError(
@@ -60,16 +61,19 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
                        " inputs, partition 0 has ", num_args));
     }
     for (size_t i = 0; i < num_args; ++i) {
-      bool as_is = false;
+      ArgumentRead read = ArgumentRead::kHost;
       absl::StatusOr<PJRT_Buffer*> buffer =
-          Argument(scope, inputs[p][i], exe.devices_[p], &run->staged, &as_is);
+          Argument(scope, inputs[p][i], exe.devices_[p], &run->staged, &read);
       if (!buffer.ok()) {
         return absl::Status(
             buffer.status().code(),
             absl::StrCat("argument ", i, ": ", buffer.status().message()));
       }
       args[p].push_back(*buffer);
-      if (!(as_is && inputs[p][i].donate)) donatable[i] = false;
+      if (!(read == ArgumentRead::kAlias && inputs[p][i].donate)) {
+        donatable[i] = false;
+      }
+      if (reads != nullptr) (*reads)[p].push_back(read);
     }
   }
   // Without this list the plugin would write an aliased output over any
@@ -226,8 +230,8 @@ void PjrtRuntime::Finish(Run* run) const {
 
 absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-    std::vector<std::unique_ptr<char[]>>* staged, bool* as_is) const {
-  *as_is = false;
+    std::vector<std::unique_ptr<char[]>>* staged, ArgumentRead* read) const {
+  *read = ArgumentRead::kHost;
   const auto* mine = dynamic_cast<const PjrtBuffer*>(arg.device);
   if (mine != nullptr && mine->BelongsTo(*this)) {
     if (mine->size() != arg.spec.byte_size()) {
@@ -241,7 +245,7 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     }
     if (devices_[mine->device()] == device) {
       TransferPaths::alias()++;
-      *as_is = true;
+      *read = ArgumentRead::kAlias;
       return mine->buffer_;
     }
     // Another device of this client: the plugin's device-to-device copy.
@@ -255,6 +259,7 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     }
     scope.Own(copy.dst_buffer);
     TransferPaths::device_to_device()++;
+    *read = ArgumentRead::kDeviceToDevice;
     return copy.dst_buffer;
   }
   const void* host = arg.host;

@@ -140,6 +140,14 @@ struct XlaArgument {
   bool donate = false;
 };
 
+// How a partition's argument reached its device (store/device_buffer.h's
+// TransferPaths count the last two; the worker's timeline records them).
+enum class ArgumentRead : uint8_t {
+  kHost,            // from host memory (in place on CPU, else copied in)
+  kAlias,           // this runtime's buffer on that device, read as it is
+  kDeviceToDevice,  // this runtime's buffer on another device, copied over
+};
+
 // A compiled program, loaded on a fixed list of devices (its device
 // assignment, one device per SPMD partition).
 class PjrtExecutable {
@@ -265,11 +273,15 @@ class PjrtRuntime {
   // It must not block for long (on the completion thread it delays the
   // next run's end).
   using Outputs = std::vector<std::vector<std::shared_ptr<PjrtBuffer>>>;
+  // `reads` (optional): (*reads)[p][i], how partition p read argument i,
+  // filled where the run was queued.
   using DoneFn = std::function<void(absl::Status)>;
+  using ArgumentReads = std::vector<std::vector<ArgumentRead>>;
   absl::StatusOr<Outputs> Execute(
       const PjrtExecutable& exe,
       const std::vector<std::vector<XlaArgument>>& inputs,
-      absl::string_view what, DoneFn done) const;
+      absl::string_view what, DoneFn done,
+      ArgumentReads* reads = nullptr) const;
 
  private:
   friend class PjrtExecutable;
@@ -284,11 +296,12 @@ class PjrtRuntime {
   // What the memory of this plugin's buffers is to this process.
   PjrtBuffer::Memory BufferMemory() const;
   // The PJRT buffer partition `device` reads for `arg` (owned by `scope`
-  // if made here; host copies it needed kept in `staged`). `as_is`: it is
-  // the argument's own PjrtBuffer (so it may be donated).
+  // if made here; host copies it needed kept in `staged`), and how it is
+  // read (`read`; kAlias: it is the argument's own PjrtBuffer, so it may
+  // be donated).
   absl::StatusOr<PJRT_Buffer*> Argument(
       PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-      std::vector<std::unique_ptr<char[]>>* staged, bool* as_is) const;
+      std::vector<std::unique_ptr<char[]>>* staged, ArgumentRead* read) const;
 
   std::string plugin_path_;
   const PJRT_Api* api_ = nullptr;

@@ -171,9 +171,14 @@ TEST(XlaExecutorTest, AnOutputDroppedBeforeItsRunEndsIsSafe) {
                                  [](absl::Status) {});
     ASSERT_TRUE(first.ok()) << first.status();
     XlaArgument in{m, nullptr, (*first)[0][0].get()};
-    auto second = runtime.Execute(**exe, {{in, {m, y}}}, "second",
-                                  [&](absl::Status) { ended.Notify(); });
+    PjrtRuntime::ArgumentReads reads;
+    auto second = runtime.Execute(
+        **exe, {{in, {m, y}}}, "second", [&](absl::Status) { ended.Notify(); },
+        &reads);
     ASSERT_TRUE(second.ok()) << second.status();
+    // The first run's output read where it is; `y` from host memory.
+    EXPECT_EQ(reads, PjrtRuntime::ArgumentReads(
+                         {{ArgumentRead::kAlias, ArgumentRead::kHost}}));
     last = (*second)[0][0];
   }  // the first run's outputs are dropped here
   ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(60)));
