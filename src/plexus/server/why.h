@@ -13,7 +13,11 @@
 //     issued it and its client; where it is the root itself the root runs
 //     there — so a collective whose other rank is held by a long call on
 //     one host names that host and that call, and the hosts where its
-//     ranks wait ("first in line");
+//     ranks wait ("first in line"); where its program is compiling on
+//     one of its hosts (WorkerStats.compiling, by the worker's last
+//     heartbeat) the root waits for that compile, named with how long it
+//     has taken so far (so is a call queued behind one whose program
+//     compiles);
 //   - its slice waiting for a host to take a lost one's place.
 // Each call is named with the line of the user's program that issued it
 // (Call.site), where the client said.
@@ -22,7 +26,7 @@
 //
 // Not yet: calls still at admission (not routed, so without records; the
 // status lists them by client), fetches and puts (the client's, not the
-// server's), full devices, and which of a call's hosts already finished its
+// server's: the client's progress line shows their bytes), full devices, and which of a call's hosts already finished its
 // part (the workers report a call done per worker, to admission, not to
 // the records).
 #pragma once
