@@ -161,9 +161,11 @@ def test_a_collective_whose_other_rank_is_held_by_a_long_call_names_it():
 
 def slow_to_compile(x):
     """Matrix products XLA does not fuse, one after another: seconds of
-    compile on a CPU, and microseconds of run."""
+    compile on a CPU (about 6 s on two busy cores; a call is explained
+    once it has waited 1 s, so the compile must outlast that), and
+    microseconds of run."""
     import jax.numpy as jnp
-    for i in range(40):
+    for i in range(80):
         x = jnp.tanh(x @ x.T * (i + 1.0)) + jnp.roll(x, i % 7, axis=0)
     return x
 

@@ -28,8 +28,8 @@ EVERY_S = 0.5    # and is redrawn this often
 # Puts and fetches at least this large count their bytes as they move
 # (a TransferProgress: two atomics the client's data plane adds to).
 TRANSFER_LINE_BYTES = 64 << 20
-# A recovery heard during a wait is its line for this long; then the wait's
-# root (`plexus why`) says more.
+# A recovery is a wait's line for this long after the client heard of it;
+# then the wait's root (`plexus why`) says more.
 RECOVERY_LINE_S = 10.0
 
 _enabled = None
@@ -93,15 +93,17 @@ class _Board:
                 finally:
                     self.cond.acquire()
                 if line and token in self.waits:
-                    width = _columns() - 1
-                    _write("\r\x1b[K" + line[:width])
+                    width = _columns()
+                    _write("\r\x1b[K" + (line[:width - 1] if width else line))
                     self.drawn = True
                 self.cond.wait(EVERY_S)
 
 
 def _columns():
+    """The terminal's width; None where it does not say (0 columns: a
+    bare pseudo-terminal), where the line is not cut."""
     try:
-        return os.get_terminal_size(sys.stderr.fileno()).columns
+        return os.get_terminal_size(sys.stderr.fileno()).columns or None
     except (OSError, ValueError, AttributeError):
         return 100
 
@@ -144,11 +146,11 @@ def _status(client):
     return _decode_status(_core.cluster_status(client._address))
 
 
-def _recovery(st, client, seconds):
+def _recovery(st, client):
     """What a recovery that touches this client is doing, or None: a slice
     waiting for a host to take a lost one's place, or the recovery the
-    client heard of during this wait (`seconds` long) in words ("host3
-    lost; remapped onto host5; recomputing 12 calls")."""
+    client heard of in the last RECOVERY_LINE_S, in words ("host3 lost;
+    remapped onto host5; recomputing 12 calls")."""
     mine = [s for s in st.get("slices", [])
             if s.get("client_id") == client.id and s.get("awaiting")]
     if mine:
@@ -157,7 +159,7 @@ def _recovery(st, client, seconds):
                 f"waiting for another to take its place, "
                 f"{int(s.get('awaiting_left_ms', 0)) / 1000:.0f} s left")
     r = client._core.last_recovery()
-    if r is None or r["seconds_ago"] > min(seconds, RECOVERY_LINE_S):
+    if r is None or r["seconds_ago"] > RECOVERY_LINE_S:
         return None
     parts = [f"{r['lost_host']} lost"]
     if r["remapped_onto"]:
@@ -180,7 +182,7 @@ def describe_wait(client, seconds):
         return None
     st = _status(client)
     head = f"plexus: waiting {seconds:.0f} s"
-    rec = _recovery(st, client, seconds)
+    rec = _recovery(st, client)
     if rec:
         return f"{head}: {rec}"
     why = [e for e in st.get("why", []) if e.get("client_id") == client.id]
