@@ -1,6 +1,8 @@
 """Progress of long waits in the client's console (python/plexus/_progress.py):
-shown on a terminal, saying what the server says the wait is for, erased
-when it ends; never written where stderr is not a terminal."""
+shown on a terminal, saying what the server says the wait is for (or, for
+a large put or fetch, its bytes and rate; after a lost host, what the
+recovery did), erased when it ends; never written where stderr is not a
+terminal."""
 import os
 import pty
 import re
@@ -9,7 +11,12 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
+import plexus
 from conftest import PLEXUS_PYTHONPATH
+from plexus import _api, _core
+from plexus._progress import describe_transfer
 
 WAIT_S = 60
 
@@ -167,9 +174,6 @@ def test_a_recovery_under_a_wait_says_what_was_lost_and_what_runs_again():
 def test_transfers_count_their_bytes_over_either_carrier():
     """The client's counters (TransferProgress) end at the bytes moved:
     every shard a put sends, each distinct block a fetch reads."""
-    import numpy as np
-    import plexus
-    from plexus import _api, _core
     for shm in (True, False):
         with plexus.local(hosts=2, shared_memory=shm) as cluster:
             c = cluster.connect(shared_memory=shm)
@@ -186,8 +190,6 @@ def test_transfers_count_their_bytes_over_either_carrier():
 
 
 def test_a_transfer_line_gives_bytes_of_the_whole_and_the_rate_since_the_last():
-    from plexus._progress import describe_transfer
-
     class Counted:
         total_bytes = 4 << 30
         done_bytes = 0

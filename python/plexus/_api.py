@@ -463,7 +463,7 @@ def _spec_text(dtype, shape):
 
 
 def _put(client, core_slice, a, sharding):
-    """Puts the C-contiguous array `a` on `core_slice`; on a terminal, a
+    """Puts the numpy array `a` on `core_slice`; on a terminal, a
     large one shows its bytes as they go (python/plexus/_progress.py)."""
     progress = transfer_progress(a.nbytes)
     if progress is None:
