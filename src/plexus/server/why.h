@@ -26,9 +26,9 @@
 //
 // Not yet: calls still at admission (not routed, so without records; the
 // status lists them by client), fetches and puts (the client's, not the
-// server's: the client's progress line shows their bytes), full devices, and which of a call's hosts already finished its
-// part (the workers report a call done per worker, to admission, not to
-// the records).
+// server's: the client's progress line shows their bytes), full devices,
+// and which of a call's hosts already finished its part (the workers report
+// a call done per worker, to admission, not to the records).
 #pragma once
 
 #include <vector>
