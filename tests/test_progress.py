@@ -1,14 +1,22 @@
 """Progress of long waits in the client's console (python/plexus/_progress.py):
-shown on a terminal, saying what the server says the wait is for, erased
-when it ends; never written where stderr is not a terminal."""
+shown on a terminal, saying what the server says the wait is for (or, for
+a large put or fetch, its bytes and rate; after a lost host, what the
+recovery did), erased when it ends; never written where stderr is not a
+terminal."""
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
 import time
 
+import numpy as np
+
+import plexus
 from conftest import PLEXUS_PYTHONPATH
+from plexus import _api, _core
+from plexus._progress import describe_transfer
 
 WAIT_S = 60
 
@@ -32,18 +40,69 @@ with plexus.local(hosts=2) as cluster:
 """
 
 
-def run(stderr_tty):
-    """Runs SCRIPT with stderr on a pseudo-terminal or a pipe; returns
+# A put of 96 MiB over TCP to a worker stopped (SIGSTOP) until the put's
+# line is on the terminal: its bytes stop part of the way; then the same
+# value fetched back.
+PUT_SCRIPT = r"""
+import os, signal, threading, time
+import numpy as np
+import plexus
+from plexus import _progress
+with plexus.local(hosts=1, shared_memory=False,
+                  heartbeat_timeout_ms=30_000) as cluster:
+    c = cluster.connect(name="progress", shared_memory=False)
+    s = c.slice(1)
+    np.asarray(s.put(np.zeros(4, np.float32)))  # a connection to the worker
+    pid = int(cluster.status()["workers"][0]["pid"])
+    big = np.ones(24 << 20, np.float32)
+
+    def resume_once_drawn():
+        deadline = time.monotonic() + 30
+        while not _progress._board.drawn and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGCONT)
+
+    os.kill(pid, signal.SIGSTOP)
+    t = threading.Thread(target=resume_once_drawn)
+    t.start()
+    x = s.put(big)
+    t.join()
+    print("sum", float(np.asarray(x).sum()), flush=True)
+"""
+
+# A 3 s call on two hosts, one of them killed while a fetch waits for it:
+# the spare takes its place and the call runs again.
+RECOVERY_SCRIPT = r"""
+import os, signal
+import numpy as np
+import plexus
+with plexus.local(hosts=2, spare=1) as cluster:
+    c = cluster.connect(name="progress")
+    s = c.slice(2)
+    x = s.put(np.arange(4, dtype=np.float32), plexus.replicated())
+    slow = s.program("device_sleep", x, micros=3_000_000, name="slow_step")
+    y = slow(x)
+    c.flush()
+    victim = s.devices[1]["host"]
+    os.kill(next(int(w["pid"]) for w in cluster.status()["workers"]
+                 if w["alive"] and w["host_name"] == victim), signal.SIGKILL)
+    print("victim", victim, flush=True)
+    print("fetched", np.asarray(y).tolist(), flush=True)
+"""
+
+
+def run(stderr_tty, script=SCRIPT):
+    """Runs `script` with stderr on a pseudo-terminal or a pipe; returns
     (stdout, stderr) as text."""
     env = dict(os.environ, PYTHONPATH=PLEXUS_PYTHONPATH)
     env.pop("PLEXUS_PROGRESS", None)
     if not stderr_tty:
-        out = subprocess.run([sys.executable, "-c", SCRIPT], env=env,
+        out = subprocess.run([sys.executable, "-c", script], env=env,
                              capture_output=True, text=True, timeout=WAIT_S)
         assert out.returncode == 0, out.stderr[-3000:]
         return out.stdout, out.stderr
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], env=env,
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env,
                             stdout=subprocess.PIPE, stderr=slave, text=True)
     os.close(slave)
     err = b""
@@ -67,12 +126,17 @@ def run(stderr_tty):
     return stdout, err.decode(errors="replace")
 
 
+def lines_of(err, start="plexus: "):
+    """The progress lines drawn on the terminal."""
+    return [l for l in err.replace("\x1b[K", "").replace("\r", "\n")
+            .split("\n") if l.startswith(start)]
+
+
 def test_a_long_fetch_and_a_slice_wait_show_what_they_wait_for_on_a_terminal():
     stdout, err = run(stderr_tty=True)
     assert "fetched [0.0, 2.0, 4.0, 6.0]" in stdout, stdout
     assert "slice request timed out" in stdout, stdout
-    lines = [l for l in err.replace("\x1b[K", "").replace("\r", "\n")
-             .split("\n") if l.startswith("plexus: waiting")]
+    lines = lines_of(err, "plexus: waiting")
     # The fetch: the consumer waits for the long call on host0.
     assert any("'slow_step'" in l and "host0" in l for l in lines), lines
     # The slice request: what the server says it lacks.
@@ -86,3 +150,55 @@ def test_nothing_is_written_where_stderr_is_not_a_terminal():
     assert "slice request timed out" in stdout, stdout
     assert "plexus: waiting" not in err, err[-2000:]
     assert "\x1b[K" not in err
+
+
+def test_a_large_put_shows_its_bytes_and_rate_as_they_go():
+    stdout, err = run(stderr_tty=True, script=PUT_SCRIPT)
+    assert f"sum {float(24 << 20)}" in stdout, stdout
+    lines = lines_of(err, "plexus: put")
+    # Part of the way (the worker stopped reading), in MiB of the whole.
+    assert any(re.fullmatch(r"plexus: put float32\[25165824\] [\d.]+ of "
+                            r"96\.0 MiB, \d+ MB/s", l) for l in lines), lines
+    assert "\x1b[K" in err
+
+
+def test_a_recovery_under_a_wait_says_what_was_lost_and_what_runs_again():
+    stdout, err = run(stderr_tty=True, script=RECOVERY_SCRIPT)
+    assert "fetched [0.0, 1.0, 2.0, 3.0]" in stdout, stdout
+    victim = re.search(r"victim (\S+)", stdout).group(1)
+    lines = lines_of(err, "plexus: waiting")
+    assert any(l.endswith(f": {victim} lost; remapped onto spare0; "
+                          "recomputing 1 call") for l in lines), lines
+
+
+def test_transfers_count_their_bytes_over_either_carrier():
+    """The client's counters (TransferProgress) end at the bytes moved:
+    every shard a put sends, each distinct block a fetch reads."""
+    for shm in (True, False):
+        with plexus.local(hosts=2, shared_memory=shm) as cluster:
+            c = cluster.connect(shared_memory=shm)
+            s = c.slice(2)
+            a = np.arange(3 << 20, dtype=np.float32)  # 12 MiB: 12 chunks
+            put = _core.TransferProgress()
+            f = c._core.put(s._s, a, _api._sharding(None, s, 1), put)
+            assert (put.done_bytes, put.total_bytes) == (2 * a.nbytes,
+                                                         2 * a.nbytes), shm
+            fetch = _core.TransferProgress()
+            np.testing.assert_array_equal(c._core.fetch(f, fetch), a)
+            assert (fetch.done_bytes, fetch.total_bytes) == (a.nbytes,
+                                                             a.nbytes), shm
+
+
+def test_a_transfer_line_gives_bytes_of_the_whole_and_the_rate_since_the_last():
+    class Counted:
+        total_bytes = 4 << 30
+        done_bytes = 0
+
+    p = Counted()
+    describe = describe_transfer("put", "float32[1073741824]", p)
+    p.done_bytes = 1 << 30
+    assert describe(None, 2.0) == \
+        "plexus: put float32[1073741824] 1.0 of 4.0 GiB, 537 MB/s"
+    p.done_bytes = 3 << 29
+    assert describe(None, 3.0) == \
+        "plexus: put float32[1073741824] 1.5 of 4.0 GiB, 537 MB/s"

@@ -185,3 +185,40 @@ def test_a_collective_whose_other_rank_is_held_by_a_long_call_names_it():
         assert e["blame_host"] == "host0", e
         with pytest.raises(plexus.DeadlineExceededError):
             plexus.wait(total, timeout=0.1)  # still held, as why says
+
+
+def slow_to_compile(x):
+    """Matrix products XLA does not fuse, one after another: seconds of
+    compile on a CPU (about 6 s on two busy cores; a call is explained
+    once it has waited 1 s, so the compile must outlast that), and
+    microseconds of run."""
+    import jax.numpy as jnp
+    for i in range(80):
+        x = jnp.tanh(x @ x.T * (i + 1.0)) + jnp.roll(x, i % 7, axis=0)
+    return x
+
+
+def test_a_call_waiting_for_its_programs_compile_names_the_compile():
+    pytest.importorskip("jax")
+    with plexus.local(hosts=1) as cluster:
+        c = cluster.connect(name="compiling")
+        s = c.slice(1)
+        step = plexus.jit(slow_to_compile, s, name="step")
+        y = step(np.ones((16, 16), np.float32))
+        e, _ = poll_why(cluster, c, lambda e: e["program"] == "step" and
+                        "is compiling" in e["reason"], "the compile")
+        assert "its program 'step' is compiling on host host0 (" in \
+            e["reason"], e
+        assert e["blame_host"] == "host0", e
+        # The root alone (what the progress line shows).
+        assert re.fullmatch(
+            r"call \d+ \('step'( issued at [^)]*)?\): its "
+            r"program 'step' is compiling on host host0 \([\d.]+ s so far\)",
+            e["root_reason"]), e
+        # The worker lists the compile in its stats while it lasts, and
+        # no longer once the call ran.
+        plexus.wait(y, timeout=600)
+        cluster.wait_until(
+            lambda st: not any(w.get("stats", {}).get("compiling")
+                               for w in st["workers"]),
+            timeout=WAIT_S, what="no compile listed")

@@ -7,7 +7,8 @@ import numpy as np
 
 from . import _core
 from . import _trace
-from ._progress import describe_slice, describe_wait, waiting
+from ._progress import (describe_slice, describe_transfer, describe_wait,
+                        transfer_progress, waiting)
 
 # ---------------------------------------------------------------- shardings
 
@@ -199,18 +200,29 @@ class Future:
             self._client._core.wait_many([self._f])
         return self
 
+    def _fetch(self):
+        """The fetched array (key data for keys), with the wait's line on
+        a terminal; a large one shows its bytes as they come."""
+        f = self._f
+        progress = transfer_progress(
+            int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize)
+        if progress is None:
+            with waiting(self._client, describe_wait):
+                return self._client._core.fetch(f)
+        with waiting(self._client, describe_transfer(
+                "fetch", _spec_text(f.dtype, f.shape), progress)):
+            return self._client._core.fetch(f, progress)
+
     def result(self):
         """The value, fetched: a numpy array (a jax key array for keys)."""
-        with waiting(self._client, describe_wait):
-            data = self._client._core.fetch(self._f)
+        data = self._fetch()
         if self._key is not None:
             import jax
             return jax.random.wrap_key_data(data, impl=self._key)
         return data
 
     def __array__(self, dtype=None, copy=None):
-        with waiting(self._client, describe_wait):
-            a = self._client._core.fetch(self._f)  # key data for keys
+        a = self._fetch()  # key data for keys
         return a if dtype is None else a.astype(dtype, copy=False)
 
     def __jax_array__(self):
@@ -224,7 +236,7 @@ class Future:
         if self._key is not None:
             return self.result()
         import jax
-        a = self._client._core.fetch(self._f)
+        a = self._fetch()
         dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
         return a if a.dtype == dtype else a.astype(dtype)
 
@@ -445,6 +457,22 @@ def _leaves(tree):
     return [x for x in leaves if isinstance(x, Future)]
 
 
+def _spec_text(dtype, shape):
+    """'float32[1024, 1024]', as a progress line names an array."""
+    return f"{np.dtype(dtype).name}{list(shape)}"
+
+
+def _put(client, core_slice, a, sharding):
+    """Puts the numpy array `a` on `core_slice`; on a terminal, a
+    large one shows its bytes as they go (python/plexus/_progress.py)."""
+    progress = transfer_progress(a.nbytes)
+    if progress is None:
+        return client._core.put(core_slice, a, sharding)
+    with waiting(client, describe_transfer(
+            "put", _spec_text(a.dtype, a.shape), progress)):
+        return client._core.put(core_slice, a, sharding, progress)
+
+
 def wait(futures, timeout=None):
     """Waits until every future in `futures` (a pytree) is ready: one round
     trip per worker, however many futures and shards. With `timeout`
@@ -535,7 +563,7 @@ class Program:
                     f"program '{self.name}' argument {i} has "
                     f"{a.dtype}{list(a.shape)} but the program was compiled "
                     f"for {np.dtype(dtype)}{list(shape)}")
-            futures.append(self._client._core.put(self._p.slice, a, sharding))
+            futures.append(_put(self._client, self._p.slice, a, sharding))
         wrapped = self._invoke(futures)
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
@@ -652,8 +680,8 @@ class Slice:
     def put(self, array, sharding=None):
         """Copies a numpy array onto this slice's devices."""
         a = np.require(array, requirements="C")  # keeps 0-d arrays 0-d
-        return Future(self._client._core.put(
-            self._s, a, _sharding(sharding, self, a.ndim)), self._client)
+        return Future(_put(self._client, self._s, a,
+                           _sharding(sharding, self, a.ndim)), self._client)
 
     def program(self, kernel, *inputs, name=None, **attrs):
         """Compiles the built-in program `kernel` (see plexus.builtins) for

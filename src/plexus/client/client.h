@@ -279,6 +279,27 @@ struct ClientCounters {
   int64_t wait_round_trips = 0;
 };
 
+// The payload bytes of one put or fetch: all it will move, once known, and
+// those moved so far, counted as they go (client/data_io.cc). The operation
+// writes it; any thread may read it while it runs (the Python client's
+// progress line), without a lock.
+struct TransferProgress {
+  std::atomic<int64_t> total_bytes{0};
+  std::atomic<int64_t> done_bytes{0};
+};
+
+// What the server's last recovery of a lost host did to this client's
+// slices and calls (proto::Recovery, in words): the progress line's
+// "host3 lost; remapped onto host5; recomputing 12 calls".
+struct RecoverySummary {
+  absl::Time when;        // the client heard it
+  std::string lost_host;  // "worker 7" where no slice of this client had it
+  std::vector<std::string> remapped_onto;  // the hosts that took its place
+  int64_t calls_recomputed = 0;
+  int64_t values_lost = 0;
+  int64_t slices_broken = 0;
+};
+
 class Client {
  public:
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
@@ -316,11 +337,16 @@ class Client {
                                           absl::Duration timeout);
   Graph NewGraph();
   // Copies `data` (the row-major global array) onto the slice's workers.
+  // `progress`, if not null, counts the shards' bytes as they go.
   absl::StatusOr<Future> Put(const std::shared_ptr<Slice>& slice,
-                             const void* data, const ArgSpec& arg);
+                             const void* data, const ArgSpec& arg,
+                             TransferProgress* progress = nullptr);
   // Blocks until the value is ready, then writes the global array (row
-  // major, arg().global.byte_size() bytes) to `dst`.
-  absl::Status Fetch(const Future& future, void* dst);
+  // major, arg().global.byte_size() bytes) to `dst`. `progress`, if not
+  // null, counts the shards' bytes as they arrive (from zero again if a
+  // lost host makes it read the recovered value).
+  absl::Status Fetch(const Future& future, void* dst,
+                     TransferProgress* progress = nullptr);
   // Blocks until every shard is ready, or returns the error that made it
   // fail. With a timeout: DeadlineExceeded when it passes.
   absl::Status Wait(const Future& future);
@@ -345,6 +371,8 @@ class Client {
   // lost and what the reconnect after it restored (reconnect.h).
   std::vector<SessionEnd> SessionEnds() const;
   SessionState state() const;
+  // The last recovery that touched this client, if one has.
+  std::optional<RecoverySummary> LastRecovery() const;
   // Sends everything queued now (calls are otherwise sent as soon as the
   // sender thread wakes).
   void Flush();
@@ -356,8 +384,10 @@ class Client {
   explicit Client(std::shared_ptr<ClientCore> core) : core_(std::move(core)) {}
   // One attempt of each (data_io.cc).
   absl::StatusOr<Future> PutOnce(const std::shared_ptr<Slice>& slice,
-                                 const void* data, const ArgSpec& arg);
-  absl::Status FetchOnce(const Future& future, void* dst);
+                                 const void* data, const ArgSpec& arg,
+                                 TransferProgress* progress);
+  absl::Status FetchOnce(const Future& future, void* dst,
+                         TransferProgress* progress);
   absl::Status WaitOnce(const Future& future);
   absl::Status WaitManyOnce(const std::vector<Future>& futures,
                             absl::Time deadline);

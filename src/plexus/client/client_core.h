@@ -14,6 +14,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -106,6 +107,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
       const std::vector<uint64_t>& ids, uint64_t epoch);
   std::vector<SessionEnd> SessionEnds() const;
   SessionState state() const;
+  std::optional<RecoverySummary> LastRecovery() const;
 
   // Errors the server reported for buffers (rejected calls), and workers
   // known to be down.
@@ -267,6 +269,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   int64_t losses_heard_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> spare_wait_ms_{0};
   absl::flat_hash_map<uint64_t, Slice*> slices_ ABSL_GUARDED_BY(mu_);
+  std::optional<RecoverySummary> last_recovery_ ABSL_GUARDED_BY(mu_);
   struct KeptPut {
     uint64_t slice_id = 0;
     std::vector<std::shared_ptr<Storage>> shards;

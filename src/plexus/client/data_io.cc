@@ -1,5 +1,6 @@
 // Client::Put, Fetch and Wait: the client's use of the data plane.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -52,9 +53,10 @@ absl::Status WithConnection(ClientCore& core, const proto::SliceDevice& device,
 }  // namespace
 
 absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
-                                   const void* data, const ArgSpec& arg) {
+                                   const void* data, const ArgSpec& arg,
+                                   TransferProgress* progress) {
   ScopedEvent put(&core_->timeline(), EventKind::kPut);
-  absl::StatusOr<Future> f = PutOnce(slice, data, arg);
+  absl::StatusOr<Future> f = PutOnce(slice, data, arg, progress);
   put.event.client_id = core_->client_id();
   put.event.bytes = static_cast<int64_t>(arg.global.byte_size());
   if (f.ok()) put.event.buffer_id = f->buffer_id();
@@ -63,7 +65,8 @@ absl::StatusOr<Future> Client::Put(const std::shared_ptr<Slice>& slice,
 }
 
 absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
-                                       const void* data, const ArgSpec& arg) {
+                                       const void* data, const ArgSpec& arg,
+                                       TransferProgress* progress) {
   // While the client reconnects, a put waits for the new session.
   auto session =
       core_->AwaitSession(absl::Now() + core_->options().reconnect_timeout);
@@ -165,15 +168,23 @@ absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
   slice->Unhold();
   Future future(std::make_shared<BufferHandle>(core_, id, arg, slice,
                                                std::move(*session)));
+  std::atomic<int64_t>* sent = nullptr;
+  if (progress != nullptr) {
+    progress->total_bytes = bytes * n;
+    progress->done_bytes = 0;
+    sent = &progress->done_bytes;
+  }
   for (int j = 0; j < n; ++j) {
     absl::Status s;
     for (int attempt = 0;; ++attempt) {
       const int64_t heard = core_->losses_heard();
       const uint64_t generation = slice->generation();
       const proto::SliceDevice device = slice->info().devices(j);
+      // A shard sent again after a loss counts from where it began.
+      if (progress != nullptr) progress->done_bytes = bytes * j;
       s = WithConnection(*core_, device, epoch, id,
                          [&](transport::DataPlaneConnection& conn) {
-                           return conn.Put({id, j}, *kept[j]);
+                           return conn.Put({id, j}, *kept[j], sent);
                          });
       // Put again by the recovery already.
       if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
@@ -199,7 +210,8 @@ absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
   return future;
 }
 
-absl::Status Client::FetchOnce(const Future& future, void* dst) {
+absl::Status Client::FetchOnce(const Future& future, void* dst,
+                               TransferProgress* progress) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   const uint64_t epoch = future.epoch();
   if (absl::Status s = core_->SessionStatus(epoch, future.buffer_id());
@@ -234,18 +246,24 @@ absl::Status Client::FetchOnce(const Future& future, void* dst) {
   if (arg.sharding.is_partial() && arg.global.byte_size() > 0) {
     std::memset(dst, 0, arg.global.byte_size());
   }
+  std::atomic<int64_t>* received = nullptr;
+  if (progress != nullptr) {
+    progress->total_bytes = bytes * static_cast<int64_t>(reads.size());
+    progress->done_bytes = 0;
+    received = &progress->done_bytes;
+  }
   for (size_t r = 0; r < reads.size(); ++r) {
     const int j = reads[r];
     const proto::SliceDevice& device = info.devices(j);
     std::shared_ptr<Storage> data;
-    absl::Status s =
-        WithConnection(*core_, device, epoch, future.buffer_id(),
-                       [&](transport::DataPlaneConnection& conn) {
-                         auto got = conn.Fetch({future.buffer_id(), j});
-                         if (!got.ok()) return got.status();
-                         data = std::move(*got);
-                         return absl::OkStatus();
-                       });
+    absl::Status s = WithConnection(
+        *core_, device, epoch, future.buffer_id(),
+        [&](transport::DataPlaneConnection& conn) {
+          auto got = conn.Fetch({future.buffer_id(), j}, received);
+          if (!got.ok()) return got.status();
+          data = std::move(*got);
+          return absl::OkStatus();
+        });
     if (!s.ok()) return s;
     if (static_cast<int64_t>(data->size()) < bytes) {
       return absl::InternalError(

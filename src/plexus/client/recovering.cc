@@ -2,9 +2,13 @@
 // (proto::Recovery): slices take their new map, values recomputed under new
 // ids are read under those, lost values say so; and reads that failed
 // because of the loss run again.
+#include <algorithm>
+#include <optional>
+#include <string>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "plexus/client/client.h"
 #include "plexus/client/client_core.h"
 #include "plexus/common/logging.h"
@@ -66,9 +70,42 @@ void ClientCore::RemoveSlice(Slice* slice) {
 }
 
 void ClientCore::ApplyRecoveryLocked(const proto::Recovery& r) {
+  // In words, for the progress line: the lost host (named by the slices
+  // that had it, before their remap) and the hosts in its place.
+  RecoverySummary summary;
+  summary.when = absl::Now();
+  summary.lost_host = absl::StrCat("worker ", r.worker_id());
+  auto note_host = [&](const proto::SliceInfo& info) {
+    for (const proto::SliceDevice& d : info.devices()) {
+      if (d.worker_id() == r.worker_id()) summary.lost_host = d.host_name();
+    }
+  };
+  for (uint64_t sid : r.broken_slices()) {
+    if (auto it = slices_.find(sid); it != slices_.end()) {
+      note_host(it->second->info());
+    }
+  }
   for (const proto::SliceInfo& info : r.remapped()) {
     auto it = slices_.find(info.slice_id());
-    if (it != slices_.end()) it->second->Remap(info);
+    if (it == slices_.end()) continue;
+    const proto::SliceInfo& before = it->second->info();
+    note_host(before);
+    for (int j = 0; j < before.devices_size() && j < info.devices_size(); ++j) {
+      const std::string& now = info.devices(j).host_name();
+      if (before.devices(j).worker_id() == r.worker_id() &&
+          std::find(summary.remapped_onto.begin(), summary.remapped_onto.end(),
+                    now) == summary.remapped_onto.end()) {
+        summary.remapped_onto.push_back(now);
+      }
+    }
+    it->second->Remap(info);
+  }
+  summary.calls_recomputed = r.calls_recomputed();
+  summary.values_lost = r.lost_ids_size();
+  summary.slices_broken = r.broken_slices_size();
+  if (r.remapped_size() > 0 || r.broken_slices_size() > 0 ||
+      r.lost_ids_size() > 0 || r.calls_recomputed() > 0) {
+    last_recovery_ = std::move(summary);
   }
   const int n = std::min(r.old_ids_size(), r.new_ids_size());
   for (int i = 0; i < n; ++i) {
@@ -260,11 +297,21 @@ class ClientRequestEvent {
 
 }  // namespace
 
-absl::Status Client::Fetch(const Future& future, void* dst) {
+std::optional<RecoverySummary> ClientCore::LastRecovery() const {
+  absl::MutexLock lock(&mu_);
+  return last_recovery_;
+}
+
+std::optional<RecoverySummary> Client::LastRecovery() const {
+  return core_->LastRecovery();
+}
+
+absl::Status Client::Fetch(const Future& future, void* dst,
+                           TransferProgress* progress) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   ClientRequestEvent fetch(*core_, EventKind::kFetch, future);
-  return fetch.Done(
-      Recovering(*core_, {&future}, [&] { return FetchOnce(future, dst); }));
+  return fetch.Done(Recovering(
+      *core_, {&future}, [&] { return FetchOnce(future, dst, progress); }));
 }
 
 absl::Status Client::Wait(const Future& future) {

@@ -326,6 +326,18 @@ PYBIND11_MODULE(_core, m) {
            })
       .def("__len__", &Graph::size);
 
+  // What a put or fetch has moved so far, read while it runs (the progress
+  // line, python/plexus/_progress.py): two atomics, read without a lock.
+  py::class_<TransferProgress, std::shared_ptr<TransferProgress>>(
+      m, "TransferProgress")
+      .def(py::init<>())
+      .def_property_readonly(
+          "total_bytes",
+          [](const TransferProgress& p) { return p.total_bytes.load(); })
+      .def_property_readonly("done_bytes", [](const TransferProgress& p) {
+        return p.done_bytes.load();
+      });
+
   py::class_<Client>(m, "Client")
       .def_static(
           "connect",
@@ -532,39 +544,46 @@ PYBIND11_MODULE(_core, m) {
           },
           py::arg("since_ns") = 0, py::arg("timeout") = 10.0)
       .def("graph", &Client::NewGraph)
-      .def("put",
-           [](Client& c, std::shared_ptr<Slice> slice, py::array array,
-              const py::tuple& sharding) {
-             py::array a = py::array::ensure(
-                 array, py::array::c_style | py::array::forcecast);
-             ArgSpec arg;
-             arg.global.dtype = DTypeOf(a.dtype());
-             for (py::ssize_t i = 0; i < a.ndim(); ++i) {
-               arg.global.shape.push_back(a.shape(i));
-             }
-             arg.sharding = ShardingFrom(sharding);
-             const void* data = a.data();
-             absl::StatusOr<Future> f;
-             {
-               py::gil_scoped_release release;
-               f = c.Put(slice, data, arg);
-             }
-             return Unwrap(std::move(f));
-           })
-      .def("fetch",
-           [](Client& c, const Future& f) {
-             std::vector<py::ssize_t> shape(f.spec().shape.begin(),
-                                            f.spec().shape.end());
-             py::array out(NumpyDType(f.spec().dtype), shape);
-             void* dst = out.mutable_data();
-             absl::Status s;
-             {
-               py::gil_scoped_release release;
-               s = c.Fetch(f, dst);
-             }
-             Check(s);
-             return out;
-           })
+      .def(
+          "put",
+          [](Client& c, std::shared_ptr<Slice> slice, py::array array,
+             const py::tuple& sharding,
+             std::shared_ptr<TransferProgress> progress) {
+            py::array a = py::array::ensure(
+                array, py::array::c_style | py::array::forcecast);
+            ArgSpec arg;
+            arg.global.dtype = DTypeOf(a.dtype());
+            for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+              arg.global.shape.push_back(a.shape(i));
+            }
+            arg.sharding = ShardingFrom(sharding);
+            const void* data = a.data();
+            absl::StatusOr<Future> f;
+            {
+              py::gil_scoped_release release;
+              f = c.Put(slice, data, arg, progress.get());
+            }
+            return Unwrap(std::move(f));
+          },
+          py::arg("slice"), py::arg("array"), py::arg("sharding"),
+          py::arg("progress") = nullptr)
+      .def(
+          "fetch",
+          [](Client& c, const Future& f,
+             std::shared_ptr<TransferProgress> progress) {
+            std::vector<py::ssize_t> shape(f.spec().shape.begin(),
+                                           f.spec().shape.end());
+            py::array out(NumpyDType(f.spec().dtype), shape);
+            void* dst = out.mutable_data();
+            absl::Status s;
+            {
+              py::gil_scoped_release release;
+              s = c.Fetch(f, dst, progress.get());
+            }
+            Check(s);
+            return out;
+          },
+          py::arg("future"), py::arg("progress") = nullptr)
       .def("wait",
            [](Client& c, const Future& f) {
              absl::Status s;
@@ -609,6 +628,26 @@ PYBIND11_MODULE(_core, m) {
              d["wait_round_trips"] = k.wait_round_trips;
              d["calls"] = k.calls;
              d["live_futures"] = k.live_futures;
+             return d;
+           })
+      // The last recovery that touched this client, in words, or None:
+      // {"seconds_ago", "lost_host", "remapped_onto", "calls_recomputed",
+      // "values_lost", "slices_broken"} (the progress line's).
+      .def("last_recovery",
+           [](const Client& c) -> py::object {
+             std::optional<RecoverySummary> r;
+             {
+               py::gil_scoped_release release;
+               r = c.LastRecovery();
+             }
+             if (!r.has_value()) return py::none();
+             py::dict d;
+             d["seconds_ago"] = absl::ToDoubleSeconds(absl::Now() - r->when);
+             d["lost_host"] = r->lost_host;
+             d["remapped_onto"] = r->remapped_onto;
+             d["calls_recomputed"] = r->calls_recomputed;
+             d["values_lost"] = r->values_lost;
+             d["slices_broken"] = r->slices_broken;
              return d;
            })
       .def("close", [](Client& c) {

@@ -583,6 +583,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
     if (routed.ok()) {
       counters_.set_calls_recomputed(counters_.calls_recomputed() + 1);
+      note.set_calls_recomputed(note.calls_recomputed() + 1);
     } else {
       FailCallOutputs(client_id, call, routed, &ops);
       for (uint64_t o : call.output_ids()) lost_[o] = routed;

@@ -124,6 +124,21 @@ std::string FullDevice(const ClusterState& state, const WorkerRecord& worker,
       "workers more memory (--device-memory-mib)");
 }
 
+// How long `worker` has been compiling an island of `program_id`, by its
+// last report (the time it gave then, plus the time since), or zero if it
+// said it is not.
+absl::Duration Compiling(const WorkerRecord& worker, uint64_t program_id,
+                         absl::Time now) {
+  absl::Duration longest = absl::ZeroDuration();
+  for (const proto::CompileInProgress& c : worker.stats.compiling()) {
+    if (c.program_id() != program_id) continue;
+    longest = std::max(longest, absl::Milliseconds(c.elapsed_ms()) +
+                                    std::max(absl::ZeroDuration(),
+                                             now - worker.last_heartbeat));
+  }
+  return longest;
+}
+
 // The first call not done in each device's queue: of the calls routed to
 // a device (its slice's), the one routed first (lowest seq). A device runs
 // its calls in that order, so a later call waits behind it.
@@ -168,15 +183,24 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
   std::set<std::string> hosts;
   // Hosts where an earlier call holds one of its devices, and that call.
   std::map<std::string, const CallRecord*> behind;
+  // Hosts compiling its program, and for how long.
+  std::map<std::string, absl::Duration> compiling;
+  // Each host's worker.
+  std::map<std::string, const WorkerRecord*> workers;
   for (const DeviceRef& d : s.devices) {
     auto w = state.workers().find(d.worker_id);
     if (w == state.workers().end()) continue;
     const WorkerRecord& worker = w->second;
     const std::string& host = worker.info.host_name();
+    workers[host] = &worker;
     auto head = heads.find({d.worker_id, d.device});
     if (head != heads.end() && head->second.second != &call &&
         !behind.count(host)) {
       behind[host] = head->second.second;
+    }
+    if (absl::Duration c = Compiling(worker, call.program_id, options.now);
+        c > absl::ZeroDuration()) {
+      compiling[host] = c;
     }
     if (!worker.alive) {
       return {absl::StrCat("host ", host, " (worker ", worker.id,
@@ -223,6 +247,13 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
             ? ""
             : absl::StrCat(" of client ", first->client_id),
         ", routed ", Seconds(options.now - first->routed), " ago");
+    // That call may itself wait for its program's compile there.
+    if (absl::Duration c =
+            Compiling(*workers.at(host), first->program_id, options.now);
+        c > absl::ZeroDuration()) {
+      absl::StrAppend(&reason, ", whose program '", ProgramName(state, *first),
+                      "' is compiling there (", Seconds(c), " so far)");
+    }
     if (behind.size() > 1) {
       absl::StrAppend(&reason, " (and on ", behind.size() - 1,
                       " more host(s))");
@@ -234,6 +265,21 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
                       "the ranks still queued)");
     }
     return {reason, host};
+  }
+  if (!compiling.empty()) {
+    // XLA compiles the program on its hosts (ahead of the first call, or
+    // as the call runs): the call runs once that ends.
+    absl::Duration longest = absl::ZeroDuration();
+    std::vector<std::string> where;
+    for (const auto& [host, c] : compiling) {
+      longest = std::max(longest, c);
+      where.push_back(host);
+    }
+    return {absl::StrCat(
+                "its program '", ProgramName(state, call), "' is compiling on ",
+                where.size() == 1 ? "host " : "hosts ",
+                absl::StrJoin(where, ", "), " (", Seconds(longest), " so far)"),
+            where.front()};
   }
   const std::string where = absl::StrJoin(hosts, ", ");
   return {
@@ -289,6 +335,7 @@ std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
         lost.empty() ? RootCause(state, *at, heads, options) : Root{lost, ""};
     e.set_root_call_id(at->call_id);
     e.set_blame_host(root.blame_host);
+    e.set_root_reason(absl::StrCat(CallName(state, *at), ": ", root.reason));
     e.set_reason(chain.empty()
                      ? absl::StrCat(CallName(state, call), " has waited ",
                                     Seconds(waited), ": ", root.reason)

@@ -13,7 +13,11 @@
 //     issued it and its client; where it is the root itself the root runs
 //     there — so a collective whose other rank is held by a long call on
 //     one host names that host and that call, and the hosts where its
-//     ranks wait ("first in line");
+//     ranks wait ("first in line"); where its program is compiling on
+//     one of its hosts (WorkerStats.compiling, by the worker's last
+//     heartbeat) the root waits for that compile, named with how long it
+//     has taken so far (so is a call queued behind one whose program
+//     compiles);
 //   - a device of its slice whose memory budget is full while something
 //     waits there for room (the workers report it: WorkerStats.
 //     device_waiting_bytes), named with how full it is and the clients
@@ -27,9 +31,9 @@
 //
 // Not yet: calls still at admission (not routed, so without records; the
 // status lists them by client), fetches and puts (the client's, not the
-// server's), and which of a call's hosts already finished its
-// part (the workers report a call done per worker, to admission, not to
-// the records).
+// server's: the client's progress line shows their bytes), and which of a
+// call's hosts already finished its part (the workers report a call done
+// per worker, to admission, not to the records).
 #pragma once
 
 #include <vector>

@@ -150,6 +150,56 @@ TEST_F(WhyTest, AFullDeviceIsNamedWithTheClientsWhoseValuesHoldIt) {
   }
 }
 
+TEST_F(WhyTest, AProgramCompilingOnItsHostIsNamedWithHowLong) {
+  // host0 said, 100 ms ago, that it had compiled 'scale' for 3 s.
+  proto::CompileInProgress* c = Worker(1)->stats.add_compiling();
+  c->set_program_id(Id(1));
+  c->set_program("scale");
+  c->add_devices(0);
+  c->set_elapsed_ms(3000);
+  Worker(1)->last_heartbeat = now_ - absl::Milliseconds(100);
+  std::vector<proto::WhyEntry> why = Why();
+  ASSERT_EQ(why.size(), 2u);
+  for (const proto::WhyEntry& e : why) {
+    EXPECT_EQ(e.root_call_id(), Id(11));
+    EXPECT_EQ(e.blame_host(), "host0");
+    EXPECT_THAT(e.reason(),
+                HasSubstr("its program 'scale' is compiling on host host0 "
+                          "(3.1 s so far)"));
+    // The root alone, for a one-line display.
+    EXPECT_EQ(e.root_reason(),
+              absl::StrCat("call ", Id(11),
+                           " ('scale'): its program 'scale' is compiling on "
+                           "host host0 (3.1 s so far)"));
+  }
+  // A call queued behind the compiling one names the compile too.
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(a_, Id(10), a_, Id(15)), &ops).ok());
+  bool queued = false;
+  for (const proto::WhyEntry& e : Why()) {
+    if (e.call_id() != Id(15)) continue;
+    queued = true;
+    EXPECT_THAT(e.reason(),
+                HasSubstr(absl::StrCat(
+                    "it is queued on host host0 behind call ", Id(11),
+                    " ('scale'), routed 5 s ago, whose program 'scale' is "
+                    "compiling there (3.1 s so far)")));
+  }
+  EXPECT_TRUE(queued);
+}
+
+TEST_F(WhyTest, ACompileOfAnotherProgramIsNotTheCause) {
+  proto::CompileInProgress* c = Worker(1)->stats.add_compiling();
+  c->set_program_id(Id(2));
+  c->set_program("other");
+  c->set_elapsed_ms(3000);
+  for (const proto::WhyEntry& e : Why()) {
+    EXPECT_THAT(e.reason(), Not(HasSubstr("compiling")));
+    EXPECT_THAT(e.reason(), HasSubstr("it is running on host host0"));
+  }
+}
+
 TEST_F(WhyTest, ALostInputIsTheRoot) {
   WorkerLoss loss = state_.LoseWorker(1, "killed [host host0, pid 7]");
   state_.LoseOnBrokenSlices(client_, loss);

@@ -268,8 +268,14 @@ class DataPlaneConnection {
   // and message.
   virtual absl::Status PushError(const ShardKey& key,
                                  const absl::Status& error) = 0;
-  // Waits for the worker's ACK (the shard is stored).
-  virtual absl::Status Put(const ShardKey& key, const Storage& data) = 0;
+  // Waits for the worker's ACK (the shard is stored). `sent`, if not null,
+  // counts the payload bytes as they go (each chunk on TCP, a passed memfd
+  // at once): another thread may read it meanwhile (a client's progress).
+  virtual absl::Status Put(const ShardKey& key, const Storage& data,
+                           std::atomic<int64_t>* sent) = 0;
+  absl::Status Put(const ShardKey& key, const Storage& data) {
+    return Put(key, data, nullptr);
+  }
   // PUSH_IPC (peer_opens_cuda_ipc only): waits for the worker's answer. OK
   // once it stored the shard (the exported memory may be freed); an error
   // with the connection still healthy() is the worker's reason it took
@@ -277,8 +283,13 @@ class DataPlaneConnection {
   // (whether the worker stored it is unknown).
   virtual absl::Status PushIpc(const ShardKey& key, const IpcShard& shard) = 0;
   // Blocks until the shard is ready on the worker; its bytes or its error.
+  // `received`, if not null, counts the payload bytes as they arrive, as
+  // Put's `sent` does.
   virtual absl::StatusOr<std::shared_ptr<Storage>> Fetch(
-      const ShardKey& key) = 0;
+      const ShardKey& key, std::atomic<int64_t>* received) = 0;
+  absl::StatusOr<std::shared_ptr<Storage>> Fetch(const ShardKey& key) {
+    return Fetch(key, nullptr);
+  }
   virtual absl::Status Wait(const ShardKey& key) = 0;
   // Blocks until the worker answers: the serialized executable of content
   // `fingerprint` (a worker's connection only), or the worker's error.

@@ -63,9 +63,13 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     return s.ok() ? s : Context(FrameType::kPushError, key, s);
   }
 
-  absl::Status Put(const ShardKey& key, const Storage& data) override {
+  using DataPlaneConnection::Fetch;
+  using DataPlaneConnection::Put;
+
+  absl::Status Put(const ShardKey& key, const Storage& data,
+                   std::atomic<int64_t>* sent) override {
     if (absl::Status s = CheckOpen(); !s.ok()) return s;
-    if (absl::Status s = socket_->SendShard(FrameType::kPut, key, data);
+    if (absl::Status s = socket_->SendShard(FrameType::kPut, key, data, sent);
         !s.ok()) {
       return Context(FrameType::kPut, key, s);
     }
@@ -85,13 +89,15 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     return AwaitAck(FrameType::kPushIpc, key);
   }
 
-  absl::StatusOr<std::shared_ptr<Storage>> Fetch(const ShardKey& key) override {
-    return FetchAs(FrameType::kFetch, key);
+  absl::StatusOr<std::shared_ptr<Storage>> Fetch(
+      const ShardKey& key, std::atomic<int64_t>* received) override {
+    return FetchAs(FrameType::kFetch, key, received);
   }
 
   absl::StatusOr<std::shared_ptr<Storage>> FetchExecutable(
       uint64_t fingerprint) override {
-    return FetchAs(FrameType::kFetchExecutable, ShardKey{fingerprint, 0});
+    return FetchAs(FrameType::kFetchExecutable, ShardKey{fingerprint, 0},
+                   nullptr);
   }
 
   absl::Status Wait(const ShardKey& key) override {
@@ -156,8 +162,8 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
 
  private:
   // FETCH or FETCH_EXECUTABLE: one request, DATA or ERROR back.
-  absl::StatusOr<std::shared_ptr<Storage>> FetchAs(FrameType type,
-                                                   const ShardKey& key) {
+  absl::StatusOr<std::shared_ptr<Storage>> FetchAs(
+      FrameType type, const ShardKey& key, std::atomic<int64_t>* received) {
     if (absl::Status s = CheckOpen(); !s.ok()) return s;
     if (absl::Status s = socket_->SendControl(type, key); !s.ok()) {
       return Context(type, key, s);
@@ -173,7 +179,8 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     // A passed memfd is mapped where it lies; inline bytes land in fresh
     // storage (memfd-backed when large, so it can be passed on in turn).
     absl::StatusOr<std::shared_ptr<Storage>> data = socket_->ReadShard(
-        *reply, [](size_t bytes) { return Storage::Allocate(bytes); });
+        *reply, [](size_t bytes) { return Storage::Allocate(bytes); },
+        received);
     if (!data.ok()) return Context(type, key, data.status());
     return data;
   }

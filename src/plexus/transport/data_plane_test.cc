@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -86,6 +87,21 @@ TEST_P(DataPlaneTest, PutThenFetchReturnsTheSameBytes) {
     EXPECT_EQ(handler_.allocations(), 1);
     EXPECT_NE(Inode((*fetched)->fd()), Inode(sent->fd()));
   }
+}
+
+TEST_P(DataPlaneTest, APutAndAFetchCountTheirPayloadBytesForTheirCaller) {
+  const size_t bytes = (5 << 20) + 123;  // chunks, and a part of one
+  auto conn = Connect();
+  ASSERT_NE(conn, nullptr);
+  std::shared_ptr<Storage> data = Pattern(bytes, 3);
+  std::atomic<int64_t> sent{0};
+  ASSERT_TRUE(conn->Put({8, 0}, *data, &sent).ok());
+  EXPECT_EQ(sent.load(), static_cast<int64_t>(bytes));
+  std::atomic<int64_t> received{0};
+  auto fetched = conn->Fetch({8, 0}, &received);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(SameBytes(**fetched, *data));
+  EXPECT_EQ(received.load(), static_cast<int64_t>(bytes));
 }
 
 TEST_P(DataPlaneTest, AServedExecutableIsFetchedByItsFingerprint) {

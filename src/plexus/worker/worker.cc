@@ -514,6 +514,17 @@ proto::WorkerStats WorkerImpl::CollectStats() {
     mu_.Unlock();
   }
   for (const proto::ClientUsage& u : last_usage_) *s.add_clients() = u;
+  {
+    absl::MutexLock lock(&compiling_mu_);
+    const absl::Time now = absl::Now();
+    for (const auto& [token, c] : compiling_) {
+      proto::CompileInProgress& p = *s.add_compiling();
+      p.set_program_id(c.program_id);
+      p.set_program(c.program);
+      for (int d : c.devices) p.add_devices(d);
+      p.set_elapsed_ms(absl::ToInt64Milliseconds(now - c.started));
+    }
+  }
   return s;
 }
 
@@ -544,6 +555,7 @@ void WorkerImpl::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kLoad: {
       auto prog = std::make_unique<LoadedProgram>();
       const proto::ProgramDef& def = op.load().program();
+      prog->id = op.load().program_id();
       prog->name = def.name();
       prog->kernel = builtin::KernelRegistry::Global().Find(def.kernel());
       if (def.kernel() == "xla") {

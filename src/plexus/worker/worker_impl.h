@@ -44,6 +44,7 @@ inline void SetThreadName(const char* name) {
 
 // A program as loaded on this worker: a built-in kernel, or an XLA module.
 struct LoadedProgram {
+  uint64_t id = 0;  // LoadProgram.program_id
   std::string name;
   const builtin::Kernel* kernel = nullptr;
   Attrs attrs;
@@ -252,6 +253,11 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
   void CompilerLoop();
   static constexpr int kCompileNice = 5;
   void StopCompiler();
+  // Lists a compile of `program`'s island on `devices` in
+  // WorkerStats.compiling until the returned token is given to EndCompile.
+  int64_t BeginCompile(const LoadedProgram& program,
+                       const std::vector<int>& devices);
+  void EndCompile(int64_t token);
   // Argument `binding` of a task on `device`, from its pieces: in host
   // memory, or, where `in_device` is given and the argument is one whole
   // shard in device memory, that shard as it is (*in_device set; the
@@ -349,6 +355,18 @@ class WorkerImpl : public Worker, public transport::DataPlaneHandler {
       compile_queue_ ABSL_GUARDED_BY(compile_mu_);
   bool compile_stop_ ABSL_GUARDED_BY(compile_mu_) = false;
   std::thread compiler_;  // started by the first CompileAhead (reader thread)
+  // The XLA compiles under way, on the compiler thread or a device thread,
+  // by token (WorkerStats.compiling: the calls of their programs wait).
+  struct Compiling {
+    uint64_t program_id = 0;
+    std::string program;
+    std::vector<int> devices;
+    absl::Time started;
+  };
+  absl::Mutex compiling_mu_;
+  absl::flat_hash_map<int64_t, Compiling> compiling_
+      ABSL_GUARDED_BY(compiling_mu_);
+  int64_t next_compile_ ABSL_GUARDED_BY(compiling_mu_) = 0;
 
   // XLA runs queued on the devices and ended (their FinishTask done): the
   // destructor waits for them all.

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -78,6 +79,8 @@ WorkerImpl::XlaExecutableFor(LoadedProgram& program,
     ScopedEvent compile(&timeline_, EventKind::kCompile);
     compile.event.label = timeline_.Intern(program.name);
     compile.event.device = devices.empty() ? -1 : devices.front();
+    const int64_t listed = BeginCompile(program, devices);
+    absl::Cleanup unlist = [&] { EndCompile(listed); };
     exe = xla_->GetOrCompile(module, island->compile_options());
     compile.event.failed = !exe.ok();
   }
@@ -313,6 +316,19 @@ void WorkerImpl::CompilerLoop() {
                   job.first->name, exe.status().ToString());
     }
   }
+}
+
+int64_t WorkerImpl::BeginCompile(const LoadedProgram& program,
+                                 const std::vector<int>& devices) {
+  absl::MutexLock lock(&compiling_mu_);
+  const int64_t token = ++next_compile_;
+  compiling_[token] = {program.id, program.name, devices, absl::Now()};
+  return token;
+}
+
+void WorkerImpl::EndCompile(int64_t token) {
+  absl::MutexLock lock(&compiling_mu_);
+  compiling_.erase(token);
 }
 
 void WorkerImpl::StopCompiler() {

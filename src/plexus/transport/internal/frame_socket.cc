@@ -139,7 +139,11 @@ absl::Status FrameSocket::SendFrame(FrameHeader header,
 }
 
 absl::Status FrameSocket::SendShard(FrameType type, const ShardKey& key,
-                                    const Storage& data) {
+                                    const Storage& data,
+                                    std::atomic<int64_t>* sent_bytes) {
+  auto count = [sent_bytes](size_t n) {
+    if (sent_bytes != nullptr) sent_bytes->fetch_add(static_cast<int64_t>(n));
+  };
   FrameHeader header = MakeHeader(type, key);
   header.payload_bytes = data.size();
   if (is_unix_ && data.shared()) {
@@ -148,6 +152,7 @@ absl::Status FrameSocket::SendShard(FrameType type, const ShardKey& key,
     if (absl::Status s = SendAll(fd(), &iov, 1, data.fd()); !s.ok()) {
       return Break(s);
     }
+    count(data.size());
     return absl::OkStatus();
   }
   // The header rides with the first chunk; each further write is one chunk,
@@ -159,11 +164,13 @@ absl::Status FrameSocket::SendShard(FrameType type, const ShardKey& key,
   if (absl::Status s = SendAll(fd(), first, sent > 0 ? 2 : 1); !s.ok()) {
     return Break(s);
   }
+  count(sent);
   while (sent < data.size()) {
     size_t step = std::min(data.size() - sent, kChunkBytes);
     iovec iov{const_cast<char*>(bytes + sent), step};
     if (absl::Status s = SendAll(fd(), &iov, 1); !s.ok()) return Break(s);
     sent += step;
+    count(step);
   }
   return absl::OkStatus();
 }
@@ -283,11 +290,17 @@ absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof, bool idle_wait) {
 }
 
 absl::StatusOr<std::shared_ptr<Storage>> FrameSocket::ReadShard(
-    const FrameHeader& header, const Allocator& allocate) {
+    const FrameHeader& header, const Allocator& allocate,
+    std::atomic<int64_t>* received) {
   size_t bytes = header.payload_bytes;
   if (header.flags & kFlagFd) {
     // A failed mapping leaves the stream in step: no payload bytes follow.
-    return Storage::FromFd(passed_fd_.Release(), bytes);
+    absl::StatusOr<std::shared_ptr<Storage>> mapped =
+        Storage::FromFd(passed_fd_.Release(), bytes);
+    if (mapped.ok() && received != nullptr) {
+      received->fetch_add(static_cast<int64_t>(bytes));
+    }
+    return mapped;
   }
   absl::StatusOr<std::shared_ptr<Storage>> storage = allocate(bytes);
   if (storage.ok() && (*storage == nullptr || (*storage)->size() < bytes)) {
@@ -298,8 +311,20 @@ absl::StatusOr<std::shared_ptr<Storage>> FrameSocket::ReadShard(
     if (absl::Status s = Discard(fd(), bytes); !s.ok()) return Break(s);
     return storage.status();
   }
-  if (absl::Status s = RecvAll(fd(), (*storage)->data(), bytes); !s.ok()) {
-    return Break(s);
+  if (received == nullptr) {
+    if (absl::Status s = RecvAll(fd(), (*storage)->data(), bytes); !s.ok()) {
+      return Break(s);
+    }
+    return storage;
+  }
+  auto* into = static_cast<char*>((*storage)->data());
+  for (size_t got = 0; got < bytes;) {
+    const size_t step = std::min(bytes - got, kChunkBytes);
+    if (absl::Status s = RecvAll(fd(), into + got, step); !s.ok()) {
+      return Break(s);
+    }
+    got += step;
+    received->fetch_add(static_cast<int64_t>(step));
   }
   return storage;
 }

@@ -35,6 +35,7 @@
 // same absl::Status.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -156,9 +157,12 @@ class FrameSocket {
   // A frame without payload (FETCH, WAIT, ACK).
   absl::Status SendControl(FrameType type, const ShardKey& key);
   // PUSH, PUT or DATA. A memfd-backed `data` on a unix socket travels as its
-  // descriptor; otherwise its bytes follow in kChunkBytes writes.
+  // descriptor; otherwise its bytes follow in kChunkBytes writes. `sent`,
+  // if not null, counts the payload bytes as they go (a passed memfd's
+  // all at once).
   absl::Status SendShard(FrameType type, const ShardKey& key,
-                         const Storage& data);
+                         const Storage& data,
+                         std::atomic<int64_t>* sent = nullptr);
   // PUSH_IPC of `shard`.
   absl::Status SendIpc(const ShardKey& key, const IpcShard& shard);
   // PUSH_ERROR or ERROR, with `error`'s code and message (messages beyond
@@ -184,10 +188,13 @@ class FrameSocket {
   // The shard of a PUSH, PUT or DATA header: the passed memfd mapped, or the
   // inline bytes read straight into storage from `allocate(bytes)`. If
   // `allocate` fails the bytes are skipped and its error returned.
+  // `received`, if not null, counts the payload bytes as they arrive (in
+  // kChunkBytes reads; a passed memfd's all at once).
   using Allocator =
       std::function<absl::StatusOr<std::shared_ptr<Storage>>(size_t bytes)>;
-  absl::StatusOr<std::shared_ptr<Storage>> ReadShard(const FrameHeader& header,
-                                                     const Allocator& allocate);
+  absl::StatusOr<std::shared_ptr<Storage>> ReadShard(
+      const FrameHeader& header, const Allocator& allocate,
+      std::atomic<int64_t>* received = nullptr);
   // Drops the payload of a PUSH, PUT or DATA header unread (a passed memfd
   // is closed unmapped; inline bytes are read and discarded), keeping the
   // stream in step.
