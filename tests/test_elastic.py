@@ -14,6 +14,7 @@ import pytest
 
 import plexus
 import plexus._binaries
+from plexus.cli import why_lines
 WAIT_S = 30
 
 
@@ -304,8 +305,13 @@ def test_a_slice_whose_host_is_lost_while_no_spare_is_free_waits_for_one():
         os.kill(host_pid, signal.SIGKILL)
         worker = None
         try:
-            wait_until(cluster, "the slice waiting for a host",
-                       lambda st: slice_of(st, s).get("awaiting"))
+            st = wait_until(cluster, "the slice waiting for a host",
+                            lambda st: slice_of(st, s).get("awaiting"))
+            # `plexus why` says what the slice waits for, and for how long.
+            said = [line for _, line in why_lines(st)]
+            assert any(f"slice {s.id} waits for a host to take a lost one's "
+                       "place (" in line and "s left" in line
+                       for line in said), said
             worker = subprocess.Popen(
                 [str(plexus._binaries.bin_dir() / "plexus-worker"),
                  "--server", cluster.address, "--devices", "1",

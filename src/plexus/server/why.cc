@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -159,6 +160,26 @@ Heads QueueHeads(const ClusterState& state) {
   return heads;
 }
 
+// What keeps `worker` from working, if anything: lost, or silent for
+// longer than options.silent_after (a stopped or hung process).
+std::optional<std::string> HostTrouble(const WorkerRecord& worker,
+                                       const WhyOptions& options) {
+  const std::string& host = worker.info.host_name();
+  if (!worker.alive) {
+    return absl::StrCat("host ", host, " (worker ", worker.id,
+                        ") was lost: ", worker.down_reason);
+  }
+  const absl::Duration silent = options.now - worker.last_heartbeat;
+  if (silent > options.silent_after) {
+    return absl::StrCat("host ", host, " (worker ", worker.id, ", pid ",
+                        worker.info.pid(), ") has sent no heartbeat for ",
+                        absl::ToInt64Milliseconds(silent),
+                        " ms: its process is stopped (SIGSTOP) or hung, and "
+                        "is declared lost once the heartbeat timeout passes");
+  }
+  return std::nullopt;
+}
+
 // Why `call`, whose inputs are all made (or lost), has not finished.
 Root RootCause(const ClusterState& state, const CallRecord& call,
                const Heads& heads, const WhyOptions& options) {
@@ -202,22 +223,32 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
         c > absl::ZeroDuration()) {
       compiling[host] = c;
     }
-    if (!worker.alive) {
-      return {absl::StrCat("host ", host, " (worker ", worker.id,
-                           ") was lost: ", worker.down_reason),
-              host};
-    }
-    const absl::Duration silent = options.now - worker.last_heartbeat;
-    if (silent > options.silent_after) {
-      return {
-          absl::StrCat("host ", host, " (worker ", worker.id, ", pid ",
-                       worker.info.pid(), ") has sent no heartbeat for ",
-                       absl::ToInt64Milliseconds(silent),
-                       " ms: its process is stopped (SIGSTOP) or hung, and is "
-                       "declared lost once the heartbeat timeout passes"),
-          host};
+    if (std::optional<std::string> trouble = HostTrouble(worker, options)) {
+      return {*trouble, host};
     }
     hosts.insert(host);
+  }
+  // An input made on other hosts (its slice's) comes by a transfer from
+  // there, sent once its call is done: a source host lost, or silent, has
+  // not sent it.
+  for (const CallInput& in : call.inputs) {
+    if (in.slice_id == call.slice_id) continue;
+    auto from = state.slices().find(in.slice_id);
+    if (from == state.slices().end()) continue;
+    for (const DeviceRef& d : from->second.devices) {
+      auto w = state.workers().find(d.worker_id);
+      if (w == state.workers().end() ||
+          workers.count(w->second.info.host_name())) {
+        continue;  // gone from the records, or a host of the call's own
+      }
+      if (std::optional<std::string> trouble =
+              HostTrouble(w->second, options)) {
+        return {absl::StrCat("its input buffer ", in.buffer_id,
+                             " is sent from another host, and ", *trouble,
+                             " (the transfer waits for it)"),
+                w->second.info.host_name()};
+      }
+    }
   }
   // A device of the slice whose memory is full, with something waiting on
   // it for room (the root call's output, or the call it is queued behind).

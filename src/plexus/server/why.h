@@ -5,8 +5,9 @@
 //   - an input that was lost (and with which host);
 //   - an input that another call, not done, makes: followed to that call,
 //     and so on to the first call of the chain whose inputs are all there;
-//   - that root call's hosts: one lost, one whose heartbeats stopped (a
-//     stopped or hung process, named with how long it has been silent), or
+//   - that root call's hosts, or those its inputs made elsewhere are sent
+//     from: one lost, one whose heartbeats stopped (a stopped or hung
+//     process, named with how long it has been silent), or
 //     all alive: then, on each of its devices, the call first in that
 //     device's queue (routed first, not done). Where that is another call
 //     the root is queued behind it, named with its program, the line that

@@ -213,6 +213,31 @@ TEST_F(WhyTest, ALostInputIsTheRoot) {
   EXPECT_EQ(explained, 1);
 }
 
+TEST_F(WhyTest, AnInputWhoseSourceHostIsSilentNamesThatHost) {
+  // Y's call is done on host0, but host0 went silent before its transfer
+  // of Y to host1 arrived: Z, first in line on host1, waits for host0.
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (call.call_id != Id(11)) continue;
+    WorkerOps ops;
+    state_.CallDone(seq, /*failed=*/false, &ops);
+    break;
+  }
+  Worker(1)->last_heartbeat = now_ - absl::Seconds(2);
+  std::vector<proto::WhyEntry> why = Why();
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_EQ(why[0].call_id(), Id(12));
+  EXPECT_EQ(why[0].root_call_id(), Id(12));
+  EXPECT_EQ(why[0].blame_host(), "host0");
+  EXPECT_THAT(why[0].reason(),
+              HasSubstr(absl::StrCat("its input buffer ", Id(11),
+                                     " is sent from another host, and host "
+                                     "host0 (worker 1, pid ")));
+  EXPECT_THAT(why[0].reason(), HasSubstr("the transfer waits for it"));
+  // Heard from again, host0 is not blamed: Z runs on host1.
+  Worker(1)->last_heartbeat = now_;
+  EXPECT_THAT(Why()[0].reason(), HasSubstr("it is running on host host1"));
+}
+
 TEST_F(WhyTest, AShortWaitAndADoneCallAreNotListed) {
   WhyOptions options;
   options.now = start_ + absl::Milliseconds(500);
