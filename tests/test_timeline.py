@@ -57,11 +57,12 @@ def complete(trace, cat):
     return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == cat]
 
 
-def calls(trace):
-    """The server's call slices: args and [begin, end] in microseconds."""
+def async_slices(trace, cat):
+    """The async slices of category `cat`: (name, args, begin, end), in
+    microseconds."""
     out, open_ = [], {}
     for e in trace["traceEvents"]:
-        if e.get("cat") != "call":
+        if e.get("cat") != cat:
             continue
         if e["ph"] == "b":
             open_[e["id"]] = e
@@ -69,6 +70,11 @@ def calls(trace):
             b = open_.pop(e["id"])
             out.append((b["name"], b["args"], b["ts"], e["ts"]))
     return out
+
+
+def calls(trace):
+    """The server's call slices."""
+    return async_slices(trace, "call")
 
 
 def wait_until_idle(cluster):
@@ -264,17 +270,8 @@ def test_a_trace_needs_a_credential_and_a_client_reads_its_own_calls(
 
 
 def issued(trace):
-    """The client's own call slices (its ring): args and [begin, end]."""
-    out, open_ = [], {}
-    for e in trace["traceEvents"]:
-        if e.get("cat") != "call issued":
-            continue
-        if e["ph"] == "b":
-            open_[e["id"]] = e
-        elif e["ph"] == "e":
-            b = open_.pop(e["id"])
-            out.append((b["name"], b["args"], b["ts"], e["ts"]))
-    return out
+    """The client's own call slices (its ring)."""
+    return async_slices(trace, "call issued")
 
 
 def client_requests(trace):

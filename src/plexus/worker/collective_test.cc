@@ -253,26 +253,33 @@ TEST(CallCollectiveNcclTest, HostValuesTakeTheHostPathAfterTheOffers) {
   }
 }
 
+// One rank per GPU, each GPU its own (OnGpu(w)), handing back its input.
+struct DistinctGpus {
+  explicit DistinctGpus(int p) {
+    for (int w = 0; w < p; ++w) {
+      owned.push_back(
+          std::make_unique<TestGpus>(OnGpu(w), TestGpus::Then::kInput));
+      raw.push_back(owned.back().get());
+    }
+  }
+  std::vector<std::unique_ptr<TestGpus>> owned;
+  std::vector<CollectiveGpus*> raw;
+};
+
 // Ranks on distinct GPUs choose NCCL, each with rank 0's unique id as it
 // travelled in rank 0's offer over the (in-process) data plane.
 TEST(CallCollectiveNcclTest, RankZerosUniqueIdReachesEveryRank) {
   const int p = 3;
-  std::vector<std::unique_ptr<TestGpus>> gpus;
-  std::vector<CollectiveGpus*> raw;
-  for (int w = 0; w < p; ++w) {
-    gpus.push_back(
-        std::make_unique<TestGpus>(OnGpu(w), TestGpus::Then::kInput));
-    raw.push_back(gpus.back().get());
-  }
-  Cluster c(p, 8, /*ring_min_bytes=*/0, raw);
+  DistinctGpus gpus(p);
+  Cluster c(p, 8, /*ring_min_bytes=*/0, gpus.raw);
   std::vector<std::vector<int32_t>> outs;
   auto status = c.RunStored(&outs);
   for (int w = 0; w < p; ++w) {
     ASSERT_TRUE(status[w].ok()) << status[w];
-    ASSERT_TRUE(gpus[w]->chosen.has_value()) << "worker " << w;
-    EXPECT_TRUE(gpus[w]->chosen->nccl);
-    EXPECT_TRUE(gpus[w]->chosen->new_communicator);
-    EXPECT_EQ(gpus[w]->rank0_id.bytes, OnGpu(0).unique_id.bytes);
+    ASSERT_TRUE(gpus.owned[w]->chosen.has_value()) << "worker " << w;
+    EXPECT_TRUE(gpus.owned[w]->chosen->nccl);
+    EXPECT_TRUE(gpus.owned[w]->chosen->new_communicator);
+    EXPECT_EQ(gpus.owned[w]->rank0_id.bytes, OnGpu(0).unique_id.bytes);
     EXPECT_EQ(outs[w][1], w * 1000 + 1);  // what TestGpus handed back
   }
 }
@@ -282,14 +289,8 @@ TEST(CallCollectiveNcclTest, RankZerosUniqueIdReachesEveryRank) {
 // none there (its partials are the data plane's transfers).
 TEST(CallCollectiveNcclTest, EachNcclSumIsATransferOnTheTimeline) {
   const int p = 2;
-  std::vector<std::unique_ptr<TestGpus>> gpus;
-  std::vector<CollectiveGpus*> raw;
-  for (int w = 0; w < p; ++w) {
-    gpus.push_back(
-        std::make_unique<TestGpus>(OnGpu(w), TestGpus::Then::kInput));
-    raw.push_back(gpus.back().get());
-  }
-  Cluster c(p, 8, /*ring_min_bytes=*/0, raw);
+  DistinctGpus gpus(p);
+  Cluster c(p, 8, /*ring_min_bytes=*/0, gpus.raw);
   std::vector<std::vector<int32_t>> outs;
   auto status = c.RunStored(&outs);
   for (int w = 0; w < p; ++w) {
