@@ -318,6 +318,15 @@ std::pair<int64_t, int64_t> Admission::WorkerLoad(int64_t worker) const {
           static_cast<int64_t>(it->second.total.micros)};
 }
 
+absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>
+Admission::WorkersNotDone() const {
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> out;
+  for (const auto& [ticket, f] : in_flight_) {
+    if (f.call_seq != 0) out[f.call_seq] = f.workers;
+  }
+  return out;
+}
+
 int64_t Admission::CostOf(uint64_t client, uint64_t program_id) const {
   auto it = clients_.find(client);
   if (it == clients_.end()) return options_.default_cost_micros;

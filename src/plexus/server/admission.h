@@ -152,6 +152,11 @@ class Admission {
   const ClientView* Find(uint64_t client) const;
   // The window of `worker` now: calls and estimated device time in flight.
   std::pair<int64_t, int64_t> WorkerLoad(int64_t worker) const;
+  // For each call in flight (by its record's seq, ClusterState::RouteCall),
+  // the workers that have not yet reported it done: the others finished
+  // their part (`plexus why`). Calls still waiting here are not in it.
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>
+  WorkersNotDone() const;
   // The current estimate of one execute of `program_id`.
   int64_t CostOf(uint64_t client, uint64_t program_id) const;
 

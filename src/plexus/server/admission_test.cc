@@ -207,6 +207,23 @@ TEST(AdmissionTest, AWideCallBlockedByAWindowReservesItsWorkers) {
   EXPECT_EQ(out[0].unit.program_id, 10u);
 }
 
+TEST(AdmissionTest, TheWorkersNotDoneWithACallAreThoseYetToReport) {
+  Admission a;
+  for (int64_t w : {1, 2}) a.AddWorker(w, 1);
+  a.AddClient(1, 1, 64);
+  AdmissionUnit wide = Call(10, {1, 2});
+  wide.call_seq = 7;
+  a.Enqueue(1, std::move(wide));
+  std::vector<Admitted> out = Drain(a);
+  ASSERT_EQ(out.size(), 1u);
+  using NotDone = absl::InlinedVector<int64_t, 4>;
+  EXPECT_EQ(a.WorkersNotDone().at(7), (NotDone{1, 2}));
+  a.Completed(2, Done(1, TicketOn(out[0], 2), 100));
+  EXPECT_EQ(a.WorkersNotDone().at(7), (NotDone{1}));
+  a.Completed(1, Done(1, TicketOn(out[0], 1), 100));
+  EXPECT_FALSE(a.WorkersNotDone().contains(7));
+}
+
 TEST(AdmissionTest, TheCallsInFlightQuotaHoldsOnlyItsClient) {
   Admission a({.window_micros = 100000});
   a.AddWorker(1, 1);

@@ -124,6 +124,12 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
       why.after = absl::Milliseconds(request.why_after_ms());
     }
     why.silent_after = options_.heartbeat_timeout * 3 / 10;
+    absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> not_done;
+    {
+      absl::MutexLock admission(&admission_mu_);
+      not_done = admission_.WorkersNotDone();
+    }
+    why.not_done = &not_done;
     for (proto::WhyEntry& e : ExplainWaits(state_, why)) {
       *status->add_why() = std::move(e);
     }

@@ -180,9 +180,21 @@ std::optional<std::string> HostTrouble(const WorkerRecord& worker,
   return std::nullopt;
 }
 
-// Why `call`, whose inputs are all made (or lost), has not finished.
-Root RootCause(const ClusterState& state, const CallRecord& call,
-               const Heads& heads, const WhyOptions& options) {
+// Of `seq`'s workers, those that have not reported it done (null:
+// unknown, so none counts as finished).
+const absl::InlinedVector<int64_t, 4>* NotDone(uint64_t seq,
+                                               const WhyOptions& options) {
+  if (options.not_done == nullptr) return nullptr;
+  auto it = options.not_done->find(seq);
+  return it == options.not_done->end() ? nullptr : &it->second;
+}
+
+// Why `call` (record `seq`), whose inputs are all made (or lost), has not
+// finished, on the hosts that have not finished their part (`finished`
+// gets the others).
+Root RootOnHosts(const ClusterState& state, uint64_t seq,
+                 const CallRecord& call, const Heads& heads,
+                 const WhyOptions& options, std::set<std::string>* finished) {
   auto slice = state.slices().find(call.slice_id);
   if (slice == state.slices().end()) {
     return {absl::StrCat("its slice ", call.slice_id,
@@ -208,12 +220,18 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
   std::map<std::string, absl::Duration> compiling;
   // Each host's worker.
   std::map<std::string, const WorkerRecord*> workers;
+  const absl::InlinedVector<int64_t, 4>* not_done = NotDone(seq, options);
   for (const DeviceRef& d : s.devices) {
     auto w = state.workers().find(d.worker_id);
     if (w == state.workers().end()) continue;
     const WorkerRecord& worker = w->second;
     const std::string& host = worker.info.host_name();
     workers[host] = &worker;
+    if (not_done != nullptr && std::find(not_done->begin(), not_done->end(),
+                                         d.worker_id) == not_done->end()) {
+      finished->insert(host);  // its part is done: nothing there holds it
+      continue;
+    }
     auto head = heads.find({d.worker_id, d.device});
     if (head != heads.end() && head->second.second != &call &&
         !behind.count(host)) {
@@ -256,6 +274,7 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
     auto w = state.workers().find(d.worker_id);
     if (w == state.workers().end()) continue;
     const WorkerRecord& worker = w->second;
+    if (finished->count(worker.info.host_name())) continue;
     const int64_t waiting = d.device < worker.stats.device_waiting_bytes_size()
                                 ? worker.stats.device_waiting_bytes(d.device)
                                 : 0;
@@ -312,12 +331,32 @@ Root RootCause(const ClusterState& state, const CallRecord& call,
                 absl::StrJoin(where, ", "), " (", Seconds(longest), " so far)"),
             where.front()};
   }
+  if (hosts.empty() && !finished->empty()) {
+    return {"every host reported its part done; the records hear of it next",
+            ""};
+  }
   const std::string where = absl::StrJoin(hosts, ", ");
   return {
       absl::StrCat("it is running on ", hosts.size() == 1 ? "host " : "hosts ",
                    where, ", first in line there, which answer (routed ",
                    Seconds(options.now - call.routed), " ago)"),
       hosts.empty() ? "" : *hosts.begin()};
+}
+
+// Why the root call `seq` has not finished, and which of its hosts
+// already finished their part.
+Root RootCause(const ClusterState& state, uint64_t seq, const CallRecord& call,
+               const Heads& heads, const WhyOptions& options) {
+  std::set<std::string> finished;
+  Root root = RootOnHosts(state, seq, call, heads, options, &finished);
+  if (!finished.empty()) {
+    absl::StrAppend(&root.reason, "; ",
+                    finished.size() == 1 ? "host " : "hosts ",
+                    absl::StrJoin(finished, ", "),
+                    finished.size() == 1 ? " has finished its part"
+                                         : " have finished their parts");
+  }
+  return root;
 }
 
 }  // namespace
@@ -339,6 +378,7 @@ std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
     e.set_waited_ms(absl::ToInt64Milliseconds(waited));
     // Follow the first input not yet made to the call that makes it.
     const CallRecord* at = &call;
+    uint64_t at_seq = seq;
     std::string chain;
     std::string lost;
     for (int depth = 0; depth < kMaxChain && lost.empty(); ++depth) {
@@ -354,6 +394,7 @@ std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
         const CallRecord* producer = records.calls().Find(b->producer);
         if (producer != nullptr && !producer->done) {
           next = producer;
+          at_seq = b->producer;
           break;
         }
       }
@@ -362,8 +403,8 @@ std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
                       CallName(state, *next));
       at = next;
     }
-    Root root =
-        lost.empty() ? RootCause(state, *at, heads, options) : Root{lost, ""};
+    Root root = lost.empty() ? RootCause(state, at_seq, *at, heads, options)
+                             : Root{lost, ""};
     e.set_root_call_id(at->call_id);
     e.set_blame_host(root.blame_host);
     e.set_root_reason(absl::StrCat(CallName(state, *at), ": ", root.reason));

@@ -25,6 +25,8 @@
 //     whose values hold it, the most first (from the records: the live
 //     buffers of slices mapped onto it);
 //   - its slice waiting for a host to take a lost one's place.
+// Hosts that already finished their part of the root call (admission has
+// their reports: WhyOptions::not_done) are named as such, not blamed.
 // Each call is named with the line of the user's program that issued it
 // (Call.site), where the client said.
 // A pure function of the records: `plexus status` (ClusterStatus.why),
@@ -32,13 +34,13 @@
 //
 // Not yet: calls still at admission (not routed, so without records; the
 // status lists them by client), fetches and puts (the client's, not the
-// server's: the client's progress line shows their bytes), and which of a
-// call's hosts already finished its part (the workers report a call done
-// per worker, to admission, not to the records).
+// server's: the client's progress line shows their bytes).
 #pragma once
 
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/cluster_state.h"
@@ -51,6 +53,11 @@ struct WhyOptions {
   // A live worker silent for longer than this is named as not answering.
   absl::Duration silent_after = absl::Milliseconds(300);
   int max_entries = 100;
+  // For calls in flight on the workers (by seq), those that have not
+  // reported them done (Admission::WorkersNotDone); the others finished
+  // their part and are not blamed. Null, or a call not in it: unknown.
+  const absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>*
+      not_done = nullptr;
 };
 
 // The explained waits, the longest first.

@@ -238,6 +238,48 @@ TEST_F(WhyTest, AnInputWhoseSourceHostIsSilentNamesThatHost) {
   EXPECT_THAT(Why()[0].reason(), HasSubstr("it is running on host host1"));
 }
 
+TEST_F(WhyTest, AHostThatFinishedItsPartIsNamedAndNotBlamed) {
+  // A call over both hosts, after Y's on host0 (still running there).
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  req.add_hosts("host0");
+  req.add_hosts("host1");
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  const uint64_t both = state_.CreateSlice(client_, req)->slice_id();
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(both, Id(10), a_, Id(13)), &ops).ok());
+  uint64_t seq = 0;
+  for (const auto& [s, call] : state_.records().calls()) {
+    if (call.call_id == Id(13)) seq = s;
+  }
+  ASSERT_NE(seq, 0u);
+  auto explain =
+      [&](const absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>*
+              not_done) {
+        WhyOptions options;
+        options.now = now_;
+        options.not_done = not_done;
+        for (const proto::WhyEntry& e : ExplainWaits(state_, options)) {
+          if (e.call_id() == Id(13)) return e;
+        }
+        return proto::WhyEntry();
+      };
+  // Without admission's reports both hosts count.
+  EXPECT_THAT(explain(nullptr).reason(), Not(HasSubstr("finished")));
+  // host1 (worker 2) reported its part done; host0 (worker 1) has not.
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> not_done;
+  not_done[seq] = {1};
+  proto::WhyEntry e = explain(&not_done);
+  EXPECT_EQ(e.blame_host(), "host0");
+  EXPECT_THAT(e.reason(), HasSubstr("; host host1 has finished its part"));
+  EXPECT_THAT(e.reason(), Not(HasSubstr("on host host1 it is")));
+  EXPECT_THAT(e.reason(), Not(HasSubstr("hosts host0, host1")));
+  // Silent now, host1 is not blamed either: its part is done.
+  Worker(2)->last_heartbeat = now_ - absl::Seconds(2);
+  EXPECT_EQ(explain(&not_done).blame_host(), "host0");
+}
+
 TEST_F(WhyTest, AShortWaitAndADoneCallAreNotListed) {
   WhyOptions options;
   options.now = start_ + absl::Milliseconds(500);
