@@ -45,9 +45,7 @@ std::string Bytes(const M& message) {
   return message.SerializeAsString();
 }
 
-uint64_t Id(uint64_t client, uint64_t n) {
-  return (client << kBufferIdClientShift) | n;
-}
+uint64_t Id(uint64_t client, uint64_t n) { return ClientMadeId(client, n); }
 
 ArgSpec Arg(Shape shape, Sharding sharding = Sharding::Replicated(),
             DType dtype = DType::kF32) {

@@ -31,7 +31,7 @@ proto::ArgDef Split16() {
 // A client that uses every placement over whatever registered.
 void Probe(ClusterState& state) {
   const uint64_t client = state.AddClient("probe").id;
-  auto id = [&](uint64_t n) { return (client << kBufferIdClientShift) | n; };
+  auto id = [&](uint64_t n) { return ClientMadeId(client, n); };
   proto::RegisterProgram reg;
   reg.set_program_id(id(1));
   reg.mutable_program()->set_name("add");

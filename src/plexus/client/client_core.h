@@ -24,6 +24,7 @@
 #include "absl/types/span.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client.h"
+#include "plexus/common/ids.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/timeline/timeline.h"
 #include "plexus/transport/data_plane.h"
@@ -57,7 +58,7 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
   uint64_t client_id() const {
     return client_id_.load(std::memory_order_acquire);
   }
-  uint64_t NextId() { return (client_id() << 40) | next_id_++; }
+  uint64_t NextId() { return ClientMadeId(client_id(), next_id_++); }
   // Graph ids (Call.graph_id): 1, 2, ... for this client's life.
   uint64_t NextGraphId() { return next_graph_id_++; }
 

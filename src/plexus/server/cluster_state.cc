@@ -6,10 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/common/donation.h"
+#include "plexus/common/ids.h"
 #include "plexus/common/names.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/executors/builtin/kernel.h"
-#include "plexus/store/object_store.h"  // ClientOfBuffer
 
 namespace plexus {
 

@@ -18,6 +18,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/common/ids.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/job_records.h"
@@ -422,10 +423,8 @@ class ClusterState {
                                 std::optional<proto::Call>* storage) const;
   // A new id in the client's namespace, made by the server (recovery).
   uint64_t ServerMadeId(uint64_t client_id) {
-    return (client_id << kServerIdShift) |
-           (uint64_t{1} << (kServerIdShift - 1)) | next_server_id_++;
+    return ::plexus::ServerMadeId(client_id, next_server_id_++);
   }
-  static constexpr int kServerIdShift = 40;  // kBufferIdClientShift
 
   // `what` names the caller in errors; it is only called on an error.
   absl::StatusOr<const SliceRecord*> UsableSlice(
@@ -523,8 +522,5 @@ class ClusterState {
   proto::RecoveryCounters counters_;
   bool spares_seen_ = false;  // a spare has registered (UpdateLineagePolicy)
 };
-
-// Buffer ids the server makes (transfer temporaries) carry this client id.
-inline constexpr uint64_t kServerClientId = 0xFFFFFF;
 
 }  // namespace plexus

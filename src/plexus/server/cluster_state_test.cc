@@ -262,7 +262,7 @@ class OwnershipTest : public ClusterStateTest {
     *reg.mutable_program()->add_outputs() = ToProto(arg_);
     ASSERT_TRUE(state_.RegisterProgram(other_, reg).ok());
   }
-  uint64_t B(uint64_t n) { return (other_ << kBufferIdClientShift) | n; }
+  uint64_t B(uint64_t n) { return ClientMadeId(other_, n); }
   // A call of B's program on B's slice, reading `input`.
   proto::Call BCall(uint64_t input) {
     proto::Call call;
@@ -395,7 +395,7 @@ TEST_F(ClusterStateTest, MaxBytesBoundsAClientsLiveBuffers) {
   req.set_num_devices(2);
   auto slice = state_.CreateSlice(small, req);
   ASSERT_TRUE(slice.ok()) << slice.status();
-  auto id = [&](uint64_t n) { return (small << kBufferIdClientShift) | n; };
+  auto id = [&](uint64_t n) { return ClientMadeId(small, n); };
   // 4 floats replicated on 2 devices: 32 bytes held.
   const ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
   proto::PutDecl put;

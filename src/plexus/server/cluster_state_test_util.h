@@ -42,7 +42,7 @@ class ClusterStateTest : public ::testing::Test {
     return s.ok() ? *s : proto::SliceInfo();
   }
   // The client's buffer (or program) id `n`.
-  uint64_t Id(uint64_t n) { return (client_ << kBufferIdClientShift) | n; }
+  uint64_t Id(uint64_t n) { return ClientMadeId(client_, n); }
   // Registers program `pid` of `kernel`, one input and one output.
   void Register(uint64_t pid, const std::string& kernel, ArgSpec in,
                 ArgSpec out) {

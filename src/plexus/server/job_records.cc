@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "plexus/store/object_store.h"  // ClientOfBuffer
+#include "plexus/common/ids.h"
 
 namespace plexus {
 

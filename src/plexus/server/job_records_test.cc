@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "plexus/common/ids.h"
 #include "plexus/common/types.h"
 
 namespace plexus {
@@ -187,7 +188,7 @@ const ArgSpec kSplit{kVector, Sharding::Split(0)};
 
 class JobRecordsTest : public ::testing::Test {
  protected:
-  static uint64_t B(uint64_t n) { return (uint64_t{1} << 40) | n; }
+  static uint64_t B(uint64_t n) { return ClientMadeId(1, n); }
   // Records call `seq` reading `inputs` and making `outputs`.
   void AddCall(uint64_t seq, std::vector<uint64_t> inputs,
                std::vector<std::pair<uint64_t, ArgSpec>> outputs) {

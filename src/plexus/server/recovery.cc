@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/common/ids.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/server/cluster_state.h"
 #include "plexus/server/internal/copy_shard.h"
-#include "plexus/store/object_store.h"  // ClientOfBuffer
 
 namespace plexus {
 

@@ -274,8 +274,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       TransferKey tk{ref.buffer_id(), k, dst.worker_id};
       auto it = transfers.find(tk);
       if (it != transfers.end()) return {it->second, 0};
-      uint64_t temp =
-          (kServerClientId << kBufferIdClientShift) | next_transfer_++;
+      uint64_t temp = ClientMadeId(kServerClientId, next_transfer_++);
       transfers[tk] = temp;
       proto::WorkerOp t;
       auto* tr = t.mutable_transfer();

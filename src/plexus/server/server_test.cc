@@ -178,7 +178,7 @@ class RawClient {
       for (const auto& e : msg.errors()) errors_.push_back(e);
     }
   }
-  uint64_t Id(uint64_t n) const { return (id_ << kBufferIdClientShift) | n; }
+  uint64_t Id(uint64_t n) const { return ClientMadeId(id_, n); }
 
   uint64_t id_ = 0;
   std::string credential_;

@@ -5,9 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "plexus/common/ids.h"
 #include "plexus/server/cluster_state.h"
 #include "plexus/server/internal/copy_shard.h"
-#include "plexus/store/object_store.h"  // ClientOfBuffer
 
 namespace plexus {
 namespace {

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "plexus/store/object_store.h"  // ClientOfBuffer
+#include "plexus/common/ids.h"
 
 namespace plexus {
 namespace {

@@ -47,29 +47,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "plexus/common/clock.h"
+#include "plexus/common/ids.h"
 #include "plexus/common/types.h"
 #include "plexus/store/storage.h"
 
 namespace plexus {
 
-struct BufferKey {
-  uint64_t buffer_id = 0;
-  int32_t shard = 0;
-  bool operator==(const BufferKey& o) const {
-    return buffer_id == o.buffer_id && shard == o.shard;
-  }
-  template <typename H>
-  friend H AbslHashValue(H h, const BufferKey& k) {
-    return H::combine(std::move(h), k.buffer_id, k.shard);
-  }
-};
+// The one shard key, and the id layout (ClientOfBuffer): common/ids.h.
+using BufferKey = ShardKey;
 std::string KeyString(const BufferKey& key);  // "buffer 12 shard 0"
-
-// The bits of a buffer id that name the client owning it; the rest count.
-inline constexpr int kBufferIdClientShift = 40;
-inline uint64_t ClientOfBuffer(uint64_t buffer_id) {
-  return buffer_id >> kBufferIdClientShift;
-}
 
 struct ObjectStoreStats {
   int64_t live_shards = 0;

@@ -172,8 +172,8 @@ TEST(ObjectStoreTest, ShardLargerThanBudgetFailsAtOnce) {
 
 TEST(ObjectStoreTest, ReleaseClientDropsOnlyThatClientsBuffers) {
   ObjectStore store(TwoDevices(1 << 20));
-  uint64_t a = (uint64_t{5} << kBufferIdClientShift) | 1;
-  uint64_t b = (uint64_t{6} << kBufferIdClientShift) | 1;
+  uint64_t a = ClientMadeId(uint64_t{5}, 1);
+  uint64_t b = ClientMadeId(uint64_t{6}, 1);
   for (uint64_t id : {a, b}) {
     store.Declare({id, 0}, 0, {DType::kF32, {1}}, true);
     store.Fulfil({id, 0}, Bytes(4), 0, false);
@@ -364,7 +364,7 @@ TEST(ObjectStoreTest, AWaitForAnUndeclaredKeyWakesOnlyForThatKey) {
 
 TEST(ObjectStoreTest, UnknownKeyWaitEndsWhenItsClientLeaves) {
   FakeClockStore f(1 << 20);
-  const uint64_t id = (uint64_t{7} << kBufferIdClientShift) | 3;
+  const uint64_t id = ClientMadeId(uint64_t{7}, 3);
   absl::Status got;
   std::thread fetcher([&] { got = f.store->AwaitReady({id, 0}).status(); });
   f.clock.AwaitWaiters(1);
@@ -427,7 +427,7 @@ TEST(ObjectStoreTest, APutReleasedBeforeItsBytesFailsAndGoes) {
 
 TEST(ObjectStoreTest, APutOfAClientThatLeftFailsItsReaders) {
   ObjectStore store(TwoDevices(1 << 20));
-  const uint64_t id = (uint64_t{8} << kBufferIdClientShift) | 1;
+  const uint64_t id = ClientMadeId(uint64_t{8}, 1);
   store.Declare({id, 0}, 0, {DType::kF32, {4}}, true, kClient);
   ASSERT_TRUE(store.AddReader({id, 0}).ok());  // a queued call reads it
   store.ReleaseClient(8);

@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "plexus/common/credentials.h"
+#include "plexus/common/ids.h"
 #include "plexus/store/storage.h"
 
 namespace plexus {
@@ -56,17 +57,7 @@ namespace plexus::transport {
 
 inline constexpr size_t kChunkBytes = 1 << 20;
 
-struct ShardKey {
-  uint64_t buffer_id = 0;
-  int32_t shard = 0;
-  bool operator==(const ShardKey& o) const {
-    return buffer_id == o.buffer_id && shard == o.shard;
-  }
-  template <typename H>
-  friend H AbslHashValue(H h, const ShardKey& k) {
-    return H::combine(std::move(h), k.buffer_id, k.shard);
-  }
-};
+using ::plexus::ShardKey;  // common/ids.h
 
 // A shard in a GPU's memory, exported by CUDA IPC (PUSH_IPC): where a
 // worker on the same host finds it. The sender keeps the memory alive

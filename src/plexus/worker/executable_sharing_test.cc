@@ -16,9 +16,7 @@ constexpr int64_t kIslandWorker = 1;
 constexpr int64_t kStandingBy = 2;
 constexpr uint64_t kClient = 1;
 
-uint64_t IdOfClient(uint64_t n) {
-  return (uint64_t{kClient} << kBufferIdClientShift) | n;
-}
+uint64_t IdOfClient(uint64_t n) { return ClientMadeId(uint64_t{kClient}, n); }
 
 // xla.CompileOptionsProto for one replica and one partition
 // (executable_build_options { num_replicas: 1 num_partitions: 1 }).

@@ -85,8 +85,8 @@ class FencingTest : public ::testing::Test {
 };
 
 TEST_F(FencingTest, APushOfAGenerationDeclaredDownIsRefused) {
-  const uint64_t x = (uint64_t{0xFFFFFF} << kBufferIdClientShift) | 1;
-  const uint64_t z = (uint64_t{0xFFFFFF} << kBufferIdClientShift) | 2;
+  const uint64_t x = ClientMadeId(uint64_t{0xFFFFFF}, 1);
+  const uint64_t z = ClientMadeId(uint64_t{0xFFFFFF}, 2);
   Apply({Peer(kSender, kOld), Expect(x, kSender)});
   auto old_conn = PeerConnection(kOld);
   ASSERT_NE(old_conn, nullptr);

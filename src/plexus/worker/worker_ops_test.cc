@@ -19,8 +19,8 @@ std::unique_ptr<WorkerImpl> LocalWorker() {
 
 TEST(WorkerOpsTest, LoadWithSpecThatDoesNotParseIsRefusedAndItsCallsFail) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  const uint64_t program = (uint64_t{1} << kBufferIdClientShift) | 1;
-  const uint64_t output = (uint64_t{1} << kBufferIdClientShift) | 2;
+  const uint64_t program = ClientMadeId(1, 1);
+  const uint64_t output = ClientMadeId(1, 2);
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
   auto* load = msg.add_ops()->mutable_load();
@@ -51,9 +51,7 @@ TEST(WorkerOpsTest, LoadWithSpecThatDoesNotParseIsRefusedAndItsCallsFail) {
 // waited for good, and every later call on that device with it.
 TEST(WorkerOpsTest, ACallReadingAReleasedBufferFailsAndTheDeviceGoesOn) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  auto id = [](uint64_t n) {
-    return (uint64_t{1} << kBufferIdClientShift) | n;
-  };
+  auto id = [](uint64_t n) { return ClientMadeId(1, n); };
   const uint64_t program = id(1), input = id(2), first = id(3), second = id(4);
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
@@ -115,7 +113,7 @@ proto::WorkerOp Expect(uint64_t buffer, int64_t from) {
 // shard with an OK status, which the store cannot hold (abort).
 TEST(WorkerOpsTest, FailuresWithoutAReasonStillFail) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  const uint64_t a = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t a = ClientMadeId(1, 1);
   const uint64_t b = a + 1, c = a + 2;
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
@@ -145,7 +143,7 @@ TEST(WorkerOpsTest, FailuresWithoutAReasonStillFail) {
 // and the collective read peers[-1] (found by worker_ops_fuzz under UBSan).
 TEST(WorkerOpsTest, CollectiveCallWithoutThisWorkerAmongItsPeersFails) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  const uint64_t program = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t program = ClientMadeId(1, 1);
   const uint64_t output = program + 1;
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
@@ -197,8 +195,8 @@ TEST(WorkerAuthorizeTest, EachRequestNeedsAConnectionOfWhoOwnsWhatItTouches) {
             secret->Derive(CredentialRole::kWorker));
   EXPECT_FALSE(worker->CredentialFor({CredentialRole::kAdmin, 0}).ok());
   EXPECT_FALSE(worker->CredentialFor({CredentialRole::kTenant, 0}).ok());
-  const transport::ShardKey of1{(uint64_t{1} << kBufferIdClientShift) | 5, 0};
-  const transport::ShardKey of2{(uint64_t{2} << kBufferIdClientShift) | 5, 0};
+  const transport::ShardKey of1{ClientMadeId(1, 5), 0};
+  const transport::ShardKey of2{ClientMadeId(uint64_t{2}, 5), 0};
   using R = transport::DataPlaneRequest;
   for (R r : {R::kPut, R::kFetch, R::kWait}) {
     EXPECT_TRUE(worker->Authorize(r, of1, client1).ok());
@@ -237,7 +235,7 @@ TEST(WorkerCudaIpcTest, AWorkerWithoutCudaTakesNothingByIpc) {
 // own credential does not change that: the buffer fails, naming both sizes.
 TEST(WorkerOpsTest, APutOfAnotherSizeFailsItsBuffer) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  const uint64_t id = (uint64_t{1} << kBufferIdClientShift) | 2;
+  const uint64_t id = ClientMadeId(1, 2);
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
   auto* decl = msg.add_ops()->mutable_declare();
@@ -260,7 +258,7 @@ TEST(WorkerOpsTest, APutOfAnotherSizeFailsItsBuffer) {
 // out of range or as a float32 scalar that a 4-byte put would fulfil.
 TEST(WorkerOpsTest, DeclarationsItCannotHoldFailTheirShards) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  const uint64_t a = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t a = ClientMadeId(1, 1);
   const uint64_t b = a + 1;
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
@@ -289,7 +287,7 @@ TEST(WorkerOpsTest, DeclarationsItCannotHoldFailTheirShards) {
 // outputs it made (heap overflow; found by data_plane_fuzz under ASan).
 TEST(WorkerOpsTest, CallWithMoreOutputIdsThanItsProgramHasFails) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  const uint64_t program = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t program = ClientMadeId(1, 1);
   const uint64_t first = program + 1, second = program + 2;
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
@@ -323,7 +321,7 @@ TEST(WorkerOpsTest, CallWithMoreOutputIdsThanItsProgramHasFails) {
 // outputs stayed pending, and a fetch of them waited for good.
 TEST(WorkerOpsTest, TaskOnADeviceTheWorkerLacksFailsItsOutputs) {
   std::unique_ptr<WorkerImpl> worker = LocalWorker();
-  const uint64_t program = (uint64_t{1} << kBufferIdClientShift) | 1;
+  const uint64_t program = ClientMadeId(1, 1);
   const uint64_t output = program + 1;
   proto::ServerToWorker msg;
   msg.set_worker_id(1);
