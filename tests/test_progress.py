@@ -44,7 +44,7 @@ with plexus.local(hosts=2) as cluster:
 # line is on the terminal: its bytes stop part of the way; then the same
 # value fetched back.
 PUT_SCRIPT = r"""
-import os, signal, threading, time
+import os, signal, threading
 import numpy as np
 import plexus
 from plexus import _progress
@@ -57,9 +57,9 @@ with plexus.local(hosts=1, shared_memory=False,
     big = np.ones(24 << 20, np.float32)
 
     def resume_once_drawn():
-        deadline = time.monotonic() + 30
-        while not _progress._board.drawn and time.monotonic() < deadline:
-            time.sleep(0.05)
+        board = _progress._board
+        with board.cond:
+            board.cond.wait_for(lambda: board.drawn, timeout=30)
         os.kill(pid, signal.SIGCONT)
 
     os.kill(pid, signal.SIGSTOP)

@@ -96,6 +96,7 @@ class _Board:
                     width = _columns()
                     _write("\r\x1b[K" + (line[:width - 1] if width else line))
                     self.drawn = True
+                    self.cond.notify_all()  # for who waits to see it drawn
                 self.cond.wait(EVERY_S)
 
 
