@@ -13,6 +13,7 @@ class RealClock : public Clock {
     cv->WaitWithDeadline(mu, deadline);
     return absl::Now() >= deadline;
   }
+  void SleepFor(absl::Duration d) override { absl::SleepFor(d); }
 };
 }  // namespace
 
@@ -42,6 +43,15 @@ bool FakeClock::AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
                            [&](const Waiter& w) { return w.cv == cv; });
     if (it != waiters_.end()) waiters_.erase(it);
     return now_ >= deadline;
+  }
+}
+
+void FakeClock::SleepFor(absl::Duration d) {
+  absl::Mutex mu;
+  absl::CondVar cv;
+  absl::MutexLock lock(&mu);
+  const absl::Time deadline = Now() + d;
+  while (!AwaitWithDeadline(&mu, &cv, deadline)) {
   }
 }
 

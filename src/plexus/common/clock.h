@@ -25,6 +25,11 @@ class Clock {
   virtual bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
                                  absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  // Sleeps until Now() has moved on by `d`: a real sleep on the real clock;
+  // on a FakeClock it returns once the test has advanced the clock that far.
+  // For pacing and back-off only; a wait for a condition uses
+  // AwaitWithDeadline, so it ends as soon as the condition holds.
+  virtual void SleepFor(absl::Duration d) = 0;
   static Clock* Real();  // process-wide wall clock; never deleted
 };
 
@@ -39,6 +44,7 @@ class FakeClock : public Clock {
   bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
                          absl::Time deadline) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void SleepFor(absl::Duration d) override;  // counts as a waiter
   void Advance(absl::Duration d);
   // Waits (really) until at least `n` threads are waiting on this clock, so
   // a test advances time only once the code under test is blocked.

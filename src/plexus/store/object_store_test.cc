@@ -331,6 +331,7 @@ class CountingClock : public Clock {
     waits.fetch_add(1);
     return clock.AwaitWithDeadline(mu, cv, deadline);
   }
+  void SleepFor(absl::Duration d) override { clock.SleepFor(d); }
   FakeClock clock;
   std::atomic<int> waits{0};
 };

@@ -48,6 +48,7 @@ class GateClock : public Clock {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return base_->AwaitWithDeadline(mu, cv, deadline);
   }
+  void SleepFor(absl::Duration d) override { base_->SleepFor(d); }
   void Close() {
     absl::MutexLock lock(&mu_);
     closed_ = true;

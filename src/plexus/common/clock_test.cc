@@ -1,0 +1,53 @@
+#include "plexus/common/clock.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace plexus {
+namespace {
+
+TEST(FakeClockTest, SleepForReturnsOnlyOnceAdvancedFarEnough) {
+  FakeClock clock;
+  std::atomic<bool> woke{false};
+  std::thread sleeper([&] {
+    clock.SleepFor(absl::Seconds(10));
+    woke = true;
+  });
+  clock.AwaitWaiters(1);
+  clock.Advance(absl::Seconds(4));
+  clock.AwaitWaiters(1);  // woke, saw 4 s of 10, and waits again
+  EXPECT_FALSE(woke);
+  clock.Advance(absl::Seconds(6));
+  sleeper.join();
+  EXPECT_TRUE(woke);
+}
+
+TEST(FakeClockTest, AwaitWithDeadlineEndsWhenTheClockPassesTheDeadline) {
+  FakeClock clock;
+  absl::Mutex mu;
+  absl::CondVar cv;
+  std::atomic<bool> expired{false};
+  std::thread waiter([&] {
+    absl::MutexLock lock(&mu);
+    const absl::Time deadline = clock.Now() + absl::Seconds(1);
+    while (!clock.AwaitWithDeadline(&mu, &cv, deadline)) {
+    }
+    expired = true;
+  });
+  clock.AwaitWaiters(1);
+  clock.Advance(absl::Seconds(1));
+  waiter.join();
+  EXPECT_TRUE(expired);
+}
+
+TEST(RealClockTest, SleepForSleepsAtLeastThatLong) {
+  Clock* clock = Clock::Real();
+  const absl::Time start = clock->Now();
+  clock->SleepFor(absl::Milliseconds(2));
+  EXPECT_GE(clock->Now() - start, absl::Milliseconds(2));
+}
+
+}  // namespace
+}  // namespace plexus
