@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client_core.h"
+#include "plexus/client/grpc_timeout.h"
 #include "plexus/common/donation.h"
 #include "plexus/common/names.h"
 #include "plexus/common/tls.h"
@@ -47,7 +48,7 @@ Slice::Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info,
   }
   // Not under maps_mu_: the core's reader remaps under its own lock, so
   // its lock comes first (lock order: ClientCore::mu_, then maps_mu_).
-  core_->AddSlice(this);
+  core_->session().AddSlice(this);
 }
 
 void Slice::Remap(proto::SliceInfo info) {
@@ -92,7 +93,7 @@ int Slice::num_hosts() const {
 }
 
 Slice::~Slice() {
-  core_->RemoveSlice(this);
+  core_->session().RemoveSlice(this);
   Close();
 }
 
@@ -103,7 +104,7 @@ void Slice::Close() {
     closed_ = true;
     if (holds_ > 0) return;  // the last Unhold() releases it
   }
-  core_->ReleaseSlice(id(), epoch());
+  core_->session().ReleaseSlice(id(), epoch());
 }
 
 bool Slice::closed() const {
@@ -123,7 +124,7 @@ void Slice::Unhold() {
     absl::MutexLock lock(&mu_);
     if (--holds_ > 0 || !closed_) return;
   }
-  core_->ReleaseSlice(id(), epoch());  // closed during the hold
+  core_->session().ReleaseSlice(id(), epoch());  // closed during the hold
 }
 
 // ---------------------------------------------------------------- Program
@@ -178,6 +179,104 @@ class SliceHolds {
   std::vector<Slice*> held_;  // borrowed: the program and inputs own them
 };
 
+// The session a call is made in (`*session`; null: the open one, waited
+// for while the client reconnects) and its program's registration in it:
+// the session's epoch, or why the call cannot be made.
+absl::StatusOr<uint64_t> CallSession(ClientSession& sessions,
+                                     const Program& program,
+                                     std::shared_ptr<SessionTag>* session) {
+  // Error context, built only when an error needs it (every call runs this).
+  auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
+  if (*session == nullptr) {
+    auto open = sessions.AwaitSessionForUse();
+    if (!open.ok()) {
+      return absl::Status(open.status().code(),
+                          absl::StrCat(what(), ": ", open.status().message()));
+    }
+    *session = std::move(*open);
+  } else if (absl::Status s = sessions.SessionStatus((*session)->epoch);
+             !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(what(), ": ", s.message()));
+  }
+  const uint64_t epoch = (*session)->epoch;
+  if (program.epoch() != epoch) {
+    // Not registered again after a reconnect: its own reason, or its
+    // session's end.
+    absl::Status lost = program.lost();
+    if (lost.ok()) lost = sessions.SessionStatus(program.epoch());
+    if (lost.ok()) {
+      lost = absl::FailedPreconditionError(
+          "it is not registered in the client's session");
+    }
+    return absl::Status(lost.code(),
+                        absl::StrCat(what(), ": ", lost.message()));
+  }
+  return epoch;
+}
+
+// Checks input `i` of a call of `program` in session `epoch` and holds its
+// slice. OK with `*upstream` set when the input already failed (the
+// outputs fail with it).
+absl::Status CheckInput(ClientSession& session, const Program& program,
+                        const std::vector<Future>& inputs, size_t i,
+                        uint64_t epoch, SliceHolds* holds,
+                        absl::Status* upstream) {
+  auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
+  if (!inputs[i].valid()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), " argument ", i, " is an empty future"));
+  }
+  if (inputs[i].handle()->donated()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what(), " argument ", i, ": ",
+                     session.BufferStatus(inputs[i].buffer_id()).message()));
+  }
+  const ArgSpec& want = program.inputs()[i];
+  const ArgSpec& got = inputs[i].arg();
+  if (!CanRelayout(got, want)) {  // another layout moves to `want`'s
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), " argument ", i, " has ", got.ToString(),
+                     " but the program was compiled for ", want.ToString()));
+  }
+  if (!holds->Hold(inputs[i].slice().get())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what(), " argument ", i, " lives on a slice that was closed"));
+  }
+  // A future of an ended session is lost: so are the outputs.
+  absl::Status s =
+      inputs[i].epoch() != epoch
+          ? session.SessionStatus(inputs[i].epoch(), inputs[i].buffer_id())
+          : session.BufferStatus(inputs[i].buffer_id());
+  if (!s.ok() && upstream->ok()) *upstream = s;
+  return absl::OkStatus();
+}
+
+// The releases of the inputs `program` consumes (donated), appended to
+// `ops` after its call. A donated input is consumed, as jax.jit deletes a
+// donated array: the buffer is released right after the call (the server
+// holds it back until the call has read it), and every later use is
+// refused.
+void AppendDonations(ClientSession& session, const Program& program,
+                     const std::vector<Future>& inputs,
+                     std::vector<proto::ClientOp>* ops) {
+  for (int i : program.donated_inputs()) {
+    if (i < 0 || i >= static_cast<int>(inputs.size()) ||
+        !inputs[i].handle()->Donate()) {
+      continue;
+    }
+    const uint64_t id = inputs[i].buffer_id();
+    proto::ClientOp release;
+    release.mutable_release()->set_buffer_id(id);
+    release.mutable_release()->set_slice_id(inputs[i].slice()->id());
+    ops->push_back(std::move(release));
+    session.MarkFailed(
+        id, absl::FailedPreconditionError(absl::StrCat(
+                "buffer ", id, " was donated to program '", program.name(),
+                "' (donate_argnums): a donated value is gone once the call "
+                "that takes it is made, as a donated jax.Array is deleted")));
+  }
+}
+
 // Validates a call and fills `op`; the futures it returns are valid even
 // when `op` is not sent (an input already failed: the outputs fail too).
 // `holds` keeps the slices open; the caller queues `op` (in session
@@ -189,32 +288,12 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     const std::vector<Future>& inputs, SliceHolds* holds,
     std::vector<proto::ClientOp>* ops, std::shared_ptr<SessionTag>* session,
     uint32_t site, uint64_t graph_id) {
+  ClientSession& sessions = core->session();
   // Error context, built only when an error needs it (every call runs this).
   auto what = [&] { return absl::StrCat("program '", program.name(), "'"); };
-  if (*session == nullptr) {
-    auto open =
-        core->AwaitSession(absl::Now() + core->options().reconnect_timeout);
-    if (!open.ok()) {
-      return absl::Status(open.status().code(),
-                          absl::StrCat(what(), ": ", open.status().message()));
-    }
-    *session = std::move(*open);
-  } else if (absl::Status s = core->SessionStatus((*session)->epoch); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(what(), ": ", s.message()));
-  }
-  const uint64_t epoch = (*session)->epoch;
-  if (program.epoch() != epoch) {
-    // Not registered again after a reconnect: its own reason, or its
-    // session's end.
-    absl::Status lost = program.lost();
-    if (lost.ok()) lost = core->SessionStatus(program.epoch());
-    if (lost.ok()) {
-      lost = absl::FailedPreconditionError(
-          "it is not registered in the client's session");
-    }
-    return absl::Status(lost.code(),
-                        absl::StrCat(what(), ": ", lost.message()));
-  }
+  absl::StatusOr<uint64_t> in_session = CallSession(sessions, program, session);
+  if (!in_session.ok()) return in_session.status();
+  const uint64_t epoch = *in_session;
   if (!holds->Hold(program.slice().get())) {
     return absl::FailedPreconditionError(
         absl::StrCat(what(), ": its slice was closed"));
@@ -226,52 +305,31 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   }
   absl::Status upstream;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].valid()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what(), " argument ", i, " is an empty future"));
+    if (absl::Status s =
+            CheckInput(sessions, program, inputs, i, epoch, holds, &upstream);
+        !s.ok()) {
+      return s;
     }
-    if (inputs[i].handle()->donated()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(what(), " argument ", i, ": ",
-                       core->BufferStatus(inputs[i].buffer_id()).message()));
-    }
-    const ArgSpec& want = program.inputs()[i];
-    const ArgSpec& got = inputs[i].arg();
-    if (!CanRelayout(got, want)) {  // another layout moves to `want`'s
-      return absl::InvalidArgumentError(
-          absl::StrCat(what(), " argument ", i, " has ", got.ToString(),
-                       " but the program was compiled for ", want.ToString()));
-    }
-    if (!holds->Hold(inputs[i].slice().get())) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          what(), " argument ", i, " lives on a slice that was closed"));
-    }
-    // A future of an ended session is lost: so are the outputs.
-    absl::Status s =
-        inputs[i].epoch() != epoch
-            ? core->SessionStatus(inputs[i].epoch(), inputs[i].buffer_id())
-            : core->BufferStatus(inputs[i].buffer_id());
-    if (!s.ok() && upstream.ok()) upstream = s;
   }
   proto::ClientOp op;
   // Its call site goes first, once per session.
-  if (site != 0 && core->CallSiteOp(site, epoch, &op)) {
+  if (site != 0 && core->call_sites().Op(site, epoch, &op)) {
     ops->push_back(std::move(op));
     op.Clear();
   }
   proto::Call* call = op.mutable_call();
-  call->set_call_id(core->NextId());
+  call->set_call_id(sessions.NextId());
   if (site != 0) call->set_site(site);
   if (graph_id != 0) call->set_graph_id(graph_id);
   call->set_slice_id(program.slice()->id());
   call->set_program_id(program.id());
   std::vector<Future> outputs;
   for (const ArgSpec& out : program.outputs()) {
-    uint64_t id = core->NextId();
+    uint64_t id = sessions.NextId();
     call->add_output_ids(id);
     outputs.emplace_back(std::make_shared<BufferHandle>(
         core, id, out, program.slice(), *session));
-    if (!upstream.ok()) core->MarkFailed(id, upstream);
+    if (!upstream.ok()) sessions.MarkFailed(id, upstream);
   }
   if (!upstream.ok()) return outputs;
   for (const Future& in : inputs) {
@@ -282,25 +340,7 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   }
   core->calls++;
   ops->push_back(std::move(op));
-  // A donated input is consumed, as jax.jit deletes a donated array: the
-  // buffer is released right after the call (the server holds it back
-  // until the call has read it), and every later use is refused.
-  for (int i : program.donated_inputs()) {
-    if (i < 0 || i >= static_cast<int>(inputs.size()) ||
-        !inputs[i].handle()->Donate()) {
-      continue;
-    }
-    const uint64_t id = inputs[i].buffer_id();
-    proto::ClientOp release;
-    release.mutable_release()->set_buffer_id(id);
-    release.mutable_release()->set_slice_id(inputs[i].slice()->id());
-    ops->push_back(std::move(release));
-    core->MarkFailed(
-        id, absl::FailedPreconditionError(absl::StrCat(
-                "buffer ", id, " was donated to program '", program.name(),
-                "' (donate_argnums): a donated value is gone once the call "
-                "that takes it is made, as a donated jax.Array is deleted")));
-  }
+  AppendDonations(sessions, program, inputs, ops);
   return outputs;
 }
 
@@ -343,7 +383,7 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
     const Program& program, const std::vector<Future>& inputs, uint32_t site) {
   const size_t before = ops_.size();
   SliceHolds holds;  // recorded only: Submit may still find a slice closed
-  if (graph_id_ == 0) graph_id_ = core_->NextGraphId();
+  if (graph_id_ == 0) graph_id_ = core_->session().NextGraphId();
   auto outputs = BuildCall(core_, program, inputs, &holds, &ops_, &session_,
                            site, graph_id_);
   // One list per op: the call's inputs, none for the releases after it.
@@ -363,13 +403,13 @@ absl::Status Graph::Submit() {
       IssuedCalls(*core_, ops_, core_->timeline().NowNs());
   if (core_->options().sequential_dispatch) {
     for (size_t i = 0; i < ops_.size(); ++i) {
-      core_->AwaitInputs(op_inputs_[i]);
+      core_->data().AwaitInputs(op_inputs_[i]);
       std::vector<proto::ClientOp> one;
       one.push_back(std::move(ops_[i]));
-      core_->Enqueue(std::move(one), session_->epoch);
+      core_->session().Enqueue(std::move(one), session_->epoch);
     }
   } else if (session_ != nullptr) {
-    core_->Enqueue(std::move(ops_), session_->epoch);
+    core_->session().Enqueue(std::move(ops_), session_->epoch);
   }
   RecordIssued(*core_, issued);
   session_ = nullptr;
@@ -402,22 +442,25 @@ absl::StatusOr<std::shared_ptr<Slice>> Client::CreateSlice(
   // While the client reconnects, the request waits for the new session
   // (at most its own timeout); one cut short by the session's end is made
   // again in the next.
-  const absl::Time deadline = absl::Now() + options.timeout;
+  Clock& clock = *core_->options().clock;
+  const absl::Time deadline = clock.Now() + options.timeout;
   for (;;) {
-    auto session = core_->AwaitSession(deadline);
+    auto session = core_->session().AwaitSession(deadline);
     if (!session.ok()) {
       return absl::Status(session.status().code(),
                           absl::StrCat("slice: ", session.status().message()));
     }
     const uint64_t epoch = (*session)->epoch;
-    auto info = core_->RequestSlice(req, epoch);
-    if (!info.ok() && core_->SessionStatus(epoch).ok()) return info.status();
-    if (!info.ok() && !core_->CheckOpen().ok()) return info.status();
-    if (!info.ok() && absl::Now() < deadline) continue;
+    auto info = core_->session().RequestSlice(req, epoch);
+    if (!info.ok() && core_->session().SessionStatus(epoch).ok())
+      return info.status();
+    if (!info.ok() && !core_->session().CheckOpen().ok()) return info.status();
+    if (!info.ok() && clock.Now() < deadline) continue;
     if (!info.ok()) return info.status();
     auto slice = std::make_shared<Slice>(core_, *info, options, epoch);
-    slice->SetAvoided(core_->TrackedSlices(options.avoid_slices, epoch));
-    core_->Track(slice);
+    slice->SetAvoided(
+        core_->session().TrackedSlices(options.avoid_slices, epoch));
+    core_->session().Track(slice);
     return slice;
   }
 }
@@ -565,8 +608,7 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
   for (const auto& a : inputs) *def.add_inputs() = ToProto(a);
   for (const auto& a : outputs) *def.add_outputs() = ToProto(a);
   // While the client reconnects, registering waits for the new session.
-  auto session =
-      core_->AwaitSession(absl::Now() + core_->options().reconnect_timeout);
+  auto session = core_->session().AwaitSessionForUse();
   if (!session.ok()) {
     return absl::Status(session.status().code(),
                         absl::StrCat(what, ": ", session.status().message()));
@@ -574,19 +616,19 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
   const uint64_t epoch = (*session)->epoch;
   if (slice->epoch() != epoch) {
     absl::Status lost = slice->lost();
-    if (lost.ok()) lost = core_->SessionStatus(slice->epoch());
+    if (lost.ok()) lost = core_->session().SessionStatus(slice->epoch());
     return absl::Status(lost.code(), absl::StrCat(what, ": ", lost.message()));
   }
-  uint64_t id = core_->NextId();
+  uint64_t id = core_->session().NextId();
   proto::ClientOp op;
   op.mutable_program()->set_program_id(id);
   *op.mutable_program()->mutable_program() = def;
   std::vector<proto::ClientOp> ops;
   ops.push_back(std::move(op));
-  core_->Enqueue(std::move(ops), epoch);
+  core_->session().Enqueue(std::move(ops), epoch);
   auto program = std::make_shared<Program>(id, std::move(def), inputs,
                                            std::move(outputs), slice, epoch);
-  core_->Track(program);
+  core_->session().Track(program);
   return program;
 }
 
@@ -600,8 +642,8 @@ absl::StatusOr<std::vector<Future>> Client::Call(
                            /*graph_id=*/0);
   if (outputs.ok() && !ops.empty()) {
     std::vector<TimelineEvent> issued = IssuedCalls(*core_, ops, start_ns);
-    if (core_->options().sequential_dispatch) core_->AwaitInputs(inputs);
-    core_->Enqueue(std::move(ops), session->epoch);
+    if (core_->options().sequential_dispatch) core_->data().AwaitInputs(inputs);
+    core_->session().Enqueue(std::move(ops), session->epoch);
     RecordIssued(*core_, issued);
   }
   return outputs;
@@ -609,21 +651,21 @@ absl::StatusOr<std::vector<Future>> Client::Call(
 
 Graph Client::NewGraph() { return Graph(core_); }
 
-void Client::Flush() { core_->Flush(); }
+void Client::Flush() { core_->session().Flush(); }
 
 std::vector<SessionEnd> Client::SessionEnds() const {
-  return core_->SessionEnds();
+  return core_->session().SessionEnds();
 }
 
-SessionState Client::state() const { return core_->state(); }
+SessionState Client::state() const { return core_->session().state(); }
 
 ClientCounters Client::counters() const {
   ClientCounters c;
-  c.bytes_put = core_->bytes_put.load();
-  c.bytes_fetched = core_->bytes_fetched.load();
+  c.bytes_put = core_->data().bytes_put.load();
+  c.bytes_fetched = core_->data().bytes_fetched.load();
   c.calls = core_->calls.load();
   c.live_futures = core_->live_futures.load();
-  c.wait_round_trips = core_->wait_round_trips.load();
+  c.wait_round_trips = core_->data().wait_round_trips.load();
   return c;
 }
 
@@ -637,7 +679,7 @@ absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
   auto channel = grpc::CreateChannel(address, *tls);
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  ctx.set_deadline(GrpcTimeout(absl::Seconds(5)));
   proto::StatusRequest req;
   if (fresh) req.set_fresh_timeout_ms(3000);
   proto::ClusterStatus status;
@@ -650,7 +692,7 @@ absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
 }
 
 uint32_t Client::CallSite(const std::string& text) {
-  return core_->CallSiteId(text);
+  return core_->call_sites().Id(text);
 }
 
 namespace {
@@ -672,7 +714,7 @@ absl::StatusOr<proto::TraceReply> CallTrace(proto::Controller::Stub& stub,
                                             absl::Duration timeout,
                                             const TraceAuth& auth) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout + timeout));
+  ctx.set_deadline(GrpcTimeout(timeout + timeout));
   proto::TraceRequest req;
   req.set_since_ns(since_ns);
   req.set_events(events);
@@ -701,8 +743,8 @@ constexpr int kClockProbes = 8;
 
 absl::StatusOr<proto::TraceReply> Client::Trace(int64_t since_ns,
                                                 absl::Duration timeout) {
-  const transport::DataPlaneIdentity identity = core_->identity();
-  auto stub = TraceStub(core_->address());
+  const transport::DataPlaneIdentity identity = core_->session().identity();
+  auto stub = TraceStub(core_->session().address());
   if (!stub.ok()) return stub.status();
   // The client's clock against the server's, as the server estimates a
   // worker's (timeline/clock_offset.h), from the Trace RPC's own round
@@ -712,14 +754,15 @@ absl::StatusOr<proto::TraceReply> Client::Trace(int64_t since_ns,
   ClockOffsetEstimator clock(kClockProbes);
   for (int i = 0; i < kClockProbes; ++i) {
     const int64_t t1 = timeline.NowNs();
-    auto now =
-        CallTrace(**stub, core_->address(), 0, /*events=*/false, timeout, {});
+    auto now = CallTrace(**stub, core_->session().address(), 0,
+                         /*events=*/false, timeout, {});
     const int64_t t4 = timeline.NowNs();
     if (!now.ok()) return now.status();
     clock.Add({t1, now->server_now_ns(), now->server_now_ns(), t4});
   }
-  auto reply = CallTrace(**stub, core_->address(), since_ns, /*events=*/true,
-                         timeout, {identity.peer.id, identity.credential});
+  auto reply =
+      CallTrace(**stub, core_->session().address(), since_ns, /*events=*/true,
+                timeout, {identity.peer.id, identity.credential});
   if (!reply.ok()) return reply;
   // This client's own ring, on the server's clock like the rest.
   proto::TimelineRing* mine = reply->add_rings();
@@ -753,7 +796,7 @@ absl::Status ShutdownServer(const std::string& address,
   auto channel = grpc::CreateChannel(address, *tls);
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  ctx.set_deadline(GrpcTimeout(absl::Seconds(5)));
   proto::ShutdownRequest req;
   const Credential admin = secret.Derive(CredentialRole::kAdmin);
   req.set_credential(admin.data(), admin.size());

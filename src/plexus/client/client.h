@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "plexus/client/reconnect.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
@@ -267,6 +268,10 @@ struct ClientOptions {
   // use fails once the session ended (the embedded cluster's clients:
   // their workers end with the server).
   absl::Duration reconnect_timeout = absl::Seconds(60);
+  // Every deadline, back-off and time stamp of the client reads this clock
+  // (common/clock.h); tests inject a FakeClock. Not owned; outlives the
+  // client.
+  Clock* clock = Clock::Real();
 };
 
 struct ClientCounters {

@@ -1,15 +1,16 @@
-// The client's sessions with the server (ClientCore): opening one (hello,
-// protocol, tenant credential), the session thread that runs one after
-// another and reconnects with back-off when one ends without Close, the
-// slices and programs asked for and registered again in a new session, and
-// the waits that end when a session opens again (AwaitSession,
+// The client's sessions with the server (ClientSession): opening one
+// (hello, protocol, tenant credential), the session thread that runs one
+// after another and reconnects with back-off when one ends without Close,
+// what is tracked to restore in the next (session_restore.cc restores it),
+// and the waits that end when a session opens again (AwaitSession,
 // SessionStatus). reconnect.h has the states as plain data.
+#include "plexus/client/client_session.h"
+
 #include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
-#include "plexus/client/client_core.h"
-#include "plexus/common/backoff.h"
+#include "plexus/client/grpc_timeout.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/common/protocol.h"
@@ -76,12 +77,50 @@ absl::Status SetTenant(const ClientOptions& options,
 
 }  // namespace
 
-absl::Status ClientCore::Init(const std::string& address) {
+ClientSession::ClientSession(const ClientOptions& options,
+                             SessionObserver* observer, StatsFn stats)
+    : options_(options),
+      observer_(observer),
+      stats_(std::move(stats)),
+      machine_(options.reconnect_timeout) {}
+
+ClientSession::~ClientSession() { Close(); }
+
+bool ClientSession::closed() const {
+  absl::MutexLock lock(&mu_);
+  return closed_;
+}
+
+absl::Status ClientSession::CheckOpen() const {
+  if (closing_.load(std::memory_order_acquire)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("client ", client_id(), " is closed"));
+  }
+  return absl::OkStatus();
+}
+
+void ClientSession::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    machine_.Close();
+    UpdateOpenTagLocked();
+    closing_.store(true, std::memory_order_release);
+    // Fetches and waits in other threads end now, with "closed".
+    observer_->SessionEnded();
+    if (opening_ != nullptr) opening_->TryCancel();
+  }
+  // The sender flushes what is queued, then half-closes the stream; the
+  // server frees the client's slices and buffers when the stream ends.
+  if (session_thread_.joinable()) session_thread_.join();
+}
+
+absl::Status ClientSession::Open(const std::string& address) {
   address_ = address;
-  machine_id_ = LocalMachineId();
   RaiseOpenFileLimit();
   UseLockOrderChecksOfThisBuild();
-  auto session = OpenSession(absl::Now() + absl::Seconds(10));
+  auto session = OpenSession(options_.clock->Now() + absl::Seconds(10));
   if (!session.ok()) return session.status();
   Install(**session);
   session_thread_ = std::thread(
@@ -89,8 +128,8 @@ absl::Status ClientCore::Init(const std::string& address) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<ClientCore::Session>> ClientCore::OpenSession(
-    absl::Time deadline) {
+absl::StatusOr<std::unique_ptr<ClientSession::Session>>
+ClientSession::OpenSession(absl::Time deadline) {
   auto session = std::make_unique<Session>();
   // A fresh channel each time: a channel that failed to connect waits out
   // gRPC's own back-off before it tries again.
@@ -98,13 +137,18 @@ absl::StatusOr<std::unique_ptr<ClientCore::Session>> ClientCore::OpenSession(
       SessionChannel(address_, options_.tls_ca);
   if (!channel.ok()) return channel.status();
   session->channel = *std::move(channel);
-  // In steps, so that Close() does not wait out an attempt.
-  while (!session->channel->WaitForConnected(absl::ToChronoTime(
-      std::min(deadline, absl::Now() + absl::Milliseconds(100))))) {
+  // In steps, so that Close() does not wait out an attempt. gRPC measures
+  // each step itself (a relative timeout: 10 to 100 ms, so that a clock
+  // that stands still, a test's, is not polled); the deadline is on the
+  // client's clock.
+  Clock& clock = *options_.clock;
+  while (!session->channel->WaitForConnected(
+      GrpcTimeout(std::clamp(deadline - clock.Now(), absl::Milliseconds(10),
+                             absl::Milliseconds(100))))) {
     if (closing_.load(std::memory_order_acquire)) {
       return absl::CancelledError("the client was closed");
     }
-    if (absl::Now() >= deadline) {
+    if (clock.Now() >= deadline) {
       return absl::UnavailableError(
           absl::StrCat("cannot reach a Plexus server at ", address_));
     }
@@ -114,55 +158,57 @@ absl::StatusOr<std::unique_ptr<ClientCore::Session>> ClientCore::OpenSession(
     if (closed_) return absl::CancelledError("the client was closed");
     opening_ = &session->context;
   }
-  auto opened = [&]() -> absl::Status {
-    session->stub = proto::Controller::NewStub(session->channel);
-    session->stream = session->stub->ClientSession(&session->context);
-    proto::ClientToServer hello;
-    hello.set_client_name(options_.name);
-    hello.set_protocol_version(kProtocolVersion);
-    if (absl::Status s = SetTenant(options_, &hello); !s.ok()) return s;
-    if (!session->stream->Write(hello)) {
-      return absl::UnavailableError("the server closed the client session");
-    }
-    proto::ServerToClient first;
-    if (!session->stream->Read(&first)) {
-      // Finish says why: a protocol version mismatch names both versions.
-      const grpc::Status why = session->stream->Finish();
-      return absl::Status(
-          why.ok() ? absl::StatusCode::kUnavailable
-                   : static_cast<absl::StatusCode>(why.error_code()),
-          absl::StrCat("the server refused the client session: ",
-                       why.error_message().empty() ? "no reason given"
-                                                   : why.error_message()));
-    }
-    if (absl::Status v =
-            CheckProtocolVersion("client", "server", first.protocol_version());
-        !v.ok()) {
-      session->context.TryCancel();
-      proto::ServerToClient rest;
-      while (session->stream->Read(&rest)) {
-      }
-      session->stream->Finish().IgnoreError();
-      return v;
-    }
-    session->client_id = first.client_id();
-    spare_wait_ms_.store(first.spare_wait_ms(), std::memory_order_relaxed);
-    if (first.credential().size() != session->identity.credential.size()) {
-      return absl::UnavailableError(
-          "the server sent no data-plane credential (an older server?)");
-    }
-    session->identity.peer = {CredentialRole::kClient, session->client_id};
-    std::copy(first.credential().begin(), first.credential().end(),
-              session->identity.credential.begin());
-    return absl::OkStatus();
-  }();
+  const absl::Status opened = Handshake(*session);
   absl::MutexLock lock(&mu_);
   opening_ = nullptr;
   if (!opened.ok()) return opened;
   return session;
 }
 
-void ClientCore::Install(Session& session) {
+absl::Status ClientSession::Handshake(Session& session) {
+  session.stub = proto::Controller::NewStub(session.channel);
+  session.stream = session.stub->ClientSession(&session.context);
+  proto::ClientToServer hello;
+  hello.set_client_name(options_.name);
+  hello.set_protocol_version(kProtocolVersion);
+  if (absl::Status s = SetTenant(options_, &hello); !s.ok()) return s;
+  if (!session.stream->Write(hello)) {
+    return absl::UnavailableError("the server closed the client session");
+  }
+  proto::ServerToClient first;
+  if (!session.stream->Read(&first)) {
+    // Finish says why: a protocol version mismatch names both versions.
+    const grpc::Status why = session.stream->Finish();
+    return absl::Status(
+        why.ok() ? absl::StatusCode::kUnavailable
+                 : static_cast<absl::StatusCode>(why.error_code()),
+        absl::StrCat("the server refused the client session: ",
+                     why.error_message().empty() ? "no reason given"
+                                                 : why.error_message()));
+  }
+  if (absl::Status v =
+          CheckProtocolVersion("client", "server", first.protocol_version());
+      !v.ok()) {
+    session.context.TryCancel();
+    proto::ServerToClient rest;
+    while (session.stream->Read(&rest)) {
+    }
+    session.stream->Finish().IgnoreError();
+    return v;
+  }
+  session.client_id = first.client_id();
+  spare_wait_ms_.store(first.spare_wait_ms(), std::memory_order_relaxed);
+  if (first.credential().size() != session.identity.credential.size()) {
+    return absl::UnavailableError(
+        "the server sent no data-plane credential (an older server?)");
+  }
+  session.identity.peer = {CredentialRole::kClient, session.client_id};
+  std::copy(first.credential().begin(), first.credential().end(),
+            session.identity.credential.begin());
+  return absl::OkStatus();
+}
+
+void ClientSession::Install(Session& session) {
   absl::MutexLock lock(&mu_);
   const uint64_t epoch = epoch_.load() + 1;
   session_tag_ = std::make_shared<SessionTag>(epoch);
@@ -172,22 +218,19 @@ void ClientCore::Install(Session& session) {
   identity_ = session.identity;
   machine_.Installed();
   UpdateOpenTagLocked();
+  observer_->SessionInstalled(epoch, session.identity);
   // The last session's records name its ids, workers and slices, which
   // the server that answers now may hand out again for other things.
   queue_.clear();
   slice_replies_.clear();
-  workers_down_.clear();
   aliases_.clear();
   has_aliases_.store(false, std::memory_order_release);
   lost_.clear();
   broken_slices_.clear();
   slices_.clear();
-  kept_puts_.clear();
-  reputs_.clear();
-  pool_.clear();
 }
 
-void ClientCore::SessionLoop(std::unique_ptr<Session> session) {
+void ClientSession::SessionLoop(std::unique_ptr<Session> session) {
   while (session != nullptr) {
     std::shared_ptr<SessionTag> tag;
     {
@@ -206,7 +249,7 @@ void ClientCore::SessionLoop(std::unique_ptr<Session> session) {
     }
     sender_.join();
     reader_.join();
-    if (reputter_.joinable()) reputter_.join();
+    observer_->SessionDone();
     // Both directions are done: Finish says why the stream ended.
     const grpc::Status why = session->stream->Finish();
     {
@@ -223,14 +266,14 @@ void ClientCore::SessionLoop(std::unique_ptr<Session> session) {
   }
 }
 
-std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
+std::unique_ptr<ClientSession::Session> ClientSession::Reconnect() {
   for (int attempts = 1;; ++attempts) {
     // An attempt ends by the give-up time, and soon enough that one on a
     // server that accepts but does not answer is not the only one.
     absl::Time deadline;
     {
       absl::MutexLock lock(&mu_);
-      deadline = machine_.AttemptDeadline(absl::Now());
+      deadline = machine_.AttemptDeadline(options_.clock->Now());
     }
     auto session = OpenSession(deadline);
     if (session.ok()) {
@@ -247,7 +290,8 @@ std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
           " refused the new session: ", session.status().message()));
       return nullptr;
     }
-    std::optional<absl::Duration> delay = machine_.AttemptFailed(absl::Now());
+    std::optional<absl::Duration> delay =
+        machine_.AttemptFailed(options_.clock->Now());
     if (!delay.has_value()) {
       GiveUpLocked(absl::StrCat(
           "no server answered at ", address_, " within the reconnect timeout (",
@@ -257,12 +301,13 @@ std::unique_ptr<ClientCore::Session> ClientCore::Reconnect() {
     }
     auto closed = [this]()
                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_; };
-    mu_.AwaitWithTimeout(absl::Condition(&closed), *delay);
+    options_.clock->AwaitCondition(&mu_, absl::Condition(&closed),
+                                   options_.clock->Now() + *delay);
     if (closed_) return nullptr;
   }
 }
 
-void ClientCore::GiveUpLocked(std::string why) {
+void ClientSession::GiveUpLocked(std::string why) {
   if (machine_.state() == SessionState::kClosed) return;
   machine_.GiveUp();
   UpdateOpenTagLocked();
@@ -271,7 +316,7 @@ void ClientCore::GiveUpLocked(std::string why) {
                client_id(), why);
 }
 
-absl::Status ClientCore::GaveUpStatusLocked() const {
+absl::Status ClientSession::GaveUpStatusLocked() const {
   const SessionEnd* end = ends_.empty() ? nullptr : &ends_.back();
   return absl::UnavailableError(absl::StrCat(
       "client ", end != nullptr ? end->client_id : client_id(),
@@ -286,7 +331,7 @@ absl::Status ClientCore::GaveUpStatusLocked() const {
       "; connect again"));
 }
 
-void ClientCore::Track(const std::shared_ptr<Slice>& slice) {
+void ClientSession::Track(const std::shared_ptr<Slice>& slice) {
   absl::MutexLock lock(&made_mu_);
   if (slices_made_.size() >= 64 && (slices_made_.size() & 63) == 0) {
     DropExpired(slices_made_);
@@ -294,7 +339,7 @@ void ClientCore::Track(const std::shared_ptr<Slice>& slice) {
   slices_made_.push_back(slice);
 }
 
-void ClientCore::Track(const std::shared_ptr<Program>& program) {
+void ClientSession::Track(const std::shared_ptr<Program>& program) {
   absl::MutexLock lock(&made_mu_);
   if (programs_made_.size() >= 64 && (programs_made_.size() & 63) == 0) {
     DropExpired(programs_made_);
@@ -302,7 +347,7 @@ void ClientCore::Track(const std::shared_ptr<Program>& program) {
   programs_made_.push_back(program);
 }
 
-std::vector<std::weak_ptr<Slice>> ClientCore::TrackedSlices(
+std::vector<std::weak_ptr<Slice>> ClientSession::TrackedSlices(
     const std::vector<uint64_t>& ids, uint64_t epoch) {
   std::vector<std::weak_ptr<Slice>> found;
   if (ids.empty()) return found;
@@ -317,160 +362,36 @@ std::vector<std::weak_ptr<Slice>> ClientCore::TrackedSlices(
   return found;
 }
 
-void ClientCore::Restore(const std::shared_ptr<SessionTag>& tag) {
-  const uint64_t epoch = tag->epoch;
-  std::vector<std::shared_ptr<Slice>> slices;
-  std::vector<std::shared_ptr<Program>> programs;
-  {
-    absl::MutexLock lock(&made_mu_);
-    DropExpired(slices_made_);
-    DropExpired(programs_made_);
-    for (const auto& w : slices_made_) {
-      if (auto s = w.lock()) slices.push_back(std::move(s));
-    }
-    for (const auto& w : programs_made_) {
-      if (auto p = w.lock()) programs.push_back(std::move(p));
-    }
+void ClientSession::LiveTracked(
+    std::vector<std::shared_ptr<Slice>>* slices,
+    std::vector<std::shared_ptr<Program>>* programs) {
+  absl::MutexLock lock(&made_mu_);
+  DropExpired(slices_made_);
+  DropExpired(programs_made_);
+  for (const auto& w : slices_made_) {
+    if (auto s = w.lock()) slices->push_back(std::move(s));
   }
-  auto broke = [this, epoch] {
-    absl::MutexLock lock(&mu_);
-    return closed_ || machine_.broken() || epoch_.load() != epoch;
-  };
-  // Each slice as it was asked for, one after another (a slice may avoid
-  // the hosts of one asked for before it); the map before, for programs.
-  absl::flat_hash_map<const Slice*, proto::SliceInfo> before;
-  absl::flat_hash_map<uint64_t, uint64_t> new_ids;  // last id -> new id
-  int slices_restored = 0, slices_lost = 0;
-  for (const auto& slice : slices) {
-    if (slice->closed() || !slice->lost().ok()) continue;
-    const SliceOptions& o = slice->options();
-    proto::SliceRequest req = ToProto(o);
-    // The slices it avoids, by their ids in this session: each was made
-    // before it, so asked for again before it (or gone: dropped).
-    req.clear_avoid_slices();
-    for (const std::weak_ptr<Slice>& w : slice->avoided()) {
-      std::shared_ptr<Slice> other = w.lock();
-      if (other != nullptr && other->epoch() == epoch) {
-        req.add_avoid_slices(other->id());
-      }
-    }
-    const uint64_t last_id = slice->id();
-    // A restarted server knows no worker until they rejoin (by their own
-    // back-off): a request naming a host is refused until that host is
-    // back. So a refused request is made again, with back-off, until the
-    // slice's own timeout passes (each one waits at the server for
-    // capacity as any request does).
-    const absl::Time deadline = absl::Now() + o.timeout;
-    BackoffOptions retry_options;
-    retry_options.initial = absl::Milliseconds(100);
-    retry_options.cap = absl::Seconds(1);
-    retry_options.give_up_after = o.timeout;
-    Backoff retry(retry_options);
-    absl::StatusOr<proto::SliceInfo> info;
-    for (;;) {
-      req.set_timeout_ms(std::max<int64_t>(
-          0, absl::ToInt64Milliseconds(deadline - absl::Now())));
-      info = RequestSlice(req, epoch);
-      if (info.ok() || broke()) break;
-      std::optional<absl::Duration> delay = retry.NextDelay(absl::Now());
-      if (!delay.has_value() || absl::Now() + *delay >= deadline) break;
-      absl::MutexLock lock(&mu_);
-      auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || machine_.broken();
-      };
-      mu_.AwaitWithTimeout(absl::Condition(&ended), *delay);
-    }
-    if (!info.ok() && broke()) return;  // the next session tries again
-    if (!info.ok()) {
-      slice->MarkLost(absl::UnavailableError(absl::StrCat(
-          "slice ", last_id, " could not be granted again after the server at ",
-          address_, " restarted: ", info.status().message())));
-      slices_lost++;
-      continue;
-    }
-    before[slice.get()] = slice->info();
-    new_ids[last_id] = info->slice_id();
-    slice->Rebind(*info, epoch);
-    AddSlice(slice.get());
-    slices_restored++;
-  }
-  // Programs, on their slices' new maps. Queued before any call: every
-  // caller waits until the session is open, below.
-  std::vector<proto::ClientOp> ops;
-  int programs_restored = 0, programs_lost = 0;
-  for (const auto& program : programs) {
-    if (!program->lost().ok()) continue;
-    const std::string what = absl::StrCat("program '", program->name(), "'");
-    const std::shared_ptr<Slice>& slice = program->slice();
-    if (slice->epoch() != epoch) {
-      absl::Status why = slice->lost();
-      if (why.ok()) why = absl::FailedPreconditionError("its slice was closed");
-      program->MarkLost(
-          absl::Status(why.code(), absl::StrCat(what, ": ", why.message())));
-      programs_lost++;
-      continue;
-    }
-    proto::ProgramDef def = program->def();
-    auto it = before.find(slice.get());
-    if (def.has_xla() && it != before.end()) {
-      absl::Status rebound =
-          RebindIslands(it->second, slice->info(), def.mutable_xla());
-      if (!rebound.ok()) {
-        program->MarkLost(absl::FailedPreconditionError(
-            absl::StrCat(what,
-                         " cannot run on its slice as granted again after the "
-                         "server at ",
-                         address_, " restarted: ", rebound.message(),
-                         "; compile it again")));
-        programs_lost++;
-        continue;
-      }
-    }
-    const uint64_t id = NextId();
-    proto::ClientOp& op = ops.emplace_back();
-    op.mutable_program()->set_program_id(id);
-    *op.mutable_program()->mutable_program() = std::move(def);
-    program->Rebind(id, epoch);
-    programs_restored++;
-  }
-  Enqueue(std::move(ops), epoch);
-  absl::MutexLock lock(&mu_);
-  if (closed_ || machine_.broken() || epoch_.load() != epoch) return;
-  machine_.Restored();
-  UpdateOpenTagLocked();
-  // The session that just ended, and any before it whose own restore a
-  // quick second end cut short: this reconnect is theirs too.
-  const absl::Time now = absl::Now();
-  for (auto it = ends_.rbegin(); it != ends_.rend(); ++it) {
-    SessionEnd& end = *it;
-    if (end.reconnected || !end.gave_up.empty()) break;
-    end.reconnected = true;
-    end.new_client_id = client_id();
-    end.reconnected_at = now;
-    end.slices_restored = slices_restored;
-    end.slices_lost = slices_lost;
-    end.programs_restored = programs_restored;
-    end.programs_lost = programs_lost;
-    SPDLOG_WARN("{}", DescribeSessionEnd(end));
+  for (const auto& w : programs_made_) {
+    if (auto p = w.lock()) programs->push_back(std::move(p));
   }
 }
 
-std::vector<SessionEnd> ClientCore::SessionEnds() const {
+std::vector<SessionEnd> ClientSession::SessionEnds() const {
   absl::MutexLock lock(&mu_);
   return ends_;
 }
 
-SessionState ClientCore::state() const {
+SessionState ClientSession::state() const {
   absl::MutexLock lock(&mu_);
   return machine_.state();
 }
 
-void ClientCore::UpdateOpenTagLocked() {
+void ClientSession::UpdateOpenTagLocked() {
   open_tag_.store(machine_.usable() ? session_tag_.get() : nullptr,
                   std::memory_order_release);
 }
 
-absl::StatusOr<std::shared_ptr<SessionTag>> ClientCore::AwaitSession(
+absl::StatusOr<std::shared_ptr<SessionTag>> ClientSession::AwaitSession(
     absl::Time deadline) {
   if (absl::Status open = CheckOpen(); !open.ok()) return open;
   if (SessionTag* open = open_tag_.load(std::memory_order_acquire)) {
@@ -478,11 +399,12 @@ absl::StatusOr<std::shared_ptr<SessionTag>> ClientCore::AwaitSession(
   }
   absl::MutexLock lock(&mu_);
   if (machine_.usable()) return session_tag_;
-  const absl::Time start = absl::Now();
+  Clock& clock = *options_.clock;
+  const absl::Time start = clock.Now();
   auto settled = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return machine_.use() != SessionMachine::Use::kWait;
   };
-  mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  clock.AwaitCondition(&mu_, absl::Condition(&settled), deadline);
   switch (machine_.use()) {
     case SessionMachine::Use::kOpen:
       return session_tag_;
@@ -494,20 +416,20 @@ absl::StatusOr<std::shared_ptr<SessionTag>> ClientCore::AwaitSession(
     case SessionMachine::Use::kWait:
       break;
   }
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock.Now();
   return WaitedForServer(address_, ends_.empty() ? start : ends_.back().ended,
                          now - start, machine_.give_up_at(), now);
 }
 
-absl::Status ClientCore::SessionStatus(uint64_t epoch,
-                                       uint64_t buffer_id) const {
+absl::Status ClientSession::SessionStatus(uint64_t epoch,
+                                          uint64_t buffer_id) const {
   if (absl::Status open = CheckOpen(); !open.ok()) return open;
   absl::MutexLock lock(&mu_);
   return SessionStatusLocked(epoch, buffer_id);
 }
 
-absl::Status ClientCore::SessionStatusLocked(uint64_t epoch,
-                                             uint64_t buffer_id) const {
+absl::Status ClientSession::SessionStatusLocked(uint64_t epoch,
+                                                uint64_t buffer_id) const {
   if (closed_) {
     return absl::FailedPreconditionError(
         absl::StrCat("client ", client_id(), " is closed"));

@@ -1,18 +1,14 @@
-// What a client does when the server recovers from a lost host
-// (proto::Recovery): slices take their new map, values recomputed under new
-// ids are read under those, lost values say so; and reads that failed
-// because of the loss run again.
+// What a client's reads do when the server recovers from a lost host
+// (proto::Recovery; ClientSession records it, session_recovery.cc): values
+// recomputed under new ids are read under those, lost values say so, and
+// reads that failed because of the loss run again.
 #include <algorithm>
 #include <optional>
 #include <string>
-#include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "plexus/client/client.h"
 #include "plexus/client/client_core.h"
-#include "plexus/common/logging.h"
-#include "plexus/common/status_proto.h"
 
 namespace plexus {
 namespace {
@@ -26,164 +22,6 @@ constexpr int kMaxRetries = 4;
 constexpr absl::Duration kLossNoteWait = absl::Seconds(5);
 
 }  // namespace
-
-uint64_t ClientCore::ResolveSlow(uint64_t id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = aliases_.find(id);
-  return it == aliases_.end() ? id : it->second;
-}
-
-absl::Status ClientCore::LostStatus(uint64_t id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = lost_.find(id);
-  return it == lost_.end() ? absl::OkStatus() : it->second;
-}
-
-bool ClientCore::SliceBroken(uint64_t slice_id) const {
-  absl::MutexLock lock(&mu_);
-  return broken_slices_.contains(slice_id);
-}
-
-int64_t ClientCore::losses_heard() const {
-  absl::MutexLock lock(&mu_);
-  return losses_heard_;
-}
-
-bool ClientCore::AwaitLoss(int64_t heard, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  auto news = [this, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return losses_heard_ > heard || machine_.broken() || closed_;
-  };
-  return mu_.AwaitWithTimeout(absl::Condition(&news), timeout) &&
-         losses_heard_ > heard;
-}
-
-void ClientCore::AddSlice(Slice* slice) {
-  absl::MutexLock lock(&mu_);
-  slices_[slice->id()] = slice;
-}
-
-void ClientCore::RemoveSlice(Slice* slice) {
-  absl::MutexLock lock(&mu_);
-  auto it = slices_.find(slice->id());
-  if (it != slices_.end() && it->second == slice) slices_.erase(it);
-}
-
-void ClientCore::ApplyRecoveryLocked(const proto::Recovery& r) {
-  // In words, for the progress line: the lost host (named by the slices
-  // that had it, before their remap) and the hosts in its place.
-  RecoverySummary summary;
-  summary.when = absl::Now();
-  summary.lost_host = absl::StrCat("worker ", r.worker_id());
-  auto note_host = [&](const proto::SliceInfo& info) {
-    for (const proto::SliceDevice& d : info.devices()) {
-      if (d.worker_id() == r.worker_id()) summary.lost_host = d.host_name();
-    }
-  };
-  for (uint64_t sid : r.broken_slices()) {
-    if (auto it = slices_.find(sid); it != slices_.end()) {
-      note_host(it->second->info());
-    }
-  }
-  for (const proto::SliceInfo& info : r.remapped()) {
-    auto it = slices_.find(info.slice_id());
-    if (it == slices_.end()) continue;
-    const proto::SliceInfo& before = it->second->info();
-    note_host(before);
-    for (int j = 0; j < before.devices_size() && j < info.devices_size(); ++j) {
-      const std::string& now = info.devices(j).host_name();
-      if (before.devices(j).worker_id() == r.worker_id() &&
-          std::find(summary.remapped_onto.begin(), summary.remapped_onto.end(),
-                    now) == summary.remapped_onto.end()) {
-        summary.remapped_onto.push_back(now);
-      }
-    }
-    it->second->Remap(info);
-  }
-  summary.calls_recomputed = r.calls_recomputed();
-  summary.values_lost = r.lost_ids_size();
-  summary.slices_broken = r.broken_slices_size();
-  if (r.remapped_size() > 0 || r.broken_slices_size() > 0 ||
-      r.lost_ids_size() > 0 || r.calls_recomputed() > 0) {
-    last_recovery_ = std::move(summary);
-  }
-  const int n = std::min(r.old_ids_size(), r.new_ids_size());
-  for (int i = 0; i < n; ++i) {
-    const uint64_t from = r.old_ids(i), to = r.new_ids(i);
-    for (auto& [old_id, now] : aliases_) {
-      if (now == from) now = to;
-    }
-    aliases_[from] = to;
-  }
-  if (!aliases_.empty()) has_aliases_.store(true, std::memory_order_release);
-  const absl::Status lost = StatusFromProto(r.status());
-  for (uint64_t id : r.lost_ids()) lost_[id] = lost;
-  for (uint64_t sid : r.broken_slices()) {
-    broken_slices_[sid] = absl::StrCat("worker ", r.worker_id(), " was lost");
-  }
-  const int reputs = std::min(r.reput_ids_size(), r.reput_shards_size());
-  for (int i = 0; i < reputs; ++i) {
-    reputs_.emplace_back(r.reput_ids(i), r.reput_shards(i));
-  }
-  if (reputs > 0 && !reputter_.joinable()) {
-    reputter_ = std::thread([this] { RePutLoop(); });
-  }
-}
-
-void ClientCore::KeepPut(uint64_t id, uint64_t slice_id,
-                         std::vector<std::shared_ptr<Storage>> shards) {
-  absl::MutexLock lock(&mu_);
-  kept_puts_[id] = {slice_id, std::move(shards)};
-}
-
-void ClientCore::RePutLoop() {
-  const uint64_t epoch = epoch_.load();  // the session that started it
-  while (true) {
-    uint64_t id;
-    int32_t shard;
-    std::shared_ptr<Storage> data;
-    proto::SliceDevice device;
-    {
-      absl::MutexLock lock(&mu_);
-      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || machine_.broken() || !reputs_.empty();
-      };
-      mu_.Await(absl::Condition(&work));
-      if (closed_ || machine_.broken()) return;
-      std::tie(id, shard) = reputs_.front();
-      reputs_.pop_front();
-      auto kept = kept_puts_.find(id);
-      auto slice = kept == kept_puts_.end()
-                       ? slices_.end()
-                       : slices_.find(kept->second.slice_id);
-      if (slice == slices_.end() || shard < 0 ||
-          shard >= static_cast<int>(kept->second.shards.size()) ||
-          shard >= slice->second->info().devices_size()) {
-        SPDLOG_ERROR(
-            "cannot put buffer {} shard {} again after a loss: its data or "
-            "slice is gone here",
-            id, shard);
-        continue;
-      }
-      data = kept->second.shards[shard];
-      device = slice->second->info().devices(shard);
-    }
-    auto conn = Checkout(device, epoch);
-    absl::Status s =
-        conn.ok() ? (*conn)->Put({id, shard}, *data) : conn.status();
-    if (conn.ok() && (*conn)->healthy()) {
-      Checkin(device.worker_id(), std::move(*conn), epoch);
-    } else if (conn.ok()) {
-      Discard(std::move(*conn));
-    }
-    // The put itself reached the new device first: nothing to do.
-    if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
-    if (!s.ok()) {
-      SPDLOG_WARN("putting buffer {} shard {} again on worker {} failed: {}",
-                  id, shard, device.worker_id(), s.ToString());
-    }
-  }
-}
 
 // ---------------------------------------------------------------- reads
 
@@ -202,18 +40,18 @@ bool LostHost(const absl::Status& s) {
 // naming the host).
 // Why none of `futures` can be read any more after a loss: lost, or on a
 // slice that no spare replaced; OK if they may be read again.
-static absl::Status Settled(ClientCore& core,
+static absl::Status Settled(ClientSession& session,
                             const std::vector<const Future*>& futures,
                             const absl::Status& failure) {
   for (const Future* f : futures) {
     // Made in a session that ended: the server freed it with the session.
-    if (absl::Status s = core.SessionStatus(f->epoch(), f->buffer_id());
+    if (absl::Status s = session.SessionStatus(f->epoch(), f->buffer_id());
         !s.ok()) {
       return s;
     }
-    absl::Status lost = core.LostStatus(f->buffer_id());
+    absl::Status lost = session.LostStatus(f->buffer_id());
     if (!lost.ok()) return lost;
-    if (!failure.ok() && core.SliceBroken(f->slice()->id())) {
+    if (!failure.ok() && session.SliceBroken(f->slice()->id())) {
       return absl::DataLossError(
           absl::StrCat(failure.message(), " (slice ", f->slice()->id(),
                        " lost that host and no spare took its place)"));
@@ -227,47 +65,48 @@ static absl::Status Settled(ClientCore& core,
 // futures (recovered: read again, under their new ids and places; lost or
 // on a broken slice: DATA_LOSS).
 template <typename Attempt>
-static absl::Status Recovering(ClientCore& core,
+static absl::Status Recovering(ClientSession& session,
                                const std::vector<const Future*>& futures,
                                Attempt attempt) {
-  if (absl::Status lost = Settled(core, futures, absl::OkStatus());
+  if (absl::Status lost = Settled(session, futures, absl::OkStatus());
       !lost.ok()) {
     return lost;
   }
   for (int tries = 1;; ++tries) {
-    const int64_t heard = core.losses_heard();
+    const int64_t heard = session.losses_heard();
     absl::Status s = attempt();
     if (s.ok() || !LostHost(s)) return s;
-    if (absl::Status settled = Settled(core, futures, s); !settled.ok()) {
+    if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
       return settled;
     }
     // The read may have raced the server's note on the loss.
     if (tries >= kMaxRetries ||
-        (core.losses_heard() == heard &&
-         !core.AwaitLoss(heard, kLossNoteWait + core.spare_wait()))) {
+        (session.losses_heard() == heard &&
+         !session.AwaitLoss(heard, kLossNoteWait + session.spare_wait()))) {
       return s;
     }
-    if (absl::Status settled = Settled(core, futures, s); !settled.ok()) {
+    if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
       return settled;
     }
   }
 }
 
 absl::Status Client::Snapshot(const std::vector<Future>& futures) {
-  if (absl::Status open = core_->CheckOpen(); !open.ok()) return open;
+  if (absl::Status open = core_->session().CheckOpen(); !open.ok()) return open;
   std::vector<proto::ClientOp> ops;
-  const uint64_t epoch = core_->epoch();
+  const uint64_t epoch = core_->session().epoch();
   for (const Future& f : futures) {
     if (!f.valid()) return absl::InvalidArgumentError("empty future");
     // OK only for the open session's futures (`epoch`, unless it has just
     // ended, when Enqueue drops the ops).
-    if (absl::Status s = core_->SessionStatus(f.epoch(), f.buffer_id());
+    if (absl::Status s =
+            core_->session().SessionStatus(f.epoch(), f.buffer_id());
         !s.ok()) {
       return s;
     }
     ops.emplace_back().set_snapshot(f.buffer_id());
   }
-  core_->Enqueue(std::move(ops), epoch);
+  core_->session().Enqueue(std::move(ops), epoch);
   return absl::OkStatus();
 }
 
@@ -297,28 +136,24 @@ class ClientRequestEvent {
 
 }  // namespace
 
-std::optional<RecoverySummary> ClientCore::LastRecovery() const {
-  absl::MutexLock lock(&mu_);
-  return last_recovery_;
-}
-
 std::optional<RecoverySummary> Client::LastRecovery() const {
-  return core_->LastRecovery();
+  return core_->session().LastRecovery();
 }
 
 absl::Status Client::Fetch(const Future& future, void* dst,
                            TransferProgress* progress) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   ClientRequestEvent fetch(*core_, EventKind::kFetch, future);
-  return fetch.Done(Recovering(
-      *core_, {&future}, [&] { return FetchOnce(future, dst, progress); }));
+  return fetch.Done(Recovering(core_->session(), {&future}, [&] {
+    return FetchOnce(future, dst, progress);
+  }));
 }
 
 absl::Status Client::Wait(const Future& future) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   ClientRequestEvent wait(*core_, EventKind::kWait, future);
-  return wait.Done(
-      Recovering(*core_, {&future}, [&] { return WaitOnce(future); }));
+  return wait.Done(Recovering(core_->session(), {&future},
+                              [&] { return WaitOnce(future); }));
 }
 
 absl::Status Client::WaitMany(const std::vector<Future>& futures,
@@ -329,12 +164,12 @@ absl::Status Client::WaitMany(const std::vector<Future>& futures,
     all.push_back(&f);
   }
   if (futures.empty()) {
-    return Recovering(*core_, all,
+    return Recovering(core_->session(), all,
                       [&] { return WaitManyOnce(futures, deadline); });
   }
   ClientRequestEvent wait(*core_, EventKind::kWait, futures.front());
-  return wait.Done(
-      Recovering(*core_, all, [&] { return WaitManyOnce(futures, deadline); }));
+  return wait.Done(Recovering(core_->session(), all,
+                              [&] { return WaitManyOnce(futures, deadline); }));
 }
 
 }  // namespace plexus

@@ -33,17 +33,36 @@ bool FakeClock::AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
   // the deadline after this read also signals `cv`.
   {
     absl::MutexLock lock(&mu_);
-    waiters_.push_back({mu, cv});
+    waiters_.push_back({mu, cv, cv});
     if (now_ < deadline) {
       mu_.Unlock();
       cv->Wait(mu);
       mu_.Lock();
     }
     auto it = std::find_if(waiters_.begin(), waiters_.end(),
-                           [&](const Waiter& w) { return w.cv == cv; });
+                           [&](const Waiter& w) { return w.tag == cv; });
     if (it != waiters_.end()) waiters_.erase(it);
     return now_ >= deadline;
   }
+}
+
+bool FakeClock::AwaitCondition(absl::Mutex* mu, const absl::Condition& cond,
+                               absl::Time deadline) {
+  const Waiter self{mu, nullptr, &cond};
+  {
+    absl::MutexLock lock(&mu_);
+    waiters_.push_back(self);
+  }
+  // Evaluated with `mu` held (lock order: `mu`, then mu_).
+  auto done = [&] { return cond.Eval() || Now() >= deadline; };
+  mu->Await(absl::Condition(&done));
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find_if(waiters_.begin(), waiters_.end(),
+                           [&](const Waiter& w) { return w.tag == self.tag; });
+    if (it != waiters_.end()) waiters_.erase(it);
+  }
+  return cond.Eval();
 }
 
 void FakeClock::SleepFor(absl::Duration d) {
@@ -63,8 +82,9 @@ void FakeClock::Advance(absl::Duration d) {
     waiters = waiters_;
   }
   for (const Waiter& w : waiters) {
+    // Releasing the mutex makes absl evaluate AwaitCondition's conditions.
     absl::MutexLock lock(w.mu);
-    w.cv->SignalAll();
+    if (w.cv != nullptr) w.cv->SignalAll();
   }
 }
 

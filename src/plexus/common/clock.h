@@ -25,6 +25,17 @@ class Clock {
   virtual bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
                                  absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
+  // The absl::Mutex::Await form of the same, for state under a lock whose
+  // changes signal no CondVar: waits (with `mu` held) until `cond` holds or
+  // Now() reaches `deadline`, and returns whether `cond` holds. `cond` is
+  // evaluated with `mu` held, by whichever thread releases `mu`. The
+  // default is the wall clock's timed wait (Real()'s); a clock whose time
+  // is its own (FakeClock) overrides it.
+  virtual bool AwaitCondition(absl::Mutex* mu, const absl::Condition& cond,
+                              absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return mu->AwaitWithDeadline(cond, deadline);
+  }
   // Sleeps until Now() has moved on by `d`: a real sleep on the real clock;
   // on a FakeClock it returns once the test has advanced the clock that far.
   // For pacing and back-off only; a wait for a condition uses
@@ -44,6 +55,11 @@ class FakeClock : public Clock {
   bool AwaitWithDeadline(absl::Mutex* mu, absl::CondVar* cv,
                          absl::Time deadline) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Counts as a waiter; Advance() releases `mu` once, which makes absl
+  // evaluate `cond` (and the deadline) again.
+  bool AwaitCondition(absl::Mutex* mu, const absl::Condition& cond,
+                      absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void SleepFor(absl::Duration d) override;  // counts as a waiter
   void Advance(absl::Duration d);
   // Waits (really) until at least `n` threads are waiting on this clock, so
@@ -53,7 +69,8 @@ class FakeClock : public Clock {
  private:
   struct Waiter {
     absl::Mutex* mu;
-    absl::CondVar* cv;
+    absl::CondVar* cv;  // null for AwaitCondition's
+    const void* tag;    // which wait, to unregister it
   };
   // Lock order: a waiter's mutex, then this one; Advance() never holds
   // this one while taking a waiter's.

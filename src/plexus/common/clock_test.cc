@@ -42,6 +42,42 @@ TEST(FakeClockTest, AwaitWithDeadlineEndsWhenTheClockPassesTheDeadline) {
   EXPECT_TRUE(expired);
 }
 
+TEST(FakeClockTest, AwaitConditionEndsWhenItHoldsOrTheClockPassesTheDeadline) {
+  FakeClock clock;
+  absl::Mutex mu;
+  bool flag = false;
+  std::atomic<int> results{0};  // 1: the condition held; 2: expired
+  auto wait = [&] {
+    absl::MutexLock lock(&mu);
+    auto set = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return flag; };
+    const bool held = clock.AwaitCondition(&mu, absl::Condition(&set),
+                                           clock.Now() + absl::Seconds(1));
+    results = held ? 1 : 2;
+  };
+  std::thread expires(wait);
+  clock.AwaitWaiters(1);
+  clock.Advance(absl::Seconds(1));
+  expires.join();
+  EXPECT_EQ(results, 2);
+  std::thread holds(wait);
+  clock.AwaitWaiters(1);
+  {
+    absl::MutexLock lock(&mu);
+    flag = true;
+  }
+  holds.join();
+  EXPECT_EQ(results, 1);
+}
+
+TEST(RealClockTest, AwaitConditionReturnsAtTheDeadline) {
+  absl::Mutex mu;
+  absl::MutexLock lock(&mu);
+  auto never = [] { return false; };
+  Clock* clock = Clock::Real();
+  EXPECT_FALSE(clock->AwaitCondition(&mu, absl::Condition(&never),
+                                     clock->Now() + absl::Milliseconds(2)));
+}
+
 TEST(RealClockTest, SleepForSleepsAtLeastThatLong) {
   Clock* clock = Clock::Real();
   const absl::Time start = clock->Now();

@@ -1,0 +1,69 @@
+// ClientSession's waits on the client's injected clock (ClientOptions::
+// clock), without a server: a wait for the server's word on a lost host
+// ends when the clock passes its timeout, or at once on Close.
+#include "plexus/client/client_session.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "plexus/common/clock.h"
+
+namespace plexus {
+namespace {
+
+// The data path's place, hearing nothing.
+class NoDataPath : public SessionObserver {
+ public:
+  void SessionInstalled(uint64_t,
+                        const transport::DataPlaneIdentity&) override {}
+  void StreamBroke() override {}
+  void SessionEnded() override { ended++; }
+  void WorkerDown(int64_t, const absl::Status&) override {}
+  void PutsReleased(const absl::flat_hash_set<uint64_t>&) override {}
+  void RePut(uint64_t, int32_t) override {}
+  void SessionDone() override {}
+  std::atomic<int> ended{0};
+};
+
+class ClientSessionTest : public ::testing::Test {
+ protected:
+  ClientSessionTest() {
+    options_.clock = &clock_;
+    session_ = std::make_unique<ClientSession>(options_, &data_path_,
+                                               [](proto::ClientStats*) {});
+  }
+  FakeClock clock_;
+  ClientOptions options_;
+  NoDataPath data_path_;
+  std::unique_ptr<ClientSession> session_;
+};
+
+TEST_F(ClientSessionTest, AWaitForWordOfALossEndsWhenTheClientsClockPassesIt) {
+  std::atomic<int> heard{-1};
+  std::thread reader(
+      [&] { heard = session_->AwaitLoss(0, absl::Seconds(5)) ? 1 : 0; });
+  clock_.AwaitWaiters(1);
+  clock_.Advance(absl::Seconds(4));
+  EXPECT_EQ(heard, -1);  // 4 s of 5: still waiting
+  clock_.Advance(absl::Seconds(1));
+  reader.join();
+  EXPECT_EQ(heard, 0);  // no loss heard
+}
+
+TEST_F(ClientSessionTest, CloseEndsAWaitForWordOfALossAtOnce) {
+  std::atomic<int> heard{-1};
+  std::thread reader(
+      [&] { heard = session_->AwaitLoss(0, absl::Hours(1)) ? 1 : 0; });
+  clock_.AwaitWaiters(1);
+  session_->Close();
+  reader.join();
+  EXPECT_EQ(heard, 0);
+  EXPECT_EQ(data_path_.ended, 1);  // told, to wake its connections
+  EXPECT_EQ(session_->state(), SessionState::kClosed);
+  EXPECT_EQ(session_->CheckOpen().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace plexus

@@ -1,0 +1,205 @@
+// A session's traffic (ClientSession): the ops queued for the server and
+// the sender that writes them in batches, and the reader that applies what
+// the server says (slice grants, call errors, puts released, recoveries,
+// workers down) until the stream ends.
+#include <algorithm>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "plexus/client/client_session.h"
+#include "plexus/common/logging.h"
+#include "plexus/common/status_proto.h"
+
+namespace plexus {
+namespace {
+
+constexpr size_t kMaxQueuedOps = 1 << 16;
+
+}  // namespace
+
+void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
+  absl::MutexLock lock(&mu_);
+  auto room = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return GoneLocked(epoch) || queue_.size() < kMaxQueuedOps;
+  };
+  mu_.Await(absl::Condition(&room));
+  if (GoneLocked(epoch)) return;
+  for (auto& op : ops) queue_.push_back(std::move(op));
+}
+
+void ClientSession::Flush() {
+  absl::MutexLock lock(&mu_);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return machine_.broken() || closed_ || (queue_.empty() && !sending_);
+  };
+  mu_.Await(absl::Condition(&drained));
+}
+
+void ClientSession::SenderLoop(Session& session) {
+  Clock& clock = *options_.clock;
+  absl::Time next_stats = clock.Now();
+  while (true) {
+    proto::ClientToServer msg;
+    bool last = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closed_ || machine_.broken() || !queue_.empty();
+      };
+      clock.AwaitCondition(&mu_, absl::Condition(&ready), next_stats);
+      if (machine_.broken() && !closed_) break;  // the reader saw it end
+      for (auto& op : queue_) *msg.add_ops() = std::move(op);
+      queue_.clear();
+      sending_ = msg.ops_size() > 0;
+      last = closed_;
+    }
+    if (clock.Now() >= next_stats || last) {
+      stats_(msg.add_ops()->mutable_stats());
+      next_stats = clock.Now() + absl::Seconds(1);
+    }
+    bool ok = msg.ops_size() == 0 || session.stream->Write(msg);
+    absl::MutexLock lock(&mu_);
+    sending_ = false;
+    if (!ok) {
+      machine_.StreamBroke();
+      UpdateOpenTagLocked();
+      observer_->StreamBroke();
+      queue_.clear();
+    }
+    if (last || !ok) break;
+  }
+  session.stream->WritesDone();
+}
+
+void ClientSession::ReaderLoop(Session& session) {
+  proto::ServerToClient msg;
+  while (session.stream->Read(&msg)) {
+    absl::MutexLock lock(&mu_);
+    ApplyLocked(msg);
+  }
+  absl::MutexLock lock(&mu_);
+  machine_.StreamBroke();
+  UpdateOpenTagLocked();
+  queue_.clear();
+  if (closed_) return;
+  EndedLocked(session);
+}
+
+void ClientSession::ApplyLocked(const proto::ServerToClient& msg) {
+  for (const auto& r : msg.slices()) slice_replies_[r.request_id()] = r;
+  for (const auto& e : msg.errors()) {
+    absl::Status s = StatusFromProto(e.status());
+    for (uint64_t id : e.output_ids()) failed_[id] = s;
+    if (e.output_ids_size() == 0) {
+      SPDLOG_WARN("server: {}", s.ToString());
+    }
+  }
+  if (msg.released_puts_size() > 0) {
+    // Released for good: nothing will read them, so a request to put
+    // them again still queued (the put itself got there first) is
+    // dropped, not refused for want of the data.
+    absl::flat_hash_set<uint64_t> released(msg.released_puts().begin(),
+                                           msg.released_puts().end());
+    observer_->PutsReleased(released);
+  }
+  for (const auto& r : msg.recoveries()) ApplyRecoveryLocked(r);
+  for (const auto& d : msg.workers_down()) WorkerDownLocked(d);
+}
+
+void ClientSession::EndedLocked(const Session& session) {
+  // Everything of this session lived in the server's records and on
+  // workers it ordered: nothing of it can be used again. Each use of it
+  // says so (SessionStatus), and whoever waits on a worker now stops.
+  SessionEnd& end = ends_.emplace_back();
+  end.epoch = epoch_.load();
+  end.client_id = session.client_id;
+  end.address = address_;
+  end.ended = options_.clock->Now();
+  end.lost_futures = session_tag_->live_futures.load();
+  if (machine_.Ended(end.ended) == SessionState::kReconnecting) {
+    SPDLOG_WARN(
+        "client {}'s session with the server at {} ended (the server "
+        "restarted or went away): its {} live future(s) are lost; "
+        "reconnecting for up to {}",
+        end.client_id, address_, end.lost_futures,
+        absl::FormatDuration(options_.reconnect_timeout));
+  } else {
+    end.gave_up = kNoReconnect;
+    SPDLOG_WARN("{}", std::string(GaveUpStatusLocked().message()));
+  }
+  observer_->SessionEnded();
+}
+
+absl::StatusOr<proto::SliceInfo> ClientSession::RequestSlice(
+    proto::SliceRequest req, uint64_t epoch) {
+  uint64_t rid;
+  {
+    absl::MutexLock lock(&mu_);
+    rid = next_request_++;
+  }
+  req.set_request_id(rid);
+  proto::ClientOp op;
+  *op.mutable_slice_request() = req;
+  std::vector<proto::ClientOp> ops;
+  ops.push_back(std::move(op));
+  Enqueue(std::move(ops), epoch);
+  absl::MutexLock lock(&mu_);
+  auto answered = [this, rid, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return GoneLocked(epoch) || slice_replies_.count(rid) > 0;
+  };
+  mu_.Await(absl::Condition(&answered));
+  auto it = slice_replies_.find(rid);
+  if (it == slice_replies_.end() && closed_) {
+    // Close() from another thread while this request waited at the server.
+    return absl::FailedPreconditionError(
+        "the client was closed before the server granted the slice");
+  }
+  if (it == slice_replies_.end()) {
+    return absl::UnavailableError(
+        absl::StrCat("the session with the server at ", address_,
+                     " ended before the server granted the slice"));
+  }
+  proto::SliceReply reply = std::move(it->second);
+  slice_replies_.erase(it);
+  if (reply.has_error()) {
+    absl::Status refused = StatusFromProto(reply.error());
+    if (!refused.ok()) return refused;
+  }
+  return reply.slice();
+}
+
+void ClientSession::ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id,
+                                  uint64_t epoch) {
+  proto::ClientOp op;
+  op.mutable_release()->set_buffer_id(buffer_id);
+  op.mutable_release()->set_slice_id(slice_id);
+  absl::MutexLock lock(&mu_);
+  if (GoneLocked(epoch)) return;
+  queue_.push_back(std::move(op));  // never blocks: destructors call this
+}
+
+void ClientSession::ReleaseSlice(uint64_t slice_id, uint64_t epoch) {
+  proto::ClientOp op;
+  op.set_slice_release(slice_id);
+  absl::MutexLock lock(&mu_);
+  if (GoneLocked(epoch)) return;
+  queue_.push_back(std::move(op));
+}
+
+void ClientSession::MarkFailed(uint64_t buffer_id, const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  failed_[buffer_id] = status;
+}
+
+absl::Status ClientSession::BufferStatus(uint64_t buffer_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = failed_.find(buffer_id);
+  return it == failed_.end() ? absl::OkStatus() : it->second;
+}
+
+void ClientSession::ForgetBuffer(uint64_t buffer_id) {
+  absl::MutexLock lock(&mu_);
+  failed_.erase(buffer_id);
+}
+
+}  // namespace plexus
