@@ -143,7 +143,7 @@ class WatchedHandler : public transport::DataPlaneHandler {
 // told of a shard after the connection closed).
 struct Harness {
   explicit Harness(WorkerImpl* worker) {
-    handler.set_target(worker);
+    handler.set_target(&worker->data_plane());
     static int count = 0;
     transport::DataPlaneServerOptions options;
     options.unix_name = absl::StrCat("plexus-fuzz-dp-", getpid(), "-", count++);

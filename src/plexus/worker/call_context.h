@@ -1,4 +1,11 @@
-// Internal: what the shard tasks of one call on this worker share.
+// What the shard tasks of one call on this worker share: the Execute op,
+// its program, its collective or XLA island, and what its tasks have
+// done so far. Made by TaskRunner::Submit on the reader thread; each task
+// (TaskRunner::RunTask, on its device's thread) holds a reference.
+//
+// Thread-safety: the fields above `tasks_left` are set before the first
+// task is queued and only read after; the rest are atomics, or (the
+// collective, the island) thread-safe themselves.
 #pragma once
 
 #include <atomic>
@@ -6,28 +13,29 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "plexus/proto/plexus.pb.h"
 #include "plexus/worker/collective.h"
-#include "plexus/worker/worker_impl.h"
+#include "plexus/worker/loaded_program.h"
 #include "plexus/worker/xla_island.h"
 
 namespace plexus {
 
-struct WorkerImpl::CallContext {
+struct CallContext {
   proto::Execute exec;
   LoadedProgram* program = nullptr;
   // Keeps the program alive if it is unloaded (its client left) meanwhile.
   std::shared_ptr<LoadedProgram> program_ref;
   std::unique_ptr<CallCollective> collective;  // collective kernels
   std::unique_ptr<IslandExecution> island;     // XLA programs
+  // Per task: why it cannot run, found when it was queued (an input that
+  // is not on this worker); OK otherwise.
+  std::vector<absl::Status> input_errors;
   std::atomic<int> tasks_left{0};
   // Device time of its tasks here so far: reported when the last ends.
   std::atomic<int64_t> busy_micros{0};
   // Time its tasks here waited in their device's queue, summed.
   std::atomic<int64_t> queued_micros{0};
   std::atomic<bool> failed{false};  // a task of it failed here
-  // Per task: why it cannot run, found when it was queued (an input that
-  // is not on this worker); OK otherwise.
-  std::vector<absl::Status> input_errors;
 };
 
 }  // namespace plexus

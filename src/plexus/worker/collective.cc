@@ -28,10 +28,11 @@ CallCollective::CallCollective(uint64_t exchange_id, std::vector<Peer> peers,
       ring_min_bytes_(ring_min_bytes) {}
 
 void CallCollective::EnableNccl(CollectiveGpus* nccl, absl::Duration timeout,
-                                Timeline* timeline,
-                                const TimelineEvent& event) {
+                                Timeline* timeline, const TimelineEvent& event,
+                                Clock* clock) {
   nccl_ = nccl;
   nccl_timeout_ = timeout;
+  clock_ = clock;
   timeline_ = timeline;
   nccl_event_ = event;
 }
@@ -87,6 +88,7 @@ void CallCollective::ExpectPartials(int device, const TensorSpec& spec) {
                 absl::Status(got.status().code(),
                              absl::StrCat("all_reduce: worker ", worker, ": ",
                                           got.status().message()));
+            give_up->changed.SignalAll();
           }
         });
   }
@@ -174,13 +176,14 @@ absl::StatusOr<bool> CallCollective::ReduceOnGpusLocked() {
     }
     auto out = nccl_->AllReduce(
         workers, my_rank_, offers, choice, in, stored_spec_,
-        absl::Now() + nccl_timeout_,
-        [give_up = give_up_](absl::Duration poll) {
+        clock_->Now() + nccl_timeout_,
+        [give_up = give_up_, clock = clock_](absl::Duration poll) {
           absl::MutexLock lock(&give_up->mu);
-          give_up->mu.AwaitWithTimeout(
-              absl::Condition(
-                  +[](absl::Status* s) { return !s->ok(); }, &give_up->status),
-              poll);
+          const absl::Time until = clock->Now() + poll;
+          while (give_up->status.ok() &&
+                 !clock->AwaitWithDeadline(&give_up->mu, &give_up->changed,
+                                           until)) {
+          }
           return give_up->status;
         },
         absl::StrCat("all_reduce (rank ", my_rank_, " of ", p, ")"));

@@ -23,6 +23,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/object_store.h"
 #include "plexus/timeline/timeline.h"
@@ -53,9 +54,11 @@ class CallCollective {
   // CollectivePeer.nccl says). `timeout` bounds each NCCL wait. Where NCCL
   // sums, `event` (its ids: a transfer with path kNccl) is recorded on
   // `timeline` (not owned; may be null) around the sum.
+  // `clock` (not owned) starts the timeout and times the waits between
+  // polls of the GPUs.
   void EnableNccl(CollectiveGpus* nccl, absl::Duration timeout,
-                  Timeline* timeline = nullptr,
-                  const TimelineEvent& event = {});
+                  Timeline* timeline = nullptr, const TimelineEvent& event = {},
+                  Clock* clock = Clock::Real());
   bool nccl_enabled() const { return nccl_ != nullptr; }
 
   // Declares the partials expected from other workers (call before any
@@ -106,6 +109,7 @@ class CallCollective {
   std::vector<BufferKey> expected_;  // entries ExpectPartials declared
   CollectiveGpus* nccl_ = nullptr;   // set by EnableNccl
   absl::Duration nccl_timeout_;
+  Clock* clock_ = Clock::Real();  // set by EnableNccl
   Timeline* timeline_ = nullptr;  // set by EnableNccl
   TimelineEvent nccl_event_;
   // A reason for the NCCL waits to give up: a peer's error or death, which
@@ -113,6 +117,7 @@ class CallCollective {
   // Shared with the store's callbacks on them.
   struct GiveUp {
     absl::Mutex mu;
+    absl::CondVar changed;  // `status` is no longer OK
     absl::Status status ABSL_GUARDED_BY(mu);
   };
   std::shared_ptr<GiveUp> give_up_ = std::make_shared<GiveUp>();

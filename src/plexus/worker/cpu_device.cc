@@ -1,14 +1,14 @@
-#include "absl/time/clock.h"
 #include "plexus/worker/device.h"
 
 namespace plexus {
 
 CpuDevice::CpuDevice(int index, int64_t memory_bytes, int64_t max_queued,
-                     std::string kind)
+                     std::string kind, Clock* clock)
     : index_(index),
       memory_bytes_(memory_bytes),
       kind_(std::move(kind)),
       max_queued_(max_queued),
+      clock_(clock),
       thread_([this] { Loop(/*collective=*/false); }),
       collective_thread_([this] { Loop(/*collective=*/true); }) {}
 
@@ -50,7 +50,8 @@ int64_t CpuDevice::pending() const {
 int64_t CpuDevice::busy_micros() const {
   absl::MutexLock lock(&mu_);
   if (compute_since_ == absl::InfinitePast()) return busy_micros_;
-  return busy_micros_ + absl::ToInt64Microseconds(absl::Now() - compute_since_);
+  return busy_micros_ +
+         absl::ToInt64Microseconds(clock_->Now() - compute_since_);
 }
 
 void CpuDevice::Loop(bool collective) {
@@ -67,12 +68,12 @@ void CpuDevice::Loop(bool collective) {
       task = stream.queue.Pop();
       stream.running_task = true;
       // A collective waiting on the network keeps no device busy.
-      if (!collective) compute_since_ = absl::Now();
+      if (!collective) compute_since_ = clock_->Now();
     }
     task();
     absl::MutexLock lock(&mu_);
     if (!collective) {
-      busy_micros_ += absl::ToInt64Microseconds(absl::Now() - compute_since_);
+      busy_micros_ += absl::ToInt64Microseconds(clock_->Now() - compute_since_);
       compute_since_ = absl::InfinitePast();
     }
     StreamOf(collective).running_task = false;

@@ -1,31 +1,35 @@
-// What the worker answers on its data plane (transport::DataPlaneHandler):
-// who may connect and ask for what, incoming shards (pushes, puts, CUDA
-// IPC, pushed errors), fetches and waits, and serialized executables for
-// peers.
+#include "plexus/worker/data_plane_handler.h"
+
+#include <string>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
-#include "plexus/worker/worker_impl.h"
 
 namespace plexus {
 
-absl::Status WorkerImpl::AdmitGeneration(uint64_t generation) {
-  absl::MutexLock lock(&peers_mu_);
-  auto it = fenced_.find(generation);
-  if (it == fenced_.end()) return absl::OkStatus();
+WorkerDataPlane::WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
+                                 const PeerTable& peers, xla::XlaExecutor& xla,
+                                 const CudaIpc& cuda_ipc)
+    : me_(me), store_(store), peers_(peers), xla_(xla), cuda_ipc_(cuda_ipc) {}
+
+absl::Status WorkerDataPlane::AdmitGeneration(uint64_t generation) {
+  std::optional<int64_t> fenced = peers_.FencedWorker(generation);
+  if (!fenced.has_value()) return absl::OkStatus();
   pushes_fenced_++;
   return absl::FailedPreconditionError(absl::StrCat(
-      "a push from worker ", it->second, " of generation ", generation,
+      "a push from worker ", *fenced, " of generation ", generation,
       ", which the server declared down: fenced (it rejoins as "
       "a fresh host)"));
 }
 
-absl::StatusOr<Credential> WorkerImpl::CredentialFor(
+absl::StatusOr<Credential> WorkerDataPlane::CredentialFor(
     const transport::DataPlanePeer& peer) {
   switch (peer.role) {
     case CredentialRole::kClient:
-      return secret_.Derive(CredentialRole::kClient, peer.id);
+      return me_.secret.Derive(CredentialRole::kClient, peer.id);
     case CredentialRole::kWorker:
       if (peer.id != 0) break;
-      return secret_.Derive(CredentialRole::kWorker);
+      return me_.secret.Derive(CredentialRole::kWorker);
     default:
       break;
   }
@@ -33,9 +37,9 @@ absl::StatusOr<Credential> WorkerImpl::CredentialFor(
       "only client sessions and workers open data-plane connections");
 }
 
-absl::Status WorkerImpl::Authorize(transport::DataPlaneRequest request,
-                                   const transport::ShardKey& key,
-                                   const transport::DataPlanePeer& peer) {
+absl::Status WorkerDataPlane::Authorize(transport::DataPlaneRequest request,
+                                        const transport::ShardKey& key,
+                                        const transport::DataPlanePeer& peer) {
   if (request == transport::DataPlaneRequest::kPush ||
       request == transport::DataPlaneRequest::kPushError ||
       request == transport::DataPlaneRequest::kPushIpc ||
@@ -60,44 +64,42 @@ absl::Status WorkerImpl::Authorize(transport::DataPlaneRequest request,
                        : absl::StrCat("client ", peer.id, "'s")));
 }
 
-absl::Status WorkerImpl::AdmitIncoming(const transport::ShardKey& key,
-                                       size_t bytes, bool from_client) {
-  return store_->AdmitIncoming({key.buffer_id, key.shard},
-                               static_cast<int64_t>(bytes), from_client);
+absl::Status WorkerDataPlane::AdmitIncoming(const transport::ShardKey& key,
+                                            size_t bytes, bool from_client) {
+  return store_.AdmitIncoming({key.buffer_id, key.shard},
+                              static_cast<int64_t>(bytes), from_client);
 }
 
-absl::StatusOr<std::shared_ptr<Storage>> WorkerImpl::AllocateIncoming(
+absl::StatusOr<std::shared_ptr<Storage>> WorkerDataPlane::AllocateIncoming(
     const transport::ShardKey& key, size_t bytes, bool from_client) {
   return Storage::AllocateForWrite(bytes);
 }
 
-absl::Status WorkerImpl::Deliver(const transport::ShardKey& key,
-                                 std::shared_ptr<Storage> data,
-                                 bool from_client) {
-  store_->FulfilIncoming({key.buffer_id, key.shard}, std::move(data));
+absl::Status WorkerDataPlane::Deliver(const transport::ShardKey& key,
+                                      std::shared_ptr<Storage> data,
+                                      bool from_client) {
+  store_.FulfilIncoming({key.buffer_id, key.shard}, std::move(data));
   return absl::OkStatus();
 }
 
-bool WorkerImpl::OpensCudaIpc() {
-  return cuda_ipc_ != nullptr && cuda_ipc_->available().ok();
-}
+bool WorkerDataPlane::OpensCudaIpc() { return cuda_ipc_.available().ok(); }
 
-absl::Status WorkerImpl::ReceiveIpc(const transport::ShardKey& key,
-                                    const transport::IpcShard& shard) {
+absl::Status WorkerDataPlane::ReceiveIpc(const transport::ShardKey& key,
+                                         const transport::IpcShard& shard) {
   const BufferKey at{key.buffer_id, key.shard};
   if (!OpensCudaIpc()) {
     return absl::FailedPreconditionError("this worker opens no CUDA IPC");
   }
-  if (absl::Status s = store_->AdmitIncoming(
+  if (absl::Status s = store_.AdmitIncoming(
           at, static_cast<int64_t>(shard.bytes), /*from_client=*/false);
       !s.ok()) {
     return s;
   }
   auto copied = [&]() -> absl::StatusOr<std::shared_ptr<Storage>> {
-    absl::StatusOr<std::pair<TensorSpec, int>> declared = store_->Describe(at);
+    absl::StatusOr<std::pair<TensorSpec, int>> declared = store_.Describe(at);
     if (!declared.ok()) return declared.status();
     const auto& [spec, device] = *declared;
-    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
+    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_.Runtime();
     if (!runtime.ok()) return runtime.status();
     absl::StatusOr<std::shared_ptr<xla::PjrtBuffer>> buffer =
         (*runtime)->CreateUninitialized(
@@ -107,26 +109,26 @@ absl::Status WorkerImpl::ReceiveIpc(const transport::ShardKey& key,
     // may still use that memory).
     absl::StatusOr<GpuAddress> dst = (*buffer)->gpu_address();
     if (!dst.ok()) return dst.status();
-    if (absl::Status s = cuda_ipc_->CopyIn(shard, *dst); !s.ok()) return s;
+    if (absl::Status s = cuda_ipc_.CopyIn(shard, *dst); !s.ok()) return s;
     return Storage::OnDevice(*std::move(buffer));
   }();
   if (!copied.ok()) {
-    store_->AbandonIncoming(at);
+    store_.AbandonIncoming(at);
     return copied.status();
   }
-  store_->FulfilIncoming(at, *std::move(copied));
+  store_.FulfilIncoming(at, *std::move(copied));
   return absl::OkStatus();
 }
 
-void WorkerImpl::DeliverError(const transport::ShardKey& key,
-                              const absl::Status& error) {
-  store_->Fail({key.buffer_id, key.shard}, error);
+void WorkerDataPlane::DeliverError(const transport::ShardKey& key,
+                                   const absl::Status& error) {
+  store_.Fail({key.buffer_id, key.shard}, error);
 }
 
-absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::AwaitReady(
+absl::StatusOr<std::shared_ptr<const Storage>> WorkerDataPlane::AwaitReady(
     const transport::ShardKey& key) {
   absl::StatusOr<std::shared_ptr<const Storage>> ready =
-      store_->AwaitReady({key.buffer_id, key.shard});
+      store_.AwaitReady({key.buffer_id, key.shard});
   // A value in device memory may still be being computed: a client's
   // wait or fetch is answered once it is, with its error if it failed.
   if (ready.ok() && *ready != nullptr) {
@@ -137,10 +139,10 @@ absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::AwaitReady(
   return ready;
 }
 
-absl::StatusOr<std::shared_ptr<const Storage>> WorkerImpl::SerializedExecutable(
-    uint64_t fingerprint) {
+absl::StatusOr<std::shared_ptr<const Storage>>
+WorkerDataPlane::SerializedExecutable(uint64_t fingerprint) {
   absl::StatusOr<xla::XlaExecutor::Serialized> serialized =
-      xla_->Serialize(fingerprint);
+      xla_.Serialize(fingerprint);
   if (!serialized.ok()) return serialized.status();
   proto::XlaSerializedExecutable msg;
   msg.set_module(std::move(serialized->module));

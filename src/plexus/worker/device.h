@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "plexus/common/clock.h"
 #include "plexus/worker/task_queue.h"
 
 namespace plexus {
@@ -53,8 +54,9 @@ class Device {
 // Thread-safe.
 class CpuDevice : public Device {
  public:
+  // `clock` (not owned) times the tasks (busy_micros).
   CpuDevice(int index, int64_t memory_bytes, int64_t max_queued = 65536,
-            std::string kind = "cpu");
+            std::string kind = "cpu", Clock* clock = Clock::Real());
   ~CpuDevice() override;  // finishes queued tasks, then joins
   int index() const override { return index_; }
   std::string kind() const override { return kind_; }
@@ -82,6 +84,7 @@ class CpuDevice : public Device {
   const int64_t memory_bytes_;
   const std::string kind_;
   const int64_t max_queued_;
+  Clock* const clock_;
   mutable absl::Mutex mu_;
   Stream compute_ ABSL_GUARDED_BY(mu_);
   Stream collectives_ ABSL_GUARDED_BY(mu_);

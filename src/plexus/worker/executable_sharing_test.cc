@@ -1,4 +1,4 @@
-// Executables shared between workers (WorkerImpl::LoadFromPeers), with two
+// Executables shared between workers (XlaPrograms::LoadFromPeers), with two
 // real workers without a server (StartLocal + ApplyOps) that load the CPU
 // PJRT plugin and talk over their real data planes: a host standing by asks
 // the island's worker for its serialized executable instead of compiling.
@@ -78,7 +78,7 @@ TEST(ExecutableSharingTest, APeerWhoseCompileFailedIsNotWaitedFor) {
   to_island.set_worker_id(kIslandWorker);
   LoadAndCall(to_island, program, IdOfClient(2), /*stand_by=*/false);
   island_worker->ApplyOps(to_island);
-  auto failed = island_worker->AwaitReady({IdOfClient(2), 0});
+  auto failed = island_worker->data_plane().AwaitReady({IdOfClient(2), 0});
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.status().message().find("XLA compile"), std::string::npos)
       << failed.status();

@@ -92,7 +92,7 @@ TEST_F(FencingTest, APushOfAGenerationDeclaredDownIsRefused) {
   ASSERT_NE(old_conn, nullptr);
   // While its registration is live, its pushes land.
   ASSERT_TRUE(old_conn->Push({x, 0}, *Floats(1)).ok());
-  auto got = worker_->AwaitReady({x, 0});
+  auto got = worker_->data_plane().AwaitReady({x, 0});
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(First(**got), 1);
 
@@ -116,24 +116,24 @@ TEST_F(FencingTest, APushOfAGenerationDeclaredDownIsRefused) {
   auto new_conn = PeerConnection(kNew);
   ASSERT_NE(new_conn, nullptr);
   ASSERT_TRUE(new_conn->Push({z, 0}, *Floats(2)).ok());
-  got = worker_->AwaitReady({z, 0});
+  got = worker_->data_plane().AwaitReady({z, 0});
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(First(**got), 2);
   EXPECT_EQ(worker_->pushes_fenced(), 1);
 }
 
 TEST_F(FencingTest, AdmitGenerationNamesTheFencedWorker) {
-  EXPECT_TRUE(worker_->AdmitGeneration(kOld).ok());
+  EXPECT_TRUE(worker_->data_plane().AdmitGeneration(kOld).ok());
   proto::WorkerOp down;
   down.mutable_peer_down()->set_worker_id(kSender);
   down.mutable_peer_down()->set_generation(kOld);
   Apply({down});
-  absl::Status refused = worker_->AdmitGeneration(kOld);
+  absl::Status refused = worker_->data_plane().AdmitGeneration(kOld);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(refused.message().find("worker 2 of generation 7"),
             std::string::npos)
       << refused;
-  EXPECT_TRUE(worker_->AdmitGeneration(kNew).ok());
+  EXPECT_TRUE(worker_->data_plane().AdmitGeneration(kNew).ok());
 }
 
 }  // namespace

@@ -15,20 +15,61 @@
 #include "plexus/timeline/timeline.h"
 #include "plexus/worker/worker.h"
 
-int main(int argc, char** argv) {
-  CLI::App app{"plexus-worker: executes programs on this host's devices"};
+namespace {
+
+// What the command line (and the environment) say.
+struct Flags {
   plexus::WorkerOptions options;
   double memory_mib = 1024;
+  CLI::Option* memory_option = nullptr;  // whether --device-memory-mib came
   bool die_with_parent = false;
   bool no_shm = false;
+  bool no_cuda_ipc = false;
   std::string log_level = "info";
+  double reconnect_timeout_s = 300;
+  int ready_fd = -1;
+  std::string secret_file;
+  size_t timeline_events = 0;
+};
+
+// The defaults the environment gives (flags win); false, saying why, for
+// one that does not parse.
+bool DefaultsFromEnvironment(Flags& f) {
+  // Off by default where the environment says PLEXUS_CUDA_IPC=0 (how an
+  // embedded cluster passes it to its workers).
+  if (const char* env = std::getenv("PLEXUS_CUDA_IPC"); env && *env) {
+    f.no_cuda_ipc = std::string(env) == "0";
+  }
+  if (const char* env = std::getenv("PLEXUS_PJRT_PLUGIN")) {
+    f.options.pjrt_plugin = env;
+  }
+  if (const char* env = std::getenv("PLEXUS_GPUS"); env && *env) {
+    for (absl::string_view g : absl::StrSplit(env, ',')) {
+      int64_t gpu = 0;
+      if (!absl::SimpleAtoi(g, &gpu) || gpu < 0) {
+        std::fprintf(stderr, "PLEXUS_GPUS: '%s' is not a GPU index\n",
+                     std::string(g).c_str());
+        return false;
+      }
+      f.options.gpus.push_back(gpu);
+    }
+  }
+  if (const char* env = std::getenv("PLEXUS_NCCL_OFFERS_WITHOUT_GPU")) {
+    f.options.nccl_offers_without_gpu = std::string(env) == "1";
+  }
+  f.timeline_events = plexus::TimelineEventsFromEnv();
+  return true;
+}
+
+void AddFlags(CLI::App& app, Flags& f) {
+  plexus::WorkerOptions& options = f.options;
   app.add_option("--server", options.server_address,
                  "address of plexus-server (host:port)")
       ->required();
   app.add_option("--devices", options.num_devices, "number of CPU devices")
       ->check(CLI::Range(1, 1024));
-  CLI::Option* memory_option =
-      app.add_option("--device-memory-mib", memory_mib,
+  f.memory_option =
+      app.add_option("--device-memory-mib", f.memory_mib,
                      "memory budget per device, MiB (with the plugin's "
                      "devices: at most this, default the plugin's limit)")
           ->check(CLI::PositiveNumber);
@@ -42,61 +83,36 @@ int main(int argc, char** argv) {
                  "reach the TCP data plane at, with its bound port (default: "
                  "the --data-host address; when that binds every interface, "
                  "the local address this host reaches the server from)");
-  app.add_flag("--no-shm", no_shm,
+  app.add_flag("--no-shm", f.no_shm,
                "move every buffer over TCP, even to workers on this machine");
-  // Off by default where the environment says PLEXUS_CUDA_IPC=0 (how an
-  // embedded cluster passes it to its workers).
-  bool no_cuda_ipc = false;
-  if (const char* env = std::getenv("PLEXUS_CUDA_IPC"); env && *env) {
-    no_cuda_ipc = std::string(env) == "0";
-  }
-  app.add_flag("--no-cuda-ipc", no_cuda_ipc,
+  app.add_flag("--no-cuda-ipc", f.no_cuda_ipc,
                "move device values to workers on this host through host "
                "memory, never by CUDA IPC (default: $PLEXUS_CUDA_IPC=0)");
   app.add_flag("--spare", options.spare,
                "join as a spare: the server places no new slice here and "
                "keeps this host to take the place of one that is lost");
-  app.add_flag("--die-with-parent", die_with_parent,
+  app.add_flag("--die-with-parent", f.die_with_parent,
                "exit when the parent process dies (embedded clusters); "
                "such a worker also exits when its server goes, where a "
                "standalone one registers again");
-  double reconnect_timeout_s = 300;
-  app.add_option("--reconnect-timeout-s", reconnect_timeout_s,
+  app.add_option("--reconnect-timeout-s", f.reconnect_timeout_s,
                  "standalone worker: give up (exit 2) when the server cannot "
                  "be reached for this long; attempts back off from 0.1 s to "
                  "5 s apart (0: never give up)")
       ->check(CLI::NonNegativeNumber);
-  int ready_fd = -1;
-  app.add_option("--ready-fd", ready_fd,
+  app.add_option("--ready-fd", f.ready_fd,
                  "once registered with the server, write the worker id and a "
                  "newline to this inherited file descriptor and close it (a "
                  "parent waits by reading it)");
-  if (const char* env = std::getenv("PLEXUS_PJRT_PLUGIN")) {
-    options.pjrt_plugin = env;
-  }
   app.add_option("--pjrt-plugin", options.pjrt_plugin,
                  "PJRT C API plugin (.so) for XLA programs, loaded on the "
                  "first XLA call (default: $PLEXUS_PJRT_PLUGIN)");
-  if (const char* env = std::getenv("PLEXUS_GPUS"); env && *env) {
-    for (absl::string_view g : absl::StrSplit(env, ',')) {
-      int64_t gpu = 0;
-      if (!absl::SimpleAtoi(g, &gpu) || gpu < 0) {
-        std::fprintf(stderr, "PLEXUS_GPUS: '%s' is not a GPU index\n",
-                     std::string(g).c_str());
-        return 2;
-      }
-      options.gpus.push_back(gpu);
-    }
-  }
   app.add_option("--gpus", options.gpus,
                  "GPU plugins: the host's GPUs this worker uses, e.g. 0,1 "
                  "(default: $PLEXUS_GPUS); workers sharing a host split "
                  "them, or share one. Implies --devices-from-plugin")
       ->delimiter(',')
       ->check(CLI::NonNegativeNumber);
-  if (const char* env = std::getenv("PLEXUS_NCCL_OFFERS_WITHOUT_GPU")) {
-    options.nccl_offers_without_gpu = std::string(env) == "1";
-  }
   app.add_flag("--nccl-offers-without-gpu", options.nccl_offers_without_gpu,
                "tests without a GPU: register as running NCCL and trade "
                "all_reduce offers, which always choose the host path "
@@ -104,8 +120,7 @@ int main(int argc, char** argv) {
   app.add_flag("--devices-from-plugin", options.devices_from_plugin,
                "this worker's devices are the PJRT plugin's (one per GPU), "
                "with their kinds and memory; the plugin loads at start");
-  std::string secret_file;
-  app.add_option("--secret-file", secret_file,
+  app.add_option("--secret-file", f.secret_file,
                  "file holding the cluster secret, hex (default: "
                  "$PLEXUS_CLUSTER_SECRET, which wins when set); required: "
                  "loopback or not, a worker holds the cluster's secret");
@@ -113,52 +128,51 @@ int main(int argc, char** argv) {
                  "PEM file of the CA that signed the server's TLS "
                  "certificate (default: $PLEXUS_TLS_CA; neither: plain "
                  "text)");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  size_t timeline_events = plexus::TimelineEventsFromEnv();
-  app.add_option("--timeline-events", timeline_events,
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  app.add_option("--timeline-events", f.timeline_events,
                  "events the timeline ring keeps (what `plexus trace` "
                  "collects; about 88 bytes each); 0: no recording. Default: "
                  "$PLEXUS_TIMELINE_EVENTS, else 65536");
-  CLI11_PARSE(app, argc, argv);
-  options.timeline = timeline_events > 0;
-  options.timeline_skew = plexus::TestSkewFromEnv(options.host_name);
-  if (timeline_events > 0) options.timeline_capacity = timeline_events;
+}
 
-  if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+// The worker's options from the parsed flags.
+void FinishOptions(Flags& f) {
+  plexus::WorkerOptions& options = f.options;
+  options.timeline = f.timeline_events > 0;
+  options.timeline_skew = plexus::TestSkewFromEnv(options.host_name);
+  if (f.timeline_events > 0) options.timeline_capacity = f.timeline_events;
+  options.device_memory = static_cast<int64_t>(f.memory_mib * (1 << 20));
+  options.device_memory_given = f.memory_option->count() > 0;
+  if (!options.gpus.empty()) options.devices_from_plugin = true;
+  options.shared_memory = !f.no_shm;
+  options.cuda_ipc = !f.no_cuda_ipc;
+}
+
+// The process around the worker: its parent's death, the plugin's log,
+// open files, logging, and termination signals (blocked in every thread;
+// one thread waits for them).
+void SetUpProcess(const Flags& f) {
+  if (f.die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
   // The PJRT plugin's own log (XLA/TSL) goes to stderr: quiet unless we
   // debug. Its errors reach us as statuses, which we log. The environment
   // wins when set.
   setenv("TF_CPP_MIN_LOG_LEVEL",
-         log_level == "debug" || log_level == "trace" ? "0" : "3",
+         f.log_level == "debug" || f.log_level == "trace" ? "0" : "3",
          /*overwrite=*/0);
   plexus::RaiseOpenFileLimit();
   plexus::UseLockOrderChecksOfThisBuild();
-  options.device_memory = static_cast<int64_t>(memory_mib * (1 << 20));
-  options.device_memory_given = memory_option->count() > 0;
-  if (!options.gpus.empty()) options.devices_from_plugin = true;
-  options.shared_memory = !no_shm;
-  options.cuda_ipc = !no_cuda_ipc;
   plexus::InitLogging(
-      options.host_name.empty() ? "worker" : "worker " + options.host_name,
-      log_level);
-
-  // Termination signals are blocked in every thread; one thread waits.
+      f.options.host_name.empty() ? "worker" : "worker " + f.options.host_name,
+      f.log_level);
   plexus::BlockTerminationSignals();
+}
 
-  absl::StatusOr<plexus::ClusterSecret> secret =
-      plexus::ClusterSecret::Load(secret_file);
-  if (!secret.ok()) {
-    SPDLOG_ERROR("cannot start: {}", secret.status().ToString());
-    return 1;
-  }
-  options.secret = *secret;
-  // Children (none today) need not see it.
-  unsetenv(plexus::kClusterSecretEnv);
-
+// Runs the worker host until a signal or until it gives up; the exit code.
+int Serve(const Flags& f) {
   plexus::WorkerHostOptions host_options;
-  host_options.standalone = !die_with_parent;
-  host_options.backoff.give_up_after = absl::Seconds(reconnect_timeout_s);
-  plexus::WorkerHost host(options, host_options);
+  host_options.standalone = !f.die_with_parent;
+  host_options.backoff.give_up_after = absl::Seconds(f.reconnect_timeout_s);
+  plexus::WorkerHost host(f.options, host_options);
   bool registered = false;
   absl::Status end;
   {
@@ -172,13 +186,13 @@ int main(int argc, char** argv) {
     end = host.Run([&](const plexus::Worker& worker) {
       const bool first = !registered;
       registered = true;
-      if (!first || ready_fd < 0) return;  // the first registration only
+      if (!first || f.ready_fd < 0) return;  // the first registration only
       const std::string line = absl::StrCat(worker.worker_id(), "\n");
-      if (write(ready_fd, line.data(), line.size()) !=
+      if (write(f.ready_fd, line.data(), line.size()) !=
           static_cast<ssize_t>(line.size())) {
-        SPDLOG_WARN("could not write to --ready-fd {}", ready_fd);
+        SPDLOG_WARN("could not write to --ready-fd {}", f.ready_fd);
       }
-      close(ready_fd);
+      close(f.ready_fd);
     });
   }
   if (!registered && !absl::IsCancelled(end)) {
@@ -198,4 +212,27 @@ int main(int argc, char** argv) {
     std::_Exit(code);
   }
   return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"plexus-worker: executes programs on this host's devices"};
+  Flags flags;
+  if (!DefaultsFromEnvironment(flags)) return 2;
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
+  FinishOptions(flags);
+  SetUpProcess(flags);
+
+  absl::StatusOr<plexus::ClusterSecret> secret =
+      plexus::ClusterSecret::Load(flags.secret_file);
+  if (!secret.ok()) {
+    SPDLOG_ERROR("cannot start: {}", secret.status().ToString());
+    return 1;
+  }
+  flags.options.secret = *secret;
+  // Children (none today) need not see it.
+  unsetenv(plexus::kClusterSecretEnv);
+  return Serve(flags);
 }

@@ -162,7 +162,8 @@ absl::Status WorkerHost::Run(
       // session did (a server that ended it on purpose: a clean exit).
       return session_end.ok() ? worker.status() : session_end;
     }
-    std::optional<absl::Duration> delay = backoff.NextDelay(absl::Now());
+    std::optional<absl::Duration> delay =
+        backoff.NextDelay(options_.clock->Now());
     if (!delay.has_value()) {
       SPDLOG_ERROR("giving up: no registration with {} for {} ({})",
                    options_.server_address,

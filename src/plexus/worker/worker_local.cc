@@ -1,6 +1,6 @@
 // The worker without its server session (WorkerImpl::StartLocal): its
-// devices, object store, XLA executor, collectives on GPUs, CUDA IPC and
-// data plane.
+// identity, devices, object store, XLA executor, collectives on GPUs,
+// CUDA IPC, the parts over them, and the data plane.
 #include <unistd.h>
 
 #include <random>
@@ -16,62 +16,77 @@ absl::Status WorkerImpl::StartLocal() {
   if (options_.num_devices <= 0) {
     return absl::InvalidArgumentError("--devices must be at least 1");
   }
-  // Without a server (tests, fuzzing), a secret of its own.
-  absl::StatusOr<ClusterSecret> secret =
-      ClusterSecret::GivenOrGenerate(options_.secret);
-  if (!secret.ok()) return secret.status();
-  secret_ = *secret;
-  machine_id_ = LocalMachineId();
-  if (!options_.shared_memory) {
-    absl::StrAppend(&machine_id_, "/pid", getpid());
-  }
+  if (absl::Status s = SetUpIdentity(); !s.ok()) return s;
   xla::PjrtOptions pjrt;
   pjrt.plugin_path = options_.pjrt_plugin;
   pjrt.cpu_device_count = options_.num_devices;  // PJRT device i = ours
   pjrt.gpus = options_.gpus;
   xla_ = std::make_unique<xla::XlaExecutor>(pjrt);
-  // The devices: the plugin's, or num_devices of device_memory each.
-  struct DeviceSpec {
-    std::string kind;
-    int64_t memory;
-  };
-  std::vector<DeviceSpec> specs;
-  if (options_.devices_from_plugin) {
-    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
-    if (!runtime.ok()) return runtime.status();
-    for (int d = 0; d < (*runtime)->num_devices(); ++d) {
-      absl::StatusOr<int64_t> limit = (*runtime)->device_memory_limit(d);
-      int64_t memory = options_.device_memory;
-      if (limit.ok() && !(options_.device_memory_given && memory < *limit)) {
-        memory = *limit;
-      }
-      specs.push_back({(*runtime)->device_kind(d), memory});
-      SPDLOG_INFO("device {}: {} ({}), {} MiB", d, specs.back().kind,
-                  (*runtime)->platform(), memory >> 20);
-    }
-    if (specs.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "PJRT plugin '", options_.pjrt_plugin, "' shows no devices"));
-    }
-    if ((*runtime)->platform() == "cuda") {
-      // all_reduce between GPU islands may then run on the GPUs.
-      absl::StatusOr<std::unique_ptr<NcclRuntime>> nccl = NcclRuntime::Load(
-          cuda::CudaApi::LibraryDirsBeside(options_.pjrt_plugin));
-      if (nccl.ok()) {
-        nccl_ = *std::move(nccl);
-        SPDLOG_INFO("NCCL: all_reduce between GPU islands may run on GPUs");
-      } else {
-        SPDLOG_INFO("NCCL: not used ({}); all_reduce sums on the host",
-                    nccl.status().ToString());
-      }
-    }
-  } else {
-    specs.assign(options_.num_devices, {"cpu", options_.device_memory});
-  }
+  absl::StatusOr<std::vector<DeviceSpec>> specs = DeviceSpecs();
+  if (!specs.ok()) return specs.status();
   if (nccl_ == nullptr && options_.nccl_offers_without_gpu) {
     nccl_ = std::make_unique<OffersWithoutGpu>();
     SPDLOG_INFO("NCCL: offers only, no GPU (nccl_offers_without_gpu)");
   }
+  SetUpCudaIpc();
+  MakeStoreAndDevices(*specs);
+  MakeParts();
+  return StartDataPlane();
+}
+
+absl::Status WorkerImpl::SetUpIdentity() {
+  // Without a server (tests, fuzzing), a secret of its own.
+  absl::StatusOr<ClusterSecret> secret =
+      ClusterSecret::GivenOrGenerate(options_.secret);
+  if (!secret.ok()) return secret.status();
+  me_.secret = *secret;
+  me_.machine_id = LocalMachineId();
+  if (!options_.shared_memory) {
+    absl::StrAppend(&me_.machine_id, "/pid", getpid());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<WorkerImpl::DeviceSpec>> WorkerImpl::DeviceSpecs() {
+  if (!options_.devices_from_plugin) {
+    return std::vector<DeviceSpec>(options_.num_devices,
+                                   {"cpu", options_.device_memory});
+  }
+  absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
+  if (!runtime.ok()) return runtime.status();
+  std::vector<DeviceSpec> specs;
+  for (int d = 0; d < (*runtime)->num_devices(); ++d) {
+    absl::StatusOr<int64_t> limit = (*runtime)->device_memory_limit(d);
+    int64_t memory = options_.device_memory;
+    if (limit.ok() && !(options_.device_memory_given && memory < *limit)) {
+      memory = *limit;
+    }
+    specs.push_back({(*runtime)->device_kind(d), memory});
+    SPDLOG_INFO("device {}: {} ({}), {} MiB", d, specs.back().kind,
+                (*runtime)->platform(), memory >> 20);
+  }
+  if (specs.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PJRT plugin '", options_.pjrt_plugin, "' shows no devices"));
+  }
+  if ((*runtime)->platform() == "cuda") SetUpNccl(**runtime);
+  return specs;
+}
+
+void WorkerImpl::SetUpNccl(const xla::PjrtRuntime& runtime) {
+  // all_reduce between GPU islands may then run on the GPUs.
+  absl::StatusOr<std::unique_ptr<NcclRuntime>> nccl =
+      NcclRuntime::Load(cuda::CudaApi::LibraryDirsBeside(options_.pjrt_plugin));
+  if (nccl.ok()) {
+    nccl_ = *std::move(nccl);
+    SPDLOG_INFO("NCCL: all_reduce between GPU islands may run on GPUs");
+  } else {
+    SPDLOG_INFO("NCCL: not used ({}); all_reduce sums on the host",
+                nccl.status().ToString());
+  }
+}
+
+void WorkerImpl::SetUpCudaIpc() {
   // CUDA IPC with the workers of this host: where the devices are the
   // plugin's CUDA GPUs (the plugin is loaded by now).
   if (options_.devices_from_plugin) {
@@ -88,6 +103,9 @@ absl::Status WorkerImpl::StartLocal() {
     SPDLOG_INFO("CUDA IPC with workers of this host: off ({})",
                 std::string(cuda_ipc_->available().message()));
   }
+}
+
+void WorkerImpl::MakeStoreAndDevices(const std::vector<DeviceSpec>& specs) {
   ObjectStore::Options store_options;
   for (const DeviceSpec& spec : specs) {
     store_options.device_memory.push_back(spec.memory);
@@ -101,19 +119,36 @@ absl::Status WorkerImpl::StartLocal() {
   store_options.clock = options_.clock;
   store_ = std::make_unique<ObjectStore>(store_options);
   for (size_t d = 0; d < specs.size(); ++d) {
-    devices_.push_back(
-        std::make_unique<CpuDevice>(static_cast<int>(d), specs[d].memory,
-                                    /*max_queued=*/65536, specs[d].kind));
+    devices_.push_back(std::make_unique<CpuDevice>(
+        static_cast<int>(d), specs[d].memory,
+        /*max_queued=*/65536, specs[d].kind, options_.clock));
   }
-  device_run_ends_ = std::make_unique<std::atomic<int64_t>[]>(specs.size());
-  device_run_busy_ = std::make_unique<std::atomic<int64_t>[]>(specs.size());
+}
 
+void WorkerImpl::MakeParts() {
+  peers_ = std::make_unique<PeerTable>(me_, &counters_, cuda_ipc_.get(),
+                                       &timeline_, &reports_);
+  xla_programs_ =
+      std::make_unique<XlaPrograms>(*xla_, *store_, *peers_, me_, timeline_,
+                                    counters_, options_.clock, num_devices());
+  tasks_ = std::make_unique<TaskRunner>(*store_, devices_, *xla_programs_,
+                                        *peers_, reports_, timeline_, me_,
+                                        nccl_.get(), options_.clock);
+  applier_ = std::make_unique<OpApplier>(*store_, *peers_, *tasks_,
+                                         *xla_programs_, reports_, session_,
+                                         timeline_, nccl_.get(), num_devices());
+  data_plane_ = std::make_unique<WorkerDataPlane>(me_, *store_, *peers_, *xla_,
+                                                  *cuda_ipc_);
+}
+
+absl::Status WorkerImpl::StartDataPlane() {
   transport::DataPlaneServerOptions dp;
   dp.tcp_host = options_.data_host;
   std::random_device rd;
   dp.unix_name = absl::StrCat("plexus-worker-", getpid(), "-", rd());
   dp.timeline = &timeline_;
-  auto server = transport::DataPlaneServer::Start(dp, this, &counters_);
+  auto server =
+      transport::DataPlaneServer::Start(dp, data_plane_.get(), &counters_);
   if (!server.ok()) return server.status();
   data_server_ = std::move(*server);
   return absl::OkStatus();

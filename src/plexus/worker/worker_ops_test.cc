@@ -40,7 +40,7 @@ TEST(WorkerOpsTest, LoadWithSpecThatDoesNotParseIsRefusedAndItsCallsFail) {
 
   worker->ApplyOps(msg);  // aborted here before the fix
 
-  auto result = worker->AwaitReady({output, 0});
+  auto result = worker->data_plane().AwaitReady({output, 0});
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find("not loaded"), std::string::npos)
       << result.status();
@@ -89,7 +89,8 @@ TEST(WorkerOpsTest, ACallReadingAReleasedBufferFailsAndTheDeviceGoesOn) {
   worker->ApplyOps(msg);
 
   for (uint64_t output : {first, second}) {
-    auto result = worker->AwaitReady({output, 0});  // returns: no hang
+    auto result =
+        worker->data_plane().AwaitReady({output, 0});  // returns: no hang
     ASSERT_FALSE(result.ok());
     EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
     EXPECT_NE(result.status().message().find("program 'copy' argument 0"),
@@ -131,7 +132,7 @@ TEST(WorkerOpsTest, FailuresWithoutAReasonStillFail) {
   for (const auto& [buffer, why] :
        {std::pair{a, "transfer failed"}, std::pair{b, "call rejected"},
         std::pair{c, "worker 3 is down"}}) {
-    auto result = worker->AwaitReady({buffer, 0});
+    auto result = worker->data_plane().AwaitReady({buffer, 0});
     ASSERT_FALSE(result.ok()) << why;
     EXPECT_EQ(result.status().code(), absl::StatusCode::kUnknown);
     EXPECT_NE(result.status().message().find(why), std::string::npos)
@@ -168,7 +169,7 @@ TEST(WorkerOpsTest, CollectiveCallWithoutThisWorkerAmongItsPeersFails) {
 
   worker->ApplyOps(msg);
 
-  auto result = worker->AwaitReady({output, 0});
+  auto result = worker->data_plane().AwaitReady({output, 0});
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find(
                 "does not list this worker among its peers"),
@@ -189,26 +190,29 @@ TEST(WorkerAuthorizeTest, EachRequestNeedsAConnectionOfWhoOwnsWhatItTouches) {
   const transport::DataPlanePeer peer{CredentialRole::kWorker, 0};
   // What each must prove in its connection's handshake: the credentials
   // derived from this cluster's secret, nothing for other roles.
-  EXPECT_EQ(*worker->CredentialFor(client1),
+  EXPECT_EQ(*worker->data_plane().CredentialFor(client1),
             secret->Derive(CredentialRole::kClient, 1));
-  EXPECT_EQ(*worker->CredentialFor(peer),
+  EXPECT_EQ(*worker->data_plane().CredentialFor(peer),
             secret->Derive(CredentialRole::kWorker));
-  EXPECT_FALSE(worker->CredentialFor({CredentialRole::kAdmin, 0}).ok());
-  EXPECT_FALSE(worker->CredentialFor({CredentialRole::kTenant, 0}).ok());
+  EXPECT_FALSE(
+      worker->data_plane().CredentialFor({CredentialRole::kAdmin, 0}).ok());
+  EXPECT_FALSE(
+      worker->data_plane().CredentialFor({CredentialRole::kTenant, 0}).ok());
   const transport::ShardKey of1{ClientMadeId(1, 5), 0};
   const transport::ShardKey of2{ClientMadeId(uint64_t{2}, 5), 0};
   using R = transport::DataPlaneRequest;
   for (R r : {R::kPut, R::kFetch, R::kWait}) {
-    EXPECT_TRUE(worker->Authorize(r, of1, client1).ok());
-    absl::Status other = worker->Authorize(r, of2, client1);
+    EXPECT_TRUE(worker->data_plane().Authorize(r, of1, client1).ok());
+    absl::Status other = worker->data_plane().Authorize(r, of2, client1);
     EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
     EXPECT_NE(other.message().find("belongs to client 2"), std::string::npos)
         << other;
-    EXPECT_FALSE(worker->Authorize(r, of1, peer).ok());  // a worker's
+    EXPECT_FALSE(
+        worker->data_plane().Authorize(r, of1, peer).ok());  // a worker's
   }
   for (R r : {R::kPush, R::kPushError, R::kPushIpc}) {
-    EXPECT_TRUE(worker->Authorize(r, of1, peer).ok());
-    EXPECT_EQ(worker->Authorize(r, of1, client1).code(),
+    EXPECT_TRUE(worker->data_plane().Authorize(r, of1, peer).ok());
+    EXPECT_EQ(worker->data_plane().Authorize(r, of1, client1).code(),
               absl::StatusCode::kPermissionDenied);
   }
 }
@@ -223,10 +227,10 @@ TEST(WorkerCudaIpcTest, AWorkerWithoutCudaTakesNothingByIpc) {
   options.secret = *ClusterSecret::Generate();
   auto worker = std::make_unique<WorkerImpl>(options);
   ASSERT_TRUE(worker->StartLocal().ok());
-  EXPECT_FALSE(worker->OpensCudaIpc());
+  EXPECT_FALSE(worker->data_plane().OpensCudaIpc());
   transport::IpcShard shard;
   shard.bytes = 16;
-  absl::Status s = worker->ReceiveIpc({9, 0}, shard);
+  absl::Status s = worker->data_plane().ReceiveIpc({9, 0}, shard);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 }
 
@@ -245,12 +249,12 @@ TEST(WorkerOpsTest, APutOfAnotherSizeFailsItsBuffer) {
   decl->mutable_spec()->add_shape(1024);
   worker->ApplyOps(msg);
   absl::Status admitted =
-      worker->AdmitIncoming({id, 0}, 16, /*from_client=*/true);
+      worker->data_plane().AdmitIncoming({id, 0}, 16, /*from_client=*/true);
   EXPECT_EQ(admitted.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(admitted.message().find("4096 bytes"), std::string::npos)
       << admitted;
   EXPECT_NE(admitted.message().find("16 bytes"), std::string::npos) << admitted;
-  EXPECT_EQ(worker->AwaitReady({id, 0}).status(), admitted);
+  EXPECT_EQ(worker->data_plane().AwaitReady({id, 0}).status(), admitted);
 }
 
 // A declaration this worker cannot hold (a device it lacks, a spec that
@@ -271,13 +275,13 @@ TEST(WorkerOpsTest, DeclarationsItCannotHoldFailTheirShards) {
   no_dtype->set_src_worker_id(2);
   worker->ApplyOps(msg);
 
-  auto on_7 = worker->AwaitReady({a, 0});
+  auto on_7 = worker->data_plane().AwaitReady({a, 0});
   ASSERT_FALSE(on_7.ok());
   EXPECT_NE(on_7.status().message().find("declared on device 7 but this "
                                          "worker has 1"),
             std::string::npos)
       << on_7.status();
-  auto invalid = worker->AwaitReady({b, 0});
+  auto invalid = worker->data_plane().AwaitReady({b, 0});
   ASSERT_FALSE(invalid.ok());
   EXPECT_NE(invalid.status().message().find("invalid dtype"), std::string::npos)
       << invalid.status();
@@ -308,7 +312,7 @@ TEST(WorkerOpsTest, CallWithMoreOutputIdsThanItsProgramHasFails) {
   worker->ApplyOps(msg);
 
   for (uint64_t id : {first, second}) {
-    auto result = worker->AwaitReady({id, 0});
+    auto result = worker->data_plane().AwaitReady({id, 0});
     ASSERT_FALSE(result.ok());
     EXPECT_NE(
         result.status().message().find("has 1 outputs, but call 9 names 2"),
@@ -340,7 +344,7 @@ TEST(WorkerOpsTest, TaskOnADeviceTheWorkerLacksFailsItsOutputs) {
   exec->add_tasks()->set_device(5);  // the worker has device 0 only
   worker->ApplyOps(msg);
 
-  auto result = worker->AwaitReady({output, 0});
+  auto result = worker->data_plane().AwaitReady({output, 0});
   ASSERT_FALSE(result.ok());
   EXPECT_NE(result.status().message().find(
                 "call 3 names device 5 but this worker has 1"),

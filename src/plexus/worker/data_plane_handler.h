@@ -1,0 +1,82 @@
+// What the worker answers on its data plane (transport::DataPlaneHandler):
+// who may connect and ask for what, incoming shards (pushes, puts, CUDA
+// IPC, pushed errors), fetches and waits, and serialized executables for
+// peers.
+//
+// A connection proves a client's credential or the worker credential,
+// each derived from the cluster secret. A client's request (put, fetch,
+// wait) is allowed on a connection of the client its buffer id names; a
+// push, on a worker's.
+//
+// Owns the count of fenced pushes. Borrows the identity, the object store,
+// the peer table (fenced generations), the XLA executor and the CUDA IPC;
+// they outlive it.
+//
+// Thread-safe (the data plane's threads call it); no lock of its own.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "plexus/executors/xla/xla_executor.h"
+#include "plexus/store/object_store.h"
+#include "plexus/transport/data_plane.h"
+#include "plexus/worker/cuda_ipc.h"
+#include "plexus/worker/peer_table.h"
+#include "plexus/worker/worker_identity.h"
+
+namespace plexus {
+
+class WorkerDataPlane : public transport::DataPlaneHandler {
+ public:
+  WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
+                  const PeerTable& peers, xla::XlaExecutor& xla,
+                  const CudaIpc& cuda_ipc);
+
+  absl::StatusOr<Credential> CredentialFor(
+      const transport::DataPlanePeer& peer) override;
+  absl::Status Authorize(transport::DataPlaneRequest request,
+                         const transport::ShardKey& key,
+                         const transport::DataPlanePeer& peer) override;
+  // Refuses the pushes of a registration the server declared down
+  // (PeerDown.generation), counted in WorkerStats.pushes_fenced.
+  absl::Status AdmitGeneration(uint64_t generation) override;
+  absl::Status AdmitIncoming(const transport::ShardKey& key, size_t bytes,
+                             bool from_client) override;
+  absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
+      const transport::ShardKey& key, size_t bytes, bool from_client) override;
+  absl::Status Deliver(const transport::ShardKey& key,
+                       std::shared_ptr<Storage> data,
+                       bool from_client) override;
+  void DeliverError(const transport::ShardKey& key,
+                    const absl::Status& error) override;
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
+      const transport::ShardKey& key) override;
+  // Where the worker's devices are CUDA GPUs and the CUDA libraries load
+  // (CudaIpc::available).
+  bool OpensCudaIpc() override;
+  // Admits the shard, makes a buffer of its declared spec on its device
+  // (PjrtRuntime::CreateUninitialized), copies the peer's value into it
+  // (CudaIpc::CopyIn) and stores it there, charged as any device value;
+  // any failure after admitting returns the charge (AbandonIncoming).
+  absl::Status ReceiveIpc(const transport::ShardKey& key,
+                          const transport::IpcShard& shard) override;
+  // A proto::XlaSerializedExecutable of this worker's cache, for a peer
+  // (a spare); never waits for a compile under way.
+  absl::StatusOr<std::shared_ptr<const Storage>> SerializedExecutable(
+      uint64_t fingerprint) override;
+
+  // Pushes refused because their generation was declared down.
+  int64_t pushes_fenced() const { return pushes_fenced_.load(); }
+
+ private:
+  const WorkerIdentity& me_;
+  ObjectStore& store_;
+  const PeerTable& peers_;
+  xla::XlaExecutor& xla_;
+  const CudaIpc& cuda_ipc_;
+  std::atomic<int64_t> pushes_fenced_{0};
+};
+
+}  // namespace plexus

@@ -1,0 +1,241 @@
+#include "plexus/worker/server_session.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/common/protocol.h"
+#include "plexus/common/tls.h"
+#include "plexus/timeline/timeline_proto.h"
+#include "plexus/worker/thread_name.h"
+
+namespace plexus {
+
+ServerSession::ServerSession(const WorkerOptions& options, WorkerIdentity& me,
+                             Timeline& timeline, ReportQueue& reports)
+    : options_(options), me_(me), timeline_(timeline), reports_(reports) {}
+
+ServerSession::~ServerSession() {
+  Shutdown();
+  Join();
+}
+
+absl::Status ServerSession::Connect(
+    proto::WorkerToServer hello, const std::string& bound_address,
+    std::function<void(proto::ServerToWorker&)> apply,
+    std::function<proto::WorkerStats()> stats) {
+  apply_ = std::move(apply);
+  stats_ = std::move(stats);
+  proto::ServerToWorker first;
+  if (absl::Status s = Register(hello, &first); !s.ok()) return s;
+  me_.generation = first.generation();
+  heartbeat_interval_ =
+      options_.heartbeat_interval > absl::ZeroDuration()
+          ? options_.heartbeat_interval
+          : std::max(absl::Milliseconds(first.heartbeat_interval_ms()),
+                     absl::Milliseconds(1));
+  const proto::RegisterWorker& reg = hello.register_();
+  SPDLOG_INFO(
+      "registered as worker {}, generation {} ({} device(s), data plane {}{} "
+      "{}, heartbeat every {})",
+      first.worker_id(), first.generation(), reg.devices_size(),
+      reg.data_address(),
+      reg.data_address() == bound_address
+          ? ""
+          : absl::StrCat(" bound at ", bound_address),
+      reg.unix_path(), absl::FormatDuration(heartbeat_interval_));
+  if (!first.rejoined().empty()) {
+    SPDLOG_WARN("rejoined as a fresh host: {}", first.rejoined());
+  }
+  apply_(first);
+  reader_ = std::thread([this] { ReaderLoop(); });
+  writer_ = std::thread([this] { WriterLoop(); });
+  heartbeat_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+absl::Status ServerSession::Register(proto::WorkerToServer& hello,
+                                     proto::ServerToWorker* first) {
+  // Each registration is a channel of its own: no reconnect back-off
+  // inherited from an earlier one (WorkerHost keeps its own).
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      SessionChannel(options_.server_address, options_.tls_ca);
+  if (!channel.ok()) return channel.status();
+  channel_ = *std::move(channel);
+  // gRPC waits in real time (it cannot run on an injected clock): the
+  // timeout goes as a span, which gRPC starts on its own clock.
+  if (!channel_->WaitForConnected(gpr_time_from_millis(
+          absl::ToInt64Milliseconds(options_.connect_timeout), GPR_TIMESPAN))) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the server at ", options_.server_address));
+  }
+  stub_ = proto::Controller::NewStub(channel_);
+  stream_ = stub_->WorkerSession(&context_);
+  proto::RegisterWorker* reg = hello.mutable_register_();
+  const Credential credential = me_.secret.Derive(CredentialRole::kWorker);
+  reg->set_credential(credential.data(), credential.size());
+  reg->set_protocol_version(kProtocolVersion);
+  if (!stream_->Write(hello)) {
+    return absl::UnavailableError("the server closed the session at once");
+  }
+  if (!stream_->Read(first)) {
+    grpc::Status why = stream_->Finish();
+    return absl::Status(
+        static_cast<absl::StatusCode>(why.error_code()),
+        absl::StrCat("the server refused the registration: ",
+                     why.error_message().empty() ? "no reason given"
+                                                 : why.error_message()));
+  }
+  if (absl::Status v =
+          CheckProtocolVersion("worker", "server", first->protocol_version());
+      !v.ok()) {
+    context_.TryCancel();
+    proto::ServerToWorker rest;
+    while (stream_->Read(&rest)) {
+    }
+    stream_->Finish().IgnoreError();
+    return v;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ServerSession::Wait() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&done_));
+  return end_status_;
+}
+
+void ServerSession::Shutdown() {
+  StopHeartbeats();
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;
+    done_ = true;
+    end_status_ = absl::CancelledError("worker shut down");
+    context_.TryCancel();
+  }
+  reports_.Close();  // the writer stops
+}
+
+void ServerSession::Join() {
+  if (reader_.joinable()) reader_.join();
+  if (writer_.joinable()) writer_.join();
+  if (heartbeat_.joinable()) heartbeat_.join();
+}
+
+void ServerSession::StopHeartbeats() {
+  absl::MutexLock lock(&beat_mu_);
+  beat_stop_ = true;
+  beat_wake_.SignalAll();
+}
+
+void ServerSession::ReaderLoop() {
+  SetThreadName("plexus-reader");
+  proto::ServerToWorker msg;
+  while (stream_->Read(&msg)) apply_(msg);
+  StopHeartbeats();
+  reports_.Close();  // the writer stops
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&writer_done_));
+  }
+  // Both directions are closed: Finish says how the session ended. The
+  // server cancels it on purpose when it shuts down (or gave up on this
+  // worker); anything else means it vanished.
+  const grpc::Status how = stream_->Finish();
+  absl::MutexLock lock(&mu_);
+  if (!done_) {
+    done_ = true;
+    if (how.error_code() == grpc::StatusCode::CANCELLED) {
+      end_status_ = absl::CancelledError("the server ended the session");
+    } else {
+      end_status_ = absl::UnavailableError(
+          absl::StrCat("the server closed the session: ", how.error_message()));
+    }
+    SPDLOG_INFO("server session ended ({}); shutting down",
+                end_status_.ToString());
+  }
+}
+
+void ServerSession::WriterLoop() {
+  SetThreadName("plexus-writer");
+  while (true) {
+    std::vector<proto::WorkerToServer> out;
+    if (!reports_.AwaitReports(&out)) break;
+    bool written = true;
+    for (const proto::WorkerToServer& m : out) {
+      if (!(written = WriteToServer(m))) break;
+    }
+    if (!written) break;
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    writes_done_ = true;
+    stream_->WritesDone();
+  }
+  absl::MutexLock lock(&mu_);
+  writer_done_ = true;
+}
+
+bool ServerSession::WriteToServer(const proto::WorkerToServer& msg) {
+  absl::MutexLock lock(&write_mu_);
+  return !writes_done_ && stream_->Write(msg);
+}
+
+void ServerSession::HeartbeatLoop() {
+  SetThreadName("plexus-beat");
+  Clock* const clock = options_.clock;
+  absl::Time next = clock->Now() + heartbeat_interval_;
+  while (true) {
+    {
+      absl::MutexLock lock(&beat_mu_);
+      while (!beat_stop_ &&
+             !clock->AwaitWithDeadline(&beat_mu_, &beat_wake_, next)) {
+      }
+      if (beat_stop_) return;
+    }
+    proto::WorkerToServer beat;
+    *beat.mutable_heartbeat() = stats_();
+    {
+      // The probe's send time is read last, as close to the write as it
+      // can be (timeline/clock_offset.h).
+      absl::MutexLock lock(&probe_mu_);
+      *beat.mutable_heartbeat()->mutable_clock() = last_probe_;
+    }
+    beat.mutable_heartbeat()->mutable_clock()->set_sent_ns(timeline_.NowNs());
+    if (!WriteToServer(beat)) return;
+    // On the period's grid; after a stall (the process stopped, the
+    // machine starved it), one beat at once and the grid from there.
+    next += heartbeat_interval_;
+    const absl::Time now = clock->Now();
+    if (next < now) next = now;
+  }
+}
+
+void ServerSession::ApplyClockEcho(const proto::ClockEcho& echo) {
+  const int64_t t4 = timeline_.NowNs();
+  absl::MutexLock lock(&probe_mu_);
+  last_probe_.set_t1(echo.t1());
+  last_probe_.set_t2(echo.t2());
+  last_probe_.set_t3(echo.t3());
+  last_probe_.set_t4(t4);
+}
+
+void ServerSession::SendTimeline(const proto::CollectTimeline& request) {
+  // On the reader thread: a trace is rare, and its events are copied out
+  // of the ring at once (recording goes on meanwhile).
+  std::vector<proto::TimelineRing> chunks =
+      RingChunks(timeline_, request.since_ns());
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    proto::WorkerToServer msg;
+    proto::TimelineChunk* chunk = msg.mutable_timeline();
+    chunk->set_request_id(request.request_id());
+    *chunk->mutable_ring() = std::move(chunks[i]);
+    chunk->set_last(i + 1 == chunks.size());
+    if (!WriteToServer(msg)) return;
+  }
+}
+
+}  // namespace plexus

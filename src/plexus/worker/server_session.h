@@ -1,0 +1,122 @@
+// The worker's session with the server: the control stream it registers
+// on, and three threads over it. The reader applies the server's ops in
+// order (through the `apply` function the worker gives Connect); the
+// writer sends what the report queue gathers as it comes; the heartbeat
+// thread sends a heartbeat (the worker's figures, and a clock probe)
+// every heartbeat interval.
+//
+// Heartbeats are what the server's failure detector reads, so nothing
+// else the worker does may hold them up: they have their thread to
+// themselves, which waits only on beat_mu_ (no other work takes it) and on
+// write_mu_ (held only around a write of the stream); their figures come
+// from counters or from locks that are free at that instant (`stats`). A
+// compile, a long execution or a busy store does not delay them.
+//
+//   Connect ──▶ serving ──(the server ends the stream, or Shutdown)──▶ done
+//
+// Owns the stream, its threads and the session's end status. Borrows the
+// options, the identity (it sets the worker id and generation), the
+// timeline and the report queue; they outlive it.
+//
+// Thread-safe. Locks: mu_, write_mu_, beat_mu_ and probe_mu_, each a leaf
+// (none is held while another is taken).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/timeline/timeline.h"
+#include "plexus/worker/report_queue.h"
+#include "plexus/worker/worker.h"
+#include "plexus/worker/worker_identity.h"
+
+namespace plexus {
+
+class ServerSession {
+ public:
+  ServerSession(const WorkerOptions& options, WorkerIdentity& me,
+                Timeline& timeline, ReportQueue& reports);
+  ~ServerSession();  // Shutdown(), then joins the threads
+
+  // Registers with `hello` (a WorkerToServer.register, which Connect
+  // completes with the credential and protocol version), applies the
+  // server's first message with `apply`, and starts the threads: the
+  // reader gives every later message to `apply`, the heartbeat thread
+  // sends what `stats` says. `bound_address`: the TCP data plane as bound
+  // (logged where it differs from the address registered).
+  absl::Status Connect(proto::WorkerToServer hello,
+                       const std::string& bound_address,
+                       std::function<void(proto::ServerToWorker&)> apply,
+                       std::function<proto::WorkerStats()> stats);
+  // Blocks until the server closes the session or Shutdown() is called.
+  absl::Status Wait();
+  void Shutdown();
+  // Joins the threads (after Shutdown, or once the stream has ended).
+  void Join();
+
+  // Ops of the session itself (the reader thread applies them).
+  // The heartbeats' clock probe: the last round trip completed, read now.
+  void ApplyClockEcho(const proto::ClockEcho& echo);
+  // The timeline's events since request.since_ns, in chunks.
+  void SendTimeline(const proto::CollectTimeline& request);
+
+ private:
+  // Registers and reads the server's first message into `first`.
+  absl::Status Register(proto::WorkerToServer& hello,
+                        proto::ServerToWorker* first);
+  void ReaderLoop();
+  void WriterLoop();
+  void HeartbeatLoop();
+  // Tells the heartbeat thread to stop (the session is over).
+  void StopHeartbeats();
+  // One message on the control stream: the writer and the heartbeat thread
+  // share it, one write at a time. False once the stream is closed.
+  bool WriteToServer(const proto::WorkerToServer& msg);
+
+  const WorkerOptions& options_;
+  WorkerIdentity& me_;
+  Timeline& timeline_;
+  ReportQueue& reports_;
+  std::function<void(proto::ServerToWorker&)> apply_;
+  std::function<proto::WorkerStats()> stats_;
+  // The server's, or options_.heartbeat_interval; set before the threads
+  // start.
+  absl::Duration heartbeat_interval_ = absl::Milliseconds(100);
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<proto::Controller::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<proto::WorkerToServer, proto::ServerToWorker>>
+      stream_;
+  std::thread reader_;
+  std::thread writer_;
+  std::thread heartbeat_;
+
+  // One Write (or the WritesDone) at a time on stream_; after WritesDone
+  // nothing more is written. Held only around those calls.
+  absl::Mutex write_mu_;
+  bool writes_done_ ABSL_GUARDED_BY(write_mu_) = false;
+  // The heartbeat thread's own lock: no other work ever holds it.
+  absl::Mutex beat_mu_;
+  absl::CondVar beat_wake_;
+  bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
+  // The last clock round trip completed (the server's ClockEcho, read at
+  // t4), which the next heartbeat carries.
+  absl::Mutex probe_mu_;
+  proto::ClockProbe last_probe_ ABSL_GUARDED_BY(probe_mu_);
+
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
+  bool writer_done_ ABSL_GUARDED_BY(mu_) = false;  // WritesDone was called
+};
+
+}  // namespace plexus

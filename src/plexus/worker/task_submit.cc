@@ -1,0 +1,250 @@
+// TaskRunner::Submit: a call's Execute op becomes its tasks on this
+// worker's devices, in the order of the server's op stream.
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/worker/task_runner.h"
+
+namespace plexus {
+namespace {
+
+// Collective exchange buffers are keyed by the call id with the top bit set.
+constexpr uint64_t kCollectiveBit = uint64_t{1} << 63;
+// The longest an NCCL all_reduce waits for its peers (one that dies fails
+// it at once: CallCollective's watch entries).
+constexpr absl::Duration kNcclTimeout = absl::Minutes(5);
+
+}  // namespace
+
+TaskRunner::TaskRunner(ObjectStore& store,
+                       const std::vector<std::unique_ptr<Device>>& devices,
+                       XlaPrograms& xla, PeerTable& peers, ReportQueue& reports,
+                       Timeline& timeline, const WorkerIdentity& me,
+                       CollectiveGpus* nccl, Clock* clock)
+    : store_(store),
+      devices_(devices),
+      xla_(xla),
+      peers_(peers),
+      reports_(reports),
+      timeline_(timeline),
+      me_(me),
+      nccl_(nccl),
+      clock_(clock),
+      device_run_ends_(
+          std::make_unique<std::atomic<int64_t>[]>(devices.size())),
+      device_run_busy_(
+          std::make_unique<std::atomic<int64_t>[]>(devices.size())) {}
+
+void TaskRunner::Submit(proto::Execute& incoming,
+                        std::shared_ptr<LoadedProgram> program) {
+  auto call = std::make_shared<CallContext>();
+  call->exec.Swap(&incoming);  // no copy: the op is consumed
+  const proto::Execute& exec = call->exec;
+  if (program != nullptr) {
+    call->program = program.get();
+    call->program_ref = std::move(program);  // alive while the call runs
+  }
+  call->tasks_left = exec.tasks_size();
+  if (call->program && call->program->xla) {
+    call->island = std::make_unique<IslandExecution>(exec.tasks_size());
+  }
+  const absl::Status collective_error = SetUpCollective(*call);
+  DeclareAndPin(*call, collective_error);
+  Enqueue(call);
+}
+
+absl::Status TaskRunner::SetUpCollective(CallContext& call) {
+  const proto::Execute& exec = call.exec;
+  if (!(call.program && call.program->kernel &&
+        call.program->kernel->is_collective() && exec.peers_size() > 0)) {
+    return absl::OkStatus();
+  }
+  std::vector<CallCollective::Peer> peers;
+  int my_rank = -1;
+  for (int r = 0; r < exec.peers_size(); ++r) {
+    peers.push_back({exec.peers(r).worker_id(), exec.peers(r).local_shards()});
+    if (exec.peers(r).worker_id() == me_.worker_id.load()) my_rank = r;
+  }
+  absl::Status error = CheckCollective(call, peers, my_rank);
+  if (error.ok()) MakeCollective(call, std::move(peers), my_rank);
+  return error;
+}
+
+absl::Status TaskRunner::CheckCollective(
+    const CallContext& call, const std::vector<CallCollective::Peer>& peers,
+    int my_rank) const {
+  const proto::Execute& exec = call.exec;
+  const std::string& name = call.program->name;
+  if (my_rank < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", name, "': call ", exec.call_id(),
+                     " does not list this worker among its peers"));
+  }
+  if (exec.tasks_size() == 0 ||
+      peers[my_rank].local_shards != exec.tasks_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", name, "': call ", exec.call_id(), " counts ",
+                     peers[my_rank].local_shards,
+                     " shards on this worker but sends ", exec.tasks_size()));
+  }
+  for (const CallCollective::Peer& peer : peers) {
+    std::optional<absl::Status> down = peers_.DownStatus(peer.worker_id);
+    if (!down.has_value()) continue;
+    // Its partial will never come.
+    return absl::Status(
+        down->code(),
+        absl::StrCat("program '", name, "': call ", exec.call_id(),
+                     " takes part with worker ", peer.worker_id,
+                     ", which is down: ", down->message()));
+  }
+  return absl::OkStatus();
+}
+
+void TaskRunner::MakeCollective(CallContext& call,
+                                std::vector<CallCollective::Peer> peers,
+                                int my_rank) {
+  const proto::Execute& exec = call.exec;
+  const LoadedProgram& program = *call.program;
+  // On the timeline, each partial, offer or ring step sent to a peer is
+  // a transfer of this call (the peer's task of it reads it).
+  TimelineEvent step;
+  if (timeline_.enabled()) {
+    step.kind = EventKind::kTransfer;
+    step.client_id = exec.client_id();
+    step.call_id = exec.call_id();
+    step.program_id = exec.program_id();
+  }
+  call.collective = std::make_unique<CallCollective>(
+      exec.call_id() | kCollectiveBit, std::move(peers), my_rank, &store_,
+      [this, step](int64_t worker, const BufferKey& key,
+                   absl::StatusOr<std::shared_ptr<const Storage>> data) {
+        if (PeerSender* s = peers_.SenderTo(worker)) {
+          TimelineEvent e = step;
+          e.buffer_id = key.buffer_id;
+          e.shard = key.shard;
+          e.peer = worker;
+          s->Send({key.buffer_id, key.shard}, std::move(data), e);
+        }
+      });
+  // Every rank's partial has the shape of one shard's input.
+  TensorSpec partial_spec;
+  if (!program.inputs.empty()) {
+    auto local = program.inputs[0].Local(exec.num_shards());
+    if (local.ok()) partial_spec = *local;
+  }
+  // On the GPUs where every worker runs NCCL and holds one shard of the
+  // call (several local shards on distinct GPUs would take one NCCL
+  // group call: not built, so they take the host path).
+  // (all_reduce only: its tasks then skip the kernel, RunTask.)
+  bool nccl =
+      nccl_ != nullptr && exec.peers_size() > 1 &&
+      program.kernel == builtin::KernelRegistry::Global().Find("all_reduce") &&
+      program.inputs.size() == 1 && program.outputs.size() == 1;
+  for (const proto::CollectivePeer& peer : exec.peers()) {
+    nccl &= peer.nccl() && peer.local_shards() == 1;
+  }
+  if (nccl) {
+    // Its one local shard's sum, on the timeline as a transfer by NCCL.
+    TimelineEvent summed;
+    summed.client_id = exec.client_id();
+    summed.call_id = exec.call_id();
+    summed.program_id = exec.program_id();
+    summed.buffer_id = exec.output_ids_size() > 0 ? exec.output_ids(0) : 0;
+    summed.peer = me_.worker_id.load();
+    summed.device = exec.tasks(0).device();
+    summed.shard = exec.tasks(0).shard();
+    call.collective->EnableNccl(nccl_, kNcclTimeout,
+                                timeline_.enabled() ? &timeline_ : nullptr,
+                                summed, clock_);
+  }
+  call.collective->ExpectPartials(exec.tasks(0).device(), partial_spec);
+}
+
+void TaskRunner::DeclareAndPin(CallContext& call,
+                               const absl::Status& collective_error) {
+  const proto::Execute& exec = call.exec;
+  // An input that is not here (released before this call reached the
+  // worker) fails its task now: nothing would ever fulfil it.
+  call.input_errors.assign(exec.tasks_size(), collective_error);
+  const int num_devices = static_cast<int>(devices_.size());
+  for (int t = 0; t < exec.tasks_size(); ++t) {
+    const proto::ShardTask& task = exec.tasks(t);
+    // A task for a device this worker lacks fails where it stands: its
+    // outputs are declared on no device and fail, nothing waits for it.
+    const bool on_device = task.device() >= 0 && task.device() < num_devices;
+    if (!on_device && call.input_errors[t].ok()) {
+      call.input_errors[t] = absl::InvalidArgumentError(
+          absl::StrCat("call ", exec.call_id(), " names device ", task.device(),
+                       " but this worker has ", num_devices));
+    }
+    for (int o = 0; o < exec.output_ids_size(); ++o) {
+      TensorSpec spec;
+      if (call.program && o < static_cast<int>(call.program->outputs.size())) {
+        auto local = call.program->outputs[o].Local(exec.num_shards());
+        if (local.ok()) spec = *local;
+      }
+      store_.Declare({exec.output_ids(o), task.shard()},
+                     on_device ? task.device() : -1, spec, /*owned=*/true);
+    }
+    std::vector<BufferKey> pinned;
+    for (int i = 0; i < task.inputs_size() && call.input_errors[t].ok(); ++i) {
+      for (const auto& piece : task.inputs(i).pieces()) {
+        BufferKey key{piece.buffer_id(), piece.shard()};
+        absl::Status known = store_.AddReader(key);
+        if (!known.ok()) {
+          call.input_errors[t] = absl::Status(
+              known.code(),
+              absl::StrCat(call.program ? "program '" + call.program->name + "'"
+                                        : "a program",
+                           " argument ", i, ": ", known.message()));
+          break;
+        }
+        pinned.push_back(key);
+      }
+    }
+    if (!call.input_errors[t].ok()) {
+      for (const BufferKey& key : pinned) store_.RemoveReader(key);
+    }
+  }
+}
+
+void TaskRunner::Enqueue(const std::shared_ptr<CallContext>& call) {
+  const proto::Execute& exec = call->exec;
+  const LoadedProgram* program = call->program;
+  // Built-in kernels that are not collectives neither wait for nor are
+  // waited on by other calls' tasks: they may pass other clients' queued
+  // tasks by their start tag (worker/task_queue.h).
+  const TaskOrder order{
+      .client = exec.client_id(),
+      .start_tag = exec.start_tag(),
+      .reorderable = program != nullptr && program->kernel != nullptr &&
+                     !program->kernel->is_collective() && !program->xla};
+  const bool collective_kernel =
+      program != nullptr && program->kernel != nullptr &&
+      program->kernel->is_collective() && !program->xla;
+  const int num_devices = static_cast<int>(devices_.size());
+  for (int i = 0; i < exec.tasks_size(); ++i) {
+    int device = exec.tasks(i).device();
+    if (device < 0 || device >= num_devices) {
+      SPDLOG_ERROR("call {} names device {} but this worker has {}",
+                   exec.call_id(), device, num_devices);
+      RunTask(call, i, clock_->Now());  // fails at once with input_errors[i]
+      continue;
+    }
+    Device::Task run = [this, call, i, queued = clock_->Now()] {
+      RunTask(call, i, queued);
+    };
+    // A built-in collective waits on its peers and the network, not on the
+    // device: it runs on the device's communication stream, so the compute
+    // queued behind it (the rest of a backward pass) goes on meanwhile.
+    if (collective_kernel) {
+      devices_[device]->EnqueueCollective(std::move(run), order);
+    } else {
+      devices_[device]->Enqueue(std::move(run), order);
+    }
+  }
+}
+
+}  // namespace plexus
