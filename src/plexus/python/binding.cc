@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "plexus/client/client.h"
+#include "plexus/common/argument_count.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/executors/xla/lapack/lapack_handlers.h"
 #include "plexus/timeline/chrome_trace.h"
@@ -283,6 +284,12 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("kernel",
                              [](const Program& p) { return p.def().kernel(); })
       .def_property_readonly("slice", &Program::slice)
+      // The server's rule for a call's argument count (argument_count.h),
+      // for Python to fail fast before it puts the arguments.
+      .def("check_argument_count",
+           [](const Program& p, size_t given) {
+             Check(CheckArgumentCount(p.name(), p.inputs().size(), given));
+           })
       .def_property_readonly("inputs",
                              [](const Program& p) {
                                py::list l;
