@@ -9,6 +9,8 @@ from . import _core
 from . import _trace
 from ._progress import (describe_slice, describe_transfer, describe_wait,
                         transfer_progress, waiting)
+from ._state import current_address, state_secret
+from ._status import cluster_status
 
 # ---------------------------------------------------------------- shardings
 
@@ -853,7 +855,7 @@ class Client:
         if self._address is None:
             raise RuntimeError("this client does not know its server's "
                                "address")
-        st = _decode_status(_core.cluster_status(self._address))
+        st = cluster_status(self._address)
         return [e for e in st.get("why", [])
                 if int(e.get("client_id", 0)) == self.id
                 and int(e.get("waited_ms", 0)) >= after * 1000]
@@ -973,7 +975,6 @@ def connect(address=None, name="python", shared_memory=True,
     """
     secret = None
     if address is None:
-        from .cli import current_address, state_secret
         address = current_address()
         secret = state_secret(address)
     if reconnect_timeout is None:
@@ -987,40 +988,8 @@ def connect(address=None, name="python", shared_memory=True,
         address)
 
 
-def _int64_fields(obj):
-    """protobuf's JSON writes int64 as strings; make them ints again."""
-    if isinstance(obj, dict):
-        return {k: _int64_fields(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_int64_fields(v) for v in obj]
-    if isinstance(obj, str) and obj.lstrip("-").isdigit():
-        return int(obj)
-    return obj
-
-
-def _decode_status(text):
-    import json
-    st = _int64_fields(json.loads(text))
-    # Names stay names even when they look like numbers.
-    for w in st.get("workers", []):
-        w["host_name"] = str(w.get("host_name", ""))
-    for c in st.get("clients", []):
-        c["name"] = str(c.get("name", ""))
-        c["tenant"] = str(c.get("tenant", ""))
-    for s in st.get("slices", []):
-        for d in s.get("devices", []):
-            d["host_name"] = str(d.get("host_name", ""))
-    for p in st.get("pending_slices", []):
-        p["waiting_for"] = str(p.get("waiting_for", ""))
-    for e in st.get("why", []):
-        for k in ("program", "reason", "blame_host", "site"):
-            e[k] = str(e.get(k, ""))
-    return st
-
-
 def status(address=None):
     """The server's view of the cluster, as a dict."""
     if address is None:
-        from .cli import current_address
         address = current_address()
-    return _decode_status(_core.cluster_status(address))
+    return cluster_status(address)

@@ -6,8 +6,10 @@ import subprocess
 import time
 
 from . import _core
+from ._api import Client
 from ._binaries import bin_dir, default_pjrt_plugin
 from ._spawn import describe_exit, read_ready_line, spawn
+from ._status import cluster_status, web_url
 
 
 class ClusterExitError(RuntimeError):
@@ -191,8 +193,7 @@ class LocalCluster:
         """The server's view of the cluster, as a dict. fresh=True waits for
         a heartbeat from every live worker first (~0.5 s), so worker stats
         are current."""
-        from ._api import _decode_status
-        return _decode_status(_core.cluster_status(self.address, fresh))
+        return cluster_status(self.address, fresh)
 
     def wait_until(self, predicate, timeout=10.0, what="a condition"):
         """Waits until `predicate(status)` is true, re-reading the status
@@ -209,7 +210,6 @@ class LocalCluster:
     def web_url(self, tenant=None):
         """The URL of this cluster's live page, with the operator's token
         (or `tenant`'s) in its fragment (web/viewer.h)."""
-        from .cli import web_url
         if tenant:
             return web_url(self.status(), tenant=tenant,
                            tenant_token=_core.tenant_token(tenant, self._secret))
@@ -225,7 +225,6 @@ class LocalCluster:
         default parallel asynchronous dispatch). The session opens as
         `tenant` (default "default"), with the token derived from the
         cluster's secret."""
-        from ._api import Client
         client = Client(_core.Client.connect(
             self.address, name, shared_memory, sequential_dispatch,
             tenant=tenant or "", secret_hex=self._secret), self.address)

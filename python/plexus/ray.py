@@ -33,9 +33,11 @@ import tempfile
 import time
 
 from . import _core
+from ._api import Client
 from ._binaries import bin_dir, default_pjrt_plugin
 from ._cluster import ClusterExitError, _down_on_exit
 from ._spawn import describe_exit, read_ready_line, spawn
+from ._status import decode_status
 
 __all__ = ["ClusterExitError", "RayCluster", "start"]
 
@@ -170,7 +172,6 @@ class RayCluster:
         """Another client of this cluster. The session opens as `tenant`
         (default "default"), with the token derived from the cluster's
         secret (the server listens off loopback: no anonymous sessions)."""
-        from ._api import Client
         c = Client(_core.Client.connect(
             self.address, name, shared_memory, sequential_dispatch,
             tenant=tenant or "", secret_hex=self._secret,
@@ -196,8 +197,7 @@ class RayCluster:
                 os.environ["PLEXUS_TLS_CA"] = before
 
     def status(self, fresh=False):
-        from ._api import _decode_status
-        return _decode_status(self._with_tls_ca(
+        return decode_status(self._with_tls_ca(
             lambda: _core.cluster_status(self.address, fresh)))
 
     def down(self, timeout=30.0):
