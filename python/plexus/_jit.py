@@ -75,8 +75,11 @@ import warnings
 import numpy as np
 
 from . import _core, _dcn_check, _plugin_support
-from ._api import Future, Program, Spec, _sharding, partial, replicated, split
+from ._future import Future
 from ._island_layout import IslandLayout, abstract_mesh
+from ._program import Program, Spec
+from ._sharding import (_is_partition_spec, _sharding, _sharding_repr, partial,
+                        replicated, split)
 
 # Plexus dtypes (common/types.cc): every whole-byte JAX dtype.
 _DTYPES = ("float32", "float64", "int32", "int64", "bfloat16", "float16",
@@ -840,7 +843,6 @@ def _describe(dtype, shape, key=None):
 
 def _signature(names, specs):
     """x: float32[8] split(0), k: key<threefry2x32>[] ..."""
-    from ._api import _sharding_repr
     parts = []
     for name, (dtype, shape, sh, key) in zip(names, specs):
         if key is not None:
@@ -895,7 +897,6 @@ class _Group:
 
 
 def _is_sharding_leaf(x):
-    from ._api import _is_partition_spec
     return x is None or _is_partition_spec(x) or (
         type(x).__name__ == "NamedSharding") or (
         isinstance(x, tuple) and len(x) == 2 and
