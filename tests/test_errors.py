@@ -27,6 +27,22 @@ def test_numpy_argument_of_the_wrong_shape_is_rejected(client):
         prog(np.zeros(2, np.float32))
 
 
+def test_a_wrong_argument_count_names_the_program_and_both_counts(client):
+    s = client.slice(1)
+    add = s.program("add", plexus.Spec((3,), "float32"),
+                    plexus.Spec((3,), "float32"), name="sum2")
+    x = s.put(np.zeros(3, np.float32))
+    for args, got in (((x,), 1), ((x, x, x), 3),
+                      ((np.zeros(3, np.float32),), 1)):
+        # The message is the server's rule (common/argument_count.h), met
+        # before anything is put or sent.
+        with pytest.raises(plexus.InvalidArgumentError,
+                           match=f"^program 'sum2' takes 2 arguments, "
+                                 f"got {got}$"):
+            add(*args)
+    assert np.asarray(add(x, x)).tolist() == [0, 0, 0]  # the program works
+
+
 def test_unknown_kernel_lists_the_known_ones(client):
     s = client.slice(1)
     with pytest.raises(plexus.NotFoundError, match="unknown kernel 'conv9d'.*matmul"):

@@ -35,7 +35,7 @@ def bounded(fn, what, timeout=WAIT_S):
 
 def fresh_status(address):
     """The server's status once every worker has reported after now."""
-    from plexus._api import _decode_status
+    from plexus._status import decode_status as _decode_status
     return _decode_status(plexus._core.cluster_status(address, True))
 
 

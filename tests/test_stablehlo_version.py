@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import plexus
-from plexus import _jit
+from plexus import _stablehlo
 
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
@@ -26,7 +26,7 @@ def exported():
         jax.ShapeDtypeStruct((4,), jnp.float32))
 
 
-class FakeSlice:  # what _serialized reads of a slice: its devices
+class FakeSlice:  # what serialized reads of a slice: its devices
     def __init__(self, *versions):
         self.devices = [{"stablehlo_version": v} for v in versions]
 
@@ -42,12 +42,12 @@ def test_a_module_is_written_for_the_oldest_version_of_its_workers():
     e = exported()
     jax_writes = written_for(e.mlir_module_serialized)
     # Older than what jax writes: written down to the oldest reader.
-    assert written_for(_jit._serialized(
+    assert written_for(_stablehlo.serialized(
         e, FakeSlice("1.13.3", "1.14.0"), "program 'f'")) == "1.13.3"
     # As new as jax's, or not said: jax's own bytes.
-    assert _jit._serialized(e, FakeSlice("99.0.0"), "program 'f'") == \
+    assert _stablehlo.serialized(e, FakeSlice("99.0.0"), "program 'f'") == \
         e.mlir_module_serialized
-    assert _jit._serialized(e, FakeSlice(""), "program 'f'") == \
+    assert _stablehlo.serialized(e, FakeSlice(""), "program 'f'") == \
         e.mlir_module_serialized
     assert jax_writes
     # Older than any this jax can write: a clear error naming both.
@@ -56,7 +56,7 @@ def test_a_module_is_written_for_the_oldest_version_of_its_workers():
                              r"StableHLO 0\.1\.0, older than any this jax "
                              r"writes \(" + re.escape(
                                  str(hlo.get_minimum_version()))):
-        _jit._serialized(e, FakeSlice("0.1.0"), "program 'f'")
+        _stablehlo.serialized(e, FakeSlice("0.1.0"), "program 'f'")
 
 
 def test_a_program_runs_whatever_jax_writes_by_default(client):

@@ -11,9 +11,10 @@
 from ._core import (DeadlineExceededError, DeviceLostError, InvalidArgumentError, NotFoundError,
                     PermissionDeniedError, PlexusError, ResourceExhaustedError,
                     ServerRestartedError, UnavailableError, UnimplementedError)
-from ._api import (Client, Future, Graph, P, Program, Slice, Spec,
-                   block_until_ready, connect, partial, replicated, split,
-                   status, wait)
+from ._api import Client, Slice, connect, status
+from ._future import Future, block_until_ready, wait
+from ._program import Graph, Program, Spec
+from ._sharding import P, partial, replicated, split
 from ._builtins import builtins
 from ._cluster import ClusterExitError, LocalCluster, local
 from ._jit import jit

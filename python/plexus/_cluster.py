@@ -6,25 +6,16 @@ import subprocess
 import time
 
 from . import _core
+from ._api import Client
 from ._binaries import bin_dir, default_pjrt_plugin
+from ._spawn import describe_exit, read_ready_line, spawn
+from ._status import cluster_status, web_url
 
 
 class ClusterExitError(RuntimeError):
     """A process of an embedded cluster did not exit cleanly at `down()`:
     the server exited non-zero or on a signal, or a worker did (the server
     reports each by name). A crash at shutdown is a bug, never noise."""
-
-
-def _describe_exit(returncode):
-    if returncode is None:
-        return "still running"
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = "?"
-        return f"was killed by signal {-returncode} ({name})"
-    return f"exited with code {returncode}"
 
 
 def _down_on_exit(cluster, exc):
@@ -143,10 +134,8 @@ class LocalCluster:
     def start(self, timeout=30.0):
         """Starts the server and its workers; returns once every worker has
         registered (the server says so on a pipe), or raises."""
-        read_end, write_end = os.pipe()
         cmd = [str(bin_dir() / "plexus-server"),
                "--listen", "127.0.0.1:0",
-               "--ready-fd", str(write_end),
                "--local-workers", str(self.hosts),
                "--spare-workers", str(self.spare),
                "--devices-per-host", str(self.devices_per_host),
@@ -176,31 +165,19 @@ class LocalCluster:
         if self.max_restarts_per_minute is not None:
             cmd += ["--max-restarts-per-minute",
                     str(self.max_restarts_per_minute)]
-        if self.attached:
-            cmd.append("--die-with-parent")
-        log = open(self.log_file, "ab") if self.log_file else None
-        # Workers inherit the server's environment, the secret included.
-        env = dict(os.environ, PLEXUS_PJRT_PLUGIN=self.pjrt_plugin,
-                   PLEXUS_CLUSTER_SECRET=self._secret)
-        env.pop("PLEXUS_GPUS", None)
-        if self.gpus is not None:
-            env["PLEXUS_GPUS"] = ",".join(str(g) for g in self.gpus)
-        env.pop("PLEXUS_CUDA_IPC", None)
-        if not self.cuda_ipc:
-            env["PLEXUS_CUDA_IPC"] = "0"
-        try:
-            self.process = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log or subprocess.DEVNULL,
-                stderr=log, start_new_session=True, pass_fds=(write_end,),
-                env=env)
-        finally:
-            os.close(write_end)
-            if log:
-                log.close()
-        self._ready_fd = read_end  # down() reads the rest
+        # Workers inherit the server's environment, the secret included;
+        # None: not inherited from this process's.
+        env = {"PLEXUS_PJRT_PLUGIN": self.pjrt_plugin,
+               "PLEXUS_GPUS": (None if self.gpus is None else
+                               ",".join(str(g) for g in self.gpus)),
+               "PLEXUS_CUDA_IPC": None if self.cuda_ipc else "0"}
+        # A session of its own: down() kills it and its workers as a group.
+        self.process, self._ready_fd = spawn(
+            cmd, secret=self._secret, env=env, log_path=self.log_file,
+            new_session=True, die_with_parent=self.attached)
         # The server writes its address once ready; end-of-file if it exits.
-        ready, _, _ = select.select([read_end], [], [], timeout)
-        line = os.read(read_end, 256).decode().strip() if ready else None
+        # down() reads the rest.
+        line = read_ready_line(self._ready_fd, timeout)
         if not line:
             code = self.process.poll()
             self._stop(timeout=10.0)
@@ -216,8 +193,7 @@ class LocalCluster:
         """The server's view of the cluster, as a dict. fresh=True waits for
         a heartbeat from every live worker first (~0.5 s), so worker stats
         are current."""
-        from ._api import _decode_status
-        return _decode_status(_core.cluster_status(self.address, fresh))
+        return cluster_status(self.address, fresh)
 
     def wait_until(self, predicate, timeout=10.0, what="a condition"):
         """Waits until `predicate(status)` is true, re-reading the status
@@ -234,7 +210,6 @@ class LocalCluster:
     def web_url(self, tenant=None):
         """The URL of this cluster's live page, with the operator's token
         (or `tenant`'s) in its fragment (web/viewer.h)."""
-        from .cli import web_url
         if tenant:
             return web_url(self.status(), tenant=tenant,
                            tenant_token=_core.tenant_token(tenant, self._secret))
@@ -250,7 +225,6 @@ class LocalCluster:
         default parallel asynchronous dispatch). The session opens as
         `tenant` (default "default"), with the token derived from the
         cluster's secret."""
-        from ._api import Client
         client = Client(_core.Client.connect(
             self.address, name, shared_memory, sequential_dispatch,
             tenant=tenant or "", secret_hex=self._secret), self.address)
@@ -297,7 +271,7 @@ class LocalCluster:
             pass
         if not problems and self.process.returncode != 0:
             problems.append(f"plexus-server (pid {self.process.pid}) "
-                            f"{_describe_exit(self.process.returncode)}")
+                            f"{describe_exit(self.process.returncode)}")
         problems += self._read_exit_report()
         self.process = None
         return problems

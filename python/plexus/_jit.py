@@ -69,14 +69,18 @@ jax.jit.
 """
 import collections
 import inspect
-import re
 import warnings
 
 import numpy as np
 
 from . import _core, _dcn_check, _plugin_support
-from ._api import Future, Program, Spec, _sharding, partial, replicated, split
+from ._future import Future
 from ._island_layout import IslandLayout, abstract_mesh
+from ._program import Spec
+from ._sharding import (_is_partition_spec, _sharding, _sharding_repr, partial,
+                        replicated, split)
+from ._stablehlo import aliased_inputs, serialized
+from ._xla_program import XlaProgram, _is_key_dtype
 
 # Plexus dtypes (common/types.cc): every whole-byte JAX dtype.
 _DTYPES = ("float32", "float64", "int32", "int64", "bfloat16", "float16",
@@ -437,7 +441,7 @@ class Jitted:
             exported, out_kinds, tree, out_keys = self._export(
                 treedef, specs, static, k, n, names, layout, donated)
             if aliases is None:
-                aliases = _aliased_inputs(exported)
+                aliases = aliased_inputs(exported)
             per_device = self._outputs(exported, out_kinds, k, n, layout)
             if outputs is not None and per_device != outputs:
                 raise _core.InvalidArgumentError(
@@ -445,7 +449,7 @@ class Jitted:
                     f"{outputs} and {per_device}; make the outputs' shapes "
                     "follow the split inputs'")
             outputs = per_device
-            modules[k] = _serialized(exported, self._slice, what)
+            modules[k] = serialized(exported, self._slice, what)
 
         # One entry per distinct device assignment, with the workers that
         # run it (they compile it as soon as the program is registered), and
@@ -657,122 +661,6 @@ class Jitted:
         return outputs
 
 
-def _version(text):
-    return tuple(int(x) for x in text.split("."))
-
-
-def _serialized(exported, slice_, what):
-    """The module's portable artifact, for the oldest StableHLO the slice's
-    workers read (each reports its PJRT plugin's stablehlo_current_version)
-    where that is older than what jax writes (a plugin built before this
-    jax: the pinned CPU plugin reads 1.13, jax 0.11 writes 1.16), as jax
-    itself does for a plugin backend."""
-    from jax._src.lib import _jax
-    from jax._src.lib.mlir.dialects import hlo
-    written = hlo.get_version_from_compatibility_requirement(
-        hlo.StablehloCompatibilityRequirement.WEEK_4)
-    read = [d.get("stablehlo_version") for d in slice_.devices]
-    read = [v for v in read if v]
-    if not read:
-        return exported.mlir_module_serialized
-    target = min(read, key=_version)
-    if _version(target) >= _version(written):
-        return exported.mlir_module_serialized
-    if _version(target) < _version(hlo.get_minimum_version()):
-        raise _core.InvalidArgumentError(
-            f"{what}: the workers' PJRT plugin reads StableHLO {target}, "
-            f"older than any this jax writes ({hlo.get_minimum_version()})")
-    try:
-        return _jax.mlir.serialize_portable_artifact(
-            exported.mlir_module(), target, True)
-    except Exception as e:  # noqa: BLE001 - a feature the target lacks
-        raise _core.InvalidArgumentError(
-            f"{what}: the module cannot be written for StableHLO {target}, "
-            f"the newest the workers' PJRT plugin reads (jax writes "
-            f"{written}): {e}") from e
-
-
-_ALIAS = re.compile(r"%arg(\d+):[^%]*?tf\.aliasing_output = (\d+)")
-
-
-def _aliased_inputs(exported):
-    """(input, output) pairs the exported module aliases: each argument of
-    its main function with `tf.aliasing_output`, as jax.jit lowers donated
-    arguments it can pair with an output."""
-    text = exported.mlir_module()
-    start = text.find("@main(")
-    if start < 0:
-        return []
-    end = text.find(") ->", start)
-    signature = text[start:end if end > 0 else None]
-    return [(int(i), int(o)) for i, o in _ALIAS.findall(signature)]
-
-
-class XlaProgram(Program):
-    """A lowered JAX function: a Program whose calls take and return
-    pytrees."""
-
-    def __init__(self, core_program, client, in_tree, out_tree,
-                 in_keys=None, out_keys=None, out_weak=None):
-        super().__init__(core_program, client)
-        self._in_tree = in_tree
-        self._out_tree = out_tree
-        self._in_keys = in_keys or [None] * len(core_program.inputs)
-        self._out_keys = out_keys or [None] * len(core_program.outputs)
-        self._out_weak = out_weak or [False] * len(core_program.outputs)
-
-    def _wrap_keys(self, outs):
-        """Marks the outputs that are typed keys (their key data) and those
-        that are weakly typed."""
-        for f, impl, weak in zip(outs, self._out_keys, self._out_weak):
-            if impl is not None:
-                f._key = impl
-            f._weak = weak
-        return outs
-
-    def __call__(self, *args, **kwargs):
-        jax = _jax()
-        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
-        if treedef != self._in_tree:
-            raise _core.InvalidArgumentError(
-                f"program '{self.name}' was compiled for arguments "
-                f"{self._in_tree}, got {treedef}")
-        return self._call_leaves(leaves)
-
-    def _invoke_checked(self, core_futures):
-        """Calls with core futures already known to match the inputs."""
-        outs = self._wrap_keys(self._invoke(core_futures))
-        return _jax().tree_util.tree_unflatten(self._out_tree, outs)
-
-    def _call_leaves(self, leaves):
-        jax = _jax()
-        values = []
-        for i, (x, (dtype, shape, _), impl) in enumerate(zip(
-                leaves, self._p.inputs, self._in_keys)):
-            if isinstance(x, Future):
-                f = x._f
-                if (tuple(f.shape) != tuple(shape) or f.dtype != dtype
-                        or x._key != impl):
-                    raise _core.InvalidArgumentError(
-                        f"program '{self.name}' argument {i} is "
-                        f"{_describe(x.dtype, x.shape)} but the program "
-                        f"was compiled for "
-                        f"{_describe(dtype, shape, impl)}")
-                values.append(x)
-            else:
-                if _is_key_dtype(jax, getattr(x, "dtype", None)):
-                    x = jax.random.key_data(x)
-                a = np.asarray(x)
-                if a.shape == tuple(shape) and a.dtype != dtype:
-                    a = a.astype(dtype)  # JAX's canonical dtype (x64 off)
-                values.append(a)
-        outs = super().__call__(*values)
-        if not isinstance(outs, tuple) or len(self._p.outputs) == 1:
-            outs = (outs,)
-        return jax.tree_util.tree_unflatten(self._out_tree,
-                                            self._wrap_keys(list(outs)))
-
-
 class _Leaf(collections.namedtuple("_Leaf", "dtype shape sharding key")):
     """An argument leaf as the program takes it: dtype name, shape and core
     sharding of what travels, and the key impl when it is a typed PRNG key
@@ -794,14 +682,6 @@ class _Leaf(collections.namedtuple("_Leaf", "dtype shape sharding key")):
 
     def __hash__(self):
         return hash((tuple(self), self.weak))
-
-
-def _is_key_dtype(jax, dtype):
-    try:
-        return dtype is not None and jax.dtypes.issubdtype(
-            dtype, jax.dtypes.prng_key)
-    except TypeError:
-        return False
 
 
 def _key_impl(jax, x):
@@ -832,15 +712,8 @@ def _dtype_of(jax, dtype, what):
     return dtype
 
 
-def _describe(dtype, shape, key=None):
-    if key is not None:
-        return f"key<{key}> data {np.dtype(dtype)}{list(shape)}"
-    return f"{dtype}{list(shape)}"
-
-
 def _signature(names, specs):
     """x: float32[8] split(0), k: key<threefry2x32>[] ..."""
-    from ._api import _sharding_repr
     parts = []
     for name, (dtype, shape, sh, key) in zip(names, specs):
         if key is not None:
@@ -895,7 +768,6 @@ class _Group:
 
 
 def _is_sharding_leaf(x):
-    from ._api import _is_partition_spec
     return x is None or _is_partition_spec(x) or (
         type(x).__name__ == "NamedSharding") or (
         isinstance(x, tuple) and len(x) == 2 and

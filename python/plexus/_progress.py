@@ -23,6 +23,9 @@ import sys
 import threading
 import time
 
+from . import _core
+from ._status import cluster_status
+
 AFTER_S = 1.0    # a wait shows after this long
 EVERY_S = 0.5    # and is redrawn this often
 # Puts and fetches at least this large count their bytes as they move
@@ -142,9 +145,7 @@ class waiting:
 # ---------------------------------------------------------------- lines
 
 def _status(client):
-    from . import _core
-    from ._api import _decode_status
-    return _decode_status(_core.cluster_status(client._address))
+    return cluster_status(client._address)
 
 
 def _recovery(st, client):
@@ -216,7 +217,6 @@ def transfer_progress(nbytes):
     then counts nothing)."""
     if nbytes < TRANSFER_LINE_BYTES or not enabled():
         return None
-    from . import _core
     return _core.TransferProgress()
 
 

@@ -9,7 +9,8 @@ it prints `iterations` frames one after the other, 1 by default.
 import sys
 import time
 
-from . import _core
+from ._status import cluster_status
+from ._status_text import human, table, why_lines
 
 
 def _busy(before, after, seconds):
@@ -31,7 +32,6 @@ def _busy(before, after, seconds):
 def frame(before, after, seconds):
     """The text of one frame: what changed from `before` to `after`, two
     statuses `seconds` apart."""
-    from .cli import _human, _table, why_lines
     busy = _busy(before, after, seconds)
     routed = (int(after.get("calls_routed", 0)) -
               int(before.get("calls_routed", 0))) / max(seconds, 1e-9)
@@ -52,13 +52,13 @@ def frame(before, after, seconds):
             b = busy.get((w["worker_id"], i))
             devices.append(
                 f"{i}:{'-' if b is None else f'{b:3.0f}%'} "
-                f"{_human(live[i] if i < len(live) else 0)}")
+                f"{human(live[i] if i < len(live) else 0)}")
         state = (("spare" if w.get("spare") else "up") if w.get("alive")
                  else "DOWN")
         rows.append([w["host_name"], w["worker_id"], state,
                      "  ".join(devices), s.get("calls_executed", 0),
                      s.get("calls_failed", 0), s.get("xla_compiles", 0)])
-    out += ["", _table(["HOST", "WORKER", "STATE", "DEVICES (BUSY, LIVE)",
+    out += ["", table(["HOST", "WORKER", "STATE", "DEVICES (BUSY, LIVE)",
                         "CALLS", "FAILED", "COMPILES"], rows)]
     clients = after.get("clients", [])
     if clients:
@@ -66,8 +66,8 @@ def frame(before, after, seconds):
                  f"{float(c.get('weight', 1) or 1):g}", c.get("slices", 0),
                  c.get("calls_pending", 0), c.get("calls_in_flight", 0),
                  f"{int(c.get('device_micros', 0)) / 1e6:.2f} s",
-                 _human(c.get("live_bytes", 0))] for c in clients]
-        out += ["", _table(["CLIENT", "NAME", "TENANT", "WEIGHT", "SLICES",
+                 human(c.get("live_bytes", 0))] for c in clients]
+        out += ["", table(["CLIENT", "NAME", "TENANT", "WEIGHT", "SLICES",
                             "PENDING", "IN-FLIGHT", "DEVICE-TIME", "LIVE"],
                            rows)]
     slices = after.get("slices", [])
@@ -77,7 +77,7 @@ def frame(before, after, seconds):
                                   for d in s.get("devices", [])})),
                  "BROKEN" if s.get("broken") else
                  "WAITING" if s.get("awaiting") else "ok"] for s in slices]
-        out += ["", _table(["SLICE", "CLIENT", "DEVICES", "HOSTS", "STATE"],
+        out += ["", table(["SLICE", "CLIENT", "DEVICES", "HOSTS", "STATE"],
                            rows)]
     why = why_lines(after)
     out += ["", "why: " + (f"{len(why)} wait(s)" if why else
@@ -90,17 +90,16 @@ def run(address, interval=1.0, iterations=None, out=sys.stdout):
     """Prints frames of the cluster at `address` every `interval` seconds:
     `iterations` of them (None: until interrupted on a terminal, 1
     otherwise)."""
-    from ._api import _decode_status
     tty = out.isatty()
     if iterations is None:
         iterations = 0 if tty else 1
     n = 0
-    before = _decode_status(_core.cluster_status(address))
+    before = cluster_status(address)
     t0 = time.monotonic()
     try:
         while iterations == 0 or n < iterations:
             time.sleep(interval)
-            after = _decode_status(_core.cluster_status(address))
+            after = cluster_status(address)
             t1 = time.monotonic()
             text = frame(before, after, t1 - t0)
             if tty:

@@ -19,179 +19,18 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from . import _core
 from ._process import wait_for_exit
-
-
-def _write_private(path, text):
-    """Writes a new file that only this user can read (it holds the
-    cluster secret)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-
-
-def _state_file():
-    root = Path(os.environ.get("PLEXUS_STATE_DIR",
-                               Path.home() / ".plexus"))
-    return root / "cluster.json"
-
-
-def current_address():
-    """$PLEXUS_ADDRESS, else the cluster `plexus up` started."""
-    if os.environ.get("PLEXUS_ADDRESS"):
-        return os.environ["PLEXUS_ADDRESS"]
-    f = _state_file()
-    if f.exists():
-        return json.loads(f.read_text())["address"]
-    raise _core.NotFoundError(
-        "no Plexus cluster: start one with `plexus up` or set PLEXUS_ADDRESS")
-
-
-def state_secret(address):
-    """The cluster secret `plexus up` kept, if it started the cluster at
-    `address`; else None."""
-    f = _state_file()
-    if not f.exists():
-        return None
-    state = json.loads(f.read_text())
-    return state.get("secret") if state.get("address") == address else None
-
-
-def _human(n):
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-
-
-def _table(headers, rows):
-    widths = [len(h) for h in headers]
-    for r in rows:
-        widths = [max(w, len(str(c))) for w, c in zip(widths, r)]
-    line = lambda cells: "  ".join(str(c).ljust(w) for c, w in zip(cells, widths))
-    return "\n".join([line(headers)] + [line(r) for r in rows])
-
-
-def format_status(st):
-    """The cluster status as tables a person can scan."""
-    out = []
-    workers = st.get("workers", [])
-    rows = []
-    for w in workers:
-        s = w.get("stats", {})
-        rows.append([
-            w["host_name"], w["worker_id"], w["pid"],
-            ("spare" if w.get("spare") else "up") if w["alive"] else "DOWN",
-            len(w.get("devices", [])),
-            s.get("live_buffers", 0), _human(s.get("live_bytes", 0)),
-            s.get("calls_executed", 0), s.get("calls_failed", 0),
-            _human(s.get("bytes_sent", 0)), _human(s.get("bytes_received", 0)),
-            _human(s.get("bytes_from_clients", 0)),
-            _human(s.get("bytes_to_clients", 0))])
-    out.append(_table(["HOST", "WORKER", "PID", "STATE", "DEVICES", "BUFFERS",
-                       "LIVE", "CALLS", "FAILED", "SENT", "RECEIVED",
-                       "FROM-CLIENTS", "TO-CLIENTS"], rows))
-    xla = [w for w in workers if w.get("stats", {}).get("xla_platform") or
-           w.get("stats", {}).get("xla_compiles")]
-    if xla:
-        rows = []
-        for w in xla:
-            s = w["stats"]
-            rows.append([w["host_name"], w["worker_id"],
-                         s.get("xla_platform", "") or "-",
-                         s.get("xla_compiles", 0), s.get("xla_cache_hits", 0),
-                         s.get("xla_serialized_loads", 0),
-                         f"{s.get('xla_compile_micros', 0) / 1000:.0f} ms",
-                         s.get("device_memory_shards", 0),
-                         _human(s.get("bytes_host_to_device", 0)),
-                         _human(s.get("bytes_device_to_host", 0)),
-                         "/".join(str(s.get(f"transfers_{k}", 0)) for k in
-                                  ("alias", "device_to_device", "host_staged",
-                                   "ipc", "nccl"))])
-        out.append("")
-        # Loaded: executables loaded from a peer's serialized bytes instead
-        # of compiled (a spare's). In device memory: shards XLA left there;
-        # the bytes copied each way between host and device memory since
-        # the worker started; the shards moved by each path (alias /
-        # device-to-device / through host memory / CUDA IPC / NCCL).
-        out.append(_table(["HOST", "WORKER", "XLA PLATFORM", "COMPILES",
-                           "CACHE-HITS", "LOADED", "COMPILE-TIME", "ON-DEVICE",
-                           "TO-DEVICE", "TO-HOST",
-                           "PATHS A/D2D/HOST/IPC/NCCL"], rows))
-    down = [w for w in workers if not w["alive"] and w.get("down_reason")]
-    for w in down:
-        out.append(f"  worker {w['worker_id']} down: {w['down_reason']}")
-    slices = st.get("slices", [])
-    if slices:
-        # Where each virtual device is: one row per host a slice uses, its
-        # virtual devices in mesh order with the device each maps to.
-        rows = []
-        for s in slices:
-            by_host = {}
-            for v, d in enumerate(s.get("devices", [])):
-                key = (d.get("host_name", ""), d.get("worker_id", 0))
-                by_host.setdefault(key, []).append(f"{v}->{d.get('device', 0)}")
-            islands = len({host for host, _ in by_host})
-            for i, ((host, worker), maps) in enumerate(by_host.items()):
-                rows.append([s["slice_id"] if i == 0 else "",
-                             s["client_id"] if i == 0 else "",
-                             len(s.get("devices", [])) if i == 0 else "",
-                             host, worker, " ".join(maps),
-                             # remaps onto spares; BROKEN: lost a host, no
-                             # spare; WAITING: for a host to take its place
-                             ("BROKEN" if s.get("broken") else
-                              f"WAITING ({int(s.get('awaiting_left_ms', 0)) / 1000:.1f} s left)"
-                              if s.get("awaiting") else
-                              s.get("generation", 0)) if i == 0 else "",
-                             islands if i == 0 else ""])
-        out.append("")
-        out.append(_table(["SLICE", "CLIENT", "DEVICES", "HOST", "WORKER",
-                           "VIRTUAL->DEVICE", "GENERATION", "ISLANDS"], rows))
-    r = st.get("recovery", {})
-    if int(r.get("hosts_lost", 0)):
-        out.append("")
-        out.append(
-            f"recovery: {r.get('hosts_lost', 0)} host(s) lost, "
-            f"{r.get('slices_remapped', 0)} slice remap(s), "
-            f"{r.get('slices_broken', 0)} broken; "
-            f"{r.get('calls_recomputed', 0)} call(s) run again, "
-            f"{r.get('buffers_restored', 0)} buffer(s) restored, "
-            f"{r.get('shards_reput', 0)} shard(s) put again, "
-            f"{r.get('buffers_failed', 0)} lost")
-    pending = st.get("pending_slices", [])
-    if pending:
-        rows = [[p["client_id"], p.get("request_id", 0), p.get("num_devices", 0),
-                 f"{p.get('waited_ms', 0) / 1000:.1f} s",
-                 f"{p.get('left_ms', 0) / 1000:.1f} s", p.get("waiting_for", "")]
-                for p in pending]
-        out.append("")
-        out.append(_table(["WAITING CLIENT", "REQUEST", "DEVICES", "WAITED",
-                           "LEFT", "WAITING FOR"], rows))
-    clients = st.get("clients", [])
-    if clients:
-        rows = []
-        for c in clients:
-            s = c.get("stats", {})
-            rows.append([c["client_id"], c["name"], c.get("tenant", ""),
-                         c["slices"],
-                         s.get("calls", 0), s.get("live_futures", 0),
-                         _human(s.get("bytes_put", 0)),
-                         _human(s.get("bytes_fetched", 0))])
-        out.append("")
-        out.append(_table(["CLIENT", "NAME", "TENANT", "SLICES", "CALLS",
-                           "FUTURES",
-                           "PUT", "FETCHED"], rows))
-    out.append("")
-    out.append(f"server {st.get('address')}: scheduler {st.get('scheduler', '?')}, "
-               f"{st.get('epoch', 0)} batches ordered, {st.get('calls_routed', 0)} "
-               f"calls routed, {_human(st.get('control_bytes_in', 0))} of "
-               f"control messages in, {_human(st.get('data_bytes', 0))} of "
-               "buffer data through the server")
-    return "\n".join(out)
+from ._state import current_address
+from ._state import state_secret  # noqa: F401 - plexus.cli.state_secret
+from ._state import secret_for as _secret_for
+from ._state import state_file as _state_file
+from ._state import write_private as _write_private
+from ._status import cluster_status, web_url
+from ._status_text import format_status, why_lines
+from ._status_text import human as _human  # noqa: F401 - plexus.cli._human
+from ._status_text import table as _table  # noqa: F401 - plexus.cli._table
 
 
 def cmd_up(args):
@@ -229,8 +68,7 @@ def cmd_up(args):
 
 def cmd_status(args):
     address = args.address or current_address()
-    from ._api import _decode_status
-    st = _decode_status(_core.cluster_status(address))
+    st = cluster_status(address)
     if args.web:
         url = web_url(st, secret=_secret_for(address, args.secret_file))
         print(url)
@@ -245,88 +83,10 @@ def cmd_status(args):
     return 0
 
 
-def _secret_for(address, secret_file=None):
-    """The cluster secret this process holds for the server at `address`:
-    --secret-file's, else $PLEXUS_CLUSTER_SECRET's, else the one `plexus up`
-    kept for it; None if none."""
-    if secret_file:
-        with open(secret_file) as f:
-            return f.readline().strip()
-    if os.environ.get("PLEXUS_CLUSTER_SECRET"):
-        return os.environ["PLEXUS_CLUSTER_SECRET"]
-    return state_secret(address)
-
-
-def web_url(st, secret=None, tenant=None, tenant_token=None):
-    """The URL of the live page of the server whose status is `st`, with
-    the token it needs in its fragment (which a browser never sends): the
-    operator's when `secret` (hex) is given, else the tenant's ($PLEXUS_TENANT
-    and $PLEXUS_TENANT_TOKEN by default). The page keeps the token for the
-    tab and takes it off the address bar."""
-    web = st.get("web_address")
-    if not web:
-        raise _core.PlexusError(
-            f"the server at {st.get('address')} serves no live page (it "
-            "was started with --web-listen off)")
-    if secret:
-        token = _core.operator_token(secret)
-    else:
-        tenant = tenant or os.environ.get("PLEXUS_TENANT")
-        tenant_token = tenant_token or os.environ.get("PLEXUS_TENANT_TOKEN")
-        if not (tenant and tenant_token):
-            raise _core.PlexusError(
-                "the live page needs a token: give --secret-file (the "
-                "operator's), or set $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN "
-                "(a tenant's)")
-        token = f"{tenant}:{tenant_token}"
-    return f"http://{web}/#token={token}"
-
-
 def cmd_top(args):
     from ._top import run
     return run(args.address or current_address(), interval=args.interval,
                iterations=args.iterations)
-
-
-def why_lines(st, after=1.0):
-    """What `plexus why` says of status `st`: (client id, sentence) for each
-    slice request waiting for capacity, slice waiting for a host, client
-    with calls waiting at admission, and call waiting longer than `after`
-    seconds (the server's explanation, server/why.h)."""
-    names = {c["client_id"]: c["name"] for c in st.get("clients", [])}
-    lines = []
-    for p in st.get("pending_slices", []):
-        if p.get("waited_ms", 0) >= after * 1000:
-            lines.append((p.get("client_id"), (
-                f"a slice request for {p.get('num_devices')} device(s) has "
-                f"waited {p.get('waited_ms', 0) / 1000:.1f} s "
-                f"({p.get('left_ms', 0) / 1000:.1f} s left): waiting for "
-                f"{p.get('waiting_for')}")))
-    for s in st.get("slices", []):
-        if s.get("awaiting"):
-            lines.append((s.get("client_id"), (
-                f"slice {s.get('slice_id')} waits for a host to take a lost "
-                f"one's place ({s['awaiting']}), "
-                f"{s.get('awaiting_left_ms', 0) / 1000:.1f} s left")))
-    # Admission: calls not yet routed wait for their client's share.
-    running = {c["client_id"]: int(c.get("calls_in_flight", 0))
-               for c in st.get("clients", [])}
-    for c in st.get("clients", []):
-        pending = int(c.get("calls_pending", 0))
-        if pending == 0:
-            continue
-        others = ", ".join(
-            f"{names.get(o, o)} {n}" for o, n in running.items()
-            if o != c["client_id"] and n > 0) or "none"
-        lines.append((c["client_id"], (
-            f"{pending} call(s) wait at admission for this client's share "
-            f"(tenant {c.get('tenant', '?')}, weight "
-            f"{float(c.get('weight', 1)):g}); calls in flight: its own "
-            f"{running.get(c['client_id'], 0)}, other clients' {others}")))
-    lines += [(e.get("client_id"), e["reason"]) for e in st.get("why", [])
-              if e.get("waited_ms", 0) >= after * 1000]
-    return [(cid, f"client {cid} ({names.get(cid, '?')}): {line}")
-            for cid, line in lines]
 
 
 def cmd_why(args):
@@ -334,8 +94,7 @@ def cmd_why(args):
     root of its wait (the server follows its records: server/why.h), and
     what else its clients wait on."""
     address = args.address or current_address()
-    from ._api import _decode_status
-    st = _decode_status(_core.cluster_status(address))
+    st = cluster_status(address)
     if args.json:
         print(json.dumps([e for e in st.get("why", [])
                           if e.get("waited_ms", 0) >= args.after * 1000],
@@ -355,7 +114,6 @@ def cmd_wait(args):
     up; exit 0, or 1 after --timeout saying what it saw. For scripts that
     start a server and workers on their own (deploy/slurm, a client pod)."""
     address = args.address or current_address()
-    from ._api import _decode_status
     deadline = time.monotonic() + args.timeout
     alive, error = 0, None
     while True:
@@ -363,7 +121,7 @@ def cmd_wait(args):
         # with no server or no worker yet it returns at once, so those
         # rounds are 0.2 s apart.
         try:
-            st = _decode_status(_core.cluster_status(address, True))
+            st = cluster_status(address, True)
             alive = sum(1 for w in st.get("workers", []) if w["alive"])
             error = None
         except _core.PlexusError as e:  # not up yet, or restarting

@@ -52,7 +52,7 @@ the updates are applied, and every activation future is dropped as soon as
 the call that last reads it has been recorded — so the object store frees it
 as soon as that call has run, and 1F1B's bound on live activations is real.
 """
-from ._api import Future
+from ._future import Future, wait
 
 __all__ = ["Stage", "Pipeline", "StepResult", "gpipe", "one_f_one_b",
            "schedule_actions", "check_schedule", "peak_in_flight",
@@ -361,7 +361,6 @@ class StepResult:
         self._tails = tails  # the last backward's outputs
 
     def block_until_ready(self):
-        from ._api import wait
         wait([f for f in [self.loss] + _leaves(self.grads) +
               _leaves(self.params) + _leaves(self.opt_state) + self._tails
               if isinstance(f, Future)])

@@ -26,7 +26,6 @@ cluster) and the processes in their environment, never on a command line.
 Ray's own options (runtime_env, resources) pass through `actor_options`.
 """
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -34,8 +33,11 @@ import tempfile
 import time
 
 from . import _core
+from ._api import Client
 from ._binaries import bin_dir, default_pjrt_plugin
-from ._cluster import ClusterExitError, _describe_exit, _down_on_exit
+from ._cluster import ClusterExitError, _down_on_exit
+from ._spawn import describe_exit, read_ready_line, spawn
+from ._status import decode_status
 
 __all__ = ["ClusterExitError", "RayCluster", "start"]
 
@@ -70,21 +72,15 @@ class _Host:
             paths[name] = path
         return paths
 
-    def _spawn(self, name, cmd, secret, timeout, extra_env=None):
-        """Starts `cmd` with --ready-fd and returns (process, the line it
-        writes once ready); raises naming its log if it does not come up."""
-        read_end, write_end = os.pipe()
-        cmd = cmd + ["--ready-fd", str(write_end), "--die-with-parent"]
-        env = dict(os.environ, PLEXUS_CLUSTER_SECRET=secret,
-                   **(extra_env or {}))
+    def _start(self, name, cmd, secret, timeout, extra_env=None):
+        """Starts `cmd` (_spawn.spawn: its log in this host's folder, and
+        it dies with this actor) and returns (process, the line it writes
+        once ready); raises naming its log if it does not come up."""
         log_path = os.path.join(self.log_dir, f"{name}.log")
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=log, pass_fds=(write_end,), env=env)
-        os.close(write_end)
+        proc, read_end = spawn(cmd, secret=secret, env=extra_env,
+                               log_path=log_path)
         try:
-            ready, _, _ = select.select([read_end], [], [], timeout)
-            line = os.read(read_end, 256).decode().strip() if ready else ""
+            line = read_ready_line(read_end, timeout)
         finally:
             os.close(read_end)
         if not line:
@@ -95,7 +91,7 @@ class _Host:
                 tail = f.read()[-2000:]
             raise RuntimeError(
                 f"{name} on {socket.gethostname()} did not come up within "
-                f"{timeout:g} s ({_describe_exit(proc.returncode)}); its log "
+                f"{timeout:g} s ({describe_exit(proc.returncode)}); its log "
                 f"({log_path}) ends with:\n{tail}")
         return proc, line
 
@@ -109,7 +105,7 @@ class _Host:
             paths = self.write_tls({"tls.crt": tls[0], "tls.key": tls[1]})
             cmd += ["--tls-cert", paths["tls.crt"],
                     "--tls-key", paths["tls.key"]]
-        proc, address = self._spawn("plexus-server", cmd, secret, timeout)
+        proc, address = self._start("plexus-server", cmd, secret, timeout)
         self.server = proc
         return address
 
@@ -119,7 +115,7 @@ class _Host:
         env = {"PLEXUS_PJRT_PLUGIN": default_pjrt_plugin() or ""}
         if tls_ca:
             env["PLEXUS_TLS_CA"] = self.write_tls({"ca.crt": tls_ca})["ca.crt"]
-        proc, worker_id = self._spawn(
+        proc, worker_id = self._start(
             f"plexus-worker-{host_name}",
             [str(bin_dir() / "plexus-worker"), "--server", server,
              "--host-name", host_name, "--devices", str(devices),
@@ -151,7 +147,7 @@ class _Host:
             return (f"plexus-{what} of host {self.index} did not stop within "
                     f"{timeout:g} s and was killed")
         if code != 0:
-            return f"plexus-{what} of host {self.index} {_describe_exit(code)}"
+            return f"plexus-{what} of host {self.index} {describe_exit(code)}"
         return None
 
 
@@ -176,7 +172,6 @@ class RayCluster:
         """Another client of this cluster. The session opens as `tenant`
         (default "default"), with the token derived from the cluster's
         secret (the server listens off loopback: no anonymous sessions)."""
-        from ._api import Client
         c = Client(_core.Client.connect(
             self.address, name, shared_memory, sequential_dispatch,
             tenant=tenant or "", secret_hex=self._secret,
@@ -202,8 +197,7 @@ class RayCluster:
                 os.environ["PLEXUS_TLS_CA"] = before
 
     def status(self, fresh=False):
-        from ._api import _decode_status
-        return _decode_status(self._with_tls_ca(
+        return decode_status(self._with_tls_ca(
             lambda: _core.cluster_status(self.address, fresh)))
 
     def down(self, timeout=30.0):

@@ -42,7 +42,7 @@ dispatch, for comparison.
 """
 import collections
 
-from ._api import Future
+from ._future import Future
 
 __all__ = ["AsyncRLLoop", "Step", "sampler_weights_step", "tree_map",
            "tree_leaves"]

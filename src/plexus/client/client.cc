@@ -8,6 +8,7 @@
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client_core.h"
 #include "plexus/client/grpc_timeout.h"
+#include "plexus/common/argument_count.h"
 #include "plexus/common/donation.h"
 #include "plexus/common/names.h"
 #include "plexus/common/tls.h"
@@ -298,10 +299,11 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     return absl::FailedPreconditionError(
         absl::StrCat(what(), ": its slice was closed"));
   }
-  if (inputs.size() != program.inputs().size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what(), " takes ", program.inputs().size(),
-                     " arguments, got ", inputs.size()));
+  // The server's rule (it checks every call); here only to fail fast.
+  if (absl::Status s = CheckArgumentCount(
+          program.name(), program.inputs().size(), inputs.size());
+      !s.ok()) {
+    return s;
   }
   absl::Status upstream;
   for (size_t i = 0; i < inputs.size(); ++i) {

@@ -68,6 +68,26 @@ TEST_F(ClientTest, MismatchedArgumentFailsAtCallTimeNamingBothSpecs) {
             "program was compiled for float32[4] replicated");
 }
 
+TEST_F(ClientTest, AWrongArgumentCountNamesTheProgramAndBothCounts) {
+  auto slice = client_->CreateSlice({.num_devices = 1});
+  ASSERT_TRUE(slice.ok());
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  std::vector<float> x(4, 1.0f);
+  auto f = client_->Put(*slice, x.data(), arg);
+  ASSERT_TRUE(f.ok());
+  auto add = client_->Compile(*slice, "sum2", "add", {}, {arg, arg});
+  ASSERT_TRUE(add.ok());
+  auto out = client_->Call(**add, {*f});
+  ASSERT_FALSE(out.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(out.status())) << out.status();
+  EXPECT_EQ(out.status().message(), "program 'sum2' takes 2 arguments, got 1");
+  Graph graph = client_->NewGraph();  // a graph's call: the same rule
+  auto recorded = graph.Call(**add, {*f, *f, *f});
+  ASSERT_FALSE(recorded.ok());
+  EXPECT_EQ(recorded.status().message(),
+            "program 'sum2' takes 2 arguments, got 3");
+}
+
 TEST_F(ClientTest, KernelFailureReachesTheFutureAndWorkersKeepServing) {
   auto slice = client_->CreateSlice({.num_devices = 2});
   ASSERT_TRUE(slice.ok());

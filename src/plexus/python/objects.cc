@@ -1,4 +1,5 @@
 // plexus._core's Slice, Program, Future, Graph and TransferProgress.
+#include "plexus/common/argument_count.h"
 #include "plexus/python/convert.h"
 #include "plexus/python/define.h"
 #include "plexus/python/errors.h"
@@ -23,6 +24,12 @@ void DefineProgram(py::module_& m) {
       .def_property_readonly("kernel",
                              [](const Program& p) { return p.def().kernel(); })
       .def_property_readonly("slice", &Program::slice)
+      // The server's rule for a call's argument count (argument_count.h),
+      // for Python to fail fast before it puts the arguments.
+      .def("check_argument_count",
+           [](const Program& p, size_t given) {
+             Check(CheckArgumentCount(p.name(), p.inputs().size(), given));
+           })
       .def_property_readonly("inputs",
                              [](const Program& p) {
                                py::list l;

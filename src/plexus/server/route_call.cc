@@ -8,6 +8,7 @@
 
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
+#include "plexus/common/argument_count.h"
 #include "plexus/server/cluster_state.h"
 #include "plexus/store/object_store.h"
 
@@ -148,10 +149,10 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   if (!slice_or.ok()) return slice_or.status();
   const SliceRecord& slice = **slice_or;
   const int n = static_cast<int>(slice.devices.size());
-  if (call.inputs_size() != static_cast<int>(prog.inputs.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what(), " takes ", prog.inputs.size(), " arguments, got ",
-                     call.inputs_size()));
+  if (absl::Status s = CheckArgumentCount(prog.def.name(), prog.inputs.size(),
+                                          call.inputs_size());
+      !s.ok()) {
+    return s;
   }
   if (call.output_ids_size() != static_cast<int>(prog.outputs.size())) {
     return absl::InvalidArgumentError(

@@ -501,6 +501,43 @@ TEST_F(ServerCredentialsTest, AnotherClientsBufferIdsGetNothing) {
   } while (!Names(op, marker));
 }
 
+// A raw call with the wrong number of inputs (no client library checked
+// it) is refused by the server with the rule's one message
+// (common/argument_count.h), and nothing reaches the worker.
+TEST_F(ServerCredentialsTest, ARawCallWithTheWrongArgumentCountIsRefused) {
+  RawWorker worker(*stub_, Bytes(secret_.Derive(CredentialRole::kWorker)));
+  ASSERT_NE(worker.worker_id(), 0);
+  RawClient c(*stub_, "c", {SliceOp(1)});
+  c.ReadUntil([&] { return !c.slices_.empty(); });
+  ASSERT_TRUE(c.slices_[0].has_slice()) << c.slices_[0].error().message();
+  const uint64_t slice = c.slices_[0].slice().slice_id();
+  proto::ClientOp call;  // "twice" takes one input; this passes two
+  call.mutable_call()->set_call_id(c.Id(3));
+  call.mutable_call()->set_slice_id(slice);
+  call.mutable_call()->set_program_id(c.Id(1));
+  for (int i = 0; i < 2; ++i) {
+    auto* in = call.mutable_call()->add_inputs();
+    in->set_buffer_id(c.Id(2));
+    in->set_slice_id(slice);
+    *in->mutable_arg() = ToProto(kArg);
+  }
+  call.mutable_call()->add_output_ids(c.Id(4));
+  const uint64_t marker = c.Id(9);
+  c.Send(
+      {ProgramOp(c.Id(1)), PutOp(c.Id(2), slice), call, PutOp(marker, slice)});
+  c.ReadUntil([&] { return !c.errors_.empty(); });
+  ASSERT_EQ(c.errors_.size(), 1u);
+  EXPECT_EQ(c.errors_[0].call_id(), c.Id(3));
+  absl::Status s = StatusFromProto(c.errors_[0].status());
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_EQ(s.message(), "program 'twice' takes 1 arguments, got 2");
+  proto::WorkerOp op;
+  do {
+    ASSERT_TRUE(worker.NextOp(&op));
+    EXPECT_FALSE(op.has_execute()) << op.ShortDebugString();
+  } while (!Names(op, marker));
+}
+
 // Slice requests that cannot be met wait at the server, on its injected
 // clock, without holding up the rest of their client's stream.
 class SliceWaitTest : public ::testing::Test {

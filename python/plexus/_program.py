@@ -1,0 +1,111 @@
+"""Programs: a program compiled for a slice (called like a function),
+the static inputs it is compiled for (Spec), and graphs of calls submitted
+as one unit.
+"""
+import threading
+
+import numpy as np
+
+from . import _core
+from . import _trace
+from ._future import Future, _put
+from ._sharding import _sharding_repr
+
+
+class Spec:
+    """A static input of a program: shape, dtype and sharding."""
+
+    def __init__(self, shape, dtype="float32", sharding=None):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.sharding = sharding
+
+    def __repr__(self):
+        return f"Spec({self.shape}, {self.dtype}, {self.sharding!r})"
+
+
+_recording = threading.local()  # .graph: the Graph recording on this thread
+
+
+class Program:
+    """A program compiled for a slice; call it like a function."""
+
+    def __init__(self, core_program, client):
+        self._p = core_program
+        self._client = client
+
+    @property
+    def name(self):
+        return self._p.name
+
+    @property
+    def input_specs(self):
+        return [(tuple(s), d, _sharding_repr(sh)) for d, s, sh in self._p.inputs]
+
+    @property
+    def output_specs(self):
+        return [(tuple(s), d, _sharding_repr(sh)) for d, s, sh in self._p.outputs]
+
+    def __call__(self, *args):
+        # The server's rule (common/argument_count.h), before any put.
+        self._p.check_argument_count(len(args))
+        inputs = self._p.inputs
+        futures = []
+        for i, (arg, (dtype, shape, sharding)) in enumerate(zip(args, inputs)):
+            if isinstance(arg, Future):
+                futures.append(arg._f)
+                continue
+            a = np.asarray(arg)
+            if a.shape != tuple(shape) or a.dtype != dtype:
+                raise _core.InvalidArgumentError(
+                    f"program '{self.name}' argument {i} has "
+                    f"{a.dtype}{list(a.shape)} but the program was compiled "
+                    f"for {np.dtype(dtype)}{list(shape)}")
+            futures.append(_put(self._client, self._p.slice, a, sharding))
+        wrapped = self._invoke(futures)
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def _invoke(self, core_futures):
+        """Calls (or records in the current graph) with checked inputs;
+        returns the list of output Futures."""
+        graph = getattr(_recording, "graph", None)
+        site = _trace.call_site(self._client)
+        if graph is not None and graph._client is self._client:
+            outs = graph._g.call(self._p, core_futures, site)
+            graph.calls += 1
+        else:
+            outs = self._client._core.call(self._p, core_futures, site)
+        client = self._client
+        return [Future(o, client) for o in outs]
+
+    def __repr__(self):
+        return f"Program({self.name!r}, kernel={self._p.kernel!r})"
+
+
+class Graph:
+    """Calls recorded and submitted as one unit.
+
+        with client.graph():
+            y = f(x)
+            z = g(y)      # both reach the server in one batch, in order
+    """
+
+    def __init__(self, client):
+        self._client = client
+        self._g = client._core.graph()
+        self.calls = 0  # calls recorded, including those already submitted
+
+    def __enter__(self):
+        if getattr(_recording, "graph", None) is not None:
+            raise RuntimeError("graphs do not nest")
+        _recording.graph = self
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        _recording.graph = None
+        if exc_type is None:
+            self._g.submit()
+        return False
+
+    def __len__(self):
+        return len(self._g)

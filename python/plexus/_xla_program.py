@@ -1,0 +1,89 @@
+"""A JAX function lowered by plexus.jit: a Program whose calls take and
+return pytrees, with typed PRNG keys and weak types kept as JAX has them.
+JAX is imported on first call (plexus itself does not need it).
+"""
+import numpy as np
+
+from . import _core
+from ._future import Future
+from ._program import Program
+
+
+def _is_key_dtype(jax, dtype):
+    try:
+        return dtype is not None and jax.dtypes.issubdtype(
+            dtype, jax.dtypes.prng_key)
+    except TypeError:
+        return False
+
+
+def _describe(dtype, shape, key=None):
+    if key is not None:
+        return f"key<{key}> data {np.dtype(dtype)}{list(shape)}"
+    return f"{dtype}{list(shape)}"
+
+
+class XlaProgram(Program):
+    """A lowered JAX function: a Program whose calls take and return
+    pytrees."""
+
+    def __init__(self, core_program, client, in_tree, out_tree,
+                 in_keys=None, out_keys=None, out_weak=None):
+        super().__init__(core_program, client)
+        self._in_tree = in_tree
+        self._out_tree = out_tree
+        self._in_keys = in_keys or [None] * len(core_program.inputs)
+        self._out_keys = out_keys or [None] * len(core_program.outputs)
+        self._out_weak = out_weak or [False] * len(core_program.outputs)
+
+    def _wrap_keys(self, outs):
+        """Marks the outputs that are typed keys (their key data) and those
+        that are weakly typed."""
+        for f, impl, weak in zip(outs, self._out_keys, self._out_weak):
+            if impl is not None:
+                f._key = impl
+            f._weak = weak
+        return outs
+
+    def __call__(self, *args, **kwargs):
+        import jax
+        leaves, treedef = jax.tree_util.tree_flatten((args, kwargs))
+        if treedef != self._in_tree:
+            raise _core.InvalidArgumentError(
+                f"program '{self.name}' was compiled for arguments "
+                f"{self._in_tree}, got {treedef}")
+        return self._call_leaves(leaves)
+
+    def _invoke_checked(self, core_futures):
+        """Calls with core futures already known to match the inputs."""
+        outs = self._wrap_keys(self._invoke(core_futures))
+        import jax
+        return jax.tree_util.tree_unflatten(self._out_tree, outs)
+
+    def _call_leaves(self, leaves):
+        import jax
+        values = []
+        for i, (x, (dtype, shape, _), impl) in enumerate(zip(
+                leaves, self._p.inputs, self._in_keys)):
+            if isinstance(x, Future):
+                f = x._f
+                if (tuple(f.shape) != tuple(shape) or f.dtype != dtype
+                        or x._key != impl):
+                    raise _core.InvalidArgumentError(
+                        f"program '{self.name}' argument {i} is "
+                        f"{_describe(x.dtype, x.shape)} but the program "
+                        f"was compiled for "
+                        f"{_describe(dtype, shape, impl)}")
+                values.append(x)
+            else:
+                if _is_key_dtype(jax, getattr(x, "dtype", None)):
+                    x = jax.random.key_data(x)
+                a = np.asarray(x)
+                if a.shape == tuple(shape) and a.dtype != dtype:
+                    a = a.astype(dtype)  # JAX's canonical dtype (x64 off)
+                values.append(a)
+        outs = super().__call__(*values)
+        if not isinstance(outs, tuple) or len(self._p.outputs) == 1:
+            outs = (outs,)
+        return jax.tree_util.tree_unflatten(self._out_tree,
+                                            self._wrap_keys(list(outs)))
