@@ -12,7 +12,7 @@
 #include "absl/time/clock.h"
 #include "google/protobuf/util/json_util.h"
 #include "plexus/client/client.h"
-#include "plexus/executors/builtin/kernel.h"
+#include "plexus/executors/builtin/catalogue.h"
 #include "plexus/executors/xla/lapack/lapack_handlers.h"
 #include "plexus/timeline/chrome_trace.h"
 
@@ -745,7 +745,7 @@ PYBIND11_MODULE(_core, m) {
         return OperatorTokenHex(secret);
       },
       py::arg("secret_hex") = py::none());
-  m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
+  m.def("kernels", [] { return builtin::KernelCatalogue::Global().Names(); });
   // The LAPACK custom call targets (jnp.linalg on CPU) that workers serve
   // with handlers of their own (executors/xla/lapack/lapack_handlers.h):
   // plexus.jit refuses a program calling any other.
@@ -765,7 +765,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("sharding_str",
         [](const py::tuple& t) { return ShardingFrom(t).ToString(); });
   m.def("kernel_docs", [] {
-    const auto& registry = builtin::KernelRegistry::Global();
+    const auto& registry = builtin::KernelCatalogue::Global();
     py::list out;
     for (const std::string& name : registry.Names()) {
       const builtin::KernelDoc& doc = *registry.FindDoc(name);

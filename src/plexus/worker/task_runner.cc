@@ -39,7 +39,8 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   std::vector<CallCollective::Peer> peers;
   int my_rank = -1;
   if (call->program && call->program->kernel &&
-      call->program->kernel->is_collective() && exec.peers_size() > 0) {
+      call->program->kernel->signature().is_collective() &&
+      exec.peers_size() > 0) {
     for (int r = 0; r < exec.peers_size(); ++r) {
       peers.push_back(
           {exec.peers(r).worker_id(), exec.peers(r).local_shards()});
@@ -179,12 +180,13 @@ void WorkerImpl::ApplyExecute(proto::Execute& incoming) {
   const TaskOrder order{
       .client = exec.client_id(),
       .start_tag = exec.start_tag(),
-      .reorderable =
-          call->program != nullptr && call->program->kernel != nullptr &&
-          !call->program->kernel->is_collective() && !call->program->xla};
+      .reorderable = call->program != nullptr &&
+                     call->program->kernel != nullptr &&
+                     !call->program->kernel->signature().is_collective() &&
+                     !call->program->xla};
   const bool collective_kernel =
       call->program != nullptr && call->program->kernel != nullptr &&
-      call->program->kernel->is_collective() && !call->program->xla;
+      call->program->kernel->signature().is_collective() && !call->program->xla;
   for (int i = 0; i < exec.tasks_size(); ++i) {
     int device = exec.tasks(i).device();
     if (device < 0 || device >= num_devices) {
@@ -390,6 +392,7 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
     ctx.attrs = &program->attrs;
     ctx.shard = task.shard();
     ctx.num_shards = exec.num_shards();
+    ctx.clock = options_.clock;
     for (const ArgSpec& in : program->inputs) {
       ctx.input_shardings.push_back(in.sharding);
     }
@@ -468,9 +471,10 @@ void WorkerImpl::RunTask(const std::shared_ptr<CallContext>& call,
         outputs.push_back(nullptr);
         continue;
       }
-      const int alias = program->kernel
-                            ? program->kernel->AliasedInput(static_cast<int>(o))
-                            : -1;
+      const int alias =
+          program->kernel
+              ? program->kernel->signature().AliasedInput(static_cast<int>(o))
+              : -1;
       if (alias >= 0 && alias < static_cast<int>(ctx.inputs.size()) &&
           ctx.inputs[alias].spec == *local) {
         // Immutable buffers: the output is the input's buffer, no copy.
