@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/serial_executor.h"
 #include "plexus/common/types.h"
 #include "plexus/executors/builtin/kernel.h"
@@ -191,6 +192,9 @@ struct PjrtOptions {
   // the worker's device budget bounds (the plugin's default would take
   // ~75% of each GPU in every process that opens it).
   std::vector<int64_t> gpus;
+  // What compile and load times are measured on (XlaExecutor's counters
+  // and log lines); not owned.
+  Clock* clock = Clock::Real();
 };
 
 class PjrtRuntime {
