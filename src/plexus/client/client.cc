@@ -12,7 +12,7 @@
 #include "plexus/common/donation.h"
 #include "plexus/common/names.h"
 #include "plexus/common/tls.h"
-#include "plexus/executors/builtin/kernel.h"
+#include "plexus/executors/builtin/catalogue.h"
 #include "plexus/timeline/clock_offset.h"
 #include "plexus/timeline/timeline_proto.h"
 
@@ -478,11 +478,11 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the slice is closed"));
   }
-  const builtin::Kernel* kernel =
-      builtin::KernelRegistry::Global().Find(kernel_name);
+  const builtin::KernelSignature* kernel =
+      builtin::KernelCatalogue::Global().Find(kernel_name);
   if (kernel == nullptr) {
     std::string known;
-    for (const auto& n : builtin::KernelRegistry::Global().Names()) {
+    for (const auto& n : builtin::KernelCatalogue::Global().Names()) {
       absl::StrAppend(&known, known.empty() ? "" : ", ", n);
     }
     return absl::NotFoundError(absl::StrCat(
@@ -494,8 +494,8 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Compile(
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i].sharding.is_mesh() && !kernel->TakesMeshShardings()) {
       std::string takers;
-      for (const auto& n : builtin::KernelRegistry::Global().Names()) {
-        if (!builtin::KernelRegistry::Global().Find(n)->TakesMeshShardings()) {
+      for (const auto& n : builtin::KernelCatalogue::Global().Names()) {
+        if (!builtin::KernelCatalogue::Global().Find(n)->TakesMeshShardings()) {
           continue;
         }
         absl::StrAppend(&takers, takers.empty() ? "" : ", ", n);

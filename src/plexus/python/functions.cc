@@ -6,7 +6,7 @@
 
 #include "google/protobuf/util/json_util.h"
 #include "plexus/common/credentials.h"
-#include "plexus/executors/builtin/kernel.h"
+#include "plexus/executors/builtin/catalogue.h"
 #include "plexus/executors/xla/lapack/lapack_handlers.h"
 #include "plexus/python/convert.h"
 #include "plexus/python/define.h"
@@ -108,7 +108,7 @@ void DefineClusterFunctions(py::module_& m) {
 }
 
 void DefineKernelFunctions(py::module_& m) {
-  m.def("kernels", [] { return builtin::KernelRegistry::Global().Names(); });
+  m.def("kernels", [] { return builtin::KernelCatalogue::Global().Names(); });
   // The LAPACK custom call targets (jnp.linalg on CPU) that workers serve
   // with handlers of their own (executors/xla/lapack/lapack_handlers.h):
   // plexus.jit refuses a program calling any other.
@@ -128,7 +128,7 @@ void DefineKernelFunctions(py::module_& m) {
   m.def("sharding_str",
         [](const py::tuple& t) { return ShardingFrom(t).ToString(); });
   m.def("kernel_docs", [] {
-    const auto& registry = builtin::KernelRegistry::Global();
+    const auto& registry = builtin::KernelCatalogue::Global();
     py::list out;
     for (const std::string& name : registry.Names()) {
       const builtin::KernelDoc& doc = *registry.FindDoc(name);

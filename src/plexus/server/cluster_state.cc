@@ -9,7 +9,7 @@
 #include "plexus/common/ids.h"
 #include "plexus/common/names.h"
 #include "plexus/common/status_proto.h"
-#include "plexus/executors/builtin/kernel.h"
+#include "plexus/executors/builtin/catalogue.h"
 
 namespace plexus {
 
@@ -161,8 +161,8 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
         absl::StrCat("program '", def.name(), "': program id ",
                      reg.program_id(), " belongs to another client"));
   }
-  const builtin::Kernel* kernel =
-      builtin::KernelRegistry::Global().Find(def.kernel());
+  const builtin::KernelSignature* kernel =
+      builtin::KernelCatalogue::Global().Find(def.kernel());
   const bool xla = def.kernel() == "xla";
   if (kernel == nullptr && !xla) {
     return absl::NotFoundError(absl::StrCat(

@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/ids.h"
 #include "plexus/store/storage.h"
@@ -208,6 +209,8 @@ struct DataPlaneServerOptions {
   // Where the puts, fetches and waits it serves to clients are recorded
   // (timeline/timeline.h; not owned, outlives the server), or null.
   Timeline* timeline = nullptr;
+  // The clock of the handshake deadlines (not owned, outlives the server).
+  Clock* clock = Clock::Real();
 };
 
 // Accepts connections on TCP and (optionally) a unix socket; one thread per
@@ -239,10 +242,13 @@ class DataPlaneConnection {
   // for the worker at most 10 s, and gives up (Cancelled) once
   // `cancelled`, if given, returns true: checked every 50 ms, it is how a
   // client stops connecting to a worker the server declared down.
+  // Every deadline (the handshake's, AwaitWaits') is kept on `clock`,
+  // which outlives the connection.
   static absl::StatusOr<std::unique_ptr<DataPlaneConnection>> Connect(
       const std::string& tcp_address, const std::string& unix_path,
       DataPlaneCounters* counters, const DataPlaneIdentity& me = {},
-      const std::function<bool()>& cancelled = {});
+      const std::function<bool()>& cancelled = {},
+      Clock* clock = Clock::Real());
   virtual ~DataPlaneConnection() = default;
 
   virtual bool uses_shared_memory() const = 0;

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/logging.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
@@ -30,11 +30,12 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
  public:
   DataPlaneConnectionImpl(std::unique_ptr<FrameSocket> socket,
                           std::string address, DataPlaneCounters* counters,
-                          uint32_t capabilities)
+                          uint32_t capabilities, Clock* clock)
       : socket_(std::move(socket)),
         address_(std::move(address)),
         counters_(counters),
-        capabilities_(capabilities) {}
+        capabilities_(capabilities),
+        clock_(clock) {}
 
   bool uses_shared_memory() const override { return socket_->is_unix(); }
   bool peer_opens_cuda_ipc() const override {
@@ -130,7 +131,7 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     for (size_t i = 0; i < keys.size(); ++i) {
       // The next answer, or the deadline: the ones still due leave the
       // stream out of step, so the connection is broken.
-      const absl::Duration left = deadline - absl::Now();
+      const absl::Duration left = deadline - clock_->Now();
       const int ms =
           deadline == absl::InfiniteFuture()
               ? -1
@@ -249,6 +250,7 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
   std::string address_;          // for messages
   DataPlaneCounters* counters_;  // may be null
   const uint32_t capabilities_;  // the worker's, from its WELCOME
+  Clock* const clock_;           // AwaitWaits' deadlines
 };
 
 using Opener =
@@ -259,7 +261,7 @@ using Opener =
 // `open` runs the handshake.
 absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
     const std::string& tcp_address, const std::string& unix_path,
-    const Opener& open);
+    const Opener& open, Clock* clock);
 
 }  // namespace
 
@@ -268,22 +270,23 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
                              const std::string& unix_path,
                              DataPlaneCounters* counters,
                              const DataPlaneIdentity& me,
-                             const std::function<bool()>& cancelled) {
+                             const std::function<bool()>& cancelled,
+                             Clock* clock) {
   // A connection is handed out only once the handshake proved `me` and the
   // worker proved it holds the same secret.
   auto open = [&](internal::UniqueFd fd, bool is_unix, std::string address)
       -> absl::StatusOr<std::unique_ptr<DataPlaneConnection>> {
     auto socket = std::make_unique<FrameSocket>(std::move(fd), is_unix);
     uint32_t capabilities = 0;
-    if (absl::Status s =
-            internal::ConnectHandshake(*socket, me, cancelled, &capabilities);
+    if (absl::Status s = internal::ConnectHandshake(*socket, me, cancelled,
+                                                    &capabilities, clock);
         !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("data-plane connection to ",
                                                  address, ": ", s.message()));
     }
     socket->set_generation(me.generation);
     return std::make_unique<DataPlaneConnectionImpl>(
-        std::move(socket), std::move(address), counters, capabilities);
+        std::move(socket), std::move(address), counters, capabilities, clock);
   };
   // A handshake whose stream ended (the acceptor pushed it out of its pool
   // of handshakes under a flood of connections without a credential, see
@@ -292,7 +295,7 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
   constexpr int kAttempts = 4;
   absl::StatusOr<std::unique_ptr<DataPlaneConnection>> connection;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    connection = ConnectOnce(tcp_address, unix_path, open);
+    connection = ConnectOnce(tcp_address, unix_path, open, clock);
     if (connection.ok() || !absl::IsUnavailable(connection.status()) ||
         (cancelled && cancelled())) {
       break;
@@ -309,7 +312,7 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
     const std::string& tcp_address, const std::string& unix_path,
-    const Opener& open) {
+    const Opener& open, Clock* clock) {
   absl::Status unix_error;
   if (!unix_path.empty()) {
     absl::StatusOr<internal::UniqueFd> fd = internal::ConnectUnix(unix_path);
@@ -324,7 +327,8 @@ absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
     SPDLOG_INFO("data plane: {}; using TCP ({})",
                 std::string(unix_error.message()), tcp_address);
   }
-  absl::StatusOr<internal::UniqueFd> fd = internal::ConnectTcp(tcp_address);
+  absl::StatusOr<internal::UniqueFd> fd =
+      internal::ConnectTcp(tcp_address, absl::Seconds(10), clock);
   if (!fd.ok()) {
     if (unix_error.ok()) return fd.status();
     return absl::Status(

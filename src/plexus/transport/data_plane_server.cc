@@ -19,8 +19,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/logging.h"
 #include "plexus/timeline/timeline.h"
 #include "plexus/transport/data_plane.h"
@@ -203,15 +203,16 @@ void DataPlaneServerImpl::AcceptLoop(int listen_fd, bool is_unix) {
     absl::Time next_deadline;
     {
       absl::MutexLock lock(&mu_);
-      next_deadline = CloseLateHandshakes(absl::Now());
+      next_deadline = CloseLateHandshakes(options_.clock->Now());
     }
     pollfd p{listen_fd, POLLIN, 0};
-    const int ms =
-        next_deadline == absl::InfiniteFuture()
-            ? -1
-            : static_cast<int>(std::clamp<int64_t>(
-                  absl::ToInt64Milliseconds(next_deadline - absl::Now()) + 1, 0,
-                  1 << 30));
+    const int ms = next_deadline == absl::InfiniteFuture()
+                       ? -1
+                       : static_cast<int>(std::clamp<int64_t>(
+                             absl::ToInt64Milliseconds(next_deadline -
+                                                       options_.clock->Now()) +
+                                 1,
+                             0, 1 << 30));
     const int ready = poll(&p, 1, ms);
     if (stopping()) return;
     if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
@@ -242,7 +243,7 @@ void DataPlaneServerImpl::StartConnection(UniqueFd fd, bool is_unix) {
   FrameSocket* raw = socket.get();
   absl::MutexLock lock(&mu_);
   if (stopping_) return;
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   CloseLateHandshakes(now);
   if (handshaking_ >= options_.max_handshaking) {
     // Anyone may open a connection: the oldest handshake makes room (its
@@ -331,7 +332,7 @@ void DataPlaneServerImpl::LogRefusal(const FrameSocket& socket,
   int64_t unlogged;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = options_.clock->Now();
     if (now - last_handshake_log_ < absl::Seconds(1)) {
       ++handshakes_unlogged_;
       return;

@@ -221,10 +221,9 @@ void AddWorker(const proto::WorkerStatus& w, Families* out) {
   }
 }
 
-}  // namespace
-
-std::string MetricsText(const proto::ClusterStatus& status) {
-  Families out;
+// The cluster's counts: workers and slices by state, calls routed and
+// waiting, control-plane bytes.
+void AddCounts(const proto::ClusterStatus& status, Families* out) {
   int alive = 0, spare = 0, down = 0;
   for (const proto::WorkerStatus& w : status.workers()) {
     if (!w.alive()) {
@@ -235,11 +234,11 @@ std::string MetricsText(const proto::ClusterStatus& status) {
       ++alive;
     }
   }
-  out.Add(kWorkers, {{"state", "alive"}}, alive);
-  out.Add(kWorkers, {{"state", "spare"}}, spare);
-  out.Add(kWorkers, {{"state", "down"}}, down);
-  out.Add(kCallsRouted, {}, status.calls_routed());
-  out.Add(kControlBytes, {}, status.control_bytes_in());
+  out->Add(kWorkers, {{"state", "alive"}}, alive);
+  out->Add(kWorkers, {{"state", "spare"}}, spare);
+  out->Add(kWorkers, {{"state", "down"}}, down);
+  out->Add(kCallsRouted, {}, status.calls_routed());
+  out->Add(kControlBytes, {}, status.control_bytes_in());
   int ok = 0, awaiting = 0, broken = 0;
   for (const proto::SliceStatus& s : status.slices()) {
     if (!s.broken().empty()) {
@@ -250,12 +249,16 @@ std::string MetricsText(const proto::ClusterStatus& status) {
       ++ok;
     }
   }
-  out.Add(kSlices, {{"state", "ok"}}, ok);
-  out.Add(kSlices, {{"state", "awaiting"}}, awaiting);
-  out.Add(kSlices, {{"state", "broken"}}, broken);
-  out.Add(kSliceRequestsPending, {}, status.pending_slices_size());
-  out.Add(kCallsWaiting, {}, status.why_size());
+  out->Add(kSlices, {{"state", "ok"}}, ok);
+  out->Add(kSlices, {{"state", "awaiting"}}, awaiting);
+  out->Add(kSlices, {{"state", "broken"}}, broken);
+  out->Add(kSliceRequestsPending, {}, status.pending_slices_size());
+  out->Add(kCallsWaiting, {}, status.why_size());
+}
 
+// Every live worker's counters, and the time each client's calls queued on
+// it.
+void AddWorkers(const proto::ClusterStatus& status, Families* out) {
   std::map<uint64_t, std::pair<std::string, std::string>>
       names;  // id -> name, tenant
   for (const proto::ClientStatus& c : status.clients()) {
@@ -263,19 +266,22 @@ std::string MetricsText(const proto::ClusterStatus& status) {
   }
   for (const proto::WorkerStatus& w : status.workers()) {
     if (!w.alive()) continue;  // its counters stopped with it
-    AddWorker(w, &out);
+    AddWorker(w, out);
     for (const proto::ClientUsage& u : w.stats().clients()) {
       auto it = names.find(u.client_id());
       if (it == names.end()) continue;  // a client that has gone
-      out.Add(kClientQueuedSeconds,
-              {{"host", w.host_name()},
-               {"worker", absl::StrCat(w.worker_id())},
-               {"client", absl::StrCat(u.client_id())},
-               {"tenant", it->second.second}},
-              u.queued_micros() / 1e6);
+      out->Add(kClientQueuedSeconds,
+               {{"host", w.host_name()},
+                {"worker", absl::StrCat(w.worker_id())},
+                {"client", absl::StrCat(u.client_id())},
+                {"tenant", it->second.second}},
+               u.queued_micros() / 1e6);
     }
   }
+}
 
+// Every client's calls, device time and bytes, and their sums by tenant.
+void AddClients(const proto::ClusterStatus& status, Families* out) {
   struct TenantSums {
     double device_seconds = 0, pending = 0, in_flight = 0;
   };
@@ -284,27 +290,30 @@ std::string MetricsText(const proto::ClusterStatus& status) {
     Labels l = {{"client", absl::StrCat(c.client_id())},
                 {"client_name", c.name()},
                 {"tenant", c.tenant()}};
-    out.Add(kClientCallsPending, l, c.calls_pending());
-    out.Add(kClientCallsInFlight, l, c.calls_in_flight());
-    out.Add(kClientCallsAdmitted, l, c.calls_admitted());
-    out.Add(kClientDeviceSeconds, l, c.device_micros() / 1e6);
-    out.Add(kClientLiveBytes, l, c.live_bytes());
+    out->Add(kClientCallsPending, l, c.calls_pending());
+    out->Add(kClientCallsInFlight, l, c.calls_in_flight());
+    out->Add(kClientCallsAdmitted, l, c.calls_admitted());
+    out->Add(kClientDeviceSeconds, l, c.device_micros() / 1e6);
+    out->Add(kClientLiveBytes, l, c.live_bytes());
     Labels put = l, fetched = l;
     put.push_back({"direction", "put"});
     fetched.push_back({"direction", "fetched"});
-    out.Add(kClientBytes, put, c.stats().bytes_put());
-    out.Add(kClientBytes, fetched, c.stats().bytes_fetched());
+    out->Add(kClientBytes, put, c.stats().bytes_put());
+    out->Add(kClientBytes, fetched, c.stats().bytes_fetched());
     TenantSums& t = tenants[c.tenant()];
     t.device_seconds += c.device_micros() / 1e6;
     t.pending += c.calls_pending();
     t.in_flight += c.calls_in_flight();
   }
   for (const auto& [tenant, t] : tenants) {
-    out.Add(kTenantDeviceSeconds, {{"tenant", tenant}}, t.device_seconds);
-    out.Add(kTenantCallsPending, {{"tenant", tenant}}, t.pending);
-    out.Add(kTenantCallsInFlight, {{"tenant", tenant}}, t.in_flight);
+    out->Add(kTenantDeviceSeconds, {{"tenant", tenant}}, t.device_seconds);
+    out->Add(kTenantCallsPending, {{"tenant", tenant}}, t.pending);
+    out->Add(kTenantCallsInFlight, {{"tenant", tenant}}, t.in_flight);
   }
+}
 
+// The recovery counters and the records the server keeps.
+void AddRecovery(const proto::ClusterStatus& status, Families* out) {
   const proto::RecoveryCounters& r = status.recovery();
   const std::pair<const char*, int64_t> events[] = {
       {"hosts_lost", r.hosts_lost()},
@@ -319,10 +328,20 @@ std::string MetricsText(const proto::ClusterStatus& status) {
       {"losses_awaited", r.losses_awaited()},
       {"losses_resumed", r.losses_resumed()}};
   for (const auto& [event, n] : events) {
-    out.Add(kRecoveries, {{"event", event}}, n);
+    out->Add(kRecoveries, {{"event", event}}, n);
   }
-  out.Add(kRecords, {{"kind", "call"}}, r.call_records());
-  out.Add(kRecords, {{"kind", "buffer"}}, r.buffer_records());
+  out->Add(kRecords, {{"kind", "call"}}, r.call_records());
+  out->Add(kRecords, {{"kind", "buffer"}}, r.buffer_records());
+}
+
+}  // namespace
+
+std::string MetricsText(const proto::ClusterStatus& status) {
+  Families out;
+  AddCounts(status, &out);
+  AddWorkers(status, &out);
+  AddClients(status, &out);
+  AddRecovery(status, &out);
   return prometheus::TextSerializer().Serialize(out.Take());
 }
 

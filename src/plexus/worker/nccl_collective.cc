@@ -138,7 +138,7 @@ absl::StatusOr<cuda::NcclType> NcclTypeOf(DType dtype) {
 }
 
 absl::StatusOr<std::unique_ptr<NcclRuntime>> NcclRuntime::Load(
-    const std::vector<std::string>& search_dirs) {
+    const std::vector<std::string>& search_dirs, Clock* clock) {
   absl::StatusOr<const cuda::CudaApi*> cuda = cuda::CudaApi::Load(search_dirs);
   if (!cuda.ok()) return cuda.status();
   absl::StatusOr<const cuda::NcclApi*> nccl = cuda::NcclApi::Load(search_dirs);
@@ -146,7 +146,7 @@ absl::StatusOr<std::unique_ptr<NcclRuntime>> NcclRuntime::Load(
   absl::StatusOr<int> gpus = (*cuda)->DeviceCount();
   if (!gpus.ok()) return gpus.status();
   if (*gpus < 1) return absl::UnavailableError("NCCL: no GPU is visible");
-  return std::unique_ptr<NcclRuntime>(new NcclRuntime(*cuda, *nccl));
+  return std::unique_ptr<NcclRuntime>(new NcclRuntime(*cuda, *nccl, clock));
 }
 
 NcclRuntime::~NcclRuntime() {
@@ -248,7 +248,8 @@ absl::StatusOr<std::shared_ptr<Storage>> NcclRuntime::AllReduce(
         nccl_->StartInit(nranks, offers[0].unique_id, my_rank);
     if (!comm.ok()) return fail(comm.status());
     c.comm = *comm;
-    if (absl::Status s = nccl_->Wait(c.comm, deadline, give_up); !s.ok()) {
+    if (absl::Status s = nccl_->Wait(c.comm, *clock_, deadline, give_up);
+        !s.ok()) {
       c.comm = nullptr;  // aborted by Wait
       return fail(s);
     }
@@ -275,7 +276,7 @@ absl::StatusOr<std::shared_ptr<Storage>> NcclRuntime::AllReduce(
   const int ordinal = c.ordinal;
   const cuda::Stream stream = c.stream;
   if (absl::Status s =
-          nccl_->Wait(c.comm, deadline, give_up,
+          nccl_->Wait(c.comm, *clock_, deadline, give_up,
                       [&]() { return cuda_->StreamDone(ordinal, stream); });
       !s.ok()) {
     c.comm = nullptr;  // aborted by Wait

@@ -38,6 +38,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/types.h"
 #include "plexus/executors/cuda/cuda_api.h"
 #include "plexus/executors/cuda/nccl_api.h"
@@ -135,8 +136,10 @@ class NcclRuntime final : public CollectiveGpus {
  public:
   // Loads CUDA and NCCL (in `search_dirs` after the sonames: a plugin
   // wheel's, CudaApi::LibraryDirsBeside) and checks a GPU is visible.
+  // NCCL's waits keep their deadlines on `clock`.
   static absl::StatusOr<std::unique_ptr<NcclRuntime>> Load(
-      const std::vector<std::string>& search_dirs);
+      const std::vector<std::string>& search_dirs,
+      Clock* clock = Clock::Real());
   ~NcclRuntime();
 
   // A device value is awaited (its GPU address is known only then); rank
@@ -162,12 +165,14 @@ class NcclRuntime final : public CollectiveGpus {
     int ordinal = -1;
   };
   using Key = std::pair<std::vector<int64_t>, std::string>;  // workers, GPU
-  NcclRuntime(const cuda::CudaApi* cuda, const cuda::NcclApi* nccl)
-      : cuda_(cuda), nccl_(nccl) {}
+  NcclRuntime(const cuda::CudaApi* cuda, const cuda::NcclApi* nccl,
+              Clock* clock)
+      : cuda_(cuda), nccl_(nccl), clock_(clock) {}
   void Destroy(Communicator& c);  // aborts it: never waits for peers
 
   const cuda::CudaApi* const cuda_;
   const cuda::NcclApi* const nccl_;
+  Clock* const clock_;  // NcclApi::Wait's deadlines and polls
   absl::Mutex mu_;
   std::map<int, std::string> uuids_ ABSL_GUARDED_BY(mu_);  // by ordinal
   std::map<Key, Communicator> communicators_ ABSL_GUARDED_BY(mu_);

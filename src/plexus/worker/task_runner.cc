@@ -87,6 +87,7 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   ctx.attrs = &program->attrs;
   ctx.shard = task.shard();
   ctx.num_shards = exec.num_shards();
+  ctx.clock = clock_;
   for (const ArgSpec& in : program->inputs) {
     ctx.input_shardings.push_back(in.sharding);
   }
@@ -210,7 +211,7 @@ absl::Status TaskRunner::MakeOutputs(
       continue;
     }
     const int alias =
-        program.kernel ? program.kernel->AliasedInput(static_cast<int>(o)) : -1;
+        program.kernel ? program.kernel->signature().AliasedInput(static_cast<int>(o)) : -1;
     if (alias >= 0 && alias < static_cast<int>(ctx->inputs.size()) &&
         ctx->inputs[alias].spec == *local) {
       // Immutable buffers: the output is the input's buffer, no copy.

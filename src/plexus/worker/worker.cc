@@ -12,6 +12,12 @@ namespace plexus {
 
 absl::StatusOr<std::unique_ptr<Worker>> Worker::Start(
     const WorkerOptions& options) {
+  // Every catalogued kernel has a body here, and every body a signature:
+  // the server and clients compile against the catalogue alone, so a drift
+  // would otherwise show only when a call ran.
+  if (auto kernels = builtin::KernelRegistry::Builtin(); !kernels.ok()) {
+    return kernels.status();
+  }
   auto worker = std::make_unique<WorkerImpl>(options);
   absl::Status s = worker->Init();
   if (!s.ok()) return s;

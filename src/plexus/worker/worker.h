@@ -98,7 +98,9 @@ struct WorkerOptions {
 
 class Worker {
  public:
-  // Starts the data plane, connects to the server and registers.
+  // Checks that every catalogued built-in kernel has a body (and every body
+  // a signature: KernelRegistry::Builtin), starts the data plane, connects
+  // to the server and registers.
   static absl::StatusOr<std::unique_ptr<Worker>> Start(
       const WorkerOptions& options);
   virtual ~Worker() = default;

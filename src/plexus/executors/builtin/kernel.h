@@ -1,21 +1,25 @@
-// Built-in C++ kernels: the program backend for host logic, tests and
-// benchmarks. A kernel has shard_map semantics: it runs once per shard on
-// that shard's local data, and its output shardings say how the local
-// results form the logical outputs (a reduction over a split axis gives a
-// `partial` output that all_reduce turns into a replicated one).
+// Built-in C++ kernels as the worker runs them: the program backend for
+// host logic, tests and benchmarks. Each kernel is its signature, from the
+// catalogue (catalogue.h: names, shape rules, attributes, documentation),
+// and its body here (KernelBody::Run: the computation on one shard's
+// buffers, OpenBLAS for matmul). Only the worker and the kernels' tests
+// link the bodies; the server, the client and the Python binding link the
+// catalogue alone.
 //
-// Kernels are stateless and thread-safe; the registry is immutable after
-// static initialisation.
+// Thread-safety: bodies are stateless and thread-safe; the global registry
+// is built once, on first use (thread-safe), and immutable after. No locks.
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/types.h"
+#include "plexus/executors/builtin/catalogue.h"
 
 namespace plexus::builtin {
 
@@ -61,90 +65,58 @@ struct KernelContext {
   // divides by the global batch); they fail if this is left empty while
   // num_shards > 1.
   std::vector<Sharding> input_shardings;
+  // The clock a body that waits reads and sleeps on (busy_wait,
+  // device_sleep): the worker's injected one.
+  Clock* clock = Clock::Real();
 };
 
-class Kernel {
+// What a kernel computes: one shard's outputs from its inputs.
+class KernelBody {
  public:
-  virtual ~Kernel() = default;
-  // Output global specs and shardings from the inputs' global specs and
-  // shardings over `num_shards` devices. Errors name the argument by index
-  // and show the shapes and shardings involved, e.g.
-  //   "argument 1: expected float32[8, 4] split(0) like argument 0, got
-  //    float32[4, 4] split(0)".
-  // The caller prefixes the program name.
-  virtual absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
-      const std::vector<ArgSpec>& inputs, int num_shards,
-      const Attrs& attrs) const = 0;
+  virtual ~KernelBody() = default;
   // Runs one shard. Errors become the message of the call's futures.
   virtual absl::Status Run(const KernelContext& ctx) const = 0;
-  virtual bool is_collective() const { return false; }
-  // Whether the kernel takes inputs laid out by a PartitionSpec over a mesh
-  // of several axes (Sharding::kMesh). Elementwise kernels do: each device
-  // computes on its block whatever the block is. The others are refused
-  // such inputs when a program is compiled.
-  virtual bool TakesMeshShardings() const { return false; }
-  // Whether the kernel takes inputs of `dtype` (checked at compile time for
-  // every input, before InferOutputs). Kernels compute in the arithmetic
-  // dtypes; those that only move bytes take every dtype.
-  virtual bool AcceptsDType(DType dtype) const {
-    return IsArithmeticDType(dtype);
-  }
-  // Output `output` equals input AliasedInput(output) bit for bit, or -1.
-  // Buffers are immutable, so the runtime may hand out the input's buffer
-  // as the output; when every output is aliased it skips Run altogether.
-  virtual int AliasedInput(int output) const { return -1; }
 };
 
-// What a built-in program does and takes, written for its users next to
-// its registration: the one source of `plexus.builtins` (Python) and of
-// docs/PROGRAMS.md (scripts/programs_md.py). Every kernel has one.
-struct KernelDoc {
-  struct Attr {
-    std::string name;
-    std::string kind;      // "float", "int", "string" or "ints"
-    std::string fallback;  // the default, as Python writes it; "" required
-    std::string meaning;
-  };
-  std::string summary;  // one sentence
-  std::vector<Attr> attrs;
-  std::string inputs;   // what each argument may be: dtypes, ranks, shardings
-  std::string outputs;  // what the outputs are, and their shardings
-  // Python that runs it, given `s` (a slice of 2 devices over 2 hosts),
-  // `np` and `plexus`, and checks its result with assert (tests run it).
-  std::string example;
+// A catalogued kernel with its body: what a worker loads for a program.
+class Kernel {
+ public:
+  Kernel(const KernelSignature* signature, std::unique_ptr<KernelBody> body)
+      : signature_(signature), body_(std::move(body)) {}
+  const KernelSignature& signature() const { return *signature_; }
+  absl::Status Run(const KernelContext& ctx) const { return body_->Run(ctx); }
+
+ private:
+  const KernelSignature* signature_;  // owned by the catalogue
+  std::unique_ptr<KernelBody> body_;
 };
+
+// Kernel bodies by name, as the kernel files register them.
+using KernelBodies =
+    std::vector<std::pair<std::string, std::unique_ptr<KernelBody>>>;
 
 class KernelRegistry {
  public:
-  static KernelRegistry& Global();
-  // Takes ownership. Registering a name twice, or without a summary, is a
-  // programming error.
-  void Register(const std::string& name, std::unique_ptr<Kernel> kernel,
-                KernelDoc doc);
+  // The built-in kernels: KernelCatalogue::Global() with the bodies of
+  // kernels_*.cc, built on first use. Fails where the two do not name the
+  // same kernels: the worker checks this at start-up.
+  static absl::StatusOr<const KernelRegistry*> Builtin();
+  // Builtin(), which must have succeeded (aborts otherwise).
+  static const KernelRegistry& Global();
+
+  // Pairs every signature of `catalogue` (which must outlive the registry)
+  // with the body of the same name. An error names the first kernel that
+  // has a signature and no body, a body and no signature, or two bodies.
+  static absl::StatusOr<std::unique_ptr<KernelRegistry>> Create(
+      const KernelCatalogue& catalogue, KernelBodies bodies);
+
   // Null if unknown.
   const Kernel* Find(const std::string& name) const;
-  const KernelDoc* FindDoc(const std::string& name) const;
   std::vector<std::string> Names() const;  // sorted
 
  private:
-  struct Entry {
-    std::string name;
-    std::unique_ptr<Kernel> kernel;
-    KernelDoc doc;
-  };
-  std::vector<Entry> kernels_;
+  KernelRegistry() = default;
+  std::vector<std::pair<std::string, Kernel>> kernels_;  // sorted by name
 };
-
-// Attribute access with defaults and clear errors ("attribute 'lr' must be a
-// number, got a string").
-absl::StatusOr<double> GetFloatAttr(const Attrs& attrs, const std::string& key,
-                                    std::optional<double> fallback = {});
-absl::StatusOr<int64_t> GetIntAttr(const Attrs& attrs, const std::string& key,
-                                   std::optional<int64_t> fallback = {});
-absl::StatusOr<std::string> GetStringAttr(
-    const Attrs& attrs, const std::string& key,
-    std::optional<std::string> fallback = {});
-absl::StatusOr<std::vector<int64_t>> GetIntsAttr(const Attrs& attrs,
-                                                 const std::string& key);
 
 }  // namespace plexus::builtin

@@ -1,35 +1,36 @@
-// Pieces shared by the built-in kernel files: static registration, dtype
-// dispatch, and the argument checks behind InferOutputs' error messages.
-// Every check's error starts with "argument <i>: " and shows the argument
-// with ArgSpec::ToString, e.g. "argument 0: expected rank 2, got
-// float32[8] replicated".
+// Pieces shared by the built-in kernel bodies (kernels_*.cc): their
+// registration, dtype dispatch, and the checks of the buffers a body is
+// given. (The signatures' argument checks are internal/signature_checks.h.)
+// Pure functions and templates; thread-safe.
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 #include <string>
-#include <vector>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "plexus/common/types.h"
+#include "plexus/executors/builtin/attrs.h"
 #include "plexus/executors/builtin/kernel.h"
 
 namespace plexus::builtin::internal {
 
-// Registers a default-constructed `K` under `name`, with its documentation,
-// from a static initialiser, e.g.
-// `const KernelRegistrar<AddKernel> kAdd("add", {.summary = ...});`.
-template <typename K>
-class KernelRegistrar {
- public:
-  KernelRegistrar(const char* name, KernelDoc doc) {
-    KernelRegistry::Global().Register(name, std::make_unique<K>(),
-                                      std::move(doc));
-  }
-};
+// The bodies of each kernels_*.cc file, called once when
+// KernelRegistry::Builtin() is first built (no static initialisers, so the
+// kernels library is an ordinary archive).
+void AddElementwiseBodies(KernelBodies& bodies);
+void AddLinalgBodies(KernelBodies& bodies);
+void AddLossBodies(KernelBodies& bodies);
+void AddMiscBodies(KernelBodies& bodies);
+
+// Adds a default-constructed body `B` under `name`.
+template <typename B>
+void AddBody(KernelBodies& bodies, const char* name) {
+  bodies.emplace_back(name, std::make_unique<B>());
+}
 
 // The DType of a C++ element type.
 template <typename T>
@@ -88,38 +89,6 @@ absl::Status VisitFloatDType(absl::string_view kernel, DType dtype, Fn&& fn) {
       return FloatOnlyError(kernel, dtype);
   }
 }
-
-// --- InferOutputs checks ----------------------------------------------------
-
-// "argument <index>: <what>, got <arg>".
-absl::Status ArgError(int index, const ArgSpec& arg, absl::string_view what);
-
-// The argument count is `expected`, num_shards is positive, and every
-// argument has a local shape over num_shards devices.
-absl::Status CheckArgs(const std::vector<ArgSpec>& inputs, size_t expected,
-                       int num_shards);
-
-// inputs[index]'s dtype is one of `allowed`.
-absl::Status CheckDType(const std::vector<ArgSpec>& inputs, int index,
-                        std::initializer_list<DType> allowed);
-absl::Status CheckFloat(const std::vector<ArgSpec>& inputs, int index);
-
-absl::Status CheckRank(const std::vector<ArgSpec>& inputs, int index,
-                       size_t rank);
-
-// inputs[index] has the same global spec and sharding as inputs[other].
-absl::Status CheckSameAs(const std::vector<ArgSpec>& inputs, int index,
-                         int other);
-
-// inputs[index] is not partial. The error reads "argument <i> is partial
-// (<arg>); <why>".
-absl::Status CheckNotPartial(const std::vector<ArgSpec>& inputs, int index,
-                             absl::string_view why);
-
-// The local spec of an argument that passed CheckArgs.
-TensorSpec LocalOf(const ArgSpec& arg, int num_shards);
-
-// --- Run helpers ------------------------------------------------------------
 
 // The caller passed as many input and output buffers as the kernel takes.
 absl::Status CheckRunArity(const KernelContext& ctx, absl::string_view kernel,

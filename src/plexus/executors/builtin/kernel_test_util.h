@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "plexus/common/types.h"
+#include "plexus/executors/builtin/catalogue.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/executors/builtin/kernel_support.h"
 
@@ -41,7 +42,7 @@ struct HostArray {
 inline absl::StatusOr<std::vector<ArgSpec>> Infer(
     const std::string& kernel, const std::vector<ArgSpec>& args,
     int num_shards = 1, const Attrs& attrs = {}) {
-  const Kernel* k = KernelRegistry::Global().Find(kernel);
+  const KernelSignature* k = KernelCatalogue::Global().Find(kernel);
   if (k == nullptr) return absl::NotFoundError("no kernel " + kernel);
   return k->InferOutputs(args, num_shards, attrs);
 }
@@ -54,7 +55,7 @@ inline absl::StatusOr<std::vector<HostArray>> RunShard(
     int shard = 0, int num_shards = 1, Collectives* collectives = nullptr) {
   const Kernel* k = KernelRegistry::Global().Find(kernel);
   if (k == nullptr) return absl::NotFoundError("no kernel " + kernel);
-  auto outputs = k->InferOutputs(args, num_shards, attrs);
+  auto outputs = k->signature().InferOutputs(args, num_shards, attrs);
   if (!outputs.ok()) return outputs.status();
   KernelContext ctx;
   ctx.attrs = &attrs;

@@ -1,6 +1,7 @@
-// Softmax cross-entropy loss and its gradient. Both average over the global
-// batch, so the loss of a batch split over shards is the sum of the shards'
-// partial losses.
+// The bodies of softmax cross-entropy loss and its gradient. Both average
+// over the global batch, so the loss of a batch split over shards is the
+// sum of the shards' partial losses. Their signatures are in
+// signatures_loss.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -9,42 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/executors/builtin/kernel_support.h"
 
-namespace plexus::builtin {
+namespace plexus::builtin::internal {
 namespace {
-
-using internal::ArgError;
-using internal::CheckRunArity;
-using internal::KernelRegistrar;
-
-// Checks softmax_xent's arguments: logits[b, c] (float), labels[b] (int32),
-// both split(0) or both replicated.
-absl::Status CheckXentArgs(const std::vector<ArgSpec>& inputs, int num_shards) {
-  if (auto s = internal::CheckArgs(inputs, 2, num_shards); !s.ok()) return s;
-  if (auto s = internal::CheckFloat(inputs, 0); !s.ok()) return s;
-  if (auto s = internal::CheckRank(inputs, 0, 2); !s.ok()) return s;
-  if (auto s = internal::CheckDType(inputs, 1, {DType::kI32}); !s.ok()) {
-    return s;
-  }
-  const ArgSpec& logits = inputs[0];
-  const ArgSpec& labels = inputs[1];
-  if (labels.global.shape != Shape{logits.global.shape[0]}) {
-    return ArgError(1, labels,
-                    absl::StrCat("expected int32[", logits.global.shape[0],
-                                 "], one label per row of argument 0 (",
-                                 logits.ToString(), ")"));
-  }
-  const bool both_split = logits.sharding == Sharding::Split(0) &&
-                          labels.sharding == Sharding::Split(0);
-  const bool both_replicated =
-      logits.sharding.is_replicated() && labels.sharding.is_replicated();
-  if (!both_split && !both_replicated) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "logits and labels must be both split(0) or both replicated, got "
-        "argument 0 (",
-        logits.ToString(), ") and argument 1 (", labels.ToString(), ")"));
-  }
-  return absl::OkStatus();
-}
 
 // The local rows of one shard and where they sit in the global batch.
 struct LocalBatch {
@@ -122,25 +89,16 @@ absl::Status ForEachRow(const KernelContext& ctx, const LocalBatch& batch,
   return absl::OkStatus();
 }
 
-// softmax_xent(logits[b, c], labels[b]) -> mean over the global batch of
-// -log softmax(logits)[label]; a partial scalar when the batch is split.
-class SoftmaxXentKernel : public Kernel {
+// softmax_xent: the mean over the global batch of -log
+// softmax(logits)[label]; this shard's rows' share of it.
+class SoftmaxXentBody : public KernelBody {
  public:
-  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
-      const std::vector<ArgSpec>& inputs, int num_shards,
-      const Attrs&) const override {
-    if (auto s = CheckXentArgs(inputs, num_shards); !s.ok()) return s;
-    const Sharding out = inputs[0].sharding.is_split() ? Sharding::Partial()
-                                                       : Sharding::Replicated();
-    return std::vector<ArgSpec>{{{inputs[0].global.dtype, {}}, out}};
-  }
-
   absl::Status Run(const KernelContext& ctx) const override {
     if (ctx.inputs.empty()) return CheckRunArity(ctx, "softmax_xent", 2, 1);
     const DType dtype = ctx.inputs[0].spec.dtype;
     auto batch = GetLocalBatch(ctx, "softmax_xent", {dtype, {}});
     if (!batch.ok()) return batch.status();
-    return internal::VisitFloatDType("softmax_xent", dtype, [&](auto zero) {
+    return VisitFloatDType("softmax_xent", dtype, [&](auto zero) {
       using T = decltype(zero);
       double total = 0;
       auto s = ForEachRow<T>(
@@ -157,17 +115,9 @@ class SoftmaxXentKernel : public Kernel {
   }
 };
 
-// softmax_xent_grad(logits, labels) -> (softmax(logits) - onehot(labels)) /
-// global batch, laid out like logits.
-class SoftmaxXentGradKernel : public Kernel {
+// softmax_xent_grad: (softmax(logits) - onehot(labels)) / global batch.
+class SoftmaxXentGradBody : public KernelBody {
  public:
-  absl::StatusOr<std::vector<ArgSpec>> InferOutputs(
-      const std::vector<ArgSpec>& inputs, int num_shards,
-      const Attrs&) const override {
-    if (auto s = CheckXentArgs(inputs, num_shards); !s.ok()) return s;
-    return std::vector<ArgSpec>{inputs[0]};
-  }
-
   absl::Status Run(const KernelContext& ctx) const override {
     if (ctx.inputs.empty()) {
       return CheckRunArity(ctx, "softmax_xent_grad", 2, 1);
@@ -175,53 +125,29 @@ class SoftmaxXentGradKernel : public Kernel {
     const TensorSpec logits = ctx.inputs[0].spec;
     auto batch = GetLocalBatch(ctx, "softmax_xent_grad", logits);
     if (!batch.ok()) return batch.status();
-    return internal::VisitFloatDType(
-        "softmax_xent_grad", logits.dtype, [&](auto zero) {
-          using T = decltype(zero);
-          T* grad = ctx.outputs[0].as<T>();
-          const double n =
-              static_cast<double>(std::max<int64_t>(1, batch->global_rows));
-          const int64_t classes = batch->classes;
-          return ForEachRow<T>(ctx, *batch,
-                               [&](int64_t r, const T*, int32_t label,
-                                   const double* probs, double) {
-                                 for (int64_t c = 0; c < classes; ++c) {
-                                   const double onehot = c == label ? 1.0 : 0.0;
-                                   grad[r * classes + c] =
-                                       static_cast<T>((probs[c] - onehot) / n);
-                                 }
-                               });
-        });
+    return VisitFloatDType("softmax_xent_grad", logits.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      T* grad = ctx.outputs[0].as<T>();
+      const double n =
+          static_cast<double>(std::max<int64_t>(1, batch->global_rows));
+      const int64_t classes = batch->classes;
+      return ForEachRow<T>(
+          ctx, *batch,
+          [&](int64_t r, const T*, int32_t label, const double* probs, double) {
+            for (int64_t c = 0; c < classes; ++c) {
+              const double onehot = c == label ? 1.0 : 0.0;
+              grad[r * classes + c] = static_cast<T>((probs[c] - onehot) / n);
+            }
+          });
+    });
   }
 };
 
-const KernelRegistrar<SoftmaxXentKernel> kSoftmaxXent(
-    "softmax_xent",
-    {"Softmax cross-entropy: the mean over the global batch of "
-     "-log softmax(logits)[label].",
-     {},
-     "logits [b, c], float32 or float64, and labels int32 [b]; both split(0) "
-     "(a batch over the devices) or both replicated.",
-     "A scalar of the logits' dtype: partial when the batch is split (each "
-     "device's addend is its rows' share of the mean), else replicated.",
-     "logits = s.put(np.zeros((4, 3), np.float32), plexus.split(0))\n"
-     "labels = s.put(np.zeros(4, np.int32), plexus.split(0))\n"
-     "loss = s.program(\"softmax_xent\", logits, labels)(logits, labels)\n"
-     "assert abs(float(np.asarray(loss)) - np.log(3)) < 1e-6\n"});
-const KernelRegistrar<SoftmaxXentGradKernel> kSoftmaxXentGrad(
-    "softmax_xent_grad",
-    {"The gradient of softmax_xent with respect to the logits: "
-     "(softmax(logits) - onehot(labels)) / global batch.",
-     {},
-     "As softmax_xent: logits [b, c] float32 or float64, labels int32 [b], "
-     "both split(0) or both replicated.",
-     "One array laid out like the logits (same spec and sharding).",
-     "logits = s.put(np.zeros((4, 3), np.float32), plexus.split(0))\n"
-     "labels = s.put(np.zeros(4, np.int32), plexus.split(0))\n"
-     "g = s.program(\"softmax_xent_grad\", logits, labels)(logits, "
-     "labels)\n"
-     "want = (np.full((4, 3), 1 / 3) - np.eye(3)[[0, 0, 0, 0]]) / 4\n"
-     "assert np.allclose(np.asarray(g), want)\n"});
-
 }  // namespace
-}  // namespace plexus::builtin
+
+void AddLossBodies(KernelBodies& bodies) {
+  AddBody<SoftmaxXentBody>(bodies, "softmax_xent");
+  AddBody<SoftmaxXentGradBody>(bodies, "softmax_xent_grad");
+}
+
+}  // namespace plexus::builtin::internal

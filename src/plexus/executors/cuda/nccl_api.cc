@@ -11,7 +11,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "plexus/executors/cuda/internal/dl.h"
 
 #if __has_include(<nccl.h>)
@@ -190,7 +189,7 @@ absl::StatusOr<NcclComm> NcclApi::StartInit(int nranks, const NcclUniqueId& id,
   return comm;
 }
 
-absl::Status NcclApi::Wait(NcclComm comm, absl::Time deadline,
+absl::Status NcclApi::Wait(NcclComm comm, Clock& clock, absl::Time deadline,
                            const GiveUpFn& give_up,
                            const FinishedFn& finished) const {
   // NCCL's own threads make progress; this one only looks. The first looks
@@ -208,7 +207,7 @@ absl::Status NcclApi::Wait(NcclComm comm, absl::Time deadline,
       done = f.ok() && *f;
     }
     if (s.ok() && done) return absl::OkStatus();
-    if (s.ok() && absl::Now() >= deadline) {
+    if (s.ok() && clock.Now() >= deadline) {
       s = absl::DeadlineExceededError(
           "NCCL: a communicator made no progress before its deadline (a peer "
           "may be stuck or gone)");
@@ -216,7 +215,7 @@ absl::Status NcclApi::Wait(NcclComm comm, absl::Time deadline,
     if (s.ok() && give_up) {
       s = give_up(poll);
     } else if (s.ok()) {
-      absl::SleepFor(poll);
+      clock.SleepFor(poll);
     }
     if (!s.ok()) {
       Abort(comm);

@@ -29,6 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/executors/cuda/cuda_api.h"
 
 namespace plexus::cuda {
@@ -86,10 +87,12 @@ class NcclApi {
   // deadline passes, `give_up` returns a non-OK status (it is called
   // between polls and may block up to `poll` waiting for a reason: a peer's
   // death), `finished` fails, or NCCL reports an error; `comm` is aborted
-  // then and must not be used again.
+  // then and must not be used again. The deadline is on `clock`, which
+  // also paces the polls when there is no `give_up`.
   using GiveUpFn = std::function<absl::Status(absl::Duration poll)>;
   using FinishedFn = std::function<absl::StatusOr<bool>()>;
-  absl::Status Wait(NcclComm comm, absl::Time deadline, const GiveUpFn& give_up,
+  absl::Status Wait(NcclComm comm, Clock& clock, absl::Time deadline,
+                    const GiveUpFn& give_up,
                     const FinishedFn& finished = nullptr) const;
 
   // Queues out = sum over ranks of `in` (count elements of `type`) on

@@ -43,13 +43,47 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     return absl::InvalidArgumentError(absl::StrCat(
         "the executable runs on ", parts, " devices, given ", inputs.size()));
   }
-  const size_t num_args = parts == 0 ? 0 : inputs[0].size();
-  const size_t num_outputs = exe.outputs_.size();
   auto run = std::make_unique<Run>();
   run->runtime = this;
   run->scope = std::make_unique<PjrtScope>(api_);
-  PjrtScope& scope = *run->scope;
-  std::vector<std::vector<PJRT_Buffer*>> args(parts);
+  absl::StatusOr<BoundArguments> bound =
+      BindArguments(exe, inputs, *run, reads);
+  if (!bound.ok()) return bound.status();
+  std::vector<std::vector<PJRT_Buffer*>> outs(
+      parts, std::vector<PJRT_Buffer*>(exe.outputs_.size(), nullptr));
+  if (absl::Status s = Launch(exe, *bound, *run, outs); !s.ok()) return s;
+  // Queued: from here `done` is called, once, whatever else happens. The
+  // outputs are ours (freed with their PjrtBuffer), each ready once the run
+  // that makes it has completed; one the plugin did not give is null, for
+  // the caller to report.
+  Outputs result = WrapOutputs(exe, outs, what);
+  // Its end: each partition's completion counts down, the last hands the
+  // run to the completion thread.
+  run->done = std::move(done);
+  {
+    absl::MutexLock lock(&runs_mu_);
+    ++runs_;
+  }
+  Run* queued = run.release();
+  queued->left = static_cast<int>(parts);
+  // A run that has already completed (the CPU plugin runs small programs
+  // inline, inside Execute) ends here, on this thread: no hand-off.
+  if (EndedInline(*queued)) {
+    Finish(queued);
+    return result;
+  }
+  WatchPartitions(queued, result);
+  return result;
+}
+
+absl::StatusOr<PjrtRuntime::BoundArguments> PjrtRuntime::BindArguments(
+    const PjrtExecutable& exe,
+    const std::vector<std::vector<XlaArgument>>& inputs, Run& run,
+    ArgumentReads* reads) const {
+  const size_t parts = exe.devices_.size();
+  const size_t num_args = parts == 0 ? 0 : inputs[0].size();
+  BoundArguments bound;
+  bound.args.resize(parts);
   // Argument i may be donated only if every partition's is its own buffer
   // and donated; the plugin takes one list for all partitions.
   std::vector<bool> donatable(num_args, parts > 0);
@@ -62,14 +96,14 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     }
     for (size_t i = 0; i < num_args; ++i) {
       ArgumentRead read = ArgumentRead::kHost;
-      absl::StatusOr<PJRT_Buffer*> buffer =
-          Argument(scope, inputs[p][i], exe.devices_[p], &run->staged, &read);
+      absl::StatusOr<PJRT_Buffer*> buffer = Argument(
+          *run.scope, inputs[p][i], exe.devices_[p], &run.staged, &read);
       if (!buffer.ok()) {
         return absl::Status(
             buffer.status().code(),
             absl::StrCat("argument ", i, ": ", buffer.status().message()));
       }
-      args[p].push_back(*buffer);
+      bound.args[p].push_back(*buffer);
       if (!(read == ArgumentRead::kAlias && inputs[p][i].donate)) {
         donatable[i] = false;
       }
@@ -78,45 +112,48 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   }
   // Without this list the plugin would write an aliased output over any
   // argument: a value the store still holds, or host memory read in place.
-  std::vector<int64_t> non_donatable;
   for (size_t i = 0; i < num_args; ++i) {
-    if (!donatable[i]) non_donatable.push_back(static_cast<int64_t>(i));
+    if (!donatable[i]) bound.non_donatable.push_back(static_cast<int64_t>(i));
   }
+  return bound;
+}
+
+absl::Status PjrtRuntime::Launch(
+    const PjrtExecutable& exe, BoundArguments& bound, Run& run,
+    std::vector<std::vector<PJRT_Buffer*>>& outs) const {
+  const size_t parts = exe.devices_.size();
   std::vector<PJRT_Buffer* const*> arg_lists(parts);
-  std::vector<std::vector<PJRT_Buffer*>> outs(
-      parts, std::vector<PJRT_Buffer*>(num_outputs, nullptr));
   std::vector<PJRT_Buffer**> out_lists(parts);
   for (size_t p = 0; p < parts; ++p) {
-    arg_lists[p] = args[p].data();
+    arg_lists[p] = bound.args[p].data();
     out_lists[p] = outs[p].data();
   }
-  run->complete.assign(parts, nullptr);
+  run.complete.assign(parts, nullptr);
   static std::atomic<int> launch_id{1};
   auto opts = PJRT_ARGS(PJRT_ExecuteOptions);
   opts.launch_id = launch_id.fetch_add(1);
-  opts.non_donatable_input_indices = non_donatable.data();
-  opts.num_non_donatable_input_indices = non_donatable.size();
+  opts.non_donatable_input_indices = bound.non_donatable.data();
+  opts.num_non_donatable_input_indices = bound.non_donatable.size();
   auto ex = PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
   ex.executable = exe.exe_;
   ex.options = &opts;
   ex.argument_lists = arg_lists.data();
   ex.num_devices = parts;
-  ex.num_args = num_args;
+  ex.num_args = parts == 0 ? 0 : bound.args[0].size();
   ex.output_lists = out_lists.data();
-  ex.device_complete_events = run->complete.data();
-  if (absl::Status s = scope.ToStatus(api_->PJRT_LoadedExecutable_Execute(&ex),
-                                      "XLA execute");
-      !s.ok()) {
-    return s;
-  }
-  // Queued: from here `done` is called, once, whatever else happens. The
-  // outputs are ours (freed with their PjrtBuffer), each ready once the run
-  // that makes it has completed; one the plugin did not give is null, for
-  // the caller to report.
+  ex.device_complete_events = run.complete.data();
+  return run.scope->ToStatus(api_->PJRT_LoadedExecutable_Execute(&ex),
+                             "XLA execute");
+}
+
+PjrtRuntime::Outputs PjrtRuntime::WrapOutputs(
+    const PjrtExecutable& exe,
+    const std::vector<std::vector<PJRT_Buffer*>>& outs,
+    absl::string_view what) const {
   auto producer = std::make_shared<const std::string>(what);
-  Outputs result(parts);
-  for (size_t p = 0; p < parts; ++p) {
-    for (size_t o = 0; o < num_outputs; ++o) {
+  Outputs result(outs.size());
+  for (size_t p = 0; p < outs.size(); ++p) {
+    for (size_t o = 0; o < outs[p].size(); ++o) {
       result[p].push_back(
           outs[p][o] == nullptr
               ? nullptr
@@ -125,42 +162,31 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
                     exe.outputs_[o].byte_size(), BufferMemory(), producer)));
     }
   }
-  // Its end: each partition's completion counts down, the last hands the
-  // run to the completion thread.
-  run->done = std::move(done);
-  {
-    absl::MutexLock lock(&runs_mu_);
-    ++runs_;
-  }
-  Run* queued = run.release();
-  queued->left = static_cast<int>(parts);
-  // A run that has already completed (the CPU plugin runs small programs
-  // inline, inside Execute) ends here, on this thread: no hand-off.
-  bool completed = true;
-  for (PJRT_Event* e : queued->complete) {
+  return result;
+}
+
+bool PjrtRuntime::EndedInline(Run& run) const {
+  PjrtScope& scope = *run.scope;
+  for (PJRT_Event* e : run.complete) {
     auto ready = PJRT_ARGS(PJRT_Event_IsReady_Args);
     ready.event = e;
-    if (e == nullptr) {
-      completed = false;  // said below
-    } else if (PJRT_Error* error = api_->PJRT_Event_IsReady(&ready)) {
+    if (e == nullptr) return false;  // said by WatchPartitions
+    if (PJRT_Error* error = api_->PJRT_Event_IsReady(&ready)) {
       scope.ToStatus(error, "").IgnoreError();
-      completed = false;
-    } else {
-      completed = ready.is_ready;
+      return false;
     }
-    if (!completed) break;
+    if (!ready.is_ready) return false;
   }
-  if (completed) {
-    for (PJRT_Event* e : queued->complete) {
-      auto error = PJRT_ARGS(PJRT_Event_Error_Args);
-      error.event = e;
-      queued->Update(
-          scope.ToStatus(api_->PJRT_Event_Error(&error), "XLA execution"));
-    }
-    Finish(queued);
-    return result;
+  for (PJRT_Event* e : run.complete) {
+    auto error = PJRT_ARGS(PJRT_Event_Error_Args);
+    error.event = e;
+    run.Update(scope.ToStatus(api_->PJRT_Event_Error(&error), "XLA execution"));
   }
-  for (size_t p = 0; p < parts; ++p) {
+  return true;
+}
+
+void PjrtRuntime::WatchPartitions(Run* queued, const Outputs& result) const {
+  for (size_t p = 0; p < queued->complete.size(); ++p) {
     auto on = PJRT_ARGS(PJRT_Event_OnReady_Args);
     on.event = queued->complete[p];
     on.callback = &PjrtRuntime::PartitionDone;
@@ -192,7 +218,6 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
       PartitionDone(nullptr, queued);
     });
   }
-  return result;
 }
 
 void PjrtRuntime::PartitionDone(PJRT_Error* error, void* arg) {

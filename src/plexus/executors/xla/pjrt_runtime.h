@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/serial_executor.h"
 #include "plexus/common/types.h"
 #include "plexus/executors/builtin/kernel.h"
@@ -191,6 +192,9 @@ struct PjrtOptions {
   // the worker's device budget bounds (the plugin's default would take
   // ~75% of each GPU in every process that opens it).
   std::vector<int64_t> gpus;
+  // What compile and load times are measured on (XlaExecutor's counters
+  // and log lines); not owned.
+  Clock* clock = Clock::Real();
 };
 
 class PjrtRuntime {
@@ -317,6 +321,31 @@ class PjrtRuntime {
   // thread: it only counts, and posts the end to completions_).
   static void PartitionDone(PJRT_Error* error, void* run);
   void Finish(Run* run) const;  // on completions_: the end of a run
+  // Execute's steps, in order. The PJRT buffers each partition reads (what
+  // they need kept in `run`), and the arguments that may not be donated.
+  struct BoundArguments {
+    std::vector<std::vector<PJRT_Buffer*>> args;  // by partition
+    std::vector<int64_t> non_donatable;
+  };
+  absl::StatusOr<BoundArguments> BindArguments(
+      const PjrtExecutable& exe,
+      const std::vector<std::vector<XlaArgument>>& inputs, Run& run,
+      ArgumentReads* reads) const;
+  // Queues the run on the plugin: `outs` gets each partition's outputs
+  // (sized by the caller), run.complete each partition's event.
+  absl::Status Launch(const PjrtExecutable& exe, BoundArguments& bound,
+                      Run& run,
+                      std::vector<std::vector<PJRT_Buffer*>>& outs) const;
+  // The outputs as PjrtBuffers made by `what` (null where none was given).
+  Outputs WrapOutputs(const PjrtExecutable& exe,
+                      const std::vector<std::vector<PJRT_Buffer*>>& outs,
+                      absl::string_view what) const;
+  // Whether every partition of `run` has completed already (the CPU plugin
+  // runs small programs inline); if so, their errors are in run.status.
+  bool EndedInline(Run& run) const;
+  // Has each partition's end count `run` down: a PJRT callback on its
+  // event, else the completion thread waits for it.
+  void WatchPartitions(Run* run, const Outputs& result) const;
 
   // Runs queued and not yet finished: the destructor waits for them.
   mutable absl::Mutex runs_mu_;

@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "plexus/common/logging.h"
 
 namespace plexus::xla {
@@ -109,9 +108,10 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrCompile(
     }
     // Freed since (every program using it was unloaded): compile again.
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = options_.clock->Now();
   auto compiled = (*runtime)->Compile(module, compile_options);
-  const int64_t micros = absl::ToInt64Microseconds(absl::Now() - start);
+  const int64_t micros =
+      absl::ToInt64Microseconds(options_.clock->Now() - start);
   compiles_++;
   compile_micros_ += micros;
   entry->done = true;
@@ -142,7 +142,7 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrLoad(
       return alive;
     }
   }
-  const absl::Time start = absl::Now();
+  const absl::Time start = options_.clock->Now();
   auto loaded = (*runtime)->Deserialize(serialized.executable,
                                         serialized.compile_options);
   if (!loaded.ok()) return loaded.status();  // the entry is left as it was
@@ -152,7 +152,8 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> XlaExecutor::GetOrLoad(
                      absl::StrJoin((*loaded)->device_indices(), ", "),
                      "], not [", absl::StrJoin(devices, ", "), "]"));
   }
-  const int64_t micros = absl::ToInt64Microseconds(absl::Now() - start);
+  const int64_t micros =
+      absl::ToInt64Microseconds(options_.clock->Now() - start);
   serialized_loads_++;
   SPDLOG_INFO(
       "XLA: loaded a {}-byte serialized executable for {} device(s) in {} ms "

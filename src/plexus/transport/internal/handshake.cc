@@ -67,8 +67,9 @@ bool SameProof(const Proof& want, absl::string_view got) {
 }
 
 // Waits until `socket` has bytes to read (or an end), at most until
-// `deadline`, and no longer than `cancelled` allows.
-absl::Status AwaitReadable(FrameSocket& socket, absl::Time deadline,
+// `deadline` on `clock`, and no longer than `cancelled` allows.
+absl::Status AwaitReadable(FrameSocket& socket, Clock& clock,
+                           absl::Time deadline,
                            const std::function<bool()>& cancelled) {
   while (true) {
     if (cancelled && cancelled()) {
@@ -76,7 +77,7 @@ absl::Status AwaitReadable(FrameSocket& socket, absl::Time deadline,
           "data-plane handshake: given up (the worker was declared down, "
           "or the connection is no longer wanted)");
     }
-    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration left = deadline - clock.Now();
     if (left <= absl::ZeroDuration()) {
       return absl::DeadlineExceededError(
           absl::StrCat("data-plane handshake: no answer within ",
@@ -177,15 +178,16 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
 
 absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
                               const std::function<bool()>& cancelled,
-                              uint32_t* capabilities) {
+                              uint32_t* capabilities, Clock* clock) {
   // Bounded: an acceptor that never answers (a stopped worker) does not
   // hold the caller beyond the deadline, or beyond `cancelled`.
-  const absl::Time deadline = absl::Now() + kHandshakeTimeout;
+  const absl::Time deadline = clock->Now() + kHandshakeTimeout;
   if (absl::Status s = SetRecvTimeout(socket.fd(), kHandshakeTimeout);
       !s.ok()) {
     return socket.Break(s);
   }
-  if (absl::Status s = AwaitReadable(socket, deadline, cancelled); !s.ok()) {
+  if (absl::Status s = AwaitReadable(socket, *clock, deadline, cancelled);
+      !s.ok()) {
     return socket.Break(s);
   }
   auto challenge = ReadExpected(socket, FrameType::kChallenge);
@@ -202,7 +204,8 @@ absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
   std::string payload = *nonce_c;
   payload.append(reinterpret_cast<const char*>(proof_c.data()), kProofSize);
   if (absl::Status s = socket.SendFrame(hello, payload); !s.ok()) return s;
-  if (absl::Status s = AwaitReadable(socket, deadline, cancelled); !s.ok()) {
+  if (absl::Status s = AwaitReadable(socket, *clock, deadline, cancelled);
+      !s.ok()) {
     return socket.Break(s);
   }
   auto welcome = ReadExpected(socket, FrameType::kWelcome);

@@ -39,6 +39,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
@@ -73,8 +74,10 @@ absl::StatusOr<DataPlanePeer> AcceptHandshake(FrameSocket& socket,
 // so (the acceptor's owner was declared down, the caller is closing).
 inline constexpr absl::Duration kCancelPoll = absl::Milliseconds(50);
 // `*capabilities`, if given, is set to what the acceptor said it serves.
+// The deadline is kept on `clock`.
 absl::Status ConnectHandshake(FrameSocket& socket, const DataPlaneIdentity& me,
                               const std::function<bool()>& cancelled = {},
-                              uint32_t* capabilities = nullptr);
+                              uint32_t* capabilities = nullptr,
+                              Clock* clock = Clock::Real());
 
 }  // namespace plexus::transport::internal

@@ -18,7 +18,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace plexus::transport::internal {
@@ -83,12 +82,12 @@ std::string FormatAddress(const sockaddr* sa) {
   return "?";
 }
 
-// connect(2) that ends by `timeout`: non-blocking, then poll for the
+// connect(2) that ends by `timeout` on `clock`: non-blocking, then poll for the
 // outcome (EINTR-safe: the attempt goes on in the kernel meanwhile). A peer
 // that silently drops the SYN would otherwise hold the caller for the
 // kernel's retries, about two minutes.
 int ConnectWithin(int fd, const sockaddr* addr, socklen_t len,
-                  absl::Duration timeout) {
+                  absl::Duration timeout, Clock* clock) {
   if (timeout == absl::InfiniteDuration()) {
     if (connect(fd, addr, len) == 0) return 0;
     if (errno != EINTR) return -1;
@@ -107,11 +106,11 @@ int ConnectWithin(int fd, const sockaddr* addr, socklen_t len,
   if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) return -1;
   if (connect(fd, addr, len) != 0) {
     if (errno != EINPROGRESS && errno != EINTR) return -1;
-    const absl::Time deadline = absl::Now() + timeout;
+    const absl::Time deadline = clock->Now() + timeout;
     pollfd p{fd, POLLOUT, 0};
     while (true) {
       const int64_t left_ms = std::max<int64_t>(
-          0, absl::ToInt64Milliseconds(deadline - absl::Now()));
+          0, absl::ToInt64Milliseconds(deadline - clock->Now()));
       const int ready =
           poll(&p, 1, static_cast<int>(std::min<int64_t>(left_ms, 1 << 30)));
       if (ready > 0) break;
@@ -375,7 +374,7 @@ absl::StatusOr<UniqueFd> Accept(int listen_fd) {
 }
 
 absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
-                                    absl::Duration timeout) {
+                                    absl::Duration timeout, Clock* clock) {
   std::string host, port;
   if (absl::Status s = SplitHostPort(address, &host, &port); !s.ok()) return s;
   addrinfo hints{};
@@ -394,7 +393,8 @@ absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
       last = IoError("socket", errno);
       continue;
     }
-    if (ConnectWithin(fd.get(), ai->ai_addr, ai->ai_addrlen, timeout) != 0) {
+    if (ConnectWithin(fd.get(), ai->ai_addr, ai->ai_addrlen, timeout, clock) !=
+        0) {
       last = errno == ETIMEDOUT
                  ? absl::UnavailableError(
                        absl::StrCat("connect ", address, ": no answer within ",
@@ -418,7 +418,7 @@ absl::StatusOr<UniqueFd> ConnectUnix(const std::string& name) {
   // Blocking: a unix socket answers at once or says why (a non-blocking
   // connect would fail with EAGAIN on a full backlog instead of waiting).
   if (ConnectWithin(fd->get(), reinterpret_cast<sockaddr*>(&addr), len,
-                    absl::InfiniteDuration()) != 0) {
+                    absl::InfiniteDuration(), Clock::Real()) != 0) {
     return IoError(absl::StrCat("connect unix '@", name, "'"), errno);
   }
   return fd;

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 
 namespace plexus::transport::internal {
 
@@ -83,8 +84,10 @@ absl::StatusOr<UniqueFd> Accept(int listen_fd);
 
 // Connects to "host:port" (or "[v6]:port") with TCP_NODELAY; Unavailable
 // if no connection is made within `timeout` (a peer that drops packets).
+// `timeout` is measured on `clock`.
 absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
-                                    absl::Duration timeout = absl::Seconds(10));
+                                    absl::Duration timeout = absl::Seconds(10),
+                                    Clock* clock = Clock::Real());
 // Connects to the abstract unix socket `name`.
 absl::StatusOr<UniqueFd> ConnectUnix(const std::string& name);
 

@@ -1,54 +1,11 @@
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
+#include "plexus/executors/builtin/attrs.h"
+
 #include <type_traits>
-#include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "plexus/executors/builtin/kernel.h"
 
 namespace plexus::builtin {
-
-KernelRegistry& KernelRegistry::Global() {
-  // Never destroyed: kernels may be looked up from other static destructors.
-  static KernelRegistry* registry = new KernelRegistry();
-  return *registry;
-}
-
-void KernelRegistry::Register(const std::string& name,
-                              std::unique_ptr<Kernel> kernel, KernelDoc doc) {
-  if (Find(name) != nullptr || kernel == nullptr || doc.summary.empty()) {
-    std::fprintf(stderr, "plexus: kernel '%s' registered %s\n", name.c_str(),
-                 kernel == nullptr     ? "as null"
-                 : doc.summary.empty() ? "without a summary"
-                                       : "twice");
-    std::abort();
-  }
-  kernels_.push_back({name, std::move(kernel), std::move(doc)});
-}
-
-const Kernel* KernelRegistry::Find(const std::string& name) const {
-  for (const Entry& entry : kernels_) {
-    if (entry.name == name) return entry.kernel.get();
-  }
-  return nullptr;
-}
-
-const KernelDoc* KernelRegistry::FindDoc(const std::string& name) const {
-  for (const Entry& entry : kernels_) {
-    if (entry.name == name) return &entry.doc;
-  }
-  return nullptr;
-}
-
-std::vector<std::string> KernelRegistry::Names() const {
-  std::vector<std::string> names;
-  names.reserve(kernels_.size());
-  for (const Entry& entry : kernels_) names.push_back(entry.name);
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 namespace {
 
 // "an integer", "a number", ... as used in attribute error messages.
