@@ -3,7 +3,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/clock.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
+#include "plexus/common/spawn.h"
 
 namespace plexus {
 
@@ -92,26 +91,12 @@ absl::StatusOr<pid_t> LocalWorkers::Spawn(const std::string& host_name,
                                    "--die-with-parent"};
   if (!options_.shared_memory) args.push_back("--no-shm");
   if (spare) args.push_back("--spare");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<char*> envp;
-  for (auto& e : env_) envp.push_back(e.data());
-  envp.push_back(nullptr);
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) {
-    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  }
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);  // the parent died already
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  SPDLOG_INFO("started worker process {} for {}{}", pid, host_name,
+  absl::StatusOr<pid_t> pid = SpawnChild(
+      {.argv = std::move(args), .env = env_, .die_with_parent = true});
+  if (!pid.ok()) return pid.status();
+  SPDLOG_INFO("started worker process {} for {}{}", *pid, host_name,
               spare ? " (a spare)" : "");
-  return pid;
+  return *pid;
 }
 
 std::vector<pid_t> LocalWorkers::pids() const {
@@ -127,7 +112,7 @@ void LocalWorkers::Supervise() {
       absl::MutexLock lock(&mu_);
       pids = pids_;
       if (!deferred_.empty()) {
-        const absl::Time now = absl::Now();
+        const absl::Time now = options_.clock->Now();
         const absl::Duration wait = restart_limit_.NextAdmission(now) - now;
         timeout_ms = static_cast<int>(std::clamp<int64_t>(
             absl::ToInt64Milliseconds(wait) + 1, 1, 3'600'000));
@@ -191,7 +176,7 @@ void LocalWorkers::ReplaceLocked(size_t slot) {
   const std::string name = names_[slot];
   pids_.erase(pids_.begin() + slot);
   names_.erase(names_.begin() + slot);
-  const absl::Time now = absl::Now();
+  const absl::Time now = options_.clock->Now();
   if (!restart_limit_.Admit(now)) {
     deferred_.push_back(name);
     SPDLOG_ERROR(
@@ -214,7 +199,7 @@ void LocalWorkers::ReplaceLocked(size_t slot) {
 }
 
 void LocalWorkers::StartDeferredLocked() {
-  while (!deferred_.empty() && restart_limit_.Admit(absl::Now())) {
+  while (!deferred_.empty() && restart_limit_.Admit(options_.clock->Now())) {
     const std::string name = std::move(deferred_.front());
     deferred_.pop_front();
     SpawnReplacementLocked(absl::StrCat(name, " (deferred by the rate limit; ",
@@ -266,13 +251,13 @@ absl::Status LocalWorkers::StopWorkers() {
   // cannot be interrupted: seconds for the largest, more on a loaded
   // machine; a spare that just joined compiles the job's programs ahead).
   // Ends as soon as they have all exited.
-  const absl::Time deadline = absl::Now() + kStopGrace;
+  const absl::Time deadline = options_.clock->Now() + kStopGrace;
   std::vector<std::string> unclean;
   for (size_t h = 0; h < pids_.size(); ++h) {
     const pid_t pid = pids_[h];
     bool killed = false;
-    if (!WaitForExit(pid,
-                     std::max(deadline - absl::Now(), absl::ZeroDuration()))) {
+    if (!WaitForExit(pid, std::max(deadline - options_.clock->Now(),
+                                   absl::ZeroDuration()))) {
       kill(pid, SIGKILL);
       killed = true;
     }

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
 
 namespace plexus {
@@ -74,6 +75,10 @@ struct LocalWorkersOptions {
   absl::Duration restart_window = absl::Minutes(1);
   // Handed to every worker; Start() refuses to start workers without it.
   std::optional<ClusterSecret> secret;
+  // What the rate limit and Stop()'s grace period read the time from (not
+  // owned). The waits themselves are on descriptors (poll on pidfds), so a
+  // FakeClock decides what the limit admits, not how long a poll sleeps.
+  Clock* clock = Clock::Real();
 };
 
 class LocalWorkers {
