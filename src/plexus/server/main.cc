@@ -140,135 +140,159 @@ int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
   return 3;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  CLI::App app{"plexus-server: resource manager and central scheduler"};
+// Every flag's value, as parsed (Add...Flags) and then applied to the
+// server's and the local workers' options (ApplyFlags).
+struct Flags {
   plexus::ServerOptions options;
   plexus::LocalWorkersOptions local;
+  int ready_fd = -1;
   bool die_with_parent = false;
   int heartbeat_timeout_ms = 1000;
   int spare_wait_ms = 10000;
+  std::string scheduler = "gang";
   std::string log_level = "info";
+  size_t timeline_events = plexus::TimelineEventsFromEnv();
   std::string secret_file;
-  app.add_option("--listen", options.listen_address,
+  std::string tenants_file;
+  std::string web_listen = "auto";
+};
+
+// The flags, in the order --help lists them: where the server listens,
+// its local workers, its deadlines and logging, then access and policy.
+void AddListenFlags(CLI::App& app, Flags* f) {
+  app.add_option("--listen", f->options.listen_address,
                  "host:port to listen on (port 0 picks a free port)");
-  app.add_option("--advertise-address", options.advertise_address,
+  app.add_option("--advertise-address", f->options.advertise_address,
                  "HOST or HOST:PORT that clients are told and status shows "
                  "(default: the --listen address; without a port, the port "
                  "it listens on), e.g. a Service name for a server that "
                  "listens on 0.0.0.0");
-  int ready_fd = -1;
-  app.add_option("--ready-fd", ready_fd,
+  app.add_option("--ready-fd", f->ready_fd,
                  "once listening and every local worker has registered, "
                  "write the address and a newline to this inherited file "
                  "descriptor (a parent waits by reading it); at exit, write "
                  "one line for each local worker that did not exit cleanly, "
                  "then close it");
-  app.add_option("--local-workers", local.hosts,
+}
+
+void AddLocalWorkerFlags(CLI::App& app, Flags* f) {
+  app.add_option("--local-workers", f->local.hosts,
                  "start this many worker processes (hosts) on this machine")
       ->check(CLI::Range(0, 256));
-  app.add_option("--spare-workers", local.spares,
+  app.add_option("--spare-workers", f->local.spares,
                  "start this many more local workers as spares: kept for "
                  "remapping the slices of a host that is lost; with spares, "
                  "a local worker that exits is replaced by a new spare")
       ->check(CLI::Range(0, 256));
-  app.add_option("--max-restarts-per-minute", local.restarts_per_window,
+  app.add_option("--max-restarts-per-minute", f->local.restarts_per_window,
                  "crash-loop guard of --spare-workers: at most this many "
                  "exited local workers are replaced in any sliding minute; "
                  "one more is replaced when the minute allows")
       ->check(CLI::Range(1, 100000));
-  app.add_option("--devices-per-host", local.devices_per_host,
+  app.add_option("--devices-per-host", f->local.devices_per_host,
                  "devices of each local worker")
       ->check(CLI::Range(1, 1024));
-  app.add_option("--device-memory-mib", local.device_memory_mib,
+  app.add_option("--device-memory-mib", f->local.device_memory_mib,
                  "memory budget of each local device, MiB");
   app.add_flag(
-      "--no-shm", [&](int64_t) { local.shared_memory = false; },
+      "--no-shm", [f](int64_t) { f->local.shared_memory = false; },
       "local workers move buffers over TCP, as between hosts");
-  app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
+}
+
+void AddRuntimeFlags(CLI::App& app, Flags* f) {
+  app.add_option("--heartbeat-timeout-ms", f->heartbeat_timeout_ms,
                  "failure deadline: a worker that hangs is declared down "
                  "within this long of its last heartbeat (workers heartbeat "
                  "every tenth of it); one whose stream breaks at once")
       ->check(CLI::Range(10, 3600 * 1000));
-  app.add_option("--spare-wait-ms", spare_wait_ms,
+  app.add_option("--spare-wait-ms", f->spare_wait_ms,
                  "in a cluster given spares: how long a slice that lost a "
                  "host waits for another to take its place when no spare is "
                  "free at once (its clients' work waits meanwhile); 0: it "
                  "breaks at once")
       ->check(CLI::Range(0, 3600 * 1000));
-  app.add_flag("--die-with-parent", die_with_parent,
+  app.add_flag("--die-with-parent", f->die_with_parent,
                "exit when the parent process dies");
-  std::string scheduler = "gang";
-  app.add_option("--scheduler", scheduler,
+  app.add_option("--scheduler", f->scheduler,
                  "gang (default), or none: TEST ONLY, islands order calls on "
                  "their own and collectives can deadlock")
       ->check(CLI::IsMember({"gang", "none"}));
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
-  size_t timeline_events = plexus::TimelineEventsFromEnv();
-  app.add_option("--timeline-events", timeline_events,
+  app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error");
+  app.add_option("--timeline-events", f->timeline_events,
                  "events the timeline ring keeps (what `plexus trace` "
                  "collects; about 88 bytes each); 0: no recording. Default: "
                  "$PLEXUS_TIMELINE_EVENTS, else 65536");
-  app.add_option("--secret-file", secret_file,
+}
+
+void AddAccessFlags(CLI::App& app, Flags* f) {
+  app.add_option("--secret-file", f->secret_file,
                  "file holding the cluster secret (64 hex digits; "
                  "$PLEXUS_CLUSTER_SECRET wins). Created, mode 0600, with a "
                  "new secret if it does not exist");
-  app.add_option("--tls-cert", options.tls_cert_file,
+  app.add_option("--tls-cert", f->options.tls_cert_file,
                  "PEM certificate: serve gRPC over TLS (with --tls-key). "
                  "Workers, clients and `plexus` then trust its CA through "
                  "$PLEXUS_TLS_CA or --tls-ca; local workers get this file "
                  "as their CA unless $PLEXUS_TLS_CA is set");
-  app.add_option("--tls-key", options.tls_key_file,
+  app.add_option("--tls-key", f->options.tls_key_file,
                  "PEM private key of --tls-cert");
   app.add_flag(
-      "--require-tenant", [&](int64_t) { options.anonymous_clients = false; },
+      "--require-tenant",
+      [f](int64_t) { f->options.anonymous_clients = false; },
       "refuse client sessions without a tenant credential on loopback too "
       "(off loopback they always are)");
-  std::string tenants_file;
-  app.add_option("--tenants", tenants_file,
+  app.add_option("--tenants", f->tenants_file,
                  "JSON file of each tenant's weight (share of device time) "
                  "and quotas (max_devices, max_bytes, max_calls_in_flight); "
                  "see src/plexus/server/tenants.h. Default: equal weights");
-  app.add_option("--admission-window-us", options.admission.window_micros,
+  app.add_option("--admission-window-us", f->options.admission.window_micros,
                  "device time per device admitted to a worker and not yet "
                  "reported done, above which its next call waits at the "
                  "server (fair order is decided there); larger keeps devices "
                  "busier across report round trips, smaller shortens the "
                  "queue in front of a newcomer")
       ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
-  std::string web_listen = "auto";
-  app.add_option("--web-listen", web_listen,
+  app.add_option("--web-listen", f->web_listen,
                  "HOST:PORT of the live page and Prometheus /metrics (port 0 "
                  "picks a free one; `plexus status --web` finds it); \"auto\": "
                  "the --listen host and a free port; \"off\": none");
-  CLI11_PARSE(app, argc, argv);
-  options.consistent_order = scheduler == "gang";
-  options.web_listen = web_listen == "off" ? "" : web_listen;
+}
 
-  if (die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+// This process's set-up, before anything else runs.
+void SetUpProcess(const Flags& f) {
+  if (f.die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
   // Held until exit; the workers must not inherit it (the parent reads to
   // end-of-file when this process is gone).
-  if (ready_fd >= 0) fcntl(ready_fd, F_SETFD, FD_CLOEXEC);
+  if (f.ready_fd >= 0) fcntl(f.ready_fd, F_SETFD, FD_CLOEXEC);
   plexus::RaiseOpenFileLimit();
   plexus::UseLockOrderChecksOfThisBuild();
-  plexus::InitLogging("server", log_level);
-  options.heartbeat_timeout = absl::Milliseconds(heartbeat_timeout_ms);
-  options.timeline = timeline_events > 0;
-  if (timeline_events > 0) options.timeline_capacity = timeline_events;
-  options.timeline_skew = plexus::TestSkewFromEnv("server");
-  options.spare_wait = absl::Milliseconds(spare_wait_ms);
-  plexus::BlockTerminationSignals();
+  plexus::InitLogging("server", f.log_level);
+}
 
+// The parsed flags into the server's options.
+void ApplyFlags(Flags* f) {
+  plexus::ServerOptions& options = f->options;
+  options.consistent_order = f->scheduler == "gang";
+  options.web_listen = f->web_listen == "off" ? "" : f->web_listen;
+  options.heartbeat_timeout = absl::Milliseconds(f->heartbeat_timeout_ms);
+  options.timeline = f->timeline_events > 0;
+  if (f->timeline_events > 0) options.timeline_capacity = f->timeline_events;
+  options.timeline_skew = plexus::TestSkewFromEnv("server");
+  options.spare_wait = absl::Milliseconds(f->spare_wait_ms);
+}
+
+// The cluster secret (FindSecret), the local workers' trust in a TLS
+// server, and the tenant table, into the options; an error says why the
+// server cannot start.
+absl::Status LoadSecretAndTenants(Flags* f) {
+  plexus::ServerOptions& options = f->options;
+  plexus::LocalWorkersOptions& local = f->local;
   bool secret_created = false;
   absl::StatusOr<plexus::ClusterSecret> secret = FindSecret(
-      secret_file, local.hosts, options.listen_address, &secret_created);
-  if (!secret.ok()) {
-    SPDLOG_ERROR("cannot start: {}", std::string(secret.status().message()));
-    return 1;
-  }
+      f->secret_file, local.hosts, options.listen_address, &secret_created);
+  if (!secret.ok()) return secret.status();
   if (secret_created) {
-    SPDLOG_INFO("wrote a new cluster secret to {} (mode 0600)", secret_file);
+    SPDLOG_INFO("wrote a new cluster secret to {} (mode 0600)", f->secret_file);
   }
   options.secret = *secret;
   local.secret = *secret;
@@ -278,18 +302,36 @@ int main(int argc, char** argv) {
     // self-signed one is its own CA).
     setenv(plexus::kTlsCaEnv, options.tls_cert_file.c_str(), 1);
   }
-  if (!tenants_file.empty()) {
+  if (!f->tenants_file.empty()) {
     absl::StatusOr<plexus::TenantTable> tenants =
-        plexus::TenantTable::Load(tenants_file);
-    if (!tenants.ok()) {
-      SPDLOG_ERROR("cannot start: {}", std::string(tenants.status().message()));
-      return 1;
-    }
+        plexus::TenantTable::Load(f->tenants_file);
+    if (!tenants.ok()) return tenants.status();
     options.tenants = *std::move(tenants);
     SPDLOG_INFO("tenants from {}: {} named, the rest share \"default\"",
-                tenants_file, options.tenants.tenants().size());
+                f->tenants_file, options.tenants.tenants().size());
   }
+  return absl::OkStatus();
+}
 
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"plexus-server: resource manager and central scheduler"};
+  Flags flags;
+  AddListenFlags(app, &flags);
+  AddLocalWorkerFlags(app, &flags);
+  AddRuntimeFlags(app, &flags);
+  AddAccessFlags(app, &flags);
+  CLI11_PARSE(app, argc, argv);
+  SetUpProcess(flags);
+  ApplyFlags(&flags);
+  plexus::BlockTerminationSignals();
+  if (absl::Status s = LoadSecretAndTenants(&flags); !s.ok()) {
+    SPDLOG_ERROR("cannot start: {}", std::string(s.message()));
+    return 1;
+  }
+  const plexus::ServerOptions& options = flags.options;
+  const int ready_fd = flags.ready_fd;
   if (!options.consistent_order) {
     SPDLOG_WARN(
         "--scheduler=none: no consistent order across islands; "
@@ -307,7 +349,7 @@ int main(int argc, char** argv) {
       SPDLOG_INFO("signal {}: shutting down", sig);
       (*server)->Shutdown();
     });
-    code = Serve(**server, local, ready_fd);
+    code = Serve(**server, flags.local, ready_fd);
   }
   server->reset();
   if (ready_fd >= 0) close(ready_fd);

@@ -28,9 +28,11 @@ ServerImpl::~ServerImpl() {
   Shutdown();
   // Sessions were cancelled by Shutdown(); give in-flight unary calls a
   // moment, then cancel whatever is left.
+  // Real time whatever options_.clock is: gRPC waits for this deadline on
+  // its own clock.
   if (grpc_server_)
     grpc_server_->Shutdown(
-        absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
+        absl::ToChronoTime(Clock::Real()->Now() + absl::Milliseconds(100)));
   if (liveness_.joinable()) liveness_.join();
 }
 

@@ -41,7 +41,12 @@ struct ServerOptions {
   // still starting, a host rejoining): its client's work waits at the
   // server meanwhile, and resumes on the new map. Zero: it breaks at once.
   absl::Duration spare_wait = absl::Seconds(10);
-  Clock* clock = Clock::Real();  // not owned
+  // Not owned. Every time the server reads, and every deadline it waits
+  // for, goes through it, except what must be real time whatever it is
+  // (a deadline handed to gRPC, the server's own stall detection, the
+  // seed of registration generations): those read Clock::Real(), with the
+  // reason beside them.
+  Clock* clock = Clock::Real();
   // TEST ONLY: false bypasses the gang scheduler's consistent order (see
   // GangScheduler::Options). Collectives can deadlock without it.
   bool consistent_order = true;

@@ -38,21 +38,7 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
                             proto::ClusterStatus* status) {
   absl::MutexLock lock(&mu_);
   if (request.fresh_timeout_ms() > 0) {
-    // Wait for one heartbeat from every live worker (heartbeats are
-    // recorded under mu_, so Await re-checks as they arrive).
-    std::map<int64_t, int64_t> seen;
-    for (const auto& [id, w] : state_.workers()) {
-      if (w.alive) seen[id] = w.heartbeats;
-    }
-    auto fresh = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (const auto& [id, count] : seen) {
-        const WorkerRecord* w = state_.FindWorker(id);
-        if (w != nullptr && w->alive && w->heartbeats == count) return false;
-      }
-      return true;
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&fresh),
-                         absl::Milliseconds(request.fresh_timeout_ms()));
+    AwaitFreshHeartbeatsLocked(absl::Milliseconds(request.fresh_timeout_ms()));
   }
   status->set_address(advertised_);
   status->set_web_address(web_advertised_);
@@ -63,6 +49,29 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
                                                   : "none (test only)");
   status->set_control_bytes_in(control_bytes_in_);
   status->set_data_bytes(0);  // the server has no data path
+  FillWorkersAndClientsLocked(status);
+  FillSlicesLocked(status);
+  FillWaitsLocked(request, status);
+}
+
+void ServerImpl::AwaitFreshHeartbeatsLocked(absl::Duration timeout) {
+  // Wait for one heartbeat from every live worker (heartbeats are
+  // recorded under mu_, so Await re-checks as they arrive).
+  std::map<int64_t, int64_t> seen;
+  for (const auto& [id, w] : state_.workers()) {
+    if (w.alive) seen[id] = w.heartbeats;
+  }
+  auto fresh = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, count] : seen) {
+      const WorkerRecord* w = state_.FindWorker(id);
+      if (w != nullptr && w->alive && w->heartbeats == count) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&fresh), timeout);
+}
+
+void ServerImpl::FillWorkersAndClientsLocked(proto::ClusterStatus* status) {
   for (const auto& [id, w] : state_.workers()) {
     auto* ws = status->add_workers();
     ws->set_worker_id(id);
@@ -93,6 +102,9 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
       cs->set_device_micros(v->device_micros);
     }
   }
+}
+
+void ServerImpl::FillSlicesLocked(proto::ClusterStatus* status) {
   for (const auto& [id, s] : state_.slices()) {
     auto* ss = status->add_slices();
     ss->set_slice_id(id);
@@ -116,6 +128,10 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
       static_cast<int64_t>(state_.records().calls().size()));
   status->mutable_recovery()->set_buffer_records(
       static_cast<int64_t>(state_.records().buffers().size()));
+}
+
+void ServerImpl::FillWaitsLocked(const proto::StatusRequest& request,
+                                 proto::ClusterStatus* status) {
   const absl::Time now = options_.clock->Now();
   if (request.why_after_ms() >= 0) {
     WhyOptions why;

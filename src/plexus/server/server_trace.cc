@@ -120,6 +120,20 @@ void KeepClient(uint64_t client, proto::TimelineRing* ring) {
   while (events->size() > out) events->RemoveLast();
 }
 
+// One ring of `reply`, made of a process's chunks (the first one's header,
+// every chunk's events).
+proto::TimelineRing* AddMergedRing(std::vector<proto::TimelineRing>& chunks,
+                                   proto::TraceReply* reply) {
+  proto::TimelineRing* ring = reply->add_rings();
+  *ring = std::move(chunks.front());
+  for (size_t i = 1; i < chunks.size(); ++i) {
+    for (proto::TimelineEvent& e : *chunks[i].mutable_events()) {
+      *ring->add_events() = std::move(e);
+    }
+  }
+  return ring;
+}
+
 }  // namespace
 
 grpc::Status ServerImpl::Trace(grpc::ServerContext* ctx,
@@ -127,51 +141,79 @@ grpc::Status ServerImpl::Trace(grpc::ServerContext* ctx,
                                proto::TraceReply* reply) {
   reply->set_server_now_ns(timeline_.NowNs());
   if (!request->events()) return grpc::Status::OK;
-  // The operator reads every client's events; a client its own.
-  const std::string& credential = request->credential();
-  const auto* bytes = reinterpret_cast<const uint8_t*>(credential.data());
-  const uint64_t only = request->client_id();
-  const bool allowed = only == 0
-                           ? secret_.Verify(CredentialRole::kAdmin, uint64_t{0},
-                                            bytes, credential.size())
-                           : secret_.Verify(CredentialRole::kClient, only,
-                                            bytes, credential.size());
-  if (!allowed) {
-    SPDLOG_WARN("refused a trace request from {}: {} credential", ctx->peer(),
-                credential.empty() ? "no" : "a wrong");
-    return grpc::Status(
-        grpc::PERMISSION_DENIED,
-        only == 0 ? "the timeline needs the operator's credential (plexus "
-                    "trace: --secret-file, $PLEXUS_CLUSTER_SECRET or the "
-                    "cluster `plexus up` started) or a client's own "
-                    "(client.trace())"
-                  : absl::StrCat("the credential is not client ", only, "'s"));
+  if (grpc::Status refused = CheckTraceCredential(ctx, *request);
+      !refused.ok()) {
+    return refused;
   }
+  const uint64_t only = request->client_id();
   const int64_t since = request->since_ns();
   // The server's ring, first.
   {
     std::vector<proto::TimelineRing> own = RingChunks(timeline_, since);
-    proto::TimelineRing* ring = reply->add_rings();
-    *ring = std::move(own.front());
-    for (size_t i = 1; i < own.size(); ++i) {
-      for (proto::TimelineEvent& e : *own[i].mutable_events()) {
-        *ring->add_events() = std::move(e);
-      }
-    }
+    proto::TimelineRing* ring = AddMergedRing(own, reply);
     ring->set_process("server");
     char host[256] = {};
     gethostname(host, sizeof(host) - 1);
     ring->set_host_name(host);
     ring->set_pid(getpid());
   }
-  // Names, and the workers to ask.
-  struct Asked {
-    int64_t id;
-    std::string host;
-    int devices;
-    int64_t pid;
-  };
-  std::vector<Asked> asked;
+  std::vector<TraceTarget> asked = NamesAndWorkersToAsk(only, reply);
+  const absl::Duration timeout = request->timeout_ms() > 0
+                                     ? absl::Milliseconds(request->timeout_ms())
+                                     : absl::Seconds(10);
+  PendingTrace answered = CollectWorkerRings(asked, since, timeout);
+  for (const TraceTarget& a : asked) {
+    if (answered.waiting.count(a.id) > 0) {
+      reply->add_missing(absl::StrCat("worker ", a.id, " (", a.host,
+                                      "): no answer within ",
+                                      absl::FormatDuration(timeout)));
+      continue;
+    }
+    auto& chunks = answered.rings[a.id];
+    if (chunks.empty()) continue;  // its session ended meanwhile
+    proto::TimelineRing* ring = AddMergedRing(chunks, reply);
+    ring->set_process(absl::StrCat("worker ", a.id));
+    ring->set_worker_id(a.id);
+    ring->set_host_name(a.host);
+    ring->set_num_devices(a.devices);
+    ring->set_pid(a.pid);
+    ring->set_offset_ns(a.offset_ns);
+    ring->set_offset_error_ns(a.offset_error_ns);
+  }
+  if (only != 0) {
+    for (proto::TimelineRing& ring : *reply->mutable_rings()) {
+      KeepClient(only, &ring);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ServerImpl::CheckTraceCredential(
+    grpc::ServerContext* ctx, const proto::TraceRequest& request) const {
+  // The operator reads every client's events; a client its own.
+  const std::string& credential = request.credential();
+  const auto* bytes = reinterpret_cast<const uint8_t*>(credential.data());
+  const uint64_t only = request.client_id();
+  const bool allowed = only == 0
+                           ? secret_.Verify(CredentialRole::kAdmin, uint64_t{0},
+                                            bytes, credential.size())
+                           : secret_.Verify(CredentialRole::kClient, only,
+                                            bytes, credential.size());
+  if (allowed) return grpc::Status::OK;
+  SPDLOG_WARN("refused a trace request from {}: {} credential", ctx->peer(),
+              credential.empty() ? "no" : "a wrong");
+  return grpc::Status(
+      grpc::PERMISSION_DENIED,
+      only == 0 ? "the timeline needs the operator's credential (plexus "
+                  "trace: --secret-file, $PLEXUS_CLUSTER_SECRET or the "
+                  "cluster `plexus up` started) or a client's own "
+                  "(client.trace())"
+                : absl::StrCat("the credential is not client ", only, "'s"));
+}
+
+std::vector<ServerImpl::TraceTarget> ServerImpl::NamesAndWorkersToAsk(
+    uint64_t only, proto::TraceReply* reply) {
+  std::vector<TraceTarget> asked;
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [cid, client] : state_.clients()) {
@@ -191,82 +233,51 @@ grpc::Status ServerImpl::Trace(grpc::ServerContext* ctx,
     }
     for (const auto& [wid, w] : state_.workers()) {
       if (w.alive) {
-        asked.push_back(
-            {wid, w.info.host_name(), w.info.devices_size(), w.info.pid()});
+        asked.push_back({.id = wid,
+                         .host = w.info.host_name(),
+                         .devices = w.info.devices_size(),
+                         .pid = w.info.pid()});
       }
     }
   }
-  std::map<int64_t, std::pair<int64_t, int64_t>> offsets;  // offset, error
-  {
-    absl::MutexLock lock(&clock_mu_);
-    for (const Asked& a : asked) {
-      auto it = clock_offsets_.find(a.id);
-      offsets[a.id] =
-          it == clock_offsets_.end()
-              ? std::make_pair(int64_t{0}, int64_t{-1})
-              : std::make_pair(it->second.offset_ns(), it->second.error_ns());
-    }
+  absl::MutexLock lock(&clock_mu_);
+  for (TraceTarget& a : asked) {
+    auto it = clock_offsets_.find(a.id);
+    if (it == clock_offsets_.end()) continue;  // 0, error -1: none yet
+    a.offset_ns = it->second.offset_ns();
+    a.offset_error_ns = it->second.error_ns();
   }
+  return asked;
+}
+
+ServerImpl::PendingTrace ServerImpl::CollectWorkerRings(
+    const std::vector<TraceTarget>& asked, int64_t since,
+    absl::Duration timeout) {
   uint64_t request_id;
   {
     absl::MutexLock lock(&trace_mu_);
     request_id = ++next_trace_;
     PendingTrace& pending = traces_[request_id];
-    for (const Asked& a : asked) pending.waiting.insert(a.id);
+    for (const TraceTarget& a : asked) pending.waiting.insert(a.id);
   }
-  for (const Asked& a : asked) {
+  for (const TraceTarget& a : asked) {
     proto::WorkerOp op;
     op.mutable_collect_timeline()->set_request_id(request_id);
     // The worker's clock: the server's time less its offset.
     op.mutable_collect_timeline()->set_since_ns(
-        since == 0 ? 0 : since - offsets[a.id].first);
+        since == 0 ? 0 : since - a.offset_ns);
     scheduler_.Send(a.id, std::move(op));
   }
-  const absl::Duration timeout = request->timeout_ms() > 0
-                                     ? absl::Milliseconds(request->timeout_ms())
-                                     : absl::Seconds(10);
   const absl::Time deadline = options_.clock->Now() + timeout;
-  PendingTrace answered;
-  {
-    absl::MutexLock lock(&trace_mu_);
-    PendingTrace& pending = traces_[request_id];
-    while (!pending.waiting.empty() &&
-           !options_.clock->AwaitWithDeadline(&trace_mu_, &trace_answered_,
-                                              deadline)) {
-    }
-    answered = std::move(pending);
-    traces_.erase(request_id);
+  absl::MutexLock lock(&trace_mu_);
+  PendingTrace& pending = traces_[request_id];
+  while (!pending.waiting.empty() &&
+         !options_.clock->AwaitWithDeadline(&trace_mu_, &trace_answered_,
+                                            deadline)) {
   }
-  for (const Asked& a : asked) {
-    if (answered.waiting.count(a.id) > 0) {
-      reply->add_missing(absl::StrCat("worker ", a.id, " (", a.host,
-                                      "): no answer within ",
-                                      absl::FormatDuration(timeout)));
-      continue;
-    }
-    auto& chunks = answered.rings[a.id];
-    if (chunks.empty()) continue;  // its session ended meanwhile
-    proto::TimelineRing* ring = reply->add_rings();
-    *ring = std::move(chunks.front());
-    for (size_t i = 1; i < chunks.size(); ++i) {
-      for (proto::TimelineEvent& e : *chunks[i].mutable_events()) {
-        *ring->add_events() = std::move(e);
-      }
-    }
-    ring->set_process(absl::StrCat("worker ", a.id));
-    ring->set_worker_id(a.id);
-    ring->set_host_name(a.host);
-    ring->set_num_devices(a.devices);
-    ring->set_pid(a.pid);
-    ring->set_offset_ns(offsets[a.id].first);
-    ring->set_offset_error_ns(offsets[a.id].second);
-  }
-  if (only != 0) {
-    for (proto::TimelineRing& ring : *reply->mutable_rings()) {
-      KeepClient(only, &ring);
-    }
-  }
-  return grpc::Status::OK;
+  PendingTrace answered = std::move(pending);
+  traces_.erase(request_id);
+  return answered;
 }
 
 }  // namespace plexus

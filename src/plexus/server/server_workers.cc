@@ -88,6 +88,42 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
     return grpc::Status(grpc::INVALID_ARGUMENT,
                         "the first message must register the worker");
   }
+  if (grpc::Status refused = CheckRegistration(ctx, first); !refused.ok()) {
+    return refused;
+  }
+  first.mutable_register_()->clear_credential();  // not kept, not shown
+  // A host that rejoins (its session ended on its side) while its old
+  // registration still looks alive here: that one is declared down first,
+  // so nothing waits on it and its pushes are fenced.
+  const std::string rejoined = PreviousRegistration(first.register_());
+  int64_t id;
+  if (grpc::Status s = RegisterWorker(ctx, stream, first, rejoined, &id);
+      !s.ok()) {
+    return s;
+  }
+  proto::WorkerToServer msg;
+  while (stream->Read(&msg)) {
+    // Any message shows the worker alive: stamped as it is read, before
+    // anything below waits for a lock (CheckLiveness).
+    HeardFrom(id);
+    if (msg.has_heartbeat()) {
+      OnHeartbeat(id, msg);
+    } else if (msg.has_timeline()) {
+      OnTimelineChunk(id, *msg.mutable_timeline());
+    } else if (msg.has_transfer_failed()) {
+      RelayTransferFailure(id, msg.transfer_failed());
+    } else if (msg.has_calls_done()) {
+      control_bytes_in_ += msg.ByteSizeLong();
+      OnCallsDone(id, msg.calls_done());
+    }
+    Handled(id);
+  }
+  EndWorkerSession(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status ServerImpl::CheckRegistration(
+    grpc::ServerContext* ctx, const proto::WorkerToServer& first) const {
   // A worker of another release would misread the ops it is sent.
   if (absl::Status v = CheckProtocolVersion(
           "server", "worker", first.register_().protocol_version());
@@ -117,135 +153,131 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
                      " (start the worker with this cluster's secret: $",
                      kClusterSecretEnv, " or --secret-file)"));
   }
-  first.mutable_register_()->clear_credential();  // not kept, not shown
-  // A host that rejoins (its session ended on its side) while its old
-  // registration still looks alive here: that one is declared down first,
-  // so nothing waits on it and its pushes are fenced.
-  const std::string rejoined = PreviousRegistration(first.register_());
-  int64_t id;
+  return grpc::Status::OK;
+}
+
+grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
+                                        WorkerStream* stream,
+                                        const proto::WorkerToServer& first,
+                                        const std::string& rejoined,
+                                        int64_t* id_out) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) {
+    // Too late to be cancelled by Shutdown(): refused instead.
+    return grpc::Status(grpc::CANCELLED, "the server is shutting down");
+  }
+  control_bytes_in_ += first.ByteSizeLong();
+  const absl::Time now = options_.clock->Now();
+  WorkerRecord& w = state_.AddWorker(first.register_(), now);
+  w.generation = ++generation_;
+  const int64_t id = w.id;
+  // Heard from as it registered, before anything is sent to it.
+  HeardFrom(id, now);
+  // The first message also carries what the worker needs to know of
+  // this session.
+  proto::ServerToWorker hello;
+  hello.set_protocol_version(kProtocolVersion);
+  hello.set_generation(w.generation);
+  hello.set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
+  hello.set_rejoined(rejoined);
+  // One message, reused: the first carries the hello; clearing it
+  // keeps its ops' shells, which the next write fills (no allocation
+  // per op).
+  auto queue = std::make_shared<WorkerQueue>(
+      [stream, id,
+       msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
+        msg.set_worker_id(id);
+        for (auto& op : ops) *msg.add_ops() = std::move(op);
+        const bool written = stream->Write(msg);
+        msg.Clear();
+        return written;
+      });
+  // Tell the newcomer about everyone (itself included, so its first
+  // message carries its id) and everyone about the newcomer.
+  for (auto& [oid, other] : state_.workers()) {
+    if (other.alive) queue->Push(PeerOp(other));
+  }
+  scheduler_.Broadcast(PeerOp(w));
+  // A spare, or a host that rejoins, has every XLA program's
+  // executables ahead, to take a place at once.
+  for (proto::WorkerOp& load : state_.LoadsForStandby(id)) {
+    queue->Push(std::move(load));
+  }
+  scheduler_.AddWorker(id, std::move(queue));
+  {
+    absl::MutexLock admission(&admission_mu_);
+    admission_.AddWorker(id, first.register_().devices_size());
+  }
+  worker_contexts_[id] = ctx;
+  AnswerSlicesLocked();    // slice requests that waited for its devices
+  ResolveAwaitedLocked();  // slices that waited for a host
+  SPDLOG_INFO(
+      "worker {} registered: host {}, {} device(s), pid {}, data plane "
+      "{}, generation {}{}",
+      id, first.register_().host_name(), first.register_().devices_size(),
+      first.register_().pid(), first.register_().data_address(), w.generation,
+      rejoined.empty() ? "" : "; it rejoins: " + rejoined);
+  *id_out = id;
+  return grpc::Status::OK;
+}
+
+void ServerImpl::OnHeartbeat(int64_t id, const proto::WorkerToServer& msg) {
+  const int64_t read_ns = timeline_.NowNs();
   {
     absl::MutexLock lock(&mu_);
-    if (shutdown_) {
-      // Too late to be cancelled by Shutdown(): refused instead.
-      return grpc::Status(grpc::CANCELLED, "the server is shutting down");
+    control_bytes_in_ += msg.ByteSizeLong();
+    if (WorkerRecord* w = state_.FindWorker(id)) {
+      w->stats = msg.heartbeat();
+      w->last_heartbeat = options_.clock->Now();
+      w->heartbeats++;
     }
-    control_bytes_in_ += first.ByteSizeLong();
-    const absl::Time now = options_.clock->Now();
-    WorkerRecord& w = state_.AddWorker(first.register_(), now);
-    w.generation = ++generation_;
-    id = w.id;
-    // Heard from as it registered, before anything is sent to it.
-    HeardFrom(id, now);
-    // The first message also carries what the worker needs to know of
-    // this session.
-    proto::ServerToWorker hello;
-    hello.set_protocol_version(kProtocolVersion);
-    hello.set_generation(w.generation);
-    hello.set_heartbeat_interval_ms(
-        absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
-    hello.set_rejoined(rejoined);
-    // One message, reused: the first carries the hello; clearing it
-    // keeps its ops' shells, which the next write fills (no allocation
-    // per op).
-    auto queue = std::make_shared<WorkerQueue>(
-        [stream, id,
-         msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
-          msg.set_worker_id(id);
-          for (auto& op : ops) *msg.add_ops() = std::move(op);
-          const bool written = stream->Write(msg);
-          msg.Clear();
-          return written;
-        });
-    // Tell the newcomer about everyone (itself included, so its first
-    // message carries its id) and everyone about the newcomer.
-    for (auto& [oid, other] : state_.workers()) {
-      if (other.alive) queue->Push(PeerOp(other));
+  }
+  OnClockProbe(id, msg.heartbeat().clock(), read_ns);
+}
+
+void ServerImpl::OnCallsDone(int64_t id, const proto::CallsDone& done) {
+  bool pending = false;
+  {
+    absl::MutexLock admission(&admission_mu_);
+    admission_.Completed(id, done);
+    for (uint64_t copy : done.copies_done()) {
+      copies_arrived_.push_back(copy);
     }
-    scheduler_.Broadcast(PeerOp(w));
-    // A spare, or a host that rejoins, has every XLA program's
-    // executables ahead, to take a place at once.
-    for (proto::WorkerOp& load : state_.LoadsForStandby(id)) {
-      queue->Push(std::move(load));
+    pending = CompletionsPendingLocked();
+    // Nothing for the records (a call ends with its last worker's
+    // report): the room it left is used now, under this one lock.
+    if (!pending) AdmitLocked();
+  }
+  // Into the records (ApplyCompletionsLocked) if the state lock is
+  // free; the releases they let go then ride with the calls that the
+  // room they left admits (one write to each worker, not two). If a
+  // client's batch is being routed, it applies them as it ends.
+  // Admission never waits for the state lock.
+  if (pending) {
+    WorkerOps releases;
+    bool applied = false;
+    if (mu_.TryLock()) {
+      ApplyCompletionsLocked(&releases);
+      mu_.Unlock();
+      applied = true;
     }
-    scheduler_.AddWorker(id, std::move(queue));
+    bool wait_for_state = false;
     {
       absl::MutexLock admission(&admission_mu_);
-      admission_.AddWorker(id, first.register_().devices_size());
+      AdmitLocked(std::move(releases));
+      wait_for_state =
+          !applied && !routing_batch_ && CompletionsPendingLocked();
     }
-    worker_contexts_[id] = ctx;
-    AnswerSlicesLocked();    // slice requests that waited for its devices
-    ResolveAwaitedLocked();  // slices that waited for a host
-    SPDLOG_INFO(
-        "worker {} registered: host {}, {} device(s), pid {}, data plane "
-        "{}, generation {}{}",
-        id, first.register_().host_name(), first.register_().devices_size(),
-        first.register_().pid(), first.register_().data_address(), w.generation,
-        rejoined.empty() ? "" : "; it rejoins: " + rejoined);
-  }
-  proto::WorkerToServer msg;
-  while (stream->Read(&msg)) {
-    // Any message shows the worker alive: stamped as it is read, before
-    // anything below waits for a lock (CheckLiveness).
-    HeardFrom(id);
-    if (msg.has_heartbeat()) {
-      const int64_t read_ns = timeline_.NowNs();
-      {
-        absl::MutexLock lock(&mu_);
-        control_bytes_in_ += msg.ByteSizeLong();
-        if (WorkerRecord* w = state_.FindWorker(id)) {
-          w->stats = msg.heartbeat();
-          w->last_heartbeat = options_.clock->Now();
-          w->heartbeats++;
-        }
-      }
-      OnClockProbe(id, msg.heartbeat().clock(), read_ns);
-    } else if (msg.has_timeline()) {
-      OnTimelineChunk(id, *msg.mutable_timeline());
-    } else if (msg.has_transfer_failed()) {
-      RelayTransferFailure(id, msg.transfer_failed());
-    } else if (msg.has_calls_done()) {
-      control_bytes_in_ += msg.ByteSizeLong();
-      bool pending = false;
-      {
-        absl::MutexLock admission(&admission_mu_);
-        admission_.Completed(id, msg.calls_done());
-        for (uint64_t copy : msg.calls_done().copies_done()) {
-          copies_arrived_.push_back(copy);
-        }
-        pending = CompletionsPendingLocked();
-        // Nothing for the records (a call ends with its last worker's
-        // report): the room it left is used now, under this one lock.
-        if (!pending) AdmitLocked();
-      }
-      // Into the records (ApplyCompletionsLocked) if the state lock is
-      // free; the releases they let go then ride with the calls that the
-      // room they left admits (one write to each worker, not two). If a
-      // client's batch is being routed, it applies them as it ends.
-      // Admission never waits for the state lock.
-      if (pending) {
-        WorkerOps releases;
-        bool applied = false;
-        if (mu_.TryLock()) {
-          ApplyCompletionsLocked(&releases);
-          mu_.Unlock();
-          applied = true;
-        }
-        bool wait_for_state = false;
-        {
-          absl::MutexLock admission(&admission_mu_);
-          AdmitLocked(std::move(releases));
-          wait_for_state =
-              !applied && !routing_batch_ && CompletionsPendingLocked();
-        }
-        if (wait_for_state) {  // another holder of the state lock (rare)
-          absl::MutexLock lock(&mu_);
-          ApplyCompletionsLocked(&releases);
-          if (!releases.empty()) scheduler_.Submit({std::move(releases)});
-        }
-      }
+    if (wait_for_state) {  // another holder of the state lock (rare)
+      absl::MutexLock lock(&mu_);
+      ApplyCompletionsLocked(&releases);
+      if (!releases.empty()) scheduler_.Submit({std::move(releases)});
     }
-    Handled(id);
   }
+}
+
+void ServerImpl::EndWorkerSession(int64_t id) {
   WorkerDown(id, absl::StrCat("worker ", id,
                               " lost its connection to the "
                               "server (process exited or was killed)"));
@@ -264,7 +296,6 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
   // it here. A client session waiting for room may still hold the queue
   // (and destroy it later); it no longer writes.
   if (queue) queue->Stop();
-  return grpc::Status::OK;
 }
 
 proto::WorkerOp ServerImpl::PeerOp(const WorkerRecord& w) {
@@ -524,9 +555,11 @@ void ServerImpl::ResolveAwaitedLocked() {
 }
 
 void ServerImpl::LivenessLoop() {
-  // Real (monotonic) time, not the injected clock: what stalls is this
-  // process, whatever a test's clock says.
-  absl::Time last = absl::Now();
+  // Real time, not the injected clock: what stalls is this process,
+  // whatever a test's clock says (a FakeClock test calls CheckLiveness
+  // itself after Advance; this loop's real period does not matter there).
+  Clock* const real = Clock::Real();
+  absl::Time last = real->Now();
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -535,7 +568,7 @@ void ServerImpl::LivenessLoop() {
         return;
       }
     }
-    const absl::Time now = absl::Now();
+    const absl::Time now = real->Now();
     if (ServerStalled(now - last, options_)) ExcuseSilence(now - last);
     last = now;
     CheckLiveness();

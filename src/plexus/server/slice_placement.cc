@@ -62,6 +62,119 @@ std::string Asked(const proto::SliceRequest& req,
   return s;
 }
 
+// The live hosts a slice request may use, and what it cannot.
+struct UsableHosts {
+  std::vector<const WorkerRecord*> usable;  // registration order
+  std::set<std::string> down;  // hosts named in the request, none live
+  int total = 0;               // their devices
+  int largest = 0;             // devices of the largest
+};
+
+// The hosts of `workers` a request naming `wanted` (empty: any) and not
+// `avoid_hosts` may use. Spares are kept for remapping (LoseWorker),
+// unless asked for by name.
+UsableHosts FindUsableHosts(const std::map<int64_t, WorkerRecord>& workers,
+                            const std::set<std::string>& wanted,
+                            const std::set<std::string>& avoid_hosts) {
+  UsableHosts u;
+  for (const std::string& h : wanted) u.down.insert(h);
+  for (const auto& [id, w] : workers) {
+    const std::string& host = w.info.host_name();
+    if (!w.alive || (!wanted.empty() && wanted.count(host) == 0) ||
+        avoid_hosts.count(host) > 0 || (w.info.spare() && wanted.empty())) {
+      continue;
+    }
+    u.down.erase(host);
+    u.usable.push_back(&w);
+    u.total += w.info.devices_size();
+    u.largest = std::max(u.largest, w.info.devices_size());
+  }
+  return u;
+}
+
+// What the usable hosts lack for the request (devices on one host, if
+// `one_host`); `filtered`: the request named or avoided hosts.
+std::string Lack(const UsableHosts& u, bool one_host, bool filtered) {
+  std::string lack;
+  if (one_host) {
+    lack = absl::StrCat(
+        filtered ? "the largest live host it may use" : "the largest live host",
+        " has ", Plural(u.largest, "device", "devices"));
+  } else {
+    lack = absl::StrCat(
+        filtered ? "the hosts it may use have " : "the cluster has ",
+        Plural(u.total, "live device", "live devices"), " on ",
+        Plural(u.usable.size(), "host", "hosts"));
+  }
+  if (!u.down.empty()) {
+    absl::StrAppend(&lack, " (down: ", absl::StrJoin(u.down, ", "), ")");
+  }
+  return lack;
+}
+
+// `n` devices of the first host in `usable` that has as many.
+std::vector<DeviceRef> OnOneHost(const std::vector<const WorkerRecord*>& usable,
+                                 int n) {
+  std::vector<DeviceRef> chosen;
+  for (const WorkerRecord* w : usable) {
+    if (w->info.devices_size() < n) continue;
+    for (int d : LeastLoaded(*w)) {
+      if (static_cast<int>(chosen.size()) < n) chosen.push_back({w->id, d});
+    }
+    std::sort(chosen.begin(), chosen.end(),
+              [](const DeviceRef& a, const DeviceRef& b) {
+                return a.device < b.device;
+              });
+    break;
+  }
+  return chosen;
+}
+
+// `n` devices of whole islands, least loaded first and the larger first
+// among equals, until the slice is full.
+std::vector<DeviceRef> WholeIslands(
+    const std::vector<const WorkerRecord*>& usable, int n) {
+  std::vector<DeviceRef> chosen;
+  std::vector<const WorkerRecord*> by_size = usable;
+  std::stable_sort(by_size.begin(), by_size.end(),
+                   [](const WorkerRecord* a, const WorkerRecord* b) {
+                     return a->slices_mapped < b->slices_mapped ||
+                            (a->slices_mapped == b->slices_mapped &&
+                             a->info.devices_size() > b->info.devices_size());
+                   });
+  for (const WorkerRecord* w : by_size) {
+    for (int d : LeastLoaded(*w)) {
+      if (static_cast<int>(chosen.size()) < n) chosen.push_back({w->id, d});
+    }
+  }
+  return chosen;
+}
+
+// `n` devices dealt to the hosts round robin, so a slice of H devices on
+// H hosts has one per host; ordered host by host.
+std::vector<DeviceRef> Spread(const std::vector<const WorkerRecord*>& usable,
+                              int n) {
+  std::vector<DeviceRef> chosen;
+  std::vector<int> next(usable.size(), 0);
+  std::vector<std::vector<int>> order;
+  for (const WorkerRecord* w : usable) order.push_back(LeastLoaded(*w));
+  while (static_cast<int>(chosen.size()) < n) {
+    for (size_t h = 0; h < usable.size() && static_cast<int>(chosen.size()) < n;
+         ++h) {
+      if (next[h] < usable[h]->info.devices_size()) {
+        chosen.push_back({usable[h]->id, order[h][next[h]++]});
+      }
+    }
+  }
+  // Shards are ordered host by host, so neighbours share a host.
+  std::stable_sort(chosen.begin(), chosen.end(),
+                   [](const DeviceRef& a, const DeviceRef& b) {
+                     return a.worker_id < b.worker_id ||
+                            (a.worker_id == b.worker_id && a.device < b.device);
+                   });
+  return chosen;
+}
+
 }  // namespace
 
 absl::Status ClusterState::CheckSliceRequest(
@@ -160,102 +273,24 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceSlice(
   }
   const std::set<std::string> wanted(req.hosts().begin(), req.hosts().end());
   const bool filtered = !wanted.empty() || !avoid_hosts.empty();
-  std::vector<const WorkerRecord*> usable;
-  std::set<std::string> down;  // named hosts with no live worker
-  for (const std::string& h : wanted) down.insert(h);
-  int total = 0;
-  int largest = 0;
-  for (const auto& [id, w] : workers_) {
-    const std::string& host = w.info.host_name();
-    // Spares are kept for remapping (LoseWorker), unless asked for by name.
-    if (!w.alive || (!wanted.empty() && wanted.count(host) == 0) ||
-        avoid_hosts.count(host) > 0 || (w.info.spare() && wanted.empty())) {
-      continue;
-    }
-    down.erase(host);
-    usable.push_back(&w);
-    total += w.info.devices_size();
-    largest = std::max(largest, w.info.devices_size());
-  }
+  UsableHosts u = FindUsableHosts(workers_, wanted, avoid_hosts);
   const bool one_host = req.placement() == proto::PLACEMENT_ONE_HOST;
-  if (total < n || (one_host && largest < n)) {
-    std::string lack;
-    if (one_host) {
-      lack = absl::StrCat(filtered ? "the largest live host it may use"
-                                   : "the largest live host",
-                          " has ", Plural(largest, "device", "devices"));
-    } else {
-      lack = absl::StrCat(
-          filtered ? "the hosts it may use have " : "the cluster has ",
-          Plural(total, "live device", "live devices"), " on ",
-          Plural(usable.size(), "host", "hosts"));
-    }
-    if (!down.empty()) {
-      absl::StrAppend(&lack, " (down: ", absl::StrJoin(down, ", "), ")");
-    }
-    return absl::ResourceExhaustedError(
-        absl::StrCat(Asked(req, avoid_hosts), "; ", lack));
+  if (u.total < n || (one_host && u.largest < n)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        Asked(req, avoid_hosts), "; ", Lack(u, one_host, filtered)));
   }
   // Least-loaded hosts first; ties keep registration order.
-  std::stable_sort(usable.begin(), usable.end(),
+  std::stable_sort(u.usable.begin(), u.usable.end(),
                    [](const WorkerRecord* a, const WorkerRecord* b) {
                      return a->slices_mapped < b->slices_mapped;
                    });
-  std::vector<DeviceRef> chosen;
   // The default keeps a slice inside one island (host) where one can hold
   // it: between islands data moves over the network, inside one it does
   // not. One that no island can hold takes as few islands as it can.
   const bool any = req.placement() == proto::PLACEMENT_ANY;
-  if (one_host || (any && largest >= n)) {
-    for (const WorkerRecord* w : usable) {
-      if (w->info.devices_size() < n) continue;
-      for (int d : LeastLoaded(*w)) {
-        if (static_cast<int>(chosen.size()) < n) chosen.push_back({w->id, d});
-      }
-      std::sort(chosen.begin(), chosen.end(),
-                [](const DeviceRef& a, const DeviceRef& b) {
-                  return a.device < b.device;
-                });
-      break;
-    }
-  } else if (any) {
-    // Whole islands, least loaded first and the larger first among equals,
-    // until the slice is full.
-    std::vector<const WorkerRecord*> by_size = usable;
-    std::stable_sort(by_size.begin(), by_size.end(),
-                     [](const WorkerRecord* a, const WorkerRecord* b) {
-                       return a->slices_mapped < b->slices_mapped ||
-                              (a->slices_mapped == b->slices_mapped &&
-                               a->info.devices_size() > b->info.devices_size());
-                     });
-    for (const WorkerRecord* w : by_size) {
-      for (int d : LeastLoaded(*w)) {
-        if (static_cast<int>(chosen.size()) < n) chosen.push_back({w->id, d});
-      }
-    }
-  } else {
-    // Spread: deal devices to hosts round robin, so a slice of H devices on
-    // H hosts has one per host.
-    std::vector<int> next(usable.size(), 0);
-    std::vector<std::vector<int>> order;
-    for (const WorkerRecord* w : usable) order.push_back(LeastLoaded(*w));
-    while (static_cast<int>(chosen.size()) < n) {
-      for (size_t h = 0;
-           h < usable.size() && static_cast<int>(chosen.size()) < n; ++h) {
-        if (next[h] < usable[h]->info.devices_size()) {
-          chosen.push_back({usable[h]->id, order[h][next[h]++]});
-        }
-      }
-    }
-    // Shards are ordered host by host, so neighbours share a host.
-    std::stable_sort(
-        chosen.begin(), chosen.end(),
-        [](const DeviceRef& a, const DeviceRef& b) {
-          return a.worker_id < b.worker_id ||
-                 (a.worker_id == b.worker_id && a.device < b.device);
-        });
-  }
-  return chosen;
+  if (one_host || (any && u.largest >= n)) return OnOneHost(u.usable, n);
+  if (any) return WholeIslands(u.usable, n);
+  return Spread(u.usable, n);
 }
 
 proto::SliceInfo ClusterState::GrantSlice(ClientRecord& client,

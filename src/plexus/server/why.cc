@@ -189,30 +189,36 @@ const absl::InlinedVector<int64_t, 4>* NotDone(uint64_t seq,
   return it == options.not_done->end() ? nullptr : &it->second;
 }
 
-// Why `call` (record `seq`), whose inputs are all made (or lost), has not
-// finished, on the hosts that have not finished their part (`finished`
-// gets the others).
-Root RootOnHosts(const ClusterState& state, uint64_t seq,
-                 const CallRecord& call, const Heads& heads,
-                 const WhyOptions& options, std::set<std::string>* finished) {
+// A slice's state that keeps every call on it from finishing: released,
+// broken, or waiting for a host.
+std::optional<Root> SliceTrouble(const ClusterState& state,
+                                 const CallRecord& call,
+                                 const WhyOptions& options) {
   auto slice = state.slices().find(call.slice_id);
   if (slice == state.slices().end()) {
-    return {absl::StrCat("its slice ", call.slice_id,
-                         " was released (the calls on it still run)"),
-            ""};
+    return Root{absl::StrCat("its slice ", call.slice_id,
+                             " was released (the calls on it still run)"),
+                ""};
   }
   const SliceRecord& s = slice->second;
   if (!s.broken.empty()) {
-    return {absl::StrCat("its slice ", call.slice_id, " is broken: ", s.broken),
-            ""};
+    return Root{
+        absl::StrCat("its slice ", call.slice_id, " is broken: ", s.broken),
+        ""};
   }
   if (!s.awaiting.empty()) {
-    return {absl::StrCat("its slice ", call.slice_id,
-                         " waits for a host to take a lost one's place (",
-                         s.awaiting, "), ",
-                         Seconds(s.awaiting_until - options.now), " left"),
-            ""};
+    return Root{absl::StrCat("its slice ", call.slice_id,
+                             " waits for a host to take a lost one's place (",
+                             s.awaiting, "), ",
+                             Seconds(s.awaiting_until - options.now), " left"),
+                ""};
   }
+  return std::nullopt;
+}
+
+// The hosts of a call's slice that have not finished their part, as
+// RootOnHosts surveys them.
+struct CallHosts {
   std::set<std::string> hosts;
   // Hosts where an earlier call holds one of its devices, and that call.
   std::map<std::string, const CallRecord*> behind;
@@ -220,13 +226,23 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
   std::map<std::string, absl::Duration> compiling;
   // Each host's worker.
   std::map<std::string, const WorkerRecord*> workers;
+};
+
+// Surveys the hosts of `call`'s slice `s` into `out` (`finished` gets
+// those done with their part); a host in trouble (HostTrouble) is the
+// answer at once.
+std::optional<Root> SurveyHosts(const ClusterState& state, uint64_t seq,
+                                const CallRecord& call, const SliceRecord& s,
+                                const Heads& heads, const WhyOptions& options,
+                                std::set<std::string>* finished,
+                                CallHosts* out) {
   const absl::InlinedVector<int64_t, 4>* not_done = NotDone(seq, options);
   for (const DeviceRef& d : s.devices) {
     auto w = state.workers().find(d.worker_id);
     if (w == state.workers().end()) continue;
     const WorkerRecord& worker = w->second;
     const std::string& host = worker.info.host_name();
-    workers[host] = &worker;
+    out->workers[host] = &worker;
     if (not_done != nullptr && std::find(not_done->begin(), not_done->end(),
                                          d.worker_id) == not_done->end()) {
       finished->insert(host);  // its part is done: nothing there holds it
@@ -234,18 +250,27 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
     }
     auto head = heads.find({d.worker_id, d.device});
     if (head != heads.end() && head->second.second != &call &&
-        !behind.count(host)) {
-      behind[host] = head->second.second;
+        !out->behind.count(host)) {
+      out->behind[host] = head->second.second;
     }
     if (absl::Duration c = Compiling(worker, call.program_id, options.now);
         c > absl::ZeroDuration()) {
-      compiling[host] = c;
+      out->compiling[host] = c;
     }
     if (std::optional<std::string> trouble = HostTrouble(worker, options)) {
-      return {*trouble, host};
+      return Root{*trouble, host};
     }
-    hosts.insert(host);
+    out->hosts.insert(host);
   }
+  return std::nullopt;
+}
+
+// An input of `call` made on another slice's hosts, whose source host is
+// lost or silent (the transfer waits for it).
+std::optional<Root> InputSourceTrouble(const ClusterState& state,
+                                       const CallRecord& call,
+                                       const CallHosts& on,
+                                       const WhyOptions& options) {
   // An input made on other hosts (its slice's) comes by a transfer from
   // there, sent once its call is done: a source host lost, or silent, has
   // not sent it.
@@ -256,66 +281,101 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
     for (const DeviceRef& d : from->second.devices) {
       auto w = state.workers().find(d.worker_id);
       if (w == state.workers().end() ||
-          workers.count(w->second.info.host_name())) {
+          on.workers.count(w->second.info.host_name())) {
         continue;  // gone from the records, or a host of the call's own
       }
       if (std::optional<std::string> trouble =
               HostTrouble(w->second, options)) {
-        return {absl::StrCat("its input buffer ", in.buffer_id,
-                             " is sent from another host, and ", *trouble,
-                             " (the transfer waits for it)"),
-                w->second.info.host_name()};
+        return Root{absl::StrCat("its input buffer ", in.buffer_id,
+                                 " is sent from another host, and ", *trouble,
+                                 " (the transfer waits for it)"),
+                    w->second.info.host_name()};
       }
     }
   }
+  return std::nullopt;
+}
+
+// A device of slice `s` whose memory is full, on a host not finished.
+std::optional<Root> FullDeviceOf(const ClusterState& state,
+                                 const SliceRecord& s,
+                                 const std::set<std::string>& finished) {
   // A device of the slice whose memory is full, with something waiting on
   // it for room (the root call's output, or the call it is queued behind).
   for (const DeviceRef& d : s.devices) {
     auto w = state.workers().find(d.worker_id);
     if (w == state.workers().end()) continue;
     const WorkerRecord& worker = w->second;
-    if (finished->count(worker.info.host_name())) continue;
+    if (finished.count(worker.info.host_name())) continue;
     const int64_t waiting = d.device < worker.stats.device_waiting_bytes_size()
                                 ? worker.stats.device_waiting_bytes(d.device)
                                 : 0;
     if (waiting > 0) {
-      return {FullDevice(state, worker, d.device, waiting),
-              worker.info.host_name()};
+      return Root{FullDevice(state, worker, d.device, waiting),
+                  worker.info.host_name()};
     }
   }
-  if (!behind.empty()) {
-    // The first such host: what holds it, and where this call is first in
-    // line (a collective there waits for the ranks still queued).
-    const auto& [host, first] = *behind.begin();
-    std::vector<std::string> ready;
-    for (const std::string& h : hosts) {
-      if (!behind.count(h)) ready.push_back(h);
-    }
-    std::string reason = absl::StrCat(
-        "it is queued on host ", host, " behind ", CallName(state, *first),
-        first->client_id == call.client_id
-            ? ""
-            : absl::StrCat(" of client ", first->client_id),
-        ", routed ", Seconds(options.now - first->routed), " ago");
-    // That call may itself wait for its program's compile there.
-    if (absl::Duration c =
-            Compiling(*workers.at(host), first->program_id, options.now);
-        c > absl::ZeroDuration()) {
-      absl::StrAppend(&reason, ", whose program '", ProgramName(state, *first),
-                      "' is compiling there (", Seconds(c), " so far)");
-    }
-    if (behind.size() > 1) {
-      absl::StrAppend(&reason, " (and on ", behind.size() - 1,
-                      " more host(s))");
-    }
-    if (!ready.empty()) {
-      absl::StrAppend(&reason, "; on ", ready.size() == 1 ? "host " : "hosts ",
-                      absl::StrJoin(ready, ", "),
-                      " it is first in line (a collective there waits for "
-                      "the ranks still queued)");
-    }
-    return {reason, host};
+  return std::nullopt;
+}
+
+// `call` is queued behind another on some host (`on.behind` not empty).
+Root QueuedBehind(const ClusterState& state, const CallRecord& call,
+                  const CallHosts& on, const WhyOptions& options) {
+  // The first such host: what holds it, and where this call is first in
+  // line (a collective there waits for the ranks still queued).
+  const auto& [host, first] = *on.behind.begin();
+  std::vector<std::string> ready;
+  for (const std::string& h : on.hosts) {
+    if (!on.behind.count(h)) ready.push_back(h);
   }
+  std::string reason = absl::StrCat(
+      "it is queued on host ", host, " behind ", CallName(state, *first),
+      first->client_id == call.client_id
+          ? ""
+          : absl::StrCat(" of client ", first->client_id),
+      ", routed ", Seconds(options.now - first->routed), " ago");
+  // That call may itself wait for its program's compile there.
+  if (absl::Duration c =
+          Compiling(*on.workers.at(host), first->program_id, options.now);
+      c > absl::ZeroDuration()) {
+    absl::StrAppend(&reason, ", whose program '", ProgramName(state, *first),
+                    "' is compiling there (", Seconds(c), " so far)");
+  }
+  if (on.behind.size() > 1) {
+    absl::StrAppend(&reason, " (and on ", on.behind.size() - 1,
+                    " more host(s))");
+  }
+  if (!ready.empty()) {
+    absl::StrAppend(&reason, "; on ", ready.size() == 1 ? "host " : "hosts ",
+                    absl::StrJoin(ready, ", "),
+                    " it is first in line (a collective there waits for "
+                    "the ranks still queued)");
+  }
+  return {reason, host};
+}
+
+// Why `call` (record `seq`), whose inputs are all made (or lost), has not
+// finished, on the hosts that have not finished their part (`finished`
+// gets the others). The first answer that holds, in this order: its
+// slice, a host in trouble, an input's source host, a full device, a call
+// ahead of it, a compile, else it runs.
+Root RootOnHosts(const ClusterState& state, uint64_t seq,
+                 const CallRecord& call, const Heads& heads,
+                 const WhyOptions& options, std::set<std::string>* finished) {
+  if (std::optional<Root> r = SliceTrouble(state, call, options)) return *r;
+  const SliceRecord& s = state.slices().at(call.slice_id);
+  CallHosts on;
+  if (std::optional<Root> r =
+          SurveyHosts(state, seq, call, s, heads, options, finished, &on)) {
+    return *r;
+  }
+  if (std::optional<Root> r = InputSourceTrouble(state, call, on, options)) {
+    return *r;
+  }
+  if (std::optional<Root> r = FullDeviceOf(state, s, *finished)) return *r;
+  if (!on.behind.empty()) return QueuedBehind(state, call, on, options);
+  const std::set<std::string>& hosts = on.hosts;
+  const std::map<std::string, absl::Duration>& compiling = on.compiling;
   if (!compiling.empty()) {
     // XLA compiles the program on its hosts (ahead of the first call, or
     // as the call runs): the call runs once that ends.

@@ -79,12 +79,51 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   bool Silent(int64_t id);
 
   // ------------------------------------------------------------ workers
+  // Registration, then each message the worker sends, then its end.
   grpc::Status WorkerSession(grpc::ServerContext* ctx,
                              WorkerStream* stream) override;
+  // The first message's protocol version and worker credential: OK, or
+  // the refusal the session answers with (and logs).
+  grpc::Status CheckRegistration(grpc::ServerContext* ctx,
+                                 const proto::WorkerToServer& first) const;
+  // Records the worker, opens its queue (the hello, its peers, the loads a
+  // standby needs) and answers what waited for it; `*id` its id.
+  // CANCELLED once the server is shutting down.
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, WorkerStream* stream,
+                              const proto::WorkerToServer& first,
+                              const std::string& rejoined, int64_t* id);
+  // A heartbeat: its stats into the worker's record, its clock probe.
+  void OnHeartbeat(int64_t id, const proto::WorkerToServer& msg);
+  // Calls done and copies arrived: into admission at once; into the
+  // records now if the state lock is free, else by whoever holds it.
+  void OnCallsDone(int64_t id, const proto::CallsDone& done);
+  // The session ended: the worker is down, its stamps, timeline estimate,
+  // queue and context go.
+  void EndWorkerSession(int64_t id);
 
   // ------------------------------------------------------------ clients
+  // The hello, then each batch the client sends, then its end.
   grpc::Status ClientSession(grpc::ServerContext* ctx,
                              ClientStream* stream) override;
+  // The first message's protocol version, client name and tenant
+  // credential (cleared from `msg`): OK with `*tenant` set, or the refusal
+  // the session answers with (and logs).
+  grpc::Status CheckClientHello(grpc::ServerContext* ctx,
+                                proto::ClientToServer& msg,
+                                std::string* tenant) const;
+  // Records the client, opens its queue and sends the hello (its id and
+  // credential); `*id` and `*out` its id and queue. RESOURCE_EXHAUSTED
+  // when no client id is left.
+  grpc::Status OpenClient(grpc::ServerContext* ctx, ClientStream* stream,
+                          const proto::ClientToServer& msg,
+                          const std::string& tenant, uint64_t* id,
+                          OutQueue<proto::ServerToClient>** out);
+  // Reads and handles the session's batches until its stream ends.
+  void ReadClientBatches(grpc::ServerContext* ctx, ClientStream* stream,
+                         uint64_t id, OutQueue<proto::ServerToClient>* out);
+  // The session ended: the client's records, queued work, slices and
+  // queue go; the workers and the waiting slice requests hear of it.
+  void EndClientSession(uint64_t id);
 
   // The block each client session parses its batches into (larger ones
   // take more blocks of this size, freed after the batch).
@@ -97,9 +136,27 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   absl::StatusOr<std::string> AuthenticateTenant(
       const proto::ClientToServer& first) const;
 
+  // Routes one batch (under the state lock) and hands its units to
+  // admission; replies (slices, errors, re-puts) go on `out`.
   void HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
                          const proto::ClientToServer& msg,
                          OutQueue<proto::ServerToClient>* out);
+  // A batch as HandleClientBatch routes it.
+  struct RoutedBatch {
+    std::vector<WorkerOps> units;  // one per op (consecutive releases: one)
+    std::vector<uint64_t> seqs;    // each unit's call record, if a call
+    proto::ServerToClient reply;   // for the client, if anything
+    bool released_slice = false;   // room under max_devices for waiters
+    bool clock_read = false;       // once per batch, at its first call
+  };
+  // One op of a batch, into `batch->units.back()` and its reply.
+  void RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
+                           RoutedBatch* batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The routed units into the client's queue at admission; those that
+  // need no order (declares, loads, failures) straight to the workers.
+  void EnqueueBatchLocked(uint64_t id, RoutedBatch* batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, admission_mu_);
 
   // Whether `ops` (not a call's) must keep the client's order at
   // admission: releases and snapshots' copies follow the calls before them.
@@ -141,6 +198,21 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // why list when request.why_after_ms() < 0.
   void FillStatus(const proto::StatusRequest& request,
                   proto::ClusterStatus* status);
+  // Waits, up to `timeout` (real time: the caller's RPC budget), for one
+  // heartbeat from every worker alive now (heartbeats are recorded under
+  // mu_, so Await re-checks as they arrive).
+  void AwaitFreshHeartbeatsLocked(absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FillStatus's parts: the workers and clients (with their admission
+  // view); the slices and recovery counters; the why list and the waiting
+  // slice requests.
+  void FillWorkersAndClientsLocked(proto::ClusterStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillSlicesLocked(proto::ClusterStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillWaitsLocked(const proto::StatusRequest& request,
+                       proto::ClusterStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   grpc::Status Shutdown(grpc::ServerContext* ctx,
                         const proto::ShutdownRequest* request,
@@ -154,6 +226,23 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   grpc::Status Trace(grpc::ServerContext* ctx,
                      const proto::TraceRequest* request,
                      proto::TraceReply* reply) override;
+  // The request's credential: the operator's for every client's events, a
+  // client's for its own. OK, or the refusal (logged).
+  grpc::Status CheckTraceCredential(grpc::ServerContext* ctx,
+                                    const proto::TraceRequest& request) const;
+  // A live worker a trace asks for its ring, and its clock offset then.
+  struct TraceTarget {
+    int64_t id;
+    std::string host;
+    int devices;
+    int64_t pid;
+    int64_t offset_ns = 0;
+    int64_t offset_error_ns = -1;  // no estimate yet
+  };
+  // The program and call-site names of `only` (0: every client) into
+  // `reply`, and the live workers to ask, with their offsets.
+  std::vector<TraceTarget> NamesAndWorkersToAsk(uint64_t only,
+                                                proto::TraceReply* reply);
   // A heartbeat's clock probe, read at `read_ns`: its completed round trip
   // (if any) into the worker's offset estimate, and a ClockEcho back.
   void OnClockProbe(int64_t worker, const proto::ClockProbe& probe,
@@ -236,6 +325,11 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   absl::Mutex trace_mu_;
   absl::CondVar trace_answered_;
   std::map<uint64_t, PendingTrace> traces_ ABSL_GUARDED_BY(trace_mu_);
+  // Asks each of `asked` for its ring since `since` (server time) and
+  // waits, on the injected clock, until all have answered or `timeout`
+  // passed: what came, and in `waiting` who did not answer.
+  PendingTrace CollectWorkerRings(const std::vector<TraceTarget>& asked,
+                                  int64_t since, absl::Duration timeout);
   uint64_t next_trace_ ABSL_GUARDED_BY(trace_mu_) = 0;
   std::string address_;
   std::string advertised_;  // what clients and status are told
@@ -289,9 +383,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   std::atomic<int64_t> control_bytes_in_{0};
   // The generation the last registration was given; each takes the next.
   // It starts at the wall clock in microseconds, so a restarted server's
-  // registrations are newer than its predecessor's.
+  // registrations are newer than its predecessor's (the real clock whatever
+  // options_.clock is: a FakeClock starts every server at the same time).
   uint64_t generation_ ABSL_GUARDED_BY(mu_) =
-      static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()));
+      static_cast<uint64_t>(absl::ToUnixMicros(Clock::Real()->Now()));
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 
