@@ -17,8 +17,8 @@
 #include "absl/time/time.h"
 #include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
-#include "plexus/server/admission.h"
-#include "plexus/server/tenants.h"
+#include "plexus/server/model/tenants.h"
+#include "plexus/server/scheduling/admission.h"
 
 namespace plexus {
 
@@ -65,7 +65,7 @@ struct ServerOptions {
   // neither.
   std::string tls_cert_file;
   std::string tls_key_file;
-  // Admission windows (server/admission.h).
+  // Admission windows (server/scheduling/admission.h).
   Admission::Options admission;
   // The live page and /metrics (web/web_server.h): HOST:PORT to serve them
   // on (port 0: a free one), "auto" for the listen address's host and a

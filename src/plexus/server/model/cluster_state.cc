@@ -1,4 +1,4 @@
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 
 #include <algorithm>
 

@@ -21,8 +21,8 @@
 #include "plexus/common/ids.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.pb.h"
-#include "plexus/server/job_records.h"
-#include "plexus/server/tenants.h"
+#include "plexus/server/model/job_records.h"
+#include "plexus/server/model/tenants.h"
 
 namespace plexus {
 
@@ -120,7 +120,8 @@ struct ProgramRecord {
 struct ClientRecord {
   uint64_t id = 0;
   std::string name;
-  // The tenant it authenticated as (server/tenants.h): its share and quotas.
+  // The tenant it authenticated as (server/model/tenants.h): its share and
+  // quotas.
   std::string tenant = kDefaultTenant;
   proto::ClientStats stats;
   std::set<uint64_t> slices;
@@ -201,7 +202,7 @@ struct ClientRecovery {
 
 class ClusterState {
  public:
-  // --- tenants: the operator's shares and quotas (server/tenants.h)
+  // --- tenants: the operator's shares and quotas (server/model/tenants.h)
   void SetTenants(TenantTable tenants) { tenants_ = std::move(tenants); }
   const TenantTable& tenants() const { return tenants_; }
   const TenantPolicy& PolicyOf(const ClientRecord& client) const {
@@ -218,7 +219,7 @@ class ClusterState {
   // down, one whose slices were all released.
   bool StandsBy(const WorkerRecord& w) const;
   // The loads a standing-by host lacks (none for another host), marked
-  // loaded (server/recovery.cc).
+  // loaded (server/recovery/recovery.cc).
   std::vector<proto::WorkerOp> LoadsForStandby(int64_t worker_id);
   // LoadsForStandby of every host, into `ops`: after hosts may have become
   // idle (slices released, a client gone).
@@ -233,7 +234,7 @@ class ClusterState {
   // of the same indices): the slice's virtual devices keep their order and
   // its generation goes up; the client's XLA programs name the spare in
   // place of the lost host. Slices no spare can take break, as in
-  // MarkWorkerDown. (server/recovery.cc)
+  // MarkWorkerDown. (server/recovery/recovery.cc)
   // With `spare_wait` > 0 in a cluster given spares, slices no spare can
   // take now wait for one until `now + spare_wait` (AwaitedLoss,
   // ResumeAwaited) instead of breaking.
@@ -243,7 +244,7 @@ class ClusterState {
   // The awaited losses a host can take now (one that joined or came free,
   // as LoseWorker chooses a spare), oldest first: their slices remapped
   // onto it as LoseWorker would have (`remapped`, `spare` set), each to
-  // recover with RecoverClient. (server/recovery.cc)
+  // recover with RecoverClient. (server/recovery/recovery.cc)
   std::vector<WorkerLoss> ResumeAwaited();
   // The awaited losses whose wait ends without a host: the deadline is not
   // after `now`, or (`lost` > 0) a slice of theirs is on worker `lost`,
@@ -255,7 +256,7 @@ class ClusterState {
   bool Awaiting(uint64_t client_id) const;
   // Whether the client holds one of `slice_ids`.
   bool HoldsAny(uint64_t client_id, const std::set<uint64_t>& slice_ids) const;
-  // Recovers what `client_id` lost with `loss` (server/recovery.cc):
+  // Recovers what `client_id` lost with `loss` (server/recovery/recovery.cc):
   //  - calls not done that ran on a remapped slice, or read a buffer of one
   //    or an output of such a call, run again in their order, with new
   //    call and output ids (the old output ids become aliases of the new,
@@ -383,9 +384,10 @@ class ClusterState {
   // shard's host (another host of the slice; for a slice on one host,
   // another live host of the cluster: SnapshotHolder), replacing the
   // buffer's previous snapshot if that is not complete yet (a complete one
-  // stays: the value is the same) (server/recovery.cc). Buffers replicated
-  // over more than one host need none and get none; nor does anything in
-  // a cluster that never had a spare (it cannot recover: keep_lineage).
+  // stays: the value is the same) (server/recovery/recovery.cc). Buffers
+  // replicated over more than one host need none and get none; nor does
+  // anything in a cluster that never had a spare (it cannot recover:
+  // keep_lineage).
   void RouteSnapshot(uint64_t client_id, uint64_t buffer_id, WorkerOps* ops);
   // A worker holds a shard of snapshot copy `copy_id` (CallsDone
   // .copies_done). Once every shard has arrived the snapshot counts:

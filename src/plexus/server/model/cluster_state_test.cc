@@ -1,11 +1,11 @@
 // Placement and call routing, driven directly on ClusterState.
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "plexus/server/cluster_state_test_util.h"
+#include "plexus/server/model/cluster_state_test_util.h"
 #include "plexus/store/object_store.h"
 
 namespace plexus {

@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 #include "plexus/common/types.h"
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 #include "plexus/store/object_store.h"
 
 namespace plexus {

@@ -1,4 +1,4 @@
-#include "plexus/server/job_records.h"
+#include "plexus/server/model/job_records.h"
 
 #include <algorithm>
 

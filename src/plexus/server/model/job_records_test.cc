@@ -1,7 +1,7 @@
 // The pieces of the server's records on their own: the table of call
 // records (CallTable) and a call's record as routing keeps it (CallRecord),
 // which recovery routes again.
-#include "plexus/server/job_records.h"
+#include "plexus/server/model/job_records.h"
 
 #include <cstdint>
 #include <vector>

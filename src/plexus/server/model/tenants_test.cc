@@ -1,4 +1,4 @@
-#include "plexus/server/tenants.h"
+#include "plexus/server/model/tenants.h"
 
 #include "gtest/gtest.h"
 

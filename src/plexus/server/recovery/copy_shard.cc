@@ -1,4 +1,4 @@
-#include "plexus/server/internal/copy_shard.h"
+#include "plexus/server/recovery/internal/copy_shard.h"
 
 #include <utility>
 

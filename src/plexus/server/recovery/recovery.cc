@@ -1,6 +1,6 @@
 // ClusterState::LoseWorker and RecoverClient: a lost host's slices move to
 // a spare, and what was lost with it is copied, recomputed or declared lost
-// from the server's records (server/job_records.h).
+// from the server's records (server/model/job_records.h).
 #include <algorithm>
 #include <functional>
 #include <optional>
@@ -10,8 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/ids.h"
 #include "plexus/common/status_proto.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/internal/copy_shard.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/recovery/internal/copy_shard.h"
 
 namespace plexus {
 

@@ -5,9 +5,9 @@
 #include <set>
 
 #include "gtest/gtest.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/job_records.h"
-#include "plexus/server/recovery_test_util.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/model/job_records.h"
+#include "plexus/server/recovery/recovery_test_util.h"
 #include "plexus/store/object_store.h"
 
 namespace plexus {

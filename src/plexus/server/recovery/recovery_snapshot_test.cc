@@ -6,8 +6,8 @@
 #include <map>
 
 #include "gtest/gtest.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/recovery_test_util.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/recovery/recovery_test_util.h"
 
 namespace plexus {
 namespace {

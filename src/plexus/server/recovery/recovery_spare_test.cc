@@ -9,8 +9,8 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/recovery_test_util.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/recovery/recovery_test_util.h"
 
 namespace plexus {
 namespace {

@@ -14,9 +14,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/job_records.h"
-#include "plexus/server/recovery_test_util.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/model/job_records.h"
+#include "plexus/server/recovery/recovery_test_util.h"
 #include "plexus/store/object_store.h"
 
 namespace plexus {

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/cluster_state_test_util.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/model/cluster_state_test_util.h"
 
 namespace plexus {
 

@@ -1,13 +1,13 @@
 // ClusterState's snapshots: client.snapshot's copies of a buffer's shards
 // on other hosts, where they are kept, when they count, and what releases
-// them (server/cluster_state.h, "RouteSnapshot" and after).
+// them (server/model/cluster_state.h, "RouteSnapshot" and after).
 #include <optional>
 #include <utility>
 #include <vector>
 
 #include "plexus/common/ids.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/internal/copy_shard.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/recovery/internal/copy_shard.h"
 
 namespace plexus {
 namespace {

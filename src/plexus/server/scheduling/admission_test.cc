@@ -1,4 +1,4 @@
-#include "plexus/server/admission.h"
+#include "plexus/server/scheduling/admission.h"
 
 #include <algorithm>
 #include <deque>

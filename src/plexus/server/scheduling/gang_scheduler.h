@@ -12,8 +12,8 @@
 // never a round trip per call.
 //
 // Which unit is ordered next, and when, is admission's choice
-// (server/admission.h: fair shares, windows, quotas); this class only
-// keeps the order it is given consistent. Thread-safe.
+// (server/scheduling/admission.h: fair shares, windows, quotas); this class
+// only keeps the order it is given consistent. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -24,8 +24,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "plexus/proto/plexus.pb.h"
-#include "plexus/server/cluster_state.h"
-#include "plexus/server/out_queue.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/scheduling/out_queue.h"
 
 namespace plexus {
 

@@ -1,4 +1,4 @@
-#include "plexus/server/gang_scheduler.h"
+#include "plexus/server/scheduling/gang_scheduler.h"
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "plexus/server/out_queue.h"
+#include "plexus/server/scheduling/out_queue.h"
 
 #include <atomic>
 #include <memory>

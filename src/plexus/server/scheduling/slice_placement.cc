@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/common/names.h"
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 
 namespace plexus {
 namespace {

@@ -1,4 +1,4 @@
-#include "plexus/server/local_workers.h"
+#include "plexus/server/service/local_workers.h"
 
 #include <poll.h>
 #include <signal.h>

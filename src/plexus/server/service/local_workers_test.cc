@@ -2,7 +2,7 @@
 // cap over the cluster's life, and a crash loop is held to the rate limit.
 // RestartRateLimit is driven by absl::Time values; the supervisor runs real
 // processes (a stand-in worker: a shell script that execs `sleep`).
-#include "plexus/server/local_workers.h"
+#include "plexus/server/service/local_workers.h"
 
 #include <signal.h>
 #include <stdlib.h>

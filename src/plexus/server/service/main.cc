@@ -33,8 +33,8 @@
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/common/tls.h"
-#include "plexus/server/local_workers.h"
 #include "plexus/server/server.h"
+#include "plexus/server/service/local_workers.h"
 #include "plexus/timeline/timeline.h"
 
 namespace {
@@ -244,7 +244,8 @@ void AddAccessFlags(CLI::App& app, Flags* f) {
   app.add_option("--tenants", f->tenants_file,
                  "JSON file of each tenant's weight (share of device time) "
                  "and quotas (max_devices, max_bytes, max_calls_in_flight); "
-                 "see src/plexus/server/tenants.h. Default: equal weights");
+                 "see src/plexus/server/model/tenants.h. Default: equal "
+                 "weights");
   app.add_option("--admission-window-us", f->options.admission.window_micros,
                  "device time per device admitted to a worker and not yet "
                  "reported done, above which its next call waits at the "

@@ -9,7 +9,7 @@
 #include "plexus/common/address.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/tls.h"
-#include "plexus/server/internal/server_impl.h"
+#include "plexus/server/service/internal/server_impl.h"
 
 namespace plexus {
 

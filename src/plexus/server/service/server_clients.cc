@@ -11,7 +11,7 @@
 #include "plexus/common/names.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
-#include "plexus/server/internal/server_impl.h"
+#include "plexus/server/service/internal/server_impl.h"
 
 namespace plexus {
 

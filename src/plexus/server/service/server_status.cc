@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
-#include "plexus/server/internal/server_impl.h"
-#include "plexus/server/why.h"
+#include "plexus/server/service/internal/server_impl.h"
+#include "plexus/server/why/why.h"
 
 namespace plexus {
 

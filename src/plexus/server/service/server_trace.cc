@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
-#include "plexus/server/internal/server_impl.h"
+#include "plexus/server/service/internal/server_impl.h"
 #include "plexus/timeline/timeline_proto.h"
 
 namespace plexus {

@@ -12,7 +12,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
-#include "plexus/server/internal/server_impl.h"
+#include "plexus/server/service/internal/server_impl.h"
 
 namespace plexus {
 

@@ -1,4 +1,4 @@
-#include "plexus/server/why.h"
+#include "plexus/server/why/why.h"
 
 #include <algorithm>
 #include <map>

@@ -43,7 +43,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/time/time.h"
 #include "plexus/proto/plexus.pb.h"
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 
 namespace plexus {
 

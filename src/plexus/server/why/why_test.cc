@@ -1,14 +1,14 @@
-// Why is it stuck (server/why.h), driven on ClusterState directly: a chain
+// Why is it stuck (server/why/why.h), driven on ClusterState directly: a chain
 // of calls over two hosts, the root's host silent, lost, or answering.
-#include "plexus/server/why.h"
+#include "plexus/server/why/why.h"
 
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "plexus/server/cluster_state_test_util.h"
-#include "plexus/server/recovery_test_util.h"
+#include "plexus/server/model/cluster_state_test_util.h"
+#include "plexus/server/recovery/recovery_test_util.h"
 
 namespace plexus {
 namespace {

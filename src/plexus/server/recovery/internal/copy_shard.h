@@ -1,12 +1,12 @@
 // The ops that copy one shard of a buffer from one worker to another,
-// shared by recovery (server/recovery.cc) and snapshots
-// (server/snapshots.cc).
+// shared by recovery (server/recovery/recovery.cc) and snapshots
+// (server/recovery/snapshots.cc).
 #pragma once
 
 #include <cstdint>
 
 #include "plexus/common/types.h"
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 
 namespace plexus::internal {
 
