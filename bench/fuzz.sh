@@ -30,8 +30,8 @@ fi
 # The code each target should reach: its line coverage is reported.
 declare -A reach=(
   [data_plane_fuzz]="src/plexus/transport/data_plane_server.cc src/plexus/transport/internal/frame_socket.cc src/plexus/store/object_store.cc"
-  [client_batch_fuzz]="src/plexus/server/cluster_state.cc src/plexus/server/route_call.cc src/plexus/server/slice_placement.cc"
-  [worker_batch_fuzz]="src/plexus/server/cluster_state.cc src/plexus/server/slice_placement.cc"
+  [client_batch_fuzz]="src/plexus/server/model/cluster_state.cc src/plexus/server/scheduling/route_call.cc src/plexus/server/scheduling/slice_placement.cc"
+  [worker_batch_fuzz]="src/plexus/server/model/cluster_state.cc src/plexus/server/scheduling/slice_placement.cc"
   [worker_ops_fuzz]="src/plexus/worker/op_applier.cc src/plexus/worker/worker_local.cc src/plexus/worker/data_plane_handler.cc src/plexus/worker/task_submit.cc src/plexus/worker/task_runner.cc src/plexus/worker/input_binding.cc src/plexus/worker/peer_table.cc src/plexus/store/object_store.cc"
   [compile_options_fuzz]="src/plexus/executors/xla/compile_options.cc"
 )

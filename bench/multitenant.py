@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Many clients on one cluster: device utilisation, proportional shares and
-isolation from a flood (server/admission.h).
+isolation from a flood (server/scheduling/admission.h).
 
     python3 bench/multitenant.py [--seconds 10] [--micros 330]
                                  [--json bench/results/multitenant.json]

@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/proto/plexus.pb.h"
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 
 namespace plexus::fuzz {
 

@@ -16,7 +16,7 @@
 #include "fuzz/fuzz_support.h"
 #include "plexus/executors/xla/xla_test_util.h"
 #include "plexus/proto/plexus.pb.h"
-#include "plexus/server/cluster_state.h"
+#include "plexus/server/model/cluster_state.h"
 #include "plexus/store/object_store.h"
 #include "plexus/transport/internal/frame_socket.h"
 

@@ -1,4 +1,4 @@
-"""Admission at the server (src/plexus/server/admission.h) against real
+"""Admission at the server (src/plexus/server/scheduling/admission.h) against real
 processes: a stalled worker holds up only the calls that need it, and the
 server and workers account each client's calls and device time."""
 import os

@@ -1,5 +1,5 @@
 """Why is it stuck: a job hung on purpose, and `client.why()` / `plexus why`
-name the root cause, the host and the call chain (server/why.h)."""
+name the root cause, the host and the call chain (server/why/why.h)."""
 import os
 import re
 import signal

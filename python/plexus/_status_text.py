@@ -164,7 +164,7 @@ def why_lines(st, after=1.0):
     """What `plexus why` says of status `st`: (client id, sentence) for each
     slice request waiting for capacity, slice waiting for a host, client
     with calls waiting at admission, and call waiting longer than `after`
-    seconds (the server's explanation, server/why.h)."""
+    seconds (the server's explanation, server/why/why.h)."""
     names = {c["client_id"]: c["name"] for c in st.get("clients", [])}
     lines = []
     for p in st.get("pending_slices", []):

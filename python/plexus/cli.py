@@ -91,7 +91,7 @@ def cmd_top(args):
 
 def cmd_why(args):
     """Every call that has waited longer than --after seconds, with the
-    root of its wait (the server follows its records: server/why.h), and
+    root of its wait (the server follows its records: server/why/why.h), and
     what else its clients wait on."""
     address = args.address or current_address()
     st = cluster_status(address)

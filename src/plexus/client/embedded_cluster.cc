@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "plexus/client/client.h"
 #include "plexus/common/process.h"
+#include "plexus/common/spawn.h"
 
 namespace plexus {
 namespace {
@@ -74,38 +74,21 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
                                    options.log_level,
                                    "--die-with-parent"};
   if (!options.shared_memory) args.push_back("--no-shm");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env =
-      EnvironmentWith(kClusterSecretEnv, secret->ToHex());
-  std::vector<char*> envp;
-  for (auto& e : env) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  const pid_t parent = getpid();
-  const pid_t pid = fork();
-  if (pid < 0)
-    return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
-  if (pid == 0) {
-    // Own process group, so that Stop() can reach the workers too; die with
-    // the benchmark even if it is killed before its destructor runs.
-    setpgid(0, 0);
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(1);
-    int fd = open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    int null_fd = open("/dev/null", O_RDONLY);
-    if (fd >= 0) {
-      dup2(fd, STDOUT_FILENO);
-      dup2(fd, STDERR_FILENO);
-    }
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    dup2(ready[1], kReadyFd);  // dup2 clears close-on-exec on the copy
-    execve(argv[0], argv.data(), envp.data());
-    _exit(127);
+  // Own process group, so that Stop() can reach the workers too; dies with
+  // the benchmark even if it is killed before its destructor runs.
+  absl::StatusOr<pid_t> pid =
+      SpawnChild({.argv = std::move(args),
+                  .env = EnvironmentWith(kClusterSecretEnv, secret->ToHex()),
+                  .die_with_parent = true,
+                  .log_file = log_file,
+                  .new_process_group = true,
+                  .pass_fds = {{ready[1], kReadyFd}}});
+  if (!pid.ok()) {
+    close(ready[0]);
+    close(ready[1]);
+    return pid.status();
   }
-  setpgid(pid, pid);  // also here: no race with the child's own call
-  cluster->pid_ = pid;
+  cluster->pid_ = *pid;
   close(ready[1]);
 
   cluster->ready_fd_ = ready[0];  // Stop() reads the rest

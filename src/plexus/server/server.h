@@ -17,8 +17,8 @@
 #include "absl/time/time.h"
 #include "plexus/common/clock.h"
 #include "plexus/common/credentials.h"
-#include "plexus/server/admission.h"
-#include "plexus/server/tenants.h"
+#include "plexus/server/model/tenants.h"
+#include "plexus/server/scheduling/admission.h"
 
 namespace plexus {
 
@@ -41,7 +41,12 @@ struct ServerOptions {
   // still starting, a host rejoining): its client's work waits at the
   // server meanwhile, and resumes on the new map. Zero: it breaks at once.
   absl::Duration spare_wait = absl::Seconds(10);
-  Clock* clock = Clock::Real();  // not owned
+  // Not owned. Every time the server reads, and every deadline it waits
+  // for, goes through it, except what must be real time whatever it is
+  // (a deadline handed to gRPC, the server's own stall detection, the
+  // seed of registration generations): those read Clock::Real(), with the
+  // reason beside them.
+  Clock* clock = Clock::Real();
   // TEST ONLY: false bypasses the gang scheduler's consistent order (see
   // GangScheduler::Options). Collectives can deadlock without it.
   bool consistent_order = true;
@@ -60,7 +65,7 @@ struct ServerOptions {
   // neither.
   std::string tls_cert_file;
   std::string tls_key_file;
-  // Admission windows (server/admission.h).
+  // Admission windows (server/scheduling/admission.h).
   Admission::Options admission;
   // The live page and /metrics (web/web_server.h): HOST:PORT to serve them
   // on (port 0: a free one), "auto" for the listen address's host and a

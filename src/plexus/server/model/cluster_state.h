@@ -1,0 +1,528 @@
+// ClusterState: what the resource manager knows — workers and their
+// devices, clients, slices and programs — and the routing of calls into
+// per-worker ops. Plain data plus pure functions: the server holds it under
+// its scheduler mutex (one consistent order of everything that reaches the
+// workers); tests drive it directly. Not thread-safe by itself.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "plexus/common/ids.h"
+#include "plexus/common/types.h"
+#include "plexus/proto/plexus.pb.h"
+#include "plexus/server/model/job_records.h"
+#include "plexus/server/model/tenants.h"
+
+namespace plexus {
+
+struct WorkerRecord {
+  int64_t id = 0;
+  // Unique to this registration, and newer than every earlier one (also a
+  // restarted server's predecessor's): the worker's pushes carry it, and
+  // once the worker is declared down its peers refuse it (fencing).
+  uint64_t generation = 0;
+  proto::RegisterWorker info;
+  bool alive = true;
+  std::string down_reason;
+  proto::WorkerStats stats;
+  absl::Time last_heartbeat;
+  int64_t heartbeats = 0;  // received so far
+  std::set<uint64_t> loaded_programs;
+  int64_t slices_mapped = 0;     // load used for placement
+  std::vector<int> device_load;  // slices mapped onto each device
+};
+
+struct DeviceRef {
+  int64_t worker_id = 0;
+  int32_t device = 0;
+  bool operator==(const DeviceRef& o) const {
+    return worker_id == o.worker_id && device == o.device;
+  }
+};
+
+struct SliceRecord {
+  uint64_t id = 0;
+  uint64_t client_id = 0;
+  std::vector<DeviceRef> devices;
+  std::vector<int32_t> mesh_shape;
+  std::vector<std::string> axis_names;
+  std::string broken;  // non-empty once a worker of the slice died
+  // Non-empty while the slice waits for a host to take a lost one's place
+  // (ClusterState::AwaitedLoss): why, until `awaiting_until`.
+  std::string awaiting;
+  absl::Time awaiting_until;
+  // generation of the map from virtual devices (indices into `devices`)
+  // to physical ones: +1 on every remap (SliceInfo.generation).
+  uint64_t generation = 0;
+};
+
+// Whether every device of the slice is on one host (worker): then no
+// shard of its values survives the loss of that host, replicated or not.
+bool OnOneHost(const SliceRecord& slice);
+
+// A slice request that could not be met when it came. It waits at the
+// server, in arrival order, until it can be met (ServePendingSlices), its
+// deadline passes, or its client leaves.
+struct PendingSlice {
+  uint64_t client_id = 0;
+  proto::SliceRequest request;
+  // The hosts of request.avoid_slices, resolved when it came (a slice
+  // released meanwhile still names the hosts it avoided).
+  std::set<std::string> avoid_hosts;
+  absl::Time since;
+  absl::Time deadline;
+};
+
+// The answer to a slice request: the slice, or why none was granted.
+struct SliceAnswer {
+  uint64_t client_id = 0;
+  uint64_t request_id = 0;
+  absl::StatusOr<proto::SliceInfo> slice;
+};
+
+// One input of a program as each device of a slice holds it.
+struct LocalInput {
+  absl::StatusOr<TensorSpec> spec;
+  proto::TensorSpec proto;  // of `spec`, if it is ok
+};
+
+struct ProgramRecord {
+  proto::ProgramDef def;
+  std::vector<ArgSpec> inputs;
+  std::vector<ArgSpec> outputs;
+  bool collective = false;
+  // Inputs each call consumes (an XLA program's donated_inputs): their
+  // memory may become the aliased output's (RouteCall decides per call).
+  std::vector<int> donated;
+  // Bytes each output holds over all shards of a slice of
+  // `output_bytes_shards` devices, and their sum (computed on the first
+  // call on such a slice).
+  std::vector<int64_t> output_bytes;
+  int64_t output_bytes_total = 0;
+  int output_bytes_shards = 0;
+  // Each input as each device of a slice of `local_inputs_shards` devices
+  // holds it (computed on the first call on such a slice; RouteCall).
+  std::vector<LocalInput> local_inputs;
+  int local_inputs_shards = 0;
+};
+
+struct ClientRecord {
+  uint64_t id = 0;
+  std::string name;
+  // The tenant it authenticated as (server/model/tenants.h): its share and
+  // quotas.
+  std::string tenant = kDefaultTenant;
+  proto::ClientStats stats;
+  std::set<uint64_t> slices;
+  absl::flat_hash_map<uint64_t, ProgramRecord> programs;
+  // Where it issues calls (CallSite), for the timeline: at most
+  // kMaxCallSites; later ones go unnamed.
+  absl::flat_hash_map<uint32_t, std::string> call_sites;
+  static constexpr size_t kMaxCallSites = 4096;
+  // Its live buffers as routed (call outputs and puts, until released):
+  // bytes over all shards, which the tenant's max_bytes bounds.
+  absl::flat_hash_map<uint64_t, int64_t> buffer_bytes;
+  int64_t live_bytes = 0;
+  // The records of its calls and of the buffers they make point at their
+  // programs' `inputs` and `outputs` (JobRecords::AddCall, RouteCall): a
+  // program registered again under its id leaves its old layouts here, for
+  // the records made before, until the client leaves.
+  std::vector<std::vector<ArgSpec>> replaced_layouts;
+};
+
+// Ops for each worker, in order.
+using WorkerOps = std::map<int64_t, std::vector<proto::WorkerOp>>;
+
+// What a lost worker did to the slices on it (ClusterState::LoseWorker).
+struct WorkerLoss {
+  int64_t worker_id = 0;
+  std::string reason;
+  // The host that took its place (its devices of the same indices), or 0
+  // where no spare could.
+  int64_t spare = 0;
+  std::set<uint64_t> clients;   // owners of slices that were on it
+  std::set<uint64_t> remapped;  // slices now on the spare
+  std::set<uint64_t> broken;    // slices that had no spare
+  // Slices that had no spare at once and wait for a host (AwaitedLoss):
+  // neither remapped nor broken yet.
+  std::set<uint64_t> awaiting;
+  // A host that held no slice: the spare that took its place as a host
+  // for new slices (0 if none did, or the lost worker was a spare).
+  int64_t promoted = 0;
+};
+
+// A loss whose slices no spare could take when it happened, in a cluster
+// that recovers (one given spares): they wait for a host to join or come
+// free (a replacement the embedded cluster starts, a host that rejoins, a
+// `plexus-worker --server` the operator starts) until `deadline`, then
+// break. Their clients' work waits at the server meanwhile (ServerImpl).
+struct AwaitedLoss {
+  WorkerLoss loss;       // `awaiting` holds its slices
+  int32_t highest = -1;  // the highest device index of it the slices use
+  absl::Time since;
+  absl::Time deadline;
+};
+
+// Work of a client that had not reached the workers when a worker was lost
+// (admission's queue), to route again: a call (its record), releases, or
+// ops that name no call (the lost worker's part dropped).
+struct TakenWork {
+  uint64_t call_seq = 0;
+  std::vector<uint64_t> release_ids;
+  WorkerOps ops;
+  // Program loads it carried (worker, program): they never reached the
+  // workers, which must get them with the work routed again.
+  std::vector<std::pair<int64_t, uint64_t>> unsent_loads;
+};
+
+// Routed work in the order it must reach the workers: a call's ops
+// (call_seq > 0), or ops that need no device.
+struct RoutedWork {
+  uint64_t call_seq = 0;
+  WorkerOps ops;
+};
+
+// What recovery did for one client: the work to admit, in order, and what
+// the client is told.
+struct ClientRecovery {
+  std::vector<RoutedWork> work;
+  proto::Recovery note;
+};
+
+class ClusterState {
+ public:
+  // --- tenants: the operator's shares and quotas (server/model/tenants.h)
+  void SetTenants(TenantTable tenants) { tenants_ = std::move(tenants); }
+  const TenantTable& tenants() const { return tenants_; }
+  const TenantPolicy& PolicyOf(const ClientRecord& client) const {
+    return tenants_.For(client.tenant);
+  }
+
+  // --- workers
+  WorkerRecord& AddWorker(const proto::RegisterWorker& info, absl::Time now);
+  // Whether a host stands by: alive, in no slice, in a cluster that can
+  // recover (a spare has registered, or this one is one). LoseWorker takes
+  // such hosts for a lost host's place, so each is loaded with every XLA
+  // program of every client (LoadProgram.stand_by) and has its executables
+  // ahead: a spare as it joins, a host that rejoined after it was declared
+  // down, one whose slices were all released.
+  bool StandsBy(const WorkerRecord& w) const;
+  // The loads a standing-by host lacks (none for another host), marked
+  // loaded (server/recovery/recovery.cc).
+  std::vector<proto::WorkerOp> LoadsForStandby(int64_t worker_id);
+  // LoadsForStandby of every host, into `ops`: after hosts may have become
+  // idle (slices released, a client gone).
+  void LoadStandbys(WorkerOps* ops);
+  WorkerRecord* FindWorker(int64_t id);
+  const std::map<int64_t, WorkerRecord>& workers() const { return workers_; }
+  // Marks the worker dead and every slice on it broken. Returns the ids of
+  // the clients that own such slices.
+  std::set<uint64_t> MarkWorkerDown(int64_t id, const std::string& reason);
+  // Marks the worker dead and remaps each slice on it onto a spare host
+  // (one live host in no slice, preferably started as a spare, with devices
+  // of the same indices): the slice's virtual devices keep their order and
+  // its generation goes up; the client's XLA programs name the spare in
+  // place of the lost host. Slices no spare can take break, as in
+  // MarkWorkerDown. (server/recovery/recovery.cc)
+  // With `spare_wait` > 0 in a cluster given spares, slices no spare can
+  // take now wait for one until `now + spare_wait` (AwaitedLoss,
+  // ResumeAwaited) instead of breaking.
+  WorkerLoss LoseWorker(int64_t id, const std::string& reason,
+                        absl::Time now = absl::InfinitePast(),
+                        absl::Duration spare_wait = absl::ZeroDuration());
+  // The awaited losses a host can take now (one that joined or came free,
+  // as LoseWorker chooses a spare), oldest first: their slices remapped
+  // onto it as LoseWorker would have (`remapped`, `spare` set), each to
+  // recover with RecoverClient. (server/recovery/recovery.cc)
+  std::vector<WorkerLoss> ResumeAwaited();
+  // The awaited losses whose wait ends without a host: the deadline is not
+  // after `now`, or (`lost` > 0) a slice of theirs is on worker `lost`,
+  // which is being lost too (a slice waits for one host at a time). Their
+  // slices break (`broken` set), saying how long they waited.
+  std::vector<WorkerLoss> EndAwaited(absl::Time now, int64_t lost = 0);
+  const std::deque<AwaitedLoss>& awaited() const { return awaited_; }
+  // Whether one of the client's slices waits for a host.
+  bool Awaiting(uint64_t client_id) const;
+  // Whether the client holds one of `slice_ids`.
+  bool HoldsAny(uint64_t client_id, const std::set<uint64_t>& slice_ids) const;
+  // Recovers what `client_id` lost with `loss` (server/recovery/recovery.cc):
+  //  - calls not done that ran on a remapped slice, or read a buffer of one
+  //    or an output of such a call, run again in their order, with new
+  //    call and output ids (the old output ids become aliases of the new,
+  //    for the client's later calls, fetches and releases);
+  //  - done buffers with a shard on the lost host: a replicated one is
+  //    copied from a surviving shard; one whose producer's inputs are all
+  //    available is recomputed by running that call again; the rest are
+  //    lost (DATA_LOSS: calls that read them fail, the client is told);
+  //  - `taken`, its work that had not reached the workers, is routed again
+  //    on the new map after all that.
+  ClientRecovery RecoverClient(uint64_t client_id, const WorkerLoss& loss,
+                               std::vector<TakenWork> taken);
+  // The call's workers all reported it done (`failed`: a task of it
+  // failed): held-back releases it frees are appended to `ops`.
+  void CallDone(uint64_t seq, bool failed, WorkerOps* ops);
+  const JobRecords& records() const { return records_; }
+  // Lineage is kept once a spare has registered (JobRecords::
+  // set_keep_lineage): a cluster given spares recovers, and keeps it
+  // between a spare taking a lost host's place and the next one joining
+  // (dropped then, the values made meanwhile could not be rebuilt once the
+  // next spare came). Called as workers come and go.
+  void UpdateLineagePolicy();
+  // Puts released for good since the last call, by client: each client
+  // drops the data it kept to put them again.
+  std::map<uint64_t, std::vector<uint64_t>> TakeReleasedPuts();
+  const proto::RecoveryCounters& recovery_counters() const { return counters_; }
+  // Shards of complete snapshots copied again after a loss took the host
+  // that held their copy, whose new copy has not arrived yet: until then
+  // such a shard has one copy, and its producer no longer holds what
+  // would recompute it.
+  int64_t SnapshotRecopiesPending() const;
+  // Snapshots asked for whose copies have not all arrived.
+  int64_t SnapshotsIncomplete() const;
+
+  // --- clients
+  // A client id is the top 24 bits of every id its client makes
+  // (kBufferIdClientShift), and the session's data-plane credential
+  // derives from it, so no id is given twice: ids run from 1 up to
+  // kServerClientId (the server's own, excluded). OK while one is left,
+  // else RESOURCE_EXHAUSTED saying so (after 16,777,214 sessions: the
+  // server must restart). AddClient needs one.
+  absl::Status CheckClientIdsLeft() const;
+  ClientRecord& AddClient(const std::string& name,
+                          const std::string& tenant = kDefaultTenant);
+  // The id the next client gets (tests; a server restoring its records).
+  void set_next_client_id(uint64_t id) { next_client_id_ = id; }
+  ClientRecord* FindClient(uint64_t id);
+  const ClientRecord* FindClient(uint64_t id) const;
+  // The time calls routed from now on record (CallRecord.routed): the
+  // server sets it once per batch, from its clock.
+  void set_now(absl::Time now) { now_ = now; }
+  // Transfers between workers routed for calls so far (the timeline test
+  // counts them against the trace).
+  int64_t transfers_routed() const { return transfers_routed_; }
+  // Why a buffer was lost (its reads fail with this), or null.
+  const absl::Status* LostStatus(uint64_t buffer_id) const {
+    auto it = lost_.find(buffer_id);
+    return it == lost_.end() ? nullptr : &it->second;
+  }
+  // Forgets the client and its slices; returns the workers that held any.
+  std::set<int64_t> RemoveClient(uint64_t id);
+  const std::map<uint64_t, ClientRecord>& clients() const { return clients_; }
+
+  // --- slices
+  // Asks for a slice. Returns the answer when there is one now: the slice,
+  // or an error for a request that is invalid (a bad mesh, a host name no
+  // worker ever registered with, an avoided slice the client does not
+  // hold, more devices than its tenant's max_devices) or that cannot be met
+  // now and may not wait (timeout_ms 0: ResourceExhausted saying what it
+  // lacks). Otherwise the request waits until `now` + its timeout_ms and
+  // nullopt is returned: ServePendingSlices answers it later.
+  std::optional<absl::StatusOr<proto::SliceInfo>> RequestSlice(
+      uint64_t client_id, const proto::SliceRequest& req, absl::Time now);
+  // RequestSlice that never waits, whatever the request's timeout_ms.
+  absl::StatusOr<proto::SliceInfo> CreateSlice(uint64_t client_id,
+                                               const proto::SliceRequest& req);
+  // Answers waiting requests: grants, in arrival order, each that can be
+  // met now, and fails each whose deadline is not after `now`
+  // (DeadlineExceeded, saying what it waited for). Call it whenever
+  // capacity may have appeared (a worker registered, a slice was released,
+  // a client left) and periodically, for the deadlines.
+  std::vector<SliceAnswer> ServePendingSlices(absl::Time now);
+  const std::deque<PendingSlice>& pending_slices() const {
+    return pending_slices_;
+  }
+  // What pending_slices()[i] waits for, in words: what it lacks and how
+  // many requests wait ahead of it.
+  std::string WaitingFor(size_t i) const;
+  absl::Status ReleaseSlice(uint64_t client_id, uint64_t slice_id);
+  const std::map<uint64_t, SliceRecord>& slices() const { return slices_; }
+  proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
+
+  // --- programs and calls
+  // Validates and records a program the client compiled.
+  // XLA programs are also loaded onto their islands' workers now (ops
+  // appended to `ops`), so that those compile them before the first call.
+  absl::Status RegisterProgram(uint64_t client_id,
+                               const proto::RegisterProgram& reg,
+                               WorkerOps* ops = nullptr);
+  // Turns one call into ops for the workers involved (appended to `ops`):
+  // program loads, transfers between workers, expectations and the
+  // per-worker Execute. Errors name the program and the argument.
+  // `seq`, if given, gets the call's sequence number (its record's key).
+  absl::Status RouteCall(uint64_t client_id, const proto::Call& call,
+                         WorkerOps* ops, uint64_t* seq = nullptr);
+  // `reput`, if given, gets the shards the client must put again: all of
+  // them when it put by an older map of the slice than the server's.
+  absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
+                        WorkerOps* ops, proto::Recovery* reput = nullptr);
+  // A call that did not route: its outputs fail on the workers of its
+  // slice, for a consumer that already waits there. Only the client's own
+  // outputs on its own slice: a refused call must not fail another
+  // client's buffers by naming them.
+  void FailCallOutputs(uint64_t client_id, const proto::Call& call,
+                       const absl::Status& status, WorkerOps* ops) const;
+  // What a loss that no spare took (`loss.broken`) costs `client_id`:
+  // every value of its broken slices, and every output of its calls not
+  // done that reads one (on any slice, transitively), can never be read.
+  // They are recorded as lost (a call that reads one is refused) and
+  // returned as a note (lost_ids, and a status naming the host), so that
+  // every future depending on them fails at once, not after a wait.
+  proto::Recovery LoseOnBrokenSlices(uint64_t client_id,
+                                     const WorkerLoss& loss);
+  // client.snapshot: copies each shard of the client's buffer to the next
+  // shard's host (another host of the slice; for a slice on one host,
+  // another live host of the cluster: SnapshotHolder), replacing the
+  // buffer's previous snapshot if that is not complete yet (a complete one
+  // stays: the value is the same) (server/recovery/recovery.cc). Buffers
+  // replicated over more than one host need none and get none; nor does
+  // anything in a cluster that never had a spare (it cannot recover:
+  // keep_lineage).
+  void RouteSnapshot(uint64_t client_id, uint64_t buffer_id, WorkerOps* ops);
+  // A worker holds a shard of snapshot copy `copy_id` (CallsDone
+  // .copies_done). Once every shard has arrived the snapshot counts:
+  // recovery restores from it, and the buffer's producer lets go of its
+  // inputs (releases that frees go to `ops`).
+  void CopyArrived(uint64_t copy_id, WorkerOps* ops);
+  // Releases one of `client_id`'s buffers on the workers of its slice; a
+  // release of another client's buffer is ignored.
+  void RouteRelease(uint64_t client_id, const proto::ReleaseRef& release,
+                    WorkerOps* ops);
+
+  int64_t calls_routed() const { return calls_routed_; }
+
+ private:
+  // The release of `id` to the live workers of slice `slice_id` (every
+  // live worker if the slice is gone), merged into a trailing Release op.
+  // Its snapshot goes too.
+  void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops);
+  // Where shard `j` of a value on `devices` keeps its snapshot copy: the
+  // next device of the slice on another host (NextHostShard), or, when the
+  // slice is on one host, device 0 of the next live host of the cluster
+  // after it (by worker id, cyclically; spares last); none if there is no
+  // other live host.
+  std::optional<DeviceRef> SnapshotHolder(const std::vector<DeviceRef>& devices,
+                                          int j) const;
+  // The releases the records let go now (JobRecords::TakeDue).
+  void DrainReleases(WorkerOps* ops) {
+    records_.DrainDue(
+        [&](uint64_t id, uint64_t slice) { ReleaseOps(id, slice, ops); });
+  }
+  // The call with its inputs named by their current ids (aliases_), made
+  // in `storage`, or nullptr if none changed (then `storage` stays empty:
+  // no message is built on the dispatch path).
+  const proto::Call* Translated(const proto::Call& call,
+                                std::optional<proto::Call>* storage) const;
+  // A new id in the client's namespace, made by the server (recovery).
+  uint64_t ServerMadeId(uint64_t client_id) {
+    return ::plexus::ServerMadeId(client_id, next_server_id_++);
+  }
+
+  // `what` names the caller in errors; it is only called on an error.
+  absl::StatusOr<const SliceRecord*> UsableSlice(
+      uint64_t client_id, uint64_t slice_id,
+      absl::FunctionRef<std::string()> what);
+
+  // Refuses (RESOURCE_EXHAUSTED, naming the quota) `bytes` more of live
+  // buffers for `client` over its tenant's max_bytes.
+  absl::Status CheckBytesQuota(const ClientRecord& client, int64_t bytes,
+                               absl::FunctionRef<std::string()> what) const;
+  // Records buffer `id` of `bytes` as live (replacing a record of the same
+  // id), or forgets it.
+  static void RecordBuffer(ClientRecord& client, uint64_t id, int64_t bytes);
+  static void ForgetBuffer(ClientRecord& client, uint64_t id);
+
+  // The host LoseWorker takes for a lost one whose slices use its device
+  // indices up to `highest`: live, in no slice, with that many devices; a
+  // spare first, then the oldest. Null if none.
+  WorkerRecord* FindSpare(int32_t highest);
+  // Maps `loss`'s slices `sids` onto `spare` in place of the lost host
+  // (same device indices; XLA programs name it in its place), each
+  // slice's generation +1; fills `loss.remapped` and `loss.spare`.
+  void RemapOnto(WorkerLoss& loss, const std::set<uint64_t>& sids,
+                 WorkerRecord& spare);
+
+  // The slice is gone (released, its client left): no loss waits for it.
+  void ForgetAwaitedSlice(uint64_t slice_id);
+
+  // Placement load of a slice's devices and hosts, +1 when it is mapped and
+  // -1 when it goes.
+  void AddLoad(const std::vector<DeviceRef>& devices, int delta);
+  // The parts of a slice request that never change while it waits:
+  // InvalidArgument, NotFound or ResourceExhausted if it can never be met
+  // as asked. Fills the hosts of its avoided slices.
+  absl::Status CheckSliceRequest(const ClientRecord& client,
+                                 const proto::SliceRequest& req,
+                                 std::set<std::string>* avoid_hosts) const;
+  // The devices for a checked request now, or ResourceExhausted saying
+  // what it lacks (live devices or hosts, room under max_devices).
+  absl::StatusOr<std::vector<DeviceRef>> PlaceSlice(
+      const ClientRecord& client, const proto::SliceRequest& req,
+      const std::set<std::string>& avoid_hosts) const;
+  // Records a placed slice for the client.
+  proto::SliceInfo GrantSlice(ClientRecord& client,
+                              const proto::SliceRequest& req,
+                              std::vector<DeviceRef> devices);
+
+  TenantTable tenants_;
+  std::map<int64_t, WorkerRecord> workers_;
+  std::map<uint64_t, ClientRecord> clients_;
+  std::map<uint64_t, SliceRecord> slices_;
+  std::deque<PendingSlice> pending_slices_;  // in arrival order
+  std::deque<AwaitedLoss> awaited_;          // oldest first
+  int64_t next_worker_id_ = 1;
+  uint64_t next_client_id_ = 1;
+  absl::Time now_ = absl::InfinitePast();  // set_now
+  int64_t transfers_routed_ = 0;
+  uint64_t next_slice_id_ = 1;
+  uint64_t next_transfer_ = 1;
+  int64_t calls_routed_ = 0;
+  uint64_t next_seq_ = 1;
+  uint64_t next_server_id_ = 1;
+  JobRecords records_;
+  // Buffers recovery gave new ids (old -> new) and buffers it lost (-> why).
+  absl::flat_hash_map<uint64_t, uint64_t> aliases_;
+  absl::flat_hash_map<uint64_t, absl::Status> lost_;
+  // Ids a recovery replaced, by the id that holds their value now: their
+  // entries are released on the workers with it (the client may still read
+  // an old id until it hears of the new one).
+  absl::flat_hash_map<uint64_t, std::vector<std::pair<uint64_t, uint64_t>>>
+      superseded_;
+  // Each snapshotted buffer's copy: its id there, and the worker holding
+  // the copy of each shard.
+  struct Snapshot {
+    uint64_t id = 0;
+    std::vector<int64_t> holders;
+    int arrived = 0;   // shards of the copy reported arrived (CopyArrived)
+    int recopies = 0;  // shards copied again after a loss, not arrived
+    bool complete() const {
+      return arrived >= static_cast<int>(holders.size());
+    }
+  };
+  absl::flat_hash_map<uint64_t, Snapshot> snapshots_;
+  absl::flat_hash_map<uint64_t, uint64_t> snapshot_of_;  // copy id -> buffer
+  // The release of snapshot copy `snap` of a value on slice `slice_id`:
+  // on the slice's workers and on the holders of its shards.
+  void ReleaseCopyOps(const Snapshot& snap, uint64_t slice_id, WorkerOps* ops);
+  // Whether input `i` of `call` may give its memory to the program's
+  // output (InputBinding.donate): the program donates it, and nothing else
+  // reads the buffer: no call holds it (in flight, or for lineage, which a
+  // cluster with spares keeps), no snapshot copies it, the call names it
+  // once, and it is laid out on the call's slice as the program takes it.
+  bool MayDonate(const ProgramRecord& prog, const proto::Call& call, int i,
+                 bool same_layout) const;
+  proto::RecoveryCounters counters_;
+  bool spares_seen_ = false;  // a spare has registered (UpdateLineagePolicy)
+};
+
+}  // namespace plexus

@@ -1,0 +1,688 @@
+// ClusterState::LoseWorker and RecoverClient: a lost host's slices move to
+// a spare, and what was lost with it is copied, recomputed or declared lost
+// from the server's records (server/model/job_records.h).
+#include <algorithm>
+#include <functional>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/ids.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/recovery/internal/copy_shard.h"
+
+namespace plexus {
+
+using internal::CopyShard;
+
+WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
+                                    absl::Time now, absl::Duration spare_wait) {
+  WorkerLoss loss;
+  loss.worker_id = id;
+  loss.reason = reason;
+  WorkerRecord* w = FindWorker(id);
+  if (w == nullptr || !w->alive) return loss;
+  w->alive = false;
+  w->down_reason = reason;
+  counters_.set_hosts_lost(counters_.hosts_lost() + 1);
+  const bool was_spare = w->info.spare();
+  if (was_spare) UpdateLineagePolicy();
+  std::set<uint64_t> affected;
+  int32_t highest = -1;  // the highest device index of it a slice uses
+  for (auto& [sid, slice] : slices_) {
+    bool on = false;
+    for (const DeviceRef& d : slice.devices) {
+      if (d.worker_id != id) continue;
+      on = true;
+      highest = std::max(highest, d.device);
+    }
+    if (!on) continue;
+    affected.insert(sid);
+    loss.clients.insert(slice.client_id);
+  }
+  if (affected.empty()) {
+    // A host with no slice on it: a free spare takes its place as a host
+    // that serves new slices (spares serve none), so the cluster keeps
+    // its capacity (the embedded cluster starts a new spare for the pool).
+    if (!was_spare) {
+      for (auto& [wid, c] : workers_) {
+        if (!c.alive || !c.info.spare() || c.slices_mapped > 0) continue;
+        c.info.set_spare(false);
+        loss.promoted = wid;
+        UpdateLineagePolicy();
+        break;
+      }
+    }
+    return loss;
+  }
+  WorkerRecord* spare = FindSpare(highest);
+  if (spare != nullptr) {
+    RemapOnto(loss, affected, *spare);
+    return loss;
+  }
+  // A slice already broken (or waiting for another host: EndAwaited broke
+  // it first) stays broken.
+  bool may_wait = spare_wait > absl::ZeroDuration() && spares_seen_;
+  for (uint64_t sid : affected) may_wait &= slices_.at(sid).broken.empty();
+  if (may_wait) {
+    AwaitedLoss& waiting = awaited_.emplace_back();
+    waiting.highest = highest;
+    waiting.since = now;
+    waiting.deadline = now + spare_wait;
+    for (uint64_t sid : affected) {
+      SliceRecord& slice = slices_.at(sid);
+      slice.awaiting = reason;
+      slice.awaiting_until = waiting.deadline;
+    }
+    loss.awaiting = affected;
+    waiting.loss = loss;
+    counters_.set_losses_awaited(counters_.losses_awaited() + 1);
+    return loss;
+  }
+  for (uint64_t sid : affected) {
+    SliceRecord& slice = slices_.at(sid);
+    if (slice.broken.empty()) slice.broken = reason;
+    loss.broken.insert(sid);
+    counters_.set_slices_broken(counters_.slices_broken() + 1);
+  }
+  UpdateLineagePolicy();
+  return loss;
+}
+
+WorkerRecord* ClusterState::FindSpare(int32_t highest) {
+  WorkerRecord* spare = nullptr;
+  for (auto& [wid, c] : workers_) {
+    if (!c.alive || c.slices_mapped > 0 || c.info.devices_size() <= highest) {
+      continue;
+    }
+    if (spare == nullptr || (c.info.spare() && !spare->info.spare())) {
+      spare = &c;
+    }
+  }
+  return spare;
+}
+
+void ClusterState::RemapOnto(WorkerLoss& loss, const std::set<uint64_t>& sids,
+                             WorkerRecord& spare) {
+  const int64_t id = loss.worker_id;
+  for (uint64_t sid : sids) {
+    SliceRecord& slice = slices_.at(sid);
+    AddLoad(slice.devices, -1);
+    for (DeviceRef& d : slice.devices) {
+      if (d.worker_id == id) d.worker_id = spare.id;
+    }
+    AddLoad(slice.devices, +1);
+    slice.generation++;
+    slice.awaiting.clear();
+    loss.remapped.insert(sid);
+    counters_.set_slices_remapped(counters_.slices_remapped() + 1);
+  }
+  loss.spare = spare.id;
+  spare.info.set_spare(false);  // a host like the others from now on
+  UpdateLineagePolicy();
+  // XLA programs name their islands' workers: the spare stands in for the
+  // lost host (same device indices, so the same compile options).
+  for (uint64_t c : loss.clients) {
+    ClientRecord* client = FindClient(c);
+    if (client == nullptr) continue;
+    for (auto& [pid, prog] : client->programs) {
+      if (prog.def.kernel() != "xla") continue;
+      for (auto& island : *prog.def.mutable_xla()->mutable_islands()) {
+        for (int i = 0; i < island.workers_size(); ++i) {
+          if (island.workers(i) == id) island.set_workers(i, spare.id);
+        }
+      }
+    }
+  }
+}
+
+std::vector<WorkerLoss> ClusterState::ResumeAwaited() {
+  std::vector<WorkerLoss> resumed;
+  while (!awaited_.empty()) {
+    AwaitedLoss& waiting = awaited_.front();
+    WorkerRecord* spare = FindSpare(waiting.highest);
+    if (spare == nullptr) break;  // the oldest first: none overtakes it
+    WorkerLoss loss = std::move(waiting.loss);
+    awaited_.pop_front();
+    const std::set<uint64_t> sids = std::exchange(loss.awaiting, {});
+    RemapOnto(loss, sids, *spare);
+    counters_.set_losses_resumed(counters_.losses_resumed() + 1);
+    resumed.push_back(std::move(loss));
+  }
+  return resumed;
+}
+
+std::vector<WorkerLoss> ClusterState::EndAwaited(absl::Time now, int64_t lost) {
+  std::vector<WorkerLoss> ended;
+  for (auto it = awaited_.begin(); it != awaited_.end();) {
+    bool end = it->deadline <= now;
+    for (uint64_t sid : it->loss.awaiting) {
+      for (const DeviceRef& d : slices_.at(sid).devices) {
+        end |= lost > 0 && d.worker_id == lost;
+      }
+    }
+    if (!end) {
+      ++it;
+      continue;
+    }
+    WorkerLoss loss = std::move(it->loss);
+    const std::string waited =
+        it->deadline <= now
+            ? absl::StrCat(" (no host took its place within ",
+                           absl::FormatDuration(it->deadline - it->since), ")")
+            : absl::StrCat(
+                  " (no host took its place before the slice lost another, ",
+                  absl::FormatDuration(
+                      absl::Trunc(now - it->since, absl::Milliseconds(1))),
+                  " later)");
+    it = awaited_.erase(it);
+    loss.reason += waited;
+    for (uint64_t sid : std::exchange(loss.awaiting, {})) {
+      SliceRecord& slice = slices_.at(sid);
+      slice.awaiting.clear();
+      if (slice.broken.empty()) slice.broken = loss.reason;
+      loss.broken.insert(sid);
+      counters_.set_slices_broken(counters_.slices_broken() + 1);
+    }
+    ended.push_back(std::move(loss));
+  }
+  if (!ended.empty()) UpdateLineagePolicy();
+  return ended;
+}
+
+void ClusterState::ForgetAwaitedSlice(uint64_t slice_id) {
+  for (auto it = awaited_.begin(); it != awaited_.end();) {
+    it->loss.awaiting.erase(slice_id);
+    it = it->loss.awaiting.empty() ? awaited_.erase(it) : std::next(it);
+  }
+}
+
+bool ClusterState::HoldsAny(uint64_t client_id,
+                            const std::set<uint64_t>& slice_ids) const {
+  for (uint64_t sid : slice_ids) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) return true;
+  }
+  return false;
+}
+
+bool ClusterState::Awaiting(uint64_t client_id) const {
+  for (const AwaitedLoss& waiting : awaited_) {
+    if (waiting.loss.clients.count(client_id) > 0) return true;
+  }
+  return false;
+}
+
+bool ClusterState::StandsBy(const WorkerRecord& w) const {
+  return w.alive && w.slices_mapped == 0 && (spares_seen_ || w.info.spare());
+}
+
+std::vector<proto::WorkerOp> ClusterState::LoadsForStandby(int64_t worker_id) {
+  std::vector<proto::WorkerOp> loads;
+  WorkerRecord* w = FindWorker(worker_id);
+  if (w == nullptr || !StandsBy(*w)) return loads;
+  for (const auto& [cid, client] : clients_) {
+    for (const auto& [pid, prog] : client.programs) {
+      if (prog.def.kernel() != "xla" ||
+          !w->loaded_programs.insert(pid).second) {
+        continue;
+      }
+      proto::WorkerOp& load = loads.emplace_back();
+      load.mutable_load()->set_program_id(pid);
+      load.mutable_load()->set_stand_by(true);
+      *load.mutable_load()->mutable_program() = prog.def;
+    }
+  }
+  return loads;
+}
+
+void ClusterState::LoadStandbys(WorkerOps* ops) {
+  for (const auto& [id, w] : workers_) {
+    std::vector<proto::WorkerOp> loads = LoadsForStandby(id);
+    if (loads.empty()) continue;
+    auto& to = (*ops)[id];
+    for (auto& load : loads) to.push_back(std::move(load));
+  }
+}
+
+const proto::Call* ClusterState::Translated(
+    const proto::Call& call, std::optional<proto::Call>* storage) const {
+  if (aliases_.empty()) return nullptr;
+  for (int i = 0; i < call.inputs_size(); ++i) {
+    auto it = aliases_.find(call.inputs(i).buffer_id());
+    if (it == aliases_.end()) continue;
+    if (!storage->has_value()) storage->emplace(call);
+    (*storage)->mutable_inputs(i)->set_buffer_id(it->second);
+  }
+  return storage->has_value() ? &**storage : nullptr;
+}
+
+std::map<uint64_t, std::vector<uint64_t>> ClusterState::TakeReleasedPuts() {
+  std::map<uint64_t, std::vector<uint64_t>> by_client;
+  for (uint64_t id : records_.TakeReleasedPuts()) {
+    by_client[ClientOfBuffer(id)].push_back(id);
+  }
+  return by_client;
+}
+
+proto::Recovery ClusterState::LoseOnBrokenSlices(uint64_t client_id,
+                                                 const WorkerLoss& loss) {
+  proto::Recovery note;
+  note.set_worker_id(loss.worker_id);
+  const absl::Status status = absl::DataLossError(absl::StrCat(
+      "worker ", loss.worker_id, " was lost (", loss.reason,
+      ") and no spare took its place: the value was on a slice of it, or "
+      "was to be computed from one"));
+  std::set<uint64_t> lost;
+  for (const auto& [id, b] : records_.buffers()) {
+    if (ClientOfBuffer(id) == client_id && loss.broken.count(b.slice_id)) {
+      lost.insert(id);
+    }
+  }
+  if (lost.empty()) return note;
+  // In routing order: a call's inputs were routed before it.
+  for (const auto& [seq, rec] : records_.calls()) {
+    if (rec.client_id != client_id || (rec.done && !rec.failed)) continue;
+    for (const CallInput& in : rec.inputs) {
+      if (lost.count(in.buffer_id) == 0) continue;
+      lost.insert(rec.output_ids.begin(), rec.output_ids.end());
+      break;
+    }
+  }
+  for (uint64_t id : lost) {
+    lost_[id] = status;
+    note.add_lost_ids(id);
+  }
+  for (uint64_t sid : loss.broken) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) {
+      note.add_broken_slices(sid);
+    }
+  }
+  *note.mutable_status() = StatusToProto(status);
+  counters_.set_buffers_failed(counters_.buffers_failed() +
+                               static_cast<int64_t>(lost.size()));
+  return note;
+}
+
+void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops) {
+  records_.CallDone(seq, failed);
+  DrainReleases(ops);
+}
+
+ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
+                                           const WorkerLoss& loss,
+                                           std::vector<TakenWork> taken) {
+  ClientRecovery out;
+  proto::Recovery& note = out.note;
+  note.set_worker_id(loss.worker_id);
+  for (uint64_t sid : loss.remapped) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) {
+      *note.add_remapped() = DescribeSlice(it->second);
+    }
+  }
+  for (uint64_t sid : loss.broken) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end() && it->second.client_id == client_id) {
+      note.add_broken_slices(sid);
+    }
+  }
+  auto remapped = [&](uint64_t slice_id) {
+    return loss.remapped.count(slice_id) > 0;
+  };
+  const std::string lost_host = absl::StrCat("worker ", loss.worker_id);
+  // Loads that never reached their workers are sent again with the work.
+  for (const TakenWork& t : taken) {
+    for (const auto& [w, program] : t.unsent_loads) {
+      auto it = workers_.find(w);
+      if (it != workers_.end()) it->second.loaded_programs.erase(program);
+    }
+  }
+  std::set<uint64_t> taken_seqs;
+  std::set<uint64_t> taken_outputs;  // routed again in step 4
+  for (const TakenWork& t : taken) {
+    if (t.call_seq == 0) continue;
+    taken_seqs.insert(t.call_seq);
+    if (const CallRecord* rec = records_.FindCall(t.call_seq)) {
+      for (uint64_t o : rec->output_ids) taken_outputs.insert(o);
+    }
+  }
+
+  // 1. Calls not done that depend on the lost host: they run again.
+  std::set<uint64_t> again;     // their sequence numbers
+  std::set<uint64_t> produced;  // their outputs
+  for (const auto& [seq, rec] : records_.calls()) {
+    // A call that failed may have failed for the loss (a peer's push
+    // broke before the server declared the host down): it runs again too.
+    if (rec.client_id != client_id || (rec.done && !rec.failed) ||
+        taken_seqs.count(seq)) {
+      continue;
+    }
+    bool depends = remapped(rec.slice_id);
+    for (const CallInput& in : rec.inputs) {
+      depends |= remapped(in.slice_id) || produced.count(in.buffer_id) > 0;
+    }
+    if (!depends) continue;
+    again.insert(seq);
+    for (uint64_t o : rec.output_ids) produced.insert(o);
+  }
+
+  // 2. Buffers computed (or put) before the loss, with shards on it: copied
+  // from a surviving shard, recomputed, or lost. In the order they were
+  // made, so a recomputation finds its inputs recovered.
+  std::vector<std::pair<uint64_t, uint64_t>> hit;  // (producer, id)
+  for (const auto& [id, b] : records_.buffers()) {
+    if (ClientOfBuffer(id) != client_id || !remapped(b.slice_id) ||
+        produced.count(id) > 0 || taken_outputs.count(id) > 0) {
+      continue;
+    }
+    hit.emplace_back(b.producer, id);
+  }
+  std::sort(hit.begin(), hit.end());
+  {
+    // Each after the hit values its producer reads: a value recomputed
+    // after an earlier loss has a newer producer than calls that read it.
+    std::map<uint64_t, uint64_t> producer_of;
+    for (const auto& [p, id] : hit) producer_of[id] = p;
+    std::vector<std::pair<uint64_t, uint64_t>> ordered;
+    std::set<uint64_t> placed;
+    std::function<void(uint64_t)> place = [&](uint64_t id) {
+      if (!placed.insert(id).second) return;
+      const uint64_t p = producer_of.at(id);
+      if (const CallRecord* rec = p != 0 ? records_.FindCall(p) : nullptr) {
+        for (const CallInput& in : rec->inputs) {
+          if (producer_of.count(in.buffer_id) > 0) place(in.buffer_id);
+        }
+      }
+      ordered.emplace_back(p, id);
+    };
+    for (const auto& [p, id] : hit) place(id);
+    hit = std::move(ordered);
+  }
+  std::set<uint64_t> restored;
+  WorkerOps copies;
+  auto available = [&](uint64_t id) {
+    if (lost_.count(id) > 0) return false;
+    const BufferRecord* b = records_.FindBuffer(id);
+    if (b == nullptr) return false;  // released: its bytes are gone
+    return !remapped(b->slice_id) || restored.count(id) > 0 ||
+           produced.count(id) > 0 || taken_outputs.count(id) > 0;
+  };
+  for (const auto& [producer, id] : hit) {
+    const BufferRecord& b = *records_.FindBuffer(id);
+    const SliceRecord& slice = slices_.at(b.slice_id);
+    const int n = static_cast<int>(slice.devices.size());
+    // The spare holds exactly the shards that were on the lost host.
+    int survivor = -1;
+    for (int k = 0; k < n; ++k) {
+      if (slice.devices[k].worker_id != loss.spare) survivor = k;
+    }
+    if (b.spec().sharding.is_replicated() && survivor >= 0) {
+      auto local = b.spec().Local(n);
+      for (int j = 0; j < n && local.ok(); ++j) {
+        const DeviceRef& dst = slice.devices[j];
+        if (dst.worker_id != loss.spare) continue;
+        CopyShard(id, survivor, slice.devices[survivor].worker_id, id, j, dst,
+                  *local, /*report=*/false, &copies);
+      }
+      restored.insert(id);
+      counters_.set_buffers_restored(counters_.buffers_restored() + 1);
+      continue;
+    }
+    auto snap = snapshots_.find(id);
+    bool from_snapshot = snap != snapshots_.end() && snap->second.complete();
+    for (int j = 0; j < n && from_snapshot; ++j) {
+      if (slice.devices[j].worker_id != loss.spare) continue;
+      const WorkerRecord* holder = FindWorker(snap->second.holders[j]);
+      from_snapshot = holder != nullptr && holder->alive;
+    }
+    if (from_snapshot) {
+      auto local = b.spec().Local(n);
+      for (int j = 0; j < n && local.ok(); ++j) {
+        const DeviceRef& dst = slice.devices[j];
+        if (dst.worker_id != loss.spare) continue;
+        CopyShard(snap->second.id, j, snap->second.holders[j], id, j, dst,
+                  *local, /*report=*/false, &copies);
+        counters_.set_shards_from_snapshots(counters_.shards_from_snapshots() +
+                                            1);
+      }
+      restored.insert(id);
+      counters_.set_buffers_restored(counters_.buffers_restored() + 1);
+      continue;
+    }
+    if (b.put) {
+      // The client kept the data: the spare declares the lost shards, the
+      // client puts them again.
+      auto local = b.spec().Local(n);
+      for (int j = 0; j < n && local.ok(); ++j) {
+        const DeviceRef& d = slice.devices[j];
+        if (d.worker_id != loss.spare) continue;
+        proto::WorkerOp op;
+        auto* decl = op.mutable_declare();
+        decl->set_buffer_id(id);
+        decl->set_shard(j);
+        decl->set_device(d.device);
+        *decl->mutable_spec() = ToProto(*local);
+        copies[d.worker_id].push_back(std::move(op));
+        note.add_reput_ids(id);
+        note.add_reput_shards(j);
+        counters_.set_shards_reput(counters_.shards_reput() + 1);
+      }
+      restored.insert(id);
+      continue;
+    }
+    const CallRecord* p = producer != 0 ? records_.FindCall(producer) : nullptr;
+    std::string why;
+    if (p == nullptr) {
+      why = "the call that made it is no longer recorded";
+    } else {
+      for (const CallInput& in : p->inputs) {
+        if (!available(in.buffer_id)) {
+          why = absl::StrCat("its input buffer ", in.buffer_id, " is gone too");
+          break;
+        }
+      }
+    }
+    if (why.empty()) {
+      again.insert(producer);
+      for (uint64_t o : p->output_ids) produced.insert(o);
+      continue;
+    }
+    const absl::Status status = absl::DataLossError(absl::StrCat(
+        "buffer ", id, " had shards on ", lost_host, ", which was lost (",
+        loss.reason, "), and cannot be recomputed: ", why));
+    lost_[id] = status;
+    note.add_lost_ids(id);
+    *note.mutable_status() = StatusToProto(status);
+    counters_.set_buffers_failed(counters_.buffers_failed() + 1);
+  }
+  if (!copies.empty()) out.work.push_back({0, std::move(copies)});
+
+  // Snapshots still being made, of values on a remapped slice: made
+  // again in step 5.
+  std::vector<uint64_t> incomplete;
+  for (const auto& [id, snap] : snapshots_) {
+    if (ClientOfBuffer(id) != client_id || snap.complete()) continue;
+    const BufferRecord* b = records_.FindBuffer(id);
+    if (b == nullptr || remapped(b->slice_id)) incomplete.push_back(id);
+  }
+  // Complete snapshots whose copy of a shard was on the lost host: the
+  // shard is copied again, from where it lives now, to the next shard's
+  // host.
+  WorkerOps recopies;
+  for (auto& [id, snap] : snapshots_) {
+    // One still being made is made again whole (step 5).
+    if (ClientOfBuffer(id) != client_id || !snap.complete()) continue;
+    const BufferRecord* b = records_.FindBuffer(id);
+    auto slice = b == nullptr ? slices_.end() : slices_.find(b->slice_id);
+    if (slice == slices_.end() || !slice->second.broken.empty()) continue;
+    const std::vector<DeviceRef>& devices = slice->second.devices;
+    const int n = static_cast<int>(devices.size());
+    auto local = b->spec().Local(n);
+    for (int j = 0; j < n && local.ok(); ++j) {
+      if (j >= static_cast<int>(snap.holders.size()) ||
+          snap.holders[j] != loss.worker_id) {
+        continue;
+      }
+      std::optional<DeviceRef> holder = SnapshotHolder(devices, j);
+      if (!holder.has_value()) continue;
+      // Incomplete until the copy arrives (CopyArrived): the shard has one
+      // copy meanwhile, and `snapshot_recopies_pending` says so.
+      CopyShard(id, j, devices[j].worker_id, snap.id, j, *holder, *local,
+                /*report=*/true, &recopies);
+      snap.holders[j] = holder->worker_id;
+      snap.arrived--;
+      snap.recopies++;
+    }
+  }
+  if (!recopies.empty()) out.work.push_back({0, std::move(recopies)});
+
+  // 3. The calls that run again, in their order, under new ids.
+  WorkerOps releases;  // after all of them
+  std::vector<uint64_t> release_new;
+  ClientRecord* client = FindClient(client_id);
+  // Each after the calls that make its inputs (as in step 2).
+  std::vector<uint64_t> order;
+  {
+    std::set<uint64_t> placed;
+    std::function<void(uint64_t)> place = [&](uint64_t seq) {
+      if (!placed.insert(seq).second) return;
+      if (const CallRecord* rec = records_.FindCall(seq)) {
+        for (const CallInput& in : rec->inputs) {
+          const BufferRecord* b = records_.FindBuffer(in.buffer_id);
+          if (b != nullptr && again.count(b->producer) > 0) place(b->producer);
+        }
+      }
+      order.push_back(seq);
+    };
+    for (uint64_t seq : again) place(seq);
+  }
+  for (uint64_t seq : order) {
+    const CallRecord* rec = records_.FindCall(seq);
+    if (rec == nullptr) continue;
+    proto::Call call = rec->ToCall();
+    const std::vector<uint64_t> old_outputs(call.output_ids().begin(),
+                                            call.output_ids().end());
+    call.set_call_id(ServerMadeId(client_id));
+    for (int o = 0; o < call.output_ids_size(); ++o) {
+      const uint64_t old_id = call.output_ids(o);
+      const uint64_t new_id = ServerMadeId(client_id);
+      call.set_output_ids(o, new_id);
+      for (auto& [from, to] : aliases_) {
+        if (to == old_id) to = new_id;
+      }
+      aliases_[old_id] = new_id;
+      note.add_old_ids(old_id);
+      note.add_new_ids(new_id);
+    }
+    WorkerOps ops;
+    uint64_t new_seq = 0;
+    absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
+    if (routed.ok()) {
+      counters_.set_calls_recomputed(counters_.calls_recomputed() + 1);
+      note.set_calls_recomputed(note.calls_recomputed() + 1);
+    } else {
+      FailCallOutputs(client_id, call, routed, &ops);
+      for (uint64_t o : call.output_ids()) lost_[o] = routed;
+    }
+    // The old outputs live on under the new ids: their records go (one the
+    // client released waits for the calls that still read it, below).
+    for (size_t o = 0; o < old_outputs.size(); ++o) {
+      const uint64_t old_id = old_outputs[o];
+      // Calls done that hold it for their lineage hold the new one.
+      if (routed.ok()) {
+        records_.Rename(old_id, call.output_ids(static_cast<int>(o)));
+      }
+      const BufferRecord* ob = records_.FindBuffer(old_id);
+      // No record: the client released it and nothing read it; the new
+      // one is released too (nobody else will).
+      if (ob == nullptr || ob->released) {
+        release_new.push_back(call.output_ids(static_cast<int>(o)));
+        continue;
+      }
+      if (client != nullptr) ForgetBuffer(*client, old_id);
+      // Its entries stay on the workers until the client releases the old
+      // id: a read of it that has not heard of the new one yet finds them
+      // (failed, or the same value) instead of waiting for a key released
+      // under it.
+      std::vector<std::pair<uint64_t, uint64_t>>& stale =
+          superseded_[call.output_ids(static_cast<int>(o))];
+      stale.emplace_back(old_id, ob->slice_id);
+      auto older = superseded_.find(old_id);
+      if (older != superseded_.end()) {
+        stale.insert(stale.end(), older->second.begin(), older->second.end());
+        superseded_.erase(older);
+      }
+      records_.Erase(old_id);
+    }
+    records_.Drop(seq);
+    out.work.push_back({new_seq, std::move(ops)});
+  }
+  DrainReleases(&releases);
+  if (!releases.empty()) out.work.push_back({0, std::move(releases)});
+
+  // 4. What had not reached the workers, routed again on the new map.
+  for (TakenWork& t : taken) {
+    if (t.call_seq != 0) {
+      const CallRecord* rec = records_.FindCall(t.call_seq);
+      if (rec == nullptr) continue;
+      const proto::Call call = rec->ToCall();
+      WorkerOps ops;
+      uint64_t new_seq = 0;
+      absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
+      if (!routed.ok()) FailCallOutputs(client_id, call, routed, &ops);
+      records_.Drop(t.call_seq);
+      DrainReleases(&ops);
+      out.work.push_back({routed.ok() ? new_seq : 0, std::move(ops)});
+      continue;
+    }
+    WorkerOps ops = std::move(t.ops);
+    ops.erase(loss.worker_id);
+    for (uint64_t id : t.release_ids) ReleaseOps(id, 0, &ops);
+    if (!ops.empty()) out.work.push_back({0, std::move(ops)});
+  }
+  // 5. Snapshots still being made of values on a remapped slice: a copy
+  // from or to the lost host never arrives, and a value run again lives
+  // under a new id. Each is asked for again, of the value as it is now
+  // (after the calls above, which make it), and the old copy goes.
+  {
+    WorkerOps again_ops;
+    for (uint64_t id : incomplete) {
+      auto snap = snapshots_.find(id);
+      if (snap == snapshots_.end()) continue;  // released meanwhile
+      const Snapshot previous = std::move(snap->second);
+      snapshots_.erase(snap);
+      snapshot_of_.erase(previous.id);
+      auto alias = aliases_.find(id);
+      const uint64_t now = alias != aliases_.end() ? alias->second : id;
+      const BufferRecord* b = records_.FindBuffer(now);
+      ReleaseCopyOps(previous, b != nullptr ? b->slice_id : 0, &again_ops);
+      // Released (by the client, or as an output it had released): no
+      // copy is wanted any more.
+      if (b == nullptr || b->released ||
+          std::find(release_new.begin(), release_new.end(), now) !=
+              release_new.end()) {
+        continue;
+      }
+      RouteSnapshot(client_id, now, &again_ops);
+    }
+    if (!again_ops.empty()) out.work.push_back({0, std::move(again_ops)});
+  }
+
+  // Outputs the client had released: released again, under their new ids,
+  // once nothing holds them (after everything above has been routed: a
+  // call routed again in step 4 may read one).
+  WorkerOps last;
+  for (uint64_t id : release_new) {
+    if (client != nullptr) ForgetBuffer(*client, id);
+    records_.Release(id);
+  }
+  DrainReleases(&last);
+  if (!last.empty()) out.work.push_back({0, std::move(last)});
+  return out;
+}
+
+}  // namespace plexus

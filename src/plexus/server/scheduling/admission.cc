@@ -1,0 +1,336 @@
+#include "plexus/server/scheduling/admission.h"
+
+#include <algorithm>
+
+#include "plexus/common/status_proto.h"
+
+namespace plexus {
+namespace {
+
+// Weight of a new report in a program's moving average.
+constexpr double kCostSmoothing = 0.2;
+
+}  // namespace
+
+Admission::Admission(Options options) : options_(options) {}
+
+void Admission::AddClient(uint64_t client, double weight,
+                          int32_t max_calls_in_flight) {
+  Client& c = clients_[client];
+  c.view.weight = weight > 0 ? weight : 1;
+  c.view.max_calls_in_flight = std::max(1, max_calls_in_flight);
+  c.pass = virtual_pass_;
+}
+
+int64_t Admission::RemoveClient(uint64_t client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return 0;
+  Unbacklog(client, it->second);
+  const int64_t dropped = static_cast<int64_t>(it->second.pending.size());
+  // Frees the windows now: the workers drop its work on ClientGone.
+  std::vector<uint64_t> tickets;
+  for (const auto& [ticket, f] : in_flight_) {
+    if (f.client == client) tickets.push_back(ticket);
+  }
+  for (uint64_t ticket : tickets) EndEverywhere(ticket);
+  clients_.erase(it);
+  return dropped;
+}
+
+void Admission::AddWorker(int64_t worker, int devices) {
+  windows_[worker].devices = std::max(1, devices);
+}
+
+void Admission::RemoveWorker(int64_t worker) {
+  std::vector<uint64_t> tickets;
+  for (const auto& [ticket, f] : in_flight_) {
+    if (std::find(f.workers.begin(), f.workers.end(), worker) !=
+        f.workers.end()) {
+      tickets.push_back(ticket);
+    }
+  }
+  for (uint64_t ticket : tickets) {
+    auto it = in_flight_.find(ticket);
+    it->second.cut_short = true;
+    EndOn(it, worker);
+  }
+  windows_.erase(worker);
+}
+
+int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
+  int64_t failed = 0;
+  const proto::Status lost = StatusToProto(status);
+  for (auto& [id, c] : clients_) {
+    for (AdmissionUnit& unit : c.pending) {
+      const auto& ws = unit.exec_workers;
+      if (std::find(ws.begin(), ws.end(), worker) == ws.end()) continue;
+      unit.ops.erase(worker);
+      for (auto& [w, list] : unit.ops) {
+        for (proto::WorkerOp& op : list) {
+          if (!op.has_execute()) continue;  // loads, transfers, expects stay
+          proto::WorkerOp fail;
+          *fail.mutable_fail()->mutable_buffer_ids() =
+              op.execute().output_ids();
+          *fail.mutable_fail()->mutable_status() = lost;
+          op = std::move(fail);
+        }
+      }
+      unit.exec_workers.clear();
+      c.view.pending_calls--;
+      failed++;
+    }
+  }
+  return failed;
+}
+
+void Admission::EndEverywhere(uint64_t ticket) {
+  for (auto it = in_flight_.find(ticket); it != in_flight_.end();
+       it = in_flight_.find(ticket)) {
+    it->second.cut_short = true;
+    EndOn(it, it->second.workers.back());
+  }
+}
+
+void Admission::Backlog(uint64_t id, Client& c) {
+  // Idleness earns no credit: a client that comes back starts at the pass
+  // the others have reached.
+  c.pass = std::max(c.pass, VirtualTime());
+  c.arrival = next_arrival_++;
+  order_.emplace(c.pass, c.arrival, id);
+}
+
+void Admission::Unbacklog(uint64_t id, Client& c) {
+  if (!c.pending.empty()) order_.erase({c.pass, c.arrival, id});
+}
+
+std::deque<AdmissionUnit> Admission::TakePending(uint64_t client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return {};
+  Client& c = it->second;
+  Unbacklog(client, c);
+  std::deque<AdmissionUnit> taken = std::move(c.pending);
+  c.pending.clear();
+  c.view.pending_units = 0;
+  c.view.pending_calls = 0;
+  return taken;
+}
+
+AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq) {
+  AdmissionUnit unit;
+  for (const auto& [w, list] : ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (op.has_execute()) {
+        unit.exec_workers.push_back(w);
+        unit.program_id = op.execute().program_id();
+        break;
+      }
+    }
+  }
+  if (unit.is_call()) unit.call_seq = call_seq;
+  unit.ops = std::move(ops);
+  return unit;
+}
+
+void Admission::Enqueue(uint64_t client, AdmissionUnit unit) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;  // it left: nothing of it goes
+  Client& c = it->second;
+  if (c.pending.empty()) Backlog(client, c);
+  if (unit.is_call()) c.view.pending_calls++;
+  c.view.pending_units++;
+  c.pending.push_back(std::move(unit));
+}
+
+double Admission::Estimate(const Client& c, uint64_t program_id) const {
+  auto it = c.cost.find(program_id);
+  return it == c.cost.end() ? static_cast<double>(options_.default_cost_micros)
+                            : it->second;
+}
+
+Admission::Room Admission::RoomFor(int64_t worker, uint64_t client,
+                                   double cost) const {
+  auto it = windows_.find(worker);
+  if (it == windows_.end()) return Room::kYes;  // gone: its ops are dropped
+  const Window& w = it->second;
+  auto fits = [&](const Load& load, int windows) {
+    return load.calls < int64_t{options_.min_window_calls} * w.devices ||
+           load.micros + cost <= static_cast<double>(options_.window_micros) *
+                                     w.devices * windows;
+  };
+  if (!fits(w.total, 2)) return Room::kWorkerFull;
+  auto own = w.clients.find(client);
+  if (own != w.clients.end() && !fits(own->second, 1)) {
+    return Room::kClientFull;
+  }
+  return Room::kYes;
+}
+
+bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
+  std::vector<int64_t> reserved;
+  for (auto entry = order_.begin(); entry != order_.end(); ++entry) {
+    const uint64_t id = std::get<2>(*entry);
+    Client& c = clients_.at(id);
+    AdmissionUnit& unit = c.pending.front();
+    double cost = 0;
+    if (unit.is_call()) {
+      if (c.view.in_flight >= c.view.max_calls_in_flight) continue;
+      cost = Estimate(c, unit.program_id);
+      // Blocked by a full worker: it reserves its workers. Blocked by its
+      // own window only: it reserves nothing (others may use the room).
+      Room room = Room::kYes;
+      for (int64_t w : unit.exec_workers) {
+        const Room r =
+            std::find(reserved.begin(), reserved.end(), w) != reserved.end()
+                ? Room::kWorkerFull
+                : RoomFor(w, id, cost);
+        if (r == Room::kWorkerFull) {
+          room = r;
+          break;
+        }
+        if (r == Room::kClientFull) room = r;
+      }
+      if (room == Room::kWorkerFull) {
+        reserved.insert(reserved.end(), unit.exec_workers.begin(),
+                        unit.exec_workers.end());
+      }
+      if (room != Room::kYes) continue;
+    }
+
+    // Admit it. Its entry in the fair order is reused (no allocation).
+    auto node = order_.extract(entry);
+    virtual_pass_ = std::max(virtual_pass_, c.pass);
+    *unit_out = std::move(unit);
+    c.pending.pop_front();
+    c.view.pending_units--;
+    if (unit_out->is_call()) {
+      c.view.pending_calls--;
+      c.view.in_flight++;
+      c.view.admitted++;
+      const uint64_t ticket = next_ticket_++;
+      InFlight& f = in_flight_[ticket];
+      f.client = id;
+      f.program_id = unit_out->program_id;
+      f.call_seq = unit_out->call_seq;
+      f.cost = cost;
+      f.start_tag = c.pass;
+      for (int64_t w : unit_out->exec_workers) {
+        auto window = windows_.find(w);
+        if (window == windows_.end()) continue;  // gone: never reports
+        for (Load* load :
+             {&window->second.total, &window->second.clients[id]}) {
+          load->calls++;
+          load->micros += cost;
+        }
+        f.workers.push_back(w);
+        for (proto::WorkerOp& op : unit_out->ops[w]) {
+          if (op.has_execute()) {
+            op.mutable_execute()->set_ticket(ticket);
+            op.mutable_execute()->set_start_tag(c.pass);
+          }
+        }
+      }
+      if (f.workers.empty()) {
+        in_flight_.erase(ticket);
+        c.view.in_flight--;
+      } else {
+        in_flight_tags_.insert(c.pass);
+      }
+      c.pass += cost * static_cast<double>(unit_out->exec_workers.size()) /
+                c.view.weight;
+    }
+    if (!c.pending.empty()) {
+      c.arrival = next_arrival_++;
+      node.value() = {c.pass, c.arrival, id};
+      order_.insert(std::move(node));
+    }
+    *client_out = id;
+    return true;
+  }
+  return false;
+}
+
+void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+                      int64_t worker) {
+  InFlight& f = it->second;
+  auto w = std::find(f.workers.begin(), f.workers.end(), worker);
+  if (w == f.workers.end()) return;
+  f.workers.erase(w);
+  auto window = windows_.find(worker);
+  if (window != windows_.end()) {
+    Load& total = window->second.total;
+    total.calls--;
+    total.micros = std::max(0.0, total.micros - f.cost);
+    auto own = window->second.clients.find(f.client);
+    if (own != window->second.clients.end() && --own->second.calls == 0) {
+      window->second.clients.erase(own);
+    } else if (own != window->second.clients.end()) {
+      own->second.micros = std::max(0.0, own->second.micros - f.cost);
+    }
+  }
+  if (f.workers.empty()) {
+    if (!f.cut_short && f.call_seq != 0) {
+      done_calls_.emplace_back(f.call_seq, f.failed);
+    }
+    auto c = clients_.find(f.client);
+    if (c != clients_.end()) c->second.view.in_flight--;
+    in_flight_tags_.erase(in_flight_tags_.find(f.start_tag));
+    in_flight_.erase(it);
+  }
+}
+
+void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
+  for (uint64_t ticket : done.failed_tickets()) {
+    auto it = in_flight_.find(ticket);
+    if (it != in_flight_.end()) it->second.failed = true;
+  }
+  const int n = std::min(done.tickets_size(), done.busy_micros_size());
+  for (int i = 0; i < n; ++i) {
+    auto it = in_flight_.find(done.tickets(i));
+    if (it == in_flight_.end()) continue;
+    const int64_t busy = done.busy_micros(i);
+    auto c = clients_.find(it->second.client);
+    if (c != clients_.end() && busy >= 0) {
+      Client& client = c->second;
+      client.view.device_micros += busy;
+      auto [cost, fresh] = client.cost.try_emplace(it->second.program_id, busy);
+      if (!fresh) {
+        cost->second +=
+            kCostSmoothing * (static_cast<double>(busy) - cost->second);
+      }
+    }
+    EndOn(it, worker);
+  }
+}
+
+double Admission::VirtualTime() const {
+  return in_flight_tags_.empty() ? virtual_pass_ : *in_flight_tags_.begin();
+}
+
+const Admission::ClientView* Admission::Find(uint64_t client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() ? nullptr : &it->second.view;
+}
+
+std::pair<int64_t, int64_t> Admission::WorkerLoad(int64_t worker) const {
+  auto it = windows_.find(worker);
+  if (it == windows_.end()) return {0, 0};
+  return {it->second.total.calls,
+          static_cast<int64_t>(it->second.total.micros)};
+}
+
+absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>
+Admission::WorkersNotDone() const {
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> out;
+  for (const auto& [ticket, f] : in_flight_) {
+    if (f.call_seq != 0) out[f.call_seq] = f.workers;
+  }
+  return out;
+}
+
+int64_t Admission::CostOf(uint64_t client, uint64_t program_id) const {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return options_.default_cost_micros;
+  return static_cast<int64_t>(Estimate(it->second, program_id));
+}
+
+}  // namespace plexus

@@ -1,0 +1,220 @@
+// Admission: when each client's routed work enters the workers' queues,
+// and how much of it is there at once. The fair-share and quota half of
+// the central scheduler (the gang scheduler keeps the order consistent).
+//
+// Routing turns a client's ops into units (the ops of one call, one put,
+// or a run of releases) under the server's state lock. Admission then
+// decides, under a lock of its own and before anything reaches a worker,
+// which unit goes next:
+//
+//  - One client's units go in the order it sent them.
+//  - Across clients, in weighted fair order (start-time fair queuing over
+//    device time): each client has a pass; a call's start tag is its
+//    client's pass, and admitting it adds its estimated device time divided
+//    by the client's weight; among the clients whose next unit may go, the
+//    lowest pass goes first. A client that was idle starts at the virtual
+//    time — the lowest start tag of the calls in flight, i.e. about the
+//    one running — so idleness earns no credit, and a client that floods
+//    gets what the others leave, never their share.
+//  - Each call carries its start tag to the workers (Execute.start_tag): a
+//    device runs a client's independent task before other clients' queued
+//    tasks with higher tags (worker/task_queue.h), so a client under its
+//    share waits behind the call running, not behind a flood's window.
+//  - A call may go when every worker it runs on has room for it, and its
+//    client has fewer calls in flight than its quota. Room is counted in
+//    device time admitted to a worker and not yet reported done, per
+//    device: the call's client may have up to `window_micros` there (or
+//    fewer than `min_window_calls` calls), and all clients together twice
+//    that. The window keeps each device busy across the round trip of a
+//    completion report; the backlog waits here, where the fair order is
+//    decided; and a client that floods fills only its own window, leaving
+//    room for the others' calls, which then pass its queued ones on the
+//    device (start tags, below).
+//  - A call blocked by a full window reserves the workers it needs: calls
+//    after it in fair order that need any of them wait behind it (a wide
+//    call is never starved by narrow ones); calls on other workers go on,
+//    so one client's stalled or slow island does not stall the others.
+//    A call blocked by its own client's quota reserves nothing.
+//
+// A call's device time is estimated per program from what the workers
+// report (CallsDone: device time per call per worker), as a moving
+// average; until a program has run, `default_cost_micros`.
+//
+// Each admitted call gets a ticket (Execute.ticket) that the workers' reports
+// name; a call is in flight until every worker it runs on has reported it,
+// or has been removed. Units that touch no worker window (puts, releases)
+// go as soon as they reach the head of their client's queue.
+//
+// Pure: no threads, no clock, no I/O; the server holds it under its
+// admission lock; tests drive it directly. Not thread-safe by itself.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "plexus/proto/plexus.pb.h"
+#include "plexus/server/model/cluster_state.h"
+
+namespace plexus {
+
+// One unit of routed work: the ops of one call (or put, or releases) for
+// every worker involved.
+struct AdmissionUnit {
+  WorkerOps ops;
+  // Set for a call: its program and the workers that run its shards (each
+  // has one Execute op in `ops`).
+  uint64_t program_id = 0;
+  absl::InlinedVector<int64_t, 4> exec_workers;  // (no allocation per call)
+  // The call's record (ClusterState::RouteCall's seq), reported back by
+  // TakeDoneCalls once every worker has reported it done.
+  uint64_t call_seq = 0;
+  // When it was routed, on the server's timeline clock (0: not recorded).
+  int64_t routed_ns = 0;
+  bool is_call() const { return !exec_workers.empty(); }
+};
+
+// The unit for routed `ops`: a call's if they hold an Execute.
+AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq = 0);
+
+class Admission {
+ public:
+  struct Options {
+    // Device time admitted per device and not yet reported done, above
+    // which a worker takes no new call.
+    int64_t window_micros = 5000;
+    // Calls per device that may always be there, whatever their estimate
+    // (a long call, or an unknown program, still goes to an idle device).
+    int min_window_calls = 4;
+    // Estimate for a program that has not run yet.
+    int64_t default_cost_micros = 100;
+  };
+
+  // What admission knows of one client, for status and tests.
+  struct ClientView {
+    double weight = 1;
+    int32_t max_calls_in_flight = 0;
+    int64_t pending_units = 0;
+    int64_t pending_calls = 0;  // waiting here
+    int64_t in_flight = 0;      // admitted, not reported done
+    int64_t admitted = 0;       // calls admitted so far
+    int64_t device_micros = 0;  // reported device time of its calls
+  };
+
+  explicit Admission(Options options);
+  Admission() : Admission(Options{}) {}
+
+  void AddClient(uint64_t client, double weight, int32_t max_calls_in_flight);
+  // Drops the client's waiting units and forgets its calls in flight (the
+  // workers drop them on ClientGone). Returns the units dropped.
+  int64_t RemoveClient(uint64_t client);
+  void AddWorker(int64_t worker, int devices);
+  // Its calls in flight end there (the server has failed them).
+  void RemoveWorker(int64_t worker);
+  // Calls still waiting here that run on `worker` (lost) will never run:
+  // each becomes a unit that fails its outputs with `status` on the other
+  // workers it touched, and goes as soon as it reaches the head of its
+  // client's queue (no window). So whoever waits on such an output hears
+  // at once, not after the calls in front of it have run. Returns how many.
+  int64_t FailCallsOn(int64_t worker, const absl::Status& status);
+
+  void Enqueue(uint64_t client, AdmissionUnit unit);
+  // The next unit that may go, in fair order, with its Execute ops
+  // stamped with their ticket. False when none may go now (call again after
+  // Enqueue, Completed, RemoveWorker or RemoveClient).
+  bool Next(uint64_t* client, AdmissionUnit* unit);
+  // Worker `worker` reports calls done. Unknown tickets (a client or worker
+  // removed since) are ignored.
+  void Completed(int64_t worker, const proto::CallsDone& done);
+  // The call_seq of every call all of whose workers reported it done since
+  // the last call (not of calls that ended because a worker or client
+  // went), and whether a task of it failed.
+  std::vector<std::pair<uint64_t, bool>> TakeDoneCalls() {
+    return std::move(done_calls_);
+  }
+  bool has_done_calls() const { return !done_calls_.empty(); }
+  // The same into `out` (cleared first), whose room the next take reuses.
+  void TakeDoneCalls(std::vector<std::pair<uint64_t, bool>>* out) {
+    out->clear();
+    out->swap(done_calls_);
+  }
+  // Takes the client's units still waiting here, in order (recovery routes
+  // them again).
+  std::deque<AdmissionUnit> TakePending(uint64_t client);
+
+  const ClientView* Find(uint64_t client) const;
+  // The window of `worker` now: calls and estimated device time in flight.
+  std::pair<int64_t, int64_t> WorkerLoad(int64_t worker) const;
+  // For each call in flight (by its record's seq, ClusterState::RouteCall),
+  // the workers that have not yet reported it done: the others finished
+  // their part (`plexus why`). Calls still waiting here are not in it.
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>
+  WorkersNotDone() const;
+  // The current estimate of one execute of `program_id`.
+  int64_t CostOf(uint64_t client, uint64_t program_id) const;
+
+ private:
+  struct Client {
+    ClientView view;
+    double pass = 0;
+    uint64_t arrival = 0;  // tie-break: first backlogged first
+    std::deque<AdmissionUnit> pending;
+    // Moving average of one execute's device time, per program.
+    absl::flat_hash_map<uint64_t, double> cost;
+  };
+  struct Load {
+    int64_t calls = 0;
+    double micros = 0;
+  };
+  struct Window {
+    int devices = 1;
+    Load total;
+    absl::flat_hash_map<uint64_t, Load> clients;  // only clients with calls
+  };
+  enum class Room { kYes, kClientFull, kWorkerFull };
+  struct InFlight {
+    uint64_t client = 0;
+    uint64_t program_id = 0;
+    double start_tag = 0;
+    double cost = 0;  // estimate charged on each of `workers`
+    absl::InlinedVector<int64_t, 4> workers;  // not yet reported done
+    uint64_t call_seq = 0;
+    bool cut_short = false;  // a worker or the client went
+    bool failed = false;     // a worker reported a task of it failed
+  };
+
+  double Estimate(const Client& c, uint64_t program_id) const;
+  Room RoomFor(int64_t worker, uint64_t client, double cost) const;
+  void Backlog(uint64_t id, Client& c);
+  void Unbacklog(uint64_t id, Client& c);
+  // One execute of `ticket` on `worker` is over (done or worker gone).
+  // `it->second.workers` holds `worker`.
+  void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+             int64_t worker);
+  void EndEverywhere(uint64_t ticket);
+
+  const Options options_;
+  std::map<uint64_t, Client> clients_;
+  // Clients with waiting units, in fair order: (pass, arrival, id).
+  std::set<std::tuple<double, uint64_t, uint64_t>> order_;
+  std::map<int64_t, Window> windows_;
+  absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // by ticket
+  // The virtual time: the lowest start tag in flight, else the last
+  // admitted.
+  double VirtualTime() const;
+  double virtual_pass_ = 0;
+  // (A B-tree: no allocation per call, as std::multiset's node was.)
+  absl::btree_multiset<double> in_flight_tags_;
+  uint64_t next_ticket_ = 1;
+  uint64_t next_arrival_ = 1;
+  std::vector<std::pair<uint64_t, bool>> done_calls_;
+};
+
+}  // namespace plexus

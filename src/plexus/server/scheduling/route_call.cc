@@ -1,0 +1,458 @@
+// ClusterState::RouteCall: one call into the ops of the workers involved.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/strings/str_cat.h"
+#include "plexus/common/argument_count.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/store/object_store.h"
+
+namespace plexus {
+namespace {
+
+// A source shard as the executing worker will find it: in its own store
+// (same worker) or under a transfer temporary.
+struct TransferKey {
+  uint64_t buffer_id;
+  int32_t shard;
+  int64_t dst_worker;
+  bool operator<(const TransferKey& o) const {
+    return std::tie(buffer_id, shard, dst_worker) <
+           std::tie(o.buffer_id, o.shard, o.dst_worker);
+  }
+};
+
+// The pieces of destination block `j` (of `want` over `n` devices) from
+// the blocks of `from` over the source slice's `m` devices: one box per
+// distinct source block that meets it, from the replica on the same device,
+// else on the same worker, else one picked by `j` (spreading the reads).
+template <typename SourceKey>
+absl::Status AddBoxPieces(const ArgSpec& from, int m, const ArgSpec& want,
+                          int n, int j, const SliceRecord& src,
+                          const DeviceRef& dst, SourceKey source_key,
+                          proto::InputBinding* binding) {
+  auto dst_box = want.BlockOf(n, j);
+  if (!dst_box.ok()) return dst_box.status();
+  const size_t rank = dst_box->start.size();
+  // Source devices grouped by the block they hold, in first-seen order.
+  std::map<Shape, std::vector<int>> holders;
+  std::vector<std::pair<Shape, Box>> blocks;
+  for (int k = 0; k < m; ++k) {
+    auto box = from.BlockOf(m, k);
+    if (!box.ok()) return box.status();
+    auto [it, fresh] = holders.try_emplace(box->start);
+    if (fresh) blocks.emplace_back(box->start, *box);
+    it->second.push_back(k);
+  }
+  for (const auto& [start, box] : blocks) {
+    Box cut{Shape(rank), Shape(rank)};
+    bool meets = true;
+    for (size_t d = 0; d < rank; ++d) {
+      const int64_t lo = std::max(box.start[d], dst_box->start[d]);
+      const int64_t hi = std::min(box.start[d] + box.extent[d],
+                                  dst_box->start[d] + dst_box->extent[d]);
+      if (hi <= lo) meets = false;
+      cut.start[d] = lo;
+      cut.extent[d] = std::max<int64_t>(hi - lo, 0);
+    }
+    if (!meets) continue;  // (an empty array has no pieces to gather)
+    const std::vector<int>& ks = holders[start];
+    int k = ks[j % ks.size()];
+    for (int c : ks) {
+      if (src.devices[c] == dst) {
+        k = c;
+        break;
+      }
+      if (src.devices[c].worker_id == dst.worker_id) k = c;
+    }
+    auto [id, shard] = source_key(k);
+    proto::Piece* p = binding->add_pieces();
+    p->set_buffer_id(id);
+    p->set_shard(shard);
+    for (size_t d = 0; d < rank; ++d) {
+      p->add_src_shape(box.extent[d]);
+      p->add_src_start(cut.start[d] - box.start[d]);
+      p->add_dst_start(cut.start[d] - dst_box->start[d]);
+      p->add_extent(cut.extent[d]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Whether two layouts are written alike, so that they parse alike: every
+// field of ArgDef, TensorSpec and Sharding (a field added there is compared
+// here too; LayoutProtoTest.ALayoutIsComparedByEveryFieldItHas counts them).
+bool SameArgDef(const proto::ArgDef& a, const proto::ArgDef& b) {
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin());
+  };
+  const proto::Sharding& sa = a.sharding();
+  const proto::Sharding& sb = b.sharding();
+  if (a.global().dtype() != b.global().dtype() ||
+      !same(a.global().shape(), b.global().shape()) || sa.kind() != sb.kind() ||
+      sa.axis() != sb.axis() || !same(sa.mesh(), sb.mesh()) ||
+      !same(sa.mesh_axis_names(), sb.mesh_axis_names()) ||
+      sa.dim_axes_size() != sb.dim_axes_size()) {
+    return false;
+  }
+  for (int d = 0; d < sa.dim_axes_size(); ++d) {
+    if (!same(sa.dim_axes(d).values(), sb.dim_axes(d).values())) return false;
+  }
+  return true;
+}
+
+// Input `i` of `prog` as each device of a slice of `n` holds it, kept
+// with the program for the last slice size it was called on.
+const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
+  if (prog.local_inputs_shards != n ||
+      prog.local_inputs.size() != prog.inputs.size()) {
+    prog.local_inputs.clear();
+    for (const ArgSpec& in : prog.inputs) {
+      LocalInput& local = prog.local_inputs.emplace_back();
+      local.spec = in.Local(n);
+      if (local.spec.ok()) local.proto = ToProto(*local.spec);
+    }
+    prog.local_inputs_shards = n;
+  }
+  return prog.local_inputs[i];
+}
+
+}  // namespace
+
+absl::Status ClusterState::RouteCall(uint64_t client_id,
+                                     const proto::Call& call_as_sent,
+                                     WorkerOps* ops, uint64_t* seq) {
+  // Inputs that recovery gave new ids are read under those.
+  std::optional<proto::Call> translated;
+  const proto::Call* t = Translated(call_as_sent, &translated);
+  const proto::Call& call = t != nullptr ? *t : call_as_sent;
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  if (ClientOfBuffer(call.program_id()) != client_id) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "program ", call.program_id(), " belongs to another client"));
+  }
+  auto pit = client->programs.find(call.program_id());
+  if (pit == client->programs.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("program ", call.program_id(), " was never registered"));
+  }
+  const ProgramRecord& prog = pit->second;
+  // Error context, built only when an error needs it (this is the hot path).
+  auto what = [&] { return absl::StrCat("program '", prog.def.name(), "'"); };
+  auto slice_or = UsableSlice(client_id, call.slice_id(), what);
+  if (!slice_or.ok()) return slice_or.status();
+  const SliceRecord& slice = **slice_or;
+  const int n = static_cast<int>(slice.devices.size());
+  if (absl::Status s = CheckArgumentCount(prog.def.name(), prog.inputs.size(),
+                                          call.inputs_size());
+      !s.ok()) {
+    return s;
+  }
+  if (call.output_ids_size() != static_cast<int>(prog.outputs.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what(), " has ", prog.outputs.size(), " outputs, got ",
+                     call.output_ids_size(), " output ids"));
+  }
+  for (uint64_t id : call.output_ids()) {
+    if (ClientOfBuffer(id) != client_id) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          what(), ": output id ", id, " belongs to another client"));
+    }
+  }
+
+  // Each shard's task, handed to its Execute as it is (no copy, no move).
+  absl::InlinedVector<std::unique_ptr<proto::ShardTask>, 8> tasks;
+  tasks.reserve(n);
+  for (int j = 0; j < n; ++j) {
+    tasks.push_back(std::make_unique<proto::ShardTask>());
+    tasks[j]->set_device(slice.devices[j].device);
+    tasks[j]->set_shard(j);
+  }
+  std::map<TransferKey, uint64_t> transfers;
+  WorkerOps staged;  // transfers and expects: only kept if the call routes
+  // Its record (kept if it routes), with the layouts parsed here.
+  CallRecord call_record;
+  call_record.client_id = client_id;
+  call_record.call_id = call.call_id();
+  call_record.slice_id = call.slice_id();
+  call_record.program_id = call.program_id();
+  call_record.one_host = OnOneHost(slice);
+  call_record.routed = now_;
+  call_record.site = call.site();
+  call_record.graph_id = call.graph_id();
+  call_record.inputs.reserve(call.inputs_size());
+  call_record.output_ids.assign(call.output_ids().begin(),
+                                call.output_ids().end());
+
+  for (int i = 0; i < call.inputs_size(); ++i) {
+    const proto::InputRef& ref = call.inputs(i);
+    auto arg_what = [&] { return absl::StrCat(what(), " argument ", i); };
+    // An id is not a permission: only the client's own buffers go in (the
+    // workers would otherwise hand this call another client's shards).
+    if (ClientOfBuffer(ref.buffer_id()) != client_id) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(arg_what(), ": buffer id ", ref.buffer_id(),
+                       " belongs to another client"));
+    }
+    if (!lost_.empty()) {
+      auto lost = lost_.find(ref.buffer_id());
+      if (lost != lost_.end()) {
+        // Its outputs can never be made either: a call that reads one is
+        // refused in turn, for the same reason (not left to wait for them).
+        const absl::Status cause = lost->second;
+        for (uint64_t o : call.output_ids()) lost_[o] = cause;
+        return absl::DataLossError(
+            absl::StrCat(arg_what(), ": ", cause.message()));
+      }
+    }
+    // The value moves from its own layout (`arg`, on its slice) to the
+    // one the program was compiled for (`want`, on the call's slice). Most
+    // calls name the layout as the program was registered with: that one
+    // is not parsed again.
+    const ArgSpec& want = prog.inputs[i];
+    absl::StatusOr<ArgSpec> parsed;
+    const bool as_registered = SameArgDef(ref.arg(), prog.def.inputs(i));
+    if (!as_registered) {
+      parsed = FromProto(ref.arg());
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(arg_what(), ": ", parsed.status().message()));
+      }
+    }
+    const ArgSpec* arg = as_registered ? &want : &*parsed;
+    if (!CanRelayout(*arg, want)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what(), " is ", arg->ToString(),
+                       " but the program was compiled for ", want.ToString()));
+    }
+    auto src_or = UsableSlice(client_id, ref.slice_id(), arg_what);
+    if (!src_or.ok()) return src_or.status();
+    const SliceRecord& src = **src_or;
+    const int m = static_cast<int>(src.devices.size());
+    // What each device of the call's slice holds of it (computed once per
+    // program and slice size); the same of the value's own layout when it
+    // is the program's, over as many devices.
+    const LocalInput& local = LocalInputOf(pit->second, i, n);
+    const absl::StatusOr<TensorSpec>& local_c = local.spec;
+    const bool program_layout =
+        as_registered ||
+        (*arg == want && arg->sharding.axis_names == want.sharding.axis_names);
+    std::optional<absl::StatusOr<TensorSpec>> own_local_p;
+    if (!program_layout || m != n) own_local_p = arg->Local(m);
+    const absl::StatusOr<TensorSpec>& local_p =
+        own_local_p.has_value() ? *own_local_p : local_c;
+    if (!local_c.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what(), ": ", local_c.status().message()));
+    }
+    if (!local_p.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(arg_what(), ": ", local_p.status().message()));
+    }
+    const bool same_layout =
+        src.devices == slice.devices && arg->sharding == want.sharding;
+    // Layouts other than one split or replicated on both sides (a mesh
+    // PartitionSpec, or a change of layout) move N-D boxes.
+    const bool boxes = !same_layout && (arg->sharding != want.sharding ||
+                                        arg->sharding.is_mesh());
+    if (arg->sharding.is_partial() && !same_layout) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          arg_what(), " is partial (a sum not yet reduced) on slice ", src.id,
+          "; all_reduce it before using it on slice ", slice.id));
+    }
+
+    // The key under which consumer `dst` finds source shard `k`.
+    auto source_key = [&](int k,
+                          const DeviceRef& dst) -> std::pair<uint64_t, int> {
+      const DeviceRef& s = src.devices[k];
+      if (s.worker_id == dst.worker_id) return {ref.buffer_id(), k};
+      TransferKey tk{ref.buffer_id(), k, dst.worker_id};
+      auto it = transfers.find(tk);
+      if (it != transfers.end()) return {it->second, 0};
+      uint64_t temp = ClientMadeId(kServerClientId, next_transfer_++);
+      transfers[tk] = temp;
+      proto::WorkerOp t;
+      auto* tr = t.mutable_transfer();
+      tr->set_buffer_id(ref.buffer_id());
+      tr->set_shard(k);
+      tr->set_dst_worker_id(dst.worker_id);
+      tr->set_dst_buffer_id(temp);
+      tr->set_dst_device(dst.device);
+      tr->set_call_id(call.call_id());
+      staged[s.worker_id].push_back(std::move(t));
+      proto::WorkerOp e;
+      auto* ex = e.mutable_expect();
+      ex->set_buffer_id(temp);
+      ex->set_src_worker_id(s.worker_id);
+      ex->set_device(dst.device);
+      *ex->mutable_spec() = ToProto(*local_p);
+      staged[dst.worker_id].push_back(std::move(e));
+      return {temp, 0};
+    };
+
+    const bool donate =
+        !prog.donated.empty() && MayDonate(prog, call, i, same_layout);
+    for (int j = 0; j < n; ++j) {
+      const DeviceRef& dst = slice.devices[j];
+      proto::InputBinding* binding = tasks[j]->add_inputs();
+      *binding->mutable_local() = local.proto;
+      if (donate) binding->set_donate(true);
+      binding->set_axis(arg->sharding.is_split() ? arg->sharding.axis : 0);
+      auto add_piece = [&](int k, int64_t src_off, int64_t dst_off,
+                           int64_t len) {
+        auto [id, shard] = source_key(k, dst);
+        proto::Piece* p = binding->add_pieces();
+        p->set_buffer_id(id);
+        p->set_shard(shard);
+        p->set_src_offset(src_off);
+        p->set_dst_offset(dst_off);
+        p->set_length(len);
+      };
+      const int64_t rows =
+          arg->sharding.is_split() ? arg->global.shape[arg->sharding.axis] : 1;
+      if (same_layout) {
+        add_piece(j, 0, 0, rows / n);
+      } else if (boxes) {
+        absl::Status s = AddBoxPieces(
+            *arg, m, want, n, j, src, dst,
+            [&](int k) { return source_key(k, dst); }, binding);
+        if (!s.ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(arg_what(), ": ", s.message()));
+        }
+      } else if (!arg->sharding.is_split()) {
+        // Replicated: any source copy will do; prefer one on this worker.
+        int k = j % m;
+        for (int c = 0; c < m; ++c) {
+          if (src.devices[c] == dst) {
+            k = c;
+            break;
+          }
+          if (src.devices[c].worker_id == dst.worker_id) k = c;
+        }
+        add_piece(k, 0, 0, rows);
+      } else {
+        const int64_t lc = rows / n, lp = rows / m;
+        const int64_t start = j * lc, end = start + lc;
+        // An empty array (lc == lp == 0) has no rows to gather.
+        for (int64_t k = lp > 0 ? start / lp : 0; lp > 0 && k * lp < end; ++k) {
+          const int64_t ps = k * lp;
+          const int64_t s = std::max(start, ps), e = std::min(end, ps + lp);
+          add_piece(static_cast<int>(k), s - ps, s - start, e - s);
+        }
+      }
+    }
+    // Most calls name the layout their program takes: the record points
+    // at the program's (no copy, nothing allocated per call).
+    if (program_layout) {
+      call_record.inputs.emplace_back(ref.buffer_id(), ref.slice_id(), &want);
+    } else {
+      call_record.inputs.emplace_back(ref.buffer_id(), ref.slice_id(),
+                                      *std::move(parsed));
+    }
+  }
+
+  // The outputs' bytes count against the tenant's max_bytes.
+  ProgramRecord& record = pit->second;
+  if (record.output_bytes_shards != n) {
+    record.output_bytes.clear();
+    record.output_bytes_total = 0;
+    for (const ArgSpec& out : record.outputs) {
+      auto local = out.Local(n);
+      if (!local.ok()) return local.status();
+      record.output_bytes.push_back(static_cast<int64_t>(local->byte_size()) *
+                                    n);
+      record.output_bytes_total += record.output_bytes.back();
+    }
+    record.output_bytes_shards = n;
+  }
+  if (absl::Status quota =
+          CheckBytesQuota(*client, record.output_bytes_total, what);
+      !quota.ok()) {
+    return quota;
+  }
+  for (int o = 0; o < call.output_ids_size(); ++o) {
+    RecordBuffer(*client, call.output_ids(o), record.output_bytes[o]);
+  }
+
+  // Everything validated: commit the ops.
+  for (auto& [w, list] : staged) {
+    auto& out = (*ops)[w];
+    for (auto& op : list) out.push_back(std::move(op));
+  }
+  // Workers in slice order, each once, with their shards of the call.
+  absl::InlinedVector<std::pair<int64_t, int>, 8> order;
+  for (const DeviceRef& d : slice.devices) {
+    auto it = std::find_if(order.begin(), order.end(), [&](const auto& o) {
+      return o.first == d.worker_id;
+    });
+    if (it == order.end()) {
+      order.emplace_back(d.worker_id, 1);
+    } else {
+      it->second++;
+    }
+  }
+  for (const auto& entry : order) {
+    const int64_t w = entry.first;
+    WorkerRecord& rec = workers_[w];
+    auto& out = (*ops)[w];
+    if (rec.loaded_programs.insert(call.program_id()).second) {
+      proto::WorkerOp load;
+      load.mutable_load()->set_program_id(call.program_id());
+      *load.mutable_load()->mutable_program() = prog.def;
+      out.push_back(std::move(load));
+    }
+    proto::WorkerOp op;
+    proto::Execute* exec = op.mutable_execute();
+    exec->set_call_id(call.call_id());
+    exec->set_program_id(call.program_id());
+    exec->set_num_shards(n);
+    exec->set_client_id(client_id);
+    for (uint64_t id : call.output_ids()) exec->add_output_ids(id);
+    for (int j = 0; j < n; ++j) {
+      // Each task runs on one worker: handed over, not copied.
+      if (slice.devices[j].worker_id == w) {
+        exec->mutable_tasks()->AddAllocated(tasks[j].release());
+      }
+    }
+    if (prog.collective) {
+      for (const auto& [p, shards] : order) {
+        auto* peer = exec->add_peers();
+        peer->set_worker_id(p);
+        peer->set_local_shards(shards);
+        peer->set_nccl(workers_[p].info.nccl());
+      }
+    }
+    out.push_back(std::move(op));
+  }
+  calls_routed_++;
+  transfers_routed_ += static_cast<int64_t>(transfers.size());
+  const uint64_t routed = next_seq_++;
+  records_.AddCall(routed, std::move(call_record), record.outputs);
+  if (seq != nullptr) *seq = routed;
+  return absl::OkStatus();
+}
+
+bool ClusterState::MayDonate(const ProgramRecord& prog, const proto::Call& call,
+                             int i, bool same_layout) const {
+  if (!same_layout || records_.keep_lineage() ||
+      std::find(prog.donated.begin(), prog.donated.end(), i) ==
+          prog.donated.end()) {
+    return false;
+  }
+  const uint64_t id = call.inputs(i).buffer_id();
+  for (int k = 0; k < call.inputs_size(); ++k) {
+    if (k != i && call.inputs(k).buffer_id() == id) return false;
+  }
+  if (snapshots_.contains(id)) return false;
+  const BufferRecord* record = records_.FindBuffer(id);
+  return record != nullptr && record->readers == 0 && !record->released;
+}
+
+}  // namespace plexus

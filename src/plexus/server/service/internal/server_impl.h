@@ -1,0 +1,478 @@
+// Internal: the Server implementation, also the gRPC Controller service.
+// See server.h. Its methods are defined by theme: server.cc (construction,
+// Init, Wait, Shutdown), server_workers.cc (worker sessions and liveness),
+// server_clients.cc (client sessions, admission, slice answers) and
+// server_status.cc (GetStatus, the Shutdown RPC). The helpers a session
+// calls per message or per batch are inline, below the class.
+//
+// Thread-safe: every session runs on its own gRPC thread; the locks, in the
+// order they are taken, are mu_, admission_mu_, heard_mu_ (see the fields).
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/scheduling/admission.h"
+#include "plexus/server/scheduling/gang_scheduler.h"
+#include "plexus/server/scheduling/out_queue.h"
+#include "plexus/server/server.h"
+#include "plexus/timeline/clock_offset.h"
+#include "plexus/timeline/timeline.h"
+#include "plexus/web/web_server.h"
+
+namespace plexus {
+
+class ServerImpl final : public Server, public proto::Controller::Service {
+  using WorkerStream =
+      grpc::ServerReaderWriter<proto::ServerToWorker, proto::WorkerToServer>;
+  using ClientStream =
+      grpc::ServerReaderWriter<proto::ServerToClient, proto::ClientToServer>;
+
+ public:
+  ServerImpl(const ServerOptions& options, ClusterSecret secret);
+  ~ServerImpl() override;
+
+  absl::Status Init();
+
+  std::string address() const override { return address_; }
+  std::string advertised_address() const override { return advertised_; }
+  std::string web_address() const override { return web_advertised_; }
+  const ClusterSecret& secret() const override { return secret_; }
+
+  void Wait() override;
+  void Shutdown() override;
+
+  // When a worker was last heard from (heard_, below).
+  struct LastHeard {
+    absl::Time at;
+    bool handling = false;  // its reader is handling a message
+  };
+
+  void CheckLiveness() override;
+
+  // Worker `id` was heard from at `now` (by default, the time read under
+  // heard_mu_: a check never reads the stamps between the two): registered,
+  // or its reader read a message, which it handles now.
+  void HeardFrom(int64_t id, absl::Time now = absl::InfinitePast());
+  // Its reader handled the message: silence counts from when it was read
+  // (no clock read here).
+  void Handled(int64_t id);
+  // Silent for the deadline less one check period: declared down by this
+  // check or the next, so within the deadline of its last message (and of
+  // a hang, which came after it). Not while its reader handles a message:
+  // what the server has not read yet is not the worker's silence.
+  bool SilentLocked(const LastHeard& heard, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(heard_mu_);
+  bool Silent(int64_t id);
+
+  // ------------------------------------------------------------ workers
+  // Registration, then each message the worker sends, then its end.
+  grpc::Status WorkerSession(grpc::ServerContext* ctx,
+                             WorkerStream* stream) override;
+  // The first message's protocol version and worker credential: OK, or
+  // the refusal the session answers with (and logs).
+  grpc::Status CheckRegistration(grpc::ServerContext* ctx,
+                                 const proto::WorkerToServer& first) const;
+  // Records the worker, opens its queue (the hello, its peers, the loads a
+  // standby needs) and answers what waited for it; `*id` its id.
+  // CANCELLED once the server is shutting down.
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, WorkerStream* stream,
+                              const proto::WorkerToServer& first,
+                              const std::string& rejoined, int64_t* id);
+  // A heartbeat: its stats into the worker's record, its clock probe.
+  void OnHeartbeat(int64_t id, const proto::WorkerToServer& msg);
+  // Calls done and copies arrived: into admission at once; into the
+  // records now if the state lock is free, else by whoever holds it.
+  void OnCallsDone(int64_t id, const proto::CallsDone& done);
+  // The session ended: the worker is down, its stamps, timeline estimate,
+  // queue and context go.
+  void EndWorkerSession(int64_t id);
+
+  // ------------------------------------------------------------ clients
+  // The hello, then each batch the client sends, then its end.
+  grpc::Status ClientSession(grpc::ServerContext* ctx,
+                             ClientStream* stream) override;
+  // The first message's protocol version, client name and tenant
+  // credential (cleared from `msg`): OK with `*tenant` set, or the refusal
+  // the session answers with (and logs).
+  grpc::Status CheckClientHello(grpc::ServerContext* ctx,
+                                proto::ClientToServer& msg,
+                                std::string* tenant) const;
+  // Records the client, opens its queue and sends the hello (its id and
+  // credential); `*id` and `*out` its id and queue. RESOURCE_EXHAUSTED
+  // when no client id is left.
+  grpc::Status OpenClient(grpc::ServerContext* ctx, ClientStream* stream,
+                          const proto::ClientToServer& msg,
+                          const std::string& tenant, uint64_t* id,
+                          OutQueue<proto::ServerToClient>** out);
+  // Reads and handles the session's batches until its stream ends.
+  void ReadClientBatches(grpc::ServerContext* ctx, ClientStream* stream,
+                         uint64_t id, OutQueue<proto::ServerToClient>* out);
+  // The session ended: the client's records, queued work, slices and
+  // queue go; the workers and the waiting slice requests hear of it.
+  void EndClientSession(uint64_t id);
+
+  // The block each client session parses its batches into (larger ones
+  // take more blocks of this size, freed after the batch).
+  static constexpr size_t kBatchArenaBlock = 256 << 10;
+
+  // The tenant a session's first message proves (common/credentials.h: a
+  // tenant credential over its name, compared in constant time), or
+  // "default" for an anonymous session where anonymous_clients_ allows it.
+  // PermissionDenied saying what to set otherwise.
+  absl::StatusOr<std::string> AuthenticateTenant(
+      const proto::ClientToServer& first) const;
+
+  // Routes one batch (under the state lock) and hands its units to
+  // admission; replies (slices, errors, re-puts) go on `out`.
+  void HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
+                         const proto::ClientToServer& msg,
+                         OutQueue<proto::ServerToClient>* out);
+  // A batch as HandleClientBatch routes it.
+  struct RoutedBatch {
+    std::vector<WorkerOps> units;  // one per op (consecutive releases: one)
+    std::vector<uint64_t> seqs;    // each unit's call record, if a call
+    proto::ServerToClient reply;   // for the client, if anything
+    bool released_slice = false;   // room under max_devices for waiters
+    bool clock_read = false;       // once per batch, at its first call
+  };
+  // One op of a batch, into `batch->units.back()` and its reply.
+  void RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
+                           RoutedBatch* batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The routed units into the client's queue at admission; those that
+  // need no order (declares, loads, failures) straight to the workers.
+  void EnqueueBatchLocked(uint64_t id, RoutedBatch* batch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, admission_mu_);
+
+  // Whether `ops` (not a call's) must keep the client's order at
+  // admission: releases and snapshots' copies follow the calls before them.
+  static bool Ordered(const WorkerOps& ops);
+
+  // Back-pressure on one client: its stream is not read while it has a
+  // full quota of calls waiting at the server (others go on). Ends when
+  // its calls are admitted, or it leaves, or the server shuts down.
+  void WaitForRoomInQueue(grpc::ServerContext* ctx, uint64_t id);
+
+  // Calls done and snapshot copies arrived (CallsDone) into the records;
+  // the releases held back for them, which go to the workers now, are
+  // appended to `releases`. Those reported while a client's batch is
+  // routed wait for its end (`batch_ends`): the worker sessions need not
+  // wait for the state lock, and the records are mostly written by the
+  // thread that routes.
+  void ApplyCompletionsLocked(WorkerOps* releases, bool batch_ends = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CompletionsPendingLocked() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
+    return admission_.has_done_calls() || !copies_arrived_.empty();
+  }
+
+  // Hands the gang scheduler every unit admission lets go now, as one
+  // batch in the order admission chose, after `first` (ops that need no
+  // admission) if any.
+  void AdmitLocked(WorkerOps first = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_);
+
+  // ------------------------------------------------------------ status
+  absl::Status WaitForWorkers(int n, absl::Duration timeout) override;
+
+  grpc::Status GetStatus(grpc::ServerContext*,
+                         const proto::StatusRequest* request,
+                         proto::ClusterStatus* status) override;
+  // Starts web_ where ServerOptions::web_listen asks for it (Init).
+  absl::Status StartWeb();
+  // What GetStatus answers, for it and the live page (web_); without the
+  // why list when request.why_after_ms() < 0.
+  void FillStatus(const proto::StatusRequest& request,
+                  proto::ClusterStatus* status);
+  // Waits, up to `timeout` (real time: the caller's RPC budget), for one
+  // heartbeat from every worker alive now (heartbeats are recorded under
+  // mu_, so Await re-checks as they arrive).
+  void AwaitFreshHeartbeatsLocked(absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // FillStatus's parts: the workers and clients (with their admission
+  // view); the slices and recovery counters; the why list and the waiting
+  // slice requests.
+  void FillWorkersAndClientsLocked(proto::ClusterStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillSlicesLocked(proto::ClusterStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillWaitsLocked(const proto::StatusRequest& request,
+                       proto::ClusterStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  grpc::Status Shutdown(grpc::ServerContext* ctx,
+                        const proto::ShutdownRequest* request,
+                        proto::ShutdownReply*) override;
+
+  // ------------------------------------------------------------ timeline
+  // (server_trace.cc)
+  // Collects every process's ring: the server's, and each live worker's
+  // (CollectTimeline; each answers with TimelineChunks), with the clock
+  // offsets that align them and the names of programs and call sites.
+  grpc::Status Trace(grpc::ServerContext* ctx,
+                     const proto::TraceRequest* request,
+                     proto::TraceReply* reply) override;
+  // The request's credential: the operator's for every client's events, a
+  // client's for its own. OK, or the refusal (logged).
+  grpc::Status CheckTraceCredential(grpc::ServerContext* ctx,
+                                    const proto::TraceRequest& request) const;
+  // A live worker a trace asks for its ring, and its clock offset then.
+  struct TraceTarget {
+    int64_t id;
+    std::string host;
+    int devices;
+    int64_t pid;
+    int64_t offset_ns = 0;
+    int64_t offset_error_ns = -1;  // no estimate yet
+  };
+  // The program and call-site names of `only` (0: every client) into
+  // `reply`, and the live workers to ask, with their offsets.
+  std::vector<TraceTarget> NamesAndWorkersToAsk(uint64_t only,
+                                                proto::TraceReply* reply);
+  // A heartbeat's clock probe, read at `read_ns`: its completed round trip
+  // (if any) into the worker's offset estimate, and a ClockEcho back.
+  void OnClockProbe(int64_t worker, const proto::ClockProbe& probe,
+                    int64_t read_ns);
+  void OnTimelineChunk(int64_t worker, proto::TimelineChunk& chunk);
+  // The worker's session ended: no trace waits for it, its estimate goes.
+  void ForgetTimelineOf(int64_t worker);
+  // The call of record `seq` is done (before CallDone drops its record).
+  void RecordCallDoneLocked(uint64_t seq, bool failed, int64_t now_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A call unit admitted now: its wait at admission.
+  void RecordAdmitted(uint64_t client, const AdmissionUnit& unit,
+                      int64_t now_ns);
+  // A recovery step, from `start_ns` to now.
+  void RecordRecovery(absl::string_view step, int64_t start_ns,
+                      int64_t worker = 0, uint64_t client = 0);
+  Timeline& timeline() { return timeline_; }
+
+ private:
+  static proto::WorkerOp PeerOp(const WorkerRecord& w);
+
+  // What became of the registration a rejoining worker names (empty for a
+  // first registration). One this server still counts alive is declared
+  // down now: the host left it behind.
+  std::string PreviousRegistration(const proto::RegisterWorker& reg);
+
+  static void AddSliceReply(uint64_t client_id, uint64_t request_id,
+                            const absl::StatusOr<proto::SliceInfo>& slice,
+                            proto::ServerToClient* reply);
+
+  // Answers the waiting slice requests that can be met now or whose
+  // deadline has passed, each on its client's stream.
+  void AnswerSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Worker `from` could not push a shard to the destination's data plane:
+  // the destination fails that entry, so its consumers hear why instead of
+  // waiting for bytes that will not come.
+  void RelayTransferFailure(int64_t from, const proto::TransferFailed& failed);
+
+  // `only_if_silent`: a worker that missed heartbeats, unless a message of
+  // it was read while this waited for the state lock.
+  void WorkerDown(int64_t id, const std::string& reason,
+                  bool only_if_silent = false);
+  // What each client of `loss` hears and gets once its slices are settled
+  // (remapped or broken; a loss whose slices wait for a host is settled
+  // later): the workers_down note; on a remap, its work recovered
+  // (ClusterState::RecoverClient) with its units held since the loss; on a
+  // break after a wait, those units fail where they needed the lost host.
+  void SettleLossLocked(const WorkerLoss& loss)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Settles the losses waiting for a host that one can take now (it
+  // joined or came free) or whose wait is over (ClusterState::
+  // ResumeAwaited, EndAwaited). After a registration and on each liveness
+  // check.
+  void ResolveAwaitedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Each client hears which of its puts are released for good: it drops
+  // the data it kept to put them again after a loss.
+  void TellReleasedPutsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void LivenessLoop();
+  // The server did not run for `stalled` (ServerStalled): no worker's
+  // silence of that time counts. Each is deemed heard now, so a worker
+  // that really died or hung meanwhile is declared down a deadline from
+  // now (a dead one's stream break is seen at once, as ever).
+  void ExcuseSilence(absl::Duration stalled);
+
+  const ServerOptions options_;
+  const ClusterSecret secret_;
+  Timeline timeline_;
+  // Each worker's clock offset, from its heartbeats (a leaf lock).
+  absl::Mutex clock_mu_;
+  absl::flat_hash_map<int64_t, ClockOffsetEstimator> clock_offsets_
+      ABSL_GUARDED_BY(clock_mu_);
+  // Trace RPCs waiting for workers' rings, by request id (a leaf lock).
+  struct PendingTrace {
+    std::set<int64_t> waiting;  // workers that have not answered in full
+    std::map<int64_t, std::vector<proto::TimelineRing>> rings;
+  };
+  absl::Mutex trace_mu_;
+  absl::CondVar trace_answered_;
+  std::map<uint64_t, PendingTrace> traces_ ABSL_GUARDED_BY(trace_mu_);
+  // Asks each of `asked` for its ring since `since` (server time) and
+  // waits, on the injected clock, until all have answered or `timeout`
+  // passed: what came, and in `waiting` who did not answer.
+  PendingTrace CollectWorkerRings(const std::vector<TraceTarget>& asked,
+                                  int64_t since, absl::Duration timeout);
+  uint64_t next_trace_ ABSL_GUARDED_BY(trace_mu_) = 0;
+  std::string address_;
+  std::string advertised_;  // what clients and status are told
+  // Whether a session without a tenant credential opens (as "default"):
+  // options_.anonymous_clients on a loopback listen address. Set by Init.
+  bool anonymous_clients_ = false;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::thread liveness_;
+  // The live page and /metrics (ServerOptions::web_listen); null if none.
+  // Reads status through FillStatus; destroyed first.
+  std::unique_ptr<web::WebServer> web_;
+  std::string web_advertised_;
+
+  // The scheduler lock: everything below, and the order in which ops enter
+  // the worker queues (one consistent order across clients).
+  absl::Mutex mu_;
+  ClusterState state_ ABSL_GUARDED_BY(mu_);
+  // Owns the worker queues and the order of everything put on them.
+  // The admission lock: taken after mu_ when both are held, never before.
+  absl::Mutex admission_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  Admission admission_ ABSL_GUARDED_BY(admission_mu_);
+  absl::CondVar admission_room_;  // a client's queue at admission moved
+  bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
+  // Completions not yet in the records (ApplyCompletionsLocked): calls
+  // done wait in admission_, snapshot copies arrived here; and whether a
+  // client's batch is being routed (it applies them as it ends).
+  std::vector<uint64_t> copies_arrived_ ABSL_GUARDED_BY(admission_mu_);
+  bool routing_batch_ ABSL_GUARDED_BY(admission_mu_) = false;
+  // Their room, reused: taken under admission_mu_, applied under mu_.
+  std::vector<std::pair<uint64_t, bool>> done_calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> copies_to_apply_ ABSL_GUARDED_BY(mu_);
+  // When each worker was last heard from, on the injected clock, kept apart
+  // from the state lock: its session's reader stamps every message as it
+  // reads it (HeardFrom) and the liveness check reads the stamps, so a
+  // heartbeat that arrived is never applied late because the state lock
+  // was busy. A leaf lock, held only to stamp or read.
+  absl::Mutex heard_mu_ ABSL_ACQUIRED_AFTER(mu_, admission_mu_);
+  absl::flat_hash_map<int64_t, LastHeard> heard_ ABSL_GUARDED_BY(heard_mu_);
+  GangScheduler scheduler_;
+  std::map<int64_t, grpc::ServerContext*> worker_contexts_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>
+      client_queues_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, grpc::ServerContext*> client_contexts_
+      ABSL_GUARDED_BY(mu_);
+  // The units each client had waiting at admission when it lost a host,
+  // taken out to be routed again on the slice's new map (or failed, if it
+  // breaks): held here while its slice waits for a host. Its next batches
+  // wait in HandleClientBatch meanwhile.
+  std::map<uint64_t, std::vector<AdmissionUnit>> held_units_
+      ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> control_bytes_in_{0};
+  // The generation the last registration was given; each takes the next.
+  // It starts at the wall clock in microseconds, so a restarted server's
+  // registrations are newer than its predecessor's (the real clock whatever
+  // options_.clock is: a FakeClock starts every server at the same time).
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) =
+      static_cast<uint64_t>(absl::ToUnixMicros(Clock::Real()->Now()));
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Inline, as they were in the class: the helpers below run on every message
+// a worker session reads (server_workers.cc), on every client batch
+// (server_clients.cc), or on both, and no hot path calls across translation
+// units.
+
+inline void ServerImpl::Handled(int64_t id) {
+  absl::MutexLock lock(&heard_mu_);
+  auto it = heard_.find(id);
+  if (it != heard_.end()) it->second.handling = false;
+}
+
+inline void ServerImpl::ApplyCompletionsLocked(WorkerOps* releases,
+                                               bool batch_ends) {
+  {
+    absl::MutexLock admission(&admission_mu_);
+    if (batch_ends) routing_batch_ = false;
+    admission_.TakeDoneCalls(&done_calls_);
+    copies_to_apply_.clear();
+    copies_to_apply_.swap(copies_arrived_);
+  }
+  if (done_calls_.empty() && copies_to_apply_.empty()) return;
+  const int64_t now_ns =
+      timeline_.enabled() && !done_calls_.empty() ? timeline_.NowNs() : 0;
+  for (const auto& [seq, failed] : done_calls_) {
+    if (now_ns != 0) RecordCallDoneLocked(seq, failed, now_ns);
+    state_.CallDone(seq, failed, releases);
+  }
+  for (uint64_t copy : copies_to_apply_) state_.CopyArrived(copy, releases);
+  TellReleasedPutsLocked();
+}
+
+inline void ServerImpl::AdmitLocked(WorkerOps first) {
+  std::vector<WorkerOps> batch;
+  if (!first.empty()) batch.push_back(std::move(first));
+  const size_t admitted_from = batch.size();
+  uint64_t client;
+  AdmissionUnit unit;
+  int64_t now_ns = 0;
+  while (admission_.Next(&client, &unit)) {
+    if (unit.routed_ns != 0 && timeline_.enabled()) {
+      if (now_ns == 0) now_ns = timeline_.NowNs();
+      RecordAdmitted(client, unit, now_ns);
+    }
+    batch.push_back(std::move(unit.ops));
+  }
+  if (batch.empty()) return;
+  const bool admitted = batch.size() > admitted_from;
+  scheduler_.Submit(std::move(batch));
+  if (admitted) admission_room_.SignalAll();
+}
+
+inline void ServerImpl::TellReleasedPutsLocked() {
+  for (auto& [client, ids] : state_.TakeReleasedPuts()) {
+    auto it = client_queues_.find(client);
+    if (it == client_queues_.end()) continue;
+    proto::ServerToClient note;
+    for (uint64_t id : ids) note.add_released_puts(id);
+    it->second->Push(std::move(note));
+  }
+}
+
+inline bool ServerImpl::Ordered(const WorkerOps& ops) {
+  for (const auto& [w, list] : ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (op.has_release() || op.has_transfer()) return true;
+    }
+  }
+  return false;
+}
+
+inline void ServerImpl::WaitForRoomInQueue(grpc::ServerContext* ctx,
+                                           uint64_t id) {
+  absl::MutexLock admission(&admission_mu_);
+  while (!stopping_) {
+    const Admission::ClientView* view = admission_.Find(id);
+    if (view == nullptr || view->pending_calls < view->max_calls_in_flight) {
+      return;
+    }
+    // A client that died is seen here within this period (a cancelled
+    // stream has no other way to wake this thread).
+    if (ctx->IsCancelled()) return;
+    admission_room_.WaitWithTimeout(&admission_mu_, absl::Milliseconds(100));
+  }
+}
+
+}  // namespace plexus

@@ -1,0 +1,359 @@
+// plexus-server: the resource manager and scheduler. With --local-workers
+// it is also the embedded cluster: it starts that many worker processes on
+// this machine and stops them when it exits.
+//
+// The cluster secret (common/credentials.h) comes from $PLEXUS_CLUSTER_SECRET,
+// else from --secret-file. Without either:
+//   - with --local-workers, the server draws one and hands it to its
+//     workers in their environment (the embedded cluster needs no set-up);
+//   - with --secret-file PATH that does not exist yet, it draws one and
+//     writes it there (mode 0600, created exclusively) for workers started
+//     separately to read (plexus-worker --secret-file PATH);
+//   - otherwise it refuses to start: no worker could ever register.
+// Listening off loopback (--listen 0.0.0.0:PORT, an interface's address),
+// it also refuses to start unless the secret was given explicitly ($ or
+// --secret-file): everyone who may reach it must be told the same secret,
+// and no client session opens without a tenant credential there.
+// --tls-cert and --tls-key put the control plane on TLS (common/tls.h).
+// The secret is never logged or shown in status.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "plexus/common/address.h"
+#include "plexus/common/credentials.h"
+#include "plexus/common/logging.h"
+#include "plexus/common/process.h"
+#include "plexus/common/tls.h"
+#include "plexus/server/server.h"
+#include "plexus/server/service/local_workers.h"
+#include "plexus/timeline/timeline.h"
+
+namespace {
+
+// Writes all of `text` to `fd`; false if it could not.
+bool WriteAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Writes a new secret to `path`, which must not exist: readable by this
+// user only.
+absl::Status WriteNewSecret(const std::string& path,
+                            const plexus::ClusterSecret& secret) {
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat(
+        "cannot create the cluster secret file ", path, ": ", strerror(errno)));
+  }
+  const bool written = WriteAll(fd, secret.ToHex() + "\n");
+  const bool closed = close(fd) == 0;
+  if (!written || !closed) {
+    unlink(path.c_str());
+    return absl::InternalError(
+        absl::StrCat("cannot write the cluster secret file ", path));
+  }
+  return absl::OkStatus();
+}
+
+// The cluster secret, as the comment at the top says. `created` is set when
+// it was drawn and written to `file`.
+absl::StatusOr<plexus::ClusterSecret> FindSecret(const std::string& file,
+                                                 int local_hosts,
+                                                 const std::string& listen,
+                                                 bool* created) {
+  *created = false;
+  absl::StatusOr<plexus::ClusterSecret> loaded =
+      plexus::ClusterSecret::Load(file);
+  // NotFound: no environment variable, and no readable file.
+  if (loaded.ok() || !absl::IsNotFound(loaded.status())) return loaded;
+  if (!file.empty() && access(file.c_str(), F_OK) == 0) return loaded;
+  if (file.empty() && !plexus::IsLoopbackHost(plexus::HostOfAddress(listen))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster secret given, and --listen ", listen,
+        " is not a loopback address: off loopback the secret must be given "
+        "explicitly. Set $",
+        plexus::kClusterSecretEnv,
+        " (64 hex digits) or give --secret-file PATH (a new secret is "
+        "written there if PATH does not exist); hand the same secret to "
+        "every worker, and tenant tokens (`plexus token --tenant NAME`) to "
+        "clients"));
+  }
+  if (file.empty() && local_hosts == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no cluster secret: set $", plexus::kClusterSecretEnv,
+        " (64 hex digits) or give --secret-file PATH (a new secret is "
+        "written there if PATH does not exist); workers started separately "
+        "need the same secret to register"));
+  }
+  absl::StatusOr<plexus::ClusterSecret> drawn =
+      plexus::ClusterSecret::Generate();
+  if (!drawn.ok() || file.empty()) return drawn;
+  if (absl::Status s = WriteNewSecret(file, *drawn); !s.ok()) return s;
+  *created = true;
+  return drawn;
+}
+
+// Starts the local workers, serves until shutdown, stops them. Returns the
+// exit code: 0, 1 when the workers did not come up, 3 when a worker did not
+// exit cleanly (each such worker is also a line on `ready_fd`).
+int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
+          int ready_fd) {
+  local.server_address = server.address();
+  local.worker_binary = plexus::SiblingBinary("plexus-worker");
+  plexus::LocalWorkers workers(local);
+  if (local.hosts + local.spares > 0) {
+    absl::Status s = workers.Start();
+    if (!s.ok()) {
+      SPDLOG_ERROR("cannot start local workers: {}", s.ToString());
+      return 1;
+    }
+    s = server.WaitForWorkers(local.hosts + local.spares, absl::Seconds(60));
+    if (!s.ok()) {
+      SPDLOG_ERROR("local workers did not come up: {}", s.ToString());
+      return 1;
+    }
+  }
+  if (ready_fd >= 0 &&
+      !WriteAll(ready_fd, server.advertised_address() + "\n")) {
+    SPDLOG_WARN("could not write the address to --ready-fd {}", ready_fd);
+  }
+  server.Wait();
+  absl::Status stopped = workers.Stop();
+  if (stopped.ok()) return 0;
+  if (ready_fd >= 0) WriteAll(ready_fd, absl::StrCat(stopped.message(), "\n"));
+  return 3;
+}
+
+// Every flag's value, as parsed (Add...Flags) and then applied to the
+// server's and the local workers' options (ApplyFlags).
+struct Flags {
+  plexus::ServerOptions options;
+  plexus::LocalWorkersOptions local;
+  int ready_fd = -1;
+  bool die_with_parent = false;
+  int heartbeat_timeout_ms = 1000;
+  int spare_wait_ms = 10000;
+  std::string scheduler = "gang";
+  std::string log_level = "info";
+  size_t timeline_events = plexus::TimelineEventsFromEnv();
+  std::string secret_file;
+  std::string tenants_file;
+  std::string web_listen = "auto";
+};
+
+// The flags, in the order --help lists them: where the server listens,
+// its local workers, its deadlines and logging, then access and policy.
+void AddListenFlags(CLI::App& app, Flags* f) {
+  app.add_option("--listen", f->options.listen_address,
+                 "host:port to listen on (port 0 picks a free port)");
+  app.add_option("--advertise-address", f->options.advertise_address,
+                 "HOST or HOST:PORT that clients are told and status shows "
+                 "(default: the --listen address; without a port, the port "
+                 "it listens on), e.g. a Service name for a server that "
+                 "listens on 0.0.0.0");
+  app.add_option("--ready-fd", f->ready_fd,
+                 "once listening and every local worker has registered, "
+                 "write the address and a newline to this inherited file "
+                 "descriptor (a parent waits by reading it); at exit, write "
+                 "one line for each local worker that did not exit cleanly, "
+                 "then close it");
+}
+
+void AddLocalWorkerFlags(CLI::App& app, Flags* f) {
+  app.add_option("--local-workers", f->local.hosts,
+                 "start this many worker processes (hosts) on this machine")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--spare-workers", f->local.spares,
+                 "start this many more local workers as spares: kept for "
+                 "remapping the slices of a host that is lost; with spares, "
+                 "a local worker that exits is replaced by a new spare")
+      ->check(CLI::Range(0, 256));
+  app.add_option("--max-restarts-per-minute", f->local.restarts_per_window,
+                 "crash-loop guard of --spare-workers: at most this many "
+                 "exited local workers are replaced in any sliding minute; "
+                 "one more is replaced when the minute allows")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--devices-per-host", f->local.devices_per_host,
+                 "devices of each local worker")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--device-memory-mib", f->local.device_memory_mib,
+                 "memory budget of each local device, MiB");
+  app.add_flag(
+      "--no-shm", [f](int64_t) { f->local.shared_memory = false; },
+      "local workers move buffers over TCP, as between hosts");
+}
+
+void AddRuntimeFlags(CLI::App& app, Flags* f) {
+  app.add_option("--heartbeat-timeout-ms", f->heartbeat_timeout_ms,
+                 "failure deadline: a worker that hangs is declared down "
+                 "within this long of its last heartbeat (workers heartbeat "
+                 "every tenth of it); one whose stream breaks at once")
+      ->check(CLI::Range(10, 3600 * 1000));
+  app.add_option("--spare-wait-ms", f->spare_wait_ms,
+                 "in a cluster given spares: how long a slice that lost a "
+                 "host waits for another to take its place when no spare is "
+                 "free at once (its clients' work waits meanwhile); 0: it "
+                 "breaks at once")
+      ->check(CLI::Range(0, 3600 * 1000));
+  app.add_flag("--die-with-parent", f->die_with_parent,
+               "exit when the parent process dies");
+  app.add_option("--scheduler", f->scheduler,
+                 "gang (default), or none: TEST ONLY, islands order calls on "
+                 "their own and collectives can deadlock")
+      ->check(CLI::IsMember({"gang", "none"}));
+  app.add_option("--log-level", f->log_level, "trace|debug|info|warn|error");
+  app.add_option("--timeline-events", f->timeline_events,
+                 "events the timeline ring keeps (what `plexus trace` "
+                 "collects; about 88 bytes each); 0: no recording. Default: "
+                 "$PLEXUS_TIMELINE_EVENTS, else 65536");
+}
+
+void AddAccessFlags(CLI::App& app, Flags* f) {
+  app.add_option("--secret-file", f->secret_file,
+                 "file holding the cluster secret (64 hex digits; "
+                 "$PLEXUS_CLUSTER_SECRET wins). Created, mode 0600, with a "
+                 "new secret if it does not exist");
+  app.add_option("--tls-cert", f->options.tls_cert_file,
+                 "PEM certificate: serve gRPC over TLS (with --tls-key). "
+                 "Workers, clients and `plexus` then trust its CA through "
+                 "$PLEXUS_TLS_CA or --tls-ca; local workers get this file "
+                 "as their CA unless $PLEXUS_TLS_CA is set");
+  app.add_option("--tls-key", f->options.tls_key_file,
+                 "PEM private key of --tls-cert");
+  app.add_flag(
+      "--require-tenant",
+      [f](int64_t) { f->options.anonymous_clients = false; },
+      "refuse client sessions without a tenant credential on loopback too "
+      "(off loopback they always are)");
+  app.add_option("--tenants", f->tenants_file,
+                 "JSON file of each tenant's weight (share of device time) "
+                 "and quotas (max_devices, max_bytes, max_calls_in_flight); "
+                 "see src/plexus/server/model/tenants.h. Default: equal "
+                 "weights");
+  app.add_option("--admission-window-us", f->options.admission.window_micros,
+                 "device time per device admitted to a worker and not yet "
+                 "reported done, above which its next call waits at the "
+                 "server (fair order is decided there); larger keeps devices "
+                 "busier across report round trips, smaller shortens the "
+                 "queue in front of a newcomer")
+      ->check(CLI::Range(int64_t{1}, int64_t{10'000'000}));
+  app.add_option("--web-listen", f->web_listen,
+                 "HOST:PORT of the live page and Prometheus /metrics (port 0 "
+                 "picks a free one; `plexus status --web` finds it); \"auto\": "
+                 "the --listen host and a free port; \"off\": none");
+}
+
+// This process's set-up, before anything else runs.
+void SetUpProcess(const Flags& f) {
+  if (f.die_with_parent) prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Held until exit; the workers must not inherit it (the parent reads to
+  // end-of-file when this process is gone).
+  if (f.ready_fd >= 0) fcntl(f.ready_fd, F_SETFD, FD_CLOEXEC);
+  plexus::RaiseOpenFileLimit();
+  plexus::UseLockOrderChecksOfThisBuild();
+  plexus::InitLogging("server", f.log_level);
+}
+
+// The parsed flags into the server's options.
+void ApplyFlags(Flags* f) {
+  plexus::ServerOptions& options = f->options;
+  options.consistent_order = f->scheduler == "gang";
+  options.web_listen = f->web_listen == "off" ? "" : f->web_listen;
+  options.heartbeat_timeout = absl::Milliseconds(f->heartbeat_timeout_ms);
+  options.timeline = f->timeline_events > 0;
+  if (f->timeline_events > 0) options.timeline_capacity = f->timeline_events;
+  options.timeline_skew = plexus::TestSkewFromEnv("server");
+  options.spare_wait = absl::Milliseconds(f->spare_wait_ms);
+}
+
+// The cluster secret (FindSecret), the local workers' trust in a TLS
+// server, and the tenant table, into the options; an error says why the
+// server cannot start.
+absl::Status LoadSecretAndTenants(Flags* f) {
+  plexus::ServerOptions& options = f->options;
+  plexus::LocalWorkersOptions& local = f->local;
+  bool secret_created = false;
+  absl::StatusOr<plexus::ClusterSecret> secret = FindSecret(
+      f->secret_file, local.hosts, options.listen_address, &secret_created);
+  if (!secret.ok()) return secret.status();
+  if (secret_created) {
+    SPDLOG_INFO("wrote a new cluster secret to {} (mode 0600)", f->secret_file);
+  }
+  options.secret = *secret;
+  local.secret = *secret;
+  if (!options.tls_cert_file.empty() && local.hosts > 0 &&
+      std::getenv(plexus::kTlsCaEnv) == nullptr) {
+    // Local workers dial this server over TLS: trust its certificate (a
+    // self-signed one is its own CA).
+    setenv(plexus::kTlsCaEnv, options.tls_cert_file.c_str(), 1);
+  }
+  if (!f->tenants_file.empty()) {
+    absl::StatusOr<plexus::TenantTable> tenants =
+        plexus::TenantTable::Load(f->tenants_file);
+    if (!tenants.ok()) return tenants.status();
+    options.tenants = *std::move(tenants);
+    SPDLOG_INFO("tenants from {}: {} named, the rest share \"default\"",
+                f->tenants_file, options.tenants.tenants().size());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"plexus-server: resource manager and central scheduler"};
+  Flags flags;
+  AddListenFlags(app, &flags);
+  AddLocalWorkerFlags(app, &flags);
+  AddRuntimeFlags(app, &flags);
+  AddAccessFlags(app, &flags);
+  CLI11_PARSE(app, argc, argv);
+  SetUpProcess(flags);
+  ApplyFlags(&flags);
+  plexus::BlockTerminationSignals();
+  if (absl::Status s = LoadSecretAndTenants(&flags); !s.ok()) {
+    SPDLOG_ERROR("cannot start: {}", std::string(s.message()));
+    return 1;
+  }
+  const plexus::ServerOptions& options = flags.options;
+  const int ready_fd = flags.ready_fd;
+  if (!options.consistent_order) {
+    SPDLOG_WARN(
+        "--scheduler=none: no consistent order across islands; "
+        "collectives may deadlock (test only)");
+  }
+  auto server = plexus::Server::Start(options);
+  if (!server.ok()) {
+    SPDLOG_ERROR("cannot start: {}", server.status().ToString());
+    return 1;
+  }
+  int code = 0;
+  {
+    // Joined at the end of this block, before the server goes.
+    plexus::TerminationSignalWatcher on_signal([&](int sig) {
+      SPDLOG_INFO("signal {}: shutting down", sig);
+      (*server)->Shutdown();
+    });
+    code = Serve(**server, flags.local, ready_fd);
+  }
+  server->reset();
+  if (ready_fd >= 0) close(ready_fd);
+  SPDLOG_INFO("stopped");
+  return code;
+}

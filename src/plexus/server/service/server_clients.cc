@@ -1,0 +1,400 @@
+// ServerImpl: the client side — a client's session (its tenant, then its
+// batches routed and admitted) and the answers to its slice requests.
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/arena.h"
+#include "plexus/common/logging.h"
+#include "plexus/common/names.h"
+#include "plexus/common/protocol.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/server/service/internal/server_impl.h"
+
+namespace plexus {
+
+grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
+                                       ClientStream* stream) {
+  proto::ClientToServer msg;
+  if (!stream->Read(&msg)) return grpc::Status::OK;
+  std::string tenant;
+  if (grpc::Status refused = CheckClientHello(ctx, msg, &tenant);
+      !refused.ok()) {
+    return refused;
+  }
+  uint64_t id;
+  OutQueue<proto::ServerToClient>* out;
+  if (grpc::Status s = OpenClient(ctx, stream, msg, tenant, &id, &out);
+      !s.ok()) {
+    return s;
+  }
+  HandleClientBatch(ctx, id, msg, out);
+  ReadClientBatches(ctx, stream, id, out);
+  EndClientSession(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status ServerImpl::CheckClientHello(grpc::ServerContext* ctx,
+                                          proto::ClientToServer& msg,
+                                          std::string* tenant_out) const {
+  if (absl::Status v =
+          CheckProtocolVersion("server", "client", msg.protocol_version());
+      !v.ok()) {
+    SPDLOG_WARN("refused client '{}' ({}): {}", Abbreviated(msg.client_name()),
+                ctx->peer(), std::string(v.message()));
+    return grpc::Status(grpc::FAILED_PRECONDITION, std::string(v.message()));
+  }
+  if (absl::Status name = CheckName("client name", msg.client_name());
+      !name.ok()) {
+    SPDLOG_WARN("refused client ({}): {}", ctx->peer(),
+                std::string(name.message()));
+    return grpc::Status(grpc::INVALID_ARGUMENT, std::string(name.message()));
+  }
+  absl::StatusOr<std::string> tenant = AuthenticateTenant(msg);
+  msg.clear_tenant_credential();  // verified; not kept, not shown
+  if (!tenant.ok()) {
+    SPDLOG_WARN("refused client '{}' ({}): {}", msg.client_name(), ctx->peer(),
+                std::string(tenant.status().message()));
+    return grpc::Status(grpc::PERMISSION_DENIED,
+                        std::string(tenant.status().message()));
+  }
+  *tenant_out = *std::move(tenant);
+  return grpc::Status::OK;
+}
+
+grpc::Status ServerImpl::OpenClient(grpc::ServerContext* ctx,
+                                    ClientStream* stream,
+                                    const proto::ClientToServer& msg,
+                                    const std::string& tenant, uint64_t* id_out,
+                                    OutQueue<proto::ServerToClient>** out_out) {
+  absl::MutexLock lock(&mu_);
+  if (absl::Status left = state_.CheckClientIdsLeft(); !left.ok()) {
+    SPDLOG_ERROR("refused client '{}' ({}): {}", msg.client_name(), ctx->peer(),
+                 std::string(left.message()));
+    return grpc::Status(grpc::RESOURCE_EXHAUSTED, std::string(left.message()));
+  }
+  const ClientRecord& client = state_.AddClient(msg.client_name(), tenant);
+  const uint64_t id = client.id;
+  {
+    const TenantPolicy& policy = state_.PolicyOf(client);
+    absl::MutexLock admission(&admission_mu_);
+    admission_.AddClient(id, policy.weight, policy.max_calls_in_flight);
+  }
+  auto queue = std::make_unique<OutQueue<proto::ServerToClient>>(
+      [stream, id](std::vector<proto::ServerToClient>& parts) {
+        proto::ServerToClient merged;
+        merged.set_client_id(id);
+        for (auto& p : parts) merged.MergeFrom(p);
+        merged.set_client_id(id);
+        return stream->Write(merged);
+      });
+  OutQueue<proto::ServerToClient>* out = queue.get();
+  client_queues_[id] = std::move(queue);
+  client_contexts_[id] = ctx;
+  // The first message carries the client id and the session's
+  // credential, which its data-plane connections prove to the workers.
+  proto::ServerToClient hello;
+  const Credential credential = secret_.Derive(CredentialRole::kClient, id);
+  hello.set_credential(credential.data(), credential.size());
+  hello.set_protocol_version(kProtocolVersion);
+  hello.set_spare_wait_ms(absl::ToInt64Milliseconds(options_.spare_wait));
+  out->Push(std::move(hello));
+  SPDLOG_INFO("client {} connected: {} (tenant {})", id, msg.client_name(),
+              tenant);
+  *id_out = id;
+  *out_out = out;
+  return grpc::Status::OK;
+}
+
+void ServerImpl::ReadClientBatches(grpc::ServerContext* ctx,
+                                   ClientStream* stream, uint64_t id,
+                                   OutQueue<proto::ServerToClient>* out) {
+  // Each batch is parsed onto an arena and dropped with it once routed
+  // (routing copies what it keeps): its ops are allocated by bumping a
+  // pointer in a block this session reuses, and freed at once, not one
+  // by one (a batch of chained calls is thousands of small messages).
+  std::vector<char> block(kBatchArenaBlock);
+  google::protobuf::ArenaOptions arena_options;
+  arena_options.initial_block = block.data();
+  arena_options.initial_block_size = block.size();
+  arena_options.max_block_size = kBatchArenaBlock;
+  google::protobuf::Arena arena(arena_options);
+  while (true) {
+    auto* batch =
+        google::protobuf::Arena::CreateMessage<proto::ClientToServer>(&arena);
+    if (!stream->Read(batch)) break;
+    HandleClientBatch(ctx, id, *batch, out);
+    arena.Reset();
+  }
+}
+
+void ServerImpl::EndClientSession(uint64_t id) {
+  std::unique_ptr<OutQueue<proto::ServerToClient>> queue;
+  {
+    absl::MutexLock lock(&mu_);
+    std::set<int64_t> touched = state_.RemoveClient(id);  // and its waits
+    {
+      // Its queued calls are dropped before the workers hear it is gone,
+      // and its calls in flight no longer hold their windows.
+      absl::MutexLock admission(&admission_mu_);
+      const int64_t dropped = admission_.RemoveClient(id);
+      if (dropped > 0) {
+        SPDLOG_INFO("client {}: dropped {} unit(s) of work it had queued", id,
+                    dropped);
+      }
+      AdmitLocked();
+    }
+    proto::WorkerOp gone;
+    gone.mutable_client_gone()->set_client_id(id);
+    for (int64_t w : touched) scheduler_.Send(w, gone);
+    // Hosts its slices leave idle stand by for the other clients' work.
+    WorkerOps loads;
+    state_.LoadStandbys(&loads);
+    for (auto& [w, ops] : loads) {
+      for (proto::WorkerOp& load : ops) scheduler_.Send(w, std::move(load));
+    }
+    queue = std::move(client_queues_[id]);
+    client_queues_.erase(id);
+    client_contexts_.erase(id);
+    SPDLOG_INFO("client {} disconnected; its slices and buffers are freed", id);
+    held_units_.erase(id);
+    AnswerSlicesLocked();
+    ResolveAwaitedLocked();  // its hosts may take a lost one's place
+  }
+  queue.reset();  // the only owner: stops and joins the writer
+}
+
+absl::StatusOr<std::string> ServerImpl::AuthenticateTenant(
+    const proto::ClientToServer& first) const {
+  const std::string& credential = first.tenant_credential();
+  if (first.tenant().empty() && credential.empty()) {
+    if (anonymous_clients_) return std::string(kDefaultTenant);
+    return absl::PermissionDeniedError(
+        "this server admits tenant sessions only: set $PLEXUS_TENANT and "
+        "$PLEXUS_TENANT_TOKEN (the operator "
+        "prints a token with `plexus token --tenant NAME`), or give the "
+        "client the cluster secret");
+  }
+  const std::string tenant =
+      first.tenant().empty() ? std::string(kDefaultTenant) : first.tenant();
+  if (absl::Status s = CheckTenantName(tenant); !s.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("tenant '", Abbreviated(tenant), "': ", s.message()));
+  }
+  if (!secret_.Verify(CredentialRole::kTenant, tenant,
+                      reinterpret_cast<const uint8_t*>(credential.data()),
+                      credential.size())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        credential.empty() ? "no tenant token for tenant '"
+                           : "the tenant token does not match tenant '",
+        tenant,
+        "' on this cluster (the operator prints one with `plexus token "
+        "--tenant ",
+        tenant, "`)"));
+  }
+  return tenant;
+}
+
+void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
+                                   const proto::ClientToServer& msg,
+                                   OutQueue<proto::ServerToClient>* out) {
+  WaitForRoomInQueue(ctx, id);
+  absl::ReleasableMutexLock lock(&mu_);
+  if (state_.Awaiting(id)) {
+    // Its slice lost a host and waits for another: this batch routes on
+    // the new map once one takes the place (or fails if none comes in
+    // time: ServerOptions::spare_wait bounds the wait).
+    SPDLOG_INFO(
+        "client {}: its next batch waits for a host to take a lost "
+        "one's place",
+        id);
+    auto settled = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutdown_ || !state_.Awaiting(id);
+    };
+    mu_.Await(absl::Condition(&settled));
+  }
+  {
+    // Completions reported from here on wait for the end of the batch.
+    absl::MutexLock admission(&admission_mu_);
+    routing_batch_ = true;
+  }
+  control_bytes_in_ += msg.ByteSizeLong();
+  // One unit per op, so the scheduler can keep (or, in the test-only
+  // bypass, break) the order of calls across islands.
+  RoutedBatch batch;
+  bool last_was_release = false;
+  for (const proto::ClientOp& op : msg.ops()) {
+    // Releases commute with each other: consecutive ones share a unit, so
+    // each worker gets them as one op.
+    const bool release = op.op_case() == proto::ClientOp::kRelease;
+    if (!(release && last_was_release)) {
+      batch.units.emplace_back();
+      batch.seqs.push_back(0);
+    }
+    last_was_release = release;
+    RouteClientOpLocked(id, op, &batch);
+  }
+  if (batch.reply.slices_size() || batch.reply.errors_size() ||
+      batch.reply.recoveries_size()) {
+    out->Push(std::move(batch.reply));
+  }
+  // Completions reported while it was routed; their releases go with it.
+  WorkerOps released;
+  ApplyCompletionsLocked(&released, /*batch_ends=*/true);
+  TellReleasedPutsLocked();
+  if (batch.released_slice) AnswerSlicesLocked();
+  // Into the client's queue at admission, still under the state lock (so
+  // nothing of a client that is being removed gets in); admitted to the
+  // workers under the admission lock alone.
+  absl::MutexLock admission(&admission_mu_);
+  EnqueueBatchLocked(id, &batch);
+  lock.Release();
+  // The releases that completions let go need no order but that of the
+  // calls before them, which are done: they go with the calls admitted
+  // now (one write to each worker, not two), as in WorkerSession.
+  AdmitLocked(std::move(released));
+}
+
+void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
+                                     RoutedBatch* batch) {
+  WorkerOps& ops = batch->units.back();
+  switch (op.op_case()) {
+    case proto::ClientOp::kSliceRequest: {
+      // One that cannot be met yet waits in state_: its reply comes
+      // later (AnswerSlicesLocked), and the rest of the batch goes on.
+      auto slice =
+          state_.RequestSlice(id, op.slice_request(), options_.clock->Now());
+      if (slice.has_value()) {
+        AddSliceReply(id, op.slice_request().request_id(), *slice,
+                      &batch->reply);
+      } else {
+        SPDLOG_INFO("client {}: slice request {} waits: {}", id,
+                    op.slice_request().request_id(),
+                    state_.WaitingFor(state_.pending_slices().size() - 1));
+      }
+      break;
+    }
+    case proto::ClientOp::kSliceRelease:
+      if (state_.ReleaseSlice(id, op.slice_release()).ok()) {
+        batch->released_slice = true;
+        state_.LoadStandbys(&ops);  // hosts it leaves idle stand by
+      }
+      break;
+    case proto::ClientOp::kProgram: {
+      absl::Status s = state_.RegisterProgram(id, op.program(), &ops);
+      if (!s.ok()) {
+        proto::CallError* e = batch->reply.add_errors();
+        *e->mutable_status() = StatusToProto(s);
+      }
+      break;
+    }
+    case proto::ClientOp::kCall: {
+      if (!batch->clock_read) {
+        state_.set_now(options_.clock->Now());
+        batch->clock_read = true;
+      }
+      absl::Status s =
+          state_.RouteCall(id, op.call(), &ops, &batch->seqs.back());
+      if (!s.ok()) {
+        proto::CallError* e = batch->reply.add_errors();
+        e->set_call_id(op.call().call_id());
+        for (uint64_t o : op.call().output_ids()) e->add_output_ids(o);
+        *e->mutable_status() = StatusToProto(s);
+        // The client may already be waiting on a worker for these
+        // outputs: tell the workers too.
+        state_.FailCallOutputs(id, op.call(), s, &ops);
+      }
+      break;
+    }
+    case proto::ClientOp::kPut: {
+      proto::Recovery reput;
+      absl::Status s = state_.RoutePut(id, op.put(), &ops, &reput);
+      if (reput.reput_ids_size() > 0) {
+        *batch->reply.add_recoveries() = std::move(reput);
+      }
+      if (!s.ok()) {
+        proto::CallError* e = batch->reply.add_errors();
+        e->add_output_ids(op.put().buffer_id());
+        *e->mutable_status() = StatusToProto(s);
+      }
+      break;
+    }
+    case proto::ClientOp::kRelease:
+      state_.RouteRelease(id, op.release(), &ops);
+      break;
+    case proto::ClientOp::kSnapshot:
+      state_.RouteSnapshot(id, op.snapshot(), &ops);
+      break;
+    case proto::ClientOp::kStats:
+      if (ClientRecord* c = state_.FindClient(id)) c->stats = op.stats();
+      break;
+    case proto::ClientOp::kSite:
+      if (ClientRecord* c = state_.FindClient(id);
+          c != nullptr && c->call_sites.size() < ClientRecord::kMaxCallSites) {
+        // Bounded like every string a client sends (common/names.h).
+        c->call_sites[op.site().id()] =
+            op.site().text().substr(0, kMaxNameBytes);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+void ServerImpl::EnqueueBatchLocked(uint64_t id, RoutedBatch* batch) {
+  // Units that only say what will exist or what failed (puts' Declares,
+  // program loads, refused calls' failures) use no device and need
+  // nothing that comes before them: they go to the workers now, ahead of
+  // the client's calls still waiting, so a put's bytes never wait at a
+  // worker for a Declare held behind those calls. Calls and releases (a
+  // release must follow the calls that read its buffer) keep the
+  // client's order at admission.
+  std::vector<WorkerOps> express;
+  // The calls' wait at admission starts now (timeline).
+  const int64_t routed_ns =
+      batch->clock_read && timeline_.enabled() ? timeline_.NowNs() : 0;
+  for (size_t u = 0; u < batch->units.size(); ++u) {
+    AdmissionUnit unit =
+        MakeAdmissionUnit(std::move(batch->units[u]), batch->seqs[u]);
+    if (unit.is_call()) unit.routed_ns = routed_ns;
+    // Releases and snapshots' copies follow the calls before them.
+    if (!unit.is_call() && !Ordered(unit.ops)) {
+      if (!unit.ops.empty()) express.push_back(std::move(unit.ops));
+      continue;
+    }
+    admission_.Enqueue(id, std::move(unit));
+  }
+  if (!express.empty()) scheduler_.Submit(std::move(express));
+}
+
+void ServerImpl::AddSliceReply(uint64_t client_id, uint64_t request_id,
+                               const absl::StatusOr<proto::SliceInfo>& slice,
+                               proto::ServerToClient* reply) {
+  proto::SliceReply* r = reply->add_slices();
+  r->set_request_id(request_id);
+  if (slice.ok()) {
+    *r->mutable_slice() = *slice;
+    SPDLOG_INFO("client {}: slice {} of {} device(s)", client_id,
+                slice->slice_id(), slice->devices_size());
+  } else {
+    *r->mutable_error() = StatusToProto(slice.status());
+  }
+}
+
+void ServerImpl::AnswerSlicesLocked() {
+  for (SliceAnswer& a : state_.ServePendingSlices(options_.clock->Now())) {
+    auto it = client_queues_.find(a.client_id);
+    if (it == client_queues_.end()) continue;
+    if (!a.slice.ok()) {
+      SPDLOG_INFO("client {}: slice request {} refused: {}", a.client_id,
+                  a.request_id, std::string(a.slice.status().message()));
+    }
+    proto::ServerToClient reply;
+    AddSliceReply(a.client_id, a.request_id, a.slice, &reply);
+    it->second->Push(std::move(reply));
+  }
+}
+
+}  // namespace plexus

@@ -1,0 +1,192 @@
+// ServerImpl: status and administration — waiting for workers, GetStatus,
+// and the Shutdown RPC.
+#include <algorithm>
+#include <map>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/server/service/internal/server_impl.h"
+#include "plexus/server/why/why.h"
+
+namespace plexus {
+
+absl::Status ServerImpl::WaitForWorkers(int n, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    int alive = 0;
+    for (const auto& [id, w] : state_.workers()) alive += w.alive;
+    return shutdown_ || alive >= n;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&enough), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("fewer than ", n, " workers registered within ",
+                     absl::FormatDuration(timeout)));
+  }
+  return shutdown_ ? absl::CancelledError("server shut down")
+                   : absl::OkStatus();
+}
+
+grpc::Status ServerImpl::GetStatus(grpc::ServerContext*,
+                                   const proto::StatusRequest* request,
+                                   proto::ClusterStatus* status) {
+  FillStatus(*request, status);
+  return grpc::Status::OK;
+}
+
+void ServerImpl::FillStatus(const proto::StatusRequest& request,
+                            proto::ClusterStatus* status) {
+  absl::MutexLock lock(&mu_);
+  if (request.fresh_timeout_ms() > 0) {
+    AwaitFreshHeartbeatsLocked(absl::Milliseconds(request.fresh_timeout_ms()));
+  }
+  status->set_address(advertised_);
+  status->set_web_address(web_advertised_);
+  status->set_calls_routed(state_.calls_routed());
+  status->set_transfers_routed(state_.transfers_routed());
+  status->set_epoch(scheduler_.epoch());
+  status->set_scheduler(options_.consistent_order ? "gang/fair"
+                                                  : "none (test only)");
+  status->set_control_bytes_in(control_bytes_in_);
+  status->set_data_bytes(0);  // the server has no data path
+  FillWorkersAndClientsLocked(status);
+  FillSlicesLocked(status);
+  FillWaitsLocked(request, status);
+}
+
+void ServerImpl::AwaitFreshHeartbeatsLocked(absl::Duration timeout) {
+  // Wait for one heartbeat from every live worker (heartbeats are
+  // recorded under mu_, so Await re-checks as they arrive).
+  std::map<int64_t, int64_t> seen;
+  for (const auto& [id, w] : state_.workers()) {
+    if (w.alive) seen[id] = w.heartbeats;
+  }
+  auto fresh = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const auto& [id, count] : seen) {
+      const WorkerRecord* w = state_.FindWorker(id);
+      if (w != nullptr && w->alive && w->heartbeats == count) return false;
+    }
+    return true;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&fresh), timeout);
+}
+
+void ServerImpl::FillWorkersAndClientsLocked(proto::ClusterStatus* status) {
+  for (const auto& [id, w] : state_.workers()) {
+    auto* ws = status->add_workers();
+    ws->set_worker_id(id);
+    ws->set_host_name(w.info.host_name());
+    ws->set_pid(w.info.pid());
+    ws->set_alive(w.alive);
+    ws->set_down_reason(w.down_reason);
+    ws->set_data_address(w.info.data_address());
+    ws->set_generation(w.generation);
+    ws->set_spare(w.info.spare());
+    *ws->mutable_devices() = w.info.devices();
+    *ws->mutable_stats() = w.stats;
+  }
+  for (const auto& [id, c] : state_.clients()) {
+    auto* cs = status->add_clients();
+    cs->set_client_id(id);
+    cs->set_name(c.name);
+    cs->set_tenant(c.tenant);
+    cs->set_slices(static_cast<int32_t>(c.slices.size()));
+    *cs->mutable_stats() = c.stats;
+    cs->set_live_bytes(c.live_bytes);
+    absl::MutexLock admission(&admission_mu_);
+    if (const Admission::ClientView* v = admission_.Find(id)) {
+      cs->set_weight(v->weight);
+      cs->set_calls_pending(v->pending_calls);
+      cs->set_calls_in_flight(v->in_flight);
+      cs->set_calls_admitted(v->admitted);
+      cs->set_device_micros(v->device_micros);
+    }
+  }
+}
+
+void ServerImpl::FillSlicesLocked(proto::ClusterStatus* status) {
+  for (const auto& [id, s] : state_.slices()) {
+    auto* ss = status->add_slices();
+    ss->set_slice_id(id);
+    ss->set_client_id(s.client_id);
+    *ss->mutable_devices() = state_.DescribeSlice(s).devices();
+    ss->set_generation(s.generation);
+    ss->set_broken(s.broken);
+    if (!s.awaiting.empty()) {
+      ss->set_awaiting(s.awaiting);
+      ss->set_awaiting_left_ms(std::max<int64_t>(
+          0,
+          absl::ToInt64Milliseconds(s.awaiting_until - options_.clock->Now())));
+    }
+  }
+  *status->mutable_recovery() = state_.recovery_counters();
+  status->mutable_recovery()->set_snapshot_recopies_pending(
+      state_.SnapshotRecopiesPending());
+  status->mutable_recovery()->set_snapshots_incomplete(
+      state_.SnapshotsIncomplete());
+  status->mutable_recovery()->set_call_records(
+      static_cast<int64_t>(state_.records().calls().size()));
+  status->mutable_recovery()->set_buffer_records(
+      static_cast<int64_t>(state_.records().buffers().size()));
+}
+
+void ServerImpl::FillWaitsLocked(const proto::StatusRequest& request,
+                                 proto::ClusterStatus* status) {
+  const absl::Time now = options_.clock->Now();
+  if (request.why_after_ms() >= 0) {
+    WhyOptions why;
+    why.now = now;
+    if (request.why_after_ms() > 0) {
+      why.after = absl::Milliseconds(request.why_after_ms());
+    }
+    why.silent_after = options_.heartbeat_timeout * 3 / 10;
+    absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> not_done;
+    {
+      absl::MutexLock admission(&admission_mu_);
+      not_done = admission_.WorkersNotDone();
+    }
+    why.not_done = &not_done;
+    for (proto::WhyEntry& e : ExplainWaits(state_, why)) {
+      *status->add_why() = std::move(e);
+    }
+  }
+  for (size_t i = 0; i < state_.pending_slices().size(); ++i) {
+    const PendingSlice& p = state_.pending_slices()[i];
+    auto* ps = status->add_pending_slices();
+    ps->set_client_id(p.client_id);
+    ps->set_request_id(p.request.request_id());
+    ps->set_num_devices(p.request.num_devices());
+    ps->set_waiting_for(state_.WaitingFor(i));
+    ps->set_waited_ms(absl::ToInt64Milliseconds(now - p.since));
+    ps->set_left_ms(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(p.deadline - now)));
+  }
+}
+
+grpc::Status ServerImpl::Shutdown(grpc::ServerContext* ctx,
+                                  const proto::ShutdownRequest* request,
+                                  proto::ShutdownReply*) {
+  const std::string& credential = request->credential();
+  if (!secret_.Verify(CredentialRole::kAdmin, 0,
+                      reinterpret_cast<const uint8_t*>(credential.data()),
+                      credential.size())) {
+    SPDLOG_WARN("refused a shutdown request from {}: {} admin credential",
+                ctx->peer(), credential.empty() ? "no" : "a wrong");
+    return grpc::Status(
+        grpc::PERMISSION_DENIED,
+        credential.empty()
+            ? "shutdown refused: the request carries no admin credential"
+            : "shutdown refused: the admin credential does not match this "
+              "cluster's secret");
+  }
+  SPDLOG_INFO("shutdown requested by {}", ctx->peer());
+  // On this thread: Shutdown() only marks the server down and cancels the
+  // sessions (it never waits on an RPC), and the owner's Wait() returns
+  // once it has. The reply therefore means the server is going down, and
+  // no thread is left holding `this` when the owner destroys the server
+  // (its destructor waits for this handler to return).
+  Shutdown();
+  return grpc::Status::OK;
+}
+
+}  // namespace plexus

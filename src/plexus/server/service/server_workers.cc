@@ -1,0 +1,598 @@
+// ServerImpl: the worker side — a worker's session (registration, then
+// what it reports), when it was last heard from, and what follows when it
+// is declared down.
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/logging.h"
+#include "plexus/common/protocol.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/server/service/internal/server_impl.h"
+
+namespace plexus {
+
+void ServerImpl::CheckLiveness() {
+  {
+    absl::MutexLock lock(&mu_);
+    AnswerSlicesLocked();  // slice requests past their deadline fail
+    // Slices waiting for a host: one came free, or the wait is over.
+    ResolveAwaitedLocked();
+  }
+  // Read from the stamps alone: a check never waits on the state lock to
+  // see who was heard, and a stamp never waits on it to be made.
+  const absl::Time now = options_.clock->Now();
+  std::vector<int64_t> late;
+  {
+    absl::MutexLock lock(&heard_mu_);
+    for (const auto& [id, heard] : heard_) {
+      if (SilentLocked(heard, now)) late.push_back(id);
+    }
+  }
+  for (int64_t id : late) {
+    WorkerDown(id,
+               absl::StrCat("worker ", id, " missed heartbeats for ",
+                            absl::FormatDuration(options_.heartbeat_timeout)),
+               /*only_if_silent=*/true);
+  }
+}
+
+void ServerImpl::HeardFrom(int64_t id, absl::Time now) {
+  absl::Duration silent;
+  bool was_heard;
+  {
+    absl::MutexLock lock(&heard_mu_);
+    if (now == absl::InfinitePast()) now = options_.clock->Now();
+    auto [it, fresh] = heard_.try_emplace(id);
+    LastHeard& heard = it->second;
+    was_heard = !fresh;
+    silent = heard.handling ? absl::ZeroDuration() : now - heard.at;
+    heard.at = now;
+    heard.handling = was_heard;
+  }
+  // A near miss: a worker that was still alive, but late enough that the
+  // deadline is worth a look (a starved or stalled host).
+  if (was_heard && silent > options_.heartbeat_timeout / 2) {
+    SPDLOG_WARN("worker {} was silent for {} (failure deadline {})", id,
+                absl::FormatDuration(silent),
+                absl::FormatDuration(options_.heartbeat_timeout));
+  }
+}
+
+bool ServerImpl::SilentLocked(const LastHeard& heard, absl::Time now) {
+  // (A check period as long as the deadline, as a test that checks by
+  // hand sets, leaves the whole deadline: never a negative silence, which
+  // found every worker not handling a message silent.)
+  const absl::Duration period = LivenessCheckPeriod(options_);
+  const absl::Duration silence = period < options_.heartbeat_timeout
+                                     ? options_.heartbeat_timeout - period
+                                     : options_.heartbeat_timeout;
+  return !heard.handling && now - heard.at > silence;
+}
+
+bool ServerImpl::Silent(int64_t id) {
+  const absl::Time now = options_.clock->Now();
+  absl::MutexLock lock(&heard_mu_);
+  auto it = heard_.find(id);
+  return it != heard_.end() && SilentLocked(it->second, now);
+}
+
+grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
+                                       WorkerStream* stream) {
+  proto::WorkerToServer first;
+  if (!stream->Read(&first) || !first.has_register_()) {
+    return grpc::Status(grpc::INVALID_ARGUMENT,
+                        "the first message must register the worker");
+  }
+  if (grpc::Status refused = CheckRegistration(ctx, first); !refused.ok()) {
+    return refused;
+  }
+  first.mutable_register_()->clear_credential();  // not kept, not shown
+  // A host that rejoins (its session ended on its side) while its old
+  // registration still looks alive here: that one is declared down first,
+  // so nothing waits on it and its pushes are fenced.
+  const std::string rejoined = PreviousRegistration(first.register_());
+  int64_t id;
+  if (grpc::Status s = RegisterWorker(ctx, stream, first, rejoined, &id);
+      !s.ok()) {
+    return s;
+  }
+  proto::WorkerToServer msg;
+  while (stream->Read(&msg)) {
+    // Any message shows the worker alive: stamped as it is read, before
+    // anything below waits for a lock (CheckLiveness).
+    HeardFrom(id);
+    if (msg.has_heartbeat()) {
+      OnHeartbeat(id, msg);
+    } else if (msg.has_timeline()) {
+      OnTimelineChunk(id, *msg.mutable_timeline());
+    } else if (msg.has_transfer_failed()) {
+      RelayTransferFailure(id, msg.transfer_failed());
+    } else if (msg.has_calls_done()) {
+      control_bytes_in_ += msg.ByteSizeLong();
+      OnCallsDone(id, msg.calls_done());
+    }
+    Handled(id);
+  }
+  EndWorkerSession(id);
+  return grpc::Status::OK;
+}
+
+grpc::Status ServerImpl::CheckRegistration(
+    grpc::ServerContext* ctx, const proto::WorkerToServer& first) const {
+  // A worker of another release would misread the ops it is sent.
+  if (absl::Status v = CheckProtocolVersion(
+          "server", "worker", first.register_().protocol_version());
+      !v.ok()) {
+    SPDLOG_WARN("refused a worker registration from host {} (pid {}): {}",
+                first.register_().host_name(), first.register_().pid(),
+                std::string(v.message()));
+    return grpc::Status(grpc::FAILED_PRECONDITION, std::string(v.message()));
+  }
+  // Only a process that holds the cluster secret may join: a worker
+  // receives programs and pushed tensors of every client.
+  const std::string& credential = first.register_().credential();
+  if (!secret_.Verify(CredentialRole::kWorker, 0,
+                      reinterpret_cast<const uint8_t*>(credential.data()),
+                      credential.size())) {
+    SPDLOG_WARN(
+        "refused a worker registration from host {} (pid {}, peer {}): "
+        "{} worker credential",
+        first.register_().host_name(), first.register_().pid(), ctx->peer(),
+        credential.empty() ? "no" : "a wrong");
+    return grpc::Status(
+        grpc::PERMISSION_DENIED,
+        absl::StrCat("worker registration refused: ",
+                     credential.empty()
+                         ? "no worker credential"
+                         : "the worker credential does not match",
+                     " (start the worker with this cluster's secret: $",
+                     kClusterSecretEnv, " or --secret-file)"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
+                                        WorkerStream* stream,
+                                        const proto::WorkerToServer& first,
+                                        const std::string& rejoined,
+                                        int64_t* id_out) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) {
+    // Too late to be cancelled by Shutdown(): refused instead.
+    return grpc::Status(grpc::CANCELLED, "the server is shutting down");
+  }
+  control_bytes_in_ += first.ByteSizeLong();
+  const absl::Time now = options_.clock->Now();
+  WorkerRecord& w = state_.AddWorker(first.register_(), now);
+  w.generation = ++generation_;
+  const int64_t id = w.id;
+  // Heard from as it registered, before anything is sent to it.
+  HeardFrom(id, now);
+  // The first message also carries what the worker needs to know of
+  // this session.
+  proto::ServerToWorker hello;
+  hello.set_protocol_version(kProtocolVersion);
+  hello.set_generation(w.generation);
+  hello.set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
+  hello.set_rejoined(rejoined);
+  // One message, reused: the first carries the hello; clearing it
+  // keeps its ops' shells, which the next write fills (no allocation
+  // per op).
+  auto queue = std::make_shared<WorkerQueue>(
+      [stream, id,
+       msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
+        msg.set_worker_id(id);
+        for (auto& op : ops) *msg.add_ops() = std::move(op);
+        const bool written = stream->Write(msg);
+        msg.Clear();
+        return written;
+      });
+  // Tell the newcomer about everyone (itself included, so its first
+  // message carries its id) and everyone about the newcomer.
+  for (auto& [oid, other] : state_.workers()) {
+    if (other.alive) queue->Push(PeerOp(other));
+  }
+  scheduler_.Broadcast(PeerOp(w));
+  // A spare, or a host that rejoins, has every XLA program's
+  // executables ahead, to take a place at once.
+  for (proto::WorkerOp& load : state_.LoadsForStandby(id)) {
+    queue->Push(std::move(load));
+  }
+  scheduler_.AddWorker(id, std::move(queue));
+  {
+    absl::MutexLock admission(&admission_mu_);
+    admission_.AddWorker(id, first.register_().devices_size());
+  }
+  worker_contexts_[id] = ctx;
+  AnswerSlicesLocked();    // slice requests that waited for its devices
+  ResolveAwaitedLocked();  // slices that waited for a host
+  SPDLOG_INFO(
+      "worker {} registered: host {}, {} device(s), pid {}, data plane "
+      "{}, generation {}{}",
+      id, first.register_().host_name(), first.register_().devices_size(),
+      first.register_().pid(), first.register_().data_address(), w.generation,
+      rejoined.empty() ? "" : "; it rejoins: " + rejoined);
+  *id_out = id;
+  return grpc::Status::OK;
+}
+
+void ServerImpl::OnHeartbeat(int64_t id, const proto::WorkerToServer& msg) {
+  const int64_t read_ns = timeline_.NowNs();
+  {
+    absl::MutexLock lock(&mu_);
+    control_bytes_in_ += msg.ByteSizeLong();
+    if (WorkerRecord* w = state_.FindWorker(id)) {
+      w->stats = msg.heartbeat();
+      w->last_heartbeat = options_.clock->Now();
+      w->heartbeats++;
+    }
+  }
+  OnClockProbe(id, msg.heartbeat().clock(), read_ns);
+}
+
+void ServerImpl::OnCallsDone(int64_t id, const proto::CallsDone& done) {
+  bool pending = false;
+  {
+    absl::MutexLock admission(&admission_mu_);
+    admission_.Completed(id, done);
+    for (uint64_t copy : done.copies_done()) {
+      copies_arrived_.push_back(copy);
+    }
+    pending = CompletionsPendingLocked();
+    // Nothing for the records (a call ends with its last worker's
+    // report): the room it left is used now, under this one lock.
+    if (!pending) AdmitLocked();
+  }
+  // Into the records (ApplyCompletionsLocked) if the state lock is
+  // free; the releases they let go then ride with the calls that the
+  // room they left admits (one write to each worker, not two). If a
+  // client's batch is being routed, it applies them as it ends.
+  // Admission never waits for the state lock.
+  if (pending) {
+    WorkerOps releases;
+    bool applied = false;
+    if (mu_.TryLock()) {
+      ApplyCompletionsLocked(&releases);
+      mu_.Unlock();
+      applied = true;
+    }
+    bool wait_for_state = false;
+    {
+      absl::MutexLock admission(&admission_mu_);
+      AdmitLocked(std::move(releases));
+      wait_for_state =
+          !applied && !routing_batch_ && CompletionsPendingLocked();
+    }
+    if (wait_for_state) {  // another holder of the state lock (rare)
+      absl::MutexLock lock(&mu_);
+      ApplyCompletionsLocked(&releases);
+      if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+    }
+  }
+}
+
+void ServerImpl::EndWorkerSession(int64_t id) {
+  WorkerDown(id, absl::StrCat("worker ", id,
+                              " lost its connection to the "
+                              "server (process exited or was killed)"));
+  {
+    absl::MutexLock lock(&heard_mu_);
+    heard_.erase(id);
+  }
+  ForgetTimelineOf(id);
+  std::shared_ptr<WorkerQueue> queue;
+  {
+    absl::MutexLock lock(&mu_);
+    queue = scheduler_.RemoveWorker(id);
+    worker_contexts_.erase(id);
+  }
+  // The writer uses `stream`, which dies when this handler returns: stop
+  // it here. A client session waiting for room may still hold the queue
+  // (and destroy it later); it no longer writes.
+  if (queue) queue->Stop();
+}
+
+proto::WorkerOp ServerImpl::PeerOp(const WorkerRecord& w) {
+  proto::WorkerOp op;
+  auto* p = op.mutable_peer();
+  p->set_worker_id(w.id);
+  p->set_machine_id(w.info.machine_id());
+  p->set_data_address(w.info.data_address());
+  p->set_unix_path(w.info.unix_path());
+  p->set_generation(w.generation);
+  return op;
+}
+
+std::string ServerImpl::PreviousRegistration(const proto::RegisterWorker& reg) {
+  if (reg.previous_worker_id() == 0) return "";
+  const std::string was =
+      absl::StrCat("worker ", reg.previous_worker_id(), " (generation ",
+                   reg.previous_generation(), ")");
+  bool alive = false;
+  {
+    absl::MutexLock lock(&mu_);
+    const WorkerRecord* old = state_.FindWorker(reg.previous_worker_id());
+    if (old == nullptr || old->generation != reg.previous_generation()) {
+      return absl::StrCat(was,
+                          " is not one of this server's registrations (the "
+                          "server restarted)");
+    }
+    if (!old->alive) {
+      return absl::StrCat(was, " was declared down: ", old->down_reason);
+    }
+    alive = true;
+  }
+  if (alive) {
+    WorkerDown(reg.previous_worker_id(),
+               absl::StrCat("worker ", reg.previous_worker_id(),
+                            " lost its session and rejoined as a fresh "
+                            "host"));
+  }
+  return absl::StrCat(was, " was declared down as it rejoined");
+}
+
+void ServerImpl::RelayTransferFailure(int64_t from,
+                                      const proto::TransferFailed& failed) {
+  absl::MutexLock lock(&mu_);
+  control_bytes_in_ += failed.ByteSizeLong();
+  SPDLOG_WARN("worker {}: {}", from, failed.status().message());
+  const WorkerRecord* dst = state_.FindWorker(failed.dst_worker_id());
+  if (dst == nullptr || !dst->alive) return;  // PeerDown said it all
+  proto::WorkerOp op;
+  *op.mutable_transfer_failed() = failed;
+  scheduler_.Send(failed.dst_worker_id(), std::move(op));
+}
+
+namespace {
+
+// A unit taken from admission as work to route again (recovery).
+TakenWork Taken(AdmissionUnit unit) {
+  TakenWork t;
+  t.call_seq = unit.call_seq;
+  for (auto& [w, list] : unit.ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (op.has_load()) t.unsent_loads.emplace_back(w, op.load().program_id());
+    }
+  }
+  if (unit.call_seq != 0) return t;
+  for (auto& [w, list] : unit.ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (!op.has_release()) continue;
+      for (uint64_t b : op.release().buffer_ids()) {
+        if (std::find(t.release_ids.begin(), t.release_ids.end(), b) ==
+            t.release_ids.end()) {
+          t.release_ids.push_back(b);
+        }
+      }
+    }
+  }
+  // Ops other than releases (failures of refused calls) stay.
+  for (auto& [w, list] : unit.ops) {
+    for (proto::WorkerOp& op : list) {
+      if (!op.has_release()) t.ops[w].push_back(std::move(op));
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
+                            bool only_if_silent) {
+  const int64_t start_ns = timeline_.NowNs();
+  absl::MutexLock lock(&mu_);
+  WorkerRecord* w = state_.FindWorker(id);
+  if (w == nullptr || !w->alive) return;
+  if (only_if_silent && !Silent(id)) return;
+  // What is known done counts as done: it need not run again.
+  {
+    WorkerOps releases;
+    ApplyCompletionsLocked(&releases);
+    if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+  }
+  std::string message = absl::StrCat(reason, " [host ", w->info.host_name(),
+                                     ", pid ", w->info.pid(), "]");
+  if (shutdown_) {
+    SPDLOG_INFO("{}", message);  // expected: the cluster is going down
+  } else {
+    SPDLOG_WARN("{}", message);
+  }
+  const absl::Time now = options_.clock->Now();
+  // A slice waiting for a host that loses another breaks (one at a time).
+  for (const WorkerLoss& ended : state_.EndAwaited(now, id)) {
+    SPDLOG_WARN("slice(s) waiting since worker {} was lost break: {}",
+                ended.worker_id, ended.reason);
+    SettleLossLocked(ended);
+  }
+  const WorkerLoss loss = state_.LoseWorker(
+      id, message, now, shutdown_ ? absl::ZeroDuration() : options_.spare_wait);
+  {
+    absl::MutexLock admission(&admission_mu_);
+    admission_.RemoveWorker(id);
+    // Clients whose slices were remapped onto a spare, or wait for one:
+    // their work waiting at admission is routed again on the new map
+    // (ClusterState::RecoverClient) as their loss is settled.
+    for (uint64_t c : loss.clients) {
+      if (!state_.HoldsAny(c, loss.remapped) &&
+          !state_.HoldsAny(c, loss.awaiting)) {
+        continue;
+      }
+      std::vector<AdmissionUnit>& held = held_units_[c];
+      for (AdmissionUnit& unit : admission_.TakePending(c)) {
+        held.push_back(std::move(unit));
+      }
+    }
+    // Calls still waiting that need it fail now, in their place, rather
+    // than after the calls in front of them have run.
+    const int64_t failed =
+        admission_.FailCallsOn(id, absl::UnavailableError(message));
+    if (failed > 0) {
+      SPDLOG_INFO("failed {} waiting call(s) that needed worker {}", failed,
+                  id);
+    }
+    AdmitLocked();
+  }
+  proto::WorkerOp down;
+  down.mutable_peer_down()->set_worker_id(id);
+  down.mutable_peer_down()->set_generation(w->generation);
+  *down.mutable_peer_down()->mutable_status() =
+      StatusToProto(absl::UnavailableError(message));
+  scheduler_.Broadcast(down, /*except=*/id);
+  auto ctx = worker_contexts_.find(id);
+  if (ctx != worker_contexts_.end()) ctx->second->TryCancel();
+  if (loss.spare != 0) {
+    SPDLOG_INFO("worker {}'s {} slice(s) remapped onto spare worker {}", id,
+                loss.remapped.size(), loss.spare);
+  }
+  if (loss.promoted != 0) {
+    SPDLOG_INFO(
+        "worker {} held no slice: spare worker {} takes its place as a host "
+        "for new slices",
+        id, loss.promoted);
+    AnswerSlicesLocked();  // requests that waited for its devices
+  }
+  if (!loss.awaiting.empty()) {
+    SPDLOG_WARN(
+        "worker {}'s {} slice(s) wait up to {} for a host to take its place "
+        "(no spare is free); their clients' work waits meanwhile",
+        id, loss.awaiting.size(), absl::FormatDuration(options_.spare_wait));
+  }
+  SettleLossLocked(loss);
+  TellReleasedPutsLocked();
+  RecordRecovery(loss.spare != 0 ? "host lost, its slices remapped onto a spare"
+                 : !loss.awaiting.empty()
+                     ? "host lost, its slices wait for a host"
+                 : !loss.broken.empty() ? "host lost, its slices broke"
+                                        : "host lost",
+                 start_ns, id);
+}
+
+void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
+  const proto::Status lost = StatusToProto(absl::UnavailableError(loss.reason));
+  for (uint64_t c : loss.clients) {
+    const bool remapped = state_.HoldsAny(c, loss.remapped);
+    const bool waits = state_.HoldsAny(c, loss.awaiting);
+    auto queue = client_queues_.find(c);
+    if (waits || queue == client_queues_.end()) continue;  // heard later
+    proto::ServerToClient note;
+    auto* wd = note.add_workers_down();
+    wd->set_worker_id(loss.worker_id);
+    *wd->mutable_status() = lost;
+    // Units held for a slice of it still waiting on another loss stay.
+    std::vector<AdmissionUnit> held;
+    if (!state_.Awaiting(c)) {
+      auto h = held_units_.find(c);
+      if (h != held_units_.end()) {
+        held = std::move(h->second);
+        held_units_.erase(h);
+      }
+    }
+    if (remapped) {
+      std::vector<TakenWork> taken;
+      for (AdmissionUnit& unit : held) taken.push_back(Taken(std::move(unit)));
+      const int64_t start_ns = timeline_.NowNs();
+      ClientRecovery rec = state_.RecoverClient(c, loss, std::move(taken));
+      RecordRecovery("work recomputed or restored", start_ns, loss.worker_id,
+                     c);
+      SPDLOG_INFO(
+          "client {}: {} unit(s) of work routed again, {} buffer(s) under "
+          "new ids, {} lost",
+          c, rec.work.size(), rec.note.new_ids_size(),
+          rec.note.lost_ids_size());
+      {
+        absl::MutexLock admission(&admission_mu_);
+        for (RoutedWork& w : rec.work) {
+          admission_.Enqueue(c,
+                             MakeAdmissionUnit(std::move(w.ops), w.call_seq));
+        }
+        AdmitLocked();
+      }
+      *note.add_recoveries() = std::move(rec.note);
+    } else if (state_.HoldsAny(c, loss.broken)) {
+      // No spare: what depended on the lost host fails now, everywhere.
+      proto::Recovery gone = state_.LoseOnBrokenSlices(c, loss);
+      if (gone.lost_ids_size() > 0) {
+        SPDLOG_INFO("client {}: {} buffer(s) lost with worker {}", c,
+                    gone.lost_ids_size(), loss.worker_id);
+        *note.add_recoveries() = std::move(gone);
+      }
+    }
+    if (!remapped && !held.empty()) {
+      // The slice broke after waiting: what it held fails where it needed
+      // the lost host, in the client's order.
+      absl::MutexLock admission(&admission_mu_);
+      for (AdmissionUnit& unit : held) admission_.Enqueue(c, std::move(unit));
+      admission_.FailCallsOn(loss.worker_id,
+                             absl::UnavailableError(loss.reason));
+      AdmitLocked();
+    }
+    queue->second->Push(std::move(note));
+  }
+}
+
+void ServerImpl::ResolveAwaitedLocked() {
+  if (state_.awaited().empty()) return;
+  std::vector<WorkerLoss> settled = state_.ResumeAwaited();
+  for (const WorkerLoss& loss : settled) {
+    SPDLOG_INFO(
+        "worker {}'s {} slice(s), which waited for a host, remapped onto "
+        "worker {}",
+        loss.worker_id, loss.remapped.size(), loss.spare);
+  }
+  for (WorkerLoss& loss : state_.EndAwaited(options_.clock->Now())) {
+    SPDLOG_WARN("worker {}'s {} slice(s) break: {}", loss.worker_id,
+                loss.broken.size(), loss.reason);
+    settled.push_back(std::move(loss));
+  }
+  for (const WorkerLoss& loss : settled) SettleLossLocked(loss);
+  if (!settled.empty()) TellReleasedPutsLocked();
+}
+
+void ServerImpl::LivenessLoop() {
+  // Real time, not the injected clock: what stalls is this process,
+  // whatever a test's clock says (a FakeClock test calls CheckLiveness
+  // itself after Advance; this loop's real period does not matter there).
+  Clock* const real = Clock::Real();
+  absl::Time last = real->Now();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&shutdown_),
+                               LivenessCheckPeriod(options_))) {
+        return;
+      }
+    }
+    const absl::Time now = real->Now();
+    if (ServerStalled(now - last, options_)) ExcuseSilence(now - last);
+    last = now;
+    CheckLiveness();
+  }
+}
+
+void ServerImpl::ExcuseSilence(absl::Duration stalled) {
+  const absl::Time now = options_.clock->Now();
+  size_t excused = 0;
+  {
+    absl::MutexLock lock(&heard_mu_);
+    for (auto& [id, heard] : heard_) {
+      if (heard.at < now) {
+        heard.at = now;
+        ++excused;
+      }
+    }
+  }
+  SPDLOG_WARN(
+      "the server did not run for {} (this process or its machine "
+      "stalled); the silence of its {} worker(s) over that time is not "
+      "theirs: each has a whole deadline ({}) from now",
+      absl::FormatDuration(stalled), excused,
+      absl::FormatDuration(options_.heartbeat_timeout));
+}
+
+}  // namespace plexus

@@ -1,0 +1,489 @@
+#include "plexus/server/why/why.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "plexus/common/ids.h"
+
+namespace plexus {
+namespace {
+
+// A chain longer than this is cut (records form no cycle, but a bound
+// keeps one status request cheap whatever the job).
+constexpr int kMaxChain = 256;
+
+std::string ProgramName(const ClusterState& state, const CallRecord& call) {
+  const ClientRecord* client = state.FindClient(call.client_id);
+  if (client != nullptr) {
+    auto it = client->programs.find(call.program_id);
+    if (it != client->programs.end()) return it->second.def.name();
+  }
+  return absl::StrCat("program ", call.program_id);
+}
+
+// Where the client issued `call` (Call.site: "train.py:58 in step"), or
+// null when it did not say.
+const std::string* SiteOf(const ClusterState& state, const CallRecord& call) {
+  if (call.site == 0) return nullptr;
+  const ClientRecord* client = state.FindClient(call.client_id);
+  if (client == nullptr) return nullptr;
+  auto it = client->call_sites.find(call.site);
+  return it == client->call_sites.end() ? nullptr : &it->second;
+}
+
+// "call 12 ('consumer' issued at train.py:58 in step)".
+std::string CallName(const ClusterState& state, const CallRecord& call) {
+  const std::string* site = SiteOf(state, call);
+  return absl::StrCat("call ", call.call_id, " ('", ProgramName(state, call),
+                      "'", site ? absl::StrCat(" issued at ", *site) : "", ")");
+}
+
+std::string Seconds(absl::Duration d) {
+  return absl::StrCat(absl::ToInt64Milliseconds(d) / 100 / 10.0, " s");
+}
+
+struct Root {
+  std::string reason;
+  std::string blame_host;
+};
+
+std::string MiB(int64_t bytes) {
+  return absl::StrCat(absl::StrFormat("%.1f", bytes / 1048576.0), " MiB");
+}
+
+// Device `d` of `worker` is full and something waits on it for room: how
+// full, and whose values hold it (from the records: every live buffer of a
+// slice mapped onto it, its shard's bytes, by client), the most first.
+std::string FullDevice(const ClusterState& state, const WorkerRecord& worker,
+                       int32_t d, int64_t waiting) {
+  struct Held {
+    int64_t bytes = 0;
+    int64_t values = 0;
+  };
+  std::map<uint64_t, Held> by_client;
+  for (const auto& [id, b] : state.records().buffers()) {
+    if (b.released) continue;
+    auto slice = state.slices().find(b.slice_id);
+    if (slice == state.slices().end()) continue;
+    const std::vector<DeviceRef>& devices = slice->second.devices;
+    int64_t shards_here = 0;
+    for (const DeviceRef& ref : devices) {
+      if (ref.worker_id == worker.id && ref.device == d) ++shards_here;
+    }
+    if (shards_here == 0) continue;
+    absl::StatusOr<TensorSpec> local =
+        b.spec().Local(static_cast<int>(devices.size()));
+    const int64_t shard =
+        local.ok() ? local->byte_size() : b.spec().global.byte_size();
+    Held& h = by_client[ClientOfBuffer(id)];
+    h.bytes += shard * shards_here;
+    ++h.values;
+  }
+  std::vector<std::pair<uint64_t, Held>> holders(by_client.begin(),
+                                                 by_client.end());
+  std::sort(holders.begin(), holders.end(), [](const auto& a, const auto& b) {
+    return a.second.bytes > b.second.bytes;
+  });
+  std::vector<std::string> named;
+  for (size_t i = 0; i < holders.size() && i < 3; ++i) {
+    const auto& [client_id, held] = holders[i];
+    const ClientRecord* c = state.FindClient(client_id);
+    named.push_back(absl::StrCat("client ", client_id,
+                                 c != nullptr && !c->name.empty()
+                                     ? absl::StrCat(" (", c->name, ")")
+                                     : "",
+                                 " ", MiB(held.bytes), " in ", held.values,
+                                 held.values == 1 ? " value" : " values"));
+  }
+  if (holders.size() > 3) {
+    absl::StrAppend(&named.back(), ", and ", holders.size() - 3,
+                    " more client(s)");
+  }
+  const int64_t used = d < worker.stats.device_live_bytes_size()
+                           ? worker.stats.device_live_bytes(d)
+                           : 0;
+  int64_t budget = 0;
+  for (const proto::DeviceInfo& info : worker.info.devices()) {
+    if (info.index() == d) budget = info.memory_bytes();
+  }
+  return absl::StrCat(
+      "device ", d, " of host ", worker.info.host_name(), " is full (",
+      MiB(used), " of ", MiB(budget), " in use; ", MiB(waiting),
+      " wait for room)",
+      named.empty() ? ""
+                    : absl::StrCat(", held by ", absl::StrJoin(named, "; ")),
+      ": release values no longer needed (or donate them), or give the "
+      "workers more memory (--device-memory-mib)");
+}
+
+// How long `worker` has been compiling an island of `program_id`, by its
+// last report (the time it gave then, plus the time since), or zero if it
+// said it is not.
+absl::Duration Compiling(const WorkerRecord& worker, uint64_t program_id,
+                         absl::Time now) {
+  absl::Duration longest = absl::ZeroDuration();
+  for (const proto::CompileInProgress& c : worker.stats.compiling()) {
+    if (c.program_id() != program_id) continue;
+    longest = std::max(longest, absl::Milliseconds(c.elapsed_ms()) +
+                                    std::max(absl::ZeroDuration(),
+                                             now - worker.last_heartbeat));
+  }
+  return longest;
+}
+
+// The first call not done in each device's queue: of the calls routed to
+// a device (its slice's), the one routed first (lowest seq). A device runs
+// its calls in that order, so a later call waits behind it.
+using Heads = absl::flat_hash_map<std::pair<int64_t, int32_t>,
+                                  std::pair<uint64_t, const CallRecord*>>;
+
+Heads QueueHeads(const ClusterState& state) {
+  Heads heads;
+  for (const auto& [seq, call] : state.records().calls()) {
+    if (call.done || call.routed == absl::InfinitePast()) continue;
+    auto slice = state.slices().find(call.slice_id);
+    if (slice == state.slices().end()) continue;
+    for (const DeviceRef& d : slice->second.devices) {
+      auto [it, fresh] = heads.try_emplace({d.worker_id, d.device}, seq, &call);
+      if (!fresh && seq < it->second.first) it->second = {seq, &call};
+    }
+  }
+  return heads;
+}
+
+// What keeps `worker` from working, if anything: lost, or silent for
+// longer than options.silent_after (a stopped or hung process).
+std::optional<std::string> HostTrouble(const WorkerRecord& worker,
+                                       const WhyOptions& options) {
+  const std::string& host = worker.info.host_name();
+  if (!worker.alive) {
+    return absl::StrCat("host ", host, " (worker ", worker.id,
+                        ") was lost: ", worker.down_reason);
+  }
+  const absl::Duration silent = options.now - worker.last_heartbeat;
+  if (silent > options.silent_after) {
+    return absl::StrCat("host ", host, " (worker ", worker.id, ", pid ",
+                        worker.info.pid(), ") has sent no heartbeat for ",
+                        absl::ToInt64Milliseconds(silent),
+                        " ms: its process is stopped (SIGSTOP) or hung, and "
+                        "is declared lost once the heartbeat timeout passes");
+  }
+  return std::nullopt;
+}
+
+// Of `seq`'s workers, those that have not reported it done (null:
+// unknown, so none counts as finished).
+const absl::InlinedVector<int64_t, 4>* NotDone(uint64_t seq,
+                                               const WhyOptions& options) {
+  if (options.not_done == nullptr) return nullptr;
+  auto it = options.not_done->find(seq);
+  return it == options.not_done->end() ? nullptr : &it->second;
+}
+
+// A slice's state that keeps every call on it from finishing: released,
+// broken, or waiting for a host.
+std::optional<Root> SliceTrouble(const ClusterState& state,
+                                 const CallRecord& call,
+                                 const WhyOptions& options) {
+  auto slice = state.slices().find(call.slice_id);
+  if (slice == state.slices().end()) {
+    return Root{absl::StrCat("its slice ", call.slice_id,
+                             " was released (the calls on it still run)"),
+                ""};
+  }
+  const SliceRecord& s = slice->second;
+  if (!s.broken.empty()) {
+    return Root{
+        absl::StrCat("its slice ", call.slice_id, " is broken: ", s.broken),
+        ""};
+  }
+  if (!s.awaiting.empty()) {
+    return Root{absl::StrCat("its slice ", call.slice_id,
+                             " waits for a host to take a lost one's place (",
+                             s.awaiting, "), ",
+                             Seconds(s.awaiting_until - options.now), " left"),
+                ""};
+  }
+  return std::nullopt;
+}
+
+// The hosts of a call's slice that have not finished their part, as
+// RootOnHosts surveys them.
+struct CallHosts {
+  std::set<std::string> hosts;
+  // Hosts where an earlier call holds one of its devices, and that call.
+  std::map<std::string, const CallRecord*> behind;
+  // Hosts compiling its program, and for how long.
+  std::map<std::string, absl::Duration> compiling;
+  // Each host's worker.
+  std::map<std::string, const WorkerRecord*> workers;
+};
+
+// Surveys the hosts of `call`'s slice `s` into `out` (`finished` gets
+// those done with their part); a host in trouble (HostTrouble) is the
+// answer at once.
+std::optional<Root> SurveyHosts(const ClusterState& state, uint64_t seq,
+                                const CallRecord& call, const SliceRecord& s,
+                                const Heads& heads, const WhyOptions& options,
+                                std::set<std::string>* finished,
+                                CallHosts* out) {
+  const absl::InlinedVector<int64_t, 4>* not_done = NotDone(seq, options);
+  for (const DeviceRef& d : s.devices) {
+    auto w = state.workers().find(d.worker_id);
+    if (w == state.workers().end()) continue;
+    const WorkerRecord& worker = w->second;
+    const std::string& host = worker.info.host_name();
+    out->workers[host] = &worker;
+    if (not_done != nullptr && std::find(not_done->begin(), not_done->end(),
+                                         d.worker_id) == not_done->end()) {
+      finished->insert(host);  // its part is done: nothing there holds it
+      continue;
+    }
+    auto head = heads.find({d.worker_id, d.device});
+    if (head != heads.end() && head->second.second != &call &&
+        !out->behind.count(host)) {
+      out->behind[host] = head->second.second;
+    }
+    if (absl::Duration c = Compiling(worker, call.program_id, options.now);
+        c > absl::ZeroDuration()) {
+      out->compiling[host] = c;
+    }
+    if (std::optional<std::string> trouble = HostTrouble(worker, options)) {
+      return Root{*trouble, host};
+    }
+    out->hosts.insert(host);
+  }
+  return std::nullopt;
+}
+
+// An input of `call` made on another slice's hosts, whose source host is
+// lost or silent (the transfer waits for it).
+std::optional<Root> InputSourceTrouble(const ClusterState& state,
+                                       const CallRecord& call,
+                                       const CallHosts& on,
+                                       const WhyOptions& options) {
+  // An input made on other hosts (its slice's) comes by a transfer from
+  // there, sent once its call is done: a source host lost, or silent, has
+  // not sent it.
+  for (const CallInput& in : call.inputs) {
+    if (in.slice_id == call.slice_id) continue;
+    auto from = state.slices().find(in.slice_id);
+    if (from == state.slices().end()) continue;
+    for (const DeviceRef& d : from->second.devices) {
+      auto w = state.workers().find(d.worker_id);
+      if (w == state.workers().end() ||
+          on.workers.count(w->second.info.host_name())) {
+        continue;  // gone from the records, or a host of the call's own
+      }
+      if (std::optional<std::string> trouble =
+              HostTrouble(w->second, options)) {
+        return Root{absl::StrCat("its input buffer ", in.buffer_id,
+                                 " is sent from another host, and ", *trouble,
+                                 " (the transfer waits for it)"),
+                    w->second.info.host_name()};
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+// A device of slice `s` whose memory is full, on a host not finished.
+std::optional<Root> FullDeviceOf(const ClusterState& state,
+                                 const SliceRecord& s,
+                                 const std::set<std::string>& finished) {
+  // A device of the slice whose memory is full, with something waiting on
+  // it for room (the root call's output, or the call it is queued behind).
+  for (const DeviceRef& d : s.devices) {
+    auto w = state.workers().find(d.worker_id);
+    if (w == state.workers().end()) continue;
+    const WorkerRecord& worker = w->second;
+    if (finished.count(worker.info.host_name())) continue;
+    const int64_t waiting = d.device < worker.stats.device_waiting_bytes_size()
+                                ? worker.stats.device_waiting_bytes(d.device)
+                                : 0;
+    if (waiting > 0) {
+      return Root{FullDevice(state, worker, d.device, waiting),
+                  worker.info.host_name()};
+    }
+  }
+  return std::nullopt;
+}
+
+// `call` is queued behind another on some host (`on.behind` not empty).
+Root QueuedBehind(const ClusterState& state, const CallRecord& call,
+                  const CallHosts& on, const WhyOptions& options) {
+  // The first such host: what holds it, and where this call is first in
+  // line (a collective there waits for the ranks still queued).
+  const auto& [host, first] = *on.behind.begin();
+  std::vector<std::string> ready;
+  for (const std::string& h : on.hosts) {
+    if (!on.behind.count(h)) ready.push_back(h);
+  }
+  std::string reason = absl::StrCat(
+      "it is queued on host ", host, " behind ", CallName(state, *first),
+      first->client_id == call.client_id
+          ? ""
+          : absl::StrCat(" of client ", first->client_id),
+      ", routed ", Seconds(options.now - first->routed), " ago");
+  // That call may itself wait for its program's compile there.
+  if (absl::Duration c =
+          Compiling(*on.workers.at(host), first->program_id, options.now);
+      c > absl::ZeroDuration()) {
+    absl::StrAppend(&reason, ", whose program '", ProgramName(state, *first),
+                    "' is compiling there (", Seconds(c), " so far)");
+  }
+  if (on.behind.size() > 1) {
+    absl::StrAppend(&reason, " (and on ", on.behind.size() - 1,
+                    " more host(s))");
+  }
+  if (!ready.empty()) {
+    absl::StrAppend(&reason, "; on ", ready.size() == 1 ? "host " : "hosts ",
+                    absl::StrJoin(ready, ", "),
+                    " it is first in line (a collective there waits for "
+                    "the ranks still queued)");
+  }
+  return {reason, host};
+}
+
+// Why `call` (record `seq`), whose inputs are all made (or lost), has not
+// finished, on the hosts that have not finished their part (`finished`
+// gets the others). The first answer that holds, in this order: its
+// slice, a host in trouble, an input's source host, a full device, a call
+// ahead of it, a compile, else it runs.
+Root RootOnHosts(const ClusterState& state, uint64_t seq,
+                 const CallRecord& call, const Heads& heads,
+                 const WhyOptions& options, std::set<std::string>* finished) {
+  if (std::optional<Root> r = SliceTrouble(state, call, options)) return *r;
+  const SliceRecord& s = state.slices().at(call.slice_id);
+  CallHosts on;
+  if (std::optional<Root> r =
+          SurveyHosts(state, seq, call, s, heads, options, finished, &on)) {
+    return *r;
+  }
+  if (std::optional<Root> r = InputSourceTrouble(state, call, on, options)) {
+    return *r;
+  }
+  if (std::optional<Root> r = FullDeviceOf(state, s, *finished)) return *r;
+  if (!on.behind.empty()) return QueuedBehind(state, call, on, options);
+  const std::set<std::string>& hosts = on.hosts;
+  const std::map<std::string, absl::Duration>& compiling = on.compiling;
+  if (!compiling.empty()) {
+    // XLA compiles the program on its hosts (ahead of the first call, or
+    // as the call runs): the call runs once that ends.
+    absl::Duration longest = absl::ZeroDuration();
+    std::vector<std::string> where;
+    for (const auto& [host, c] : compiling) {
+      longest = std::max(longest, c);
+      where.push_back(host);
+    }
+    return {absl::StrCat(
+                "its program '", ProgramName(state, call), "' is compiling on ",
+                where.size() == 1 ? "host " : "hosts ",
+                absl::StrJoin(where, ", "), " (", Seconds(longest), " so far)"),
+            where.front()};
+  }
+  if (hosts.empty() && !finished->empty()) {
+    return {"every host reported its part done; the records hear of it next",
+            ""};
+  }
+  const std::string where = absl::StrJoin(hosts, ", ");
+  return {
+      absl::StrCat("it is running on ", hosts.size() == 1 ? "host " : "hosts ",
+                   where, ", first in line there, which answer (routed ",
+                   Seconds(options.now - call.routed), " ago)"),
+      hosts.empty() ? "" : *hosts.begin()};
+}
+
+// Why the root call `seq` has not finished, and which of its hosts
+// already finished their part.
+Root RootCause(const ClusterState& state, uint64_t seq, const CallRecord& call,
+               const Heads& heads, const WhyOptions& options) {
+  std::set<std::string> finished;
+  Root root = RootOnHosts(state, seq, call, heads, options, &finished);
+  if (!finished.empty()) {
+    absl::StrAppend(&root.reason, "; ",
+                    finished.size() == 1 ? "host " : "hosts ",
+                    absl::StrJoin(finished, ", "),
+                    finished.size() == 1 ? " has finished its part"
+                                         : " have finished their parts");
+  }
+  return root;
+}
+
+}  // namespace
+
+std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
+                                          const WhyOptions& options) {
+  const JobRecords& records = state.records();
+  const Heads heads = QueueHeads(state);
+  std::vector<proto::WhyEntry> entries;
+  for (const auto& [seq, call] : records.calls()) {
+    if (call.done || call.routed == absl::InfinitePast()) continue;
+    const absl::Duration waited = options.now - call.routed;
+    if (waited < options.after) continue;
+    proto::WhyEntry e;
+    e.set_client_id(call.client_id);
+    e.set_call_id(call.call_id);
+    e.set_program(ProgramName(state, call));
+    if (const std::string* site = SiteOf(state, call)) e.set_site(*site);
+    e.set_waited_ms(absl::ToInt64Milliseconds(waited));
+    // Follow the first input not yet made to the call that makes it.
+    const CallRecord* at = &call;
+    uint64_t at_seq = seq;
+    std::string chain;
+    std::string lost;
+    for (int depth = 0; depth < kMaxChain && lost.empty(); ++depth) {
+      const CallRecord* next = nullptr;
+      for (const CallInput& in : at->inputs) {
+        if (const absl::Status* why = state.LostStatus(in.buffer_id)) {
+          lost = absl::StrCat("its input buffer ", in.buffer_id,
+                              " was lost: ", why->message());
+          break;
+        }
+        const BufferRecord* b = records.FindBuffer(in.buffer_id);
+        if (b == nullptr || b->producer == 0) continue;
+        const CallRecord* producer = records.calls().Find(b->producer);
+        if (producer != nullptr && !producer->done) {
+          next = producer;
+          at_seq = b->producer;
+          break;
+        }
+      }
+      if (next == nullptr) break;
+      absl::StrAppend(&chain, chain.empty() ? "" : ", which waits for ",
+                      CallName(state, *next));
+      at = next;
+    }
+    Root root = lost.empty() ? RootCause(state, at_seq, *at, heads, options)
+                             : Root{lost, ""};
+    e.set_root_call_id(at->call_id);
+    e.set_blame_host(root.blame_host);
+    e.set_root_reason(absl::StrCat(CallName(state, *at), ": ", root.reason));
+    e.set_reason(chain.empty()
+                     ? absl::StrCat(CallName(state, call), " has waited ",
+                                    Seconds(waited), ": ", root.reason)
+                     : absl::StrCat(CallName(state, call), " has waited ",
+                                    Seconds(waited), " for its input from ",
+                                    chain, "; ", root.reason));
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const proto::WhyEntry& a, const proto::WhyEntry& b) {
+              return a.waited_ms() > b.waited_ms();
+            });
+  if (static_cast<int>(entries.size()) > options.max_entries) {
+    entries.resize(options.max_entries);
+  }
+  return entries;
+}
+
+}  // namespace plexus

@@ -1,0 +1,67 @@
+// Why is it stuck: the calls that have waited longer than a threshold, each
+// followed through the server's records (JobRecords: calls and the buffers
+// they read, and which call makes each) to the root of its wait, named in
+// one sentence a person can act on:
+//   - an input that was lost (and with which host);
+//   - an input that another call, not done, makes: followed to that call,
+//     and so on to the first call of the chain whose inputs are all there;
+//   - that root call's hosts, or those its inputs made elsewhere are sent
+//     from: one lost, one whose heartbeats stopped (a stopped or hung
+//     process, named with how long it has been silent), or
+//     all alive: then, on each of its devices, the call first in that
+//     device's queue (routed first, not done). Where that is another call
+//     the root is queued behind it, named with its program, the line that
+//     issued it and its client; where it is the root itself the root runs
+//     there — so a collective whose other rank is held by a long call on
+//     one host names that host and that call, and the hosts where its
+//     ranks wait ("first in line"); where its program is compiling on
+//     one of its hosts (WorkerStats.compiling, by the worker's last
+//     heartbeat) the root waits for that compile, named with how long it
+//     has taken so far (so is a call queued behind one whose program
+//     compiles);
+//   - a device of its slice whose memory budget is full while something
+//     waits there for room (the workers report it: WorkerStats.
+//     device_waiting_bytes), named with how full it is and the clients
+//     whose values hold it, the most first (from the records: the live
+//     buffers of slices mapped onto it);
+//   - its slice waiting for a host to take a lost one's place.
+// Hosts that already finished their part of the root call (admission has
+// their reports: WhyOptions::not_done) are named as such, not blamed.
+// Each call is named with the line of the user's program that issued it
+// (Call.site), where the client said.
+// A pure function of the records: `plexus status` (ClusterStatus.why),
+// `plexus why` and client.why() read it.
+//
+// Not yet: calls still at admission (not routed, so without records; the
+// status lists them by client), fetches and puts (the client's, not the
+// server's: the client's progress line shows their bytes).
+#pragma once
+
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
+#include "absl/time/time.h"
+#include "plexus/proto/plexus.pb.h"
+#include "plexus/server/model/cluster_state.h"
+
+namespace plexus {
+
+struct WhyOptions {
+  absl::Time now;
+  absl::Duration after = absl::Seconds(1);  // explain waits longer than this
+  // A live worker silent for longer than this is named as not answering.
+  absl::Duration silent_after = absl::Milliseconds(300);
+  int max_entries = 100;
+  // For calls in flight on the workers (by seq), those that have not
+  // reported them done (Admission::WorkersNotDone); the others finished
+  // their part and are not blamed. Null, or a call not in it: unknown.
+  const absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>*
+      not_done = nullptr;
+};
+
+// The explained waits, the longest first.
+std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
+                                          const WhyOptions& options);
+
+}  // namespace plexus

@@ -1,0 +1,290 @@
+// Why is it stuck (server/why/why.h), driven on ClusterState directly: a chain
+// of calls over two hosts, the root's host silent, lost, or answering.
+#include "plexus/server/why/why.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "plexus/server/model/cluster_state_test_util.h"
+#include "plexus/server/recovery/recovery_test_util.h"
+
+namespace plexus {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+class WhyTest : public ClusterStateTest {
+ protected:
+  void SetUp() override {
+    ClusterStateTest::SetUp();
+    proto::SliceRequest req;
+    req.set_num_devices(1);
+    req.add_hosts("host0");
+    a_ = state_.CreateSlice(client_, req)->slice_id();
+    req.set_hosts(0, "host1");
+    b_ = state_.CreateSlice(client_, req)->slice_id();
+    Register(Id(1), "scale", kReplicated, kReplicated);
+    proto::PutDecl put;
+    put.set_buffer_id(Id(10));
+    put.set_slice_id(a_);
+    *put.mutable_arg() = ToProto(kReplicated);
+    WorkerOps ops;
+    ASSERT_TRUE(state_.RoutePut(client_, put, &ops).ok());
+    // Y = scale(X) on host0, Z = scale(Y) on host1; neither done.
+    state_.set_now(start_);
+    ASSERT_TRUE(
+        state_.RouteCall(client_, Call(a_, Id(10), a_, Id(11)), &ops).ok());
+    ASSERT_TRUE(
+        state_.RouteCall(client_, Call(b_, Id(11), a_, Id(12)), &ops).ok());
+    for (auto& [id, w] : state_.workers()) Worker(id)->last_heartbeat = now_;
+  }
+  proto::Call Call(uint64_t slice, uint64_t in, uint64_t in_slice,
+                   uint64_t out) {
+    return OneInputCall(Id(1), slice, in, in_slice, out);
+  }
+  WorkerRecord* Worker(int64_t id) { return state_.FindWorker(id); }
+  std::vector<proto::WhyEntry> Why() {
+    WhyOptions options;
+    options.now = now_;
+    return ExplainWaits(state_, options);
+  }
+
+  const absl::Time start_ = absl::FromUnixSeconds(1000);
+  const absl::Time now_ = start_ + absl::Seconds(5);
+  uint64_t a_ = 0;
+  uint64_t b_ = 0;
+};
+
+TEST_F(WhyTest, AConsumerIsFollowedToTheCallItWaitsFor) {
+  std::vector<proto::WhyEntry> why = Why();
+  ASSERT_EQ(why.size(), 2u);
+  const proto::WhyEntry* z = why[0].call_id() == Id(12) ? &why[0] : &why[1];
+  EXPECT_EQ(z->waited_ms(), 5000);
+  EXPECT_EQ(z->root_call_id(), Id(11));
+  EXPECT_EQ(z->blame_host(), "host0");
+  EXPECT_THAT(z->reason(),
+              HasSubstr("has waited 5 s for its input from call "));
+  EXPECT_THAT(z->reason(),
+              HasSubstr("it is running on host host0, first in line there"));
+}
+
+TEST_F(WhyTest, ACallQueuedBehindAnotherOnItsDeviceNamesIt) {
+  // W = scale(X) on host0 needs nothing Y makes, but Y holds the device.
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(a_, Id(10), a_, Id(15)), &ops).ok());
+  const proto::WhyEntry* w = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& e : why) {
+    if (e.call_id() == Id(15)) w = &e;
+  }
+  ASSERT_NE(w, nullptr);
+  EXPECT_EQ(w->root_call_id(), Id(15));
+  EXPECT_EQ(w->blame_host(), "host0");
+  EXPECT_THAT(w->reason(),
+              HasSubstr(absl::StrCat("it is queued on host host0 behind call ",
+                                     Id(11), " ('scale'), routed 5 s ago")));
+}
+
+TEST_F(WhyTest, NamesTheLinesOfTheUsersProgramThatIssuedEachCall) {
+  // Two more calls after Z, issued from lines the client named.
+  ClientRecord* client = state_.FindClient(client_);
+  client->call_sites[7] = "train.py:41 in step";
+  client->call_sites[8] = "train.py:58 in main";
+  proto::Call step = Call(a_, Id(12), b_, Id(13));
+  step.set_site(7);
+  proto::Call last = Call(b_, Id(13), a_, Id(14));
+  last.set_site(8);
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
+  ASSERT_TRUE(state_.RouteCall(client_, last, &ops).ok());
+  const proto::WhyEntry* e = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& w : why) {
+    if (w.call_id() == Id(14)) e = &w;
+  }
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->site(), "train.py:58 in main");
+  EXPECT_THAT(e->reason(),
+              HasSubstr("('scale' issued at train.py:58 in main) has waited "
+                        "5 s for its input from call "));
+  EXPECT_THAT(e->reason(), HasSubstr("('scale' issued at train.py:41 in "
+                                     "step), which waits for call "));
+}
+
+TEST_F(WhyTest, ASilentHostIsNamedWithItsPid) {
+  Worker(1)->last_heartbeat = now_ - absl::Seconds(2);
+  for (const proto::WhyEntry& e : Why()) {
+    EXPECT_EQ(e.blame_host(), "host0");
+    EXPECT_THAT(e.reason(), HasSubstr("host host0 (worker 1, pid "));
+    EXPECT_THAT(e.reason(), HasSubstr("has sent no heartbeat for 2000 ms"));
+  }
+}
+
+TEST_F(WhyTest, AFullDeviceIsNamedWithTheClientsWhoseValuesHoldIt) {
+  // host0's device reports an allocation waiting for room: the root call's
+  // output there cannot be made until something is released.
+  Worker(1)->stats.add_device_waiting_bytes(int64_t{3} << 20);
+  int explained = 0;
+  for (const proto::WhyEntry& e : Why()) {
+    ++explained;
+    EXPECT_EQ(e.root_call_id(), Id(11));
+    EXPECT_EQ(e.blame_host(), "host0");
+    EXPECT_THAT(e.reason(), HasSubstr("device 0 of host host0 is full ("));
+    EXPECT_THAT(e.reason(), HasSubstr("3.0 MiB wait for room"));
+    // The put X and the output Y of the root are held on host0's device:
+    // both the test client's.
+    EXPECT_THAT(e.reason(),
+                HasSubstr(absl::StrCat("held by client ", client_)));
+    EXPECT_THAT(e.reason(), HasSubstr("in 2 values"));
+    EXPECT_THAT(e.reason(), HasSubstr("--device-memory-mib"));
+  }
+  EXPECT_EQ(explained, 2);
+  // Once nothing waits there, the root is running again.
+  Worker(1)->stats.clear_device_waiting_bytes();
+  for (const proto::WhyEntry& e : Why()) {
+    EXPECT_THAT(e.reason(), Not(HasSubstr("is full")));
+  }
+}
+
+TEST_F(WhyTest, AProgramCompilingOnItsHostIsNamedWithHowLong) {
+  // host0 said, 100 ms ago, that it had compiled 'scale' for 3 s.
+  proto::CompileInProgress* c = Worker(1)->stats.add_compiling();
+  c->set_program_id(Id(1));
+  c->set_program("scale");
+  c->add_devices(0);
+  c->set_elapsed_ms(3000);
+  Worker(1)->last_heartbeat = now_ - absl::Milliseconds(100);
+  std::vector<proto::WhyEntry> why = Why();
+  ASSERT_EQ(why.size(), 2u);
+  for (const proto::WhyEntry& e : why) {
+    EXPECT_EQ(e.root_call_id(), Id(11));
+    EXPECT_EQ(e.blame_host(), "host0");
+    EXPECT_THAT(e.reason(),
+                HasSubstr("its program 'scale' is compiling on host host0 "
+                          "(3.1 s so far)"));
+    // The root alone, for a one-line display.
+    EXPECT_EQ(e.root_reason(),
+              absl::StrCat("call ", Id(11),
+                           " ('scale'): its program 'scale' is compiling on "
+                           "host host0 (3.1 s so far)"));
+  }
+  // A call queued behind the compiling one names the compile too.
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(a_, Id(10), a_, Id(15)), &ops).ok());
+  bool queued = false;
+  for (const proto::WhyEntry& e : Why()) {
+    if (e.call_id() != Id(15)) continue;
+    queued = true;
+    EXPECT_THAT(e.reason(),
+                HasSubstr(absl::StrCat(
+                    "it is queued on host host0 behind call ", Id(11),
+                    " ('scale'), routed 5 s ago, whose program 'scale' is "
+                    "compiling there (3.1 s so far)")));
+  }
+  EXPECT_TRUE(queued);
+}
+
+TEST_F(WhyTest, ACompileOfAnotherProgramIsNotTheCause) {
+  proto::CompileInProgress* c = Worker(1)->stats.add_compiling();
+  c->set_program_id(Id(2));
+  c->set_program("other");
+  c->set_elapsed_ms(3000);
+  for (const proto::WhyEntry& e : Why()) {
+    EXPECT_THAT(e.reason(), Not(HasSubstr("compiling")));
+    EXPECT_THAT(e.reason(), HasSubstr("it is running on host host0"));
+  }
+}
+
+TEST_F(WhyTest, ALostInputIsTheRoot) {
+  WorkerLoss loss = state_.LoseWorker(1, "killed [host host0, pid 7]");
+  state_.LoseOnBrokenSlices(client_, loss);
+  int explained = 0;
+  for (const proto::WhyEntry& e : Why()) {
+    if (e.call_id() != Id(12)) continue;
+    ++explained;
+    EXPECT_THAT(e.reason(), HasSubstr("was lost"));
+    EXPECT_THAT(e.reason(), HasSubstr("host0"));
+  }
+  EXPECT_EQ(explained, 1);
+}
+
+TEST_F(WhyTest, AnInputWhoseSourceHostIsSilentNamesThatHost) {
+  // Y's call is done on host0, but host0 went silent before its transfer
+  // of Y to host1 arrived: Z, first in line on host1, waits for host0.
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (call.call_id != Id(11)) continue;
+    WorkerOps ops;
+    state_.CallDone(seq, /*failed=*/false, &ops);
+    break;
+  }
+  Worker(1)->last_heartbeat = now_ - absl::Seconds(2);
+  std::vector<proto::WhyEntry> why = Why();
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_EQ(why[0].call_id(), Id(12));
+  EXPECT_EQ(why[0].root_call_id(), Id(12));
+  EXPECT_EQ(why[0].blame_host(), "host0");
+  EXPECT_THAT(why[0].reason(),
+              HasSubstr(absl::StrCat("its input buffer ", Id(11),
+                                     " is sent from another host, and host "
+                                     "host0 (worker 1, pid ")));
+  EXPECT_THAT(why[0].reason(), HasSubstr("the transfer waits for it"));
+  // Heard from again, host0 is not blamed: Z runs on host1.
+  Worker(1)->last_heartbeat = now_;
+  EXPECT_THAT(Why()[0].reason(), HasSubstr("it is running on host host1"));
+}
+
+TEST_F(WhyTest, AHostThatFinishedItsPartIsNamedAndNotBlamed) {
+  // A call over both hosts, after Y's on host0 (still running there).
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  req.add_hosts("host0");
+  req.add_hosts("host1");
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  const uint64_t both = state_.CreateSlice(client_, req)->slice_id();
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(both, Id(10), a_, Id(13)), &ops).ok());
+  uint64_t seq = 0;
+  for (const auto& [s, call] : state_.records().calls()) {
+    if (call.call_id == Id(13)) seq = s;
+  }
+  ASSERT_NE(seq, 0u);
+  auto explain =
+      [&](const absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>*
+              not_done) {
+        WhyOptions options;
+        options.now = now_;
+        options.not_done = not_done;
+        for (const proto::WhyEntry& e : ExplainWaits(state_, options)) {
+          if (e.call_id() == Id(13)) return e;
+        }
+        return proto::WhyEntry();
+      };
+  // Without admission's reports both hosts count.
+  EXPECT_THAT(explain(nullptr).reason(), Not(HasSubstr("finished")));
+  // host1 (worker 2) reported its part done; host0 (worker 1) has not.
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> not_done;
+  not_done[seq] = {1};
+  proto::WhyEntry e = explain(&not_done);
+  EXPECT_EQ(e.blame_host(), "host0");
+  EXPECT_THAT(e.reason(), HasSubstr("; host host1 has finished its part"));
+  EXPECT_THAT(e.reason(), Not(HasSubstr("on host host1 it is")));
+  EXPECT_THAT(e.reason(), Not(HasSubstr("hosts host0, host1")));
+  // Silent now, host1 is not blamed either: its part is done.
+  Worker(2)->last_heartbeat = now_ - absl::Seconds(2);
+  EXPECT_EQ(explain(&not_done).blame_host(), "host0");
+}
+
+TEST_F(WhyTest, AShortWaitAndADoneCallAreNotListed) {
+  WhyOptions options;
+  options.now = start_ + absl::Milliseconds(500);
+  EXPECT_TRUE(ExplainWaits(state_, options).empty());
+}
+
+}  // namespace
+}  // namespace plexus
