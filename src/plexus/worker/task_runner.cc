@@ -211,7 +211,9 @@ absl::Status TaskRunner::MakeOutputs(
       continue;
     }
     const int alias =
-        program.kernel ? program.kernel->signature().AliasedInput(static_cast<int>(o)) : -1;
+        program.kernel
+            ? program.kernel->signature().AliasedInput(static_cast<int>(o))
+            : -1;
     if (alias >= 0 && alias < static_cast<int>(ctx->inputs.size()) &&
         ctx->inputs[alias].spec == *local) {
       // Immutable buffers: the output is the input's buffer, no copy.

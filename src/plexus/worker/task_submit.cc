@@ -58,7 +58,8 @@ void TaskRunner::Submit(proto::Execute& incoming,
 absl::Status TaskRunner::SetUpCollective(CallContext& call) {
   const proto::Execute& exec = call.exec;
   if (!(call.program && call.program->kernel &&
-        call.program->kernel->signature().is_collective() && exec.peers_size() > 0)) {
+        call.program->kernel->signature().is_collective() &&
+        exec.peers_size() > 0)) {
     return absl::OkStatus();
   }
   std::vector<CallCollective::Peer> peers;
@@ -220,7 +221,8 @@ void TaskRunner::Enqueue(const std::shared_ptr<CallContext>& call) {
       .client = exec.client_id(),
       .start_tag = exec.start_tag(),
       .reorderable = program != nullptr && program->kernel != nullptr &&
-                     !program->kernel->signature().is_collective() && !program->xla};
+                     !program->kernel->signature().is_collective() &&
+                     !program->xla};
   const bool collective_kernel =
       program != nullptr && program->kernel != nullptr &&
       program->kernel->signature().is_collective() && !program->xla;
