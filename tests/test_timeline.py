@@ -1,4 +1,4 @@
-"""The timeline (docs/ARCHITECTURE.md, "The timeline"): every process
+"""The timeline (docs/observability.md, "The timeline"): every process
 records what it did in a bounded ring; `plexus trace` and `client.trace()`
 collect the rings through the server and write a Chrome trace-event file
 (Perfetto, TensorBoard). Checked against the server's own records, and

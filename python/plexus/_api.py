@@ -256,7 +256,7 @@ class Client:
         first, as a dict with `reason` (one sentence: the chain of calls it
         waits for and the root cause, naming the host), `blame_host`,
         `waited_ms`, `program`, `call_id` and `root_call_id`. The server
-        follows its records (docs/ARCHITECTURE.md, "Why is it stuck");
+        follows its records (docs/observability.md, "Why is it stuck");
         `plexus why` shows every client's."""
         if self._address is None:
             raise RuntimeError("this client does not know its server's "
@@ -292,7 +292,7 @@ class Client:
         issued it (and its graph, if any), flows from each transfer to the
         task that reads it, and this process's own track: the calls it
         issued and its puts, fetches and waits, on the server's clock
-        (docs/ARCHITECTURE.md, "The timeline"). Collected as the block
+        (docs/observability.md, "The timeline"). Collected as the block
         ends: wait for the results you want to see inside it. Returns (as
         the `with` target) a dict that holds the trace's summary once the
         block has ended."""

@@ -6,7 +6,7 @@ Perfetto (ui.perfetto.dev) and TensorBoard open.
         ...                                  # calls, puts, fetches
     plexus trace --seconds 10 -o job.json    # the whole cluster
 
-docs/ARCHITECTURE.md ("The timeline") says what the trace shows.
+docs/observability.md ("The timeline") says what the trace shows.
 """
 import json
 import os

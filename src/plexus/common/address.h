@@ -1,7 +1,7 @@
 // Network addresses as the operator writes them ("host:port", "[v6]:port"):
 // which part is the host, and whether it is reachable from this machine
-// only. Off loopback a process asks for credentials (docs/RELIABILITY.md,
-// Security); on loopback it needs no set-up.
+// only. Off loopback a process asks for credentials (docs/security.md); on
+// loopback it needs no set-up.
 //
 // Thread-safe: pure functions.
 #pragma once

@@ -102,7 +102,7 @@ inline constexpr char kClusterSecretEnv[] = "PLEXUS_CLUSTER_SECRET";
 // secret.
 inline constexpr char kTenantEnv[] = "PLEXUS_TENANT";
 inline constexpr char kTenantTokenEnv[] = "PLEXUS_TENANT_TOKEN";
-// The tenant of a session that names none (server/tenants.h's
+// The tenant of a session that names none (server/model/tenants.h's
 // kDefaultTenant).
 inline constexpr char kDefaultTenantName[] = "default";
 

@@ -10,8 +10,7 @@
 //
 // Without certificates the control plane is plain gRPC: on loopback that is
 // the default; off loopback the cluster secret still authenticates every
-// party, but a sniffer reads the control messages (docs/RELIABILITY.md,
-// Security).
+// party, but a sniffer reads the control messages (docs/security.md).
 //
 // Thread-safe: functions only.
 #pragma once

@@ -5,8 +5,8 @@
 // for nor is waited on by tasks of other calls on other devices (a built-in
 // kernel that is not a collective) — may run before tasks of *other
 // clients* queued ahead of it, when its admission start tag is lower
-// (Execute.start_tag: the server's fair order, server/admission.h). So a
-// client under its share does not wait behind a flooding client's queued
+// (Execute.start_tag: the server's fair order, server/scheduling/admission.h).
+// So a client under its share does not wait behind a flooding client's queued
 // calls, only behind the call running.
 //
 // The rules that keep this safe:

@@ -32,7 +32,7 @@
 //
 // What it does not do: encrypt or authenticate the frames that follow (a
 // party that can rewrite packets in flight can still change them; see
-// docs/RELIABILITY.md, Security).
+// docs/security.md).
 #pragma once
 
 #include <functional>
