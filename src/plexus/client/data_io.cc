@@ -288,16 +288,20 @@ absl::Status PlaceShard(const ArgSpec& arg, const TensorSpec& local, int j,
 
 }  // namespace
 
-absl::Status DataPath::Fetch(const Future& future, void* dst,
-                             TransferProgress* progress) {
+absl::Status DataPath::Readable(const Future& future) const {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
-  const uint64_t epoch = future.epoch();
-  if (absl::Status s = session_.SessionStatus(epoch, future.buffer_id());
+  if (absl::Status s =
+          session_.SessionStatus(future.epoch(), future.buffer_id());
       !s.ok()) {
     return s;
   }
-  absl::Status failed = session_.BufferStatus(future.buffer_id());
-  if (!failed.ok()) return failed;
+  return session_.BufferStatus(future.buffer_id());
+}
+
+absl::Status DataPath::Fetch(const Future& future, void* dst,
+                             TransferProgress* progress) {
+  if (absl::Status s = Readable(future); !s.ok()) return s;
+  const uint64_t epoch = future.epoch();
   const ArgSpec& arg = future.arg();
   const proto::SliceInfo& info = future.slice()->info();
   const int n = info.devices_size();
@@ -356,14 +360,8 @@ void DataPath::AwaitInputs(const std::vector<Future>& inputs) {
 }
 
 absl::Status DataPath::Wait(const Future& future) {
-  if (!future.valid()) return absl::InvalidArgumentError("empty future");
+  if (absl::Status s = Readable(future); !s.ok()) return s;
   const uint64_t epoch = future.epoch();
-  if (absl::Status s = session_.SessionStatus(epoch, future.buffer_id());
-      !s.ok()) {
-    return s;
-  }
-  absl::Status failed = session_.BufferStatus(future.buffer_id());
-  if (!failed.ok()) return failed;
   const proto::SliceInfo& info = future.slice()->info();
   for (int j = 0; j < info.devices_size(); ++j) {
     absl::Status s = WithConnection(info.devices(j), epoch, future.buffer_id(),

@@ -119,6 +119,10 @@ class DataPath : public SessionObserver {
   void SessionDone() override;
 
  private:
+  // Whether `future` may be read: valid, of a session that still holds it,
+  // and not failed (the error of the first that does not hold).
+  absl::Status Readable(const Future& future) const;
+
   // Whether connections of session `epoch` may be made and pooled.
   bool UsableLocked(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return usable_ && epoch_ == epoch;

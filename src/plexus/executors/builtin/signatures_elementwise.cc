@@ -96,6 +96,9 @@ class BiasAddSignature : public KernelSignature {
 
 }  // namespace
 
+// One registration per kernel, each with its documentation written out for
+// users: a table, long because the kernels are many, not because it does
+// much.
 void RegisterElementwiseSignatures(KernelCatalogue& catalogue) {
   catalogue.Register(
       "add", std::make_unique<BinarySignature<AddOp>>(),
