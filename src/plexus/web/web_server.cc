@@ -226,8 +226,11 @@ void WebServer::SampleLoop() {
   absl::MutexLock lock(&impl_->mu);
   while (!impl_->stop) {
     impl_->mu.Unlock();
+    // A sample is stamped with the time its read began: the clock may move
+    // while the status is gathered.
+    const int64_t taken_ms = UnixMillis(options_.clock);
     proto::ClusterStatus status = source_(/*why=*/false);
-    history_.Add(Sample::Of(status, UnixMillis(options_.clock)));
+    history_.Add(Sample::Of(status, taken_ms));
     impl_->mu.Lock();
     next += options_.sample_period;
     const absl::Time now = options_.clock->Now();

@@ -170,6 +170,39 @@ TEST_F(WebServerTest, SamplesOncePerPeriodOfItsClock) {
             absl::ToUnixMillis(absl::FromUnixSeconds(1'700'000'000)));
 }
 
+TEST(WebServerSampleTest, ASampleIsStampedWhenItsReadBegins) {
+  // The clock moves while the status is gathered (a slow server, or the
+  // test's own clock): the sample keeps the time its read began.
+  FakeClock clock(absl::FromUnixSeconds(1'700'000'000));
+  struct Reads {
+    absl::Mutex mu;
+    int n ABSL_GUARDED_BY(mu) = 0;
+  } reads;
+  WebOptions options;
+  options.clock = &clock;
+  ClusterSecret secret = *ClusterSecret::Generate();
+  auto server = WebServer::Start(options, secret, [&](bool) {
+    clock.Advance(absl::Milliseconds(700));
+    absl::MutexLock lock(&reads.mu);
+    ++reads.n;
+    return proto::ClusterStatus();
+  });
+  ASSERT_TRUE(server.ok()) << server.status();
+  // The first sample enters the history before the second read begins.
+  for (int want = 1; want <= 2; ++want) {
+    if (want == 2) clock.Advance(absl::Seconds(1));
+    absl::MutexLock lock(&reads.mu);
+    auto read = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(reads.mu) {
+      return reads.n >= want;
+    };
+    ASSERT_TRUE(
+        reads.mu.AwaitWithTimeout(absl::Condition(&read), absl::Seconds(30)));
+  }
+  ASSERT_GE((*server)->history().size(), 1u);
+  EXPECT_EQ((*server)->history().Since(0).front().unix_ms,
+            absl::ToUnixMillis(absl::FromUnixSeconds(1'700'000'000)));
+}
+
 TEST(WebServerStartTest, AnAddressInUseIsAnErrorNamingIt) {
   ClusterSecret secret = *ClusterSecret::Generate();
   auto status = [](bool) { return proto::ClusterStatus(); };
