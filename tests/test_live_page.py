@@ -69,10 +69,17 @@ def artifacts_dir(tmp_path):
 def test_the_live_page_shows_hosts_slices_a_running_graph_and_why(tmp_path):
     with plexus.local(hosts=2) as cluster:
         c, z, slices = chain_across_two_hosts(cluster)
+        # A graph of two calls on host1 behind the consumer: in flight.
+        triple = slices[1].program("scale", z, factor=3.0, name="in_graph")
+        with c.graph():
+            g = triple(triple(z))
         cluster.wait_until(
             lambda st: any(e["program"] == "consumer"
-                           for e in st.get("why", [])),
-            timeout=WAIT_S, what="a why entry for the consumer")
+                           for e in st.get("why", [])) and
+            any(int(gs["client_id"]) == c.id and
+                int(gs.get("calls_running", 0)) == 2
+                for gs in st.get("graphs", [])),
+            timeout=WAIT_S, what="a why entry and the graph in flight")
         url = cluster.web_url()
         dom = chromium("--dump-dom", url)
         # Live data arrived and was drawn more than once.
@@ -88,6 +95,12 @@ def test_the_live_page_shows_hosts_slices_a_running_graph_and_why(tmp_path):
         assert client_row, dom
         cells = re.findall(r"<td>(.*?)</td>", client_row.group(1))
         assert cells[1] == "stuck" and int(cells[6]) >= 1, cells  # in flight
+        # The graph in flight: its id, client, calls running and done.
+        graph_row = re.search(r'data-graph="%d/1">(.*?)</tr>' % c.id, dom)
+        assert graph_row, dom
+        cells = re.findall(r"<td>(.*?)</td>", graph_row.group(1))
+        assert cells[:4] == ["1", f"{c.id} (stuck)", "2", "0"], cells
+        del g
         why = re.findall(r'<li data-call="\d+">(.*?)</li>', dom)
         assert any("consumer" in w and "slow_step" in w and "host0" in w
                    for w in why), why
@@ -150,6 +163,67 @@ def test_metrics_and_the_grafana_dashboard():
         # And it plots every family.
         assert served <= plotted, sorted(served - plotted)
         del st
+
+
+def transfer_bytes(text):
+    """{(host, path): bytes} of plexus_transfer_bytes_total in `text`."""
+    return {(h, p): float(v) for h, p, v in re.findall(
+        r'^plexus_transfer_bytes_total\{host="(\w+)",worker="\d+",'
+        r'path="(\w+)"\} (\S+)$', text, re.M)}
+
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "tcp"])
+def test_metrics_count_the_bytes_of_each_transfer_path_per_host(shm):
+    """A value put on host0 and read by a call on host1 moves once, from
+    host0, over shared memory (or TCP with shared memory off): /metrics
+    counts its bytes on that path of host0 and nothing anywhere else."""
+    with plexus.local(hosts=2, shared_memory=shm) as cluster:
+        c = cluster.connect(name="mover", shared_memory=shm)
+        a = c.slice(1, hosts=["host0"])
+        b = c.slice(1, hosts=["host1"])
+        x = np.arange(3 << 18, dtype=np.float32)  # 3 MiB
+        y = b.program("scale", x, factor=2.0, name="reader")(a.put(x))
+        np.testing.assert_array_equal(np.asarray(y), 2 * x)
+        path = "shared_memory" if shm else "tcp"
+        cluster.wait_until(
+            lambda st: any(int(w["stats"].get("transfer_bytes", {})
+                               .get(path, 0)) > 0 for w in st["workers"]),
+            timeout=WAIT_S, what=f"a heartbeat with {path} bytes")
+        base, token = split(cluster.web_url())
+        status, text = get(base + "metrics", token)
+        assert status == 200, text
+        moved = transfer_bytes(text)
+        paths = {"alias", "device_to_device", "ipc", "shared_memory", "tcp",
+                 "nccl"}
+        assert set(moved) == {(h, p) for h in ("host0", "host1")
+                              for p in paths}, moved
+        assert moved.pop(("host0", path)) == x.nbytes, text
+        assert set(moved.values()) == {0.0}, moved
+
+
+def test_metrics_show_the_tasks_pending_on_each_device():
+    """A device held by a long call, three calls queued behind it: four
+    tasks pending there, on /metrics and on the page's host row."""
+    with plexus.local(hosts=1) as cluster:
+        c = cluster.connect(name="queue")
+        s = c.slice(1)
+        x = s.put(np.arange(4, dtype=np.float32))
+        slow = s.program("device_sleep", x, micros=600_000_000,
+                         name="slow_step")
+        scale = s.program("scale", x, factor=2.0, name="behind")
+        held = [slow(x)] + [scale(x) for _ in range(3)]
+        c.flush()
+        cluster.wait_until(
+            lambda st: [int(n) for n in st["workers"][0]["stats"].get(
+                "device_tasks_pending", [])] == [4],
+            timeout=WAIT_S, what="four tasks pending on host0's device")
+        base, token = split(cluster.web_url())
+        status, text = get(base + "metrics", token)
+        assert re.search(r'^plexus_device_tasks_pending\{host="host0",'
+                         r'worker="\d+",device="0"\} 4$', text, re.M), text
+        dom = chromium("--dump-dom", cluster.web_url())
+        assert re.search(r'data-host="host0">.*?4 tasks pending', dom), dom
+        del held
 
 
 def test_a_tenant_sees_only_its_own_clients():

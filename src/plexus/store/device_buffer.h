@@ -110,4 +110,25 @@ struct TransferPaths {
   }
 };
 
+// The bytes behind those paths in this process (WorkerStats.transfer_bytes,
+// /metrics' plexus_transfer_bytes_total): counted where the path is known,
+// one shard's size each time: a value read in place (alias) or copied from
+// another device of this worker (device_to_device) by an XLA run; sent to
+// another worker by CUDA IPC (counted by the sender once the receiver
+// stored it), as a memfd over a unix socket (shared_memory) or as bytes
+// over TCP (tcp; counted by the sender once delivered, whether the value
+// was in host memory or staged there from a device); an all_reduce shard
+// summed on the GPUs by NCCL (nccl). A failed transfer counts nothing.
+struct TransferBytes {
+  enum Path { kAlias, kDeviceToDevice, kIpc, kSharedMemory, kTcp, kNccl };
+  static constexpr int kPaths = kNccl + 1;
+  static std::atomic<int64_t>& of(Path path) {
+    static std::atomic<int64_t> n[kPaths] = {};
+    return n[path];
+  }
+  static void Add(Path path, int64_t bytes) {
+    of(path).fetch_add(bytes, std::memory_order_relaxed);
+  }
+};
+
 }  // namespace plexus

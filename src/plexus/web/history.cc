@@ -32,11 +32,11 @@ Sample Sample::Of(const proto::ClusterStatus& status, int64_t unix_ms) {
     }
     s.bytes_sent += st.bytes_sent();
     s.bytes_clients += st.bytes_from_clients() + st.bytes_to_clients();
-    s.transfers[0] += st.transfers_alias();
-    s.transfers[1] += st.transfers_device_to_device();
-    s.transfers[2] += st.transfers_host_staged();
-    s.transfers[3] += st.transfers_ipc();
-    s.transfers[4] += st.transfers_nccl();
+    const proto::TransferBytes& b = st.transfer_bytes();
+    const int64_t by_path[6] = {b.alias(), b.device_to_device(),
+                                b.ipc(),   b.shared_memory(),
+                                b.tcp(),   b.nccl()};
+    for (int p = 0; p < 6; ++p) s.transfer_bytes[p] += by_path[p];
   }
   return s;
 }
@@ -76,8 +76,8 @@ std::string HistoryJson(const std::vector<Sample>& samples) {
     sent.push_back(s.bytes_sent);
     clients.push_back(s.bytes_clients);
     lost.push_back(s.hosts_lost);
-    for (int p = 0; p < 5; ++p) {
-      transfers[kTransferPaths[p]].push_back(s.transfers[p]);
+    for (int p = 0; p < 6; ++p) {
+      transfers[kTransferPaths[p]].push_back(s.transfer_bytes[p]);
     }
     for (const Sample::Device& d : s.devices) {
       json& dev = devices[absl::StrCat(d.worker_id, "/", d.index)];
@@ -108,7 +108,7 @@ std::string HistoryJson(const std::vector<Sample>& samples) {
               {"bytes_sent", sent},
               {"bytes_clients", clients},
               {"hosts_lost", lost},
-              {"transfers", transfers},
+              {"transfer_bytes", transfers},
               {"devices", devices}};
   return out.dump();
 }

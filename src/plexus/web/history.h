@@ -31,15 +31,16 @@ struct Sample {
   // Summed over live workers, since each started (the page plots rates).
   int64_t bytes_sent = 0;     // data plane, worker to worker
   int64_t bytes_clients = 0;  // from and to clients
-  int64_t transfers[5] = {};  // alias, device_to_device, host_staged, ipc,
-                              // nccl (kTransferPaths)
+  // Bytes by transfer path (WorkerStats.transfer_bytes), in
+  // kTransferPaths' order.
+  int64_t transfer_bytes[6] = {};
   int64_t hosts_lost = 0;
 
   static Sample Of(const proto::ClusterStatus& status, int64_t unix_ms);
 };
 
-inline constexpr const char* kTransferPaths[5] = {"alias", "device_to_device",
-                                                  "host_staged", "ipc", "nccl"};
+inline constexpr const char* kTransferPaths[6] = {
+    "alias", "device_to_device", "ipc", "shared_memory", "tcp", "nccl"};
 
 class History {
  public:
@@ -57,7 +58,8 @@ class History {
 
 // `samples` as the JSON the page reads: {"t": [...], "calls_routed": [...],
 // "devices": {"<worker>/<index>": {"busy_micros": [...], "live_bytes": [...],
-// "memory_bytes": n}}, ...}, one array element per sample.
+// "memory_bytes": n}}, "transfer_bytes": {"<path>": [...]}, ...}, one array
+// element per sample.
 std::string HistoryJson(const std::vector<Sample>& samples);
 
 }  // namespace plexus::web

@@ -15,7 +15,7 @@ proto::ClusterStatus WithDevices(int workers, int64_t busy) {
     w->add_devices()->set_index(0);
     w->mutable_stats()->add_device_busy_micros(busy);
     w->mutable_stats()->add_device_live_bytes(100);
-    w->mutable_stats()->set_transfers_alias(busy);
+    w->mutable_stats()->mutable_transfer_bytes()->set_tcp(busy);
   }
   return st;
 }
@@ -41,7 +41,8 @@ TEST(HistoryTest, JsonAlignsDevicesThatCameAndWent) {
             nlohmann::json::parse("[5, 6, 7]"));
   EXPECT_EQ(j["devices"]["2/0"]["busy_micros"],
             nlohmann::json::parse("[null, 6, null]"));
-  EXPECT_EQ(j["transfers"]["alias"], nlohmann::json::parse("[5, 12, 7]"));
+  EXPECT_EQ(j["transfer_bytes"]["tcp"], nlohmann::json::parse("[5, 12, 7]"));
+  EXPECT_EQ(j["transfer_bytes"]["nccl"], nlohmann::json::parse("[0, 0, 0]"));
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ enum Family {
   kWorkerLiveBytes,
   kWorkerBytes,
   kTransfers,
+  kTransferBytes,
   kXlaCompiles,
   kXlaCacheHits,
   kXlaCompileSeconds,
@@ -44,6 +45,7 @@ enum Family {
   kPushesFenced,
   kDeviceBusySeconds,
   kDeviceMemoryBytes,
+  kDeviceTasksPending,
   kClientQueuedSeconds,
   kClientCallsPending,
   kClientCallsInFlight,
@@ -85,6 +87,9 @@ constexpr FamilyDef kDefs[kFamilies] = {
     {"plexus_transfers_total", MetricType::Counter,
      "Shards moved or read, by the path they took (alias, device_to_device, "
      "host_staged, ipc, nccl)."},
+    {"plexus_transfer_bytes_total", MetricType::Counter,
+     "Bytes moved or read, by the path they took (alias, device_to_device, "
+     "ipc, shared_memory, tcp, nccl)."},
     {"plexus_xla_compiles_total", MetricType::Counter,
      "XLA programs a worker compiled."},
     {"plexus_xla_cache_hits_total", MetricType::Counter,
@@ -102,6 +107,8 @@ constexpr FamilyDef kDefs[kFamilies] = {
      "Time a device spent running tasks."},
     {"plexus_device_memory_bytes", MetricType::Gauge,
      "A device's memory by kind (live, peak since start, capacity)."},
+    {"plexus_device_tasks_pending", MetricType::Gauge,
+     "Tasks queued or running on a device."},
     {"plexus_client_queued_seconds_total", MetricType::Counter,
      "Time a client's tasks waited in a worker's device queues."},
     {"plexus_client_calls_pending", MetricType::Gauge,
@@ -194,6 +201,14 @@ void AddWorker(const proto::WorkerStatus& w, Families* out) {
   for (const auto& [path, n] : paths) {
     out->Add(kTransfers, with("path", path), n);
   }
+  const proto::TransferBytes& b = s.transfer_bytes();
+  const std::pair<const char*, int64_t> path_bytes[] = {
+      {"alias", b.alias()}, {"device_to_device", b.device_to_device()},
+      {"ipc", b.ipc()},     {"shared_memory", b.shared_memory()},
+      {"tcp", b.tcp()},     {"nccl", b.nccl()}};
+  for (const auto& [path, n] : path_bytes) {
+    out->Add(kTransferBytes, with("path", path), n);
+  }
   out->Add(kXlaCompiles, base, s.xla_compiles());
   out->Add(kXlaCacheHits, base, s.xla_cache_hits());
   out->Add(kXlaCompileSeconds, base, s.xla_compile_micros() / 1e6);
@@ -218,6 +233,7 @@ void AddWorker(const proto::WorkerStatus& w, Families* out) {
     out->Add(kDeviceMemoryBytes, kind("peak"), at(s.device_peak_bytes()));
     out->Add(kDeviceMemoryBytes, kind("capacity"),
              static_cast<double>(d.memory_bytes()));
+    out->Add(kDeviceTasksPending, device, at(s.device_tasks_pending()));
   }
 }
 

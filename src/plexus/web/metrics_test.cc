@@ -25,6 +25,8 @@ proto::ClusterStatus TwoHosts() {
     s->add_device_live_bytes(4096);
     s->add_device_peak_bytes(8192);
     s->set_transfers_ipc(3);
+    s->mutable_transfer_bytes()->set_tcp(1000 * (i + 1));
+    s->add_device_tasks_pending(4);
     auto* u = s->add_clients();
     u->set_client_id(7);
     u->set_queued_micros(1'000'000);
@@ -75,6 +77,18 @@ TEST(MetricsTest, WritesTheStatusAsPrometheusText) {
                    "plexus_transfers_total{host=\"host0\",worker=\"1\","
                    "path=\"ipc\"}"),
             3);
+  EXPECT_EQ(Sample(text,
+                   "plexus_transfer_bytes_total{host=\"host1\",worker=\"2\","
+                   "path=\"tcp\"}"),
+            2000);
+  EXPECT_EQ(Sample(text,
+                   "plexus_transfer_bytes_total{host=\"host0\",worker=\"1\","
+                   "path=\"shared_memory\"}"),
+            0);
+  EXPECT_EQ(Sample(text,
+                   "plexus_device_tasks_pending{host=\"host0\",worker=\"1\","
+                   "device=\"0\"}"),
+            4);
   // A client's name is escaped as the format says.
   EXPECT_EQ(Sample(text,
                    "plexus_client_calls_pending{client=\"7\","

@@ -103,6 +103,8 @@ void ShowOnly(const Viewer& viewer, proto::ClusterStatus* status) {
       [&](const proto::PendingSliceStatus& p) { return mine(p.client_id()); });
   KeepIf(status->mutable_why(),
          [&](const proto::WhyEntry& e) { return mine(e.client_id()); });
+  KeepIf(status->mutable_graphs(),
+         [&](const proto::GraphStatus& g) { return mine(g.client_id()); });
   for (proto::WorkerStatus& w : *status->mutable_workers()) {
     KeepIf(w.mutable_stats()->mutable_clients(),
            [&](const proto::ClientUsage& u) { return mine(u.client_id()); });

@@ -283,6 +283,7 @@ absl::StatusOr<std::shared_ptr<Storage>> NcclRuntime::AllReduce(
     return fail(s);
   }
   NcclPaths::all_reduce()++;
+  TransferBytes::Add(TransferBytes::kNccl, spec.byte_size());
   {
     absl::MutexLock lock(&mu_);
     auto [it, fresh] = communicators_.emplace(key, c);

@@ -151,6 +151,8 @@ bool PeerSender::SendByIpc(const Item& item) {
   }
   if (s.ok()) {
     TransferPaths::ipc()++;
+    TransferBytes::Add(TransferBytes::kIpc,
+                       static_cast<int64_t>(buffer.size()));
     return true;
   }
   if (!conn_->healthy()) {
@@ -190,9 +192,13 @@ void PeerSender::Deliver(Item item) {
     TransferPaths::host_staged()++;
   }
   auto delivered = [&] {
-    Record(item, conn_ != nullptr && conn_->uses_shared_memory()
-                     ? TransferPath::kSharedMemory
-                     : TransferPath::kTcp);
+    const bool shm = conn_ != nullptr && conn_->uses_shared_memory();
+    if (item.data.ok()) {
+      TransferBytes::Add(
+          shm ? TransferBytes::kSharedMemory : TransferBytes::kTcp,
+          static_cast<int64_t>((*item.data)->size()));
+    }
+    Record(item, shm ? TransferPath::kSharedMemory : TransferPath::kTcp);
   };
   absl::Status s = SendOne(item);
   if (s.ok()) return delivered();

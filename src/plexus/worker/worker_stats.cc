@@ -23,6 +23,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
     // (which it queues and does not wait for).
     s.add_device_busy_micros(devices_[d]->busy_micros() +
                              tasks_->xla_busy_micros(static_cast<int>(d)));
+    s.add_device_tasks_pending(devices_[d]->pending());
   }
   s.set_calls_executed(tasks_->calls_executed());
   s.set_calls_failed(tasks_->calls_failed());
@@ -36,6 +37,15 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_transfers_host_staged(TransferPaths::host_staged().load());
   s.set_transfers_ipc(TransferPaths::ipc().load());
   s.set_transfers_nccl(NcclPaths::all_reduce().load());
+  proto::TransferBytes* bytes = s.mutable_transfer_bytes();
+  bytes->set_alias(TransferBytes::of(TransferBytes::kAlias).load());
+  bytes->set_device_to_device(
+      TransferBytes::of(TransferBytes::kDeviceToDevice).load());
+  bytes->set_ipc(TransferBytes::of(TransferBytes::kIpc).load());
+  bytes->set_shared_memory(
+      TransferBytes::of(TransferBytes::kSharedMemory).load());
+  bytes->set_tcp(TransferBytes::of(TransferBytes::kTcp).load());
+  bytes->set_nccl(TransferBytes::of(TransferBytes::kNccl).load());
   s.set_bytes_device_to_host(MemoryTraffic::device_to_host().load());
   s.set_xla_compiles(xla_->compiles());
   s.set_xla_cache_hits(xla_->cache_hits());

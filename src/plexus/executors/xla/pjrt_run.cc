@@ -270,6 +270,8 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     }
     if (devices_[mine->device()] == device) {
       TransferPaths::alias()++;
+      TransferBytes::Add(TransferBytes::kAlias,
+                         static_cast<int64_t>(mine->size()));
       *read = ArgumentRead::kAlias;
       return mine->buffer_;
     }
@@ -284,6 +286,8 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     }
     scope.Own(copy.dst_buffer);
     TransferPaths::device_to_device()++;
+    TransferBytes::Add(TransferBytes::kDeviceToDevice,
+                       static_cast<int64_t>(mine->size()));
     *read = ArgumentRead::kDeviceToDevice;
     return copy.dst_buffer;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
@@ -52,6 +53,7 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
   FillWorkersAndClientsLocked(status);
   FillSlicesLocked(status);
   FillWaitsLocked(request, status);
+  FillGraphsLocked(status);
 }
 
 void ServerImpl::AwaitFreshHeartbeatsLocked(absl::Duration timeout) {
@@ -160,6 +162,40 @@ void ServerImpl::FillWaitsLocked(const proto::StatusRequest& request,
     ps->set_waited_ms(absl::ToInt64Milliseconds(now - p.since));
     ps->set_left_ms(
         std::max<int64_t>(0, absl::ToInt64Milliseconds(p.deadline - now)));
+  }
+}
+
+void ServerImpl::FillGraphsLocked(proto::ClusterStatus* status) {
+  constexpr int kMaxGraphs = 100;
+  const absl::Time now = options_.clock->Now();
+  struct Graph {
+    proto::GraphStatus status;
+    absl::Time oldest = absl::InfiniteFuture();
+  };
+  std::map<std::pair<uint64_t, uint64_t>, Graph> graphs;  // (client, graph)
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (call.graph_id == 0) continue;
+    Graph& g = graphs[{call.client_id, call.graph_id}];
+    if (call.done) {
+      g.status.set_calls_done(g.status.calls_done() + 1);
+      if (call.failed) g.status.set_calls_failed(g.status.calls_failed() + 1);
+    } else {
+      g.status.set_calls_running(g.status.calls_running() + 1);
+      if (call.routed != absl::InfinitePast()) {
+        g.oldest = std::min(g.oldest, call.routed);
+      }
+    }
+  }
+  for (auto& [key, g] : graphs) {
+    if (g.status.calls_running() == 0) continue;  // done: not in flight
+    if (status->graphs_size() == kMaxGraphs) break;
+    g.status.set_client_id(key.first);
+    g.status.set_graph_id(key.second);
+    if (g.oldest != absl::InfiniteFuture()) {
+      g.status.set_waited_ms(
+          std::max<int64_t>(0, absl::ToInt64Milliseconds(now - g.oldest)));
+    }
+    *status->add_graphs() = std::move(g.status);
   }
 }
 

@@ -129,12 +129,11 @@ function drawCharts(h, now, workers) {
     {label: "calls routed / s", data: rates(t, h.calls_routed.map(Number))},
     {label: "calls waiting > 1 s", data: h.calls_waiting.slice(1).map(Number)},
   ]);
-  setSeries(charts.transfers, ago, [
-    ...Object.entries(h.transfers).map(([path, v]) => ({
-      label: path + " shards / s", data: rates(t, v.map(Number))})),
-    {label: "worker-to-worker MiB / s",
-     data: rates(t, h.bytes_sent.map(Number), 1 / 2 ** 20)},
-  ]);
+  // Bytes per second by path, summed over hosts (each host's are in
+  // /metrics' plexus_transfer_bytes_total).
+  setSeries(charts.transfers, ago, Object.entries(h.transfer_bytes).map(
+    ([path, v]) => ({label: path.replace(/_/g, " "),
+                     data: rates(t, v.map(Number))})));
 }
 
 // ------------------------------------------------------------------ tables
@@ -184,8 +183,10 @@ function drawHosts(st, h, now) {
       const i = num(d.index);
       const b = busy.get(w.worker_id + "/" + i);
       const live = (s.device_live_bytes || [])[i];
+      const queued = num((s.device_tasks_pending || [])[i]);
       return i + ": " + (b == null ? "–" : b.toFixed(0) + "% busy") + ", " +
-             human(live) + " / " + human(d.memory_bytes);
+             human(live) + " / " + human(d.memory_bytes) +
+             (queued ? ", " + queued + " tasks pending" : "");
     }).join("; ");
     rows.push({attrs: {"data-host": w.host_name},
                cells: [w.worker_id, w.host_name, state, devs,
@@ -222,6 +223,17 @@ function drawClients(st) {
   table("pending", "Slice requests waiting for capacity",
         ["client", "devices", "waited", "left", "waiting for"], pending,
         "none waiting");
+}
+
+function drawGraphs(st) {
+  const names = new Map((st.clients || []).map((c) => [c.client_id, c.name]));
+  const rows = (st.graphs || []).map((g) => ({
+    attrs: {"data-graph": g.client_id + "/" + g.graph_id},
+    cells: [g.graph_id, g.client_id + " (" + (names.get(g.client_id) || "?") + ")",
+            num(g.calls_running), num(g.calls_done), num(g.calls_failed),
+            (num(g.waited_ms) / 1000).toFixed(1) + " s"]}));
+  table("graphs", "Graphs in flight", ["graph", "client", "running",
+        "done (held)", "failed", "oldest running"], rows, "no graph in flight");
 }
 
 function drawTenants(st) {
@@ -308,6 +320,7 @@ async function poll() {
   drawHosts(st, data.history, now);
   drawClients(st);
   drawTenants(st);
+  drawGraphs(st);
   drawRecovery(st, now);
   drawCharts(data.history, now, workers);
   document.body.dataset.updates = String(++updates);
@@ -327,7 +340,9 @@ function start() {
     memory: charts.memory || lineChart("memory-chart", "Device memory live", "bytes",
                                        undefined, (v) => human(v)),
     calls: charts.calls || lineChart("calls-chart", "Calls", "per second / count"),
-    transfers: charts.transfers || lineChart("transfers-chart", "Transfers by path", "per second"),
+    transfers: charts.transfers || lineChart("transfers-chart", "Transfers by path",
+                                             "bytes / s", undefined,
+                                             (v) => human(v) + "/s"),
   };
   const loop = async () => { await poll(); if (token) setTimeout(loop, POLL_MS); };
   loop();

@@ -213,6 +213,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   void FillWaitsLocked(const proto::StatusRequest& request,
                        proto::ClusterStatus* status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The graphs with calls routed and not done (ClusterStatus.graphs): one
+  // pass over the call records.
+  void FillGraphsLocked(proto::ClusterStatus* status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   grpc::Status Shutdown(grpc::ServerContext* ctx,
                         const proto::ShutdownRequest* request,
