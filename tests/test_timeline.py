@@ -6,6 +6,7 @@ with a skewed clock in every process, which the server's offset estimates
 (from heartbeat round trips) must undo to within 1 ms."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -412,3 +413,79 @@ def test_a_built_in_all_reduces_partials_are_transfers_of_its_call(tmp_path):
         {e["args"]["peer_worker"] for e in moved}
     assert all(e["args"]["bytes"] == 4 for e in moved)
     assert trace["plexus"]["flows"] == 2
+
+
+def trace_cli(cluster, *args, **popen):
+    """`plexus trace ARGS` with the operator's credential, as a process."""
+    env = dict(os.environ, PYTHONPATH=PLEXUS_PYTHONPATH,
+               PLEXUS_CLUSTER_SECRET=cluster._secret)
+    return subprocess.Popen(
+        [sys.executable, "-m", "plexus.cli", "trace", "--address",
+         cluster.address, *args], env=env, text=True, **popen)
+
+
+def test_a_forward_trace_holds_admission_waits_a_recovery_a_compile_and_tcp(
+        tmp_path):
+    """`plexus trace --seconds N` records from when it says so until N
+    seconds pass or it is interrupted: here a job whose tenant may have one
+    call in flight (the second waits at admission), a plexus.jit program
+    compiled on host0, a value sent from host0 to host1 over TCP, and
+    host1 killed (its slice remapped onto the spare, its work recomputed)."""
+    pytest.importorskip("jax")
+    out, idle = tmp_path / "forward.json", tmp_path / "idle.json"
+    tenants = {"tenants": {"capped": {"weight": 1, "max_calls_in_flight": 1}}}
+    with plexus.local(hosts=2, spare=1, shared_memory=False,
+                      tenants=tenants) as cluster:
+        client = cluster.connect(name="covered", tenant="capped",
+                                 shared_memory=False)
+        a = client.slice(1, hosts=["host0"])
+        b = client.slice(1, hosts=["host1"])
+        x = a.put(np.arange(4, dtype=np.float32))
+        before = a.program("scale", x, factor=1.0, name="before")(x)
+        before.block_until_ready()
+        wait_until_idle(cluster)
+        # Run out: the calls before it are not in it.
+        proc = trace_cli(cluster, "--seconds", "0.2", "-o", str(idle),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stdout + stderr
+        assert "recording the next 0.2 s" in stderr, stderr
+        # Interrupted once the job below is done.
+        proc = trace_cli(cluster, "--seconds", "600", "-o", str(out),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert "recording the next 600 s" in proc.stderr.readline()
+        step = plexus.jit(lambda v: v + 1.0, a)
+        slow = a.program("device_sleep", x, micros=200_000, name="slow")
+        waits = b.program("scale", x, factor=2.0, name="waits")
+        y = waits(step(slow(x)))  # a compile; the last two wait at admission
+        np.testing.assert_array_equal(np.asarray(y), 2.0 * np.arange(1, 5))
+        victim = next(int(w["pid"]) for w in cluster.status()["workers"]
+                      if w["host_name"] == "host1")
+        os.kill(victim, signal.SIGKILL)
+        cluster.wait_until(
+            lambda st: int(st["recovery"].get("slices_remapped", 0)) == 1,
+            timeout=60, what="host1's slice remapped onto the spare")
+        # y lived on host1: recomputed on the spare.
+        np.testing.assert_array_equal(np.asarray(y), 2.0 * np.arange(1, 5))
+        wait_until_idle(cluster)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+        assert proc.returncode == 0, stdout + stderr
+        client.close()
+
+    check_valid(json.loads(idle.read_text()))
+    assert not calls(json.loads(idle.read_text()))
+    trace = json.loads(out.read_text())
+    check_valid(trace)
+    programs = Counter(name.split(" @ ")[0] for name, *_ in calls(trace))
+    assert programs["before"] == 0 and programs["slow"] == 1, programs
+    admission = [name for name, *_ in async_slices(trace, "admission")]
+    assert any("waits" in n for n in admission), admission
+    recovery = [name for name, *_ in async_slices(trace, "recovery")]
+    assert "recovery: host lost, its slices remapped onto a spare" in \
+        recovery, recovery
+    compiles = [name for name, *_ in async_slices(trace, "compile")]
+    assert any(n.startswith("compile ") for n in compiles), compiles
+    tcp = [e for e in complete(trace, "transfer")
+           if e["args"]["path"] == "tcp"]
+    assert tcp and all(e["args"]["bytes"] == 16 for e in tcp), tcp

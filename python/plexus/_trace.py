@@ -98,10 +98,17 @@ def collect_for(address, seconds, path, last=False, timeout=10.0,
                 secret=None):
     """`plexus trace`: the next `seconds` (or, with `last`, the past ones,
     from what the rings hold) written to `path`, with the operator's
-    credential (`secret`)."""
+    credential (`secret`). Forward, it says on stderr when it starts
+    recording; an interrupt (Ctrl-C, SIGINT) ends the recording early and
+    writes what it holds."""
     if last:
         since = server_now(address) - int(seconds * 1e9)
     else:
         since = server_now(address)
-        time.sleep(seconds)
+        print(f"plexus: recording the next {seconds:g} s (Ctrl-C ends it "
+              "early)", file=sys.stderr, flush=True)
+        try:
+            time.sleep(seconds)
+        except KeyboardInterrupt:
+            pass
     return write(address, path, since, timeout, secret=secret)
