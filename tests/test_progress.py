@@ -12,6 +12,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 import plexus
 from conftest import PLEXUS_PYTHONPATH
@@ -91,6 +92,65 @@ with plexus.local(hosts=2, spare=1) as cluster:
 """
 
 
+# A fetch of 64 MiB split over two hosts over TCP, one of them stopped
+# (SIGSTOP) until the fetch's line is on the terminal: the other's half
+# arrives, the stopped one's waits. On a pipe nothing is drawn: the host
+# resumes at once.
+FETCH_SCRIPT = r"""
+import os, signal, threading
+import numpy as np
+import plexus
+from plexus import _progress
+with plexus.local(hosts=2, shared_memory=False,
+                  heartbeat_timeout_ms=30_000) as cluster:
+    c = cluster.connect(name="progress", shared_memory=False)
+    s = c.slice(2)
+    big = s.put(np.ones(16 << 20, np.float32), sharding=("split", 0))
+    big.block_until_ready()
+    pid = next(int(w["pid"]) for w in cluster.status()["workers"]
+               if w["host_name"] == s.devices[1]["host"])
+    drawn = threading.Event()
+    write = _progress._write
+
+    def watch(text):
+        write(text)
+        if "plexus: fetch" in text:
+            drawn.set()
+
+    _progress._write = watch
+
+    def resume_once_drawn():
+        drawn.wait(timeout=30 if _progress.enabled() else 0)
+        os.kill(pid, signal.SIGCONT)
+
+    os.kill(pid, signal.SIGSTOP)
+    t = threading.Thread(target=resume_once_drawn)
+    t.start()
+    print("sum", float(np.asarray(big).sum()), flush=True)
+    t.join()
+"""
+
+# A plexus.jit program whose compile takes seconds (test_why's
+# slow_to_compile): the fetch of its output waits for it.
+COMPILE_SCRIPT = r"""
+import numpy as np
+import plexus
+
+def slow_to_compile(x):
+    import jax.numpy as jnp
+    for i in range(80):
+        x = jnp.tanh(x @ x.T * (i + 1.0)) + jnp.roll(x, i % 7, axis=0)
+    return x
+
+with plexus.local(hosts=1) as cluster:
+    c = cluster.connect(name="progress")
+    s = c.slice(1)
+    step = plexus.jit(slow_to_compile, s, name="step")
+    y = np.asarray(step(np.ones((16, 16), np.float32)))
+    print("fetched", y.shape, flush=True)
+"""
+
+
 def run(stderr_tty, script=SCRIPT):
     """Runs `script` with stderr on a pseudo-terminal or a pipe; returns
     (stdout, stderr) as text."""
@@ -160,6 +220,37 @@ def test_a_large_put_shows_its_bytes_and_rate_as_they_go():
     assert any(re.fullmatch(r"plexus: put float32\[25165824\] [\d.]+ of "
                             r"96\.0 MiB, \d+ MB/s", l) for l in lines), lines
     assert "\x1b[K" in err
+
+
+def test_a_large_fetch_shows_its_bytes_and_rate_as_they_come():
+    stdout, err = run(stderr_tty=True, script=FETCH_SCRIPT)
+    assert f"sum {float(16 << 20)}" in stdout, stdout
+    lines = lines_of(err, "plexus: fetch")
+    # The running host's half came; the stopped one's waits.
+    assert any(re.fullmatch(r"plexus: fetch float32\[16777216\] 32\.0 of "
+                            r"64\.0 MiB, \d+ MB/s", l) for l in lines), lines
+    assert "\x1b[K" in err
+
+
+def test_a_wait_for_a_compile_names_the_program_compiling_on_a_terminal():
+    pytest.importorskip("jax")
+    stdout, err = run(stderr_tty=True, script=COMPILE_SCRIPT)
+    assert "fetched (16, 16)" in stdout, stdout
+    lines = lines_of(err, "plexus: waiting")
+    assert any(re.fullmatch(
+        r"plexus: waiting \d+ s: call \d+ \('step'( issued at [^)]*)?\): "
+        r"its program 'step' is compiling on host host0 \([\d.]+ s so "
+        r"far\)", l) for l in lines), lines
+
+
+def test_a_fetch_and_a_compile_write_nothing_where_stderr_is_a_pipe():
+    pytest.importorskip("jax")
+    for script, done in ((FETCH_SCRIPT, f"sum {float(16 << 20)}"),
+                         (COMPILE_SCRIPT, "fetched (16, 16)")):
+        stdout, err = run(stderr_tty=False, script=script)
+        assert done in stdout, stdout
+        assert "plexus: waiting" not in err, err[-2000:]
+        assert "plexus: fetch" not in err and "\x1b[K" not in err
 
 
 def test_a_recovery_under_a_wait_says_what_was_lost_and_what_runs_again():
