@@ -63,6 +63,7 @@ TEST(ViewerTest, ATenantSeesOnlyItsOwnClients) {
     st.add_slices()->set_client_id(id);
     st.add_pending_slices()->set_client_id(id);
     st.add_why()->set_client_id(id);
+    st.add_graphs()->set_client_id(id);
   }
   auto* w = st.add_workers();
   w->set_host_name("h0");
@@ -81,6 +82,8 @@ TEST(ViewerTest, ATenantSeesOnlyItsOwnClients) {
   EXPECT_EQ(st.pending_slices_size(), 2);
   EXPECT_EQ(st.why_size(), 2);
   for (const auto& e : st.why()) EXPECT_NE(e.client_id(), 2u);
+  EXPECT_EQ(st.graphs_size(), 2);
+  for (const auto& g : st.graphs()) EXPECT_NE(g.client_id(), 2u);
   ASSERT_EQ(st.workers_size(), 1);  // the hosts stay: shared capacity
   EXPECT_EQ(st.workers(0).stats().clients_size(), 2);
 }
