@@ -373,6 +373,11 @@ def test_values_read_within_a_worker_are_transfers_with_their_path(tmp_path):
     # the trace's a part of them).
     assert int(worker["stats"]["transfers_alias"]) >= 5
     assert int(worker["stats"]["transfers_device_to_device"]) >= 1
+    # And their bytes, one shard's each (plexus_transfer_bytes_total).
+    moved_bytes = worker["stats"]["transfer_bytes"]
+    assert int(moved_bytes["alias"]) >= 5 * 64 * 64 * 4, moved_bytes
+    assert int(moved_bytes["device_to_device"]) >= 64 * 64 * 4, moved_bytes
+    assert int(moved_bytes.get("tcp", 0)) == 0, moved_bytes
     for e in moved:
         assert e["args"]["bytes"] == 64 * 64 * 4
         assert names[(e["pid"], e["tid"])] == \
