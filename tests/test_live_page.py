@@ -199,6 +199,10 @@ def test_metrics_count_the_bytes_of_each_transfer_path_per_host(shm):
                               for p in paths}, moved
         assert moved.pop(("host0", path)) == x.nbytes, text
         assert set(moved.values()) == {0.0}, moved
+        # The page's history plots the same counters, summed over hosts.
+        status, body = get(base + "api/status", token)
+        assert status == 200, body
+        assert set(json.loads(body)["history"]["transfer_bytes"]) == paths
 
 
 def test_metrics_show_the_tasks_pending_on_each_device():
