@@ -277,7 +277,219 @@ def wait(futures, timeout=None):
                     fs, max(0.0, deadline - time.monotonic()))
         except _core.DeadlineExceededError as e:
             raise _core.DeadlineExceededError(
-                f"{e}{_why_suffix(client)}") from None
+                f"{e}{_why_suffix(client, fs)}") from None
+    return futures
+
+
+def _why_suffix(client, fs):
+    """What the server says holds the futures `fs` (core futures of
+    `client`), for the message of a wait that reached its deadline: the
+    entries of client.why() that list one of their buffers among the
+    outputs they hold (a call's, or a client's calls at admission), or
+    that are a slice of theirs waiting for a host; empty if none, or if the
+    server cannot be asked."""
+    try:
+        why = client.why()
+    except Exception:  # noqa: BLE001 - the deadline error stands on its own
+        return ""
+    buffers = {f.buffer_id for f in fs}
+    slices = {f.slice.id for f in fs}
+    why = [e for e in why
+           if buffers.intersection(e.get("output_ids", []))
+           or (not e.get("call_id") and e.get("slice_id") in slices)]
+    if not why:
+        return ""
+    shown = "; ".join(e["reason"] for e in why[:3])
+    more = f" (and {len(why) - 3} more: client.why())" if len(why) > 3 else ""
+    return f". The server says: {shown}{more}"
+
+
+def block_until_ready(self):
+        """Waits until every shard is ready (one round trip per worker);
+        raises the error that failed it."""
+        with waiting(self._client, describe_wait):
+            self._client._core.wait_many([self._f])
+        return self
+
+    def _fetch(self):
+        """The fetched array (key data for keys), with the wait's line on
+        a terminal; a large one shows its bytes as they come."""
+        f = self._f
+        progress = transfer_progress(
+            int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize)
+        if progress is None:
+            with waiting(self._client, describe_wait):
+                return self._client._core.fetch(f)
+        with waiting(self._client, describe_transfer(
+                "fetch", _spec_text(f.dtype, f.shape), progress)):
+            return self._client._core.fetch(f, progress)
+
+    def result(self):
+        """The value, fetched: a numpy array (a jax key array for keys)."""
+        data = self._fetch()
+        if self._key is not None:
+            import jax
+            return jax.random.wrap_key_data(data, impl=self._key)
+        return data
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._fetch()  # key data for keys
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __jax_array__(self):
+        """The value as a jax.Array (fetched), for jax.numpy functions."""
+        import jax.numpy as jnp
+        return jnp.asarray(self._jax_value())
+
+    def _jax_value(self):
+        """What JAX computes with: the fetched array in JAX's canonical
+        dtype, or the key array."""
+        if self._key is not None:
+            return self.result()
+        import jax
+        a = self._fetch()
+        dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
+        return a if a.dtype == dtype else a.astype(dtype)
+
+    def _operand(self):
+        """What an operator computes with: the fetched value as a jax.Array
+        (a key array for keys, weakly typed where the future is), or a
+        numpy array where JAX is not installed."""
+        jnp = _jax_interop.jax_numpy()
+        if jnp is None:
+            return np.asarray(self)
+        if self._key is not None:
+            return self.result()
+        x = jnp.asarray(self._jax_value())
+        return _jax_interop.weakly_typed(x) if self._weak else x
+
+    # Conversions block and fetch, as on a jax.Array.
+    def __bool__(self):
+        return bool(self._operand())
+
+    def __float__(self):
+        return float(self._operand())
+
+    def __int__(self):
+        return int(self._operand())
+
+    def __complex__(self):
+        return complex(self._operand())
+
+    def __index__(self):
+        return self._operand().__index__()
+
+    def __len__(self):
+        shape = self.shape
+        if not shape:
+            raise TypeError("len() of unsized object")  # as jax.Array
+        return shape[0]
+
+    def __iter__(self):
+        return iter(self._operand())
+
+    def __format__(self, spec):
+        return format(self._operand(), spec)
+
+    def item(self, *args):
+        return self._operand().item(*args)
+
+    def tolist(self):
+        return self._operand().tolist()
+
+    def __getitem__(self, index):
+        if isinstance(index, tuple):
+            index = tuple(_operand(i) for i in index)
+        return self._operand()[_operand(index)]
+
+    def __repr__(self):
+        return (f"Future(shape={self.shape}, dtype={self.dtype}, "
+                f"sharding={self.sharding}, buffer={self._f.buffer_id})")
+
+
+def _operand(x):
+    return x._operand() if isinstance(x, Future) else x
+
+
+def _future_operator(name):
+    """Future.<name>: jax.Array's operator on the fetched values (a
+    NotImplemented from it lets Python try the other operand's)."""
+    def operator(self, *others):
+        return getattr(self._operand(), name)(*map(_operand, others))
+    operator.__name__ = name
+    return operator
+
+
+for _name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "divmod",
+              "pow", "matmul", "and", "or", "xor", "lshift", "rshift"):
+    setattr(Future, f"__{_name}__", _future_operator(f"__{_name}__"))
+    setattr(Future, f"__r{_name}__", _future_operator(f"__r{_name}__"))
+for _name in ("neg", "pos", "abs", "invert", "round", "lt", "le", "eq",
+              "ne", "gt", "ge"):
+    setattr(Future, f"__{_name}__", _future_operator(f"__{_name}__"))
+del _name
+
+
+def _leaves(tree):
+    """The futures among the leaves of a pytree (JAX's pytrees when JAX is
+    loaded, else lists, tuples and dicts)."""
+    if "jax" in sys.modules:
+        import jax
+        leaves = jax.tree_util.tree_leaves(tree)
+    else:
+        leaves, stack = [], [tree]
+        while stack:
+            x = stack.pop()
+            if isinstance(x, (list, tuple)):
+                stack.extend(reversed(x))
+            elif isinstance(x, dict):
+                stack.extend(reversed(list(x.values())))
+            else:
+                leaves.append(x)
+    return [x for x in leaves if isinstance(x, Future)]
+
+
+def _spec_text(dtype, shape):
+    """'float32[1024, 1024]', as a progress line names an array."""
+    return f"{np.dtype(dtype).name}{list(shape)}"
+
+
+def _put(client, core_slice, a, sharding):
+    """Puts the numpy array `a` on `core_slice`; on a terminal, a
+    large one shows its bytes as they go (python/plexus/_progress.py)."""
+    progress = transfer_progress(a.nbytes)
+    if progress is None:
+        return client._core.put(core_slice, a, sharding)
+    with waiting(client, describe_transfer(
+            "put", _spec_text(a.dtype, a.shape), progress)):
+        return client._core.put(core_slice, a, sharding, progress)
+
+
+def wait(futures, timeout=None):
+    """Waits until every future in `futures` (a pytree) is ready: one round
+    trip per worker, however many futures and shards. With `timeout`
+    (seconds) it raises DeadlineExceededError, saying how many were not
+    ready, once that passes; a failed future raises its error. Returns
+    `futures`."""
+    by_client = {}
+    for f in _leaves(futures):
+        by_client.setdefault(id(f._client._core), (f._client, []))[1].append(
+            f._f)
+    if timeout is None:
+        for client, fs in by_client.values():
+            with waiting(client, describe_wait):
+                client._core.wait_many(fs)
+        return futures
+    import time
+    deadline = time.monotonic() + timeout
+    for client, fs in by_client.values():
+        try:
+            with waiting(client, describe_wait):
+                client._core.wait_many(
+                    fs, max(0.0, deadline - time.monotonic()))
+        except _core.DeadlineExceededError as e:
+            raise _core.DeadlineExceededError(
+                f"{e}{_why_suffix(client, fs)}") from None
     return futures
 
 

@@ -24,7 +24,14 @@
 //     device_waiting_bytes), named with how full it is and the clients
 //     whose values hold it, the most first (from the records: the live
 //     buffers of slices mapped onto it);
-//   - its slice waiting for a host to take a lost one's place.
+//   - its slice waiting for a host to take a lost one's place;
+//   - the call still at admission (routed, not yet admitted: its client's
+//     share is used up, or its devices' windows are full): named with its
+//     client's tenant and weight, and whose calls are in flight, their
+//     tenants and weights, and the oldest of them.
+// A client's calls at admission get one entry (its oldest call's, the
+// outputs of all of them in output_ids), and each slice waiting for a
+// host one (call_id 0, its slice_id), so a wait on any future names them.
 // Hosts that already finished their part of the root call (admission has
 // their reports: WhyOptions::not_done) are named as such, not blamed.
 // Each call is named with the line of the user's program that issued it
@@ -32,9 +39,9 @@
 // A pure function of the records: `plexus status` (ClusterStatus.why),
 // `plexus why` and client.why() read it.
 //
-// Not yet: calls still at admission (not routed, so without records; the
-// status lists them by client), fetches and puts (the client's, not the
-// server's: the client's progress line shows their bytes).
+// Not yet: fetches and puts (the client's, not the server's: the client's
+// progress line shows their bytes), and calls of a batch that waits at the
+// server for its slice (not routed: the slice's entry stands for them).
 #pragma once
 
 #include <vector>
@@ -58,6 +65,14 @@ struct WhyOptions {
   // their part and are not blamed. Null, or a call not in it: unknown.
   const absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>*
       not_done = nullptr;
+  // What admission knows of each client (Admission::Find and
+  // PendingCallSeqs): its weight, and its calls still waiting there, in
+  // the order they go. Null: no call is at admission.
+  struct AdmissionQueue {
+    double weight = 1;
+    std::vector<uint64_t> seqs;
+  };
+  const absl::flat_hash_map<uint64_t, AdmissionQueue>* admission = nullptr;
 };
 
 // The explained waits, the longest first.
