@@ -294,14 +294,24 @@ def _why_suffix(client, fs):
         return ""
     buffers = {f.buffer_id for f in fs}
     slices = {f.slice.id for f in fs}
-    why = [e for e in why
-           if buffers.intersection(e.get("output_ids", []))
-           or (not e.get("call_id") and e.get("slice_id") in slices)]
-    if not why:
+    # Each cause once (calls queued behind one call share it), with the
+    # longest wait on it; the longest first.
+    by_cause = {}
+    for e in why:
+        if (buffers.intersection(e.get("output_ids", []))
+                or (not e.get("call_id") and e.get("slice_id") in slices)):
+            by_cause.setdefault(e.get("cause") or e["reason"], []).append(e)
+    if not by_cause:
         return ""
-    shown = "; ".join(e["reason"] for e in why[:3])
-    more = f" (and {len(why) - 3} more: client.why())" if len(why) > 3 else ""
-    return f". The server says: {shown}{more}"
+    said = []
+    for entries in list(by_cause.values())[:3]:
+        n = len(entries) - 1
+        said.append(entries[0]["reason"] +
+                    (f" (and {n} more call(s) waiting on the same)"
+                     if n else ""))
+    more = (f" (and {len(by_cause) - 3} more: client.why())"
+            if len(by_cause) > 3 else "")
+    return f". The server says: {'; '.join(said)}{more}"
 
 
 def block_until_ready(self):

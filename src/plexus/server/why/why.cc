@@ -228,8 +228,8 @@ const absl::InlinedVector<int64_t, 4>* NotDone(uint64_t seq,
 // WhyOptions::admission and not_done).
 struct AdmissionState {
   absl::flat_hash_map<uint64_t, uint64_t> at_admission;  // seq -> client
-  std::map<uint64_t, int64_t> in_flight;                  // client -> calls
-  std::map<uint64_t, uint64_t> oldest_in_flight;          // client -> seq
+  std::map<uint64_t, int64_t> in_flight;                 // client -> calls
+  std::map<uint64_t, uint64_t> oldest_in_flight;         // client -> seq
 };
 
 AdmissionState SurveyAdmission(const ClusterState& state,
@@ -410,8 +410,7 @@ std::optional<Root> InputSourceTrouble(const ClusterState& state,
 // cannot tell it from the call running: the hosts that finished their
 // part are named apart). The first such input and its source host.
 std::optional<Root> InputInTransit(const ClusterState& state,
-                                   const CallRecord& call,
-                                   const CallHosts& on,
+                                   const CallRecord& call, const CallHosts& on,
                                    const WhyOptions& options) {
   for (const CallInput& in : call.inputs) {
     if (in.slice_id == call.slice_id) continue;
@@ -426,7 +425,8 @@ std::optional<Root> InputInTransit(const ClusterState& state,
       if (on.workers.count(peer)) continue;
       return Root{
           absl::StrCat(
-              "it is first in line on ", on.hosts.size() == 1 ? "host " : "hosts ",
+              "it is first in line on ",
+              on.hosts.size() == 1 ? "host " : "hosts ",
               absl::StrJoin(on.hosts, ", "), " and waits for its input ",
               ValueName(state, in.buffer_id), ", done on host ", peer,
               ", which answers (heartbeat ",
@@ -470,8 +470,8 @@ Root QueuedBehind(const ClusterState& state, const CallRecord& call,
   std::vector<std::string> ready;
   for (const std::string& h : on.hosts) {
     if (on.behind.count(h)) continue;
-    ready.push_back(on.ranks > 1 ? absl::StrCat(h, " (rank ", on.rank.at(h), ")")
-                                 : h);
+    ready.push_back(
+        on.ranks > 1 ? absl::StrCat(h, " (rank ", on.rank.at(h), ")") : h);
   }
   // Over several devices, the rank (index in the slice) that has not
   // joined: the one queued.
@@ -629,6 +629,7 @@ proto::WhyEntry ExplainCall(const ClusterState& state, uint64_t seq,
   e.set_root_call_id(at->call_id);
   e.set_blame_host(root.blame_host);
   e.set_root_reason(absl::StrCat(CallName(state, *at), ": ", root.reason));
+  e.set_cause(root.reason);
   e.set_reason(chain.empty()
                    ? absl::StrCat(CallName(state, call), " has waited ",
                                   Seconds(waited), ": ", root.reason)
@@ -657,8 +658,8 @@ void AdmissionEntries(const ClusterState& state, const Heads& heads,
     if (waited < options.after) continue;
     proto::WhyEntry e = ExplainCall(state, queue.seqs.front(), *first, waited,
                                     heads, admission, options);
-    for (size_t i = 1; i < queue.seqs.size() &&
-                       e.output_ids_size() < kMaxAdmissionOutputs;
+    for (size_t i = 1;
+         i < queue.seqs.size() && e.output_ids_size() < kMaxAdmissionOutputs;
          ++i) {
       const CallRecord* call = state.records().calls().Find(queue.seqs[i]);
       if (call == nullptr) continue;
@@ -687,6 +688,7 @@ void SliceEntries(const ClusterState& state, const WhyOptions& options,
         "that joins, takes it; else the slice breaks then)");
     e.set_reason(reason);
     e.set_root_reason(reason);
+    e.set_cause(reason);
     entries->push_back(std::move(e));
   }
 }

@@ -259,10 +259,10 @@ TEST_F(WhyTest, CallsAtAdmissionAreOneEntryNamingTheShareAndWhoRuns) {
   const uint64_t held = state_.CreateSlice(other, req)->slice_id();
   proto::RegisterProgram reg;
   reg.set_program_id(ClientMadeId(other, 1));
-  reg.set_kernel("scale");
-  reg.set_name("long_step");
-  *reg.add_inputs() = ToProto(kReplicated);
-  *reg.add_outputs() = ToProto(kReplicated);
+  reg.mutable_program()->set_kernel("scale");
+  reg.mutable_program()->set_name("long_step");
+  *reg.mutable_program()->add_inputs() = ToProto(kReplicated);
+  *reg.mutable_program()->add_outputs() = ToProto(kReplicated);
   ASSERT_TRUE(state_.RegisterProgram(other, reg).ok());
   proto::PutDecl put;
   put.set_buffer_id(ClientMadeId(other, 10));
@@ -304,8 +304,9 @@ TEST_F(WhyTest, CallsAtAdmissionAreOneEntryNamingTheShareAndWhoRuns) {
                   "has waited 5 s: it waits at admission for its client's "
                   "share (tenant default, weight 1), with 2 more of its "
                   "calls; calls in flight: its own 0, client ",
-                  other, " (holder, tenant batch, weight 3) 1; the oldest of "
-                         "theirs is call ",
+                  other,
+                  " (holder, tenant batch, weight 3) 1; the oldest of "
+                  "theirs is call ",
                   ClientMadeId(other, 11), " ('long_step') of client ", other,
                   ", routed 6 s ago")));
 }
