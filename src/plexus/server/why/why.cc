@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -168,23 +167,18 @@ absl::Duration Compiling(const WorkerRecord& worker, uint64_t program_id,
 }
 
 // The first call not done in each device's queue: of the calls routed to
-// a device (its slice's), the one routed first (lowest seq). A device runs
+// a device (its slice's) and admitted (not in `at_admission`, seq ->
+// client), the one routed first (lowest seq). A device runs
 // its calls in that order, so a later call waits behind it.
 using Heads = absl::flat_hash_map<std::pair<int64_t, int32_t>,
                                   std::pair<uint64_t, const CallRecord*>>;
 
-Heads QueueHeads(const ClusterState& state, const WhyOptions& options) {
-  // Calls still at admission are in no device's queue yet.
-  absl::flat_hash_set<uint64_t> at_admission;
-  if (options.admission != nullptr) {
-    for (const auto& [client, queue] : *options.admission) {
-      at_admission.insert(queue.seqs.begin(), queue.seqs.end());
-    }
-  }
+Heads QueueHeads(const ClusterState& state,
+                 const absl::flat_hash_map<uint64_t, uint64_t>& at_admission) {
   Heads heads;
   for (const auto& [seq, call] : state.records().calls()) {
     if (call.done || call.routed == absl::InfinitePast()) continue;
-    if (at_admission.count(seq)) continue;
+    if (at_admission.count(seq)) continue;  // in no device's queue yet
     auto slice = state.slices().find(call.slice_id);
     if (slice == state.slices().end()) continue;
     for (const DeviceRef& d : slice->second.devices) {
@@ -697,8 +691,8 @@ void SliceEntries(const ClusterState& state, const WhyOptions& options,
 
 std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
                                           const WhyOptions& options) {
-  const Heads heads = QueueHeads(state, options);
   const AdmissionState admission = SurveyAdmission(state, options);
+  const Heads heads = QueueHeads(state, admission.at_admission);
   std::vector<proto::WhyEntry> entries;
   for (const auto& [seq, call] : state.records().calls()) {
     if (call.done || call.routed == absl::InfinitePast()) continue;
