@@ -2,7 +2,8 @@
 // followed through the server's records (JobRecords: calls and the buffers
 // they read, and which call makes each) to the root of its wait, named in
 // one sentence a person can act on:
-//   - an input that was lost (and with which host);
+//   - an input that was lost (and with which host), named with the line
+//     that made it (its producing call's site; "a put" for a put);
 //   - an input that another call, not done, makes: followed to that call,
 //     and so on to the first call of the chain whose inputs are all there;
 //   - that root call's hosts, or those its inputs made elsewhere are sent
@@ -13,12 +14,17 @@
 //     the root is queued behind it, named with its program, the line that
 //     issued it and its client; where it is the root itself the root runs
 //     there — so a collective whose other rank is held by a long call on
-//     one host names that host and that call, and the hosts where its
-//     ranks wait ("first in line"); where its program is compiling on
+//     one host names that rank (its index in the slice's devices), that
+//     host and that call, and the hosts where its other ranks wait ("first
+//     in line"); where its program is compiling on
 //     one of its hosts (WorkerStats.compiling, by the worker's last
 //     heartbeat) the root waits for that compile, named with how long it
 //     has taken so far (so is a call queued behind one whose program
-//     compiles);
+//     compiles); where it is first in line everywhere and reads an input
+//     made by a call done on another, answering host, that input's
+//     transfer from there is named (value, line, peer, its last heartbeat):
+//     the records cannot tell a transfer not yet arrived from the call
+//     running, so the sentence says both;
 //   - a device of its slice whose memory budget is full while something
 //     waits there for room (the workers report it: WorkerStats.
 //     device_waiting_bytes), named with how full it is and the clients
