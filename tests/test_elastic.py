@@ -305,13 +305,23 @@ def test_a_slice_whose_host_is_lost_while_no_spare_is_free_waits_for_one():
         os.kill(host_pid, signal.SIGKILL)
         worker = None
         try:
-            st = wait_until(cluster, "the slice waiting for a host",
-                            lambda st: slice_of(st, s).get("awaiting"))
-            # `plexus why` says what the slice waits for, and for how long.
+            # The server explains the slice's wait once it has lasted 1 s:
+            # `plexus why`, the client's why() and a wait's deadline error
+            # say what the slice waits for, and for how long.
+            waits = f"slice {s.id} has waited "
+            st = wait_until(cluster, "the slice's wait explained",
+                            lambda st: any(waits in e["reason"]
+                                           for e in st.get("why", [])))
+            assert slice_of(st, s).get("awaiting"), st
             said = [line for _, line in why_lines(st)]
-            assert any(f"slice {s.id} waits for a host to take a lost one's "
-                       "place (" in line and "s left" in line
+            assert any(waits in line and " for a host to take a lost one's "
+                       "place (" in line and " s left" in line
                        for line in said), said
+            assert any(e.get("slice_id") == s.id and not e.get("call_id")
+                       for e in s._client.why()), s._client.why()
+            # (Not a wait with a deadline here: the client is re-putting
+            # x's shard to the stopped spare, and a wait, timeout or not,
+            # waits behind that until the handshake's 10 s pass.)
             worker = subprocess.Popen(
                 [str(plexus._binaries.bin_dir() / "plexus-worker"),
                  "--server", cluster.address, "--devices", "1",

@@ -15,6 +15,20 @@ from conftest import PLEXUS_PYTHONPATH
 WAIT_S = 30
 
 
+def deadline_error(futures, timeout=0.3):
+    """The message of the DeadlineExceededError a wait on `futures` with
+    `timeout` raises (they are held: the test made sure)."""
+    with pytest.raises(plexus.DeadlineExceededError) as e:
+        plexus.wait(futures, timeout=timeout)
+    return str(e.value)
+
+
+def issued_here(program, said):
+    """Whether `said` names `program`'s call with a line of this file (the
+    site may lead with pytest's frame that called the test)."""
+    return re.search(rf"\('{program}' issued at [^)]*test_why\.py:\d+", said)
+
+
 def poll_why(cluster, client, pred, what):
     """The first of client.why()'s entries that satisfies `pred`, once the
     server's status has one (re-read after each round of heartbeats, at
@@ -66,6 +80,12 @@ def test_a_consumer_waiting_on_a_long_call_names_it_and_its_host():
         assert out.returncode == 0, out.stderr
         assert "(stuck): call" in out.stdout and "'slow_step'" in out.stdout, \
             out.stdout
+        # A wait on the consumer's output that reaches its deadline names
+        # the cause, its host and the line that issued it.
+        said = deadline_error(z)
+        assert "The server says: call" in said, said
+        assert issued_here("slow_step", said), said
+        assert "it is running on host host0" in said, said
 
 
 def test_a_stopped_host_is_named_before_it_is_declared_lost():
@@ -83,6 +103,11 @@ def test_a_stopped_host_is_named_before_it_is_declared_lost():
             assert f"pid {pid})" in e["reason"], e
             assert "stopped (SIGSTOP) or hung" in e["reason"], e
             assert e["blame_host"] == "host0", e
+            said = deadline_error(z)
+            assert f"host host0 (worker" in said and f"pid {pid})" in said, \
+                said
+            assert "stopped (SIGSTOP) or hung" in said, said
+            assert issued_here("consumer", said), said
         finally:
             os.kill(pid, signal.SIGCONT)
         # Once it runs again, the chain completes.
@@ -109,8 +134,10 @@ def test_a_call_waiting_for_room_on_a_full_device_names_who_holds_it():
         assert e["blame_host"] == "host0", e
         assert "test_why.py:" in e["site"], e
         # The deadline error says the same.
-        with pytest.raises(plexus.DeadlineExceededError, match="is full"):
-            plexus.wait(y, timeout=0.5)
+        said = deadline_error(y)
+        assert "device 0 of host host0 is full (" in said, said
+        assert f"held by client {hog.id} (hog)" in said, said
+        assert issued_here("big_output", said), said
         # Released, the hog's value makes room and the call goes on.
         del held
         np.testing.assert_array_equal(np.asarray(plexus.wait(y, timeout=WAIT_S)),
@@ -157,8 +184,15 @@ def test_a_wait_that_reaches_its_deadline_says_what_it_waits_on():
         with pytest.raises(plexus.DeadlineExceededError) as e:
             plexus.wait(z, timeout=1.5)
         assert "The server says: call" in str(e.value), e.value
-        assert "'slow_step'" in str(e.value), e.value
+        assert "('slow_step' issued at test_why.py:" in str(e.value), e.value
         assert "host host0" in str(e.value), e.value
+        # Only the entries of the futures waited on: the consumer's (which
+        # names the slow call), not the slow call's own (its output is not
+        # waited on; before, the client's longest waits were shown).
+        said = str(e.value)
+        assert re.search(r"'consumer' issued at [^)]*\) has waited", said), said
+        assert not re.search(r"'slow_step' issued at [^)]*\) has waited",
+                             said), said
 
 
 def test_a_collective_whose_other_rank_is_held_by_a_long_call_names_it():
@@ -179,7 +213,11 @@ def test_a_collective_whose_other_rank_is_held_by_a_long_call_names_it():
         e, _ = poll_why(cluster, c, lambda e: e["program"] == "reduce_sum"
                         and "finished its part" in e["reason"],
                         "the collective's first call, done on host1")
-        assert "it is queued on host host0 behind call" in e["reason"], e
+        # The rank (index in the slice) that has not joined, and its host.
+        rank = next(i for i, d in enumerate(both.devices)
+                    if d["host"] == "host0")
+        assert f"its rank {rank} (of 2) is queued on host host0 behind call" \
+            in e["reason"], e
         # The line of this test that issued the long call (after pytest's
         # frame that called the test).
         assert re.search(r"\('slow_step' issued at [^)]*test_why\.py:\d+ in "
@@ -187,8 +225,14 @@ def test_a_collective_whose_other_rank_is_held_by_a_long_call_names_it():
         # Its part on host1 ran (the all_reduce waits there for host0's).
         assert "; host host1 has finished its part" in e["reason"], e
         assert e["blame_host"] == "host0", e
-        with pytest.raises(plexus.DeadlineExceededError):
-            plexus.wait(total, timeout=0.1)  # still held, as why says
+        # A wait on the all_reduce's output names the same: the rank, the
+        # host and the long call's line.
+        poll_why(cluster, c, lambda e: e["program"] == "all_reduce",
+                 "the all_reduce")
+        said = deadline_error(total, timeout=0.1)  # still held, as why says
+        assert f"its rank {rank} (of 2) is queued on host host0" in said, said
+        assert issued_here("slow_step", said), said
+        assert "'reduce_sum'" in said, said
 
 
 def slow_to_compile(x):

@@ -254,10 +254,14 @@ class Client:
         """Why this client's work is stuck: each call routed more than
         `after` seconds ago (at least 1) and not done, the longest wait
         first, as a dict with `reason` (one sentence: the chain of calls it
-        waits for and the root cause, naming the host), `blame_host`,
-        `waited_ms`, `program`, `call_id` and `root_call_id`. The server
-        follows its records (docs/observability.md, "Why is it stuck");
-        `plexus why` shows every client's."""
+        waits for and the root cause, naming the host), `cause` (the root
+        cause alone), `blame_host`, `waited_ms`, `program`, `site`,
+        `call_id`, `root_call_id`, `slice_id` and `output_ids` (the
+        buffers it holds up). Its calls waiting at admission are one entry
+        (its oldest call's, with all their outputs), and a slice of it
+        waiting for a host one (call_id 0). The server follows its records
+        (docs/observability.md, "Why is it stuck"); `plexus why` shows
+        every client's."""
         if self._address is None:
             raise RuntimeError("this client does not know its server's "
                                "address")

@@ -277,23 +277,41 @@ def wait(futures, timeout=None):
                     fs, max(0.0, deadline - time.monotonic()))
         except _core.DeadlineExceededError as e:
             raise _core.DeadlineExceededError(
-                f"{e}{_why_suffix(client)}") from None
+                f"{e}{_why_suffix(client, fs)}") from None
     return futures
 
 
-def _why_suffix(client):
-    """What the server says this client's longest waits wait on (client.why),
-    for the message of a wait that reached its deadline; empty if it says
-    nothing or cannot be asked."""
+def _why_suffix(client, fs):
+    """What the server says holds the futures `fs` (core futures of
+    `client`), for the message of a wait that reached its deadline: the
+    entries of client.why() that list one of their buffers among the
+    outputs they hold (a call's, or a client's calls at admission), or
+    that are a slice of theirs waiting for a host; empty if none, or if the
+    server cannot be asked."""
     try:
         why = client.why()
     except Exception:  # noqa: BLE001 - the deadline error stands on its own
         return ""
-    if not why:
+    buffers = {f.buffer_id for f in fs}
+    slices = {f.slice.id for f in fs}
+    # Each cause once (calls queued behind one call share it), with the
+    # longest wait on it; the longest first.
+    by_cause = {}
+    for e in why:
+        if (buffers.intersection(e.get("output_ids", []))
+                or (not e.get("call_id") and e.get("slice_id") in slices)):
+            by_cause.setdefault(e.get("cause") or e["reason"], []).append(e)
+    if not by_cause:
         return ""
-    shown = "; ".join(e["reason"] for e in why[:3])
-    more = f" (and {len(why) - 3} more: client.why())" if len(why) > 3 else ""
-    return f". The server says: {shown}{more}"
+    said = []
+    for entries in list(by_cause.values())[:3]:
+        n = len(entries) - 1
+        said.append(entries[0]["reason"] +
+                    (f" (and {n} more call(s) waiting on the same)"
+                     if n else ""))
+    more = (f" (and {len(by_cause) - 3} more: client.why())"
+            if len(by_cause) > 3 else "")
+    return f". The server says: {'; '.join(said)}{more}"
 
 
 def block_until_ready(tree):

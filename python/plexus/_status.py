@@ -37,7 +37,8 @@ def decode_status(text):
     for p in st.get("pending_slices", []):
         p["waiting_for"] = str(p.get("waiting_for", ""))
     for e in st.get("why", []):
-        for k in ("program", "reason", "blame_host", "site"):
+        for k in ("program", "reason", "blame_host", "site", "root_reason",
+                  "cause"):
             e[k] = str(e.get(k, ""))
     return st
 

@@ -162,9 +162,10 @@ def _clients_table(clients):
 
 def why_lines(st, after=1.0):
     """What `plexus why` says of status `st`: (client id, sentence) for each
-    slice request waiting for capacity, slice waiting for a host, client
-    with calls waiting at admission, and call waiting longer than `after`
-    seconds (the server's explanation, server/why/why.h)."""
+    slice request waiting for capacity, and each of the server's
+    explanations (server/why/why.h) that has waited longer than `after`
+    seconds: a call, a client's calls at admission, a slice waiting for a
+    host."""
     names = {c["client_id"]: c["name"] for c in st.get("clients", [])}
     lines = []
     for p in st.get("pending_slices", []):
@@ -174,27 +175,6 @@ def why_lines(st, after=1.0):
                 f"waited {p.get('waited_ms', 0) / 1000:.1f} s "
                 f"({p.get('left_ms', 0) / 1000:.1f} s left): waiting for "
                 f"{p.get('waiting_for')}")))
-    for s in st.get("slices", []):
-        if s.get("awaiting"):
-            lines.append((s.get("client_id"), (
-                f"slice {s.get('slice_id')} waits for a host to take a lost "
-                f"one's place ({s['awaiting']}), "
-                f"{s.get('awaiting_left_ms', 0) / 1000:.1f} s left")))
-    # Admission: calls not yet routed wait for their client's share.
-    running = {c["client_id"]: int(c.get("calls_in_flight", 0))
-               for c in st.get("clients", [])}
-    for c in st.get("clients", []):
-        pending = int(c.get("calls_pending", 0))
-        if pending == 0:
-            continue
-        others = ", ".join(
-            f"{names.get(o, o)} {n}" for o, n in running.items()
-            if o != c["client_id"] and n > 0) or "none"
-        lines.append((c["client_id"], (
-            f"{pending} call(s) wait at admission for this client's share "
-            f"(tenant {c.get('tenant', '?')}, weight "
-            f"{float(c.get('weight', 1)):g}); calls in flight: its own "
-            f"{running.get(c['client_id'], 0)}, other clients' {others}")))
     lines += [(e.get("client_id"), e["reason"]) for e in st.get("why", [])
               if e.get("waited_ms", 0) >= after * 1000]
     return [(cid, f"client {cid} ({names.get(cid, '?')}): {line}")

@@ -72,7 +72,9 @@ constexpr FamilyDef kDefs[kFamilies] = {
     {"plexus_slice_requests_pending", MetricType::Gauge,
      "Slice requests waiting for capacity."},
     {"plexus_calls_waiting", MetricType::Gauge,
-     "Calls routed more than a second ago and not done (plexus why)."},
+     "Waits explained by plexus why: calls routed more than a second ago "
+     "and not done (a client's calls at admission count once), and slices "
+     "waiting for a host."},
     {"plexus_worker_calls_total", MetricType::Counter,
      "Calls a worker has executed."},
     {"plexus_worker_calls_failed_total", MetricType::Counter,

@@ -59,8 +59,10 @@ struct SliceRecord {
   std::vector<std::string> axis_names;
   std::string broken;  // non-empty once a worker of the slice died
   // Non-empty while the slice waits for a host to take a lost one's place
-  // (ClusterState::AwaitedLoss): why, until `awaiting_until`.
+  // (ClusterState::AwaitedLoss): why, since `awaiting_since`, until
+  // `awaiting_until`.
   std::string awaiting;
+  absl::Time awaiting_since;
   absl::Time awaiting_until;
   // generation of the map from virtual devices (indices into `devices`)
   // to physical ones: +1 on every remap (SliceInfo.generation).

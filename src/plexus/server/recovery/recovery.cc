@@ -74,6 +74,7 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
     for (uint64_t sid : affected) {
       SliceRecord& slice = slices_.at(sid);
       slice.awaiting = reason;
+      slice.awaiting_since = now;
       slice.awaiting_until = waiting.deadline;
     }
     loss.awaiting = affected;

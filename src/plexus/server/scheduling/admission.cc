@@ -115,6 +115,16 @@ std::deque<AdmissionUnit> Admission::TakePending(uint64_t client) {
   return taken;
 }
 
+std::vector<uint64_t> Admission::PendingCallSeqs(uint64_t client) const {
+  std::vector<uint64_t> seqs;
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return seqs;
+  for (const AdmissionUnit& unit : it->second.pending) {
+    if (unit.is_call() && unit.call_seq != 0) seqs.push_back(unit.call_seq);
+  }
+  return seqs;
+}
+
 AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq) {
   AdmissionUnit unit;
   for (const auto& [w, list] : ops) {

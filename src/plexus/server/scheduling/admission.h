@@ -157,6 +157,9 @@ class Admission {
   // their part (`plexus why`). Calls still waiting here are not in it.
   absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>
   WorkersNotDone() const;
+  // The record seqs (ClusterState::RouteCall's) of `client`'s calls still
+  // waiting here, in the order they go (`plexus why`: calls at admission).
+  std::vector<uint64_t> PendingCallSeqs(uint64_t client) const;
   // The current estimate of one execute of `program_id`.
   int64_t CostOf(uint64_t client, uint64_t program_id) const;
 

@@ -207,6 +207,25 @@ TEST(AdmissionTest, AWideCallBlockedByAWindowReservesItsWorkers) {
   EXPECT_EQ(out[0].unit.program_id, 10u);
 }
 
+TEST(AdmissionTest, PendingCallSeqsAreTheCallsStillWaitingInOrder) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 2,
+               .default_cost_micros = 400});
+  a.AddWorker(1, 1);
+  a.AddClient(1, 1, 64);
+  for (uint64_t seq = 1; seq <= 4; ++seq) {
+    AdmissionUnit call = Call(9, {1});
+    call.call_seq = seq;
+    a.Enqueue(1, std::move(call));
+  }
+  a.Enqueue(1, Release(1));  // not a call: not listed
+  EXPECT_EQ(a.PendingCallSeqs(1), (std::vector<uint64_t>{1, 2, 3, 4}));
+  // Two go (the window's minimum); the others still wait, in order.
+  ASSERT_EQ(Drain(a).size(), 2u);
+  EXPECT_EQ(a.PendingCallSeqs(1), (std::vector<uint64_t>{3, 4}));
+  EXPECT_TRUE(a.PendingCallSeqs(2).empty());  // an unknown client
+}
+
 TEST(AdmissionTest, TheWorkersNotDoneWithACallAreThoseYetToReport) {
   Admission a;
   for (int64_t w : {1, 2}) a.AddWorker(w, 1);

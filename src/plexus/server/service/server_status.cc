@@ -143,11 +143,20 @@ void ServerImpl::FillWaitsLocked(const proto::StatusRequest& request,
     }
     why.silent_after = options_.heartbeat_timeout * 3 / 10;
     absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> not_done;
+    absl::flat_hash_map<uint64_t, WhyOptions::AdmissionQueue> queues;
     {
       absl::MutexLock admission(&admission_mu_);
       not_done = admission_.WorkersNotDone();
+      for (const auto& [id, c] : state_.clients()) {
+        const Admission::ClientView* v = admission_.Find(id);
+        if (v == nullptr) continue;
+        WhyOptions::AdmissionQueue& q = queues[id];
+        q.weight = v->weight;
+        if (v->pending_calls > 0) q.seqs = admission_.PendingCallSeqs(id);
+      }
     }
     why.not_done = &not_done;
+    why.admission = &queues;
     for (proto::WhyEntry& e : ExplainWaits(state_, why)) {
       *status->add_why() = std::move(e);
     }

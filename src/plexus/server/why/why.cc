@@ -47,6 +47,32 @@ std::string CallName(const ClusterState& state, const CallRecord& call) {
                       "'", site ? absl::StrCat(" issued at ", *site) : "", ")");
 }
 
+// "buffer 7 (the output of call 11 ('scale' issued at train.py:40 in
+// step))", or "buffer 7 (a put)": the value, by the line that made it.
+std::string ValueName(const ClusterState& state, uint64_t buffer_id) {
+  const BufferRecord* b = state.records().FindBuffer(buffer_id);
+  std::string made;
+  if (b != nullptr && b->producer != 0) {
+    if (const CallRecord* p = state.records().calls().Find(b->producer)) {
+      made = absl::StrCat(" (the output of ", CallName(state, *p), ")");
+    }
+  } else if (b != nullptr && b->put) {
+    made = " (a put)";
+  }
+  return absl::StrCat("buffer ", buffer_id, made);
+}
+
+// "client 3 (holder, tenant default, weight 1)".
+std::string ClientShare(const ClusterState& state, uint64_t client_id,
+                        double weight) {
+  const ClientRecord* c = state.FindClient(client_id);
+  return absl::StrCat(
+      "client ", client_id, " (",
+      c != nullptr && !c->name.empty() ? absl::StrCat(c->name, ", ") : "",
+      "tenant ", c != nullptr ? c->tenant : "?", ", weight ",
+      absl::StrFormat("%g", weight), ")");
+}
+
 std::string Seconds(absl::Duration d) {
   return absl::StrCat(absl::ToInt64Milliseconds(d) / 100 / 10.0, " s");
 }
@@ -141,15 +167,18 @@ absl::Duration Compiling(const WorkerRecord& worker, uint64_t program_id,
 }
 
 // The first call not done in each device's queue: of the calls routed to
-// a device (its slice's), the one routed first (lowest seq). A device runs
+// a device (its slice's) and admitted (not in `at_admission`, seq ->
+// client), the one routed first (lowest seq). A device runs
 // its calls in that order, so a later call waits behind it.
 using Heads = absl::flat_hash_map<std::pair<int64_t, int32_t>,
                                   std::pair<uint64_t, const CallRecord*>>;
 
-Heads QueueHeads(const ClusterState& state) {
+Heads QueueHeads(const ClusterState& state,
+                 const absl::flat_hash_map<uint64_t, uint64_t>& at_admission) {
   Heads heads;
   for (const auto& [seq, call] : state.records().calls()) {
     if (call.done || call.routed == absl::InfinitePast()) continue;
+    if (at_admission.count(seq)) continue;  // in no device's queue yet
     auto slice = state.slices().find(call.slice_id);
     if (slice == state.slices().end()) continue;
     for (const DeviceRef& d : slice->second.devices) {
@@ -189,6 +218,75 @@ const absl::InlinedVector<int64_t, 4>* NotDone(uint64_t seq,
   return it == options.not_done->end() ? nullptr : &it->second;
 }
 
+// The calls at admission and those in flight, by client (from
+// WhyOptions::admission and not_done).
+struct AdmissionState {
+  absl::flat_hash_map<uint64_t, uint64_t> at_admission;  // seq -> client
+  std::map<uint64_t, int64_t> in_flight;                 // client -> calls
+  std::map<uint64_t, uint64_t> oldest_in_flight;         // client -> seq
+};
+
+AdmissionState SurveyAdmission(const ClusterState& state,
+                               const WhyOptions& options) {
+  AdmissionState a;
+  if (options.admission != nullptr) {
+    for (const auto& [client, queue] : *options.admission) {
+      for (uint64_t seq : queue.seqs) a.at_admission[seq] = client;
+    }
+  }
+  if (options.not_done != nullptr) {
+    for (const auto& [seq, workers] : *options.not_done) {
+      const CallRecord* call = state.records().calls().Find(seq);
+      if (call == nullptr) continue;
+      ++a.in_flight[call->client_id];
+      auto [it, fresh] = a.oldest_in_flight.try_emplace(call->client_id, seq);
+      if (!fresh) it->second = std::min(it->second, seq);
+    }
+  }
+  return a;
+}
+
+// Why the call, at admission, waits there: its client's share (tenant and
+// weight), and whose calls are in flight, with the oldest of the others'
+// (blamed: its first host).
+Root AdmissionRoot(const ClusterState& state, uint64_t client_id,
+                   const AdmissionState& a, const WhyOptions& options) {
+  auto weight = [&](uint64_t c) {
+    auto it = options.admission->find(c);
+    return it == options.admission->end() ? 1.0 : it->second.weight;
+  };
+  const ClientRecord* me = state.FindClient(client_id);
+  const size_t queued = options.admission->at(client_id).seqs.size();
+  std::string reason = absl::StrCat(
+      "it waits at admission for its client's share (tenant ",
+      me != nullptr ? me->tenant : "?", ", weight ",
+      absl::StrFormat("%g", weight(client_id)), ")",
+      queued > 1 ? absl::StrCat(", with ", queued - 1, " more of its calls")
+                 : "",
+      "; calls in flight: its own ",
+      a.in_flight.count(client_id) ? a.in_flight.at(client_id) : 0);
+  uint64_t oldest = 0;
+  for (const auto& [c, n] : a.in_flight) {
+    if (c == client_id) continue;
+    absl::StrAppend(&reason, ", ", ClientShare(state, c, weight(c)), " ", n);
+    const uint64_t seq = a.oldest_in_flight.at(c);
+    if (oldest == 0 || seq < oldest) oldest = seq;
+  }
+  const CallRecord* first =
+      oldest == 0 ? nullptr : state.records().calls().Find(oldest);
+  if (first == nullptr) return {reason, ""};
+  absl::StrAppend(&reason, "; the oldest of theirs is ",
+                  CallName(state, *first), " of client ", first->client_id,
+                  ", routed ", Seconds(options.now - first->routed), " ago");
+  std::string host;
+  auto slice = state.slices().find(first->slice_id);
+  if (slice != state.slices().end() && !slice->second.devices.empty()) {
+    auto w = state.workers().find(slice->second.devices.front().worker_id);
+    if (w != state.workers().end()) host = w->second.info.host_name();
+  }
+  return {reason, host};
+}
+
 // A slice's state that keeps every call on it from finishing: released,
 // broken, or waiting for a host.
 std::optional<Root> SliceTrouble(const ClusterState& state,
@@ -224,8 +322,10 @@ struct CallHosts {
   std::map<std::string, const CallRecord*> behind;
   // Hosts compiling its program, and for how long.
   std::map<std::string, absl::Duration> compiling;
-  // Each host's worker.
+  // Each host's worker, and its first rank (index in the slice's devices).
   std::map<std::string, const WorkerRecord*> workers;
+  std::map<std::string, int> rank;
+  int ranks = 0;  // the slice's devices
 };
 
 // Surveys the hosts of `call`'s slice `s` into `out` (`finished` gets
@@ -237,12 +337,15 @@ std::optional<Root> SurveyHosts(const ClusterState& state, uint64_t seq,
                                 std::set<std::string>* finished,
                                 CallHosts* out) {
   const absl::InlinedVector<int64_t, 4>* not_done = NotDone(seq, options);
-  for (const DeviceRef& d : s.devices) {
+  out->ranks = static_cast<int>(s.devices.size());
+  for (int r = 0; r < out->ranks; ++r) {
+    const DeviceRef& d = s.devices[r];
     auto w = state.workers().find(d.worker_id);
     if (w == state.workers().end()) continue;
     const WorkerRecord& worker = w->second;
     const std::string& host = worker.info.host_name();
     out->workers[host] = &worker;
+    out->rank.try_emplace(host, r);
     if (not_done != nullptr && std::find(not_done->begin(), not_done->end(),
                                          d.worker_id) == not_done->end()) {
       finished->insert(host);  // its part is done: nothing there holds it
@@ -286,11 +389,45 @@ std::optional<Root> InputSourceTrouble(const ClusterState& state,
       }
       if (std::optional<std::string> trouble =
               HostTrouble(w->second, options)) {
-        return Root{absl::StrCat("its input buffer ", in.buffer_id,
+        return Root{absl::StrCat("its input ", ValueName(state, in.buffer_id),
                                  " is sent from another host, and ", *trouble,
                                  " (the transfer waits for it)"),
                     w->second.info.host_name()};
       }
+    }
+  }
+  return std::nullopt;
+}
+
+// An input of `call` made on other hosts, by a call done there, whose
+// hosts answer: the transfer from there may not have arrived (the records
+// cannot tell it from the call running: the hosts that finished their
+// part are named apart). The first such input and its source host.
+std::optional<Root> InputInTransit(const ClusterState& state,
+                                   const CallRecord& call, const CallHosts& on,
+                                   const WhyOptions& options) {
+  for (const CallInput& in : call.inputs) {
+    if (in.slice_id == call.slice_id) continue;
+    const BufferRecord* b = state.records().FindBuffer(in.buffer_id);
+    if (b == nullptr || b->producer == 0) continue;  // a put: the client's
+    auto from = state.slices().find(in.slice_id);
+    if (from == state.slices().end()) continue;
+    for (const DeviceRef& d : from->second.devices) {
+      auto w = state.workers().find(d.worker_id);
+      if (w == state.workers().end()) continue;
+      const std::string& peer = w->second.info.host_name();
+      if (on.workers.count(peer)) continue;
+      return Root{
+          absl::StrCat(
+              "it is first in line on ",
+              on.hosts.size() == 1 ? "host " : "hosts ",
+              absl::StrJoin(on.hosts, ", "), " and waits for its input ",
+              ValueName(state, in.buffer_id), ", done on host ", peer,
+              ", which answers (heartbeat ",
+              absl::ToInt64Milliseconds(options.now - w->second.last_heartbeat),
+              " ms ago) and has not sent it yet, or it runs (routed ",
+              Seconds(options.now - call.routed), " ago)"),
+          peer};
     }
   }
   return std::nullopt;
@@ -326,10 +463,18 @@ Root QueuedBehind(const ClusterState& state, const CallRecord& call,
   const auto& [host, first] = *on.behind.begin();
   std::vector<std::string> ready;
   for (const std::string& h : on.hosts) {
-    if (!on.behind.count(h)) ready.push_back(h);
+    if (on.behind.count(h)) continue;
+    ready.push_back(
+        on.ranks > 1 ? absl::StrCat(h, " (rank ", on.rank.at(h), ")") : h);
   }
+  // Over several devices, the rank (index in the slice) that has not
+  // joined: the one queued.
+  const std::string rank =
+      on.ranks > 1
+          ? absl::StrCat("its rank ", on.rank.at(host), " (of ", on.ranks, ") ")
+          : "it ";
   std::string reason = absl::StrCat(
-      "it is queued on host ", host, " behind ", CallName(state, *first),
+      rank, "is queued on host ", host, " behind ", CallName(state, *first),
       first->client_id == call.client_id
           ? ""
           : absl::StrCat(" of client ", first->client_id),
@@ -348,8 +493,10 @@ Root QueuedBehind(const ClusterState& state, const CallRecord& call,
   if (!ready.empty()) {
     absl::StrAppend(&reason, "; on ", ready.size() == 1 ? "host " : "hosts ",
                     absl::StrJoin(ready, ", "),
-                    " it is first in line (a collective there waits for "
-                    "the ranks still queued)");
+                    " it is first in line (a collective there waits for ",
+                    on.ranks > 1 ? absl::StrCat("rank ", on.rank.at(host))
+                                 : "the ranks still queued",
+                    ")");
   }
   return {reason, host};
 }
@@ -361,8 +508,12 @@ Root QueuedBehind(const ClusterState& state, const CallRecord& call,
 // ahead of it, a compile, else it runs.
 Root RootOnHosts(const ClusterState& state, uint64_t seq,
                  const CallRecord& call, const Heads& heads,
-                 const WhyOptions& options, std::set<std::string>* finished) {
+                 const AdmissionState& admission, const WhyOptions& options,
+                 std::set<std::string>* finished) {
   if (std::optional<Root> r = SliceTrouble(state, call, options)) return *r;
+  if (admission.at_admission.count(seq)) {
+    return AdmissionRoot(state, call.client_id, admission, options);
+  }
   const SliceRecord& s = state.slices().at(call.slice_id);
   CallHosts on;
   if (std::optional<Root> r =
@@ -395,6 +546,9 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
     return {"every host reported its part done; the records hear of it next",
             ""};
   }
+  if (std::optional<Root> r = InputInTransit(state, call, on, options)) {
+    return *r;
+  }
   const std::string where = absl::StrJoin(hosts, ", ");
   return {
       absl::StrCat("it is running on ", hosts.size() == 1 ? "host " : "hosts ",
@@ -406,9 +560,11 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
 // Why the root call `seq` has not finished, and which of its hosts
 // already finished their part.
 Root RootCause(const ClusterState& state, uint64_t seq, const CallRecord& call,
-               const Heads& heads, const WhyOptions& options) {
+               const Heads& heads, const AdmissionState& admission,
+               const WhyOptions& options) {
   std::set<std::string> finished;
-  Root root = RootOnHosts(state, seq, call, heads, options, &finished);
+  Root root =
+      RootOnHosts(state, seq, call, heads, admission, options, &finished);
   if (!finished.empty()) {
     absl::StrAppend(&root.reason, "; ",
                     finished.size() == 1 ? "host " : "hosts ",
@@ -419,63 +575,136 @@ Root RootCause(const ClusterState& state, uint64_t seq, const CallRecord& call,
   return root;
 }
 
+// The entry of call `seq`, which has waited `waited`: the chain of calls
+// whose outputs it waits for, followed to the root and its cause.
+proto::WhyEntry ExplainCall(const ClusterState& state, uint64_t seq,
+                            const CallRecord& call, absl::Duration waited,
+                            const Heads& heads, const AdmissionState& admission,
+                            const WhyOptions& options) {
+  const JobRecords& records = state.records();
+  proto::WhyEntry e;
+  e.set_client_id(call.client_id);
+  e.set_call_id(call.call_id);
+  e.set_slice_id(call.slice_id);
+  for (uint64_t out : call.output_ids) e.add_output_ids(out);
+  e.set_program(ProgramName(state, call));
+  if (const std::string* site = SiteOf(state, call)) e.set_site(*site);
+  e.set_waited_ms(absl::ToInt64Milliseconds(waited));
+  // Follow the first input not yet made to the call that makes it.
+  const CallRecord* at = &call;
+  uint64_t at_seq = seq;
+  std::string chain;
+  std::string lost;
+  for (int depth = 0; depth < kMaxChain && lost.empty(); ++depth) {
+    const CallRecord* next = nullptr;
+    for (const CallInput& in : at->inputs) {
+      if (const absl::Status* why = state.LostStatus(in.buffer_id)) {
+        lost = absl::StrCat("its input ", ValueName(state, in.buffer_id),
+                            " was lost: ", why->message());
+        break;
+      }
+      const BufferRecord* b = records.FindBuffer(in.buffer_id);
+      if (b == nullptr || b->producer == 0) continue;
+      const CallRecord* producer = records.calls().Find(b->producer);
+      if (producer != nullptr && !producer->done) {
+        next = producer;
+        at_seq = b->producer;
+        break;
+      }
+    }
+    if (next == nullptr) break;
+    absl::StrAppend(&chain, chain.empty() ? "" : ", which waits for ",
+                    CallName(state, *next));
+    at = next;
+  }
+  Root root = lost.empty()
+                  ? RootCause(state, at_seq, *at, heads, admission, options)
+                  : Root{lost, ""};
+  e.set_root_call_id(at->call_id);
+  e.set_blame_host(root.blame_host);
+  e.set_root_reason(absl::StrCat(CallName(state, *at), ": ", root.reason));
+  e.set_cause(root.reason);
+  e.set_reason(chain.empty()
+                   ? absl::StrCat(CallName(state, call), " has waited ",
+                                  Seconds(waited), ": ", root.reason)
+                   : absl::StrCat(CallName(state, call), " has waited ",
+                                  Seconds(waited), " for its input from ",
+                                  chain, "; ", root.reason));
+  return e;
+}
+
+// A client's outputs an admission entry lists at most (a flood's queue
+// may hold many calls).
+constexpr int kMaxAdmissionOutputs = 1024;
+
+// One entry per client whose oldest call at admission has waited longer
+// than options.after: that call's, with the outputs of all of them.
+void AdmissionEntries(const ClusterState& state, const Heads& heads,
+                      const AdmissionState& admission,
+                      const WhyOptions& options,
+                      std::vector<proto::WhyEntry>* entries) {
+  if (options.admission == nullptr) return;
+  for (const auto& [client, queue] : *options.admission) {
+    if (queue.seqs.empty()) continue;
+    const CallRecord* first = state.records().calls().Find(queue.seqs.front());
+    if (first == nullptr || first->routed == absl::InfinitePast()) continue;
+    const absl::Duration waited = options.now - first->routed;
+    if (waited < options.after) continue;
+    proto::WhyEntry e = ExplainCall(state, queue.seqs.front(), *first, waited,
+                                    heads, admission, options);
+    for (size_t i = 1;
+         i < queue.seqs.size() && e.output_ids_size() < kMaxAdmissionOutputs;
+         ++i) {
+      const CallRecord* call = state.records().calls().Find(queue.seqs[i]);
+      if (call == nullptr) continue;
+      for (uint64_t out : call->output_ids) e.add_output_ids(out);
+    }
+    entries->push_back(std::move(e));
+  }
+}
+
+// One entry per slice waiting for a host longer than options.after.
+void SliceEntries(const ClusterState& state, const WhyOptions& options,
+                  std::vector<proto::WhyEntry>* entries) {
+  for (const auto& [id, s] : state.slices()) {
+    if (s.awaiting.empty()) continue;
+    const absl::Duration waited = options.now - s.awaiting_since;
+    if (waited < options.after) continue;
+    proto::WhyEntry e;
+    e.set_client_id(s.client_id);
+    e.set_slice_id(id);
+    e.set_waited_ms(absl::ToInt64Milliseconds(waited));
+    const std::string reason = absl::StrCat(
+        "slice ", id, " has waited ", Seconds(waited),
+        " for a host to take a lost one's place (", s.awaiting, "), ",
+        Seconds(s.awaiting_until - options.now),
+        " left: its calls wait for it (a spare that frees up, or a worker "
+        "that joins, takes it; else the slice breaks then)");
+    e.set_reason(reason);
+    e.set_root_reason(reason);
+    e.set_cause(reason);
+    entries->push_back(std::move(e));
+  }
+}
+
 }  // namespace
 
 std::vector<proto::WhyEntry> ExplainWaits(const ClusterState& state,
                                           const WhyOptions& options) {
-  const JobRecords& records = state.records();
-  const Heads heads = QueueHeads(state);
+  const AdmissionState admission = SurveyAdmission(state, options);
+  const Heads heads = QueueHeads(state, admission.at_admission);
   std::vector<proto::WhyEntry> entries;
-  for (const auto& [seq, call] : records.calls()) {
+  for (const auto& [seq, call] : state.records().calls()) {
     if (call.done || call.routed == absl::InfinitePast()) continue;
+    // A call at admission is in its client's admission entry.
+    if (admission.at_admission.count(seq)) continue;
     const absl::Duration waited = options.now - call.routed;
     if (waited < options.after) continue;
-    proto::WhyEntry e;
-    e.set_client_id(call.client_id);
-    e.set_call_id(call.call_id);
-    e.set_program(ProgramName(state, call));
-    if (const std::string* site = SiteOf(state, call)) e.set_site(*site);
-    e.set_waited_ms(absl::ToInt64Milliseconds(waited));
-    // Follow the first input not yet made to the call that makes it.
-    const CallRecord* at = &call;
-    uint64_t at_seq = seq;
-    std::string chain;
-    std::string lost;
-    for (int depth = 0; depth < kMaxChain && lost.empty(); ++depth) {
-      const CallRecord* next = nullptr;
-      for (const CallInput& in : at->inputs) {
-        if (const absl::Status* why = state.LostStatus(in.buffer_id)) {
-          lost = absl::StrCat("its input buffer ", in.buffer_id,
-                              " was lost: ", why->message());
-          break;
-        }
-        const BufferRecord* b = records.FindBuffer(in.buffer_id);
-        if (b == nullptr || b->producer == 0) continue;
-        const CallRecord* producer = records.calls().Find(b->producer);
-        if (producer != nullptr && !producer->done) {
-          next = producer;
-          at_seq = b->producer;
-          break;
-        }
-      }
-      if (next == nullptr) break;
-      absl::StrAppend(&chain, chain.empty() ? "" : ", which waits for ",
-                      CallName(state, *next));
-      at = next;
-    }
-    Root root = lost.empty() ? RootCause(state, at_seq, *at, heads, options)
-                             : Root{lost, ""};
-    e.set_root_call_id(at->call_id);
-    e.set_blame_host(root.blame_host);
-    e.set_root_reason(absl::StrCat(CallName(state, *at), ": ", root.reason));
-    e.set_reason(chain.empty()
-                     ? absl::StrCat(CallName(state, call), " has waited ",
-                                    Seconds(waited), ": ", root.reason)
-                     : absl::StrCat(CallName(state, call), " has waited ",
-                                    Seconds(waited), " for its input from ",
-                                    chain, "; ", root.reason));
-    entries.push_back(std::move(e));
+    entries.push_back(
+        ExplainCall(state, seq, call, waited, heads, admission, options));
   }
+  AdmissionEntries(state, heads, admission, options, &entries);
+  SliceEntries(state, options, &entries);
   std::sort(entries.begin(), entries.end(),
             [](const proto::WhyEntry& a, const proto::WhyEntry& b) {
               return a.waited_ms() > b.waited_ms();

@@ -2,7 +2,8 @@
 // followed through the server's records (JobRecords: calls and the buffers
 // they read, and which call makes each) to the root of its wait, named in
 // one sentence a person can act on:
-//   - an input that was lost (and with which host);
+//   - an input that was lost (and with which host), named with the line
+//     that made it (its producing call's site; "a put" for a put);
 //   - an input that another call, not done, makes: followed to that call,
 //     and so on to the first call of the chain whose inputs are all there;
 //   - that root call's hosts, or those its inputs made elsewhere are sent
@@ -13,18 +14,30 @@
 //     the root is queued behind it, named with its program, the line that
 //     issued it and its client; where it is the root itself the root runs
 //     there — so a collective whose other rank is held by a long call on
-//     one host names that host and that call, and the hosts where its
-//     ranks wait ("first in line"); where its program is compiling on
+//     one host names that rank (its index in the slice's devices), that
+//     host and that call, and the hosts where its other ranks wait ("first
+//     in line"); where its program is compiling on
 //     one of its hosts (WorkerStats.compiling, by the worker's last
 //     heartbeat) the root waits for that compile, named with how long it
 //     has taken so far (so is a call queued behind one whose program
-//     compiles);
+//     compiles); where it is first in line everywhere and reads an input
+//     made by a call done on another, answering host, that input's
+//     transfer from there is named (value, line, peer, its last heartbeat):
+//     the records cannot tell a transfer not yet arrived from the call
+//     running, so the sentence says both;
 //   - a device of its slice whose memory budget is full while something
 //     waits there for room (the workers report it: WorkerStats.
 //     device_waiting_bytes), named with how full it is and the clients
 //     whose values hold it, the most first (from the records: the live
 //     buffers of slices mapped onto it);
-//   - its slice waiting for a host to take a lost one's place.
+//   - its slice waiting for a host to take a lost one's place;
+//   - the call still at admission (routed, not yet admitted: its client's
+//     share is used up, or its devices' windows are full): named with its
+//     client's tenant and weight, and whose calls are in flight, their
+//     tenants and weights, and the oldest of them.
+// A client's calls at admission get one entry (its oldest call's, the
+// outputs of all of them in output_ids), and each slice waiting for a
+// host one (call_id 0, its slice_id), so a wait on any future names them.
 // Hosts that already finished their part of the root call (admission has
 // their reports: WhyOptions::not_done) are named as such, not blamed.
 // Each call is named with the line of the user's program that issued it
@@ -32,9 +45,9 @@
 // A pure function of the records: `plexus status` (ClusterStatus.why),
 // `plexus why` and client.why() read it.
 //
-// Not yet: calls still at admission (not routed, so without records; the
-// status lists them by client), fetches and puts (the client's, not the
-// server's: the client's progress line shows their bytes).
+// Not yet: fetches and puts (the client's, not the server's: the client's
+// progress line shows their bytes), and calls of a batch that waits at the
+// server for its slice (not routed: the slice's entry stands for them).
 #pragma once
 
 #include <vector>
@@ -58,6 +71,14 @@ struct WhyOptions {
   // their part and are not blamed. Null, or a call not in it: unknown.
   const absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>*
       not_done = nullptr;
+  // What admission knows of each client (Admission::Find and
+  // PendingCallSeqs): its weight, and its calls still waiting there, in
+  // the order they go. Null: no call is at admission.
+  struct AdmissionQueue {
+    double weight = 1;
+    std::vector<uint64_t> seqs;
+  };
+  const absl::flat_hash_map<uint64_t, AdmissionQueue>* admission = nullptr;
 };
 
 // The explained waits, the longest first.

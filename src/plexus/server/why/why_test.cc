@@ -213,6 +213,125 @@ TEST_F(WhyTest, ALostInputIsTheRoot) {
   EXPECT_EQ(explained, 1);
 }
 
+TEST_F(WhyTest, ALostInputNamesTheLineThatMadeIt) {
+  // W = scale(X) on host0, issued at a line the client named, then
+  // V = scale(W) on host1; host0 is lost with W.
+  ClientRecord* client = state_.FindClient(client_);
+  client->call_sites[7] = "train.py:41 in step";
+  proto::Call step = Call(a_, Id(10), a_, Id(15));
+  step.set_site(7);
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(b_, Id(15), a_, Id(16)), &ops).ok());
+  WorkerLoss loss = state_.LoseWorker(1, "killed [host host0, pid 7]");
+  state_.LoseOnBrokenSlices(client_, loss);
+  const proto::WhyEntry* e = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& w : why) {
+    if (w.call_id() == Id(16)) e = &w;
+  }
+  ASSERT_NE(e, nullptr);
+  EXPECT_THAT(e->reason(),
+              HasSubstr(absl::StrCat("its input buffer ", Id(15),
+                                     " (the output of call ", Id(15),
+                                     " ('scale' issued at train.py:41 in "
+                                     "step)) was lost: ")));
+}
+
+TEST_F(WhyTest, CallsAtAdmissionAreOneEntryNamingTheShareAndWhoRuns) {
+  // Another client's call runs on host0 (in flight, first there); Y and Z
+  // (and W) of the test client wait at admission.
+  const uint64_t other = state_.AddClient("holder", "batch").id;
+  uint64_t seq_y = 0, seq_z = 0, seq_w = 0;
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(a_, Id(10), a_, Id(15)), &ops).ok());
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (call.call_id == Id(11)) seq_y = seq;
+    if (call.call_id == Id(12)) seq_z = seq;
+    if (call.call_id == Id(15)) seq_w = seq;
+  }
+  // The holder's call: a record of the other client, in flight.
+  proto::SliceRequest req;
+  req.set_num_devices(1);
+  req.add_hosts("host0");
+  const uint64_t held = state_.CreateSlice(other, req)->slice_id();
+  proto::RegisterProgram reg;
+  reg.set_program_id(ClientMadeId(other, 1));
+  reg.mutable_program()->set_kernel("scale");
+  reg.mutable_program()->set_name("long_step");
+  *reg.mutable_program()->add_inputs() = ToProto(kReplicated);
+  *reg.mutable_program()->add_outputs() = ToProto(kReplicated);
+  ASSERT_TRUE(state_.RegisterProgram(other, reg).ok());
+  proto::PutDecl put;
+  put.set_buffer_id(ClientMadeId(other, 10));
+  put.set_slice_id(held);
+  *put.mutable_arg() = ToProto(kReplicated);
+  ASSERT_TRUE(state_.RoutePut(other, put, &ops).ok());
+  state_.set_now(start_ - absl::Seconds(1));
+  ASSERT_TRUE(state_
+                  .RouteCall(other,
+                             OneInputCall(ClientMadeId(other, 1), held,
+                                          ClientMadeId(other, 10), held,
+                                          ClientMadeId(other, 11)),
+                             &ops)
+                  .ok());
+  uint64_t seq_holder = 0;
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (call.client_id == other) seq_holder = seq;
+  }
+  absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> not_done;
+  not_done[seq_holder] = {1};
+  absl::flat_hash_map<uint64_t, WhyOptions::AdmissionQueue> queues;
+  queues[client_].seqs = {seq_y, seq_z, seq_w};
+  queues[other].weight = 3;
+  WhyOptions options;
+  options.now = now_;
+  options.not_done = &not_done;
+  options.admission = &queues;
+  std::vector<proto::WhyEntry> why = ExplainWaits(state_, options);
+  // The holder's call, and one entry for the test client's three.
+  ASSERT_EQ(why.size(), 2u) << why[0].reason();
+  EXPECT_EQ(why[0].client_id(), other);
+  const proto::WhyEntry& e = why[1];
+  EXPECT_EQ(e.client_id(), client_);
+  EXPECT_EQ(e.call_id(), Id(11));
+  EXPECT_THAT(e.output_ids(), ::testing::ElementsAre(Id(11), Id(12), Id(15)));
+  EXPECT_EQ(e.blame_host(), "host0");
+  EXPECT_THAT(e.reason(),
+              HasSubstr(absl::StrCat(
+                  "has waited 5 s: it waits at admission for its client's "
+                  "share (tenant default, weight 1), with 2 more of its "
+                  "calls; calls in flight: its own 0, client ",
+                  other,
+                  " (holder, tenant batch, weight 3) 1; the oldest of "
+                  "theirs is call ",
+                  ClientMadeId(other, 11), " ('long_step') of client ", other,
+                  ", routed 6 s ago")));
+}
+
+TEST_F(WhyTest, ASliceWaitingForAHostIsAnEntryWithTheTimeLeft) {
+  SliceRecord& s = const_cast<SliceRecord&>(state_.slices().at(b_));
+  s.awaiting = "killed [host host1]";
+  s.awaiting_since = now_ - absl::Seconds(2);
+  s.awaiting_until = now_ + absl::Seconds(8);
+  const proto::WhyEntry* e = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& w : why) {
+    if (w.call_id() == 0) e = &w;
+  }
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->slice_id(), b_);
+  EXPECT_EQ(e->client_id(), client_);
+  EXPECT_EQ(e->waited_ms(), 2000);
+  EXPECT_THAT(e->reason(),
+              HasSubstr(absl::StrCat(
+                  "slice ", b_,
+                  " has waited 2 s for a host to take a lost one's place "
+                  "(killed [host host1]), 8 s left")));
+}
+
 TEST_F(WhyTest, AnInputWhoseSourceHostIsSilentNamesThatHost) {
   // Y's call is done on host0, but host0 went silent before its transfer
   // of Y to host1 arrived: Z, first in line on host1, waits for host0.
@@ -230,12 +349,52 @@ TEST_F(WhyTest, AnInputWhoseSourceHostIsSilentNamesThatHost) {
   EXPECT_EQ(why[0].blame_host(), "host0");
   EXPECT_THAT(why[0].reason(),
               HasSubstr(absl::StrCat("its input buffer ", Id(11),
-                                     " is sent from another host, and host "
-                                     "host0 (worker 1, pid ")));
+                                     " (the output of call ", Id(11),
+                                     " ('scale')) is sent from another host, "
+                                     "and host host0 (worker 1, pid ")));
   EXPECT_THAT(why[0].reason(), HasSubstr("the transfer waits for it"));
-  // Heard from again, host0 is not blamed: Z runs on host1.
+  // Heard from again, host0 is not named as silent: the transfer case.
   Worker(1)->last_heartbeat = now_;
-  EXPECT_THAT(Why()[0].reason(), HasSubstr("it is running on host host1"));
+  EXPECT_THAT(Why()[0].reason(), Not(HasSubstr("no heartbeat")));
+}
+
+TEST_F(WhyTest, AnInputDoneOnALivePeerButNotArrivedNamesThePeerAndTheValue) {
+  // Y's call, issued at a line the client named, is done on host0, which
+  // answers; Z on host1 waits for Y's transfer (or runs): why names the
+  // value, the line that made it, the peer and its state.
+  ClientRecord* client = state_.FindClient(client_);
+  client->call_sites[7] = "train.py:41 in step";
+  proto::Call step = Call(a_, Id(10), a_, Id(13));
+  step.set_site(7);
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(b_, Id(13), a_, Id(14)), &ops).ok());
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (call.call_id == Id(11) || call.call_id == Id(12) ||
+        call.call_id == Id(13)) {
+      state_.CallDone(seq, /*failed=*/false, &ops);
+    }
+  }
+  Worker(1)->last_heartbeat = now_ - absl::Milliseconds(40);
+  const proto::WhyEntry* e = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& w : why) {
+    if (w.call_id() == Id(14)) e = &w;
+  }
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->root_call_id(), Id(14));
+  EXPECT_EQ(e->blame_host(), "host0");
+  EXPECT_EQ(e->slice_id(), b_);
+  EXPECT_THAT(e->output_ids(), ::testing::ElementsAre(Id(14)));
+  EXPECT_THAT(e->reason(),
+              HasSubstr(absl::StrCat(
+                  "it is first in line on host host1 and waits for its input "
+                  "buffer ",
+                  Id(13), " (the output of call ", Id(13),
+                  " ('scale' issued at train.py:41 in step)), done on host "
+                  "host0, which answers (heartbeat 40 ms ago) and has not "
+                  "sent it yet")));
 }
 
 TEST_F(WhyTest, AHostThatFinishedItsPartIsNamedAndNotBlamed) {
@@ -278,6 +437,43 @@ TEST_F(WhyTest, AHostThatFinishedItsPartIsNamedAndNotBlamed) {
   // Silent now, host1 is not blamed either: its part is done.
   Worker(2)->last_heartbeat = now_ - absl::Seconds(2);
   EXPECT_EQ(explain(&not_done).blame_host(), "host0");
+}
+
+TEST_F(WhyTest, ACollectiveQueuedOnOneHostNamesTheRankThatHasNotJoined) {
+  // A call over both hosts (rank 0 on host0, rank 1 on host1); on host0
+  // calls routed before it hold both devices (Y, and one over the two).
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  req.add_hosts("host0");
+  req.add_hosts("host1");
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  const uint64_t both = state_.CreateSlice(client_, req)->slice_id();
+  ASSERT_EQ(state_.slices().at(both).devices[0].worker_id, 1);
+  req.clear_hosts();
+  req.add_hosts("host0");
+  req.set_placement(proto::PLACEMENT_ONE_HOST);
+  const uint64_t pair = state_.CreateSlice(client_, req)->slice_id();
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(pair, Id(10), a_, Id(17)), &ops).ok());
+  // Z done: host1's devices are free.
+  for (const auto& [seq, call] : state_.records().calls()) {
+    if (call.call_id == Id(12)) state_.CallDone(seq, false, &ops);
+  }
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(both, Id(10), a_, Id(13)), &ops).ok());
+  const proto::WhyEntry* e = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  for (const proto::WhyEntry& w : why) {
+    if (w.call_id() == Id(13)) e = &w;
+  }
+  ASSERT_NE(e, nullptr);
+  EXPECT_THAT(e->reason(),
+              HasSubstr("its rank 0 (of 2) is queued on host host0 behind "
+                        "call "));
+  EXPECT_THAT(e->reason(),
+              HasSubstr("; on host host1 (rank 1) it is first in line (a "
+                        "collective there waits for rank 0)"));
 }
 
 TEST_F(WhyTest, AShortWaitAndADoneCallAreNotListed) {

@@ -151,12 +151,6 @@ function drawWhy(st) {
     if (e.blame_host) li.append(" ", span("warn", "[host " + e.blame_host + "]"));
     ul.append(li);
   }
-  for (const s of st.slices || []) {
-    if (s.awaiting) {
-      ul.append(el("li", {}, "slice " + s.slice_id + " waits for a host to take a lost one's place (" +
-                   s.awaiting + "), " + (num(s.awaiting_left_ms) / 1000).toFixed(1) + " s left"));
-    }
-  }
   for (const p of st.pending_slices || []) {
     ul.append(el("li", {}, "client " + p.client_id + "'s request for " + num(p.num_devices) +
                  " device(s) has waited " + (num(p.waited_ms) / 1000).toFixed(1) +
