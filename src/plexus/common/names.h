@@ -1,8 +1,10 @@
 // The strings a client names things with: its session, its programs and
-// their kernels, a slice's axes and hosts. Each is bounded, so that what
-// the server keeps, logs and shows in `plexus status` stays small whatever
-// one client sends (a client name of 6 MiB once made status fail for
-// every client and wrote 6 MiB to the log per connect).
+// their kernels, attributes (names and string values) and XLA platform, a
+// slice's axes and hosts, a layout's mesh axes (ValidateSharding). Each is
+// bounded by CheckName (a call site's text is cut to kMaxNameBytes), so
+// that what the server keeps, logs and shows in `plexus status` stays
+// small whatever one client sends (a client name of 6 MiB once made
+// status fail for every client and wrote 6 MiB to the log per connect).
 #pragma once
 
 #include <cstddef>
