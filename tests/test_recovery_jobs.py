@@ -163,8 +163,9 @@ def lose_a_value_read_by_another_slice(trace_path):
         g = b.program("scale", x, factor=10.0)
         w = slow(x)          # holds host0's device for a minute
         z = g(w)             # waits on host1 for w
+        # x (the put slow reads) and w (the value z reads) were on host0.
         w_name = (rf"buffer {w._f.buffer_id} \(output 0 of program "
-                  rf"'device_sleep', call \d+\) was on a slice of it")
+                  rf"'device_sleep', call \d+\) were on a slice of it")
         with c.trace(str(trace_path)):
             kill_host(cluster, "host0")
             # z's wait is made before the loss is declared, or as it is.

@@ -339,6 +339,8 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
   }
   for (const auto& a : inputs) *def.add_inputs() = ToProto(a);
   for (const auto& a : outputs) *def.add_outputs() = ToProto(a);
+  // The server refuses these too; here it fails where it was made.
+  if (absl::Status s = CheckProgramStrings(def); !s.ok()) return s;
   // While the client reconnects, registering waits for the new session.
   auto session = core_->session().AwaitSessionForUse();
   if (!session.ok()) {

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "plexus/proto/plexus.pb.h"
 
 namespace plexus {
 
@@ -21,6 +22,13 @@ inline constexpr size_t kMaxNameBytes = 256;
 // and what is wrong: longer than kMaxNameBytes (its length said, the name
 // not echoed), or a control character (a byte below 0x20, or 0x7f).
 absl::Status CheckName(absl::string_view what, absl::string_view name);
+
+// CheckName of each string of a program that a client names things with:
+// its name, then (the error prefixed "program '<name>': ") its kernel's
+// name, its attributes' names and string values, an XLA program's
+// platform. The server checks every program it is sent; the client checks
+// first, so that the error is raised where the program was made.
+absl::Status CheckProgramStrings(const proto::ProgramDef& def);
 
 // `text` for a message or a log line: as it is when short (at most 64
 // bytes), else its first 64 bytes, "...", and its length.

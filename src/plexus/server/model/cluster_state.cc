@@ -70,33 +70,6 @@ absl::Status ClusterState::CheckClientIdsLeft() const {
       "from its id); restart the server to serve new sessions"));
 }
 
-namespace {
-
-// The strings of a program that a client names things with, besides its
-// name: its kernel's name, its attributes' names and string values, an XLA
-// program's platform. Each is bounded as every name is (CheckName): they
-// reach messages, logs and the workers (a platform of 6 MiB would be
-// echoed in each worker's refusal).
-absl::Status CheckProgramStrings(const proto::ProgramDef& def) {
-  if (absl::Status s = CheckName("kernel name", def.kernel()); !s.ok()) {
-    return s;
-  }
-  for (const auto& [name, value] : def.attrs()) {
-    if (absl::Status s = CheckName("program attribute name", name); !s.ok())
-      return s;
-    if (value.value_case() != proto::AttrValue::kS) continue;
-    if (absl::Status s =
-            CheckName(absl::StrCat("string value (of attribute '", name, "')"),
-                      value.s());
-        !s.ok()) {
-      return s;
-    }
-  }
-  return CheckName("platform name (of an XLA program)", def.xla().platform());
-}
-
-}  // namespace
-
 absl::StatusOr<uint64_t> ClusterState::ServerMadeIds(uint64_t client_id,
                                                      uint64_t count) {
   if (absl::Status s =
@@ -190,11 +163,7 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   if (client == nullptr) return absl::NotFoundError("unknown client");
   const proto::ProgramDef& def = reg.program();
   // Checked first: the messages below name the program.
-  if (absl::Status s = CheckName("program name", def.name()); !s.ok()) return s;
-  if (absl::Status s = CheckProgramStrings(def); !s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat("program '", def.name(), "': ", s.message()));
-  }
+  if (absl::Status s = CheckProgramStrings(def); !s.ok()) return s;
   // Program ids are buffer-style ids: they name their client. Workers keep
   // loaded programs by id, so another client's id would reach its program.
   if (ClientOfBuffer(reg.program_id()) != client_id) {
