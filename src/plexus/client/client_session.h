@@ -198,8 +198,12 @@ class ClientSession {
   // How many worker losses the server has told this client of.
   int64_t losses_heard() const;
   // Waits until more than `heard` losses were told, or `timeout` passes on
-  // the client's clock (false), or the session ends (false).
-  bool AwaitLoss(int64_t heard, absl::Duration timeout);
+  // the client's clock (false), or `deadline` does (false; a wait's
+  // timeout), or the session ends (false).
+  bool AwaitLoss(int64_t heard, absl::Duration timeout,
+                 absl::Time deadline = absl::InfiniteFuture());
+  // The client's clock now (a wait's deadline is on it).
+  absl::Time Now() const { return options_.clock->Now(); }
   // How long the server lets a slice that lost a host wait for another
   // before it breaks (its hello's spare_wait_ms): its word on a loss may
   // come that late.

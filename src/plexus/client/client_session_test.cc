@@ -70,6 +70,21 @@ TEST_F(ClientSessionTest, IdsPastTheLayoutsLimitAreRefusedNeverReused) {
   EXPECT_TRUE(absl::IsResourceExhausted(session_->NextIds().status()));
 }
 
+TEST_F(ClientSessionTest, AWaitForWordOfALossEndsAtTheWaitsDeadline) {
+  // A wait with a timeout (plexus.wait(f, timeout)) that meets a lost host
+  // waits for the server's word at most until its own deadline, not the
+  // spare wait's 10 minutes.
+  std::atomic<int> heard{-1};
+  const absl::Time deadline = clock_.Now() + absl::Seconds(2);
+  std::thread reader([&] {
+    heard = session_->AwaitLoss(0, absl::Minutes(10), deadline) ? 1 : 0;
+  });
+  clock_.AwaitWaiters(1);
+  clock_.Advance(absl::Seconds(2));
+  reader.join();
+  EXPECT_EQ(heard, 0);
+}
+
 TEST_F(ClientSessionTest, CloseEndsAWaitForWordOfALossAtOnce) {
   std::atomic<int> heard{-1};
   std::thread reader(
