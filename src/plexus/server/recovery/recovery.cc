@@ -278,13 +278,13 @@ std::string ClusterState::NameOfBuffer(uint64_t id) const {
   if (rec == nullptr) return name;
   const auto out =
       std::find(rec->output_ids.begin(), rec->output_ids.end(), id);
-  const ClientRecord* client = FindClient(rec->client_id);
-  auto prog = client == nullptr ? decltype(client->programs)::const_iterator()
-                                : client->programs.find(rec->program_id);
-  const std::string program =
-      client != nullptr && prog != client->programs.end()
-          ? absl::StrCat("program '", prog->second.def.name(), "'")
-          : absl::StrCat("program ", rec->program_id);
+  std::string program = absl::StrCat("program ", rec->program_id);
+  if (const ClientRecord* client = FindClient(rec->client_id)) {
+    auto prog = client->programs.find(rec->program_id);
+    if (prog != client->programs.end()) {
+      program = absl::StrCat("program '", prog->second.def.name(), "'");
+    }
+  }
   return absl::StrCat(name, " (output ", out - rec->output_ids.begin(), " of ",
                       program, ", call ", rec->call_id, ")");
 }
