@@ -330,6 +330,32 @@ def test_a_name_of_6_mib_is_refused_and_status_serves_everyone(cluster):
     with pytest.raises(plexus.InvalidArgumentError,
                        match=r"a mesh axis name is at most 256 bytes"):
         ok.slice(1, axis_names=("a" * 300,))
+    # Every other string a client sends is bounded by the same rule
+    # (names.h): a layout's mesh axis names, an attribute's name and
+    # string value, an XLA program's platform.
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"a mesh axis name is at most 256 bytes; this "
+                             r"one is 300"):
+        s.put(np.ones(2, np.float32), ("mesh", (1,), ("a" * 300,), ((0,),)))
+    for attrs, refusal in (
+            ({"t" * 300: 1}, r"a program attribute name is at most 256 "
+                             r"bytes; this one is 300"),
+            ({"tag": "t" * (6 << 20)},
+             r"a string value \(of attribute 'tag'\) is at most 256 bytes; "
+             r"this one is 6291456")):
+        with pytest.raises(plexus.InvalidArgumentError,
+                           match=r"program 'scale': " + refusal):
+            s.program("scale", x, factor=1.0, **attrs)
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"program 'mine': a platform name \(of an XLA "
+                             r"program\) is at most 256 bytes; this one is "
+                             r"300"):
+        ok._core.compile_xla(s._s, "mine", b"module", "p" * 300,
+                             [([0], b"")],
+                             [(np.float32, (2,), ("replicated", 0))],
+                             [(np.float32, (2,), ("replicated", 0))], [])
+    # (The server checks each with the same function: cluster_state_test's
+    # EveryStringAClientSendsIsBounded sends them past the client.)
     st = cluster.status()
     assert [c["name"] for c in st["clients"]] == ["ok"]
     assert len(str(st)) < 100_000

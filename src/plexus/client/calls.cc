@@ -177,6 +177,12 @@ absl::StatusOr<std::vector<Future>> BuildCall(
       return s;
     }
   }
+  // The call's id, then its outputs'.
+  absl::StatusOr<uint64_t> ids = sessions.NextIds(1 + program.outputs().size());
+  if (!ids.ok()) {
+    return absl::Status(ids.status().code(),
+                        absl::StrCat(what(), ": ", ids.status().message()));
+  }
   proto::ClientOp op;
   // Its call site goes first, once per session.
   if (site != 0 && core->call_sites().Op(site, epoch, &op)) {
@@ -184,14 +190,15 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     op.Clear();
   }
   proto::Call* call = op.mutable_call();
-  call->set_call_id(sessions.NextId());
+  call->set_call_id(*ids);
   if (site != 0) call->set_site(site);
   if (graph_id != 0) call->set_graph_id(graph_id);
   call->set_slice_id(program.slice()->id());
   call->set_program_id(program.id());
   std::vector<Future> outputs;
+  uint64_t id = *ids;
   for (const ArgSpec& out : program.outputs()) {
-    uint64_t id = sessions.NextId();
+    ++id;
     call->add_output_ids(id);
     outputs.emplace_back(std::make_shared<BufferHandle>(
         core, id, out, program.slice(), *session));

@@ -339,6 +339,8 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
   }
   for (const auto& a : inputs) *def.add_inputs() = ToProto(a);
   for (const auto& a : outputs) *def.add_outputs() = ToProto(a);
+  // The server refuses these too; here it fails where it was made.
+  if (absl::Status s = CheckProgramStrings(def); !s.ok()) return s;
   // While the client reconnects, registering waits for the new session.
   auto session = core_->session().AwaitSessionForUse();
   if (!session.ok()) {
@@ -351,14 +353,18 @@ absl::StatusOr<std::shared_ptr<Program>> Client::Register(
     if (lost.ok()) lost = core_->session().SessionStatus(slice->epoch());
     return absl::Status(lost.code(), absl::StrCat(what, ": ", lost.message()));
   }
-  uint64_t id = core_->session().NextId();
+  absl::StatusOr<uint64_t> id = core_->session().NextIds();
+  if (!id.ok()) {
+    return absl::Status(id.status().code(),
+                        absl::StrCat(what, ": ", id.status().message()));
+  }
   proto::ClientOp op;
-  op.mutable_program()->set_program_id(id);
+  op.mutable_program()->set_program_id(*id);
   *op.mutable_program()->mutable_program() = def;
   std::vector<proto::ClientOp> ops;
   ops.push_back(std::move(op));
   core_->session().Enqueue(std::move(ops), epoch);
-  auto program = std::make_shared<Program>(id, std::move(def), inputs,
+  auto program = std::make_shared<Program>(*id, std::move(def), inputs,
                                            std::move(outputs), slice, epoch);
   core_->session().Track(program);
   return program;

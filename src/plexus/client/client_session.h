@@ -119,8 +119,26 @@ class ClientSession {
   }
   // The current session's epoch (1 for the first, +1 per reconnect).
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
-  // Client-made ids (buffers, calls, programs), unique across sessions.
-  uint64_t NextId() { return ClientMadeId(client_id(), next_id_++); }
+  // The first of `count` new client-made ids (buffers, calls, programs),
+  // the others following it, unique across sessions; RESOURCE_EXHAUSTED,
+  // and none made, once this client's count of them would pass the id
+  // layout's limit (CheckIdsLeft, common/ids.h): past it they would be
+  // the server's or another client's.
+  absl::StatusOr<uint64_t> NextIds(uint64_t count = 1) {
+    uint64_t first = next_id_.load(std::memory_order_relaxed);
+    do {
+      if (absl::Status s = CheckIdsLeft(
+              "this client's ids (of its buffers, calls and programs)", first,
+              count);
+          !s.ok()) {
+        return s;
+      }
+    } while (!next_id_.compare_exchange_weak(first, first + count,
+                                             std::memory_order_relaxed));
+    return ClientMadeId(client_id(), first);
+  }
+  // The count the next id takes (tests start it near the limit).
+  void set_next_id_for_test(uint64_t n) { next_id_.store(n); }
   // Graph ids (Call.graph_id): 1, 2, ... for this client's life.
   uint64_t NextGraphId() { return next_graph_id_++; }
 
@@ -180,8 +198,12 @@ class ClientSession {
   // How many worker losses the server has told this client of.
   int64_t losses_heard() const;
   // Waits until more than `heard` losses were told, or `timeout` passes on
-  // the client's clock (false), or the session ends (false).
-  bool AwaitLoss(int64_t heard, absl::Duration timeout);
+  // the client's clock (false), or `deadline` does (false; a wait's
+  // timeout), or the session ends (false).
+  bool AwaitLoss(int64_t heard, absl::Duration timeout,
+                 absl::Time deadline = absl::InfiniteFuture());
+  // The client's clock now (a wait's deadline is on it).
+  absl::Time Now() const { return options_.clock->Now(); }
   // How long the server lets a slice that lost a host wait for another
   // before it breaks (its hello's spare_wait_ms): its word on a loss may
   // come that late.

@@ -51,6 +51,40 @@ TEST_F(ClientSessionTest, AWaitForWordOfALossEndsWhenTheClientsClockPassesIt) {
   EXPECT_EQ(heard, 0);  // no loss heard
 }
 
+TEST_F(ClientSessionTest, IdsPastTheLayoutsLimitAreRefusedNeverReused) {
+  // Past 2^39 - 1 a client's id would be one the server makes in its
+  // namespace (common/ids.h): refused, and a refused batch takes none.
+  session_->set_next_id_for_test(kMaxIdCount - 2);
+  absl::StatusOr<uint64_t> two = session_->NextIds(2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_FALSE(IsServerMade(*two + 1));
+  absl::StatusOr<uint64_t> three = session_->NextIds(3);
+  EXPECT_EQ(three.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(three.status().message().find("this client's ids"),
+            std::string::npos)
+      << three.status();
+  absl::StatusOr<uint64_t> last = session_->NextIds();
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(*last, *two + 2);
+  EXPECT_FALSE(IsServerMade(*last));
+  EXPECT_TRUE(absl::IsResourceExhausted(session_->NextIds().status()));
+}
+
+TEST_F(ClientSessionTest, AWaitForWordOfALossEndsAtTheWaitsDeadline) {
+  // A wait with a timeout (plexus.wait(f, timeout)) that meets a lost host
+  // waits for the server's word at most until its own deadline, not the
+  // spare wait's 10 minutes.
+  std::atomic<int> heard{-1};
+  const absl::Time deadline = clock_.Now() + absl::Seconds(2);
+  std::thread reader([&] {
+    heard = session_->AwaitLoss(0, absl::Minutes(10), deadline) ? 1 : 0;
+  });
+  clock_.AwaitWaiters(1);
+  clock_.Advance(absl::Seconds(2));
+  reader.join();
+  EXPECT_EQ(heard, 0);
+}
+
 TEST_F(ClientSessionTest, CloseEndsAWaitForWordOfALossAtOnce) {
   std::atomic<int> heard{-1};
   std::thread reader(

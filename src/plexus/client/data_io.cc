@@ -76,7 +76,12 @@ absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
   const uint64_t epoch = (*tag)->epoch;
   absl::StatusOr<TensorSpec> local = CheckPut(session, slice, arg, epoch);
   if (!local.ok()) return local.status();
-  const uint64_t id = session.NextId();
+  absl::StatusOr<uint64_t> next = session.NextIds();
+  if (!next.ok()) {
+    return absl::Status(next.status().code(),
+                        absl::StrCat("put: ", next.status().message()));
+  }
+  const uint64_t id = *next;
   proto::ClientOp op;
   op.mutable_put()->set_buffer_id(id);
   op.mutable_put()->set_slice_id(slice->id());

@@ -63,11 +63,13 @@ static absl::Status Settled(ClientSession& session,
 // Runs `attempt` until it succeeds, fails for another reason than a lost
 // host, or the loss is settled: the server's note says what became of the
 // futures (recovered: read again, under their new ids and places; lost or
-// on a broken slice: DATA_LOSS).
+// on a broken slice: DATA_LOSS). The wait for the note ends at `deadline`
+// too (a wait's timeout, on the client's clock): DEADLINE_EXCEEDED then.
 template <typename Attempt>
 static absl::Status Recovering(ClientSession& session,
                                const std::vector<const Future*>& futures,
-                               Attempt attempt) {
+                               Attempt attempt,
+                               absl::Time deadline = absl::InfiniteFuture()) {
   if (absl::Status lost = Settled(session, futures, absl::OkStatus());
       !lost.ok()) {
     return lost;
@@ -80,10 +82,15 @@ static absl::Status Recovering(ClientSession& session,
       return settled;
     }
     // The read may have raced the server's note on the loss.
-    if (tries >= kMaxRetries ||
-        (session.losses_heard() == heard &&
-         !session.AwaitLoss(heard, kLossNoteWait + session.spare_wait()))) {
-      return s;
+    if (tries >= kMaxRetries) return s;
+    if (session.losses_heard() == heard &&
+        !session.AwaitLoss(heard, kLossNoteWait + session.spare_wait(),
+                           deadline)) {
+      if (session.Now() < deadline) return s;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the wait's timeout passed while the client waited for the "
+          "server's word on a lost host (",
+          s.message(), ")"));
     }
     if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
       return settled;
@@ -164,12 +171,14 @@ absl::Status Client::WaitMany(const std::vector<Future>& futures,
     all.push_back(&f);
   }
   if (futures.empty()) {
-    return Recovering(core_->session(), all,
-                      [&] { return WaitManyOnce(futures, deadline); });
+    return Recovering(
+        core_->session(), all, [&] { return WaitManyOnce(futures, deadline); },
+        deadline);
   }
   ClientRequestEvent wait(*core_, EventKind::kWait, futures.front());
-  return wait.Done(Recovering(core_->session(), all,
-                              [&] { return WaitManyOnce(futures, deadline); }));
+  return wait.Done(Recovering(
+      core_->session(), all, [&] { return WaitManyOnce(futures, deadline); },
+      deadline));
 }
 
 }  // namespace plexus

@@ -34,13 +34,15 @@ int64_t ClientSession::losses_heard() const {
   return losses_heard_;
 }
 
-bool ClientSession::AwaitLoss(int64_t heard, absl::Duration timeout) {
+bool ClientSession::AwaitLoss(int64_t heard, absl::Duration timeout,
+                              absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto news = [this, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return losses_heard_ > heard || machine_.broken() || closed_;
   };
-  return options_.clock->AwaitCondition(&mu_, absl::Condition(&news),
-                                        options_.clock->Now() + timeout) &&
+  return options_.clock->AwaitCondition(
+             &mu_, absl::Condition(&news),
+             std::min(deadline, options_.clock->Now() + timeout)) &&
          losses_heard_ > heard;
 }
 

@@ -140,11 +140,17 @@ std::optional<proto::ClientOp> ClientSession::RestoreProgram(
       return std::nullopt;
     }
   }
-  const uint64_t id = NextId();
+  absl::StatusOr<uint64_t> id = NextIds();
+  if (!id.ok()) {
+    program.MarkLost(absl::Status(
+        id.status().code(), absl::StrCat(what, ": ", id.status().message())));
+    counts.programs_lost++;
+    return std::nullopt;
+  }
   proto::ClientOp op;
-  op.mutable_program()->set_program_id(id);
+  op.mutable_program()->set_program_id(*id);
   *op.mutable_program()->mutable_program() = std::move(def);
-  program.Rebind(id, epoch);
+  program.Rebind(*id, epoch);
   counts.programs_restored++;
   return op;
 }

@@ -17,6 +17,9 @@
 #include <cstdint>
 #include <utility>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
 namespace plexus {
 
 inline constexpr int kBufferIdClientShift = 40;
@@ -39,6 +42,21 @@ inline constexpr uint64_t ServerMadeId(uint64_t client_id, uint64_t n) {
 inline constexpr bool IsServerMade(uint64_t id) {
   return (id >> (kBufferIdClientShift - 1)) & 1;
 }
+
+// The most ids one counter of this layout makes: a client's own count
+// (ClientMadeId: its buffers, calls and programs) and the server's in the
+// clients' namespaces (ServerMadeId, one count for all clients) each have
+// 39 bits. Past it an id would spill into the other half of the count, or
+// into the next client's ids.
+inline constexpr uint64_t kMaxIdCount =
+    (uint64_t{1} << (kBufferIdClientShift - 1)) - 1;
+
+// The one check every counter of ids makes before it hands out ids
+// `first` .. `first + count - 1` (first >= 1): OK while the last is at
+// most kMaxIdCount, else RESOURCE_EXHAUSTED saying that `what` ("this
+// client's ids") ran out, and after how many. Never wraps.
+absl::Status CheckIdsLeft(absl::string_view what, uint64_t first,
+                          uint64_t count = 1);
 
 // One shard of a buffer: the key of the object store, of the data plane's
 // frames and of transfers.

@@ -27,6 +27,35 @@ TEST(IdsTest, ClientAndServerMadeIdsOfOneClientNeverMeet) {
   }
 }
 
+static_assert(!IsServerMade(ClientMadeId(7, kMaxIdCount)));
+static_assert(ClientOfBuffer(ClientMadeId(7, kMaxIdCount)) == 7);
+static_assert(ClientOfBuffer(ServerMadeId(7, kMaxIdCount)) == 7);
+
+TEST(IdsTest, ACounterRefusesTheIdsPastTheLayoutsLimit) {
+  // The last id of each half still names its client and its half; the
+  // next would be one of the server's (a client's count) or one made
+  // before (the server's), and further on the next client's: refused,
+  // naming what ran out.
+  EXPECT_EQ(ClientMadeId(7, kMaxIdCount + 1), ServerMadeId(7, 0));
+  EXPECT_EQ(ServerMadeId(7, kMaxIdCount + 2), ServerMadeId(7, 1));
+  EXPECT_EQ(ClientOfBuffer(ClientMadeId(4, uint64_t{1} << 40)), 5u);
+  EXPECT_TRUE(CheckIdsLeft("x", 1).ok());
+  EXPECT_TRUE(CheckIdsLeft("x", kMaxIdCount).ok());
+  EXPECT_TRUE(CheckIdsLeft("x", kMaxIdCount - 2, 3).ok());
+  absl::Status s = CheckIdsLeft("this client's ids", kMaxIdCount + 1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_EQ(s.message(),
+            "this client's ids ran out: an id counts at most 549755813887 of "
+            "them (common/ids.h), and 549755813887 were given; ids past that "
+            "would be another's");
+  // A batch that would cross the limit is refused whole, and no count
+  // wraps around to look small.
+  EXPECT_TRUE(absl::IsResourceExhausted(CheckIdsLeft("x", kMaxIdCount, 2)));
+  EXPECT_TRUE(absl::IsResourceExhausted(CheckIdsLeft("x", 2, ~uint64_t{0})));
+  EXPECT_TRUE(absl::IsResourceExhausted(CheckIdsLeft("x", ~uint64_t{0})));
+  EXPECT_TRUE(absl::IsResourceExhausted(CheckIdsLeft("x", 0)));
+}
+
 TEST(IdsTest, AShardKeyHashesAndComparesByBufferAndShard) {
   absl::flat_hash_set<ShardKey> keys = {{1, 0}, {1, 1}, {2, 0}};
   EXPECT_EQ(keys.size(), 3u);

@@ -28,6 +28,30 @@ absl::Status CheckName(absl::string_view what, absl::string_view name) {
   return absl::OkStatus();
 }
 
+absl::Status CheckProgramStrings(const proto::ProgramDef& def) {
+  if (absl::Status s = CheckName("program name", def.name()); !s.ok()) return s;
+  auto check = [&](absl::string_view what, absl::string_view name) {
+    absl::Status s = CheckName(what, name);
+    if (s.ok()) return s;
+    return absl::Status(
+        s.code(), absl::StrCat("program '", def.name(), "': ", s.message()));
+  };
+  if (absl::Status s = check("kernel name", def.kernel()); !s.ok()) return s;
+  for (const auto& [name, value] : def.attrs()) {
+    if (absl::Status s = check("program attribute name", name); !s.ok()) {
+      return s;
+    }
+    if (value.value_case() != proto::AttrValue::kS) continue;
+    if (absl::Status s =
+            check(absl::StrCat("string value (of attribute '", name, "')"),
+                  value.s());
+        !s.ok()) {
+      return s;
+    }
+  }
+  return check("platform name (of an XLA program)", def.xla().platform());
+}
+
 std::string Abbreviated(absl::string_view text) {
   if (text.size() <= kShownBytes) return std::string(text);
   return absl::StrCat(text.substr(0, kShownBytes), "... (", text.size(),

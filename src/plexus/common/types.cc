@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "plexus/common/names.h"
 
 namespace plexus {
 
@@ -186,6 +187,16 @@ absl::Status ValidateSharding(const Sharding& s, size_t rank) {
   };
   if (s.mesh.empty() || s.mesh.size() > 16)
     return refuse("has no axes or over 16");
+  // The names reach messages and logs (ToString): bounded as every name.
+  if (s.axis_names.size() > s.mesh.size()) {
+    return refuse(absl::StrCat("has ", s.mesh.size(), " axes but ",
+                               s.axis_names.size(), " axis names"));
+  }
+  for (const std::string& name : s.axis_names) {
+    if (absl::Status st = CheckName("mesh axis name", name); !st.ok()) {
+      return st;
+    }
+  }
   int64_t devices = 1;
   for (int32_t m : s.mesh) {
     if (m < 1) return refuse("has an axis smaller than 1");

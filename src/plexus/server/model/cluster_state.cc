@@ -70,6 +70,20 @@ absl::Status ClusterState::CheckClientIdsLeft() const {
       "from its id); restart the server to serve new sessions"));
 }
 
+absl::StatusOr<uint64_t> ClusterState::ServerMadeIds(uint64_t client_id,
+                                                     uint64_t count) {
+  if (absl::Status s =
+          CheckIdsLeft("the server's ids in its clients' namespaces (for "
+                       "recovery's recomputations and snapshots)",
+                       next_server_id_, count);
+      !s.ok()) {
+    return s;
+  }
+  const uint64_t first = ::plexus::ServerMadeId(client_id, next_server_id_);
+  next_server_id_ += count;
+  return first;
+}
+
 ClientRecord& ClusterState::AddClient(const std::string& name,
                                       const std::string& tenant) {
   uint64_t id = next_client_id_++;
@@ -149,11 +163,7 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
   if (client == nullptr) return absl::NotFoundError("unknown client");
   const proto::ProgramDef& def = reg.program();
   // Checked first: the messages below name the program.
-  if (absl::Status s = CheckName("program name", def.name()); !s.ok()) return s;
-  if (absl::Status s = CheckName("kernel name", def.kernel()); !s.ok()) {
-    return absl::Status(
-        s.code(), absl::StrCat("program '", def.name(), "': ", s.message()));
-  }
+  if (absl::Status s = CheckProgramStrings(def); !s.ok()) return s;
   // Program ids are buffer-style ids: they name their client. Workers keep
   // loaded programs by id, so another client's id would reach its program.
   if (ClientOfBuffer(reg.program_id()) != client_id) {

@@ -305,6 +305,9 @@ class ClusterState {
                           const std::string& tenant = kDefaultTenant);
   // The id the next client gets (tests; a server restoring its records).
   void set_next_client_id(uint64_t id) { next_client_id_ = id; }
+  // The count the next server-made id takes (ServerMadeIds; tests start
+  // it near the layout's limit).
+  void set_next_server_id(uint64_t n) { next_server_id_ = n; }
   ClientRecord* FindClient(uint64_t id);
   const ClientRecord* FindClient(uint64_t id) const;
   // The time calls routed from now on record (CallRecord.routed): the
@@ -382,6 +385,10 @@ class ClusterState {
   // every future depending on them fails at once, not after a wait.
   proto::Recovery LoseOnBrokenSlices(uint64_t client_id,
                                      const WorkerLoss& loss);
+  // How recovery's errors name a value of a client's: "buffer <id>", and
+  // what made it where the records still say: "(put by its client)" or
+  // "(output <o> of program '<name>', call <call id>)".
+  std::string NameOfBuffer(uint64_t id) const;
   // client.snapshot: copies each shard of the client's buffer to the next
   // shard's host (another host of the slice; for a slice on one host,
   // another live host of the cluster: SnapshotHolder), replacing the
@@ -425,10 +432,13 @@ class ClusterState {
   // no message is built on the dispatch path).
   const proto::Call* Translated(const proto::Call& call,
                                 std::optional<proto::Call>* storage) const;
-  // A new id in the client's namespace, made by the server (recovery).
-  uint64_t ServerMadeId(uint64_t client_id) {
-    return ::plexus::ServerMadeId(client_id, next_server_id_++);
-  }
+  // The first of `count` new ids in the client's namespace, made by the
+  // server (recovery's calls run again and their outputs, snapshot
+  // copies), the others following it; RESOURCE_EXHAUSTED, and none made,
+  // once the server's count of them would pass the layout's limit
+  // (CheckIdsLeft, common/ids.h).
+  absl::StatusOr<uint64_t> ServerMadeIds(uint64_t client_id,
+                                         uint64_t count = 1);
 
   // `what` names the caller in errors; it is only called on an error.
   absl::StatusOr<const SliceRecord*> UsableSlice(

@@ -447,6 +447,74 @@ TEST_F(ClusterStateTest, MaxBytesBoundsAClientsLiveBuffers) {
   EXPECT_TRUE(state_.RouteCall(small, call(id(4)), &ops).ok());
 }
 
+// Every string a client sends is bounded as a name is (CheckName): a
+// layout's mesh axis names (in a program's arguments, a put's, a call's
+// inputs), an attribute's name and string value, an XLA program's
+// platform. Each refusal names the field and its length.
+TEST_F(ClusterStateTest, EveryStringAClientSendsIsBounded) {
+  proto::SliceInfo s = Slice(4);
+  TensorSpec t{DType::kF32, {4, 4}};
+  const std::string huge(300, 'x');
+  ArgSpec named{t, Sharding::Mesh({2, 2}, {huge, "y"}, {{0}, {1}})};
+  auto refused = [](const absl::Status& st, const std::string& want) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find(want), std::string::npos) << st;
+    EXPECT_LT(st.message().size(), 400u) << st;
+  };
+  const std::string axis =
+      "a mesh axis name is at most 256 bytes; this one "
+      "is 300";
+  proto::PutDecl put;
+  put.set_buffer_id(Id(3));
+  put.set_slice_id(s.slice_id());
+  *put.mutable_arg() = ToProto(named);
+  WorkerOps ops;
+  refused(state_.RoutePut(client_, put, &ops), axis);
+  auto program = [&](const std::string& kernel) {
+    proto::RegisterProgram reg;
+    reg.set_program_id(Id(1));
+    reg.mutable_program()->set_name("p");
+    reg.mutable_program()->set_kernel(kernel);
+    *reg.mutable_program()->add_inputs() = ToProto(ArgSpec{t, {}});
+    *reg.mutable_program()->add_outputs() = ToProto(ArgSpec{t, {}});
+    return reg;
+  };
+  proto::RegisterProgram reg = program("scale");
+  *reg.mutable_program()->mutable_inputs(0) = ToProto(named);
+  refused(state_.RegisterProgram(client_, reg),
+          "program 'p' argument 0: " + axis);
+  reg = program("scale");
+  (*reg.mutable_program()->mutable_attrs())[huge].set_f(1.0);
+  refused(state_.RegisterProgram(client_, reg),
+          "program 'p': a program attribute name is at most 256 bytes; this "
+          "one is 300");
+  reg = program("scale");
+  (*reg.mutable_program()->mutable_attrs())["factor"].set_s(huge);
+  refused(state_.RegisterProgram(client_, reg),
+          "program 'p': a string value (of attribute 'factor') is at most 256 "
+          "bytes; this one is 300");
+  reg = program("xla");
+  reg.mutable_program()->mutable_xla()->set_module("m");
+  reg.mutable_program()->mutable_xla()->add_islands()->add_devices(0);
+  reg.mutable_program()->mutable_xla()->set_platform(huge);
+  refused(state_.RegisterProgram(client_, reg),
+          "program 'p': a platform name (of an XLA program) is at most 256 "
+          "bytes; this one is 300");
+  // A call's input layout as sent, when it is not the program's.
+  Register(Id(1), "scale", ArgSpec{t, Sharding::Split(1)},
+           ArgSpec{t, Sharding::Split(1)});
+  proto::Call call;
+  call.set_call_id(Id(2));
+  call.set_slice_id(s.slice_id());
+  call.set_program_id(Id(1));
+  auto* in = call.add_inputs();
+  in->set_buffer_id(Id(3));
+  in->set_slice_id(s.slice_id());
+  *in->mutable_arg() = ToProto(named);
+  call.add_output_ids(Id(4));
+  refused(state_.RouteCall(client_, call, &ops), axis);
+}
+
 // A value laid out P('x', 'y') over a 2x2 mesh (device k holds rows
 // [2 * (k / 2), +2), columns [2 * (k % 2), +2) of a [4, 4] array) read by a
 // program compiled for split(1) (device j takes column j): each input is

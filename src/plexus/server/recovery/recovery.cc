@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "plexus/common/ids.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/server/model/cluster_state.h"
@@ -268,14 +269,31 @@ std::map<uint64_t, std::vector<uint64_t>> ClusterState::TakeReleasedPuts() {
   return by_client;
 }
 
+std::string ClusterState::NameOfBuffer(uint64_t id) const {
+  const std::string name = absl::StrCat("buffer ", id);
+  const BufferRecord* b = records_.FindBuffer(id);
+  if (b == nullptr) return name;
+  if (b->put) return absl::StrCat(name, " (put by its client)");
+  const CallRecord* rec =
+      b->producer != 0 ? records_.FindCall(b->producer) : nullptr;
+  if (rec == nullptr) return name;
+  const auto out =
+      std::find(rec->output_ids.begin(), rec->output_ids.end(), id);
+  std::string program = absl::StrCat("program ", rec->program_id);
+  if (const ClientRecord* client = FindClient(rec->client_id)) {
+    auto prog = client->programs.find(rec->program_id);
+    if (prog != client->programs.end()) {
+      program = absl::StrCat("program '", prog->second.def.name(), "'");
+    }
+  }
+  return absl::StrCat(name, " (output ", out - rec->output_ids.begin(), " of ",
+                      program, ", call ", rec->call_id, ")");
+}
+
 proto::Recovery ClusterState::LoseOnBrokenSlices(uint64_t client_id,
                                                  const WorkerLoss& loss) {
   proto::Recovery note;
   note.set_worker_id(loss.worker_id);
-  const absl::Status status = absl::DataLossError(absl::StrCat(
-      "worker ", loss.worker_id, " was lost (", loss.reason,
-      ") and no spare took its place: the value was on a slice of it, or "
-      "was to be computed from one"));
   std::set<uint64_t> lost;
   for (const auto& [id, b] : records_.buffers()) {
     if (ClientOfBuffer(id) == client_id && loss.broken.count(b.slice_id)) {
@@ -283,15 +301,37 @@ proto::Recovery ClusterState::LoseOnBrokenSlices(uint64_t client_id,
     }
   }
   if (lost.empty()) return note;
+  // The values on the lost host that calls not done read: the error names
+  // them (else those on it), so that each failure says which value it was.
+  std::set<uint64_t> read;
   // In routing order: a call's inputs were routed before it.
   for (const auto& [seq, rec] : records_.calls()) {
     if (rec.client_id != client_id || (rec.done && !rec.failed)) continue;
+    bool reads = false;
     for (const CallInput& in : rec.inputs) {
       if (lost.count(in.buffer_id) == 0) continue;
-      lost.insert(rec.output_ids.begin(), rec.output_ids.end());
-      break;
+      if (loss.broken.count(in.slice_id) > 0) read.insert(in.buffer_id);
+      reads = true;
     }
+    if (reads) lost.insert(rec.output_ids.begin(), rec.output_ids.end());
   }
+  const std::set<uint64_t>& named = read.empty() ? lost : read;
+  constexpr size_t kNamed = 3;
+  std::vector<std::string> names;
+  for (uint64_t id : named) {
+    if (names.size() == kNamed) break;
+    names.push_back(NameOfBuffer(id));
+  }
+  const std::string more =
+      named.size() > kNamed
+          ? absl::StrCat(" and ", named.size() - kNamed, " more values were")
+      : names.size() > 1 ? " were"
+                         : " was";
+  const absl::Status status = absl::DataLossError(absl::StrCat(
+      "worker ", loss.worker_id, " was lost (", loss.reason,
+      ") and no spare took its place: ", absl::StrJoin(names, ", "), more,
+      " on a slice of it; what was to be computed from ",
+      named.size() > 1 ? "them" : "it", " is lost too"));
   for (uint64_t id : lost) {
     lost_[id] = status;
     note.add_lost_ids(id);
@@ -482,7 +522,8 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     } else {
       for (const CallInput& in : p->inputs) {
         if (!available(in.buffer_id)) {
-          why = absl::StrCat("its input buffer ", in.buffer_id, " is gone too");
+          why = absl::StrCat("its input ", NameOfBuffer(in.buffer_id),
+                             " is gone too");
           break;
         }
       }
@@ -493,7 +534,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       continue;
     }
     const absl::Status status = absl::DataLossError(absl::StrCat(
-        "buffer ", id, " had shards on ", lost_host, ", which was lost (",
+        NameOfBuffer(id), " had shards on ", lost_host, ", which was lost (",
         loss.reason, "), and cannot be recomputed: ", why));
     lost_[id] = status;
     note.add_lost_ids(id);
@@ -567,10 +608,28 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     proto::Call call = rec->ToCall();
     const std::vector<uint64_t> old_outputs(call.output_ids().begin(),
                                             call.output_ids().end());
-    call.set_call_id(ServerMadeId(client_id));
+    absl::StatusOr<uint64_t> ids =
+        ServerMadeIds(client_id, 1 + old_outputs.size());
+    if (!ids.ok()) {
+      // No new ids (after 2^39 of them): its outputs are lost, under their
+      // old ids, and so is what reads them (RouteCall refuses it).
+      WorkerOps ops;
+      FailCallOutputs(client_id, call, ids.status(), &ops);
+      for (uint64_t o : old_outputs) {
+        lost_[o] = ids.status();
+        note.add_lost_ids(o);
+      }
+      *note.mutable_status() = StatusToProto(ids.status());
+      counters_.set_buffers_failed(counters_.buffers_failed() +
+                                   static_cast<int64_t>(old_outputs.size()));
+      records_.Drop(seq);
+      if (!ops.empty()) out.work.push_back({0, std::move(ops)});
+      continue;
+    }
+    call.set_call_id(*ids);
     for (int o = 0; o < call.output_ids_size(); ++o) {
       const uint64_t old_id = call.output_ids(o);
-      const uint64_t new_id = ServerMadeId(client_id);
+      const uint64_t new_id = *ids + 1 + static_cast<uint64_t>(o);
       call.set_output_ids(o, new_id);
       for (auto& [from, to] : aliases_) {
         if (to == old_id) to = new_id;

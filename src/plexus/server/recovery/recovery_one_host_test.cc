@@ -7,7 +7,9 @@
 #include <set>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "plexus/common/ids.h"
 #include "plexus/server/model/cluster_state.h"
 #include "plexus/server/recovery/recovery_test_util.h"
 
@@ -94,6 +96,35 @@ TEST_F(OneHostRecoveryTest, ASnapshotOfAOneHostValueIsKeptOnAnotherHost) {
   EXPECT_TRUE(Released(released).count(copy));
 }
 
+TEST_F(OneHostRecoveryTest, PastTheServersLastIdNothingIsRecomputedOrCopied) {
+  // The server's ids in its clients' namespaces count in 39 bits
+  // (common/ids.h); past the last, one would be the next client's. A
+  // snapshot is not taken (the value keeps its lineage)...
+  state_.set_next_server_id(kMaxIdCount + 1);  // none left
+  WorkerOps ops;
+  state_.RouteSnapshot(client_, Id(12), &ops);
+  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(state_.recovery_counters().snapshots_taken(), 0);
+  // ... and a call that would run again under new ids fails its outputs
+  // instead, naming what ran out; so does a call that reads them.
+  ClientRecovery rec = LoseHost0();
+  const std::set<uint64_t> lost(rec.note.lost_ids().begin(),
+                                rec.note.lost_ids().end());
+  EXPECT_EQ(lost, (std::set<uint64_t>{Id(11), Id(12)}));
+  EXPECT_EQ(rec.note.status().code(),
+            static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_TRUE(absl::StrContains(rec.note.status().message(),
+                                "the server's ids in its clients' namespaces "
+                                "(for recovery's recomputations and "
+                                "snapshots) ran out"))
+      << rec.note.status().message();
+  EXPECT_TRUE(rec.note.new_ids().empty());
+  absl::Status st = state_.RouteCall(
+      client_, MakeCall(Id(1), a_, Id(12), kReplicated, Id(13)), &ops);
+  EXPECT_TRUE(absl::IsDataLoss(st)) << st;
+  EXPECT_TRUE(absl::StrContains(st.message(), "ran out")) << st;
+}
+
 TEST_F(RecoveryTest, ASpareTakesThePlaceOfALostHostThatHeldNoSlice) {
   WorkerLoss loss = state_.LoseWorker(2, "killed");
   EXPECT_TRUE(loss.remapped.empty());
@@ -150,10 +181,15 @@ TEST_F(NoSpareTest, ALossNoSpareTakesFailsWhatDependsOnItOnEverySliceAtOnce) {
   *put.mutable_arg() = ToProto(kReplicated);
   WorkerOps ops;
   ASSERT_TRUE(state_.RoutePut(client_, put, &ops).ok());
-  // On B: Y = f(X), Z = f(Y), not done; W = f(V) of B's own put, done.
+  // On A: U = f(X), done. On B: Y = f(X), Z = f(Y), T = f(U), not done;
+  // W = f(V) of B's own put, done.
   uint64_t seq = 0;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, call(a, Id(10), a, Id(15)), &ops, &seq).ok());
+  state_.CallDone(seq, false, &ops);
   ASSERT_TRUE(state_.RouteCall(client_, call(b, Id(10), a, Id(11)), &ops).ok());
   ASSERT_TRUE(state_.RouteCall(client_, call(b, Id(11), b, Id(12)), &ops).ok());
+  ASSERT_TRUE(state_.RouteCall(client_, call(b, Id(15), a, Id(16)), &ops).ok());
   put.set_buffer_id(Id(20));
   put.set_slice_id(b);
   ASSERT_TRUE(state_.RoutePut(client_, put, &ops).ok());
@@ -165,10 +201,20 @@ TEST_F(NoSpareTest, ALossNoSpareTakesFailsWhatDependsOnItOnEverySliceAtOnce) {
   ASSERT_EQ(loss.broken, (std::set<uint64_t>{a}));
   proto::Recovery note = state_.LoseOnBrokenSlices(client_, loss);
   const std::set<uint64_t> lost(note.lost_ids().begin(), note.lost_ids().end());
-  EXPECT_EQ(lost, (std::set<uint64_t>{Id(10), Id(11), Id(12)}));
+  EXPECT_EQ(lost, (std::set<uint64_t>{Id(10), Id(11), Id(12), Id(15), Id(16)}));
   EXPECT_EQ(note.status().code(),
             static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_TRUE(absl::StrContains(note.status().message(), "host0"))
+      << note.status().message();
+  // It names the values on the lost host that the failing calls read, and
+  // what made each (NameOfBuffer, as the spare path names what it cannot
+  // recompute).
+  EXPECT_TRUE(
+      absl::StrContains(note.status().message(),
+                        absl::StrCat("no spare took its place: buffer ", Id(10),
+                                     " (put by its client), buffer ", Id(15),
+                                     " (output 0 of program 'scale', call ",
+                                     Id(15), ") were on a slice of it")))
       << note.status().message();
   // A call that reads a lost value is refused naming why, and its output
   // is lost in turn.

@@ -53,8 +53,11 @@ void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
   const int n = static_cast<int>(devices.size());
   auto local = b->spec().Local(n);
   if (!local.ok()) return;
+  // Out of ids (after 2^39 of them): no copy; the value keeps its lineage.
+  absl::StatusOr<uint64_t> copy_id = ServerMadeIds(client_id);
+  if (!copy_id.ok()) return;
   Snapshot snap;
-  snap.id = ServerMadeId(client_id);
+  snap.id = *copy_id;
   std::vector<DeviceRef> holders;
   for (int j = 0; j < n; ++j) {
     std::optional<DeviceRef> holder = SnapshotHolder(devices, j);
