@@ -7,10 +7,8 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 import plexus
-from plexus.cli import why_lines
 
 
 def _worker_pid(cluster, host):
@@ -145,8 +143,8 @@ def test_weights_set_the_order_in_which_backlogged_clients_are_served():
             programs.append((nap, x, s))
         hold_s = programs[2][2]
         hold_x = programs[2][1]
-        held = hold_s.program("device_sleep", hold_x, micros=8_000_000)(hold_x)
-        # Running: admitted, its 8 s on the device begun.
+        held = hold_s.program("device_sleep", hold_x, micros=3_000_000)(hold_x)
+        # Running: admitted, its 3 s on the device begun.
         cluster.wait_until(lambda st: any(
             c["name"] == "holder" and int(c.get("calls_in_flight", 0)) >= 1
             for c in st["clients"]), timeout=30, what="the holder's call")
@@ -179,34 +177,6 @@ def test_weights_set_the_order_in_which_backlogged_clients_are_served():
                  "test's premise)")
         waiting = {c["name"]: int(c.get("calls_pending", 0))
                    for c in queued["clients"]}
-        # The server explains each client's calls at admission (once they
-        # have waited 1 s): the share each waits for, and whose calls run.
-        at_admission = "waits at admission for its client's share"
-        explained = cluster.wait_until(
-            lambda st: {c["name"] for c in st["clients"]
-                        for e in st.get("why", [])
-                        if e["client_id"] == c["client_id"] and
-                        at_admission in e["reason"]} >= {"heavy", "light"},
-            timeout=30, what="both clients' calls explained at admission")
-        said = "\n".join(line for _, line in why_lines(explained, after=1.0))
-        assert f"(light): call" in said, said
-        assert f"{at_admission} (tenant light, weight 1)" in said, said
-        assert f"{at_admission} (tenant heavy, weight 3)" in said, said
-        # The long call in flight, its client's tenant and weight, and the
-        # line that issued it.
-        assert f"client {holder.id} (holder, tenant default, weight 1) 1" \
-            in said, said
-        assert "('device_sleep' issued at test_admission.py:" in said, said
-        # A wait with a deadline, and the client's why, say the same.
-        with pytest.raises(plexus.DeadlineExceededError) as e:
-            plexus.wait(outs["light"], timeout=0.1)
-        # (By now the holder's call may have ended: whose calls are in
-        # flight is what the status above said.)
-        assert f"{at_admission} (tenant light, weight 1)" in str(e.value), \
-            e.value
-        assert "; calls in flight: its own " in str(e.value), e.value
-        assert any(at_admission in e["reason"] for e in light.why()), \
-            light.why()
         plexus.wait(outs["heavy"])
         st = cluster.status()
         admitted = {c["name"]: int(c["calls_admitted"]) for c in st["clients"]}
