@@ -49,20 +49,27 @@ def recovery(cluster):
     return cluster.status().get("recovery", {})
 
 
+def two_slice_chain(cluster):
+    """Slices A (host0) and B (host1) of one device each, f scaling by 2
+    on A, g by 10 on B, and w = f(f(x)) computed on A."""
+    c = cluster.connect()
+    a = c.slice(1, hosts=["host0"])
+    b = c.slice(1, hosts=["host1"])
+    x = a.put(np.arange(4, dtype=np.float32))
+    f = a.program("scale", x, factor=2.0)
+    g = b.program("scale", x, factor=10.0)
+    w = f(f(x))
+    np.testing.assert_array_equal(value(w), 4 * np.arange(4))
+    return a, f, g, w
+
+
 def test_a_chain_on_a_one_host_slice_is_recomputed_for_a_consumer_on_another():
     # The smallest pipeline: slices A and B of one device each, on two
     # hosts. A's values are "replicated" over its one device, which
     # dropped their lineage: after A's host was lost, f(w) raised "cannot
     # be recomputed" and B's g(y) waited for ever.
     with plexus.local(hosts=2, spare=1) as cluster:
-        c = cluster.connect()
-        a = c.slice(1, hosts=["host0"])
-        b = c.slice(1, hosts=["host1"])
-        x = a.put(np.arange(4, dtype=np.float32))
-        f = a.program("scale", x, factor=2.0)
-        g = b.program("scale", x, factor=10.0)
-        w = f(f(x))
-        np.testing.assert_array_equal(value(w), 4 * np.arange(4))
+        a, f, g, w = two_slice_chain(cluster)
         kill_host(cluster, "host0")
         remapped(cluster, a)
         y = f(w)
@@ -85,14 +92,7 @@ def test_a_chain_issued_as_its_host_dies_is_recomputed_for_a_consumer_on_another
     # minute of silence, so both calls are routed to it; then SIGKILL.
     with plexus.local(hosts=2, spare=1,
                       heartbeat_timeout_ms=60_000) as cluster:
-        c = cluster.connect()
-        a = c.slice(1, hosts=["host0"])
-        b = c.slice(1, hosts=["host1"])
-        x = a.put(np.arange(4, dtype=np.float32))
-        f = a.program("scale", x, factor=2.0)
-        g = b.program("scale", x, factor=10.0)
-        w = f(f(x))
-        np.testing.assert_array_equal(value(w), 4 * np.arange(4))
+        a, f, g, w = two_slice_chain(cluster)
         victim = next(wk for wk in cluster.status()["workers"]
                       if wk["alive"] and wk["host_name"] == "host0")
         os.kill(int(victim["pid"]), signal_first)
