@@ -616,17 +616,26 @@ TEST_F(SliceWaitTest, AWaitingRequestIsGrantedWhenAWorkerRegisters) {
 
 TEST_F(SliceWaitTest, AWaitingRequestTimesOutOnTheServersClock) {
   auto worker = AddWorker();
-  RawClient client(*stub_, "c", {SliceOp(7, 3, absl::Seconds(5))});
-  client.ReadUntil([&] { return client.id_ != 0; });
+  // Request 8 cannot wait (no timeout): its refusal comes back once the
+  // server has routed request 7 ahead of it, so 7 is pending by then.
+  // (The client's id alone says only that the session opened.)
+  RawClient client(*stub_, "c",
+                   {SliceOp(7, 3, absl::Seconds(5)),
+                    SliceOp(8, 3, absl::ZeroDuration())});
+  client.ReadUntil([&] { return !client.slices_.empty(); });
+  ASSERT_EQ(client.slices_.size(), 1u);
+  ASSERT_EQ(client.slices_[0].request_id(), 8u);
+  ASSERT_TRUE(client.slices_[0].has_error());
   ASSERT_EQ(Status().pending_slices_size(), 1);
   clock_.Advance(absl::Milliseconds(4999));
   server_->CheckLiveness();
   EXPECT_EQ(Status().pending_slices_size(), 1);
   clock_.Advance(absl::Milliseconds(1));
   server_->CheckLiveness();
-  client.ReadUntil([&] { return !client.slices_.empty(); });
-  ASSERT_EQ(client.slices_.size(), 1u);
-  absl::Status refused = StatusFromProto(client.slices_[0].error());
+  client.ReadUntil([&] { return client.slices_.size() == 2; });
+  ASSERT_EQ(client.slices_.size(), 2u);
+  EXPECT_EQ(client.slices_[1].request_id(), 7u);
+  absl::Status refused = StatusFromProto(client.slices_[1].error());
   EXPECT_TRUE(absl::IsDeadlineExceeded(refused)) << refused;
   EXPECT_EQ(refused.message(),
             "no slice within 5s: asked for 3 devices; the cluster has 2 live "
