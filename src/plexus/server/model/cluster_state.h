@@ -467,6 +467,56 @@ class ClusterState {
   // The slice is gone (released, its client left): no loss waits for it.
   void ForgetAwaitedSlice(uint64_t slice_id);
 
+  // RecoverClient's steps (server/recovery/recovery.cc), over what one
+  // client's recovery from one loss has decided so far.
+  struct RecoveryPass;
+  // The note's remapped and broken slices of the client.
+  void DescribeLoss(RecoveryPass& r) const;
+  // The calls of the work taken from admission, and their outputs; the
+  // program loads it carried are marked not loaded (sent again with it).
+  void NoteTakenWork(RecoveryPass& r);
+  // Step 1: the client's calls not done (or failed) that ran on a remapped
+  // slice or read a value of one or an output of such a call, and their
+  // outputs (`again`, `produced`).
+  void FindCallsToRunAgain(RecoveryPass& r) const;
+  // Step 2's buffers: (producer, id) of the client's values on a remapped
+  // slice that no call of step 1 or of the taken work makes again, each
+  // after the others its producer reads.
+  std::vector<std::pair<uint64_t, uint64_t>> HitBuffers(
+      const RecoveryPass& r) const;
+  // Whether a call run again finds `id`: not lost, still recorded, and
+  // unharmed by the loss or restored, remade or routed again by it.
+  bool AvailableAfterLoss(const RecoveryPass& r, uint64_t id) const;
+  // One of HitBuffers: a replicated value is copied from a surviving
+  // shard, one with a complete snapshot whose holders live from the
+  // snapshot (both into `copies`), a put one is declared on the spare for
+  // the client to put again; otherwise RecomputeOrLose.
+  void RestoreBuffer(RecoveryPass& r, uint64_t producer, uint64_t id,
+                     WorkerOps* copies);
+  // Its producer runs again if all its inputs are available after the
+  // loss; else it is lost (DATA_LOSS naming it, the host and why).
+  void RecomputeOrLose(RecoveryPass& r, uint64_t producer, uint64_t id);
+  // Snapshots being made of remapped values are noted for step 5; shards
+  // of complete snapshots whose copy was on the lost host are copied again.
+  void RecopySnapshots(RecoveryPass& r);
+  // `seqs`, each after those of them that make its inputs.
+  std::vector<uint64_t> CallsInOrder(const std::set<uint64_t>& seqs) const;
+  // Step 3 for one call: routed again with new call and output ids (the
+  // old ids become aliases); without new ids its outputs are lost.
+  void RunCallAgain(RecoveryPass& r, uint64_t seq);
+  // A call's old output `old_id`, run again as `new_id`: its record goes,
+  // its entries on the workers are released with the new id's; one the
+  // client had released is released again under the new id at the end.
+  void SupersedeOutput(RecoveryPass& r, uint64_t old_id, uint64_t new_id);
+  // Step 4: the taken work routed again on the new map, the lost host's
+  // part of what names no call dropped.
+  void RouteTakenAgain(RecoveryPass& r);
+  // Step 5: snapshots that were being made, asked for again of the value
+  // as it is now (under its new id), their old copies released.
+  void RemakeSnapshots(RecoveryPass& r);
+  // Outputs run again that the client had released, released again.
+  void ReleaseRunAgainOutputs(RecoveryPass& r);
+
   // Placement load of a slice's devices and hosts, +1 when it is mapped and
   // -1 when it goes.
   void AddLoad(const std::vector<DeviceRef>& devices, int delta);

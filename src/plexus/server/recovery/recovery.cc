@@ -353,203 +353,262 @@ void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops) {
   DrainReleases(ops);
 }
 
+// One client's recovery from one loss, as RecoverClient's steps go: what
+// they have decided so far, read by the steps after them.
+struct ClusterState::RecoveryPass {
+  RecoveryPass(uint64_t client_id, const WorkerLoss& loss,
+               std::vector<TakenWork> taken)
+      : client_id(client_id),
+        loss(loss),
+        taken(std::move(taken)),
+        lost_host(absl::StrCat("worker ", loss.worker_id)) {}
+  bool Remapped(uint64_t slice_id) const {
+    return loss.remapped.count(slice_id) > 0;
+  }
+
+  const uint64_t client_id;
+  const WorkerLoss& loss;
+  std::vector<TakenWork> taken;
+  const std::string lost_host;
+  ClientRecovery out;
+  std::set<uint64_t> taken_seqs;     // calls of `taken`
+  std::set<uint64_t> taken_outputs;  // their outputs, routed again (step 4)
+  std::set<uint64_t> again;          // calls that run again (step 3)
+  std::set<uint64_t> produced;       // their outputs
+  std::set<uint64_t> restored;       // buffers copied back or put again
+  // Snapshots still being made of values on a remapped slice (step 5).
+  std::vector<uint64_t> incomplete;
+  // Outputs run again that the client had released: released again.
+  std::vector<uint64_t> release_new;
+};
+
 ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
                                            const WorkerLoss& loss,
                                            std::vector<TakenWork> taken) {
-  ClientRecovery out;
-  proto::Recovery& note = out.note;
-  note.set_worker_id(loss.worker_id);
-  for (uint64_t sid : loss.remapped) {
+  RecoveryPass r(client_id, loss, std::move(taken));
+  DescribeLoss(r);
+  NoteTakenWork(r);
+  // 1. Calls not done that depend on the lost host run again.
+  FindCallsToRunAgain(r);
+  // 2. Buffers made before the loss with shards on it: copied, put again,
+  // recomputed, or lost; snapshots whose copies were on it, made again.
+  WorkerOps copies;
+  for (const auto& [producer, id] : HitBuffers(r)) {
+    RestoreBuffer(r, producer, id, &copies);
+  }
+  if (!copies.empty()) r.out.work.push_back({0, std::move(copies)});
+  RecopySnapshots(r);
+  // 3. The calls that run again, in their order, under new ids.
+  for (uint64_t seq : CallsInOrder(r.again)) RunCallAgain(r, seq);
+  WorkerOps releases;  // after all of them
+  DrainReleases(&releases);
+  if (!releases.empty()) r.out.work.push_back({0, std::move(releases)});
+  // 4. What had not reached the workers, routed again on the new map.
+  RouteTakenAgain(r);
+  // 5. Snapshots still being made, asked for again.
+  RemakeSnapshots(r);
+  ReleaseRunAgainOutputs(r);
+  return std::move(r.out);
+}
+
+void ClusterState::DescribeLoss(RecoveryPass& r) const {
+  proto::Recovery& note = r.out.note;
+  note.set_worker_id(r.loss.worker_id);
+  for (uint64_t sid : r.loss.remapped) {
     auto it = slices_.find(sid);
-    if (it != slices_.end() && it->second.client_id == client_id) {
+    if (it != slices_.end() && it->second.client_id == r.client_id) {
       *note.add_remapped() = DescribeSlice(it->second);
     }
   }
-  for (uint64_t sid : loss.broken) {
+  for (uint64_t sid : r.loss.broken) {
     auto it = slices_.find(sid);
-    if (it != slices_.end() && it->second.client_id == client_id) {
+    if (it != slices_.end() && it->second.client_id == r.client_id) {
       note.add_broken_slices(sid);
     }
   }
-  auto remapped = [&](uint64_t slice_id) {
-    return loss.remapped.count(slice_id) > 0;
-  };
-  const std::string lost_host = absl::StrCat("worker ", loss.worker_id);
+}
+
+void ClusterState::NoteTakenWork(RecoveryPass& r) {
   // Loads that never reached their workers are sent again with the work.
-  for (const TakenWork& t : taken) {
+  for (const TakenWork& t : r.taken) {
     for (const auto& [w, program] : t.unsent_loads) {
       auto it = workers_.find(w);
       if (it != workers_.end()) it->second.loaded_programs.erase(program);
     }
   }
-  std::set<uint64_t> taken_seqs;
-  std::set<uint64_t> taken_outputs;  // routed again in step 4
-  for (const TakenWork& t : taken) {
+  for (const TakenWork& t : r.taken) {
     if (t.call_seq == 0) continue;
-    taken_seqs.insert(t.call_seq);
+    r.taken_seqs.insert(t.call_seq);
     if (const CallRecord* rec = records_.FindCall(t.call_seq)) {
-      for (uint64_t o : rec->output_ids) taken_outputs.insert(o);
+      for (uint64_t o : rec->output_ids) r.taken_outputs.insert(o);
     }
   }
+}
 
-  // 1. Calls not done that depend on the lost host: they run again.
-  std::set<uint64_t> again;     // their sequence numbers
-  std::set<uint64_t> produced;  // their outputs
+void ClusterState::FindCallsToRunAgain(RecoveryPass& r) const {
   for (const auto& [seq, rec] : records_.calls()) {
     // A call that failed may have failed for the loss (a peer's push
     // broke before the server declared the host down): it runs again too.
-    if (rec.client_id != client_id || (rec.done && !rec.failed) ||
-        taken_seqs.count(seq)) {
+    if (rec.client_id != r.client_id || (rec.done && !rec.failed) ||
+        r.taken_seqs.count(seq)) {
       continue;
     }
-    bool depends = remapped(rec.slice_id);
+    bool depends = r.Remapped(rec.slice_id);
     for (const CallInput& in : rec.inputs) {
-      depends |= remapped(in.slice_id) || produced.count(in.buffer_id) > 0;
+      depends |= r.Remapped(in.slice_id) || r.produced.count(in.buffer_id) > 0;
     }
     if (!depends) continue;
-    again.insert(seq);
-    for (uint64_t o : rec.output_ids) produced.insert(o);
+    r.again.insert(seq);
+    for (uint64_t o : rec.output_ids) r.produced.insert(o);
   }
+}
 
-  // 2. Buffers computed (or put) before the loss, with shards on it: copied
-  // from a surviving shard, recomputed, or lost. In the order they were
-  // made, so a recomputation finds its inputs recovered.
+std::vector<std::pair<uint64_t, uint64_t>> ClusterState::HitBuffers(
+    const RecoveryPass& r) const {
   std::vector<std::pair<uint64_t, uint64_t>> hit;  // (producer, id)
   for (const auto& [id, b] : records_.buffers()) {
-    if (ClientOfBuffer(id) != client_id || !remapped(b.slice_id) ||
-        produced.count(id) > 0 || taken_outputs.count(id) > 0) {
+    if (ClientOfBuffer(id) != r.client_id || !r.Remapped(b.slice_id) ||
+        r.produced.count(id) > 0 || r.taken_outputs.count(id) > 0) {
       continue;
     }
     hit.emplace_back(b.producer, id);
   }
   std::sort(hit.begin(), hit.end());
-  {
-    // Each after the hit values its producer reads: a value recomputed
-    // after an earlier loss has a newer producer than calls that read it.
-    std::map<uint64_t, uint64_t> producer_of;
-    for (const auto& [p, id] : hit) producer_of[id] = p;
-    std::vector<std::pair<uint64_t, uint64_t>> ordered;
-    std::set<uint64_t> placed;
-    std::function<void(uint64_t)> place = [&](uint64_t id) {
-      if (!placed.insert(id).second) return;
-      const uint64_t p = producer_of.at(id);
-      if (const CallRecord* rec = p != 0 ? records_.FindCall(p) : nullptr) {
-        for (const CallInput& in : rec->inputs) {
-          if (producer_of.count(in.buffer_id) > 0) place(in.buffer_id);
-        }
+  // Each after the hit values its producer reads (a recomputation finds
+  // its inputs recovered): a value recomputed after an earlier loss has a
+  // newer producer than calls that read it, so the producers' order alone
+  // is not enough.
+  std::map<uint64_t, uint64_t> producer_of;
+  for (const auto& [p, id] : hit) producer_of[id] = p;
+  std::vector<std::pair<uint64_t, uint64_t>> ordered;
+  std::set<uint64_t> placed;
+  std::function<void(uint64_t)> place = [&](uint64_t id) {
+    if (!placed.insert(id).second) return;
+    const uint64_t p = producer_of.at(id);
+    if (const CallRecord* rec = p != 0 ? records_.FindCall(p) : nullptr) {
+      for (const CallInput& in : rec->inputs) {
+        if (producer_of.count(in.buffer_id) > 0) place(in.buffer_id);
       }
-      ordered.emplace_back(p, id);
-    };
-    for (const auto& [p, id] : hit) place(id);
-    hit = std::move(ordered);
-  }
-  std::set<uint64_t> restored;
-  WorkerOps copies;
-  auto available = [&](uint64_t id) {
-    if (lost_.count(id) > 0) return false;
-    const BufferRecord* b = records_.FindBuffer(id);
-    if (b == nullptr) return false;  // released: its bytes are gone
-    return !remapped(b->slice_id) || restored.count(id) > 0 ||
-           produced.count(id) > 0 || taken_outputs.count(id) > 0;
+    }
+    ordered.emplace_back(p, id);
   };
-  for (const auto& [producer, id] : hit) {
-    const BufferRecord& b = *records_.FindBuffer(id);
-    const SliceRecord& slice = slices_.at(b.slice_id);
-    const int n = static_cast<int>(slice.devices.size());
-    // The spare holds exactly the shards that were on the lost host.
-    int survivor = -1;
-    for (int k = 0; k < n; ++k) {
-      if (slice.devices[k].worker_id != loss.spare) survivor = k;
-    }
-    if (b.spec().sharding.is_replicated() && survivor >= 0) {
-      auto local = b.spec().Local(n);
-      for (int j = 0; j < n && local.ok(); ++j) {
-        const DeviceRef& dst = slice.devices[j];
-        if (dst.worker_id != loss.spare) continue;
-        CopyShard(id, survivor, slice.devices[survivor].worker_id, id, j, dst,
-                  *local, /*report=*/false, &copies);
-      }
-      restored.insert(id);
-      counters_.set_buffers_restored(counters_.buffers_restored() + 1);
-      continue;
-    }
-    auto snap = snapshots_.find(id);
-    bool from_snapshot = snap != snapshots_.end() && snap->second.complete();
-    for (int j = 0; j < n && from_snapshot; ++j) {
-      if (slice.devices[j].worker_id != loss.spare) continue;
-      const WorkerRecord* holder = FindWorker(snap->second.holders[j]);
-      from_snapshot = holder != nullptr && holder->alive;
-    }
-    if (from_snapshot) {
-      auto local = b.spec().Local(n);
-      for (int j = 0; j < n && local.ok(); ++j) {
-        const DeviceRef& dst = slice.devices[j];
-        if (dst.worker_id != loss.spare) continue;
-        CopyShard(snap->second.id, j, snap->second.holders[j], id, j, dst,
-                  *local, /*report=*/false, &copies);
-        counters_.set_shards_from_snapshots(counters_.shards_from_snapshots() +
-                                            1);
-      }
-      restored.insert(id);
-      counters_.set_buffers_restored(counters_.buffers_restored() + 1);
-      continue;
-    }
-    if (b.put) {
-      // The client kept the data: the spare declares the lost shards, the
-      // client puts them again.
-      auto local = b.spec().Local(n);
-      for (int j = 0; j < n && local.ok(); ++j) {
-        const DeviceRef& d = slice.devices[j];
-        if (d.worker_id != loss.spare) continue;
-        proto::WorkerOp op;
-        auto* decl = op.mutable_declare();
-        decl->set_buffer_id(id);
-        decl->set_shard(j);
-        decl->set_device(d.device);
-        *decl->mutable_spec() = ToProto(*local);
-        copies[d.worker_id].push_back(std::move(op));
-        note.add_reput_ids(id);
-        note.add_reput_shards(j);
-        counters_.set_shards_reput(counters_.shards_reput() + 1);
-      }
-      restored.insert(id);
-      continue;
-    }
-    const CallRecord* p = producer != 0 ? records_.FindCall(producer) : nullptr;
-    std::string why;
-    if (p == nullptr) {
-      why = "the call that made it is no longer recorded";
-    } else {
-      for (const CallInput& in : p->inputs) {
-        if (!available(in.buffer_id)) {
-          why = absl::StrCat("its input ", NameOfBuffer(in.buffer_id),
-                             " is gone too");
-          break;
-        }
-      }
-    }
-    if (why.empty()) {
-      again.insert(producer);
-      for (uint64_t o : p->output_ids) produced.insert(o);
-      continue;
-    }
-    const absl::Status status = absl::DataLossError(absl::StrCat(
-        NameOfBuffer(id), " had shards on ", lost_host, ", which was lost (",
-        loss.reason, "), and cannot be recomputed: ", why));
-    lost_[id] = status;
-    note.add_lost_ids(id);
-    *note.mutable_status() = StatusToProto(status);
-    counters_.set_buffers_failed(counters_.buffers_failed() + 1);
-  }
-  if (!copies.empty()) out.work.push_back({0, std::move(copies)});
+  for (const auto& [p, id] : hit) place(id);
+  return ordered;
+}
 
-  // Snapshots still being made, of values on a remapped slice: made
-  // again in step 5.
-  std::vector<uint64_t> incomplete;
+bool ClusterState::AvailableAfterLoss(const RecoveryPass& r,
+                                      uint64_t id) const {
+  if (lost_.count(id) > 0) return false;
+  const BufferRecord* b = records_.FindBuffer(id);
+  if (b == nullptr) return false;  // released: its bytes are gone
+  return !r.Remapped(b->slice_id) || r.restored.count(id) > 0 ||
+         r.produced.count(id) > 0 || r.taken_outputs.count(id) > 0;
+}
+
+void ClusterState::RestoreBuffer(RecoveryPass& r, uint64_t producer,
+                                 uint64_t id, WorkerOps* copies) {
+  const BufferRecord& b = *records_.FindBuffer(id);
+  const SliceRecord& slice = slices_.at(b.slice_id);
+  const int n = static_cast<int>(slice.devices.size());
+  const int64_t spare = r.loss.spare;
+  // The spare holds exactly the shards that were on the lost host.
+  int survivor = -1;
+  for (int k = 0; k < n; ++k) {
+    if (slice.devices[k].worker_id != spare) survivor = k;
+  }
+  if (b.spec().sharding.is_replicated() && survivor >= 0) {
+    auto local = b.spec().Local(n);
+    for (int j = 0; j < n && local.ok(); ++j) {
+      const DeviceRef& dst = slice.devices[j];
+      if (dst.worker_id != spare) continue;
+      CopyShard(id, survivor, slice.devices[survivor].worker_id, id, j, dst,
+                *local, /*report=*/false, copies);
+    }
+    r.restored.insert(id);
+    counters_.set_buffers_restored(counters_.buffers_restored() + 1);
+    return;
+  }
+  auto snap = snapshots_.find(id);
+  bool from_snapshot = snap != snapshots_.end() && snap->second.complete();
+  for (int j = 0; j < n && from_snapshot; ++j) {
+    if (slice.devices[j].worker_id != spare) continue;
+    const WorkerRecord* holder = FindWorker(snap->second.holders[j]);
+    from_snapshot = holder != nullptr && holder->alive;
+  }
+  if (from_snapshot) {
+    auto local = b.spec().Local(n);
+    for (int j = 0; j < n && local.ok(); ++j) {
+      const DeviceRef& dst = slice.devices[j];
+      if (dst.worker_id != spare) continue;
+      CopyShard(snap->second.id, j, snap->second.holders[j], id, j, dst, *local,
+                /*report=*/false, copies);
+      counters_.set_shards_from_snapshots(counters_.shards_from_snapshots() +
+                                          1);
+    }
+    r.restored.insert(id);
+    counters_.set_buffers_restored(counters_.buffers_restored() + 1);
+    return;
+  }
+  if (b.put) {
+    // The client kept the data: the spare declares the lost shards, the
+    // client puts them again.
+    auto local = b.spec().Local(n);
+    for (int j = 0; j < n && local.ok(); ++j) {
+      const DeviceRef& d = slice.devices[j];
+      if (d.worker_id != spare) continue;
+      proto::WorkerOp op;
+      auto* decl = op.mutable_declare();
+      decl->set_buffer_id(id);
+      decl->set_shard(j);
+      decl->set_device(d.device);
+      *decl->mutable_spec() = ToProto(*local);
+      (*copies)[d.worker_id].push_back(std::move(op));
+      r.out.note.add_reput_ids(id);
+      r.out.note.add_reput_shards(j);
+      counters_.set_shards_reput(counters_.shards_reput() + 1);
+    }
+    r.restored.insert(id);
+    return;
+  }
+  RecomputeOrLose(r, producer, id);
+}
+
+void ClusterState::RecomputeOrLose(RecoveryPass& r, uint64_t producer,
+                                   uint64_t id) {
+  const CallRecord* p = producer != 0 ? records_.FindCall(producer) : nullptr;
+  std::string why;
+  if (p == nullptr) {
+    why = "the call that made it is no longer recorded";
+  } else {
+    for (const CallInput& in : p->inputs) {
+      if (!AvailableAfterLoss(r, in.buffer_id)) {
+        why = absl::StrCat("its input ", NameOfBuffer(in.buffer_id),
+                           " is gone too");
+        break;
+      }
+    }
+  }
+  if (why.empty()) {
+    r.again.insert(producer);
+    for (uint64_t o : p->output_ids) r.produced.insert(o);
+    return;
+  }
+  const absl::Status status = absl::DataLossError(absl::StrCat(
+      NameOfBuffer(id), " had shards on ", r.lost_host, ", which was lost (",
+      r.loss.reason, "), and cannot be recomputed: ", why));
+  lost_[id] = status;
+  r.out.note.add_lost_ids(id);
+  *r.out.note.mutable_status() = StatusToProto(status);
+  counters_.set_buffers_failed(counters_.buffers_failed() + 1);
+}
+
+void ClusterState::RecopySnapshots(RecoveryPass& r) {
+  // Snapshots still being made, of values on a remapped slice: made again
+  // in step 5.
   for (const auto& [id, snap] : snapshots_) {
-    if (ClientOfBuffer(id) != client_id || snap.complete()) continue;
+    if (ClientOfBuffer(id) != r.client_id || snap.complete()) continue;
     const BufferRecord* b = records_.FindBuffer(id);
-    if (b == nullptr || remapped(b->slice_id)) incomplete.push_back(id);
+    if (b == nullptr || r.Remapped(b->slice_id)) r.incomplete.push_back(id);
   }
   // Complete snapshots whose copy of a shard was on the lost host: the
   // shard is copied again, from where it lives now, to the next shard's
@@ -557,7 +616,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
   WorkerOps recopies;
   for (auto& [id, snap] : snapshots_) {
     // One still being made is made again whole (step 5).
-    if (ClientOfBuffer(id) != client_id || !snap.complete()) continue;
+    if (ClientOfBuffer(id) != r.client_id || !snap.complete()) continue;
     const BufferRecord* b = records_.FindBuffer(id);
     auto slice = b == nullptr ? slices_.end() : slices_.find(b->slice_id);
     if (slice == slices_.end() || !slice->second.broken.empty()) continue;
@@ -566,7 +625,7 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
     auto local = b->spec().Local(n);
     for (int j = 0; j < n && local.ok(); ++j) {
       if (j >= static_cast<int>(snap.holders.size()) ||
-          snap.holders[j] != loss.worker_id) {
+          snap.holders[j] != r.loss.worker_id) {
         continue;
       }
       std::optional<DeviceRef> holder = SnapshotHolder(devices, j);
@@ -580,169 +639,174 @@ ClientRecovery ClusterState::RecoverClient(uint64_t client_id,
       snap.recopies++;
     }
   }
-  if (!recopies.empty()) out.work.push_back({0, std::move(recopies)});
+  if (!recopies.empty()) r.out.work.push_back({0, std::move(recopies)});
+}
 
-  // 3. The calls that run again, in their order, under new ids.
-  WorkerOps releases;  // after all of them
-  std::vector<uint64_t> release_new;
-  ClientRecord* client = FindClient(client_id);
-  // Each after the calls that make its inputs (as in step 2).
+std::vector<uint64_t> ClusterState::CallsInOrder(
+    const std::set<uint64_t>& seqs) const {
+  // Each after the calls of `seqs` that make its inputs.
   std::vector<uint64_t> order;
-  {
-    std::set<uint64_t> placed;
-    std::function<void(uint64_t)> place = [&](uint64_t seq) {
-      if (!placed.insert(seq).second) return;
-      if (const CallRecord* rec = records_.FindCall(seq)) {
-        for (const CallInput& in : rec->inputs) {
-          const BufferRecord* b = records_.FindBuffer(in.buffer_id);
-          if (b != nullptr && again.count(b->producer) > 0) place(b->producer);
-        }
+  std::set<uint64_t> placed;
+  std::function<void(uint64_t)> place = [&](uint64_t seq) {
+    if (!placed.insert(seq).second) return;
+    if (const CallRecord* rec = records_.FindCall(seq)) {
+      for (const CallInput& in : rec->inputs) {
+        const BufferRecord* b = records_.FindBuffer(in.buffer_id);
+        if (b != nullptr && seqs.count(b->producer) > 0) place(b->producer);
       }
-      order.push_back(seq);
-    };
-    for (uint64_t seq : again) place(seq);
-  }
-  for (uint64_t seq : order) {
-    const CallRecord* rec = records_.FindCall(seq);
-    if (rec == nullptr) continue;
-    proto::Call call = rec->ToCall();
-    const std::vector<uint64_t> old_outputs(call.output_ids().begin(),
-                                            call.output_ids().end());
-    absl::StatusOr<uint64_t> ids =
-        ServerMadeIds(client_id, 1 + old_outputs.size());
-    if (!ids.ok()) {
-      // No new ids (after 2^39 of them): its outputs are lost, under their
-      // old ids, and so is what reads them (RouteCall refuses it).
-      WorkerOps ops;
-      FailCallOutputs(client_id, call, ids.status(), &ops);
-      for (uint64_t o : old_outputs) {
-        lost_[o] = ids.status();
-        note.add_lost_ids(o);
-      }
-      *note.mutable_status() = StatusToProto(ids.status());
-      counters_.set_buffers_failed(counters_.buffers_failed() +
-                                   static_cast<int64_t>(old_outputs.size()));
-      records_.Drop(seq);
-      if (!ops.empty()) out.work.push_back({0, std::move(ops)});
-      continue;
     }
-    call.set_call_id(*ids);
-    for (int o = 0; o < call.output_ids_size(); ++o) {
-      const uint64_t old_id = call.output_ids(o);
-      const uint64_t new_id = *ids + 1 + static_cast<uint64_t>(o);
-      call.set_output_ids(o, new_id);
-      for (auto& [from, to] : aliases_) {
-        if (to == old_id) to = new_id;
-      }
-      aliases_[old_id] = new_id;
-      note.add_old_ids(old_id);
-      note.add_new_ids(new_id);
-    }
-    WorkerOps ops;
-    uint64_t new_seq = 0;
-    absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
-    if (routed.ok()) {
-      counters_.set_calls_recomputed(counters_.calls_recomputed() + 1);
-      note.set_calls_recomputed(note.calls_recomputed() + 1);
-    } else {
-      FailCallOutputs(client_id, call, routed, &ops);
-      for (uint64_t o : call.output_ids()) lost_[o] = routed;
-    }
-    // The old outputs live on under the new ids: their records go (one the
-    // client released waits for the calls that still read it, below).
-    for (size_t o = 0; o < old_outputs.size(); ++o) {
-      const uint64_t old_id = old_outputs[o];
-      // Calls done that hold it for their lineage hold the new one.
-      if (routed.ok()) {
-        records_.Rename(old_id, call.output_ids(static_cast<int>(o)));
-      }
-      const BufferRecord* ob = records_.FindBuffer(old_id);
-      // No record: the client released it and nothing read it; the new
-      // one is released too (nobody else will).
-      if (ob == nullptr || ob->released) {
-        release_new.push_back(call.output_ids(static_cast<int>(o)));
-        continue;
-      }
-      if (client != nullptr) ForgetBuffer(*client, old_id);
-      // Its entries stay on the workers until the client releases the old
-      // id: a read of it that has not heard of the new one yet finds them
-      // (failed, or the same value) instead of waiting for a key released
-      // under it.
-      std::vector<std::pair<uint64_t, uint64_t>>& stale =
-          superseded_[call.output_ids(static_cast<int>(o))];
-      stale.emplace_back(old_id, ob->slice_id);
-      auto older = superseded_.find(old_id);
-      if (older != superseded_.end()) {
-        stale.insert(stale.end(), older->second.begin(), older->second.end());
-        superseded_.erase(older);
-      }
-      records_.Erase(old_id);
-    }
-    records_.Drop(seq);
-    out.work.push_back({new_seq, std::move(ops)});
-  }
-  DrainReleases(&releases);
-  if (!releases.empty()) out.work.push_back({0, std::move(releases)});
+    order.push_back(seq);
+  };
+  for (uint64_t seq : seqs) place(seq);
+  return order;
+}
 
-  // 4. What had not reached the workers, routed again on the new map.
-  for (TakenWork& t : taken) {
+void ClusterState::RunCallAgain(RecoveryPass& r, uint64_t seq) {
+  const CallRecord* rec = records_.FindCall(seq);
+  if (rec == nullptr) return;
+  proto::Recovery& note = r.out.note;
+  proto::Call call = rec->ToCall();
+  const std::vector<uint64_t> old_outputs(call.output_ids().begin(),
+                                          call.output_ids().end());
+  absl::StatusOr<uint64_t> ids =
+      ServerMadeIds(r.client_id, 1 + old_outputs.size());
+  if (!ids.ok()) {
+    // No new ids (after 2^39 of them): its outputs are lost, under their
+    // old ids, and so is what reads them (RouteCall refuses it).
+    WorkerOps ops;
+    FailCallOutputs(r.client_id, call, ids.status(), &ops);
+    for (uint64_t o : old_outputs) {
+      lost_[o] = ids.status();
+      note.add_lost_ids(o);
+    }
+    *note.mutable_status() = StatusToProto(ids.status());
+    counters_.set_buffers_failed(counters_.buffers_failed() +
+                                 static_cast<int64_t>(old_outputs.size()));
+    records_.Drop(seq);
+    if (!ops.empty()) r.out.work.push_back({0, std::move(ops)});
+    return;
+  }
+  call.set_call_id(*ids);
+  for (int o = 0; o < call.output_ids_size(); ++o) {
+    const uint64_t old_id = call.output_ids(o);
+    const uint64_t new_id = *ids + 1 + static_cast<uint64_t>(o);
+    call.set_output_ids(o, new_id);
+    for (auto& [from, to] : aliases_) {
+      if (to == old_id) to = new_id;
+    }
+    aliases_[old_id] = new_id;
+    note.add_old_ids(old_id);
+    note.add_new_ids(new_id);
+  }
+  WorkerOps ops;
+  uint64_t new_seq = 0;
+  absl::Status routed = RouteCall(r.client_id, call, &ops, &new_seq);
+  if (routed.ok()) {
+    counters_.set_calls_recomputed(counters_.calls_recomputed() + 1);
+    note.set_calls_recomputed(note.calls_recomputed() + 1);
+  } else {
+    FailCallOutputs(r.client_id, call, routed, &ops);
+    for (uint64_t o : call.output_ids()) lost_[o] = routed;
+  }
+  // The old outputs live on under the new ids: their records go (one the
+  // client released waits for the calls that still read it, below).
+  for (size_t o = 0; o < old_outputs.size(); ++o) {
+    const uint64_t new_id = call.output_ids(static_cast<int>(o));
+    // Calls done that hold it for their lineage hold the new one.
+    if (routed.ok()) records_.Rename(old_outputs[o], new_id);
+    SupersedeOutput(r, old_outputs[o], new_id);
+  }
+  records_.Drop(seq);
+  r.out.work.push_back({new_seq, std::move(ops)});
+}
+
+void ClusterState::SupersedeOutput(RecoveryPass& r, uint64_t old_id,
+                                   uint64_t new_id) {
+  const BufferRecord* ob = records_.FindBuffer(old_id);
+  // No record: the client released it and nothing read it; the new one is
+  // released too (nobody else will).
+  if (ob == nullptr || ob->released) {
+    r.release_new.push_back(new_id);
+    return;
+  }
+  if (ClientRecord* client = FindClient(r.client_id)) {
+    ForgetBuffer(*client, old_id);
+  }
+  // Its entries stay on the workers until the client releases the old id:
+  // a read of it that has not heard of the new one yet finds them (failed,
+  // or the same value) instead of waiting for a key released under it.
+  std::vector<std::pair<uint64_t, uint64_t>>& stale = superseded_[new_id];
+  stale.emplace_back(old_id, ob->slice_id);
+  auto older = superseded_.find(old_id);
+  if (older != superseded_.end()) {
+    stale.insert(stale.end(), older->second.begin(), older->second.end());
+    superseded_.erase(older);
+  }
+  records_.Erase(old_id);
+}
+
+void ClusterState::RouteTakenAgain(RecoveryPass& r) {
+  for (TakenWork& t : r.taken) {
     if (t.call_seq != 0) {
       const CallRecord* rec = records_.FindCall(t.call_seq);
       if (rec == nullptr) continue;
       const proto::Call call = rec->ToCall();
       WorkerOps ops;
       uint64_t new_seq = 0;
-      absl::Status routed = RouteCall(client_id, call, &ops, &new_seq);
-      if (!routed.ok()) FailCallOutputs(client_id, call, routed, &ops);
+      absl::Status routed = RouteCall(r.client_id, call, &ops, &new_seq);
+      if (!routed.ok()) FailCallOutputs(r.client_id, call, routed, &ops);
       records_.Drop(t.call_seq);
       DrainReleases(&ops);
-      out.work.push_back({routed.ok() ? new_seq : 0, std::move(ops)});
+      r.out.work.push_back({routed.ok() ? new_seq : 0, std::move(ops)});
       continue;
     }
     WorkerOps ops = std::move(t.ops);
-    ops.erase(loss.worker_id);
+    ops.erase(r.loss.worker_id);
     for (uint64_t id : t.release_ids) ReleaseOps(id, 0, &ops);
-    if (!ops.empty()) out.work.push_back({0, std::move(ops)});
+    if (!ops.empty()) r.out.work.push_back({0, std::move(ops)});
   }
-  // 5. Snapshots still being made of values on a remapped slice: a copy
-  // from or to the lost host never arrives, and a value run again lives
-  // under a new id. Each is asked for again, of the value as it is now
-  // (after the calls above, which make it), and the old copy goes.
-  {
-    WorkerOps again_ops;
-    for (uint64_t id : incomplete) {
-      auto snap = snapshots_.find(id);
-      if (snap == snapshots_.end()) continue;  // released meanwhile
-      const Snapshot previous = std::move(snap->second);
-      snapshots_.erase(snap);
-      snapshot_of_.erase(previous.id);
-      auto alias = aliases_.find(id);
-      const uint64_t now = alias != aliases_.end() ? alias->second : id;
-      const BufferRecord* b = records_.FindBuffer(now);
-      ReleaseCopyOps(previous, b != nullptr ? b->slice_id : 0, &again_ops);
-      // Released (by the client, or as an output it had released): no
-      // copy is wanted any more.
-      if (b == nullptr || b->released ||
-          std::find(release_new.begin(), release_new.end(), now) !=
-              release_new.end()) {
-        continue;
-      }
-      RouteSnapshot(client_id, now, &again_ops);
-    }
-    if (!again_ops.empty()) out.work.push_back({0, std::move(again_ops)});
-  }
+}
 
-  // Outputs the client had released: released again, under their new ids,
-  // once nothing holds them (after everything above has been routed: a
-  // call routed again in step 4 may read one).
+void ClusterState::RemakeSnapshots(RecoveryPass& r) {
+  // A copy from or to the lost host never arrives, and a value run again
+  // lives under a new id. Each is asked for again, of the value as it is
+  // now (after the calls routed before, which make it), and the old copy
+  // goes.
+  WorkerOps again_ops;
+  for (uint64_t id : r.incomplete) {
+    auto snap = snapshots_.find(id);
+    if (snap == snapshots_.end()) continue;  // released meanwhile
+    const Snapshot previous = std::move(snap->second);
+    snapshots_.erase(snap);
+    snapshot_of_.erase(previous.id);
+    auto alias = aliases_.find(id);
+    const uint64_t now = alias != aliases_.end() ? alias->second : id;
+    const BufferRecord* b = records_.FindBuffer(now);
+    ReleaseCopyOps(previous, b != nullptr ? b->slice_id : 0, &again_ops);
+    // Released (by the client, or as an output it had released): no copy
+    // is wanted any more.
+    if (b == nullptr || b->released ||
+        std::find(r.release_new.begin(), r.release_new.end(), now) !=
+            r.release_new.end()) {
+      continue;
+    }
+    RouteSnapshot(r.client_id, now, &again_ops);
+  }
+  if (!again_ops.empty()) r.out.work.push_back({0, std::move(again_ops)});
+}
+
+void ClusterState::ReleaseRunAgainOutputs(RecoveryPass& r) {
+  // Released again under their new ids once nothing holds them: after
+  // everything else has been routed (a call routed again in step 4 may
+  // read one).
+  ClientRecord* client = FindClient(r.client_id);
   WorkerOps last;
-  for (uint64_t id : release_new) {
+  for (uint64_t id : r.release_new) {
     if (client != nullptr) ForgetBuffer(*client, id);
     records_.Release(id);
   }
   DrainReleases(&last);
-  if (!last.empty()) out.work.push_back({0, std::move(last)});
-  return out;
+  if (!last.empty()) r.out.work.push_back({0, std::move(last)});
 }
 
 }  // namespace plexus
