@@ -6,9 +6,12 @@ import signal
 import threading
 import time
 
+import json
+
 import numpy as np
 
 import plexus
+from plexus import _core
 
 
 def _worker_pid(cluster, host):
@@ -148,6 +151,7 @@ def test_weights_set_the_order_in_which_backlogged_clients_are_served():
         cluster.wait_until(lambda st: any(
             c["name"] == "holder" and int(c.get("calls_in_flight", 0)) >= 1
             for c in st["clients"]), timeout=30, what="the holder's call")
+        since = _core.trace_now(cluster.address)
         outs = {"heavy": [], "light": []}
         go = threading.Barrier(2)
 
@@ -177,19 +181,37 @@ def test_weights_set_the_order_in_which_backlogged_clients_are_served():
                  "test's premise)")
         waiting = {c["name"]: int(c.get("calls_pending", 0))
                    for c in queued["clients"]}
-        plexus.wait(outs["heavy"])
+        plexus.wait(outs["heavy"] + outs["light"] + [held])
         st = cluster.status()
-        admitted = {c["name"]: int(c["calls_admitted"]) for c in st["clients"]}
         tenant = {c["name"]: c["tenant"] for c in st["clients"]}
         assert tenant["heavy"] == "heavy" and tenant["light"] == "light", tenant
-        assert admitted["heavy"] == 300 + WARM_UP, admitted
-        # 300 / 3 = 100 (+ the warm-up calls), give or take the windows'
-        # calls; equal shares would have admitted ~300. The slack: the calls
-        # admitted into the window beside the holder's (a few per device,
-        # whatever their estimate) and light's own window (up to 5 ms of
-        # its calls, ~16, admitted ahead of running).
-        assert 70 <= admitted["light"] - WARM_UP <= 160, (admitted, waiting)
-        plexus.wait(outs["light"] + [held])
+        # The order, from the server's own record of each admission (its
+        # timeline): how many of light's calls went before heavy's last.
+        # (A count read from `plexus status` after heavy's calls are done
+        # would also hold the calls of light admitted since, alone: on a
+        # loaded machine, up to 200 of them.)
+        trace = json.loads(_core.trace(cluster.address, since, 10.0,
+                                       cluster._secret))
+        client_of = {heavy.id: "heavy", light.id: "light"}
+        admitted = sorted(
+            (e["ts"] + e["args"]["duration_us"],
+             client_of.get(e["args"].get("client")))
+            for e in trace["traceEvents"]
+            if e.get("cat") == "admission" and e["ph"] == "b")
+        heavy_at = [t for t, n in admitted if n == "heavy"]
+        assert len(heavy_at) == 300, len(heavy_at)
+        light_before = sum(1 for t, n in admitted
+                           if n == "light" and t <= heavy_at[-1])
+        # 300 / 3 = 100; equal shares would admit ~300, and no share none.
+        # The slack: the calls admitted into the window beside the holder's
+        # (a few per device, whatever their estimate), light's own window
+        # (up to 5 ms of its calls, ~16, admitted ahead of running), and
+        # the order being one of device time, not of calls: each call is
+        # charged its client's estimate, a moving average of its calls'
+        # reported device time, and under load (the ASan stage) a 300 us
+        # sleep's varies by client, by up to half (67 to 152 seen there).
+        assert 50 <= light_before <= 200, (light_before, waiting)
+        print("light's calls admitted before heavy's last:", light_before)
 
 
 def test_a_put_does_not_wait_behind_its_clients_calls_queued_for_a_stalled_host():
