@@ -11,6 +11,8 @@
 // appends/s, syncs/s and records per sync.
 // Files go to $PLEXUS_BENCH_DIR (default: the current directory), which
 // must be on the disk being measured (not a tmpfs).
+#include "plexus/journal/journal.h"
+
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -23,7 +25,6 @@
 #include "plexus/journal/internal/leveldb_store.h"
 #include "plexus/journal/internal/record.h"
 #include "plexus/journal/internal/sqlite_store.h"
-#include "plexus/journal/journal.h"
 
 namespace plexus::journal {
 namespace {
@@ -32,9 +33,9 @@ constexpr size_t kRecordBytes = 200;
 
 std::string BenchDir(const std::string& name) {
   const char* root = std::getenv("PLEXUS_BENCH_DIR");
-  std::filesystem::path dir = std::filesystem::absolute(root ? root : ".") /
-                              absl::StrCat("journal-bench-", getpid(), "-",
-                                           name);
+  std::filesystem::path dir =
+      std::filesystem::absolute(root ? root : ".") /
+      absl::StrCat("journal-bench-", getpid(), "-", name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
@@ -75,9 +76,17 @@ void BM_Store(benchmark::State& state, OpenStore open, const char* name) {
 }
 
 BENCHMARK_CAPTURE(BM_Store, sqlite_wal, &internal::OpenSqliteStore, "sqlite")
-    ->Arg(1)->Arg(16)->Arg(128)->UseRealTime()->MinTime(2.0);
+    ->Arg(1)
+    ->Arg(16)
+    ->Arg(128)
+    ->UseRealTime()
+    ->MinTime(2.0);
 BENCHMARK_CAPTURE(BM_Store, leveldb, &internal::OpenLevelDbStore, "leveldb")
-    ->Arg(1)->Arg(16)->Arg(128)->UseRealTime()->MinTime(2.0);
+    ->Arg(1)
+    ->Arg(16)
+    ->Arg(128)
+    ->UseRealTime()
+    ->MinTime(2.0);
 
 // The Journal itself (SQLite), shared by the benchmark's threads.
 Journal* g_journal = nullptr;
@@ -97,17 +106,16 @@ void BM_Journal(benchmark::State& state) {
   const std::string payload(kRecordBytes, 'r');
   for (auto _ : state) {
     absl::StatusOr<uint64_t> seq = g_journal->Append(1, payload);
-    absl::Status s = seq.ok() ? g_journal->AwaitDurable(
-                                    *seq, absl::InfiniteFuture())
-                              : seq.status();
+    absl::Status s = seq.ok()
+                         ? g_journal->AwaitDurable(*seq, absl::InfiniteFuture())
+                         : seq.status();
     if (!s.ok()) {
       state.SkipWithError(s.ToString().c_str());
       break;
     }
   }
-  state.counters["appends_per_s"] =
-      benchmark::Counter(static_cast<double>(state.iterations()),
-                         benchmark::Counter::kIsRate);
+  state.counters["appends_per_s"] = benchmark::Counter(
+      static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   if (state.thread_index() == 0) {
     JournalStats after = g_journal->stats();
     const double syncs =

@@ -28,13 +28,15 @@ absl::StatusOr<std::unique_ptr<Journal>> Journal::OpenWithStore(
     const JournalOptions& options, std::unique_ptr<JournalStore> store,
     Replay* replay) {
   if (replay == nullptr || store == nullptr || options.clock == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "journal ", options.path, ": Open needs a replay, a store and a clock"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("journal ", options.path,
+                     ": Open needs a replay, a store and a clock"));
   }
   internal::ReplayReader reader(options.path);
-  if (absl::Status s = store->Scan([&reader](uint64_t key, absl::string_view v) {
-        return reader.Add(key, v);
-      });
+  if (absl::Status s =
+          store->Scan([&reader](uint64_t key, absl::string_view v) {
+            return reader.Add(key, v);
+          });
       !s.ok()) {
     return s;
   }
@@ -81,13 +83,16 @@ absl::StatusOr<uint64_t> Journal::Append(uint16_t type, std::string payload) {
                      ": type 0 is the snapshot's; records use 1..65535"));
   }
   if (payload.size() > internal::kMaxPayloadBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("journal ", options_.path, ": a record of ",
-                     payload.size(), " bytes (at most ",
-                     internal::kMaxPayloadBytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "journal ", options_.path, ": a record of ", payload.size(),
+        " bytes (at most ", internal::kMaxPayloadBytes, ")"));
   }
   absl::MutexLock lock(&mu_);
   if (!error_.ok()) return error_;
+  if (last_seq_ >= internal::kMaxSeq) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "journal ", options_.path, ": no sequence number after ", last_seq_));
+  }
   const uint64_t seq = ++last_seq_;
   pending_.push_back(JournalRecord{seq, type, std::move(payload)});
   ++stats_.appended;
@@ -122,10 +127,9 @@ absl::Status Journal::AwaitDurable(uint64_t seq, absl::Time deadline) {
   options_.clock->AwaitCondition(&mu_, absl::Condition(&settled), deadline);
   if (durable_seq_ >= seq) return absl::OkStatus();
   if (!error_.ok()) return error_;
-  return absl::DeadlineExceededError(
-      absl::StrCat("journal ", options_.path, ": record ", seq,
-                   " not durable by the deadline (durable up to ",
-                   durable_seq_, ")"));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "journal ", options_.path, ": record ", seq,
+      " not durable by the deadline (durable up to ", durable_seq_, ")"));
 }
 
 void Journal::OnDurable(uint64_t seq, std::function<void(absl::Status)> done) {
@@ -204,9 +208,9 @@ void Journal::FinishBatchLocked(uint64_t last, const absl::Status& status,
   }
   auto due = waiters_.begin();
   if (error_.ok()) {
-    due = std::upper_bound(
-        waiters_.begin(), waiters_.end(), durable_seq_,
-        [](uint64_t s, const Waiter& w) { return s < w.seq; });
+    due =
+        std::upper_bound(waiters_.begin(), waiters_.end(), durable_seq_,
+                         [](uint64_t s, const Waiter& w) { return s < w.seq; });
   } else {
     due = waiters_.end();
   }
@@ -227,12 +231,12 @@ void Journal::RunCompaction(Compaction* c) {
     // may have been written since Compact checked.
     absl::MutexLock lock(&mu_);
     if (!error_.ok() || c->upto <= snapshot_seq_) {
-      c->status = !error_.ok()
-                      ? error_
-                      : absl::InvalidArgumentError(absl::StrCat(
-                            "journal ", options_.path,
-                            ": cannot compact up to record ", c->upto,
-                            ": the snapshot is already at ", snapshot_seq_));
+      c->status =
+          !error_.ok()
+              ? error_
+              : absl::InvalidArgumentError(absl::StrCat(
+                    "journal ", options_.path, ": cannot compact up to record ",
+                    c->upto, ": the snapshot is already at ", snapshot_seq_));
       c->done = true;
       return;
     }

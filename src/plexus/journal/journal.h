@@ -22,8 +22,9 @@
 //   are moved out of the journal (kept aside in the store, never replayed),
 //   so appending resumes right after the last good record.
 // - A durable callback (OnDurable) runs exactly once, on the journal's
-//   notification thread ("journal-notify", never the group-commit thread),
-//   in sequence order, with OK or the error that stopped the journal.
+//   notification thread ("journal-notify", never the group-commit thread
+//   nor the caller's), with OK or the error that stopped the journal;
+//   callbacks registered in sequence order run in that order.
 // - Errors are sticky: once a write or sync fails, the journal accepts no
 //   more records (Append returns the error), nothing after the last durable
 //   record is ever reported durable, and every waiter gets the error, which
@@ -89,7 +90,7 @@ struct JournalOptions {
 };
 
 struct JournalStats {
-  uint64_t appended = 0;      // records appended since Open
+  uint64_t appended = 0;        // records appended since Open
   uint64_t synced_batches = 0;  // write + sync commits (one per batch)
   uint64_t bytes_written = 0;   // encoded record bytes written
   uint64_t compactions = 0;

@@ -1,8 +1,10 @@
 // The crash test's child (journal_crash_test.cc): opens the journal at
 // argv[1], appends records whose type and payload are functions of their
-// seq (journal_crash_child.h) as fast as the journal takes them, at most 256 ahead of the
-// durable seq, and writes each durable seq, as "<seq>\n", to descriptor 3 in
-// order, until it is killed.
+// seq (journal_crash_child.h) as fast as the journal takes them, at most 256
+// ahead of the durable seq, and writes each durable seq, as "<seq>\n", to
+// descriptor 3 in order, until it is killed.
+#include "plexus/journal/journal_crash_child.h"
+
 #include <unistd.h>
 
 #include <cstdio>
@@ -10,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/journal/journal.h"
-#include "plexus/journal/journal_crash_child.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {
@@ -30,9 +31,8 @@ int main(int argc, char** argv) {
   Journal& j = **journal;
   // The only appender: record n gets seq n.
   for (uint64_t n = j.last_seq() + 1;; ++n) {
-    absl::StatusOr<uint64_t> seq =
-        j.Append(plexus::journal::CrashRecordType(n),
-                 plexus::journal::CrashPayload(n));
+    absl::StatusOr<uint64_t> seq = j.Append(plexus::journal::CrashRecordType(n),
+                                            plexus::journal::CrashPayload(n));
     if (!seq.ok() || *seq != n) {
       std::fprintf(stderr, "append %llu: %s\n",
                    static_cast<unsigned long long>(n),

@@ -2,6 +2,8 @@
 // and reports each durable seq over a pipe; the test SIGKILLs it in the
 // middle of the stream and reopens the journal.
 #include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -9,9 +11,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -32,8 +31,7 @@ std::string ChildBinary() {
 // Starts the child on `path` (whose journal ends at record `start`), reads
 // durable seqs until one reaches `kill_at`, SIGKILLs the child and returns
 // the highest seq it reported.
-uint64_t RunAndKill(const std::string& path, uint64_t start,
-                    uint64_t kill_at) {
+uint64_t RunAndKill(const std::string& path, uint64_t start, uint64_t kill_at) {
   int fds[2];
   EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
   SpawnOptions options;
@@ -75,7 +73,8 @@ TEST(JournalCrashTest, EveryRecordReportedDurableSurvivesASigkill) {
     JournalOptions options;
     options.path = path;
     Replay replay;
-    absl::StatusOr<std::unique_ptr<Journal>> j = Journal::Open(options, &replay);
+    absl::StatusOr<std::unique_ptr<Journal>> j =
+        Journal::Open(options, &replay);
     ASSERT_TRUE(j.ok()) << j.status();
     EXPECT_TRUE(replay.tail.ok()) << replay.tail;
     ASSERT_GE(replay.records.size(), durable) << "life " << life;
@@ -88,6 +87,62 @@ TEST(JournalCrashTest, EveryRecordReportedDurableSurvivesASigkill) {
     last = replay.records.size();
   }
   std::filesystem::remove_all(tmpl);
+}
+
+// Opens the journal at `path` and checks that every record replayed is the
+// one appended under its seq; returns how many there were.
+size_t ReplayAndCheck(const std::string& path) {
+  JournalOptions options;
+  options.path = path;
+  Replay replay;
+  absl::StatusOr<std::unique_ptr<Journal>> j = Journal::Open(options, &replay);
+  EXPECT_TRUE(j.ok()) << j.status();
+  EXPECT_TRUE(replay.tail.ok()) << replay.tail;
+  for (size_t i = 0; i < replay.records.size(); ++i) {
+    const JournalRecord& r = replay.records[i];
+    EXPECT_EQ(r.seq, i + 1);
+    EXPECT_EQ(r.payload, CrashPayload(r.seq)) << "record " << r.seq;
+  }
+  return replay.records.size();
+}
+
+// The disk loses or garbles the end of the write-ahead log (a torn write at
+// power loss): SQLite's frame checksums drop the torn commit, and the
+// replay is the journal up to the last whole one.
+TEST(JournalCrashTest, ATornWriteAheadLogEndsAtItsLastWholeCommit) {
+  char tmpl[] = "/tmp/journal_torn.XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::filesystem::path root = tmpl;
+  const std::string path = (root / "journal.db").string();
+  // Few enough commits that SQLite has not checkpointed the log yet.
+  ASSERT_GE(RunAndKill(path, 0, 200), 200u);
+  ASSERT_TRUE(std::filesystem::exists(path + "-wal"));
+  const uintmax_t wal_size = std::filesystem::file_size(path + "-wal");
+  for (const char* damage : {"pristine", "truncated", "garbled"}) {
+    std::filesystem::create_directory(root / damage);
+    const std::string copy = (root / damage / "journal.db").string();
+    std::filesystem::copy_file(path, copy);
+    std::filesystem::copy_file(path + "-wal", copy + "-wal");
+    if (std::string(damage) == "truncated") {
+      std::filesystem::resize_file(copy + "-wal", wal_size - 2000);
+    } else if (std::string(damage) == "garbled") {
+      FILE* f = std::fopen((copy + "-wal").c_str(), "r+b");
+      ASSERT_NE(f, nullptr);
+      std::fseek(f, -2000, SEEK_END);
+      const std::string garbage(2000, '\xab');
+      std::fwrite(garbage.data(), 1, garbage.size(), f);
+      std::fclose(f);
+    }
+  }
+  const size_t whole = ReplayAndCheck((root / "pristine/journal.db").string());
+  EXPECT_GE(whole, 200u);
+  const size_t truncated =
+      ReplayAndCheck((root / "truncated/journal.db").string());
+  const size_t garbled = ReplayAndCheck((root / "garbled/journal.db").string());
+  EXPECT_LT(truncated, whole);
+  EXPECT_GT(truncated, 0u);
+  EXPECT_EQ(garbled, truncated);
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "plexus/journal/journal.h"
 
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
 
@@ -7,9 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
-
-#include <gmock/gmock.h>
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -187,8 +186,8 @@ std::unique_ptr<Journal> OpenGated(GatedStore::Control* control,
   options.path = "/gated";
   options.clock = clock;
   Replay replay;
-  return *Journal::OpenWithStore(
-      options, std::make_unique<GatedStore>(control), &replay);
+  return *Journal::OpenWithStore(options, std::make_unique<GatedStore>(control),
+                                 &replay);
 }
 
 void AwaitWritesStarted(GatedStore::Control* c, int n) {
@@ -224,9 +223,8 @@ TEST(GroupCommitTest, AwaitDurableEndsAtItsDeadlineOnTheInjectedClock) {
   auto j = OpenGated(&control, &clock);
   ASSERT_TRUE(j->Append(1, "x").ok());
   absl::Status result;
-  std::thread waiter([&] {
-    result = j->AwaitDurable(1, clock.Now() + absl::Seconds(5));
-  });
+  std::thread waiter(
+      [&] { result = j->AwaitDurable(1, clock.Now() + absl::Seconds(5)); });
   clock.AwaitWaiters(1);
   clock.Advance(absl::Seconds(6));
   waiter.join();
@@ -270,12 +268,15 @@ TEST_F(JournalTest, CompactionReplacesThePrefixBySnapshot) {
   Replay replay;
   {
     auto j = OpenOrDie(&replay);
-    for (uint64_t seq = 1; seq <= 10; ++seq) ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
+    for (uint64_t seq = 1; seq <= 10; ++seq)
+      ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
     EXPECT_TRUE(j->Compact(6, "state after 6").ok());
-    EXPECT_EQ(j->Compact(6, "again").code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(j->Compact(6, "again").code(),
+              absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(j->Compact(11, "future").message(),
                 HasSubstr("cannot compact up to record 11"));
-    for (uint64_t seq = 11; seq <= 13; ++seq) ASSERT_TRUE(j->Append(2, Payload(seq)).ok());
+    for (uint64_t seq = 11; seq <= 13; ++seq)
+      ASSERT_TRUE(j->Append(2, Payload(seq)).ok());
     EXPECT_TRUE(j->AwaitDurable(13, absl::InfiniteFuture()).ok());
   }
   auto j = OpenOrDie(&replay);
@@ -318,11 +319,13 @@ TEST_F(JournalTest, ACorruptRecordEndsTheReplayThereAndSaysWhy) {
   Replay replay;
   {
     auto j = OpenOrDie(&replay);
-    for (uint64_t seq = 1; seq <= 20; ++seq) ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
+    for (uint64_t seq = 1; seq <= 20; ++seq)
+      ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
   }
   // The last byte of record 15 overwritten on disk.
-  Edit("UPDATE records SET record = CAST(substr(record, 1, length(record) - "
-       "1) || x'00' AS BLOB) WHERE seq = 15");
+  Edit(
+      "UPDATE records SET record = CAST(substr(record, 1, length(record) - "
+      "1) || x'00' AS BLOB) WHERE seq = 15");
   {
     auto j = OpenOrDie(&replay);
     ASSERT_EQ(replay.records.size(), 14u);
@@ -347,7 +350,8 @@ TEST_F(JournalTest, ATornRecordEndsTheReplayThere) {
   Replay replay;
   {
     auto j = OpenOrDie(&replay);
-    for (uint64_t seq = 1; seq <= 20; ++seq) ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
+    for (uint64_t seq = 1; seq <= 20; ++seq)
+      ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
   }
   Edit("UPDATE records SET record = substr(record, 1, 25) WHERE seq = 20");
   OpenOrDie(&replay);
@@ -361,7 +365,8 @@ TEST_F(JournalTest, AMissingRecordEndsTheReplayAtTheGap) {
   Replay replay;
   {
     auto j = OpenOrDie(&replay);
-    for (uint64_t seq = 1; seq <= 20; ++seq) ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
+    for (uint64_t seq = 1; seq <= 20; ++seq)
+      ASSERT_TRUE(j->Append(1, Payload(seq)).ok());
   }
   Edit("DELETE FROM records WHERE seq = 8");
   OpenOrDie(&replay);

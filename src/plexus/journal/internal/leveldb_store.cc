@@ -34,9 +34,9 @@ class LevelDbStore : public JournalStore {
         db_->NewIterator(leveldb::ReadOptions()));
     for (it->SeekToFirst(); it->Valid(); it->Next()) {
       if (it->key().size() != 8) {
-        return absl::DataLossError(absl::StrCat(
-            "journal ", path_, ": a key of ", it->key().size(),
-            " bytes, not 8"));
+        return absl::DataLossError(absl::StrCat("journal ", path_,
+                                                ": a key of ", it->key().size(),
+                                                " bytes, not 8"));
       }
       if (!fn(absl::big_endian::Load64(it->key().data()),
               absl::string_view(it->value().data(), it->value().size()))) {

@@ -31,8 +31,8 @@ std::string EncodeRecord(uint64_t seq, uint16_t type,
   if (!payload.empty()) {
     std::memcpy(p + kPayloadOffset, payload.data(), payload.size());
   }
-  absl::little_endian::Store32(
-      p + kCrcOffset, Crc(absl::string_view(out).substr(kSeqOffset)));
+  absl::little_endian::Store32(p + kCrcOffset,
+                               Crc(absl::string_view(out).substr(kSeqOffset)));
   return out;
 }
 
@@ -61,9 +61,8 @@ absl::StatusOr<JournalRecord> DecodeRecord(uint64_t key,
   JournalRecord record;
   record.seq = absl::little_endian::Load64(p + kSeqOffset);
   if (record.seq != key) {
-    return absl::DataLossError(absl::StrCat("record ", key,
-                                            ": misplaced: it says it is record ",
-                                            record.seq));
+    return absl::DataLossError(absl::StrCat(
+        "record ", key, ": misplaced: it says it is record ", record.seq));
   }
   record.type = absl::little_endian::Load16(p + kTypeOffset);
   record.payload.assign(p + kPayloadOffset, length);
@@ -74,12 +73,15 @@ bool ReplayReader::Add(uint64_t key, absl::string_view value) {
   if (stopped()) return false;
   absl::Status reason;
   absl::StatusOr<JournalRecord> record = DecodeRecord(key, value);
-  if (!record.ok()) {
+  if (key > kMaxSeq) {
+    reason = absl::DataLossError(absl::StrCat(
+        "record ", key, ": past the last sequence number ", kMaxSeq));
+  } else if (!record.ok()) {
     reason = record.status();
   } else if (record->type == kSnapshotType && !records_.empty()) {
-    reason = absl::DataLossError(absl::StrCat(
-        "record ", key, ": a snapshot after record ", last_seq_,
-        " (a snapshot can only come first)"));
+    reason = absl::DataLossError(
+        absl::StrCat("record ", key, ": a snapshot after record ", last_seq_,
+                     " (a snapshot can only come first)"));
   } else if (record->type != kSnapshotType && key != last_seq_ + 1) {
     reason = absl::DataLossError(
         records_.empty()

@@ -35,18 +35,24 @@ inline constexpr size_t kSeqOffset = 4;
 inline constexpr size_t kTypeOffset = 12;
 inline constexpr size_t kLengthOffset = 14;
 inline constexpr size_t kPayloadOffset = 18;
-static_assert(kPayloadOffset == kHeaderBytes, "the header ends where the payload starts");
+static_assert(kPayloadOffset == kHeaderBytes,
+              "the header ends where the payload starts");
+// Sequence numbers stay below 2^63 (SQLite's keys are signed); a record
+// above it is corrupt, and a journal refuses to append past it.
+inline constexpr uint64_t kMaxSeq = (uint64_t{1} << 63) - 1;
 // Above this a length field is corrupt, whatever the store holds.
 inline constexpr uint32_t kMaxPayloadBytes = 1u << 30;
 
 // The store's value for `record`.
-std::string EncodeRecord(uint64_t seq, uint16_t type, absl::string_view payload);
+std::string EncodeRecord(uint64_t seq, uint16_t type,
+                         absl::string_view payload);
 
 // Checks and decodes one stored value found under `key`. Errors
 // (DataLoss): shorter than the header, length field disagreeing with the
 // value's size, checksum mismatch (both values named), seq differing from
 // the key. The message names the key, not the path: the caller adds it.
-absl::StatusOr<JournalRecord> DecodeRecord(uint64_t key, absl::string_view value);
+absl::StatusOr<JournalRecord> DecodeRecord(uint64_t key,
+                                           absl::string_view value);
 
 // Reads stored records in key order and keeps those that are trusted; the
 // first that is not ends the replay.

@@ -32,9 +32,10 @@ TEST(RecordTest, SaysWhyARecordIsNotTrusted) {
   const std::string good = EncodeRecord(5, 1, "abcdef");
   EXPECT_THAT(DecodeRecord(5, good.substr(0, 10)).status().message(),
               HasSubstr("record 5: truncated: 10 bytes"));
-  EXPECT_THAT(DecodeRecord(5, good.substr(0, good.size() - 2)).status().message(),
-              HasSubstr("record 5: torn: its length field says 6 payload "
-                        "bytes, the store holds 4"));
+  EXPECT_THAT(
+      DecodeRecord(5, good.substr(0, good.size() - 2)).status().message(),
+      HasSubstr("record 5: torn: its length field says 6 payload "
+                "bytes, the store holds 4"));
   std::string flipped = good;
   flipped.back() ^= 1;
   EXPECT_THAT(DecodeRecord(5, flipped).status().message(),

@@ -17,7 +17,8 @@ struct Statement {
 
 class SqliteStore : public JournalStore {
  public:
-  SqliteStore(std::string path, sqlite3* db) : path_(std::move(path)), db_(db) {}
+  SqliteStore(std::string path, sqlite3* db)
+      : path_(std::move(path)), db_(db) {}
   ~SqliteStore() override {
     sqlite3_finalize(insert_);
     sqlite3_close_v2(db_);  // checkpoints the WAL into the file
@@ -116,8 +117,8 @@ class SqliteStore : public JournalStore {
     switch (rc & 0xff) {
       case SQLITE_BUSY:
       case SQLITE_LOCKED:
-        return absl::FailedPreconditionError(absl::StrCat(
-            message, "; is another process using this journal?"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(message, "; is another process using this journal?"));
       case SQLITE_CORRUPT:
       case SQLITE_NOTADB:
         return absl::DataLossError(message);
