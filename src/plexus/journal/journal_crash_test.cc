@@ -114,10 +114,13 @@ TEST(JournalCrashTest, ATornWriteAheadLogEndsAtItsLastWholeCommit) {
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::filesystem::path root = tmpl;
   const std::string path = (root / "journal.db").string();
-  // Few enough commits that SQLite has not checkpointed the log yet.
-  ASSERT_GE(RunAndKill(path, 0, 200), 200u);
+  // Few enough commits (at most 100 + 256 of one record each) that SQLite
+  // has not checkpointed the log, which it does at 1000 frames of a 4096-byte
+  // page: the log's last frame is then its last commit's.
+  ASSERT_GE(RunAndKill(path, 0, 100), 100u);
   ASSERT_TRUE(std::filesystem::exists(path + "-wal"));
   const uintmax_t wal_size = std::filesystem::file_size(path + "-wal");
+  ASSERT_LT(wal_size, 1000u * (4096 + 24)) << "the log was checkpointed";
   for (const char* damage : {"pristine", "truncated", "garbled"}) {
     std::filesystem::create_directory(root / damage);
     const std::string copy = (root / damage / "journal.db").string();
@@ -135,12 +138,14 @@ TEST(JournalCrashTest, ATornWriteAheadLogEndsAtItsLastWholeCommit) {
     }
   }
   const size_t whole = ReplayAndCheck((root / "pristine/journal.db").string());
-  EXPECT_GE(whole, 200u);
+  EXPECT_GE(whole, 100u);
   const size_t truncated =
       ReplayAndCheck((root / "truncated/journal.db").string());
   const size_t garbled = ReplayAndCheck((root / "garbled/journal.db").string());
+  // The torn commit is dropped whole (a group of records is atomic), and
+  // what is left is a good prefix; it may be empty when the child's first
+  // commit held every record it wrote.
   EXPECT_LT(truncated, whole);
-  EXPECT_GT(truncated, 0u);
   EXPECT_EQ(garbled, truncated);
   std::filesystem::remove_all(root);
 }
