@@ -107,46 +107,55 @@ size_t ReplayAndCheck(const std::string& path) {
 }
 
 // The disk loses or garbles the end of the write-ahead log (a torn write at
-// power loss): SQLite's frame checksums drop the torn commit, and the
-// replay is the journal up to the last whole one.
+// power loss). The journal is left as a crash leaves it: copied while open,
+// after 200 records durable in groups of 20 (SQLite has not checkpointed the
+// log, which it does at 1000 frames, so its last frame is the last commit's).
+// SQLite's frame checksums drop the torn commit whole, and the replay is the
+// journal up to the commit before it.
 TEST(JournalCrashTest, ATornWriteAheadLogEndsAtItsLastWholeCommit) {
   char tmpl[] = "/tmp/journal_torn.XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::filesystem::path root = tmpl;
   const std::string path = (root / "journal.db").string();
-  // Few enough commits (at most 100 + 256 of one record each) that SQLite
-  // has not checkpointed the log, which it does at 1000 frames of a 4096-byte
-  // page: the log's last frame is then its last commit's.
-  ASSERT_GE(RunAndKill(path, 0, 100), 100u);
-  ASSERT_TRUE(std::filesystem::exists(path + "-wal"));
-  const uintmax_t wal_size = std::filesystem::file_size(path + "-wal");
-  ASSERT_LT(wal_size, 1000u * (4096 + 24)) << "the log was checkpointed";
-  for (const char* damage : {"pristine", "truncated", "garbled"}) {
-    std::filesystem::create_directory(root / damage);
-    const std::string copy = (root / damage / "journal.db").string();
-    std::filesystem::copy_file(path, copy);
-    std::filesystem::copy_file(path + "-wal", copy + "-wal");
-    if (std::string(damage) == "truncated") {
-      std::filesystem::resize_file(copy + "-wal", wal_size - 2000);
-    } else if (std::string(damage) == "garbled") {
-      FILE* f = std::fopen((copy + "-wal").c_str(), "r+b");
-      ASSERT_NE(f, nullptr);
-      std::fseek(f, -2000, SEEK_END);
-      const std::string garbage(2000, '\xab');
-      std::fwrite(garbage.data(), 1, garbage.size(), f);
-      std::fclose(f);
+  {
+    JournalOptions options;
+    options.path = path;
+    Replay replay;
+    absl::StatusOr<std::unique_ptr<Journal>> j =
+        Journal::Open(options, &replay);
+    ASSERT_TRUE(j.ok()) << j.status();
+    for (uint64_t seq = 1; seq <= 200; ++seq) {
+      ASSERT_EQ(*(*j)->Append(CrashRecordType(seq), CrashPayload(seq)), seq);
+      if (seq % 20 == 0) {
+        ASSERT_TRUE((*j)->AwaitDurable(seq, absl::InfiniteFuture()).ok());
+      }
+    }
+    const uintmax_t wal_size = std::filesystem::file_size(path + "-wal");
+    for (const char* damage : {"pristine", "truncated", "garbled"}) {
+      std::filesystem::create_directory(root / damage);
+      const std::string copy = (root / damage / "journal.db").string();
+      std::filesystem::copy_file(path, copy);
+      std::filesystem::copy_file(path + "-wal", copy + "-wal");
+      if (std::string(damage) == "truncated") {
+        std::filesystem::resize_file(copy + "-wal", wal_size - 2000);
+      } else if (std::string(damage) == "garbled") {
+        FILE* f = std::fopen((copy + "-wal").c_str(), "r+b");
+        ASSERT_NE(f, nullptr);
+        std::fseek(f, -2000, SEEK_END);
+        const std::string garbage(2000, '\xab');
+        std::fwrite(garbage.data(), 1, garbage.size(), f);
+        std::fclose(f);
+      }
     }
   }
-  const size_t whole = ReplayAndCheck((root / "pristine/journal.db").string());
-  EXPECT_GE(whole, 100u);
+  EXPECT_EQ(ReplayAndCheck((root / "pristine/journal.db").string()), 200u);
+  // The last commit holds some of records 181..200 (180 was durable before
+  // 181 was appended): it is lost, and nothing before it.
   const size_t truncated =
       ReplayAndCheck((root / "truncated/journal.db").string());
-  const size_t garbled = ReplayAndCheck((root / "garbled/journal.db").string());
-  // The torn commit is dropped whole (a group of records is atomic), and
-  // what is left is a good prefix; it may be empty when the child's first
-  // commit held every record it wrote.
-  EXPECT_LT(truncated, whole);
-  EXPECT_EQ(garbled, truncated);
+  EXPECT_GE(truncated, 180u);
+  EXPECT_LT(truncated, 200u);
+  EXPECT_EQ(ReplayAndCheck((root / "garbled/journal.db").string()), truncated);
   std::filesystem::remove_all(root);
 }
 
