@@ -82,8 +82,7 @@ struct Replay {
 };
 
 struct JournalOptions {
-  // The journal's file; created (with its directory's parent existing) if
-  // absent.
+  // The journal's file, created if absent (its directory must exist).
   std::string path;
   // Deadlines of AwaitDurable are on this clock. Not owned.
   Clock* clock = Clock::Real();
