@@ -187,7 +187,7 @@ test-asan: setup $(ASAN_BUILD)/build.ninja
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 20
 FUZZ_TARGETS := data_plane_fuzz client_batch_fuzz worker_batch_fuzz \
-  worker_ops_fuzz compile_options_fuzz
+  worker_ops_fuzz compile_options_fuzz journal_reader_fuzz
 
 $(FUZZ_BUILD)/build.ninja: CMakeLists.txt fuzz/CMakeLists.txt
 	@echo "[fuzz] configuring $(FUZZ_BUILD)/"

@@ -15,6 +15,7 @@
 #include "fuzz/cluster_harness.h"
 #include "fuzz/fuzz_support.h"
 #include "plexus/executors/xla/xla_test_util.h"
+#include "plexus/journal/internal/record.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/model/cluster_state.h"
 #include "plexus/store/object_store.h"
@@ -560,6 +561,47 @@ void CompileOptionsSeeds() {
   Write(t, "device-twice", OptionsInput(twice, Options(1, 2, &twice)));
 }
 
+// --- the journal's reader (journal_reader_fuzz.cc).
+
+// flags, the first key, then (skip, record) per stored value.
+std::string JournalInput(
+    uint8_t flags, uint64_t first_key,
+    const std::vector<std::pair<uint8_t, std::string>>& entries) {
+  InputWriter w;
+  w.U8(flags).U64(first_key);
+  for (const auto& [skip, value] : entries) w.U8(skip).Record(value);
+  return w.str();
+}
+
+void JournalReaderSeeds() {
+  using journal::internal::EncodeRecord;
+  const std::string t = "journal_reader_fuzz";
+  const std::string r1 = EncodeRecord(1, 1, "session 7 opened");
+  const std::string r2 = EncodeRecord(2, 2, "slice 3 on hosts 0,1");
+  const std::string r3 = EncodeRecord(3, 4, "call 12 held");
+  Write(t, "empty", JournalInput(0, 1, {}));
+  Write(t, "three-records", JournalInput(0, 1, {{0, r1}, {0, r2}, {0, r3}}));
+  Write(t, "snapshot-first",
+        JournalInput(0, 6,
+                     {{0, EncodeRecord(6, journal::kSnapshotType, "state")},
+                      {0, EncodeRecord(7, 1, "a")},
+                      {0, EncodeRecord(8, 1, "b")}}));
+  std::string flipped = r2;
+  flipped.back() ^= 0x10;
+  Write(t, "checksum-mismatch",
+        JournalInput(0, 1, {{0, r1}, {0, flipped}, {0, r3}}));
+  Write(t, "torn-tail",
+        JournalInput(0, 1, {{0, r1}, {0, r2}, {0, r3.substr(0, 21)}}));
+  Write(t, "gap", JournalInput(0, 1, {{0, r1}, {1, r3}}));
+  // Flag 1: the harness fixes each CRC, so these reach the later checks.
+  Write(t, "misplaced", JournalInput(1, 1, {{0, r1}, {0, r3}}));
+  Write(t, "snapshot-later",
+        JournalInput(
+            1, 1,
+            {{0, r1}, {0, EncodeRecord(2, journal::kSnapshotType, "late")}}));
+  Write(t, "starts-late", JournalInput(1, 2, {{0, r2}, {0, r3}}));
+}
+
 }  // namespace
 }  // namespace plexus::fuzz
 
@@ -574,5 +616,6 @@ int main(int argc, char** argv) {
   plexus::fuzz::WorkerOpsSeeds();
   plexus::fuzz::DataPlaneSeeds();
   plexus::fuzz::CompileOptionsSeeds();
+  plexus::fuzz::JournalReaderSeeds();
   return 0;
 }

@@ -16,7 +16,7 @@ shift 3
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(data_plane_fuzz client_batch_fuzz worker_batch_fuzz worker_ops_fuzz
-           compile_options_fuzz)
+           compile_options_fuzz journal_reader_fuzz)
 fi
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:handle_abort=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -10,6 +10,9 @@ APT_PKGS=(cmake ninja-build g++ ccache pkg-config
   # src/plexus/executors/xla/lapack/): libopenblas0 carries both.
   libopenblas-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  # The controller's journal (src/plexus/journal/): SQLite 3.40, its store;
+  # LevelDB 1.23, the store bench/journal.cc compares it with.
+  libsqlite3-dev libleveldb-dev
   libgoogle-perftools-dev clang-format
   # clang 14, its sanitizer runtimes and llvm-symbolizer: the thread-safety
   # and sanitizer stages of make test.
