@@ -312,8 +312,10 @@ absl::StatusOr<double> GraphsOnce(Setup& s, int graphs, int graph_size,
   return NowSeconds() - start;
 }
 
+// With `op_by_op_only`, measures op-by-op calls and nothing else.
 absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
-                                                        const Flags& flags) {
+                                                        const Flags& flags,
+                                                        bool op_by_op_only) {
   auto setup = MakeSetup(hosts, flags);
   if (!setup.ok()) return setup.status();
   Setup& s = *setup;
@@ -334,6 +336,7 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
       Measure(flags.repeats, op_calls, [&] { return OpByOpOnce(s, op_calls); });
   if (!op.ok()) return op.status();
   report({"op-by-op", hosts, op_calls, *op});
+  if (op_by_op_only) return results;
 
   const int graphs = std::max(1, flags.calls / flags.graph_size);
   const int graph_calls = graphs * flags.graph_size;
@@ -437,6 +440,10 @@ int Main(int argc, char** argv) {
   bool skip_busy = false;
   app.add_flag("--skip-busy", skip_busy,
                "skip the busy-kernel saturation runs");
+  bool op_by_op_only = false;
+  app.add_flag("--op-by-op-only", op_by_op_only,
+               "measure op-by-op calls only (and a short ping-pong): the "
+               "C++ client's blocking round trip, for bench/roundtrip.py");
   std::string timeline = "on";
   app.add_option("--timeline", timeline,
                  "on (the default of every server and worker): the timeline "
@@ -458,7 +465,7 @@ int Main(int argc, char** argv) {
   json["timeline"] = timeline;
   json["cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
 
-  constexpr int kRoundTrips = 20000;
+  const int kRoundTrips = op_by_op_only ? 2000 : 20000;
   auto ping = PingPong(flags.repeats, kRoundTrips);
   if (!ping.ok()) {
     std::fprintf(stderr, "ping-pong: %s\n", ping.status().ToString().c_str());
@@ -475,7 +482,7 @@ int Main(int argc, char** argv) {
 
   std::vector<DispatchResult> dispatch;
   for (int hosts : flags.hosts_list) {
-    auto r = RunDispatch(hosts, flags);
+    auto r = RunDispatch(hosts, flags, op_by_op_only);
     if (!r.ok()) {
       std::fprintf(stderr, "dispatch, %d hosts: %s\n", hosts,
                    r.status().ToString().c_str());
@@ -484,7 +491,7 @@ int Main(int argc, char** argv) {
     dispatch.insert(dispatch.end(), r->begin(), r->end());
   }
   auto busy =
-      skip_busy
+      skip_busy || op_by_op_only
           ? absl::StatusOr<std::vector<BusyResult>>(std::vector<BusyResult>{})
           : RunBusy(flags);
   if (!busy.ok()) {

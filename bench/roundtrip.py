@@ -1,0 +1,328 @@
+"""A blocking round trip, measured beside what this machine allows.
+
+In one run, in interleaved rounds (each round runs every measure once, in
+an order that alternates between rounds), the median microseconds of:
+  - pingpong-unix / pingpong-tcp: 64 bytes between this process and a
+    child Python process over a unix socket / TCP loopback (TCP_NODELAY):
+    the cost of two process hops on this machine, with Python's own cost
+    on both ends;
+  - plexus-python: `np.asarray(prog(x))` on a 1-host, 1-device embedded
+    cluster (`prog` the built-in `scale` by 1 of f32[4]): a call, then a
+    fetch of its small result, from the Python client;
+  - plexus-cpp: the C++ client's op-by-op call + wait on its own embedded
+    cluster (`plexus-bench-dispatch --op-by-op-only --hosts-list 1`, one
+    process per round; its own 64 B TCP ping-pong is reported beside it as
+    pingpong-tcp-cpp);
+  - ray-cdag: a Ray Compiled Graph round trip (`InputNode` into one
+    actor's method, `experimental_compile()`, `ray.get(dag.execute(1))`),
+    skipped with a message when Ray cannot start here; ray-cdag-ndarray
+    the same with the f32[4] array as its argument (far slower in Ray:
+    milliseconds, here).
+Each round measures --iters round trips per measure (after a warm-up) and
+takes their median; the figure printed is the median of the rounds'
+medians, and the ratios to the unix ping-pong are medians of the rounds'
+ratios.
+
+    PYTHONPATH=python PLEXUS_BIN_DIR=$PWD/build/bin \\
+        python3 bench/roundtrip.py [--rounds 8] [--iters 2000] [--json F]
+"""
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+import plexus  # noqa: E402
+
+MESSAGE = 64
+
+
+def _echo(family, address):
+    """The child of a ping-pong: echoes every message until EOF."""
+    s = socket.socket(family, socket.SOCK_STREAM)
+    s.connect(address)
+    if family == socket.AF_INET:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while True:
+        data = s.recv(MESSAGE)
+        if not data:
+            return
+        s.sendall(data)
+
+
+class PingPong:
+    """A connected pair: this process and an echoing child process."""
+
+    def __init__(self, family):
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        if family == socket.AF_UNIX:
+            self._path = f"/tmp/roundtrip-{os.getpid()}-{id(self)}.sock"
+            listener.bind(self._path)
+            address = self._path
+        else:
+            self._path = None
+            listener.bind(("127.0.0.1", 0))
+            address = listener.getsockname()
+        listener.listen(1)
+        self._child = subprocess.Popen(
+            [sys.executable, __file__, "--echo",
+             "unix" if family == socket.AF_UNIX else "tcp",
+             json.dumps(address)])
+        self._sock, _ = listener.accept()
+        listener.close()
+        if family == socket.AF_INET:
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._buf = b"x" * MESSAGE
+
+    def once(self):
+        self._sock.sendall(self._buf)
+        got = 0
+        while got < MESSAGE:
+            got += len(self._sock.recv(MESSAGE - got))
+
+    def close(self):
+        self._sock.close()
+        self._child.wait()
+        if self._path:
+            os.unlink(self._path)
+
+
+def median_micros(once, iters, warmup=50):
+    """Median of `iters` timed calls of once(), in microseconds."""
+    for _ in range(warmup):
+        once()
+    times = []
+    clock = time.perf_counter
+    for _ in range(iters):
+        t0 = clock()
+        once()
+        times.append(clock() - t0)
+    return 1e6 * statistics.median(times)
+
+
+def ray_round_trip():
+    """A compiled Ray graph of one actor method: (once, close), or None."""
+    try:
+        import ray
+        from ray.dag import InputNode
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level="ERROR")
+
+        @ray.remote
+        class Echo:
+            def echo(self, x):
+                return x
+
+        actor = Echo.remote()
+        with InputNode() as inp:
+            dag = actor.echo.bind(inp)
+        compiled = dag.experimental_compile()
+        x = np.ones(4, np.float32)
+
+        def once():  # an int: a small array costs Ray milliseconds here
+            ray.get(compiled.execute(1))
+
+        def once_array():
+            ray.get(compiled.execute(x))
+
+        once()
+        once_array()
+
+        def close():
+            compiled.teardown()
+            ray.shutdown()
+
+        return once, once_array, close
+    except Exception as e:  # noqa: BLE001 - any failure means: skip Ray
+        print(f"[roundtrip] ray-cdag skipped: Ray could not start here "
+              f"({type(e).__name__}: {e})", flush=True)
+        return None
+
+
+def cpp_op_by_op(bin_dir, iters):
+    """(op-by-op us per call, its TCP ping-pong us) from one process."""
+    exe = Path(bin_dir) / "plexus-bench-dispatch"
+    out = subprocess.run(
+        [str(exe), "--op-by-op-only", "--hosts-list", "1", "--repeats", "3",
+         "--calls", str(4 * iters)], capture_output=True, text=True,
+        check=True).stdout
+    op = re.search(r"^\[dispatch\] op-by-op, 1 host: ([\d,]+) calls/s", out,
+                   re.M)
+    ping = re.search(r"ping-pong, 64 B, 2 processes: [\d,]+ round trips/s, "
+                     r"([\d.]+) us each", out)
+    return 1e6 / float(op.group(1).replace(",", "")), float(ping.group(1))
+
+
+def _trace_slices(path):
+    """{(process, cat): [(start_us, end_us), ...] sorted} of a Chrome
+    trace written by client.trace()."""
+    doc = json.loads(Path(path).read_text())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    names = {e["pid"]: e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    open_, out = {}, {}
+    for e in events:
+        key = (names.get(e.get("pid"), str(e.get("pid"))), e.get("cat"))
+        if e.get("ph") == "X":
+            out.setdefault(key, []).append((e["ts"], e["ts"] + e["dur"]))
+        elif e.get("ph") == "b":
+            open_[(e["pid"], e["id"])] = (key, e["ts"])
+        elif e.get("ph") == "e" and (e["pid"], e["id"]) in open_:
+            k, ts = open_.pop((e["pid"], e["id"]))
+            out.setdefault(k, []).append((ts, e["ts"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def breakdown(client, prog, x, calls, path):
+    """Where a blocking round trip's time goes, from the timeline: `calls`
+    op-by-op call + fetch under client.trace(); the median of each hop."""
+    for _ in range(50):
+        np.asarray(prog(x))
+    with client.trace(path):
+        for _ in range(calls):
+            np.asarray(prog(x))
+    sl = _trace_slices(path)
+    for k, v in sorted(sl.items()):
+        print(f"[breakdown] {k}: {len(v)} slices, median duration "
+              f"{statistics.median(e - s for s, e in v):.1f} us")
+
+    def pick(proc_part, cat):
+        for (p, c), v in sl.items():
+            if proc_part in p and c == cat and len(v) >= calls:
+                return v[-calls:]
+        return None
+
+    issued = pick("bench-roundtrip", "call issued")
+    fetch = pick("bench-roundtrip", "client")
+    routed = pick("server", "call")
+    task = pick("worker", "task")
+    served = pick("worker", "client data plane")
+    if not all((issued, fetch, routed, task, served)):
+        print("[breakdown] some events are missing: no breakdown")
+        return
+    hops = {
+        "client: call built -> queued": [i[1] - i[0] for i in issued],
+        "client queued -> server routed": [r[0] - i[1] for i, r in
+                                           zip(issued, routed)],
+        "server routed -> worker task starts": [t[0] - r[0] for r, t in
+                                                zip(routed, task)],
+        "worker task (kernel)": [t[1] - t[0] for t in task],
+        "task done -> worker's fetch answered": [s[1] - t[1] for t, s in
+                                                 zip(task, served)],
+        "fetch answered -> client has it": [f[1] - s[1] for s, f in
+                                            zip(served, fetch)],
+        "client: queued -> fetch made": [f[0] - i[1] for i, f in
+                                         zip(issued, fetch)],
+        "fetch made -> worker fetch starts": [s[0] - f[0] for f, s in
+                                              zip(fetch, served)],
+        "total: call built -> client has it": [f[1] - i[0] for i, f in
+                                               zip(issued, fetch)],
+    }
+    print(f"\n| hop (timeline, {calls} op-by-op calls) | median us |")
+    print("|---|---|")
+    for k, v in hops.items():
+        print(f"| {k} | {statistics.median(v):.1f} |")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--no-cpp", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--breakdown", type=int, default=0, metavar="CALLS",
+                    help="only attribute the Python round trip's time to "
+                         "its hops, from the timeline of CALLS calls")
+    args = ap.parse_args()
+    bin_dir = os.environ.get("PLEXUS_BIN_DIR", "build/bin")
+    if args.breakdown:
+        with plexus.local(hosts=1, devices_per_host=1) as cluster:
+            client = cluster.connect(name="bench-roundtrip")
+            s = client.slice(1)
+            x = s.put(np.ones(4, np.float32))
+            prog = s.program("scale", x, factor=1.0)
+            breakdown(client, prog, x, args.breakdown,
+                      f"/tmp/roundtrip-{os.getpid()}.json")
+            client.close()
+        return
+    print(f"[roundtrip] {os.cpu_count()} cores, load "
+          f"{os.getloadavg()[0]:.2f}; {args.rounds} rounds x {args.iters} "
+          f"round trips per measure", flush=True)
+    measures = {
+        "pingpong-unix": PingPong(socket.AF_UNIX),
+        "pingpong-tcp": PingPong(socket.AF_INET),
+    }
+    onces = {k: v.once for k, v in measures.items()}
+    cluster = plexus.local(hosts=1, devices_per_host=1)
+    client = cluster.connect(name="bench-roundtrip")
+    s = client.slice(1)
+    x = s.put(np.ones(4, np.float32))
+    prog = s.program("scale", x, factor=1.0)
+    assert np.asarray(prog(x)).tolist() == [1.0] * 4
+    onces["plexus-python"] = lambda: np.asarray(prog(x))
+    ray = None if args.no_ray else ray_round_trip()
+    if ray:
+        onces["ray-cdag"] = ray[0]
+        onces["ray-cdag-ndarray"] = ray[1]
+    rows = {k: [] for k in onces}
+    if not args.no_cpp:
+        rows["plexus-cpp"] = []
+        rows["pingpong-tcp-cpp"] = []
+    try:
+        for r in range(args.rounds):
+            names = list(rows)
+            if r % 2:
+                names.reverse()
+            for name in names:
+                if name == "pingpong-tcp-cpp":
+                    continue  # measured with plexus-cpp, in its process
+                if name == "plexus-cpp":
+                    op, ping = cpp_op_by_op(bin_dir, args.iters)
+                    rows["plexus-cpp"].append(op)
+                    rows["pingpong-tcp-cpp"].append(ping)
+                else:
+                    # Ray's array round trip takes milliseconds: fewer.
+                    n = (max(100, args.iters // 20)
+                         if name == "ray-cdag-ndarray" else args.iters)
+                    rows[name].append(median_micros(onces[name], n))
+            print(f"[roundtrip] round {r}: " + ", ".join(
+                f"{k} {v[-1]:.1f}" for k, v in rows.items()), flush=True)
+    finally:
+        for m in measures.values():
+            m.close()
+        client.close()
+        cluster.down()
+        if ray:
+            ray[2]()
+    base = rows["pingpong-unix"]
+    print(f"\n| measure | us per round trip (median of {args.rounds} "
+          f"rounds) | [min, max] | / unix ping-pong (median of rounds) |")
+    print("|---|---|---|---|")
+    result = {"rounds": args.rounds, "iters": args.iters, "measures": {}}
+    for k, v in rows.items():
+        ratio = statistics.median(a / b for a, b in zip(v, base))
+        print(f"| {k} | {statistics.median(v):.1f} | [{min(v):.1f}, "
+              f"{max(v):.1f}] | {ratio:.2f} |")
+        result["measures"][k] = {"micros": v,
+                                 "median_micros": statistics.median(v),
+                                 "ratio_to_unix_pingpong": ratio}
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--echo":
+        fam = socket.AF_UNIX if sys.argv[2] == "unix" else socket.AF_INET
+        addr = json.loads(sys.argv[3])
+        _echo(fam, addr if isinstance(addr, str) else tuple(addr))
+    else:
+        main()
