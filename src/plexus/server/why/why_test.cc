@@ -379,6 +379,8 @@ class WhyTransferTest : public WhyTest {
       }
     }
     Worker(1)->last_heartbeat = now_ - absl::Milliseconds(40);
+    y_ = absl::StrCat("buffer ", Id(13), " (the output of call ", Id(13),
+                      " ('scale' issued at train.py:41 in step))");
   }
   // host1 says, 100 ms ago, that a task waits for Y from host0 (worker 1)
   // since 2 s.
@@ -397,9 +399,8 @@ class WhyTransferTest : public WhyTest {
     }
     return nullptr;
   }
-  const std::string y_ = absl::StrCat(
-      "buffer ", Id(13), " (the output of call ", Id(13),
-      " ('scale' issued at train.py:41 in step))");
+  // Y, named by the line that made it (Id needs the client: after SetUp).
+  std::string y_;
 };
 
 TEST_F(WhyTransferTest, AnInputAHostAwaitsFromALivePeerNamesTheTransfer) {
