@@ -443,21 +443,42 @@ struct AwaitedTransfer {
   absl::Duration waited;  // by now: the report's, plus the time since
 };
 
+// The input of `call` that the shard `awaited` from peer `peer` carries:
+// the input itself, or, for a transfer's temporary (an id of the server's
+// own: the records keep no map of them), the input made on the peer's
+// slice (the first, if several are). 0: none.
+uint64_t InputCarried(const ClusterState& state, const CallRecord& call,
+                      uint64_t awaited, int64_t peer) {
+  for (const CallInput& in : call.inputs) {
+    if (in.buffer_id == awaited) return awaited;
+  }
+  if (ClientOfBuffer(awaited) != kServerClientId) return 0;
+  for (const CallInput& in : call.inputs) {
+    if (in.slice_id == call.slice_id) continue;
+    auto from = state.slices().find(in.slice_id);
+    if (from == state.slices().end()) continue;
+    for (const DeviceRef& d : from->second.devices) {
+      if (d.worker_id == peer) return in.buffer_id;
+    }
+  }
+  return 0;
+}
+
 std::optional<AwaitedTransfer> AwaitedInputOf(const ClusterState& state,
                                               const CallRecord& call,
                                               const WorkerRecord& worker,
                                               absl::Time now) {
   for (const proto::InputAwaited& a : worker.stats.awaiting_inputs()) {
     if (a.source_worker() < 0) continue;  // made there: not a transfer
-    for (const CallInput& in : call.inputs) {
-      if (in.buffer_id != a.buffer_id()) continue;
-      auto w = state.workers().find(a.source_worker());
-      return AwaitedTransfer{
-          a.buffer_id(), w == state.workers().end() ? nullptr : &w->second,
-          a.source_worker(),
-          absl::Milliseconds(a.elapsed_ms()) +
-              std::max(absl::ZeroDuration(), now - worker.last_heartbeat)};
-    }
+    const uint64_t input =
+        InputCarried(state, call, a.buffer_id(), a.source_worker());
+    if (input == 0) continue;
+    auto w = state.workers().find(a.source_worker());
+    return AwaitedTransfer{
+        input, w == state.workers().end() ? nullptr : &w->second,
+        a.source_worker(),
+        absl::Milliseconds(a.elapsed_ms()) +
+            std::max(absl::ZeroDuration(), now - worker.last_heartbeat)};
   }
   return std::nullopt;
 }

@@ -438,6 +438,26 @@ TEST_F(WhyTransferTest, AnInputAHostAwaitsFromALivePeerNamesTheTransfer) {
                   " from host host0 (worker 1), which is alive")));
 }
 
+TEST_F(WhyTransferTest, ATransfersTemporaryIsNamedByTheValueItCarries) {
+  // Workers receive a value from another host under a temporary id of the
+  // server's (route_call.cc): host1 reports that id, from host0.
+  Host1AwaitsY();
+  Worker(2)->stats.mutable_awaiting_inputs(0)->set_buffer_id(
+      ClientMadeId(kServerClientId, 3));
+  std::vector<proto::WhyEntry> why = Why();
+  const proto::WhyEntry* e = Find(why, Id(14));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->blame_host(), "host0");
+  EXPECT_THAT(e->reason(),
+              HasSubstr(absl::StrCat("waits for its input ", y_,
+                                     " from host host0 (worker 1), which is "
+                                     "alive")));
+  // A temporary from a host none of its inputs comes from is not its.
+  Worker(2)->stats.mutable_awaiting_inputs(0)->set_source_worker(7);
+  why = Why();
+  EXPECT_THAT(Find(why, Id(14))->reason(), HasSubstr("it is running"));
+}
+
 TEST_F(WhyTransferTest, AnInputFromASilentPeerNamesThePeersTrouble) {
   Host1AwaitsY();
   WhyOptions options;
