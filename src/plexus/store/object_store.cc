@@ -608,9 +608,8 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
       // Pending: its producer, its sender's death (FailFromSource) or the
       // shutdown ends this wait; no deadline.
       if (wait != nullptr) {
-        ListWaitLocked(wait, e.arrival == Arrival::kFromPeer
-                                 ? e.source_worker
-                                 : int64_t{-1});
+        ListWaitLocked(wait, e.arrival == Arrival::kFromPeer ? e.source_worker
+                                                             : int64_t{-1});
       }
       if (!e.ready) e.ready = std::make_shared<absl::CondVar>();
       std::shared_ptr<absl::CondVar> ready = e.ready;

@@ -516,17 +516,16 @@ std::string TransferSentence(const ClusterState& state,
 // `call`, first in line on all its hosts, waits on one of them for an
 // input from a peer (by that host's heartbeat): that transfer.
 std::optional<Root> TransferAwaited(const ClusterState& state,
-                                    const CallRecord& call,
-                                    const CallHosts& on,
+                                    const CallRecord& call, const CallHosts& on,
                                     const WhyOptions& options) {
   for (const std::string& host : on.hosts) {
     std::optional<AwaitedTransfer> t =
         AwaitedInputOf(state, call, *on.workers.at(host), options.now);
     if (!t.has_value()) continue;
-    return Root{absl::StrCat("it is first in line on host ", host,
-                             " and waits for ",
-                             TransferSentence(state, *t, host, options)),
-                t->peer != nullptr ? t->peer->info.host_name() : ""};
+    return Root{
+        absl::StrCat("it is first in line on host ", host, " and waits for ",
+                     TransferSentence(state, *t, host, options)),
+        t->peer != nullptr ? t->peer->info.host_name() : ""};
   }
   return std::nullopt;
 }

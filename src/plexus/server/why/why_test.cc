@@ -503,12 +503,12 @@ TEST_F(WhyTransferTest, WithoutAReportSinceTheCallBothAreSaid) {
   const proto::WhyEntry* e = Find(why, Id(14));
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->blame_host(), "host0");
-  EXPECT_THAT(e->reason(),
-              HasSubstr(absl::StrCat(
-                  "it is first in line on host host1 and waits for its input ",
-                  y_,
-                  ", done on host host0, which answers (heartbeat 40 ms ago) "
-                  "and has not sent it yet, or it runs")));
+  EXPECT_THAT(
+      e->reason(),
+      HasSubstr(absl::StrCat(
+          "it is first in line on host host1 and waits for its input ", y_,
+          ", done on host host0, which answers (heartbeat 40 ms ago) "
+          "and has not sent it yet, or it runs")));
 }
 
 TEST_F(WhyTest, AHostThatFinishedItsPartIsNamedAndNotBlamed) {
