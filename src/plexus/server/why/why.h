@@ -23,7 +23,9 @@
 //     compiles); where it is first in line everywhere and one of its
 //     hosts says its task waits for an input from a peer (WorkerStats.
 //     awaiting_inputs, by the worker's last heartbeat: the shard, the
-//     peer, how long; the oldest 32 waits), that transfer is named: the
+//     peer, how long; the oldest 32 waits), that transfer is named (a
+//     transfer's temporary id, which the records do not map, by the input
+//     of the call made on the peer's slice): the
 //     value and the line that made it, the peer host, that it is alive
 //     (its last heartbeat) or its trouble, and how long the transfer has
 //     been awaited (blamed: the peer; so is a call queued behind one that
