@@ -75,6 +75,16 @@ def _ip(*args, netns=None, check=True):
     return r
 
 
+def _run(*cmd):
+    """A command (tc, sh) in the `ip` command's environment; raises with its
+    stderr if it fails."""
+    r = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30,
+                       env=_IP_ENV)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}: {r.stderr.strip()}")
+    return r
+
+
 def _used_networks():
     out = _ip("-4", "route", "show", "table", "all", check=False).stdout
     nets = []
@@ -286,6 +296,28 @@ class NetnsLab:
         """Sets `host`'s only link (to the bridge every other namespace is
         on) up or down: down, its connections go silent (no RST, no FIN)."""
         _ip("link", "set", "eth0", "up" if up else "down", netns=host.netns)
+
+    def stall(self, src, dst, stalled=True):
+        """Discards every packet `src` sends to `dst`'s address (stalled=False:
+        stops): a /32 blackhole route in `src`'s namespace, which beats the
+        /24's. Their connections go silent (no RST, no ICMP: TCP retransmits
+        until the way is open again), while the rest of `src`'s traffic (its
+        heartbeats to the server) flows. (This machine's kernel has no
+        netem, prio qdisc or drop action for a `tc` loss.)"""
+        _ip("route", "add" if stalled else "del", "blackhole",
+            f"{dst.address}/32", netns=src.netns)
+
+    def cap_retransmit_interval(self, host, ms=1000):
+        """TCP connections made in `host`'s namespace from now on retransmit
+        at least every `ms` (net.ipv4.tcp_rto_max_ms): one that stalled
+        resumes within `ms` of the way opening again, not after a backoff of
+        up to two minutes. False where the kernel lacks it (before 6.15)."""
+        path = "/proc/sys/net/ipv4/tcp_rto_max_ms"
+        if not os.path.exists(path):
+            return False
+        _run("ip", "netns", "exec", host.netns, "sh", "-c",
+             f"echo {int(ms)} > {path}")
+        return True
 
     def stop(self, timeout=10):
         """Shuts the server down (it ends every worker's session), reaps

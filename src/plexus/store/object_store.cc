@@ -549,8 +549,55 @@ void ObjectStore::FailFromSource(int64_t worker_id,
 absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
     const BufferKey& key) {
   absl::MutexLock lock(&mu_);
+  return AwaitReadyLocked(key, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitInput(
+    const BufferKey& key) {
+  InputWait wait;
+  absl::StatusOr<std::shared_ptr<const Storage>> result;
+  {
+    absl::MutexLock lock(&mu_);
+    result = AwaitReadyLocked(key, &wait);
+  }
+  if (wait.listed) UnlistWait(&wait);
+  return result;
+}
+
+void ObjectStore::ListWaitLocked(InputWait* wait, int64_t source_worker) {
+  absl::MutexLock lock(&awaited_mu_);
+  wait->input.source_worker = source_worker;
+  if (wait->listed) return;
+  wait->listed = true;
+  wait->input.since = options_.clock->Now();
+  wait->prev = awaited_tail_;
+  (awaited_tail_ != nullptr ? awaited_tail_->next : awaited_head_) = wait;
+  awaited_tail_ = wait;
+  ++awaited_count_;
+}
+
+void ObjectStore::UnlistWait(InputWait* wait) {
+  absl::MutexLock lock(&awaited_mu_);
+  (wait->prev != nullptr ? wait->prev->next : awaited_head_) = wait->next;
+  (wait->next != nullptr ? wait->next->prev : awaited_tail_) = wait->prev;
+  --awaited_count_;
+}
+
+int ObjectStore::AwaitedInputs(int max, std::vector<AwaitedInput>* out) const {
+  out->clear();
+  absl::MutexLock lock(&awaited_mu_);
+  for (const InputWait* w = awaited_head_;
+       w != nullptr && static_cast<int>(out->size()) < max; w = w->next) {
+    out->push_back(w->input);
+  }
+  return awaited_count_;
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
+    const BufferKey& key, InputWait* wait) {
   const absl::Time unknown_deadline =
       options_.clock->Now() + options_.unknown_key_timeout;
+  if (wait != nullptr) wait->input.key = key;
   while (true) {
     if (shutdown_) return absl::CancelledError("worker shutting down");
     auto it = entries_.find(key);
@@ -560,12 +607,17 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
       if (e.state == Entry::State::kFailed) return e.status;
       // Pending: its producer, its sender's death (FailFromSource) or the
       // shutdown ends this wait; no deadline.
+      if (wait != nullptr) {
+        ListWaitLocked(wait, e.arrival == Arrival::kFromPeer ? e.source_worker
+                                                             : int64_t{-1});
+      }
       if (!e.ready) e.ready = std::make_shared<absl::CondVar>();
       std::shared_ptr<absl::CondVar> ready = e.ready;
       ready->Wait(&mu_);
       continue;
     }
     if (absl::Status end = UnknownKeyEndLocked(key); !end.ok()) return end;
+    if (wait != nullptr) ListWaitLocked(wait, -1);
     const bool timed_out = AwaitKeyLocked(key, unknown_deadline);
     if (timed_out && !entries_.contains(key) && UnknownKeyEndLocked(key).ok()) {
       return absl::NotFoundError(absl::StrCat(

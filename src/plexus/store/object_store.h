@@ -68,6 +68,15 @@ struct ObjectStoreStats {
   int64_t device_memory_shards = 0;  // held in device memory
 };
 
+// A task's wait for one of its inputs (AwaitInput), while it blocks: the
+// shard, the peer it comes from (-1: made on this worker, or not declared
+// yet), and when the wait began (on the store's clock).
+struct AwaitedInput {
+  BufferKey key;
+  int64_t source_worker = -1;
+  absl::Time since;
+};
+
 class ObjectStore {
  public:
   struct Options {
@@ -167,6 +176,16 @@ class ObjectStore {
   // down, or unknown_key_timeout passes (NotFound, saying so).
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const BufferKey& key);
+  // AwaitReady for an input of a task: while it blocks, the wait is listed
+  // by AwaitedInputs (a wait that does not block is never listed, and
+  // costs nothing more than AwaitReady).
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitInput(
+      const BufferKey& key);
+  // The tasks' input waits under way (AwaitInput), the oldest first, at
+  // most `max` of them into `out` (cleared); returns how many there are in
+  // all. Takes a lock of its own, never the store's: the heartbeat reads
+  // it, and allocates nothing while no task waits.
+  int AwaitedInputs(int max, std::vector<AwaitedInput>* out) const;
   // Runs `callback` once the shard is ready or failed: at once (on this
   // thread) if it already is, else on the thread that fulfils or fails it.
   void OnReady(const BufferKey& key, ReadyCallback callback);
@@ -203,6 +222,22 @@ class ObjectStore {
     // waiter keeps it while the entry may be erased.
     std::shared_ptr<absl::CondVar> ready;
   };
+
+  // One AwaitInput's wait, on its caller's stack, linked into the list
+  // of waits (awaited_head_) while it blocks.
+  struct InputWait {
+    AwaitedInput input;
+    bool listed = false;
+    InputWait* prev = nullptr;
+    InputWait* next = nullptr;
+  };
+  // AwaitReady's wait; lists `wait`, if given, while it blocks.
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitReadyLocked(
+      const BufferKey& key, InputWait* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lists `wait` (at the tail: the newest), or updates its source.
+  void ListWaitLocked(InputWait* wait, int64_t source_worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(awaited_mu_);
+  void UnlistWait(InputWait* wait) ABSL_LOCKS_EXCLUDED(awaited_mu_);
 
   Entry& GetOrCreateLocked(const BufferKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -282,6 +317,13 @@ class ObjectStore {
     return e.data && e.data->kind() == MemoryKind::kDevice;
   }
   int64_t device_memory_shards_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The input waits under way, oldest first (a doubly linked list of
+  // InputWait on their waiters' stacks). Taken after mu_, or alone.
+  mutable absl::Mutex awaited_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  InputWait* awaited_head_ ABSL_GUARDED_BY(awaited_mu_) = nullptr;
+  InputWait* awaited_tail_ ABSL_GUARDED_BY(awaited_mu_) = nullptr;
+  int awaited_count_ ABSL_GUARDED_BY(awaited_mu_) = 0;
 };
 
 }  // namespace plexus

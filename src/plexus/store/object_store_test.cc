@@ -91,6 +91,55 @@ TEST(ObjectStoreTest, AwaitReadyWakesWhenAnotherThreadFulfils) {
   EXPECT_EQ((*got)->size(), 4u);
 }
 
+// Until AwaitedInputs counts `n` waits (a bounded wait for the waiting
+// threads to block): the list, oldest first.
+std::vector<AwaitedInput> AwaitListed(const ObjectStore& store, int n,
+                                      int max = 8) {
+  std::vector<AwaitedInput> listed;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (store.AwaitedInputs(max, &listed) != n && absl::Now() < deadline) {
+    std::this_thread::yield();
+  }
+  return listed;
+}
+
+// The heartbeat names the inputs tasks wait for, the peer each comes from
+// and since when (WorkerStats.awaiting_inputs): only while a wait blocks.
+TEST(ObjectStoreTest, AwaitInputIsListedWhileItBlocks) {
+  ObjectStore store(TwoDevices(1 << 20));
+  BufferKey ready{7, 0}, from_peer{8, 0}, computed{9, 1};
+  store.Declare(ready, 0, {DType::kF32, {1}}, true);
+  store.Fulfil(ready, Bytes(4), 0, false);
+  ASSERT_TRUE(store.AwaitInput(ready).ok());
+  std::vector<AwaitedInput> listed;
+  EXPECT_EQ(store.AwaitedInputs(8, &listed), 0);  // it did not block
+  store.Declare(from_peer, 0, {DType::kF32, {1}}, false,
+                ObjectStore::Arrival::kFromPeer, /*source_worker=*/2);
+  store.Declare(computed, 1, {DType::kF32, {1}}, true);
+  std::thread a([&] { EXPECT_TRUE(store.AwaitInput(from_peer).ok()); });
+  listed = AwaitListed(store, 1);
+  std::thread b([&] { EXPECT_TRUE(store.AwaitInput(computed).ok()); });
+  listed = AwaitListed(store, 2);
+  ASSERT_EQ(listed.size(), 2u);
+  EXPECT_EQ(listed[0].key, from_peer);  // the oldest first
+  EXPECT_EQ(listed[0].source_worker, 2);
+  EXPECT_EQ(listed[1].key, computed);
+  EXPECT_EQ(listed[1].source_worker, -1);  // made here
+  EXPECT_LE(listed[0].since, listed[1].since);
+  EXPECT_EQ(store.AwaitedInputs(1, &listed), 2);  // bounded: the oldest
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].key, from_peer);
+  store.Fulfil(from_peer, Bytes(4), 0, false);
+  a.join();
+  listed = AwaitListed(store, 1);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].key, computed);
+  store.Fulfil(computed, Bytes(4), 1, false);
+  b.join();
+  EXPECT_EQ(store.AwaitedInputs(8, &listed), 0);
+  EXPECT_TRUE(listed.empty());
+}
+
 TEST(ObjectStoreTest, FailureReachesWaitersAndCallbacks) {
   ObjectStore store(TwoDevices(1 << 20));
   BufferKey key{4, 0};

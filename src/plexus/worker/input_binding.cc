@@ -12,7 +12,7 @@ absl::StatusOr<builtin::ConstTensor> BindInput(
   if (!local.ok()) return local.status();
   std::vector<std::shared_ptr<const Storage>> sources;
   for (const auto& piece : binding.pieces()) {
-    auto data = store.AwaitReady({piece.buffer_id(), piece.shard()});
+    auto data = store.AwaitInput({piece.buffer_id(), piece.shard()});
     if (!data.ok()) return data.status();
     sources.push_back(*data);
   }

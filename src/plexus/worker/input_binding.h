@@ -15,13 +15,14 @@
 namespace plexus {
 
 // Argument `binding` of a task on `device`, once its pieces are ready in
-// `store` (it waits for them): in host memory, or, where `in_device` is
-// given and the argument is one whole shard in device memory, that shard
-// as it is (*in_device set; the tensor's data is its host address, which
-// may be null). What the tensor points into is appended to `keep`; memory
-// reserved on `device` to assemble it is added to `reserved_bytes`.
-// Errors are the pieces' own (an upstream failure, intact), or say which
-// piece could not be copied.
+// `store` (it waits for them, each wait listed meanwhile by the store:
+// ObjectStore::AwaitInput, the heartbeat's WorkerStats.awaiting_inputs):
+// in host memory, or, where `in_device` is given and the argument is one
+// whole shard in device memory, that shard as it is (*in_device set; the
+// tensor's data is its host address, which may be null). What the tensor
+// points into is appended to `keep`; memory reserved on `device` to
+// assemble it is added to `reserved_bytes`. Errors are the pieces' own (an
+// upstream failure, intact), or say which piece could not be copied.
 absl::StatusOr<builtin::ConstTensor> BindInput(
     ObjectStore& store, const proto::InputBinding& binding, int device,
     std::vector<std::shared_ptr<const Storage>>* keep, int64_t* reserved_bytes,

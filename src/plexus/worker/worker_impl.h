@@ -117,6 +117,10 @@ class WorkerImpl : public Worker {
   // once, else the last beat's figures go again. Only the heartbeat
   // thread calls it.
   proto::WorkerStats CollectStats();
+  // The tasks' input waits under way (ObjectStore::AwaitInput), the
+  // oldest kMaxAwaitedInputs of them, into `stats`.
+  void AddAwaitedInputs(proto::WorkerStats* stats);
+  static constexpr int kMaxAwaitedInputs = 32;
 
   const WorkerOptions options_;
   // What this worker did (timeline/timeline.h); the server collects it
@@ -150,6 +154,7 @@ class WorkerImpl : public Worker {
   ObjectStoreStats last_store_stats_;
   std::vector<proto::ClientUsage> last_usage_;
   std::string xla_platform_;  // XlaExecutor::Describe() once it says one
+  std::vector<AwaitedInput> awaited_;  // AddAwaitedInputs' (reused) list
 };
 
 }  // namespace plexus

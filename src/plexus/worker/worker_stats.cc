@@ -65,7 +65,23 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   }
   for (const proto::ClientUsage& u : last_usage_) *s.add_clients() = u;
   xla_programs_->AddCompiling(&s);
+  AddAwaitedInputs(&s);
   return s;
+}
+
+void WorkerImpl::AddAwaitedInputs(proto::WorkerStats* stats) {
+  // Most beats: no task waits, nothing allocated, no clock reading.
+  const int all = store_->AwaitedInputs(kMaxAwaitedInputs, &awaited_);
+  if (all == 0) return;
+  stats->set_inputs_awaited(all);
+  const absl::Time now = options_.clock->Now();
+  for (const AwaitedInput& a : awaited_) {
+    proto::InputAwaited& p = *stats->add_awaiting_inputs();
+    p.set_buffer_id(a.key.buffer_id);
+    p.set_shard(a.key.shard);
+    p.set_source_worker(a.source_worker);
+    p.set_elapsed_ms(absl::ToInt64Milliseconds(now - a.since));
+  }
 }
 
 }  // namespace plexus

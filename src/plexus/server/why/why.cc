@@ -400,9 +400,10 @@ std::optional<Root> InputSourceTrouble(const ClusterState& state,
 }
 
 // An input of `call` made on other hosts, by a call done there, whose
-// hosts answer: the transfer from there may not have arrived (the records
-// cannot tell it from the call running: the hosts that finished their
-// part are named apart). The first such input and its source host.
+// hosts answer, where `call`'s hosts have not reported since it was routed
+// (so their heartbeats cannot say whether its tasks wait for the input):
+// the transfer from there may not have arrived, or the call runs. The
+// first such input and its source host.
 std::optional<Root> InputInTransit(const ClusterState& state,
                                    const CallRecord& call, const CallHosts& on,
                                    const WhyOptions& options) {
@@ -433,6 +434,111 @@ std::optional<Root> InputInTransit(const ClusterState& state,
   return std::nullopt;
 }
 
+// An input of `call` that its task on `worker` waits for now, sent by a
+// peer, by the worker's last heartbeat (WorkerStats.awaiting_inputs).
+struct AwaitedTransfer {
+  uint64_t buffer_id = 0;
+  const WorkerRecord* peer = nullptr;  // null: not in the records
+  int64_t peer_id = -1;
+  absl::Duration waited;  // by now: the report's, plus the time since
+};
+
+// The input of `call` that the shard `awaited` from peer `peer` carries:
+// the input itself, or, for a transfer's temporary (an id of the server's
+// own: the records keep no map of them), the input made on the peer's
+// slice (the first, if several are). 0: none.
+uint64_t InputCarried(const ClusterState& state, const CallRecord& call,
+                      uint64_t awaited, int64_t peer) {
+  for (const CallInput& in : call.inputs) {
+    if (in.buffer_id == awaited) return awaited;
+  }
+  if (ClientOfBuffer(awaited) != kServerClientId) return 0;
+  for (const CallInput& in : call.inputs) {
+    if (in.slice_id == call.slice_id) continue;
+    auto from = state.slices().find(in.slice_id);
+    if (from == state.slices().end()) continue;
+    for (const DeviceRef& d : from->second.devices) {
+      if (d.worker_id == peer) return in.buffer_id;
+    }
+  }
+  return 0;
+}
+
+std::optional<AwaitedTransfer> AwaitedInputOf(const ClusterState& state,
+                                              const CallRecord& call,
+                                              const WorkerRecord& worker,
+                                              absl::Time now) {
+  for (const proto::InputAwaited& a : worker.stats.awaiting_inputs()) {
+    if (a.source_worker() < 0) continue;  // made there: not a transfer
+    const uint64_t input =
+        InputCarried(state, call, a.buffer_id(), a.source_worker());
+    if (input == 0) continue;
+    auto w = state.workers().find(a.source_worker());
+    return AwaitedTransfer{
+        input, w == state.workers().end() ? nullptr : &w->second,
+        a.source_worker(),
+        absl::Milliseconds(a.elapsed_ms()) +
+            std::max(absl::ZeroDuration(), now - worker.last_heartbeat)};
+  }
+  return std::nullopt;
+}
+
+// "its input buffer 7 (the output of call 3 (...)) from host host0
+// (worker 1), which is alive (last heartbeat 40 ms ago) and has not
+// delivered it: host host1 has awaited the transfer for 2.3 s", or the
+// peer's trouble where it has some.
+std::string TransferSentence(const ClusterState& state,
+                             const AwaitedTransfer& t,
+                             const std::string& receiver,
+                             const WhyOptions& options) {
+  std::string reason =
+      absl::StrCat("its input ", ValueName(state, t.buffer_id), " from ");
+  if (t.peer == nullptr) {
+    absl::StrAppend(&reason, "worker ", t.peer_id,
+                    " (gone from the records), ");
+  } else if (std::optional<std::string> trouble =
+                 HostTrouble(*t.peer, options)) {
+    absl::StrAppend(&reason, "another host, and ", *trouble, "; ");
+  } else {
+    absl::StrAppend(
+        &reason, "host ", t.peer->info.host_name(), " (worker ", t.peer->id,
+        "), which is alive (last heartbeat ",
+        absl::ToInt64Milliseconds(options.now - t.peer->last_heartbeat),
+        " ms ago) and has not delivered it: ");
+  }
+  absl::StrAppend(&reason, "host ", receiver, " has awaited the transfer for ",
+                  Seconds(t.waited),
+                  " (the data plane between the two hosts stalls, or the "
+                  "link is slow)");
+  return reason;
+}
+
+// `call`, first in line on all its hosts, waits on one of them for an
+// input from a peer (by that host's heartbeat): that transfer.
+std::optional<Root> TransferAwaited(const ClusterState& state,
+                                    const CallRecord& call, const CallHosts& on,
+                                    const WhyOptions& options) {
+  for (const std::string& host : on.hosts) {
+    std::optional<AwaitedTransfer> t =
+        AwaitedInputOf(state, call, *on.workers.at(host), options.now);
+    if (!t.has_value()) continue;
+    return Root{
+        absl::StrCat("it is first in line on host ", host, " and waits for ",
+                     TransferSentence(state, *t, host, options)),
+        t->peer != nullptr ? t->peer->info.host_name() : ""};
+  }
+  return std::nullopt;
+}
+
+// Whether every host of `call` reported after it was routed: their
+// heartbeats then say whether its tasks wait for inputs.
+bool HostsReportedSince(const CallRecord& call, const CallHosts& on) {
+  for (const std::string& host : on.hosts) {
+    if (on.workers.at(host)->last_heartbeat <= call.routed) return false;
+  }
+  return true;
+}
+
 // A device of slice `s` whose memory is full, on a host not finished.
 std::optional<Root> FullDeviceOf(const ClusterState& state,
                                  const SliceRecord& s,
@@ -461,6 +567,7 @@ Root QueuedBehind(const ClusterState& state, const CallRecord& call,
   // The first such host: what holds it, and where this call is first in
   // line (a collective there waits for the ranks still queued).
   const auto& [host, first] = *on.behind.begin();
+  std::string blame = host;
   std::vector<std::string> ready;
   for (const std::string& h : on.hosts) {
     if (on.behind.count(h)) continue;
@@ -485,6 +592,12 @@ Root QueuedBehind(const ClusterState& state, const CallRecord& call,
       c > absl::ZeroDuration()) {
     absl::StrAppend(&reason, ", whose program '", ProgramName(state, *first),
                     "' is compiling there (", Seconds(c), " so far)");
+  } else if (std::optional<AwaitedTransfer> t = AwaitedInputOf(
+                 state, *first, *on.workers.at(host), options.now)) {
+    // ... or for a transfer from a peer: the cause is that peer's.
+    absl::StrAppend(&reason, ", which waits for ",
+                    TransferSentence(state, *t, host, options));
+    if (t->peer != nullptr) blame = t->peer->info.host_name();
   }
   if (on.behind.size() > 1) {
     absl::StrAppend(&reason, " (and on ", on.behind.size() - 1,
@@ -498,14 +611,14 @@ Root QueuedBehind(const ClusterState& state, const CallRecord& call,
                                  : "the ranks still queued",
                     ")");
   }
-  return {reason, host};
+  return {reason, blame};
 }
 
 // Why `call` (record `seq`), whose inputs are all made (or lost), has not
 // finished, on the hosts that have not finished their part (`finished`
 // gets the others). The first answer that holds, in this order: its
 // slice, a host in trouble, an input's source host, a full device, a call
-// ahead of it, a compile, else it runs.
+// ahead of it, a compile, an input transfer a host awaits, else it runs.
 Root RootOnHosts(const ClusterState& state, uint64_t seq,
                  const CallRecord& call, const Heads& heads,
                  const AdmissionState& admission, const WhyOptions& options,
@@ -546,14 +659,24 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
     return {"every host reported its part done; the records hear of it next",
             ""};
   }
-  if (std::optional<Root> r = InputInTransit(state, call, on, options)) {
+  // The workers say which inputs their tasks wait for; where they
+  // reported after the call was routed and none waits, it runs.
+  if (std::optional<Root> r = TransferAwaited(state, call, on, options)) {
     return *r;
+  }
+  if (!HostsReportedSince(call, on)) {
+    if (std::optional<Root> r = InputInTransit(state, call, on, options)) {
+      return *r;
+    }
   }
   const std::string where = absl::StrJoin(hosts, ", ");
   return {
       absl::StrCat("it is running on ", hosts.size() == 1 ? "host " : "hosts ",
-                   where, ", first in line there, which answer (routed ",
-                   Seconds(options.now - call.routed), " ago)"),
+                   where, ", first in line there, which answer",
+                   HostsReportedSince(call, on)
+                       ? " and say it waits for none of its inputs"
+                       : "",
+                   " (routed ", Seconds(options.now - call.routed), " ago)"),
       hosts.empty() ? "" : *hosts.begin()};
 }
 

@@ -20,11 +20,19 @@
 //     one of its hosts (WorkerStats.compiling, by the worker's last
 //     heartbeat) the root waits for that compile, named with how long it
 //     has taken so far (so is a call queued behind one whose program
-//     compiles); where it is first in line everywhere and reads an input
-//     made by a call done on another, answering host, that input's
-//     transfer from there is named (value, line, peer, its last heartbeat):
-//     the records cannot tell a transfer not yet arrived from the call
-//     running, so the sentence says both;
+//     compiles); where it is first in line everywhere and one of its
+//     hosts says its task waits for an input from a peer (WorkerStats.
+//     awaiting_inputs, by the worker's last heartbeat: the shard, the
+//     peer, how long; the oldest 32 waits), that transfer is named (a
+//     transfer's temporary id, which the records do not map, by the input
+//     of the call made on the peer's slice): the
+//     value and the line that made it, the peer host, that it is alive
+//     (its last heartbeat) or its trouble, and how long the transfer has
+//     been awaited (blamed: the peer; so is a call queued behind one that
+//     waits so). It "is running" only where its hosts reported after it was
+//     routed and none waits for an input; where they have not reported
+//     since and it reads an input made by a call done on another,
+//     answering host, the sentence says both (not arrived, or running);
 //   - a device of its slice whose memory budget is full while something
 //     waits there for room (the workers report it: WorkerStats.
 //     device_waiting_bytes), named with how full it is and the clients
@@ -46,8 +54,11 @@
 // `plexus why` and client.why() read it.
 //
 // Not yet: fetches and puts (the client's, not the server's: the client's
-// progress line shows their bytes), and calls of a batch that waits at the
-// server for its slice (not routed: the slice's entry stands for them).
+// progress line shows their bytes, and the client reports none of them to
+// the server), waits of collectives for their peers' partials (named by
+// the queues and hosts above, not by the worker's waits), and calls of a
+// batch that waits at the server for its slice (not routed: the slice's
+// entry stands for them).
 #pragma once
 
 #include <vector>

@@ -358,43 +358,157 @@ TEST_F(WhyTest, AnInputWhoseSourceHostIsSilentNamesThatHost) {
   EXPECT_THAT(Why()[0].reason(), Not(HasSubstr("no heartbeat")));
 }
 
-TEST_F(WhyTest, AnInputDoneOnALivePeerButNotArrivedNamesThePeerAndTheValue) {
-  // Y's call, issued at a line the client named, is done on host0, which
-  // answers; Z on host1 waits for Y's transfer (or runs): why names the
-  // value, the line that made it, the peer and its state.
-  ClientRecord* client = state_.FindClient(client_);
-  client->call_sites[7] = "train.py:41 in step";
-  proto::Call step = Call(a_, Id(10), a_, Id(13));
-  step.set_site(7);
-  WorkerOps ops;
-  ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
-  ASSERT_TRUE(
-      state_.RouteCall(client_, Call(b_, Id(13), a_, Id(14)), &ops).ok());
-  for (const auto& [seq, call] : state_.records().calls()) {
-    if (call.call_id == Id(11) || call.call_id == Id(12) ||
-        call.call_id == Id(13)) {
-      state_.CallDone(seq, /*failed=*/false, &ops);
+// Y's call, issued at a line the client named, is done on host0; Z on
+// host1 reads Y (call 14 of 13's output). Returns Z's entry.
+class WhyTransferTest : public WhyTest {
+ protected:
+  void SetUp() override {
+    WhyTest::SetUp();
+    ClientRecord* client = state_.FindClient(client_);
+    client->call_sites[7] = "train.py:41 in step";
+    proto::Call step = Call(a_, Id(10), a_, Id(13));
+    step.set_site(7);
+    WorkerOps ops;
+    ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
+    ASSERT_TRUE(
+        state_.RouteCall(client_, Call(b_, Id(13), a_, Id(14)), &ops).ok());
+    for (const auto& [seq, call] : state_.records().calls()) {
+      if (call.call_id == Id(11) || call.call_id == Id(12) ||
+          call.call_id == Id(13)) {
+        state_.CallDone(seq, /*failed=*/false, &ops);
+      }
     }
+    Worker(1)->last_heartbeat = now_ - absl::Milliseconds(40);
+    y_ = absl::StrCat("buffer ", Id(13), " (the output of call ", Id(13),
+                      " ('scale' issued at train.py:41 in step))");
   }
-  Worker(1)->last_heartbeat = now_ - absl::Milliseconds(40);
-  const proto::WhyEntry* e = nullptr;
+  // host1 says, 100 ms ago, that a task waits for Y from host0 (worker 1)
+  // since 2 s.
+  void Host1AwaitsY() {
+    proto::InputAwaited* a = Worker(2)->stats.add_awaiting_inputs();
+    a->set_buffer_id(Id(13));
+    a->set_source_worker(1);
+    a->set_elapsed_ms(2000);
+    Worker(2)->stats.set_inputs_awaited(1);
+    Worker(2)->last_heartbeat = now_ - absl::Milliseconds(100);
+  }
+  const proto::WhyEntry* Find(const std::vector<proto::WhyEntry>& why,
+                              uint64_t call_id) {
+    for (const proto::WhyEntry& w : why) {
+      if (w.call_id() == call_id) return &w;
+    }
+    return nullptr;
+  }
+  // Y, named by the line that made it (Id needs the client: after SetUp).
+  std::string y_;
+};
+
+TEST_F(WhyTransferTest, AnInputAHostAwaitsFromALivePeerNamesTheTransfer) {
+  // host1's heartbeat says its task waits for Y from host0, which answers:
+  // the value, the line that made it, the peer, that it is alive, and how
+  // long the transfer has been awaited.
+  Host1AwaitsY();
   std::vector<proto::WhyEntry> why = Why();
-  for (const proto::WhyEntry& w : why) {
-    if (w.call_id() == Id(14)) e = &w;
-  }
+  const proto::WhyEntry* e = Find(why, Id(14));
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->root_call_id(), Id(14));
   EXPECT_EQ(e->blame_host(), "host0");
   EXPECT_EQ(e->slice_id(), b_);
   EXPECT_THAT(e->output_ids(), ::testing::ElementsAre(Id(14)));
-  EXPECT_THAT(e->reason(),
+  EXPECT_THAT(
+      e->reason(),
+      HasSubstr(absl::StrCat(
+          "it is first in line on host host1 and waits for its input ", y_,
+          " from host host0 (worker 1), which is alive (last heartbeat 40 ms "
+          "ago) and has not delivered it: host host1 has awaited the "
+          "transfer for 2.1 s")));
+  EXPECT_THAT(e->reason(), Not(HasSubstr("running")));
+  // A call queued behind it on host1 names the transfer too.
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, Call(b_, Id(10), a_, Id(15)), &ops).ok());
+  why = Why();
+  const proto::WhyEntry* behind = Find(why, Id(15));
+  ASSERT_NE(behind, nullptr);
+  EXPECT_EQ(behind->blame_host(), "host0");  // the transfer's sender
+  EXPECT_THAT(behind->reason(),
               HasSubstr(absl::StrCat(
-                  "it is first in line on host host1 and waits for its input "
-                  "buffer ",
-                  Id(13), " (the output of call ", Id(13),
-                  " ('scale' issued at train.py:41 in step)), done on host "
-                  "host0, which answers (heartbeat 40 ms ago) and has not "
-                  "sent it yet")));
+                  "it is queued on host host1 behind call ", Id(14),
+                  " ('scale'), routed 5 s ago, which waits for its input ", y_,
+                  " from host host0 (worker 1), which is alive")));
+}
+
+TEST_F(WhyTransferTest, ATransfersTemporaryIsNamedByTheValueItCarries) {
+  // Workers receive a value from another host under a temporary id of the
+  // server's (route_call.cc): host1 reports that id, from host0.
+  Host1AwaitsY();
+  Worker(2)->stats.mutable_awaiting_inputs(0)->set_buffer_id(
+      ClientMadeId(kServerClientId, 3));
+  std::vector<proto::WhyEntry> why = Why();
+  const proto::WhyEntry* e = Find(why, Id(14));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->blame_host(), "host0");
+  EXPECT_THAT(e->reason(),
+              HasSubstr(absl::StrCat("waits for its input ", y_,
+                                     " from host host0 (worker 1), which is "
+                                     "alive")));
+  // A temporary from a host none of its inputs comes from is not its.
+  Worker(2)->stats.mutable_awaiting_inputs(0)->set_source_worker(7);
+  why = Why();
+  EXPECT_THAT(Find(why, Id(14))->reason(), HasSubstr("it is running"));
+}
+
+TEST_F(WhyTransferTest, AnInputFromASilentPeerNamesThePeersTrouble) {
+  Host1AwaitsY();
+  WhyOptions options;
+  options.now = now_;
+  Worker(1)->last_heartbeat = now_ - absl::Seconds(2);
+  const std::vector<proto::WhyEntry> why = ExplainWaits(state_, options);
+  const proto::WhyEntry* e = Find(why, Id(14));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->blame_host(), "host0");
+  EXPECT_THAT(e->reason(), HasSubstr("has sent no heartbeat for 2000 ms"));
+}
+
+TEST_F(WhyTransferTest, AHostThatAwaitsNoInputRunsTheCall) {
+  // host1 reported after Z was routed, and no task of it waits for an
+  // input: Z runs.
+  Worker(2)->last_heartbeat = now_ - absl::Milliseconds(100);
+  const proto::WhyEntry* e = nullptr;
+  std::vector<proto::WhyEntry> why = Why();
+  e = Find(why, Id(14));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->blame_host(), "host1");
+  EXPECT_THAT(e->reason(),
+              HasSubstr("it is running on host host1, first in line there, "
+                        "which answer and say it waits for none of its "
+                        "inputs"));
+  // An input made on host1 itself (source -1) is no transfer.
+  proto::InputAwaited* a = Worker(2)->stats.add_awaiting_inputs();
+  a->set_buffer_id(Id(13));
+  a->set_source_worker(-1);
+  why = Why();
+  EXPECT_THAT(Find(why, Id(14))->reason(), HasSubstr("it is running"));
+}
+
+TEST_F(WhyTransferTest, WithoutAReportSinceTheCallBothAreSaid) {
+  // host1 has not reported since Z was routed (and is not yet silent, by a
+  // long silent_after): the records cannot tell the transfer from Z
+  // running, so the sentence says both.
+  Worker(2)->last_heartbeat = start_ - absl::Milliseconds(1);
+  WhyOptions options;
+  options.now = now_;
+  options.silent_after = absl::Seconds(30);
+  const std::vector<proto::WhyEntry> why = ExplainWaits(state_, options);
+  const proto::WhyEntry* e = Find(why, Id(14));
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->blame_host(), "host0");
+  EXPECT_THAT(
+      e->reason(),
+      HasSubstr(absl::StrCat(
+          "it is first in line on host host1 and waits for its input ", y_,
+          ", done on host host0, which answers (heartbeat 40 ms ago) "
+          "and has not sent it yet, or it runs")));
 }
 
 TEST_F(WhyTest, AHostThatFinishedItsPartIsNamedAndNotBlamed) {
