@@ -2,6 +2,7 @@
 once, in one round trip per worker rather than one per shard (the client
 sends every worker all its shards' waits before it reads an answer); a
 timeout says how many were not ready; a failed future raises its error."""
+import re
 import time
 
 import numpy as np
@@ -31,8 +32,14 @@ def test_a_timeout_says_how_many_were_not_ready(client):
     late = [slow(x), slow(x)]  # the second queues behind the first
     start = time.monotonic()
     with pytest.raises(plexus.DeadlineExceededError,
-                       match=r"wait: 2 of 3 futures not ready by the deadline"):
+                       match=r"wait: 2 of 3 futures not ready by the deadline"
+                       ) as e:
         plexus.wait([ready] + late, timeout=0.2)
+    # Each host that did not confirm its shards is named, with how many
+    # (one shard of each late future per host: the slice spreads over two).
+    assert re.search(r"not confirmed ready by host \S+ \(worker \d+\): "
+                     r"2 shards; host \S+ \(worker \d+\): 2 shards\)",
+                     str(e.value)), e.value
     took = time.monotonic() - start
     assert 0.2 <= took < 1.5, took
     # Connections the timeout left out of step were dropped: waiting again,

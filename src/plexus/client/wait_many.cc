@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "plexus/client/data_path.h"
 
 namespace plexus {
@@ -96,6 +98,11 @@ absl::Status DataPath::WaitMany(const std::vector<Future>& futures,
     }
   }
   std::vector<bool> not_ready(futures.size(), false);
+  // Per host whose answers did not all come by the deadline: how many of
+  // its shards went unconfirmed (a worker answers a wait once the shard
+  // is ready there, so a shard not ready and a host that does not answer
+  // look alike from here; the server's `why` tells them apart).
+  std::map<std::string, int64_t> unconfirmed;
   for (auto& [worker, batch] : *batches) {
     if (batch.conn == nullptr) continue;
     if (!result.ok()) {
@@ -113,6 +120,11 @@ absl::Status DataPath::WaitMany(const std::vector<Future>& futures,
     } else {
       for (size_t k = *answered; k < batch.keys.size(); ++k) {
         not_ready[batch.owners[k]] = true;
+      }
+      if (*answered < batch.keys.size()) {
+        unconfirmed[absl::StrCat("host ", batch.device->host_name(),
+                                 " (worker ", worker, ")")] +=
+            static_cast<int64_t>(batch.keys.size() - *answered);
       }
     }
     if (batch.conn->healthy()) {
@@ -132,9 +144,15 @@ absl::Status DataPath::WaitMany(const std::vector<Future>& futures,
   }
   const int64_t late = std::count(not_ready.begin(), not_ready.end(), true);
   if (late > 0) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("wait: ", late, " of ", futures.size(),
-                     " futures not ready by the deadline"));
+    std::vector<std::string> hosts;
+    for (const auto& [host, shards] : unconfirmed) {
+      hosts.push_back(
+          absl::StrCat(host, ": ", shards, shards == 1 ? " shard" : " shards"));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "wait: ", late, " of ", futures.size(),
+        " futures not ready by the deadline (not confirmed ready by ",
+        absl::StrJoin(hosts, "; "), ")"));
   }
   return absl::OkStatus();
 }
