@@ -104,6 +104,10 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
     StatusSource source) {
   std::unique_ptr<WebServer> server(
       new WebServer(options, secret, std::move(source)));
+  // The first sample, before anything is served: a page opened at once
+  // has a point to plot (the sampler takes the next one a period later).
+  const absl::Time first = options.clock->Now();
+  server->TakeSample();
   static const unsigned initialized = mg_init_library(0);
   (void)initialized;
   const std::string ports = CivetPorts(options.listen);
@@ -180,7 +184,8 @@ absl::StatusOr<std::unique_ptr<WebServer>> WebServer::Start(
         return r.code;
       },
       server.get());
-  server->impl_->sampler = std::thread([s = server.get()] { s->SampleLoop(); });
+  server->impl_->sampler =
+      std::thread([s = server.get(), first] { s->SampleLoop(first); });
   SPDLOG_INFO("live page at http://{}/ (/metrics beside it)", server->address_);
   return server;
 }
@@ -218,26 +223,31 @@ WebServer::~WebServer() {
   stopper.join();
 }
 
-void WebServer::SampleLoop() {
-  // Samples fall on start + k * period of the clock, so a sample that
+void WebServer::TakeSample() {
+  // Stamped with the time its read began: the clock may move while the
+  // status is gathered.
+  const int64_t taken_ms = UnixMillis(options_.clock);
+  proto::ClusterStatus status = source_(/*why=*/false);
+  history_.Add(Sample::Of(status, taken_ms));
+}
+
+void WebServer::SampleLoop(absl::Time first) {
+  // Samples fall on first + k * period of the clock, so a sample that
   // comes late does not move the next one (and a clock that jumps more
   // than a period ahead gets one sample now, not one per period missed).
-  absl::Time next = options_.clock->Now();
+  absl::Time next = first;
   absl::MutexLock lock(&impl_->mu);
   while (!impl_->stop) {
-    impl_->mu.Unlock();
-    // A sample is stamped with the time its read began: the clock may move
-    // while the status is gathered.
-    const int64_t taken_ms = UnixMillis(options_.clock);
-    proto::ClusterStatus status = source_(/*why=*/false);
-    history_.Add(Sample::Of(status, taken_ms));
-    impl_->mu.Lock();
     next += options_.sample_period;
     const absl::Time now = options_.clock->Now();
     if (next + options_.sample_period <= now) next = now;
     while (!impl_->stop &&
            !options_.clock->AwaitWithDeadline(&impl_->mu, &impl_->wake, next)) {
     }
+    if (impl_->stop) break;
+    impl_->mu.Unlock();
+    TakeSample();
+    impl_->mu.Lock();
   }
 }
 

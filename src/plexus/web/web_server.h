@@ -16,11 +16,11 @@
 // data. Answers carry a Content-Security-Policy that lets the page load
 // only from this server.
 //
-// A sampler thread reads the status (without its why list) once every
-// sample_period into the History the page plots; it sleeps between
-// samples. civetweb reads requests on `threads` threads of its own and
-// hands each to one thread of ours that answers them in turn (civetweb's
-// threads have small stacks).
+// Start reads the status (without its why list) once into the History
+// the page plots, before it serves anything; a sampler thread then reads
+// it once every sample_period; it sleeps between samples. civetweb reads
+// requests on `threads` threads of its own and hands each to one thread of ours
+// that answers them in turn (civetweb's threads have small stacks).
 #pragma once
 
 #include <functional>
@@ -79,7 +79,11 @@ class WebServer {
  private:
   WebServer(const WebOptions& options, const ClusterSecret& secret,
             StatusSource source);
-  void SampleLoop();
+  // Reads the status (without its why list) into the history, stamped
+  // with the clock as the read began.
+  void TakeSample();
+  // Takes a sample at first + k * sample_period (k >= 1) until stopped.
+  void SampleLoop(absl::Time first);
 
   const WebOptions options_;
   const ClusterSecret secret_;
