@@ -133,6 +133,12 @@ class Container:
             self.eof = True
             self.done.notify_all()
 
+    def await_eof(self, timeout):
+        """Waits (at most `timeout`) until the reader has taken every line
+        the process wrote: its exit comes before the reader's last read."""
+        with self.done:
+            self.done.wait_for(lambda: self.eof, timeout=timeout)
+
     def wait_for_log(self, text, timeout, count=1):
         """Returns the `count`th line holding `text`; raises if the process
         ends first (its output ended) or `timeout` passes."""
@@ -343,11 +349,15 @@ class PodRunner:
         output if it runs longer than `timeout`."""
         c = pod.containers[0]
         try:
-            return c.popen.wait(timeout=timeout)
+            code = c.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"{pod.name}/{c.name} still runs after {timeout} s; its "
                 "output:\n" + "".join(c.lines)[-3000:]) from None
+        # Its last lines, which callers read next (an exit is seen before
+        # the reader thread has read what was written just before it).
+        c.await_eof(timeout=10)
+        return code
 
     def wait_all(self, timeout):
         """Waits for every container to exit; {pod name: exit code}, None
