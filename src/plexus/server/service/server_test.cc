@@ -619,9 +619,9 @@ TEST_F(SliceWaitTest, AWaitingRequestTimesOutOnTheServersClock) {
   // Request 8 cannot wait (no timeout): its refusal comes back once the
   // server has routed request 7 ahead of it, so 7 is pending by then.
   // (The client's id alone says only that the session opened.)
-  RawClient client(*stub_, "c",
-                   {SliceOp(7, 3, absl::Seconds(5)),
-                    SliceOp(8, 3, absl::ZeroDuration())});
+  RawClient client(
+      *stub_, "c",
+      {SliceOp(7, 3, absl::Seconds(5)), SliceOp(8, 3, absl::ZeroDuration())});
   client.ReadUntil([&] { return !client.slices_.empty(); });
   ASSERT_EQ(client.slices_.size(), 1u);
   ASSERT_EQ(client.slices_[0].request_id(), 8u);
