@@ -22,6 +22,14 @@
 namespace plexus::journal {
 namespace {
 
+// The journal at `path`, opened with the default options.
+absl::StatusOr<std::unique_ptr<Journal>> OpenAt(const std::string& path,
+                                                Replay* replay) {
+  JournalOptions options;
+  options.path = path;
+  return Journal::Open(options, replay);
+}
+
 std::string ChildBinary() {
   return (std::filesystem::read_symlink("/proc/self/exe").parent_path() /
           "journal_crash_child")
@@ -70,11 +78,8 @@ TEST(JournalCrashTest, EveryRecordReportedDurableSurvivesASigkill) {
   for (int life = 1; life <= 3; ++life) {
     const uint64_t durable = RunAndKill(path, last, last + 2000);
     ASSERT_GE(durable, last + 2000) << "life " << life;
-    JournalOptions options;
-    options.path = path;
     Replay replay;
-    absl::StatusOr<std::unique_ptr<Journal>> j =
-        Journal::Open(options, &replay);
+    absl::StatusOr<std::unique_ptr<Journal>> j = OpenAt(path, &replay);
     ASSERT_TRUE(j.ok()) << j.status();
     EXPECT_TRUE(replay.tail.ok()) << replay.tail;
     ASSERT_GE(replay.records.size(), durable) << "life " << life;
@@ -92,10 +97,8 @@ TEST(JournalCrashTest, EveryRecordReportedDurableSurvivesASigkill) {
 // Opens the journal at `path` and checks that every record replayed is the
 // one appended under its seq; returns how many there were.
 size_t ReplayAndCheck(const std::string& path) {
-  JournalOptions options;
-  options.path = path;
   Replay replay;
-  absl::StatusOr<std::unique_ptr<Journal>> j = Journal::Open(options, &replay);
+  absl::StatusOr<std::unique_ptr<Journal>> j = OpenAt(path, &replay);
   EXPECT_TRUE(j.ok()) << j.status();
   EXPECT_TRUE(replay.tail.ok()) << replay.tail;
   for (size_t i = 0; i < replay.records.size(); ++i) {
@@ -118,11 +121,8 @@ TEST(JournalCrashTest, ATornWriteAheadLogEndsAtItsLastWholeCommit) {
   const std::filesystem::path root = tmpl;
   const std::string path = (root / "journal.db").string();
   {
-    JournalOptions options;
-    options.path = path;
     Replay replay;
-    absl::StatusOr<std::unique_ptr<Journal>> j =
-        Journal::Open(options, &replay);
+    absl::StatusOr<std::unique_ptr<Journal>> j = OpenAt(path, &replay);
     ASSERT_TRUE(j.ok()) << j.status();
     for (uint64_t seq = 1; seq <= 200; ++seq) {
       ASSERT_EQ(*(*j)->Append(CrashRecordType(seq), CrashPayload(seq)), seq);
