@@ -308,6 +308,9 @@ class ClusterState {
   // The count the next server-made id takes (ServerMadeIds; tests start
   // it near the layout's limit).
   void set_next_server_id(uint64_t n) { next_server_id_ = n; }
+  // The count the next transfer temporary (ClientMadeId(kServerClientId,
+  // n)) takes; it goes back to 1 after kMaxIdCount (tests start it there).
+  void set_next_transfer(uint64_t n) { next_transfer_ = n; }
   ClientRecord* FindClient(uint64_t id);
   const ClientRecord* FindClient(uint64_t id) const;
   // The time calls routed from now on record (CallRecord.routed): the

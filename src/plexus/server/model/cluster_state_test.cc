@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "plexus/common/ids.h"
 #include "plexus/server/model/cluster_state_test_util.h"
 #include "plexus/store/object_store.h"
 
@@ -71,6 +72,41 @@ TEST_F(ClusterStateTest, CallBetweenSlicesOnDifferentHostsTransfers) {
   EXPECT_TRUE(dst[1].has_load());
   const auto& piece = dst[2].execute().tasks(0).inputs(0).pieces(0);
   EXPECT_EQ(piece.buffer_id(), src[0].transfer().dst_buffer_id());
+}
+
+TEST_F(ClusterStateTest, TransferTemporariesStartAgainAfterTheLayoutsLast) {
+  proto::SliceInfo a = Slice(1, proto::PLACEMENT_ONE_HOST);  // host0
+  proto::SliceInfo b = Slice(1, proto::PLACEMENT_ONE_HOST);  // host1
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(1), "scale", arg, arg);
+  state_.set_next_transfer(kMaxIdCount);
+  std::vector<uint64_t> temps;
+  for (int k = 0; k < 2; ++k) {
+    proto::Call call;
+    call.set_call_id(Id(10 + 3 * k));
+    call.set_slice_id(b.slice_id());
+    call.set_program_id(Id(1));
+    auto* in = call.add_inputs();
+    in->set_buffer_id(Id(11 + 3 * k));
+    in->set_slice_id(a.slice_id());
+    *in->mutable_arg() = ToProto(arg);
+    call.add_output_ids(Id(12 + 3 * k));
+    WorkerOps ops;
+    ASSERT_TRUE(state_.RouteCall(client_, call, &ops).ok());
+    const auto& src = ops[a.devices(0).worker_id()];
+    ASSERT_EQ(src.size(), 1u);
+    ASSERT_TRUE(src[0].has_transfer());
+    temps.push_back(src[0].transfer().dst_buffer_id());
+  }
+  // The last of the count, then the first again: both in the server's own
+  // namespace, neither in its server-made half (before, the second was
+  // ClientMadeId(kServerClientId, 2^39), which is ServerMadeId(..., 0)).
+  EXPECT_EQ(temps[0], ClientMadeId(kServerClientId, kMaxIdCount));
+  EXPECT_EQ(temps[1], ClientMadeId(kServerClientId, 1));
+  for (uint64_t t : temps) {
+    EXPECT_EQ(ClientOfBuffer(t), kServerClientId);
+    EXPECT_FALSE(IsServerMade(t));
+  }
 }
 
 TEST_F(ClusterStateTest, ResplitGathersOverlappingPieces) {

@@ -9,6 +9,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/common/argument_count.h"
+#include "plexus/common/ids.h"
 #include "plexus/server/model/cluster_state.h"
 #include "plexus/store/object_store.h"
 
@@ -275,7 +276,12 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       TransferKey tk{ref.buffer_id(), k, dst.worker_id};
       auto it = transfers.find(tk);
       if (it != transfers.end()) return {it->second, 0};
-      uint64_t temp = ClientMadeId(kServerClientId, next_transfer_++);
+      uint64_t temp = ClientMadeId(kServerClientId, next_transfer_);
+      // A temporary lives only until the call that reads it is done, so
+      // the count starts again at 1 after the layout's last (kMaxIdCount):
+      // an id 2^39 transfers old is long released. Never past it (that
+      // would spill into the server-made half, or another client's ids).
+      next_transfer_ = next_transfer_ >= kMaxIdCount ? 1 : next_transfer_ + 1;
       transfers[tk] = temp;
       proto::WorkerOp t;
       auto* tr = t.mutable_transfer();
