@@ -664,7 +664,8 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
   if (std::optional<Root> r = TransferAwaited(state, call, on, options)) {
     return *r;
   }
-  if (!HostsReportedSince(call, on)) {
+  const bool reported = HostsReportedSince(call, on);
+  if (!reported) {
     if (std::optional<Root> r = InputInTransit(state, call, on, options)) {
       return *r;
     }
@@ -673,9 +674,7 @@ Root RootOnHosts(const ClusterState& state, uint64_t seq,
   return {
       absl::StrCat("it is running on ", hosts.size() == 1 ? "host " : "hosts ",
                    where, ", first in line there, which answer",
-                   HostsReportedSince(call, on)
-                       ? " and say it waits for none of its inputs"
-                       : "",
+                   reported ? " and say it waits for none of its inputs" : "",
                    " (routed ", Seconds(options.now - call.routed), " ago)"),
       hosts.empty() ? "" : *hosts.begin()};
 }
