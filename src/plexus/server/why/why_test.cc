@@ -46,6 +46,16 @@ class WhyTest : public ClusterStateTest {
     return OneInputCall(Id(1), slice, in, in_slice, out);
   }
   WorkerRecord* Worker(int64_t id) { return state_.FindWorker(id); }
+  // `made` = scale(X) on host0, issued at "train.py:41 in step" (site 7),
+  // then `read` = scale(made) on host1.
+  void RouteStepThenConsumer(uint64_t made, uint64_t read) {
+    state_.FindClient(client_)->call_sites[7] = "train.py:41 in step";
+    proto::Call step = Call(a_, Id(10), a_, made);
+    step.set_site(7);
+    WorkerOps ops;
+    ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
+    ASSERT_TRUE(state_.RouteCall(client_, Call(b_, made, a_, read), &ops).ok());
+  }
   std::vector<proto::WhyEntry> Why() {
     WhyOptions options;
     options.now = now_;
@@ -216,14 +226,7 @@ TEST_F(WhyTest, ALostInputIsTheRoot) {
 TEST_F(WhyTest, ALostInputNamesTheLineThatMadeIt) {
   // W = scale(X) on host0, issued at a line the client named, then
   // V = scale(W) on host1; host0 is lost with W.
-  ClientRecord* client = state_.FindClient(client_);
-  client->call_sites[7] = "train.py:41 in step";
-  proto::Call step = Call(a_, Id(10), a_, Id(15));
-  step.set_site(7);
-  WorkerOps ops;
-  ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
-  ASSERT_TRUE(
-      state_.RouteCall(client_, Call(b_, Id(15), a_, Id(16)), &ops).ok());
+  RouteStepThenConsumer(Id(15), Id(16));
   WorkerLoss loss = state_.LoseWorker(1, "killed [host host0, pid 7]");
   state_.LoseOnBrokenSlices(client_, loss);
   const proto::WhyEntry* e = nullptr;
@@ -364,14 +367,8 @@ class WhyTransferTest : public WhyTest {
  protected:
   void SetUp() override {
     WhyTest::SetUp();
-    ClientRecord* client = state_.FindClient(client_);
-    client->call_sites[7] = "train.py:41 in step";
-    proto::Call step = Call(a_, Id(10), a_, Id(13));
-    step.set_site(7);
+    RouteStepThenConsumer(Id(13), Id(14));
     WorkerOps ops;
-    ASSERT_TRUE(state_.RouteCall(client_, step, &ops).ok());
-    ASSERT_TRUE(
-        state_.RouteCall(client_, Call(b_, Id(13), a_, Id(14)), &ops).ok());
     for (const auto& [seq, call] : state_.records().calls()) {
       if (call.call_id == Id(11) || call.call_id == Id(12) ||
           call.call_id == Id(13)) {
