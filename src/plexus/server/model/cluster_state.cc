@@ -21,14 +21,17 @@ bool OnOneHost(const SliceRecord& slice) {
 }
 
 WorkerRecord& ClusterState::AddWorker(const proto::RegisterWorker& info,
-                                      absl::Time now) {
+                                      absl::Time now, uint64_t generation) {
   int64_t id = next_worker_id_++;
   WorkerRecord& w = workers_[id];
   w.id = id;
+  w.generation = generation;
   w.info = info;
+  w.info.clear_inventory();
   w.last_heartbeat = now;
   w.device_load.assign(info.devices_size(), 0);
   UpdateLineagePolicy();
+  JournalWorker(w);
   return w;
 }
 
@@ -49,11 +52,13 @@ std::set<uint64_t> ClusterState::MarkWorkerDown(int64_t id,
   if (w == nullptr || !w->alive) return clients;
   w->alive = false;
   w->down_reason = reason;
+  JournalWorkerGone(*w);
   if (w->info.spare()) UpdateLineagePolicy();
   for (auto& [sid, slice] : slices_) {
     for (const DeviceRef& d : slice.devices) {
       if (d.worker_id == id) {
         if (slice.broken.empty()) slice.broken = reason;
+        JournalSlice(slice);
         clients.insert(slice.client_id);
         break;
       }
@@ -81,6 +86,11 @@ absl::StatusOr<uint64_t> ClusterState::ServerMadeIds(uint64_t client_id,
   }
   const uint64_t first = ::plexus::ServerMadeId(client_id, next_server_id_);
   next_server_id_ += count;
+  if (journal_ != nullptr) {
+    proto::ModelRecord r;
+    r.set_server_ids(next_server_id_);
+    Journal(r);
+  }
   return first;
 }
 
@@ -91,6 +101,13 @@ ClientRecord& ClusterState::AddClient(const std::string& name,
   c.id = id;
   c.name = name;
   c.tenant = tenant;
+  if (journal_ != nullptr) {
+    proto::ModelRecord r;
+    r.mutable_client()->set_client_id(id);
+    r.mutable_client()->set_name(name);
+    r.mutable_client()->set_tenant(tenant);
+    Journal(r);
+  }
   return c;
 }
 
@@ -108,6 +125,16 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   std::set<int64_t> touched;
   ClientRecord* c = FindClient(id);
   if (c == nullptr) return touched;
+  if (journal_ != nullptr) {
+    proto::ModelRecord r;
+    r.set_client_gone(id);
+    Journal(r);
+  }
+  for (auto it = held_.begin(); it != held_.end();) {
+    auto next = std::next(it);
+    if (ClientOfBuffer(it->first) == id) held_.erase(it);
+    it = next;
+  }
   for (uint64_t sid : c->slices) {
     auto it = slices_.find(sid);
     if (it == slices_.end()) continue;
@@ -214,6 +241,12 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
     client->replaced_layouts.push_back(std::move(slot->second.outputs));
   }
   slot->second = std::move(rec);
+  if (journal_ != nullptr) {
+    proto::ModelRecord r;
+    r.mutable_program()->set_client_id(client_id);
+    *r.mutable_program()->mutable_program() = reg;
+    Journal(r);
+  }
   if (xla && ops != nullptr) {
     std::set<int64_t> targets;
     for (const auto& island : def.xla().islands()) {

@@ -20,8 +20,10 @@
 #include "absl/time/time.h"
 #include "plexus/common/ids.h"
 #include "plexus/common/types.h"
+#include "plexus/proto/model_journal.pb.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/model/job_records.h"
+#include "plexus/server/model/model_journal.h"
 #include "plexus/server/model/tenants.h"
 
 namespace plexus {
@@ -34,6 +36,10 @@ struct WorkerRecord {
   uint64_t generation = 0;
   proto::RegisterWorker info;
   bool alive = true;
+  // Restored from the journal by a restarted server and not back yet (not
+  // alive meanwhile): it may register again as this host, with what it
+  // kept (ClusterState::ResumeWorker), until the server's resume wait ends.
+  bool away = false;
   std::string down_reason;
   proto::WorkerStats stats;
   absl::Time last_heartbeat;
@@ -121,6 +127,14 @@ struct ProgramRecord {
 
 struct ClientRecord {
   uint64_t id = 0;
+  // Restored from the journal by a restarted server, its session not
+  // resumed yet (ClusterState::ResumeClient).
+  bool away = false;
+  // Resumed, and still telling what it holds (LiveBuffers, until `done`):
+  // the live buffers whose shards the workers did not all give back, each
+  // kept until a call sent again makes it (else lost at the end).
+  bool resuming = false;
+  std::set<uint64_t> missing;
   std::string name;
   // The tenant it authenticated as (server/model/tenants.h): its share and
   // quotas.
@@ -212,7 +226,9 @@ class ClusterState {
   }
 
   // --- workers
-  WorkerRecord& AddWorker(const proto::RegisterWorker& info, absl::Time now);
+  // `generation`: the registration's (WorkerRecord::generation).
+  WorkerRecord& AddWorker(const proto::RegisterWorker& info, absl::Time now,
+                          uint64_t generation = 0);
   // Whether a host stands by: alive, in no slice, in a cluster that can
   // recover (a spare has registered, or this one is one). LoseWorker takes
   // such hosts for a lost host's place, so each is loaded with every XLA
@@ -292,6 +308,61 @@ class ClusterState {
   int64_t SnapshotRecopiesPending() const;
   // Snapshots asked for whose copies have not all arrived.
   int64_t SnapshotsIncomplete() const;
+
+  // --- restart (server/model/restart.cc): the journal of the records no
+  // worker or client can give back, and a restarted server's rebuild.
+  //
+  // Every change to workers, clients, slices, programs and the server's
+  // ids is written to `journal` (not owned; null: none) as it is made.
+  void set_journal(ModelJournalSink* journal) { journal_ = journal; }
+  // Applies one journaled change, in order, to a model that has served
+  // nothing yet. Workers come back away (WorkerRecord::away), clients away
+  // (ClientRecord::away). InvalidArgument naming the record if it does not
+  // fit what came before (a slice of an unknown client, ...).
+  absl::Status Restore(const proto::ModelRecord& change);
+  // After the last Restore: the next ids follow the largest restored.
+  void FinishRestore();
+  // A worker that kept its state asks to be the host it was
+  // (RegisterWorker.kept_state): if an away worker of that id, generation
+  // and host name is restored, it is alive again under its id with
+  // `generation`, its held shards (inventory) are noted for its clients'
+  // resumes, and its XLA programs count as loaded. Null otherwise (it
+  // registers as a fresh host).
+  WorkerRecord* ResumeWorker(const proto::RegisterWorker& info,
+                             uint64_t generation, absl::Time now);
+  // Whether one of `client_id`'s slices has a device on an away worker.
+  bool WaitsForWorkers(uint64_t client_id) const;
+  // The away worker ids (restored, not back).
+  std::vector<int64_t> AwayWorkers() const;
+  // An away worker whose wait is over becomes a live one again, for the
+  // caller to lose at once (LoseWorker: its slices are remapped onto a
+  // spare or break, as for any lost host).
+  void EndAway(int64_t worker_id);
+  // Resumes client `client_id`'s session (it was restored and is away):
+  // NotFound if no such session is restored, FailedPrecondition if it
+  // already resumed.
+  absl::Status ResumeClient(uint64_t client_id);
+  // What a resuming client holds (LiveBuffers): each buffer whose shards
+  // the workers of its slice all gave back is recorded as live
+  // (JobRecords::AddRestored); the others wait for a call sent again
+  // (RouteResentCall) until `done`, when what is still missing is lost
+  // (recorded in LostStatus, returned as lost_ids with the status) and
+  // the shards the workers gave back that no live buffer of the client
+  // names are released (ops).
+  proto::Recovery RestoreLiveBuffers(uint64_t client_id,
+                                     const proto::LiveBuffers& live,
+                                     WorkerOps* ops);
+  // A call of a batch sent again after a resume: not run if it makes no
+  // buffer the client is missing (its live outputs are held, or it has
+  // none); else routed as RouteCall does, if every input is recorded (held,
+  // or made by a call sent again before it), its outputs the client no
+  // longer holds released after it; else its missing outputs are lost,
+  // naming the input. `*routed` says whether it was routed (`seq` set).
+  absl::Status RouteResentCall(uint64_t client_id, const proto::Call& call,
+                               WorkerOps* ops, uint64_t* seq, bool* routed);
+  // The records that rebuild what the journal keeps of the model now (a
+  // compacted journal's snapshot, proto::ModelSnapshot).
+  proto::ModelSnapshot SnapshotRecords() const;
 
   // --- clients
   // A client id is the top 24 bits of every id its client makes
@@ -587,7 +658,20 @@ class ClusterState {
   bool MayDonate(const ProgramRecord& prog, const proto::Call& call, int i,
                  bool same_layout) const;
   proto::RecoveryCounters counters_;
-  bool spares_seen_ = false;  // a spare has registered (UpdateLineagePolicy)
+  bool spares_seen_ = false;
+  ModelJournalSink* journal_ = nullptr;  // set_journal
+  // Writes `change` to the journal, if there is one.
+  void Journal(const proto::ModelRecord& change) {
+    if (journal_ != nullptr) journal_->Record(change);
+  }
+  void JournalSlice(const SliceRecord& slice);
+  void JournalWorker(const WorkerRecord& w);
+  void JournalWorkerGone(const WorkerRecord& w);
+  // Shards resumed workers gave back, by buffer: (worker, shard).
+  absl::flat_hash_map<uint64_t, std::vector<std::pair<int64_t, int32_t>>> held_;
+  // Whether every shard of `id` on `slice` was given back.
+  bool HeldWhole(uint64_t id, const SliceRecord& slice)
+      const;  // a spare has registered (UpdateLineagePolicy)
 };
 
 }  // namespace plexus

@@ -206,6 +206,12 @@ void JobRecords::AddPut(uint64_t buffer_id, uint64_t slice_id,
   b.put = true;
 }
 
+void JobRecords::AddRestored(uint64_t buffer_id, uint64_t slice_id,
+                             const ArgSpec& spec) {
+  AddPut(buffer_id, slice_id, spec);
+  buffers_[buffer_id].put = false;
+}
+
 void JobRecords::Reconsider(uint64_t seq, CallRecord* rec) {
   // A loop, not recursion: letting go of a chain's end lets go of the whole
   // chain, one call per link (a chain of 43,000 split values overflowed a

@@ -227,6 +227,11 @@ class JobRecords {
   void AddCall(uint64_t seq, uint64_t client_id, const proto::Call& call,
                const std::vector<ArgSpec>& outputs);
   void AddPut(uint64_t buffer_id, uint64_t slice_id, const ArgSpec& spec);
+  // A value a resumed client still holds whose shards its workers kept
+  // across a server restart: recorded as a put is, but its client keeps no
+  // data and its producer is unknown (its lineage went with the server
+  // that made it), so a later loss of one of its hosts loses it.
+  void AddRestored(uint64_t buffer_id, uint64_t slice_id, const ArgSpec& spec);
   // The call's workers have all reported it done. A call that failed
   // keeps holding its inputs (it may have failed because a host was lost,
   // and run again).

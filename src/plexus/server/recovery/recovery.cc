@@ -27,6 +27,7 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
   if (w == nullptr || !w->alive) return loss;
   w->alive = false;
   w->down_reason = reason;
+  JournalWorkerGone(*w);
   counters_.set_hosts_lost(counters_.hosts_lost() + 1);
   const bool was_spare = w->info.spare();
   if (was_spare) UpdateLineagePolicy();
@@ -51,6 +52,7 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
       for (auto& [wid, c] : workers_) {
         if (!c.alive || !c.info.spare() || c.slices_mapped > 0) continue;
         c.info.set_spare(false);
+        JournalWorker(c);
         loss.promoted = wid;
         UpdateLineagePolicy();
         break;
@@ -86,6 +88,7 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
   for (uint64_t sid : affected) {
     SliceRecord& slice = slices_.at(sid);
     if (slice.broken.empty()) slice.broken = reason;
+    JournalSlice(slice);
     loss.broken.insert(sid);
     counters_.set_slices_broken(counters_.slices_broken() + 1);
   }
@@ -118,11 +121,13 @@ void ClusterState::RemapOnto(WorkerLoss& loss, const std::set<uint64_t>& sids,
     AddLoad(slice.devices, +1);
     slice.generation++;
     slice.awaiting.clear();
+    JournalSlice(slice);
     loss.remapped.insert(sid);
     counters_.set_slices_remapped(counters_.slices_remapped() + 1);
   }
   loss.spare = spare.id;
   spare.info.set_spare(false);  // a host like the others from now on
+  JournalWorker(spare);
   UpdateLineagePolicy();
   // XLA programs name their islands' workers: the spare stands in for the
   // lost host (same device indices, so the same compile options).
@@ -131,10 +136,20 @@ void ClusterState::RemapOnto(WorkerLoss& loss, const std::set<uint64_t>& sids,
     if (client == nullptr) continue;
     for (auto& [pid, prog] : client->programs) {
       if (prog.def.kernel() != "xla") continue;
+      bool moved = false;
       for (auto& island : *prog.def.mutable_xla()->mutable_islands()) {
         for (int i = 0; i < island.workers_size(); ++i) {
-          if (island.workers(i) == id) island.set_workers(i, spare.id);
+          if (island.workers(i) != id) continue;
+          island.set_workers(i, spare.id);
+          moved = true;
         }
+      }
+      if (moved && journal_ != nullptr) {
+        proto::ModelRecord r;
+        r.mutable_program()->set_client_id(c);
+        r.mutable_program()->mutable_program()->set_program_id(pid);
+        *r.mutable_program()->mutable_program()->mutable_program() = prog.def;
+        Journal(r);
       }
     }
   }
@@ -185,6 +200,7 @@ std::vector<WorkerLoss> ClusterState::EndAwaited(absl::Time now, int64_t lost) {
       SliceRecord& slice = slices_.at(sid);
       slice.awaiting.clear();
       if (slice.broken.empty()) slice.broken = loss.reason;
+      JournalSlice(slice);
       loss.broken.insert(sid);
       counters_.set_slices_broken(counters_.slices_broken() + 1);
     }

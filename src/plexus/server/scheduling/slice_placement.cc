@@ -304,6 +304,7 @@ proto::SliceInfo ClusterState::GrantSlice(ClientRecord& client,
   slice.devices = std::move(devices);
   AddLoad(slice.devices, +1);
   client.slices.insert(slice.id);
+  JournalSlice(slice);
   return DescribeSlice(slice);
 }
 
@@ -417,6 +418,11 @@ absl::Status ClusterState::ReleaseSlice(uint64_t client_id, uint64_t slice_id) {
   slices_.erase(it);
   ForgetAwaitedSlice(slice_id);
   if (ClientRecord* c = FindClient(client_id)) c->slices.erase(slice_id);
+  if (journal_ != nullptr) {
+    proto::ModelRecord r;
+    r.set_slice_gone(slice_id);
+    Journal(r);
+  }
   return absl::OkStatus();
 }
 

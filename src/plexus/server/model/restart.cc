@@ -1,0 +1,388 @@
+// ClusterState's journal and a restarted server's rebuild (cluster_state.h,
+// "restart"): what is journaled, how it is restored, and how workers and
+// clients that come back are taken in.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "plexus/common/ids.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/server/model/cluster_state.h"
+
+namespace plexus {
+
+namespace {
+
+proto::JournaledSlice ToJournal(const SliceRecord& slice) {
+  proto::JournaledSlice j;
+  j.set_slice_id(slice.id);
+  j.set_client_id(slice.client_id);
+  for (const DeviceRef& d : slice.devices) {
+    proto::JournaledDevice* jd = j.add_devices();
+    jd->set_worker_id(d.worker_id);
+    jd->set_device(d.device);
+  }
+  for (int32_t m : slice.mesh_shape) j.add_mesh_shape(m);
+  for (const std::string& a : slice.axis_names) j.add_axis_names(a);
+  j.set_broken(slice.broken);
+  j.set_generation(slice.generation);
+  return j;
+}
+
+// A registration as the journal keeps it: no credential, no inventory.
+proto::RegisterWorker Journaled(const proto::RegisterWorker& info) {
+  proto::RegisterWorker kept = info;
+  kept.clear_credential();
+  kept.clear_inventory();
+  kept.clear_kept_state();
+  return kept;
+}
+
+}  // namespace
+
+void ClusterState::JournalSlice(const SliceRecord& slice) {
+  if (journal_ == nullptr) return;
+  proto::ModelRecord r;
+  *r.mutable_slice() = ToJournal(slice);
+  Journal(r);
+}
+
+void ClusterState::JournalWorker(const WorkerRecord& w) {
+  if (journal_ == nullptr) return;
+  proto::ModelRecord r;
+  r.mutable_worker()->set_worker_id(w.id);
+  r.mutable_worker()->set_generation(w.generation);
+  *r.mutable_worker()->mutable_info() = Journaled(w.info);
+  Journal(r);
+}
+
+void ClusterState::JournalWorkerGone(const WorkerRecord& w) {
+  if (journal_ == nullptr) return;
+  proto::ModelRecord r;
+  r.mutable_worker_gone()->set_worker_id(w.id);
+  r.mutable_worker_gone()->set_reason(w.down_reason);
+  Journal(r);
+}
+
+absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
+  switch (change.change_case()) {
+    case proto::ModelRecord::kWorker: {
+      const proto::JournaledWorker& j = change.worker();
+      WorkerRecord& w = workers_[j.worker_id()];
+      const bool fresh = w.id == 0;
+      w.id = j.worker_id();
+      w.generation = j.generation();
+      w.info = j.info();
+      w.alive = false;
+      w.away = true;
+      w.down_reason = "not back since the server restarted";
+      if (fresh) w.device_load.assign(w.info.devices_size(), 0);
+      next_worker_id_ = std::max(next_worker_id_, w.id + 1);
+      return absl::OkStatus();
+    }
+    case proto::ModelRecord::kWorkerGone: {
+      WorkerRecord* w = FindWorker(change.worker_gone().worker_id());
+      if (w == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("journal: worker ", change.worker_gone().worker_id(),
+                         " gone before it registered"));
+      }
+      w->away = false;
+      w->down_reason = change.worker_gone().reason();
+      return absl::OkStatus();
+    }
+    case proto::ModelRecord::kClient: {
+      const proto::JournaledClient& j = change.client();
+      ClientRecord& c = clients_[j.client_id()];
+      c.id = j.client_id();
+      c.name = j.name();
+      c.tenant = j.tenant();
+      c.away = true;
+      next_client_id_ = std::max(next_client_id_, c.id + 1);
+      return absl::OkStatus();
+    }
+    case proto::ModelRecord::kClientGone:
+      RemoveClient(change.client_gone());
+      return absl::OkStatus();
+    case proto::ModelRecord::kSlice: {
+      const proto::JournaledSlice& j = change.slice();
+      ClientRecord* c = FindClient(j.client_id());
+      if (c == nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("journal: slice ", j.slice_id(), " of client ",
+                         j.client_id(), ", which is not restored"));
+      }
+      auto old = slices_.find(j.slice_id());
+      if (old != slices_.end()) AddLoad(old->second.devices, -1);
+      SliceRecord& slice = slices_[j.slice_id()];
+      slice.id = j.slice_id();
+      slice.client_id = j.client_id();
+      slice.devices.clear();
+      for (const proto::JournaledDevice& d : j.devices()) {
+        if (FindWorker(d.worker_id()) == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("journal: slice ", j.slice_id(), " on worker ",
+                           d.worker_id(), ", which is not restored"));
+        }
+        slice.devices.push_back({d.worker_id(), d.device()});
+      }
+      slice.mesh_shape.assign(j.mesh_shape().begin(), j.mesh_shape().end());
+      slice.axis_names.assign(j.axis_names().begin(), j.axis_names().end());
+      slice.broken = j.broken();
+      slice.generation = j.generation();
+      AddLoad(slice.devices, +1);
+      c->slices.insert(slice.id);
+      next_slice_id_ = std::max(next_slice_id_, slice.id + 1);
+      return absl::OkStatus();
+    }
+    case proto::ModelRecord::kSliceGone: {
+      auto it = slices_.find(change.slice_gone());
+      if (it == slices_.end()) return absl::OkStatus();
+      const uint64_t client = it->second.client_id;
+      return ReleaseSlice(client, change.slice_gone());
+    }
+    case proto::ModelRecord::kProgram: {
+      const proto::JournaledProgram& j = change.program();
+      absl::Status s = RegisterProgram(j.client_id(), j.program(), nullptr);
+      if (!s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("journal: program ", j.program().program_id(),
+                         " of client ", j.client_id(), ": ", s.message()));
+      }
+      return absl::OkStatus();
+    }
+    case proto::ModelRecord::kServerIds:
+      next_server_id_ = std::max(next_server_id_, change.server_ids());
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError("journal: an empty model record");
+  }
+}
+
+void ClusterState::FinishRestore() {
+  UpdateLineagePolicy();
+  for (const auto& [id, w] : workers_) {
+    next_worker_id_ = std::max(next_worker_id_, id + 1);
+  }
+}
+
+proto::ModelSnapshot ClusterState::SnapshotRecords() const {
+  proto::ModelSnapshot snap;
+  for (const auto& [id, w] : workers_) {
+    proto::ModelRecord* r = snap.add_records();
+    r->mutable_worker()->set_worker_id(id);
+    r->mutable_worker()->set_generation(w.generation);
+    *r->mutable_worker()->mutable_info() = Journaled(w.info);
+    if (!w.alive && !w.away) {
+      r = snap.add_records();
+      r->mutable_worker_gone()->set_worker_id(id);
+      r->mutable_worker_gone()->set_reason(w.down_reason);
+    }
+  }
+  for (const auto& [id, c] : clients_) {
+    proto::ModelRecord* r = snap.add_records();
+    r->mutable_client()->set_client_id(id);
+    r->mutable_client()->set_name(c.name);
+    r->mutable_client()->set_tenant(c.tenant);
+    // In id order: a program registered again under its id is the last.
+    std::map<uint64_t, const ProgramRecord*> programs;
+    for (const auto& [pid, prog] : c.programs) programs[pid] = &prog;
+    for (const auto& [pid, prog] : programs) {
+      r = snap.add_records();
+      r->mutable_program()->set_client_id(id);
+      r->mutable_program()->mutable_program()->set_program_id(pid);
+      *r->mutable_program()->mutable_program()->mutable_program() = prog->def;
+    }
+  }
+  for (const auto& [id, slice] : slices_) {
+    *snap.add_records()->mutable_slice() = ToJournal(slice);
+  }
+  snap.add_records()->set_server_ids(next_server_id_);
+  return snap;
+}
+
+WorkerRecord* ClusterState::ResumeWorker(const proto::RegisterWorker& info,
+                                         uint64_t generation, absl::Time now) {
+  WorkerRecord* w = FindWorker(info.previous_worker_id());
+  if (w == nullptr || !w->away || w->generation != info.previous_generation() ||
+      w->info.host_name() != info.host_name() ||
+      w->info.devices_size() != info.devices_size()) {
+    return nullptr;
+  }
+  w->away = false;
+  w->alive = true;
+  w->down_reason.clear();
+  w->generation = generation;
+  w->info = Journaled(info);
+  w->last_heartbeat = now;
+  for (const proto::HeldShard& h : info.inventory()) {
+    held_[h.buffer_id()].emplace_back(w->id, h.shard());
+  }
+  // It kept the programs it had loaded: those whose islands name it.
+  for (const auto& [cid, client] : clients_) {
+    for (const auto& [pid, prog] : client.programs) {
+      for (const auto& island : prog.def.xla().islands()) {
+        for (int64_t on : island.workers()) {
+          if (on == w->id) w->loaded_programs.insert(pid);
+        }
+      }
+    }
+  }
+  JournalWorker(*w);
+  return w;
+}
+
+bool ClusterState::WaitsForWorkers(uint64_t client_id) const {
+  const ClientRecord* c = FindClient(client_id);
+  if (c == nullptr) return false;
+  for (uint64_t sid : c->slices) {
+    auto it = slices_.find(sid);
+    if (it == slices_.end()) continue;
+    for (const DeviceRef& d : it->second.devices) {
+      auto w = workers_.find(d.worker_id);
+      if (w != workers_.end() && w->second.away) return true;
+    }
+  }
+  return false;
+}
+
+std::vector<int64_t> ClusterState::AwayWorkers() const {
+  std::vector<int64_t> away;
+  for (const auto& [id, w] : workers_) {
+    if (w.away) away.push_back(id);
+  }
+  return away;
+}
+
+void ClusterState::EndAway(int64_t worker_id) {
+  WorkerRecord* w = FindWorker(worker_id);
+  if (w == nullptr || !w->away) return;
+  w->away = false;
+  w->alive = true;  // for LoseWorker, which the caller runs now
+}
+
+absl::Status ClusterState::ResumeClient(uint64_t client_id) {
+  ClientRecord* c = FindClient(client_id);
+  if (c == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "client ", client_id, ": no such session in this server's journal"));
+  }
+  if (!c->away) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("client ", client_id, ": its session already resumed"));
+  }
+  c->away = false;
+  c->resuming = true;
+  return absl::OkStatus();
+}
+
+bool ClusterState::HeldWhole(uint64_t id, const SliceRecord& slice) const {
+  auto it = held_.find(id);
+  if (it == held_.end()) return false;
+  for (int j = 0; j < static_cast<int>(slice.devices.size()); ++j) {
+    const int64_t worker = slice.devices[j].worker_id;
+    if (std::find(it->second.begin(), it->second.end(),
+                  std::make_pair(worker, static_cast<int32_t>(j))) ==
+        it->second.end()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
+                                                 const proto::LiveBuffers& live,
+                                                 WorkerOps* ops) {
+  proto::Recovery note;
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr || !client->resuming) return note;
+  for (const proto::LiveBuffer& b : live.buffers()) {
+    const uint64_t id = b.buffer_id();
+    if (ClientOfBuffer(id) != client_id) continue;  // not its to claim
+    auto slice = slices_.find(b.slice_id());
+    auto arg = FromProto(b.arg());
+    if (slice == slices_.end() || slice->second.client_id != client_id ||
+        !arg.ok()) {
+      client->missing.insert(id);
+      continue;
+    }
+    const int n = static_cast<int>(slice->second.devices.size());
+    auto local = arg->Local(n);
+    if (!local.ok() || !slice->second.broken.empty() ||
+        !HeldWhole(id, slice->second)) {
+      client->missing.insert(id);
+      continue;
+    }
+    RecordBuffer(*client, id, static_cast<int64_t>(local->byte_size()) * n);
+    records_.AddRestored(id, b.slice_id(), *arg);
+  }
+  if (!live.done()) return note;
+  client->resuming = false;
+  const absl::Status lost = absl::DataLossError(
+      "the server restarted before this value was complete on its workers, "
+      "and no call the client sent again makes it (a worker that did not "
+      "come back held it, or it was being computed and its call was no "
+      "longer kept by the client)");
+  *note.mutable_status() = StatusToProto(lost);
+  for (uint64_t id : client->missing) {
+    lost_.emplace(id, lost);
+    note.add_lost_ids(id);
+  }
+  client->missing.clear();
+  // What the workers gave back of this client that it no longer holds.
+  for (auto it = held_.begin(); it != held_.end();) {
+    auto next = std::next(it);
+    if (ClientOfBuffer(it->first) == client_id) {
+      if (records_.FindBuffer(it->first) == nullptr) {
+        std::set<int64_t> workers;
+        for (const auto& [w, shard] : it->second) workers.insert(w);
+        for (int64_t w : workers) {
+          proto::WorkerOp op;
+          op.mutable_release()->add_buffer_ids(it->first);
+          (*ops)[w].push_back(std::move(op));
+        }
+      }
+      held_.erase(it);
+    }
+    it = next;
+  }
+  return note;
+}
+
+absl::Status ClusterState::RouteResentCall(uint64_t client_id,
+                                           const proto::Call& call,
+                                           WorkerOps* ops, uint64_t* seq,
+                                           bool* routed) {
+  *routed = false;
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  bool needed = false;
+  for (uint64_t o : call.output_ids()) needed |= client->missing.count(o) > 0;
+  if (!needed) return absl::OkStatus();
+  for (const proto::InputRef& in : call.inputs()) {
+    if (records_.FindBuffer(in.buffer_id()) != nullptr) continue;
+    const absl::Status lost = absl::DataLossError(absl::StrCat(
+        "the server restarted before this call ran everywhere, and its "
+        "input buffer ",
+        in.buffer_id(),
+        " is no longer held (a donated input the call consumed on some "
+        "worker, or a value a worker that did not come back held)"));
+    for (uint64_t o : call.output_ids()) {
+      if (client->missing.erase(o) > 0) lost_.emplace(o, lost);
+    }
+    return lost;
+  }
+  absl::Status s = RouteCall(client_id, call, ops, seq);
+  if (!s.ok()) return s;
+  *routed = true;
+  for (uint64_t o : call.output_ids()) {
+    if (client->missing.erase(o) > 0) continue;
+    // An output the client no longer holds: released once the call ran.
+    proto::ReleaseRef release;
+    release.set_buffer_id(o);
+    release.set_slice_id(call.slice_id());
+    RouteRelease(client_id, release, ops);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace plexus

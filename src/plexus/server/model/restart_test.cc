@@ -1,0 +1,268 @@
+// A restarted server's rebuild (ClusterState: restart.cc), driven directly:
+// what the journal keeps, how it is restored, and how the workers and
+// clients that come back are taken in.
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "plexus/common/ids.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/model/cluster_state_test_util.h"
+
+namespace plexus {
+namespace {
+
+// Keeps what the model journals, in order.
+class RecordingSink : public ModelJournalSink {
+ public:
+  void Record(const proto::ModelRecord& change) override {
+    records.push_back(change);
+  }
+  std::vector<proto::ModelRecord> records;
+};
+
+const ArgSpec kArg{{DType::kF32, {4}}, Sharding::Replicated()};
+
+class RestartTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    before_.set_journal(&sink_);
+    w0_ = before_.AddWorker(Host("host0", 1), absl::Now(), 100).id;
+    w1_ = before_.AddWorker(Host("host1", 1), absl::Now(), 101).id;
+    client_ = before_.AddClient("job", "default").id;
+    proto::SliceRequest req;
+    req.set_num_devices(2);
+    req.set_placement(proto::PLACEMENT_SPREAD);
+    auto s = before_.CreateSlice(client_, req);
+    ASSERT_TRUE(s.ok()) << s.status();
+    slice_ = s->slice_id();
+    proto::RegisterProgram reg;
+    reg.set_program_id(Id(1));
+    reg.mutable_program()->set_name("scale");
+    reg.mutable_program()->set_kernel("scale");
+    *reg.mutable_program()->add_inputs() = ToProto(kArg);
+    *reg.mutable_program()->add_outputs() = ToProto(kArg);
+    ASSERT_TRUE(before_.RegisterProgram(client_, reg).ok());
+  }
+  uint64_t Id(uint64_t n) const { return ClientMadeId(client_, n); }
+  // The call of program 1 on the slice from `in` to `out`.
+  proto::Call Call(uint64_t call_id, uint64_t in, uint64_t out) const {
+    proto::Call call;
+    call.set_call_id(call_id);
+    call.set_slice_id(slice_);
+    call.set_program_id(Id(1));
+    proto::InputRef* ref = call.add_inputs();
+    ref->set_buffer_id(in);
+    ref->set_slice_id(slice_);
+    *ref->mutable_arg() = ToProto(kArg);
+    call.add_output_ids(out);
+    return call;
+  }
+  // `after_` rebuilt from what `before_` journaled.
+  void Restart() {
+    for (const proto::ModelRecord& r : sink_.records) {
+      ASSERT_TRUE(after_.Restore(r).ok()) << r.DebugString();
+    }
+    after_.FinishRestore();
+  }
+  // Worker `id` of host `host` comes back holding `held` (buffer, shard).
+  WorkerRecord* Return(int64_t id, const std::string& host, uint64_t gen,
+                       std::vector<std::pair<uint64_t, int>> held) {
+    proto::RegisterWorker info = Host(host, 1);
+    info.set_previous_worker_id(id);
+    info.set_previous_generation(gen);
+    info.set_kept_state(true);
+    for (const auto& [b, shard] : held) {
+      proto::HeldShard* h = info.add_inventory();
+      h->set_buffer_id(b);
+      h->set_shard(shard);
+    }
+    return after_.ResumeWorker(info, gen + 10, absl::Now());
+  }
+  proto::LiveBuffers Live(std::vector<uint64_t> ids, bool done) const {
+    proto::LiveBuffers live;
+    for (uint64_t id : ids) {
+      proto::LiveBuffer* b = live.add_buffers();
+      b->set_buffer_id(id);
+      b->set_slice_id(slice_);
+      *b->mutable_arg() = ToProto(kArg);
+    }
+    live.set_done(done);
+    return live;
+  }
+
+  RecordingSink sink_;
+  ClusterState before_;
+  ClusterState after_;
+  int64_t w0_ = 0, w1_ = 0;
+  uint64_t client_ = 0;
+  uint64_t slice_ = 0;
+};
+
+TEST_F(RestartTest, TheJournalRebuildsWorkersClientsSlicesAndPrograms) {
+  // A second slice, released: gone after the restart too.
+  proto::SliceRequest req;
+  req.set_num_devices(1);
+  auto gone = before_.CreateSlice(client_, req);
+  ASSERT_TRUE(gone.ok());
+  ASSERT_TRUE(before_.ReleaseSlice(client_, gone->slice_id()).ok());
+  Restart();
+  ASSERT_EQ(after_.workers().size(), 2u);
+  for (const auto& [id, w] : after_.workers()) {
+    EXPECT_TRUE(w.away) << id;
+    EXPECT_FALSE(w.alive) << id;
+  }
+  EXPECT_EQ(after_.workers().at(w1_).generation, 101u);
+  const ClientRecord* c = after_.FindClient(client_);
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->away);
+  EXPECT_EQ(c->name, "job");
+  EXPECT_EQ(c->programs.count(Id(1)), 1u);
+  ASSERT_EQ(after_.slices().size(), 1u);
+  const SliceRecord& s = after_.slices().at(slice_);
+  ASSERT_EQ(s.devices.size(), 2u);
+  EXPECT_EQ(s.devices[0].worker_id,
+            before_.slices().at(slice_).devices[0].worker_id);
+  EXPECT_EQ(s.devices[1].worker_id,
+            before_.slices().at(slice_).devices[1].worker_id);
+  // New ids follow the restored ones: nothing is given twice.
+  EXPECT_EQ(after_.AddClient("next").id, client_ + 1);
+  EXPECT_EQ(after_.AddWorker(Host("host2", 1), absl::Now()).id, w1_ + 1);
+}
+
+TEST_F(RestartTest, AWorkerComesBackOnlyAsTheHostItWas) {
+  Restart();
+  EXPECT_TRUE(after_.WaitsForWorkers(client_));
+  EXPECT_EQ(Return(w0_, "host0", 99, {}), nullptr);       // another generation
+  EXPECT_EQ(Return(w0_, "elsewhere", 100, {}), nullptr);  // another host
+  WorkerRecord* w = Return(w0_, "host0", 100, {});
+  ASSERT_NE(w, nullptr);
+  EXPECT_TRUE(w->alive);
+  EXPECT_EQ(w->id, w0_);
+  EXPECT_EQ(w->generation, 110u);
+  EXPECT_EQ(Return(w0_, "host0", 100, {}), nullptr);  // not twice
+  EXPECT_TRUE(after_.WaitsForWorkers(client_));       // host1 is away
+  ASSERT_NE(Return(w1_, "host1", 101, {}), nullptr);
+  EXPECT_FALSE(after_.WaitsForWorkers(client_));
+  EXPECT_TRUE(after_.AwayWorkers().empty());
+}
+
+TEST_F(RestartTest, AResumedClientKeepsWhatIsHeldAndRunsAgainWhatIsMissing) {
+  // x (put) -> y -> z; the workers came back with x and y whole, z on one
+  // worker only (its call had not run everywhere), and a buffer the client
+  // no longer holds.
+  Restart();
+  const uint64_t x = Id(10), y = Id(11), z = Id(12), stale = Id(13);
+  ASSERT_NE(Return(w0_, "host0", 100, {{x, 0}, {y, 0}, {z, 0}, {stale, 0}}),
+            nullptr);
+  ASSERT_NE(Return(w1_, "host1", 101, {{x, 1}, {y, 1}}), nullptr);
+  EXPECT_TRUE(after_.ResumeClient(client_).ok());
+  EXPECT_EQ(after_.ResumeClient(client_).code(),
+            absl::StatusCode::kFailedPrecondition);
+  WorkerOps ops;
+  proto::Recovery note =
+      after_.RestoreLiveBuffers(client_, Live({x, y, z}, /*done=*/false), &ops);
+  EXPECT_EQ(note.lost_ids_size(), 0);
+  EXPECT_NE(after_.records().FindBuffer(x), nullptr);
+  EXPECT_NE(after_.records().FindBuffer(y), nullptr);
+  EXPECT_EQ(after_.records().FindBuffer(z), nullptr);
+  // The batch sent again: x -> y is held, not run; y -> z runs again.
+  uint64_t seq = 0;
+  bool routed = true;
+  ASSERT_TRUE(
+      after_.RouteResentCall(client_, Call(Id(20), x, y), &ops, &seq, &routed)
+          .ok());
+  EXPECT_FALSE(routed);
+  EXPECT_TRUE(ops.empty());
+  ASSERT_TRUE(
+      after_.RouteResentCall(client_, Call(Id(21), y, z), &ops, &seq, &routed)
+          .ok());
+  EXPECT_TRUE(routed);
+  EXPECT_GT(seq, 0u);
+  for (int64_t w : {w0_, w1_}) {
+    bool executes = false;
+    for (const proto::WorkerOp& op : ops[w]) executes |= op.has_execute();
+    EXPECT_TRUE(executes) << "worker " << w;
+  }
+  ops.clear();
+  note = after_.RestoreLiveBuffers(client_, Live({}, /*done=*/true), &ops);
+  EXPECT_EQ(note.lost_ids_size(), 0);
+  // The buffer no client holds is released where it was given back.
+  ASSERT_EQ(ops[w0_].size(), 1u);
+  ASSERT_TRUE(ops[w0_][0].has_release());
+  EXPECT_EQ(ops[w0_][0].release().buffer_ids(0), stale);
+  EXPECT_TRUE(ops[w1_].empty());
+}
+
+TEST_F(RestartTest, WhatNoWorkerGaveBackAndNoCallMakesIsLostSayingWhy) {
+  Restart();
+  const uint64_t y = Id(11), z = Id(12), w = Id(14);
+  ASSERT_NE(Return(w0_, "host0", 100, {}), nullptr);
+  ASSERT_NE(Return(w1_, "host1", 101, {}), nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  WorkerOps ops;
+  after_.RestoreLiveBuffers(client_, Live({z, w}, false), &ops);
+  // z's call is sent again, but its input y is held nowhere.
+  uint64_t seq = 0;
+  bool routed = true;
+  absl::Status s =
+      after_.RouteResentCall(client_, Call(Id(21), y, z), &ops, &seq, &routed);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find(absl::StrCat("input buffer ", y)),
+            std::string::npos)
+      << s;
+  EXPECT_FALSE(routed);
+  ASSERT_NE(after_.LostStatus(z), nullptr);
+  // w: no call sent again makes it.
+  proto::Recovery note =
+      after_.RestoreLiveBuffers(client_, Live({}, true), &ops);
+  ASSERT_EQ(note.lost_ids_size(), 1);
+  EXPECT_EQ(note.lost_ids(0), w);
+  EXPECT_EQ(note.status().code(),
+            static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_NE(after_.LostStatus(w), nullptr);
+}
+
+TEST_F(RestartTest, ARemapIsJournaledWithTheProgramsThatFollowIt) {
+  // A spare takes host1's place: the slice and its XLA program follow.
+  const int64_t spare =
+      before_.AddWorker(Host("spare", 1, /*spare=*/true), absl::Now(), 102).id;
+  proto::RegisterProgram reg;
+  reg.set_program_id(Id(2));
+  reg.mutable_program()->set_name("xla_prog");
+  reg.mutable_program()->set_kernel("xla");
+  reg.mutable_program()->mutable_xla()->set_module("module");
+  auto* island = reg.mutable_program()->mutable_xla()->add_islands();
+  island->add_workers(w1_);
+  ASSERT_TRUE(before_.RegisterProgram(client_, reg).ok());
+  const WorkerLoss loss = before_.LoseWorker(w1_, "killed");
+  ASSERT_EQ(loss.spare, spare);
+  Restart();
+  const SliceRecord& s = after_.slices().at(slice_);
+  EXPECT_EQ(s.generation, 1u);
+  bool on_spare = false;
+  for (const DeviceRef& d : s.devices) on_spare |= d.worker_id == spare;
+  EXPECT_TRUE(on_spare);
+  const ProgramRecord& prog = after_.FindClient(client_)->programs.at(Id(2));
+  EXPECT_EQ(prog.def.xla().islands(0).workers(0), spare);
+  EXPECT_FALSE(after_.workers().at(w1_).away);  // lost, not coming back
+  EXPECT_FALSE(after_.workers().at(spare).info.spare());
+}
+
+TEST_F(RestartTest, ASnapshotRebuildsWhatTheWholeJournalDoes) {
+  proto::SliceRequest req;
+  req.set_num_devices(1);
+  ASSERT_TRUE(before_.CreateSlice(client_, req).ok());
+  const proto::ModelSnapshot snap = before_.SnapshotRecords();
+  ClusterState compacted;
+  for (const proto::ModelRecord& r : snap.records()) {
+    ASSERT_TRUE(compacted.Restore(r).ok()) << r.DebugString();
+  }
+  compacted.FinishRestore();
+  Restart();
+  EXPECT_EQ(compacted.SnapshotRecords().SerializeAsString(),
+            after_.SnapshotRecords().SerializeAsString());
+  EXPECT_EQ(compacted.slices().size(), 2u);
+}
+
+}  // namespace
+}  // namespace plexus
