@@ -26,8 +26,10 @@ It measures:
                  a host whose process died) until the server's status shows
                  it down, naming it
   recover_ms     from the drop until the slice is remapped onto the spare
-                 (its generation moves), and recover_call_ms until a call
-                 over the remapped slice has completed
+                 (its generation moves), and recover_call_ms until a chain
+                 of --lineage calls (default 16) live at the drop, whose
+                 values the server recomputes on the new map, resolves
+                 again (calls_recomputed: the calls it ran again)
   step90_us      the shortest step time at which the controller keeps all
                  H hosts at least 90% busy (Pathways, Fig. 6's measure):
 
@@ -74,10 +76,15 @@ except ImportError:
     sys.path.insert(0, str(ROOT / "python"))
     import plexus
 from plexus import _core
-from plexus._binaries import bin_dir
 from plexus._status import cluster_status
 
 TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def bin_dir():
+    """plexus-server and plexus-sim-workers: $PLEXUS_BIN_DIR, else build/bin
+    (no plexus-worker needed)."""
+    return Path(os.environ.get("PLEXUS_BIN_DIR", ROOT / "build" / "bin"))
 
 
 def heartbeat_timeout_ms(hosts):
@@ -204,15 +211,16 @@ class SimRun:
         self.sim.send_signal(signal.SIGUSR2)
         return json.loads(self._sim_line())
 
-    def wait_status(self, predicate, what):
+    def wait_status(self, predicate, what, fresh=True):
         """The first status for which `predicate` holds, re-read after each
-        round of heartbeats; TimeoutError naming `what` after the timeout."""
+        round of heartbeats (fresh=False: at once, as a measurement does);
+        TimeoutError naming `what` after the timeout."""
         deadline = time.monotonic() + self.timeout
         st = self.status()
         while not predicate(st):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what}: not within {self.timeout} s")
-            st = self.status(fresh=True)
+            st = self.status(fresh=fresh)
         return st
 
     def close(self):
@@ -268,26 +276,33 @@ def slice_generation(st, slice_id):
                 if int(sl["slice_id"]) == slice_id)
 
 
-def measure_recovery(run, s, fill):
-    """Drops one host: (ms to detect it, ms to remap onto the spare, ms
-    until a new call (`fill`, no inputs) over the remapped slice completed,
-    the host's name)."""
-    generation = slice_generation(run.status(), s.id)
+def measure_recovery(run, s, fill, prog, lineage):
+    """Drops one host while a chain of `lineage` calls from `fill` is live
+    (its split values hold their lineage: recovery runs them again on the
+    spare's map): (ms to detect the loss, ms until the slice is remapped
+    onto the spare, ms until the chain's last future resolves again, calls
+    the server recomputed, the host's name)."""
+    y = chain(prog, fill(), lineage)
+    plexus.wait(y, timeout=run.timeout)
+    st = run.status()
+    generation = slice_generation(st, s.id)
+    recomputed = st["recovery"].get("calls_recomputed", 0)
     t0 = time.perf_counter()
     name, worker = run.drop_host()
     st = run.wait_status(
         lambda st: any(w["worker_id"] == worker and not w["alive"]
                        for w in st["workers"]),
-        f"worker {worker} ({name}) declared down")
+        f"worker {worker} ({name}) declared down", fresh=False)
     detect = (time.perf_counter() - t0) * 1e3
     down = next(w for w in st["workers"] if w["worker_id"] == worker)
     assert down["host_name"] == name and down.get("down_reason"), down
-    run.wait_status(lambda st: slice_generation(st, s.id) > generation,
-                    "the slice remapped onto the spare")
+    st = run.wait_status(lambda st: slice_generation(st, s.id) > generation,
+                         "the slice remapped onto the spare", fresh=False)
     recover = (time.perf_counter() - t0) * 1e3
-    plexus.wait(fill(), timeout=run.timeout)
+    plexus.wait(y, timeout=run.timeout)
     recover_call = (time.perf_counter() - t0) * 1e3
-    return detect, recover, recover_call, name
+    recomputed = run.status()["recovery"].get("calls_recomputed", 0) - recomputed
+    return detect, recover, recover_call, recomputed, name
 
 
 def run_size(hosts, args):
@@ -315,9 +330,12 @@ def run_size(hosts, args):
                        server_cpu_us_per_host=cpu / hosts,
                        rss_after_calls_mib=rss_mib(run.server.pid))
             row["step90_us"] = 0.9 * max(thread_cpu, cpu / args.cores)
-            detect, recover, call, name = measure_recovery(run, s, fill)
+            del x  # its chain's records go: recovery replays only `lineage`
+            detect, recover, call, recomputed, name = measure_recovery(
+                run, s, fill, prog, args.lineage)
             row.update(detect_ms=detect, recover_ms=recover,
-                       recover_call_ms=call, dropped=name)
+                       recover_call_ms=call, calls_recomputed=recomputed,
+                       dropped=name)
             row["sim"] = run.sim_counters()
             row["sim_cpu_s"] = cpu_seconds(run.sim.pid)
         finally:
@@ -374,6 +392,9 @@ def main():
                    help="chained calls per size (0: 400,000 / H, 64 to 4096)")
     p.add_argument("--delay-us", type=int, default=0,
                    help="simulated device time per call")
+    p.add_argument("--lineage", type=int, default=16,
+                   help="chained calls live when the host is lost (their "
+                   "split values are recomputed on the spare's map)")
     p.add_argument("--cores", type=int, default=os.cpu_count(),
                    help="cores the server may use (step90's process bound)")
     p.add_argument("--timeout", type=float, default=600,

@@ -67,7 +67,9 @@ def test_256_simulated_hosts_register_run_calls_and_a_lost_one_is_named(run):
         down = next(w for w in st["workers"] if w["worker_id"] == worker)
         assert down["host_name"] == "sim0" and down["down_reason"], down
         assert st["recovery"]["hosts_lost"] == 1, st["recovery"]
-        # The spare takes its place, and a new call over the slice runs.
+        # The spare takes its place; the chain's values, whose shards on
+        # sim0 were lost, are computed again on the new map, and the last
+        # future resolves again; a new call over the slice runs too.
         st = run.wait_status(
             lambda st: slice_generation(st, s.id) > generation,
             "the slice remapped onto the spare")
@@ -75,6 +77,8 @@ def test_256_simulated_hosts_register_run_calls_and_a_lost_one_is_named(run):
         hosts = {d["host_name"] for d in sl["devices"]}
         assert f"sim{HOSTS}" in hosts and "sim0" not in hosts
         assert len(hosts) == HOSTS
+        plexus.wait(outs[-1], timeout=TIMEOUT)
+        assert run.status()["recovery"]["calls_recomputed"] > 0
         plexus.wait(chain(prog, fill(), 2), timeout=TIMEOUT)
     finally:
         client.close()
