@@ -89,9 +89,12 @@ def bin_dir():
 
 def heartbeat_timeout_ms(hosts):
     """The server's failure deadline for H hosts: workers beat every tenth
-    of it, so about 2,000 heartbeats a second reach the server whatever H
-    (1 s, the default, up to 200 hosts)."""
-    return max(1000, 5 * hosts)
+    of it, so at most ~700 heartbeats a second reach the server whatever H
+    (1 s, the default, up to 66 hosts; 30.7 s at 2,049). Registering 2,048
+    hosts stalls the server for seconds at a time (its peer broadcast is
+    O(H^2)): at 10 s, hosts were declared down for missed heartbeats while
+    the rest registered."""
+    return max(1000, 15 * hosts)
 
 
 def _ready_line(read_end, timeout):
@@ -313,7 +316,11 @@ def run_size(hosts, args):
         row["register_wall_s"] = run.registered_wall_s
         row["rss_registered_mib"] = rss_mib(run.server.pid)
         st = run.status()
-        assert sum(w["alive"] for w in st["workers"]) == hosts + 1
+        alive = sum(w["alive"] for w in st["workers"])
+        assert alive == hosts + 1, (
+            f"{alive} of {hosts + 1} hosts alive after registering: "
+            + "; ".join(w.get("down_reason", "") for w in st["workers"]
+                        if not w["alive"])[:2000])
         client = run.connect()
         try:
             s = client.slice(hosts, placement="spread", timeout=args.timeout)
