@@ -24,7 +24,9 @@ It measures:
                  the calls (what its records of H hosts and the calls cost)
   detect_ms      from asking the sim to drop one host's stream (SIGUSR1: as
                  a host whose process died) until the server's status shows
-                 it down, naming it
+                 it down, naming it (status reads are polled: status_ms is
+                 one read's time); detect_logged_ms until the server logged
+                 the loss (its own clock, ms resolution)
   recover_ms     from the drop until the slice is remapped onto the spare
                  (its generation moves), and recover_call_ms until a chain
                  of --lineage calls (default 16) live at the drop, whose
@@ -58,6 +60,7 @@ table, writes JSON (--json), and a plot of the costs against the hosts
       [--delay-us 0] [--json FILE] [--plot FILE]
 """
 import argparse
+import datetime
 import json
 import os
 import select
@@ -274,6 +277,24 @@ def measure_calls(run, s, prog, x, calls):
             busiest_s / calls * 1e6, busiest, x)
 
 
+def _clock_s(when):
+    """Seconds since midnight of a datetime or of a log line's HH:MM:SS.mmm."""
+    if isinstance(when, str):
+        h, m, sec = when.split(":")
+        return int(h) * 3600 + int(m) * 60 + float(sec)
+    return when.hour * 3600 + when.minute * 60 + when.second + \
+        when.microsecond / 1e6
+
+
+def logged_after(path, needle, since):
+    """Seconds from `since` (a datetime) to the first line of the log at
+    `path` that holds `needle` (its HH:MM:SS.mmm stamp), or None."""
+    for line in Path(path).read_text(errors="replace").splitlines():
+        if needle in line:
+            return _clock_s(line.split()[0]) - _clock_s(since)
+    return None
+
+
 def slice_generation(st, slice_id):
     return next(int(sl.get("generation", 0)) for sl in st["slices"]
                 if int(sl["slice_id"]) == slice_id)
@@ -282,14 +303,20 @@ def slice_generation(st, slice_id):
 def measure_recovery(run, s, fill, prog, lineage):
     """Drops one host while a chain of `lineage` calls from `fill` is live
     (its split values hold their lineage: recovery runs them again on the
-    spare's map): (ms to detect the loss, ms until the slice is remapped
-    onto the spare, ms until the chain's last future resolves again, calls
-    the server recomputed, the host's name)."""
+    spare's map). Returns ms to see the loss in the status, ms until the
+    slice is remapped onto the spare, ms until the chain's last future
+    resolves again, the calls the server recomputed, the host's name, one
+    status read's ms (the resolution of the first two), and ms until the
+    server logged the loss (its own detection, at ms resolution)."""
     y = chain(prog, fill(), lineage)
     plexus.wait(y, timeout=run.timeout)
     st = run.status()
     generation = slice_generation(st, s.id)
     recomputed = st["recovery"].get("calls_recomputed", 0)
+    status_t0 = time.perf_counter()
+    run.status()
+    status_ms = (time.perf_counter() - status_t0) * 1e3
+    dropped_at = datetime.datetime.now()
     t0 = time.perf_counter()
     name, worker = run.drop_host()
     st = run.wait_status(
@@ -305,7 +332,12 @@ def measure_recovery(run, s, fill, prog, lineage):
     plexus.wait(y, timeout=run.timeout)
     recover_call = (time.perf_counter() - t0) * 1e3
     recomputed = run.status()["recovery"].get("calls_recomputed", 0) - recomputed
-    return detect, recover, recover_call, recomputed, name
+    logged = logged_after(run.server_log,
+                          f"worker {worker} lost its connection", dropped_at)
+    return {"detect_ms": detect, "recover_ms": recover,
+            "recover_call_ms": recover_call, "calls_recomputed": recomputed,
+            "dropped": name, "status_ms": status_ms,
+            "detect_logged_ms": None if logged is None else logged * 1e3}
 
 
 def run_size(hosts, args):
@@ -338,11 +370,7 @@ def run_size(hosts, args):
                        rss_after_calls_mib=rss_mib(run.server.pid))
             row["step90_us"] = 0.9 * max(thread_cpu, cpu / args.cores)
             del x  # its chain's records go: recovery replays only `lineage`
-            detect, recover, call, recomputed, name = measure_recovery(
-                run, s, fill, prog, args.lineage)
-            row.update(detect_ms=detect, recover_ms=recover,
-                       recover_call_ms=call, calls_recomputed=recomputed,
-                       dropped=name)
+            row.update(measure_recovery(run, s, fill, prog, args.lineage))
             row["sim"] = run.sim_counters()
             row["sim_cpu_s"] = cpu_seconds(run.sim.pid)
         finally:
@@ -351,21 +379,24 @@ def run_size(hosts, args):
 
 
 COLUMNS = [("hosts", "{:>6}"), ("register_s", "{:>9.2f}"),
+           ("rss_registered_mib", "{:>8.1f}"),
            ("calls_per_s", "{:>9.1f}"), ("server_cpu_us", "{:>10.0f}"),
            ("server_cpu_us_per_host", "{:>9.2f}"), ("thread_cpu_us", "{:>10.0f}"),
-           ("step90_us", "{:>9.0f}"), ("rss_registered_mib", "{:>8.1f}"),
-           ("rss_after_calls_mib", "{:>8.1f}"), ("detect_ms", "{:>9.1f}"),
+           ("step90_us", "{:>9.0f}"),
+           ("rss_after_calls_mib", "{:>8.1f}"),
+           ("detect_logged_ms", "{:>9.1f}"), ("detect_ms", "{:>9.1f}"),
            ("recover_ms", "{:>10.1f}"), ("recover_call_ms", "{:>9.1f}")]
-HEADERS = ["hosts", "reg s", "calls/s", "srv us/call", "us/host", "thr us/call",
-           "step90 us", "rss MiB", "rss2 MiB", "detect ms", "recover ms",
-           "+call ms"]
+HEADERS = ["hosts", "reg s", "rss MiB", "calls/s", "srv us/call", "us/host",
+           "thr us/call", "step90 us", "rss2 MiB", "logged ms", "detect ms",
+           "recover ms", "+call ms"]
 
 
 def print_table(rows):
     widths = [len(f.format(0)) for _, f in COLUMNS]
     print(" ".join(h.rjust(w) for h, w in zip(HEADERS, widths)))
     for r in rows:
-        print(" ".join(f.format(r[k]) for k, f in COLUMNS))
+        print(" ".join(f.format(r[k]) if r.get(k) is not None else
+                       "-".rjust(w) for (k, f), w in zip(COLUMNS, widths)))
 
 
 def plot(rows, path):
