@@ -110,7 +110,7 @@ def _ready_line(read_end, timeout):
 def _spawn(args, log, env):
     read_end, write_end = os.pipe()
     args = [a.replace("{READY_FD}", str(write_end)) for a in args]
-    with open(log, "ab") as out:
+    with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=out,
                                 pass_fds=(write_end,), env=env)
@@ -288,10 +288,14 @@ def _clock_s(when):
 
 def logged_after(path, needle, since):
     """Seconds from `since` (a datetime) to the first line of the log at
-    `path` that holds `needle` (its HH:MM:SS.mmm stamp), or None."""
+    `path`, stamped at or after it (HH:MM:SS.mmm: to the ms), that holds
+    `needle`; or None."""
+    start = _clock_s(since)
     for line in Path(path).read_text(errors="replace").splitlines():
         if needle in line:
-            return _clock_s(line.split()[0]) - _clock_s(since)
+            at = _clock_s(line.split()[0])
+            if at >= start - 0.001:
+                return at - start
     return None
 
 
