@@ -145,13 +145,11 @@ int main(int argc, char** argv) {
   if (absl::Status s =
           (*cluster)->AwaitRegistered(absl::Seconds(f.register_timeout_s));
       !s.ok()) {
-    SPDLOG_ERROR("the simulated hosts did not all register: {}",
-                 s.ToString());
+    SPDLOG_ERROR("the simulated hosts did not all register: {}", s.ToString());
     (*cluster)->Shutdown();
     return 1;
   }
-  const int64_t ms =
-      absl::ToInt64Milliseconds((*cluster)->registration_time());
+  const int64_t ms = absl::ToInt64Milliseconds((*cluster)->registration_time());
   SPDLOG_WARN("{} simulated hosts registered in {} ms",
               f.options.hosts + f.options.spares, ms);
   if (f.ready_fd >= 0) {

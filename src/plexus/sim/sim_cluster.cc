@@ -26,12 +26,14 @@ namespace plexus::sim {
 // Its reads and writes complete on gRPC's threads; the cluster's timer
 // thread calls Beat, CompleteDue and Flush. One write at a time is in
 // flight; the rest queue behind it (out_).
-class SimHost final
-    : public grpc::ClientBidiReactor<proto::WorkerToServer,
-                                     proto::ServerToWorker> {
+class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
+                                                     proto::ServerToWorker> {
  public:
   SimHost(SimCluster& cluster, int index, bool spare, std::string name)
-      : cluster_(cluster), index_(index), spare_(spare), name_(std::move(name)) {}
+      : cluster_(cluster),
+        index_(index),
+        spare_(spare),
+        name_(std::move(name)) {}
 
   // Opens the stream and sends the registration.
   void Begin(proto::Controller::Stub& stub, proto::WorkerToServer hello);
@@ -88,9 +90,9 @@ class SimHost final
   const bool spare_;
   const std::string name_;
   grpc::ClientContext context_;
-  proto::ServerToWorker in_;          // the read in flight
-  proto::WorkerToServer writing_;     // the write in flight
-  bool first_read_ = true;            // only the read callbacks touch it
+  proto::ServerToWorker in_;       // the read in flight
+  proto::WorkerToServer writing_;  // the write in flight
+  bool first_read_ = true;         // only the read callbacks touch it
   absl::Duration heartbeat_interval_ = absl::Seconds(1);
   int64_t delay_micros_ = 0;
 
@@ -245,9 +247,9 @@ void SimHost::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kFail:
       for (uint64_t id : op.fail().buffer_ids()) {
         cluster_.data_plane_->MarkFailed(
-            id, absl::Status(static_cast<absl::StatusCode>(
-                                 op.fail().status().code()),
-                             op.fail().status().message()));
+            id, absl::Status(
+                    static_cast<absl::StatusCode>(op.fail().status().code()),
+                    op.fail().status().message()));
       }
       break;
     case proto::WorkerOp::kCollectTimeline:
@@ -399,8 +401,8 @@ void SimHost::Beat() {
   stats->mutable_clock()->set_sent_ns(absl::GetCurrentTimeNanos());
   heartbeats_++;
   Send(std::move(msg));
-  cluster_.Schedule({absl::Now() + heartbeat_interval_,
-                     SimCluster::Due::kHeartbeat, this});
+  cluster_.Schedule(
+      {absl::Now() + heartbeat_interval_, SimCluster::Due::kHeartbeat, this});
 }
 
 // ---------------------------------------------------------------- SimCluster
@@ -410,9 +412,8 @@ SimCluster::SimCluster(SimOptions options)
 
 absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(
     SimOptions options) {
-  if (options.hosts < 1 || options.spares < 0 ||
-      options.devices_per_host < 1 || options.hosts_per_channel < 1 ||
-      options.registering_at_once < 1) {
+  if (options.hosts < 1 || options.spares < 0 || options.devices_per_host < 1 ||
+      options.hosts_per_channel < 1 || options.registering_at_once < 1) {
     return absl::InvalidArgumentError(
         "a simulated cluster needs at least 1 host of at least 1 device, "
         "no negative spares, and at least 1 host per channel and per "
@@ -431,8 +432,7 @@ absl::Status SimCluster::StartHosts() {
   // A client waiting on a future of every host opens one connection each.
   dp.max_connections = 2 * total + 64;
   absl::StatusOr<std::unique_ptr<transport::DataPlaneServer>> server =
-      transport::DataPlaneServer::Start(dp, data_plane_.get(),
-                                        &data_counters_);
+      transport::DataPlaneServer::Start(dp, data_plane_.get(), &data_counters_);
   if (!server.ok()) return server.status();
   data_server_ = *std::move(server);
   timer_ = std::thread([this] { TimerLoop(); });
@@ -471,8 +471,7 @@ proto::WorkerToServer SimCluster::Registration(const SimHost& host) const {
   reg->set_data_address(data_server_->tcp_address());
   reg->set_unix_path(data_server_->unix_path());
   reg->set_spare(host.spare());
-  const Credential credential =
-      options_.secret.Derive(CredentialRole::kWorker);
+  const Credential credential = options_.secret.Derive(CredentialRole::kWorker);
   reg->set_credential(credential.data(), credential.size());
   reg->set_protocol_version(kProtocolVersion);
   return hello;
@@ -531,10 +530,9 @@ absl::Status SimCluster::AwaitRegistered(absl::Duration timeout) {
            !first_refusal_.ok();
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&settled), timeout)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat(registered_, " of ", hosts_.size(),
-                     " simulated hosts registered within ",
-                     absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        registered_, " of ", hosts_.size(),
+        " simulated hosts registered within ", absl::FormatDuration(timeout)));
   }
   return first_refusal_;
 }

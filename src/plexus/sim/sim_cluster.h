@@ -75,10 +75,10 @@ struct SimCounters {
   int64_t ended = 0;       // hosts whose stream ended
   int64_t executes = 0;    // Execute ops applied
   int64_t calls_reported = 0;
-  int64_t reports = 0;     // CallsDone messages sent
+  int64_t reports = 0;  // CallsDone messages sent
   int64_t heartbeats = 0;
-  int64_t ops = 0;         // every op read
-  int64_t keys_held = 0;   // the data plane's ready keys now
+  int64_t ops = 0;        // every op read
+  int64_t keys_held = 0;  // the data plane's ready keys now
 };
 
 class SimCluster {

@@ -68,7 +68,7 @@ class SimDataPlane final : public transport::DataPlaneHandler {
       const ShardKey& key) override;
 
  private:
-  // The answer for `key` if it is known (OK: ready), else nullopt.
+  // The answer for `key` if it is known (OK: ready), else null.
   const absl::Status* AnswerLocked(const ShardKey& key) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -81,7 +81,8 @@ class SimDataPlane final : public transport::DataPlaneHandler {
   absl::flat_hash_map<ShardKey, absl::Status> keys_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, absl::Status> failed_ ABSL_GUARDED_BY(mu_);
   // Blocked WAITs by key, each woken once.
-  absl::flat_hash_map<ShardKey, std::vector<std::shared_ptr<absl::Notification>>>
+  absl::flat_hash_map<ShardKey,
+                      std::vector<std::shared_ptr<absl::Notification>>>
       waiters_ ABSL_GUARDED_BY(mu_);
 };
 
