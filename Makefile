@@ -156,6 +156,10 @@ ASAN_ENV := \
 # numpy keep their module state until exit by design (hundreds of reports
 # per Python process, none in Plexus code), and LeakSanitizer's exit-time
 # scan crashed in a Python process running jax ("Tracer caught signal 11").
+# Tests marked jax_heavy (whole models trained through plexus.jit, their
+# time JAX's tracing and XLA's compiles: tests/conftest.py) are left out
+# here; smaller tests take every C++ path they take, and the plain and
+# jax-next suites run them.
 test-asan: setup $(ASAN_BUILD)/build.ninja
 	@echo "[asan] ASan + UBSan build, with clang -Wthread-safety -Wthread-safety-beta -Werror"
 	@grep -q '^PLEXUS_THREAD_SAFETY:BOOL=ON' $(ASAN_BUILD)/CMakeCache.txt || \
@@ -170,7 +174,7 @@ test-asan: setup $(ASAN_BUILD)/build.ninja
 	echo "[asan] Python integration suite"; \
 	env $(ASAN_ENV) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=0 LD_PRELOAD=$$($(CLANGXX) -print-file-name=libclang_rt.asan-x86_64.so) \
 	  PYTHONPATH=$(CURDIR)/$(ASAN_BUILD)/python PLEXUS_BIN_DIR=$(CURDIR)/$(ASAN_BUILD)/bin \
-	  $$($(PYTHON) -c 'import sys; print(sys.executable)') -m pytest -q $(PYTEST_PARALLEL) tests --ignore=tests/gpu || rc=1; \
+	  $$($(PYTHON) -c 'import sys; print(sys.executable)') -m pytest -q $(PYTEST_PARALLEL) -m 'not jax_heavy' tests --ignore=tests/gpu || rc=1; \
 	if [ -n "$$(ls -A $(ASAN_REPORTS))" ]; then \
 	  echo "[asan] sanitizer reports in $(ASAN_REPORTS):"; \
 	  for f in $(ASAN_REPORTS)/*; do echo "--- $$f"; cat "$$f"; done; rc=1; \

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <optional>
@@ -59,6 +60,10 @@ struct Flags {
   int graph_size = 128;
   std::string json_path;
   std::string log_level = "warn";
+  // --journal on: the server writes its journal (a fresh file per cluster,
+  // in a temporary folder), to measure what journaling costs
+  // (bench/timeline_ab.sh with AB_FLAG=--journal).
+  bool journal = false;
 };
 
 // A dispatch figure: one mode on one cluster size.
@@ -224,6 +229,13 @@ absl::StatusOr<Setup> MakeSetup(int hosts, const Flags& flags) {
   options.hosts = hosts;
   options.devices_per_host = 1;
   options.log_level = flags.log_level;
+  if (flags.journal) {
+    char dir[] = "/tmp/plexus-bench-journal.XXXXXX";
+    if (mkdtemp(dir) == nullptr) {
+      return absl::InternalError("mkdtemp failed for the journal's folder");
+    }
+    options.journal_path = absl::StrCat(dir, "/journal.db");
+  }
   auto cluster = EmbeddedCluster::Start(options);
   if (!cluster.ok()) return cluster.status();
   s.cluster = std::move(*cluster);
@@ -451,7 +463,14 @@ int Main(int argc, char** argv) {
                  "($PLEXUS_TIMELINE_EVENTS=0), to measure what recording "
                  "costs (bench/timeline_ab.sh)")
       ->check(CLI::IsMember({"on", "off"}));
+  std::string journal = "off";
+  app.add_option("--journal", journal,
+                 "on: the server writes its journal (plexus-server --journal, "
+                 "a fresh file per cluster in /tmp), to measure what it costs "
+                 "(bench/timeline_ab.sh with AB_FLAG=--journal); off: none")
+      ->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
+  flags.journal = journal == "on";
   signal(SIGPIPE, SIG_IGN);
   // The server and its workers read it as they start.
   if (timeline == "off") setenv("PLEXUS_TIMELINE_EVENTS", "0", 1);
@@ -463,6 +482,7 @@ int Main(int argc, char** argv) {
   json["calls"] = flags.calls;
   json["graph_size"] = flags.graph_size;
   json["timeline"] = timeline;
+  json["journal"] = journal;
   json["cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
 
   const int kRoundTrips = op_by_op_only ? 2000 : 20000;

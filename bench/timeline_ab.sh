@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/timeline_ab.sh: what the timeline's recording costs dispatch.
 #
-#   bench/timeline_ab.sh BIN ROUNDS [bench flags...]
+#   [AB_FLAG=--journal] bench/timeline_ab.sh BIN ROUNDS [bench flags...]
 #
 # Runs BIN/plexus-bench-dispatch with --timeline off and on (every server
 # and worker recording, as by default) in ABBA order — off, on, on, off,
@@ -9,10 +9,12 @@
 # --repeats 3 --calls 8192 --skip-busy). Prints each run's chained calls/s
 # per host count, the medians of off and on, and the median of the rounds'
 # on/off ratios: the table of docs/PERFORMANCE.md ("The timeline's cost").
+# AB_FLAG names another on/off flag of the bench to compare the same way
+# (--journal: the server's journal, "The journal's cost").
 # Raw output stays in $AB_DIR (default a fresh temporary folder).
 set -euo pipefail
 if [[ $# -lt 2 ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 bin=$1
@@ -27,7 +29,7 @@ mkdir -p "$dir"
 echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg); raw output in $dir"
 echo "[ab] flags: ${flags[*]}"
 run() {  # off|on round
-  "$bin/plexus-bench-dispatch" --timeline "$1" "${flags[@]}" \
+  "$bin/plexus-bench-dispatch" "${AB_FLAG:---timeline}" "$1" "${flags[@]}" \
     >"$dir/$1.$2.txt" 2>&1 ||
     { echo "[ab] $1 round $2 failed:" >&2; tail -5 "$dir/$1.$2.txt" >&2; exit 1; }
   echo "[ab] round $2 $1 done; load $(cut -d' ' -f1 /proc/loadavg)"

@@ -39,6 +39,15 @@ def _fail_skip_under_ci(report):
                        f"{reason.removeprefix('Skipped: ')!r}")
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "jax_heavy: a whole model trained through plexus.jit, whose time is "
+        "JAX's tracing and XLA's compiles; the ASan stage leaves it out "
+        "(-m 'not jax_heavy': every C++ path it takes is taken there by a "
+        "smaller test), the plain and jax-next suites run it")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

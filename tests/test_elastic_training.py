@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import plexus
 
@@ -43,6 +44,7 @@ def live_bytes(st):
                for w in st["workers"] if w["alive"])
 
 
+@pytest.mark.jax_heavy
 def test_training_goes_on_through_killed_hosts_with_the_same_loss_curve():
     seed = int(os.environ.get("PLEXUS_CHAOS_SEED", random.randrange(1 << 30)))
     rng = random.Random(seed)

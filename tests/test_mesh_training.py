@@ -58,6 +58,7 @@ def mesh_reference():
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.jax_heavy
 def test_transformer_on_a_3_axis_mesh_matches_jax_jit(client, mesh_reference):
     info = {}
     losses = transformer.train_mesh(client, STEPS, info=info)
@@ -74,6 +75,7 @@ def test_transformer_on_a_3_axis_mesh_matches_jax_jit(client, mesh_reference):
         losses, transformer.train_reference(STEPS)) <= TOLERANCE
 
 
+@pytest.mark.jax_heavy
 def test_fsdp_rows_tensor_columns_matches_the_unsharded_reference(client):
     """Matrices P("fsdp", "tensor"): jax.jit over the whole 8-device mesh
     (jax 0.10.2, CPU) computes gradients 3e-2 away from the unsharded ones

@@ -59,6 +59,7 @@ def parent_title(pid):
     return Path(f"/proc/{ppid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 
 
+@pytest.mark.jax_heavy
 def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path,
                                                     monkeypatch):
     # The control plane on TLS: a certificate naming the node's address.

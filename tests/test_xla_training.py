@@ -83,6 +83,7 @@ def test_pipeline_library_1f1b_with_jit_programs_matches_reference(
     assert_compiled_in_first_step_only(compiles)
 
 
+@pytest.mark.jax_heavy
 def test_data_parallel_over_two_islands_matches_reference(cluster, reference):
     losses, info, compiles = train(cluster, transformer.train_data_parallel)
     islands = collections.Counter(d["worker"] for d in info["devices"])

@@ -168,8 +168,10 @@ class Client:
     def session_ends(self):
         """The sessions with the server that ended under this client, oldest
         first: a dict each, with what was lost ("lost_futures": futures of
-        the session alive when it ended, now raising ServerRestartedError),
-        why ("reason"), and what the reconnect did ("reconnected",
+        the session alive when it ended, now raising ServerRestartedError,
+        unless the next server resumed the session: "resumed", for a server
+        that keeps a journal), why ("reason"), and what the reconnect did
+        ("reconnected",
         "new_client_id", "down_s", "attempts", "slices_restored",
         "slices_lost", "programs_restored", "programs_lost", "gave_up"),
         and a one-line "summary" (the warning the client logged)."""

@@ -101,6 +101,7 @@ class BufferHandle {
         session_(std::move(session)) {
     core_->live_futures++;
     session_->live_futures++;
+    core_->session().NoteLive(id_, slice_->id(), arg_);
   }
   ~BufferHandle() {
     core_->live_futures--;

@@ -172,6 +172,16 @@ absl::Status ClientSession::Handshake(Session& session) {
   hello.set_client_name(options_.name);
   hello.set_protocol_version(kProtocolVersion);
   if (absl::Status s = SetTenant(options_, &hello); !s.ok()) return s;
+  uint64_t resume_id = 0;
+  {
+    // The session that ended with its server, if the next may resume it.
+    absl::MutexLock lock(&mu_);
+    if (resume_epoch_ != 0) {
+      resume_id = resume_client_id_;
+      hello.set_resume_client_id(resume_id);
+      hello.set_resume_credential(resume_credential_);
+    }
+  }
   if (!session.stream->Write(hello)) {
     return absl::UnavailableError("the server closed the client session");
   }
@@ -197,6 +207,9 @@ absl::Status ClientSession::Handshake(Session& session) {
     return v;
   }
   session.client_id = first.client_id();
+  session.resumed =
+      first.resumed() && resume_id != 0 && first.client_id() == resume_id;
+  journaled_.store(first.journaled(), std::memory_order_release);
   spare_wait_ms_.store(first.spare_wait_ms(), std::memory_order_relaxed);
   if (first.credential().size() != session.identity.credential.size()) {
     return absl::UnavailableError(
@@ -210,6 +223,34 @@ absl::Status ClientSession::Handshake(Session& session) {
 
 void ClientSession::Install(Session& session) {
   absl::MutexLock lock(&mu_);
+  const uint64_t resumed_epoch = std::exchange(resume_epoch_, 0);
+  last_resumed_ = session.resumed && resumed_epoch == epoch_.load();
+  if (last_resumed_) {
+    // The same session, resumed: its epoch, ids, slices, programs and
+    // records stand; the restore tells the server what it holds.
+    identity_ = session.identity;
+    machine_.Installed();
+    UpdateOpenTagLocked();
+    observer_->SessionResumed(resumed_epoch, session.identity);
+    // Reads that failed as the server went away go again now.
+    resumes_.fetch_add(1, std::memory_order_acq_rel);
+    const absl::Time now = options_.clock->Now();
+    for (auto it = ends_.rbegin(); it != ends_.rend(); ++it) {
+      SessionEnd& end = *it;
+      if (end.reconnected || !end.gave_up.empty()) break;
+      end.reconnected = true;
+      end.resumed = true;
+      end.new_client_id = session.client_id;
+      end.reconnected_at = now;
+      SPDLOG_WARN("{}", DescribeSessionEnd(end));
+    }
+    return;
+  }
+  {
+    absl::MutexLock kept(&kept_mu_);
+    kept_calls_.clear();
+    kept_programs_.clear();
+  }
   const uint64_t epoch = epoch_.load() + 1;
   session_tag_ = std::make_shared<SessionTag>(epoch);
   tags_.push_back(session_tag_);
@@ -239,7 +280,16 @@ void ClientSession::SessionLoop(std::unique_ptr<Session> session) {
     }
     sender_ = std::thread([this, &session] { SenderLoop(*session); });
     reader_ = std::thread([this, &session] { ReaderLoop(*session); });
-    if (tag->epoch > 1) Restore(tag);
+    bool resumed;
+    {
+      absl::MutexLock lock(&mu_);
+      resumed = std::exchange(last_resumed_, false);
+    }
+    if (resumed) {
+      ResumeRestore(tag);
+    } else if (tag->epoch > 1) {
+      Restore(tag);
+    }
     {
       absl::MutexLock lock(&mu_);
       auto ended = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -277,9 +327,11 @@ std::unique_ptr<ClientSession::Session> ClientSession::Reconnect() {
     }
     auto session = OpenSession(deadline);
     if (session.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (!ends_.empty()) ends_.back().attempts = attempts;
+      }
       Install(**session);
-      absl::MutexLock lock(&mu_);
-      if (!ends_.empty()) ends_.back().attempts = attempts;
       return std::move(*session);
     }
     absl::MutexLock lock(&mu_);
@@ -310,6 +362,7 @@ std::unique_ptr<ClientSession::Session> ClientSession::Reconnect() {
 void ClientSession::GiveUpLocked(std::string why) {
   if (machine_.state() == SessionState::kClosed) return;
   machine_.GiveUp();
+  resume_epoch_ = 0;
   UpdateOpenTagLocked();
   if (!ends_.empty()) ends_.back().gave_up = why;
   SPDLOG_ERROR("client {}: {}; its slices and programs are gone too",
@@ -425,7 +478,23 @@ absl::Status ClientSession::SessionStatus(uint64_t epoch,
                                           uint64_t buffer_id) const {
   if (absl::Status open = CheckOpen(); !open.ok()) return open;
   absl::MutexLock lock(&mu_);
+  // Ended with its server, and the next may resume it: wait for the
+  // reconnect's outcome (it ends by the reconnect timeout).
+  auto decided = [this, epoch]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return closed_ || resume_epoch_ != epoch ||
+           machine_.state() != SessionState::kReconnecting;
+  };
+  if (epoch != 0 && resume_epoch_ == epoch) {
+    mu_.Await(absl::Condition(&decided));
+  }
   return SessionStatusLocked(epoch, buffer_id);
+}
+
+void ClientSession::NoteLive(uint64_t buffer_id, uint64_t slice_id,
+                             const ArgSpec& arg) {
+  if (!journaled_.load(std::memory_order_acquire)) return;
+  absl::MutexLock kept(&kept_mu_);
+  live_[buffer_id] = {slice_id, arg};
 }
 
 absl::Status ClientSession::SessionStatusLocked(uint64_t epoch,

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -82,6 +83,10 @@ class SessionObserver {
   // sender and reader have stopped: whatever the observer runs for that
   // session stops too.
   virtual void SessionDone() = 0;
+  // The session of `epoch`, which ended with its server, was resumed by
+  // the next (ServerToClient.resumed): usable again, with what it kept.
+  virtual void SessionResumed(uint64_t epoch,
+                              const transport::DataPlaneIdentity& id) = 0;
 };
 
 class ClientSession {
@@ -117,7 +122,8 @@ class ClientSession {
   uint64_t client_id() const {
     return client_id_.load(std::memory_order_acquire);
   }
-  // The current session's epoch (1 for the first, +1 per reconnect).
+  // The current session's epoch (1 for the first, +1 per reconnect that
+  // did not resume the session).
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
   // The first of `count` new client-made ids (buffers, calls, programs),
   // the others following it, unique across sessions; RESOURCE_EXHAUSTED,
@@ -153,8 +159,22 @@ class ClientSession {
   }
   // OK while session `epoch` is open; else why what it made is gone:
   // FailedPrecondition once closed, LostWithSession (naming `buffer_id`)
-  // once it ended.
+  // once it ended. A session that ended with a server that keeps a journal
+  // may be resumed by the next: then this waits for the reconnect's
+  // outcome (resumed: OK).
   absl::Status SessionStatus(uint64_t epoch, uint64_t buffer_id = 0) const;
+  // Sessions resumed so far (a read that failed as its server went away
+  // goes again after one).
+  int64_t resumes() const { return resumes_.load(std::memory_order_acquire); }
+
+  // --- what a resume tells the next server (the server keeps a journal:
+  // ServerToClient.journaled)
+  // A buffer of the open session is live (BufferHandle); ForgetBuffer
+  // ends that.
+  void NoteLive(uint64_t buffer_id, uint64_t slice_id, const ArgSpec& arg);
+  // The calls and puts kept to send again, at most this many (the oldest
+  // go first).
+  static constexpr size_t kMaxKeptCalls = 1 << 16;
 
   // --- ops for the server
   // Queues ops of session `epoch` for the sender; waits while too many
@@ -235,6 +255,12 @@ class ClientSession {
   void Install(Session& session);
   // Runs `session`, then the next ones, until Close or the client gives up.
   void SessionLoop(std::unique_ptr<Session> session);
+  // A resumed session's restore (session_restore.cc): tells the server
+  // every live buffer, sends the kept calls again (ClientToServer.resent),
+  // then opens the session for use.
+  void ResumeRestore(const std::shared_ptr<SessionTag>& tag);
+  // Copies the calls and puts of `msg`, written, into kept_calls_.
+  void KeepCalls(const proto::ClientToServer& msg);
   // Opens the next session with back-off; null when closed or given up.
   std::unique_ptr<Session> Reconnect();
   void GiveUpLocked(std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -346,6 +372,29 @@ class ClientSession {
   std::atomic<int64_t> spare_wait_ms_{0};
   absl::flat_hash_map<uint64_t, Slice*> slices_ ABSL_GUARDED_BY(mu_);
   std::optional<RecoverySummary> last_recovery_ ABSL_GUARDED_BY(mu_);
+  // Resume (the server keeps a journal): whether it does; the ended
+  // session a reconnect asks to resume (its epoch, 0: none, its client id
+  // and credential); whether the last session installed was a resume; the
+  // messages the sender writes before any queued op (ResumeRestore).
+  std::atomic<bool> journaled_{false};
+  uint64_t resume_epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t resume_client_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string resume_credential_ ABSL_GUARDED_BY(mu_);
+  bool last_resumed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<proto::ClientToServer> pre_messages_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> resumes_{0};
+  // Live buffers and the calls sent, kept for a resume (a leaf lock).
+  struct LiveBuffer {
+    uint64_t slice_id = 0;
+    ArgSpec arg;
+  };
+  absl::Mutex kept_mu_;
+  absl::flat_hash_map<uint64_t, LiveBuffer> live_ ABSL_GUARDED_BY(kept_mu_);
+  // Calls and puts, as sent; and every program registration (a call sent
+  // again may name a program whose registration the last server never
+  // read), by program id.
+  std::deque<proto::ClientOp> kept_calls_ ABSL_GUARDED_BY(kept_mu_);
+  std::map<uint64_t, proto::ClientOp> kept_programs_ ABSL_GUARDED_BY(kept_mu_);
 };
 
 // One session: the channel and the stream it lives on.
@@ -358,6 +407,7 @@ struct ClientSession::Session {
       stream;
   uint64_t client_id = 0;
   transport::DataPlaneIdentity identity{};
+  bool resumed = false;  // the server resumed the session asked for
 };
 
 }  // namespace plexus

@@ -23,6 +23,7 @@ class NoDataPath : public SessionObserver {
   void PutsReleased(const absl::flat_hash_set<uint64_t>&) override {}
   void RePut(uint64_t, int32_t) override {}
   void SessionDone() override {}
+  void SessionResumed(uint64_t, const transport::DataPlaneIdentity&) override {}
   std::atomic<int> ended{0};
 };
 

@@ -165,6 +165,16 @@ void DataPath::SessionInstalled(uint64_t epoch,
   pool_.clear();
 }
 
+void DataPath::SessionResumed(uint64_t epoch,
+                              const transport::DataPlaneIdentity& id) {
+  absl::MutexLock lock(&mu_);
+  epoch_ = epoch;
+  usable_ = true;
+  identity_ = id;
+  // The same session: its kept puts stand; its connections were broken.
+  pool_.clear();
+}
+
 void DataPath::StreamBroke() {
   absl::MutexLock lock(&mu_);
   usable_ = false;

@@ -117,6 +117,8 @@ class DataPath : public SessionObserver {
   void PutsReleased(const absl::flat_hash_set<uint64_t>& ids) override;
   void RePut(uint64_t id, int32_t shard) override;
   void SessionDone() override;
+  void SessionResumed(uint64_t epoch,
+                      const transport::DataPlaneIdentity& id) override;
 
  private:
   // Whether `future` may be read: valid, of a session that still holds it,

@@ -74,6 +74,10 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Start(
                                    options.log_level,
                                    "--die-with-parent"};
   if (!options.shared_memory) args.push_back("--no-shm");
+  if (!options.journal_path.empty()) {
+    args.push_back("--journal");
+    args.push_back(options.journal_path);
+  }
   // Own process group, so that Stop() can reach the workers too; dies with
   // the benchmark even if it is killed before its destructor runs.
   absl::StatusOr<pid_t> pid =

@@ -31,6 +31,8 @@ struct EmbeddedClusterOptions {
   // False: workers move buffers over TCP, as between hosts (--no-shm).
   bool shared_memory = true;
   std::string log_level = "warn";
+  // The server's journal (plexus-server --journal); empty: none.
+  std::string journal_path;
   // How long the server and all of its workers may take to come up.
   absl::Duration start_timeout = absl::Seconds(30);
 };

@@ -145,6 +145,16 @@ absl::Status LostWithSession(const SessionEnd& end, uint64_t buffer_id) {
 }
 
 std::string DescribeSessionEnd(const SessionEnd& end) {
+  if (end.resumed) {
+    return absl::StrCat(
+        "client ", end.client_id, "'s session with the server at ", end.address,
+        " ended (", end.reason.empty() ? "the stream ended" : end.reason,
+        ") and was resumed by the next server after ",
+        Seconds(end.reconnected_at - end.ended), " (",
+        Plural(end.attempts, "attempt", "attempts"), "): its ",
+        Plural(end.lost_futures, "live future stands", "live futures stand"),
+        " where the workers kept their values");
+  }
   std::string out = absl::StrCat(
       "client ", end.client_id, "'s session with the server at ", end.address,
       " ended (", end.reason.empty() ? "the stream ended" : end.reason,

@@ -99,6 +99,9 @@ struct SessionEnd {
   int64_t lost_futures = 0;  // futures of the session alive when it ended
   // Set once the next session opened (and its restore finished).
   bool reconnected = false;
+  // The next server resumed this session (it keeps a journal): its ids,
+  // slices, programs and the futures whose values the workers kept stand.
+  bool resumed = false;
   uint64_t new_client_id = 0;
   absl::Time reconnected_at;
   int attempts = 0;  // connection attempts it took

@@ -76,11 +76,15 @@ static absl::Status Recovering(ClientSession& session,
   }
   for (int tries = 1;; ++tries) {
     const int64_t heard = session.losses_heard();
+    const int64_t resumes = session.resumes();
     absl::Status s = attempt();
     if (s.ok() || !LostHost(s)) return s;
     if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
       return settled;
     }
+    // Its server went away and the next resumed the session meanwhile
+    // (Settled waited for that): read again.
+    if (session.resumes() != resumes && tries < kMaxRetries) continue;
     // The read may have raced the server's note on the loss.
     if (tries >= kMaxRetries) return s;
     if (session.losses_heard() == heard &&

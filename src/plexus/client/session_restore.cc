@@ -57,6 +57,43 @@ void ClientSession::Restore(const std::shared_ptr<SessionTag>& tag) {
   }
 }
 
+void ClientSession::ResumeRestore(const std::shared_ptr<SessionTag>& tag) {
+  const uint64_t epoch = tag->epoch;
+  // What this session holds, and the calls it sent that the last server
+  // may not have run everywhere (the next runs again only those whose live
+  // outputs no worker gave back).
+  std::vector<std::pair<uint64_t, LiveBuffer>> live;
+  proto::ClientToServer resent;
+  resent.set_resent(true);
+  {
+    absl::MutexLock kept(&kept_mu_);
+    live.assign(live_.begin(), live_.end());
+    for (const auto& [id, op] : kept_programs_) *resent.add_ops() = op;
+    for (const proto::ClientOp& op : kept_calls_) *resent.add_ops() = op;
+  }
+  proto::ClientToServer held;
+  proto::LiveBuffers* buffers = held.add_ops()->mutable_live();
+  for (const auto& [id, b] : live) {
+    proto::LiveBuffer* l = buffers->add_buffers();
+    l->set_buffer_id(Resolve(id));
+    l->set_slice_id(b.slice_id);
+    *l->mutable_arg() = ToProto(b.arg);
+  }
+  proto::ClientToServer done;
+  done.add_ops()->mutable_live()->set_done(true);
+  absl::MutexLock lock(&mu_);
+  pre_messages_.push_back(std::move(held));
+  if (resent.ops_size() > 0) pre_messages_.push_back(std::move(resent));
+  pre_messages_.push_back(std::move(done));
+  auto written = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return GoneLocked(epoch) || (pre_messages_.empty() && !sending_);
+  };
+  mu_.Await(absl::Condition(&written));
+  if (GoneLocked(epoch)) return;  // the next reconnect tries again
+  machine_.Restored();
+  UpdateOpenTagLocked();
+}
+
 bool ClientSession::RestoreSlice(Slice& slice, uint64_t epoch,
                                  Restored& counts) {
   Clock& clock = *options_.clock;

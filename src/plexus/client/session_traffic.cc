@@ -40,24 +40,36 @@ void ClientSession::SenderLoop(Session& session) {
   absl::Time next_stats = clock.Now();
   while (true) {
     proto::ClientToServer msg;
+    std::vector<proto::ClientToServer> pre;
     bool last = false;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || machine_.broken() || !queue_.empty();
+        return closed_ || machine_.broken() || !queue_.empty() ||
+               !pre_messages_.empty();
       };
       clock.AwaitCondition(&mu_, absl::Condition(&ready), next_stats);
       if (machine_.broken() && !closed_) break;  // the reader saw it end
+      pre.swap(pre_messages_);
       for (auto& op : queue_) *msg.add_ops() = std::move(op);
       queue_.clear();
-      sending_ = msg.ops_size() > 0;
+      sending_ = msg.ops_size() > 0 || !pre.empty();
       last = closed_;
+    }
+    // A resume's messages go first, each as one write (ResumeRestore).
+    bool pre_ok = true;
+    for (const proto::ClientToServer& m : pre) {
+      if (!(pre_ok = session.stream->Write(m))) break;
     }
     if (clock.Now() >= next_stats || last) {
       stats_(msg.add_ops()->mutable_stats());
       next_stats = clock.Now() + absl::Seconds(1);
     }
-    bool ok = msg.ops_size() == 0 || session.stream->Write(msg);
+    bool ok = pre_ok && (msg.ops_size() == 0 || session.stream->Write(msg));
+    if (ok && msg.ops_size() > 0 &&
+        journaled_.load(std::memory_order_acquire)) {
+      KeepCalls(msg);
+    }
     absl::MutexLock lock(&mu_);
     sending_ = false;
     if (!ok) {
@@ -69,6 +81,19 @@ void ClientSession::SenderLoop(Session& session) {
     if (last || !ok) break;
   }
   session.stream->WritesDone();
+}
+
+void ClientSession::KeepCalls(const proto::ClientToServer& msg) {
+  absl::MutexLock kept(&kept_mu_);
+  for (const proto::ClientOp& op : msg.ops()) {
+    if (op.has_program()) {
+      kept_programs_[op.program().program_id()] = op;
+      continue;
+    }
+    if (!op.has_call() && !op.has_put()) continue;
+    if (kept_calls_.size() >= kMaxKeptCalls) kept_calls_.pop_front();
+    kept_calls_.push_back(op);
+  }
 }
 
 void ClientSession::ReaderLoop(Session& session) {
@@ -116,7 +141,21 @@ void ClientSession::EndedLocked(const Session& session) {
   end.address = address_;
   end.ended = options_.clock->Now();
   end.lost_futures = session_tag_->live_futures.load();
-  if (machine_.Ended(end.ended) == SessionState::kReconnecting) {
+  if (machine_.Ended(end.ended) == SessionState::kReconnecting &&
+      journaled_.load(std::memory_order_acquire)) {
+    // A server with a journal may come back (or a standby take over) and
+    // resume this session: its futures wait for that (SessionStatus).
+    resume_epoch_ = end.epoch;
+    resume_client_id_ = session.client_id;
+    resume_credential_.assign(identity_.credential.begin(),
+                              identity_.credential.end());
+    SPDLOG_WARN(
+        "client {}'s session with the server at {} ended (the server went "
+        "away); asking the next to resume it, with its {} live future(s), "
+        "for up to {}",
+        end.client_id, address_, end.lost_futures,
+        absl::FormatDuration(options_.reconnect_timeout));
+  } else if (machine_.state() == SessionState::kReconnecting) {
     SPDLOG_WARN(
         "client {}'s session with the server at {} ended (the server "
         "restarted or went away): its {} live future(s) are lost; "
@@ -198,8 +237,14 @@ absl::Status ClientSession::BufferStatus(uint64_t buffer_id) {
 }
 
 void ClientSession::ForgetBuffer(uint64_t buffer_id) {
-  absl::MutexLock lock(&mu_);
-  failed_.erase(buffer_id);
+  {
+    absl::MutexLock lock(&mu_);
+    failed_.erase(buffer_id);
+  }
+  if (journaled_.load(std::memory_order_acquire)) {
+    absl::MutexLock kept(&kept_mu_);
+    live_.erase(buffer_id);
+  }
 }
 
 }  // namespace plexus

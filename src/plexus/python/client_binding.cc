@@ -87,6 +87,7 @@ void DefineClientRecords(py::class_<Client>& cls) {
               d["reason"] = e.reason;
               d["lost_futures"] = e.lost_futures;
               d["reconnected"] = e.reconnected;
+              d["resumed"] = e.resumed;
               d["new_client_id"] = e.reconnected
                                        ? py::object(py::int_(e.new_client_id))
                                        : py::object(py::none());

@@ -41,6 +41,20 @@ struct ServerOptions {
   // still starting, a host rejoining): its client's work waits at the
   // server meanwhile, and resumes on the new map. Zero: it breaks at once.
   absl::Duration spare_wait = absl::Seconds(10);
+  // The journal (journal/journal.h; a file, created if absent): what a
+  // restart cannot get back from workers and clients (workers, clients,
+  // slices, programs) is written to it as it changes, and a server started
+  // on a journal that holds records rebuilds them and resumes the workers
+  // and client sessions that come back (server/model/model_journal.h).
+  // Empty: none (a restart loses every session).
+  std::string journal_path;
+  // After a restart on a journal: how long a worker or client session of
+  // the last run may take to come back. A worker not back by then is lost
+  // (its slices go to a spare, or break); a session not back is ended.
+  absl::Duration resume_wait = absl::Seconds(60);
+  // The journal is compacted into one snapshot once this many records were
+  // written since the last compaction (and at every start).
+  int64_t journal_compact_every = 10000;
   // Not owned. Every time the server reads, and every deadline it waits
   // for, goes through it, except what must be real time whatever it is
   // (a deadline handed to gRPC, the server's own stall detection, the

@@ -157,6 +157,45 @@ std::vector<ObjectStore::ReadyCallback> ObjectStore::AbandonPutLocked(
   return FailLocked(key, e, why);
 }
 
+void ObjectStore::FailPending(const absl::Status& status) {
+  std::vector<ReadyCallback> callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, e] : entries_) {
+      for (auto& cb : FailLocked(key, e, status)) {
+        callbacks.push_back(std::move(cb));
+      }
+    }
+    SignalKeyWaitsLocked();
+  }
+  RunCallbacks(std::move(callbacks), status);
+}
+
+std::vector<ObjectStore::KeptShard> ObjectStore::KeepReady() {
+  std::vector<KeptShard> kept;
+  absl::MutexLock lock(&mu_);
+  std::vector<BufferKey> drop;
+  for (auto& [key, e] : entries_) {
+    if (e.state == Entry::State::kReady &&
+        ClientOfBuffer(key.buffer_id) != kServerClientId) {
+      kept.push_back({key, e.device, e.charged});
+      continue;
+    }
+    drop.push_back(key);
+  }
+  for (const BufferKey& key : drop) {
+    Entry& e = entries_.at(key);
+    if (e.state == Entry::State::kPending) continue;  // still being written
+    // Forced out whatever holds it: nothing of the last server's will read
+    // it again.
+    e.declared = e.held = true;
+    e.owned = false;
+    e.readers = 0;
+    MaybeRemoveLocked(key);
+  }
+  return kept;
+}
+
 void ObjectStore::Release(uint64_t buffer_id) {
   std::vector<ReadyCallback> callbacks;
   const absl::Status why = absl::CancelledError(absl::StrCat(

@@ -95,6 +95,21 @@ class ObjectStore {
   explicit ObjectStore(Options options);
   ~ObjectStore();
 
+  // For a worker that outlives its server and resumes with the next one
+  // (WorkerImpl::Resume). FailPending fails every pending shard with
+  // `status`: its waiters, its queued readers and its transfer callbacks
+  // hear it at once. Once the devices have drained, KeepReady drops every
+  // entry that is not ready (the next server routes again, under the same
+  // ids, what it needs), and every transfer temporary (the server's ids:
+  // the next server knows none), and returns the ready shards it keeps.
+  void FailPending(const absl::Status& status);
+  struct KeptShard {
+    BufferKey key;
+    int device = -1;
+    int64_t bytes = 0;
+  };
+  std::vector<KeptShard> KeepReady();
+
   int num_devices() const { return static_cast<int>(capacity_.size()); }
   int64_t capacity(int device) const { return capacity_[device]; }
 

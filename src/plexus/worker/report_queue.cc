@@ -103,6 +103,13 @@ bool ReportQueue::AwaitReports(std::vector<proto::WorkerToServer>* out) {
   return true;
 }
 
+void ReportQueue::Reopen() {
+  absl::MutexLock lock(&mu_);
+  closed_ = false;
+  failed_transfers_.clear();
+  calls_done_.Clear();
+}
+
 void ReportQueue::Close() {
   absl::MutexLock lock(&mu_);
   closed_ = true;

@@ -56,6 +56,10 @@ class ReportQueue {
   bool AwaitReports(std::vector<proto::WorkerToServer>* out);
   // The session is over: AwaitReports returns false from now on.
   void Close();
+  // Open again, empty, for the next server session (WorkerImpl::Resume):
+  // what was queued for the last server is dropped (its calls' tickets
+  // mean nothing to the next one).
+  void Reopen();
 
  private:
   bool PendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

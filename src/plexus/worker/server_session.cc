@@ -31,6 +31,7 @@ absl::Status ServerSession::Connect(
   proto::ServerToWorker first;
   if (absl::Status s = Register(hello, &first); !s.ok()) return s;
   me_.generation = first.generation();
+  resumed_ = first.resumed();
   heartbeat_interval_ =
       options_.heartbeat_interval > absl::ZeroDuration()
           ? options_.heartbeat_interval
@@ -56,6 +57,29 @@ absl::Status ServerSession::Connect(
   return absl::OkStatus();
 }
 
+absl::Status ServerSession::Reconnect(proto::WorkerToServer hello,
+                                      const std::string& bound_address) {
+  Join();
+  {
+    absl::MutexLock lock(&mu_);
+    done_ = false;
+    end_status_ = absl::OkStatus();
+    writer_done_ = false;
+  }
+  {
+    absl::MutexLock lock(&write_mu_);
+    writes_done_ = false;
+  }
+  {
+    absl::MutexLock lock(&beat_mu_);
+    beat_stop_ = false;
+  }
+  reports_.Reopen();
+  stream_.reset();
+  return Connect(std::move(hello), bound_address, std::move(apply_),
+                 std::move(stats_));
+}
+
 absl::Status ServerSession::Register(proto::WorkerToServer& hello,
                                      proto::ServerToWorker* first) {
   // Each registration is a channel of its own: no reconnect back-off
@@ -72,7 +96,11 @@ absl::Status ServerSession::Register(proto::WorkerToServer& hello,
         absl::StrCat("cannot reach the server at ", options_.server_address));
   }
   stub_ = proto::Controller::NewStub(channel_);
-  stream_ = stub_->WorkerSession(&context_);
+  {
+    absl::MutexLock lock(&mu_);
+    context_ = std::make_unique<grpc::ClientContext>();
+  }
+  stream_ = stub_->WorkerSession(context_.get());
   proto::RegisterWorker* reg = hello.mutable_register_();
   const Credential credential = me_.secret.Derive(CredentialRole::kWorker);
   reg->set_credential(credential.data(), credential.size());
@@ -91,7 +119,7 @@ absl::Status ServerSession::Register(proto::WorkerToServer& hello,
   if (absl::Status v =
           CheckProtocolVersion("worker", "server", first->protocol_version());
       !v.ok()) {
-    context_.TryCancel();
+    context_->TryCancel();
     proto::ServerToWorker rest;
     while (stream_->Read(&rest)) {
     }
@@ -114,7 +142,7 @@ void ServerSession::Shutdown() {
     if (done_) return;
     done_ = true;
     end_status_ = absl::CancelledError("worker shut down");
-    context_.TryCancel();
+    if (context_ != nullptr) context_->TryCancel();
   }
   reports_.Close();  // the writer stops
 }

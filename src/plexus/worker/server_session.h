@@ -22,6 +22,7 @@
 // (none is held while another is taken).
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -55,6 +56,15 @@ class ServerSession {
                        const std::string& bound_address,
                        std::function<void(proto::ServerToWorker&)> apply,
                        std::function<proto::WorkerStats()> stats);
+  // After a session ended (not by Shutdown): registers again with `hello`
+  // on a new stream, with the same `apply` and `stats`, and starts the
+  // threads again; the report queue is opened again, empty. For a worker
+  // that outlives its server (WorkerImpl::Resume).
+  absl::Status Reconnect(proto::WorkerToServer hello,
+                         const std::string& bound_address);
+  // Whether the server took the worker back with its state (the last
+  // registration's ServerToWorker.resumed).
+  bool resumed() const { return resumed_; }
   // Blocks until the server closes the session or Shutdown() is called.
   absl::Status Wait();
   void Shutdown();
@@ -92,7 +102,9 @@ class ServerSession {
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<proto::Controller::Stub> stub_;
-  grpc::ClientContext context_;
+  // Made by each registration; TryCancel from any thread under mu_.
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::atomic<bool> resumed_{false};
   std::unique_ptr<
       grpc::ClientReaderWriter<proto::WorkerToServer, proto::ServerToWorker>>
       stream_;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/credentials.h"
+#include "plexus/common/logging.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
@@ -104,6 +105,48 @@ proto::WorkerToServer WorkerImpl::Registration() const {
 }
 
 absl::Status WorkerImpl::Wait() { return session_.Wait(); }
+
+absl::StatusOr<bool> WorkerImpl::Resume(absl::Duration drain) {
+  // What the last server sent that cannot finish without it: a shard still
+  // pending waits for a peer, a put or a call that may never come.
+  store_->FailPending(absl::UnavailableError(
+      "the server went away before this shard was complete (the next "
+      "server routes again what it needs)"));
+  // The devices finish what they run: a kernel cannot be interrupted, and
+  // what it makes is kept.
+  const absl::Time until = Clock::Real()->Now() + drain;
+  while (pending_tasks() > 0 && Clock::Real()->Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));  // bounded: the drain
+  }
+  if (pending_tasks() > 0) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(pending_tasks(), " task(s) still run after ",
+                     absl::FormatDuration(drain), ": not resuming mid-kernel"));
+  }
+  proto::WorkerToServer hello = Registration();
+  proto::RegisterWorker* reg = hello.mutable_register_();
+  reg->set_previous_worker_id(me_.worker_id.load());
+  reg->set_previous_generation(me_.generation.load());
+  reg->set_kept_state(true);
+  for (const ObjectStore::KeptShard& k : store_->KeepReady()) {
+    proto::HeldShard* h = reg->add_inventory();
+    h->set_buffer_id(k.key.buffer_id);
+    h->set_shard(k.key.shard);
+    h->set_device(k.device);
+    h->set_bytes(k.bytes);
+  }
+  const int held = reg->inventory_size();
+  if (absl::Status s =
+          session_.Reconnect(std::move(hello), data_server_->tcp_address());
+      !s.ok()) {
+    return s;
+  }
+  SPDLOG_INFO("{} with {} shard(s) kept",
+              session_.resumed() ? "taken back as the host it was"
+                                 : "not taken back (a fresh host)",
+              held);
+  return session_.resumed();
+}
 
 void WorkerImpl::Shutdown() { session_.Shutdown(); }
 

@@ -111,15 +111,28 @@ class Worker {
   virtual int64_t worker_id() const = 0;
   // This registration's generation (its pushes carry it).
   virtual uint64_t generation() const = 0;
+  // After its session ended because the server went away (Wait returned
+  // UNAVAILABLE): fails the work that cannot finish now (shards still
+  // pending: the next server routes again what it needs), waits up to
+  // `drain` for the devices to finish what they run, keeps the ready
+  // shards and its programs, and registers again as the host it was, with
+  // them (RegisterWorker.kept_state, inventory). True: the server took it
+  // back (Wait serves the new session). False: the server took it as a
+  // fresh host (the caller retires it and starts a fresh worker). An
+  // error: no server answered (the state is kept; try again).
+  virtual absl::StatusOr<bool> Resume(absl::Duration drain) = 0;
 };
 
 // What a worker process does when its server session ends.
 struct WorkerHostOptions {
-  // Standalone (plexus-worker started on its own): whenever the session
-  // ends (the server restarted, the network broke, the server declared this
-  // host down), it drops its state and registers again as a fresh host,
-  // retrying with `backoff` while the server cannot be reached, and gives
-  // up when the back-off does. Embedded (started by its server,
+  // Standalone (plexus-worker started on its own): when the server went
+  // away (it crashed or restarted, the network broke), it keeps its state
+  // and registers again as the host it was (Worker::Resume), retrying with
+  // `backoff`; a server that does not take it back (one without a journal
+  // that knows it) gets a fresh host. When the server ended the session
+  // (it declared this host down, or shut down) it drops its state and
+  // registers again as a fresh host. It gives up when the back-off does.
+  // Embedded (started by its server,
   // --die-with-parent): it rejoins only a server that still answers (it was
   // declared down) and otherwise exits, as its server is gone.
   bool standalone = true;
@@ -155,6 +168,10 @@ class WorkerHost {
  private:
   // Waits `delay` or until Shutdown(); false once shut down.
   bool Pause(absl::Duration delay);
+  // After its server went away: Worker::Resume, retried with `backoff`
+  // while no server answers.
+  enum class Kept { kResumed, kDeclined, kGaveUp, kStopped };
+  Kept KeepAcross(Worker& worker, Backoff& backoff);
   // Destroys `worker` on a thread of its own; true if that finished within
   // teardown_grace (else it goes on, and WaitTeardown() waits for it).
   bool Retire(std::unique_ptr<Worker> worker);

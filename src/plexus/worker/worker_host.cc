@@ -79,6 +79,35 @@ bool WorkerHost::TeardownPending() const {
   return teardown_done_ != nullptr && !teardown_done_->HasBeenNotified();
 }
 
+WorkerHost::Kept WorkerHost::KeepAcross(Worker& worker, Backoff& backoff) {
+  SPDLOG_WARN(
+      "the server went away; worker {} keeps its buffers and programs and "
+      "asks the next server to take it back",
+      worker.worker_id());
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return Kept::kStopped;
+    }
+    absl::StatusOr<bool> resumed = worker.Resume(host_.teardown_grace);
+    if (resumed.ok()) {
+      if (*resumed) return Kept::kResumed;
+      // A fresh host there: this session goes, and a fresh worker
+      // registers (Run).
+      worker.Shutdown();
+      worker.Wait().IgnoreError();
+      return Kept::kDeclined;
+    }
+    std::optional<absl::Duration> delay =
+        backoff.NextDelay(options_.clock->Now());
+    if (!delay.has_value()) return Kept::kGaveUp;
+    SPDLOG_WARN("resume with {} failed ({}); attempt {} in {}",
+                options_.server_address, resumed.status().ToString(),
+                backoff.failures() + 1, absl::FormatDuration(*delay));
+    if (!Pause(*delay)) return Kept::kStopped;
+  }
+}
+
 void WorkerHost::Shutdown() {
   absl::MutexLock lock(&mu_);
   stop_ = true;
@@ -112,6 +141,15 @@ absl::Status WorkerHost::Run(
       }
       on_registered(**worker);
       session_end = (*worker)->Wait();
+      // The server went away: a standalone host keeps what it holds and
+      // asks the next server to take it back as the host it was.
+      while (host_.standalone && absl::IsUnavailable(session_end)) {
+        const Kept kept = KeepAcross(**worker, backoff);
+        if (kept != Kept::kResumed) break;
+        backoff.Reset();
+        on_registered(**worker);
+        session_end = (*worker)->Wait();
+      }
       options_.previous_worker_id = (*worker)->worker_id();
       options_.previous_generation = (*worker)->generation();
       {

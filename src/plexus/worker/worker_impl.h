@@ -79,6 +79,7 @@ class WorkerImpl : public Worker {
   }
   absl::Status Wait() override;
   void Shutdown() override;
+  absl::StatusOr<bool> Resume(absl::Duration drain) override;
   int64_t worker_id() const override { return me_.worker_id.load(); }
   uint64_t generation() const override { return me_.generation.load(); }
   // The TCP data plane as bound (tests connect to it).

@@ -135,6 +135,16 @@ struct ClientRecord {
   // kept until a call sent again makes it (else lost at the end).
   bool resuming = false;
   std::set<uint64_t> missing;
+  // The buffers the calls and puts sent again must make (PlanResent): the
+  // missing ones and, back along the calls, the inputs no worker holds;
+  // and those of them the client no longer holds, released once the
+  // batch sent again is routed.
+  std::set<uint64_t> needed;
+  std::vector<proto::ReleaseRef> released_after_resend;
+  // What its resume did: live buffers kept as the workers gave them back,
+  // calls and puts sent again that ran again.
+  int64_t resume_kept = 0;
+  int64_t resume_ran_again = 0;
   std::string name;
   // The tenant it authenticated as (server/model/tenants.h): its share and
   // quotas.
@@ -352,14 +362,27 @@ class ClusterState {
   proto::Recovery RestoreLiveBuffers(uint64_t client_id,
                                      const proto::LiveBuffers& live,
                                      WorkerOps* ops);
-  // A call of a batch sent again after a resume: not run if it makes no
-  // buffer the client is missing (its live outputs are held, or it has
-  // none); else routed as RouteCall does, if every input is recorded (held,
-  // or made by a call sent again before it), its outputs the client no
-  // longer holds released after it; else its missing outputs are lost,
-  // naming the input. `*routed` says whether it was routed (`seq` set).
+  // Before a batch sent again after a resume (ClientToServer.resent): which
+  // of its calls and puts must run again, from the last back: those that
+  // make a missing buffer, or an input of such a call that no worker holds
+  // (a chain whose intermediate values the client released runs again
+  // from the last value held).
+  void PlanResent(
+      uint64_t client_id,
+      const google::protobuf::RepeatedPtrField<proto::ClientOp>& ops);
+  // A call of a batch sent again after a resume: not run unless PlanResent
+  // found it needed; else routed as RouteCall does, if every input is
+  // recorded (held, or made by a call sent again before it), its outputs
+  // the client no longer holds released at the end of the resume; else its
+  // missing outputs are lost, naming the input. `*routed` says whether it
+  // was routed (`seq` set).
   absl::Status RouteResentCall(uint64_t client_id, const proto::Call& call,
                                WorkerOps* ops, uint64_t* seq, bool* routed);
+  // A put of a batch sent again after a resume: declared again on the
+  // workers, and all its shards asked of the client again (`reput`: the
+  // client kept the data), if PlanResent found it needed; else nothing.
+  absl::Status RouteResentPut(uint64_t client_id, const proto::PutDecl& put,
+                              WorkerOps* ops, proto::Recovery* reput);
   // The records that rebuild what the journal keeps of the model now (a
   // compacted journal's snapshot, proto::ModelSnapshot).
   proto::ModelSnapshot SnapshotRecords() const;

@@ -310,13 +310,32 @@ proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
     if (!local.ok() || !slice->second.broken.empty() ||
         !HeldWhole(id, slice->second)) {
       client->missing.insert(id);
+      // Shards some workers gave back go: a call sent again makes the
+      // value anew, under its id, on every worker.
+      auto held = held_.find(id);
+      if (held != held_.end()) {
+        std::set<int64_t> workers;
+        for (const auto& [w, shard] : held->second) workers.insert(w);
+        for (int64_t w : workers) {
+          proto::WorkerOp op;
+          op.mutable_release()->add_buffer_ids(id);
+          (*ops)[w].push_back(std::move(op));
+        }
+        held_.erase(held);
+      }
       continue;
     }
     RecordBuffer(*client, id, static_cast<int64_t>(local->byte_size()) * n);
     records_.AddRestored(id, b.slice_id(), *arg);
+    client->resume_kept++;
   }
   if (!live.done()) return note;
   client->resuming = false;
+  client->needed.clear();
+  for (const proto::ReleaseRef& release :
+       std::exchange(client->released_after_resend, {})) {
+    RouteRelease(client_id, release, ops);
+  }
   const absl::Status lost = absl::DataLossError(
       "the server restarted before this value was complete on its workers, "
       "and no call the client sent again makes it (a worker that did not "
@@ -348,6 +367,28 @@ proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
   return note;
 }
 
+void ClusterState::PlanResent(
+    uint64_t client_id,
+    const google::protobuf::RepeatedPtrField<proto::ClientOp>& ops) {
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return;
+  client->needed = client->missing;
+  for (int i = ops.size() - 1; i >= 0; --i) {
+    const proto::ClientOp& op = ops[i];
+    if (!op.has_call()) continue;
+    bool makes = false;
+    for (uint64_t o : op.call().output_ids()) {
+      makes |= client->needed.count(o) > 0;
+    }
+    if (!makes) continue;
+    for (const proto::InputRef& in : op.call().inputs()) {
+      if (records_.FindBuffer(in.buffer_id()) == nullptr) {
+        client->needed.insert(in.buffer_id());
+      }
+    }
+  }
+}
+
 absl::Status ClusterState::RouteResentCall(uint64_t client_id,
                                            const proto::Call& call,
                                            WorkerOps* ops, uint64_t* seq,
@@ -356,7 +397,7 @@ absl::Status ClusterState::RouteResentCall(uint64_t client_id,
   ClientRecord* client = FindClient(client_id);
   if (client == nullptr) return absl::NotFoundError("unknown client");
   bool needed = false;
-  for (uint64_t o : call.output_ids()) needed |= client->missing.count(o) > 0;
+  for (uint64_t o : call.output_ids()) needed |= client->needed.count(o) > 0;
   if (!needed) return absl::OkStatus();
   for (const proto::InputRef& in : call.inputs()) {
     if (records_.FindBuffer(in.buffer_id()) != nullptr) continue;
@@ -365,8 +406,10 @@ absl::Status ClusterState::RouteResentCall(uint64_t client_id,
         "input buffer ",
         in.buffer_id(),
         " is no longer held (a donated input the call consumed on some "
-        "worker, or a value a worker that did not come back held)"));
+        "worker, a value a worker that did not come back held, or one made "
+        "by a call the client no longer kept)"));
     for (uint64_t o : call.output_ids()) {
+      client->needed.erase(o);
       if (client->missing.erase(o) > 0) lost_.emplace(o, lost);
     }
     return lost;
@@ -374,13 +417,39 @@ absl::Status ClusterState::RouteResentCall(uint64_t client_id,
   absl::Status s = RouteCall(client_id, call, ops, seq);
   if (!s.ok()) return s;
   *routed = true;
+  client->resume_ran_again++;
   for (uint64_t o : call.output_ids()) {
+    client->needed.erase(o);
     if (client->missing.erase(o) > 0) continue;
-    // An output the client no longer holds: released once the call ran.
-    proto::ReleaseRef release;
+    // An output the client no longer holds: released once the calls sent
+    // again that read it are routed (RestoreLiveBuffers' `done`).
+    proto::ReleaseRef& release = client->released_after_resend.emplace_back();
     release.set_buffer_id(o);
     release.set_slice_id(call.slice_id());
-    RouteRelease(client_id, release, ops);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::RouteResentPut(uint64_t client_id,
+                                          const proto::PutDecl& put,
+                                          WorkerOps* ops,
+                                          proto::Recovery* reput) {
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr || client->needed.count(put.buffer_id()) == 0) {
+    return absl::OkStatus();
+  }
+  if (absl::Status s = RoutePut(client_id, put, ops); !s.ok()) return s;
+  client->needed.erase(put.buffer_id());
+  if (client->missing.erase(put.buffer_id()) == 0) {
+    proto::ReleaseRef& release = client->released_after_resend.emplace_back();
+    release.set_buffer_id(put.buffer_id());
+    release.set_slice_id(put.slice_id());
+  }
+  client->resume_ran_again++;
+  const int n = static_cast<int>(slices_.at(put.slice_id()).devices.size());
+  for (int j = 0; j < n; ++j) {
+    reput->add_reput_ids(put.buffer_id());
+    reput->add_reput_shards(j);
   }
   return absl::OkStatus();
 }

@@ -165,7 +165,15 @@ TEST_F(RestartTest, AResumedClientKeepsWhatIsHeldAndRunsAgainWhatIsMissing) {
   EXPECT_NE(after_.records().FindBuffer(x), nullptr);
   EXPECT_NE(after_.records().FindBuffer(y), nullptr);
   EXPECT_EQ(after_.records().FindBuffer(z), nullptr);
+  // z's one shard goes before z is made again.
+  ASSERT_EQ(ops[w0_].size(), 1u);
+  EXPECT_EQ(ops[w0_][0].release().buffer_ids(0), z);
+  ops.clear();
   // The batch sent again: x -> y is held, not run; y -> z runs again.
+  google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
+  *resent.Add()->mutable_call() = Call(Id(20), x, y);
+  *resent.Add()->mutable_call() = Call(Id(21), y, z);
+  after_.PlanResent(client_, resent);
   uint64_t seq = 0;
   bool routed = true;
   ASSERT_TRUE(
@@ -178,6 +186,8 @@ TEST_F(RestartTest, AResumedClientKeepsWhatIsHeldAndRunsAgainWhatIsMissing) {
           .ok());
   EXPECT_TRUE(routed);
   EXPECT_GT(seq, 0u);
+  EXPECT_EQ(after_.FindClient(client_)->resume_kept, 2);
+  EXPECT_EQ(after_.FindClient(client_)->resume_ran_again, 1);
   for (int64_t w : {w0_, w1_}) {
     bool executes = false;
     for (const proto::WorkerOp& op : ops[w]) executes |= op.has_execute();
@@ -202,6 +212,9 @@ TEST_F(RestartTest, WhatNoWorkerGaveBackAndNoCallMakesIsLostSayingWhy) {
   WorkerOps ops;
   after_.RestoreLiveBuffers(client_, Live({z, w}, false), &ops);
   // z's call is sent again, but its input y is held nowhere.
+  google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
+  *resent.Add()->mutable_call() = Call(Id(21), y, z);
+  after_.PlanResent(client_, resent);
   uint64_t seq = 0;
   bool routed = true;
   absl::Status s =
@@ -220,6 +233,43 @@ TEST_F(RestartTest, WhatNoWorkerGaveBackAndNoCallMakesIsLostSayingWhy) {
   EXPECT_EQ(note.status().code(),
             static_cast<int>(absl::StatusCode::kDataLoss));
   EXPECT_NE(after_.LostStatus(w), nullptr);
+}
+
+TEST_F(RestartTest, AChainWhoseValuesWereReleasedRunsAgainFromTheLastHeld) {
+  // x -> a -> b -> z, the client holding x and z only (it released a and
+  // b); the workers gave back x alone: a and b run again to make z, and go
+  // once the chain is routed.
+  Restart();
+  const uint64_t x = Id(10), a = Id(11), b = Id(12), z = Id(13);
+  ASSERT_NE(Return(w0_, "host0", 100, {{x, 0}}), nullptr);
+  ASSERT_NE(Return(w1_, "host1", 101, {{x, 1}}), nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  WorkerOps ops;
+  after_.RestoreLiveBuffers(client_, Live({x, z}, false), &ops);
+  google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
+  *resent.Add()->mutable_call() = Call(Id(20), x, a);
+  *resent.Add()->mutable_call() = Call(Id(21), a, b);
+  *resent.Add()->mutable_call() = Call(Id(22), b, z);
+  after_.PlanResent(client_, resent);
+  for (const proto::ClientOp& op : resent) {
+    uint64_t seq = 0;
+    bool routed = false;
+    ASSERT_TRUE(
+        after_.RouteResentCall(client_, op.call(), &ops, &seq, &routed).ok());
+    EXPECT_TRUE(routed) << op.call().call_id();
+  }
+  ops.clear();
+  proto::Recovery note =
+      after_.RestoreLiveBuffers(client_, Live({}, true), &ops);
+  EXPECT_EQ(note.lost_ids_size(), 0);
+  EXPECT_EQ(after_.FindClient(client_)->resume_ran_again, 3);
+  // a and b are released (held back until the calls that read them are
+  // done); z stays.
+  EXPECT_NE(after_.records().FindBuffer(z), nullptr);
+  EXPECT_TRUE(after_.records().FindBuffer(a) == nullptr ||
+              after_.records().FindBuffer(a)->released);
+  EXPECT_TRUE(after_.records().FindBuffer(b) == nullptr ||
+              after_.records().FindBuffer(b)->released);
 }
 
 TEST_F(RestartTest, ARemapIsJournaledWithTheProgramsThatFollowIt) {

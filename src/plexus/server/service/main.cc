@@ -149,6 +149,7 @@ struct Flags {
   bool die_with_parent = false;
   int heartbeat_timeout_ms = 1000;
   int spare_wait_ms = 10000;
+  int resume_wait_s = 60;
   std::string scheduler = "gang";
   std::string log_level = "info";
   size_t timeline_events = plexus::TimelineEventsFromEnv();
@@ -211,6 +212,17 @@ void AddRuntimeFlags(CLI::App& app, Flags* f) {
                  "free at once (its clients' work waits meanwhile); 0: it "
                  "breaks at once")
       ->check(CLI::Range(0, 3600 * 1000));
+  app.add_option("--journal", f->options.journal_path,
+                 "the server's journal (a file, created if absent): workers, "
+                 "client sessions, slices and programs are written to it as "
+                 "they change, and a server started again on it resumes the "
+                 "workers and sessions that come back with what they hold "
+                 "(docs/RELIABILITY.md); none: a restart ends every session");
+  app.add_option("--resume-wait-s", f->resume_wait_s,
+                 "after a restart on --journal: how long the last run's "
+                 "workers and sessions may take to come back (a worker not "
+                 "back is lost, a session not back is ended)")
+      ->check(CLI::Range(1, 24 * 3600));
   app.add_flag("--die-with-parent", f->die_with_parent,
                "exit when the parent process dies");
   app.add_option("--scheduler", f->scheduler,
@@ -280,6 +292,7 @@ void ApplyFlags(Flags* f) {
   if (f->timeline_events > 0) options.timeline_capacity = f->timeline_events;
   options.timeline_skew = plexus::TestSkewFromEnv("server");
   options.spare_wait = absl::Milliseconds(f->spare_wait_ms);
+  options.resume_wait = absl::Seconds(f->resume_wait_s);
 }
 
 // The cluster secret (FindSecret), the local workers' trust in a TLS

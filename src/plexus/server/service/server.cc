@@ -41,6 +41,7 @@ absl::Status ServerImpl::Init() {
     absl::MutexLock lock(&mu_);
     state_.SetTenants(options_.tenants);
   }
+  if (absl::Status s = OpenJournal(); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       ServerCredentialsFor(options_.tls_cert_file, options_.tls_key_file);
   if (!credentials.ok()) return credentials.status();

@@ -75,7 +75,22 @@ grpc::Status ServerImpl::OpenClient(grpc::ServerContext* ctx,
                  std::string(left.message()));
     return grpc::Status(grpc::RESOURCE_EXHAUSTED, std::string(left.message()));
   }
-  const ClientRecord& client = state_.AddClient(msg.client_name(), tenant);
+  // A session of the run before a restart comes back under its id, with
+  // its slices and programs; any other request opens a new one.
+  bool resumed = false;
+  if (msg.resume_client_id() != 0 &&
+      state_.FindClient(msg.resume_client_id())) {
+    absl::Status r = ResumeSessionLocked(msg, tenant, msg.resume_client_id());
+    if (r.ok()) {
+      resumed = true;
+    } else {
+      SPDLOG_WARN("client '{}' ({}): not resumed, a new session opens: {}",
+                  msg.client_name(), ctx->peer(), r.ToString());
+    }
+  }
+  const ClientRecord& client =
+      resumed ? *state_.FindClient(msg.resume_client_id())
+              : state_.AddClient(msg.client_name(), tenant);
   const uint64_t id = client.id;
   {
     const TenantPolicy& policy = state_.PolicyOf(client);
@@ -100,8 +115,12 @@ grpc::Status ServerImpl::OpenClient(grpc::ServerContext* ctx,
   hello.set_credential(credential.data(), credential.size());
   hello.set_protocol_version(kProtocolVersion);
   hello.set_spare_wait_ms(absl::ToInt64Milliseconds(options_.spare_wait));
+  hello.set_resumed(resumed);
+  hello.set_journaled(journal_ != nullptr);
+  AwaitJournalLocked();  // the session, before its client hears its id
   out->Push(std::move(hello));
-  SPDLOG_INFO("client {} connected: {} (tenant {})", id, msg.client_name(),
+  SPDLOG_INFO("client {} {}: {} (tenant {})", id,
+              resumed ? "resumed its session" : "connected", msg.client_name(),
               tenant);
   *id_out = id;
   *out_out = out;
@@ -224,6 +243,15 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   // One unit per op, so the scheduler can keep (or, in the test-only
   // bypass, break) the order of calls across islands.
   RoutedBatch batch;
+  batch.resent = msg.resent();
+  if (batch.resent) {
+    state_.PlanResent(id, msg.ops());
+    SPDLOG_INFO(
+        "client {}: {} op(s) sent again after the resume; {} buffer(s) to "
+        "make again",
+        id, msg.ops_size(),
+        state_.FindClient(id) ? state_.FindClient(id)->needed.size() : 0);
+  }
   bool last_was_release = false;
   for (const proto::ClientOp& op : msg.ops()) {
     // Releases commute with each other: consecutive ones share a unit, so
@@ -240,6 +268,9 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
       batch.reply.recoveries_size()) {
     out->Push(std::move(batch.reply));
   }
+  // What the batch journaled (a program, a slice) is durable before its
+  // calls go anywhere.
+  AwaitJournalLocked();
   // Completions reported while it was routed; their releases go with it.
   WorkerOps released;
   ApplyCompletionsLocked(&released, /*batch_ends=*/true);
@@ -295,8 +326,12 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
         state_.set_now(options_.clock->Now());
         batch->clock_read = true;
       }
+      bool routed = true;
       absl::Status s =
-          state_.RouteCall(id, op.call(), &ops, &batch->seqs.back());
+          batch->resent
+              ? state_.RouteResentCall(id, op.call(), &ops, &batch->seqs.back(),
+                                       &routed)
+              : state_.RouteCall(id, op.call(), &ops, &batch->seqs.back());
       if (!s.ok()) {
         proto::CallError* e = batch->reply.add_errors();
         e->set_call_id(op.call().call_id());
@@ -310,7 +345,9 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
     }
     case proto::ClientOp::kPut: {
       proto::Recovery reput;
-      absl::Status s = state_.RoutePut(id, op.put(), &ops, &reput);
+      absl::Status s = batch->resent
+                           ? state_.RouteResentPut(id, op.put(), &ops, &reput)
+                           : state_.RoutePut(id, op.put(), &ops, &reput);
       if (reput.reput_ids_size() > 0) {
         *batch->reply.add_recoveries() = std::move(reput);
       }
@@ -324,6 +361,22 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
     case proto::ClientOp::kRelease:
       state_.RouteRelease(id, op.release(), &ops);
       break;
+    case proto::ClientOp::kLive: {
+      proto::Recovery lost = state_.RestoreLiveBuffers(id, op.live(), &ops);
+      if (lost.lost_ids_size() > 0) {
+        SPDLOG_WARN("client {}: {} buffer(s) lost with the restart: {}", id,
+                    lost.lost_ids_size(), lost.status().message());
+        *batch->reply.add_recoveries() = std::move(lost);
+      }
+      if (const ClientRecord* c = state_.FindClient(id);
+          c != nullptr && op.live().done()) {
+        SPDLOG_INFO(
+            "client {}: resumed; {} live buffer(s) kept as the workers gave "
+            "them back, {} call(s) and put(s) sent again ran again, {} lost",
+            id, c->resume_kept, c->resume_ran_again, lost.lost_ids_size());
+      }
+      break;
+    }
     case proto::ClientOp::kSnapshot:
       state_.RouteSnapshot(id, op.snapshot(), &ops);
       break;
@@ -384,7 +437,10 @@ void ServerImpl::AddSliceReply(uint64_t client_id, uint64_t request_id,
 }
 
 void ServerImpl::AnswerSlicesLocked() {
-  for (SliceAnswer& a : state_.ServePendingSlices(options_.clock->Now())) {
+  std::vector<SliceAnswer> answers =
+      state_.ServePendingSlices(options_.clock->Now());
+  if (!answers.empty()) AwaitJournalLocked();  // the grants, before replies
+  for (SliceAnswer& a : answers) {
     auto it = client_queues_.find(a.client_id);
     if (it == client_queues_.end()) continue;
     if (!a.slice.ok()) {

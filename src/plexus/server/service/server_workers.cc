@@ -23,6 +23,8 @@ void ServerImpl::CheckLiveness() {
     // Slices waiting for a host: one came free, or the wait is over.
     ResolveAwaitedLocked();
   }
+  EndResumeWait();  // after a restart: who did not come back
+  MaybeCompactJournal();
   // Read from the stamps alone: a check never waits on the state lock to
   // see who was heard, and a stamp never waits on it to be made.
   const absl::Time now = options_.clock->Now();
@@ -168,8 +170,17 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   }
   control_bytes_in_ += first.ByteSizeLong();
   const absl::Time now = options_.clock->Now();
-  WorkerRecord& w = state_.AddWorker(first.register_(), now);
-  w.generation = ++generation_;
+  // A worker that kept its state comes back as the host it was, if this
+  // server restarted on a journal that knows it; else it is a fresh host
+  // (and drops what it kept).
+  const uint64_t generation = ++generation_;
+  WorkerRecord* resumed =
+      first.register_().kept_state()
+          ? state_.ResumeWorker(first.register_(), generation, now)
+          : nullptr;
+  WorkerRecord& w = resumed != nullptr
+                        ? *resumed
+                        : state_.AddWorker(first.register_(), now, generation);
   const int64_t id = w.id;
   // Heard from as it registered, before anything is sent to it.
   HeardFrom(id, now);
@@ -181,6 +192,8 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   hello.set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
   hello.set_rejoined(rejoined);
+  hello.set_resumed(resumed != nullptr);
+  AwaitJournalLocked();  // the registration, before the worker hears it
   // One message, reused: the first carries the hello; clearing it
   // keeps its ops' shells, which the next write fills (no allocation
   // per op).
@@ -213,11 +226,17 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   AnswerSlicesLocked();    // slice requests that waited for its devices
   ResolveAwaitedLocked();  // slices that waited for a host
   SPDLOG_INFO(
-      "worker {} registered: host {}, {} device(s), pid {}, data plane "
+      "worker {} {}: host {}, {} device(s), pid {}, data plane "
       "{}, generation {}{}",
-      id, first.register_().host_name(), first.register_().devices_size(),
+      id,
+      resumed != nullptr
+          ? absl::StrCat("came back with what it kept (",
+                         first.register_().inventory_size(), " shard(s))")
+          : std::string("registered"),
+      first.register_().host_name(), first.register_().devices_size(),
       first.register_().pid(), first.register_().data_address(), w.generation,
-      rejoined.empty() ? "" : "; it rejoins: " + rejoined);
+      rejoined.empty() || resumed != nullptr ? ""
+                                             : "; it rejoins: " + rejoined);
   *id_out = id;
   return grpc::Status::OK;
 }

@@ -1,0 +1,181 @@
+"""A server restarted on its journal loses nothing (issue 26): a standalone
+server with --journal and standalone workers, which keep their buffers and
+programs while it is away and come back as the hosts they were; the
+client's session is resumed with its ids, slices, programs and futures,
+and what it had sent that had not run everywhere runs again. The server is
+SIGKILLed at rest and in the middle of a training loop, whose losses then
+equal, bit for bit, those of a run with no kill."""
+import os
+import random
+import re
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import plexus
+from plexus import _core
+from plexus._binaries import bin_dir, default_pjrt_plugin
+
+from test_membership import _ready_line, _spawn, _wait_for_log
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+
+def _server(address, log, env, journal, die_with_parent=True):
+    # A server started again from a timer's thread must not die with it:
+    # PR_SET_PDEATHSIG follows the thread that started the process (the
+    # fixture's teardown stops it).
+    proc, ready = _spawn(
+        [str(bin_dir() / "plexus-server"), "--listen", address,
+         "--ready-fd", "{READY_FD}", "--log-level", "info",
+         "--journal", str(journal), "--resume-wait-s", "60"]
+        + (["--die-with-parent"] if die_with_parent else []), log, env)
+    return proc, _ready_line(ready)
+
+
+def _worker(address, name, log, env):
+    proc, ready = _spawn(
+        [str(bin_dir() / "plexus-worker"), "--server", address,
+         "--host-name", name, "--devices", "1", "--ready-fd", "{READY_FD}",
+         "--reconnect-timeout-s", "60", "--log-level", "info"], log, env)
+    _ready_line(ready)
+    return proc
+
+
+@pytest.fixture
+def journaled(tmp_path):
+    """A standalone server on a journal and three standalone workers, and a
+    way to SIGKILL the server and start it again on the same address and
+    journal."""
+    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
+    plugin = default_pjrt_plugin()
+    if plugin:
+        env["PLEXUS_PJRT_PLUGIN"] = plugin
+    log = tmp_path / "server.log"
+    journal = tmp_path / "journal.db"
+    server, address = _server("127.0.0.1:0", log, env, journal)
+    procs = {"server": server}
+    workers = [_worker(address, f"host{i}", tmp_path / f"worker{i}.log", env)
+               for i in range(3)]
+
+    class Cluster:
+        pass
+
+    cluster = Cluster()
+    cluster.address, cluster.log, cluster.tmp = address, log, tmp_path
+
+    def kill_and_restart():
+        procs["server"].kill()
+        procs["server"].wait()
+        procs["server"], again = _server(address, log, env, journal,
+                                         die_with_parent=False)
+        assert again == address
+
+    cluster.kill_and_restart = kill_and_restart
+    try:
+        yield cluster
+    finally:
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except Exception:  # noqa: BLE001 - reap it whatever happened
+                w.kill()
+                w.wait()
+        procs["server"].terminate()
+        procs["server"].wait(timeout=30)
+
+
+def test_a_restarted_server_resumes_the_session_with_its_futures(journaled):
+    client = plexus.connect(journaled.address, name="resumed")
+    try:
+        s = client.slice(3, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        y = double(x)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 2)
+        z = double(y)  # not read before the kill
+        client_id, slice_id = client.id, s.id
+
+        journaled.kill_and_restart()
+
+        # The same futures, the same program and slice, the same ids.
+        np.testing.assert_array_equal(np.asarray(z), np.arange(6) * 4)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 2)
+        w = double(z)
+        np.testing.assert_array_equal(np.asarray(w), np.arange(6) * 8)
+        assert (client.id, s.id) == (client_id, slice_id)
+        end = client.session_ends[-1]
+        assert end["resumed"] and end["reconnected"], end
+        _wait_for_log(journaled.log, "resumed its session", 1, timeout=10)
+        _wait_for_log(journaled.log, "came back with what it kept", 3,
+                      timeout=10)
+    finally:
+        client.close()
+
+
+def test_calls_in_flight_at_the_kill_run_again_once_and_give_the_same_value(
+        journaled):
+    """A chain of 2 ms calls (200 ms of work) is sent, then the server is
+    SIGKILLed at once: what the workers finished is kept, the calls the
+    client kept run again from the last value a worker held (the
+    intermediate values were released), and the chain's end is right."""
+    client = plexus.connect(journaled.address, name="chain")
+    try:
+        s = client.slice(3, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        busy = s.program("busy_wait", x, micros=2_000)
+        y = double(x)
+        for _ in range(100):
+            y = busy(y)
+        y = double(y)
+        client.flush()  # every call is on the wire before the kill
+        journaled.kill_and_restart()
+        np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 4)
+        _wait_for_log(journaled.log, "resumed; ", 1, timeout=10)
+        resumed = [line for line in journaled.log.read_text().splitlines()
+                   if "resumed; " in line][-1]
+        ran_again = int(re.search(r"(\d+) call\(s\) and put\(s\) sent again "
+                                  r"ran again, 0 lost", resumed).group(1))
+        assert 1 <= ran_again <= 102, resumed
+    finally:
+        client.close()
+
+
+@pytest.mark.jax_heavy
+def test_training_goes_on_through_a_server_kill_bit_for_bit(journaled):
+    """examples/elastic_training.py's loop (plexus.jit, all_reduce, puts
+    each step) on a slice of the three hosts; the server is SIGKILLed at a
+    random moment after step 4 is issued (its calls in flight) and started
+    again on its journal; step 5 is issued only once it was."""
+    sys.path.insert(0, EXAMPLES)
+    from elastic_training import train
+
+    steps = 7
+    client = plexus.connect(journaled.address, name="trainer")
+    try:
+        baseline = train(client, steps, snapshot_every=0)
+        killed = threading.Event()
+        rng = random.Random(26)
+
+        def kill():
+            journaled.kill_and_restart()
+            killed.set()
+
+        def on_step(step):
+            if step == 4:
+                threading.Timer(rng.uniform(0, 0.02), kill).start()
+            elif step == 5:
+                assert killed.wait(60)
+
+        losses = train(client, steps, snapshot_every=0, on_step=on_step)
+        assert losses == baseline, (losses, baseline)
+        end = client.session_ends[-1]
+        assert end["resumed"] and end["lost_futures"] > 0, end
+        _wait_for_log(journaled.log, "resumed its session", 1, timeout=10)
+    finally:
+        client.close()
