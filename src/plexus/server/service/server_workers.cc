@@ -122,6 +122,28 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+absl::Status ServerImpl::UseWireWriterForWorkers() {
+  // Its index among the methods of plexus.proto's service Controller.
+  constexpr int kWorkerSession = 0;
+  using Generated = grpc::internal::BidiStreamingHandler<
+      proto::Controller::Service, proto::WorkerToServer, proto::ServerToWorker>;
+  if (dynamic_cast<Generated*>(GetHandler(kWorkerSession)) == nullptr) {
+    return absl::InternalError(
+        "the Controller service's first method is not WorkerSession (its "
+        "handler is not the generated one): plexus.proto and "
+        "UseWireWriterForWorkers disagree");
+  }
+  MarkMethodStreamed(
+      kWorkerSession,
+      new grpc::internal::BidiStreamingHandler<
+          ServerImpl, proto::WorkerToServer, grpc::ByteBuffer>(
+          [](ServerImpl* self, grpc::ServerContext* ctx, WorkerStream* stream) {
+            return self->WorkerSession(ctx, stream);
+          },
+          this));
+  return absl::OkStatus();
+}
+
 grpc::Status ServerImpl::CheckRegistration(
     grpc::ServerContext* ctx, const proto::WorkerToServer& first) const {
   // A worker of another release would misread the ops it is sent.
@@ -181,17 +203,24 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   hello.set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
   hello.set_rejoined(rejoined);
-  // One message, reused: the first carries the hello; clearing it
-  // keeps its ops' shells, which the next write fills (no allocation
-  // per op).
+  // Each write is one ServerToWorker in wire form (worker_wire.h): the
+  // first carries the hello, every one the worker id, then the ops,
+  // encoded into one buffer kept from write to write (a call's Execute
+  // was encoded once for all its hosts; here its bytes are copied).
+  proto::ServerToWorker head;
+  head.set_worker_id(id);
   auto queue = std::make_shared<WorkerQueue>(
-      [stream, id,
-       msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
-        msg.set_worker_id(id);
-        for (auto& op : ops) *msg.add_ops() = std::move(op);
-        const bool written = stream->Write(msg);
-        msg.Clear();
-        return written;
+      [stream, first = hello.SerializeAsString(),
+       head = head.SerializeAsString(),
+       bytes = std::string()](std::vector<OutOp>& ops) mutable {
+        bytes.clear();
+        bytes.append(first);
+        first.clear();
+        bytes.append(head);
+        AppendOps(ops, &bytes);
+        grpc::Slice slice(bytes.data(), bytes.size());
+        grpc::ByteBuffer buffer(&slice, 1);
+        return stream->Write(buffer);
       });
   // Tell the newcomer about everyone (itself included, so its first
   // message carries its id) and everyone about the newcomer.
