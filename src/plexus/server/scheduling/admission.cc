@@ -294,6 +294,12 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
 
 void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
                       int64_t worker) {
+  auto window = windows_.find(worker);
+  EndOn(it, worker, window == windows_.end() ? nullptr : &window->second);
+}
+
+void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+                      int64_t worker, Window* window) {
   InFlight& f = it->second;
   auto w = std::lower_bound(f.workers.begin(), f.workers.end(), worker);
   if (w == f.workers.end() || *w != worker) return;
@@ -301,15 +307,14 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
   if (f.ended[i]) return;
   f.ended[i] = true;
   f.remaining--;
-  auto window = windows_.find(worker);
-  if (window != windows_.end()) {
-    Load& total = window->second.total;
+  if (window != nullptr) {
+    Load& total = window->total;
     total.calls--;
     total.micros = std::max(0.0, total.micros - f.cost);
-    auto own = window->second.clients.find(f.client);
-    if (own != window->second.clients.end() && --own->second.calls == 0) {
-      window->second.clients.erase(own);
-    } else if (own != window->second.clients.end()) {
+    auto own = window->clients.find(f.client);
+    if (own != window->clients.end() && --own->second.calls == 0) {
+      window->clients.erase(own);
+    } else if (own != window->clients.end()) {
       own->second.micros = std::max(0.0, own->second.micros - f.cost);
     }
   }
@@ -330,21 +335,40 @@ void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
     if (it != in_flight_.end()) it->second.failed = true;
   }
   const int n = std::min(done.tickets_size(), done.busy_micros_size());
+  // One worker's reports: its window is found once, and a run of reports
+  // of one client's program (the usual batch) finds its estimate once.
+  auto found = windows_.find(worker);
+  Window* window = found == windows_.end() ? nullptr : &found->second;
+  Client* client = nullptr;
+  uint64_t client_id = 0;
+  double* cost = nullptr;
+  uint64_t cost_program = 0;
   for (int i = 0; i < n; ++i) {
     auto it = in_flight_.find(done.tickets(i));
     if (it == in_flight_.end()) continue;
     const int64_t busy = done.busy_micros(i);
-    auto c = clients_.find(it->second.client);
-    if (c != clients_.end() && busy >= 0) {
-      Client& client = c->second;
-      client.view.device_micros += busy;
-      auto [cost, fresh] = client.cost.try_emplace(it->second.program_id, busy);
-      if (!fresh) {
-        cost->second +=
-            kCostSmoothing * (static_cast<double>(busy) - cost->second);
+    const InFlight& f = it->second;
+    if (client == nullptr || client_id != f.client) {
+      auto c = clients_.find(f.client);
+      client = c == clients_.end() ? nullptr : &c->second;
+      client_id = f.client;
+      cost = nullptr;
+    }
+    if (client != nullptr && busy >= 0) {
+      client->view.device_micros += busy;
+      if (cost != nullptr && cost_program == f.program_id) {
+        *cost += kCostSmoothing * (static_cast<double>(busy) - *cost);
+      } else {
+        auto [estimate, fresh] = client->cost.try_emplace(f.program_id, busy);
+        if (!fresh) {
+          estimate->second +=
+              kCostSmoothing * (static_cast<double>(busy) - estimate->second);
+        }
+        cost = &estimate->second;
+        cost_program = f.program_id;
       }
     }
-    EndOn(it, worker);
+    EndOn(it, worker, window);
   }
 }
 

@@ -214,13 +214,16 @@ class Admission {
   // nothing if `worker` is not one of its workers, or ended already.
   void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
              int64_t worker);
+  // The same, with `worker`'s window found (null: it is gone).
+  void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+             int64_t worker, Window* window);
   void EndEverywhere(uint64_t ticket);
 
   const Options options_;
   std::map<uint64_t, Client> clients_;
   // Clients with waiting units, in fair order: (pass, arrival, id).
   std::set<std::tuple<double, uint64_t, uint64_t>> order_;
-  std::map<int64_t, Window> windows_;
+  absl::flat_hash_map<int64_t, Window> windows_;
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // by ticket
   // The virtual time: the lowest start tag in flight, else the last
   // admitted.

@@ -32,23 +32,22 @@ static_assert(proto::ServerToWorker::kOpsFieldNumber < 16 &&
 
 size_t VarintSize(uint64_t v) { return Coded::VarintSize64(v); }
 
-// Appends `tag`, then `length` as a varint.
-void AppendHeader(uint8_t tag, uint64_t length, std::string* out) {
-  uint8_t header[1 + 10];
-  header[0] = tag;
-  uint8_t* end = Coded::WriteVarint64ToArray(length, header + 1);
-  out->append(reinterpret_cast<const char*>(header), end - header);
+// A length-delimited field's header: its one-byte tag, then its length.
+uint8_t* WriteHeader(uint8_t tag, uint64_t length, uint8_t* target) {
+  *target++ = tag;
+  return Coded::WriteVarint64ToArray(length, target);
 }
+
+size_t HeaderSize(uint64_t length) { return 1 + VarintSize(length); }
 
 // Appends `message`, serialized, with its tag and length.
 void AppendMessage(uint8_t tag, const google::protobuf::MessageLite& message,
                    std::string* out) {
   const size_t size = message.ByteSizeLong();
-  AppendHeader(tag, size, out);
   const size_t at = out->size();
-  out->resize(at + size);
-  message.SerializeWithCachedSizesToArray(
-      reinterpret_cast<uint8_t*>(out->data() + at));
+  out->resize(at + HeaderSize(size) + size);
+  uint8_t* target = reinterpret_cast<uint8_t*>(out->data() + at);
+  message.SerializeWithCachedSizesToArray(WriteHeader(tag, size, target));
 }
 
 }  // namespace
@@ -79,46 +78,63 @@ size_t CallExecutes::ExecuteSize(int host) const {
 
 size_t CallExecutes::WorkerOpSize(int host) const {
   const size_t execute = ExecuteSize(host);
-  return 1 + VarintSize(execute) + execute;
+  return HeaderSize(execute) + execute;
 }
 
-void CallExecutes::AppendWorkerOp(int host, std::string* out) const {
+uint8_t* CallExecutes::WriteWorkerOp(int host, uint8_t* target) const {
   const Host& h = hosts_[host];
-  AppendHeader(kExecuteTag, ExecuteSize(host), out);
-  out->append(shared_);
-  out->append(tasks_, h.begin, h.end - h.begin);
+  target = WriteHeader(kExecuteTag, ExecuteSize(host), target);
+  std::memcpy(target, shared_.data(), shared_.size());
+  target += shared_.size();
+  std::memcpy(target, tasks_.data() + h.begin, h.end - h.begin);
+  target += h.end - h.begin;
   if (ticket_ != 0) {
-    uint8_t bytes[1 + 10];
-    bytes[0] = kTicketTag;
-    uint8_t* end = Coded::WriteVarint64ToArray(ticket_, bytes + 1);
-    out->append(reinterpret_cast<const char*>(bytes), end - bytes);
+    *target++ = kTicketTag;
+    target = Coded::WriteVarint64ToArray(ticket_, target);
   }
   if (start_tag_ != 0) {
-    uint8_t bytes[1 + 8];
-    bytes[0] = kStartTagTag;
-    Coded::WriteLittleEndian64ToArray(WireFormatLite::EncodeDouble(start_tag_),
-                                      bytes + 1);
-    out->append(reinterpret_cast<const char*>(bytes), sizeof(bytes));
+    *target++ = kStartTagTag;
+    target = Coded::WriteLittleEndian64ToArray(
+        WireFormatLite::EncodeDouble(start_tag_), target);
   }
+  return target;
 }
 
 proto::Execute CallExecutes::Execute(int host) const {
-  std::string op;
-  AppendWorkerOp(host, &op);
+  std::string op(WorkerOpSize(host), '\0');
+  WriteWorkerOp(host, reinterpret_cast<uint8_t*>(op.data()));
   proto::WorkerOp parsed;
   parsed.ParseFromString(op);
   return std::move(*parsed.mutable_execute());
 }
 
-void AppendOps(const std::vector<OutOp>& ops, std::string* out) {
+size_t OpsSize(const std::vector<OutOp>& ops) {
+  size_t size = 0;
+  for (const OutOp& op : ops) {
+    const size_t one = op.call == nullptr ? op.op.ByteSizeLong()
+                                          : op.call->WorkerOpSize(op.host);
+    size += HeaderSize(one) + one;
+  }
+  return size;
+}
+
+uint8_t* WriteOps(const std::vector<OutOp>& ops, uint8_t* target) {
   for (const OutOp& op : ops) {
     if (op.call == nullptr) {
-      AppendMessage(kOpTag, op.op, out);
+      target = WriteHeader(kOpTag, op.op.GetCachedSize(), target);
+      target = op.op.SerializeWithCachedSizesToArray(target);
     } else {
-      AppendHeader(kOpTag, op.call->WorkerOpSize(op.host), out);
-      op.call->AppendWorkerOp(op.host, out);
+      target = WriteHeader(kOpTag, op.call->WorkerOpSize(op.host), target);
+      target = op.call->WriteWorkerOp(op.host, target);
     }
   }
+  return target;
+}
+
+void AppendOps(const std::vector<OutOp>& ops, std::string* out) {
+  const size_t at = out->size();
+  out->resize(at + OpsSize(ops));
+  WriteOps(ops, reinterpret_cast<uint8_t*>(out->data() + at));
 }
 
 }  // namespace plexus

@@ -52,9 +52,10 @@ class CallExecutes {
   uint64_t ticket() const { return ticket_; }
 
   // Host `host`'s op (a WorkerOp holding its Execute), in wire form: its
-  // size, and its bytes appended to `out`.
+  // size, and its bytes written at `target` (that many bytes of room),
+  // returning their end.
   size_t WorkerOpSize(int host) const;
-  void AppendWorkerOp(int host, std::string* out) const;
+  uint8_t* WriteWorkerOp(int host, uint8_t* target) const;
   // Host `host`'s Execute, parsed back from its bytes (tests, taken work,
   // anything off the hot path).
   proto::Execute Execute(int host) const;
@@ -91,9 +92,13 @@ struct OutOp {
   int host = 0;
 };
 
-// Appends `ops`, in order, to `out` as elements of ServerToWorker's field
-// `ops`: `out` then parses as a ServerToWorker that has them (after
-// whatever other fields `out` already holds).
+// `ops`, in order, as elements of ServerToWorker's field `ops`: bytes that
+// parse as a ServerToWorker holding them (after whatever other fields come
+// before). OpsSize is their size (and caches proto ops' sizes); WriteOps
+// writes them at `target`, which has OpsSize(ops) bytes of room, right
+// after OpsSize, and returns their end; AppendOps does both onto `out`.
+size_t OpsSize(const std::vector<OutOp>& ops);
+uint8_t* WriteOps(const std::vector<OutOp>& ops, uint8_t* target);
 void AppendOps(const std::vector<OutOp>& ops, std::string* out);
 
 }  // namespace plexus

@@ -2,6 +2,7 @@
 // what it reports), when it was last heard from, and what follows when it
 // is declared down.
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpc/slice.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
@@ -205,20 +207,21 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   hello.set_rejoined(rejoined);
   // Each write is one ServerToWorker in wire form (worker_wire.h): the
   // first carries the hello, every one the worker id, then the ops,
-  // encoded into one buffer kept from write to write (a call's Execute
-  // was encoded once for all its hosts; here its bytes are copied).
+  // written once into the slice gRPC sends (a call's Execute was encoded
+  // once for all its hosts; here its bytes are copied).
   proto::ServerToWorker head;
   head.set_worker_id(id);
   auto queue = std::make_shared<WorkerQueue>(
       [stream, first = hello.SerializeAsString(),
-       head = head.SerializeAsString(),
-       bytes = std::string()](std::vector<OutOp>& ops) mutable {
-        bytes.clear();
-        bytes.append(first);
+       head = head.SerializeAsString()](std::vector<OutOp>& ops) mutable {
+        grpc_slice bytes =
+            grpc_slice_malloc(first.size() + head.size() + OpsSize(ops));
+        uint8_t* target = GRPC_SLICE_START_PTR(bytes);
+        std::memcpy(target, first.data(), first.size());
+        std::memcpy(target + first.size(), head.data(), head.size());
+        WriteOps(ops, target + first.size() + head.size());
         first.clear();
-        bytes.append(head);
-        AppendOps(ops, &bytes);
-        grpc::Slice slice(bytes.data(), bytes.size());
+        grpc::Slice slice(bytes, grpc::Slice::STEAL_REF);
         grpc::ByteBuffer buffer(&slice, 1);
         return stream->Write(buffer);
       });
