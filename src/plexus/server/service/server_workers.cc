@@ -83,8 +83,8 @@ bool ServerImpl::Silent(int64_t id) {
   return it != heard_.end() && SilentLocked(it->second, now);
 }
 
-grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
-                                       WorkerStream* stream) {
+grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
+                                     WorkerStream* stream) {
   proto::WorkerToServer first;
   if (!stream->Read(&first) || !first.has_register_()) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
@@ -140,7 +140,7 @@ absl::Status ServerImpl::UseWireWriterForWorkers() {
       new grpc::internal::BidiStreamingHandler<
           ServerImpl, proto::WorkerToServer, grpc::ByteBuffer>(
           [](ServerImpl* self, grpc::ServerContext* ctx, WorkerStream* stream) {
-            return self->WorkerSession(ctx, stream);
+            return self->ServeWorker(ctx, stream);
           },
           this));
   return absl::OkStatus();

@@ -82,8 +82,8 @@ class ServerImpl final : public Server, public proto::Controller::Service {
 
   // ------------------------------------------------------------ workers
   // Registration, then each message the worker sends, then its end.
-  grpc::Status WorkerSession(grpc::ServerContext* ctx, WorkerStream* stream);
-  // Makes WorkerSession the handler of the Controller's WorkerSession
+  grpc::Status ServeWorker(grpc::ServerContext* ctx, WorkerStream* stream);
+  // Makes ServeWorker the handler of the Controller's WorkerSession
   // method, in place of the generated one whose stream writes
   // proto::ServerToWorker: the same method, the same bytes on the wire.
   // Called by Init, before the service is registered.
