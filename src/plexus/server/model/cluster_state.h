@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -25,6 +26,7 @@
 #include "plexus/server/model/job_records.h"
 #include "plexus/server/model/model_journal.h"
 #include "plexus/server/model/tenants.h"
+#include "plexus/server/scheduling/worker_wire.h"
 
 namespace plexus {
 
@@ -464,6 +466,12 @@ class ClusterState {
   // `seq`, if given, gets the call's sequence number (its record's key).
   absl::Status RouteCall(uint64_t client_id, const proto::Call& call,
                          WorkerOps* ops, uint64_t* seq = nullptr);
+  // The same, with the Executes in wire form, encoded once for all the
+  // call's hosts (`*executes`; each host's goes after its ops in `ops`),
+  // not as one proto op per host: the path of a client's calls.
+  absl::Status RouteCall(uint64_t client_id, const proto::Call& call,
+                         WorkerOps* ops, uint64_t* seq,
+                         std::shared_ptr<CallExecutes>* executes);
   // `reput`, if given, gets the shards the client must put again: all of
   // them when it put by an older map of the slice than the server's.
   absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
@@ -680,6 +688,10 @@ class ClusterState {
   // once, and it is laid out on the call's slice as the program takes it.
   bool MayDonate(const ProgramRecord& prog, const proto::Call& call, int i,
                  bool same_layout) const;
+  // Routing's scratch, reused from call to call (RouteCall builds each
+  // shard's task in it and encodes it; no allocation per call once warm).
+  std::vector<std::unique_ptr<proto::ShardTask>> route_tasks_;
+  proto::Execute route_shared_;
   proto::RecoveryCounters counters_;
   bool spares_seen_ = false;
   ModelJournalSink* journal_ = nullptr;  // set_journal

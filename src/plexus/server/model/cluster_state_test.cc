@@ -736,3 +736,81 @@ TEST_F(DonationTest, BadPairsAreRefusedAtRegistration) {
 
 }  // namespace
 }  // namespace plexus
+
+namespace plexus {
+namespace {
+
+// A call over 20 hosts of 2 devices each, the slice spread over them (a
+// host's two shards apart in slice order): each host's Execute, encoded
+// once for the call, holds its own shards' tasks in slice order, and the
+// proto form of RouteCall reads the same.
+TEST(WideCallTest, EachHostGetsItsShardsOnceInSliceOrder) {
+  ClusterState state;
+  for (int h = 0; h < 20; ++h) {
+    state.AddWorker(Host(absl::StrCat("host", h), 2), absl::Now());
+  }
+  const uint64_t client = state.AddClient("test").id;
+  proto::SliceRequest req;
+  req.set_num_devices(40);
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  auto slice = state.CreateSlice(client, req);
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  const ArgSpec arg{{DType::kF32, {80}}, Sharding::Split(0)};
+  proto::RegisterProgram reg;
+  reg.set_program_id(ClientMadeId(client, 1));
+  reg.mutable_program()->set_name("scale");
+  reg.mutable_program()->set_kernel("scale");
+  *reg.mutable_program()->add_inputs() = ToProto(arg);
+  *reg.mutable_program()->add_outputs() = ToProto(arg);
+  ASSERT_TRUE(state.RegisterProgram(client, reg).ok());
+  auto call = [&](uint64_t n) {
+    proto::Call c;
+    c.set_call_id(ClientMadeId(client, n));
+    c.set_slice_id(slice->slice_id());
+    c.set_program_id(ClientMadeId(client, 1));
+    proto::InputRef* in = c.add_inputs();
+    in->set_buffer_id(ClientMadeId(client, n + 1));
+    in->set_slice_id(slice->slice_id());
+    *in->mutable_arg() = ToProto(arg);
+    c.add_output_ids(ClientMadeId(client, n + 2));
+    return c;
+  };
+
+  WorkerOps ops;
+  std::shared_ptr<CallExecutes> executes;
+  ASSERT_TRUE(state.RouteCall(client, call(10), &ops, nullptr, &executes).ok());
+  ASSERT_EQ(executes->hosts(), 20);
+  std::map<int64_t, std::vector<int>> shards_of;  // by the slice's map
+  for (int j = 0; j < slice->devices_size(); ++j) {
+    shards_of[slice->devices(j).worker_id()].push_back(j);
+  }
+  for (int h = 0; h < executes->hosts(); ++h) {
+    const proto::Execute exec = executes->Execute(h);
+    const std::vector<int>& shards = shards_of[executes->worker(h)];
+    ASSERT_EQ(exec.tasks_size(), static_cast<int>(shards.size()));
+    EXPECT_EQ(exec.num_shards(), 40);
+    EXPECT_EQ(exec.output_ids(0), ClientMadeId(client, 12));
+    for (int t = 0; t < exec.tasks_size(); ++t) {
+      const int j = shards[t];
+      EXPECT_EQ(exec.tasks(t).shard(), j);
+      EXPECT_EQ(exec.tasks(t).device(), slice->devices(j).device());
+      const proto::Piece& piece = exec.tasks(t).inputs(0).pieces(0);
+      EXPECT_EQ(piece.buffer_id(), ClientMadeId(client, 11));
+      EXPECT_EQ(piece.shard(), j);
+      EXPECT_EQ(piece.length(), 2);
+    }
+  }
+  // Each host's program load went first, as a proto op.
+  EXPECT_EQ(ops.size(), 20u);
+
+  WorkerOps proto_ops;
+  ASSERT_TRUE(state.RouteCall(client, call(20), &proto_ops).ok());
+  for (auto& [w, list] : proto_ops) {
+    ASSERT_EQ(list.size(), 1u);  // loaded already: the Execute alone
+    EXPECT_EQ(list[0].execute().tasks_size(),
+              static_cast<int>(shards_of[w].size()));
+  }
+}
+
+}  // namespace
+}  // namespace plexus

@@ -44,8 +44,7 @@ void Admission::AddWorker(int64_t worker, int devices) {
 void Admission::RemoveWorker(int64_t worker) {
   std::vector<uint64_t> tickets;
   for (const auto& [ticket, f] : in_flight_) {
-    if (std::find(f.workers.begin(), f.workers.end(), worker) !=
-        f.workers.end()) {
+    if (std::binary_search(f.workers.begin(), f.workers.end(), worker)) {
       tickets.push_back(ticket);
     }
   }
@@ -65,6 +64,21 @@ int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
       const auto& ws = unit.exec_workers;
       if (std::find(ws.begin(), ws.end(), worker) == ws.end()) continue;
       unit.ops.erase(worker);
+      if (unit.executes != nullptr) {
+        // Each other host fails the outputs where its Execute would
+        // have run (after its ops).
+        for (int h = 0; h < unit.executes->hosts(); ++h) {
+          const int64_t w = unit.executes->worker(h);
+          if (w == worker) continue;
+          proto::WorkerOp fail;
+          for (uint64_t id : unit.executes->output_ids()) {
+            fail.mutable_fail()->add_buffer_ids(id);
+          }
+          *fail.mutable_fail()->mutable_status() = lost;
+          unit.ops[w].push_back(std::move(fail));
+        }
+        unit.executes.reset();
+      }
       for (auto& [w, list] : unit.ops) {
         for (proto::WorkerOp& op : list) {
           if (!op.has_execute()) continue;  // loads, transfers, expects stay
@@ -84,10 +98,14 @@ int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
 }
 
 void Admission::EndEverywhere(uint64_t ticket) {
-  for (auto it = in_flight_.find(ticket); it != in_flight_.end();
-       it = in_flight_.find(ticket)) {
-    it->second.cut_short = true;
-    EndOn(it, it->second.workers.back());
+  auto it = in_flight_.find(ticket);
+  if (it == in_flight_.end()) return;
+  it->second.cut_short = true;
+  // The last EndOn erases the entry: the workers left are counted first.
+  for (size_t i = 0, left = it->second.remaining; left > 0; ++i) {
+    if (it->second.ended[i]) continue;
+    --left;
+    EndOn(it, it->second.workers[i]);
   }
 }
 
@@ -125,8 +143,16 @@ std::vector<uint64_t> Admission::PendingCallSeqs(uint64_t client) const {
   return seqs;
 }
 
-AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq) {
+AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq,
+                                std::shared_ptr<CallExecutes> executes) {
   AdmissionUnit unit;
+  if (executes != nullptr) {
+    for (int h = 0; h < executes->hosts(); ++h) {
+      unit.exec_workers.push_back(executes->worker(h));
+    }
+    unit.program_id = executes->program_id();
+    unit.executes = std::move(executes);
+  }
   for (const auto& [w, list] : ops) {
     for (const proto::WorkerOp& op : list) {
       if (op.has_execute()) {
@@ -223,6 +249,9 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       f.call_seq = unit_out->call_seq;
       f.cost = cost;
       f.start_tag = c.pass;
+      if (unit_out->executes != nullptr) {
+        unit_out->executes->Stamp(ticket, c.pass);  // once for every host
+      }
       for (int64_t w : unit_out->exec_workers) {
         auto window = windows_.find(w);
         if (window == windows_.end()) continue;  // gone: never reports
@@ -232,6 +261,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
           load->micros += cost;
         }
         f.workers.push_back(w);
+        if (unit_out->executes != nullptr) continue;
         for (proto::WorkerOp& op : unit_out->ops[w]) {
           if (op.has_execute()) {
             op.mutable_execute()->set_ticket(ticket);
@@ -239,6 +269,9 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
           }
         }
       }
+      std::sort(f.workers.begin(), f.workers.end());
+      f.ended.assign(f.workers.size(), false);
+      f.remaining = static_cast<int>(f.workers.size());
       if (f.workers.empty()) {
         in_flight_.erase(ticket);
         c.view.in_flight--;
@@ -261,23 +294,31 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
 
 void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
                       int64_t worker) {
-  InFlight& f = it->second;
-  auto w = std::find(f.workers.begin(), f.workers.end(), worker);
-  if (w == f.workers.end()) return;
-  f.workers.erase(w);
   auto window = windows_.find(worker);
-  if (window != windows_.end()) {
-    Load& total = window->second.total;
+  EndOn(it, worker, window == windows_.end() ? nullptr : &window->second);
+}
+
+void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+                      int64_t worker, Window* window) {
+  InFlight& f = it->second;
+  auto w = std::lower_bound(f.workers.begin(), f.workers.end(), worker);
+  if (w == f.workers.end() || *w != worker) return;
+  const size_t i = static_cast<size_t>(w - f.workers.begin());
+  if (f.ended[i]) return;
+  f.ended[i] = true;
+  f.remaining--;
+  if (window != nullptr) {
+    Load& total = window->total;
     total.calls--;
     total.micros = std::max(0.0, total.micros - f.cost);
-    auto own = window->second.clients.find(f.client);
-    if (own != window->second.clients.end() && --own->second.calls == 0) {
-      window->second.clients.erase(own);
-    } else if (own != window->second.clients.end()) {
+    auto own = window->clients.find(f.client);
+    if (own != window->clients.end() && --own->second.calls == 0) {
+      window->clients.erase(own);
+    } else if (own != window->clients.end()) {
       own->second.micros = std::max(0.0, own->second.micros - f.cost);
     }
   }
-  if (f.workers.empty()) {
+  if (f.remaining == 0) {
     if (!f.cut_short && f.call_seq != 0) {
       done_calls_.emplace_back(f.call_seq, f.failed);
     }
@@ -294,21 +335,40 @@ void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
     if (it != in_flight_.end()) it->second.failed = true;
   }
   const int n = std::min(done.tickets_size(), done.busy_micros_size());
+  // One worker's reports: its window is found once, and a run of reports
+  // of one client's program (the usual batch) finds its estimate once.
+  auto found = windows_.find(worker);
+  Window* window = found == windows_.end() ? nullptr : &found->second;
+  Client* client = nullptr;
+  uint64_t client_id = 0;
+  double* cost = nullptr;
+  uint64_t cost_program = 0;
   for (int i = 0; i < n; ++i) {
     auto it = in_flight_.find(done.tickets(i));
     if (it == in_flight_.end()) continue;
     const int64_t busy = done.busy_micros(i);
-    auto c = clients_.find(it->second.client);
-    if (c != clients_.end() && busy >= 0) {
-      Client& client = c->second;
-      client.view.device_micros += busy;
-      auto [cost, fresh] = client.cost.try_emplace(it->second.program_id, busy);
-      if (!fresh) {
-        cost->second +=
-            kCostSmoothing * (static_cast<double>(busy) - cost->second);
+    const InFlight& f = it->second;
+    if (client == nullptr || client_id != f.client) {
+      auto c = clients_.find(f.client);
+      client = c == clients_.end() ? nullptr : &c->second;
+      client_id = f.client;
+      cost = nullptr;
+    }
+    if (client != nullptr && busy >= 0) {
+      client->view.device_micros += busy;
+      if (cost != nullptr && cost_program == f.program_id) {
+        *cost += kCostSmoothing * (static_cast<double>(busy) - *cost);
+      } else {
+        auto [estimate, fresh] = client->cost.try_emplace(f.program_id, busy);
+        if (!fresh) {
+          estimate->second +=
+              kCostSmoothing * (static_cast<double>(busy) - estimate->second);
+        }
+        cost = &estimate->second;
+        cost_program = f.program_id;
       }
     }
-    EndOn(it, worker);
+    EndOn(it, worker, window);
   }
 }
 
@@ -332,7 +392,11 @@ absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>
 Admission::WorkersNotDone() const {
   absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> out;
   for (const auto& [ticket, f] : in_flight_) {
-    if (f.call_seq != 0) out[f.call_seq] = f.workers;
+    if (f.call_seq == 0) continue;
+    absl::InlinedVector<int64_t, 4>& left = out[f.call_seq];
+    for (size_t i = 0; i < f.workers.size(); ++i) {
+      if (!f.ended[i]) left.push_back(f.workers[i]);
+    }
   }
   return out;
 }

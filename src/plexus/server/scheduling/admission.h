@@ -52,6 +52,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -69,8 +70,13 @@ namespace plexus {
 // every worker involved.
 struct AdmissionUnit {
   WorkerOps ops;
+  // A call's Executes in wire form (ClusterState::RouteCall), one per
+  // worker that runs its shards, each after that worker's ops in `ops`.
+  // Null where a call's Executes are proto ops in `ops` (work recovery
+  // routes again) or the unit is no call's.
+  std::shared_ptr<CallExecutes> executes;
   // Set for a call: its program and the workers that run its shards (each
-  // has one Execute op in `ops`).
+  // has one Execute, in `executes` or in `ops`).
   uint64_t program_id = 0;
   absl::InlinedVector<int64_t, 4> exec_workers;  // (no allocation per call)
   // The call's record (ClusterState::RouteCall's seq), reported back by
@@ -81,8 +87,11 @@ struct AdmissionUnit {
   bool is_call() const { return !exec_workers.empty(); }
 };
 
-// The unit for routed `ops`: a call's if they hold an Execute.
-AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq = 0);
+// The unit for routed `ops`: a call's if they hold an Execute, or if
+// `executes` (its Executes in wire form) is given.
+AdmissionUnit MakeAdmissionUnit(
+    WorkerOps ops, uint64_t call_seq = 0,
+    std::shared_ptr<CallExecutes> executes = nullptr);
 
 class Admission {
  public:
@@ -187,7 +196,11 @@ class Admission {
     uint64_t program_id = 0;
     double start_tag = 0;
     double cost = 0;  // estimate charged on each of `workers`
-    absl::InlinedVector<int64_t, 4> workers;  // not yet reported done
+    // Its workers, sorted, and which have reported it done (or gone): a
+    // report finds its worker by binary search, not by a scan of them all.
+    absl::InlinedVector<int64_t, 4> workers;
+    absl::InlinedVector<bool, 4> ended;
+    int remaining = 0;  // workers not ended
     uint64_t call_seq = 0;
     bool cut_short = false;  // a worker or the client went
     bool failed = false;     // a worker reported a task of it failed
@@ -197,17 +210,20 @@ class Admission {
   Room RoomFor(int64_t worker, uint64_t client, double cost) const;
   void Backlog(uint64_t id, Client& c);
   void Unbacklog(uint64_t id, Client& c);
-  // One execute of `ticket` on `worker` is over (done or worker gone).
-  // `it->second.workers` holds `worker`.
+  // One execute of `ticket` on `worker` is over (done or worker gone);
+  // nothing if `worker` is not one of its workers, or ended already.
   void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
              int64_t worker);
+  // The same, with `worker`'s window found (null: it is gone).
+  void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
+             int64_t worker, Window* window);
   void EndEverywhere(uint64_t ticket);
 
   const Options options_;
   std::map<uint64_t, Client> clients_;
   // Clients with waiting units, in fair order: (pass, arrival, id).
   std::set<std::tuple<double, uint64_t, uint64_t>> order_;
-  std::map<int64_t, Window> windows_;
+  absl::flat_hash_map<int64_t, Window> windows_;
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // by ticket
   // The virtual time: the lowest start tag in flight, else the last
   // admitted.

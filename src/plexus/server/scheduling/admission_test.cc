@@ -426,5 +426,68 @@ TEST(AdmissionTest, CallsWaitingForALostWorkerFailTheirOutputsAtOnce) {
   EXPECT_EQ(out[1].unit.ops.at(1).back().fail().buffer_ids(0), 12u);
 }
 
+// A call over `workers` in wire form (its Executes encoded once).
+AdmissionUnit WireCall(uint64_t program, uint64_t output,
+                       const std::vector<int64_t>& workers) {
+  proto::Execute shared;
+  shared.set_program_id(program);
+  shared.add_output_ids(output);
+  auto executes = std::make_shared<CallExecutes>(shared);
+  proto::ShardTask task;
+  for (int64_t w : workers) executes->AddHost(w, {&task});
+  return MakeAdmissionUnit({}, /*call_seq=*/7, std::move(executes));
+}
+
+TEST(AdmissionTest, AWideCallEndsWithItsLastWorkersReportInAnyOrder) {
+  Admission a;
+  a.AddClient(1, 1, 100);
+  std::vector<int64_t> workers;
+  for (int64_t w = 40; w >= 1; --w) workers.push_back(w);  // not sorted
+  for (int64_t w : workers) a.AddWorker(w, 1);
+  a.Enqueue(1, WireCall(5, 99, workers));
+  std::vector<Admitted> admitted = Drain(a);
+  ASSERT_EQ(admitted.size(), 1u);
+  // One ticket for the call, stamped once for every host.
+  const CallExecutes& executes = *admitted[0].unit.executes;
+  const uint64_t ticket = executes.ticket();
+  ASSERT_NE(ticket, 0u);
+  EXPECT_EQ(executes.Execute(0).ticket(), ticket);
+  EXPECT_EQ(executes.Execute(39).ticket(), ticket);
+  for (int64_t w = 1; w <= 39; ++w) {
+    a.Completed(w, Done(1, ticket, 10));
+    a.Completed(w, Done(1, ticket, 10));  // told twice: counted once
+  }
+  EXPECT_FALSE(a.has_done_calls());
+  EXPECT_EQ(a.WorkersNotDone().at(7), (absl::InlinedVector<int64_t, 4>{40}));
+  a.Completed(40, Done(1, ticket, 10));
+  EXPECT_EQ(a.TakeDoneCalls(),
+            (std::vector<std::pair<uint64_t, bool>>{{7, false}}));
+  EXPECT_EQ(a.Find(1)->in_flight, 0);
+}
+
+TEST(AdmissionTest, AWaitingWideCallOnALostWorkerFailsItsOutputsElsewhere) {
+  Admission a;
+  a.AddClient(1, 1, 1);
+  a.AddWorker(1, 1);
+  a.AddWorker(2, 1);
+  a.AddWorker(3, 1);
+  a.Enqueue(1, WireCall(5, 98, {1, 2}));  // fills the client's quota
+  a.Enqueue(1, WireCall(5, 99, {1, 2, 3}));
+  ASSERT_EQ(Drain(a).size(), 1u);
+  EXPECT_EQ(a.FailCallsOn(3, absl::UnavailableError("lost")), 1);
+  a.RemoveWorker(3);
+  a.RemoveWorker(1);  // frees the quota
+  a.RemoveWorker(2);
+  std::vector<Admitted> rest = Drain(a);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].unit.executes, nullptr);
+  for (int64_t w : {1, 2}) {
+    const auto& ops = rest[0].unit.ops.at(w);
+    ASSERT_EQ(ops.size(), 1u);
+    EXPECT_EQ(ops[0].fail().buffer_ids(0), 99u);
+  }
+  EXPECT_EQ(rest[0].unit.ops.count(3), 0u);
+}
+
 }  // namespace
 }  // namespace plexus

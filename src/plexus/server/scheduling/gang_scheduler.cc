@@ -40,29 +40,65 @@ void GangScheduler::Broadcast(const proto::WorkerOp& op, int64_t except) {
 }
 
 uint64_t GangScheduler::Submit(std::vector<WorkerOps> units) {
+  std::vector<GangUnit> gang(units.size());
+  for (size_t u = 0; u < units.size(); ++u) gang[u].ops = std::move(units[u]);
+  return Submit(std::move(gang));
+}
+
+uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
   absl::MutexLock lock(&mu_);
   const uint64_t epoch = ++epoch_;
-  // Each worker's ops of the batch enter its queue at once (one lock of
-  // the queue, one wake-up of its writer, not one per op).
-  std::vector<proto::WorkerOp> ops;
-  for (auto& entry : queues_) {
-    // Not a structured binding: C++17 lambdas cannot capture one (clang).
-    const auto& worker = entry.first;
-    auto& queue = entry.second;
-    const bool reverse = !options_.consistent_order && worker % 2 == 1;
-    auto deliver = [&](WorkerOps& unit) {
-      auto it = unit.find(worker);
-      if (it == unit.end()) return;
-      for (auto& op : it->second) ops.push_back(std::move(op));
-    };
-    if (reverse) {
-      for (auto u = units.rbegin(); u != units.rend(); ++u) deliver(*u);
-    } else {
-      for (auto& u : units) deliver(u);
+  if (!options_.consistent_order) {
+    SubmitInconsistentLocked(units);
+    return epoch;
+  }
+  // Each worker's ops of the batch, in unit order (a unit's ops for a
+  // worker, then its Execute there), gathered by worker, then into its
+  // queue at once (one lock of the queue, one wake-up of its writer).
+  auto stage = [this](int64_t worker) -> std::vector<OutOp>& {
+    std::vector<OutOp>& out = staged_[worker];
+    if (out.empty()) touched_.push_back(worker);
+    return out;
+  };
+  for (GangUnit& unit : units) {
+    for (auto& [worker, list] : unit.ops) {
+      if (list.empty()) continue;
+      std::vector<OutOp>& out = stage(worker);
+      for (proto::WorkerOp& op : list) out.emplace_back(std::move(op));
+    }
+    if (unit.executes == nullptr) continue;
+    for (int h = 0; h < unit.executes->hosts(); ++h) {
+      stage(unit.executes->worker(h)).emplace_back(unit.executes, h);
+    }
+  }
+  for (int64_t worker : touched_) {
+    std::vector<OutOp>& ops = staged_[worker];
+    auto queue = queues_.find(worker);
+    if (queue != queues_.end()) queue->second->PushAll(ops);
+    ops.clear();  // (a worker removed meanwhile: its ops are dropped)
+  }
+  touched_.clear();
+  return epoch;
+}
+
+void GangScheduler::SubmitInconsistentLocked(std::vector<GangUnit>& units) {
+  std::vector<OutOp> ops;
+  for (auto& [worker, queue] : queues_) {
+    const bool reverse = worker % 2 == 1;
+    for (size_t i = 0; i < units.size(); ++i) {
+      GangUnit& unit = units[reverse ? units.size() - 1 - i : i];
+      auto it = unit.ops.find(worker);
+      if (it != unit.ops.end()) {
+        for (proto::WorkerOp& op : it->second) ops.emplace_back(std::move(op));
+      }
+      if (unit.executes == nullptr) continue;
+      for (int h = 0; h < unit.executes->hosts(); ++h) {
+        if (unit.executes->worker(h) == worker)
+          ops.emplace_back(unit.executes, h);
+      }
     }
     if (!ops.empty()) queue->PushAll(ops);
   }
-  return epoch;
 }
 
 uint64_t GangScheduler::epoch() const {

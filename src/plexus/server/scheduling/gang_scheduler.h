@@ -22,14 +22,23 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/model/cluster_state.h"
 #include "plexus/server/scheduling/out_queue.h"
+#include "plexus/server/scheduling/worker_wire.h"
 
 namespace plexus {
 
-using WorkerQueue = OutQueue<proto::WorkerOp>;
+using WorkerQueue = OutQueue<OutOp>;
+
+// One unit as the gang scheduler orders it: ops for each worker, then, for
+// a call routed in wire form, each of its hosts' Execute.
+struct GangUnit {
+  WorkerOps ops;
+  std::shared_ptr<const CallExecutes> executes;
+};
 
 class GangScheduler {
  public:
@@ -54,7 +63,9 @@ class GangScheduler {
   void Broadcast(const proto::WorkerOp& op, int64_t except = -1);
 
   // Orders one batch: `units` in order, after everything submitted before.
-  // Returns the epoch (position in the global order) it was given.
+  // Returns the epoch (position in the global order) it was given. Costs
+  // the ops it moves, whatever the number of workers that have queues.
+  uint64_t Submit(std::vector<GangUnit> units);
   uint64_t Submit(std::vector<WorkerOps> units);
 
   uint64_t epoch() const;
@@ -64,6 +75,13 @@ class GangScheduler {
   mutable absl::Mutex mu_;
   std::map<int64_t, std::shared_ptr<WorkerQueue>> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Submit's room, kept from batch to batch: each worker's ops of the
+  // batch, and the workers the batch touched.
+  absl::flat_hash_map<int64_t, std::vector<OutOp>> staged_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> touched_ ABSL_GUARDED_BY(mu_);
+  // The test-only order without consistency (Options::consistent_order).
+  void SubmitInconsistentLocked(std::vector<GangUnit>& units)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace plexus

@@ -6,14 +6,23 @@
 namespace plexus {
 namespace {
 
-// A worker queue whose writer records the call ids it delivers.
+// A worker queue whose writer records the call ids it delivers (a
+// program load as 1000 + its program id).
 struct RecordingWorker {
   absl::Mutex mu;
   std::vector<uint64_t> calls ABSL_GUARDED_BY(mu);
   std::shared_ptr<WorkerQueue> queue =
-      std::make_shared<WorkerQueue>([this](std::vector<proto::WorkerOp>& ops) {
+      std::make_shared<WorkerQueue>([this](std::vector<OutOp>& ops) {
         absl::MutexLock lock(&mu);
-        for (auto& op : ops) calls.push_back(op.execute().call_id());
+        for (auto& op : ops) {
+          if (op.call != nullptr) {
+            calls.push_back(op.call->Execute(op.host).call_id());
+          } else if (op.op.has_load()) {
+            calls.push_back(1000 + op.op.load().program_id());
+          } else {
+            calls.push_back(op.op.execute().call_id());
+          }
+        }
         return true;
       });
   std::vector<uint64_t> WaitFor(size_t n) {
@@ -57,6 +66,34 @@ TEST(GangSchedulerTest, TestOnlyBypassLetsIslandsDisagree) {
   scheduler.Submit({Call(10), Call(11)});
   EXPECT_EQ(a.WaitFor(2), (std::vector<uint64_t>{11, 10}));
   EXPECT_EQ(b.WaitFor(2), (std::vector<uint64_t>{10, 11}));
+}
+
+// One unit: call `id` in wire form on `workers`, after a load of program
+// `id` on the first of them.
+GangUnit WireCall(uint64_t id, std::vector<int64_t> workers) {
+  proto::Execute shared;
+  shared.set_call_id(id);
+  auto executes = std::make_shared<CallExecutes>(shared);
+  proto::ShardTask task;
+  for (int64_t w : workers) executes->AddHost(w, {&task});
+  GangUnit unit;
+  unit.ops[workers[0]].emplace_back().mutable_load()->set_program_id(id);
+  unit.executes = std::move(executes);
+  return unit;
+}
+
+TEST(GangSchedulerTest, ACallInWireFormGoesAfterItsOpsInUnitOrder) {
+  GangScheduler scheduler({});
+  RecordingWorker a, b;
+  scheduler.AddWorker(1, a.queue);
+  scheduler.AddWorker(2, b.queue);
+  std::vector<GangUnit> batch;
+  batch.push_back(WireCall(10, {1, 2}));
+  batch.push_back({Call(11), nullptr});
+  batch.push_back(WireCall(12, {2, 3}));  // worker 3 has no queue: dropped
+  scheduler.Submit(std::move(batch));
+  EXPECT_EQ(a.WaitFor(3), (std::vector<uint64_t>{1010, 10, 11}));
+  EXPECT_EQ(b.WaitFor(4), (std::vector<uint64_t>{10, 11, 1012, 12}));
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/common/argument_count.h"
@@ -123,11 +124,69 @@ const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
   return prog.local_inputs[i];
 }
 
+// The workers of a slice in slice order, each once with its count of
+// shards (`order`), and each shard's index in `order` (`of`).
+struct HostsOfSlice {
+  absl::InlinedVector<std::pair<int64_t, int>, 8> order;
+  absl::InlinedVector<int, 8> of;
+};
+
+HostsOfSlice HostsOf(const SliceRecord& slice) {
+  HostsOfSlice hosts;
+  hosts.of.resize(slice.devices.size());
+  // A worker's devices are mostly adjacent; a wide slice finds the others
+  // by hash, not by a scan of every host so far.
+  constexpr size_t kScanUpTo = 16;
+  absl::flat_hash_map<int64_t, int> index;
+  for (size_t j = 0; j < slice.devices.size(); ++j) {
+    const int64_t w = slice.devices[j].worker_id;
+    int h = -1;
+    if (!hosts.order.empty() && hosts.order.back().first == w) {
+      h = static_cast<int>(hosts.order.size()) - 1;
+    } else if (hosts.order.size() <= kScanUpTo) {
+      for (size_t k = 0; k < hosts.order.size(); ++k) {
+        if (hosts.order[k].first == w) h = static_cast<int>(k);
+      }
+    } else {
+      if (index.empty()) {
+        for (size_t k = 0; k < hosts.order.size(); ++k) {
+          index[hosts.order[k].first] = static_cast<int>(k);
+        }
+      }
+      auto it = index.find(w);
+      if (it != index.end()) h = it->second;
+    }
+    if (h < 0) {
+      h = static_cast<int>(hosts.order.size());
+      hosts.order.emplace_back(w, 0);
+      if (!index.empty()) index[w] = h;
+    }
+    hosts.order[h].second++;
+    hosts.of[j] = h;
+  }
+  return hosts;
+}
+
 }  // namespace
 
 absl::Status ClusterState::RouteCall(uint64_t client_id,
+                                     const proto::Call& call, WorkerOps* ops,
+                                     uint64_t* seq) {
+  std::shared_ptr<CallExecutes> executes;
+  absl::Status s = RouteCall(client_id, call, ops, seq, &executes);
+  if (!s.ok()) return s;
+  for (int h = 0; h < executes->hosts(); ++h) {
+    proto::WorkerOp op;
+    *op.mutable_execute() = executes->Execute(h);
+    (*ops)[executes->worker(h)].push_back(std::move(op));
+  }
+  return s;
+}
+
+absl::Status ClusterState::RouteCall(uint64_t client_id,
                                      const proto::Call& call_as_sent,
-                                     WorkerOps* ops, uint64_t* seq) {
+                                     WorkerOps* ops, uint64_t* seq,
+                                     std::shared_ptr<CallExecutes>* executes) {
   // Inputs that recovery gave new ids are read under those.
   std::optional<proto::Call> translated;
   const proto::Call* t = Translated(call_as_sent, &translated);
@@ -167,11 +226,14 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     }
   }
 
-  // Each shard's task, handed to its Execute as it is (no copy, no move).
-  absl::InlinedVector<std::unique_ptr<proto::ShardTask>, 8> tasks;
-  tasks.reserve(n);
-  for (int j = 0; j < n; ++j) {
+  // Each shard's task, built in routing's scratch (its messages kept from
+  // call to call) and encoded into its host's Execute below.
+  std::vector<std::unique_ptr<proto::ShardTask>>& tasks = route_tasks_;
+  while (tasks.size() < static_cast<size_t>(n)) {
     tasks.push_back(std::make_unique<proto::ShardTask>());
+  }
+  for (int j = 0; j < n; ++j) {
+    tasks[j]->Clear();
     tasks[j]->set_device(slice.devices[j].device);
     tasks[j]->set_shard(j);
   }
@@ -393,50 +455,41 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     for (auto& op : list) out.push_back(std::move(op));
   }
   // Workers in slice order, each once, with their shards of the call.
-  absl::InlinedVector<std::pair<int64_t, int>, 8> order;
-  for (const DeviceRef& d : slice.devices) {
-    auto it = std::find_if(order.begin(), order.end(), [&](const auto& o) {
-      return o.first == d.worker_id;
-    });
-    if (it == order.end()) {
-      order.emplace_back(d.worker_id, 1);
-    } else {
-      it->second++;
+  const HostsOfSlice hosts = HostsOf(slice);
+  // The Execute fields every host shares, encoded once.
+  route_shared_.Clear();
+  route_shared_.set_call_id(call.call_id());
+  route_shared_.set_program_id(call.program_id());
+  route_shared_.set_num_shards(n);
+  route_shared_.set_client_id(client_id);
+  *route_shared_.mutable_output_ids() = call.output_ids();
+  if (prog.collective) {
+    for (const auto& [p, shards] : hosts.order) {
+      auto* peer = route_shared_.add_peers();
+      peer->set_worker_id(p);
+      peer->set_local_shards(shards);
+      peer->set_nccl(workers_[p].info.nccl());
     }
   }
-  for (const auto& entry : order) {
-    const int64_t w = entry.first;
-    WorkerRecord& rec = workers_[w];
-    auto& out = (*ops)[w];
-    if (rec.loaded_programs.insert(call.program_id()).second) {
+  auto made = std::make_shared<CallExecutes>(route_shared_);
+  // Each host's tasks, in slice order: a counting sort by host.
+  absl::InlinedVector<int, 8> next(hosts.order.size() + 1, 0);
+  for (int j = 0; j < n; ++j) next[hosts.of[j] + 1]++;
+  for (size_t h = 1; h < next.size(); ++h) next[h] += next[h - 1];
+  absl::InlinedVector<const proto::ShardTask*, 8> by_host(n);
+  for (int j = 0; j < n; ++j) by_host[next[hosts.of[j]]++] = tasks[j].get();
+  int from = 0;
+  for (const auto& [w, shards] : hosts.order) {
+    if (workers_[w].loaded_programs.insert(call.program_id()).second) {
       proto::WorkerOp load;
       load.mutable_load()->set_program_id(call.program_id());
       *load.mutable_load()->mutable_program() = prog.def;
-      out.push_back(std::move(load));
+      (*ops)[w].push_back(std::move(load));
     }
-    proto::WorkerOp op;
-    proto::Execute* exec = op.mutable_execute();
-    exec->set_call_id(call.call_id());
-    exec->set_program_id(call.program_id());
-    exec->set_num_shards(n);
-    exec->set_client_id(client_id);
-    for (uint64_t id : call.output_ids()) exec->add_output_ids(id);
-    for (int j = 0; j < n; ++j) {
-      // Each task runs on one worker: handed over, not copied.
-      if (slice.devices[j].worker_id == w) {
-        exec->mutable_tasks()->AddAllocated(tasks[j].release());
-      }
-    }
-    if (prog.collective) {
-      for (const auto& [p, shards] : order) {
-        auto* peer = exec->add_peers();
-        peer->set_worker_id(p);
-        peer->set_local_shards(shards);
-        peer->set_nccl(workers_[p].info.nccl());
-      }
-    }
-    out.push_back(std::move(op));
+    made->AddHost(w, absl::MakeConstSpan(by_host).subspan(from, shards));
+    from += shards;
   }
+  *executes = std::move(made);
   calls_routed_++;
   transfers_routed_ += static_cast<int64_t>(transfers.size());
   const uint64_t routed = next_seq_++;

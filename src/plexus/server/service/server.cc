@@ -52,6 +52,7 @@ absl::Status ServerImpl::Init() {
   builder.AddListeningPort(options_.listen_address, *credentials, &port);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
+  if (absl::Status wire = UseWireWriterForWorkers(); !wire.ok()) return wire;
   builder.RegisterService(this);
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || port == 0) {

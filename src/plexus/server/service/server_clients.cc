@@ -260,6 +260,7 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
     if (!(release && last_was_release)) {
       batch.units.emplace_back();
       batch.seqs.push_back(0);
+      batch.executes.emplace_back();
     }
     last_was_release = release;
     RouteClientOpLocked(id, op, &batch);
@@ -331,7 +332,8 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
           batch->resent
               ? state_.RouteResentCall(id, op.call(), &ops, &batch->seqs.back(),
                                        &routed)
-              : state_.RouteCall(id, op.call(), &ops, &batch->seqs.back());
+              : state_.RouteCall(id, op.call(), &ops, &batch->seqs.back(),
+                                 &batch->executes.back());
       if (!s.ok()) {
         proto::CallError* e = batch->reply.add_errors();
         e->set_call_id(op.call().call_id());
@@ -410,7 +412,8 @@ void ServerImpl::EnqueueBatchLocked(uint64_t id, RoutedBatch* batch) {
       batch->clock_read && timeline_.enabled() ? timeline_.NowNs() : 0;
   for (size_t u = 0; u < batch->units.size(); ++u) {
     AdmissionUnit unit =
-        MakeAdmissionUnit(std::move(batch->units[u]), batch->seqs[u]);
+        MakeAdmissionUnit(std::move(batch->units[u]), batch->seqs[u],
+                          std::move(batch->executes[u]));
     if (unit.is_call()) unit.routed_ns = routed_ns;
     // Releases and snapshots' copies follow the calls before them.
     if (!unit.is_call() && !Ordered(unit.ops)) {

@@ -40,7 +40,9 @@ void ServerImpl::RecordAdmitted(uint64_t client, const AdmissionUnit& unit,
   e.end_ns = now_ns;
   e.client_id = client;
   e.program_id = unit.program_id;
+  if (unit.executes != nullptr) e.call_id = unit.executes->call_id();
   for (const auto& [w, ops] : unit.ops) {
+    if (e.call_id != 0) break;
     for (const proto::WorkerOp& op : ops) {
       if (op.has_execute()) {
         e.call_id = op.execute().call_id();

@@ -2,6 +2,7 @@
 // what it reports), when it was last heard from, and what follows when it
 // is declared down.
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <set>
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "grpc/slice.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
@@ -83,8 +85,8 @@ bool ServerImpl::Silent(int64_t id) {
   return it != heard_.end() && SilentLocked(it->second, now);
 }
 
-grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
-                                       WorkerStream* stream) {
+grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
+                                     WorkerStream* stream) {
   proto::WorkerToServer first;
   if (!stream->Read(&first) || !first.has_register_()) {
     return grpc::Status(grpc::INVALID_ARGUMENT,
@@ -122,6 +124,28 @@ grpc::Status ServerImpl::WorkerSession(grpc::ServerContext* ctx,
   }
   EndWorkerSession(id);
   return grpc::Status::OK;
+}
+
+absl::Status ServerImpl::UseWireWriterForWorkers() {
+  // Its index among the methods of plexus.proto's service Controller.
+  constexpr int kWorkerSession = 0;
+  using Generated = grpc::internal::BidiStreamingHandler<
+      proto::Controller::Service, proto::WorkerToServer, proto::ServerToWorker>;
+  if (dynamic_cast<Generated*>(GetHandler(kWorkerSession)) == nullptr) {
+    return absl::InternalError(
+        "the Controller service's first method is not WorkerSession (its "
+        "handler is not the generated one): plexus.proto and "
+        "UseWireWriterForWorkers disagree");
+  }
+  MarkMethodStreamed(
+      kWorkerSession,
+      new grpc::internal::BidiStreamingHandler<
+          ServerImpl, proto::WorkerToServer, grpc::ByteBuffer>(
+          [](ServerImpl* self, grpc::ServerContext* ctx, WorkerStream* stream) {
+            return self->ServeWorker(ctx, stream);
+          },
+          this));
+  return absl::OkStatus();
 }
 
 grpc::Status ServerImpl::CheckRegistration(
@@ -194,17 +218,25 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   hello.set_rejoined(rejoined);
   hello.set_resumed(resumed != nullptr);
   AwaitJournalLocked();  // the registration, before the worker hears it
-  // One message, reused: the first carries the hello; clearing it
-  // keeps its ops' shells, which the next write fills (no allocation
-  // per op).
+  // Each write is one ServerToWorker in wire form (worker_wire.h): the
+  // first carries the hello, every one the worker id, then the ops,
+  // written once into the slice gRPC sends (a call's Execute was encoded
+  // once for all its hosts; here its bytes are copied).
+  proto::ServerToWorker head;
+  head.set_worker_id(id);
   auto queue = std::make_shared<WorkerQueue>(
-      [stream, id,
-       msg = std::move(hello)](std::vector<proto::WorkerOp>& ops) mutable {
-        msg.set_worker_id(id);
-        for (auto& op : ops) *msg.add_ops() = std::move(op);
-        const bool written = stream->Write(msg);
-        msg.Clear();
-        return written;
+      [stream, first = hello.SerializeAsString(),
+       head = head.SerializeAsString()](std::vector<OutOp>& ops) mutable {
+        grpc_slice bytes =
+            grpc_slice_malloc(first.size() + head.size() + OpsSize(ops));
+        uint8_t* target = GRPC_SLICE_START_PTR(bytes);
+        std::memcpy(target, first.data(), first.size());
+        std::memcpy(target + first.size(), head.data(), head.size());
+        WriteOps(ops, target + first.size() + head.size());
+        first.clear();
+        grpc::Slice slice(bytes, grpc::Slice::STEAL_REF);
+        grpc::ByteBuffer buffer(&slice, 1);
+        return stream->Write(buffer);
       });
   // Tell the newcomer about everyone (itself included, so its first
   // message carries its id) and everyone about the newcomer.

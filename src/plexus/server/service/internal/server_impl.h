@@ -38,8 +38,10 @@
 namespace plexus {
 
 class ServerImpl final : public Server, public proto::Controller::Service {
+  // A worker's stream writes ServerToWorker messages as the bytes its
+  // writer encodes (scheduling/worker_wire.h; UseWireWriterForWorkers).
   using WorkerStream =
-      grpc::ServerReaderWriter<proto::ServerToWorker, proto::WorkerToServer>;
+      grpc::ServerReaderWriter<grpc::ByteBuffer, proto::WorkerToServer>;
   using ClientStream =
       grpc::ServerReaderWriter<proto::ServerToClient, proto::ClientToServer>;
 
@@ -82,8 +84,12 @@ class ServerImpl final : public Server, public proto::Controller::Service {
 
   // ------------------------------------------------------------ workers
   // Registration, then each message the worker sends, then its end.
-  grpc::Status WorkerSession(grpc::ServerContext* ctx,
-                             WorkerStream* stream) override;
+  grpc::Status ServeWorker(grpc::ServerContext* ctx, WorkerStream* stream);
+  // Makes ServeWorker the handler of the Controller's WorkerSession
+  // method, in place of the generated one whose stream writes
+  // proto::ServerToWorker: the same method, the same bytes on the wire.
+  // Called by Init, before the service is registered.
+  absl::Status UseWireWriterForWorkers();
   // The first message's protocol version and worker credential: OK, or
   // the refusal the session answers with (and logs).
   grpc::Status CheckRegistration(grpc::ServerContext* ctx,
@@ -147,11 +153,13 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   struct RoutedBatch {
     std::vector<WorkerOps> units;  // one per op (consecutive releases: one)
     std::vector<uint64_t> seqs;    // each unit's call record, if a call
-    proto::ServerToClient reply;   // for the client, if anything
-    bool released_slice = false;   // room under max_devices for waiters
-    bool clock_read = false;       // once per batch, at its first call
-    bool resent = false;           // sent again after a resume (ClusterState::
-                                   // RouteResentCall)
+    // Each unit's Executes in wire form, if a call.
+    std::vector<std::shared_ptr<CallExecutes>> executes;
+    proto::ServerToClient reply;  // for the client, if anything
+    bool released_slice = false;  // room under max_devices for waiters
+    bool clock_read = false;      // once per batch, at its first call
+    bool resent = false;  // sent again after a resume (ClusterState::
+                          // RouteResentCall)
   };
   // One op of a batch, into `batch->units.back()` and its reply.
   void RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
@@ -462,8 +470,8 @@ inline void ServerImpl::ApplyCompletionsLocked(WorkerOps* releases,
 }
 
 inline void ServerImpl::AdmitLocked(WorkerOps first) {
-  std::vector<WorkerOps> batch;
-  if (!first.empty()) batch.push_back(std::move(first));
+  std::vector<GangUnit> batch;
+  if (!first.empty()) batch.push_back({std::move(first), nullptr});
   const size_t admitted_from = batch.size();
   uint64_t client;
   AdmissionUnit unit;
@@ -473,7 +481,7 @@ inline void ServerImpl::AdmitLocked(WorkerOps first) {
       if (now_ns == 0) now_ns = timeline_.NowNs();
       RecordAdmitted(client, unit, now_ns);
     }
-    batch.push_back(std::move(unit.ops));
+    batch.push_back({std::move(unit.ops), std::move(unit.executes)});
   }
   if (batch.empty()) return;
   const bool admitted = batch.size() > admitted_from;

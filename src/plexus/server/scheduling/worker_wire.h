@@ -1,0 +1,104 @@
+// The server's side of the worker stream in wire form: a call over H hosts
+// is encoded once, not built and serialized H times.
+//
+// A call's Execute differs between its hosts only in the shard tasks each
+// runs; everything else (call, program and client ids, outputs, peers, and
+// the ticket and start tag admission gives it) is the same. CallExecutes
+// encodes the shared fields once and each host's tasks once, and a
+// worker's writer splices them into its ServerToWorker message (AppendOps).
+// Protobuf's wire format lets a message's fields come in any order and a
+// repeated field's elements in several runs, so what a worker reads parses
+// as the same proto::Execute the server would have built for it: nothing
+// in the protocol changes (common/protocol.h), the worker parses
+// proto::ServerToWorker as before.
+//
+// A CallExecutes is filled by routing (AddHost), stamped by admission
+// (Stamp), then shared read-only by the hosts' out queues. Not thread-safe
+// while it is filled or stamped; safe for concurrent reads after.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/inlined_vector.h"
+#include "absl/types/span.h"
+#include "plexus/proto/plexus.pb.h"
+
+namespace plexus {
+
+class CallExecutes {
+ public:
+  // `shared`: the Execute fields every host has (no tasks; no ticket or
+  // start tag: Stamp sets those), encoded now.
+  explicit CallExecutes(const proto::Execute& shared);
+
+  // Adds a host: worker `worker_id` runs `tasks` (in this order), encoded
+  // now. Each worker is added once.
+  void AddHost(int64_t worker_id,
+               absl::Span<const proto::ShardTask* const> tasks);
+  // Admission's ticket and start tag, the same on every host.
+  void Stamp(uint64_t ticket, double start_tag) {
+    ticket_ = ticket;
+    start_tag_ = start_tag;
+  }
+
+  int hosts() const { return static_cast<int>(hosts_.size()); }
+  int64_t worker(int host) const { return hosts_[host].worker; }
+  uint64_t call_id() const { return call_id_; }
+  uint64_t program_id() const { return program_id_; }
+  absl::Span<const uint64_t> output_ids() const { return output_ids_; }
+  uint64_t ticket() const { return ticket_; }
+
+  // Host `host`'s op (a WorkerOp holding its Execute), in wire form: its
+  // size, and its bytes written at `target` (that many bytes of room),
+  // returning their end.
+  size_t WorkerOpSize(int host) const;
+  uint8_t* WriteWorkerOp(int host, uint8_t* target) const;
+  // Host `host`'s Execute, parsed back from its bytes (tests, taken work,
+  // anything off the hot path).
+  proto::Execute Execute(int host) const;
+
+ private:
+  size_t ExecuteSize(int host) const;
+
+  struct Host {
+    int64_t worker;
+    uint32_t begin;  // its tasks' bytes in tasks_
+    uint32_t end;
+  };
+  uint64_t call_id_ = 0;
+  uint64_t program_id_ = 0;
+  absl::InlinedVector<uint64_t, 2> output_ids_;
+  std::string shared_;  // the shared fields of Execute, encoded
+  std::string tasks_;   // every host's field `tasks`, encoded, host by host
+  absl::InlinedVector<Host, 4> hosts_;
+  uint64_t ticket_ = 0;
+  double start_tag_ = 0;
+};
+
+// One op in a worker's out queue: a proto op, or one host's Execute of a
+// call's CallExecutes (shared with the call's other hosts).
+struct OutOp {
+  OutOp() = default;
+  // Implicit: a queue takes proto ops as they are.
+  OutOp(proto::WorkerOp proto_op) : op(std::move(proto_op)) {}  // NOLINT
+  OutOp(std::shared_ptr<const CallExecutes> executes, int host_index)
+      : call(std::move(executes)), host(host_index) {}
+
+  proto::WorkerOp op;  // when `call` is null
+  std::shared_ptr<const CallExecutes> call;
+  int host = 0;
+};
+
+// `ops`, in order, as elements of ServerToWorker's field `ops`: bytes that
+// parse as a ServerToWorker holding them (after whatever other fields come
+// before). OpsSize is their size (and caches proto ops' sizes); WriteOps
+// writes them at `target`, which has OpsSize(ops) bytes of room, right
+// after OpsSize, and returns their end; AppendOps does both onto `out`.
+size_t OpsSize(const std::vector<OutOp>& ops);
+uint8_t* WriteOps(const std::vector<OutOp>& ops, uint8_t* target);
+void AppendOps(const std::vector<OutOp>& ops, std::string* out);
+
+}  // namespace plexus

@@ -1,0 +1,111 @@
+#include "plexus/server/scheduling/worker_wire.h"
+
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace plexus {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+proto::ShardTask Task(int device, int shard, uint64_t input) {
+  proto::ShardTask task;
+  task.set_device(device);
+  task.set_shard(shard);
+  proto::InputBinding* in = task.add_inputs();
+  in->mutable_local()->add_shape(4);
+  proto::Piece* piece = in->add_pieces();
+  piece->set_buffer_id(input);
+  piece->set_shard(shard);
+  piece->set_length(4);
+  return task;
+}
+
+proto::Execute Shared() {
+  proto::Execute shared;
+  shared.set_call_id(7);
+  shared.set_program_id(300000000000);  // a multi-byte varint
+  shared.set_num_shards(3);
+  shared.set_client_id(2);
+  shared.add_output_ids(11);
+  shared.add_output_ids(12);
+  return shared;
+}
+
+// What the server built for each host before: the shared fields, the
+// host's tasks, the ticket and start tag, in one proto.
+proto::Execute Whole(const std::vector<proto::ShardTask>& tasks,
+                     uint64_t ticket, double start_tag) {
+  proto::Execute exec = Shared();
+  for (const proto::ShardTask& t : tasks) *exec.add_tasks() = t;
+  exec.set_ticket(ticket);
+  exec.set_start_tag(start_tag);
+  return exec;
+}
+
+TEST(CallExecutesTest, EachHostReadsTheExecuteItWouldHaveBeenSent) {
+  const proto::ShardTask t0 = Task(0, 0, 99), t1 = Task(1, 1, 99),
+                         t2 = Task(0, 2, 99);
+  CallExecutes executes(Shared());
+  executes.AddHost(5, {&t0, &t1});
+  executes.AddHost(6, {&t2});
+  executes.Stamp(1234567, 2.5);
+
+  ASSERT_EQ(executes.hosts(), 2);
+  EXPECT_EQ(executes.worker(0), 5);
+  EXPECT_EQ(executes.worker(1), 6);
+  EXPECT_EQ(executes.call_id(), 7u);
+  EXPECT_EQ(executes.program_id(), 300000000000u);
+  EXPECT_EQ(std::vector<uint64_t>(executes.output_ids().begin(),
+                                  executes.output_ids().end()),
+            (std::vector<uint64_t>{11, 12}));
+  EXPECT_TRUE(MessageDifferencer::Equals(executes.Execute(0),
+                                         Whole({t0, t1}, 1234567, 2.5)));
+  EXPECT_TRUE(MessageDifferencer::Equals(executes.Execute(1),
+                                         Whole({t2}, 1234567, 2.5)));
+}
+
+TEST(CallExecutesTest, UnstampedHostsReadNoTicket) {
+  const proto::ShardTask t0 = Task(0, 0, 1);
+  CallExecutes executes(Shared());
+  executes.AddHost(5, {&t0});
+  EXPECT_TRUE(
+      MessageDifferencer::Equals(executes.Execute(0), Whole({t0}, 0, 0)));
+}
+
+TEST(AppendOpsTest, AWorkerParsesProtoAndEncodedOpsInQueueOrder) {
+  const proto::ShardTask t0 = Task(0, 0, 1), t1 = Task(0, 1, 1);
+  auto executes = std::make_shared<CallExecutes>(Shared());
+  executes->AddHost(5, {&t0});
+  executes->AddHost(6, {&t1});
+  executes->Stamp(9, 0.25);
+  proto::WorkerOp release;
+  release.mutable_release()->add_buffer_ids(3);
+  proto::WorkerOp load;
+  load.mutable_load()->set_program_id(300000000000);
+  std::vector<OutOp> ops;
+  ops.emplace_back(load);
+  ops.emplace_back(executes, 1);
+  ops.emplace_back(release);
+  ops.emplace_back(executes, 0);
+
+  // Another field first, as the writer puts the worker id there.
+  proto::ServerToWorker head;
+  head.set_worker_id(6);
+  std::string bytes = head.SerializeAsString();
+  AppendOps(ops, &bytes);
+  proto::ServerToWorker parsed;
+  ASSERT_TRUE(parsed.ParseFromString(bytes));
+
+  proto::ServerToWorker expected;
+  expected.set_worker_id(6);
+  *expected.add_ops() = load;
+  *expected.add_ops()->mutable_execute() = Whole({t1}, 9, 0.25);
+  *expected.add_ops() = release;
+  *expected.add_ops()->mutable_execute() = Whole({t0}, 9, 0.25);
+  EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected))
+      << parsed.DebugString();
+}
+
+}  // namespace
+}  // namespace plexus
