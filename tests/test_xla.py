@@ -429,10 +429,19 @@ def worker_pid(cluster, host):
 
 
 def plugin_threads(ms):
-    """CPU of the PJRT CPU plugin's own threads: its intra-op Eigen pool
-    ("tf_XLAEigen") and the threads it starts unnamed, which the worker
-    names "pjrt-plugin" and "pjrt-compile"."""
-    return sum(v for k, v in ms.items() if k.startswith(("tf_", "pjrt-")))
+    """CPU of the PJRT CPU plugin's threads that run programs: its intra-op
+    Eigen pool ("tf_XLAEigen") and the threads its client starts unnamed,
+    which the worker names "pjrt-plugin"."""
+    return sum(v for k, v in ms.items()
+               if k.startswith(("tf_", "pjrt-plugin")))
+
+
+def not_compiling(ms):
+    """`ms` without the threads that compile (the worker's compiler thread
+    and XLA's own, "pjrt-compile"): a program registered earlier may still
+    be compiling, which is work, not a spin."""
+    return {k: v for k, v in ms.items()
+            if k not in ("plexus-compile", "pjrt-compile")}
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"),
@@ -474,12 +483,13 @@ def test_a_worker_with_xla_programs_loaded_does_not_spin(cluster, client):
         for _ in range(20):
             y = step(y, w)
     hold = s.program("device_sleep", y, micros=500_000)
+    y.block_until_ready()
     before = cpu_ms_by_thread(pid)
     hold(y).block_until_ready()
     used = cpu_ms_by_thread(pid) - before
     # Heartbeats, the stream threads and the kernel's own wake-ups cost a
     # few ms; one spinning thread would cost up to the whole 500 ms.
-    assert sum(used.values()) < 100, used
+    assert sum(not_compiling(used).values()) < 100, used
     assert plugin_threads(used) < 20, used
 
 
