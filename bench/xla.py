@@ -13,6 +13,11 @@ For each, per call (medians of --repeats runs):
   - round trip: call, then wait for the result to be ready (one at a time);
   - chained: --calls calls each taking the previous output, submitted at
     once, then one wait; time / calls.
+Where the chained time goes (Linux): the CPU time per call of each process
+over the chained runs (Plexus: the client, the server and the worker, the
+worker by thread, from /proc/<pid>/task/*/schedstat; "plugin pools" are the
+PJRT CPU plugin's own threads, "tf_XLAEigen" and "pjrt-*"; JAX: this
+process).
 The same two measures for a built-in kernel (scale) give the runtime's own
 floor, without XLA.
 JAX runs in this process on its own CPU client; Plexus runs on a 1-host,
@@ -28,6 +33,7 @@ JAX's where JAX has the platform too.
 """
 import argparse
 import json
+import os
 import platform as platform_mod
 import statistics
 import sys
@@ -50,6 +56,59 @@ def per_call(run, calls, repeats):
     return statistics.median(times)
 
 
+# The PJRT plugin's own threads: its intra-op Eigen pool names itself
+# "tf_XLAEigen"; the worker names the rest (pjrt_support.h,
+# ScopedThreadName).
+PLUGIN_THREADS = ("tf_", "pjrt-")
+
+
+def thread_cpu_ns(pid):
+    """{(tid, name): CPU ns run} of each thread of `pid` (empty off Linux)."""
+    out = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[(tid, name)] = int(f.read().split()[0])
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
+
+
+class CpuPerCall:
+    """CPU µs per call of each process in `pids` ({role: pid}) between
+    start() and stop(calls); the worker's also by thread name."""
+
+    def __init__(self, pids):
+        self.pids = pids
+
+    def start(self):
+        self.before = {r: thread_cpu_ns(p) for r, p in self.pids.items()}
+
+    def stop(self, calls):
+        out = {}
+        for role, pid in self.pids.items():
+            by_name = {}
+            for key, ns in thread_cpu_ns(pid).items():
+                used = ns - self.before[role].get(key, 0)
+                by_name[key[1]] = by_name.get(key[1], 0) + used
+            out[role] = sum(by_name.values()) / calls / 1e3
+            if role == "worker":
+                out["worker_threads"] = {
+                    k: round(v / calls / 1e3, 2)
+                    for k, v in sorted(by_name.items(), key=lambda x: -x[1])
+                    if v / calls >= 100}
+                out["plugin_pools"] = sum(
+                    v for k, v in by_name.items()
+                    if k.startswith(PLUGIN_THREADS)) / calls / 1e3
+        return out
+
+
 def jax_timings(jax, f, x, w, calls, repeats):
     jf = jax.jit(f)
     xd = jax.device_put(x)
@@ -66,11 +125,15 @@ def jax_timings(jax, f, x, w, calls, repeats):
             y = jf(y, wd)
         y.block_until_ready()
 
-    return {"round_trip_s": per_call(round_trip, calls, repeats),
-            "chained_s": per_call(chained, calls, repeats)}
+    rt = per_call(round_trip, calls, repeats)
+    cpu = CpuPerCall({"process": os.getpid()})
+    cpu.start()
+    ch = per_call(chained, calls, repeats)
+    return {"round_trip_s": rt, "chained_s": ch,
+            "chained_cpu_us": cpu.stop(calls * repeats)}
 
 
-def plexus_timings(client, prog, s, x, w, calls, repeats):
+def plexus_timings(client, prog, s, x, w, calls, repeats, pids):
     xf = s.put(x)
     wf = None if w is None else s.put(w)
     prog(xf, wf).block_until_ready()  # compile on the worker
@@ -86,8 +149,25 @@ def plexus_timings(client, prog, s, x, w, calls, repeats):
                 y = prog(y, wf)
         y.block_until_ready()
 
-    return {"round_trip_s": per_call(round_trip, calls, repeats),
-            "chained_s": per_call(chained, calls, repeats)}
+    rt = per_call(round_trip, calls, repeats)
+    cpu = CpuPerCall(pids)
+    cpu.start()
+    ch = per_call(chained, calls, repeats)
+    return {"round_trip_s": rt, "chained_s": ch,
+            "chained_cpu_us": cpu.stop(calls * repeats)}
+
+
+def cpu_line(name, row):
+    """Where a chained call's time went: CPU µs per call by process."""
+    p = row["plexus"]["chained_cpu_us"]
+    line = (f"{'':6s} chained CPU µs/call: client {p['client']:.1f}, "
+            f"server {p['server']:.1f}, worker {p['worker']:.1f} "
+            f"(plugin pools {p['plugin_pools']:.1f}; "
+            + ", ".join(f"{k} {v}" for k, v in p["worker_threads"].items())
+            + ")")
+    if "jax" in row:
+        line += f" | jax {row['jax']['chained_cpu_us']['process']:.1f}"
+    return line
 
 
 def make_heavy(jnp, rounds):
@@ -159,6 +239,8 @@ def main():
             as cluster:
         client = cluster.connect(name="bench-xla")
         s = client.slice(1)
+        pids = {"client": os.getpid(), "server": cluster.process.pid,
+                "worker": cluster.worker_pids()[0]}
         for name, f, n in cases:
             rng = np.random.default_rng(1)
             x = rng.standard_normal((n, n)).astype(np.float32)
@@ -167,7 +249,7 @@ def main():
             calls = {"tiny": args.calls, "heavy": max(10, args.calls // 10),
                      "big": max(5, args.calls // 20)}[name]
             row = {"plexus": plexus_timings(client, prog, s, x, w, calls,
-                                            args.repeats)}
+                                            args.repeats, pids)}
             if jax_here:
                 row["jax"] = jax_timings(jax, f, x, w, calls, args.repeats)
                 for k in ("round_trip_s", "chained_s"):
@@ -183,17 +265,22 @@ def main():
                       f"{j['chained_s'] * 1e6:9.1f} µs"
                       f" | overhead {row['overhead_round_trip_s'] * 1e6:8.1f} / "
                       f"{row['overhead_chained_s'] * 1e6:8.1f} µs", end="")
+            if j:
+                print(f" (plexus/jax chained {row['ratio_chained_s']:.2f}x)",
+                      end="")
             print(flush=True)
+            print(cpu_line(name, row), flush=True)
         # The runtime's own floor: the same calls of a built-in kernel.
         xf = s.put(np.zeros((8, 8), np.float32))
         scale = s.program("scale", xf, factor=1.0)
         builtin = plexus_timings(client, lambda y, w: scale(y), s,
                                  np.zeros((8, 8), np.float32), None,
-                                 args.calls, args.repeats)
+                                 args.calls, args.repeats, pids)
         results["builtin_scale_8x8"] = builtin
         print(f"builtin plexus round trip {builtin['round_trip_s'] * 1e6:7.1f} µs"
               f"  chained {builtin['chained_s'] * 1e6:9.1f} µs/call "
               "(the runtime without XLA)", flush=True)
+        print(cpu_line("scale", {"plexus": builtin}), flush=True)
         if args.matmul:
             # Back to back, each on the last result (a @ b, then that @ b):
             # what a training step's matmuls do.
@@ -208,7 +295,7 @@ def main():
 
             mm = plexus.jit(matmul, s, name="matmul", platform=args.platform)
             row = {"n": n, "plexus": plexus_timings(
-                client, mm, s, a_host, b_host, 20, args.repeats)}
+                client, mm, s, a_host, b_host, 20, args.repeats, pids)}
             t = row["plexus"]["chained_s"]
             row["plexus"]["tflops"] = 2 * n ** 3 / t / 1e12
             line = (f"matmul {n}x{n} chained: plexus {t * 1e3:.3f} ms/call "

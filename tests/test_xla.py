@@ -6,6 +6,7 @@ and a worker killed under an XLA data-parallel step.
 Everything runs on a real embedded cluster whose workers load the CPU PJRT
 plugin of the xla-cpu-pjrt wheel."""
 import collections
+import os
 import time
 
 import numpy as np
@@ -405,6 +406,115 @@ def test_an_output_equal_to_its_input_outlives_the_input(client):
     reuse = [s.put(np.full((512, 256), 7.0, np.float32)) for _ in range(3)]
     plexus.wait(reuse)
     np.testing.assert_array_equal(np.asarray(y), x)
+
+
+def cpu_ms_by_thread(pid):
+    """CPU time (ms) each thread of process `pid` has run, by thread name
+    (threads of one name summed): /proc/<pid>/task/*/schedstat."""
+    out = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[name] += int(f.read().split()[0]) / 1e6
+        except OSError:  # the thread ended meanwhile
+            continue
+    return out
+
+
+def worker_pid(cluster, host):
+    return next(int(w["pid"]) for w in cluster.status()["workers"]
+                if w["alive"] and w["host_name"] == host)
+
+
+def plugin_threads(ms):
+    """CPU of the PJRT CPU plugin's threads that run programs: its intra-op
+    Eigen pool ("tf_XLAEigen") and the threads its client starts unnamed,
+    which the worker names "pjrt-plugin"."""
+    return sum(v for k, v in ms.items()
+               if k.startswith(("tf_", "pjrt-plugin")))
+
+
+def not_compiling(ms):
+    """`ms` without the threads that compile (the worker's compiler thread
+    and XLA's own, "pjrt-compile"): a program registered earlier may still
+    be compiling, which is work, not a spin."""
+    return {k: v for k, v in ms.items()
+            if k not in ("plexus-compile", "pjrt-compile")}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"),
+                    reason="reads thread names from /proc")
+def test_the_plugins_threads_are_named_as_the_plugins(cluster, client):
+    # Linux gives a new thread its creator's name: the pools the plugin
+    # starts while the worker loads it and compiles would otherwise carry
+    # the name of the worker thread that did so, and perf, top -H and the
+    # per-thread CPU in bench/xla.py would charge their runs to it.
+    s = client.slice(1, hosts=["host0"])
+    pid = worker_pid(cluster, "host0")
+    prog = plexus.jit(lambda a, b: jnp.tanh(a @ b), s, name="named-threads")
+    a = s.put(np.ones((128, 128), np.float32))
+    prog(a, a).block_until_ready()
+    names = collections.Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            names[f.read().strip()] += 1
+    for own in ("plexus-reader", "plexus-writer", "plexus-beat",
+                "plexus-compile", "plexus-xla-done"):
+        assert names[own] == 1, names
+    assert names["pjrt-plugin"] >= 1, names
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"),
+                    reason="reads per-thread CPU time from /proc")
+def test_a_worker_with_xla_programs_loaded_does_not_spin(cluster, client):
+    # The CPU plugin's thread pools must not spin for work between runs: on
+    # a machine of 2 cores a spinning pool takes them from the server, the
+    # client and the worker's own threads. The window is a built-in kernel
+    # that holds the device for 500 ms without a CPU (device_sleep), right
+    # after programs that used the plugin's intra-op pool.
+    s = client.slice(1, hosts=["host0"])
+    pid = worker_pid(cluster, "host0")
+    w = s.put(np.full((256, 256), 1 / 256, np.float32))
+    step = plexus.jit(lambda a, b: jnp.tanh(a @ b), s, name="matmul-256")
+    y = s.put(np.ones((256, 256), np.float32))
+    with client.graph():
+        for _ in range(20):
+            y = step(y, w)
+    hold = s.program("device_sleep", y, micros=500_000)
+    y.block_until_ready()
+    before = cpu_ms_by_thread(pid)
+    hold(y).block_until_ready()
+    used = cpu_ms_by_thread(pid) - before
+    # Heartbeats, the stream threads and the kernel's own wake-ups cost a
+    # few ms; one spinning thread would cost up to the whole 500 ms.
+    assert sum(not_compiling(used).values()) < 100, used
+    assert plugin_threads(used) < 20, used
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"),
+                    reason="reads per-thread CPU time from /proc")
+def test_tiny_programs_run_on_the_device_thread_not_the_plugins_pools(
+        cluster, client):
+    # A program of a few flops runs inline where it is queued (the plugin
+    # does so for programs under 1000 flops whose inputs are ready): a
+    # chain of them wakes none of the plugin's threads, whose hand-offs
+    # would cost more than the program.
+    s = client.slice(1, hosts=["host0"])
+    pid = worker_pid(cluster, "host0")
+    inc = plexus.jit(lambda a: a + 1.0, s, name="increment")
+    y = s.put(np.zeros((8, 8), np.float32))
+    y = inc(y)
+    y.block_until_ready()
+    before = cpu_ms_by_thread(pid)
+    with client.graph():
+        for _ in range(500):
+            y = inc(y)
+    np.testing.assert_array_equal(np.asarray(y), np.full((8, 8), 501.0))
+    used = cpu_ms_by_thread(pid) - before
+    assert used["plexus-worker"] > 0, used  # the device thread ran them
+    assert plugin_threads(used) < 5, used
 
 
 def test_programs_compile_when_registered_before_their_first_call(

@@ -80,6 +80,39 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
   api_ = *api;
   PjrtScope scope(api_);
   stablehlo_version_ = ReadStableHloVersion(api_);
+  if (absl::Status s = CreateClient(options); !s.ok()) return s;
+  handle_of_client_ = std::make_shared<PjrtClientHandle>(api_, client_);
+  auto name = PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  name.client = client_;
+  if (absl::Status s = scope.ToStatus(api_->PJRT_Client_PlatformName(&name),
+                                      "platform name");
+      !s.ok()) {
+    return s;
+  }
+  platform_.assign(name.platform_name, name.platform_name_size);
+  if (platform_ == "cpu") {
+    // jnp.linalg on CPU lowers to jaxlib's LAPACK custom calls, for which
+    // the CPU plugin has no handlers: ours, before anything compiles.
+    lapack_handlers_ = lapack::RegisterLapackHandlers(api_);
+  }
+  auto devs = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  devs.client = client_;
+  if (absl::Status s = scope.ToStatus(
+          api_->PJRT_Client_AddressableDevices(&devs), "list devices");
+      !s.ok()) {
+    return s;
+  }
+  devices_.assign(devs.addressable_devices,
+                  devs.addressable_devices + devs.num_addressable_devices);
+  completions_ = std::make_unique<SerialExecutor>("plexus-xla-done");
+  return absl::OkStatus();
+}
+
+absl::Status PjrtRuntime::CreateClient(const PjrtOptions& options) {
+  PjrtScope scope(api_);
+  // The client starts the plugin's pools for runs: threads of its own
+  // (kPluginThreadName), not of whichever worker thread loads it.
+  ScopedThreadName plugin_threads(kPluginThreadName);
   // The options of the CPU plugin, then of the GPU ones: each plugin
   // refuses the options it does not know, so the first it takes wins.
   // A create option: its name and type; the caller sets the value.
@@ -125,30 +158,6 @@ absl::Status PjrtRuntime::Init(const PjrtOptions& options) {
     }
   }
   client_ = create.client;
-  handle_of_client_ = std::make_shared<PjrtClientHandle>(api_, client_);
-  auto name = PJRT_ARGS(PJRT_Client_PlatformName_Args);
-  name.client = client_;
-  if (absl::Status s = scope.ToStatus(api_->PJRT_Client_PlatformName(&name),
-                                      "platform name");
-      !s.ok()) {
-    return s;
-  }
-  platform_.assign(name.platform_name, name.platform_name_size);
-  if (platform_ == "cpu") {
-    // jnp.linalg on CPU lowers to jaxlib's LAPACK custom calls, for which
-    // the CPU plugin has no handlers: ours, before anything compiles.
-    lapack_handlers_ = lapack::RegisterLapackHandlers(api_);
-  }
-  auto devs = PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
-  devs.client = client_;
-  if (absl::Status s = scope.ToStatus(
-          api_->PJRT_Client_AddressableDevices(&devs), "list devices");
-      !s.ok()) {
-    return s;
-  }
-  devices_.assign(devs.addressable_devices,
-                  devs.addressable_devices + devs.num_addressable_devices);
-  completions_ = std::make_unique<SerialExecutor>("plexus-xla-done");
   return absl::OkStatus();
 }
 
@@ -216,6 +225,8 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Compile(
   program.code_size = module.size();
   program.format = kFormat;
   program.format_size = sizeof(kFormat) - 1;
+  // XLA's compiler starts pools of its own on the first compile.
+  ScopedThreadName compiler_threads(kCompilerThreadName);
   auto args = PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;
@@ -261,6 +272,7 @@ absl::StatusOr<std::string> PjrtRuntime::Serialize(
 absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtRuntime::Deserialize(
     absl::string_view serialized, absl::string_view compile_options) const {
   PjrtScope scope(api_);
+  ScopedThreadName compiler_threads(kCompilerThreadName);
   auto args = PJRT_ARGS(PJRT_Executable_DeserializeAndLoad_Args);
   args.client = client_;
   args.serialized_executable = serialized.data();

@@ -292,6 +292,9 @@ class PjrtRuntime {
   friend class PjrtBuffer;
   PjrtRuntime() = default;
   absl::Status Init(const PjrtOptions& options);
+  // Creates client_ with the options of the first plugin kind (CPU, then
+  // GPU) that takes them, else with the plugin's defaults.
+  absl::Status CreateClient(const PjrtOptions& options);
   // Reads a loaded executable's devices, output specs and scratch size.
   absl::StatusOr<std::unique_ptr<PjrtExecutable>> Describe(
       std::unique_ptr<PjrtExecutable> exe) const;

@@ -3,7 +3,13 @@
 // left in device memory, errors as statuses.
 #include "plexus/executors/xla/xla_executor.h"
 
+#include <pthread.h>
+
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -47,6 +53,41 @@ absl::StatusOr<PjrtRuntime::Outputs> RunToEnd(
   }
   if (!end.ok()) return end;
   return outs;
+}
+
+// How many of this process's threads bear each name
+// (/proc/self/task/*/comm).
+std::map<std::string, int> ThreadNames() {
+  std::map<std::string, int> names;
+  for (const auto& task :
+       std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) ++names[name];
+  }
+  return names;
+}
+
+std::string ThisThreadName() {
+  char name[16] = {};
+  pthread_getname_np(pthread_self(), name, sizeof(name));
+  return name;
+}
+
+TEST(XlaExecutorTest, ThePluginsThreadsAreNamedAsThePlugins) {
+  // A new thread takes its creator's name: the pools a client starts would
+  // bear the name of the thread that loaded it (a worker's stream reader).
+  const std::string own = ThisThreadName();
+  pthread_setname_np(pthread_self(), "xla-test-load");
+  auto runtime = PjrtRuntime::Load(Options());
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  auto exe = (*runtime)->Compile(kTanhModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  std::map<std::string, int> names = ThreadNames();
+  EXPECT_EQ(ThisThreadName(), "xla-test-load");  // given back
+  EXPECT_EQ(names["xla-test-load"], 1);          // this thread alone
+  EXPECT_GE(names["pjrt-plugin"], 1);
+  pthread_setname_np(pthread_self(), own.c_str());
 }
 
 TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {

@@ -1,11 +1,21 @@
 #include "plexus/executors/xla/internal/pjrt_support.h"
 
 #include <dlfcn.h>
+#include <pthread.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 
 namespace plexus::xla {
+
+ScopedThreadName::ScopedThreadName(const char* name) {
+  restore_ = pthread_getname_np(pthread_self(), saved_, sizeof(saved_)) == 0;
+  if (restore_) restore_ = pthread_setname_np(pthread_self(), name) == 0;
+}
+
+ScopedThreadName::~ScopedThreadName() {
+  if (restore_) pthread_setname_np(pthread_self(), saved_);
+}
 
 absl::StatusOr<const PJRT_Api*> OpenPlugin(const std::string& path) {
   static absl::Mutex mu(absl::kConstInit);
@@ -15,6 +25,8 @@ absl::StatusOr<const PJRT_Api*> OpenPlugin(const std::string& path) {
   auto it = opened->find(path);
   if (it != opened->end()) return it->second;
   auto open = [&]() -> absl::StatusOr<const PJRT_Api*> {
+    // Threads its static initialisers or Initialize start are its own.
+    ScopedThreadName plugin_threads(kPluginThreadName);
     // RTLD_LOCAL: the plugin keeps its own protobuf, abseil and LLVM.
     void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) {

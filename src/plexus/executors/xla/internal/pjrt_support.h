@@ -30,6 +30,31 @@ T Args(size_t struct_size) {
 
 absl::StatusCode CodeOf(PJRT_Error_Code code);
 
+// The names threads the plugin starts take (ScopedThreadName): its pools
+// for runs (the CPU plugin's dispatch threads; its intra-op Eigen pool names
+// itself "tf_XLAEigen") and the threads its compiler starts.
+inline constexpr char kPluginThreadName[] = "pjrt-plugin";
+inline constexpr char kCompilerThreadName[] = "pjrt-compile";
+
+// Names the calling thread `name` (at most 15 characters) for its
+// lifetime, then gives the thread back its own name. A thread Linux starts
+// takes its creator's name, so the threads the plugin starts meanwhile
+// (its pools, which it mostly leaves unnamed) carry `name` for good: top -H,
+// perf and /proc/PID/task/*/comm tell them from the Plexus thread that
+// happened to load the plugin or compile. Not copyable; the calling
+// thread's own.
+class ScopedThreadName {
+ public:
+  explicit ScopedThreadName(const char* name);
+  ~ScopedThreadName();
+  ScopedThreadName(const ScopedThreadName&) = delete;
+  ScopedThreadName& operator=(const ScopedThreadName&) = delete;
+
+ private:
+  char saved_[16] = {};
+  bool restore_ = false;
+};
+
 // The plugin at `path`, loaded (dlopen, RTLD_LOCAL), its C API version
 // checked and initialised: once per process and path (a plugin is
 // initialised once, and never unloaded), whoever asks first.
