@@ -480,7 +480,7 @@ absl::Status ClientSession::SessionStatus(uint64_t epoch,
   absl::MutexLock lock(&mu_);
   // Ended with its server, and the next may resume it: wait for the
   // reconnect's outcome (it ends by the reconnect timeout).
-  auto decided = [this, epoch]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+  auto decided = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return closed_ || resume_epoch_ != epoch ||
            machine_.state() != SessionState::kReconnecting;
   };

@@ -158,8 +158,8 @@ class ServerImpl final : public Server, public proto::Controller::Service {
     proto::ServerToClient reply;  // for the client, if anything
     bool released_slice = false;  // room under max_devices for waiters
     bool clock_read = false;      // once per batch, at its first call
-    bool resent = false;  // sent again after a resume (ClusterState::
-                          // RouteResentCall)
+    bool resent = false;          // sent again after a resume (ClusterState::
+                                  // RouteResentCall)
   };
   // One op of a batch, into `batch->units.back()` and its reply.
   void RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
