@@ -179,7 +179,8 @@ class ClientSession {
   // --- ops for the server
   // Queues ops of session `epoch` for the sender; waits while too many
   // are queued. Dropped if that session ended: what they made reads as
-  // lost with it.
+  // lost with it; unless the server keeps a journal and the session may be
+  // resumed: then its calls, puts and programs are kept to send again.
   void Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch);
   // Waits until everything queued has been written (or the session ended).
   void Flush();
@@ -259,8 +260,12 @@ class ClientSession {
   // every live buffer, sends the kept calls again (ClientToServer.resent),
   // then opens the session for use.
   void ResumeRestore(const std::shared_ptr<SessionTag>& tag);
-  // Copies the calls and puts of `msg`, written, into kept_calls_.
+  // Copies the calls, puts and programs of `msg`, written, into
+  // kept_calls_ and kept_programs_.
   void KeepCalls(const proto::ClientToServer& msg);
+  // The stream broke: ops still queued are dropped, those a resume needs
+  // kept first.
+  void KeepUnsentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens the next session with back-off; null when closed or given up.
   std::unique_ptr<Session> Reconnect();
   void GiveUpLocked(std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

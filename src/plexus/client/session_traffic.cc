@@ -23,7 +23,17 @@ void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
     return GoneLocked(epoch) || queue_.size() < kMaxQueuedOps;
   };
   mu_.Await(absl::Condition(&room));
-  if (GoneLocked(epoch)) return;
+  if (GoneLocked(epoch)) {
+    // The stream broke under this session, which the next server may
+    // resume: its calls, puts and programs are kept to send then.
+    if (!closed_ && epoch == epoch_.load() &&
+        journaled_.load(std::memory_order_acquire)) {
+      proto::ClientToServer unsent;
+      for (auto& op : ops) *unsent.add_ops() = std::move(op);
+      KeepCalls(unsent);
+    }
+    return;
+  }
   for (auto& op : ops) queue_.push_back(std::move(op));
 }
 
@@ -66,8 +76,9 @@ void ClientSession::SenderLoop(Session& session) {
       next_stats = clock.Now() + absl::Seconds(1);
     }
     bool ok = pre_ok && (msg.ops_size() == 0 || session.stream->Write(msg));
-    if (ok && msg.ops_size() > 0 &&
-        journaled_.load(std::memory_order_acquire)) {
+    // Kept to send again after a resume: what was written, and what a
+    // failed write may not have delivered.
+    if (msg.ops_size() > 0 && journaled_.load(std::memory_order_acquire)) {
       KeepCalls(msg);
     }
     absl::MutexLock lock(&mu_);
@@ -76,7 +87,7 @@ void ClientSession::SenderLoop(Session& session) {
       machine_.StreamBroke();
       UpdateOpenTagLocked();
       observer_->StreamBroke();
-      queue_.clear();
+      KeepUnsentLocked();
     }
     if (last || !ok) break;
   }
@@ -96,6 +107,18 @@ void ClientSession::KeepCalls(const proto::ClientToServer& msg) {
   }
 }
 
+void ClientSession::KeepUnsentLocked() {
+  if (!queue_.empty() && journaled_.load(std::memory_order_acquire)) {
+    // Ops queued and never written: a resume sends their calls, puts and
+    // programs with the rest (the others go: a buffer released is
+    // released at the resume's end, a slice request times out).
+    proto::ClientToServer unsent;
+    for (proto::ClientOp& op : queue_) *unsent.add_ops() = std::move(op);
+    KeepCalls(unsent);
+  }
+  queue_.clear();
+}
+
 void ClientSession::ReaderLoop(Session& session) {
   proto::ServerToClient msg;
   while (session.stream->Read(&msg)) {
@@ -105,7 +128,7 @@ void ClientSession::ReaderLoop(Session& session) {
   absl::MutexLock lock(&mu_);
   machine_.StreamBroke();
   UpdateOpenTagLocked();
-  queue_.clear();
+  KeepUnsentLocked();
   if (closed_) return;
   EndedLocked(session);
 }

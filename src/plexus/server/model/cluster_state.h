@@ -368,7 +368,9 @@ class ClusterState {
   // of its calls and puts must run again, from the last back: those that
   // make a missing buffer, or an input of such a call that no worker holds
   // (a chain whose intermediate values the client released runs again
-  // from the last value held).
+  // from the last value held). An input the client released that the
+  // workers gave back whole is recorded as it is (never made twice) and
+  // released at the resume's end.
   void PlanResent(
       uint64_t client_id,
       const google::protobuf::RepeatedPtrField<proto::ClientOp>& ops);
@@ -700,6 +702,18 @@ class ClusterState {
     if (journal_ != nullptr) journal_->Record(change);
   }
   void JournalSlice(const SliceRecord& slice);
+  // With a journal: keeps next_transfer_ below a count the journal holds,
+  // reserving blocks of kTransferBlock ahead (restart.cc).
+  static constexpr uint64_t kTransferBlock = uint64_t{1} << 20;
+  uint64_t transfers_reserved_ = 0;
+  void ReserveTransfers() {
+    if (journal_ != nullptr &&
+        (next_transfer_ >= transfers_reserved_ ||
+         next_transfer_ + kTransferBlock < transfers_reserved_)) {
+      ReserveTransfersSlow();
+    }
+  }
+  void ReserveTransfersSlow();
   void JournalWorker(const WorkerRecord& w);
   void JournalWorkerGone(const WorkerRecord& w);
   // Shards resumed workers gave back, by buffer: (worker, shard).

@@ -46,6 +46,13 @@ void ClusterState::JournalSlice(const SliceRecord& slice) {
   Journal(r);
 }
 
+void ClusterState::ReserveTransfersSlow() {
+  transfers_reserved_ = std::min(next_transfer_ + kTransferBlock, kMaxIdCount);
+  proto::ModelRecord r;
+  r.set_transfer_ids(transfers_reserved_);
+  Journal(r);
+}
+
 void ClusterState::JournalWorker(const WorkerRecord& w) {
   if (journal_ == nullptr) return;
   proto::ModelRecord r;
@@ -153,6 +160,13 @@ absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
     case proto::ModelRecord::kServerIds:
       next_server_id_ = std::max(next_server_id_, change.server_ids());
       return absl::OkStatus();
+    case proto::ModelRecord::kTransferIds:
+      // Past every temporary the last run may have used (a block reserved
+      // at the layout's end starts again at 1, as next_transfer_ does).
+      next_transfer_ = change.transfer_ids() >= kMaxIdCount
+                           ? 1
+                           : std::max(next_transfer_, change.transfer_ids());
+      return absl::OkStatus();
     default:
       return absl::InvalidArgumentError("journal: an empty model record");
   }
@@ -197,6 +211,9 @@ proto::ModelSnapshot ClusterState::SnapshotRecords() const {
     *snap.add_records()->mutable_slice() = ToJournal(slice);
   }
   snap.add_records()->set_server_ids(next_server_id_);
+  if (transfers_reserved_ > 0) {
+    snap.add_records()->set_transfer_ids(transfers_reserved_);
+  }
   return snap;
 }
 
@@ -382,9 +399,30 @@ void ClusterState::PlanResent(
     }
     if (!makes) continue;
     for (const proto::InputRef& in : op.call().inputs()) {
-      if (records_.FindBuffer(in.buffer_id()) == nullptr) {
-        client->needed.insert(in.buffer_id());
+      const uint64_t id = in.buffer_id();
+      if (records_.FindBuffer(id) != nullptr) continue;
+      // A value the client no longer holds that the workers gave back
+      // whole: read as it is (the walk back stops there, and its id is
+      // never declared twice on a worker), released at the resume's end.
+      auto slice = slices_.find(in.slice_id());
+      auto arg = FromProto(in.arg());
+      if (ClientOfBuffer(id) == client_id && slice != slices_.end() &&
+          slice->second.client_id == client_id && arg.ok() &&
+          slice->second.broken.empty() && HeldWhole(id, slice->second)) {
+        const int n = static_cast<int>(slice->second.devices.size());
+        auto local = arg->Local(n);
+        if (local.ok()) {
+          RecordBuffer(*client, id,
+                       static_cast<int64_t>(local->byte_size()) * n);
+          records_.AddRestored(id, in.slice_id(), *arg);
+          proto::ReleaseRef& release =
+              client->released_after_resend.emplace_back();
+          release.set_buffer_id(id);
+          release.set_slice_id(in.slice_id());
+          continue;
+        }
       }
+      client->needed.insert(id);
     }
   }
 }

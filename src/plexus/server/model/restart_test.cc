@@ -272,6 +272,98 @@ TEST_F(RestartTest, AChainWhoseValuesWereReleasedRunsAgainFromTheLastHeld) {
               after_.records().FindBuffer(b)->released);
 }
 
+TEST_F(RestartTest, AValueReleasedButGivenBackIsReadNotMadeAgain) {
+  // x -> a -> z: the client holds x and z; a was released by the client
+  // but both workers gave it back whole: only a -> z runs again (a is not
+  // declared twice on a worker), and a goes at the end.
+  Restart();
+  const uint64_t x = Id(10), a = Id(11), z = Id(13);
+  ASSERT_NE(Return(w0_, "host0", 100, {{x, 0}, {a, 0}}), nullptr);
+  ASSERT_NE(Return(w1_, "host1", 101, {{x, 1}, {a, 1}}), nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  WorkerOps ops;
+  after_.RestoreLiveBuffers(client_, Live({x, z}, false), &ops);
+  google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
+  *resent.Add()->mutable_call() = Call(Id(20), x, a);
+  *resent.Add()->mutable_call() = Call(Id(22), a, z);
+  after_.PlanResent(client_, resent);
+  std::vector<bool> routed_each;
+  for (const proto::ClientOp& op : resent) {
+    uint64_t seq = 0;
+    bool routed = false;
+    ASSERT_TRUE(
+        after_.RouteResentCall(client_, op.call(), &ops, &seq, &routed).ok());
+    routed_each.push_back(routed);
+  }
+  EXPECT_EQ(routed_each, (std::vector<bool>{false, true}));
+  ops.clear();
+  EXPECT_EQ(
+      after_.RestoreLiveBuffers(client_, Live({}, true), &ops).lost_ids_size(),
+      0);
+  const BufferRecord* gone = after_.records().FindBuffer(a);
+  EXPECT_TRUE(gone == nullptr || gone->released);
+}
+
+TEST_F(RestartTest, TransferTemporariesStartPastEveryOneTheLastRunUsed) {
+  // A push still on its way from the last run must never land in a
+  // temporary the restarted server declares: its count goes on past the
+  // block the journal reserved.
+  before_.set_next_transfer(5000);
+  before_.AddWorker(Host("host2", 1), absl::Now(), 103);
+  proto::SliceRequest one;
+  one.set_num_devices(1);
+  one.set_placement(proto::PLACEMENT_ONE_HOST);
+  one.add_hosts("host2");  // x is on host0 and host1: it moves
+  auto a = before_.CreateSlice(client_, one);
+  ASSERT_TRUE(a.ok()) << a.status();
+  proto::Call call = Call(Id(20), Id(10), Id(11));  // x on slice_ (2 hosts)
+  call.set_slice_id(a->slice_id());
+  WorkerOps ops;
+  ASSERT_TRUE(before_
+                  .RoutePut(
+                      client_,
+                      [&] {
+                        proto::PutDecl put;
+                        put.set_buffer_id(Id(10));
+                        put.set_slice_id(slice_);
+                        *put.mutable_arg() = ToProto(kArg);
+                        return put;
+                      }(),
+                      &ops)
+                  .ok());
+  ASSERT_TRUE(before_.RouteCall(client_, call, &ops).ok());
+  Restart();
+  // The first temporary after the restart is past the reserved block.
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  ops.clear();
+  WorkerOps dummy;
+  after_.RestoreLiveBuffers(client_, Live({}, true), &dummy);
+  after_.set_journal(&sink_);
+  ASSERT_TRUE(after_
+                  .RoutePut(
+                      client_,
+                      [&] {
+                        proto::PutDecl put;
+                        put.set_buffer_id(Id(30));
+                        put.set_slice_id(slice_);
+                        *put.mutable_arg() = ToProto(kArg);
+                        return put;
+                      }(),
+                      &ops)
+                  .ok());
+  call = Call(Id(31), Id(30), Id(32));
+  call.set_slice_id(a->slice_id());
+  ASSERT_TRUE(after_.RouteCall(client_, call, &ops).ok());
+  uint64_t first_temp = 0;
+  for (const auto& [w, list] : ops) {
+    for (const proto::WorkerOp& op : list) {
+      if (op.has_transfer()) first_temp = op.transfer().dst_buffer_id();
+    }
+  }
+  ASSERT_NE(first_temp, 0u);
+  EXPECT_GE(first_temp, ClientMadeId(kServerClientId, 5000 + (1 << 20)));
+}
+
 TEST_F(RestartTest, ARemapIsJournaledWithTheProgramsThatFollowIt) {
   // A spare takes host1's place: the slice and its XLA program follow.
   const int64_t spare =

@@ -55,7 +55,8 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
   // Each worker's ops of the batch, in unit order (a unit's ops for a
   // worker, then its Execute there), gathered by worker, then into its
   // queue at once (one lock of the queue, one wake-up of its writer).
-  auto stage = [this](int64_t worker) -> std::vector<OutOp>& {
+  auto stage = [this](int64_t worker)
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::vector<OutOp>& {
     std::vector<OutOp>& out = staged_[worker];
     if (out.empty()) touched_.push_back(worker);
     return out;

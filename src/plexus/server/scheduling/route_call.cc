@@ -344,6 +344,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       // an id 2^39 transfers old is long released. Never past it (that
       // would spill into the server-made half, or another client's ids).
       next_transfer_ = next_transfer_ >= kMaxIdCount ? 1 : next_transfer_ + 1;
+      ReserveTransfers();
       transfers[tk] = temp;
       proto::WorkerOp t;
       auto* tr = t.mutable_transfer();

@@ -365,6 +365,7 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
       break;
     case proto::ClientOp::kLive: {
       proto::Recovery lost = state_.RestoreLiveBuffers(id, op.live(), &ops);
+      const int lost_count = lost.lost_ids_size();
       if (lost.lost_ids_size() > 0) {
         SPDLOG_WARN("client {}: {} buffer(s) lost with the restart: {}", id,
                     lost.lost_ids_size(), lost.status().message());
@@ -375,7 +376,7 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
         SPDLOG_INFO(
             "client {}: resumed; {} live buffer(s) kept as the workers gave "
             "them back, {} call(s) and put(s) sent again ran again, {} lost",
-            id, c->resume_kept, c->resume_ran_again, lost.lost_ids_size());
+            id, c->resume_kept, c->resume_ran_again, lost_count);
       }
       break;
     }

@@ -215,7 +215,8 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   hello.set_generation(w.generation);
   hello.set_heartbeat_interval_ms(
       absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
-  hello.set_rejoined(rejoined);
+  // A worker taken back is the host it was, not a rejoin.
+  if (resumed == nullptr) hello.set_rejoined(rejoined);
   hello.set_resumed(resumed != nullptr);
   AwaitJournalLocked();  // the registration, before the worker hears it
   // Each write is one ServerToWorker in wire form (worker_wire.h): the
