@@ -196,6 +196,21 @@ std::vector<ObjectStore::KeptShard> ObjectStore::KeepReady() {
   return kept;
 }
 
+void ObjectStore::DropAll() {
+  absl::MutexLock lock(&mu_);
+  std::vector<BufferKey> drop;
+  for (const auto& [key, e] : entries_) {
+    if (e.state != Entry::State::kPending) drop.push_back(key);
+  }
+  for (const BufferKey& key : drop) {
+    Entry& e = entries_.at(key);
+    e.declared = e.held = true;
+    e.owned = false;
+    e.readers = 0;
+    MaybeRemoveLocked(key);
+  }
+}
+
 void ObjectStore::Release(uint64_t buffer_id) {
   std::vector<ReadyCallback> callbacks;
   const absl::Status why = absl::CancelledError(absl::StrCat(

@@ -109,6 +109,10 @@ class ObjectStore {
     int64_t bytes = 0;
   };
   std::vector<KeptShard> KeepReady();
+  // The next server did not take the worker back: every entry that is not
+  // pending goes (a fresh host; its clients' ids may be given again, so
+  // none is marked as left).
+  void DropAll();
 
   int num_devices() const { return static_cast<int>(capacity_.size()); }
   int64_t capacity(int device) const { return capacity_[device]; }

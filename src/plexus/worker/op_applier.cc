@@ -213,6 +213,11 @@ void OpApplier::ApplyPeerDown(const proto::PeerDown& down) {
   if (nccl_ != nullptr) nccl_->DropWorker(down.worker_id());
 }
 
+void OpApplier::UnloadAll() {
+  programs_.clear();
+  programs_loaded_ = 0;
+}
+
 void OpApplier::ApplyClientGone(uint64_t client) {
   store_.ReleaseClient(client);
   reports_.ClientGone(client);

@@ -38,6 +38,10 @@ class OpApplier {
 
   // Applies `op`, consuming it (moved from).
   void Apply(proto::WorkerOp& op);
+  // The worker registered as a fresh host after its server went away
+  // (WorkerImpl::Resume): every program goes (the next server's clients
+  // may be given the last one's ids).
+  void UnloadAll();
   // The programs loaded now (WorkerStats.programs_loaded).
   int64_t programs_loaded() const { return programs_loaded_.load(); }
 

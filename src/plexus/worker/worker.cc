@@ -136,16 +136,26 @@ absl::StatusOr<bool> WorkerImpl::Resume(absl::Duration drain) {
     h->set_bytes(k.bytes);
   }
   const int held = reg->inventory_size();
+  const int64_t previous = reg->previous_worker_id();
+  // The server names this worker in its first message: the same id if it
+  // takes it back, another if not.
+  me_.worker_id = -1;
+  resuming_ = true;  // ApplyOps drops what was kept if not taken back
   if (absl::Status s =
           session_.Reconnect(std::move(hello), data_server_->tcp_address());
       !s.ok()) {
+    me_.worker_id = previous;
     return s;
   }
-  SPDLOG_INFO("{} with {} shard(s) kept",
-              session_.resumed() ? "taken back as the host it was"
-                                 : "not taken back (a fresh host)",
-              held);
-  return session_.resumed();
+  if (session_.resumed()) {
+    SPDLOG_INFO("taken back as the host it was, with {} shard(s) kept", held);
+    return true;
+  }
+  SPDLOG_INFO(
+      "registered as a fresh host (the server does not know the last "
+      "one's); the {} shard(s) kept are dropped",
+      held);
+  return false;
 }
 
 void WorkerImpl::Shutdown() { session_.Shutdown(); }
@@ -153,6 +163,14 @@ void WorkerImpl::Shutdown() { session_.Shutdown(); }
 void WorkerImpl::ApplyOps(proto::ServerToWorker& msg) {
   // The server names the worker in its first message.
   if (me_.worker_id.load() < 0) me_.worker_id = msg.worker_id();
+  // The first message after a resume (Resume; before the reader starts):
+  // a server that did not take the worker back has it as a fresh host,
+  // and what it kept goes (the next server's clients may be given the
+  // last one's ids) before any op of the new session applies.
+  if (resuming_.exchange(false) && !msg.resumed()) {
+    store_->DropAll();
+    applier_->UnloadAll();
+  }
   for (auto& op : *msg.mutable_ops()) applier_->Apply(op);
 }
 

@@ -117,8 +117,8 @@ class Worker {
   // `drain` for the devices to finish what they run, keeps the ready
   // shards and its programs, and registers again as the host it was, with
   // them (RegisterWorker.kept_state, inventory). True: the server took it
-  // back (Wait serves the new session). False: the server took it as a
-  // fresh host (the caller retires it and starts a fresh worker). An
+  // back. False: the server took it as a fresh host (under a new id), and
+  // what it kept is dropped. Either way Wait serves the new session. An
   // error: no server answered (the state is kept; try again).
   virtual absl::StatusOr<bool> Resume(absl::Duration drain) = 0;
 };
@@ -170,7 +170,7 @@ class WorkerHost {
   bool Pause(absl::Duration delay);
   // After its server went away: Worker::Resume, retried with `backoff`
   // while no server answers.
-  enum class Kept { kResumed, kDeclined, kGaveUp, kStopped };
+  enum class Kept { kResumed, kGaveUp, kStopped };
   Kept KeepAcross(Worker& worker, Backoff& backoff);
   // Destroys `worker` on a thread of its own; true if that finished within
   // teardown_grace (else it goes on, and WaitTeardown() waits for it).

@@ -90,20 +90,15 @@ WorkerHost::Kept WorkerHost::KeepAcross(Worker& worker, Backoff& backoff) {
       if (stop_) return Kept::kStopped;
     }
     absl::StatusOr<bool> resumed = worker.Resume(host_.teardown_grace);
-    if (resumed.ok()) {
-      if (*resumed) return Kept::kResumed;
-      // A fresh host there: this session goes, and a fresh worker
-      // registers (Run).
-      worker.Shutdown();
-      worker.Wait().IgnoreError();
-      return Kept::kDeclined;
-    }
+    // Taken back, or a fresh host with what it kept dropped: it serves.
+    if (resumed.ok()) return Kept::kResumed;
     std::optional<absl::Duration> delay =
         backoff.NextDelay(options_.clock->Now());
     if (!delay.has_value()) return Kept::kGaveUp;
-    SPDLOG_WARN("resume with {} failed ({}); attempt {} in {}",
-                options_.server_address, resumed.status().ToString(),
-                backoff.failures() + 1, absl::FormatDuration(*delay));
+    SPDLOG_WARN(
+        "registration with {} (to resume) failed ({}); attempt {} in {}",
+        options_.server_address, resumed.status().ToString(),
+        backoff.failures() + 1, absl::FormatDuration(*delay));
     if (!Pause(*delay)) return Kept::kStopped;
   }
 }

@@ -23,6 +23,7 @@
 // lock, its header says so.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -124,6 +125,9 @@ class WorkerImpl : public Worker {
   static constexpr int kMaxAwaitedInputs = 32;
 
   const WorkerOptions options_;
+  // Set by Resume before it registers again; ApplyOps reads it on the
+  // first message.
+  std::atomic<bool> resuming_{false};
   // What this worker did (timeline/timeline.h); the server collects it
   // (CollectTimeline, answered on the reader thread).
   Timeline timeline_;
