@@ -176,7 +176,10 @@ class NetnsLab:
         _ip("link", "set", "br0", "up", netns=self.hub)
         # This namespace's end: .1 on the shared /24.
         root_end = f"{self.tag}r"
-        _ip("link", "add", root_end, "type", "veth", "peer", "name", "hubr")
+        # The hub's end is made in the hub's namespace: a name made here
+        # first would clash with another lab's made at the same time.
+        _ip("link", "add", root_end, "type", "veth", "peer", "name", "hubr",
+            "netns", self.hub)
         self.root_links.append(root_end)
         self._attach_to_hub("hubr")
         _ip("addr", "add", f"{self.root_address}/{self.net.prefixlen}",
@@ -184,7 +187,6 @@ class NetnsLab:
         _ip("link", "set", root_end, "up")
 
     def _attach_to_hub(self, link):
-        _ip("link", "set", link, "netns", self.hub)
         _ip("link", "set", link, "master", "br0", netns=self.hub)
         _ip("link", "set", link, "up", netns=self.hub)
 
@@ -195,7 +197,8 @@ class NetnsLab:
         address = str(self.net.network_address + 10 + i)
         hidden = str(self.hidden_net.network_address + 10 + i)
         root_end = f"{self.tag}h{i}"
-        _ip("link", "add", root_end, "type", "veth", "peer", "name", f"hub{i}")
+        _ip("link", "add", root_end, "type", "veth", "peer", "name", f"hub{i}",
+            "netns", self.hub)
         self.root_links.append(root_end)  # until it moves into `ns`
         self._attach_to_hub(f"hub{i}")
         _ip("link", "set", root_end, "netns", ns)
