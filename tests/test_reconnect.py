@@ -21,10 +21,12 @@ from plexus._binaries import bin_dir, default_pjrt_plugin
 from test_membership import _ready_line, _server, _spawn
 
 
-def _worker(address, name, log, env):
+def _worker(address, name, log, env, devices=2):
+    """A standalone worker (it outlives its server and registers again)."""
     proc, ready = _spawn(
         [str(bin_dir() / "plexus-worker"), "--server", address,
-         "--host-name", name, "--devices", "2", "--ready-fd", "{READY_FD}",
+         "--host-name", name, "--devices", str(devices),
+         "--ready-fd", "{READY_FD}",
          "--reconnect-timeout-s", "60", "--log-level", "info"], log, env)
     _ready_line(ready)
     return proc

@@ -19,6 +19,7 @@ from plexus import _core
 from plexus._binaries import bin_dir, default_pjrt_plugin
 
 from test_membership import _ready_line, _spawn, _wait_for_log
+from test_reconnect import _worker
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
@@ -35,15 +36,6 @@ def _server(address, log, env, journal, die_with_parent=True):
     return proc, _ready_line(ready)
 
 
-def _worker(address, name, log, env):
-    proc, ready = _spawn(
-        [str(bin_dir() / "plexus-worker"), "--server", address,
-         "--host-name", name, "--devices", "1", "--ready-fd", "{READY_FD}",
-         "--reconnect-timeout-s", "60", "--log-level", "info"], log, env)
-    _ready_line(ready)
-    return proc
-
-
 @pytest.fixture
 def journaled(tmp_path):
     """A standalone server on a journal and three standalone workers, and a
@@ -57,7 +49,8 @@ def journaled(tmp_path):
     journal = tmp_path / "journal.db"
     server, address = _server("127.0.0.1:0", log, env, journal)
     procs = {"server": server}
-    workers = [_worker(address, f"host{i}", tmp_path / f"worker{i}.log", env)
+    workers = [_worker(address, f"host{i}", tmp_path / f"worker{i}.log", env,
+                       devices=1)
                for i in range(3)]
 
     class Cluster:

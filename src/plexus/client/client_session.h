@@ -262,7 +262,7 @@ class ClientSession {
   void ResumeRestore(const std::shared_ptr<SessionTag>& tag);
   // Copies the calls, puts and programs of `msg`, written, into
   // kept_calls_ and kept_programs_.
-  void KeepCalls(const proto::ClientToServer& msg);
+  void KeepCalls(proto::ClientToServer&& msg);
   // The stream broke: ops still queued are dropped, those a resume needs
   // kept first.
   void KeepUnsentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -398,7 +398,8 @@ class ClientSession {
   // Calls and puts, as sent; and every program registration (a call sent
   // again may name a program whose registration the last server never
   // read), by program id.
-  std::deque<proto::ClientOp> kept_calls_ ABSL_GUARDED_BY(kept_mu_);
+  std::deque<proto::ClientToServer> kept_calls_ ABSL_GUARDED_BY(kept_mu_);
+  size_t kept_ops_ ABSL_GUARDED_BY(kept_mu_) = 0;  // in kept_calls_
   std::map<uint64_t, proto::ClientOp> kept_programs_ ABSL_GUARDED_BY(kept_mu_);
 };
 

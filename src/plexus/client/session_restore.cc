@@ -69,7 +69,11 @@ void ClientSession::ResumeRestore(const std::shared_ptr<SessionTag>& tag) {
     absl::MutexLock kept(&kept_mu_);
     live.assign(live_.begin(), live_.end());
     for (const auto& [id, op] : kept_programs_) *resent.add_ops() = op;
-    for (const proto::ClientOp& op : kept_calls_) *resent.add_ops() = op;
+    for (const proto::ClientToServer& batch : kept_calls_) {
+      for (const proto::ClientOp& op : batch.ops()) {
+        if (op.has_call() || op.has_put()) *resent.add_ops() = op;
+      }
+    }
   }
   proto::ClientToServer held;
   proto::LiveBuffers* buffers = held.add_ops()->mutable_live();

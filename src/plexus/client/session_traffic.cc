@@ -30,7 +30,7 @@ void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
         journaled_.load(std::memory_order_acquire)) {
       proto::ClientToServer unsent;
       for (auto& op : ops) *unsent.add_ops() = std::move(op);
-      KeepCalls(unsent);
+      KeepCalls(std::move(unsent));
     }
     return;
   }
@@ -79,7 +79,7 @@ void ClientSession::SenderLoop(Session& session) {
     // Kept to send again after a resume: what was written, and what a
     // failed write may not have delivered.
     if (msg.ops_size() > 0 && journaled_.load(std::memory_order_acquire)) {
-      KeepCalls(msg);
+      KeepCalls(std::move(msg));
     }
     absl::MutexLock lock(&mu_);
     sending_ = false;
@@ -94,16 +94,19 @@ void ClientSession::SenderLoop(Session& session) {
   session.stream->WritesDone();
 }
 
-void ClientSession::KeepCalls(const proto::ClientToServer& msg) {
+void ClientSession::KeepCalls(proto::ClientToServer&& msg) {
+  // The batch itself is kept, moved (no copy per call on the sender's
+  // path); ResumeRestore picks its calls and puts. Programs are kept
+  // apart, each for good.
   absl::MutexLock kept(&kept_mu_);
   for (const proto::ClientOp& op : msg.ops()) {
-    if (op.has_program()) {
-      kept_programs_[op.program().program_id()] = op;
-      continue;
-    }
-    if (!op.has_call() && !op.has_put()) continue;
-    if (kept_calls_.size() >= kMaxKeptCalls) kept_calls_.pop_front();
-    kept_calls_.push_back(op);
+    if (op.has_program()) kept_programs_[op.program().program_id()] = op;
+  }
+  kept_ops_ += msg.ops_size();
+  kept_calls_.push_back(std::move(msg));
+  while (kept_ops_ > kMaxKeptCalls && kept_calls_.size() > 1) {
+    kept_ops_ -= kept_calls_.front().ops_size();
+    kept_calls_.pop_front();
   }
 }
 
@@ -114,7 +117,7 @@ void ClientSession::KeepUnsentLocked() {
     // released at the resume's end, a slice request times out).
     proto::ClientToServer unsent;
     for (proto::ClientOp& op : queue_) *unsent.add_ops() = std::move(op);
-    KeepCalls(unsent);
+    KeepCalls(std::move(unsent));
   }
   queue_.clear();
 }
