@@ -397,10 +397,21 @@ def test_a_built_in_all_reduces_partials_are_transfers_of_its_call(tmp_path):
                           plexus.Spec((), "float32", plexus.partial()))
         partial.block_until_ready()
         # Its call done at the server too: the trace holds the next only.
-        before = int(wait_until_idle(cluster)["transfers_routed"])
+        idle = wait_until_idle(cluster)
+        before = int(idle["transfers_routed"])
+        sent = {w["worker_id"]: int(w.get("stats", {}).get("bytes_sent", 0))
+                for w in idle["workers"]}
         with client.trace(str(path)):
             assert float(np.asarray(total(partial))) == 6.0
             wait_until_idle(cluster)
+            # Each worker's push of its partial has ended (its transfer is
+            # recorded as the push ends, which may be after the other's
+            # task, and so the call, is done).
+            cluster.wait_until(
+                lambda st: all(
+                    int(w.get("stats", {}).get("bytes_sent", 0)) >=
+                    sent.get(w["worker_id"], 0) + 4 for w in st["workers"]),
+                what="both partials pushed")
         st = cluster.status()
         client.close()
 
