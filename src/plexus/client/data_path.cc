@@ -153,16 +153,13 @@ void DataPath::Clear() {
 
 void DataPath::SessionInstalled(uint64_t epoch,
                                 const transport::DataPlaneIdentity& id) {
-  absl::MutexLock lock(&mu_);
-  epoch_ = epoch;
-  usable_ = true;
-  identity_ = id;
+  SessionResumed(epoch, id);
   // The last session's records name its ids and workers, which the server
   // that answers now may hand out again for other things.
+  absl::MutexLock lock(&mu_);
   workers_down_.clear();
   kept_puts_.clear();
   reputs_.clear();
-  pool_.clear();
 }
 
 void DataPath::SessionResumed(uint64_t epoch,
@@ -171,7 +168,7 @@ void DataPath::SessionResumed(uint64_t epoch,
   epoch_ = epoch;
   usable_ = true;
   identity_ = id;
-  // The same session: its kept puts stand; its connections were broken.
+  // Its connections were broken with the stream; its kept puts stand.
   pool_.clear();
 }
 
