@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc)
 export PLEXUS_BIN_DIR := $(CURDIR)/$(BUILD)/bin
 export PYTHONPATH := $(CURDIR)/python$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all setup build test lint test-cpp test-python test-install demo bench install clean \
+.PHONY: gpu-bundle all setup build test lint test-cpp test-python test-install demo bench install clean \
   test-tsa test-asan \
   fuzz-build fuzz-corpus fuzz-smoke test-jax-next
 
@@ -78,6 +78,14 @@ PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --di
 
 # tests/gpu needs an NVIDIA GPU: tests/gpu/run.sh runs it, CI does not (with
 # CI=true a test that skips fails, tests/conftest.py).
+
+# The bundle the borrowed GPU machine builds from (../shared/gpu/README.md),
+# with the packages the shared script's list lacks; then, with the device
+# tool: carry [".gpu-bundle"], timeout_s 600,
+#   DEADLINE_S=560 bash .gpu-bundle/run.sh bash tests/gpu/all.sh
+gpu-bundle:
+	bash ../shared/gpu/make-bundle.sh
+	bash scripts/gpu-bundle-extra.sh
 test-python:
 	@echo "[test] integration tests: real server and worker processes on loopback"
 	$(PYTHON) -m pytest -q $(PYTEST_PARALLEL) tests --ignore=tests/gpu
