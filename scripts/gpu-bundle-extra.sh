@@ -22,11 +22,13 @@ A=x86_64-linux-gnu
 # package (which names the civetweb program too, hence that package), and
 # prometheus-cpp's, whose CMake package also finds CURL for its push
 # library: curl's headers and library come so that it configures, though
-# Plexus links prometheus-cpp's core alone.
+# Plexus links prometheus-cpp's core alone. Chart.js, which the page
+# embeds.
 PKGS=(libsqlite3-dev libsqlite3-0
       libcivetweb-dev libcivetweb1 civetweb
       prometheus-cpp-dev libprometheus-cpp-core1.0 libprometheus-cpp-pull1.0
-      libprometheus-cpp-push1.0 libcurl4-openssl-dev libcurl4)
+      libprometheus-cpp-push1.0 libcurl4-openssl-dev libcurl4
+      libjs-chart.js)
 say() { echo "[gpu-bundle-extra] $*"; }
 [ -f "$B/plexus-sysroot.tar.xz" ] || { say "no $B/plexus-sysroot.tar.xz: run make-bundle.sh first"; exit 1; }
 
