@@ -234,9 +234,14 @@ def main():
                "platform": args.platform, "calls": args.calls,
                "repeats": args.repeats, "heavy_rounds": rounds,
                "heavy_n": args.heavy_n, "cases": {}}
+    # On a GPU the worker's device is the GPU itself (gpus=[0]): values stay
+    # in its memory between calls, with a budget that holds the matmul's
+    # operands and the outputs queued behind them.
+    gpus = [0] if args.platform == "cuda" else None
+    budget_mib = (max(1024, 8 * args.big_mib) if gpus is None
+                  else max(16384, 12 * (args.matmul ** 2 * 4 >> 20)))
     with plexus.local(hosts=1, devices_per_host=1, pjrt_plugin=args.plugin,
-                      device_memory_mib=max(1024, 8 * args.big_mib)) \
-            as cluster:
+                      gpus=gpus, device_memory_mib=budget_mib) as cluster:
         client = cluster.connect(name="bench-xla")
         s = client.slice(1)
         pids = {"client": os.getpid(), "server": cluster.process.pid,

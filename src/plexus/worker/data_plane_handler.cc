@@ -4,13 +4,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace plexus {
 
 WorkerDataPlane::WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
                                  const PeerTable& peers, xla::XlaExecutor& xla,
-                                 const CudaIpc& cuda_ipc)
-    : me_(me), store_(store), peers_(peers), xla_(xla), cuda_ipc_(cuda_ipc) {}
+                                 const CudaIpc& cuda_ipc,
+                                 bool to_device_memory)
+    : me_(me),
+      store_(store),
+      peers_(peers),
+      xla_(xla),
+      cuda_ipc_(cuda_ipc),
+      to_device_memory_(to_device_memory) {}
 
 absl::Status WorkerDataPlane::AdmitGeneration(uint64_t generation) {
   std::optional<int64_t> fenced = peers_.FencedWorker(generation);
@@ -78,7 +85,36 @@ absl::StatusOr<std::shared_ptr<Storage>> WorkerDataPlane::AllocateIncoming(
 absl::Status WorkerDataPlane::Deliver(const transport::ShardKey& key,
                                       std::shared_ptr<Storage> data,
                                       bool from_client) {
-  store_.FulfilIncoming({key.buffer_id, key.shard}, std::move(data));
+  const BufferKey at{key.buffer_id, key.shard};
+  if (to_device_memory_) {
+    absl::StatusOr<std::shared_ptr<Storage>> placed = [&]()
+        -> absl::StatusOr<std::shared_ptr<Storage>> {
+      absl::StatusOr<std::pair<TensorSpec, int>> declared =
+          store_.Describe(at);
+      if (!declared.ok()) return declared.status();
+      const auto& [spec, device] = *declared;
+      absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_.Runtime();
+      if (!runtime.ok()) return runtime.status();
+      absl::StatusOr<std::shared_ptr<xla::PjrtBuffer>> buffer =
+          (*runtime)->Upload(
+              device, spec, data->data(),
+              absl::StrCat(KeyString(at),
+                           from_client ? " put by its client" : " pushed"));
+      if (!buffer.ok()) return buffer.status();
+      return Storage::OnDevice(*std::move(buffer));
+    }();
+    if (placed.ok()) {
+      store_.FulfilIncoming(at, *std::move(placed));
+      return absl::OkStatus();
+    }
+    if (!upload_failure_said_.exchange(true)) {
+      SPDLOG_WARN(
+          "{} stays in host memory, copied into device memory by each "
+          "program that reads it (said once): {}",
+          KeyString(at), placed.status().ToString());
+    }
+  }
+  store_.FulfilIncoming(at, std::move(data));
   return absl::OkStatus();
 }
 

@@ -30,9 +30,15 @@ namespace plexus {
 
 class WorkerDataPlane : public transport::DataPlaneHandler {
  public:
+  // `to_device_memory`: the worker's devices are a PJRT plugin's GPUs, so
+  // a value that arrives in host memory (a client's put, a peer's push
+  // through host memory) is placed in its device's memory before it is
+  // stored (PjrtRuntime::Upload), once, as jax.device_put places it; where
+  // that fails (the device is out of memory) it is stored in host memory,
+  // said once in the log, and each program reading it copies it in.
   WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
                   const PeerTable& peers, xla::XlaExecutor& xla,
-                  const CudaIpc& cuda_ipc);
+                  const CudaIpc& cuda_ipc, bool to_device_memory = false);
 
   absl::StatusOr<Credential> CredentialFor(
       const transport::DataPlanePeer& peer) override;
@@ -46,6 +52,8 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
                              bool from_client) override;
   absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
       const transport::ShardKey& key, size_t bytes, bool from_client) override;
+  // Stores the shard: in its device's memory where the constructor says
+  // so (see there), else as it came.
   absl::Status Deliver(const transport::ShardKey& key,
                        std::shared_ptr<Storage> data,
                        bool from_client) override;
@@ -76,7 +84,9 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   const PeerTable& peers_;
   xla::XlaExecutor& xla_;
   const CudaIpc& cuda_ipc_;
+  const bool to_device_memory_;
   std::atomic<int64_t> pushes_fenced_{0};
+  std::atomic<bool> upload_failure_said_{false};
 };
 
 }  // namespace plexus

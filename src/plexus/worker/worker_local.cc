@@ -137,8 +137,15 @@ void WorkerImpl::MakeParts() {
   applier_ = std::make_unique<OpApplier>(*store_, *peers_, *tasks_,
                                          *xla_programs_, reports_, session_,
                                          timeline_, nccl_.get(), num_devices());
-  data_plane_ = std::make_unique<WorkerDataPlane>(me_, *store_, *peers_, *xla_,
-                                                  *cuda_ipc_);
+  // A GPU's values are placed in its memory as they arrive (the CPU
+  // plugin's device memory is host memory: nothing to place).
+  bool to_device_memory = false;
+  if (options_.devices_from_plugin) {
+    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
+    to_device_memory = runtime.ok() && (*runtime)->platform() != "cpu";
+  }
+  data_plane_ = std::make_unique<WorkerDataPlane>(
+      me_, *store_, *peers_, *xla_, *cuda_ipc_, to_device_memory);
 }
 
 absl::Status WorkerImpl::StartDataPlane() {

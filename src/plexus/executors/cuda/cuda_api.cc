@@ -70,6 +70,7 @@ struct CudaApi::Table {
   Error (*DriverGetErrorString)(Error, const char**);
   Error (*DeviceGet)(int*, int);                  // cuDeviceGet
   Error (*DeviceGetUuid)(DeviceUuidBytes*, int);  // cuDeviceGetUuid_v2
+  Error (*PointerGetAttribute)(void*, int, DevicePtr);  // cuPointerGetAttribute
 };
 
 namespace {
@@ -111,6 +112,8 @@ absl::StatusOr<const CudaApi*> LoadOnce(const std::vector<std::string>& dirs,
            Bind(driver, "CUDA", "cuGetErrorString", &t->DriverGetErrorString),
            Bind(driver, "CUDA", "cuDeviceGet", &t->DeviceGet),
            Bind(driver, "CUDA", "cuDeviceGetUuid_v2", &t->DeviceGetUuid),
+           Bind(driver, "CUDA", "cuPointerGetAttribute",
+                &t->PointerGetAttribute),
        }) {
     if (!s.ok()) return s;
   }
@@ -209,6 +212,25 @@ absl::StatusOr<IpcRegion> CudaApi::ExportRegion(int ordinal,
           "cuMemGetAddressRange");
       !s.ok()) {
     return s;
+  }
+  // Legacy CUDA IPC exports cudaMalloc-style allocations only; say why
+  // not for the others (the plugin's allocator decides how it allocates).
+  // CUpointer_attribute values, cuda.h: IS_LEGACY_CUDA_IPC_CAPABLE 10,
+  // ALLOWED_HANDLE_TYPES 14, MEMPOOL_HANDLE 17.
+  int legacy_ipc = 1;
+  if (table_->PointerGetAttribute(&legacy_ipc, 10, base) == kSuccess &&
+      legacy_ipc == 0) {
+    uint64_t handle_types = 0;
+    void* pool = nullptr;
+    (void)table_->PointerGetAttribute(&handle_types, 14, base);
+    (void)table_->PointerGetAttribute(&pool, 17, base);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the plugin allocated this memory in a way CUDA IPC (cudaIpcGetMemHandle) "
+        "cannot export: ",
+        pool != nullptr ? "from a stream-ordered memory pool (cudaMallocAsync)"
+                        : "not by cudaMalloc (a virtual memory mapping, "
+                          "cuMemCreate)",
+        "; shareable handle types allowed: 0x", absl::Hex(handle_types)));
   }
   IpcHandle handle;
   if (absl::Status s =

@@ -61,8 +61,9 @@ class CudaApi {
 
   // Exports the allocation that holds `ptr` (device memory of GPU
   // `ordinal`, allocated by cudaMalloc/cuMemAlloc: the plugin's BFC
-  // allocator). Fails for memory CUDA IPC cannot export (e.g. virtual
-  // memory management or stream-ordered pools).
+  // allocator). Fails for memory CUDA IPC cannot export, saying which
+  // kind it is (virtual memory management, or a stream-ordered pool) and
+  // the shareable handle types the allocation allows.
   absl::StatusOr<IpcRegion> ExportRegion(int ordinal, const void* ptr) const;
   // Maps another process's exported region into this one; returns the
   // value's address (base + offset). Close it with CloseRegion(base).

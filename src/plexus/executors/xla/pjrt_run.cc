@@ -346,6 +346,44 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtRuntime::CreateUninitialized(
                                    BufferMemory(), spec, std::string(what));
 }
 
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtRuntime::Upload(
+    int d, const TensorSpec& spec, const void* host,
+    absl::string_view what) const {
+  if (d < 0 || d >= num_devices()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": no device ", d, " in this PJRT client"));
+  }
+  absl::StatusOr<PJRT_Buffer_Type> type = BufferType(spec.dtype);
+  if (!type.ok()) return type.status();
+  PjrtScope scope(api_);
+  auto a = PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  a.client = client_;
+  a.data = host;
+  a.type = *type;
+  a.dims = spec.shape.data();
+  a.num_dims = spec.shape.size();
+  a.host_buffer_semantics =
+      PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  a.device = devices_[d];
+  if (absl::Status s = scope.ToStatus(
+          api_->PJRT_Client_BufferFromHostBuffer(&a),
+          absl::StrCat(what, ": copying ", spec.ToString(), " to device"));
+      !s.ok()) {
+    return s;
+  }
+  auto buffer = std::shared_ptr<PjrtBuffer>(
+      new PjrtBuffer(handle_of_client_, a.buffer, d,
+                     static_cast<size_t>(spec.byte_size()), BufferMemory(),
+                     std::make_shared<const std::string>(what)));
+  if (a.done_with_host_buffer != nullptr) {
+    if (absl::Status s = scope.Await(a.done_with_host_buffer); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+  }
+  MemoryTraffic::host_to_device() += spec.byte_size();
+  return buffer;
+}
+
 bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
   return client_ == runtime.handle_of_client_;
 }

@@ -261,6 +261,19 @@ class PjrtRuntime {
   absl::StatusOr<std::shared_ptr<PjrtBuffer>> CreateUninitialized(
       int d, const TensorSpec& spec, absl::string_view what) const;
 
+  // A buffer of `spec` on device `d` holding a copy of `host` (the spec's
+  // byte size, dense and row-major): a value a client put, or a peer sent
+  // through host memory, placed in device memory once, so that every
+  // program reading it reads it there (as jax.device_put does) instead of
+  // copying it in for each run. The plugin copies the bytes
+  // (PJRT_Client_BufferFromHostBuffer); this returns once it has read
+  // them, so the caller may free `host`; the buffer is ready when the copy
+  // has landed (Await). Counts MemoryTraffic::host_to_device. `what` names
+  // it in errors ("buffer 12 shard 0 put by client 3").
+  absl::StatusOr<std::shared_ptr<PjrtBuffer>> Upload(
+      int d, const TensorSpec& spec, const void* host,
+      absl::string_view what) const;
+
   // Queues one run of `exe` over all its partitions and returns without
   // waiting for it. inputs[p][i] is argument i of partition p (each must
   // stay readable, and `exe` alive, until `done`). Returns outputs[p][o],

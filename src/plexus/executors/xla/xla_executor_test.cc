@@ -278,6 +278,49 @@ TEST(XlaExecutorTest, AnUninitializedBufferIsFilledByItsMaker) {
       << none.status();
 }
 
+TEST(XlaExecutorTest, AnUploadedValueIsReadWhereItIsWithoutACopy) {
+  // A value placed in device memory once (a GPU worker's put) is a buffer
+  // of its device that every run reads as it is: the host copy may go at
+  // once, and no run copies it in again.
+  XlaExecutor executor(Options());
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const PjrtRuntime& runtime = **executor.Runtime();
+  const TensorSpec m{DType::kF32, {2, 3}};
+  auto x = std::make_unique<float[]>(6);
+  for (int i = 0; i < 6; ++i) x[i] = 0.5f * i - 1;
+  const int64_t copied_in = MemoryTraffic::host_to_device().load();
+  auto placed = runtime.Upload(0, m, x.get(), "buffer 9 shard 0 put");
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(MemoryTraffic::host_to_device().load() - copied_in,
+            m.byte_size());
+  std::vector<float> want(x.get(), x.get() + 6);
+  x.reset();  // the plugin has read it
+  EXPECT_EQ((*placed)->device(), 0);
+  std::vector<float> back(6);
+  ASSERT_TRUE((*placed)->CopyToHost(back.data()).ok());
+  EXPECT_EQ(back, want);
+  alignas(64) float y[6] = {1, 0, 1, 0, 1, 0};
+  for (int run = 0; run < 3; ++run) {
+    PjrtRuntime::ArgumentReads reads;
+    absl::Notification done;
+    auto out = runtime.Execute(
+        **exe, {{XlaArgument{m, nullptr, placed->get()}, {m, y}}},
+        "test program", [&](absl::Status s) { done.Notify(); }, &reads);
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    EXPECT_EQ(reads[0][0], ArgumentRead::kAlias) << run;
+  }
+  EXPECT_EQ(MemoryTraffic::host_to_device().load() - copied_in,
+            m.byte_size());
+  // A device the client does not have is an error naming the value.
+  auto none = runtime.Upload(5, m, want.data(), "buffer 9 shard 1 put");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(none.status().message().find("buffer 9 shard 1 put: no device 5"),
+            std::string::npos)
+      << none.status();
+}
+
 TEST(XlaExecutorTest, BadModulesAndShapesAreErrors) {
   XlaExecutor executor(Options());
   auto bad = executor.GetOrCompile("module { this is not mlir }", kOneDevice);
