@@ -10,8 +10,7 @@ namespace plexus {
 
 WorkerDataPlane::WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
                                  const PeerTable& peers, xla::XlaExecutor& xla,
-                                 const CudaIpc& cuda_ipc,
-                                 bool to_device_memory)
+                                 const CudaIpc& cuda_ipc, bool to_device_memory)
     : me_(me),
       store_(store),
       peers_(peers),
@@ -87,10 +86,9 @@ absl::Status WorkerDataPlane::Deliver(const transport::ShardKey& key,
                                       bool from_client) {
   const BufferKey at{key.buffer_id, key.shard};
   if (to_device_memory_) {
-    absl::StatusOr<std::shared_ptr<Storage>> placed = [&]()
-        -> absl::StatusOr<std::shared_ptr<Storage>> {
-      absl::StatusOr<std::pair<TensorSpec, int>> declared =
-          store_.Describe(at);
+    absl::StatusOr<std::shared_ptr<Storage>> placed =
+        [&]() -> absl::StatusOr<std::shared_ptr<Storage>> {
+      absl::StatusOr<std::pair<TensorSpec, int>> declared = store_.Describe(at);
       if (!declared.ok()) return declared.status();
       const auto& [spec, device] = *declared;
       absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_.Runtime();

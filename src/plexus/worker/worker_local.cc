@@ -144,8 +144,8 @@ void WorkerImpl::MakeParts() {
     absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
     to_device_memory = runtime.ok() && (*runtime)->platform() != "cpu";
   }
-  data_plane_ = std::make_unique<WorkerDataPlane>(
-      me_, *store_, *peers_, *xla_, *cuda_ipc_, to_device_memory);
+  data_plane_ = std::make_unique<WorkerDataPlane>(me_, *store_, *peers_, *xla_,
+                                                  *cuda_ipc_, to_device_memory);
 }
 
 absl::Status WorkerImpl::StartDataPlane() {

@@ -68,8 +68,8 @@ struct CudaApi::Table {
   // Driver.
   Error (*MemGetAddressRange)(DevicePtr*, size_t*, DevicePtr);
   Error (*DriverGetErrorString)(Error, const char**);
-  Error (*DeviceGet)(int*, int);                  // cuDeviceGet
-  Error (*DeviceGetUuid)(DeviceUuidBytes*, int);  // cuDeviceGetUuid_v2
+  Error (*DeviceGet)(int*, int);                        // cuDeviceGet
+  Error (*DeviceGetUuid)(DeviceUuidBytes*, int);        // cuDeviceGetUuid_v2
   Error (*PointerGetAttribute)(void*, int, DevicePtr);  // cuPointerGetAttribute
 };
 
@@ -225,7 +225,8 @@ absl::StatusOr<IpcRegion> CudaApi::ExportRegion(int ordinal,
     (void)table_->PointerGetAttribute(&handle_types, 14, base);
     (void)table_->PointerGetAttribute(&pool, 17, base);
     return absl::FailedPreconditionError(absl::StrCat(
-        "the plugin allocated this memory in a way CUDA IPC (cudaIpcGetMemHandle) "
+        "the plugin allocated this memory in a way CUDA IPC "
+        "(cudaIpcGetMemHandle) "
         "cannot export: ",
         pool != nullptr ? "from a stream-ordered memory pool (cudaMallocAsync)"
                         : "not by cudaMalloc (a virtual memory mapping, "

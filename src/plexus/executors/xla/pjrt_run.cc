@@ -371,10 +371,9 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtRuntime::Upload(
       !s.ok()) {
     return s;
   }
-  auto buffer = std::shared_ptr<PjrtBuffer>(
-      new PjrtBuffer(handle_of_client_, a.buffer, d,
-                     static_cast<size_t>(spec.byte_size()), BufferMemory(),
-                     std::make_shared<const std::string>(what)));
+  auto buffer = std::shared_ptr<PjrtBuffer>(new PjrtBuffer(
+      handle_of_client_, a.buffer, d, static_cast<size_t>(spec.byte_size()),
+      BufferMemory(), std::make_shared<const std::string>(what)));
   if (a.done_with_host_buffer != nullptr) {
     if (absl::Status s = scope.Await(a.done_with_host_buffer); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));

@@ -292,8 +292,7 @@ TEST(XlaExecutorTest, AnUploadedValueIsReadWhereItIsWithoutACopy) {
   const int64_t copied_in = MemoryTraffic::host_to_device().load();
   auto placed = runtime.Upload(0, m, x.get(), "buffer 9 shard 0 put");
   ASSERT_TRUE(placed.ok()) << placed.status();
-  EXPECT_EQ(MemoryTraffic::host_to_device().load() - copied_in,
-            m.byte_size());
+  EXPECT_EQ(MemoryTraffic::host_to_device().load() - copied_in, m.byte_size());
   std::vector<float> want(x.get(), x.get() + 6);
   x.reset();  // the plugin has read it
   EXPECT_EQ((*placed)->device(), 0);
@@ -311,8 +310,7 @@ TEST(XlaExecutorTest, AnUploadedValueIsReadWhereItIsWithoutACopy) {
     ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(60)));
     EXPECT_EQ(reads[0][0], ArgumentRead::kAlias) << run;
   }
-  EXPECT_EQ(MemoryTraffic::host_to_device().load() - copied_in,
-            m.byte_size());
+  EXPECT_EQ(MemoryTraffic::host_to_device().load() - copied_in, m.byte_size());
   // A device the client does not have is an error naming the value.
   auto none = runtime.Upload(5, m, want.data(), "buffer 9 shard 1 put");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
