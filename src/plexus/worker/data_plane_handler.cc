@@ -88,14 +88,11 @@ absl::Status WorkerDataPlane::Deliver(const transport::ShardKey& key,
   if (to_device_memory_) {
     absl::StatusOr<std::shared_ptr<Storage>> placed =
         [&]() -> absl::StatusOr<std::shared_ptr<Storage>> {
-      absl::StatusOr<std::pair<TensorSpec, int>> declared = store_.Describe(at);
-      if (!declared.ok()) return declared.status();
-      const auto& [spec, device] = *declared;
-      absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_.Runtime();
-      if (!runtime.ok()) return runtime.status();
+      absl::StatusOr<Placement> place = PlacementOf(at);
+      if (!place.ok()) return place.status();
       absl::StatusOr<std::shared_ptr<xla::PjrtBuffer>> buffer =
-          (*runtime)->Upload(
-              device, spec, data->data(),
+          place->runtime->Upload(
+              place->device, place->spec, data->data(),
               absl::StrCat(KeyString(at),
                            from_client ? " put by its client" : " pushed"));
       if (!buffer.ok()) return buffer.status();
@@ -116,6 +113,15 @@ absl::Status WorkerDataPlane::Deliver(const transport::ShardKey& key,
   return absl::OkStatus();
 }
 
+absl::StatusOr<WorkerDataPlane::Placement> WorkerDataPlane::PlacementOf(
+    const BufferKey& at) {
+  absl::StatusOr<std::pair<TensorSpec, int>> declared = store_.Describe(at);
+  if (!declared.ok()) return declared.status();
+  absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_.Runtime();
+  if (!runtime.ok()) return runtime.status();
+  return Placement{declared->first, declared->second, *runtime};
+}
+
 bool WorkerDataPlane::OpensCudaIpc() { return cuda_ipc_.available().ok(); }
 
 absl::Status WorkerDataPlane::ReceiveIpc(const transport::ShardKey& key,
@@ -130,14 +136,12 @@ absl::Status WorkerDataPlane::ReceiveIpc(const transport::ShardKey& key,
     return s;
   }
   auto copied = [&]() -> absl::StatusOr<std::shared_ptr<Storage>> {
-    absl::StatusOr<std::pair<TensorSpec, int>> declared = store_.Describe(at);
-    if (!declared.ok()) return declared.status();
-    const auto& [spec, device] = *declared;
-    absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_.Runtime();
-    if (!runtime.ok()) return runtime.status();
+    absl::StatusOr<Placement> place = PlacementOf(at);
+    if (!place.ok()) return place.status();
     absl::StatusOr<std::shared_ptr<xla::PjrtBuffer>> buffer =
-        (*runtime)->CreateUninitialized(
-            device, spec, absl::StrCat(KeyString(at), " by CUDA IPC"));
+        place->runtime->CreateUninitialized(
+            place->device, place->spec,
+            absl::StrCat(KeyString(at), " by CUDA IPC"));
     if (!buffer.ok()) return buffer.status();
     // Ready once its allocation is (work queued before it on the device
     // may still use that memory).

@@ -79,6 +79,15 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   int64_t pushes_fenced() const { return pushes_fenced_.load(); }
 
  private:
+  // Where a declared shard goes: its spec, its device, and the runtime of
+  // that device (the worker's PJRT plugin).
+  struct Placement {
+    TensorSpec spec;
+    int device;
+    const xla::PjrtRuntime* runtime;
+  };
+  absl::StatusOr<Placement> PlacementOf(const BufferKey& at);
+
   const WorkerIdentity& me_;
   ObjectStore& store_;
   const PeerTable& peers_;
