@@ -29,9 +29,11 @@
 // internal/handshake.h); any other frame before it ends is refused.
 // WELCOME's shard field carries the acceptor's capabilities
 // (kCapabilityCudaIpc), which the connector may use from then on.
-// The payload follows the header, except under kFlagFd, where the memfd
-// holding it rides on the header's first byte (SCM_RIGHTS, unix sockets
-// only) and no payload bytes follow. ERROR and PUSH_ERROR carry the message
+// The payload follows the header, except under kFlagFd on a shard frame,
+// where the memfd holding it rides on the header's first byte (SCM_RIGHTS,
+// unix sockets only) and no payload bytes follow. (A PUSH_IPC under
+// kFlagFd passes the exported allocation's descriptor the same way, and its
+// payload still follows.) ERROR and PUSH_ERROR carry the message
 // text as payload; ERROR also its status code, so the receiver rebuilds the
 // same absl::Status.
 #pragma once
