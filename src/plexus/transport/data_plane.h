@@ -27,12 +27,16 @@
 //   PUSH_IPC worker -> worker, unix socket only, to a worker that said in
 //                            its handshake it opens CUDA IPC: a shard in the
 //                            sender's GPU memory, as an IpcShard (the
-//                            exported allocation, not the bytes); replied
+//                            exported allocation, not the bytes: a legacy
+//                            IPC handle, or the allocation's POSIX fd
+//                            passed with the frame, SCM_RIGHTS); replied
 //                            with ACK (the receiver copied it into memory
 //                            of its own and stored it: the sender may free
 //                            it) or ERROR (nothing was taken: the sender
 //                            sends the bytes as a PUSH instead)
 #pragma once
+
+#include <unistd.h>
 
 #include <array>
 #include <atomic>
@@ -60,12 +64,43 @@ inline constexpr size_t kChunkBytes = 1 << 20;
 
 using ::plexus::ShardKey;  // common/ids.h
 
+// A file descriptor shared by the copies of what holds it, closed with the
+// last of them (an IpcShard's exported allocation). Thread-compatible.
+class SharedFd {
+ public:
+  SharedFd() = default;
+  // Takes ownership of `fd` (-1: none).
+  explicit SharedFd(int fd)
+      : fd_(fd < 0 ? nullptr
+                   : std::shared_ptr<const int>(new int(fd), [](const int* p) {
+                       ::close(*p);
+                       delete p;
+                     })) {}
+  bool valid() const { return fd_ != nullptr; }
+  int get() const { return fd_ == nullptr ? -1 : *fd_; }
+
+ private:
+  std::shared_ptr<const int> fd_;
+};
+
 // A shard in a GPU's memory, exported by CUDA IPC (PUSH_IPC): where a
 // worker on the same host finds it. The sender keeps the memory alive
-// until the receiver answers.
+// until the receiver answers. Two kinds, as the sender's allocation allows:
+//  - kLegacyHandle: memory from cudaMalloc, named by `handle`
+//    (cudaIpcMemHandle_t), which the receiver opens with
+//    cudaIpcOpenMemHandle;
+//  - kPosixFd: memory from the virtual memory management API (cuMemCreate,
+//    cuMemMap; the CUDA PJRT plugin's allocators), named by `fd` (exported
+//    by cuMemExportToShareableHandle, passed over the unix socket with the
+//    frame, SCM_RIGHTS): the receiver imports it and maps `mapping_size`
+//    bytes of it (the sender's whole mapping; `offset` is from its base).
 struct IpcShard {
+  enum class Kind : uint32_t { kLegacyHandle = 0, kPosixFd = 1 };
   static constexpr size_t kHandleBytes = 64;
-  std::array<char, kHandleBytes> handle{};  // cudaIpcMemHandle_t
+  Kind kind = Kind::kLegacyHandle;
+  std::array<char, kHandleBytes> handle{};  // kLegacyHandle: the handle
+  SharedFd fd;                // kPosixFd: the allocation; else none
+  uint64_t mapping_size = 0;  // kPosixFd: bytes to map; else 0
   uint64_t offset = 0;  // of the value from the exported allocation's base
   uint64_t bytes = 0;   // of the value: dense, row-major
   int32_t ordinal = 0;  // the sender's CUDA device, as it numbers them

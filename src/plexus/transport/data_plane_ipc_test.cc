@@ -3,7 +3,11 @@
 // handshake, and how a server answers it (stored, declined, refused, a
 // malformed frame). No CUDA is needed: the handler stands in for the worker
 // that maps and copies the value.
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <memory>
 #include <optional>
@@ -43,19 +47,71 @@ IpcShard Shard(uint64_t bytes) {
   return shard;
 }
 
+// A shard exported as a POSIX fd: a memfd holding `text` stands in for the
+// descriptor cuMemExportToShareableHandle gives (the transport only passes
+// it on).
+IpcShard FdShard(const std::string& text) {
+  IpcShard shard;
+  shard.kind = IpcShard::Kind::kPosixFd;
+  const int fd = memfd_create("ipc_test", MFD_CLOEXEC);
+  EXPECT_GE(fd, 0);
+  EXPECT_EQ(write(fd, text.data(), text.size()),
+            static_cast<ssize_t>(text.size()));
+  shard.fd = SharedFd(fd);
+  shard.mapping_size = 128 << 20;
+  shard.offset = 1 << 20;
+  shard.bytes = 4096;
+  shard.ordinal = 1;
+  return shard;
+}
+
+// What the descriptor `fd` holds from its start (pread: its own offset is
+// left alone), at most 256 bytes.
+std::string Contents(int fd) {
+  char buf[256];
+  const ssize_t n = pread(fd, buf, sizeof(buf), 0);
+  return n < 0 ? "<unreadable>" : std::string(buf, static_cast<size_t>(n));
+}
+
+// Descriptors open in this process (the server runs in it too).
+int OpenFds() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/fd");
+  if (dir == nullptr) return -1;
+  while (readdir(dir) != nullptr) ++n;
+  closedir(dir);
+  return n;
+}
+
 bool Same(const IpcShard& a, const IpcShard& b) {
-  return a.handle == b.handle && a.offset == b.offset && a.bytes == b.bytes &&
-         a.ordinal == b.ordinal;
+  return a.kind == b.kind && a.handle == b.handle &&
+         a.mapping_size == b.mapping_size && a.offset == b.offset &&
+         a.bytes == b.bytes && a.ordinal == b.ordinal &&
+         a.fd.valid() == b.fd.valid();
 }
 
 TEST(IpcPayloadTest, RoundTripsEveryField) {
   IpcShard shard = Shard(1 << 30);
   shard.ordinal = 3;
   const IpcPayload payload = EncodeIpc(shard);
-  EXPECT_EQ(payload.reserved, 0u);
+  EXPECT_EQ(payload.kind, 0u);
+  EXPECT_EQ(payload.mapping_size, 0u);
   absl::StatusOr<IpcShard> back = DecodeIpc(payload);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(Same(*back, shard));
+  EXPECT_EQ(back->kind, IpcShard::Kind::kLegacyHandle);
+  EXPECT_FALSE(back->fd.valid());
+}
+
+TEST(IpcPayloadTest, APosixFdExportRoundTripsWithItsDescriptor) {
+  const IpcShard shard = FdShard("allocation");
+  const IpcPayload payload = EncodeIpc(shard);
+  EXPECT_EQ(payload.kind, 1u);
+  EXPECT_EQ(payload.mapping_size, uint64_t{128} << 20);
+  absl::StatusOr<IpcShard> back = DecodeIpc(payload, shard.fd);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(Same(*back, shard));
+  EXPECT_EQ(back->fd.get(), shard.fd.get());
 }
 
 TEST(IpcPayloadTest, APayloadThatBreaksARuleIsRefusedNamingIt) {
@@ -64,7 +120,10 @@ TEST(IpcPayloadTest, APayloadThatBreaksARuleIsRefusedNamingIt) {
     void (*spoil)(IpcPayload&);
   };
   const Case cases[] = {
-      {"reserved", [](IpcPayload& p) { p.reserved = 1; }},
+      {"unknown export kind 7", [](IpcPayload& p) { p.kind = 7; }},
+      {"a mapping size with a legacy IPC handle",
+       [](IpcPayload& p) { p.mapping_size = 1 << 20; }},
+      {"a POSIX fd export without its fd", [](IpcPayload& p) { p.kind = 1; }},
       {"more than 64 GiB",
        [](IpcPayload& p) { p.bytes = internal::kMaxPayloadBytes + 1; }},
       {"CUDA device -1", [](IpcPayload& p) { p.ordinal = -1; }},
@@ -74,6 +133,35 @@ TEST(IpcPayloadTest, APayloadThatBreaksARuleIsRefusedNamingIt) {
     IpcPayload payload = EncodeIpc(Shard(16));
     c.spoil(payload);
     absl::StatusOr<IpcShard> decoded = DecodeIpc(payload);
+    ASSERT_FALSE(decoded.ok()) << c.says;
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(decoded.status().message().find(c.says), std::string::npos)
+        << decoded.status();
+  }
+  // With its descriptor, a POSIX fd export must say how much to map, and
+  // the value must lie inside it; a legacy handle comes without one.
+  const Case with_fd[] = {
+      {"mapping size 0", [](IpcPayload& p) { p.mapping_size = 0; }},
+      {"more than 1 TiB",
+       [](IpcPayload& p) {
+         p.mapping_size = internal::kMaxIpcMappingBytes + 1;
+       }},
+      {"lies outside the mapping of 2097152 bytes",
+       [](IpcPayload& p) {
+         p.mapping_size = 2 << 20;
+         p.offset = (2 << 20) - 100;
+       }},
+      {"a descriptor with a legacy IPC handle",
+       [](IpcPayload& p) {
+         p.kind = 0;
+         p.mapping_size = 0;
+       }},
+  };
+  for (const Case& c : with_fd) {
+    IpcShard shard = FdShard("x");
+    IpcPayload payload = EncodeIpc(shard);
+    c.spoil(payload);
+    absl::StatusOr<IpcShard> decoded = DecodeIpc(payload, shard.fd);
     ASSERT_FALSE(decoded.ok()) << c.says;
     EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(decoded.status().message().find(c.says), std::string::npos)
@@ -305,6 +393,122 @@ TEST(DataPlaneIpcTest, ASenderWaitingForItsAnswerIsReleasedByShutdown) {
   EXPECT_FALSE(result.ok());
   EXPECT_FALSE((*conn)->healthy());
   handler.Hold(false);  // the server's connection thread may end
+}
+
+TEST(DataPlaneIpcTest, APosixFdExportArrivesAsAWorkingDescriptor) {
+  IpcHandler handler(/*opens=*/true);
+  Served served = Serve(&handler);
+  ASSERT_TRUE(served.server);
+  auto conn = DataPlaneConnection::Connect(served.server->tcp_address(),
+                                           served.unix_name, nullptr);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE((*conn)->peer_opens_cuda_ipc());
+  const IpcShard shard = FdShard("the exported allocation");
+  ASSERT_TRUE((*conn)->PushIpc({11, 0}, shard).ok());
+  std::optional<IpcShard> got = handler.received();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(Same(*got, shard));  // every field, and a descriptor
+  // The receiver's own descriptor of the same file: what was written to
+  // it reads back, and writes through it reach the sender's.
+  ASSERT_TRUE(got->fd.valid());
+  EXPECT_NE(got->fd.get(), shard.fd.get());
+  EXPECT_EQ(Contents(got->fd.get()), "the exported allocation");
+  ASSERT_EQ(pwrite(got->fd.get(), "T", 1, 0), 1);
+  EXPECT_EQ(Contents(shard.fd.get()), "The exported allocation");
+  // A legacy handle on the same connection still goes without one, and
+  // the bytes of a PUSH after it as before.
+  ASSERT_TRUE((*conn)->PushIpc({12, 0}, Shard(16)).ok());
+  got = handler.received();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_TRUE(Same(*got, Shard(16)));
+  EXPECT_FALSE(got->fd.valid());
+  std::shared_ptr<Storage> bytes = Pattern(300 << 10, 5);
+  ASSERT_TRUE((*conn)->Push({13, 0}, *bytes).ok());
+  absl::Status error;
+  std::shared_ptr<Storage> pushed = handler.WaitFor({13, 0}, &error);
+  ASSERT_NE(pushed, nullptr) << error;
+  EXPECT_TRUE(SameBytes(*pushed, *bytes));
+  EXPECT_EQ(handler.calls(), 2);
+}
+
+TEST(DataPlaneIpcTest, ARefusedPosixFdExportLeavesNoDescriptorOpen) {
+  // A fenced generation: refused before the handler is asked, and the
+  // descriptor that came with it is closed before the answer.
+  class Refusing : public IpcHandler {
+   public:
+    Refusing() : IpcHandler(true) {}
+    absl::Status AdmitGeneration(uint64_t generation) override {
+      return absl::FailedPreconditionError("fenced");
+    }
+  };
+  Refusing handler;
+  Served served = Serve(&handler);
+  ASSERT_TRUE(served.server);
+  DataPlaneIdentity fenced;
+  fenced.generation = 9;
+  auto conn = DataPlaneConnection::Connect(served.server->tcp_address(),
+                                           served.unix_name, nullptr, fenced);
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  const IpcShard shard = FdShard("x");
+  const int before = OpenFds();
+  absl::Status s = (*conn)->PushIpc({14, 0}, shard);
+  EXPECT_EQ(s.message(), "fenced");
+  EXPECT_TRUE((*conn)->healthy());
+  EXPECT_EQ(OpenFds(), before);
+  EXPECT_EQ(handler.calls(), 0);
+}
+
+TEST(DataPlaneIpcTest, ADescriptorWhereNoneBelongsIsRefusedInStep) {
+  IpcHandler handler(/*opens=*/true);
+  Served served = Serve(&handler);
+  ASSERT_TRUE(served.server);
+  // Over TCP a descriptor cannot travel: the sender says so, sends nothing.
+  auto tcp = Handshaken(served, /*over_unix=*/false);
+  ASSERT_NE(tcp, nullptr);
+  absl::Status over_tcp = tcp->SendIpc({15, 0}, FdShard("x"));
+  EXPECT_EQ(over_tcp.code(), absl::StatusCode::kFailedPrecondition) << over_tcp;
+  EXPECT_FALSE(tcp->broken());
+  // A legacy handle with a descriptor beside it, and a POSIX fd export
+  // without one: ERRORs naming the rule; the stream stays in step.
+  auto unix_socket = Handshaken(served, /*over_unix=*/true);
+  ASSERT_NE(unix_socket, nullptr);
+  const IpcShard fd_shard = FdShard("x");
+  internal::FrameHeader header;
+  header.type = static_cast<uint16_t>(FrameType::kPushIpc);
+  header.buffer_id = 15;
+  header.flags = internal::kFlagFd;
+  header.payload_bytes = sizeof(IpcPayload);
+  IpcPayload legacy = EncodeIpc(Shard(16));
+  iovec iov[2] = {{&header, sizeof(header)}, {&legacy, sizeof(legacy)}};
+  ASSERT_TRUE(
+      internal::SendAll(unix_socket->fd(), iov, 2, fd_shard.fd.get()).ok());
+  bool eof = false;
+  auto reply = unix_socket->ReadHeader(&eof);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->frame_type(), FrameType::kError);
+  EXPECT_NE(unix_socket->ReadErrorStatus(*reply).message().find(
+                "a descriptor with a legacy IPC handle"),
+            std::string::npos);
+  header.flags = 0;
+  const IpcPayload no_fd = EncodeIpc(fd_shard);
+  ASSERT_TRUE(unix_socket
+                  ->SendFrame(header, absl::string_view(
+                                          reinterpret_cast<const char*>(&no_fd),
+                                          sizeof(no_fd)))
+                  .ok());
+  reply = unix_socket->ReadHeader(&eof);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->frame_type(), FrameType::kError);
+  EXPECT_NE(unix_socket->ReadErrorStatus(*reply).message().find(
+                "a POSIX fd export without its fd"),
+            std::string::npos);
+  EXPECT_EQ(handler.calls(), 0);
+  // The same socket then carries a good one.
+  ASSERT_TRUE(unix_socket->SendIpc({16, 0}, fd_shard).ok());
+  reply = unix_socket->ReadHeader(&eof);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->frame_type(), FrameType::kAck);
+  EXPECT_EQ(handler.calls(), 1);
 }
 
 }  // namespace

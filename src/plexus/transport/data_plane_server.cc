@@ -545,20 +545,22 @@ absl::Status DataPlaneServerImpl::ServeIpc(FrameSocket& socket,
                                            const FrameHeader& header,
                                            const absl::Status& allowed) {
   const ShardKey key = header.key();
-  absl::StatusOr<IpcShard> shard = socket.ReadIpc(header);
-  if (socket.broken()) return shard.status();
-  // Every refusal is an ERROR, after which the sender sends the bytes: a
-  // refused push is then refused again, as a PUSH, and logged there.
   absl::Status result = allowed;
-  if (result.ok()) result = shard.status();
-  if (result.ok() && !socket.is_unix()) {
-    result = absl::FailedPreconditionError(
-        "PUSH_IPC over TCP: CUDA IPC is offered over the unix socket only");
-  }
-  if (result.ok() && !handler_->OpensCudaIpc()) {
-    result = absl::FailedPreconditionError("this worker opens no CUDA IPC");
-  }
-  if (result.ok()) result = handler_->ReceiveIpc(key, *shard);
+  {
+    absl::StatusOr<IpcShard> shard = socket.ReadIpc(header);
+    if (socket.broken()) return shard.status();
+    // Every refusal is an ERROR, after which the sender sends the bytes: a
+    // refused push is then refused again, as a PUSH, and logged there.
+    if (result.ok()) result = shard.status();
+    if (result.ok() && !socket.is_unix()) {
+      result = absl::FailedPreconditionError(
+          "PUSH_IPC over TCP: CUDA IPC is offered over the unix socket only");
+    }
+    if (result.ok() && !handler_->OpensCudaIpc()) {
+      result = absl::FailedPreconditionError("this worker opens no CUDA IPC");
+    }
+    if (result.ok()) result = handler_->ReceiveIpc(key, *shard);
+  }  // a descriptor that came with it is closed here, before the answer
   if (!result.ok()) {
     SPDLOG_DEBUG("data plane: PUSH_IPC of {} from {} not taken: {}",
                  KeyString(key), socket.peer(), result.ToString());

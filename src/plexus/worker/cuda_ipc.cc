@@ -69,7 +69,14 @@ absl::StatusOr<transport::IpcShard> CudaIpc::Export(
   if (!region.ok()) return region.status();
   transport::IpcShard shard;
   static_assert(sizeof(shard.handle) == sizeof(region->handle));
-  std::memcpy(shard.handle.data(), region->handle.data(), shard.handle.size());
+  if (region->kind == cuda::IpcRegion::Kind::kPosixFd) {
+    shard.kind = transport::IpcShard::Kind::kPosixFd;
+    shard.fd = transport::SharedFd(region->fd);  // owns it from here on
+    shard.mapping_size = region->mapping_size;
+  } else {
+    std::memcpy(shard.handle.data(), region->handle.data(),
+                shard.handle.size());
+  }
   shard.offset = region->offset;
   shard.bytes = buffer.size();
   shard.ordinal = where->ordinal;
@@ -78,6 +85,15 @@ absl::StatusOr<transport::IpcShard> CudaIpc::Export(
 
 absl::StatusOr<cuda::CudaApi::Opened> CudaIpc::Map(
     const transport::IpcShard& shard, int ordinal, std::string* key) const {
+  if (shard.kind == transport::IpcShard::Kind::kPosixFd) {
+    // Imported and mapped per copy: the descriptor differs every time.
+    key->clear();
+    cuda::IpcRegion region;
+    region.kind = cuda::IpcRegion::Kind::kPosixFd;
+    region.fd = shard.fd.get();  // still the shard's: closed with it
+    region.mapping_size = shard.mapping_size;
+    return api_->OpenRegion(ordinal, region);
+  }
   *key =
       absl::StrCat(absl::string_view(shard.handle.data(), shard.handle.size()),
                    "@", ordinal);
@@ -97,12 +113,18 @@ absl::StatusOr<cuda::CudaApi::Opened> CudaIpc::Map(
   return *opened;
 }
 
-void CudaIpc::Unmap(const std::string& key, int ordinal) const {
+void CudaIpc::Unmap(const std::string& key, int ordinal,
+                    const cuda::CudaApi::Opened& opened) const {
+  if (key.empty()) {  // not shared
+    if (absl::Status s = api_->CloseRegion(ordinal, opened); !s.ok()) {
+      SPDLOG_WARN("CUDA IPC: {}", s.ToString());
+    }
+    return;
+  }
   absl::MutexLock lock(&mu_);
   auto it = mappings_.find(key);
   if (it == mappings_.end() || --it->second.users > 0) return;
-  if (absl::Status s = api_->CloseRegion(ordinal, it->second.opened.base);
-      !s.ok()) {
+  if (absl::Status s = api_->CloseRegion(ordinal, it->second.opened); !s.ok()) {
     SPDLOG_WARN("CUDA IPC: {}", s.ToString());
   }
   mappings_.erase(it);
@@ -131,7 +153,7 @@ absl::Status CudaIpc::CopyIn(const transport::IpcShard& shard,
         dst.ordinal, dst.address,
         static_cast<const char*>(opened->base) + shard.offset, shard.bytes);
   }
-  Unmap(key, dst.ordinal);
+  Unmap(key, dst.ordinal, *opened);
   return s;
 }
 

@@ -57,13 +57,16 @@ class CudaIpc {
   const absl::Status& available() const { return available_; }
 
   // Sender: awaits `buffer` (its producer's error, if it failed) and
-  // exports the allocation that holds it. An error where its memory cannot
-  // be exported (not GPU memory, not from cudaMalloc: e.g. a stream-ordered
-  // pool or virtual memory management).
+  // exports the allocation that holds it: a legacy IPC handle (cudaMalloc
+  // memory) or the allocation's POSIX fd (virtual memory management with fd
+  // export: the CUDA PJRT plugin's allocators), which the shard owns. An
+  // error where its memory cannot be exported (not GPU memory, a
+  // stream-ordered pool, a mapping that allows no fd export).
   absl::StatusOr<transport::IpcShard> Export(const DeviceBuffer& buffer) const;
   // Receiver: maps `shard` (a peer's export), copies its shard.bytes to
   // `dst` (GPU memory of this process, as large) and waits for the copy,
-  // then unmaps it (once no other copy of this process uses the mapping).
+  // then unmaps it (a legacy handle once no other copy of this process uses
+  // the mapping; a POSIX fd export is imported and mapped per copy).
   // InvalidArgument where the value would lie outside the mapped region
   // (checked where the driver gives the mapping's size).
   absl::Status CopyIn(const transport::IpcShard& shard,
@@ -73,8 +76,8 @@ class CudaIpc {
   CudaIpc(const cuda::CudaApi* api, absl::Status available)
       : api_(api), available_(std::move(available)) {}
 
-  // One mapping of a peer's allocation, shared by the copies that use it
-  // at once: CUDA maps a handle once per process.
+  // One mapping of a peer's legacy-handle allocation, shared by the copies
+  // that use it at once: CUDA maps a handle once per process.
   struct Mapping {
     cuda::CudaApi::Opened opened;
     int users = 0;
@@ -82,7 +85,9 @@ class CudaIpc {
   absl::StatusOr<cuda::CudaApi::Opened> Map(const transport::IpcShard& shard,
                                             int ordinal,
                                             std::string* key) const;
-  void Unmap(const std::string& key, int ordinal) const;
+  // `key` empty: `opened` is this copy's own (a POSIX fd export).
+  void Unmap(const std::string& key, int ordinal,
+             const cuda::CudaApi::Opened& opened) const;
 
   const cuda::CudaApi* const api_;  // null unless available
   const absl::Status available_;

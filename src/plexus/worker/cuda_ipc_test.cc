@@ -4,6 +4,8 @@
 // CUDA calls themselves run in tests/gpu.
 #include "plexus/worker/cuda_ipc.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <memory>
 #include <string>
@@ -88,6 +90,13 @@ TEST(CudaIpcTest, AWorkerWithoutCudaSaysWhyAndDoesNothing) {
   EXPECT_EQ(cuda->Export(buffer).status(), cuda->available());
   transport::IpcShard shard;
   EXPECT_EQ(cuda->CopyIn(shard, GpuAddress{&shard, 0}), cuda->available());
+  // A POSIX fd export too: nothing is imported, the shard keeps its fd.
+  transport::IpcShard fd_shard;
+  fd_shard.kind = transport::IpcShard::Kind::kPosixFd;
+  fd_shard.fd = transport::SharedFd(dup(0));
+  fd_shard.mapping_size = 2 << 20;
+  EXPECT_EQ(cuda->CopyIn(fd_shard, GpuAddress{&shard, 0}), cuda->available());
+  EXPECT_TRUE(fd_shard.fd.valid());
 }
 
 }  // namespace

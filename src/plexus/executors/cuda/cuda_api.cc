@@ -1,8 +1,10 @@
 #include "plexus/executors/cuda/cuda_api.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -36,6 +38,23 @@ constexpr Error kNotReady = 600;       // cudaErrorNotReady
 struct DeviceUuidBytes {               // CUuuid
   unsigned char bytes[16];
 };
+// The virtual memory management API (cuMemCreate allocations).
+using AllocationHandle = unsigned long long;  // CUmemGenericAllocationHandle
+constexpr int kHandleTypePosixFd =
+    1;                               // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+constexpr int kLocationDevice = 1;   // CU_MEM_LOCATION_TYPE_DEVICE
+constexpr int kAccessReadWrite = 3;  // CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+struct AccessDesc {                  // CUmemAccessDesc
+  int location_type = kLocationDevice;  // CUmemLocation.type
+  int location_id = 0;                  // CUmemLocation.id: a CUdevice
+  int flags = kAccessReadWrite;
+};
+// CUpointer_attribute values.
+constexpr int kAttrLegacyIpcCapable = 10;    // int
+constexpr int kAttrAllowedHandleTypes = 14;  // uint64_t bitmask
+constexpr int kAttrMempoolHandle = 17;       // CUmemoryPool (a pointer)
+constexpr int kAttrMappingSize = 18;         // size_t
+constexpr int kAttrMappingBaseAddr = 19;     // void*
 
 #ifdef PLEXUS_CUDA_HEADERS
 static_assert(sizeof(IpcHandle) == sizeof(cudaIpcMemHandle_t));
@@ -48,6 +67,28 @@ static_assert(sizeof(Stream) == sizeof(cudaStream_t));
 static_assert(kNotReady == cudaErrorNotReady);
 static_assert(sizeof(DeviceUuidBytes) == sizeof(CUuuid));
 static_assert(sizeof(int) == sizeof(CUdevice));
+static_assert(sizeof(AllocationHandle) == sizeof(CUmemGenericAllocationHandle));
+static_assert(kHandleTypePosixFd == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+static_assert(kLocationDevice == CU_MEM_LOCATION_TYPE_DEVICE);
+static_assert(kAccessReadWrite == CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+static_assert(sizeof(AccessDesc) == sizeof(CUmemAccessDesc));
+static_assert(offsetof(AccessDesc, location_type) ==
+                  offsetof(CUmemAccessDesc, location) +
+                      offsetof(CUmemLocation, type) &&
+              offsetof(AccessDesc, location_id) ==
+                  offsetof(CUmemAccessDesc, location) +
+                      offsetof(CUmemLocation, id) &&
+              offsetof(AccessDesc, flags) == offsetof(CUmemAccessDesc, flags));
+static_assert(sizeof(CUmemLocationType) == sizeof(int) &&
+              sizeof(CUmemAccess_flags) == sizeof(int) &&
+              sizeof(CUmemAllocationHandleType) == sizeof(int));
+static_assert(kAttrLegacyIpcCapable ==
+                  CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE &&
+              kAttrAllowedHandleTypes ==
+                  CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES &&
+              kAttrMempoolHandle == CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE &&
+              kAttrMappingSize == CU_POINTER_ATTRIBUTE_MAPPING_SIZE &&
+              kAttrMappingBaseAddr == CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR);
 #endif
 
 }  // namespace
@@ -71,6 +112,19 @@ struct CudaApi::Table {
   Error (*DeviceGet)(int*, int);                        // cuDeviceGet
   Error (*DeviceGetUuid)(DeviceUuidBytes*, int);        // cuDeviceGetUuid_v2
   Error (*PointerGetAttribute)(void*, int, DevicePtr);  // cuPointerGetAttribute
+  // Driver, virtual memory management.
+  Error (*MemRetainAllocationHandle)(AllocationHandle*, void*);
+  Error (*MemExportToShareableHandle)(void*, AllocationHandle, int,
+                                      unsigned long long);
+  Error (*MemImportFromShareableHandle)(AllocationHandle*, void*, int);
+  Error (*MemAddressReserve)(DevicePtr*, size_t, size_t, DevicePtr,
+                             unsigned long long);
+  Error (*MemAddressFree)(DevicePtr, size_t);
+  Error (*MemMap)(DevicePtr, size_t, size_t, AllocationHandle,
+                  unsigned long long);
+  Error (*MemUnmap)(DevicePtr, size_t);
+  Error (*MemSetAccess)(DevicePtr, size_t, const AccessDesc*, size_t);
+  Error (*MemRelease)(AllocationHandle);
 };
 
 namespace {
@@ -114,6 +168,18 @@ absl::StatusOr<const CudaApi*> LoadOnce(const std::vector<std::string>& dirs,
            Bind(driver, "CUDA", "cuDeviceGetUuid_v2", &t->DeviceGetUuid),
            Bind(driver, "CUDA", "cuPointerGetAttribute",
                 &t->PointerGetAttribute),
+           Bind(driver, "CUDA", "cuMemRetainAllocationHandle",
+                &t->MemRetainAllocationHandle),
+           Bind(driver, "CUDA", "cuMemExportToShareableHandle",
+                &t->MemExportToShareableHandle),
+           Bind(driver, "CUDA", "cuMemImportFromShareableHandle",
+                &t->MemImportFromShareableHandle),
+           Bind(driver, "CUDA", "cuMemAddressReserve", &t->MemAddressReserve),
+           Bind(driver, "CUDA", "cuMemAddressFree", &t->MemAddressFree),
+           Bind(driver, "CUDA", "cuMemMap", &t->MemMap),
+           Bind(driver, "CUDA", "cuMemUnmap", &t->MemUnmap),
+           Bind(driver, "CUDA", "cuMemSetAccess", &t->MemSetAccess),
+           Bind(driver, "CUDA", "cuMemRelease", &t->MemRelease),
        }) {
     if (!s.ok()) return s;
   }
@@ -213,24 +279,26 @@ absl::StatusOr<IpcRegion> CudaApi::ExportRegion(int ordinal,
       !s.ok()) {
     return s;
   }
-  // Legacy CUDA IPC exports cudaMalloc-style allocations only; say why
-  // not for the others (the plugin's allocator decides how it allocates).
-  // CUpointer_attribute values, cuda.h: IS_LEGACY_CUDA_IPC_CAPABLE 10,
-  // ALLOWED_HANDLE_TYPES 14, MEMPOOL_HANDLE 17.
+  // Legacy CUDA IPC exports cudaMalloc-style allocations only; a virtual
+  // memory mapping created to allow it goes as a POSIX fd; say why not for
+  // the others (the plugin's allocator decides how it allocates).
   int legacy_ipc = 1;
-  if (table_->PointerGetAttribute(&legacy_ipc, 10, base) == kSuccess &&
+  if (table_->PointerGetAttribute(&legacy_ipc, kAttrLegacyIpcCapable, base) ==
+          kSuccess &&
       legacy_ipc == 0) {
     uint64_t handle_types = 0;
     void* pool = nullptr;
-    (void)table_->PointerGetAttribute(&handle_types, 14, base);
-    (void)table_->PointerGetAttribute(&pool, 17, base);
+    (void)table_->PointerGetAttribute(&handle_types, kAttrAllowedHandleTypes,
+                                      base);
+    (void)table_->PointerGetAttribute(&pool, kAttrMempoolHandle, base);
+    if (pool == nullptr && (handle_types & kHandleTypePosixFd) != 0) {
+      return ExportFd(address);
+    }
     return absl::FailedPreconditionError(absl::StrCat(
-        "the plugin allocated this memory in a way CUDA IPC "
-        "(cudaIpcGetMemHandle) "
-        "cannot export: ",
+        "the plugin allocated this memory in a way CUDA IPC cannot export: ",
         pool != nullptr ? "from a stream-ordered memory pool (cudaMallocAsync)"
-                        : "not by cudaMalloc (a virtual memory mapping, "
-                          "cuMemCreate)",
+                        : "a virtual memory mapping (cuMemCreate) that allows "
+                          "no POSIX file descriptor export",
         "; shareable handle types allowed: 0x", absl::Hex(handle_types)));
   }
   IpcHandle handle;
@@ -247,9 +315,65 @@ absl::StatusOr<IpcRegion> CudaApi::ExportRegion(int ordinal,
   return region;
 }
 
+absl::StatusOr<IpcRegion> CudaApi::ExportFd(DevicePtr address) const {
+  void* mapping_base = nullptr;
+  size_t mapping_size = 0;
+  if (absl::Status s =
+          CheckDriver(*table_,
+                      table_->PointerGetAttribute(
+                          &mapping_base, kAttrMappingBaseAddr, address),
+                      "cuPointerGetAttribute (MAPPING_BASE_ADDR)");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckDriver(
+          *table_,
+          table_->PointerGetAttribute(&mapping_size, kAttrMappingSize, address),
+          "cuPointerGetAttribute (MAPPING_SIZE)");
+      !s.ok()) {
+    return s;
+  }
+  const auto base = reinterpret_cast<DevicePtr>(mapping_base);
+  if (address < base || address - base >= mapping_size) {
+    return absl::InternalError(
+        absl::StrCat("CUDA says address 0x", absl::Hex(address),
+                     " lies in the mapping at 0x", absl::Hex(base), " of ",
+                     mapping_size, " bytes, which does not hold it"));
+  }
+  AllocationHandle allocation = 0;
+  if (absl::Status s = CheckDriver(
+          *table_, table_->MemRetainAllocationHandle(&allocation, mapping_base),
+          "cuMemRetainAllocationHandle");
+      !s.ok()) {
+    return s;
+  }
+  int fd = -1;
+  absl::Status exported =
+      CheckDriver(*table_,
+                  table_->MemExportToShareableHandle(&fd, allocation,
+                                                     kHandleTypePosixFd, 0),
+                  "cuMemExportToShareableHandle (POSIX file descriptor)");
+  // The fd holds the allocation from here on; the retained handle goes.
+  absl::Status released =
+      CheckDriver(*table_, table_->MemRelease(allocation), "cuMemRelease");
+  if (!exported.ok() || !released.ok()) {
+    if (exported.ok() && fd >= 0) close(fd);
+    return exported.ok() ? released : exported;
+  }
+  IpcRegion region;
+  region.kind = IpcRegion::Kind::kPosixFd;
+  region.fd = fd;
+  region.mapping_size = mapping_size;
+  region.offset = address - base;
+  return region;
+}
+
 absl::StatusOr<CudaApi::Opened> CudaApi::OpenRegion(
     int ordinal, const IpcRegion& region) const {
   if (absl::Status s = Use(ordinal); !s.ok()) return s;
+  if (region.kind == IpcRegion::Kind::kPosixFd) {
+    return OpenFd(ordinal, region);
+  }
   IpcHandle handle;
   std::memcpy(handle.reserved, region.handle.data(), sizeof(handle.reserved));
   void* base = nullptr;
@@ -268,13 +392,83 @@ absl::StatusOr<CudaApi::Opened> CudaApi::OpenRegion(
           &mapped, &size, reinterpret_cast<DevicePtr>(base)) != kSuccess) {
     size = 0;
   }
-  return Opened{base, static_cast<char*>(base) + region.offset, size};
+  Opened opened;
+  opened.base = base;
+  opened.value = static_cast<char*>(base) + region.offset;
+  opened.size = size;
+  return opened;
 }
 
-absl::Status CudaApi::CloseRegion(int ordinal, void* base) const {
+absl::StatusOr<CudaApi::Opened> CudaApi::OpenFd(int ordinal,
+                                                const IpcRegion& region) const {
+  if (region.fd < 0 || region.mapping_size == 0) {
+    return absl::InvalidArgumentError(
+        "CUDA IPC: a POSIX fd export without its fd or mapping size");
+  }
+  const size_t size = region.mapping_size;
+  int device = 0;
+  if (absl::Status s = CheckDriver(*table_, table_->DeviceGet(&device, ordinal),
+                                   "cuDeviceGet");
+      !s.ok()) {
+    return s;
+  }
+  AllocationHandle allocation = 0;
+  if (absl::Status s = CheckDriver(
+          *table_,
+          table_->MemImportFromShareableHandle(
+              &allocation,
+              reinterpret_cast<void*>(static_cast<intptr_t>(region.fd)),
+              kHandleTypePosixFd),
+          "cuMemImportFromShareableHandle (POSIX file descriptor)");
+      !s.ok()) {
+    return s;
+  }
+  // Each step taken is undone, in reverse, if a later one fails.
+  DevicePtr va = 0;
+  bool mapped = false;
+  absl::Status s =
+      CheckDriver(*table_, table_->MemAddressReserve(&va, size, 0, 0, 0),
+                  "cuMemAddressReserve");
+  if (s.ok()) {
+    s = CheckDriver(*table_, table_->MemMap(va, size, 0, allocation, 0),
+                    "cuMemMap");
+    mapped = s.ok();
+  }
+  if (s.ok()) {
+    AccessDesc access;
+    access.location_id = device;
+    s = CheckDriver(*table_, table_->MemSetAccess(va, size, &access, 1),
+                    "cuMemSetAccess");
+  }
+  if (!s.ok()) {
+    if (mapped) (void)table_->MemUnmap(va, size);
+    if (va != 0) (void)table_->MemAddressFree(va, size);
+    (void)table_->MemRelease(allocation);
+    return s;
+  }
+  Opened opened;
+  opened.kind = IpcRegion::Kind::kPosixFd;
+  opened.base = reinterpret_cast<void*>(va);
+  opened.value = static_cast<char*>(opened.base) + region.offset;
+  opened.size = size;
+  opened.allocation = allocation;
+  return opened;
+}
+
+absl::Status CudaApi::CloseRegion(int ordinal, const Opened& opened) const {
   if (absl::Status s = Use(ordinal); !s.ok()) return s;
-  return Check(*table_, table_->IpcCloseMemHandle(base),
-               "cudaIpcCloseMemHandle");
+  if (opened.kind == IpcRegion::Kind::kLegacyHandle) {
+    return Check(*table_, table_->IpcCloseMemHandle(opened.base),
+                 "cudaIpcCloseMemHandle");
+  }
+  const auto va = reinterpret_cast<DevicePtr>(opened.base);
+  absl::Status s =
+      CheckDriver(*table_, table_->MemUnmap(va, opened.size), "cuMemUnmap");
+  s.Update(CheckDriver(*table_, table_->MemAddressFree(va, opened.size),
+                       "cuMemAddressFree"));
+  s.Update(CheckDriver(*table_, table_->MemRelease(opened.allocation),
+                       "cuMemRelease"));
+  return s;
 }
 
 absl::Status CudaApi::CopyDeviceToDevice(int ordinal, void* dst,

@@ -28,13 +28,24 @@
 
 namespace plexus::cuda {
 
-// An exported device allocation (cudaIpcMemHandle_t: 64 opaque bytes) and
-// where the value starts inside it: the plugin's allocator sub-allocates
-// one region, and a handle always names the region's base.
+// An exported device allocation and where the value starts inside it: the
+// plugin's allocator sub-allocates one region, and an export always names
+// the region's base. Two kinds, as the allocation allows:
+//  - kLegacyHandle: memory from cudaMalloc/cuMemAlloc, named by `handle`
+//    (cudaIpcMemHandle_t: 64 opaque bytes);
+//  - kPosixFd: memory from the virtual memory management API (cuMemCreate
+//    + cuMemMap), named by `fd` (cuMemExportToShareableHandle), of which
+//    the exporter had `mapping_size` bytes mapped from the base.
 struct IpcRegion {
+  enum class Kind { kLegacyHandle, kPosixFd };
   static constexpr size_t kHandleBytes = 64;
+  Kind kind = Kind::kLegacyHandle;
   std::array<char, kHandleBytes> handle{};
-  uint64_t offset = 0;  // of the value from the region's base
+  // kPosixFd: the exported allocation; the holder of the IpcRegion
+  // ExportRegion returned owns it (closes it). Else -1.
+  int fd = -1;
+  uint64_t mapping_size = 0;  // kPosixFd; else 0
+  uint64_t offset = 0;        // of the value from the region's base
 };
 
 // An opaque CUDA stream (cudaStream_t).
@@ -60,21 +71,35 @@ class CudaApi {
   absl::StatusOr<int> DeviceCount() const;
 
   // Exports the allocation that holds `ptr` (device memory of GPU
-  // `ordinal`, allocated by cudaMalloc/cuMemAlloc: the plugin's BFC
-  // allocator). Fails for memory CUDA IPC cannot export, saying which
-  // kind it is (virtual memory management, or a stream-ordered pool) and
-  // the shareable handle types the allocation allows.
+  // `ordinal`): by legacy CUDA IPC where the allocation allows it
+  // (cudaMalloc/cuMemAlloc: kLegacyHandle), else as a POSIX file
+  // descriptor where it was created to allow one (cuMemCreate with
+  // CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: kPosixFd, the caller owns the
+  // fd). Fails (FailedPrecondition) for memory neither can export, saying
+  // which kind it is (a stream-ordered pool, or a virtual memory mapping
+  // without fd export) and the shareable handle types it allows; other
+  // errors name the CUDA call.
   absl::StatusOr<IpcRegion> ExportRegion(int ordinal, const void* ptr) const;
-  // Maps another process's exported region into this one; returns the
-  // value's address (base + offset). Close it with CloseRegion(base).
-  // The exporting process must keep the memory alive until then.
+  // Maps another process's exported region into this one, on GPU
+  // `ordinal`; returns the value's address (base + offset). Close it with
+  // CloseRegion. The exporting process must keep the memory alive until
+  // then. A kPosixFd region is imported from its fd (which stays the
+  // caller's to close), mapped at a fresh address range for mapping_size
+  // bytes and made readable and writable from `ordinal`; on any failure
+  // what was taken is released, and the error names the CUDA call.
   struct Opened {
+    IpcRegion::Kind kind = IpcRegion::Kind::kLegacyHandle;
     void* base = nullptr;   // for CloseRegion
     void* value = nullptr;  // base + offset
     size_t size = 0;        // of the region mapped at base; 0: unknown
+    // kPosixFd: the imported allocation (CUmemGenericAllocationHandle).
+    unsigned long long allocation = 0;
   };
   absl::StatusOr<Opened> OpenRegion(int ordinal, const IpcRegion& region) const;
-  absl::Status CloseRegion(int ordinal, void* base) const;
+  // Unmaps what OpenRegion mapped (kPosixFd: unmaps, frees the address
+  // range and releases the imported allocation, each attempted; the first
+  // error is returned).
+  absl::Status CloseRegion(int ordinal, const Opened& opened) const;
 
   // Copies `bytes` between two device addresses (any GPUs this process
   // can address) on a stream of its own, and waits for the copy.
@@ -106,6 +131,9 @@ class CudaApi {
  private:
   CudaApi() = default;
   absl::Status Use(int ordinal) const;  // cudaSetDevice(ordinal)
+  // ExportRegion's and OpenRegion's kPosixFd halves (the device is current).
+  absl::StatusOr<IpcRegion> ExportFd(unsigned long long address) const;
+  absl::StatusOr<Opened> OpenFd(int ordinal, const IpcRegion& region) const;
   const Table* table_ = nullptr;
   std::string runtime_path_;
   std::string driver_path_;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -61,6 +62,52 @@ TEST(CudaApiTest, SaysWhyThereIsNoCuda) {
   }
   // The same table whatever a later caller asks.
   EXPECT_EQ(*CudaApi::Load({}), *api);
+}
+
+// Every CUDA call is bound by the name the driver exports: checked against
+// the toolkit's driver stub (the build machine's CUDA toolkit; skipped
+// without one), loaded in a child process (Load is once per process). The
+// stub's calls all fail: each failure is a status naming the call.
+TEST(CudaApiTest, BindsEveryCallByTheNameTheDriverExports) {
+  const fs::path toolkit = "/usr/local/cuda/lib64";
+  if (!fs::exists(toolkit / "stubs" / "libcuda.so") ||
+      !fs::exists(toolkit / "libcudart.so.13")) {
+    GTEST_SKIP() << "no CUDA 13 toolkit with its driver stub";
+  }
+  if (HasGpu()) GTEST_SKIP() << "a real driver is found first";
+  const fs::path dir = fs::path(testing::TempDir()) / "cuda_api_test_stub";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  fs::create_symlink(toolkit / "stubs" / "libcuda.so", dir / "libcuda.so.1");
+  fs::create_symlink(toolkit / "libcudart.so.13", dir / "libcudart.so.13");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        absl::StatusOr<const CudaApi*> api = CudaApi::Load({dir.string()});
+        if (!api.ok()) {
+          fprintf(stderr, "load: %s\n", api.status().ToString().c_str());
+          _exit(1);
+        }
+        int x = 0;
+        absl::StatusOr<IpcRegion> exported = (*api)->ExportRegion(0, &x);
+        IpcRegion region;
+        region.kind = IpcRegion::Kind::kPosixFd;
+        region.fd = 0;
+        region.mapping_size = 2 << 20;
+        absl::StatusOr<CudaApi::Opened> opened = (*api)->OpenRegion(0, region);
+        fprintf(stderr, "export: %s\nopen: %s\n",
+                exported.status().ToString().c_str(),
+                opened.status().ToString().c_str());
+        _exit(!exported.ok() && !opened.ok() &&
+                      exported.status().message().find("failed: ") !=
+                          std::string::npos &&
+                      opened.status().message().find("failed: ") !=
+                          std::string::npos
+                  ? 0
+                  : 2);
+      },
+      testing::ExitedWithCode(0), "export: UNAVAILABLE: cuda.*failed");
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -74,15 +74,16 @@ IpcPayload EncodeIpc(const IpcShard& shard) {
   payload.offset = shard.offset;
   payload.bytes = shard.bytes;
   payload.ordinal = shard.ordinal;
+  payload.kind = static_cast<uint32_t>(shard.kind);
+  payload.mapping_size = shard.mapping_size;
   return payload;
 }
 
-absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload) {
+absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload, SharedFd fd) {
   auto refused = [](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat("malformed PUSH_IPC payload: ", why));
   };
-  if (payload.reserved != 0) return refused("reserved field is not zero");
   if (payload.bytes > kMaxPayloadBytes) {
     return refused(absl::StrCat("a value of ", payload.bytes,
                                 " bytes (more than 64 GiB)"));
@@ -95,7 +96,34 @@ absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload) {
         absl::StrCat("offset ", payload.offset, " beyond any GPU's memory"));
   }
   IpcShard shard;
+  switch (payload.kind) {
+    case static_cast<uint32_t>(IpcShard::Kind::kLegacyHandle):
+      if (fd.valid()) return refused("a descriptor with a legacy IPC handle");
+      if (payload.mapping_size != 0) {
+        return refused("a mapping size with a legacy IPC handle");
+      }
+      break;
+    case static_cast<uint32_t>(IpcShard::Kind::kPosixFd):
+      if (!fd.valid()) return refused("a POSIX fd export without its fd");
+      if (payload.mapping_size == 0 ||
+          payload.mapping_size > kMaxIpcMappingBytes) {
+        return refused(absl::StrCat("mapping size ", payload.mapping_size,
+                                    " (0, or more than 1 TiB)"));
+      }
+      if (payload.offset > payload.mapping_size ||
+          payload.bytes > payload.mapping_size - payload.offset) {
+        return refused(absl::StrCat(
+            "a value of ", payload.bytes, " bytes at offset ", payload.offset,
+            " lies outside the mapping of ", payload.mapping_size, " bytes"));
+      }
+      break;
+    default:
+      return refused(absl::StrCat("unknown export kind ", payload.kind));
+  }
+  shard.kind = static_cast<IpcShard::Kind>(payload.kind);
   std::memcpy(shard.handle.data(), payload.handle, sizeof(payload.handle));
+  shard.fd = std::move(fd);
+  shard.mapping_size = payload.mapping_size;
   shard.offset = payload.offset;
   shard.bytes = payload.bytes;
   shard.ordinal = payload.ordinal;
@@ -179,9 +207,20 @@ absl::Status FrameSocket::SendIpc(const ShardKey& key, const IpcShard& shard) {
   FrameHeader header = MakeHeader(FrameType::kPushIpc, key);
   const IpcPayload payload = EncodeIpc(shard);
   header.payload_bytes = sizeof(payload);
+  int pass_fd = -1;
+  if (shard.kind == IpcShard::Kind::kPosixFd) {
+    if (!is_unix_ || !shard.fd.valid()) {
+      return absl::FailedPreconditionError(
+          "PUSH_IPC of a POSIX fd export needs the fd and a unix socket");
+    }
+    header.flags = kFlagFd;
+    pass_fd = shard.fd.get();
+  }
   iovec iov[2] = {{&header, sizeof(header)},
                   {const_cast<IpcPayload*>(&payload), sizeof(payload)}};
-  if (absl::Status s = SendAll(fd(), iov, 2); !s.ok()) return Break(s);
+  if (absl::Status s = SendAll(fd(), iov, 2, pass_fd); !s.ok()) {
+    return Break(s);
+  }
   return absl::OkStatus();
 }
 
@@ -235,7 +274,8 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   if ((header.flags & ~kFlagFd) != 0) return malformed("unknown flags");
   if (type == FrameType::kPushIpc &&
       header.payload_bytes != sizeof(IpcPayload)) {
-    return malformed("PUSH_IPC payload is not 88 bytes");
+    return malformed(
+        absl::StrCat("PUSH_IPC payload is not ", sizeof(IpcPayload), " bytes"));
   }
   if (header.payload_bytes > kMaxPayloadBytes) {
     return malformed("payload larger than 64 GiB");
@@ -248,7 +288,8 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
     return malformed("payload on a control frame");
   }
   bool wants_fd = (header.flags & kFlagFd) != 0;
-  if (wants_fd && (!IsShardFrame(type) || !is_unix_)) {
+  if (wants_fd &&
+      (!(IsShardFrame(type) || type == FrameType::kPushIpc) || !is_unix_)) {
     return malformed("descriptor flag on a frame that cannot carry one");
   }
   if (wants_fd && !passed_fd_.valid()) {
@@ -345,10 +386,12 @@ absl::StatusOr<IpcShard> FrameSocket::ReadIpc(const FrameHeader& header) {
   if (header.payload_bytes != sizeof(payload)) {  // CheckHeader's rule
     return Break(absl::InternalError("PUSH_IPC payload of the wrong size"));
   }
+  SharedFd passed;
+  if (header.flags & kFlagFd) passed = SharedFd(passed_fd_.Release());
   if (absl::Status s = RecvAll(fd(), &payload, sizeof(payload)); !s.ok()) {
     return Break(s);
   }
-  return DecodeIpc(payload);
+  return DecodeIpc(payload, std::move(passed));
 }
 
 absl::StatusOr<std::string> FrameSocket::ReadMessage(

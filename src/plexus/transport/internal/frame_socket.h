@@ -7,7 +7,8 @@
 //        0     4  magic          "PLXD"
 //        4     2  version        kFrameVersion; another is refused
 //        6     2  type           FrameType
-//        8     2  flags          kFlagFd: the payload is a passed memfd
+//        8     2  flags          kFlagFd: a descriptor was passed (a
+//                                shard's memfd; PUSH_IPC's allocation)
 //       10     2  reserved       zero
 //       12     4  shard
 //       16     8  buffer_id
@@ -28,9 +29,11 @@
 // internal/handshake.h); any other frame before it ends is refused.
 // WELCOME's shard field carries the acceptor's capabilities
 // (kCapabilityCudaIpc), which the connector may use from then on.
-// The payload follows the header, except under kFlagFd, where the memfd
-// holding it rides on the header's first byte (SCM_RIGHTS, unix sockets
-// only) and no payload bytes follow. ERROR and PUSH_ERROR carry the message
+// The payload follows the header, except under kFlagFd on a shard frame,
+// where the memfd holding it rides on the header's first byte (SCM_RIGHTS,
+// unix sockets only) and no payload bytes follow. (A PUSH_IPC under
+// kFlagFd passes the exported allocation's descriptor the same way, and its
+// payload still follows.) ERROR and PUSH_ERROR carry the message
 // text as payload; ERROR also its status code, so the receiver rebuilds the
 // same absl::Status.
 #pragma once
@@ -111,34 +114,48 @@ static_assert(offsetof(FrameHeader, shard) == 12 &&
                   offsetof(FrameHeader, reserved2) == 48,
               "field offsets are those of the table above");
 
-// The payload of PUSH_IPC (transport::IpcShard), 88 bytes, host order:
+// The payload of PUSH_IPC (transport::IpcShard), 96 bytes, host order:
 //
 //   offset  size  field
-//        0    64  handle    cudaIpcMemHandle_t of the exported allocation
-//       64     8  offset    of the value from the allocation's base
-//       72     8  bytes     the value's size; at most kMaxPayloadBytes
-//       80     4  ordinal   the sender's CUDA device; >= 0
-//       84     4  reserved  zero
+//        0    64  handle        kLegacyHandle: cudaIpcMemHandle_t of the
+//                               exported allocation; else zero
+//       64     8  offset        of the value from the allocation's base
+//       72     8  bytes         the value's size; at most kMaxPayloadBytes
+//       80     4  ordinal       the sender's CUDA device; >= 0
+//       84     4  kind          IpcShard::Kind: 0 legacy handle, 1 POSIX fd
+//       88     8  mapping_size  kPosixFd: the bytes to map, holding
+//                               offset + bytes, at most kMaxIpcMappingBytes;
+//                               else zero
 //
+// A kPosixFd payload comes with the header's kFlagFd, its descriptor (the
+// exported allocation) riding on the header's first byte as a memfd does;
+// the payload bytes still follow the header. A legacy one comes without.
 // A header of another payload size is a malformed frame (the connection
 // closes); a payload that breaks a rule above is refused with an ERROR,
-// the stream in step.
+// the stream in step (a passed descriptor is closed).
+inline constexpr uint64_t kMaxIpcMappingBytes = uint64_t{1} << 40;
 struct IpcPayload {
   char handle[IpcShard::kHandleBytes] = {};
   uint64_t offset = 0;
   uint64_t bytes = 0;
   int32_t ordinal = 0;
-  uint32_t reserved = 0;
+  uint32_t kind = 0;
+  uint64_t mapping_size = 0;
 };
-static_assert(sizeof(IpcPayload) == 88, "the PUSH_IPC payload is the protocol");
+static_assert(sizeof(IpcPayload) == 96, "the PUSH_IPC payload is the protocol");
 static_assert(offsetof(IpcPayload, offset) == 64 &&
                   offsetof(IpcPayload, bytes) == 72 &&
                   offsetof(IpcPayload, ordinal) == 80 &&
-                  offsetof(IpcPayload, reserved) == 84,
+                  offsetof(IpcPayload, kind) == 84 &&
+                  offsetof(IpcPayload, mapping_size) == 88,
               "field offsets are those of the table above");
+// Every field but the descriptor, which travels beside the bytes.
 IpcPayload EncodeIpc(const IpcShard& shard);
-// InvalidArgument naming the rule a payload breaks.
-absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload);
+// The shard `payload` and the descriptor that came with it (`fd`, owned;
+// none for a legacy handle) describe. InvalidArgument naming the rule a
+// payload breaks (`fd` is then closed).
+absl::StatusOr<IpcShard> DecodeIpc(const IpcPayload& payload,
+                                   SharedFd fd = SharedFd());
 
 // One end of a data-plane connection: sends and reads whole frames.
 // Thread-compatible (one reader and one writer at a time). After an I/O or
@@ -163,7 +180,8 @@ class FrameSocket {
   absl::Status SendShard(FrameType type, const ShardKey& key,
                          const Storage& data,
                          std::atomic<int64_t>* sent = nullptr);
-  // PUSH_IPC of `shard`.
+  // PUSH_IPC of `shard`; a kPosixFd one passes its descriptor (unix
+  // sockets only: elsewhere FailedPrecondition, nothing sent).
   absl::Status SendIpc(const ShardKey& key, const IpcShard& shard);
   // PUSH_ERROR or ERROR, with `error`'s code and message (messages beyond
   // kMaxMessageBytes are cut).
@@ -199,8 +217,9 @@ class FrameSocket {
   // is closed unmapped; inline bytes are read and discarded), keeping the
   // stream in step.
   absl::Status SkipShard(const FrameHeader& header);
-  // The payload of a PUSH_IPC header, decoded. An I/O error breaks the
-  // stream; a payload DecodeIpc refuses leaves it in step.
+  // The payload of a PUSH_IPC header, decoded, with the descriptor that
+  // came with it. An I/O error breaks the stream; a payload DecodeIpc
+  // refuses leaves it in step.
   absl::StatusOr<IpcShard> ReadIpc(const FrameHeader& header);
   // The message of a PUSH_ERROR or ERROR header.
   absl::StatusOr<std::string> ReadMessage(const FrameHeader& header);
