@@ -186,6 +186,7 @@ test-asan: setup $(ASAN_BUILD)/build.ninja
 	if [ -n "$$(ls -A $(ASAN_REPORTS))" ]; then \
 	  echo "[asan] sanitizer reports in $(ASAN_REPORTS):"; \
 	  for f in $(ASAN_REPORTS)/*; do echo "--- $$f"; cat "$$f"; done; rc=1; \
+	  bash scripts/sanitizer-summary.sh $(ASAN_REPORTS); \
 	fi; \
 	exit $$rc
 
