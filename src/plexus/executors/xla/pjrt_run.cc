@@ -186,7 +186,13 @@ bool PjrtRuntime::EndedInline(Run& run) const {
 }
 
 void PjrtRuntime::WatchPartitions(Run* queued, const Outputs& result) const {
-  for (size_t p = 0; p < queued->complete.size(); ++p) {
+  // Once the last partition's watch is registered, its completion may
+  // fire at once and the completion thread free the run: nothing here
+  // reads `queued` after the last registration (the count is read first;
+  // each partition's event before its own registration, when the run
+  // still waits for it).
+  const size_t parts = queued->complete.size();
+  for (size_t p = 0; p < parts; ++p) {
     auto on = PJRT_ARGS(PJRT_Event_OnReady_Args);
     on.event = queued->complete[p];
     on.callback = &PjrtRuntime::PartitionDone;

@@ -194,6 +194,44 @@ TEST(XlaExecutorTest, ChainedRunsAreQueuedOnInputsNotReadyYet) {
   EXPECT_EQ(MemoryTraffic::device_to_host().load(), copied_out);
 }
 
+TEST(XlaExecutorTest, ARunEndingWhileItsEndIsBeingWatchedIsNotReadAfter) {
+  // A run not ended inside Execute has its partitions' completions watched
+  // (PJRT_Event_OnReady). The last can fire as it is registered, and the
+  // completion thread then frees the run: Execute must not read it after.
+  // (It read the run's event list once more: a use after free that the
+  // ASan stage caught in a worker, once in many thousand runs.) Many
+  // short chained runs, each queued while the last may still run, so
+  // that the window is met often.
+  XlaExecutor executor(Options());
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const PjrtRuntime& runtime = **executor.Runtime();
+  alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
+  alignas(64) float y[6] = {1, 0, 1, 0, 1, 0};
+  const TensorSpec m{DType::kF32, {2, 3}};
+  constexpr int kRuns = 2000;
+  absl::Mutex mu;
+  int ended = 0;
+  int failed = 0;
+  absl::Notification all_ended;
+  std::shared_ptr<const PjrtBuffer> last;
+  for (int round = 0; round < kRuns; ++round) {
+    XlaArgument in =
+        round == 0 ? XlaArgument{m, x} : XlaArgument{m, nullptr, last.get()};
+    auto next = runtime.Execute(**exe, {{in, {m, y}}}, "test program",
+                                [&](absl::Status s) {
+                                  absl::MutexLock lock(&mu);
+                                  if (!s.ok()) failed++;
+                                  if (++ended == kRuns) all_ended.Notify();
+                                });
+    ASSERT_TRUE(next.ok()) << next.status();
+    last = (*next)[0][0];
+  }
+  ASSERT_TRUE(all_ended.WaitForNotificationWithTimeout(absl::Seconds(120)));
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(failed, 0);
+}
+
 TEST(XlaExecutorTest, AnOutputDroppedBeforeItsRunEndsIsSafe) {
   // The store may release a value (and its buffer) while the program that
   // makes it, or one that reads it, is still queued: PJRT keeps what a
