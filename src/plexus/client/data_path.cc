@@ -94,9 +94,15 @@ void DataPath::Checkin(int64_t worker_id,
                        std::unique_ptr<transport::DataPlaneConnection> conn,
                        uint64_t epoch) {
   absl::MutexLock lock(&mu_);
-  in_use_.erase(conn.get());
-  // A connection of an ended session proves its credential: not pooled.
-  if (!UsableLocked(epoch) || workers_down_.contains(worker_id)) return;
+  auto use = in_use_.find(conn.get());
+  const bool shut = use != in_use_.end() && use->second.shut;
+  if (use != in_use_.end()) in_use_.erase(use);
+  // A connection of an ended session proves its credential: not pooled;
+  // nor one shut down meanwhile (its session ended and was resumed since:
+  // the worker has closed its end).
+  if (shut || !UsableLocked(epoch) || workers_down_.contains(worker_id)) {
+    return;
+  }
   auto& list = pool_[worker_id];
   if (list.size() < 8) list.push_back(std::move(conn));
 }
@@ -181,7 +187,10 @@ void DataPath::SessionEnded() {
   absl::MutexLock lock(&mu_);
   usable_ = false;
   pool_.clear();
-  for (auto& [conn, use] : in_use_) conn->Shutdown();
+  for (auto& [conn, use] : in_use_) {
+    use.shut = true;
+    conn->Shutdown();
+  }
 }
 
 void DataPath::WorkerDown(int64_t worker, const absl::Status& why) {
@@ -189,7 +198,9 @@ void DataPath::WorkerDown(int64_t worker, const absl::Status& why) {
   workers_down_[worker] = why;
   pool_.erase(worker);
   for (auto& [conn, use] : in_use_) {
-    if (use.NeedsWorker(worker)) conn->Shutdown();
+    if (!use.NeedsWorker(worker)) continue;
+    use.shut = true;
+    conn->Shutdown();
   }
 }
 

@@ -162,6 +162,9 @@ class DataPath : public SessionObserver {
   struct InUse {
     int64_t worker = 0;
     std::vector<int64_t> also_on;
+    // Shut down to wake its user (SessionEnded, WorkerDown): never pooled
+    // again, even if its request had ended first and it looks healthy.
+    bool shut = false;
     bool NeedsWorker(int64_t w) const;
   };
   absl::flat_hash_map<transport::DataPlaneConnection*, InUse> in_use_
