@@ -52,6 +52,43 @@ class Slice:
     epoch = generation  # the name the elastic issue uses for it
 
     @property
+    def resizes(self):
+        """How many times the slice was resized (`resize`): a loop that
+        scales its batch or learning rate with the slice polls it."""
+        return self._s.resizes
+
+    def resize(self, num_devices, axis=None):
+        """Changes the slice to `num_devices` devices while the job runs,
+        along mesh axis `axis` (a name or index; default the first, the
+        data-parallel one by convention); the other axes keep their sizes,
+        so `num_devices` is a multiple of their product. The devices along
+        the axis up to its new length stay; a shrink hands the rest back,
+        a growth takes free devices, off the slice's hosts first. Every
+        live value of the slice moves onto the new map after the calls
+        issued before (replicated ones from a copy, split ones re-split
+        over the new size); its futures stay valid. plexus.jit programs
+        compile again for the new size on their next call (other compiled
+        XLA programs are refused). Returns {"values_moved", "bytes_moved"}
+        once the server has ordered the moves (plexus.wait on the futures
+        waits for them). Refused, with nothing changed, naming what and why: a
+        value whose split dimension the new size does not divide (with the
+        sizes that would), a partial value, a value laid out by a
+        multi-axis PartitionSpec (not supported yet), too few free
+        devices."""
+        names = list(self.axis_names)
+        if axis is None:
+            index = 0
+        elif isinstance(axis, str):
+            if axis not in names:
+                raise _core.InvalidArgumentError(
+                    f"resize: slice {self.id} has no mesh axis {axis!r} "
+                    f"(its axes: {names})")
+            index = names.index(axis)
+        else:
+            index = int(axis)
+        return self._s.resize(int(num_devices), index)
+
+    @property
     def islands(self):
         """The islands (hosts) the slice spans, in shard order. The default
         placement keeps a slice inside one island where one can hold it."""

@@ -240,18 +240,20 @@ class Jitted:
         args = (args, kwargs)  # one pytree: positional, then keyword
         leaves, treedef = jax.tree_util.tree_flatten(args)
         fast_key = None
+        # A resized slice (Slice.resize) has another mesh: compiled again.
+        resizes = self._slice._s.resizes
         if all(type(x) is Future for x in leaves):
             # Fast path (a training loop): every leaf a future, so the
             # signature is read off the futures' core specs.
             fs = [x._f for x in leaves]
-            fast_key = (static, treedef, tuple(
+            fast_key = (resizes, static, treedef, tuple(
                 (x._f.shape, x._f.dtype, x._f.sharding, x._key, x._weak)
                 for x in leaves))
             compiled = self._by_futures.get(fast_key)
             if compiled is not None:
                 return compiled._invoke_checked(fs)
         specs = self._as_plexus_error(self._leaf_specs, args)
-        key = (static, treedef, tuple(specs))
+        key = (resizes, static, treedef, tuple(specs))
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._as_plexus_error(self._lower, treedef, specs,

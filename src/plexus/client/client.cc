@@ -98,6 +98,23 @@ Slice::~Slice() {
   Close();
 }
 
+absl::StatusOr<Slice::Resized> Slice::Resize(int num_devices, int axis) {
+  if (!Hold()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("resize: slice ", id(), " is closed"));
+  }
+  proto::SliceResize req;
+  req.set_slice_id(id());
+  req.set_num_devices(num_devices);
+  req.set_axis(axis);
+  absl::StatusOr<proto::SliceReply> reply =
+      core_->session().ResizeSlice(std::move(req), epoch());
+  Unhold();
+  if (!reply.ok()) return reply.status();
+  Remap(reply->slice());  // the note in the same message did already
+  return Resized{reply->values_moved(), reply->bytes_moved()};
+}
+
 void Slice::Close() {
   {
     absl::MutexLock lock(&mu_);

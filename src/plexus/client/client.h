@@ -83,6 +83,23 @@ class Slice {
   uint64_t generation() const { return info().generation(); }
   // Distinct hosts the slice spans.
   int num_hosts() const;
+  // How many times it was resized (Resize); programs compiled before the
+  // last resize are refused by the server.
+  uint64_t resizes() const { return info().resizes(); }
+  // What Resize moved: the slice's live values and their bytes (over all
+  // shards of the new map).
+  struct Resized {
+    int values_moved = 0;
+    int64_t bytes_moved = 0;
+  };
+  // Resizes the slice to `num_devices` along mesh axis `axis` (its other
+  // axes keep their sizes) while the job runs: the server maps it anew
+  // (ClusterState::ResizeSlice) and moves every live value onto the new
+  // map under a new id, after the calls issued before; futures stay valid
+  // and read the moved values. Returns once the server has routed the
+  // moves, with info() the new map; a refusal says what and why, and then
+  // nothing changed.
+  absl::StatusOr<Resized> Resize(int num_devices, int axis);
   // Returns the slice to the server. Futures on it stay readable until
   // released; new calls on it fail. Never blocks: a call still being
   // queued sends the release after its own op.

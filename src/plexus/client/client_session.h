@@ -187,6 +187,12 @@ class ClientSession {
   // Asks for a slice in session `epoch` and waits for the server's answer.
   absl::StatusOr<proto::SliceInfo> RequestSlice(proto::SliceRequest req,
                                                 uint64_t epoch);
+  // Asks the server to resize a slice (ClusterState::ResizeSlice) and waits
+  // for its answer: the reply (the new map, what moved) once the new ids
+  // of the slice's values are applied (they come in the same message), or
+  // the refusal.
+  absl::StatusOr<proto::SliceReply> ResizeSlice(proto::SliceResize req,
+                                                uint64_t epoch);
   // Never block (destructors call them); dropped once `epoch` ended.
   void ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id, uint64_t epoch);
   void ReleaseSlice(uint64_t slice_id, uint64_t epoch);
@@ -242,6 +248,11 @@ class ClientSession {
                                                 int32_t shard) const;
 
  private:
+  // Sends `op` (a slice request or resize, its request id set by
+  // `set_request_id`) and waits for its SliceReply; a refusal is its error.
+  absl::StatusOr<proto::SliceReply> AskForSlice(
+      proto::ClientOp op, uint64_t epoch,
+      absl::FunctionRef<void(proto::ClientOp&, uint64_t)> set_request_id);
   struct Session;  // one session's channel and stream (below)
 
   // --- opening and reconnecting (client_session.cc)
@@ -320,6 +331,9 @@ class ClientSession {
   // --- the server's recovery notes (session_recovery.cc)
   uint64_t ResolveSlow(uint64_t id) const;
   void ApplyRecoveryLocked(const proto::Recovery& r)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A note's old ids now naming its new ones (a recovery's or a resize's).
+  void ApplyAliasesLocked(const proto::Recovery& r)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WorkerDownLocked(const proto::WorkerDown& d)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -58,6 +58,15 @@ void ClientSession::RemoveSlice(Slice* slice) {
 }
 
 void ClientSession::ApplyRecoveryLocked(const proto::Recovery& r) {
+  if (r.resized()) {
+    // Not a loss: the client resized the slice; its values' new ids.
+    for (const proto::SliceInfo& info : r.remapped()) {
+      auto it = slices_.find(info.slice_id());
+      if (it != slices_.end()) it->second->Remap(info);
+    }
+    ApplyAliasesLocked(r);
+    return;
+  }
   // In words, for the progress line: the lost host (named by the slices
   // that had it, before their remap) and the hosts in its place.
   RecoverySummary summary;
@@ -95,6 +104,19 @@ void ClientSession::ApplyRecoveryLocked(const proto::Recovery& r) {
       r.lost_ids_size() > 0 || r.calls_recomputed() > 0) {
     last_recovery_ = std::move(summary);
   }
+  ApplyAliasesLocked(r);
+  const absl::Status lost = StatusFromProto(r.status());
+  for (uint64_t id : r.lost_ids()) lost_[id] = lost;
+  for (uint64_t sid : r.broken_slices()) {
+    broken_slices_[sid] = absl::StrCat("worker ", r.worker_id(), " was lost");
+  }
+  const int reputs = std::min(r.reput_ids_size(), r.reput_shards_size());
+  for (int i = 0; i < reputs; ++i) {
+    observer_->RePut(r.reput_ids(i), r.reput_shards(i));
+  }
+}
+
+void ClientSession::ApplyAliasesLocked(const proto::Recovery& r) {
   const int n = std::min(r.old_ids_size(), r.new_ids_size());
   for (int i = 0; i < n; ++i) {
     const uint64_t from = r.old_ids(i), to = r.new_ids(i);
@@ -105,13 +127,8 @@ void ClientSession::ApplyRecoveryLocked(const proto::Recovery& r) {
   }
   if (!aliases_.empty()) has_aliases_.store(true, std::memory_order_release);
   const absl::Status lost = StatusFromProto(r.status());
-  for (uint64_t id : r.lost_ids()) lost_[id] = lost;
-  for (uint64_t sid : r.broken_slices()) {
-    broken_slices_[sid] = absl::StrCat("worker ", r.worker_id(), " was lost");
-  }
-  const int reputs = std::min(r.reput_ids_size(), r.reput_shards_size());
-  for (int i = 0; i < reputs; ++i) {
-    observer_->RePut(r.reput_ids(i), r.reput_shards(i));
+  if (r.resized()) {
+    for (uint64_t id : r.lost_ids()) lost_[id] = lost;
   }
 }
 

@@ -197,14 +197,35 @@ void ClientSession::EndedLocked(const Session& session) {
 
 absl::StatusOr<proto::SliceInfo> ClientSession::RequestSlice(
     proto::SliceRequest req, uint64_t epoch) {
+  proto::ClientOp op;
+  *op.mutable_slice_request() = std::move(req);
+  absl::StatusOr<proto::SliceReply> reply =
+      AskForSlice(std::move(op), epoch, [](proto::ClientOp& o, uint64_t rid) {
+        o.mutable_slice_request()->set_request_id(rid);
+      });
+  if (!reply.ok()) return reply.status();
+  return std::move(*reply->mutable_slice());
+}
+
+absl::StatusOr<proto::SliceReply> ClientSession::ResizeSlice(
+    proto::SliceResize req, uint64_t epoch) {
+  proto::ClientOp op;
+  *op.mutable_slice_resize() = std::move(req);
+  return AskForSlice(std::move(op), epoch,
+                     [](proto::ClientOp& o, uint64_t rid) {
+                       o.mutable_slice_resize()->set_request_id(rid);
+                     });
+}
+
+absl::StatusOr<proto::SliceReply> ClientSession::AskForSlice(
+    proto::ClientOp op, uint64_t epoch,
+    absl::FunctionRef<void(proto::ClientOp&, uint64_t)> set_request_id) {
   uint64_t rid;
   {
     absl::MutexLock lock(&mu_);
     rid = next_request_++;
   }
-  req.set_request_id(rid);
-  proto::ClientOp op;
-  *op.mutable_slice_request() = req;
+  set_request_id(op, rid);
   std::vector<proto::ClientOp> ops;
   ops.push_back(std::move(op));
   Enqueue(std::move(ops), epoch);
@@ -217,12 +238,12 @@ absl::StatusOr<proto::SliceInfo> ClientSession::RequestSlice(
   if (it == slice_replies_.end() && closed_) {
     // Close() from another thread while this request waited at the server.
     return absl::FailedPreconditionError(
-        "the client was closed before the server granted the slice");
+        "the client was closed before the server answered about the slice");
   }
   if (it == slice_replies_.end()) {
     return absl::UnavailableError(
         absl::StrCat("the session with the server at ", address_,
-                     " ended before the server granted the slice"));
+                     " ended before the server answered about the slice"));
   }
   proto::SliceReply reply = std::move(it->second);
   slice_replies_.erase(it);
@@ -230,7 +251,7 @@ absl::StatusOr<proto::SliceInfo> ClientSession::RequestSlice(
     absl::Status refused = StatusFromProto(reply.error());
     if (!refused.ok()) return refused;
   }
-  return reply.slice();
+  return reply;
 }
 
 void ClientSession::ReleaseBuffer(uint64_t buffer_id, uint64_t slice_id,

@@ -13,6 +13,22 @@ void DefineSlice(py::module_& m) {
       .def_property_readonly("num_devices", &Slice::num_devices)
       .def_property_readonly("num_hosts", &Slice::num_hosts)
       .def_property_readonly("generation", &Slice::generation)
+      .def_property_readonly("resizes", &Slice::resizes)
+      .def(
+          "resize",
+          [](Slice& s, int num_devices, int axis) {
+            absl::StatusOr<Slice::Resized> r;
+            {
+              py::gil_scoped_release release;
+              r = s.Resize(num_devices, axis);
+            }
+            Check(r.status());
+            py::dict d;
+            d["values_moved"] = r->values_moved;
+            d["bytes_moved"] = r->bytes_moved;
+            return d;
+          },
+          py::arg("num_devices"), py::arg("axis"))
       .def("describe", [](const Slice& s) { return SliceDevices(s); })
       .def("close", &Slice::Close)
       .def_property_readonly("closed", &Slice::closed);

@@ -75,6 +75,8 @@ struct SliceRecord {
   // generation of the map from virtual devices (indices into `devices`)
   // to physical ones: +1 on every remap (SliceInfo.generation).
   uint64_t generation = 0;
+  // Times it was resized (ClusterState::ResizeSlice; SliceInfo.resizes).
+  uint64_t resizes = 0;
 };
 
 // Whether every device of the slice is on one host (worker): then no
@@ -125,6 +127,9 @@ struct ProgramRecord {
   // holds it (computed on the first call on such a slice; RouteCall).
   std::vector<LocalInput> local_inputs;
   int local_inputs_shards = 0;
+  // Non-empty once the slice its XLA islands were compiled for was
+  // resized: why its calls are refused (ResizeSlice).
+  std::string stale;
 };
 
 struct ClientRecord {
@@ -154,6 +159,9 @@ struct ClientRecord {
   proto::ClientStats stats;
   std::set<uint64_t> slices;
   absl::flat_hash_map<uint64_t, ProgramRecord> programs;
+  // The identity programs resizes move its values with (ResizeSlice), one
+  // per layout, by the layout's serialized ArgDef.
+  absl::flat_hash_map<std::string, uint64_t> move_programs;
   // Where it issues calls (CallSite), for the timeline: at most
   // kMaxCallSites; later ones go unnamed.
   absl::flat_hash_map<uint32_t, std::string> call_sites;
@@ -171,6 +179,19 @@ struct ClientRecord {
 
 // Ops for each worker, in order.
 using WorkerOps = std::map<int64_t, std::vector<proto::WorkerOp>>;
+
+// What ClusterState::ResizeSlice did: the slice's new map, the note that
+// tells its client (every live value's new id; `resized` set), and the
+// work to send, in order: one unit per value moved (its call's sequence
+// number and ops), then the releases of the old copies.
+struct SliceResized {
+  proto::SliceInfo slice;
+  proto::Recovery note;
+  std::vector<std::pair<uint64_t, WorkerOps>> work;
+  int32_t values_moved = 0;
+  int64_t bytes_moved = 0;  // the values' bytes over all shards of the new map
+  bool freed_devices = false;  // it shrank: waiting requests may be met
+};
 
 // What a lost worker did to the slices on it (ClusterState::LoseWorker).
 struct WorkerLoss {
@@ -452,6 +473,24 @@ class ClusterState {
   // many requests wait ahead of it.
   std::string WaitingFor(size_t i) const;
   absl::Status ReleaseSlice(uint64_t client_id, uint64_t slice_id);
+  // slice.resize(n): the slice's devices become `req.num_devices` along
+  // mesh axis `req.axis`, the other axes keeping their sizes. Devices along
+  // the axis up to the new length stay where they are (virtual device
+  // order kept); a shrink frees the rest, a growth takes free devices,
+  // off the slice's hosts first (as a slice request would, the tenant's
+  // max_devices counted). Every live value of the slice moves onto the
+  // new map under a new id, by a call of a built-in identity program
+  // routed from the old map (pieces where they are, transfers where not;
+  // no lineage through the move), and its old copy is released after it.
+  // XLA programs compiled for the old map are refused from then on
+  // (ProgramRecord::stale). Refused before anything changes, naming what
+  // and why: a slice not held, broken or waiting for a host; an axis or a
+  // size that does not fit the mesh; a value whose dimension the new size
+  // does not divide (naming the value and the sizes that would), a value
+  // still partial, or one laid out over a multi-axis mesh PartitionSpec
+  // (not supported yet); too few free devices (ResourceExhausted).
+  absl::StatusOr<SliceResized> ResizeSlice(uint64_t client_id,
+                                           const proto::SliceResize& req);
   const std::map<uint64_t, SliceRecord>& slices() const { return slices_; }
   proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
 
@@ -638,6 +677,16 @@ class ClusterState {
   absl::StatusOr<std::vector<DeviceRef>> PlaceSlice(
       const ClientRecord& client, const proto::SliceRequest& req,
       const std::set<std::string>& avoid_hosts) const;
+  // `need` devices for `slice` to grow by (ResizeSlice): of usable hosts,
+  // none it holds, hosts it is not on first; ResourceExhausted saying what
+  // is short (devices, or room under the tenant's max_devices).
+  absl::StatusOr<std::vector<DeviceRef>> PlaceGrowth(const ClientRecord& client,
+                                                     const SliceRecord& slice,
+                                                     int need) const;
+  // The client's built-in identity program for values laid out as `spec`
+  // (ResizeSlice's moves), registered on first use.
+  absl::StatusOr<uint64_t> MoveProgram(ClientRecord& client,
+                                       const ArgSpec& spec);
   // Records a placed slice for the client.
   proto::SliceInfo GrantSlice(ClientRecord& client,
                               const proto::SliceRequest& req,

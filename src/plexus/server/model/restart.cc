@@ -25,6 +25,7 @@ proto::JournaledSlice ToJournal(const SliceRecord& slice) {
   for (const std::string& a : slice.axis_names) j.add_axis_names(a);
   j.set_broken(slice.broken);
   j.set_generation(slice.generation);
+  j.set_resizes(slice.resizes);
   return j;
 }
 
@@ -136,6 +137,7 @@ absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
       slice.axis_names.assign(j.axis_names().begin(), j.axis_names().end());
       slice.broken = j.broken();
       slice.generation = j.generation();
+      slice.resizes = j.resizes();
       AddLoad(slice.devices, +1);
       c->slices.insert(slice.id);
       next_slice_id_ = std::max(next_slice_id_, slice.id + 1);

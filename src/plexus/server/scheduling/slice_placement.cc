@@ -293,6 +293,64 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceSlice(
   return Spread(u.usable, n);
 }
 
+absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceGrowth(
+    const ClientRecord& client, const SliceRecord& slice, int need) const {
+  const int32_t quota = PolicyOf(client).max_devices;
+  if (quota > 0) {
+    int64_t held = 0;
+    for (uint64_t sid : client.slices) {
+      auto it = slices_.find(sid);
+      if (it != slices_.end()) held += it->second.devices.size();
+    }
+    if (held + need > quota) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "slice ", slice.id, " cannot take ",
+          Plural(need, "device", "devices"), " more: client ", client.id,
+          " holds ", Plural(held, "device", "devices"), ", and tenant '",
+          client.tenant, "' may hold ", quota, " (max_devices)"));
+    }
+  }
+  // Devices of usable hosts the slice does not have: hosts it is not on
+  // first (a growth adds hosts), then the least loaded; registration order
+  // breaks ties.
+  std::set<std::pair<int64_t, int>> in_slice;
+  std::set<int64_t> its_hosts;
+  for (const DeviceRef& d : slice.devices) {
+    in_slice.insert({d.worker_id, d.device});
+    its_hosts.insert(d.worker_id);
+  }
+  UsableHosts u = FindUsableHosts(workers_, {}, {});
+  std::stable_sort(u.usable.begin(), u.usable.end(),
+                   [&](const WorkerRecord* a, const WorkerRecord* b) {
+                     const bool ain = its_hosts.count(a->id) > 0;
+                     const bool bin = its_hosts.count(b->id) > 0;
+                     if (ain != bin) return !ain;
+                     return a->slices_mapped < b->slices_mapped;
+                   });
+  std::vector<DeviceRef> chosen;
+  for (const WorkerRecord* w : u.usable) {
+    for (int d : LeastLoaded(*w)) {
+      if (static_cast<int>(chosen.size()) == need) break;
+      if (in_slice.count({w->id, d}) == 0) chosen.push_back({w->id, d});
+    }
+  }
+  if (static_cast<int>(chosen.size()) < need) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "slice ", slice.id, " needs ", Plural(need, "device", "devices"),
+        " more to grow, and the live hosts have ",
+        Plural(chosen.size(), "device", "devices"), " it does not hold (",
+        Plural(u.usable.size(), "usable host", "usable hosts"),
+        "; spares are kept for lost hosts)"));
+  }
+  // Shards ordered host by host, as a slice's are.
+  std::stable_sort(chosen.begin(), chosen.end(),
+                   [](const DeviceRef& a, const DeviceRef& b) {
+                     return a.worker_id < b.worker_id ||
+                            (a.worker_id == b.worker_id && a.device < b.device);
+                   });
+  return chosen;
+}
+
 proto::SliceInfo ClusterState::GrantSlice(ClientRecord& client,
                                           const proto::SliceRequest& req,
                                           std::vector<DeviceRef> devices) {
@@ -382,6 +440,7 @@ proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
   proto::SliceInfo info;
   info.set_slice_id(slice.id);
   info.set_generation(slice.generation);
+  info.set_resizes(slice.resizes);
   for (int32_t m : slice.mesh_shape) info.add_mesh_shape(m);
   for (const auto& a : slice.axis_names) info.add_axis_names(a);
   for (const DeviceRef& d : slice.devices) {

@@ -308,6 +308,9 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
       }
       break;
     }
+    case proto::ClientOp::kSliceResize:
+      ResizeSliceLocked(id, op.slice_resize(), batch);
+      break;
     case proto::ClientOp::kSliceRelease:
       if (state_.ReleaseSlice(id, op.slice_release()).ok()) {
         batch->released_slice = true;
@@ -424,6 +427,47 @@ void ServerImpl::EnqueueBatchLocked(uint64_t id, RoutedBatch* batch) {
     admission_.Enqueue(id, std::move(unit));
   }
   if (!express.empty()) scheduler_.Submit(std::move(express));
+}
+
+void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
+                                   RoutedBatch* batch) {
+  const int before = [&] {
+    auto s = state_.slices().find(req.slice_id());
+    return s == state_.slices().end()
+               ? 0
+               : static_cast<int>(s->second.devices.size());
+  }();
+  absl::StatusOr<SliceResized> resized = state_.ResizeSlice(id, req);
+  if (!resized.ok()) {
+    SPDLOG_INFO("client {}: resize of slice {} to {} device(s) refused: {}", id,
+                req.slice_id(), req.num_devices(),
+                std::string(resized.status().message()));
+    AddSliceReply(id, req.request_id(), resized.status(), &batch->reply);
+    return;
+  }
+  SPDLOG_INFO(
+      "client {}: slice {} resized from {} to {} device(s); {} value(s) "
+      "move ({} bytes)",
+      id, req.slice_id(), before, req.num_devices(), resized->values_moved,
+      resized->bytes_moved);
+  AddSliceReply(id, req.request_id(), resized->slice, &batch->reply);
+  proto::SliceReply& reply = *batch->reply.mutable_slices()->rbegin();
+  reply.set_values_moved(resized->values_moved);
+  reply.set_bytes_moved(resized->bytes_moved);
+  // The new ids reach the client with the reply (one message), so it
+  // never names a moved value by its old id on the new map.
+  *batch->reply.add_recoveries() = std::move(resized->note);
+  // Each move a unit of its own (a call, in the client's order), then the
+  // releases of the old copies, after them.
+  for (auto& [seq, ops] : resized->work) {
+    batch->units.push_back(std::move(ops));
+    batch->seqs.push_back(seq);
+    batch->executes.emplace_back();
+  }
+  if (resized->freed_devices) {
+    batch->released_slice = true;
+    state_.LoadStandbys(&batch->units.back());  // hosts it leaves idle
+  }
 }
 
 void ServerImpl::AddSliceReply(uint64_t client_id, uint64_t request_id,

@@ -165,6 +165,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   void RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
                            RoutedBatch* batch)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // slice.resize: the model's ResizeSlice, its reply and note into the
+  // batch's reply, its moves and releases as units after the current one.
+  void ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
+                         RoutedBatch* batch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The routed units into the client's queue at admission; those that
   // need no order (declares, loads, failures) straight to the workers.
   void EnqueueBatchLocked(uint64_t id, RoutedBatch* batch)

@@ -1,0 +1,268 @@
+// ClusterState::ResizeSlice: a slice's devices change while the job runs,
+// along one mesh axis; its live values move onto the new map.
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "plexus/common/ids.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/server/model/cluster_state.h"
+
+namespace plexus {
+namespace {
+
+std::string MeshText(const std::vector<int32_t>& mesh,
+                     const std::vector<std::string>& names) {
+  std::vector<std::string> parts;
+  for (size_t a = 0; a < mesh.size(); ++a) {
+    parts.push_back(
+        absl::StrCat(a < names.size() ? names[a] : "", ": ", mesh[a]));
+  }
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+// Row-major index of `coords` in `mesh`.
+int IndexOf(const std::vector<int32_t>& coords,
+            const std::vector<int32_t>& mesh) {
+  int index = 0;
+  for (size_t a = 0; a < mesh.size(); ++a) index = index * mesh[a] + coords[a];
+  return index;
+}
+
+std::vector<int32_t> CoordsOf(int index, const std::vector<int32_t>& mesh) {
+  std::vector<int32_t> coords(mesh.size());
+  for (size_t a = mesh.size(); a-- > 0;) {
+    coords[a] = index % mesh[a];
+    index /= mesh[a];
+  }
+  return coords;
+}
+
+// Why a value laid out as `spec` cannot live on `n` devices, or OK.
+absl::Status FitsOnNewMap(uint64_t id, const ArgSpec& spec, int n,
+                          int32_t others, uint64_t slice_id) {
+  const std::string value =
+      absl::StrCat("buffer ", id, " (", spec.ToString(), ")");
+  if (spec.sharding.is_partial()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(value,
+                     " is partial (a sum not yet reduced): all_reduce it, or "
+                     "release it, before resizing slice ",
+                     slice_id));
+  }
+  if (spec.sharding.is_mesh()) {
+    return absl::UnimplementedError(absl::StrCat(
+        value,
+        " is laid out by a mesh PartitionSpec; resizing a slice that "
+        "holds such a value is not supported yet: fetch or release it before "
+        "resizing slice ",
+        slice_id));
+  }
+  if (spec.Local(n).ok()) return absl::OkStatus();
+  // Split: the sizes along the slice that would divide its dimension.
+  const int64_t rows = spec.global.shape[spec.sharding.axis];
+  std::vector<int64_t> fits;
+  for (int64_t k = others;
+       k <= std::max<int64_t>(rows, others) && fits.size() < 8; k += others) {
+    if (rows % k == 0) fits.push_back(k);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      value, " is split along its dimension ", spec.sharding.axis, " of ", rows,
+      ", which ", n, " devices do not divide; sizes of slice ", slice_id,
+      " that would: ", fits.empty() ? "none" : absl::StrJoin(fits, ", "),
+      " (release the value, or lay it out otherwise, to resize to ", n, ")"));
+}
+
+}  // namespace
+
+absl::StatusOr<uint64_t> ClusterState::MoveProgram(ClientRecord& client,
+                                                   const ArgSpec& spec) {
+  const proto::ArgDef def = ToProto(spec);
+  std::string key;
+  def.SerializeToString(&key);
+  auto it = client.move_programs.find(key);
+  if (it != client.move_programs.end()) return it->second;
+  absl::StatusOr<uint64_t> id = ServerMadeIds(client.id);
+  if (!id.ok()) return id.status();
+  proto::RegisterProgram reg;
+  reg.set_program_id(*id);
+  reg.mutable_program()->set_name("resize: move a value");
+  reg.mutable_program()->set_kernel("identity");
+  *reg.mutable_program()->add_inputs() = def;
+  *reg.mutable_program()->add_outputs() = def;
+  if (absl::Status s = RegisterProgram(client.id, reg); !s.ok()) return s;
+  client.move_programs.emplace(std::move(key), *id);
+  return *id;
+}
+
+absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
+    uint64_t client_id, const proto::SliceResize& req) {
+  ClientRecord* client = FindClient(client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  auto found = slices_.find(req.slice_id());
+  if (found == slices_.end() || found->second.client_id != client_id) {
+    return absl::NotFoundError(absl::StrCat("resize: slice ", req.slice_id(),
+                                            " is not held by this client"));
+  }
+  SliceRecord& slice = found->second;
+  if (!slice.broken.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resize: slice ", slice.id, " lost a host: ", slice.broken));
+  }
+  if (!slice.awaiting.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("resize: slice ", slice.id,
+                     " waits for a host to take a lost one's place (",
+                     slice.awaiting, "); resize it once it is whole"));
+  }
+  const std::vector<int32_t> mesh = slice.mesh_shape;
+  const int n = static_cast<int>(slice.devices.size());
+  const std::string where = absl::StrCat("slice ", slice.id, "'s mesh ",
+                                         MeshText(mesh, slice.axis_names));
+  if (req.axis() < 0 || req.axis() >= static_cast<int>(mesh.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resize: ", where, " has no axis ", req.axis()));
+  }
+  const int32_t others = n / mesh[req.axis()];
+  if (req.num_devices() <= 0 || req.num_devices() % others != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resize: ", where,
+                     " keeps its other axes, so its size is a multiple "
+                     "of ",
+                     others, " (asked for ", req.num_devices(), ")"));
+  }
+  SliceResized out;
+  const int size = req.num_devices();
+  if (size == n) {
+    out.slice = DescribeSlice(slice);
+    return out;
+  }
+  // The values first: nothing changes if one cannot move.
+  std::vector<uint64_t> values;
+  for (const auto& [id, b] : records_.buffers()) {
+    if (b.slice_id != slice.id || b.released) continue;
+    if (absl::Status s = FitsOnNewMap(id, b.spec(), size, others, slice.id);
+        !s.ok()) {
+      return s;
+    }
+    values.push_back(id);
+  }
+  std::sort(values.begin(), values.end());
+  std::vector<int32_t> new_mesh = mesh;
+  new_mesh[req.axis()] = size / others;
+  // The new map: a device whose coordinate along the axis the old mesh
+  // had stays; the others come from PlaceGrowth, in order.
+  std::vector<DeviceRef> devices(size);
+  std::vector<int> fresh;
+  for (int v = 0; v < size; ++v) {
+    const std::vector<int32_t> c = CoordsOf(v, new_mesh);
+    if (c[req.axis()] < mesh[req.axis()]) {
+      devices[v] = slice.devices[IndexOf(c, mesh)];
+    } else {
+      fresh.push_back(v);
+    }
+  }
+  if (!fresh.empty()) {
+    absl::StatusOr<std::vector<DeviceRef>> grown =
+        PlaceGrowth(*client, slice, static_cast<int>(fresh.size()));
+    if (!grown.ok()) return grown.status();
+    for (size_t k = 0; k < fresh.size(); ++k) devices[fresh[k]] = (*grown)[k];
+  }
+  // Ids for each value's move (its call and its new buffer), all or none.
+  absl::StatusOr<uint64_t> ids =
+      ServerMadeIds(client_id, 2 * static_cast<uint64_t>(values.size()));
+  if (!ids.ok()) return ids.status();
+
+  // Commit. The old map stays addressable (a slice record of its own)
+  // while the moves are routed from it and its copies released.
+  const uint64_t old_map = next_slice_id_++;
+  SliceRecord& before = slices_[old_map];
+  before = slice;
+  before.id = old_map;
+  const std::set<int64_t> old_hosts = [&] {
+    std::set<int64_t> hosts;
+    for (const DeviceRef& d : before.devices) hosts.insert(d.worker_id);
+    return hosts;
+  }();
+  AddLoad(slice.devices, -1);
+  out.freed_devices = size < n;
+  slice.devices = std::move(devices);
+  slice.mesh_shape = new_mesh;
+  slice.generation++;
+  slice.resizes++;
+  AddLoad(slice.devices, +1);
+  JournalSlice(slice);
+  const std::string stale = absl::StrCat(
+      "was compiled for slice ", slice.id, " as it was before its resize to ",
+      size,
+      " devices; compile it again for the new size (plexus.jit does, "
+      "on its next call)");
+  for (auto& [pid, prog] : client->programs) {
+    if (prog.def.kernel() != "xla") continue;
+    std::set<int64_t> island_hosts;
+    int island_devices = 0;
+    for (const auto& island : prog.def.xla().islands()) {
+      island_hosts.insert(island.workers().begin(), island.workers().end());
+      island_devices +=
+          island.devices_size() * std::max(1, island.workers_size());
+    }
+    if (island_hosts == old_hosts && island_devices == n) prog.stale = stale;
+  }
+
+  WorkerOps releases;
+  for (size_t k = 0; k < values.size(); ++k) {
+    const uint64_t old_id = values[k];
+    const uint64_t call_id = *ids + 2 * k, new_id = call_id + 1;
+    const ArgSpec spec = records_.FindBuffer(old_id)->spec();
+    absl::StatusOr<uint64_t> program = MoveProgram(*client, spec);
+    proto::Call call;
+    call.set_call_id(call_id);
+    call.set_slice_id(slice.id);
+    call.add_output_ids(new_id);
+    proto::InputRef* in = call.add_inputs();
+    in->set_buffer_id(old_id);
+    in->set_slice_id(old_map);
+    *in->mutable_arg() = ToProto(spec);
+    WorkerOps ops;
+    uint64_t seq = 0;
+    absl::Status routed = program.status();
+    if (routed.ok()) {
+      call.set_program_id(*program);
+      routed = RouteCall(client_id, call, &ops, &seq);
+    }
+    if (!routed.ok()) {
+      // Checked above, so not expected: the value is lost, saying why.
+      lost_[old_id] = absl::InternalError(
+          absl::StrCat("buffer ", old_id, " could not move in slice ", slice.id,
+                       "'s resize: ", routed.message()));
+      out.note.add_lost_ids(old_id);
+      *out.note.mutable_status() = StatusToProto(lost_[old_id]);
+      continue;
+    }
+    for (auto& [from, to] : aliases_) {
+      if (to == old_id) to = new_id;
+    }
+    aliases_[old_id] = new_id;
+    out.note.add_old_ids(old_id);
+    out.note.add_new_ids(new_id);
+    out.values_moved++;
+    out.bytes_moved +=
+        static_cast<int64_t>(spec.Local(size)->byte_size()) * size;
+    // The old copy goes once the move has read it (the workers apply ops
+    // in order; a queued reader keeps an entry): released on the old map.
+    ForgetBuffer(*client, old_id);
+    ReleaseOps(old_id, old_map, &releases);
+    records_.Erase(old_id);
+    out.work.push_back({seq, std::move(ops)});
+  }
+  if (!releases.empty()) out.work.push_back({0, std::move(releases)});
+  slices_.erase(old_map);
+  out.slice = DescribeSlice(slice);
+  out.note.set_worker_id(-1);
+  out.note.set_resized(true);
+  *out.note.add_remapped() = out.slice;
+  return out;
+}
+
+}  // namespace plexus
