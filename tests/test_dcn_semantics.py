@@ -128,8 +128,8 @@ def test_elementwise_and_loops_of_a_split_input_equal_jax_jit(spread):
 def test_elementwise_primitives_of_jax_0_12_equal_jax_jit(spread):
     # jax 0.12 writes tanh's derivative as one_minus_square, jnp.log2 as
     # log2 and jnp.polyval as polynomial (older jax: mul and sub, log and
-    # div, a scan);
-    # the check did not know them and refused every gradient through tanh.
+    # div, a scan); the check did not know them and refused every gradient
+    # through tanh.
     def f(x):
         dtanh = jax.grad(lambda x: jnp.sum(jnp.tanh(x)))(x)
         poly = jnp.polyval(jnp.array([2., -1, 3]), x)
