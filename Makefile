@@ -90,14 +90,19 @@ test-python:
 	@echo "[test] integration tests: real server and worker processes on loopback"
 	$(PYTHON) -m pytest -q $(PYTEST_PARALLEL) tests --ignore=tests/gpu
 
-# plexus.jit's tests on the next jax (0.11.0, Python 3.12: the venv
-# scripts/setup.sh makes, and plexus._core built for it, PLEXUS_PYTHON_NEXT).
+# plexus.jit's tests on the newest jax it supports (0.12.0.1, Python 3.12:
+# the venv scripts/setup.sh makes, and plexus._core built for it,
+# PLEXUS_PYTHON_NEXT); test-python runs them on the oldest (0.10.2). The
+# supported range is python/plexus/_jit.py's JAX_OLDEST to JAX_NEWEST.
+# test_dcn_semantics follows jax's primitives and their parameters, which
+# move between releases (jax 0.12 moved scan's).
 JAX_NEXT_PY := $(CURDIR)/.venv-jax-next/bin/python
 JAX_NEXT_TESTS := tests/test_jax_api.py tests/test_donation.py \
   tests/test_stablehlo_version.py tests/test_xla.py tests/test_xla_training.py \
   tests/test_mesh_training.py tests/test_pipeline_optimizer.py \
   tests/test_calls.py tests/test_reconnect.py tests/test_elastic_xla.py \
-  tests/test_jax_surface.py tests/test_linalg.py
+  tests/test_jax_surface.py tests/test_linalg.py tests/test_dcn_semantics.py \
+  tests/test_jax_version.py
 test-jax-next:
 	@if [ ! -x $(JAX_NEXT_PY) ]; then \
 	  echo "[test] jax-next skipped: no .venv-jax-next (scripts/setup.sh makes it where a Python 3.12 exists)"; \

@@ -89,15 +89,20 @@ if ! $PY -c "import importlib.metadata as m; assert m.version('kubernetes-valida
   echo "[setup] pip install ${DEPLOY_PKGS[*]}"
   $PY -m pip install -q --disable-pip-version-check "${DEPLOY_PKGS[@]}"
 fi
-# The next jax, for the jax-next stage of make test: jax/jaxlib 0.11.0 (what
-# the GPU machine runs) need Python 3.12, so they go in a venv of their own,
-# .venv-jax-next, made from a Python 3.12 (python3.12 on PATH, or pyenv's),
-# with the same plugin; CMake builds plexus._core for it too
-# (PLEXUS_PYTHON_NEXT). Where there is no Python 3.12 the stage says so and
-# is skipped; under CI=true that is a failure here.
+# The newest jax, for the jax-next stage of make test: plexus.jit supports
+# jax 0.10.2 to 0.12.x (python/plexus/_jit.py, JAX_OLDEST/JAX_NEWEST), and
+# CI runs its suites on both ends: 0.10.2 above, and here jax/jaxlib
+# 0.12.0.1, the newest 0.12 (it writes StableHLO 1.18, which plexus.jit
+# writes down to the plugin's 1.13; tests/test_stablehlo_version.py). They
+# need Python 3.12, so they go in a venv of their own, .venv-jax-next, made
+# from a Python 3.12 (python3.12 on PATH, or pyenv's), with the same plugin;
+# CMake builds plexus._core for it too (PLEXUS_PYTHON_NEXT). A venv with
+# another jax (0.11.0 before) is made again. Where there is no Python 3.12
+# the stage says so and is skipped; under CI=true that is a failure here.
 NEXT_VENV=$(cd "$(dirname "$0")/.." && pwd)/.venv-jax-next
-NEXT_PKGS=("jax==0.11.0" "jaxlib==0.11.0" "xla-cpu-pjrt==0.0.1" "numpy>=1.26" "pytest>=7" "pytest-xdist==3.8.0")
-if ! "$NEXT_VENV/bin/python" -c "import jax, xla_plugins.xla_cpu_pjrt, pytest; assert jax.__version__ == '0.11.0'" 2>/dev/null; then
+NEXT_JAX=0.12.0.1
+NEXT_PKGS=("jax==$NEXT_JAX" "jaxlib==$NEXT_JAX" "xla-cpu-pjrt==0.0.1" "numpy>=1.26" "pytest>=7" "pytest-xdist==3.8.0")
+if ! "$NEXT_VENV/bin/python" -c "import jax, jaxlib, xla_plugins.xla_cpu_pjrt, pytest; assert jax.__version__ == jaxlib.__version__ == '$NEXT_JAX'" 2>/dev/null; then
   # The first that runs (a pyenv shim on PATH may refuse to).
   PY312=""
   for c in $(command -v python3.12 || true) \

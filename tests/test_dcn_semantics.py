@@ -125,6 +125,22 @@ def test_elementwise_and_loops_of_a_split_input_equal_jax_jit(spread):
     np.testing.assert_allclose(np.asarray(got), jax.jit(f)(x), rtol=1e-5, atol=1e-6)
 
 
+def test_elementwise_primitives_of_jax_0_12_equal_jax_jit(spread):
+    # jax 0.12 writes tanh's derivative as one_minus_square, jnp.log2 as
+    # log2 and jnp.polyval as polynomial (older jax: mul and sub, log and
+    # div, a scan); the check did not know them and refused every gradient
+    # through tanh.
+    def f(x):
+        dtanh = jax.grad(lambda x: jnp.sum(jnp.tanh(x)))(x)
+        poly = jnp.polyval(jnp.array([2., -1, 3]), x)
+        return dtanh, jnp.log2(1 + x * x), poly
+
+    x = rows()
+    got = plexus.jit(f, spread, in_shardings=ROWS, out_shardings=ROWS)(x)
+    for g, want in zip(got, jax.jit(f)(x)):
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-5, atol=1e-6)
+
+
 def test_matmuls_with_the_split_dimension_free_or_batched_equal_jax_jit(
         spread):
     def f(x, w, a, b):

@@ -1,7 +1,7 @@
 """plexus.jit writes each module for the oldest StableHLO its slice's
 workers read: each worker reports its PJRT plugin's
 stablehlo_current_version at registration (SliceDevice.stablehlo_version),
-and a jax newer than the plugin (jax 0.11 writes 1.16 by default, the pinned
+and a jax newer than the plugin (jax 0.12 writes 1.18 by default, the pinned
 CPU plugin reads 1.13) gets its module written down to that version, as jax
 does for a plugin backend."""
 import re

@@ -173,9 +173,19 @@ def _while(eqn, ins):
     return carry
 
 
+def _scan_counts(params):
+    """How many of scan's operands are constants and how many its carry:
+    jax 0.12 gives them as ft_in, a tree of (consts, carry, xs); older jax
+    as num_consts and num_carry."""
+    if "ft_in" in params:
+        consts, carry, _ = params["ft_in"].unpack()
+        return len(consts), len(carry)
+    return params["num_consts"], params["num_carry"]
+
+
 def _scan(eqn, ins):
     p = eqn.params
-    nc, nk = p["num_consts"], p["num_carry"]
+    nc, nk = _scan_counts(p)
     consts, carry, xs = ins[:nc], ins[nc:nc + nk], ins[nc + nk:]
     for x in xs:
         if x.split and x.split[0]:

@@ -716,7 +716,10 @@ _NONLINEAR = (
     "shift_left", "shift_right_arithmetic", "shift_right_logical", "eq",
     "ne", "lt", "le", "gt", "ge", "eq_to", "le_to", "lt_to", "clamp",
     "bitcast_convert_type", "threefry2x32", "random_seed", "random_fold_in",
-    "random_clone")
+    "random_clone",
+    # jax 0.12's: jnp.log2; tanh's derivative 1 - y**2; jnp.polyval's Horner
+    # rule, x and its coefficients broadcast elementwise.
+    "log2", "one_minus_square", "polynomial")
 
 RULES = {name: _linear for name in _LINEAR}
 RULES.update({name: _nonlinear for name in _NONLINEAR})

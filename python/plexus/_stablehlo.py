@@ -15,7 +15,7 @@ def serialized(exported, slice_, what):
     """The module's portable artifact, for the oldest StableHLO the slice's
     workers read (each reports its PJRT plugin's stablehlo_current_version)
     where that is older than what jax writes (a plugin built before this
-    jax: the pinned CPU plugin reads 1.13, jax 0.11 writes 1.16), as jax
+    jax: the pinned CPU plugin reads 1.13, jax 0.12 writes 1.18), as jax
     itself does for a plugin backend."""
     from jax._src.lib import _jax
     from jax._src.lib.mlir.dialects import hlo
