@@ -44,11 +44,11 @@ def train_data_parallel(client, steps, on_step=None):
     params, state = trainer.init()
     losses = []
     for step, (x, y) in enumerate(gpt.make_batches(steps), 1):
-        if on_step is not None:
-            on_step(step)
         loss, params, state = trainer.step(params, state,
                                            *trainer.put_batch(x, y))
         losses.append(float(np.asarray(loss)))
+        if on_step is not None:
+            on_step(step, params)
     return losses
 
 
@@ -56,9 +56,12 @@ def train_data_parallel(client, steps, on_step=None):
 def test_data_parallel_over_two_hosts_matches_eager_pytorch_adamw(
         cluster, client, eager):
     compiles = [xla_compiles(cluster)]
-    losses = train_data_parallel(
-        client, STEPS,
-        on_step=lambda s: s == 2 and compiles.append(xla_compiles(cluster)))
+
+    def after_step_1(step, params):
+        if step == 1:
+            plexus.wait(list(params.values()))
+            compiles.append(xla_compiles(cluster))
+    losses = train_data_parallel(client, STEPS, on_step=after_step_1)
     compiles.append(xla_compiles(cluster))
     np.testing.assert_allclose(losses, eager, rtol=TOLERANCE)
     assert losses[-1] < 0.8 * losses[0], losses
