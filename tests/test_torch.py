@@ -89,3 +89,61 @@ def test_four_stage_1f1b_pipeline_matches_eager_pytorch_adamw(
     compiles.append(xla_compiles(cluster))
     np.testing.assert_allclose(losses, eager, rtol=TOLERANCE)
     assert compiles[1] > compiles[0] and compiles[2] == compiles[1], compiles
+
+
+class Noisy(torch.nn.Module):
+    """A module whose forward calls torch.poisson, which torchax 0.0.13
+    has no JAX lowering for."""
+
+    def forward(self, rate):
+        return torch.poisson(rate)  # the line the error names
+
+
+class Counts(torch.nn.Module):
+    """bincount: its output's length depends on the values, which a traced
+    (compiled) program cannot have."""
+
+    def forward(self, x):
+        return torch.bincount(x)  # the line the error names
+
+
+@pytest.mark.parametrize("module, arg, op", [
+    (Noisy(), torch.ones(4), "aten.poisson"),
+    (Counts(), torch.arange(4), "aten.bincount"),
+])
+def test_an_op_that_does_not_lower_names_the_op_and_the_modules_line(
+        client, module, arg, op):
+    program = pt.jit(pt.Functional(module), client.slice(1))
+    line = next(i for i, text in enumerate(
+        Path(__file__).read_text().splitlines(), 1)
+        if f"torch.{op.split('.')[1]}(" in text and "error names" in text)
+    with pytest.raises(plexus.UnimplementedError) as e:
+        program({}, arg)
+    message = str(e.value)
+    assert op in message and "does not lower to JAX" in message, message
+    assert (f"test_torch.py:{line} in {type(module).__name__}.forward"
+            in message), message
+
+
+def test_a_tensor_of_another_dtype_or_device_is_refused_in_torch_terms(
+        client):
+    linear = torch.nn.Linear(4, 2)
+    program = pt.jit(pt.Functional(linear), client.slice(1))
+    params = pt.Functional(linear).init_params()
+    x = torch.ones(3, 4)
+    np.testing.assert_allclose(np.asarray(program(params, x)),
+                               linear(x).detach().numpy(), rtol=1e-6)
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"args\[1\] is a torch.float64 tensor, but the "
+                             r"program was traced for torch.float32"):
+        program(params, x.double())
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"args\[1\] is a tensor on device meta; Plexus "
+                             r"programs take CPU tensors .* pass args\[1\]"
+                             r"\.cpu\(\)"):
+        program(params, x.to("meta"))
+    # Before any trace: float64 would silently run as float32.
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match="torch.float64 tensor; Plexus traces torch "
+                             "programs with JAX's 64-bit types off"):
+        pt.put(client.slice(1), x.double(), name="x")
