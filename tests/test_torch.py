@@ -4,6 +4,8 @@ both hosts and as a 4-stage 1F1B pipeline, matching the same model trained
 by eager PyTorch with torch.optim.AdamW, every program compiled once; and
 the errors a torch user sees for an op that does not lower and for a
 tensor of the wrong dtype or device."""
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -21,6 +23,15 @@ import torch_gpt_model as gpt  # noqa: E402
 
 STEPS = 20
 TOLERANCE = 1e-5
+
+
+def kill_host(cluster, host):
+    """SIGKILLs the worker of `host`; returns its worker id."""
+    for w in cluster.status()["workers"]:
+        if w["alive"] and w["host_name"] == host:
+            os.kill(int(w["pid"]), signal.SIGKILL)
+            return int(w["worker_id"])
+    raise AssertionError(f"no live worker on {host}")
 
 
 def xla_compiles(cluster):
@@ -147,3 +158,26 @@ def test_a_tensor_of_another_dtype_or_device_is_refused_in_torch_terms(
                        match="torch.float64 tensor; Plexus traces torch "
                              "programs with JAX's 64-bit types off"):
         pt.put(client.slice(1), x.double(), name="x")
+
+
+@pytest.mark.jax_heavy
+def test_a_host_killed_mid_run_leaves_the_loss_curve_bit_identical():
+    # Parameters and AdamW's state are replicated over both islands, so a
+    # lost host's copy is recovered from the other's; its batch from the
+    # data the client kept, and the step in flight by running its calls
+    # again on the spare.
+    steps, kill_after = 8, 3
+    with plexus.local(hosts=2, devices_per_host=2, spare=1) as cluster:
+        with cluster.connect(name="failure-free") as client:
+            expected = train_data_parallel(client, steps)
+        killed = []
+
+        def kill(step, params):
+            if step == kill_after:
+                killed.append(kill_host(cluster, "host1"))
+        with cluster.connect(name="elastic") as client:
+            losses = train_data_parallel(client, steps, on_step=kill)
+        recovery = cluster.status().get("recovery", {})
+    assert killed and recovery.get("hosts_lost") == 1, recovery
+    assert recovery.get("buffers_failed", 0) == 0, recovery
+    assert losses == expected  # bit for bit
