@@ -233,6 +233,7 @@ fuzz-smoke: fuzz-build
 demo: build
 	$(PYTHON) examples/mlp_data_parallel.py
 	$(PYTHON) examples/transformer.py
+	$(PYTHON) examples/torch_gpt.py
 
 bench: build
 	bash bench/run_all.sh

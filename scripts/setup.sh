@@ -76,6 +76,19 @@ if ! $PY -c "import jax, xla_plugins.xla_cpu_pjrt; assert jax.__version__ == '0.
   echo "[setup] pip install ${XLA_PKGS[*]}"
   $PY -m pip install -q --disable-pip-version-check "${XLA_PKGS[@]}"
 fi
+# plexus.torch (tests/test_torch.py, examples/torch_gpt.py), pinned together:
+# - torchax 0.0.13 (the newest; it needs jax >= 0.6.2 only, and runs on
+#   the jax 0.10.2 above) turns torch code into JAX functions;
+# - torch 2.11.0: the newest torch that torchax 0.0.13 imports with (torch
+#   2.13 and later dropped the named-tensor overloads such as
+#   aten.prod.dim_Dimname that torchax's amp table names). PyPI's Linux
+#   wheel is the CUDA build (its nvidia-* wheels come along, ~3 GB; only the
+#   CPU is used): the CPU-only index is not reachable from these machines.
+TORCH_PKGS=("torch==2.11.0" "torchax==0.0.13")
+if ! $PY -c "import torch, torchax; assert torch.__version__.split('+')[0] == '2.11.0' and torchax.__version__ == '0.0.13'" 2>/dev/null; then
+  echo "[setup] pip install ${TORCH_PKGS[*]}"
+  $PY -m pip install -q --disable-pip-version-check "${TORCH_PKGS[@]}"
+fi
 # The launchers' tests (docs/DEPLOY.md), pinned so that what they check
 # does not move under them:
 # - kubernetes-validate 1.37.0: the Kubernetes JSON schemas (1.37 and
