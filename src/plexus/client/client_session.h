@@ -250,8 +250,10 @@ class ClientSession {
  private:
   // Sends `op` (a slice request or resize, its request id set by
   // `set_request_id`) and waits for its SliceReply; a refusal is its error.
+  // `answer` ("granted the slice") words what a session that ended first
+  // did not do.
   absl::StatusOr<proto::SliceReply> AskForSlice(
-      proto::ClientOp op, uint64_t epoch,
+      proto::ClientOp op, uint64_t epoch, absl::string_view answer,
       absl::FunctionRef<void(proto::ClientOp&, uint64_t)> set_request_id);
   struct Session;  // one session's channel and stream (below)
 

@@ -200,9 +200,10 @@ absl::StatusOr<proto::SliceInfo> ClientSession::RequestSlice(
   proto::ClientOp op;
   *op.mutable_slice_request() = std::move(req);
   absl::StatusOr<proto::SliceReply> reply =
-      AskForSlice(std::move(op), epoch, [](proto::ClientOp& o, uint64_t rid) {
-        o.mutable_slice_request()->set_request_id(rid);
-      });
+      AskForSlice(std::move(op), epoch, "granted the slice",
+                  [](proto::ClientOp& o, uint64_t rid) {
+                    o.mutable_slice_request()->set_request_id(rid);
+                  });
   if (!reply.ok()) return reply.status();
   return std::move(*reply->mutable_slice());
 }
@@ -211,14 +212,14 @@ absl::StatusOr<proto::SliceReply> ClientSession::ResizeSlice(
     proto::SliceResize req, uint64_t epoch) {
   proto::ClientOp op;
   *op.mutable_slice_resize() = std::move(req);
-  return AskForSlice(std::move(op), epoch,
+  return AskForSlice(std::move(op), epoch, "answered the resize",
                      [](proto::ClientOp& o, uint64_t rid) {
                        o.mutable_slice_resize()->set_request_id(rid);
                      });
 }
 
 absl::StatusOr<proto::SliceReply> ClientSession::AskForSlice(
-    proto::ClientOp op, uint64_t epoch,
+    proto::ClientOp op, uint64_t epoch, absl::string_view answer,
     absl::FunctionRef<void(proto::ClientOp&, uint64_t)> set_request_id) {
   uint64_t rid;
   {
@@ -238,12 +239,12 @@ absl::StatusOr<proto::SliceReply> ClientSession::AskForSlice(
   if (it == slice_replies_.end() && closed_) {
     // Close() from another thread while this request waited at the server.
     return absl::FailedPreconditionError(
-        "the client was closed before the server answered about the slice");
+        absl::StrCat("the client was closed before the server ", answer));
   }
   if (it == slice_replies_.end()) {
     return absl::UnavailableError(
         absl::StrCat("the session with the server at ", address_,
-                     " ended before the server answered about the slice"));
+                     " ended before the server ", answer));
   }
   proto::SliceReply reply = std::move(it->second);
   slice_replies_.erase(it);

@@ -431,12 +431,11 @@ void ServerImpl::EnqueueBatchLocked(uint64_t id, RoutedBatch* batch) {
 
 void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
                                    RoutedBatch* batch) {
-  const int before = [&] {
-    auto s = state_.slices().find(req.slice_id());
-    return s == state_.slices().end()
-               ? 0
-               : static_cast<int>(s->second.devices.size());
-  }();
+  int before = 0;
+  if (auto s = state_.slices().find(req.slice_id());
+      s != state_.slices().end()) {
+    before = static_cast<int>(s->second.devices.size());
+  }
   absl::StatusOr<SliceResized> resized = state_.ResizeSlice(id, req);
   if (!resized.ok()) {
     SPDLOG_INFO("client {}: resize of slice {} to {} device(s) refused: {}", id,
