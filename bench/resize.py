@@ -11,11 +11,14 @@ medians of --rounds:
     bytes on the new map) and those that cross hosts (the halves on the
     two hosts the slice leaves);
   - grow 2 -> 4: the same back;
-  - the yardstick: the same bytes that cross hosts in the shrink moved by
-    plain calls: an identity program on a 1-device slice of host0 reading
-    a value of a 1-device slice of host2 (one peer-to-peer transfer per
-    value, of the same size as the shrink's each), in seconds;
-  - their ratio.
+  - yardstick 1, the same re-split by hand: an identity program on a
+    second slice of 2 devices (the hosts the shrink keeps) reading each
+    value of a 4-device slice (what a user without resize would write);
+  - yardstick 2, the bytes that cross hosts in the shrink moved by plain
+    calls: an identity program on a 1-device slice of host0 reading values
+    of a 1-device slice of host2 (transfers of the same sizes as the
+    shrink's);
+  - the ratios of the shrink to each.
 
     PYTHONPATH=python PLEXUS_BIN_DIR=$PWD/build/bin python3 bench/resize.py \\
         --gib 1 --rounds 3
@@ -36,8 +39,8 @@ import plexus  # noqa: E402
 
 
 def one_round(client, n, values, say):
-    """(shrink s, grow s, yardstick s, resize's reported bytes) of one
-    round, each value n float32s."""
+    """(shrink s, grow s, transfers s, resize's reported bytes, re-split
+    by a call s) of one round, each value n float32s."""
     s = client.slice(4, placement="spread")
     futures = [s.put(np.full(n, k, np.float32), plexus.split(0))
                for k in range(values)]
@@ -58,6 +61,22 @@ def one_round(client, n, values, say):
         assert got.shape == (n,) and got[0] == k and got[-1] == k, k
     del futures
     s.close()
+    # Yardstick 1: the same re-split, by a call of the user's.
+    four = client.slice(4, placement="spread")
+    keep = four.devices[:2]
+    two = client.slice(2, hosts=sorted({d["host"] for d in keep}))
+    resplit = two.program("identity", plexus.Spec((n,), "float32",
+                                                  plexus.split(0)))
+    values_4 = [four.put(np.full(n, k, np.float32), plexus.split(0))
+                for k in range(values)]
+    plexus.wait(values_4)
+    t0 = time.perf_counter()
+    plexus.wait([resplit(v) for v in values_4])
+    by_hand = time.perf_counter() - t0
+    say(f"the same re-split by a call: {by_hand:.3f} s")
+    del values_4
+    four.close()
+    two.close()
     # The yardstick: the bytes the shrink moved across hosts (a quarter of
     # each value from each of the two hosts it left), as plain transfers of
     # the same sizes between two hosts.
@@ -75,7 +94,7 @@ def one_round(client, n, values, say):
         f"host2 -> host0): {yardstick:.3f} s")
     src.close()
     dst.close()
-    return shrink, grow, yardstick, moved["bytes_moved"]
+    return shrink, grow, yardstick, moved["bytes_moved"], by_hand
 
 
 def main():
@@ -100,15 +119,18 @@ def main():
     shrink = statistics.median(r[0] for r in rows)
     grow = statistics.median(r[1] for r in rows)
     yard = statistics.median(r[2] for r in rows)
+    by_hand = statistics.median(r[4] for r in rows)
     crossing = args.values * n * 4 // 2  # the halves on the hosts it left
     result = {
         "machine": f"{platform.node()} ({os.cpu_count()} cores)",
         "gib": args.values * n * 4 / 2**30, "values": args.values,
         "rounds": args.rounds, "shrink_s": shrink, "grow_s": grow,
-        "yardstick_s": yard, "shrink_over_yardstick": shrink / yard,
+        "resplit_by_a_call_s": by_hand,
+        "shrink_over_resplit_by_a_call": shrink / by_hand,
+        "transfers_s": yard, "shrink_over_transfers": shrink / yard,
         "bytes_reported": rows[0][3], "bytes_crossing_hosts": crossing,
         "shrink_gb_per_s_crossing": crossing / shrink / 1e9,
-        "yardstick_gb_per_s": crossing / yard / 1e9,
+        "transfers_gb_per_s": crossing / yard / 1e9,
     }
     print(json.dumps(result, indent=2))
     if args.json:
