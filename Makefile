@@ -234,6 +234,7 @@ demo: build
 	$(PYTHON) examples/mlp_data_parallel.py
 	$(PYTHON) examples/transformer.py
 	$(PYTHON) examples/torch_gpt.py
+	$(PYTHON) examples/rl_torch_reward.py
 
 bench: build
 	bash bench/run_all.sh
