@@ -1,9 +1,12 @@
 """plexus.torch: a small PyTorch GPT (examples/torch_gpt_model.py) trained
 with AdamW on a real cluster of 2 hosts x 2 devices, data parallel over
 both hosts and as a 4-stage 1F1B pipeline, matching the same model trained
-by eager PyTorch with torch.optim.AdamW, every program compiled once; and
-the errors a torch user sees for an op that does not lower and for a
-tensor of the wrong dtype or device."""
+by eager PyTorch with torch.optim.AdamW, every program compiled once; an
+RL loop with a PyTorch reward model between a JAX sampler and a JAX
+trainer (examples/rl_torch_reward.py), equal to the same loop in one
+process, with nothing passing through the client; and the errors a torch
+user sees for an op that does not lower and for a tensor of the wrong
+dtype or device."""
 import os
 import signal
 import sys
@@ -19,6 +22,7 @@ pytest.importorskip("torchax")
 import plexus.torch as pt  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import rl_torch_reward as rl_torch  # noqa: E402
 import torch_gpt_model as gpt  # noqa: E402
 
 STEPS = 20
@@ -100,6 +104,57 @@ def test_four_stage_1f1b_pipeline_matches_eager_pytorch_adamw(
     compiles.append(xla_compiles(cluster))
     np.testing.assert_allclose(losses, eager, rtol=TOLERANCE)
     assert compiles[1] > compiles[0] and compiles[2] == compiles[1], compiles
+
+
+def bytes_sent(status, host):
+    """The bytes `host`'s worker has sent to other workers."""
+    return sum(w["stats"].get("bytes_sent", 0) for w in status["workers"]
+               if w["alive"] and w["host_name"] == host)
+
+
+@pytest.mark.parametrize("sync_every", [0, 2])
+def test_rl_loop_with_a_torch_reward_model_matches_one_process(
+        cluster, client, sync_every):
+    # The JAX sampler and trainer on host0's two devices, the torch reward
+    # model on host1: batches and rewards cross hosts at every step.
+    steps, lr = 30, 10.0
+    sampler, trainer = (client.slice(1, hosts=["host0"]) for _ in range(2))
+    rewarder = client.slice(1, hosts=["host1"])
+    pool, model, w0 = rl_torch.make_task(seed=3)
+    task = rl_torch.TorchRewardRL(sampler, rewarder, trainer, pool, model,
+                                  w0, lr)
+    loop = task.loop(sync_every)
+    futures, used = [], []
+
+    def on_step(step):
+        futures.append(step.rewards[1])
+        used.append(step.weights_step)
+
+    status = cluster.status(fresh=True)
+    sent = {h: bytes_sent(status, h) for h in ("host0", "host1")}
+    before = client.counters()
+    final = loop.run(steps, on_step)
+    final.block_until_ready()
+    after = client.counters()
+    # Nothing went through the client while the loop ran: no put, no fetch.
+    assert after["bytes_put"] == before["bytes_put"]
+    assert after["bytes_fetched"] == before["bytes_fetched"]
+    # The reward model's scores (float32[B, A] a step) went from host1's
+    # worker to the trainer's on host0; the batches the other way.
+    scores_bytes = steps * rl_torch.B * rl_torch.A * 4
+    cluster.wait_until(
+        lambda st: all(bytes_sent(st, h) - sent[h] >= scores_bytes
+                       for h in sent),
+        what="the workers' counters to show the batches and rewards moved")
+
+    got = [float(np.asarray(r)) for r in futures]
+    ref_rewards, ref_used, ref_w = rl_torch.reference_run(
+        pool, model, w0, lr, steps, sync_every)
+    assert used == ref_used
+    np.testing.assert_allclose(got, ref_rewards, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(final), ref_w, rtol=1e-5,
+                               atol=1e-6 * np.abs(ref_w).max())
+    assert got[-1] > 5 * got[0], got  # it learns
 
 
 class Noisy(torch.nn.Module):
