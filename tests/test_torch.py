@@ -9,6 +9,7 @@ user sees for an op that does not lower and for a tensor of the wrong
 dtype or device."""
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 import plexus
+from conftest import PLEXUS_PYTHONPATH
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchax")
@@ -155,6 +157,21 @@ def test_rl_loop_with_a_torch_reward_model_matches_one_process(
     np.testing.assert_allclose(np.asarray(final), ref_w, rtol=1e-5,
                                atol=1e-6 * np.abs(ref_w).max())
     assert got[-1] > 5 * got[0], got  # it learns
+
+
+def test_rl_torch_reward_example_runs_and_learns():
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [PLEXUS_PYTHONPATH] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
+                               else []))
+    proc = subprocess.run(
+        [sys.executable, str(root / "examples" / "rl_torch_reward.py"),
+         "--steps", "60", "--sync-every", "2"], cwd=root, env=env,
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 bytes put, 0 bytes fetched" in proc.stdout, proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("final reward")
 
 
 class Noisy(torch.nn.Module):
