@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import plexus
+from chaos import kill_host
 import plexus._binaries
 from plexus.cli import why_lines
 WAIT_S = 30
@@ -20,15 +21,6 @@ WAIT_S = 30
 
 def status(cluster):
     return cluster.status()
-
-
-def kill_host(cluster, host):
-    """SIGKILLs the worker of `host`; returns its worker id."""
-    for w in status(cluster)["workers"]:
-        if w["alive"] and w["host_name"] == host:
-            os.kill(int(w["pid"]), signal.SIGKILL)
-            return int(w["worker_id"])
-    raise AssertionError(f"no live worker on {host}")
 
 
 def wait_until(cluster, what, predicate):

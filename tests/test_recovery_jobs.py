@@ -14,20 +14,12 @@ import numpy as np
 import pytest
 
 import plexus
+from chaos import kill_host
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import rl_loop  # noqa: E402
 
 WAIT_S = 30
-
-
-def kill_host(cluster, host):
-    """SIGKILLs the worker of `host`; returns its worker id."""
-    for w in cluster.status()["workers"]:
-        if w["alive"] and w["host_name"] == host:
-            os.kill(int(w["pid"]), signal.SIGKILL)
-            return int(w["worker_id"])
-    raise AssertionError(f"no live worker on {host}")
 
 
 def slice_of(st, s):

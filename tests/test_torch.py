@@ -8,7 +8,6 @@ process, with nothing passing through the client; and the errors a torch
 user sees for an op that does not lower and for a tensor of the wrong
 dtype or device."""
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 
 import plexus
+from chaos import kill_host
 from conftest import PLEXUS_PYTHONPATH
 
 torch = pytest.importorskip("torch")
@@ -29,15 +29,6 @@ import torch_gpt_model as gpt  # noqa: E402
 
 STEPS = 20
 TOLERANCE = 1e-5
-
-
-def kill_host(cluster, host):
-    """SIGKILLs the worker of `host`; returns its worker id."""
-    for w in cluster.status()["workers"]:
-        if w["alive"] and w["host_name"] == host:
-            os.kill(int(w["pid"]), signal.SIGKILL)
-            return int(w["worker_id"])
-    raise AssertionError(f"no live worker on {host}")
 
 
 def xla_compiles(cluster):

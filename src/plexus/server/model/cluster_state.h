@@ -677,6 +677,9 @@ class ClusterState {
   absl::StatusOr<std::vector<DeviceRef>> PlaceSlice(
       const ClientRecord& client, const proto::SliceRequest& req,
       const std::set<std::string>& avoid_hosts) const;
+  // Devices of all the client's slices (what its tenant's max_devices
+  // bounds).
+  int64_t DevicesHeld(const ClientRecord& client) const;
   // `need` devices for `slice` to grow by (ResizeSlice): of usable hosts,
   // none it holds, hosts it is not on first; ResourceExhausted saying what
   // is short (devices, or room under the tenant's max_devices).

@@ -252,17 +252,22 @@ absl::Status ClusterState::CheckSliceRequest(
   return absl::OkStatus();
 }
 
+int64_t ClusterState::DevicesHeld(const ClientRecord& client) const {
+  int64_t held = 0;
+  for (uint64_t sid : client.slices) {
+    auto it = slices_.find(sid);
+    if (it != slices_.end()) held += it->second.devices.size();
+  }
+  return held;
+}
+
 absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceSlice(
     const ClientRecord& client, const proto::SliceRequest& req,
     const std::set<std::string>& avoid_hosts) const {
   const int n = req.num_devices();
   const int32_t quota = PolicyOf(client).max_devices;
   if (quota > 0) {
-    int64_t held = 0;
-    for (uint64_t sid : client.slices) {
-      auto it = slices_.find(sid);
-      if (it != slices_.end()) held += it->second.devices.size();
-    }
+    const int64_t held = DevicesHeld(client);
     if (held + n > quota) {
       return absl::ResourceExhaustedError(absl::StrCat(
           Asked(req, avoid_hosts), "; client ", client.id, " holds ",
@@ -297,11 +302,7 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceGrowth(
     const ClientRecord& client, const SliceRecord& slice, int need) const {
   const int32_t quota = PolicyOf(client).max_devices;
   if (quota > 0) {
-    int64_t held = 0;
-    for (uint64_t sid : client.slices) {
-      auto it = slices_.find(sid);
-      if (it != slices_.end()) held += it->second.devices.size();
-    }
+    const int64_t held = DevicesHeld(client);
     if (held + need > quota) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "slice ", slice.id, " cannot take ",
