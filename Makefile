@@ -2,7 +2,9 @@
 #   make demo   - installs what is missing, builds, and on the embedded default
 #                 (a server + 2 worker processes) trains the data-parallel MLP
 #                 and a small JAX transformer (pipeline and data parallel,
-#                 checked against one-process jax.jit)
+#                 checked against one-process jax.jit), a PyTorch GPT
+#                 (plexus.torch, checked against eager PyTorch) and an RL
+#                 loop with a PyTorch reward model beside a JAX policy
 #   make test   - installs what is missing, builds, runs every test
 BUILD ?= build
 PYTHON ?= python3
