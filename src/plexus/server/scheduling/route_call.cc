@@ -209,8 +209,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   if (!slice_or.ok()) return slice_or.status();
   const SliceRecord& slice = **slice_or;
   if (!prog.stale.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what(), " ", prog.stale));
+    return absl::FailedPreconditionError(absl::StrCat(what(), " ", prog.stale));
   }
   const int n = static_cast<int>(slice.devices.size());
   if (absl::Status s = CheckArgumentCount(prog.def.name(), prog.inputs.size(),
