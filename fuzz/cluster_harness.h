@@ -80,6 +80,23 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
           released_slice = true;
         }
         break;
+      case proto::ClientOp::kSliceResize: {
+        // As ServerImpl::ResizeSliceLocked: the moves are units of their own.
+        auto resized = state.ResizeSlice(id, op.slice_resize());
+        proto::SliceReply* r = out.reply.add_slices();
+        r->set_request_id(op.slice_resize().request_id());
+        if (!resized.ok()) {
+          *r->mutable_error() = StatusToProto(resized.status());
+          break;
+        }
+        *r->mutable_slice() = resized->slice;
+        *out.reply.add_recoveries() = std::move(resized->note);
+        for (auto& [seq, unit] : resized->work) {
+          out.units.push_back(std::move(unit));
+        }
+        released_slice |= resized->freed_devices;
+        break;
+      }
       case proto::ClientOp::kProgram: {
         absl::Status s = state.RegisterProgram(id, op.program(), &ops);
         if (!s.ok())

@@ -168,6 +168,29 @@ std::vector<proto::ClientToServer> Reshard(uint64_t c) {
   };
 }
 
+// A slice resized while it holds values (ClusterState::ResizeSlice): a
+// shrink, a growth, a mesh axis, and sizes that are refused.
+std::vector<proto::ClientToServer> Resize(uint64_t c) {
+  const ArgSpec x = Arg({8, 2}, Sharding::Split(0));
+  auto resize = [](uint64_t request, uint64_t slice, int n, int axis) {
+    proto::ClientOp op;
+    op.mutable_slice_resize()->set_request_id(request);
+    op.mutable_slice_resize()->set_slice_id(slice);
+    op.mutable_slice_resize()->set_num_devices(n);
+    op.mutable_slice_resize()->set_axis(axis);
+    return op;
+  };
+  return {Batch({SliceOp(1, 4, proto::PLACEMENT_SPREAD),
+                 SliceOp(2, 4, proto::PLACEMENT_SPREAD, {2, 2},
+                         {"data", "model"})}),
+          Batch({ProgramOp(Id(c, 1), "relu", {x}, {x}), PutOp(Id(c, 10), 1, x),
+                 CallOp(1, 1, Id(c, 1), {{Id(c, 10), 1}}, x, {Id(c, 11)}),
+                 resize(3, 1, 2, 0),
+                 CallOp(2, 1, Id(c, 1), {{Id(c, 11), 1}}, x, {Id(c, 12)}),
+                 resize(4, 1, 4, 0), resize(5, 2, 2, 1), resize(6, 1, 3, 0),
+                 resize(7, 1, 1 << 30, 0), resize(8, 2, 2, 5)})};
+}
+
 // Errors: unknown program, wrong arity, unknown slice, bad shapes.
 std::vector<proto::ClientToServer> Mistakes(uint64_t c) {
   const ArgSpec x = Arg({4}, Sharding::Split(0));
@@ -195,6 +218,7 @@ void ClientBatchSeeds() {
   Write(t, "data-parallel", ClientInput(DataParallelStep(1), 0));
   Write(t, "reshard", ClientInput(Reshard(1), 0));
   Write(t, "mistakes", ClientInput(Mistakes(1), 0));
+  Write(t, "resize", ClientInput(Resize(1), 0));
   // Inputs of bugs fixed in ClusterState (cluster_state_test.cc): an empty
   // array split over slices of two layouts; meshes of non-positive or huge
   // dimensions.

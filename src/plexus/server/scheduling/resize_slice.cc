@@ -60,11 +60,13 @@ absl::Status FitsOnNewMap(uint64_t id, const ArgSpec& spec, int n,
         slice_id));
   }
   if (spec.Local(n).ok()) return absl::OkStatus();
-  // Split: the sizes along the slice that would divide its dimension.
+  // Split: the sizes along the slice that would divide its dimension,
+  // the first few (a bounded search: a dimension may be a huge prime).
   const int64_t rows = spec.global.shape[spec.sharding.axis];
   std::vector<int64_t> fits;
-  for (int64_t k = others;
-       k <= std::max<int64_t>(rows, others) && fits.size() < 8; k += others) {
+  const int64_t last = std::min<int64_t>(std::max<int64_t>(rows, others),
+                                         int64_t{others} * 4096);
+  for (int64_t k = others; k <= last && fits.size() < 8; k += others) {
     if (rows % k == 0) fits.push_back(k);
   }
   return absl::InvalidArgumentError(absl::StrCat(
@@ -149,25 +151,28 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
     values.push_back(id);
   }
   std::sort(values.begin(), values.end());
+  // The devices to grow by first: a size past what the cluster has is
+  // refused before anything the size of the request is made.
+  std::vector<DeviceRef> grown;
+  if (size > n) {
+    absl::StatusOr<std::vector<DeviceRef>> placed =
+        PlaceGrowth(*client, slice, size - n);
+    if (!placed.ok()) return placed.status();
+    grown = *std::move(placed);
+  }
   std::vector<int32_t> new_mesh = mesh;
   new_mesh[req.axis()] = size / others;
   // The new map: a device whose coordinate along the axis the old mesh
-  // had stays; the others come from PlaceGrowth, in order.
+  // had stays; the others are the grown ones, in order.
   std::vector<DeviceRef> devices(size);
-  std::vector<int> fresh;
+  size_t next_grown = 0;
   for (int v = 0; v < size; ++v) {
     const std::vector<int32_t> c = CoordsOf(v, new_mesh);
     if (c[req.axis()] < mesh[req.axis()]) {
       devices[v] = slice.devices[IndexOf(c, mesh)];
     } else {
-      fresh.push_back(v);
+      devices[v] = grown[next_grown++];
     }
-  }
-  if (!fresh.empty()) {
-    absl::StatusOr<std::vector<DeviceRef>> grown =
-        PlaceGrowth(*client, slice, static_cast<int>(fresh.size()));
-    if (!grown.ok()) return grown.status();
-    for (size_t k = 0; k < fresh.size(); ++k) devices[fresh[k]] = (*grown)[k];
   }
   // Ids for each value's move (its call and its new buffer), all or none.
   absl::StatusOr<uint64_t> ids =

@@ -1,6 +1,7 @@
 // ClusterState::ResizeSlice driven directly: the new map, the moves and
 // releases it routes, the note for the client, and refusals that change
 // nothing.
+#include <limits>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -198,6 +199,25 @@ TEST_F(ResizeSliceTest, AnXlaProgramCompiledForTheOldMapIsRefusedAfter) {
   EXPECT_NE(routed.message().find("before its resize to 4 devices"),
             std::string::npos)
       << routed;
+}
+
+TEST_F(ResizeSliceTest, HostileSizesAreRefusedAtOnce) {
+  // A size far past the cluster is refused before anything of its size is
+  // made; a dimension with no small divisor past 127 (2^49 - 1 = 127 *
+  // 4432676798593) is refused after a bounded search for the sizes that
+  // would fit (it counted up to the dimension itself).
+  const proto::SliceInfo s = Slice(1);
+  auto huge = Resize(s.slice_id(), std::numeric_limits<int32_t>::max());
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted);
+  const ArgSpec tall{{DType::kI8, {(int64_t{1} << 49) - 1}},
+                     Sharding::Split(0)};
+  Put(s.slice_id(), tall);
+  auto r = Resize(s.slice_id(), 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("that would: 1, 127 ("),
+            std::string::npos)
+      << r.status();
 }
 
 TEST_F(ResizeSliceTest, OnlyItsClientResizesASlice) {
