@@ -3,6 +3,8 @@ values live (split ones re-split over the new size, replicated ones copied),
 calls go on with the moved values, refusals name the value and the sizes
 that would fit and change nothing, and a data-parallel loop trains through
 4 -> 2 -> 4 hosts matching the same steps computed in one process."""
+import json
+
 import numpy as np
 import pytest
 
@@ -68,6 +70,20 @@ def test_values_move_through_a_shrink_and_a_growth(client):
     # Each shard is where the new map says: a fetch of shard 3 alone reads
     # rows 12..15 from the fourth device.
     np.testing.assert_array_equal(value(r), [1, 2, 3])
+
+
+def test_a_resize_is_in_the_trace(client, tmp_path):
+    s = client.slice(2, placement="spread")
+    x = s.put(np.arange(8, dtype=np.float32), plexus.split(0))
+    path = tmp_path / "resize.json"
+    with client.trace(str(path)):
+        s.resize(4)
+        value(x)
+    trace = json.loads(path.read_text())
+    names = [e["name"] for e in trace["traceEvents"]
+             if e.get("cat") == "resize" and e["ph"] == "b"]
+    assert names == [f"resize: slice {s.id} from 2 to 4 devices, 1 values "
+                     "moved"], names
 
 
 def test_a_resize_that_cannot_be_met_is_refused_and_changes_nothing(client):

@@ -48,6 +48,7 @@ constexpr int kAdmissionTid = 2;
 constexpr int kRecoveryTid = 3;
 constexpr int kCompileTid = 4;
 constexpr int kDataPlaneTid = 5;
+constexpr int kSlicesTid = 6;
 constexpr int kDeviceTid = 100;   // + device index
 constexpr int kLocalTid = 50000;  // + device index: transfers within a worker
 constexpr int kPeerTid = 100000;  // + destination worker id
@@ -276,6 +277,11 @@ class Writer {
           Thread(pid, kRecoveryTid, "recovery");
           Async(pid, kRecoveryTid, absl::StrCat("recovery: ", label(e)),
                 "recovery", e, r);
+          break;
+        case EventKind::kResize:
+          Thread(pid, kSlicesTid, "slices");
+          Async(pid, kSlicesTid, absl::StrCat("resize: ", label(e)), "resize",
+                e, r);
           break;
         case EventKind::kTask: {
           const int tid = kDeviceTid + std::max(e.device(), 0);

@@ -16,6 +16,8 @@ const char* EventKindName(EventKind kind) {
       return "admission wait";
     case EventKind::kRecovery:
       return "recovery";
+    case EventKind::kResize:
+      return "resize";
     case EventKind::kTask:
       return "task";
     case EventKind::kCompile:

@@ -47,6 +47,7 @@ enum class EventKind : uint8_t {
   kCall = 1,           // routed -> its last worker reported it done
   kAdmissionWait = 2,  // routed -> admitted to the workers
   kRecovery = 3,       // a recovery step; `label` says which
+  kResize = 4,         // a slice resized, its moves routed; `label` says how
   // Worker.
   kTask = 10,      // one shard task on `device`: started -> done
   kCompile = 11,   // an XLA executable compiled (`label`: the program)

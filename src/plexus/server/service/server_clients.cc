@@ -436,6 +436,7 @@ void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
       s != state_.slices().end()) {
     before = static_cast<int>(s->second.devices.size());
   }
+  const int64_t start_ns = timeline_.enabled() ? timeline_.NowNs() : 0;
   absl::StatusOr<SliceResized> resized = state_.ResizeSlice(id, req);
   if (!resized.ok()) {
     SPDLOG_INFO("client {}: resize of slice {} to {} device(s) refused: {}", id,
@@ -449,6 +450,17 @@ void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
       "move ({} bytes)",
       id, req.slice_id(), before, req.num_devices(), resized->values_moved,
       resized->bytes_moved);
+  if (timeline_.enabled()) {
+    TimelineEvent e;
+    e.kind = EventKind::kResize;
+    e.start_ns = start_ns;
+    e.end_ns = timeline_.NowNs();
+    e.client_id = id;
+    e.label = timeline_.Intern(absl::StrCat(
+        "slice ", req.slice_id(), " from ", before, " to ", req.num_devices(),
+        " devices, ", resized->values_moved, " values moved"));
+    timeline_.Record(e);
+  }
   AddSliceReply(id, req.request_id(), resized->slice, &batch->reply);
   proto::SliceReply& reply = *batch->reply.mutable_slices()->rbegin();
   reply.set_values_moved(resized->values_moved);
