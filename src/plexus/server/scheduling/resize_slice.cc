@@ -237,8 +237,10 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
       routed = RouteCall(client_id, call, &ops, &seq);
     }
     if (!routed.ok()) {
-      // Checked above, so not expected: the value is lost, saying why.
-      lost_[old_id] = absl::InternalError(
+      // A value already lost (its cause kept), or not expected (checked
+      // above): it is lost, saying why.
+      lost_[old_id] = absl::Status(
+          routed.code(),
           absl::StrCat("buffer ", old_id, " could not move in slice ", slice.id,
                        "'s resize: ", routed.message()));
       out.note.add_lost_ids(old_id);
