@@ -74,6 +74,18 @@ std::string ThisThreadName() {
   return name;
 }
 
+// The chain tests' program and inputs: the tanh module compiled for one
+// device (out = tanh(x) * y + y), and x and y, 2x3 float32.
+struct TanhChain {
+  XlaExecutor executor{Options()};
+  absl::StatusOr<std::shared_ptr<const PjrtExecutable>> exe =
+      executor.GetOrCompile(kTanhModule, kOneDevice);
+  alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
+  alignas(64) float y[6] = {1, 0, 1, 0, 1, 0};
+  const TensorSpec m{DType::kF32, {2, 3}};
+  const PjrtRuntime& runtime() { return **executor.Runtime(); }
+};
+
 TEST(XlaExecutorTest, ThePluginsThreadsAreNamedAsThePlugins) {
   // A new thread takes its creator's name: the pools a client starts would
   // bear the name of the thread that loaded it (a worker's stream reader).
@@ -142,13 +154,10 @@ TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
 }
 
 TEST(XlaExecutorTest, ChainedRunsAreQueuedOnInputsNotReadyYet) {
-  XlaExecutor executor(Options());
-  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
+  TanhChain chain;
+  auto& [executor, exe, x, y, m] = chain;
   ASSERT_TRUE(exe.ok()) << exe.status();
-  const PjrtRuntime& runtime = **executor.Runtime();
-  alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
-  alignas(64) float y[6] = {1, 0, 1, 0, 1, 0};
-  const TensorSpec m{DType::kF32, {2, 3}};
+  const PjrtRuntime& runtime = chain.runtime();
   const int64_t copied_out = MemoryTraffic::device_to_host().load();
   // out = tanh(value) * y + y, 50 times, each queued at once on the last
   // output (which need not have been computed yet) where it is; nothing
@@ -202,13 +211,10 @@ TEST(XlaExecutorTest, ARunEndingWhileItsEndIsBeingWatchedIsNotReadAfter) {
   // ASan stage caught in a worker, once in many thousand runs.) Many
   // short chained runs, each queued while the last may still run, so
   // that the window is met often.
-  XlaExecutor executor(Options());
-  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
+  TanhChain chain;
+  auto& [executor, exe, x, y, m] = chain;
   ASSERT_TRUE(exe.ok()) << exe.status();
-  const PjrtRuntime& runtime = **executor.Runtime();
-  alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
-  alignas(64) float y[6] = {1, 0, 1, 0, 1, 0};
-  const TensorSpec m{DType::kF32, {2, 3}};
+  const PjrtRuntime& runtime = chain.runtime();
   constexpr int kRuns = 2000;
   absl::Mutex mu;
   int ended = 0;
