@@ -95,7 +95,7 @@ test-python:
 # plexus.jit's tests on the newest jax it supports (0.12.0.1, Python 3.12:
 # the venv scripts/setup.sh makes, and plexus._core built for it,
 # PLEXUS_PYTHON_NEXT); test-python runs them on the oldest (0.10.2). The
-# supported range is python/plexus/_jit.py's JAX_OLDEST to JAX_NEWEST.
+# supported range is python/plexus/_jax_version.py's JAX_OLDEST to JAX_NEWEST.
 # test_dcn_semantics follows jax's primitives and their parameters, which
 # move between releases (jax 0.12 moved scan's).
 JAX_NEXT_PY := $(CURDIR)/.venv-jax-next/bin/python

@@ -103,7 +103,7 @@ if ! $PY -c "import importlib.metadata as m; assert m.version('kubernetes-valida
   $PY -m pip install -q --disable-pip-version-check "${DEPLOY_PKGS[@]}"
 fi
 # The newest jax, for the jax-next stage of make test: plexus.jit supports
-# jax 0.10.2 to 0.12.x (python/plexus/_jit.py, JAX_OLDEST/JAX_NEWEST), and
+# jax 0.10.2 to 0.12.x (python/plexus/_jax_version.py, JAX_OLDEST/JAX_NEWEST), and
 # CI runs its suites on both ends: 0.10.2 above, and here jax/jaxlib
 # 0.12.0.1, the newest 0.12 (it writes StableHLO 1.18, which plexus.jit
 # writes down to the plugin's 1.13; tests/test_stablehlo_version.py). They

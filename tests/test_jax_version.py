@@ -1,4 +1,4 @@
-"""plexus.jit supports jax 0.10.2 to 0.12.x (python/plexus/_jit.py,
+"""plexus.jit supports jax 0.10.2 to 0.12.x (python/plexus/_jax_version.py,
 JAX_OLDEST and JAX_NEWEST): CI runs its suites on both ends (make
 test-python on 0.10.2, make test-jax-next on 0.12.x). A jax outside the
 range is refused when a program is first traced, naming the version and the
