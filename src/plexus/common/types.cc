@@ -152,15 +152,28 @@ Sharding Sharding::Mesh(std::vector<int32_t> mesh,
   return s;
 }
 
+std::string MeshAxisName(const std::vector<std::string>& axis_names,
+                         int32_t a) {
+  return a >= 0 && static_cast<size_t>(a) < axis_names.size()
+             ? axis_names[a]
+             : absl::StrCat("axis", a);
+}
+
+std::string MeshToString(const std::vector<int32_t>& mesh,
+                         const std::vector<std::string>& axis_names) {
+  std::vector<std::string> sizes;
+  for (size_t a = 0; a < mesh.size(); ++a) {
+    sizes.push_back(absl::StrCat(
+        MeshAxisName(axis_names, static_cast<int32_t>(a)), ": ", mesh[a]));
+  }
+  return absl::StrCat("{", absl::StrJoin(sizes, ", "), "}");
+}
+
 std::string Sharding::ToString() const {
   if (is_split()) return absl::StrCat("split(", axis, ")");
   if (!is_mesh()) return is_partial() ? "partial" : "replicated";
-  auto name = [&](int32_t a) {
-    return a >= 0 && static_cast<size_t>(a) < axis_names.size()
-               ? axis_names[a]
-               : absl::StrCat("axis", a);
-  };
-  std::vector<std::string> entries, sizes;
+  auto name = [&](int32_t a) { return MeshAxisName(axis_names, a); };
+  std::vector<std::string> entries;
   for (const auto& axes : dims) {
     if (axes.empty()) {
       entries.push_back("None");
@@ -172,11 +185,8 @@ std::string Sharding::ToString() const {
       entries.push_back(absl::StrCat("(", absl::StrJoin(names, ", "), ")"));
     }
   }
-  for (size_t a = 0; a < mesh.size(); ++a) {
-    sizes.push_back(absl::StrCat(name(a), ": ", mesh[a]));
-  }
-  return absl::StrCat("P(", absl::StrJoin(entries, ", "), ") over {",
-                      absl::StrJoin(sizes, ", "), "}");
+  return absl::StrCat("P(", absl::StrJoin(entries, ", "), ") over ",
+                      MeshToString(mesh, axis_names));
 }
 
 absl::Status ValidateSharding(const Sharding& s, size_t rank) {

@@ -116,6 +116,12 @@ struct Sharding {
   bool operator!=(const Sharding& o) const { return !(*this == o); }
 };
 
+// A mesh's axes and sizes, "{data: 2, model: 4}"; an axis without a name
+// (past `axis_names`) is "axis<i>", as MeshAxisName says.
+std::string MeshAxisName(const std::vector<std::string>& axis_names, int32_t a);
+std::string MeshToString(const std::vector<int32_t>& mesh,
+                         const std::vector<std::string>& axis_names);
+
 // OK if `sharding` is well formed for an array of `rank` dimensions (a mesh
 // one: axis sizes of at least 1, each axis named by at most one dimension,
 // one entry per dimension); otherwise an error saying what is wrong.

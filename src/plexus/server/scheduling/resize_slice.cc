@@ -12,16 +12,6 @@
 namespace plexus {
 namespace {
 
-std::string MeshText(const std::vector<int32_t>& mesh,
-                     const std::vector<std::string>& names) {
-  std::vector<std::string> parts;
-  for (size_t a = 0; a < mesh.size(); ++a) {
-    parts.push_back(
-        absl::StrCat(a < names.size() ? names[a] : "", ": ", mesh[a]));
-  }
-  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
-}
-
 // Row-major index of `coords` in `mesh`.
 int IndexOf(const std::vector<int32_t>& coords,
             const std::vector<int32_t>& mesh) {
@@ -121,7 +111,7 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
   const std::vector<int32_t> mesh = slice.mesh_shape;
   const int n = static_cast<int>(slice.devices.size());
   const std::string where = absl::StrCat("slice ", slice.id, "'s mesh ",
-                                         MeshText(mesh, slice.axis_names));
+                                         MeshToString(mesh, slice.axis_names));
   if (req.axis() < 0 || req.axis() >= static_cast<int>(mesh.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("resize: ", where, " has no axis ", req.axis()));

@@ -152,6 +152,15 @@ std::vector<DeviceRef> WholeIslands(
 
 // `n` devices dealt to the hosts round robin, so a slice of H devices on
 // H hosts has one per host; ordered host by host.
+// By host, then device: a slice's shards in order, neighbours on one host.
+void OrderHostByHost(std::vector<DeviceRef>& devices) {
+  std::stable_sort(devices.begin(), devices.end(),
+                   [](const DeviceRef& a, const DeviceRef& b) {
+                     return a.worker_id < b.worker_id ||
+                            (a.worker_id == b.worker_id && a.device < b.device);
+                   });
+}
+
 std::vector<DeviceRef> Spread(const std::vector<const WorkerRecord*>& usable,
                               int n) {
   std::vector<DeviceRef> chosen;
@@ -167,11 +176,7 @@ std::vector<DeviceRef> Spread(const std::vector<const WorkerRecord*>& usable,
     }
   }
   // Shards are ordered host by host, so neighbours share a host.
-  std::stable_sort(chosen.begin(), chosen.end(),
-                   [](const DeviceRef& a, const DeviceRef& b) {
-                     return a.worker_id < b.worker_id ||
-                            (a.worker_id == b.worker_id && a.device < b.device);
-                   });
+  OrderHostByHost(chosen);
   return chosen;
 }
 
@@ -344,11 +349,7 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceGrowth(
         "; spares are kept for lost hosts)"));
   }
   // Shards ordered host by host, as a slice's are.
-  std::stable_sort(chosen.begin(), chosen.end(),
-                   [](const DeviceRef& a, const DeviceRef& b) {
-                     return a.worker_id < b.worker_id ||
-                            (a.worker_id == b.worker_id && a.device < b.device);
-                   });
+  OrderHostByHost(chosen);
   return chosen;
 }
 
