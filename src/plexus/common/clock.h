@@ -7,6 +7,7 @@
 // the test advances the clock past the deadline.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -45,9 +46,9 @@ class Clock {
 };
 
 // A clock that moves only when told to. For tests. Advance() wakes every
-// wait in AwaitWithDeadline, which then re-reads the time; a waiter's mutex
-// and condition variable must outlive any Advance() that runs during the
-// wait.
+// wait in AwaitWithDeadline, which then re-reads the time. A wait does not
+// return while an Advance() is still waking it, so a waiter's mutex and
+// condition variable may be destroyed as soon as its wait returns.
 class FakeClock : public Clock {
  public:
   explicit FakeClock(absl::Time start = absl::UnixEpoch()) : now_(start) {}
@@ -68,14 +69,24 @@ class FakeClock : public Clock {
 
  private:
   struct Waiter {
-    absl::Mutex* mu;
+    uint64_t id;
+    absl::Mutex* mu;    // null for a sleep, which waits on mu_
     absl::CondVar* cv;  // null for AwaitCondition's
-    const void* tag;    // which wait, to unregister it
+    int pins = 0;       // Advance() calls still waking this wait
   };
+  uint64_t Register(absl::Mutex* mu, absl::CondVar* cv)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the wait once no Advance() is waking it; while one is, `mu` is
+  // let go (and taken again, before mu_) so that Advance() can finish.
+  void Unregister(uint64_t id, absl::Mutex* mu)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Waiter* Find(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Lock order: a waiter's mutex, then this one; Advance() never holds
   // this one while taking a waiter's.
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::vector<Waiter> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
