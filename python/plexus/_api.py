@@ -215,7 +215,9 @@ class Client:
         return self._core.session_ends()
 
     def slice(self, n=None, mesh=None, axis_names=None, placement="any",
-              hosts=None, avoid=None, timeout=30.0, dcn_axes=()):
+              hosts=None, avoid=None, timeout=30.0, dcn_axes=(),
+              on_loss="wait", min_devices=None, grow=False,
+              elastic_axis=None):
         """Asks the server for a slice of `n` virtual devices.
 
         mesh: the device mesh, as a dict {axis name: size} in order (like
@@ -237,6 +239,19 @@ class Client:
         with DEADLINE_EXCEEDED saying what it waited for; timeout=0 raises
         ResourceExhaustedError at once. A bad request (mesh, unknown host)
         raises at once. `plexus status` lists the requests that wait.
+
+        on_loss: what the slice does when one of its hosts is lost and no
+        spare is free to take its place (a free spare always does):
+        "wait" for one (the server's --spare-wait-ms; then break), "break"
+        at once, or "shrink": the slice goes on without the positions of
+        mesh axis `elastic_axis` (a name or index; default the first, the
+        data-parallel one) that had a device there, no smaller than
+        `min_devices`. Replicated values move onto the smaller map; split
+        ones, and those still being computed, are lost (DeviceLostError,
+        naming them), so a loop keeps its last good state until a step
+        is done. grow=True: the slice grows back, up to `n`, as hosts join
+        or come free. Each change adds 1 to `slice.resizes`; plexus.jit
+        programs compile again for the new size (docs/scheduling.md).
         """
         if isinstance(mesh, dict):
             if axis_names is not None:
@@ -262,10 +277,19 @@ class Client:
         if isinstance(avoid, Slice):
             avoid = [avoid]
         avoid_ids = [a.id if isinstance(a, Slice) else int(a) for a in (avoid or [])]
+        if isinstance(elastic_axis, str):
+            names = list(axis_names or ["devices"])
+            if elastic_axis not in names:
+                raise _core.InvalidArgumentError(
+                    f"slice: elastic_axis {elastic_axis!r} is not a mesh "
+                    f"axis (the axes: {names})")
+            elastic_axis = names.index(elastic_axis)
         with waiting(self, describe_slice):
             core_slice = self._core.slice(
                 n, list(mesh or []), list(axis_names or []), placement,
-                list(hosts or []), avoid_ids, float(timeout))
+                list(hosts or []), avoid_ids, float(timeout),
+                on_loss=str(on_loss), min_devices=int(min_devices or 0),
+                grow=bool(grow), elastic_axis=int(elastic_axis or 0))
         s = Slice(core_slice, self)
         if dcn_axes:
             try:

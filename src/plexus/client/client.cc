@@ -32,6 +32,10 @@ proto::SliceRequest ToProto(const SliceOptions& options) {
   for (const auto& h : options.hosts) req.add_hosts(h);
   for (uint64_t s : options.avoid_slices) req.add_avoid_slices(s);
   req.set_timeout_ms(absl::ToInt64Milliseconds(options.timeout));
+  req.set_on_loss(options.on_loss);
+  req.set_min_devices(options.min_devices);
+  req.set_grow(options.grow);
+  req.set_elastic_axis(options.elastic_axis);
   return req;
 }
 

@@ -49,6 +49,14 @@ struct SliceOptions {
   // DeadlineExceeded saying what it waited for. Zero: ResourceExhausted
   // at once.
   absl::Duration timeout = absl::Seconds(30);
+  // When a host of the slice is lost and no spare is free: wait for one,
+  // break, or shrink along mesh axis `elastic_axis` to the live hosts (no
+  // smaller than `min_devices`), growing back as hosts join if `grow`
+  // (docs/scheduling.md, "When a host is lost").
+  proto::LossPolicy on_loss = proto::LOSS_WAIT;
+  int32_t min_devices = 0;
+  bool grow = false;
+  int32_t elastic_axis = 0;
 };
 
 // The request that asks for a slice as `options` say.

@@ -151,7 +151,8 @@ void DefineClientSlices(py::class_<Client>& cls) {
       [](Client& c, int n, std::vector<int32_t> mesh,
          std::vector<std::string> axes, const std::string& placement,
          std::vector<std::string> hosts, std::vector<uint64_t> avoid,
-         double timeout) {
+         double timeout, const std::string& on_loss, int min_devices,
+         bool grow, int elastic_axis) {
         SliceOptions o;
         o.num_devices = n;
         o.mesh_shape = mesh;
@@ -173,6 +174,20 @@ void DefineClientSlices(py::class_<Client>& cls) {
               "placement must be 'any', 'one_host' or 'spread', not '" +
               placement + "'"));
         }
+        if (on_loss == "wait") {
+          o.on_loss = proto::LOSS_WAIT;
+        } else if (on_loss == "break") {
+          o.on_loss = proto::LOSS_BREAK;
+        } else if (on_loss == "shrink") {
+          o.on_loss = proto::LOSS_SHRINK;
+        } else {
+          Raise(absl::InvalidArgumentError(
+              "on_loss must be 'wait', 'break' or 'shrink', not '" + on_loss +
+              "'"));
+        }
+        o.min_devices = min_devices;
+        o.grow = grow;
+        o.elastic_axis = elastic_axis;
         absl::StatusOr<std::shared_ptr<Slice>> s;
         {
           py::gil_scoped_release release;
@@ -184,7 +199,9 @@ void DefineClientSlices(py::class_<Client>& cls) {
       py::arg("axis_names") = std::vector<std::string>{},
       py::arg("placement") = "any",
       py::arg("hosts") = std::vector<std::string>{},
-      py::arg("avoid") = std::vector<uint64_t>{}, py::arg("timeout") = 30.0);
+      py::arg("avoid") = std::vector<uint64_t>{}, py::arg("timeout") = 30.0,
+      py::arg("on_loss") = "wait", py::arg("min_devices") = 0,
+      py::arg("grow") = false, py::arg("elastic_axis") = 0);
 }
 
 // Programs: built-in kernels and XLA modules.

@@ -77,6 +77,15 @@ struct SliceRecord {
   uint64_t generation = 0;
   // Times it was resized (ClusterState::ResizeSlice; SliceInfo.resizes).
   uint64_t resizes = 0;
+  // What a loss with no spare free does to it (SliceRequest.on_loss), along
+  // mesh axis `elastic_axis`; no shrink below `min_devices`; with `grow`,
+  // it grows back towards `full_devices` (its size when granted) as hosts
+  // join or come free (ClusterState::GrowSlices).
+  proto::LossPolicy on_loss = proto::LOSS_WAIT;
+  int32_t min_devices = 0;
+  bool grow = false;
+  int32_t elastic_axis = 0;
+  int32_t full_devices = 0;
 };
 
 // Whether every device of the slice is on one host (worker): then no
@@ -203,6 +212,10 @@ struct WorkerLoss {
   std::set<uint64_t> clients;   // owners of slices that were on it
   std::set<uint64_t> remapped;  // slices now on the spare
   std::set<uint64_t> broken;    // slices that had no spare
+  // Slices that had no spare and shrank instead (SliceRequest.on_loss =
+  // LOSS_SHRINK): each one's resize, its work to send and its note (the
+  // values moved, and those lost with the host, with why).
+  std::map<uint64_t, SliceResized> shrunk;
   // Slices that had no spare at once and wait for a host (AwaitedLoss):
   // neither remapped nor broken yet.
   std::set<uint64_t> awaiting;
@@ -491,6 +504,14 @@ class ClusterState {
   // (not supported yet); too few free devices (ResourceExhausted).
   absl::StatusOr<SliceResized> ResizeSlice(uint64_t client_id,
                                            const proto::SliceResize& req);
+  // Slices that grow back (SliceRequest.grow) and are under the size they
+  // were granted at grow along their elastic axis by as many whole
+  // positions as free devices allow (PlaceGrowth), as a resize would: each
+  // one's owner and resize. Called as hosts join or come free. A slice
+  // whose values do not fit a larger size (a split dimension it does not
+  // divide) stays as it is; `why_not`, if given, gets why, by slice.
+  std::vector<std::pair<uint64_t, SliceResized>> GrowSlices(
+      std::map<uint64_t, std::string>* why_not = nullptr);
   const std::map<uint64_t, SliceRecord>& slices() const { return slices_; }
   proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
 
@@ -686,6 +707,37 @@ class ClusterState {
   absl::StatusOr<std::vector<DeviceRef>> PlaceGrowth(const ClientRecord& client,
                                                      const SliceRecord& slice,
                                                      int need) const;
+  // A change of a slice's size along one mesh axis (ResizeSlice, a loss's
+  // shrink, GrowSlices): the positions of the axis that stay, in order,
+  // then the devices of the positions added after them.
+  struct ResizePlan {
+    int axis = 0;
+    std::vector<int32_t> keep;     // coordinates along `axis` of the old mesh
+    std::vector<DeviceRef> grown;  // whole positions: a multiple of the others
+    // A loss's shrink: a value that cannot move (split over the lost host,
+    // still being computed, partial) is lost, `lost_why` saying what
+    // happened, where a client's resize would refuse it.
+    bool on_loss = false;
+    int64_t lost_worker = 0;
+    std::string lost_why;
+  };
+  // Checks every value against the plan, then commits it: the new map,
+  // the moves routed from the old one, the old copies released, stale XLA
+  // programs marked (resize_slice.cc).
+  absl::StatusOr<SliceResized> CommitResize(ClientRecord& client,
+                                            SliceRecord& slice,
+                                            const ResizePlan& plan);
+  // A loss's shrink: `lost` (value: what became of it) and the outputs of
+  // the client's calls not done that read them are lost, with one status
+  // naming the first few (into `note`).
+  void LoseOnShrink(const ClientRecord& client, const ResizePlan& plan,
+                    const std::map<uint64_t, std::string>& lost,
+                    proto::Recovery& note);
+  // LoseWorker's shrink of a LOSS_SHRINK slice off worker `lost`: the
+  // positions of its elastic axis with a device there go. FailedPrecondition
+  // if that would leave it under its min_devices (or nothing).
+  absl::StatusOr<SliceResized> ShrinkOnLoss(SliceRecord& slice, int64_t lost,
+                                            const std::string& reason);
   // The client's built-in identity program for values laid out as `spec`
   // (ResizeSlice's moves), registered on first use.
   absl::StatusOr<uint64_t> MoveProgram(ClientRecord& client,

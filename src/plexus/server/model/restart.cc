@@ -26,6 +26,11 @@ proto::JournaledSlice ToJournal(const SliceRecord& slice) {
   j.set_broken(slice.broken);
   j.set_generation(slice.generation);
   j.set_resizes(slice.resizes);
+  j.set_on_loss(slice.on_loss);
+  j.set_min_devices(slice.min_devices);
+  j.set_grow(slice.grow);
+  j.set_elastic_axis(slice.elastic_axis);
+  j.set_full_devices(slice.full_devices);
   return j;
 }
 
@@ -138,6 +143,11 @@ absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
       slice.broken = j.broken();
       slice.generation = j.generation();
       slice.resizes = j.resizes();
+      slice.on_loss = static_cast<proto::LossPolicy>(j.on_loss());
+      slice.min_devices = j.min_devices();
+      slice.grow = j.grow();
+      slice.elastic_axis = j.elastic_axis();
+      slice.full_devices = j.full_devices();
       AddLoad(slice.devices, +1);
       c->slices.insert(slice.id);
       next_slice_id_ = std::max(next_slice_id_, slice.id + 1);

@@ -65,10 +65,37 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
     RemapOnto(loss, affected, *spare);
     return loss;
   }
+  // No spare: a slice that shrinks on a loss goes on without the host's
+  // positions of its elastic axis, unless that leaves it under its minimum.
+  std::map<uint64_t, std::string> no_shrink;  // slice: why it broke instead
+  for (auto it = affected.begin(); it != affected.end();) {
+    SliceRecord& slice = slices_.at(*it);
+    if (slice.on_loss != proto::LOSS_SHRINK || !slice.broken.empty()) {
+      ++it;
+      continue;
+    }
+    absl::StatusOr<SliceResized> shrunk = ShrinkOnLoss(slice, id, reason);
+    if (!shrunk.ok()) {
+      no_shrink[*it] = std::string(shrunk.status().message());
+      ++it;
+      continue;
+    }
+    counters_.set_slices_shrunk(counters_.slices_shrunk() + 1);
+    loss.shrunk.emplace(*it, *std::move(shrunk));
+    it = affected.erase(it);
+  }
+  if (affected.empty()) {
+    UpdateLineagePolicy();
+    return loss;
+  }
   // A slice already broken (or waiting for another host: EndAwaited broke
-  // it first) stays broken.
+  // it first) stays broken; one whose policy is to break, or that could
+  // not shrink, breaks at once.
   bool may_wait = spare_wait > absl::ZeroDuration() && spares_seen_;
-  for (uint64_t sid : affected) may_wait &= slices_.at(sid).broken.empty();
+  for (uint64_t sid : affected) {
+    const SliceRecord& slice = slices_.at(sid);
+    may_wait &= slice.broken.empty() && slice.on_loss == proto::LOSS_WAIT;
+  }
   if (may_wait) {
     AwaitedLoss& waiting = awaited_.emplace_back();
     waiting.highest = highest;
@@ -87,7 +114,13 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
   }
   for (uint64_t sid : affected) {
     SliceRecord& slice = slices_.at(sid);
-    if (slice.broken.empty()) slice.broken = reason;
+    auto why = no_shrink.find(sid);
+    if (slice.broken.empty()) {
+      slice.broken = why == no_shrink.end()
+                         ? reason
+                         : absl::StrCat(reason, "; it did not shrink: ",
+                                        why->second);
+    }
     JournalSlice(slice);
     loss.broken.insert(sid);
     counters_.set_slices_broken(counters_.slices_broken() + 1);

@@ -108,7 +108,7 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
                      " waits for a host to take a lost one's place (",
                      slice.awaiting, "); resize it once it is whole"));
   }
-  const std::vector<int32_t> mesh = slice.mesh_shape;
+  const std::vector<int32_t>& mesh = slice.mesh_shape;
   const int n = static_cast<int>(slice.devices.size());
   const std::string where = absl::StrCat("slice ", slice.id, "'s mesh ",
                                          MeshToString(mesh, slice.axis_names));
@@ -124,44 +124,172 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
                      "of ",
                      others, " (asked for ", req.num_devices(), ")"));
   }
-  SliceResized out;
   const int size = req.num_devices();
   if (size == n) {
+    SliceResized out;
     out.slice = DescribeSlice(slice);
     return out;
   }
   // The values first: nothing changes if one cannot move.
-  std::vector<uint64_t> values;
   for (const auto& [id, b] : records_.buffers()) {
     if (b.slice_id != slice.id || b.released) continue;
     if (absl::Status s = FitsOnNewMap(id, b.spec(), size, others, slice.id);
         !s.ok()) {
       return s;
     }
-    values.push_back(id);
   }
-  std::sort(values.begin(), values.end());
-  // The devices to grow by first: a size past what the cluster has is
-  // refused before anything the size of the request is made.
-  std::vector<DeviceRef> grown;
+  ResizePlan plan;
+  plan.axis = req.axis();
+  const int32_t length = size / others;
+  for (int32_t c = 0; c < std::min(length, mesh[req.axis()]); ++c) {
+    plan.keep.push_back(c);
+  }
+  // The devices to grow by: a size past what the cluster has is refused
+  // before anything the size of the request is made.
   if (size > n) {
     absl::StatusOr<std::vector<DeviceRef>> placed =
         PlaceGrowth(*client, slice, size - n);
     if (!placed.ok()) return placed.status();
-    grown = *std::move(placed);
+    plan.grown = *std::move(placed);
   }
+  return CommitResize(*client, slice, plan);
+}
+
+absl::StatusOr<SliceResized> ClusterState::ShrinkOnLoss(
+    SliceRecord& slice, int64_t lost, const std::string& reason) {
+  ClientRecord* client = FindClient(slice.client_id);
+  if (client == nullptr) return absl::NotFoundError("unknown client");
+  const std::vector<int32_t>& mesh = slice.mesh_shape;
+  const int n = static_cast<int>(slice.devices.size());
+  ResizePlan plan;
+  plan.axis = std::clamp<int>(slice.elastic_axis, 0,
+                              static_cast<int>(mesh.size()) - 1);
+  const int32_t others = n / mesh[plan.axis];
+  // A position of the axis goes if one of its devices was on the host.
+  std::vector<bool> gone(mesh[plan.axis], false);
+  for (int v = 0; v < n; ++v) {
+    if (slice.devices[v].worker_id == lost) {
+      gone[CoordsOf(v, mesh)[plan.axis]] = true;
+    }
+  }
+  for (int32_t c = 0; c < mesh[plan.axis]; ++c) {
+    if (!gone[c]) plan.keep.push_back(c);
+  }
+  const int size = static_cast<int>(plan.keep.size()) * others;
+  const int floor = std::max(slice.min_devices, others);
+  if (size < floor) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "it would shrink to ", size, " devices, under its minimum of ", floor,
+        " (min_devices)"));
+  }
+  plan.on_loss = true;
+  plan.lost_worker = lost;
+  plan.lost_why = absl::StrCat("slice ", slice.id, " shrank from ", n, " to ",
+                               size, " devices when worker ", lost,
+                               " was lost (", reason, ")");
+  return CommitResize(*client, slice, plan);
+}
+
+std::vector<std::pair<uint64_t, SliceResized>> ClusterState::GrowSlices(
+    std::map<uint64_t, std::string>* why_not) {
+  std::vector<std::pair<uint64_t, SliceResized>> grown;
+  for (auto& [sid, slice] : slices_) {
+    const int n = static_cast<int>(slice.devices.size());
+    if (!slice.grow || n >= slice.full_devices || !slice.broken.empty() ||
+        !slice.awaiting.empty()) {
+      continue;
+    }
+    ClientRecord* client = FindClient(slice.client_id);
+    if (client == nullptr || client->away) continue;
+    const std::vector<int32_t>& mesh = slice.mesh_shape;
+    const int axis = slice.elastic_axis;
+    const int32_t others = n / mesh[axis];
+    // As many whole positions as the free devices hold, fewer where a
+    // value does not fit that size.
+    std::string refused;
+    for (int32_t add = (slice.full_devices - n) / others; add > 0; --add) {
+      const int size = n + add * others;
+      absl::StatusOr<std::vector<DeviceRef>> placed =
+          PlaceGrowth(*client, slice, add * others);
+      if (!placed.ok()) continue;
+      absl::Status fits = absl::OkStatus();
+      for (const auto& [id, b] : records_.buffers()) {
+        if (b.slice_id != sid || b.released) continue;
+        fits = FitsOnNewMap(id, b.spec(), size, others, sid);
+        if (!fits.ok()) break;
+      }
+      if (!fits.ok()) {
+        if (refused.empty()) refused = std::string(fits.message());
+        continue;
+      }
+      ResizePlan plan;
+      plan.axis = axis;
+      for (int32_t c = 0; c < mesh[axis]; ++c) plan.keep.push_back(c);
+      plan.grown = *std::move(placed);
+      absl::StatusOr<SliceResized> resized =
+          CommitResize(*client, slice, plan);
+      if (!resized.ok()) {
+        refused = std::string(resized.status().message());
+        break;
+      }
+      counters_.set_slices_grown(counters_.slices_grown() + 1);
+      grown.emplace_back(slice.client_id, *std::move(resized));
+      refused.clear();
+      break;
+    }
+    if (!refused.empty() && why_not != nullptr) (*why_not)[sid] = refused;
+  }
+  return grown;
+}
+
+absl::StatusOr<SliceResized> ClusterState::CommitResize(
+    ClientRecord& client, SliceRecord& slice, const ResizePlan& plan) {
+  const uint64_t client_id = client.id;
+  const std::vector<int32_t> mesh = slice.mesh_shape;
+  const int n = static_cast<int>(slice.devices.size());
+  const int32_t others = n / mesh[plan.axis];
+  const int32_t length =
+      static_cast<int32_t>(plan.keep.size() + plan.grown.size() / others);
+  const int size = length * others;
+  SliceResized out;
+  // The values that move; on a loss, those that cannot are lost.
+  std::vector<uint64_t> values;
+  std::map<uint64_t, std::string> lost;  // id: what became of it
+  for (const auto& [id, b] : records_.buffers()) {
+    if (b.slice_id != slice.id || b.released) continue;
+    absl::Status fits = FitsOnNewMap(id, b.spec(), size, others, slice.id);
+    if (!plan.on_loss) {
+      if (!fits.ok()) return fits;
+      values.push_back(id);
+      continue;
+    }
+    const CallRecord* producer =
+        b.producer == 0 ? nullptr : records_.FindCall(b.producer);
+    if (!fits.ok()) {
+      lost[id] = std::string(fits.message());
+    } else if (b.spec().sharding.is_split()) {
+      lost[id] = absl::StrCat("split over the slice's devices, its rows on "
+                              "worker ",
+                              plan.lost_worker, " went with it");
+    } else if (producer != nullptr && (!producer->done || producer->failed)) {
+      lost[id] = "still being computed";
+    } else {
+      values.push_back(id);
+    }
+  }
+  std::sort(values.begin(), values.end());
   std::vector<int32_t> new_mesh = mesh;
-  new_mesh[req.axis()] = size / others;
-  // The new map: a device whose coordinate along the axis the old mesh
-  // had stays; the others are the grown ones, in order.
+  new_mesh[plan.axis] = length;
+  // The new map: the kept positions in order, then the grown ones.
   std::vector<DeviceRef> devices(size);
   size_t next_grown = 0;
   for (int v = 0; v < size; ++v) {
-    const std::vector<int32_t> c = CoordsOf(v, new_mesh);
-    if (c[req.axis()] < mesh[req.axis()]) {
+    std::vector<int32_t> c = CoordsOf(v, new_mesh);
+    if (c[plan.axis] < static_cast<int32_t>(plan.keep.size())) {
+      c[plan.axis] = plan.keep[c[plan.axis]];
       devices[v] = slice.devices[IndexOf(c, mesh)];
     } else {
-      devices[v] = grown[next_grown++];
+      devices[v] = plan.grown[next_grown++];
     }
   }
   // Ids for each value's move (its call and its new buffer), all or none.
@@ -193,7 +321,7 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
       size,
       " devices; compile it again for the new size (plexus.jit does, "
       "on its next call)");
-  for (auto& [pid, prog] : client->programs) {
+  for (auto& [pid, prog] : client.programs) {
     if (prog.def.kernel() != "xla") continue;
     std::set<int64_t> island_hosts;
     int island_devices = 0;
@@ -206,11 +334,18 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
   }
 
   WorkerOps releases;
+  auto drop_old = [&](uint64_t old_id) {
+    // The old copy goes once the move (or a call still running) has read
+    // it (the workers apply ops in order): released on the old map.
+    ForgetBuffer(client, old_id);
+    ReleaseOps(old_id, old_map, &releases);
+    records_.Erase(old_id);
+  };
   for (size_t k = 0; k < values.size(); ++k) {
     const uint64_t old_id = values[k];
     const uint64_t call_id = *ids + 2 * k, new_id = call_id + 1;
     const ArgSpec spec = records_.FindBuffer(old_id)->spec();
-    absl::StatusOr<uint64_t> program = MoveProgram(*client, spec);
+    absl::StatusOr<uint64_t> program = MoveProgram(client, spec);
     proto::Call call;
     call.set_call_id(call_id);
     call.set_slice_id(slice.id);
@@ -246,20 +381,57 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
     out.values_moved++;
     out.bytes_moved +=
         static_cast<int64_t>(spec.Local(size)->byte_size()) * size;
-    // The old copy goes once the move has read it (the workers apply ops
-    // in order; a queued reader keeps an entry): released on the old map.
-    ForgetBuffer(*client, old_id);
-    ReleaseOps(old_id, old_map, &releases);
-    records_.Erase(old_id);
+    drop_old(old_id);
     out.work.push_back({seq, std::move(ops)});
   }
+  if (!lost.empty()) LoseOnShrink(client, plan, lost, out.note);
+  for (const auto& [id, what] : lost) drop_old(id);
   if (!releases.empty()) out.work.push_back({0, std::move(releases)});
   slices_.erase(old_map);
   out.slice = DescribeSlice(slice);
-  out.note.set_worker_id(-1);
+  out.note.set_worker_id(plan.on_loss ? plan.lost_worker : -1);
   out.note.set_resized(true);
   *out.note.add_remapped() = out.slice;
   return out;
+}
+
+void ClusterState::LoseOnShrink(const ClientRecord& client,
+                                const ResizePlan& plan,
+                                const std::map<uint64_t, std::string>& lost,
+                                proto::Recovery& note) {
+  // What calls not done compute from a lost value is lost too, on any
+  // slice of the client's (in routing order: a call's inputs first).
+  std::set<uint64_t> all;
+  for (const auto& [id, what] : lost) all.insert(id);
+  for (const auto& [seq, rec] : records_.calls()) {
+    if (rec.client_id != client.id || (rec.done && !rec.failed)) continue;
+    bool reads = false;
+    for (const CallInput& in : rec.inputs) reads |= all.count(in.buffer_id) > 0;
+    if (reads) all.insert(rec.output_ids.begin(), rec.output_ids.end());
+  }
+  constexpr size_t kNamed = 3;
+  std::vector<std::string> names;
+  for (const auto& [id, what] : lost) {
+    if (names.size() == kNamed) break;
+    names.push_back(absl::StrCat(NameOfBuffer(id), ": ", what));
+  }
+  const std::string more =
+      lost.size() > kNamed
+          ? absl::StrCat("; and ", lost.size() - kNamed, " more values")
+          : "";
+  const absl::Status status = absl::DataLossError(absl::StrCat(
+      plan.lost_why, ". Lost with it: ", absl::StrJoin(names, "; "), more,
+      all.size() > lost.size() ? ", and what was to be computed from them"
+                               : "",
+      ". Compute them again on the new size (slice.resizes tells a loop "
+      "that it changed)"));
+  for (uint64_t id : all) {
+    lost_[id] = status;
+    note.add_lost_ids(id);
+  }
+  *note.mutable_status() = StatusToProto(status);
+  counters_.set_buffers_failed(counters_.buffers_failed() +
+                               static_cast<int64_t>(all.size()));
 }
 
 }  // namespace plexus

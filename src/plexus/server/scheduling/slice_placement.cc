@@ -217,6 +217,29 @@ absl::Status ClusterState::CheckSliceRequest(
         absl::StrCat("a slice request's timeout must not be negative, got ",
                      req.timeout_ms(), " ms"));
   }
+  if (!proto::LossPolicy_IsValid(req.on_loss())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a slice request's loss policy ", req.on_loss(),
+                     " is none of wait, break, shrink"));
+  }
+  if (req.elastic_axis() < 0 ||
+      req.elastic_axis() >= static_cast<int>(mesh.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a slice request's elastic axis ", req.elastic_axis(),
+                     " is not an axis of mesh shape [",
+                     absl::StrJoin(mesh, ", "), "]"));
+  }
+  if (req.min_devices() < 0 || req.min_devices() > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a slice request's min_devices ", req.min_devices(),
+                     " is not between 0 and its ", n, " devices"));
+  }
+  if ((req.grow() || req.min_devices() > 0) &&
+      req.on_loss() != proto::LOSS_SHRINK) {
+    return absl::InvalidArgumentError(
+        "a slice request's min_devices and grow apply to a slice that "
+        "shrinks on a loss (on_loss shrink)");
+  }
   // Checked first: the messages below name them, and the slice keeps its
   // axis names (status shows them).
   for (const std::string& a : req.axis_names()) {
@@ -362,6 +385,11 @@ proto::SliceInfo ClusterState::GrantSlice(ClientRecord& client,
   slice.mesh_shape = MeshOf(req);
   slice.axis_names = AxesOf(req, slice.mesh_shape.size());
   slice.devices = std::move(devices);
+  slice.on_loss = req.on_loss();
+  slice.min_devices = req.min_devices();
+  slice.grow = req.grow();
+  slice.elastic_axis = req.elastic_axis();
+  slice.full_devices = static_cast<int32_t>(slice.devices.size());
   AddLoad(slice.devices, +1);
   client.slices.insert(slice.id);
   JournalSlice(slice);

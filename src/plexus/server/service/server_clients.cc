@@ -510,6 +510,57 @@ void ServerImpl::AnswerSlicesLocked() {
     AddSliceReply(a.client_id, a.request_id, a.slice, &reply);
     it->second->Push(std::move(reply));
   }
+  GrowSlicesLocked();
+}
+
+void ServerImpl::GrowSlicesLocked() {
+  const int64_t start_ns = timeline_.NowNs();
+  std::map<uint64_t, std::string> why_not;
+  std::vector<std::pair<uint64_t, SliceResized>> grown =
+      state_.GrowSlices(&why_not);
+  for (const auto& [sid, why] : why_not) {
+    // Said once per reason: a growth is tried each time capacity frees.
+    if (grow_refusals_[sid] == why) continue;
+    grow_refusals_[sid] = why;
+    SPDLOG_INFO("slice {} could grow back but does not: {}", sid, why);
+  }
+  for (auto& [client_id, resized] : grown) {
+    const uint64_t sid = resized.slice.slice_id();
+    grow_refusals_.erase(sid);
+    auto queue = client_queues_.find(client_id);
+    proto::ServerToClient note;
+    const std::string what = absl::StrCat(
+        "slice ", sid, " grew back to ", resized.slice.devices_size(),
+        " devices as hosts joined, ", resized.values_moved, " values moved (",
+        resized.bytes_moved, " bytes)");
+    SPDLOG_INFO("client {}: {}", client_id, what);
+    SendServerResizeLocked(client_id, sid, std::move(resized), what, start_ns,
+                           &note);
+    if (queue != client_queues_.end()) queue->second->Push(std::move(note));
+  }
+}
+
+void ServerImpl::SendServerResizeLocked(uint64_t client_id, uint64_t slice_id,
+                                        SliceResized resized,
+                                        const std::string& what,
+                                        int64_t start_ns,
+                                        proto::ServerToClient* note) {
+  if (timeline_.enabled()) {
+    TimelineEvent e;
+    e.kind = EventKind::kResize;
+    e.start_ns = start_ns;
+    e.end_ns = timeline_.NowNs();
+    e.client_id = client_id;
+    e.label = timeline_.Intern(what);
+    timeline_.Record(e);
+  }
+  *note->add_recoveries() = std::move(resized.note);
+  absl::MutexLock admission(&admission_mu_);
+  for (auto& [seq, ops] : resized.work) {
+    admission_.Enqueue(client_id, MakeAdmissionUnit(std::move(ops), seq));
+  }
+  AdmitLocked();
+  (void)slice_id;
 }
 
 }  // namespace plexus

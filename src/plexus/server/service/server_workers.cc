@@ -518,6 +518,7 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
   SettleLossLocked(loss);
   TellReleasedPutsLocked();
   RecordRecovery(loss.spare != 0 ? "host lost, its slices remapped onto a spare"
+                 : !loss.shrunk.empty() ? "host lost, its slices shrank"
                  : !loss.awaiting.empty()
                      ? "host lost, its slices wait for a host"
                  : !loss.broken.empty() ? "host lost, its slices broke"
@@ -533,6 +534,21 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
     auto queue = client_queues_.find(c);
     if (waits || queue == client_queues_.end()) continue;  // heard later
     proto::ServerToClient note;
+    // Its slices that shrank: their moves go after what it sent before,
+    // and it hears of the new size (and what was lost) before the loss.
+    for (const auto& [sid, shrunk] : loss.shrunk) {
+      auto slice = state_.slices().find(sid);
+      if (slice == state_.slices().end() || slice->second.client_id != c) {
+        continue;
+      }
+      const std::string what = absl::StrCat(
+          "slice ", sid, " shrank to ", shrunk.slice.devices_size(),
+          " devices: worker ", loss.worker_id, " was lost and no spare was "
+          "free; ", shrunk.values_moved, " values moved, ",
+          shrunk.note.lost_ids_size(), " lost");
+      SPDLOG_WARN("client {}: {}", c, what);
+      SendServerResizeLocked(c, sid, shrunk, what, timeline_.NowNs(), &note);
+    }
     auto* wd = note.add_workers_down();
     wd->set_worker_id(loss.worker_id);
     *wd->mutable_status() = lost;

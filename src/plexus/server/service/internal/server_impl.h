@@ -294,8 +294,21 @@ class ServerImpl final : public Server, public proto::Controller::Service {
                             proto::ServerToClient* reply);
 
   // Answers the waiting slice requests that can be met now or whose
-  // deadline has passed, each on its client's stream.
+  // deadline has passed, each on its client's stream; then grows the
+  // slices that grow back (GrowSlicesLocked) with what is still free.
   void AnswerSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ClusterState::GrowSlices: each growth's moves to admission in its
+  // client's order, its note on the client's stream, a log line and a
+  // timeline event.
+  void GrowSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A resize the server decided (a loss's shrink, a growth) reaches its
+  // client: the moves and releases to admission after what the client
+  // sent before, the note (new ids, lost ones) into `note`, a timeline
+  // event from `start_ns` saying `what`.
+  void SendServerResizeLocked(uint64_t client_id, uint64_t slice_id,
+                              SliceResized resized, const std::string& what,
+                              int64_t start_ns, proto::ServerToClient* note)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Worker `from` could not push a shard to the destination's data plane:
   // the destination fails that entry, so its consumers hear why instead of
@@ -424,6 +437,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // wait in HandleClientBatch meanwhile.
   std::map<uint64_t, std::vector<AdmissionUnit>> held_units_
       ABSL_GUARDED_BY(mu_);
+  // Why each slice that grows back did not, as last logged (said again
+  // only when the reason changes).
+  std::map<uint64_t, std::string> grow_refusals_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> control_bytes_in_{0};
   // The generation the last registration was given; each takes the next.
   // It starts at the wall clock in microseconds, so a restarted server's
