@@ -20,6 +20,7 @@ namespace {
 // one shard, or why the put cannot be made.
 absl::StatusOr<TensorSpec> CheckPut(ClientSession& session,
                                     const std::shared_ptr<Slice>& slice,
+                                    const proto::SliceInfo& map,
                                     const ArgSpec& arg, uint64_t epoch) {
   if (slice == nullptr || slice->closed()) {
     return absl::FailedPreconditionError("put: the slice is closed");
@@ -32,13 +33,13 @@ absl::StatusOr<TensorSpec> CheckPut(ClientSession& session,
   if (arg.sharding.is_partial()) {
     return absl::InvalidArgumentError("put: an array cannot be put as partial");
   }
-  auto local = arg.Local(slice->num_devices());
+  auto local = arg.Local(map.devices_size());
   if (!local.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("put: ", local.status().message()));
   }
   const int64_t bytes = local->byte_size();
-  for (const auto& d : slice->info().devices()) {
+  for (const auto& d : map.devices()) {
     if (bytes > d.memory_bytes()) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "put: a shard of ", arg.global.ToString(), " needs ", bytes,
@@ -74,7 +75,14 @@ absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
                         absl::StrCat("put: ", tag.status().message()));
   }
   const uint64_t epoch = (*tag)->epoch;
-  absl::StatusOr<TensorSpec> local = CheckPut(session, slice, arg, epoch);
+  if (slice == nullptr) {
+    return absl::FailedPreconditionError("put: the slice is closed");
+  }
+  // One map for the whole put: a resize meanwhile (a loss's shrink, a
+  // growth) must not change the shards under it (the server refuses a put
+  // cut for a map of another size, and the client says so).
+  const proto::SliceInfo& map = slice->info();
+  absl::StatusOr<TensorSpec> local = CheckPut(session, slice, map, arg, epoch);
   if (!local.ok()) return local.status();
   absl::StatusOr<uint64_t> next = session.NextIds();
   if (!next.ok()) {
@@ -86,10 +94,11 @@ absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
   op.mutable_put()->set_buffer_id(id);
   op.mutable_put()->set_slice_id(slice->id());
   // The map the shards go by (the server asks for them again if it is old).
-  op.mutable_put()->set_slice_generation(slice->generation());
+  op.mutable_put()->set_slice_generation(map.generation());
+  op.mutable_put()->set_slice_resizes(map.resizes());
   *op.mutable_put()->mutable_arg() = ToProto(arg);
   // Every shard's data, kept to put it again after a loss.
-  auto shards = core_->data().CutShards(*slice, data, arg, *local);
+  auto shards = core_->data().CutShards(map, data, arg, *local);
   if (!shards.ok()) return shards.status();
   // Kept before the put is declared or any shard sent: a host lost
   // meanwhile gets its shards again from here (the server asks,
@@ -106,8 +115,8 @@ absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
   slice->Unhold();
   Future future(
       std::make_shared<BufferHandle>(core_, id, arg, slice, *std::move(tag)));
-  absl::Status sent = core_->data().SendShards(*slice, id, arg, *local, *shards,
-                                               epoch, progress);
+  absl::Status sent = core_->data().SendShards(
+      *slice, id, arg, *local, *shards, map.resizes(), epoch, progress);
   if (!sent.ok()) return sent;
   return future;
 }
@@ -129,15 +138,15 @@ absl::Status Client::WaitManyOnce(const std::vector<Future>& futures,
 // ---------------------------------------------------------------- puts
 
 absl::StatusOr<std::vector<std::shared_ptr<Storage>>> DataPath::CutShards(
-    const Slice& slice, const void* data, const ArgSpec& arg,
+    const proto::SliceInfo& map, const void* data, const ArgSpec& arg,
     const TensorSpec& local) const {
-  const int n = slice.num_devices();
+  const int n = map.devices_size();
   const int64_t bytes = local.byte_size();
   std::shared_ptr<Storage> replicated;
   std::map<Shape, std::shared_ptr<Storage>> blocks;  // mesh: by block start
   std::vector<std::shared_ptr<Storage>> shards(n);
   for (int j = 0; j < n; ++j) {
-    const proto::SliceDevice& device = slice.info().devices(j);
+    const proto::SliceDevice& device = map.devices(j);
     std::shared_ptr<Storage>& shard = shards[j];
     if (arg.sharding.is_mesh()) {
       auto box = arg.BlockOf(n, j);
@@ -182,8 +191,8 @@ absl::StatusOr<std::vector<std::shared_ptr<Storage>>> DataPath::CutShards(
 absl::Status DataPath::SendShards(
     const Slice& slice, uint64_t id, const ArgSpec& arg,
     const TensorSpec& local,
-    const std::vector<std::shared_ptr<Storage>>& shards, uint64_t epoch,
-    TransferProgress* progress) {
+    const std::vector<std::shared_ptr<Storage>>& shards, uint64_t resizes,
+    uint64_t epoch, TransferProgress* progress) {
   const int n = static_cast<int>(shards.size());
   const int64_t bytes = local.byte_size();
   if (progress != nullptr) {
@@ -192,7 +201,7 @@ absl::Status DataPath::SendShards(
   }
   for (int j = 0; j < n; ++j) {
     absl::Status s =
-        SendShard(slice, id, j, *shards[j], bytes, epoch, progress);
+        SendShard(slice, id, j, *shards[j], bytes, resizes, epoch, progress);
     if (!s.ok()) {
       // A host lost that no spare replaced: the value cannot be held.
       const absl::StatusCode code = session_.SliceBroken(slice.id())
@@ -208,14 +217,21 @@ absl::Status DataPath::SendShards(
 
 absl::Status DataPath::SendShard(const Slice& slice, uint64_t id, int j,
                                  const Storage& shard, int64_t bytes,
-                                 uint64_t epoch, TransferProgress* progress) {
+                                 uint64_t resizes, uint64_t epoch,
+                                 TransferProgress* progress) {
   std::atomic<int64_t>* sent =
       progress != nullptr ? &progress->done_bytes : nullptr;
   absl::Status s;
   for (int attempt = 0;; ++attempt) {
     const int64_t heard = session_.losses_heard();
-    const uint64_t generation = slice.generation();
-    const proto::SliceDevice device = slice.info().devices(j);
+    const proto::SliceInfo& map = slice.info();
+    const uint64_t generation = map.generation();
+    if (map.resizes() != resizes || j >= map.devices_size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "put: slice ", slice.id(), " was resized (to ", map.devices_size(),
+          " devices) while the put was sent; put it again"));
+    }
+    const proto::SliceDevice device = map.devices(j);
     // A shard sent again after a loss counts from where it began.
     if (progress != nullptr) progress->done_bytes = bytes * j;
     s = WithConnection(device, epoch, id,

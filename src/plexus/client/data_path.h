@@ -47,10 +47,10 @@ class DataPath : public SessionObserver {
 
   // --- puts (data_io.cc)
   // The shards of the row-major global array `data` for each device of
-  // `slice` (`local`: one shard's spec). Replicas share one Storage; on
-  // this machine it is a memfd the workers map.
+  // the slice's map `map` (`local`: one shard's spec). Replicas share one
+  // Storage; on this machine it is a memfd the workers map.
   absl::StatusOr<std::vector<std::shared_ptr<Storage>>> CutShards(
-      const Slice& slice, const void* data, const ArgSpec& arg,
+      const proto::SliceInfo& map, const void* data, const ArgSpec& arg,
       const TensorSpec& local) const;
   // Keeps the shards of put `id` (on slice `slice_id`) until the server
   // says the buffer is released for good, to put them again should the
@@ -60,10 +60,12 @@ class DataPath : public SessionObserver {
   // Sends the shards (of spec `local`) of put `id` (of session `epoch`) to
   // their devices; a shard whose host is lost goes to the device that took
   // its place. `progress`, if not null, counts the bytes as they go.
+  // `resizes`: the slice's resizes() the shards were cut at.
   absl::Status SendShards(const Slice& slice, uint64_t id, const ArgSpec& arg,
                           const TensorSpec& local,
                           const std::vector<std::shared_ptr<Storage>>& shards,
-                          uint64_t epoch, TransferProgress* progress);
+                          uint64_t resizes, uint64_t epoch,
+                          TransferProgress* progress);
 
   // --- reads (data_io.cc): one attempt each (Client's recovering.cc runs
   // them again after a lost host).
@@ -136,10 +138,12 @@ class DataPath : public SessionObserver {
   // must not wait on a worker).
   void RePutLoop(uint64_t epoch);
   // One shard of SendShards, sent again (at most twice) if its host is
-  // lost and the slice remapped meanwhile.
+  // lost and the slice remapped meanwhile. FailedPrecondition if the
+  // slice was resized since the shards were cut (its map has other
+  // devices: the put is refused by the server too).
   absl::Status SendShard(const Slice& slice, uint64_t id, int j,
-                         const Storage& shard, int64_t bytes, uint64_t epoch,
-                         TransferProgress* progress);
+                         const Storage& shard, int64_t bytes, uint64_t resizes,
+                         uint64_t epoch, TransferProgress* progress);
 
   const ClientOptions& options_;
   ClientSession& session_;

@@ -307,6 +307,11 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
     return absl::InvalidArgumentError("put: an array cannot be put as partial");
   }
   const int n = static_cast<int>((*slice)->devices.size());
+  if (put.slice_resizes() != (*slice)->resizes) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "put: slice ", put.slice_id(), " was resized (to ", n,
+        " devices) after this put's shards were cut; put it again"));
+  }
   auto local = arg->Local(n);
   if (!local.ok()) return local.status();
   ClientRecord* client = FindClient(client_id);

@@ -45,6 +45,7 @@ class ShrinkOnLossTest : public ::testing::Test {
     proto::PutDecl put;
     put.set_buffer_id(ClientMadeId(client_, next_++));
     put.set_slice_id(slice);
+    put.set_slice_resizes(state_.slices().at(slice).resizes);
     *put.mutable_arg() = ToProto(spec);
     WorkerOps ops;
     EXPECT_TRUE(state_.RoutePut(client_, put, &ops).ok());
@@ -234,6 +235,23 @@ TEST_F(ShrinkOnLossTest, AGrowthAValueDoesNotFitWaitsSayingWhy) {
             std::string::npos)
       << why[s.slice_id()];
   EXPECT_EQ(state_.slices().at(s.slice_id()).devices.size(), 3u);
+}
+
+TEST_F(ShrinkOnLossTest, APutCutForTheOldSizeIsRefused) {
+  const proto::SliceInfo s = Slice(4, proto::LOSS_SHRINK);
+  Settle(state_.LoseWorker(Workers(s)[0], "killed"));
+  proto::PutDecl put;
+  put.set_buffer_id(ClientMadeId(client_, next_++));
+  put.set_slice_id(s.slice_id());
+  put.set_slice_resizes(0);  // cut for the 4 devices
+  *put.mutable_arg() = ToProto(kRows);
+  WorkerOps ops;
+  absl::Status refused = state_.RoutePut(client_, put, &ops);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("was resized (to 3 devices)"),
+            std::string::npos)
+      << refused;
+  EXPECT_TRUE(ops.empty());
 }
 
 TEST_F(ShrinkOnLossTest, BadPoliciesAreRefusedNamingWhat) {

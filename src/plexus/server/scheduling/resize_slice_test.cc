@@ -36,6 +36,7 @@ class ResizeSliceTest : public ::testing::Test {
     proto::PutDecl put;
     put.set_buffer_id(ClientMadeId(client_, next_++));
     put.set_slice_id(slice);
+    put.set_slice_resizes(state_.slices().at(slice).resizes);
     *put.mutable_arg() = ToProto(spec);
     WorkerOps ops;
     proto::Recovery reput;
