@@ -115,8 +115,8 @@ absl::StatusOr<Future> Client::PutOnce(const std::shared_ptr<Slice>& slice,
   slice->Unhold();
   Future future(
       std::make_shared<BufferHandle>(core_, id, arg, slice, *std::move(tag)));
-  absl::Status sent = core_->data().SendShards(
-      *slice, id, arg, *local, *shards, map.resizes(), epoch, progress);
+  absl::Status sent = core_->data().SendShards(*slice, id, arg, *local, *shards,
+                                               map.resizes(), epoch, progress);
   if (!sent.ok()) return sent;
   return future;
 }

@@ -151,8 +151,8 @@ void DefineClientSlices(py::class_<Client>& cls) {
       [](Client& c, int n, std::vector<int32_t> mesh,
          std::vector<std::string> axes, const std::string& placement,
          std::vector<std::string> hosts, std::vector<uint64_t> avoid,
-         double timeout, const std::string& on_loss, int min_devices,
-         bool grow, int elastic_axis) {
+         double timeout, const std::string& on_loss, int min_devices, bool grow,
+         int elastic_axis) {
         SliceOptions o;
         o.num_devices = n;
         o.mesh_shape = mesh;

@@ -116,10 +116,10 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
     SliceRecord& slice = slices_.at(sid);
     auto why = no_shrink.find(sid);
     if (slice.broken.empty()) {
-      slice.broken = why == no_shrink.end()
-                         ? reason
-                         : absl::StrCat(reason, "; it did not shrink: ",
-                                        why->second);
+      slice.broken =
+          why == no_shrink.end()
+              ? reason
+              : absl::StrCat(reason, "; it did not shrink: ", why->second);
     }
     JournalSlice(slice);
     loss.broken.insert(sid);

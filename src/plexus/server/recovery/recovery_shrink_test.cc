@@ -118,21 +118,21 @@ TEST_F(ShrinkOnLossTest, ASliceShrinksOffTheLostHostAndSaysWhatItLost) {
   ASSERT_EQ(loss.shrunk.count(s.slice_id()), 1u);
   const SliceResized& r = loss.shrunk.at(s.slice_id());
   // The lost host's position goes; the others keep their order.
-  EXPECT_EQ(Workers(r.slice), (std::vector<int64_t>{Workers(s)[0],
-                                                    Workers(s)[1],
-                                                    Workers(s)[3]}));
+  EXPECT_EQ(
+      Workers(r.slice),
+      (std::vector<int64_t>{Workers(s)[0], Workers(s)[1], Workers(s)[3]}));
   EXPECT_EQ(r.slice.mesh_shape(0), 3);
   EXPECT_EQ(r.slice.resizes(), 1u);
   EXPECT_TRUE(r.note.resized());
   EXPECT_EQ(r.note.worker_id(), lost);
   // Replicated values that were done move; the split one and the one still
   // being computed are lost, the status naming each and why.
-  EXPECT_EQ(std::set<uint64_t>(r.note.old_ids().begin(),
-                               r.note.old_ids().end()),
-            (std::set<uint64_t>{whole, computed}));
-  EXPECT_EQ(std::set<uint64_t>(r.note.lost_ids().begin(),
-                               r.note.lost_ids().end()),
-            (std::set<uint64_t>{rows, running}));
+  EXPECT_EQ(
+      std::set<uint64_t>(r.note.old_ids().begin(), r.note.old_ids().end()),
+      (std::set<uint64_t>{whole, computed}));
+  EXPECT_EQ(
+      std::set<uint64_t>(r.note.lost_ids().begin(), r.note.lost_ids().end()),
+      (std::set<uint64_t>{rows, running}));
   const absl::Status why = StatusFromProto(r.note.status());
   EXPECT_EQ(why.code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(why.message().find("shrank from 4 to 3 devices when worker " +
@@ -191,8 +191,7 @@ TEST_F(ShrinkOnLossTest, AGrowingSliceGrowsBackAsHostsJoin) {
   // A third loss would go under the minimum of 2: nothing grows without
   // a host.
   EXPECT_TRUE(state_.GrowSlices().empty());
-  const int64_t joined =
-      state_.AddWorker(Host("host4", 1), absl::Now()).id;
+  const int64_t joined = state_.AddWorker(Host("host4", 1), absl::Now()).id;
   std::map<uint64_t, std::string> why;
   auto grown = state_.GrowSlices(&why);
   ASSERT_EQ(grown.size(), 1u) << why[s.slice_id()];

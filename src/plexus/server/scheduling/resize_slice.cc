@@ -162,8 +162,8 @@ absl::StatusOr<SliceResized> ClusterState::ShrinkOnLoss(
   const std::vector<int32_t>& mesh = slice.mesh_shape;
   const int n = static_cast<int>(slice.devices.size());
   ResizePlan plan;
-  plan.axis = std::clamp<int>(slice.elastic_axis, 0,
-                              static_cast<int>(mesh.size()) - 1);
+  plan.axis =
+      std::clamp<int>(slice.elastic_axis, 0, static_cast<int>(mesh.size()) - 1);
   const int32_t others = n / mesh[plan.axis];
   // A position of the axis goes if one of its devices was on the host.
   std::vector<bool> gone(mesh[plan.axis], false);
@@ -184,9 +184,9 @@ absl::StatusOr<SliceResized> ClusterState::ShrinkOnLoss(
   }
   plan.on_loss = true;
   plan.lost_worker = lost;
-  plan.lost_why = absl::StrCat("slice ", slice.id, " shrank from ", n, " to ",
-                               size, " devices when worker ", lost,
-                               " was lost (", reason, ")");
+  plan.lost_why =
+      absl::StrCat("slice ", slice.id, " shrank from ", n, " to ", size,
+                   " devices when worker ", lost, " was lost (", reason, ")");
   return CommitResize(*client, slice, plan);
 }
 
@@ -226,8 +226,7 @@ std::vector<std::pair<uint64_t, SliceResized>> ClusterState::GrowSlices(
       plan.axis = axis;
       for (int32_t c = 0; c < mesh[axis]; ++c) plan.keep.push_back(c);
       plan.grown = *std::move(placed);
-      absl::StatusOr<SliceResized> resized =
-          CommitResize(*client, slice, plan);
+      absl::StatusOr<SliceResized> resized = CommitResize(*client, slice, plan);
       if (!resized.ok()) {
         refused = std::string(resized.status().message());
         break;
@@ -268,9 +267,10 @@ absl::StatusOr<SliceResized> ClusterState::CommitResize(
     if (!fits.ok()) {
       lost[id] = std::string(fits.message());
     } else if (b.spec().sharding.is_split()) {
-      lost[id] = absl::StrCat("split over the slice's devices, its rows on "
-                              "worker ",
-                              plan.lost_worker, " went with it");
+      lost[id] = absl::StrCat(
+          "split over the slice's devices, its rows on "
+          "worker ",
+          plan.lost_worker, " went with it");
     } else if (producer != nullptr && (!producer->done || producer->failed)) {
       lost[id] = "still being computed";
     } else {
@@ -421,8 +421,7 @@ void ClusterState::LoseOnShrink(const ClientRecord& client,
           : "";
   const absl::Status status = absl::DataLossError(absl::StrCat(
       plan.lost_why, ". Lost with it: ", absl::StrJoin(names, "; "), more,
-      all.size() > lost.size() ? ", and what was to be computed from them"
-                               : "",
+      all.size() > lost.size() ? ", and what was to be computed from them" : "",
       ". Compute them again on the new size (slice.resizes tells a loop "
       "that it changed)"));
   for (uint64_t id : all) {

@@ -224,10 +224,9 @@ absl::Status ClusterState::CheckSliceRequest(
   }
   if (req.elastic_axis() < 0 ||
       req.elastic_axis() >= static_cast<int>(mesh.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("a slice request's elastic axis ", req.elastic_axis(),
-                     " is not an axis of mesh shape [",
-                     absl::StrJoin(mesh, ", "), "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a slice request's elastic axis ", req.elastic_axis(),
+        " is not an axis of mesh shape [", absl::StrJoin(mesh, ", "), "]"));
   }
   if (req.min_devices() < 0 || req.min_devices() > n) {
     return absl::InvalidArgumentError(

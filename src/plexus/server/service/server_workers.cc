@@ -543,9 +543,11 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
       }
       const std::string what = absl::StrCat(
           "slice ", sid, " shrank to ", shrunk.slice.devices_size(),
-          " devices: worker ", loss.worker_id, " was lost and no spare was "
-          "free; ", shrunk.values_moved, " values moved, ",
-          shrunk.note.lost_ids_size(), " lost");
+          " devices: worker ", loss.worker_id,
+          " was lost and no spare was "
+          "free; ",
+          shrunk.values_moved, " values moved, ", shrunk.note.lost_ids_size(),
+          " lost");
       SPDLOG_WARN("client {}: {}", c, what);
       SendServerResizeLocked(c, sid, shrunk, what, timeline_.NowNs(), &note);
     }
