@@ -450,17 +450,10 @@ void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
       "move ({} bytes)",
       id, req.slice_id(), before, req.num_devices(), resized->values_moved,
       resized->bytes_moved);
-  if (timeline_.enabled()) {
-    TimelineEvent e;
-    e.kind = EventKind::kResize;
-    e.start_ns = start_ns;
-    e.end_ns = timeline_.NowNs();
-    e.client_id = id;
-    e.label = timeline_.Intern(absl::StrCat(
-        "slice ", req.slice_id(), " from ", before, " to ", req.num_devices(),
-        " devices, ", resized->values_moved, " values moved"));
-    timeline_.Record(e);
-  }
+  RecordResize(id, start_ns,
+               absl::StrCat("slice ", req.slice_id(), " from ", before, " to ",
+                            req.num_devices(), " devices, ",
+                            resized->values_moved, " values moved"));
   AddSliceReply(id, req.request_id(), resized->slice, &batch->reply);
   proto::SliceReply& reply = *batch->reply.mutable_slices()->rbegin();
   reply.set_values_moved(resized->values_moved);
@@ -540,20 +533,24 @@ void ServerImpl::GrowSlicesLocked() {
   }
 }
 
+void ServerImpl::RecordResize(uint64_t client_id, int64_t start_ns,
+                              const std::string& what) {
+  if (!timeline_.enabled()) return;
+  TimelineEvent e;
+  e.kind = EventKind::kResize;
+  e.start_ns = start_ns;
+  e.end_ns = timeline_.NowNs();
+  e.client_id = client_id;
+  e.label = timeline_.Intern(what);
+  timeline_.Record(e);
+}
+
 void ServerImpl::SendServerResizeLocked(uint64_t client_id, uint64_t slice_id,
                                         SliceResized resized,
                                         const std::string& what,
                                         int64_t start_ns,
                                         proto::ServerToClient* note) {
-  if (timeline_.enabled()) {
-    TimelineEvent e;
-    e.kind = EventKind::kResize;
-    e.start_ns = start_ns;
-    e.end_ns = timeline_.NowNs();
-    e.client_id = client_id;
-    e.label = timeline_.Intern(what);
-    timeline_.Record(e);
-  }
+  RecordResize(client_id, start_ns, what);
   *note->add_recoveries() = std::move(resized.note);
   absl::MutexLock admission(&admission_mu_);
   for (auto& [seq, ops] : resized.work) {

@@ -301,6 +301,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // client's order, its note on the client's stream, a log line and a
   // timeline event.
   void GrowSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A resize's timeline event (kind resize, on the "slices" track), from
+  // `start_ns` to now, saying `what`.
+  void RecordResize(uint64_t client_id, int64_t start_ns,
+                    const std::string& what);
   // A resize the server decided (a loss's shrink, a growth) reaches its
   // client: the moves and releases to admission after what the client
   // sent before, the note (new ids, lost ones) into `note`, a timeline
