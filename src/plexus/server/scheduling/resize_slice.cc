@@ -208,28 +208,18 @@ std::vector<std::pair<uint64_t, SliceResized>> ClusterState::GrowSlices(
     // value does not fit that size.
     std::string refused;
     for (int32_t add = (slice.full_devices - n) / others; add > 0; --add) {
-      const int size = n + add * others;
       absl::StatusOr<std::vector<DeviceRef>> placed =
           PlaceGrowth(*client, slice, add * others);
       if (!placed.ok()) continue;
-      absl::Status fits = absl::OkStatus();
-      for (const auto& [id, b] : records_.buffers()) {
-        if (b.slice_id != sid || b.released) continue;
-        fits = FitsOnNewMap(id, b.spec(), size, others, sid);
-        if (!fits.ok()) break;
-      }
-      if (!fits.ok()) {
-        if (refused.empty()) refused = std::string(fits.message());
-        continue;
-      }
       ResizePlan plan;
       plan.axis = axis;
       for (int32_t c = 0; c < mesh[axis]; ++c) plan.keep.push_back(c);
       plan.grown = *std::move(placed);
+      // Refused (a value the size does not divide) before anything changes.
       absl::StatusOr<SliceResized> resized = CommitResize(*client, slice, plan);
       if (!resized.ok()) {
-        refused = std::string(resized.status().message());
-        break;
+        if (refused.empty()) refused = std::string(resized.status().message());
+        continue;
       }
       counters_.set_slices_grown(counters_.slices_grown() + 1);
       grown.emplace_back(slice.client_id, *std::move(resized));

@@ -527,25 +527,13 @@ void ServerImpl::GrowSlicesLocked() {
         " devices as hosts joined, ", resized.values_moved, " values moved (",
         resized.bytes_moved, " bytes)");
     SPDLOG_INFO("client {}: {}", client_id, what);
-    SendServerResizeLocked(client_id, sid, std::move(resized), what, start_ns,
+    SendServerResizeLocked(client_id, std::move(resized), what, start_ns,
                            &note);
     if (queue != client_queues_.end()) queue->second->Push(std::move(note));
   }
 }
 
-void ServerImpl::RecordResize(uint64_t client_id, int64_t start_ns,
-                              const std::string& what) {
-  if (!timeline_.enabled()) return;
-  TimelineEvent e;
-  e.kind = EventKind::kResize;
-  e.start_ns = start_ns;
-  e.end_ns = timeline_.NowNs();
-  e.client_id = client_id;
-  e.label = timeline_.Intern(what);
-  timeline_.Record(e);
-}
-
-void ServerImpl::SendServerResizeLocked(uint64_t client_id, uint64_t slice_id,
+void ServerImpl::SendServerResizeLocked(uint64_t client_id,
                                         SliceResized resized,
                                         const std::string& what,
                                         int64_t start_ns,
@@ -557,7 +545,6 @@ void ServerImpl::SendServerResizeLocked(uint64_t client_id, uint64_t slice_id,
     admission_.Enqueue(client_id, MakeAdmissionUnit(std::move(ops), seq));
   }
   AdmitLocked();
-  (void)slice_id;
 }
 
 }  // namespace plexus

@@ -67,6 +67,18 @@ void ServerImpl::RecordRecovery(absl::string_view step, int64_t start_ns,
   timeline_.Record(e);
 }
 
+void ServerImpl::RecordResize(uint64_t client_id, int64_t start_ns,
+                              const std::string& what) {
+  if (!timeline_.enabled()) return;
+  TimelineEvent e;
+  e.kind = EventKind::kResize;
+  e.start_ns = start_ns;
+  e.end_ns = timeline_.NowNs();
+  e.client_id = client_id;
+  e.label = timeline_.Intern(what);
+  timeline_.Record(e);
+}
+
 void ServerImpl::OnClockProbe(int64_t worker, const proto::ClockProbe& probe,
                               int64_t read_ns) {
   if (probe.t4() != 0) {

@@ -549,7 +549,7 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
           shrunk.values_moved, " values moved, ", shrunk.note.lost_ids_size(),
           " lost");
       SPDLOG_WARN("client {}: {}", c, what);
-      SendServerResizeLocked(c, sid, shrunk, what, timeline_.NowNs(), &note);
+      SendServerResizeLocked(c, shrunk, what, timeline_.NowNs(), &note);
     }
     auto* wd = note.add_workers_down();
     wd->set_worker_id(loss.worker_id);

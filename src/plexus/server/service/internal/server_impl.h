@@ -309,9 +309,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // client: the moves and releases to admission after what the client
   // sent before, the note (new ids, lost ones) into `note`, a timeline
   // event from `start_ns` saying `what`.
-  void SendServerResizeLocked(uint64_t client_id, uint64_t slice_id,
-                              SliceResized resized, const std::string& what,
-                              int64_t start_ns, proto::ServerToClient* note)
+  void SendServerResizeLocked(uint64_t client_id, SliceResized resized,
+                              const std::string& what, int64_t start_ns,
+                              proto::ServerToClient* note)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Worker `from` could not push a shard to the destination's data plane:
