@@ -246,3 +246,34 @@ def test_a_put_does_not_wait_behind_its_clients_calls_queued_for_a_stalled_host(
         finally:
             os.kill(pid, signal.SIGCONT)
         plexus.wait(outs)
+
+
+def test_a_put_the_server_refuses_ends_at_once_not_at_the_workers_timeout():
+    # The client pushes a put's shards to the workers as it declares it;
+    # a refused declaration (here: over the tenant's max_bytes) never
+    # reaches them, so each push waited there for 10 minutes. The server
+    # now fails the buffer on the workers with the refusal.
+    with plexus.local(hosts=2,
+                      tenants={"default": {"max_bytes": 1024}}) as cluster:
+        client = cluster.connect()
+        s = client.slice(2)
+        outcome = []
+
+        def put():
+            try:
+                outcome.append(s.put(np.zeros(4096, np.float32),
+                                     plexus.split(0)))
+            except plexus.PlexusError as e:
+                outcome.append(e)
+
+        t = threading.Thread(target=put, daemon=True)
+        t.start()
+        t.join(120)  # far under the 10 minutes a push waited
+        assert not t.is_alive(), "the put still waits for its refused shards"
+        (e,) = outcome
+        assert isinstance(e, plexus.ResourceExhaustedError), e
+        assert "over its quota of 1024 (max_bytes)" in str(e), e
+        # The client and the workers go on: a put within the quota lands.
+        np.testing.assert_array_equal(
+            s.put(np.arange(8, dtype=np.float32), plexus.split(0)).result(),
+            np.arange(8, dtype=np.float32))

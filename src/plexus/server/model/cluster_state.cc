@@ -359,6 +359,26 @@ void ClusterState::FailCallOutputs(uint64_t client_id, const proto::Call& call,
   for (int64_t w : workers) (*ops)[w].push_back(op);
 }
 
+void ClusterState::FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,
+                                  const absl::Status& status,
+                                  WorkerOps* ops) const {
+  if (ClientOfBuffer(put.buffer_id()) != client_id) return;
+  auto it = slices_.find(put.slice_id());
+  if (it == slices_.end() || it->second.client_id != client_id) return;
+  proto::WorkerOp op;
+  op.mutable_fail()->add_buffer_ids(put.buffer_id());
+  *op.mutable_fail()->mutable_status() = StatusToProto(status);
+  std::set<int64_t> workers(it->second.dropped_workers.begin(),
+                            it->second.dropped_workers.end());
+  for (const DeviceRef& d : it->second.devices) workers.insert(d.worker_id);
+  for (int64_t w : workers) {
+    auto worker = workers_.find(w);
+    if (worker != workers_.end() && worker->second.alive) {
+      (*ops)[w].push_back(op);
+    }
+  }
+}
+
 absl::Status ClusterState::CheckBytesQuota(
     const ClientRecord& client, int64_t bytes,
     absl::FunctionRef<std::string()> what) const {

@@ -86,6 +86,9 @@ struct SliceRecord {
   bool grow = false;
   int32_t elastic_axis = 0;
   int32_t full_devices = 0;
+  // Workers the map held before its last resize and holds no more: a put
+  // cut for the old map may have pushed shards there (FailRefusedPut).
+  std::vector<int64_t> dropped_workers;
 };
 
 // Whether every device of the slice is on one host (worker): then no
@@ -544,6 +547,13 @@ class ClusterState {
   // client's buffers by naming them.
   void FailCallOutputs(uint64_t client_id, const proto::Call& call,
                        const absl::Status& status, WorkerOps* ops) const;
+  // A put that did not route: its client pushes its shards to the workers
+  // of the map it cut them by, which wait for a declaration that will not
+  // come. The buffer fails there with `status` (the pushes end with it, at
+  // once): on the slice's workers and those its last resize dropped. Only
+  // the client's own buffer on its own slice, as for FailCallOutputs.
+  void FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,
+                      const absl::Status& status, WorkerOps* ops) const;
   // What a loss that no spare took (`loss.broken`) costs `client_id`:
   // every value of its broken slices, and every output of its calls not
   // done that reads one (on any slice, transitively), can never be read.

@@ -251,6 +251,45 @@ TEST_F(ShrinkOnLossTest, APutCutForTheOldSizeIsRefused) {
             std::string::npos)
       << refused;
   EXPECT_TRUE(ops.empty());
+  // Its shards may already wait at the three live workers of the old map
+  // for a declaration: the buffer fails there, with the refusal.
+  state_.FailRefusedPut(client_, put, refused, &ops);
+  ASSERT_EQ(ops.size(), 3u);
+  for (int64_t w : Workers(s)) {
+    if (w == Workers(s)[0]) {
+      EXPECT_EQ(ops.count(w), 0u) << "the lost worker";
+      continue;
+    }
+    ASSERT_EQ(ops[w].size(), 1u);
+    EXPECT_EQ(ops[w][0].fail().buffer_ids(0), put.buffer_id());
+    EXPECT_NE(ops[w][0].fail().status().message().find("was resized"),
+              std::string::npos);
+  }
+  // Not for a buffer of another client.
+  WorkerOps none;
+  put.set_buffer_id(ClientMadeId(client_ + 1, 1));
+  state_.FailRefusedPut(client_, put, refused, &none);
+  EXPECT_TRUE(none.empty());
+}
+
+TEST_F(ShrinkOnLossTest, ARefusedPutFailsOnTheWorkersAResizeDropped) {
+  const proto::SliceInfo s = Slice(4, proto::LOSS_SHRINK);
+  const std::vector<int64_t> before = Workers(s);
+  proto::SliceResize resize;
+  resize.set_slice_id(s.slice_id());
+  resize.set_num_devices(2);
+  ASSERT_TRUE(state_.ResizeSlice(client_, resize).ok());
+  proto::PutDecl put;
+  put.set_buffer_id(ClientMadeId(client_, next_++));
+  put.set_slice_id(s.slice_id());
+  put.set_slice_resizes(0);
+  *put.mutable_arg() = ToProto(kRows);
+  WorkerOps ops;
+  absl::Status refused = state_.RoutePut(client_, put, &ops);
+  ASSERT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  state_.FailRefusedPut(client_, put, refused, &ops);
+  // The two kept and the two handed back: a push cut for 4 went to each.
+  for (int64_t w : before) EXPECT_TRUE(ops.count(w)) << "worker " << w;
 }
 
 TEST_F(ShrinkOnLossTest, BadPoliciesAreRefusedNamingWhat) {

@@ -301,6 +301,13 @@ absl::StatusOr<SliceResized> ClusterState::CommitResize(
   AddLoad(slice.devices, -1);
   out.freed_devices = size < n;
   slice.devices = std::move(devices);
+  slice.dropped_workers.clear();
+  for (int64_t w : old_hosts) {
+    if (!std::any_of(slice.devices.begin(), slice.devices.end(),
+                     [&](const DeviceRef& d) { return d.worker_id == w; })) {
+      slice.dropped_workers.push_back(w);
+    }
+  }
   slice.mesh_shape = new_mesh;
   slice.generation++;
   slice.resizes++;

@@ -360,6 +360,8 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
         proto::CallError* e = batch->reply.add_errors();
         e->add_output_ids(op.put().buffer_id());
         *e->mutable_status() = StatusToProto(s);
+        // Its shards may already be on their way to the workers.
+        state_.FailRefusedPut(id, op.put(), s, &ops);
       }
       break;
     }
