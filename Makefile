@@ -77,6 +77,10 @@ test-cpp:
 # PYTEST_WORKERS=0 runs them in this process.
 PYTEST_WORKERS ?= 3
 PYTEST_PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+# Each Python stage ends with its slowest tests: a stage that takes minutes
+# more than its last run names the test that waited (a 10-minute wait hid
+# in a passing run once).
+PYTEST_DURATIONS ?= --durations=8
 
 # tests/gpu needs an NVIDIA GPU: tests/gpu/run.sh runs it, CI does not (with
 # CI=true a test that skips fails, tests/conftest.py).
@@ -90,7 +94,7 @@ gpu-bundle:
 	bash scripts/gpu-bundle-extra.sh
 test-python:
 	@echo "[test] integration tests: real server and worker processes on loopback"
-	$(PYTHON) -m pytest -q $(PYTEST_PARALLEL) tests --ignore=tests/gpu
+	$(PYTHON) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_DURATIONS) tests --ignore=tests/gpu
 
 # plexus.jit's tests on the newest jax it supports (0.12.0.1, Python 3.12:
 # the venv scripts/setup.sh makes, and plexus._core built for it,
@@ -114,7 +118,7 @@ test-jax-next:
 	  cmake -S .. -B ../$(BUILD) -DPLEXUS_PYTHON_NEXT=$(JAX_NEXT_PY) >/dev/null && \
 	  ninja -C ../$(BUILD) -j$(JOBS) _core_next; }
 	@echo "[test] plexus.jit on jax $$($(JAX_NEXT_PY) -c 'import jax; print(jax.__version__)') ($(JAX_NEXT_PY))"
-	PYTHONPATH=$(CURDIR)/python $(JAX_NEXT_PY) -m pytest -q $(PYTEST_PARALLEL) $(JAX_NEXT_TESTS)
+	PYTHONPATH=$(CURDIR)/python $(JAX_NEXT_PY) -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_DURATIONS) $(JAX_NEXT_TESTS)
 
 # --- Checked builds (docs/RELIABILITY.md, "Sanitizer stages") -------------
 # clang (Debian's 14, scripts/setup.sh), each in its own build folder.
@@ -189,7 +193,7 @@ test-asan: setup $(ASAN_BUILD)/build.ninja
 	echo "[asan] Python integration suite"; \
 	env $(ASAN_ENV) ASAN_OPTIONS=$(ASAN_OPTS):detect_leaks=0 LD_PRELOAD=$$($(CLANGXX) -print-file-name=libclang_rt.asan-x86_64.so) \
 	  PYTHONPATH=$(CURDIR)/$(ASAN_BUILD)/python PLEXUS_BIN_DIR=$(CURDIR)/$(ASAN_BUILD)/bin \
-	  $$($(PYTHON) -c 'import sys; print(sys.executable)') -m pytest -q $(PYTEST_PARALLEL) -m 'not jax_heavy' tests --ignore=tests/gpu || rc=1; \
+	  $$($(PYTHON) -c 'import sys; print(sys.executable)') -m pytest -q $(PYTEST_PARALLEL) $(PYTEST_DURATIONS) -m 'not jax_heavy' tests --ignore=tests/gpu || rc=1; \
 	if [ -n "$$(ls -A $(ASAN_REPORTS))" ]; then \
 	  echo "[asan] sanitizer reports in $(ASAN_REPORTS):"; \
 	  for f in $(ASAN_REPORTS)/*; do echo "--- $$f"; cat "$$f"; done; rc=1; \
