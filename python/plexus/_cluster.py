@@ -178,6 +178,12 @@ class LocalCluster:
         # The server writes its address once ready; end-of-file if it exits.
         # down() reads the rest.
         line = read_ready_line(self._ready_fd, timeout)
+        if line and line.startswith("cannot start: "):
+            # What the server could not start with (a bad --tenants file),
+            # as the exception of its status code.
+            self._stop(timeout=10.0)
+            code, _, message = line[len("cannot start: "):].partition(": ")
+            _core.raise_status(code, f"plexus-server cannot start: {message}")
         if not line:
             code = self.process.poll()
             self._stop(timeout=10.0)

@@ -67,6 +67,22 @@ void DefineClusterFunctions(py::module_& m) {
   // file of mode 0600; credentials are derived here.
   m.def("new_cluster_secret",
         [] { return Unwrap(ClusterSecret::Generate()).ToHex(); });
+  // A status another process wrote as text ("INVALID_ARGUMENT" and its
+  // message: a server that could not start, on its ready pipe) raised as
+  // the exception of its code.
+  m.def(
+      "raise_status",
+      [](const std::string& code, const std::string& message) {
+        for (int c = 1;
+             c <= static_cast<int>(absl::StatusCode::kUnauthenticated); ++c) {
+          const auto status_code = static_cast<absl::StatusCode>(c);
+          if (absl::StatusCodeToString(status_code) == code) {
+            Raise(absl::Status(status_code, message));
+          }
+        }
+        Raise(absl::UnknownError(message));
+      },
+      py::arg("code"), py::arg("message"));
   m.def(
       "shutdown_server",
       [](const std::string& address, std::optional<std::string> secret_hex) {

@@ -203,6 +203,8 @@ struct SliceResized {
   int32_t values_moved = 0;
   int64_t bytes_moved = 0;  // the values' bytes over all shards of the new map
   bool freed_devices = false;  // it shrank: waiting requests may be met
+  // Why the server resized it, where it did (YieldToPriorities).
+  std::string why;
 };
 
 // What a lost worker did to the slices on it (ClusterState::LoseWorker).
@@ -515,6 +517,21 @@ class ClusterState {
   // divide) stays as it is; `why_not`, if given, gets why, by slice.
   std::vector<std::pair<uint64_t, SliceResized>> GrowSlices(
       std::map<uint64_t, std::string>* why_not = nullptr);
+  // Priorities (TenantPolicy::priority): a slice gives up the devices that
+  // a slice of a higher-priority tenant is mapped to, where it allows it
+  // (on_loss LOSS_SHRINK): it shrinks off them along its elastic axis (a
+  // position goes if any of its devices is so claimed), no further than
+  // its minimum (min_devices, one position), as a resize would: every
+  // value moves (split ones re-split), none is lost. Each resize's owner,
+  // with `why` naming the slice and tenant it yielded to. A slice that
+  // cannot (at its minimum, or a value the smaller size does not divide)
+  // keeps time-sharing those devices; `why_not`, if given, gets why. A
+  // slice does not grow onto devices a higher priority holds
+  // (PlaceGrowth), so it grows back (grow=True) once they free. Called
+  // whenever a slice is granted; a no-op while every tenant has one
+  // priority.
+  std::vector<std::pair<uint64_t, SliceResized>> YieldToPriorities(
+      std::map<uint64_t, std::string>* why_not = nullptr);
   const std::map<uint64_t, SliceRecord>& slices() const { return slices_; }
   proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
 
@@ -717,6 +734,16 @@ class ClusterState {
   absl::StatusOr<std::vector<DeviceRef>> PlaceGrowth(const ClientRecord& client,
                                                      const SliceRecord& slice,
                                                      int need) const;
+  // The highest-priority slice mapped to a device: its priority, id and
+  // tenant (YieldToPriorities, PlaceGrowth, PlaceSlice).
+  struct Claim {
+    int32_t priority = 0;
+    uint64_t slice_id = 0;
+    std::string tenant;
+  };
+  using Claims = std::map<std::pair<int64_t, int>, Claim>;  // (worker, device)
+  // Every device's claim; empty while every client has one priority.
+  Claims ClaimsByPriority() const;
   // A change of a slice's size along one mesh axis (ResizeSlice, a loss's
   // shrink, GrowSlices): the positions of the axis that stay, in order,
   // then the devices of the positions added after them.

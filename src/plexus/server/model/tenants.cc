@@ -1,5 +1,6 @@
 #include "plexus/server/model/tenants.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -28,6 +29,14 @@ absl::Status ParsePolicy(const nlohmann::json& j, const std::string& who,
         return bad("must be a number > 0");
       }
       policy->weight = value.get<double>();
+    } else if (key == "priority") {
+      if (!value.is_number_integer() ||
+          std::abs(value.get<int64_t>()) > TenantPolicy::kMaxPriority) {
+        return bad(absl::StrCat("must be an integer from -",
+                                TenantPolicy::kMaxPriority, " to ",
+                                TenantPolicy::kMaxPriority));
+      }
+      policy->priority = static_cast<int32_t>(value.get<int64_t>());
     } else if (key == "max_devices" || key == "max_calls_in_flight" ||
                key == "max_bytes") {
       if (!value.is_number_integer() || value.get<int64_t>() < 0) {
@@ -46,9 +55,10 @@ absl::Status ParsePolicy(const nlohmann::json& j, const std::string& who,
                                           : static_cast<int32_t>(v);
       }
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tenants: ", who, " has an unknown field \"", key,
-          "\" (known: weight, max_devices, max_bytes, max_calls_in_flight)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenants: ", who, " has an unknown field \"", key,
+                       "\" (known: weight, priority, max_devices, max_bytes, "
+                       "max_calls_in_flight)"));
     }
   }
   return absl::OkStatus();

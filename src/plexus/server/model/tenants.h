@@ -23,6 +23,13 @@
 //   max_calls_in_flight  calls of one client admitted to workers and not
 //                        yet finished; further calls wait at the server
 //                        (0: the built-in default, 4096)
+//   priority             an integer from -1000 to 1000 (default 0): a
+//                        slice of a higher priority takes its devices from
+//                        lower-priority slices that allow it (elastic,
+//                        on_loss "shrink"), which shrink off them to their
+//                        minimum and grow back when they free
+//                        (ClusterState::YieldToPriorities); tenants of one
+//                        priority share by weight
 //
 // Quotas are per client session; the weight is shared by the tenant's
 // sessions in proportion. Immutable once loaded; thread-safe.
@@ -48,6 +55,8 @@ struct TenantPolicy {
   int32_t max_devices = 0;
   int64_t max_bytes = 0;
   int32_t max_calls_in_flight = kDefaultCallsInFlight;
+  static constexpr int32_t kMaxPriority = 1000;
+  int32_t priority = 0;
 };
 
 inline constexpr char kDefaultTenant[] = "default";

@@ -8,26 +8,10 @@
 #include "plexus/common/ids.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/server/model/cluster_state.h"
+#include "plexus/server/scheduling/mesh_coords.h"
 
 namespace plexus {
 namespace {
-
-// Row-major index of `coords` in `mesh`.
-int IndexOf(const std::vector<int32_t>& coords,
-            const std::vector<int32_t>& mesh) {
-  int index = 0;
-  for (size_t a = 0; a < mesh.size(); ++a) index = index * mesh[a] + coords[a];
-  return index;
-}
-
-std::vector<int32_t> CoordsOf(int index, const std::vector<int32_t>& mesh) {
-  std::vector<int32_t> coords(mesh.size());
-  for (size_t a = mesh.size(); a-- > 0;) {
-    coords[a] = index % mesh[a];
-    index /= mesh[a];
-  }
-  return coords;
-}
 
 // Why a value laid out as `spec` cannot live on `n` devices, or OK.
 absl::Status FitsOnNewMap(uint64_t id, const ArgSpec& spec, int n,

@@ -311,9 +311,18 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceSlice(
     return absl::ResourceExhaustedError(absl::StrCat(
         Asked(req, avoid_hosts), "; ", Lack(u, one_host, filtered)));
   }
-  // Least-loaded hosts first; ties keep registration order.
+  // Hosts a higher priority holds last (time-shared with it only if no
+  // other will do); then the least loaded; ties keep registration order.
+  const Claims claims = ClaimsByPriority();
+  std::set<int64_t> higher;
+  for (const auto& [device, claim] : claims) {
+    if (claim.priority > PolicyOf(client).priority) higher.insert(device.first);
+  }
   std::stable_sort(u.usable.begin(), u.usable.end(),
-                   [](const WorkerRecord* a, const WorkerRecord* b) {
+                   [&](const WorkerRecord* a, const WorkerRecord* b) {
+                     const bool ah = higher.count(a->id) > 0;
+                     const bool bh = higher.count(b->id) > 0;
+                     if (ah != bh) return !ah;
                      return a->slices_mapped < b->slices_mapped;
                    });
   // The default keeps a slice inside one island (host) where one can hold
@@ -355,11 +364,22 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceGrowth(
                      if (ain != bin) return !ain;
                      return a->slices_mapped < b->slices_mapped;
                    });
+  // Not onto devices a higher priority holds (YieldToPriorities would take
+  // them back at once): it grows there once they free.
+  const Claims claims = ClaimsByPriority();
+  const int32_t priority = PolicyOf(client).priority;
   std::vector<DeviceRef> chosen;
+  int higher = 0;
   for (const WorkerRecord* w : u.usable) {
     for (int d : LeastLoaded(*w)) {
       if (static_cast<int>(chosen.size()) == need) break;
-      if (in_slice.count({w->id, d}) == 0) chosen.push_back({w->id, d});
+      if (in_slice.count({w->id, d}) > 0) continue;
+      auto claim = claims.find({w->id, d});
+      if (claim != claims.end() && claim->second.priority > priority) {
+        ++higher;
+        continue;
+      }
+      chosen.push_back({w->id, d});
     }
   }
   if (static_cast<int>(chosen.size()) < need) {
@@ -368,7 +388,11 @@ absl::StatusOr<std::vector<DeviceRef>> ClusterState::PlaceGrowth(
         " more to grow, and the live hosts have ",
         Plural(chosen.size(), "device", "devices"), " it does not hold (",
         Plural(u.usable.size(), "usable host", "usable hosts"),
-        "; spares are kept for lost hosts)"));
+        "; spares are kept for lost hosts",
+        higher > 0 ? absl::StrCat("; ", Plural(higher, "device", "devices"),
+                                  " held by a higher priority")
+                   : "",
+        ")"));
   }
   // Shards ordered host by host, as a slice's are.
   OrderHostByHost(chosen);

@@ -109,6 +109,19 @@ absl::StatusOr<plexus::ClusterSecret> FindSecret(const std::string& file,
   return drawn;
 }
 
+// Why the server cannot start, in its log and, as "cannot start: CODE:
+// message", on `ready_fd` (where the address would have been: plexus.local
+// raises it as the exception of its code). Returns the exit code, 1.
+int CannotStart(int ready_fd, const absl::Status& why) {
+  SPDLOG_ERROR("cannot start: {}", why.ToString());
+  if (ready_fd >= 0) {
+    WriteAll(ready_fd, absl::StrCat("cannot start: ",
+                                    absl::StatusCodeToString(why.code()), ": ",
+                                    why.message(), "\n"));
+  }
+  return 1;
+}
+
 // Starts the local workers, serves until shutdown, stops them. Returns the
 // exit code: 0, 1 when the workers did not come up, 3 when a worker did not
 // exit cleanly (each such worker is also a line on `ready_fd`).
@@ -341,8 +354,7 @@ int main(int argc, char** argv) {
   ApplyFlags(&flags);
   plexus::BlockTerminationSignals();
   if (absl::Status s = LoadSecretAndTenants(&flags); !s.ok()) {
-    SPDLOG_ERROR("cannot start: {}", std::string(s.message()));
-    return 1;
+    return CannotStart(flags.ready_fd, s);
   }
   const plexus::ServerOptions& options = flags.options;
   const int ready_fd = flags.ready_fd;
@@ -352,10 +364,7 @@ int main(int argc, char** argv) {
         "collectives may deadlock (test only)");
   }
   auto server = plexus::Server::Start(options);
-  if (!server.ok()) {
-    SPDLOG_ERROR("cannot start: {}", server.status().ToString());
-    return 1;
-  }
+  if (!server.ok()) return CannotStart(ready_fd, server.status());
   int code = 0;
   {
     // Joined at the end of this block, before the server goes.

@@ -277,6 +277,8 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   ApplyCompletionsLocked(&released, /*batch_ends=*/true);
   TellReleasedPutsLocked();
   if (batch.released_slice) AnswerSlicesLocked();
+  // A slice granted may take devices from lower priorities.
+  if (batch.granted_slice) YieldSlicesLocked();
   // Into the client's queue at admission, still under the state lock (so
   // nothing of a client that is being removed gets in); admitted to the
   // workers under the admission lock alone.
@@ -299,6 +301,7 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
       auto slice =
           state_.RequestSlice(id, op.slice_request(), options_.clock->Now());
       if (slice.has_value()) {
+        batch->granted_slice |= slice->ok();
         AddSliceReply(id, op.slice_request().request_id(), *slice,
                       &batch->reply);
       } else {
@@ -314,6 +317,8 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
     case proto::ClientOp::kSliceRelease:
       if (state_.ReleaseSlice(id, op.slice_release()).ok()) {
         batch->released_slice = true;
+        grow_refusals_.erase(op.slice_release());
+        yield_refusals_.erase(op.slice_release());
         state_.LoadStandbys(&ops);  // hosts it leaves idle stand by
       }
       break;
@@ -505,7 +510,32 @@ void ServerImpl::AnswerSlicesLocked() {
     AddSliceReply(a.client_id, a.request_id, a.slice, &reply);
     it->second->Push(std::move(reply));
   }
+  bool granted = false;
+  for (const SliceAnswer& a : answers) granted |= a.slice.ok();
+  if (granted) YieldSlicesLocked();
   GrowSlicesLocked();
+}
+
+void ServerImpl::YieldSlicesLocked() {
+  const int64_t start_ns = timeline_.NowNs();
+  std::map<uint64_t, std::string> why_not;
+  std::vector<std::pair<uint64_t, SliceResized>> yielded =
+      state_.YieldToPriorities(&why_not);
+  for (const auto& [sid, why] : why_not) {
+    if (yield_refusals_[sid] == why) continue;
+    yield_refusals_[sid] = why;
+    SPDLOG_INFO("slice {} does not yield to a higher priority: {}", sid, why);
+  }
+  for (auto& [client_id, resized] : yielded) {
+    yield_refusals_.erase(resized.slice.slice_id());
+    auto queue = client_queues_.find(client_id);
+    proto::ServerToClient note;
+    const std::string what = resized.why;
+    SPDLOG_INFO("client {}: {}", client_id, what);
+    SendServerResizeLocked(client_id, std::move(resized), what, start_ns,
+                           &note);
+    if (queue != client_queues_.end()) queue->second->Push(std::move(note));
+  }
 }
 
 void ServerImpl::GrowSlicesLocked() {
@@ -526,8 +556,8 @@ void ServerImpl::GrowSlicesLocked() {
     proto::ServerToClient note;
     const std::string what = absl::StrCat(
         "slice ", sid, " grew back to ", resized.slice.devices_size(),
-        " devices as hosts joined, ", resized.values_moved, " values moved (",
-        resized.bytes_moved, " bytes)");
+        " devices on devices that came free, ", resized.values_moved,
+        " values moved (", resized.bytes_moved, " bytes)");
     SPDLOG_INFO("client {}: {}", client_id, what);
     SendServerResizeLocked(client_id, std::move(resized), what, start_ns,
                            &note);

@@ -157,6 +157,7 @@ class ServerImpl final : public Server, public proto::Controller::Service {
     std::vector<std::shared_ptr<CallExecutes>> executes;
     proto::ServerToClient reply;  // for the client, if anything
     bool released_slice = false;  // room under max_devices for waiters
+    bool granted_slice = false;   // lower priorities may yield to it
     bool clock_read = false;      // once per batch, at its first call
     bool resent = false;          // sent again after a resume (ClusterState::
                                   // RouteResentCall)
@@ -294,9 +295,13 @@ class ServerImpl final : public Server, public proto::Controller::Service {
                             proto::ServerToClient* reply);
 
   // Answers the waiting slice requests that can be met now or whose
-  // deadline has passed, each on its client's stream; then grows the
-  // slices that grow back (GrowSlicesLocked) with what is still free.
+  // deadline has passed, each on its client's stream; then shrinks the
+  // slices that yield to a higher priority (YieldSlicesLocked), and grows
+  // those that grow back (GrowSlicesLocked) with what is still free.
   void AnswerSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ClusterState::YieldToPriorities, sent as GrowSlicesLocked sends a
+  // growth. Called after every slice granted.
+  void YieldSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ClusterState::GrowSlices: each growth's moves to admission in its
   // client's order, its note on the client's stream, a log line and a
   // timeline event.
@@ -441,9 +446,11 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // wait in HandleClientBatch meanwhile.
   std::map<uint64_t, std::vector<AdmissionUnit>> held_units_
       ABSL_GUARDED_BY(mu_);
-  // Why each slice that grows back did not, as last logged (said again
-  // only when the reason changes).
+  // Why each slice that grows back did not, and why each that could yield
+  // to a higher priority did not, as last logged (said again only when the
+  // reason changes; forgotten when the slice is released).
   std::map<uint64_t, std::string> grow_refusals_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::string> yield_refusals_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> control_bytes_in_{0};
   // The generation the last registration was given; each takes the next.
   // It starts at the wall clock in microseconds, so a restarted server's

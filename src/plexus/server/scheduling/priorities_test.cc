@@ -1,0 +1,167 @@
+// Priorities (TenantPolicy::priority), driven on ClusterState directly: a
+// higher-priority slice takes its devices from elastic lower-priority
+// slices, which shrink off them with every value moved and grow back once
+// they free; what does not yield, and why.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "plexus/common/ids.h"
+#include "plexus/server/model/cluster_state.h"
+#include "plexus/server/model/cluster_state_test_util.h"
+
+namespace plexus {
+namespace {
+
+const ArgSpec kWhole{{DType::kF32, {3}}, Sharding::Replicated()};
+const ArgSpec kRows{{DType::kF32, {12, 2}}, Sharding::Split(0)};
+
+// Four hosts of one device each; tenant "prod" has priority 10, "batch"
+// the default 0.
+class PrioritiesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tenants = TenantTable::FromJson(
+        R"({"tenants": {"prod": {"priority": 10}, "batch": {}}})");
+    ASSERT_TRUE(tenants.ok()) << tenants.status();
+    state_.SetTenants(*tenants);
+    for (int h = 0; h < 4; ++h) {
+      state_.AddWorker(Host("host" + std::to_string(h), 1), absl::Now());
+    }
+    low_ = state_.AddClient("trainer", "batch").id;
+    high_ = state_.AddClient("urgent", "prod").id;
+  }
+  proto::SliceInfo Slice(uint64_t client, int n, proto::LossPolicy policy,
+                         int min = 0, bool grow = false) {
+    proto::SliceRequest req;
+    req.set_num_devices(n);
+    req.set_placement(proto::PLACEMENT_SPREAD);
+    req.set_on_loss(policy);
+    req.set_min_devices(min);
+    req.set_grow(grow);
+    auto s = state_.CreateSlice(client, req);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? *s : proto::SliceInfo();
+  }
+  uint64_t Put(uint64_t client, uint64_t slice, const ArgSpec& spec) {
+    proto::PutDecl put;
+    put.set_buffer_id(ClientMadeId(client, next_++));
+    put.set_slice_id(slice);
+    put.set_slice_resizes(state_.slices().at(slice).resizes);
+    *put.mutable_arg() = ToProto(spec);
+    WorkerOps ops;
+    EXPECT_TRUE(state_.RoutePut(client, put, &ops).ok());
+    return put.buffer_id();
+  }
+  std::set<int64_t> Hosts(uint64_t slice) const {
+    std::set<int64_t> hosts;
+    for (const DeviceRef& d : state_.slices().at(slice).devices) {
+      hosts.insert(d.worker_id);
+    }
+    return hosts;
+  }
+
+  ClusterState state_;
+  uint64_t low_ = 0, high_ = 0;
+  uint64_t next_ = 1;
+};
+
+TEST_F(PrioritiesTest, AHigherPriorityTakesTwoHostsAndGivesThemBack) {
+  const proto::SliceInfo low =
+      Slice(low_, 4, proto::LOSS_SHRINK, /*min=*/2, /*grow=*/true);
+  Put(low_, low.slice_id(), kRows);   // split: re-split over 2, not lost
+  Put(low_, low.slice_id(), kWhole);  // replicated
+  const proto::SliceInfo high = Slice(high_, 2, proto::LOSS_WAIT);
+  std::map<uint64_t, std::string> why_not;
+  auto yielded = state_.YieldToPriorities(&why_not);
+  ASSERT_EQ(yielded.size(), 1u);
+  EXPECT_TRUE(why_not.empty());
+  const auto& [owner, resized] = yielded[0];
+  EXPECT_EQ(owner, low_);
+  EXPECT_EQ(resized.slice.devices_size(), 2);
+  EXPECT_EQ(resized.values_moved, 2);
+  EXPECT_EQ(resized.note.lost_ids_size(), 0) << "a yield loses nothing";
+  EXPECT_FALSE(resized.work.empty()) << "the moves";
+  EXPECT_NE(resized.why.find("shrank from 4 to 2 devices: it gave 2 to slice " +
+                             std::to_string(high.slice_id()) +
+                             " of tenant 'prod' (priority 10, over 0)"),
+            std::string::npos)
+      << resized.why;
+  // The two slices no longer share a host.
+  for (int64_t h : Hosts(high.slice_id())) {
+    EXPECT_EQ(Hosts(low.slice_id()).count(h), 0u) << "host " << h;
+  }
+  EXPECT_EQ(state_.recovery_counters().slices_yielded(), 1);
+  // Nothing more to yield, and no growth onto the high slice's devices.
+  EXPECT_TRUE(state_.YieldToPriorities().empty());
+  std::map<uint64_t, std::string> no_growth;
+  EXPECT_TRUE(state_.GrowSlices(&no_growth).empty());
+  // The high one leaves: the low one grows back to 4.
+  ASSERT_TRUE(state_.ReleaseSlice(high_, high.slice_id()).ok());
+  auto grown = state_.GrowSlices();
+  ASSERT_EQ(grown.size(), 1u);
+  EXPECT_EQ(grown[0].second.slice.devices_size(), 4);
+  EXPECT_EQ(grown[0].second.note.lost_ids_size(), 0);
+}
+
+TEST_F(PrioritiesTest, ASliceAtItsMinimumOrNotElasticTimeShares) {
+  const proto::SliceInfo at_min = Slice(low_, 2, proto::LOSS_SHRINK, 2);
+  const proto::SliceInfo fixed = Slice(low_, 2, proto::LOSS_WAIT);
+  Slice(high_, 4, proto::LOSS_WAIT);
+  std::map<uint64_t, std::string> why_not;
+  EXPECT_TRUE(state_.YieldToPriorities(&why_not).empty());
+  ASSERT_EQ(why_not.count(at_min.slice_id()), 1u);
+  EXPECT_NE(why_not[at_min.slice_id()].find(
+                "at its minimum of 2 devices (min_devices): it time-shares"),
+            std::string::npos)
+      << why_not[at_min.slice_id()];
+  EXPECT_EQ(why_not.count(fixed.slice_id()), 0u) << "it never offered";
+  EXPECT_EQ(state_.slices().at(at_min.slice_id()).devices.size(), 2u);
+  EXPECT_EQ(state_.slices().at(fixed.slice_id()).devices.size(), 2u);
+}
+
+TEST_F(PrioritiesTest, AValueTheSmallerSizeDoesNotDivideKeepsItWhole) {
+  const proto::SliceInfo low = Slice(low_, 4, proto::LOSS_SHRINK, 1);
+  Put(low_, low.slice_id(), {{DType::kF32, {4}}, Sharding::Split(0)});
+  Slice(high_, 1, proto::LOSS_WAIT);  // 4 -> 3 would not divide 4 rows
+  std::map<uint64_t, std::string> why_not;
+  EXPECT_TRUE(state_.YieldToPriorities(&why_not).empty());
+  EXPECT_NE(why_not[low.slice_id()].find("which 3 devices do not divide"),
+            std::string::npos)
+      << why_not[low.slice_id()];
+  EXPECT_EQ(state_.slices().at(low.slice_id()).devices.size(), 4u);
+}
+
+TEST_F(PrioritiesTest, OnePriorityYieldsNothingAndLowerRequestsAvoidHigher) {
+  // Two clients of one tenant: no yields.
+  const uint64_t other = state_.AddClient("peer", "batch").id;
+  Slice(low_, 4, proto::LOSS_SHRINK, 1, true);
+  Slice(other, 2, proto::LOSS_WAIT);
+  EXPECT_TRUE(state_.YieldToPriorities().empty());
+  // A lower-priority request lands off the hosts a higher one holds.
+  ClusterState fresh;
+  auto tenants =
+      TenantTable::FromJson(R"({"tenants": {"prod": {"priority": 10}}})");
+  ASSERT_TRUE(tenants.ok());
+  fresh.SetTenants(*tenants);
+  for (int h = 0; h < 4; ++h) {
+    fresh.AddWorker(Host("host" + std::to_string(h), 1), absl::Now());
+  }
+  const uint64_t hi = fresh.AddClient("urgent", "prod").id;
+  const uint64_t lo = fresh.AddClient("trainer").id;
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  auto h = fresh.CreateSlice(hi, req);
+  auto l = fresh.CreateSlice(lo, req);
+  ASSERT_TRUE(h.ok() && l.ok());
+  std::set<int64_t> high_hosts;
+  for (const auto& d : h->devices()) high_hosts.insert(d.worker_id());
+  for (const auto& d : l->devices()) {
+    EXPECT_EQ(high_hosts.count(d.worker_id()), 0u) << d.worker_id();
+  }
+}
+
+}  // namespace
+}  // namespace plexus
