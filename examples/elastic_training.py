@@ -426,25 +426,36 @@ def check_shrinking(model, done, lr):
 RESIZE = re.compile(r"(shrank to|grew back to) (\d+) devices")
 
 
+def spans(trace, cat):
+    """(begin event, duration in us) of a trace's async events of `cat`."""
+    begins = {e["id"]: e for e in trace["traceEvents"]
+              if e.get("cat") == cat and e["ph"] == "b"}
+    return [(begins[e["id"]], e["ts"] - begins[e["id"]]["ts"])
+            for e in trace["traceEvents"]
+            if e.get("cat") == cat and e["ph"] == "e" and e["id"] in begins]
+
+
 def resize_events(trace):
     """The resizes of a client.trace file's events, in order: dicts with
     kind (shrink/grow), to (devices), server_ms (the resize at the server),
-    values (moved), bytes (moved; None where the event does not say: a
-    shrink moves none between hosts) and name."""
-    begins = {e["id"]: e for e in trace["traceEvents"]
-              if e.get("cat") == "resize" and e["ph"] == "b"}
+    loss_ms (a shrink: the server's handling of the loss it came from, from
+    declaring the host lost, its "recovery" event), values (moved), bytes
+    (the moved values' bytes on the new map; None where the event does not
+    say: a shrink moves none between hosts) and name."""
+    losses = [(b["ts"], us) for b, us in spans(trace, "recovery")
+              if "its slices shrank" in b["name"]]
     out = []
-    for e in trace["traceEvents"]:
-        b = begins.get(e.get("id"))
-        if e.get("cat") != "resize" or e["ph"] != "e" or b is None:
-            continue
+    for b, us in spans(trace, "resize"):
         m = RESIZE.search(b["name"])
         values = re.search(r"(\d+) values moved", b["name"])
         moved = re.search(r"\((\d+) bytes\)", b["name"])
-        out.append({"kind": "shrink" if m and m.group(1) == "shrank to"
-                    else "grow" if m else "resize",
-                    "to": int(m.group(2)) if m else None,
-                    "server_ms": (e["ts"] - b["ts"]) / 1e3, "ts": b["ts"],
+        kind = ("shrink" if m and m.group(1) == "shrank to"
+                else "grow" if m else "resize")
+        loss = [us for ts, us in losses if ts <= b["ts"]]
+        out.append({"kind": kind, "to": int(m.group(2)) if m else None,
+                    "server_ms": us / 1e3, "ts": b["ts"],
+                    "loss_ms": loss[-1] / 1e3 if kind == "shrink" and loss
+                    else None,
                     "values": int(values.group(1)) if values else None,
                     "bytes": int(moved.group(1)) if moved else None,
                     "name": b["name"]})
@@ -513,10 +524,13 @@ def main_shrink(args, kill_steps, join_steps):
           f"{run['redone']} step(s) run again")
     frm = args.hosts
     for r in events:
-        moved = (f"{r['bytes']} bytes" if r["bytes"] is not None
-                 else "no bytes between hosts")
+        moved = (f"{r['bytes']} bytes on the new map"
+                 if r["bytes"] is not None else "no bytes between hosts")
+        loss = (f" (the loss: {r['loss_ms']:.2f} ms)"
+                if r["loss_ms"] is not None else "")
         print(f"resize: {r['kind']} {frm} -> {r['to']}: {r['server_ms']:.2f} "
-              f"ms at the server, {r['values']} value(s) moved, {moved}")
+              f"ms at the server{loss}, {r['values']} value(s) moved, "
+              f"{moved}")
         frm = r["to"]
     for k in run["kills"]:
         print(f"killed {k['what']} before step {k['step']}: next step done "
