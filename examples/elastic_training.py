@@ -299,6 +299,22 @@ def kill_host(cluster, host):
     raise RuntimeError(f"no live worker on {host}")
 
 
+def kill_one(cluster, s, rng, step):
+    """SIGKILLs a random host of slice `s`; a record of it."""
+    host = rng.choice([d["host"] for d in s.devices])
+    pid = kill_host(cluster, host)
+    return {"step": step, "t": time.monotonic(),
+            "what": f"{host} (pid {pid})"}
+
+
+def join_workers(cluster, count, workers, step):
+    """Starts `count` workers (appended to `workers`); a record of it."""
+    t = time.monotonic()
+    for _ in range(count):
+        workers.append(join_worker(cluster, f"joiner{len(workers)}"))
+    return {"step": step, "t": t, "what": f"{count} worker(s)"}
+
+
 def await_resize(s, resizes, timeout=WAIT_S):
     """Whether the client hears of a resize of `s` after `resizes` within
     `timeout` seconds (the client has no event for it: polled)."""
@@ -351,18 +367,10 @@ def train_shrinking(cluster, client, model, steps, rows, lr, hosts=4,
         if k not in handled:  # once a step, not again when it is redone
             handled.add(k)
             if k in kill_steps:
-                host = rng.choice([d["host"] for d in s.devices])
-                pid = kill_host(cluster, host)
-                run["kills"].append({"step": k, "t": time.monotonic(),
-                                     "what": f"{host} (pid {pid})",
-                                     "devices": s.num_devices})
+                run["kills"].append(kill_one(cluster, s, rng, k))
             if k in join_steps and s.num_devices < hosts:
-                for _ in range(hosts - s.num_devices):
-                    workers.append(join_worker(cluster,
-                                               f"joiner{len(workers)}"))
-                run["joins"].append({"step": k, "t": time.monotonic(),
-                                     "what": f"{hosts - s.num_devices} "
-                                     "worker(s)"})
+                run["joins"].append(join_workers(cluster, hosts - s.num_devices,
+                                                 workers, k))
         if k == steps - 1 and run["joins"]:
             # The workers may still be starting: the last step is on all.
             while s.num_devices < hosts:
@@ -384,8 +392,8 @@ def train_shrinking(cluster, client, model, steps, rows, lr, hosts=4,
             if not await_resize(s, resizes):
                 raise RuntimeError(f"step {k} failed and the slice was not "
                                    f"resized: {e}") from e
-            say(f"  step {k} on {n} devices raised ({type(e).__name__}); "
-                f"runs again on {s.num_devices}")
+            say(f"  step {k} on {n} devices raised ({type(e).__name__}: "
+                f"{str(e)[:100]}...); runs again on {s.num_devices}")
             run["redone"] += 1
             continue
         if s.resizes != resizes:
