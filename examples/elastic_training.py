@@ -229,51 +229,55 @@ WAIT_S = 60  # for a resize the loop expects
 
 
 class ShrinkModel:
-    """What the shrinking loop trains: flat float32 parameters, a loss
-    summed over a batch's rows (a jax function of the flat parameters), and
-    one stream of rows (x, y) the steps take in order."""
+    """What the shrinking loop trains: flat float32 parameters, each row's
+    loss (a jax function of the flat parameters), and one stream of rows
+    (x, y) the steps take in order. A step's loss is the sum over its rows:
+    the step divides by its batch."""
 
-    def __init__(self, name, params, loss_of_tree, x, y):
+    def __init__(self, name, params, row_losses_of_tree, x, y):
         self.name = name
         flat, unravel = ravel_pytree(params)
         self.flat = np.asarray(flat, np.float32)
-        self.loss = lambda p, x, y: loss_of_tree(unravel(p), x, y)
+        self.row_losses = lambda p, x, y: row_losses_of_tree(unravel(p), x, y)
         self.x, self.y = x, y
 
+    def loss(self, p, x, y):
+        return jnp.sum(self.row_losses(p, x, y))
 
-def mlp_loss_sum(p, x, labels):
-    """examples/mlp_common.py's MLP: softmax cross-entropy summed over rows."""
+
+def mlp_row_losses(p, x, labels):
+    """examples/mlp_common.py's MLP: each row's softmax cross-entropy."""
     h = jax.nn.relu(x @ p["w1"] + p["b1"])
     logp = jax.nn.log_softmax(h @ p["w2"] + p["b2"], axis=-1)
-    return -jnp.sum(jnp.take_along_axis(logp, labels[:, None], axis=-1))
+    return -jnp.take_along_axis(logp, labels[:, None], axis=-1)[:, 0]
 
 
-def one_block_loss_sum(p, tokens, targets):
+def one_block_row_losses(p, tokens, targets):
     """examples/transformer.py's model with one block (its compile is what
     a resize waits for, on 2 CPU cores): embedding + block 1, the final
     norm and the output projection; each sequence's mean cross-entropy
-    over its tokens, summed over the sequences."""
+    over its tokens."""
     h = stage0_forward(p["stage0"], tokens)
     head = p["head"]
     logits = layer_norm(h, head["ln_g"], head["ln_b"]) @ head["head_w"] + \
         head["head_b"]
     logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)
-    return jnp.sum(nll) / tokens.shape[1]
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return jnp.mean(nll, axis=1)
 
 
 def shrink_model(name, rows, seed=0):
     """The MLP or the transformer, with a stream of `rows` rows."""
     if name == "mlp":
         x, y = mlp_common.make_dataset(rows, seed)
-        return ShrinkModel(name, mlp_common.init_params(seed), mlp_loss_sum,
+        return ShrinkModel(name, mlp_common.init_params(seed), mlp_row_losses,
                            x, y)
     if name == "transformer":
         (x, y), = make_batches(1, rows, seed)
         params = init_params(seed)
         head = {k: v for k, v in params["stage1"].items() if k != "block"}
         return ShrinkModel(name, {"stage0": params["stage0"], "head": head},
-                           one_block_loss_sum, x, y)
+                           one_block_row_losses, x, y)
     raise ValueError(f"--model must be mlp or transformer, not {name!r}")
 
 
@@ -415,14 +419,22 @@ def check_shrinking(model, done, lr):
     """Applies the same steps in one process (jax.jit, the same rows and
     batch sizes) and compares each step's parameters. Returns
     (steps outside rtol 1e-5 / atol 1e-6, steps bit for bit equal,
-    the largest absolute difference)."""
-    grad = jax.jit(jax.grad(model.loss))
+    the largest absolute difference). One compile for every batch size:
+    each batch is padded to the largest with rows of weight 0."""
+    grad = jax.jit(jax.grad(
+        lambda p, x, y, w: jnp.sum(w * model.row_losses(p, x, y))))
+    most = max(d["batch"] for d in done)
     want = model.flat.copy()
     bad, same, worst = [], 0, 0.0
     for d in done:
-        rows = slice(d["offset"], d["offset"] + d["batch"])
+        rows = slice(d["offset"], d["offset"] + most)
+        x, y = model.x[rows], model.y[rows]
+        if len(x) < most:  # the stream's end: any rows, of weight 0
+            x = np.concatenate([x, model.x[:most - len(x)]])
+            y = np.concatenate([y, model.y[:most - len(y)]])
+        w = (np.arange(most) < d["batch"]).astype(np.float32)
         want = want - np.float32(lr / d["batch"]) * np.asarray(
-            grad(want, model.x[rows], model.y[rows]))
+            grad(want, x, y, w))
         diff = np.abs(d["params"] - want)
         worst = max(worst, float(diff.max()))
         same += bool(np.array_equal(d["params"], want))

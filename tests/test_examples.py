@@ -148,8 +148,14 @@ def run_shrink_example(model, *args, timeout=180):
                      proc.stdout, re.M), output
     sizes = re.search(r"devices by step \[([0-9, ]+)\]", proc.stdout)
     assert sizes, output
+    # Each kill and join, with the time to the next step done after it.
+    assert len(re.findall(r"^killed .* next step done [0-9.]+ s after the "
+                          r"kill$", proc.stdout, re.M)) == 2, output
+    assert re.search(r"^joined .* next step on 4 devices done [0-9.]+ s",
+                     proc.stdout, re.M), output
     return ([int(n) for n in sizes.group(1).split(",")],
-            re.findall(r"^resize: (\w+ \d -> \d)", proc.stdout, re.M))
+            re.findall(r"^resize: (\w+ \d -> \d): [0-9.]+ ms at the server",
+                       proc.stdout, re.M))
 
 
 def assert_shrank_and_grew(sizes, resizes):
