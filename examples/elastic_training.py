@@ -342,6 +342,27 @@ def sgd_step(s, grad, all_reduce, update, p, x, y, lr):
     return new_p, got, float(np.asarray(loss)) / batch
 
 
+def kept_params(s, p, last, run, say):
+    """Before a step runs again: (the parameters `p` if the resize kept
+    them, else `last` (their value, fetched when their step was done) put
+    again, said and counted; whether they were lost). They should always
+    be kept: their step was waited for. They are not when the host is
+    killed within a millisecond of that wait (a runtime race: the server
+    had not heard that the lost host's part of the step was done;
+    tests/test_shrink.py,
+    test_a_value_waited_for_survives_a_shrink_right_after)."""
+    run["redone"] += 1
+    try:
+        plexus.wait(p, timeout=WAIT_S)
+        return p, False
+    except plexus.PlexusError as e:
+        say(f"  the parameters, done and fetched, were lost in the resize "
+            f"({type(e).__name__}: {str(e)[:80]}...): put again from the "
+            "fetched copy")
+        run["put_again"] += 1
+        return s.put(last), True
+
+
 def train_shrinking(cluster, client, model, steps, rows, lr, hosts=4,
                     min_devices=2, kill_steps=(), join_steps=(), seed=0,
                     workers=None, say=print):
@@ -353,7 +374,8 @@ def train_shrinking(cluster, client, model, steps, rows, lr, hosts=4,
     them to be taken); their processes are appended to `workers` (the
     caller stops them). Returns {"done": one dict per completed step
     (step, offset, batch, devices, params, loss, t), "kills", "joins"
-    (dicts with step, t and what), "redone": steps run again}."""
+    (dicts with step, t and what), "redone": steps run again,
+    "put_again": times the parameters were put again (kept_params)}."""
     workers = [] if workers is None else workers
     rng = random.Random(seed)
     s = client.slice(hosts, placement="spread", on_loss="shrink",
@@ -364,8 +386,8 @@ def train_shrinking(cluster, client, model, steps, rows, lr, hosts=4,
     update = plexus.jit(lambda p, g, scale: p - scale * g, s, name="sgd")
     spec = plexus.Spec(model.flat.shape, "float32", plexus.partial())
     all_reduce = {}  # by slice.resizes: a builtin is made for one size
-    p = s.put(model.flat)
-    run = {"done": [], "kills": [], "joins": [], "redone": 0}
+    p, last = s.put(model.flat), model.flat  # on the slice, and fetched
+    run = {"done": [], "kills": [], "joins": [], "redone": 0, "put_again": 0}
     k, offset, handled = 0, 0, set()
     while k < steps:
         if k not in handled:  # once a step, not again when it is redone
@@ -393,25 +415,27 @@ def train_shrinking(cluster, client, model, steps, rows, lr, hosts=4,
         except plexus.PlexusError as e:
             # A host went under this step: the slice shrinks (the client
             # hears of it) and the step runs again on the devices left.
-            if not await_resize(s, resizes):
+            # (Or a resize heard before the step lost its parameters.)
+            say(f"  step {k} on {n} devices raised ({type(e).__name__}: "
+                f"{str(e)[:100]}...)")
+            p, lost = kept_params(s, p, last, run, say)
+            if not lost and not await_resize(s, resizes):
                 raise RuntimeError(f"step {k} failed and the slice was not "
                                    f"resized: {e}") from e
-            say(f"  step {k} on {n} devices raised ({type(e).__name__}: "
-                f"{str(e)[:100]}...); runs again on {s.num_devices}")
-            run["redone"] += 1
+            say(f"  step {k} runs again on {s.num_devices}")
             continue
         if s.resizes != resizes:
             # Done on the old size, but a value of it may have been lost
             # in the move: the same step again, from the same parameters.
             say(f"  step {k} done on {n} devices as the slice was resized "
                 f"to {s.num_devices}; runs again")
-            run["redone"] += 1
+            p, _ = kept_params(s, p, last, run, say)
             continue
         run["done"].append({"step": k, "offset": offset, "batch": batch,
                             "devices": n, "params": got, "loss": loss,
                             "t": time.monotonic()})
         say(f"step {k:3d}  devices {n}  batch {batch:3d}  loss {loss:.6f}")
-        p, offset, k = new_p, offset + batch, k + 1
+        p, last, offset, k = new_p, got, offset + batch, k + 1
     return run
 
 
@@ -541,7 +565,8 @@ def main_shrink(args, kill_steps, join_steps):
         events = resize_events(json.load(f))
     sizes = [d["devices"] for d in run["done"]]
     print(f"{args.steps} steps in {elapsed:.1f} s, devices by step {sizes}, "
-          f"{run['redone']} step(s) run again")
+          f"{run['redone']} step(s) run again, parameters put again "
+          f"{run['put_again']} time(s)")
     frm = args.hosts
     for r in events:
         moved = (f"{r['bytes']} bytes on the new map"
