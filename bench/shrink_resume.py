@@ -36,6 +36,7 @@ import random
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,6 +85,9 @@ def one_trial(args, seed, tmp, say):
         "killed": run["kills"][0]["what"],
         "devices_by_step": [d["devices"] for d in done],
         "steps_redone": run["redone"],
+        # The parameters lost by a resize though their step was done (the
+        # runtime race in tests/test_shrink.py), put again from the host.
+        "params_put_again": run["put_again"],
         "kill_to_next_step_s": et.to_next_step(run, run["kills"][0]),
         "join_to_next_step_on_4_s": et.to_next_step(run, run["joins"][0],
                                                     args.hosts),
@@ -106,7 +110,8 @@ def one_trial(args, seed, tmp, say):
         f"{grows[-1]['server_ms']:.3f} ms at the server, "
         f"{grows[-1]['bytes']} bytes on the new map); steps "
         f"{row['devices_by_step']}, "
-        f"{run['redone']} redone, max |diff| vs one process {worst:.1e}")
+        f"{run['redone']} redone, parameters put again {run['put_again']}, "
+        f"max |diff| vs one process {worst:.1e}")
     return row
 
 
@@ -138,6 +143,8 @@ def main():
 
     result = {
         "machine": f"{platform.node()} ({os.cpu_count()} cores)",
+        "date": time.strftime("%Y-%m-%d"),
+        "load_average_at_end": os.getloadavg()[0],
         "model": args.model, "hosts": args.hosts, "rows": args.rows,
         "trials": args.trials,
         "kill_to_next_step_median_s": median("kill_to_next_step_s"),
@@ -152,6 +159,7 @@ def main():
         "step_on_4_median_s": statistics.median(
             r["step_s_on_4"] for r in rows if r["step_s_on_4"] is not None),
         "steps_redone_median": median("steps_redone"),
+        "params_put_again_total": sum(r["params_put_again"] for r in rows),
         "param_bytes": rows[0]["param_bytes"],
         "per_trial": rows,
     }
