@@ -128,3 +128,54 @@ def test_numpy_reference_gradients_match_finite_differences():
             numeric = (reference_step(up, x, labels, 0.0)[0] -
                        reference_step(down, x, labels, 0.0)[0]) / (2 * eps)
             assert abs(numeric - grads[n][idx]) < 1e-6, (n, idx)
+
+
+def run_shrink_example(model, *args, timeout=180):
+    """examples/elastic_training.py --on-loss shrink: a 4-host slice with
+    no spare trained through two SIGKILLs and workers joining. The example
+    checks every step against one process applying the same batches and
+    exits 1 if one differs. Returns (devices by step, resize lines)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [PLEXUS_PYTHONPATH] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "elastic_training.py"),
+         "--on-loss", "shrink", "--model", model, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"exited with {proc.returncode}:\n{output}"
+    assert re.search(r"^all \d+ steps match the one-process reference",
+                     proc.stdout, re.M), output
+    sizes = re.search(r"devices by step \[([0-9, ]+)\]", proc.stdout)
+    assert sizes, output
+    # Each kill and join, with the time to the next step done after it.
+    assert len(re.findall(r"^killed .* next step done [0-9.]+ s after the "
+                          r"kill$", proc.stdout, re.M)) == 2, output
+    assert re.search(r"^joined .* next step on 4 devices done [0-9.]+ s",
+                     proc.stdout, re.M), output
+    return ([int(n) for n in sizes.group(1).split(",")],
+            re.findall(r"^resize: (\w+ \d -> \d): [0-9.]+ ms at the server",
+                       proc.stdout, re.M))
+
+
+def assert_shrank_and_grew(sizes, resizes):
+    # 4 -> 3 -> 2 at the kills, back to 4 by the last step.
+    assert sizes[0] == 4 and 3 in sizes and 2 in sizes and sizes[-1] == 4, \
+        sizes
+    assert resizes[:2] == ["shrink 4 -> 3", "shrink 3 -> 2"], resizes
+    assert resizes[-1].startswith("grow") and resizes[-1].endswith("-> 4"), \
+        resizes
+
+
+@pytest.mark.jax_heavy
+def test_elastic_mlp_shrinks_and_grows_back_matching_one_process():
+    assert_shrank_and_grew(*run_shrink_example(
+        "mlp", "--rows", "4", "--steps", "8", "--kill-steps", "1,3",
+        "--join-steps", "5"))
+
+
+@pytest.mark.jax_heavy
+def test_elastic_transformer_shrinks_and_grows_back_matching_one_process():
+    assert_shrank_and_grew(*run_shrink_example(
+        "transformer", "--steps", "6", "--kill-steps", "1,3",
+        "--join-steps", "4"))
