@@ -221,14 +221,6 @@ def shrink_with_values():
         np.testing.assert_array_equal(value(double(whole)), [2, 4, 6])
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "runtime bug: plexus.wait hears readiness from the workers, the server "
-    "hears a call is done from their CallsDone reports (sent up to 1 ms "
-    "later, worker/report_queue.h kReportDelay); a host killed in between "
-    "never reports, the call is never done at the server, and "
-    "CommitResize loses its replicated output as 'still being computed' "
-    "though every surviving device holds it. A race: XPASS when no kill "
-    "lands in the window"))
 def test_a_value_waited_for_survives_a_shrink_right_after():
     """A replicated value plexus.wait returned for (every worker said its
     copy was ready) is done: a host killed right after, the slice shrinks

@@ -246,10 +246,10 @@ class Client:
         at once, or "shrink": the slice goes on without the positions of
         mesh axis `elastic_axis` (a name or index; default the first, the
         data-parallel one) that had a device there, no smaller than
-        `min_devices`. Replicated values move onto the smaller map; split
-        ones, and those still being computed, are lost (DeviceLostError,
-        naming them), so a loop keeps its last good state until a step
-        is done. grow=True: the slice grows back, up to `n`, as hosts join
+        `min_devices`. Replicated values move onto the smaller map (done
+        or still being computed); split and partial ones are lost
+        (DeviceLostError, naming them), so a loop keeps its last good
+        state until a step is done. grow=True: the slice grows back, up to `n`, as hosts join
         or come free. Each change adds 1 to `slice.resizes`; plexus.jit
         programs compile again for the new size (docs/scheduling.md).
         """

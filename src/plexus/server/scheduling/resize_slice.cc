@@ -245,9 +245,16 @@ absl::StatusOr<SliceResized> ClusterState::CommitResize(
           "split over the slice's devices, its rows on "
           "worker ",
           plan.lost_worker, " went with it");
-    } else if (producer != nullptr && (!producer->done || producer->failed)) {
-      lost[id] = "still being computed";
+    } else if (producer != nullptr && producer->failed) {
+      lost[id] = "its call failed";
     } else {
+      // Replicated, done or still running: every surviving device holds
+      // (or computes) its own copy, and the move waits for it there. A
+      // call the server has not heard is done may be (the workers report
+      // completions up to report_queue.h's delay later, and the lost one
+      // never will): a value its client already waited for must not be
+      // lost. A call that fails with the host (a collective with it) fails
+      // the moved value with its status.
       values.push_back(id);
     }
   }
