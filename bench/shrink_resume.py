@@ -85,8 +85,8 @@ def one_trial(args, seed, tmp, say):
         "killed": run["kills"][0]["what"],
         "devices_by_step": [d["devices"] for d in done],
         "steps_redone": run["redone"],
-        # The parameters lost by a resize though their step was done (the
-        # runtime race in tests/test_shrink.py), put again from the host.
+        # The parameters lost by a resize though their step was done, put
+        # again from the host: 0 (a shrink moves replicated values).
         "params_put_again": run["put_again"],
         "kill_to_next_step_s": et.to_next_step(run, run["kills"][0]),
         "join_to_next_step_on_4_s": et.to_next_step(run, run["joins"][0],

@@ -345,12 +345,10 @@ def sgd_step(s, grad, all_reduce, update, p, x, y, lr):
 def kept_params(s, p, last, run, say):
     """Before a step runs again: (the parameters `p` if the resize kept
     them, else `last` (their value, fetched when their step was done) put
-    again, said and counted; whether they were lost). They should always
-    be kept: their step was waited for. They are not when the host is
-    killed within a millisecond of that wait (a runtime race: the server
-    had not heard that the lost host's part of the step was done;
-    tests/test_shrink.py,
-    test_a_value_waited_for_survives_a_shrink_right_after)."""
+    again, said and counted; whether they were lost). They are kept: a
+    shrink moves every replicated value, done or still running
+    (docs/scheduling.md). The fallback is for a loop whose state is split
+    over the slice, which a shrink loses with the host's rows."""
     run["redone"] += 1
     try:
         plexus.wait(p, timeout=WAIT_S)

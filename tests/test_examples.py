@@ -153,6 +153,9 @@ def run_shrink_example(model, *args, timeout=180):
                           r"kill$", proc.stdout, re.M)) == 2, output
     assert re.search(r"^joined .* next step on 4 devices done [0-9.]+ s",
                      proc.stdout, re.M), output
+    # The parameters of a step done are never lost in a shrink (replicated
+    # values move, tests/test_shrink.py): the example's fallback unused.
+    assert "parameters put again 0 time(s)" in proc.stdout, output
     return ([int(n) for n in sizes.group(1).split(",")],
             re.findall(r"^resize: (\w+ \d -> \d): [0-9.]+ ms at the server",
                        proc.stdout, re.M))
