@@ -3,8 +3,10 @@ operator): a higher-priority client's slice takes two hosts from a
 lower-priority data-parallel training job, which goes on smaller without
 restarting (its values moved, none lost), and grows back when the
 higher-priority client leaves. Every step matches one process applying
-the same steps with the same batch sizes."""
+the same steps with the same batch sizes; the urgent job arrives between
+two steps, or while one runs."""
 import json
+import threading
 import time
 
 import numpy as np
@@ -20,39 +22,111 @@ def hosts_of(s):
     return {d["host"] for d in s.devices}
 
 
+class Trainer:
+    """The low-priority job: an MLP trained data parallel with plexus.jit
+    on an elastic 4-device slice (4 rows a device; each island's gradient,
+    summed by all_reduce, applied to replicated parameters). It keeps its
+    last good parameters until a step is done; a step a resize cut short
+    (it raised, or `slice.resizes` changed under it) runs again on the new
+    size. Each step is checked against one process at the size it ran."""
+
+    def __init__(self, jax, cluster, client, steps, rows=4, lr=0.1,
+                 features=4, hidden=8):
+        jnp = jax.numpy
+        self.cluster = cluster
+        rng = np.random.default_rng(5)
+        self.rows, self.lr, self.steps = rows, lr, steps
+        self.xs = rng.standard_normal(
+            (steps, 4 * rows, features)).astype(np.float32)
+        self.ts = rng.standard_normal((steps, 4 * rows)).astype(np.float32)
+        self.sizes_p = sizes_p = [features * hidden, hidden, hidden, 1]
+
+        def loss(p, x, t):  # a sum: the step divides by its batch
+            w1, b1, w2, b2 = jnp.split(p, np.cumsum(sizes_p)[:-1])
+            y = jnp.tanh(x @ w1.reshape(features, hidden) + b1) @ w2 + b2[0]
+            return jnp.sum((y - t) ** 2)
+
+        self.step_grad = jax.jit(jax.grad(loss))
+        self.want = (rng.standard_normal(sum(sizes_p)) * 0.3).astype(
+            np.float32)
+        self.s = s = client.slice(4, placement="spread", on_loss="shrink",
+                                  min_devices=2, grow=True)
+        self.grad = plexus.jit(jax.grad(loss), s, name="island_grad",
+                               in_shardings=(None, plexus.split(0),
+                                             plexus.split(0)),
+                               out_shardings=plexus.partial())
+        self.update = plexus.jit(lambda p, g, scale: p - scale * g, s,
+                                 name="update")
+        self.p = s.put(self.want)
+        self.sizes, self.retried = [], 0
+
+    def step(self, k, issued=None):
+        """Step k; whether it was done (else it runs again). `issued` is
+        called once its calls are issued, before it is waited for."""
+        s = self.s
+        n, resizes = s.num_devices, s.resizes
+        all_reduce = s.program("all_reduce", plexus.Spec(
+            (sum(self.sizes_p),), "float32", plexus.partial()))
+        x_k, t_k = self.xs[k][:self.rows * n], self.ts[k][:self.rows * n]
+        try:
+            x = s.put(x_k, plexus.split(0))
+            t = s.put(t_k, plexus.split(0))
+            scale = s.put(np.float32(self.lr / (self.rows * n)))
+            new_p = self.update(self.p, all_reduce(self.grad(self.p, x, t)),
+                                scale)
+            if issued is not None:
+                issued()
+            got = np.asarray(plexus.wait(new_p, timeout=WAIT_S))
+        except plexus.PlexusError as e:
+            assert s.resizes != resizes or self._resized_soon(resizes), (
+                f"step {k} failed with no resize: {e}")
+            self.retried += 1
+            return False
+        if s.resizes != resizes:
+            self.retried += 1
+            return False
+        self.want = self.want - np.float32(self.lr / (self.rows * n)) * \
+            np.asarray(self.step_grad(self.want, x_k, t_k))
+        np.testing.assert_allclose(got, self.want, rtol=1e-5, atol=1e-6)
+        self.sizes.append(n)
+        self.p = new_p
+        return True
+
+    def _resized_soon(self, resizes):
+        # The step failed on a resize the client has not heard of yet.
+        try:
+            self.cluster.wait_until(lambda _: self.s.resizes != resizes,
+                                    timeout=WAIT_S, what="a resize")
+        except TimeoutError:
+            return False
+        return True
+
+
+def resize_names(trace_path):
+    trace = json.loads(trace_path.read_text())
+    return [e["name"] for e in trace["traceEvents"]
+            if e.get("cat") == "resize" and e["ph"] == "b"]
+
+
+def assert_yielded_and_grew(names):
+    assert any("shrank from 4 to 2 devices: it gave 2 to slice" in n and
+               "tenant 'prod' (priority 10, over 0)" in n
+               for n in names), names
+    assert any("grew back to 4" in n for n in names), names
+
+
 @pytest.mark.jax_heavy
 def test_a_higher_priority_takes_two_hosts_and_gives_them_back(tmp_path):
     jax = pytest.importorskip("jax")
-    jnp = jax.numpy
-    rows, lr, steps, features, hidden = 4, 0.1, 6, 4, 8
-    rng = np.random.default_rng(5)
-    xs = rng.standard_normal((steps, 4 * rows, features)).astype(np.float32)
-    ts = rng.standard_normal((steps, 4 * rows)).astype(np.float32)
-    sizes_p = [features * hidden, hidden, hidden, 1]
-
-    def loss(p, x, t):  # a sum: the step divides by its batch
-        w1, b1, w2, b2 = jnp.split(p, np.cumsum(sizes_p)[:-1])
-        y = jnp.tanh(x @ w1.reshape(features, hidden) + b1) @ w2 + b2[0]
-        return jnp.sum((y - t) ** 2)
-
-    step_grad = jax.jit(jax.grad(loss))
-    want = (rng.standard_normal(sum(sizes_p)) * 0.3).astype(np.float32)
+    handover = {}
     with plexus.local(hosts=4, tenants=TENANTS) as cluster:
         low = cluster.connect(name="trainer", tenant="batch")
-        s = low.slice(4, placement="spread", on_loss="shrink",
-                      min_devices=2, grow=True)
-        grad = plexus.jit(jax.grad(loss), s, name="island_grad",
-                          in_shardings=(None, plexus.split(0),
-                                        plexus.split(0)),
-                          out_shardings=plexus.partial())
-        update = plexus.jit(lambda p, g, scale: p - scale * g, s,
-                            name="update")
-        p = s.put(want)
-        sizes, retried, handover = [], 0, {}
+        trainer = Trainer(jax, cluster, low, steps=6)
+        s = trainer.s
         high = hs = None
         with low.trace(str(tmp_path / "trace.json")):
             k = 0
-            while k < steps:
+            while k < trainer.steps:
                 if k == 2 and high is None:
                     # The urgent job arrives between steps.
                     high = cluster.connect(name="urgent", tenant="prod")
@@ -61,65 +135,84 @@ def test_a_higher_priority_takes_two_hosts_and_gives_them_back(tmp_path):
                     cluster.wait_until(lambda _: s.resizes > before,
                                        timeout=WAIT_S,
                                        what="the trainer to yield 2 hosts")
-                    plexus.wait(p, timeout=WAIT_S)  # its moved parameters
+                    plexus.wait(trainer.p, timeout=WAIT_S)  # moved
                     handover["yield_s"] = time.monotonic() - t0
                     assert s.num_devices == 2, s
                     assert not hosts_of(s) & hosts_of(hs), (s.devices,
                                                             hs.devices)
                     # The urgent job runs on the hosts it took.
-                    x = hs.put(np.arange(8, dtype=np.float32), plexus.split(0))
+                    x = hs.put(np.arange(8, dtype=np.float32),
+                               plexus.split(0))
                     np.testing.assert_array_equal(
                         np.asarray(plexus.wait(x * 2, timeout=WAIT_S)),
                         np.arange(8, dtype=np.float32) * 2)
                 if k == 4 and hs is not None:
-                    before, t0 = s.resizes, time.monotonic()
+                    t0 = time.monotonic()
                     high.close()  # leaves: its hosts come back
                     hs = None
                     cluster.wait_until(lambda _: s.num_devices == 4,
                                        timeout=WAIT_S,
                                        what="the trainer to grow back to 4")
-                    plexus.wait(p, timeout=WAIT_S)
+                    plexus.wait(trainer.p, timeout=WAIT_S)
                     handover["grow_s"] = time.monotonic() - t0
-                n, resizes = s.num_devices, s.resizes
-                all_reduce = s.program(
-                    "all_reduce",
-                    plexus.Spec((sum(sizes_p),), "float32", plexus.partial()))
-                x_k, t_k = xs[k][:rows * n], ts[k][:rows * n]
-                try:
-                    x = s.put(x_k, plexus.split(0))
-                    t = s.put(t_k, plexus.split(0))
-                    scale = s.put(np.float32(lr / (rows * n)))
-                    new_p = update(p, all_reduce(grad(p, x, t)), scale)
-                    got = np.asarray(plexus.wait(new_p, timeout=WAIT_S))
-                except plexus.PlexusError as e:
-                    # A resize under the step: run it again on the new size.
-                    assert s.resizes != resizes, f"step {k} failed: {e}"
-                    retried += 1
-                    continue
-                if s.resizes != resizes:
-                    retried += 1
-                    continue
-                want = want - np.float32(lr / (rows * n)) * np.asarray(
-                    step_grad(want, x_k, t_k))
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-                sizes.append(n)
-                p = new_p
-                k += 1
-        trace = json.loads((tmp_path / "trace.json").read_text())
+                k += trainer.step(k)
         st = cluster.status()
-    assert sizes == [4, 4, 2, 2, 4, 4], sizes
-    names = [e["name"] for e in trace["traceEvents"]
-             if e.get("cat") == "resize" and e["ph"] == "b"]
-    assert any("shrank from 4 to 2 devices: it gave 2 to slice" in n and
-               "tenant 'prod' (priority 10, over 0)" in n
-               for n in names), names
-    assert any("grew back to 4" in n for n in names), names
+    assert trainer.sizes == [4, 4, 2, 2, 4, 4], trainer.sizes
+    assert trainer.retried == 0, "no step ran while the hosts changed hands"
+    names = resize_names(tmp_path / "trace.json")
+    assert_yielded_and_grew(names)
     counters = st.get("recovery", {})
     assert int(counters.get("slices_yielded", 0)) == 1, counters
     print("\n".join(f"resize: {n}" for n in names))
     print(f"priority hand-over: yield {handover['yield_s'] * 1e3:.0f} ms, "
           f"grow back {handover['grow_s'] * 1e3:.0f} ms; "
-          f"sizes {sizes}; steps run again {retried}")
+          f"sizes {trainer.sizes}")
+
+
+@pytest.mark.jax_heavy
+def test_a_higher_priority_arriving_mid_step_costs_the_trainer_one_step(
+        tmp_path):
+    """The urgent client asks from another thread once step 2's calls are
+    issued and before they are waited for: the yield lands while they run.
+    The step finishes on the old map (its outputs move) or is cut short;
+    either way it runs again on 2 devices, matching one process."""
+    jax = pytest.importorskip("jax")
+    with plexus.local(hosts=4, tenants=TENANTS) as cluster:
+        low = cluster.connect(name="trainer", tenant="batch")
+        trainer = Trainer(jax, cluster, low, steps=6)
+        s = trainer.s
+        issued, granted = threading.Event(), []
+        high = cluster.connect(name="urgent", tenant="prod")
+
+        def urgent():
+            issued.wait(WAIT_S)
+            granted.append(high.slice(2, placement="spread"))
+
+        thread = threading.Thread(target=urgent, daemon=True)
+        thread.start()
+        with low.trace(str(tmp_path / "trace.json")):
+            k = 0
+            while k < trainer.steps:
+                if k == 4 and granted:
+                    cluster.wait_until(lambda _: s.num_devices == 2,
+                                       timeout=WAIT_S,
+                                       what="the trainer to yield 2 hosts")
+                    assert not hosts_of(s) & hosts_of(granted[0])
+                    high.close()
+                    granted.clear()
+                    cluster.wait_until(lambda _: s.num_devices == 4,
+                                       timeout=WAIT_S,
+                                       what="the trainer to grow back to 4")
+                k += trainer.step(
+                    k, issued=issued.set if k == 2 else None)
+                if k == 3:
+                    thread.join(WAIT_S)
+                    assert granted, "the urgent request was not granted"
+    assert trainer.sizes[:2] == [4, 4] and trainer.sizes[-2:] == [4, 4], \
+        trainer.sizes
+    assert 2 in trainer.sizes, trainer.sizes
+    assert_yielded_and_grew(resize_names(tmp_path / "trace.json"))
+    print(f"sizes {trainer.sizes}; steps run again {trainer.retried}")
 
 
 def test_a_bad_priority_is_refused_naming_the_tenant():

@@ -169,6 +169,9 @@ absl::Status Program::lost() const {
 // ---------------------------------------------------------------- Future
 
 uint64_t Future::buffer_id() const { return handle_->current_id(); }
+std::pair<uint64_t, const proto::SliceInfo*> Future::placed() const {
+  return handle_->placed();
+}
 const ArgSpec& Future::arg() const { return handle_->arg(); }
 const std::shared_ptr<Slice>& Future::slice() const { return handle_->slice(); }
 uint64_t Future::epoch() const { return handle_->epoch(); }

@@ -216,6 +216,10 @@ class Future {
       : handle_(std::move(handle)) {}
   bool valid() const { return handle_ != nullptr; }
   uint64_t buffer_id() const;
+  // buffer_id() and the map of slice() it is on, read together: a resize
+  // (the server's or the client's) changes both at once. Every read of its
+  // shards (fetch, wait) goes by this pair.
+  std::pair<uint64_t, const proto::SliceInfo*> placed() const;
   const ArgSpec& arg() const;
   const TensorSpec& spec() const { return arg().global; }
   const Sharding& sharding() const { return arg().sharding; }

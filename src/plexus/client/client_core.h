@@ -121,6 +121,11 @@ class BufferHandle {
   // The id the value has now: recovery may have recomputed it under
   // another (ClientSession::Resolve).
   uint64_t current_id() const { return core_->session().Resolve(id_); }
+  // current_id() and the slice's map it is on, read together
+  // (ClientSession::ResolveOn): what a read of its shards goes by.
+  std::pair<uint64_t, const proto::SliceInfo*> placed() const {
+    return core_->session().ResolveOn(id_, *slice_);
+  }
   const ArgSpec& arg() const { return arg_; }
   const std::shared_ptr<Slice>& slice() const { return slice_; }
 

@@ -218,6 +218,13 @@ class ClientSession {
     if (!has_aliases_.load(std::memory_order_acquire)) return id;
     return ResolveSlow(id);
   }
+  // The id buffer `id` has now and the map of `slice` it is on, read
+  // together: a resize changes both (Slice::Remap, then the aliases) under
+  // the session's lock, and a read of one before and the other after it
+  // asked a host of one map for an id of the other (a fetch then waited
+  // for a declaration that would never come there).
+  std::pair<uint64_t, const proto::SliceInfo*> ResolveOn(
+      uint64_t id, const Slice& slice) const;
   // Why buffer `id` (as resolved) is lost, or OK.
   absl::Status LostStatus(uint64_t id) const;
   // Whether slice `slice_id` lost a host that no spare replaced.

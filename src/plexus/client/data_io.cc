@@ -324,7 +324,8 @@ absl::Status DataPath::Fetch(const Future& future, void* dst,
   if (absl::Status s = Readable(future); !s.ok()) return s;
   const uint64_t epoch = future.epoch();
   const ArgSpec& arg = future.arg();
-  const proto::SliceInfo& info = future.slice()->info();
+  const auto [id, map] = future.placed();
+  const proto::SliceInfo& info = *map;
   const int n = info.devices_size();
   auto local = arg.Local(n);
   if (!local.ok()) return local.status();
@@ -343,14 +344,13 @@ absl::Status DataPath::Fetch(const Future& future, void* dst,
   for (size_t r = 0; r < plan->reads.size(); ++r) {
     const int j = plan->reads[r];
     std::shared_ptr<Storage> data;
-    absl::Status s = WithConnection(
-        info.devices(j), epoch, future.buffer_id(),
-        [&](transport::DataPlaneConnection& conn) {
-          auto got = conn.Fetch({future.buffer_id(), j}, received);
-          if (!got.ok()) return got.status();
-          data = std::move(*got);
-          return absl::OkStatus();
-        });
+    absl::Status s = WithConnection(info.devices(j), epoch, id,
+                                    [&](transport::DataPlaneConnection& conn) {
+                                      auto got = conn.Fetch({id, j}, received);
+                                      if (!got.ok()) return got.status();
+                                      data = std::move(*got);
+                                      return absl::OkStatus();
+                                    });
     if (!s.ok()) return s;
     if (static_cast<int64_t>(data->size()) < bytes) {
       return absl::InternalError(
@@ -369,12 +369,12 @@ absl::Status DataPath::Fetch(const Future& future, void* dst,
 
 void DataPath::AwaitInputs(const std::vector<Future>& inputs) {
   for (const Future& in : inputs) {
-    const proto::SliceInfo& info = in.slice()->info();
-    for (int j = 0; j < info.devices_size(); ++j) {
+    const auto [id, map] = in.placed();
+    for (int j = 0; j < map->devices_size(); ++j) {
       // A failed input is not waited on again: the call will fail with it.
-      (void)WithConnection(info.devices(j), in.epoch(), in.buffer_id(),
-                           [&](transport::DataPlaneConnection& conn) {
-                             return conn.Wait({in.buffer_id(), j});
+      (void)WithConnection(map->devices(j), in.epoch(), id,
+                           [&, id = id](transport::DataPlaneConnection& conn) {
+                             return conn.Wait({id, j});
                            });
     }
   }
@@ -383,12 +383,13 @@ void DataPath::AwaitInputs(const std::vector<Future>& inputs) {
 absl::Status DataPath::Wait(const Future& future) {
   if (absl::Status s = Readable(future); !s.ok()) return s;
   const uint64_t epoch = future.epoch();
-  const proto::SliceInfo& info = future.slice()->info();
-  for (int j = 0; j < info.devices_size(); ++j) {
-    absl::Status s = WithConnection(info.devices(j), epoch, future.buffer_id(),
-                                    [&](transport::DataPlaneConnection& conn) {
-                                      return conn.Wait({future.buffer_id(), j});
-                                    });
+  const auto [id, map] = future.placed();
+  for (int j = 0; j < map->devices_size(); ++j) {
+    absl::Status s =
+        WithConnection(map->devices(j), epoch, id,
+                       [&, id = id](transport::DataPlaneConnection& conn) {
+                         return conn.Wait({id, j});
+                       });
     wait_round_trips++;
     if (!s.ok()) return s;
   }

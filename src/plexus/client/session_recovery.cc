@@ -18,6 +18,13 @@ uint64_t ClientSession::ResolveSlow(uint64_t id) const {
   return it == aliases_.end() ? id : it->second;
 }
 
+std::pair<uint64_t, const proto::SliceInfo*> ClientSession::ResolveOn(
+    uint64_t id, const Slice& slice) const {
+  absl::MutexLock lock(&mu_);
+  auto it = aliases_.find(id);
+  return {it == aliases_.end() ? id : it->second, &slice.info()};
+}
+
 absl::Status ClientSession::LostStatus(uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = lost_.find(id);

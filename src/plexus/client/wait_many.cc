@@ -32,11 +32,11 @@ absl::StatusOr<WaitBatches> BatchByWorker(ClientSession& session,
     if (!future.valid()) return absl::InvalidArgumentError("empty future");
     absl::Status failed = session.BufferStatus(future.buffer_id());
     if (!failed.ok()) return failed;
-    const proto::SliceInfo& info = future.slice()->info();
-    for (int j = 0; j < info.devices_size(); ++j) {
-      WaitBatch& batch = batches[info.devices(j).worker_id()];
-      batch.device = &info.devices(j);
-      batch.keys.push_back({future.buffer_id(), j});
+    const auto [id, map] = future.placed();
+    for (int j = 0; j < map->devices_size(); ++j) {
+      WaitBatch& batch = batches[map->devices(j).worker_id()];
+      batch.device = &map->devices(j);
+      batch.keys.push_back({id, j});
       batch.owners.push_back(f);
     }
   }

@@ -354,9 +354,20 @@ void ClusterState::FailCallOutputs(uint64_t client_id, const proto::Call& call,
   }
   if (op.fail().buffer_ids_size() == 0) return;
   *op.mutable_fail()->mutable_status() = StatusToProto(status);
-  std::set<int64_t> workers;
-  for (const DeviceRef& d : it->second.devices) workers.insert(d.worker_id);
-  for (int64_t w : workers) (*ops)[w].push_back(op);
+  for (int64_t w : WorkersAClientMayAsk(it->second)) (*ops)[w].push_back(op);
+}
+
+std::set<int64_t> ClusterState::WorkersAClientMayAsk(
+    const SliceRecord& slice) const {
+  std::set<int64_t> workers(slice.dropped_workers.begin(),
+                            slice.dropped_workers.end());
+  for (const DeviceRef& d : slice.devices) workers.insert(d.worker_id);
+  for (auto w = workers.begin(); w != workers.end();) {
+    auto worker = workers_.find(*w);
+    w = worker != workers_.end() && worker->second.alive ? std::next(w)
+                                                         : workers.erase(w);
+  }
+  return workers;
 }
 
 void ClusterState::FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,
@@ -368,15 +379,7 @@ void ClusterState::FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,
   proto::WorkerOp op;
   op.mutable_fail()->add_buffer_ids(put.buffer_id());
   *op.mutable_fail()->mutable_status() = StatusToProto(status);
-  std::set<int64_t> workers(it->second.dropped_workers.begin(),
-                            it->second.dropped_workers.end());
-  for (const DeviceRef& d : it->second.devices) workers.insert(d.worker_id);
-  for (int64_t w : workers) {
-    auto worker = workers_.find(w);
-    if (worker != workers_.end() && worker->second.alive) {
-      (*ops)[w].push_back(op);
-    }
-  }
+  for (int64_t w : WorkersAClientMayAsk(it->second)) (*ops)[w].push_back(op);
 }
 
 absl::Status ClusterState::CheckBytesQuota(

@@ -559,11 +559,15 @@ class ClusterState {
   absl::Status RoutePut(uint64_t client_id, const proto::PutDecl& put,
                         WorkerOps* ops, proto::Recovery* reput = nullptr);
   // A call that did not route: its outputs fail on the workers of its
-  // slice, for a consumer that already waits there. Only the client's own
-  // outputs on its own slice: a refused call must not fail another
-  // client's buffers by naming them.
+  // slice (WorkersAClientMayAsk), for a consumer that already waits there. Only
+  // the client's own outputs on its own slice: a refused call must not fail
+  // another client's buffers by naming them.
   void FailCallOutputs(uint64_t client_id, const proto::Call& call,
                        const absl::Status& status, WorkerOps* ops) const;
+  // The live workers a client may push to or ask for a value of `slice`:
+  // those of its map, and those its last resize dropped (the client may
+  // not have heard of it yet).
+  std::set<int64_t> WorkersAClientMayAsk(const SliceRecord& slice) const;
   // A put that did not route: its client pushes its shards to the workers
   // of the map it cut them by, which wait for a declaration that will not
   // come. The buffer fails there with `status` (the pushes end with it, at

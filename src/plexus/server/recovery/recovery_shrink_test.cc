@@ -294,6 +294,15 @@ TEST_F(ShrinkOnLossTest, ARefusedPutFailsOnTheWorkersAResizeDropped) {
   state_.FailRefusedPut(client_, put, refused, &ops);
   // The two kept and the two handed back: a push cut for 4 went to each.
   for (int64_t w : before) EXPECT_TRUE(ops.count(w)) << "worker " << w;
+  // So does a refused call's output: a client that has not heard of the
+  // resize waits for it on the old map's hosts.
+  proto::Call call;
+  call.set_call_id(ClientMadeId(client_, next_++));
+  call.set_slice_id(s.slice_id());
+  call.add_output_ids(ClientMadeId(client_, next_++));
+  WorkerOps failed;
+  state_.FailCallOutputs(client_, call, refused, &failed);
+  for (int64_t w : before) EXPECT_TRUE(failed.count(w)) << "worker " << w;
 }
 
 TEST_F(ShrinkOnLossTest, BadPoliciesAreRefusedNamingWhat) {

@@ -277,8 +277,16 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   ApplyCompletionsLocked(&released, /*batch_ends=*/true);
   TellReleasedPutsLocked();
   if (batch.released_slice) AnswerSlicesLocked();
-  // A slice granted may take devices from lower priorities.
-  if (batch.granted_slice) YieldSlicesLocked();
+  // A slice granted may take devices from lower priorities. A resize the
+  // client's values stopped (a partial gradient, a size a dimension does
+  // not divide) may go once it releases them: tried again then.
+  if (batch.granted_slice ||
+      (batch.released_values && HoldsRefusedSlice(id, yield_refusals_))) {
+    YieldSlicesLocked();
+  }
+  if (batch.released_values && HoldsRefusedSlice(id, grow_refusals_)) {
+    GrowSlicesLocked();
+  }
   // Into the client's queue at admission, still under the state lock (so
   // nothing of a client that is being removed gets in); admitted to the
   // workers under the admission lock alone.
@@ -372,6 +380,7 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
     }
     case proto::ClientOp::kRelease:
       state_.RouteRelease(id, op.release(), &ops);
+      batch->released_values = true;
       break;
     case proto::ClientOp::kLive: {
       proto::Recovery lost = state_.RestoreLiveBuffers(id, op.live(), &ops);
@@ -514,6 +523,17 @@ void ServerImpl::AnswerSlicesLocked() {
   for (const SliceAnswer& a : answers) granted |= a.slice.ok();
   if (granted) YieldSlicesLocked();
   GrowSlicesLocked();
+}
+
+bool ServerImpl::HoldsRefusedSlice(
+    uint64_t client_id, const std::map<uint64_t, std::string>& refusals) {
+  for (const auto& [sid, why] : refusals) {
+    auto it = state_.slices().find(sid);
+    if (it != state_.slices().end() && it->second.client_id == client_id) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void ServerImpl::YieldSlicesLocked() {

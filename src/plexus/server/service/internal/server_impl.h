@@ -155,12 +155,13 @@ class ServerImpl final : public Server, public proto::Controller::Service {
     std::vector<uint64_t> seqs;    // each unit's call record, if a call
     // Each unit's Executes in wire form, if a call.
     std::vector<std::shared_ptr<CallExecutes>> executes;
-    proto::ServerToClient reply;  // for the client, if anything
-    bool released_slice = false;  // room under max_devices for waiters
-    bool granted_slice = false;   // lower priorities may yield to it
-    bool clock_read = false;      // once per batch, at its first call
-    bool resent = false;          // sent again after a resume (ClusterState::
-                                  // RouteResentCall)
+    proto::ServerToClient reply;   // for the client, if anything
+    bool released_slice = false;   // room under max_devices for waiters
+    bool granted_slice = false;    // lower priorities may yield to it
+    bool released_values = false;  // a refused resize may go now
+    bool clock_read = false;       // once per batch, at its first call
+    bool resent = false;           // sent again after a resume (ClusterState::
+                                   // RouteResentCall)
   };
   // One op of a batch, into `batch->units.back()` and its reply.
   void RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
@@ -302,6 +303,11 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // ClusterState::YieldToPriorities, sent as GrowSlicesLocked sends a
   // growth. Called after every slice granted.
   void YieldSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `refusals` (grow_refusals_, yield_refusals_) names a slice of
+  // the client's: a batch of its that released values tries it again.
+  bool HoldsRefusedSlice(uint64_t client_id,
+                         const std::map<uint64_t, std::string>& refusals)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // ClusterState::GrowSlices: each growth's moves to admission in its
   // client's order, its note on the client's stream, a log line and a
   // timeline event.
