@@ -324,8 +324,10 @@ absl::Status DataPath::Fetch(const Future& future, void* dst,
   if (absl::Status s = Readable(future); !s.ok()) return s;
   const uint64_t epoch = future.epoch();
   const ArgSpec& arg = future.arg();
-  const auto [id, map] = future.placed();
-  const proto::SliceInfo& info = *map;
+  // Not a structured binding: C++17 lambdas cannot capture one (clang).
+  const std::pair<uint64_t, const proto::SliceInfo*> where = future.placed();
+  const uint64_t id = where.first;
+  const proto::SliceInfo& info = *where.second;
   const int n = info.devices_size();
   auto local = arg.Local(n);
   if (!local.ok()) return local.status();
@@ -369,11 +371,13 @@ absl::Status DataPath::Fetch(const Future& future, void* dst,
 
 void DataPath::AwaitInputs(const std::vector<Future>& inputs) {
   for (const Future& in : inputs) {
-    const auto [id, map] = in.placed();
+    const std::pair<uint64_t, const proto::SliceInfo*> where = in.placed();
+    const uint64_t id = where.first;
+    const proto::SliceInfo* map = where.second;
     for (int j = 0; j < map->devices_size(); ++j) {
       // A failed input is not waited on again: the call will fail with it.
       (void)WithConnection(map->devices(j), in.epoch(), id,
-                           [&, id = id](transport::DataPlaneConnection& conn) {
+                           [&](transport::DataPlaneConnection& conn) {
                              return conn.Wait({id, j});
                            });
     }
@@ -383,13 +387,14 @@ void DataPath::AwaitInputs(const std::vector<Future>& inputs) {
 absl::Status DataPath::Wait(const Future& future) {
   if (absl::Status s = Readable(future); !s.ok()) return s;
   const uint64_t epoch = future.epoch();
-  const auto [id, map] = future.placed();
+  const std::pair<uint64_t, const proto::SliceInfo*> where = future.placed();
+  const uint64_t id = where.first;
+  const proto::SliceInfo* map = where.second;
   for (int j = 0; j < map->devices_size(); ++j) {
-    absl::Status s =
-        WithConnection(map->devices(j), epoch, id,
-                       [&, id = id](transport::DataPlaneConnection& conn) {
-                         return conn.Wait({id, j});
-                       });
+    absl::Status s = WithConnection(map->devices(j), epoch, id,
+                                    [&](transport::DataPlaneConnection& conn) {
+                                      return conn.Wait({id, j});
+                                    });
     wait_round_trips++;
     if (!s.ok()) return s;
   }

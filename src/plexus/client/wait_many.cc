@@ -32,7 +32,9 @@ absl::StatusOr<WaitBatches> BatchByWorker(ClientSession& session,
     if (!future.valid()) return absl::InvalidArgumentError("empty future");
     absl::Status failed = session.BufferStatus(future.buffer_id());
     if (!failed.ok()) return failed;
-    const auto [id, map] = future.placed();
+    const std::pair<uint64_t, const proto::SliceInfo*> where = future.placed();
+    const uint64_t id = where.first;
+    const proto::SliceInfo* map = where.second;
     for (int j = 0; j < map->devices_size(); ++j) {
       WaitBatch& batch = batches[map->devices(j).worker_id()];
       batch.device = &map->devices(j);

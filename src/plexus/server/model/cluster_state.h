@@ -203,7 +203,8 @@ struct SliceResized {
   int32_t values_moved = 0;
   int64_t bytes_moved = 0;  // the values' bytes over all shards of the new map
   bool freed_devices = false;  // it shrank: waiting requests may be met
-  // Why the server resized it, where it did (YieldToPriorities).
+  // Why the server resized it, where it did (YieldToPriorities,
+  // GrowSlices).
   std::string why;
 };
 

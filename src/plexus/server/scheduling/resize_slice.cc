@@ -206,6 +206,10 @@ std::vector<std::pair<uint64_t, SliceResized>> ClusterState::GrowSlices(
         continue;
       }
       counters_.set_slices_grown(counters_.slices_grown() + 1);
+      resized->why = absl::StrCat(
+          "slice ", sid, " grew back to ", resized->slice.devices_size(),
+          " devices on devices that came free, ", resized->values_moved,
+          " values moved (", resized->bytes_moved, " bytes)");
       grown.emplace_back(slice.client_id, *std::move(resized));
       refused.clear();
       break;

@@ -539,48 +539,37 @@ bool ServerImpl::HoldsRefusedSlice(
 void ServerImpl::YieldSlicesLocked() {
   const int64_t start_ns = timeline_.NowNs();
   std::map<uint64_t, std::string> why_not;
-  std::vector<std::pair<uint64_t, SliceResized>> yielded =
-      state_.YieldToPriorities(&why_not);
-  for (const auto& [sid, why] : why_not) {
-    if (yield_refusals_[sid] == why) continue;
-    yield_refusals_[sid] = why;
-    SPDLOG_INFO("slice {} does not yield to a higher priority: {}", sid, why);
-  }
-  for (auto& [client_id, resized] : yielded) {
-    yield_refusals_.erase(resized.slice.slice_id());
-    auto queue = client_queues_.find(client_id);
-    proto::ServerToClient note;
-    const std::string what = resized.why;
-    SPDLOG_INFO("client {}: {}", client_id, what);
-    SendServerResizeLocked(client_id, std::move(resized), what, start_ns,
-                           &note);
-    if (queue != client_queues_.end()) queue->second->Push(std::move(note));
-  }
+  auto yielded = state_.YieldToPriorities(&why_not);
+  SendServerResizesLocked(std::move(yielded), why_not, yield_refusals_,
+                          "does not yield to a higher priority", start_ns);
 }
 
 void ServerImpl::GrowSlicesLocked() {
   const int64_t start_ns = timeline_.NowNs();
   std::map<uint64_t, std::string> why_not;
-  std::vector<std::pair<uint64_t, SliceResized>> grown =
-      state_.GrowSlices(&why_not);
+  auto grown = state_.GrowSlices(&why_not);
+  SendServerResizesLocked(std::move(grown), why_not, grow_refusals_,
+                          "could grow back but does not", start_ns);
+}
+
+void ServerImpl::SendServerResizesLocked(
+    std::vector<std::pair<uint64_t, SliceResized>> resized,
+    const std::map<uint64_t, std::string>& why_not,
+    std::map<uint64_t, std::string>& refusals, const char* refused,
+    int64_t start_ns) {
   for (const auto& [sid, why] : why_not) {
-    // Said once per reason: a growth is tried each time capacity frees.
-    if (grow_refusals_[sid] == why) continue;
-    grow_refusals_[sid] = why;
-    SPDLOG_INFO("slice {} could grow back but does not: {}", sid, why);
+    // Said once per reason: a resize is tried each time it may go.
+    if (refusals[sid] == why) continue;
+    refusals[sid] = why;
+    SPDLOG_INFO("slice {} {}: {}", sid, refused, why);
   }
-  for (auto& [client_id, resized] : grown) {
-    const uint64_t sid = resized.slice.slice_id();
-    grow_refusals_.erase(sid);
+  for (auto& [client_id, r] : resized) {
+    refusals.erase(r.slice.slice_id());
     auto queue = client_queues_.find(client_id);
     proto::ServerToClient note;
-    const std::string what = absl::StrCat(
-        "slice ", sid, " grew back to ", resized.slice.devices_size(),
-        " devices on devices that came free, ", resized.values_moved,
-        " values moved (", resized.bytes_moved, " bytes)");
+    const std::string what = r.why;
     SPDLOG_INFO("client {}: {}", client_id, what);
-    SendServerResizeLocked(client_id, std::move(resized), what, start_ns,
-                           &note);
+    SendServerResizeLocked(client_id, std::move(r), what, start_ns, &note);
     if (queue != client_queues_.end()) queue->second->Push(std::move(note));
   }
 }

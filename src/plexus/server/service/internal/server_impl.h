@@ -312,6 +312,14 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // client's order, its note on the client's stream, a log line and a
   // timeline event.
   void GrowSlicesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the resizes the server decided (YieldSlicesLocked,
+  // GrowSlicesLocked), each with its `why`, and logs each slice's
+  // `why_not` once per reason, remembered in `refusals`.
+  void SendServerResizesLocked(
+      std::vector<std::pair<uint64_t, SliceResized>> resized,
+      const std::map<uint64_t, std::string>& why_not,
+      std::map<uint64_t, std::string>& refusals, const char* refused,
+      int64_t start_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A resize's timeline event (kind resize, on the "slices" track), from
   // `start_ns` to now, saying `what`.
   void RecordResize(uint64_t client_id, int64_t start_ns,
