@@ -7,13 +7,11 @@ with the same batch sizes. Also: the minimum, and the break policy."""
 import json
 import os
 import signal
-import subprocess
 
 import numpy as np
 import pytest
 
 import plexus
-import plexus._binaries
 from chaos import kill_host
 
 WAIT_S = 60
@@ -25,18 +23,6 @@ def hosts_of(s):
 
 def value(f):
     return np.asarray(plexus.wait(f, timeout=WAIT_S))
-
-
-def join_worker(cluster, name):
-    """A new worker process that registers with the cluster's server."""
-    return subprocess.Popen(
-        [str(plexus._binaries.bin_dir() / "plexus-worker"),
-         "--server", cluster.address, "--devices", "1",
-         "--host-name", name, "--die-with-parent"],
-        env={**os.environ, "PLEXUS_CLUSTER_SECRET": cluster._secret,
-             "PLEXUS_PJRT_PLUGIN":
-                 plexus._binaries.default_pjrt_plugin() or ""},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def await_resize(cluster, s, resizes, size):
@@ -80,7 +66,7 @@ def test_data_parallel_training_goes_on_through_losses_and_joins(tmp_path):
     out = {}
 
     def train(cluster):
-        nonlocal want, joined
+        nonlocal want
         client = cluster.connect(name="shrink")
         s = client.slice(4, placement="spread", on_loss="shrink",
                          min_devices=2, grow=True)
@@ -92,66 +78,60 @@ def test_data_parallel_training_goes_on_through_losses_and_joins(tmp_path):
                             name="update")
         p = s.put(want)
         sizes, retried = [], 0
-        try:
-            with client.trace(str(tmp_path / "trace.json")):
-                k, events = 0, set()
-                while k < steps:
-                    if k in (2, 4) and k not in events:
-                        events.add(k)  # between steps, not waited for
-                        kill_host(cluster, hosts_of(s)[-1])
-                    if k == 6 and k not in events:
-                        events.add(k)
-                        before = s.resizes
-                        joined += [join_worker(cluster, f"joiner{j}")
-                                   for j in range(2)]
-                        cluster.wait_until(
-                            lambda _: s.num_devices == 4, timeout=WAIT_S,
-                            what="the slice to grow back to 4")
-                        assert s.resizes > before
-                    n, resizes = s.num_devices, s.resizes
-                    all_reduce = s.program(
-                        "all_reduce",
-                        plexus.Spec((sum(sizes_p),), "float32",
-                                    plexus.partial()))
-                    x_k, t_k = xs[k][:rows * n], ts[k][:rows * n]
+        with client.trace(str(tmp_path / "trace.json")):
+            k, events = 0, set()
+            while k < steps:
+                if k in (2, 4) and k not in events:
+                    events.add(k)  # between steps, not waited for
+                    kill_host(cluster, hosts_of(s)[-1])
+                if k == 6 and k not in events:
+                    events.add(k)
+                    before = s.resizes
+                    for j in range(2):
+                        cluster.add_worker(f"joiner{j}")
+                    cluster.wait_until(
+                        lambda _: s.num_devices == 4, timeout=WAIT_S,
+                        what="the slice to grow back to 4")
+                    assert s.resizes > before
+                n, resizes = s.num_devices, s.resizes
+                all_reduce = s.program(
+                    "all_reduce",
+                    plexus.Spec((sum(sizes_p),), "float32",
+                                plexus.partial()))
+                x_k, t_k = xs[k][:rows * n], ts[k][:rows * n]
+                try:
+                    x = s.put(x_k, plexus.split(0))
+                    t = s.put(t_k, plexus.split(0))
+                    scale = s.put(np.float32(lr / (rows * n)))
+                    new_p = update(p, all_reduce(grad(p, x, t)), scale)
+                    got = value(new_p)
+                except plexus.PlexusError as e:
+                    # A host went under this step: the slice shrinks
+                    # (the client hears of it), and the step runs again
+                    # on the devices left.
                     try:
-                        x = s.put(x_k, plexus.split(0))
-                        t = s.put(t_k, plexus.split(0))
-                        scale = s.put(np.float32(lr / (rows * n)))
-                        new_p = update(p, all_reduce(grad(p, x, t)), scale)
-                        got = value(new_p)
-                    except plexus.PlexusError as e:
-                        # A host went under this step: the slice shrinks
-                        # (the client hears of it), and the step runs again
-                        # on the devices left.
-                        try:
-                            await_resize(cluster, s, resizes, n - 1)
-                        except TimeoutError:
-                            raise AssertionError(
-                                f"step {k} failed with no resize: {e}")
-                        retried += 1
-                        continue
-                    if s.resizes != resizes:
-                        # Done on the old size, but a value of it may have
-                        # been lost in the move: run it again (the same
-                        # step, from the same parameters).
-                        retried += 1
-                        continue
-                    want = want - np.float32(lr / (rows * n)) * np.asarray(
-                        step_grad(want, x_k, t_k))
-                    np.testing.assert_allclose(got, want, rtol=1e-5,
-                                               atol=1e-6)
-                    sizes.append(n)
-                    p = new_p
-                    k += 1
-        finally:
-            for w in joined:
-                w.kill()
-                w.wait()
+                        await_resize(cluster, s, resizes, n - 1)
+                    except TimeoutError:
+                        raise AssertionError(
+                            f"step {k} failed with no resize: {e}")
+                    retried += 1
+                    continue
+                if s.resizes != resizes:
+                    # Done on the old size, but a value of it may have
+                    # been lost in the move: run it again (the same
+                    # step, from the same parameters).
+                    retried += 1
+                    continue
+                want = want - np.float32(lr / (rows * n)) * np.asarray(
+                    step_grad(want, x_k, t_k))
+                np.testing.assert_allclose(got, want, rtol=1e-5,
+                                           atol=1e-6)
+                sizes.append(n)
+                p = new_p
+                k += 1
         out.update(sizes=sizes, retried=retried,
                    trace=json.loads((tmp_path / "trace.json").read_text()))
 
-    joined = []
     with pytest.raises(plexus.ClusterExitError, match="SIGKILL"):
         with plexus.local(hosts=4) as cluster:
             train(cluster)

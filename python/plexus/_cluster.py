@@ -126,6 +126,7 @@ class LocalCluster:
         self.address = None
         self.process = None
         self._clients = []
+        self._joined = []  # add_worker's processes, reaped by down()
         # The read end of the server's --ready-fd pipe: its address once
         # ready, then at exit one line per worker that did not exit cleanly.
         self._ready_fd = None
@@ -221,6 +222,41 @@ class LocalCluster:
                            tenant_token=_core.tenant_token(tenant, self._secret))
         return web_url(self.status(), secret=self._secret)
 
+    def add_worker(self, host_name, devices=None, timeout=60.0):
+        """Starts one more plexus-worker (`devices`, default the cluster's
+        devices_per_host) that registers with this cluster's server as host
+        `host_name`, as a host joining the cluster would: slices that grow
+        back (grow=True) grow onto it, and a slice waiting for a host takes
+        it. Returns its subprocess.Popen once it has registered (its worker
+        id is `worker_id` on it); down() stops and reaps it with the rest.
+        TimeoutError if it did not register within `timeout` seconds."""
+        if self.process is None:
+            raise RuntimeError("add_worker: the cluster is not running")
+        cmd = [str(bin_dir() / "plexus-worker"), "--server", self.address,
+               "--devices", str(devices or self.devices_per_host),
+               "--device-memory-mib", str(self.device_memory_mib),
+               "--host-name", host_name, "--log-level", self.log_level]
+        process, ready = spawn(
+            cmd, secret=self._secret, env={"PLEXUS_PJRT_PLUGIN":
+                                           self.pjrt_plugin},
+            log_path=self.log_file, die_with_parent=True)
+        self._joined.append(process)
+        try:
+            line = read_ready_line(ready, timeout)
+        finally:
+            os.close(ready)
+        if not line:
+            process.kill()
+            process.wait()
+            if line is None:
+                raise TimeoutError(f"add_worker: {host_name} did not register "
+                                   f"within {timeout:g} s")
+            raise RuntimeError(f"add_worker: plexus-worker for {host_name} "
+                               f"{describe_exit(process.returncode)} before "
+                               "it registered (see its log)")
+        process.worker_id = int(line)
+        return process
+
     def worker_pids(self):
         return [int(w["pid"]) for w in self.status()["workers"] if w["alive"]]
 
@@ -256,6 +292,7 @@ class LocalCluster:
             os.unlink(self._tenants_file)
             self._tenants_file = None
         if self.process is None:
+            self._reap_joined()
             return []
         problems = []
         if self.process.poll() is None:
@@ -278,9 +315,20 @@ class LocalCluster:
         if not problems and self.process.returncode != 0:
             problems.append(f"plexus-server (pid {self.process.pid}) "
                             f"{describe_exit(self.process.returncode)}")
+        self._reap_joined()
         problems += self._read_exit_report()
         self.process = None
         return problems
+
+    def _reap_joined(self):
+        """add_worker's processes, after the server: killed if they still
+        run (a worker outlives its server's shutdown while it reconnects),
+        and reaped."""
+        for w in self._joined:
+            if w.poll() is None:
+                w.kill()
+            w.wait()
+        self._joined.clear()
 
     def _read_exit_report(self):
         """The lines the server wrote on its ready pipe after the address:
