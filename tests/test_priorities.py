@@ -31,9 +31,9 @@ class Trainer:
     size. Each step is checked against one process at the size it ran."""
 
     def __init__(self, jax, cluster, client, steps, rows=4, lr=0.1,
-                 features=4, hidden=8):
+                 features=4, hidden=8, wait_s=WAIT_S):
         jnp = jax.numpy
-        self.cluster = cluster
+        self.cluster, self.wait_s = cluster, wait_s
         rng = np.random.default_rng(5)
         self.rows, self.lr, self.steps = rows, lr, steps
         self.xs = rng.standard_normal(
@@ -76,7 +76,7 @@ class Trainer:
                                 scale)
             if issued is not None:
                 issued()
-            got = np.asarray(plexus.wait(new_p, timeout=WAIT_S))
+            got = np.asarray(plexus.wait(new_p, timeout=self.wait_s))
         except plexus.PlexusError as e:
             assert s.resizes != resizes or self._resized_soon(resizes), (
                 f"step {k} failed with no resize: {e}")
@@ -187,7 +187,8 @@ def test_a_higher_priority_arriving_mid_step_costs_the_trainer_one_step(
     jax = pytest.importorskip("jax")
     with plexus.local(hosts=4, tenants=TENANTS) as cluster:
         low = cluster.connect(name="trainer", tenant="batch")
-        trainer = Trainer(jax, cluster, low, steps=6)
+        # A step takes milliseconds: 20 s bounds what the bug above costs.
+        trainer = Trainer(jax, cluster, low, steps=6, wait_s=20)
         s = trainer.s
         issued, granted = threading.Event(), []
         high = cluster.connect(name="urgent", tenant="prod")
