@@ -96,7 +96,7 @@ class Trainer:
         # The step failed on a resize the client has not heard of yet.
         try:
             self.cluster.wait_until(lambda _: self.s.resizes != resizes,
-                                    timeout=WAIT_S, what="a resize")
+                                    timeout=self.wait_s, what="a resize")
         except TimeoutError:
             return False
         return True
