@@ -346,10 +346,25 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
 void ClusterState::FailCallOutputs(uint64_t client_id, const proto::Call& call,
                                    const absl::Status& status,
                                    WorkerOps* ops) const {
-  auto it = slices_.find(call.slice_id());
+  FailOnSlice(client_id, call.slice_id(),
+              {call.output_ids().begin(), call.output_ids().end()}, status,
+              ops);
+}
+
+void ClusterState::FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,
+                                  const absl::Status& status,
+                                  WorkerOps* ops) const {
+  FailOnSlice(client_id, put.slice_id(), {put.buffer_id()}, status, ops);
+}
+
+void ClusterState::FailOnSlice(uint64_t client_id, uint64_t slice_id,
+                               const std::vector<uint64_t>& ids,
+                               const absl::Status& status,
+                               WorkerOps* ops) const {
+  auto it = slices_.find(slice_id);
   if (it == slices_.end() || it->second.client_id != client_id) return;
   proto::WorkerOp op;
-  for (uint64_t id : call.output_ids()) {
+  for (uint64_t id : ids) {
     if (ClientOfBuffer(id) == client_id) op.mutable_fail()->add_buffer_ids(id);
   }
   if (op.fail().buffer_ids_size() == 0) return;
@@ -368,18 +383,6 @@ std::set<int64_t> ClusterState::WorkersAClientMayAsk(
                                                          : workers.erase(w);
   }
   return workers;
-}
-
-void ClusterState::FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,
-                                  const absl::Status& status,
-                                  WorkerOps* ops) const {
-  if (ClientOfBuffer(put.buffer_id()) != client_id) return;
-  auto it = slices_.find(put.slice_id());
-  if (it == slices_.end() || it->second.client_id != client_id) return;
-  proto::WorkerOp op;
-  op.mutable_fail()->add_buffer_ids(put.buffer_id());
-  *op.mutable_fail()->mutable_status() = StatusToProto(status);
-  for (int64_t w : WorkersAClientMayAsk(it->second)) (*ops)[w].push_back(op);
 }
 
 absl::Status ClusterState::CheckBytesQuota(

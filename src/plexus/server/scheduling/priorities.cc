@@ -73,16 +73,19 @@ std::vector<std::pair<uint64_t, SliceResized>> ClusterState::YieldToPriorities(
       if (by == nullptr) continue;
       // As many of them go as its minimum allows, the last ones first.
       const int floor = std::max(slice.min_devices, others);
-      int32_t keep_extra = 0;
-      while ((std::count(taken.begin(), taken.end(), false) + keep_extra) *
-                 others <
-             floor) {
-        ++keep_extra;
-      }
+      const int32_t untaken =
+          static_cast<int32_t>(std::count(taken.begin(), taken.end(), false));
+      int32_t keep_taken =
+          std::max<int32_t>(0, (floor + others - 1) / others - untaken);
       ResizePlan plan;
       plan.axis = axis;
       for (int32_t c = 0; c < mesh[axis]; ++c) {
-        if (!taken[c] || keep_extra-- > 0) plan.keep.push_back(c);
+        if (!taken[c]) {
+          plan.keep.push_back(c);
+        } else if (keep_taken > 0) {
+          plan.keep.push_back(c);
+          --keep_taken;
+        }
       }
       if (static_cast<int>(plan.keep.size()) == mesh[axis]) {
         if (why_not != nullptr) {
