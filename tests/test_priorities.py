@@ -169,25 +169,23 @@ def test_a_higher_priority_takes_two_hosts_and_gives_them_back(tmp_path):
           f"sizes {trainer.sizes}")
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "runtime bug, reproduced, not fixed: a yield that lands while a step's "
-    "4-rank all_reduce is in flight can leave that all_reduce queued on a "
-    "host the trainer keeps, never completed; the step run again on 2 "
-    "devices queues its own all_reduce behind it and waits for its 60 s "
-    "deadline ('its rank 0 (of 2) is queued on host host2 behind call ... "
-    "all_reduce ..., routed 60.2 s ago'). 1 in 9 runs with three copies on "
-    "one core; passes otherwise"))
 @pytest.mark.jax_heavy
 def test_a_higher_priority_arriving_mid_step_costs_the_trainer_one_step(
         tmp_path):
     """The urgent client asks from another thread once step 2's calls are
     issued and before they are waited for: the yield lands while they run.
     The step finishes on the old map (its outputs move) or is cut short;
-    either way it runs again on 2 devices, matching one process."""
+    either way it runs again on 2 devices, matching one process. It hung
+    (1 run in 9, three copies on one core) while two bugs stood: a yield
+    let go by the trainer's release reached the workers ahead of the batch
+    of that release (server_resize_order_test.cc), and a step issued just
+    before the yield, its gradient refused as compiled for the old size,
+    left its all_reduce queued at the workers for a value no call would
+    make (OwnershipTest.ACallReadingARefusedCallsOutputIsRefusedInTurn)."""
     jax = pytest.importorskip("jax")
     with plexus.local(hosts=4, tenants=TENANTS) as cluster:
         low = cluster.connect(name="trainer", tenant="batch")
-        # A step takes milliseconds: 20 s bounds what the bug above costs.
+        # A step takes milliseconds: 20 s bounds what a hang would cost.
         trainer = Trainer(jax, cluster, low, steps=6, wait_s=20)
         s = trainer.s
         issued, granted = threading.Event(), []

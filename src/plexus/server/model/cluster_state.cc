@@ -344,11 +344,16 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
 }
 
 void ClusterState::FailCallOutputs(uint64_t client_id, const proto::Call& call,
-                                   const absl::Status& status,
-                                   WorkerOps* ops) const {
+                                   const absl::Status& status, WorkerOps* ops) {
   FailOnSlice(client_id, call.slice_id(),
               {call.output_ids().begin(), call.output_ids().end()}, status,
               ops);
+  for (uint64_t o : call.output_ids()) {
+    // Not a live buffer a hostile call named as its output: that one stays.
+    if (ClientOfBuffer(o) == client_id && records_.FindBuffer(o) == nullptr) {
+      lost_[o] = status;
+    }
+  }
 }
 
 void ClusterState::FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,

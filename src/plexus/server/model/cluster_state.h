@@ -562,9 +562,12 @@ class ClusterState {
   // A call that did not route: its outputs fail on the workers of its
   // slice (WorkersAClientMayAsk), for a consumer that already waits there. Only
   // the client's own outputs on its own slice: a refused call must not fail
-  // another client's buffers by naming them.
+  // another client's buffers by naming them. They are lost with `status`
+  // (LostStatus, until the client releases them), so a call that reads one
+  // is refused in turn, naming the refusal, and never sent to wait at the
+  // workers for a value no call will make.
   void FailCallOutputs(uint64_t client_id, const proto::Call& call,
-                       const absl::Status& status, WorkerOps* ops) const;
+                       const absl::Status& status, WorkerOps* ops);
   // The live workers a client may push to or ask for a value of `slice`:
   // those of its map, and those its last resize dropped (the client may
   // not have heard of it yet).

@@ -361,6 +361,35 @@ TEST_F(OwnershipTest, AFailedCallFailsNothingOnAnotherClientsSlice) {
   EXPECT_TRUE(ops.empty());
 }
 
+// A call the server refused makes nothing: a call that reads its output
+// is refused at once (DATA_LOSS, in the refusal's words), and never sent to
+// the workers to wait for a value no call will make. Seen: a plexus.jit
+// step issued just before a resize, its gradient refused as compiled for
+// the old size, its all_reduce queued on the workers forever.
+TEST_F(OwnershipTest, ACallReadingARefusedCallsOutputIsRefusedInTurn) {
+  proto::Call refused = BCall(B(5));
+  refused.set_program_id(B(99));  // never registered
+  WorkerOps ops;
+  const absl::Status st = state_.RouteCall(other_, refused, &ops);
+  ASSERT_FALSE(st.ok());
+  state_.FailCallOutputs(other_, refused, st, &ops);
+  ops.clear();
+  proto::Call next = BCall(B(3));  // the refused call's output
+  next.set_call_id(B(8));
+  next.set_output_ids(0, B(9));
+  const absl::Status next_st = state_.RouteCall(other_, next, &ops);
+  EXPECT_TRUE(absl::IsDataLoss(next_st)) << next_st;
+  EXPECT_NE(next_st.message().find(st.message()), std::string::npos) << next_st;
+  EXPECT_TRUE(ops.empty());
+  // And so on down the chain; a release of the id forgets it.
+  ASSERT_NE(state_.LostStatus(B(9)), nullptr);
+  proto::ReleaseRef release;
+  release.set_buffer_id(B(3));
+  release.set_slice_id(b_slice_.slice_id());
+  state_.RouteRelease(other_, release, &ops);
+  EXPECT_EQ(state_.LostStatus(B(3)), nullptr);
+}
+
 TEST_F(OwnershipTest, ACallRunsOnlyItsClientsPrograms) {
   proto::Call call = BCall(B(5));
   call.set_program_id(Id(1));  // A's program

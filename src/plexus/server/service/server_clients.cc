@@ -276,6 +276,19 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   WorkerOps released;
   ApplyCompletionsLocked(&released, /*batch_ends=*/true);
   TellReleasedPutsLocked();
+  // Into the client's queue at admission, still under the state lock (so
+  // nothing of a client that is being removed gets in); admitted to the
+  // workers under the admission lock alone.
+  {
+    absl::MutexLock admission(&admission_mu_);
+    EnqueueBatchLocked(id, &batch);
+  }
+  // What the server decides from this batch comes after it at admission:
+  // a resize moves the values the batch's calls make, so its moves (and
+  // the releases of the old copies) must follow those calls on every
+  // worker. Decided before the batch was queued, they went ahead of it:
+  // a move read a value its call had not made yet, and the old map's
+  // collective lost ranks to releases that went first.
   if (batch.released_slice) AnswerSlicesLocked();
   // A slice granted may take devices from lower priorities. A resize the
   // client's values stopped (a partial gradient, a size a dimension does
@@ -287,11 +300,7 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   if (batch.released_values && HoldsRefusedSlice(id, grow_refusals_)) {
     GrowSlicesLocked();
   }
-  // Into the client's queue at admission, still under the state lock (so
-  // nothing of a client that is being removed gets in); admitted to the
-  // workers under the admission lock alone.
   absl::MutexLock admission(&admission_mu_);
-  EnqueueBatchLocked(id, &batch);
   lock.Release();
   // The releases that completions let go need no order but that of the
   // calls before them, which are done: they go with the calls admitted

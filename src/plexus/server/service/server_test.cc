@@ -13,19 +13,11 @@
 #include "plexus/common/status_proto.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/server/service/server_test_util.h"
 #include "plexus/store/object_store.h"
 
 namespace plexus {
 namespace {
-
-std::string Bytes(const Credential& c) {
-  return std::string(reinterpret_cast<const char*>(c.data()), c.size());
-}
-
-std::unique_ptr<proto::Controller::Stub> Stub(const std::string& address) {
-  return proto::Controller::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-}
 
 grpc::Status CallShutdown(const std::string& address,
                           const std::string& credential) {
@@ -37,17 +29,6 @@ grpc::Status CallShutdown(const std::string& address,
   return Stub(address)->Shutdown(&ctx, request, &reply);
 }
 
-ClusterSecret NewSecret() {
-  absl::StatusOr<ClusterSecret> secret = ClusterSecret::Generate();
-  EXPECT_TRUE(secret.ok()) << secret.status();
-  return *secret;
-}
-
-// The Shutdown RPC shuts the server down before it answers, and leaves no
-// thread behind that holds the server: the owner may destroy it as soon as
-// Wait() returns. Before, the RPC detached a thread that called Shutdown()
-// later on `this`: the reply could come first (the server still up), and a
-// server destroyed meanwhile (SIGTERM at the same time) was used after free.
 TEST(ServerTest, ItsOwnStallIsALivenessCheckLateByHalfTheDeadline) {
   ServerOptions options;
   options.heartbeat_timeout = absl::Seconds(1);  // checked every 100 ms
@@ -60,6 +41,11 @@ TEST(ServerTest, ItsOwnStallIsALivenessCheckLateByHalfTheDeadline) {
   EXPECT_TRUE(ServerStalled(absl::Milliseconds(1501), options));
 }
 
+// The Shutdown RPC shuts the server down before it answers, and leaves no
+// thread behind that holds the server: the owner may destroy it as soon as
+// Wait() returns. Before, the RPC detached a thread that called Shutdown()
+// later on `this`: the reply could come first (the server still up), and a
+// server destroyed meanwhile (SIGTERM at the same time) was used after free.
 TEST(ServerTest, ShutdownRpcHasShutDownTheServerWhenItAnswers) {
   for (int i = 0; i < 20; ++i) {
     SCOPED_TRACE(i);
@@ -76,121 +62,6 @@ TEST(ServerTest, ShutdownRpcHasShutDownTheServerWhenItAnswers) {
     server->reset();    // at once, as plexus-server's main does
   }
 }
-
-// A fake worker: a registration on a raw stream, reading the ops the
-// server sends it.
-class RawWorker {
- public:
-  RawWorker(proto::Controller::Stub& stub, const std::string& credential) {
-    ctx_.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    stream_ = stub.WorkerSession(&ctx_);
-    proto::WorkerToServer hello;
-    auto* reg = hello.mutable_register_();
-    reg->set_host_name("rawhost");
-    reg->set_pid(1);
-    for (int d = 0; d < 2; ++d) {
-      auto* dev = reg->add_devices();
-      dev->set_index(d);
-      dev->set_memory_bytes(1 << 20);
-    }
-    reg->set_credential(credential);
-    reg->set_protocol_version(kProtocolVersion);
-    stream_->Write(hello);
-  }
-  ~RawWorker() {
-    if (finished_) return;
-    ctx_.TryCancel();
-    proto::ServerToWorker drain;
-    while (stream_->Read(&drain)) {
-    }
-    stream_->Finish().IgnoreError();
-  }
-  // The next op; false when the session ended.
-  bool NextOp(proto::WorkerOp* op) {
-    while (pending_.empty()) {
-      proto::ServerToWorker msg;
-      if (!stream_->Read(&msg)) return false;
-      if (msg.worker_id() != 0) worker_id_ = msg.worker_id();
-      for (auto& o : msg.ops()) pending_.push_back(o);
-    }
-    *op = pending_.front();
-    pending_.erase(pending_.begin());
-    return true;
-  }
-  // After a refusal: how the server ended the session.
-  grpc::Status Refusal() {
-    proto::ServerToWorker msg;
-    EXPECT_FALSE(stream_->Read(&msg)) << "the server accepted the worker";
-    if (msg.worker_id() != 0) ctx_.TryCancel();
-    while (stream_->Read(&msg)) {
-    }
-    finished_ = true;
-    return stream_->Finish();
-  }
-  int64_t worker_id() {
-    proto::WorkerOp op;
-    while (worker_id_ == 0 && NextOp(&op)) {
-    }
-    return worker_id_;
-  }
-
- private:
-  grpc::ClientContext ctx_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<proto::WorkerToServer, proto::ServerToWorker>>
-      stream_;
-  std::vector<proto::WorkerOp> pending_;
-  int64_t worker_id_ = 0;
-  bool finished_ = false;
-};
-
-// A raw client session: what a client library would send, or anything else.
-class RawClient {
- public:
-  RawClient(proto::Controller::Stub& stub, const std::string& name,
-            const std::vector<proto::ClientOp>& first_ops) {
-    stream_ = stub.ClientSession(&ctx_);
-    proto::ClientToServer hello;
-    hello.set_client_name(name);
-    hello.set_protocol_version(kProtocolVersion);
-    for (const auto& op : first_ops) *hello.add_ops() = op;
-    stream_->Write(hello);
-  }
-  ~RawClient() {
-    stream_->WritesDone();
-    proto::ServerToClient drain;
-    while (stream_->Read(&drain)) {
-    }
-    stream_->Finish().IgnoreError();
-  }
-  void Send(const std::vector<proto::ClientOp>& ops) {
-    proto::ClientToServer msg;
-    for (const auto& op : ops) *msg.add_ops() = op;
-    ASSERT_TRUE(stream_->Write(msg));
-  }
-  // Reads until `done` holds for what was read so far.
-  void ReadUntil(const std::function<bool()>& done) {
-    proto::ServerToClient msg;
-    while (!done() && stream_->Read(&msg)) {
-      if (msg.client_id() != 0) id_ = msg.client_id();
-      if (!msg.credential().empty()) credential_ = msg.credential();
-      for (const auto& s : msg.slices()) slices_.push_back(s);
-      for (const auto& e : msg.errors()) errors_.push_back(e);
-    }
-  }
-  uint64_t Id(uint64_t n) const { return ClientMadeId(id_, n); }
-
-  uint64_t id_ = 0;
-  std::string credential_;
-  std::vector<proto::SliceReply> slices_;
-  std::vector<proto::CallError> errors_;
-
- private:
-  grpc::ClientContext ctx_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<proto::ClientToServer, proto::ServerToClient>>
-      stream_;
-};
 
 class ServerCredentialsTest : public ::testing::Test {
  protected:
