@@ -88,6 +88,30 @@ class Slice:
             index = int(axis)
         return self._s.resize(int(num_devices), index)
 
+    def suspend(self):
+        """Parks the slice: calls and puts on it are refused (naming the
+        slice) until `resume`; its devices count against no quota and claim
+        nothing for its tenant's priority, so other jobs and tenants can
+        have them; its values stay where they are (in the workers' memory:
+        on CPU workers that is where they were) and its futures stay valid
+        and readable. Calls issued before go on. `client.suspend()` parks
+        every slice of the client."""
+        self._s.suspend()
+
+    def resume(self):
+        """Places a suspended slice again, at its size and mesh: on its own
+        devices while no other slice took them (nothing moves), else on the
+        least loaded ones its tenant may hold, where every live value
+        moves under a new id, as for `resize` (its futures follow; plexus.jit
+        programs compile again for the new hosts on their next call).
+        Returns {"values_moved", "bytes_moved"}. Refused, the slice staying
+        suspended, while too few devices are free."""
+        return self._s.resume()
+
+    @property
+    def suspended(self):
+        return self._s.suspended
+
     @property
     def islands(self):
         """The islands (hosts) the slice spans, in shard order. The default

@@ -58,7 +58,14 @@ Slice::Slice(std::shared_ptr<ClientCore> core, proto::SliceInfo info,
 
 void Slice::Remap(proto::SliceInfo info) {
   absl::MutexLock lock(&maps_mu_);
-  if (info.generation() <= maps_.back().generation()) return;
+  // A newer map; or the same one suspended or resumed (SliceInfo.suspended
+  // changes without a remap: notes come in order on the session's stream).
+  const proto::SliceInfo& last = maps_.back();
+  if (info.generation() < last.generation() ||
+      (info.generation() == last.generation() &&
+       info.suspended() == last.suspended())) {
+    return;
+  }
   maps_.push_back(std::move(info));
   current_.store(&maps_.back(), std::memory_order_release);
 }
@@ -116,6 +123,33 @@ absl::StatusOr<Slice::Resized> Slice::Resize(int num_devices, int axis) {
   Unhold();
   if (!reply.ok()) return reply.status();
   Remap(reply->slice());  // the note in the same message did already
+  return Resized{reply->values_moved(), reply->bytes_moved()};
+}
+
+absl::Status Slice::Suspend() {
+  proto::SliceResize req;
+  req.set_suspend(true);
+  return SendSuspendOrResume(std::move(req), "suspend").status();
+}
+
+absl::StatusOr<Slice::Resized> Slice::Resume() {
+  proto::SliceResize req;
+  req.set_resume(true);
+  return SendSuspendOrResume(std::move(req), "resume");
+}
+
+absl::StatusOr<Slice::Resized> Slice::SendSuspendOrResume(
+    proto::SliceResize req, const char* what) {
+  if (!Hold()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": slice ", id(), " is closed"));
+  }
+  req.set_slice_id(id());
+  absl::StatusOr<proto::SliceReply> reply =
+      core_->session().ResizeSlice(std::move(req), epoch());
+  Unhold();
+  if (!reply.ok()) return reply.status();
+  Remap(reply->slice());
   return Resized{reply->values_moved(), reply->bytes_moved()};
 }
 

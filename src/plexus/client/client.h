@@ -108,6 +108,18 @@ class Slice {
   // moves, with info() the new map; a refusal says what and why, and then
   // nothing changed.
   absl::StatusOr<Resized> Resize(int num_devices, int axis);
+  // Suspends the slice (ClusterState::SuspendSlice): calls and puts on it
+  // are refused until Resume(); its devices count against no quota and
+  // claim nothing for its priority; its values stay in the workers'
+  // memory, futures stay valid and readable. Calls issued before go on.
+  absl::Status Suspend();
+  // Resumes it (ClusterState::ResumeSlice): on its own devices while no
+  // other slice took them, else on others the tenant may hold, its values
+  // moved there under new ids, as a resize's (futures follow). Returns
+  // what moved; refused (it stays suspended) while too few devices are
+  // free.
+  absl::StatusOr<Resized> Resume();
+  bool suspended() const { return info().suspended(); }
   // Returns the slice to the server. Futures on it stay readable until
   // released; new calls on it fail. Never blocks: a call still being
   // queued sends the release after its own op.
@@ -137,6 +149,10 @@ class Slice {
   ~Slice();
 
  private:
+  // Suspend's and Resume's request, `req` naming which.
+  absl::StatusOr<Resized> SendSuspendOrResume(proto::SliceResize req,
+                                              const char* what);
+
   const std::shared_ptr<ClientCore> core_;
   const uint64_t first_id_;
   const SliceOptions options_;

@@ -29,6 +29,29 @@ void DefineSlice(py::module_& m) {
             return d;
           },
           py::arg("num_devices"), py::arg("axis"))
+      .def_property_readonly("suspended", &Slice::suspended)
+      .def("suspend",
+           [](Slice& s) {
+             absl::Status st;
+             {
+               py::gil_scoped_release release;
+               st = s.Suspend();
+             }
+             Check(st);
+           })
+      .def("resume",
+           [](Slice& s) {
+             absl::StatusOr<Slice::Resized> r;
+             {
+               py::gil_scoped_release release;
+               r = s.Resume();
+             }
+             Check(r.status());
+             py::dict d;
+             d["values_moved"] = r->values_moved;
+             d["bytes_moved"] = r->bytes_moved;
+             return d;
+           })
       .def("describe", [](const Slice& s) { return SliceDevices(s); })
       .def("close", &Slice::Close)
       .def_property_readonly("closed", &Slice::closed);

@@ -288,6 +288,12 @@ absl::StatusOr<const SliceRecord*> ClusterState::UsableSlice(
     return absl::UnavailableError(absl::StrCat(
         what(), ": slice ", slice_id, " lost a host: ", it->second.broken));
   }
+  if (it->second.suspended) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what(), ": slice ", slice_id,
+                     " is suspended (slice.suspend()); resume it first "
+                     "(slice.resume())"));
+  }
   return &it->second;
 }
 

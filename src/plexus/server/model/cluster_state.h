@@ -89,6 +89,9 @@ struct SliceRecord {
   // Workers the map held before its last resize and holds no more: a put
   // cut for the old map may have pushed shards there (FailRefusedPut).
   std::vector<int64_t> dropped_workers;
+  // Suspended (ClusterState::SuspendSlice) until resumed: no call or put
+  // routes on it, and its devices count for no quota or priority.
+  bool suspended = false;
 };
 
 // Whether every device of the slice is on one host (worker): then no
@@ -510,6 +513,23 @@ class ClusterState {
   // (not supported yet); too few free devices (ResourceExhausted).
   absl::StatusOr<SliceResized> ResizeSlice(uint64_t client_id,
                                            const proto::SliceResize& req);
+  // slice.suspend(): the slice stops serving calls and puts (refused,
+  // FailedPrecondition, saying so) and its devices stop counting against
+  // its tenant's max_devices and claiming devices for its priority; its
+  // values stay where they are, in the workers' memory, and a lost host is
+  // recovered as for any slice. Refused for a slice that is broken, waits
+  // for a host, or is already suspended.
+  absl::StatusOr<SliceResized> SuspendSlice(uint64_t client_id,
+                                            uint64_t slice_id);
+  // slice.resume(): placed again at its size and mesh. On its own devices
+  // while no other slice maps them (nothing moves); else on the least
+  // loaded devices the tenant may hold (PlaceGrowth's rules: quota,
+  // higher priorities' devices avoided), where every live value moves
+  // under a new id (the resize core: the note's old_ids/new_ids, the moves
+  // and releases in `work`). Refused while not suspended, or where too
+  // few devices are free (it stays suspended).
+  absl::StatusOr<SliceResized> ResumeSlice(uint64_t client_id,
+                                           uint64_t slice_id);
   // Slices that grow back (SliceRequest.grow) and are under the size they
   // were granted at grow along their elastic axis by as many whole
   // positions as free devices allow (PlaceGrowth), as a resize would: each
@@ -765,6 +785,9 @@ class ClusterState {
     int axis = 0;
     std::vector<int32_t> keep;     // coordinates along `axis` of the old mesh
     std::vector<DeviceRef> grown;  // whole positions: a multiple of the others
+    // The mesh keeps its shape (a resume onto other devices): every value
+    // moves as laid out, partial and mesh-sharded ones too.
+    bool same_shape = false;
     // A loss's shrink: a value that cannot move (split over the lost host,
     // still being computed, partial) is lost, `lost_why` saying what
     // happened, where a client's resize would refuse it.

@@ -31,6 +31,7 @@ proto::JournaledSlice ToJournal(const SliceRecord& slice) {
   j.set_grow(slice.grow);
   j.set_elastic_axis(slice.elastic_axis);
   j.set_full_devices(slice.full_devices);
+  j.set_suspended(slice.suspended);
   return j;
 }
 
@@ -148,6 +149,7 @@ absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
       slice.grow = j.grow();
       slice.elastic_axis = j.elastic_axis();
       slice.full_devices = j.full_devices();
+      slice.suspended = j.suspended();
       AddLoad(slice.devices, +1);
       c->slices.insert(slice.id);
       next_slice_id_ = std::max(next_slice_id_, slice.id + 1);

@@ -24,7 +24,10 @@ ClusterState::Claims ClusterState::ClaimsByPriority() const {
     const int32_t priority = PolicyOf(client).priority;
     for (uint64_t sid : client.slices) {
       auto it = slices_.find(sid);
-      if (it == slices_.end() || !it->second.broken.empty()) continue;
+      if (it == slices_.end() || !it->second.broken.empty() ||
+          it->second.suspended) {
+        continue;
+      }
       for (const DeviceRef& d : it->second.devices) {
         Claim& claim = claims[{d.worker_id, d.device}];
         if (claim.slice_id == 0 || priority > claim.priority) {
@@ -51,7 +54,7 @@ std::vector<std::pair<uint64_t, SliceResized>> ClusterState::YieldToPriorities(
       if (it == slices_.end()) continue;
       SliceRecord& slice = it->second;
       if (slice.on_loss != proto::LOSS_SHRINK || !slice.broken.empty() ||
-          !slice.awaiting.empty()) {
+          !slice.awaiting.empty() || slice.suspended) {
         continue;
       }
       const std::vector<int32_t>& mesh = slice.mesh_shape;

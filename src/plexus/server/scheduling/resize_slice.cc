@@ -86,6 +86,10 @@ absl::StatusOr<SliceResized> ClusterState::ResizeSlice(
     return absl::FailedPreconditionError(absl::StrCat(
         "resize: slice ", slice.id, " lost a host: ", slice.broken));
   }
+  if (slice.suspended) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resize: slice ", slice.id, " is suspended; resume it first"));
+  }
   if (!slice.awaiting.empty()) {
     return absl::UnavailableError(
         absl::StrCat("resize: slice ", slice.id,
@@ -180,7 +184,7 @@ std::vector<std::pair<uint64_t, SliceResized>> ClusterState::GrowSlices(
   for (auto& [sid, slice] : slices_) {
     const int n = static_cast<int>(slice.devices.size());
     if (!slice.grow || n >= slice.full_devices || !slice.broken.empty() ||
-        !slice.awaiting.empty()) {
+        !slice.awaiting.empty() || slice.suspended) {
       continue;
     }
     ClientRecord* client = FindClient(slice.client_id);
@@ -234,7 +238,9 @@ absl::StatusOr<SliceResized> ClusterState::CommitResize(
   std::map<uint64_t, std::string> lost;  // id: what became of it
   for (const auto& [id, b] : records_.buffers()) {
     if (b.slice_id != slice.id || b.released) continue;
-    absl::Status fits = FitsOnNewMap(id, b.spec(), size, others, slice.id);
+    absl::Status fits =
+        plan.same_shape ? absl::OkStatus()
+                        : FitsOnNewMap(id, b.spec(), size, others, slice.id);
     if (!plan.on_loss) {
       if (!fits.ok()) return fits;
       values.push_back(id);
@@ -371,8 +377,12 @@ absl::StatusOr<SliceResized> ClusterState::CommitResize(
     out.note.add_old_ids(old_id);
     out.note.add_new_ids(new_id);
     out.values_moved++;
-    out.bytes_moved +=
-        static_cast<int64_t>(spec.Local(size)->byte_size()) * size;
+    // Over every device of the new map; a mesh-sharded value (a resume)
+    // counts its global bytes.
+    absl::StatusOr<TensorSpec> local = spec.Local(size);
+    out.bytes_moved += local.ok()
+                           ? static_cast<int64_t>(local->byte_size()) * size
+                           : static_cast<int64_t>(spec.global.byte_size());
     drop_old(old_id);
     out.work.push_back({seq, std::move(ops)});
   }

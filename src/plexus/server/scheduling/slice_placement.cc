@@ -283,7 +283,10 @@ int64_t ClusterState::DevicesHeld(const ClientRecord& client) const {
   int64_t held = 0;
   for (uint64_t sid : client.slices) {
     auto it = slices_.find(sid);
-    if (it != slices_.end()) held += it->second.devices.size();
+    // A suspended slice holds none (SuspendSlice).
+    if (it != slices_.end() && !it->second.suspended) {
+      held += it->second.devices.size();
+    }
   }
   return held;
 }
@@ -494,6 +497,7 @@ proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
   info.set_slice_id(slice.id);
   info.set_generation(slice.generation);
   info.set_resizes(slice.resizes);
+  info.set_suspended(slice.suspended);
   for (int32_t m : slice.mesh_shape) info.add_mesh_shape(m);
   for (const auto& a : slice.axis_names) info.add_axis_names(a);
   for (const DeviceRef& d : slice.devices) {

@@ -462,23 +462,29 @@ void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
     before = static_cast<int>(s->second.devices.size());
   }
   const int64_t start_ns = timeline_.enabled() ? timeline_.NowNs() : 0;
-  absl::StatusOr<SliceResized> resized = state_.ResizeSlice(id, req);
+  const char* what = req.suspend()  ? "suspend"
+                     : req.resume() ? "resume"
+                                    : "resize";
+  absl::StatusOr<SliceResized> resized =
+      req.suspend()  ? state_.SuspendSlice(id, req.slice_id())
+      : req.resume() ? state_.ResumeSlice(id, req.slice_id())
+                     : state_.ResizeSlice(id, req);
   if (!resized.ok()) {
-    SPDLOG_INFO("client {}: resize of slice {} to {} device(s) refused: {}", id,
-                req.slice_id(), req.num_devices(),
-                std::string(resized.status().message()));
+    SPDLOG_INFO("client {}: {} of slice {} refused: {}", id, what,
+                req.slice_id(), std::string(resized.status().message()));
     AddSliceReply(id, req.request_id(), resized.status(), &batch->reply);
     return;
   }
-  SPDLOG_INFO(
-      "client {}: slice {} resized from {} to {} device(s); {} value(s) "
-      "move ({} bytes)",
-      id, req.slice_id(), before, req.num_devices(), resized->values_moved,
-      resized->bytes_moved);
-  RecordResize(id, start_ns,
-               absl::StrCat("slice ", req.slice_id(), " from ", before, " to ",
-                            req.num_devices(), " devices, ",
-                            resized->values_moved, " values moved"));
+  std::string done;
+  if (req.suspend() || req.resume()) {
+    done = resized->why;
+  } else {
+    done = absl::StrCat("slice ", req.slice_id(), " from ", before, " to ",
+                        req.num_devices(), " devices, ", resized->values_moved,
+                        " values moved (", resized->bytes_moved, " bytes)");
+  }
+  SPDLOG_INFO("client {}: {}", id, done);
+  RecordResize(id, start_ns, done);
   AddSliceReply(id, req.request_id(), resized->slice, &batch->reply);
   proto::SliceReply& reply = *batch->reply.mutable_slices()->rbegin();
   reply.set_values_moved(resized->values_moved);

@@ -1,0 +1,144 @@
+// ClusterState::SuspendSlice and ResumeSlice driven directly: what a
+// suspended slice refuses and frees, and where a resume places it and
+// what it moves.
+#include <set>
+
+#include "gtest/gtest.h"
+#include "plexus/common/ids.h"
+#include "plexus/server/model/cluster_state_test_util.h"
+
+namespace plexus {
+namespace {
+
+const ArgSpec kRows{{DType::kF32, {8, 2}}, Sharding::Split(0)};
+const ArgSpec kWhole{{DType::kF32, {3}}, Sharding::Replicated()};
+
+// Four hosts of one device; tenant "small" may hold 2 devices.
+class SuspendSliceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto tenants =
+        TenantTable::FromJson(R"({"tenants": {"small": {"max_devices": 2}}})");
+    ASSERT_TRUE(tenants.ok()) << tenants.status();
+    state_.SetTenants(*tenants);
+    for (int h = 0; h < 4; ++h) {
+      state_.AddWorker(Host("host" + std::to_string(h), 1), absl::Now());
+    }
+    client_ = state_.AddClient("job", "small").id;
+    other_ = state_.AddClient("other").id;
+  }
+  absl::StatusOr<proto::SliceInfo> Slice(uint64_t client, int n,
+                                         std::vector<std::string> hosts = {}) {
+    proto::SliceRequest req;
+    req.set_num_devices(n);
+    req.set_placement(proto::PLACEMENT_SPREAD);
+    for (const auto& h : hosts) req.add_hosts(h);
+    return state_.CreateSlice(client, req);
+  }
+  uint64_t Put(uint64_t slice, const ArgSpec& spec) {
+    proto::PutDecl put;
+    put.set_buffer_id(ClientMadeId(client_, next_++));
+    put.set_slice_id(slice);
+    put.set_slice_resizes(state_.slices().at(slice).resizes);
+    *put.mutable_arg() = ToProto(spec);
+    WorkerOps ops;
+    absl::Status s = state_.RoutePut(client_, put, &ops);
+    EXPECT_TRUE(s.ok()) << s;
+    return put.buffer_id();
+  }
+  static std::set<std::string> Hosts(const proto::SliceInfo& s) {
+    std::set<std::string> hosts;
+    for (const auto& d : s.devices()) hosts.insert(d.host_name());
+    return hosts;
+  }
+
+  ClusterState state_;
+  uint64_t client_ = 0, other_ = 0;
+  uint64_t next_ = 1;
+};
+
+TEST_F(SuspendSliceTest, ASuspendedSliceRefusesWorkAndHoldsNoQuota) {
+  absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  Put(s->slice_id(), kWhole);
+  // At its quota: a second slice is refused until the first is suspended.
+  EXPECT_TRUE(absl::IsResourceExhausted(Slice(client_, 2).status()));
+  auto suspended = state_.SuspendSlice(client_, s->slice_id());
+  ASSERT_TRUE(suspended.ok()) << suspended.status();
+  EXPECT_TRUE(suspended->slice.suspended());
+  EXPECT_EQ(suspended->values_moved, 0);
+  EXPECT_TRUE(suspended->work.empty());
+
+  proto::PutDecl put;
+  put.set_buffer_id(ClientMadeId(client_, 50));
+  put.set_slice_id(s->slice_id());
+  *put.mutable_arg() = ToProto(kWhole);
+  WorkerOps ops;
+  absl::Status refused = state_.RoutePut(client_, put, &ops);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  EXPECT_NE(refused.message().find("is suspended (slice.suspend()); resume "
+                                   "it first"),
+            std::string::npos)
+      << refused;
+  EXPECT_TRUE(ops.empty());
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      state_.SuspendSlice(client_, s->slice_id()).status()));
+  EXPECT_TRUE(absl::IsNotFound(
+      state_.SuspendSlice(other_, s->slice_id()).status()));  // not its slice
+
+  // Its quota is free: another slice of 2 is granted; resuming would
+  // bring the tenant to 4, and is refused, the slice staying suspended.
+  absl::StatusOr<proto::SliceInfo> second = Slice(client_, 2);
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto over = state_.ResumeSlice(client_, s->slice_id());
+  EXPECT_TRUE(absl::IsResourceExhausted(over.status())) << over.status();
+  EXPECT_TRUE(state_.slices().at(s->slice_id()).suspended);
+}
+
+TEST_F(SuspendSliceTest, AResumeOnItsOwnFreeDevicesMovesNothing) {
+  absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const uint64_t whole = Put(s->slice_id(), kWhole);
+  ASSERT_TRUE(state_.SuspendSlice(client_, s->slice_id()).ok());
+  auto resumed = state_.ResumeSlice(client_, s->slice_id());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_FALSE(resumed->slice.suspended());
+  EXPECT_EQ(Hosts(resumed->slice), Hosts(*s));
+  EXPECT_EQ(resumed->values_moved, 0);
+  EXPECT_TRUE(resumed->work.empty());
+  EXPECT_NE(state_.records().FindBuffer(whole), nullptr);  // the same id
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      state_.ResumeSlice(client_, s->slice_id()).status()));
+}
+
+TEST_F(SuspendSliceTest, AResumeWhereItsDevicesWereTakenMovesEveryValue) {
+  absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const uint64_t rows = Put(s->slice_id(), kRows);
+  const uint64_t whole = Put(s->slice_id(), kWhole);
+  ASSERT_TRUE(state_.SuspendSlice(client_, s->slice_id()).ok());
+  const std::set<std::string> own = Hosts(*s);
+  absl::StatusOr<proto::SliceInfo> taker =
+      Slice(other_, 2, std::vector<std::string>(own.begin(), own.end()));
+  ASSERT_TRUE(taker.ok()) << taker.status();
+  auto resumed = state_.ResumeSlice(client_, s->slice_id());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_FALSE(resumed->slice.suspended());
+  for (const std::string& h : Hosts(resumed->slice)) {
+    EXPECT_EQ(own.count(h), 0u) << h << " was taken";
+  }
+  EXPECT_EQ(resumed->slice.devices_size(), 2);
+  EXPECT_EQ(resumed->values_moved, 2);
+  EXPECT_EQ(resumed->bytes_moved, 8 * 2 * 4 + 3 * 4 * 2);
+  // Each value under a new id, moved from the old map; then the releases.
+  ASSERT_EQ(resumed->note.old_ids_size(), 2);
+  EXPECT_EQ(std::set<uint64_t>(resumed->note.old_ids().begin(),
+                               resumed->note.old_ids().end()),
+            (std::set<uint64_t>{rows, whole}));
+  EXPECT_EQ(resumed->work.size(), 3u);
+  EXPECT_TRUE(resumed->note.resized());
+  EXPECT_EQ(resumed->slice.resizes(), s->resizes() + 1);
+}
+
+}  // namespace
+}  // namespace plexus

@@ -1,0 +1,117 @@
+"""Suspend and resume against a real cluster (issue 27 item 5): a
+plexus.jit trainer suspends its slice, another client takes its hosts, and
+the trainer resumes on the two other hosts: its parameters move there bit
+for bit and training goes on, every step matching one process. While
+suspended, the slice refuses calls and puts, saying why, and its futures
+stay readable."""
+import numpy as np
+import pytest
+
+import plexus
+
+WAIT_S = 60
+
+
+def hosts_of(s):
+    return {d["host"] for d in s.devices}
+
+
+class Trainer:
+    """A small regression trained by gradient steps on a 2-device slice,
+    its parameters replicated; checked step by step against jax in this
+    process."""
+
+    def __init__(self, jax, s):
+        jnp = jax.numpy
+        rng = np.random.default_rng(7)
+        self.x = rng.standard_normal((16, 4)).astype(np.float32)
+        self.t = rng.standard_normal((16,)).astype(np.float32)
+
+        def step(w, x, t):
+            def loss(w):
+                return jnp.mean((jnp.tanh(x @ w[:4]) * w[4] - t) ** 2)
+            return w - 0.1 * jax.grad(loss)(w)
+
+        self.reference = jax.jit(step)
+        self.step = plexus.jit(step, s, name="train_step")
+        self.want = (rng.standard_normal(5) * 0.5).astype(np.float32)
+        self.s = s
+        self.w = s.put(self.want)
+        self.xs, self.ts = s.put(self.x), s.put(self.t)
+
+    def run(self, steps):
+        for _ in range(steps):
+            self.w = self.step(self.w, self.xs, self.ts)
+            self.want = np.asarray(self.reference(self.want, self.x, self.t))
+            got = np.asarray(plexus.wait(self.w, timeout=WAIT_S))
+            np.testing.assert_allclose(got, self.want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.jax_heavy
+def test_a_suspended_job_resumes_on_other_hosts_bit_for_bit(tmp_path):
+    jax = pytest.importorskip("jax")
+    with plexus.local(hosts=4) as cluster:
+        client = cluster.connect(name="trainer")
+        s = client.slice(2, placement="spread")
+        trainer = Trainer(jax, s)
+        with client.trace(str(tmp_path / "trace.json")):
+            trainer.run(3)
+            before = np.asarray(trainer.w)
+            own = hosts_of(s)
+
+            s.suspend()
+            assert s.suspended
+            with pytest.raises(plexus.InvalidArgumentError,
+                               match=rf"slice {s.id} is suspended "
+                               r"\(slice.suspend\(\)\); resume it first"):
+                plexus.wait(trainer.step(trainer.w, trainer.xs, trainer.ts),
+                            timeout=WAIT_S)
+            with pytest.raises(plexus.InvalidArgumentError,
+                               match="is suspended"):
+                plexus.wait(s.put(np.zeros(3, np.float32)), timeout=WAIT_S)
+            # Its values stay where they were, readable.
+            np.testing.assert_array_equal(np.asarray(trainer.w), before)
+
+            # Another job takes its hosts while it is suspended.
+            other = cluster.connect(name="other")
+            taker = other.slice(2, hosts=sorted(own))
+            assert hosts_of(taker) == own
+
+            moved = s.resume()
+            assert not s.suspended
+            assert not hosts_of(s) & own, (s.devices, own)
+            assert len(hosts_of(s)) == 2
+            assert moved["values_moved"] == 3, moved  # w, x and t
+            np.testing.assert_array_equal(
+                np.asarray(plexus.wait(trainer.w, timeout=WAIT_S)), before)
+            trainer.run(3)  # plexus.jit compiles again for the new hosts
+            other.close()
+    names = [e["name"] for e in
+             __import__("json").loads((tmp_path / "trace.json").read_text())
+             ["traceEvents"] if e.get("cat") == "resize" and e["ph"] == "b"]
+    assert any("suspended (2 devices" in n for n in names), names
+    assert any("resumed on other devices (its own were taken), 3 values "
+               "moved" in n for n in names), names
+
+
+def test_a_resume_on_its_own_free_devices_moves_nothing():
+    with plexus.local(hosts=2) as cluster:
+        client = cluster.connect()
+        s = client.slice(2, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.split(0))
+        own = s.devices
+        with pytest.raises(plexus.InvalidArgumentError,
+                           match=rf"resume: slice {s.id} is not suspended"):
+            s.resume()
+        s.suspend()
+        with pytest.raises(plexus.InvalidArgumentError,
+                           match="is already suspended"):
+            s.suspend()
+        with pytest.raises(plexus.InvalidArgumentError,
+                           match="is suspended; resume it first"):
+            s.resize(1)
+        assert s.resume() == {"values_moved": 0, "bytes_moved": 0}
+        assert s.devices == own
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(x * 2, timeout=WAIT_S)),
+            np.arange(6, dtype=np.float32) * 2)
