@@ -83,7 +83,7 @@ def test_a_resize_is_in_the_trace(client, tmp_path):
     names = [e["name"] for e in trace["traceEvents"]
              if e.get("cat") == "resize" and e["ph"] == "b"]
     assert names == [f"resize: slice {s.id} from 2 to 4 devices, 1 values "
-                     "moved"], names
+                     "moved (32 bytes)"], names
 
 
 def test_a_resize_that_cannot_be_met_is_refused_and_changes_nothing(client):
