@@ -115,3 +115,25 @@ def test_a_resume_on_its_own_free_devices_moves_nothing():
         np.testing.assert_array_equal(
             np.asarray(plexus.wait(x * 2, timeout=WAIT_S)),
             np.arange(6, dtype=np.float32) * 2)
+
+
+def test_a_client_suspends_and_resumes_all_its_slices():
+    with plexus.local(hosts=2) as cluster:
+        client = cluster.connect()
+        a = client.slice(1, hosts=["host0"])
+        b = client.slice(1, hosts=["host1"])
+        x = a.put(np.ones(4, np.float32))
+        twice = a.program("scale", x, factor=2.0)
+        closed = client.slice(1)
+        closed.close()
+        assert client.suspend() == 2
+        assert a.suspended and b.suspended
+        assert client.suspend() == 0  # nothing left to suspend
+        with pytest.raises(plexus.InvalidArgumentError, match="is suspended"):
+            plexus.wait(twice(x), timeout=WAIT_S)
+        assert client.resume() == {"slices": 2, "values_moved": 0,
+                                   "bytes_moved": 0}
+        assert not a.suspended and not b.suspended
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(twice(x), timeout=WAIT_S)),
+            np.full(4, 2, np.float32))

@@ -4,6 +4,7 @@ Futures (_future.py), programs and graphs (_program.py) and shardings
 (_sharding.py) are modules of their own below this one.
 """
 import contextlib
+import weakref
 
 import numpy as np
 
@@ -212,6 +213,7 @@ class Client:
         self._address = address  # the server's, for why()
         self._dcn_axes = {}  # slice's first id -> its DCN axes
         self._sites = {}  # (code, line) -> call site id (_trace.call_site)
+        self._slices = []  # weak references to the slices it asked for
 
     @property
     def id(self):
@@ -315,6 +317,8 @@ class Client:
                 on_loss=str(on_loss), min_devices=int(min_devices or 0),
                 grow=bool(grow), elastic_axis=int(elastic_axis or 0))
         s = Slice(core_slice, self)
+        self._slices = [r for r in self._slices if r() is not None]
+        self._slices.append(weakref.ref(s))
         if dcn_axes:
             try:
                 _check_dcn_axes(s, dcn_axes)
@@ -326,6 +330,34 @@ class Client:
 
     def graph(self):
         return Graph(self)
+
+    def _open_slices(self):
+        return [s for s in (r() for r in self._slices)
+                if s is not None and not s._s.closed]
+
+    def suspend(self):
+        """Suspends every open slice of the client that is not suspended
+        (`Slice.suspend`: calls and puts refused, devices counted for no
+        quota or priority, values kept); returns how many."""
+        slices = [s for s in self._open_slices() if not s.suspended]
+        for s in slices:
+            s.suspend()
+        return len(slices)
+
+    def resume(self):
+        """Resumes every suspended slice of the client (`Slice.resume`);
+        returns {"slices", "values_moved", "bytes_moved"} over them. A
+        refusal raises after the slices before it were resumed (they stay
+        so; the rest stay suspended)."""
+        total = {"slices": 0, "values_moved": 0, "bytes_moved": 0}
+        for s in self._open_slices():
+            if not s.suspended:
+                continue
+            moved = s.resume()
+            total["slices"] += 1
+            total["values_moved"] += moved["values_moved"]
+            total["bytes_moved"] += moved["bytes_moved"]
+        return total
 
     def _wrap_slice(self, core_slice):
         """The Slice of this client around `core_slice` (a future's)."""
