@@ -129,6 +129,18 @@ TEST_F(RestartTest, TheJournalRebuildsWorkersClientsSlicesAndPrograms) {
   EXPECT_EQ(after_.AddWorker(Host("host2", 1), absl::Now()).id, w1_ + 1);
 }
 
+TEST_F(RestartTest, ASuspendedSliceIsRestoredSuspendedAndResumesAfter) {
+  ASSERT_TRUE(before_.SuspendSlice(client_, slice_).ok());
+  Restart();
+  EXPECT_TRUE(after_.slices().at(slice_).suspended);
+  ASSERT_TRUE(Return(w0_, "host0", 100, {}) != nullptr);
+  ASSERT_TRUE(Return(w1_, "host1", 101, {}) != nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  auto resumed = after_.ResumeSlice(client_, slice_);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_FALSE(after_.slices().at(slice_).suspended);
+}
+
 TEST_F(RestartTest, AWorkerComesBackOnlyAsTheHostItWas) {
   Restart();
   EXPECT_TRUE(after_.WaitsForWorkers(client_));
