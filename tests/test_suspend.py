@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import plexus
+from chaos import kill_host
 
 WAIT_S = 60
 
@@ -137,3 +138,32 @@ def test_a_client_suspends_and_resumes_all_its_slices():
         np.testing.assert_array_equal(
             np.asarray(plexus.wait(twice(x), timeout=WAIT_S)),
             np.full(4, 2, np.float32))
+
+
+def test_a_host_lost_while_suspended_is_recovered_and_the_slice_resumes():
+    """The server's own recovery routes on a suspended slice: the spare
+    takes the lost host's place, the values it held are made again from
+    their lineage, readable while suspended and after the resume. Before,
+    the recomputation was refused as a call on a suspended slice and the
+    value lost."""
+    with plexus.local(hosts=2, spare=1) as cluster:
+        client = cluster.connect()
+        s = client.slice(2, placement="spread")
+        x = s.put(np.arange(8, dtype=np.float32), plexus.split(0))
+        twice = s.program("scale", x, factor=2.0)
+        y = twice(x)
+        plexus.wait(y, timeout=WAIT_S)
+        s.suspend()
+        generation = s.generation
+        lost = s.devices[1]["host"]
+        kill_host(cluster, lost)
+        cluster.wait_until(lambda _: s.generation > generation,
+                           timeout=WAIT_S, what="the spare to take its place")
+        assert s.suspended
+        assert lost not in hosts_of(s)
+        want = np.arange(8, dtype=np.float32) * 2
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(y, timeout=WAIT_S)), want)
+        s.resume()
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(twice(y), timeout=WAIT_S)), want * 2)

@@ -288,13 +288,36 @@ absl::StatusOr<const SliceRecord*> ClusterState::UsableSlice(
     return absl::UnavailableError(absl::StrCat(
         what(), ": slice ", slice_id, " lost a host: ", it->second.broken));
   }
-  if (it->second.suspended) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what(), ": slice ", slice_id,
-                     " is suspended (slice.suspend()); resume it first "
-                     "(slice.resume())"));
-  }
   return &it->second;
+}
+
+absl::Status ClusterState::RefuseOnSuspended(uint64_t client_id,
+                                             const proto::ClientOp& op) const {
+  uint64_t slice_id = 0;
+  std::string what = "put";
+  if (op.has_call()) {
+    slice_id = op.call().slice_id();
+    what = "call";
+    if (const ClientRecord* c = FindClient(client_id)) {
+      auto prog = c->programs.find(op.call().program_id());
+      if (prog != c->programs.end()) {
+        what = absl::StrCat("program '", prog->second.def.name(), "'");
+      }
+    }
+  } else if (op.has_put()) {
+    slice_id = op.put().slice_id();
+  } else {
+    return absl::OkStatus();
+  }
+  auto it = slices_.find(slice_id);
+  if (it == slices_.end() || it->second.client_id != client_id ||
+      !it->second.suspended) {
+    return absl::OkStatus();  // routing says what else is wrong
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": slice ", slice_id,
+                   " is suspended (slice.suspend()); resume it first "
+                   "(slice.resume())"));
 }
 
 absl::Status ClusterState::RoutePut(uint64_t client_id,

@@ -521,6 +521,13 @@ class ClusterState {
   // for a host, or is already suspended.
   absl::StatusOr<SliceResized> SuspendSlice(uint64_t client_id,
                                             uint64_t slice_id);
+  // A call or put the client sends on a slice it suspended is refused
+  // (FailedPrecondition, naming the program or the put and the slice);
+  // the server's own routing on it is not (a lost host's recomputations,
+  // a resume's moves), nor a read of its values by a call on another
+  // slice. OK for any other op.
+  absl::Status RefuseOnSuspended(uint64_t client_id,
+                                 const proto::ClientOp& op) const;
   // slice.resume(): placed again at its size and mesh. On its own devices
   // while no other slice maps them (nothing moves); else on the least
   // loaded devices the tenant may hold (PlaceGrowth's rules: quota,

@@ -69,18 +69,29 @@ TEST_F(SuspendSliceTest, ASuspendedSliceRefusesWorkAndHoldsNoQuota) {
   EXPECT_EQ(suspended->values_moved, 0);
   EXPECT_TRUE(suspended->work.empty());
 
-  proto::PutDecl put;
-  put.set_buffer_id(ClientMadeId(client_, 50));
-  put.set_slice_id(s->slice_id());
-  *put.mutable_arg() = ToProto(kWhole);
-  WorkerOps ops;
-  absl::Status refused = state_.RoutePut(client_, put, &ops);
+  // The client's puts and calls on it are refused; its other ops are not.
+  proto::ClientOp put;
+  put.mutable_put()->set_buffer_id(ClientMadeId(client_, 50));
+  put.mutable_put()->set_slice_id(s->slice_id());
+  *put.mutable_put()->mutable_arg() = ToProto(kWhole);
+  absl::Status refused = state_.RefuseOnSuspended(client_, put);
   EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
-  EXPECT_NE(refused.message().find("is suspended (slice.suspend()); resume "
-                                   "it first"),
-            std::string::npos)
-      << refused;
-  EXPECT_TRUE(ops.empty());
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("put: slice ", s->slice_id(),
+                         " is suspended (slice.suspend()); resume it first "
+                         "(slice.resume())"));
+  proto::ClientOp call;
+  call.mutable_call()->set_slice_id(s->slice_id());
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(state_.RefuseOnSuspended(client_, call)));
+  proto::ClientOp release;
+  release.mutable_release()->set_slice_id(s->slice_id());
+  EXPECT_TRUE(state_.RefuseOnSuspended(client_, release).ok());
+  EXPECT_TRUE(state_.RefuseOnSuspended(other_, put).ok());  // not its slice
+  // The server's own routing on it goes on (a lost host's recomputations
+  // route calls there).
+  WorkerOps ops;
+  EXPECT_TRUE(state_.RoutePut(client_, put.put(), &ops).ok());
   EXPECT_TRUE(absl::IsFailedPrecondition(
       state_.SuspendSlice(client_, s->slice_id()).status()));
   EXPECT_TRUE(absl::IsNotFound(

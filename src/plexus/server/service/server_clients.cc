@@ -354,11 +354,14 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
       }
       bool routed = true;
       absl::Status s =
-          batch->resent
-              ? state_.RouteResentCall(id, op.call(), &ops, &batch->seqs.back(),
-                                       &routed)
-              : state_.RouteCall(id, op.call(), &ops, &batch->seqs.back(),
-                                 &batch->executes.back());
+          batch->resent ? absl::OkStatus() : state_.RefuseOnSuspended(id, op);
+      if (s.ok()) {
+        s = batch->resent
+                ? state_.RouteResentCall(id, op.call(), &ops,
+                                         &batch->seqs.back(), &routed)
+                : state_.RouteCall(id, op.call(), &ops, &batch->seqs.back(),
+                                   &batch->executes.back());
+      }
       if (!s.ok()) {
         proto::CallError* e = batch->reply.add_errors();
         e->set_call_id(op.call().call_id());
@@ -372,9 +375,12 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
     }
     case proto::ClientOp::kPut: {
       proto::Recovery reput;
-      absl::Status s = batch->resent
-                           ? state_.RouteResentPut(id, op.put(), &ops, &reput)
-                           : state_.RoutePut(id, op.put(), &ops, &reput);
+      absl::Status s =
+          batch->resent ? absl::OkStatus() : state_.RefuseOnSuspended(id, op);
+      if (s.ok()) {
+        s = batch->resent ? state_.RouteResentPut(id, op.put(), &ops, &reput)
+                          : state_.RoutePut(id, op.put(), &ops, &reput);
+      }
       if (reput.reput_ids_size() > 0) {
         *batch->reply.add_recoveries() = std::move(reput);
       }
