@@ -82,7 +82,7 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
         break;
       case proto::ClientOp::kSliceResize: {
         // As ServerImpl::ResizeSliceLocked: the moves are units of their own.
-        auto resized = state.ResizeSlice(id, op.slice_resize());
+        auto resized = state.ChangeSlice(id, op.slice_resize());
         proto::SliceReply* r = out.reply.add_slices();
         r->set_request_id(op.slice_resize().request_id());
         if (!resized.ok()) {
@@ -105,7 +105,8 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
       }
       case proto::ClientOp::kCall: {
         out.calls++;
-        absl::Status s = state.RouteCall(id, op.call(), &ops);
+        absl::Status s = state.RefuseOnSuspended(id, op);
+        if (s.ok()) s = state.RouteCall(id, op.call(), &ops);
         if (!s.ok()) {
           proto::CallError* e = out.reply.add_errors();
           e->set_call_id(op.call().call_id());
@@ -116,7 +117,8 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
         break;
       }
       case proto::ClientOp::kPut: {
-        absl::Status s = state.RoutePut(id, op.put(), &ops);
+        absl::Status s = state.RefuseOnSuspended(id, op);
+        if (s.ok()) s = state.RoutePut(id, op.put(), &ops);
         if (!s.ok()) {
           proto::CallError* e = out.reply.add_errors();
           e->add_output_ids(op.put().buffer_id());

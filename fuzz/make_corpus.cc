@@ -169,7 +169,9 @@ std::vector<proto::ClientToServer> Reshard(uint64_t c) {
 }
 
 // A slice resized while it holds values (ClusterState::ResizeSlice): a
-// shrink, a growth, a mesh axis, and sizes that are refused.
+// shrink, a growth, a mesh axis, and sizes that are refused; then
+// suspended and resumed (SuspendSlice, ResumeSlice), a call and a put
+// refused while suspended, a second suspend and a stray resume.
 std::vector<proto::ClientToServer> Resize(uint64_t c) {
   const ArgSpec x = Arg({8, 2}, Sharding::Split(0));
   auto resize = [](uint64_t request, uint64_t slice, int n, int axis) {
@@ -180,6 +182,14 @@ std::vector<proto::ClientToServer> Resize(uint64_t c) {
     op.mutable_slice_resize()->set_axis(axis);
     return op;
   };
+  auto suspend = [](uint64_t request, uint64_t slice, bool suspend) {
+    proto::ClientOp op;
+    op.mutable_slice_resize()->set_request_id(request);
+    op.mutable_slice_resize()->set_slice_id(slice);
+    op.mutable_slice_resize()->set_suspend(suspend);
+    op.mutable_slice_resize()->set_resume(!suspend);
+    return op;
+  };
   return {Batch({SliceOp(1, 4, proto::PLACEMENT_SPREAD),
                  SliceOp(2, 4, proto::PLACEMENT_SPREAD, {2, 2},
                          {"data", "model"})}),
@@ -188,7 +198,12 @@ std::vector<proto::ClientToServer> Resize(uint64_t c) {
                  resize(3, 1, 2, 0),
                  CallOp(2, 1, Id(c, 1), {{Id(c, 11), 1}}, x, {Id(c, 12)}),
                  resize(4, 1, 4, 0), resize(5, 2, 2, 1), resize(6, 1, 3, 0),
-                 resize(7, 1, 1 << 30, 0), resize(8, 2, 2, 5)})};
+                 resize(7, 1, 1 << 30, 0), resize(8, 2, 2, 5)}),
+          Batch({suspend(9, 1, true), suspend(10, 1, true),
+                 CallOp(3, 1, Id(c, 1), {{Id(c, 12), 1}}, x, {Id(c, 13)}),
+                 PutOp(Id(c, 14), 1, x), suspend(11, 1, false),
+                 suspend(12, 2, false),
+                 CallOp(4, 1, Id(c, 1), {{Id(c, 12), 1}}, x, {Id(c, 15)})})};
 }
 
 // Errors: unknown program, wrong arity, unknown slice, bad shapes.

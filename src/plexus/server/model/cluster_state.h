@@ -521,6 +521,10 @@ class ClusterState {
   // for a host, or is already suspended.
   absl::StatusOr<SliceResized> SuspendSlice(uint64_t client_id,
                                             uint64_t slice_id);
+  // A SliceResize op: ResizeSlice, or SuspendSlice / ResumeSlice when
+  // `suspend` / `resume` is set.
+  absl::StatusOr<SliceResized> ChangeSlice(uint64_t client_id,
+                                           const proto::SliceResize& req);
   // A call or put the client sends on a slice it suspended is refused
   // (FailedPrecondition, naming the program or the put and the slice);
   // the server's own routing on it is not (a lost host's recomputations,

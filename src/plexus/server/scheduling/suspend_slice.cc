@@ -22,6 +22,13 @@ absl::StatusOr<SliceRecord*> OwnedSlice(std::map<uint64_t, SliceRecord>& slices,
 
 }  // namespace
 
+absl::StatusOr<SliceResized> ClusterState::ChangeSlice(
+    uint64_t client_id, const proto::SliceResize& req) {
+  if (req.suspend()) return SuspendSlice(client_id, req.slice_id());
+  if (req.resume()) return ResumeSlice(client_id, req.slice_id());
+  return ResizeSlice(client_id, req);
+}
+
 absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
                                                         uint64_t slice_id) {
   absl::StatusOr<SliceRecord*> found =

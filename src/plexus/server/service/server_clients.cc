@@ -471,10 +471,7 @@ void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
   const char* what = req.suspend()  ? "suspend"
                      : req.resume() ? "resume"
                                     : "resize";
-  absl::StatusOr<SliceResized> resized =
-      req.suspend()  ? state_.SuspendSlice(id, req.slice_id())
-      : req.resume() ? state_.ResumeSlice(id, req.slice_id())
-                     : state_.ResizeSlice(id, req);
+  absl::StatusOr<SliceResized> resized = state_.ChangeSlice(id, req);
   if (!resized.ok()) {
     SPDLOG_INFO("client {}: {} of slice {} refused: {}", id, what,
                 req.slice_id(), std::string(resized.status().message()));
