@@ -74,28 +74,6 @@ proto::ClientOp SliceOp(int n, bool elastic) {
   return op;
 }
 
-bool Makes(const proto::WorkerOp& op, uint64_t id) {
-  for (uint64_t b : op.execute().output_ids()) {
-    if (b == id) return true;
-  }
-  return false;
-}
-
-// A task reads `id`, or a release lets it go.
-bool ReadsOrReleases(const proto::WorkerOp& op, uint64_t id) {
-  for (uint64_t b : op.release().buffer_ids()) {
-    if (b == id) return true;
-  }
-  for (const auto& task : op.execute().tasks()) {
-    for (const auto& input : task.inputs()) {
-      for (const auto& piece : input.pieces()) {
-        if (piece.buffer_id() == id) return true;
-      }
-    }
-  }
-  return false;
-}
-
 class ServerResizeOrderTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -186,7 +164,7 @@ TEST_F(ServerResizeOrderTest,
       ASSERT_TRUE(workers_[h]->NextOp(&op))
           << "the session ended before r was read or released";
       if (Makes(op, r)) made = true;
-      if (ReadsOrReleases(op, r)) break;
+      if (Reads(op, r) || Releases(op, r)) break;
     }
     EXPECT_TRUE(made) << "r was read or released before the call making it: "
                       << op.ShortDebugString();

@@ -290,23 +290,10 @@ proto::ClientOp PutOp(uint64_t buffer, uint64_t slice) {
 bool Names(const proto::WorkerOp& op, uint64_t id) {
   if (op.has_declare()) return op.declare().buffer_id() == id;
   if (op.has_transfer()) return op.transfer().buffer_id() == id;
-  for (uint64_t b : op.release().buffer_ids()) {
-    if (b == id) return true;
-  }
   for (uint64_t b : op.fail().buffer_ids()) {
     if (b == id) return true;
   }
-  for (uint64_t b : op.execute().output_ids()) {
-    if (b == id) return true;
-  }
-  for (const auto& task : op.execute().tasks()) {
-    for (const auto& input : task.inputs()) {
-      for (const auto& piece : input.pieces()) {
-        if (piece.buffer_id() == id) return true;
-      }
-    }
-  }
-  return false;
+  return Releases(op, id) || Makes(op, id) || Reads(op, id);
 }
 
 // Client B knows client A's buffer id (ids are sequential; status shows

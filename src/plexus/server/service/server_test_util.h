@@ -34,6 +34,31 @@ inline ClusterSecret NewSecret() {
   return *secret;
 }
 
+// What a worker op does with buffer `id`: an Execute makes it (an output);
+// a task reads it (an input piece); a Release lets it go.
+inline bool Makes(const proto::WorkerOp& op, uint64_t id) {
+  for (uint64_t b : op.execute().output_ids()) {
+    if (b == id) return true;
+  }
+  return false;
+}
+inline bool Reads(const proto::WorkerOp& op, uint64_t id) {
+  for (const auto& task : op.execute().tasks()) {
+    for (const auto& input : task.inputs()) {
+      for (const auto& piece : input.pieces()) {
+        if (piece.buffer_id() == id) return true;
+      }
+    }
+  }
+  return false;
+}
+inline bool Releases(const proto::WorkerOp& op, uint64_t id) {
+  for (uint64_t b : op.release().buffer_ids()) {
+    if (b == id) return true;
+  }
+  return false;
+}
+
 // A fake worker: a registration on a raw stream, reading the ops the
 // server sends it.
 class RawWorker {
