@@ -70,10 +70,12 @@ BATCH = 12  # 4 sequences per island
 LR, BETA = 0.3, 0.9
 
 
-def train(client, steps, seed=0, snapshot_every=1, on_step=None):
+def train(client, steps, seed=0, snapshot_every=1, on_step=None,
+          return_params=False):
     """Momentum SGD, data parallel over a 3-device slice (one per host).
-    Returns the losses. on_step(step) is called as each step is issued,
-    before its calls are."""
+    Returns the losses (and, with return_params, the final parameters as
+    numpy arrays: (losses, params)). on_step(step) is called as each step
+    is issued, before its calls are."""
     s = client.slice(HOSTS, placement="spread")
     params = init_params(seed)
     flat, unravel = ravel_pytree(params)
@@ -122,6 +124,8 @@ def train(client, steps, seed=0, snapshot_every=1, on_step=None):
         if snapshot_every and step % snapshot_every == 0:
             client.snapshot(m)
         losses.append(float(np.asarray(loss)))
+    if return_params:
+        return losses, jax.tree_util.tree_map(np.asarray, p)
     return losses
 
 
