@@ -109,6 +109,11 @@ uint64_t Journal::last_seq() const {
   return last_seq_;
 }
 
+uint64_t Journal::snapshot_seq() const {
+  absl::MutexLock lock(&mu_);
+  return snapshot_seq_;
+}
+
 JournalStats Journal::stats() const {
   absl::MutexLock lock(&mu_);
   return stats_;

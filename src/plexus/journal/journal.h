@@ -126,6 +126,9 @@ class Journal {
   uint64_t durable_seq() const;
   // The sequence number of the last record appended.
   uint64_t last_seq() const;
+  // The sequence number of the snapshot the records start from (Compact;
+  // 0: none). last_seq() == snapshot_seq(): nothing since the snapshot.
+  uint64_t snapshot_seq() const;
 
   // Waits, on the options' clock, until record `seq` is durable: OK,
   // DeadlineExceeded (naming seq and the durable seq reached), the sticky

@@ -51,8 +51,9 @@ absl::Status ServerImpl::OpenJournal() {
   journal_sink_ = std::make_unique<JournalSink>(journal_.get());
   state_.set_journal(journal_sink_.get());
   // The journal starts every run as one snapshot: it holds what the model
-  // holds, not its history.
-  if (journal_->last_seq() > 0) {
+  // holds, not its history. One that is a snapshot and nothing after (a
+  // server killed again before it appended anything) is one already.
+  if (journal_->last_seq() > journal_->snapshot_seq()) {
     const proto::ModelSnapshot snapshot = state_.SnapshotRecords();
     if (absl::Status s = journal_->Compact(journal_->last_seq(),
                                            snapshot.SerializeAsString());

@@ -2,6 +2,9 @@
 // hostile process would send them, so that each check is the server's own.
 #include "plexus/server/server.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <functional>
 
 #include "absl/strings/escaping.h"
@@ -39,6 +42,33 @@ TEST(ServerTest, ItsOwnStallIsALivenessCheckLateByHalfTheDeadline) {
   options.liveness_check_period = absl::Seconds(1);  // as a test may set
   EXPECT_FALSE(ServerStalled(absl::Milliseconds(1500), options));
   EXPECT_TRUE(ServerStalled(absl::Milliseconds(1501), options));
+}
+
+// A server started again on its journal and stopped before it appended
+// anything (as a SIGKILL right after a restart leaves it) starts a third
+// time on it. Before, that start failed: "cannot compact up to record N: it
+// must be after the snapshot (N)" (found by bench/server_kill.py).
+TEST(ServerJournalTest, AJournalThatIsOneSnapshotServesAnotherStart) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/journal-",
+                                        getpid(), "-one-snapshot.db");
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove(absl::StrCat(path, suffix).c_str());
+  }
+  const ClusterSecret secret = NewSecret();
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(absl::StrCat("start ", run + 1));
+    ServerOptions options;
+    options.secret = secret;
+    options.journal_path = path;
+    options.heartbeat_timeout = absl::Hours(1);
+    auto server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    if (run == 0) {  // a worker registration: a record to compact
+      auto stub = Stub((*server)->address());
+      RawWorker worker(*stub, Bytes(secret.Derive(CredentialRole::kWorker)));
+      ASSERT_NE(worker.worker_id(), 0);
+    }
+  }
 }
 
 // The Shutdown RPC shuts the server down before it answers, and leaves no
