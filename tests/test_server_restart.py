@@ -59,13 +59,20 @@ def journaled(tmp_path):
     cluster = Cluster()
     cluster.address, cluster.log, cluster.tmp = address, log, tmp_path
 
-    def kill_and_restart():
+    def kill_server():
         procs["server"].kill()
         procs["server"].wait()
+
+    def start_server():
         procs["server"], again = _server(address, log, env, journal,
                                          die_with_parent=False)
         assert again == address
 
+    def kill_and_restart():
+        kill_server()
+        start_server()
+
+    cluster.kill_server, cluster.start_server = kill_server, start_server
     cluster.kill_and_restart = kill_and_restart
     try:
         yield cluster
@@ -106,6 +113,40 @@ def test_a_restarted_server_resumes_the_session_with_its_futures(journaled):
         _wait_for_log(journaled.log, "resumed its session", 1, timeout=10)
         _wait_for_log(journaled.log, "came back with what it kept", 3,
                       timeout=10)
+    finally:
+        client.close()
+
+
+def test_a_graph_call_waiting_for_the_server_lets_other_threads_run(
+        journaled):
+    """A graph's call waits while the session has no server; like
+    client.call it lets the GIL go meanwhile, so another Python thread (here
+    the one that starts the server again) runs. Before, it held the GIL: the
+    server was started again only once the client had given up (found by
+    bench/server_kill.py)."""
+    client = plexus.connect(journaled.address, name="graph",
+                            reconnect_timeout=20)
+    try:
+        s = client.slice(3, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        y = double(x)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 2)
+        journaled.kill_server()
+        calling = threading.Event()
+
+        def restart():
+            calling.wait(60)
+            journaled.start_server()
+
+        thread = threading.Thread(target=restart, daemon=True)
+        thread.start()
+        calling.set()
+        with client.graph():
+            z = double(double(y))
+        np.testing.assert_array_equal(np.asarray(z), np.arange(6) * 8)
+        thread.join(60)
+        assert client.session_ends[-1]["resumed"], client.session_ends[-1]
     finally:
         client.close()
 

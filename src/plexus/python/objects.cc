@@ -102,7 +102,15 @@ void DefineGraph(py::module_& m) {
           "call",
           [](Graph& g, const Program& p, const py::sequence& inputs,
              uint32_t site) {
-            return Unwrap(g.Call(p, FuturesFrom(inputs), site));
+            std::vector<Future> in = FuturesFrom(inputs);
+            absl::StatusOr<std::vector<Future>> out;
+            {
+              // As Client.call: it may wait (back-pressure, a reconnect),
+              // and other Python threads go on meanwhile.
+              py::gil_scoped_release release;
+              out = g.Call(p, in, site);
+            }
+            return Unwrap(std::move(out));
           },
           py::arg("program"), py::arg("inputs"), py::arg("site") = 0)
       .def("submit",
