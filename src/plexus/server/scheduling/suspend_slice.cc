@@ -20,6 +20,18 @@ absl::StatusOr<SliceRecord*> OwnedSlice(std::map<uint64_t, SliceRecord>& slices,
   return &it->second;
 }
 
+// A suspend or an in-place resume: nothing moves; the client hears the
+// slice's new state as for a resize (its map, `suspended` set or not).
+SliceResized InPlace(proto::SliceInfo slice, std::string why) {
+  SliceResized out;
+  out.slice = std::move(slice);
+  out.why = std::move(why);
+  out.note.set_worker_id(-1);
+  out.note.set_resized(true);
+  *out.note.add_remapped() = out.slice;
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<SliceResized> ClusterState::ChangeSlice(
@@ -51,16 +63,11 @@ absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
   }
   slice.suspended = true;
   JournalSlice(slice);
-  SliceResized out;
-  out.slice = DescribeSlice(slice);
-  out.freed_devices = true;  // for quotas and priorities
-  out.why =
+  SliceResized out = InPlace(
+      DescribeSlice(slice),
       absl::StrCat("slice ", slice_id, " suspended (", slice.devices.size(),
-                   " devices; its values kept where they are)");
-  // The client hears the new state as for a resize: its map, suspended.
-  out.note.set_worker_id(-1);
-  out.note.set_resized(true);
-  *out.note.add_remapped() = out.slice;
+                   " devices; its values kept where they are)"));
+  out.freed_devices = true;  // for quotas and priorities
   return out;
 }
 
@@ -108,14 +115,9 @@ absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
     }
     slice.suspended = false;
     JournalSlice(slice);
-    SliceResized out;
-    out.slice = DescribeSlice(slice);
-    out.why = absl::StrCat("slice ", slice_id,
-                           " resumed on its own devices, nothing moved");
-    out.note.set_worker_id(-1);
-    out.note.set_resized(true);
-    *out.note.add_remapped() = out.slice;
-    return out;
+    return InPlace(DescribeSlice(slice),
+                   absl::StrCat("slice ", slice_id,
+                                " resumed on its own devices, nothing moved"));
   }
   // Elsewhere: as many devices as it has, none of its own (PlaceGrowth
   // with a map of nothing), the quota counted with it resumed.
