@@ -158,6 +158,15 @@ def lose_a_value_read_by_another_slice(trace_path):
         # x (the put slow reads) and w (the value z reads) were on host0.
         w_name = (rf"buffer {w._f.buffer_id} \(output 0 of program "
                   rf"'device_sleep', call \d+\) were on a slice of it")
+        # The kill comes once w's call runs on host0. Killed before the
+        # server routed it, the call is refused instead (the slice lost a
+        # host) and z with it, in that refusal's words: a CI run under
+        # ASan did so.
+        cluster.wait_until(
+            lambda st: any(h["host_name"] == "host0"
+                           and sum(h["stats"].get("device_busy_micros", [])) > 0
+                           for h in st["workers"]),
+            timeout=WAIT_S, what="host0's device running w's call")
         with c.trace(str(trace_path)):
             kill_host(cluster, "host0")
             # z's wait is made before the loss is declared, or as it is.
