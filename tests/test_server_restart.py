@@ -8,6 +8,7 @@ equal, bit for bit, those of a run with no kill."""
 import os
 import random
 import re
+import signal
 import sys
 import threading
 
@@ -58,6 +59,7 @@ def journaled(tmp_path):
 
     cluster = Cluster()
     cluster.address, cluster.log, cluster.tmp = address, log, tmp_path
+    cluster.workers = workers
 
     def kill_server():
         procs["server"].kill()
@@ -176,6 +178,44 @@ def test_calls_in_flight_at_the_kill_run_again_once_and_give_the_same_value(
         ran_again = int(re.search(r"(\d+) call\(s\) and put\(s\) sent again "
                                   r"ran again, 0 lost", resumed).group(1))
         assert 1 <= ran_again <= 102, resumed
+    finally:
+        client.close()
+
+
+def test_a_put_on_its_way_as_the_server_dies_is_sent_again(journaled):
+    """A put whose shards are on their way (or about to go) as the server
+    is SIGKILLed: the session's end shuts its data-plane connection; once
+    the next server resumed the session, the shard goes again and the put
+    succeeds (it raised "lost worker" before). host1 is stopped meanwhile,
+    so the put cannot finish before the kill."""
+    client = plexus.connect(journaled.address, name="putter")
+    try:
+        s = client.slice(3, placement="spread")
+        data = np.arange(3 * (8 << 20), dtype=np.float32)  # 32 MiB a host
+        warm = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        np.testing.assert_array_equal(np.asarray(warm), np.arange(6))
+        stopped = journaled.workers[1]
+        os.kill(stopped.pid, signal.SIGSTOP)
+        result = {}
+
+        def put():
+            try:
+                result["value"] = s.put(data, plexus.P("devices"))
+            except Exception as e:  # noqa: BLE001 - reported below
+                result["error"] = e
+
+        putter = threading.Thread(target=put)
+        try:
+            putter.start()
+            journaled.kill_and_restart()
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)
+        putter.join(timeout=120)
+        assert not putter.is_alive(), "the put is still waiting"
+        assert "error" not in result, result["error"]
+        np.testing.assert_array_equal(np.asarray(result["value"]), data)
+        end = client.session_ends[-1]
+        assert end["resumed"], end
     finally:
         client.close()
 

@@ -222,8 +222,10 @@ absl::Status DataPath::SendShard(const Slice& slice, uint64_t id, int j,
   std::atomic<int64_t>* sent =
       progress != nullptr ? &progress->done_bytes : nullptr;
   absl::Status s;
+  int resumed = 0;
   for (int attempt = 0;; ++attempt) {
     const int64_t heard = session_.losses_heard();
+    const int64_t resumes = session_.resumes();
     const proto::SliceInfo& map = slice.info();
     const uint64_t generation = map.generation();
     if (map.resizes() != resizes || j >= map.devices_size()) {
@@ -240,6 +242,15 @@ absl::Status DataPath::SendShard(const Slice& slice, uint64_t id, int j,
                        });
     // Put again by the recovery already.
     if (s.code() == absl::StatusCode::kAlreadyExists) s = absl::OkStatus();
+    // Its server went away and the next resumed the session meanwhile
+    // (WithConnection waited for that): the session's end shut the
+    // connection, and the worker dropped what part of the shard it had.
+    // The shard goes again, a few times at most (once per resume).
+    if (s.code() == absl::StatusCode::kUnavailable &&
+        session_.resumes() != resumes && ++resumed <= 4) {
+      --attempt;
+      continue;
+    }
     // A host lost under the put: once the server remapped the slice, the
     // shard goes to the device that took its place.
     if (s.code() != absl::StatusCode::kUnavailable || attempt >= 2 ||
