@@ -51,6 +51,16 @@ inline constexpr bool IsServerMade(uint64_t id) {
 inline constexpr uint64_t kMaxIdCount =
     (uint64_t{1} << (kBufferIdClientShift - 1)) - 1;
 
+// Whether the temporary counted `count` (ClientMadeId(kServerClientId,
+// count)) was made before the one counted `floor`, by a counter that starts
+// again at 1 after kMaxIdCount: counts up to half the space behind `floor`
+// are earlier, the rest (the counter's wrap) are not.
+inline constexpr bool IsEarlierTemporary(uint64_t count, uint64_t floor) {
+  const uint64_t behind =
+      floor >= count ? floor - count : floor + kMaxIdCount - count;
+  return behind > 0 && behind <= kMaxIdCount / 2;
+}
+
 // The one check every counter of ids makes before it hands out ids
 // `first` .. `first + count - 1` (first >= 1): OK while the last is at
 // most kMaxIdCount, else RESOURCE_EXHAUSTED saying that `what` ("this

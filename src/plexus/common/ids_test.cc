@@ -27,6 +27,17 @@ TEST(IdsTest, ClientAndServerMadeIdsOfOneClientNeverMeet) {
   }
 }
 
+// An earlier server's temporaries are behind the floor; the floor's own,
+// those after it, and those of a counter that wrapped past the layout's end
+// since are not.
+static_assert(IsEarlierTemporary(1, 2));
+static_assert(IsEarlierTemporary(5, 1 << 20));
+static_assert(!IsEarlierTemporary(1 << 20, 1 << 20));
+static_assert(!IsEarlierTemporary((1 << 20) + 1, 1 << 20));
+static_assert(IsEarlierTemporary(kMaxIdCount, 3));  // before the wrap
+static_assert(!IsEarlierTemporary(3, kMaxIdCount));  // after the wrap
+static_assert(!IsEarlierTemporary(1, 1));
+
 static_assert(!IsServerMade(ClientMadeId(7, kMaxIdCount)));
 static_assert(ClientOfBuffer(ClientMadeId(7, kMaxIdCount)) == 7);
 static_assert(ClientOfBuffer(ServerMadeId(7, kMaxIdCount)) == 7);

@@ -325,7 +325,24 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key) const {
         absl::StrCat(KeyString(key), " belongs to client ",
                      ClientOfBuffer(key.buffer_id), ", which has left"));
   }
+  if (temporary_floor_ > 0 &&
+      ClientOfBuffer(key.buffer_id) == kServerClientId &&
+      IsEarlierTemporary(key.buffer_id - ClientMadeId(kServerClientId, 0),
+                         temporary_floor_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        KeyString(key),
+        " is a transfer temporary of an earlier server (this one's count "
+        "from ",
+        temporary_floor_, "): nothing here will declare it"));
+  }
   return absl::OkStatus();
+}
+
+void ObjectStore::SetTemporaryFloor(uint64_t floor) {
+  absl::MutexLock lock(&mu_);
+  temporary_floor_ = floor;
+  // Waits for keys that are now an earlier server's end.
+  SignalKeyWaitsLocked();
 }
 
 bool ObjectStore::AwaitKeyLocked(const BufferKey& key, absl::Time deadline) {

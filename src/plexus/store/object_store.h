@@ -103,6 +103,14 @@ class ObjectStore {
   // ids, what it needs), and every transfer temporary (the server's ids:
   // the next server knows none), and returns the ready shards it keeps.
   void FailPending(const absl::Status& status);
+  // The server this worker registered with makes its transfer temporaries
+  // from count `floor` on (ServerToWorker.temp_floor). A temporary counted
+  // before it (IsEarlierTemporary) was an earlier server's: a push or read
+  // of one not declared here ends at once (FAILED_PRECONDITION), waits for
+  // one included, instead of waiting unknown_key_timeout for a declaration
+  // nobody will send (a push so waiting holds its peer's connection, and
+  // every push behind it). 0: no floor.
+  void SetTemporaryFloor(uint64_t floor);
   struct KeptShard {
     BufferKey key;
     int device = -1;
@@ -327,6 +335,7 @@ class ObjectStore {
   absl::flat_hash_map<uint64_t, absl::Status> rejected_ ABSL_GUARDED_BY(mu_);
   // Clients that left: nothing of theirs will be declared any more.
   absl::flat_hash_set<uint64_t> departed_ ABSL_GUARDED_BY(mu_);
+  uint64_t temporary_floor_ ABSL_GUARDED_BY(mu_) = 0;  // SetTemporaryFloor
   // Workers declared down (FailFromSource), and why.
   absl::flat_hash_map<int64_t, absl::Status> down_sources_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -425,6 +425,39 @@ TEST(ObjectStoreTest, UnknownKeyWaitEndsWhenItsClientLeaves) {
       << got;
 }
 
+TEST(ObjectStoreTest, AnEarlierServersTemporaryIsRefusedOnceTheFloorIsKnown) {
+  // A peer's push of a temporary the last server made, arriving before
+  // the worker registered with the next: it waits (it may be declared)
+  // until the next server's floor says it was an earlier server's.
+  FakeClockStore f(1 << 20);
+  const uint64_t old_temp = ClientMadeId(kServerClientId, 17);
+  const uint64_t new_temp = ClientMadeId(kServerClientId, 1 << 20);
+  absl::Status pushed;
+  std::thread pusher(
+      [&] { pushed = f.store->AdmitIncoming({old_temp, 0}, 16, false); });
+  f.clock.AwaitWaiters(1);
+  f.store->SetTemporaryFloor(1 << 20);
+  pusher.join();
+  EXPECT_EQ(pushed.code(), absl::StatusCode::kFailedPrecondition) << pushed;
+  EXPECT_TRUE(absl::StrContains(pushed.message(), "of an earlier server"))
+      << pushed;
+  // Refused at once from then on, reads too.
+  EXPECT_EQ(f.store->AwaitReady({old_temp, 1}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // This server's own, pushed before its declaration, still waits for it.
+  std::thread early(
+      [&] { pushed = f.store->AdmitIncoming({new_temp, 0}, 16, false); });
+  f.clock.AwaitWaiters(1);
+  f.store->Declare({new_temp, 0}, 0, {DType::kF32, {4}}, /*owned=*/false,
+                   kPeer);
+  early.join();
+  EXPECT_TRUE(pushed.ok()) << pushed;
+  // An earlier server's temporary that is declared here is taken as ever.
+  f.store->Declare({old_temp, 2}, 0, {DType::kF32, {4}}, /*owned=*/false,
+                   kPeer);
+  EXPECT_TRUE(f.store->AdmitIncoming({old_temp, 2}, 16, false).ok());
+}
+
 TEST(ObjectStoreTest, UnknownKeyWaitEndsAtTheDeadlineSayingSo) {
   FakeClockStore f(1 << 20);
   absl::Status got;

@@ -10,7 +10,9 @@
 namespace plexus {
 namespace {
 
-// Collective exchange buffers are keyed by the call id with the top bit set.
+// Collective exchange buffers are keyed by Execute.exchange_id, a server
+// temporary; from an older server, which sends none, by the call id with the
+// top bit set.
 constexpr uint64_t kCollectiveBit = uint64_t{1} << 63;
 // The longest an NCCL all_reduce waits for its peers (one that dies fails
 // it at once: CallCollective's watch entries).
@@ -118,7 +120,9 @@ void TaskRunner::MakeCollective(CallContext& call,
     step.program_id = exec.program_id();
   }
   call.collective = std::make_unique<CallCollective>(
-      exec.call_id() | kCollectiveBit, std::move(peers), my_rank, &store_,
+      exec.exchange_id() != 0 ? exec.exchange_id()
+                              : exec.call_id() | kCollectiveBit,
+      std::move(peers), my_rank, &store_,
       [this, step](int64_t worker, const BufferKey& key,
                    absl::StatusOr<std::shared_ptr<const Storage>> data) {
         if (PeerSender* s = peers_.SenderTo(worker)) {

@@ -171,6 +171,8 @@ void WorkerImpl::ApplyOps(proto::ServerToWorker& msg) {
     store_->DropAll();
     applier_->UnloadAll();
   }
+  // The first message: pushes of an earlier server's temporaries end now.
+  if (msg.temp_floor() != 0) store_->SetTemporaryFloor(msg.temp_floor());
   for (auto& op : *msg.mutable_ops()) applier_->Apply(op);
 }
 

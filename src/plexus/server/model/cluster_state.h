@@ -452,6 +452,10 @@ class ClusterState {
   // The count the next transfer temporary (ClientMadeId(kServerClientId,
   // n)) takes; it goes back to 1 after kMaxIdCount (tests start it there).
   void set_next_transfer(uint64_t n) { next_transfer_ = n; }
+  // The count of the first temporary this server makes (its next one once
+  // restored from a journal: past every earlier server's). Workers refuse
+  // undeclared temporaries before it (ServerToWorker.temp_floor).
+  uint64_t temporary_floor() const { return temporary_floor_; }
   ClientRecord* FindClient(uint64_t id);
   const ClientRecord* FindClient(uint64_t id) const;
   // The time calls routed from now on record (CallRecord.routed): the
@@ -844,6 +848,7 @@ class ClusterState {
   int64_t transfers_routed_ = 0;
   uint64_t next_slice_id_ = 1;
   uint64_t next_transfer_ = 1;
+  uint64_t temporary_floor_ = 1;  // FinishRestore
   int64_t calls_routed_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t next_server_id_ = 1;
@@ -895,6 +900,9 @@ class ClusterState {
   // reserving blocks of kTransferBlock ahead (restart.cc).
   static constexpr uint64_t kTransferBlock = uint64_t{1} << 20;
   uint64_t transfers_reserved_ = 0;
+  // A new transfer temporary's id (a copy's destination, a collective's
+  // exchange): the count goes on, and back to 1 after the layout's last.
+  uint64_t NextTemporary();
   void ReserveTransfers() {
     if (journal_ != nullptr &&
         (next_transfer_ >= transfers_reserved_ ||

@@ -188,6 +188,7 @@ absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
 
 void ClusterState::FinishRestore() {
   UpdateLineagePolicy();
+  temporary_floor_ = next_transfer_;
   for (const auto& [id, w] : workers_) {
     next_worker_id_ = std::max(next_worker_id_, id + 1);
   }

@@ -1,6 +1,7 @@
 // A restarted server's rebuild (ClusterState: restart.cc), driven directly:
 // what the journal keeps, how it is restored, and how the workers and
 // clients that come back are taken in.
+#include <set>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -374,6 +375,67 @@ TEST_F(RestartTest, TransferTemporariesStartPastEveryOneTheLastRunUsed) {
   }
   ASSERT_NE(first_temp, 0u);
   EXPECT_GE(first_temp, ClientMadeId(kServerClientId, 5000 + (1 << 20)));
+  // The workers are told where this server's temporaries begin: the first
+  // run's (5000) is earlier, this run's first is not.
+  const uint64_t floor = after_.temporary_floor();
+  EXPECT_EQ(first_temp, ClientMadeId(kServerClientId, floor));
+  EXPECT_TRUE(IsEarlierTemporary(5000, floor));
+}
+
+TEST_F(RestartTest, ACollectiveRoutedAgainExchangesUnderANewTemporary) {
+  // An all_reduce in flight as the server died, sent again by the client
+  // under its call id: its partials travel under another key than the
+  // first run's, which the workers refuse as an earlier server's.
+  proto::RegisterProgram reg;
+  reg.set_program_id(Id(2));
+  reg.mutable_program()->set_name("all_reduce");
+  reg.mutable_program()->set_kernel("all_reduce");
+  *reg.mutable_program()->add_inputs() = ToProto(kArg);
+  *reg.mutable_program()->add_outputs() = ToProto(kArg);
+  ASSERT_TRUE(before_.RegisterProgram(client_, reg).ok());
+  auto exchange_of = [](const WorkerOps& ops) {
+    std::set<uint64_t> ids;
+    for (const auto& [w, list] : ops) {
+      for (const proto::WorkerOp& op : list) {
+        if (op.has_execute()) ids.insert(op.execute().exchange_id());
+      }
+    }
+    return ids;
+  };
+  proto::Call call = Call(Id(20), Id(10), Id(11));
+  call.set_program_id(Id(2));
+  proto::PutDecl put;
+  put.set_buffer_id(Id(10));
+  put.set_slice_id(slice_);
+  *put.mutable_arg() = ToProto(kArg);
+  WorkerOps ops;
+  ASSERT_TRUE(before_.RoutePut(client_, put, &ops).ok());
+  ASSERT_TRUE(before_.RouteCall(client_, call, &ops).ok());
+  const std::set<uint64_t> first = exchange_of(ops);
+  ASSERT_EQ(first.size(), 1u);  // one key, on both hosts
+  const uint64_t first_id = *first.begin();
+  EXPECT_EQ(ClientOfBuffer(first_id), kServerClientId);
+
+  Restart();
+  ASSERT_TRUE(Return(w0_, "host0", 100, {{Id(10), 0}}) != nullptr);
+  ASSERT_TRUE(Return(w1_, "host1", 101, {{Id(10), 1}}) != nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  ops.clear();
+  after_.RestoreLiveBuffers(client_, Live({Id(10), Id(11)}, false), &ops);
+  google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
+  *resent.Add()->mutable_call() = call;
+  after_.PlanResent(client_, resent);
+  uint64_t seq = 0;
+  bool routed = false;
+  ASSERT_TRUE(after_.RouteResentCall(client_, call, &ops, &seq, &routed).ok());
+  ASSERT_TRUE(routed);
+  const std::set<uint64_t> again = exchange_of(ops);
+  ASSERT_EQ(again.size(), 1u);
+  const uint64_t again_id = *again.begin();
+  EXPECT_NE(again_id, first_id);
+  const uint64_t base = ClientMadeId(kServerClientId, 0);
+  EXPECT_TRUE(IsEarlierTemporary(first_id - base, after_.temporary_floor()));
+  EXPECT_FALSE(IsEarlierTemporary(again_id - base, after_.temporary_floor()));
 }
 
 TEST_F(RestartTest, ARemapIsJournaledWithTheProgramsThatFollowIt) {

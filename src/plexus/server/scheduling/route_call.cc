@@ -169,6 +169,17 @@ HostsOfSlice HostsOf(const SliceRecord& slice) {
 
 }  // namespace
 
+uint64_t ClusterState::NextTemporary() {
+  const uint64_t temp = ClientMadeId(kServerClientId, next_transfer_);
+  // A temporary lives only until the call that reads it is done, so the
+  // count starts again at 1 after the layout's last (kMaxIdCount): an id
+  // 2^39 transfers old is long released. Never past it (that would spill
+  // into the server-made half, or another client's ids).
+  next_transfer_ = next_transfer_ >= kMaxIdCount ? 1 : next_transfer_ + 1;
+  ReserveTransfers();
+  return temp;
+}
+
 absl::Status ClusterState::RouteCall(uint64_t client_id,
                                      const proto::Call& call, WorkerOps* ops,
                                      uint64_t* seq) {
@@ -341,13 +352,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       TransferKey tk{ref.buffer_id(), k, dst.worker_id};
       auto it = transfers.find(tk);
       if (it != transfers.end()) return {it->second, 0};
-      uint64_t temp = ClientMadeId(kServerClientId, next_transfer_);
-      // A temporary lives only until the call that reads it is done, so
-      // the count starts again at 1 after the layout's last (kMaxIdCount):
-      // an id 2^39 transfers old is long released. Never past it (that
-      // would spill into the server-made half, or another client's ids).
-      next_transfer_ = next_transfer_ >= kMaxIdCount ? 1 : next_transfer_ + 1;
-      ReserveTransfers();
+      const uint64_t temp = NextTemporary();
       transfers[tk] = temp;
       proto::WorkerOp t;
       auto* tr = t.mutable_transfer();
@@ -468,6 +473,9 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   route_shared_.set_client_id(client_id);
   *route_shared_.mutable_output_ids() = call.output_ids();
   if (prog.collective) {
+    // New each time the call is routed: a run after a restart or a loss
+    // never meets an earlier run's partials.
+    route_shared_.set_exchange_id(NextTemporary());
     for (const auto& [p, shards] : hosts.order) {
       auto* peer = route_shared_.add_peers();
       peer->set_worker_id(p);

@@ -218,6 +218,7 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   // A worker taken back is the host it was, not a rejoin.
   if (resumed == nullptr) hello.set_rejoined(rejoined);
   hello.set_resumed(resumed != nullptr);
+  hello.set_temp_floor(state_.temporary_floor());
   AwaitJournalLocked();  // the registration, before the worker hears it
   // Each write is one ServerToWorker in wire form (worker_wire.h): the
   // first carries the hello, every one the worker id, then the ops,

@@ -446,19 +446,23 @@ struct AwaitedTransfer {
 // The input of `call` that the shard `awaited` from peer `peer` carries:
 // the input itself, or, for a transfer's temporary (an id of the server's
 // own: the records keep no map of them), the input made on the peer's
-// slice (the first, if several are). 0: none.
+// slice (the first, if several are; one of another slice before one of the
+// call's own, which moves between the slice's hosts only to change its
+// layout). 0: none.
 uint64_t InputCarried(const ClusterState& state, const CallRecord& call,
                       uint64_t awaited, int64_t peer) {
   for (const CallInput& in : call.inputs) {
     if (in.buffer_id == awaited) return awaited;
   }
   if (ClientOfBuffer(awaited) != kServerClientId) return 0;
-  for (const CallInput& in : call.inputs) {
-    if (in.slice_id == call.slice_id) continue;
-    auto from = state.slices().find(in.slice_id);
-    if (from == state.slices().end()) continue;
-    for (const DeviceRef& d : from->second.devices) {
-      if (d.worker_id == peer) return in.buffer_id;
+  for (const bool own_slice : {false, true}) {
+    for (const CallInput& in : call.inputs) {
+      if ((in.slice_id == call.slice_id) != own_slice) continue;
+      auto from = state.slices().find(in.slice_id);
+      if (from == state.slices().end()) continue;
+      for (const DeviceRef& d : from->second.devices) {
+        if (d.worker_id == peer) return in.buffer_id;
+      }
     }
   }
   return 0;
