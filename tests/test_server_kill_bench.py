@@ -6,10 +6,11 @@ parameters equal a run with no kill bit for bit, the same worker
 processes, nothing left on the workers or the server once the client
 closed) and exits 0 only if all of it held.
 
-The kills fall at rest: kills inside a step find the runtime bugs listed
-in docs/RELIABILITY.md (a put on its way as the server dies raises; an
-all_reduce in flight can hang after the resume), whose reproducers are
-the bench's own runs (`--rest-share 0`)."""
+Three kills fall at rest; six more fall inside steps, with the step's puts
+and calls in flight (before the fixes in docs/RELIABILITY.md, a put on its
+way raised "lost worker", and a push of the last server's temporary held
+a peer's connection so the next step hung: every seed ended within 5
+kills)."""
 import json
 import os
 import subprocess
@@ -31,7 +32,7 @@ def run_bench(tmp_path, *args):
         [PLEXUS_PYTHONPATH] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH")
                                else []))
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--kills", "3", "--step-timeout", "30",
+        [sys.executable, str(BENCH), "--step-timeout", "30",
          "--no-stacks", "--json", str(out), *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     output = proc.stdout + proc.stderr
@@ -43,10 +44,22 @@ def run_bench(tmp_path, *args):
 @pytest.mark.jax_heavy
 def test_three_server_kills_at_rest_lose_nothing(tmp_path):
     """Each kill once the client's calls are done, before a step."""
-    summary = run_bench(tmp_path, "--rest-share", "1", "--seed", "0")
+    summary = run_bench(tmp_path, "--kills", "3", "--rest-share", "1",
+                        "--seed", "0")
     assert summary["kills"] == summary["resumed"] == 3, summary
     assert summary["loss_curve_equal"] and summary["final_params_equal"]
     assert summary["failed_checks"] == [], summary
     # Each start compacts the journal into one snapshot of the model.
     assert summary["records_replayed"]["max"] == \
         summary["records_replayed"]["first"], summary
+
+
+@pytest.mark.jax_heavy
+def test_six_server_kills_inside_steps_lose_nothing(tmp_path):
+    """Each kill 0 to one step's time after the step is issued."""
+    summary = run_bench(tmp_path, "--kills", "6", "--rest-share", "0",
+                        "--seed", "0")
+    assert summary["kills"] == summary["resumed"] == 6, summary
+    assert summary["loss_curve_equal"] and summary["final_params_equal"]
+    assert summary["failed_checks"] == [], summary
+    assert summary["when"].get("in step", 0) >= 4, summary["when"]
