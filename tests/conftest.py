@@ -64,8 +64,13 @@ def pytest_make_collect_report(collector):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     log = tmp_path_factory.mktemp("logs") / "cluster.log"
+    # Shared by a module's tests, none of which loses a host on purpose
+    # (those start clusters of their own): a 5 s heartbeat deadline, so
+    # that a worker starved of CPU by parallel XLA compiles on a loaded
+    # 2-core machine is not declared lost (test_torch's pipeline was, once,
+    # at the default 1 s).
     with plexus.local(hosts=2, devices_per_host=2, log_level="info",
-                      log_file=str(log)) as c:
+                      log_file=str(log), heartbeat_timeout_ms=5000) as c:
         yield c
 
 
