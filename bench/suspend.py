@@ -15,7 +15,12 @@ Reported, medians of --rounds:
   - yardstick: the same bytes moved by plain calls, an identity program
     on a slice of host2 and host3 reading each value of a slice of host0
     and host1 (what a user without resume would write);
-  - the ratio of the resume elsewhere to the yardstick.
+  - the ratio of the resume elsewhere to the yardstick;
+  - suspend to files: slice.suspend(to_files=True) (every block written
+    to the park directory and synced), then, after another client took the
+    slice's hosts, slice.resume() and plexus.wait (every block read back
+    on other hosts); beside a disk yardstick: the same bytes written to a
+    file of the same directory, synced and read back by one process.
 
     PYTHONPATH=python PLEXUS_BIN_DIR=$PWD/build/bin python3 bench/suspend.py \\
         --gib 1 --rounds 3
@@ -72,6 +77,33 @@ def one_round(cluster, client, n, values, say):
     taker.close()
     other.close()
 
+    # To files: parked (written and synced), then read back on host2 and
+    # host3 after another client took host0 and host1.
+    t0 = time.perf_counter()
+    parked = s.suspend(to_files=True)
+    to_files = time.perf_counter() - t0
+    other = cluster.connect(name="taker")
+    taker = other.slice(2, hosts=sorted({d["host"] for d in s.devices}),
+                        placement="spread")
+    t0 = time.perf_counter()
+    s.resume()
+    plexus.wait(futures)
+    from_files = time.perf_counter() - t0
+    for k in (0, values - 1):
+        np.testing.assert_array_equal(np.asarray(futures[k]),
+                                      np.full(n, k, np.float32))
+    say(f"suspend to files {to_files:.3f} s ({parked['values_parked']} "
+        f"values, {parked['bytes_parked'] / 2**20:.0f} MiB); resume from "
+        f"files on {sorted({d['host'] for d in s.devices})} "
+        f"{from_files:.3f} s")
+    taker.close()
+    other.close()
+    # Its yardstick: the same bytes written to a file of the same directory
+    # (synced) and read back, by this process alone.
+    disk = disk_yardstick(cluster.park_dir, parked["bytes_parked"])
+    say(f"yardstick (write, fsync, read back {parked['bytes_parked'] / 2**20:.0f}"
+        f" MiB in this process): {disk:.3f} s")
+
     # Yardstick: the same bytes, host0/host1 -> host2/host3, by calls.
     src = client.slice(2, hosts=OWN, placement="spread")
     dst = client.slice(2, hosts=OTHERS, placement="spread")
@@ -88,7 +120,29 @@ def one_round(cluster, client, n, values, say):
     del futures, sources, copies
     for sl in (s, src, dst):
         sl.close()
-    return suspend, resume_own, resume_away, moved["bytes_moved"], yardstick
+    return (suspend, resume_own, resume_away, moved["bytes_moved"], yardstick,
+            to_files, from_files, parked["bytes_parked"], disk)
+
+
+def disk_yardstick(directory, nbytes):
+    """Seconds to write `nbytes` to a file of `directory`, fsync it, and
+    read it back (the page cache dropped for it), in 4 MiB blocks."""
+    path = os.path.join(directory, "yardstick")
+    block = np.ones(4 << 20, np.uint8).tobytes()
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    left = nbytes
+    while left > 0:
+        left -= os.write(fd, block[:min(left, len(block))])
+    os.fsync(fd)
+    os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    while os.read(fd, 4 << 20):
+        pass
+    os.close(fd)
+    took = time.perf_counter() - t0
+    os.unlink(path)
+    return took
 
 
 def main():
@@ -116,6 +170,9 @@ def main():
         "suspend_ms": med[0] * 1e3, "resume_in_place_ms": med[1] * 1e3,
         "resume_elsewhere_s": med[2], "resume_bytes": med[3],
         "yardstick_s": med[4], "resume_over_yardstick": med[2] / med[4],
+        "suspend_to_files_s": med[5], "resume_from_files_s": med[6],
+        "parked_bytes": med[7], "disk_yardstick_s": med[8],
+        "files_round_trip_over_disk_yardstick": (med[5] + med[6]) / med[8],
         "machine": f"{platform.node()} ({os.cpu_count()} cores)",
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }

@@ -98,7 +98,7 @@ inline BatchResult ApplyClientBatch(ClusterState& state, uint64_t id,
         break;
       }
       case proto::ClientOp::kProgram: {
-        absl::Status s = state.RegisterProgram(id, op.program(), &ops);
+        absl::Status s = state.RegisterClientProgram(id, op.program(), &ops);
         if (!s.ok())
           *out.reply.add_errors()->mutable_status() = StatusToProto(s);
         break;

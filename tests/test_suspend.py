@@ -3,7 +3,12 @@ plexus.jit trainer suspends its slice, another client takes its hosts, and
 the trainer resumes on the two other hosts: its parameters move there bit
 for bit and training goes on, every step matching one process. While
 suspended, the slice refuses calls and puts, saying why, and its futures
-stay readable."""
+stay readable. Suspended to files, its values are written to the park
+directory and leave the workers' memory; every worker may then be killed
+and replaced, and the resume reads them back on the new ones, bit for
+bit."""
+import os
+
 import numpy as np
 import pytest
 
@@ -167,3 +172,56 @@ def test_a_host_lost_while_suspended_is_recovered_and_the_slice_resumes():
         s.resume()
         np.testing.assert_array_equal(
             np.asarray(plexus.wait(twice(y), timeout=WAIT_S)), want * 2)
+
+
+@pytest.mark.jax_heavy
+def test_a_job_suspended_to_files_resumes_bit_for_bit_on_restarted_workers():
+    jax = pytest.importorskip("jax")
+    # The killed workers stay dead in the cluster's records; it says so as
+    # it ends.
+    with pytest.raises(plexus.ClusterExitError, match="SIGKILL"):
+        suspend_to_files_and_restart_the_workers(jax)
+
+
+def suspend_to_files_and_restart_the_workers(jax):
+    with plexus.local(hosts=2) as cluster:
+        client = cluster.connect(name="trainer")
+        s = client.slice(2, placement="spread")
+        trainer = Trainer(jax, s)
+        trainer.run(3)
+        before = np.asarray(trainer.w)
+        parked = s.suspend(to_files=True)
+        # w, x and t, each a file a device (all replicated).
+        assert parked == {"values_parked": 3,
+                          "bytes_parked": 2 * (5 + 16 * 4 + 16) * 4}, parked
+        files = sorted(os.listdir(cluster.park_dir))
+        assert len(files) == 6 and not any(f.endswith(".tmp") for f in files)
+        # Out of the workers' memory: a read says where the value is.
+        with pytest.raises(plexus.InvalidArgumentError,
+                           match=r"is parked in files while slice \d+ is "
+                                 r"suspended to files; resume the slice"):
+            np.asarray(trainer.w)
+        cluster.wait_until(
+            lambda st: all(w["stats"].get("live_bytes", 0) == 0
+                           for w in st["workers"] if w["alive"]),
+            timeout=WAIT_S, what="the workers to hold nothing")
+        # Both workers killed, and started again (new processes, new
+        # worker ids, as after a reboot).
+        old = {w["worker_id"] for w in cluster.status()["workers"]}
+        for host in sorted(hosts_of(s)):
+            kill_host(cluster, host)
+        cluster.wait_until(
+            lambda st: not any(w["alive"] for w in st["workers"]),
+            timeout=WAIT_S, what="both workers declared lost")
+        for host in ("host0", "host1"):
+            cluster.add_worker(host)
+        assert s.suspended
+        moved = s.resume()
+        assert moved["values_moved"] == 3, moved
+        new = {d["worker"] for d in s.devices}
+        assert len(new) == 2 and not new & old, (new, old)
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(trainer.w, timeout=WAIT_S)), before)
+        assert os.listdir(cluster.park_dir) == []  # read back, then deleted
+        trainer.run(3)  # on the new workers, matching jax step by step
+        client.close()

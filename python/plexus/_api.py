@@ -89,15 +89,24 @@ class Slice:
             index = int(axis)
         return self._s.resize(int(num_devices), index)
 
-    def suspend(self):
+    def suspend(self, to_files=False):
         """Parks the slice: calls and puts on it are refused (naming the
         slice) until `resume`; its devices count against no quota and claim
         nothing for its tenant's priority, so other jobs and tenants can
         have them; its values stay where they are (in the workers' memory:
         on CPU workers that is where they were) and its futures stay valid
         and readable. Calls issued before go on. `client.suspend()` parks
-        every slice of the client."""
-        self._s.suspend()
+        every slice of the client.
+
+        With `to_files=True`, every live value is also written to files of
+        the server's park directory (`plexus-server --park-dir`, one
+        directory every worker shares; `plexus.local` makes one) and
+        released from the workers' memory: the call returns once every file
+        is written and synced, with {"values_parked", "bytes_parked"} (over
+        all devices). Its futures then raise FailedPrecondition ("parked")
+        until `resume` reads the values back, on whichever hosts it gets,
+        the workers restarted meanwhile or not."""
+        return self._s.suspend(to_files=to_files)
 
     def resume(self):
         """Places a suspended slice again, at its size and mesh: on its own
@@ -335,13 +344,14 @@ class Client:
         return [s for s in (r() for r in self._slices)
                 if s is not None and not s._s.closed]
 
-    def suspend(self):
+    def suspend(self, to_files=False):
         """Suspends every open slice of the client that is not suspended
         (`Slice.suspend`: calls and puts refused, devices counted for no
-        quota or priority, values kept); returns how many."""
+        quota or priority, values kept; with `to_files`, in files of the
+        server's park directory); returns how many."""
         slices = [s for s in self._open_slices() if not s.suspended]
         for s in slices:
-            s.suspend()
+            s.suspend(to_files=to_files)
         return len(slices)
 
     def resume(self):

@@ -59,7 +59,7 @@ class LocalCluster:
                  pjrt_plugin=None, secret=None, tenants=None,
                  admission_window_us=None, gpus=None, cuda_ipc=True,
                  spare_wait_ms=None, max_restarts_per_minute=None,
-                 web_listen="auto"):
+                 web_listen="auto", park_dir=None):
         if hosts < 1:
             raise ValueError(f"hosts must be at least 1, got {hosts}")
         if devices_per_host < 1:
@@ -123,6 +123,11 @@ class LocalCluster:
         # The live page and /metrics (web/web_server.h): "auto" (a free
         # port on the server's host), HOST:PORT, or "off".
         self.web_listen = web_listen
+        # Where slices suspended to files park their values (the server's
+        # --park-dir; every worker of this machine reaches it). None: a
+        # directory of this cluster's, made at start and removed by down().
+        self.park_dir = park_dir
+        self._own_park_dir = None
         self.address = None
         self.process = None
         self._clients = []
@@ -166,6 +171,11 @@ class LocalCluster:
         if self.max_restarts_per_minute is not None:
             cmd += ["--max-restarts-per-minute",
                     str(self.max_restarts_per_minute)]
+        if self.park_dir is None:
+            import tempfile
+            self._own_park_dir = self.park_dir = tempfile.mkdtemp(
+                prefix="plexus-park-")
+        cmd += ["--park-dir", str(self.park_dir)]
         # Workers inherit the server's environment, the secret included;
         # None: not inherited from this process's.
         env = {"PLEXUS_PJRT_PLUGIN": self.pjrt_plugin,
@@ -291,6 +301,10 @@ class LocalCluster:
         if self._tenants_file is not None:
             os.unlink(self._tenants_file)
             self._tenants_file = None
+        if self._own_park_dir is not None:
+            import shutil
+            shutil.rmtree(self._own_park_dir, ignore_errors=True)
+            self._own_park_dir = self.park_dir = None
         if self.process is None:
             self._reap_joined()
             return []

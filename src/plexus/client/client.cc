@@ -126,10 +126,34 @@ absl::StatusOr<Slice::Resized> Slice::Resize(int num_devices, int axis) {
   return Resized{reply->values_moved(), reply->bytes_moved()};
 }
 
-absl::Status Slice::Suspend() {
+absl::StatusOr<Slice::Resized> Slice::Suspend(bool to_files) {
   proto::SliceResize req;
   req.set_suspend(true);
-  return SendSuspendOrResume(std::move(req), "suspend").status();
+  req.set_to_files(to_files);
+  std::vector<uint64_t> tokens;
+  absl::StatusOr<Resized> parked =
+      SendSuspendOrResume(std::move(req), "suspend", &tokens);
+  if (!parked.ok()) return parked.status();
+  // Each park's token, ready once its files are written and synced; each
+  // is released as its future goes.
+  if (tokens.empty()) return parked;
+  absl::StatusOr<std::shared_ptr<SessionTag>> tag =
+      core_->session().AwaitSessionForUse();
+  if (!tag.ok()) return tag.status();
+  const ArgSpec token_spec{{DType::kU8, {1}}, Sharding::Replicated()};
+  std::vector<Future> written;
+  for (uint64_t token : tokens) {
+    written.emplace_back(std::make_shared<BufferHandle>(
+        core_, token, token_spec, shared_from_this(), *tag));
+  }
+  for (const Future& f : written) {
+    if (absl::Status s = core_->data().Wait(f); !s.ok()) {
+      return absl::Status(
+          s.code(), absl::StrCat("suspend: slice ", id(),
+                                 ": a value was not parked: ", s.message()));
+    }
+  }
+  return parked;
 }
 
 absl::StatusOr<Slice::Resized> Slice::Resume() {
@@ -139,7 +163,7 @@ absl::StatusOr<Slice::Resized> Slice::Resume() {
 }
 
 absl::StatusOr<Slice::Resized> Slice::SendSuspendOrResume(
-    proto::SliceResize req, const char* what) {
+    proto::SliceResize req, const char* what, std::vector<uint64_t>* tokens) {
   if (!Hold()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": slice ", id(), " is closed"));
@@ -150,6 +174,9 @@ absl::StatusOr<Slice::Resized> Slice::SendSuspendOrResume(
   Unhold();
   if (!reply.ok()) return reply.status();
   Remap(reply->slice());
+  if (tokens != nullptr) {
+    tokens->assign(reply->wait_ids().begin(), reply->wait_ids().end());
+  }
   return Resized{reply->values_moved(), reply->bytes_moved()};
 }
 

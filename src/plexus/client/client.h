@@ -69,7 +69,7 @@ proto::SliceRequest ToProto(const SliceOptions& options);
 // A slice outlives its client's session: after a reconnect the client asks
 // for it again with the same options (Rebind: a new id and map), or, if it
 // cannot be granted again, its uses fail with lost() (reconnect.h).
-class Slice {
+class Slice : public std::enable_shared_from_this<Slice> {
  public:
   // The server's id for it in the current session (a reconnect changes it).
   uint64_t id() const { return id_.load(std::memory_order_acquire); }
@@ -112,7 +112,13 @@ class Slice {
   // are refused until Resume(); its devices count against no quota and
   // claim nothing for its priority; its values stay in the workers'
   // memory, futures stay valid and readable. Calls issued before go on.
-  absl::Status Suspend();
+  // With `to_files`, every live value is also written to files of the
+  // server's park directory (a file per device) and released from the
+  // workers' memory: Suspend returns once every file is written and synced
+  // (what was parked, and its bytes over all devices); futures read as
+  // parked (FailedPrecondition) until Resume reads the values back, on any
+  // hosts, workers restarted meanwhile or not.
+  absl::StatusOr<Resized> Suspend(bool to_files = false);
   // Resumes it (ClusterState::ResumeSlice): on its own devices while no
   // other slice took them, else on others the tenant may hold, its values
   // moved there under new ids, as a resize's (futures follow). Returns
@@ -150,8 +156,9 @@ class Slice {
 
  private:
   // Suspend's and Resume's request, `req` naming which.
-  absl::StatusOr<Resized> SendSuspendOrResume(proto::SliceResize req,
-                                              const char* what);
+  absl::StatusOr<Resized> SendSuspendOrResume(
+      proto::SliceResize req, const char* what,
+      std::vector<uint64_t>* tokens = nullptr);
 
   const std::shared_ptr<ClientCore> core_;
   const uint64_t first_id_;

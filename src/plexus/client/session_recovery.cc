@@ -28,6 +28,11 @@ std::pair<uint64_t, const proto::SliceInfo*> ClientSession::ResolveOn(
 absl::Status ClientSession::LostStatus(uint64_t id) const {
   absl::MutexLock lock(&mu_);
   auto it = lost_.find(id);
+  if (it != lost_.end()) return it->second;
+  // Under the id it has now (moved by a resize, then lost or parked).
+  auto alias = aliases_.find(id);
+  if (alias == aliases_.end()) return absl::OkStatus();
+  it = lost_.find(alias->second);
   return it == lost_.end() ? absl::OkStatus() : it->second;
 }
 
@@ -131,6 +136,8 @@ void ClientSession::ApplyAliasesLocked(const proto::Recovery& r) {
       if (now == from) now = to;
     }
     aliases_[from] = to;
+    // Placed again under its new id (a value read back from files).
+    lost_.erase(from);
   }
   if (!aliases_.empty()) has_aliases_.store(true, std::memory_order_release);
   const absl::Status lost = StatusFromProto(r.status());

@@ -34,7 +34,7 @@ static_assert(IsEarlierTemporary(1, 2));
 static_assert(IsEarlierTemporary(5, 1 << 20));
 static_assert(!IsEarlierTemporary(1 << 20, 1 << 20));
 static_assert(!IsEarlierTemporary((1 << 20) + 1, 1 << 20));
-static_assert(IsEarlierTemporary(kMaxIdCount, 3));  // before the wrap
+static_assert(IsEarlierTemporary(kMaxIdCount, 3));   // before the wrap
 static_assert(!IsEarlierTemporary(3, kMaxIdCount));  // after the wrap
 static_assert(!IsEarlierTemporary(1, 1));
 

@@ -30,15 +30,21 @@ void DefineSlice(py::module_& m) {
           },
           py::arg("num_devices"), py::arg("axis"))
       .def_property_readonly("suspended", &Slice::suspended)
-      .def("suspend",
-           [](Slice& s) {
-             absl::Status st;
-             {
-               py::gil_scoped_release release;
-               st = s.Suspend();
-             }
-             Check(st);
-           })
+      .def(
+          "suspend",
+          [](Slice& s, bool to_files) {
+            absl::StatusOr<Slice::Resized> r;
+            {
+              py::gil_scoped_release release;
+              r = s.Suspend(to_files);
+            }
+            Check(r.status());
+            py::dict d;
+            d["values_parked"] = r->values_moved;
+            d["bytes_parked"] = r->bytes_moved;
+            return d;
+          },
+          py::arg("to_files") = false)
       .def("resume",
            [](Slice& s) {
              absl::StatusOr<Slice::Resized> r;

@@ -52,6 +52,11 @@ struct ServerOptions {
   // the last run may take to come back. A worker not back by then is lost
   // (its slices go to a spare, or break); a session not back is ended.
   absl::Duration resume_wait = absl::Seconds(60);
+  // Where a slice suspended to files (slice.suspend(to_files=True)) writes
+  // its values: one directory every worker reaches by this path (a shared
+  // file system; on one machine, any directory). Empty: a suspend to files
+  // is refused, saying so.
+  std::string park_dir;
   // The journal is compacted into one snapshot once this many records were
   // written since the last compaction (and at every start).
   int64_t journal_compact_every = 10000;

@@ -433,8 +433,9 @@ TEST(ObjectStoreTest, AnEarlierServersTemporaryIsRefusedOnceTheFloorIsKnown) {
   const uint64_t old_temp = ClientMadeId(kServerClientId, 17);
   const uint64_t new_temp = ClientMadeId(kServerClientId, 1 << 20);
   absl::Status pushed;
-  std::thread pusher(
-      [&] { pushed = f.store->AdmitIncoming({old_temp, 0}, 16, false); });
+  std::thread pusher([&] {
+    pushed = f.store->AdmitIncoming({old_temp, 0}, 16, false);
+  });
   f.clock.AwaitWaiters(1);
   f.store->SetTemporaryFloor(1 << 20);
   pusher.join();
@@ -445,8 +446,9 @@ TEST(ObjectStoreTest, AnEarlierServersTemporaryIsRefusedOnceTheFloorIsKnown) {
   EXPECT_EQ(f.store->AwaitReady({old_temp, 1}).status().code(),
             absl::StatusCode::kFailedPrecondition);
   // This server's own, pushed before its declaration, still waits for it.
-  std::thread early(
-      [&] { pushed = f.store->AdmitIncoming({new_temp, 0}, 16, false); });
+  std::thread early([&] {
+    pushed = f.store->AdmitIncoming({new_temp, 0}, 16, false);
+  });
   f.clock.AwaitWaiters(1);
   f.store->Declare({new_temp, 0}, 0, {DType::kF32, {4}}, /*owned=*/false,
                    kPeer);

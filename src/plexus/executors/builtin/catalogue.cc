@@ -17,6 +17,7 @@ const KernelCatalogue& KernelCatalogue::Global() {
     internal::RegisterLinalgSignatures(*c);
     internal::RegisterLossSignatures(*c);
     internal::RegisterMiscSignatures(*c);
+    internal::RegisterParkSignatures(*c);
     return c;
   }();
   return *catalogue;

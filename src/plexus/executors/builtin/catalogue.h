@@ -51,6 +51,9 @@ class KernelSignature {
   virtual bool AcceptsDType(DType dtype) const {
     return IsArithmeticDType(dtype);
   }
+  // Whether only the server may make programs of it (park, unpark): a
+  // client's registration is refused.
+  virtual bool server_only() const { return false; }
   // Output `output` equals input AliasedInput(output) bit for bit, or -1.
   // Buffers are immutable, so the runtime may hand out the input's buffer
   // as the output; when every output is aliased it skips Run altogether.

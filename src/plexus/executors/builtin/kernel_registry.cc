@@ -51,6 +51,7 @@ absl::StatusOr<const KernelRegistry*> KernelRegistry::Builtin() {
         internal::AddLinalgBodies(bodies);
         internal::AddLossBodies(bodies);
         internal::AddMiscBodies(bodies);
+        internal::AddParkBodies(bodies);
         return Create(KernelCatalogue::Global(), std::move(bodies));
       }());
   if (!registry->ok()) return registry->status();

@@ -25,6 +25,7 @@ void AddElementwiseBodies(KernelBodies& bodies);
 void AddLinalgBodies(KernelBodies& bodies);
 void AddLossBodies(KernelBodies& bodies);
 void AddMiscBodies(KernelBodies& bodies);
+void AddParkBodies(KernelBodies& bodies);
 
 // Adds a default-constructed body `B` under `name`.
 template <typename B>

@@ -183,6 +183,26 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
   return touched;
 }
 
+absl::Status ClusterState::RegisterClientProgram(
+    uint64_t client_id, const proto::RegisterProgram& reg, WorkerOps* ops) {
+  if (IsServerMade(reg.program_id())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "program '", reg.program().name(), "': program id ", reg.program_id(),
+        " is one the server makes (bit ", kBufferIdClientShift - 1,
+        " of the count set); a client counts its ids from 1"));
+  }
+  const builtin::KernelSignature* kernel =
+      builtin::KernelCatalogue::Global().Find(reg.program().kernel());
+  if (kernel != nullptr && kernel->server_only()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "program '", reg.program().name(), "': kernel '",
+        reg.program().kernel(),
+        "' is the server's own (it moves a suspended slice's values to and "
+        "from files); a client's program may not use it"));
+  }
+  return RegisterProgram(client_id, reg, ops);
+}
+
 absl::Status ClusterState::RegisterProgram(uint64_t client_id,
                                            const proto::RegisterProgram& reg,
                                            WorkerOps* ops) {
@@ -467,6 +487,12 @@ void ClusterState::RouteRelease(uint64_t client_id,
     }
   }
   if (!lost_.empty()) lost_.erase(id);
+  if (parked_values_ > 0) {
+    if (ClientRecord* client = FindClient(client_id);
+        client != nullptr && ReleaseParked(*client, id)) {
+      return;  // read back and released at the resume
+    }
+  }
   if (!superseded_.empty()) {
     auto stale = superseded_.find(id);
     if (stale != superseded_.end()) {

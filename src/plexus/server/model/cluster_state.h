@@ -92,6 +92,19 @@ struct SliceRecord {
   // Suspended (ClusterState::SuspendSlice) until resumed: no call or put
   // routes on it, and its devices count for no quota or priority.
   bool suspended = false;
+  // Suspended to files (SliceResize.to_files): its values are parked in
+  // files of the park directory, none in the workers' memory, so a lost
+  // host changes nothing for it (LoseWorker passes it by); its resume
+  // reads them back (ResumeSlice) on any devices. `released`: the client
+  // let go of it while parked (read back and released at the resume, so
+  // that its files go).
+  bool on_files = false;
+  struct Parked {
+    uint64_t id = 0;
+    ArgSpec spec;
+    bool released = false;
+  };
+  std::vector<Parked> parked;
 };
 
 // Whether every device of the slice is on one host (worker): then no
@@ -206,6 +219,8 @@ struct SliceResized {
   int32_t values_moved = 0;
   int64_t bytes_moved = 0;  // the values' bytes over all shards of the new map
   bool freed_devices = false;  // it shrank: waiting requests may be met
+  // A suspend to files: the tokens of its park calls (SliceReply.wait_ids).
+  std::vector<uint64_t> wait_ids;
   // Why the server resized it, where it did (YieldToPriorities,
   // GrowSlices).
   std::string why;
@@ -452,6 +467,10 @@ class ClusterState {
   // The count the next transfer temporary (ClientMadeId(kServerClientId,
   // n)) takes; it goes back to 1 after kMaxIdCount (tests start it there).
   void set_next_transfer(uint64_t n) { next_transfer_ = n; }
+  // The directory a slice suspended to files is parked in (the server's
+  // --park-dir): every worker's path to one shared directory. Empty: a
+  // suspend to files is refused.
+  void set_park_dir(std::string dir) { park_dir_ = std::move(dir); }
   // The count of the first temporary this server makes (its next one once
   // restored from a journal: past every earlier server's). Workers refuse
   // undeclared temporaries before it (ServerToWorker.temp_floor).
@@ -523,8 +542,14 @@ class ClusterState {
   // values stay where they are, in the workers' memory, and a lost host is
   // recovered as for any slice. Refused for a slice that is broken, waits
   // for a host, or is already suspended.
+  // With `to_files`: every live value of the slice is also written to
+  // files of the park directory (set_park_dir; refused without one) by a
+  // `park` call per value, then released from the workers' memory; its
+  // id reads as parked (FailedPrecondition, saying to resume) until the
+  // resume. The parks' tokens are in `wait_ids`.
   absl::StatusOr<SliceResized> SuspendSlice(uint64_t client_id,
-                                            uint64_t slice_id);
+                                            uint64_t slice_id,
+                                            bool to_files = false);
   // A SliceResize op: ResizeSlice, or SuspendSlice / ResumeSlice when
   // `suspend` / `resume` is set.
   absl::StatusOr<SliceResized> ChangeSlice(uint64_t client_id,
@@ -541,8 +566,10 @@ class ClusterState {
   // loaded devices the tenant may hold (PlaceGrowth's rules: quota,
   // higher priorities' devices avoided), where every live value moves
   // under a new id (the resize core: the note's old_ids/new_ids, the moves
-  // and releases in `work`). Refused while not suspended, or where too
-  // few devices are free (it stays suspended).
+  // and releases in `work`). A slice suspended to files places its values
+  // by an `unpark` call each (reading their files, on whichever devices it
+  // got), under new ids as a move's. Refused while not suspended, or where
+  // too few devices are free (it stays suspended).
   absl::StatusOr<SliceResized> ResumeSlice(uint64_t client_id,
                                            uint64_t slice_id);
   // Slices that grow back (SliceRequest.grow) and are under the size they
@@ -572,6 +599,12 @@ class ClusterState {
   proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
 
   // --- programs and calls
+  // RegisterProgram for a program the client sent: refused first where its
+  // id is one of the server's (ServerMadeId) or its kernel the server's
+  // own (park, unpark: KernelSignature::server_only), PermissionDenied.
+  absl::Status RegisterClientProgram(uint64_t client_id,
+                                     const proto::RegisterProgram& reg,
+                                     WorkerOps* ops);
   // Validates and records a program the client compiled.
   // XLA programs are also loaded onto their islands' workers now (ops
   // appended to `ops`), so that those compile them before the first call.
@@ -831,6 +864,24 @@ class ClusterState {
   // (ResizeSlice's moves), registered on first use.
   absl::StatusOr<uint64_t> MoveProgram(ClientRecord& client,
                                        const ArgSpec& spec);
+  // A `park` (`unpark`: !to_file) program of the client for the value
+  // `id` laid out as `spec`, its files keyed by the client and the id.
+  absl::StatusOr<uint64_t> ParkProgram(ClientRecord& client, uint64_t id,
+                                       const ArgSpec& spec, bool to_file);
+  // Parks every live value of `slice` (SuspendSlice with to_files).
+  absl::Status ParkValues(ClientRecord& client, SliceRecord& slice,
+                          SliceResized& out);
+  // Reads back every value `slice` parked, on its devices as they are now.
+  absl::Status UnparkValues(ClientRecord& client, SliceRecord& slice,
+                            SliceResized& out);
+  // Why a parked value cannot be read or used.
+  absl::Status ParkedStatus(uint64_t id, uint64_t slice_id) const;
+  // The client let go of `id`: if parked, it is marked so (the resume
+  // releases it once read back). True if it was.
+  bool ReleaseParked(ClientRecord& client, uint64_t id);
+  // The slice of the client's that parked `id` (and its entry), or null.
+  SliceRecord* FindParked(const ClientRecord& client, uint64_t id,
+                          SliceRecord::Parked** parked = nullptr);
   // Records a placed slice for the client.
   proto::SliceInfo GrantSlice(ClientRecord& client,
                               const proto::SliceRequest& req,
@@ -849,6 +900,8 @@ class ClusterState {
   uint64_t next_slice_id_ = 1;
   uint64_t next_transfer_ = 1;
   uint64_t temporary_floor_ = 1;  // FinishRestore
+  std::string park_dir_;          // set_park_dir
+  int64_t parked_values_ = 0;     // over every slice: ReleaseParked's shortcut
   int64_t calls_routed_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t next_server_id_ = 1;

@@ -32,6 +32,14 @@ proto::JournaledSlice ToJournal(const SliceRecord& slice) {
   j.set_elastic_axis(slice.elastic_axis);
   j.set_full_devices(slice.full_devices);
   j.set_suspended(slice.suspended);
+  j.set_on_files(slice.on_files);
+  for (const SliceRecord::Parked& p : slice.parked) {
+    // A value let go of while parked is read back and released: kept.
+    proto::JournaledParked* jp = j.add_parked();
+    jp->set_buffer_id(p.id);
+    *jp->mutable_arg() = ToProto(p.spec);
+    if (p.released) jp->set_released(true);
+  }
   return j;
 }
 
@@ -150,6 +158,20 @@ absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
       slice.elastic_axis = j.elastic_axis();
       slice.full_devices = j.full_devices();
       slice.suspended = j.suspended();
+      slice.on_files = j.on_files();
+      parked_values_ -= static_cast<int64_t>(slice.parked.size());
+      slice.parked.clear();
+      for (const proto::JournaledParked& jp : j.parked()) {
+        absl::StatusOr<ArgSpec> spec = FromProto(jp.arg());
+        if (!spec.ok()) {
+          return absl::DataLossError(
+              absl::StrCat("journal: slice ", slice.id, "'s parked buffer ",
+                           jp.buffer_id(), ": ", spec.status().message()));
+        }
+        slice.parked.push_back({jp.buffer_id(), *spec, jp.released()});
+        lost_[jp.buffer_id()] = ParkedStatus(jp.buffer_id(), slice.id);
+        parked_values_++;
+      }
       AddLoad(slice.devices, +1);
       c->slices.insert(slice.id);
       next_slice_id_ = std::max(next_slice_id_, slice.id + 1);
@@ -330,6 +352,8 @@ proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
   for (const proto::LiveBuffer& b : live.buffers()) {
     const uint64_t id = b.buffer_id();
     if (ClientOfBuffer(id) != client_id) continue;  // not its to claim
+    // Parked in files: the journal has it, not the workers.
+    if (FindParked(*client, id) != nullptr) continue;
     auto slice = slices_.find(b.slice_id());
     auto arg = FromProto(b.arg());
     if (slice == slices_.end() || slice->second.client_id != client_id ||

@@ -34,6 +34,9 @@ WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
   std::set<uint64_t> affected;
   int32_t highest = -1;  // the highest device index of it a slice uses
   for (auto& [sid, slice] : slices_) {
+    // Suspended to files: nothing of it is on the host; its resume places
+    // it on live devices.
+    if (slice.on_files) continue;
     bool on = false;
     for (const DeviceRef& d : slice.devices) {
       if (d.worker_id != id) continue;

@@ -1,9 +1,13 @@
 // ClusterState::SuspendSlice and ResumeSlice: a slice parked (no calls, its
 // devices counted for nothing) and placed again, on other devices if its
-// own were taken, its values moved there by the resize core.
+// own were taken, its values moved there by the resize core; or, suspended
+// to files, its values written to the park directory and read back at the
+// resume (the park and unpark kernels).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/common/ids.h"
+#include "plexus/common/status_proto.h"
 #include "plexus/server/model/cluster_state.h"
 
 namespace plexus {
@@ -32,17 +36,40 @@ SliceResized InPlace(proto::SliceInfo slice, std::string why) {
   return out;
 }
 
+// Adds a resume's unparks (UnparkValues' `unparked`) to its answer `out`:
+// the reads back after any moves, the new ids and losses in its note.
+void MergeUnparked(SliceResized unparked, SliceResized& out) {
+  for (auto& unit : unparked.work) out.work.push_back(std::move(unit));
+  out.values_moved += unparked.values_moved;
+  out.bytes_moved += unparked.bytes_moved;
+  for (int i = 0; i < unparked.note.old_ids_size(); ++i) {
+    out.note.add_old_ids(unparked.note.old_ids(i));
+    out.note.add_new_ids(unparked.note.new_ids(i));
+  }
+  for (uint64_t id : unparked.note.lost_ids()) out.note.add_lost_ids(id);
+  if (unparked.note.has_status()) {
+    *out.note.mutable_status() = unparked.note.status();
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<SliceResized> ClusterState::ChangeSlice(
     uint64_t client_id, const proto::SliceResize& req) {
-  if (req.suspend()) return SuspendSlice(client_id, req.slice_id());
+  if (req.suspend()) {
+    return SuspendSlice(client_id, req.slice_id(), req.to_files());
+  }
+  if (req.to_files()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slice ", req.slice_id(), ": to_files goes with a suspend only"));
+  }
   if (req.resume()) return ResumeSlice(client_id, req.slice_id());
   return ResizeSlice(client_id, req);
 }
 
 absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
-                                                        uint64_t slice_id) {
+                                                        uint64_t slice_id,
+                                                        bool to_files) {
   absl::StatusOr<SliceRecord*> found =
       OwnedSlice(slices_, client_id, slice_id, "suspend");
   if (!found.ok()) return found.status();
@@ -61,14 +88,219 @@ absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
                      " waits for a host to take a lost one's place (",
                      slice.awaiting, "); suspend it once it is whole"));
   }
+  if (to_files && park_dir_.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "suspend: slice ", slice_id,
+        " cannot be suspended to files: the server has no park directory "
+        "(plexus-server --park-dir, a directory every worker shares); "
+        "suspend it in memory (to_files=False)"));
+  }
+  SliceResized parking;
+  if (to_files) {
+    ClientRecord* client = FindClient(client_id);
+    if (client == nullptr) return absl::NotFoundError("unknown client");
+    if (absl::Status s = ParkValues(*client, slice, parking); !s.ok()) {
+      return s;
+    }
+  }
   slice.suspended = true;
   JournalSlice(slice);
   SliceResized out = InPlace(
       DescribeSlice(slice),
-      absl::StrCat("slice ", slice_id, " suspended (", slice.devices.size(),
-                   " devices; its values kept where they are)"));
+      to_files ? absl::StrCat("slice ", slice_id, " suspended to files (",
+                              slice.devices.size(), " devices; ",
+                              slice.parked.size(), " values parked in ",
+                              park_dir_, ", ", parking.bytes_moved, " bytes)")
+               : absl::StrCat("slice ", slice_id, " suspended (",
+                              slice.devices.size(),
+                              " devices; its values kept where they are)"));
   out.freed_devices = true;  // for quotas and priorities
+  out.work = std::move(parking.work);
+  out.wait_ids = std::move(parking.wait_ids);
+  out.values_moved = parking.values_moved;
+  out.bytes_moved = parking.bytes_moved;
+  for (uint64_t id : parking.note.lost_ids()) out.note.add_lost_ids(id);
+  if (parking.note.has_status()) {
+    *out.note.mutable_status() = parking.note.status();
+  }
   return out;
+}
+
+absl::Status ClusterState::ParkedStatus(uint64_t id, uint64_t slice_id) const {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "buffer ", id, " is parked in files while slice ", slice_id,
+      " is suspended to files; resume the slice (slice.resume()) to read or "
+      "use it"));
+}
+
+absl::StatusOr<uint64_t> ClusterState::ParkProgram(ClientRecord& client,
+                                                   uint64_t id,
+                                                   const ArgSpec& spec,
+                                                   bool to_file) {
+  absl::StatusOr<uint64_t> program = ServerMadeIds(client.id);
+  if (!program.ok()) return program.status();
+  proto::RegisterProgram reg;
+  reg.set_program_id(*program);
+  proto::ProgramDef& def = *reg.mutable_program();
+  def.set_name(to_file ? "suspend: park a value in files"
+                       : "resume: read a parked value back");
+  def.set_kernel(to_file ? "park" : "unpark");
+  (*def.mutable_attrs())["dir"].set_s(park_dir_);
+  (*def.mutable_attrs())["key"].set_s(absl::StrCat("c", client.id, "-b", id));
+  if (to_file) {
+    *def.add_inputs() = ToProto(spec);
+    *def.add_outputs() =
+        ToProto(ArgSpec{{DType::kU8, {1}}, Sharding::Replicated()});
+  } else {
+    *def.add_outputs() = ToProto(spec);
+  }
+  if (absl::Status s = RegisterProgram(client.id, reg); !s.ok()) return s;
+  return *program;
+}
+
+absl::Status ClusterState::ParkValues(ClientRecord& client, SliceRecord& slice,
+                                      SliceResized& out) {
+  std::vector<uint64_t> values;
+  for (const auto& [id, b] : records_.buffers()) {
+    if (b.slice_id == slice.id && !b.released) values.push_back(id);
+  }
+  std::sort(values.begin(), values.end());
+  // Per value: its park call's id and its token's.
+  absl::StatusOr<uint64_t> ids =
+      ServerMadeIds(client.id, 2 * static_cast<uint64_t>(values.size()));
+  if (!ids.ok()) return ids.status();
+  const int n = static_cast<int>(slice.devices.size());
+  WorkerOps releases;
+  for (size_t k = 0; k < values.size(); ++k) {
+    const uint64_t id = values[k];
+    const ArgSpec spec = records_.FindBuffer(id)->spec();
+    absl::StatusOr<uint64_t> program = ParkProgram(client, id, spec, true);
+    if (!program.ok()) return program.status();
+    proto::Call call;
+    call.set_call_id(*ids + 2 * k);
+    call.set_slice_id(slice.id);
+    call.set_program_id(*program);
+    call.add_output_ids(*ids + 2 * k + 1);
+    proto::InputRef* in = call.add_inputs();
+    in->set_buffer_id(id);
+    in->set_slice_id(slice.id);
+    *in->mutable_arg() = ToProto(spec);
+    WorkerOps ops;
+    uint64_t seq = 0;
+    // A value already lost stays as it is (lost, its cause kept): nothing
+    // to park.
+    if (!RouteCall(client.id, call, &ops, &seq).ok()) continue;
+    out.work.push_back({seq, std::move(ops)});
+    out.wait_ids.push_back(*ids + 2 * k + 1);
+    slice.parked.push_back({id, spec, false});
+    parked_values_++;
+    out.values_moved++;
+    absl::StatusOr<TensorSpec> local = spec.Local(n);
+    out.bytes_moved += local.ok()
+                           ? static_cast<int64_t>(local->byte_size()) * n
+                           : static_cast<int64_t>(spec.global.byte_size());
+    // Its memory goes once the park has read it (the workers apply ops in
+    // order); its id reads as parked until the resume.
+    ForgetBuffer(client, id);
+    ReleaseOps(id, slice.id, &releases);
+    records_.Erase(id);
+    lost_[id] = ParkedStatus(id, slice.id);
+    out.note.add_lost_ids(id);
+  }
+  if (!values.empty()) {
+    *out.note.mutable_status() =
+        StatusToProto(ParkedStatus(values[0], slice.id));
+  }
+  if (!releases.empty()) out.work.push_back({0, std::move(releases)});
+  slice.on_files = true;
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::UnparkValues(ClientRecord& client,
+                                        SliceRecord& slice, SliceResized& out) {
+  // Per value: its unpark call's id and the value's new id.
+  absl::StatusOr<uint64_t> ids =
+      ServerMadeIds(client.id, 2 * static_cast<uint64_t>(slice.parked.size()));
+  if (!ids.ok()) return ids.status();
+  const int n = static_cast<int>(slice.devices.size());
+  WorkerOps releases;
+  for (size_t k = 0; k < slice.parked.size(); ++k) {
+    const SliceRecord::Parked& p = slice.parked[k];
+    const uint64_t call_id = *ids + 2 * k, new_id = call_id + 1;
+    absl::StatusOr<uint64_t> program = ParkProgram(client, p.id, p.spec, false);
+    proto::Call call;
+    call.set_call_id(call_id);
+    call.set_slice_id(slice.id);
+    call.add_output_ids(new_id);
+    WorkerOps ops;
+    uint64_t seq = 0;
+    absl::Status routed = program.status();
+    if (routed.ok()) {
+      call.set_program_id(*program);
+      routed = RouteCall(client.id, call, &ops, &seq);
+    }
+    lost_.erase(p.id);
+    parked_values_--;
+    if (!routed.ok()) {
+      lost_[p.id] =
+          absl::Status(routed.code(),
+                       absl::StrCat("buffer ", p.id,
+                                    " could not be read back from files in "
+                                    "slice ",
+                                    slice.id, "'s resume: ", routed.message()));
+      out.note.add_lost_ids(p.id);
+      *out.note.mutable_status() = StatusToProto(lost_[p.id]);
+      continue;
+    }
+    out.work.push_back({seq, std::move(ops)});
+    out.values_moved++;
+    absl::StatusOr<TensorSpec> local = p.spec.Local(n);
+    out.bytes_moved += local.ok()
+                           ? static_cast<int64_t>(local->byte_size()) * n
+                           : static_cast<int64_t>(p.spec.global.byte_size());
+    if (p.released) {
+      // Let go of while parked: read back (its files go) and released.
+      proto::ReleaseRef release;
+      release.set_buffer_id(new_id);
+      release.set_slice_id(slice.id);
+      RouteRelease(client.id, release, &releases);
+      continue;
+    }
+    for (auto& [from, to] : aliases_) {
+      if (to == p.id) to = new_id;
+    }
+    aliases_[p.id] = new_id;
+    out.note.add_old_ids(p.id);
+    out.note.add_new_ids(new_id);
+  }
+  if (!releases.empty()) out.work.push_back({0, std::move(releases)});
+  slice.parked.clear();
+  slice.on_files = false;
+  return absl::OkStatus();
+}
+
+SliceRecord* ClusterState::FindParked(const ClientRecord& client, uint64_t id,
+                                      SliceRecord::Parked** parked) {
+  if (parked_values_ <= 0) return nullptr;
+  for (uint64_t sid : client.slices) {
+    auto it = slices_.find(sid);
+    if (it == slices_.end()) continue;
+    for (SliceRecord::Parked& p : it->second.parked) {
+      if (p.id != id) continue;
+      if (parked != nullptr) *parked = &p;
+      return &it->second;
+    }
+  }
+  return nullptr;
+}
+
+bool ClusterState::ReleaseParked(ClientRecord& client, uint64_t id) {
+  SliceRecord::Parked* p = nullptr;
+  SliceRecord* slice = FindParked(client, id, &p);
+  if (slice == nullptr) return false;
+  p->released = true;
+  JournalSlice(*slice);
+  return true;
 }
 
 absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
@@ -113,11 +345,25 @@ absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
           " (tenant '", client->tenant, "') to ", DevicesHeld(*client) + n,
           " devices, over its max_devices of ", quota));
     }
+    const bool on_files = slice.on_files;
+    SliceResized unparked;
+    if (on_files) {
+      if (absl::Status s = UnparkValues(*client, slice, unparked); !s.ok()) {
+        return s;
+      }
+    }
     slice.suspended = false;
     JournalSlice(slice);
-    return InPlace(DescribeSlice(slice),
-                   absl::StrCat("slice ", slice_id,
+    SliceResized out = InPlace(
+        DescribeSlice(slice),
+        on_files ? absl::StrCat(
+                       "slice ", slice_id, " resumed on its own devices, ",
+                       unparked.values_moved, " values read back from files (",
+                       unparked.bytes_moved, " bytes)")
+                 : absl::StrCat("slice ", slice_id,
                                 " resumed on its own devices, nothing moved"));
+    MergeUnparked(std::move(unparked), out);
+    return out;
   }
   // Elsewhere: as many devices as it has, none of its own (PlaceGrowth
   // with a map of nothing), the quota counted with it resumed.
@@ -146,6 +392,17 @@ absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
   moved->why = absl::StrCat(
       "slice ", slice_id, " resumed on other devices (its own were taken), ",
       moved->values_moved, " values moved (", moved->bytes_moved, " bytes)");
+  if (slice.on_files) {
+    SliceResized unparked;
+    if (absl::Status s = UnparkValues(*client, slice, unparked); !s.ok()) {
+      return s;
+    }
+    JournalSlice(slice);
+    absl::StrAppend(&moved->why, ", ", unparked.values_moved,
+                    " values read back from files (", unparked.bytes_moved,
+                    " bytes)");
+    MergeUnparked(std::move(unparked), *moved);
+  }
   return moved;
 }
 

@@ -2,7 +2,10 @@
 // suspended slice refuses and frees, and where a resume places it and
 // what it moves.
 #include <set>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "plexus/common/ids.h"
 #include "plexus/server/model/cluster_state_test_util.h"
@@ -149,6 +152,148 @@ TEST_F(SuspendSliceTest, AResumeWhereItsDevicesWereTakenMovesEveryValue) {
   EXPECT_EQ(resumed->work.size(), 3u);
   EXPECT_TRUE(resumed->note.resized());
   EXPECT_EQ(resumed->slice.resizes(), s->resizes() + 1);
+}
+
+// The kernels of the ops in `work`' Execute ops, by program id, as the
+// client's programs record them.
+std::multiset<std::string> KernelsRouted(
+    const ClusterState& state, uint64_t client,
+    const std::vector<std::pair<uint64_t, WorkerOps>>& work) {
+  std::multiset<std::string> kernels;
+  for (const auto& [seq, ops] : work) {
+    std::set<uint64_t> programs;  // each call once, whatever its hosts
+    for (const auto& [w, list] : ops) {
+      for (const proto::WorkerOp& op : list) {
+        if (op.has_execute()) programs.insert(op.execute().program_id());
+      }
+    }
+    for (uint64_t p : programs) {
+      kernels.insert(state.FindClient(client)->programs.at(p).def.kernel());
+    }
+  }
+  return kernels;
+}
+
+TEST_F(SuspendSliceTest, ToFilesParksEveryValueAndTheResumeReadsThemBack) {
+  state_.set_park_dir("/park");
+  absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const uint64_t rows = Put(s->slice_id(), kRows);
+  const uint64_t whole = Put(s->slice_id(), kWhole);
+  auto suspended = state_.SuspendSlice(client_, s->slice_id(), true);
+  ASSERT_TRUE(suspended.ok()) << suspended.status();
+  // A park call per value (its token to wait for), then the releases.
+  EXPECT_EQ(KernelsRouted(state_, client_, suspended->work),
+            (std::multiset<std::string>{"park", "park"}));
+  EXPECT_EQ(suspended->wait_ids.size(), 2u);
+  EXPECT_EQ(suspended->values_moved, 2);
+  EXPECT_EQ(suspended->bytes_moved, 8 * 2 * 4 + 3 * 4 * 2);
+  bool releases = false;
+  for (const auto& [w, list] : suspended->work.back().second) {
+    for (const proto::WorkerOp& op : list) releases |= op.has_release();
+  }
+  EXPECT_TRUE(releases);
+  // The values are no longer in the records, and read as parked.
+  EXPECT_EQ(state_.records().FindBuffer(rows), nullptr);
+  ASSERT_NE(state_.LostStatus(whole), nullptr);
+  EXPECT_NE(state_.LostStatus(whole)->message().find("parked in files"),
+            std::string::npos);
+  EXPECT_EQ(suspended->note.lost_ids_size(), 2);
+  EXPECT_TRUE(state_.slices().at(s->slice_id()).on_files);
+  // The keys name the client and the value; the directory is the server's.
+  const auto& park = state_.FindClient(client_)->programs;
+  int keyed = 0;
+  for (const auto& [pid, prog] : park) {
+    if (prog.def.kernel() != "park") continue;
+    EXPECT_EQ(prog.def.attrs().at("dir").s(), "/park");
+    const std::string key = prog.def.attrs().at("key").s();
+    keyed += key == absl::StrCat("c", client_, "-b", rows) ||
+             key == absl::StrCat("c", client_, "-b", whole);
+  }
+  EXPECT_EQ(keyed, 2);
+  // The client waits for the tokens, then lets them go.
+  for (uint64_t token : suspended->wait_ids) {
+    proto::ReleaseRef release;
+    release.set_buffer_id(token);
+    release.set_slice_id(s->slice_id());
+    WorkerOps ops;
+    state_.RouteRelease(client_, release, &ops);
+  }
+
+  // Both hosts lost while parked: the slice neither breaks nor remaps.
+  for (const auto& d : s->devices()) {
+    WorkerLoss loss = state_.LoseWorker(d.worker_id(), "killed");
+    EXPECT_TRUE(loss.broken.empty() && loss.remapped.empty());
+  }
+  EXPECT_TRUE(state_.slices().at(s->slice_id()).broken.empty());
+  // Resumed on the two live hosts: an unpark per value, under new ids.
+  auto resumed = state_.ResumeSlice(client_, s->slice_id());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_FALSE(resumed->slice.suspended());
+  for (const auto& d : resumed->slice.devices()) {
+    EXPECT_TRUE(state_.workers().at(d.worker_id()).alive);
+  }
+  EXPECT_EQ(KernelsRouted(state_, client_, resumed->work),
+            (std::multiset<std::string>{"unpark", "unpark"}));
+  ASSERT_EQ(resumed->note.old_ids_size(), 2);
+  EXPECT_EQ(std::set<uint64_t>(resumed->note.old_ids().begin(),
+                               resumed->note.old_ids().end()),
+            (std::set<uint64_t>{rows, whole}));
+  EXPECT_EQ(state_.LostStatus(whole), nullptr);
+  for (uint64_t id : resumed->note.new_ids()) {
+    EXPECT_NE(state_.records().FindBuffer(id), nullptr);
+  }
+  EXPECT_FALSE(state_.slices().at(s->slice_id()).on_files);
+}
+
+TEST_F(SuspendSliceTest, ToFilesNeedsAParkDirAndAClientMayNotPark) {
+  absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto refused = state_.SuspendSlice(client_, s->slice_id(), true);
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused.status()));
+  EXPECT_NE(refused.status().message().find("--park-dir"), std::string::npos)
+      << refused.status();
+  EXPECT_FALSE(state_.slices().at(s->slice_id()).suspended);
+  // A client's park program: refused, by its kernel and by a server's id.
+  proto::RegisterProgram reg;
+  reg.set_program_id(ClientMadeId(client_, 90));
+  reg.mutable_program()->set_name("mine");
+  reg.mutable_program()->set_kernel("park");
+  *reg.mutable_program()->add_inputs() = ToProto(kWhole);
+  *reg.mutable_program()->add_outputs() = ToProto(kWhole);
+  absl::Status s1 = state_.RegisterClientProgram(client_, reg, nullptr);
+  EXPECT_TRUE(absl::IsPermissionDenied(s1)) << s1;
+  reg.mutable_program()->set_kernel("identity");
+  reg.set_program_id(ServerMadeId(client_, 90));
+  absl::Status s2 = state_.RegisterClientProgram(client_, reg, nullptr);
+  EXPECT_TRUE(absl::IsPermissionDenied(s2)) << s2;
+  reg.set_program_id(ClientMadeId(client_, 90));
+  EXPECT_TRUE(state_.RegisterClientProgram(client_, reg, nullptr).ok());
+}
+
+TEST_F(SuspendSliceTest, AValueLetGoOfWhileParkedIsReadBackAndReleased) {
+  state_.set_park_dir("/park");
+  absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const uint64_t whole = Put(s->slice_id(), kWhole);
+  ASSERT_TRUE(state_.SuspendSlice(client_, s->slice_id(), true).ok());
+  proto::ReleaseRef release;
+  release.set_buffer_id(whole);
+  release.set_slice_id(s->slice_id());
+  WorkerOps ops;
+  state_.RouteRelease(client_, release, &ops);
+  EXPECT_TRUE(ops.empty());
+  auto resumed = state_.ResumeSlice(client_, s->slice_id());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  // Read back (its files go), then released: no new id for the client.
+  EXPECT_EQ(KernelsRouted(state_, client_, resumed->work),
+            (std::multiset<std::string>{"unpark"}));
+  EXPECT_EQ(resumed->note.old_ids_size(), 0);
+  bool released = false;
+  for (const auto& [w, list] : resumed->work.back().second) {
+    for (const proto::WorkerOp& op : list) released |= op.has_release();
+  }
+  EXPECT_TRUE(released);
 }
 
 }  // namespace

@@ -236,6 +236,12 @@ void AddRuntimeFlags(CLI::App& app, Flags* f) {
                  "workers and sessions may take to come back (a worker not "
                  "back is lost, a session not back is ended)")
       ->check(CLI::Range(1, 24 * 3600));
+  app.add_option("--park-dir", f->options.park_dir,
+                 "where a slice suspended to files "
+                 "(slice.suspend(to_files=True)) writes its values: a "
+                 "directory every worker reaches by this path (a shared file "
+                 "system); none: suspends keep values in the workers' memory")
+      ->check(CLI::ExistingDirectory);
   app.add_flag("--die-with-parent", f->die_with_parent,
                "exit when the parent process dies");
   app.add_option("--scheduler", f->scheduler,

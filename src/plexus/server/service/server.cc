@@ -40,6 +40,7 @@ absl::Status ServerImpl::Init() {
   {
     absl::MutexLock lock(&mu_);
     state_.SetTenants(options_.tenants);
+    state_.set_park_dir(options_.park_dir);
   }
   if (absl::Status s = OpenJournal(); !s.ok()) return s;
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =

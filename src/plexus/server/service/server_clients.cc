@@ -340,7 +340,7 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
       }
       break;
     case proto::ClientOp::kProgram: {
-      absl::Status s = state_.RegisterProgram(id, op.program(), &ops);
+      absl::Status s = state_.RegisterClientProgram(id, op.program(), &ops);
       if (!s.ok()) {
         proto::CallError* e = batch->reply.add_errors();
         *e->mutable_status() = StatusToProto(s);
@@ -492,6 +492,7 @@ void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
   proto::SliceReply& reply = *batch->reply.mutable_slices()->rbegin();
   reply.set_values_moved(resized->values_moved);
   reply.set_bytes_moved(resized->bytes_moved);
+  for (uint64_t token : resized->wait_ids) reply.add_wait_ids(token);
   // The new ids reach the client with the reply (one message), so it
   // never names a moved value by its old id on the new map.
   *batch->reply.add_recoveries() = std::move(resized->note);

@@ -13,5 +13,6 @@ void RegisterElementwiseSignatures(KernelCatalogue& catalogue);
 void RegisterLinalgSignatures(KernelCatalogue& catalogue);
 void RegisterLossSignatures(KernelCatalogue& catalogue);
 void RegisterMiscSignatures(KernelCatalogue& catalogue);
+void RegisterParkSignatures(KernelCatalogue& catalogue);
 
 }  // namespace plexus::builtin::internal
