@@ -236,6 +236,12 @@ class ClientSession {
   // timeout), or the session ends (false).
   bool AwaitLoss(int64_t heard, absl::Duration timeout,
                  absl::Time deadline = absl::InfiniteFuture());
+  // How many notes of values that moved, were made again or lost
+  // (proto::Recovery: a resize's, a resume's, a recovery's) it applied.
+  int64_t notes_heard() const;
+  // Waits until more than `heard` such notes were applied, as AwaitLoss.
+  bool AwaitNote(int64_t heard, absl::Duration timeout,
+                 absl::Time deadline = absl::InfiniteFuture());
   // The client's clock now (a wait's deadline is on it).
   absl::Time Now() const { return options_.clock->Now(); }
   // How long the server lets a slice that lost a host wait for another
@@ -397,6 +403,7 @@ class ClientSession {
   absl::flat_hash_map<uint64_t, std::string> broken_slices_
       ABSL_GUARDED_BY(mu_);
   int64_t losses_heard_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t notes_heard_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> spare_wait_ms_{0};
   absl::flat_hash_map<uint64_t, Slice*> slices_ ABSL_GUARDED_BY(mu_);
   std::optional<RecoverySummary> last_recovery_ ABSL_GUARDED_BY(mu_);

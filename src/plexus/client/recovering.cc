@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/client/client.h"
 #include "plexus/client/client_core.h"
+#include "plexus/common/status_proto.h"
 
 namespace plexus {
 namespace {
@@ -20,6 +21,10 @@ constexpr int kMaxRetries = 4;
 // declares the host down, or once a slice that waited for a host to take
 // its place is remapped or breaks).
 constexpr absl::Duration kLossNoteWait = absl::Seconds(5);
+// How long a read a worker answered "released" (the value moved by a
+// resize the server decided, whose note the client may not have applied
+// yet) waits for a note before it reads again.
+constexpr absl::Duration kMoveNoteWait = absl::Seconds(2);
 
 }  // namespace
 
@@ -77,7 +82,21 @@ static absl::Status Recovering(ClientSession& session,
   for (int tries = 1;; ++tries) {
     const int64_t heard = session.losses_heard();
     const int64_t resumes = session.resumes();
+    const int64_t notes = session.notes_heard();
     absl::Status s = attempt();
+    if (IsReleasedOnWorker(s) && tries < kMaxRetries) {
+      // Read where the value was: it moved (the note says where to, and
+      // the read resolves it again), or is made again under its id (a
+      // server restart's calls sent again): read again either way.
+      session.AwaitNote(notes, kMoveNoteWait, deadline);
+      if (session.Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the wait's timeout passed while the client waited for the "
+            "server's word on a value that moved (",
+            s.message(), ")"));
+      }
+      continue;
+    }
     if (s.ok() || !LostHost(s)) return s;
     if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
       return settled;

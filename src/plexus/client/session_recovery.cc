@@ -58,6 +58,23 @@ bool ClientSession::AwaitLoss(int64_t heard, absl::Duration timeout,
          losses_heard_ > heard;
 }
 
+int64_t ClientSession::notes_heard() const {
+  absl::MutexLock lock(&mu_);
+  return notes_heard_;
+}
+
+bool ClientSession::AwaitNote(int64_t heard, absl::Duration timeout,
+                              absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto news = [this, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return notes_heard_ > heard || machine_.broken() || closed_;
+  };
+  return options_.clock->AwaitCondition(
+             &mu_, absl::Condition(&news),
+             std::min(deadline, options_.clock->Now() + timeout)) &&
+         notes_heard_ > heard;
+}
+
 void ClientSession::AddSlice(Slice* slice) {
   absl::MutexLock lock(&mu_);
   slices_[slice->id()] = slice;
@@ -70,6 +87,7 @@ void ClientSession::RemoveSlice(Slice* slice) {
 }
 
 void ClientSession::ApplyRecoveryLocked(const proto::Recovery& r) {
+  notes_heard_++;
   if (r.resized()) {
     // Not a loss: the client resized the slice; its values' new ids.
     for (const proto::SliceInfo& info : r.remapped()) {

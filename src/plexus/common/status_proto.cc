@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
 namespace plexus {
 
 proto::Status StatusToProto(const absl::Status& status) {
@@ -20,6 +23,22 @@ absl::Status StatusFromProto(const proto::Status& proto) {
     return absl::UnknownError(proto.message());
   }
   return absl::Status(static_cast<absl::StatusCode>(code), proto.message());
+}
+
+namespace {
+constexpr char kReleasedOnWorker[] = " was released on this worker";
+}  // namespace
+
+absl::Status ReleasedOnWorkerError(const std::string& what) {
+  return absl::AbortedError(absl::StrCat(
+      what, kReleasedOnWorker,
+      " (its value moved: a resize or resume; or its owner let it go): read "
+      "it where it is now"));
+}
+
+bool IsReleasedOnWorker(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kAborted &&
+         absl::StrContains(status.message(), kReleasedOnWorker);
 }
 
 }  // namespace plexus

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "plexus/common/status_proto.h"
 
 namespace plexus {
 
@@ -25,6 +26,7 @@ ObjectStore::Entry& ObjectStore::GetOrCreateLocked(const BufferKey& key) {
     auto& shards = shards_[key.buffer_id];
     shards.push_back(key.shard);
     SignalKeyLocked(key);
+    if (!released_.empty()) released_.erase(key.buffer_id);
   }
   return it->second;
 }
@@ -174,6 +176,9 @@ void ObjectStore::FailPending(const absl::Status& status) {
 std::vector<ObjectStore::KeptShard> ObjectStore::KeepReady() {
   std::vector<KeptShard> kept;
   absl::MutexLock lock(&mu_);
+  // The next server routes again, under the same ids, what it needs.
+  released_.clear();
+  released_order_.clear();
   std::vector<BufferKey> drop;
   for (auto& [key, e] : entries_) {
     if (e.state == Entry::State::kReady &&
@@ -198,6 +203,8 @@ std::vector<ObjectStore::KeptShard> ObjectStore::KeepReady() {
 
 void ObjectStore::DropAll() {
   absl::MutexLock lock(&mu_);
+  released_.clear();  // the next server's clients may be given these ids
+  released_order_.clear();
   std::vector<BufferKey> drop;
   for (const auto& [key, e] : entries_) {
     if (e.state != Entry::State::kPending) drop.push_back(key);
@@ -220,6 +227,13 @@ void ObjectStore::Release(uint64_t buffer_id) {
     rejected_.erase(buffer_id);
     auto sit = shards_.find(buffer_id);
     if (sit == shards_.end()) return;
+    if (released_.insert(buffer_id).second) {
+      released_order_.push_back(buffer_id);
+      if (released_order_.size() > kReleasedRemembered) {
+        released_.erase(released_order_.front());
+        released_order_.pop_front();
+      }
+    }
     std::vector<int32_t> shards = sit->second;
     for (int32_t s : shards) {
       BufferKey key{buffer_id, s};
@@ -324,6 +338,9 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key) const {
     return absl::FailedPreconditionError(
         absl::StrCat(KeyString(key), " belongs to client ",
                      ClientOfBuffer(key.buffer_id), ", which has left"));
+  }
+  if (released_.contains(key.buffer_id) && !entries_.contains(key)) {
+    return ReleasedOnWorkerError(KeyString(key));
   }
   if (temporary_floor_ > 0 &&
       ClientOfBuffer(key.buffer_id) == kServerClientId &&

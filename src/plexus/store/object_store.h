@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -138,7 +139,11 @@ class ObjectStore {
   absl::Status AddReader(const BufferKey& key);
   void RemoveReader(const BufferKey& key);
   // The client dropped its reference: every shard of the buffer. A put
-  // whose bytes have not begun to arrive fails (they never will).
+  // whose bytes have not begun to arrive fails (they never will). Once
+  // the entries are gone, a read or push of the buffer that comes later
+  // (a reader that did not hear the value moved) fails at once, ABORTED
+  // (ReleasedOnWorkerError), rather than waiting for a declaration, until
+  // it is declared again or kReleasedRemembered releases later.
   void Release(uint64_t buffer_id);
   // Everything `client_id` owned (it disconnected). Later waits for its
   // undeclared keys fail at once, saying the client left.
@@ -336,6 +341,13 @@ class ObjectStore {
   // Clients that left: nothing of theirs will be declared any more.
   absl::flat_hash_set<uint64_t> departed_ ABSL_GUARDED_BY(mu_);
   uint64_t temporary_floor_ ABSL_GUARDED_BY(mu_) = 0;  // SetTemporaryFloor
+  // Buffers released here whose entries are gone, the last
+  // kReleasedRemembered of them (oldest first in the deque): a read or
+  // push of one ends at once (ReleasedOnWorkerError) instead of waiting
+  // for a declaration. A declaration takes the id back out.
+  static constexpr size_t kReleasedRemembered = 65536;
+  absl::flat_hash_set<uint64_t> released_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> released_order_ ABSL_GUARDED_BY(mu_);
   // Workers declared down (FailFromSource), and why.
   absl::flat_hash_map<int64_t, absl::Status> down_sources_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "plexus/common/status_proto.h"
 
 namespace plexus {
 namespace {
@@ -458,6 +459,47 @@ TEST(ObjectStoreTest, AnEarlierServersTemporaryIsRefusedOnceTheFloorIsKnown) {
   f.store->Declare({old_temp, 2}, 0, {DType::kF32, {4}}, /*owned=*/false,
                    kPeer);
   EXPECT_TRUE(f.store->AdmitIncoming({old_temp, 2}, 16, false).ok());
+}
+
+TEST(ObjectStoreTest, AReadOfAReleasedShardEndsAtOnceSayingSo) {
+  // A fetch that resolved a value before the client heard it moved (a
+  // resize the server decided): the old copy was released and erased here
+  // before the fetch came. It used to wait 10 minutes for a declaration.
+  FakeClockStore f(1 << 20);
+  const BufferKey key{ClientMadeId(uint64_t{3}, 9), 0};
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
+  ASSERT_TRUE(f.store->Reserve(0, 16).ok());
+  f.store->Fulfil(key, Bytes(16), 0);
+  f.store->Release(key.buffer_id);
+  absl::Status got = f.store->AwaitReady(key).status();
+  EXPECT_TRUE(IsReleasedOnWorker(got)) << got;
+  EXPECT_EQ(got.code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(absl::StrContains(got.message(), KeyString(key))) << got;
+  // A waiter parked on it when the value was made and released at once
+  // (its owner let go while it was computed) hears the same.
+  const BufferKey pending{ClientMadeId(uint64_t{3}, 10), 0};
+  f.store->Declare(pending, 0, {DType::kF32, {4}}, /*owned=*/true);
+  absl::StatusOr<std::shared_ptr<const Storage>> waited;
+  std::thread waiter([&] { waited = f.store->AwaitInput(pending); });
+  // A wait for a shard being computed has no deadline: the store lists it
+  // once it blocks (bounded: 10 s).
+  std::vector<AwaitedInput> awaited;
+  for (const absl::Time until = absl::Now() + absl::Seconds(10);
+       f.store->AwaitedInputs(1, &awaited) == 0 && absl::Now() < until;) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(f.store->AwaitedInputs(1, &awaited), 1);
+  f.store->Release(pending.buffer_id);
+  ASSERT_TRUE(f.store->Reserve(0, 16).ok());
+  f.store->Fulfil(pending, Bytes(16), 0);
+  waiter.join();
+  EXPECT_TRUE(IsReleasedOnWorker(waited.status())) << waited.status();
+  // Declared again under its id (a call sent again after a server
+  // restart): read as ever.
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
+  ASSERT_TRUE(f.store->Reserve(0, 16).ok());
+  f.store->Fulfil(key, Bytes(16), 0);
+  EXPECT_TRUE(f.store->AwaitReady(key).ok());
 }
 
 TEST(ObjectStoreTest, UnknownKeyWaitEndsAtTheDeadlineSayingSo) {

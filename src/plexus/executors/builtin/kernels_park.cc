@@ -39,8 +39,8 @@ absl::StatusOr<std::string> ParkPath(const KernelContext& ctx,
   }
   if (!plain) {
     return absl::InvalidArgumentError(
-        absl::StrCat(kernel, ": the park directory '", *dir, "' or key '",
-                     *key, "' is not one the server makes"));
+        absl::StrCat(kernel, ": the park directory '", *dir, "' or key '", *key,
+                     "' is not one the server makes"));
   }
   return absl::StrCat(*dir, "/", *key, "-s", ctx.shard);
 }
@@ -79,9 +79,8 @@ class ParkBody : public KernelBody {
     const int fd =
         ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (fd < 0) return Errno("park: cannot create", tmp);
-    absl::Status s =
-        WriteAll(fd, ctx.inputs[0].as<char>(), ctx.inputs[0].spec.byte_size(),
-                 tmp);
+    absl::Status s = WriteAll(fd, ctx.inputs[0].as<char>(),
+                              ctx.inputs[0].spec.byte_size(), tmp);
     if (s.ok() && ::fsync(fd) != 0) s = Errno("park: cannot sync", tmp);
     ::close(fd);
     if (s.ok() && ::rename(tmp.c_str(), path->c_str()) != 0) {
@@ -121,10 +120,9 @@ class UnparkBody : public KernelBody {
     if (::fstat(fd, &st) != 0) {
       s = Errno("unpark: cannot stat", *path);
     } else if (static_cast<size_t>(st.st_size) != want) {
-      s = absl::DataLossError(
-          absl::StrCat("unpark: ", *path, " holds ", st.st_size,
-                       " bytes; the parked block ",
-                       ctx.outputs[0].spec.ToString(), " is ", want));
+      s = absl::DataLossError(absl::StrCat(
+          "unpark: ", *path, " holds ", st.st_size, " bytes; the parked block ",
+          ctx.outputs[0].spec.ToString(), " is ", want));
     }
     char* out = ctx.outputs[0].as<char>();
     size_t done = 0;

@@ -382,6 +382,45 @@ TEST_F(RestartTest, TransferTemporariesStartPastEveryOneTheLastRunUsed) {
   EXPECT_TRUE(IsEarlierTemporary(5000, floor));
 }
 
+TEST_F(RestartTest, ASliceSuspendedToFilesIsRestoredParkedAndReadsBack) {
+  // Parked values live in files, not on workers: the journal names them,
+  // a restarted server reads them as parked (not lost with the session),
+  // and the resume reads them back.
+  before_.set_park_dir("/park");
+  proto::PutDecl put;
+  put.set_buffer_id(Id(10));
+  put.set_slice_id(slice_);
+  *put.mutable_arg() = ToProto(kArg);
+  WorkerOps ops;
+  ASSERT_TRUE(before_.RoutePut(client_, put, &ops).ok());
+  auto parked = before_.SuspendSlice(client_, slice_, /*to_files=*/true);
+  ASSERT_TRUE(parked.ok()) << parked.status();
+  ASSERT_EQ(parked->wait_ids.size(), 1u);
+  Restart();
+  after_.set_park_dir("/park");
+  const SliceRecord& restored = after_.slices().at(slice_);
+  EXPECT_TRUE(restored.suspended && restored.on_files);
+  ASSERT_EQ(restored.parked.size(), 1u);
+  EXPECT_EQ(restored.parked[0].id, Id(10));
+  ASSERT_NE(after_.LostStatus(Id(10)), nullptr);
+  EXPECT_NE(after_.LostStatus(Id(10))->message().find("parked in files"),
+            std::string::npos);
+  // The workers come back holding nothing of it; the client's live
+  // futures name it: it stays parked, not lost.
+  ASSERT_NE(Return(w0_, "host0", 100, {}), nullptr);
+  ASSERT_NE(Return(w1_, "host1", 101, {}), nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  ops.clear();
+  proto::Recovery note =
+      after_.RestoreLiveBuffers(client_, Live({Id(10)}, true), &ops);
+  EXPECT_EQ(note.lost_ids_size(), 0);
+  auto resumed = after_.ResumeSlice(client_, slice_);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_EQ(resumed->note.old_ids_size(), 1);
+  EXPECT_EQ(resumed->note.old_ids(0), Id(10));
+  EXPECT_EQ(after_.LostStatus(Id(10)), nullptr);
+}
+
 TEST_F(RestartTest, ACollectiveRoutedAgainExchangesUnderANewTemporary) {
   // An all_reduce in flight as the server died, sent again by the client
   // under its call id: its partials travel under another key than the
