@@ -126,7 +126,8 @@ def one_round(cluster, client, n, values, say):
 
 def disk_yardstick(directory, nbytes):
     """Seconds to write `nbytes` to a file of `directory`, fsync it, and
-    read it back (the page cache dropped for it), in 4 MiB blocks."""
+    read it back, in 4 MiB blocks (the read, like the resume's, finds the
+    bytes in the page cache)."""
     path = os.path.join(directory, "yardstick")
     block = np.ones(4 << 20, np.uint8).tobytes()
     t0 = time.perf_counter()
