@@ -25,15 +25,17 @@ from test_reconnect import _worker
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 
 
-def _server(address, log, env, journal, die_with_parent=True):
+def _server(address, log, env, journal, die_with_parent=True, park=None,
+            resume_wait_s=60):
     # A server started again from a timer's thread must not die with it:
     # PR_SET_PDEATHSIG follows the thread that started the process (the
     # fixture's teardown stops it).
     proc, ready = _spawn(
         [str(bin_dir() / "plexus-server"), "--listen", address,
          "--ready-fd", "{READY_FD}", "--log-level", "info",
-         "--journal", str(journal), "--resume-wait-s", "60"]
-        + (["--die-with-parent"] if die_with_parent else []), log, env)
+         "--journal", str(journal), "--resume-wait-s", str(resume_wait_s)]
+        + (["--die-with-parent"] if die_with_parent else [])
+        + (["--park-dir", str(park)] if park is not None else []), log, env)
     return proc, _ready_line(ready)
 
 
@@ -48,7 +50,9 @@ def journaled(tmp_path):
         env["PLEXUS_PJRT_PLUGIN"] = plugin
     log = tmp_path / "server.log"
     journal = tmp_path / "journal.db"
-    server, address = _server("127.0.0.1:0", log, env, journal)
+    park = tmp_path / "park"  # the slices suspended to files
+    park.mkdir()
+    server, address = _server("127.0.0.1:0", log, env, journal, park=park)
     procs = {"server": server}
     workers = [_worker(address, f"host{i}", tmp_path / f"worker{i}.log", env,
                        devices=1)
@@ -59,15 +63,30 @@ def journaled(tmp_path):
 
     cluster = Cluster()
     cluster.address, cluster.log, cluster.tmp = address, log, tmp_path
-    cluster.workers = workers
+    cluster.workers, cluster.park = workers, park
+
+    def kill_workers():
+        for w in workers:
+            w.kill()
+            w.wait()
+
+    def start_workers():
+        # New processes, which register as fresh hosts of the same names.
+        for i in range(len(workers)):
+            workers[i] = _worker(address, f"host{i}",
+                                 tmp_path / f"worker{i}.again.log", env,
+                                 devices=1)
+
+    cluster.kill_workers, cluster.start_workers = kill_workers, start_workers
 
     def kill_server():
         procs["server"].kill()
         procs["server"].wait()
 
-    def start_server():
+    def start_server(resume_wait_s=60):
         procs["server"], again = _server(address, log, env, journal,
-                                         die_with_parent=False)
+                                         die_with_parent=False, park=park,
+                                         resume_wait_s=resume_wait_s)
         assert again == address
 
     def kill_and_restart():
@@ -216,6 +235,49 @@ def test_a_put_on_its_way_as_the_server_dies_is_sent_again(journaled):
         np.testing.assert_array_equal(np.asarray(result["value"]), data)
         end = client.session_ends[-1]
         assert end["resumed"], end
+    finally:
+        client.close()
+
+
+def test_a_slice_parked_in_files_outlives_its_server_and_its_workers(
+        journaled):
+    """A slice suspended to files; then the server is SIGKILLed and every
+    worker too, and all are started again (the server on its journal, the
+    workers as fresh processes): the session resumes with the slice still
+    parked (the journal names its values), and its resume reads them back
+    on the new workers, bit for bit."""
+    client = plexus.connect(journaled.address, name="parked")
+    try:
+        s = client.slice(3, placement="spread")
+        rows = np.arange(12, dtype=np.float32).reshape(6, 2)
+        x = s.put(rows, plexus.P("devices"))
+        w = s.put(np.linspace(0, 1, 5, dtype=np.float32))
+        y = s.program("scale", x, factor=3.0)(x)
+        np.testing.assert_array_equal(np.asarray(y), rows * 3)
+        parked = s.suspend(to_files=True)
+        assert parked["values_parked"] == 3, parked
+        assert len(os.listdir(journaled.park)) == 3 + 3 + 3
+
+        journaled.kill_server()
+        journaled.kill_workers()
+        # The old workers never come back: they are lost 2 s after the
+        # start, and the session resumes then.
+        journaled.start_server(resume_wait_s=2)
+        journaled.start_workers()
+
+        with pytest.raises(plexus.InvalidArgumentError, match="parked in files"):
+            np.asarray(y)
+        assert s.suspended
+        moved = s.resume()
+        assert moved["values_moved"] == 3, moved
+        np.testing.assert_array_equal(np.asarray(x), rows)
+        np.testing.assert_array_equal(np.asarray(y), rows * 3)
+        np.testing.assert_array_equal(np.asarray(w),
+                                      np.linspace(0, 1, 5, dtype=np.float32))
+        assert os.listdir(journaled.park) == []
+        z = s.program("scale", y, factor=2.0)(y)
+        np.testing.assert_array_equal(np.asarray(z), rows * 6)
+        assert client.session_ends[-1]["resumed"], client.session_ends[-1]
     finally:
         client.close()
 
