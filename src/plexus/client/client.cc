@@ -130,9 +130,9 @@ absl::StatusOr<Slice::Resized> Slice::Suspend(bool to_files) {
   proto::SliceResize req;
   req.set_suspend(true);
   req.set_to_files(to_files);
-  std::vector<uint64_t> tokens;
+  std::vector<uint64_t> tokens, parked_ids;
   absl::StatusOr<Resized> parked =
-      SendSuspendOrResume(std::move(req), "suspend", &tokens);
+      SendSuspendOrResume(std::move(req), "suspend", &tokens, &parked_ids);
   if (!parked.ok()) return parked.status();
   // Each park's token, ready once its files are written and synced; each
   // is released as its future goes.
@@ -153,6 +153,25 @@ absl::StatusOr<Slice::Resized> Slice::Suspend(bool to_files) {
                                  ": a value was not parked: ", s.message()));
     }
   }
+  // Every file is written; each value reads as parked once the server
+  // recorded it (its note), which a restart of the server keeps.
+  ClientSession& session = core_->session();
+  const absl::Time until = session.Now() + kParkedNoteWait;
+  for (uint64_t value : parked_ids) {
+    while (session.LostStatus(value).ok()) {
+      const int64_t notes = session.notes_heard();
+      if (!session.LostStatus(value).ok()) break;
+      if (!session.AwaitNote(notes, until - session.Now()) &&
+          session.Now() >= until) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "suspend: slice ", id(),
+            ": its values' files are written, but "
+            "the server did not record buffer ",
+            value, " as parked within ", absl::FormatDuration(kParkedNoteWait),
+            " (was the slice resumed meanwhile?)"));
+      }
+    }
+  }
   return parked;
 }
 
@@ -163,7 +182,8 @@ absl::StatusOr<Slice::Resized> Slice::Resume() {
 }
 
 absl::StatusOr<Slice::Resized> Slice::SendSuspendOrResume(
-    proto::SliceResize req, const char* what, std::vector<uint64_t>* tokens) {
+    proto::SliceResize req, const char* what, std::vector<uint64_t>* tokens,
+    std::vector<uint64_t>* parked_ids) {
   if (!Hold()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": slice ", id(), " is closed"));
@@ -176,6 +196,9 @@ absl::StatusOr<Slice::Resized> Slice::SendSuspendOrResume(
   Remap(reply->slice());
   if (tokens != nullptr) {
     tokens->assign(reply->wait_ids().begin(), reply->wait_ids().end());
+  }
+  if (parked_ids != nullptr) {
+    parked_ids->assign(reply->parked_ids().begin(), reply->parked_ids().end());
   }
   return Resized{reply->values_moved(), reply->bytes_moved()};
 }

@@ -115,9 +115,10 @@ class Slice : public std::enable_shared_from_this<Slice> {
   // With `to_files`, every live value is also written to files of the
   // server's park directory (a file per device) and released from the
   // workers' memory: Suspend returns once every file is written and synced
-  // (what was parked, and its bytes over all devices); futures read as
-  // parked (FailedPrecondition) until Resume reads the values back, on any
-  // hosts, workers restarted meanwhile or not.
+  // and the server recorded every value as parked (what was parked, and
+  // its bytes over all devices); futures read as parked
+  // (FailedPrecondition) until Resume reads the values back, on any hosts,
+  // workers and server restarted meanwhile or not.
   absl::StatusOr<Resized> Suspend(bool to_files = false);
   // Resumes it (ClusterState::ResumeSlice): on its own devices while no
   // other slice took them, else on others the tenant may hold, its values
@@ -158,7 +159,11 @@ class Slice : public std::enable_shared_from_this<Slice> {
   // Suspend's and Resume's request, `req` naming which.
   absl::StatusOr<Resized> SendSuspendOrResume(
       proto::SliceResize req, const char* what,
-      std::vector<uint64_t>* tokens = nullptr);
+      std::vector<uint64_t>* tokens = nullptr,
+      std::vector<uint64_t>* parked_ids = nullptr);
+  // How long Suspend(to_files) waits, once the files are written, for the
+  // server's note that it recorded the values as parked.
+  static constexpr absl::Duration kParkedNoteWait = absl::Seconds(30);
 
   const std::shared_ptr<ClientCore> core_;
   const uint64_t first_id_;

@@ -89,6 +89,10 @@ static absl::Status Recovering(ClientSession& session,
       // the read resolves it again), or is made again under its id (a
       // server restart's calls sent again): read again either way.
       session.AwaitNote(notes, kMoveNoteWait, deadline);
+      // The note may say where it went: lost, or parked in files.
+      if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
+        return settled;
+      }
       if (session.Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
             "the wait's timeout passed while the client waited for the "

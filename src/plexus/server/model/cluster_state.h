@@ -219,8 +219,10 @@ struct SliceResized {
   int32_t values_moved = 0;
   int64_t bytes_moved = 0;  // the values' bytes over all shards of the new map
   bool freed_devices = false;  // it shrank: waiting requests may be met
-  // A suspend to files: the tokens of its park calls (SliceReply.wait_ids).
+  // A suspend to files: the tokens of its park calls (SliceReply.wait_ids)
+  // and the values they park (parked_ids).
   std::vector<uint64_t> wait_ids;
+  std::vector<uint64_t> parked_ids;
   // Why the server resized it, where it did (YieldToPriorities,
   // GrowSlices).
   std::string why;
@@ -358,8 +360,18 @@ class ClusterState {
   ClientRecovery RecoverClient(uint64_t client_id, const WorkerLoss& loss,
                                std::vector<TakenWork> taken);
   // The call's workers all reported it done (`failed`: a task of it
-  // failed): held-back releases it frees are appended to `ops`.
+  // failed): held-back releases it frees are appended to `ops`. A park
+  // (SuspendSlice to files) done: its value leaves the workers' memory
+  // (FinishPark).
   void CallDone(uint64_t seq, bool failed, WorkerOps* ops);
+  // Park call `seq` is done: its value is released from the workers'
+  // memory (into `ops`) and recorded as parked (its id reads so, the
+  // slice's record lists it, journaled), and its client is told
+  // (TakeParkedNotes). Failed: the value stays where it is, in memory.
+  void FinishPark(uint64_t seq, bool failed, WorkerOps* ops);
+  // The notes of values parked since the last call, by client: each a
+  // Recovery with the values' ids as lost, their status saying parked.
+  std::map<uint64_t, proto::Recovery> TakeParkedNotes();
   const JobRecords& records() const { return records_; }
   // Lineage is kept once a spare has registered (JobRecords::
   // set_keep_lineage): a cluster given spares recovers, and keeps it
@@ -868,7 +880,8 @@ class ClusterState {
   // `id` laid out as `spec`, its files keyed by the client and the id.
   absl::StatusOr<uint64_t> ParkProgram(ClientRecord& client, uint64_t id,
                                        const ArgSpec& spec, bool to_file);
-  // Parks every live value of `slice` (SuspendSlice with to_files).
+  // Routes a park of every live value of `slice` (SuspendSlice with
+  // to_files); each is released once its park is done (FinishPark).
   absl::Status ParkValues(ClientRecord& client, SliceRecord& slice,
                           SliceResized& out);
   // Reads back every value `slice` parked, on its devices as they are now.
@@ -901,7 +914,16 @@ class ClusterState {
   uint64_t next_transfer_ = 1;
   uint64_t temporary_floor_ = 1;  // FinishRestore
   std::string park_dir_;          // set_park_dir
-  int64_t parked_values_ = 0;     // over every slice: ReleaseParked's shortcut
+  // Park calls routed and not done, by seq (ParkValues, FinishPark).
+  struct Parking {
+    uint64_t client_id = 0;
+    uint64_t slice_id = 0;
+    uint64_t id = 0;
+    ArgSpec spec;
+  };
+  std::map<uint64_t, Parking> parking_;
+  std::map<uint64_t, proto::Recovery> parked_notes_;  // TakeParkedNotes
+  int64_t parked_values_ = 0;  // over every slice: ReleaseParked's shortcut
   int64_t calls_routed_ = 0;
   uint64_t next_seq_ = 1;
   uint64_t next_server_id_ = 1;

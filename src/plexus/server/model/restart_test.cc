@@ -396,6 +396,9 @@ TEST_F(RestartTest, ASliceSuspendedToFilesIsRestoredParkedAndReadsBack) {
   auto parked = before_.SuspendSlice(client_, slice_, /*to_files=*/true);
   ASSERT_TRUE(parked.ok()) << parked.status();
   ASSERT_EQ(parked->wait_ids.size(), 1u);
+  for (const auto& [seq, unit] : parked->work) {
+    if (seq != 0) before_.CallDone(seq, false, &ops);
+  }
   Restart();
   after_.set_park_dir("/park");
   const SliceRecord& restored = after_.slices().at(slice_);

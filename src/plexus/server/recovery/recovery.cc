@@ -403,6 +403,7 @@ proto::Recovery ClusterState::LoseOnBrokenSlices(uint64_t client_id,
 void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops) {
   records_.CallDone(seq, failed);
   DrainReleases(ops);
+  if (!parking_.empty()) FinishPark(seq, failed, ops);
 }
 
 // One client's recovery from one loss, as RecoverClient's steps go: what

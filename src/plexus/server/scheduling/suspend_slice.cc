@@ -109,7 +109,7 @@ absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
       DescribeSlice(slice),
       to_files ? absl::StrCat("slice ", slice_id, " suspended to files (",
                               slice.devices.size(), " devices; ",
-                              slice.parked.size(), " values parked in ",
+                              parking.values_moved, " values parked in ",
                               park_dir_, ", ", parking.bytes_moved, " bytes)")
                : absl::StrCat("slice ", slice_id, " suspended (",
                               slice.devices.size(),
@@ -117,12 +117,9 @@ absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
   out.freed_devices = true;  // for quotas and priorities
   out.work = std::move(parking.work);
   out.wait_ids = std::move(parking.wait_ids);
+  out.parked_ids = std::move(parking.parked_ids);
   out.values_moved = parking.values_moved;
   out.bytes_moved = parking.bytes_moved;
-  for (uint64_t id : parking.note.lost_ids()) out.note.add_lost_ids(id);
-  if (parking.note.has_status()) {
-    *out.note.mutable_status() = parking.note.status();
-  }
   return out;
 }
 
@@ -170,7 +167,6 @@ absl::Status ClusterState::ParkValues(ClientRecord& client, SliceRecord& slice,
       ServerMadeIds(client.id, 2 * static_cast<uint64_t>(values.size()));
   if (!ids.ok()) return ids.status();
   const int n = static_cast<int>(slice.devices.size());
-  WorkerOps releases;
   for (size_t k = 0; k < values.size(); ++k) {
     const uint64_t id = values[k];
     const ArgSpec spec = records_.FindBuffer(id)->spec();
@@ -192,28 +188,53 @@ absl::Status ClusterState::ParkValues(ClientRecord& client, SliceRecord& slice,
     if (!RouteCall(client.id, call, &ops, &seq).ok()) continue;
     out.work.push_back({seq, std::move(ops)});
     out.wait_ids.push_back(*ids + 2 * k + 1);
-    slice.parked.push_back({id, spec, false});
-    parked_values_++;
+    out.parked_ids.push_back(id);
+    // Its memory goes once its park is done (FinishPark), not before: a
+    // park that fails leaves it where it is.
+    parking_[seq] = {client.id, slice.id, id, spec};
     out.values_moved++;
     absl::StatusOr<TensorSpec> local = spec.Local(n);
     out.bytes_moved += local.ok()
                            ? static_cast<int64_t>(local->byte_size()) * n
                            : static_cast<int64_t>(spec.global.byte_size());
-    // Its memory goes once the park has read it (the workers apply ops in
-    // order); its id reads as parked until the resume.
-    ForgetBuffer(client, id);
-    ReleaseOps(id, slice.id, &releases);
-    records_.Erase(id);
-    lost_[id] = ParkedStatus(id, slice.id);
-    out.note.add_lost_ids(id);
   }
-  if (!values.empty()) {
-    *out.note.mutable_status() =
-        StatusToProto(ParkedStatus(values[0], slice.id));
-  }
-  if (!releases.empty()) out.work.push_back({0, std::move(releases)});
   slice.on_files = true;
   return absl::OkStatus();
+}
+
+void ClusterState::FinishPark(uint64_t seq, bool failed, WorkerOps* ops) {
+  auto it = parking_.find(seq);
+  if (it == parking_.end()) return;
+  const Parking p = it->second;
+  parking_.erase(it);
+  if (failed) return;  // the value stays in memory; the token said why
+  ClientRecord* client = FindClient(p.client_id);
+  auto slice = slices_.find(p.slice_id);
+  // The slice resumed or gone meanwhile: the value stays (its file too).
+  if (client == nullptr || slice == slices_.end() || !slice->second.suspended ||
+      !slice->second.on_files) {
+    return;
+  }
+  proto::Recovery& note = parked_notes_[p.client_id];
+  note.set_worker_id(-1);
+  note.set_resized(true);
+  note.add_lost_ids(p.id);
+  *note.mutable_status() = StatusToProto(ParkedStatus(p.id, p.slice_id));
+  // Let go of meanwhile: released as its park read it (its file stays);
+  // the client hears it as parked all the same (its suspend waits for it).
+  const BufferRecord* b = records_.FindBuffer(p.id);
+  if (b == nullptr || b->released) return;
+  ForgetBuffer(*client, p.id);
+  ReleaseOps(p.id, p.slice_id, ops);
+  records_.Erase(p.id);
+  lost_[p.id] = ParkedStatus(p.id, p.slice_id);
+  slice->second.parked.push_back({p.id, p.spec, false});
+  parked_values_++;
+  JournalSlice(slice->second);
+}
+
+std::map<uint64_t, proto::Recovery> ClusterState::TakeParkedNotes() {
+  return std::exchange(parked_notes_, {});
 }
 
 absl::Status ClusterState::UnparkValues(ClientRecord& client,

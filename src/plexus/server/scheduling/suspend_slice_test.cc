@@ -1,6 +1,7 @@
 // ClusterState::SuspendSlice and ResumeSlice driven directly: what a
 // suspended slice refuses and frees, and where a resume places it and
 // what it moves.
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -174,6 +175,17 @@ std::multiset<std::string> KernelsRouted(
   return kernels;
 }
 
+// Every park call of `suspended` reported done (`failed` or not), as the
+// workers' completions would: the releases that follow, by worker.
+WorkerOps FinishParks(ClusterState& state, const SliceResized& suspended,
+                      bool failed = false) {
+  WorkerOps ops;
+  for (const auto& [seq, unit] : suspended.work) {
+    if (seq != 0) state.CallDone(seq, failed, &ops);
+  }
+  return ops;
+}
+
 TEST_F(SuspendSliceTest, ToFilesParksEveryValueAndTheResumeReadsThemBack) {
   state_.set_park_dir("/park");
   absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
@@ -188,17 +200,28 @@ TEST_F(SuspendSliceTest, ToFilesParksEveryValueAndTheResumeReadsThemBack) {
   EXPECT_EQ(suspended->wait_ids.size(), 2u);
   EXPECT_EQ(suspended->values_moved, 2);
   EXPECT_EQ(suspended->bytes_moved, 8 * 2 * 4 + 3 * 4 * 2);
-  bool releases = false;
-  for (const auto& [w, list] : suspended->work.back().second) {
-    for (const proto::WorkerOp& op : list) releases |= op.has_release();
+  // Nothing is released before its park is done.
+  EXPECT_NE(state_.records().FindBuffer(rows), nullptr);
+  EXPECT_EQ(state_.LostStatus(rows), nullptr);
+  const WorkerOps released = FinishParks(state_, *suspended);
+  int releases = 0;
+  for (const auto& [w, list] : released) {
+    for (const proto::WorkerOp& op : list) {
+      releases += op.release().buffer_ids_size();
+    }
   }
-  EXPECT_TRUE(releases);
-  // The values are no longer in the records, and read as parked.
+  EXPECT_EQ(releases, 2 * 2);  // two values, on two hosts each
+  // The client hears it; the values are no longer in the records, and
+  // read as parked.
+  std::map<uint64_t, proto::Recovery> notes = state_.TakeParkedNotes();
+  ASSERT_EQ(notes.count(client_), 1u);
+  EXPECT_EQ(notes[client_].lost_ids_size(), 2);
+  EXPECT_TRUE(notes[client_].resized());
   EXPECT_EQ(state_.records().FindBuffer(rows), nullptr);
   ASSERT_NE(state_.LostStatus(whole), nullptr);
   EXPECT_NE(state_.LostStatus(whole)->message().find("parked in files"),
             std::string::npos);
-  EXPECT_EQ(suspended->note.lost_ids_size(), 2);
+  EXPECT_EQ(state_.slices().at(s->slice_id()).parked.size(), 2u);
   EXPECT_TRUE(state_.slices().at(s->slice_id()).on_files);
   // The keys name the client and the value; the directory is the server's.
   const auto& park = state_.FindClient(client_)->programs;
@@ -271,12 +294,34 @@ TEST_F(SuspendSliceTest, ToFilesNeedsAParkDirAndAClientMayNotPark) {
   EXPECT_TRUE(state_.RegisterClientProgram(client_, reg, nullptr).ok());
 }
 
+TEST_F(SuspendSliceTest, AParkThatFailsLeavesItsValueInMemory) {
+  // The park directory full on a host, say: the value is not released.
+  state_.set_park_dir("/park");
+  absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const uint64_t whole = Put(s->slice_id(), kWhole);
+  auto suspended = state_.SuspendSlice(client_, s->slice_id(), true);
+  ASSERT_TRUE(suspended.ok()) << suspended.status();
+  const WorkerOps released = FinishParks(state_, *suspended, /*failed=*/true);
+  EXPECT_TRUE(released.empty());
+  EXPECT_NE(state_.records().FindBuffer(whole), nullptr);
+  EXPECT_EQ(state_.LostStatus(whole), nullptr);
+  EXPECT_TRUE(state_.slices().at(s->slice_id()).parked.empty());
+  EXPECT_TRUE(state_.TakeParkedNotes().empty());
+  // Resumed in place: it is there, under its id.
+  auto resumed = state_.ResumeSlice(client_, s->slice_id());
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_NE(state_.records().FindBuffer(whole), nullptr);
+}
+
 TEST_F(SuspendSliceTest, AValueLetGoOfWhileParkedIsReadBackAndReleased) {
   state_.set_park_dir("/park");
   absl::StatusOr<proto::SliceInfo> s = Slice(client_, 2);
   ASSERT_TRUE(s.ok()) << s.status();
   const uint64_t whole = Put(s->slice_id(), kWhole);
-  ASSERT_TRUE(state_.SuspendSlice(client_, s->slice_id(), true).ok());
+  auto suspended = state_.SuspendSlice(client_, s->slice_id(), true);
+  ASSERT_TRUE(suspended.ok()) << suspended.status();
+  FinishParks(state_, *suspended);
   proto::ReleaseRef release;
   release.set_buffer_id(whole);
   release.set_slice_id(s->slice_id());

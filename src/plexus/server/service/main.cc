@@ -241,7 +241,24 @@ void AddRuntimeFlags(CLI::App& app, Flags* f) {
                  "(slice.suspend(to_files=True)) writes its values: a "
                  "directory every worker reaches by this path (a shared file "
                  "system); none: suspends keep values in the workers' memory")
-      ->check(CLI::ExistingDirectory);
+      ->check(CLI::ExistingDirectory)
+      ->check(
+          [](const std::string& dir) -> std::string {
+            // A park that cannot write loses the value it parks: refused
+            // here rather than at the first suspend.
+            const std::string probe =
+                absl::StrCat(dir, "/.plexus-park-probe-", getpid());
+            const int fd = open(probe.c_str(),
+                                O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+            if (fd < 0) {
+              return absl::StrCat("--park-dir ", dir,
+                                  " is not writable: ", std::strerror(errno));
+            }
+            close(fd);
+            unlink(probe.c_str());
+            return "";
+          },
+          "writable");
   app.add_flag("--die-with-parent", f->die_with_parent,
                "exit when the parent process dies");
   app.add_option("--scheduler", f->scheduler,

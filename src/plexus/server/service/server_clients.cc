@@ -493,6 +493,7 @@ void ServerImpl::ResizeSliceLocked(uint64_t id, const proto::SliceResize& req,
   reply.set_values_moved(resized->values_moved);
   reply.set_bytes_moved(resized->bytes_moved);
   for (uint64_t token : resized->wait_ids) reply.add_wait_ids(token);
+  for (uint64_t id : resized->parked_ids) reply.add_parked_ids(id);
   // The new ids reach the client with the reply (one message), so it
   // never names a moved value by its old id on the new map.
   *batch->reply.add_recoveries() = std::move(resized->note);

@@ -358,6 +358,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // Each client hears which of its puts are released for good: it drops
   // the data it kept to put them again after a loss.
   void TellReleasedPutsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each client hears which of its values were parked in files (a suspend
+  // to files whose parks are done): they read as parked from then on.
+  void TellParkedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // The journal (ServerOptions::journal_path), opened by Init: a journal
   // that holds records rebuilds the model (ClusterState::Restore), whose
@@ -512,6 +515,22 @@ inline void ServerImpl::ApplyCompletionsLocked(WorkerOps* releases,
   }
   for (uint64_t copy : copies_to_apply_) state_.CopyArrived(copy, releases);
   TellReleasedPutsLocked();
+  TellParkedLocked();
+}
+
+inline void ServerImpl::TellParkedLocked() {
+  std::map<uint64_t, proto::Recovery> notes = state_.TakeParkedNotes();
+  if (notes.empty()) return;
+  // Parked in the journal before the client hears it (its suspend returns
+  // then): a restart after that keeps the values parked.
+  AwaitJournalLocked();
+  for (auto& [client, note] : notes) {
+    auto it = client_queues_.find(client);
+    if (it == client_queues_.end()) continue;
+    proto::ServerToClient msg;
+    *msg.add_recoveries() = std::move(note);
+    it->second->Push(std::move(msg));
+  }
 }
 
 inline void ServerImpl::AdmitLocked(WorkerOps first) {
