@@ -59,7 +59,14 @@ void ClientSession::SenderLoop(Session& session) {
                !pre_messages_.empty();
       };
       clock.AwaitCondition(&mu_, absl::Condition(&ready), next_stats);
-      if (machine_.broken() && !closed_) break;  // the reader saw it end
+      if (machine_.broken() && !closed_) {
+        // The reader saw it end. What is queued goes with the resume's
+        // calls sent again, ahead of its LiveBuffers' end: sent after it,
+        // as new ops, the server would have taken their outputs (live
+        // futures no worker held) for lost.
+        KeepUnsentLocked();
+        break;
+      }
       pre.swap(pre_messages_);
       for (auto& op : queue_) *msg.add_ops() = std::move(op);
       queue_.clear();

@@ -330,7 +330,8 @@ absl::Status ObjectStore::ReserveLocked(int device, int64_t bytes, bool wait) {
   return absl::OkStatus();
 }
 
-absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key) const {
+absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key,
+                                              bool read) const {
   if (shutdown_) return absl::CancelledError("worker shutting down");
   auto rejected = rejected_.find(key.buffer_id);
   if (rejected != rejected_.end()) return rejected->second;
@@ -339,7 +340,7 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key) const {
         absl::StrCat(KeyString(key), " belongs to client ",
                      ClientOfBuffer(key.buffer_id), ", which has left"));
   }
-  if (released_.contains(key.buffer_id) && !entries_.contains(key)) {
+  if (read && released_.contains(key.buffer_id) && !entries_.contains(key)) {
     return ReleasedOnWorkerError(KeyString(key));
   }
   if (temporary_floor_ > 0 &&
@@ -400,7 +401,10 @@ absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
   while (true) {
     auto it = entries_.find(key);
     if (it != entries_.end() && it->second.declared) return &it->second;
-    if (absl::Status end = UnknownKeyEndLocked(key); !end.ok()) return end;
+    if (absl::Status end = UnknownKeyEndLocked(key, /*read=*/false);
+        !end.ok()) {
+      return end;
+    }
     const bool timed_out = AwaitKeyLocked(key, deadline);
     if (timed_out) {
       it = entries_.find(key);
@@ -704,10 +708,13 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
       ready->Wait(&mu_);
       continue;
     }
-    if (absl::Status end = UnknownKeyEndLocked(key); !end.ok()) return end;
+    if (absl::Status end = UnknownKeyEndLocked(key, /*read=*/true); !end.ok()) {
+      return end;
+    }
     if (wait != nullptr) ListWaitLocked(wait, -1);
     const bool timed_out = AwaitKeyLocked(key, unknown_deadline);
-    if (timed_out && !entries_.contains(key) && UnknownKeyEndLocked(key).ok()) {
+    if (timed_out && !entries_.contains(key) &&
+        UnknownKeyEndLocked(key, /*read=*/true).ok()) {
       return absl::NotFoundError(absl::StrCat(
           KeyString(key),
           " is not on this worker (never declared here; waited ",

@@ -140,8 +140,8 @@ class ObjectStore {
   void RemoveReader(const BufferKey& key);
   // The client dropped its reference: every shard of the buffer. A put
   // whose bytes have not begun to arrive fails (they never will). Once
-  // the entries are gone, a read or push of the buffer that comes later
-  // (a reader that did not hear the value moved) fails at once, ABORTED
+  // the entries are gone, a read of the buffer that comes later (a reader
+  // that did not hear the value moved) fails at once, ABORTED
   // (ReleasedOnWorkerError), rather than waiting for a declaration, until
   // it is declared again or kReleasedRemembered releases later.
   void Release(uint64_t buffer_id);
@@ -277,7 +277,11 @@ class ObjectStore {
   absl::StatusOr<Entry*> AwaitDeclaredLocked(const BufferKey& key)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why a wait for `key`, which has no entry, must end now; OK to go on.
-  absl::Status UnknownKeyEndLocked(const BufferKey& key) const
+  // `read`: a read (fetch, wait, a task's input), which also ends for a
+  // buffer released here; data on its way in (a put, a push) waits for
+  // its declaration instead (a server restart releases a value and
+  // declares it again under its id as the client's batch is sent again).
+  absl::Status UnknownKeyEndLocked(const BufferKey& key, bool read) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for `key` to appear or be declared, until `deadline`; true when
   // the deadline passed. Ends early on an event that may end every such
@@ -342,9 +346,9 @@ class ObjectStore {
   absl::flat_hash_set<uint64_t> departed_ ABSL_GUARDED_BY(mu_);
   uint64_t temporary_floor_ ABSL_GUARDED_BY(mu_) = 0;  // SetTemporaryFloor
   // Buffers released here whose entries are gone, the last
-  // kReleasedRemembered of them (oldest first in the deque): a read or
-  // push of one ends at once (ReleasedOnWorkerError) instead of waiting
-  // for a declaration. A declaration takes the id back out.
+  // kReleasedRemembered of them (oldest first in the deque): a read of one
+  // ends at once (ReleasedOnWorkerError) instead of waiting for a
+  // declaration. A declaration takes the id back out.
   static constexpr size_t kReleasedRemembered = 65536;
   absl::flat_hash_set<uint64_t> released_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> released_order_ ABSL_GUARDED_BY(mu_);

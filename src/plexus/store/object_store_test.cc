@@ -494,6 +494,20 @@ TEST(ObjectStoreTest, AReadOfAReleasedShardEndsAtOnceSayingSo) {
   f.store->Fulfil(pending, Bytes(16), 0);
   waiter.join();
   EXPECT_TRUE(IsReleasedOnWorker(waited.status())) << waited.status();
+  // Data on its way in for it (a put sent again after a server restart
+  // released the value) waits for its declaration, as ever.
+  absl::Status admitted;
+  std::thread putter([&] {
+    admitted = f.store->AdmitIncoming(key, 16, /*from_client=*/true);
+  });
+  f.clock.AwaitWaiters(1);
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true,
+                   ObjectStore::Arrival::kFromClient);
+  putter.join();
+  EXPECT_TRUE(admitted.ok()) << admitted;
+  f.store->FulfilIncoming(key, Bytes(16));
+  EXPECT_TRUE(f.store->AwaitReady(key).ok());
+  f.store->Release(key.buffer_id);
   // Declared again under its id (a call sent again after a server
   // restart): read as ever.
   f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
