@@ -209,7 +209,9 @@ void ServerSession::WriterLoop() {
 
 bool ServerSession::WriteToServer(const proto::WorkerToServer& msg) {
   absl::MutexLock lock(&write_mu_);
-  return !writes_done_ && stream_->Write(msg);
+  // No stream: a worker not registered (yet, or any more) has no server
+  // to answer (an op applied outside a session: the fuzz harness's).
+  return !writes_done_ && stream_ != nullptr && stream_->Write(msg);
 }
 
 void ServerSession::HeartbeatLoop() {
