@@ -404,6 +404,10 @@ class ClientSession {
       ABSL_GUARDED_BY(mu_);
   int64_t losses_heard_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t notes_heard_ ABSL_GUARDED_BY(mu_) = 0;
+  // AwaitLoss and AwaitNote: until `*count` (one of the two above) passes
+  // `heard`, the timeout or deadline passes, or the session ends.
+  bool AwaitCount(int64_t ClientSession::*count, int64_t heard,
+                  absl::Duration timeout, absl::Time deadline);
   std::atomic<int64_t> spare_wait_ms_{0};
   absl::flat_hash_map<uint64_t, Slice*> slices_ ABSL_GUARDED_BY(mu_);
   std::optional<RecoverySummary> last_recovery_ ABSL_GUARDED_BY(mu_);

@@ -48,14 +48,7 @@ int64_t ClientSession::losses_heard() const {
 
 bool ClientSession::AwaitLoss(int64_t heard, absl::Duration timeout,
                               absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  auto news = [this, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return losses_heard_ > heard || machine_.broken() || closed_;
-  };
-  return options_.clock->AwaitCondition(
-             &mu_, absl::Condition(&news),
-             std::min(deadline, options_.clock->Now() + timeout)) &&
-         losses_heard_ > heard;
+  return AwaitCount(&ClientSession::losses_heard_, heard, timeout, deadline);
 }
 
 int64_t ClientSession::notes_heard() const {
@@ -65,14 +58,19 @@ int64_t ClientSession::notes_heard() const {
 
 bool ClientSession::AwaitNote(int64_t heard, absl::Duration timeout,
                               absl::Time deadline) {
+  return AwaitCount(&ClientSession::notes_heard_, heard, timeout, deadline);
+}
+
+bool ClientSession::AwaitCount(int64_t ClientSession::*count, int64_t heard,
+                               absl::Duration timeout, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto news = [this, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return notes_heard_ > heard || machine_.broken() || closed_;
+  auto news = [this, count, heard]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return this->*count > heard || machine_.broken() || closed_;
   };
   return options_.clock->AwaitCondition(
              &mu_, absl::Condition(&news),
              std::min(deadline, options_.clock->Now() + timeout)) &&
-         notes_heard_ > heard;
+         this->*count > heard;
 }
 
 void ClientSession::AddSlice(Slice* slice) {
