@@ -461,6 +461,33 @@ TEST(ObjectStoreTest, AnEarlierServersTemporaryIsRefusedOnceTheFloorIsKnown) {
   EXPECT_TRUE(f.store->AdmitIncoming({old_temp, 2}, 16, false).ok());
 }
 
+TEST(ObjectStoreTest, APutReleasedThenFailedRefusesItsLateBytesUntilReleased) {
+  // A put lost in a shrink on loss (src/plexus/server/scheduling/
+  // resize_slice.cc): the server releases it on the hosts left, then fails
+  // it there. Bytes the client sent before it heard of the shrink end at
+  // once with the loss, rather than wait for a declaration.
+  FakeClockStore f(1 << 20);
+  const BufferKey key{ClientMadeId(uint64_t{3}, 11), 2};
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true,
+                   ObjectStore::Arrival::kFromClient);
+  f.store->Release(key.buffer_id);
+  const absl::Status lost = absl::DataLossError("slice 1 shrank from 4 to 3");
+  f.store->FailBuffer(key.buffer_id, lost);
+  EXPECT_EQ(f.store->AdmitIncoming(key, 16, /*from_client=*/true), lost);
+  // The client lets go of it: the id is forgotten here (a later put under
+  // it, which no client makes, would wait for its declaration again).
+  f.store->Release(key.buffer_id);
+  absl::Status admitted;
+  std::thread putter([&] {
+    admitted = f.store->AdmitIncoming(key, 16, /*from_client=*/true);
+  });
+  f.clock.AwaitWaiters(1);
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true,
+                   ObjectStore::Arrival::kFromClient);
+  putter.join();
+  EXPECT_TRUE(admitted.ok()) << admitted;
+}
+
 TEST(ObjectStoreTest, AReadOfAReleasedShardEndsAtOnceSayingSo) {
   // A fetch that resolved a value before the client heard it moved (a
   // resize the server decided): the old copy was released and erased here

@@ -2,6 +2,7 @@
 // (SliceRequest.on_loss = LOSS_SHRINK), driven on ClusterState directly:
 // the smaller map, what moves and what is lost (and why), the minimum,
 // the break policy, and the growth back as hosts join.
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -158,6 +159,48 @@ TEST_F(ShrinkOnLossTest, ASliceShrinksOffTheLostHostAndSaysWhatItLost) {
   }
   EXPECT_EQ(state_.recovery_counters().slices_shrunk(), 1);
   EXPECT_EQ(state_.slices().at(s.slice_id()).devices.size(), 3u);
+}
+
+TEST_F(ShrinkOnLossTest, ALostPutFailsOnTheHostsLeftSoItsShardsInFlightEnd) {
+  // A put declared on the 4 devices whose shards the client is still
+  // sending (it has not heard of the shrink): the shards on their way to
+  // the hosts left must fail at once, not wait there for a declaration.
+  // Released alone, they waited 10 minutes (the elastic example hung).
+  const proto::SliceInfo s = Slice(4, proto::LOSS_SHRINK);
+  const uint64_t rows = Put(s.slice_id(), kRows);
+  const int64_t lost = Workers(s)[3];
+  WorkerLoss loss = state_.LoseWorker(lost, "killed");
+  ASSERT_EQ(loss.shrunk.count(s.slice_id()), 1u);
+  const SliceResized& r = loss.shrunk.at(s.slice_id());
+  ASSERT_EQ(r.note.lost_ids_size(), 1);
+  ASSERT_EQ(r.note.lost_ids(0), rows);
+  for (int64_t w : Workers(r.slice)) {
+    bool released = false, failed_after = false;
+    for (const auto& [seq, ops] : r.work) {
+      auto it = ops.find(w);
+      if (it == ops.end()) continue;
+      for (const proto::WorkerOp& op : it->second) {
+        if (op.has_release() &&
+            std::count(op.release().buffer_ids().begin(),
+                       op.release().buffer_ids().end(), rows) > 0) {
+          released = true;
+        }
+        if (op.has_fail() && released &&
+            std::count(op.fail().buffer_ids().begin(),
+                       op.fail().buffer_ids().end(), rows) > 0) {
+          failed_after = true;
+          const absl::Status why = StatusFromProto(op.fail().status());
+          EXPECT_EQ(why.code(), absl::StatusCode::kDataLoss);
+          EXPECT_NE(why.message().find("shrank from 4 to 3 devices"),
+                    std::string::npos)
+              << why;
+        }
+      }
+    }
+    EXPECT_TRUE(released) << "worker " << w;
+    EXPECT_TRUE(failed_after) << "worker " << w;
+  }
+  for (const auto& [seq, ops] : r.work) EXPECT_EQ(ops.count(lost), 0u);
 }
 
 TEST_F(ShrinkOnLossTest, UnderItsMinimumTheSliceBreaksSayingSo) {

@@ -387,7 +387,14 @@ absl::StatusOr<SliceResized> ClusterState::CommitResize(
     out.work.push_back({seq, std::move(ops)});
   }
   if (!lost.empty()) LoseOnShrink(client, plan, lost, out.note);
-  for (const auto& [id, what] : lost) drop_old(id);
+  for (const auto& [id, what] : lost) {
+    drop_old(id);
+    // A put's shards may still be on their way from a client that has not
+    // heard of the shrink: released, they would wait at the old map's hosts
+    // for a declaration that never comes. The id fails there instead, with
+    // why, until the client lets go of it (ObjectStore::FailBuffer).
+    FailOnSlice(client_id, old_map, {id}, lost_[id], &releases);
+  }
   if (!releases.empty()) out.work.push_back({0, std::move(releases)});
   slices_.erase(old_map);
   out.slice = DescribeSlice(slice);
