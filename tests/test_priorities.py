@@ -31,7 +31,7 @@ class Trainer:
     size. Each step is checked against one process at the size it ran."""
 
     def __init__(self, jax, cluster, client, steps, rows=4, lr=0.1,
-                 features=4, hidden=8, wait_s=WAIT_S):
+                 features=4, hidden=8, wait_s=WAIT_S, slice_options=None):
         jnp = jax.numpy
         self.cluster, self.wait_s = cluster, wait_s
         rng = np.random.default_rng(5)
@@ -49,8 +49,10 @@ class Trainer:
         self.step_grad = jax.jit(jax.grad(loss))
         self.want = (rng.standard_normal(sum(sizes_p)) * 0.3).astype(
             np.float32)
-        self.s = s = client.slice(4, placement="spread", on_loss="shrink",
-                                  min_devices=2, grow=True)
+        self.s = s = client.slice(
+            4, placement="spread",
+            **(slice_options or dict(on_loss="shrink", min_devices=2,
+                                     grow=True)))
         self.grad = plexus.jit(jax.grad(loss), s, name="island_grad",
                                in_shardings=(None, plexus.split(0),
                                              plexus.split(0)),
@@ -248,3 +250,122 @@ def test_a_bad_priority_is_refused_naming_the_tenant():
         with plexus.local(hosts=1,
                           tenants={"tenants": {"prod": {"priority": "high"}}}):
             pass
+
+
+def test_a_suspending_job_waits_out_a_higher_priority_and_resumes_where_it_was(
+        tmp_path):
+    """on_preempt="suspend": the low-priority job's slice is suspended by
+    the server when an urgent client's slice takes its hosts (its values
+    stay in memory), a call it issues meanwhile waits at the server, not
+    refused, and runs once the urgent client leaves and the slice resumes
+    on its own hosts, with every value bit-identical."""
+    with plexus.local(hosts=2, tenants=TENANTS) as cluster:
+        low = cluster.connect(name="batch-job", tenant="batch")
+        s = low.slice(2, placement="spread", on_preempt="suspend")
+        hosts_before = hosts_of(s)
+        data = np.arange(8, dtype=np.float32) * 1.5
+        x = s.put(data, plexus.split(0))
+        add = s.program("add", x, x)  # a call on the slice's devices
+        y = add(x, x)
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(y, timeout=WAIT_S)), data * 2.0)
+        with low.trace(str(tmp_path / "trace.json")):
+            high = cluster.connect(name="urgent", tenant="prod")
+            t0 = time.monotonic()
+            hs = high.slice(2, placement="spread")
+            cluster.wait_until(lambda _: s.suspended, timeout=WAIT_S,
+                               what="the batch job to be suspended")
+            suspend_s = time.monotonic() - t0
+            assert "tenant 'prod' (priority 10, over 0)" in s.preempted, \
+                s.preempted
+            st = cluster.status()
+            row = [r for r in st["slices"] if int(r["slice_id"]) == s.id][0]
+            assert row.get("suspended") and "tenant 'prod'" in row[
+                "preempted"], row
+            from plexus._status_text import format_status
+            assert "PREEMPTED" in format_status(st), format_status(st)
+            # The urgent job runs on the hosts.
+            hx = hs.put(np.arange(4, dtype=np.float32), plexus.split(0))
+            hadd = hs.program("add", hx, hx)
+            np.testing.assert_array_equal(
+                np.asarray(plexus.wait(hadd(hx, hx), timeout=WAIT_S)),
+                np.arange(4, dtype=np.float32) * 2.0)
+            # A call of the suspended job waits at the server: not done
+            # while the urgent job holds its hosts, and not refused.
+            z = add(y, x)
+            with pytest.raises(plexus.DeadlineExceededError):
+                plexus.wait(z, timeout=0.5)
+            # `why` names what it waits for (after its 1 s floor).
+            cluster.wait_until(
+                lambda _: any("suspended by the server for slice" in
+                              e["reason"] for e in low.why()),
+                timeout=WAIT_S, what="why to name the suspended slice")
+            # Values made before the suspend stay readable where they are.
+            np.testing.assert_array_equal(np.asarray(y), data * 2.0)
+            t0 = time.monotonic()
+            high.close()
+            cluster.wait_until(lambda _: not s.suspended, timeout=WAIT_S,
+                               what="the batch job to resume")
+            np.testing.assert_array_equal(
+                np.asarray(plexus.wait(z, timeout=WAIT_S)), data * 3.0)
+            resume_s = time.monotonic() - t0
+        assert s.preempted is None
+        assert hosts_of(s) == hosts_before, "it resumed where it was"
+        np.testing.assert_array_equal(np.asarray(x), data)
+        counters = cluster.status().get("recovery", {})
+        assert int(counters.get("slices_preempted", 0)) == 1, counters
+        assert int(counters.get("slices_preempt_resumed", 0)) == 1, counters
+    names = resize_names(tmp_path / "trace.json")
+    assert any("suspended by the server for slice" in n for n in names), names
+    assert any("a batch waited while slice" in n for n in names), names
+    assert any("resumed on its own devices" in n for n in names), names
+    print(f"preempted: suspended {suspend_s * 1e3:.0f} ms after the urgent "
+          f"request, resumed with its held call done "
+          f"{resume_s * 1e3:.0f} ms after the urgent client left")
+
+
+@pytest.mark.jax_heavy
+def test_a_suspending_trainer_waits_out_a_higher_priority_and_goes_on():
+    """The data-parallel trainer with on_preempt="suspend": an urgent
+    client takes 2 of its 4 hosts between steps; the whole slice is
+    suspended, the step issued meanwhile waits (its puts and calls held at
+    the server) and completes once the urgent client leaves, on the same 4
+    devices, every step matching one process."""
+    jax = pytest.importorskip("jax")
+    with plexus.local(hosts=4, tenants=TENANTS) as cluster:
+        low = cluster.connect(name="trainer", tenant="batch")
+        trainer = Trainer(jax, cluster, low, steps=5,
+                          slice_options=dict(on_preempt="suspend"))
+        s = trainer.s
+        for k in range(2):
+            assert trainer.step(k)
+        high = cluster.connect(name="urgent", tenant="prod")
+        hs = high.slice(2, placement="spread")  # held: a dropped one closes
+        cluster.wait_until(lambda _: s.suspended, timeout=WAIT_S,
+                           what="the trainer to be suspended")
+        assert hosts_of(hs) <= hosts_of(s)
+        done = []
+        thread = threading.Thread(target=lambda: done.append(trainer.step(2)),
+                                  daemon=True)
+        thread.start()
+        cluster.wait_until(
+            lambda _: any("suspended by the server" in e["reason"]
+                          for e in low.why()),
+            timeout=WAIT_S, what="why to name the held step")
+        assert not done, "a step ran while its slice was suspended"
+        high.close()
+        thread.join(WAIT_S)
+        assert done == [True], done
+        for k in (3, 4):
+            assert trainer.step(k)
+    assert trainer.sizes == [4] * 5, trainer.sizes
+    assert trainer.retried == 0
+
+
+def test_a_bad_preemption_policy_is_refused_naming_the_choices(cluster):
+    client = cluster.connect(name="bad-preempt")
+    with pytest.raises(plexus.InvalidArgumentError,
+                       match=r"on_preempt must be 'share', 'shrink' or "
+                       r"'suspend', not 'pause'"):
+        client.slice(1, on_preempt="pause")
+    client.close()

@@ -239,7 +239,7 @@ def test_bad_loss_policies_are_refused():
         with pytest.raises(plexus.InvalidArgumentError, match="on_loss"):
             client.slice(1, on_loss="sometimes")
         with pytest.raises(plexus.InvalidArgumentError,
-                           match="on_loss shrink"):
+                           match=r"\(on_loss or on_preempt shrink\)"):
             client.slice(1, grow=True)
         with pytest.raises(plexus.InvalidArgumentError,
                            match="elastic_axis 'model'"):

@@ -123,6 +123,13 @@ class Slice:
         return self._s.suspended
 
     @property
+    def preempted(self):
+        """Why the server holds the slice suspended for a higher priority
+        (on_preempt="suspend"), or None: its calls and puts wait at the
+        server until it resumes."""
+        return self._s.preempted or None
+
+    @property
     def islands(self):
         """The islands (hosts) the slice spans, in shard order. The default
         placement keeps a slice inside one island where one can hold it."""
@@ -252,7 +259,7 @@ class Client:
     def slice(self, n=None, mesh=None, axis_names=None, placement="any",
               hosts=None, avoid=None, timeout=30.0, dcn_axes=(),
               on_loss="wait", min_devices=None, grow=False,
-              elastic_axis=None):
+              elastic_axis=None, on_preempt=None):
         """Asks the server for a slice of `n` virtual devices.
 
         mesh: the device mesh, as a dict {axis name: size} in order (like
@@ -287,6 +294,17 @@ class Client:
         state until a step is done. grow=True: the slice grows back, up to `n`, as hosts join
         or come free. Each change adds 1 to `slice.resizes`; plexus.jit
         programs compile again for the new size (docs/scheduling.md).
+
+        on_preempt: what the slice does when a slice of a higher-priority
+        tenant (the operator's tenants file) is mapped to its devices:
+        "share" them (time-sharing), "shrink" off them along
+        `elastic_axis` down to `min_devices` (values moved, none lost;
+        grow=True grows back once they free), or "suspend": the server
+        suspends the slice, its values kept in the workers' memory
+        (`slice.suspended`, and `slice.preempted` says for whom); calls
+        and puts on it wait at the server rather than fail, and run, in
+        order, once it resumes on its own devices when they free. The
+        default shrinks where on_loss does, else shares.
         """
         if isinstance(mesh, dict):
             if axis_names is not None:
@@ -324,7 +342,8 @@ class Client:
                 n, list(mesh or []), list(axis_names or []), placement,
                 list(hosts or []), avoid_ids, float(timeout),
                 on_loss=str(on_loss), min_devices=int(min_devices or 0),
-                grow=bool(grow), elastic_axis=int(elastic_axis or 0))
+                grow=bool(grow), elastic_axis=int(elastic_axis or 0),
+                on_preempt=str(on_preempt or ""))
         s = Slice(core_slice, self)
         self._slices = [r for r in self._slices if r() is not None]
         self._slices.append(weakref.ref(s))

@@ -117,10 +117,13 @@ def _slices_table(slices):
                          len(s.get("devices", [])) if i == 0 else "",
                          host, worker, " ".join(maps),
                          # remaps onto spares; BROKEN: lost a host, no
-                         # spare; WAITING: for a host to take its place
+                         # spare; WAITING: for a host to take its place;
+                         # PREEMPTED: suspended for a higher priority
                          ("BROKEN" if s.get("broken") else
                           f"WAITING ({int(s.get('awaiting_left_ms', 0)) / 1000:.1f} s left)"
                           if s.get("awaiting") else
+                          "PREEMPTED" if s.get("preempted") else
+                          "SUSPENDED" if s.get("suspended") else
                           s.get("generation", 0)) if i == 0 else "",
                          islands if i == 0 else ""])
     return table(["SLICE", "CLIENT", "DEVICES", "HOST", "WORKER",

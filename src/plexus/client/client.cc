@@ -36,6 +36,7 @@ proto::SliceRequest ToProto(const SliceOptions& options) {
   req.set_min_devices(options.min_devices);
   req.set_grow(options.grow);
   req.set_elastic_axis(options.elastic_axis);
+  req.set_on_preempt(options.on_preempt);
   return req;
 }
 

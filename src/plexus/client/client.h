@@ -57,6 +57,11 @@ struct SliceOptions {
   int32_t min_devices = 0;
   bool grow = false;
   int32_t elastic_axis = 0;
+  // When a higher-priority tenant's slice is mapped to its devices: share
+  // them, shrink off them, or be suspended until they free (its calls
+  // wait at the server meanwhile); the default shrinks where on_loss does
+  // (docs/scheduling.md, "Priorities").
+  proto::PreemptPolicy on_preempt = proto::PREEMPT_DEFAULT;
 };
 
 // The request that asks for a slice as `options` say.
@@ -127,6 +132,8 @@ class Slice : public std::enable_shared_from_this<Slice> {
   // free.
   absl::StatusOr<Resized> Resume();
   bool suspended() const { return info().suspended(); }
+  // Why the server holds it suspended for a higher priority; empty if not.
+  std::string preempted() const { return info().preempted(); }
   // Returns the slice to the server. Futures on it stay readable until
   // released; new calls on it fail. Never blocks: a call still being
   // queued sends the release after its own op.

@@ -152,7 +152,7 @@ void DefineClientSlices(py::class_<Client>& cls) {
          std::vector<std::string> axes, const std::string& placement,
          std::vector<std::string> hosts, std::vector<uint64_t> avoid,
          double timeout, const std::string& on_loss, int min_devices, bool grow,
-         int elastic_axis) {
+         int elastic_axis, const std::string& on_preempt) {
         SliceOptions o;
         o.num_devices = n;
         o.mesh_shape = mesh;
@@ -185,6 +185,19 @@ void DefineClientSlices(py::class_<Client>& cls) {
               "on_loss must be 'wait', 'break' or 'shrink', not '" + on_loss +
               "'"));
         }
+        if (on_preempt.empty()) {
+          o.on_preempt = proto::PREEMPT_DEFAULT;
+        } else if (on_preempt == "share") {
+          o.on_preempt = proto::PREEMPT_SHARE;
+        } else if (on_preempt == "shrink") {
+          o.on_preempt = proto::PREEMPT_SHRINK;
+        } else if (on_preempt == "suspend") {
+          o.on_preempt = proto::PREEMPT_SUSPEND;
+        } else {
+          Raise(absl::InvalidArgumentError(
+              "on_preempt must be 'share', 'shrink' or 'suspend', not '" +
+              on_preempt + "'"));
+        }
         o.min_devices = min_devices;
         o.grow = grow;
         o.elastic_axis = elastic_axis;
@@ -201,7 +214,8 @@ void DefineClientSlices(py::class_<Client>& cls) {
       py::arg("hosts") = std::vector<std::string>{},
       py::arg("avoid") = std::vector<uint64_t>{}, py::arg("timeout") = 30.0,
       py::arg("on_loss") = "wait", py::arg("min_devices") = 0,
-      py::arg("grow") = false, py::arg("elastic_axis") = 0);
+      py::arg("grow") = false, py::arg("elastic_axis") = 0,
+      py::arg("on_preempt") = "");
 }
 
 // Programs: built-in kernels and XLA modules.

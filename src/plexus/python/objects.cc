@@ -30,6 +30,7 @@ void DefineSlice(py::module_& m) {
           },
           py::arg("num_devices"), py::arg("axis"))
       .def_property_readonly("suspended", &Slice::suspended)
+      .def_property_readonly("preempted", &Slice::preempted)
       .def(
           "suspend",
           [](Slice& s, bool to_files) {

@@ -89,9 +89,18 @@ struct SliceRecord {
   // Workers the map held before its last resize and holds no more: a put
   // cut for the old map may have pushed shards there (FailRefusedPut).
   std::vector<int64_t> dropped_workers;
+  // What a higher priority mapped to its devices does to it
+  // (SliceRequest.on_preempt; ClusterState::YieldToPriorities).
+  proto::PreemptPolicy on_preempt = proto::PREEMPT_DEFAULT;
   // Suspended (ClusterState::SuspendSlice) until resumed: no call or put
   // routes on it, and its devices count for no quota or priority.
   bool suspended = false;
+  // Non-empty while the server holds it suspended for a higher priority
+  // (PREEMPT_SUSPEND): why. Its client's calls and puts on it wait at the
+  // server (ClusterState::HeldByPreemption) rather than being refused, and
+  // GrowSlices resumes it once its own devices free.
+  std::string preempted;
+  absl::Time preempted_since;  // not journaled: a restart counts from then
   // Suspended to files (SliceResize.to_files): its values are parked in
   // files of the park directory, none in the workers' memory, so a lost
   // host changes nothing for it (LoseWorker passes it by); its resume
@@ -110,6 +119,19 @@ struct SliceRecord {
 // Whether every device of the slice is on one host (worker): then no
 // shard of its values survives the loss of that host, replicated or not.
 bool OnOneHost(const SliceRecord& slice);
+
+// What a higher priority mapped to the slice's devices does to it:
+// on_preempt, with PREEMPT_DEFAULT resolved (PREEMPT_SHRINK where it
+// shrinks on a loss, else PREEMPT_SHARE).
+proto::PreemptPolicy PreemptionOf(const SliceRecord& slice);
+
+// Why a client's batch waits at the server (HeldByPreemption): the first
+// slice the server suspended for a higher priority that one of its calls
+// or puts runs on.
+struct PreemptionHold {
+  uint64_t slice_id = 0;
+  std::string why;
+};
 
 // A slice request that could not be met when it came. It waits at the
 // server, in arrival order, until it can be met (ServePendingSlices), its
@@ -584,29 +606,46 @@ class ClusterState {
   // too few devices are free (it stays suspended).
   absl::StatusOr<SliceResized> ResumeSlice(uint64_t client_id,
                                            uint64_t slice_id);
-  // Slices that grow back (SliceRequest.grow) and are under the size they
+  // Slices the server suspended for a higher priority (SliceRecord.
+  // preempted) whose own devices are free again (no other slice maps them,
+  // no higher priority claims them) resume there, nothing moved, and then
+  // slices that grow back (SliceRequest.grow) and are under the size they
   // were granted at grow along their elastic axis by as many whole
   // positions as free devices allow (PlaceGrowth), as a resize would: each
-  // one's owner and resize. Called as hosts join or come free. A slice
-  // whose values do not fit a larger size (a split dimension it does not
-  // divide) stays as it is; `why_not`, if given, gets why, by slice.
+  // one's owner and resume or resize. Called as hosts join or come free. A
+  // slice whose values do not fit a larger size (a split dimension it does
+  // not divide) stays as it is, and a preempted one whose devices are still
+  // held stays suspended; `why_not`, if given, gets why, by slice.
   std::vector<std::pair<uint64_t, SliceResized>> GrowSlices(
       std::map<uint64_t, std::string>* why_not = nullptr);
   // Priorities (TenantPolicy::priority): a slice gives up the devices that
-  // a slice of a higher-priority tenant is mapped to, where it allows it
-  // (on_loss LOSS_SHRINK): it shrinks off them along its elastic axis (a
-  // position goes if any of its devices is so claimed), no further than
-  // its minimum (min_devices, one position), as a resize would: every
-  // value moves (split ones re-split), none is lost. Each resize's owner,
-  // with `why` naming the slice and tenant it yielded to. A slice that
-  // cannot (at its minimum, or a value the smaller size does not divide)
-  // keeps time-sharing those devices; `why_not`, if given, gets why. A
-  // slice does not grow onto devices a higher priority holds
-  // (PlaceGrowth), so it grows back (grow=True) once they free. Called
-  // whenever a slice is granted; a no-op while every tenant has one
+  // a slice of a higher-priority tenant is mapped to, as its on_preempt
+  // says (PreemptionOf). PREEMPT_SHRINK: it shrinks off them along its
+  // elastic axis (a position goes if any of its devices is so claimed), no
+  // further than its minimum (min_devices, one position), as a resize
+  // would: every value moves (split ones re-split), none is lost.
+  // PREEMPT_SUSPEND: it is suspended as SuspendSlice would (its values
+  // kept in the workers' memory), SliceRecord.preempted saying for whom;
+  // GrowSlices resumes it. Each resize's or suspend's owner, with `why`
+  // naming the slice and tenant it yielded to. A slice that cannot (at its
+  // minimum, or a value the smaller size does not divide), or that shares
+  // (PREEMPT_SHARE), keeps time-sharing those devices; `why_not`, if
+  // given, gets why. A slice does not grow onto devices a higher priority
+  // holds (PlaceGrowth), so it grows back (grow=True) once they free.
+  // Called whenever a slice is granted; a no-op while every tenant has one
   // priority.
   std::vector<std::pair<uint64_t, SliceResized>> YieldToPriorities(
       std::map<uint64_t, std::string>* why_not = nullptr);
+  // Whether a batch of `client_id`'s ops waits at the server: the first
+  // call or put of `ops` on a slice the server holds suspended for a
+  // higher priority (SliceRecord.preempted), unless an earlier op of
+  // `ops` resumes that slice (SliceResize.resume) or releases it. Its
+  // client did not ask for the suspend: the batch routes, in its order,
+  // once the slice resumes, instead of being refused (RefuseOnSuspended).
+  std::optional<PreemptionHold> HeldByPreemption(
+      uint64_t client_id,
+      const google::protobuf::RepeatedPtrField<proto::ClientOp>& ops) const;
+  bool IsPreempted(uint64_t slice_id) const;
   const std::map<uint64_t, SliceRecord>& slices() const { return slices_; }
   proto::SliceInfo DescribeSlice(const SliceRecord& slice) const;
 
@@ -838,6 +877,18 @@ class ClusterState {
   using Claims = std::map<std::pair<int64_t, int>, Claim>;  // (worker, device)
   // Every device's claim; empty while every client has one priority.
   Claims ClaimsByPriority() const;
+  // Whether every device of `slice` is alive and claimed by no priority
+  // above `priority`, and, with `alone`, mapped by no other slice
+  // (ResumeSlice in place; ResumePreempted, where the slice shared them
+  // before the higher priority came, does not ask `alone`).
+  bool OwnDevicesFree(const SliceRecord& slice, int32_t priority,
+                      const Claims& claims, bool alone) const;
+  // YieldToPriorities for a PREEMPT_SUSPEND slice `slice` of `client`
+  // whose devices `by` claims, and GrowSlices' resume of one: each answer.
+  absl::StatusOr<SliceResized> Preempt(ClientRecord& client,
+                                       SliceRecord& slice, const Claim& by);
+  std::vector<std::pair<uint64_t, SliceResized>> ResumePreempted(
+      std::map<uint64_t, std::string>* why_not);
   // A change of a slice's size along one mesh axis (ResizeSlice, a loss's
   // shrink, GrowSlices): the positions of the axis that stay, in order,
   // then the devices of the positions added after them.

@@ -33,6 +33,8 @@ proto::JournaledSlice ToJournal(const SliceRecord& slice) {
   j.set_full_devices(slice.full_devices);
   j.set_suspended(slice.suspended);
   j.set_on_files(slice.on_files);
+  j.set_on_preempt(slice.on_preempt);
+  j.set_preempted(slice.preempted);
   for (const SliceRecord::Parked& p : slice.parked) {
     // A value let go of while parked is read back and released: kept.
     proto::JournaledParked* jp = j.add_parked();
@@ -159,6 +161,10 @@ absl::Status ClusterState::Restore(const proto::ModelRecord& change) {
       slice.full_devices = j.full_devices();
       slice.suspended = j.suspended();
       slice.on_files = j.on_files();
+      slice.on_preempt = proto::PreemptPolicy_IsValid(j.on_preempt())
+                             ? static_cast<proto::PreemptPolicy>(j.on_preempt())
+                             : proto::PREEMPT_DEFAULT;
+      slice.preempted = j.preempted();
       parked_values_ -= static_cast<int64_t>(slice.parked.size());
       slice.parked.clear();
       for (const proto::JournaledParked& jp : j.parked()) {

@@ -142,6 +142,46 @@ TEST_F(RestartTest, ASuspendedSliceIsRestoredSuspendedAndResumesAfter) {
   EXPECT_FALSE(after_.slices().at(slice_).suspended);
 }
 
+TEST_F(RestartTest, ASlicePreemptedIsRestoredHeldAndResumesOnceItsHostsFree) {
+  auto tenants = TenantTable::FromJson(
+      R"({"tenants": {"prod": {"priority": 10}, "batch": {}}})");
+  ASSERT_TRUE(tenants.ok()) << tenants.status();
+  before_.SetTenants(*tenants);
+  after_.SetTenants(*tenants);
+  const uint64_t low = before_.AddClient("batch-job", "batch").id;
+  const uint64_t high = before_.AddClient("urgent", "prod").id;
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  req.set_on_preempt(proto::PREEMPT_SUSPEND);
+  auto held = before_.CreateSlice(low, req);
+  ASSERT_TRUE(held.ok()) << held.status();
+  req.set_on_preempt(proto::PREEMPT_DEFAULT);
+  auto urgent = before_.CreateSlice(high, req);
+  ASSERT_TRUE(urgent.ok()) << urgent.status();
+  ASSERT_EQ(before_.YieldToPriorities().size(), 1u);
+  const std::string why = before_.slices().at(held->slice_id()).preempted;
+  ASSERT_FALSE(why.empty());
+  Restart();
+  const SliceRecord& restored = after_.slices().at(held->slice_id());
+  EXPECT_TRUE(restored.suspended);
+  EXPECT_EQ(restored.preempted, why);
+  EXPECT_EQ(restored.on_preempt, proto::PREEMPT_SUSPEND);
+  ASSERT_TRUE(Return(w0_, "host0", 100, {}) != nullptr);
+  ASSERT_TRUE(Return(w1_, "host1", 101, {}) != nullptr);
+  ASSERT_TRUE(after_.ResumeClient(low).ok());
+  ASSERT_TRUE(after_.ResumeClient(high).ok());
+  google::protobuf::RepeatedPtrField<proto::ClientOp> call;
+  call.Add()->mutable_call()->set_slice_id(held->slice_id());
+  EXPECT_TRUE(after_.HeldByPreemption(low, call).has_value());
+  EXPECT_TRUE(after_.GrowSlices().empty()) << "its hosts are still held";
+  ASSERT_TRUE(after_.ReleaseSlice(high, urgent->slice_id()).ok());
+  auto back = after_.GrowSlices();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_FALSE(after_.slices().at(held->slice_id()).suspended);
+  EXPECT_FALSE(after_.HeldByPreemption(low, call).has_value());
+}
+
 TEST_F(RestartTest, AWorkerComesBackOnlyAsTheHostItWas) {
   Restart();
   EXPECT_TRUE(after_.WaitsForWorkers(client_));

@@ -105,6 +105,110 @@ TEST_F(PrioritiesTest, AHigherPriorityTakesTwoHostsAndGivesThemBack) {
   EXPECT_EQ(grown[0].second.note.lost_ids_size(), 0);
 }
 
+TEST_F(PrioritiesTest, ASuspendingSliceWaitsOutAHigherPriorityWhereItIs) {
+  proto::SliceRequest req;
+  req.set_num_devices(4);
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  req.set_on_preempt(proto::PREEMPT_SUSPEND);
+  auto low = state_.CreateSlice(low_, req);
+  ASSERT_TRUE(low.ok()) << low.status();
+  const uint64_t sid = low->slice_id();
+  const std::set<int64_t> before = Hosts(sid);
+  const uint64_t rows = Put(low_, sid, kRows);
+  // A batch with a call on it routes as usual while nothing claims it.
+  google::protobuf::RepeatedPtrField<proto::ClientOp> batch;
+  batch.Add()->mutable_call()->set_slice_id(sid);
+  EXPECT_FALSE(state_.HeldByPreemption(low_, batch).has_value());
+
+  const proto::SliceInfo high = Slice(high_, 2, proto::LOSS_WAIT);
+  std::map<uint64_t, std::string> why_not;
+  auto yielded = state_.YieldToPriorities(&why_not);
+  ASSERT_EQ(yielded.size(), 1u) << (why_not.empty() ? "" : why_not.begin()->second);
+  const auto& [owner, suspended] = yielded[0];
+  EXPECT_EQ(owner, low_);
+  EXPECT_TRUE(suspended.slice.suspended());
+  EXPECT_NE(suspended.slice.preempted().find(
+                "for slice " + std::to_string(high.slice_id()) +
+                " of tenant 'prod' (priority 10, over 0)"),
+            std::string::npos)
+      << suspended.slice.preempted();
+  EXPECT_TRUE(suspended.work.empty()) << "nothing moves: values stay put";
+  ASSERT_EQ(suspended.note.remapped_size(), 1);
+  EXPECT_EQ(suspended.note.remapped(0).preempted(),
+            suspended.slice.preempted());
+  EXPECT_EQ(state_.recovery_counters().slices_preempted(), 1);
+  // The value is still there, and the map is the same.
+  EXPECT_NE(state_.records().FindBuffer(rows), nullptr);
+  EXPECT_EQ(Hosts(sid), before);
+  // Its client's calls and puts on it wait (not refused); other ops, and
+  // those after a resume of it in the same batch, do not.
+  auto held = state_.HeldByPreemption(low_, batch);
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->slice_id, sid);
+  EXPECT_NE(held->why.find("its calls and puts wait at the server"),
+            std::string::npos)
+      << held->why;
+  google::protobuf::RepeatedPtrField<proto::ClientOp> resumed_first;
+  auto* resume = resumed_first.Add()->mutable_slice_resize();
+  resume->set_slice_id(sid);
+  resume->set_resume(true);
+  resumed_first.Add()->mutable_call()->set_slice_id(sid);
+  EXPECT_FALSE(state_.HeldByPreemption(low_, resumed_first).has_value());
+  google::protobuf::RepeatedPtrField<proto::ClientOp> release;
+  release.Add()->mutable_release()->set_buffer_id(rows);
+  EXPECT_FALSE(state_.HeldByPreemption(low_, release).has_value());
+  EXPECT_FALSE(state_.HeldByPreemption(high_, batch).has_value())
+      << "another client's ops name a slice it does not hold";
+  // Its client's resume is refused while the devices are held (it comes
+  // back where it was only), saying why.
+  auto early = state_.ResumeSlice(low_, sid);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(early.status().message().find("suspended by the server for slice"),
+            std::string::npos)
+      << early.status();
+  // Nothing to resume while the high slice holds its devices.
+  std::map<uint64_t, std::string> still;
+  EXPECT_TRUE(state_.GrowSlices(&still).empty());
+  EXPECT_NE(still[sid].find("stays suspended while another slice holds"),
+            std::string::npos)
+      << still[sid];
+  // It leaves: the slice resumes on its own devices, nothing moved.
+  ASSERT_TRUE(state_.ReleaseSlice(high_, high.slice_id()).ok());
+  auto back = state_.GrowSlices();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].first, low_);
+  EXPECT_FALSE(back[0].second.slice.suspended());
+  EXPECT_TRUE(back[0].second.slice.preempted().empty());
+  EXPECT_TRUE(back[0].second.work.empty());
+  EXPECT_NE(back[0].second.why.find("resumed on its own devices"),
+            std::string::npos)
+      << back[0].second.why;
+  EXPECT_EQ(Hosts(sid), before);
+  EXPECT_FALSE(state_.HeldByPreemption(low_, batch).has_value());
+  EXPECT_EQ(state_.recovery_counters().slices_preempt_resumed(), 1);
+}
+
+TEST_F(PrioritiesTest, APreemptionPolicyIsChecked) {
+  proto::SliceRequest req;
+  req.set_num_devices(2);
+  req.set_on_preempt(static_cast<proto::PreemptPolicy>(9));
+  auto bad = state_.CreateSlice(low_, req);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("preemption policy 9"),
+            std::string::npos)
+      << bad.status();
+  // A sharing slice never yields, even where it shrinks on a loss.
+  req.set_on_preempt(proto::PREEMPT_SHARE);
+  req.set_on_loss(proto::LOSS_SHRINK);
+  req.set_num_devices(4);
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  auto shares = state_.CreateSlice(low_, req);
+  ASSERT_TRUE(shares.ok()) << shares.status();
+  Slice(high_, 2, proto::LOSS_WAIT);
+  EXPECT_TRUE(state_.YieldToPriorities().empty());
+  EXPECT_EQ(state_.slices().at(shares->slice_id()).devices.size(), 4u);
+}
+
 TEST_F(PrioritiesTest, ASliceAtItsMinimumOrNotElasticTimeShares) {
   const proto::SliceInfo at_min = Slice(low_, 2, proto::LOSS_SHRINK, 2);
   const proto::SliceInfo fixed = Slice(low_, 2, proto::LOSS_WAIT);

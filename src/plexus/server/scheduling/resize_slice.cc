@@ -180,7 +180,10 @@ absl::StatusOr<SliceResized> ClusterState::ShrinkOnLoss(
 
 std::vector<std::pair<uint64_t, SliceResized>> ClusterState::GrowSlices(
     std::map<uint64_t, std::string>* why_not) {
-  std::vector<std::pair<uint64_t, SliceResized>> grown;
+  // Slices suspended for a higher priority come back first: the devices
+  // were theirs.
+  std::vector<std::pair<uint64_t, SliceResized>> grown =
+      ResumePreempted(why_not);
   for (auto& [sid, slice] : slices_) {
     const int n = static_cast<int>(slice.devices.size());
     if (!slice.grow || n >= slice.full_devices || !slice.broken.empty() ||

@@ -222,6 +222,11 @@ absl::Status ClusterState::CheckSliceRequest(
         absl::StrCat("a slice request's loss policy ", req.on_loss(),
                      " is none of wait, break, shrink"));
   }
+  if (!proto::PreemptPolicy_IsValid(req.on_preempt())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a slice request's preemption policy ", req.on_preempt(),
+                     " is none of share, shrink, suspend"));
+  }
   if (req.elastic_axis() < 0 ||
       req.elastic_axis() >= static_cast<int>(mesh.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -234,10 +239,11 @@ absl::Status ClusterState::CheckSliceRequest(
                      " is not between 0 and its ", n, " devices"));
   }
   if ((req.grow() || req.min_devices() > 0) &&
-      req.on_loss() != proto::LOSS_SHRINK) {
+      req.on_loss() != proto::LOSS_SHRINK &&
+      req.on_preempt() != proto::PREEMPT_SHRINK) {
     return absl::InvalidArgumentError(
         "a slice request's min_devices and grow apply to a slice that "
-        "shrinks on a loss (on_loss shrink)");
+        "shrinks (on_loss or on_preempt shrink)");
   }
   // Checked first: the messages below name them, and the slice keeps its
   // axis names (status shows them).
@@ -415,6 +421,7 @@ proto::SliceInfo ClusterState::GrantSlice(ClientRecord& client,
   slice.min_devices = req.min_devices();
   slice.grow = req.grow();
   slice.elastic_axis = req.elastic_axis();
+  slice.on_preempt = req.on_preempt();
   slice.full_devices = static_cast<int32_t>(slice.devices.size());
   AddLoad(slice.devices, +1);
   client.slices.insert(slice.id);
@@ -498,6 +505,7 @@ proto::SliceInfo ClusterState::DescribeSlice(const SliceRecord& slice) const {
   info.set_generation(slice.generation);
   info.set_resizes(slice.resizes);
   info.set_suspended(slice.suspended);
+  info.set_preempted(slice.preempted);
   for (int32_t m : slice.mesh_shape) info.add_mesh_shape(m);
   for (const auto& a : slice.axis_names) info.add_axis_names(a);
   for (const DeviceRef& d : slice.devices) {

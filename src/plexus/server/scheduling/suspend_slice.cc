@@ -75,8 +75,9 @@ absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
   if (!found.ok()) return found.status();
   SliceRecord& slice = **found;
   if (slice.suspended) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("suspend: slice ", slice_id, " is already suspended"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "suspend: slice ", slice_id, " is already suspended",
+        slice.preempted.empty() ? "" : ": ", slice.preempted));
   }
   if (!slice.broken.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -343,19 +344,10 @@ absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
   // Its own devices while every one is alive and no other slice maps it
   // (each carries this slice's load alone) and no higher priority claims
   // it: nothing moves.
-  const Claims claims = ClaimsByPriority();
-  const int32_t priority = PolicyOf(*client).priority;
-  const bool own_free = std::all_of(
-      slice.devices.begin(), slice.devices.end(), [&](const DeviceRef& d) {
-        auto w = workers_.find(d.worker_id);
-        if (w == workers_.end() || !w->second.alive ||
-            w->second.device_load[d.device] != 1) {
-          return false;
-        }
-        auto claim = claims.find({d.worker_id, d.device});
-        return claim == claims.end() || claim->second.priority <= priority ||
-               claim->second.slice_id == slice.id;
-      });
+  // (Held by the server for a higher priority: shared as before it came.)
+  const bool own_free =
+      OwnDevicesFree(slice, PolicyOf(*client).priority, ClaimsByPriority(),
+                     /*alone=*/slice.preempted.empty());
   const int n = static_cast<int>(slice.devices.size());
   if (own_free) {
     // Counted against the quota again.
@@ -374,6 +366,7 @@ absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
       }
     }
     slice.suspended = false;
+    slice.preempted.clear();  // its client's resume, where the server's
     JournalSlice(slice);
     SliceResized out = InPlace(
         DescribeSlice(slice),
@@ -385,6 +378,12 @@ absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
                                 " resumed on its own devices, nothing moved"));
     MergeUnparked(std::move(unparked), out);
     return out;
+  }
+  // Held by the server for a higher priority: back on its own devices
+  // only (ResumePreempted says why).
+  if (!slice.preempted.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume: slice ", slice_id, " is ", slice.preempted));
   }
   // Elsewhere: as many devices as it has, none of its own (PlaceGrowth
   // with a map of nothing), the quota counted with it resumed.

@@ -1,6 +1,7 @@
 // ServerImpl: the client side — a client's session (its tenant, then its
 // batches routed and admitted) and the answers to its slice requests.
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -233,6 +234,28 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
       return shutdown_ || !state_.Awaiting(id);
     };
     mu_.Await(absl::Condition(&settled));
+  }
+  // A call or put on a slice the server suspended for a higher priority:
+  // the batch waits until the slice resumes (its client did not ask for
+  // the suspend), so its ops route, in the order sent, on the map the
+  // slice resumes on. Its client leaving ends the wait (checked each
+  // second: the stream's end does not signal mu_).
+  for (std::optional<PreemptionHold> held =
+           state_.HeldByPreemption(id, msg.ops());
+       held.has_value(); held = state_.HeldByPreemption(id, msg.ops())) {
+    SPDLOG_INFO("client {}: its next batch waits: {}", id, held->why);
+    const int64_t held_ns = timeline_.NowNs();
+    const uint64_t sid = held->slice_id;
+    auto resumed = [this, sid, ctx]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shutdown_ || ctx->IsCancelled() || !state_.IsPreempted(sid);
+    };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&resumed), absl::Seconds(1))) {
+    }
+    if (shutdown_ || ctx->IsCancelled()) return;
+    // In the job's timeline as the span it waited (a resize's lane).
+    RecordResize(id, held_ns,
+                 absl::StrCat("a batch waited while slice ", sid,
+                              " was suspended for a higher priority"));
   }
   {
     // Completions reported from here on wait for the end of the batch.
@@ -558,6 +581,7 @@ bool ServerImpl::HoldsRefusedSlice(
 
 void ServerImpl::YieldSlicesLocked() {
   const int64_t start_ns = timeline_.NowNs();
+  state_.set_now(options_.clock->Now());  // a preempted slice's since
   std::map<uint64_t, std::string> why_not;
   auto yielded = state_.YieldToPriorities(&why_not);
   SendServerResizesLocked(std::move(yielded), why_not, yield_refusals_,
@@ -566,6 +590,7 @@ void ServerImpl::YieldSlicesLocked() {
 
 void ServerImpl::GrowSlicesLocked() {
   const int64_t start_ns = timeline_.NowNs();
+  state_.set_now(options_.clock->Now());
   std::map<uint64_t, std::string> why_not;
   auto grown = state_.GrowSlices(&why_not);
   SendServerResizesLocked(std::move(grown), why_not, grow_refusals_,

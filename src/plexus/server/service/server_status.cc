@@ -114,6 +114,8 @@ void ServerImpl::FillSlicesLocked(proto::ClusterStatus* status) {
     *ss->mutable_devices() = state_.DescribeSlice(s).devices();
     ss->set_generation(s.generation);
     ss->set_broken(s.broken);
+    ss->set_suspended(s.suspended);
+    ss->set_preempted(s.preempted);
     if (!s.awaiting.empty()) {
       ss->set_awaiting(s.awaiting);
       ss->set_awaiting_left_ms(std::max<int64_t>(

@@ -789,10 +789,27 @@ void AdmissionEntries(const ClusterState& state, const Heads& heads,
   }
 }
 
-// One entry per slice waiting for a host longer than options.after.
+// One entry per slice waiting for a host, or suspended by the server for
+// a higher priority, longer than options.after.
 void SliceEntries(const ClusterState& state, const WhyOptions& options,
                   std::vector<proto::WhyEntry>* entries) {
   for (const auto& [id, s] : state.slices()) {
+    if (!s.preempted.empty()) {
+      const absl::Duration waited = options.now - s.preempted_since;
+      if (waited < options.after) continue;
+      proto::WhyEntry e;
+      e.set_client_id(s.client_id);
+      e.set_slice_id(id);
+      e.set_waited_ms(absl::ToInt64Milliseconds(waited));
+      const std::string reason = absl::StrCat(
+          "slice ", id, " has been ", s.preempted, " (", Seconds(waited),
+          " so far)");
+      e.set_reason(reason);
+      e.set_root_reason(reason);
+      e.set_cause(reason);
+      entries->push_back(std::move(e));
+      continue;
+    }
     if (s.awaiting.empty()) continue;
     const absl::Duration waited = options.now - s.awaiting_since;
     if (waited < options.after) continue;
