@@ -568,11 +568,16 @@ def stacks(pid, python):
                   "thread apply all bt"])
     if shutil.which(argv[0]) is None:
         return f"({argv[0]} is not installed)"
-    try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-        return f"$ {' '.join(argv)}\n{r.stdout}{r.stderr}"
-    except subprocess.TimeoutExpired:
-        return f"$ {' '.join(argv)}: no answer in 120 s"
+    # Into a file, not a pipe: gdb attached to this process stops the
+    # thread that would drain a pipe, and would then block on it.
+    with tempfile.TemporaryFile("w+") as out:
+        try:
+            subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT,
+                           text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            return f"$ {' '.join(argv)}: no answer in 120 s"
+        out.seek(0)
+        return f"$ {' '.join(argv)}\n{out.read()}"
 
 
 class Diagnostics:
@@ -622,7 +627,10 @@ class Diagnostics:
                 if "PID" in line or line.split()[1] in mine) + "\n")
             if not (hang and self.with_stacks):
                 return
-            self._write("client-stacks.txt", stacks(os.getpid(), True))
+            # py-spy shows the Python threads; gdb (attached to this very
+            # process, which it stops while it reads) the client's C++ ones.
+            self._write("client-stacks.txt", stacks(os.getpid(), True) +
+                        "\n" + stacks(os.getpid(), False))
             pids = [("server", self.cluster.server_pid)] + [
                 (f"worker{i}", p.pid if p.poll() is None else None)
                 for i, (p, _) in enumerate(self.cluster.workers)]

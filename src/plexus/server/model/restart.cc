@@ -371,20 +371,13 @@ proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
     auto local = arg->Local(n);
     if (!local.ok() || !slice->second.broken.empty() ||
         !HeldWhole(id, slice->second)) {
+      // Shards some workers gave back stay listed (held_) until the batch
+      // sent again says what makes the value: a put sent again keeps them
+      // and puts only the others (RouteResentPut); a call sent again
+      // releases them just before it makes the value anew, under its id,
+      // on every worker (RouteResentCall); what nothing makes goes at the
+      // end (`done`, below).
       client->missing.insert(id);
-      // Shards some workers gave back go: a call sent again makes the
-      // value anew, under its id, on every worker.
-      auto held = held_.find(id);
-      if (held != held_.end()) {
-        std::set<int64_t> workers;
-        for (const auto& [w, shard] : held->second) workers.insert(w);
-        for (int64_t w : workers) {
-          proto::WorkerOp op;
-          op.mutable_release()->add_buffer_ids(id);
-          (*ops)[w].push_back(std::move(op));
-        }
-        held_.erase(held);
-      }
       continue;
     }
     RecordBuffer(*client, id, static_cast<int64_t>(local->byte_size()) * n);
@@ -497,6 +490,20 @@ absl::Status ClusterState::RouteResentCall(uint64_t client_id,
     }
     return lost;
   }
+  // Shards of its outputs that workers gave back go first, on each
+  // worker's stream ahead of the call: it makes them anew, under their ids.
+  for (uint64_t o : call.output_ids()) {
+    auto held = held_.find(o);
+    if (held == held_.end()) continue;
+    std::set<int64_t> workers;
+    for (const auto& [w, shard] : held->second) workers.insert(w);
+    for (int64_t w : workers) {
+      proto::WorkerOp op;
+      op.mutable_release()->add_buffer_ids(o);
+      (*ops)[w].push_back(std::move(op));
+    }
+    held_.erase(held);
+  }
   absl::Status s = RouteCall(client_id, call, ops, seq);
   if (!s.ok()) return s;
   *routed = true;
@@ -521,7 +528,29 @@ absl::Status ClusterState::RouteResentPut(uint64_t client_id,
   if (client == nullptr || client->needed.count(put.buffer_id()) == 0) {
     return absl::OkStatus();
   }
-  if (absl::Status s = RoutePut(client_id, put, ops); !s.ok()) return s;
+  // Shards a worker gave back whole stay where they are (the same bytes
+  // under the same id): only the others are declared and put again.
+  // Released and declared anew, a shard the client's put reached before
+  // the release was answered "already there" by the old copy, the release
+  // then dropped it, and the new declaration waited for bytes that never
+  // came (a server killed inside a step hung the next one).
+  std::set<std::pair<int64_t, int32_t>> kept;
+  if (auto held = held_.find(put.buffer_id()); held != held_.end()) {
+    kept.insert(held->second.begin(), held->second.end());
+    held_.erase(held);
+  }
+  WorkerOps declared;
+  if (absl::Status s = RoutePut(client_id, put, &declared); !s.ok()) {
+    return s;
+  }
+  for (auto& [w, list] : declared) {
+    for (proto::WorkerOp& op : list) {
+      if (op.has_declare() && kept.count({w, op.declare().shard()}) > 0) {
+        continue;
+      }
+      (*ops)[w].push_back(std::move(op));
+    }
+  }
   client->needed.erase(put.buffer_id());
   if (client->missing.erase(put.buffer_id()) == 0) {
     proto::ReleaseRef& release = client->released_after_resend.emplace_back();
@@ -529,8 +558,10 @@ absl::Status ClusterState::RouteResentPut(uint64_t client_id,
     release.set_slice_id(put.slice_id());
   }
   client->resume_ran_again++;
-  const int n = static_cast<int>(slices_.at(put.slice_id()).devices.size());
+  const SliceRecord& slice = slices_.at(put.slice_id());
+  const int n = static_cast<int>(slice.devices.size());
   for (int j = 0; j < n; ++j) {
+    if (kept.count({slice.devices[j].worker_id, j}) > 0) continue;
     reput->add_reput_ids(put.buffer_id());
     reput->add_reput_shards(j);
   }

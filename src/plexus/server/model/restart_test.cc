@@ -218,10 +218,9 @@ TEST_F(RestartTest, AResumedClientKeepsWhatIsHeldAndRunsAgainWhatIsMissing) {
   EXPECT_NE(after_.records().FindBuffer(x), nullptr);
   EXPECT_NE(after_.records().FindBuffer(y), nullptr);
   EXPECT_EQ(after_.records().FindBuffer(z), nullptr);
-  // z's one shard goes before z is made again.
-  ASSERT_EQ(ops[w0_].size(), 1u);
-  EXPECT_EQ(ops[w0_][0].release().buffer_ids(0), z);
-  ops.clear();
+  // z's one shard stays listed until the batch sent again says what
+  // makes z.
+  EXPECT_TRUE(ops.empty());
   // The batch sent again: x -> y is held, not run; y -> z runs again.
   google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
   *resent.Add()->mutable_call() = Call(Id(20), x, y);
@@ -246,6 +245,10 @@ TEST_F(RestartTest, AResumedClientKeepsWhatIsHeldAndRunsAgainWhatIsMissing) {
     for (const proto::WorkerOp& op : ops[w]) executes |= op.has_execute();
     EXPECT_TRUE(executes) << "worker " << w;
   }
+  // z's one shard goes on its worker's stream just before z is made again.
+  ASSERT_FALSE(ops[w0_].empty());
+  ASSERT_TRUE(ops[w0_][0].has_release());
+  EXPECT_EQ(ops[w0_][0].release().buffer_ids(0), z);
   ops.clear();
   note = after_.RestoreLiveBuffers(client_, Live({}, /*done=*/true), &ops);
   EXPECT_EQ(note.lost_ids_size(), 0);
@@ -254,6 +257,43 @@ TEST_F(RestartTest, AResumedClientKeepsWhatIsHeldAndRunsAgainWhatIsMissing) {
   ASSERT_TRUE(ops[w0_][0].has_release());
   EXPECT_EQ(ops[w0_][0].release().buffer_ids(0), stale);
   EXPECT_TRUE(ops[w1_].empty());
+}
+
+TEST_F(RestartTest, APutSentAgainKeepsTheShardsGivenBackAndPutsTheRest) {
+  // A put cut short by the server's death: worker 0 had its shard, worker
+  // 1 not. Released and declared anew, the kept shard was answered
+  // "already there" to the client's put when that came first, then
+  // dropped by the release, and the new declaration waited for good.
+  Restart();
+  const uint64_t x = Id(10);
+  ASSERT_NE(Return(w0_, "host0", 100, {{x, 0}}), nullptr);
+  ASSERT_NE(Return(w1_, "host1", 101, {}), nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  WorkerOps ops;
+  proto::Recovery note =
+      after_.RestoreLiveBuffers(client_, Live({x}, /*done=*/false), &ops);
+  EXPECT_EQ(note.lost_ids_size(), 0);
+  EXPECT_TRUE(ops.empty()) << "nothing released before the put comes";
+  google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
+  proto::PutDecl& put = *resent.Add()->mutable_put();
+  put.set_buffer_id(x);
+  put.set_slice_id(slice_);
+  *put.mutable_arg() = ToProto(kArg);
+  after_.PlanResent(client_, resent);
+  proto::Recovery reput;
+  ASSERT_TRUE(after_.RouteResentPut(client_, put, &ops, &reput).ok());
+  // Only shard 1 is declared (on worker 1) and asked of the client.
+  EXPECT_TRUE(ops[w0_].empty());
+  ASSERT_EQ(ops[w1_].size(), 1u);
+  EXPECT_EQ(ops[w1_][0].declare().shard(), 1);
+  ASSERT_EQ(reput.reput_ids_size(), 1);
+  EXPECT_EQ(reput.reput_ids(0), x);
+  EXPECT_EQ(reput.reput_shards(0), 1);
+  ops.clear();
+  note = after_.RestoreLiveBuffers(client_, Live({}, /*done=*/true), &ops);
+  EXPECT_EQ(note.lost_ids_size(), 0);
+  EXPECT_NE(after_.records().FindBuffer(x), nullptr);
+  EXPECT_TRUE(ops[w0_].empty()) << "the kept shard stays";
 }
 
 TEST_F(RestartTest, WhatNoWorkerGaveBackAndNoCallMakesIsLostSayingWhy) {
