@@ -335,8 +335,8 @@ absl::Status ClusterState::RefuseOnSuspended(uint64_t client_id,
     return absl::OkStatus();  // routing says what else is wrong
   }
   if (!it->second.preempted.empty()) {  // held, not refused: not reached
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": slice ", slice_id, " is ", it->second.preempted));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": slice ", slice_id, " is ", it->second.preempted));
   }
   return absl::FailedPreconditionError(
       absl::StrCat(what, ": slice ", slice_id,

@@ -885,8 +885,8 @@ class ClusterState {
                       const Claims& claims, bool alone) const;
   // YieldToPriorities for a PREEMPT_SUSPEND slice `slice` of `client`
   // whose devices `by` claims, and GrowSlices' resume of one: each answer.
-  absl::StatusOr<SliceResized> Preempt(ClientRecord& client,
-                                       SliceRecord& slice, const Claim& by);
+  absl::StatusOr<SliceResized> Preempt(ClientRecord& client, SliceRecord& slice,
+                                       const Claim& by);
   std::vector<std::pair<uint64_t, SliceResized>> ResumePreempted(
       std::map<uint64_t, std::string>* why_not);
   // A change of a slice's size along one mesh axis (ResizeSlice, a loss's

@@ -354,7 +354,8 @@ TEST_F(ShrinkOnLossTest, BadPoliciesAreRefusedNamingWhat) {
   req.set_grow(true);
   auto s = state_.CreateSlice(client_, req);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.status().message().find("(on_loss or on_preempt shrink)"), std::string::npos);
+  EXPECT_NE(s.status().message().find("(on_loss or on_preempt shrink)"),
+            std::string::npos);
   req.set_on_loss(proto::LOSS_SHRINK);
   req.set_elastic_axis(1);
   s = state_.CreateSlice(client_, req);

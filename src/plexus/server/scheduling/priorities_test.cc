@@ -123,7 +123,8 @@ TEST_F(PrioritiesTest, ASuspendingSliceWaitsOutAHigherPriorityWhereItIs) {
   const proto::SliceInfo high = Slice(high_, 2, proto::LOSS_WAIT);
   std::map<uint64_t, std::string> why_not;
   auto yielded = state_.YieldToPriorities(&why_not);
-  ASSERT_EQ(yielded.size(), 1u) << (why_not.empty() ? "" : why_not.begin()->second);
+  ASSERT_EQ(yielded.size(), 1u)
+      << (why_not.empty() ? "" : why_not.begin()->second);
   const auto& [owner, suspended] = yielded[0];
   EXPECT_EQ(owner, low_);
   EXPECT_TRUE(suspended.slice.suspended());

@@ -75,9 +75,9 @@ absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
   if (!found.ok()) return found.status();
   SliceRecord& slice = **found;
   if (slice.suspended) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "suspend: slice ", slice_id, " is already suspended",
-        slice.preempted.empty() ? "" : ": ", slice.preempted));
+    return absl::FailedPreconditionError(
+        absl::StrCat("suspend: slice ", slice_id, " is already suspended",
+                     slice.preempted.empty() ? "" : ": ", slice.preempted));
   }
   if (!slice.broken.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -382,8 +382,8 @@ absl::StatusOr<SliceResized> ClusterState::ResumeSlice(uint64_t client_id,
   // Held by the server for a higher priority: back on its own devices
   // only (ResumePreempted says why).
   if (!slice.preempted.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "resume: slice ", slice_id, " is ", slice.preempted));
+    return absl::FailedPreconditionError(
+        absl::StrCat("resume: slice ", slice_id, " is ", slice.preempted));
   }
   // Elsewhere: as many devices as it has, none of its own (PlaceGrowth
   // with a map of nothing), the quota counted with it resumed.

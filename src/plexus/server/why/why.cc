@@ -801,9 +801,9 @@ void SliceEntries(const ClusterState& state, const WhyOptions& options,
       e.set_client_id(s.client_id);
       e.set_slice_id(id);
       e.set_waited_ms(absl::ToInt64Milliseconds(waited));
-      const std::string reason = absl::StrCat(
-          "slice ", id, " has been ", s.preempted, " (", Seconds(waited),
-          " so far)");
+      const std::string reason =
+          absl::StrCat("slice ", id, " has been ", s.preempted, " (",
+                       Seconds(waited), " so far)");
       e.set_reason(reason);
       e.set_root_reason(reason);
       e.set_cause(reason);
