@@ -793,40 +793,36 @@ void AdmissionEntries(const ClusterState& state, const Heads& heads,
 // a higher priority, longer than options.after.
 void SliceEntries(const ClusterState& state, const WhyOptions& options,
                   std::vector<proto::WhyEntry>* entries) {
+  auto add = [&](uint64_t id, const SliceRecord& s, absl::Duration waited,
+                 const std::string& reason) {
+    proto::WhyEntry e;
+    e.set_client_id(s.client_id);
+    e.set_slice_id(id);
+    e.set_waited_ms(absl::ToInt64Milliseconds(waited));
+    e.set_reason(reason);
+    e.set_root_reason(reason);
+    e.set_cause(reason);
+    entries->push_back(std::move(e));
+  };
   for (const auto& [id, s] : state.slices()) {
     if (!s.preempted.empty()) {
       const absl::Duration waited = options.now - s.preempted_since;
       if (waited < options.after) continue;
-      proto::WhyEntry e;
-      e.set_client_id(s.client_id);
-      e.set_slice_id(id);
-      e.set_waited_ms(absl::ToInt64Milliseconds(waited));
-      const std::string reason =
+      add(id, s, waited,
           absl::StrCat("slice ", id, " has been ", s.preempted, " (",
-                       Seconds(waited), " so far)");
-      e.set_reason(reason);
-      e.set_root_reason(reason);
-      e.set_cause(reason);
-      entries->push_back(std::move(e));
+                       Seconds(waited), " so far)"));
       continue;
     }
     if (s.awaiting.empty()) continue;
     const absl::Duration waited = options.now - s.awaiting_since;
     if (waited < options.after) continue;
-    proto::WhyEntry e;
-    e.set_client_id(s.client_id);
-    e.set_slice_id(id);
-    e.set_waited_ms(absl::ToInt64Milliseconds(waited));
-    const std::string reason = absl::StrCat(
-        "slice ", id, " has waited ", Seconds(waited),
-        " for a host to take a lost one's place (", s.awaiting, "), ",
-        Seconds(s.awaiting_until - options.now),
-        " left: its calls wait for it (a spare that frees up, or a worker "
-        "that joins, takes it; else the slice breaks then)");
-    e.set_reason(reason);
-    e.set_root_reason(reason);
-    e.set_cause(reason);
-    entries->push_back(std::move(e));
+    add(id, s, waited,
+        absl::StrCat(
+            "slice ", id, " has waited ", Seconds(waited),
+            " for a host to take a lost one's place (", s.awaiting, "), ",
+            Seconds(s.awaiting_until - options.now),
+            " left: its calls wait for it (a spare that frees up, or a "
+            "worker that joins, takes it; else the slice breaks then)"));
   }
 }
 
