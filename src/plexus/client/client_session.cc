@@ -225,9 +225,12 @@ void ClientSession::Install(Session& session) {
   absl::MutexLock lock(&mu_);
   const uint64_t resumed_epoch = std::exchange(resume_epoch_, 0);
   last_resumed_ = session.resumed && resumed_epoch == epoch_.load();
+  restoring_ = false;
   if (last_resumed_) {
     // The same session, resumed: its epoch, ids, slices, programs and
-    // records stand; the restore tells the server what it holds.
+    // records stand; the restore tells the server what it holds. New ops
+    // wait for its snapshot (ResumeRestore).
+    restoring_ = true;
     identity_ = session.identity;
     machine_.Installed();
     UpdateOpenTagLocked();

@@ -301,6 +301,11 @@ class ClientSession {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void UpdateOpenTagLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether session `epoch` can no longer be used (closed, broken, ended).
+  // A resumed session between its install and ResumeRestore's snapshot of
+  // what it holds and what it sent: Enqueue waits (an op queued then, its
+  // future listed as held but the op not among those sent again, had its
+  // output declared lost by the server at the resume's end).
+  bool restoring_ ABSL_GUARDED_BY(mu_) = false;
   bool GoneLocked(uint64_t epoch) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return closed_ || machine_.broken() || epoch_.load() != epoch;
   }

@@ -89,6 +89,8 @@ void ClientSession::ResumeRestore(const std::shared_ptr<SessionTag>& tag) {
   pre_messages_.push_back(std::move(held));
   if (resent.ops_size() > 0) pre_messages_.push_back(std::move(resent));
   pre_messages_.push_back(std::move(done));
+  // Ops queued from now on go after these, as new ops of the session.
+  restoring_ = false;
   auto written = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return GoneLocked(epoch) || (pre_messages_.empty() && !sending_);
   };

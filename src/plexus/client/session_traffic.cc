@@ -20,7 +20,7 @@ constexpr size_t kMaxQueuedOps = 1 << 16;
 void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   auto room = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return GoneLocked(epoch) || queue_.size() < kMaxQueuedOps;
+    return GoneLocked(epoch) || (!restoring_ && queue_.size() < kMaxQueuedOps);
   };
   mu_.Await(absl::Condition(&room));
   if (GoneLocked(epoch)) {

@@ -192,6 +192,11 @@ struct ClientRecord {
   // kept until a call sent again makes it (else lost at the end).
   bool resuming = false;
   std::set<uint64_t> missing;
+  // For the server's log, the first few missing ones: what the workers
+  // gave back of each against the slice's map (RestoreLiveBuffers), and
+  // at `done` those of them lost (`lost_detail`).
+  std::map<uint64_t, std::string> missing_why;
+  std::string lost_detail;
   // The buffers the calls and puts sent again must make (PlanResent): the
   // missing ones and, back along the calls, the inputs no worker holds;
   // and those of them the client no longer holds, released once the

@@ -360,6 +360,10 @@ proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
     if (ClientOfBuffer(id) != client_id) continue;  // not its to claim
     // Parked in files: the journal has it, not the workers.
     if (FindParked(*client, id) != nullptr) continue;
+    // Routed anew in this session already (an op the client queued as the
+    // session came back, which reached the server before its LiveBuffers):
+    // it is being made, not missing.
+    if (records_.FindBuffer(id) != nullptr) continue;
     auto slice = slices_.find(b.slice_id());
     auto arg = FromProto(b.arg());
     if (slice == slices_.end() || slice->second.client_id != client_id ||
@@ -378,6 +382,23 @@ proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
       // on every worker (RouteResentCall); what nothing makes goes at the
       // end (`done`, below).
       client->missing.insert(id);
+      if (client->missing_why.size() < 4) {
+        std::string& why = client->missing_why[id];
+        absl::StrAppend(&why, "buffer ", id, " on slice ", b.slice_id(),
+                        " (workers by position:");
+        for (const DeviceRef& d : slice->second.devices) {
+          absl::StrAppend(&why, " ", d.worker_id);
+        }
+        absl::StrAppend(&why, "), given back:");
+        if (auto held = held_.find(id); held != held_.end()) {
+          for (const auto& [w, shard] : held->second) {
+            absl::StrAppend(&why, " worker ", w, " shard ", shard, ";");
+          }
+        } else {
+          absl::StrAppend(&why, " nothing");
+        }
+        if (!slice->second.broken.empty()) absl::StrAppend(&why, " (broken)");
+      }
       continue;
     }
     RecordBuffer(*client, id, static_cast<int64_t>(local->byte_size()) * n);
@@ -397,11 +418,18 @@ proto::Recovery ClusterState::RestoreLiveBuffers(uint64_t client_id,
       "come back held it, or it was being computed and its call was no "
       "longer kept by the client)");
   *note.mutable_status() = StatusToProto(lost);
+  client->lost_detail.clear();
   for (uint64_t id : client->missing) {
     lost_.emplace(id, lost);
     note.add_lost_ids(id);
+    if (auto why = client->missing_why.find(id);
+        why != client->missing_why.end()) {
+      absl::StrAppend(&client->lost_detail,
+                      client->lost_detail.empty() ? "" : "; ", why->second);
+    }
   }
   client->missing.clear();
+  client->missing_why.clear();
   // What the workers gave back of this client that it no longer holds.
   for (auto it = held_.begin(); it != held_.end();) {
     auto next = std::next(it);

@@ -296,6 +296,29 @@ TEST_F(RestartTest, APutSentAgainKeepsTheShardsGivenBackAndPutsTheRest) {
   EXPECT_TRUE(ops[w0_].empty()) << "the kept shard stays";
 }
 
+TEST_F(RestartTest, AValueRoutedAnewBeforeTheLiveListIsNotLost) {
+  // A put the client queued as its session came back reached the new
+  // server before the session's LiveBuffers, which list it (its future
+  // exists) though no worker gave it back and no op sent again makes it.
+  // It was declared lost at the resume's end while its put made it.
+  Restart();
+  const uint64_t x = Id(30);
+  ASSERT_NE(Return(w0_, "host0", 100, {}), nullptr);
+  ASSERT_NE(Return(w1_, "host1", 101, {}), nullptr);
+  ASSERT_TRUE(after_.ResumeClient(client_).ok());
+  proto::PutDecl put;
+  put.set_buffer_id(x);
+  put.set_slice_id(slice_);
+  *put.mutable_arg() = ToProto(kArg);
+  WorkerOps ops;
+  ASSERT_TRUE(after_.RoutePut(client_, put, &ops).ok());
+  proto::Recovery note =
+      after_.RestoreLiveBuffers(client_, Live({x}, /*done=*/false), &ops);
+  note = after_.RestoreLiveBuffers(client_, Live({}, /*done=*/true), &ops);
+  EXPECT_EQ(note.lost_ids_size(), 0);
+  EXPECT_NE(after_.records().FindBuffer(x), nullptr);
+}
+
 TEST_F(RestartTest, WhatNoWorkerGaveBackAndNoCallMakesIsLostSayingWhy) {
   Restart();
   const uint64_t y = Id(11), z = Id(12), w = Id(14);

@@ -424,8 +424,10 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
       proto::Recovery lost = state_.RestoreLiveBuffers(id, op.live(), &ops);
       const int lost_count = lost.lost_ids_size();
       if (lost.lost_ids_size() > 0) {
-        SPDLOG_WARN("client {}: {} buffer(s) lost with the restart: {}", id,
-                    lost.lost_ids_size(), lost.status().message());
+        const ClientRecord* c = state_.FindClient(id);
+        SPDLOG_WARN("client {}: {} buffer(s) lost with the restart: {} [{}]",
+                    id, lost.lost_ids_size(), lost.status().message(),
+                    c != nullptr ? c->lost_detail : "");
         *batch->reply.add_recoveries() = std::move(lost);
       }
       if (const ClientRecord* c = state_.FindClient(id);
