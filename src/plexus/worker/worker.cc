@@ -136,15 +136,16 @@ absl::StatusOr<bool> WorkerImpl::Resume(absl::Duration drain) {
     h->set_bytes(k.bytes);
   }
   const int held = reg->inventory_size();
-  const int64_t previous = reg->previous_worker_id();
   // The server names this worker in its first message: the same id if it
-  // takes it back, another if not.
-  me_.worker_id = -1;
-  resuming_ = true;  // ApplyOps drops what was kept if not taken back
+  // takes it back, another if not (ApplyOps). Until then it keeps the id
+  // the last server's ops name it by: a task of theirs still running reads
+  // it (an island it is one of compiles here, not waited for from itself
+  // for kAwaitPeerCompile; a collective finds its rank).
+  resuming_ = true;  // ApplyOps takes the new id, drops what was kept if
+                     // not taken back
   if (absl::Status s =
           session_.Reconnect(std::move(hello), data_server_->tcp_address());
       !s.ok()) {
-    me_.worker_id = previous;
     return s;
   }
   if (session_.resumed()) {
@@ -161,13 +162,16 @@ absl::StatusOr<bool> WorkerImpl::Resume(absl::Duration drain) {
 void WorkerImpl::Shutdown() { session_.Shutdown(); }
 
 void WorkerImpl::ApplyOps(proto::ServerToWorker& msg) {
-  // The server names the worker in its first message.
-  if (me_.worker_id.load() < 0) me_.worker_id = msg.worker_id();
-  // The first message after a resume (Resume; before the reader starts):
-  // a server that did not take the worker back has it as a fresh host,
-  // and what it kept goes (the next server's clients may be given the
+  // The server names the worker in its first message, and again in the
+  // first after a resume (Resume; before the reader starts): a server that
+  // did not take the worker back has it as a fresh host, under another
+  // id, and what it kept goes (the next server's clients may be given the
   // last one's ids) before any op of the new session applies.
-  if (resuming_.exchange(false) && !msg.resumed()) {
+  const bool first_after_resume = resuming_.exchange(false);
+  if (me_.worker_id.load() < 0 || first_after_resume) {
+    me_.worker_id = msg.worker_id();
+  }
+  if (first_after_resume && !msg.resumed()) {
     store_->DropAll();
     applier_->UnloadAll();
   }
