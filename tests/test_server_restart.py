@@ -138,6 +138,35 @@ def test_a_restarted_server_resumes_the_session_with_its_futures(journaled):
         client.close()
 
 
+def test_a_graph_open_across_the_kill_loses_none_of_its_calls(journaled):
+    """A graph's calls are queued at its end, their outputs live before.
+    The server is SIGKILLed and its session resumed while the graph is
+    open: the resume told the next server of those outputs, which no call
+    sent again made, so it took them for lost (DATA_LOSS) before the graph
+    queued their call (a server_kill run lost a step's loss and gradient).
+    Now they are told only once queued, and the call runs."""
+    client = plexus.connect(journaled.address, name="graph")
+    try:
+        s = client.slice(3, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        np.testing.assert_array_equal(np.asarray(double(x)), np.arange(6) * 2)
+        with client.graph():
+            y = double(x)
+            z = double(y)
+            journaled.kill_and_restart()
+            # The resume is done (its LiveBuffers' end) before the graph
+            # queues its calls.
+            _wait_for_log(journaled.log, "resumed; ", 1, timeout=60)
+        np.testing.assert_array_equal(np.asarray(z), np.arange(6) * 4)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 2)
+        resumed = [line for line in journaled.log.read_text().splitlines()
+                   if "resumed; " in line]
+        assert resumed[-1].endswith(", 0 lost"), resumed[-1]
+    finally:
+        client.close()
+
+
 def test_a_graph_call_waiting_for_the_server_lets_other_threads_run(
         journaled):
     """A graph's call waits while the session has no server; like

@@ -200,8 +200,9 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   for (const ArgSpec& out : program.outputs()) {
     ++id;
     call->add_output_ids(id);
+    // Queued only once built (Client::Call), or at the graph's end.
     outputs.emplace_back(std::make_shared<BufferHandle>(
-        core, id, out, program.slice(), *session));
+        core, id, out, program.slice(), *session, /*issued=*/false));
     if (!upstream.ok()) sessions.MarkFailed(id, upstream);
   }
   if (!upstream.ok()) return outputs;

@@ -91,9 +91,10 @@ class ClientCore : public std::enable_shared_from_this<ClientCore> {
 // workers (if that session is still open).
 class BufferHandle {
  public:
+  // `issued`: its op is already queued (ClientSession::NoteLive).
   BufferHandle(std::shared_ptr<ClientCore> core, uint64_t id, ArgSpec arg,
                std::shared_ptr<Slice> slice,
-               std::shared_ptr<SessionTag> session)
+               std::shared_ptr<SessionTag> session, bool issued = true)
       : core_(std::move(core)),
         id_(id),
         arg_(std::move(arg)),
@@ -101,7 +102,7 @@ class BufferHandle {
         session_(std::move(session)) {
     core_->live_futures++;
     session_->live_futures++;
-    core_->session().NoteLive(id_, slice_->id(), arg_);
+    core_->session().NoteLive(id_, slice_->id(), arg_, issued);
   }
   ~BufferHandle() {
     core_->live_futures--;

@@ -495,10 +495,21 @@ absl::Status ClientSession::SessionStatus(uint64_t epoch,
 }
 
 void ClientSession::NoteLive(uint64_t buffer_id, uint64_t slice_id,
-                             const ArgSpec& arg) {
+                             const ArgSpec& arg, bool issued) {
   if (!journaled_.load(std::memory_order_acquire)) return;
   absl::MutexLock kept(&kept_mu_);
-  live_[buffer_id] = {slice_id, arg};
+  live_[buffer_id] = {slice_id, arg, issued};
+}
+
+void ClientSession::MarkIssuedLocked(const std::vector<proto::ClientOp>& ops) {
+  if (!journaled_.load(std::memory_order_acquire)) return;
+  absl::MutexLock kept(&kept_mu_);
+  for (const proto::ClientOp& op : ops) {
+    if (!op.has_call()) continue;
+    for (uint64_t id : op.call().output_ids()) {
+      if (auto it = live_.find(id); it != live_.end()) it->second.issued = true;
+    }
+  }
 }
 
 absl::Status ClientSession::SessionStatusLocked(uint64_t epoch,

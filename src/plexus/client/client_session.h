@@ -170,8 +170,15 @@ class ClientSession {
   // --- what a resume tells the next server (the server keeps a journal:
   // ServerToClient.journaled)
   // A buffer of the open session is live (BufferHandle); ForgetBuffer
-  // ends that.
-  void NoteLive(uint64_t buffer_id, uint64_t slice_id, const ArgSpec& arg);
+  // ends that. `issued`: the op that makes it is queued (a put's is, by
+  // then). A call's outputs are live before their op is queued (a graph
+  // queues its calls at its end): a resume tells the next server only of
+  // those whose op it sends again, or has (Enqueue marks them); the
+  // others are routed as new ops after it. Told of one whose op came only
+  // after the resume, the server took it for lost (no op sent again made
+  // it: a graph open across a server kill lost its outputs).
+  void NoteLive(uint64_t buffer_id, uint64_t slice_id, const ArgSpec& arg,
+                bool issued = true);
   // The calls and puts kept to send again, at most this many (the oldest
   // go first).
   static constexpr size_t kMaxKeptCalls = 1 << 16;
@@ -431,7 +438,12 @@ class ClientSession {
   struct LiveBuffer {
     uint64_t slice_id = 0;
     ArgSpec arg;
+    bool issued = true;  // its op queued (NoteLive)
   };
+  // The call outputs among `ops` are issued (NoteLive): called as they
+  // are queued or kept, under mu_.
+  void MarkIssuedLocked(const std::vector<proto::ClientOp>& ops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Mutex kept_mu_;
   absl::flat_hash_map<uint64_t, LiveBuffer> live_ ABSL_GUARDED_BY(kept_mu_);
   // Calls and puts, as sent; and every program registration (a call sent

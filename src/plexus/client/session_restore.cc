@@ -67,7 +67,10 @@ void ClientSession::ResumeRestore(const std::shared_ptr<SessionTag>& tag) {
   resent.set_resent(true);
   {
     absl::MutexLock kept(&kept_mu_);
-    live.assign(live_.begin(), live_.end());
+    for (const auto& [id, b] : live_) {
+      // Not yet queued (NoteLive): routed as a new op after the resume.
+      if (b.issued) live.emplace_back(id, b);
+    }
     for (const auto& [id, op] : kept_programs_) *resent.add_ops() = op;
     for (const proto::ClientToServer& batch : kept_calls_) {
       for (const proto::ClientOp& op : batch.ops()) {

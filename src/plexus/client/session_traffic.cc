@@ -23,6 +23,9 @@ void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
     return GoneLocked(epoch) || (!restoring_ && queue_.size() < kMaxQueuedOps);
   };
   mu_.Await(absl::Condition(&room));
+  // Queued or kept from here on (a resume's snapshot, taken while
+  // restoring_ holds this, sees both or neither).
+  MarkIssuedLocked(ops);
   if (GoneLocked(epoch)) {
     // The stream broke under this session, which the next server may
     // resume: its calls, puts and programs are kept to send then.
