@@ -344,3 +344,145 @@ def test_training_goes_on_through_a_server_kill_bit_for_bit(journaled):
         _wait_for_log(journaled.log, "resumed its session", 1, timeout=10)
     finally:
         client.close()
+
+
+def _kills_inside(journaled, steps_with_kill, seed, stopped=None,
+                  window_s=0.005):
+    """An on_step hook: at each step in `steps_with_kill`, 0 to `window_s`
+    after the step is issued (a Timer), the worker process `stopped` is
+    SIGSTOPped (so the step's work on it is still to run), the server is
+    SIGKILLed and started again on its journal, and the worker continued.
+    The next step waits until that is done (no two kills overlap)."""
+    rng = random.Random(seed)
+    pending = []
+
+    def kill(done):
+        if stopped is not None:
+            os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            journaled.kill_and_restart()
+        finally:
+            if stopped is not None:
+                os.kill(stopped.pid, signal.SIGCONT)
+        done.set()
+
+    def on_step(step):
+        for done in pending:
+            assert done.wait(60), "the server did not come back"
+        pending.clear()
+        if step in steps_with_kill:
+            done = threading.Event()
+            pending.append(done)
+            threading.Timer(rng.uniform(0, window_s), kill, (done,)).start()
+
+    def finish():
+        for done in pending:
+            assert done.wait(60), "the server did not come back"
+
+    return on_step, finish
+
+
+def _worker_of(journaled, slice_):
+    """The worker process of a 1-device slice (the fixture's host<i>)."""
+    host = slice_.devices[0]["host"]
+    return journaled.workers[int(host.removeprefix("host"))]
+
+
+def _resumed_lines(journaled):
+    return [line for line in journaled.log.read_text().splitlines()
+            if "resumed; " in line]
+
+
+def test_a_pipeline_trains_through_server_kills_bit_for_bit(journaled):
+    """examples/mlp_pipeline.py's two stages (each its own host and its own
+    parameters; activations and their gradients move host to host inside
+    each step's graph), the server SIGKILLed inside three of its steps and
+    started again on its journal (stage 2's host SIGSTOPped meanwhile, so
+    the step is still to finish there): every loss and the final
+    parameters of both stages equal those of the same run with no kill,
+    bit for bit."""
+    sys.path.insert(0, EXAMPLES)
+    from mlp_common import PARAM_NAMES, batches, init_params, make_dataset
+    from mlp_pipeline import PipelineMLP
+
+    steps = 10
+    client = plexus.connect(journaled.address, name="pipeline")
+    try:
+        stage1 = client.slice(1, placement="one_host")
+        stage2 = client.slice(1, placement="one_host")
+        assert stage1.devices[0]["host"] != stage2.devices[0]["host"]
+        model = PipelineMLP(client, stage1, stage2, lr=0.5, microbatches=4)
+        x, labels = make_dataset(256, seed=0)
+        data = [model.put_batch(bx, bl) for bx, bl in batches(x, labels, 64)]
+
+        def run(on_step=None):
+            params = model.put_params(init_params(0))
+            losses = []
+            for step in range(1, steps + 1):
+                if on_step is not None:
+                    on_step(step)
+                loss, _, params = model.graph_step(
+                    params, *data[(step - 1) % len(data)])
+                losses.append(np.asarray(loss).copy())
+            return losses, {n: np.asarray(params[n]) for n in PARAM_NAMES}
+
+        want_losses, want_params = run()
+        before = len(_resumed_lines(journaled))
+        on_step, finish = _kills_inside(journaled, {3, 6, 9}, seed=28,
+                                        stopped=_worker_of(journaled, stage2))
+        got_losses, got_params = run(on_step)
+        finish()
+        for step, (got, want) in enumerate(zip(got_losses, want_losses), 1):
+            np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+        for n in PARAM_NAMES:
+            np.testing.assert_array_equal(got_params[n], want_params[n],
+                                          err_msg=n)
+        _wait_for_log(journaled.log, "resumed; ", before + 3, timeout=30)
+        for line in _resumed_lines(journaled)[before:]:
+            assert line.endswith(", 0 lost"), line
+    finally:
+        client.close()
+
+
+def test_an_rl_loop_runs_through_server_kills_bit_for_bit(journaled):
+    """examples/rl_loop.py's sampler, reward and trainer, each a slice of
+    its own host, in plexus.rl.AsyncRLLoop (the trainer's weights sent to
+    the sampler every other step), the server SIGKILLed inside three of its
+    steps and started again on its journal (the trainer's host SIGSTOPped
+    meanwhile, so its calls are still to run): every reward and the final
+    weights equal those of the same run with no kill, bit for bit."""
+    sys.path.insert(0, EXAMPLES)
+    from rl_loop import RLTask, make_task
+
+    steps = 12
+    pool, teacher, w0 = make_task(0)
+    client = plexus.connect(journaled.address, name="rl")
+    try:
+        task = RLTask(client, 2.0, pool, teacher, w0)
+
+        def run(on_step=None):
+            rewards = {}
+
+            def each(step):
+                rewards[step.k] = step.rewards[1]  # read at the end
+                if on_step is not None:
+                    on_step(step.k + 1)  # before step k + 1 is issued
+
+            final = np.asarray(task.loop(sync_every=2).run(steps, each))
+            return [np.asarray(rewards[k]) for k in range(steps)], final
+
+        want_rewards, want_w = run()
+        before = len(_resumed_lines(journaled))
+        on_step, finish = _kills_inside(
+            journaled, {3, 7, 10}, seed=27,
+            stopped=_worker_of(journaled, task.trainer))
+        got_rewards, got_w = run(on_step)
+        finish()
+        for k, (got, want) in enumerate(zip(got_rewards, want_rewards)):
+            np.testing.assert_array_equal(got, want, err_msg=f"step {k}")
+        np.testing.assert_array_equal(got_w, want_w)
+        _wait_for_log(journaled.log, "resumed; ", before + 3, timeout=30)
+        for line in _resumed_lines(journaled)[before:]:
+            assert line.endswith(", 0 lost"), line
+    finally:
+        client.close()
