@@ -114,6 +114,10 @@ void ServerImpl::EndResumeWait() {
     }
     resume_until_ = absl::InfinitePast();
     away = state_.AwayWorkers();
+    // Sessions that resume meanwhile wait until these are lost and their
+    // slices remapped (ResumeSessionLocked): routed onto a host about to
+    // be lost, their work would be routed again at each loss.
+    ending_resume_wait_ = !away.empty();
     for (int64_t id : away) state_.EndAway(id);
     for (const auto& [id, c] : state_.clients()) {
       if (c.away) sessions.push_back(id);
@@ -126,6 +130,7 @@ void ServerImpl::EndResumeWait() {
     WorkerDown(id, absl::StrCat("worker ", id, " ", why));
   }
   absl::MutexLock lock(&mu_);
+  ending_resume_wait_ = false;
   for (uint64_t id : sessions) {
     SPDLOG_WARN("client {}'s session {}: it ends, its slices are freed", id,
                 why);
@@ -157,11 +162,19 @@ absl::Status ServerImpl::ResumeSessionLocked(const proto::ClientToServer& msg,
   }
   if (absl::Status s = state_.ResumeClient(id); !s.ok()) return s;
   // Its work needs its slices' hosts: wait for them, or for the end of the
-  // resume wait, which loses those that did not come back.
+  // resume wait (EndResumeWait), which loses those that did not come back
+  // and remaps their slices onto spares. Until that is done: a session
+  // that went on when the wait's time was up, before the liveness check
+  // had lost them, routed its first calls onto those hosts, and each loss
+  // then routed them again (a slice's unpark read its files twice: the
+  // second read failed). The deadline only guards a liveness check that
+  // never comes.
   auto ready = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shutdown_ || !state_.WaitsForWorkers(id);
+    return shutdown_ || (!state_.WaitsForWorkers(id) && !ending_resume_wait_);
   };
-  const absl::Time until = resume_until_ + LivenessCheckPeriod(options_) * 2;
+  const absl::Time until =
+      std::max(resume_until_, options_.clock->Now()) +
+      LivenessCheckPeriod(options_) * 2 + absl::Seconds(30);
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), until)) {
     SPDLOG_WARN(
         "client {} resumes while worker(s) of its slices are still away", id);

@@ -484,6 +484,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // When the resume wait after a restart on a journal ends (InfinitePast:
   // none is running).
   absl::Time resume_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // EndResumeWait is losing the workers that did not come back: sessions
+  // resuming wait for it (ResumeSessionLocked).
+  bool ending_resume_wait_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Inline, as they were in the class: the helpers below run on every message
