@@ -83,7 +83,12 @@ PeerTable::Connect(int64_t peer, const std::function<bool()>& cancelled) {
       return absl::UnavailableError("it was declared down");
     }
     auto it = peers_.find(peer);
-    if (it == peers_.end()) return absl::NotFoundError("an unknown worker");
+    if (it == peers_.end()) {
+      // Not NOT_FOUND: a peer asked for an executable answers that while
+      // it compiles (XlaPrograms::AskPeer waits for it).
+      return absl::FailedPreconditionError(
+          "a worker this one was never told of");
+    }
     info = it->second;
   }
   const bool same_machine = info.machine_id() == me_.machine_id;

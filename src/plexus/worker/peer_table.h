@@ -56,7 +56,8 @@ class PeerTable {
   std::optional<int64_t> FencedWorker(uint64_t generation) const;
   // A connection to `peer`'s data plane (its unix socket where it shares
   // this machine), as this worker; `cancelled` ends the attempts.
-  // UNAVAILABLE for a peer declared down, NOT_FOUND for one never told of.
+  // UNAVAILABLE for a peer declared down, FAILED_PRECONDITION for one never
+  // told of (the server tells a worker of a peer as its ops need it).
   absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> Connect(
       int64_t peer, const std::function<bool()>& cancelled);
 

@@ -40,8 +40,10 @@ TEST_F(PeerTableTest, APeerDeclaredDownStaysDownAndItsGenerationIsFenced) {
   EXPECT_FALSE(peers_.FencedWorker(18).has_value());
   auto conn = peers_.Connect(2, [] { return false; });
   EXPECT_TRUE(absl::IsUnavailable(conn.status())) << conn.status();
+  // Never told of (the server tells a worker of a peer as its ops need
+  // it): not NOT_FOUND, which a peer compiling an executable answers.
   conn = peers_.Connect(3, [] { return false; });
-  EXPECT_TRUE(absl::IsNotFound(conn.status())) << conn.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(conn.status())) << conn.status();
 }
 
 TEST_F(PeerTableTest, NoSenderIsMadeOnceTheSendersAreStopped) {

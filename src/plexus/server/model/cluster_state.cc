@@ -45,6 +45,38 @@ WorkerRecord* ClusterState::FindWorker(int64_t id) {
   return it == workers_.end() ? nullptr : &it->second;
 }
 
+proto::WorkerOp ClusterState::PeerOp(const WorkerRecord& w) {
+  proto::WorkerOp op;
+  auto* p = op.mutable_peer();
+  p->set_worker_id(w.id);
+  p->set_machine_id(w.info.machine_id());
+  p->set_data_address(w.info.data_address());
+  p->set_unix_path(w.info.unix_path());
+  p->set_generation(w.generation);
+  return op;
+}
+
+bool ClusterState::ToldPeer(int64_t worker, int64_t peer) const {
+  auto w = workers_.find(worker);
+  if (w == workers_.end() || peer < 0) return false;
+  const std::vector<uint64_t>& told = w->second.told_peers;
+  const size_t word = static_cast<size_t>(peer) / 64;
+  return word < told.size() && (told[word] >> (peer % 64) & 1) != 0;
+}
+
+void ClusterState::TellPeer(int64_t worker, int64_t peer) {
+  auto w = workers_.find(worker);
+  auto p = workers_.find(peer);
+  if (w == workers_.end() || p == workers_.end()) return;
+  std::vector<uint64_t>& told = w->second.told_peers;
+  const size_t word = static_cast<size_t>(peer) / 64;
+  const uint64_t bit = uint64_t{1} << (peer % 64);
+  if (word >= told.size()) told.resize(word + 1, 0);
+  if ((told[word] & bit) != 0) return;
+  told[word] |= bit;
+  peer_ops_[worker].push_back(PeerOp(p->second));
+}
+
 std::set<uint64_t> ClusterState::MarkWorkerDown(int64_t id,
                                                 const std::string& reason) {
   std::set<uint64_t> clients;
@@ -287,9 +319,17 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
       }
       proto::WorkerOp load;
       load.mutable_load()->set_program_id(reg.program_id());
-      load.mutable_load()->set_stand_by(standing_by.count(worker_id) > 0);
+      const bool stand_by = standing_by.count(worker_id) > 0;
+      load.mutable_load()->set_stand_by(stand_by);
       *load.mutable_load()->mutable_program() = def;
       (*ops)[worker_id].push_back(std::move(load));
+      // A host standing by loads the executable from a worker of an
+      // island, if it can (XlaPrograms::LoadFromPeers).
+      if (stand_by) {
+        for (const auto& island : def.xla().islands()) {
+          for (int64_t on : island.workers()) TellPeer(worker_id, on);
+        }
+      }
     }
   }
   return absl::OkStatus();

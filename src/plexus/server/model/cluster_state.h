@@ -47,6 +47,10 @@ struct WorkerRecord {
   absl::Time last_heartbeat;
   int64_t heartbeats = 0;  // received so far
   std::set<uint64_t> loaded_programs;
+  // The peers it was told of (WorkerOp.peer), by id: a bit each. A worker
+  // is told of a peer only as an op it is sent needs it (ClusterState::
+  // TellPeer), not of every host as each registers (O(hosts²) ops).
+  std::vector<uint64_t> told_peers;
   int64_t slices_mapped = 0;     // load used for placement
   std::vector<int> device_load;  // slices mapped onto each device
 };
@@ -72,6 +76,9 @@ struct SliceRecord {
   std::string awaiting;
   absl::Time awaiting_since;
   absl::Time awaiting_until;
+  // The map whose hosts were all told of each other (a collective's ranks
+  // send to each other: RouteCall); empty until its first collective.
+  mutable std::vector<DeviceRef> peers_told_for;  // a cache of routing
   // generation of the map from virtual devices (indices into `devices`)
   // to physical ones: +1 on every remap (SliceInfo.generation).
   uint64_t generation = 0;
@@ -337,7 +344,23 @@ class ClusterState {
   bool StandsBy(const WorkerRecord& w) const;
   // The loads a standing-by host lacks (none for another host), marked
   // loaded (server/recovery/recovery.cc).
+  // Each comes with the peers it may load the executable from (the
+  // island's workers; LoadFromPeers).
   std::vector<proto::WorkerOp> LoadsForStandby(int64_t worker_id);
+  // The op that tells a worker where peer `w` is.
+  static proto::WorkerOp PeerOp(const WorkerRecord& w);
+  // Tells `worker` of `peer` unless it was told already: called as an op
+  // for `worker` that names `peer` is made (a transfer to it, a collective
+  // with it, an island to load from). The PeerOp goes into TakePeerOps,
+  // which the server sends to the workers at once, ahead of any unit not
+  // yet admitted: a unit made later (another client's) may be admitted
+  // before the one that made the PeerOp, and taken work routed again
+  // after a loss makes none.
+  void TellPeer(int64_t worker, int64_t peer);
+  // Whether `worker` was told of `peer`.
+  bool ToldPeer(int64_t worker, int64_t peer) const;
+  // The PeerOps TellPeer made since the last call, to send now.
+  WorkerOps TakePeerOps() { return std::exchange(peer_ops_, {}); }
   // LoadsForStandby of every host, into `ops`: after hosts may have become
   // idle (slices released, a client gone).
   void LoadStandbys(WorkerOps* ops);
@@ -743,6 +766,15 @@ class ClusterState {
   int64_t calls_routed() const { return calls_routed_; }
 
  private:
+  WorkerOps peer_ops_;  // TellPeer's, until TakePeerOps
+  // A copy of shard `src_shard` of buffer `src_id`, on worker `src_worker`,
+  // into (dst_id, dst_shard) on `dst`: the source pushes it once it is
+  // ready (told of `dst` first) and the destination takes it as the
+  // client's (`report`: and says when it arrived, CallsDone.copies_done).
+  // Shared by recovery and snapshots (server/recovery/copy_shard.cc).
+  void CopyShard(uint64_t src_id, int32_t src_shard, int64_t src_worker,
+                 uint64_t dst_id, int32_t dst_shard, const DeviceRef& dst,
+                 const TensorSpec& spec, bool report, WorkerOps* ops);
   // The release of `id` to the live workers of slice `slice_id` (every
   // live worker if the slice is gone), merged into a trailing Release op.
   // Its snapshot goes too.

@@ -74,6 +74,80 @@ TEST_F(ClusterStateTest, CallBetweenSlicesOnDifferentHostsTransfers) {
   EXPECT_EQ(piece.buffer_id(), src[0].transfer().dst_buffer_id());
 }
 
+// A worker is told of a peer as the first op that needs it is made
+// (ClusterState::TellPeer), once, into TakePeerOps (which the server sends
+// ahead of every unit not yet admitted): the source of a transfer of the
+// destination; each rank of a collective of the others, once per map.
+TEST_F(ClusterStateTest, AWorkerIsToldOfAPeerOnceAsAnOpNeedsIt) {
+  proto::SliceInfo a = Slice(1, proto::PLACEMENT_ONE_HOST);  // host0
+  proto::SliceInfo b = Slice(1, proto::PLACEMENT_ONE_HOST);  // host1
+  const int64_t src = a.devices(0).worker_id();
+  const int64_t dst = b.devices(0).worker_id();
+  ASSERT_NE(src, dst);
+  EXPECT_TRUE(state_.TakePeerOps().empty());  // registering told no one
+  EXPECT_FALSE(state_.ToldPeer(src, dst));
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(1), "scale", arg, arg);
+  auto call_on_b = [&](uint64_t call_id, uint64_t input) {
+    proto::Call call;
+    call.set_call_id(call_id);
+    call.set_slice_id(b.slice_id());
+    call.set_program_id(Id(1));
+    auto* in = call.add_inputs();
+    in->set_buffer_id(input);
+    in->set_slice_id(a.slice_id());
+    *in->mutable_arg() = ToProto(arg);
+    call.add_output_ids(call_id + 1);
+    return call;
+  };
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, call_on_b(Id(10), Id(3)), &ops).ok());
+  WorkerOps told = state_.TakePeerOps();
+  ASSERT_EQ(told.size(), 1u);
+  ASSERT_EQ(told[src].size(), 1u);
+  EXPECT_EQ(told[src][0].peer().worker_id(), dst);
+  EXPECT_EQ(told[src][0].peer().generation(),
+            state_.FindWorker(dst)->generation);
+  EXPECT_TRUE(state_.ToldPeer(src, dst));
+  EXPECT_FALSE(state_.ToldPeer(dst, src));  // nothing goes that way
+  // The next transfer between them tells nothing again.
+  ASSERT_TRUE(state_.RouteCall(client_, call_on_b(Id(20), Id(4)), &ops).ok());
+  EXPECT_TRUE(state_.TakePeerOps().empty());
+
+  // A collective over both hosts: each is told of the other (and itself),
+  // once for the slice's map.
+  proto::SliceInfo both = Slice(2, proto::PLACEMENT_SPREAD);
+  ASSERT_NE(both.devices(0).worker_id(), both.devices(1).worker_id());
+  ArgSpec partial{{DType::kF32, {4}}, Sharding::Partial()};
+  ArgSpec whole{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(30), "all_reduce", partial, whole);
+  auto reduce = [&](uint64_t call_id) {
+    proto::Call call;
+    call.set_call_id(call_id);
+    call.set_slice_id(both.slice_id());
+    call.set_program_id(Id(30));
+    auto* in = call.add_inputs();
+    in->set_buffer_id(call_id - 1);
+    in->set_slice_id(both.slice_id());
+    *in->mutable_arg() = ToProto(partial);
+    call.add_output_ids(call_id + 1);
+    return call;
+  };
+  ASSERT_TRUE(state_.RouteCall(client_, reduce(Id(41)), &ops).ok());
+  told = state_.TakePeerOps();
+  for (int64_t w : {src, dst}) {
+    for (int64_t p : {src, dst}) {
+      EXPECT_TRUE(state_.ToldPeer(w, p)) << w << " of " << p;
+    }
+  }
+  // Only what was not told before: dst of src, each of itself.
+  int peer_ops = 0;
+  for (const auto& [w, list] : told) peer_ops += static_cast<int>(list.size());
+  EXPECT_EQ(peer_ops, 3);
+  ASSERT_TRUE(state_.RouteCall(client_, reduce(Id(51)), &ops).ok());
+  EXPECT_TRUE(state_.TakePeerOps().empty());
+}
+
 TEST_F(ClusterStateTest, TransferTemporariesStartAgainAfterTheLayoutsLast) {
   proto::SliceInfo a = Slice(1, proto::PLACEMENT_ONE_HOST);  // host0
   proto::SliceInfo b = Slice(1, proto::PLACEMENT_ONE_HOST);  // host1

@@ -1,14 +1,19 @@
-#include "plexus/server/recovery/internal/copy_shard.h"
-
+// ClusterState::CopyShard: the ops that copy one shard of a buffer from one
+// worker to another, shared by recovery (recovery.cc) and snapshots
+// (snapshots.cc).
 #include <utility>
 
 #include "plexus/common/types.h"
+#include "plexus/server/model/cluster_state.h"
 
-namespace plexus::internal {
+namespace plexus {
 
-void CopyShard(uint64_t src_id, int32_t src_shard, int64_t src_worker,
-               uint64_t dst_id, int32_t dst_shard, const DeviceRef& dst,
-               const TensorSpec& spec, bool report, WorkerOps* ops) {
+void ClusterState::CopyShard(uint64_t src_id, int32_t src_shard,
+                             int64_t src_worker, uint64_t dst_id,
+                             int32_t dst_shard, const DeviceRef& dst,
+                             const TensorSpec& spec, bool report,
+                             WorkerOps* ops) {
+  TellPeer(src_worker, dst.worker_id);
   proto::WorkerOp t;
   auto* tr = t.mutable_transfer();
   tr->set_buffer_id(src_id);
@@ -30,4 +35,4 @@ void CopyShard(uint64_t src_id, int32_t src_shard, int64_t src_worker,
   (*ops)[dst.worker_id].push_back(std::move(e));
 }
 
-}  // namespace plexus::internal
+}  // namespace plexus

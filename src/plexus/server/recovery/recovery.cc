@@ -12,11 +12,8 @@
 #include "plexus/common/ids.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/server/model/cluster_state.h"
-#include "plexus/server/recovery/internal/copy_shard.h"
 
 namespace plexus {
-
-using internal::CopyShard;
 
 WorkerLoss ClusterState::LoseWorker(int64_t id, const std::string& reason,
                                     absl::Time now, absl::Duration spare_wait) {
@@ -287,6 +284,10 @@ std::vector<proto::WorkerOp> ClusterState::LoadsForStandby(int64_t worker_id) {
       load.mutable_load()->set_program_id(pid);
       load.mutable_load()->set_stand_by(true);
       *load.mutable_load()->mutable_program() = prog.def;
+      // It loads the executable from a worker of the island, if it can.
+      for (const auto& island : prog.def.xla().islands()) {
+        for (int64_t on : island.workers()) TellPeer(worker_id, on);
+      }
     }
   }
   return loads;

@@ -7,7 +7,6 @@
 
 #include "plexus/common/ids.h"
 #include "plexus/server/model/cluster_state.h"
-#include "plexus/server/recovery/internal/copy_shard.h"
 
 namespace plexus {
 namespace {
@@ -25,8 +24,6 @@ int NextHostShard(const std::vector<DeviceRef>& devices, int j) {
 }
 
 }  // namespace
-
-using internal::CopyShard;
 
 void ClusterState::RouteSnapshot(uint64_t client_id, uint64_t buffer_id,
                                  WorkerOps* ops) {

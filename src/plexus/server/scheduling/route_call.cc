@@ -362,6 +362,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       tr->set_dst_buffer_id(temp);
       tr->set_dst_device(dst.device);
       tr->set_call_id(call.call_id());
+      TellPeer(s.worker_id, dst.worker_id);
       staged[s.worker_id].push_back(std::move(t));
       proto::WorkerOp e;
       auto* ex = e.mutable_expect();
@@ -476,6 +477,14 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     // New each time the call is routed: a run after a restart or a loss
     // never meets an earlier run's partials.
     route_shared_.set_exchange_id(NextTemporary());
+    // Its ranks send to each other: each host is told of the others once
+    // per map of the slice.
+    if (slice.peers_told_for != slice.devices) {
+      for (const auto& [w, shards] : hosts.order) {
+        for (const auto& [p, other] : hosts.order) TellPeer(w, p);
+      }
+      slice.peers_told_for = slice.devices;
+    }
     for (const auto& [p, shards] : hosts.order) {
       auto* peer = route_shared_.add_peers();
       peer->set_worker_id(p);

@@ -172,6 +172,7 @@ void ServerImpl::EndClientSession(uint64_t id) {
     // Hosts its slices leave idle stand by for the other clients' work.
     WorkerOps loads;
     state_.LoadStandbys(&loads);
+    SendPeerOpsLocked();  // the islands' workers they may load from
     for (auto& [w, ops] : loads) {
       for (proto::WorkerOp& load : ops) scheduler_.Send(w, std::move(load));
     }
@@ -459,6 +460,7 @@ void ServerImpl::RouteClientOpLocked(uint64_t id, const proto::ClientOp& op,
 }
 
 void ServerImpl::EnqueueBatchLocked(uint64_t id, RoutedBatch* batch) {
+  SendPeerOpsLocked();
   // Units that only say what will exist or what failed (puts' Declares,
   // program loads, refused calls' failures) use no device and need
   // nothing that comes before them: they go to the workers now, ahead of
@@ -628,6 +630,7 @@ void ServerImpl::SendServerResizeLocked(uint64_t client_id,
                                         proto::ServerToClient* note) {
   RecordResize(client_id, start_ns, what);
   *note->add_recoveries() = std::move(resized.note);
+  SendPeerOpsLocked();
   absl::MutexLock admission(&admission_mu_);
   for (auto& [seq, ops] : resized.work) {
     admission_.Enqueue(client_id, MakeAdmissionUnit(std::move(ops), seq));

@@ -172,9 +172,9 @@ absl::Status ServerImpl::ResumeSessionLocked(const proto::ClientToServer& msg,
   auto ready = [this, id]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shutdown_ || (!state_.WaitsForWorkers(id) && !ending_resume_wait_);
   };
-  const absl::Time until =
-      std::max(resume_until_, options_.clock->Now()) +
-      LivenessCheckPeriod(options_) * 2 + absl::Seconds(30);
+  const absl::Time until = std::max(resume_until_, options_.clock->Now()) +
+                           LivenessCheckPeriod(options_) * 2 +
+                           absl::Seconds(30);
   if (!mu_.AwaitWithDeadline(absl::Condition(&ready), until)) {
     SPDLOG_WARN(
         "client {} resumes while worker(s) of its slices are still away", id);

@@ -240,17 +240,25 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
         grpc::ByteBuffer buffer(&slice, 1);
         return stream->Write(buffer);
       });
-  // Tell the newcomer about everyone (itself included, so its first
-  // message carries its id) and everyone about the newcomer.
-  for (auto& [oid, other] : state_.workers()) {
-    if (other.alive) queue->Push(PeerOp(other));
-  }
-  scheduler_.Broadcast(PeerOp(w));
+  // It is told of itself now, and of each other host only as an op it is
+  // sent names it (ClusterState::TellPeer): a registration costs O(1)
+  // ops, not one to every host and every host to it.
+  state_.TellPeer(id, id);
   // A spare, or a host that rejoins, has every XLA program's
-  // executables ahead, to take a place at once.
-  for (proto::WorkerOp& load : state_.LoadsForStandby(id)) {
-    queue->Push(std::move(load));
+  // executables ahead, to take a place at once (told of the islands'
+  // workers it may load them from).
+  std::vector<proto::WorkerOp> loads = state_.LoadsForStandby(id);
+  WorkerOps peers = state_.TakePeerOps();
+  for (auto& [to, list] : peers) {
+    for (proto::WorkerOp& op : list) {
+      if (to == id) {
+        queue->Push(std::move(op));
+      } else {
+        scheduler_.Send(to, std::move(op));
+      }
+    }
   }
+  for (proto::WorkerOp& load : loads) queue->Push(std::move(load));
   scheduler_.AddWorker(id, std::move(queue));
   {
     absl::MutexLock admission(&admission_mu_);
@@ -351,15 +359,13 @@ void ServerImpl::EndWorkerSession(int64_t id) {
   if (queue) queue->Stop();
 }
 
-proto::WorkerOp ServerImpl::PeerOp(const WorkerRecord& w) {
-  proto::WorkerOp op;
-  auto* p = op.mutable_peer();
-  p->set_worker_id(w.id);
-  p->set_machine_id(w.info.machine_id());
-  p->set_data_address(w.info.data_address());
-  p->set_unix_path(w.info.unix_path());
-  p->set_generation(w.generation);
-  return op;
+void ServerImpl::SendPeerOpsLocked() {
+  WorkerOps peers = state_.TakePeerOps();
+  if (peers.empty()) return;
+  // Ahead of every unit not yet admitted (ClusterState::TellPeer).
+  std::vector<WorkerOps> units;
+  units.push_back(std::move(peers));
+  scheduler_.Submit(std::move(units));
 }
 
 std::string ServerImpl::PreviousRegistration(const proto::RegisterWorker& reg) {
@@ -576,6 +582,7 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
           "new ids, {} lost",
           c, rec.work.size(), rec.note.new_ids_size(),
           rec.note.lost_ids_size());
+      SendPeerOpsLocked();
       {
         absl::MutexLock admission(&admission_mu_);
         for (RoutedWork& w : rec.work) {

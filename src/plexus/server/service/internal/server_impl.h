@@ -284,7 +284,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   Timeline& timeline() { return timeline_; }
 
  private:
-  static proto::WorkerOp PeerOp(const WorkerRecord& w);
+  // Sends the PeerOps the model made (ClusterState::TakePeerOps) to the
+  // workers now, ahead of any unit still to be admitted. Called before
+  // every unit the model made goes to admission or the scheduler.
+  void SendPeerOpsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // What became of the registration a rejoining worker names (empty for a
   // first registration). One this server still counts alive is declared
