@@ -169,7 +169,16 @@ void OpApplier::ApplyTransfer(const proto::Transfer& t) {
   transport::ShardKey dst{t.dst_buffer_id(), t.dst_shard()};
   PeerSender* sender = peers_.SenderTo(t.dst_worker_id());
   if (sender == nullptr) {
-    SPDLOG_WARN("transfer to unknown worker {}", t.dst_worker_id());
+    // Never told where it is (the server tells a worker of a peer ahead of
+    // the first op that needs it: ClusterState::TellPeer), or the worker
+    // is stopping. The destination hears it through the server rather
+    // than wait for a shard that will never come.
+    const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
+        "transfer of buffer ", t.buffer_id(), " shard ", t.shard(),
+        " to worker ", t.dst_worker_id(),
+        ": the source worker was never told where it is"));
+    SPDLOG_WARN("{}", std::string(why.message()));
+    reports_.TransferFailed(t.dst_worker_id(), dst, why);
     return;
   }
   if (absl::Status known = store_.AddReader(src); !known.ok()) {

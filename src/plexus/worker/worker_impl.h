@@ -87,6 +87,8 @@ class WorkerImpl : public Worker {
   std::string data_address() const { return data_server_->tcp_address(); }
   // What the data plane asks of this worker (tests call it directly).
   WorkerDataPlane& data_plane() { return *data_plane_; }
+  // What the writer sends the server besides heartbeats (tests read it).
+  ReportQueue& reports() { return reports_; }
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return data_plane_->pushes_fenced(); }
 

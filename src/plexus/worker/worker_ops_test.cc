@@ -101,6 +101,33 @@ TEST(WorkerOpsTest, ACallReadingAReleasedBufferFailsAndTheDeviceGoesOn) {
   }
 }
 
+// A transfer to a worker this one was never told of (the server tells it
+// ahead of the first op that needs it: ClusterState::TellPeer) was dropped
+// with a log line, and the destination waited for good. It is reported now
+// (TransferFailed), so the server fails the shard at the destination.
+TEST(WorkerOpsTest, ATransferToAPeerNeverToldOfIsReportedNotDropped) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t buffer = ClientMadeId(1, 1), temp = ClientMadeId(1, 2);
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* transfer = msg.add_ops()->mutable_transfer();
+  transfer->set_buffer_id(buffer);
+  transfer->set_dst_worker_id(7);
+  transfer->set_dst_buffer_id(temp);
+  worker->ApplyOps(msg);
+  // A marker after it, so the wait below ends either way.
+  worker->reports().TransferFailed(9, {temp + 1, 0},
+                                   absl::UnavailableError("marker"));
+  std::vector<proto::WorkerToServer> out;
+  ASSERT_TRUE(worker->reports().AwaitReports(&out));
+  ASSERT_EQ(out.size(), 2u) << "the transfer was dropped unreported";
+  const proto::TransferFailed& failed = out[0].transfer_failed();
+  EXPECT_EQ(failed.dst_worker_id(), 7);
+  EXPECT_EQ(failed.buffer_id(), temp);
+  EXPECT_NE(failed.status().message().find("never told"), std::string::npos)
+      << failed.status().message();
+}
+
 proto::WorkerOp Expect(uint64_t buffer, int64_t from) {
   proto::WorkerOp op;
   op.mutable_expect()->set_buffer_id(buffer);
