@@ -173,10 +173,10 @@ void OpApplier::ApplyTransfer(const proto::Transfer& t) {
     // the first op that needs it: ClusterState::TellPeer), or the worker
     // is stopping. The destination hears it through the server rather
     // than wait for a shard that will never come.
-    const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
-        "transfer of buffer ", t.buffer_id(), " shard ", t.shard(),
-        " to worker ", t.dst_worker_id(),
-        ": the source worker was never told where it is"));
+    const absl::Status why = absl::FailedPreconditionError(
+        absl::StrCat("transfer of buffer ", t.buffer_id(), " shard ", t.shard(),
+                     " to worker ", t.dst_worker_id(),
+                     ": the source worker was never told where it is"));
     SPDLOG_WARN("{}", std::string(why.message()));
     reports_.TransferFailed(t.dst_worker_id(), dst, why);
     return;
