@@ -57,9 +57,15 @@ void ClientSession::SenderLoop(Session& session) {
     bool last = false;
     {
       absl::MutexLock lock(&mu_);
+      // While a resumed session waits for its snapshot (restoring_), what
+      // is queued (a release: destructors queue them without waiting)
+      // waits too, and goes after the resume's messages. Sent before the
+      // LiveBuffers, a release reached the workers while the server still
+      // listed the value as given back, and a call sent again read it
+      // there: "released before this call could read it".
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closed_ || machine_.broken() || !queue_.empty() ||
-               !pre_messages_.empty();
+        return closed_ || machine_.broken() ||
+               (!queue_.empty() && !restoring_) || !pre_messages_.empty();
       };
       clock.AwaitCondition(&mu_, absl::Condition(&ready), next_stats);
       if (machine_.broken() && !closed_) {
@@ -71,8 +77,10 @@ void ClientSession::SenderLoop(Session& session) {
         break;
       }
       pre.swap(pre_messages_);
-      for (auto& op : queue_) *msg.add_ops() = std::move(op);
-      queue_.clear();
+      if (!restoring_) {
+        for (auto& op : queue_) *msg.add_ops() = std::move(op);
+        queue_.clear();
+      }
       sending_ = msg.ops_size() > 0 || !pre.empty();
       last = closed_;
     }
