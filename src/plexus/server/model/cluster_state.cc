@@ -67,14 +67,21 @@ bool ClusterState::ToldPeer(int64_t worker, int64_t peer) const {
 void ClusterState::TellPeer(int64_t worker, int64_t peer) {
   auto w = workers_.find(worker);
   auto p = workers_.find(peer);
-  if (w == workers_.end() || p == workers_.end()) return;
+  if (w == workers_.end() || p == workers_.end() || ToldPeer(worker, peer)) {
+    return;
+  }
   std::vector<uint64_t>& told = w->second.told_peers;
   const size_t word = static_cast<size_t>(peer) / 64;
-  const uint64_t bit = uint64_t{1} << (peer % 64);
   if (word >= told.size()) told.resize(word + 1, 0);
-  if ((told[word] & bit) != 0) return;
-  told[word] |= bit;
+  told[word] |= uint64_t{1} << (peer % 64);
   peer_ops_[worker].push_back(PeerOp(p->second));
+}
+
+void ClusterState::TellIslandWorkers(int64_t worker,
+                                     const proto::ProgramDef& def) {
+  for (const auto& island : def.xla().islands()) {
+    for (int64_t on : island.workers()) TellPeer(worker, on);
+  }
 }
 
 std::set<uint64_t> ClusterState::MarkWorkerDown(int64_t id,
@@ -325,11 +332,7 @@ absl::Status ClusterState::RegisterProgram(uint64_t client_id,
       (*ops)[worker_id].push_back(std::move(load));
       // A host standing by loads the executable from a worker of an
       // island, if it can (XlaPrograms::LoadFromPeers).
-      if (stand_by) {
-        for (const auto& island : def.xla().islands()) {
-          for (int64_t on : island.workers()) TellPeer(worker_id, on);
-        }
-      }
+      if (stand_by) TellIslandWorkers(worker_id, def);
     }
   }
   return absl::OkStatus();

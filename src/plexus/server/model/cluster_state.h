@@ -357,6 +357,9 @@ class ClusterState {
   // before the one that made the PeerOp, and taken work routed again
   // after a loss makes none.
   void TellPeer(int64_t worker, int64_t peer);
+  // TellPeer of every worker of `def`'s islands: a host standing by loads
+  // their executables from them (XlaPrograms::LoadFromPeers).
+  void TellIslandWorkers(int64_t worker, const proto::ProgramDef& def);
   // Whether `worker` was told of `peer`.
   bool ToldPeer(int64_t worker, int64_t peer) const;
   // The PeerOps TellPeer made since the last call, to send now.

@@ -284,10 +284,7 @@ std::vector<proto::WorkerOp> ClusterState::LoadsForStandby(int64_t worker_id) {
       load.mutable_load()->set_program_id(pid);
       load.mutable_load()->set_stand_by(true);
       *load.mutable_load()->mutable_program() = prog.def;
-      // It loads the executable from a worker of the island, if it can.
-      for (const auto& island : prog.def.xla().islands()) {
-        for (int64_t on : island.workers()) TellPeer(worker_id, on);
-      }
+      TellIslandWorkers(worker_id, prog.def);
     }
   }
   return loads;
