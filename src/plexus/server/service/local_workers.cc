@@ -245,6 +245,7 @@ absl::Status LocalWorkers::Stop() {
 absl::Status LocalWorkers::StopWorkers() {
   absl::MutexLock lock(&mu_);
   stopping_ = true;  // the supervisor restarts nothing any more
+  const bool supervised = options_.spares > 0;
   if (pids_.empty()) return absl::OkStatus();
   for (pid_t pid : pids_) kill(pid, SIGTERM);
   // A worker finishes what it is compiling before it exits (an XLA compile
@@ -264,6 +265,15 @@ absl::Status LocalWorkers::StopWorkers() {
     int status = 0;
     if (waitpid(pid, &status, 0) != pid) continue;  // not ours any more
     if (ExitedCleanly(status)) continue;
+    if (supervised && !killed && WIFSIGNALED(status) &&
+        WTERMSIG(status) == SIGKILL) {
+      // Killed from outside (Stop sends SIGKILL only past the grace): a
+      // loss the cluster ran through, which the supervisor had not reaped
+      // yet when the stop began. Logged as it would have logged it.
+      SPDLOG_WARN("worker {} (pid {}) {} before the stop", names_[h], pid,
+                  DescribeExit(status));
+      continue;
+    }
     unclean.push_back(absl::StrCat(
         "worker ", names_[h], " (pid ", pid, ") ",
         killed
