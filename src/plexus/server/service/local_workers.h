@@ -12,11 +12,11 @@
 // spare, so a killed host's slot comes back as capacity for the next loss;
 // its exit is logged, as an event the cluster recovered from, not reported
 // by Stop() (nor is one killed by SIGKILL from outside just before Stop(),
-// which the supervisor had no time to reap). Restarts are rate limited (RestartRateLimit: at most
-// `restarts_per_window` in any `restart_window`), which guards against a
-// crash loop without capping a long run: a restart over the limit is
-// deferred, logged as such, and made as soon as the window allows. Start
-// and Stop from one thread; the supervisor thread restarts workers in
+// which the supervisor had no time to reap). Restarts are rate limited
+// (RestartRateLimit: at most `restarts_per_window` in any `restart_window`),
+// which guards against a crash loop without capping a long run: a restart over
+// the limit is deferred, logged as such, and made as soon as the window allows.
+// Start and Stop from one thread; the supervisor thread restarts workers in
 // between.
 #pragma once
 
