@@ -284,6 +284,17 @@ bool ObjectStore::HasLeft(uint64_t client_id) const {
   return departed_.contains(client_id);
 }
 
+bool ObjectStore::AwaitsAnotherDevice(const BufferKey& key, int device) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.state != Entry::State::kPending) {
+    return false;
+  }
+  const Entry& e = it->second;
+  return e.arrival == Arrival::kFromPeer ||
+         (e.arrival == Arrival::kComputed && e.device != device);
+}
+
 absl::Status ObjectStore::Reserve(int device, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   return ReserveLocked(device, bytes, /*wait=*/true);

@@ -151,6 +151,12 @@ class ObjectStore {
   // Whether ReleaseClient(client_id) was called: the worker then drops the
   // client's calls still queued on its devices instead of running them.
   bool HasLeft(uint64_t client_id) const;
+  // Whether a task on `device` reading `key` may wait for another device's
+  // work: the shard is pending and comes from a peer (a transfer, which
+  // its source sends once its own producer ran) or is computed on another
+  // device. A pending put (its client sends it) or a shard computed on
+  // `device` (by a task queued ahead) waits on no other device.
+  bool AwaitsAnotherDevice(const BufferKey& key, int device) const;
 
   // Charges `bytes` to `device`, waiting while the budget is exhausted
   // (back-pressure). Fails at once if it can never fit, and after

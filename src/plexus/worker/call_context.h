@@ -30,6 +30,10 @@ struct CallContext {
   // Per task: why it cannot run, found when it was queued (an input that
   // is not on this worker); OK otherwise.
   std::vector<absl::Status> input_errors;
+  // An input was pending from another device when the call was queued (a
+  // transfer, or a shard computed on another device): its tasks may not
+  // pass other clients' (worker/task_queue.h).
+  bool awaits_another_device = false;
   std::atomic<int> tasks_left{0};
   // Device time of its tasks here so far: reported when the last ends.
   std::atomic<int64_t> busy_micros{0};

@@ -36,7 +36,9 @@ void CpuDevice::Enqueue(Task task, TaskOrder order) {
 }
 
 void CpuDevice::EnqueueCollective(Task task, TaskOrder order) {
-  order.reorderable = false;  // collectives run in the order they came
+  // Collectives run in the order they came.
+  order.may_pass = false;
+  order.passable = false;
   Push(/*collective=*/true, std::move(task), order);
 }
 

@@ -1,6 +1,6 @@
 // A device of a worker: where shard tasks run, in the order they arrive
-// (except that a client's reorderable task may pass other clients' queued
-// ones: worker/task_queue.h).
+// (except that a client's task that may pass other clients' queued ones
+// does: worker/task_queue.h).
 // The interface is what a CUDA device will implement too (its queue would
 // feed a stream); CpuDevice runs tasks on one thread of its own.
 #pragma once

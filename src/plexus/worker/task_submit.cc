@@ -207,6 +207,8 @@ void TaskRunner::DeclareAndPin(CallContext& call,
           break;
         }
         pinned.push_back(key);
+        call.awaits_another_device |=
+            on_device && store_.AwaitsAnotherDevice(key, task.device());
       }
     }
     if (!call.input_errors[t].ok()) {
@@ -218,15 +220,17 @@ void TaskRunner::DeclareAndPin(CallContext& call,
 void TaskRunner::Enqueue(const std::shared_ptr<CallContext>& call) {
   const proto::Execute& exec = call->exec;
   const LoadedProgram* program = call->program;
-  // Built-in kernels that are not collectives neither wait for nor are
-  // waited on by other calls' tasks: they may pass other clients' queued
-  // tasks by their start tag (worker/task_queue.h).
-  const TaskOrder order{
-      .client = exec.client_id(),
-      .start_tag = exec.start_tag(),
-      .reorderable = program != nullptr && program->kernel != nullptr &&
+  // A built-in kernel that is not a collective runs on this device alone:
+  // others may run before it, and it before other clients' queued tasks by
+  // its start tag, unless it waits for another device's work
+  // (worker/task_queue.h).
+  const bool alone = program != nullptr && program->kernel != nullptr &&
                      !program->kernel->signature().is_collective() &&
-                     !program->xla};
+                     !program->xla;
+  const TaskOrder order{.client = exec.client_id(),
+                        .start_tag = exec.start_tag(),
+                        .may_pass = alone && !call->awaits_another_device,
+                        .passable = alone};
   const bool collective_kernel =
       program != nullptr && program->kernel != nullptr &&
       program->kernel->signature().is_collective() && !program->xla;

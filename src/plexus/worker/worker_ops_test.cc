@@ -1,6 +1,9 @@
 // The server's op stream applied to a worker without a server
 // (WorkerImpl::StartLocal + ApplyOps): ops a well-behaved server never
 // sends must not crash the worker (found by fuzz/worker_ops_fuzz.cc).
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "plexus/store/object_store.h"
 #include "plexus/worker/worker_impl.h"
@@ -99,6 +102,100 @@ TEST(WorkerOpsTest, ACallReadingAReleasedBufferFailsAndTheDeviceGoesOn) {
     EXPECT_NE(result.status().message().find("released"), std::string::npos)
         << result.status();
   }
+}
+
+// A task that waits for a transfer must not pass another client's task
+// queued ahead of it on its device, however low its start tag. It did: on
+// a device it then held, its input's producer on another host sat behind a
+// task waiting for one queued behind it here, and the two hosts waited for
+// each other for good (two clients, a pipeline and an RL loop, on three
+// hosts; no server kill needed). Here: client 3's call runs first, held by
+// its put; client 2's call (tag 10) and client 1's (tag 1, reading a
+// transfer from worker 7 that never comes) queue behind it. When the put
+// arrives, client 2's call must run, not wait behind client 1's.
+TEST(WorkerOpsTest, ACallWaitingForATransferDoesNotPassAnotherClientsCall) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  const uint64_t program = ClientMadeId(1, 1);
+  const uint64_t gate = ClientMadeId(3, 1), gated = ClientMadeId(3, 2);
+  const uint64_t mine = ClientMadeId(2, 1), steady = ClientMadeId(2, 2);
+  const uint64_t temp = ClientMadeId(1, 9), waits = ClientMadeId(1, 2);
+  auto f32x4 = [](proto::TensorSpec* spec) {
+    spec->set_dtype(proto::F32);
+    spec->add_shape(4);
+  };
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  auto* load = msg.add_ops()->mutable_load();
+  load->set_program_id(program);
+  load->mutable_program()->set_name("copy");
+  load->mutable_program()->set_kernel("identity");
+  f32x4(load->mutable_program()->add_inputs()->mutable_global());
+  f32x4(load->mutable_program()->add_outputs()->mutable_global());
+  for (uint64_t put : {gate, mine}) {
+    auto* decl = msg.add_ops()->mutable_declare();
+    decl->set_buffer_id(put);
+    decl->set_device(0);
+    f32x4(decl->mutable_spec());
+  }
+  auto* expect = msg.add_ops()->mutable_expect();  // never sent
+  expect->set_buffer_id(temp);
+  expect->set_device(0);
+  expect->set_src_worker_id(7);
+  f32x4(expect->mutable_spec());
+  struct Call {
+    uint64_t client, input, output;
+    double tag;
+  };
+  for (const Call& c : {Call{3, gate, gated, 0}, Call{2, mine, steady, 10},
+                        Call{1, temp, waits, 1}}) {
+    auto* exec = msg.add_ops()->mutable_execute();
+    exec->set_call_id(c.output);
+    exec->set_program_id(program);
+    exec->set_num_shards(1);
+    exec->set_client_id(c.client);
+    exec->set_start_tag(c.tag);
+    exec->add_output_ids(c.output);
+    auto* task = exec->add_tasks();
+    task->set_device(0);
+    auto* binding = task->add_inputs();
+    f32x4(binding->mutable_local());
+    auto* piece = binding->add_pieces();
+    piece->set_buffer_id(c.input);
+    piece->set_length(4);
+  }
+  // Client 2's put is there; client 3's arrives once all three are queued.
+  auto deliver = [&](uint64_t id) {
+    ASSERT_TRUE(worker->data_plane().AdmitIncoming({id, 0}, 16, true).ok());
+    absl::StatusOr<std::shared_ptr<Storage>> bytes = Storage::Allocate(16);
+    ASSERT_TRUE(bytes.ok());
+    ASSERT_TRUE(worker->data_plane().Deliver({id, 0}, *bytes, true).ok());
+  };
+  auto ops = msg.ops();
+  msg.mutable_ops()->Clear();
+  for (int i = 0; i < ops.size(); ++i) {
+    *msg.add_ops() = ops[i];
+    if (ops[i].has_expect()) {  // the puts are declared: send client 2's
+      worker->ApplyOps(msg);
+      msg.mutable_ops()->Clear();
+      deliver(mine);
+    }
+  }
+  worker->ApplyOps(msg);
+  deliver(gate);
+
+  absl::Notification ran;
+  absl::Status steady_status;
+  std::thread wait([&] {
+    steady_status = worker->data_plane().AwaitReady({steady, 0}).status();
+    ran.Notify();
+  });
+  // Bounded: before the fix it never came (the transfer never does).
+  const bool done = ran.WaitForNotificationWithTimeout(absl::Seconds(60));
+  worker->data_plane().DeliverError({temp, 0}, absl::CancelledError("end"));
+  wait.join();
+  EXPECT_TRUE(done) << "client 2's call waited behind client 1's, which "
+                       "waits for a transfer";
+  EXPECT_TRUE(steady_status.ok()) << steady_status;
 }
 
 // A transfer to a worker this one was never told of (the server tells it
