@@ -497,3 +497,103 @@ def test_an_rl_loop_runs_through_server_kills_bit_for_bit(journaled):
         _check_resumed(client, journaled, ends_before, before, kills=3)
     finally:
         client.close()
+
+
+def test_two_clients_train_through_server_kills_bit_for_bit(journaled):
+    """Several clients: a pipeline (two stages) and an RL loop (three
+    slices) of two clients share the three hosts; the server is SIGKILLed
+    three times while both run (a host SIGSTOPped at each kill), and each
+    session is resumed: each job's losses or rewards and final parameters
+    equal those of the same job run alone with no kill, bit for bit. It
+    hung in about 4 runs of 10, kill or not, until a task waiting for a
+    transfer could no longer pass another client's on its device
+    (worker/task_queue.h); and failed in 1 of 3 with 'released before this
+    call could read it' until a resumed session's releases waited for its
+    resume (ClientSession::SenderLoop)."""
+    sys.path.insert(0, EXAMPLES)
+    from mlp_common import PARAM_NAMES, batches, init_params, make_dataset
+    from mlp_pipeline import PipelineMLP
+    from rl_loop import RLTask, make_task
+
+    steps = 12
+    pipe_client = plexus.connect(journaled.address, name="pipeline")
+    rl_client = plexus.connect(journaled.address, name="rl")
+    try:
+        stage1 = pipe_client.slice(1, placement="one_host")
+        stage2 = pipe_client.slice(1, placement="one_host")
+        model = PipelineMLP(pipe_client, stage1, stage2, lr=0.5,
+                            microbatches=4)
+        x, labels = make_dataset(256, seed=0)
+        data = [model.put_batch(bx, bl) for bx, bl in batches(x, labels, 64)]
+        pool, teacher, w0 = make_task(0)
+        task = RLTask(rl_client, 2.0, pool, teacher, w0)
+
+        def pipeline(on_step=None):
+            params = model.put_params(init_params(0))
+            losses = []
+            for step in range(1, steps + 1):
+                if on_step is not None:
+                    on_step(step)
+                loss, _, params = model.graph_step(
+                    params, *data[(step - 1) % len(data)])
+                losses.append(np.asarray(loss).copy())
+            return losses, {n: np.asarray(params[n]) for n in PARAM_NAMES}
+
+        def rl():
+            rewards = {}
+
+            def each(step):
+                rewards[step.k] = np.asarray(step.rewards[1]).copy()
+
+            final = np.asarray(task.loop(sync_every=2).run(rl_steps, each))
+            return [rewards[k] for k in range(rl_steps)], final
+
+        rl_steps = 300  # each read at once: the loop spans the kills
+        want_pipe, want_rl = pipeline(), rl()
+        ends_before = (len(pipe_client.session_ends),
+                       len(rl_client.session_ends))
+        before = len(_resumed_lines(journaled))
+        # The kills follow the pipeline's steps; the RL loop runs beside it
+        # in a thread (started first, and usually still running at the
+        # last kill; either way its session ends and resumes with each).
+        on_step, finish = _kills_inside(
+            journaled, {3, 7, 10}, seed=26,
+            stopped=_worker_of(journaled, task.trainer))
+        got = {}
+
+        def run_rl():
+            try:
+                got["rl"] = rl()
+            except Exception as e:  # noqa: BLE001 - reported below
+                got["error"] = e
+
+        rl_thread = threading.Thread(target=run_rl)
+        rl_thread.start()
+        try:
+            got_pipe = pipeline(on_step)
+            finish()
+        finally:
+            rl_thread.join(timeout=120)
+        assert not rl_thread.is_alive(), "the RL loop did not finish"
+        if "error" in got:
+            raise got["error"]
+        for step, (g, w) in enumerate(zip(got_pipe[0], want_pipe[0]), 1):
+            np.testing.assert_array_equal(g, w, err_msg=f"pipeline step {step}")
+        for n in PARAM_NAMES:
+            np.testing.assert_array_equal(got_pipe[1][n], want_pipe[1][n],
+                                          err_msg=n)
+        for k, (g, w) in enumerate(zip(got["rl"][0], want_rl[0])):
+            np.testing.assert_array_equal(g, w, err_msg=f"RL step {k}")
+        np.testing.assert_array_equal(got["rl"][1], want_rl[1])
+        # Both sessions ended with each kill and were resumed, losing
+        # nothing (a session idle at a kill ends and resumes too).
+        for client, n in ((pipe_client, ends_before[0]),
+                          (rl_client, ends_before[1])):
+            ends = client.session_ends[n:]
+            assert len(ends) == 3 and all(e["resumed"] for e in ends), ends
+        _wait_for_log(journaled.log, "resumed; ", before + 2, timeout=30)
+        for line in _resumed_lines(journaled)[before:]:
+            assert line.endswith(", 0 lost"), line
+    finally:
+        rl_client.close()
+        pipe_client.close()
