@@ -8,6 +8,7 @@
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client_core.h"
 #include "plexus/client/grpc_timeout.h"
+#include "plexus/common/address.h"
 #include "plexus/common/argument_count.h"
 #include "plexus/common/donation.h"
 #include "plexus/common/names.h"
@@ -506,7 +507,9 @@ absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
       ChannelCredentialsFor();  // $PLEXUS_TLS_CA
   if (!tls.ok()) return tls.status();
-  auto channel = grpc::CreateChannel(address, *tls);
+  absl::StatusOr<std::string> target = ServerTarget(address);
+  if (!target.ok()) return target.status();
+  auto channel = grpc::CreateChannel(*target, *tls);
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(GrpcTimeout(absl::Seconds(5)));
@@ -534,8 +537,10 @@ absl::StatusOr<std::unique_ptr<proto::Controller::Stub>> TraceStub(
   if (!tls.ok()) return tls.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // every process's ring, in one reply
+  absl::StatusOr<std::string> target = ServerTarget(address);
+  if (!target.ok()) return target.status();
   return proto::Controller::NewStub(
-      grpc::CreateCustomChannel(address, *tls, args));
+      grpc::CreateCustomChannel(*target, *tls, args));
 }
 
 absl::StatusOr<proto::TraceReply> CallTrace(proto::Controller::Stub& stub,
@@ -623,7 +628,9 @@ absl::Status ShutdownServer(const std::string& address,
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
       ChannelCredentialsFor();  // $PLEXUS_TLS_CA
   if (!tls.ok()) return tls.status();
-  auto channel = grpc::CreateChannel(address, *tls);
+  absl::StatusOr<std::string> target = ServerTarget(address);
+  if (!target.ok()) return target.status();
+  auto channel = grpc::CreateChannel(*target, *tls);
   auto stub = proto::Controller::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(GrpcTimeout(absl::Seconds(5)));

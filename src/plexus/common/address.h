@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace plexus {
@@ -20,5 +21,17 @@ std::string HostOfAddress(absl::string_view address);
 // ("0.0.0.0", "::", "" listen on every interface) and names other than
 // localhost (they may resolve anywhere).
 bool IsLoopbackHost(absl::string_view host);
+
+// The gRPC target for a server address as clients and workers are given
+// it: one address ("host:port", or any gRPC target: "dns:///name:port",
+// "unix:path") as it is; a list of servers, a primary and its standbys
+// ("10.0.0.1:7070,10.0.0.2:7070"), as one target that connects to the
+// first that answers (gRPC's "ipv4:"/"ipv6:" list with pick_first: a
+// standby listens only once it has taken over). A list names each server
+// by its IP address and port; InvalidArgument naming the entry otherwise
+// (a name resolves to one server here: for names, give one that resolves
+// to the server that serves, such as a Kubernetes Service), and for a
+// list that mixes IPv4 and IPv6.
+absl::StatusOr<std::string> ServerTarget(absl::string_view address);
 
 }  // namespace plexus

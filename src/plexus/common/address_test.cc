@@ -23,5 +23,20 @@ TEST(AddressTest, OnlyThisMachinesOwnAddressesAreLoopback) {
   }
 }
 
+TEST(AddressTest, AListOfServersIsOneTargetThatTriesThemInOrder) {
+  EXPECT_EQ(*ServerTarget("10.0.0.1:7070"), "10.0.0.1:7070");
+  EXPECT_EQ(*ServerTarget("dns:///plexus:7070"), "dns:///plexus:7070");
+  EXPECT_EQ(*ServerTarget("127.0.0.1:1, 127.0.0.1:2"),
+            "ipv4:127.0.0.1:1,127.0.0.1:2");
+  EXPECT_EQ(*ServerTarget("[::1]:1,[::1]:2"), "ipv6:[::1]:1,[::1]:2");
+  for (const char* bad : {"server-a:1,server-b:1", "10.0.0.1,10.0.0.2:1",
+                          "10.0.0.1:1,[::1]:2", "10.0.0.1:1,"}) {
+    absl::StatusOr<std::string> t = ServerTarget(bad);
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ServerTarget("a:1,b:2").status().message().find("'a:1'"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace plexus

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "plexus/common/address.h"
 
 namespace plexus {
 namespace {
@@ -53,7 +54,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, *tls, args);
+  absl::StatusOr<std::string> target = ServerTarget(address);
+  if (!target.ok()) return target.status();
+  return grpc::CreateCustomChannel(*target, *tls, args);
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
