@@ -3,7 +3,6 @@
 #include <arpa/inet.h>
 
 #include <cstring>
-
 #include <vector>
 
 #include "absl/status/status.h"
@@ -73,9 +72,9 @@ absl::StatusOr<std::string> ServerTarget(absl::string_view address) {
     entries.emplace_back(entry);
   }
   if (v4 && v6) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "server address list '", address,
-        "' mixes IPv4 and IPv6 addresses: give one kind"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("server address list '", address,
+                     "' mixes IPv4 and IPv6 addresses: give one kind"));
   }
   return absl::StrCat(v4 ? "ipv4:" : "ipv6:", absl::StrJoin(entries, ","));
 }

@@ -56,6 +56,19 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   absl::StatusOr<std::string> target = ServerTarget(address);
   if (!target.ok()) return target.status();
+  if (*target != address) {
+    // A server list: a primary that stops answering (stopped, or its host
+    // cut off) ends the session within ~2 s, as a crash does, so the
+    // session goes on with the standby that takes over.
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 1000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 1000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+    // A stopped primary's kernel still accepts the connection; its
+    // handshake never comes. Given up after a second (gRPC's default is
+    // 20 s), the next server of the list is tried.
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  }
   return grpc::CreateCustomChannel(*target, *tls, args);
 }
 

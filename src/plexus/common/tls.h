@@ -43,7 +43,10 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
 // of up to 256 MiB. A channel of its own (a local subchannel pool) that
 // tries again quickly (100 ms, backing off to 1 s): no back-off is
 // inherited from an earlier attempt's connection, so a server that comes
-// back is found within ~0.1 s to 1 s.
+// back is found within ~0.1 s to 1 s. `address` may be a server list
+// (ServerTarget: a primary and its standbys); the channel then also pings
+// every second, so a primary that stops answering ends the session within
+// about two seconds, as a crash does.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
     const std::string& address, const std::string& ca_file);
 

@@ -60,6 +60,13 @@ struct ServerOptions {
   // The journal is compacted into one snapshot once this many records were
   // written since the last compaction (and at every start).
   int64_t journal_compact_every = 10000;
+  // A standby (plexus-server --standby-of this one) takes over once this
+  // server has been silent for this long (FollowUpdate.lease_ms); the
+  // server sends it a keepalive every quarter of it, and waits up to
+  // standby_sync_timeout for it to sync each change before it cuts it off
+  // (then a takeover would lose that change: logged).
+  absl::Duration standby_lease = absl::Seconds(3);
+  absl::Duration standby_sync_timeout = absl::Seconds(5);
   // Not owned. Every time the server reads, and every deadline it waits
   // for, goes through it, except what must be real time whatever it is
   // (a deadline handed to gRPC, the server's own stall detection, the

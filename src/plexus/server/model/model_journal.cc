@@ -7,8 +7,8 @@ namespace plexus {
 
 void JournalSink::Record(const proto::ModelRecord& change) {
   if (!status_.ok()) return;
-  absl::StatusOr<uint64_t> seq =
-      journal_->Append(kModelRecordType, change.SerializeAsString());
+  std::string bytes = change.SerializeAsString();
+  absl::StatusOr<uint64_t> seq = journal_->Append(kModelRecordType, bytes);
   if (!seq.ok()) {
     status_ = seq.status();
     SPDLOG_ERROR(
@@ -18,6 +18,7 @@ void JournalSink::Record(const proto::ModelRecord& change) {
     return;
   }
   ++records_;
+  if (tee_) tee_(std::move(bytes));
 }
 
 absl::StatusOr<std::vector<proto::ModelRecord>> ModelRecordsOf(

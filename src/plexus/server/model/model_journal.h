@@ -7,6 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +37,10 @@ class JournalSink final : public ModelJournalSink {
  public:
   explicit JournalSink(journal::Journal* journal) : journal_(journal) {}
   void Record(const proto::ModelRecord& change) override;
+  // Each record appended is also given to `tee` (serialized), in order,
+  // under the same lock: a standby's feed (standby/journal_feed.h). Null:
+  // none.
+  void set_tee(std::function<void(std::string)> tee) { tee_ = std::move(tee); }
   // OK, or the first append error.
   absl::Status status() const { return status_; }
   int64_t records() const { return records_; }
@@ -42,6 +49,7 @@ class JournalSink final : public ModelJournalSink {
   journal::Journal* journal_;  // not owned
   absl::Status status_;
   int64_t records_ = 0;
+  std::function<void(std::string)> tee_;
 };
 
 // The ModelRecords of a replayed journal, in order: InvalidArgument naming

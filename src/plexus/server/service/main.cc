@@ -17,10 +17,14 @@
 // --tls-cert and --tls-key put the control plane on TLS (common/tls.h).
 // The secret is never logged or shown in status.
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -35,6 +39,7 @@
 #include "plexus/common/tls.h"
 #include "plexus/server/server.h"
 #include "plexus/server/service/local_workers.h"
+#include "plexus/server/standby/follower.h"
 #include "plexus/timeline/timeline.h"
 
 namespace {
@@ -169,6 +174,8 @@ struct Flags {
   std::string secret_file;
   std::string tenants_file;
   std::string web_listen = "auto";
+  std::string standby_of;
+  int standby_lease_ms = 3000;
 };
 
 // The flags, in the order --help lists them: where the server listens,
@@ -231,6 +238,19 @@ void AddRuntimeFlags(CLI::App& app, Flags* f) {
                  "they change, and a server started again on it resumes the "
                  "workers and sessions that come back with what they hold "
                  "(docs/RELIABILITY.md); none: a restart ends every session");
+  app.add_option("--standby-of", f->standby_of,
+                 "start as the standby of the server at this address: follow "
+                 "its journal into this one's --journal, synced change by "
+                 "change, and take over (serve on --listen, resuming its "
+                 "workers and sessions) once it has been silent for its "
+                 "lease; give workers and clients both addresses "
+                 "(\"PRIMARY,STANDBY\"). An operator's shutdown of the "
+                 "primary stops the standby too (docs/RELIABILITY.md)");
+  app.add_option("--standby-lease-ms", f->standby_lease_ms,
+                 "as a primary: how long this server may be silent before "
+                 "its standby takes over (it sends a keepalive every quarter "
+                 "of it)")
+      ->check(CLI::Range(100, 3600 * 1000));
   app.add_option("--resume-wait-s", f->resume_wait_s,
                  "after a restart on --journal: how long the last run's "
                  "workers and sessions may take to come back (a worker not "
@@ -329,6 +349,111 @@ void ApplyFlags(Flags* f) {
   options.timeline_skew = plexus::TestSkewFromEnv("server");
   options.spare_wait = absl::Milliseconds(f->spare_wait_ms);
   options.resume_wait = absl::Seconds(f->resume_wait_s);
+  options.standby_lease = absl::Milliseconds(f->standby_lease_ms);
+}
+
+// A standby's --listen address, held until it takes over: bound and not
+// listening, so no other process takes the port meanwhile and a connection
+// to it is refused (a worker or client tries the next server of its list
+// at once). Port 0 picks one. The address, with its port, is written on
+// --ready-fd once the standby follows its primary.
+class ReservedAddress {
+ public:
+  ~ReservedAddress() { Release(); }
+  absl::Status Reserve(const std::string& address) {
+    const std::string host = plexus::HostOfAddress(address);
+    const std::string port = address.substr(address.rfind(':') + 1);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints,
+                    &found) != 0 ||
+        found == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--listen ", address, ": not a host:port"));
+    }
+    fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const bool bound =
+        fd_ >= 0 && bind(fd_, found->ai_addr, found->ai_addrlen) == 0;
+    const int err = errno;
+    freeaddrinfo(found);
+    sockaddr_storage at{};
+    socklen_t len = sizeof(at);
+    if (!bound || getsockname(fd_, reinterpret_cast<sockaddr*>(&at), &len)) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot hold --listen ", address, ": ", std::strerror(err)));
+    }
+    const int bound_port =
+        ntohs(at.ss_family == AF_INET6
+                  ? reinterpret_cast<sockaddr_in6*>(&at)->sin6_port
+                  : reinterpret_cast<sockaddr_in*>(&at)->sin_port);
+    address_ =
+        absl::StrCat(address.substr(0, address.rfind(':')), ":", bound_port);
+    return absl::OkStatus();
+  }
+  const std::string& address() const { return address_; }
+  void Release() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+  std::string address_;
+};
+
+// --standby-of: follows the primary until this server should take over.
+// True: serve (the journal is the primary's), on the address it held;
+// false: exit (`code`).
+bool FollowAsStandby(Flags& f, int* code) {
+  if (f.options.journal_path.empty() || f.local.hosts + f.local.spares > 0) {
+    *code = CannotStart(
+        f.ready_fd,
+        absl::InvalidArgumentError(
+            f.options.journal_path.empty()
+                ? "--standby-of needs --journal (this standby's own copy)"
+                : "--standby-of starts no local workers (the primary's "
+                  "workers follow it at the takeover)"));
+    return false;
+  }
+  ReservedAddress held;
+  if (absl::Status s = held.Reserve(f.options.listen_address); !s.ok()) {
+    *code = CannotStart(f.ready_fd, s);
+    return false;
+  }
+  std::atomic<bool> stop{false};
+  plexus::FollowerOptions options;
+  options.on_first_follow = [&] {
+    if (f.ready_fd >= 0) WriteAll(f.ready_fd, held.address() + "\n");
+  };
+  options.primary = f.standby_of;
+  options.journal_path = f.options.journal_path;
+  options.secret = *f.options.secret;  // LoadSecretAndTenants set it
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  options.name =
+      absl::StrCat(host, " pid ", getpid(), " (", held.address(), ")");
+  absl::StatusOr<plexus::FollowEnd> end;
+  {
+    plexus::TerminationSignalWatcher on_signal([&](int sig) {
+      SPDLOG_INFO("signal {}: the standby stops", sig);
+      stop = true;
+    });
+    end = plexus::FollowUntilTakeover(options, &stop);
+  }
+  if (!end.ok()) {
+    *code = CannotStart(f.ready_fd, end.status());
+    return false;
+  }
+  *code = 0;
+  if (*end != plexus::FollowEnd::kTakeOver) return false;
+  f.options.listen_address = held.address();
+  held.Release();  // gRPC binds it next
+  return true;
 }
 
 // The cluster secret (FindSecret), the local workers' trust in a TLS
@@ -381,6 +506,13 @@ int main(int argc, char** argv) {
   }
   const plexus::ServerOptions& options = flags.options;
   const int ready_fd = flags.ready_fd;
+  if (!flags.standby_of.empty()) {
+    int code = 0;
+    if (!FollowAsStandby(flags, &code)) {
+      if (ready_fd >= 0) close(ready_fd);
+      return code;
+    }
+  }
   if (!options.consistent_order) {
     SPDLOG_WARN(
         "--scheduler=none: no consistent order across islands; "

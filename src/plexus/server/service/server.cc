@@ -53,6 +53,13 @@ absl::Status ServerImpl::Init() {
   builder.AddListeningPort(options_.listen_address, *credentials, &port);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
+  // Workers and clients given a server list (a primary and its standby)
+  // ping every second to find a primary that stopped answering
+  // (common/tls.h, SessionChannel): allowed, without strikes.
+  builder.AddChannelArgument(
+      GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 500);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   if (absl::Status wire = UseWireWriterForWorkers(); !wire.ok()) return wire;
   builder.RegisterService(this);
   grpc_server_ = builder.BuildAndStart();
@@ -123,6 +130,10 @@ void ServerImpl::Shutdown() {
   }
   for (auto& [id, ctx] : worker_contexts_) ctx->TryCancel();
   for (auto& [id, ctx] : client_contexts_) ctx->TryCancel();
+  // The standby's stream ends (Follow), saying so if an operator asked.
+  if (standby_feed_ != nullptr) {
+    standby_feed_->Close(absl::CancelledError("the server shut down"));
+  }
 }
 
 std::string AdvertisedAddress(const std::string& advertise,

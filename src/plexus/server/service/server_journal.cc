@@ -67,15 +67,17 @@ absl::Status ServerImpl::OpenJournal() {
 void ServerImpl::AwaitJournalLocked() {
   if (journal_ == nullptr) return;
   const uint64_t last = journal_->last_seq();
-  if (journal_->durable_seq() >= last) return;
-  absl::Status s =
-      journal_->AwaitDurable(last, options_.clock->Now() + absl::Seconds(30));
-  if (!s.ok()) {
-    SPDLOG_ERROR(
-        "journal {}: a change is not durable ({}); a restart will not get "
-        "it back",
-        options_.journal_path, s.ToString());
+  if (journal_->durable_seq() < last) {
+    absl::Status s =
+        journal_->AwaitDurable(last, options_.clock->Now() + absl::Seconds(30));
+    if (!s.ok()) {
+      SPDLOG_ERROR(
+          "journal {}: a change is not durable ({}); a restart will not get "
+          "it back",
+          options_.journal_path, s.ToString());
+    }
   }
+  AwaitStandbyLocked();
 }
 
 void ServerImpl::MaybeCompactJournal() {

@@ -227,6 +227,10 @@ grpc::Status ServerImpl::Shutdown(grpc::ServerContext* ctx,
               "cluster's secret");
   }
   SPDLOG_INFO("shutdown requested by {}", ctx->peer());
+  {
+    absl::MutexLock lock(&mu_);
+    shutdown_requested_ = true;  // a standby stops too
+  }
   // On this thread: Shutdown() only marks the server down and cancels the
   // sessions (it never waits on an RPC), and the owner's Wait() returns
   // once it has. The reply therefore means the server is going down, and

@@ -31,6 +31,7 @@
 #include "plexus/server/scheduling/gang_scheduler.h"
 #include "plexus/server/scheduling/out_queue.h"
 #include "plexus/server/server.h"
+#include "plexus/server/standby/journal_feed.h"
 #include "plexus/timeline/clock_offset.h"
 #include "plexus/timeline/timeline.h"
 #include "plexus/web/web_server.h"
@@ -239,6 +240,23 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   grpc::Status Shutdown(grpc::ServerContext* ctx,
                         const proto::ShutdownRequest* request,
                         proto::ShutdownReply*) override;
+
+  // ------------------------------------------------------------- standby
+  // (server_standby.cc)
+  // A standby's stream (standby/follower.h): the model as one snapshot,
+  // then every journal record as it is appended (journal_feed_), with a
+  // keepalive each quarter lease; the standby answers with what it has
+  // synced. One standby at a time; it needs the admin credential and a
+  // server that keeps a journal.
+  grpc::Status Follow(
+      grpc::ServerContext* ctx,
+      grpc::ServerReaderWriter<proto::FollowUpdate, proto::FollowRequest>*
+          stream) override;
+  // AwaitJournalLocked's second half: the standby has synced every record
+  // appended so far, or is cut off (logged: a takeover would lose them).
+  void AwaitStandbyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DetachStandbyLocked(const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // ------------------------------------------------------------ timeline
   // (server_trace.cc)
@@ -484,6 +502,12 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   std::unique_ptr<journal::Journal> journal_;
   std::unique_ptr<JournalSink> journal_sink_ ABSL_GUARDED_BY(mu_);
   int64_t compacted_at_ ABSL_GUARDED_BY(mu_) = 0;  // sink records then
+  // The standby following the journal (null: none), and its name.
+  std::shared_ptr<JournalFeed> standby_feed_ ABSL_GUARDED_BY(mu_);
+  std::string standby_name_ ABSL_GUARDED_BY(mu_);
+  // The Shutdown RPC (an operator's): the standby stops too, rather than
+  // take over as after a crash or a signal.
+  bool shutdown_requested_ ABSL_GUARDED_BY(mu_) = false;
   // When the resume wait after a restart on a journal ends (InfinitePast:
   // none is running).
   absl::Time resume_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

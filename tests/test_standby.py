@@ -1,0 +1,304 @@
+"""A standby server (plexus-server --standby-of PRIMARY, issue 26): it
+follows the primary's journal into its own, synced change by change, and
+takes over once the primary has been silent for its lease. Workers and
+clients are given both addresses ("PRIMARY,STANDBY") and follow: they
+resume with the standby as with a server restarted on its journal, and a
+training loop's losses equal, bit for bit, those of a run with no kill."""
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import plexus
+from plexus import _core
+from plexus._binaries import bin_dir, default_pjrt_plugin
+
+from test_membership import _ready_line, _spawn, _wait_for_log
+from test_reconnect import _worker
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+LEASE_MS = 1000
+
+
+def _primary(log, env, journal):
+    proc, ready = _spawn(
+        [str(bin_dir() / "plexus-server"), "--listen", "127.0.0.1:0",
+         "--ready-fd", "{READY_FD}", "--log-level", "info",
+         "--journal", str(journal), "--standby-lease-ms", str(LEASE_MS),
+         "--die-with-parent"], log, env)
+    return proc, _ready_line(ready)
+
+
+def _read_line(fd, timeout):
+    """One line from a ready pipe, which stays open (a standby writes its
+    address when it follows, and again when it takes over)."""
+    line = b""
+    deadline = time.monotonic() + timeout
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [],
+                                    max(deadline - time.monotonic(), 0))
+        assert ready, f"no line within {timeout} s (so far {line!r})"
+        chunk = os.read(fd, 1)
+        assert chunk, f"the pipe closed (so far {line!r})"
+        line += chunk
+    return line.decode().strip()
+
+
+def _standby(primary, address, log, env, journal, die_with_parent=True):
+    """Started: (process, its ready pipe, the address it holds, written
+    once it follows its primary; it serves there once it takes over, and
+    writes it again then). One started from a thread must not die with it
+    (PR_SET_PDEATHSIG follows the thread that started the process): the
+    fixture stops it."""
+    proc, ready = _spawn(
+        [str(bin_dir() / "plexus-server"), "--listen", address,
+         "--ready-fd", "{READY_FD}", "--log-level", "info",
+         "--journal", str(journal), "--standby-of", primary,
+         "--standby-lease-ms", str(LEASE_MS)]
+        + (["--die-with-parent"] if die_with_parent else []), log, env)
+    return proc, ready, _read_line(ready, timeout=30)
+
+
+@pytest.fixture
+def paired(tmp_path):
+    """A primary on a journal, its standby on another, and three standalone
+    workers given both addresses."""
+    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
+    plugin = default_pjrt_plugin()
+    if plugin:
+        env["PLEXUS_PJRT_PLUGIN"] = plugin
+
+    class Cluster:
+        pass
+
+    c = Cluster()
+    c.env, c.tmp = env, tmp_path
+    c.primary_log = tmp_path / "primary.log"
+    c.standby_log = tmp_path / "standby.log"
+    c.primary, c.primary_address = _primary(c.primary_log, env,
+                                            tmp_path / "primary.db")
+    c.standby, c.standby_ready, c.standby_address = _standby(
+        c.primary_address, "127.0.0.1:0", c.standby_log, env,
+        tmp_path / "standby.db")
+    c.address = f"{c.primary_address},{c.standby_address}"
+    c.workers = [_worker(c.address, f"host{i}", tmp_path / f"worker{i}.log",
+                         env, devices=1)
+                 for i in range(3)]
+
+    c.takeovers = 0
+    retired = []
+
+    def take_over(stop=False):
+        """SIGKILLs the primary (or SIGSTOPs it: it is then silent, not
+        gone); returns once the standby serves. The standby is then the
+        primary, and the old primary's address is free (or taken) for the
+        next standby."""
+        if stop:
+            os.kill(c.primary.pid, signal.SIGSTOP)
+        else:
+            c.primary.kill()
+            c.primary.wait()
+        assert _read_line(c.standby_ready, timeout=60) == c.standby_address
+        os.close(c.standby_ready)
+        retired.append(c.primary)
+        c.primary, c.primary_address = c.standby, c.standby_address
+        c.primary_log = c.standby_log
+        c.standby = c.standby_ready = None
+        c.takeovers += 1
+
+    def standby_again(address):
+        """A new standby of the primary, at `address` (the old primary's,
+        so the workers' and clients' list still names it)."""
+        c.standby_log = tmp_path / f"standby{c.takeovers}.log"
+        c.standby, c.standby_ready, c.standby_address = _standby(
+            c.primary_address, address, c.standby_log, env,
+            tmp_path / f"standby{c.takeovers}.db", die_with_parent=False)
+        assert c.standby_address == address
+
+    c.take_over, c.standby_again = take_over, standby_again
+    try:
+        yield c
+    finally:
+        for w in c.workers:
+            w.terminate()
+        for w in c.workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+        for p in [c.primary, c.standby] + retired:
+            if p is not None and p.poll() is None:
+                p.kill()  # a stopped one too
+                p.wait(timeout=30)
+
+
+def _resumed_lines(log):
+    return [line for line in log.read_text().splitlines()
+            if "resumed; " in line]
+
+
+def test_training_goes_on_through_a_takeover_bit_for_bit(paired):
+    """examples/elastic_training.py's loop (plexus.jit, all_reduce, puts
+    each step) on a slice of the three hosts; the primary is SIGKILLed
+    after step 4 is issued (its calls in flight), the standby takes over
+    after the lease, and the workers and the client resume with it: the
+    losses equal those of the same run with no kill, bit for bit."""
+    sys.path.insert(0, EXAMPLES)
+    from elastic_training import train
+
+    steps = 7
+    client = plexus.connect(paired.address, name="trainer")
+    try:
+        baseline = train(client, steps, snapshot_every=0)
+        done = threading.Event()
+
+        def on_step(step):
+            if step == 4:
+                threading.Thread(
+                    target=lambda: (paired.take_over(), done.set())).start()
+            elif step == 5:
+                assert done.wait(60), "the standby did not take over"
+
+        losses = train(client, steps, snapshot_every=0, on_step=on_step)
+        assert losses == baseline, (losses, baseline)
+        end = client.session_ends[-1]
+        assert end["resumed"], end
+        _wait_for_log(paired.primary_log, "resumed; ", 1, timeout=30)
+        for line in _resumed_lines(paired.primary_log):
+            assert line.endswith(", 0 lost"), line
+        text = paired.primary_log.read_text()  # the standby's, now primary
+        assert "taking over" in text, text
+        assert "restarted on journal" in text, text
+        # Every worker came back to the standby with what it kept.
+        assert text.count("came back with what it kept") == 3, text
+    finally:
+        client.close()
+
+
+def test_an_operators_shutdown_stops_the_standby_too(paired):
+    """`plexus down` (the Shutdown RPC) is the operator's: the standby
+    stops with the primary rather than take over."""
+    _core.shutdown_server(paired.primary_address,
+                          paired.env["PLEXUS_CLUSTER_SECRET"])
+    assert paired.primary.wait(timeout=30) == 0
+    assert paired.standby.wait(timeout=30) == 0
+    assert "shut down; so does the standby" in paired.standby_log.read_text()
+
+
+def _check_takeover(client, log, ends_before):
+    """The client's session ended once and was resumed by the standby,
+    which lost nothing and took every worker back."""
+    ends = client.session_ends[ends_before:]
+    assert len(ends) == 1 and ends[0]["resumed"], ends
+    _wait_for_log(log, "resumed; ", 1, timeout=30)
+    for line in _resumed_lines(log):
+        assert line.endswith(", 0 lost"), line
+    text = log.read_text()
+    assert "taking over" in text and "restarted on journal" in text, text
+    assert text.count("came back with what it kept") == 3, text
+
+
+def test_a_pipeline_trains_through_two_takeovers_bit_for_bit(paired):
+    """examples/mlp_pipeline.py's two stages (per-stage parameters,
+    activations host to host): the primary is SIGKILLed inside step 3 and
+    the standby takes over; the old primary's address comes back as the
+    standby of the new one, which is SIGKILLed inside step 7 in turn. The
+    same two addresses serve the whole run; every loss and the final
+    parameters equal those of the run with no kill, bit for bit."""
+    sys.path.insert(0, EXAMPLES)
+    from mlp_common import PARAM_NAMES, batches, init_params, make_dataset
+    from mlp_pipeline import PipelineMLP
+
+    steps = 9
+    client = plexus.connect(paired.address, name="pipeline")
+    try:
+        stage1 = client.slice(1, placement="one_host")
+        stage2 = client.slice(1, placement="one_host")
+        model = PipelineMLP(client, stage1, stage2, lr=0.5, microbatches=4)
+        x, labels = make_dataset(256, seed=0)
+        data = [model.put_batch(bx, bl) for bx, bl in batches(x, labels, 64)]
+
+        def run(on_step=None):
+            params = model.put_params(init_params(0))
+            losses = []
+            for step in range(1, steps + 1):
+                if on_step is not None:
+                    on_step(step)
+                loss, _, params = model.graph_step(
+                    params, *data[(step - 1) % len(data)])
+                losses.append(np.asarray(loss).copy())
+            return losses, {n: np.asarray(params[n]) for n in PARAM_NAMES}
+
+        want_losses, want_params = run()
+        pending = []
+        logs = []
+
+        def takeover(done):
+            old = paired.primary_address
+            paired.take_over()
+            logs.append((paired.primary_log, len(client.session_ends)))
+            paired.standby_again(old)
+            done.set()
+
+        def on_step(step):
+            for done in pending:
+                assert done.wait(60), "the standby did not take over"
+            pending.clear()
+            if step in (3, 7):
+                done = threading.Event()
+                pending.append(done)
+                threading.Thread(target=takeover, args=(done,)).start()
+
+        got_losses, got_params = run(on_step)
+        for done in pending:
+            assert done.wait(60)
+        for step, (got, want) in enumerate(zip(got_losses, want_losses), 1):
+            np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+        for n in PARAM_NAMES:
+            np.testing.assert_array_equal(got_params[n], want_params[n],
+                                          err_msg=n)
+        ends = client.session_ends
+        assert len(ends) == 2 and all(e["resumed"] for e in ends), ends
+        for log, _ in logs:
+            _wait_for_log(log, "resumed; ", 1, timeout=30)
+            for line in _resumed_lines(log):
+                assert line.endswith(", 0 lost"), line
+    finally:
+        client.close()
+
+
+def test_a_stopped_primary_is_taken_over_and_the_loop_goes_on(paired):
+    """The primary SIGSTOPped inside step 3 of elastic_training.py's loop:
+    silent for its lease, it is taken over; the workers and the client,
+    whose streams to it do not break, find it silent by their pings and
+    resume with the standby. The losses equal those of the run with no
+    stop, bit for bit."""
+    sys.path.insert(0, EXAMPLES)
+    from elastic_training import train
+
+    steps = 6
+    client = plexus.connect(paired.address, name="trainer")
+    try:
+        baseline = train(client, steps, snapshot_every=0)
+        ends_before = len(client.session_ends)
+        done = threading.Event()
+
+        def on_step(step):
+            if step == 3:
+                threading.Thread(target=lambda: (paired.take_over(stop=True),
+                                                 done.set())).start()
+            elif step == 4:
+                assert done.wait(60), "the standby did not take over"
+
+        losses = train(client, steps, snapshot_every=0, on_step=on_step)
+        assert losses == baseline, (losses, baseline)
+        _check_takeover(client, paired.primary_log, ends_before)
+    finally:
+        client.close()
