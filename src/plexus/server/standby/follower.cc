@@ -54,8 +54,9 @@ class FollowedJournal {
   absl::Status Append(const std::string& record, absl::Time deadline) {
     proto::ModelRecord parsed;
     if (!parsed.ParseFromString(record)) {
-      return absl::DataLossError("a journal record of the primary's does not "
-                                 "parse");
+      return absl::DataLossError(
+          "a journal record of the primary's does not "
+          "parse");
     }
     if (absl::Status s = replica_->Restore(parsed); !s.ok()) return s;
     absl::StatusOr<uint64_t> seq = journal_->Append(kModelRecordType, record);
@@ -152,8 +153,8 @@ absl::StatusOr<FollowEnd> FollowUntilTakeover(const FollowerOptions& options,
     std::unique_ptr<proto::Controller::Stub> stub =
         proto::Controller::NewStub(*channel);
     grpc::ClientContext ctx;
-    std::unique_ptr<grpc::ClientReaderWriter<proto::FollowRequest,
-                                             proto::FollowUpdate>>
+    std::unique_ptr<
+        grpc::ClientReaderWriter<proto::FollowRequest, proto::FollowUpdate>>
         stream = stub->Follow(&ctx);
     absl::Status failed;
     bool primary_shut_down = false;
@@ -164,7 +165,8 @@ absl::StatusOr<FollowEnd> FollowUntilTakeover(const FollowerOptions& options,
       hello.set_standby(options.name);
       proto::FollowUpdate update;
       if (stream->Write(hello) && stream->Read(&update)) {
-        if (update.lease_ms() > 0) lease = absl::Milliseconds(update.lease_ms());
+        if (update.lease_ms() > 0)
+          lease = absl::Milliseconds(update.lease_ms());
         watchdog.Heard(lease);
         failed = journal.Reset(update.snapshot());
         if (failed.ok()) {

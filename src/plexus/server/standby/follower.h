@@ -48,7 +48,7 @@ struct FollowerOptions {
 
 // What FollowUntilTakeover ended with.
 enum class FollowEnd {
-  kTakeOver,  // the primary was silent for its lease: serve its journal
+  kTakeOver,         // the primary was silent for its lease: serve its journal
   kPrimaryShutDown,  // the primary shut down on purpose: stop too
   kStopped,          // `stop` was set
 };
