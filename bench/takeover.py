@@ -152,6 +152,12 @@ class Pair:
         with open(self.primary_log) as f:
             row["lost"] = [ln for ln in f if "resumed; " in ln
                            and not ln.rstrip().endswith(", 0 lost")]
+        # A stopped server still holds its address: it goes (as its host
+        # would be restarted) before that address serves as the standby.
+        old_server = self.retired[-1]
+        if old_server.poll() is None:
+            old_server.kill()
+            old_server.wait()
         self.start_standby(old)
 
     def stop(self):
@@ -171,6 +177,8 @@ def main(argv=None):
                         help="SIGSTOP the primary instead of SIGKILL")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the logs (kept anyway on a failure)")
     args = parser.parse_args(argv)
     from elastic_training import train
 
@@ -253,7 +261,10 @@ def main(argv=None):
     if failure:
         print(f"FAILED: {failure} (logs in {folder})")
         return 1
-    shutil.rmtree(folder, ignore_errors=True)
+    if args.keep:
+        print(f"logs in {folder}")
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

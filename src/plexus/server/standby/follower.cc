@@ -84,10 +84,12 @@ class FollowedJournal {
 // ends no stream), or `stop` is set.
 class Watchdog {
  public:
-  Watchdog(Clock* clock, grpc::ClientContext* ctx, absl::Duration lease,
-           const std::atomic<bool>* stop)
+  // `heard`: when the primary was last heard from (a session after a
+  // broken one is cut at the same lease's end, not a lease later).
+  Watchdog(Clock* clock, grpc::ClientContext* ctx, absl::Time heard,
+           absl::Duration lease, const std::atomic<bool>* stop)
       : clock_(clock), ctx_(ctx), lease_(lease), stop_(stop) {
-    heard_ = clock_->Now();
+    heard_ = heard;
     thread_ = std::thread([this] { Loop(); });
   }
   ~Watchdog() {
@@ -153,13 +155,18 @@ absl::StatusOr<FollowEnd> FollowUntilTakeover(const FollowerOptions& options,
     std::unique_ptr<proto::Controller::Stub> stub =
         proto::Controller::NewStub(*channel);
     grpc::ClientContext ctx;
-    std::unique_ptr<
-        grpc::ClientReaderWriter<proto::FollowRequest, proto::FollowUpdate>>
-        stream = stub->Follow(&ctx);
     absl::Status failed;
     bool primary_shut_down = false;
+    std::unique_ptr<
+        grpc::ClientReaderWriter<proto::FollowRequest, proto::FollowUpdate>>
+        stream;
     {
-      Watchdog watchdog(&clock, &ctx, lease, stop);
+      // Before the call starts: starting it waits for the connection, and
+      // a stopped primary's kernel accepts one whose handshake never comes
+      // (gRPC would wait 20 s for it).
+      Watchdog watchdog(&clock, &ctx, followed ? last_heard : clock.Now(),
+                        lease, stop);
+      stream = stub->Follow(&ctx);
       proto::FollowRequest hello;
       hello.set_credential(admin.data(), admin.size());
       hello.set_standby(options.name);
