@@ -585,12 +585,16 @@ def test_two_clients_train_through_server_kills_bit_for_bit(journaled):
         for k, (g, w) in enumerate(zip(got["rl"][0], want_rl[0])):
             np.testing.assert_array_equal(g, w, err_msg=f"RL step {k}")
         np.testing.assert_array_equal(got["rl"][1], want_rl[1])
-        # Both sessions ended with each kill and were resumed, losing
-        # nothing (a session idle at a kill ends and resumes too).
-        for client, n in ((pipe_client, ends_before[0]),
-                          (rl_client, ends_before[1])):
+        # Both sessions ended and were resumed, losing nothing. The
+        # pipeline's with each kill (its steps wait for the server); the RL
+        # loop's, once done, is idle: a kill that comes while it still
+        # reconnects after the last (its back-off) ends no session of it,
+        # the next server resumes the one that ended.
+        for client, n, kills in ((pipe_client, ends_before[0], (3, 3)),
+                                 (rl_client, ends_before[1], (1, 3))):
             ends = client.session_ends[n:]
-            assert len(ends) == 3 and all(e["resumed"] for e in ends), ends
+            assert kills[0] <= len(ends) <= kills[1], ends
+            assert all(e["resumed"] for e in ends), ends
         _wait_for_log(journaled.log, "resumed; ", before + 2, timeout=30)
         for line in _resumed_lines(journaled)[before:]:
             assert line.endswith(", 0 lost"), line

@@ -251,8 +251,7 @@ void ClientSession::Install(Session& session) {
   }
   {
     absl::MutexLock kept(&kept_mu_);
-    kept_calls_.clear();
-    kept_ops_ = 0;
+    kept_calls_.Clear();
     kept_programs_.clear();
   }
   const uint64_t epoch = epoch_.load() + 1;

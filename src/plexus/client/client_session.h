@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client.h"
+#include "plexus/client/kept_batches.h"
 #include "plexus/client/reconnect.h"
 #include "plexus/common/clock.h"
 #include "plexus/common/ids.h"
@@ -293,9 +294,12 @@ class ClientSession {
   // every live buffer, sends the kept calls again (ClientToServer.resent),
   // then opens the session for use.
   void ResumeRestore(const std::shared_ptr<SessionTag>& tag);
-  // Copies the calls, puts and programs of `msg`, written, into
-  // kept_calls_ and kept_programs_.
-  void KeepCalls(proto::ClientToServer&& msg);
+  // Keeps the calls, puts and programs of `msg`, whose ops left queue_ as
+  // number `seq` (NextKeepSeqLocked), in kept_calls_ and kept_programs_.
+  void KeepCalls(proto::ClientToServer&& msg, uint64_t seq);
+  uint64_t NextKeepSeqLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return next_keep_seq_++;
+  }
   // The stream broke: ops still queued are dropped, those a resume needs
   // kept first.
   void KeepUnsentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -449,8 +453,9 @@ class ClientSession {
   // Calls and puts, as sent; and every program registration (a call sent
   // again may name a program whose registration the last server never
   // read), by program id.
-  std::deque<proto::ClientToServer> kept_calls_ ABSL_GUARDED_BY(kept_mu_);
-  size_t kept_ops_ ABSL_GUARDED_BY(kept_mu_) = 0;  // in kept_calls_
+  KeptBatches kept_calls_ ABSL_GUARDED_BY(kept_mu_){kMaxKeptCalls};
+  // The next batch's number as it leaves queue_ (KeptBatches orders by it).
+  uint64_t next_keep_seq_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<uint64_t, proto::ClientOp> kept_programs_ ABSL_GUARDED_BY(kept_mu_);
 };
 

@@ -72,11 +72,11 @@ void ClientSession::ResumeRestore(const std::shared_ptr<SessionTag>& tag) {
       if (b.issued) live.emplace_back(id, b);
     }
     for (const auto& [id, op] : kept_programs_) *resent.add_ops() = op;
-    for (const proto::ClientToServer& batch : kept_calls_) {
+    kept_calls_.ForEach([&](const proto::ClientToServer& batch) {
       for (const proto::ClientOp& op : batch.ops()) {
         if (op.has_call() || op.has_put()) *resent.add_ops() = op;
       }
-    }
+    });
   }
   proto::ClientToServer held;
   proto::LiveBuffers* buffers = held.add_ops()->mutable_live();

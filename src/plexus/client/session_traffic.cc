@@ -33,7 +33,7 @@ void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
         journaled_.load(std::memory_order_acquire)) {
       proto::ClientToServer unsent;
       for (auto& op : ops) *unsent.add_ops() = std::move(op);
-      KeepCalls(std::move(unsent));
+      KeepCalls(std::move(unsent), NextKeepSeqLocked());
     }
     return;
   }
@@ -55,6 +55,7 @@ void ClientSession::SenderLoop(Session& session) {
     proto::ClientToServer msg;
     std::vector<proto::ClientToServer> pre;
     bool last = false;
+    uint64_t keep_seq = 0;  // its place among the kept batches
     {
       absl::MutexLock lock(&mu_);
       // While a resumed session waits for its snapshot (restoring_), what
@@ -80,6 +81,7 @@ void ClientSession::SenderLoop(Session& session) {
       if (!restoring_) {
         for (auto& op : queue_) *msg.add_ops() = std::move(op);
         queue_.clear();
+        if (msg.ops_size() > 0) keep_seq = NextKeepSeqLocked();
       }
       sending_ = msg.ops_size() > 0 || !pre.empty();
       last = closed_;
@@ -97,7 +99,7 @@ void ClientSession::SenderLoop(Session& session) {
     // Kept to send again after a resume: what was written, and what a
     // failed write may not have delivered.
     if (msg.ops_size() > 0 && journaled_.load(std::memory_order_acquire)) {
-      KeepCalls(std::move(msg));
+      KeepCalls(std::move(msg), keep_seq);
     }
     absl::MutexLock lock(&mu_);
     sending_ = false;
@@ -112,20 +114,16 @@ void ClientSession::SenderLoop(Session& session) {
   session.stream->WritesDone();
 }
 
-void ClientSession::KeepCalls(proto::ClientToServer&& msg) {
+void ClientSession::KeepCalls(proto::ClientToServer&& msg, uint64_t seq) {
   // The batch itself is kept, moved (no copy per call on the sender's
-  // path); ResumeRestore picks its calls and puts. Programs are kept
-  // apart, each for good.
+  // path), in the order its ops left the queue (KeptBatches);
+  // ResumeRestore picks its calls and puts. Programs are kept apart, each
+  // for good.
   absl::MutexLock kept(&kept_mu_);
   for (const proto::ClientOp& op : msg.ops()) {
     if (op.has_program()) kept_programs_[op.program().program_id()] = op;
   }
-  kept_ops_ += msg.ops_size();
-  kept_calls_.push_back(std::move(msg));
-  while (kept_ops_ > kMaxKeptCalls && kept_calls_.size() > 1) {
-    kept_ops_ -= kept_calls_.front().ops_size();
-    kept_calls_.pop_front();
-  }
+  kept_calls_.Keep(std::move(msg), seq);
 }
 
 void ClientSession::KeepUnsentLocked() {
@@ -135,7 +133,7 @@ void ClientSession::KeepUnsentLocked() {
     // released at the resume's end, a slice request times out).
     proto::ClientToServer unsent;
     for (proto::ClientOp& op : queue_) *unsent.add_ops() = std::move(op);
-    KeepCalls(std::move(unsent));
+    KeepCalls(std::move(unsent), NextKeepSeqLocked());
   }
   queue_.clear();
 }

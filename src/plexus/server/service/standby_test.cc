@@ -203,8 +203,7 @@ TEST(ServerStandbyTest, AnOperatorsShutdownStopsTheStandbyToo) {
   proto::ShutdownRequest request;
   request.set_credential(Bytes(secret.Derive(CredentialRole::kAdmin)));
   proto::ShutdownReply reply;
-  ASSERT_TRUE(
-      Stub((*server)->address())->Shutdown(&ctx, request, &reply).ok());
+  ASSERT_TRUE(Stub((*server)->address())->Shutdown(&ctx, request, &reply).ok());
   standby.join();
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(*end, FollowEnd::kPrimaryShutDown);
