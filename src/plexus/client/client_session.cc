@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/client/grpc_timeout.h"
+#include "plexus/common/address.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/common/protocol.h"
@@ -118,6 +119,10 @@ void ClientSession::Close() {
 
 absl::Status ClientSession::Open(const std::string& address) {
   address_ = address;
+  {
+    absl::MutexLock lock(&mu_);
+    machine_.SetRetryCap(RetryCapFor(address, absl::Seconds(2)));
+  }
   RaiseOpenFileLimit();
   UseLockOrderChecksOfThisBuild();
   auto session = OpenSession(options_.clock->Now() + absl::Seconds(10));

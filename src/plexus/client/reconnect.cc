@@ -61,7 +61,15 @@ BackoffOptions ReconnectBackoff() {
 }  // namespace
 
 SessionMachine::SessionMachine(absl::Duration reconnect_timeout)
-    : reconnect_timeout_(reconnect_timeout), backoff_(ReconnectBackoff()) {}
+    : reconnect_timeout_(reconnect_timeout) {
+  backoff_.emplace(ReconnectBackoff());
+}
+
+void SessionMachine::SetRetryCap(absl::Duration cap) {
+  BackoffOptions options = ReconnectBackoff();
+  options.cap = cap;
+  backoff_.emplace(options);
+}
 
 bool SessionMachine::usable() const {
   return state_ == SessionState::kOpen && !broken_;
@@ -98,7 +106,7 @@ SessionState SessionMachine::Ended(absl::Time now) {
   }
   state_ = SessionState::kReconnecting;
   give_up_at_ = now + reconnect_timeout_;
-  backoff_.Reset();
+  backoff_->Reset();
   return state_;
 }
 
@@ -112,7 +120,7 @@ std::optional<absl::Duration> SessionMachine::AttemptFailed(absl::Time now) {
   if (state_ != SessionState::kReconnecting || now >= give_up_at_) {
     return std::nullopt;
   }
-  std::optional<absl::Duration> delay = backoff_.NextDelay(now);
+  std::optional<absl::Duration> delay = backoff_->NextDelay(now);
   if (!delay.has_value()) return std::nullopt;
   return std::min(*delay, give_up_at_ - now);
 }

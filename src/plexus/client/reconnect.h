@@ -51,6 +51,9 @@ class SessionMachine {
   // apart, none once `reconnect_timeout` has passed since the end (zero:
   // the client never reconnects).
   explicit SessionMachine(absl::Duration reconnect_timeout);
+  // The longest wait between attempts (2 s; common/address.h RetryCapFor
+  // for a server list).
+  void SetRetryCap(absl::Duration cap);
 
   SessionState state() const { return state_; }
   // The current session's stream broke (a write failed, or its reader saw
@@ -86,7 +89,7 @@ class SessionMachine {
   SessionState state_ = SessionState::kOpen;
   bool broken_ = false;
   absl::Time give_up_at_ = absl::InfiniteFuture();
-  Backoff backoff_;
+  std::optional<Backoff> backoff_;  // always set (SetRetryCap replaces it)
 };
 
 // One session that ended, as the client records it.

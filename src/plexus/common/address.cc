@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -77,6 +78,11 @@ absl::StatusOr<std::string> ServerTarget(absl::string_view address) {
                      "' mixes IPv4 and IPv6 addresses: give one kind"));
   }
   return absl::StrCat(v4 ? "ipv4:" : "ipv6:", absl::StrJoin(entries, ","));
+}
+
+absl::Duration RetryCapFor(absl::string_view address, absl::Duration usual) {
+  if (address.find(',') == absl::string_view::npos) return usual;
+  return std::min(usual, kServerListRetryCap);
 }
 
 }  // namespace plexus

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace plexus {
 
@@ -33,5 +34,12 @@ bool IsLoopbackHost(absl::string_view host);
 // to the server that serves, such as a Kubernetes Service), and for a
 // list that mixes IPv4 and IPv6.
 absl::StatusOr<std::string> ServerTarget(absl::string_view address);
+
+// The longest wait between a worker's or client's attempts to reach its
+// server again: `usual` for one server; for a list, at most
+// kServerListRetryCap (its standby serves at the end of a lease, which a
+// back-off grown to seconds would miss by as much).
+inline constexpr absl::Duration kServerListRetryCap = absl::Milliseconds(250);
+absl::Duration RetryCapFor(absl::string_view address, absl::Duration usual);
 
 }  // namespace plexus

@@ -38,5 +38,13 @@ TEST(AddressTest, AListOfServersIsOneTargetThatTriesThemInOrder) {
             std::string::npos);
 }
 
+TEST(AddressTest, AServerListIsRetriedOftenEnoughToFindItsStandbyAtOnce) {
+  EXPECT_EQ(RetryCapFor("10.0.0.1:1", absl::Seconds(5)), absl::Seconds(5));
+  EXPECT_EQ(RetryCapFor("10.0.0.1:1,10.0.0.2:1", absl::Seconds(5)),
+            kServerListRetryCap);
+  EXPECT_EQ(RetryCapFor("10.0.0.1:1,10.0.0.2:1", absl::Milliseconds(100)),
+            absl::Milliseconds(100));
+}
+
 }  // namespace
 }  // namespace plexus

@@ -68,6 +68,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
     // handshake never comes. Given up after a second (gRPC's default is
     // 20 s), the next server of the list is tried.
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+    // While none answers, tried again every quarter second at most: the
+    // standby listens at its lease's end (RetryCapFor).
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+                static_cast<int>(absl::ToInt64Milliseconds(
+                    RetryCapFor(address, absl::Seconds(1)))));
   }
   return grpc::CreateCustomChannel(*target, *tls, args);
 }

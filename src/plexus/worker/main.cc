@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "plexus/common/address.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
@@ -172,6 +173,8 @@ int Serve(const Flags& f) {
   plexus::WorkerHostOptions host_options;
   host_options.standalone = !f.die_with_parent;
   host_options.backoff.give_up_after = absl::Seconds(f.reconnect_timeout_s);
+  host_options.backoff.cap =
+      plexus::RetryCapFor(f.options.server_address, host_options.backoff.cap);
   plexus::WorkerHost host(f.options, host_options);
   bool registered = false;
   absl::Status end;
