@@ -19,6 +19,7 @@ import plexus
 from plexus import _core
 from plexus._binaries import bin_dir, default_pjrt_plugin
 
+from restart_jobs import assert_same_run, pipeline_job
 from test_membership import _ready_line, _spawn, _wait_for_log
 from test_reconnect import _worker
 
@@ -414,43 +415,17 @@ def test_a_pipeline_trains_through_server_kills_bit_for_bit(journaled):
     the step is still to finish there): every loss and the final
     parameters of both stages equal those of the same run with no kill,
     bit for bit."""
-    sys.path.insert(0, EXAMPLES)
-    from mlp_common import PARAM_NAMES, batches, init_params, make_dataset
-    from mlp_pipeline import PipelineMLP
-
-    steps = 10
     client = plexus.connect(journaled.address, name="pipeline")
     try:
-        stage1 = client.slice(1, placement="one_host")
-        stage2 = client.slice(1, placement="one_host")
-        assert stage1.devices[0]["host"] != stage2.devices[0]["host"]
-        model = PipelineMLP(client, stage1, stage2, lr=0.5, microbatches=4)
-        x, labels = make_dataset(256, seed=0)
-        data = [model.put_batch(bx, bl) for bx, bl in batches(x, labels, 64)]
-
-        def run(on_step=None):
-            params = model.put_params(init_params(0))
-            losses = []
-            for step in range(1, steps + 1):
-                if on_step is not None:
-                    on_step(step)
-                loss, _, params = model.graph_step(
-                    params, *data[(step - 1) % len(data)])
-                losses.append(np.asarray(loss).copy())
-            return losses, {n: np.asarray(params[n]) for n in PARAM_NAMES}
-
-        want_losses, want_params = run()
+        run, (_, stage2) = pipeline_job(client, steps=10)
+        want = run()
         before = len(_resumed_lines(journaled))
         ends_before = len(client.session_ends)
         on_step, finish = _kills_inside(journaled, {3, 6, 9}, seed=28,
                                         stopped=_worker_of(journaled, stage2))
-        got_losses, got_params = run(on_step)
+        got = run(on_step)
         finish()
-        for step, (got, want) in enumerate(zip(got_losses, want_losses), 1):
-            np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
-        for n in PARAM_NAMES:
-            np.testing.assert_array_equal(got_params[n], want_params[n],
-                                          err_msg=n)
+        assert_same_run(got, want)
         _check_resumed(client, journaled, ends_before, before, kills=3)
     finally:
         client.close()
@@ -511,33 +486,14 @@ def test_two_clients_train_through_server_kills_bit_for_bit(journaled):
     call could read it' until a resumed session's releases waited for its
     resume (ClientSession::SenderLoop)."""
     sys.path.insert(0, EXAMPLES)
-    from mlp_common import PARAM_NAMES, batches, init_params, make_dataset
-    from mlp_pipeline import PipelineMLP
     from rl_loop import RLTask, make_task
 
-    steps = 12
     pipe_client = plexus.connect(journaled.address, name="pipeline")
     rl_client = plexus.connect(journaled.address, name="rl")
     try:
-        stage1 = pipe_client.slice(1, placement="one_host")
-        stage2 = pipe_client.slice(1, placement="one_host")
-        model = PipelineMLP(pipe_client, stage1, stage2, lr=0.5,
-                            microbatches=4)
-        x, labels = make_dataset(256, seed=0)
-        data = [model.put_batch(bx, bl) for bx, bl in batches(x, labels, 64)]
+        pipeline, _ = pipeline_job(pipe_client, steps=12)
         pool, teacher, w0 = make_task(0)
         task = RLTask(rl_client, 2.0, pool, teacher, w0)
-
-        def pipeline(on_step=None):
-            params = model.put_params(init_params(0))
-            losses = []
-            for step in range(1, steps + 1):
-                if on_step is not None:
-                    on_step(step)
-                loss, _, params = model.graph_step(
-                    params, *data[(step - 1) % len(data)])
-                losses.append(np.asarray(loss).copy())
-            return losses, {n: np.asarray(params[n]) for n in PARAM_NAMES}
 
         def rl():
             rewards = {}
@@ -577,11 +533,7 @@ def test_two_clients_train_through_server_kills_bit_for_bit(journaled):
         assert not rl_thread.is_alive(), "the RL loop did not finish"
         if "error" in got:
             raise got["error"]
-        for step, (g, w) in enumerate(zip(got_pipe[0], want_pipe[0]), 1):
-            np.testing.assert_array_equal(g, w, err_msg=f"pipeline step {step}")
-        for n in PARAM_NAMES:
-            np.testing.assert_array_equal(got_pipe[1][n], want_pipe[1][n],
-                                          err_msg=n)
+        assert_same_run(got_pipe, want_pipe)
         for k, (g, w) in enumerate(zip(got["rl"][0], want_rl[0])):
             np.testing.assert_array_equal(g, w, err_msg=f"RL step {k}")
         np.testing.assert_array_equal(got["rl"][1], want_rl[1])

@@ -12,13 +12,13 @@ import sys
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import plexus
 from plexus import _core
 from plexus._binaries import bin_dir, default_pjrt_plugin
 
+from restart_jobs import assert_same_run, pipeline_job
 from test_membership import _ready_line, _spawn, _wait_for_log
 from test_reconnect import _worker
 
@@ -157,6 +157,7 @@ def test_training_goes_on_through_a_takeover_bit_for_bit(paired):
     client = plexus.connect(paired.address, name="trainer")
     try:
         baseline = train(client, steps, snapshot_every=0)
+        ends_before = len(client.session_ends)
         done = threading.Event()
 
         def on_step(step):
@@ -168,16 +169,7 @@ def test_training_goes_on_through_a_takeover_bit_for_bit(paired):
 
         losses = train(client, steps, snapshot_every=0, on_step=on_step)
         assert losses == baseline, (losses, baseline)
-        end = client.session_ends[-1]
-        assert end["resumed"], end
-        _wait_for_log(paired.primary_log, "resumed; ", 1, timeout=30)
-        for line in _resumed_lines(paired.primary_log):
-            assert line.endswith(", 0 lost"), line
-        text = paired.primary_log.read_text()  # the standby's, now primary
-        assert "taking over" in text, text
-        assert "restarted on journal" in text, text
-        # Every worker came back to the standby with what it kept.
-        assert text.count("came back with what it kept") == 3, text
+        _check_takeover(client, paired.primary_log, ends_before)
     finally:
         client.close()
 
@@ -212,31 +204,10 @@ def test_a_pipeline_trains_through_two_takeovers_bit_for_bit(paired):
     standby of the new one, which is SIGKILLed inside step 7 in turn. The
     same two addresses serve the whole run; every loss and the final
     parameters equal those of the run with no kill, bit for bit."""
-    sys.path.insert(0, EXAMPLES)
-    from mlp_common import PARAM_NAMES, batches, init_params, make_dataset
-    from mlp_pipeline import PipelineMLP
-
-    steps = 9
     client = plexus.connect(paired.address, name="pipeline")
     try:
-        stage1 = client.slice(1, placement="one_host")
-        stage2 = client.slice(1, placement="one_host")
-        model = PipelineMLP(client, stage1, stage2, lr=0.5, microbatches=4)
-        x, labels = make_dataset(256, seed=0)
-        data = [model.put_batch(bx, bl) for bx, bl in batches(x, labels, 64)]
-
-        def run(on_step=None):
-            params = model.put_params(init_params(0))
-            losses = []
-            for step in range(1, steps + 1):
-                if on_step is not None:
-                    on_step(step)
-                loss, _, params = model.graph_step(
-                    params, *data[(step - 1) % len(data)])
-                losses.append(np.asarray(loss).copy())
-            return losses, {n: np.asarray(params[n]) for n in PARAM_NAMES}
-
-        want_losses, want_params = run()
+        run, _ = pipeline_job(client, steps=9)
+        want = run()
         pending = []
         logs = []
 
@@ -256,14 +227,10 @@ def test_a_pipeline_trains_through_two_takeovers_bit_for_bit(paired):
                 pending.append(done)
                 threading.Thread(target=takeover, args=(done,)).start()
 
-        got_losses, got_params = run(on_step)
+        got = run(on_step)
         for done in pending:
             assert done.wait(60)
-        for step, (got, want) in enumerate(zip(got_losses, want_losses), 1):
-            np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
-        for n in PARAM_NAMES:
-            np.testing.assert_array_equal(got_params[n], want_params[n],
-                                          err_msg=n)
+        assert_same_run(got, want)
         ends = client.session_ends
         assert len(ends) == 2 and all(e["resumed"] for e in ends), ends
         for log, _ in logs:

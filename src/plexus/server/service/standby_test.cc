@@ -43,6 +43,38 @@ grpc::Status FirstUpdate(proto::Controller::Stub& stub,
   return stream->Finish();
 }
 
+// FollowUntilTakeover of the server at `primary`, on a thread, into a
+// fresh journal; once it follows (its first snapshot is synced), Wait()
+// returns how it ended.
+class Standby {
+ public:
+  Standby(const std::string& primary, const ClusterSecret& secret,
+          const std::string& name) {
+    options_.primary = primary;
+    options_.journal_path = FreshJournal(name);
+    options_.secret = secret;
+    options_.name = name;
+    options_.on_first_follow = [this] { following_.Notify(); };
+    thread_ =
+        std::thread([this] { end_ = FollowUntilTakeover(options_, nullptr); });
+    EXPECT_TRUE(following_.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  }
+  ~Standby() {
+    if (thread_.joinable()) thread_.join();
+  }
+  absl::StatusOr<FollowEnd> Wait() {
+    thread_.join();
+    return end_;
+  }
+  const std::string& journal_path() const { return options_.journal_path; }
+
+ private:
+  FollowerOptions options_;
+  absl::Notification following_;
+  absl::StatusOr<FollowEnd> end_ = absl::UnknownError("not yet");
+  std::thread thread_;
+};
+
 TEST(ServerStandbyTest, OnlyTheAdminMayFollowOneAtATimeAServerWithAJournal) {
   const ClusterSecret secret = NewSecret();
   const std::string admin = Bytes(secret.Derive(CredentialRole::kAdmin));
@@ -147,16 +179,7 @@ TEST(ServerStandbyTest, TheStandbyHasEveryChangeToldAndTakesOverOnSilence) {
   options.heartbeat_timeout = absl::Hours(1);
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  FollowerOptions follow;
-  follow.primary = (*server)->address();
-  follow.journal_path = FreshJournal("standby.db");
-  follow.secret = secret;
-  follow.name = "test standby";
-  absl::Notification following;
-  follow.on_first_follow = [&] { following.Notify(); };
-  absl::StatusOr<FollowEnd> end = absl::UnknownError("not yet");
-  std::thread standby([&] { end = FollowUntilTakeover(follow, nullptr); });
-  ASSERT_TRUE(following.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  Standby standby((*server)->address(), secret, "standby.db");
   int64_t worker_id = 0;
   {
     auto stub = Stub((*server)->address());
@@ -165,12 +188,13 @@ TEST(ServerStandbyTest, TheStandbyHasEveryChangeToldAndTakesOverOnSilence) {
     ASSERT_NE(worker_id, 0);
   }
   server->reset();  // silent from here (not an operator's shutdown)
-  standby.join();
+  absl::StatusOr<FollowEnd> end = standby.Wait();
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(*end, FollowEnd::kTakeOver);
 
   journal::Replay replay;
-  auto journal = journal::Journal::Open({.path = follow.journal_path}, &replay);
+  auto journal =
+      journal::Journal::Open({.path = standby.journal_path()}, &replay);
   ASSERT_TRUE(journal.ok()) << journal.status();
   absl::StatusOr<std::vector<proto::ModelRecord>> records =
       ModelRecordsOf(replay);
@@ -189,22 +213,14 @@ TEST(ServerStandbyTest, AnOperatorsShutdownStopsTheStandbyToo) {
   options.journal_path = FreshJournal("shutdown.db");
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
-  FollowerOptions follow;
-  follow.primary = (*server)->address();
-  follow.journal_path = FreshJournal("shutdown-standby.db");
-  follow.secret = secret;
-  absl::Notification following;
-  follow.on_first_follow = [&] { following.Notify(); };
-  absl::StatusOr<FollowEnd> end = absl::UnknownError("not yet");
-  std::thread standby([&] { end = FollowUntilTakeover(follow, nullptr); });
-  ASSERT_TRUE(following.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  Standby standby((*server)->address(), secret, "shutdown-standby.db");
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   proto::ShutdownRequest request;
   request.set_credential(Bytes(secret.Derive(CredentialRole::kAdmin)));
   proto::ShutdownReply reply;
   ASSERT_TRUE(Stub((*server)->address())->Shutdown(&ctx, request, &reply).ok());
-  standby.join();
+  absl::StatusOr<FollowEnd> end = standby.Wait();
   ASSERT_TRUE(end.ok()) << end.status();
   EXPECT_EQ(*end, FollowEnd::kPrimaryShutDown);
 }
