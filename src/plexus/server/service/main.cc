@@ -376,9 +376,10 @@ class ReservedAddress {
     }
     fd_ = socket(found->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     const int one = 1;
-    setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     const bool bound =
-        fd_ >= 0 && bind(fd_, found->ai_addr, found->ai_addrlen) == 0;
+        fd_ >= 0 &&
+        setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+        bind(fd_, found->ai_addr, found->ai_addrlen) == 0;
     const int err = errno;
     freeaddrinfo(found);
     sockaddr_storage at{};

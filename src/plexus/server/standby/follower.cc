@@ -51,7 +51,7 @@ class FollowedJournal {
     return journal_->Compact(*seq, snapshot);
   }
 
-  absl::Status Append(const std::string& record, absl::Time deadline) {
+  absl::Status Append(const std::string& record) {
     proto::ModelRecord parsed;
     if (!parsed.ParseFromString(record)) {
       return absl::DataLossError(
@@ -198,7 +198,7 @@ absl::StatusOr<FollowEnd> FollowUntilTakeover(const FollowerOptions& options,
             if (update.records_size() == 0) continue;  // a keepalive
             const absl::Time deadline = clock.Now() + kSyncTimeout;
             for (const std::string& r : update.records()) {
-              if (failed = journal.Append(r, deadline); !failed.ok()) break;
+              if (failed = journal.Append(r); !failed.ok()) break;
             }
             if (failed.ok()) failed = journal.Sync(deadline);
             if (!failed.ok()) break;
