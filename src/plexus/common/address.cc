@@ -43,10 +43,12 @@ bool IsLoopbackHost(absl::string_view host) {
   return false;
 }
 
+bool IsServerList(absl::string_view address) {
+  return address.find(',') != absl::string_view::npos;
+}
+
 absl::StatusOr<std::string> ServerTarget(absl::string_view address) {
-  if (address.find(',') == absl::string_view::npos) {
-    return std::string(address);
-  }
+  if (!IsServerList(address)) return std::string(address);
   std::vector<std::string> entries;
   bool v4 = false, v6 = false;
   for (absl::string_view entry : absl::StrSplit(address, ',')) {
@@ -81,8 +83,7 @@ absl::StatusOr<std::string> ServerTarget(absl::string_view address) {
 }
 
 absl::Duration RetryCapFor(absl::string_view address, absl::Duration usual) {
-  if (address.find(',') == absl::string_view::npos) return usual;
-  return std::min(usual, kServerListRetryCap);
+  return IsServerList(address) ? std::min(usual, kServerListRetryCap) : usual;
 }
 
 }  // namespace plexus

@@ -34,6 +34,8 @@ bool IsLoopbackHost(absl::string_view host);
 // to the server that serves, such as a Kubernetes Service), and for a
 // list that mixes IPv4 and IPv6.
 absl::StatusOr<std::string> ServerTarget(absl::string_view address);
+// Whether `address` is a list of servers (a primary and its standbys).
+bool IsServerList(absl::string_view address);
 
 // The longest wait between a worker's or client's attempts to reach its
 // server again: `usual` for one server; for a list, at most

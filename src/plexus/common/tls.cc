@@ -56,7 +56,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   absl::StatusOr<std::string> target = ServerTarget(address);
   if (!target.ok()) return target.status();
-  if (*target != address) {
+  if (IsServerList(address)) {
     // A server list: a primary that stops answering (stopped, or its host
     // cut off) ends the session within ~2 s, as a crash does, so the
     // session goes on with the standby that takes over.
@@ -70,9 +70,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     // While none answers, tried again every quarter second at most: the
     // standby listens at its lease's end (RetryCapFor).
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
-                static_cast<int>(absl::ToInt64Milliseconds(
-                    RetryCapFor(address, absl::Seconds(1)))));
+    args.SetInt(
+        GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+        static_cast<int>(absl::ToInt64Milliseconds(kServerListRetryCap)));
   }
   return grpc::CreateCustomChannel(*target, *tls, args);
 }

@@ -110,6 +110,11 @@ void ObjectStore::Declare(const BufferKey& key, int device,
 }
 
 absl::Status ObjectStore::AddReader(const BufferKey& key) {
+  return AddReader(key, -1, nullptr);
+}
+
+absl::Status ObjectStore::AddReader(const BufferKey& key, int device,
+                                    bool* awaits_another_device) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) {
@@ -122,8 +127,15 @@ absl::Status ObjectStore::AddReader(const BufferKey& key) {
         " is not on this worker: it was released before this call could "
         "read it, or never existed"));
   }
-  it->second.readers++;
-  it->second.held = true;
+  Entry& e = it->second;
+  e.readers++;
+  e.held = true;
+  if (awaits_another_device != nullptr) {
+    *awaits_another_device =
+        e.state == Entry::State::kPending &&
+        (e.arrival == Arrival::kFromPeer ||
+         (e.arrival == Arrival::kComputed && e.device != device));
+  }
   return absl::OkStatus();
 }
 
@@ -282,17 +294,6 @@ void ObjectStore::ReleaseClient(uint64_t client_id) {
 bool ObjectStore::HasLeft(uint64_t client_id) const {
   absl::MutexLock lock(&mu_);
   return departed_.contains(client_id);
-}
-
-bool ObjectStore::AwaitsAnotherDevice(const BufferKey& key, int device) const {
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.state != Entry::State::kPending) {
-    return false;
-  }
-  const Entry& e = it->second;
-  return e.arrival == Arrival::kFromPeer ||
-         (e.arrival == Arrival::kComputed && e.device != device);
 }
 
 absl::Status ObjectStore::Reserve(int device, int64_t bytes) {

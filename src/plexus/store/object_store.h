@@ -137,6 +137,13 @@ class ObjectStore {
   // nothing changes) if the shard is unknown here: released, or never
   // declared. A buffer whose call was rejected (FailBuffer) is known.
   absl::Status AddReader(const BufferKey& key);
+  // The same for a task on `device`, which also learns whether the shard
+  // may make it wait for another device's work (*awaits_another_device):
+  // pending and coming from a peer (a transfer, sent once its producer
+  // ran) or computed on another device. A pending put (its client sends
+  // it) or a shard computed on `device` (by a task queued ahead) is not.
+  absl::Status AddReader(const BufferKey& key, int device,
+                         bool* awaits_another_device);
   void RemoveReader(const BufferKey& key);
   // The client dropped its reference: every shard of the buffer. A put
   // whose bytes have not begun to arrive fails (they never will). Once
@@ -151,12 +158,6 @@ class ObjectStore {
   // Whether ReleaseClient(client_id) was called: the worker then drops the
   // client's calls still queued on its devices instead of running them.
   bool HasLeft(uint64_t client_id) const;
-  // Whether a task on `device` reading `key` may wait for another device's
-  // work: the shard is pending and comes from a peer (a transfer, which
-  // its source sends once its own producer ran) or is computed on another
-  // device. A pending put (its client sends it) or a shard computed on
-  // `device` (by a task queued ahead) waits on no other device.
-  bool AwaitsAnotherDevice(const BufferKey& key, int device) const;
 
   // Charges `bytes` to `device`, waiting while the budget is exhausted
   // (back-pressure). Fails at once if it can never fit, and after

@@ -197,7 +197,8 @@ void TaskRunner::DeclareAndPin(CallContext& call,
     for (int i = 0; i < task.inputs_size() && call.input_errors[t].ok(); ++i) {
       for (const auto& piece : task.inputs(i).pieces()) {
         BufferKey key{piece.buffer_id(), piece.shard()};
-        absl::Status known = store_.AddReader(key);
+        bool elsewhere = false;
+        absl::Status known = store_.AddReader(key, task.device(), &elsewhere);
         if (!known.ok()) {
           call.input_errors[t] = absl::Status(
               known.code(),
@@ -207,8 +208,7 @@ void TaskRunner::DeclareAndPin(CallContext& call,
           break;
         }
         pinned.push_back(key);
-        call.awaits_another_device |=
-            on_device && store_.AwaitsAnotherDevice(key, task.device());
+        call.awaits_another_device |= on_device && elsewhere;
       }
     }
     if (!call.input_errors[t].ok()) {
