@@ -265,6 +265,14 @@ absl::Status LocalWorkers::StopWorkers() {
     int status = 0;
     if (waitpid(pid, &status, 0) != pid) continue;  // not ours any more
     if (ExitedCleanly(status)) continue;
+    if (!killed && WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) {
+      // Died of the SIGTERM sent above by its default action: it had not
+      // set up its handler yet (a replacement the supervisor had just
+      // started), so it held nothing. It stopped as asked.
+      SPDLOG_INFO("worker {} (pid {}) stopped while it was starting", names_[h],
+                  pid);
+      continue;
+    }
     if (supervised && !killed && WIFSIGNALED(status) &&
         WTERMSIG(status) == SIGKILL) {
       // Killed from outside (Stop sends SIGKILL only past the grace): a
