@@ -6,7 +6,7 @@ arguments and files the manifests give them.
     m = Manifests.load(paths)
     m.set_secret("plexus-cluster-secret", "cluster-secret", hex)
     runner = PodRunner(m, lab, tmp_path, namespace="plexus")
-    (server,) = runner.start("Deployment", "plexus-server")
+    (server,) = runner.start("StatefulSet", "plexus-server-a")
     server.wait_for_log("listening on", timeout=30)
     ...
     runner.wait_all(timeout=15)   # {pod name: exit code}
@@ -17,7 +17,9 @@ variable stays as written); `envFrom` first, then `env` in order; the
 downward API's metadata.name, metadata.namespace and status.podIP; a
 Service name, short or fully qualified, resolves to the address of the pod
 it selects; a ConfigMap or Secret volume is a folder of one file per key,
-and its mount path in an argument becomes that folder. Not kept: the
+and its mount path in an argument becomes that folder; so does a StatefulSet's
+volume claim (one folder per pod, kept when its container restarts). Not
+kept: the
 image's user (the processes run as this test), probes, resources.
 """
 import base64
@@ -96,6 +98,11 @@ class Manifests:
         data.update(s.get("stringData", {}))
         return data
 
+    def set_config(self, name, key, value):
+        """What editing the ConfigMap `name` before applying it would
+        hold."""
+        self.one("ConfigMap", name).setdefault("data", {})[key] = value
+
     def set_secret(self, name, key, value):
         """What `kubectl create secret generic NAME --from-literal=KEY=...`
         would hold."""
@@ -166,6 +173,10 @@ class Pod:
     netns: str
     ip: str
     labels: dict
+    spec: dict
+    # Its StatefulSet's volumeClaimTemplates: a folder of its own each,
+    # kept across container restarts.
+    claims: set = field(default_factory=set)
     containers: list = field(default_factory=list)
 
     def wait_for_log(self, text, timeout, count=1):
@@ -187,22 +198,35 @@ class PodRunner:
         prepare(pods), if given, runs once their addresses are known and
         before their containers start (e.g. to make a certificate naming
         them)."""
+        pods = self.create(kind, name)
+        if prepare is not None:
+            prepare(pods)
+        self.run(pods)
+        return pods
+
+    def create(self, kind, name):
+        """The pods of `name` with their addresses, not started yet (run):
+        Services select them from now on."""
         w = self.m.one(kind, name)
         template = w["spec"]["template"]
         labels = template["metadata"].get("labels", {})
+        claims = {t["metadata"]["name"]
+                  for t in w["spec"].get("volumeClaimTemplates", [])}
         pods = []
         for i in range(w["spec"].get("replicas", 1)):
             host = self.lab.add_host()
             pod_name = (f"{name}-{i}" if kind == "StatefulSet"
                         else f"{name}-{uuid.uuid4().hex[:5]}")
-            pods.append(Pod(pod_name, host.netns, host.address, labels))
+            pods.append(Pod(pod_name, host.netns, host.address, labels,
+                            template["spec"], claims))
         self.pods += pods
-        if prepare is not None:
-            prepare(pods)
-        for pod in pods:
-            for c in template["spec"]["containers"]:
-                pod.containers.append(self._run(pod, template["spec"], c))
         return pods
+
+    def run(self, pods):
+        """Starts the containers of pods made by create."""
+        for pod in pods:
+            for c in pod.spec["containers"]:
+                pod.containers.append(self._run(pod, pod.spec, c))
 
     def _run(self, pod, spec, c):
         env = self._env(pod, c)
@@ -281,6 +305,12 @@ class PodRunner:
         and environment values become those folders."""
         volumes = {v["name"]: v for v in spec.get("volumes", [])}
         for mount in c.get("volumeMounts", []):
+            if mount["name"] in pod.claims:  # a persistent volume
+                folder = self.tmp / pod.name / mount["mountPath"].strip("/")
+                folder.mkdir(parents=True, exist_ok=True)
+                args = [a.replace(mount["mountPath"], str(folder))
+                        for a in args]
+                continue
             v = volumes[mount["name"]]
             if "configMap" in v:
                 source = v["configMap"]

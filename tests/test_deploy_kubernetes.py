@@ -72,17 +72,60 @@ def test_the_manifests_validate_against_the_kubernetes_schema(tmp_path):
     assert code != 0 and "comand" in out, out
 
 
+SERVERS = ("plexus-server-a", "plexus-server-b")
+
+
 def test_the_manifests_say_what_docs_deploy_promises():
     m = Manifests.load(FILES)
-    server = m.one("Deployment", "plexus-server")
+    servers = [m.one("StatefulSet", name) for name in SERVERS]
     workers = m.one("StatefulSet", "plexus-worker")
-    assert m.one("Service", "plexus-server")["spec"]["selector"] == \
-        server["spec"]["template"]["metadata"]["labels"]
+    # A pair of servers, each one pod with a Service of its own; the
+    # Service plexus-server (the web page) selects both.
+    for server in servers:
+        assert server["spec"]["replicas"] == 1
+        assert m.one("Service", server["metadata"]["name"])["spec"][
+            "selector"] == server["spec"]["template"]["metadata"]["labels"]
+    web = m.one("Service", "plexus-server")["spec"]["selector"]
+    for server in servers:
+        labels = server["spec"]["template"]["metadata"]["labels"]
+        assert web.items() <= labels.items()
+    # The two are the same but for whom they follow, the name they
+    # advertise and the first's --serve-if-alone-ms.
+    (a, b) = [copy.deepcopy(s["spec"]["template"]) for s in servers]
+    args = {}
+    for name, t in zip(SERVERS, (a, b)):
+        (c,) = t["spec"]["containers"]
+        args[name] = c.pop("args")
+        t["metadata"]["labels"].pop("plexus.dev/server")
+    assert a == b
+    other = {"plexus-server-a": "plexus-server-b",
+             "plexus-server-b": "plexus-server-a"}
+    for name in SERVERS:
+        assert f"--standby-of={other[name]}:7070" in args[name]
+        assert any(x.startswith(f"--advertise-address={name}.")
+                   for x in args[name])
+    assert [x for x in args["plexus-server-a"]
+            if x.startswith("--serve-if-alone-ms")] and not [
+        x for x in args["plexus-server-b"] if "serve-if-alone" in x]
+    config = m.config_map("plexus-config")
+    # Serving alone waits past the other's lease and a takeover.
+    assert int(config["PLEXUS_SERVE_IF_ALONE_MS"]) >= \
+        2 * int(config["PLEXUS_STANDBY_LEASE_MS"]) + 1000
+    # The journal is a volume of each server's own.
+    for server in servers:
+        (c,) = server["spec"]["template"]["spec"]["containers"]
+        (journal,) = [x for x in c["args"] if x.startswith("--journal=")]
+        (claim,) = server["spec"]["volumeClaimTemplates"]
+        (mount,) = [v for v in c["volumeMounts"]
+                    if v["name"] == claim["metadata"]["name"]]
+        assert journal.partition("=")[2].startswith(mount["mountPath"] + "/")
+    # Workers and clients are given the pair.
+    assert config["PLEXUS_SERVERS"] == ",".join(f"{n}:7070" for n in SERVERS)
     # One worker per node.
     terms = workers["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]
     assert [t["topologyKey"] for t in terms] == ["kubernetes.io/hostname"]
-    for pod in (server, workers):
+    for pod in servers + [workers]:
         spec = pod["spec"]["template"]["spec"]
         (c,) = spec["containers"]
         # The image the Dockerfile builds, named in the pod.
@@ -103,7 +146,7 @@ def test_the_manifests_say_what_docs_deploy_promises():
 
 
 def server_spec(m):
-    return m.one("Deployment", "plexus-server")["spec"]["template"]["spec"]
+    return m.one("StatefulSet", SERVERS[0])["spec"]["template"]["spec"]
 
 
 @pytest.fixture
@@ -138,12 +181,12 @@ def make_secrets(m, lab, tmp_path, monkeypatch):
                  plexus._core.tenant_token("smoke", lab.secret))
 
     def prepare(pods):
-        (pod,) = pods
-        names = ["plexus-server", "plexus-server.plexus",
-                 "plexus-server.plexus.svc",
-                 "plexus-server.plexus.svc.cluster.local"]
+        names = [f"{server}{domain}" for server in SERVERS
+                 for domain in ("", ".plexus", ".plexus.svc",
+                                ".plexus.svc.cluster.local")]
+        san = ",".join([f"DNS:{n}" for n in names]
+                       + [f"IP:{pod.ip}" for pod in pods])
         cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-        san = ",".join([f"DNS:{n}" for n in names] + [f"IP:{pod.ip}"])
         subprocess.run(
             ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
              "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
@@ -157,22 +200,34 @@ def make_secrets(m, lab, tmp_path, monkeypatch):
 
 
 def start_cluster(m, lab, runner, tmp_path, monkeypatch):
-    """The server's pod, then the workers': (server pod, worker pods), once
-    the server listens and every worker has registered."""
+    """The server pair's pods, then the workers': (servers, worker pods),
+    once the first server serves (no other to follow: it serves alone
+    after --serve-if-alone-ms), the second follows it, and every worker
+    has registered."""
     prepare = make_secrets(m, lab, tmp_path, monkeypatch)
-    (server,) = runner.start("Deployment", "plexus-server", prepare=prepare)
-    server.wait_for_log("listening on", timeout=30)
+    servers = runner.create("StatefulSet", SERVERS[0]) + \
+        runner.create("StatefulSet", SERVERS[1])
+    prepare(servers)
+    runner.run(servers)
+    servers[0].wait_for_log("listening on", timeout=60)
+    servers[1].wait_for_log("following the primary", timeout=30)
     workers = runner.start("StatefulSet", "plexus-worker")
     for w in workers:
         w.wait_for_log("registered as worker", timeout=30)
-    return server, workers
+    return servers, workers
+
+
+def server_list(servers):
+    """The pair's Services, as a pod resolves them: PLEXUS_SERVERS."""
+    return ",".join(f"{s.ip}:7070" for s in servers)
 
 
 def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
         manifests, lab, runner, tmp_path, monkeypatch):
     m = manifests
-    server, workers = start_cluster(m, lab, runner, tmp_path, monkeypatch)
-    address = f"{server.ip}:7070"
+    servers, workers = start_cluster(m, lab, runner, tmp_path, monkeypatch)
+    server = servers[0]
+    address = server_list(servers)
     # This test's own client holds the cluster secret, as the operator does.
     monkeypatch.setenv("PLEXUS_CLUSTER_SECRET", lab.secret)
     st = plexus.status(address)
@@ -216,7 +271,7 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
     # exits with code 0 within the pods' grace period.
     grace = server_spec(m)["terminationGracePeriodSeconds"]
     assert runner.delete_all(grace_s=grace) == {
-        p.name: 0 for p in [server] + workers + [job]}, runner.logs()
+        p.name: 0 for p in servers + workers + [job]}, runner.logs()
     # No container logged a credential.
     token = plexus._core.tenant_token("smoke", lab.secret)
     for pod in runner.pods:
@@ -225,37 +280,79 @@ def test_the_manifests_commands_run_a_cluster_in_network_namespaces(
 
 
 def test_the_placeholder_secret_is_refused(runner):
-    # cluster-secret.yaml applied as it is: the server does not start, and
+    # cluster-secret.yaml applied as it is: neither server starts, and each
     # says why, without showing the value.
-    (server,) = runner.start("Deployment", "plexus-server")
-    line = server.wait_for_log("cannot start", timeout=30)
-    assert server.containers[0].popen.wait(timeout=15) == 1
-    assert "PLEXUS_CLUSTER_SECRET" in line or "hex" in line, line
-    assert "REPLACE-ME" not in "".join(server.containers[0].lines)
+    servers = runner.create("StatefulSet", SERVERS[0]) + \
+        runner.create("StatefulSet", SERVERS[1])
+    runner.run(servers)
+    for server in servers:
+        line = server.wait_for_log("cannot start", timeout=30)
+        assert server.containers[0].popen.wait(timeout=15) == 1
+        assert "PLEXUS_CLUSTER_SECRET" in line or "hex" in line, line
+        assert "REPLACE-ME" not in "".join(server.containers[0].lines)
 
 
-def test_the_workers_rejoin_when_the_server_container_restarts(
+def test_training_goes_on_when_either_server_container_dies(
         manifests, lab, runner, tmp_path, monkeypatch):
-    # The server's container dies (a crash, an OOM kill) and the kubelet
-    # starts it again in the same pod: the workers, still running, register
-    # again (plexus-worker reconnects with back-off, at most 5 s apart) and
-    # the cluster serves a job. No worker pod restarts.
-    server, workers = start_cluster(manifests, lab, runner, tmp_path,
-                                    monkeypatch)
-    runner.restart(server).wait_for_log("listening on", timeout=30)
-    for w in workers:
-        w.wait_for_log("registered as worker", timeout=30, count=2)
-    address = f"{server.ip}:7070"
+    """The serving server's container is SIGKILLed (a crash, an OOM kill)
+    and the kubelet starts it again at once in the same pod, on the same
+    journal volume: the other server takes over at its lease's end, and
+    the restarted one finds it serving and follows it. Later the other's
+    container dies the same way and the first takes over again. A
+    data-parallel training loop (examples/elastic_training.py) given the
+    pair's Services goes on through both, its losses equal to those of the
+    same run with no kill, bit for bit; no worker pod restarts, and every
+    pod stops with code 0 at `kubectl delete`. The lease and the first
+    server's wait are shortened (the operator's ConfigMap) to keep the test
+    short; their ratio is the manifests'."""
+    config = manifests.config_map("plexus-config")
+    lease, alone = (int(config["PLEXUS_STANDBY_LEASE_MS"]),
+                    int(config["PLEXUS_SERVE_IF_ALONE_MS"]))
+    manifests.set_config("plexus-config", "PLEXUS_STANDBY_LEASE_MS", "1000")
+    manifests.set_config("plexus-config", "PLEXUS_SERVE_IF_ALONE_MS",
+                         str(1000 * alone // lease))
+    manifests.one("StatefulSet", "plexus-worker")["spec"]["replicas"] = 3
+    servers, workers = start_cluster(manifests, lab, runner, tmp_path,
+                                     monkeypatch)
     monkeypatch.setenv("PLEXUS_CLUSTER_SECRET", lab.secret)  # the operator's
-    st = plexus.status(address)
-    assert sorted(w["host_name"] for w in st["workers"] if w["alive"]) == \
-        [p.name for p in workers]
-    client = plexus.connect(address, name="after-restart")
+    sys.path.insert(0, str(ROOT / "examples"))
+    from elastic_training import train
+
+    client = plexus.connect(server_list(servers), name="k8s-trainer")
     try:
-        y = bounded(lambda: readme_example(client)[0], "a job after restart")
+        baseline = bounded(lambda: train(client, 8, snapshot_every=0),
+                           "training with no kill", timeout=120)
+        serving = {"index": 0}
+
+        def on_step(step):
+            if step not in (3, 6):
+                return
+            dead = servers[serving["index"]]
+            other = servers[1 - serving["index"]]
+            runner.restart(dead)  # SIGKILL, then the same container again
+            # Each in its current container: the other's first takeover,
+            # and the restarted one's first words are that it follows the
+            # server that took over, rather than serve its own journal.
+            other.wait_for_log("taking over", timeout=60)
+            dead.wait_for_log("following the primary", timeout=60)
+            serving["index"] = 1 - serving["index"]
+
+        losses = bounded(lambda: train(client, 8, snapshot_every=0,
+                                       on_step=on_step),
+                         "training through two server kills", timeout=240)
+        assert losses == baseline, (losses, baseline)
+        ends = client.session_ends
+        assert len(ends) == 2 and all(e["resumed"] for e in ends), ends
     finally:
         client.close()
-    assert y == 56.0
+    # Neither restarted server served its own journal.
+    for s in servers:
+        assert "serving this server's journal" not in "".join(
+            s.containers[0].lines), s.name
+    for s in servers:  # every container's log, the killed ones' too
+        for line in s.containers[0].log.read_text().splitlines():
+            if "resumed; " in line:
+                assert line.endswith(", 0 lost"), line
     grace = server_spec(manifests)["terminationGracePeriodSeconds"]
     assert runner.delete_all(grace_s=grace) == {
-        p.name: 0 for p in [server] + workers}, runner.logs()
+        p.name: 0 for p in servers + workers}, runner.logs()

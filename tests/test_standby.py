@@ -242,3 +242,109 @@ def test_a_pipeline_trains_through_two_takeovers_bit_for_bit(paired):
                 assert line.endswith(", 0 lost"), line
     finally:
         client.close()
+
+
+def _pair_member(address, peer, log, env, journal, first):
+    """One server of a pair (deploy/kubernetes/plexus.yaml's shape): each
+    the standby of the other; the first serves its own journal when the
+    other cannot be followed within SERVE_ALONE_MS of its start. Started:
+    (process, its ready pipe), which says the address when it follows or
+    serves."""
+    return _spawn(
+        [str(bin_dir() / "plexus-server"), "--listen", address,
+         "--ready-fd", "{READY_FD}", "--log-level", "info",
+         "--journal", str(journal), "--standby-of", peer,
+         "--standby-lease-ms", str(LEASE_MS), "--die-with-parent"]
+        + (["--serve-if-alone-ms", str(SERVE_ALONE_MS)] if first else []),
+        log, env)
+
+
+SERVE_ALONE_MS = 3 * LEASE_MS  # past the peer's lease and its takeover
+
+
+def test_a_pair_serves_whichever_is_up_and_a_restarted_one_follows(tmp_path):
+    """Two servers, each the standby of the other: started together, the
+    first serves (no primary answered within its --serve-if-alone-ms) and
+    the second follows it. The first is SIGKILLed in step 3 and started
+    again at once, as a kubelet does: the second takes over at its lease's
+    end and the first, finding it serving, follows it rather than serve
+    its own journal. The second is SIGKILLed in step 6 and the first takes
+    over again. The data-parallel loop's losses equal those of the run
+    with no kill, bit for bit, and the client's two resumed sessions lost
+    nothing."""
+    from test_deploy_slurm import free_port
+    sys.path.insert(0, EXAMPLES)
+    from elastic_training import train
+
+    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
+    plugin = default_pjrt_plugin()
+    if plugin:
+        env["PLEXUS_PJRT_PLUGIN"] = plugin
+    a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    procs = []
+
+    def member(name, address, peer, first):
+        log = tmp_path / f"{name}{len(procs)}.log"
+        proc, ready = _pair_member(address, peer, log, env,
+                                   tmp_path / f"{name}.db", first)
+        procs.append(proc)
+        return proc, ready, log
+
+    first, first_ready, _ = member("first", a, b, first=True)
+    second, second_ready, second_log = member("second", b, a, first=False)
+    workers = []
+    client = None
+    restarted = {}
+    try:
+        assert _read_line(first_ready, timeout=60) == a  # serving
+        assert _read_line(second_ready, timeout=60) == b  # following
+        workers = [_worker(f"{a},{b}", f"host{i}", tmp_path / f"w{i}.log",
+                           env, devices=1) for i in range(3)]
+        client = plexus.connect(f"{a},{b}", name="trainer")
+        baseline = train(client, 8, snapshot_every=0)
+        ends_before = len(client.session_ends)
+
+        def on_step(step):
+            if step == 3:
+                first.kill()
+                first.wait()
+                # Again at once: the second has not taken over yet.
+                restarted["proc"], restarted["ready"], restarted["log"] = \
+                    member("first", a, b, first=True)
+                assert _read_line(second_ready, timeout=60) == b  # serves
+                assert _read_line(restarted["ready"], timeout=60) == a
+            elif step == 6:
+                second.kill()
+                second.wait()
+                assert _read_line(restarted["ready"], timeout=60) == a
+
+        losses = train(client, 8, snapshot_every=0, on_step=on_step)
+        assert losses == baseline, (losses, baseline)
+        ends = client.session_ends[ends_before:]
+        assert len(ends) == 2 and all(e["resumed"] for e in ends), ends
+        text = restarted["log"].read_text()
+        assert f"following the primary at {b}" in text, text
+        assert "serving this server's journal" not in text, text
+        assert "taking over" in text, text
+        _wait_for_log(restarted["log"], "resumed; ", 1, timeout=30)
+        for log in (second_log, restarted["log"]):
+            for line in _resumed_lines(log):
+                assert line.endswith(", 0 lost"), line
+    finally:
+        if client is not None:
+            client.close()
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+        for fd in (first_ready, second_ready, restarted.get("ready")):
+            if fd is not None:
+                os.close(fd)

@@ -8,7 +8,6 @@
 #include "grpcpp/grpcpp.h"
 #include "plexus/client/client_core.h"
 #include "plexus/client/grpc_timeout.h"
-#include "plexus/common/address.h"
 #include "plexus/common/argument_count.h"
 #include "plexus/common/donation.h"
 #include "plexus/common/names.h"
@@ -504,13 +503,10 @@ ClientCounters Client::counters() const {
 
 absl::StatusOr<proto::ClusterStatus> GetClusterStatus(
     const std::string& address, bool fresh) {
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
-      ChannelCredentialsFor();  // $PLEXUS_TLS_CA
-  if (!tls.ok()) return tls.status();
-  absl::StatusOr<std::string> target = ServerTarget(address);
-  if (!target.ok()) return target.status();
-  auto channel = grpc::CreateChannel(*target, *tls);
-  auto stub = proto::Controller::NewStub(channel);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      ServerChannel(address, /*ca_file=*/"");  // $PLEXUS_TLS_CA
+  if (!channel.ok()) return channel.status();
+  auto stub = proto::Controller::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(GrpcTimeout(absl::Seconds(5)));
   proto::StatusRequest req;
@@ -532,15 +528,12 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<proto::Controller::Stub>> TraceStub(
     const std::string& address) {
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
-      ChannelCredentialsFor();  // $PLEXUS_TLS_CA
-  if (!tls.ok()) return tls.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);  // every process's ring, in one reply
-  absl::StatusOr<std::string> target = ServerTarget(address);
-  if (!target.ok()) return target.status();
-  return proto::Controller::NewStub(
-      grpc::CreateCustomChannel(*target, *tls, args));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = ServerChannel(
+      address, /*ca_file=*/"", std::move(args));  // $PLEXUS_TLS_CA
+  if (!channel.ok()) return channel.status();
+  return proto::Controller::NewStub(*channel);
 }
 
 absl::StatusOr<proto::TraceReply> CallTrace(proto::Controller::Stub& stub,
@@ -625,13 +618,10 @@ absl::StatusOr<proto::TraceReply> CollectTrace(const std::string& address,
 
 absl::Status ShutdownServer(const std::string& address,
                             const ClusterSecret& secret) {
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
-      ChannelCredentialsFor();  // $PLEXUS_TLS_CA
-  if (!tls.ok()) return tls.status();
-  absl::StatusOr<std::string> target = ServerTarget(address);
-  if (!target.ok()) return target.status();
-  auto channel = grpc::CreateChannel(*target, *tls);
-  auto stub = proto::Controller::NewStub(channel);
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      ServerChannel(address, /*ca_file=*/"");  // $PLEXUS_TLS_CA
+  if (!channel.ok()) return channel.status();
+  auto stub = proto::Controller::NewStub(*channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(GrpcTimeout(absl::Seconds(5)));
   proto::ShutdownRequest req;

@@ -28,12 +28,19 @@ bool IsLoopbackHost(absl::string_view host);
 // "unix:path") as it is; a list of servers, a primary and its standbys
 // ("10.0.0.1:7070,10.0.0.2:7070"), as one target that connects to the
 // first that answers (gRPC's "ipv4:"/"ipv6:" list with pick_first: a
-// standby listens only once it has taken over). A list names each server
-// by its IP address and port; InvalidArgument naming the entry otherwise
-// (a name resolves to one server here: for names, give one that resolves
-// to the server that serves, such as a Kubernetes Service), and for a
-// list that mixes IPv4 and IPv6.
+// standby listens only once it has taken over). An entry of a list is an
+// IP address and port, or a name and port resolved here, once (to an IPv4
+// address if it has one): give names that keep their address, such as one
+// Kubernetes Service per server (deploy/kubernetes/plexus.yaml).
+// InvalidArgument naming the entry for one with no port or a name that
+// does not resolve, and for a list that mixes IPv4 and IPv6.
 absl::StatusOr<std::string> ServerTarget(absl::string_view address);
+// The name a list's channel checks the servers' TLS certificates against
+// (and sends as its authority): its first entry as written
+// ("plexus-server-a:7070"), so every server of the list presents a
+// certificate that names it. Empty for one address (gRPC's own: the
+// address).
+std::string ServerListAuthority(absl::string_view address);
 // Whether `address` is a list of servers (a primary and its standbys).
 bool IsServerList(absl::string_view address);
 

@@ -29,13 +29,32 @@ TEST(AddressTest, AListOfServersIsOneTargetThatTriesThemInOrder) {
   EXPECT_EQ(*ServerTarget("127.0.0.1:1, 127.0.0.1:2"),
             "ipv4:127.0.0.1:1,127.0.0.1:2");
   EXPECT_EQ(*ServerTarget("[::1]:1,[::1]:2"), "ipv6:[::1]:1,[::1]:2");
-  for (const char* bad : {"server-a:1,server-b:1", "10.0.0.1,10.0.0.2:1",
-                          "10.0.0.1:1,[::1]:2", "10.0.0.1:1,"}) {
+  for (const char* bad : {"10.0.0.1,10.0.0.2:1", "10.0.0.1:1,[::1]:2",
+                          "10.0.0.1:1,", "plexus-server-a.invalid:1,b:2"}) {
     absl::StatusOr<std::string> t = ServerTarget(bad);
     EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-  EXPECT_NE(ServerTarget("a:1,b:2").status().message().find("'a:1'"),
+  EXPECT_NE(ServerTarget("10.0.0.1:1,10.0.0.2")
+                .status()
+                .message()
+                .find("'10.0.0.2' has no port"),
             std::string::npos);
+  EXPECT_NE(ServerTarget("no-such-server.invalid:1,10.0.0.2:1")
+                .status()
+                .message()
+                .find("'no-such-server.invalid:1' does not resolve"),
+            std::string::npos);
+}
+
+// A list of names (one Kubernetes Service per server): each is resolved
+// once, to its IPv4 address if it has one; the list's TLS name is its
+// first entry as written.
+TEST(AddressTest, AListOfNamesIsResolvedAndCheckedAgainstItsFirstName) {
+  EXPECT_EQ(*ServerTarget("localhost:7070,127.0.0.2:7071"),
+            "ipv4:127.0.0.1:7070,127.0.0.2:7071");
+  EXPECT_EQ(ServerListAuthority(" localhost:7070 ,127.0.0.2:7071"),
+            "localhost:7070");
+  EXPECT_EQ(ServerListAuthority("localhost:7070"), "");
 }
 
 TEST(AddressTest, AServerListIsRetriedOftenEnoughToFindItsStandbyAtOnce) {

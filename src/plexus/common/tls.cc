@@ -46,16 +46,11 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentialsFor(
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
     const std::string& address, const std::string& ca_file) {
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
-      ChannelCredentialsFor(ca_file);
-  if (!tls.ok()) return tls.status();
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  absl::StatusOr<std::string> target = ServerTarget(address);
-  if (!target.ok()) return target.status();
   if (IsServerList(address)) {
     // A server list: a primary that stops answering (stopped, or its host
     // cut off) ends the session within ~2 s, as a crash does, so the
@@ -73,6 +68,23 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
     args.SetInt(
         GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
         static_cast<int>(absl::ToInt64Milliseconds(kServerListRetryCap)));
+  }
+  return ServerChannel(address, ca_file, std::move(args));
+}
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ServerChannel(
+    const std::string& address, const std::string& ca_file,
+    grpc::ChannelArguments args) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+      ChannelCredentialsFor(ca_file);
+  if (!tls.ok()) return tls.status();
+  absl::StatusOr<std::string> target = ServerTarget(address);
+  if (!target.ok()) return target.status();
+  // A list's target ("ipv4:a,b") is no name to check a certificate
+  // against: its first entry is.
+  const std::string authority = ServerListAuthority(address);
+  if (!authority.empty()) {
+    args.SetString(GRPC_ARG_DEFAULT_AUTHORITY, authority);
   }
   return grpc::CreateCustomChannel(*target, *tls, args);
 }

@@ -50,4 +50,12 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ChannelCredentialsFor(
 absl::StatusOr<std::shared_ptr<grpc::Channel>> SessionChannel(
     const std::string& address, const std::string& ca_file);
 
+// A channel to the server at `address` (one address or a server list:
+// ServerTarget, checked against ServerListAuthority) with `args` and
+// ChannelCredentialsFor(ca_file). SessionChannel's, and every one-shot
+// call's (status, shutdown).
+absl::StatusOr<std::shared_ptr<grpc::Channel>> ServerChannel(
+    const std::string& address, const std::string& ca_file,
+    grpc::ChannelArguments args = {});
+
 }  // namespace plexus

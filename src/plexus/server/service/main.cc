@@ -176,6 +176,7 @@ struct Flags {
   std::string web_listen = "auto";
   std::string standby_of;
   int standby_lease_ms = 3000;
+  int serve_if_alone_ms = -1;  // with --standby-of: wait for ever
 };
 
 // The flags, in the order --help lists them: where the server listens,
@@ -246,6 +247,14 @@ void AddRuntimeFlags(CLI::App& app, Flags* f) {
                  "lease; give workers and clients both addresses "
                  "(\"PRIMARY,STANDBY\"). An operator's shutdown of the "
                  "primary stops the standby too (docs/RELIABILITY.md)");
+  app.add_option("--serve-if-alone-ms", f->serve_if_alone_ms,
+                 "with --standby-of, for the first server of a pair: if the "
+                 "other cannot be followed within this long of the start, "
+                 "serve this server's --journal instead (the other has no "
+                 "such flag and waits). Longer than the other's lease plus "
+                 "a second, so a restarted primary finds its standby "
+                 "serving and follows it (docs/DEPLOY.md)")
+      ->check(CLI::Range(0, 3600 * 1000));
   app.add_option("--standby-lease-ms", f->standby_lease_ms,
                  "as a primary: how long this server may be silent before "
                  "its standby takes over (it sends a keepalive every quarter "
@@ -411,6 +420,13 @@ class ReservedAddress {
 // True: serve (the journal is the primary's), on the address it held;
 // false: exit (`code`).
 bool FollowAsStandby(Flags& f, int* code) {
+  if (f.standby_of.empty() && f.serve_if_alone_ms >= 0) {
+    *code = CannotStart(f.ready_fd,
+                        absl::InvalidArgumentError(
+                            "--serve-if-alone-ms is for the first server of "
+                            "a pair: give it with --standby-of OTHER"));
+    return false;
+  }
   if (f.options.journal_path.empty() || f.local.hosts + f.local.spares > 0) {
     *code = CannotStart(
         f.ready_fd,
@@ -432,6 +448,9 @@ bool FollowAsStandby(Flags& f, int* code) {
     if (f.ready_fd >= 0) WriteAll(f.ready_fd, held.address() + "\n");
   };
   options.primary = f.standby_of;
+  if (f.serve_if_alone_ms >= 0) {
+    options.serve_alone_after = absl::Milliseconds(f.serve_if_alone_ms);
+  }
   options.journal_path = f.options.journal_path;
   options.secret = *f.options.secret;  // LoadSecretAndTenants set it
   char host[256] = {};
@@ -451,7 +470,10 @@ bool FollowAsStandby(Flags& f, int* code) {
     return false;
   }
   *code = 0;
-  if (*end != plexus::FollowEnd::kTakeOver) return false;
+  if (*end != plexus::FollowEnd::kTakeOver &&
+      *end != plexus::FollowEnd::kServeAlone) {
+    return false;
+  }
   f.options.listen_address = held.address();
   held.Release();  // gRPC binds it next
   return true;
@@ -507,7 +529,7 @@ int main(int argc, char** argv) {
   }
   const plexus::ServerOptions& options = flags.options;
   const int ready_fd = flags.ready_fd;
-  if (!flags.standby_of.empty()) {
+  if (!flags.standby_of.empty() || flags.serve_if_alone_ms >= 0) {
     int code = 0;
     if (!FollowAsStandby(flags, &code)) {
       if (ready_fd >= 0) close(ready_fd);

@@ -145,7 +145,8 @@ absl::StatusOr<FollowEnd> FollowUntilTakeover(const FollowerOptions& options,
   const Credential admin = options.secret.Derive(CredentialRole::kAdmin);
   absl::Duration lease = options.lease;
   bool followed = false;  // once: never take over an empty journal
-  absl::Time last_heard = clock.Now();
+  const absl::Time started = clock.Now();
+  absl::Time last_heard = started;
   bool said_away = false, said_waiting = false;
   while (true) {
     if (stop != nullptr && stop->load()) return FollowEnd::kStopped;
@@ -238,12 +239,25 @@ absl::StatusOr<FollowEnd> FollowUntilTakeover(const FollowerOptions& options,
             "the primary answers",
             options.primary, absl::FormatDuration(lease - silent));
       }
+    } else if (clock.Now() - started >= options.serve_alone_after) {
+      SPDLOG_WARN(
+          "standby: no primary answered at {} within {} of the start: "
+          "serving this server's journal ({}), as the first of the pair",
+          options.primary, absl::FormatDuration(options.serve_alone_after),
+          options.journal_path);
+      return FollowEnd::kServeAlone;
     } else if (!said_waiting) {
       said_waiting = true;
       SPDLOG_INFO(
           "standby: waiting for the primary at {} (it takes over only after "
-          "it has followed it)",
-          options.primary);
+          "it has followed it{})",
+          options.primary,
+          options.serve_alone_after == absl::InfiniteDuration()
+              ? ""
+              : absl::StrCat("; it serves its own journal if none answers "
+                             "within ",
+                             absl::FormatDuration(options.serve_alone_after),
+                             " of the start"));
     }
     clock.SleepFor(kRetry);
   }

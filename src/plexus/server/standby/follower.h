@@ -13,10 +13,11 @@
 //
 // It takes over only after it has followed once (it never serves an empty
 // journal because its primary was not up yet), and not when the primary
-// said it shut down on purpose. While the primary is away it keeps trying
-// to reach it (every 100 ms); one that answers within the lease is
-// followed again, from a new snapshot. A primary that is only stopped
-// (SIGSTOP) past the lease is taken over too: docs/RELIABILITY.md says
+// said it shut down on purpose; the first of a pair serves its own journal
+// when no primary answers at its start (serve_alone_after). While the primary
+// is away it keeps trying to reach it (every 100 ms); one that answers within
+// the lease is followed again, from a new snapshot. A primary that is only
+// stopped (SIGSTOP) past the lease is taken over too: docs/RELIABILITY.md says
 // what that costs.
 #pragma once
 
@@ -41,6 +42,13 @@ struct FollowerOptions {
   // takeover.
   absl::Duration lease = absl::Seconds(3);
   Clock* clock = Clock::Real();
+  // The first of a pair (plexus-server --serve-if-alone-ms): if no
+  // primary could be followed this long after the start, serve this
+  // journal (FollowEnd::kServeAlone). Its peer has no such limit, so of
+  // two started together this one serves and the other follows it; one
+  // restarted while its peer serves, or takes over within this time,
+  // follows the peer. Infinite: wait for a primary for ever.
+  absl::Duration serve_alone_after = absl::InfiniteDuration();
   // Called once, when it first follows the primary (its journal is the
   // primary's from then on). May be empty.
   std::function<void()> on_first_follow;
@@ -49,6 +57,7 @@ struct FollowerOptions {
 // What FollowUntilTakeover ended with.
 enum class FollowEnd {
   kTakeOver,         // the primary was silent for its lease: serve its journal
+  kServeAlone,       // no primary within serve_alone_after: serve this journal
   kPrimaryShutDown,  // the primary shut down on purpose: stop too
   kStopped,          // `stop` was set
 };
