@@ -26,7 +26,8 @@ int64_t Admission::RemoveClient(uint64_t client) {
   auto it = clients_.find(client);
   if (it == clients_.end()) return 0;
   Unbacklog(client, it->second);
-  const int64_t dropped = static_cast<int64_t>(it->second.pending.size());
+  const int64_t dropped =
+      static_cast<int64_t>(it->second.pending.size() + it->second.held.size());
   // Frees the windows now: the workers drop its work on ClientGone.
   std::vector<uint64_t> tickets;
   for (const auto& [ticket, f] : in_flight_) {
@@ -121,16 +122,23 @@ void Admission::Unbacklog(uint64_t id, Client& c) {
   if (!c.pending.empty()) order_.erase({c.pass, c.arrival, id});
 }
 
-std::deque<AdmissionUnit> Admission::TakePending(uint64_t client) {
+void Admission::Hold(uint64_t client) {
   auto it = clients_.find(client);
-  if (it == clients_.end()) return {};
+  if (it == clients_.end()) return;
   Client& c = it->second;
   Unbacklog(client, c);
-  std::deque<AdmissionUnit> taken = std::move(c.pending);
+  for (AdmissionUnit& unit : c.pending) c.held.push_back(std::move(unit));
   c.pending.clear();
   c.view.pending_units = 0;
   c.view.pending_calls = 0;
-  return taken;
+  c.view.held_units = static_cast<int64_t>(c.held.size());
+}
+
+std::vector<AdmissionUnit> Admission::TakeHeld(uint64_t client) {
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return {};
+  it->second.view.held_units = 0;
+  return std::move(it->second.held);
 }
 
 std::vector<uint64_t> Admission::PendingCallSeqs(uint64_t client) const {

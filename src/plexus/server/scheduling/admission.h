@@ -112,6 +112,7 @@ class Admission {
     int32_t max_calls_in_flight = 0;
     int64_t pending_units = 0;
     int64_t pending_calls = 0;  // waiting here
+    int64_t held_units = 0;     // held while a loss is settled (Hold)
     int64_t in_flight = 0;      // admitted, not reported done
     int64_t admitted = 0;       // calls admitted so far
     int64_t device_micros = 0;  // reported device time of its calls
@@ -154,9 +155,14 @@ class Admission {
     out->clear();
     out->swap(done_calls_);
   }
-  // Takes the client's units still waiting here, in order (recovery routes
-  // them again).
-  std::deque<AdmissionUnit> TakePending(uint64_t client);
+  // A host the client's slice uses was lost: its units still waiting here
+  // are held apart, in order, after any held before (they were routed on
+  // the old map; recovery routes them again on the new one once the loss
+  // is settled, TakeHeld). They do not go, are not failed by FailCallsOn,
+  // and count in ClientView::held_units.
+  void Hold(uint64_t client);
+  // The units held for the client, in order, now no longer held.
+  std::vector<AdmissionUnit> TakeHeld(uint64_t client);
 
   const ClientView* Find(uint64_t client) const;
   // The window of `worker` now: calls and estimated device time in flight.
@@ -178,6 +184,7 @@ class Admission {
     double pass = 0;
     uint64_t arrival = 0;  // tie-break: first backlogged first
     std::deque<AdmissionUnit> pending;
+    std::vector<AdmissionUnit> held;  // Hold
     // Moving average of one execute's device time, per program.
     absl::flat_hash_map<uint64_t, double> cost;
   };

@@ -426,6 +426,50 @@ TEST(AdmissionTest, CallsWaitingForALostWorkerFailTheirOutputsAtOnce) {
   EXPECT_EQ(out[1].unit.ops.at(1).back().fail().buffer_ids(0), 12u);
 }
 
+// A client whose slice lost a host: its waiting units are held apart
+// (routed on the old map), neither admitted nor failed with the lost
+// worker's calls, and given back in order, those of a second loss after
+// the first's; a client that leaves drops them.
+TEST(AdmissionTest, UnitsHeldForALossStayOutOfTheWayUntilTaken) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 1000});
+  a.AddWorker(1, 1);
+  a.AddWorker(2, 1);
+  a.AddClient(1, 1, 64);
+  a.AddClient(2, 1, 64);
+  for (uint64_t seq : {1, 2, 3}) {
+    AdmissionUnit unit = Call(7, {1, 2});
+    unit.call_seq = seq;
+    a.Enqueue(1, std::move(unit));
+  }
+  ASSERT_EQ(Drain(a).size(), 1u);  // seq 1; the windows are full
+  a.Hold(1);
+  EXPECT_EQ(a.Find(1)->pending_calls, 0);
+  EXPECT_EQ(a.Find(1)->held_units, 2);
+  EXPECT_TRUE(a.PendingCallSeqs(1).empty());
+  a.RemoveWorker(2);
+  EXPECT_EQ(a.FailCallsOn(2, absl::UnavailableError("down")), 0);
+  AdmissionUnit later = Call(7, {1});
+  later.call_seq = 4;
+  a.Enqueue(1, std::move(later));
+  a.Hold(1);  // a second loss before the first is settled
+  EXPECT_EQ(a.Find(1)->held_units, 3);
+  EXPECT_TRUE(Drain(a).empty());
+  std::vector<AdmissionUnit> held = a.TakeHeld(1);
+  ASSERT_EQ(held.size(), 3u);
+  for (size_t i = 0; i < held.size(); ++i) {
+    EXPECT_EQ(held[i].call_seq, i + 2);
+  }
+  EXPECT_EQ(a.Find(1)->held_units, 0);
+  EXPECT_TRUE(a.TakeHeld(1).empty());
+
+  a.Enqueue(2, Call(7, {1}));
+  a.Hold(2);
+  EXPECT_EQ(a.RemoveClient(2), 1);  // held units are dropped with it
+  EXPECT_TRUE(a.TakeHeld(2).empty());
+}
+
 // A call over `workers` in wire form (its Executes encoded once).
 AdmissionUnit WireCall(uint64_t program, uint64_t output,
                        const std::vector<int64_t>& workers) {

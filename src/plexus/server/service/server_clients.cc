@@ -180,7 +180,6 @@ void ServerImpl::EndClientSession(uint64_t id) {
     client_queues_.erase(id);
     client_contexts_.erase(id);
     SPDLOG_INFO("client {} disconnected; its slices and buffers are freed", id);
-    held_units_.erase(id);
     AnswerSlicesLocked();
     ResolveAwaitedLocked();  // its hosts may take a lost one's place
   }

@@ -298,42 +298,40 @@ void ServerImpl::OnHeartbeat(int64_t id, const proto::WorkerToServer& msg) {
 }
 
 void ServerImpl::OnCallsDone(int64_t id, const proto::CallsDone& done) {
-  bool pending = false;
   {
     absl::MutexLock admission(&admission_mu_);
     admission_.Completed(id, done);
     for (uint64_t copy : done.copies_done()) {
       copies_arrived_.push_back(copy);
     }
-    pending = CompletionsPendingLocked();
-    // Nothing for the records (a call ends with its last worker's
-    // report): the room it left is used now, under this one lock.
-    if (!pending) AdmitLocked();
+    // The room it left is used now, under this one lock, unless this
+    // thread applies completions to the records next: their releases
+    // then ride with the calls that room admits (one write to each
+    // worker, not two).
+    if (!CompletionsPendingLocked() || routing_batch_ ||
+        draining_completions_) {
+      AdmitLocked();
+      return;
+    }
+    draining_completions_ = true;
   }
-  // Into the records (ApplyCompletionsLocked) if the state lock is
-  // free; the releases they let go then ride with the calls that the
-  // room they left admits (one write to each worker, not two). If a
-  // client's batch is being routed, it applies them as it ends.
-  // Admission never waits for the state lock.
-  if (pending) {
+  DrainCompletions();
+}
+
+void ServerImpl::DrainCompletions() {
+  while (true) {
     WorkerOps releases;
-    bool applied = false;
-    if (mu_.TryLock()) {
-      ApplyCompletionsLocked(&releases);
-      mu_.Unlock();
-      applied = true;
-    }
-    bool wait_for_state = false;
     {
-      absl::MutexLock admission(&admission_mu_);
-      AdmitLocked(std::move(releases));
-      wait_for_state =
-          !applied && !routing_batch_ && CompletionsPendingLocked();
-    }
-    if (wait_for_state) {  // another holder of the state lock (rare)
       absl::MutexLock lock(&mu_);
       ApplyCompletionsLocked(&releases);
-      if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+    }
+    absl::MutexLock admission(&admission_mu_);
+    AdmitLocked(std::move(releases));
+    // More reported meanwhile by threads that left them to this one; a
+    // batch being routed applies them as it ends.
+    if (!CompletionsPendingLocked() || routing_batch_) {
+      draining_completions_ = false;
+      return;
     }
   }
 }
@@ -478,13 +476,9 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
     // their work waiting at admission is routed again on the new map
     // (ClusterState::RecoverClient) as their loss is settled.
     for (uint64_t c : loss.clients) {
-      if (!state_.HoldsAny(c, loss.remapped) &&
-          !state_.HoldsAny(c, loss.awaiting)) {
-        continue;
-      }
-      std::vector<AdmissionUnit>& held = held_units_[c];
-      for (AdmissionUnit& unit : admission_.TakePending(c)) {
-        held.push_back(std::move(unit));
+      if (state_.HoldsAny(c, loss.remapped) ||
+          state_.HoldsAny(c, loss.awaiting)) {
+        admission_.Hold(c);
       }
     }
     // Calls still waiting that need it fail now, in their place, rather
@@ -564,11 +558,8 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
     // Units held for a slice of it still waiting on another loss stay.
     std::vector<AdmissionUnit> held;
     if (!state_.Awaiting(c)) {
-      auto h = held_units_.find(c);
-      if (h != held_units_.end()) {
-        held = std::move(h->second);
-        held_units_.erase(h);
-      }
+      absl::MutexLock admission(&admission_mu_);
+      held = admission_.TakeHeld(c);
     }
     if (remapped) {
       std::vector<TakenWork> taken;

@@ -194,6 +194,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // thread that routes.
   void ApplyCompletionsLocked(WorkerOps* releases, bool batch_ends = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies completions until none is queued (or a batch being routed
+  // will), admitting what the room they left lets go with their releases.
+  // Called by the one worker session that set draining_completions_.
+  void DrainCompletions() ABSL_LOCKS_EXCLUDED(mu_, admission_mu_);
   bool CompletionsPendingLocked() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_) {
     return admission_.has_done_calls() || !copies_arrived_.empty();
@@ -457,11 +461,15 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   Admission admission_ ABSL_GUARDED_BY(admission_mu_);
   absl::CondVar admission_room_;  // a client's queue at admission moved
   bool stopping_ ABSL_GUARDED_BY(admission_mu_) = false;
-  // Completions not yet in the records (ApplyCompletionsLocked): calls
-  // done wait in admission_, snapshot copies arrived here; and whether a
-  // client's batch is being routed (it applies them as it ends).
+  // Completions not yet in the records (ApplyCompletionsLocked): one
+  // queue, under the admission lock (calls done wait in admission_,
+  // snapshot copies arrived here), drained under the state lock by the
+  // thread that routes a client's batch as the batch ends
+  // (routing_batch_), or else by one worker session's thread at a time
+  // (draining_completions_: DrainCompletions), never by two at once.
   std::vector<uint64_t> copies_arrived_ ABSL_GUARDED_BY(admission_mu_);
   bool routing_batch_ ABSL_GUARDED_BY(admission_mu_) = false;
+  bool draining_completions_ ABSL_GUARDED_BY(admission_mu_) = false;
   // Their room, reused: taken under admission_mu_, applied under mu_.
   std::vector<std::pair<uint64_t, bool>> done_calls_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> copies_to_apply_ ABSL_GUARDED_BY(mu_);
@@ -477,12 +485,6 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>
       client_queues_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ServerContext*> client_contexts_
-      ABSL_GUARDED_BY(mu_);
-  // The units each client had waiting at admission when it lost a host,
-  // taken out to be routed again on the slice's new map (or failed, if it
-  // breaks): held here while its slice waits for a host. Its next batches
-  // wait in HandleClientBatch meanwhile.
-  std::map<uint64_t, std::vector<AdmissionUnit>> held_units_
       ABSL_GUARDED_BY(mu_);
   // Why each slice that grows back did not, and why each that could yield
   // to a higher priority did not, as last logged (said again only when the
