@@ -204,7 +204,7 @@ def breakdown(client, prog, x, calls, path):
     fetch = pick("bench-roundtrip", "client")
     routed = pick("server", "call")
     task = pick("worker", "task")
-    served = pick("worker", "client data plane")
+    served = pick("worker", "data plane")
     if not all((issued, fetch, routed, task, served)):
         print("[breakdown] some events are missing: no breakdown")
         return

@@ -6,6 +6,7 @@ higher-priority client leaves. Every step matches one process applying
 the same steps with the same batch sizes; the urgent job arrives between
 two steps, or while one runs."""
 import json
+import os
 import threading
 import time
 
@@ -324,6 +325,73 @@ def test_a_suspending_job_waits_out_a_higher_priority_and_resumes_where_it_was(
           f"{resume_s * 1e3:.0f} ms after the urgent client left")
 
 
+def test_a_parking_job_leaves_memory_to_a_higher_priority_and_comes_back():
+    """on_preempt="park": when an urgent client's slice takes its hosts,
+    the server suspends the low-priority slice and parks its values in
+    files of its park directory, freeing the workers' memory for the
+    urgent job; a read of a parked value says where it is. A call issued
+    meanwhile waits at the server. Once the urgent client leaves, the slice
+    resumes on its own hosts, reads every value back bit for bit (the files
+    go), and the held call runs."""
+    with plexus.local(hosts=2, tenants=TENANTS) as cluster:
+        low = cluster.connect(name="batch-job", tenant="batch")
+        s = low.slice(2, placement="spread", on_preempt="park")
+        hosts_before = hosts_of(s)
+        data = np.arange(8, dtype=np.float32) * 1.5
+        x = s.put(data, plexus.split(0))
+        add = s.program("add", x, x)
+        y = add(x, x)
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(y, timeout=WAIT_S)), data * 2.0)
+        high = cluster.connect(name="urgent", tenant="prod")
+        hs = high.slice(2, placement="spread")
+        cluster.wait_until(lambda _: s.suspended, timeout=WAIT_S,
+                           what="the batch job to be suspended")
+        assert "its values are parked in files of" in s.preempted, s.preempted
+
+        def parked(_):
+            try:
+                plexus.wait(y, timeout=0.2)
+            except plexus.InvalidArgumentError as e:
+                assert "is parked in files while slice" in str(e), e
+                return True
+            except plexus.DeadlineExceededError:
+                pass
+            return False
+        cluster.wait_until(parked, timeout=WAIT_S,
+                           what="the client to hear its values are parked")
+        # x and y, each a file per device; the workers hold none of them.
+        files = sorted(os.listdir(cluster.park_dir))
+        assert len(files) == 4 and not any(f.endswith(".tmp") for f in files)
+        with pytest.raises(plexus.InvalidArgumentError, match="parked in files"):
+            np.asarray(x)
+        # A call on them waits at the server, not refused.
+        z = add(y, x)
+        with pytest.raises(plexus.DeadlineExceededError):
+            plexus.wait(z, timeout=0.5)
+        # The urgent job runs on the hosts.
+        hx = hs.put(np.arange(4, dtype=np.float32), plexus.split(0))
+        hadd = hs.program("add", hx, hx)
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(hadd(hx, hx), timeout=WAIT_S)),
+            np.arange(4, dtype=np.float32) * 2.0)
+        high.close()
+        cluster.wait_until(lambda _: not s.suspended, timeout=WAIT_S,
+                           what="the batch job to resume")
+        assert s.preempted is None
+        assert hosts_of(s) == hosts_before, "it resumed where it was"
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(x, timeout=WAIT_S)), data)
+        np.testing.assert_array_equal(np.asarray(y), data * 2.0)
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(z, timeout=WAIT_S)), data * 3.0)
+        cluster.wait_until(lambda _: os.listdir(cluster.park_dir) == [],
+                           timeout=WAIT_S, what="the files read back, gone")
+        counters = cluster.status().get("recovery", {})
+        assert int(counters.get("slices_preempted", 0)) == 1, counters
+        assert int(counters.get("slices_preempt_resumed", 0)) == 1, counters
+
+
 @pytest.mark.jax_heavy
 def test_a_suspending_trainer_waits_out_a_higher_priority_and_goes_on():
     """The data-parallel trainer with on_preempt="suspend": an urgent
@@ -365,7 +433,7 @@ def test_a_suspending_trainer_waits_out_a_higher_priority_and_goes_on():
 def test_a_bad_preemption_policy_is_refused_naming_the_choices(cluster):
     client = cluster.connect(name="bad-preempt")
     with pytest.raises(plexus.InvalidArgumentError,
-                       match=r"on_preempt must be 'share', 'shrink' or "
-                       r"'suspend', not 'pause'"):
+                       match=r"on_preempt must be 'share', 'shrink', "
+                       r"'suspend' or 'park', not 'pause'"):
         client.slice(1, on_preempt="pause")
     client.close()

@@ -303,8 +303,13 @@ class Client:
         suspends the slice, its values kept in the workers' memory
         (`slice.suspended`, and `slice.preempted` says for whom); calls
         and puts on it wait at the server rather than fail, and run, in
-        order, once it resumes on its own devices when they free. The
-        default shrinks where on_loss does, else shares.
+        order, once it resumes on its own devices when they free; or
+        "park": suspended so, its values also written to the server's park
+        directory (plexus-server --park-dir) and released from the
+        workers' memory, as slice.suspend(to_files=True) does (reads of
+        them fail, saying parked, until it resumes and reads them back;
+        without a park directory, as "suspend"). The default shrinks where
+        on_loss does, else shares.
         """
         if isinstance(mesh, dict):
             if axis_names is not None:

@@ -193,9 +193,12 @@ void DefineClientSlices(py::class_<Client>& cls) {
           o.on_preempt = proto::PREEMPT_SHRINK;
         } else if (on_preempt == "suspend") {
           o.on_preempt = proto::PREEMPT_SUSPEND;
+        } else if (on_preempt == "park") {
+          o.on_preempt = proto::PREEMPT_PARK;
         } else {
           Raise(absl::InvalidArgumentError(
-              "on_preempt must be 'share', 'shrink' or 'suspend', not '" +
+              "on_preempt must be 'share', 'shrink', 'suspend' or 'park', "
+              "not '" +
               on_preempt + "'"));
         }
         o.min_devices = min_devices;

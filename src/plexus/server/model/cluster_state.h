@@ -611,10 +611,13 @@ class ClusterState {
   // files of the park directory (set_park_dir; refused without one) by a
   // `park` call per value, then released from the workers' memory; its
   // id reads as parked (FailedPrecondition, saying to resume) until the
-  // resume. The parks' tokens are in `wait_ids`.
+  // resume. The parks' tokens are in `wait_ids` (for the client to wait
+  // on and release), or, `by_server` (a preemption: no one waits), each
+  // released by the server as its park ends (FinishPark).
   absl::StatusOr<SliceResized> SuspendSlice(uint64_t client_id,
                                             uint64_t slice_id,
-                                            bool to_files = false);
+                                            bool to_files = false,
+                                            bool by_server = false);
   // A SliceResize op: ResizeSlice, or SuspendSlice / ResumeSlice when
   // `suspend` / `resume` is set.
   absl::StatusOr<SliceResized> ChangeSlice(uint64_t client_id,
@@ -656,7 +659,8 @@ class ClusterState {
   // further than its minimum (min_devices, one position), as a resize
   // would: every value moves (split ones re-split), none is lost.
   // PREEMPT_SUSPEND: it is suspended as SuspendSlice would (its values
-  // kept in the workers' memory), SliceRecord.preempted saying for whom;
+  // kept in the workers' memory; PREEMPT_PARK: parked in files, where the
+  // server has a park directory), SliceRecord.preempted saying for whom;
   // GrowSlices resumes it. Each resize's or suspend's owner, with `why`
   // naming the slice and tenant it yielded to. A slice that cannot (at its
   // minimum, or a value the smaller size does not divide), or that shares
@@ -974,7 +978,7 @@ class ClusterState {
   // Routes a park of every live value of `slice` (SuspendSlice with
   // to_files); each is released once its park is done (FinishPark).
   absl::Status ParkValues(ClientRecord& client, SliceRecord& slice,
-                          SliceResized& out);
+                          SliceResized& out, bool by_server);
   // Reads back every value `slice` parked, on its devices as they are now.
   absl::Status UnparkValues(ClientRecord& client, SliceRecord& slice,
                             SliceResized& out);
@@ -1011,6 +1015,7 @@ class ClusterState {
     uint64_t slice_id = 0;
     uint64_t id = 0;
     ArgSpec spec;
+    uint64_t token = 0;  // released by FinishPark (a server's suspend)
   };
   std::map<uint64_t, Parking> parking_;
   std::map<uint64_t, proto::Recovery> parked_notes_;  // TakeParkedNotes

@@ -79,7 +79,7 @@ std::vector<std::pair<uint64_t, SliceResized>> ClusterState::YieldToPriorities(
         if (by == nullptr) by = &c->second;
       }
       if (by == nullptr) continue;
-      if (policy == proto::PREEMPT_SUSPEND) {
+      if (policy == proto::PREEMPT_SUSPEND || policy == proto::PREEMPT_PARK) {
         absl::StatusOr<SliceResized> suspended = Preempt(client, slice, *by);
         if (!suspended.ok()) {
           if (why_not != nullptr) {
@@ -161,16 +161,24 @@ bool ClusterState::OwnDevicesFree(const SliceRecord& slice, int32_t priority,
 absl::StatusOr<SliceResized> ClusterState::Preempt(ClientRecord& client,
                                                    SliceRecord& slice,
                                                    const Claim& by) {
+  const bool park = slice.on_preempt == proto::PREEMPT_PARK;
+  const bool to_files = park && !park_dir_.empty();
   absl::StatusOr<SliceResized> out =
-      SuspendSlice(client.id, slice.id, /*to_files=*/false);
+      SuspendSlice(client.id, slice.id, to_files, /*by_server=*/true);
   if (!out.ok()) return out.status();
+  const std::string kept =
+      to_files ? absl::StrCat("its values are parked in files of ", park_dir_,
+                              " (on_preempt park; reads of them fail until it "
+                              "resumes)")
+      : park   ? "its values stay in the workers' memory (on_preempt park, "
+                 "but the server has no park directory: --park-dir)"
+               : "its values stay in the workers' memory (on_preempt suspend)";
   slice.preempted = absl::StrCat(
       "suspended by the server for slice ", by.slice_id, " of tenant '",
       by.tenant, "' (priority ", by.priority, ", over ",
-      PolicyOf(client).priority,
-      "), which holds its devices (on_preempt suspend): its values stay in "
-      "the workers' memory, and its calls and puts wait at the server until "
-      "it resumes on its own devices, once they free");
+      PolicyOf(client).priority, "), which holds its devices: ", kept,
+      "; its calls and puts wait at the server until it resumes on its own "
+      "devices, once they free");
   slice.preempted_since = now_;
   JournalSlice(slice);
   out->slice = DescribeSlice(slice);

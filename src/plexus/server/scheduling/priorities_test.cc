@@ -189,6 +189,79 @@ TEST_F(PrioritiesTest, ASuspendingSliceWaitsOutAHigherPriorityWhereItIs) {
   EXPECT_EQ(state_.recovery_counters().slices_preempt_resumed(), 1);
 }
 
+// on_preempt park: preempted as a suspend, its values parked in files
+// (a park call each, whose token the server releases as the park ends: no
+// client waits on it) and released from the workers; when the high slice
+// leaves, it resumes on its own devices and reads every value back under
+// a new id. Without a park directory it is suspended in memory, saying so.
+TEST_F(PrioritiesTest, AParkingSliceGoesToFilesAndComesBackWhereItWas) {
+  proto::SliceRequest req;
+  req.set_num_devices(4);
+  req.set_placement(proto::PLACEMENT_SPREAD);
+  req.set_on_preempt(proto::PREEMPT_PARK);
+  auto no_dir = state_.CreateSlice(low_, req);
+  ASSERT_TRUE(no_dir.ok()) << no_dir.status();
+  const proto::SliceInfo high = Slice(high_, 2, proto::LOSS_WAIT);
+  auto in_memory = state_.YieldToPriorities();
+  ASSERT_EQ(in_memory.size(), 1u);
+  EXPECT_TRUE(in_memory[0].second.work.empty());
+  EXPECT_NE(in_memory[0].second.why.find("the server has no park directory"),
+            std::string::npos)
+      << in_memory[0].second.why;
+  ASSERT_TRUE(state_.ReleaseSlice(high_, high.slice_id()).ok());
+  ASSERT_EQ(state_.GrowSlices().size(), 1u);
+  ASSERT_TRUE(state_.ReleaseSlice(low_, no_dir->slice_id()).ok());
+
+  state_.set_park_dir("/park");
+  auto low = state_.CreateSlice(low_, req);
+  ASSERT_TRUE(low.ok()) << low.status();
+  const uint64_t sid = low->slice_id();
+  const std::set<int64_t> before = Hosts(sid);
+  const uint64_t rows = Put(low_, sid, kRows);
+  const uint64_t whole = Put(low_, sid, kWhole);
+  const proto::SliceInfo urgent = Slice(high_, 2, proto::LOSS_WAIT);
+  auto yielded = state_.YieldToPriorities();
+  ASSERT_EQ(yielded.size(), 1u);
+  const SliceResized& parked = yielded[0].second;
+  EXPECT_TRUE(parked.slice.suspended());
+  EXPECT_NE(parked.why.find("its values are parked in files of /park"),
+            std::string::npos)
+      << parked.why;
+  ASSERT_EQ(parked.work.size(), 2u);  // a park call per value
+  EXPECT_EQ(parked.values_moved, 2);
+  // The parks end: each value leaves the workers, and each token is
+  // released with it (nothing of the server's suspend is left behind).
+  WorkerOps ops;
+  for (const auto& [seq, unit] : parked.work) state_.CallDone(seq, false, &ops);
+  int releases = 0;
+  for (const auto& [worker, list] : ops) {
+    for (const proto::WorkerOp& op : list) {
+      releases += op.has_release() ? op.release().buffer_ids_size() : 0;
+    }
+  }
+  EXPECT_EQ(releases, 4 * 4) << "2 values and 2 tokens, on 4 hosts";
+  EXPECT_EQ(state_.records().FindBuffer(rows), nullptr);
+  EXPECT_EQ(state_.records().FindBuffer(whole), nullptr);
+  ASSERT_EQ(parked.wait_ids.size(), 2u);
+  for (uint64_t token : parked.wait_ids) {
+    const BufferRecord* b = state_.records().FindBuffer(token);
+    EXPECT_TRUE(b == nullptr || b->released) << token;
+  }
+  EXPECT_EQ(state_.slices().at(sid).parked.size(), 2u);
+  auto notes = state_.TakeParkedNotes();
+  ASSERT_EQ(notes.count(low_), 1u);
+  EXPECT_EQ(notes[low_].lost_ids_size(), 2);
+  // The high slice leaves: resumed where it was, every value read back.
+  ASSERT_TRUE(state_.ReleaseSlice(high_, urgent.slice_id()).ok());
+  auto back = state_.GrowSlices();
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_FALSE(back[0].second.slice.suspended());
+  EXPECT_EQ(back[0].second.values_moved, 2);
+  EXPECT_EQ(back[0].second.note.new_ids_size(), 2);
+  EXPECT_EQ(Hosts(sid), before);
+  EXPECT_FALSE(state_.slices().at(sid).on_files);
+}
+
 TEST_F(PrioritiesTest, APreemptionPolicyIsChecked) {
   proto::SliceRequest req;
   req.set_num_devices(2);

@@ -69,7 +69,8 @@ absl::StatusOr<SliceResized> ClusterState::ChangeSlice(
 
 absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
                                                         uint64_t slice_id,
-                                                        bool to_files) {
+                                                        bool to_files,
+                                                        bool by_server) {
   absl::StatusOr<SliceRecord*> found =
       OwnedSlice(slices_, client_id, slice_id, "suspend");
   if (!found.ok()) return found.status();
@@ -100,7 +101,8 @@ absl::StatusOr<SliceResized> ClusterState::SuspendSlice(uint64_t client_id,
   if (to_files) {
     ClientRecord* client = FindClient(client_id);
     if (client == nullptr) return absl::NotFoundError("unknown client");
-    if (absl::Status s = ParkValues(*client, slice, parking); !s.ok()) {
+    if (absl::Status s = ParkValues(*client, slice, parking, by_server);
+        !s.ok()) {
       return s;
     }
   }
@@ -157,7 +159,7 @@ absl::StatusOr<uint64_t> ClusterState::ParkProgram(ClientRecord& client,
 }
 
 absl::Status ClusterState::ParkValues(ClientRecord& client, SliceRecord& slice,
-                                      SliceResized& out) {
+                                      SliceResized& out, bool by_server) {
   std::vector<uint64_t> values;
   for (const auto& [id, b] : records_.buffers()) {
     if (b.slice_id == slice.id && !b.released) values.push_back(id);
@@ -192,7 +194,8 @@ absl::Status ClusterState::ParkValues(ClientRecord& client, SliceRecord& slice,
     out.parked_ids.push_back(id);
     // Its memory goes once its park is done (FinishPark), not before: a
     // park that fails leaves it where it is.
-    parking_[seq] = {client.id, slice.id, id, spec};
+    parking_[seq] = {client.id, slice.id, id, spec,
+                     by_server ? *ids + 2 * k + 1 : 0};
     out.values_moved++;
     absl::StatusOr<TensorSpec> local = spec.Local(n);
     out.bytes_moved += local.ok()
@@ -208,6 +211,13 @@ void ClusterState::FinishPark(uint64_t seq, bool failed, WorkerOps* ops) {
   if (it == parking_.end()) return;
   const Parking p = it->second;
   parking_.erase(it);
+  if (p.token != 0 && FindClient(p.client_id) != nullptr) {
+    // The server suspended the slice: no client waits on the token.
+    proto::ReleaseRef release;
+    release.set_buffer_id(p.token);
+    release.set_slice_id(p.slice_id);
+    RouteRelease(p.client_id, release, ops);
+  }
   if (failed) return;  // the value stays in memory; the token said why
   ClientRecord* client = FindClient(p.client_id);
   auto slice = slices_.find(p.slice_id);
