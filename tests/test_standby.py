@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 import pytest
 
 import plexus
@@ -348,3 +349,73 @@ def test_a_pair_serves_whichever_is_up_and_a_restarted_one_follows(tmp_path):
         for fd in (first_ready, second_ready, restarted.get("ready")):
             if fd is not None:
                 os.close(fd)
+
+
+def test_a_primary_that_wakes_after_a_takeover_steps_down(tmp_path):
+    """The pair's serving server is SIGSTOPped past the lease; the other
+    takes over, with the workers and the client, which goes on computing.
+    The stopped one, continued, finds that it stalled past its lease and
+    that the other serves, and steps down (exit code 5, saying so) rather
+    than serve beside it: a client given the pair then finds every worker
+    at the one that took over."""
+    from test_deploy_slurm import free_port
+
+    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
+    plugin = default_pjrt_plugin()
+    if plugin:
+        env["PLEXUS_PJRT_PLUGIN"] = plugin
+    a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    first, first_ready = _pair_member(a, b, tmp_path / "first.log", env,
+                                      tmp_path / "first.db", first=True)
+    second, second_ready = _pair_member(b, a, tmp_path / "second.log", env,
+                                        tmp_path / "second.db", first=False)
+    workers, clients = [], []
+    try:
+        assert _read_line(first_ready, timeout=60) == a
+        assert _read_line(second_ready, timeout=60) == b
+        workers = [_worker(f"{a},{b}", f"host{i}", tmp_path / f"w{i}.log",
+                           env, devices=1) for i in range(3)]
+        client = plexus.connect(f"{a},{b}", name="job")
+        clients.append(client)
+        s = client.slice(3, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        y = double(x)
+        np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 2.0)
+
+        os.kill(first.pid, signal.SIGSTOP)
+        assert _read_line(second_ready, timeout=60) == b  # it took over
+        z = double(y)
+        np.testing.assert_array_equal(
+            np.asarray(plexus.wait(z, timeout=60)), np.arange(6) * 4.0)
+        os.kill(first.pid, signal.SIGCONT)
+        assert first.wait(timeout=60) == 5
+        text = (tmp_path / "first.log").read_text()
+        assert f"the other server of the pair, at {b}, serves" in text, text
+        assert "Stepping down" in text, text
+        assert second.poll() is None, "the one that took over serves on"
+        # A client given the pair reaches the one that serves.
+        late = plexus.connect(f"{a},{b}", name="late")
+        clients.append(late)
+        st = plexus.status(f"{a},{b}")
+        assert sum(w["alive"] for w in st["workers"]) == 3, st["workers"]
+        np.testing.assert_array_equal(np.asarray(double(z)),
+                                      np.arange(6) * 8.0)
+    finally:
+        for c in clients:
+            c.close()
+        for w in workers:
+            w.terminate()
+        for w in workers:
+            try:
+                w.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                w.kill()
+                w.wait()
+        for p in (first, second):
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.kill()
+            p.wait(timeout=30)
+        os.close(first_ready)
+        os.close(second_ready)

@@ -67,6 +67,13 @@ struct ServerOptions {
   // (then a takeover would lose that change: logged).
   absl::Duration standby_lease = absl::Seconds(3);
   absl::Duration standby_sync_timeout = absl::Seconds(5);
+  // The other server of a pair (this one took over from it, or serves as
+  // the first of two: plexus-server --standby-of). When its standby
+  // stops following, or it finds itself stalled for the lease, it asks
+  // the other whether it serves, and if so steps down (stepped_down():
+  // it shuts down rather than serve beside it; server/standby/peer_watch.h).
+  // Empty: none.
+  std::string peer_address;
   // Not owned. Every time the server reads, and every deadline it waits
   // for, goes through it, except what must be real time whatever it is
   // (a deadline handed to gRPC, the server's own stall detection, the
@@ -148,6 +155,9 @@ class Server {
   virtual const ClusterSecret& secret() const = 0;
   // Blocks until Shutdown() (locally or through the Shutdown RPC).
   virtual void Wait() = 0;
+  // Whether it shut down because the other server of its pair serves
+  // (ServerOptions::peer_address): it had been taken over.
+  virtual bool stepped_down() const = 0;
   virtual void Shutdown() = 0;
   // Re-checks heartbeats now (tests with a FakeClock call it after Advance).
   virtual void CheckLiveness() = 0;

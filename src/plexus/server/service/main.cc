@@ -130,6 +130,10 @@ int CannotStart(int ready_fd, const absl::Status& why) {
 // Starts the local workers, serves until shutdown, stops them. Returns the
 // exit code: 0, 1 when the workers did not come up, 3 when a worker did not
 // exit cleanly (each such worker is also a line on `ready_fd`).
+// The exit code of a server that stepped down: the other server of its
+// pair serves (ServerOptions::peer_address).
+constexpr int kSteppedDown = 5;
+
 int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
           int ready_fd) {
   local.server_address = server.address();
@@ -153,6 +157,7 @@ int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
   }
   server.Wait();
   absl::Status stopped = workers.Stop();
+  if (server.stepped_down()) return kSteppedDown;
   if (stopped.ok()) return 0;
   if (ready_fd >= 0) WriteAll(ready_fd, absl::StrCat(stopped.message(), "\n"));
   return 3;
@@ -475,6 +480,8 @@ bool FollowAsStandby(Flags& f, int* code) {
     return false;
   }
   f.options.listen_address = held.address();
+  // Serving now: the other server may take over from this one in turn.
+  f.options.peer_address = f.standby_of;
   held.Release();  // gRPC binds it next
   return true;
 }

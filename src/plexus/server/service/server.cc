@@ -24,7 +24,8 @@ ServerImpl::ServerImpl(const ServerOptions& options, ClusterSecret secret)
       scheduler_({.consistent_order = options.consistent_order}) {}
 
 ServerImpl::~ServerImpl() {
-  web_.reset();  // its threads read status through this
+  web_.reset();         // its threads read status through this
+  peer_watch_.reset();  // its step-down calls Shutdown
   Shutdown();
   // Sessions were cancelled by Shutdown(); give in-flight unary calls a
   // moment, then cancel whatever is left.
@@ -73,6 +74,22 @@ absl::Status ServerImpl::Init() {
   advertised_ = AdvertisedAddress(options_.advertise_address, address_);
   if (absl::Status s = StartWeb(); !s.ok()) return s;
   liveness_ = std::thread([this] { LivenessLoop(); });
+  if (!options_.peer_address.empty()) {
+    PeerWatchOptions watch;
+    watch.peer = options_.peer_address;
+    watch.period =
+        std::min(absl::Milliseconds(250), options_.standby_lease / 4);
+    peer_watch_ = std::make_unique<PeerWatch>(watch, [this] {
+      stepped_down_ = true;
+      SPDLOG_ERROR(
+          "the other server of the pair, at {}, serves: it took over while "
+          "this one was stalled or cut off from it, and has the workers and "
+          "clients. Stepping down (this server shuts down; start it again "
+          "to follow the other as its standby)",
+          options_.peer_address);
+      Shutdown();
+    });
+  }
   SPDLOG_INFO(
       "listening on {}{} ({}; client sessions without a tenant "
       "credential {})",

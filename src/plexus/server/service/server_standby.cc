@@ -55,6 +55,8 @@ grpc::Status ServerImpl::Follow(
                                          options_.clock);
     standby_feed_ = feed;
     standby_name_ = name;
+    // The other server follows: it did not take over.
+    if (peer_watch_ != nullptr) peer_watch_->Disarm();
     journal_sink_->set_tee(
         [feed](std::string record) { feed->Push(std::move(record)); });
     update.set_snapshot(state_.SnapshotRecords().SerializeAsString());
@@ -99,6 +101,11 @@ grpc::Status ServerImpl::Follow(
   const absl::Status why = feed->closed();
   if (standby_feed_ == feed) DetachStandbyLocked(why);
   SPDLOG_WARN("standby {} no longer follows: {}", name, why.ToString());
+  // It may have taken over (this server was stalled past the lease, or
+  // cut off from it), or just gone: the peer watch asks.
+  if (peer_watch_ != nullptr && !shutdown_ && standby_feed_ == nullptr) {
+    peer_watch_->Arm(absl::StrCat("standby ", name, " no longer follows"));
+  }
   return grpc::Status::OK;
 }
 

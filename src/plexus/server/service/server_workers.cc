@@ -639,6 +639,12 @@ void ServerImpl::LivenessLoop() {
     }
     const absl::Time now = real->Now();
     if (ServerStalled(now - last, options_)) ExcuseSilence(now - last);
+    if (peer_watch_ != nullptr && now - last >= options_.standby_lease) {
+      // Long enough for the other server to have taken over.
+      peer_watch_->Arm(absl::StrCat("this server did not run for ",
+                                    absl::FormatDuration(now - last),
+                                    ", past its standby lease"));
+    }
     last = now;
     CheckLiveness();
   }

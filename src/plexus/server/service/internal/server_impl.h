@@ -32,6 +32,7 @@
 #include "plexus/server/scheduling/out_queue.h"
 #include "plexus/server/server.h"
 #include "plexus/server/standby/journal_feed.h"
+#include "plexus/server/standby/peer_watch.h"
 #include "plexus/timeline/clock_offset.h"
 #include "plexus/timeline/timeline.h"
 #include "plexus/web/web_server.h"
@@ -59,6 +60,7 @@ class ServerImpl final : public Server, public proto::Controller::Service {
 
   void Wait() override;
   void Shutdown() override;
+  bool stepped_down() const override { return stepped_down_.load(); }
 
   // When a worker was last heard from (heard_, below).
   struct LastHeard {
@@ -446,6 +448,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   bool anonymous_clients_ = false;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::thread liveness_;
+  // The other server of a pair (ServerOptions::peer_address); null if none.
+  std::unique_ptr<PeerWatch> peer_watch_;
+  std::atomic<bool> stepped_down_{false};
   // The live page and /metrics (ServerOptions::web_listen); null if none.
   // Reads status through FillStatus; destroyed first.
   std::unique_ptr<web::WebServer> web_;
