@@ -27,6 +27,28 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
 LEASE_MS = 1000
 
 
+def _cluster_env():
+    """The environment of a cluster's processes: a fresh cluster secret,
+    and the PJRT plugin where there is one."""
+    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
+    plugin = default_pjrt_plugin()
+    if plugin:
+        env["PLEXUS_PJRT_PLUGIN"] = plugin
+    return env
+
+
+def _stop_workers(workers):
+    """SIGTERM, then SIGKILL past 30 s; each reaped."""
+    for w in workers:
+        w.terminate()
+    for w in workers:
+        try:
+            w.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()
+
+
 def _primary(log, env, journal):
     proc, ready = _spawn(
         [str(bin_dir() / "plexus-server"), "--listen", "127.0.0.1:0",
@@ -70,10 +92,7 @@ def _standby(primary, address, log, env, journal, die_with_parent=True):
 def paired(tmp_path):
     """A primary on a journal, its standby on another, and three standalone
     workers given both addresses."""
-    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
-    plugin = default_pjrt_plugin()
-    if plugin:
-        env["PLEXUS_PJRT_PLUGIN"] = plugin
+    env = _cluster_env()
 
     class Cluster:
         pass
@@ -126,14 +145,7 @@ def paired(tmp_path):
     try:
         yield c
     finally:
-        for w in c.workers:
-            w.terminate()
-        for w in c.workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
+        _stop_workers(c.workers)
         for p in [c.primary, c.standby] + retired:
             if p is not None and p.poll() is None:
                 p.kill()  # a stopped one too
@@ -277,10 +289,7 @@ def test_a_pair_serves_whichever_is_up_and_a_restarted_one_follows(tmp_path):
     sys.path.insert(0, EXAMPLES)
     from elastic_training import train
 
-    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
-    plugin = default_pjrt_plugin()
-    if plugin:
-        env["PLEXUS_PJRT_PLUGIN"] = plugin
+    env = _cluster_env()
     a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     procs = []
 
@@ -334,14 +343,7 @@ def test_a_pair_serves_whichever_is_up_and_a_restarted_one_follows(tmp_path):
     finally:
         if client is not None:
             client.close()
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
+        _stop_workers(workers)
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -360,10 +362,7 @@ def test_a_primary_that_wakes_after_a_takeover_steps_down(tmp_path):
     at the one that took over."""
     from test_deploy_slurm import free_port
 
-    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
-    plugin = default_pjrt_plugin()
-    if plugin:
-        env["PLEXUS_PJRT_PLUGIN"] = plugin
+    env = _cluster_env()
     a, b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     first, first_ready = _pair_member(a, b, tmp_path / "first.log", env,
                                       tmp_path / "first.db", first=True)
@@ -404,14 +403,7 @@ def test_a_primary_that_wakes_after_a_takeover_steps_down(tmp_path):
     finally:
         for c in clients:
             c.close()
-        for w in workers:
-            w.terminate()
-        for w in workers:
-            try:
-                w.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                w.kill()
-                w.wait()
+        _stop_workers(workers)
         for p in (first, second):
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGCONT)
