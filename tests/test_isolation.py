@@ -448,6 +448,24 @@ def test_tls_on_loopback_with_local_workers(tmp_path, monkeypatch):
                                           np.arange(5.0))
         finally:
             c.close()
+        # A worker that trusts another CA is refused by the handshake, and
+        # says so: not only "cannot reach the server".
+        other_key, other = tmp_path / "other-key.pem", tmp_path / "other.pem"
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+             "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+             str(other_key), "-out", str(other), "-days", "1", "-subj",
+             "/CN=another", "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True, timeout=60)
+        wrong = subprocess.run(
+            [str(bin_dir() / "plexus-worker"), "--server", address,
+             "--host-name", "wrong-ca", "--reconnect-timeout-s", "1"],
+            env=dict(environment(secret), PLEXUS_TLS_CA=str(other)),
+            capture_output=True, text=True, timeout=60)
+        assert wrong.returncode == 1, wrong.stderr  # cannot start
+        assert re.search(r"cannot reach the server at 127\.0\.0\.1:\d+: .*"
+                         r"(?i:ssl|handshake|certificate)", wrong.stderr), \
+            wrong.stderr
         monkeypatch.setenv("PLEXUS_TLS_CA", str(cert))
         _core.shutdown_server(address, secret)
         assert proc.wait(timeout=30) == 0

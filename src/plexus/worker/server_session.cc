@@ -12,6 +12,28 @@
 #include "plexus/worker/thread_name.h"
 
 namespace plexus {
+namespace {
+
+// Why `channel` did not connect, as gRPC last saw it (a refused
+// connection, a TLS handshake that failed and why, a name that does not
+// resolve): a call that does not wait for the connection fails with it.
+// Empty if it connected meanwhile.
+std::string WhyNotConnected(const std::shared_ptr<grpc::Channel>& channel) {
+  std::unique_ptr<proto::Controller::Stub> stub =
+      proto::Controller::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_wait_for_ready(false);
+  // Real time: a deadline handed to gRPC.
+  ctx.set_deadline(
+      absl::ToChronoTime(Clock::Real()->Now() + absl::Milliseconds(500)));
+  proto::StatusRequest request;
+  request.set_why_after_ms(-1);
+  proto::ClusterStatus status;
+  const grpc::Status s = stub->GetStatus(&ctx, request, &status);
+  return s.ok() ? "" : s.error_message();
+}
+
+}  // namespace
 
 ServerSession::ServerSession(const WorkerOptions& options, WorkerIdentity& me,
                              Timeline& timeline, ReportQueue& reports)
@@ -92,8 +114,10 @@ absl::Status ServerSession::Register(proto::WorkerToServer& hello,
   // timeout goes as a span, which gRPC starts on its own clock.
   if (!channel_->WaitForConnected(gpr_time_from_millis(
           absl::ToInt64Milliseconds(options_.connect_timeout), GPR_TIMESPAN))) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot reach the server at ", options_.server_address));
+    const std::string why = WhyNotConnected(channel_);
+    return absl::UnavailableError(absl::StrCat("cannot reach the server at ",
+                                               options_.server_address,
+                                               why.empty() ? "" : ": ", why));
   }
   stub_ = proto::Controller::NewStub(channel_);
   {
