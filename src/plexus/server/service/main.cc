@@ -127,13 +127,14 @@ int CannotStart(int ready_fd, const absl::Status& why) {
   return 1;
 }
 
-// Starts the local workers, serves until shutdown, stops them. Returns the
-// exit code: 0, 1 when the workers did not come up, 3 when a worker did not
-// exit cleanly (each such worker is also a line on `ready_fd`).
 // The exit code of a server that stepped down: the other server of its
 // pair serves (ServerOptions::peer_address).
 constexpr int kSteppedDown = 5;
 
+// Starts the local workers, serves until shutdown, stops them. Returns the
+// exit code: 0, 1 when the workers did not come up, 3 when a worker did not
+// exit cleanly (each such worker is also a line on `ready_fd`), 5 when it
+// stepped down (kSteppedDown).
 int Serve(plexus::Server& server, plexus::LocalWorkersOptions local,
           int ready_fd) {
   local.server_address = server.address();

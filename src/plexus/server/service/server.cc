@@ -44,6 +44,23 @@ absl::Status ServerImpl::Init() {
     state_.set_park_dir(options_.park_dir);
   }
   if (absl::Status s = OpenJournal(); !s.ok()) return s;
+  // Before the gRPC server starts: a standby's Follow disarms it.
+  if (!options_.peer_address.empty()) {
+    PeerWatchOptions watch;
+    watch.peer = options_.peer_address;
+    watch.period =
+        std::min(absl::Milliseconds(250), options_.standby_lease / 4);
+    peer_watch_ = std::make_unique<PeerWatch>(watch, [this] {
+      stepped_down_ = true;
+      SPDLOG_ERROR(
+          "the other server of the pair, at {}, serves: it took over while "
+          "this one was stalled or cut off from it, and has the workers and "
+          "clients. Stepping down (this server shuts down; start it again "
+          "to follow the other as its standby)",
+          options_.peer_address);
+      Shutdown();
+    });
+  }
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       ServerCredentialsFor(options_.tls_cert_file, options_.tls_key_file);
   if (!credentials.ok()) return credentials.status();
@@ -74,22 +91,6 @@ absl::Status ServerImpl::Init() {
   advertised_ = AdvertisedAddress(options_.advertise_address, address_);
   if (absl::Status s = StartWeb(); !s.ok()) return s;
   liveness_ = std::thread([this] { LivenessLoop(); });
-  if (!options_.peer_address.empty()) {
-    PeerWatchOptions watch;
-    watch.peer = options_.peer_address;
-    watch.period =
-        std::min(absl::Milliseconds(250), options_.standby_lease / 4);
-    peer_watch_ = std::make_unique<PeerWatch>(watch, [this] {
-      stepped_down_ = true;
-      SPDLOG_ERROR(
-          "the other server of the pair, at {}, serves: it took over while "
-          "this one was stalled or cut off from it, and has the workers and "
-          "clients. Stepping down (this server shuts down; start it again "
-          "to follow the other as its standby)",
-          options_.peer_address);
-      Shutdown();
-    });
-  }
   SPDLOG_INFO(
       "listening on {}{} ({}; client sessions without a tenant "
       "credential {})",
