@@ -44,6 +44,14 @@ class PrioritiesTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *s : proto::SliceInfo();
   }
+  // A request for all four hosts, with `preempt` as its preemption policy.
+  static proto::SliceRequest SpreadOver4(proto::PreemptPolicy preempt) {
+    proto::SliceRequest req;
+    req.set_num_devices(4);
+    req.set_placement(proto::PLACEMENT_SPREAD);
+    req.set_on_preempt(preempt);
+    return req;
+  }
   uint64_t Put(uint64_t client, uint64_t slice, const ArgSpec& spec) {
     proto::PutDecl put;
     put.set_buffer_id(ClientMadeId(client, next_++));
@@ -106,10 +114,7 @@ TEST_F(PrioritiesTest, AHigherPriorityTakesTwoHostsAndGivesThemBack) {
 }
 
 TEST_F(PrioritiesTest, ASuspendingSliceWaitsOutAHigherPriorityWhereItIs) {
-  proto::SliceRequest req;
-  req.set_num_devices(4);
-  req.set_placement(proto::PLACEMENT_SPREAD);
-  req.set_on_preempt(proto::PREEMPT_SUSPEND);
+  const proto::SliceRequest req = SpreadOver4(proto::PREEMPT_SUSPEND);
   auto low = state_.CreateSlice(low_, req);
   ASSERT_TRUE(low.ok()) << low.status();
   const uint64_t sid = low->slice_id();
@@ -195,10 +200,7 @@ TEST_F(PrioritiesTest, ASuspendingSliceWaitsOutAHigherPriorityWhereItIs) {
 // leaves, it resumes on its own devices and reads every value back under
 // a new id. Without a park directory it is suspended in memory, saying so.
 TEST_F(PrioritiesTest, AParkingSliceGoesToFilesAndComesBackWhereItWas) {
-  proto::SliceRequest req;
-  req.set_num_devices(4);
-  req.set_placement(proto::PLACEMENT_SPREAD);
-  req.set_on_preempt(proto::PREEMPT_PARK);
+  const proto::SliceRequest req = SpreadOver4(proto::PREEMPT_PARK);
   auto no_dir = state_.CreateSlice(low_, req);
   ASSERT_TRUE(no_dir.ok()) << no_dir.status();
   const proto::SliceInfo high = Slice(high_, 2, proto::LOSS_WAIT);

@@ -29,6 +29,18 @@ std::string FreshJournal(const std::string& name) {
 }
 
 // The first update a Follow stream answers with, or its status.
+// A primary's options: the cluster's secret and a fresh journal named
+// `journal`; workers never time out (a test's stand-ins send no
+// heartbeats).
+ServerOptions PrimaryOptions(const ClusterSecret& secret,
+                             const std::string& journal) {
+  ServerOptions options;
+  options.secret = secret;
+  options.journal_path = FreshJournal(journal);
+  options.heartbeat_timeout = absl::Hours(1);
+  return options;
+}
+
 grpc::Status FirstUpdate(proto::Controller::Stub& stub,
                          const std::string& credential,
                          proto::FollowUpdate* update,
@@ -91,9 +103,7 @@ TEST(ServerStandbyTest, OnlyTheAdminMayFollowOneAtATimeAServerWithAJournal) {
     EXPECT_NE(s.error_message().find("keeps no journal"), std::string::npos)
         << s.error_message();
   }
-  ServerOptions options;
-  options.secret = secret;
-  options.journal_path = FreshJournal("admin.db");
+  ServerOptions options = PrimaryOptions(secret, "admin.db");
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   auto stub = Stub((*server)->address());
@@ -125,10 +135,7 @@ TEST(ServerStandbyTest, OnlyTheAdminMayFollowOneAtATimeAServerWithAJournal) {
 // off at standby_sync_timeout and the change goes out then.
 TEST(ServerStandbyTest, AChangeLeavesThePrimaryOnlyOnceTheStandbySyncedIt) {
   const ClusterSecret secret = NewSecret();
-  ServerOptions options;
-  options.secret = secret;
-  options.journal_path = FreshJournal("synced.db");
-  options.heartbeat_timeout = absl::Hours(1);
+  ServerOptions options = PrimaryOptions(secret, "synced.db");
   options.standby_sync_timeout = absl::Seconds(60);
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
@@ -172,11 +179,8 @@ TEST(ServerStandbyTest, AChangeLeavesThePrimaryOnlyOnceTheStandbySyncedIt) {
 // that journal.
 TEST(ServerStandbyTest, TheStandbyHasEveryChangeToldAndTakesOverOnSilence) {
   const ClusterSecret secret = NewSecret();
-  ServerOptions options;
-  options.secret = secret;
-  options.journal_path = FreshJournal("primary.db");
+  ServerOptions options = PrimaryOptions(secret, "primary.db");
   options.standby_lease = absl::Milliseconds(300);
-  options.heartbeat_timeout = absl::Hours(1);
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   Standby standby((*server)->address(), secret, "standby.db");
@@ -208,9 +212,7 @@ TEST(ServerStandbyTest, TheStandbyHasEveryChangeToldAndTakesOverOnSilence) {
 
 TEST(ServerStandbyTest, AnOperatorsShutdownStopsTheStandbyToo) {
   const ClusterSecret secret = NewSecret();
-  ServerOptions options;
-  options.secret = secret;
-  options.journal_path = FreshJournal("shutdown.db");
+  ServerOptions options = PrimaryOptions(secret, "shutdown.db");
   auto server = Server::Start(options);
   ASSERT_TRUE(server.ok()) << server.status();
   Standby standby((*server)->address(), secret, "shutdown-standby.db");

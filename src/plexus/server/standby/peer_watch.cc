@@ -74,20 +74,17 @@ void PeerWatch::Loop() {
         options_.serves
             ? options_.serves(options_.peer, options_.timeout)
             : PeerServes(options_.peer, options_.tls_ca, options_.timeout);
-    bool fire = false;
     {
       absl::MutexLock lock(&mu_);
       if (stop_) return;
-      if (serves && armed_) {
-        armed_ = false;
-        stop_ = true;  // once
-        fire = true;
-      } else {
+      if (!serves || !armed_) {
         clock.AwaitWithDeadline(&mu_, &cv_, clock.Now() + options_.period);
         continue;
       }
+      armed_ = false;
+      stop_ = true;  // once
     }
-    if (fire) on_serves_();
+    on_serves_();  // outside the lock: it shuts the server down
     return;
   }
 }
