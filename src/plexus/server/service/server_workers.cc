@@ -14,6 +14,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
+#include "plexus/server/recovery/settle_loss.h"
 #include "plexus/server/service/internal/server_impl.h"
 
 namespace plexus {
@@ -406,40 +407,6 @@ void ServerImpl::RelayTransferFailure(int64_t from,
   scheduler_.Send(failed.dst_worker_id(), std::move(op));
 }
 
-namespace {
-
-// A unit taken from admission as work to route again (recovery).
-TakenWork Taken(AdmissionUnit unit) {
-  TakenWork t;
-  t.call_seq = unit.call_seq;
-  for (auto& [w, list] : unit.ops) {
-    for (const proto::WorkerOp& op : list) {
-      if (op.has_load()) t.unsent_loads.emplace_back(w, op.load().program_id());
-    }
-  }
-  if (unit.call_seq != 0) return t;
-  for (auto& [w, list] : unit.ops) {
-    for (const proto::WorkerOp& op : list) {
-      if (!op.has_release()) continue;
-      for (uint64_t b : op.release().buffer_ids()) {
-        if (std::find(t.release_ids.begin(), t.release_ids.end(), b) ==
-            t.release_ids.end()) {
-          t.release_ids.push_back(b);
-        }
-      }
-    }
-  }
-  // Ops other than releases (failures of refused calls) stay.
-  for (auto& [w, list] : unit.ops) {
-    for (proto::WorkerOp& op : list) {
-      if (!op.has_release()) t.ops[w].push_back(std::move(op));
-    }
-  }
-  return t;
-}
-
-}  // namespace
-
 void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
                             bool only_if_silent) {
   const int64_t start_ns = timeline_.NowNs();
@@ -471,20 +438,12 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
       id, message, now, shutdown_ ? absl::ZeroDuration() : options_.spare_wait);
   {
     absl::MutexLock admission(&admission_mu_);
-    admission_.RemoveWorker(id);
     // Clients whose slices were remapped onto a spare, or wait for one:
-    // their work waiting at admission is routed again on the new map
-    // (ClusterState::RecoverClient) as their loss is settled.
-    for (uint64_t c : loss.clients) {
-      if (state_.HoldsAny(c, loss.remapped) ||
-          state_.HoldsAny(c, loss.awaiting)) {
-        admission_.Hold(c);
-      }
-    }
-    // Calls still waiting that need it fail now, in their place, rather
-    // than after the calls in front of them have run.
-    const int64_t failed =
-        admission_.FailCallsOn(id, absl::UnavailableError(message));
+    // their work waiting at admission is held, to be routed again on the
+    // new map as their loss is settled. Calls of the others still waiting
+    // that need it fail now, in their place, rather than after the calls
+    // in front of them have run.
+    const int64_t failed = HoldForLoss(state_, admission_, loss);
     if (failed > 0) {
       SPDLOG_INFO("failed {} waiting call(s) that needed worker {}", failed,
                   id);
@@ -528,80 +487,43 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
 }
 
 void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
-  const proto::Status lost = StatusToProto(absl::UnavailableError(loss.reason));
+  const int64_t start_ns = timeline_.NowNs();
+  std::set<uint64_t> connected;
   for (uint64_t c : loss.clients) {
-    const bool remapped = state_.HoldsAny(c, loss.remapped);
-    const bool waits = state_.HoldsAny(c, loss.awaiting);
-    auto queue = client_queues_.find(c);
-    if (waits || queue == client_queues_.end()) continue;  // heard later
-    proto::ServerToClient note;
-    // Its slices that shrank: their moves go after what it sent before,
-    // and it hears of the new size (and what was lost) before the loss.
-    for (const auto& [sid, shrunk] : loss.shrunk) {
-      auto slice = state_.slices().find(sid);
-      if (slice == state_.slices().end() || slice->second.client_id != c) {
-        continue;
-      }
-      const std::string what = absl::StrCat(
-          "slice ", sid, " shrank to ", shrunk.slice.devices_size(),
-          " devices: worker ", loss.worker_id,
-          " was lost and no spare was "
-          "free; ",
-          shrunk.values_moved, " values moved, ", shrunk.note.lost_ids_size(),
-          " lost");
-      SPDLOG_WARN("client {}: {}", c, what);
-      SendServerResizeLocked(c, shrunk, what, timeline_.NowNs(), &note);
+    if (client_queues_.count(c) > 0) connected.insert(c);
+  }
+  std::vector<ClientSettlement> settled;
+  {
+    absl::MutexLock admission(&admission_mu_);
+    settled = SettleLoss(state_, admission_, loss,
+                         [&](uint64_t c) { return connected.count(c) > 0; });
+  }
+  if (settled.empty()) return;
+  for (const ClientSettlement& c : settled) {
+    for (const std::string& what : c.shrunk) {
+      SPDLOG_WARN("client {}: {}", c.client_id, what);
+      RecordResize(c.client_id, start_ns, what);
     }
-    auto* wd = note.add_workers_down();
-    wd->set_worker_id(loss.worker_id);
-    *wd->mutable_status() = lost;
-    // Units held for a slice of it still waiting on another loss stay.
-    std::vector<AdmissionUnit> held;
-    if (!state_.Awaiting(c)) {
-      absl::MutexLock admission(&admission_mu_);
-      held = admission_.TakeHeld(c);
-    }
-    if (remapped) {
-      std::vector<TakenWork> taken;
-      for (AdmissionUnit& unit : held) taken.push_back(Taken(std::move(unit)));
-      const int64_t start_ns = timeline_.NowNs();
-      ClientRecovery rec = state_.RecoverClient(c, loss, std::move(taken));
+    if (c.recovered) {
       RecordRecovery("work recomputed or restored", start_ns, loss.worker_id,
-                     c);
+                     c.client_id);
       SPDLOG_INFO(
           "client {}: {} unit(s) of work routed again, {} buffer(s) under "
           "new ids, {} lost",
-          c, rec.work.size(), rec.note.new_ids_size(),
-          rec.note.lost_ids_size());
-      SendPeerOpsLocked();
-      {
-        absl::MutexLock admission(&admission_mu_);
-        for (RoutedWork& w : rec.work) {
-          admission_.Enqueue(c,
-                             MakeAdmissionUnit(std::move(w.ops), w.call_seq));
-        }
-        AdmitLocked();
-      }
-      *note.add_recoveries() = std::move(rec.note);
-    } else if (state_.HoldsAny(c, loss.broken)) {
-      // No spare: what depended on the lost host fails now, everywhere.
-      proto::Recovery gone = state_.LoseOnBrokenSlices(c, loss);
-      if (gone.lost_ids_size() > 0) {
-        SPDLOG_INFO("client {}: {} buffer(s) lost with worker {}", c,
-                    gone.lost_ids_size(), loss.worker_id);
-        *note.add_recoveries() = std::move(gone);
-      }
+          c.client_id, c.units_routed, c.new_ids, c.lost_ids);
+    } else if (c.lost_ids > 0) {
+      SPDLOG_INFO("client {}: {} buffer(s) lost with worker {}", c.client_id,
+                  c.lost_ids, loss.worker_id);
     }
-    if (!remapped && !held.empty()) {
-      // The slice broke after waiting: what it held fails where it needed
-      // the lost host, in the client's order.
-      absl::MutexLock admission(&admission_mu_);
-      for (AdmissionUnit& unit : held) admission_.Enqueue(c, std::move(unit));
-      admission_.FailCallsOn(loss.worker_id,
-                             absl::UnavailableError(loss.reason));
-      AdmitLocked();
-    }
-    queue->second->Push(std::move(note));
+  }
+  // The peers the recovered work needs know each other before it goes.
+  SendPeerOpsLocked();
+  {
+    absl::MutexLock admission(&admission_mu_);
+    AdmitLocked();
+  }
+  for (ClientSettlement& c : settled) {
+    client_queues_.at(c.client_id)->Push(std::move(c.note));
   }
 }
 

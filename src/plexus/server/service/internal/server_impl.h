@@ -369,11 +369,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // it was read while this waited for the state lock.
   void WorkerDown(int64_t id, const std::string& reason,
                   bool only_if_silent = false);
-  // What each client of `loss` hears and gets once its slices are settled
-  // (remapped or broken; a loss whose slices wait for a host is settled
-  // later): the workers_down note; on a remap, its work recovered
-  // (ClusterState::RecoverClient) with its units held since the loss; on a
-  // break after a wait, those units fail where they needed the lost host.
+  // Sends what settling `loss` decided (SettleLoss, recovery/
+  // settle_loss.h: each connected client's note and its held work routed
+  // again or failed): the peer ops first, then the admitted work, then
+  // the notes; logs and records each client's resize and recovery.
   void SettleLossLocked(const WorkerLoss& loss)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Settles the losses waiting for a host that one can take now (it
