@@ -49,11 +49,11 @@ void SettleShrunk(const ClusterState& state, Admission& admission,
     if (slice == state.slices().end() || slice->second.client_id != c) {
       continue;
     }
-    out.shrunk.push_back(absl::StrCat(
-        "slice ", sid, " shrank to ", shrunk.slice.devices_size(),
-        " devices: worker ", loss.worker_id,
-        " was lost and no spare was free; ", shrunk.values_moved,
-        " values moved, ", shrunk.note.lost_ids_size(), " lost"));
+    out.shrunk.push_back(
+        absl::StrCat("slice ", sid, " shrank to ", shrunk.slice.devices_size(),
+                     " devices: worker ", loss.worker_id,
+                     " was lost and no spare was free; ", shrunk.values_moved,
+                     " values moved, ", shrunk.note.lost_ids_size(), " lost"));
     *out.note.add_recoveries() = shrunk.note;
     for (const auto& [seq, ops] : shrunk.work) {
       admission.Enqueue(c, MakeAdmissionUnit(ops, seq));
@@ -116,7 +116,8 @@ std::vector<ClientSettlement> SettleLoss(
       // the lost host, in the client's order.
       out.held_failed = static_cast<int64_t>(held.size());
       for (AdmissionUnit& unit : held) admission.Enqueue(c, std::move(unit));
-      admission.FailCallsOn(loss.worker_id, absl::UnavailableError(loss.reason));
+      admission.FailCallsOn(loss.worker_id,
+                            absl::UnavailableError(loss.reason));
     }
   }
   return settled;

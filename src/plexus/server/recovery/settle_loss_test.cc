@@ -120,9 +120,9 @@ TEST_F(SettleLossTest, ARemappedClientsWaitingWorkIsRoutedAgainOnTheSpare) {
     EXPECT_FALSE(Workers(unit).count(2) > 0);
     if (!unit.is_call()) continue;
     ++calls;
-    EXPECT_EQ(std::set<int64_t>(unit.exec_workers.begin(),
-                                unit.exec_workers.end()),
-              (std::set<int64_t>{1, spare_}));
+    EXPECT_EQ(
+        std::set<int64_t>(unit.exec_workers.begin(), unit.exec_workers.end()),
+        (std::set<int64_t>{1, spare_}));
   }
   EXPECT_EQ(calls, 2);
 }
@@ -136,9 +136,9 @@ TEST_F(SettleLossTest, AClientNotConnectedKeepsItsWorkHeldUntilItHears) {
   Queue(s, Id(10), Id(11));
   const WorkerLoss loss = state_.LoseWorker(2, "killed");
   HoldForLoss(state_, admission_, loss);
-  EXPECT_TRUE(
-      SettleLoss(state_, admission_, loss, [](uint64_t) { return false; })
-          .empty());
+  EXPECT_TRUE(SettleLoss(state_, admission_, loss, [](uint64_t) {
+                return false;
+              }).empty());
   EXPECT_EQ(View().held_units, 1);
   EXPECT_TRUE(Drain().empty());
 
@@ -246,8 +246,8 @@ TEST_F(SettleLossTest, AShrunkSliceIsTheFirstThingItsClientHears) {
   const ClientSettlement& c = settled[0];
   ASSERT_EQ(c.shrunk.size(), 1u);
   EXPECT_TRUE(absl::StartsWith(
-      c.shrunk[0], absl::StrCat("slice ", s,
-                                " shrank to 2 devices: worker 2 was lost")))
+      c.shrunk[0],
+      absl::StrCat("slice ", s, " shrank to 2 devices: worker 2 was lost")))
       << c.shrunk[0];
   ASSERT_GE(c.note.recoveries_size(), 1);
   EXPECT_EQ(c.note.recoveries(0).SerializeAsString(),
