@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/protocol.h"
+#include "plexus/common/thread_name.h"
 #include "plexus/common/tls.h"
 #include "plexus/timeline/timeline_proto.h"
-#include "plexus/worker/thread_name.h"
 
 namespace plexus {
 namespace {

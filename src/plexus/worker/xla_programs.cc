@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/thread_name.h"
 #include "plexus/executors/xla/compile_options.h"
-#include "plexus/worker/thread_name.h"
 
 namespace plexus {
 namespace {

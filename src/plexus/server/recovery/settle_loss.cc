@@ -41,8 +41,8 @@ TakenWork Taken(AdmissionUnit unit) {
 
 // The client's slices of `loss` that shrank: each one's note goes first,
 // and its moves to admission before anything routed again.
-void SettleShrunk(const ClusterState& state, Admission& admission,
-                  const WorkerLoss& loss, ClientSettlement& out) {
+void SettleShrunk(const ClusterState& state, const WorkerLoss& loss,
+                  ClientSettlement& out) {
   const uint64_t c = out.client_id;
   for (const auto& [sid, shrunk] : loss.shrunk) {
     auto slice = state.slices().find(sid);
@@ -56,7 +56,7 @@ void SettleShrunk(const ClusterState& state, Admission& admission,
                      " values moved, ", shrunk.note.lost_ids_size(), " lost"));
     *out.note.add_recoveries() = shrunk.note;
     for (const auto& [seq, ops] : shrunk.work) {
-      admission.Enqueue(c, MakeAdmissionUnit(ops, seq));
+      out.units.push_back(MakeAdmissionUnit(ops, seq));
     }
   }
 }
@@ -84,7 +84,7 @@ std::vector<ClientSettlement> SettleLoss(
     if (state.HoldsAny(c, loss.awaiting) || !connected(c)) continue;
     ClientSettlement& out = settled.emplace_back();
     out.client_id = c;
-    SettleShrunk(state, admission, loss, out);
+    SettleShrunk(state, loss, out);
     auto* down = out.note.add_workers_down();
     down->set_worker_id(loss.worker_id);
     *down->mutable_status() = lost;
@@ -100,7 +100,7 @@ std::vector<ClientSettlement> SettleLoss(
       out.new_ids = rec.note.new_ids_size();
       out.lost_ids = rec.note.lost_ids_size();
       for (RoutedWork& w : rec.work) {
-        admission.Enqueue(c, MakeAdmissionUnit(std::move(w.ops), w.call_seq));
+        out.units.push_back(MakeAdmissionUnit(std::move(w.ops), w.call_seq));
       }
       *out.note.add_recoveries() = std::move(rec.note);
       continue;
@@ -115,12 +115,25 @@ std::vector<ClientSettlement> SettleLoss(
       // The slice broke after waiting: what it held fails where it needed
       // the lost host, in the client's order.
       out.held_failed = static_cast<int64_t>(held.size());
-      for (AdmissionUnit& unit : held) admission.Enqueue(c, std::move(unit));
-      admission.FailCallsOn(loss.worker_id,
-                            absl::UnavailableError(loss.reason));
+      for (AdmissionUnit& unit : held) out.units.push_back(std::move(unit));
     }
   }
   return settled;
+}
+
+void EnqueueSettled(Admission& admission, const WorkerLoss& loss,
+                    std::vector<ClientSettlement>& settled) {
+  bool fail = false;
+  for (ClientSettlement& c : settled) {
+    for (AdmissionUnit& unit : c.units) {
+      admission.Enqueue(c.client_id, std::move(unit));
+    }
+    c.units.clear();
+    fail = fail || c.held_failed > 0;
+  }
+  if (fail) {
+    admission.FailCallsOn(loss.worker_id, absl::UnavailableError(loss.reason));
+  }
 }
 
 }  // namespace plexus

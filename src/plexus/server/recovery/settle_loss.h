@@ -19,10 +19,12 @@
 //      was recomputed under new ids or lost) and its held work back, routed
 //      again on the new map (ClusterState::RecoverClient) or, where its
 //      slice broke after waiting, failed where it needed the lost host.
-//      The work goes to admission in the client's order, after each shrunk
+//      The work is handed back in the client's order, after each shrunk
 //      slice's moves.
-//   4. The caller sends the peer ops the recovery made (before admitting
-//      anything), admits, and pushes each note to its client.
+//   4. The caller sends the peer ops the recovery made, and only then
+//      gives the work to admission (EnqueueSettled: a transfer admitted
+//      before its source heard of its destination would fail), admits,
+//      and pushes each note to its client.
 #pragma once
 
 #include <cstdint>
@@ -55,15 +57,24 @@ struct ClientSettlement {
   int64_t new_ids = 0;       // its buffers recomputed or restored
   int64_t lost_ids = 0;      // its buffers lost with the host
   int64_t held_failed = 0;   // held units given back to fail (a broken slice)
+  // Its work for admission, in order (EnqueueSettled).
+  std::vector<AdmissionUnit> units;
 };
 
 // Step 3 above: each of `loss.clients` for which `connected` is true and
 // none of whose slices of this loss waits for a host. Clients left out
 // hear of the loss later (when they connect, or their wait ends). Units a
-// client holds for another loss still waiting stay held. Enqueues the
+// client holds for another loss still waiting stay held. Takes the held
+// units from `admission`; gives it nothing (EnqueueSettled does). Enqueues the
 // work it routes to `admission`; admits nothing.
 std::vector<ClientSettlement> SettleLoss(
     ClusterState& state, Admission& admission, const WorkerLoss& loss,
     absl::FunctionRef<bool(uint64_t)> connected);
+
+// Step 4's hand-over, once the peer ops are sent: each client's units to
+// `admission` in order; the held units of a slice that broke fail where
+// they needed the lost host. Leaves `units` empty.
+void EnqueueSettled(Admission& admission, const WorkerLoss& loss,
+                    std::vector<ClientSettlement>& settled);
 
 }  // namespace plexus

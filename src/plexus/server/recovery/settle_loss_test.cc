@@ -97,7 +97,16 @@ TEST_F(SettleLossTest, ARemappedClientsWaitingWorkIsRoutedAgainOnTheSpare) {
 
   std::vector<ClientSettlement> settled =
       SettleLoss(state_, admission_, loss, Everyone);
+  // Nothing reaches admission before the caller has sent the peer ops the
+  // recovery made (a transfer admitted first reached a source that had
+  // not heard of its destination).
+  EXPECT_EQ(View().held_units, 0);
+  EXPECT_EQ(View().pending_units, 0);
+  EXPECT_TRUE(Drain().empty());
   ASSERT_EQ(settled.size(), 1u);
+  EXPECT_GE(settled[0].units.size(), 2u);
+  EnqueueSettled(admission_, loss, settled);
+  EXPECT_TRUE(settled[0].units.empty());
   const ClientSettlement& c = settled[0];
   EXPECT_EQ(c.client_id, client_);
   EXPECT_TRUE(c.recovered);
@@ -144,6 +153,7 @@ TEST_F(SettleLossTest, AClientNotConnectedKeepsItsWorkHeldUntilItHears) {
 
   std::vector<ClientSettlement> settled =
       SettleLoss(state_, admission_, loss, Everyone);
+  EnqueueSettled(admission_, loss, settled);
   ASSERT_EQ(settled.size(), 1u);
   EXPECT_TRUE(settled[0].recovered);
   EXPECT_EQ(View().held_units, 0);
@@ -165,6 +175,7 @@ TEST_F(SettleLossTest, ABrokenSlicesWaitingCallFailsInPlace) {
 
   std::vector<ClientSettlement> settled =
       SettleLoss(state_, admission_, loss, Everyone);
+  EnqueueSettled(admission_, loss, settled);
   ASSERT_EQ(settled.size(), 1u);
   const ClientSettlement& c = settled[0];
   EXPECT_FALSE(c.recovered);
@@ -207,6 +218,7 @@ TEST_F(SettleLossTest, AWaitingSlicesWorkIsHeldUntilTheWaitEndsThenFails) {
   ASSERT_EQ(ended[0].broken, std::set<uint64_t>{s});
   std::vector<ClientSettlement> settled =
       SettleLoss(state_, admission_, ended[0], Everyone);
+  EnqueueSettled(admission_, ended[0], settled);
   ASSERT_EQ(settled.size(), 1u);
   EXPECT_FALSE(settled[0].recovered);
   EXPECT_EQ(settled[0].held_failed, 1);
@@ -242,6 +254,7 @@ TEST_F(SettleLossTest, AShrunkSliceIsTheFirstThingItsClientHears) {
   HoldForLoss(state_, admission_, loss);
   std::vector<ClientSettlement> settled =
       SettleLoss(state_, admission_, loss, Everyone);
+  EnqueueSettled(admission_, loss, settled);
   ASSERT_EQ(settled.size(), 1u);
   const ClientSettlement& c = settled[0];
   ASSERT_EQ(c.shrunk.size(), 1u);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "plexus/common/thread_name.h"
 
 namespace plexus {
 
@@ -24,9 +25,15 @@ class OutQueue {
   // `write` sends one batch; returning false closes the queue.
   using WriteFn = std::function<bool(std::vector<Op>&)>;
 
-  OutQueue(WriteFn write, size_t capacity = 1 << 16)
+  static constexpr size_t kDefaultCapacity = 1 << 16;
+  // `name` names the writer thread (SetThreadName: at most 15 chars).
+  explicit OutQueue(WriteFn write, size_t capacity = kDefaultCapacity,
+                    const char* name = "plexus-out")
       : write_(std::move(write)), capacity_(capacity) {
-    thread_ = std::thread([this] { Loop(); });
+    thread_ = std::thread([this, name] {
+      SetThreadName(name);
+      Loop();
+    });
   }
   ~OutQueue() { Stop(); }
 

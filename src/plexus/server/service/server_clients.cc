@@ -105,7 +105,8 @@ grpc::Status ServerImpl::OpenClient(grpc::ServerContext* ctx,
         for (auto& p : parts) merged.MergeFrom(p);
         merged.set_client_id(id);
         return stream->Write(merged);
-      });
+      },
+      OutQueue<proto::ServerToClient>::kDefaultCapacity, "plexus-to-clnt");
   OutQueue<proto::ServerToClient>* out = queue.get();
   client_queues_[id] = std::move(queue);
   client_contexts_[id] = ctx;

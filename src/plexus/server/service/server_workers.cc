@@ -240,7 +240,8 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
         grpc::Slice slice(bytes, grpc::Slice::STEAL_REF);
         grpc::ByteBuffer buffer(&slice, 1);
         return stream->Write(buffer);
-      });
+      },
+      WorkerQueue::kDefaultCapacity, "plexus-to-wkr");
   // It is told of itself now, and of each other host only as an op it is
   // sent names it (ClusterState::TellPeer): a registration costs O(1)
   // ops, not one to every host and every host to it.
@@ -516,10 +517,12 @@ void ServerImpl::SettleLossLocked(const WorkerLoss& loss) {
                   c.lost_ids, loss.worker_id);
     }
   }
-  // The peers the recovered work needs know each other before it goes.
+  // The peers the recovered work needs know each other before any of it
+  // can be admitted.
   SendPeerOpsLocked();
   {
     absl::MutexLock admission(&admission_mu_);
+    EnqueueSettled(admission_, loss, settled);
     AdmitLocked();
   }
   for (ClientSettlement& c : settled) {

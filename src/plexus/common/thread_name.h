@@ -1,5 +1,5 @@
-// Names for the worker's threads, as `top -H`, /proc/PID/task/*/comm and
-// debuggers show them.
+// Names for the threads of Plexus processes, as `top -H`, /proc/PID/task/*/comm
+// and debuggers show them.
 #pragma once
 
 #include <pthread.h>
