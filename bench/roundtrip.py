@@ -39,8 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+# After $PYTHONPATH: bench/roundtrip_ab.sh runs this script against
+# another tree's client.
+sys.path.append(str(Path(__file__).resolve().parent.parent / "python"))
 import plexus  # noqa: E402
+from proc_cpu import ProcessCost  # noqa: E402
 
 MESSAGE = 64
 
@@ -95,16 +98,21 @@ class PingPong:
             os.unlink(self._path)
 
 
-def median_micros(once, iters, warmup=50):
-    """Median of `iters` timed calls of once(), in microseconds."""
+def median_micros(once, iters, warmup=50, cost=None):
+    """Median of `iters` timed calls of once(), in microseconds; with
+    `cost` (a ProcessCost), also what each process spent per call."""
     for _ in range(warmup):
         once()
+    if cost:
+        cost.start()
     times = []
     clock = time.perf_counter
     for _ in range(iters):
         t0 = clock()
         once()
         times.append(clock() - t0)
+    if cost:
+        cost.per_call = cost.stop(iters)
     return 1e6 * statistics.median(times)
 
 
@@ -269,6 +277,11 @@ def main():
     prog = s.program("scale", x, factor=1.0)
     assert np.asarray(prog(x)).tolist() == [1.0] * 4
     onces["plexus-python"] = lambda: np.asarray(prog(x))
+    # What a Python round trip costs each process: CPU and context
+    # switches (each a sleep and a wake-up of some thread).
+    cost = ProcessCost({"client": os.getpid(), "server": cluster.process.pid,
+                        "worker": cluster.worker_pids()[0]})
+    costs = []
     ray = None if args.no_ray else ray_round_trip()
     if ray:
         onces["ray-cdag"] = ray[0]
@@ -293,7 +306,11 @@ def main():
                     # Ray's array round trip takes milliseconds: fewer.
                     n = (max(100, args.iters // 20)
                          if name == "ray-cdag-ndarray" else args.iters)
-                    rows[name].append(median_micros(onces[name], n))
+                    measure_cost = cost if name == "plexus-python" else None
+                    rows[name].append(median_micros(onces[name], n,
+                                                    cost=measure_cost))
+                    if measure_cost:
+                        costs.append(cost.per_call)
             print(f"[roundtrip] round {r}: " + ", ".join(
                 f"{k} {v[-1]:.1f}" for k, v in rows.items()), flush=True)
     finally:
@@ -315,6 +332,15 @@ def main():
         result["measures"][k] = {"micros": v,
                                  "median_micros": statistics.median(v),
                                  "ratio_to_unix_pingpong": ratio}
+    print("\n| plexus-python, per round trip (median of rounds) | CPU us | "
+          "context switches | threads: [CPU us, switches] |")
+    print("|---|---|---|---|")
+    for role in ("client", "server", "worker"):
+        cpu = statistics.median(c[role]["cpu_us"] for c in costs)
+        sw = statistics.median(c[role]["switches"] for c in costs)
+        print(f"| {role} | {cpu:.1f} | {sw:.2f} | "
+              f"{costs[len(costs) // 2][role]['threads']} |")
+    result["plexus_python_cost"] = costs
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
 

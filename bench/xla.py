@@ -44,6 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 import plexus  # noqa: E402
+from proc_cpu import thread_cpu_ns  # noqa: E402
 
 
 def per_call(run, calls, repeats):
@@ -60,24 +61,6 @@ def per_call(run, calls, repeats):
 # "tf_XLAEigen"; the worker names the rest (pjrt_support.h,
 # ScopedThreadName).
 PLUGIN_THREADS = ("tf_", "pjrt-")
-
-
-def thread_cpu_ns(pid):
-    """{(tid, name): CPU ns run} of each thread of `pid` (empty off Linux)."""
-    out = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                out[(tid, name)] = int(f.read().split()[0])
-        except OSError:  # the thread ended meanwhile
-            continue
-    return out
 
 
 class CpuPerCall:

@@ -131,6 +131,33 @@ def test_two_python_threads_share_one_client(client):
     assert not t.is_alive() and not errors
 
 
+def test_a_dropped_future_is_freed_with_no_other_op():
+    """A release queued alone lingers for an op to go with
+    (ClientOptions::release_linger) and then goes by itself: no flush, no
+    other call, and its worker frees the value. (A cluster of its own: the
+    module's counts the other tests' values too.)"""
+    with plexus.local(hosts=1) as cluster:
+        client = cluster.connect(name="lone-release")
+        s = client.slice(1)
+        x = s.put(np.ones(4, np.float32))
+        f = s.program("scale", x, factor=2.0)
+        y = f(x)
+        np.testing.assert_array_equal(np.asarray(y),
+                                      np.full(4, 2, np.float32))
+
+        def live(st):
+            return st["workers"][0]["stats"].get("live_buffers", 0)
+
+        cluster.wait_until(lambda st: live(st) == 2,
+                           what="x and y live on the worker")
+        sent = client.counters()["messages_sent"]
+        del y
+        cluster.wait_until(lambda st: live(st) == 1,
+                           what="y freed with no other op after it")
+        assert client.counters()["messages_sent"] > sent
+        client.close()
+
+
 def test_dropping_futures_frees_every_shard(cluster):
     client = cluster.connect(name="dropper")
     s = client.slice(4, placement="spread")

@@ -496,6 +496,7 @@ ClientCounters Client::counters() const {
   c.calls = core_->calls.load();
   c.live_futures = core_->live_futures.load();
   c.wait_round_trips = core_->data().wait_round_trips.load();
+  c.messages_sent = core_->session().messages_sent();
   return c;
 }
 

@@ -307,6 +307,13 @@ struct ClientOptions {
   // default, parallel asynchronous dispatch, sends calls at once and lets
   // the workers arrange inputs before they exist.
   bool sequential_dispatch = false;
+  // How long a buffer's release queued alone waits (real time) for the
+  // next op to go with it to the server before it goes by itself. A loop of
+  // call, fetch, drop then sends each release with the next call: one
+  // message to the server and one to each worker where there were two
+  // (each costs every process on the way a thread wake-up). Flush() and
+  // the session's end send it at once.
+  absl::Duration release_linger = absl::Milliseconds(1);
   // Who the session opens as (common/credentials.h, tenant credentials):
   //   - `tenant` and `tenant_token` (32 hex digits, `plexus token`), else
   //     $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN;
@@ -346,6 +353,9 @@ struct ClientCounters {
   // Times the client waited on a worker's answers to readiness requests:
   // one per shard for Wait, one per worker for WaitMany.
   int64_t wait_round_trips = 0;
+  // Messages written to the server: each a batch of every op queued while
+  // the last one was written (one call alone when the client waits on each).
+  int64_t messages_sent = 0;
 };
 
 // The payload bytes of one put or fetch: all it will move, once known, and

@@ -15,6 +15,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/common/protocol.h"
+#include "plexus/common/thread_name.h"
 #include "plexus/common/tls.h"
 
 namespace plexus {
@@ -128,8 +129,10 @@ absl::Status ClientSession::Open(const std::string& address) {
   auto session = OpenSession(options_.clock->Now() + absl::Seconds(10));
   if (!session.ok()) return session.status();
   Install(**session);
-  session_thread_ = std::thread(
-      [this, s = std::move(*session)]() mutable { SessionLoop(std::move(s)); });
+  session_thread_ = std::thread([this, s = std::move(*session)]() mutable {
+    SetThreadName("plexus-session");
+    SessionLoop(std::move(s));
+  });
   return absl::OkStatus();
 }
 
@@ -286,8 +289,14 @@ void ClientSession::SessionLoop(std::unique_ptr<Session> session) {
       absl::MutexLock lock(&mu_);
       tag = session_tag_;
     }
-    sender_ = std::thread([this, &session] { SenderLoop(*session); });
-    reader_ = std::thread([this, &session] { ReaderLoop(*session); });
+    sender_ = std::thread([this, &session] {
+      SetThreadName("plexus-send");
+      SenderLoop(*session);
+    });
+    reader_ = std::thread([this, &session] {
+      SetThreadName("plexus-recv");
+      ReaderLoop(*session);
+    });
     bool resumed;
     {
       absl::MutexLock lock(&mu_);

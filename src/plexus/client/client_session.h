@@ -191,7 +191,13 @@ class ClientSession {
   // resumed: then its calls, puts and programs are kept to send again.
   void Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch);
   // Waits until everything queued has been written (or the session ended).
+  // A buffer's release queued alone waits ClientOptions::release_linger
+  // for an op to go with; Flush sends it at once.
   void Flush();
+  // Messages written to the server so far (ClientCounters::messages_sent).
+  int64_t messages_sent() const {
+    return messages_sent_.load(std::memory_order_relaxed);
+  }
   // Asks for a slice in session `epoch` and waits for the server's answer.
   absl::StatusOr<proto::SliceInfo> RequestSlice(proto::SliceRequest req,
                                                 uint64_t epoch);
@@ -406,6 +412,11 @@ class ClientSession {
   std::vector<std::weak_ptr<Slice>> slices_made_ ABSL_GUARDED_BY(made_mu_);
   std::vector<std::weak_ptr<Program>> programs_made_ ABSL_GUARDED_BY(made_mu_);
   std::vector<proto::ClientOp> queue_ ABSL_GUARDED_BY(mu_);
+  // queue_ holds an op other than a buffer's release: the sender goes at
+  // once. Releases alone linger (kReleaseLinger) for an op to ride with.
+  bool urgent_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> messages_sent_{0};
+  int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() callers waiting
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;

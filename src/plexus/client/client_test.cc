@@ -33,6 +33,47 @@ TEST_F(ClientTest, SplitPutScaleAndFetchOverTwoHosts) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(y[i], 3 * i);
 }
 
+// A dropped future's release waits (ClientOptions::release_linger) for the
+// next op and goes to the server with it: a loop of call, fetch, drop sends
+// one message per call, not two.
+TEST_F(ClientTest, ADroppedFuturesReleaseGoesWithTheNextCall) {
+  ClientOptions options;
+  options.release_linger = absl::Hours(1);  // only an op or Flush moves it
+  auto client = Client::Connect(cluster_->address(), options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto slice = (*client)->CreateSlice({.num_devices = 1});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  std::vector<float> x = {1, 2, 3, 4};
+  auto fx = (*client)->Put(*slice, x.data(), arg);
+  ASSERT_TRUE(fx.ok()) << fx.status();
+  auto twice =
+      (*client)->Compile(*slice, "twice", "scale", {{"factor", 2.0}}, {arg});
+  ASSERT_TRUE(twice.ok()) << twice.status();
+  (*client)->Flush();
+  const int64_t before = (*client)->counters().messages_sent;
+  constexpr int kRounds = 20;
+  for (int i = 0; i < kRounds; ++i) {
+    auto out = (*client)->Call(**twice, {*fx});
+    ASSERT_TRUE(out.ok()) << out.status();
+    std::vector<float> y(4);
+    ASSERT_TRUE((*client)->Fetch((*out)[0], y.data()).ok());
+    EXPECT_EQ(y, (std::vector<float>{2, 4, 6, 8}));
+    out->clear();  // its release is queued: it waits for the next call
+    // A read between the drop and the next call, as a loop's own work
+    // would be: time in which a release sent at once would go alone.
+    std::vector<float> again(4);
+    ASSERT_TRUE((*client)->Fetch(*fx, again.data()).ok());
+  }
+  const int64_t sent = (*client)->counters().messages_sent - before;
+  // One per call (and a stats report each second); a release alone would
+  // have been another message per round.
+  EXPECT_GE(sent, kRounds);
+  EXPECT_LE(sent, kRounds + 3);
+  (*client)->Flush();  // the last round's release goes now
+  EXPECT_GT((*client)->counters().messages_sent, before + sent);
+}
+
 TEST_F(ClientTest, GraphOfChainedCallsMatchesTheLoop) {
   auto slice = client_->CreateSlice({.num_devices = 2});
   ASSERT_TRUE(slice.ok());

@@ -38,6 +38,7 @@ void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
     return;
   }
   for (auto& op : ops) queue_.push_back(std::move(op));
+  urgent_ = true;
 }
 
 void ClientSession::Flush() {
@@ -45,7 +46,9 @@ void ClientSession::Flush() {
   auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return machine_.broken() || closed_ || (queue_.empty() && !sending_);
   };
+  ++flushing_;  // lingering releases go now
   mu_.Await(absl::Condition(&drained));
+  --flushing_;
 }
 
 void ClientSession::SenderLoop(Session& session) {
@@ -66,9 +69,27 @@ void ClientSession::SenderLoop(Session& session) {
       // there: "released before this call could read it".
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         return closed_ || machine_.broken() ||
-               (!queue_.empty() && !restoring_) || !pre_messages_.empty();
+               (!queue_.empty() && !restoring_ && (urgent_ || flushing_ > 0)) ||
+               !pre_messages_.empty();
       };
-      clock.AwaitCondition(&mu_, absl::Condition(&ready), next_stats);
+      // Only releases queued: they linger for an op to go with.
+      auto lingering = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !queue_.empty() && !restoring_;
+      };
+      auto wake = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return ready() || lingering();
+      };
+      while (!ready()) {
+        if (lingering()) {
+          // Real time: nothing else moves them; then they go alone.
+          mu_.AwaitWithTimeout(absl::Condition(&ready),
+                               options_.release_linger);
+          break;
+        }
+        if (!clock.AwaitCondition(&mu_, absl::Condition(&wake), next_stats)) {
+          break;  // the stats are due
+        }
+      }
       if (machine_.broken() && !closed_) {
         // The reader saw it end. What is queued goes with the resume's
         // calls sent again, ahead of its LiveBuffers' end: sent after it,
@@ -81,6 +102,7 @@ void ClientSession::SenderLoop(Session& session) {
       if (!restoring_) {
         for (auto& op : queue_) *msg.add_ops() = std::move(op);
         queue_.clear();
+        urgent_ = false;
         if (msg.ops_size() > 0) keep_seq = NextKeepSeqLocked();
       }
       sending_ = msg.ops_size() > 0 || !pre.empty();
@@ -90,12 +112,16 @@ void ClientSession::SenderLoop(Session& session) {
     bool pre_ok = true;
     for (const proto::ClientToServer& m : pre) {
       if (!(pre_ok = session.stream->Write(m))) break;
+      messages_sent_.fetch_add(1, std::memory_order_relaxed);
     }
     if (clock.Now() >= next_stats || last) {
       stats_(msg.add_ops()->mutable_stats());
       next_stats = clock.Now() + absl::Seconds(1);
     }
     bool ok = pre_ok && (msg.ops_size() == 0 || session.stream->Write(msg));
+    if (ok && msg.ops_size() > 0) {
+      messages_sent_.fetch_add(1, std::memory_order_relaxed);
+    }
     // Kept to send again after a resume: what was written, and what a
     // failed write may not have delivered.
     if (msg.ops_size() > 0 && journaled_.load(std::memory_order_acquire)) {
@@ -287,6 +313,7 @@ void ClientSession::ReleaseSlice(uint64_t slice_id, uint64_t epoch) {
   absl::MutexLock lock(&mu_);
   if (GoneLocked(epoch)) return;
   queue_.push_back(std::move(op));
+  urgent_ = true;
 }
 
 void ClientSession::MarkFailed(uint64_t buffer_id, const absl::Status& status) {

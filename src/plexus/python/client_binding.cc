@@ -113,6 +113,7 @@ void DefineClientRecords(py::class_<Client>& cls) {
              d["bytes_put"] = k.bytes_put;
              d["bytes_fetched"] = k.bytes_fetched;
              d["wait_round_trips"] = k.wait_round_trips;
+             d["messages_sent"] = k.messages_sent;
              d["calls"] = k.calls;
              d["live_futures"] = k.live_futures;
              return d;

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# bench/roundtrip_ab.sh: the blocking round trip of two trees, in paired
+# rounds.
+#
+#   bench/roundtrip_ab.sh BEFORE_TREE AFTER_TREE ROUNDS [ITERS]
+#
+# Runs this tree's bench/roundtrip.py (--no-ray, one round of ITERS round
+# trips, default 2000) against each tree's Python client and binaries
+# (TREE/python, TREE/build/bin) in ABBA order — before, after, after,
+# before, ... — ROUNDS times each. Prints each build's medians (Python and
+# C++ round trips, the unix ping-pong of the same run) and the median of the
+# rounds' after/before ratios, with the CPU and context switches each
+# process spent per Python round trip. Raw JSON stays in $AB_DIR (default a
+# fresh temporary folder).
+set -euo pipefail
+if [[ $# -lt 3 ]]; then
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+before=$(realpath "$1")
+after=$(realpath "$2")
+rounds=$3
+iters=${4:-2000}
+here=$(dirname "$(realpath "$0")")
+for tree in "$before" "$after"; do
+  for b in plexus-bench-dispatch plexus-server plexus-worker; do
+    [[ -x $tree/build/bin/$b ]] || { echo "no $tree/build/bin/$b" >&2; exit 2; }
+  done
+done
+dir=${AB_DIR:-$(mktemp -d /tmp/roundtrip_ab.XXXXXX)}
+mkdir -p "$dir"
+echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg); raw output in $dir"
+run() {  # which round
+  local which=$1 round=$2 tree
+  tree=$([[ $which == before ]] && echo "$before" || echo "$after")
+  PYTHONPATH=$tree/python PLEXUS_BIN_DIR=$tree/build/bin \
+    python3 "$here/roundtrip.py" --no-ray --rounds 1 --iters "$iters" \
+    --json "$dir/$which.$round.json" >"$dir/$which.$round.txt" 2>&1 ||
+    { echo "[ab] $which round $round failed:" >&2; tail -5 "$dir/$which.$round.txt" >&2; exit 1; }
+  echo "[ab] round $round $which done; load $(cut -d' ' -f1 /proc/loadavg)"
+}
+for ((r = 0; r < rounds; r++)); do
+  if ((r % 2 == 0)); then
+    run before "$r"; run after "$r"
+  else
+    run after "$r"; run before "$r"
+  fi
+done
+echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - "$dir" "$rounds" <<'PY'
+import json, statistics, sys
+folder, rounds = sys.argv[1], int(sys.argv[2])
+runs = {w: [json.load(open(f"{folder}/{w}.{r}.json")) for r in range(rounds)]
+        for w in ("before", "after")}
+def micros(w, r, m):
+    return runs[w][r]["measures"][m]["median_micros"]
+print("\n| measure | before: median us | after: median us | after/before (median of rounds) |")
+print("|---|---|---|---|")
+for m in ("pingpong-unix", "plexus-python", "plexus-cpp"):
+    b = [micros("before", r, m) for r in range(rounds)]
+    a = [micros("after", r, m) for r in range(rounds)]
+    ratio = statistics.median(x / y for x, y in zip(a, b))
+    print(f"| {m} | {statistics.median(b):.1f} | {statistics.median(a):.1f} | {ratio:.2f} |")
+print("\n| per Python round trip | before: CPU us, switches | after: CPU us, switches |")
+print("|---|---|---|")
+for role in ("client", "server", "worker"):
+    cells = []
+    for w in ("before", "after"):
+        c = [run["plexus_python_cost"][0][role] for run in runs[w]]
+        cells.append(f"{statistics.median(x['cpu_us'] for x in c):.1f}, "
+                     f"{statistics.median(x['switches'] for x in c):.2f}")
+    print(f"| {role} | {cells[0]} | {cells[1]} |")
+PY
