@@ -1,8 +1,10 @@
 // OutQueue: the outbound side of one control stream. Producers append ops
-// (under the scheduler's order); one writer thread drains everything queued
-// into a single message per write, so many calls travel as one batch.
-// Bounded: producers wait in WaitForRoom() while it is full, which pushes
-// back on the client when a worker falls behind. Thread-safe.
+// (under the scheduler's order); a writer drains everything queued into a
+// single message per write, so many calls travel as one batch. The writer
+// is a thread of the queue's own, or (pool mode) one of a WriterPool's
+// threads, which write many queues. Bounded: producers wait in
+// WaitForRoom() while it is full, which pushes back on the client when a
+// worker falls behind. Thread-safe.
 //
 // The writer uses the stream until Stop(): the RPC handler that owns the
 // stream calls Stop() before it returns, even when others (a client session
@@ -11,16 +13,19 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "plexus/common/thread_name.h"
+#include "plexus/server/scheduling/writer_pool.h"
 
 namespace plexus {
 
 template <typename Op>
-class OutQueue {
+class OutQueue : public WriterPool::Drainable,
+                 public std::enable_shared_from_this<OutQueue<Op>> {
  public:
   // `write` sends one batch; returning false closes the queue.
   using WriteFn = std::function<bool(std::vector<Op>&)>;
@@ -35,24 +40,36 @@ class OutQueue {
       Loop();
     });
   }
-  ~OutQueue() { Stop(); }
+  // Pool mode: `pool`'s threads write it. Must be owned by a shared_ptr
+  // (std::make_shared): the pool holds it while it is scheduled.
+  OutQueue(WriteFn write, WriterPool* pool, size_t capacity = kDefaultCapacity)
+      : write_(std::move(write)), capacity_(capacity), pool_(pool) {}
+  ~OutQueue() override { Stop(); }
 
   void Push(Op op) {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return;
-    queue_.push_back(std::move(op));
+    bool schedule;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
+      queue_.push_back(std::move(op));
+      schedule = ScheduleLocked();
+    }
+    if (schedule) pool_->Schedule(this->shared_from_this());
   }
   // All of `ops`, in order, under one lock (one wake-up of the writer);
   // `ops` is left empty.
   void PushAll(std::vector<Op>& ops) {
+    bool schedule = false;
     {
       absl::MutexLock lock(&mu_);
       if (!closed_) {
         queue_.insert(queue_.end(), std::make_move_iterator(ops.begin()),
                       std::make_move_iterator(ops.end()));
+        schedule = ScheduleLocked();
       }
     }
     ops.clear();
+    if (schedule) pool_->Schedule(this->shared_from_this());
   }
   // Waits while the queue holds `capacity` ops or more.
   void WaitForRoom() {
@@ -68,11 +85,44 @@ class OutQueue {
     closed_ = true;
   }
   // Close(), then waits until the writer has written what was queued (or
-  // failed to) and exited. Idempotent.
+  // failed to) and exited (pool mode: the pool no longer holds it to
+  // write). Idempotent.
   void Stop() {
     Close();
+    if (pool_ != nullptr) {
+      absl::MutexLock lock(&mu_);
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !scheduled_;
+      };
+      mu_.Await(absl::Condition(&idle));
+      return;
+    }
     absl::MutexLock lock(&join_mu_);
     if (thread_.joinable()) thread_.join();
+  }
+
+  // Pool mode: one batch, one write (WriterPool::Drainable).
+  bool DrainOnce() override {
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) {
+        scheduled_ = false;
+        return false;
+      }
+      pool_batch_.swap(queue_);
+    }
+    const bool ok = write_(pool_batch_);
+    pool_batch_.clear();
+    absl::MutexLock lock(&mu_);
+    if (!ok) {
+      closed_ = true;
+      queue_.clear();
+    }
+    if (!ok || queue_.empty()) {
+      scheduled_ = false;
+      return false;
+    }
+    return true;
   }
   bool closed() const {
     absl::MutexLock lock(&mu_);
@@ -80,6 +130,14 @@ class OutQueue {
   }
 
  private:
+  // Pool mode: whether the caller must schedule the queue (it has ops and
+  // was not scheduled).
+  bool ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (pool_ == nullptr || scheduled_) return false;
+    scheduled_ = true;
+    return true;
+  }
+
   void Loop() {
     std::vector<Op> batch;
     while (true) {
@@ -106,10 +164,14 @@ class OutQueue {
 
   const WriteFn write_;
   const size_t capacity_;
+  WriterPool* const pool_ = nullptr;  // pool mode, else a thread of its own
   mutable absl::Mutex mu_;
   std::vector<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Mutex join_mu_;  // one Stop() joins; others wait for it
+  // Pool mode: the pool holds it (pending or being drained).
+  bool scheduled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<Op> pool_batch_;  // the batch being written (one drainer)
+  absl::Mutex join_mu_;         // one Stop() joins; others wait for it
   std::thread thread_ ABSL_GUARDED_BY(join_mu_);
 };
 

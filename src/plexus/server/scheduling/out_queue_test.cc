@@ -67,5 +67,105 @@ TEST(OutQueueTest, StopIsIdempotentAndTheDestructorAfterItIsANoOp) {
   EXPECT_EQ(writes, 1);
 }
 
+// Pool mode: many queues written by a few threads. Each queue's ops arrive
+// in order, by one thread at a time, and all of them; Stop() returns once
+// what was queued is written, and nothing is written after it.
+TEST(OutQueueTest, APoolWritesManyQueuesEachInOrderAndOneAtATime) {
+  constexpr int kQueues = 16;
+  constexpr int kOps = 200;
+  struct Sink {
+    std::atomic<int> in_write{0};
+    std::atomic<int> overlaps{0};
+    std::vector<int> got;  // written by one thread at a time (checked)
+    std::atomic<bool> stopped{false};
+    std::atomic<int> after_stop{0};
+  };
+  std::vector<Sink> sinks(kQueues);
+  std::vector<std::shared_ptr<OutQueue<int>>> queues;
+  {
+    WriterPool pool({.threads = 3, .queues_per_thread = 2});
+    for (int q = 0; q < kQueues; ++q) {
+      Sink* sink = &sinks[q];
+      queues.push_back(std::make_shared<OutQueue<int>>(
+          [sink](std::vector<int>& ops) {
+            if (sink->in_write++ != 0) sink->overlaps++;
+            if (sink->stopped) sink->after_stop++;
+            sink->got.insert(sink->got.end(), ops.begin(), ops.end());
+            sink->in_write--;
+            return true;
+          },
+          &pool));
+    }
+    // Two producers, each its own half of every queue's ops in turn, as
+    // the scheduler's batches come (one at a time per queue: in order).
+    for (int i = 0; i < kOps; ++i) {
+      std::vector<int> one = {i};
+      for (auto& q : queues) {
+        std::vector<int> ops = one;
+        q->PushAll(ops);
+        EXPECT_TRUE(ops.empty());
+      }
+    }
+    for (int q = 0; q < kQueues; ++q) {
+      queues[q]->Stop();
+      sinks[q].stopped = true;
+      queues[q]->Push(-1);  // after Stop: dropped
+    }
+    EXPECT_GT(pool.wakeups(), 0);
+  }  // the pool joins its threads
+  for (int q = 0; q < kQueues; ++q) {
+    ASSERT_EQ(sinks[q].got.size(), static_cast<size_t>(kOps)) << q;
+    for (int i = 0; i < kOps; ++i) EXPECT_EQ(sinks[q].got[i], i) << q;
+    EXPECT_EQ(sinks[q].overlaps, 0) << q;
+    EXPECT_EQ(sinks[q].after_stop, 0) << q;
+  }
+}
+
+// A write that blocks (a worker that stopped reading) holds one of the
+// pool's threads; the other queues are written meanwhile. A failed write
+// closes its queue, which then drops what comes.
+TEST(OutQueueTest, AQueueWhoseWriteBlocksDoesNotHoldUpTheOthers) {
+  WriterPool pool({.threads = 2, .queues_per_thread = 1});
+  absl::Notification blocked, release;
+  std::atomic<int> slow_writes{0};
+  auto slow = std::make_shared<OutQueue<int>>(
+      [&](std::vector<int>&) {
+        if (slow_writes++ == 0) {
+          blocked.Notify();
+          release.WaitForNotification();
+        }
+        return true;
+      },
+      &pool);
+  absl::Notification fast_wrote;
+  auto fast = std::make_shared<OutQueue<int>>(
+      [&](std::vector<int>&) {
+        fast_wrote.Notify();
+        return true;
+      },
+      &pool);
+  std::atomic<int> failing_writes{0};
+  auto failing = std::make_shared<OutQueue<int>>(
+      [&](std::vector<int>&) {
+        failing_writes++;
+        return false;  // the stream broke
+      },
+      &pool);
+  slow->Push(1);
+  blocked.WaitForNotification();
+  fast->Push(1);
+  fast_wrote.WaitForNotification();  // while the slow write still blocks
+  failing->Push(1);
+  failing->Stop();
+  EXPECT_TRUE(failing->closed());
+  failing->Push(2);  // dropped: the queue closed on the failed write
+  failing->Stop();
+  EXPECT_EQ(failing_writes, 1);
+  release.Notify();
+  slow->Stop();
+  fast->Stop();
+  EXPECT_EQ(slow_writes, 1);
+}
+
 }  // namespace
 }  // namespace plexus

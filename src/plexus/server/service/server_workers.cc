@@ -241,7 +241,7 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
         grpc::ByteBuffer buffer(&slice, 1);
         return stream->Write(buffer);
       },
-      WorkerQueue::kDefaultCapacity, "plexus-to-wkr");
+      &worker_writers_);
   // It is told of itself now, and of each other host only as an op it is
   // sent names it (ClusterState::TellPeer): a registration costs O(1)
   // ops, not one to every host and every host to it.

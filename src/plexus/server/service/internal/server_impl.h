@@ -484,6 +484,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // was busy. A leaf lock, held only to stamp or read.
   absl::Mutex heard_mu_ ABSL_ACQUIRED_AFTER(mu_, admission_mu_);
   absl::flat_hash_map<int64_t, LastHeard> heard_ ABSL_GUARDED_BY(heard_mu_);
+  // The threads that write the workers' streams (OutQueue in pool mode):
+  // a few for all of them, not one each. Before scheduler_, which holds
+  // the queues: destroyed after them.
+  WriterPool worker_writers_{{.threads = 4, .name = "plexus-to-wkr"}};
   GangScheduler scheduler_;
   std::map<int64_t, grpc::ServerContext*> worker_contexts_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<OutQueue<proto::ServerToClient>>>

@@ -1,0 +1,70 @@
+#include "plexus/server/scheduling/writer_pool.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "plexus/common/thread_name.h"
+
+namespace plexus {
+
+WriterPool::WriterPool(Options options) : options_(options) {
+  const int n = std::max(1, options_.threads);
+  threads_.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    threads_.emplace_back([this] {
+      SetThreadName(options_.name);
+      Loop();
+    });
+  }
+}
+
+WriterPool::~WriterPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    work_.SignalAll();
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+void WriterPool::Schedule(std::shared_ptr<Drainable> queue) {
+  absl::MutexLock lock(&mu_);
+  pending_.push_back(std::move(queue));
+  // One more thread only when those signalled and not yet running have
+  // more than queues_per_thread waiting each. Threads already writing do
+  // not count: one may be held by a write that blocks.
+  if (idle_ > woken_ && static_cast<int>(pending_.size()) >
+                            woken_ * std::max(1, options_.queues_per_thread)) {
+    ++woken_;
+    ++wakeups_;
+    work_.Signal();
+  }
+}
+
+int64_t WriterPool::wakeups() const {
+  absl::MutexLock lock(&mu_);
+  return wakeups_;
+}
+
+void WriterPool::Loop() {
+  std::shared_ptr<Drainable> queue;  // has more to write when not null
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (queue != nullptr) pending_.push_back(std::move(queue));
+      while (pending_.empty() && !stopping_) {
+        ++idle_;
+        work_.Wait(&mu_);
+        --idle_;
+        if (woken_ > 0) --woken_;
+      }
+      if (pending_.empty()) return;  // stopping, nothing left
+      queue = std::move(pending_.front());
+      pending_.pop_front();
+    }
+    // The queue's last reference may go here, outside any lock.
+    if (!queue->DrainOnce()) queue.reset();
+  }
+}
+
+}  // namespace plexus

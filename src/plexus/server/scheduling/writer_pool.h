@@ -1,0 +1,74 @@
+// WriterPool: a few threads that write many outbound queues (OutQueue in
+// pool mode), each queue by one thread at a time, in its order.
+//
+// Why: a queue with a thread of its own costs a thread per worker stream
+// (thousands at 2,048 hosts) and a thread wake-up per host for every call
+// that spans the hosts. Pooled, a burst of H queues wakes about
+// H / queues_per_thread idle threads (at most all of them); each writes
+// the queues it takes one after another.
+//
+// A queue is scheduled (Schedule) when ops arrive while it is not
+// scheduled; a pool thread drains it (Drainable::DrainOnce: one batch,
+// one write) and puts it back at the tail while it has more, so one busy
+// queue does not hold a thread from the others. A write that blocks (a
+// worker that stopped reading fills gRPC's window) holds one thread until
+// the stream ends: the others go on (while every thread is so held,
+// nothing else is written until one stream ends; the server ends a silent
+// worker's stream at its heartbeat deadline). Thread-safe.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace plexus {
+
+class WriterPool {
+ public:
+  // What the pool writes: OutQueue in pool mode.
+  class Drainable {
+   public:
+    virtual ~Drainable() = default;
+    // Writes one batch. True: more is queued (the pool runs it again);
+    // false: the queue is no longer scheduled (empty, closed or failed).
+    virtual bool DrainOnce() = 0;
+  };
+
+  struct Options {
+    int threads = 4;
+    // Queues waiting per awake thread before another thread is woken.
+    int queues_per_thread = 4;
+    const char* name = "plexus-writer";  // the threads' name (15 chars)
+  };
+
+  explicit WriterPool(Options options);
+  WriterPool() : WriterPool(Options{}) {}
+  // Drains what is scheduled, then joins the threads. Queues still
+  // scheduled must be stopped (OutQueue::Stop) before.
+  ~WriterPool();
+
+  // `queue` has ops and was not scheduled; the pool holds it until a
+  // DrainOnce returns false.
+  void Schedule(std::shared_ptr<Drainable> queue);
+
+  // Threads woken so far (each a wake-up; for tests and benches).
+  int64_t wakeups() const;
+
+ private:
+  void Loop();
+
+  const Options options_;
+  mutable absl::Mutex mu_;
+  absl::CondVar work_;
+  std::deque<std::shared_ptr<Drainable>> pending_ ABSL_GUARDED_BY(mu_);
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;   // threads waiting for work
+  int woken_ ABSL_GUARDED_BY(mu_) = 0;  // signalled, not yet running
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t wakeups_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace plexus
