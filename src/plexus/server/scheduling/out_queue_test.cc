@@ -111,7 +111,6 @@ TEST(OutQueueTest, APoolWritesManyQueuesEachInOrderAndOneAtATime) {
       sinks[q].stopped = true;
       queues[q]->Push(-1);  // after Stop: dropped
     }
-    EXPECT_GT(pool.wakeups(), 0);
   }  // the pool joins its threads
   for (int q = 0; q < kQueues; ++q) {
     ASSERT_EQ(sinks[q].got.size(), static_cast<size_t>(kOps)) << q;

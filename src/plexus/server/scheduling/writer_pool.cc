@@ -36,14 +36,8 @@ void WriterPool::Schedule(std::shared_ptr<Drainable> queue) {
   if (idle_ > woken_ && static_cast<int>(pending_.size()) >
                             woken_ * std::max(1, options_.queues_per_thread)) {
     ++woken_;
-    ++wakeups_;
     work_.Signal();
   }
-}
-
-int64_t WriterPool::wakeups() const {
-  absl::MutexLock lock(&mu_);
-  return wakeups_;
 }
 
 void WriterPool::Loop() {

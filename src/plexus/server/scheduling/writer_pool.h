@@ -54,9 +54,6 @@ class WriterPool {
   // DrainOnce returns false.
   void Schedule(std::shared_ptr<Drainable> queue);
 
-  // Threads woken so far (each a wake-up; for tests and benches).
-  int64_t wakeups() const;
-
  private:
   void Loop();
 
@@ -67,7 +64,6 @@ class WriterPool {
   int idle_ ABSL_GUARDED_BY(mu_) = 0;   // threads waiting for work
   int woken_ ABSL_GUARDED_BY(mu_) = 0;  // signalled, not yet running
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t wakeups_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> threads_;
 };
 
