@@ -101,28 +101,31 @@ class OutQueue : public WriterPool::Drainable,
     if (thread_.joinable()) thread_.join();
   }
 
-  // Pool mode: one batch, one write (WriterPool::Drainable).
+  // Pool mode: what is queued, a batch per write, while more comes, up to
+  // kWritesPerTurn writes; then the pool's other queues have their turn
+  // (WriterPool::Drainable).
+  static constexpr int kWritesPerTurn = 4;
   bool DrainOnce() override {
-    {
-      absl::MutexLock lock(&mu_);
-      if (queue_.empty()) {
+    for (int turn = 0;; ++turn) {
+      {
+        absl::MutexLock lock(&mu_);
+        if (queue_.empty()) {
+          scheduled_ = false;
+          return false;
+        }
+        if (turn == kWritesPerTurn) return true;  // still scheduled
+        pool_batch_.swap(queue_);
+      }
+      const bool ok = write_(pool_batch_);
+      pool_batch_.clear();
+      if (!ok) {
+        absl::MutexLock lock(&mu_);
+        closed_ = true;
+        queue_.clear();
         scheduled_ = false;
         return false;
       }
-      pool_batch_.swap(queue_);
     }
-    const bool ok = write_(pool_batch_);
-    pool_batch_.clear();
-    absl::MutexLock lock(&mu_);
-    if (!ok) {
-      closed_ = true;
-      queue_.clear();
-    }
-    if (!ok || queue_.empty()) {
-      scheduled_ = false;
-      return false;
-    }
-    return true;
   }
   bool closed() const {
     absl::MutexLock lock(&mu_);

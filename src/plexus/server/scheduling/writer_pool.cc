@@ -22,7 +22,7 @@ WriterPool::~WriterPool() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    work_.SignalAll();
+    for (Idler* idler : idle_) idler->cv.Signal();
   }
   for (std::thread& t : threads_) t.join();
 }
@@ -33,24 +33,32 @@ void WriterPool::Schedule(std::shared_ptr<Drainable> queue) {
   // One more thread only when those signalled and not yet running have
   // more than queues_per_thread waiting each. Threads already writing do
   // not count: one may be held by a write that blocks.
-  if (idle_ > woken_ && static_cast<int>(pending_.size()) >
+  if (!idle_.empty() && static_cast<int>(pending_.size()) >
                             woken_ * std::max(1, options_.queues_per_thread)) {
+    Idler* idler = idle_.back();
+    idle_.pop_back();
+    idler->woken = true;
     ++woken_;
-    work_.Signal();
+    idler->cv.Signal();
   }
 }
 
 void WriterPool::Loop() {
   std::shared_ptr<Drainable> queue;  // has more to write when not null
+  Idler me;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
       if (queue != nullptr) pending_.push_back(std::move(queue));
       while (pending_.empty() && !stopping_) {
-        ++idle_;
-        work_.Wait(&mu_);
-        --idle_;
-        if (woken_ > 0) --woken_;
+        me.woken = false;
+        idle_.push_back(&me);
+        while (!me.woken && !stopping_) me.cv.Wait(&mu_);
+        if (me.woken) {
+          --woken_;
+        } else {  // stopping: off the idle list
+          idle_.erase(std::find(idle_.begin(), idle_.end(), &me));
+        }
       }
       if (pending_.empty()) return;  // stopping, nothing left
       queue = std::move(pending_.front());

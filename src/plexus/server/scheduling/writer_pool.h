@@ -57,11 +57,19 @@ class WriterPool {
  private:
   void Loop();
 
+  // A thread waiting for work.
+  struct Idler {
+    absl::CondVar cv;
+    bool woken = false;  // (under mu_)
+  };
+
   const Options options_;
   mutable absl::Mutex mu_;
-  absl::CondVar work_;
   std::deque<std::shared_ptr<Drainable>> pending_ ABSL_GUARDED_BY(mu_);
-  int idle_ ABSL_GUARDED_BY(mu_) = 0;   // threads waiting for work
+  // The idle threads, the most recently idle last: Schedule wakes that one
+  // (its stack and caches are warm; with one busy queue, one thread
+  // writes it every time, as a thread of its own would).
+  std::vector<Idler*> idle_ ABSL_GUARDED_BY(mu_);
   int woken_ ABSL_GUARDED_BY(mu_) = 0;  // signalled, not yet running
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
