@@ -18,6 +18,8 @@
 # for all three: the pipeline's ratio is before's step time over after's).
 # Raw output stays in $AB_DIR (default a fresh temporary folder).
 set -euo pipefail
+# shellcheck source=bench/abba.sh
+source "$(dirname "$(realpath "$0")")/abba.sh"
 if [[ $# -lt 2 ]]; then
   sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
@@ -50,10 +52,7 @@ run() {  # which round
     { echo "[ab] transfer, $which round $round failed:" >&2; tail -5 "$out.transfer.txt" >&2; exit 1; }
   echo "[ab] round $round $which done; load $(cut -d' ' -f1 /proc/loadavg)"
 }
-for ((r = 0; r < rounds; r++)); do
-  if ((r % 2 == 0)); then run before "$r"; run after "$r"; else run after "$r"; run before "$r"; fi
-done
-echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+abba "$rounds" before after
 python3 - "$dir" "$rounds" <<'PY'
 import json, re, statistics, sys
 folder, rounds = sys.argv[1], int(sys.argv[2])

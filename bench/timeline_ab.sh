@@ -13,6 +13,8 @@
 # (--journal: the server's journal, "The journal's cost").
 # Raw output stays in $AB_DIR (default a fresh temporary folder).
 set -euo pipefail
+# shellcheck source=bench/abba.sh
+source "$(dirname "$(realpath "$0")")/abba.sh"
 if [[ $# -lt 2 ]]; then
   sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
@@ -34,9 +36,7 @@ run() {  # off|on round
     { echo "[ab] $1 round $2 failed:" >&2; tail -5 "$dir/$1.$2.txt" >&2; exit 1; }
   echo "[ab] round $2 $1 done; load $(cut -d' ' -f1 /proc/loadavg)"
 }
-for ((r = 0; r < rounds; r++)); do
-  if ((r % 2 == 0)); then run off "$r"; run on "$r"; else run on "$r"; run off "$r"; fi
-done
+abba "$rounds" off on
 python3 - "$dir" "$rounds" <<'PY'
 import re, statistics, sys
 folder, rounds = sys.argv[1], int(sys.argv[2])
