@@ -162,7 +162,11 @@ class Writer {
     if (e.device() >= 0) field("device", e.device());
     if (e.shard() >= 0) field("shard", e.shard());
     if (e.peer() != 0) field("peer_worker", e.peer());
-    if (e.bytes() != 0) field("bytes", e.bytes());
+    if (e.bytes() != 0) {
+      const bool charge =
+          static_cast<EventKind>(e.kind()) == EventKind::kAdmissionWait;
+      field(charge ? "charged_us" : "bytes", e.bytes());
+    }
     if (e.path() != 0) {
       field("path",
             Quoted(TransferPathName(static_cast<TransferPath>(e.path()))));

@@ -90,7 +90,9 @@ struct TimelineEvent {
   uint64_t buffer_id = 0;
   uint64_t graph_id = 0;  // kCall: the client's graph (Call.graph_id)
   int64_t peer = 0;       // transfer: the destination worker
-  int64_t bytes = 0;      // transfer, put, fetch
+  // transfer, put, fetch: bytes moved. kAdmissionWait: the device time
+  // the call was charged, in µs (shown as `charged_us`).
+  int64_t bytes = 0;
   int32_t device = -1;
   int32_t shard = -1;
   uint32_t label = 0;  // Timeline::Intern()ed text, or a call site (kCall)

@@ -286,8 +286,10 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       } else {
         in_flight_tags_.insert(c.pass);
       }
-      c.pass += cost * static_cast<double>(unit_out->exec_workers.size()) /
-                c.view.weight;
+      const double charged =
+          cost * static_cast<double>(unit_out->exec_workers.size());
+      unit_out->charged_micros = static_cast<int64_t>(charged);
+      c.pass += charged / c.view.weight;
     }
     if (!c.pending.empty()) {
       c.arrival = next_arrival_++;

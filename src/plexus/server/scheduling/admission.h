@@ -84,6 +84,10 @@ struct AdmissionUnit {
   uint64_t call_seq = 0;
   // When it was routed, on the server's timeline clock (0: not recorded).
   int64_t routed_ns = 0;
+  // Set by Admission::Next for a call: the device time it was charged, the
+  // estimate of its program times the workers it runs on (its client's
+  // pass grows by this over its weight). Shown on the admission timeline.
+  int64_t charged_micros = 0;
   bool is_call() const { return !exec_workers.empty(); }
 };
 

@@ -156,6 +156,26 @@ TEST(AdmissionTest, AFullWindowHoldsCallsUntilTheWorkerReports) {
   EXPECT_EQ(a.Find(1)->device_micros, 400);
 }
 
+TEST(AdmissionTest, ACallIsChargedItsEstimateOnEveryWorkerItRunsOn) {
+  Admission a({.default_cost_micros = 100});
+  a.AddWorker(1, 1);
+  a.AddWorker(2, 1);
+  a.AddClient(1, 1, 64);
+  a.Enqueue(1, Call(9, {1, 2}));
+  std::vector<Admitted> first = Drain(a);
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].unit.charged_micros, 200);  // the default, twice
+  proto::CallsDone done = Done(1, TicketOn(first[0], 1), 700);
+  a.Completed(1, done);
+  a.Completed(2, Done(1, TicketOn(first[0], 2), 700));
+  a.Enqueue(1, Call(9, {1}));
+  a.Enqueue(1, Release(1));
+  std::vector<Admitted> next = Drain(a);
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next[0].unit.charged_micros, 700);  // the first report
+  EXPECT_EQ(next[1].unit.charged_micros, 0);    // no call: no charge
+}
+
 TEST(AdmissionTest, AStalledWorkerStallsOnlyTheCallsThatNeedIt) {
   Admission a({.window_micros = 1000,
                .min_window_calls = 1,

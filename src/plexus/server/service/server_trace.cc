@@ -40,6 +40,7 @@ void ServerImpl::RecordAdmitted(uint64_t client, const AdmissionUnit& unit,
   e.end_ns = now_ns;
   e.client_id = client;
   e.program_id = unit.program_id;
+  e.bytes = unit.charged_micros;  // kAdmissionWait: µs charged (timeline.h)
   if (unit.executes != nullptr) e.call_id = unit.executes->call_id();
   for (const auto& [w, ops] : unit.ops) {
     if (e.call_id != 0) break;
