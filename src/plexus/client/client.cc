@@ -497,6 +497,7 @@ ClientCounters Client::counters() const {
   c.live_futures = core_->live_futures.load();
   c.wait_round_trips = core_->data().wait_round_trips.load();
   c.messages_sent = core_->session().messages_sent();
+  c.messages_sent_inline = core_->session().messages_sent_inline();
   return c;
 }
 

@@ -314,6 +314,15 @@ struct ClientOptions {
   // (each costs every process on the way a thread wake-up). Flush() and
   // the session's end send it at once.
   absl::Duration release_linger = absl::Milliseconds(1);
+  // A call (or put, or program) made when nothing is being written to
+  // the server and no op was queued for this long (real time) is written
+  // by the thread that made it, not handed to the sender thread: one
+  // thread wake-up less on each blocking round trip (call, then wait). A
+  // loop that issues calls faster than this keeps handing them to the
+  // sender, which writes them in batches while the loop goes on (written
+  // inline, each would cost the loop a write). Zero: whenever nothing is
+  // being written; absl::InfiniteDuration(): never.
+  absl::Duration send_inline_after = absl::Microseconds(100);
   // Who the session opens as (common/credentials.h, tenant credentials):
   //   - `tenant` and `tenant_token` (32 hex digits, `plexus token`), else
   //     $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN;
@@ -356,6 +365,9 @@ struct ClientCounters {
   // Messages written to the server: each a batch of every op queued while
   // the last one was written (one call alone when the client waits on each).
   int64_t messages_sent = 0;
+  // Of those, written by the thread that made the op, not the sender
+  // thread (ClientOptions::send_inline_after).
+  int64_t messages_sent_inline = 0;
 };
 
 // The payload bytes of one put or fetch: all it will move, once known, and

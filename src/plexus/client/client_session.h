@@ -186,7 +186,9 @@ class ClientSession {
 
   // --- ops for the server
   // Queues ops of session `epoch` for the sender; waits while too many
-  // are queued. Dropped if that session ended: what they made reads as
+  // are queued. Where nothing is being written (and no resume is under
+  // way) and nothing was queued for a while, writes them itself
+  // (ClientOptions::send_inline_after). Dropped if that session ended: what they made reads as
   // lost with it; unless the server keeps a journal and the session may be
   // resumed: then its calls, puts and programs are kept to send again.
   void Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch);
@@ -197,6 +199,9 @@ class ClientSession {
   // Messages written to the server so far (ClientCounters::messages_sent).
   int64_t messages_sent() const {
     return messages_sent_.load(std::memory_order_relaxed);
+  }
+  int64_t messages_sent_inline() const {
+    return messages_sent_inline_.load(std::memory_order_relaxed);
   }
   // Asks for a slice in session `epoch` and waits for the server's answer.
   absl::StatusOr<proto::SliceInfo> RequestSlice(proto::SliceRequest req,
@@ -358,6 +363,17 @@ class ClientSession {
   // --- the session's traffic (session_traffic.cc)
   void SenderLoop(Session& session);
   void ReaderLoop(Session& session);
+  // Takes what is queued into `msg` for one write, and `sending_`; its
+  // place among the kept batches in `keep_seq` (0: none).
+  void TakeQueuedLocked(proto::ClientToServer& msg, uint64_t& keep_seq)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `msg` (mu_ not held, `sending_` taken; unless `write` is
+  // false) and keeps it to send again after a resume; whether it was
+  // written.
+  bool WriteTaken(Session& session, proto::ClientToServer& msg,
+                  uint64_t keep_seq, bool write);
+  // After a write: `sending_` given back; a failed write broke the stream.
+  void WroteLocked(bool ok) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One message from the server, applied (mu_ held).
   void ApplyLocked(const proto::ServerToClient& msg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -416,8 +432,15 @@ class ClientSession {
   // once. Releases alone linger (kReleaseLinger) for an op to ride with.
   bool urgent_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> messages_sent_{0};
+  std::atomic<int64_t> messages_sent_inline_{0};
   int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() callers waiting
+  // A write is under way (the sender's or an inline one: one at a time).
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
+  // The stream Enqueue may write to itself: the sender's, while its loop
+  // runs (null before it starts and from when it decides to end).
+  Session* writable_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // When Enqueue last queued ops (real time; send_inline_after).
+  absl::Time last_enqueue_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, proto::SliceReply> slice_replies_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 // the server says (slice grants, call errors, puts released, recoveries,
 // workers down) until the stream ends.
 #include <algorithm>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,57 @@ void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
   }
   for (auto& op : ops) queue_.push_back(std::move(op));
   urgent_ = true;
+  // Nothing being written, and nothing queued for a while (a round trip's
+  // next call, not a loop's): this thread writes, the sender sleeps on.
+  // (While a resume is restored, or its messages wait, the sender goes.)
+  const absl::Time now = absl::Now();
+  const absl::Duration idle = now - std::exchange(last_enqueue_, now);
+  if (idle < options_.send_inline_after || writable_ == nullptr || sending_ ||
+      closed_ || restoring_ || !pre_messages_.empty() || machine_.broken()) {
+    return;
+  }
+  Session& session = *writable_;
+  proto::ClientToServer msg;
+  uint64_t keep_seq = 0;
+  TakeQueuedLocked(msg, keep_seq);
+  mu_.Unlock();
+  const bool ok = WriteTaken(session, msg, keep_seq, /*write=*/true);
+  if (ok) messages_sent_inline_.fetch_add(1, std::memory_order_relaxed);
+  mu_.Lock();
+  WroteLocked(ok);
+}
+
+void ClientSession::TakeQueuedLocked(proto::ClientToServer& msg,
+                                     uint64_t& keep_seq) {
+  for (auto& op : queue_) *msg.add_ops() = std::move(op);
+  queue_.clear();
+  urgent_ = false;
+  keep_seq = msg.ops_size() > 0 ? NextKeepSeqLocked() : 0;
+  sending_ = msg.ops_size() > 0;
+}
+
+bool ClientSession::WriteTaken(Session& session, proto::ClientToServer& msg,
+                               uint64_t keep_seq, bool write) {
+  const bool ok = write && (msg.ops_size() == 0 || session.stream->Write(msg));
+  if (ok && msg.ops_size() > 0) {
+    messages_sent_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Kept to send again after a resume: what was written, and what a
+  // failed write may not have delivered.
+  if (msg.ops_size() > 0 && journaled_.load(std::memory_order_acquire)) {
+    KeepCalls(std::move(msg), keep_seq);
+  }
+  return ok;
+}
+
+void ClientSession::WroteLocked(bool ok) {
+  sending_ = false;
+  if (!ok) {
+    machine_.StreamBroke();
+    UpdateOpenTagLocked();
+    observer_->StreamBroke();
+    KeepUnsentLocked();
+  }
 }
 
 void ClientSession::Flush() {
@@ -54,10 +106,15 @@ void ClientSession::Flush() {
 void ClientSession::SenderLoop(Session& session) {
   Clock& clock = *options_.clock;
   absl::Time next_stats = clock.Now();
+  {
+    absl::MutexLock lock(&mu_);
+    writable_ = &session;
+  }
   while (true) {
     proto::ClientToServer msg;
     std::vector<proto::ClientToServer> pre;
     bool last = false;
+    bool stats_due = false;
     uint64_t keep_seq = 0;  // its place among the kept batches
     {
       absl::MutexLock lock(&mu_);
@@ -90,23 +147,26 @@ void ClientSession::SenderLoop(Session& session) {
           break;  // the stats are due
         }
       }
+      // A caller's inline write (Enqueue) ends before this one starts.
+      auto idle = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !sending_; };
+      mu_.Await(absl::Condition(&idle));
       if (machine_.broken() && !closed_) {
         // The reader saw it end. What is queued goes with the resume's
         // calls sent again, ahead of its LiveBuffers' end: sent after it,
         // as new ops, the server would have taken their outputs (live
         // futures no worker held) for lost.
         KeepUnsentLocked();
+        writable_ = nullptr;
         break;
       }
       pre.swap(pre_messages_);
-      if (!restoring_) {
-        for (auto& op : queue_) *msg.add_ops() = std::move(op);
-        queue_.clear();
-        urgent_ = false;
-        if (msg.ops_size() > 0) keep_seq = NextKeepSeqLocked();
-      }
-      sending_ = msg.ops_size() > 0 || !pre.empty();
+      if (!restoring_) TakeQueuedLocked(msg, keep_seq);
       last = closed_;
+      stats_due = clock.Now() >= next_stats || last;
+      // Held for every write of this thread's, the stats' alone too.
+      sending_ = msg.ops_size() > 0 || !pre.empty() || stats_due;
+      if (last) writable_ = nullptr;  // what follows is this thread's
     }
     // A resume's messages go first, each as one write (ResumeRestore).
     bool pre_ok = true;
@@ -114,27 +174,15 @@ void ClientSession::SenderLoop(Session& session) {
       if (!(pre_ok = session.stream->Write(m))) break;
       messages_sent_.fetch_add(1, std::memory_order_relaxed);
     }
-    if (clock.Now() >= next_stats || last) {
+    if (stats_due) {
       stats_(msg.add_ops()->mutable_stats());
       next_stats = clock.Now() + absl::Seconds(1);
     }
-    bool ok = pre_ok && (msg.ops_size() == 0 || session.stream->Write(msg));
-    if (ok && msg.ops_size() > 0) {
-      messages_sent_.fetch_add(1, std::memory_order_relaxed);
-    }
-    // Kept to send again after a resume: what was written, and what a
-    // failed write may not have delivered.
-    if (msg.ops_size() > 0 && journaled_.load(std::memory_order_acquire)) {
-      KeepCalls(std::move(msg), keep_seq);
-    }
+    // (After a failed resume message, the batch is kept, not written.)
+    const bool ok = WriteTaken(session, msg, keep_seq, /*write=*/pre_ok);
     absl::MutexLock lock(&mu_);
-    sending_ = false;
-    if (!ok) {
-      machine_.StreamBroke();
-      UpdateOpenTagLocked();
-      observer_->StreamBroke();
-      KeepUnsentLocked();
-    }
+    WroteLocked(ok);
+    if (!ok) writable_ = nullptr;
     if (last || !ok) break;
   }
   session.stream->WritesDone();
