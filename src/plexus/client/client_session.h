@@ -188,9 +188,10 @@ class ClientSession {
   // Queues ops of session `epoch` for the sender; waits while too many
   // are queued. Where nothing is being written (and no resume is under
   // way) and nothing was queued for a while, writes them itself
-  // (ClientOptions::send_inline_after). Dropped if that session ended: what they made reads as
-  // lost with it; unless the server keeps a journal and the session may be
-  // resumed: then its calls, puts and programs are kept to send again.
+  // (ClientOptions::send_inline_after). Dropped if that session ended: what
+  // they made reads as lost with it; unless the server keeps a journal and the
+  // session may be resumed: then its calls, puts and programs are kept to send
+  // again.
   void Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch);
   // Waits until everything queued has been written (or the session ended).
   // A buffer's release queued alone waits ClientOptions::release_linger
