@@ -258,3 +258,36 @@ def test_built_in_kernels_refuse_the_new_dtypes_naming_the_argument(client):
     # Kernels that only move bytes take them.
     same = s.program("busy_wait", u, micros=0)(u)
     np.testing.assert_array_equal(np.asarray(same), np.arange(4))
+
+
+def test_a_chained_calls_outputs_carry_the_signature_their_specs_give(client):
+    # plexus.jit's fast path keys a call by its futures' signatures; a
+    # program's outputs take the first call's (no spec read per call).
+    # They must be what each future's own specs, key impl and weak type
+    # say, for keys, weak types and both shardings; and a loop of chained
+    # calls compiles once for the chained signature.
+    from plexus._future import signature
+    s = client.slice(2, placement="spread")
+
+    def step(key, x, n):
+        key, _ = jax.random.split(key)
+        return key, x * 2 + 1, n + 1
+
+    prog = plexus.jit(step, s, in_shardings=(None, plexus.split(0), None),
+                      out_shardings=(None, plexus.split(0), None))
+    k, y, n = jax.random.key(0), np.zeros((4, 2), np.float32), 0
+    for _ in range(4):
+        k, y, n = prog(k, y, n)
+        for out in (k, y, n):
+            fresh = (out._f.shape, out._f.dtype, out._f.sharding, out._key,
+                     out._weak)
+            assert signature(out) == fresh
+        assert k._key is not None and n.weak_type and not y.weak_type
+    assert prog.compiled_signatures == 1
+    assert int(n) == 4
+    np.testing.assert_array_equal(np.asarray(y), np.full((4, 2), 15.0))
+    want = jax.random.key(0)
+    for _ in range(4):
+        want, _ = jax.random.split(want)
+    np.testing.assert_array_equal(jax.random.key_data(k.result()),
+                                  jax.random.key_data(want))

@@ -16,6 +16,19 @@ from ._progress import describe_transfer, describe_wait, transfer_progress, wait
 from ._sharding import _sharding_repr
 
 
+def signature(future):
+    """What a program compiled for `future` depends on: its core shape,
+    dtype and sharding, its key impl and weak type; hashable. Kept on the
+    future (a program's outputs get theirs from the program's first
+    call's: plexus.jit's fast path reads no spec per call)."""
+    sig = future._sig
+    if sig is None:
+        f = future._f
+        sig = future._sig = (f.shape, f.dtype, f.sharding, future._key,
+                             future._weak)
+    return sig
+
+
 class Future:
     """A value that may not be computed yet, like a jax.Array that is not
     ready: .shape, .dtype, .sharding, block_until_ready(), np.asarray().
@@ -42,7 +55,7 @@ class Future:
     stays weak where it goes into JAX.
     """
 
-    __slots__ = ("_f", "_client", "_key", "_weak", "__weakref__")
+    __slots__ = ("_f", "_client", "_key", "_weak", "_sig", "__weakref__")
     __array_priority__ = 100  # numpy defers to its operators, as to jax's
     __hash__ = None  # `==` compares elements, as on a jax.Array
 
@@ -51,6 +64,7 @@ class Future:
         self._client = client
         self._key = None  # the PRNG impl name when it holds typed keys
         self._weak = False  # weakly typed, as JAX types Python scalars
+        self._sig = None  # signature(): set once known
         if not _jax_interop.hooked and "jax" in sys.modules:
             _jax_interop.hook(Future)
 

@@ -74,7 +74,7 @@ import warnings
 import numpy as np
 
 from . import _core, _dcn_check, _plugin_support
-from ._future import Future
+from ._future import Future, signature
 from ._island_layout import IslandLayout, abstract_mesh
 from ._program import Spec
 from ._sharding import (_is_partition_spec, _sharding, _sharding_repr, partial,
@@ -248,9 +248,8 @@ class Jitted:
             # Fast path (a training loop): every leaf a future, so the
             # signature is read off the futures' core specs.
             fs = [x._f for x in leaves]
-            fast_key = (resizes, static, treedef, tuple(
-                (x._f.shape, x._f.dtype, x._f.sharding, x._key, x._weak)
-                for x in leaves))
+            fast_key = (resizes, static, treedef,
+                        tuple(signature(x) for x in leaves))
             compiled = self._by_futures.get(fast_key)
             if compiled is not None:
                 return compiled._invoke_checked(fs)

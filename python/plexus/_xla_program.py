@@ -5,7 +5,7 @@ JAX is imported on first call (plexus itself does not need it).
 import numpy as np
 
 from . import _core
-from ._future import Future
+from ._future import Future, signature
 from ._program import Program
 
 
@@ -35,14 +35,22 @@ class XlaProgram(Program):
         self._in_keys = in_keys or [None] * len(core_program.inputs)
         self._out_keys = out_keys or [None] * len(core_program.outputs)
         self._out_weak = out_weak or [False] * len(core_program.outputs)
+        self._out_sigs = None  # the outputs' signatures, from a first call
 
     def _wrap_keys(self, outs):
         """Marks the outputs that are typed keys (their key data) and those
-        that are weakly typed."""
+        that are weakly typed, and gives each its signature: every call's
+        outputs have the first call's."""
         for f, impl, weak in zip(outs, self._out_keys, self._out_weak):
             if impl is not None:
                 f._key = impl
             f._weak = weak
+        sigs = self._out_sigs
+        if sigs is None:
+            self._out_sigs = [signature(f) for f in outs]
+        else:
+            for f, sig in zip(outs, sigs):
+                f._sig = sig
         return outs
 
     def __call__(self, *args, **kwargs):
