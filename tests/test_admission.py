@@ -253,12 +253,18 @@ def test_a_put_does_not_wait_behind_its_clients_calls_queued_for_a_stalled_host(
         stalled = client.slice(1, hosts=["host0"])
         other = client.slice(1, hosts=["host1"])
         x = stalled.put(np.zeros(4, np.float32))
-        nap = stalled.program("device_sleep", x, micros=1)
+        # 1 ms a call: admission's window (5 ms of estimated device time per
+        # client and device) lets a few of the 200 calls go to the stopped
+        # host and keeps the rest waiting at the server. (With 1 µs calls,
+        # estimated at 2-4 µs from the one call below, all of 2000 fitted
+        # in the window now and then: none waited, and the wait below
+        # timed out on a loaded machine.)
+        nap = stalled.program("device_sleep", x, micros=1000)
         nap(x).block_until_ready()
         pid = _worker_pid(cluster, "host0")
         os.kill(pid, signal.SIGSTOP)
         try:
-            outs = [nap(x) for _ in range(2000)]
+            outs = [nap(x) for _ in range(200)]
             cluster.wait_until(
                 lambda st: any(c["name"] == "a" and
                                int(c.get("calls_pending", 0)) > 0

@@ -314,15 +314,15 @@ struct ClientOptions {
   // (each costs every process on the way a thread wake-up). Flush() and
   // the session's end send it at once.
   absl::Duration release_linger = absl::Milliseconds(1);
-  // A call (or put, or program) made when nothing is being written to
-  // the server and no op was queued for this long (real time) is written
-  // by the thread that made it, not handed to the sender thread: one
-  // thread wake-up less on each blocking round trip (call, then wait). A
-  // loop that issues calls faster than this keeps handing them to the
-  // sender, which writes them in batches while the loop goes on (written
-  // inline, each would cost the loop a write). Zero: whenever nothing is
-  // being written; absl::InfiniteDuration(): never.
-  absl::Duration send_inline_after = absl::Microseconds(100);
+  // A call (or put, or program) made after the client waited on a result
+  // (Fetch, Wait, WaitMany) since its last op, while nothing is being
+  // written to the server, is written by the thread that made it instead
+  // of waking the sender thread: a blocking round trip (call, then wait)
+  // then costs one thread wake-up less. A loop that issues calls without
+  // waiting keeps handing them to the sender, which writes them in
+  // batches beside the loop (written inline, each would cost the loop a
+  // write). False: the sender writes every op.
+  bool send_inline_after_wait = true;
   // Who the session opens as (common/credentials.h, tenant credentials):
   //   - `tenant` and `tenant_token` (32 hex digits, `plexus token`), else
   //     $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN;
@@ -366,7 +366,7 @@ struct ClientCounters {
   // the last one was written (one call alone when the client waits on each).
   int64_t messages_sent = 0;
   // Of those, written by the thread that made the op, not the sender
-  // thread (ClientOptions::send_inline_after).
+  // thread (ClientOptions::send_inline_after_wait).
   int64_t messages_sent_inline = 0;
 };
 

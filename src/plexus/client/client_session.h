@@ -186,13 +186,16 @@ class ClientSession {
 
   // --- ops for the server
   // Queues ops of session `epoch` for the sender; waits while too many
-  // are queued. Where nothing is being written (and no resume is under
-  // way) and nothing was queued for a while, writes them itself
-  // (ClientOptions::send_inline_after). Dropped if that session ended: what
-  // they made reads as lost with it; unless the server keeps a journal and the
-  // session may be resumed: then its calls, puts and programs are kept to send
-  // again.
+  // are queued. Where the client waited on a result since its last ops
+  // and nothing is being written (and no resume is under way), writes them
+  // itself (ClientOptions::send_inline_after_wait). Dropped if that session
+  // ended: what they made reads as lost with it; unless the server keeps a
+  // journal and the session may be resumed: then its calls, puts and programs
+  // are kept to send again.
   void Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch);
+  // The client waited on a result (a fetch, a wait): its next ops are
+  // likely a round trip's, which the caller writes itself.
+  void NoteWaited() { waited_.store(true, std::memory_order_relaxed); }
   // Waits until everything queued has been written (or the session ended).
   // A buffer's release queued alone waits ClientOptions::release_linger
   // for an op to go with; Flush sends it at once.
@@ -440,8 +443,9 @@ class ClientSession {
   // The stream Enqueue may write to itself: the sender's, while its loop
   // runs (null before it starts and from when it decides to end).
   Session* writable_ ABSL_GUARDED_BY(mu_) = nullptr;
-  // When Enqueue last queued ops (real time; send_inline_after).
-  absl::Time last_enqueue_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // The client waited on a result since the last Enqueue (NoteWaited;
+  // send_inline_after_wait).
+  std::atomic<bool> waited_{false};
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t next_request_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, proto::SliceReply> slice_replies_ ABSL_GUARDED_BY(mu_);

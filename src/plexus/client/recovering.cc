@@ -178,6 +178,7 @@ absl::Status Client::Fetch(const Future& future, void* dst,
                            TransferProgress* progress) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   ClientRequestEvent fetch(*core_, EventKind::kFetch, future);
+  core_->session().NoteWaited();
   return fetch.Done(Recovering(core_->session(), {&future}, [&] {
     return FetchOnce(future, dst, progress);
   }));
@@ -186,6 +187,7 @@ absl::Status Client::Fetch(const Future& future, void* dst,
 absl::Status Client::Wait(const Future& future) {
   if (!future.valid()) return absl::InvalidArgumentError("empty future");
   ClientRequestEvent wait(*core_, EventKind::kWait, future);
+  core_->session().NoteWaited();
   return wait.Done(Recovering(core_->session(), {&future},
                               [&] { return WaitOnce(future); }));
 }
@@ -203,6 +205,7 @@ absl::Status Client::WaitMany(const std::vector<Future>& futures,
         deadline);
   }
   ClientRequestEvent wait(*core_, EventKind::kWait, futures.front());
+  core_->session().NoteWaited();
   return wait.Done(Recovering(
       core_->session(), all, [&] { return WaitManyOnce(futures, deadline); },
       deadline));

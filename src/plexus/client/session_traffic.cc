@@ -3,7 +3,6 @@
 // the server says (slice grants, call errors, puts released, recoveries,
 // workers down) until the stream ends.
 #include <algorithm>
-#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -40,13 +39,14 @@ void ClientSession::Enqueue(std::vector<proto::ClientOp> ops, uint64_t epoch) {
   }
   for (auto& op : ops) queue_.push_back(std::move(op));
   urgent_ = true;
-  // Nothing being written, and nothing queued for a while (a round trip's
-  // next call, not a loop's): this thread writes, the sender sleeps on.
-  // (While a resume is restored, or its messages wait, the sender goes.)
-  const absl::Time now = absl::Now();
-  const absl::Duration idle = now - std::exchange(last_enqueue_, now);
-  if (idle < options_.send_inline_after || writable_ == nullptr || sending_ ||
-      closed_ || restoring_ || !pre_messages_.empty() || machine_.broken()) {
+  // A round trip's next op (the client waited on a result since its last
+  // ops; not a loop's that issues without waiting), with nothing being
+  // written: this thread writes, the sender sleeps on. (While a resume is
+  // restored, or its messages wait, the sender goes.)
+  const bool after_wait = waited_.exchange(false, std::memory_order_relaxed);
+  if (!after_wait || !options_.send_inline_after_wait || writable_ == nullptr ||
+      sending_ || closed_ || restoring_ || !pre_messages_.empty() ||
+      machine_.broken()) {
     return;
   }
   Session& session = *writable_;
