@@ -194,3 +194,21 @@ def test_cli_up_status_down(tmp_path):
     assert down.returncode == 0, down.stderr
     gone = run("status")
     assert gone.returncode == 1 and "no Plexus cluster" in gone.stderr
+
+
+def test_a_wait_on_the_status_that_times_out_says_what_it_last_saw():
+    # A test (or a user's script) that waits on the status and times out
+    # is told what the cluster looked like then: each client's calls
+    # waiting, in flight and admitted, and each worker alive or down.
+    with plexus.local(hosts=2) as cluster:
+        client = cluster.connect(name="waiter")
+        s = client.slice(1, hosts=["host1"])
+        x = s.put(np.zeros(4, np.float32))
+        s.program("scale", x, factor=2.0)(x).block_until_ready()
+        with pytest.raises(TimeoutError) as e:
+            cluster.wait_until(lambda st: False, timeout=0.2,
+                               what="something that never comes")
+    text = str(e.value)
+    assert "waiting for something that never comes" in text, text
+    assert "waiter: 0 waiting, 0 in flight, 1 admitted" in text, text
+    assert "host0 alive" in text and "host1 alive" in text, text

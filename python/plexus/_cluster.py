@@ -12,6 +12,21 @@ from ._spawn import describe_exit, read_ready_line, spawn
 from ._status import cluster_status, web_url
 
 
+
+def _brief(st):
+    """What a wait on the status that timed out last saw, in a line: each
+    client's calls waiting, in flight and admitted; each worker, alive or
+    down."""
+    clients = ", ".join(
+        f"{c.get('name')}: {c.get('calls_pending', 0)} waiting, "
+        f"{c.get('calls_in_flight', 0)} in flight, "
+        f"{c.get('calls_admitted', 0)} admitted"
+        for c in st.get("clients", []))
+    workers = ", ".join(
+        f"{w.get('host_name')} {'alive' if w.get('alive') else 'down'}"
+        for w in st.get("workers", []))
+    return f"clients [{clients}]; workers [{workers}]"
+
 class ClusterExitError(RuntimeError):
     """A process of an embedded cluster did not exit cleanly at `down()`:
     the server exited non-zero or on a signal, or a worker did (the server
@@ -220,7 +235,8 @@ class LocalCluster:
         st = self.status()
         while not predicate(st):
             if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+                raise TimeoutError(f"timed out after {timeout} s waiting for "
+                                   f"{what}; the last status: {_brief(st)}")
             st = self.status(fresh=True)
         return st
 
