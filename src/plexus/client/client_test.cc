@@ -33,42 +33,64 @@ TEST_F(ClientTest, SplitPutScaleAndFetchOverTwoHosts) {
   for (int i = 0; i < 8; ++i) EXPECT_EQ(y[i], 3 * i);
 }
 
+// A client with `options`, a 1-device slice holding x = [1, 2, 3, 4], and
+// `twice` (scale by 2) compiled for it; what it sent so far flushed.
+struct Doubler {
+  std::unique_ptr<Client> client;
+  Future x;
+  std::shared_ptr<Program> twice;
+};
+
+absl::StatusOr<Doubler> ConnectDoubler(const std::string& address,
+                                       const ClientOptions& options) {
+  Doubler d;
+  auto client = Client::Connect(address, options);
+  if (!client.ok()) return client.status();
+  d.client = *std::move(client);
+  auto slice = d.client->CreateSlice({.num_devices = 1});
+  if (!slice.ok()) return slice.status();
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  std::vector<float> x = {1, 2, 3, 4};
+  auto fx = d.client->Put(*slice, x.data(), arg);
+  if (!fx.ok()) return fx.status();
+  d.x = *fx;
+  auto twice =
+      d.client->Compile(*slice, "twice", "scale", {{"factor", 2.0}}, {arg});
+  if (!twice.ok()) return twice.status();
+  d.twice = *twice;
+  d.client->Flush();
+  return d;
+}
+
 // A dropped future's release waits (ClientOptions::release_linger) for the
 // next op and goes to the server with it: a loop of call, fetch, drop sends
 // one message per call, not two.
 TEST_F(ClientTest, ADroppedFuturesReleaseGoesWithTheNextCall) {
   ClientOptions options;
   options.release_linger = absl::Hours(1);  // only an op or Flush moves it
-  auto client = Client::Connect(cluster_->address(), options);
-  ASSERT_TRUE(client.ok()) << client.status();
-  auto slice = (*client)->CreateSlice({.num_devices = 1});
-  ASSERT_TRUE(slice.ok()) << slice.status();
-  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
-  std::vector<float> x = {1, 2, 3, 4};
-  auto fx = (*client)->Put(*slice, x.data(), arg);
-  ASSERT_TRUE(fx.ok()) << fx.status();
-  auto twice =
-      (*client)->Compile(*slice, "twice", "scale", {{"factor", 2.0}}, {arg});
-  ASSERT_TRUE(twice.ok()) << twice.status();
-  (*client)->Flush();
-  const int64_t before = (*client)->counters().messages_sent;
+  auto d = ConnectDoubler(cluster_->address(), options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  Client* client = d->client.get();
+  Future* fx = &d->x;
+  Program* twice = d->twice.get();
+  const int64_t before = client->counters().messages_sent;
   constexpr int kRounds = 20;
   for (int i = 0; i < kRounds; ++i) {
-    auto out = (*client)->Call(**twice, {*fx});
+    auto out = client->Call(*twice, {*fx});
     ASSERT_TRUE(out.ok()) << out.status();
     std::vector<float> y(4);
-    ASSERT_TRUE((*client)->Fetch((*out)[0], y.data()).ok());
+    ASSERT_TRUE(client->Fetch((*out)[0], y.data()).ok());
     EXPECT_EQ(y, (std::vector<float>{2, 4, 6, 8}));
     out->clear();  // its release is queued: it waits for the next call
     // A read between the drop and the next call, as a loop's own work
     // would be: time in which a release sent at once would go alone.
     std::vector<float> again(4);
-    ASSERT_TRUE((*client)->Fetch(*fx, again.data()).ok());
+    ASSERT_TRUE(client->Fetch(*fx, again.data()).ok());
   }
   // Every call written (a fetch can return before its call's write has),
   // and the last round's release, which only Flush moves.
-  (*client)->Flush();
-  const int64_t sent = (*client)->counters().messages_sent - before;
+  client->Flush();
+  const int64_t sent = client->counters().messages_sent - before;
   // One per call and the last release (and a stats report each second); a
   // release sent alone would have been another message per round.
   EXPECT_GE(sent, kRounds + 1);
@@ -80,48 +102,41 @@ TEST_F(ClientTest, ADroppedFuturesReleaseGoesWithTheNextCall) {
 // sender): it is on the wire when Call returns. A loop that issues calls
 // without waiting hands them to the sender, which batches them.
 TEST_F(ClientTest, ARoundTripsCallIsWrittenByItsOwnThread) {
-  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
-  std::vector<float> x = {1, 2, 3, 4};
   for (const bool inline_writes : {true, false}) {
     SCOPED_TRACE(inline_writes ? "inline" : "never inline");
     ClientOptions options;
     options.send_inline_after_wait = inline_writes;
-    auto client = Client::Connect(cluster_->address(), options);
-    ASSERT_TRUE(client.ok()) << client.status();
-    auto slice = (*client)->CreateSlice({.num_devices = 1});
-    ASSERT_TRUE(slice.ok()) << slice.status();
-    auto fx = (*client)->Put(*slice, x.data(), arg);
-    ASSERT_TRUE(fx.ok()) << fx.status();
-    auto twice =
-        (*client)->Compile(*slice, "twice", "scale", {{"factor", 2.0}}, {arg});
-    ASSERT_TRUE(twice.ok()) << twice.status();
-    (*client)->Flush();
+    auto d = ConnectDoubler(cluster_->address(), options);
+    ASSERT_TRUE(d.ok()) << d.status();
+    Client* client = d->client.get();
+    Future* fx = &d->x;
+    Program* twice = d->twice.get();
     // Calls issued without a wait between them: none is written inline.
     std::vector<Future> chain = {*fx};
     for (int i = 0; i < 20; ++i) {
-      auto out = (*client)->Call(**twice, {chain.back()});
+      auto out = client->Call(*twice, {chain.back()});
       ASSERT_TRUE(out.ok()) << out.status();
       chain.push_back((*out)[0]);
     }
-    (*client)->Flush();
-    EXPECT_EQ((*client)->counters().messages_sent_inline, 0);
-    ASSERT_TRUE((*client)->Wait(chain.back()).ok());
+    client->Flush();
+    EXPECT_EQ(client->counters().messages_sent_inline, 0);
+    ASSERT_TRUE(client->Wait(chain.back()).ok());
     chain.clear();
     // Round trips: each call after the last one's fetch.
-    const ClientCounters before = (*client)->counters();
+    const ClientCounters before = client->counters();
     constexpr int kRounds = 20;
     int on_the_wire = 0;  // calls written by the time Call returned
     for (int i = 0; i < kRounds; ++i) {
-      const int64_t sent = (*client)->counters().messages_sent;
-      auto out = (*client)->Call(**twice, {*fx});
+      const int64_t sent = client->counters().messages_sent;
+      auto out = client->Call(*twice, {*fx});
       ASSERT_TRUE(out.ok()) << out.status();
-      if ((*client)->counters().messages_sent > sent) ++on_the_wire;
+      if (client->counters().messages_sent > sent) ++on_the_wire;
       std::vector<float> y(4);
-      ASSERT_TRUE((*client)->Fetch((*out)[0], y.data()).ok());
+      ASSERT_TRUE(client->Fetch((*out)[0], y.data()).ok());
       EXPECT_EQ(y, (std::vector<float>{2, 4, 6, 8}));
     }
-    (*client)->Flush();
-    const ClientCounters after = (*client)->counters();
+    client->Flush();
+    const ClientCounters after = client->counters();
     const int64_t inlined =
         after.messages_sent_inline - before.messages_sent_inline;
     if (inline_writes) {
