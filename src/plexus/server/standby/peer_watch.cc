@@ -43,6 +43,7 @@ void PeerWatch::Arm(const std::string& why) {
   absl::MutexLock lock(&mu_);
   if (armed_ || stop_) return;
   armed_ = true;
+  ++arms_;
   SPDLOG_INFO(
       "{}: asking the other server at {} whether it took over (every {})", why,
       options_.peer, absl::FormatDuration(options_.period));
@@ -62,6 +63,7 @@ bool PeerWatch::armed() const {
 void PeerWatch::Loop() {
   Clock& clock = *options_.clock;
   while (true) {
+    uint64_t asked_at_arm;  // arms_ when this question was asked
     {
       absl::MutexLock lock(&mu_);
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -69,6 +71,7 @@ void PeerWatch::Loop() {
       };
       mu_.Await(absl::Condition(&wake));
       if (stop_) return;
+      asked_at_arm = arms_;
     }
     const bool serves =
         options_.serves
@@ -78,7 +81,14 @@ void PeerWatch::Loop() {
       absl::MutexLock lock(&mu_);
       if (stop_) return;
       if (!serves || !armed_) {
-        clock.AwaitWithDeadline(&mu_, &cv_, clock.Now() + options_.period);
+        // The next question a period on; at once if it was disarmed and
+        // armed again while this one was asked (that Arm's signal came
+        // before this wait: a wait for it alone never ended on a clock
+        // that does not move by itself).
+        const absl::Time next = clock.Now() + options_.period;
+        while (!stop_ && arms_ == asked_at_arm && clock.Now() < next) {
+          clock.AwaitWithDeadline(&mu_, &cv_, next);
+        }
         continue;
       }
       armed_ = false;

@@ -64,6 +64,9 @@ class PeerWatch {
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   bool armed_ ABSL_GUARDED_BY(mu_) = false;
+  // Times Arm() armed it: one that comes while the other is being asked
+  // (its signal before the loop waits) is not lost.
+  uint64_t arms_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };

@@ -57,6 +57,9 @@ TEST(PeerWatchTest, AsksOnlyWhileArmedAndStepsDownOnceWhenTheOtherServes) {
   watch.Arm("the standby's stream ended");
   ASSERT_TRUE(peer.AwaitAsked(1));
   // A standby (or a dead server) does not serve: asked again each period.
+  // (Time moves once the watch waits for it: advanced before, the period
+  // would start after the advance, and no second question would come.)
+  clock.AwaitWaiters(1);
   clock.Advance(absl::Milliseconds(250));
   ASSERT_TRUE(peer.AwaitAsked(2));
   watch.Disarm();
@@ -65,6 +68,7 @@ TEST(PeerWatchTest, AsksOnlyWhileArmedAndStepsDownOnceWhenTheOtherServes) {
     absl::MutexLock lock(&peer.mu);
     peer.serves = true;
   }
+  clock.AwaitWaiters(1);
   clock.Advance(absl::Seconds(10));
   {
     absl::MutexLock lock(&peer.mu);
@@ -76,6 +80,38 @@ TEST(PeerWatchTest, AsksOnlyWhileArmedAndStepsDownOnceWhenTheOtherServes) {
   clock.Advance(absl::Seconds(10));
   watch.Arm("again");
   EXPECT_EQ(stepped_down.load(), 1);
+}
+
+// Disarmed and armed again while the other is being asked: asked again at
+// once, not a period later by a clock that (in a test) does not move. (The
+// first test lost this way on a loaded machine: its Arm came while the
+// second question was still being asked, and the watch then waited for the
+// fake clock.)
+TEST(PeerWatchTest, ArmedAgainWhileAskingAsksAgainAtOnce) {
+  FakeClock clock;
+  absl::Notification first_asked, rearmed;
+  std::atomic<int> asked{0};
+  PeerWatchOptions options;
+  options.peer = "10.0.0.2:7070";
+  options.clock = &clock;
+  options.serves = [&](const std::string&, absl::Duration) {
+    if (asked.fetch_add(1) == 0) {
+      first_asked.Notify();
+      rearmed.WaitForNotification();  // the test re-arms meanwhile
+      return false;
+    }
+    return true;
+  };
+  absl::Notification down;
+  PeerWatch watch(options, [&] { down.Notify(); });
+  watch.Arm("the standby's stream ended");
+  first_asked.WaitForNotification();
+  watch.Disarm();
+  watch.Arm("stalled for the lease");
+  rearmed.Notify();
+  // No clock.Advance: the second question must not wait for one.
+  ASSERT_TRUE(down.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(asked.load(), 2);
 }
 
 }  // namespace
