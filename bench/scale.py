@@ -78,6 +78,8 @@ try:
 except ImportError:
     sys.path.insert(0, str(ROOT / "python"))
     import plexus
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from proc_cpu import ProcessCost  # noqa: E402
 from plexus import _core
 from plexus._status import cluster_status
 
@@ -260,21 +262,25 @@ def chain(prog, x, n):
 
 def measure_calls(run, s, prog, x, calls):
     """Chained calls spanning the slice: (calls/s, process CPU us per call,
-    busiest thread's CPU us per call and its name, the last output)."""
+    busiest thread's CPU us per call and its name, the server's cost per
+    call by thread name (proc_cpu.ProcessCost), the last output)."""
     pid = run.server.pid
+    cost = ProcessCost({"server": pid})
+    cost.start()
     cpu0, threads0 = cpu_seconds(pid), thread_cpu_seconds(pid)
     t0 = time.perf_counter()
     x = chain(prog, x, calls)
     plexus.wait(x, timeout=run.timeout)
     wall = time.perf_counter() - t0
     cpu1, threads1 = cpu_seconds(pid), thread_cpu_seconds(pid)
+    per_call = cost.stop(calls)["server"]
     busiest, busiest_s = "", 0.0
     for key, secs in threads1.items():
         d = secs - threads0.get(key, 0.0)
         if d > busiest_s:
             busiest, busiest_s = key[1], d
     return (calls / wall, (cpu1 - cpu0) / calls * 1e6,
-            busiest_s / calls * 1e6, busiest, x)
+            busiest_s / calls * 1e6, busiest, per_call, x)
 
 
 def _clock_s(when):
@@ -366,10 +372,12 @@ def run_size(hosts, args):
             prog = s.program("scale", x, factor=1.0)
             plexus.wait(chain(prog, x, 8), timeout=args.timeout)  # warm-up
             calls = args.calls or max(64, min(4096, 400_000 // hosts))
-            rate, cpu, thread_cpu, thread, x = measure_calls(
+            rate, cpu, thread_cpu, thread, per_call, x = measure_calls(
                 run, s, prog, x, calls)
             row.update(calls=calls, calls_per_s=rate, server_cpu_us=cpu,
                        thread_cpu_us=thread_cpu, busiest_thread=thread,
+                       server_switches=per_call["switches"],
+                       server_threads=per_call["threads"],
                        server_cpu_us_per_host=cpu / hosts,
                        rss_after_calls_mib=rss_mib(run.server.pid))
             row["step90_us"] = 0.9 * max(thread_cpu, cpu / args.cores)
@@ -385,13 +393,14 @@ def run_size(hosts, args):
 COLUMNS = [("hosts", "{:>6}"), ("register_s", "{:>9.2f}"),
            ("rss_registered_mib", "{:>8.1f}"),
            ("calls_per_s", "{:>9.1f}"), ("server_cpu_us", "{:>10.0f}"),
-           ("server_cpu_us_per_host", "{:>9.2f}"), ("thread_cpu_us", "{:>10.0f}"),
+           ("server_cpu_us_per_host", "{:>9.2f}"),
+           ("server_switches", "{:>9.0f}"), ("thread_cpu_us", "{:>10.0f}"),
            ("step90_us", "{:>9.0f}"),
            ("rss_after_calls_mib", "{:>8.1f}"),
            ("detect_logged_ms", "{:>9.1f}"), ("detect_ms", "{:>9.1f}"),
            ("recover_ms", "{:>10.1f}"), ("recover_call_ms", "{:>9.1f}")]
 HEADERS = ["hosts", "reg s", "rss MiB", "calls/s", "srv us/call", "us/host",
-           "thr us/call", "step90 us", "rss2 MiB", "logged ms", "detect ms",
+           "switches", "thr us/call", "step90 us", "rss2 MiB", "logged ms", "detect ms",
            "recover ms", "+call ms"]
 
 
@@ -401,6 +410,11 @@ def print_table(rows):
     for r in rows:
         print(" ".join(f.format(r[k]) if r.get(k) is not None else
                        "-".rjust(w) for (k, f), w in zip(COLUMNS, widths)))
+    # Where the server's CPU per call goes, by thread name: [us, switches].
+    for r in rows:
+        if r.get("server_threads"):
+            print(f"  {r['hosts']} hosts, server threads per call "
+                  f"[CPU us, switches]: {r['server_threads']}")
 
 
 def plot(rows, path):

@@ -213,6 +213,7 @@ std::set<int64_t> ClusterState::RemoveClient(uint64_t id) {
       pending_slices_.end());
   // Every live worker: they may hold the client's buffers from slices it
   // already released, and its programs (which they unload).
+  programs_unloaded_++;  // (SliceRecord::RouteCache)
   for (auto& [wid, w] : workers_) {
     if (w.alive) touched.insert(wid);
     for (auto p = w.loaded_programs.begin(); p != w.loaded_programs.end();) {
@@ -578,16 +579,31 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
       targets.push_back(d.worker_id);
     }
     if (targets.size() > 1) {
-      std::sort(targets.begin(), targets.end());
+      if (!std::is_sorted(targets.begin(), targets.end())) {
+        std::sort(targets.begin(), targets.end());
+      }
       targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
     }
   } else {
     for (auto& [id, w] : workers_) targets.push_back(id);
   }
+  if (targets.empty()) return;
+  // The targets are sorted, as are workers_ and *ops: each is walked once
+  // beside them (a slice over H hosts costs O(H) steps here, not H
+  // searches of two trees of H nodes each; issue 28).
+  auto rec = workers_.lower_bound(targets.front());
+  auto at = ops->lower_bound(targets.front());
   for (int64_t w : targets) {
-    auto rec = workers_.find(w);
-    if (rec == workers_.end() || !rec->second.alive) continue;
-    auto& list = (*ops)[w];
+    while (rec != workers_.end() && rec->first < w) ++rec;
+    if (rec == workers_.end() || rec->first != w || !rec->second.alive) {
+      continue;
+    }
+    while (at != ops->end() && at->first < w) ++at;
+    if (at == ops->end() || at->first != w) {
+      at = ops->emplace_hint(at, std::piecewise_construct,
+                             std::forward_as_tuple(w), std::forward_as_tuple());
+    }
+    auto& list = at->second;
     if (!list.empty() && list.back().has_release()) {
       list.back().mutable_release()->add_buffer_ids(id);
     } else {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -80,6 +81,21 @@ struct SliceRecord {
   // The map whose hosts were all told of each other (a collective's ranks
   // send to each other: RouteCall); empty until its first collective.
   mutable std::vector<DeviceRef> peers_told_for;  // a cache of routing
+  // Routing's cache of the map (RouteCall), valid while `for_devices`
+  // equals `devices`: its workers in slice order, each once with its count
+  // of shards (`hosts`), each shard's index in `hosts` (`host_of`), and
+  // the programs every one of them has loaded, as of
+  // ClusterState::programs_unloaded_ == `programs_epoch` (a program
+  // forgotten on any worker empties it). So a call on a wide slice looks
+  // up neither its hosts nor their programs host by host.
+  struct RouteCache {
+    std::vector<DeviceRef> for_devices;
+    std::vector<std::pair<int64_t, int>> hosts;
+    std::vector<int> host_of;
+    uint64_t programs_epoch = 0;
+    absl::flat_hash_set<uint64_t> loaded_everywhere;
+  };
+  mutable RouteCache route_cache;
   // generation of the map from virtual devices (indices into `devices`)
   // to physical ones: +1 on every remap (SliceInfo.generation).
   uint64_t generation = 0;
@@ -917,6 +933,9 @@ class ClusterState {
   int64_t transfers_routed_ = 0;
   uint64_t next_slice_id_ = 1;
   uint64_t next_transfer_ = 1;
+  // +1 each time a program is forgotten on a worker (its loaded_programs
+  // erased): the slices' RouteCache::loaded_everywhere is stale then.
+  uint64_t programs_unloaded_ = 1;
   uint64_t temporary_floor_ = 1;  // FinishRestore
   std::string park_dir_;          // set_park_dir
   // Park calls routed and not done, by seq (ParkValues, FinishPark).

@@ -485,6 +485,7 @@ void ClusterState::NoteTakenWork(RecoveryPass& r) {
     for (const auto& [w, program] : t.unsent_loads) {
       auto it = workers_.find(w);
       if (it != workers_.end()) it->second.loaded_programs.erase(program);
+      programs_unloaded_++;  // (SliceRecord::RouteCache)
     }
   }
   for (const TakenWork& t : r.taken) {

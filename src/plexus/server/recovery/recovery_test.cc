@@ -421,5 +421,36 @@ TEST_F(RecoveryTest, WorkThatHadNotReachedTheWorkersIsRoutedAgainOnTheNewMap) {
   EXPECT_EQ(BufferOf(Id(11))->producer, again->call_seq);
 }
 
+// The same where the call's own slice keeps its map (the loss remapped
+// another slice of the client): routing's cache of the programs every
+// host of that map has loaded must not hide a load that never reached
+// its host (SliceRecord::RouteCache; it failed before the epoch).
+TEST_F(RecoveryTest, ALoadTakenBackIsSentAgainOnASliceTheLossDidNotRemap) {
+  const uint64_t a = SliceOn(2, "host0").slice_id();
+  const uint64_t b = SliceOn(2, "host1").slice_id();
+  Register(Id(1), "scale", kReplicated, kReplicated);
+  Put(Id(10), a, kReplicated);
+  Put(Id(20), b, kReplicated);
+  WorkerOps first;
+  const uint64_t seq =
+      Route(MakeCall(Id(1), a, Id(10), kReplicated, Id(11)), &first);
+  ASSERT_TRUE(first.at(1).front().has_load());
+  WorkerOps second;
+  Route(MakeCall(Id(1), a, Id(11), kReplicated, Id(12)), &second);
+  ASSERT_FALSE(second.at(1).front().has_load());  // loaded once
+  TakenWork taken;
+  taken.call_seq = seq;
+  taken.unsent_loads.emplace_back(1, Id(1));
+  WorkerLoss loss = state_.LoseWorker(2, "killed");  // b moves to the spare
+  std::vector<TakenWork> work;
+  work.push_back(std::move(taken));
+  ClientRecovery rec = state_.RecoverClient(client_, loss, std::move(work));
+  const RoutedWork* again = CallMaking(rec, Id(11));
+  ASSERT_NE(again, nullptr);
+  ASSERT_TRUE(again->ops.count(1));
+  EXPECT_TRUE(again->ops.at(1).front().has_load());
+  EXPECT_TRUE(again->ops.at(1).back().has_execute());
+}
+
 }  // namespace
 }  // namespace plexus

@@ -311,9 +311,13 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
 void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
                       int64_t worker, Window* window) {
   InFlight& f = it->second;
-  auto w = std::lower_bound(f.workers.begin(), f.workers.end(), worker);
-  if (w == f.workers.end() || *w != worker) return;
-  const size_t i = static_cast<size_t>(w - f.workers.begin());
+  size_t i = window != nullptr ? window->last_index : f.workers.size();
+  if (i >= f.workers.size() || f.workers[i] != worker) {
+    auto w = std::lower_bound(f.workers.begin(), f.workers.end(), worker);
+    if (w == f.workers.end() || *w != worker) return;
+    i = static_cast<size_t>(w - f.workers.begin());
+    if (window != nullptr) window->last_index = i;
+  }
   if (f.ended[i]) return;
   f.ended[i] = true;
   f.remaining--;

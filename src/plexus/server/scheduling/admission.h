@@ -200,6 +200,10 @@ class Admission {
     int devices = 1;
     Load total;
     absl::flat_hash_map<uint64_t, Load> clients;  // only clients with calls
+    // Where this worker was among the workers of the last call it ended:
+    // the calls of one slice list theirs alike, so EndOn tries it before a
+    // binary search (O(1) per host per call on a wide slice).
+    size_t last_index = 0;
   };
   enum class Room { kYes, kClientFull, kWorkerFull };
   struct InFlight {

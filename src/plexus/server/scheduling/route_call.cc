@@ -124,47 +124,26 @@ const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
   return prog.local_inputs[i];
 }
 
-// The workers of a slice in slice order, each once with its count of
-// shards (`order`), and each shard's index in `order` (`of`).
-struct HostsOfSlice {
-  absl::InlinedVector<std::pair<int64_t, int>, 8> order;
-  absl::InlinedVector<int, 8> of;
-};
-
-HostsOfSlice HostsOf(const SliceRecord& slice) {
-  HostsOfSlice hosts;
-  hosts.of.resize(slice.devices.size());
-  // A worker's devices are mostly adjacent; a wide slice finds the others
-  // by hash, not by a scan of every host so far.
-  constexpr size_t kScanUpTo = 16;
+// The slice's workers in slice order, each once with its count of
+// shards, and each shard's index among them: its RouteCache, made again
+// only when the map changed.
+const SliceRecord::RouteCache& HostsOf(const SliceRecord& slice) {
+  SliceRecord::RouteCache& cache = slice.route_cache;
+  if (cache.for_devices == slice.devices) return cache;
+  cache.for_devices = slice.devices;
+  cache.hosts.clear();
+  cache.host_of.assign(slice.devices.size(), 0);
+  cache.loaded_everywhere.clear();
   absl::flat_hash_map<int64_t, int> index;
   for (size_t j = 0; j < slice.devices.size(); ++j) {
     const int64_t w = slice.devices[j].worker_id;
-    int h = -1;
-    if (!hosts.order.empty() && hosts.order.back().first == w) {
-      h = static_cast<int>(hosts.order.size()) - 1;
-    } else if (hosts.order.size() <= kScanUpTo) {
-      for (size_t k = 0; k < hosts.order.size(); ++k) {
-        if (hosts.order[k].first == w) h = static_cast<int>(k);
-      }
-    } else {
-      if (index.empty()) {
-        for (size_t k = 0; k < hosts.order.size(); ++k) {
-          index[hosts.order[k].first] = static_cast<int>(k);
-        }
-      }
-      auto it = index.find(w);
-      if (it != index.end()) h = it->second;
-    }
-    if (h < 0) {
-      h = static_cast<int>(hosts.order.size());
-      hosts.order.emplace_back(w, 0);
-      if (!index.empty()) index[w] = h;
-    }
-    hosts.order[h].second++;
-    hosts.of[j] = h;
+    auto [it, fresh] =
+        index.try_emplace(w, static_cast<int>(cache.hosts.size()));
+    if (fresh) cache.hosts.emplace_back(w, 0);
+    cache.hosts[it->second].second++;
+    cache.host_of[j] = it->second;
   }
-  return hosts;
+  return cache;
 }
 
 }  // namespace
@@ -465,7 +444,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     for (auto& op : list) out.push_back(std::move(op));
   }
   // Workers in slice order, each once, with their shards of the call.
-  const HostsOfSlice hosts = HostsOf(slice);
+  const SliceRecord::RouteCache& hosts = HostsOf(slice);
   // The Execute fields every host shares, encoded once.
   route_shared_.Clear();
   route_shared_.set_call_id(call.call_id());
@@ -480,12 +459,12 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     // Its ranks send to each other: each host is told of the others once
     // per map of the slice.
     if (slice.peers_told_for != slice.devices) {
-      for (const auto& [w, shards] : hosts.order) {
-        for (const auto& [p, other] : hosts.order) TellPeer(w, p);
+      for (const auto& [w, shards] : hosts.hosts) {
+        for (const auto& [p, other] : hosts.hosts) TellPeer(w, p);
       }
       slice.peers_told_for = slice.devices;
     }
-    for (const auto& [p, shards] : hosts.order) {
+    for (const auto& [p, shards] : hosts.hosts) {
       auto* peer = route_shared_.add_peers();
       peer->set_worker_id(p);
       peer->set_local_shards(shards);
@@ -494,19 +473,32 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   }
   auto made = std::make_shared<CallExecutes>(route_shared_);
   // Each host's tasks, in slice order: a counting sort by host.
-  absl::InlinedVector<int, 8> next(hosts.order.size() + 1, 0);
-  for (int j = 0; j < n; ++j) next[hosts.of[j] + 1]++;
+  absl::InlinedVector<int, 8> next(hosts.hosts.size() + 1, 0);
+  for (int j = 0; j < n; ++j) next[hosts.host_of[j] + 1]++;
   for (size_t h = 1; h < next.size(); ++h) next[h] += next[h - 1];
   absl::InlinedVector<const proto::ShardTask*, 8> by_host(n);
-  for (int j = 0; j < n; ++j) by_host[next[hosts.of[j]]++] = tasks[j].get();
-  int from = 0;
-  for (const auto& [w, shards] : hosts.order) {
-    if (workers_[w].loaded_programs.insert(call.program_id()).second) {
-      proto::WorkerOp load;
-      load.mutable_load()->set_program_id(call.program_id());
-      *load.mutable_load()->mutable_program() = prog.def;
-      (*ops)[w].push_back(std::move(load));
+  for (int j = 0; j < n; ++j)
+    by_host[next[hosts.host_of[j]]++] = tasks[j].get();
+  // The program goes to each host that lacks it, found host by host only
+  // until every host of the map has it.
+  SliceRecord::RouteCache& cache = slice.route_cache;
+  if (cache.programs_epoch != programs_unloaded_) {
+    cache.loaded_everywhere.clear();
+    cache.programs_epoch = programs_unloaded_;
+  }
+  if (!cache.loaded_everywhere.contains(call.program_id())) {
+    for (const auto& [w, shards] : hosts.hosts) {
+      if (workers_[w].loaded_programs.insert(call.program_id()).second) {
+        proto::WorkerOp load;
+        load.mutable_load()->set_program_id(call.program_id());
+        *load.mutable_load()->mutable_program() = prog.def;
+        (*ops)[w].push_back(std::move(load));
+      }
     }
+    cache.loaded_everywhere.insert(call.program_id());
+  }
+  int from = 0;
+  for (const auto& [w, shards] : hosts.hosts) {
     made->AddHost(w, absl::MakeConstSpan(by_host).subspan(from, shards));
     from += shards;
   }
