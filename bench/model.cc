@@ -9,12 +9,15 @@
 // and admitted (its ticket), every host reports it done in a CallsDone of
 // its own, its record ends (ClusterState::CallDone), and the client's
 // release of the previous value is routed (held while the call reads it,
-// then let go to every host). It reports ns per call and per host per
-// call (counter "ns_per_host").
+// then let go to every host, as the server does: gathered by slice and
+// encoded once for its hosts; PLEXUS_BENCH_RELEASE_OPS=1 makes them an op
+// per host instead). It reports ns per call and per host per call
+// (counter "ns_per_host").
 //
 //   build/bin/plexus-bench-model [--benchmark_filter=...]
 //       [--benchmark_repetitions=N]
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -116,14 +119,23 @@ class ChainedCalls {
       admission_.Completed(unit.executes->worker(h), done_);
     }
     admission_.TakeDoneCalls(&done_calls_);
+    // As the server applies completions: the releases of a wide slice
+    // gathered by slice (its ids, for all its hosts), with
+    // PLEXUS_BENCH_RELEASE_OPS set as an op per host instead.
     WorkerOps releases;
+    SharedReleases shared;
     for (const auto& [done_seq, failed] : done_calls_) {
-      state_.CallDone(done_seq, failed, &releases);
+      state_.CallDone(done_seq, failed, &releases,
+                      per_host_releases_ ? nullptr : &shared);
     }
     sent_ops_ += static_cast<int64_t>(releases.size());
+    for (const auto& [slice, release] : shared) {
+      shared_ids_ += static_cast<int64_t>(release.ids.size());
+    }
   }
 
   int64_t sent_ops() const { return sent_ops_; }
+  int64_t shared_ids() const { return shared_ids_; }
 
  private:
   uint64_t Id(uint64_t n) const { return ClientMadeId(client_, n); }
@@ -142,6 +154,8 @@ class ChainedCalls {
   uint64_t value_ = 0;
   uint64_t next_ = 2;
   int64_t sent_ops_ = 0;
+  int64_t shared_ids_ = 0;
+  const bool per_host_releases_ = getenv("PLEXUS_BENCH_RELEASE_OPS") != nullptr;
   proto::CallsDone done_;
   std::vector<std::pair<uint64_t, bool>> done_calls_;
 };
@@ -153,8 +167,14 @@ void BM_ChainedCall(benchmark::State& bench) {
   bench.counters["ns_per_host"] = benchmark::Counter(
       static_cast<double>(bench.iterations()) * hosts,
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  // Per call: the workers sent ops outside the call's Executes (its
+  // input's release, when made an op per host), and the ids released once
+  // for all the hosts of their slice.
   bench.counters["worker_ops_lists"] =
       benchmark::Counter(static_cast<double>(calls.sent_ops()),
+                         benchmark::Counter::kAvgIterations);
+  bench.counters["shared_release_ids"] =
+      benchmark::Counter(static_cast<double>(calls.shared_ids()),
                          benchmark::Counter::kAvgIterations);
 }
 BENCHMARK(BM_ChainedCall)

@@ -30,6 +30,16 @@ struct PreemptionHold {
 // Ops for each worker, in order.
 using WorkerOps = std::map<int64_t, std::vector<proto::WorkerOp>>;
 
+// The releases of values on one slice over several hosts, gathered rather
+// than made one op per host (ClusterState::CallDone with a sink): every
+// live host of the slice (`hosts`, sorted) lets go of `ids`, in order. The
+// server encodes them once and shares the bytes among the hosts.
+struct SliceRelease {
+  std::vector<int64_t> hosts;
+  std::vector<uint64_t> ids;
+};
+using SharedReleases = std::map<uint64_t, SliceRelease>;  // by slice id
+
 // What ClusterState::ResizeSlice did: the slice's new map, the note that
 // tells its client (every live value's new id; `resized` set), and the
 // work to send, in order: one unit per value moved (its call's sequence

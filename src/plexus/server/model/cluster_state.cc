@@ -561,7 +561,8 @@ void ClusterState::RouteRelease(uint64_t client_id,
   DrainReleases(ops);
 }
 
-void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
+void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops,
+                              SharedReleases* shared) {
   if (!snapshots_.empty()) {
     auto snap = snapshots_.find(id);
     if (snap != snapshots_.end()) {
@@ -572,32 +573,43 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
     }
   }
   // Each worker once (no set: this runs for every release).
-  absl::InlinedVector<int64_t, 8> targets;
   auto it = slices_.find(slice_id);
-  if (it != slices_.end()) {
+  auto targets_of = [&](absl::InlinedVector<int64_t, 8>* targets) {
+    if (it == slices_.end()) {
+      for (auto& [w, record] : workers_) targets->push_back(w);
+      return;
+    }
     for (const DeviceRef& d : it->second.devices) {
-      targets.push_back(d.worker_id);
+      targets->push_back(d.worker_id);
     }
-    if (targets.size() > 1) {
-      if (!std::is_sorted(targets.begin(), targets.end())) {
-        std::sort(targets.begin(), targets.end());
+    if (targets->size() > 1) {
+      if (!std::is_sorted(targets->begin(), targets->end())) {
+        std::sort(targets->begin(), targets->end());
       }
-      targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+      targets->erase(std::unique(targets->begin(), targets->end()),
+                     targets->end());
     }
-  } else {
-    for (auto& [id, w] : workers_) targets.push_back(id);
+  };
+  if (shared != nullptr && it != slices_.end()) {
+    auto [entry, fresh] = shared->try_emplace(slice_id);
+    SliceRelease& release = entry->second;
+    if (fresh) {
+      absl::InlinedVector<int64_t, 8> targets;
+      targets_of(&targets);
+      ForEachLive(targets, [&](int64_t w) { release.hosts.push_back(w); });
+    }
+    if (release.hosts.size() > 1) {
+      release.ids.push_back(id);
+      return;
+    }
   }
-  if (targets.empty()) return;
+  absl::InlinedVector<int64_t, 8> targets;
+  targets_of(&targets);
   // The targets are sorted, as are workers_ and *ops: each is walked once
   // beside them (a slice over H hosts costs O(H) steps here, not H
   // searches of two trees of H nodes each; issue 28).
-  auto rec = workers_.lower_bound(targets.front());
-  auto at = ops->lower_bound(targets.front());
-  for (int64_t w : targets) {
-    while (rec != workers_.end() && rec->first < w) ++rec;
-    if (rec == workers_.end() || rec->first != w || !rec->second.alive) {
-      continue;
-    }
+  auto at = targets.empty() ? ops->end() : ops->lower_bound(targets.front());
+  ForEachLive(targets, [&](int64_t w) {
     while (at != ops->end() && at->first < w) ++at;
     if (at == ops->end() || at->first != w) {
       at = ops->emplace_hint(at, std::piecewise_construct,
@@ -611,7 +623,7 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops) {
       op.mutable_release()->add_buffer_ids(id);
       list.push_back(std::move(op));
     }
-  }
+  });
 }
 
 }  // namespace plexus

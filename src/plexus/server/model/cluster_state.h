@@ -20,6 +20,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "plexus/common/ids.h"
 #include "plexus/common/types.h"
 #include "plexus/proto/model_journal.pb.h"
@@ -341,8 +342,11 @@ class ClusterState {
   // The call's workers all reported it done (`failed`: a task of it
   // failed): held-back releases it frees are appended to `ops`. A park
   // (SuspendSlice to files) done: its value leaves the workers' memory
-  // (FinishPark).
-  void CallDone(uint64_t seq, bool failed, WorkerOps* ops);
+  // (FinishPark). With `shared`, the releases of values on slices over
+  // several hosts are gathered there by slice instead (a release costs
+  // O(1) per id, not an op per host).
+  void CallDone(uint64_t seq, bool failed, WorkerOps* ops,
+                SharedReleases* shared = nullptr);
   // Park call `seq` is done: its value is released from the workers'
   // memory (into `ops`) and recorded as parked (its id reads so, the
   // slice's record lists it, journaled), and its client is told
@@ -711,7 +715,8 @@ class ClusterState {
   // The release of `id` to the live workers of slice `slice_id` (every
   // live worker if the slice is gone), merged into a trailing Release op.
   // Its snapshot goes too.
-  void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops);
+  void ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops,
+                  SharedReleases* shared = nullptr);
   // Where shard `j` of a value on `devices` keeps its snapshot copy: the
   // next device of the slice on another host (NextHostShard), or, when the
   // slice is on one host, device 0 of the next live host of the cluster
@@ -720,9 +725,23 @@ class ClusterState {
   std::optional<DeviceRef> SnapshotHolder(const std::vector<DeviceRef>& devices,
                                           int j) const;
   // The releases the records let go now (JobRecords::TakeDue).
-  void DrainReleases(WorkerOps* ops) {
-    records_.DrainDue(
-        [&](uint64_t id, uint64_t slice) { ReleaseOps(id, slice, ops); });
+  void DrainReleases(WorkerOps* ops, SharedReleases* shared = nullptr) {
+    records_.DrainDue([&](uint64_t id, uint64_t slice) {
+      ReleaseOps(id, slice, ops, shared);
+    });
+  }
+  // The live workers among `targets` (sorted, each once), walked beside
+  // workers_ (ReleaseOps).
+  template <typename Fn>
+  void ForEachLive(absl::Span<const int64_t> targets, Fn fn) const {
+    if (targets.empty()) return;
+    auto rec = workers_.lower_bound(targets.front());
+    for (int64_t w : targets) {
+      while (rec != workers_.end() && rec->first < w) ++rec;
+      if (rec != workers_.end() && rec->first == w && rec->second.alive) {
+        fn(w);
+      }
+    }
   }
   // The call with its inputs named by their current ids (aliases_), made
   // in `storage`, or nullptr if none changed (then `storage` stays empty:

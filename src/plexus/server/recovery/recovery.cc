@@ -398,9 +398,10 @@ proto::Recovery ClusterState::LoseOnBrokenSlices(uint64_t client_id,
   return note;
 }
 
-void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops) {
+void ClusterState::CallDone(uint64_t seq, bool failed, WorkerOps* ops,
+                            SharedReleases* shared) {
   records_.CallDone(seq, failed);
-  DrainReleases(ops);
+  DrainReleases(ops, shared);
   if (!parking_.empty()) FinishPark(seq, failed, ops);
 }
 

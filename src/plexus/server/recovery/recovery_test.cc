@@ -452,5 +452,35 @@ TEST_F(RecoveryTest, ALoadTakenBackIsSentAgainOnASliceTheLossDidNotRemap) {
   EXPECT_TRUE(again->ops.at(1).back().has_execute());
 }
 
+// A release the records held while a call read the value goes, once the
+// call is done, as the value's id for every live host of a slice over
+// several hosts when the caller gathers them (the server: one op encoded
+// for all), and as an op per host for a slice on one host.
+TEST_F(RecoveryTest, ReleasesLetGoOnAWideSliceAreGatheredBySlice) {
+  const uint64_t wide = Spread4();
+  const uint64_t narrow = SliceOn(2, "host0").slice_id();
+  Register(Id(1), "scale", kReplicated, kReplicated);
+  Put(Id(10), wide, kReplicated);
+  Put(Id(20), narrow, kReplicated);
+  const uint64_t a = Route(MakeCall(Id(1), wide, Id(10), kReplicated, Id(11)));
+  const uint64_t b =
+      Route(MakeCall(Id(1), narrow, Id(20), kReplicated, Id(21)));
+  EXPECT_TRUE(Released(Release(Id(10), wide)).empty());  // held: read
+  // On one host the input is kept while its output lives (lineage): the
+  // output goes first here (at once: nothing reads it).
+  Release(Id(21), narrow);
+  EXPECT_TRUE(Released(Release(Id(20), narrow)).empty());
+  WorkerOps ops;
+  SharedReleases shared;
+  state_.CallDone(a, false, &ops, &shared);
+  state_.CallDone(b, false, &ops, &shared);
+  ASSERT_TRUE(shared.count(wide));
+  EXPECT_EQ(shared.at(wide).hosts, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(shared.at(wide).ids, (std::vector<uint64_t>{Id(10)}));
+  EXPECT_TRUE(!shared.count(narrow) || shared.at(narrow).ids.empty());
+  EXPECT_EQ(Released(ops), (std::set<uint64_t>{Id(20)}));
+  EXPECT_EQ(ops.count(2), 0u);  // the narrow slice's release: host0 only
+}
+
 }  // namespace
 }  // namespace plexus

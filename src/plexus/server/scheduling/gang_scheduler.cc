@@ -67,6 +67,9 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
       std::vector<OutOp>& out = stage(worker);
       for (proto::WorkerOp& op : list) out.emplace_back(std::move(op));
     }
+    for (const std::shared_ptr<const EncodedOp>& op : unit.shared) {
+      for (int64_t worker : op->workers) stage(worker).emplace_back(op);
+    }
     if (unit.executes == nullptr) continue;
     for (int h = 0; h < unit.executes->hosts(); ++h) {
       stage(unit.executes->worker(h)).emplace_back(unit.executes, h);
@@ -91,6 +94,11 @@ void GangScheduler::SubmitInconsistentLocked(std::vector<GangUnit>& units) {
       auto it = unit.ops.find(worker);
       if (it != unit.ops.end()) {
         for (proto::WorkerOp& op : it->second) ops.emplace_back(std::move(op));
+      }
+      for (const std::shared_ptr<const EncodedOp>& op : unit.shared) {
+        for (int64_t w : op->workers) {
+          if (w == worker) ops.emplace_back(op);
+        }
       }
       if (unit.executes == nullptr) continue;
       for (int h = 0; h < unit.executes->hosts(); ++h) {

@@ -33,11 +33,13 @@ namespace plexus {
 
 using WorkerQueue = OutQueue<OutOp>;
 
-// One unit as the gang scheduler orders it: ops for each worker, then, for
-// a call routed in wire form, each of its hosts' Execute.
+// One unit as the gang scheduler orders it: ops for each worker, then the
+// ops encoded once for several workers (`shared`, each to its workers),
+// then, for a call routed in wire form, each of its hosts' Execute.
 struct GangUnit {
   WorkerOps ops;
   std::shared_ptr<const CallExecutes> executes;
+  std::vector<std::shared_ptr<const EncodedOp>> shared;
 };
 
 class GangScheduler {

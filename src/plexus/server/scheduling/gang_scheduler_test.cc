@@ -7,7 +7,8 @@ namespace plexus {
 namespace {
 
 // A worker queue whose writer records the call ids it delivers (a
-// program load as 1000 + its program id).
+// program load as 1000 + its program id, an op encoded for several
+// workers, a release, as 2000 + its first id).
 struct RecordingWorker {
   absl::Mutex mu;
   std::vector<uint64_t> calls ABSL_GUARDED_BY(mu);
@@ -15,7 +16,11 @@ struct RecordingWorker {
       std::make_shared<WorkerQueue>([this](std::vector<OutOp>& ops) {
         absl::MutexLock lock(&mu);
         for (auto& op : ops) {
-          if (op.call != nullptr) {
+          if (op.encoded != nullptr) {
+            proto::WorkerOp shared;
+            EXPECT_TRUE(shared.ParseFromString(op.encoded->bytes));
+            calls.push_back(2000 + shared.release().buffer_ids(0));
+          } else if (op.call != nullptr) {
             calls.push_back(op.call->Execute(op.host).call_id());
           } else if (op.op.has_load()) {
             calls.push_back(1000 + op.op.load().program_id());
@@ -94,6 +99,31 @@ TEST(GangSchedulerTest, ACallInWireFormGoesAfterItsOpsInUnitOrder) {
   scheduler.Submit(std::move(batch));
   EXPECT_EQ(a.WaitFor(3), (std::vector<uint64_t>{1010, 10, 11}));
   EXPECT_EQ(b.WaitFor(4), (std::vector<uint64_t>{10, 11, 1012, 12}));
+}
+
+// An op encoded once for several workers (a wide slice's releases) goes
+// to each of them after its unit's ops and before its unit's Executes, in
+// unit order; on a worker it does not name, nothing.
+TEST(GangSchedulerTest, AnOpEncodedForSeveralWorkersKeepsItsPlaceInTheUnit) {
+  GangScheduler scheduler({});
+  RecordingWorker a, b, c;
+  scheduler.AddWorker(1, a.queue);
+  scheduler.AddWorker(2, b.queue);
+  scheduler.AddWorker(3, c.queue);
+  proto::WorkerOp release;
+  release.mutable_release()->add_buffer_ids(7);
+  auto shared = std::make_shared<EncodedOp>();
+  shared->bytes = release.SerializeAsString();
+  shared->workers = {1, 2};
+  std::vector<GangUnit> batch;
+  batch.push_back({Call(10), nullptr});
+  batch.push_back(WireCall(11, {1, 2, 3}));
+  batch.back().shared.push_back(shared);
+  batch.push_back(WireCall(12, {3}));
+  scheduler.Submit(std::move(batch));
+  EXPECT_EQ(a.WaitFor(4), (std::vector<uint64_t>{10, 1011, 2007, 11}));
+  EXPECT_EQ(b.WaitFor(3), (std::vector<uint64_t>{10, 2007, 11}));
+  EXPECT_EQ(c.WaitFor(3), (std::vector<uint64_t>{11, 1012, 12}));
 }
 
 }  // namespace

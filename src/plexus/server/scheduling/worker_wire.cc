@@ -111,8 +111,9 @@ proto::Execute CallExecutes::Execute(int host) const {
 size_t OpsSize(const std::vector<OutOp>& ops) {
   size_t size = 0;
   for (const OutOp& op : ops) {
-    const size_t one = op.call == nullptr ? op.op.ByteSizeLong()
-                                          : op.call->WorkerOpSize(op.host);
+    const size_t one = op.encoded != nullptr ? op.encoded->bytes.size()
+                       : op.call == nullptr  ? op.op.ByteSizeLong()
+                                             : op.call->WorkerOpSize(op.host);
     size += HeaderSize(one) + one;
   }
   return size;
@@ -120,7 +121,12 @@ size_t OpsSize(const std::vector<OutOp>& ops) {
 
 uint8_t* WriteOps(const std::vector<OutOp>& ops, uint8_t* target) {
   for (const OutOp& op : ops) {
-    if (op.call == nullptr) {
+    if (op.encoded != nullptr) {
+      const std::string& bytes = op.encoded->bytes;
+      target = WriteHeader(kOpTag, bytes.size(), target);
+      std::memcpy(target, bytes.data(), bytes.size());
+      target += bytes.size();
+    } else if (op.call == nullptr) {
       target = WriteHeader(kOpTag, op.op.GetCachedSize(), target);
       target = op.op.SerializeWithCachedSizesToArray(target);
     } else {

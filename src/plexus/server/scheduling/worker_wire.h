@@ -78,18 +78,30 @@ class CallExecutes {
   double start_tag_ = 0;
 };
 
-// One op in a worker's out queue: a proto op, or one host's Execute of a
-// call's CallExecutes (shared with the call's other hosts).
+// One WorkerOp encoded once for several workers (the releases of values on
+// a slice over several hosts: SliceRelease): each of `workers` gets the
+// same bytes, each worker's writer copies them.
+struct EncodedOp {
+  std::string bytes;  // a proto::WorkerOp, serialized
+  std::vector<int64_t> workers;
+};
+
+// One op in a worker's out queue: a proto op, one host's Execute of a
+// call's CallExecutes (shared with the call's other hosts), or an op
+// encoded once for several workers.
 struct OutOp {
   OutOp() = default;
   // Implicit: a queue takes proto ops as they are.
   OutOp(proto::WorkerOp proto_op) : op(std::move(proto_op)) {}  // NOLINT
   OutOp(std::shared_ptr<const CallExecutes> executes, int host_index)
       : call(std::move(executes)), host(host_index) {}
+  explicit OutOp(std::shared_ptr<const EncodedOp> shared)
+      : encoded(std::move(shared)) {}
 
-  proto::WorkerOp op;  // when `call` is null
+  proto::WorkerOp op;  // when `call` and `encoded` are null
   std::shared_ptr<const CallExecutes> call;
   int host = 0;
+  std::shared_ptr<const EncodedOp> encoded;
 };
 
 // `ops`, in order, as elements of ServerToWorker's field `ops`: bytes that

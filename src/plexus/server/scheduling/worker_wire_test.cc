@@ -83,9 +83,16 @@ TEST(AppendOpsTest, AWorkerParsesProtoAndEncodedOpsInQueueOrder) {
   release.mutable_release()->add_buffer_ids(3);
   proto::WorkerOp load;
   load.mutable_load()->set_program_id(300000000000);
+  proto::WorkerOp wide;  // encoded once for several workers
+  wide.mutable_release()->add_buffer_ids(4);
+  wide.mutable_release()->add_buffer_ids(5);
+  auto encoded = std::make_shared<EncodedOp>();
+  encoded->bytes = wide.SerializeAsString();
+  encoded->workers = {5, 6};
   std::vector<OutOp> ops;
   ops.emplace_back(load);
   ops.emplace_back(executes, 1);
+  ops.emplace_back(encoded);
   ops.emplace_back(release);
   ops.emplace_back(executes, 0);
 
@@ -101,6 +108,7 @@ TEST(AppendOpsTest, AWorkerParsesProtoAndEncodedOpsInQueueOrder) {
   expected.set_worker_id(6);
   *expected.add_ops() = load;
   *expected.add_ops()->mutable_execute() = Whole({t1}, 9, 0.25);
+  *expected.add_ops() = wide;
   *expected.add_ops() = release;
   *expected.add_ops()->mutable_execute() = Whole({t0}, 9, 0.25);
   EXPECT_TRUE(MessageDifferencer::Equals(parsed, expected))

@@ -297,7 +297,7 @@ void ServerImpl::HandleClientBatch(grpc::ServerContext* ctx, uint64_t id,
   // calls go anywhere.
   AwaitJournalLocked();
   // Completions reported while it was routed; their releases go with it.
-  WorkerOps released;
+  Released released;
   ApplyCompletionsLocked(&released, /*batch_ends=*/true);
   TellReleasedPutsLocked();
   // Into the client's queue at admission, still under the state lock (so

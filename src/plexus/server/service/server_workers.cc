@@ -322,7 +322,7 @@ void ServerImpl::OnCallsDone(int64_t id, const proto::CallsDone& done) {
 
 void ServerImpl::DrainCompletions() {
   while (true) {
-    WorkerOps releases;
+    Released releases;
     {
       absl::MutexLock lock(&mu_);
       ApplyCompletionsLocked(&releases);
@@ -417,9 +417,13 @@ void ServerImpl::WorkerDown(int64_t id, const std::string& reason,
   if (only_if_silent && !Silent(id)) return;
   // What is known done counts as done: it need not run again.
   {
-    WorkerOps releases;
+    Released releases;
     ApplyCompletionsLocked(&releases);
-    if (!releases.empty()) scheduler_.Submit({std::move(releases)});
+    if (!releases.empty()) {
+      std::vector<GangUnit> unit;
+      unit.push_back(ReleasedUnit(std::move(releases)));
+      scheduler_.Submit(std::move(unit));
+    }
   }
   std::string message = absl::StrCat(reason, " [host ", w->info.host_name(),
                                      ", pid ", w->info.pid(), "]");

@@ -188,13 +188,23 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // its calls are admitted, or it leaves, or the server shuts down.
   void WaitForRoomInQueue(grpc::ServerContext* ctx, uint64_t id);
 
+  // What completions let go: releases as ops for each worker, and those
+  // of values on slices over several hosts gathered by slice, each sent
+  // as one op encoded once and shared by its hosts (ReleasedUnit).
+  struct Released {
+    WorkerOps ops;
+    SharedReleases shared;
+    bool empty() const { return ops.empty() && shared.empty(); }
+  };
+  // The unit that sends `released`.
+  static GangUnit ReleasedUnit(Released released);
   // Calls done and snapshot copies arrived (CallsDone) into the records;
   // the releases held back for them, which go to the workers now, are
-  // appended to `releases`. Those reported while a client's batch is
+  // added to `released`. Those reported while a client's batch is
   // routed wait for its end (`batch_ends`): the worker sessions need not
   // wait for the state lock, and the records are mostly written by the
   // thread that routes.
-  void ApplyCompletionsLocked(WorkerOps* releases, bool batch_ends = false)
+  void ApplyCompletionsLocked(Released* released, bool batch_ends = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies completions until none is queued (or a batch being routed
   // will), admitting what the room they left lets go with their releases.
@@ -206,9 +216,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   }
 
   // Hands the gang scheduler every unit admission lets go now, as one
-  // batch in the order admission chose, after `first` (ops that need no
-  // admission) if any.
-  void AdmitLocked(WorkerOps first = {})
+  // batch in the order admission chose, after `first` (releases that need
+  // no admission) if any.
+  void AdmitLocked(Released first = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(admission_mu_);
 
   // ------------------------------------------------------------ status
@@ -537,7 +547,23 @@ inline void ServerImpl::Handled(int64_t id) {
   if (it != heard_.end()) it->second.handling = false;
 }
 
-inline void ServerImpl::ApplyCompletionsLocked(WorkerOps* releases,
+inline GangUnit ServerImpl::ReleasedUnit(Released released) {
+  GangUnit unit;
+  unit.ops = std::move(released.ops);
+  for (auto& [slice, release] : released.shared) {
+    if (release.ids.empty()) continue;
+    proto::WorkerOp op;
+    *op.mutable_release()->mutable_buffer_ids() = {release.ids.begin(),
+                                                   release.ids.end()};
+    auto encoded = std::make_shared<EncodedOp>();
+    encoded->bytes = op.SerializeAsString();
+    encoded->workers = std::move(release.hosts);
+    unit.shared.push_back(std::move(encoded));
+  }
+  return unit;
+}
+
+inline void ServerImpl::ApplyCompletionsLocked(Released* released,
                                                bool batch_ends) {
   {
     absl::MutexLock admission(&admission_mu_);
@@ -551,9 +577,11 @@ inline void ServerImpl::ApplyCompletionsLocked(WorkerOps* releases,
       timeline_.enabled() && !done_calls_.empty() ? timeline_.NowNs() : 0;
   for (const auto& [seq, failed] : done_calls_) {
     if (now_ns != 0) RecordCallDoneLocked(seq, failed, now_ns);
-    state_.CallDone(seq, failed, releases);
+    state_.CallDone(seq, failed, &released->ops, &released->shared);
   }
-  for (uint64_t copy : copies_to_apply_) state_.CopyArrived(copy, releases);
+  for (uint64_t copy : copies_to_apply_) {
+    state_.CopyArrived(copy, &released->ops);
+  }
   TellReleasedPutsLocked();
   TellParkedLocked();
 }
@@ -573,9 +601,9 @@ inline void ServerImpl::TellParkedLocked() {
   }
 }
 
-inline void ServerImpl::AdmitLocked(WorkerOps first) {
+inline void ServerImpl::AdmitLocked(Released first) {
   std::vector<GangUnit> batch;
-  if (!first.empty()) batch.push_back({std::move(first), nullptr});
+  if (!first.empty()) batch.push_back(ReleasedUnit(std::move(first)));
   const size_t admitted_from = batch.size();
   uint64_t client;
   AdmissionUnit unit;
@@ -585,7 +613,7 @@ inline void ServerImpl::AdmitLocked(WorkerOps first) {
       if (now_ns == 0) now_ns = timeline_.NowNs();
       RecordAdmitted(client, unit, now_ns);
     }
-    batch.push_back({std::move(unit.ops), std::move(unit.executes)});
+    batch.push_back({std::move(unit.ops), std::move(unit.executes), {}});
   }
   if (batch.empty()) return;
   const bool admitted = batch.size() > admitted_from;
