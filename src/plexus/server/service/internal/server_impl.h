@@ -194,7 +194,13 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   struct Released {
     WorkerOps ops;
     SharedReleases shared;
-    bool empty() const { return ops.empty() && shared.empty(); }
+    bool empty() const {
+      if (!ops.empty()) return false;
+      for (const auto& [slice, release] : shared) {
+        if (!release.ids.empty()) return false;
+      }
+      return true;
+    }
   };
   // The unit that sends `released`.
   static GangUnit ReleasedUnit(Released released);
