@@ -590,21 +590,25 @@ void ClusterState::ReleaseOps(uint64_t id, uint64_t slice_id, WorkerOps* ops,
                      targets->end());
     }
   };
+  absl::InlinedVector<int64_t, 8> targets;
   if (shared != nullptr && it != slices_.end()) {
-    auto [entry, fresh] = shared->try_emplace(slice_id);
-    SliceRelease& release = entry->second;
-    if (fresh) {
-      absl::InlinedVector<int64_t, 8> targets;
+    // A slice's first release of this drain finds its live hosts; the
+    // next ones only add their id. A slice on one host is not gathered.
+    auto entry = shared->find(slice_id);
+    if (entry == shared->end()) {
       targets_of(&targets);
-      ForEachLive(targets, [&](int64_t w) { release.hosts.push_back(w); });
+      if (targets.size() > 1) {
+        entry = shared->try_emplace(slice_id).first;
+        ForEachLive(targets,
+                    [&](int64_t w) { entry->second.hosts.push_back(w); });
+      }
     }
-    if (release.hosts.size() > 1) {
-      release.ids.push_back(id);
+    if (entry != shared->end() && entry->second.hosts.size() > 1) {
+      entry->second.ids.push_back(id);
       return;
     }
   }
-  absl::InlinedVector<int64_t, 8> targets;
-  targets_of(&targets);
+  if (targets.empty()) targets_of(&targets);
   // The targets are sorted, as are workers_ and *ops: each is walked once
   // beside them (a slice over H hosts costs O(H) steps here, not H
   // searches of two trees of H nodes each; issue 28).
