@@ -12,7 +12,8 @@ export PLEXUS_BIN_DIR="$build/bin"
 PY="${PYTHON:-python3}"
 
 cmake -S "$root" -B "$build" -DPLEXUS_BUILD_BENCH=ON > /dev/null
-ninja -C "$build" plexus-bench-dispatch plexus-bench-transfer _core
+ninja -C "$build" plexus-bench-dispatch plexus-bench-transfer plexus-bench-model \
+  _core
 
 status=0
 for bench in dispatch transfer; do
@@ -22,6 +23,12 @@ for bench in dispatch transfer; do
     status=1
   fi
 done
+echo "== plexus-bench-model"
+if ! "$build/bin/plexus-bench-model" --benchmark_out="$results/model.json" \
+    --benchmark_out_format=json; then
+  echo "plexus-bench-model failed" >&2
+  status=1
+fi
 for bench in stages pipeline rl xla multitenant; do
   echo "== bench/$bench.py"
   if ! "$PY" "$root/bench/$bench.py" --json "$results/$bench.json"; then
@@ -30,5 +37,5 @@ for bench in stages pipeline rl xla multitenant; do
   fi
 done
 echo
-echo "figures: $results/{dispatch,transfer,stages,pipeline,rl,xla,multitenant}.json"
+echo "figures: $results/{dispatch,transfer,model,stages,pipeline,rl,xla,multitenant}.json"
 exit $status
