@@ -22,6 +22,29 @@
 namespace plexus {
 namespace {
 
+// The client's two slices: `wide` spread over host0 and host1 (Spread4),
+// `narrow` of `narrow_devices` on host0 alone; a value on each (Id(10),
+// Id(20)) and a call of program Id(1) ("scale") reading each, making
+// Id(11) and Id(21): their seqs.
+struct TwoSliceCalls {
+  uint64_t wide = 0, narrow = 0, on_wide = 0, on_narrow = 0;
+};
+
+class TwoSlicesTest : public RecoveryTest {
+ protected:
+  TwoSliceCalls RouteOnTwoSlices(int narrow_devices) {
+    TwoSliceCalls t;
+    t.wide = Spread4();
+    t.narrow = SliceOn(narrow_devices, "host0").slice_id();
+    Register(Id(1), "scale", kReplicated, kReplicated);
+    Put(Id(10), t.wide, kReplicated);
+    Put(Id(20), t.narrow, kReplicated);
+    t.on_wide = Route(MakeCall(Id(1), t.wide, Id(10), kReplicated, Id(11)));
+    t.on_narrow = Route(MakeCall(Id(1), t.narrow, Id(20), kReplicated, Id(21)));
+    return t;
+  }
+};
+
 TEST_F(RecoveryTest, AReplicatedValueIsCopiedFromASurvivingShard) {
   const uint64_t s = Spread4();
   Register(Id(1), "scale", kReplicated, kReplicated);
@@ -200,15 +223,9 @@ TEST_F(RecoveryTest, ASplitValueIsRecomputedUnderNewIds) {
   EXPECT_EQ(Released(Release(Id(12), s)), (std::set<uint64_t>{Id(12), fresh}));
 }
 
-TEST_F(RecoveryTest, ACallNotDoneOnTheRemappedSliceRunsAgain) {
-  const uint64_t s = Spread4();
-  const uint64_t elsewhere = SliceOn(1, "host0").slice_id();
-  Register(Id(1), "scale", kReplicated, kReplicated);
-  Put(Id(10), s, kReplicated);
-  Put(Id(20), elsewhere, kReplicated);
-  const uint64_t seq = Route(MakeCall(Id(1), s, Id(10), kReplicated, Id(11)));
-  const uint64_t untouched =
-      Route(MakeCall(Id(1), elsewhere, Id(20), kReplicated, Id(21)));
+TEST_F(TwoSlicesTest, ACallNotDoneOnTheRemappedSliceRunsAgain) {
+  const TwoSliceCalls t = RouteOnTwoSlices(1);
+  const uint64_t seq = t.on_wide, untouched = t.on_narrow;
   ClientRecovery rec = LoseHost1();
   const auto renamed = Renamed(rec.note);
   EXPECT_EQ(renamed.size(), 1u);
@@ -456,15 +473,10 @@ TEST_F(RecoveryTest, ALoadTakenBackIsSentAgainOnASliceTheLossDidNotRemap) {
 // call is done, as the value's id for every live host of a slice over
 // several hosts when the caller gathers them (the server: one op encoded
 // for all), and as an op per host for a slice on one host.
-TEST_F(RecoveryTest, ReleasesLetGoOnAWideSliceAreGatheredBySlice) {
-  const uint64_t wide = Spread4();
-  const uint64_t narrow = SliceOn(2, "host0").slice_id();
-  Register(Id(1), "scale", kReplicated, kReplicated);
-  Put(Id(10), wide, kReplicated);
-  Put(Id(20), narrow, kReplicated);
-  const uint64_t a = Route(MakeCall(Id(1), wide, Id(10), kReplicated, Id(11)));
-  const uint64_t b =
-      Route(MakeCall(Id(1), narrow, Id(20), kReplicated, Id(21)));
+TEST_F(TwoSlicesTest, ReleasesLetGoOnAWideSliceAreGatheredBySlice) {
+  const TwoSliceCalls t = RouteOnTwoSlices(2);
+  const uint64_t wide = t.wide, narrow = t.narrow, a = t.on_wide,
+                 b = t.on_narrow;
   EXPECT_TRUE(Released(Release(Id(10), wide)).empty());  // held: read
   // On one host the input is kept while its output lives (lineage): the
   // output goes first here (at once: nothing reads it).
