@@ -56,8 +56,13 @@ how many cores the machine has and its load average at the start. Prints a
 table, writes JSON (--json), and a plot of the costs against the hosts
 (--plot PNG) when matplotlib is installed.
 
+Each size measures --repeats chains (default 3) and shows each figure's
+median; the JSON keeps every chain's (`repeats`), with the server's CPU
+and context switches per call by thread name (`server_threads`, of the
+median chain).
+
   python3 bench/scale.py [--hosts 16,128,512,2048] [--calls 0]
-      [--delay-us 0] [--json FILE] [--plot FILE]
+      [--repeats 3] [--delay-us 0] [--json FILE] [--plot FILE]
 """
 import argparse
 import datetime
@@ -65,6 +70,7 @@ import json
 import os
 import select
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -372,12 +378,30 @@ def run_size(hosts, args):
             prog = s.program("scale", x, factor=1.0)
             plexus.wait(chain(prog, x, 8), timeout=args.timeout)  # warm-up
             calls = args.calls or max(64, min(4096, 400_000 // hosts))
-            rate, cpu, thread_cpu, thread, per_call, x = measure_calls(
-                run, s, prog, x, calls)
+            # --repeats chains, each measured alone: the row holds the
+            # median of each figure (this VM's speed varies 2x from one
+            # second to the next), `repeats` every chain's figures.
+            runs = []
+            for _ in range(args.repeats):
+                rate, cpu, thread_cpu, thread, per_call, x = measure_calls(
+                    run, s, prog, x, calls)
+                runs.append(dict(calls_per_s=rate, server_cpu_us=cpu,
+                                 thread_cpu_us=thread_cpu,
+                                 busiest_thread=thread,
+                                 server_switches=per_call["switches"],
+                                 server_threads=per_call["threads"]))
+            mid = sorted(runs, key=lambda r: r["server_cpu_us"])[len(runs) // 2]
+            median = {k: statistics.median(r[k] for r in runs)
+                      for k in ("calls_per_s", "server_cpu_us",
+                                "thread_cpu_us", "server_switches")}
+            rate, cpu, thread_cpu = (median["calls_per_s"],
+                                     median["server_cpu_us"],
+                                     median["thread_cpu_us"])
             row.update(calls=calls, calls_per_s=rate, server_cpu_us=cpu,
-                       thread_cpu_us=thread_cpu, busiest_thread=thread,
-                       server_switches=per_call["switches"],
-                       server_threads=per_call["threads"],
+                       thread_cpu_us=thread_cpu,
+                       busiest_thread=mid["busiest_thread"],
+                       server_switches=median["server_switches"],
+                       server_threads=mid["server_threads"], repeats=runs,
                        server_cpu_us_per_host=cpu / hosts,
                        rss_after_calls_mib=rss_mib(run.server.pid))
             row["step90_us"] = 0.9 * max(thread_cpu, cpu / args.cores)
@@ -448,6 +472,9 @@ def main():
                    help="chained calls per size (0: 400,000 / H, 64 to 4096)")
     p.add_argument("--delay-us", type=int, default=0,
                    help="simulated device time per call")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="chains measured at each size; the table shows "
+                        "each figure's median (default 3)")
     p.add_argument("--lineage", type=int, default=16,
                    help="chained calls live when the host is lost (their "
                    "split values are recomputed on the spare's map)")
