@@ -127,7 +127,7 @@ const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
 // The slice's workers in slice order, each once with its count of
 // shards, and each shard's index among them: its RouteCache, made again
 // only when the map changed.
-const SliceRecord::RouteCache& HostsOf(const SliceRecord& slice) {
+SliceRecord::RouteCache& HostsOf(const SliceRecord& slice) {
   SliceRecord::RouteCache& cache = slice.route_cache;
   if (cache.for_devices == slice.devices) return cache;
   cache.for_devices = slice.devices;
@@ -444,7 +444,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     for (auto& op : list) out.push_back(std::move(op));
   }
   // Workers in slice order, each once, with their shards of the call.
-  const SliceRecord::RouteCache& hosts = HostsOf(slice);
+  SliceRecord::RouteCache& hosts = HostsOf(slice);
   // The Execute fields every host shares, encoded once.
   route_shared_.Clear();
   route_shared_.set_call_id(call.call_id());
@@ -481,12 +481,11 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     by_host[next[hosts.host_of[j]]++] = tasks[j].get();
   // The program goes to each host that lacks it, found host by host only
   // until every host of the map has it.
-  SliceRecord::RouteCache& cache = slice.route_cache;
-  if (cache.programs_epoch != programs_unloaded_) {
-    cache.loaded_everywhere.clear();
-    cache.programs_epoch = programs_unloaded_;
+  if (hosts.programs_epoch != programs_unloaded_) {
+    hosts.loaded_everywhere.clear();
+    hosts.programs_epoch = programs_unloaded_;
   }
-  if (!cache.loaded_everywhere.contains(call.program_id())) {
+  if (!hosts.loaded_everywhere.contains(call.program_id())) {
     for (const auto& [w, shards] : hosts.hosts) {
       if (workers_[w].loaded_programs.insert(call.program_id()).second) {
         proto::WorkerOp load;
@@ -495,7 +494,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         (*ops)[w].push_back(std::move(load));
       }
     }
-    cache.loaded_everywhere.insert(call.program_id());
+    hosts.loaded_everywhere.insert(call.program_id());
   }
   int from = 0;
   for (const auto& [w, shards] : hosts.hosts) {
