@@ -21,6 +21,11 @@
 namespace plexus {
 namespace {
 
+// How long a use of a session whose stream broke waits for its reader to
+// record the end (it sees a broken stream at once; the bound is for a
+// reader that does not).
+constexpr absl::Duration kEndRecordWait = absl::Seconds(10);
+
 template <typename T>
 void DropExpired(std::vector<std::weak_ptr<T>>& v) {
   v.erase(std::remove_if(v.begin(), v.end(),
@@ -495,6 +500,16 @@ absl::Status ClientSession::SessionStatus(uint64_t epoch,
                                           uint64_t buffer_id) const {
   if (absl::Status open = CheckOpen(); !open.ok()) return open;
   absl::MutexLock lock(&mu_);
+  // The stream broke a moment ago (a write failed first): its reader
+  // records the end as it sees the stream end, at once; until then the
+  // end a resume settled before would speak for this one.
+  auto end_recorded = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || StandingOf(epoch, epoch_.load(), machine_.broken(),
+                                 ends_)
+                              .kind != EpochStanding::kEndDue;
+  };
+  options_.clock->AwaitCondition(&mu_, absl::Condition(&end_recorded),
+                                 options_.clock->Now() + kEndRecordWait);
   // Ended with its server, and the next may resume it: wait for the
   // reconnect's outcome (it ends by the reconnect timeout).
   auto decided = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -531,11 +546,11 @@ absl::Status ClientSession::SessionStatusLocked(uint64_t epoch,
     return absl::FailedPreconditionError(
         absl::StrCat("client ", client_id(), " is closed"));
   }
-  if (epoch == epoch_.load() && !machine_.broken()) return absl::OkStatus();
-  for (const SessionEnd& end : ends_) {
-    if (end.epoch == epoch) return LostWithSession(end, buffer_id);
-  }
-  // Ended a moment ago: the reader records it as it marks the stream.
+  const EpochStanding standing =
+      StandingOf(epoch, epoch_.load(), machine_.broken(), ends_);
+  if (standing.kind == EpochStanding::kUsable) return absl::OkStatus();
+  if (standing.end != nullptr) return LostWithSession(*standing.end, buffer_id);
+  // Ended a moment ago, and its reader has not recorded it yet.
   return absl::UnavailableError(
       absl::StrCat("the session with the server at ", address_, " ended"));
 }

@@ -135,6 +135,22 @@ void SessionMachine::GiveUp() {
 
 void SessionMachine::Close() { state_ = SessionState::kClosed; }
 
+EpochStanding StandingOf(uint64_t epoch, uint64_t current, bool broken,
+                         const std::vector<SessionEnd>& ends) {
+  if (epoch == current && !broken) return {EpochStanding::kUsable};
+  const SessionEnd* last = nullptr;
+  for (auto it = ends.rbegin(); it != ends.rend(); ++it) {
+    if (it->epoch == epoch) {
+      last = &*it;
+      break;
+    }
+  }
+  if (epoch == current && (last == nullptr || last->resumed)) {
+    return {EpochStanding::kEndDue};
+  }
+  return {EpochStanding::kEnded, last};
+}
+
 absl::Status LostWithSession(const SessionEnd& end, uint64_t buffer_id) {
   std::string what = buffer_id == 0
                          ? std::string("a value of the session was lost")

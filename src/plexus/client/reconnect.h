@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -125,6 +126,26 @@ inline constexpr char kNoReconnect[] = "reconnect_timeout is 0";
 // the buffer, how many futures went with the session, and what the client
 // did next.
 absl::Status LostWithSession(const SessionEnd& end, uint64_t buffer_id);
+
+// Where a use of session `epoch`'s values stands on the client's records:
+// `current` is the open (or last) session's epoch, `broken` whether its
+// stream broke, `ends` the ends recorded, oldest first. A resumed session
+// keeps its epoch, so several ends may name one epoch: the last one speaks.
+struct EpochStanding {
+  enum Kind {
+    kUsable,  // the open session's, its stream whole
+    // The open session's stream broke (a write failed) and its reader has
+    // not yet recorded the end (ClientSession::EndedLocked): wait for it.
+    // An end recorded before, of a break the next server resumed, says
+    // nothing about this one.
+    kEndDue,
+    kEnded,  // `end` is the last end recorded for the epoch (null: none)
+  };
+  Kind kind = kUsable;
+  const SessionEnd* end = nullptr;
+};
+EpochStanding StandingOf(uint64_t epoch, uint64_t current, bool broken,
+                         const std::vector<SessionEnd>& ends);
 
 // The log line (and the gist of the Python record) for `end`: what was
 // lost and what the reconnect restored.

@@ -265,5 +265,52 @@ TEST(RebindIslandsTest, ASliceOfAnotherSizeNeedsACompile) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A session resumed by the next server keeps its epoch: when its stream
+// breaks again, the end recorded for the first break must not answer for
+// the second. It did (the first end with the epoch answered), and a read
+// that failed as the server went away a second time, before the reader
+// recorded that end, raised "lost with client 1's session" though the
+// next server resumed it (test_two_clients_train_through_server_kills_
+// bit_for_bit, 1 run in ~20 under ASan).
+TEST(StandingOfTest, ABreakAfterAResumeWaitsForItsOwnEnd) {
+  SessionEnd first;
+  first.epoch = 1;
+  first.resumed = true;
+  std::vector<SessionEnd> ends = {first};
+  EXPECT_EQ(StandingOf(1, 1, /*broken=*/false, ends).kind,
+            EpochStanding::kUsable);
+  EXPECT_EQ(StandingOf(1, 1, /*broken=*/true, ends).kind,
+            EpochStanding::kEndDue);
+  // Recorded: that end speaks (the resume wait or the loss follows it).
+  SessionEnd second;
+  second.epoch = 1;
+  second.reason = "second";
+  ends.push_back(second);
+  EpochStanding s = StandingOf(1, 1, /*broken=*/true, ends);
+  ASSERT_EQ(s.kind, EpochStanding::kEnded);
+  EXPECT_EQ(s.end->reason, "second");
+}
+
+TEST(StandingOfTest, TheFirstBreakWaitsForItsEnd) {
+  EXPECT_EQ(StandingOf(1, 1, /*broken=*/true, {}).kind,
+            EpochStanding::kEndDue);
+}
+
+TEST(StandingOfTest, AnOlderSessionsValuesAnswerToItsLastEnd) {
+  SessionEnd resumed;
+  resumed.epoch = 1;
+  resumed.resumed = true;
+  SessionEnd lost;
+  lost.epoch = 1;
+  lost.reason = "not resumed";
+  std::vector<SessionEnd> ends = {resumed, lost};
+  // The client opened session 2 after the second end: 1's values are lost.
+  EpochStanding s = StandingOf(1, 2, /*broken=*/false, ends);
+  ASSERT_EQ(s.kind, EpochStanding::kEnded);
+  EXPECT_EQ(s.end->reason, "not resumed");
+  EXPECT_NE(LostWithSession(*s.end, 7).message().find("not resumed"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace plexus
