@@ -504,9 +504,9 @@ absl::Status ClientSession::SessionStatus(uint64_t epoch,
   // records the end as it sees the stream end, at once; until then the
   // end a resume settled before would speak for this one.
   auto end_recorded = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return closed_ || StandingOf(epoch, epoch_.load(), machine_.broken(),
-                                 ends_)
-                              .kind != EpochStanding::kEndDue;
+    return closed_ ||
+           StandingOf(epoch, epoch_.load(), machine_.broken(), ends_).kind !=
+               EpochStanding::kEndDue;
   };
   options_.clock->AwaitCondition(&mu_, absl::Condition(&end_recorded),
                                  options_.clock->Now() + kEndRecordWait);

@@ -292,8 +292,7 @@ TEST(StandingOfTest, ABreakAfterAResumeWaitsForItsOwnEnd) {
 }
 
 TEST(StandingOfTest, TheFirstBreakWaitsForItsEnd) {
-  EXPECT_EQ(StandingOf(1, 1, /*broken=*/true, {}).kind,
-            EpochStanding::kEndDue);
+  EXPECT_EQ(StandingOf(1, 1, /*broken=*/true, {}).kind, EpochStanding::kEndDue);
 }
 
 TEST(StandingOfTest, AnOlderSessionsValuesAnswerToItsLastEnd) {
