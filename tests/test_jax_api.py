@@ -260,6 +260,36 @@ def test_built_in_kernels_refuse_the_new_dtypes_naming_the_argument(client):
     np.testing.assert_array_equal(np.asarray(same), np.arange(4))
 
 
+def test_the_positional_fast_path_tells_pytrees_of_the_same_futures_apart(
+        client):
+    # A call whose arguments are all futures, positional, is found by their
+    # signatures alone (no flattening); a call with the same futures in a
+    # list, or by keyword, is another program, and each computes its own.
+    s = client.slice(1)
+
+    def f(a, b=None):
+        if isinstance(a, list):
+            return a[0] * 10 + b
+        return a - b
+
+    prog = plexus.jit(f, s)
+    x = s.put(np.full(3, 5.0, np.float32))
+    y = s.put(np.full(3, 2.0, np.float32))
+    for _ in range(2):  # the second call of each takes the fast paths
+        np.testing.assert_array_equal(np.asarray(prog(x, y)), [3, 3, 3])
+        np.testing.assert_array_equal(np.asarray(prog([x], y)),
+                                      [52, 52, 52])
+        np.testing.assert_array_equal(np.asarray(prog(x, b=y)), [3, 3, 3])
+    assert prog.compiled_signatures == 3
+    # A single output is the future itself; a tuple of one stays a tuple.
+    assert isinstance(prog(x, y), plexus.Future)
+    one = plexus.jit(lambda a: (a + 1,), s)
+    for _ in range(2):
+        got = one(x)
+        assert isinstance(got, tuple) and len(got) == 1
+        np.testing.assert_array_equal(np.asarray(got[0]), [6, 6, 6])
+
+
 def test_a_chained_calls_outputs_carry_the_signature_their_specs_give(client):
     # plexus.jit's fast path keys a call by its futures' signatures; a
     # program's outputs take the first call's (no spec read per call).

@@ -222,6 +222,10 @@ class Jitted:
         self._platform = platform
         self._cache = {}       # (treedef, leaf specs) -> XlaProgram
         self._by_futures = {}  # (treedef, futures' core specs) -> same
+        # (resizes, the signatures) -> same, for calls whose arguments are
+        # all futures, positional, none static: the common training-loop
+        # call, found without flattening the arguments.
+        self._by_positional = {}
         self._donate = ((), ())  # donate_argnums, donate_argnames
         try:
             parameters = inspect.signature(fn).parameters.values()
@@ -237,6 +241,17 @@ class Jitted:
         return self._slice
 
     def __call__(self, *args, **kwargs):
+        if not kwargs and self._by_positional:
+            sigs = []
+            for x in args:
+                if type(x) is not Future:
+                    break
+                sigs.append(x._sig or signature(x))
+            else:
+                compiled = self._by_positional.get(
+                    (self._slice._s.resizes, tuple(sigs)))
+                if compiled is not None:
+                    return compiled._invoke_checked([x._f for x in args])
         jax = _jax()
         static, args, kwargs = self._split_static(args, kwargs)
         args = (args, kwargs)  # one pytree: positional, then keyword
@@ -262,6 +277,9 @@ class Jitted:
             self._cache[key] = compiled
         if fast_key is not None:
             self._by_futures[fast_key] = compiled
+            if (not self._static and not self._static_names and not args[1]
+                    and all(type(x) is Future for x in args[0])):
+                self._by_positional[fast_key[0], fast_key[3]] = compiled
         return compiled._call_leaves(leaves)
 
     def lower(self, *args, **kwargs):

@@ -36,12 +36,23 @@ class XlaProgram(Program):
         self._out_keys = out_keys or [None] * len(core_program.outputs)
         self._out_weak = out_weak or [False] * len(core_program.outputs)
         self._out_sigs = None  # the outputs' signatures, from a first call
+        # The outputs a Future's defaults do not describe: typed keys and
+        # weakly typed ones, marked on each call's futures.
+        self._out_marks = [
+            (i, impl, weak) for i, (impl, weak) in enumerate(
+                zip(self._out_keys, self._out_weak))
+            if impl is not None or weak]
+        # The function returns one array (not a tuple or dict of one): its
+        # output is the future itself, unflattened by nothing.
+        self._one_leaf_out = (len(self._out_keys) == 1
+                              and out_tree.num_nodes == 1)
 
     def _wrap_keys(self, outs):
         """Marks the outputs that are typed keys (their key data) and those
         that are weakly typed, and gives each its signature: every call's
         outputs have the first call's."""
-        for f, impl, weak in zip(outs, self._out_keys, self._out_weak):
+        for i, impl, weak in self._out_marks:
+            f = outs[i]
             if impl is not None:
                 f._key = impl
             f._weak = weak
@@ -65,6 +76,8 @@ class XlaProgram(Program):
     def _invoke_checked(self, core_futures):
         """Calls with core futures already known to match the inputs."""
         outs = self._wrap_keys(self._invoke(core_futures))
+        if self._one_leaf_out:
+            return outs[0]
         import jax
         return jax.tree_util.tree_unflatten(self._out_tree, outs)
 
