@@ -6,7 +6,8 @@ momentum update each step) against a standalone plexus-server on a journal
 (`--journal`, `--resume-wait-s 60`) and three standalone workers, and
 SIGKILLs the server `--kills` times at random moments: in every
 `--every`-th step, either at a random delay after the step is issued (0 to
-`--window-ms`, by default the reference's median step: its puts and calls
+`--window-ms`, by default the reference's median step times
+`--window-share` (1): its puts and calls
 on the wire or running; a delay past the step's end falls after it) or,
 a `--rest-share` of the time, at rest (before the step is issued, once the
 server has no call of the client pending or in flight). Each time the
@@ -132,7 +133,8 @@ class ServerKeeper:
     (`server_kill.py --keeper`), as a supervisor would: not a thread of the
     client's process, whose Python threads stop while a binding call holds
     the GIL. Reads one request a line on stdin ({"op": "start"}, {"op":
-    "kill", "delay": s}); answers one JSON line each on stdout; at the end
+    "kill", "at": the time.time() to kill at}); answers one JSON line each
+    on stdout; at the end
     of stdin stops the server and exits. The server dies with it
     (--die-with-parent)."""
 
@@ -161,9 +163,14 @@ class ServerKeeper:
                                f"{self.address}")
         self.address = reply["address"] = address
 
-    def _kill(self, delay, reply):
-        if delay:
-            time.sleep(delay)  # a random moment of the step
+    def _kill(self, at, reply):
+        # A random moment of the step, on the clock the bench drew it on:
+        # the time this request took to reach the keeper (a pipe and a
+        # process to wake, long on a loaded machine) is not added to it.
+        # A keeper that got it late kills at once.
+        wait = at - time.time()
+        if wait > 0:
+            time.sleep(wait)
         reply["at"] = time.time()
         reply["log_offset"] = file_size(self.log)
         reply["killed_pid"] = self.server.pid
@@ -186,7 +193,7 @@ class ServerKeeper:
                 if request["op"] == "start":
                     self._start(reply)
                 else:
-                    self._kill(request["delay"], reply)
+                    self._kill(request["at"], reply)
             except Exception as e:  # noqa: BLE001 - said to the bench
                 reply["error"] = f"{type(e).__name__}: {e}"
             print(json.dumps(reply), flush=True)
@@ -276,11 +283,11 @@ class Cluster:
             self._pending.clear()
 
     def kill_and_restart(self, kill, delay=0.0):
-        """The keeper SIGKILLs the server after `delay` seconds, notes the
+        """The keeper SIGKILLs the server `delay` seconds from now, notes the
         journal's size as it left it, and starts it again on the same
         address and journal; `kill` (a dict) gets the times. Returns a
         future, done once the server is ready again."""
-        return self._ask({"op": "kill", "delay": delay}, kill)
+        return self._ask({"op": "kill", "at": time.time() + delay}, kill)
 
     def status(self, fresh=False):
         return json.loads(_core.cluster_status(self.address, fresh))
@@ -796,8 +803,11 @@ def main(argv=None):
     parser.add_argument("--window-ms", type=float, default=None,
                         help="a kill in a step falls this many ms or less "
                              "after the step is issued (default: the "
-                             "reference's median step; printed, to replay "
-                             "a seed)")
+                             "reference's median step times "
+                             "--window-share; printed, to replay a seed)")
+    parser.add_argument("--window-share", type=float, default=1.0,
+                        help="without --window-ms: the window is this "
+                             "share of the reference's median step")
     parser.add_argument("--step-timeout", type=float, default=60.0,
                         help="seconds a step (or a kill) may take")
     parser.add_argument("--json", help="write the results here")
@@ -862,8 +872,8 @@ def main(argv=None):
                 return_params=True)
             marks.append(time.monotonic())
         step_s = statistics.median(b - a for a, b in zip(marks, marks[1:]))
-        window_s = step_s if args.window_ms is None else \
-            args.window_ms / 1000
+        window_s = (step_s * args.window_share if args.window_ms is None
+                    else args.window_ms / 1000)
         print(f"reference: {steps} steps in {time.monotonic() - t0:.1f} s, "
               f"median step {step_s * 1000:.1f} ms; kills in a step fall "
               f"0 to {window_s * 1000:.1f} ms after it is issued (seed "

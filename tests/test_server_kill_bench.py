@@ -56,9 +56,13 @@ def test_three_server_kills_at_rest_lose_nothing(tmp_path):
 
 @pytest.mark.jax_heavy
 def test_six_server_kills_inside_steps_lose_nothing(tmp_path):
-    """Each kill 0 to one step's time after the step is issued."""
+    """Each kill 0 to half a step's time after the step is issued: at
+    most half the median step, so that a kill falls inside its step even
+    when the machine is loaded (with the whole median step, 5 of 6 fell
+    after their steps in one CI run; the keeper also counts the delay from
+    when the bench drew it, not from when its request arrived)."""
     summary = run_bench(tmp_path, "--kills", "6", "--rest-share", "0",
-                        "--seed", "0")
+                        "--seed", "0", "--window-share", "0.5")
     assert summary["kills"] == summary["resumed"] == 6, summary
     assert summary["loss_curve_equal"] and summary["final_params_equal"]
     assert summary["failed_checks"] == [], summary
