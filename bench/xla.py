@@ -140,6 +140,48 @@ def plexus_timings(client, prog, s, x, w, calls, repeats, pids):
             "chained_cpu_us": cpu.stop(calls * repeats)}
 
 
+def leaves_timings(jax, client, s, n, calls, repeats, pids):
+    """Chained calls of f(params) = {k: v + 1} over a dict of `n` f32[8]
+    leaves, in Plexus and in-process JAX: time and CPU per call."""
+    def step(params):
+        return {k: v + 1.0 for k, v in params.items()}
+    host = {f"p{i:04d}": np.full(8, i, np.float32) for i in range(n)}
+    prog = plexus.jit(step, s, name=f"leaves{n}")
+    params = {k: s.put(v) for k, v in host.items()}
+    jax.tree_util.tree_map(lambda f: f.block_until_ready(),
+                           prog(params))  # compile
+
+    def chained(k):
+        with client.graph():
+            p = params
+            for _ in range(k):
+                p = prog(p)
+        plexus.wait(list(p.values()))
+
+    cpu = CpuPerCall(pids)
+    cpu.start()
+    t = per_call(chained, calls, repeats)
+    row = {"leaves": n, "plexus": {"chained_s": t,
+                                   "chained_cpu_us": cpu.stop(calls * repeats)}}
+    jf = jax.jit(step)
+    jp = jax.device_put(host)
+    jax.block_until_ready(jf(jp))
+
+    def jax_chained(k):
+        p = jp
+        for _ in range(k):
+            p = jf(p)
+        jax.block_until_ready(p)
+
+    row["jax"] = {"chained_s": per_call(jax_chained, calls, repeats)}
+    c = row["plexus"]["chained_cpu_us"]
+    print(f"leaves {n}: plexus chained {t * 1e6:.1f} µs/call, jax "
+          f"{row['jax']['chained_s'] * 1e6:.1f} µs/call; CPU µs/call: client "
+          f"{c['client']:.1f}, server {c['server']:.1f}, worker "
+          f"{c['worker']:.1f}", flush=True)
+    return row
+
+
 def cpu_line(name, row):
     """Where a chained call's time went: CPU µs per call by process."""
     p = row["plexus"]["chained_cpu_us"]
@@ -201,6 +243,11 @@ def main():
                     help="PJRT plugin for the workers (default: the CPU one)")
     ap.add_argument("--matmul", type=int, default=0,
                     help="also measure an N x N matmul's throughput")
+    ap.add_argument("--leaves", type=int, default=0,
+                    help="also chained calls of a function of a dict of "
+                         "this many f32[8] leaves (a model's parameters), "
+                         "each returning all of them plus 1: the cost of "
+                         "a call per argument")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -280,6 +327,10 @@ def main():
               f"  chained {builtin['chained_s'] * 1e6:9.1f} µs/call "
               "(the runtime without XLA)", flush=True)
         print(cpu_line("scale", {"plexus": builtin}), flush=True)
+        if args.leaves:
+            results["leaves"] = leaves_timings(
+                jax, client, s, args.leaves, max(10, args.calls // 10),
+                args.repeats, pids)
         if args.matmul:
             # Back to back, each on the last result (a @ b, then that @ b):
             # what a training step's matmuls do.

@@ -206,11 +206,16 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     if (!upstream.ok()) sessions.MarkFailed(id, upstream);
   }
   if (!upstream.ok()) return outputs;
-  for (const Future& in : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Future& in = inputs[i];
     proto::InputRef* ref = call->add_inputs();
     ref->set_buffer_id(in.buffer_id());
     ref->set_slice_id(in.slice()->id());
-    *ref->mutable_arg() = ToProto(in.arg());
+    // Its layout only when it is not the program's (the server reads an
+    // absent one as the program's: proto InputRef.arg).
+    if (!(in.arg() == program.inputs()[i])) {
+      *ref->mutable_arg() = ToProto(in.arg());
+    }
   }
   core->calls++;
   ops->push_back(std::move(op));

@@ -19,7 +19,10 @@ namespace plexus {
 
 // 1: the first versioned protocol. A peer built before versioning sends
 // none (reads as 0).
-inline constexpr int32_t kProtocolVersion = 1;
+// 2: a call's input (InputRef) leaves out its layout (`arg`) when it is
+// the one the program was registered with: the program's, to the server
+// (a version-1 server would refuse it as an empty layout).
+inline constexpr int32_t kProtocolVersion = 2;
 
 // OK when `theirs` is kProtocolVersion. Otherwise FailedPrecondition naming
 // both versions, from the point of view of `me` ("server", "worker",

@@ -74,6 +74,47 @@ TEST_F(ClusterStateTest, CallBetweenSlicesOnDifferentHostsTransfers) {
   EXPECT_EQ(piece.buffer_id(), src[0].transfer().dst_buffer_id());
 }
 
+// A call's input that names no layout (InputRef.arg absent: protocol
+// version 2, what a client sends when the value has the program's layout)
+// is routed as one naming the program's layout; one naming another layout
+// is moved to the program's.
+TEST_F(ClusterStateTest, AnInputThatNamesNoLayoutHasTheProgramsLayout) {
+  proto::SliceInfo s = Slice(2, proto::PLACEMENT_SPREAD);
+  ArgSpec split{{DType::kF32, {8}}, Sharding::Split(0)};
+  ArgSpec replicated{{DType::kF32, {8}}, Sharding::Replicated()};
+  Register(Id(1), "scale", split, split);
+  auto route = [&](uint64_t call_id, const ArgSpec* layout) {
+    proto::Call call;
+    call.set_call_id(call_id);
+    call.set_slice_id(s.slice_id());
+    call.set_program_id(Id(1));
+    auto* in = call.add_inputs();
+    in->set_buffer_id(Id(3));
+    in->set_slice_id(s.slice_id());
+    if (layout != nullptr) *in->mutable_arg() = ToProto(*layout);
+    call.add_output_ids(call_id + 1);
+    WorkerOps ops;
+    absl::Status routed = state_.RouteCall(client_, call, &ops);
+    EXPECT_TRUE(routed.ok()) << routed;
+    // Each shard's input binding, as the worker reads it.
+    std::vector<std::string> bindings;
+    for (auto& [worker, list] : ops) {
+      for (const proto::WorkerOp& op : list) {
+        if (!op.has_execute()) continue;
+        for (const proto::ShardTask& task : op.execute().tasks()) {
+          bindings.push_back(task.inputs(0).SerializeAsString());
+        }
+      }
+    }
+    return bindings;
+  };
+  const std::vector<std::string> none = route(Id(10), nullptr);
+  ASSERT_EQ(none.size(), 2u);
+  EXPECT_EQ(none, route(Id(20), &split));
+  // A replicated value read as split: each shard's piece from a whole copy.
+  EXPECT_NE(none, route(Id(30), &replicated));
+}
+
 // A worker is told of a peer as the first op that needs it is made
 // (ClusterState::TellPeer), once, into TakePeerOps (which the server sends
 // ahead of every unit not yet admitted): the source of a transfer of the

@@ -464,14 +464,23 @@ void ClusterState::PlanResent(
       makes |= client->needed.count(o) > 0;
     }
     if (!makes) continue;
-    for (const proto::InputRef& in : op.call().inputs()) {
+    auto program = client->programs.find(op.call().program_id());
+    for (int k = 0; k < op.call().inputs_size(); ++k) {
+      const proto::InputRef& in = op.call().inputs(k);
       const uint64_t id = in.buffer_id();
       if (records_.FindBuffer(id) != nullptr) continue;
       // A value the client no longer holds that the workers gave back
       // whole: read as it is (the walk back stops there, and its id is
       // never declared twice on a worker), released at the resume's end.
+      // Its layout: the call's, or the program's when the call names none
+      // (proto InputRef.arg).
       auto slice = slices_.find(in.slice_id());
-      auto arg = FromProto(in.arg());
+      absl::StatusOr<ArgSpec> arg =
+          in.has_arg() ? FromProto(in.arg())
+          : program != client->programs.end() &&
+                  k < static_cast<int>(program->second.inputs.size())
+              ? absl::StatusOr<ArgSpec>(program->second.inputs[k])
+              : absl::NotFoundError("no layout");
       if (ClientOfBuffer(id) == client_id && slice != slices_.end() &&
           slice->second.client_id == client_id && arg.ok() &&
           slice->second.broken.empty() && HeldWhole(id, slice->second)) {

@@ -54,7 +54,9 @@ class RestartTest : public ::testing::Test {
     proto::InputRef* ref = call.add_inputs();
     ref->set_buffer_id(in);
     ref->set_slice_id(slice_);
-    *ref->mutable_arg() = ToProto(kArg);
+    // A client names the layout only when it is not the program's
+    // (protocol version 2); an older one named it always.
+    if (name_layouts_) *ref->mutable_arg() = ToProto(kArg);
     call.add_output_ids(out);
     return call;
   }
@@ -91,6 +93,39 @@ class RestartTest : public ::testing::Test {
     return live;
   }
 
+  // x -> a -> z: the client holds x and z; a was released by the client
+  // but both workers gave it back whole: only a -> z runs again (a is not
+  // declared twice on a worker), and a goes at the end.
+  void ExpectAValueReleasedButGivenBackIsRead() {
+    Restart();
+    const uint64_t x = Id(10), a = Id(11), z = Id(13);
+    ASSERT_NE(Return(w0_, "host0", 100, {{x, 0}, {a, 0}}), nullptr);
+    ASSERT_NE(Return(w1_, "host1", 101, {{x, 1}, {a, 1}}), nullptr);
+    ASSERT_TRUE(after_.ResumeClient(client_).ok());
+    WorkerOps ops;
+    after_.RestoreLiveBuffers(client_, Live({x, z}, false), &ops);
+    google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
+    *resent.Add()->mutable_call() = Call(Id(20), x, a);
+    *resent.Add()->mutable_call() = Call(Id(22), a, z);
+    after_.PlanResent(client_, resent);
+    std::vector<bool> routed_each;
+    for (const proto::ClientOp& op : resent) {
+      uint64_t seq = 0;
+      bool routed = false;
+      ASSERT_TRUE(
+          after_.RouteResentCall(client_, op.call(), &ops, &seq, &routed).ok());
+      routed_each.push_back(routed);
+    }
+    EXPECT_EQ(routed_each, (std::vector<bool>{false, true}));
+    ops.clear();
+    EXPECT_EQ(after_.RestoreLiveBuffers(client_, Live({}, true), &ops)
+                  .lost_ids_size(),
+              0);
+    const BufferRecord* gone = after_.records().FindBuffer(a);
+    EXPECT_TRUE(gone == nullptr || gone->released);
+  }
+
+  bool name_layouts_ = true;
   RecordingSink sink_;
   ClusterState before_;
   ClusterState after_;
@@ -389,35 +424,15 @@ TEST_F(RestartTest, AChainWhoseValuesWereReleasedRunsAgainFromTheLastHeld) {
 }
 
 TEST_F(RestartTest, AValueReleasedButGivenBackIsReadNotMadeAgain) {
-  // x -> a -> z: the client holds x and z; a was released by the client
-  // but both workers gave it back whole: only a -> z runs again (a is not
-  // declared twice on a worker), and a goes at the end.
-  Restart();
-  const uint64_t x = Id(10), a = Id(11), z = Id(13);
-  ASSERT_NE(Return(w0_, "host0", 100, {{x, 0}, {a, 0}}), nullptr);
-  ASSERT_NE(Return(w1_, "host1", 101, {{x, 1}, {a, 1}}), nullptr);
-  ASSERT_TRUE(after_.ResumeClient(client_).ok());
-  WorkerOps ops;
-  after_.RestoreLiveBuffers(client_, Live({x, z}, false), &ops);
-  google::protobuf::RepeatedPtrField<proto::ClientOp> resent;
-  *resent.Add()->mutable_call() = Call(Id(20), x, a);
-  *resent.Add()->mutable_call() = Call(Id(22), a, z);
-  after_.PlanResent(client_, resent);
-  std::vector<bool> routed_each;
-  for (const proto::ClientOp& op : resent) {
-    uint64_t seq = 0;
-    bool routed = false;
-    ASSERT_TRUE(
-        after_.RouteResentCall(client_, op.call(), &ops, &seq, &routed).ok());
-    routed_each.push_back(routed);
-  }
-  EXPECT_EQ(routed_each, (std::vector<bool>{false, true}));
-  ops.clear();
-  EXPECT_EQ(
-      after_.RestoreLiveBuffers(client_, Live({}, true), &ops).lost_ids_size(),
-      0);
-  const BufferRecord* gone = after_.records().FindBuffer(a);
-  EXPECT_TRUE(gone == nullptr || gone->released);
+  ExpectAValueReleasedButGivenBackIsRead();
+}
+
+// The same with calls that name no layout for their inputs (the program's):
+// the value given back is read with the program's layout. It was made
+// again when the walk back parsed only the call's own layout.
+TEST_F(RestartTest, AValueGivenBackIsReadWhenTheCallsNameNoLayout) {
+  name_layouts_ = false;
+  ExpectAValueReleasedButGivenBackIsRead();
 }
 
 TEST_F(RestartTest, TransferTemporariesStartPastEveryOneTheLastRunUsed) {

@@ -269,11 +269,12 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     }
     // The value moves from its own layout (`arg`, on its slice) to the
     // one the program was compiled for (`want`, on the call's slice). Most
-    // calls name the layout as the program was registered with: that one
-    // is not parsed again.
+    // calls name none (the program's: proto InputRef.arg), or the layout
+    // as the program was registered with: that one is not parsed again.
     const ArgSpec& want = prog.inputs[i];
     absl::StatusOr<ArgSpec> parsed;
-    const bool as_registered = SameArgDef(ref.arg(), prog.def.inputs(i));
+    const bool as_registered =
+        !ref.has_arg() || SameArgDef(ref.arg(), prog.def.inputs(i));
     if (!as_registered) {
       parsed = FromProto(ref.arg());
       if (!parsed.ok()) {
