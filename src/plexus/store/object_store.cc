@@ -31,7 +31,8 @@ ObjectStore::Entry& ObjectStore::GetOrCreateLocked(const BufferKey& key) {
   return it->second;
 }
 
-void ObjectStore::MaybeRemoveLocked(const BufferKey& key) {
+void ObjectStore::MaybeRemoveLocked(
+    const BufferKey& key, std::vector<std::shared_ptr<Storage>>* freed) {
   auto it = entries_.find(key);
   if (it == entries_.end()) return;
   Entry& e = it->second;
@@ -39,8 +40,11 @@ void ObjectStore::MaybeRemoveLocked(const BufferKey& key) {
       e.state == Entry::State::kPending) {
     return;
   }
-  if (e.charged > 0 && e.device >= 0) {
-    used_[e.device] -= e.charged;
+  const bool charged = e.charged > 0 && e.device >= 0;
+  if (charged) used_[e.device] -= e.charged;
+  if (freed != nullptr && (charged || e.data != nullptr)) {
+    freed->push_back(std::move(e.data));  // FreeRemoved signals
+  } else if (charged) {
     memory_freed_.SignalAll();
   }
   if (OnDevice(e)) device_memory_shards_--;
@@ -230,8 +234,16 @@ void ObjectStore::DropAll() {
   }
 }
 
+void ObjectStore::FreeRemoved(std::vector<std::shared_ptr<Storage>>& freed) {
+  if (freed.empty()) return;
+  freed.clear();
+  absl::MutexLock lock(&mu_);
+  memory_freed_.SignalAll();
+}
+
 void ObjectStore::Release(uint64_t buffer_id) {
   std::vector<ReadyCallback> callbacks;
+  std::vector<std::shared_ptr<Storage>> freed;
   const absl::Status why = absl::CancelledError(absl::StrCat(
       "buffer ", buffer_id, " was released before its put arrived"));
   {
@@ -255,14 +267,16 @@ void ObjectStore::Release(uint64_t buffer_id) {
       for (auto& cb : AbandonPutLocked(key, it->second, why)) {
         callbacks.push_back(std::move(cb));
       }
-      MaybeRemoveLocked(key);
+      MaybeRemoveLocked(key, &freed);
     }
   }
+  FreeRemoved(freed);
   RunCallbacks(std::move(callbacks), why);
 }
 
 void ObjectStore::ReleaseClient(uint64_t client_id) {
   std::vector<ReadyCallback> callbacks;
+  std::vector<std::shared_ptr<Storage>> freed;
   const absl::Status why = absl::CancelledError(
       absl::StrCat("client ", client_id, " left before its put arrived"));
   {
@@ -285,9 +299,10 @@ void ObjectStore::ReleaseClient(uint64_t client_id) {
       for (auto& cb : AbandonPutLocked(key, e, why)) {
         callbacks.push_back(std::move(cb));
       }
-      MaybeRemoveLocked(key);
+      MaybeRemoveLocked(key, &freed);
     }
   }
+  FreeRemoved(freed);
   RunCallbacks(std::move(callbacks), why);
 }
 

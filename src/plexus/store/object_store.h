@@ -310,9 +310,20 @@ class ObjectStore {
   std::vector<ReadyCallback> FailLocked(const BufferKey& key, Entry& e,
                                         const absl::Status& status)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Removes the entry if nothing keeps it.
-  void MaybeRemoveLocked(const BufferKey& key)
+  // Removes the entry if nothing keeps it. With `freed`, its storage is
+  // moved there (an entry that held memory or bytes adds one, maybe null)
+  // for the caller to free once mu_ is let go, and to signal
+  // memory_freed_ after: freeing a device buffer calls into its runtime
+  // (PJRT_Buffer_Destroy), which the device thread's uses of the store
+  // would otherwise wait behind, a value at a time (a release of the last
+  // call's 100 outputs held the lock through 100 of them).
+  void MaybeRemoveLocked(const BufferKey& key,
+                         std::vector<std::shared_ptr<Storage>>* freed = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees what MaybeRemoveLocked moved to `freed`, then wakes the waits for
+  // memory. Called without mu_.
+  void FreeRemoved(std::vector<std::shared_ptr<Storage>>& freed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Moves the entry to a final state; returns the callbacks to run unlocked.
   std::vector<ReadyCallback> CompleteLocked(const BufferKey& key, Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

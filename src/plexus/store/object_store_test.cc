@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "plexus/common/status_proto.h"
 
@@ -180,6 +181,54 @@ TEST(ObjectStoreTest, UnknownKeyTimesOutWithNotFound) {
   ObjectStore store(TwoDevices(1 << 20));
   auto got = store.AwaitReady({99, 0});
   EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound);
+}
+
+// A device buffer that, as it is freed, asks whether another thread can
+// take the store's lock meanwhile (it asks the store something, and waits
+// for the answer up to 30 s).
+class LockProbingBuffer : public HeldDeviceBuffer {
+ public:
+  LockProbingBuffer(ObjectStore* store, std::thread* asker, bool* lock_free)
+      : HeldDeviceBuffer(16),
+        store_(store),
+        asker_(asker),
+        lock_free_(lock_free) {}
+  ~LockProbingBuffer() override {
+    auto answered = std::make_shared<absl::Notification>();
+    *asker_ = std::thread([store = store_, answered] {
+      store->HasLeft(1);
+      answered->Notify();
+    });
+    *lock_free_ = answered->WaitForNotificationWithTimeout(absl::Seconds(30));
+  }
+
+ private:
+  ObjectStore* store_;
+  std::thread* asker_;
+  bool* lock_free_;
+};
+
+// Freeing a device buffer calls into its runtime (PJRT_Buffer_Destroy):
+// a release frees what it removes with the store's lock let go, so the
+// device thread's uses of the store do not wait behind it. It held the
+// lock through every free before.
+TEST(ObjectStoreTest, AReleaseFreesItsValuesWithTheStoresLockLetGo) {
+  ObjectStore store(TwoDevices(1 << 20));
+  std::thread asker;
+  bool lock_free = false;
+  BufferKey key{1, 0};
+  store.Declare(key, 0, {DType::kF32, {4}}, true);
+  ASSERT_TRUE(store.Reserve(0, 16).ok());
+  store.Fulfil(key,
+               Storage::OnDevice(std::make_shared<LockProbingBuffer>(
+                   &store, &asker, &lock_free)),
+               0);
+  store.Release(1);
+  ASSERT_TRUE(asker.joinable());  // the buffer was freed by the release
+  asker.join();
+  EXPECT_TRUE(lock_free);
+  EXPECT_EQ(store.Stats().live_shards, 0);
+  EXPECT_EQ(store.Stats().device_bytes[0], 0);
 }
 
 TEST(ObjectStoreTest, ReserveBlocksUntilMemoryIsFreed) {
