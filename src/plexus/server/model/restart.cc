@@ -54,6 +54,18 @@ proto::RegisterWorker Journaled(const proto::RegisterWorker& info) {
   return kept;
 }
 
+// The layout input `k` of `call` names: its own, or, when it names none
+// (proto InputRef.arg), the one `program` (null: unknown) registered.
+absl::StatusOr<ArgSpec> InputLayout(const proto::Call& call, int k,
+                                    const ProgramRecord* program) {
+  const proto::InputRef& in = call.inputs(k);
+  if (in.has_arg()) return FromProto(in.arg());
+  if (program == nullptr || k >= static_cast<int>(program->inputs.size())) {
+    return absl::NotFoundError("no layout");
+  }
+  return program->inputs[k];
+}
+
 }  // namespace
 
 void ClusterState::JournalSlice(const SliceRecord& slice) {
@@ -464,7 +476,9 @@ void ClusterState::PlanResent(
       makes |= client->needed.count(o) > 0;
     }
     if (!makes) continue;
-    auto program = client->programs.find(op.call().program_id());
+    auto found = client->programs.find(op.call().program_id());
+    const ProgramRecord* program =
+        found == client->programs.end() ? nullptr : &found->second;
     for (int k = 0; k < op.call().inputs_size(); ++k) {
       const proto::InputRef& in = op.call().inputs(k);
       const uint64_t id = in.buffer_id();
@@ -472,15 +486,8 @@ void ClusterState::PlanResent(
       // A value the client no longer holds that the workers gave back
       // whole: read as it is (the walk back stops there, and its id is
       // never declared twice on a worker), released at the resume's end.
-      // Its layout: the call's, or the program's when the call names none
-      // (proto InputRef.arg).
       auto slice = slices_.find(in.slice_id());
-      absl::StatusOr<ArgSpec> arg =
-          in.has_arg() ? FromProto(in.arg())
-          : program != client->programs.end() &&
-                  k < static_cast<int>(program->second.inputs.size())
-              ? absl::StatusOr<ArgSpec>(program->second.inputs[k])
-              : absl::NotFoundError("no layout");
+      absl::StatusOr<ArgSpec> arg = InputLayout(op.call(), k, program);
       if (ClientOfBuffer(id) == client_id && slice != slices_.end() &&
           slice->second.client_id == client_id && arg.ok() &&
           slice->second.broken.empty() && HeldWhole(id, slice->second)) {
