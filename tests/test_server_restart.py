@@ -19,6 +19,7 @@ import plexus
 from plexus import _core
 from plexus._binaries import bin_dir, default_pjrt_plugin
 
+from relay import Relay
 from restart_jobs import assert_same_run, pipeline_job
 from test_membership import _ready_line, _spawn, _wait_for_log
 from test_reconnect import _worker
@@ -229,6 +230,65 @@ def test_calls_in_flight_at_the_kill_run_again_once_and_give_the_same_value(
         assert 1 <= ran_again <= 102, resumed
     finally:
         client.close()
+
+
+def test_a_read_a_worker_failed_as_the_server_died_goes_again_after_the_resume(
+        journaled):
+    """The workers saw the SIGKILLed server go before the client did (here
+    the client's connection to it runs through a relay that holds it open
+    until the next server has taken the workers back): the worker failed
+    the shard the client was reading, which waited for a call behind a
+    running kernel ("the server went away before this shard was
+    complete"), while the client's session still looked whole. The read
+    waited for a loss note a restart never sends and raised UNAVAILABLE (a
+    clean-clone CI run of test_two_clients_... failed so); now it waits for
+    its session to end and be resumed, then reads again: the next server
+    routes the call again."""
+    relay = Relay(journaled.address)
+    client = plexus.connect(relay.address, name="late")
+    try:
+        s = client.slice(3, placement="spread")
+        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+        double = s.program("scale", x, factor=2.0)
+        # Under the workers' 2 s drain (teardown_grace), which waits for it.
+        nap = s.program("device_sleep", x, micros=1_800_000)
+        y = double(nap(x))
+        client.flush()
+        got = {}
+
+        def read():
+            try:
+                got["y"] = np.asarray(y)
+            except Exception as e:  # noqa: BLE001 - reported below
+                got["error"] = e
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        # The nap runs on the workers and y's shards wait for it (the
+        # server's explanations list a call after 1 s).
+        for _ in range(600):
+            if client.why(after=1.0) or not reader.is_alive():
+                break
+            threading.Event().wait(0.01)
+        assert reader.is_alive(), got
+        journaled.kill_server()
+        journaled.start_server()
+        # The workers drained and came back; only then does the client see
+        # its server go.
+        _wait_for_log(journaled.log, "came back with what it kept", 3,
+                      timeout=60)
+        assert relay.held_count >= 1
+        relay.cut()
+        reader.join(timeout=120)
+        assert not reader.is_alive(), "the read did not end"
+        if "error" in got:
+            raise got["error"]
+        np.testing.assert_array_equal(got["y"], np.arange(6) * 2)
+        end = client.session_ends[-1]
+        assert end["resumed"], end
+    finally:
+        client.close()
+        relay.close()
 
 
 def test_a_put_on_its_way_as_the_server_dies_is_sent_again(journaled):

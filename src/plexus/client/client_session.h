@@ -265,6 +265,17 @@ class ClientSession {
   // Waits until more than `heard` such notes were applied, as AwaitLoss.
   bool AwaitNote(int64_t heard, absl::Duration timeout,
                  absl::Time deadline = absl::InfiniteFuture());
+  // A worker said its server went away (IsServerWentAway) while this
+  // client's session may still look whole: waits until the session's
+  // stream broke or ended, or more than `resumes` sessions were resumed,
+  // or the client closed (true), or `timeout` or `deadline` passes on the
+  // client's clock (false).
+  bool AwaitServerGone(int64_t resumes, absl::Duration timeout,
+                       absl::Time deadline = absl::InfiniteFuture());
+  // How long the client waits for a server (ClientOptions).
+  absl::Duration reconnect_timeout() const {
+    return options_.reconnect_timeout;
+  }
   // The client's clock now (a wait's deadline is on it).
   absl::Time Now() const { return options_.clock->Now(); }
   // How long the server lets a slice that lost a host wait for another

@@ -102,6 +102,34 @@ static absl::Status Recovering(ClientSession& session,
       continue;
     }
     if (s.ok() || !LostHost(s)) return s;
+    if (IsServerWentAway(s) && tries < kMaxRetries) {
+      // A worker saw the server go before this client did (its stream
+      // broke first) and failed what it had pending. The next server
+      // resumes the session and routes again what the value needs: wait
+      // for this session to see the end (Settled waits for the resume),
+      // then read again.
+      const bool gone = session.AwaitServerGone(
+          resumes, session.reconnect_timeout(), deadline);
+      if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
+        return settled;
+      }
+      if (session.resumes() != resumes) continue;
+      if (session.Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the wait's timeout passed while the client waited for its "
+            "session to see the server go (",
+            s.message(), ")"));
+      }
+      if (!gone) {
+        return absl::UnavailableError(
+            absl::StrCat(s.message(),
+                         "; this client's session with the server stayed "
+                         "whole for ",
+                         absl::FormatDuration(session.reconnect_timeout()),
+                         " after (only the worker's stream to it broke?)"));
+      }
+      continue;
+    }
     if (absl::Status settled = Settled(session, futures, s); !settled.ok()) {
       return settled;
     }

@@ -61,6 +61,17 @@ bool ClientSession::AwaitNote(int64_t heard, absl::Duration timeout,
   return AwaitCount(&ClientSession::notes_heard_, heard, timeout, deadline);
 }
 
+bool ClientSession::AwaitServerGone(int64_t resumes, absl::Duration timeout,
+                                    absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto gone = [this, resumes]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || !machine_.usable() || this->resumes() != resumes;
+  };
+  return options_.clock->AwaitCondition(
+      &mu_, absl::Condition(&gone),
+      std::min(deadline, options_.clock->Now() + timeout));
+}
+
 bool ClientSession::AwaitCount(int64_t ClientSession::*count, int64_t heard,
                                absl::Duration timeout, absl::Time deadline) {
   absl::MutexLock lock(&mu_);

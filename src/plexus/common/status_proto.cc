@@ -27,6 +27,8 @@ absl::Status StatusFromProto(const proto::Status& proto) {
 
 namespace {
 constexpr char kReleasedOnWorker[] = " was released on this worker";
+constexpr char kServerWentAway[] =
+    "the server went away before this shard was complete";
 }  // namespace
 
 absl::Status ReleasedOnWorkerError(const std::string& what) {
@@ -39,6 +41,16 @@ absl::Status ReleasedOnWorkerError(const std::string& what) {
 bool IsReleasedOnWorker(const absl::Status& status) {
   return status.code() == absl::StatusCode::kAborted &&
          absl::StrContains(status.message(), kReleasedOnWorker);
+}
+
+absl::Status ServerWentAwayError() {
+  return absl::UnavailableError(absl::StrCat(
+      kServerWentAway, " (the next server routes again what it needs)"));
+}
+
+bool IsServerWentAway(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(status.message(), kServerWentAway);
 }
 
 }  // namespace plexus

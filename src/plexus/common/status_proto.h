@@ -27,4 +27,13 @@ absl::Status StatusFromProto(const proto::Status& proto);
 absl::Status ReleasedOnWorkerError(const std::string& what);
 bool IsReleasedOnWorker(const absl::Status& status);
 
+// A worker's answer to a read of a shard that could not be completed
+// because the worker's server went away (WorkerImpl::Resume fails what is
+// pending): UNAVAILABLE. The reader's own session may not have seen the
+// server go yet (the worker's stream broke first); IsServerWentAway tells
+// it to wait for its session's end and the next server's resume, which
+// routes again what the shard needs, then read again.
+absl::Status ServerWentAwayError();
+bool IsServerWentAway(const absl::Status& status);
+
 }  // namespace plexus

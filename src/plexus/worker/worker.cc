@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/status_proto.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
@@ -109,9 +110,7 @@ absl::Status WorkerImpl::Wait() { return session_.Wait(); }
 absl::StatusOr<bool> WorkerImpl::Resume(absl::Duration drain) {
   // What the last server sent that cannot finish without it: a shard still
   // pending waits for a peer, a put or a call that may never come.
-  store_->FailPending(absl::UnavailableError(
-      "the server went away before this shard was complete (the next "
-      "server routes again what it needs)"));
+  store_->FailPending(ServerWentAwayError());
   // The devices finish what they run: a kernel cannot be interrupted, and
   // what it makes is kept.
   const absl::Time until = Clock::Real()->Now() + drain;
