@@ -60,10 +60,34 @@ void ObjectStore::MaybeRemoveLocked(
 void ObjectStore::Declare(const BufferKey& key, int device,
                           const TensorSpec& spec, bool owned, Arrival arrival,
                           int64_t source_worker) {
-  std::vector<ReadyCallback> callbacks;
-  absl::Status mismatch;
+  Completions done;
   {
     absl::MutexLock lock(&mu_);
+    DeclareLocked(key, device, spec, owned, arrival, source_worker, done);
+  }
+  RunCompletions(std::move(done));
+}
+
+void ObjectStore::DeclareOutputs(absl::Span<const BufferKey> keys, int device,
+                                 absl::Span<const TensorSpec> specs) {
+  Completions done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      DeclareLocked(keys[i], device, specs[i], /*owned=*/true,
+                    Arrival::kComputed, /*source_worker=*/-1, done);
+    }
+  }
+  RunCompletions(std::move(done));
+}
+
+void ObjectStore::DeclareLocked(const BufferKey& key, int device,
+                                const TensorSpec& spec, bool owned,
+                                Arrival arrival, int64_t source_worker,
+                                Completions& done) {
+  absl::Status mismatch;
+  std::vector<ReadyCallback> callbacks;
+  {
     Entry& e = GetOrCreateLocked(key);
     e.declared = true;
     e.owned = e.owned || owned;
@@ -110,7 +134,15 @@ void ObjectStore::Declare(const BufferKey& key, int device,
     }
     MaybeRemoveLocked(key);
   }
-  if (!mismatch.ok()) RunCallbacks(std::move(callbacks), mismatch);
+  if (!mismatch.ok() && !callbacks.empty()) {
+    done.emplace_back(std::move(callbacks), mismatch);
+  }
+}
+
+void ObjectStore::RunCompletions(Completions completions) {
+  for (auto& [callbacks, result] : completions) {
+    RunCallbacks(std::move(callbacks), result);
+  }
 }
 
 absl::Status ObjectStore::AddReader(const BufferKey& key) {
@@ -120,6 +152,28 @@ absl::Status ObjectStore::AddReader(const BufferKey& key) {
 absl::Status ObjectStore::AddReader(const BufferKey& key, int device,
                                     bool* awaits_another_device) {
   absl::MutexLock lock(&mu_);
+  return AddReaderLocked(key, device, awaits_another_device);
+}
+
+absl::Status ObjectStore::AddReaders(absl::Span<const BufferKey> keys,
+                                     int device, bool* awaits_another_device,
+                                     int* pinned) {
+  *pinned = 0;
+  *awaits_another_device = false;
+  absl::MutexLock lock(&mu_);
+  for (const BufferKey& key : keys) {
+    bool elsewhere = false;
+    if (absl::Status s = AddReaderLocked(key, device, &elsewhere); !s.ok()) {
+      return s;
+    }
+    ++*pinned;
+    *awaits_another_device |= elsewhere;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ObjectStore::AddReaderLocked(const BufferKey& key, int device,
+                                          bool* awaits_another_device) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     if (rejected_.contains(key.buffer_id)) {
@@ -144,11 +198,21 @@ absl::Status ObjectStore::AddReader(const BufferKey& key, int device,
 }
 
 void ObjectStore::RemoveReader(const BufferKey& key) {
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(key);
-  if (it == entries_.end()) return;
-  if (it->second.readers > 0) it->second.readers--;
-  MaybeRemoveLocked(key);
+  RemoveReaders(absl::MakeConstSpan(&key, 1));
+}
+
+void ObjectStore::RemoveReaders(absl::Span<const BufferKey> keys) {
+  std::vector<std::shared_ptr<Storage>> freed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const BufferKey& key : keys) {
+      auto it = entries_.find(key);
+      if (it == entries_.end()) continue;
+      if (it->second.readers > 0) it->second.readers--;
+      MaybeRemoveLocked(key, &freed);
+    }
+  }
+  FreeRemoved(freed);
 }
 
 void ObjectStore::FailBuffer(uint64_t buffer_id, const absl::Status& status) {
@@ -168,11 +232,13 @@ std::vector<ObjectStore::ReadyCallback> ObjectStore::AbandonPutLocked(
   // A put whose bytes have not begun to arrive will not arrive once its
   // owner let go: its readers (if any) hear why; bytes already being
   // received complete it as usual.
-  if (e.arrival != Arrival::kFromClient || e.state != Entry::State::kPending ||
-      e.receiving) {
-    return {};
-  }
+  if (!AwaitsPutBytes(e)) return {};
   return FailLocked(key, e, why);
+}
+
+bool ObjectStore::AwaitsPutBytes(const Entry& e) {
+  return e.arrival == Arrival::kFromClient &&
+         e.state == Entry::State::kPending && !e.receiving;
 }
 
 void ObjectStore::FailPending(const absl::Status& status) {
@@ -242,12 +308,23 @@ void ObjectStore::FreeRemoved(std::vector<std::shared_ptr<Storage>>& freed) {
 }
 
 void ObjectStore::Release(uint64_t buffer_id) {
-  std::vector<ReadyCallback> callbacks;
+  Release(absl::MakeConstSpan(&buffer_id, 1));
+}
+
+void ObjectStore::Release(absl::Span<const uint64_t> buffer_ids) {
+  Completions done;
   std::vector<std::shared_ptr<Storage>> freed;
-  const absl::Status why = absl::CancelledError(absl::StrCat(
-      "buffer ", buffer_id, " was released before its put arrived"));
   {
     absl::MutexLock lock(&mu_);
+    for (uint64_t id : buffer_ids) ReleaseLocked(id, done, freed);
+  }
+  FreeRemoved(freed);
+  RunCompletions(std::move(done));
+}
+
+void ObjectStore::ReleaseLocked(uint64_t buffer_id, Completions& done,
+                                std::vector<std::shared_ptr<Storage>>& freed) {
+  {
     rejected_.erase(buffer_id);
     auto sit = shards_.find(buffer_id);
     if (sit == shards_.end()) return;
@@ -264,14 +341,16 @@ void ObjectStore::Release(uint64_t buffer_id) {
       auto it = entries_.find(key);
       if (it == entries_.end()) continue;
       it->second.owned = false;
-      for (auto& cb : AbandonPutLocked(key, it->second, why)) {
-        callbacks.push_back(std::move(cb));
+      if (AwaitsPutBytes(it->second)) {
+        const absl::Status why = absl::CancelledError(absl::StrCat(
+            "buffer ", buffer_id, " was released before its put arrived"));
+        std::vector<ReadyCallback> callbacks =
+            AbandonPutLocked(key, it->second, why);
+        if (!callbacks.empty()) done.emplace_back(std::move(callbacks), why);
       }
       MaybeRemoveLocked(key, &freed);
     }
   }
-  FreeRemoved(freed);
-  RunCallbacks(std::move(callbacks), why);
 }
 
 void ObjectStore::ReleaseClient(uint64_t client_id) {
@@ -566,10 +645,30 @@ void ObjectStore::RunCallbacks(
 
 void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
                          int device, bool reserved) {
-  std::vector<ReadyCallback> callbacks;
-  std::shared_ptr<const Storage> ready = data;
+  Completions done;
   {
     absl::MutexLock lock(&mu_);
+    FulfilLocked(key, std::move(data), device, reserved, done);
+  }
+  RunCompletions(std::move(done));
+}
+
+void ObjectStore::Fulfil(absl::Span<Output> outputs, int device) {
+  Completions done;
+  {
+    absl::MutexLock lock(&mu_);
+    for (Output& o : outputs) {
+      FulfilLocked(o.key, std::move(o.data), device, o.reserved, done);
+    }
+  }
+  RunCompletions(std::move(done));
+}
+
+void ObjectStore::FulfilLocked(const BufferKey& key,
+                               std::shared_ptr<Storage> data, int device,
+                               bool reserved, Completions& done) {
+  std::shared_ptr<const Storage> ready = data;
+  {
     Entry& e = GetOrCreateLocked(key);
     if (e.device < 0) e.device = device;
     int64_t bytes = static_cast<int64_t>(data->size());
@@ -588,10 +687,10 @@ void ObjectStore::Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
     e.state = Entry::State::kReady;
     e.data = std::move(data);
     if (OnDevice(e)) device_memory_shards_++;
-    callbacks = CompleteLocked(key, e);
+    std::vector<ReadyCallback> callbacks = CompleteLocked(key, e);
+    if (!callbacks.empty()) done.emplace_back(std::move(callbacks), ready);
     MaybeRemoveLocked(key);
   }
-  RunCallbacks(std::move(callbacks), ready);
 }
 
 bool ObjectStore::TakeForDonation(const BufferKey& key, const Storage* data,

@@ -47,6 +47,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "plexus/common/clock.h"
 #include "plexus/common/ids.h"
 #include "plexus/common/types.h"
@@ -133,6 +134,10 @@ class ObjectStore {
   void Declare(const BufferKey& key, int device, const TensorSpec& spec,
                bool owned, Arrival arrival = Arrival::kComputed,
                int64_t source_worker = -1);
+  // A task's outputs: Declare(keys[i], device, specs[i], owned=true) for
+  // each, under one lock (a call of a 100-leaf pytree declares 100).
+  void DeclareOutputs(absl::Span<const BufferKey> keys, int device,
+                      absl::Span<const TensorSpec> specs);
   // Queued consumers keep an entry alive until they are done. NotFound (and
   // nothing changes) if the shard is unknown here: released, or never
   // declared. A buffer whose call was rejected (FailBuffer) is known.
@@ -144,7 +149,15 @@ class ObjectStore {
   // it) or a shard computed on `device` (by a task queued ahead) is not.
   absl::Status AddReader(const BufferKey& key, int device,
                          bool* awaits_another_device);
+  // AddReader(key, device, ...) of each of `keys` in order, under one lock,
+  // until one fails: *pinned says how many were added (the caller removes
+  // those on failure), *awaits_another_device whether any may wait for
+  // another device's work.
+  absl::Status AddReaders(absl::Span<const BufferKey> keys, int device,
+                          bool* awaits_another_device, int* pinned);
   void RemoveReader(const BufferKey& key);
+  // RemoveReader of each, under one lock; what that frees is freed after.
+  void RemoveReaders(absl::Span<const BufferKey> keys);
   // The client dropped its reference: every shard of the buffer. A put
   // whose bytes have not begun to arrive fails (they never will). Once
   // the entries are gone, a read of the buffer that comes later (a reader
@@ -152,6 +165,8 @@ class ObjectStore {
   // (ReleasedOnWorkerError), rather than waiting for a declaration, until
   // it is declared again or kReleasedRemembered releases later.
   void Release(uint64_t buffer_id);
+  // The same for each of `buffer_ids` (a release op's), under one lock.
+  void Release(absl::Span<const uint64_t> buffer_ids);
   // Everything `client_id` owned (it disconnected). Later waits for its
   // undeclared keys fail at once, saying the client left.
   void ReleaseClient(uint64_t client_id);
@@ -190,6 +205,13 @@ class ObjectStore {
   // moves to the entry (`reserved`), or is taken now without waiting.
   void Fulfil(const BufferKey& key, std::shared_ptr<Storage> data,
               int device = -1, bool reserved = true);
+  // A task's outputs, published together: Fulfil of each under one lock.
+  struct Output {
+    BufferKey key;
+    std::shared_ptr<Storage> data;
+    bool reserved = true;
+  };
+  void Fulfil(absl::Span<Output> outputs, int device);
   void Fail(const BufferKey& key, const absl::Status& status);
   // Every shard of `buffer_id`, present or still to be declared, fails with
   // `status` (its call was rejected before reaching this worker) until the
@@ -305,6 +327,28 @@ class ObjectStore {
   // Fails a put still waiting for its bytes (its owner let go of it).
   std::vector<ReadyCallback> AbandonPutLocked(const BufferKey& key, Entry& e,
                                               const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether AbandonPutLocked would fail `e`: a put whose bytes have not
+  // begun to arrive.
+  static bool AwaitsPutBytes(const Entry& e);
+  // Callbacks to run once mu_ is let go, each group with its result.
+  using Completions =
+      std::vector<std::pair<std::vector<ReadyCallback>,
+                            absl::StatusOr<std::shared_ptr<const Storage>>>>;
+  static void RunCompletions(Completions completions);
+  // The bodies of Declare, AddReader, Release and Fulfil, under mu_; what
+  // they complete goes to `done`, what they free to `freed`.
+  void DeclareLocked(const BufferKey& key, int device, const TensorSpec& spec,
+                     bool owned, Arrival arrival, int64_t source_worker,
+                     Completions& done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status AddReaderLocked(const BufferKey& key, int device,
+                               bool* awaits_another_device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseLocked(uint64_t buffer_id, Completions& done,
+                     std::vector<std::shared_ptr<Storage>>& freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FulfilLocked(const BufferKey& key, std::shared_ptr<Storage> data,
+                    int device, bool reserved, Completions& done)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails a pending entry; returns the callbacks to run unlocked.
   std::vector<ReadyCallback> FailLocked(const BufferKey& key, Entry& e,

@@ -47,6 +47,59 @@ TEST(ObjectStoreTest, OwnedShardLivesUntilReleased) {
   EXPECT_EQ(store.Stats().device_bytes[0], 0);
 }
 
+// A task's outputs, inputs and an op's releases go through the store under
+// one lock each (DeclareOutputs, AddReaders, Fulfil of a span, Release of a
+// span): each value as it would alone.
+TEST(ObjectStoreTest, ATasksValuesGoThroughTheStoreAsEachWouldAlone) {
+  ObjectStore store(TwoDevices(1 << 20));
+  const std::vector<BufferKey> outs = {{1, 0}, {2, 0}, {3, 0}};
+  const TensorSpec spec{DType::kF32, {4}};
+  store.DeclareOutputs(outs, 0, {spec, spec, spec});
+  EXPECT_EQ(store.Stats().live_shards, 3);
+
+  // Pinned in order until one is unknown here.
+  bool elsewhere = true;
+  int pinned = -1;
+  absl::Status known =
+      store.AddReaders({{1, 0}, {99, 0}, {3, 0}}, 0, &elsewhere, &pinned);
+  EXPECT_EQ(known.code(), absl::StatusCode::kNotFound) << known;
+  EXPECT_TRUE(absl::StrContains(known.message(), "99")) << known;
+  EXPECT_EQ(pinned, 1);
+  EXPECT_FALSE(elsewhere);  // computed here, on this device
+  store.RemoveReaders({{1, 0}});
+
+  // Published together: waiters and callbacks hear each value.
+  std::atomic<int> heard{0};
+  store.OnReady({2, 0}, [&](absl::StatusOr<std::shared_ptr<const Storage>> s) {
+    if (s.ok() && (*s)->size() == 16) heard++;
+  });
+  std::vector<ObjectStore::Output> ready;
+  for (const BufferKey& key : outs) {
+    ready.push_back({key, Bytes(16), /*reserved=*/false});
+  }
+  store.Fulfil(absl::MakeSpan(ready), 0);
+  EXPECT_EQ(heard.load(), 1);
+  EXPECT_EQ(store.Stats().device_bytes[0], 48);
+
+  // A put still waiting for its bytes, released with the rest, fails and
+  // says why; everything released is freed.
+  const BufferKey put{4, 0};
+  store.Declare(put, 0, spec, /*owned=*/true,
+                ObjectStore::Arrival::kFromClient);
+  absl::Status put_end;
+  store.OnReady(put, [&](absl::StatusOr<std::shared_ptr<const Storage>> s) {
+    put_end = s.status();
+  });
+  const std::vector<uint64_t> ids = {1, 2, 3, 4};
+  store.Release(absl::MakeConstSpan(ids));
+  EXPECT_EQ(put_end.code(), absl::StatusCode::kCancelled) << put_end;
+  EXPECT_TRUE(absl::StrContains(put_end.message(),
+                                "buffer 4 was released before its put arrived"))
+      << put_end;
+  EXPECT_EQ(store.Stats().live_shards, 0);
+  EXPECT_EQ(store.Stats().device_bytes[0], 0);
+}
+
 TEST(ObjectStoreTest, ReaderKeepsReleasedShardAlive) {
   ObjectStore store(TwoDevices(1 << 20));
   BufferKey key{7, 1};

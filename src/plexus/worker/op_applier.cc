@@ -55,7 +55,7 @@ void OpApplier::Apply(proto::WorkerOp& op) {
       ApplyDeclare(op.declare());
       break;
     case proto::WorkerOp::kRelease:
-      for (uint64_t id : op.release().buffer_ids()) store_.Release(id);
+      store_.Release(absl::MakeConstSpan(op.release().buffer_ids()));
       break;
     case proto::WorkerOp::kFail:
       for (uint64_t id : op.fail().buffer_ids()) {

@@ -189,6 +189,9 @@ absl::Status TaskRunner::MakeOutputs(
   const LoadedProgram& program = *call.program;
   const int device = exec.tasks(task_index).device();
   *all_aliased = !program.outputs.empty();
+  // XLA's outputs are charged together, after the loop (one wait for room
+  // for them all, one take of the store's lock).
+  int64_t xla_bytes = 0;
   for (size_t o = 0; o < program.outputs.size(); ++o) {
     auto local = program.outputs[o].Local(exec.num_shards());
     if (!local.ok()) return local.status();
@@ -198,13 +201,7 @@ absl::Status TaskRunner::MakeOutputs(
       // RunPartition fills it in. (Of a `partial` output, partition 0
       // holds the island's value and the others zeros, made here.) One
       // written over a donated input takes over the input's charge.
-      if (written_over[o] < 0) {
-        if (absl::Status s = store_.Reserve(device, local->byte_size());
-            !s.ok()) {
-          return s;
-        }
-        state.output_bytes += local->byte_size();
-      }
+      if (written_over[o] < 0) xla_bytes += local->byte_size();
       state.aliased.push_back(false);
       *all_aliased = false;
       state.outputs.push_back(nullptr);
@@ -231,6 +228,10 @@ absl::Status TaskRunner::MakeOutputs(
     ctx->outputs.push_back({*local, (*storage)->data()});
     state.outputs.push_back(std::move(*storage));
   }
+  if (xla_bytes > 0) {
+    if (absl::Status s = store_.Reserve(device, xla_bytes); !s.ok()) return s;
+    state.output_bytes += xla_bytes;
+  }
   return absl::OkStatus();
 }
 
@@ -243,12 +244,14 @@ void TaskRunner::PublishOutputs(CallContext& call, int task_index,
   if (status.ok()) {
     // An XLA output goes in now, before its run has ended: the device's
     // next program reads it as it is, host readers await it.
+    // An aliased output is charged again: a conservative budget.
+    std::vector<ObjectStore::Output> outputs(exec.output_ids_size());
     for (int o = 0; o < exec.output_ids_size(); ++o) {
-      // An aliased output is charged again: a conservative budget.
-      store_.Fulfil({exec.output_ids(o), task.shard()},
-                    std::move(state.outputs[o]), device,
-                    /*reserved=*/!state.aliased[o]);
+      outputs[o] = {{exec.output_ids(o), task.shard()},
+                    std::move(state.outputs[o]),
+                    /*reserved=*/!state.aliased[o]};
     }
+    store_.Fulfil(absl::MakeSpan(outputs), device);
     return;
   }
   if (state.output_bytes > 0) store_.Unreserve(device, state.output_bytes);
@@ -331,11 +334,13 @@ void TaskRunner::FinishTask(const std::shared_ptr<CallContext>& call,
   keep.clear();
   if (call->input_errors[task_index].ok()) {
     // Else its pins were dropped when it was queued.
+    std::vector<BufferKey> pinned;
     for (const auto& binding : task.inputs()) {
       for (const auto& piece : binding.pieces()) {
-        store_.RemoveReader({piece.buffer_id(), piece.shard()});
+        pinned.push_back({piece.buffer_id(), piece.shard()});
       }
     }
+    store_.RemoveReaders(pinned);
   }
   if (--call->tasks_left == 0) {
     if (call->collective) call->collective->ReleasePartials();

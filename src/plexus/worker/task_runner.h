@@ -96,6 +96,10 @@ class TaskRunner {
                       std::vector<CallCollective::Peer> peers, int my_rank);
   // Declares each task's outputs and pins its inputs; sets input_errors.
   void DeclareAndPin(CallContext& call, const absl::Status& collective_error);
+  // The local spec of each of the call's outputs (an empty spec where the
+  // program names none), into `specs`.
+  static void DeclaredSpecs(const CallContext& call,
+                            std::vector<TensorSpec>& specs);
   void Enqueue(const std::shared_ptr<CallContext>& call);
 
   // --- a task (task_runner.cc)

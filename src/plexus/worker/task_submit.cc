@@ -174,6 +174,9 @@ void TaskRunner::DeclareAndPin(CallContext& call,
   // worker) fails its task now: nothing would ever fulfil it.
   call.input_errors.assign(exec.tasks_size(), collective_error);
   const int num_devices = static_cast<int>(devices_.size());
+  std::vector<TensorSpec> specs;
+  std::vector<BufferKey> keys;
+  std::vector<int> argument_of;  // of each of the inputs' keys
   for (int t = 0; t < exec.tasks_size(); ++t) {
     const proto::ShardTask& task = exec.tasks(t);
     // A task for a device this worker lacks fails where it stands: its
@@ -184,35 +187,48 @@ void TaskRunner::DeclareAndPin(CallContext& call,
           absl::StrCat("call ", exec.call_id(), " names device ", task.device(),
                        " but this worker has ", num_devices));
     }
+    // The store is taken once for the task's outputs and once for its
+    // inputs (a call of a 100-leaf pytree declares 100 and pins 100).
+    if (t == 0) DeclaredSpecs(call, specs);
+    keys.clear();
     for (int o = 0; o < exec.output_ids_size(); ++o) {
-      TensorSpec spec;
-      if (call.program && o < static_cast<int>(call.program->outputs.size())) {
-        auto local = call.program->outputs[o].Local(exec.num_shards());
-        if (local.ok()) spec = *local;
-      }
-      store_.Declare({exec.output_ids(o), task.shard()},
-                     on_device ? task.device() : -1, spec, /*owned=*/true);
+      keys.push_back({exec.output_ids(o), task.shard()});
     }
-    std::vector<BufferKey> pinned;
-    for (int i = 0; i < task.inputs_size() && call.input_errors[t].ok(); ++i) {
+    store_.DeclareOutputs(keys, on_device ? task.device() : -1, specs);
+    if (!call.input_errors[t].ok()) continue;
+    keys.clear();
+    argument_of.clear();
+    for (int i = 0; i < task.inputs_size(); ++i) {
       for (const auto& piece : task.inputs(i).pieces()) {
-        BufferKey key{piece.buffer_id(), piece.shard()};
-        bool elsewhere = false;
-        absl::Status known = store_.AddReader(key, task.device(), &elsewhere);
-        if (!known.ok()) {
-          call.input_errors[t] = absl::Status(
-              known.code(),
-              absl::StrCat(call.program ? "program '" + call.program->name + "'"
-                                        : "a program",
-                           " argument ", i, ": ", known.message()));
-          break;
-        }
-        pinned.push_back(key);
-        call.awaits_another_device |= on_device && elsewhere;
+        keys.push_back({piece.buffer_id(), piece.shard()});
+        argument_of.push_back(i);
       }
     }
-    if (!call.input_errors[t].ok()) {
-      for (const BufferKey& key : pinned) store_.RemoveReader(key);
+    bool elsewhere = false;
+    int pinned = 0;
+    absl::Status known =
+        store_.AddReaders(keys, task.device(), &elsewhere, &pinned);
+    call.awaits_another_device |= on_device && elsewhere;
+    if (!known.ok()) {
+      call.input_errors[t] = absl::Status(
+          known.code(),
+          absl::StrCat(call.program ? "program '" + call.program->name + "'"
+                                    : "a program",
+                       " argument ", argument_of[pinned], ": ",
+                       known.message()));
+      store_.RemoveReaders(absl::MakeConstSpan(keys).first(pinned));
+    }
+  }
+}
+
+void TaskRunner::DeclaredSpecs(const CallContext& call,
+                               std::vector<TensorSpec>& specs) {
+  const proto::Execute& exec = call.exec;
+  specs.assign(exec.output_ids_size(), TensorSpec());
+  for (int o = 0; o < exec.output_ids_size(); ++o) {
+    if (call.program && o < static_cast<int>(call.program->outputs.size())) {
+      auto local = call.program->outputs[o].Local(exec.num_shards());
+      if (local.ok()) specs[o] = *std::move(local);
     }
   }
 }
