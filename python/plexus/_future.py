@@ -16,16 +16,33 @@ from ._progress import describe_transfer, describe_wait, transfer_progress, wait
 from ._sharding import _sharding_repr
 
 
+# Each signature seen, numbered: a future keeps its signature's number, so
+# a call's cache key is a tuple of ints (a 100-leaf call hashed and compared
+# 100 nested tuples per call). Bounded by the distinct shapes, dtypes,
+# shardings, key impls and weak types a process uses.
+_SIGNATURES = {}
+
+
 def signature(future):
-    """What a program compiled for `future` depends on: its core shape,
-    dtype and sharding, its key impl and weak type; hashable. Kept on the
-    future (a program's outputs get theirs from the program's first
-    call's: plexus.jit's fast path reads no spec per call)."""
+    """What a program compiled for `future` depends on, numbered: its core
+    shape, dtype and sharding, its key impl and weak type (equal numbers,
+    equal signatures). Kept on the future (a program's outputs get theirs
+    from the program's first call's: plexus.jit's fast path reads no spec
+    per call)."""
     sig = future._sig
     if sig is None:
         f = future._f
-        sig = future._sig = (f.shape, f.dtype, f.sharding, future._key,
-                             future._weak)
+        sig = future._sig = numbered(
+            (f.shape, f.dtype, f.sharding, future._key, future._weak))
+    return sig
+
+
+def numbered(full):
+    """The number of signature `full` (a tuple: shape, dtype, sharding, key
+    impl, weak type), the same for equal ones."""
+    sig = _SIGNATURES.get(full)
+    if sig is None:
+        sig = _SIGNATURES.setdefault(full, len(_SIGNATURES))
     return sig
 
 
@@ -59,12 +76,12 @@ class Future:
     __array_priority__ = 100  # numpy defers to its operators, as to jax's
     __hash__ = None  # `==` compares elements, as on a jax.Array
 
-    def __init__(self, core_future, client):
+    def __init__(self, core_future, client, sig=None):
         self._f = core_future
         self._client = client
         self._key = None  # the PRNG impl name when it holds typed keys
         self._weak = False  # weakly typed, as JAX types Python scalars
-        self._sig = None  # signature(): set once known
+        self._sig = sig  # signature(): set once known
         if not _jax_interop.hooked and "jax" in sys.modules:
             _jax_interop.hook(Future)
 

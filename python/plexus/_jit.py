@@ -246,7 +246,8 @@ class Jitted:
             for x in args:
                 if type(x) is not Future:
                     break
-                sigs.append(x._sig or signature(x))
+                sig = x._sig
+                sigs.append(signature(x) if sig is None else sig)
             else:
                 compiled = self._by_positional.get(
                     (self._slice._s.resizes, tuple(sigs)))
@@ -259,12 +260,18 @@ class Jitted:
         fast_key = None
         # A resized slice (Slice.resize) has another mesh: compiled again.
         resizes = self._slice._s.resizes
-        if all(type(x) is Future for x in leaves):
+        sigs, fs = [], []
+        for x in leaves:
+            if type(x) is not Future:
+                break
+            sig = x._sig
+            sigs.append(signature(x) if sig is None else sig)
+            fs.append(x._f)
+        else:
             # Fast path (a training loop): every leaf a future, so the
-            # signature is read off the futures' core specs.
-            fs = [x._f for x in leaves]
-            fast_key = (resizes, static, treedef,
-                        tuple(signature(x) for x in leaves))
+            # signature is read off the futures (one loop: a 100-leaf call
+            # spent ~120 µs in the generators this replaced).
+            fast_key = (resizes, static, treedef, tuple(sigs))
             compiled = self._by_futures.get(fast_key)
             if compiled is not None:
                 return compiled._invoke_checked(fs)

@@ -65,9 +65,10 @@ class Program:
         wrapped = self._invoke(futures)
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
-    def _invoke(self, core_futures):
+    def _invoke(self, core_futures, sigs=None):
         """Calls (or records in the current graph) with checked inputs;
-        returns the list of output Futures."""
+        returns the list of output Futures (with `sigs`, their signatures:
+        signature())."""
         graph = getattr(_recording, "graph", None)
         site = _trace.call_site(self._client)
         if graph is not None and graph._client is self._client:
@@ -76,6 +77,8 @@ class Program:
         else:
             outs = self._client._core.call(self._p, core_futures, site)
         client = self._client
+        if sigs is not None:
+            return [Future(o, client, s) for o, s in zip(outs, sigs)]
         return [Future(o, client) for o in outs]
 
     def __repr__(self):

@@ -47,10 +47,10 @@ class XlaProgram(Program):
         self._one_leaf_out = (len(self._out_keys) == 1
                               and out_tree.num_nodes == 1)
 
-    def _wrap_keys(self, outs):
+    def _wrap_keys(self, outs, signed=False):
         """Marks the outputs that are typed keys (their key data) and those
         that are weakly typed, and gives each its signature: every call's
-        outputs have the first call's."""
+        outputs have the first call's (`signed`: made with them)."""
         for i, impl, weak in self._out_marks:
             f = outs[i]
             if impl is not None:
@@ -59,7 +59,7 @@ class XlaProgram(Program):
         sigs = self._out_sigs
         if sigs is None:
             self._out_sigs = [signature(f) for f in outs]
-        else:
+        elif not signed:
             for f, sig in zip(outs, sigs):
                 f._sig = sig
         return outs
@@ -75,7 +75,9 @@ class XlaProgram(Program):
 
     def _invoke_checked(self, core_futures):
         """Calls with core futures already known to match the inputs."""
-        outs = self._wrap_keys(self._invoke(core_futures))
+        sigs = self._out_sigs
+        outs = self._wrap_keys(self._invoke(core_futures, sigs),
+                               signed=sigs is not None)
         if self._one_leaf_out:
             return outs[0]
         import jax
