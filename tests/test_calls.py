@@ -8,25 +8,26 @@ import pytest
 import plexus
 
 
-def test_call_returns_before_a_200ms_kernel_finishes(client):
+def test_calls_return_while_the_kernel_they_follow_still_runs(client):
+    # A call returns once queued, not once the kernels before it ran: three
+    # calls chained behind a 3 s kernel all return while it still runs (the
+    # wait with no time left says it is not done). Asserted on that event,
+    # not on how long a call took (it once asserted 50 ms per call, which
+    # a loaded CI machine missed by 2 ms); how fast a call returns is
+    # measured by bench/.
     s = client.slice(2)
     x = s.put(np.arange(4, dtype=np.float32), plexus.P("devices"))
-    busy = s.program("busy_wait", x, micros=200_000)
-    busy(x).block_until_ready()  # first call loads the program everywhere
-    t0 = time.perf_counter()
-    returned = []
-    y = x
-    for _ in range(3):  # all three return while the first kernel still runs
-        t = time.perf_counter()
-        y = busy(y)
-        returned.append(time.perf_counter() - t)
-    # Each returned in a fraction of the kernel's time, and all three before
-    # the first kernel ended: none waited for it. (How fast a call returns
-    # is measured by bench/, not here: this machine runs other tests too.)
-    assert max(returned) < 0.05, f"calls took {returned} s to return"
-    assert time.perf_counter() - t0 < 0.2, "the calls waited for the kernel"
-    np.testing.assert_array_equal(np.asarray(y), np.arange(4, dtype=np.float32))
-    assert time.perf_counter() - t0 >= 0.6
+    nap = s.program("device_sleep", x, micros=3_000_000)
+    scale = s.program("scale", x, factor=2.0)
+    scale(x).block_until_ready()  # loaded everywhere
+    first = nap(x)
+    y = first
+    for _ in range(3):
+        y = scale(y)
+    with pytest.raises(plexus.DeadlineExceededError, match="not ready"):
+        plexus.wait(first, timeout=0)
+    np.testing.assert_array_equal(np.asarray(y),
+                                  np.arange(4, dtype=np.float32) * 8)
 
 
 def test_future_looks_like_a_jax_array(client):
