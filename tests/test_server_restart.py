@@ -112,12 +112,18 @@ def journaled(tmp_path):
         procs["server"].wait(timeout=30)
 
 
+def _spread(client):
+    """A slice of one device on each of the three hosts, a value split over
+    it (0..5) and a program that doubles it."""
+    s = client.slice(3, placement="spread")
+    x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
+    return s, x, s.program("scale", x, factor=2.0)
+
+
 def test_a_restarted_server_resumes_the_session_with_its_futures(journaled):
     client = plexus.connect(journaled.address, name="resumed")
     try:
-        s = client.slice(3, placement="spread")
-        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
-        double = s.program("scale", x, factor=2.0)
+        s, x, double = _spread(client)
         y = double(x)
         np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 2)
         z = double(y)  # not read before the kill
@@ -149,9 +155,7 @@ def test_a_graph_open_across_the_kill_loses_none_of_its_calls(journaled):
     Now they are told only once queued, and the call runs."""
     client = plexus.connect(journaled.address, name="graph")
     try:
-        s = client.slice(3, placement="spread")
-        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
-        double = s.program("scale", x, factor=2.0)
+        s, x, double = _spread(client)
         np.testing.assert_array_equal(np.asarray(double(x)), np.arange(6) * 2)
         with client.graph():
             y = double(x)
@@ -179,9 +183,7 @@ def test_a_graph_call_waiting_for_the_server_lets_other_threads_run(
     client = plexus.connect(journaled.address, name="graph",
                             reconnect_timeout=20)
     try:
-        s = client.slice(3, placement="spread")
-        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
-        double = s.program("scale", x, factor=2.0)
+        s, x, double = _spread(client)
         y = double(x)
         np.testing.assert_array_equal(np.asarray(y), np.arange(6) * 2)
         journaled.kill_server()
@@ -211,9 +213,7 @@ def test_calls_in_flight_at_the_kill_run_again_once_and_give_the_same_value(
     intermediate values were released), and the chain's end is right."""
     client = plexus.connect(journaled.address, name="chain")
     try:
-        s = client.slice(3, placement="spread")
-        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
-        double = s.program("scale", x, factor=2.0)
+        s, x, double = _spread(client)
         busy = s.program("busy_wait", x, micros=2_000)
         y = double(x)
         for _ in range(100):
@@ -247,9 +247,7 @@ def test_a_read_a_worker_failed_as_the_server_died_goes_again_after_the_resume(
     relay = Relay(journaled.address)
     client = plexus.connect(relay.address, name="late")
     try:
-        s = client.slice(3, placement="spread")
-        x = s.put(np.arange(6, dtype=np.float32), plexus.P("devices"))
-        double = s.program("scale", x, factor=2.0)
+        s, x, double = _spread(client)
         # Under the workers' 2 s drain (teardown_grace), which waits for it.
         nap = s.program("device_sleep", x, micros=1_800_000)
         y = double(nap(x))
