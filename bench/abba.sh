@@ -1,5 +1,5 @@
 # bench/abba.sh: sourced by the A/B scripts (ab.sh, dispatch_ab.sh,
-# roundtrip_ab.sh, timeline_ab.sh): their paired rounds, in ABBA order.
+# roundtrip_ab.sh, timeline_ab.sh, xla_ab.sh): their paired rounds, in ABBA order.
 #
 #   abba ROUNDS A B
 #
