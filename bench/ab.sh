@@ -20,17 +20,13 @@
 set -euo pipefail
 # shellcheck source=bench/abba.sh
 source "$(dirname "$(realpath "$0")")/abba.sh"
-if [[ $# -lt 2 ]]; then
-  sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+ab_usage 2 19 "$@"
 before=$(cd "$1" && pwd)
 after=$(cd "$2" && pwd)
 rounds=${3:-8}
 for tree in "$before" "$after"; do
-  for b in plexus-bench-dispatch plexus-bench-transfer plexus-server plexus-worker; do
-    [[ -x $tree/build/bin/$b ]] || { echo "no $tree/build/bin/$b" >&2; exit 2; }
-  done
+  ab_need "$tree/build/bin" plexus-bench-dispatch plexus-bench-transfer \
+    plexus-server plexus-worker
 done
 dir=${AB_DIR:-$(mktemp -d /tmp/ab.XXXXXX)}
 mkdir -p "$dir"

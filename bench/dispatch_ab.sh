@@ -16,10 +16,7 @@
 set -euo pipefail
 # shellcheck source=bench/abba.sh
 source "$(dirname "$(realpath "$0")")/abba.sh"
-if [[ $# -lt 3 ]]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+ab_usage 3 14 "$@"
 before=$1
 after=$2
 rounds=$3
@@ -29,20 +26,14 @@ if [[ ${#flags[@]} -eq 0 ]]; then
   flags=(--hosts-list 1,2,4,8 --repeats 5 --calls 8192 --skip-busy)
 fi
 for bin in "$before" "$after"; do
-  for b in plexus-bench-dispatch plexus-server plexus-worker; do
-    [[ -x $bin/$b ]] || { echo "no $bin/$b" >&2; exit 2; }
-  done
+  ab_need "$bin" plexus-bench-dispatch plexus-server plexus-worker
 done
-dir=${AB_DIR:-$(mktemp -d /tmp/dispatch_ab.XXXXXX)}
-mkdir -p "$dir"
-echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg); raw output in $dir"
+ab_dir dispatch_ab
 echo "[ab] flags: ${flags[*]}"
 run() {  # which round
   local which=$1 round=$2 bin
   bin=$([[ $which == before ]] && echo "$before" || echo "$after")
-  "$bin/plexus-bench-dispatch" "${flags[@]}" >"$dir/$which.$round.txt" 2>&1 ||
-    { echo "[ab] $which round $round failed:" >&2; tail -5 "$dir/$which.$round.txt" >&2; exit 1; }
-  echo "[ab] round $round $which done; load $(cut -d' ' -f1 /proc/loadavg)"
+  ab_run "$which" "$round" "$bin/plexus-bench-dispatch" "${flags[@]}"
 }
 abba "$rounds" before after
 python3 - "$dir" "$rounds" <<'EOF'

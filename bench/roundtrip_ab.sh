@@ -15,31 +15,20 @@
 set -euo pipefail
 # shellcheck source=bench/abba.sh
 source "$(dirname "$(realpath "$0")")/abba.sh"
-if [[ $# -lt 3 ]]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
-before=$(realpath "$1")
-after=$(realpath "$2")
-rounds=$3
+ab_usage 3 14 "$@"
+ab_trees "$@"
 iters=${4:-2000}
 here=$(dirname "$(realpath "$0")")
 for tree in "$before" "$after"; do
-  for b in plexus-bench-dispatch plexus-server plexus-worker; do
-    [[ -x $tree/build/bin/$b ]] || { echo "no $tree/build/bin/$b" >&2; exit 2; }
-  done
+  ab_need "$tree/build/bin" plexus-bench-dispatch plexus-server plexus-worker
 done
-dir=${AB_DIR:-$(mktemp -d /tmp/roundtrip_ab.XXXXXX)}
-mkdir -p "$dir"
-echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg); raw output in $dir"
+ab_dir roundtrip_ab
 run() {  # which round
   local which=$1 round=$2 tree
   tree=$([[ $which == before ]] && echo "$before" || echo "$after")
-  PYTHONPATH=$tree/python PLEXUS_BIN_DIR=$tree/build/bin \
-    python3 "$here/roundtrip.py" --no-ray --rounds 1 --iters "$iters" \
-    --json "$dir/$which.$round.json" >"$dir/$which.$round.txt" 2>&1 ||
-    { echo "[ab] $which round $round failed:" >&2; tail -5 "$dir/$which.$round.txt" >&2; exit 1; }
-  echo "[ab] round $round $which done; load $(cut -d' ' -f1 /proc/loadavg)"
+  ab_run "$which" "$round" env PYTHONPATH="$tree/python" \
+    PLEXUS_BIN_DIR="$tree/build/bin" python3 "$here/roundtrip.py" --no-ray \
+    --rounds 1 --iters "$iters" --json "$dir/$which.$round.json"
 }
 abba "$rounds" before after
 python3 - "$dir" "$rounds" <<'PY'

@@ -15,10 +15,7 @@
 set -euo pipefail
 # shellcheck source=bench/abba.sh
 source "$(dirname "$(realpath "$0")")/abba.sh"
-if [[ $# -lt 2 ]]; then
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
+ab_usage 2 14 "$@"
 bin=$1
 rounds=$2
 shift 2
@@ -26,15 +23,11 @@ flags=("$@")
 if [[ ${#flags[@]} -eq 0 ]]; then
   flags=(--hosts-list 1,2 --repeats 3 --calls 8192 --skip-busy)
 fi
-dir=${AB_DIR:-$(mktemp -d /tmp/timeline_ab.XXXXXX)}
-mkdir -p "$dir"
-echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg); raw output in $dir"
+ab_dir timeline_ab
 echo "[ab] flags: ${flags[*]}"
 run() {  # off|on round
-  "$bin/plexus-bench-dispatch" "${AB_FLAG:---timeline}" "$1" "${flags[@]}" \
-    >"$dir/$1.$2.txt" 2>&1 ||
-    { echo "[ab] $1 round $2 failed:" >&2; tail -5 "$dir/$1.$2.txt" >&2; exit 1; }
-  echo "[ab] round $2 $1 done; load $(cut -d' ' -f1 /proc/loadavg)"
+  ab_run "$1" "$2" "$bin/plexus-bench-dispatch" "${AB_FLAG:---timeline}" "$1" \
+    "${flags[@]}"
 }
 abba "$rounds" off on
 python3 - "$dir" "$rounds" <<'PY'

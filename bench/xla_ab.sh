@@ -14,13 +14,8 @@
 set -euo pipefail
 # shellcheck source=bench/abba.sh
 source "$(dirname "$(realpath "$0")")/abba.sh"
-if [[ $# -lt 3 ]]; then
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
-  exit 2
-fi
-before=$(realpath "$1")
-after=$(realpath "$2")
-rounds=$3
+ab_usage 3 13 "$@"
+ab_trees "$@"
 shift 3
 args=("$@")
 if [[ ${#args[@]} -eq 0 ]]; then
@@ -28,27 +23,19 @@ if [[ ${#args[@]} -eq 0 ]]; then
         --leaves 100)
 fi
 for tree in "$before" "$after"; do
-  for f in bench/xla.py build/bin/plexus-server build/bin/plexus-worker; do
-    [[ -e $tree/$f ]] || { echo "no $tree/$f" >&2; exit 2; }
-  done
+  ab_need "$tree" bench/xla.py build/bin/plexus-server build/bin/plexus-worker
 done
-dir=${AB_DIR:-$(mktemp -d /tmp/xla_ab.XXXXXX)}
-mkdir -p "$dir"
-echo "[ab] $(date -u '+%F %T') UTC; load: $(cut -d' ' -f1-3 /proc/loadavg); raw output in $dir"
+ab_dir xla_ab
 run() {  # which round
   local which=$1 round=$2 tree
   tree=$([[ $which == before ]] && echo "$before" || echo "$after")
-  PLEXUS_BIN_DIR=$tree/build/bin python3 "$tree/bench/xla.py" "${args[@]}" \
-    --json "$dir/$which.$round.json" >"$dir/$which.$round.txt" 2>&1 ||
-    { echo "[ab] $which round $round failed:" >&2; tail -5 "$dir/$which.$round.txt" >&2; exit 1; }
-  echo "[ab] round $round $which done; load $(cut -d' ' -f1 /proc/loadavg)"
+  ab_run "$which" "$round" env PLEXUS_BIN_DIR="$tree/build/bin" python3 \
+    "$tree/bench/xla.py" "${args[@]}" --json "$dir/$which.$round.json"
 }
 abba "$rounds" before after
 python3 - "$dir" "$rounds" <<'PY'
 import json, statistics, sys
 folder, rounds = sys.argv[1], int(sys.argv[2])
-runs = {w: [json.load(open(f"{folder}/{w}.{r}.json")) for r in range(rounds)]
-        for w in ("before", "after")}
 def measures(run):
     tiny = run["cases"]["tiny"]
     m = {"tiny chained µs": tiny["plexus"]["chained_s"] * 1e6,
@@ -67,7 +54,8 @@ def measures(run):
             if isinstance(us, (int, float)):
                 m[f"{n} leaves: {role} CPU µs"] = us
     return m
-got = {w: [measures(r) for r in runs[w]] for w in runs}
+got = {w: [measures(json.load(open(f"{folder}/{w}.{r}.json")))
+           for r in range(rounds)] for w in ("before", "after")}
 print("\n| measure | before (median) | after (median) | after/before (median of rounds) |")
 print("|---|---|---|---|")
 for k in got["before"][0]:
