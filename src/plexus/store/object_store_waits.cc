@@ -1,0 +1,195 @@
+// The object store's waits (object_store.h): for a key's declaration, for
+// a shard to be ready (AwaitReady, AwaitInput, OnReady), and the list of
+// inputs awaited that "why is it stuck" reads (AwaitedInputs). Each wait
+// reads its deadline from the injected clock and says what ended it.
+#include "absl/strings/str_cat.h"
+#include "plexus/common/status_proto.h"
+#include "plexus/store/object_store.h"
+
+namespace plexus {
+
+absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key,
+                                              bool read) const {
+  if (shutdown_) return absl::CancelledError("worker shutting down");
+  auto rejected = rejected_.find(key.buffer_id);
+  if (rejected != rejected_.end()) return rejected->second;
+  if (departed_.contains(ClientOfBuffer(key.buffer_id))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(KeyString(key), " belongs to client ",
+                     ClientOfBuffer(key.buffer_id), ", which has left"));
+  }
+  if (read && released_.contains(key.buffer_id) && !entries_.contains(key)) {
+    return ReleasedOnWorkerError(KeyString(key));
+  }
+  if (temporary_floor_ > 0 &&
+      ClientOfBuffer(key.buffer_id) == kServerClientId &&
+      IsEarlierTemporary(key.buffer_id - ClientMadeId(kServerClientId, 0),
+                         temporary_floor_)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        KeyString(key),
+        " is a transfer temporary of an earlier server (this one's count "
+        "from ",
+        temporary_floor_, "): nothing here will declare it"));
+  }
+  return absl::OkStatus();
+}
+
+
+bool ObjectStore::AwaitKeyLocked(const BufferKey& key, absl::Time deadline) {
+  KeyWait*& slot = key_waits_[key];
+  if (slot == nullptr) {
+    if (free_key_waits_.empty()) {
+      all_key_waits_.push_back(std::make_unique<KeyWait>());
+      free_key_waits_.push_back(all_key_waits_.back().get());
+    }
+    slot = free_key_waits_.back();
+    free_key_waits_.pop_back();
+  }
+  KeyWait* wait = slot;  // `slot` may move while the lock is released
+  wait->waiters++;
+  const bool timed_out =
+      options_.clock->AwaitWithDeadline(&mu_, &wait->cv, deadline);
+  if (--wait->waiters == 0) {
+    key_waits_.erase(key);
+    free_key_waits_.push_back(wait);
+  }
+  return timed_out;
+}
+
+void ObjectStore::SignalKeyLocked(const BufferKey& key) {
+  if (key_waits_.empty()) return;
+  auto it = key_waits_.find(key);
+  if (it != key_waits_.end()) it->second->cv.SignalAll();
+}
+
+void ObjectStore::SignalKeyWaitsLocked() {
+  for (auto& [key, wait] : key_waits_) wait->cv.SignalAll();
+}
+
+absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
+    const BufferKey& key) {
+  const absl::Time deadline =
+      options_.clock->Now() + options_.unknown_key_timeout;
+  while (true) {
+    auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.declared) return &it->second;
+    if (absl::Status end = UnknownKeyEndLocked(key, /*read=*/false);
+        !end.ok()) {
+      return end;
+    }
+    const bool timed_out = AwaitKeyLocked(key, deadline);
+    if (timed_out) {
+      it = entries_.find(key);
+      if (it != entries_.end() && it->second.declared) return &it->second;
+      return absl::NotFoundError(absl::StrCat(
+          KeyString(key), " was never declared on this worker (waited ",
+          absl::FormatDuration(options_.unknown_key_timeout), ")"));
+    }
+  }
+}
+
+
+absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
+    const BufferKey& key) {
+  absl::MutexLock lock(&mu_);
+  return AwaitReadyLocked(key, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitInput(
+    const BufferKey& key) {
+  InputWait wait;
+  absl::StatusOr<std::shared_ptr<const Storage>> result;
+  {
+    absl::MutexLock lock(&mu_);
+    result = AwaitReadyLocked(key, &wait);
+  }
+  if (wait.listed) UnlistWait(&wait);
+  return result;
+}
+
+void ObjectStore::ListWaitLocked(InputWait* wait, int64_t source_worker) {
+  absl::MutexLock lock(&awaited_mu_);
+  wait->input.source_worker = source_worker;
+  if (wait->listed) return;
+  wait->listed = true;
+  wait->input.since = options_.clock->Now();
+  wait->prev = awaited_tail_;
+  (awaited_tail_ != nullptr ? awaited_tail_->next : awaited_head_) = wait;
+  awaited_tail_ = wait;
+  ++awaited_count_;
+}
+
+void ObjectStore::UnlistWait(InputWait* wait) {
+  absl::MutexLock lock(&awaited_mu_);
+  (wait->prev != nullptr ? wait->prev->next : awaited_head_) = wait->next;
+  (wait->next != nullptr ? wait->next->prev : awaited_tail_) = wait->prev;
+  --awaited_count_;
+}
+
+int ObjectStore::AwaitedInputs(int max, std::vector<AwaitedInput>* out) const {
+  out->clear();
+  absl::MutexLock lock(&awaited_mu_);
+  for (const InputWait* w = awaited_head_;
+       w != nullptr && static_cast<int>(out->size()) < max; w = w->next) {
+    out->push_back(w->input);
+  }
+  return awaited_count_;
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
+    const BufferKey& key, InputWait* wait) {
+  const absl::Time unknown_deadline =
+      options_.clock->Now() + options_.unknown_key_timeout;
+  if (wait != nullptr) wait->input.key = key;
+  while (true) {
+    if (shutdown_) return absl::CancelledError("worker shutting down");
+    auto it = entries_.find(key);
+    if (it != entries_.end()) {
+      Entry& e = it->second;
+      if (e.state == Entry::State::kReady) return e.data;
+      if (e.state == Entry::State::kFailed) return e.status;
+      // Pending: its producer, its sender's death (FailFromSource) or the
+      // shutdown ends this wait; no deadline.
+      if (wait != nullptr) {
+        ListWaitLocked(wait, e.arrival == Arrival::kFromPeer ? e.source_worker
+                                                             : int64_t{-1});
+      }
+      if (!e.ready) e.ready = std::make_shared<absl::CondVar>();
+      std::shared_ptr<absl::CondVar> ready = e.ready;
+      ready->Wait(&mu_);
+      continue;
+    }
+    if (absl::Status end = UnknownKeyEndLocked(key, /*read=*/true); !end.ok()) {
+      return end;
+    }
+    if (wait != nullptr) ListWaitLocked(wait, -1);
+    const bool timed_out = AwaitKeyLocked(key, unknown_deadline);
+    if (timed_out && !entries_.contains(key) &&
+        UnknownKeyEndLocked(key, /*read=*/true).ok()) {
+      return absl::NotFoundError(absl::StrCat(
+          KeyString(key),
+          " is not on this worker (never declared here; waited ",
+          absl::FormatDuration(options_.unknown_key_timeout), ")"));
+    }
+  }
+}
+
+void ObjectStore::OnReady(const BufferKey& key, ReadyCallback callback) {
+  absl::StatusOr<std::shared_ptr<const Storage>> result;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& e = GetOrCreateLocked(key);
+    if (e.state == Entry::State::kPending) {
+      e.callbacks.push_back(std::move(callback));
+      return;
+    }
+    if (e.state == Entry::State::kReady) {
+      result = std::shared_ptr<const Storage>(e.data);
+    } else {
+      result = e.status;
+    }
+  }
+  callback(result);
+}
+
+}  // namespace plexus
