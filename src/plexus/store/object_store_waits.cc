@@ -34,7 +34,6 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key,
   return absl::OkStatus();
 }
 
-
 bool ObjectStore::AwaitKeyLocked(const BufferKey& key, absl::Time deadline) {
   KeyWait*& slot = key_waits_[key];
   if (slot == nullptr) {
@@ -87,7 +86,6 @@ absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
     }
   }
 }
-
 
 absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
     const BufferKey& key) {
