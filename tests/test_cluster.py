@@ -174,6 +174,36 @@ def test_64mib_moves_worker_to_worker_not_through_client_or_server(tmp_path):
         assert "64.0 MiB" in table
 
 
+@pytest.mark.parametrize("shared_memory", [True, False],
+                         ids=["unix-socket", "tcp"])
+def test_workers_take_the_servers_ops_as_frames_on_their_data_plane(
+        tmp_path, shared_memory):
+    log = tmp_path / "log"
+    with plexus.local(hosts=2, shared_memory=shared_memory, log_level="info",
+                      log_file=str(log)) as cluster:
+        client = cluster.connect(name="frames")
+        s = client.slice(2, placement="spread")
+        x = s.put(np.arange(8, dtype=np.float32).reshape(2, 4),
+                  plexus.P("devices", None))
+        f = s.program("scale", x, factor=2.0)
+        y = x
+        for _ in range(30):
+            y = f(y)
+        np.testing.assert_array_equal(
+            np.asarray(y), np.arange(8, dtype=np.float32).reshape(2, 4) * 2.0**30)
+        # Every call's Execute reached both workers as frames, not on the
+        # gRPC stream (each write is one frame: at least one per worker).
+        cluster.wait_until(
+            lambda st: len(st["workers"]) == 2 and all(
+                w["stats"].get("ops_frames", 0) >= 1 for w in st["workers"]),
+            what="both workers to count ops taken as frames")
+        client.close()
+    text = log.read_text()
+    carrier = "unix socket" if shared_memory else "TCP"
+    assert text.count(f"ops now on its data plane ({carrier})") == 2, text
+    assert "ops stay on its gRPC stream" not in text
+
+
 def test_cli_up_status_down(tmp_path):
     env = dict(os.environ, PLEXUS_STATE_DIR=str(tmp_path),
                PYTHONPATH=PLEXUS_PYTHONPATH)

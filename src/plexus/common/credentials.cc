@@ -25,6 +25,8 @@ const char* CredentialRoleName(CredentialRole role) {
       return "admin";
     case CredentialRole::kTenant:
       return "tenant";
+    case CredentialRole::kServer:
+      return "server";
   }
   return "?";
 }

@@ -50,8 +50,11 @@ namespace plexus {
 inline constexpr size_t kCredentialSize = 16;
 using Credential = std::array<uint8_t, kCredentialSize>;
 
-enum class CredentialRole { kClient, kWorker, kAdmin, kTenant };
-// "client", "worker", "admin", "tenant": the role's word in the derivation.
+// kServer: the server's own, which it proves when it opens the ops
+// connection to a worker's data plane (transport/data_plane.h).
+enum class CredentialRole { kClient, kWorker, kAdmin, kTenant, kServer };
+// "client", "worker", "admin", "tenant", "server": the role's word in the
+// derivation.
 const char* CredentialRoleName(CredentialRole role);
 
 // A keyed proof of `message` under `credential`: HMAC-SHA256, 32 bytes.

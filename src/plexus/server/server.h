@@ -98,6 +98,11 @@ struct ServerOptions {
   // neither.
   std::string tls_cert_file;
   std::string tls_key_file;
+  // A worker that offers it (RegisterWorker.ops_on_data_plane) takes its
+  // ops on a data-plane connection the server opens to it, as frames, once
+  // registered; false (`--worker-ops-on-grpc`): on its gRPC stream. Never
+  // under TLS: the data plane does not encrypt (docs/security.md).
+  bool worker_ops_on_data_plane = true;
   // Admission windows (server/scheduling/admission.h).
   Admission::Options admission;
   // The live page and /metrics (web/web_server.h): HOST:PORT to serve them

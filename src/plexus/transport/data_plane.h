@@ -24,6 +24,14 @@
 //                            content fingerprint; replied with DATA or ERROR
 //                            (a spare loads the job's executables from a
 //                            live worker instead of compiling them)
+//   OPS    server -> worker  one proto::ServerToWorker in wire form: the
+//                            control stream's messages once the server
+//                            moved them here (ServerToWorker.
+//                            ops_on_data_plane); one-way, applied in order
+//                            by the connection's thread; only on a
+//                            connection that proved the server credential,
+//                            and only with the generation of the worker's
+//                            current registration in its header
 //   PUSH_IPC worker -> worker, unix socket only, to a worker that said in
 //                            its handshake it opens CUDA IPC: a shard in the
 //                            sender's GPU memory, as an IpcShard (the
@@ -135,13 +143,15 @@ enum class DataPlaneRequest {
   kWait,
   kFetchExecutable,  // key: {fingerprint, 0}
   kPushIpc,
+  kOps,  // key: none (zero)
 };
 
 // Who is at the far end of a data-plane connection: what it proved in the
 // connection's handshake (internal/handshake.h), once, before any request.
 struct DataPlanePeer {
-  CredentialRole role = CredentialRole::kClient;  // kClient or kWorker
-  uint64_t id = 0;  // the client id; 0 for a worker
+  // kClient, kWorker or kServer (the server's ops connection)
+  CredentialRole role = CredentialRole::kClient;
+  uint64_t id = 0;  // the client id; 0 for a worker or the server
 };
 
 // What a connecting side proves: who it is, and the credential that says so
@@ -209,6 +219,17 @@ class DataPlaneHandler {
   virtual absl::Status ReceiveIpc(const ShardKey& key, const IpcShard& shard) {
     return absl::UnimplementedError("this worker opens no CUDA IPC");
   }
+  // An OPS frame's `message` (a proto::ServerToWorker in wire form; the
+  // handler may take its bytes), stamped with `generation`, after
+  // Authorize: applied before the next frame of the connection is read.
+  // An error closes the connection. By default this end takes no ops.
+  virtual absl::Status ApplyOps(uint64_t generation, std::string& message) {
+    return absl::UnimplementedError("this data plane takes no ops");
+  }
+  // The connection that carried OPS frames of `generation` ended (`why`:
+  // the peer closed it, an I/O error, ApplyOps' error, or the server
+  // stopping). Called once per such connection, from its thread.
+  virtual void OpsEnded(uint64_t generation, const absl::Status& why) {}
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
@@ -323,6 +344,11 @@ class DataPlaneConnection {
     return Fetch(key, nullptr);
   }
   virtual absl::Status Wait(const ShardKey& key) = 0;
+  // One-way (the server's ops connection): `message`, a
+  // proto::ServerToWorker in wire form, as one OPS frame. Returns once the
+  // bytes are handed to the kernel; blocks while the worker's socket is
+  // full (Shutdown wakes it).
+  virtual absl::Status SendOps(absl::string_view message) = 0;
   // Blocks until the worker answers: the serialized executable of content
   // `fingerprint` (a worker's connection only), or the worker's error.
   virtual absl::StatusOr<std::shared_ptr<Storage>> FetchExecutable(

@@ -64,6 +64,12 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     return s.ok() ? s : Context(FrameType::kPushError, key, s);
   }
 
+  absl::Status SendOps(absl::string_view message) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    absl::Status s = socket_->SendOps(message);
+    return s.ok() ? s : Context(FrameType::kOps, ShardKey{}, s);
+  }
+
   using DataPlaneConnection::Fetch;
   using DataPlaneConnection::Put;
 

@@ -54,6 +54,8 @@ std::optional<DataPlaneRequest> RequestOf(FrameType type) {
       return DataPlaneRequest::kFetchExecutable;
     case FrameType::kPushIpc:
       return DataPlaneRequest::kPushIpc;
+    case FrameType::kOps:
+      return DataPlaneRequest::kOps;
     case FrameType::kAck:
     case FrameType::kData:
     case FrameType::kError:
@@ -109,10 +111,21 @@ class DataPlaneServerImpl : public DataPlaneServer {
   absl::Status AdmitProven(uint64_t id, const DataPlanePeer& peer);
   // Connection thread: serves frames until the peer leaves or errs.
   void Serve(FrameSocket* socket, uint64_t id);
+  // What one connection keeps between its frames: the server's ops (the
+  // last OPS frame's bytes, its capacity reused; their generation).
+  struct ConnectionState {
+    std::string ops;
+    uint64_t ops_generation = 0;
+    bool carried_ops = false;
+  };
   // Handles one frame. An error means the connection must close; handler
   // failures that the peer should see travel as ERROR frames instead.
   absl::Status ServeFrame(FrameSocket& socket, const FrameHeader& header,
-                          const DataPlanePeer& peer);
+                          const DataPlanePeer& peer, ConnectionState& state);
+  // OPS, authorized: read, then applied by the handler before the next
+  // frame (an error closes the connection).
+  absl::Status ServeOps(FrameSocket& socket, const FrameHeader& header,
+                        ConnectionState& state);
   absl::Status ServeShard(FrameSocket& socket, const FrameHeader& header);
   absl::Status ServeFetchOrWait(FrameSocket& socket, const FrameHeader& header);
   // PUSH_IPC, its payload read; `allowed`: Authorize's and AdmitGeneration's
@@ -317,7 +330,9 @@ absl::Status DataPlaneServerImpl::AdmitProven(uint64_t id,
         "data plane: ", proven_, " connections open (the limit, ",
         options_.max_connections, "); the one of ",
         peer.role == CredentialRole::kWorker ? std::string("a worker")
-                                             : absl::StrCat("client ", peer.id),
+        : peer.role == CredentialRole::kServer
+            ? std::string("the server")
+            : absl::StrCat("client ", peer.id),
         " is refused"));
   }
   it->second.handshake_deadline = absl::InfiniteFuture();
@@ -376,12 +391,16 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
       capabilities,
       [this, id](const DataPlanePeer& p) { return AdmitProven(id, p); });
   if (!peer.ok() && !stopping()) LogRefusal(*socket, peer.status());
+  ConnectionState state;
+  absl::Status ended;
   while (peer.ok()) {
     bool eof = false;
     absl::StatusOr<FrameHeader> header = socket->ReadHeader(&eof);
-    absl::Status status =
-        header.ok() ? ServeFrame(*socket, *header, *peer) : header.status();
+    absl::Status status = header.ok()
+                              ? ServeFrame(*socket, *header, *peer, state)
+                              : header.status();
     if (status.ok()) continue;
+    ended = eof ? absl::UnavailableError("the server closed it") : status;
     socket->Break(status).IgnoreError();
     if (eof || stopping()) {
       SPDLOG_DEBUG("data plane: connection from {} closed", socket->peer());
@@ -391,6 +410,7 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
     }
     break;
   }
+  if (state.carried_ops) handler_->OpsEnded(state.ops_generation, ended);
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(id);
   if (it != connections_.end()) {
@@ -409,7 +429,8 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
 
 absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
                                              const FrameHeader& header,
-                                             const DataPlanePeer& peer) {
+                                             const DataPlanePeer& peer,
+                                             ConnectionState& state) {
   std::optional<DataPlaneRequest> request = RequestOf(header.frame_type());
   if (!request.has_value()) {
     return absl::InvalidArgumentError(
@@ -467,6 +488,10 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
       return ServeFetchOrWait(socket, header);
     case DataPlaneRequest::kPushIpc:
       return ServeIpc(socket, header, allowed);
+    case DataPlaneRequest::kOps:
+      // One-way: a refused peer is not heard further.
+      if (!allowed.ok()) return allowed;
+      return ServeOps(socket, header, state);
     case DataPlaneRequest::kFetchExecutable: {
       if (!allowed.ok()) {
         return socket.SendError(FrameType::kError, header.key(), allowed);
@@ -490,6 +515,24 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
     }
   }
   return absl::InternalError("unreachable");
+}
+
+absl::Status DataPlaneServerImpl::ServeOps(FrameSocket& socket,
+                                           const FrameHeader& header,
+                                           ConnectionState& state) {
+  if (state.carried_ops && header.generation != state.ops_generation) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OPS of generation ", header.generation,
+                     " on a connection that carried generation ",
+                     state.ops_generation, "'s"));
+  }
+  if (absl::Status s = socket.ReadOps(header, &state.ops); !s.ok()) return s;
+  state.carried_ops = true;
+  state.ops_generation = header.generation;
+  absl::Status applied = handler_->ApplyOps(header.generation, state.ops);
+  // A large message's buffer is not kept (a program's load).
+  if (state.ops.capacity() > (size_t{1} << 20)) std::string().swap(state.ops);
+  return applied;
 }
 
 absl::Status DataPlaneServerImpl::ServeShard(FrameSocket& socket,

@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/internal/frame_socket.h"
+#include "plexus/transport/internal/handshake.h"
 #include "plexus/transport/internal/socket_io.h"
 #include "plexus/transport/internal/test_handler.h"
 
@@ -535,6 +536,84 @@ TEST(DataPlaneHandshakeTest, AnAcceptorThatCannotProveTheCredentialIsLeft) {
   EXPECT_EQ(conn.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_NE(conn.status().message().find("could not prove"), std::string::npos)
       << conn.status();
+}
+
+}  // namespace
+}  // namespace plexus::transport
+
+namespace plexus::transport {
+namespace {
+
+DataPlaneIdentity ServerOf(uint64_t generation) {
+  DataPlaneIdentity me;
+  me.peer = {CredentialRole::kServer, 0};
+  me.generation = generation;
+  return me;
+}
+
+// The server's ops connection: each OPS frame reaches the handler whole,
+// in the order sent, with the generation its connection stamps, over
+// either carrier; its end is said once, with why.
+TEST(DataPlaneOpsTest, OpsFramesArriveInOrderAndTheirConnectionsEndIsSaid) {
+  MapHandler handler;
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::string> expected;
+  for (const std::string& unix_path : {std::string(), options.unix_name}) {
+    const uint64_t generation = unix_path.empty() ? 7 : 8;
+    auto conn = DataPlaneConnection::Connect(
+        (*server)->tcp_address(), unix_path, nullptr, ServerOf(generation));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    EXPECT_EQ((*conn)->uses_shared_memory(), !unix_path.empty());
+    const std::string big(3 << 20, 'z');  // more than one socket buffer
+    for (const std::string& m : {std::string("a"), big, std::string("c")}) {
+      ASSERT_TRUE((*conn)->SendOps(m).ok());
+      expected.push_back(absl::StrCat(generation, ":", m));
+    }
+    conn->reset();  // the server closes it
+  }
+  std::vector<std::string> ended;
+  EXPECT_EQ(handler.WaitForOps(expected.size(), 2, &ended), expected);
+  ASSERT_EQ(ended.size(), 2u);
+  EXPECT_EQ(ended[0].rfind("7:UNAVAILABLE", 0), 0u) << ended[0];
+  EXPECT_EQ(ended[1].rfind("8:UNAVAILABLE", 0), 0u) << ended[1];
+}
+
+// An op the handler refuses closes the connection (the server's next write
+// fails and it ends the worker's session), saying why; so does a frame
+// of another generation than the connection's first.
+TEST(DataPlaneOpsTest, ARefusedOpOrAnotherGenerationClosesTheConnection) {
+  MapHandler handler;
+  auto server = DataPlaneServer::Start({}, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto conn = DataPlaneConnection::Connect((*server)->tcp_address(), "",
+                                           nullptr, ServerOf(5));
+  ASSERT_TRUE(conn.ok()) << conn.status();
+  ASSERT_TRUE((*conn)->SendOps("fail").ok());
+  std::vector<std::string> ended;
+  handler.WaitForOps(1, 1, &ended);
+  ASSERT_EQ(ended.size(), 1u);
+  EXPECT_NE(ended[0].find("told to fail"), std::string::npos) << ended[0];
+
+  auto raw = internal::ConnectTcp((*server)->tcp_address());
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  internal::FrameSocket socket(*std::move(raw), false);
+  ASSERT_TRUE(internal::ConnectHandshake(socket, ServerOf(5)).ok());
+  socket.set_generation(5);
+  ASSERT_TRUE(socket.SendOps("one").ok());
+  socket.set_generation(6);
+  ASSERT_TRUE(socket.SendOps("two").ok());
+  bool eof = false;
+  EXPECT_FALSE(socket.ReadHeader(&eof).ok());  // closed by the server
+  std::vector<std::string> ops = handler.WaitForOps(2, 2, &ended);
+  EXPECT_EQ(ops.back(), "5:one");
+  ASSERT_EQ(ended.size(), 2u);
+  EXPECT_NE(ended[1].find("OPS of generation 6 on a connection that carried "
+                          "generation 5's"),
+            std::string::npos)
+      << ended[1];
 }
 
 }  // namespace

@@ -10,13 +10,25 @@ namespace plexus {
 
 WorkerDataPlane::WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
                                  const PeerTable& peers, xla::XlaExecutor& xla,
-                                 const CudaIpc& cuda_ipc, bool to_device_memory)
+                                 const CudaIpc& cuda_ipc, bool to_device_memory,
+                                 OpsSink ops)
     : me_(me),
       store_(store),
       peers_(peers),
       xla_(xla),
       cuda_ipc_(cuda_ipc),
-      to_device_memory_(to_device_memory) {}
+      to_device_memory_(to_device_memory),
+      ops_(std::move(ops)) {}
+
+absl::Status WorkerDataPlane::ApplyOps(uint64_t generation,
+                                       std::string& message) {
+  if (!ops_.apply) return DataPlaneHandler::ApplyOps(generation, message);
+  return ops_.apply(generation, message);
+}
+
+void WorkerDataPlane::OpsEnded(uint64_t generation, const absl::Status& why) {
+  if (ops_.ended) ops_.ended(generation, why);
+}
 
 absl::Status WorkerDataPlane::AdmitGeneration(uint64_t generation) {
   std::optional<int64_t> fenced = peers_.FencedWorker(generation);
@@ -36,16 +48,27 @@ absl::StatusOr<Credential> WorkerDataPlane::CredentialFor(
     case CredentialRole::kWorker:
       if (peer.id != 0) break;
       return me_.secret.Derive(CredentialRole::kWorker);
+    case CredentialRole::kServer:
+      if (peer.id != 0 || !ops_.apply) break;
+      return me_.secret.Derive(CredentialRole::kServer);
     default:
       break;
   }
   return absl::PermissionDeniedError(
-      "only client sessions and workers open data-plane connections");
+      "only client sessions, workers and the server open data-plane "
+      "connections");
 }
 
 absl::Status WorkerDataPlane::Authorize(transport::DataPlaneRequest request,
                                         const transport::ShardKey& key,
                                         const transport::DataPlanePeer& peer) {
+  const bool server = peer.role == CredentialRole::kServer;
+  if ((request == transport::DataPlaneRequest::kOps) != server) {
+    return absl::PermissionDeniedError(
+        server ? "the server's connection carries its ops, nothing else"
+               : "ops come from the server; this connection is not its");
+  }
+  if (server) return absl::OkStatus();
   if (request == transport::DataPlaneRequest::kPush ||
       request == transport::DataPlaneRequest::kPushError ||
       request == transport::DataPlaneRequest::kPushIpc ||

@@ -3,10 +3,11 @@
 // IPC, pushed errors), fetches and waits, and serialized executables for
 // peers.
 //
-// A connection proves a client's credential or the worker credential,
-// each derived from the cluster secret. A client's request (put, fetch,
-// wait) is allowed on a connection of the client its buffer id names; a
-// push, on a worker's.
+// A connection proves a client's credential, the worker credential or
+// the server's, each derived from the cluster secret. A client's request
+// (put, fetch, wait) is allowed on a connection of the client its buffer
+// id names; a push, on a worker's; the server's ops (OPS), on the
+// server's, which may ask for nothing else.
 //
 // Owns the count of fenced pushes. Borrows the identity, the object store,
 // the peer table (fenced generations), the XLA executor and the CUDA IPC;
@@ -17,7 +18,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 
 #include "plexus/executors/xla/xla_executor.h"
 #include "plexus/store/object_store.h"
@@ -30,6 +33,13 @@ namespace plexus {
 
 class WorkerDataPlane : public transport::DataPlaneHandler {
  public:
+  // Where the server's OPS frames go (ServerSession::ApplyFramed and
+  // FramedOpsEnded); unset: this worker takes none.
+  struct OpsSink {
+    std::function<absl::Status(uint64_t generation, const std::string& bytes)>
+        apply;
+    std::function<void(uint64_t generation, const absl::Status& why)> ended;
+  };
   // `to_device_memory`: the worker's devices are a PJRT plugin's GPUs, so
   // a value that arrives in host memory (a client's put, a peer's push
   // through host memory) is placed in its device's memory before it is
@@ -38,7 +48,8 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   // said once in the log, and each program reading it copies it in.
   WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
                   const PeerTable& peers, xla::XlaExecutor& xla,
-                  const CudaIpc& cuda_ipc, bool to_device_memory = false);
+                  const CudaIpc& cuda_ipc, bool to_device_memory = false,
+                  OpsSink ops = {});
 
   absl::StatusOr<Credential> CredentialFor(
       const transport::DataPlanePeer& peer) override;
@@ -75,6 +86,10 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   absl::StatusOr<std::shared_ptr<const Storage>> SerializedExecutable(
       uint64_t fingerprint) override;
 
+  // The server's ops, to the sink (ServerSession).
+  absl::Status ApplyOps(uint64_t generation, std::string& message) override;
+  void OpsEnded(uint64_t generation, const absl::Status& why) override;
+
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return pushes_fenced_.load(); }
 
@@ -94,6 +109,7 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   xla::XlaExecutor& xla_;
   const CudaIpc& cuda_ipc_;
   const bool to_device_memory_;
+  const OpsSink ops_;
   std::atomic<int64_t> pushes_fenced_{0};
   std::atomic<bool> upload_failure_said_{false};
 };

@@ -73,6 +73,7 @@ absl::Status ServerSession::Connect(
     SPDLOG_WARN("rejoined as a fresh host: {}", first.rejoined());
   }
   apply_(first);
+  NoteOpsMoved(first);
   reader_ = std::thread([this] { ReaderLoop(); });
   writer_ = std::thread([this] { WriterLoop(); });
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
@@ -87,6 +88,8 @@ absl::Status ServerSession::Reconnect(proto::WorkerToServer hello,
     done_ = false;
     end_status_ = absl::OkStatus();
     writer_done_ = false;
+    framed_generation_ = 0;
+    framed_end_ = absl::OkStatus();
   }
   {
     absl::MutexLock lock(&write_mu_);
@@ -163,9 +166,9 @@ void ServerSession::Shutdown() {
   StopHeartbeats();
   {
     absl::MutexLock lock(&mu_);
+    shut_down_ = true;
     if (done_) return;
-    done_ = true;
-    end_status_ = absl::CancelledError("worker shut down");
+    EndLocked(absl::CancelledError("worker shut down"));
     if (context_ != nullptr) context_->TryCancel();
   }
   reports_.Close();  // the writer stops
@@ -175,6 +178,97 @@ void ServerSession::Join() {
   if (reader_.joinable()) reader_.join();
   if (writer_.joinable()) writer_.join();
   if (heartbeat_.joinable()) heartbeat_.join();
+  // A frame being applied finishes first (the session's end refuses the
+  // next).
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return framed_applying_ == 0;
+  };
+  mu_.Await(absl::Condition(&idle));
+}
+
+void ServerSession::EndLocked(absl::Status why) {
+  done_ = true;
+  end_status_ = std::move(why);
+  if (me_.generation != 0) {
+    ended_generations_.push_back(me_.generation);
+    // A frame of an older one is refused as well (ApplyFramed); a few
+    // sessions back is all a late connection can be.
+    if (ended_generations_.size() > 16) {
+      ended_generations_.erase(ended_generations_.begin());
+    }
+  }
+  framed_generation_ = 0;
+  session_end_.SignalAll();
+}
+
+void ServerSession::NoteOpsMoved(const proto::ServerToWorker& msg) {
+  if (!msg.ops_on_data_plane()) return;
+  absl::MutexLock lock(&mu_);
+  if (done_) return;
+  framed_generation_ = me_.generation;
+  SPDLOG_INFO("the server's ops now come on the data plane (generation {})",
+              me_.generation);
+}
+
+absl::Status ServerSession::ApplyFramed(uint64_t generation,
+                                        const std::string& bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    // The stream's last message may still be on its way: its reader
+    // applies it first.
+    auto decided = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return shut_down_ || framed_generation_ == generation ||
+             std::find(ended_generations_.begin(), ended_generations_.end(),
+                       generation) != ended_generations_.end();
+    };
+    mu_.Await(absl::Condition(&decided));
+    if (done_ || framed_generation_ != generation) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ops of registration generation ", generation, " refused: ",
+          shut_down_ ? "the worker is shutting down" : "that session ended"));
+    }
+    ++framed_applying_;
+  }
+  absl::Status status;
+  proto::ServerToWorker msg;
+  if (msg.ParseFromString(bytes)) {
+    apply_(msg);
+    framed_messages_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    status = absl::DataLossError(
+        absl::StrCat("an OPS frame of ", bytes.size(),
+                     " bytes is not a ServerToWorker message"));
+  }
+  absl::MutexLock lock(&mu_);
+  --framed_applying_;
+  return status;
+}
+
+void ServerSession::FramedOpsEnded(uint64_t generation,
+                                   const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  auto ended = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shut_down_ || framed_generation_ != generation ||
+           std::find(ended_generations_.begin(), ended_generations_.end(),
+                     generation) != ended_generations_.end();
+  };
+  // The server ends the stream as it closes this connection (it ended the
+  // session, or it is gone): the stream says how. Only a stream that stays
+  // up past the grace is ended here.
+  const absl::Time deadline = options_.clock->Now() + kFramedEndGrace;
+  while (!ended()) {
+    if (options_.clock->AwaitWithDeadline(&mu_, &session_end_, deadline)) {
+      break;
+    }
+  }
+  if (ended()) return;
+  framed_end_ = absl::UnavailableError(
+      absl::StrCat("the server's ops connection closed (", why.ToString(),
+                   ") and its stream stayed up for ",
+                   absl::FormatDuration(kFramedEndGrace)));
+  SPDLOG_WARN("{}; ending the session", std::string(framed_end_.message()));
+  if (context_ != nullptr) context_->TryCancel();
 }
 
 void ServerSession::StopHeartbeats() {
@@ -186,7 +280,10 @@ void ServerSession::StopHeartbeats() {
 void ServerSession::ReaderLoop() {
   SetThreadName("plexus-reader");
   proto::ServerToWorker msg;
-  while (stream_->Read(&msg)) apply_(msg);
+  while (stream_->Read(&msg)) {
+    apply_(msg);
+    NoteOpsMoved(msg);
+  }
   StopHeartbeats();
   reports_.Close();  // the writer stops
   {
@@ -199,12 +296,13 @@ void ServerSession::ReaderLoop() {
   const grpc::Status how = stream_->Finish();
   absl::MutexLock lock(&mu_);
   if (!done_) {
-    done_ = true;
-    if (how.error_code() == grpc::StatusCode::CANCELLED) {
-      end_status_ = absl::CancelledError("the server ended the session");
+    if (!framed_end_.ok()) {
+      EndLocked(framed_end_);
+    } else if (how.error_code() == grpc::StatusCode::CANCELLED) {
+      EndLocked(absl::CancelledError("the server ended the session"));
     } else {
-      end_status_ = absl::UnavailableError(
-          absl::StrCat("the server closed the session: ", how.error_message()));
+      EndLocked(absl::UnavailableError(absl::StrCat(
+          "the server closed the session: ", how.error_message())));
     }
     SPDLOG_INFO("server session ended ({}); shutting down",
                 end_status_.ToString());

@@ -14,6 +14,15 @@
 //
 //   Connect ──▶ serving ──(the server ends the stream, or Shutdown)──▶ done
 //
+// The server's ops may move off the stream (ServerToWorker.
+// ops_on_data_plane, the stream's last message): every later message then
+// comes as an OPS frame on the data-plane connection the server opened,
+// which that connection's thread gives to ApplyFramed. ApplyFramed waits
+// until the reader has applied the stream's last message (a frame may
+// arrive first: the two are different sockets), so `apply` still sees
+// every message in the server's order and one at a time. That connection
+// ending ends the session, as the stream's end does.
+//
 // Owns the stream, its threads and the session's end status. Borrows the
 // options, the identity (it sets the worker id and generation), the
 // timeline and the report queue; they outlive it.
@@ -27,6 +36,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -71,6 +81,17 @@ class ServerSession {
   // Joins the threads (after Shutdown, or once the stream has ended).
   void Join();
 
+  // An OPS frame of registration `generation` (a ServerToWorker in wire
+  // form): waits until the stream said the ops moved to frames, then
+  // applies it. An error (not this session's generation, the session
+  // ended, a malformed message) closes the frames' connection.
+  absl::Status ApplyFramed(uint64_t generation, const std::string& bytes);
+  // The connection that carried the OPS frames of `generation` ended
+  // (`why`): the session, if it is that one, ends too (Unavailable).
+  void FramedOpsEnded(uint64_t generation, const absl::Status& why);
+  // OPS frames applied (all sessions): tests and stats read it.
+  int64_t framed_messages() const { return framed_messages_.load(); }
+
   // Ops of the session itself (the reader thread applies them).
   // The heartbeats' clock probe: the last round trip completed, read now.
   void ApplyClockEcho(const proto::ClockEcho& echo);
@@ -82,6 +103,11 @@ class ServerSession {
   absl::Status Register(proto::WorkerToServer& hello,
                         proto::ServerToWorker* first);
   void ReaderLoop();
+  // After `apply` took a message of the stream: if it moved the ops to
+  // frames, ApplyFramed may go on (the session's generation).
+  void NoteOpsMoved(const proto::ServerToWorker& msg);
+  // The session's end: done_, end_status_, the generation that ended.
+  void EndLocked(absl::Status why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void WriterLoop();
   void HeartbeatLoop();
   // Tells the heartbeat thread to stop (the session is over).
@@ -129,6 +155,19 @@ class ServerSession {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
   bool writer_done_ ABSL_GUARDED_BY(mu_) = false;  // WritesDone was called
+  // The generation whose ops come as frames (0: none, or the stream has
+  // not said so yet), sessions that ended (their frames are refused), and
+  // frames being applied (Join waits for them).
+  uint64_t framed_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> ended_generations_ ABSL_GUARDED_BY(mu_);
+  int framed_applying_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown was called
+  // Why the frames' connection ended the session (the reader says it).
+  absl::Status framed_end_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar session_end_;  // signalled by EndLocked
+  // How long FramedOpsEnded waits for the stream to end by itself.
+  static constexpr absl::Duration kFramedEndGrace = absl::Seconds(2);
+  std::atomic<int64_t> framed_messages_{0};
 };
 
 }  // namespace plexus

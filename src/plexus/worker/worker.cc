@@ -2,12 +2,14 @@
 // connected and torn down here.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/status_proto.h"
+#include "plexus/common/tls.h"
 #include "plexus/worker/worker_impl.h"
 
 namespace plexus {
@@ -102,6 +104,11 @@ proto::WorkerToServer WorkerImpl::Registration() const {
     if (stablehlo.ok()) reg->set_stablehlo_version(*stablehlo);
   }
   reg->set_previous_generation(options_.previous_generation);
+  // The server's ops as frames on the data plane, unless the control
+  // path is encrypted (the data plane is not: docs/security.md).
+  const char* ca_env = std::getenv(kTlsCaEnv);
+  reg->set_ops_on_data_plane(options_.tls_ca.empty() &&
+                             (ca_env == nullptr || *ca_env == '\0'));
   return hello;
 }
 

@@ -144,8 +144,17 @@ void WorkerImpl::MakeParts() {
     absl::StatusOr<const xla::PjrtRuntime*> runtime = xla_->Runtime();
     to_device_memory = runtime.ok() && (*runtime)->platform() != "cpu";
   }
-  data_plane_ = std::make_unique<WorkerDataPlane>(me_, *store_, *peers_, *xla_,
-                                                  *cuda_ipc_, to_device_memory);
+  data_plane_ = std::make_unique<WorkerDataPlane>(
+      me_, *store_, *peers_, *xla_, *cuda_ipc_, to_device_memory,
+      WorkerDataPlane::OpsSink{
+          .apply =
+              [this](uint64_t generation, const std::string& bytes) {
+                return session_.ApplyFramed(generation, bytes);
+              },
+          .ended =
+              [this](uint64_t generation, const absl::Status& why) {
+                session_.FramedOpsEnded(generation, why);
+              }});
 }
 
 absl::Status WorkerImpl::StartDataPlane() {

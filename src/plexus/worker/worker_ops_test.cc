@@ -339,6 +339,23 @@ TEST(WorkerAuthorizeTest, EachRequestNeedsAConnectionOfWhoOwnsWhatItTouches) {
     EXPECT_EQ(worker->data_plane().Authorize(r, of1, client1).code(),
               absl::StatusCode::kPermissionDenied);
   }
+  // The server's ops connection proves the server credential, carries its
+  // ops and nothing else; nobody else's carries ops.
+  const transport::DataPlanePeer server{CredentialRole::kServer, 0};
+  EXPECT_EQ(*worker->data_plane().CredentialFor(server),
+            secret->Derive(CredentialRole::kServer));
+  EXPECT_FALSE(
+      worker->data_plane().CredentialFor({CredentialRole::kServer, 3}).ok());
+  EXPECT_TRUE(worker->data_plane().Authorize(R::kOps, {}, server).ok());
+  for (const transport::DataPlanePeer& other : {client1, peer}) {
+    absl::Status ops = worker->data_plane().Authorize(R::kOps, {}, other);
+    EXPECT_EQ(ops.code(), absl::StatusCode::kPermissionDenied) << ops;
+  }
+  for (R r : {R::kPut, R::kFetch, R::kWait, R::kPush, R::kPushError,
+              R::kPushIpc, R::kFetchExecutable}) {
+    EXPECT_EQ(worker->data_plane().Authorize(r, of1, server).code(),
+              absl::StatusCode::kPermissionDenied);
+  }
 }
 
 // A worker whose devices are not a plugin's CUDA GPUs opens no CUDA IPC:

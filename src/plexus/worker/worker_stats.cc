@@ -29,6 +29,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   s.set_calls_failed(tasks_->calls_failed());
   s.set_programs_loaded(applier_->programs_loaded());
   s.set_pushes_fenced(data_plane_->pushes_fenced());
+  s.set_ops_frames(session_.framed_messages());
   s.set_bytes_host_to_device(MemoryTraffic::host_to_device().load());
   s.set_transfers_alias(TransferPaths::alias().load());
   s.set_donations(xla_programs_->donations());

@@ -329,6 +329,12 @@ void AddAccessFlags(CLI::App& app, Flags* f) {
                  "and quotas (max_devices, max_bytes, max_calls_in_flight); "
                  "see src/plexus/server/model/tenants.h. Default: equal "
                  "weights");
+  app.add_flag(
+      "--worker-ops-on-grpc",
+      [f](int64_t) { f->options.worker_ops_on_data_plane = false; },
+      "keep each worker's ops on its gRPC stream instead of moving them to "
+      "a connection to its data plane (framed, one read per write; the "
+      "default unless --tls-cert)");
   app.add_option("--admission-window-us", f->options.admission.window_micros,
                  "device time per device admitted to a worker and not yet "
                  "reported done, above which its next call waits at the "

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/address.h"
 #include "plexus/common/logging.h"
+#include "plexus/common/process.h"
 #include "plexus/common/tls.h"
 #include "plexus/server/service/internal/server_impl.h"
 
@@ -16,6 +17,7 @@ namespace plexus {
 ServerImpl::ServerImpl(const ServerOptions& options, ClusterSecret secret)
     : options_(options),
       secret_(std::move(secret)),
+      machine_id_(LocalMachineId()),
       timeline_({.capacity = options.timeline_capacity,
                  .clock = options.clock,
                  .skew = options.timeline_skew,

@@ -102,9 +102,15 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
   // so nothing waits on it and its pushes are fenced.
   const std::string rejoined = PreviousRegistration(first.register_());
   int64_t id;
-  if (grpc::Status s = RegisterWorker(ctx, stream, first, rejoined, &id);
+  std::shared_ptr<WorkerChannel> channel;
+  if (grpc::Status s =
+          RegisterWorker(ctx, stream, first, rejoined, &id, &channel);
       !s.ok()) {
     return s;
+  }
+  if (first.register_().ops_on_data_plane() &&
+      options_.worker_ops_on_data_plane && options_.tls_cert_file.empty()) {
+    MoveOpsToDataPlane(ctx, id, first.register_(), *channel);
   }
   proto::WorkerToServer msg;
   while (stream->Read(&msg)) {
@@ -123,8 +129,45 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
     }
     Handled(id);
   }
-  EndWorkerSession(id);
+  EndWorkerSession(id, channel.get());
   return grpc::Status::OK;
+}
+
+void ServerImpl::MoveOpsToDataPlane(grpc::ServerContext* ctx, int64_t id,
+                                    const proto::RegisterWorker& reg,
+                                    WorkerChannel& channel) {
+  uint64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const WorkerRecord* w = state_.FindWorker(id);
+    if (w == nullptr || !w->alive) return;
+    generation = w->generation;
+  }
+  const transport::DataPlaneIdentity me{
+      .peer = {.role = CredentialRole::kServer, .id = 0},
+      .credential = secret_.Derive(CredentialRole::kServer),
+      .generation = generation};
+  // Real time: the worker's heartbeats wait unread meanwhile.
+  const absl::Time give_up =
+      Clock::Real()->Now() + options_.heartbeat_timeout / 2;
+  absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> conn =
+      transport::DataPlaneConnection::Connect(
+          reg.data_address(),
+          reg.machine_id() == machine_id_ ? reg.unix_path() : "",
+          &ops_counters_, me, [ctx, give_up] {
+            return ctx->IsCancelled() || Clock::Real()->Now() > give_up;
+          });
+  if (!conn.ok()) {
+    SPDLOG_WARN(
+        "worker {}: its ops stay on its gRPC stream: cannot open its data "
+        "plane at {}: {}",
+        id, reg.data_address(), conn.status().ToString());
+    return;
+  }
+  const bool shm = (*conn)->uses_shared_memory();
+  if (!channel.MoveToDataPlane(*std::move(conn), shm)) return;
+  SPDLOG_INFO("worker {}: ops now on its data plane ({}), generation {}", id,
+              shm ? "unix socket" : "TCP", generation);
 }
 
 absl::Status ServerImpl::UseWireWriterForWorkers() {
@@ -187,7 +230,8 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
                                         WorkerStream* stream,
                                         const proto::WorkerToServer& first,
                                         const std::string& rejoined,
-                                        int64_t* id_out) {
+                                        int64_t* id_out,
+                                        std::shared_ptr<WorkerChannel>* out) {
   absl::MutexLock lock(&mu_);
   if (shutdown_) {
     // Too late to be cancelled by Shutdown(): refused instead.
@@ -221,27 +265,16 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
   hello.set_resumed(resumed != nullptr);
   hello.set_temp_floor(state_.temporary_floor());
   AwaitJournalLocked();  // the registration, before the worker hears it
-  // Each write is one ServerToWorker in wire form (worker_wire.h): the
-  // first carries the hello, every one the worker id, then the ops,
-  // written once into the slice gRPC sends (a call's Execute was encoded
-  // once for all its hosts; here its bytes are copied).
+  // Each write is one ServerToWorker in wire form (WorkerChannel): on the
+  // stream, or, once ServeWorker moved them, as frames on the data plane.
   proto::ServerToWorker head;
   head.set_worker_id(id);
+  auto channel = std::make_shared<WorkerChannel>(
+      stream, ctx, hello.SerializeAsString(), head.SerializeAsString(), id);
   auto queue = std::make_shared<WorkerQueue>(
-      [stream, first = hello.SerializeAsString(),
-       head = head.SerializeAsString()](std::vector<OutOp>& ops) mutable {
-        grpc_slice bytes =
-            grpc_slice_malloc(first.size() + head.size() + OpsSize(ops));
-        uint8_t* target = GRPC_SLICE_START_PTR(bytes);
-        std::memcpy(target, first.data(), first.size());
-        std::memcpy(target + first.size(), head.data(), head.size());
-        WriteOps(ops, target + first.size() + head.size());
-        first.clear();
-        grpc::Slice slice(bytes, grpc::Slice::STEAL_REF);
-        grpc::ByteBuffer buffer(&slice, 1);
-        return stream->Write(buffer);
-      },
+      [channel](std::vector<OutOp>& ops) { return channel->Write(ops); },
       &worker_writers_);
+  *out = channel;
   // It is told of itself now, and of each other host only as an op it is
   // sent names it (ClusterState::TellPeer): a registration costs O(1)
   // ops, not one to every host and every host to it.
@@ -338,7 +371,7 @@ void ServerImpl::DrainCompletions() {
   }
 }
 
-void ServerImpl::EndWorkerSession(int64_t id) {
+void ServerImpl::EndWorkerSession(int64_t id, WorkerChannel* channel) {
   WorkerDown(id, absl::StrCat("worker ", id,
                               " lost its connection to the "
                               "server (process exited or was killed)"));
@@ -354,8 +387,10 @@ void ServerImpl::EndWorkerSession(int64_t id) {
     worker_contexts_.erase(id);
   }
   // The writer uses `stream`, which dies when this handler returns: stop
-  // it here. A client session waiting for room may still hold the queue
-  // (and destroy it later); it no longer writes.
+  // it here (a write blocked on the frames' socket woken first). A client
+  // session waiting for room may still hold the queue (and destroy it
+  // later); it no longer writes.
+  if (channel != nullptr) channel->Shutdown();
   if (queue) queue->Stop();
 }
 

@@ -64,6 +64,8 @@ const char* FrameTypeName(FrameType type) {
       return "FETCH_EXECUTABLE";
     case FrameType::kPushIpc:
       return "PUSH_IPC";
+    case FrameType::kOps:
+      return "OPS";
   }
   return "UNKNOWN";
 }
@@ -166,6 +168,15 @@ absl::Status FrameSocket::SendFrame(FrameHeader header,
   return absl::OkStatus();
 }
 
+absl::Status FrameSocket::SendOps(absl::string_view message) {
+  if (message.size() > kMaxOpsBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ops of ", message.size(),
+                     " bytes: larger than an OPS frame's 256 MiB"));
+  }
+  return SendFrame(MakeHeader(FrameType::kOps, ShardKey{}), message);
+}
+
 absl::Status FrameSocket::SendShard(FrameType type, const ShardKey& key,
                                     const Storage& data,
                                     std::atomic<int64_t>* sent_bytes) {
@@ -258,7 +269,7 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   for (uint8_t b : header.reserved2) reserved_zero = reserved_zero && b == 0;
   if (!reserved_zero) return malformed("reserved header fields are not zero");
   if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
-      header.type > static_cast<uint16_t>(FrameType::kPushIpc)) {
+      header.type > static_cast<uint16_t>(FrameType::kOps)) {
     return malformed("unknown frame type");
   }
   FrameType type = header.frame_type();
@@ -283,8 +294,12 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   if (IsMessageFrame(type) && header.payload_bytes > kMaxMessageBytes) {
     return malformed("error message larger than 1 MiB");
   }
+  if (type == FrameType::kOps && header.payload_bytes > kMaxOpsBytes) {
+    return malformed("ops larger than 256 MiB");
+  }
   if (!IsShardFrame(type) && !IsMessageFrame(type) &&
-      type != FrameType::kPushIpc && header.payload_bytes != 0) {
+      type != FrameType::kPushIpc && type != FrameType::kOps &&
+      header.payload_bytes != 0) {
     return malformed("payload on a control frame");
   }
   bool wants_fd = (header.flags & kFlagFd) != 0;
@@ -401,6 +416,14 @@ absl::StatusOr<std::string> FrameSocket::ReadMessage(
     return Break(s);
   }
   return message;
+}
+
+absl::Status FrameSocket::ReadOps(const FrameHeader& header, std::string* out) {
+  out->resize(header.payload_bytes);
+  if (absl::Status s = RecvAll(fd(), out->data(), out->size()); !s.ok()) {
+    return Break(s);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status FrameSocket::ReadErrorStatus(const FrameHeader& header) {

@@ -76,6 +76,9 @@ enum class FrameType : uint16_t {
   // worker -> worker, unix socket: a shard by CUDA IPC (IpcPayload);
   // replied with ACK (stored) or ERROR (not taken: send the bytes).
   kPushIpc = 13,
+  // server -> worker: one proto::ServerToWorker in wire form, the ops of a
+  // write; one-way, applied in the order sent (data_plane.h, "ops").
+  kOps = 14,
 };
 const char* FrameTypeName(FrameType type);
 
@@ -87,6 +90,8 @@ inline constexpr uint16_t kFlagFd = 1;
 // Larger claims are malformed frames, not allocations to attempt.
 inline constexpr uint64_t kMaxPayloadBytes = uint64_t{64} << 30;
 inline constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 20;
+// An OPS frame's payload: as large as the server's gRPC messages may be.
+inline constexpr uint64_t kMaxOpsBytes = uint64_t{256} << 20;
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -188,6 +193,9 @@ class FrameSocket {
   absl::Status SendError(FrameType type, const ShardKey& key,
                          const absl::Status& error);
 
+  // OPS: `message` (at most kMaxOpsBytes) in one frame.
+  absl::Status SendOps(absl::string_view message);
+
   // Server side: every read once a frame has begun must make progress
   // within `timeout`; ReadHeader first waits, without limit, for a frame to
   // begin.
@@ -223,6 +231,9 @@ class FrameSocket {
   absl::StatusOr<IpcShard> ReadIpc(const FrameHeader& header);
   // The message of a PUSH_ERROR or ERROR header.
   absl::StatusOr<std::string> ReadMessage(const FrameHeader& header);
+  // The payload of an OPS header (at most kMaxOpsBytes), into `*out`
+  // (its capacity reused).
+  absl::Status ReadOps(const FrameHeader& header, std::string* out);
   // An ERROR frame as the status it carries (code and message intact); an
   // I/O error if the message cannot be read.
   absl::Status ReadErrorStatus(const FrameHeader& header);

@@ -17,6 +17,7 @@ namespace {
 // Wire codes of the roles that may open a connection (HELLO's shard).
 constexpr int32_t kWireClient = 1;
 constexpr int32_t kWireWorker = 2;
+constexpr int32_t kWireServer = 3;
 
 absl::StatusOr<CredentialRole> RoleOfWire(int32_t code) {
   switch (code) {
@@ -24,6 +25,8 @@ absl::StatusOr<CredentialRole> RoleOfWire(int32_t code) {
       return CredentialRole::kClient;
     case kWireWorker:
       return CredentialRole::kWorker;
+    case kWireServer:
+      return CredentialRole::kServer;
     default:
       return absl::PermissionDeniedError(
           absl::StrCat("data-plane handshake: unknown role ", code));
@@ -31,13 +34,25 @@ absl::StatusOr<CredentialRole> RoleOfWire(int32_t code) {
 }
 
 int32_t WireOfRole(CredentialRole role) {
-  return role == CredentialRole::kWorker ? kWireWorker : kWireClient;
+  switch (role) {
+    case CredentialRole::kWorker:
+      return kWireWorker;
+    case CredentialRole::kServer:
+      return kWireServer;
+    default:
+      return kWireClient;
+  }
 }
 
 std::string PeerString(const DataPlanePeer& peer) {
-  return peer.role == CredentialRole::kWorker
-             ? std::string("a worker")
-             : absl::StrCat("client ", peer.id);
+  switch (peer.role) {
+    case CredentialRole::kWorker:
+      return "a worker";
+    case CredentialRole::kServer:
+      return "the server";
+    default:
+      return absl::StrCat("client ", peer.id);
+  }
 }
 
 absl::StatusOr<std::string> Nonce() {

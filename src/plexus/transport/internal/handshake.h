@@ -7,13 +7,13 @@
 // frame carries a credential. A sniffer sees two fresh nonces and two
 // proofs over them: nothing it can replay on another connection.
 //
-//   connector (client, worker)               acceptor (worker)
+//   connector (client, worker, server)       acceptor (worker)
 //                    <-- CHALLENGE   payload: nonce_a (32 random bytes),
 //                                    sent as soon as the connection is
 //                                    accepted
-//   HELLO  -->                       shard: role (1 client, 2 worker),
-//                                    buffer_id: id (client id; 0 for a
-//                                    worker), payload: nonce_c (32 random
+//   HELLO  -->                       shard: role (1 client, 2 worker,
+//                                    3 server), buffer_id: id (client id;
+//                                    0 otherwise), payload: nonce_c (32 random
 //                                    bytes) then proof_c (32 bytes)
 //                    <-- WELCOME     payload: proof_a (32 bytes); shard:
 //                                    the acceptor's capabilities

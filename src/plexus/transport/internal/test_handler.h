@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -81,6 +82,33 @@ class MapHandler : public DataPlaneHandler {
     if (closed_) return absl::CancelledError("handler closed");
     if (errors_.contains(key)) return errors_[key];
     return std::shared_ptr<const Storage>(ready_[key]);
+  }
+
+  // OPS: recorded in order with their generation; a message "fail" is
+  // refused (the connection closes).
+  absl::Status ApplyOps(uint64_t generation, std::string& message) override {
+    absl::MutexLock lock(&mu_);
+    ops_.push_back(absl::StrCat(generation, ":", message));
+    cv_.SignalAll();
+    if (message == "fail") return absl::InvalidArgumentError("told to fail");
+    return absl::OkStatus();
+  }
+  void OpsEnded(uint64_t generation, const absl::Status& why) override {
+    absl::MutexLock lock(&mu_);
+    ops_ended_.push_back(absl::StrCat(generation, ":", why.ToString()));
+    cv_.SignalAll();
+  }
+  // The ops applied ("generation:message"), once there are `n`; and the
+  // ends said, once there are `ends` (else what there is at the deadline).
+  std::vector<std::string> WaitForOps(size_t n, size_t ends,
+                                      std::vector<std::string>* ended) {
+    absl::MutexLock lock(&mu_);
+    absl::Time deadline = absl::Now() + kDeadline;
+    while (ops_.size() < n || ops_ended_.size() < ends) {
+      if (cv_.WaitWithDeadline(&mu_, deadline)) break;
+    }
+    *ended = ops_ended_;
+    return ops_;
   }
 
   // FETCH_EXECUTABLE: what ServeExecutable put there, else NotFound.
@@ -162,6 +190,8 @@ class MapHandler : public DataPlaneHandler {
   Credential required_ ABSL_GUARDED_BY(mu_) = {};
   size_t admit_limit_ ABSL_GUARDED_BY(mu_) = ~size_t{0};
   int waiters_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> ops_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> ops_ended_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -31,6 +31,7 @@
 #include "plexus/server/scheduling/gang_scheduler.h"
 #include "plexus/server/scheduling/out_queue.h"
 #include "plexus/server/server.h"
+#include "plexus/server/service/internal/worker_channel.h"
 #include "plexus/server/standby/journal_feed.h"
 #include "plexus/server/standby/peer_watch.h"
 #include "plexus/timeline/clock_offset.h"
@@ -100,9 +101,19 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // Records the worker, opens its queue (the hello, its peers, the loads a
   // standby needs) and answers what waited for it; `*id` its id.
   // CANCELLED once the server is shutting down.
+  // `*channel`: how its messages reach it (WorkerChannel).
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, WorkerStream* stream,
                               const proto::WorkerToServer& first,
-                              const std::string& rejoined, int64_t* id);
+                              const std::string& rejoined, int64_t* id,
+                              std::shared_ptr<WorkerChannel>* channel);
+  // Opens the ops connection to the worker's data plane (proving the
+  // server credential; the unix socket where the worker shares this
+  // machine) and moves its messages there (WorkerChannel::MoveToDataPlane).
+  // Where it cannot, logs why and leaves them on the stream. Gives up
+  // within half the heartbeat deadline (its reads wait meanwhile).
+  void MoveOpsToDataPlane(grpc::ServerContext* ctx, int64_t id,
+                          const proto::RegisterWorker& reg,
+                          WorkerChannel& channel);
   // A heartbeat: its stats into the worker's record, its clock probe.
   void OnHeartbeat(int64_t id, const proto::WorkerToServer& msg);
   // Calls done and copies arrived: into admission at once; into the
@@ -110,7 +121,7 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   void OnCallsDone(int64_t id, const proto::CallsDone& done);
   // The session ended: the worker is down, its stamps, timeline estimate,
   // queue and context go.
-  void EndWorkerSession(int64_t id);
+  void EndWorkerSession(int64_t id, WorkerChannel* channel);
 
   // ------------------------------------------------------------ clients
   // The hello, then each batch the client sends, then its end.
@@ -437,6 +448,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
 
   const ServerOptions options_;
   const ClusterSecret secret_;
+  // This machine (LocalMachineId): a worker of the same one takes its ops
+  // connection on its unix socket.
+  const std::string machine_id_;
+  transport::DataPlaneCounters ops_counters_;  // the ops connections'
   Timeline timeline_;
   // Each worker's clock offset, from its heartbeats (a leaf lock).
   absl::Mutex clock_mu_;

@@ -1,0 +1,99 @@
+#include "plexus/server/service/internal/worker_channel.h"
+
+#include <cstring>
+#include <utility>
+
+#include "plexus/common/logging.h"
+#include "plexus/server/scheduling/worker_wire.h"
+
+namespace plexus {
+
+WorkerChannel::WorkerChannel(Stream* stream, grpc::ServerContext* ctx,
+                             std::string hello, std::string head,
+                             int64_t worker_id)
+    : stream_(stream),
+      ctx_(ctx),
+      head_(std::move(head)),
+      worker_id_(worker_id),
+      hello_(std::move(hello)) {}
+
+bool WorkerChannel::Write(std::vector<OutOp>& ops) {
+  absl::MutexLock lock(&write_mu_);
+  return ops_ != nullptr ? WriteFrame(ops) : WriteStream(ops, "");
+}
+
+bool WorkerChannel::WriteStream(std::vector<OutOp>& ops,
+                                const std::string& extra) {
+  // One slice, the message's parts written into it once.
+  grpc_slice bytes = grpc_slice_malloc(hello_.size() + head_.size() +
+                                       extra.size() + OpsSize(ops));
+  uint8_t* target = GRPC_SLICE_START_PTR(bytes);
+  std::memcpy(target, hello_.data(), hello_.size());
+  target += hello_.size();
+  std::memcpy(target, head_.data(), head_.size());
+  target += head_.size();
+  target = WriteOps(ops, target);
+  std::memcpy(target, extra.data(), extra.size());
+  hello_.clear();
+  grpc::Slice slice(bytes, grpc::Slice::STEAL_REF);
+  grpc::ByteBuffer buffer(&slice, 1);
+  return stream_->Write(buffer);
+}
+
+bool WorkerChannel::WriteFrame(std::vector<OutOp>& ops) {
+  frame_.resize(head_.size() + OpsSize(ops));
+  auto* target = reinterpret_cast<uint8_t*>(frame_.data());
+  std::memcpy(target, head_.data(), head_.size());
+  WriteOps(ops, target + head_.size());
+  if (absl::Status s = ops_->SendOps(frame_); !s.ok()) {
+    // The worker's session ends as a broken stream's does: its reads end
+    // (ServeWorker), then EndWorkerSession.
+    bool said;
+    {
+      absl::MutexLock lock(&conn_mu_);
+      said = shut_down_;
+    }
+    if (!said) {
+      SPDLOG_WARN(
+          "worker {}: its ops connection broke ({}); ending its session",
+          worker_id_, s.ToString());
+    }
+    ctx_->TryCancel();
+    return false;
+  }
+  frames_.fetch_add(1, std::memory_order_relaxed);
+  // A large write's buffer is not kept for the next (a program's load).
+  if (frame_.capacity() > (size_t{1} << 20)) std::string().swap(frame_);
+  return true;
+}
+
+bool WorkerChannel::MoveToDataPlane(
+    std::unique_ptr<transport::DataPlaneConnection> ops, bool shared_memory) {
+  std::shared_ptr<transport::DataPlaneConnection> conn = std::move(ops);
+  absl::MutexLock lock(&write_mu_);
+  {
+    absl::MutexLock c(&conn_mu_);
+    if (shut_down_) return false;
+    conn_ = conn;
+  }
+  proto::ServerToWorker moved;
+  moved.set_ops_on_data_plane(true);
+  std::vector<OutOp> none;
+  if (!WriteStream(none, moved.SerializeAsString())) return false;
+  ops_ = conn.get();
+  shared_memory_ = shared_memory;
+  on_data_plane_ = true;
+  return true;
+}
+
+void WorkerChannel::Shutdown() {
+  std::shared_ptr<transport::DataPlaneConnection> conn;
+  {
+    absl::MutexLock lock(&conn_mu_);
+    shut_down_ = true;
+    conn = conn_;
+  }
+  if (conn != nullptr) conn->Shutdown();
+}
+
+}  // namespace plexus
