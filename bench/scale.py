@@ -54,7 +54,8 @@ It measures:
 Figures from one machine that other work shares are noisy; the table says
 how many cores the machine has and its load average at the start. Prints a
 table, writes JSON (--json), and a plot of the costs against the hosts
-(--plot PNG) when matplotlib is installed.
+beside Pathways' parity steps (--plot FILE.svg; bench/svg_plot.py, no
+plotting package needed).
 
 Each size measures --repeats chains (default 3) and shows each figure's
 median; the JSON keeps every chain's (`repeats`), with the server's CPU
@@ -441,26 +442,26 @@ def print_table(rows):
                   f"[CPU us, switches]: {r['server_threads']}")
 
 
+# Pathways' Fig. 6 (MLSys 2022): the step time at which the single
+# controller reaches parity with multi-controller JAX, at 16 and 512 hosts.
+PATHWAYS_PARITY_US = [(16, 2300.0), (512, 35000.0)]
+
+
 def plot(rows, path):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(no plot: matplotlib is not installed)")
-        return
-    hosts = [r["hosts"] for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 4))
+    """The costs against the hosts, log-log, as SVG (bench/svg_plot.py:
+    no plotting package needed), beside Pathways' parity steps."""
+    from svg_plot import log_log_svg
+    series = {}
     for key, label in (("server_cpu_us", "server CPU per call (us)"),
-                       ("thread_cpu_us", "busiest thread per call (us)"),
+                       ("thread_cpu_us", "busiest server thread per call (us)"),
                        ("step90_us", "shortest 90%-busy step (us)")):
-        ax.plot(hosts, [r[key] for r in rows], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("hosts a call spans (simulated)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
+        series[label] = [(r["hosts"], r[key]) for r in rows
+                         if r.get(key) is not None]
+    series["Pathways: parity step, Fig. 6 (us)"] = PATHWAYS_PARITY_US
+    Path(path).write_text(log_log_svg(
+        series, xlabel="hosts a call spans (simulated)",
+        ylabel="microseconds",
+        title="The controller's cost per call against the hosts"))
     print(f"plot: {path}")
 
 
@@ -484,7 +485,7 @@ def main():
                    help="bound of every wait, seconds")
     p.add_argument("--log-dir", default="/tmp/plexus-scale")
     p.add_argument("--json", help="write the rows here")
-    p.add_argument("--plot", help="write a PNG plot here (needs matplotlib)")
+    p.add_argument("--plot", help="write an SVG plot of the costs here")
     args = p.parse_args()
     load = os.getloadavg()[0]
     print(f"# {os.cpu_count()} cores, load average {load:.2f} at the start; "

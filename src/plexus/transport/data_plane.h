@@ -349,6 +349,10 @@ class DataPlaneConnection {
   // bytes are handed to the kernel; blocks while the worker's socket is
   // full (Shutdown wakes it).
   virtual absl::Status SendOps(absl::string_view message) = 0;
+  // Whether the socket has room for a small frame now (a send would not
+  // block), asked without waiting. Safe from another thread while no call
+  // is under way.
+  virtual bool WritableNow() const = 0;
   // Blocks until the worker answers: the serialized executable of content
   // `fingerprint` (a worker's connection only), or the worker's error.
   virtual absl::StatusOr<std::shared_ptr<Storage>> FetchExecutable(

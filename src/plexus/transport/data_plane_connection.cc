@@ -64,6 +64,13 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     return s.ok() ? s : Context(FrameType::kPushError, key, s);
   }
 
+  bool WritableNow() const override {
+    if (socket_->broken()) return false;
+    pollfd p{socket_->fd(), POLLOUT, 0};
+    return poll(&p, 1, 0) == 1 && (p.revents & POLLOUT) != 0 &&
+           (p.revents & (POLLERR | POLLHUP)) == 0;
+  }
+
   absl::Status SendOps(absl::string_view message) override {
     if (absl::Status s = CheckOpen(); !s.ok()) return s;
     absl::Status s = socket_->SendOps(message);

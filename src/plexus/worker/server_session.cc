@@ -167,6 +167,7 @@ void ServerSession::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
     shut_down_ = true;
+    session_end_.SignalAll();  // FramedOpsEnded's wait is over
     if (done_) return;
     EndLocked(absl::CancelledError("worker shut down"));
     if (context_ != nullptr) context_->TryCancel();

@@ -42,8 +42,16 @@ class OutQueue : public WriterPool::Drainable,
   }
   // Pool mode: `pool`'s threads write it. Must be owned by a shared_ptr
   // (std::make_shared): the pool holds it while it is scheduled.
-  OutQueue(WriteFn write, WriterPool* pool, size_t capacity = kDefaultCapacity)
-      : write_(std::move(write)), capacity_(capacity), pool_(pool) {}
+  // `writable_now`, if given, says whether a write cannot block now (its
+  // socket has room): a queue of at most kInlineOps ops is then
+  // WritableNow (WriterPool::InlineScope).
+  OutQueue(WriteFn write, WriterPool* pool, size_t capacity = kDefaultCapacity,
+           std::function<bool()> writable_now = {})
+      : write_(std::move(write)),
+        capacity_(capacity),
+        pool_(pool),
+        writable_now_(std::move(writable_now)) {}
+  static constexpr size_t kInlineOps = 16;
   ~OutQueue() override { Stop(); }
 
   void Push(Op op) {
@@ -73,6 +81,7 @@ class OutQueue : public WriterPool::Drainable,
   }
   // Waits while the queue holds `capacity` ops or more.
   void WaitForRoom() {
+    if (pool_ != nullptr) WriterPool::FlushInline();
     absl::MutexLock lock(&mu_);
     auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return closed_ || queue_.size() < capacity_;
@@ -131,6 +140,14 @@ class OutQueue : public WriterPool::Drainable,
     absl::MutexLock lock(&mu_);
     return closed_;
   }
+  bool WritableNow() override {
+    if (!writable_now_) return false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_ || queue_.size() > kInlineOps) return false;
+    }
+    return writable_now_();
+  }
 
  private:
   // Pool mode: whether the caller must schedule the queue (it has ops and
@@ -168,6 +185,7 @@ class OutQueue : public WriterPool::Drainable,
   const WriteFn write_;
   const size_t capacity_;
   WriterPool* const pool_ = nullptr;  // pool mode, else a thread of its own
+  const std::function<bool()> writable_now_;
   mutable absl::Mutex mu_;
   std::vector<Op> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -166,5 +166,51 @@ TEST(OutQueueTest, AQueueWhoseWriteBlocksDoesNotHoldUpTheOthers) {
   EXPECT_EQ(slow_writes, 1);
 }
 
+// InlineScope: the first queue a thread schedules in its scope is written
+// by that thread as the scope ends, when it says a write cannot block; one
+// that cannot say so, or a second queue, goes to the pool's threads.
+TEST(OutQueueTest, AScopeWritesItsFirstWritableQueueOnItsOwnThread) {
+  WriterPool pool({.threads = 2});
+  auto make = [&](std::atomic<std::thread::id>* writer, bool writable,
+                  absl::Notification* wrote) {
+    return std::make_shared<OutQueue<int>>(
+        [writer, wrote](std::vector<int>& batch) {
+          *writer = std::this_thread::get_id();
+          if (batch.size() == 2) wrote->Notify();
+          return true;
+        },
+        &pool, OutQueue<int>::kDefaultCapacity,
+        [writable] { return writable; });
+  };
+  std::atomic<std::thread::id> first_by, second_by, refusing_by;
+  absl::Notification first_wrote, second_wrote, refusing_wrote;
+  auto first = make(&first_by, true, &first_wrote);
+  auto second = make(&second_by, true, &second_wrote);
+  auto refusing = make(&refusing_by, false, &refusing_wrote);
+  {
+    WriterPool::InlineScope scope(&pool);
+    std::vector<int> two = {1, 2};
+    first->PushAll(two);
+    two = {1, 2};
+    second->PushAll(two);
+    EXPECT_FALSE(first_wrote.HasBeenNotified());  // not before the scope ends
+  }
+  EXPECT_TRUE(first_wrote.HasBeenNotified());
+  EXPECT_EQ(first_by.load(), std::this_thread::get_id());
+  second_wrote.WaitForNotification();
+  EXPECT_NE(second_by.load(), std::this_thread::get_id());
+  {
+    WriterPool::InlineScope scope(&pool);
+    std::vector<int> two = {1, 2};
+    refusing->PushAll(two);
+  }
+  refusing_wrote.WaitForNotification();
+  EXPECT_NE(refusing_by.load(), std::this_thread::get_id());
+  EXPECT_EQ(pool.written_inline(), 1);
+  first->Stop();
+  second->Stop();
+  refusing->Stop();
+}
+
 }  // namespace
 }  // namespace plexus

@@ -27,7 +27,42 @@ WriterPool::~WriterPool() {
   for (std::thread& t : threads_) t.join();
 }
 
+namespace {
+thread_local WriterPool::InlineScope* inline_scope = nullptr;
+}  // namespace
+
+WriterPool::InlineScope::InlineScope(WriterPool* pool)
+    : pool_(pool), outer_(inline_scope) {
+  inline_scope = this;
+}
+
+WriterPool::InlineScope::~InlineScope() {
+  inline_scope = outer_;
+  if (deferred_ == nullptr) return;
+  if (deferred_->WritableNow()) {
+    pool_->written_inline_.fetch_add(1, std::memory_order_relaxed);
+    if (!deferred_->DrainOnce()) return;  // written, and nothing more
+  }
+  pool_->Enqueue(std::move(deferred_));
+}
+
+void WriterPool::FlushInline() {
+  InlineScope* scope = inline_scope;
+  if (scope == nullptr || scope->deferred_ == nullptr) return;
+  scope->pool_->Enqueue(std::move(scope->deferred_));
+  scope->deferred_ = nullptr;
+}
+
 void WriterPool::Schedule(std::shared_ptr<Drainable> queue) {
+  if (InlineScope* scope = inline_scope;
+      scope != nullptr && scope->pool_ == this && scope->deferred_ == nullptr) {
+    scope->deferred_ = std::move(queue);
+    return;
+  }
+  Enqueue(std::move(queue));
+}
+
+void WriterPool::Enqueue(std::shared_ptr<Drainable> queue) {
   absl::MutexLock lock(&mu_);
   pending_.push_back(std::move(queue));
   // One more thread only when those signalled and not yet running have

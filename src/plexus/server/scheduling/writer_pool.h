@@ -17,6 +17,8 @@
 // worker's stream at its heartbeat deadline). Thread-safe.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <thread>
@@ -35,6 +37,32 @@ class WriterPool {
     // Writes one batch. True: more is queued (the pool runs it again);
     // false: the queue is no longer scheduled (empty, closed or failed).
     virtual bool DrainOnce() = 0;
+    // Whether a DrainOnce now would not block (what is queued is small and
+    // its socket has room): the thread that scheduled it may then write
+    // it itself (InlineScope). By default never.
+    virtual bool WritableNow() { return false; }
+  };
+
+  // While one lives on a thread, the first queue that thread schedules on
+  // the pool is not handed to a pool thread: when the scope ends (after
+  // its owner let go of its locks: construct it before them), the thread
+  // writes that queue itself if the write cannot block (WritableNow), one
+  // thread hand-off fewer between a client's call and its first host;
+  // else, or for what is left after one DrainOnce, the pool takes it.
+  // Every other queue goes to the pool as usual. Scopes nest: the
+  // innermost takes the queue.
+  class InlineScope {
+   public:
+    explicit InlineScope(WriterPool* pool);
+    ~InlineScope();
+    InlineScope(const InlineScope&) = delete;
+    InlineScope& operator=(const InlineScope&) = delete;
+
+   private:
+    friend class WriterPool;
+    WriterPool* const pool_;
+    InlineScope* const outer_;
+    std::shared_ptr<Drainable> deferred_;
   };
 
   struct Options {
@@ -51,10 +79,22 @@ class WriterPool {
   ~WriterPool();
 
   // `queue` has ops and was not scheduled; the pool holds it until a
-  // DrainOnce returns false.
+  // DrainOnce returns false (or this thread's InlineScope does).
   void Schedule(std::shared_ptr<Drainable> queue);
 
+  // Hands this thread's deferred queue, if any, to its pool now: a thread
+  // about to wait for what that queue's write leads to (room in a queue)
+  // calls it first, so it never waits on itself.
+  static void FlushInline();
+
+  // Queues written by the threads that scheduled them (InlineScope).
+  int64_t written_inline() const { return written_inline_.load(); }
+
  private:
+  // Schedule, past any InlineScope.
+  void Enqueue(std::shared_ptr<Drainable> queue);
+  std::atomic<int64_t> written_inline_{0};
+
   void Loop();
 
   // A thread waiting for work.

@@ -4,14 +4,19 @@
 // a rejoining worker is told.
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "plexus/common/credentials.h"
 #include "plexus/common/protocol.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/server/server.h"
+#include "plexus/transport/data_plane.h"
 
 namespace plexus {
 namespace {
@@ -165,6 +170,163 @@ TEST_F(RegistrationTest, TheFirstReplySaysVersionGenerationAndHeartbeat) {
   EXPECT_EQ(told, 1) << msg.DebugString();
   End(*a);
   End(*b);
+}
+
+// A worker's data plane as the server's ops connection finds it: proves
+// the server credential back, records each OPS frame's message, and
+// refuses one once told to (the connection then closes).
+class OpsPlane : public transport::DataPlaneHandler {
+ public:
+  explicit OpsPlane(const ClusterSecret& secret) : secret_(secret) {}
+  absl::StatusOr<Credential> CredentialFor(
+      const transport::DataPlanePeer& peer) override {
+    if (peer.role != CredentialRole::kServer) {
+      return absl::PermissionDeniedError("only the server here");
+    }
+    return secret_.Derive(CredentialRole::kServer);
+  }
+  absl::Status Authorize(transport::DataPlaneRequest request,
+                         const transport::ShardKey&,
+                         const transport::DataPlanePeer&) override {
+    return request == transport::DataPlaneRequest::kOps
+               ? absl::OkStatus()
+               : absl::PermissionDeniedError("ops only");
+  }
+  absl::Status ApplyOps(uint64_t generation, std::string& bytes) override {
+    absl::MutexLock lock(&mu_);
+    proto::ServerToWorker msg;
+    if (!msg.ParseFromString(bytes)) return absl::DataLossError("not a msg");
+    generations_.push_back(generation);
+    messages_.push_back(std::move(msg));
+    return refuse_ ? absl::InternalError("told to refuse") : absl::OkStatus();
+  }
+  void OpsEnded(uint64_t, const absl::Status&) override {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+  }
+  // The messages, once one carries a clock echo of `t1`; false at the
+  // deadline.
+  bool AwaitEcho(int64_t t1, std::vector<proto::ServerToWorker>* messages,
+                 std::vector<uint64_t>* generations) {
+    absl::MutexLock lock(&mu_);
+    auto echoed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const proto::ServerToWorker& m : messages_) {
+        for (const proto::WorkerOp& op : m.ops()) {
+          if (op.has_clock_echo() && op.clock_echo().t1() == t1) return true;
+        }
+      }
+      return false;
+    };
+    const bool got =
+        mu_.AwaitWithTimeout(absl::Condition(&echoed), absl::Seconds(30));
+    *messages = messages_;
+    *generations = generations_;
+    return got;
+  }
+  void Refuse() {
+    absl::MutexLock lock(&mu_);
+    refuse_ = true;
+  }
+  bool AwaitEnded() {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&ended_), absl::Seconds(30));
+  }
+  // Unused: this plane takes no shards.
+  absl::Status AdmitIncoming(const transport::ShardKey&, size_t,
+                             bool) override {
+    return absl::UnimplementedError("no shards");
+  }
+  absl::StatusOr<std::shared_ptr<Storage>> AllocateIncoming(
+      const transport::ShardKey&, size_t, bool) override {
+    return absl::UnimplementedError("no shards");
+  }
+  absl::Status Deliver(const transport::ShardKey&, std::shared_ptr<Storage>,
+                       bool) override {
+    return absl::UnimplementedError("no shards");
+  }
+  void DeliverError(const transport::ShardKey&, const absl::Status&) override {}
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
+      const transport::ShardKey&) override {
+    return absl::UnimplementedError("no shards");
+  }
+
+ private:
+  const ClusterSecret& secret_;
+  absl::Mutex mu_;
+  std::vector<proto::ServerToWorker> messages_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> generations_ ABSL_GUARDED_BY(mu_);
+  bool refuse_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+proto::WorkerToServer Beat(int64_t sent_ns) {
+  proto::WorkerToServer beat;
+  beat.mutable_heartbeat()->mutable_clock()->set_sent_ns(sent_ns);
+  return beat;
+}
+
+// A worker that offers it takes its ops on its data plane: the stream's
+// last message says so, every later message comes as an OPS frame stamped
+// with the registration's generation (a heartbeat's clock echo here), and
+// once that connection breaks the server ends the worker's session, as it
+// ends a broken stream's.
+TEST_F(RegistrationTest, AWorkersOpsMoveToItsDataPlaneAndTheirEndEndsIt) {
+  Start();
+  OpsPlane plane(server_->secret());
+  auto dp = transport::DataPlaneServer::Start({}, &plane, nullptr);
+  ASSERT_TRUE(dp.ok()) << dp.status();
+  proto::WorkerToServer hello = Registration(kProtocolVersion);
+  hello.mutable_register_()->set_data_address((*dp)->tcp_address());
+  hello.mutable_register_()->set_machine_id("another machine");
+  hello.mutable_register_()->set_ops_on_data_plane(true);
+  auto w = Register(hello);
+  ASSERT_TRUE(w->accepted) << w->refusal.error_message();
+  proto::ServerToWorker msg = w->first;
+  while (!msg.ops_on_data_plane()) ASSERT_TRUE(w->stream->Read(&msg));
+
+  ASSERT_TRUE(w->stream->Write(Beat(42)));
+  std::vector<proto::ServerToWorker> framed;
+  std::vector<uint64_t> generations;
+  ASSERT_TRUE(plane.AwaitEcho(42, &framed, &generations));
+  for (size_t i = 0; i < framed.size(); ++i) {
+    EXPECT_EQ(framed[i].worker_id(), w->first.worker_id());
+    EXPECT_EQ(generations[i], w->first.generation());
+  }
+
+  // The worker's end refuses the next frame and closes the connection;
+  // the server's writes then fail, and it ends the session.
+  plane.Refuse();
+  ASSERT_TRUE(w->stream->Write(Beat(43)));
+  ASSERT_TRUE(plane.AwaitEnded());
+  absl::Notification ended;
+  std::thread reader([&] {
+    proto::ServerToWorker rest;
+    // Nothing more comes on the stream: it ends.
+    while (w->stream->Read(&rest)) ADD_FAILURE() << rest.DebugString();
+    ended.Notify();
+  });
+  // Each beat makes the server write an echo: one soon fails.
+  for (int64_t t = 44; t < 44 + 1000 && !ended.HasBeenNotified(); ++t) {
+    if (!w->stream->Write(Beat(t))) break;
+    ended.WaitForNotificationWithTimeout(absl::Milliseconds(5));
+  }
+  reader.join();
+  EXPECT_TRUE(ended.HasBeenNotified());
+  w->stream->Finish().IgnoreError();
+  // The stream ended on this side as the server cancelled it; its handler
+  // then declares the worker down (each status is a round trip: bounded
+  // by count and time).
+  proto::ClusterStatus status;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (int i = 0; i < 100'000 && absl::Now() < deadline; ++i) {
+    status = Status();
+    if (status.workers_size() == 1 && !status.workers(0).alive()) break;
+  }
+  ASSERT_EQ(status.workers_size(), 1);
+  EXPECT_FALSE(status.workers(0).alive());
+  EXPECT_NE(status.workers(0).down_reason().find("lost its connection"),
+            std::string::npos)
+      << status.workers(0).down_reason();
 }
 
 // A worker declared down is told, when it rejoins, that its old

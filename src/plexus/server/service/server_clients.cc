@@ -31,7 +31,10 @@ grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
       !s.ok()) {
     return s;
   }
-  HandleClientBatch(ctx, id, msg, out);
+  {
+    WriterPool::InlineScope inline_write(&worker_writers_);
+    HandleClientBatch(ctx, id, msg, out);
+  }
   ReadClientBatches(ctx, stream, id, out);
   EndClientSession(id);
   return grpc::Status::OK;
@@ -146,7 +149,12 @@ void ServerImpl::ReadClientBatches(grpc::ServerContext* ctx,
     auto* batch =
         google::protobuf::Arena::CreateMessage<proto::ClientToServer>(&arena);
     if (!stream->Read(batch)) break;
-    HandleClientBatch(ctx, id, *batch, out);
+    {
+      // A call's first host is written from this thread when its socket
+      // has room (no locks are held once HandleClientBatch returns).
+      WriterPool::InlineScope inline_write(&worker_writers_);
+      HandleClientBatch(ctx, id, *batch, out);
+    }
     arena.Reset();
   }
 }

@@ -125,6 +125,8 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
       RelayTransferFailure(id, msg.transfer_failed());
     } else if (msg.has_calls_done()) {
       control_bytes_in_ += msg.ByteSizeLong();
+      // What the room admits goes to its first host from this thread.
+      WriterPool::InlineScope inline_write(&worker_writers_);
       OnCallsDone(id, msg.calls_done());
     }
     Handled(id);
@@ -273,7 +275,8 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
       stream, ctx, hello.SerializeAsString(), head.SerializeAsString(), id);
   auto queue = std::make_shared<WorkerQueue>(
       [channel](std::vector<OutOp>& ops) { return channel->Write(ops); },
-      &worker_writers_);
+      &worker_writers_, WorkerQueue::kDefaultCapacity,
+      [channel] { return channel->WritableNow(); });
   *out = channel;
   // It is told of itself now, and of each other host only as an op it is
   // sent names it (ClusterState::TellPeer): a registration costs O(1)

@@ -86,6 +86,14 @@ bool WorkerChannel::MoveToDataPlane(
   return true;
 }
 
+bool WorkerChannel::WritableNow() {
+  if (!on_data_plane_.load(std::memory_order_relaxed)) return false;
+  if (!write_mu_.TryLock()) return false;
+  const bool writable = ops_ != nullptr && ops_->WritableNow();
+  write_mu_.Unlock();
+  return writable;
+}
+
 void WorkerChannel::Shutdown() {
   std::shared_ptr<transport::DataPlaneConnection> conn;
   {

@@ -64,6 +64,10 @@ class WorkerChannel {
                        bool shared_memory);
   // Wakes a write blocked on the frames' socket and refuses later ones.
   void Shutdown();
+  // Whether a small write now cannot block: on frames, with no write under
+  // way and room in the socket (WriterPool::InlineScope); never on the
+  // stream (gRPC cannot say).
+  bool WritableNow();
 
   // Whether writes go as frames, and over which carrier.
   bool on_data_plane() const { return on_data_plane_.load(); }
