@@ -232,7 +232,9 @@ absl::Status ServerSession::ApplyFramed(uint64_t generation,
     ++framed_applying_;
   }
   absl::Status status;
-  proto::ServerToWorker msg;
+  // Kept per connection thread, as the stream's reader keeps its one: a
+  // message parsed into one that held the last keeps its fields' room.
+  thread_local proto::ServerToWorker msg;
   if (msg.ParseFromString(bytes)) {
     apply_(msg);
     framed_messages_.fetch_add(1, std::memory_order_relaxed);
