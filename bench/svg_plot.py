@@ -70,7 +70,7 @@ def log_log_svg(series, xlabel, ylabel, title="", x_base=2):
         out.append(f'<line x1="{X:.1f}" y1="{TOP}" x2="{X:.1f}" '
                    f'y2="{HEIGHT - BOTTOM}" stroke="#eee"/>')
         out.append(f'<text x="{X:.1f}" y="{HEIGHT - BOTTOM + 16}" '
-                   f'text-anchor="middle">{_label(x)}</text>')
+                   f'text-anchor="middle">{x:g}</text>')
     out.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" '
                f'height="{plot_h}" fill="none" stroke="black"/>')
     out.append(f'<text x="{LEFT + plot_w / 2}" y="{HEIGHT - 18}" '
@@ -86,9 +86,11 @@ def log_log_svg(series, xlabel, ylabel, title="", x_base=2):
         for x, y in kept:
             out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3.5" '
                        f'fill="{colour}"/>')
-        ly = TOP + 16 + 18 * i
-        out.append(f'<line x1="{LEFT + 12}" y1="{ly - 4}" x2="{LEFT + 36}" '
+        # The legend in the lower right corner (costs rise to the right).
+        lx = WIDTH - RIGHT - 270
+        ly = HEIGHT - BOTTOM - 12 - 18 * (len(series) - 1 - i)
+        out.append(f'<line x1="{lx}" y1="{ly - 4}" x2="{lx + 24}" '
                    f'y2="{ly - 4}" stroke="{colour}" stroke-width="2"/>')
-        out.append(f'<text x="{LEFT + 42}" y="{ly}">{escape(label)}</text>')
+        out.append(f'<text x="{lx + 30}" y="{ly}">{escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
