@@ -446,6 +446,12 @@ def test_tls_on_loopback_with_local_workers(tmp_path, monkeypatch):
             s = c.slice(1)
             np.testing.assert_array_equal(np.asarray(s.put(np.arange(5.0))),
                                           np.arange(5.0))
+            # A call's ops reach the worker on its encrypted stream: the
+            # data plane, which does not encrypt, does not carry them.
+            x = s.put(np.arange(5, dtype=np.float32))
+            y = s.program("scale", x, factor=2.0)(x)
+            np.testing.assert_array_equal(
+                np.asarray(y), 2 * np.arange(5, dtype=np.float32))
         finally:
             c.close()
         # A worker that trusts another CA is refused by the handshake, and
@@ -473,4 +479,7 @@ def test_tls_on_loopback_with_local_workers(tmp_path, monkeypatch):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert "(TLS;" in log.read_text()
+    text = log.read_text()
+    assert "(TLS;" in text
+    assert "ops now on its data plane" not in text
+    assert "the server's ops now come on the data plane" not in text
