@@ -329,6 +329,41 @@ TEST_F(RegistrationTest, AWorkersOpsMoveToItsDataPlaneAndTheirEndEndsIt) {
       << status.workers(0).down_reason();
 }
 
+// A worker whose data plane the server cannot reach (a port nothing
+// listens on) keeps its ops on its stream: the server says why, and the
+// worker's heartbeat is answered there.
+TEST_F(RegistrationTest, OpsStayOnTheStreamWhereTheDataPlaneCannotBeReached) {
+  Start();
+  // A port that was bound and closed: a connection to it is refused.
+  std::string refused_address;
+  {
+    OpsPlane plane(server_->secret());
+    auto dp = transport::DataPlaneServer::Start({}, &plane, nullptr);
+    ASSERT_TRUE(dp.ok()) << dp.status();
+    refused_address = (*dp)->tcp_address();
+  }
+  proto::WorkerToServer hello = Registration(kProtocolVersion);
+  hello.mutable_register_()->set_data_address(refused_address);
+  hello.mutable_register_()->set_machine_id("another machine");
+  hello.mutable_register_()->set_ops_on_data_plane(true);
+  auto w = Register(hello);
+  ASSERT_TRUE(w->accepted) << w->refusal.error_message();
+  ASSERT_TRUE(w->stream->Write(Beat(42)));
+  proto::ServerToWorker msg = w->first;
+  bool echoed = false;
+  while (!echoed) {
+    EXPECT_FALSE(msg.ops_on_data_plane());
+    for (const proto::WorkerOp& op : msg.ops()) {
+      echoed = echoed || (op.has_clock_echo() && op.clock_echo().t1() == 42);
+    }
+    if (!echoed) ASSERT_TRUE(w->stream->Read(&msg));
+  }
+  proto::ClusterStatus status = Status();
+  ASSERT_EQ(status.workers_size(), 1);
+  EXPECT_TRUE(status.workers(0).alive());
+  End(*w);
+}
+
 // A worker declared down is told, when it rejoins, that its old
 // registration was; the others heard of the down with its generation (the
 // one they now refuse).
