@@ -32,6 +32,8 @@
 //                            connection that proved the server credential,
 //                            and only with the generation of the worker's
 //                            current registration in its header
+//   REPORTS worker -> server on that connection: one proto::WorkerToServer
+//                            (its calls done), one-way
 //   PUSH_IPC worker -> worker, unix socket only, to a worker that said in
 //                            its handshake it opens CUDA IPC: a shard in the
 //                            sender's GPU memory, as an IpcShard (the
@@ -226,6 +228,11 @@ class DataPlaneHandler {
   virtual absl::Status ApplyOps(uint64_t generation, std::string& message) {
     return absl::UnimplementedError("this data plane takes no ops");
   }
+  // The first OPS frame of a connection, before it is applied: `fd` is
+  // the connection's socket, open until OpsEnded returns. The handler may
+  // keep a dup of it to send REPORTS frames back to the server
+  // (FrameSocket::SendMessageOn); nothing else reads or writes it here.
+  virtual void OpsConnectionOpened(uint64_t generation, int fd) {}
   // The connection that carried OPS frames of `generation` ended (`why`:
   // the peer closed it, an I/O error, ApplyOps' error, or the server
   // stopping). Called once per such connection, from its thread.
@@ -286,8 +293,9 @@ class DataPlaneServer {
 
 // One connection to one worker's data plane. Not thread-safe: one user at
 // a time (the worker keeps one per peer on its sender thread; the client
-// keeps a pool). An I/O error closes the connection and is returned; the
-// peer may have died.
+// keeps a pool), except that on the server's ops connection one thread
+// may ReadReport while another sends (SendOps, WritableNow). An I/O error
+// closes the connection and is returned; the peer may have died.
 class DataPlaneConnection {
  public:
   // Connects to unix_path when non-empty (same machine, see
@@ -349,6 +357,11 @@ class DataPlaneConnection {
   // bytes are handed to the kernel; blocks while the worker's socket is
   // full (Shutdown wakes it).
   virtual absl::Status SendOps(absl::string_view message) = 0;
+  // The server's ops connection: blocks for the worker's next REPORTS
+  // frame and returns its message (a proto::WorkerToServer in wire form)
+  // in `*message`; an error once the connection ends or breaks (Shutdown
+  // wakes it). One reader at a time, beside the writer of SendOps.
+  virtual absl::Status ReadReport(std::string* message) = 0;
   // Whether the socket has room for a small frame now (a send would not
   // block), asked without waiting. Safe from another thread while no call
   // is under way.

@@ -56,6 +56,7 @@ std::optional<DataPlaneRequest> RequestOf(FrameType type) {
       return DataPlaneRequest::kPushIpc;
     case FrameType::kOps:
       return DataPlaneRequest::kOps;
+    case FrameType::kReports:  // the server reads these, not a worker
     case FrameType::kAck:
     case FrameType::kData:
     case FrameType::kError:
@@ -527,6 +528,9 @@ absl::Status DataPlaneServerImpl::ServeOps(FrameSocket& socket,
                      state.ops_generation, "'s"));
   }
   if (absl::Status s = socket.ReadOps(header, &state.ops); !s.ok()) return s;
+  if (!state.carried_ops) {
+    handler_->OpsConnectionOpened(header.generation, socket.fd());
+  }
   state.carried_ops = true;
   state.ops_generation = header.generation;
   absl::Status applied = handler_->ApplyOps(header.generation, state.ops);

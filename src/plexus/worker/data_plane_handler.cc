@@ -26,6 +26,10 @@ absl::Status WorkerDataPlane::ApplyOps(uint64_t generation,
   return ops_.apply(generation, message);
 }
 
+void WorkerDataPlane::OpsConnectionOpened(uint64_t generation, int fd) {
+  if (ops_.opened) ops_.opened(generation, fd);
+}
+
 void WorkerDataPlane::OpsEnded(uint64_t generation, const absl::Status& why) {
   if (ops_.ended) ops_.ended(generation, why);
 }

@@ -39,6 +39,9 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
     std::function<absl::Status(uint64_t generation, const std::string& bytes)>
         apply;
     std::function<void(uint64_t generation, const absl::Status& why)> ended;
+    // The connection's socket at its first OPS frame (its reports go back
+    // on it: ServerSession::FramedConnectionOpened).
+    std::function<void(uint64_t generation, int fd)> opened;
   };
   // `to_device_memory`: the worker's devices are a PJRT plugin's GPUs, so
   // a value that arrives in host memory (a client's put, a peer's push
@@ -89,6 +92,7 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   // The server's ops, to the sink (ServerSession).
   absl::Status ApplyOps(uint64_t generation, std::string& message) override;
   void OpsEnded(uint64_t generation, const absl::Status& why) override;
+  void OpsConnectionOpened(uint64_t generation, int fd) override;
 
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return pushes_fenced_.load(); }

@@ -13,6 +13,7 @@
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/server/server.h"
 #include "plexus/worker/worker.h"
+#include "plexus/worker/worker_impl.h"
 
 namespace plexus {
 namespace {
@@ -34,11 +35,13 @@ std::vector<int64_t> OpsFrames(const std::string& address) {
   return frames;
 }
 
-// Two hosts, a slice over both, 40 chained calls of scale by 2 on a split
-// value: the values, and each worker's ops_frames after.
+// Two hosts, a slice over both, 400 chained calls on a split value (scale
+// by 2, 40 times, then by 1): the values, each worker's ops_frames after (from
+// status), and the calls-done reports each sent back as frames.
 struct Chained {
   std::vector<float> y;
   std::vector<int64_t> frames;
+  std::vector<int64_t> reports;
 };
 
 Chained ChainOverTwoHosts(bool ops_on_data_plane) {
@@ -48,15 +51,17 @@ Chained ChainOverTwoHosts(bool ops_on_data_plane) {
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return {};
   const std::string address = (*server)->address();
-  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<std::unique_ptr<WorkerImpl>> workers;
   for (const char* host : {"a", "b"}) {
-    auto worker = Worker::Start({.server_address = address,
-                                 .host_name = host,
-                                 .device_memory = 64 << 20,
-                                 .secret = (*server)->secret()});
-    EXPECT_TRUE(worker.ok()) << worker.status();
-    if (!worker.ok()) return {};
-    workers.push_back(*std::move(worker));
+    auto worker = std::make_unique<WorkerImpl>(
+        WorkerOptions{.server_address = address,
+                      .host_name = host,
+                      .device_memory = 64 << 20,
+                      .secret = (*server)->secret()});
+    absl::Status started = worker->Init();
+    EXPECT_TRUE(started.ok()) << started;
+    if (!started.ok()) return {};
+    workers.push_back(std::move(worker));
   }
   EXPECT_TRUE((*server)->WaitForWorkers(2, absl::Seconds(30)).ok());
   auto client = Client::Connect(address);
@@ -72,11 +77,16 @@ Chained ChainOverTwoHosts(bool ops_on_data_plane) {
   EXPECT_TRUE(y.ok()) << y.status();
   auto twice =
       (*client)->Compile(*slice, "twice", "scale", {{"factor", 2.0}}, {arg});
+  auto same =
+      (*client)->Compile(*slice, "same", "scale", {{"factor", 1.0}}, {arg});
   EXPECT_TRUE(twice.ok()) << twice.status();
-  if (!y.ok() || !twice.ok()) return {};
+  EXPECT_TRUE(same.ok()) << same.status();
+  if (!y.ok() || !twice.ok() || !same.ok()) return {};
+  // More calls than admission lets in at once: the chain ends only if
+  // the workers' completions reach the server.
   Future at = *y;
-  for (int i = 0; i < 40; ++i) {
-    auto out = (*client)->Call(**twice, {at});
+  for (int i = 0; i < 400; ++i) {
+    auto out = (*client)->Call(i < 40 ? **twice : **same, {at});
     EXPECT_TRUE(out.ok()) << out.status();
     if (!out.ok()) return {};
     at = (*out)[0];
@@ -85,6 +95,7 @@ Chained ChainOverTwoHosts(bool ops_on_data_plane) {
   run.y.resize(4);
   EXPECT_TRUE((*client)->Fetch(at, run.y.data()).ok());
   run.frames = OpsFrames(address);
+  for (const auto& w : workers) run.reports.push_back(w->framed_reports());
   client->reset();
   workers.clear();
   server->reset();
@@ -105,6 +116,9 @@ TEST(OpsConnectionTest, TheSameCallsGiveTheSameValuesOnFramesAsOnTheStream) {
   ASSERT_EQ(framed.frames.size(), 2u);
   for (int64_t f : framed.frames) EXPECT_GE(f, 1);
   EXPECT_EQ(streamed.frames, std::vector<int64_t>({0, 0}));
+  // Their calls done went back on the same connections.
+  for (int64_t r : framed.reports) EXPECT_GE(r, 1);
+  EXPECT_EQ(streamed.reports, std::vector<int64_t>({0, 0}));
 }
 
 }  // namespace

@@ -1,6 +1,11 @@
 #include "plexus/worker/server_session.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -10,6 +15,7 @@
 #include "plexus/common/thread_name.h"
 #include "plexus/common/tls.h"
 #include "plexus/timeline/timeline_proto.h"
+#include "plexus/transport/internal/frame_socket.h"
 
 namespace plexus {
 namespace {
@@ -42,6 +48,9 @@ ServerSession::ServerSession(const WorkerOptions& options, WorkerIdentity& me,
 ServerSession::~ServerSession() {
   Shutdown();
   Join();
+  absl::MutexLock lock(&report_mu_);
+  absl::MutexLock fd(&fd_mu_);
+  if (report_fd_ >= 0) ::close(report_fd_);
 }
 
 absl::Status ServerSession::Connect(
@@ -89,6 +98,7 @@ absl::Status ServerSession::Reconnect(proto::WorkerToServer hello,
     end_status_ = absl::OkStatus();
     writer_done_ = false;
     framed_generation_ = 0;
+    framed_closed_ = 0;
     framed_end_ = absl::OkStatus();
   }
   {
@@ -201,6 +211,10 @@ void ServerSession::EndLocked(absl::Status why) {
   }
   framed_generation_ = 0;
   session_end_.SignalAll();
+  // A report blocked on the ops connection wakes (its send fails); the
+  // descriptor is closed when replaced or with the session object.
+  absl::MutexLock fd(&fd_mu_);
+  if (report_fd_ >= 0) ::shutdown(report_fd_, SHUT_RDWR);
 }
 
 void ServerSession::NoteOpsMoved(const proto::ServerToWorker& msg) {
@@ -251,6 +265,9 @@ absl::Status ServerSession::ApplyFramed(uint64_t generation,
 void ServerSession::FramedOpsEnded(uint64_t generation,
                                    const absl::Status& why) {
   absl::MutexLock lock(&mu_);
+  // Every frame it carried was applied: the stream's end may go on.
+  framed_closed_ = generation;
+  session_end_.SignalAll();
   auto ended = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shut_down_ || framed_generation_ != generation ||
            std::find(ended_generations_.begin(), ended_generations_.end(),
@@ -286,6 +303,21 @@ void ServerSession::ReaderLoop() {
   while (stream_->Read(&msg)) {
     apply_(msg);
     NoteOpsMoved(msg);
+  }
+  {
+    // The ops the server wrote as frames before it ended the session are
+    // applied first, as the stream's own would have been: it shuts the
+    // connection as it ends the session, so its end follows them (a
+    // worker stopped past its deadline applies them as it wakes, and its
+    // late pushes are fenced). Bounded, for a server that did not.
+    absl::MutexLock lock(&mu_);
+    const uint64_t framed = framed_generation_;
+    const absl::Time deadline = options_.clock->Now() + kFramedDrain;
+    while (framed != 0 && !done_ && !shut_down_ && framed_closed_ != framed) {
+      if (options_.clock->AwaitWithDeadline(&mu_, &session_end_, deadline)) {
+        break;
+      }
+    }
   }
   StopHeartbeats();
   reports_.Close();  // the writer stops
@@ -332,7 +364,53 @@ void ServerSession::WriterLoop() {
   writer_done_ = true;
 }
 
+void ServerSession::FramedConnectionOpened(uint64_t generation, int fd) {
+  const int mine = ::dup(fd);
+  if (mine < 0) {
+    SPDLOG_WARN("reports stay on the stream: dup of the ops connection: {}",
+                std::strerror(errno));
+    return;
+  }
+  absl::MutexLock lock(&report_mu_);
+  absl::MutexLock descriptor(&fd_mu_);
+  if (report_fd_ >= 0) ::close(report_fd_);
+  report_fd_ = mine;
+  report_generation_ = generation;
+}
+
+bool ServerSession::WriteReport(const proto::WorkerToServer& msg) {
+  uint64_t framed;
+  {
+    absl::MutexLock lock(&mu_);
+    framed = done_ ? 0 : framed_generation_;
+  }
+  if (framed == 0) return false;
+  absl::MutexLock lock(&report_mu_);
+  int fd;
+  {
+    absl::MutexLock l(&fd_mu_);
+    fd = report_fd_;
+  }
+  if (fd < 0 || report_generation_ != framed) return false;
+  msg.SerializeToString(&report_bytes_);
+  absl::Status sent = transport::internal::FrameSocket::SendMessageOn(
+      fd, transport::internal::FrameType::kReports, report_bytes_, framed);
+  if (!sent.ok()) {
+    SPDLOG_WARN(
+        "a report could not go on the ops connection ({}); the "
+        "stream takes it",
+        sent.ToString());
+    absl::MutexLock l(&fd_mu_);
+    ::close(report_fd_);
+    report_fd_ = -1;
+    return false;
+  }
+  framed_reports_.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 bool ServerSession::WriteToServer(const proto::WorkerToServer& msg) {
+  if (msg.has_calls_done() && WriteReport(msg)) return true;
   absl::MutexLock lock(&write_mu_);
   // No stream: a worker not registered (yet, or any more) has no server
   // to answer (an op applied outside a session: the fuzz harness's).

@@ -17,7 +17,9 @@
 // The server's ops may move off the stream (ServerToWorker.
 // ops_on_data_plane, the stream's last message): every later message then
 // comes as an OPS frame on the data-plane connection the server opened,
-// which that connection's thread gives to ApplyFramed. ApplyFramed waits
+// which that connection's thread gives to ApplyFramed, and the writer
+// sends the calls-done reports back on that connection (WriteReport).
+// ApplyFramed waits
 // until the reader has applied the stream's last message (a frame may
 // arrive first: the two are different sockets), so `apply` still sees
 // every message in the server's order and one at a time. That connection
@@ -89,8 +91,14 @@ class ServerSession {
   // The connection that carried the OPS frames of `generation` ended
   // (`why`): the session, if it is that one, ends too (Unavailable).
   void FramedOpsEnded(uint64_t generation, const absl::Status& why);
-  // OPS frames applied (all sessions): tests and stats read it.
+  // The connection carrying the OPS frames of `generation` opened: `fd`
+  // is its socket (the data plane's; a dup is kept), on which the writer
+  // sends the calls-done reports as REPORTS frames once the ops moved.
+  void FramedConnectionOpened(uint64_t generation, int fd);
+  // OPS frames applied, REPORTS frames sent (all sessions): tests and
+  // stats read them.
   int64_t framed_messages() const { return framed_messages_.load(); }
+  int64_t framed_reports() const { return framed_reports_.load(); }
 
   // Ops of the session itself (the reader thread applies them).
   // The heartbeats' clock probe: the last round trip completed, read now.
@@ -115,6 +123,11 @@ class ServerSession {
   // One message on the control stream: the writer and the heartbeat thread
   // share it, one write at a time. False once the stream is closed.
   bool WriteToServer(const proto::WorkerToServer& msg);
+  // A calls-done report as a REPORTS frame on the ops connection, where
+  // the ops moved there in this session: false if not (it goes on the
+  // stream), or if the frame could not be sent (the connection broke:
+  // the stream takes it, and the session ends soon).
+  bool WriteReport(const proto::WorkerToServer& msg);
 
   const WorkerOptions& options_;
   WorkerIdentity& me_;
@@ -164,10 +177,28 @@ class ServerSession {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;  // Shutdown was called
   // Why the frames' connection ended the session (the reader says it).
   absl::Status framed_end_ ABSL_GUARDED_BY(mu_);
-  absl::CondVar session_end_;  // signalled by EndLocked
+  // The generation whose ops connection ended (FramedOpsEnded): every
+  // frame it carried was applied.
+  uint64_t framed_closed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Signalled by EndLocked and FramedOpsEnded.
+  absl::CondVar session_end_;
+  // How long the stream's end waits for the ops connection's (ReaderLoop).
+  static constexpr absl::Duration kFramedDrain = absl::Seconds(1);
   // How long FramedOpsEnded waits for the stream to end by itself.
   static constexpr absl::Duration kFramedEndGrace = absl::Seconds(2);
   std::atomic<int64_t> framed_messages_{0};
+  std::atomic<int64_t> framed_reports_{0};
+  // The ops connection's socket (a dup) and its generation: the reports'
+  // way back. report_mu_ is held across a send (one report at a time);
+  // fd_mu_, a leaf, guards the descriptor: it is closed (when replaced,
+  // or after a failed send, or with the session object) only under both,
+  // so a send's descriptor stays open, and shut down (as the session
+  // ends, waking a blocked send) under fd_mu_ alone.
+  absl::Mutex report_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  absl::Mutex fd_mu_ ABSL_ACQUIRED_AFTER(mu_, report_mu_);
+  int report_fd_ ABSL_GUARDED_BY(fd_mu_) = -1;
+  uint64_t report_generation_ ABSL_GUARDED_BY(report_mu_) = 0;
+  std::string report_bytes_ ABSL_GUARDED_BY(report_mu_);  // reused
 };
 
 }  // namespace plexus

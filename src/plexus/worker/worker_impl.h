@@ -89,6 +89,10 @@ class WorkerImpl : public Worker {
   WorkerDataPlane& data_plane() { return *data_plane_; }
   // What the writer sends the server besides heartbeats (tests read it).
   ReportQueue& reports() { return reports_; }
+  // The server's ops taken as frames, and the calls-done reports sent
+  // back as frames (ServerSession).
+  int64_t framed_messages() const { return session_.framed_messages(); }
+  int64_t framed_reports() const { return session_.framed_reports(); }
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return data_plane_->pushes_fenced(); }
 

@@ -154,6 +154,10 @@ void WorkerImpl::MakeParts() {
           .ended =
               [this](uint64_t generation, const absl::Status& why) {
                 session_.FramedOpsEnded(generation, why);
+              },
+          .opened =
+              [this](uint64_t generation, int fd) {
+                session_.FramedConnectionOpened(generation, fd);
               }});
 }
 

@@ -2,6 +2,8 @@
 // release, or anything else, would send): the protocol version, each
 // registration's generation, the address the server advertises, and what
 // a rejoining worker is told.
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <thread>
@@ -17,6 +19,7 @@
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/server/server.h"
 #include "plexus/transport/data_plane.h"
+#include "plexus/transport/internal/frame_socket.h"
 
 namespace plexus {
 namespace {
@@ -204,6 +207,23 @@ class OpsPlane : public transport::DataPlaneHandler {
     absl::MutexLock lock(&mu_);
     ended_ = true;
   }
+  void OpsConnectionOpened(uint64_t generation, int fd) override {
+    absl::MutexLock lock(&mu_);
+    reply_fd_ = ::dup(fd);
+    reply_generation_ = generation;
+  }
+  // A report back to the server on the ops connection, as a worker sends
+  // its calls done.
+  absl::Status Report(const proto::WorkerToServer& msg) {
+    absl::MutexLock lock(&mu_);
+    return transport::internal::FrameSocket::SendMessageOn(
+        reply_fd_, transport::internal::FrameType::kReports,
+        msg.SerializeAsString(), reply_generation_);
+  }
+  ~OpsPlane() override {
+    absl::MutexLock lock(&mu_);
+    if (reply_fd_ >= 0) ::close(reply_fd_);
+  }
   // The messages, once one carries a clock echo of `t1`; false at the
   // deadline.
   bool AwaitEcho(int64_t t1, std::vector<proto::ServerToWorker>* messages,
@@ -257,6 +277,8 @@ class OpsPlane : public transport::DataPlaneHandler {
   std::vector<uint64_t> generations_ ABSL_GUARDED_BY(mu_);
   bool refuse_ ABSL_GUARDED_BY(mu_) = false;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  int reply_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  uint64_t reply_generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 proto::WorkerToServer Beat(int64_t sent_ns) {
@@ -292,6 +314,22 @@ TEST_F(RegistrationTest, AWorkersOpsMoveToItsDataPlaneAndTheirEndEndsIt) {
     EXPECT_EQ(framed[i].worker_id(), w->first.worker_id());
     EXPECT_EQ(generations[i], w->first.generation());
   }
+
+  // The worker's calls done come back on the same connection: the server
+  // reads them there (its count of control bytes in grows by the report).
+  proto::WorkerToServer report;
+  report.mutable_calls_done()->add_tickets(123456789);
+  report.mutable_calls_done()->add_client_ids(1);
+  report.mutable_calls_done()->add_busy_micros(1);
+  const int64_t before = Status().control_bytes_in();
+  ASSERT_TRUE(plane.Report(report).ok());
+  int64_t after = before;
+  const absl::Time read_by = absl::Now() + absl::Seconds(30);
+  for (int i = 0; i < 100'000 && absl::Now() < read_by; ++i) {
+    after = Status().control_bytes_in();
+    if (after > before) break;
+  }
+  EXPECT_EQ(after - before, static_cast<int64_t>(report.ByteSizeLong()));
 
   // The worker's end refuses the next frame and closes the connection;
   // the server's writes then fail, and it ends the session.

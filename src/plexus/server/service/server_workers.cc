@@ -7,13 +7,16 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "grpc/slice.h"
 #include "plexus/common/logging.h"
 #include "plexus/common/protocol.h"
 #include "plexus/common/status_proto.h"
+#include "plexus/common/thread_name.h"
 #include "plexus/server/recovery/settle_loss.h"
 #include "plexus/server/service/internal/server_impl.h"
 
@@ -55,9 +58,9 @@ void ServerImpl::HeardFrom(int64_t id, absl::Time now) {
     auto [it, fresh] = heard_.try_emplace(id);
     LastHeard& heard = it->second;
     was_heard = !fresh;
-    silent = heard.handling ? absl::ZeroDuration() : now - heard.at;
+    silent = heard.handling > 0 ? absl::ZeroDuration() : now - heard.at;
     heard.at = now;
-    heard.handling = was_heard;
+    if (was_heard) ++heard.handling;  // until Handled
   }
   // A near miss: a worker that was still alive, but late enough that the
   // deadline is worth a look (a starved or stalled host).
@@ -76,7 +79,7 @@ bool ServerImpl::SilentLocked(const LastHeard& heard, absl::Time now) {
   const absl::Duration silence = period < options_.heartbeat_timeout
                                      ? options_.heartbeat_timeout - period
                                      : options_.heartbeat_timeout;
-  return !heard.handling && now - heard.at > silence;
+  return heard.handling == 0 && now - heard.at > silence;
 }
 
 bool ServerImpl::Silent(int64_t id) {
@@ -112,6 +115,15 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
       options_.worker_ops_on_data_plane && options_.tls_cert_file.empty()) {
     MoveOpsToDataPlane(ctx, id, first.register_(), *channel);
   }
+  // Its calls done come back on the ops connection once its ops go there.
+  std::thread reports;
+  absl::Notification reports_ended;
+  if (channel->on_data_plane()) {
+    reports = std::thread([this, ctx, id, channel, &reports_ended] {
+      ReadReports(ctx, id, *channel);
+      reports_ended.Notify();
+    });
+  }
   proto::WorkerToServer msg;
   while (stream->Read(&msg)) {
     // Any message shows the worker alive: stamped as it is read, before
@@ -131,8 +143,36 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
     }
     Handled(id);
   }
+  if (reports.joinable()) {
+    // Reports still on their way are taken first: a worker that died
+    // closed its socket after them. One still up (declared down, or the
+    // server shutting down) has its connection shut after a bound.
+    reports_ended.WaitForNotificationWithTimeout(kReportsDrain);
+    channel->Shutdown();
+    reports.join();
+  }
   EndWorkerSession(id, channel.get());
   return grpc::Status::OK;
+}
+
+void ServerImpl::ReadReports(grpc::ServerContext* ctx, int64_t id,
+                             WorkerChannel& channel) {
+  SetThreadName("plexus-reports");
+  proto::WorkerToServer msg;
+  absl::Status why;
+  while (channel.ReadReport(&msg, &why)) {
+    HeardFrom(id);
+    if (msg.has_calls_done()) {
+      control_bytes_in_ += msg.ByteSizeLong();
+      WriterPool::InlineScope inline_write(&worker_writers_);
+      OnCallsDone(id, msg.calls_done());
+    }
+    Handled(id);
+  }
+  if (channel.shut_down()) return;  // the session's end shut it
+  SPDLOG_WARN("worker {}: its ops connection ended ({}); ending its session",
+              id, why.ToString());
+  ctx->TryCancel();
 }
 
 void ServerImpl::MoveOpsToDataPlane(grpc::ServerContext* ctx, int64_t id,

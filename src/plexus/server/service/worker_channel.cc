@@ -3,6 +3,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/server/scheduling/worker_wire.h"
 
@@ -92,6 +93,31 @@ bool WorkerChannel::WritableNow() {
   const bool writable = ops_ != nullptr && ops_->WritableNow();
   write_mu_.Unlock();
   return writable;
+}
+
+bool WorkerChannel::ReadReport(proto::WorkerToServer* msg, absl::Status* why) {
+  std::shared_ptr<transport::DataPlaneConnection> conn;
+  {
+    absl::MutexLock lock(&conn_mu_);
+    conn = conn_;
+  }
+  if (conn == nullptr) {
+    *why = absl::FailedPreconditionError("the ops are not on frames");
+    return false;
+  }
+  if (absl::Status s = conn->ReadReport(&report_); !s.ok()) {
+    *why = s;
+    return false;
+  }
+  if (!msg->ParseFromString(report_)) {
+    *why =
+        absl::DataLossError(absl::StrCat("a REPORTS frame of ", report_.size(),
+                                         " bytes is not a WorkerToServer"));
+    return false;
+  }
+  // A large report's buffer is not kept.
+  if (report_.capacity() > (size_t{1} << 20)) std::string().swap(report_);
+  return true;
 }
 
 void WorkerChannel::Shutdown() {

@@ -66,6 +66,8 @@ const char* FrameTypeName(FrameType type) {
       return "PUSH_IPC";
     case FrameType::kOps:
       return "OPS";
+    case FrameType::kReports:
+      return "REPORTS";
   }
   return "UNKNOWN";
 }
@@ -177,6 +179,22 @@ absl::Status FrameSocket::SendOps(absl::string_view message) {
   return SendFrame(MakeHeader(FrameType::kOps, ShardKey{}), message);
 }
 
+absl::Status FrameSocket::SendMessageOn(int fd, FrameType type,
+                                        absl::string_view message,
+                                        uint64_t generation) {
+  if (message.size() > kMaxOpsBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        FrameTypeName(type), " of ", message.size(), " bytes: over 256 MiB"));
+  }
+  FrameHeader header;
+  header.type = static_cast<uint16_t>(type);
+  header.generation = generation;
+  header.payload_bytes = message.size();
+  iovec iov[2] = {{&header, sizeof(header)},
+                  {const_cast<char*>(message.data()), message.size()}};
+  return SendAll(fd, iov, message.empty() ? 1 : 2);
+}
+
 absl::Status FrameSocket::SendShard(FrameType type, const ShardKey& key,
                                     const Storage& data,
                                     std::atomic<int64_t>* sent_bytes) {
@@ -269,7 +287,7 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   for (uint8_t b : header.reserved2) reserved_zero = reserved_zero && b == 0;
   if (!reserved_zero) return malformed("reserved header fields are not zero");
   if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
-      header.type > static_cast<uint16_t>(FrameType::kOps)) {
+      header.type > static_cast<uint16_t>(FrameType::kReports)) {
     return malformed("unknown frame type");
   }
   FrameType type = header.frame_type();
@@ -294,12 +312,12 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   if (IsMessageFrame(type) && header.payload_bytes > kMaxMessageBytes) {
     return malformed("error message larger than 1 MiB");
   }
-  if (type == FrameType::kOps && header.payload_bytes > kMaxOpsBytes) {
-    return malformed("ops larger than 256 MiB");
+  const bool ops = type == FrameType::kOps || type == FrameType::kReports;
+  if (ops && header.payload_bytes > kMaxOpsBytes) {
+    return malformed("ops or reports larger than 256 MiB");
   }
   if (!IsShardFrame(type) && !IsMessageFrame(type) &&
-      type != FrameType::kPushIpc && type != FrameType::kOps &&
-      header.payload_bytes != 0) {
+      type != FrameType::kPushIpc && !ops && header.payload_bytes != 0) {
     return malformed("payload on a control frame");
   }
   bool wants_fd = (header.flags & kFlagFd) != 0;

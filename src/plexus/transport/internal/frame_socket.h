@@ -79,6 +79,9 @@ enum class FrameType : uint16_t {
   // server -> worker: one proto::ServerToWorker in wire form, the ops of a
   // write; one-way, applied in the order sent (data_plane.h, "ops").
   kOps = 14,
+  // worker -> server, on the server's ops connection: one
+  // proto::WorkerToServer in wire form (its calls done); one-way.
+  kReports = 15,
 };
 const char* FrameTypeName(FrameType type);
 
@@ -195,6 +198,12 @@ class FrameSocket {
 
   // OPS: `message` (at most kMaxOpsBytes) in one frame.
   absl::Status SendOps(absl::string_view message);
+  // `type` (OPS or REPORTS) with `message` as its payload, on `fd` as it is
+  // (another owner's socket: a worker writing on the connection the server
+  // opened), stamped with `generation`.
+  static absl::Status SendMessageOn(int fd, FrameType type,
+                                    absl::string_view message,
+                                    uint64_t generation);
 
   // Server side: every read once a frame has begun must make progress
   // within `timeout`; ReadHeader first waits, without limit, for a frame to
@@ -231,8 +240,8 @@ class FrameSocket {
   absl::StatusOr<IpcShard> ReadIpc(const FrameHeader& header);
   // The message of a PUSH_ERROR or ERROR header.
   absl::StatusOr<std::string> ReadMessage(const FrameHeader& header);
-  // The payload of an OPS header (at most kMaxOpsBytes), into `*out`
-  // (its capacity reused).
+  // The payload of an OPS or REPORTS header (at most kMaxOpsBytes), into
+  // `*out` (its capacity reused).
   absl::Status ReadOps(const FrameHeader& header, std::string* out);
   // An ERROR frame as the status it carries (code and message intact); an
   // I/O error if the message cannot be read.
@@ -251,7 +260,8 @@ class FrameSocket {
   UniqueFd fd_;
   bool is_unix_;
   std::string peer_;
-  bool broken_ = false;
+  // Set by the reader or the writer (one of each may run at once).
+  std::atomic<bool> broken_{false};
   bool timed_ = false;  // SetFrameTimeout was called
   uint64_t generation_ = 0;
   UniqueFd passed_fd_;  // arrived with the last header

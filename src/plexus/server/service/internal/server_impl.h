@@ -66,7 +66,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // When a worker was last heard from (heard_, below).
   struct LastHeard {
     absl::Time at;
-    bool handling = false;  // its reader is handling a message
+    // Its readers handling a message now (its stream's, and its reports'
+    // on the ops connection).
+    int handling = 0;
   };
 
   void CheckLiveness() override;
@@ -114,6 +116,14 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   void MoveOpsToDataPlane(grpc::ServerContext* ctx, int64_t id,
                           const proto::RegisterWorker& reg,
                           WorkerChannel& channel);
+  // How long a session's end waits for the reports still on their way
+  // before it shuts the ops connection (ServeWorker).
+  static constexpr absl::Duration kReportsDrain = absl::Milliseconds(100);
+  // The worker's reports on its ops connection (its calls done), each as
+  // its stream's messages are taken, until the connection ends; an end the
+  // server did not cause cancels the session. Its own thread.
+  void ReadReports(grpc::ServerContext* ctx, int64_t id,
+                   WorkerChannel& channel);
   // A heartbeat: its stats into the worker's record, its clock probe.
   void OnHeartbeat(int64_t id, const proto::WorkerToServer& msg);
   // Calls done and copies arrived: into admission at once; into the
@@ -565,7 +575,7 @@ class ServerImpl final : public Server, public proto::Controller::Service {
 inline void ServerImpl::Handled(int64_t id) {
   absl::MutexLock lock(&heard_mu_);
   auto it = heard_.find(id);
-  if (it != heard_.end()) it->second.handling = false;
+  if (it != heard_.end() && it->second.handling > 0) --it->second.handling;
 }
 
 inline GangUnit ServerImpl::ReleasedUnit(Released released) {

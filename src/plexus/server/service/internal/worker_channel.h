@@ -9,8 +9,9 @@
 // every later write is one OPS frame on the data-plane connection the
 // server opened to the worker (transport/data_plane.h), which the worker's
 // connection thread applies as it reads it: no gRPC thread hand-off on
-// either side, one send and one read per write. The worker applies the
-// stream's last message before the first frame, so the order is the
+// either side, one send and one read per write. The worker's calls done
+// come back on that connection (REPORTS frames, ReadReport). The worker applies
+// the stream's last message before the first frame, so the order is the
 // server's.
 //
 //   stream ──MoveToDataPlane──▶ frames ──(a write fails, or Shutdown)──▶ closed
@@ -62,8 +63,17 @@ class WorkerChannel {
   // shut down.
   bool MoveToDataPlane(std::unique_ptr<transport::DataPlaneConnection> ops,
                        bool shared_memory);
-  // Wakes a write blocked on the frames' socket and refuses later ones.
+  // Wakes a write blocked on the frames' socket and refuses later ones;
+  // wakes ReadReport too.
   void Shutdown();
+  bool shut_down() {
+    absl::MutexLock lock(&conn_mu_);
+    return shut_down_;
+  }
+  // Once on frames: blocks for the worker's next report on the frames'
+  // connection (REPORTS: its calls done) into `*msg`. False, with `*why`,
+  // once the connection ends or breaks. One reader at a time.
+  bool ReadReport(proto::WorkerToServer* msg, absl::Status* why);
   // Whether a small write now cannot block: on frames, with no write under
   // way and room in the socket (WriterPool::InlineScope); never on the
   // stream (gRPC cannot say).
@@ -91,6 +101,7 @@ class WorkerChannel {
   // The frames' connection, once moved; written under write_mu_ only.
   transport::DataPlaneConnection* ops_ ABSL_GUARDED_BY(write_mu_) = nullptr;
   std::string frame_ ABSL_GUARDED_BY(write_mu_);  // reused per write
+  std::string report_;                            // ReadReport's (one reader)
 
   absl::Mutex conn_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
   // Owns what ops_ points to: Shutdown reaches it here without write_mu_.
