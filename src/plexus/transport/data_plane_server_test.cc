@@ -561,6 +561,8 @@ TEST(DataPlaneOpsTest, OpsFramesArriveInOrderAndTheirConnectionsEndIsSaid) {
   auto server = DataPlaneServer::Start(options, &handler, nullptr);
   ASSERT_TRUE(server.ok()) << server.status();
   std::vector<std::string> expected;
+  std::vector<std::string> ended;
+  size_t connections = 0;
   for (const std::string& unix_path : {std::string(), options.unix_name}) {
     const uint64_t generation = unix_path.empty() ? 7 : 8;
     auto conn = DataPlaneConnection::Connect(
@@ -573,9 +575,12 @@ TEST(DataPlaneOpsTest, OpsFramesArriveInOrderAndTheirConnectionsEndIsSaid) {
       expected.push_back(absl::StrCat(generation, ":", m));
     }
     conn->reset();  // the server closes it
+    // Each connection has a thread: the next one's frames wait until this
+    // one's are all in (its end said), so the order is the test's.
+    ++connections;
+    EXPECT_EQ(handler.WaitForOps(expected.size(), connections, &ended),
+              expected);
   }
-  std::vector<std::string> ended;
-  EXPECT_EQ(handler.WaitForOps(expected.size(), 2, &ended), expected);
   ASSERT_EQ(ended.size(), 2u);
   EXPECT_EQ(ended[0].rfind("7:UNAVAILABLE", 0), 0u) << ended[0];
   EXPECT_EQ(ended[1].rfind("8:UNAVAILABLE", 0), 0u) << ended[1];
