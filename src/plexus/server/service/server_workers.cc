@@ -196,7 +196,7 @@ void ServerImpl::MoveOpsToDataPlane(grpc::ServerContext* ctx, int64_t id,
       transport::DataPlaneConnection::Connect(
           reg.data_address(),
           reg.machine_id() == machine_id_ ? reg.unix_path() : "",
-          &ops_counters_, me, [ctx, give_up] {
+          /*counters=*/nullptr, me, [ctx, give_up] {
             return ctx->IsCancelled() || Clock::Real()->Now() > give_up;
           });
   if (!conn.ok()) {
@@ -207,7 +207,7 @@ void ServerImpl::MoveOpsToDataPlane(grpc::ServerContext* ctx, int64_t id,
     return;
   }
   const bool shm = (*conn)->uses_shared_memory();
-  if (!channel.MoveToDataPlane(*std::move(conn), shm)) return;
+  if (!channel.MoveToDataPlane(*std::move(conn))) return;
   SPDLOG_INFO("worker {}: ops now on its data plane ({}), generation {}", id,
               shm ? "unix socket" : "TCP", generation);
 }

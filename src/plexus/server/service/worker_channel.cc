@@ -62,14 +62,13 @@ bool WorkerChannel::WriteFrame(std::vector<OutOp>& ops) {
     ctx_->TryCancel();
     return false;
   }
-  frames_.fetch_add(1, std::memory_order_relaxed);
   // A large write's buffer is not kept for the next (a program's load).
   if (frame_.capacity() > (size_t{1} << 20)) std::string().swap(frame_);
   return true;
 }
 
 bool WorkerChannel::MoveToDataPlane(
-    std::unique_ptr<transport::DataPlaneConnection> ops, bool shared_memory) {
+    std::unique_ptr<transport::DataPlaneConnection> ops) {
   std::shared_ptr<transport::DataPlaneConnection> conn = std::move(ops);
   absl::MutexLock lock(&write_mu_);
   {
@@ -82,7 +81,6 @@ bool WorkerChannel::MoveToDataPlane(
   std::vector<OutOp> none;
   if (!WriteStream(none, moved.SerializeAsString())) return false;
   ops_ = conn.get();
-  shared_memory_ = shared_memory;
   on_data_plane_ = true;
   return true;
 }

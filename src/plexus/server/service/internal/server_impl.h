@@ -461,7 +461,6 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // This machine (LocalMachineId): a worker of the same one takes its ops
   // connection on its unix socket.
   const std::string machine_id_;
-  transport::DataPlaneCounters ops_counters_;  // the ops connections'
   Timeline timeline_;
   // Each worker's clock offset, from its heartbeats (a leaf lock).
   absl::Mutex clock_mu_;

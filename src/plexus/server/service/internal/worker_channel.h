@@ -61,8 +61,7 @@ class WorkerChannel {
   // written yet) and writes on `ops` from then on. False, and `ops` is
   // dropped, if the stream could not take that message or the channel was
   // shut down.
-  bool MoveToDataPlane(std::unique_ptr<transport::DataPlaneConnection> ops,
-                       bool shared_memory);
+  bool MoveToDataPlane(std::unique_ptr<transport::DataPlaneConnection> ops);
   // Wakes a write blocked on the frames' socket and refuses later ones;
   // wakes ReadReport too.
   void Shutdown();
@@ -79,11 +78,8 @@ class WorkerChannel {
   // stream (gRPC cannot say).
   bool WritableNow();
 
-  // Whether writes go as frames, and over which carrier.
+  // Whether writes go as frames.
   bool on_data_plane() const { return on_data_plane_.load(); }
-  bool shared_memory() const { return shared_memory_.load(); }
-  // OPS frames written.
-  int64_t frames() const { return frames_.load(); }
 
  private:
   bool WriteStream(std::vector<OutOp>& ops, const std::string& extra)
@@ -110,8 +106,6 @@ class WorkerChannel {
   bool shut_down_ ABSL_GUARDED_BY(conn_mu_) = false;
 
   std::atomic<bool> on_data_plane_{false};
-  std::atomic<bool> shared_memory_{false};
-  std::atomic<int64_t> frames_{0};
 };
 
 }  // namespace plexus
