@@ -176,12 +176,12 @@ def test_64mib_moves_worker_to_worker_not_through_client_or_server(tmp_path):
 
 @pytest.mark.parametrize("shared_memory", [True, False],
                          ids=["unix-socket", "tcp"])
-def test_workers_take_the_servers_ops_as_frames_on_their_data_plane(
-        tmp_path, shared_memory):
+def test_ops_go_as_frames_client_to_server_to_workers(tmp_path,
+                                                      shared_memory):
     log = tmp_path / "log"
     with plexus.local(hosts=2, shared_memory=shared_memory, log_level="info",
                       log_file=str(log)) as cluster:
-        client = cluster.connect(name="frames")
+        client = cluster.connect(name="frames", shared_memory=shared_memory)
         s = client.slice(2, placement="spread")
         x = s.put(np.arange(8, dtype=np.float32).reshape(2, 4),
                   plexus.P("devices", None))
@@ -197,8 +197,20 @@ def test_workers_take_the_servers_ops_as_frames_on_their_data_plane(
             lambda st: len(st["workers"]) == 2 and all(
                 w["stats"].get("ops_frames", 0) >= 1 for w in st["workers"]),
             what="both workers to count ops taken as frames")
+        # The client's messages went to the server as frames too (all of
+        # them after its session opened), and the server applied them.
+        counters = client.counters()
+        assert counters["messages_sent"] >= 3, counters
+        assert counters["messages_sent_as_frames"] == \
+            counters["messages_sent"], counters
+        cluster.wait_until(
+            lambda st: any(c.get("ops_on_frames") and
+                           c.get("ops_frames", 0) >= 3
+                           for c in st["clients"]),
+            what="the server to count the client's ops frames")
         client.close()
     text = log.read_text()
+    assert "its ops now come as frames" in text, text
     carrier = "unix socket" if shared_memory else "TCP"
     assert text.count(f"ops now on its data plane ({carrier})") == 2, text
     assert "ops stay on its gRPC stream" not in text

@@ -452,6 +452,10 @@ def test_tls_on_loopback_with_local_workers(tmp_path, monkeypatch):
             y = s.program("scale", x, factor=2.0)(x)
             np.testing.assert_array_equal(
                 np.asarray(y), 2 * np.arange(5, dtype=np.float32))
+            # Nor the client's ops to the server: no ops listener under TLS.
+            counters = c.counters()
+            assert counters["messages_sent"] >= 1, counters
+            assert counters["messages_sent_as_frames"] == 0, counters
         finally:
             c.close()
         # A worker that trusts another CA is refused by the handshake, and

@@ -498,6 +498,7 @@ ClientCounters Client::counters() const {
   c.wait_round_trips = core_->data().wait_round_trips.load();
   c.messages_sent = core_->session().messages_sent();
   c.messages_sent_inline = core_->session().messages_sent_inline();
+  c.messages_sent_as_frames = core_->session().messages_sent_as_frames();
   return c;
 }
 

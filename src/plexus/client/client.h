@@ -300,7 +300,8 @@ class Graph {
 
 struct ClientOptions {
   std::string name = "client";
-  // Use shared memory with workers on this machine for put and fetch.
+  // Use shared memory with workers on this machine for put and fetch, and
+  // the server's unix socket for its ops (else TCP).
   bool shared_memory = true;
   // Sequential dispatch, for comparison: a call is sent only once every
   // input it reads is computed (one round trip per dependent call). The
@@ -368,6 +369,9 @@ struct ClientCounters {
   // Of those, written by the thread that made the op, not the sender
   // thread (ClientOptions::send_inline_after_wait).
   int64_t messages_sent_inline = 0;
+  // Of those, sent as frames on the server's ops listener (its session's
+  // ops moved there: ServerToClient.ops_*), not on the gRPC stream.
+  int64_t messages_sent_as_frames = 0;
 };
 
 // The payload bytes of one put or fetch: all it will move, once known, and

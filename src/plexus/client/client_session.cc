@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/client/grpc_timeout.h"
 #include "plexus/common/address.h"
@@ -231,6 +232,63 @@ absl::Status ClientSession::Handshake(Session& session) {
   session.identity.peer = {CredentialRole::kClient, session.client_id};
   std::copy(first.credential().begin(), first.credential().end(),
             session.identity.credential.begin());
+  if (first.ops_generation() == 0) return absl::OkStatus();
+  return MoveOpsToFrames(session, first);
+}
+
+absl::Status ClientSession::MoveOpsToFrames(
+    Session& session, const proto::ServerToClient& first) {
+  // The server's TCP port on the host this stream reached (gRPC's peer:
+  // "ipv4:10.0.0.1:7070", "ipv6:[::1]:7070"; the one server of a list
+  // that answered); its unix socket first, which a server sharing this
+  // machine's network namespace answers.
+  const std::string peer = session.context.peer();
+  std::string tcp;
+  if (absl::StartsWith(peer, "ipv4:") || absl::StartsWith(peer, "ipv6:")) {
+    const std::string host = HostOfAddress(peer.substr(5));
+    tcp = host.find(':') != std::string::npos
+              ? absl::StrCat("[", host, "]:", first.ops_tcp_port())
+              : absl::StrCat(host, ":", first.ops_tcp_port());
+  }
+  transport::DataPlaneIdentity me = session.identity;
+  me.generation = first.ops_generation();
+  Clock& clock = *options_.clock;
+  const absl::Time give_up = clock.Now() + kOpsConnectTimeout;
+  absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> ops =
+      transport::DataPlaneConnection::Connect(
+          tcp, options_.shared_memory ? first.ops_unix_name() : "",
+          &session.ops_counters, me,
+          [this, &clock, give_up] {
+            return clock.Now() >= give_up ||
+                   closing_.load(std::memory_order_acquire);
+          },
+          &clock, kOpsConnectTimeout);
+  if (!ops.ok()) {
+    SPDLOG_WARN(
+        "client {}: cannot reach the server's ops listener (unix @{}, TCP "
+        "{}): {}; its ops stay on the gRPC stream",
+        session.client_id, first.ops_unix_name(), tcp.empty() ? "none" : tcp,
+        ops.status().ToString());
+    return absl::OkStatus();
+  }
+  // Its first frame, empty, before the stream's last message: the server
+  // takes the connection for the session's from it, and waits for its end
+  // when the stream ends.
+  if (absl::Status opened = (*ops)->SendOps(""); !opened.ok()) {
+    SPDLOG_WARN(
+        "client {}: the server's ops listener closed the connection ({}); "
+        "its ops stay on the gRPC stream",
+        session.client_id, opened.ToString());
+    return absl::OkStatus();
+  }
+  proto::ClientToServer moved;
+  moved.set_ops_on_frames(true);
+  if (!session.stream->Write(moved)) {
+    return absl::UnavailableError("the server closed the client session");
+  }
+  SPDLOG_DEBUG("client {}: its ops now go as frames ({})", session.client_id,
+               (*ops)->uses_shared_memory() ? "unix socket" : "TCP");
+  session.ops = *std::move(ops);
   return absl::OkStatus();
 }
 

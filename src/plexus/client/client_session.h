@@ -207,6 +207,9 @@ class ClientSession {
   int64_t messages_sent_inline() const {
     return messages_sent_inline_.load(std::memory_order_relaxed);
   }
+  int64_t messages_sent_as_frames() const {
+    return messages_sent_as_frames_.load(std::memory_order_relaxed);
+  }
   // Asks for a slice in session `epoch` and waits for the server's answer.
   absl::StatusOr<proto::SliceInfo> RequestSlice(proto::SliceRequest req,
                                                 uint64_t epoch);
@@ -310,7 +313,22 @@ class ClientSession {
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(absl::Time deadline);
   // Sends the hello on `session`'s new stream and reads the server's
   // first answer (client id, credential); Finish says why it refused.
+  // Where the answer names the server's ops listener, moves the session's
+  // ops there (MoveOpsToFrames).
   absl::Status Handshake(Session& session);
+  // Connects to the server's ops listener named in `first` (proving the
+  // session's credential), then writes the stream's last message
+  // (ClientToServer.ops_on_frames): every later write is an OPS frame
+  // there. Where it cannot connect (within kOpsConnectTimeout), logs why
+  // and leaves the ops on the stream; an error only where the stream
+  // broke.
+  absl::Status MoveOpsToFrames(Session& session,
+                               const proto::ServerToClient& first);
+  static constexpr absl::Duration kOpsConnectTimeout = absl::Seconds(2);
+  // One message of the session to the server: an OPS frame once its ops
+  // moved, else on the stream. False once it could not be written (a
+  // frame's failure cancels the stream, so that its reader sees the end).
+  bool WriteToServer(Session& session, const proto::ClientToServer& msg);
   // Makes `session` the current one: a new epoch, its client id and
   // credential, nothing of the last one's records.
   void Install(Session& session);
@@ -448,6 +466,7 @@ class ClientSession {
   bool urgent_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> messages_sent_{0};
   std::atomic<int64_t> messages_sent_inline_{0};
+  std::atomic<int64_t> messages_sent_as_frames_{0};
   int flushing_ ABSL_GUARDED_BY(mu_) = 0;  // Flush() callers waiting
   // A write is under way (the sender's or an inline one: one at a time).
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
@@ -520,6 +539,13 @@ struct ClientSession::Session {
   uint64_t client_id = 0;
   transport::DataPlaneIdentity identity{};
   bool resumed = false;  // the server resumed the session asked for
+  // The connection to the server's ops listener once the session's ops
+  // moved there (MoveOpsToFrames), else null. Written by the one writer
+  // of the moment (the sender, or an inline write: `sending_`); closed by
+  // the sender before it half-closes the stream, so that the server reads
+  // the last frames before the stream's end.
+  std::unique_ptr<transport::DataPlaneConnection> ops;
+  transport::DataPlaneCounters ops_counters;
 };
 
 }  // namespace plexus

@@ -71,7 +71,7 @@ void ClientSession::TakeQueuedLocked(proto::ClientToServer& msg,
 
 bool ClientSession::WriteTaken(Session& session, proto::ClientToServer& msg,
                                uint64_t keep_seq, bool write) {
-  const bool ok = write && (msg.ops_size() == 0 || session.stream->Write(msg));
+  const bool ok = write && (msg.ops_size() == 0 || WriteToServer(session, msg));
   if (ok && msg.ops_size() > 0) {
     messages_sent_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -171,7 +171,7 @@ void ClientSession::SenderLoop(Session& session) {
     // A resume's messages go first, each as one write (ResumeRestore).
     bool pre_ok = true;
     for (const proto::ClientToServer& m : pre) {
-      if (!(pre_ok = session.stream->Write(m))) break;
+      if (!(pre_ok = WriteToServer(session, m))) break;
       messages_sent_.fetch_add(1, std::memory_order_relaxed);
     }
     if (stats_due) {
@@ -185,7 +185,27 @@ void ClientSession::SenderLoop(Session& session) {
     if (!ok) writable_ = nullptr;
     if (last || !ok) break;
   }
+  // The frames' connection first: the server takes the stream's end for
+  // the session's, once the frames before it are read.
+  session.ops.reset();
   session.stream->WritesDone();
+}
+
+bool ClientSession::WriteToServer(Session& session,
+                                  const proto::ClientToServer& msg) {
+  if (session.ops == nullptr) return session.stream->Write(msg);
+  const absl::Status sent = session.ops->SendOps(msg.SerializeAsString());
+  if (sent.ok()) {
+    messages_sent_as_frames_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  }
+  // The stream's reader sees the session end, as after a broken stream.
+  SPDLOG_WARN(
+      "client {}: an ops frame could not be sent ({}); ending the "
+      "session",
+      session.client_id, sent.ToString());
+  session.context.TryCancel();
+  return false;
 }
 
 void ClientSession::KeepCalls(proto::ClientToServer&& msg, uint64_t seq) {

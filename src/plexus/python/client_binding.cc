@@ -115,6 +115,7 @@ void DefineClientRecords(py::class_<Client>& cls) {
              d["wait_round_trips"] = k.wait_round_trips;
              d["messages_sent"] = k.messages_sent;
              d["messages_sent_inline"] = k.messages_sent_inline;
+             d["messages_sent_as_frames"] = k.messages_sent_as_frames;
              d["calls"] = k.calls;
              d["live_futures"] = k.live_futures;
              return d;

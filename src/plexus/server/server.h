@@ -103,6 +103,18 @@ struct ServerOptions {
   // registered; false (`--worker-ops-on-grpc`): on its gRPC stream. Never
   // under TLS: the data plane does not encrypt (docs/security.md).
   bool worker_ops_on_data_plane = true;
+  // Client sessions send their ops as frames to the server's ops listener
+  // (TCP on the listen address's host, a free port, and an abstract unix
+  // socket; ServerToClient.ops_*), where gRPC's threads took them off the
+  // session's stream; false (`--client-ops-on-grpc`): on the stream. Never
+  // under TLS, as above. A client that cannot connect keeps the stream.
+  bool client_ops_on_frames = true;
+  // Where the ops listener's TCP side listens (`--ops-listen`): HOST or
+  // HOST:PORT. Empty: the listen address's host, a free port. Clients
+  // connect to the port on the host their gRPC stream reached, so a
+  // firewall or load balancer in front of the server passes it too (or
+  // its clients' ops stay on gRPC, after a connect that waits at most 2 s).
+  std::string client_ops_listen;
   // Admission windows (server/scheduling/admission.h).
   Admission::Options admission;
   // The live page and /metrics (web/web_server.h): HOST:PORT to serve them

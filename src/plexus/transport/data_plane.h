@@ -34,6 +34,13 @@
 //                            current registration in its header
 //   REPORTS worker -> server on that connection: one proto::WorkerToServer
 //                            (its calls done), one-way
+//   OPS    client -> server  one proto::ClientToServer in wire form, on the
+//                            server's ops listener (the same protocol: the
+//                            server runs a DataPlaneServer that serves OPS
+//                            alone), once the client said so on its gRPC
+//                            stream (ClientToServer.ops_on_frames); only
+//                            from the session's own client credential, with
+//                            its stream's ops generation
 //   PUSH_IPC worker -> worker, unix socket only, to a worker that said in
 //                            its handshake it opens CUDA IPC: a shard in the
 //                            sender's GPU memory, as an IpcShard (the
@@ -221,22 +228,31 @@ class DataPlaneHandler {
   virtual absl::Status ReceiveIpc(const ShardKey& key, const IpcShard& shard) {
     return absl::UnimplementedError("this worker opens no CUDA IPC");
   }
-  // An OPS frame's `message` (a proto::ServerToWorker in wire form; the
-  // handler may take its bytes), stamped with `generation`, after
-  // Authorize: applied before the next frame of the connection is read.
-  // An error closes the connection. By default this end takes no ops.
-  virtual absl::Status ApplyOps(uint64_t generation, std::string& message) {
+  // An OPS frame's `message` from `peer` (the server's ops to a worker: a
+  // proto::ServerToWorker in wire form; a client's to the server: a
+  // proto::ClientToServer; the handler may take its bytes), stamped with
+  // `generation`, after Authorize: applied before the next frame of the
+  // connection is read. An error closes the connection. By default this
+  // end takes no ops.
+  virtual absl::Status ApplyOps(const DataPlanePeer& peer, uint64_t generation,
+                                std::string& message) {
     return absl::UnimplementedError("this data plane takes no ops");
   }
   // The first OPS frame of a connection, before it is applied: `fd` is
   // the connection's socket, open until OpsEnded returns. The handler may
-  // keep a dup of it to send REPORTS frames back to the server
-  // (FrameSocket::SendMessageOn); nothing else reads or writes it here.
-  virtual void OpsConnectionOpened(uint64_t generation, int fd) {}
-  // The connection that carried OPS frames of `generation` ended (`why`:
-  // the peer closed it, an I/O error, ApplyOps' error, or the server
-  // stopping). Called once per such connection, from its thread.
-  virtual void OpsEnded(uint64_t generation, const absl::Status& why) {}
+  // keep a dup of it to send frames back (a worker's REPORTS:
+  // FrameSocket::SendMessageOn) or to shut it down (the server, ending a
+  // client's session); nothing else reads or writes it here. An error
+  // closes the connection (the frame is not applied).
+  virtual absl::Status OpsConnectionOpened(const DataPlanePeer& peer,
+                                           uint64_t generation, int fd) {
+    return absl::OkStatus();
+  }
+  // The connection that carried `peer`'s OPS frames of `generation` ended
+  // (`why`: the peer closed it, an I/O error, ApplyOps' error, or the
+  // server stopping). Called once per such connection, from its thread.
+  virtual void OpsEnded(const DataPlanePeer& peer, uint64_t generation,
+                        const absl::Status& why) {}
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
@@ -307,12 +323,13 @@ class DataPlaneConnection {
   // `cancelled`, if given, returns true: checked every 50 ms, it is how a
   // client stops connecting to a worker the server declared down.
   // Every deadline (the handshake's, AwaitWaits') is kept on `clock`,
-  // which outlives the connection.
+  // which outlives the connection. A TCP connect that gets no answer gives
+  // up after `tcp_timeout` (a port a firewall drops).
   static absl::StatusOr<std::unique_ptr<DataPlaneConnection>> Connect(
       const std::string& tcp_address, const std::string& unix_path,
       DataPlaneCounters* counters, const DataPlaneIdentity& me = {},
-      const std::function<bool()>& cancelled = {},
-      Clock* clock = Clock::Real());
+      const std::function<bool()>& cancelled = {}, Clock* clock = Clock::Real(),
+      absl::Duration tcp_timeout = absl::Seconds(10));
   virtual ~DataPlaneConnection() = default;
 
   virtual bool uses_shared_memory() const = 0;

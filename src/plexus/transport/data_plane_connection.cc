@@ -287,7 +287,7 @@ using Opener =
 // `open` runs the handshake.
 absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
     const std::string& tcp_address, const std::string& unix_path,
-    const Opener& open, Clock* clock);
+    const Opener& open, Clock* clock, absl::Duration tcp_timeout);
 
 }  // namespace
 
@@ -297,7 +297,7 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
                              DataPlaneCounters* counters,
                              const DataPlaneIdentity& me,
                              const std::function<bool()>& cancelled,
-                             Clock* clock) {
+                             Clock* clock, absl::Duration tcp_timeout) {
   // A connection is handed out only once the handshake proved `me` and the
   // worker proved it holds the same secret.
   auto open = [&](internal::UniqueFd fd, bool is_unix, std::string address)
@@ -321,7 +321,7 @@ DataPlaneConnection::Connect(const std::string& tcp_address,
   constexpr int kAttempts = 4;
   absl::StatusOr<std::unique_ptr<DataPlaneConnection>> connection;
   for (int attempt = 1; attempt <= kAttempts; ++attempt) {
-    connection = ConnectOnce(tcp_address, unix_path, open, clock);
+    connection = ConnectOnce(tcp_address, unix_path, open, clock, tcp_timeout);
     if (connection.ok() || !absl::IsUnavailable(connection.status()) ||
         (cancelled && cancelled())) {
       break;
@@ -338,7 +338,7 @@ namespace {
 
 absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
     const std::string& tcp_address, const std::string& unix_path,
-    const Opener& open, Clock* clock) {
+    const Opener& open, Clock* clock, absl::Duration tcp_timeout) {
   absl::Status unix_error;
   if (!unix_path.empty()) {
     absl::StatusOr<internal::UniqueFd> fd = internal::ConnectUnix(unix_path);
@@ -354,7 +354,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneConnection>> ConnectOnce(
                 std::string(unix_error.message()), tcp_address);
   }
   absl::StatusOr<internal::UniqueFd> fd =
-      internal::ConnectTcp(tcp_address, absl::Seconds(10), clock);
+      internal::ConnectTcp(tcp_address, tcp_timeout, clock);
   if (!fd.ok()) {
     if (unix_error.ok()) return fd.status();
     return absl::Status(

@@ -126,7 +126,7 @@ class DataPlaneServerImpl : public DataPlaneServer {
   // OPS, authorized: read, then applied by the handler before the next
   // frame (an error closes the connection).
   absl::Status ServeOps(FrameSocket& socket, const FrameHeader& header,
-                        ConnectionState& state);
+                        const DataPlanePeer& peer, ConnectionState& state);
   absl::Status ServeShard(FrameSocket& socket, const FrameHeader& header);
   absl::Status ServeFetchOrWait(FrameSocket& socket, const FrameHeader& header);
   // PUSH_IPC, its payload read; `allowed`: Authorize's and AdmitGeneration's
@@ -411,7 +411,7 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
     }
     break;
   }
-  if (state.carried_ops) handler_->OpsEnded(state.ops_generation, ended);
+  if (state.carried_ops) handler_->OpsEnded(*peer, state.ops_generation, ended);
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(id);
   if (it != connections_.end()) {
@@ -492,7 +492,7 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
     case DataPlaneRequest::kOps:
       // One-way: a refused peer is not heard further.
       if (!allowed.ok()) return allowed;
-      return ServeOps(socket, header, state);
+      return ServeOps(socket, header, peer, state);
     case DataPlaneRequest::kFetchExecutable: {
       if (!allowed.ok()) {
         return socket.SendError(FrameType::kError, header.key(), allowed);
@@ -520,6 +520,7 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
 
 absl::Status DataPlaneServerImpl::ServeOps(FrameSocket& socket,
                                            const FrameHeader& header,
+                                           const DataPlanePeer& peer,
                                            ConnectionState& state) {
   if (state.carried_ops && header.generation != state.ops_generation) {
     return absl::InvalidArgumentError(
@@ -529,11 +530,15 @@ absl::Status DataPlaneServerImpl::ServeOps(FrameSocket& socket,
   }
   if (absl::Status s = socket.ReadOps(header, &state.ops); !s.ok()) return s;
   if (!state.carried_ops) {
-    handler_->OpsConnectionOpened(header.generation, socket.fd());
+    if (absl::Status s =
+            handler_->OpsConnectionOpened(peer, header.generation, socket.fd());
+        !s.ok()) {
+      return s;
+    }
   }
   state.carried_ops = true;
   state.ops_generation = header.generation;
-  absl::Status applied = handler_->ApplyOps(header.generation, state.ops);
+  absl::Status applied = handler_->ApplyOps(peer, header.generation, state.ops);
   // A large message's buffer is not kept (a program's load).
   if (state.ops.capacity() > (size_t{1} << 20)) std::string().swap(state.ops);
   return applied;

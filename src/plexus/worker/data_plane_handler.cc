@@ -20,17 +20,21 @@ WorkerDataPlane::WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
       to_device_memory_(to_device_memory),
       ops_(std::move(ops)) {}
 
-absl::Status WorkerDataPlane::ApplyOps(uint64_t generation,
+absl::Status WorkerDataPlane::ApplyOps(const transport::DataPlanePeer& peer,
+                                       uint64_t generation,
                                        std::string& message) {
-  if (!ops_.apply) return DataPlaneHandler::ApplyOps(generation, message);
+  if (!ops_.apply) return DataPlaneHandler::ApplyOps(peer, generation, message);
   return ops_.apply(generation, message);
 }
 
-void WorkerDataPlane::OpsConnectionOpened(uint64_t generation, int fd) {
+absl::Status WorkerDataPlane::OpsConnectionOpened(
+    const transport::DataPlanePeer&, uint64_t generation, int fd) {
   if (ops_.opened) ops_.opened(generation, fd);
+  return absl::OkStatus();
 }
 
-void WorkerDataPlane::OpsEnded(uint64_t generation, const absl::Status& why) {
+void WorkerDataPlane::OpsEnded(const transport::DataPlanePeer&,
+                               uint64_t generation, const absl::Status& why) {
   if (ops_.ended) ops_.ended(generation, why);
 }
 

@@ -90,9 +90,12 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
       uint64_t fingerprint) override;
 
   // The server's ops, to the sink (ServerSession).
-  absl::Status ApplyOps(uint64_t generation, std::string& message) override;
-  void OpsEnded(uint64_t generation, const absl::Status& why) override;
-  void OpsConnectionOpened(uint64_t generation, int fd) override;
+  absl::Status ApplyOps(const transport::DataPlanePeer& peer,
+                        uint64_t generation, std::string& message) override;
+  void OpsEnded(const transport::DataPlanePeer& peer, uint64_t generation,
+                const absl::Status& why) override;
+  absl::Status OpsConnectionOpened(const transport::DataPlanePeer& peer,
+                                   uint64_t generation, int fd) override;
 
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return pushes_fenced_.load(); }

@@ -1,7 +1,9 @@
 // The server's ops on a worker's data plane (ServerToWorker.
-// ops_on_data_plane): server, workers and client in this process, over
-// real sockets. The same calls give the same values whether the ops come
-// as frames or on the gRPC stream, and the workers' stats say which.
+// ops_on_data_plane) and a client's ops on the server's ops listener
+// (ClientToServer.ops_on_frames): server, workers and client in this
+// process, over real sockets. The same calls give the same values whether
+// the ops come as frames or on the gRPC streams, and the workers' stats,
+// the client's counters and the server's status say which.
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,9 +20,9 @@
 namespace plexus {
 namespace {
 
-// The workers' ops_frames, from a status that waited for a heartbeat of
-// each sent after it was asked for.
-std::vector<int64_t> OpsFrames(const std::string& address) {
+// A status that waited for a heartbeat of each worker sent after it was
+// asked for.
+proto::ClusterStatus FreshStatus(const std::string& address) {
   auto stub = proto::Controller::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
@@ -28,25 +30,28 @@ std::vector<int64_t> OpsFrames(const std::string& address) {
   request.set_fresh_timeout_ms(5000);
   proto::ClusterStatus status;
   EXPECT_TRUE(stub->GetStatus(&ctx, request, &status).ok());
-  std::vector<int64_t> frames;
-  for (const proto::WorkerStatus& w : status.workers()) {
-    frames.push_back(w.stats().ops_frames());
-  }
-  return frames;
+  return status;
 }
 
 // Two hosts, a slice over both, 400 chained calls on a split value (scale
 // by 2, 40 times, then by 1): the values, each worker's ops_frames after (from
-// status), and the calls-done reports each sent back as frames.
+// status), the calls-done reports each sent back as frames, the client's
+// messages sent as frames, and the frames the server's status counts for
+// its session.
 struct Chained {
   std::vector<float> y;
   std::vector<int64_t> frames;
   std::vector<int64_t> reports;
+  int64_t client_frames = -1;
+  int64_t client_messages = -1;
+  int64_t server_client_frames = -1;
+  bool server_says_on_frames = false;
 };
 
-Chained ChainOverTwoHosts(bool ops_on_data_plane) {
+Chained ChainOverTwoHosts(bool ops_on_data_plane, bool client_ops_on_frames) {
   ServerOptions options;
   options.worker_ops_on_data_plane = ops_on_data_plane;
+  options.client_ops_on_frames = client_ops_on_frames;
   auto server = Server::Start(options);
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return {};
@@ -94,8 +99,19 @@ Chained ChainOverTwoHosts(bool ops_on_data_plane) {
   Chained run;
   run.y.resize(4);
   EXPECT_TRUE((*client)->Fetch(at, run.y.data()).ok());
-  run.frames = OpsFrames(address);
+  const proto::ClusterStatus status = FreshStatus(address);
+  for (const proto::WorkerStatus& w : status.workers()) {
+    run.frames.push_back(w.stats().ops_frames());
+  }
   for (const auto& w : workers) run.reports.push_back(w->framed_reports());
+  const ClientCounters counters = (*client)->counters();
+  run.client_frames = counters.messages_sent_as_frames;
+  run.client_messages = counters.messages_sent;
+  EXPECT_EQ(status.clients_size(), 1);
+  if (status.clients_size() == 1) {
+    run.server_client_frames = status.clients(0).ops_frames();
+    run.server_says_on_frames = status.clients(0).ops_on_frames();
+  }
   client->reset();
   workers.clear();
   server->reset();
@@ -103,8 +119,8 @@ Chained ChainOverTwoHosts(bool ops_on_data_plane) {
 }
 
 TEST(OpsConnectionTest, TheSameCallsGiveTheSameValuesOnFramesAsOnTheStream) {
-  const Chained framed = ChainOverTwoHosts(true);
-  const Chained streamed = ChainOverTwoHosts(false);
+  const Chained framed = ChainOverTwoHosts(true, true);
+  const Chained streamed = ChainOverTwoHosts(false, false);
   // x * 2^40: exact in float32.
   std::vector<float> expected = {1, 2, 3, 4};
   for (float& e : expected) e *= 1099511627776.0f;
@@ -119,6 +135,34 @@ TEST(OpsConnectionTest, TheSameCallsGiveTheSameValuesOnFramesAsOnTheStream) {
   // Their calls done went back on the same connections.
   for (int64_t r : framed.reports) EXPECT_GE(r, 1);
   EXPECT_EQ(streamed.reports, std::vector<int64_t>({0, 0}));
+  // Every message the client sent after its session opened went as a
+  // frame (the slice request, puts, programs, the 400 calls: more than
+  // one); the server applied each (its status counts them, the stats
+  // message of the last second among them, or not yet); none on the
+  // stream where the server keeps them there.
+  EXPECT_GE(framed.client_frames, 2);
+  EXPECT_EQ(framed.client_frames, framed.client_messages);
+  EXPECT_TRUE(framed.server_says_on_frames);
+  EXPECT_GE(framed.server_client_frames, 2);
+  EXPECT_LE(framed.server_client_frames, framed.client_frames);
+  EXPECT_EQ(streamed.client_frames, 0);
+  EXPECT_GE(streamed.client_messages, 2);
+  EXPECT_EQ(streamed.server_client_frames, 0);
+}
+
+TEST(OpsConnectionTest, EachSideOfTheServerMovesOnItsOwn) {
+  // The client's ops as frames, the workers' on their streams, and the
+  // other way round: the same values.
+  std::vector<float> expected = {1, 2, 3, 4};
+  for (float& e : expected) e *= 1099511627776.0f;
+  const Chained client_framed = ChainOverTwoHosts(false, true);
+  EXPECT_EQ(client_framed.y, expected);
+  EXPECT_EQ(client_framed.frames, std::vector<int64_t>({0, 0}));
+  EXPECT_GE(client_framed.client_frames, 2);
+  const Chained workers_framed = ChainOverTwoHosts(true, false);
+  EXPECT_EQ(workers_framed.y, expected);
+  for (int64_t f : workers_framed.frames) EXPECT_GE(f, 1);
+  EXPECT_EQ(workers_framed.client_frames, 0);
 }
 
 }  // namespace

@@ -335,6 +335,18 @@ void AddAccessFlags(CLI::App& app, Flags* f) {
       "keep each worker's ops on its gRPC stream instead of moving them to "
       "a connection to its data plane (framed, one read per write; the "
       "default unless --tls-cert)");
+  app.add_flag(
+      "--client-ops-on-grpc",
+      [f](int64_t) { f->options.client_ops_on_frames = false; },
+      "keep each client session's ops on its gRPC stream instead of taking "
+      "them as frames on the server's ops listener (a free TCP port on the "
+      "listen address's host and a unix socket; the default unless "
+      "--tls-cert)");
+  app.add_option("--ops-listen", f->options.client_ops_listen,
+                 "HOST or HOST:PORT where client sessions send their ops as "
+                 "frames (default: the --listen host, a free port); "
+                 "clients reach the port on the host they reached the "
+                 "server at");
   app.add_option("--admission-window-us", f->options.admission.window_micros,
                  "device time per device admitted to a worker and not yet "
                  "reported done, above which its next call waits at the "

@@ -195,7 +195,8 @@ class OpsPlane : public transport::DataPlaneHandler {
                ? absl::OkStatus()
                : absl::PermissionDeniedError("ops only");
   }
-  absl::Status ApplyOps(uint64_t generation, std::string& bytes) override {
+  absl::Status ApplyOps(const transport::DataPlanePeer&, uint64_t generation,
+                        std::string& bytes) override {
     absl::MutexLock lock(&mu_);
     proto::ServerToWorker msg;
     if (!msg.ParseFromString(bytes)) return absl::DataLossError("not a msg");
@@ -203,14 +204,17 @@ class OpsPlane : public transport::DataPlaneHandler {
     messages_.push_back(std::move(msg));
     return refuse_ ? absl::InternalError("told to refuse") : absl::OkStatus();
   }
-  void OpsEnded(uint64_t, const absl::Status&) override {
+  void OpsEnded(const transport::DataPlanePeer&, uint64_t,
+                const absl::Status&) override {
     absl::MutexLock lock(&mu_);
     ended_ = true;
   }
-  void OpsConnectionOpened(uint64_t generation, int fd) override {
+  absl::Status OpsConnectionOpened(const transport::DataPlanePeer&,
+                                   uint64_t generation, int fd) override {
     absl::MutexLock lock(&mu_);
     reply_fd_ = ::dup(fd);
     reply_generation_ = generation;
+    return absl::OkStatus();
   }
   // A report back to the server on the ops connection, as a worker sends
   // its calls done.

@@ -36,6 +36,7 @@ ServerImpl::~ServerImpl() {
   if (grpc_server_)
     grpc_server_->Shutdown(
         absl::ToChronoTime(Clock::Real()->Now() + absl::Milliseconds(100)));
+  client_ops_.reset();  // every client session's handler has returned
   if (liveness_.joinable()) liveness_.join();
 }
 
@@ -92,6 +93,7 @@ absl::Status ServerImpl::Init() {
   address_ = absl::StrCat(host, ":", port);
   advertised_ = AdvertisedAddress(options_.advertise_address, address_);
   if (absl::Status s = StartWeb(); !s.ok()) return s;
+  StartClientOpsListener();
   liveness_ = std::thread([this] { LivenessLoop(); });
   SPDLOG_INFO(
       "listening on {}{} ({}; client sessions without a tenant "
@@ -102,6 +104,31 @@ absl::Status ServerImpl::Init() {
       options_.tls_cert_file.empty() ? "plain text" : "TLS",
       anonymous_clients_ ? "open as tenant \"default\"" : "are refused");
   return absl::OkStatus();
+}
+
+void ServerImpl::StartClientOpsListener() {
+  if (!options_.client_ops_on_frames) return;
+  if (!options_.tls_cert_file.empty()) {
+    SPDLOG_INFO(
+        "client sessions' ops stay on their TLS streams (the ops listener "
+        "does not encrypt)");
+    return;
+  }
+  absl::StatusOr<std::unique_ptr<ClientOpsListener>> listener =
+      ClientOpsListener::Start(options_.client_ops_listen.empty()
+                                   ? HostOfAddress(address_)
+                                   : options_.client_ops_listen,
+                               secret_, options_.clock);
+  if (!listener.ok()) {
+    SPDLOG_WARN(
+        "no ops listener ({}): client sessions' ops stay on their gRPC "
+        "streams",
+        listener.status().ToString());
+    return;
+  }
+  client_ops_ = *std::move(listener);
+  SPDLOG_INFO("client sessions' ops as frames: TCP port {}, unix @{}",
+              client_ops_->tcp_port(), client_ops_->unix_name());
 }
 
 absl::Status ServerImpl::StartWeb() {

@@ -27,7 +27,9 @@ grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
   }
   uint64_t id;
   OutQueue<proto::ServerToClient>* out;
-  if (grpc::Status s = OpenClient(ctx, stream, msg, tenant, &id, &out);
+  uint64_t ops_generation = 0;
+  if (grpc::Status s =
+          OpenClient(ctx, stream, msg, tenant, &id, &out, &ops_generation);
       !s.ok()) {
     return s;
   }
@@ -35,7 +37,19 @@ grpc::Status ServerImpl::ClientSession(grpc::ServerContext* ctx,
     WriterPool::InlineScope inline_write(&worker_writers_);
     HandleClientBatch(ctx, id, msg, out);
   }
-  ReadClientBatches(ctx, stream, id, out);
+  ReadClientBatches(ctx, stream, id, out, ops_generation);
+  if (ops_generation != 0) {
+    // No frame of the session is applied after this (a shutdown does not
+    // wait for the ones on their way).
+    bool stopping;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping = shutdown_;
+    }
+    client_ops_->Close(ops_generation,
+                       stopping ? absl::ZeroDuration() : kClientFramesDrain,
+                       [ctx] { ctx->TryCancel(); });
+  }
   EndClientSession(id);
   return grpc::Status::OK;
 }
@@ -72,7 +86,8 @@ grpc::Status ServerImpl::OpenClient(grpc::ServerContext* ctx,
                                     ClientStream* stream,
                                     const proto::ClientToServer& msg,
                                     const std::string& tenant, uint64_t* id_out,
-                                    OutQueue<proto::ServerToClient>** out_out) {
+                                    OutQueue<proto::ServerToClient>** out_out,
+                                    uint64_t* ops_generation_out) {
   absl::MutexLock lock(&mu_);
   if (absl::Status left = state_.CheckClientIdsLeft(); !left.ok()) {
     SPDLOG_ERROR("refused client '{}' ({}): {}", msg.client_name(), ctx->peer(),
@@ -122,6 +137,22 @@ grpc::Status ServerImpl::OpenClient(grpc::ServerContext* ctx,
   hello.set_spare_wait_ms(absl::ToInt64Milliseconds(options_.spare_wait));
   hello.set_resumed(resumed);
   hello.set_journaled(journal_ != nullptr);
+  if (client_ops_ != nullptr) {
+    // Its batches may come as frames: each applied as the stream's reader
+    // applies one (ReadClientBatches), on the connection's thread.
+    const uint64_t generation = ++client_ops_generation_;
+    client_ops_->Open(generation, id,
+                      [this, ctx, id, out](proto::ClientToServer& batch) {
+                        WriterPool::InlineScope inline_write(&worker_writers_);
+                        HandleClientBatch(ctx, id, batch, out);
+                        return absl::OkStatus();
+                      });
+    client_ops_generations_[id] = generation;
+    hello.set_ops_unix_name(client_ops_->unix_name());
+    hello.set_ops_tcp_port(client_ops_->tcp_port());
+    hello.set_ops_generation(generation);
+    *ops_generation_out = generation;
+  }
   AwaitJournalLocked();  // the session, before its client hears its id
   out->Push(std::move(hello));
   SPDLOG_INFO("client {} {}: {} (tenant {})", id,
@@ -134,7 +165,8 @@ grpc::Status ServerImpl::OpenClient(grpc::ServerContext* ctx,
 
 void ServerImpl::ReadClientBatches(grpc::ServerContext* ctx,
                                    ClientStream* stream, uint64_t id,
-                                   OutQueue<proto::ServerToClient>* out) {
+                                   OutQueue<proto::ServerToClient>* out,
+                                   uint64_t ops_generation) {
   // Each batch is parsed onto an arena and dropped with it once routed
   // (routing copies what it keeps): its ops are allocated by bumping a
   // pointer in a block this session reuses, and freed at once, not one
@@ -145,10 +177,29 @@ void ServerImpl::ReadClientBatches(grpc::ServerContext* ctx,
   arena_options.initial_block_size = block.size();
   arena_options.max_block_size = kBatchArenaBlock;
   google::protobuf::Arena arena(arena_options);
+  bool on_frames = false;
   while (true) {
     auto* batch =
         google::protobuf::Arena::CreateMessage<proto::ClientToServer>(&arena);
     if (!stream->Read(batch)) break;
+    if (on_frames) {
+      // Its batches come as frames: one more here has no order with them.
+      SPDLOG_WARN(
+          "client {}: a message on its stream after its ops moved to "
+          "frames; ending the session",
+          id);
+      break;
+    }
+    if (batch->ops_on_frames()) {
+      if (ops_generation == 0) {
+        SPDLOG_WARN(
+            "client {}: said its ops come as frames where no ops listener "
+            "was offered; ending the session",
+            id);
+        break;
+      }
+      on_frames = true;
+    }
     {
       // A call's first host is written from this thread when its socket
       // has room (no locks are held once HandleClientBatch returns).
@@ -156,6 +207,12 @@ void ServerImpl::ReadClientBatches(grpc::ServerContext* ctx,
       HandleClientBatch(ctx, id, *batch, out);
     }
     arena.Reset();
+    if (on_frames) {
+      // After the stream's own ops: the frames may be applied now.
+      client_ops_->MarkerRead(ops_generation);
+      SPDLOG_INFO("client {}: its ops now come as frames (generation {})", id,
+                  ops_generation);
+    }
   }
 }
 
@@ -188,6 +245,7 @@ void ServerImpl::EndClientSession(uint64_t id) {
     queue = std::move(client_queues_[id]);
     client_queues_.erase(id);
     client_contexts_.erase(id);
+    client_ops_generations_.erase(id);
     SPDLOG_INFO("client {} disconnected; its slices and buffers are freed", id);
     AnswerSlicesLocked();
     ResolveAwaitedLocked();  // its hosts may take a lost one's place

@@ -95,6 +95,12 @@ void ServerImpl::FillWorkersAndClientsLocked(proto::ClusterStatus* status) {
     cs->set_slices(static_cast<int32_t>(c.slices.size()));
     *cs->mutable_stats() = c.stats;
     cs->set_live_bytes(c.live_bytes);
+    if (auto g = client_ops_generations_.find(id);
+        g != client_ops_generations_.end()) {
+      const int64_t frames = client_ops_->frames(g->second);
+      cs->set_ops_on_frames(frames > 0);
+      cs->set_ops_frames(frames);
+    }
     absl::MutexLock admission(&admission_mu_);
     if (const Admission::ClientView* v = admission_.Find(id)) {
       cs->set_weight(v->weight);

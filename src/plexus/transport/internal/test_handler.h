@@ -86,14 +86,16 @@ class MapHandler : public DataPlaneHandler {
 
   // OPS: recorded in order with their generation; a message "fail" is
   // refused (the connection closes).
-  absl::Status ApplyOps(uint64_t generation, std::string& message) override {
+  absl::Status ApplyOps(const DataPlanePeer&, uint64_t generation,
+                        std::string& message) override {
     absl::MutexLock lock(&mu_);
     ops_.push_back(absl::StrCat(generation, ":", message));
     cv_.SignalAll();
     if (message == "fail") return absl::InvalidArgumentError("told to fail");
     return absl::OkStatus();
   }
-  void OpsEnded(uint64_t generation, const absl::Status& why) override {
+  void OpsEnded(const DataPlanePeer&, uint64_t generation,
+                const absl::Status& why) override {
     absl::MutexLock lock(&mu_);
     ops_ended_.push_back(absl::StrCat(generation, ":", why.ToString()));
     cv_.SignalAll();

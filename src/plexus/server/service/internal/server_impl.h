@@ -31,6 +31,7 @@
 #include "plexus/server/scheduling/gang_scheduler.h"
 #include "plexus/server/scheduling/out_queue.h"
 #include "plexus/server/server.h"
+#include "plexus/server/service/internal/client_ops_listener.h"
 #include "plexus/server/service/internal/worker_channel.h"
 #include "plexus/server/standby/journal_feed.h"
 #include "plexus/server/standby/peer_watch.h"
@@ -146,13 +147,23 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // Records the client, opens its queue and sends the hello (its id and
   // credential); `*id` and `*out` its id and queue. RESOURCE_EXHAUSTED
   // when no client id is left.
+  // Where the server has an ops listener, the hello names it and
+  // `*ops_generation` is the session's (else 0).
   grpc::Status OpenClient(grpc::ServerContext* ctx, ClientStream* stream,
                           const proto::ClientToServer& msg,
                           const std::string& tenant, uint64_t* id,
-                          OutQueue<proto::ServerToClient>** out);
-  // Reads and handles the session's batches until its stream ends.
+                          OutQueue<proto::ServerToClient>** out,
+                          uint64_t* ops_generation);
+  // Reads and handles the session's batches until its stream ends; from
+  // its message ops_on_frames on, the stream carries nothing but its end
+  // and the batches come as frames (ClientOpsListener, session
+  // `ops_generation`).
   void ReadClientBatches(grpc::ServerContext* ctx, ClientStream* stream,
-                         uint64_t id, OutQueue<proto::ServerToClient>* out);
+                         uint64_t id, OutQueue<proto::ServerToClient>* out,
+                         uint64_t ops_generation);
+  // How long a session's end waits for the frames still on their way
+  // (ClientOpsListener::Close).
+  static constexpr absl::Duration kClientFramesDrain = absl::Seconds(1);
   // The session ended: the client's records, queued work, slices and
   // queue go; the workers and the waiting slice requests hear of it.
   void EndClientSession(uint64_t id);
@@ -450,6 +461,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void LivenessLoop();
+  // The ops listener where client sessions send their ops as frames
+  // (client_ops_), where the options allow; a listener that cannot start
+  // is logged and the ops stay on the streams.
+  void StartClientOpsListener();
   // The server did not run for `stalled` (ServerStalled): no worker's
   // silence of that time counts. Each is deemed heard now, so a worker
   // that really died or hung meanwhile is declared down a deadline from
@@ -486,6 +501,12 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // options_.anonymous_clients on a loopback listen address. Set by Init.
   bool anonymous_clients_ = false;
   std::unique_ptr<grpc::Server> grpc_server_;
+  // Where client sessions send their ops as frames (null: none; see
+  // ServerOptions::client_ops_on_frames); reset once every session's
+  // handler returned. Each session's generation is the next of
+  // client_ops_generation_.
+  std::unique_ptr<ClientOpsListener> client_ops_;
+  std::atomic<uint64_t> client_ops_generation_{0};
   std::thread liveness_;
   // The other server of a pair (ServerOptions::peer_address); null if none.
   std::unique_ptr<PeerWatch> peer_watch_;
@@ -534,6 +555,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
       client_queues_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, grpc::ServerContext*> client_contexts_
       ABSL_GUARDED_BY(mu_);
+  // Each client session's ops generation, where its ops may come as
+  // frames (status reads its frames by it).
+  std::map<uint64_t, uint64_t> client_ops_generations_ ABSL_GUARDED_BY(mu_);
   // Why each slice that grows back did not, and why each that could yield
   // to a higher priority did not, as last logged (said again only when the
   // reason changes; forgotten when the slice is released).
