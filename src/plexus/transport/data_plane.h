@@ -379,6 +379,10 @@ class DataPlaneConnection {
   // in `*message`; an error once the connection ends or breaks (Shutdown
   // wakes it). One reader at a time, beside the writer of SendOps.
   virtual absl::Status ReadReport(std::string* message) = 0;
+  // The connection's socket, for a reader that waits on many connections at
+  // once (the server's reports poller, which reads it with MSG_DONTWAIT
+  // and never writes it; it keeps a dup). Open while the connection is.
+  virtual int socket_fd() const = 0;
   // Whether the socket has room for a small frame now (a send would not
   // block), asked without waiting. Safe from another thread while no call
   // is under way.

@@ -64,6 +64,8 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     return s.ok() ? s : Context(FrameType::kPushError, key, s);
   }
 
+  int socket_fd() const override { return socket_->fd(); }
+
   bool WritableNow() const override {
     if (socket_->broken()) return false;
     pollfd p{socket_->fd(), POLLOUT, 0};

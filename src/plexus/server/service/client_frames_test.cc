@@ -54,8 +54,7 @@ class ClientFramesTest : public ::testing::Test {
   }
 
   // The session's connection to the ops listener, proving its credential.
-  std::unique_ptr<transport::DataPlaneConnection> ConnectOps(
-      const Session& s) {
+  std::unique_ptr<transport::DataPlaneConnection> ConnectOps(const Session& s) {
     transport::DataPlaneIdentity me;
     me.peer = {CredentialRole::kClient, s.first.client_id()};
     std::copy(s.first.credential().begin(), s.first.credential().end(),
@@ -97,7 +96,8 @@ class ClientFramesTest : public ::testing::Test {
   std::unique_ptr<proto::Controller::Stub> stub_;
 };
 
-TEST_F(ClientFramesTest, ABatchAfterTheMarkerIsRoutedAndTheStreamMayCarryNoMore) {
+TEST_F(ClientFramesTest,
+       ABatchAfterTheMarkerIsRoutedAndTheStreamMayCarryNoMore) {
   Start(/*client_ops_on_frames=*/true);
   auto s = Open();
   ASSERT_NE(s->first.ops_generation(), 0u);

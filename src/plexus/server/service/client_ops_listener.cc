@@ -151,9 +151,9 @@ absl::Status ClientOpsListener::OpsConnectionOpened(
   auto it = sessions_.find(generation);
   if (it == sessions_.end() || it->second.client_id != peer.id ||
       it->second.closing) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "client ", peer.id, " has no open session of ops generation ",
-        generation));
+    return absl::PermissionDeniedError(
+        absl::StrCat("client ", peer.id,
+                     " has no open session of ops generation ", generation));
   }
   Session& session = it->second;
   if (session.connected) {
@@ -197,9 +197,9 @@ absl::Status ClientOpsListener::ApplyOps(const transport::DataPlanePeer& peer,
     absl::MutexLock lock(&mu_);
     auto it = sessions_.find(generation);
     if (it == sessions_.end() || it->second.client_id != peer.id) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "client ", peer.id, " has no open session of ops generation ",
-          generation));
+      return absl::PermissionDeniedError(
+          absl::StrCat("client ", peer.id,
+                       " has no open session of ops generation ", generation));
     }
     Session& session = it->second;
     // The stream's last message first: it was written before any frame.

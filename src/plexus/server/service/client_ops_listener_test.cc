@@ -27,8 +27,8 @@ class ClientOpsListenerTest : public ::testing::Test {
     auto secret = ClusterSecret::Generate();
     ASSERT_TRUE(secret.ok()) << secret.status();
     secret_ = *secret;
-    auto listener = ClientOpsListener::Start("127.0.0.1", secret_,
-                                             Clock::Real());
+    auto listener =
+        ClientOpsListener::Start("127.0.0.1", secret_, Clock::Real());
     ASSERT_TRUE(listener.ok()) << listener.status();
     listener_ = std::move(*listener);
   }
@@ -100,7 +100,7 @@ TEST_F(ClientOpsListenerTest, FramesWaitForTheStreamsLastMessageThenGoInOrder) {
     ASSERT_TRUE(listener_->MarkerRead(generation));
     const std::vector<uint64_t> want =
         over_unix ? std::vector<uint64_t>{1, 2, 3}
-             : std::vector<uint64_t>{1, 2, 3, 1, 2, 3};
+                  : std::vector<uint64_t>{1, 2, 3, 1, 2, 3};
     EXPECT_EQ(Applied(want.size()), want);
     EXPECT_EQ(listener_->frames(generation), 3);
     conn->reset();
@@ -109,7 +109,8 @@ TEST_F(ClientOpsListenerTest, FramesWaitForTheStreamsLastMessageThenGoInOrder) {
   }
 }
 
-TEST_F(ClientOpsListenerTest, OnlyTheSessionsOwnCredentialGenerationAndOneConnection) {
+TEST_F(ClientOpsListenerTest,
+       OnlyTheSessionsOwnCredentialGenerationAndOneConnection) {
   Open(7, 3);
   ASSERT_TRUE(listener_->MarkerRead(7));
   // A client with no session here, and one proving another's credential:

@@ -115,15 +115,11 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
       options_.worker_ops_on_data_plane && options_.tls_cert_file.empty()) {
     MoveOpsToDataPlane(ctx, id, first.register_(), *channel);
   }
-  // Its calls done come back on the ops connection once its ops go there.
-  std::thread reports;
+  // Its calls done come back on the ops connection once its ops go there,
+  // read with every other worker's by the reports poller.
   absl::Notification reports_ended;
-  if (channel->on_data_plane()) {
-    reports = std::thread([this, ctx, id, channel, &reports_ended] {
-      ReadReports(ctx, id, *channel);
-      reports_ended.Notify();
-    });
-  }
+  const bool polled =
+      channel->on_data_plane() && PollReports(ctx, id, channel, &reports_ended);
   proto::WorkerToServer msg;
   while (stream->Read(&msg)) {
     // Any message shows the worker alive: stamped as it is read, before
@@ -143,36 +139,57 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
     }
     Handled(id);
   }
-  if (reports.joinable()) {
+  if (polled) {
     // Reports still on their way are taken first: a worker that died
     // closed its socket after them. One still up (declared down, or the
     // server shutting down) has its connection shut after a bound.
     reports_ended.WaitForNotificationWithTimeout(kReportsDrain);
     channel->Shutdown();
-    reports.join();
+    reports_poller_->Remove(id);  // no report of its is applied after
   }
   EndWorkerSession(id, channel.get());
   return grpc::Status::OK;
 }
 
-void ServerImpl::ReadReports(grpc::ServerContext* ctx, int64_t id,
-                             WorkerChannel& channel) {
-  SetThreadName("plexus-reports");
-  proto::WorkerToServer msg;
-  absl::Status why;
-  while (channel.ReadReport(&msg, &why)) {
+bool ServerImpl::PollReports(grpc::ServerContext* ctx, int64_t id,
+                             const std::shared_ptr<WorkerChannel>& channel,
+                             absl::Notification* ended) {
+  const int fd = channel->DupReportsFd();
+  if (fd < 0) return false;
+  auto on_report = [this, id](std::string& bytes) {
+    thread_local proto::WorkerToServer msg;
+    if (!msg.ParseFromString(bytes)) {
+      return absl::DataLossError(
+          absl::StrCat("a REPORTS frame of ", bytes.size(),
+                       " bytes is not a WorkerToServer"));
+    }
     HeardFrom(id);
     if (msg.has_calls_done()) {
-      control_bytes_in_ += msg.ByteSizeLong();
+      control_bytes_in_ += bytes.size();
+      // What the room admits goes to its first host from this thread.
       WriterPool::InlineScope inline_write(&worker_writers_);
       OnCallsDone(id, msg.calls_done());
     }
     Handled(id);
+    return absl::OkStatus();
+  };
+  auto on_end = [this, ctx, id, channel, ended](const absl::Status& why) {
+    ended->Notify();
+    if (channel->shut_down()) return;  // the session's end shut it
+    SPDLOG_WARN("worker {}: its ops connection ended ({}); ending its session",
+                id, why.ToString());
+    ctx->TryCancel();
+  };
+  if (absl::Status s = reports_poller_->Add(id, fd, on_report, on_end);
+      !s.ok()) {
+    SPDLOG_WARN(
+        "worker {}: its reports cannot be polled ({}); ending its "
+        "session",
+        id, s.ToString());
+    ctx->TryCancel();
+    return false;
   }
-  if (channel.shut_down()) return;  // the session's end shut it
-  SPDLOG_WARN("worker {}: its ops connection ended ({}); ending its session",
-              id, why.ToString());
-  ctx->TryCancel();
+  return true;
 }
 
 void ServerImpl::MoveOpsToDataPlane(grpc::ServerContext* ctx, int64_t id,

@@ -1,5 +1,7 @@
 #include "plexus/server/service/internal/worker_channel.h"
 
+#include <unistd.h>
+
 #include <cstring>
 #include <utility>
 
@@ -93,29 +95,10 @@ bool WorkerChannel::WritableNow() {
   return writable;
 }
 
-bool WorkerChannel::ReadReport(proto::WorkerToServer* msg, absl::Status* why) {
-  std::shared_ptr<transport::DataPlaneConnection> conn;
-  {
-    absl::MutexLock lock(&conn_mu_);
-    conn = conn_;
-  }
-  if (conn == nullptr) {
-    *why = absl::FailedPreconditionError("the ops are not on frames");
-    return false;
-  }
-  if (absl::Status s = conn->ReadReport(&report_); !s.ok()) {
-    *why = s;
-    return false;
-  }
-  if (!msg->ParseFromString(report_)) {
-    *why =
-        absl::DataLossError(absl::StrCat("a REPORTS frame of ", report_.size(),
-                                         " bytes is not a WorkerToServer"));
-    return false;
-  }
-  // A large report's buffer is not kept.
-  if (report_.capacity() > (size_t{1} << 20)) std::string().swap(report_);
-  return true;
+int WorkerChannel::DupReportsFd() {
+  absl::MutexLock lock(&conn_mu_);
+  if (conn_ == nullptr || shut_down_) return -1;
+  return ::dup(conn_->socket_fd());
 }
 
 void WorkerChannel::Shutdown() {

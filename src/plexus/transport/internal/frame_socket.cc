@@ -271,6 +271,11 @@ absl::Status FrameSocket::SendError(FrameType type, const ShardKey& key,
 }
 
 absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
+  return CheckFrameHeader(header, is_unix_, passed_fd_.valid());
+}
+
+absl::Status CheckFrameHeader(const FrameHeader& header, bool is_unix,
+                              bool fd_passed) {
   auto malformed = [&](absl::string_view what) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "malformed data-plane frame: %s (magic 0x%08x, type %d, flags 0x%x, "
@@ -295,7 +300,7 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
     if (header.payload_bytes != size || header.flags != 0) {
       return malformed("handshake frame of the wrong size");
     }
-    if (passed_fd_.valid()) {
+    if (fd_passed) {
       return malformed("descriptor arrived without the descriptor flag");
     }
     return absl::OkStatus();
@@ -322,13 +327,13 @@ absl::Status FrameSocket::CheckHeader(const FrameHeader& header) {
   }
   bool wants_fd = (header.flags & kFlagFd) != 0;
   if (wants_fd &&
-      (!(IsShardFrame(type) || type == FrameType::kPushIpc) || !is_unix_)) {
+      (!(IsShardFrame(type) || type == FrameType::kPushIpc) || !is_unix)) {
     return malformed("descriptor flag on a frame that cannot carry one");
   }
-  if (wants_fd && !passed_fd_.valid()) {
+  if (wants_fd && !fd_passed) {
     return malformed("descriptor flag set but no descriptor arrived");
   }
-  if (!wants_fd && passed_fd_.valid()) {
+  if (!wants_fd && fd_passed) {
     return malformed("descriptor arrived without the descriptor flag");
   }
   return absl::OkStatus();

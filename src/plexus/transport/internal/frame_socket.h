@@ -122,6 +122,14 @@ static_assert(offsetof(FrameHeader, shard) == 12 &&
                   offsetof(FrameHeader, reserved2) == 48,
               "field offsets are those of the table above");
 
+// Whether `header` is one this end may read: magic, version, zero reserved
+// fields, a known type, a payload within its type's limit, and a
+// descriptor (`fd_passed`: one arrived with it; `is_unix`: on a unix
+// socket) exactly where its flag says. A reader of frames other than
+// FrameSocket (the server's reports poller) checks headers with it too.
+absl::Status CheckFrameHeader(const FrameHeader& header, bool is_unix,
+                              bool fd_passed);
+
 // The payload of PUSH_IPC (transport::IpcShard), 96 bytes, host order:
 //
 //   offset  size  field

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "plexus/journal/journal.h"
@@ -32,6 +33,7 @@
 #include "plexus/server/scheduling/out_queue.h"
 #include "plexus/server/server.h"
 #include "plexus/server/service/internal/client_ops_listener.h"
+#include "plexus/server/service/internal/reports_poller.h"
 #include "plexus/server/service/internal/worker_channel.h"
 #include "plexus/server/standby/journal_feed.h"
 #include "plexus/server/standby/peer_watch.h"
@@ -120,11 +122,14 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // How long a session's end waits for the reports still on their way
   // before it shuts the ops connection (ServeWorker).
   static constexpr absl::Duration kReportsDrain = absl::Milliseconds(100);
-  // The worker's reports on its ops connection (its calls done), each as
-  // its stream's messages are taken, until the connection ends; an end the
-  // server did not cause cancels the session. Its own thread.
-  void ReadReports(grpc::ServerContext* ctx, int64_t id,
-                   WorkerChannel& channel);
+  // The worker's reports on its ops connection (its calls done), each
+  // applied as its stream's messages are, by the reports poller, until the
+  // connection ends (`ended` notified); an end the server did not cause
+  // cancels the session. False where they cannot be polled (the session
+  // is cancelled then, or the channel shut down already).
+  bool PollReports(grpc::ServerContext* ctx, int64_t id,
+                   const std::shared_ptr<WorkerChannel>& channel,
+                   absl::Notification* ended);
   // A heartbeat: its stats into the worker's record, its clock probe.
   void OnHeartbeat(int64_t id, const proto::WorkerToServer& msg);
   // Calls done and copies arrived: into admission at once; into the
@@ -506,6 +511,9 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // handler returned. Each session's generation is the next of
   // client_ops_generation_.
   std::unique_ptr<ClientOpsListener> client_ops_;
+  // Reads every worker's reports on its ops connection (PollReports).
+  // Started by Init; every session removes its worker before it returns.
+  std::unique_ptr<ReportsPoller> reports_poller_;
   std::atomic<uint64_t> client_ops_generation_{0};
   std::thread liveness_;
   // The other server of a pair (ServerOptions::peer_address); null if none.

@@ -63,16 +63,17 @@ class WorkerChannel {
   // shut down.
   bool MoveToDataPlane(std::unique_ptr<transport::DataPlaneConnection> ops);
   // Wakes a write blocked on the frames' socket and refuses later ones;
-  // wakes ReadReport too.
+  // the reports' reader sees the connection end.
   void Shutdown();
   bool shut_down() {
     absl::MutexLock lock(&conn_mu_);
     return shut_down_;
   }
-  // Once on frames: blocks for the worker's next report on the frames'
-  // connection (REPORTS: its calls done) into `*msg`. False, with `*why`,
-  // once the connection ends or breaks. One reader at a time.
-  bool ReadReport(proto::WorkerToServer* msg, absl::Status* why);
+  // Once on frames: a dup of the frames' connection's socket, where the
+  // worker's reports (REPORTS: its calls done) come (the server's
+  // ReportsPoller reads them; Shutdown ends that reading too). -1 before,
+  // or once shut down.
+  int DupReportsFd();
   // Whether a small write now cannot block: on frames, with no write under
   // way and room in the socket (WriterPool::InlineScope); never on the
   // stream (gRPC cannot say).
@@ -97,7 +98,6 @@ class WorkerChannel {
   // The frames' connection, once moved; written under write_mu_ only.
   transport::DataPlaneConnection* ops_ ABSL_GUARDED_BY(write_mu_) = nullptr;
   std::string frame_ ABSL_GUARDED_BY(write_mu_);  // reused per write
-  std::string report_;                            // ReadReport's (one reader)
 
   absl::Mutex conn_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
   // Owns what ops_ points to: Shutdown reaches it here without write_mu_.
