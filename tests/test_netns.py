@@ -199,6 +199,13 @@ def test_a_server_off_loopback_needs_credentials_then_serves_other_namespaces(
         st = plexus.status(server.address)
         assert [cl["tenant"] for cl in st["clients"]] == ["research"]
         assert {w["host_name"] for w in st["workers"]} == {b.name, c.name}
+        # The client's ops went to the server's ops listener over TCP (its
+        # unix socket is in namespace a), as frames, and were applied.
+        counters = client.counters()
+        assert counters["messages_sent_as_frames"] >= 3, counters
+        assert counters["messages_sent_as_frames"] == \
+            counters["messages_sent"], counters
+        assert st["clients"][0].get("ops_on_frames"), st["clients"]
     finally:
         client.close()
     assert lab.stop() == []

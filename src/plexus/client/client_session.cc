@@ -254,15 +254,23 @@ absl::Status ClientSession::MoveOpsToFrames(
   me.generation = first.ops_generation();
   Clock& clock = *options_.clock;
   const absl::Time give_up = clock.Now() + kOpsConnectTimeout;
+  auto give_up_now = [this, &clock, give_up] {
+    return clock.Now() >= give_up || closing_.load(std::memory_order_acquire);
+  };
+  // The unix socket alone first: on another machine (or network
+  // namespace) it is not there, which is no news worth a log line.
   absl::StatusOr<std::unique_ptr<transport::DataPlaneConnection>> ops =
-      transport::DataPlaneConnection::Connect(
-          tcp, options_.shared_memory ? first.ops_unix_name() : "",
-          &session.ops_counters, me,
-          [this, &clock, give_up] {
-            return clock.Now() >= give_up ||
-                   closing_.load(std::memory_order_acquire);
-          },
-          &clock, kOpsConnectTimeout);
+      absl::UnavailableError("no unix socket tried");
+  if (options_.shared_memory && !first.ops_unix_name().empty()) {
+    ops = transport::DataPlaneConnection::Connect(
+        "", first.ops_unix_name(), &session.ops_counters, me, give_up_now,
+        &clock, kOpsConnectTimeout);
+  }
+  if (!ops.ok() && !absl::IsPermissionDenied(ops.status()) && !tcp.empty()) {
+    ops = transport::DataPlaneConnection::Connect(
+        tcp, "", &session.ops_counters, me, give_up_now, &clock,
+        kOpsConnectTimeout);
+  }
   if (!ops.ok()) {
     SPDLOG_WARN(
         "client {}: cannot reach the server's ops listener (unix @{}, TCP "

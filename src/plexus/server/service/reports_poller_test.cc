@@ -98,7 +98,7 @@ TEST_F(ReportsPollerTest, EachConnectionsFramesInOrderASplitOneOnceWhole) {
                     .ok());
   }
   const std::string split = Frame(std::string(100000, 'x'));
-  Write(b, split.substr(0, 10));   // not even a header
+  Write(b, split.substr(0, 10));    // not even a header
   Write(b, split.substr(10, 500));  // a header, part of the payload
   // B stopped mid-frame: A's reports still come.
   AwaitFor(1, 100, 0);
