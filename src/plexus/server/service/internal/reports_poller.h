@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -75,6 +76,8 @@ class ReportsPoller {
   // frames: OK, or why the connection ended.
   absl::Status ReadAndDeliver(Connection& c);
 
+  // Where each recv lands (the loop's alone).
+  std::vector<char> scratch_ = std::vector<char>(64 << 10);
   int epoll_fd_ = -1;
   int wake_fd_ = -1;  // an eventfd: stops the loop
   std::thread thread_;
