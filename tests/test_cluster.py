@@ -208,6 +208,10 @@ def test_ops_go_as_frames_client_to_server_to_workers(tmp_path,
                            c.get("ops_frames", 0) >= 3
                            for c in st["clients"]),
             what="the server to count the client's ops frames")
+        # `plexus status` says which carrier the session's ops take.
+        from plexus.cli import format_status
+        table = format_status(cluster.status())
+        assert "OPS" in table and "frames" in table, table
         client.close()
     text = log.read_text()
     assert "its ops now come as frames" in text, text

@@ -157,10 +157,14 @@ def _clients_table(clients):
                      c["slices"],
                      s.get("calls", 0), s.get("live_futures", 0),
                      human(s.get("bytes_put", 0)),
-                     human(s.get("bytes_fetched", 0))])
+                     human(s.get("bytes_fetched", 0)),
+                     # How its ops reach the server: frames on the ops
+                     # listener, or its gRPC stream (TLS, a listener it
+                     # could not reach, --client-ops-on-grpc).
+                     "frames" if c.get("ops_on_frames") else "stream"])
     return table(["CLIENT", "NAME", "TENANT", "SLICES", "CALLS",
                   "FUTURES",
-                  "PUT", "FETCHED"], rows)
+                  "PUT", "FETCHED", "OPS"], rows)
 
 
 def why_lines(st, after=1.0):
