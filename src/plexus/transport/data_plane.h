@@ -309,8 +309,9 @@ class DataPlaneServer {
 
 // One connection to one worker's data plane. Not thread-safe: one user at
 // a time (the worker keeps one per peer on its sender thread; the client
-// keeps a pool), except that on the server's ops connection one thread
-// may ReadReport while another sends (SendOps, WritableNow). An I/O error
+// keeps a pool), except that on the server's ops connection the reports
+// poller reads its socket (socket_fd) while another thread sends (SendOps,
+// WritableNow). An I/O error
 // closes the connection and is returned; the peer may have died.
 class DataPlaneConnection {
  public:
@@ -374,11 +375,6 @@ class DataPlaneConnection {
   // bytes are handed to the kernel; blocks while the worker's socket is
   // full (Shutdown wakes it).
   virtual absl::Status SendOps(absl::string_view message) = 0;
-  // The server's ops connection: blocks for the worker's next REPORTS
-  // frame and returns its message (a proto::WorkerToServer in wire form)
-  // in `*message`; an error once the connection ends or breaks (Shutdown
-  // wakes it). One reader at a time, beside the writer of SendOps.
-  virtual absl::Status ReadReport(std::string* message) = 0;
   // The connection's socket, for a reader that waits on many connections at
   // once (the server's reports poller, which reads it with MSG_DONTWAIT
   // and never writes it; it keeps a dup). Open while the connection is.

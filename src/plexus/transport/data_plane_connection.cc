@@ -73,19 +73,6 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
            (p.revents & (POLLERR | POLLHUP)) == 0;
   }
 
-  absl::Status ReadReport(std::string* message) override {
-    if (absl::Status s = CheckOpen(); !s.ok()) return s;
-    bool eof = false;
-    absl::StatusOr<FrameHeader> header = socket_->ReadHeader(&eof);
-    if (!header.ok()) return header.status();
-    if (header->frame_type() != FrameType::kReports) {
-      return socket_->Break(absl::InternalError(
-          absl::StrCat("expected REPORTS on the ops connection, got ",
-                       internal::FrameTypeName(header->frame_type()))));
-    }
-    return socket_->ReadOps(*header, message);
-  }
-
   absl::Status SendOps(absl::string_view message) override {
     if (absl::Status s = CheckOpen(); !s.ok()) return s;
     absl::Status s = socket_->SendOps(message);

@@ -12,15 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/arena.h"
 #include "plexus/common/logging.h"
+#include "plexus/server/service/internal/batch_arena.h"
 
 namespace plexus {
 namespace {
-
-// The block each connection's thread parses its frames into (larger
-// batches take more blocks of this size, freed after the batch): a batch of
-// chained calls is thousands of small messages, allocated by bumping a
-// pointer and dropped at once.
-constexpr size_t kArenaBlock = 256 << 10;
 
 absl::Status RefuseShards() {
   return absl::PermissionDeniedError(
@@ -168,12 +163,10 @@ absl::Status ClientOpsListener::OpsConnectionOpened(
 absl::Status ClientOpsListener::ApplyOps(const transport::DataPlanePeer& peer,
                                          uint64_t generation,
                                          std::string& message) {
-  thread_local std::vector<char> block(kArenaBlock);
-  google::protobuf::ArenaOptions arena_options;
-  arena_options.initial_block = block.data();
-  arena_options.initial_block_size = block.size();
-  arena_options.max_block_size = kArenaBlock;
-  google::protobuf::Arena arena(arena_options);
+  // As the stream's reader parses a batch (internal/batch_arena.h), in a
+  // block of this connection thread's.
+  thread_local std::vector<char> block(kBatchArenaBlock);
+  google::protobuf::Arena arena(BatchArenaOptions(block));
   auto* msg =
       google::protobuf::Arena::CreateMessage<proto::ClientToServer>(&arena);
   if (!msg->ParseFromString(message)) {

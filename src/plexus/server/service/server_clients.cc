@@ -168,15 +168,9 @@ void ServerImpl::ReadClientBatches(grpc::ServerContext* ctx,
                                    OutQueue<proto::ServerToClient>* out,
                                    uint64_t ops_generation) {
   // Each batch is parsed onto an arena and dropped with it once routed
-  // (routing copies what it keeps): its ops are allocated by bumping a
-  // pointer in a block this session reuses, and freed at once, not one
-  // by one (a batch of chained calls is thousands of small messages).
+  // (internal/batch_arena.h).
   std::vector<char> block(kBatchArenaBlock);
-  google::protobuf::ArenaOptions arena_options;
-  arena_options.initial_block = block.data();
-  arena_options.initial_block_size = block.size();
-  arena_options.max_block_size = kBatchArenaBlock;
-  google::protobuf::Arena arena(arena_options);
+  google::protobuf::Arena arena(BatchArenaOptions(block));
   bool on_frames = false;
   while (true) {
     auto* batch =

@@ -32,6 +32,7 @@
 #include "plexus/server/scheduling/gang_scheduler.h"
 #include "plexus/server/scheduling/out_queue.h"
 #include "plexus/server/server.h"
+#include "plexus/server/service/internal/batch_arena.h"
 #include "plexus/server/service/internal/client_ops_listener.h"
 #include "plexus/server/service/internal/reports_poller.h"
 #include "plexus/server/service/internal/worker_channel.h"
@@ -172,10 +173,6 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // The session ended: the client's records, queued work, slices and
   // queue go; the workers and the waiting slice requests hear of it.
   void EndClientSession(uint64_t id);
-
-  // The block each client session parses its batches into (larger ones
-  // take more blocks of this size, freed after the batch).
-  static constexpr size_t kBatchArenaBlock = 256 << 10;
 
   // The tenant a session's first message proves (common/credentials.h: a
   // tenant credential over its name, compared in constant time), or

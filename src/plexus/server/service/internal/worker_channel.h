@@ -10,7 +10,8 @@
 // server opened to the worker (transport/data_plane.h), which the worker's
 // connection thread applies as it reads it: no gRPC thread hand-off on
 // either side, one send and one read per write. The worker's calls done
-// come back on that connection (REPORTS frames, ReadReport). The worker applies
+// come back on that connection (REPORTS frames, read by the server's
+// ReportsPoller on DupReportsFd's descriptor). The worker applies
 // the stream's last message before the first frame, so the order is the
 // server's.
 //
