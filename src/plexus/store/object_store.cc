@@ -535,6 +535,24 @@ void ObjectStore::FulfilIncoming(const BufferKey& key,
   RunCallbacks(std::move(callbacks), ready);
 }
 
+absl::Status ObjectStore::Reserve(int device, int64_t bytes, int64_t* ahead) {
+  if (ahead != nullptr && *ahead >= bytes && bytes >= 0) {
+    *ahead -= bytes;
+    return absl::OkStatus();
+  }
+  return Reserve(device, bytes);
+}
+
+bool ObjectStore::TryReserve(int device, int64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  if (device < 0 || device >= num_devices() || bytes < 0 || shutdown_ ||
+      waiting_[device] > 0 || used_[device] + bytes > capacity_[device]) {
+    return false;
+  }
+  ChargeLocked(device, bytes);
+  return true;
+}
+
 void ObjectStore::Unreserve(int device, int64_t bytes) {
   absl::MutexLock lock(&mu_);
   used_[device] -= bytes;
@@ -542,8 +560,9 @@ void ObjectStore::Unreserve(int device, int64_t bytes) {
 }
 
 absl::StatusOr<std::shared_ptr<Storage>> ObjectStore::Allocate(int device,
-                                                               int64_t bytes) {
-  absl::Status s = Reserve(device, bytes);
+                                                               int64_t bytes,
+                                                               int64_t* ahead) {
+  absl::Status s = Reserve(device, bytes, ahead);
   if (!s.ok()) return s;
   auto storage = Storage::AllocateForWrite(bytes);
   if (!storage.ok()) Unreserve(device, bytes);
@@ -683,6 +702,17 @@ void ObjectStore::FailFromSource(int64_t worker_id,
     }
   }
   for (const BufferKey& key : keys) Fail(key, status);
+}
+
+bool ObjectStore::AllReady(absl::Span<const BufferKey> keys) const {
+  absl::MutexLock lock(&mu_);
+  for (const BufferKey& key : keys) {
+    auto it = entries_.find(key);
+    if (it == entries_.end() || it->second.state == Entry::State::kPending) {
+      return false;
+    }
+  }
+  return true;
 }
 
 absl::StatusOr<std::pair<TensorSpec, int>> ObjectStore::Describe(

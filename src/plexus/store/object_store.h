@@ -178,9 +178,17 @@ class ObjectStore {
   // (back-pressure). Fails at once if it can never fit, and after
   // reserve_timeout otherwise.
   absl::Status Reserve(int device, int64_t bytes);
+  // Reserve, drawing first on `*ahead` (may be null): bytes the caller
+  // reserved before (TryReserve) and has not used yet. Bytes it cannot
+  // cover are reserved as Reserve does.
+  absl::Status Reserve(int device, int64_t bytes, int64_t* ahead);
+  // Charges `bytes` to `device` if they fit now and no Reserve waits for
+  // room there (none is passed); false, charging nothing, otherwise.
+  bool TryReserve(int device, int64_t bytes);
   void Unreserve(int device, int64_t bytes);
-  // Reserve + Storage::Allocate.
-  absl::StatusOr<std::shared_ptr<Storage>> Allocate(int device, int64_t bytes);
+  // Reserve + Storage::Allocate (the reservation drawn on `ahead` first).
+  absl::StatusOr<std::shared_ptr<Storage>> Allocate(int device, int64_t bytes,
+                                                    int64_t* ahead = nullptr);
 
   // Admits `bytes` incoming bytes for `key` from a client (PUT) or a peer
   // (PUSH): waits until the key is declared (up to unknown_key_timeout),
@@ -247,6 +255,9 @@ class ObjectStore {
   // all. Takes a lock of its own, never the store's: the heartbeat reads
   // it, and allocates nothing while no task waits.
   int AwaitedInputs(int max, std::vector<AwaitedInput>* out) const;
+  // Whether every one of `keys` is ready or failed now: an AwaitReady of
+  // each would not wait.
+  bool AllReady(absl::Span<const BufferKey> keys) const;
   // Runs `callback` once the shard is ready or failed: at once (on this
   // thread) if it already is, else on the thread that fulfils or fails it.
   void OnReady(const BufferKey& key, ReadyCallback callback);

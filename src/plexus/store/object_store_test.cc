@@ -315,6 +315,60 @@ TEST(ObjectStoreTest, AReservationWaitingForRoomIsCountedWhileItWaits) {
   EXPECT_EQ(store.Stats().device_waiting_bytes, (std::vector<int64_t>{0, 0}));
 }
 
+// A task run on the reader reserves its memory ahead, never waiting
+// (TaskRunner::TryRunInline): refused when it does not fit, and when
+// another reservation waits for room (it would pass it).
+TEST(ObjectStoreTest, TryReserveNeverWaitsNorPassesAWaitingReservation) {
+  ObjectStore store(TwoDevices(100));
+  EXPECT_TRUE(store.TryReserve(0, 80));
+  EXPECT_FALSE(store.TryReserve(0, 30));
+  EXPECT_TRUE(store.TryReserve(1, 30));  // another device's budget
+  EXPECT_EQ(store.Stats().device_bytes, (std::vector<int64_t>{80, 30}));
+
+  std::thread waiter([&] { EXPECT_TRUE(store.Reserve(0, 60).ok()); });
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (store.Stats().device_waiting_bytes[0] != 60 && absl::Now() < give_up) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(store.Stats().device_waiting_bytes[0], 60);
+  EXPECT_FALSE(store.TryReserve(0, 10)) << "it fits, but 60 bytes wait";
+  store.Unreserve(0, 80);
+  waiter.join();
+  EXPECT_TRUE(store.TryReserve(0, 10));
+  EXPECT_EQ(store.Stats().device_bytes, (std::vector<int64_t>{70, 30}));
+}
+
+// What a task charges draws on what it reserved ahead, then on the budget.
+TEST(ObjectStoreTest, ReserveDrawsOnTheBytesReservedAhead) {
+  ObjectStore store(TwoDevices(100));
+  ASSERT_TRUE(store.TryReserve(0, 40));
+  int64_t ahead = 40;
+  EXPECT_TRUE(store.Reserve(0, 16, &ahead).ok());
+  EXPECT_EQ(ahead, 24);
+  auto storage = store.Allocate(0, 24, &ahead);
+  ASSERT_TRUE(storage.ok());
+  EXPECT_EQ(ahead, 0);
+  EXPECT_EQ(store.Stats().device_bytes[0], 40) << "nothing charged twice";
+  EXPECT_TRUE(store.Reserve(0, 8, &ahead).ok());  // beyond it: the budget's
+  EXPECT_EQ(ahead, 0);
+  EXPECT_EQ(store.Stats().device_bytes[0], 48);
+}
+
+TEST(ObjectStoreTest, AllReadyIsWhetherNoReadWouldWait) {
+  ObjectStore store(TwoDevices(1 << 20));
+  const BufferKey ready{1, 0}, failed{2, 0}, pending{3, 0}, unknown{4, 0};
+  for (const BufferKey& key : {ready, failed, pending}) {
+    store.Declare(key, 0, {DType::kF32, {4}}, true);
+  }
+  ASSERT_TRUE(store.Reserve(0, 16).ok());
+  store.Fulfil(ready, Bytes(16), 0);
+  store.Fail(failed, absl::InternalError("upstream"));
+  EXPECT_TRUE(store.AllReady({ready, failed}));
+  EXPECT_TRUE(store.AllReady({}));
+  EXPECT_FALSE(store.AllReady({ready, pending}));
+  EXPECT_FALSE(store.AllReady({unknown}));
+}
+
 TEST(ObjectStoreTest, ShardLargerThanBudgetFailsAtOnce) {
   ObjectStore store(TwoDevices(100));
   absl::Status s = store.Reserve(1, 101);

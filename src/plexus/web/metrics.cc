@@ -32,6 +32,7 @@ enum Family {
   kCallsWaiting,
   kWorkerCalls,
   kWorkerCallsFailed,
+  kWorkerTasksInline,
   kWorkerLiveBuffers,
   kWorkerLiveBytes,
   kWorkerBytes,
@@ -79,6 +80,9 @@ constexpr FamilyDef kDefs[kFamilies] = {
      "Calls a worker has executed."},
     {"plexus_worker_calls_failed_total", MetricType::Counter,
      "Calls that failed on a worker."},
+    {"plexus_worker_tasks_inline_total", MetricType::Counter,
+     "Tasks a worker ran on its reader as they came rather than on their "
+     "device's thread (quick ones on an idle device)."},
     {"plexus_worker_live_buffers", MetricType::Gauge,
      "Buffers a worker holds."},
     {"plexus_worker_live_bytes", MetricType::Gauge,
@@ -182,6 +186,7 @@ void AddWorker(const proto::WorkerStatus& w, Families* out) {
   const proto::WorkerStats& s = w.stats();
   out->Add(kWorkerCalls, base, s.calls_executed());
   out->Add(kWorkerCallsFailed, base, s.calls_failed());
+  out->Add(kWorkerTasksInline, base, s.tasks_inline());
   out->Add(kWorkerLiveBuffers, base, s.live_buffers());
   out->Add(kWorkerLiveBytes, base, s.live_bytes());
   const std::pair<const char*, int64_t> bytes[] = {

@@ -27,6 +27,9 @@ struct CallContext {
   std::shared_ptr<LoadedProgram> program_ref;
   std::unique_ptr<CallCollective> collective;  // collective kernels
   std::unique_ptr<IslandExecution> island;     // XLA programs
+  // The island's executable, where it was resolved before the task ran
+  // (TaskRunner::TryRunInline); else null, and RunPartition resolves it.
+  std::shared_ptr<const xla::PjrtExecutable> executable;
   // Per task: why it cannot run, found when it was queued (an input that
   // is not on this worker); OK otherwise.
   std::vector<absl::Status> input_errors;

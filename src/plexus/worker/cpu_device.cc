@@ -42,6 +42,23 @@ void CpuDevice::EnqueueCollective(Task task, TaskOrder order) {
   Push(/*collective=*/true, std::move(task), order);
 }
 
+bool CpuDevice::RunIfIdle(const Task& task) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (stop_ || compute_.running_task || !compute_.queue.empty()) {
+      return false;
+    }
+    compute_.running_task = true;
+    compute_since_ = clock_->Now();
+  }
+  task();
+  absl::MutexLock lock(&mu_);
+  busy_micros_ += absl::ToInt64Microseconds(clock_->Now() - compute_since_);
+  compute_since_ = absl::InfinitePast();
+  compute_.running_task = false;
+  return true;
+}
+
 int64_t CpuDevice::pending() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(compute_.queue.size() +
@@ -61,8 +78,10 @@ void CpuDevice::Loop(bool collective) {
     Task task;
     {
       absl::MutexLock lock(&mu_);
+      // Not while a caller runs a task of the stream (RunIfIdle).
       auto ready = [this, collective]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !StreamOf(collective).queue.empty();
+        const Stream& stream = StreamOf(collective);
+        return !stream.running_task && (stop_ || !stream.queue.empty());
       };
       mu_.Await(absl::Condition(&ready));
       Stream& stream = StreamOf(collective);

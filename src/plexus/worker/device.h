@@ -40,6 +40,11 @@ class Device {
   virtual void EnqueueCollective(Task task, TaskOrder order) {
     Enqueue(std::move(task), order);
   }
+  // Runs `task` now, on the calling thread, if nothing is queued or
+  // running on the compute stream: the device counts it as its running
+  // task meanwhile, and a task enqueued meanwhile waits for it. Else false,
+  // and nothing runs. Default: false (every task goes through Enqueue).
+  virtual bool RunIfIdle(const Task& task) { return false; }
   // Tasks queued or running.
   virtual int64_t pending() const = 0;
   // Time spent running tasks since the device started (utilisation =
@@ -63,6 +68,7 @@ class CpuDevice : public Device {
   int64_t memory_bytes() const override { return memory_bytes_; }
   void Enqueue(Task task, TaskOrder order) override;
   void EnqueueCollective(Task task, TaskOrder order) override;
+  bool RunIfIdle(const Task& task) override;
   int64_t pending() const override;
   // Compute only: a collective waiting on the network keeps no device busy.
   // The task running now counts up to now, so a long one shows as busy
@@ -72,7 +78,7 @@ class CpuDevice : public Device {
  private:
   struct Stream {
     TaskQueue queue;
-    bool running_task = false;
+    bool running_task = false;  // on its thread, or (RunIfIdle) a caller's
   };
   Stream& StreamOf(bool collective) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return collective ? collectives_ : compute_;

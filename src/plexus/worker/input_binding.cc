@@ -7,7 +7,7 @@ namespace plexus {
 absl::StatusOr<builtin::ConstTensor> BindInput(
     ObjectStore& store, const proto::InputBinding& binding, int device,
     std::vector<std::shared_ptr<const Storage>>* keep, int64_t* reserved_bytes,
-    const DeviceBuffer** in_device) {
+    const DeviceBuffer** in_device, int64_t* reserved_ahead) {
   auto local = FromProto(binding.local());
   if (!local.ok()) return local.status();
   std::vector<std::shared_ptr<const Storage>> sources;
@@ -36,7 +36,7 @@ absl::StatusOr<builtin::ConstTensor> BindInput(
     source = *std::move(host);
   }
   // Assemble the input from pieces of its sources.
-  absl::Status reserve = store.Reserve(device, bytes);
+  absl::Status reserve = store.Reserve(device, bytes, reserved_ahead);
   if (!reserve.ok()) return reserve;
   *reserved_bytes += bytes;
   auto assembled = Storage::AllocateForWrite(bytes);

@@ -23,9 +23,12 @@ namespace plexus {
 // points into is appended to `keep`; memory reserved on `device` to
 // assemble it is added to `reserved_bytes`. Errors are the pieces' own (an
 // upstream failure, intact), or say which piece could not be copied.
+// That memory is drawn first on `*reserved_ahead` (ObjectStore::Reserve),
+// if given.
 absl::StatusOr<builtin::ConstTensor> BindInput(
     ObjectStore& store, const proto::InputBinding& binding, int device,
     std::vector<std::shared_ptr<const Storage>>* keep, int64_t* reserved_bytes,
-    const DeviceBuffer** in_device = nullptr);
+    const DeviceBuffer** in_device = nullptr,
+    int64_t* reserved_ahead = nullptr);
 
 }  // namespace plexus

@@ -4,9 +4,11 @@
 // (call_context.h) and ahead-of-time compiles hold their own references.
 //
 // Thread-safety: complete when the applier publishes it, and never
-// modified after, except `executables`, under `xla_mu`.
+// modified after, except `executables`, under `xla_mu`, and the atomic
+// `quick_device`.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -27,6 +29,12 @@ struct LoadedProgram {
   Attrs attrs;
   std::vector<ArgSpec> inputs;
   std::vector<ArgSpec> outputs;
+
+  // The device whose thread ran the program's last task here, done, within
+  // TaskRunner::kInlineTask (an XLA program's run on the device too); -1
+  // if it took longer, failed, or has not run.
+  // Its next call there may run on the reader (TaskRunner::TryRunInline).
+  std::atomic<int> quick_device{-1};
 
   std::unique_ptr<proto::XlaProgram> xla;  // set for kernel "xla"
   // The executables of `xla` by island (device indices), resolved through

@@ -11,10 +11,12 @@
 namespace plexus {
 
 void TaskRunner::RunTask(const std::shared_ptr<CallContext>& call,
-                         int task_index, absl::Time queued) {
+                         int task_index, absl::Time queued,
+                         int64_t reserved_ahead) {
   const proto::Execute& exec = call->exec;
   const proto::ShardTask& task = exec.tasks(task_index);
   TaskState state;
+  state.reserved_ahead = reserved_ahead;
   // A call of a client that left after the call was queued here is
   // dropped, not run: nobody can read its outputs, and other clients' calls
   // wait behind it on this device. (The worker cannot stop one that runs.)
@@ -23,6 +25,17 @@ void TaskRunner::RunTask(const std::shared_ptr<CallContext>& call,
   call->queued_micros += absl::ToInt64Microseconds(started - queued);
   absl::Status status = ExecuteTask(call, task_index, dropped, state);
   const absl::Time ran = clock_->Now();
+  if (state.reserved_ahead > 0) {
+    store_.Unreserve(task.device(), state.reserved_ahead);
+    state.reserved_ahead = 0;
+  }
+  // Whether the program's next call on this device may run on the reader:
+  // an XLA run's own time counts too, once it has ended.
+  const bool quick = status.ok() && ran - started <= kInlineTask;
+  if (call->program != nullptr && !state.joined_island) {
+    call->program->quick_device.store(quick ? task.device() : -1,
+                                      std::memory_order_relaxed);
+  }
   if (call->island && !state.joined_island) {
     call->island->Fail(task_index, status);
   }
@@ -43,7 +56,7 @@ void TaskRunner::RunTask(const std::shared_ptr<CallContext>& call,
     return;
   }
   FinishWhenIslandEnds(call, task_index, std::move(state), started,
-                       !status.ok());
+                       !status.ok(), quick);
 }
 
 absl::Status TaskRunner::CheckRunnable(const CallContext& call, int task_index,
@@ -99,7 +112,8 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
     auto input = BindInput(
         store_, task.inputs(i), task.device(), &state.keep,
         &state.scratch_bytes,
-        program->xla || stored_collective ? &input_devices.back() : nullptr);
+        program->xla || stored_collective ? &input_devices.back() : nullptr,
+        &state.reserved_ahead);
     if (!input.ok()) return input.status();  // upstream error, intact
     ctx.inputs.push_back(*input);
     input_storage.push_back(state.keep.back());
@@ -133,7 +147,7 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   if (program->xla) {
     state.joined_island = true;
     return xla_.RunPartition(call, task_index, ctx, input_devices, donate,
-                             &state.outputs);
+                             &state.outputs, &state.reserved_ahead);
   }
   absl::Status s = program->kernel->Run(ctx);
   if (!s.ok()) {
@@ -222,14 +236,19 @@ absl::Status TaskRunner::MakeOutputs(
     }
     *all_aliased = false;
     state.aliased.push_back(false);
-    auto storage = store_.Allocate(device, local->byte_size());
+    auto storage =
+        store_.Allocate(device, local->byte_size(), &state.reserved_ahead);
     if (!storage.ok()) return storage.status();
     state.output_bytes += local->byte_size();
     ctx->outputs.push_back({*local, (*storage)->data()});
     state.outputs.push_back(std::move(*storage));
   }
   if (xla_bytes > 0) {
-    if (absl::Status s = store_.Reserve(device, xla_bytes); !s.ok()) return s;
+    if (absl::Status s =
+            store_.Reserve(device, xla_bytes, &state.reserved_ahead);
+        !s.ok()) {
+      return s;
+    }
     state.output_bytes += xla_bytes;
   }
   return absl::OkStatus();
@@ -266,14 +285,16 @@ void TaskRunner::PublishOutputs(CallContext& call, int task_index,
 
 void TaskRunner::FinishWhenIslandEnds(const std::shared_ptr<CallContext>& call,
                                       int task_index, TaskState state,
-                                      absl::Time started, bool failed) {
+                                      absl::Time started, bool failed,
+                                      bool launched_quickly) {
   // At once where no run was queued, also where this task failed after it
   // was queued.
   const int device = call->exec.tasks(task_index).device();
   xla_runs_started_.fetch_add(1);
   call->island->WhenEnded([this, call, task_index, keep = std::move(state.keep),
                            scratch_bytes = state.scratch_bytes, device, started,
-                           failed](const absl::Status& end) mutable {
+                           failed,
+                           launched_quickly](const absl::Status& end) mutable {
     // Device time: from when it was queued or the device's previous run
     // ended, whichever is later, to its end.
     const int64_t now = absl::ToUnixMicros(clock_->Now());
@@ -293,6 +314,12 @@ void TaskRunner::FinishWhenIslandEnds(const std::shared_ptr<CallContext>& call,
                    end.ToString());
     }
     const int64_t busy = std::max<int64_t>(0, now - from);
+    // A run that held its device long would hold the reader that launched
+    // the next (the plugin may wait for room for another run in flight).
+    const bool quick = launched_quickly && !failed && end.ok() &&
+                       busy <= absl::ToInt64Microseconds(kInlineTask);
+    call->program->quick_device.store(quick ? device : -1,
+                                      std::memory_order_relaxed);
     device_run_busy_[device].fetch_add(busy, std::memory_order_relaxed);
     // On the timeline, the run's time on its device (runs queued
     // behind each other do not overlap there).

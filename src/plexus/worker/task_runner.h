@@ -9,14 +9,24 @@
 //     ──▶ outputs fulfilled or failed in the store ──▶ FinishTask
 //         (an XLA partition: once its island's run has ended)
 //
+// A quick task runs on the reader itself (TryRunInline), saving the device
+// thread's wake-up (a round trip's last hop but one, and a switch of the
+// worker's CPU per call): the call's only task here, of a program that is
+// not a collective and whose last task on that device ran within
+// kInlineTask (an XLA task's launch, and its run on the device), with its
+// inputs ready and its memory reserved now without
+// waiting (ObjectStore::TryReserve), on a device with nothing queued or
+// running (Device::RunIfIdle). Nothing there can wait, so the reader is
+// held at most about as long as the program's last task held its device.
+//
 // Owns the call and task counters (WorkerStats) and each device's XLA run
 // times. Borrows the store, the devices, the XLA programs, the peer table,
 // the report queue, the timeline, the identity and the GPUs' collectives
 // (may be null); they outlive it.
 //
 // Thread-safety: Submit on the reader thread only; RunTask on device
-// threads; the rest from any thread. One lock of its own (xla_runs_mu_),
-// a leaf.
+// threads, or on the reader (TryRunInline); the rest from any thread. One lock
+// of its own (xla_runs_mu_), a leaf.
 #pragma once
 
 #include <atomic>
@@ -46,6 +56,14 @@ namespace plexus {
 
 class TaskRunner {
  public:
+  // The longest a program's last task may have held its device for its
+  // next call to run on the reader (TryRunInline). A tiny program takes
+  // 5-10 µs on a busy worker but 60-110 µs on one idle for a while (cold
+  // caches: a blocking loop with the client's work between calls, on the
+  // 2-core VM), and should run inline there too; the reader is held no
+  // longer than a network hop.
+  static constexpr absl::Duration kInlineTask = absl::Microseconds(200);
+
   TaskRunner(ObjectStore& store,
              const std::vector<std::unique_ptr<Device>>& devices,
              XlaPrograms& xla, PeerTable& peers, ReportQueue& reports,
@@ -66,6 +84,8 @@ class TaskRunner {
   // WorkerStats.
   int64_t calls_executed() const { return calls_executed_.load(); }
   int64_t calls_failed() const { return calls_failed_.load(); }
+  // Tasks run on the reader (TryRunInline).
+  int64_t tasks_inline() const { return tasks_inline_.load(); }
   // The device time of device `d`'s XLA runs so far (its thread queues
   // them and does not wait for them).
   int64_t xla_busy_micros(int d) const { return device_run_busy_[d].load(); }
@@ -83,6 +103,9 @@ class TaskRunner {
     // It handed its input to the collective as stored (EnableNccl).
     bool contributed_stored = false;
     bool joined_island = false;  // RunPartition took it
+    // Reserved on the device before the task ran (TryRunInline), not used
+    // yet: its charges draw on it first, and the rest is let go after.
+    int64_t reserved_ahead = 0;
   };
 
   // --- Submit's steps (task_submit.cc)
@@ -102,10 +125,19 @@ class TaskRunner {
                             std::vector<TensorSpec>& specs);
   void Enqueue(const std::shared_ptr<CallContext>& call);
 
+  // --- a quick task on the reader (task_inline.cc)
+  // Runs the call's task now, on this thread, if it may (the rules above);
+  // false if it did not run.
+  bool TryRunInline(const std::shared_ptr<CallContext>& call);
+  // The most memory the call's task may charge to its device: its outputs,
+  // its inputs (should they be assembled) and its XLA scratch.
+  int64_t MostBytes(const CallContext& call) const;
+
   // --- a task (task_runner.cc)
-  // `queued`: when it entered its device's queue.
+  // `queued`: when it entered its device's queue. `reserved_ahead`: bytes
+  // reserved for it on its device before (TryRunInline).
   void RunTask(const std::shared_ptr<CallContext>& call, int task_index,
-               absl::Time queued);
+               absl::Time queued, int64_t reserved_ahead = 0);
   // Why the task cannot run at all (found when queued; its client left; a
   // program not loaded or of other outputs), else OK.
   absl::Status CheckRunnable(const CallContext& call, int task_index,
@@ -133,10 +165,12 @@ class TaskRunner {
                       const absl::Status& status, bool dropped,
                       TaskState& state);
   // A partition of an XLA island: what it reads stays pinned, and the
-  // call is reported, once the island's run has ended.
+  // call is reported, once the island's run has ended. `launched_quickly`:
+  // its device thread's part took at most kInlineTask (the run's own time
+  // must too, for the program's next call to run on the reader).
   void FinishWhenIslandEnds(const std::shared_ptr<CallContext>& call,
                             int task_index, TaskState state, absl::Time started,
-                            bool failed);
+                            bool failed, bool launched_quickly);
   // A shard task's event, from `started` to `ended` (clock readings).
   void RecordTask(const CallContext& call, int task_index, absl::Time started,
                   absl::Time ended, bool failed);
@@ -159,6 +193,7 @@ class TaskRunner {
 
   std::atomic<int64_t> calls_executed_{0};
   std::atomic<int64_t> calls_failed_{0};
+  std::atomic<int64_t> tasks_inline_{0};
   // XLA runs queued on the devices and ended (their FinishTask done).
   std::atomic<int64_t> xla_runs_started_{0};
   absl::Mutex xla_runs_mu_;

@@ -234,6 +234,7 @@ void TaskRunner::DeclaredSpecs(const CallContext& call,
 }
 
 void TaskRunner::Enqueue(const std::shared_ptr<CallContext>& call) {
+  if (TryRunInline(call)) return;
   const proto::Execute& exec = call->exec;
   const LoadedProgram* program = call->program;
   // A built-in kernel that is not a collective runs on this device alone:

@@ -95,6 +95,8 @@ class WorkerImpl : public Worker {
   int64_t framed_reports() const { return session_.framed_reports(); }
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return data_plane_->pushes_fenced(); }
+  // Tasks run on the reader as they came (TaskRunner::TryRunInline).
+  int64_t tasks_inline() const { return tasks_->tasks_inline(); }
 
   // The object store's deadline for a key not yet declared: a client's
   // fetch or wait may name an output whose call still waits at the

@@ -26,6 +26,7 @@ proto::WorkerStats WorkerImpl::CollectStats() {
     s.add_device_tasks_pending(devices_[d]->pending());
   }
   s.set_calls_executed(tasks_->calls_executed());
+  s.set_tasks_inline(tasks_->tasks_inline());
   s.set_calls_failed(tasks_->calls_failed());
   s.set_programs_loaded(applier_->programs_loaded());
   s.set_pushes_fenced(data_plane_->pushes_fenced());

@@ -59,7 +59,7 @@ absl::Status XlaPrograms::RunPartition(
     const builtin::KernelContext& ctx,
     const std::vector<const DeviceBuffer*>& input_devices,
     const std::vector<bool>& donate,
-    std::vector<std::shared_ptr<Storage>>* outputs) {
+    std::vector<std::shared_ptr<Storage>>* outputs, int64_t* reserved_ahead) {
   CallContext& call = *call_ref;
   const proto::Execute& exec = call.exec;
   LoadedProgram& program = *call.program;
@@ -72,13 +72,17 @@ absl::Status XlaPrograms::RunPartition(
   // Every partition resolves the executable (compiled once, cached), then
   // charges XLA's scratch memory to its own device's budget while the
   // island runs. A partition that cannot still arrives, failing the island.
-  std::vector<int> devices;
-  for (const auto& task : exec.tasks()) devices.push_back(task.device());
-  auto exe = ExecutableFor(program, devices);
+  absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>> exe =
+      call.executable;
+  if (call.executable == nullptr) {
+    std::vector<int> devices;
+    for (const auto& task : exec.tasks()) devices.push_back(task.device());
+    exe = ExecutableFor(program, devices);
+  }
   absl::Status ready = exe.status();
   const int64_t scratch = exe.ok() ? (*exe)->temp_bytes() : 0;
   if (ready.ok() && scratch > 0) {
-    ready = store_.Reserve(device, scratch);
+    ready = store_.Reserve(device, scratch, reserved_ahead);
     if (!ready.ok()) {
       ready = absl::Status(ready.code(),
                            absl::StrCat("XLA scratch memory of ", scratch,

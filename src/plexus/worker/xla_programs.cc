@@ -63,6 +63,16 @@ XlaPrograms::XlaPrograms(xla::XlaExecutor& xla, ObjectStore& store,
 
 XlaPrograms::~XlaPrograms() { StopCompiler(); }
 
+std::shared_ptr<const xla::PjrtExecutable> XlaPrograms::ResolvedExecutable(
+    LoadedProgram& program, const std::vector<int>& devices) {
+  if (!program.xla_mu.TryLock()) return nullptr;
+  std::shared_ptr<const xla::PjrtExecutable> found;
+  auto it = program.executables.find(devices);
+  if (it != program.executables.end()) found = it->second;
+  program.xla_mu.Unlock();
+  return found;
+}
+
 absl::StatusOr<std::shared_ptr<const xla::PjrtExecutable>>
 XlaPrograms::ExecutableFor(LoadedProgram& program,
                            const std::vector<int>& devices) {

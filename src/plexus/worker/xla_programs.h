@@ -95,12 +95,20 @@ class XlaPrograms {
   // null entries of `outputs` (device memory, ready when the run has
   // completed; the others were made by the caller). `donate[i]`: input i
   // was taken for donation (TakeDonations), and the run may write over it.
+  // The executable is the call's (CallContext::executable) where it was
+  // resolved before, else ExecutableFor's; its scratch memory is charged
+  // to the device, drawn first on `*reserved_ahead` (may be null).
   absl::Status RunPartition(
       const std::shared_ptr<CallContext>& call, int task_index,
       const builtin::KernelContext& ctx,
       const std::vector<const DeviceBuffer*>& input_devices,
       const std::vector<bool>& donate,
-      std::vector<std::shared_ptr<Storage>>* outputs);
+      std::vector<std::shared_ptr<Storage>>* outputs, int64_t* reserved_ahead);
+  // The executable of `program` for the island on `devices` if it is
+  // resolved already and its lock is free now (a compile holds it); else
+  // null. Never waits (TaskRunner::TryRunInline, on the reader).
+  std::shared_ptr<const xla::PjrtExecutable> ResolvedExecutable(
+      LoadedProgram& program, const std::vector<int>& devices);
 
   // WorkerStats: the compiles under way, and the donations.
   void AddCompiling(proto::WorkerStats* stats);
