@@ -142,140 +142,115 @@ void AdvanceUntilReady(FakeClock& clock, WorkerImpl& worker, uint64_t id) {
 }
 
 // Runs `program` once on the device thread (its first task is timed
-// there; a device_sleep's as long as the clock is advanced) and waits for
-// the device to be idle.
+// there), advancing the clock while it runs if it sleeps (`micros` > 0;
+// a quick one is never timed across an advance), and waits for the
+// device to be idle.
 void RunOnce(FakeClock& clock, WorkerImpl& worker, uint64_t program,
-             uint64_t input, uint64_t output) {
+             int64_t micros, uint64_t input, uint64_t output) {
   proto::ServerToWorker msg;
   Call(msg, program, input, output);
   worker.ApplyOps(msg);
-  AdvanceUntilReady(clock, worker, output);
+  if (micros > 0) AdvanceUntilReady(clock, worker, output);
   Read(worker, output);
   AwaitIdle(worker);
 }
 
-TEST(TaskInlineTest, AQuickProgramsNextCallRunsOnTheReader) {
-  FakeClock clock;
-  std::unique_ptr<WorkerImpl> worker = LocalWorker(&clock);
-  const uint64_t quick = Id(1), x = Id(2), first = Id(3), second = Id(4);
-  proto::ServerToWorker msg;
-  msg.set_worker_id(1);
-  Load(msg, quick, 0);
-  Declare(msg, x);
-  worker->ApplyOps(msg);
-  Deliver(*worker, x, 1.0f);
+// A worker with one program loaded (device_sleep of `micros`), a put x
+// of {from, from + 1, ...}, and the program's first call on x made
+// `first` (timed on the device thread).
+class TaskInlineTest : public ::testing::Test {
+ protected:
+  void Start(int64_t micros, int64_t memory = 1 << 20, float from = 1.0f) {
+    worker_ = LocalWorker(&clock_, memory);
+    proto::ServerToWorker msg;
+    msg.set_worker_id(1);
+    Load(msg, program_, micros);
+    Declare(msg, x_);
+    worker_->ApplyOps(msg);
+    Deliver(*worker_, x_, from);
+    RunOnce(clock_, *worker_, program_, micros, x_, first_);
+  }
+  // Applies one message of ops, as `fill` writes it.
+  template <typename Fill>
+  void Apply(Fill fill) {
+    proto::ServerToWorker msg;
+    fill(msg);
+    worker_->ApplyOps(msg);
+  }
 
-  RunOnce(clock, *worker, quick, x, first);
-  EXPECT_EQ(worker->tasks_inline(), 0) << "its first task is never inline";
+  FakeClock clock_;
+  std::unique_ptr<WorkerImpl> worker_;
+  const uint64_t program_ = Id(1), x_ = Id(2), first_ = Id(3);
+};
 
-  msg.Clear();
-  Call(msg, quick, first, second);
-  worker->ApplyOps(msg);
-  EXPECT_EQ(worker->tasks_inline(), 1);
-  EXPECT_EQ(worker->pending_tasks(), 0) << "it ran before ApplyOps returned";
-  EXPECT_EQ(Read(*worker, second), (std::vector<float>{1, 2, 3, 4}));
+TEST_F(TaskInlineTest, AQuickProgramsNextCallRunsOnTheReader) {
+  Start(/*micros=*/0);
+  EXPECT_EQ(worker_->tasks_inline(), 0) << "its first task is never inline";
+  const uint64_t second = Id(4);
+  Apply([&](auto& msg) { Call(msg, program_, first_, second); });
+  EXPECT_EQ(worker_->tasks_inline(), 1);
+  EXPECT_EQ(worker_->pending_tasks(), 0) << "it ran before ApplyOps returned";
+  EXPECT_EQ(Read(*worker_, second), (std::vector<float>{1, 2, 3, 4}));
 }
 
-TEST(TaskInlineTest, ASlowProgramStaysOnItsDeviceThread) {
-  FakeClock clock;
-  std::unique_ptr<WorkerImpl> worker = LocalWorker(&clock);
-  const uint64_t slow = Id(1), x = Id(2), first = Id(3), second = Id(4);
-  proto::ServerToWorker msg;
-  msg.set_worker_id(1);
+TEST_F(TaskInlineTest, ASlowProgramStaysOnItsDeviceThread) {
   // 20 ms of the clock: far over TaskRunner::kInlineTask.
-  Load(msg, slow, 20000);
-  Declare(msg, x);
-  worker->ApplyOps(msg);
-  Deliver(*worker, x, 5.0f);
-
-  RunOnce(clock, *worker, slow, x, first);
-  msg.Clear();
-  Call(msg, slow, first, second);
-  worker->ApplyOps(msg);
-  EXPECT_EQ(worker->tasks_inline(), 0);
-  AdvanceUntilReady(clock, *worker, second);
-  EXPECT_EQ(Read(*worker, second), (std::vector<float>{5, 6, 7, 8}));
+  Start(/*micros=*/20000, 1 << 20, 5.0f);
+  const uint64_t second = Id(4);
+  Apply([&](auto& msg) { Call(msg, program_, first_, second); });
+  EXPECT_EQ(worker_->tasks_inline(), 0);
+  AdvanceUntilReady(clock_, *worker_, second);
+  EXPECT_EQ(Read(*worker_, second), (std::vector<float>{5, 6, 7, 8}));
 }
 
-TEST(TaskInlineTest, ACallWhoseInputIsNotReadyIsQueuedNotWaitedFor) {
-  FakeClock clock;
-  std::unique_ptr<WorkerImpl> worker = LocalWorker(&clock);
-  const uint64_t quick = Id(1), x = Id(2), first = Id(3);
+TEST_F(TaskInlineTest, ACallWhoseInputIsNotReadyIsQueuedNotWaitedFor) {
+  Start(/*micros=*/0);
   const uint64_t late = Id(4), second = Id(5);
+  Apply([&](auto& msg) { Declare(msg, late); });  // its bytes come later
   proto::ServerToWorker msg;
-  msg.set_worker_id(1);
-  Load(msg, quick, 0);
-  Declare(msg, x);
-  Declare(msg, late);  // its bytes come after the call
-  worker->ApplyOps(msg);
-  Deliver(*worker, x, 1.0f);
-  RunOnce(clock, *worker, quick, x, first);
-
-  msg.Clear();
-  Call(msg, quick, late, second);
-  EXPECT_TRUE(AppliedWithoutWaiting(*worker, msg, [&] {
-    Deliver(*worker, late, 10.0f);
+  Call(msg, program_, late, second);
+  EXPECT_TRUE(AppliedWithoutWaiting(*worker_, msg, [&] {
+    Deliver(*worker_, late, 10.0f);
   })) << "the reader waited for the call's input";
-  EXPECT_EQ(Read(*worker, second), (std::vector<float>{10, 11, 12, 13}));
-  EXPECT_EQ(worker->tasks_inline(), 0);
+  EXPECT_EQ(Read(*worker_, second), (std::vector<float>{10, 11, 12, 13}));
+  EXPECT_EQ(worker_->tasks_inline(), 0);
 }
 
-TEST(TaskInlineTest, ACallWithNoRoomForItsOutputIsQueuedNotWaitedFor) {
-  // 4 KiB of device memory: the quick program's f32[4] values, and a put
-  // that takes all the rest.
-  FakeClock clock;
-  std::unique_ptr<WorkerImpl> worker = LocalWorker(&clock, 4096);
-  const uint64_t quick = Id(1), x = Id(2), first = Id(3);
+TEST_F(TaskInlineTest, ACallWithNoRoomForItsOutputIsQueuedNotWaitedFor) {
+  // 4 KiB of device memory: x and first (32 bytes), and a put that takes
+  // all the rest.
+  Start(/*micros=*/0, /*memory=*/4096);
   const uint64_t big = Id(4), second = Id(5);
-  proto::ServerToWorker msg;
-  msg.set_worker_id(1);
-  Load(msg, quick, 0);
-  Declare(msg, x);
-  worker->ApplyOps(msg);
-  Deliver(*worker, x, 1.0f);
-  RunOnce(clock, *worker, quick, x, first);  // x and first: 32 bytes
-  msg.Clear();
   const int64_t rest = (4096 - 32) / sizeof(float);
-  Declare(msg, big, rest);
-  worker->ApplyOps(msg);
-  Deliver(*worker, big, 0.0f, rest);
+  Apply([&](auto& msg) { Declare(msg, big, rest); });
+  Deliver(*worker_, big, 0.0f, rest);
 
-  msg.Clear();
-  Call(msg, quick, first, second);
+  proto::ServerToWorker msg;
+  Call(msg, program_, first_, second);
   // The queued task gets its room once the put goes (released here as
   // the reader would, had it not been held).
-  EXPECT_TRUE(AppliedWithoutWaiting(*worker, msg, [&] {
-    proto::ServerToWorker release;
-    release.add_ops()->mutable_release()->add_buffer_ids(big);
-    worker->ApplyOps(release);
+  EXPECT_TRUE(AppliedWithoutWaiting(*worker_, msg, [&] {
+    Apply(
+        [&](auto& m) { m.add_ops()->mutable_release()->add_buffer_ids(big); });
   })) << "the reader waited for room";
-  EXPECT_EQ(Read(*worker, second), (std::vector<float>{1, 2, 3, 4}));
-  EXPECT_EQ(worker->tasks_inline(), 0);
+  EXPECT_EQ(Read(*worker_, second), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(worker_->tasks_inline(), 0);
 }
 
-TEST(TaskInlineTest, ACallOnABusyDeviceWaitsItsTurn) {
-  FakeClock clock;
-  std::unique_ptr<WorkerImpl> worker = LocalWorker(&clock);
-  const uint64_t quick = Id(1), slow = Id(2), x = Id(3), first = Id(4);
-  const uint64_t held = Id(5), second = Id(6);
-  proto::ServerToWorker msg;
-  msg.set_worker_id(1);
-  Load(msg, quick, 0);
-  Load(msg, slow, 20000);  // held until the test advances the clock
-  Declare(msg, x);
-  worker->ApplyOps(msg);
-  Deliver(*worker, x, 1.0f);
-  RunOnce(clock, *worker, quick, x, first);
-
-  // The slow call holds the device; the quick one comes behind it.
-  msg.Clear();
-  Call(msg, slow, x, held);
-  Call(msg, quick, first, second);
-  worker->ApplyOps(msg);
-  EXPECT_EQ(worker->tasks_inline(), 0);
-  AdvanceUntilReady(clock, *worker, held);
-  EXPECT_EQ(Read(*worker, held), (std::vector<float>{1, 2, 3, 4}));
-  EXPECT_EQ(Read(*worker, second), (std::vector<float>{1, 2, 3, 4}));
+TEST_F(TaskInlineTest, ACallOnABusyDeviceWaitsItsTurn) {
+  Start(/*micros=*/0);
+  const uint64_t slow = Id(4), held = Id(5), second = Id(6);
+  // The slow call holds the device (until the test advances the clock);
+  // the quick one comes behind it.
+  Apply([&](auto& msg) {
+    Load(msg, slow, 20000);
+    Call(msg, slow, x_, held);
+    Call(msg, program_, first_, second);
+  });
+  EXPECT_EQ(worker_->tasks_inline(), 0);
+  AdvanceUntilReady(clock_, *worker_, held);
+  EXPECT_EQ(Read(*worker_, held), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(Read(*worker_, second), (std::vector<float>{1, 2, 3, 4}));
 }
 
 }  // namespace
