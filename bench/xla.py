@@ -2,7 +2,10 @@
 same jitted function in this process with JAX.
 
 Three programs, each f32[n, n] -> f32[n, n] so calls can chain:
-  - tiny:  x + 1 on f32[8, 8] (nothing but overhead);
+  - tiny:  x + 1 on f32[8, 8] (nothing but overhead), called with a second
+    argument it does not read (each call passes two arrays, as the others
+    do), and again as "tiny1" with one (the second argument None): what
+    one more array per call costs;
   - heavy: r rounds of tanh(x @ w), sized so that one in-process call takes
     about --heavy-ms milliseconds here;
   - big:   x * 1.0001 + 1 on a --big-mib MiB value (f32[n, n]; default 64:
@@ -267,9 +270,12 @@ def main():
     def big(x, w):
         return x * 1.0001 + 1.0
 
-    cases = [("tiny", tiny, 8), ("heavy", heavy, args.heavy_n)]
+    # (name, function, n, whether it gets the second array)
+    cases = [("tiny", tiny, 8, True), ("tiny1", tiny, 8, False),
+             ("heavy", heavy, args.heavy_n, True)]
     if args.big_mib > 0:
-        cases.append(("big", big, int((args.big_mib * 2**20 / 4) ** 0.5)))
+        cases.append(("big", big, int((args.big_mib * 2**20 / 4) ** 0.5),
+                      True))
     results = {"machine": f"{platform_mod.node()} ({platform_mod.machine()}, "
                           f"{__import__('os').cpu_count()} cores)",
                "platform": args.platform, "calls": args.calls,
@@ -287,12 +293,15 @@ def main():
         s = client.slice(1)
         pids = {"client": os.getpid(), "server": cluster.process.pid,
                 "worker": cluster.worker_pids()[0]}
-        for name, f, n in cases:
+        for name, f, n, with_w in cases:
             rng = np.random.default_rng(1)
             x = rng.standard_normal((n, n)).astype(np.float32)
             w = (rng.standard_normal((n, n)) / n).astype(np.float32)
+            if not with_w:
+                w = None
             prog = plexus.jit(f, s, name=name, platform=args.platform)
-            calls = {"tiny": args.calls, "heavy": max(10, args.calls // 10),
+            calls = {"tiny": args.calls, "tiny1": args.calls,
+                     "heavy": max(10, args.calls // 10),
                      "big": max(5, args.calls // 20)}[name]
             row = {"plexus": plexus_timings(client, prog, s, x, w, calls,
                                             args.repeats, pids)}

@@ -45,6 +45,12 @@ def measures(run):
     for role, us in tiny["plexus"]["chained_cpu_us"].items():
         if isinstance(us, (int, float)):
             m[f"tiny: {role} CPU µs"] = us
+    one = run["cases"].get("tiny1")  # trees before it have no such case
+    if one:
+        m["tiny, one argument, chained µs"] = one["plexus"]["chained_s"] * 1e6
+        if "jax" in one:
+            m["tiny, one argument, in-process JAX µs"] = (
+                one["jax"]["chained_s"] * 1e6)
     leaves = run.get("leaves")
     if leaves:
         n = leaves["leaves"]
@@ -59,6 +65,8 @@ got = {w: [measures(json.load(open(f"{folder}/{w}.{r}.json")))
 print("\n| measure | before (median) | after (median) | after/before (median of rounds) |")
 print("|---|---|---|---|")
 for k in got["before"][0]:
+    if not all(k in m for m in got["after"]):
+        continue  # a measure one tree has not
     b = [m[k] for m in got["before"]]
     a = [m[k] for m in got["after"]]
     ratios = [x / y for x, y in zip(a, b) if y]
