@@ -48,15 +48,26 @@ bool CpuDevice::RunIfIdle(const Task& task) {
     if (stop_ || compute_.running_task || !compute_.queue.empty()) {
       return false;
     }
-    compute_.running_task = true;
-    compute_since_ = clock_->Now();
+    BeginTurnLocked(/*collective=*/false);
   }
   task();
   absl::MutexLock lock(&mu_);
-  busy_micros_ += absl::ToInt64Microseconds(clock_->Now() - compute_since_);
-  compute_since_ = absl::InfinitePast();
-  compute_.running_task = false;
+  EndTurnLocked(/*collective=*/false);
   return true;
+}
+
+void CpuDevice::BeginTurnLocked(bool collective) {
+  StreamOf(collective).running_task = true;
+  // A collective waiting on the network keeps no device busy.
+  if (!collective) compute_since_ = clock_->Now();
+}
+
+void CpuDevice::EndTurnLocked(bool collective) {
+  if (!collective) {
+    busy_micros_ += absl::ToInt64Microseconds(clock_->Now() - compute_since_);
+    compute_since_ = absl::InfinitePast();
+  }
+  StreamOf(collective).running_task = false;
 }
 
 int64_t CpuDevice::pending() const {
@@ -87,17 +98,11 @@ void CpuDevice::Loop(bool collective) {
       Stream& stream = StreamOf(collective);
       if (stream.queue.empty()) return;  // stop_ and drained
       task = stream.queue.Pop();
-      stream.running_task = true;
-      // A collective waiting on the network keeps no device busy.
-      if (!collective) compute_since_ = clock_->Now();
+      BeginTurnLocked(collective);
     }
     task();
     absl::MutexLock lock(&mu_);
-    if (!collective) {
-      busy_micros_ += absl::ToInt64Microseconds(clock_->Now() - compute_since_);
-      compute_since_ = absl::InfinitePast();
-    }
-    StreamOf(collective).running_task = false;
+    EndTurnLocked(collective);
   }
 }
 

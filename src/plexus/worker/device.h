@@ -84,6 +84,11 @@ class CpuDevice : public Device {
     return collective ? collectives_ : compute_;
   }
   void Push(bool collective, Task task, TaskOrder order);
+  // A stream's task starts (on its thread, or a caller's: RunIfIdle) and
+  // ends: the stream is running it, and a compute task's time counts as
+  // the device's busy time.
+  void BeginTurnLocked(bool collective) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndTurnLocked(bool collective) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop(bool collective);
 
   const int index_;

@@ -118,10 +118,12 @@ bool AppliedWithoutWaiting(WorkerImpl& worker, proto::ServerToWorker& msg,
 }
 
 // The device thread has let go of the task that made the last output (it
-// publishes the output, then ends its turn): bounded by the count of looks.
+// publishes the output, then ends its turn, a few instructions later):
+// looked for until a deadline.
 void AwaitIdle(WorkerImpl& worker) {
-  for (int i = 0; i < 30000 && worker.pending_tasks() > 0; ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (worker.pending_tasks() > 0 && absl::Now() < give_up) {
+    std::this_thread::yield();
   }
   ASSERT_EQ(worker.pending_tasks(), 0);
 }
