@@ -174,6 +174,7 @@ struct SliceAnswer {
 struct LocalInput {
   absl::StatusOr<TensorSpec> spec;
   proto::TensorSpec proto;  // of `spec`, if it is ok
+  std::string bytes;        // `proto`, serialized
 };
 
 struct ProgramRecord {
@@ -1003,9 +1004,12 @@ class ClusterState {
   // once, and it is laid out on the call's slice as the program takes it.
   bool MayDonate(const ProgramRecord& prog, const proto::Call& call, int i,
                  bool same_layout) const;
-  // Routing's scratch, reused from call to call (RouteCall builds each
-  // shard's task in it and encodes it; no allocation per call once warm).
+  // Routing's scratch, reused from call to call (RouteCall lists a call's
+  // own-shard inputs, or builds each shard's task, in it and encodes them;
+  // no allocation per call once warm).
   std::vector<std::unique_ptr<proto::ShardTask>> route_tasks_;
+  std::vector<OwnShardInput> route_own_;
+  std::vector<const proto::TensorSpec*> route_own_local_;
   proto::Execute route_shared_;
   proto::RecoveryCounters counters_;
   bool spares_seen_ = false;

@@ -191,18 +191,17 @@ double Admission::Estimate(const Client& c, uint64_t program_id) const {
                             : it->second;
 }
 
-Admission::Room Admission::RoomFor(int64_t worker, uint64_t client,
+Admission::Room Admission::RoomFor(const Window* window, uint64_t client,
                                    double cost) const {
-  auto it = windows_.find(worker);
-  if (it == windows_.end()) return Room::kYes;  // gone: its ops are dropped
-  const Window& w = it->second;
+  if (window == nullptr) return Room::kYes;  // gone: its ops are dropped
+  const Window& w = *window;
   auto fits = [&](const Load& load, int windows) {
     return load.calls < int64_t{options_.min_window_calls} * w.devices ||
            load.micros + cost <= static_cast<double>(options_.window_micros) *
                                      w.devices * windows;
   };
   if (!fits(w.total, 2)) return Room::kWorkerFull;
-  auto own = w.clients.find(client);
+  auto own = w.Own(client);
   if (own != w.clients.end() && !fits(own->second, 1)) {
     return Room::kClientFull;
   }
@@ -222,11 +221,15 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       // Blocked by a full worker: it reserves its workers. Blocked by its
       // own window only: it reserves nothing (others may use the room).
       Room room = Room::kYes;
+      unit_windows_.clear();
       for (int64_t w : unit.exec_workers) {
+        auto window = windows_.find(w);
+        unit_windows_.push_back(window == windows_.end() ? nullptr
+                                                         : &window->second);
         const Room r =
             std::find(reserved.begin(), reserved.end(), w) != reserved.end()
                 ? Room::kWorkerFull
-                : RoomFor(w, id, cost);
+                : RoomFor(unit_windows_.back(), id, cost);
         if (r == Room::kWorkerFull) {
           room = r;
           break;
@@ -260,11 +263,15 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       if (unit_out->executes != nullptr) {
         unit_out->executes->Stamp(ticket, c.pass);  // once for every host
       }
-      for (int64_t w : unit_out->exec_workers) {
-        auto window = windows_.find(w);
-        if (window == windows_.end()) continue;  // gone: never reports
-        for (Load* load :
-             {&window->second.total, &window->second.clients[id]}) {
+      for (size_t k = 0; k < unit_out->exec_workers.size(); ++k) {
+        const int64_t w = unit_out->exec_workers[k];
+        Window* window = unit_windows_[k];
+        if (window == nullptr) continue;  // gone: never reports
+        auto own = window->Own(id);
+        if (own == window->clients.end()) {
+          own = &window->clients.emplace_back(id, Load{});
+        }
+        for (Load* load : {&window->total, &own->second}) {
           load->calls++;
           load->micros += cost;
         }
@@ -277,7 +284,10 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
           }
         }
       }
-      std::sort(f.workers.begin(), f.workers.end());
+      // (A slice lists its hosts in order, most often already sorted.)
+      if (!std::is_sorted(f.workers.begin(), f.workers.end())) {
+        std::sort(f.workers.begin(), f.workers.end());
+      }
       f.ended.assign(f.workers.size(), false);
       f.remaining = static_cast<int>(f.workers.size());
       if (f.workers.empty()) {
@@ -325,9 +335,10 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
     Load& total = window->total;
     total.calls--;
     total.micros = std::max(0.0, total.micros - f.cost);
-    auto own = window->clients.find(f.client);
+    auto own = window->Own(f.client);
     if (own != window->clients.end() && --own->second.calls == 0) {
-      window->clients.erase(own);
+      *own = window->clients.back();  // the last entry takes its place
+      window->clients.pop_back();
     } else if (own != window->clients.end()) {
       own->second.micros = std::max(0.0, own->second.micros - f.cost);
     }

@@ -49,6 +49,7 @@
 // admission lock; tests drive it directly. Not thread-safe by itself.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -199,7 +200,17 @@ class Admission {
   struct Window {
     int devices = 1;
     Load total;
-    absl::flat_hash_map<uint64_t, Load> clients;  // only clients with calls
+    // Only clients with calls here: a few at most, so a short list (no
+    // hashing per host per call). Own finds one's entry, else end().
+    using ClientLoads = absl::InlinedVector<std::pair<uint64_t, Load>, 2>;
+    ClientLoads clients;
+    ClientLoads::iterator Own(uint64_t client) {
+      return std::find_if(clients.begin(), clients.end(),
+                          [&](const auto& c) { return c.first == client; });
+    }
+    ClientLoads::const_iterator Own(uint64_t client) const {
+      return const_cast<Window*>(this)->Own(client);
+    }
     // Where this worker was among the workers of the last call it ended:
     // the calls of one slice list theirs alike, so EndOn tries it before a
     // binary search (O(1) per host per call on a wide slice).
@@ -222,7 +233,9 @@ class Admission {
   };
 
   double Estimate(const Client& c, uint64_t program_id) const;
-  Room RoomFor(int64_t worker, uint64_t client, double cost) const;
+  // Whether `window` (a worker's; null: gone) has room for a call of
+  // `client` estimated at `cost`.
+  Room RoomFor(const Window* window, uint64_t client, double cost) const;
   void Backlog(uint64_t id, Client& c);
   void Unbacklog(uint64_t id, Client& c);
   // One execute of `ticket` on `worker` is over (done or worker gone);
@@ -246,6 +259,9 @@ class Admission {
   double virtual_pass_ = 0;
   // (A B-tree: no allocation per call, as std::multiset's node was.)
   absl::btree_multiset<double> in_flight_tags_;
+  // Next's scratch: the windows of the unit it looks at, found once for
+  // its room and its admission (null: that worker is gone).
+  std::vector<Window*> unit_windows_;
   uint64_t next_ticket_ = 1;
   uint64_t next_arrival_ = 1;
   std::vector<std::pair<uint64_t, bool>> done_calls_;

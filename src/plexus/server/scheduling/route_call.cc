@@ -117,7 +117,10 @@ const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
     for (const ArgSpec& in : prog.inputs) {
       LocalInput& local = prog.local_inputs.emplace_back();
       local.spec = in.Local(n);
-      if (local.spec.ok()) local.proto = ToProto(*local.spec);
+      if (local.spec.ok()) {
+        local.proto = ToProto(*local.spec);
+        local.bytes = local.proto.SerializeAsString();
+      }
     }
     prog.local_inputs_shards = n;
   }
@@ -144,6 +147,19 @@ SliceRecord::RouteCache& HostsOf(const SliceRecord& slice) {
     cache.host_of[j] = it->second;
   }
   return cache;
+}
+
+// Input `in`'s binding for shard `j` as a proto (`local`: in.local,
+// parsed): what CallExecutes::AddOwnShardsHost encodes for it.
+void AddOwnShard(const OwnShardInput& in, const proto::TensorSpec& local, int j,
+                 proto::InputBinding* binding) {
+  *binding->mutable_local() = local;
+  if (in.donate) binding->set_donate(true);
+  binding->set_axis(in.axis);
+  proto::Piece* p = binding->add_pieces();
+  p->set_buffer_id(in.buffer_id);
+  p->set_shard(j);
+  p->set_length(in.length);
 }
 
 }  // namespace
@@ -219,17 +235,32 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     }
   }
 
-  // Each shard's task, built in routing's scratch (its messages kept from
-  // call to call) and encoded into its host's Execute below.
+  // Each shard's task. While every input is read by each shard from its
+  // own shard of the value (the usual call: OwnShardInput), the inputs are
+  // listed in `own` and each host's tasks are encoded from them directly
+  // below. The first input that is not makes them protos, built in
+  // routing's scratch (its messages kept from call to call) with the
+  // inputs before it, and encoded from those.
   std::vector<std::unique_ptr<proto::ShardTask>>& tasks = route_tasks_;
-  while (tasks.size() < static_cast<size_t>(n)) {
-    tasks.push_back(std::make_unique<proto::ShardTask>());
-  }
-  for (int j = 0; j < n; ++j) {
-    tasks[j]->Clear();
-    tasks[j]->set_device(slice.devices[j].device);
-    tasks[j]->set_shard(j);
-  }
+  std::vector<OwnShardInput>& own = route_own_;
+  std::vector<const proto::TensorSpec*>& own_local = route_own_local_;
+  own.clear();
+  own_local.clear();
+  bool as_protos = false;
+  auto make_protos = [&] {
+    while (tasks.size() < static_cast<size_t>(n)) {
+      tasks.push_back(std::make_unique<proto::ShardTask>());
+    }
+    for (int j = 0; j < n; ++j) {
+      tasks[j]->Clear();
+      tasks[j]->set_device(slice.devices[j].device);
+      tasks[j]->set_shard(j);
+      for (size_t k = 0; k < own.size(); ++k) {
+        AddOwnShard(own[k], *own_local[k], j, tasks[j]->add_inputs());
+      }
+    }
+    as_protos = true;
+  };
   std::map<TransferKey, uint64_t> transfers;
   WorkerOps staged;  // transfers and expects: only kept if the call routes
   // Its record (kept if it routes), with the layouts parsed here.
@@ -356,12 +387,27 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
 
     const bool donate =
         !prog.donated.empty() && MayDonate(prog, call, i, same_layout);
-    for (int j = 0; j < n; ++j) {
+    const int64_t rows =
+        arg->sharding.is_split() ? arg->global.shape[arg->sharding.axis] : 1;
+    const int32_t axis = arg->sharding.is_split() ? arg->sharding.axis : 0;
+    if (same_layout && !as_protos) {
+      // Each shard reads its own: one piece, the whole shard.
+      own.push_back({ref.buffer_id(), rows / n, axis, donate, &local.bytes});
+      own_local.push_back(&local.proto);
+    } else if (!as_protos) {
+      make_protos();
+    }
+    for (int j = 0; as_protos && j < n; ++j) {
       const DeviceRef& dst = slice.devices[j];
       proto::InputBinding* binding = tasks[j]->add_inputs();
+      if (same_layout) {
+        AddOwnShard({ref.buffer_id(), rows / n, axis, donate, &local.bytes},
+                    local.proto, j, binding);
+        continue;
+      }
       *binding->mutable_local() = local.proto;
       if (donate) binding->set_donate(true);
-      binding->set_axis(arg->sharding.is_split() ? arg->sharding.axis : 0);
+      binding->set_axis(axis);
       auto add_piece = [&](int k, int64_t src_off, int64_t dst_off,
                            int64_t len) {
         auto [id, shard] = source_key(k, dst);
@@ -372,11 +418,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
         p->set_dst_offset(dst_off);
         p->set_length(len);
       };
-      const int64_t rows =
-          arg->sharding.is_split() ? arg->global.shape[arg->sharding.axis] : 1;
-      if (same_layout) {
-        add_piece(j, 0, 0, rows / n);
-      } else if (boxes) {
+      if (boxes) {
         absl::Status s = AddBoxPieces(
             *arg, m, want, n, j, src, dst,
             [&](int k) { return source_key(k, dst); }, binding);
@@ -472,14 +514,14 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       peer->set_nccl(workers_[p].info.nccl());
     }
   }
-  auto made = std::make_shared<CallExecutes>(route_shared_);
+  auto made = std::make_shared<CallExecutes>(
+      route_shared_, static_cast<int>(hosts.hosts.size()));
   // Each host's tasks, in slice order: a counting sort by host.
   absl::InlinedVector<int, 8> next(hosts.hosts.size() + 1, 0);
   for (int j = 0; j < n; ++j) next[hosts.host_of[j] + 1]++;
   for (size_t h = 1; h < next.size(); ++h) next[h] += next[h - 1];
-  absl::InlinedVector<const proto::ShardTask*, 8> by_host(n);
-  for (int j = 0; j < n; ++j)
-    by_host[next[hosts.host_of[j]]++] = tasks[j].get();
+  absl::InlinedVector<int, 8> by_host(n);
+  for (int j = 0; j < n; ++j) by_host[next[hosts.host_of[j]]++] = j;
   // The program goes to each host that lacks it, found host by host only
   // until every host of the map has it.
   if (hosts.programs_epoch != programs_unloaded_) {
@@ -498,8 +540,24 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     hosts.loaded_everywhere.insert(call.program_id());
   }
   int from = 0;
+  absl::InlinedVector<const proto::ShardTask*, 8> host_tasks;
+  absl::InlinedVector<DeviceShard, 8> host_shards;
   for (const auto& [w, shards] : hosts.hosts) {
-    made->AddHost(w, absl::MakeConstSpan(by_host).subspan(from, shards));
+    host_tasks.clear();
+    host_shards.clear();
+    for (int k = from; k < from + shards; ++k) {
+      const int j = by_host[k];
+      if (as_protos) {
+        host_tasks.push_back(tasks[j].get());
+      } else {
+        host_shards.push_back({slice.devices[j].device, j});
+      }
+    }
+    if (as_protos) {
+      made->AddHost(w, host_tasks);
+    } else {
+      made->AddOwnShardsHost(w, host_shards, own);
+    }
     from += shards;
   }
   *executes = std::move(made);

@@ -19,6 +19,32 @@ constexpr uint8_t LengthTag(int field) {
 constexpr uint8_t kOpTag = LengthTag(proto::ServerToWorker::kOpsFieldNumber);
 constexpr uint8_t kExecuteTag = LengthTag(proto::WorkerOp::kExecuteFieldNumber);
 constexpr uint8_t kTaskTag = LengthTag(proto::Execute::kTasksFieldNumber);
+constexpr uint8_t VarintTag(int field) {
+  return static_cast<uint8_t>(
+      WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_VARINT));
+}
+constexpr uint8_t kTaskDeviceTag =
+    VarintTag(proto::ShardTask::kDeviceFieldNumber);
+constexpr uint8_t kTaskShardTag =
+    VarintTag(proto::ShardTask::kShardFieldNumber);
+constexpr uint8_t kTaskInputTag =
+    LengthTag(proto::ShardTask::kInputsFieldNumber);
+constexpr uint8_t kBindingPieceTag =
+    LengthTag(proto::InputBinding::kPiecesFieldNumber);
+constexpr uint8_t kBindingAxisTag =
+    VarintTag(proto::InputBinding::kAxisFieldNumber);
+constexpr uint8_t kBindingLocalTag =
+    LengthTag(proto::InputBinding::kLocalFieldNumber);
+constexpr uint8_t kBindingDonateTag =
+    VarintTag(proto::InputBinding::kDonateFieldNumber);
+constexpr uint8_t kPieceBufferTag =
+    VarintTag(proto::Piece::kBufferIdFieldNumber);
+constexpr uint8_t kPieceShardTag = VarintTag(proto::Piece::kShardFieldNumber);
+constexpr uint8_t kPieceLengthTag = VarintTag(proto::Piece::kLengthFieldNumber);
+static_assert(proto::ShardTask::kInputsFieldNumber < 16 &&
+                  proto::InputBinding::kDonateFieldNumber < 16 &&
+                  proto::Piece::kLengthFieldNumber < 16,
+              "one-byte tags");
 constexpr uint8_t kTicketTag = static_cast<uint8_t>(WireFormatLite::MakeTag(
     proto::Execute::kTicketFieldNumber, WireFormatLite::WIRETYPE_VARINT));
 constexpr uint8_t kStartTagTag = static_cast<uint8_t>(WireFormatLite::MakeTag(
@@ -40,6 +66,32 @@ uint8_t* WriteHeader(uint8_t tag, uint64_t length, uint8_t* target) {
 
 size_t HeaderSize(uint64_t length) { return 1 + VarintSize(length); }
 
+// An int32 or int64 field's varint, as protobuf writes it: a negative
+// value as its 64-bit two's complement (ten bytes).
+size_t IntSize(int64_t v) { return VarintSize(static_cast<uint64_t>(v)); }
+uint8_t* WriteInt(uint8_t tag, int64_t v, uint8_t* target) {
+  *target++ = tag;
+  return Coded::WriteVarint64ToArray(static_cast<uint64_t>(v), target);
+}
+// A proto3 scalar field: written only where it is not zero.
+size_t ScalarSize(int64_t v) { return v == 0 ? 0 : 1 + IntSize(v); }
+uint8_t* WriteScalar(uint8_t tag, int64_t v, uint8_t* target) {
+  return v == 0 ? target : WriteInt(tag, v, target);
+}
+
+// An OwnShardInput's binding for shard `shard` (fields in field-number
+// order, as protobuf writes them): its Piece's size without the shard
+// field (the same for every shard), and the binding's size for a piece of
+// `piece` bytes.
+size_t OwnPieceBase(const OwnShardInput& in) {
+  return (in.buffer_id == 0 ? 0 : 1 + VarintSize(in.buffer_id)) +
+         ScalarSize(in.length);
+}
+size_t OwnBindingSize(const OwnShardInput& in, size_t piece) {
+  return HeaderSize(piece) + piece + ScalarSize(in.axis) +
+         HeaderSize(in.local->size()) + in.local->size() + (in.donate ? 2 : 0);
+}
+
 // Appends `message`, serialized, with its tag and length.
 void AppendMessage(uint8_t tag, const google::protobuf::MessageLite& message,
                    std::string* out) {
@@ -52,11 +104,12 @@ void AppendMessage(uint8_t tag, const google::protobuf::MessageLite& message,
 
 }  // namespace
 
-CallExecutes::CallExecutes(const proto::Execute& shared)
+CallExecutes::CallExecutes(const proto::Execute& shared, int hosts)
     : call_id_(shared.call_id()),
       program_id_(shared.program_id()),
       output_ids_(shared.output_ids().begin(), shared.output_ids().end()) {
   shared.SerializeToString(&shared_);
+  hosts_.reserve(hosts);
 }
 
 void CallExecutes::AddHost(int64_t worker_id,
@@ -64,6 +117,57 @@ void CallExecutes::AddHost(int64_t worker_id,
   const uint32_t begin = static_cast<uint32_t>(tasks_.size());
   for (const proto::ShardTask* task : tasks) {
     AppendMessage(kTaskTag, *task, &tasks_);
+  }
+  hosts_.push_back({worker_id, begin, static_cast<uint32_t>(tasks_.size())});
+}
+
+void CallExecutes::AddOwnShardsHost(int64_t worker_id,
+                                    absl::Span<const DeviceShard> tasks,
+                                    absl::Span<const OwnShardInput> inputs) {
+  // Sizes first (each length-delimited field's length precedes it); what
+  // does not depend on the shard, once.
+  absl::InlinedVector<size_t, 4> piece_base;
+  for (const OwnShardInput& in : inputs) piece_base.push_back(OwnPieceBase(in));
+  auto task_size = [&](const DeviceShard& t) {
+    size_t task = ScalarSize(t.device) + ScalarSize(t.shard);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const size_t binding =
+          OwnBindingSize(inputs[i], piece_base[i] + ScalarSize(t.shard));
+      task += HeaderSize(binding) + binding;
+    }
+    return task;
+  };
+  absl::InlinedVector<size_t, 4> sizes;
+  size_t bytes = 0;
+  for (const DeviceShard& t : tasks) {
+    sizes.push_back(task_size(t));
+    bytes += HeaderSize(sizes.back()) + sizes.back();
+  }
+  const uint32_t begin = static_cast<uint32_t>(tasks_.size());
+  tasks_.resize(begin + bytes);
+  uint8_t* p = reinterpret_cast<uint8_t*>(tasks_.data() + begin);
+  for (size_t k = 0; k < tasks.size(); ++k) {
+    const DeviceShard& t = tasks[k];
+    p = WriteHeader(kTaskTag, sizes[k], p);
+    p = WriteScalar(kTaskDeviceTag, t.device, p);
+    p = WriteScalar(kTaskShardTag, t.shard, p);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const OwnShardInput& in = inputs[i];
+      const size_t piece = piece_base[i] + ScalarSize(t.shard);
+      p = WriteHeader(kTaskInputTag, OwnBindingSize(in, piece), p);
+      p = WriteHeader(kBindingPieceTag, piece, p);
+      if (in.buffer_id != 0) {
+        *p++ = kPieceBufferTag;
+        p = Coded::WriteVarint64ToArray(in.buffer_id, p);
+      }
+      p = WriteScalar(kPieceShardTag, t.shard, p);
+      p = WriteScalar(kPieceLengthTag, in.length, p);
+      p = WriteScalar(kBindingAxisTag, in.axis, p);
+      p = WriteHeader(kBindingLocalTag, in.local->size(), p);
+      std::memcpy(p, in.local->data(), in.local->size());
+      p += in.local->size();
+      if (in.donate) p = WriteInt(kBindingDonateTag, 1, p);
+    }
   }
   hosts_.push_back({worker_id, begin, static_cast<uint32_t>(tasks_.size())});
 }

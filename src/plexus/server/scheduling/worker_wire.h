@@ -28,16 +28,44 @@
 
 namespace plexus {
 
+// An argument every shard of a call reads from its own shard of one value,
+// on its own device (the value lies on the call's slice in the layout its
+// program takes): its binding is one piece, the whole shard, and differs
+// between shards only in the shard's index. RouteCall's usual case, which
+// CallExecutes::AddOwnShardsHost encodes without building protos.
+struct OwnShardInput {
+  uint64_t buffer_id = 0;
+  int64_t length = 0;  // the piece's length (Piece.length)
+  int32_t axis = 0;    // InputBinding.axis
+  bool donate = false;
+  // InputBinding.local (a proto::TensorSpec), serialized; outlives the
+  // AddOwnShardsHost call.
+  const std::string* local = nullptr;
+};
+
+// One shard task of a host: the worker's device and the shard's index.
+struct DeviceShard {
+  int32_t device = 0;
+  int32_t shard = 0;
+};
+
 class CallExecutes {
  public:
   // `shared`: the Execute fields every host has (no tasks; no ticket or
-  // start tag: Stamp sets those), encoded now.
-  explicit CallExecutes(const proto::Execute& shared);
+  // start tag: Stamp sets those), encoded now; room for `hosts` hosts.
+  explicit CallExecutes(const proto::Execute& shared, int hosts = 0);
 
   // Adds a host: worker `worker_id` runs `tasks` (in this order), encoded
   // now. Each worker is added once.
   void AddHost(int64_t worker_id,
                absl::Span<const proto::ShardTask* const> tasks);
+  // The same for a host whose tasks read only OwnShardInputs: task k runs
+  // shard `tasks[k].shard` on device `tasks[k].device`, reading `inputs`
+  // (in order), each as that shard's own piece. The bytes are the ones
+  // AddHost writes for those tasks (proto::ShardTask with one
+  // InputBinding per input, one Piece each), written directly.
+  void AddOwnShardsHost(int64_t worker_id, absl::Span<const DeviceShard> tasks,
+                        absl::Span<const OwnShardInput> inputs);
   // Admission's ticket and start tag, the same on every host.
   void Stamp(uint64_t ticket, double start_tag) {
     ticket_ = ticket;
@@ -73,7 +101,7 @@ class CallExecutes {
   absl::InlinedVector<uint64_t, 2> output_ids_;
   std::string shared_;  // the shared fields of Execute, encoded
   std::string tasks_;   // every host's field `tasks`, encoded, host by host
-  absl::InlinedVector<Host, 4> hosts_;
+  std::vector<Host> hosts_;
   uint64_t ticket_ = 0;
   double start_tag_ = 0;
 };

@@ -73,6 +73,75 @@ TEST(CallExecutesTest, UnstampedHostsReadNoTicket) {
       MessageDifferencer::Equals(executes.Execute(0), Whole({t0}, 0, 0)));
 }
 
+// Host `worker`'s tasks for `shards` reading `inputs` as each shard's own
+// piece, built as protos (what RouteCall builds when it cannot encode them
+// directly).
+std::vector<proto::ShardTask> OwnShardTasks(
+    const std::vector<DeviceShard>& shards,
+    const std::vector<OwnShardInput>& inputs) {
+  std::vector<proto::ShardTask> tasks;
+  for (const DeviceShard& s : shards) {
+    proto::ShardTask& task = tasks.emplace_back();
+    task.set_device(s.device);
+    task.set_shard(s.shard);
+    for (const OwnShardInput& in : inputs) {
+      proto::InputBinding* binding = task.add_inputs();
+      binding->mutable_local()->ParseFromString(*in.local);
+      if (in.donate) binding->set_donate(true);
+      binding->set_axis(in.axis);
+      proto::Piece* p = binding->add_pieces();
+      p->set_buffer_id(in.buffer_id);
+      p->set_shard(s.shard);
+      p->set_length(in.length);
+    }
+  }
+  return tasks;
+}
+
+TEST(CallExecutesTest, OwnShardTasksAreTheBytesProtobufWrites) {
+  // Zeros (fields protobuf leaves out), multi-byte varints, a negative
+  // int32 (ten bytes), an empty local spec, no inputs at all.
+  proto::TensorSpec spec;
+  spec.set_dtype(proto::F32);
+  spec.add_shape(300);
+  spec.add_shape(2);
+  const std::string local = spec.SerializeAsString();
+  const std::string empty;
+  const std::vector<std::vector<OwnShardInput>> input_sets = {
+      {},
+      {{99, 4, 0, false, &local}},
+      {{0, 0, 0, false, &empty}, {1ull << 40, 1 << 20, 3, true, &local}},
+      {{7, -1, -2, true, &local},
+       {8, 300, 1, false, &empty},
+       {(1ull << 63) + 5, 1, 0, true, &local}},
+  };
+  const std::vector<std::vector<DeviceShard>> shard_sets = {
+      {{0, 0}},
+      {{1, 1}, {0, 2}},
+      {{0, 127}, {3, 128}, {200, 20000}, {-1, -7}},
+  };
+  for (const auto& inputs : input_sets) {
+    for (const auto& shards : shard_sets) {
+      const std::vector<proto::ShardTask> tasks = OwnShardTasks(shards, inputs);
+      std::vector<const proto::ShardTask*> pointers;
+      for (const auto& t : tasks) pointers.push_back(&t);
+      CallExecutes built(Shared()), direct(Shared());
+      built.AddHost(5, pointers);
+      direct.AddOwnShardsHost(5, shards, inputs);
+      built.Stamp(77, 1.5);
+      direct.Stamp(77, 1.5);
+      ASSERT_EQ(direct.WorkerOpSize(0), built.WorkerOpSize(0));
+      std::string a(built.WorkerOpSize(0), '\0'), b(a.size(), '\0');
+      built.WriteWorkerOp(0, reinterpret_cast<uint8_t*>(a.data()));
+      direct.WriteWorkerOp(0, reinterpret_cast<uint8_t*>(b.data()));
+      EXPECT_EQ(a, b) << inputs.size() << " inputs, " << shards.size()
+                      << " shards";
+      EXPECT_TRUE(
+          MessageDifferencer::Equals(direct.Execute(0), Whole(tasks, 77, 1.5)));
+    }
+  }
+}
+
 TEST(AppendOpsTest, AWorkerParsesProtoAndEncodedOpsInQueueOrder) {
   const proto::ShardTask t0 = Task(0, 0, 1), t1 = Task(0, 1, 1);
   auto executes = std::make_shared<CallExecutes>(Shared());
