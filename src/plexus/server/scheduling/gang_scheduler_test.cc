@@ -22,10 +22,10 @@ struct RecordingWorker {
             calls.push_back(2000 + shared.release().buffer_ids(0));
           } else if (op.call != nullptr) {
             calls.push_back(op.call->Execute(op.host).call_id());
-          } else if (op.op.has_load()) {
-            calls.push_back(1000 + op.op.load().program_id());
+          } else if (op.op != nullptr && op.op->has_load()) {
+            calls.push_back(1000 + op.op->load().program_id());
           } else {
-            calls.push_back(op.op.execute().call_id());
+            calls.push_back(op.op->execute().call_id());
           }
         }
         return true;

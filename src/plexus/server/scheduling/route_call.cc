@@ -539,26 +539,21 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     }
     hosts.loaded_everywhere.insert(call.program_id());
   }
-  int from = 0;
-  absl::InlinedVector<const proto::ShardTask*, 8> host_tasks;
-  absl::InlinedVector<DeviceShard, 8> host_shards;
-  for (const auto& [w, shards] : hosts.hosts) {
-    host_tasks.clear();
-    host_shards.clear();
-    for (int k = from; k < from + shards; ++k) {
-      const int j = by_host[k];
-      if (as_protos) {
-        host_tasks.push_back(tasks[j].get());
-      } else {
-        host_shards.push_back({slice.devices[j].device, j});
+  if (as_protos) {
+    int from = 0;
+    absl::InlinedVector<const proto::ShardTask*, 8> host_tasks;
+    for (const auto& [w, shards] : hosts.hosts) {
+      host_tasks.clear();
+      for (int k = from; k < from + shards; ++k) {
+        host_tasks.push_back(tasks[by_host[k]].get());
       }
-    }
-    if (as_protos) {
       made->AddHost(w, host_tasks);
-    } else {
-      made->AddOwnShardsHost(w, host_shards, own);
+      from += shards;
     }
-    from += shards;
+  } else {
+    absl::InlinedVector<DeviceShard, 8> shards;
+    for (int j : by_host) shards.push_back({slice.devices[j].device, j});
+    made->AddOwnShardsHosts(hosts.hosts, shards, own);
   }
   *executes = std::move(made);
   calls_routed_++;

@@ -79,19 +79,6 @@ uint8_t* WriteScalar(uint8_t tag, int64_t v, uint8_t* target) {
   return v == 0 ? target : WriteInt(tag, v, target);
 }
 
-// An OwnShardInput's binding for shard `shard` (fields in field-number
-// order, as protobuf writes them): its Piece's size without the shard
-// field (the same for every shard), and the binding's size for a piece of
-// `piece` bytes.
-size_t OwnPieceBase(const OwnShardInput& in) {
-  return (in.buffer_id == 0 ? 0 : 1 + VarintSize(in.buffer_id)) +
-         ScalarSize(in.length);
-}
-size_t OwnBindingSize(const OwnShardInput& in, size_t piece) {
-  return HeaderSize(piece) + piece + ScalarSize(in.axis) +
-         HeaderSize(in.local->size()) + in.local->size() + (in.donate ? 2 : 0);
-}
-
 // Appends `message`, serialized, with its tag and length.
 void AppendMessage(uint8_t tag, const google::protobuf::MessageLite& message,
                    std::string* out) {
@@ -121,63 +108,99 @@ void CallExecutes::AddHost(int64_t worker_id,
   hosts_.push_back({worker_id, begin, static_cast<uint32_t>(tasks_.size())});
 }
 
-void CallExecutes::AddOwnShardsHost(int64_t worker_id,
-                                    absl::Span<const DeviceShard> tasks,
-                                    absl::Span<const OwnShardInput> inputs) {
-  // Sizes first (each length-delimited field's length precedes it); what
-  // does not depend on the shard, once.
-  absl::InlinedVector<size_t, 4> piece_base;
-  for (const OwnShardInput& in : inputs) piece_base.push_back(OwnPieceBase(in));
+void CallExecutes::AddOwnShardsHosts(
+    absl::Span<const std::pair<int64_t, int>> hosts,
+    absl::Span<const DeviceShard> tasks,
+    absl::Span<const OwnShardInput> inputs) {
+  // A binding is [its piece: buffer id, shard, length], axis, local,
+  // donate (field-number order, as protobuf writes them): everything but
+  // the shard is the same for every task, encoded once here. Per input:
+  // the piece's bytes before the shard and after it, then the binding's
+  // after the piece.
+  struct Parts {
+    size_t head, tail, rest;  // their sizes, in `fixed` one after another
+  };
+  absl::InlinedVector<Parts, 4> parts;
+  std::string fixed;
+  for (const OwnShardInput& in : inputs) {
+    const size_t local = in.local->size();
+    Parts& part = parts.emplace_back();
+    part.head = in.buffer_id == 0 ? 0 : 1 + VarintSize(in.buffer_id);
+    part.tail = ScalarSize(in.length);
+    part.rest =
+        ScalarSize(in.axis) + HeaderSize(local) + local + (in.donate ? 2 : 0);
+    const size_t at = fixed.size();
+    fixed.resize(at + part.head + part.tail + part.rest);
+    uint8_t* p = reinterpret_cast<uint8_t*>(fixed.data() + at);
+    if (in.buffer_id != 0) {
+      *p++ = kPieceBufferTag;
+      p = Coded::WriteVarint64ToArray(in.buffer_id, p);
+    }
+    p = WriteScalar(kPieceLengthTag, in.length, p);
+    p = WriteScalar(kBindingAxisTag, in.axis, p);
+    p = WriteHeader(kBindingLocalTag, local, p);
+    std::memcpy(p, in.local->data(), local);
+    p += local;
+    if (in.donate) WriteInt(kBindingDonateTag, 1, p);
+  }
+  // Sizes (each length-delimited field's length precedes it), then bytes.
   auto task_size = [&](const DeviceShard& t) {
-    size_t task = ScalarSize(t.device) + ScalarSize(t.shard);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const size_t binding =
-          OwnBindingSize(inputs[i], piece_base[i] + ScalarSize(t.shard));
+    const size_t shard = ScalarSize(t.shard);
+    size_t task = ScalarSize(t.device) + shard;
+    for (const Parts& part : parts) {
+      const size_t piece = part.head + shard + part.tail;
+      const size_t binding = HeaderSize(piece) + piece + part.rest;
       task += HeaderSize(binding) + binding;
     }
     return task;
   };
-  absl::InlinedVector<size_t, 4> sizes;
+  absl::InlinedVector<size_t, 8> sizes;
   size_t bytes = 0;
   for (const DeviceShard& t : tasks) {
     sizes.push_back(task_size(t));
     bytes += HeaderSize(sizes.back()) + sizes.back();
   }
-  const uint32_t begin = static_cast<uint32_t>(tasks_.size());
-  tasks_.resize(begin + bytes);
-  uint8_t* p = reinterpret_cast<uint8_t*>(tasks_.data() + begin);
-  for (size_t k = 0; k < tasks.size(); ++k) {
-    const DeviceShard& t = tasks[k];
-    p = WriteHeader(kTaskTag, sizes[k], p);
-    p = WriteScalar(kTaskDeviceTag, t.device, p);
-    p = WriteScalar(kTaskShardTag, t.shard, p);
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const OwnShardInput& in = inputs[i];
-      const size_t piece = piece_base[i] + ScalarSize(t.shard);
-      p = WriteHeader(kTaskInputTag, OwnBindingSize(in, piece), p);
-      p = WriteHeader(kBindingPieceTag, piece, p);
-      if (in.buffer_id != 0) {
-        *p++ = kPieceBufferTag;
-        p = Coded::WriteVarint64ToArray(in.buffer_id, p);
+  size_t at = tasks_.size();
+  tasks_.resize(at + bytes);
+  uint8_t* p = reinterpret_cast<uint8_t*>(tasks_.data() + at);
+  const uint8_t* base = p - at;
+  size_t k = 0;
+  for (const auto& [worker, count] : hosts) {
+    const uint32_t begin = static_cast<uint32_t>(p - base);
+    for (int c = 0; c < count; ++c, ++k) {
+      const DeviceShard& t = tasks[k];
+      const size_t shard = ScalarSize(t.shard);
+      p = WriteHeader(kTaskTag, sizes[k], p);
+      p = WriteScalar(kTaskDeviceTag, t.device, p);
+      p = WriteScalar(kTaskShardTag, t.shard, p);
+      const char* f = fixed.data();
+      for (const Parts& part : parts) {
+        const size_t piece = part.head + shard + part.tail;
+        p = WriteHeader(kTaskInputTag, HeaderSize(piece) + piece + part.rest,
+                        p);
+        p = WriteHeader(kBindingPieceTag, piece, p);
+        std::memcpy(p, f, part.head);
+        p += part.head;
+        p = WriteScalar(kPieceShardTag, t.shard, p);
+        std::memcpy(p, f + part.head, part.tail + part.rest);
+        p += part.tail + part.rest;
+        f += part.head + part.tail + part.rest;
       }
-      p = WriteScalar(kPieceShardTag, t.shard, p);
-      p = WriteScalar(kPieceLengthTag, in.length, p);
-      p = WriteScalar(kBindingAxisTag, in.axis, p);
-      p = WriteHeader(kBindingLocalTag, in.local->size(), p);
-      std::memcpy(p, in.local->data(), in.local->size());
-      p += in.local->size();
-      if (in.donate) p = WriteInt(kBindingDonateTag, 1, p);
     }
+    hosts_.push_back({worker, begin, static_cast<uint32_t>(p - base)});
   }
-  hosts_.push_back({worker_id, begin, static_cast<uint32_t>(tasks_.size())});
+}
+
+void CallExecutes::Stamp(uint64_t ticket, double start_tag) {
+  ticket_ = ticket;
+  start_tag_ = start_tag;
+  stamp_bytes_ = (ticket_ != 0 ? 1 + VarintSize(ticket_) : 0) +
+                 (start_tag_ != 0 ? 1 + 8 : 0);
 }
 
 size_t CallExecutes::ExecuteSize(int host) const {
   const Host& h = hosts_[host];
-  size_t size = shared_.size() + (h.end - h.begin);
-  if (ticket_ != 0) size += 1 + VarintSize(ticket_);
-  if (start_tag_ != 0) size += 1 + 8;
-  return size;
+  return shared_.size() + (h.end - h.begin) + stamp_bytes_;
 }
 
 size_t CallExecutes::WorkerOpSize(int host) const {
@@ -216,7 +239,7 @@ size_t OpsSize(const std::vector<OutOp>& ops) {
   size_t size = 0;
   for (const OutOp& op : ops) {
     const size_t one = op.encoded != nullptr ? op.encoded->bytes.size()
-                       : op.call == nullptr  ? op.op.ByteSizeLong()
+                       : op.call == nullptr  ? op.op->ByteSizeLong()
                                              : op.call->WorkerOpSize(op.host);
     size += HeaderSize(one) + one;
   }
@@ -231,8 +254,8 @@ uint8_t* WriteOps(const std::vector<OutOp>& ops, uint8_t* target) {
       std::memcpy(target, bytes.data(), bytes.size());
       target += bytes.size();
     } else if (op.call == nullptr) {
-      target = WriteHeader(kOpTag, op.op.GetCachedSize(), target);
-      target = op.op.SerializeWithCachedSizesToArray(target);
+      target = WriteHeader(kOpTag, op.op->GetCachedSize(), target);
+      target = op.op->SerializeWithCachedSizesToArray(target);
     } else {
       target = WriteHeader(kOpTag, op.call->WorkerOpSize(op.host), target);
       target = op.call->WriteWorkerOp(op.host, target);

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -32,14 +33,13 @@ namespace plexus {
 // on its own device (the value lies on the call's slice in the layout its
 // program takes): its binding is one piece, the whole shard, and differs
 // between shards only in the shard's index. RouteCall's usual case, which
-// CallExecutes::AddOwnShardsHost encodes without building protos.
+// CallExecutes::AddOwnShardsHosts encodes without building protos.
 struct OwnShardInput {
   uint64_t buffer_id = 0;
   int64_t length = 0;  // the piece's length (Piece.length)
   int32_t axis = 0;    // InputBinding.axis
   bool donate = false;
-  // InputBinding.local (a proto::TensorSpec), serialized; outlives the
-  // AddOwnShardsHost call.
+  // InputBinding.local (a proto::TensorSpec), serialized.
   const std::string* local = nullptr;
 };
 
@@ -59,18 +59,18 @@ class CallExecutes {
   // now. Each worker is added once.
   void AddHost(int64_t worker_id,
                absl::Span<const proto::ShardTask* const> tasks);
-  // The same for a host whose tasks read only OwnShardInputs: task k runs
-  // shard `tasks[k].shard` on device `tasks[k].device`, reading `inputs`
-  // (in order), each as that shard's own piece. The bytes are the ones
-  // AddHost writes for those tasks (proto::ShardTask with one
-  // InputBinding per input, one Piece each), written directly.
-  void AddOwnShardsHost(int64_t worker_id, absl::Span<const DeviceShard> tasks,
-                        absl::Span<const OwnShardInput> inputs);
+  // Adds hosts whose tasks read only OwnShardInputs: `hosts` lists each
+  // worker, once, with its count of tasks, and `tasks` their tasks, host
+  // after host (task k runs shard `tasks[k].shard` on device
+  // `tasks[k].device`), each reading `inputs` in order as that shard's own
+  // piece. The bytes are the ones AddHost writes for those tasks (a
+  // proto::ShardTask with one InputBinding per input, one Piece each),
+  // written directly: what is the same for every task, once.
+  void AddOwnShardsHosts(absl::Span<const std::pair<int64_t, int>> hosts,
+                         absl::Span<const DeviceShard> tasks,
+                         absl::Span<const OwnShardInput> inputs);
   // Admission's ticket and start tag, the same on every host.
-  void Stamp(uint64_t ticket, double start_tag) {
-    ticket_ = ticket;
-    start_tag_ = start_tag;
-  }
+  void Stamp(uint64_t ticket, double start_tag);
 
   int hosts() const { return static_cast<int>(hosts_.size()); }
   int64_t worker(int host) const { return hosts_[host].worker; }
@@ -104,6 +104,7 @@ class CallExecutes {
   std::vector<Host> hosts_;
   uint64_t ticket_ = 0;
   double start_tag_ = 0;
+  size_t stamp_bytes_ = 0;  // the ticket's and start tag's fields
 };
 
 // One WorkerOp encoded once for several workers (the releases of values on
@@ -117,16 +118,21 @@ struct EncodedOp {
 // One op in a worker's out queue: a proto op, one host's Execute of a
 // call's CallExecutes (shared with the call's other hosts), or an op
 // encoded once for several workers.
+// Small and cheap to move (it is moved from the gang scheduler's staging
+// to a worker's queue to its writer's batch, per host of every call): a
+// proto op is held by pointer.
 struct OutOp {
   OutOp() = default;
   // Implicit: a queue takes proto ops as they are.
-  OutOp(proto::WorkerOp proto_op) : op(std::move(proto_op)) {}  // NOLINT
+  OutOp(proto::WorkerOp proto_op)  // NOLINT
+      : op(std::make_unique<proto::WorkerOp>(std::move(proto_op))) {}
   OutOp(std::shared_ptr<const CallExecutes> executes, int host_index)
       : call(std::move(executes)), host(host_index) {}
   explicit OutOp(std::shared_ptr<const EncodedOp> shared)
       : encoded(std::move(shared)) {}
 
-  proto::WorkerOp op;  // when `call` and `encoded` are null
+  std::unique_ptr<proto::WorkerOp>
+      op;  // set when `call` and `encoded` are null
   std::shared_ptr<const CallExecutes> call;
   int host = 0;
   std::shared_ptr<const EncodedOp> encoded;

@@ -127,7 +127,8 @@ TEST(CallExecutesTest, OwnShardTasksAreTheBytesProtobufWrites) {
       for (const auto& t : tasks) pointers.push_back(&t);
       CallExecutes built(Shared()), direct(Shared());
       built.AddHost(5, pointers);
-      direct.AddOwnShardsHost(5, shards, inputs);
+      const std::pair<int64_t, int> host{5, static_cast<int>(shards.size())};
+      direct.AddOwnShardsHosts({&host, 1}, shards, inputs);
       built.Stamp(77, 1.5);
       direct.Stamp(77, 1.5);
       ASSERT_EQ(direct.WorkerOpSize(0), built.WorkerOpSize(0));
