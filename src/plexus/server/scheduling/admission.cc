@@ -263,6 +263,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       if (unit_out->executes != nullptr) {
         unit_out->executes->Stamp(ticket, c.pass);  // once for every host
       }
+      f.workers.reserve(unit_out->exec_workers.size());
       for (size_t k = 0; k < unit_out->exec_workers.size(); ++k) {
         const int64_t w = unit_out->exec_workers[k];
         Window* window = unit_windows_[k];

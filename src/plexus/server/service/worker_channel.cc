@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -44,11 +45,16 @@ bool WorkerChannel::WriteStream(std::vector<OutOp>& ops,
 }
 
 bool WorkerChannel::WriteFrame(std::vector<OutOp>& ops) {
-  frame_.resize(head_.size() + OpsSize(ops));
-  auto* target = reinterpret_cast<uint8_t*>(frame_.data());
+  const size_t size = head_.size() + OpsSize(ops);
+  if (size > frame_capacity_) {
+    frame_capacity_ = std::max<size_t>(size, 2 * frame_capacity_);
+    frame_.reset(new char[frame_capacity_]);
+  }
+  auto* target = reinterpret_cast<uint8_t*>(frame_.get());
   std::memcpy(target, head_.data(), head_.size());
   WriteOps(ops, target + head_.size());
-  if (absl::Status s = ops_->SendOps(frame_); !s.ok()) {
+  if (absl::Status s = ops_->SendOps(absl::string_view(frame_.get(), size));
+      !s.ok()) {
     // The worker's session ends as a broken stream's does: its reads end
     // (ServeWorker), then EndWorkerSession.
     bool said;
@@ -65,7 +71,10 @@ bool WorkerChannel::WriteFrame(std::vector<OutOp>& ops) {
     return false;
   }
   // A large write's buffer is not kept for the next (a program's load).
-  if (frame_.capacity() > (size_t{1} << 20)) std::string().swap(frame_);
+  if (frame_capacity_ > (size_t{1} << 20)) {
+    frame_.reset();
+    frame_capacity_ = 0;
+  }
   return true;
 }
 

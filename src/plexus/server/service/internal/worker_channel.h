@@ -98,7 +98,10 @@ class WorkerChannel {
   std::string hello_ ABSL_GUARDED_BY(write_mu_);  // cleared once written
   // The frames' connection, once moved; written under write_mu_ only.
   transport::DataPlaneConnection* ops_ ABSL_GUARDED_BY(write_mu_) = nullptr;
-  std::string frame_ ABSL_GUARDED_BY(write_mu_);  // reused per write
+  // The frame a write builds, reused per write; its bytes are left
+  // uninitialized (each write fills what it sends: no zero-filling).
+  std::unique_ptr<char[]> frame_ ABSL_GUARDED_BY(write_mu_);
+  size_t frame_capacity_ ABSL_GUARDED_BY(write_mu_) = 0;
 
   absl::Mutex conn_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
   // Owns what ops_ points to: Shutdown reaches it here without write_mu_.
