@@ -92,6 +92,7 @@ class StorageCache {
 };
 
 void Storage::Recycle(Storage* storage) {
+  storage->views_.Clear();  // its bytes are written again when reused
   if (storage->mapped_ && storage->fd_ >= 0 && !storage->exported_ &&
       StorageCache::Get().Put(storage)) {
     return;
@@ -210,6 +211,7 @@ absl::StatusOr<std::shared_ptr<const Storage>> Storage::InHostMemory(
 }
 
 Storage::~Storage() {
+  views_.Clear();  // each view reads the bytes freed below
   if (device_) {
     // device memory: its buffer frees it
   } else if (mapped_) {

@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "plexus/store/device_buffer.h"
+#include "plexus/store/host_views.h"
 
 namespace plexus {
 
@@ -87,6 +88,9 @@ class Storage {
   }
   // The device buffer of a device-memory block; null for host memory.
   const DeviceBuffer* device_buffer() const { return device_.get(); }
+  // Device runtimes' views of this block's bytes (host_views.h), kept while
+  // it lives; dropped before its memory is freed or recycled.
+  HostViews& views() const { return views_; }
   // Owners of the device buffer (this block among them); 0 for host memory.
   long device_buffer_use_count() const { return device_.use_count(); }
 
@@ -102,6 +106,7 @@ class Storage {
   bool mapped_;  // munmap vs free
   mutable std::atomic<bool> exported_{false};   // another process has it
   std::shared_ptr<const DeviceBuffer> device_;  // device memory: the owner
+  mutable HostViews views_;
 };
 
 }  // namespace plexus

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -99,6 +100,44 @@ TEST(StorageTest, FromFdNamesTheFailingSyscall) {
   auto mapped = Storage::FromFd(/*fd=*/1000000, 16);  // not open
   EXPECT_FALSE(mapped.ok());
   EXPECT_NE(mapped.status().message().find("fstat"), std::string::npos);
+}
+
+// A view that reads its block when it goes: what a runtime's zero-copy
+// buffer may do until it is destroyed (HostViews).
+struct ReadsWhenGone {
+  const char* bytes;
+  int* seen;
+  ~ReadsWhenGone() { *seen = bytes[0]; }
+};
+
+TEST(StorageTest, ItsViewsGoBeforeItsBytes) {
+  auto block = Storage::Allocate(64);
+  ASSERT_TRUE(block.ok());
+  static_cast<char*>((*block)->data())[0] = 42;
+  int seen = 0;
+  const int maker = 0;
+  (*block)->views().Keep(
+      {&maker, nullptr, TensorSpec{DType::kF32, {16}}},
+      std::make_shared<ReadsWhenGone>(
+          ReadsWhenGone{static_cast<const char*>((*block)->data()), &seen}));
+  EXPECT_EQ((*block)->views().size(), 1u);
+  block->reset();  // (under ASan a read after the free fails here)
+  EXPECT_EQ(seen, 42);
+}
+
+TEST(StorageTest, ARecycledBlockKeepsNoViews) {
+  auto block = Storage::AllocateForWrite(Storage::kShmThreshold);
+  ASSERT_TRUE(block.ok());
+  const int maker = 0;
+  auto view = std::make_shared<int>(7);
+  std::weak_ptr<int> watch = view;
+  (*block)->views().Keep({&maker, nullptr, TensorSpec{DType::kU8, {8}}},
+                         std::move(view));
+  block->reset();  // back to the cache of blocks for reuse
+  EXPECT_TRUE(watch.expired());
+  auto again = Storage::AllocateForWrite(Storage::kShmThreshold);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->views().size(), 0u);
 }
 
 }  // namespace

@@ -146,8 +146,9 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   if (all_aliased) return absl::OkStatus();
   if (program->xla) {
     state.joined_island = true;
-    return xla_.RunPartition(call, task_index, ctx, input_devices, donate,
-                             &state.outputs, &state.reserved_ahead);
+    return xla_.RunPartition(call, task_index, ctx, input_devices,
+                             input_storage, donate, &state.outputs,
+                             &state.reserved_ahead);
   }
   absl::Status s = program->kernel->Run(ctx);
   if (!s.ok()) {

@@ -58,6 +58,7 @@ absl::Status XlaPrograms::RunPartition(
     const std::shared_ptr<CallContext>& call_ref, int task_index,
     const builtin::KernelContext& ctx,
     const std::vector<const DeviceBuffer*>& input_devices,
+    const std::vector<std::shared_ptr<const Storage>>& input_storage,
     const std::vector<bool>& donate,
     std::vector<std::shared_ptr<Storage>>* outputs, int64_t* reserved_ahead) {
   CallContext& call = *call_ref;
@@ -95,9 +96,16 @@ absl::Status XlaPrograms::RunPartition(
   }
   std::vector<xla::XlaArgument> inputs;
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    // The views of the block the input is (one assembled for this task
+    // goes with it, its views too).
+    const Storage* block =
+        i < input_storage.size() ? input_storage[i].get() : nullptr;
     inputs.push_back({ctx.inputs[i].spec, ctx.inputs[i].data,
                       i < input_devices.size() ? input_devices[i] : nullptr,
-                      i < donate.size() && donate[i]});
+                      i < donate.size() && donate[i],
+                      block != nullptr && block->data() == ctx.inputs[i].data
+                          ? &block->views()
+                          : nullptr});
   }
   auto mine = call.island->Arrive(
       task_index, std::move(inputs),

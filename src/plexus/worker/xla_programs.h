@@ -98,10 +98,14 @@ class XlaPrograms {
   // The executable is the call's (CallContext::executable) where it was
   // resolved before, else ExecutableFor's; its scratch memory is charged
   // to the device, drawn first on `*reserved_ahead` (may be null).
+  // `input_storage[i]`: the block input i's tensor points into, whose
+  // views (Storage::views) keep the runtime's wrapping of host memory
+  // from run to run.
   absl::Status RunPartition(
       const std::shared_ptr<CallContext>& call, int task_index,
       const builtin::KernelContext& ctx,
       const std::vector<const DeviceBuffer*>& input_devices,
+      const std::vector<std::shared_ptr<const Storage>>& input_storage,
       const std::vector<bool>& donate,
       std::vector<std::shared_ptr<Storage>>* outputs, int64_t* reserved_ahead);
   // The executable of `program` for the island on `devices` if it is

@@ -19,6 +19,8 @@ struct PjrtRuntime::Run {
   std::unique_ptr<PjrtScope> scope;
   // Host copies of device buffers no path here can read.
   std::vector<std::unique_ptr<char[]>> staged;
+  // Host blocks' views it reads (PjrtRuntime::KeptView).
+  std::vector<std::shared_ptr<const void>> views;
   std::vector<PJRT_Event*> complete;  // one per partition
   std::atomic<int> left{0};           // partitions not yet complete
   absl::Mutex mu;
@@ -96,8 +98,9 @@ absl::StatusOr<PjrtRuntime::BoundArguments> PjrtRuntime::BindArguments(
     }
     for (size_t i = 0; i < num_args; ++i) {
       ArgumentRead read = ArgumentRead::kHost;
-      absl::StatusOr<PJRT_Buffer*> buffer = Argument(
-          *run.scope, inputs[p][i], exe.devices_[p], &run.staged, &read);
+      absl::StatusOr<PJRT_Buffer*> buffer =
+          Argument(*run.scope, inputs[p][i], exe.devices_[p], &run.staged,
+                   &run.views, &read);
       if (!buffer.ok()) {
         return absl::Status(
             buffer.status().code(),
@@ -248,6 +251,7 @@ void PjrtRuntime::Finish(Run* run) const {
   // the inputs may be freed.
   run->scope.reset();
   run->staged.clear();
+  run->views.clear();
   absl::Status status;
   {
     absl::MutexLock lock(&run->mu);
@@ -259,9 +263,41 @@ void PjrtRuntime::Finish(Run* run) const {
   --runs_;
 }
 
+// A host block's zero-copy PJRT buffer, kept with the block (HostViews).
+struct PjrtRuntime::HostView {
+  std::shared_ptr<PjrtClientHandle> client;  // outlives `scope`
+  // Owns the buffer: destroys it, then waits until the plugin is done with
+  // the block's bytes.
+  std::unique_ptr<PjrtScope> scope;
+  PJRT_Buffer* buffer = nullptr;
+};
+
+absl::StatusOr<PJRT_Buffer*> PjrtRuntime::KeptView(
+    const XlaArgument& arg, PJRT_Device* device,
+    std::vector<std::shared_ptr<const void>>* views) const {
+  // Keyed by this runtime's client, which the view keeps alive: every view
+  // under this key is a HostView made here.
+  HostViews::Key key{handle_of_client_.get(), device, arg.spec};
+  std::shared_ptr<const void> view = arg.views->Find(key);
+  if (view == nullptr) {
+    auto made = std::make_shared<HostView>();
+    made->client = handle_of_client_;
+    made->scope = std::make_unique<PjrtScope>(api_);
+    auto buffer = HostBuffer(api_, client_, /*host_memory=*/true, *made->scope,
+                             {arg.spec, arg.host}, device);
+    if (!buffer.ok()) return buffer.status();
+    made->buffer = *buffer;
+    host_views_made_++;
+    view = arg.views->Keep(std::move(key), std::move(made));
+  }
+  views->push_back(view);
+  return static_cast<const HostView*>(view.get())->buffer;
+}
+
 absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-    std::vector<std::unique_ptr<char[]>>* staged, ArgumentRead* read) const {
+    std::vector<std::unique_ptr<char[]>>* staged,
+    std::vector<std::shared_ptr<const void>>* views, ArgumentRead* read) const {
   *read = ArgumentRead::kHost;
   const auto* mine = dynamic_cast<const PjrtBuffer*>(arg.device);
   if (mine != nullptr && mine->BelongsTo(*this)) {
@@ -311,6 +347,9 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
     }
   }
   const bool in_place = platform_ == "cpu";
+  if (in_place && arg.views != nullptr && host == arg.host) {
+    return KeptView(arg, device, views);
+  }
   auto buffer =
       HostBuffer(api_, client_, in_place, scope, {arg.spec, host}, device);
   if (buffer.ok() && !in_place) {

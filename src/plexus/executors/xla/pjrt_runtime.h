@@ -35,6 +35,7 @@
 #include "plexus/common/types.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/store/device_buffer.h"
+#include "plexus/store/host_views.h"
 
 struct PJRT_Api;
 struct PJRT_Buffer;
@@ -139,6 +140,11 @@ struct XlaArgument {
   // its partition's own device (read as it is); every other argument is
   // never written, donated or not.
   bool donate = false;
+  // Where a device view of `host` may be kept between runs: the views of
+  // the block `host` is the start of (Storage::views), or null. On the CPU
+  // plugin, host memory read in place is wrapped in a PJRT buffer once per
+  // block and device, not once per run (a put every call reads).
+  HostViews* views = nullptr;
 };
 
 // How a partition's argument reached its device (store/device_buffer.h's
@@ -207,6 +213,9 @@ class PjrtRuntime {
 
   const std::string& platform() const { return platform_; }  // "cpu", "cuda"
   int num_devices() const { return static_cast<int>(devices_.size()); }
+  // Host blocks wrapped for a device and kept with them (XlaArgument::views)
+  // so far: once per block and device, however many runs read it.
+  int64_t host_views_made() const { return host_views_made_.load(); }
   // What device `d` is, in the plugin's words ("cpu", "NVIDIA H200").
   std::string device_kind(int d) const;
   // The memory the plugin lets programs allocate on device `d` (its
@@ -321,7 +330,17 @@ class PjrtRuntime {
   // be donated).
   absl::StatusOr<PJRT_Buffer*> Argument(
       PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-      std::vector<std::unique_ptr<char[]>>* staged, ArgumentRead* read) const;
+      std::vector<std::unique_ptr<char[]>>* staged,
+      std::vector<std::shared_ptr<const void>>* views,
+      ArgumentRead* read) const;
+  // Host memory read in place through the view kept in `arg.views` for
+  // `device` (made and kept there first if none is); the run holds it in
+  // `views` until its end.
+  struct HostView;
+  mutable std::atomic<int64_t> host_views_made_{0};
+  absl::StatusOr<PJRT_Buffer*> KeptView(
+      const XlaArgument& arg, PJRT_Device* device,
+      std::vector<std::shared_ptr<const void>>* views) const;
 
   std::string plugin_path_;
   const PJRT_Api* api_ = nullptr;

@@ -153,6 +153,50 @@ TEST(XlaExecutorTest, CompilesOnceAndRunsOnHostBuffers) {
             copied_out + 3 * static_cast<int64_t>(sizeof(float)));
 }
 
+// A block of host memory read by run after run (a weight put once) is
+// wrapped for its device once and kept with the block, not once per run;
+// the wrapping reads the block in place, so it sees what the block holds.
+TEST(XlaExecutorTest, AHostBlockIsWrappedOnceAndKeptWithIt) {
+  XlaExecutor executor(Options());
+  auto runtime = executor.Runtime();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  auto exe = executor.GetOrCompile(kTanhModule, kOneDevice);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  alignas(64) float x[6] = {0.5f, -1, 2, 0, 0.25f, -3};
+  alignas(64) float y[6] = {1, 2, 3, 4, 5, 6};
+  const TensorSpec m{DType::kF32, {2, 3}};
+  HostViews x_views, y_views;
+  const int64_t made = (*runtime)->host_views_made();
+  for (int round = 0; round < 4; ++round) {
+    y[0] = static_cast<float>(round);  // read in place, as it is now
+    auto outs = RunToEnd(
+        **runtime, **exe,
+        {{{m, x, nullptr, false, &x_views}, {m, y, nullptr, false, &y_views}}});
+    ASSERT_TRUE(outs.ok()) << outs.status();
+    const PjrtBuffer& a = *(*outs)[0][0];
+    ASSERT_TRUE(a.Await().ok());
+    const float* out = static_cast<const float*>(a.host_address());
+    for (int i = 0; i < 6; ++i) {
+      EXPECT_NEAR(out[i], std::tanh(x[i]) * y[i] + y[i], 1e-5) << i;
+    }
+  }
+  EXPECT_EQ((*runtime)->host_views_made(), made + 2);  // x and y, once
+  EXPECT_EQ(x_views.size(), 1u);
+  EXPECT_EQ(y_views.size(), 1u);
+  // Dropped with its block (as a Storage does before freeing it): the
+  // next run reading the block wraps it again.
+  y_views.Clear();
+  ASSERT_TRUE(RunToEnd(**runtime, **exe,
+                       {{{m, x, nullptr, false, &x_views},
+                         {m, y, nullptr, false, &y_views}}})
+                  .ok());
+  EXPECT_EQ((*runtime)->host_views_made(), made + 3);
+  // Without a place to keep them, each run wraps its host arguments (and
+  // lets go of them at its end), as before.
+  ASSERT_TRUE(RunToEnd(**runtime, **exe, {{{m, x}, {m, y}}}).ok());
+  EXPECT_EQ((*runtime)->host_views_made(), made + 3);
+}
+
 TEST(XlaExecutorTest, ChainedRunsAreQueuedOnInputsNotReadyYet) {
   TanhChain chain;
   auto& [executor, exe, x, y, m] = chain;
