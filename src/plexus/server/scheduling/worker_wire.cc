@@ -15,14 +15,18 @@ constexpr uint8_t LengthTag(int field) {
   return static_cast<uint8_t>(WireFormatLite::MakeTag(
       field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
 }
-// Every tag below fits in one byte (field numbers under 16).
-constexpr uint8_t kOpTag = LengthTag(proto::ServerToWorker::kOpsFieldNumber);
-constexpr uint8_t kExecuteTag = LengthTag(proto::WorkerOp::kExecuteFieldNumber);
-constexpr uint8_t kTaskTag = LengthTag(proto::Execute::kTasksFieldNumber);
 constexpr uint8_t VarintTag(int field) {
   return static_cast<uint8_t>(
       WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_VARINT));
 }
+// Every tag below fits in one byte (field numbers under 16).
+constexpr uint8_t kOpTag = LengthTag(proto::ServerToWorker::kOpsFieldNumber);
+constexpr uint8_t kExecuteTag = LengthTag(proto::WorkerOp::kExecuteFieldNumber);
+constexpr uint8_t kTaskTag = LengthTag(proto::Execute::kTasksFieldNumber);
+constexpr uint8_t kTicketTag = VarintTag(proto::Execute::kTicketFieldNumber);
+constexpr uint8_t kStartTagTag = static_cast<uint8_t>(WireFormatLite::MakeTag(
+    proto::Execute::kStartTagFieldNumber, WireFormatLite::WIRETYPE_FIXED64));
+// A shard task's fields (CallExecutes::AddOwnShardsHosts).
 constexpr uint8_t kTaskDeviceTag =
     VarintTag(proto::ShardTask::kDeviceFieldNumber);
 constexpr uint8_t kTaskShardTag =
@@ -41,19 +45,14 @@ constexpr uint8_t kPieceBufferTag =
     VarintTag(proto::Piece::kBufferIdFieldNumber);
 constexpr uint8_t kPieceShardTag = VarintTag(proto::Piece::kShardFieldNumber);
 constexpr uint8_t kPieceLengthTag = VarintTag(proto::Piece::kLengthFieldNumber);
-static_assert(proto::ShardTask::kInputsFieldNumber < 16 &&
-                  proto::InputBinding::kDonateFieldNumber < 16 &&
-                  proto::Piece::kLengthFieldNumber < 16,
-              "one-byte tags");
-constexpr uint8_t kTicketTag = static_cast<uint8_t>(WireFormatLite::MakeTag(
-    proto::Execute::kTicketFieldNumber, WireFormatLite::WIRETYPE_VARINT));
-constexpr uint8_t kStartTagTag = static_cast<uint8_t>(WireFormatLite::MakeTag(
-    proto::Execute::kStartTagFieldNumber, WireFormatLite::WIRETYPE_FIXED64));
 static_assert(proto::ServerToWorker::kOpsFieldNumber < 16 &&
                   proto::WorkerOp::kExecuteFieldNumber < 16 &&
                   proto::Execute::kTasksFieldNumber < 16 &&
                   proto::Execute::kTicketFieldNumber < 16 &&
-                  proto::Execute::kStartTagFieldNumber < 16,
+                  proto::Execute::kStartTagFieldNumber < 16 &&
+                  proto::ShardTask::kInputsFieldNumber < 16 &&
+                  proto::InputBinding::kDonateFieldNumber < 16 &&
+                  proto::Piece::kLengthFieldNumber < 16,
               "one-byte tags");
 
 size_t VarintSize(uint64_t v) { return Coded::VarintSize64(v); }
