@@ -40,13 +40,16 @@ bool TaskRunner::TryRunInline(const std::shared_ptr<CallContext>& call) {
   // Its memory, reserved now or not at all (no wait for room).
   const int64_t bytes = MostBytes(*call);
   if (bytes > 0 && !store_.TryReserve(device, bytes)) return false;
-  const bool ran = devices_[device]->RunIfIdle(
-      [&] { RunTask(call, 0, clock_->Now(), /*reserved_ahead=*/bytes); });
+  const bool ran = devices_[device]->RunIfIdle([&] {
+    // Counted before the task publishes its outputs: whoever has seen them
+    // (a client's fetch, then its status) sees it counted.
+    tasks_inline_++;
+    RunTask(call, 0, clock_->Now(), /*reserved_ahead=*/bytes);
+  });
   if (!ran) {
     if (bytes > 0) store_.Unreserve(device, bytes);
     return false;
   }
-  tasks_inline_++;
   return true;
 }
 
