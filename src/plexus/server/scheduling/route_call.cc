@@ -150,7 +150,7 @@ SliceRecord::RouteCache& HostsOf(const SliceRecord& slice) {
 }
 
 // Input `in`'s binding for shard `j` as a proto (`local`: in.local,
-// parsed): what CallExecutes::AddOwnShardsHost encodes for it.
+// parsed): what CallExecutes::AddOwnShardsHosts encodes for it.
 void AddOwnShard(const OwnShardInput& in, const proto::TensorSpec& local, int j,
                  proto::InputBinding* binding) {
   *binding->mutable_local() = local;
