@@ -1,5 +1,7 @@
 #include "plexus/timeline/clock_offset.h"
 
+#include <algorithm>
+
 namespace plexus {
 
 void ClockOffsetEstimator::Add(const ClockSample& sample) {
@@ -26,6 +28,13 @@ int64_t ClockOffsetEstimator::offset_ns() const {
 int64_t ClockOffsetEstimator::error_ns() const {
   const ClockSample* best = Best();
   return best == nullptr ? -1 : best->delay() / 2;
+}
+
+int64_t SinceOnOtherClock(int64_t since_ns, int64_t offset_ns,
+                          int64_t error_ns) {
+  if (since_ns == 0) return 0;
+  const int64_t other = since_ns - offset_ns - std::max<int64_t>(error_ns, 0);
+  return std::max<int64_t>(other, 1);  // 0 would ask for everything
 }
 
 }  // namespace plexus

@@ -52,4 +52,13 @@ class ClockOffsetEstimator {
   std::deque<ClockSample> samples_;
 };
 
+// The time on the other process's clock from which its events may be at or
+// after `since_ns` on this one, given an estimate (offset_ns, error_ns) as
+// above: the estimate's error widens the window, never cuts it, so a trace
+// asked of a worker whose first probe was slow (a loaded machine) still
+// holds its first events. 0 (everything) stays 0; without an estimate
+// (error -1) the clocks are taken as equal.
+int64_t SinceOnOtherClock(int64_t since_ns, int64_t offset_ns,
+                          int64_t error_ns);
+
 }  // namespace plexus

@@ -51,5 +51,31 @@ TEST(ClockOffsetTest, IgnoresStampsOutOfOrder) {
   EXPECT_FALSE(est.has_estimate());
 }
 
+// A worker on the same machine (its clock is the server's) whose only
+// probe so far was queued 100 ms one way: the estimate is 50 ms off. The
+// window asked of it must still begin at or before the asked time on its
+// clock, or a short trace's events fall outside it.
+TEST(ClockOffsetTest, TheWindowOnTheOtherClockCoversTheEstimatesError) {
+  ClockOffsetEstimator est;
+  est.Add(RoundTrip(1'000'000'000, 0, 50'000, 100'000'000));
+  ASSERT_NEAR(static_cast<double>(est.offset_ns()), -50'000'000, 100'000);
+  const int64_t since = 2'000'000'000;
+  const int64_t since_on_worker = since;  // the clocks are equal
+  const int64_t asked =
+      SinceOnOtherClock(since, est.offset_ns(), est.error_ns());
+  EXPECT_LE(asked, since_on_worker);
+  // ... and no earlier than the error bound makes necessary.
+  EXPECT_GE(asked, since_on_worker - 2 * est.error_ns());
+  // The offset alone (what the server asked before) cuts 50 ms off.
+  EXPECT_GT(since - est.offset_ns(), since_on_worker + 49'000'000);
+}
+
+TEST(ClockOffsetTest, SinceOnOtherClockKeepsEverythingAndNoEstimate) {
+  EXPECT_EQ(SinceOnOtherClock(0, 5'000, 1'000), 0);  // everything stays so
+  EXPECT_EQ(SinceOnOtherClock(10'000, 0, -1), 10'000);  // no estimate
+  EXPECT_EQ(SinceOnOtherClock(10'000, 2'000, 500), 7'500);
+  EXPECT_EQ(SinceOnOtherClock(1'000, 5'000, 0), 1);  // never "everything"
+}
+
 }  // namespace
 }  // namespace plexus

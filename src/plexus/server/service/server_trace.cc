@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/server/service/internal/server_impl.h"
+#include "plexus/timeline/clock_offset.h"
 #include "plexus/timeline/timeline_proto.h"
 
 namespace plexus {
@@ -278,9 +279,10 @@ ServerImpl::PendingTrace ServerImpl::CollectWorkerRings(
   for (const TraceTarget& a : asked) {
     proto::WorkerOp op;
     op.mutable_collect_timeline()->set_request_id(request_id);
-    // The worker's clock: the server's time less its offset.
+    // The worker's clock: the server's time less its offset, widened by
+    // the offset's error bound.
     op.mutable_collect_timeline()->set_since_ns(
-        since == 0 ? 0 : since - a.offset_ns);
+        SinceOnOtherClock(since, a.offset_ns, a.offset_error_ns));
     scheduler_.Send(a.id, std::move(op));
   }
   const absl::Time deadline = options_.clock->Now() + timeout;
