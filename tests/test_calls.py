@@ -78,6 +78,60 @@ def test_graph_of_1000_calls_over_two_hosts_matches_numpy(client):
     np.testing.assert_allclose(np.asarray(b), eb, rtol=1e-5)
 
 
+def _within(seconds, fn):
+    """fn()'s result, or an AssertionError if it has none within `seconds`
+    (a wait that never ends would otherwise hang the suite)."""
+    out = {}
+
+    def run():
+        try:
+            out["value"] = fn()
+        except Exception as e:  # noqa: BLE001 - asserted by the caller
+            out["error"] = e
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout=seconds)
+    assert not t.is_alive(), f"no answer within {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_a_long_graph_runs_its_first_calls_while_it_is_recorded(client):
+    # A graph sends a batch each 64 ops recorded: a value made early in a
+    # long graph can be read before the graph's block ends (the whole graph
+    # used to go at the end: the cluster sat idle while it was recorded,
+    # and such a read waited forever).
+    s = client.slice(1)
+    x = s.put(np.ones(4, np.float32))
+    double = s.program("scale", x, factor=2.0)
+    with client.graph() as g:
+        first = double(x)
+        y = first
+        for _ in range(99):
+            y = double(y)
+        early = _within(30, lambda: np.asarray(first))
+        assert len(g) < 64  # what is not sent yet
+    np.testing.assert_array_equal(early, np.full(4, 2.0, np.float32))
+    np.testing.assert_array_equal(np.asarray(y),
+                                  np.full(4, 2.0 ** 100, np.float32))
+
+
+def test_a_graph_whose_block_raises_still_makes_its_calls(client):
+    # Every call recorded is made, as outside a graph; the outputs of a
+    # graph whose block raised used to wait forever for calls never sent.
+    s = client.slice(1)
+    x = s.put(np.ones(4, np.float32))
+    double = s.program("scale", x, factor=2.0)
+    with pytest.raises(KeyError):
+        with client.graph():
+            y = double(double(x))
+            raise KeyError("the block's own error")
+    np.testing.assert_array_equal(_within(30, lambda: np.asarray(y)),
+                                  np.full(4, 4.0, np.float32))
+
+
 def test_values_move_between_slices_on_different_hosts(client):
     a = client.slice(1, placement="one_host")
     b = client.slice(1, placement="one_host")

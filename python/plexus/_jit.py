@@ -242,17 +242,18 @@ class Jitted:
 
     def __call__(self, *args, **kwargs):
         if not kwargs and self._by_positional:
-            sigs = []
+            sigs, fs = [], []
             for x in args:
                 if type(x) is not Future:
                     break
                 sig = x._sig
                 sigs.append(signature(x) if sig is None else sig)
+                fs.append(x._f)
             else:
                 compiled = self._by_positional.get(
                     (self._slice._s.resizes, tuple(sigs)))
                 if compiled is not None:
-                    return compiled._invoke_checked([x._f for x in args])
+                    return compiled._invoke_checked(fs)
         jax = _jax()
         static, args, kwargs = self._split_static(args, kwargs)
         args = (args, kwargs)  # one pytree: positional, then keyword

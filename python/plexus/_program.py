@@ -1,6 +1,6 @@
 """Programs: a program compiled for a slice (called like a function),
-the static inputs it is compiled for (Spec), and graphs of calls submitted
-as one unit.
+the static inputs it is compiled for (Spec), and graphs of calls sent
+in batches.
 """
 import threading
 
@@ -86,11 +86,16 @@ class Program:
 
 
 class Graph:
-    """Calls recorded and submitted as one unit.
+    """Calls recorded and sent in batches, in order.
 
         with client.graph():
             y = f(x)
             z = g(y)      # both reach the server in one batch, in order
+
+    A long graph sends a batch each 64 ops recorded (the cluster runs its
+    first calls while the rest are recorded) and the rest at the block's
+    end. Every call recorded is made, as a call outside a graph is: an
+    exception in the block does not undo the calls before it.
     """
 
     def __init__(self, client):
@@ -108,6 +113,14 @@ class Graph:
         _recording.graph = None
         if exc_type is None:
             self._g.submit()
+            return False
+        # The block raised: its calls were made all the same. If they
+        # cannot be sent (the client closed), their outputs say so, and
+        # the block's own exception goes on.
+        try:
+            self._g.submit()
+        except _core.PlexusError:
+            pass
         return False
 
     def __len__(self):

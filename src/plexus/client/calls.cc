@@ -269,14 +269,16 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
   for (size_t k = before; k < ops_.size(); ++k) {
     op_inputs_.push_back(k == before ? inputs : std::vector<Future>{});
   }
-  if (outputs.ok()) {
-    keep_.insert(keep_.end(), inputs.begin(), inputs.end());
-    keep_.insert(keep_.end(), outputs->begin(), outputs->end());
+  if (!outputs.ok()) return outputs;
+  keep_.insert(keep_.end(), inputs.begin(), inputs.end());
+  keep_.insert(keep_.end(), outputs->begin(), outputs->end());
+  if (ops_.size() >= kStreamedOps) {
+    if (absl::Status sent = Send(); !sent.ok()) return sent;
   }
   return outputs;
 }
 
-absl::Status Graph::Submit() {
+absl::Status Graph::Send() {
   if (core_->closed()) return absl::FailedPreconditionError("client closed");
   std::vector<TimelineEvent> issued =
       IssuedCalls(*core_, ops_, core_->timeline().NowNs());
@@ -291,12 +293,66 @@ absl::Status Graph::Submit() {
     core_->session().Enqueue(std::move(ops_), session_->epoch);
   }
   RecordIssued(*core_, issued);
-  session_ = nullptr;
-  graph_id_ = 0;  // the next call recorded starts another graph
   ops_.clear();
   op_inputs_.clear();
   keep_.clear();  // releases now queue after the calls
   return absl::OkStatus();
+}
+
+absl::Status Graph::Submit() {
+  absl::Status sent = Send();
+  if (!sent.ok()) Abandon();
+  session_ = nullptr;
+  graph_id_ = 0;  // the next call recorded starts another graph
+  return sent;
+}
+
+void Graph::Abandon() {
+  for (const proto::ClientOp& op : ops_) {
+    if (!op.has_call()) continue;
+    for (uint64_t id : op.call().output_ids()) {
+      core_->session().MarkFailed(
+          id, absl::FailedPreconditionError(absl::StrCat(
+                  "buffer ", id, " is an output of call ", op.call().call_id(),
+                  ", recorded in a graph dropped before it was submitted (Graph::"
+                  "Submit): the call was never made")));
+    }
+  }
+  ops_.clear();
+  op_inputs_.clear();
+  keep_.clear();
+}
+
+Graph::Graph(Graph&& other) noexcept
+    : core_(std::move(other.core_)),
+      ops_(std::move(other.ops_)),
+      op_inputs_(std::move(other.op_inputs_)),
+      keep_(std::move(other.keep_)),
+      session_(std::move(other.session_)),
+      graph_id_(other.graph_id_) {
+  other.ops_.clear();
+  other.op_inputs_.clear();
+  other.keep_.clear();
+}
+
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    if (core_ != nullptr) Abandon();
+    core_ = std::move(other.core_);
+    ops_ = std::move(other.ops_);
+    op_inputs_ = std::move(other.op_inputs_);
+    keep_ = std::move(other.keep_);
+    session_ = std::move(other.session_);
+    graph_id_ = other.graph_id_;
+    other.ops_.clear();
+    other.op_inputs_.clear();
+    other.keep_.clear();
+  }
+  return *this;
+}
+
+Graph::~Graph() {
+  if (core_ != nullptr) Abandon();
 }
 
 absl::StatusOr<std::vector<Future>> Client::Call(

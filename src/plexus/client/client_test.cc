@@ -170,6 +170,59 @@ TEST_F(ClientTest, GraphOfChainedCallsMatchesTheLoop) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(y[i], 101 * x[i]);
 }
 
+TEST_F(ClientTest, AGraphDroppedUnsubmittedFailsItsOutputsAtOnce) {
+  auto slice = client_->CreateSlice({.num_devices = 1});
+  ASSERT_TRUE(slice.ok());
+  ArgSpec arg{{DType::kF64, {4}}, Sharding::Replicated()};
+  std::vector<double> x = {1, 2, 3, 4};
+  auto f = client_->Put(*slice, x.data(), arg);
+  ASSERT_TRUE(f.ok());
+  auto add = client_->Compile(*slice, "add", "add", {}, {arg, arg});
+  ASSERT_TRUE(add.ok());
+  Future out;
+  {
+    Graph graph = client_->NewGraph();
+    Graph moved = std::move(graph);  // the one dropped: the moved-to
+    out = (*moved.Call(**add, {*f, *f}))[0];
+  }
+  // Its call was never sent: the fetch says so (it used to wait forever).
+  std::vector<double> y(4);
+  absl::Status read = client_->Fetch(out, y.data());
+  EXPECT_TRUE(absl::IsFailedPrecondition(read)) << read;
+  EXPECT_NE(read.message().find("graph dropped before it was submitted"),
+            std::string::npos)
+      << read;
+  // The client goes on.
+  auto again = client_->Call(**add, {*f, *f});
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(client_->Fetch((*again)[0], y.data()).ok());
+  EXPECT_EQ(y[3], 8);
+}
+
+TEST_F(ClientTest, ALongGraphSendsItsCallsInBatchesAsTheyAreRecorded) {
+  auto slice = client_->CreateSlice({.num_devices = 1});
+  ASSERT_TRUE(slice.ok());
+  ArgSpec arg{{DType::kF64, {4}}, Sharding::Replicated()};
+  std::vector<double> x = {1, 2, 3, 4};
+  auto f = client_->Put(*slice, x.data(), arg);
+  ASSERT_TRUE(f.ok());
+  auto add = client_->Compile(*slice, "add", "add", {}, {arg, arg});
+  ASSERT_TRUE(add.ok());
+  Graph graph = client_->NewGraph();
+  Future first = (*graph.Call(**add, {*f, *f}))[0];
+  Future acc = first;
+  for (size_t i = 1; i < Graph::kStreamedOps + 10; ++i) {
+    acc = (*graph.Call(**add, {acc, *f}))[0];
+  }
+  EXPECT_EQ(graph.size(), 10u);  // the first batch went
+  std::vector<double> y(4);
+  ASSERT_TRUE(client_->Fetch(first, y.data()).ok());  // before Submit
+  EXPECT_EQ(y[3], 8);
+  ASSERT_TRUE(graph.Submit().ok());
+  ASSERT_TRUE(client_->Fetch(acc, y.data()).ok());
+  EXPECT_EQ(y[3], 4.0 * (Graph::kStreamedOps + 11));
+}
+
 TEST_F(ClientTest, MismatchedArgumentFailsAtCallTimeNamingBothSpecs) {
   auto slice = client_->CreateSlice({.num_devices = 1});
   ASSERT_TRUE(slice.ok());
