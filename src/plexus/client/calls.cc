@@ -312,10 +312,11 @@ void Graph::Abandon() {
     if (!op.has_call()) continue;
     for (uint64_t id : op.call().output_ids()) {
       core_->session().MarkFailed(
-          id, absl::FailedPreconditionError(absl::StrCat(
-                  "buffer ", id, " is an output of call ", op.call().call_id(),
-                  ", recorded in a graph dropped before it was submitted (Graph::"
-                  "Submit): the call was never made")));
+          id,
+          absl::FailedPreconditionError(absl::StrCat(
+              "buffer ", id, " is an output of call ", op.call().call_id(),
+              ", recorded in a graph dropped before it was submitted (Graph::"
+              "Submit): the call was never made")));
     }
   }
   ops_.clear();

@@ -71,7 +71,7 @@ TEST(ClockOffsetTest, TheWindowOnTheOtherClockCoversTheEstimatesError) {
 }
 
 TEST(ClockOffsetTest, SinceOnOtherClockKeepsEverythingAndNoEstimate) {
-  EXPECT_EQ(SinceOnOtherClock(0, 5'000, 1'000), 0);  // everything stays so
+  EXPECT_EQ(SinceOnOtherClock(0, 5'000, 1'000), 0);     // everything stays so
   EXPECT_EQ(SinceOnOtherClock(10'000, 0, -1), 10'000);  // no estimate
   EXPECT_EQ(SinceOnOtherClock(10'000, 2'000, 500), 7'500);
   EXPECT_EQ(SinceOnOtherClock(1'000, 5'000, 0), 1);  // never "everything"
