@@ -12,7 +12,9 @@ import numpy as np
 
 from . import _core
 from . import _jax_interop
-from ._progress import describe_transfer, describe_wait, transfer_progress, waiting
+from ._progress import (describe_transfer, describe_wait, transfer_progress,
+                        waiting)
+from ._progress import enabled as progress_enabled
 from ._sharding import _sharding_repr
 
 
@@ -134,6 +136,10 @@ class Future:
         """The fetched array (key data for keys), with the wait's line on
         a terminal; a large one shows its bytes as they come."""
         f = self._f
+        if not progress_enabled():
+            # No line to draw, no bytes to count: the fetch alone (a
+            # blocking round trip's fetch spent ~4 us sizing its value).
+            return self._client._core.fetch(f)
         progress = transfer_progress(
             int(np.prod(f.shape, dtype=np.int64)) * np.dtype(f.dtype).itemsize)
         if progress is None:

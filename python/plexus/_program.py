@@ -92,7 +92,7 @@ class Graph:
             y = f(x)
             z = g(y)      # both reach the server in one batch, in order
 
-    A long graph sends a batch each 64 ops recorded (the cluster runs its
+    A long graph sends a batch each 128 ops recorded (the cluster runs its
     first calls while the rest are recorded) and the rest at the block's
     end. Every call recorded is made, as a call outside a graph is: an
     exception in the block does not undo the calls before it.

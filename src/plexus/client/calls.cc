@@ -2,6 +2,7 @@
 // issued one at a time (Client::Call) or as one graph (Graph).
 #include <unistd.h>
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -272,14 +273,19 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
   if (!outputs.ok()) return outputs;
   keep_.insert(keep_.end(), inputs.begin(), inputs.end());
   keep_.insert(keep_.end(), outputs->begin(), outputs->end());
-  if (ops_.size() >= kStreamedOps) {
+  if (batch_ops_ == 0) {
+    batch_ops_ = core_->session().waited() ? kFirstOpsAfterWait : kStreamedOps;
+  }
+  if (ops_.size() >= batch_ops_) {
     if (absl::Status sent = Send(); !sent.ok()) return sent;
+    batch_ops_ = std::min(2 * batch_ops_, kStreamedOps);
   }
   return outputs;
 }
 
 absl::Status Graph::Send() {
   if (core_->closed()) return absl::FailedPreconditionError("client closed");
+  if (ops_.empty()) return absl::OkStatus();  // all sent as recorded
   std::vector<TimelineEvent> issued =
       IssuedCalls(*core_, ops_, core_->timeline().NowNs());
   if (core_->options().sequential_dispatch) {
@@ -304,6 +310,7 @@ absl::Status Graph::Submit() {
   if (!sent.ok()) Abandon();
   session_ = nullptr;
   graph_id_ = 0;  // the next call recorded starts another graph
+  batch_ops_ = 0;
   return sent;
 }
 
@@ -330,7 +337,8 @@ Graph::Graph(Graph&& other) noexcept
       op_inputs_(std::move(other.op_inputs_)),
       keep_(std::move(other.keep_)),
       session_(std::move(other.session_)),
-      graph_id_(other.graph_id_) {
+      graph_id_(other.graph_id_),
+      batch_ops_(other.batch_ops_) {
   other.ops_.clear();
   other.op_inputs_.clear();
   other.keep_.clear();
@@ -345,6 +353,7 @@ Graph& Graph::operator=(Graph&& other) noexcept {
     keep_ = std::move(other.keep_);
     session_ = std::move(other.session_);
     graph_id_ = other.graph_id_;
+    batch_ops_ = other.batch_ops_;
     other.ops_.clear();
     other.op_inputs_.clear();
     other.keep_.clear();

@@ -196,6 +196,10 @@ class ClientSession {
   // The client waited on a result (a fetch, a wait): its next ops are
   // likely a round trip's, which the caller writes itself.
   void NoteWaited() { waited_.store(true, std::memory_order_relaxed); }
+  // The client waited on a result since its last ops were queued: the
+  // cluster may have nothing to run (a graph then sends its first calls
+  // early).
+  bool waited() const { return waited_.load(std::memory_order_relaxed); }
   // Waits until everything queued has been written (or the session ended).
   // A buffer's release queued alone waits ClientOptions::release_linger
   // for an op to go with; Flush sends it at once.
