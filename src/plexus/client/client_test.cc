@@ -223,6 +223,35 @@ TEST_F(ClientTest, ALongGraphSendsItsCallsInBatchesAsTheyAreRecorded) {
   EXPECT_EQ(y[3], 4.0 * (Graph::kStreamedOps + 11));
 }
 
+TEST_F(ClientTest, AGraphAfterAWaitSendsItsFirstCallsSoonThenLargerBatches) {
+  auto slice = client_->CreateSlice({.num_devices = 1});
+  ASSERT_TRUE(slice.ok());
+  ArgSpec arg{{DType::kF64, {4}}, Sharding::Replicated()};
+  std::vector<double> x = {1, 2, 3, 4};
+  auto f = client_->Put(*slice, x.data(), arg);
+  ASSERT_TRUE(f.ok());
+  auto add = client_->Compile(*slice, "add", "add", {}, {arg, arg});
+  ASSERT_TRUE(add.ok());
+  std::vector<double> y(4);
+  ASSERT_TRUE(client_->Fetch(*f, y.data()).ok());  // the client waited
+  Graph graph = client_->NewGraph();
+  Future acc = *f;
+  std::vector<size_t> unsent;  // after each call
+  const size_t first = Graph::kFirstOpsAfterWait;
+  for (size_t i = 0; i < first + 2 * first + 1; ++i) {
+    acc = (*graph.Call(**add, {acc, *f}))[0];
+    unsent.push_back(graph.size());
+  }
+  EXPECT_EQ(unsent[first - 2], first - 1);
+  EXPECT_EQ(unsent[first - 1], 0u);  // the first batch went at 16
+  EXPECT_EQ(unsent[first + 2 * first - 2], 2 * first - 1);
+  EXPECT_EQ(unsent[first + 2 * first - 1], 0u);  // the next at 32
+  EXPECT_EQ(unsent.back(), 1u);
+  ASSERT_TRUE(graph.Submit().ok());
+  ASSERT_TRUE(client_->Fetch(acc, y.data()).ok());
+  EXPECT_EQ(y[3], 4.0 * (3 * first + 2));
+}
+
 TEST_F(ClientTest, MismatchedArgumentFailsAtCallTimeNamingBothSpecs) {
   auto slice = client_->CreateSlice({.num_devices = 1});
   ASSERT_TRUE(slice.ok());
