@@ -21,7 +21,10 @@
 namespace plexus {
 
 struct CallContext {
-  proto::Execute exec;
+  // The call's Execute op: a share of the OPS frame's arena it was parsed
+  // onto, or its own (KeepOp, frame_arena.h).
+  std::shared_ptr<const proto::Execute> op;
+  const proto::Execute& exec() const { return *op; }
   LoadedProgram* program = nullptr;
   // Keeps the program alive if it is unloaded (its client left) meanwhile.
   std::shared_ptr<LoadedProgram> program_ref;

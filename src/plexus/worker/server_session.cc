@@ -16,6 +16,7 @@
 #include "plexus/common/tls.h"
 #include "plexus/timeline/timeline_proto.h"
 #include "plexus/transport/internal/frame_socket.h"
+#include "plexus/worker/frame_arena.h"
 
 namespace plexus {
 namespace {
@@ -246,11 +247,15 @@ absl::Status ServerSession::ApplyFramed(uint64_t generation,
     ++framed_applying_;
   }
   absl::Status status;
-  // Kept per connection thread, as the stream's reader keeps its one: a
-  // message parsed into one that held the last keeps its fields' room.
-  thread_local proto::ServerToWorker msg;
-  if (msg.ParseFromString(bytes)) {
-    apply_(msg);
+  // Parsed onto an arena of its own: its calls' Execute ops are kept with
+  // a share of it, not copied out (frame_arena.h).
+  std::shared_ptr<google::protobuf::Arena> arena =
+      FrameArena::ForFrame(bytes.size());
+  auto* msg = google::protobuf::Arena::CreateMessage<proto::ServerToWorker>(
+      arena.get());
+  if (msg->ParseFromString(bytes)) {
+    FrameArena::Applying applying(arena);
+    apply_(*msg);
     framed_messages_.fetch_add(1, std::memory_order_relaxed);
   } else {
     status = absl::DataLossError(

@@ -8,7 +8,7 @@
 namespace plexus {
 
 bool TaskRunner::TryRunInline(const std::shared_ptr<CallContext>& call) {
-  const proto::Execute& exec = call->exec;
+  const proto::Execute& exec = call->exec();
   LoadedProgram* program = call->program;
   // One task: the tasks of a call on several devices run side by side (an
   // island's wait for each other). No collective: it waits for its peers.
@@ -54,7 +54,7 @@ bool TaskRunner::TryRunInline(const std::shared_ptr<CallContext>& call) {
 }
 
 int64_t TaskRunner::MostBytes(const CallContext& call) const {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   int64_t bytes = 0;
   for (const ArgSpec& out : call.program->outputs) {
     auto local = out.Local(exec.num_shards());

@@ -13,7 +13,7 @@ namespace plexus {
 void TaskRunner::RunTask(const std::shared_ptr<CallContext>& call,
                          int task_index, absl::Time queued,
                          int64_t reserved_ahead) {
-  const proto::Execute& exec = call->exec;
+  const proto::Execute& exec = call->exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   TaskState state;
   state.reserved_ahead = reserved_ahead;
@@ -61,7 +61,7 @@ void TaskRunner::RunTask(const std::shared_ptr<CallContext>& call,
 
 absl::Status TaskRunner::CheckRunnable(const CallContext& call, int task_index,
                                        bool dropped) const {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const LoadedProgram* program = call.program;
   const absl::Status& input_error = call.input_errors[task_index];
   if (!input_error.ok()) return input_error;
@@ -91,7 +91,7 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   if (absl::Status s = CheckRunnable(*call, task_index, dropped); !s.ok()) {
     return s;
   }
-  const proto::Execute& exec = call->exec;
+  const proto::Execute& exec = call->exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   const LoadedProgram* program = call->program;
   const bool stored_collective =
@@ -164,7 +164,7 @@ absl::Status TaskRunner::AllReduceStored(
     CallContext& call, int task_index, const builtin::KernelContext& ctx,
     const std::vector<std::shared_ptr<const Storage>>& input_storage,
     TaskState& state) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   const LoadedProgram& program = *call.program;
   auto local = program.outputs[0].Local(exec.num_shards());
@@ -200,7 +200,7 @@ absl::Status TaskRunner::MakeOutputs(
     const std::vector<int>& written_over,
     const std::vector<std::shared_ptr<const Storage>>& input_storage,
     builtin::KernelContext* ctx, TaskState& state, bool* all_aliased) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const LoadedProgram& program = *call.program;
   const int device = exec.tasks(task_index).device();
   *all_aliased = !program.outputs.empty();
@@ -258,7 +258,7 @@ absl::Status TaskRunner::MakeOutputs(
 void TaskRunner::PublishOutputs(CallContext& call, int task_index,
                                 const absl::Status& status, bool dropped,
                                 TaskState& state) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   const int device = task.device();
   if (status.ok()) {
@@ -290,7 +290,7 @@ void TaskRunner::FinishWhenIslandEnds(const std::shared_ptr<CallContext>& call,
                                       bool launched_quickly) {
   // At once where no run was queued, also where this task failed after it
   // was queued.
-  const int device = call->exec.tasks(task_index).device();
+  const int device = call->exec().tasks(task_index).device();
   xla_runs_started_.fetch_add(1);
   call->island->WhenEnded([this, call, task_index, keep = std::move(state.keep),
                            scratch_bytes = state.scratch_bytes, device, started,
@@ -311,8 +311,8 @@ void TaskRunner::FinishWhenIslandEnds(const std::shared_ptr<CallContext>& call,
       calls_failed_++;
       call->failed = true;
       SPDLOG_DEBUG("call {} shard {} failed on its device: {}",
-                   call->exec.call_id(), call->exec.tasks(task_index).shard(),
-                   end.ToString());
+                   call->exec().call_id(),
+                   call->exec().tasks(task_index).shard(), end.ToString());
     }
     const int64_t busy = std::max<int64_t>(0, now - from);
     // A run that held its device long would hold the reader that launched
@@ -335,7 +335,7 @@ void TaskRunner::FinishWhenIslandEnds(const std::shared_ptr<CallContext>& call,
 void TaskRunner::RecordTask(const CallContext& call, int task_index,
                             absl::Time started, absl::Time ended, bool failed) {
   if (!timeline_.enabled()) return;
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   TimelineEvent e;
   e.kind = EventKind::kTask;
@@ -355,7 +355,7 @@ void TaskRunner::FinishTask(const std::shared_ptr<CallContext>& call,
                             int task_index,
                             std::vector<std::shared_ptr<const Storage>> keep,
                             int64_t scratch_bytes, int64_t busy_micros) {
-  const proto::Execute& exec = call->exec;
+  const proto::Execute& exec = call->exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   call->busy_micros += busy_micros;
   if (scratch_bytes > 0) store_.Unreserve(task.device(), scratch_bytes);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
+#include "plexus/worker/frame_arena.h"
 #include "plexus/worker/task_runner.h"
 
 namespace plexus {
@@ -42,8 +43,8 @@ TaskRunner::TaskRunner(ObjectStore& store,
 void TaskRunner::Submit(proto::Execute& incoming,
                         std::shared_ptr<LoadedProgram> program) {
   auto call = std::make_shared<CallContext>();
-  call->exec.Swap(&incoming);  // no copy: the op is consumed
-  const proto::Execute& exec = call->exec;
+  call->op = KeepOp(incoming);  // no copy: the op is consumed
+  const proto::Execute& exec = call->exec();
   if (program != nullptr) {
     call->program = program.get();
     call->program_ref = std::move(program);  // alive while the call runs
@@ -58,7 +59,7 @@ void TaskRunner::Submit(proto::Execute& incoming,
 }
 
 absl::Status TaskRunner::SetUpCollective(CallContext& call) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   if (!(call.program && call.program->kernel &&
         call.program->kernel->signature().is_collective() &&
         exec.peers_size() > 0)) {
@@ -78,7 +79,7 @@ absl::Status TaskRunner::SetUpCollective(CallContext& call) {
 absl::Status TaskRunner::CheckCollective(
     const CallContext& call, const std::vector<CallCollective::Peer>& peers,
     int my_rank) const {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const std::string& name = call.program->name;
   if (my_rank < 0) {
     return absl::InvalidArgumentError(
@@ -108,7 +109,7 @@ absl::Status TaskRunner::CheckCollective(
 void TaskRunner::MakeCollective(CallContext& call,
                                 std::vector<CallCollective::Peer> peers,
                                 int my_rank) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const LoadedProgram& program = *call.program;
   // On the timeline, each partial, offer or ring step sent to a peer is
   // a transfer of this call (the peer's task of it reads it).
@@ -169,7 +170,7 @@ void TaskRunner::MakeCollective(CallContext& call,
 
 void TaskRunner::DeclareAndPin(CallContext& call,
                                const absl::Status& collective_error) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   // An input that is not here (released before this call reached the
   // worker) fails its task now: nothing would ever fulfil it.
   call.input_errors.assign(exec.tasks_size(), collective_error);
@@ -223,7 +224,7 @@ void TaskRunner::DeclareAndPin(CallContext& call,
 
 void TaskRunner::DeclaredSpecs(const CallContext& call,
                                std::vector<TensorSpec>& specs) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   specs.assign(exec.output_ids_size(), TensorSpec());
   for (int o = 0; o < exec.output_ids_size(); ++o) {
     if (call.program && o < static_cast<int>(call.program->outputs.size())) {
@@ -235,7 +236,7 @@ void TaskRunner::DeclaredSpecs(const CallContext& call,
 
 void TaskRunner::Enqueue(const std::shared_ptr<CallContext>& call) {
   if (TryRunInline(call)) return;
-  const proto::Execute& exec = call->exec;
+  const proto::Execute& exec = call->exec();
   const LoadedProgram* program = call->program;
   // A built-in kernel that is not a collective runs on this device alone:
   // others may run before it, and it before other clients' queued tasks by

@@ -62,7 +62,7 @@ absl::Status XlaPrograms::RunPartition(
     const std::vector<bool>& donate,
     std::vector<std::shared_ptr<Storage>>* outputs, int64_t* reserved_ahead) {
   CallContext& call = *call_ref;
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   LoadedProgram& program = *call.program;
   const int device = exec.tasks(task_index).device();
   auto named = [&](const absl::Status& s) {
@@ -140,7 +140,7 @@ absl::StatusOr<IslandExecution::Outputs> XlaPrograms::QueueRun(
     const std::shared_ptr<CallContext>& call_ref,
     const xla::PjrtExecutable& exe, const IslandExecution::Inputs& in,
     IslandExecution::DoneFn done) {
-  const proto::Execute& exec = call_ref->exec;
+  const proto::Execute& exec = call_ref->exec();
   const LoadedProgram& program = *call_ref->program;
   for (size_t o = 0; o < program.outputs.size(); ++o) {
     const TensorSpec& got = exe.outputs()[o];
@@ -193,7 +193,7 @@ void XlaPrograms::TakeDonations(
     const std::vector<std::shared_ptr<const Storage>>& keep,
     const std::vector<std::shared_ptr<const Storage>>& bound,
     std::vector<bool>* donate, std::vector<int>* written_over) {
-  const proto::Execute& exec = call.exec;
+  const proto::Execute& exec = call.exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   const LoadedProgram& program = *call.program;
   const proto::XlaProgram& xla = *program.xla;
