@@ -170,20 +170,37 @@ TEST_F(ClientTest, GraphOfChainedCallsMatchesTheLoop) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(y[i], 101 * x[i]);
 }
 
-TEST_F(ClientTest, AGraphDroppedUnsubmittedFailsItsOutputsAtOnce) {
-  auto slice = client_->CreateSlice({.num_devices = 1});
-  ASSERT_TRUE(slice.ok());
+// A 1-device slice holding x = [1, 2, 3, 4] (float64) and `add` compiled
+// for it (null, with the failure reported, where either failed).
+struct Adder {
+  Future x;
+  std::shared_ptr<Program> add;
+};
+Adder MakeAdder(Client& client) {
+  auto slice = client.CreateSlice({.num_devices = 1});
+  if (!slice.ok()) {
+    ADD_FAILURE() << slice.status();
+    return {};
+  }
   ArgSpec arg{{DType::kF64, {4}}, Sharding::Replicated()};
   std::vector<double> x = {1, 2, 3, 4};
-  auto f = client_->Put(*slice, x.data(), arg);
-  ASSERT_TRUE(f.ok());
-  auto add = client_->Compile(*slice, "add", "add", {}, {arg, arg});
-  ASSERT_TRUE(add.ok());
+  auto f = client.Put(*slice, x.data(), arg);
+  auto add = client.Compile(*slice, "add", "add", {}, {arg, arg});
+  if (!f.ok() || !add.ok()) {
+    ADD_FAILURE() << f.status() << " " << add.status();
+    return {};
+  }
+  return {*f, *add};
+}
+
+TEST_F(ClientTest, AGraphDroppedUnsubmittedFailsItsOutputsAtOnce) {
+  Adder a = MakeAdder(*client_);
+  ASSERT_NE(a.add, nullptr);
   Future out;
   {
     Graph graph = client_->NewGraph();
     Graph moved = std::move(graph);  // the one dropped: the moved-to
-    out = (*moved.Call(**add, {*f, *f}))[0];
+    out = (*moved.Call(*a.add, {a.x, a.x}))[0];
   }
   // Its call was never sent: the fetch says so (it used to wait forever).
   std::vector<double> y(4);
@@ -193,26 +210,20 @@ TEST_F(ClientTest, AGraphDroppedUnsubmittedFailsItsOutputsAtOnce) {
             std::string::npos)
       << read;
   // The client goes on.
-  auto again = client_->Call(**add, {*f, *f});
+  auto again = client_->Call(*a.add, {a.x, a.x});
   ASSERT_TRUE(again.ok());
   ASSERT_TRUE(client_->Fetch((*again)[0], y.data()).ok());
   EXPECT_EQ(y[3], 8);
 }
 
 TEST_F(ClientTest, ALongGraphSendsItsCallsInBatchesAsTheyAreRecorded) {
-  auto slice = client_->CreateSlice({.num_devices = 1});
-  ASSERT_TRUE(slice.ok());
-  ArgSpec arg{{DType::kF64, {4}}, Sharding::Replicated()};
-  std::vector<double> x = {1, 2, 3, 4};
-  auto f = client_->Put(*slice, x.data(), arg);
-  ASSERT_TRUE(f.ok());
-  auto add = client_->Compile(*slice, "add", "add", {}, {arg, arg});
-  ASSERT_TRUE(add.ok());
+  Adder a = MakeAdder(*client_);
+  ASSERT_NE(a.add, nullptr);
   Graph graph = client_->NewGraph();
-  Future first = (*graph.Call(**add, {*f, *f}))[0];
+  Future first = (*graph.Call(*a.add, {a.x, a.x}))[0];
   Future acc = first;
   for (size_t i = 1; i < Graph::kStreamedOps + 10; ++i) {
-    acc = (*graph.Call(**add, {acc, *f}))[0];
+    acc = (*graph.Call(*a.add, {acc, a.x}))[0];
   }
   EXPECT_EQ(graph.size(), 10u);  // the first batch went
   std::vector<double> y(4);
@@ -224,22 +235,16 @@ TEST_F(ClientTest, ALongGraphSendsItsCallsInBatchesAsTheyAreRecorded) {
 }
 
 TEST_F(ClientTest, AGraphAfterAWaitSendsItsFirstCallsSoonThenLargerBatches) {
-  auto slice = client_->CreateSlice({.num_devices = 1});
-  ASSERT_TRUE(slice.ok());
-  ArgSpec arg{{DType::kF64, {4}}, Sharding::Replicated()};
-  std::vector<double> x = {1, 2, 3, 4};
-  auto f = client_->Put(*slice, x.data(), arg);
-  ASSERT_TRUE(f.ok());
-  auto add = client_->Compile(*slice, "add", "add", {}, {arg, arg});
-  ASSERT_TRUE(add.ok());
+  Adder a = MakeAdder(*client_);
+  ASSERT_NE(a.add, nullptr);
   std::vector<double> y(4);
-  ASSERT_TRUE(client_->Fetch(*f, y.data()).ok());  // the client waited
+  ASSERT_TRUE(client_->Fetch(a.x, y.data()).ok());  // the client waited
   Graph graph = client_->NewGraph();
-  Future acc = *f;
+  Future acc = a.x;
   std::vector<size_t> unsent;  // after each call
   const size_t first = Graph::kFirstOpsAfterWait;
   for (size_t i = 0; i < first + 2 * first + 1; ++i) {
-    acc = (*graph.Call(**add, {acc, *f}))[0];
+    acc = (*graph.Call(*a.add, {acc, a.x}))[0];
     unsent.push_back(graph.size());
   }
   EXPECT_EQ(unsent[first - 2], first - 1);
