@@ -106,7 +106,8 @@ class Graph:
 
     A long graph sends a batch each 128 ops recorded (after a wait on a
     result the first at 16 ops, then doubling: the cluster runs its first
-    calls while the rest are recorded) and the rest at the block's end. Every call recorded is made, as a call outside a graph is: an
+    calls while the rest are recorded) and the rest at the block's end.
+    Every call recorded is made, as a call outside a graph is: an
     exception in the block does not undo the calls before it.
     """
 
