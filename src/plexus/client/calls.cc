@@ -266,9 +266,12 @@ absl::StatusOr<std::vector<Future>> Graph::Call(
   if (graph_id_ == 0) graph_id_ = core_->session().NextGraphId();
   auto outputs = BuildCall(core_, program, inputs, &holds, &ops_, &session_,
                            site, graph_id_);
-  // One list per op: the call's inputs, none for the releases after it.
-  for (size_t k = before; k < ops_.size(); ++k) {
-    op_inputs_.push_back(k == before ? inputs : std::vector<Future>{});
+  // Sequential dispatch sends each op once its inputs are computed: one
+  // list per op, the call's inputs, none for the releases after it.
+  if (core_->options().sequential_dispatch) {
+    for (size_t k = before; k < ops_.size(); ++k) {
+      op_inputs_.push_back(k == before ? inputs : std::vector<Future>{});
+    }
   }
   if (!outputs.ok()) return outputs;
   keep_.insert(keep_.end(), inputs.begin(), inputs.end());

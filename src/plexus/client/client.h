@@ -317,7 +317,8 @@ class Graph {
 
   std::shared_ptr<ClientCore> core_;
   std::vector<proto::ClientOp> ops_;
-  std::vector<std::vector<Future>> op_inputs_;  // per op, for sequential
+  // Per op, in sequential dispatch only (ClientOptions::sequential_dispatch).
+  std::vector<std::vector<Future>> op_inputs_;
   // Every future the recorded calls read or write, held until they are
   // sent: a future dropped while recording must not be released before
   // the calls that use it reach the server.

@@ -574,8 +574,10 @@ absl::Status ClientSession::SessionStatus(uint64_t epoch,
            StandingOf(epoch, epoch_.load(), machine_.broken(), ends_).kind !=
                EpochStanding::kEndDue;
   };
-  options_.clock->AwaitCondition(&mu_, absl::Condition(&end_recorded),
-                                 options_.clock->Now() + kEndRecordWait);
+  if (!end_recorded()) {  // (every call asks: no clock read when it is)
+    options_.clock->AwaitCondition(&mu_, absl::Condition(&end_recorded),
+                                   options_.clock->Now() + kEndRecordWait);
+  }
   // Ended with its server, and the next may resume it: wait for the
   // reconnect's outcome (it ends by the reconnect timeout).
   auto decided = [this, epoch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

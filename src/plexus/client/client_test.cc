@@ -257,6 +257,26 @@ TEST_F(ClientTest, AGraphAfterAWaitSendsItsFirstCallsSoonThenLargerBatches) {
   EXPECT_EQ(y[3], 4.0 * (3 * first + 2));
 }
 
+// Sequential dispatch (each op sent once its inputs are computed) keeps a
+// list of inputs per recorded op: its batches, sent as they fill, must
+// keep the two in step.
+TEST_F(ClientTest, AGraphInSequentialDispatchSendsItsBatchesInStep) {
+  ClientOptions options;
+  options.sequential_dispatch = true;
+  auto d = ConnectDoubler(cluster_->address(), options);
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<float> y(4);
+  ASSERT_TRUE(d->client->Fetch(d->x, y.data()).ok());  // a wait: batches
+  Graph graph = d->client->NewGraph();                 // of 16, 32, ...
+  Future acc = d->x;
+  constexpr int kCalls = 3 * Graph::kFirstOpsAfterWait + 5;
+  for (int i = 0; i < kCalls; ++i) acc = (*graph.Call(*d->twice, {acc}))[0];
+  EXPECT_LT(graph.size(), static_cast<size_t>(kCalls));  // some were sent
+  ASSERT_TRUE(graph.Submit().ok());
+  ASSERT_TRUE(d->client->Fetch(acc, y.data()).ok());
+  EXPECT_EQ(y[3], 4.0f * static_cast<float>(uint64_t{1} << kCalls));
+}
+
 TEST_F(ClientTest, MismatchedArgumentFailsAtCallTimeNamingBothSpecs) {
   auto slice = client_->CreateSlice({.num_devices = 1});
   ASSERT_TRUE(slice.ok());
