@@ -513,7 +513,13 @@ def test_tiny_programs_run_on_the_device_thread_not_the_plugins_pools(
             y = inc(y)
     np.testing.assert_array_equal(np.asarray(y), np.full((8, 8), 501.0))
     used = cpu_ms_by_thread(pid) - before
-    assert used["plexus-worker"] > 0, used  # the device thread ran them
+    # The worker's own threads ran them: its device thread, or the thread
+    # that reads its ops, which runs a quick task itself when the device is
+    # idle (TaskRunner::TryRunInline; with a graph's calls sent as they
+    # are recorded, a chain may run wholly there).
+    ran = (used["plexus-worker"] + used["plexus-dp-conn"]
+           + used["plexus-reader"])
+    assert ran > 0, used
     assert plugin_threads(used) < 5, used
 
 
