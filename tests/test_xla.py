@@ -495,7 +495,7 @@ def test_a_worker_with_xla_programs_loaded_does_not_spin(cluster, client):
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/task"),
                     reason="reads per-thread CPU time from /proc")
-def test_tiny_programs_run_on_the_device_thread_not_the_plugins_pools(
+def test_tiny_programs_run_on_the_workers_threads_not_the_plugins_pools(
         cluster, client):
     # A program of a few flops runs inline where it is queued (the plugin
     # does so for programs under 1000 flops whose inputs are ready): a
