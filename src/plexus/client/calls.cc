@@ -302,9 +302,7 @@ absl::Status Graph::Send() {
     core_->session().Enqueue(std::move(ops_), session_->epoch);
   }
   RecordIssued(*core_, issued);
-  ops_.clear();
-  op_inputs_.clear();
-  keep_.clear();  // releases now queue after the calls
+  ClearRecorded();  // releases now queue after the calls
   return absl::OkStatus();
 }
 
@@ -329,6 +327,10 @@ void Graph::Abandon() {
               "Submit): the call was never made")));
     }
   }
+  ClearRecorded();
+}
+
+void Graph::ClearRecorded() {
   ops_.clear();
   op_inputs_.clear();
   keep_.clear();
@@ -342,9 +344,7 @@ Graph::Graph(Graph&& other) noexcept
       session_(std::move(other.session_)),
       graph_id_(other.graph_id_),
       batch_ops_(other.batch_ops_) {
-  other.ops_.clear();
-  other.op_inputs_.clear();
-  other.keep_.clear();
+  other.ClearRecorded();
 }
 
 Graph& Graph::operator=(Graph&& other) noexcept {
@@ -357,9 +357,7 @@ Graph& Graph::operator=(Graph&& other) noexcept {
     session_ = std::move(other.session_);
     graph_id_ = other.graph_id_;
     batch_ops_ = other.batch_ops_;
-    other.ops_.clear();
-    other.op_inputs_.clear();
-    other.keep_.clear();
+    other.ClearRecorded();
   }
   return *this;
 }

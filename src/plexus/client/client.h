@@ -314,6 +314,8 @@ class Graph {
   absl::Status Send();
   // Fails the outputs of the recorded calls not sent, and forgets them.
   void Abandon();
+  // Forgets the recorded ops, their inputs and the futures they hold.
+  void ClearRecorded();
 
   std::shared_ptr<ClientCore> core_;
   std::vector<proto::ClientOp> ops_;

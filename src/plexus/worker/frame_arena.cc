@@ -20,8 +20,7 @@ FrameArena::Applying::~Applying() { g_applying = previous_; }
 
 std::shared_ptr<google::protobuf::Arena> FrameArena::ForFrame(size_t bytes) {
   google::protobuf::ArenaOptions options;
-  // Parsed messages take a few times their wire size; blocks grow from
-  // there as a large frame needs.
+  // Blocks grow from there as a large frame needs.
   options.start_block_size = std::clamp<size_t>(4 * bytes, 1024, 64 << 10);
   options.max_block_size = 256 << 10;
   return std::make_shared<google::protobuf::Arena>(options);

@@ -28,8 +28,9 @@ class FrameArena {
    private:
     const std::shared_ptr<google::protobuf::Arena>* previous_;
   };
-  // A new arena for a frame of `bytes` bytes (its first block sized to
-  // hold it).
+  // A new arena for a frame of `bytes` bytes (its first block four times
+  // that, from 1 KiB to 64 KiB: parsed messages take a few times their
+  // wire size).
   static std::shared_ptr<google::protobuf::Arena> ForFrame(size_t bytes);
   // The frame being applied on this thread, or null.
   static const std::shared_ptr<google::protobuf::Arena>* Current();
