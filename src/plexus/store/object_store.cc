@@ -25,7 +25,7 @@ ObjectStore::Entry& ObjectStore::GetOrCreateLocked(const BufferKey& key) {
   if (inserted) {
     auto& shards = shards_[key.buffer_id];
     shards.push_back(key.shard);
-    SignalKeyLocked(key);
+    SignalKeyLocked(key, KeyEvent::kDeclared);
     if (!released_.empty()) released_.erase(key.buffer_id);
   }
   return it->second;
@@ -98,7 +98,7 @@ void ObjectStore::DeclareLocked(const BufferKey& key, int device,
     e.expected_bytes = spec.byte_size();
     // An entry made before its declaration (OnReady, Fail) was not new to
     // GetOrCreateLocked: its waiters for the declaration learn of it here.
-    SignalKeyLocked(key);
+    SignalKeyLocked(key, KeyEvent::kDeclared);
     if (source_worker >= 0) e.source_worker = source_worker;
     if (e.state == Entry::State::kReady && e.data &&
         static_cast<int64_t>(e.data->size()) != e.expected_bytes) {
@@ -572,6 +572,7 @@ absl::StatusOr<std::shared_ptr<Storage>> ObjectStore::Allocate(int device,
 std::vector<ObjectStore::ReadyCallback> ObjectStore::CompleteLocked(
     const BufferKey& key, Entry& e) {
   if (e.ready) e.ready->SignalAll();
+  SignalKeyLocked(key, KeyEvent::kComplete);  // reads that came before it
   std::vector<ReadyCallback> callbacks;
   callbacks.swap(e.callbacks);
   return callbacks;

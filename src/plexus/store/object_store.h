@@ -323,13 +323,22 @@ class ObjectStore {
   // declares it again under its id as the client's batch is sent again).
   absl::Status UnknownKeyEndLocked(const BufferKey& key, bool read) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits for `key` to appear or be declared, until `deadline`; true when
-  // the deadline passed. Ends early on an event that may end every such
-  // wait (SignalKeyWaitsLocked); the caller looks again either way.
-  bool AwaitKeyLocked(const BufferKey& key, absl::Time deadline)
+  // What a wait for a key that has no entry waits for: its entry to
+  // appear or be declared (kDeclared), or, for a read that has nothing to
+  // do with a pending entry, its value to be ready or failed (kComplete:
+  // a FETCH that came before the call that makes its value then wakes
+  // once, not at the declaration and again at the value).
+  enum class KeyEvent { kDeclared, kComplete };
+  // Waits for `until` on `key` until `deadline`; true when the deadline
+  // passed. Ends early on an event that may end every such wait
+  // (SignalKeyWaitsLocked), and a kComplete wait also when its entry
+  // appears declared ready or failed; the caller looks again either way.
+  bool AwaitKeyLocked(const BufferKey& key, KeyEvent until, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Wakes the waits for `key` (it appeared, or was declared).
-  void SignalKeyLocked(const BufferKey& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Wakes the waits for `key` that `event` ends (a completion ends both
+  // kinds).
+  void SignalKeyLocked(const BufferKey& key, KeyEvent event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes every wait for a key (a rejection, a departure, the shutdown).
   void SignalKeyWaitsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Charges `bytes` to `device`, waiting for room while `wait`.
@@ -397,6 +406,7 @@ class ObjectStore {
   struct KeyWait {
     absl::CondVar cv;
     int waiters = 0;
+    int for_declaration = 0;  // those of them waiting for kDeclared
   };
   absl::flat_hash_map<BufferKey, KeyWait*> key_waits_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<KeyWait>> all_key_waits_ ABSL_GUARDED_BY(mu_);

@@ -569,6 +569,41 @@ TEST(ObjectStoreTest, AWaitForAnUndeclaredKeyWakesOnlyForThatKey) {
   EXPECT_EQ(counting.waits.load(), 1);  // one wait, ended by its own key
 }
 
+// A fetch that came before the call making its value sleeps until the
+// value, not waking at its declaration: still under the unknown key's
+// deadline then, which must not end it once the key is declared.
+TEST(ObjectStoreTest,
+     AFetchBeforeItsDeclarationOutlivesTheUnknownKeysDeadline) {
+  FakeClockStore f(1 << 20);
+  const BufferKey key{77, 0};
+  absl::StatusOr<std::shared_ptr<const Storage>> got;
+  std::thread fetcher([&] { got = f.store->AwaitReady(key); });
+  f.clock.AwaitWaiters(1);
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
+  // Still a waiter on the clock: the declaration did not wake it.
+  f.clock.AwaitWaiters(1);
+  f.clock.Advance(absl::Seconds(31));  // past the unknown key's 30 s
+  ASSERT_TRUE(f.store->Reserve(0, 16).ok());
+  f.store->Fulfil(key, Bytes(16), 0);
+  fetcher.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->size(), 16u);
+}
+
+TEST(ObjectStoreTest, AFetchBeforeItsDeclarationGetsItsFailure) {
+  FakeClockStore f(1 << 20);
+  const BufferKey key{78, 0};
+  absl::StatusOr<std::shared_ptr<const Storage>> got;
+  std::thread fetcher([&] { got = f.store->AwaitReady(key); });
+  f.clock.AwaitWaiters(1);
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
+  f.store->Fail(key, absl::InternalError("program 'p' failed on shard 0"));
+  fetcher.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "program 'p' failed"))
+      << got.status();
+}
+
 TEST(ObjectStoreTest, UnknownKeyWaitEndsWhenItsClientLeaves) {
   FakeClockStore f(1 << 20);
   const uint64_t id = ClientMadeId(uint64_t{7}, 3);

@@ -34,7 +34,8 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key,
   return absl::OkStatus();
 }
 
-bool ObjectStore::AwaitKeyLocked(const BufferKey& key, absl::Time deadline) {
+bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
+                                 absl::Time deadline) {
   KeyWait*& slot = key_waits_[key];
   if (slot == nullptr) {
     if (free_key_waits_.empty()) {
@@ -45,9 +46,12 @@ bool ObjectStore::AwaitKeyLocked(const BufferKey& key, absl::Time deadline) {
     free_key_waits_.pop_back();
   }
   KeyWait* wait = slot;  // `slot` may move while the lock is released
+  const int declaration = until == KeyEvent::kDeclared ? 1 : 0;
   wait->waiters++;
+  wait->for_declaration += declaration;
   const bool timed_out =
       options_.clock->AwaitWithDeadline(&mu_, &wait->cv, deadline);
+  wait->for_declaration -= declaration;
   if (--wait->waiters == 0) {
     key_waits_.erase(key);
     free_key_waits_.push_back(wait);
@@ -55,10 +59,13 @@ bool ObjectStore::AwaitKeyLocked(const BufferKey& key, absl::Time deadline) {
   return timed_out;
 }
 
-void ObjectStore::SignalKeyLocked(const BufferKey& key) {
+void ObjectStore::SignalKeyLocked(const BufferKey& key, KeyEvent event) {
   if (key_waits_.empty()) return;
   auto it = key_waits_.find(key);
-  if (it != key_waits_.end()) it->second->cv.SignalAll();
+  if (it == key_waits_.end()) return;
+  if (event == KeyEvent::kComplete || it->second->for_declaration > 0) {
+    it->second->cv.SignalAll();
+  }
 }
 
 void ObjectStore::SignalKeyWaitsLocked() {
@@ -76,7 +83,7 @@ absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
         !end.ok()) {
       return end;
     }
-    const bool timed_out = AwaitKeyLocked(key, deadline);
+    const bool timed_out = AwaitKeyLocked(key, KeyEvent::kDeclared, deadline);
     if (timed_out) {
       it = entries_.find(key);
       if (it != entries_.end() && it->second.declared) return &it->second;
@@ -160,8 +167,12 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
     if (absl::Status end = UnknownKeyEndLocked(key, /*read=*/true); !end.ok()) {
       return end;
     }
+    // A task's input wakes at the declaration, which names the peer it
+    // awaits ("why is it stuck"); a fetch or wait only at the value.
     if (wait != nullptr) ListWaitLocked(wait, -1);
-    const bool timed_out = AwaitKeyLocked(key, unknown_deadline);
+    const bool timed_out = AwaitKeyLocked(
+        key, wait != nullptr ? KeyEvent::kDeclared : KeyEvent::kComplete,
+        unknown_deadline);
     if (timed_out && !entries_.contains(key) &&
         UnknownKeyEndLocked(key, /*read=*/true).ok()) {
       return absl::NotFoundError(absl::StrCat(

@@ -392,6 +392,8 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
       capabilities,
       [this, id](const DataPlanePeer& p) { return AdmitProven(id, p); });
   if (!peer.ok() && !stopping()) LogRefusal(*socket, peer.status());
+  // Nothing on TCP passes a descriptor: each read may take the next frames.
+  if (peer.ok() && !socket->is_unix()) socket->EnableReadAhead();
   ConnectionState state;
   absl::Status ended;
   while (peer.ok()) {
@@ -536,6 +538,8 @@ absl::Status DataPlaneServerImpl::ServeOps(FrameSocket& socket,
       return s;
     }
   }
+  // An ops connection carries OPS frames only, never a descriptor.
+  if (!state.carried_ops) socket.EnableReadAhead();
   state.carried_ops = true;
   state.ops_generation = header.generation;
   absl::Status applied = handler_->ApplyOps(peer, header.generation, state.ops);

@@ -344,6 +344,80 @@ absl::Status FrameSocket::SetFrameTimeout(absl::Duration timeout) {
   return SetRecvTimeout(fd(), timeout);
 }
 
+void FrameSocket::EnableReadAhead() {
+  if (!ahead_) ahead_ = std::make_unique<char[]>(kReadAheadBytes);
+}
+
+size_t FrameSocket::TakeAhead(void* out, size_t n) {
+  const size_t take = std::min(n, ahead_end_ - ahead_begin_);
+  if (take > 0) {
+    std::memcpy(out, ahead_.get() + ahead_begin_, take);
+    ahead_begin_ += take;
+  }
+  return take;
+}
+
+absl::Status FrameSocket::ReceiveHeader(FrameHeader* header, bool* eof,
+                                        bool idle_wait) {
+  auto* out = reinterpret_cast<char*>(header);
+  constexpr size_t kBytes = sizeof(FrameHeader);
+  size_t done = TakeAhead(out, kBytes);
+  if (done == 0 && idle_wait && timed_) {
+    // Idle between frames: no limit. The frame timeout applies from its
+    // first byte on.
+    if (absl::Status s = WaitReadable(fd()); !s.ok()) return s;
+  }
+  while (done < kBytes) {
+    // Reading ahead: whatever has come, into the (now empty) buffer; else
+    // exactly the header's rest, with a descriptor passed on its first byte.
+    char* into = ahead_ ? ahead_.get() : out + done;
+    const size_t room = ahead_ ? kReadAheadBytes : kBytes - done;
+    UniqueFd stray;
+    UniqueFd* passed = !is_unix_ ? nullptr : ahead_ ? &stray : &passed_fd_;
+    ++socket_reads_;
+    absl::StatusOr<size_t> got = RecvSome(fd(), into, room, passed);
+    if (!got.ok()) {
+      if (!absl::IsDeadlineExceeded(got.status())) return got.status();
+      return absl::DeadlineExceededError(
+          absl::StrCat("recv: the peer stopped sending after ", done, " of ",
+                       kBytes, " bytes"));
+    }
+    if (stray.valid()) {
+      return absl::InvalidArgumentError(
+          "malformed data-plane frame: a descriptor passed on a connection "
+          "that takes none");
+    }
+    if (*got == 0) {
+      *eof = done == 0;
+      return absl::UnavailableError(
+          absl::StrCat("recv: connection closed by peer after ", done, " of ",
+                       kBytes, " bytes"));
+    }
+    if (ahead_) {
+      ahead_begin_ = 0;
+      ahead_end_ = *got;
+      done += TakeAhead(out + done, kBytes - done);
+    } else {
+      done += *got;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::Read(void* out, size_t n) {
+  const size_t ahead = TakeAhead(out, n);
+  if (ahead == n) return absl::OkStatus();
+  ++socket_reads_;
+  return RecvAll(fd(), static_cast<char*>(out) + ahead, n - ahead);
+}
+
+absl::Status FrameSocket::Skip(size_t n) {
+  const size_t ahead = std::min(n, ahead_end_ - ahead_begin_);
+  ahead_begin_ += ahead;
+  if (ahead == n) return absl::OkStatus();
+  return Discard(fd(), n - ahead);
+}
+
 absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof, bool idle_wait) {
   *eof = false;
   if (broken_) {
@@ -352,14 +426,7 @@ absl::StatusOr<FrameHeader> FrameSocket::ReadHeader(bool* eof, bool idle_wait) {
   }
   FrameHeader header;
   passed_fd_.Reset();
-  if (timed_ && idle_wait) {
-    // Idle between frames: no limit. The frame timeout applies from its
-    // first byte on.
-    if (absl::Status s = WaitReadable(fd()); !s.ok()) return Break(s);
-  }
-  absl::Status s =
-      is_unix_ ? RecvAllWithFd(fd(), &header, sizeof(header), &passed_fd_, eof)
-               : RecvAll(fd(), &header, sizeof(header), eof);
+  absl::Status s = ReceiveHeader(&header, eof, idle_wait);
   if (!s.ok()) return Break(s);
   if (s = CheckHeader(header); !s.ok()) {
     passed_fd_.Reset();
@@ -387,11 +454,11 @@ absl::StatusOr<std::shared_ptr<Storage>> FrameSocket::ReadShard(
                                                " incoming bytes is too small"));
   }
   if (!storage.ok()) {
-    if (absl::Status s = Discard(fd(), bytes); !s.ok()) return Break(s);
+    if (absl::Status s = Skip(bytes); !s.ok()) return Break(s);
     return storage.status();
   }
   if (received == nullptr) {
-    if (absl::Status s = RecvAll(fd(), (*storage)->data(), bytes); !s.ok()) {
+    if (absl::Status s = Read((*storage)->data(), bytes); !s.ok()) {
       return Break(s);
     }
     return storage;
@@ -399,7 +466,7 @@ absl::StatusOr<std::shared_ptr<Storage>> FrameSocket::ReadShard(
   auto* into = static_cast<char*>((*storage)->data());
   for (size_t got = 0; got < bytes;) {
     const size_t step = std::min(bytes - got, kChunkBytes);
-    if (absl::Status s = RecvAll(fd(), into + got, step); !s.ok()) {
+    if (absl::Status s = Read(into + got, step); !s.ok()) {
       return Break(s);
     }
     got += step;
@@ -413,7 +480,7 @@ absl::Status FrameSocket::SkipShard(const FrameHeader& header) {
     passed_fd_.Reset();
     return absl::OkStatus();
   }
-  if (absl::Status s = Discard(fd(), header.payload_bytes); !s.ok()) {
+  if (absl::Status s = Skip(header.payload_bytes); !s.ok()) {
     return Break(s);
   }
   return absl::OkStatus();
@@ -426,7 +493,7 @@ absl::StatusOr<IpcShard> FrameSocket::ReadIpc(const FrameHeader& header) {
   }
   SharedFd passed;
   if (header.flags & kFlagFd) passed = SharedFd(passed_fd_.Release());
-  if (absl::Status s = RecvAll(fd(), &payload, sizeof(payload)); !s.ok()) {
+  if (absl::Status s = Read(&payload, sizeof(payload)); !s.ok()) {
     return Break(s);
   }
   return DecodeIpc(payload, std::move(passed));
@@ -435,7 +502,7 @@ absl::StatusOr<IpcShard> FrameSocket::ReadIpc(const FrameHeader& header) {
 absl::StatusOr<std::string> FrameSocket::ReadMessage(
     const FrameHeader& header) {
   std::string message(header.payload_bytes, '\0');
-  if (absl::Status s = RecvAll(fd(), message.data(), message.size()); !s.ok()) {
+  if (absl::Status s = Read(message.data(), message.size()); !s.ok()) {
     return Break(s);
   }
   return message;
@@ -443,7 +510,7 @@ absl::StatusOr<std::string> FrameSocket::ReadMessage(
 
 absl::Status FrameSocket::ReadOps(const FrameHeader& header, std::string* out) {
   out->resize(header.payload_bytes);
-  if (absl::Status s = RecvAll(fd(), out->data(), out->size()); !s.ok()) {
+  if (absl::Status s = Read(out->data(), out->size()); !s.ok()) {
     return Break(s);
   }
   return absl::OkStatus();

@@ -217,6 +217,17 @@ class FrameSocket {
   // within `timeout`; ReadHeader first waits, without limit, for a frame to
   // begin.
   absl::Status SetFrameTimeout(absl::Duration timeout);
+  // From now on a read of a frame's header takes whatever else has come,
+  // up to kReadAheadBytes, and the frame's payload is read from that first:
+  // a small frame costs one recv, and frames sent back to back fewer than
+  // one each. Only where no descriptor can come (SCM_RIGHTS rides on the
+  // bytes, so a read past a frame's end could take the next frame's): on
+  // TCP, or on a unix connection whose peer passes none (an ops
+  // connection). A descriptor that comes anyway breaks the stream.
+  void EnableReadAhead();
+  // The recv calls reads of frames made (a test's measure of read-ahead).
+  int64_t socket_reads() const { return socket_reads_; }
+
   // Every frame this end sends from now on carries `generation`.
   void set_generation(uint64_t generation) { generation_ = generation; }
 
@@ -262,8 +273,18 @@ class FrameSocket {
   void Shutdown();
 
  private:
+  static constexpr size_t kReadAheadBytes = size_t{16} << 10;
+
   absl::Status CheckHeader(const FrameHeader& header);
   FrameHeader MakeHeader(FrameType type, const ShardKey& key) const;
+  // The next header's bytes (ReadHeader's rules on waiting and `*eof`).
+  absl::Status ReceiveHeader(FrameHeader* header, bool* eof, bool idle_wait);
+  // Exactly `n` bytes of the frame being read: what was read ahead first,
+  // then the socket's. Skip drops them.
+  absl::Status Read(void* out, size_t n);
+  absl::Status Skip(size_t n);
+  // Moves up to `n` read-ahead bytes to `out`; the count moved.
+  size_t TakeAhead(void* out, size_t n);
 
   UniqueFd fd_;
   bool is_unix_;
@@ -273,6 +294,12 @@ class FrameSocket {
   bool timed_ = false;  // SetFrameTimeout was called
   uint64_t generation_ = 0;
   UniqueFd passed_fd_;  // arrived with the last header
+  // The reader's: bytes read past the frame being read (EnableReadAhead),
+  // ahead_[ahead_begin_, ahead_end_).
+  std::unique_ptr<char[]> ahead_;
+  size_t ahead_begin_ = 0;
+  size_t ahead_end_ = 0;
+  int64_t socket_reads_ = 0;
 };
 
 }  // namespace plexus::transport::internal

@@ -198,14 +198,11 @@ absl::Status RecvAll(int fd, void* data, size_t n, bool* eof) {
   return RecvAllWithFd(fd, data, n, nullptr, eof);
 }
 
-absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
-                           bool* eof) {
-  if (eof != nullptr) *eof = false;
-  auto* out = static_cast<char*>(data);
-  size_t done = 0;
+absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t n,
+                                UniqueFd* passed) {
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)];
-  while (done < n) {
-    iovec iov{out + done, n - done};
+  while (true) {
+    iovec iov{data, n};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -217,10 +214,8 @@ absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        // SO_RCVTIMEO passed with no byte of the rest of the frame.
         return absl::DeadlineExceededError(
-            absl::StrCat("recv: the peer stopped sending after ", done, " of ",
-                         n, " bytes"));
+            "recv: no byte within the receive timeout");
       }
       return IoError("recv", errno);
     }
@@ -243,12 +238,32 @@ absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
         return absl::UnavailableError("recv: passed descriptors truncated");
       }
     }
-    if (got == 0) {
+    return static_cast<size_t>(got);
+  }
+}
+
+absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
+                           bool* eof) {
+  if (eof != nullptr) *eof = false;
+  auto* out = static_cast<char*>(data);
+  size_t done = 0;
+  while (done < n) {
+    absl::StatusOr<size_t> got = RecvSome(fd, out + done, n - done, passed);
+    if (!got.ok()) {
+      if (absl::IsDeadlineExceeded(got.status())) {
+        // SO_RCVTIMEO passed with no byte of the rest of the frame.
+        return absl::DeadlineExceededError(
+            absl::StrCat("recv: the peer stopped sending after ", done, " of ",
+                         n, " bytes"));
+      }
+      return got.status();
+    }
+    if (*got == 0) {
       if (eof != nullptr && done == 0) *eof = true;
       return absl::UnavailableError(absl::StrCat(
           "recv: connection closed by peer after ", done, " of ", n, " bytes"));
     }
-    done += static_cast<size_t>(got);
+    done += *got;
   }
   return absl::OkStatus();
 }

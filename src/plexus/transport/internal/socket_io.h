@@ -62,8 +62,19 @@ absl::Status RecvAll(int fd, void* data, size_t n, bool* eof = nullptr);
 absl::Status RecvAllWithFd(int fd, void* data, size_t n, UniqueFd* passed,
                            bool* eof);
 
+// One read of at most `n` bytes (recvmsg; EINTR retried): the count read,
+// 0 at the end of the stream; DeadlineExceeded when SO_RCVTIMEO passed with
+// none. When `passed` is given (unix sockets), a descriptor that came with
+// these bytes is taken into it (extras, and any beyond an already valid
+// one, are closed); without it the kernel closes any that came.
+absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t n,
+                                UniqueFd* passed = nullptr);
+
 // Blocks until `fd` has bytes to read, an end of stream or an error (a
 // shutdown wakes it). No timeout: for idle connections between frames.
+// (A blocking recv under SO_RCVTIMEO that retried at each timeout would
+// save this call, but measured one more context switch per blocking round
+// trip on the worker, docs/PERFORMANCE.md: the frame reader polls.)
 absl::Status WaitReadable(int fd);
 // Every later read on `fd` fails with DeadlineExceeded when no byte
 // arrives for `timeout` (SO_RCVTIMEO).
