@@ -216,7 +216,7 @@ void ObjectStore::RemoveReaders(absl::Span<const BufferKey> keys) {
 }
 
 void ObjectStore::FailBuffer(uint64_t buffer_id, const absl::Status& status) {
-  std::vector<int32_t> shards;
+  ShardList shards;
   {
     absl::MutexLock lock(&mu_);
     rejected_[buffer_id] = status;
@@ -335,7 +335,7 @@ void ObjectStore::ReleaseLocked(uint64_t buffer_id, Completions& done,
         released_order_.pop_front();
       }
     }
-    std::vector<int32_t> shards = sit->second;
+    const ShardList shards = sit->second;
     for (int32_t s : shards) {
       BufferKey key{buffer_id, s};
       auto it = entries_.find(key);

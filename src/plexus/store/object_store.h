@@ -43,6 +43,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -413,8 +414,10 @@ class ObjectStore {
   std::vector<KeyWait*> free_key_waits_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<BufferKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   // Shards per buffer id, for Release.
-  absl::flat_hash_map<uint64_t, std::vector<int32_t>> shards_
-      ABSL_GUARDED_BY(mu_);
+  // (Inline: a worker holds one or two shards of most buffers, and each
+  // call's outputs add a buffer.)
+  using ShardList = absl::InlinedVector<int32_t, 2>;
+  absl::flat_hash_map<uint64_t, ShardList> shards_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> used_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> peak_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> waiting_ ABSL_GUARDED_BY(mu_);  // Reserve waiting

@@ -101,12 +101,18 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   ctx.shard = task.shard();
   ctx.num_shards = exec.num_shards();
   ctx.clock = clock_;
+  ctx.input_shardings.reserve(program->inputs.size());
   for (const ArgSpec& in : program->inputs) {
     ctx.input_shardings.push_back(in.sharding);
   }
+  const size_t num_inputs = task.inputs_size();
+  ctx.inputs.reserve(num_inputs);
+  state.keep.reserve(state.keep.size() + num_inputs);
   std::vector<std::shared_ptr<const Storage>> input_storage;
+  input_storage.reserve(num_inputs);
   // XLA reads inputs where they are (device memory as it is).
   std::vector<const DeviceBuffer*> input_devices;
+  input_devices.reserve(num_inputs);
   for (int i = 0; i < task.inputs_size(); ++i) {
     input_devices.push_back(nullptr);
     auto input = BindInput(

@@ -178,6 +178,7 @@ void TaskRunner::DeclareAndPin(CallContext& call,
   std::vector<TensorSpec> specs;
   std::vector<BufferKey> keys;
   std::vector<int> argument_of;  // of each of the inputs' keys
+  keys.reserve(exec.output_ids_size());
   for (int t = 0; t < exec.tasks_size(); ++t) {
     const proto::ShardTask& task = exec.tasks(t);
     // A task for a device this worker lacks fails where it stands: its
@@ -199,6 +200,10 @@ void TaskRunner::DeclareAndPin(CallContext& call,
     if (!call.input_errors[t].ok()) continue;
     keys.clear();
     argument_of.clear();
+    int pieces = 0;
+    for (const auto& input : task.inputs()) pieces += input.pieces_size();
+    keys.reserve(pieces);
+    argument_of.reserve(pieces);
     for (int i = 0; i < task.inputs_size(); ++i) {
       for (const auto& piece : task.inputs(i).pieces()) {
         keys.push_back({piece.buffer_id(), piece.shard()});

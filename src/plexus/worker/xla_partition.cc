@@ -95,6 +95,7 @@ absl::Status XlaPrograms::RunPartition(
     return named(ready);
   }
   std::vector<xla::XlaArgument> inputs;
+  inputs.reserve(ctx.inputs.size());
   for (size_t i = 0; i < ctx.inputs.size(); ++i) {
     // The views of the block the input is (one assembled for this task
     // goes with it, its views too).

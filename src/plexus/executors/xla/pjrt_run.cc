@@ -91,6 +91,8 @@ absl::StatusOr<PjrtRuntime::BoundArguments> PjrtRuntime::BindArguments(
   std::vector<bool> donatable(num_args, parts > 0);
   if (reads != nullptr) reads->assign(parts, {});
   for (size_t p = 0; p < parts; ++p) {
+    bound.args[p].reserve(num_args);
+    if (reads != nullptr) (*reads)[p].reserve(num_args);
     if (inputs[p].size() != num_args) {
       return absl::InvalidArgumentError(
           absl::StrCat("partition ", p, ": ", inputs[p].size(),
