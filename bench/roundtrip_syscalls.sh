@@ -44,10 +44,11 @@ with plexus.local(hosts=1, devices_per_host=1) as cluster:
         f.write(f"{(time.perf_counter() - t0) / iters * 1e6:.1f}\n")
 PY
 for _ in $(seq 1200); do [[ -s $work/pids ]] && break; sleep 0.1; done
-read -r client server worker <"$work/pids"
+declare -A pid
+read -r "pid[client]" "pid[server]" "pid[worker]" <"$work/pids"
 for role in client server worker; do
   perf stat -e raw_syscalls:sys_enter,context-switches -x, \
-    -o "$work/$role.perf" -p "${!role}" 2>/dev/null &
+    -o "$work/$role.perf" -p "${pid[$role]}" 2>/dev/null &
 done
 touch "$work/counting"
 for _ in $(seq 6000); do [[ -s $work/done ]] && break; sleep 0.1; done
