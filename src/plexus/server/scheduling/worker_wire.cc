@@ -153,38 +153,93 @@ void CallExecutes::AddOwnShardsHosts(
     }
     return task;
   };
+  // A task whose device and shard are each 0 (left out) or one varint
+  // byte (1 to 127: every host's, below 128 hosts) is, within its class
+  // (which of the two are 0), the class's first task's bytes with its own
+  // values in their places: the first is written field by field, noting
+  // those places, and each later one copied from it and patched.
+  struct Class {
+    size_t size = 0;  // the task's (its header's length), 0: not sized
+    size_t at = 0;    // where its first task's bytes are in tasks_
+    bool written = false;
+    absl::InlinedVector<uint32_t, 1> device_at;
+    absl::InlinedVector<uint32_t, 4> shard_at;
+  };
+  Class classes[4];
+  const bool copies = tasks.size() > 1;  // else nothing to copy from
+  auto class_of = [&](const DeviceShard& t) -> Class* {
+    if (!copies || t.device < 0 || t.device >= 128 || t.shard < 0 ||
+        t.shard >= 128) {
+      return nullptr;
+    }
+    return &classes[(t.device != 0 ? 2 : 0) + (t.shard != 0 ? 1 : 0)];
+  };
+  // Writes task `t` of `size` at `p`; notes its value bytes in `noted`.
+  auto write_task = [&](const DeviceShard& t, size_t size, uint8_t* p,
+                        Class* noted) {
+    uint8_t* const start = p;
+    auto note = [&](auto& places, int32_t v) {
+      // WriteScalar's tag byte, then a one-byte value.
+      if (noted != nullptr && v != 0) {
+        places.push_back(static_cast<uint32_t>(p - start + 1));
+      }
+    };
+    const size_t shard = ScalarSize(t.shard);
+    p = WriteHeader(kTaskTag, size, p);
+    if (noted != nullptr) note(noted->device_at, t.device);
+    p = WriteScalar(kTaskDeviceTag, t.device, p);
+    if (noted != nullptr) note(noted->shard_at, t.shard);
+    p = WriteScalar(kTaskShardTag, t.shard, p);
+    const char* f = fixed.data();
+    for (const Parts& part : parts) {
+      const size_t piece = part.head + shard + part.tail;
+      p = WriteHeader(kTaskInputTag, HeaderSize(piece) + piece + part.rest, p);
+      p = WriteHeader(kBindingPieceTag, piece, p);
+      std::memcpy(p, f, part.head);
+      p += part.head;
+      if (noted != nullptr) note(noted->shard_at, t.shard);
+      p = WriteScalar(kPieceShardTag, t.shard, p);
+      std::memcpy(p, f + part.head, part.tail + part.rest);
+      p += part.tail + part.rest;
+      f += part.head + part.tail + part.rest;
+    }
+    return p;
+  };
   absl::InlinedVector<size_t, 8> sizes;
   size_t bytes = 0;
   for (const DeviceShard& t : tasks) {
-    sizes.push_back(task_size(t));
+    Class* c = class_of(t);
+    if (c == nullptr) {
+      sizes.push_back(task_size(t));
+    } else {
+      if (c->size == 0) c->size = task_size(t);
+      sizes.push_back(c->size);
+    }
     bytes += HeaderSize(sizes.back()) + sizes.back();
   }
   size_t at = tasks_.size();
   tasks_.resize(at + bytes);
   uint8_t* p = reinterpret_cast<uint8_t*>(tasks_.data() + at);
-  const uint8_t* base = p - at;
+  uint8_t* const base = p - at;
   size_t k = 0;
   for (const auto& [worker, count] : hosts) {
     const uint32_t begin = static_cast<uint32_t>(p - base);
     for (int c = 0; c < count; ++c, ++k) {
       const DeviceShard& t = tasks[k];
-      const size_t shard = ScalarSize(t.shard);
-      p = WriteHeader(kTaskTag, sizes[k], p);
-      p = WriteScalar(kTaskDeviceTag, t.device, p);
-      p = WriteScalar(kTaskShardTag, t.shard, p);
-      const char* f = fixed.data();
-      for (const Parts& part : parts) {
-        const size_t piece = part.head + shard + part.tail;
-        p = WriteHeader(kTaskInputTag, HeaderSize(piece) + piece + part.rest,
-                        p);
-        p = WriteHeader(kBindingPieceTag, piece, p);
-        std::memcpy(p, f, part.head);
-        p += part.head;
-        p = WriteScalar(kPieceShardTag, t.shard, p);
-        std::memcpy(p, f + part.head, part.tail + part.rest);
-        p += part.tail + part.rest;
-        f += part.head + part.tail + part.rest;
+      Class* cls = class_of(t);
+      if (cls == nullptr || !cls->written) {
+        if (cls != nullptr) {
+          cls->at = static_cast<size_t>(p - base);
+          cls->written = true;
+        }
+        p = write_task(t, sizes[k], p, cls);
+        continue;
       }
+      const size_t n = HeaderSize(sizes[k]) + sizes[k];
+      std::memcpy(p, base + cls->at, n);
+      for (uint32_t i : cls->device_at) p[i] = static_cast<uint8_t>(t.device);
+      for (uint32_t i : cls->shard_at) p[i] = static_cast<uint8_t>(t.shard);
+      p += n;
     }
     hosts_.push_back({worker, begin, static_cast<uint32_t>(p - base)});
   }

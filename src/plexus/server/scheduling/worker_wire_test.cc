@@ -119,6 +119,19 @@ TEST(CallExecutesTest, OwnShardTasksAreTheBytesProtobufWrites) {
       {{0, 0}},
       {{1, 1}, {0, 2}},
       {{0, 127}, {3, 128}, {200, 20000}, {-1, -7}},
+      // Every one-byte class (device and shard each 0 or 1-127), mixed
+      // with tasks outside them, each class more than once.
+      {{0, 0},
+       {0, 1},
+       {1, 0},
+       {1, 1},
+       {0, 2},
+       {5, 127},
+       {127, 3},
+       {0, 128},
+       {2, 0},
+       {0, 64},
+       {9, 9}},
   };
   for (const auto& inputs : input_sets) {
     for (const auto& shards : shard_sets) {
