@@ -65,7 +65,10 @@ class CallExecutes {
   // `tasks[k].device`), each reading `inputs` in order as that shard's own
   // piece. The bytes are the ones AddHost writes for those tasks (a
   // proto::ShardTask with one InputBinding per input, one Piece each),
-  // written directly: what is the same for every task, once.
+  // written directly: what is the same for every task, once, and of the
+  // tasks whose device and shard are each 0 or below 128 (every host's
+  // below 128 hosts), one per class written field by field and the rest
+  // copied from it with their two values put in.
   void AddOwnShardsHosts(absl::Span<const std::pair<int64_t, int>> hosts,
                          absl::Span<const DeviceShard> tasks,
                          absl::Span<const OwnShardInput> inputs);
