@@ -225,7 +225,8 @@ class FrameSocket {
   // TCP, or on a unix connection whose peer passes none (an ops
   // connection). A descriptor that comes anyway breaks the stream.
   void EnableReadAhead();
-  // The recv calls reads of frames made (a test's measure of read-ahead).
+  // How many recv calls this end's reads of frames have made (a test's
+  // measure of read-ahead).
   int64_t socket_reads() const { return socket_reads_; }
 
   // Every frame this end sends from now on carries `generation`.
