@@ -1,11 +1,17 @@
 // FrameSocket's reads: read-ahead (frames sent together cost one recv, and
-// each frame's bytes are still its own), its refusal of descriptors, and
-// the frame timeout on a connection that reads ahead.
+// each frame's bytes are still its own), its refusal of descriptors, the
+// frame timeout on a connection that reads ahead, and a reply's wait that
+// sleeps until its bytes come.
 #include "plexus/transport/internal/frame_socket.h"
 
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
+#include <atomic>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -166,6 +172,76 @@ TEST(FrameSocketTest,
             std::string::npos)
       << header.status();
   EXPECT_FALSE(eof);
+}
+
+// Line `field` of /proc/self/task/<tid>/status ("voluntary_ctxt_switches"),
+// or -1.
+int64_t TaskStatus(pid_t tid, const std::string& field) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) {
+      return std::stoll(line.substr(field.size() + 1));
+    }
+  }
+  return -1;
+}
+
+// The system call thread `tid` is in (/proc/.../syscall's first field), or
+// -1 while it runs in user space.
+long TaskSyscall(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/syscall");
+  std::string first;
+  in >> first;
+  if (first.empty() || first == "running") return -1;
+  return std::stol(first);
+}
+
+// A client asks (FETCH) and blocks reading the answer; the worker reads the
+// request a while later. On a unix socket the kernel wakes a thread blocked
+// in recv whenever its peer reads what it sent (room to write again), and
+// the recv sleeps again: one wake-up for nothing per round trip. The reply's
+// wait sleeps in poll, which only bytes (or an end) end.
+TEST(FrameSocketTest, AReplysWaitSleepsOnceWhileThePeerReadsTheRequest) {
+  Pair pair = UnixPair();
+  FrameSocket& client = *pair.writer;
+  FrameSocket& worker = *pair.reader;
+  ASSERT_TRUE(client.SendControl(FrameType::kFetch, ShardKey{3, 0}).ok());
+
+  std::atomic<pid_t> tid{0};
+  int64_t sleeps = -1;
+  absl::Status read;
+  std::thread waiting([&] {
+    const pid_t self = static_cast<pid_t>(syscall(SYS_gettid));
+    const int64_t before = TaskStatus(self, "voluntary_ctxt_switches");
+    tid.store(self);
+    bool eof = false;
+    read = client.ReadHeader(&eof).status();
+    sleeps = TaskStatus(self, "voluntary_ctxt_switches") - before;
+  });
+  // Until the client sleeps in its read (poll, or recvmsg before the fix).
+  const absl::Time limit = absl::Now() + absl::Seconds(30);
+  while (tid.load() == 0 || (TaskSyscall(tid.load()) != SYS_poll &&
+                             TaskSyscall(tid.load()) != SYS_recvmsg)) {
+    ASSERT_LT(absl::Now(), limit) << "the client never blocked in its read";
+    std::this_thread::yield();
+  }
+  const int64_t asleep = TaskStatus(tid.load(), "voluntary_ctxt_switches");
+
+  bool eof = false;
+  absl::StatusOr<FrameHeader> fetch = worker.ReadHeader(&eof);
+  ASSERT_TRUE(fetch.ok()) << fetch.status();
+  // Room to write: a recv would wake now and sleep again. Waited for (at
+  // most 200 ms: poll's wait, which does not wake, takes all of them).
+  const absl::Time window = absl::Now() + absl::Milliseconds(200);
+  while (TaskStatus(tid.load(), "voluntary_ctxt_switches") == asleep &&
+         absl::Now() < window) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(worker.SendControl(FrameType::kAck, ShardKey{3, 0}).ok());
+  waiting.join();
+  ASSERT_TRUE(read.ok()) << read;
+  EXPECT_EQ(sleeps, 1) << "the client's read woke for nothing";
 }
 
 }  // namespace

@@ -362,9 +362,13 @@ absl::Status FrameSocket::ReceiveHeader(FrameHeader* header, bool* eof,
   auto* out = reinterpret_cast<char*>(header);
   constexpr size_t kBytes = sizeof(FrameHeader);
   size_t done = TakeAhead(out, kBytes);
-  if (done == 0 && idle_wait && timed_) {
+  if (done == 0 && idle_wait && (timed_ || is_unix_)) {
     // Idle between frames: no limit. The frame timeout applies from its
-    // first byte on.
+    // first byte on. On a unix socket a reader blocked in recv is also
+    // woken each time the peer reads what this end sent (the kernel's
+    // write-space wake-up does not tell readers from writers), and sleeps
+    // again: a client waiting for the answer to its FETCH woke once for
+    // nothing per round trip. poll's wait wakes for bytes only.
     if (absl::Status s = WaitReadable(fd()); !s.ok()) return s;
   }
   while (done < kBytes) {

@@ -215,7 +215,7 @@ class FrameSocket {
 
   // Server side: every read once a frame has begun must make progress
   // within `timeout`; ReadHeader first waits, without limit, for a frame to
-  // begin.
+  // begin (in poll, as on every unix socket: WaitReadable says why).
   absl::Status SetFrameTimeout(absl::Duration timeout);
   // From now on a read of a frame's header takes whatever else has come,
   // up to kReadAheadBytes, and the frame's payload is read from that first:

@@ -72,9 +72,12 @@ absl::StatusOr<size_t> RecvSome(int fd, void* data, size_t n,
 
 // Blocks until `fd` has bytes to read, an end of stream or an error (a
 // shutdown wakes it). No timeout: for idle connections between frames.
-// (A blocking recv under SO_RCVTIMEO that retried at each timeout would
-// save this call, but measured one more context switch per blocking round
-// trip on the worker, docs/PERFORMANCE.md: the frame reader polls.)
+// A blocking recv would save this call, but on a unix socket the kernel
+// also wakes a thread blocked in recv each time the peer reads what this
+// end wrote (its write-space wake-up goes to every waiter; poll's waits
+// are woken only for the events they asked for), and the recv sleeps
+// again: one context switch for nothing per request answered
+// (docs/PERFORMANCE.md, "Blocking round trip"). Frame readers poll.
 absl::Status WaitReadable(int fd);
 // Every later read on `fd` fails with DeadlineExceeded when no byte
 // arrives for `timeout` (SO_RCVTIMEO).
