@@ -51,10 +51,12 @@ callgrind_control -d "$server" >/dev/null
 callgrind_control -i off "$server" >/dev/null
 wait "$bench"
 dump=$(ls -S "$dir"/callgrind.out.*.1 | head -1)
-callgrind_annotate --inclusive=yes "$dump" >"$dir/annotated.txt" 2>/dev/null
+# --tree=calling: each function's callees, with how often it called them.
+callgrind_annotate --inclusive=yes --tree=calling "$dump" \
+  >"$dir/annotated.txt" 2>/dev/null
 total=$(awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1}' "$dir/annotated.txt")
 # The call count of RouteCall, read where its caller calls it.
-routed=$(awk '/=> .*ClusterState::RouteCall\(unsigned long, plexus::proto::Call const&/ {
+routed=$(awk '/ > .*ClusterState::RouteCall\(unsigned long, plexus::proto::Call const&/ {
   if (match($0, /\([0-9,]+x\)/)) { n = substr($0, RSTART + 1, RLENGTH - 3);
   gsub(",", "", n); print n; exit } }' "$dir/annotated.txt")
 echo "[callgrind] $bin, $hosts host(s): $total instructions, $routed calls" \

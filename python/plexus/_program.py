@@ -24,7 +24,14 @@ class Spec:
         return f"Spec({self.shape}, {self.dtype}, {self.sharding!r})"
 
 
-_recording = threading.local()  # .graph: the Graph recording on this thread
+class _Recording(threading.local):
+    # The Graph recording on this thread. A class attribute, so that a
+    # thread that never opened one reads None without a failed lookup (an
+    # AttributeError made and dropped on every call).
+    graph = None
+
+
+_recording = _Recording()
 
 
 class Program:
@@ -81,7 +88,7 @@ class Program:
         """Calls (or records in the current graph) with checked inputs;
         returns the list of output Futures (with `sigs`, their signatures:
         signature())."""
-        graph = getattr(_recording, "graph", None)
+        graph = _recording.graph
         site = _trace.call_site(self._client)
         if graph is not None and graph._client is self._client:
             outs = graph._g.call(self._p, core_futures, site)
@@ -117,7 +124,7 @@ class Graph:
         self.calls = 0  # calls recorded, including those already submitted
 
     def __enter__(self):
-        if getattr(_recording, "graph", None) is not None:
+        if _recording.graph is not None:
             raise RuntimeError("graphs do not nest")
         _recording.graph = self
         return self

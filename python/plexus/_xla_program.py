@@ -83,7 +83,7 @@ class XlaProgram(Program):
             # frame, a third of this path's Python glue.
             client = self._client
             site = _trace.call_site(client)
-            graph = getattr(_recording, "graph", None)
+            graph = _recording.graph
             if graph is not None and graph._client is client:
                 outs = graph._g.call(self._p, core_futures, site)
                 graph.calls += 1

@@ -313,13 +313,23 @@ void DefineClientCalls(py::class_<Client>& cls) {
           py::arg("since_ns") = 0, py::arg("timeout") = 10.0);
 }
 
+// A put's or fetch's `progress` argument: None, or a TransferProgress.
+// (Taken as an object: pybind11 tries None against a holder argument only
+// after a failed attribute lookup on None's type, an exception made and
+// dropped, ~5,000 instructions on every fetch of a round trip.)
+std::shared_ptr<TransferProgress> ProgressFrom(const py::object& progress) {
+  if (progress.is_none()) return nullptr;
+  return progress.cast<std::shared_ptr<TransferProgress>>();
+}
+
 // The data path: put, fetch, waits, snapshots.
 void DefineClientData(py::class_<Client>& cls) {
   cls.def(
          "put",
          [](Client& c, std::shared_ptr<Slice> slice, py::array array,
-            const py::tuple& sharding,
-            std::shared_ptr<TransferProgress> progress) {
+            const py::tuple& sharding, const py::object& progress_arg) {
+           std::shared_ptr<TransferProgress> progress =
+               ProgressFrom(progress_arg);
            py::array a = py::array::ensure(
                array, py::array::c_style | py::array::forcecast);
            ArgSpec arg;
@@ -337,11 +347,12 @@ void DefineClientData(py::class_<Client>& cls) {
            return Unwrap(std::move(f));
          },
          py::arg("slice"), py::arg("array"), py::arg("sharding"),
-         py::arg("progress") = nullptr)
+         py::arg("progress") = py::none())
       .def(
           "fetch",
-          [](Client& c, const Future& f,
-             std::shared_ptr<TransferProgress> progress) {
+          [](Client& c, const Future& f, const py::object& progress_arg) {
+            std::shared_ptr<TransferProgress> progress =
+                ProgressFrom(progress_arg);
             std::vector<py::ssize_t> shape(f.spec().shape.begin(),
                                            f.spec().shape.end());
             py::array out(NumpyDType(f.spec().dtype), shape);
@@ -354,7 +365,7 @@ void DefineClientData(py::class_<Client>& cls) {
             Check(s);
             return out;
           },
-          py::arg("future"), py::arg("progress") = nullptr)
+          py::arg("future"), py::arg("progress") = py::none())
       .def("wait",
            [](Client& c, const Future& f) {
              absl::Status s;
