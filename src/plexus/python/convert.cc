@@ -1,5 +1,7 @@
 #include "plexus/python/convert.h"
 
+#include <array>
+
 namespace plexus::python {
 
 DType DTypeOf(const py::dtype& dt) {
@@ -8,14 +10,26 @@ DType DTypeOf(const py::dtype& dt) {
 }
 
 py::dtype NumpyDType(DType d) {
-  const std::string name = DTypeName(d);
-  if (d == DType::kBF16 || name.rfind("float8_", 0) == 0) {
-    // numpy has no bfloat16 or 8-bit floats of its own; ml_dtypes (a JAX
-    // dependency) does.
-    return py::dtype::from_args(
-        py::module_::import("ml_dtypes").attr(name.c_str()));
+  // Each made once (a dtype from its name cost ~1,400 instructions, on
+  // every fetch) and kept for good: static destructors may run after the
+  // interpreter is gone. Read and written under the GIL, as every binding
+  // call runs.
+  static auto* made = new std::array<PyObject*, kMaxDType + 1>{};
+  const int i = static_cast<int>(d);
+  const bool cached = i >= 0 && i <= kMaxDType;
+  if (cached && (*made)[i] != nullptr) {
+    return py::reinterpret_borrow<py::dtype>((*made)[i]);
   }
-  return py::dtype(name);
+  const std::string name = DTypeName(d);
+  py::dtype dtype =
+      d == DType::kBF16 || name.rfind("float8_", 0) == 0
+          // numpy has no bfloat16 or 8-bit floats of its own; ml_dtypes (a
+          // JAX dependency) does.
+          ? py::dtype::from_args(
+                py::module_::import("ml_dtypes").attr(name.c_str()))
+          : py::dtype(name);
+  if (cached) (*made)[i] = dtype.inc_ref().ptr();
+  return dtype;
 }
 
 // Sharding <-> ("replicated"|"split"|"partial", axis), or for a
