@@ -162,7 +162,9 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
             .IgnoreError();
         return i;
       }
-      if (absl::Status s = AwaitAck(FrameType::kWait, keys[i]); !s.ok()) {
+      if (absl::Status s =
+              AwaitAck(FrameType::kWait, keys[i], /*readable=*/true);
+          !s.ok()) {
         if (i + 1 < keys.size()) socket_->Break(s).IgnoreError();
         return s;
       }
@@ -218,10 +220,13 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
                      address_, ": ", error.message()));
   }
 
-  absl::StatusOr<FrameHeader> ReadReply(FrameType request,
-                                        const ShardKey& key) {
+  // `readable`: the caller polled the socket already (AwaitWaits), so the
+  // header's read need not (this end sets no frame timeout).
+  absl::StatusOr<FrameHeader> ReadReply(FrameType request, const ShardKey& key,
+                                        bool readable = false) {
     bool eof = false;
-    absl::StatusOr<FrameHeader> reply = socket_->ReadHeader(&eof);
+    absl::StatusOr<FrameHeader> reply =
+        socket_->ReadHeader(&eof, /*idle_wait=*/!readable);
     if (!reply.ok()) return Context(request, key, reply.status());
     if (!(reply->key() == key)) {
       return Context(request, key,
@@ -248,8 +253,9 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
             " reply"))));
   }
 
-  absl::Status AwaitAck(FrameType request, const ShardKey& key) {
-    absl::StatusOr<FrameHeader> reply = ReadReply(request, key);
+  absl::Status AwaitAck(FrameType request, const ShardKey& key,
+                        bool readable = false) {
+    absl::StatusOr<FrameHeader> reply = ReadReply(request, key, readable);
     if (!reply.ok()) return reply.status();
     switch (reply->frame_type()) {
       case FrameType::kAck:

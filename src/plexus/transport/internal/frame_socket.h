@@ -237,8 +237,11 @@ class FrameSocket {
 
   // Reads and checks the next header. Sets `*eof` when the peer closed the
   // connection between frames (an orderly end; still an error result).
-  // With `idle_wait` false, a timed socket (SetFrameTimeout) also limits the
-  // wait for the frame to begin (the handshake's frames).
+  // With `idle_wait` (the default) a timed socket or a unix one first waits
+  // in poll for the frame to begin (WaitReadable says why a unix one does).
+  // With it false the read begins at once: a timed socket's frame timeout
+  // then also limits the wait for the frame to begin (the handshake's
+  // frames), and an untimed one reads a frame known to have come.
   absl::StatusOr<FrameHeader> ReadHeader(bool* eof, bool idle_wait = true);
   // The shard of a PUSH, PUT or DATA header: the passed memfd mapped, or the
   // inline bytes read straight into storage from `allocate(bytes)`. If
