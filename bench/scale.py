@@ -3,7 +3,9 @@
 
 At each size H (--hosts 16,128,512,2048) it starts a real plexus-server, one
 plexus-sim-workers process registering H simulated hosts (and one spare)
-over real gRPC worker sessions, and a Python client that takes a slice of H
+over real worker sessions (each host's ops and calls done on a data-plane
+connection of its own, as a real worker's; --ops-on-grpc: on its gRPC
+stream), and a Python client that takes a slice of H
 devices, one per host, and issues chained `scale` calls spanning all of them
 (each call's input is the previous call's output: one Execute per host per
 call, no transfers). The simulated devices report each call done after
@@ -163,7 +165,7 @@ class SimRun:
     manager that stops both. Every wait is bounded by `timeout` seconds."""
 
     def __init__(self, hosts, spares=1, delay_us=0, log_dir=".", timeout=300,
-                 heartbeat_ms=None):
+                 heartbeat_ms=None, ops_on_grpc=False):
         self.hosts, self.spares, self.timeout = hosts, spares, timeout
         self.secret = _core.new_cluster_secret()
         env = dict(os.environ, PLEXUS_CLUSTER_SECRET=self.secret)
@@ -187,7 +189,8 @@ class SimRun:
             [str(bin_dir() / "plexus-sim-workers"), "--server", self.address,
              "--hosts", str(hosts), "--spares", str(spares),
              "--delay-us", str(delay_us), "--ready-fd", "{READY_FD}",
-             "--register-timeout-s", str(timeout), "--die-with-parent"],
+             "--register-timeout-s", str(timeout), "--die-with-parent"]
+            + (["--ops-on-grpc"] if ops_on_grpc else []),
             self.sim_log, env)
         line = _ready_line(ready, timeout)
         self.registered_wall_s = time.monotonic() - self.started
@@ -360,7 +363,8 @@ def measure_recovery(run, s, fill, prog, lineage):
 def run_size(hosts, args):
     row = {"hosts": hosts}
     with SimRun(hosts, spares=1, delay_us=args.delay_us,
-                log_dir=args.log_dir, timeout=args.timeout) as run:
+                log_dir=args.log_dir, timeout=args.timeout,
+                ops_on_grpc=args.ops_on_grpc) as run:
         row["register_s"] = run.register_s
         row["register_wall_s"] = run.registered_wall_s
         row["rss_registered_mib"] = rss_mib(run.server.pid)
@@ -483,13 +487,18 @@ def main():
                    help="cores the server may use (step90's process bound)")
     p.add_argument("--timeout", type=float, default=600,
                    help="bound of every wait, seconds")
+    p.add_argument("--ops-on-grpc", action="store_true",
+                   help="the simulated hosts take their ops and send their "
+                   "calls done on their gRPC streams (default: as a real "
+                   "worker, on a data-plane connection per host)")
     p.add_argument("--log-dir", default="/tmp/plexus-scale")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--plot", help="write an SVG plot of the costs here")
     args = p.parse_args()
     load = os.getloadavg()[0]
     print(f"# {os.cpu_count()} cores, load average {load:.2f} at the start; "
-          f"simulated devices complete after {args.delay_us} us")
+          f"simulated devices complete after {args.delay_us} us; their ops "
+          f"on {'gRPC streams' if args.ops_on_grpc else 'data-plane frames'}")
     rows = []
     for h in [int(v) for v in args.hosts.split(",")]:
         rows.append(run_size(h, args))
@@ -499,7 +508,9 @@ def main():
     if args.json:
         Path(args.json).write_text(json.dumps(
             {"cores": os.cpu_count(), "load_average": load,
-             "delay_us": args.delay_us, "rows": rows}, indent=1))
+             "delay_us": args.delay_us,
+             "ops_on": "grpc" if args.ops_on_grpc else "frames",
+             "rows": rows}, indent=1))
     if args.plot:
         plot(rows, args.plot)
 

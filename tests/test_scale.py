@@ -18,10 +18,13 @@ CALLS = 20
 TIMEOUT = 40  # seconds, every wait
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
+@pytest.fixture(scope="module", params=["frames", "grpc"])
+def run(request, tmp_path_factory):
+    # frames: each host's ops and calls done on a data-plane connection of
+    # its own, as a real worker's; grpc: on its worker stream.
     with SimRun(HOSTS, spares=1, log_dir=tmp_path_factory.mktemp("scale"),
-                timeout=TIMEOUT) as r:
+                timeout=TIMEOUT, ops_on_grpc=request.param == "grpc") as r:
+        r.ops_on = request.param
         yield r
 
 
@@ -52,6 +55,14 @@ def test_256_simulated_hosts_register_run_calls_and_a_lost_one_is_named(run):
         assert counters["calls_reported"] == (CALLS + 1) * HOSTS, counters
         # Batched: fewer reports than calls reported.
         assert counters["reports"] < counters["calls_reported"], counters
+        if run.ops_on == "frames":
+            # Every call's ops came as OPS frames, every report went back
+            # as a REPORTS frame.
+            assert counters["ops_framed"] >= counters["executes"], counters
+            assert counters["reports_framed"] == counters["reports"], counters
+        else:
+            assert counters["ops_framed"] == 0, counters
+            assert counters["reports_framed"] == 0, counters
         me = next(c for c in run.status()["clients"]
                   if c["client_id"] == client.id)
         assert me["calls_admitted"] == CALLS + 1, me

@@ -72,6 +72,10 @@ void AddFlags(CLI::App& app, Flags& f) {
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
   app.add_flag("--die-with-parent", f.die_with_parent,
                "exit when the parent process dies");
+  app.add_flag_callback(
+      "--ops-on-grpc", [&o] { o.ops_on_frames = false; },
+      "take the server's ops and send calls done on each host's gRPC stream "
+      "(default: as a real worker, on a data-plane connection per host)");
 }
 
 void PrintCounters(const plexus::sim::SimCluster& cluster) {
@@ -79,9 +83,10 @@ void PrintCounters(const plexus::sim::SimCluster& cluster) {
   std::printf(
       "{\"registered\": %ld, \"ended\": %ld, \"executes\": %ld, "
       "\"calls_reported\": %ld, \"reports\": %ld, \"heartbeats\": %ld, "
-      "\"ops\": %ld, \"keys_held\": %ld}\n",
+      "\"ops\": %ld, \"keys_held\": %ld, \"ops_framed\": %ld, "
+      "\"reports_framed\": %ld}\n",
       c.registered, c.ended, c.executes, c.calls_reported, c.reports,
-      c.heartbeats, c.ops, c.keys_held);
+      c.heartbeats, c.ops, c.keys_held, c.ops_framed, c.reports_framed);
   std::fflush(stdout);
 }
 

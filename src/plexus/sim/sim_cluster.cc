@@ -18,6 +18,7 @@
 #include "plexus/common/tls.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/sim/sim_data_plane.h"
+#include "plexus/transport/internal/frame_socket.h"
 #include "plexus/worker/report_queue.h"
 
 namespace plexus::sim {
@@ -43,6 +44,16 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   void CompleteDue();  // delayed completions whose time has come
   void Flush();        // the gathered CallsDone, as one report
 
+  // --- the server's ops on the data plane (SimOptions::ops_on_frames)
+  // One OPS frame's ops (a proto::ServerToWorker), on the connection's
+  // thread.
+  absl::Status ApplyFramed(std::string& bytes);
+  // The ops connection opened: calls done go back on it (a dup of `fd`).
+  absl::Status ReportOn(int fd);
+  // It ended: reports go on the stream again, and the host ends, as a
+  // worker whose server closed its ops connection.
+  void OpsEnded(const absl::Status& why);
+
   const std::string& name() const { return name_; }
   bool spare() const { return spare_; }
   int64_t worker_id() const { return worker_id_.load(); }
@@ -56,6 +67,8 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   int64_t reports() const { return reports_.load(); }
   int64_t heartbeats() const { return heartbeats_.load(); }
   int64_t ops() const { return ops_.load(); }
+  int64_t ops_framed() const { return ops_framed_.load(); }
+  int64_t reports_framed() const { return reports_framed_.load(); }
 
   // grpc::ClientBidiReactor
   void OnReadDone(bool ok) override;
@@ -79,8 +92,12 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   void Done(Pending& p);    // its delay is over
   void Release(const proto::Release& release);
   void AnswerTimeline(const proto::CollectTimeline& request);
-  // Queues `msg` behind the write in flight, or writes it now.
+  // Queues `msg` behind the write in flight, or writes it now; calls done
+  // go as a REPORTS frame where the ops connection is open.
   void Send(proto::WorkerToServer msg);
+  // `msg` as a REPORTS frame on the ops connection; false if there is none
+  // (or the write failed: then there is none from now on).
+  bool SendFramed(const proto::WorkerToServer& msg);
   // Takes what `pending_done_` gathered into one CallsDone message.
   bool TakeReportLocked(proto::WorkerToServer* msg)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -105,7 +122,15 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   std::atomic<int64_t> reports_{0};
   std::atomic<int64_t> heartbeats_{0};
   std::atomic<int64_t> ops_{0};
+  std::atomic<int64_t> ops_framed_{0};
+  std::atomic<int64_t> reports_framed_{0};
   std::atomic<int64_t> busy_micros_{0};
+  std::atomic<uint64_t> generation_{0};  // of its registration
+
+  // The ops connection's socket (a dup), for REPORTS: one write at a time.
+  absl::Mutex report_mu_;
+  transport::internal::UniqueFd report_fd_ ABSL_GUARDED_BY(report_mu_);
+  std::string report_bytes_ ABSL_GUARDED_BY(report_mu_);
 
   absl::Mutex mu_;
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
@@ -133,6 +158,7 @@ void SimHost::Begin(proto::Controller::Stub& stub,
 }
 
 void SimHost::Send(proto::WorkerToServer msg) {
+  if (msg.has_calls_done() && SendFramed(msg)) return;
   {
     absl::MutexLock lock(&mu_);
     if (writes_closed_) return;
@@ -146,6 +172,61 @@ void SimHost::Send(proto::WorkerToServer msg) {
   // called with no lock held (its callback may run at once).
   writing_ = std::move(msg);
   StartWrite(&writing_);
+}
+
+bool SimHost::SendFramed(const proto::WorkerToServer& msg) {
+  absl::MutexLock lock(&report_mu_);
+  if (!report_fd_.valid()) return false;
+  msg.SerializeToString(&report_bytes_);
+  const absl::Status sent = transport::internal::FrameSocket::SendMessageOn(
+      report_fd_.get(), transport::internal::FrameType::kReports,
+      report_bytes_, generation_.load());
+  if (!sent.ok()) {
+    SPDLOG_WARN("{}: a report could not go on the ops connection ({}); the "
+                "stream takes it",
+                name_, sent.ToString());
+    report_fd_.Reset();
+    return false;
+  }
+  reports_framed_++;
+  return true;
+}
+
+absl::Status SimHost::ApplyFramed(std::string& bytes) {
+  // One connection thread per host: its message is reused, never shared.
+  thread_local proto::ServerToWorker msg;
+  msg.Clear();
+  if (!msg.ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat(
+        name_, ": an OPS frame of ", bytes.size(),
+        " bytes is not a ServerToWorker"));
+  }
+  for (proto::WorkerOp& op : *msg.mutable_ops()) Apply(op);
+  ops_ += msg.ops_size();
+  ops_framed_ += msg.ops_size();
+  return absl::OkStatus();
+}
+
+absl::Status SimHost::ReportOn(int fd) {
+  transport::internal::UniqueFd mine(::dup(fd));
+  if (!mine.valid()) {
+    return transport::internal::IoError("dup of the ops connection", errno);
+  }
+  absl::MutexLock lock(&report_mu_);
+  report_fd_ = std::move(mine);
+  return absl::OkStatus();
+}
+
+void SimHost::OpsEnded(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&report_mu_);
+    report_fd_.Reset();
+  }
+  if (!ended_.load()) {
+    SPDLOG_INFO("{}: its ops connection ended ({}); ending its session",
+                name_, why.ToString());
+  }
+  Cancel();
 }
 
 void SimHost::OnWriteDone(bool ok) {
@@ -187,6 +268,8 @@ void SimHost::ApplyFirst() {
     return;
   }
   worker_id_ = in_.worker_id();
+  generation_ = in_.generation();
+  cluster_.NoteGeneration(in_.generation(), this);
   heartbeat_interval_ =
       cluster_.options_.heartbeat_interval > absl::ZeroDuration()
           ? cluster_.options_.heartbeat_interval
@@ -426,11 +509,14 @@ absl::StatusOr<std::unique_ptr<SimCluster>> SimCluster::Start(
 
 absl::Status SimCluster::StartHosts() {
   const int total = options_.hosts + options_.spares;
-  data_plane_ = std::make_unique<SimDataPlane>(options_.secret);
+  data_plane_ = std::make_unique<SimDataPlane>(
+      options_.secret,
+      options_.ops_on_frames ? OpsSink() : SimDataPlane::OpsSink{});
   transport::DataPlaneServerOptions dp;
   dp.unix_name = absl::StrCat("plexus-sim-", getpid());
-  // A client waiting on a future of every host opens one connection each.
-  dp.max_connections = 2 * total + 64;
+  // The server's ops connection per host; a client waiting on a future of
+  // every host opens one connection each.
+  dp.max_connections = 3 * total + 64;
   absl::StatusOr<std::unique_ptr<transport::DataPlaneServer>> server =
       transport::DataPlaneServer::Start(dp, data_plane_.get(), &data_counters_);
   if (!server.ok()) return server.status();
@@ -471,6 +557,7 @@ proto::WorkerToServer SimCluster::Registration(const SimHost& host) const {
   reg->set_data_address(data_server_->tcp_address());
   reg->set_unix_path(data_server_->unix_path());
   reg->set_spare(host.spare());
+  reg->set_ops_on_data_plane(options_.ops_on_frames);
   const Credential credential = options_.secret.Derive(CredentialRole::kWorker);
   reg->set_credential(credential.data(), credential.size());
   reg->set_protocol_version(kProtocolVersion);
@@ -596,9 +683,56 @@ SimCounters SimCluster::counters() const {
     c.reports += host->reports();
     c.heartbeats += host->heartbeats();
     c.ops += host->ops();
+    c.ops_framed += host->ops_framed();
+    c.reports_framed += host->reports_framed();
   }
   if (data_plane_) c.keys_held = data_plane_->keys_held();
   return c;
+}
+
+SimDataPlane::OpsSink SimCluster::OpsSink() {
+  SimDataPlane::OpsSink sink;
+  sink.opened = [this](uint64_t generation, int fd) -> absl::Status {
+    SimHost* host = HostOf(generation);
+    if (host == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "no simulated host registered under generation ", generation));
+    }
+    return host->ReportOn(fd);
+  };
+  sink.apply = [this](uint64_t generation, std::string& bytes) {
+    SimHost* host = HostOf(generation);
+    if (host == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "no simulated host registered under generation ", generation));
+    }
+    return host->ApplyFramed(bytes);
+  };
+  sink.ended = [this](uint64_t generation, const absl::Status& why) {
+    SimHost* host;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = by_generation_.find(generation);
+      host = it == by_generation_.end() ? nullptr : it->second;
+    }
+    if (host != nullptr) host->OpsEnded(why);
+  };
+  return sink;
+}
+
+void SimCluster::NoteGeneration(uint64_t generation, SimHost* host) {
+  absl::MutexLock lock(&mu_);
+  by_generation_[generation] = host;
+}
+
+SimHost* SimCluster::HostOf(uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  auto known = [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || by_generation_.contains(generation);
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&known), kGenerationWait);
+  auto it = by_generation_.find(generation);
+  return stopping_ || it == by_generation_.end() ? nullptr : it->second;
 }
 
 void SimCluster::Schedule(Timed t) {

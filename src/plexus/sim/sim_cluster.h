@@ -17,12 +17,22 @@
 // with a WorkerStats holding its calls and device time, and answers
 // CollectTimeline with an empty ring.
 //
-// Threads are bounded whatever the number of hosts: gRPC's callback API
-// runs every stream's reads and writes on its own small pool, and one
-// timer thread (this class's) sends every host's heartbeats, delayed
-// completions and report batches, sleeping until the next is due. The data
-// plane's server holds a thread per open connection (a client waiting on a
-// future spanning H hosts opens H).
+// As a real worker does (SimOptions::ops_on_frames, the default), each
+// host registers asking for its ops on the data plane: the server then
+// opens a connection per host to the shared data plane and sends that
+// host's ops as OPS frames on it, and the host's CallsDone go back on the
+// same connection as REPORTS frames, read by the server's reports poller.
+// Heartbeats, timeline answers and the registration stay on the gRPC
+// stream. With ops_on_frames off, everything goes on the stream (the
+// server's path for workers that cannot take frames, measured beside).
+//
+// Threads: gRPC's callback API runs every stream's reads and writes on its
+// own small pool, and one timer thread (this class's) sends every host's
+// heartbeats, delayed completions and report batches, sleeping until the
+// next is due. The data plane's server holds a thread per open connection:
+// one per host for its ops (sleeping in poll between frames), and one per
+// connection a client opens (a client waiting on a future spanning H hosts
+// opens H).
 //
 // A host never rejoins: once its stream ends (the server ended it, or
 // DropHost cancelled it) it stays gone.
@@ -39,17 +49,18 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "plexus/common/credentials.h"
 #include "plexus/proto/plexus.grpc.pb.h"
+#include "plexus/sim/sim_data_plane.h"
 #include "plexus/transport/data_plane.h"
 
 namespace plexus::sim {
 
 class SimHost;
-class SimDataPlane;
 
 struct SimOptions {
   std::string server_address;
@@ -67,6 +78,10 @@ struct SimOptions {
   int hosts_per_channel = 32;
   // Registrations started at once (each waits for its first message).
   int registering_at_once = 64;
+  // The server's ops as OPS frames and calls done as REPORTS frames on a
+  // data-plane connection per host, as a real worker's; false: on the
+  // gRPC stream.
+  bool ops_on_frames = true;
 };
 
 // What the hosts did so far, summed over all of them.
@@ -75,7 +90,9 @@ struct SimCounters {
   int64_t ended = 0;       // hosts whose stream ended
   int64_t executes = 0;    // Execute ops applied
   int64_t calls_reported = 0;
-  int64_t reports = 0;  // CallsDone messages sent
+  int64_t reports = 0;         // CallsDone messages sent
+  int64_t reports_framed = 0;  // of them, as REPORTS frames
+  int64_t ops_framed = 0;      // ops read from OPS frames
   int64_t heartbeats = 0;
   int64_t ops = 0;        // every op read
   int64_t keys_held = 0;  // the data plane's ready keys now
@@ -128,6 +145,16 @@ class SimCluster {
   void HostRegistered();
   void HostEnded(const absl::Status& why, bool registered);
 
+  // --- the server's ops on the data plane (SimOptions::ops_on_frames)
+  SimDataPlane::OpsSink OpsSink();
+  // A host's first message told it its registration generation.
+  void NoteGeneration(uint64_t generation, SimHost* host);
+  // The host of `generation`: its ops connection may open before its first
+  // message is read, so this waits for it (at most kGenerationWait; null
+  // then, or once stopping).
+  SimHost* HostOf(uint64_t generation);
+  static constexpr absl::Duration kGenerationWait = absl::Seconds(30);
+
   const SimOptions options_;
   const std::string machine_id_;  // LocalMachineId(): clients use the unix
                                   // socket
@@ -149,6 +176,7 @@ class SimCluster {
   absl::Status first_refusal_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<Timed> heap_ ABSL_GUARDED_BY(mu_);  // a min-heap on `at`
+  absl::flat_hash_map<uint64_t, SimHost*> by_generation_ ABSL_GUARDED_BY(mu_);
   absl::CondVar timer_wake_;
 };
 

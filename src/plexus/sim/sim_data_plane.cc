@@ -21,8 +21,8 @@ std::shared_ptr<const Storage> Token() {
 
 }  // namespace
 
-SimDataPlane::SimDataPlane(const ClusterSecret& secret)
-    : secret_(secret), token_(Token()) {}
+SimDataPlane::SimDataPlane(const ClusterSecret& secret, OpsSink ops)
+    : secret_(secret), ops_(std::move(ops)), token_(Token()) {}
 
 SimDataPlane::~SimDataPlane() { Shutdown(); }
 
@@ -119,13 +119,25 @@ absl::StatusOr<Credential> SimDataPlane::CredentialFor(
   if (peer.role == CredentialRole::kClient) {
     return secret_.Derive(CredentialRole::kClient, peer.id);
   }
+  if (peer.role == CredentialRole::kServer && peer.id == 0 && ops_.apply) {
+    return secret_.Derive(CredentialRole::kServer);
+  }
   return absl::PermissionDeniedError(
-      "a simulated host serves client sessions only");
+      ops_.apply ? "a simulated host serves client sessions and the server's "
+                   "ops only"
+                 : "a simulated host serves client sessions only");
 }
 
 absl::Status SimDataPlane::Authorize(transport::DataPlaneRequest request,
                                      const ShardKey& key,
                                      const transport::DataPlanePeer& peer) {
+  const bool server = peer.role == CredentialRole::kServer;
+  if ((request == transport::DataPlaneRequest::kOps) != server) {
+    return absl::PermissionDeniedError(
+        server ? "the server's connection carries its ops, nothing else"
+               : "ops come from the server; this connection is not its");
+  }
+  if (server) return absl::OkStatus();
   if (request != transport::DataPlaneRequest::kWait) return NoData();
   // An id names its owner; only the owner's connection waits on it.
   if (peer.role == CredentialRole::kClient &&
@@ -151,6 +163,24 @@ absl::Status SimDataPlane::Deliver(const ShardKey& key,
                                    std::shared_ptr<Storage> data,
                                    bool from_client) {
   return NoData();
+}
+
+absl::Status SimDataPlane::ApplyOps(const transport::DataPlanePeer& peer,
+                                    uint64_t generation,
+                                    std::string& message) {
+  if (!ops_.apply) return DataPlaneHandler::ApplyOps(peer, generation, message);
+  return ops_.apply(generation, message);
+}
+
+absl::Status SimDataPlane::OpsConnectionOpened(
+    const transport::DataPlanePeer&, uint64_t generation, int fd) {
+  if (!ops_.opened) return absl::OkStatus();
+  return ops_.opened(generation, fd);
+}
+
+void SimDataPlane::OpsEnded(const transport::DataPlanePeer&,
+                            uint64_t generation, const absl::Status& why) {
+  if (ops_.ended) ops_.ended(generation, why);
 }
 
 }  // namespace plexus::sim

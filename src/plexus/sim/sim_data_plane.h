@@ -15,13 +15,22 @@
 // A WAIT for an unknown key blocks until the key is marked (its call has
 // not reached or finished on its host yet), or until Shutdown().
 //
+// With an OpsSink it also takes the server's ops, as a real worker's data
+// plane does: the server opens one connection per simulated host, proving
+// the server's credential, and sends that host's ops as OPS frames stamped
+// with its registration generation; the sink applies them and is told
+// when the connection opens (its socket, for the host's REPORTS back) and
+// ends.
+//
 // Thread-safe: one lock (mu_), never held across a call out; each blocked
 // WAIT sleeps on a notification of its own, so marking a key wakes only
 // its waiters (no condition evaluated per waiter per mark).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -35,7 +44,20 @@ namespace plexus::sim {
 
 class SimDataPlane final : public transport::DataPlaneHandler {
  public:
-  explicit SimDataPlane(const ClusterSecret& secret);
+  // The server's ops for the host registered under `generation`. Unset
+  // (apply empty): the hosts take them on their gRPC streams, and the
+  // server's connection is refused.
+  struct OpsSink {
+    // The host's connection opened; `fd` stays open until `ended` returns
+    // (keep a dup to write on it).
+    std::function<absl::Status(uint64_t generation, int fd)> opened;
+    // One OPS frame: a proto::ServerToWorker in wire form.
+    std::function<absl::Status(uint64_t generation, std::string& bytes)>
+        apply;
+    std::function<void(uint64_t generation, const absl::Status& why)> ended;
+  };
+
+  explicit SimDataPlane(const ClusterSecret& secret, OpsSink ops = {});
   ~SimDataPlane() override;
 
   // The keys are ready (each WAIT on them answers ACK).
@@ -66,6 +88,12 @@ class SimDataPlane final : public transport::DataPlaneHandler {
   void DeliverError(const ShardKey& key, const absl::Status& error) override {}
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) override;
+  absl::Status ApplyOps(const transport::DataPlanePeer& peer,
+                        uint64_t generation, std::string& message) override;
+  absl::Status OpsConnectionOpened(const transport::DataPlanePeer& peer,
+                                   uint64_t generation, int fd) override;
+  void OpsEnded(const transport::DataPlanePeer& peer, uint64_t generation,
+                const absl::Status& why) override;
 
  private:
   // The answer for `key` if it is known (OK: ready), else null.
@@ -73,6 +101,7 @@ class SimDataPlane final : public transport::DataPlaneHandler {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClusterSecret secret_;
+  const OpsSink ops_;
   // What a ready key's WAIT hands the server (which only checks it is set).
   const std::shared_ptr<const Storage> token_;
 
