@@ -22,7 +22,11 @@ namespace plexus {
 // 2: a call's input (InputRef) leaves out its layout (`arg`) when it is
 // the one the program was registered with: the program's, to the server
 // (a version-1 server would refuse it as an empty layout).
-inline constexpr int32_t kProtocolVersion = 2;
+// 3: a worker whose ops moved onto its data-plane connection sends
+// everything there as REPORTS frames (heartbeats, timeline chunks and
+// transfer failures too, not only calls done): a version-2 server would
+// hear no heartbeat and declare it down.
+inline constexpr int32_t kProtocolVersion = 3;
 
 // OK when `theirs` is kProtocolVersion. Otherwise FailedPrecondition naming
 // both versions, from the point of view of `me` ("server", "worker",

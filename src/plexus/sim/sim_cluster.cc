@@ -1,5 +1,6 @@
 #include "plexus/sim/sim_cluster.h"
 
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +40,10 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   // Opens the stream and sends the registration.
   void Begin(proto::Controller::Stub& stub, proto::WorkerToServer hello);
   void Cancel() { context_.TryCancel(); }
+  // As a host whose process died: its stream and its ops connection end
+  // at once (the server drains the connection's reports before it ends
+  // the session, and would wait its drain bound for one left open).
+  void Kill();
 
   void Beat();         // a heartbeat now, and the next one scheduled
   void CompleteDue();  // delayed completions whose time has come
@@ -92,8 +97,9 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   void Done(Pending& p);    // its delay is over
   void Release(const proto::Release& release);
   void AnswerTimeline(const proto::CollectTimeline& request);
-  // Queues `msg` behind the write in flight, or writes it now; calls done
-  // go as a REPORTS frame where the ops connection is open.
+  // Queues `msg` behind the write in flight, or writes it now; as a
+  // REPORTS frame where the ops connection is open (as a real worker's
+  // messages, protocol version 3).
   void Send(proto::WorkerToServer msg);
   // `msg` as a REPORTS frame on the ops connection; false if there is none
   // (or the write failed: then there is none from now on).
@@ -158,7 +164,7 @@ void SimHost::Begin(proto::Controller::Stub& stub,
 }
 
 void SimHost::Send(proto::WorkerToServer msg) {
-  if (msg.has_calls_done() && SendFramed(msg)) return;
+  if (SendFramed(msg)) return;
   {
     absl::MutexLock lock(&mu_);
     if (writes_closed_) return;
@@ -188,7 +194,7 @@ bool SimHost::SendFramed(const proto::WorkerToServer& msg) {
     report_fd_.Reset();
     return false;
   }
-  reports_framed_++;
+  if (msg.has_calls_done()) reports_framed_++;
   return true;
 }
 
@@ -215,6 +221,15 @@ absl::Status SimHost::ReportOn(int fd) {
   absl::MutexLock lock(&report_mu_);
   report_fd_ = std::move(mine);
   return absl::OkStatus();
+}
+
+void SimHost::Kill() {
+  {
+    absl::MutexLock lock(&report_mu_);
+    // Every descriptor of the socket sees it: the server's end reads EOF.
+    if (report_fd_.valid()) ::shutdown(report_fd_.get(), SHUT_RDWR);
+  }
+  Cancel();
 }
 
 void SimHost::OpsEnded(const absl::Status& why) {
@@ -634,7 +649,7 @@ absl::StatusOr<std::pair<std::string, int64_t>> SimCluster::DropHost() {
     if (host->spare() || !host->serving() || !host->MarkDropped()) continue;
     SPDLOG_INFO("dropping simulated host {} (worker {})", host->name(),
                 host->worker_id());
-    host->Cancel();
+    host->Kill();
     return std::make_pair(host->name(), host->worker_id());
   }
   return absl::NotFoundError("no simulated host left to drop");

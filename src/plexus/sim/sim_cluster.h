@@ -20,11 +20,12 @@
 // As a real worker does (SimOptions::ops_on_frames, the default), each
 // host registers asking for its ops on the data plane: the server then
 // opens a connection per host to the shared data plane and sends that
-// host's ops as OPS frames on it, and the host's CallsDone go back on the
-// same connection as REPORTS frames, read by the server's reports poller.
-// Heartbeats, timeline answers and the registration stay on the gRPC
-// stream. With ops_on_frames off, everything goes on the stream (the
-// server's path for workers that cannot take frames, measured beside).
+// host's ops as OPS frames on it, and everything the host sends from then
+// on (CallsDone, heartbeats, timeline answers) goes back on the same
+// connection as REPORTS frames, read by the server's reports poller; the
+// gRPC stream carries the registration and the session's end. With
+// ops_on_frames off, everything goes on the stream (the server's path for
+// workers that cannot take frames, measured beside).
 //
 // Threads: gRPC's callback API runs every stream's reads and writes on its
 // own small pool, and one timer thread (this class's) sends every host's

@@ -42,6 +42,10 @@ struct Chained {
   std::vector<float> y;
   std::vector<int64_t> frames;
   std::vector<int64_t> reports;
+  // Then, with no call running, after two more fresh statuses (each waits
+  // for a heartbeat of every worker sent after it was asked): the frames
+  // each worker had sent back (its heartbeats among them, or not).
+  std::vector<int64_t> reports_idle;
   int64_t client_frames = -1;
   int64_t client_messages = -1;
   int64_t server_client_frames = -1;
@@ -104,6 +108,11 @@ Chained ChainOverTwoHosts(bool ops_on_data_plane, bool client_ops_on_frames) {
     run.frames.push_back(w.stats().ops_frames());
   }
   for (const auto& w : workers) run.reports.push_back(w->framed_reports());
+  FreshStatus(address);
+  FreshStatus(address);
+  for (const auto& w : workers) {
+    run.reports_idle.push_back(w->framed_reports());
+  }
   const ClientCounters counters = (*client)->counters();
   run.client_frames = counters.messages_sent_as_frames;
   run.client_messages = counters.messages_sent;
@@ -132,9 +141,16 @@ TEST(OpsConnectionTest, TheSameCallsGiveTheSameValuesOnFramesAsOnTheStream) {
   ASSERT_EQ(framed.frames.size(), 2u);
   for (int64_t f : framed.frames) EXPECT_GE(f, 1);
   EXPECT_EQ(streamed.frames, std::vector<int64_t>({0, 0}));
-  // Their calls done went back on the same connections.
+  // Their calls done went back on the same connections, and so did their
+  // heartbeats (protocol version 3): with nothing running, two heartbeats
+  // each went as frames (a late calls-done report is at most one more).
   for (int64_t r : framed.reports) EXPECT_GE(r, 1);
   EXPECT_EQ(streamed.reports, std::vector<int64_t>({0, 0}));
+  ASSERT_EQ(framed.reports_idle.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_GE(framed.reports_idle[i] - framed.reports[i], 2) << "worker " << i;
+  }
+  EXPECT_EQ(streamed.reports_idle, std::vector<int64_t>({0, 0}));
   // Every message the client sent after its session opened went as a
   // frame (the slice request, puts, programs, the 400 calls: more than
   // one); the server applied each (its status counts them, the stats

@@ -415,7 +415,7 @@ bool ServerSession::WriteReport(const proto::WorkerToServer& msg) {
 }
 
 bool ServerSession::WriteToServer(const proto::WorkerToServer& msg) {
-  if (msg.has_calls_done() && WriteReport(msg)) return true;
+  if (WriteReport(msg)) return true;
   absl::MutexLock lock(&write_mu_);
   // No stream: a worker not registered (yet, or any more) has no server
   // to answer (an op applied outside a session: the fuzz harness's).

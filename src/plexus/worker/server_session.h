@@ -8,7 +8,7 @@
 // Heartbeats are what the server's failure detector reads, so nothing
 // else the worker does may hold them up: they have their thread to
 // themselves, which waits only on beat_mu_ (no other work takes it) and on
-// write_mu_ (held only around a write of the stream); their figures come
+// write_mu_ or report_mu_ (held only around one write); their figures come
 // from counters or from locks that are free at that instant (`stats`). A
 // compile, a long execution or a busy store does not delay them.
 //
@@ -17,8 +17,12 @@
 // The server's ops may move off the stream (ServerToWorker.
 // ops_on_data_plane, the stream's last message): every later message then
 // comes as an OPS frame on the data-plane connection the server opened,
-// which that connection's thread gives to ApplyFramed, and the writer
-// sends the calls-done reports back on that connection (WriteReport).
+// which that connection's thread gives to ApplyFramed, and everything the
+// worker sends from then on (calls done, heartbeats, timeline chunks,
+// transfer failures) goes back on that connection as REPORTS frames
+// (WriteReport; protocol version 3), read by the server's reports poller
+// with every other worker's: the stream then carries nothing but the
+// session's registration and its end.
 // ApplyFramed waits
 // until the reader has applied the stream's last message (a frame may
 // arrive first: the two are different sockets), so `apply` still sees
@@ -92,8 +96,8 @@ class ServerSession {
   // (`why`): the session, if it is that one, ends too (Unavailable).
   void FramedOpsEnded(uint64_t generation, const absl::Status& why);
   // The connection carrying the OPS frames of `generation` opened: `fd`
-  // is its socket (the data plane's; a dup is kept), on which the writer
-  // sends the calls-done reports as REPORTS frames once the ops moved.
+  // is its socket (the data plane's; a dup is kept), on which every
+  // message to the server goes as a REPORTS frame once the ops moved.
   void FramedConnectionOpened(uint64_t generation, int fd);
   // OPS frames applied, REPORTS frames sent (all sessions): tests and
   // stats read them.
@@ -120,13 +124,16 @@ class ServerSession {
   void HeartbeatLoop();
   // Tells the heartbeat thread to stop (the session is over).
   void StopHeartbeats();
-  // One message on the control stream: the writer and the heartbeat thread
-  // share it, one write at a time. False once the stream is closed.
+  // One message to the server: a REPORTS frame on the ops connection once
+  // the ops moved there, else (or if that write failed) on the control
+  // stream. The writer, the heartbeat thread and the reader (timeline
+  // chunks) share both, one write at a time. False once the stream is
+  // closed.
   bool WriteToServer(const proto::WorkerToServer& msg);
-  // A calls-done report as a REPORTS frame on the ops connection, where
-  // the ops moved there in this session: false if not (it goes on the
-  // stream), or if the frame could not be sent (the connection broke:
-  // the stream takes it, and the session ends soon).
+  // `msg` as a REPORTS frame on the ops connection, where the ops moved
+  // there in this session: false if not (it goes on the stream), or if the
+  // frame could not be sent (the connection broke: the stream takes it,
+  // and the session ends soon).
   bool WriteReport(const proto::WorkerToServer& msg);
 
   const WorkerOptions& options_;

@@ -121,24 +121,7 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
   const bool polled =
       channel->on_data_plane() && PollReports(ctx, id, channel, &reports_ended);
   proto::WorkerToServer msg;
-  while (stream->Read(&msg)) {
-    // Any message shows the worker alive: stamped as it is read, before
-    // anything below waits for a lock (CheckLiveness).
-    HeardFrom(id);
-    if (msg.has_heartbeat()) {
-      OnHeartbeat(id, msg);
-    } else if (msg.has_timeline()) {
-      OnTimelineChunk(id, *msg.mutable_timeline());
-    } else if (msg.has_transfer_failed()) {
-      RelayTransferFailure(id, msg.transfer_failed());
-    } else if (msg.has_calls_done()) {
-      control_bytes_in_ += msg.ByteSizeLong();
-      // What the room admits goes to its first host from this thread.
-      WriterPool::InlineScope inline_write(&worker_writers_);
-      OnCallsDone(id, msg.calls_done());
-    }
-    Handled(id);
-  }
+  while (stream->Read(&msg)) OnWorkerMessage(id, msg, msg.ByteSizeLong());
   if (polled) {
     // Reports still on their way are taken first: a worker that died
     // closed its socket after them. One still up (declared down, or the
@@ -163,14 +146,7 @@ bool ServerImpl::PollReports(grpc::ServerContext* ctx, int64_t id,
           absl::StrCat("a REPORTS frame of ", bytes.size(),
                        " bytes is not a WorkerToServer"));
     }
-    HeardFrom(id);
-    if (msg.has_calls_done()) {
-      control_bytes_in_ += bytes.size();
-      // What the room admits goes to its first host from this thread.
-      WriterPool::InlineScope inline_write(&worker_writers_);
-      OnCallsDone(id, msg.calls_done());
-    }
-    Handled(id);
+    OnWorkerMessage(id, msg, bytes.size());
     return absl::OkStatus();
   };
   auto on_end = [this, ctx, id, channel, ended](const absl::Status& why) {
@@ -376,6 +352,26 @@ grpc::Status ServerImpl::RegisterWorker(grpc::ServerContext* ctx,
                                              : "; it rejoins: " + rejoined);
   *id_out = id;
   return grpc::Status::OK;
+}
+
+void ServerImpl::OnWorkerMessage(int64_t id, proto::WorkerToServer& msg,
+                                 size_t bytes) {
+  // Any message shows the worker alive: stamped as it is read, before
+  // anything below waits for a lock (CheckLiveness).
+  HeardFrom(id);
+  if (msg.has_heartbeat()) {
+    OnHeartbeat(id, msg);
+  } else if (msg.has_timeline()) {
+    OnTimelineChunk(id, *msg.mutable_timeline());
+  } else if (msg.has_transfer_failed()) {
+    RelayTransferFailure(id, msg.transfer_failed());
+  } else if (msg.has_calls_done()) {
+    control_bytes_in_ += static_cast<int64_t>(bytes);
+    // What the room admits goes to its first host from this thread.
+    WriterPool::InlineScope inline_write(&worker_writers_);
+    OnCallsDone(id, msg.calls_done());
+  }
+  Handled(id);
 }
 
 void ServerImpl::OnHeartbeat(int64_t id, const proto::WorkerToServer& msg) {

@@ -123,14 +123,20 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // How long a session's end waits for the reports still on their way
   // before it shuts the ops connection (ServeWorker).
   static constexpr absl::Duration kReportsDrain = absl::Milliseconds(100);
-  // The worker's reports on its ops connection (its calls done), each
-  // applied as its stream's messages are, by the reports poller, until the
-  // connection ends (`ended` notified); an end the server did not cause
-  // cancels the session. False where they cannot be polled (the session
-  // is cancelled then, or the channel shut down already).
+  // The worker's messages on its ops connection (REPORTS frames: its
+  // calls done, heartbeats, timeline chunks and transfer failures once its
+  // ops moved there), each applied as its stream's are (OnWorkerMessage),
+  // by the reports poller, until the connection ends (`ended` notified);
+  // an end the server did not cause cancels the session. False where they
+  // cannot be polled (the session is cancelled then, or the channel shut
+  // down already).
   bool PollReports(grpc::ServerContext* ctx, int64_t id,
                    const std::shared_ptr<WorkerChannel>& channel,
                    absl::Notification* ended);
+  // One message of worker `id` (`bytes` in wire form), from its stream or
+  // a REPORTS frame: the worker heard from, then its heartbeat, timeline
+  // chunk, transfer failure or calls done applied.
+  void OnWorkerMessage(int64_t id, proto::WorkerToServer& msg, size_t bytes);
   // A heartbeat: its stats into the worker's record, its clock probe.
   void OnHeartbeat(int64_t id, const proto::WorkerToServer& msg);
   // Calls done and copies arrived: into admission at once; into the
