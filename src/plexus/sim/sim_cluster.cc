@@ -185,12 +185,13 @@ bool SimHost::SendFramed(const proto::WorkerToServer& msg) {
   if (!report_fd_.valid()) return false;
   msg.SerializeToString(&report_bytes_);
   const absl::Status sent = transport::internal::FrameSocket::SendMessageOn(
-      report_fd_.get(), transport::internal::FrameType::kReports,
-      report_bytes_, generation_.load());
+      report_fd_.get(), transport::internal::FrameType::kReports, report_bytes_,
+      generation_.load());
   if (!sent.ok()) {
-    SPDLOG_WARN("{}: a report could not go on the ops connection ({}); the "
-                "stream takes it",
-                name_, sent.ToString());
+    SPDLOG_WARN(
+        "{}: a report could not go on the ops connection ({}); the "
+        "stream takes it",
+        name_, sent.ToString());
     report_fd_.Reset();
     return false;
   }
@@ -203,9 +204,9 @@ absl::Status SimHost::ApplyFramed(std::string& bytes) {
   thread_local proto::ServerToWorker msg;
   msg.Clear();
   if (!msg.ParseFromString(bytes)) {
-    return absl::DataLossError(absl::StrCat(
-        name_, ": an OPS frame of ", bytes.size(),
-        " bytes is not a ServerToWorker"));
+    return absl::DataLossError(absl::StrCat(name_, ": an OPS frame of ",
+                                            bytes.size(),
+                                            " bytes is not a ServerToWorker"));
   }
   for (proto::WorkerOp& op : *msg.mutable_ops()) Apply(op);
   ops_ += msg.ops_size();
@@ -238,8 +239,8 @@ void SimHost::OpsEnded(const absl::Status& why) {
     report_fd_.Reset();
   }
   if (!ended_.load()) {
-    SPDLOG_INFO("{}: its ops connection ended ({}); ending its session",
-                name_, why.ToString());
+    SPDLOG_INFO("{}: its ops connection ended ({}); ending its session", name_,
+                why.ToString());
   }
   Cancel();
 }

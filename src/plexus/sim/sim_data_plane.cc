@@ -166,14 +166,13 @@ absl::Status SimDataPlane::Deliver(const ShardKey& key,
 }
 
 absl::Status SimDataPlane::ApplyOps(const transport::DataPlanePeer& peer,
-                                    uint64_t generation,
-                                    std::string& message) {
+                                    uint64_t generation, std::string& message) {
   if (!ops_.apply) return DataPlaneHandler::ApplyOps(peer, generation, message);
   return ops_.apply(generation, message);
 }
 
-absl::Status SimDataPlane::OpsConnectionOpened(
-    const transport::DataPlanePeer&, uint64_t generation, int fd) {
+absl::Status SimDataPlane::OpsConnectionOpened(const transport::DataPlanePeer&,
+                                               uint64_t generation, int fd) {
   if (!ops_.opened) return absl::OkStatus();
   return ops_.opened(generation, fd);
 }

@@ -52,8 +52,7 @@ class SimDataPlane final : public transport::DataPlaneHandler {
     // (keep a dup to write on it).
     std::function<absl::Status(uint64_t generation, int fd)> opened;
     // One OPS frame: a proto::ServerToWorker in wire form.
-    std::function<absl::Status(uint64_t generation, std::string& bytes)>
-        apply;
+    std::function<absl::Status(uint64_t generation, std::string& bytes)> apply;
     std::function<void(uint64_t generation, const absl::Status& why)> ended;
   };
 
