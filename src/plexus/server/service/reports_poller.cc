@@ -104,7 +104,9 @@ void ReportsPoller::Remove(int64_t id) {
 
 void ReportsPoller::Loop() {
   SetThreadName("plexus-reports");
-  std::vector<epoll_event> events(64);
+  // The reports of a call over many hosts arrive together: taken in as
+  // few epoll_wait calls as the batch allows.
+  std::vector<epoll_event> events(kEventsPerWait);
   while (true) {
     const int n = epoll_wait(epoll_fd_, events.data(),
                              static_cast<int>(events.size()), -1);
@@ -157,6 +159,11 @@ absl::Status ReportsPoller::ReadAndDeliver(Connection& c) {
     if (got > 0) {
       c.in.append(scratch_.data(), static_cast<size_t>(got));
       taken += static_cast<size_t>(got);
+      // Less than asked: the socket had no more (a stream socket's recv
+      // takes all it holds, up to the room). Not asked again for an
+      // EAGAIN: level-triggered, epoll says so when more comes (an end
+      // after these bytes too). One recv per report, not two.
+      if (static_cast<size_t>(got) < scratch_.size()) break;
       continue;
     }
     if (got == 0) {

@@ -13,7 +13,8 @@
 // waits in the buffer for the rest, so a worker that stops mid-frame holds
 // nothing but its own reports. At most kReadPerWake bytes are taken from
 // one connection per wake-up (level-triggered: the rest on the next), so
-// one busy worker does not starve the others.
+// one busy worker does not starve the others; a read that returns less
+// than it asked is the socket's all (no second recv to hear EAGAIN).
 //
 // A connection's end (EOF, an error, a frame that is not a well-formed
 // REPORTS frame: transport/internal/frame_socket.h's rules) is said once
@@ -48,6 +49,8 @@ class ReportsPoller {
   using OnEnd = std::function<void(const absl::Status& why)>;
 
   static constexpr size_t kReadPerWake = 256 << 10;
+  // Ready connections taken per epoll_wait.
+  static constexpr int kEventsPerWait = 512;
 
   static absl::StatusOr<std::unique_ptr<ReportsPoller>> Start();
   // Stops the thread; connections not removed are closed, unsaid.
