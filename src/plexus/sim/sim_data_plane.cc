@@ -131,13 +131,10 @@ absl::StatusOr<Credential> SimDataPlane::CredentialFor(
 absl::Status SimDataPlane::Authorize(transport::DataPlaneRequest request,
                                      const ShardKey& key,
                                      const transport::DataPlanePeer& peer) {
-  const bool server = peer.role == CredentialRole::kServer;
-  if ((request == transport::DataPlaneRequest::kOps) != server) {
-    return absl::PermissionDeniedError(
-        server ? "the server's connection carries its ops, nothing else"
-               : "ops come from the server; this connection is not its");
+  if (absl::Status s = transport::CheckOpsPeer(request, peer); !s.ok()) {
+    return s;
   }
-  if (server) return absl::OkStatus();
+  if (peer.role == CredentialRole::kServer) return absl::OkStatus();
   if (request != transport::DataPlaneRequest::kWait) return NoData();
   // An id names its owner; only the owner's connection waits on it.
   if (peer.role == CredentialRole::kClient &&

@@ -175,6 +175,13 @@ struct DataPlaneIdentity {
   uint64_t generation = 0;
 };
 
+// The rule of a data plane that takes the server's ops (a worker's, the
+// simulated hosts'): OPS frames come from the server's connection alone,
+// and that connection carries nothing else. PermissionDenied naming which
+// side broke it; OK otherwise (a Handler's Authorize then decides the
+// rest for the other peers).
+absl::Status CheckOpsPeer(DataPlaneRequest request, const DataPlanePeer& peer);
+
 class DataPlaneHandler {
  public:
   virtual ~DataPlaneHandler() = default;

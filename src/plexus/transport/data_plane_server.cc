@@ -680,4 +680,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   return server;
 }
 
+absl::Status CheckOpsPeer(DataPlaneRequest request, const DataPlanePeer& peer) {
+  const bool server = peer.role == CredentialRole::kServer;
+  if ((request == DataPlaneRequest::kOps) == server) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      server ? "the server's connection carries its ops, nothing else"
+             : "ops come from the server; this connection is not its");
+}
+
 }  // namespace plexus::transport

@@ -70,13 +70,10 @@ absl::StatusOr<Credential> WorkerDataPlane::CredentialFor(
 absl::Status WorkerDataPlane::Authorize(transport::DataPlaneRequest request,
                                         const transport::ShardKey& key,
                                         const transport::DataPlanePeer& peer) {
-  const bool server = peer.role == CredentialRole::kServer;
-  if ((request == transport::DataPlaneRequest::kOps) != server) {
-    return absl::PermissionDeniedError(
-        server ? "the server's connection carries its ops, nothing else"
-               : "ops come from the server; this connection is not its");
+  if (absl::Status s = transport::CheckOpsPeer(request, peer); !s.ok()) {
+    return s;
   }
-  if (server) return absl::OkStatus();
+  if (peer.role == CredentialRole::kServer) return absl::OkStatus();
   if (request == transport::DataPlaneRequest::kPush ||
       request == transport::DataPlaneRequest::kPushError ||
       request == transport::DataPlaneRequest::kPushIpc ||
