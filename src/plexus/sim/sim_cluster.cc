@@ -92,6 +92,8 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   };
 
   void ApplyFirst();  // the server's first message: id, interval
+  // A message's ops, in order (from the stream or an OPS frame).
+  void ApplyAll(proto::ServerToWorker& msg);
   void Apply(proto::WorkerOp& op);
   void Arrived(Pending p);  // an Execute or a reported Expect arrived
   void Done(Pending& p);    // its delay is over
@@ -202,14 +204,12 @@ bool SimHost::SendFramed(const proto::WorkerToServer& msg) {
 absl::Status SimHost::ApplyFramed(std::string& bytes) {
   // One connection thread per host: its message is reused, never shared.
   thread_local proto::ServerToWorker msg;
-  msg.Clear();
   if (!msg.ParseFromString(bytes)) {
     return absl::DataLossError(absl::StrCat(name_, ": an OPS frame of ",
                                             bytes.size(),
                                             " bytes is not a ServerToWorker"));
   }
-  for (proto::WorkerOp& op : *msg.mutable_ops()) Apply(op);
-  ops_ += msg.ops_size();
+  ApplyAll(msg);
   ops_framed_ += msg.ops_size();
   return absl::OkStatus();
 }
@@ -269,8 +269,7 @@ void SimHost::OnReadDone(bool ok) {
     ApplyFirst();
     if (ended_.load()) return;
   }
-  for (proto::WorkerOp& op : *in_.mutable_ops()) Apply(op);
-  ops_ += in_.ops_size();
+  ApplyAll(in_);
   in_.Clear();
   StartRead(&in_);
 }
@@ -313,6 +312,11 @@ void SimHost::OnDone(const grpc::Status& status) {
       absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                    absl::StrCat(name_, ": ", status.error_message())),
       was_registered);
+}
+
+void SimHost::ApplyAll(proto::ServerToWorker& msg) {
+  for (proto::WorkerOp& op : *msg.mutable_ops()) Apply(op);
+  ops_ += msg.ops_size();
 }
 
 void SimHost::Apply(proto::WorkerOp& op) {

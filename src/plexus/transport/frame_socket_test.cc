@@ -231,8 +231,10 @@ TEST(FrameSocketTest, AReplysWaitSleepsOnceWhileThePeerReadsTheRequest) {
   bool eof = false;
   absl::StatusOr<FrameHeader> fetch = worker.ReadHeader(&eof);
   ASSERT_TRUE(fetch.ok()) << fetch.status();
-  // Room to write: a recv would wake now and sleep again. Waited for (at
-  // most 200 ms: poll's wait, which does not wake, takes all of them).
+  // Room to write: a recv would wake now and sleep again. What is asserted
+  // is that no such wake-up comes, so it is watched for over a bounded
+  // window (ending early when it comes: the old read; poll's wait, which
+  // does not wake, takes all 200 ms). The sleep is that window's tick.
   const absl::Time window = absl::Now() + absl::Milliseconds(200);
   while (TaskStatus(tid.load(), "voluntary_ctxt_switches") == asleep &&
          absl::Now() < window) {
