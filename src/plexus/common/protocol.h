@@ -26,7 +26,9 @@ namespace plexus {
 // everything there as REPORTS frames (heartbeats, timeline chunks and
 // transfer failures too, not only calls done): a version-2 server would
 // hear no heartbeat and declare it down.
-inline constexpr int32_t kProtocolVersion = 3;
+// 4: an own-shards call's Execute names a shard layout (ShardLayout, told
+// ahead) instead of listing its tasks: a version-3 worker would run none.
+inline constexpr int32_t kProtocolVersion = 4;
 
 // OK when `theirs` is kProtocolVersion. Otherwise FailedPrecondition naming
 // both versions, from the point of view of `me` ("server", "worker",

@@ -16,6 +16,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/common/process.h"
 #include "plexus/common/protocol.h"
+#include "plexus/common/shard_layouts.h"
 #include "plexus/common/tls.h"
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/sim/sim_data_plane.h"
@@ -84,7 +85,6 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   // A call (or a reported copy) whose report is due at `at`.
   struct Pending {
     absl::Time at;
-    uint64_t client_id = 0;
     uint64_t ticket = 0;  // 0: not admitted (no report) or a copy
     uint64_t copy = 0;    // an Expect's key to report arrived
     int64_t busy_micros = 0;
@@ -126,6 +126,9 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   std::atomic<bool> ended_{false};
   std::atomic<bool> dropped_{false};
   std::atomic<int64_t> executes_{0};
+  // Where its devices are in the slices' maps (an own-shards Execute names
+  // one: common/shard_layouts.h).
+  ShardLayouts layouts_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> calls_reported_{0};
   std::atomic<int64_t> reports_{0};
   std::atomic<int64_t> heartbeats_{0};
@@ -322,11 +325,25 @@ void SimHost::ApplyAll(proto::ServerToWorker& msg) {
 void SimHost::Apply(proto::WorkerOp& op) {
   switch (op.op_case()) {
     case proto::WorkerOp::kExecute: {
-      const proto::Execute& exec = op.execute();
+      proto::Execute& exec = *op.mutable_execute();
       executes_++;
       Pending p;
-      p.client_id = exec.client_id();
       p.ticket = exec.ticket();
+      absl::Status expanded;
+      {
+        absl::MutexLock lock(&mu_);
+        expanded = layouts_.Expand(&exec);
+      }
+      if (!expanded.ok()) {
+        // As a real worker: its outputs fail, naming why; it is reported
+        // done (ReportQueue's ticket) so nothing waits for it.
+        SPDLOG_ERROR("{}: {}", name_, std::string(expanded.message()));
+        for (uint64_t out : exec.output_ids()) {
+          cluster_.data_plane_->MarkFailed(out, expanded);
+        }
+        Arrived(std::move(p));
+        break;
+      }
       p.busy_micros = delay_micros_ * exec.tasks_size();
       for (const proto::ShardTask& task : exec.tasks()) {
         for (uint64_t out : exec.output_ids()) {
@@ -358,9 +375,19 @@ void SimHost::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kCollectTimeline:
       AnswerTimeline(op.collect_timeline());
       break;
+    case proto::WorkerOp::kShardLayout: {
+      absl::MutexLock lock(&mu_);
+      layouts_.Add(op.shard_layout());
+      break;
+    }
+    case proto::WorkerOp::kClientGone: {
+      absl::MutexLock lock(&mu_);
+      layouts_.ForgetClient(op.client_gone().client_id());
+      break;
+    }
     default:
-      // LoadProgram, Transfer, Declare, PeerInfo, PeerDown, ClientGone,
-      // ClockEcho, a relayed TransferFailed: nothing to simulate.
+      // LoadProgram, Transfer, Declare, PeerInfo, PeerDown, ClockEcho, a
+      // relayed TransferFailed: nothing to simulate.
       break;
   }
 }
@@ -410,7 +437,6 @@ void SimHost::Done(Pending& p) {
     for (const ShardKey& k : p.keys) held_[k.buffer_id].push_back(k.shard);
     if (p.ticket == 0 && p.copy == 0) return;  // nothing to report
     if (p.ticket != 0) {
-      pending_done_.add_client_ids(p.client_id);
       pending_done_.add_tickets(p.ticket);
       pending_done_.add_busy_micros(p.busy_micros);
     } else {

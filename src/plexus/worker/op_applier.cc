@@ -82,6 +82,9 @@ void OpApplier::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kPeer:
       peers_.Add(op.peer());
       break;
+    case proto::WorkerOp::kShardLayout:
+      layouts_.Add(op.shard_layout());
+      break;
     case proto::WorkerOp::kClientGone:
       ApplyClientGone(op.client_gone().client_id());
       break;
@@ -135,6 +138,14 @@ void OpApplier::ApplyLoad(proto::LoadProgram& load) {
 }
 
 void OpApplier::ApplyExecute(proto::Execute& exec) {
+  if (absl::Status s = layouts_.Expand(&exec); !s.ok()) {
+    // It cannot run here: whoever reads its outputs hears why, and the
+    // server hears it done (failed), rather than wait for it.
+    SPDLOG_ERROR("{}", std::string(s.message()));
+    for (uint64_t id : exec.output_ids()) store_.FailBuffer(id, s);
+    reports_.CallFinished(exec, /*failed=*/true, 0, 0);
+    return;
+  }
   auto it = programs_.find(exec.program_id());
   tasks_.Submit(exec, it != programs_.end() ? it->second : nullptr);
 }
@@ -224,11 +235,13 @@ void OpApplier::ApplyPeerDown(const proto::PeerDown& down) {
 
 void OpApplier::UnloadAll() {
   programs_.clear();
+  layouts_ = ShardLayouts();
   programs_loaded_ = 0;
 }
 
 void OpApplier::ApplyClientGone(uint64_t client) {
   store_.ReleaseClient(client);
+  layouts_.ForgetClient(client);
   reports_.ClientGone(client);
   // Its programs go too (their ids carry the client's, as buffer ids
   // do); calls and compiles still running hold their own reference.

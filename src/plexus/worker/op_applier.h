@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "plexus/common/shard_layouts.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/store/object_store.h"
 #include "plexus/timeline/timeline.h"
@@ -72,6 +73,9 @@ class OpApplier {
 
   // Calls and compile jobs hold their own references.
   absl::flat_hash_map<uint64_t, std::shared_ptr<LoadedProgram>> programs_;
+  // Where this worker's devices are in the slices' maps: an own-shards
+  // call's Execute becomes its tasks here (common/shard_layouts.h).
+  ShardLayouts layouts_;
   std::atomic<int64_t> programs_loaded_{0};  // programs_.size(), for stats
 };
 

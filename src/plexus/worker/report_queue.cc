@@ -29,7 +29,8 @@ void ReportQueue::CallFinished(const proto::Execute& exec, bool failed,
   usage.queued_micros += queued_micros;
   if (exec.ticket() == 0) return;  // not admitted by a server (harnesses)
   NoteFirstLocked();
-  calls_done_.add_client_ids(exec.client_id());
+  // (Not its client: the server knows each ticket's, CallsDone.client_ids
+  // is left empty.)
   calls_done_.add_tickets(exec.ticket());
   calls_done_.add_busy_micros(busy_micros);
   if (failed) calls_done_.add_failed_tickets(exec.ticket());

@@ -89,12 +89,18 @@ struct SliceRecord {
   // ClusterState::programs_unloaded_ == `programs_epoch` (a program
   // forgotten on any worker empties it). So a call on a wide slice looks
   // up neither its hosts nor their programs host by host.
+  // Also each host's devices and shards of the map, under a layout id new
+  // for each map (`layout`), and whether its hosts were told it
+  // (`layout_told`: an own-shards call then sends them all the same
+  // Execute naming it; ClusterState::RouteCall).
   struct RouteCache {
     std::vector<DeviceRef> for_devices;
     std::vector<std::pair<int64_t, int>> hosts;
     std::vector<int> host_of;
     uint64_t programs_epoch = 0;
     absl::flat_hash_set<uint64_t> loaded_everywhere;
+    std::shared_ptr<const ShardLayoutMap> layout;
+    bool layout_told = false;
   };
   mutable RouteCache route_cache;
   // generation of the map from virtual devices (indices into `devices`)
@@ -290,7 +296,8 @@ class ClusterState {
   void TellIslandWorkers(int64_t worker, const proto::ProgramDef& def);
   // Whether `worker` was told of `peer`.
   bool ToldPeer(int64_t worker, int64_t peer) const;
-  // The PeerOps TellPeer made since the last call, to send now.
+  // The PeerOps TellPeer made, and the ShardLayout ops RouteCall made (a
+  // map's hosts told their part), since the last call, to send now.
   WorkerOps TakePeerOps() { return std::exchange(peer_ops_, {}); }
   // LoadsForStandby of every host, into `ops`: after hosts may have become
   // idle (slices released, a client gone).
@@ -704,7 +711,8 @@ class ClusterState {
   int64_t calls_routed() const { return calls_routed_; }
 
  private:
-  WorkerOps peer_ops_;  // TellPeer's, until TakePeerOps
+  // TellPeer's, and the shard layouts RouteCall tells, until TakePeerOps.
+  WorkerOps peer_ops_;
   // A copy of shard `src_shard` of buffer `src_id`, on worker `src_worker`,
   // into (dst_id, dst_shard) on `dst`: the source pushes it once it is
   // ready (told of `dst` first) and the destination takes it as the
@@ -971,6 +979,9 @@ class ClusterState {
   int64_t parked_values_ = 0;  // over every slice: ReleaseParked's shortcut
   int64_t calls_routed_ = 0;
   uint64_t next_seq_ = 1;
+  // The next shard layout's id (SliceRecord::RouteCache::layout): a map's
+  // hosts are told theirs once, ahead of the calls that name it.
+  uint64_t next_layout_id_ = 1;
   uint64_t next_server_id_ = 1;
   JobRecords records_;
   // Buffers recovery gave new ids (old -> new) and buffers it lost (-> why).

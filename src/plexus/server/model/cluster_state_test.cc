@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "plexus/common/ids.h"
 #include "plexus/server/model/cluster_state_test_util.h"
@@ -11,6 +12,8 @@
 
 namespace plexus {
 namespace {
+
+using ::testing::ElementsAre;
 
 TEST_F(ClusterStateTest, DefaultPlacementKeepsASliceThatFitsOnOneHost) {
   proto::SliceInfo s = Slice(2);
@@ -181,11 +184,80 @@ TEST_F(ClusterStateTest, AWorkerIsToldOfAPeerOnceAsAnOpNeedsIt) {
       EXPECT_TRUE(state_.ToldPeer(w, p)) << w << " of " << p;
     }
   }
-  // Only what was not told before: dst of src, each of itself.
+  // Only what was not told before: dst of src, each of itself (beside
+  // them, each host's shard layout of the map: the next test's).
   int peer_ops = 0;
-  for (const auto& [w, list] : told) peer_ops += static_cast<int>(list.size());
+  for (const auto& [w, list] : told) {
+    for (const proto::WorkerOp& op : list) peer_ops += op.has_peer() ? 1 : 0;
+  }
   EXPECT_EQ(peer_ops, 3);
   ASSERT_TRUE(state_.RouteCall(client_, reduce(Id(51)), &ops).ok());
+  EXPECT_TRUE(state_.TakePeerOps().empty());
+}
+
+// An own-shards call (each shard reads its own shard of each input) sends
+// every host the same Execute naming the map's shard layout; each host is
+// told its part once, into TakePeerOps (ahead of every unit not yet
+// admitted), as the first such call on the map is routed.
+TEST_F(ClusterStateTest, AMapsHostsAreToldTheirShardLayoutOnceAheadOfItsCalls) {
+  proto::SliceInfo both = Slice(2, proto::PLACEMENT_SPREAD);
+  const int64_t w0 = both.devices(0).worker_id();
+  const int64_t w1 = both.devices(1).worker_id();
+  ASSERT_NE(w0, w1);
+  ArgSpec arg{{DType::kF32, {4}}, Sharding::Replicated()};
+  Register(Id(1), "scale", arg, arg);
+  auto call = [&](uint64_t call_id) {
+    proto::Call c;
+    c.set_call_id(call_id);
+    c.set_slice_id(both.slice_id());
+    c.set_program_id(Id(1));
+    auto* in = c.add_inputs();
+    in->set_buffer_id(call_id - 1);
+    in->set_slice_id(both.slice_id());
+    *in->mutable_arg() = ToProto(arg);
+    c.add_output_ids(call_id + 1);
+    return c;
+  };
+  EXPECT_TRUE(state_.TakePeerOps().empty());
+  std::shared_ptr<CallExecutes> executes;
+  WorkerOps ops;
+  ASSERT_TRUE(
+      state_.RouteCall(client_, call(Id(10)), &ops, nullptr, &executes).ok());
+  WorkerOps told = state_.TakePeerOps();
+  uint64_t layout_id = 0;
+  for (int j = 0; j < 2; ++j) {
+    const int64_t w = both.devices(j).worker_id();
+    ASSERT_EQ(told[w].size(), 1u) << "worker " << w;
+    const proto::ShardLayout& layout = told[w][0].shard_layout();
+    EXPECT_NE(layout.layout_id(), 0u);
+    if (j == 0) layout_id = layout.layout_id();
+    EXPECT_EQ(layout.layout_id(), layout_id);  // one id for the map
+    EXPECT_EQ(layout.client_id(), client_);
+    EXPECT_THAT(layout.devices(), ElementsAre(both.devices(j).device()));
+    EXPECT_THAT(layout.shards(), ElementsAre(j));
+  }
+  // Every host's Execute is the same bytes, naming the layout...
+  ASSERT_EQ(executes->hosts(), 2);
+  std::string first(executes->WorkerOpSize(0), '\0');
+  executes->WriteWorkerOp(0, reinterpret_cast<uint8_t*>(first.data()));
+  std::string second(executes->WorkerOpSize(1), '\0');
+  executes->WriteWorkerOp(1, reinterpret_cast<uint8_t*>(second.data()));
+  EXPECT_EQ(first, second);
+  proto::WorkerOp sent;
+  ASSERT_TRUE(sent.ParseFromString(first));
+  EXPECT_EQ(sent.execute().layout_id(), layout_id);
+  // ...and read back (taken work, routed again) with each host's task.
+  for (int h = 0; h < 2; ++h) {
+    const proto::Execute exec = executes->Execute(h);
+    EXPECT_EQ(exec.layout_id(), 0u);
+    ASSERT_EQ(exec.tasks_size(), 1);
+    const int j = executes->worker(h) == w0 ? 0 : 1;
+    EXPECT_EQ(exec.tasks(0).shard(), j);
+    EXPECT_EQ(exec.tasks(0).device(), both.devices(j).device());
+    EXPECT_EQ(exec.tasks(0).inputs(0).pieces(0).shard(), j);
+  }
+  // The next call on the same map tells nothing again.
+  ASSERT_TRUE(state_.RouteCall(client_, call(Id(20)), &ops).ok());
   EXPECT_TRUE(state_.TakePeerOps().empty());
 }
 

@@ -39,7 +39,11 @@ int64_t Admission::RemoveClient(uint64_t client) {
 }
 
 void Admission::AddWorker(int64_t worker, int devices) {
-  windows_[worker].devices = std::max(1, devices);
+  if (worker < 0) return;  // (the server's ids are positive)
+  const size_t at = static_cast<size_t>(worker);
+  if (at >= windows_.size()) windows_.resize(at + 1);
+  if (windows_[at] == nullptr) windows_[at] = std::make_unique<Window>();
+  windows_[at]->devices = std::max(1, devices);
 }
 
 void Admission::RemoveWorker(int64_t worker) {
@@ -54,7 +58,7 @@ void Admission::RemoveWorker(int64_t worker) {
     it->second.cut_short = true;
     EndOn(it, worker);
   }
-  windows_.erase(worker);
+  if (FindWindow(worker) != nullptr) windows_[worker].reset();
 }
 
 int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
@@ -223,9 +227,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       Room room = Room::kYes;
       unit_windows_.clear();
       for (int64_t w : unit.exec_workers) {
-        auto window = windows_.find(w);
-        unit_windows_.push_back(window == windows_.end() ? nullptr
-                                                         : &window->second);
+        unit_windows_.push_back(FindWindow(w));
         const Room r =
             std::find(reserved.begin(), reserved.end(), w) != reserved.end()
                 ? Room::kWorkerFull
@@ -315,8 +317,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
 
 void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
                       int64_t worker) {
-  auto window = windows_.find(worker);
-  EndOn(it, worker, window == windows_.end() ? nullptr : &window->second);
+  EndOn(it, worker, FindWindow(worker));
 }
 
 void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
@@ -363,8 +364,7 @@ void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
   const int n = std::min(done.tickets_size(), done.busy_micros_size());
   // One worker's reports: its window is found once, and a run of reports
   // of one client's program (the usual batch) finds its estimate once.
-  auto found = windows_.find(worker);
-  Window* window = found == windows_.end() ? nullptr : &found->second;
+  Window* window = FindWindow(worker);
   Client* client = nullptr;
   uint64_t client_id = 0;
   double* cost = nullptr;
@@ -408,10 +408,9 @@ const Admission::ClientView* Admission::Find(uint64_t client) const {
 }
 
 std::pair<int64_t, int64_t> Admission::WorkerLoad(int64_t worker) const {
-  auto it = windows_.find(worker);
-  if (it == windows_.end()) return {0, 0};
-  return {it->second.total.calls,
-          static_cast<int64_t>(it->second.total.micros)};
+  const Window* window = FindWindow(worker);
+  if (window == nullptr) return {0, 0};
+  return {window->total.calls, static_cast<int64_t>(window->total.micros)};
 }
 
 absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>

@@ -251,7 +251,15 @@ class Admission {
   std::map<uint64_t, Client> clients_;
   // Clients with waiting units, in fair order: (pass, arrival, id).
   std::set<std::tuple<double, uint64_t, uint64_t>> order_;
-  absl::flat_hash_map<int64_t, Window> windows_;
+  // By worker id, which the server counts from 1 (ClusterState): a call's
+  // windows are found by index, not hashed, for each of its hosts. Null:
+  // no such worker (never added, or removed).
+  std::vector<std::unique_ptr<Window>> windows_;
+  Window* FindWindow(int64_t worker) const {
+    return worker >= 0 && static_cast<size_t>(worker) < windows_.size()
+               ? windows_[static_cast<size_t>(worker)].get()
+               : nullptr;
+  }
   absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // by ticket
   // The virtual time: the lowest start tag in flight, else the last
   // admitted.

@@ -7,6 +7,11 @@ GangScheduler::GangScheduler(Options options) : options_(options) {}
 void GangScheduler::AddWorker(int64_t worker_id,
                               std::shared_ptr<WorkerQueue> queue) {
   absl::MutexLock lock(&mu_);
+  if (worker_id >= 0) {
+    const size_t at = static_cast<size_t>(worker_id);
+    if (at >= slots_.size()) slots_.resize(at + 1);
+    slots_[at].queue = queue;
+  }
   queues_[worker_id] = std::move(queue);
 }
 
@@ -16,6 +21,9 @@ std::shared_ptr<WorkerQueue> GangScheduler::RemoveWorker(int64_t worker_id) {
   if (it == queues_.end()) return nullptr;
   std::shared_ptr<WorkerQueue> queue = std::move(it->second);
   queues_.erase(it);
+  if (worker_id >= 0 && static_cast<size_t>(worker_id) < slots_.size()) {
+    slots_[static_cast<size_t>(worker_id)].queue.reset();
+  }
   return queue;
 }
 
@@ -55,31 +63,40 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
   // Each worker's ops of the batch, in unit order (a unit's ops for a
   // worker, then its Execute there), gathered by worker, then into its
   // queue at once (one lock of the queue, one wake-up of its writer).
+  // A worker with no queue (removed meanwhile) has its ops dropped.
   auto stage = [this](int64_t worker)
-                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::vector<OutOp>& {
-    std::vector<OutOp>& out = staged_[worker];
-    if (out.empty()) touched_.push_back(worker);
-    return out;
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) -> std::vector<OutOp>* {
+    if (worker < 0 || static_cast<size_t>(worker) >= slots_.size()) {
+      return nullptr;
+    }
+    Slot& slot = slots_[static_cast<size_t>(worker)];
+    if (slot.queue == nullptr) return nullptr;
+    if (slot.staged.empty()) touched_.push_back(static_cast<size_t>(worker));
+    return &slot.staged;
   };
   for (GangUnit& unit : units) {
     for (auto& [worker, list] : unit.ops) {
       if (list.empty()) continue;
-      std::vector<OutOp>& out = stage(worker);
-      for (proto::WorkerOp& op : list) out.emplace_back(std::move(op));
+      std::vector<OutOp>* out = stage(worker);
+      if (out == nullptr) continue;
+      for (proto::WorkerOp& op : list) out->emplace_back(std::move(op));
     }
     for (const std::shared_ptr<const EncodedOp>& op : unit.shared) {
-      for (int64_t worker : op->workers) stage(worker).emplace_back(op);
+      for (int64_t worker : op->workers) {
+        if (std::vector<OutOp>* out = stage(worker)) out->emplace_back(op);
+      }
     }
     if (unit.executes == nullptr) continue;
     for (int h = 0; h < unit.executes->hosts(); ++h) {
-      stage(unit.executes->worker(h)).emplace_back(unit.executes, h);
+      if (std::vector<OutOp>* out = stage(unit.executes->worker(h))) {
+        out->emplace_back(unit.executes, h);
+      }
     }
   }
-  for (int64_t worker : touched_) {
-    std::vector<OutOp>& ops = staged_[worker];
-    auto queue = queues_.find(worker);
-    if (queue != queues_.end()) queue->second->PushAll(ops);
-    ops.clear();  // (a worker removed meanwhile: its ops are dropped)
+  for (size_t at : touched_) {
+    Slot& slot = slots_[at];
+    slot.queue->PushAll(slot.staged);
+    slot.staged.clear();
   }
   touched_.clear();
   return epoch;

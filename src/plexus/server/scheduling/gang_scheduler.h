@@ -77,10 +77,17 @@ class GangScheduler {
   mutable absl::Mutex mu_;
   std::map<int64_t, std::shared_ptr<WorkerQueue>> queues_ ABSL_GUARDED_BY(mu_);
   uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  // Submit's room, kept from batch to batch: each worker's ops of the
-  // batch, and the workers the batch touched.
-  absl::flat_hash_map<int64_t, std::vector<OutOp>> staged_ ABSL_GUARDED_BY(mu_);
-  std::vector<int64_t> touched_ ABSL_GUARDED_BY(mu_);
+  // By worker id, which the server counts from 1 (ClusterState): each
+  // worker's queue (as in queues_; null: none) and Submit's room, kept from
+  // batch to batch, for its ops of the batch. Found by index for each host
+  // of every call, not looked up in a tree.
+  struct Slot {
+    std::shared_ptr<WorkerQueue> queue;
+    std::vector<OutOp> staged;
+  };
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  // The workers the batch touched (their slots' index).
+  std::vector<size_t> touched_ ABSL_GUARDED_BY(mu_);
   // The test-only order without consistency (Options::consistent_order).
   void SubmitInconsistentLocked(std::vector<GangUnit>& units)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

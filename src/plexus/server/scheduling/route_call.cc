@@ -128,9 +128,11 @@ const LocalInput& LocalInputOf(ProgramRecord& prog, int i, int n) {
 }
 
 // The slice's workers in slice order, each once with its count of
-// shards, and each shard's index among them: its RouteCache, made again
-// only when the map changed.
-SliceRecord::RouteCache& HostsOf(const SliceRecord& slice) {
+// shards, each shard's index among them, and each host's devices and
+// shards under a new layout id (from `next_layout_id`): its RouteCache,
+// made again only when the map changed.
+SliceRecord::RouteCache& HostsOf(const SliceRecord& slice,
+                                 uint64_t* next_layout_id) {
   SliceRecord::RouteCache& cache = slice.route_cache;
   if (cache.for_devices == slice.devices) return cache;
   cache.for_devices = slice.devices;
@@ -146,6 +148,22 @@ SliceRecord::RouteCache& HostsOf(const SliceRecord& slice) {
     cache.hosts[it->second].second++;
     cache.host_of[j] = it->second;
   }
+  // Each host's tasks, in slice order: a counting sort by host.
+  auto layout = std::make_shared<ShardLayoutMap>();
+  layout->layout_id = (*next_layout_id)++;
+  layout->begin.assign(cache.hosts.size() + 1, 0);
+  for (int h : cache.host_of) layout->begin[h + 1]++;
+  for (size_t h = 1; h < layout->begin.size(); ++h) {
+    layout->begin[h] += layout->begin[h - 1];
+  }
+  layout->tasks.resize(slice.devices.size());
+  std::vector<uint32_t> next(layout->begin.begin(), layout->begin.end() - 1);
+  for (size_t j = 0; j < slice.devices.size(); ++j) {
+    layout->tasks[next[cache.host_of[j]]++] = {slice.devices[j].device,
+                                               static_cast<int32_t>(j)};
+  }
+  cache.layout = std::move(layout);
+  cache.layout_told = false;
   return cache;
 }
 
@@ -487,7 +505,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     for (auto& op : list) out.push_back(std::move(op));
   }
   // Workers in slice order, each once, with their shards of the call.
-  SliceRecord::RouteCache& hosts = HostsOf(slice);
+  SliceRecord::RouteCache& hosts = HostsOf(slice, &next_layout_id_);
   // The Execute fields every host shares, encoded once.
   route_shared_.Clear();
   route_shared_.set_call_id(call.call_id());
@@ -516,12 +534,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   }
   auto made = std::make_shared<CallExecutes>(
       route_shared_, static_cast<int>(hosts.hosts.size()));
-  // Each host's tasks, in slice order: a counting sort by host.
-  absl::InlinedVector<int, 8> next(hosts.hosts.size() + 1, 0);
-  for (int j = 0; j < n; ++j) next[hosts.host_of[j] + 1]++;
-  for (size_t h = 1; h < next.size(); ++h) next[h] += next[h - 1];
-  absl::InlinedVector<int, 8> by_host(n);
-  for (int j = 0; j < n; ++j) by_host[next[hosts.host_of[j]]++] = j;
+  const ShardLayoutMap& layout = *hosts.layout;  // each host's tasks
   // The program goes to each host that lacks it, found host by host only
   // until every host of the map has it.
   if (hosts.programs_epoch != programs_unloaded_) {
@@ -545,15 +558,26 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
     for (const auto& [w, shards] : hosts.hosts) {
       host_tasks.clear();
       for (int k = from; k < from + shards; ++k) {
-        host_tasks.push_back(tasks[by_host[k]].get());
+        host_tasks.push_back(tasks[layout.tasks[k].shard].get());
       }
       made->AddHost(w, host_tasks);
       from += shards;
     }
   } else {
-    absl::InlinedVector<DeviceShard, 8> shards;
-    for (int j : by_host) shards.push_back({slice.devices[j].device, j});
-    made->AddOwnShardsHosts(hosts.hosts, shards, own);
+    // Every host gets the same Execute, naming the map's layout: each is
+    // told its part once, as a peer is (TakePeerOps: ahead of every unit
+    // not yet admitted, never held or dropped with one), so it knows the
+    // layout before any call that names it.
+    if (!hosts.layout_told) {
+      for (size_t h = 0; h < hosts.hosts.size(); ++h) {
+        proto::WorkerOp tell;
+        *tell.mutable_shard_layout() =
+            layout.OpFor(static_cast<int>(h), client_id);
+        peer_ops_[hosts.hosts[h].first].push_back(std::move(tell));
+      }
+      hosts.layout_told = true;
+    }
+    made->AddOwnShardsLayout(hosts.hosts, hosts.layout, own);
   }
   *executes = std::move(made);
   calls_routed_++;

@@ -4,6 +4,7 @@
 
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "plexus/common/shard_layouts.h"
 
 namespace plexus {
 namespace {
@@ -24,6 +25,9 @@ constexpr uint8_t kOpTag = LengthTag(proto::ServerToWorker::kOpsFieldNumber);
 constexpr uint8_t kExecuteTag = LengthTag(proto::WorkerOp::kExecuteFieldNumber);
 constexpr uint8_t kTaskTag = LengthTag(proto::Execute::kTasksFieldNumber);
 constexpr uint8_t kTicketTag = VarintTag(proto::Execute::kTicketFieldNumber);
+constexpr uint8_t kLayoutIdTag =
+    VarintTag(proto::Execute::kLayoutIdFieldNumber);
+constexpr uint8_t kOwnTaskTag = LengthTag(proto::Execute::kOwnTaskFieldNumber);
 constexpr uint8_t kStartTagTag = static_cast<uint8_t>(WireFormatLite::MakeTag(
     proto::Execute::kStartTagFieldNumber, WireFormatLite::WIRETYPE_FIXED64));
 // A shard task's fields (CallExecutes::AddOwnShardsHosts).
@@ -50,6 +54,8 @@ static_assert(proto::ServerToWorker::kOpsFieldNumber < 16 &&
                   proto::Execute::kTasksFieldNumber < 16 &&
                   proto::Execute::kTicketFieldNumber < 16 &&
                   proto::Execute::kStartTagFieldNumber < 16 &&
+                  proto::Execute::kLayoutIdFieldNumber < 16 &&
+                  proto::Execute::kOwnTaskFieldNumber < 16 &&
                   proto::ShardTask::kInputsFieldNumber < 16 &&
                   proto::InputBinding::kDonateFieldNumber < 16 &&
                   proto::Piece::kLengthFieldNumber < 16,
@@ -245,6 +251,44 @@ void CallExecutes::AddOwnShardsHosts(
   }
 }
 
+proto::ShardLayout ShardLayoutMap::OpFor(int host, uint64_t client_id) const {
+  proto::ShardLayout op;
+  op.set_layout_id(layout_id);
+  op.set_client_id(client_id);
+  for (uint32_t k = begin[host]; k < begin[host + 1]; ++k) {
+    op.add_devices(tasks[k].device);
+    op.add_shards(tasks[k].shard);
+  }
+  return op;
+}
+
+void CallExecutes::AddOwnShardsLayout(
+    absl::Span<const std::pair<int64_t, int>> hosts,
+    std::shared_ptr<const ShardLayoutMap> layout,
+    absl::Span<const OwnShardInput> inputs) {
+  // The template: AddOwnShardsHosts's bytes for the one task of device 0
+  // and shard 0 (both left out, as protobuf leaves out zeros), written as
+  // a pseudo-host's and moved into the shared fields under own_task's tag
+  // (one byte, as `tasks`': the same length-delimited encoding).
+  const size_t at = tasks_.size();
+  const DeviceShard origin{0, 0};
+  AddOwnShardsHosts({{0, 1}}, {&origin, 1}, inputs);
+  hosts_.pop_back();
+  tasks_[at] = static_cast<char>(kOwnTaskTag);
+  const size_t end = shared_.size();
+  shared_.resize(end + 1 + VarintSize(layout->layout_id));
+  uint8_t* p = reinterpret_cast<uint8_t*>(shared_.data() + end);
+  *p++ = kLayoutIdTag;
+  Coded::WriteVarint64ToArray(layout->layout_id, p);
+  shared_.append(tasks_, at, std::string::npos);
+  tasks_.resize(at);
+  for (const auto& [worker, count] : hosts) {
+    hosts_.push_back(
+        {worker, static_cast<uint32_t>(at), static_cast<uint32_t>(at)});
+  }
+  layout_ = std::move(layout);
+}
+
 void CallExecutes::Stamp(uint64_t ticket, double start_tag) {
   ticket_ = ticket;
   start_tag_ = start_tag;
@@ -286,7 +330,14 @@ proto::Execute CallExecutes::Execute(int host) const {
   WriteWorkerOp(host, reinterpret_cast<uint8_t*>(op.data()));
   proto::WorkerOp parsed;
   parsed.ParseFromString(op);
-  return std::move(*parsed.mutable_execute());
+  proto::Execute& exec = *parsed.mutable_execute();
+  if (layout_ != nullptr) {
+    // As the worker would expand it (it was told OpFor(host)).
+    ShardLayouts layouts;
+    layouts.Add(layout_->OpFor(host, exec.client_id()));
+    (void)layouts.Expand(&exec);  // told just above: it is there
+  }
+  return std::move(exec);
 }
 
 size_t OpsSize(const std::vector<OutOp>& ops) {

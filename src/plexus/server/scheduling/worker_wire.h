@@ -49,6 +49,18 @@ struct DeviceShard {
   int32_t shard = 0;
 };
 
+// Where each host of a slice's map runs its shards: each host's tasks
+// (device and shard), host after host in the map's order, and the id the
+// hosts know it by (proto::ShardLayout; ClusterState::TellLayout). Made once
+// per map (SliceRecord::RouteCache), shared by the calls routed on it.
+struct ShardLayoutMap {
+  uint64_t layout_id = 0;
+  std::vector<DeviceShard> tasks;
+  std::vector<uint32_t> begin;  // host h's tasks: [begin[h], begin[h + 1])
+  // Host `host`'s part as the op that tells it (proto::ShardLayout).
+  proto::ShardLayout OpFor(int host, uint64_t client_id) const;
+};
+
 class CallExecutes {
  public:
   // `shared`: the Execute fields every host has (no tasks; no ticket or
@@ -72,6 +84,15 @@ class CallExecutes {
   void AddOwnShardsHosts(absl::Span<const std::pair<int64_t, int>> hosts,
                          absl::Span<const DeviceShard> tasks,
                          absl::Span<const OwnShardInput> inputs);
+  // The same call as AddOwnShardsHosts with `layout`'s tasks, but every
+  // host gets the same bytes: the layout's id and one template task (the
+  // task of device 0 and shard 0, as AddOwnShardsHosts writes it) that each
+  // worker expands with its own devices and shards (proto::Execute's
+  // layout_id and own_task; common/shard_layouts.h). Nothing is encoded
+  // per host. `hosts` are the layout's, in its order.
+  void AddOwnShardsLayout(absl::Span<const std::pair<int64_t, int>> hosts,
+                          std::shared_ptr<const ShardLayoutMap> layout,
+                          absl::Span<const OwnShardInput> inputs);
   // Admission's ticket and start tag, the same on every host.
   void Stamp(uint64_t ticket, double start_tag);
 
@@ -88,7 +109,8 @@ class CallExecutes {
   size_t WorkerOpSize(int host) const;
   uint8_t* WriteWorkerOp(int host, uint8_t* target) const;
   // Host `host`'s Execute, parsed back from its bytes (tests, taken work,
-  // anything off the hot path).
+  // anything off the hot path); one named by a layout comes with its tasks
+  // listed (as AddOwnShardsHosts's), the layout left out.
   proto::Execute Execute(int host) const;
 
  private:
@@ -105,6 +127,8 @@ class CallExecutes {
   std::string shared_;  // the shared fields of Execute, encoded
   std::string tasks_;   // every host's field `tasks`, encoded, host by host
   std::vector<Host> hosts_;
+  // Set by AddOwnShardsLayout: the hosts' tasks (for Execute).
+  std::shared_ptr<const ShardLayoutMap> layout_;
   uint64_t ticket_ = 0;
   double start_tag_ = 0;
   size_t stamp_bytes_ = 0;  // the ticket's and start tag's fields

@@ -2,6 +2,7 @@
 
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "plexus/common/shard_layouts.h"
 
 namespace plexus {
 namespace {
@@ -154,6 +155,54 @@ TEST(CallExecutesTest, OwnShardTasksAreTheBytesProtobufWrites) {
           MessageDifferencer::Equals(direct.Execute(0), Whole(tasks, 77, 1.5)));
     }
   }
+}
+
+TEST(CallExecutesTest, ALayoutsHostsGetTheSameBytesAndExpandToTheirTasks) {
+  proto::TensorSpec spec;
+  spec.set_dtype(proto::F32);
+  spec.add_shape(300);
+  const std::string local = spec.SerializeAsString();
+  const std::vector<OwnShardInput> inputs = {
+      {99, 4, 0, false, &local}, {1ull << 40, 1 << 20, 3, true, &local}};
+  // Three hosts of a 5-device map: shards beyond one varint byte, a host
+  // with two devices, device 0 and shard 0 (fields protobuf leaves out).
+  auto layout = std::make_shared<ShardLayoutMap>();
+  layout->layout_id = 300;  // a two-byte varint
+  layout->tasks = {{0, 0}, {1, 200}, {0, 1}, {3, 4}, {2, 20000}};
+  layout->begin = {0, 2, 3, 5};
+  const std::vector<std::pair<int64_t, int>> hosts = {{5, 2}, {6, 1}, {9, 2}};
+
+  CallExecutes shared(Shared()), listed(Shared());
+  shared.AddOwnShardsLayout(hosts, layout, inputs);
+  listed.AddOwnShardsHosts(hosts, layout->tasks, inputs);
+  shared.Stamp(77, 1.5);
+  listed.Stamp(77, 1.5);
+  ASSERT_EQ(shared.hosts(), 3);
+  std::string first(shared.WorkerOpSize(0), '\0');
+  shared.WriteWorkerOp(0, reinterpret_cast<uint8_t*>(first.data()));
+  for (int h = 0; h < 3; ++h) {
+    EXPECT_EQ(shared.worker(h), hosts[h].first);
+    // The same bytes for every host: nothing of them is the host's.
+    std::string bytes(shared.WorkerOpSize(h), '\0');
+    shared.WriteWorkerOp(h, reinterpret_cast<uint8_t*>(bytes.data()));
+    EXPECT_EQ(bytes, first) << "host " << h;
+    // A worker told its part (OpFor) expands them into the Execute the
+    // host would have been sent with its tasks listed; so does Execute(h).
+    proto::WorkerOp op;
+    ASSERT_TRUE(op.ParseFromString(bytes));
+    EXPECT_EQ(op.execute().layout_id(), 300u);
+    EXPECT_EQ(op.execute().tasks_size(), 0);
+    ShardLayouts worker;
+    worker.Add(layout->OpFor(h, 2));
+    ASSERT_TRUE(worker.Expand(op.mutable_execute()).ok());
+    EXPECT_TRUE(MessageDifferencer::Equals(op.execute(), listed.Execute(h)))
+        << op.execute().DebugString() << "\nvs\n"
+        << listed.Execute(h).DebugString();
+    EXPECT_TRUE(
+        MessageDifferencer::Equals(shared.Execute(h), listed.Execute(h)));
+  }
+  // One host's op is smaller than any host's listed one.
+  EXPECT_LT(shared.WorkerOpSize(1), listed.WorkerOpSize(0));
 }
 
 TEST(AppendOpsTest, AWorkerParsesProtoAndEncodedOpsInQueueOrder) {
