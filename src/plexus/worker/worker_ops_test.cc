@@ -3,6 +3,7 @@
 // sends must not crash the worker (found by fuzz/worker_ops_fuzz.cc).
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "plexus/store/object_store.h"
@@ -491,6 +492,72 @@ TEST(WorkerOpsTest, TaskOnADeviceTheWorkerLacksFailsItsOutputs) {
                 "call 3 names device 5 but this worker has 1"),
             std::string::npos)
       << result.status();
+}
+
+// An own-shards call's Execute names the slice map's shard layout, told to
+// the worker once ahead of it (proto::ShardLayout): one naming a layout the
+// worker was never told (or whose client is gone) cannot say which devices
+// run which shards. Its outputs fail, naming the layout, and the worker
+// goes on; a call naming a told layout runs on the layout's device.
+TEST(WorkerOpsTest, ACallNamingALayoutNeverToldFailsItsOutputsAndOthersRun) {
+  std::unique_ptr<WorkerImpl> worker = LocalWorker();
+  // Ops of client `client`: its program, and a call of it naming a layout.
+  auto load = [](proto::ServerToWorker* msg, uint64_t client) {
+    auto* op = msg->add_ops()->mutable_load();
+    op->set_program_id(ClientMadeId(client, 1));
+    op->mutable_program()->set_name("ones");
+    op->mutable_program()->set_kernel("fill");
+    (*op->mutable_program()->mutable_attrs())["shape"]
+        .mutable_ints()
+        ->add_values(4);
+    *op->mutable_program()->add_outputs() =
+        ToProto(ArgSpec{{DType::kF32, {4}}, Sharding::Replicated()});
+  };
+  auto execute = [](proto::ServerToWorker* msg, uint64_t client,
+                    uint64_t output, uint64_t layout_id) {
+    auto* exec = msg->add_ops()->mutable_execute();
+    exec->set_call_id(output);
+    exec->set_program_id(ClientMadeId(client, 1));
+    exec->set_num_shards(1);
+    exec->set_client_id(client);
+    exec->add_output_ids(output);
+    exec->set_layout_id(layout_id);
+    exec->mutable_own_task();  // no inputs: the template is empty
+  };
+  const uint64_t lost = ClientMadeId(1, 2), made = ClientMadeId(1, 3);
+  proto::ServerToWorker msg;
+  msg.set_worker_id(1);
+  load(&msg, 1);
+  execute(&msg, 1, lost, 9);  // never told
+  auto* layout = msg.add_ops()->mutable_shard_layout();
+  layout->set_layout_id(10);
+  layout->set_client_id(1);
+  layout->add_devices(0);
+  layout->add_shards(0);
+  execute(&msg, 1, made, 10);
+  worker->ApplyOps(msg);
+
+  auto failed = worker->data_plane().AwaitReady({lost, 0});
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find(
+                absl::StrCat("call ", lost, " names shard layout 9")),
+            std::string::npos)
+      << failed.status();
+  auto ready = worker->data_plane().AwaitReady({made, 0});
+  ASSERT_TRUE(ready.ok()) << ready.status();
+
+  // Client 1's layouts go with it: a call naming one fails.
+  const uint64_t stale = ClientMadeId(2, 2);
+  proto::ServerToWorker after;
+  after.add_ops()->mutable_client_gone()->set_client_id(1);
+  load(&after, 2);
+  execute(&after, 2, stale, 10);
+  worker->ApplyOps(after);
+  auto forgotten = worker->data_plane().AwaitReady({stale, 0});
+  ASSERT_FALSE(forgotten.ok());
+  EXPECT_NE(forgotten.status().message().find("shard layout 10"),
+            std::string::npos)
+      << forgotten.status();
 }
 
 #ifdef PLEXUS_TEST_PJRT_PLUGIN

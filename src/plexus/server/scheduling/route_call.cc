@@ -563,6 +563,10 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       made->AddHost(w, host_tasks);
       from += shards;
     }
+  } else if (hosts.hosts.size() == 1) {
+    // One host: its tasks are written once either way, and listed they
+    // cost its worker no expansion.
+    made->AddOwnShardsHosts(hosts.hosts, layout.tasks, own);
   } else {
     // Every host gets the same Execute, naming the map's layout: each is
     // told its part once, as a peer is (TakePeerOps: ahead of every unit
