@@ -58,7 +58,10 @@ void Admission::RemoveWorker(int64_t worker) {
     it->second.cut_short = true;
     EndOn(it, worker);
   }
-  if (FindWindow(worker) != nullptr) windows_[worker].reset();
+  if (const Window* window = FindWindow(worker)) {
+    if (PastHalf(*window)) windows_past_half_--;
+    windows_[worker].reset();
+  }
 }
 
 int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
@@ -226,17 +229,25 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       // own window only: it reserves nothing (others may use the room).
       Room room = Room::kYes;
       unit_windows_.clear();
-      for (int64_t w : unit.exec_workers) {
-        unit_windows_.push_back(FindWindow(w));
-        const Room r =
-            std::find(reserved.begin(), reserved.end(), w) != reserved.end()
-                ? Room::kWorkerFull
-                : RoomFor(unit_windows_.back(), id, cost);
-        if (r == Room::kWorkerFull) {
-          room = r;
-          break;
+      if (reserved.empty() && windows_past_half_ == 0 &&
+          cost <= static_cast<double>(options_.window_micros) / 4) {
+        // Every window has room for it (windows_past_half_).
+        for (int64_t w : unit.exec_workers) {
+          unit_windows_.push_back(FindWindow(w));
         }
-        if (r == Room::kClientFull) room = r;
+      } else {
+        for (int64_t w : unit.exec_workers) {
+          unit_windows_.push_back(FindWindow(w));
+          const Room r =
+              std::find(reserved.begin(), reserved.end(), w) != reserved.end()
+                  ? Room::kWorkerFull
+                  : RoomFor(unit_windows_.back(), id, cost);
+          if (r == Room::kWorkerFull) {
+            room = r;
+            break;
+          }
+          if (r == Room::kClientFull) room = r;
+        }
       }
       if (room == Room::kWorkerFull) {
         reserved.insert(reserved.end(), unit.exec_workers.begin(),
@@ -274,10 +285,12 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
         if (own == window->clients.end()) {
           own = &window->clients.emplace_back(id, Load{});
         }
+        const bool was_past_half = PastHalf(*window);
         for (Load* load : {&window->total, &own->second}) {
           load->calls++;
           load->micros += cost;
         }
+        if (!was_past_half && PastHalf(*window)) windows_past_half_++;
         f.workers.push_back(w);
         if (unit_out->executes != nullptr) continue;
         for (proto::WorkerOp& op : unit_out->ops[w]) {
@@ -335,8 +348,10 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
   f.remaining--;
   if (window != nullptr) {
     Load& total = window->total;
+    const bool was_past_half = PastHalf(*window);
     total.calls--;
     total.micros = std::max(0.0, total.micros - f.cost);
+    if (was_past_half && !PastHalf(*window)) windows_past_half_--;
     auto own = window->Own(f.client);
     if (own != window->clients.end() && --own->second.calls == 0) {
       *own = window->clients.back();  // the last entry takes its place

@@ -255,6 +255,17 @@ class Admission {
   // windows are found by index, not hashed, for each of its hosts. Null:
   // no such worker (never added, or removed).
   std::vector<std::unique_ptr<Window>> windows_;
+  // Windows holding more than half a window of estimated device time
+  // (window_micros / 2, whatever their devices). While there are none,
+  // every window has room for a call estimated at up to a quarter window
+  // (its total and its client's share stay under one window, with room
+  // for rounding): Next then skips looking at each of a wide unit's
+  // windows before admitting it. Kept exact as the loads change (Next's
+  // charge, EndOn, RemoveWorker).
+  int64_t windows_past_half_ = 0;
+  bool PastHalf(const Window& w) const {
+    return w.total.micros > static_cast<double>(options_.window_micros) / 2;
+  }
   Window* FindWindow(int64_t worker) const {
     return worker >= 0 && static_cast<size_t>(worker) < windows_.size()
                ? windows_[static_cast<size_t>(worker)].get()

@@ -156,6 +156,37 @@ TEST(AdmissionTest, AFullWindowHoldsCallsUntilTheWorkerReports) {
   EXPECT_EQ(a.Find(1)->device_micros, 400);
 }
 
+// Calls estimated at up to a quarter window go without a look at each of
+// their windows while no window holds more than half a window: once one
+// does, each is looked at again, and a call that does not fit waits.
+TEST(AdmissionTest, SmallCallsFillAWideCallsWindowsNoFurtherThanTheyHold) {
+  Admission a({.window_micros = 1000,
+               .min_window_calls = 1,
+               .default_cost_micros = 100});
+  a.AddWorker(1, 1);
+  a.AddWorker(2, 1);
+  a.AddClient(1, 1, 64);
+  for (int i = 0; i < 12; ++i) a.Enqueue(1, Call(9, {1, 2}));
+  // Ten fill the client's window on each worker (1000 µs); the eleventh
+  // would make 1100.
+  std::vector<Admitted> first = Drain(a);
+  ASSERT_EQ(first.size(), 10u);
+  EXPECT_EQ(a.WorkerLoad(1), std::make_pair(int64_t{10}, int64_t{1000}));
+  // One call done on one worker only: the other is still full.
+  a.Completed(1, Done(1, TicketOn(first[0], 1), 100));
+  EXPECT_TRUE(Drain(a).empty());
+  a.Completed(2, Done(1, TicketOn(first[0], 2), 100));
+  EXPECT_EQ(Drain(a).size(), 1u);
+  // Everything done: the windows are empty again and the last call goes.
+  for (size_t i = 1; i < first.size(); ++i) {
+    for (int64_t w : {1, 2}) {
+      a.Completed(w, Done(1, TicketOn(first[i], w), 100));
+    }
+  }
+  EXPECT_EQ(Drain(a).size(), 1u);
+  EXPECT_EQ(a.Find(1)->pending_calls, 0);
+}
+
 TEST(AdmissionTest, ACallIsChargedItsEstimateOnEveryWorkerItRunsOn) {
   Admission a({.default_cost_micros = 100});
   a.AddWorker(1, 1);

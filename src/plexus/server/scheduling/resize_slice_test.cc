@@ -2,6 +2,7 @@
 // releases it routes, the note for the client, and refusals that change
 // nothing.
 #include <limits>
+#include <map>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -200,6 +201,67 @@ TEST_F(ResizeSliceTest, AnXlaProgramCompiledForTheOldMapIsRefusedAfter) {
   EXPECT_NE(routed.message().find("before its resize to 4 devices"),
             std::string::npos)
       << routed;
+}
+
+// Each map of a slice has its own shard layout: after a resize, the first
+// own-shards call tells every host of the new map its part under a new id
+// (an Execute naming the old one would run the old shards).
+TEST_F(ResizeSliceTest, TheNewMapsHostsAreToldANewShardLayout) {
+  const proto::SliceInfo s = Slice(2);
+  proto::RegisterProgram reg;
+  reg.set_program_id(ClientMadeId(client_, 100));
+  reg.mutable_program()->set_name("copy");
+  reg.mutable_program()->set_kernel("identity");
+  *reg.mutable_program()->add_inputs() = ToProto(kWhole);
+  *reg.mutable_program()->add_outputs() = ToProto(kWhole);
+  ASSERT_TRUE(state_.RegisterProgram(client_, reg).ok());
+  const uint64_t x = Put(s.slice_id(), kWhole);
+  auto call = [&](uint64_t n) {
+    proto::Call c;
+    c.set_call_id(ClientMadeId(client_, n));
+    c.set_slice_id(s.slice_id());
+    c.set_program_id(reg.program_id());
+    c.add_output_ids(ClientMadeId(client_, n + 1));
+    auto* in = c.add_inputs();
+    in->set_buffer_id(x);  // after the resize: the moved value
+    in->set_slice_id(s.slice_id());
+    *in->mutable_arg() = ToProto(kWhole);
+    return c;
+  };
+  // The layout ops told, by worker: (layout id, its shards).
+  auto told = [&] {
+    std::map<int64_t, std::pair<uint64_t, std::vector<int32_t>>> out;
+    for (auto& [w, list] : state_.TakePeerOps()) {
+      for (const proto::WorkerOp& op : list) {
+        if (!op.has_shard_layout()) continue;
+        out[w] = {op.shard_layout().layout_id(),
+                  {op.shard_layout().shards().begin(),
+                   op.shard_layout().shards().end()}};
+      }
+    }
+    return out;
+  };
+  (void)state_.TakePeerOps();
+  WorkerOps ops;
+  ASSERT_TRUE(state_.RouteCall(client_, call(200), &ops).ok());
+  auto before = told();
+  ASSERT_EQ(before.size(), 2u);
+  const uint64_t old_id = before.begin()->second.first;
+
+  auto resized = Resize(s.slice_id(), 4);
+  ASSERT_TRUE(resized.ok()) << resized.status();
+  (void)state_.TakePeerOps();
+  ASSERT_TRUE(state_.RouteCall(client_, call(300), &ops).ok());
+  auto after = told();
+  ASSERT_EQ(after.size(), 4u);
+  const std::vector<int64_t> now = Workers(resized->slice);
+  for (size_t j = 0; j < now.size(); ++j) {
+    ASSERT_EQ(after.count(now[j]), 1u) << "worker " << now[j];
+    EXPECT_NE(after[now[j]].first, old_id);
+    EXPECT_EQ(after[now[j]].first, after.begin()->second.first);
+    EXPECT_EQ(after[now[j]].second,
+              std::vector<int32_t>{static_cast<int32_t>(j)});
+  }
 }
 
 TEST_F(ResizeSliceTest, HostileSizesAreRefusedAtOnce) {

@@ -294,6 +294,14 @@ void CallExecutes::Stamp(uint64_t ticket, double start_tag) {
   start_tag_ = start_tag;
   stamp_bytes_ = (ticket_ != 0 ? 1 + VarintSize(ticket_) : 0) +
                  (start_tag_ != 0 ? 1 + 8 : 0);
+  op_bytes_.clear();
+  if (layout_ != nullptr && !hosts_.empty()) {
+    // Every host's bytes are the same: written once, here (before the
+    // writers share them).
+    std::string op(WorkerOpSize(0), '\0');
+    WriteWorkerOp(0, reinterpret_cast<uint8_t*>(op.data()));
+    op_bytes_ = std::move(op);
+  }
 }
 
 size_t CallExecutes::ExecuteSize(int host) const {
@@ -302,11 +310,16 @@ size_t CallExecutes::ExecuteSize(int host) const {
 }
 
 size_t CallExecutes::WorkerOpSize(int host) const {
+  if (!op_bytes_.empty()) return op_bytes_.size();
   const size_t execute = ExecuteSize(host);
   return HeaderSize(execute) + execute;
 }
 
 uint8_t* CallExecutes::WriteWorkerOp(int host, uint8_t* target) const {
+  if (!op_bytes_.empty()) {
+    std::memcpy(target, op_bytes_.data(), op_bytes_.size());
+    return target + op_bytes_.size();
+  }
   const Host& h = hosts_[host];
   target = WriteHeader(kExecuteTag, ExecuteSize(host), target);
   std::memcpy(target, shared_.data(), shared_.size());

@@ -129,6 +129,9 @@ class CallExecutes {
   std::vector<Host> hosts_;
   // Set by AddOwnShardsLayout: the hosts' tasks (for Execute).
   std::shared_ptr<const ShardLayoutMap> layout_;
+  // With layout_, once stamped: the WorkerOp every host gets, whole (its
+  // writers copy it; nothing is sized or assembled per host).
+  std::string op_bytes_;
   uint64_t ticket_ = 0;
   double start_tag_ = 0;
   size_t stamp_bytes_ = 0;  // the ticket's and start tag's fields
