@@ -60,9 +60,14 @@ def test_256_simulated_hosts_register_run_calls_and_a_lost_one_is_named(run):
             # as a REPORTS frame.
             assert counters["ops_framed"] >= counters["executes"], counters
             assert counters["reports_framed"] == counters["reports"], counters
+            # Each host's ops connection was handed, after its first
+            # frame, to the process's one ops thread (as hosts on machines
+            # of their own, the server's writes wake no thread per host).
+            assert counters["ops_connections_polled"] == HOSTS + 1, counters
         else:
             assert counters["ops_framed"] == 0, counters
             assert counters["reports_framed"] == 0, counters
+            assert counters["ops_connections_polled"] == 0, counters
         me = next(c for c in run.status()["clients"]
                   if c["client_id"] == client.id)
         assert me["calls_admitted"] == CALLS + 1, me

@@ -205,7 +205,8 @@ bool SimHost::SendFramed(const proto::WorkerToServer& msg) {
 }
 
 absl::Status SimHost::ApplyFramed(std::string& bytes) {
-  // One connection thread per host: its message is reused, never shared.
+  // One thread applies a host's frames at a time (the ops poller's, or the
+  // connection's first): its message is reused, never shared.
   thread_local proto::ServerToWorker msg;
   if (!msg.ParseFromString(bytes)) {
     return absl::DataLossError(absl::StrCat(name_, ": an OPS frame of ",
@@ -558,6 +559,13 @@ absl::Status SimCluster::StartHosts() {
   data_plane_ = std::make_unique<SimDataPlane>(
       options_.secret,
       options_.ops_on_frames ? OpsSink() : SimDataPlane::OpsSink{});
+  if (options_.ops_on_frames) {
+    absl::StatusOr<std::unique_ptr<transport::FramePoller>> poller =
+        transport::FramePoller::Start(transport::PolledFrames::kOps,
+                                      "plexus-sim-ops", "the server");
+    if (!poller.ok()) return poller.status();
+    ops_poller_ = *std::move(poller);
+  }
   transport::DataPlaneServerOptions dp;
   dp.unix_name = absl::StrCat("plexus-sim-", getpid());
   // The server's ops connection per host; a client waiting on a future of
@@ -707,6 +715,7 @@ void SimCluster::Shutdown(absl::Duration grace) {
     all_ended = mu_.AwaitWithTimeout(absl::Condition(&ended), grace);
   }
   data_server_.reset();
+  ops_poller_.reset();  // no host's op is applied after
   if (!all_ended) {
     // A reactor gRPC may still call back into must outlive it.
     SPDLOG_WARN("some simulated hosts' streams did not end within {}",
@@ -733,6 +742,7 @@ SimCounters SimCluster::counters() const {
     c.reports_framed += host->reports_framed();
   }
   if (data_plane_) c.keys_held = data_plane_->keys_held();
+  c.ops_connections_polled = ops_connections_polled_.load();
   return c;
 }
 
@@ -753,6 +763,27 @@ SimDataPlane::OpsSink SimCluster::OpsSink() {
           "no simulated host registered under generation ", generation));
     }
     return host->ApplyFramed(bytes);
+  };
+  // Every host's later frames on the poller's one thread: a thread per
+  // connection woke once per host per write of the server's, and the
+  // server paid each wake-up in its sends (try_to_wake_up), a cost a real
+  // worker's on another machine does not put on it.
+  sink.take = [this](uint64_t generation, int fd) {
+    SimHost* host = HostOf(generation);
+    if (host == nullptr || ops_poller_ == nullptr) return false;
+    transport::internal::UniqueFd mine(::dup(fd));
+    if (!mine.valid()) return false;
+    const absl::Status added = ops_poller_->Add(
+        static_cast<int64_t>(generation), mine.Release(),
+        [host](std::string& bytes) { return host->ApplyFramed(bytes); },
+        [host](const absl::Status& why) { host->OpsEnded(why); }, generation);
+    if (!added.ok()) {
+      SPDLOG_WARN("{}: its ops stay on the connection's thread: {}",
+                  host->name(), added.ToString());
+      return false;
+    }
+    ops_connections_polled_++;
+    return true;
   };
   sink.ended = [this](uint64_t generation, const absl::Status& why) {
     SimHost* host;

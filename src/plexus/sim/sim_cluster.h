@@ -30,10 +30,13 @@
 // Threads: gRPC's callback API runs every stream's reads and writes on its
 // own small pool, and one timer thread (this class's) sends every host's
 // heartbeats, delayed completions and report batches, sleeping until the
-// next is due. The data plane's server holds a thread per open connection:
-// one per host for its ops (sleeping in poll between frames), and one per
-// connection a client opens (a client waiting on a future spanning H hosts
-// opens H).
+// next is due. One epoll thread (transport::FramePoller, "plexus-sim-ops")
+// reads and applies every host's OPS frames once the data plane handed
+// over its connection after the first frame (SimDataPlane::OpsSink::take),
+// as a host on a machine of its own would wake on its own CPU: a thread
+// per host connection made the server pay a thread wake-up per host in
+// each write. The data plane's server holds a thread per connection a
+// client opens (a client waiting on a future spanning H hosts opens H).
 //
 // A host never rejoins: once its stream ends (the server ended it, or
 // DropHost cancelled it) it stays gone.
@@ -44,6 +47,7 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -58,6 +62,7 @@
 #include "plexus/proto/plexus.grpc.pb.h"
 #include "plexus/sim/sim_data_plane.h"
 #include "plexus/transport/data_plane.h"
+#include "plexus/transport/frame_poller.h"
 
 namespace plexus::sim {
 
@@ -94,6 +99,8 @@ struct SimCounters {
   int64_t reports = 0;         // CallsDone messages sent
   int64_t reports_framed = 0;  // of them, as REPORTS frames
   int64_t ops_framed = 0;      // ops read from OPS frames
+  // Ops connections the data plane handed to the one ops thread.
+  int64_t ops_connections_polled = 0;
   int64_t heartbeats = 0;
   int64_t ops = 0;        // every op read
   int64_t keys_held = 0;  // the data plane's ready keys now
@@ -162,6 +169,9 @@ class SimCluster {
   std::unique_ptr<SimDataPlane> data_plane_;
   transport::DataPlaneCounters data_counters_;
   std::unique_ptr<transport::DataPlaneServer> data_server_;
+  // Every host's ops connection after its first frame (ops_on_frames).
+  std::unique_ptr<transport::FramePoller> ops_poller_;
+  std::atomic<int64_t> ops_connections_polled_{0};
   // One stub (one channel) per hosts_per_channel hosts.
   std::vector<std::unique_ptr<proto::Controller::Stub>> stubs_;
   std::vector<std::unique_ptr<SimHost>> hosts_;  // fixed once started

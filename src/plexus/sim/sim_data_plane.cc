@@ -179,4 +179,9 @@ void SimDataPlane::OpsEnded(const transport::DataPlanePeer&,
   if (ops_.ended) ops_.ended(generation, why);
 }
 
+bool SimDataPlane::TakeOpsConnection(const transport::DataPlanePeer&,
+                                     uint64_t generation, int fd) {
+  return ops_.take && ops_.take(generation, fd);
+}
+
 }  // namespace plexus::sim

@@ -20,7 +20,8 @@
 // the server's credential, and sends that host's ops as OPS frames stamped
 // with its registration generation; the sink applies them and is told
 // when the connection opens (its socket, for the host's REPORTS back) and
-// ends.
+// ends, and may take the connection over after its first frame (the
+// process's one epoll thread reads every host's ops: sim_cluster.h).
 //
 // Thread-safe: one lock (mu_), never held across a call out; each blocked
 // WAIT sleeps on a notification of its own, so marking a key wakes only
@@ -54,6 +55,10 @@ class SimDataPlane final : public transport::DataPlaneHandler {
     // One OPS frame: a proto::ServerToWorker in wire form.
     std::function<absl::Status(uint64_t generation, std::string& bytes)> apply;
     std::function<void(uint64_t generation, const absl::Status& why)> ended;
+    // After the first frame: the sink reads the connection from now on
+    // (true: it kept a dup of `fd`; `ended` is then its reader's to say).
+    // Unset: the connection's thread reads every frame.
+    std::function<bool(uint64_t generation, int fd)> take;
   };
 
   explicit SimDataPlane(const ClusterSecret& secret, OpsSink ops = {});
@@ -93,6 +98,8 @@ class SimDataPlane final : public transport::DataPlaneHandler {
                                    uint64_t generation, int fd) override;
   void OpsEnded(const transport::DataPlanePeer& peer, uint64_t generation,
                 const absl::Status& why) override;
+  bool TakeOpsConnection(const transport::DataPlanePeer& peer,
+                         uint64_t generation, int fd) override;
 
  private:
   // The answer for `key` if it is known (OK: ready), else null.

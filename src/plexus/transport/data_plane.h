@@ -255,6 +255,18 @@ class DataPlaneHandler {
                                            uint64_t generation, int fd) {
     return absl::OkStatus();
   }
+  // After the first OPS frame of a connection is applied: whether the
+  // handler reads the connection's later frames itself (the simulated
+  // hosts' process reads thousands of them on one epoll thread:
+  // FramePoller, frame_poller.h). True: it keeps a dup of `fd` to read,
+  // and from then on this end neither reads the connection nor says
+  // OpsEnded for it (the handler's reader says when it ends). Asked only
+  // when nothing past that frame was read yet. By default the
+  // connection's thread reads on.
+  virtual bool TakeOpsConnection(const DataPlanePeer& peer, uint64_t generation,
+                                 int fd) {
+    return false;
+  }
   // The connection that carried `peer`'s OPS frames of `generation` ended
   // (`why`: the peer closed it, an I/O error, ApplyOps' error, or the
   // server stopping). Called once per such connection, from its thread.

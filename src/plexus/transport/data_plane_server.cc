@@ -118,6 +118,7 @@ class DataPlaneServerImpl : public DataPlaneServer {
     std::string ops;
     uint64_t ops_generation = 0;
     bool carried_ops = false;
+    bool handed_off = false;  // the handler reads it (TakeOpsConnection)
   };
   // Handles one frame. An error means the connection must close; handler
   // failures that the peer should see travel as ERROR frames instead.
@@ -402,6 +403,11 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
     absl::Status status = header.ok()
                               ? ServeFrame(*socket, *header, *peer, state)
                               : header.status();
+    if (status.ok() && state.handed_off) {
+      SPDLOG_DEBUG("data plane: connection from {} handed to its handler",
+                   socket->peer());
+      break;
+    }
     if (status.ok()) continue;
     ended = eof ? absl::UnavailableError("the server closed it") : status;
     socket->Break(status).IgnoreError();
@@ -413,7 +419,9 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
     }
     break;
   }
-  if (state.carried_ops) handler_->OpsEnded(*peer, state.ops_generation, ended);
+  if (state.carried_ops && !state.handed_off) {
+    handler_->OpsEnded(*peer, state.ops_generation, ended);
+  }
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(id);
   if (it != connections_.end()) {
@@ -538,11 +546,17 @@ absl::Status DataPlaneServerImpl::ServeOps(FrameSocket& socket,
       return s;
     }
   }
-  // An ops connection carries OPS frames only, never a descriptor.
-  if (!state.carried_ops) socket.EnableReadAhead();
+  const bool first = !state.carried_ops;
   state.carried_ops = true;
   state.ops_generation = header.generation;
   absl::Status applied = handler_->ApplyOps(peer, header.generation, state.ops);
+  if (first && applied.ok() && !socket.has_read_ahead() &&
+      handler_->TakeOpsConnection(peer, header.generation, socket.fd())) {
+    state.handed_off = true;
+    return absl::OkStatus();
+  }
+  // An ops connection carries OPS frames only, never a descriptor.
+  if (first) socket.EnableReadAhead();
   // A large message's buffer is not kept (a program's load).
   if (state.ops.capacity() > (size_t{1} << 20)) std::string().swap(state.ops);
   return applied;

@@ -2,6 +2,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -12,9 +13,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "plexus/transport/data_plane.h"
+#include "plexus/transport/frame_poller.h"
 #include "plexus/transport/internal/frame_socket.h"
 #include "plexus/transport/internal/handshake.h"
 #include "plexus/transport/internal/socket_io.h"
@@ -619,6 +622,89 @@ TEST(DataPlaneOpsTest, ARefusedOpOrAnotherGenerationClosesTheConnection) {
                           "generation 5's"),
             std::string::npos)
       << ended[1];
+}
+
+// A handler that takes each ops connection after its first frame reads
+// the rest on its own poller (as the simulated hosts do); the end is then
+// its poller's to say.
+class TakingHandler : public MapHandler {
+ public:
+  TakingHandler() {
+    auto poller =
+        FramePoller::Start(PolledFrames::kOps, "test-taken", "the server");
+    EXPECT_TRUE(poller.ok()) << poller.status();
+    if (poller.ok()) poller_ = *std::move(poller);
+  }
+  bool TakeOpsConnection(const DataPlanePeer&, uint64_t generation,
+                         int fd) override {
+    const int mine = ::dup(fd);
+    auto frame = [this, generation](std::string& message) {
+      absl::MutexLock lock(&taken_mu_);
+      taken_.push_back(absl::StrCat(generation, ":", message));
+      return absl::OkStatus();
+    };
+    auto end = [this, generation](const absl::Status& why) {
+      absl::MutexLock lock(&taken_mu_);
+      taken_ended_.push_back(absl::StrCat(generation, ":", why.message()));
+    };
+    return mine >= 0 &&
+           poller_->Add(static_cast<int64_t>(generation), mine, frame, end)
+               .ok();
+  }
+  // The frames its poller read, once there are `n` and `ends` ends.
+  std::vector<std::string> WaitForTaken(size_t n, size_t ends,
+                                        std::vector<std::string>* ended) {
+    absl::MutexLock lock(&taken_mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(taken_mu_) {
+      return taken_.size() >= n && taken_ended_.size() >= ends;
+    };
+    taken_mu_.AwaitWithTimeout(absl::Condition(&done), kDeadline);
+    *ended = taken_ended_;
+    return taken_;
+  }
+
+ private:
+  std::unique_ptr<FramePoller> poller_;
+  absl::Mutex taken_mu_;
+  std::vector<std::string> taken_ ABSL_GUARDED_BY(taken_mu_);
+  std::vector<std::string> taken_ended_ ABSL_GUARDED_BY(taken_mu_);
+};
+
+// The first OPS frame is applied by the connection's thread; the handler
+// takes the connection then, and every later frame, in order, and the
+// connection's end reach its reader only: the data plane says no OpsEnded
+// for it. Over either carrier.
+TEST(DataPlaneOpsTest, AHandlerThatTakesTheConnectionReadsItsLaterFrames) {
+  TakingHandler handler;
+  DataPlaneServerOptions options;
+  options.unix_name = UniqueUnixName();
+  auto server = DataPlaneServer::Start(options, &handler, nullptr);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<std::string> first, later, ended;
+  for (const std::string& unix_path : {std::string(), options.unix_name}) {
+    const uint64_t generation = unix_path.empty() ? 3 : 4;
+    auto conn = DataPlaneConnection::Connect(
+        (*server)->tcp_address(), unix_path, nullptr, ServerOf(generation));
+    ASSERT_TRUE(conn.ok()) << conn.status();
+    ASSERT_TRUE((*conn)->SendOps("first").ok());
+    first.push_back(absl::StrCat(generation, ":first"));
+    // Applied before the next is sent: nothing was read past it.
+    ASSERT_EQ(handler.WaitForOps(first.size(), 0, &ended), first);
+    const std::string big(3 << 20, 'z');  // more than one socket buffer
+    for (const std::string& m : {std::string("second"), big}) {
+      ASSERT_TRUE((*conn)->SendOps(m).ok());
+      later.push_back(absl::StrCat(generation, ":", m));
+    }
+    conn->reset();
+    std::vector<std::string> taken_ended;
+    EXPECT_EQ(handler.WaitForTaken(later.size(), first.size(), &taken_ended),
+              later);
+    ASSERT_EQ(taken_ended.size(), first.size());
+    EXPECT_EQ(taken_ended.back(),
+              absl::StrCat(generation, ":the server closed it"));
+  }
+  EXPECT_EQ(handler.WaitForOps(first.size(), 0, &ended), first);
+  EXPECT_TRUE(ended.empty()) << ended[0];
 }
 
 }  // namespace

@@ -82,8 +82,9 @@ absl::Status ServerImpl::Init() {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   if (absl::Status wire = UseWireWriterForWorkers(); !wire.ok()) return wire;
-  absl::StatusOr<std::unique_ptr<ReportsPoller>> poller =
-      ReportsPoller::Start();
+  absl::StatusOr<std::unique_ptr<transport::FramePoller>> poller =
+      transport::FramePoller::Start(transport::PolledFrames::kReports,
+                                    "plexus-reports", "the worker");
   if (!poller.ok()) return poller.status();
   reports_poller_ = *std::move(poller);
   builder.RegisterService(this);

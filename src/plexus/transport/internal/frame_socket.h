@@ -225,6 +225,9 @@ class FrameSocket {
   // TCP, or on a unix connection whose peer passes none (an ops
   // connection). A descriptor that comes anyway breaks the stream.
   void EnableReadAhead();
+  // Whether bytes past the last frame read wait in the read-ahead (a
+  // connection handed to another reader then would lose them).
+  bool has_read_ahead() const { return ahead_end_ > ahead_begin_; }
   // How many recv calls this end's reads of frames have made (a test's
   // measure of read-ahead).
   int64_t socket_reads() const { return socket_reads_; }

@@ -34,12 +34,12 @@
 #include "plexus/server/server.h"
 #include "plexus/server/service/internal/batch_arena.h"
 #include "plexus/server/service/internal/client_ops_listener.h"
-#include "plexus/server/service/internal/reports_poller.h"
 #include "plexus/server/service/internal/worker_channel.h"
 #include "plexus/server/standby/journal_feed.h"
 #include "plexus/server/standby/peer_watch.h"
 #include "plexus/timeline/clock_offset.h"
 #include "plexus/timeline/timeline.h"
+#include "plexus/transport/frame_poller.h"
 #include "plexus/web/web_server.h"
 
 namespace plexus {
@@ -516,7 +516,7 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   std::unique_ptr<ClientOpsListener> client_ops_;
   // Reads every worker's reports on its ops connection (PollReports).
   // Started by Init; every session removes its worker before it returns.
-  std::unique_ptr<ReportsPoller> reports_poller_;
+  std::unique_ptr<transport::FramePoller> reports_poller_;
   std::atomic<uint64_t> client_ops_generation_{0};
   std::thread liveness_;
   // The other server of a pair (ServerOptions::peer_address); null if none.

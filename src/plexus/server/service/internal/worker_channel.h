@@ -11,7 +11,7 @@
 // connection thread applies as it reads it: no gRPC thread hand-off on
 // either side, one send and one read per write. The worker's calls done
 // come back on that connection (REPORTS frames, read by the server's
-// ReportsPoller on DupReportsFd's descriptor). The worker applies
+// FramePoller on DupReportsFd's descriptor). The worker applies
 // the stream's last message before the first frame, so the order is the
 // server's.
 //
@@ -72,7 +72,7 @@ class WorkerChannel {
   }
   // Once on frames: a dup of the frames' connection's socket, where the
   // worker's reports (REPORTS: its calls done) come (the server's
-  // ReportsPoller reads them; Shutdown ends that reading too). -1 before,
+  // FramePoller reads them; Shutdown ends that reading too). -1 before,
   // or once shut down.
   int DupReportsFd();
   // Whether a small write now cannot block: on frames, with no write under

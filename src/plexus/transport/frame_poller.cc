@@ -1,6 +1,6 @@
-// ReportsPoller: every worker's REPORTS frames on one epoll thread (see
-// the header).
-#include "plexus/server/service/internal/reports_poller.h"
+// FramePoller: many connections' frames on one epoll thread (see the
+// header).
+#include "plexus/transport/frame_poller.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -16,13 +16,13 @@
 #include "plexus/common/thread_name.h"
 #include "plexus/transport/internal/frame_socket.h"
 
-namespace plexus {
+namespace plexus::transport {
 namespace {
 
-using transport::internal::CheckFrameHeader;
-using transport::internal::FrameHeader;
-using transport::internal::FrameType;
-using transport::internal::FrameTypeName;
+using internal::CheckFrameHeader;
+using internal::FrameHeader;
+using internal::FrameType;
+using internal::FrameTypeName;
 
 constexpr uint64_t kWakeTag = ~uint64_t{0};  // the eventfd's epoll data
 
@@ -32,8 +32,9 @@ absl::Status ErrnoStatus(const char* what) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ReportsPoller>> ReportsPoller::Start() {
-  std::unique_ptr<ReportsPoller> poller(new ReportsPoller());
+absl::StatusOr<std::unique_ptr<FramePoller>> FramePoller::Start(
+    PolledFrames type, const char* thread_name, const char* peer) {
+  std::unique_ptr<FramePoller> poller(new FramePoller(type, thread_name, peer));
   poller->epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
   if (poller->epoll_fd_ < 0) return ErrnoStatus("epoll_create1");
   poller->wake_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -48,7 +49,7 @@ absl::StatusOr<std::unique_ptr<ReportsPoller>> ReportsPoller::Start() {
   return poller;
 }
 
-ReportsPoller::~ReportsPoller() {
+FramePoller::~FramePoller() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -65,17 +66,18 @@ ReportsPoller::~ReportsPoller() {
   if (epoll_fd_ >= 0) ::close(epoll_fd_);
 }
 
-absl::Status ReportsPoller::Add(int64_t id, int fd, OnReport on_report,
-                                OnEnd on_end) {
+absl::Status FramePoller::Add(int64_t id, int fd, OnFrame on_frame,
+                              OnEnd on_end, uint64_t generation) {
   auto c = std::make_unique<Connection>();
   c->fd = fd;
-  c->on_report = std::move(on_report);
+  c->generation = generation;
+  c->on_frame = std::move(on_frame);
   c->on_end = std::move(on_end);
   absl::MutexLock lock(&mu_);
   if (connections_.contains(id)) {
     ::close(fd);
     return absl::AlreadyExistsError(
-        absl::StrCat("worker ", id, "'s reports are polled already"));
+        absl::StrCat("connection ", id, " is polled already"));
   }
   epoll_event ev{};
   ev.events = EPOLLIN | EPOLLRDHUP;
@@ -89,7 +91,7 @@ absl::Status ReportsPoller::Add(int64_t id, int fd, OnReport on_report,
   return absl::OkStatus();
 }
 
-void ReportsPoller::Remove(int64_t id) {
+void FramePoller::Remove(int64_t id) {
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(id);
   if (it == connections_.end()) return;
@@ -102,10 +104,10 @@ void ReportsPoller::Remove(int64_t id) {
   connections_.erase(it);
 }
 
-void ReportsPoller::Loop() {
-  SetThreadName("plexus-reports");
-  // The reports of a call over many hosts arrive together: taken in as
-  // few epoll_wait calls as the batch allows.
+void FramePoller::Loop() {
+  SetThreadName(thread_name_);
+  // The frames of a call over many hosts arrive together: taken in as few
+  // epoll_wait calls as the batch allows.
   std::vector<epoll_event> events(kEventsPerWait);
   while (true) {
     const int n = epoll_wait(epoll_fd_, events.data(),
@@ -146,7 +148,7 @@ void ReportsPoller::Loop() {
   }
 }
 
-absl::Status ReportsPoller::ReadAndDeliver(Connection& c) {
+absl::Status FramePoller::ReadAndDeliver(Connection& c) {
   // What the socket has now, without blocking, up to the bound.
   // Into the poller's scratch block, then only the bytes read into the
   // connection's buffer (growing the buffer itself would zero-fill the
@@ -184,10 +186,18 @@ absl::Status ReportsPoller::ReadAndDeliver(Connection& c) {
         !s.ok()) {
       return s;
     }
-    if (header.frame_type() != FrameType::kReports) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("expected REPORTS on the ops connection, got ",
-                       FrameTypeName(header.frame_type())));
+    const FrameType want =
+        type_ == PolledFrames::kOps ? FrameType::kOps : FrameType::kReports;
+    if (header.frame_type() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected ", FrameTypeName(want), " on the ops connection, got ",
+          FrameTypeName(header.frame_type())));
+    }
+    if (c.generation == 0) c.generation = header.generation;
+    if (header.generation != c.generation) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          FrameTypeName(want), " of generation ", header.generation,
+          " on a connection that carried generation ", c.generation, "'s"));
     }
     const size_t whole = sizeof(header) + header.payload_bytes;
     if (c.in.size() - at < whole) break;  // the rest comes later
@@ -198,15 +208,15 @@ absl::Status ReportsPoller::ReadAndDeliver(Connection& c) {
       absl::MutexLock lock(&mu_);
       if (c.removed) return absl::CancelledError("removed");
     }
-    if (absl::Status s = c.on_report(message); !s.ok()) return s;
+    if (absl::Status s = c.on_frame(message); !s.ok()) return s;
   }
   c.in.erase(0, at);
-  // A large buffer is not kept once drained (a burst of reports).
+  // A large buffer is not kept once drained (a burst of frames).
   if (c.in.empty() && c.in.capacity() > (size_t{1} << 20)) {
     std::string().swap(c.in);
   }
-  if (eof) return absl::UnavailableError("the worker closed it");
+  if (eof) return absl::UnavailableError(absl::StrCat(peer_, " closed it"));
   return absl::OkStatus();
 }
 
-}  // namespace plexus
+}  // namespace plexus::transport

@@ -1,8 +1,9 @@
-// ReportsPoller over socket pairs: each connection's frames in order, a
-// frame split across writes handed out once whole, a worker stopped
-// mid-frame holding no one else's reports, each end said once (EOF, a
-// malformed frame, a report's error), and nothing after Remove.
-#include "plexus/server/service/internal/reports_poller.h"
+// FramePoller over socket pairs: each connection's frames in order, a
+// frame split across writes handed out once whole, a peer stopped
+// mid-frame holding no one else's frames, each end said once (EOF, a
+// malformed frame, a frame of another generation, a callback's error),
+// and nothing after Remove; an OPS poller takes OPS frames only.
+#include "plexus/transport/frame_poller.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,19 +18,20 @@
 #include "gtest/gtest.h"
 #include "plexus/transport/internal/frame_socket.h"
 
-namespace plexus {
+namespace plexus::transport {
 namespace {
 
-using transport::internal::FrameHeader;
-using transport::internal::FrameSocket;
-using transport::internal::FrameType;
+using internal::FrameHeader;
+using internal::FrameSocket;
+using internal::FrameType;
 
 constexpr absl::Duration kDeadline = absl::Seconds(30);
 
-class ReportsPollerTest : public ::testing::Test {
+class FramePollerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto poller = ReportsPoller::Start();
+    auto poller = FramePoller::Start(PolledFrames::kReports, "test-reports",
+                                     "the worker");
     ASSERT_TRUE(poller.ok()) << poller.status();
     poller_ = std::move(*poller);
   }
@@ -38,13 +40,15 @@ class ReportsPollerTest : public ::testing::Test {
     for (int fd : workers_) ::close(fd);
   }
 
-  // A connection for worker `id`: the poller reads one end, the test
-  // writes the returned other. A report "fail" is refused by the callback.
-  int Add(int64_t id) {
+  // A connection for worker `id`: the poller (`poller`, default the
+  // REPORTS one) reads one end, the test writes the returned other. A
+  // frame "fail" is refused by the callback.
+  int Add(int64_t id, uint64_t generation = 0, FramePoller* poller = nullptr) {
     int pair[2];
     EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair), 0);
     workers_.push_back(pair[1]);
-    absl::Status added = poller_->Add(
+    if (poller == nullptr) poller = poller_.get();
+    absl::Status added = poller->Add(
         id, pair[0],
         [this, id](std::string& message) {
           absl::MutexLock lock(&mu_);
@@ -55,14 +59,18 @@ class ReportsPollerTest : public ::testing::Test {
         [this, id](const absl::Status& why) {
           absl::MutexLock lock(&mu_);
           ended_[id].push_back(why);
-        });
+        },
+        generation);
     EXPECT_TRUE(added.ok()) << added;
     return pair[1];
   }
 
-  static std::string Frame(absl::string_view message) {
+  static std::string Frame(absl::string_view message,
+                           FrameType type = FrameType::kReports,
+                           uint64_t generation = 0) {
     FrameHeader header;
-    header.type = static_cast<uint16_t>(FrameType::kReports);
+    header.type = static_cast<uint16_t>(type);
+    header.generation = generation;
     header.payload_bytes = message.size();
     std::string bytes(reinterpret_cast<const char*>(&header), sizeof(header));
     bytes.append(message.data(), message.size());
@@ -82,14 +90,14 @@ class ReportsPollerTest : public ::testing::Test {
     mu_.AwaitWithTimeout(absl::Condition(&done), kDeadline);
   }
 
-  std::unique_ptr<ReportsPoller> poller_;
+  std::unique_ptr<FramePoller> poller_;
   std::vector<int> workers_;
   absl::Mutex mu_;
   std::map<int64_t, std::vector<std::string>> got_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, std::vector<absl::Status>> ended_ ABSL_GUARDED_BY(mu_);
 };
 
-TEST_F(ReportsPollerTest, EachConnectionsFramesInOrderASplitOneOnceWhole) {
+TEST_F(FramePollerTest, EachConnectionsFramesInOrderASplitOneOnceWhole) {
   const int a = Add(1), b = Add(2);
   // Through the worker's own writer, and by hand in pieces.
   for (int i = 0; i < 100; ++i) {
@@ -115,7 +123,7 @@ TEST_F(ReportsPollerTest, EachConnectionsFramesInOrderASplitOneOnceWhole) {
   EXPECT_TRUE(ended_[2].empty());
 }
 
-TEST_F(ReportsPollerTest, EachEndIsSaidOnceAndNothingComesAfterRemove) {
+TEST_F(FramePollerTest, EachEndIsSaidOnceAndNothingComesAfterRemove) {
   // The worker closes its end after a report: the report, then the end.
   const int closes = Add(1);
   Write(closes, Frame("last"));
@@ -160,5 +168,46 @@ TEST_F(ReportsPollerTest, EachEndIsSaidOnceAndNothingComesAfterRemove) {
   EXPECT_EQ(got_[5], std::vector<std::string>({"five"}));
 }
 
+TEST_F(FramePollerTest, AConnectionsFramesKeepOneGenerationAndTheirType) {
+  // The first frame's generation, then another: the end names both.
+  const int first = Add(1);
+  Write(first, Frame("g7", FrameType::kReports, 7) +
+                   Frame("g8", FrameType::kReports, 8));
+  AwaitFor(1, 1, 1);
+  // The generation it was added with: a frame of another ends it at once.
+  const int told = Add(2, /*generation=*/5);
+  Write(told, Frame("g6", FrameType::kReports, 6));
+  AwaitFor(2, 0, 1);
+  // An OPS poller takes OPS frames, and ends a connection that sends
+  // REPORTS.
+  auto ops = FramePoller::Start(PolledFrames::kOps, "test-ops", "the server");
+  ASSERT_TRUE(ops.ok()) << ops.status();
+  const int server = Add(3, /*generation=*/9, ops->get());
+  Write(server, Frame("op", FrameType::kOps, 9));
+  AwaitFor(3, 1, 0);
+  Write(server, Frame("report", FrameType::kReports, 9));
+  AwaitFor(3, 1, 1);
+  ::shutdown(Add(4, 0, ops->get()), SHUT_WR);
+  AwaitFor(4, 0, 1);
+  ops->reset();
+  absl::MutexLock lock(&mu_);
+  EXPECT_EQ(got_[1], std::vector<std::string>({"g7"}));
+  ASSERT_EQ(ended_[1].size(), 1u);
+  EXPECT_EQ(ended_[1][0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ended_[1][0].message().find("generation 8"), std::string::npos)
+      << ended_[1][0];
+  EXPECT_NE(ended_[1][0].message().find("generation 7"), std::string::npos)
+      << ended_[1][0];
+  EXPECT_TRUE(got_[2].empty());
+  ASSERT_EQ(ended_[2].size(), 1u);
+  EXPECT_EQ(ended_[2][0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(got_[3], std::vector<std::string>({"op"}));
+  ASSERT_EQ(ended_[3].size(), 1u);
+  EXPECT_NE(ended_[3][0].message().find("expected OPS"), std::string::npos)
+      << ended_[3][0];
+  ASSERT_EQ(ended_[4].size(), 1u);
+  EXPECT_EQ(ended_[4][0].message(), "the server closed it");
+}
+
 }  // namespace
-}  // namespace plexus
+}  // namespace plexus::transport
