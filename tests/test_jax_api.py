@@ -321,3 +321,27 @@ def test_a_chained_calls_outputs_carry_the_signature_their_specs_give(client):
         want, _ = jax.random.split(want)
     np.testing.assert_array_equal(jax.random.key_data(k.result()),
                                   jax.random.key_data(want))
+
+
+def test_a_chained_calls_site_is_the_users_line_on_every_path(client):
+    # A call's site (the timeline's label, `why`'s "issued at") is the
+    # first line outside the package and the one that called it, whether
+    # the call went the first call's way (Program._invoke) or plexus.jit's
+    # fast path (_invoke_checked, which skips to the frame past
+    # Jitted.__call__ without making its frame object).
+    s = client.slice(1)
+    prog = plexus.jit(lambda a: a + 1.0, s)
+
+    def helper(x):
+        return prog(x)
+
+    x = s.put(np.zeros(3, np.float32))
+    for _ in range(3):  # the first call, then the fast path twice
+        x = helper(x)
+    with client.graph():  # the fast path, recorded
+        x = helper(x)
+    np.testing.assert_array_equal(np.asarray(x), [4.0, 4.0, 4.0])
+    sites = {(f.co_name, g.co_name if g else None)
+             for _, f, g in client._sites.values()}
+    me = "test_a_chained_calls_site_is_the_users_line_on_every_path"
+    assert sites == {("helper", me)}, sites

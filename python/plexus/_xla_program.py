@@ -82,7 +82,10 @@ class XlaProgram(Program):
             # an earlier call): Program._invoke and _wrap_keys in one
             # frame, a third of this path's Python glue.
             client = self._client
-            site = _trace.call_site(client)
+            # Called by Jitted.__call__ only: the frame past it is the
+            # first that may be outside the package (depth 3 does not
+            # materialize Jitted.__call__'s frame object, new each call).
+            site = _trace.call_site(client, 3)
             graph = _recording.graph
             if graph is not None and graph._client is client:
                 outs = graph._g.call(self._p, core_futures, site)
