@@ -84,10 +84,11 @@ void PrintCounters(const plexus::sim::SimCluster& cluster) {
       "{\"registered\": %ld, \"ended\": %ld, \"executes\": %ld, "
       "\"calls_reported\": %ld, \"reports\": %ld, \"heartbeats\": %ld, "
       "\"ops\": %ld, \"keys_held\": %ld, \"ops_framed\": %ld, "
-      "\"reports_framed\": %ld, \"ops_connections_polled\": %ld}\n",
+      "\"reports_framed\": %ld, \"ops_connections\": %ld, "
+      "\"ops_connections_polled\": %ld}\n",
       c.registered, c.ended, c.executes, c.calls_reported, c.reports,
       c.heartbeats, c.ops, c.keys_held, c.ops_framed, c.reports_framed,
-      c.ops_connections_polled);
+      c.ops_connections, c.ops_connections_polled);
   std::fflush(stdout);
 }
 

@@ -742,6 +742,7 @@ SimCounters SimCluster::counters() const {
     c.reports_framed += host->reports_framed();
   }
   if (data_plane_) c.keys_held = data_plane_->keys_held();
+  c.ops_connections = ops_connections_.load();
   c.ops_connections_polled = ops_connections_polled_.load();
   return c;
 }
@@ -769,6 +770,7 @@ SimDataPlane::OpsSink SimCluster::OpsSink() {
   // server paid each wake-up in its sends (try_to_wake_up), a cost a real
   // worker's on another machine does not put on it.
   sink.take = [this](uint64_t generation, int fd) {
+    ops_connections_++;
     SimHost* host = HostOf(generation);
     if (host == nullptr || ops_poller_ == nullptr) return false;
     transport::internal::UniqueFd mine(::dup(fd));

@@ -99,7 +99,9 @@ struct SimCounters {
   int64_t reports = 0;         // CallsDone messages sent
   int64_t reports_framed = 0;  // of them, as REPORTS frames
   int64_t ops_framed = 0;      // ops read from OPS frames
-  // Ops connections the data plane handed to the one ops thread.
+  // Ops connections whose first frame was applied, and of them those the
+  // data plane handed to the one ops thread.
+  int64_t ops_connections = 0;
   int64_t ops_connections_polled = 0;
   int64_t heartbeats = 0;
   int64_t ops = 0;        // every op read
@@ -171,6 +173,7 @@ class SimCluster {
   std::unique_ptr<transport::DataPlaneServer> data_server_;
   // Every host's ops connection after its first frame (ops_on_frames).
   std::unique_ptr<transport::FramePoller> ops_poller_;
+  std::atomic<int64_t> ops_connections_{0};
   std::atomic<int64_t> ops_connections_polled_{0};
   // One stub (one channel) per hosts_per_channel hosts.
   std::vector<std::unique_ptr<proto::Controller::Stub>> stubs_;
