@@ -575,6 +575,14 @@ std::vector<ObjectStore::ReadyCallback> ObjectStore::CompleteLocked(
   SignalKeyLocked(key, KeyEvent::kComplete);  // reads that came before it
   std::vector<ReadyCallback> callbacks;
   callbacks.swap(e.callbacks);
+  if (!key_waits_.empty()) {
+    if (auto it = key_waits_.find(key); it != key_waits_.end()) {
+      for (auto& [number, hook] : it->second->on_ready) {
+        callbacks.push_back(std::move(hook));
+      }
+      it->second->on_ready.clear();
+    }
+  }
   return callbacks;
 }
 

@@ -246,6 +246,15 @@ class ObjectStore {
   // down, or unknown_key_timeout passes (NotFound, saying so).
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const BufferKey& key);
+  // AwaitReady that, where it blocks, also has `on_ready` run by the thread
+  // that readies or fails the shard, as soon as it does (after this
+  // store's lock is released; this call may return before or after it),
+  // so that a fetch can be answered from there without a thread woken
+  // between. It may run more than once, and after this call returned for
+  // another reason (the store shutting down, the unknown key's bound):
+  // the hook decides for itself whether it is still wanted.
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
+      const BufferKey& key, const ReadyCallback& on_ready);
   // AwaitReady for an input of a task: while it blocks, the wait is listed
   // by AwaitedInputs (a wait that does not block is never listed, and
   // costs nothing more than AwaitReady).
@@ -305,8 +314,11 @@ class ObjectStore {
     InputWait* next = nullptr;
   };
   // AwaitReady's wait; lists `wait`, if given, while it blocks.
+  // `on_ready`, if set: AwaitReady's hook.
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReadyLocked(
-      const BufferKey& key, InputWait* wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      const BufferKey& key, InputWait* wait,
+      const ReadyCallback* on_ready = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lists `wait` (at the tail: the newest), or updates its source.
   void ListWaitLocked(InputWait* wait, int64_t source_worker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(awaited_mu_);
@@ -334,7 +346,10 @@ class ObjectStore {
   // passed. Ends early on an event that may end every such wait
   // (SignalKeyWaitsLocked), and a kComplete wait also when its entry
   // appears declared ready or failed; the caller looks again either way.
-  bool AwaitKeyLocked(const BufferKey& key, KeyEvent until, absl::Time deadline)
+  // `on_ready`, if set, is kept with the key's wait while this wait
+  // sleeps: its entry's completion hands it out (CompleteLocked).
+  bool AwaitKeyLocked(const BufferKey& key, KeyEvent until, absl::Time deadline,
+                      const ReadyCallback* on_ready = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Wakes the waits for `key` that `event` ends (a completion ends both
   // kinds).
@@ -389,7 +404,8 @@ class ObjectStore {
   // memory. Called without mu_.
   void FreeRemoved(std::vector<std::shared_ptr<Storage>>& freed)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Moves the entry to a final state; returns the callbacks to run unlocked.
+  // Moves the entry to a final state; returns the callbacks to run unlocked
+  // (its own, and the hooks of waits that began before it existed).
   std::vector<ReadyCallback> CompleteLocked(const BufferKey& key, Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunCallbacks(
@@ -408,7 +424,12 @@ class ObjectStore {
     absl::CondVar cv;
     int waiters = 0;
     int for_declaration = 0;  // those of them waiting for kDeclared
+    // AwaitReady's hooks of the waits for the value sleeping here, by a
+    // number of the wait's: handed out at the key's completion, else taken
+    // back by their wait as it wakes.
+    std::vector<std::pair<uint64_t, ReadyCallback>> on_ready;
   };
+  uint64_t next_hook_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<BufferKey, KeyWait*> key_waits_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<KeyWait>> all_key_waits_ ABSL_GUARDED_BY(mu_);
   std::vector<KeyWait*> free_key_waits_ ABSL_GUARDED_BY(mu_);

@@ -590,6 +590,62 @@ TEST(ObjectStoreTest,
   EXPECT_EQ((*got)->size(), 16u);
 }
 
+// A fetch's hook (AwaitReady's `on_ready`) runs on the thread that
+// readies its value, before that thread's Fulfil returns, with the value;
+// a hook whose wait ended otherwise is taken back and never runs.
+TEST(ObjectStoreTest, AFetchsHookRunsOnTheThreadThatReadiesItsValue) {
+  FakeClockStore f(1 << 20);
+  struct Seen {
+    std::atomic<int> runs{0};
+    std::atomic<size_t> bytes{0};
+    std::thread::id on;
+  };
+  auto hook_of = [](Seen* seen) {
+    return [seen](absl::StatusOr<std::shared_ptr<const Storage>> result) {
+      seen->on = std::this_thread::get_id();
+      if (result.ok()) seen->bytes = (*result)->size();
+      seen->runs++;
+    };
+  };
+  // Before its declaration (the fetch came first), then declared: the
+  // declaration does not run it; the value does.
+  const BufferKey key{81, 0};
+  Seen seen;
+  absl::StatusOr<std::shared_ptr<const Storage>> got;
+  std::thread fetcher([&] { got = f.store->AwaitReady(key, hook_of(&seen)); });
+  f.clock.AwaitWaiters(1);
+  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
+  f.clock.AwaitWaiters(1);
+  EXPECT_EQ(seen.runs.load(), 0);
+  ASSERT_TRUE(f.store->Reserve(0, 16).ok());
+  f.store->Fulfil(key, Bytes(16), 0);
+  EXPECT_EQ(seen.runs.load(), 1);  // already, on this thread
+  EXPECT_EQ(seen.on, std::this_thread::get_id());
+  EXPECT_EQ(seen.bytes.load(), 16u);
+  fetcher.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)->size(), 16u);
+
+  // Its wait ended at the unknown key's bound: the hook went with it.
+  const BufferKey late{82, 0};
+  Seen gone;
+  std::thread waiter([&] { got = f.store->AwaitReady(late, hook_of(&gone)); });
+  f.clock.AwaitWaiters(1);
+  f.clock.Advance(absl::Seconds(31));
+  waiter.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+  f.store->Declare(late, 0, {DType::kF32, {4}}, /*owned=*/true);
+  ASSERT_TRUE(f.store->Reserve(0, 16).ok());
+  f.store->Fulfil(late, Bytes(16), 0);
+  EXPECT_EQ(gone.runs.load(), 0);
+
+  // A value ready already: returned at once, no hook.
+  Seen now;
+  got = f.store->AwaitReady(key, hook_of(&now));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(now.runs.load(), 0);
+}
+
 TEST(ObjectStoreTest, AFetchBeforeItsDeclarationGetsItsFailure) {
   FakeClockStore f(1 << 20);
   const BufferKey key{78, 0};

@@ -35,7 +35,8 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key,
 }
 
 bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
-                                 absl::Time deadline) {
+                                 absl::Time deadline,
+                                 const ReadyCallback* on_ready) {
   KeyWait*& slot = key_waits_[key];
   if (slot == nullptr) {
     if (free_key_waits_.empty()) {
@@ -49,9 +50,20 @@ bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
   const int declaration = until == KeyEvent::kDeclared ? 1 : 0;
   wait->waiters++;
   wait->for_declaration += declaration;
+  const uint64_t hook = on_ready != nullptr ? ++next_hook_ : 0;
+  if (hook != 0) wait->on_ready.emplace_back(hook, *on_ready);
   const bool timed_out =
       options_.clock->AwaitWithDeadline(&mu_, &wait->cv, deadline);
   wait->for_declaration -= declaration;
+  if (hook != 0) {  // not handed out: this wait takes it back
+    auto& hooks = wait->on_ready;
+    for (auto h = hooks.begin(); h != hooks.end(); ++h) {
+      if (h->first == hook) {
+        hooks.erase(h);
+        break;
+      }
+    }
+  }
   if (--wait->waiters == 0) {
     key_waits_.erase(key);
     free_key_waits_.push_back(wait);
@@ -100,6 +112,12 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
   return AwaitReadyLocked(key, nullptr);
 }
 
+absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
+    const BufferKey& key, const ReadyCallback& on_ready) {
+  absl::MutexLock lock(&mu_);
+  return AwaitReadyLocked(key, nullptr, on_ready ? &on_ready : nullptr);
+}
+
 absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitInput(
     const BufferKey& key) {
   InputWait wait;
@@ -142,7 +160,7 @@ int ObjectStore::AwaitedInputs(int max, std::vector<AwaitedInput>* out) const {
 }
 
 absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
-    const BufferKey& key, InputWait* wait) {
+    const BufferKey& key, InputWait* wait, const ReadyCallback* on_ready) {
   const absl::Time unknown_deadline =
       options_.clock->Now() + options_.unknown_key_timeout;
   if (wait != nullptr) wait->input.key = key;
@@ -159,6 +177,10 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
         ListWaitLocked(wait, e.arrival == Arrival::kFromPeer ? e.source_worker
                                                              : int64_t{-1});
       }
+      if (on_ready != nullptr) {
+        e.callbacks.push_back(*on_ready);
+        on_ready = nullptr;  // once: the entry keeps it until it completes
+      }
       if (!e.ready) e.ready = std::make_shared<absl::CondVar>();
       std::shared_ptr<absl::CondVar> ready = e.ready;
       ready->Wait(&mu_);
@@ -172,7 +194,7 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
     if (wait != nullptr) ListWaitLocked(wait, -1);
     const bool timed_out = AwaitKeyLocked(
         key, wait != nullptr ? KeyEvent::kDeclared : KeyEvent::kComplete,
-        unknown_deadline);
+        unknown_deadline, wait != nullptr ? nullptr : on_ready);
     if (timed_out && !entries_.contains(key) &&
         UnknownKeyEndLocked(key, /*read=*/true).ok()) {
       return absl::NotFoundError(absl::StrCat(

@@ -133,6 +133,9 @@ struct DataPlaneCounters {
   std::atomic<int64_t> bytes_received{0};      // PUSH payloads received
   std::atomic<int64_t> bytes_from_clients{0};  // PUT payloads received
   std::atomic<int64_t> bytes_to_clients{0};    // FETCH payloads sent
+  // FETCH or WAIT answers sent by the thread that readied their shard
+  // (DataPlaneHandler::AwaitReadyTelling), not the connection's.
+  std::atomic<int64_t> early_answers{0};
 };
 
 // What a data-plane server asks of its owner (the worker's object store).
@@ -275,6 +278,19 @@ class DataPlaneHandler {
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
+  // AwaitReady that, where it blocks, also hands `on_ready` the result
+  // from the thread that readies the shard, as soon as it does: the data
+  // plane then answers a FETCH of a small value or a WAIT from there, one
+  // thread wake-up fewer on a call's round trip (the connection's thread,
+  // woken after, finds it answered). The hook may run after this returned,
+  // or more than once; it checks for itself whether it is still wanted.
+  // By default it never runs.
+  using ReadyHook = std::function<void(
+      absl::StatusOr<std::shared_ptr<const Storage>> result)>;
+  virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReadyTelling(
+      const ShardKey& key, const ReadyHook& on_ready) {
+    return AwaitReady(key);
+  }
   // The serialized executable of content fingerprint `fingerprint`, now,
   // or why not (none, still compiling): FETCH_EXECUTABLE's reply, after
   // Authorize. Should not wait long: the asker compiles instead. By

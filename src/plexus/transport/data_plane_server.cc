@@ -639,11 +639,89 @@ absl::Status DataPlaneServerImpl::ServeIpc(FrameSocket& socket,
   return socket.SendControl(FrameType::kAck, key);
 }
 
+// A FETCH's or WAIT's answer, sent by whichever comes first: the thread
+// that readies the shard (the handler's hook, AwaitReadyTelling) or the
+// connection's own thread once its wait returns. Only one sends; the
+// connection's thread waits while the hook's send is under way, so the
+// connection's frames keep their order, and it sends whatever of the frame
+// the hook could not (the hook never blocks on a peer that stops reading).
+struct EarlyAnswer {
+  enum class State { kOpen, kSending, kSent, kClaimed };
+  absl::Mutex mu;
+  State state ABSL_GUARDED_BY(mu) = State::kOpen;
+  absl::Status sent ABSL_GUARDED_BY(mu);   // the hook's send, once kSent
+  std::string rest ABSL_GUARDED_BY(mu);    // the frame's bytes not yet sent
+  size_t payload ABSL_GUARDED_BY(mu) = 0;  // DATA bytes the frame carries
+};
+
 absl::Status DataPlaneServerImpl::ServeFetchOrWait(FrameSocket& socket,
                                                    const FrameHeader& header) {
   const ShardKey key = header.key();
+  const bool wait = header.frame_type() == FrameType::kWait;
+  auto early = std::make_shared<EarlyAnswer>();
+  // Runs on the readying thread. Answers only what needs no waiting there
+  // and little time: an ACK, or a small value in host memory (a value in
+  // device memory may still be computing; an error is left to the
+  // connection's thread, which words it). `socket` is touched only while
+  // the state is kSending, which the connection's thread waits out.
+  auto hook = [early, wait, key, socket = &socket](
+                  absl::StatusOr<std::shared_ptr<const Storage>> result) {
+    if (!result.ok() || *result == nullptr ||
+        (*result)->device_buffer() != nullptr) {
+      return;
+    }
+    const Storage& data = **result;
+    if (!wait && (data.size() > FrameSocket::kSmallFrameBytes ||
+                  data.data() == nullptr)) {
+      return;
+    }
+    {
+      absl::MutexLock lock(&early->mu);
+      if (early->state != EarlyAnswer::State::kOpen) return;
+      early->state = EarlyAnswer::State::kSending;
+    }
+    std::string frame;
+    absl::StatusOr<size_t> went = socket->TrySendSmall(
+        wait ? FrameType::kAck : FrameType::kData, key,
+        wait ? absl::string_view()
+             : absl::string_view(static_cast<const char*>(data.data()),
+                                 data.size()),
+        &frame);
+    absl::MutexLock lock(&early->mu);
+    early->payload = wait ? 0 : data.size();
+    if (went.ok()) early->rest = frame.substr(*went);
+    early->sent = went.status();
+    early->state = EarlyAnswer::State::kSent;
+  };
   absl::StatusOr<std::shared_ptr<const Storage>> ready =
-      handler_->AwaitReady(key);
+      handler_->AwaitReadyTelling(key, hook);
+  bool answered = false;  // by the hook (no hook runs once this is known)
+  absl::Status sent;
+  std::string rest;
+  size_t payload = 0;
+  {
+    absl::MutexLock lock(&early->mu);
+    if (early->state == EarlyAnswer::State::kOpen) {
+      early->state = EarlyAnswer::State::kClaimed;  // the hook stands down
+    } else {
+      EarlyAnswer* e = early.get();
+      auto done = [e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) {
+        return e->state == EarlyAnswer::State::kSent;
+      };
+      early->mu.Await(absl::Condition(&done));
+      answered = true;
+      sent = early->sent;
+      rest = std::move(early->rest);
+      payload = early->payload;
+    }
+  }
+  if (answered) {
+    if (!sent.ok()) return sent;
+    if (absl::Status s = socket.SendRemainder(rest); !s.ok()) return s;
+    counters_->early_answers.fetch_add(1);
+    counters_->bytes_to_clients.fetch_add(static_cast<int64_t>(payload));
+    return absl::OkStatus();
+  }
   if (ready.ok() && *ready == nullptr) {
     ready = absl::InternalError(
         absl::StrCat(KeyString(key), " is ready but holds no storage"));

@@ -193,8 +193,15 @@ void WorkerDataPlane::DeliverError(const transport::ShardKey& key,
 
 absl::StatusOr<std::shared_ptr<const Storage>> WorkerDataPlane::AwaitReady(
     const transport::ShardKey& key) {
+  return AwaitReadyTelling(key, nullptr);
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>>
+WorkerDataPlane::AwaitReadyTelling(const transport::ShardKey& key,
+                                   const ReadyHook& on_ready) {
   absl::StatusOr<std::shared_ptr<const Storage>> ready =
-      store_.AwaitReady({key.buffer_id, key.shard});
+      on_ready ? store_.AwaitReady({key.buffer_id, key.shard}, on_ready)
+               : store_.AwaitReady({key.buffer_id, key.shard});
   // A value in device memory may still be being computed: a client's
   // wait or fetch is answered once it is, with its error if it failed.
   if (ready.ok() && *ready != nullptr) {

@@ -75,6 +75,11 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
                     const absl::Status& error) override;
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const transport::ShardKey& key) override;
+  // The store's wait with the data plane's hook (ObjectStore::AwaitReady):
+  // a client's fetch of a value a task on this worker makes is answered by
+  // the thread that readies it.
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitReadyTelling(
+      const transport::ShardKey& key, const ReadyHook& on_ready) override;
   // Where the worker's devices are CUDA GPUs and the CUDA libraries load
   // (CudaIpc::available).
   bool OpensCudaIpc() override;

@@ -3,6 +3,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -155,6 +156,35 @@ absl::Status FrameSocket::Break(absl::Status status) {
 absl::Status FrameSocket::SendControl(FrameType type, const ShardKey& key) {
   FrameHeader header = MakeHeader(type, key);
   iovec iov{&header, sizeof(header)};
+  if (absl::Status s = SendAll(fd(), &iov, 1); !s.ok()) return Break(s);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<size_t> FrameSocket::TrySendSmall(FrameType type,
+                                                 const ShardKey& key,
+                                                 absl::string_view payload,
+                                                 std::string* frame) {
+  if (payload.size() > kSmallFrameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a frame of ", payload.size(), " bytes is not small"));
+  }
+  FrameHeader header = MakeHeader(type, key);
+  header.payload_bytes = payload.size();
+  frame->assign(reinterpret_cast<const char*>(&header), sizeof(header));
+  frame->append(payload.data(), payload.size());
+  while (true) {
+    const ssize_t went =
+        ::send(fd(), frame->data(), frame->size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (went >= 0) return static_cast<size_t>(went);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t{0};
+    return Break(IoError("send", errno));
+  }
+}
+
+absl::Status FrameSocket::SendRemainder(absl::string_view rest) {
+  if (rest.empty()) return absl::OkStatus();
+  iovec iov{const_cast<char*>(rest.data()), rest.size()};
   if (absl::Status s = SendAll(fd(), &iov, 1); !s.ok()) return Break(s);
   return absl::OkStatus();
 }

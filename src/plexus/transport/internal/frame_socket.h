@@ -189,6 +189,17 @@ class FrameSocket {
 
   // A frame without payload (FETCH, WAIT, ACK).
   absl::Status SendControl(FrameType type, const ShardKey& key);
+  // A frame of at most kSmallFrameBytes of inline payload (an ACK, a small
+  // DATA) written without blocking, as one buffer: how many of its bytes
+  // went (all, some or none), with the frame in `*frame`. What did not go
+  // is the caller's to send (SendRemainder) before anything else is
+  // written. An I/O error breaks the stream.
+  static constexpr size_t kSmallFrameBytes = size_t{16} << 10;
+  absl::StatusOr<size_t> TrySendSmall(FrameType type, const ShardKey& key,
+                                      absl::string_view payload,
+                                      std::string* frame);
+  // The bytes of a frame TrySendSmall began, written (blocking).
+  absl::Status SendRemainder(absl::string_view rest);
   // PUSH, PUT or DATA. A memfd-backed `data` on a unix socket travels as its
   // descriptor; otherwise its bytes follow in kChunkBytes writes. `sent`,
   // if not null, counts the payload bytes as they go (a passed memfd's
