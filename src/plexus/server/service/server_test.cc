@@ -69,6 +69,10 @@ TEST(ServerJournalTest, AJournalThatIsOneSnapshotServesAnotherStart) {
       ASSERT_NE(worker.worker_id(), 0);
     }
   }
+  // Not left in the temporary folder (every run of the suite made one).
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    std::remove(absl::StrCat(path, suffix).c_str());
+  }
 }
 
 // The Shutdown RPC shuts the server down before it answers, and leaves no
