@@ -252,7 +252,8 @@ class ObjectStore {
   // so that a fetch can be answered from there without a thread woken
   // between. It may run more than once, and after this call returned for
   // another reason (the store shutting down, the unknown key's bound):
-  // the hook decides for itself whether it is still wanted.
+  // the hook decides for itself whether it is still wanted. An empty hook:
+  // AwaitReady(key).
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const BufferKey& key, const ReadyCallback& on_ready);
   // AwaitReady for an input of a task: while it blocks, the wait is listed

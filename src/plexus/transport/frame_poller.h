@@ -67,7 +67,7 @@ class FramePoller {
 
   // `thread_name`: the poller thread's (at most 15 characters); `peer`:
   // who is at the other end, in the end's message ("the worker": "the
-  // worker closed it").
+  // worker closed it"). Both are kept as given: string literals.
   static absl::StatusOr<std::unique_ptr<FramePoller>> Start(
       PolledFrames type, const char* thread_name, const char* peer);
   // Stops the thread; connections not removed are closed, unsaid.

@@ -200,8 +200,7 @@ absl::StatusOr<std::shared_ptr<const Storage>>
 WorkerDataPlane::AwaitReadyTelling(const transport::ShardKey& key,
                                    const ReadyHook& on_ready) {
   absl::StatusOr<std::shared_ptr<const Storage>> ready =
-      on_ready ? store_.AwaitReady({key.buffer_id, key.shard}, on_ready)
-               : store_.AwaitReady({key.buffer_id, key.shard});
+      store_.AwaitReady({key.buffer_id, key.shard}, on_ready);
   // A value in device memory may still be being computed: a client's
   // wait or fetch is answered once it is, with its error if it failed.
   if (ready.ok() && *ready != nullptr) {
