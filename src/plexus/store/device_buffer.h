@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -42,6 +43,11 @@ class DeviceBuffer {
   // that reads it on the device fails with it too (the plugin's message,
   // named by the program that made it). Cheap once it has returned.
   virtual absl::Status Await() const = 0;
+  // Await's result where the value is computed (or failed) already; none
+  // while it is still being computed, or where this buffer cannot tell
+  // without waiting. Never blocks: asked by a thread that must not wait
+  // (the one that readies a fetched value, to answer the fetch from there).
+  virtual std::optional<absl::Status> Computed() const { return std::nullopt; }
   // Where the device's memory is the host's (the CPU plugin) and the bytes
   // are laid out densely and row-major: their address, readable in place
   // once Await returned OK. Null before, and where host code cannot read

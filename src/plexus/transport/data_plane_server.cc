@@ -660,17 +660,21 @@ absl::Status DataPlaneServerImpl::ServeFetchOrWait(FrameSocket& socket,
   const bool wait = header.frame_type() == FrameType::kWait;
   auto early = std::make_shared<EarlyAnswer>();
   // Runs on the readying thread. Answers only what needs no waiting there
-  // and little time: an ACK, or a small value in host memory (a value in
-  // device memory may still be computing; an error is left to the
-  // connection's thread, which words it). `socket` is touched only while
-  // the state is kSending, which the connection's thread waits out.
+  // and little time: an ACK, or a small value in host memory. A value in
+  // device memory only once computed, and read in place (an XLA output of
+  // the CPU plugin, which runs a small program inline, before its outputs
+  // are published); one still computing, or on a GPU, is left to the
+  // connection's thread, as is an error, which that thread words.
+  // `socket` is touched only while the state is kSending, which the
+  // connection's thread waits out.
   auto hook = [early, wait, key, socket = &socket](
                   absl::StatusOr<std::shared_ptr<const Storage>> result) {
-    if (!result.ok() || *result == nullptr ||
-        (*result)->device_buffer() != nullptr) {
-      return;
-    }
+    if (!result.ok() || *result == nullptr) return;
     const Storage& data = **result;
+    if (const DeviceBuffer* device = data.device_buffer(); device != nullptr) {
+      const std::optional<absl::Status> computed = device->Computed();
+      if (!computed.has_value() || !computed->ok()) return;
+    }
     if (!wait && (data.size() > FrameSocket::kSmallFrameBytes ||
                   data.data() == nullptr)) {
       return;

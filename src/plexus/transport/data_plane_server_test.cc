@@ -8,14 +8,18 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "plexus/store/device_buffer.h"
+#include "plexus/store/storage.h"
 #include "plexus/transport/data_plane.h"
 #include "plexus/transport/frame_poller.h"
 #include "plexus/transport/internal/frame_socket.h"
@@ -759,6 +763,40 @@ std::shared_ptr<const Storage> Valued(size_t n, char byte) {
   return s;
 }
 
+// A value in a device's memory that is the host's (as the CPU plugin's),
+// computed or still computing (Computed says none; Await never blocks
+// here: the test finishes it before the connection's thread reads it).
+class HostDeviceBuffer : public DeviceBuffer {
+ public:
+  HostDeviceBuffer(size_t n, char byte, bool computed)
+      : bytes_(n, byte), computed_(computed) {}
+  size_t size() const override { return bytes_.size(); }
+  absl::Status Await() const override {
+    computed_ = true;
+    return absl::OkStatus();
+  }
+  std::optional<absl::Status> Computed() const override {
+    if (!computed_) return std::nullopt;
+    return absl::OkStatus();
+  }
+  const void* host_address() const override {
+    return computed_ ? bytes_.data() : nullptr;
+  }
+  absl::Status CopyToHost(void* dst) const override {
+    std::memcpy(dst, bytes_.data(), bytes_.size());
+    return absl::OkStatus();
+  }
+
+ private:
+  std::string bytes_;
+  mutable std::atomic<bool> computed_;
+};
+
+std::shared_ptr<const Storage> OnDevice(size_t n, char byte, bool computed) {
+  return Storage::OnDevice(
+      std::make_shared<HostDeviceBuffer>(n, byte, computed));
+}
+
 // A FETCH or WAIT whose shard is readied while it waits is answered by the
 // readying thread, while the connection's thread still waits (the client
 // has it before the handler's wait returns), once: the connection's next
@@ -804,6 +842,30 @@ TEST(DataPlaneServerTest, AnAnswerIsSentByTheThreadThatReadiesItsShard) {
     large.join();
     ASSERT_TRUE(fetched.ok()) << fetched.status();
     EXPECT_EQ(static_cast<const char*>((*fetched)->data())[0], 'd');
+    // In device memory: computed already (an XLA output of a run the CPU
+    // plugin ended inline), read in place by the hook; still computing,
+    // left to the connection's thread, which awaits it.
+    absl::Notification answered;
+    std::thread computed([&] {
+      fetched = (*conn)->Fetch(key);
+      answered.Notify();
+    });
+    handler.AwaitHook()(OnDevice(8, 'e', /*computed=*/true));
+    EXPECT_TRUE(answered.WaitForNotificationWithTimeout(kDeadline))
+        << "the hook left a computed device value to the connection's thread";
+    handler.Release(Valued(8, 'z'));  // what that thread would send
+    computed.join();
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    EXPECT_EQ(std::string(static_cast<const char*>((*fetched)->data()),
+                          (*fetched)->size()),
+              std::string(8, 'e'));
+    early += 1;
+    std::thread computing([&] { fetched = (*conn)->Fetch(key); });
+    handler.AwaitHook()(OnDevice(8, 'f', /*computed=*/false));
+    handler.Release(OnDevice(8, 'g', /*computed=*/false));
+    computing.join();
+    ASSERT_TRUE(fetched.ok()) << fetched.status();
+    EXPECT_EQ(static_cast<const char*>((*fetched)->data())[0], 'g');
     EXPECT_EQ(counters.early_answers.load(), early);
   }
 }

@@ -466,6 +466,29 @@ absl::Status PjrtBuffer::Await() const {
   return ready_;
 }
 
+std::optional<absl::Status> PjrtBuffer::Computed() const {
+  {
+    absl::MutexLock lock(&mu_);
+    if (awaited_) return ready_;
+    const PJRT_Api* api = client_->api;
+    PjrtScope scope(api);
+    auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+    ready.buffer = buffer_;
+    if (!scope.ToStatus(api->PJRT_Buffer_ReadyEvent(&ready), "").ok()) {
+      return std::nullopt;  // Await says why
+    }
+    auto is = PJRT_ARGS(PJRT_Event_IsReady_Args);
+    is.event = ready.event;
+    const bool computed =
+        scope.ToStatus(api->PJRT_Event_IsReady(&is), "").ok() && is.is_ready;
+    auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
+    d.event = ready.event;
+    scope.ToStatus(api->PJRT_Event_Destroy(&d), "").IgnoreError();
+    if (!computed) return std::nullopt;
+  }
+  return Await();  // computed: at once
+}
+
 absl::Status PjrtBuffer::CopyToHost(void* dst) const {
   if (absl::Status s = Await(); !s.ok()) return s;
   const PJRT_Api* api = client_->api;

@@ -63,6 +63,8 @@ class PjrtBuffer final : public DeviceBuffer {
 
   size_t size() const override { return size_; }
   absl::Status Await() const override;
+  // Its ready event's state (PJRT_Event_IsReady), then Await's result.
+  std::optional<absl::Status> Computed() const override;
   const void* host_address() const override {
     return host_address_.load(std::memory_order_acquire);
   }
