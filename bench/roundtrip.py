@@ -9,6 +9,8 @@ an order that alternates between rounds), the median microseconds of:
   - plexus-python: `np.asarray(prog(x))` on a 1-host, 1-device embedded
     cluster (`prog` the built-in `scale` by 1 of f32[4]): a call, then a
     fetch of its small result, from the Python client;
+  - plexus-jit: the same with a plexus.jit program (`x * 1.0`, compiled
+    by XLA's CPU plugin on the worker), the round trip a JAX user makes;
   - plexus-cpp: the C++ client's op-by-op call + wait on its own embedded
     cluster (`plexus-bench-dispatch --op-by-op-only --hosts-list 1`, one
     process per round; its own 64 B TCP ping-pong is reported beside it as
@@ -277,6 +279,9 @@ def main():
     prog = s.program("scale", x, factor=1.0)
     assert np.asarray(prog(x)).tolist() == [1.0] * 4
     onces["plexus-python"] = lambda: np.asarray(prog(x))
+    jitted = plexus.jit(lambda a: a * 1.0, slice=s)
+    assert np.asarray(jitted(x)).tolist() == [1.0] * 4
+    onces["plexus-jit"] = lambda: np.asarray(jitted(x))
     # What a Python round trip costs each process: CPU and context
     # switches (each a sleep and a wake-up of some thread).
     cost = ProcessCost({"client": os.getpid(), "server": cluster.process.pid,

@@ -135,19 +135,14 @@ void ObjectStore::DeclareLocked(const BufferKey& key, int device,
     MaybeRemoveLocked(key);
   }
   if (!mismatch.ok() && !callbacks.empty()) {
-    done.callbacks.emplace_back(std::move(callbacks), mismatch);
+    done.emplace_back(std::move(callbacks), mismatch);
   }
 }
 
 void ObjectStore::RunCompletions(Completions completions) {
-  for (auto& [callbacks, result] : completions.callbacks) {
+  for (auto& [callbacks, result] : completions) {
     RunCallbacks(std::move(callbacks), result);
   }
-  completions.wakes.SignalAll();
-}
-
-void ObjectStore::Wakes::SignalAll() {
-  for (const std::shared_ptr<absl::CondVar>& cv : cvs) cv->SignalAll();
 }
 
 absl::Status ObjectStore::AddReader(const BufferKey& key) {
@@ -351,8 +346,7 @@ void ObjectStore::ReleaseLocked(uint64_t buffer_id, Completions& done,
             "buffer ", buffer_id, " was released before its put arrived"));
         std::vector<ReadyCallback> callbacks =
             AbandonPutLocked(key, it->second, why);
-        if (!callbacks.empty())
-          done.callbacks.emplace_back(std::move(callbacks), why);
+        if (!callbacks.empty()) done.emplace_back(std::move(callbacks), why);
       }
       MaybeRemoveLocked(key, &freed);
     }
@@ -522,7 +516,6 @@ void ObjectStore::AbandonIncoming(const BufferKey& key) {
 void ObjectStore::FulfilIncoming(const BufferKey& key,
                                  std::shared_ptr<Storage> data) {
   std::vector<ReadyCallback> callbacks;
-  Wakes wakes;
   std::shared_ptr<const Storage> ready = data;
   {
     absl::MutexLock lock(&mu_);
@@ -536,11 +529,10 @@ void ObjectStore::FulfilIncoming(const BufferKey& key,
     e.state = Entry::State::kReady;
     e.data = std::move(data);
     if (OnDevice(e)) device_memory_shards_++;
-    callbacks = CompleteLocked(key, e, &wakes);
+    callbacks = CompleteLocked(key, e);
     MaybeRemoveLocked(key);
   }
   RunCallbacks(std::move(callbacks), ready);
-  wakes.SignalAll();
 }
 
 absl::Status ObjectStore::Reserve(int device, int64_t bytes, int64_t* ahead) {
@@ -578,29 +570,17 @@ absl::StatusOr<std::shared_ptr<Storage>> ObjectStore::Allocate(int device,
 }
 
 std::vector<ObjectStore::ReadyCallback> ObjectStore::CompleteLocked(
-    const BufferKey& key, Entry& e, Wakes* later) {
-  if (e.ready) {
-    if (later != nullptr) {
-      later->cvs.push_back(e.ready);
-    } else {
-      e.ready->SignalAll();
-    }
-  }
+    const BufferKey& key, Entry& e) {
+  if (e.ready) e.ready->SignalAll();
+  SignalKeyLocked(key, KeyEvent::kComplete);  // reads that came before it
   std::vector<ReadyCallback> callbacks;
   callbacks.swap(e.callbacks);
   if (!key_waits_.empty()) {
-    // Reads that came before it (SignalKeyLocked's kComplete).
     if (auto it = key_waits_.find(key); it != key_waits_.end()) {
-      KeyWait& wait = *it->second;
-      for (auto& [number, hook] : wait.on_ready) {
+      for (auto& [number, hook] : it->second->on_ready) {
         callbacks.push_back(std::move(hook));
       }
-      wait.on_ready.clear();
-      if (later != nullptr) {
-        later->cvs.push_back(wait.cv);
-      } else {
-        wait.cv->SignalAll();
-      }
+      it->second->on_ready.clear();
     }
   }
   return callbacks;
@@ -656,10 +636,8 @@ void ObjectStore::FulfilLocked(const BufferKey& key,
     e.state = Entry::State::kReady;
     e.data = std::move(data);
     if (OnDevice(e)) device_memory_shards_++;
-    std::vector<ReadyCallback> callbacks = CompleteLocked(key, e, &done.wakes);
-    if (!callbacks.empty()) {
-      done.callbacks.emplace_back(std::move(callbacks), ready);
-    }
+    std::vector<ReadyCallback> callbacks = CompleteLocked(key, e);
+    if (!callbacks.empty()) done.emplace_back(std::move(callbacks), ready);
     MaybeRemoveLocked(key);
   }
 }

@@ -368,26 +368,10 @@ class ObjectStore {
   // Whether AbandonPutLocked would fail `e`: a put whose bytes have not
   // begun to arrive.
   static bool AwaitsPutBytes(const Entry& e);
-  // The waits a value's completion ends, signalled once mu_ is let go and
-  // its callbacks ran (Wakes::SignalAll). Signalled under mu_, a timed wait
-  // (a read of a key not declared yet) wakes at once only to sleep on mu_
-  // and wake again at its release; and a read whose hook is answering it
-  // wakes only to wait for that answer to be sent. Signalled after, each
-  // wakes once, to find its value ready and its answer sent. (A wait ends
-  // on its condition, not on the signal: a late or spurious one is
-  // harmless; a KeyWait is never freed.)
-  struct Wakes {
-    std::vector<std::shared_ptr<absl::CondVar>> cvs;
-    void SignalAll();
-  };
-  // Callbacks to run once mu_ is let go, each group with its result, and
-  // the waits to wake after them.
-  struct Completions {
-    std::vector<std::pair<std::vector<ReadyCallback>,
-                          absl::StatusOr<std::shared_ptr<const Storage>>>>
-        callbacks;
-    Wakes wakes;
-  };
+  // Callbacks to run once mu_ is let go, each group with its result.
+  using Completions =
+      std::vector<std::pair<std::vector<ReadyCallback>,
+                            absl::StatusOr<std::shared_ptr<const Storage>>>>;
   static void RunCompletions(Completions completions);
   // The bodies of Declare, AddReader, Release and Fulfil, under mu_; what
   // they complete goes to `done`, what they free to `freed`.
@@ -421,13 +405,9 @@ class ObjectStore {
   // memory. Called without mu_.
   void FreeRemoved(std::vector<std::shared_ptr<Storage>>& freed)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends the waits on an entry just moved to a final state; returns the
-  // callbacks to run unlocked (its own, and the hooks of waits that began
-  // before it existed). The waits are signalled now, or, given `later`,
-  // listed there for the caller to signal after the callbacks (a value
-  // made ready; a failure's readers word it themselves, no hook answers).
-  std::vector<ReadyCallback> CompleteLocked(const BufferKey& key, Entry& e,
-                                            Wakes* later = nullptr)
+  // Moves the entry to a final state; returns the callbacks to run unlocked
+  // (its own, and the hooks of waits that began before it existed).
+  std::vector<ReadyCallback> CompleteLocked(const BufferKey& key, Entry& e)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void RunCallbacks(
       std::vector<ReadyCallback> callbacks,
@@ -442,8 +422,7 @@ class ObjectStore {
   // waited on. A KeyWait is never freed, only reused (free_key_waits_): a
   // FakeClock may still signal it after its wait ended.
   struct KeyWait {
-    // Shared: a completion may signal it after mu_ (Wakes).
-    std::shared_ptr<absl::CondVar> cv = std::make_shared<absl::CondVar>();
+    absl::CondVar cv;
     int waiters = 0;
     int for_declaration = 0;  // those of them waiting for kDeclared
     // AwaitReady's hooks of the waits for the value sleeping here, by a

@@ -646,42 +646,6 @@ TEST(ObjectStoreTest, AFetchsHookRunsOnTheThreadThatReadiesItsValue) {
   EXPECT_EQ(now.runs.load(), 0);
 }
 
-// A fetch's wait is woken after its hook ran, not at the value's readying:
-// woken before, the connection's thread woke only to wait for the hook's
-// answer (two wake-ups per fetch instead of one), or, for a read of a key
-// not yet declared (a timed wait), to sleep on the store's lock. The hook
-// checks with a bounded wait for the fetcher's return, which must not
-// come: the old signal (under the lock, before the hooks) let the fetcher
-// return while its hook still ran. (A read of a pending entry is woken the
-// same way; no clock waiter shows when it sleeps, so it is not driven
-// here.)
-TEST(ObjectStoreTest, AWaitWhoseHookAnswersWakesAfterTheHookRan) {
-  FakeClockStore f(1 << 20);
-  const BufferKey key{83, 0};
-  absl::Notification returned;
-  std::atomic<bool> hook_done{false};
-  bool returned_during_hook = true;
-  bool saw_hook_done = false;
-  std::thread fetcher([&] {
-    auto got = f.store->AwaitReady(
-        key, [&](absl::StatusOr<std::shared_ptr<const Storage>> result) {
-          if (!result.ok()) return;
-          returned_during_hook =
-              returned.WaitForNotificationWithTimeout(absl::Milliseconds(50));
-          hook_done = true;
-        });
-    saw_hook_done = hook_done.load();
-    returned.Notify();
-  });
-  f.clock.AwaitWaiters(1);  // the fetch came before the call
-  f.store->Declare(key, 0, {DType::kF32, {4}}, /*owned=*/true);
-  ASSERT_TRUE(f.store->Reserve(0, 16).ok());
-  f.store->Fulfil(key, Bytes(16), 0);  // runs the hook, on this thread
-  fetcher.join();
-  EXPECT_FALSE(returned_during_hook);
-  EXPECT_TRUE(saw_hook_done);
-}
-
 TEST(ObjectStoreTest, AFetchBeforeItsDeclarationGetsItsFailure) {
   FakeClockStore f(1 << 20);
   const BufferKey key{78, 0};

@@ -53,7 +53,7 @@ bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
   const uint64_t hook = on_ready != nullptr ? ++next_hook_ : 0;
   if (hook != 0) wait->on_ready.emplace_back(hook, *on_ready);
   const bool timed_out =
-      options_.clock->AwaitWithDeadline(&mu_, wait->cv.get(), deadline);
+      options_.clock->AwaitWithDeadline(&mu_, &wait->cv, deadline);
   wait->for_declaration -= declaration;
   if (hook != 0) {  // not handed out: this wait takes it back
     auto& hooks = wait->on_ready;
@@ -76,12 +76,12 @@ void ObjectStore::SignalKeyLocked(const BufferKey& key, KeyEvent event) {
   auto it = key_waits_.find(key);
   if (it == key_waits_.end()) return;
   if (event == KeyEvent::kComplete || it->second->for_declaration > 0) {
-    it->second->cv->SignalAll();
+    it->second->cv.SignalAll();
   }
 }
 
 void ObjectStore::SignalKeyWaitsLocked() {
-  for (auto& [key, wait] : key_waits_) wait->cv->SignalAll();
+  for (auto& [key, wait] : key_waits_) wait->cv.SignalAll();
 }
 
 absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(

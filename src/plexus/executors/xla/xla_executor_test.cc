@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -311,6 +312,12 @@ TEST(XlaExecutorTest, AnOutputDroppedBeforeItsRunEndsIsSafe) {
     last = (*second)[0][0];
   }  // the first run's outputs are dropped here
   ASSERT_TRUE(ended.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  // Its run has ended: Computed says so without waiting (what a fetch's
+  // early answer asks, data_plane_server.cc), and reads the value in place.
+  const std::optional<absl::Status> computed = last->Computed();
+  ASSERT_TRUE(computed.has_value());
+  EXPECT_TRUE(computed->ok()) << *computed;
+  EXPECT_NE(last->host_address(), nullptr);
   ASSERT_TRUE(last->Await().ok());
   const float* got = static_cast<const float*>(last->host_address());
   ASSERT_NE(got, nullptr);
