@@ -30,9 +30,9 @@ int64_t Admission::RemoveClient(uint64_t client) {
       static_cast<int64_t>(it->second.pending.size() + it->second.held.size());
   // Frees the windows now: the workers drop its work on ClientGone.
   std::vector<uint64_t> tickets;
-  for (const auto& [ticket, f] : in_flight_) {
+  in_flight_.ForEach([&](uint64_t ticket, const InFlight& f) {
     if (f.client == client) tickets.push_back(ticket);
-  }
+  });
   for (uint64_t ticket : tickets) EndEverywhere(ticket);
   clients_.erase(it);
   return dropped;
@@ -48,15 +48,15 @@ void Admission::AddWorker(int64_t worker, int devices) {
 
 void Admission::RemoveWorker(int64_t worker) {
   std::vector<uint64_t> tickets;
-  for (const auto& [ticket, f] : in_flight_) {
+  in_flight_.ForEach([&](uint64_t ticket, const InFlight& f) {
     if (std::binary_search(f.workers.begin(), f.workers.end(), worker)) {
       tickets.push_back(ticket);
     }
-  }
+  });
   for (uint64_t ticket : tickets) {
-    auto it = in_flight_.find(ticket);
-    it->second.cut_short = true;
-    EndOn(it, worker);
+    InFlight* f = in_flight_.Find(ticket);
+    f->cut_short = true;
+    EndOn(ticket, *f, worker);
   }
   if (const Window* window = FindWindow(worker)) {
     if (PastHalf(*window)) windows_past_half_--;
@@ -106,14 +106,14 @@ int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
 }
 
 void Admission::EndEverywhere(uint64_t ticket) {
-  auto it = in_flight_.find(ticket);
-  if (it == in_flight_.end()) return;
-  it->second.cut_short = true;
+  InFlight* f = in_flight_.Find(ticket);
+  if (f == nullptr) return;
+  f->cut_short = true;
   // The last EndOn erases the entry: the workers left are counted first.
-  for (size_t i = 0, left = it->second.remaining; left > 0; ++i) {
-    if (it->second.ended[i]) continue;
+  for (size_t i = 0, left = f->remaining; left > 0; ++i) {
+    if (f->ended[i]) continue;
     --left;
-    EndOn(it, it->second.workers[i]);
+    EndOn(ticket, *f, f->workers[i]);
   }
 }
 
@@ -267,7 +267,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       c.view.in_flight++;
       c.view.admitted++;
       const uint64_t ticket = next_ticket_++;
-      InFlight& f = in_flight_[ticket];
+      InFlight& f = in_flight_.Add(ticket);
       f.client = id;
       f.program_id = unit_out->program_id;
       f.call_seq = unit_out->call_seq;
@@ -307,7 +307,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       f.ended.assign(f.workers.size(), false);
       f.remaining = static_cast<int>(f.workers.size());
       if (f.workers.empty()) {
-        in_flight_.erase(ticket);
+        in_flight_.Erase(ticket);
         c.view.in_flight--;
       } else {
         in_flight_tags_.insert(c.pass);
@@ -328,23 +328,25 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
   return false;
 }
 
-void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
-                      int64_t worker) {
-  EndOn(it, worker, FindWindow(worker));
+void Admission::EndOn(uint64_t ticket, InFlight& f, int64_t worker) {
+  EndOn(ticket, f, worker, FindWindow(worker));
 }
 
-void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
-                      int64_t worker, Window* window) {
-  InFlight& f = it->second;
-  size_t i = window != nullptr ? window->last_index : f.workers.size();
-  if (i >= f.workers.size() || f.workers[i] != worker) {
-    auto w = std::lower_bound(f.workers.begin(), f.workers.end(), worker);
-    if (w == f.workers.end() || *w != worker) return;
-    i = static_cast<size_t>(w - f.workers.begin());
+void Admission::EndOn(uint64_t ticket, InFlight& f, int64_t worker,
+                      Window* window) {
+  // (Once per host per call: the vectors' storage is read once.)
+  const int64_t* workers = f.workers.data();
+  const size_t n = f.workers.size();
+  size_t i = window != nullptr ? window->last_index : n;
+  if (i >= n || workers[i] != worker) {
+    const int64_t* w = std::lower_bound(workers, workers + n, worker);
+    if (w == workers + n || *w != worker) return;
+    i = static_cast<size_t>(w - workers);
     if (window != nullptr) window->last_index = i;
   }
-  if (f.ended[i]) return;
-  f.ended[i] = true;
+  bool& ended = f.ended.data()[i];
+  if (ended) return;
+  ended = true;
   f.remaining--;
   if (window != nullptr) {
     Load& total = window->total;
@@ -352,11 +354,15 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
     total.calls--;
     total.micros = std::max(0.0, total.micros - f.cost);
     if (was_past_half && !PastHalf(*window)) windows_past_half_--;
-    auto own = window->Own(f.client);
-    if (own != window->clients.end() && --own->second.calls == 0) {
-      *own = window->clients.back();  // the last entry takes its place
-      window->clients.pop_back();
-    } else if (own != window->clients.end()) {
+    // Most often the window's only client, or its first.
+    Window::ClientLoads& loads = window->clients;
+    auto own = !loads.empty() && loads.front().first == f.client
+                   ? loads.begin()
+                   : window->Own(f.client);
+    if (own != loads.end() && --own->second.calls == 0) {
+      *own = loads.back();  // the last entry takes its place
+      loads.pop_back();
+    } else if (own != loads.end()) {
       own->second.micros = std::max(0.0, own->second.micros - f.cost);
     }
   }
@@ -367,14 +373,13 @@ void Admission::EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
     auto c = clients_.find(f.client);
     if (c != clients_.end()) c->second.view.in_flight--;
     in_flight_tags_.erase(in_flight_tags_.find(f.start_tag));
-    in_flight_.erase(it);
+    in_flight_.Erase(ticket);  // `f` with it
   }
 }
 
 void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
   for (uint64_t ticket : done.failed_tickets()) {
-    auto it = in_flight_.find(ticket);
-    if (it != in_flight_.end()) it->second.failed = true;
+    if (InFlight* f = in_flight_.Find(ticket)) f->failed = true;
   }
   const int n = std::min(done.tickets_size(), done.busy_micros_size());
   // One worker's reports: its window is found once, and a run of reports
@@ -385,10 +390,11 @@ void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
   double* cost = nullptr;
   uint64_t cost_program = 0;
   for (int i = 0; i < n; ++i) {
-    auto it = in_flight_.find(done.tickets(i));
-    if (it == in_flight_.end()) continue;
+    const uint64_t ticket = done.tickets(i);
+    InFlight* found = in_flight_.Find(ticket);
+    if (found == nullptr) continue;
     const int64_t busy = done.busy_micros(i);
-    const InFlight& f = it->second;
+    InFlight& f = *found;
     if (client == nullptr || client_id != f.client) {
       auto c = clients_.find(f.client);
       client = c == clients_.end() ? nullptr : &c->second;
@@ -409,7 +415,7 @@ void Admission::Completed(int64_t worker, const proto::CallsDone& done) {
         cost_program = f.program_id;
       }
     }
-    EndOn(it, worker, window);
+    EndOn(ticket, f, worker, window);
   }
 }
 
@@ -431,13 +437,13 @@ std::pair<int64_t, int64_t> Admission::WorkerLoad(int64_t worker) const {
 absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>>
 Admission::WorkersNotDone() const {
   absl::flat_hash_map<uint64_t, absl::InlinedVector<int64_t, 4>> out;
-  for (const auto& [ticket, f] : in_flight_) {
-    if (f.call_seq == 0) continue;
+  in_flight_.ForEach([&](uint64_t, const InFlight& f) {
+    if (f.call_seq == 0) return;
     absl::InlinedVector<int64_t, 4>& left = out[f.call_seq];
     for (size_t i = 0; i < f.workers.size(); ++i) {
       if (!f.ended[i]) left.push_back(f.workers[i]);
     }
-  }
+  });
   return out;
 }
 

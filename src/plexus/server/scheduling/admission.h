@@ -64,6 +64,7 @@
 #include "absl/container/inlined_vector.h"
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/model/cluster_state.h"
+#include "plexus/server/scheduling/ticket_table.h"
 
 namespace plexus {
 
@@ -238,13 +239,12 @@ class Admission {
   Room RoomFor(const Window* window, uint64_t client, double cost) const;
   void Backlog(uint64_t id, Client& c);
   void Unbacklog(uint64_t id, Client& c);
-  // One execute of `ticket` on `worker` is over (done or worker gone);
-  // nothing if `worker` is not one of its workers, or ended already.
-  void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
-             int64_t worker);
+  // One execute of `ticket` (its record `f`) on `worker` is over (done or
+  // worker gone); nothing if `worker` is not one of its workers, or ended
+  // already. The last one erases the record.
+  void EndOn(uint64_t ticket, InFlight& f, int64_t worker);
   // The same, with `worker`'s window found (null: it is gone).
-  void EndOn(absl::flat_hash_map<uint64_t, InFlight>::iterator it,
-             int64_t worker, Window* window);
+  void EndOn(uint64_t ticket, InFlight& f, int64_t worker, Window* window);
   void EndEverywhere(uint64_t ticket);
 
   const Options options_;
@@ -264,14 +264,18 @@ class Admission {
   // charge, EndOn, RemoveWorker).
   int64_t windows_past_half_ = 0;
   bool PastHalf(const Window& w) const {
-    return w.total.micros > static_cast<double>(options_.window_micros) / 2;
+    return w.total.micros > half_window_micros_;
   }
+  const double half_window_micros_ =
+      static_cast<double>(options_.window_micros) / 2;
   Window* FindWindow(int64_t worker) const {
     return worker >= 0 && static_cast<size_t>(worker) < windows_.size()
                ? windows_[static_cast<size_t>(worker)].get()
                : nullptr;
   }
-  absl::flat_hash_map<uint64_t, InFlight> in_flight_;  // by ticket
+  // By ticket: a call is found once per host that reports it done, so by
+  // index, not by hash (TicketTable).
+  TicketTable<InFlight> in_flight_;
   // The virtual time: the lowest start tag in flight, else the last
   // admitted.
   double VirtualTime() const;
