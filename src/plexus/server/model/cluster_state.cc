@@ -358,16 +358,8 @@ absl::StatusOr<const SliceRecord*> ClusterState::UsableSlice(
 absl::Status ClusterState::RefuseOnSuspended(uint64_t client_id,
                                              const proto::ClientOp& op) const {
   uint64_t slice_id = 0;
-  std::string what = "put";
   if (op.has_call()) {
     slice_id = op.call().slice_id();
-    what = "call";
-    if (const ClientRecord* c = FindClient(client_id)) {
-      auto prog = c->programs.find(op.call().program_id());
-      if (prog != c->programs.end()) {
-        what = absl::StrCat("program '", prog->second.def.name(), "'");
-      }
-    }
   } else if (op.has_put()) {
     slice_id = op.put().slice_id();
   } else {
@@ -377,6 +369,18 @@ absl::Status ClusterState::RefuseOnSuspended(uint64_t client_id,
   if (it == slices_.end() || it->second.client_id != client_id ||
       !it->second.suspended) {
     return absl::OkStatus();  // routing says what else is wrong
+  }
+  // Refused: named only now (every call passes here: its program's name
+  // made into a string each time was ~600 instructions of a call's).
+  std::string what = "put";
+  if (op.has_call()) {
+    what = "call";
+    if (const ClientRecord* c = FindClient(client_id)) {
+      auto prog = c->programs.find(op.call().program_id());
+      if (prog != c->programs.end()) {
+        what = absl::StrCat("program '", prog->second.def.name(), "'");
+      }
+    }
   }
   if (!it->second.preempted.empty()) {  // held, not refused: not reached
     return absl::FailedPreconditionError(
