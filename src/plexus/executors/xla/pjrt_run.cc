@@ -434,16 +434,19 @@ bool PjrtBuffer::BelongsTo(const PjrtRuntime& runtime) const {
   return client_ == runtime.handle_of_client_;
 }
 
-absl::Status PjrtBuffer::Await() const {
-  absl::MutexLock lock(&mu_);
-  if (awaited_) return ready_;
-  const PJRT_Api* api = client_->api;
-  PjrtScope scope(api);
+absl::StatusOr<PJRT_Event*> PjrtBuffer::ReadyEventLocked(
+    PjrtScope& scope) const {
   auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
   ready.buffer = buffer_;
-  absl::Status s =
-      scope.ToStatus(api->PJRT_Buffer_ReadyEvent(&ready), "output ready event");
-  if (s.ok()) s = scope.Await(ready.event);
+  absl::Status s = scope.ToStatus(client_->api->PJRT_Buffer_ReadyEvent(&ready),
+                                  "output ready event");
+  if (!s.ok()) return s;
+  return ready.event;
+}
+
+absl::Status PjrtBuffer::SettleLocked(PjrtScope& scope,
+                                      const absl::Status& s) const {
+  const PJRT_Api* api = client_->api;
   if (!s.ok()) {
     ready_ =
         absl::Status(s.code(), absl::StrCat(*producer_, ": ", s.message()));
@@ -466,27 +469,30 @@ absl::Status PjrtBuffer::Await() const {
   return ready_;
 }
 
+absl::Status PjrtBuffer::Await() const {
+  absl::MutexLock lock(&mu_);
+  if (awaited_) return ready_;
+  PjrtScope scope(client_->api);
+  absl::StatusOr<PJRT_Event*> event = ReadyEventLocked(scope);
+  return SettleLocked(scope, event.ok() ? scope.Await(*event) : event.status());
+}
+
 std::optional<absl::Status> PjrtBuffer::Computed() const {
-  {
-    absl::MutexLock lock(&mu_);
-    if (awaited_) return ready_;
-    const PJRT_Api* api = client_->api;
-    PjrtScope scope(api);
-    auto ready = PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
-    ready.buffer = buffer_;
-    if (!scope.ToStatus(api->PJRT_Buffer_ReadyEvent(&ready), "").ok()) {
-      return std::nullopt;  // Await says why
-    }
-    auto is = PJRT_ARGS(PJRT_Event_IsReady_Args);
-    is.event = ready.event;
-    const bool computed =
-        scope.ToStatus(api->PJRT_Event_IsReady(&is), "").ok() && is.is_ready;
+  absl::MutexLock lock(&mu_);
+  if (awaited_) return ready_;
+  const PJRT_Api* api = client_->api;
+  PjrtScope scope(api);
+  absl::StatusOr<PJRT_Event*> event = ReadyEventLocked(scope);
+  if (!event.ok()) return std::nullopt;  // Await says why
+  auto is = PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is.event = *event;
+  if (!scope.ToStatus(api->PJRT_Event_IsReady(&is), "").ok() || !is.is_ready) {
     auto d = PJRT_ARGS(PJRT_Event_Destroy_Args);
-    d.event = ready.event;
+    d.event = *event;
     scope.ToStatus(api->PJRT_Event_Destroy(&d), "").IgnoreError();
-    if (!computed) return std::nullopt;
+    return std::nullopt;
   }
-  return Await();  // computed: at once
+  return SettleLocked(scope, scope.Await(*event));  // ready: at once
 }
 
 absl::Status PjrtBuffer::CopyToHost(void* dst) const {

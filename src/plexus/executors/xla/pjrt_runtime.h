@@ -22,6 +22,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -123,6 +124,14 @@ class PjrtBuffer final : public DeviceBuffer {
   size_t size_;
   Memory memory_;
   std::shared_ptr<const std::string> producer_;
+  // The buffer's ready event (PJRT_Buffer_ReadyEvent), for `scope` to
+  // await or the caller to destroy.
+  absl::StatusOr<PJRT_Event*> ReadyEventLocked(PjrtScope& scope) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Await's end, its event's wait having said `s`: ready_ (the error named
+  // by the run that made it), and the host address where it has one.
+  absl::Status SettleLocked(PjrtScope& scope, const absl::Status& s) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable std::atomic<const void*> host_address_{nullptr};  // by Await
   mutable absl::Mutex mu_;  // held while the first Await waits
   mutable bool awaited_ ABSL_GUARDED_BY(mu_) = false;

@@ -560,6 +560,44 @@ TEST(AdmissionTest, AWideCallEndsWithItsLastWorkersReportInAnyOrder) {
   EXPECT_EQ(a.Find(1)->in_flight, 0);
 }
 
+// A call still in flight after 70,000 later calls came and went (a host
+// stalled while the others ran): it leaves the ring of recent tickets
+// (TicketTable, 65,536) and is still found by its reports, listed by
+// WorkersNotDone, ended by its last report, and by a lost worker.
+TEST(AdmissionTest, ACallInFlightLongAfterLaterOnesIsStillFound) {
+  Admission a({.window_micros = 1000000});
+  for (int64_t w : {1, 2, 3}) a.AddWorker(w, 1);
+  a.AddClient(1, 1, /*max_calls_in_flight=*/1 << 20);
+  AdmissionUnit slow = Call(10, {1, 2});
+  slow.call_seq = 7;
+  a.Enqueue(1, std::move(slow));
+  AdmissionUnit lost = Call(10, {3, 2});
+  lost.call_seq = 8;
+  a.Enqueue(1, std::move(lost));
+  std::vector<Admitted> first = Drain(a);
+  ASSERT_EQ(first.size(), 2u);
+  a.Completed(2, Done(1, TicketOn(first[0], 2), 10));  // its fast host
+  for (int i = 0; i < 70000; ++i) {  // later calls on worker 2, each done
+    a.Enqueue(1, Call(11, {2}));
+    std::vector<Admitted> one = Drain(a);
+    ASSERT_EQ(one.size(), 1u) << i;
+    a.Completed(2, Done(1, TicketOn(one[0], 2), 10));
+  }
+  EXPECT_EQ(a.Find(1)->in_flight, 2);
+  using NotDone = absl::InlinedVector<int64_t, 4>;
+  EXPECT_EQ(a.WorkersNotDone().at(7), (NotDone{1}));
+  EXPECT_EQ(a.WorkersNotDone().at(8), (NotDone{2, 3}));
+  a.TakeDoneCalls();
+  a.Completed(1, Done(1, TicketOn(first[0], 1), 10));
+  EXPECT_EQ(a.TakeDoneCalls(),
+            (std::vector<std::pair<uint64_t, bool>>{{7, false}}));
+  a.Completed(2, Done(1, TicketOn(first[1], 2), 10));
+  a.RemoveWorker(3);  // the other straggler's last host: cut short
+  EXPECT_EQ(a.Find(1)->in_flight, 0);
+  EXPECT_TRUE(a.WorkersNotDone().empty());
+  EXPECT_FALSE(a.has_done_calls());
+}
+
 TEST(AdmissionTest, AWaitingWideCallOnALostWorkerFailsItsOutputsElsewhere) {
   Admission a;
   a.AddClient(1, 1, 1);
