@@ -212,6 +212,21 @@ inline bool SameBytes(const Storage& a, const Storage& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
+// A credential of `byte` repeated.
+inline Credential Filled(uint8_t byte) {
+  Credential c;
+  c.fill(byte);
+  return c;
+}
+
+// The identity of client `id` holding `credential`.
+inline DataPlaneIdentity Client(uint64_t id, const Credential& credential) {
+  DataPlaneIdentity me;
+  me.peer = {CredentialRole::kClient, id};
+  me.credential = credential;
+  return me;
+}
+
 // An abstract socket name no other test (or test process) uses.
 inline std::string UniqueUnixName() {
   static std::atomic<int> counter{0};
