@@ -354,11 +354,8 @@ void Admission::EndOn(uint64_t ticket, InFlight& f, int64_t worker,
     total.calls--;
     total.micros = std::max(0.0, total.micros - f.cost);
     if (was_past_half && !PastHalf(*window)) windows_past_half_--;
-    // Most often the window's only client, or its first.
     Window::ClientLoads& loads = window->clients;
-    auto own = !loads.empty() && loads.front().first == f.client
-                   ? loads.begin()
-                   : window->Own(f.client);
+    auto own = window->Own(f.client);
     if (own != loads.end() && --own->second.calls == 0) {
       *own = loads.back();  // the last entry takes its place
       loads.pop_back();
