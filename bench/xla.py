@@ -17,10 +17,11 @@ For each, per call (medians of --repeats runs):
   - chained: --calls calls each taking the previous output, submitted at
     once, then one wait; time / calls.
 Where the chained time goes (Linux): the CPU time per call of each process
-over the chained runs (Plexus: the client, the server and the worker, the
-worker by thread, from /proc/<pid>/task/*/schedstat; "plugin pools" are the
-PJRT CPU plugin's own threads, "tf_XLAEigen" and "pjrt-*"; JAX: this
-process).
+over the chained runs (Plexus: the client, the server and the worker, each
+from its process's CPU clock, and the worker by thread, from
+/proc/<pid>/task/*/schedstat, which lags a running thread by up to a tick:
+bench/proc_cpu.py; "plugin pools" are the PJRT CPU plugin's own threads,
+"tf_XLAEigen" and "pjrt-*"; JAX: this process).
 The same two measures for a built-in kernel (scale) give the runtime's own
 floor, without XLA.
 JAX runs in this process on its own CPU client; Plexus runs on a 1-host,
@@ -47,7 +48,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
 import plexus  # noqa: E402
-from proc_cpu import thread_cpu_ns  # noqa: E402
+from proc_cpu import thread_cpu_ns, total_ns  # noqa: E402
 
 
 def per_call(run, calls, repeats):
@@ -75,15 +76,20 @@ class CpuPerCall:
 
     def start(self):
         self.before = {r: thread_cpu_ns(p) for r, p in self.pids.items()}
+        self.total = {r: total_ns(p, self.before[r])
+                      for r, p in self.pids.items()}
 
     def stop(self, calls):
         out = {}
         for role, pid in self.pids.items():
             by_name = {}
-            for key, ns in thread_cpu_ns(pid).items():
+            threads = thread_cpu_ns(pid)
+            for key, ns in threads.items():
                 used = ns - self.before[role].get(key, 0)
                 by_name[key[1]] = by_name.get(key[1], 0) + used
-            out[role] = sum(by_name.values()) / calls / 1e3
+            # The total from the process's clock (exact); the threads'
+            # shares approximate (proc_cpu's docstring).
+            out[role] = (total_ns(pid, threads) - self.total[role]) / calls / 1e3
             if role == "worker":
                 out["worker_threads"] = {
                     k: round(v / calls / 1e3, 2)
