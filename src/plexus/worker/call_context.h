@@ -28,6 +28,9 @@ struct CallContext {
   LoadedProgram* program = nullptr;
   // Keeps the program alive if it is unloaded (its client left) meanwhile.
   std::shared_ptr<LoadedProgram> program_ref;
+  // The program's outputs as this call's devices hold them (set with the
+  // program; LoadedProgram::OutputsOn).
+  std::shared_ptr<const LocalOutputs> outputs;
   std::unique_ptr<CallCollective> collective;  // collective kernels
   std::unique_ptr<IslandExecution> island;     // XLA programs
   // The island's executable, where it was resolved before the task ran

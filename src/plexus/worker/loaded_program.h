@@ -4,7 +4,8 @@
 // (call_context.h) and ahead-of-time compiles hold their own references.
 //
 // Thread-safety: complete when the applier publishes it, and never
-// modified after, except `executables`, under `xla_mu`, and the atomic
+// modified after, except what is made on first use under `xla_mu`
+// (`executables`, the run's name, the local output specs) and the atomic
 // `quick_device`.
 #pragma once
 
@@ -15,12 +16,22 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/executors/xla/xla_executor.h"
 #include "plexus/proto/plexus.pb.h"
 
 namespace plexus {
+
+// A program's outputs as one device holds them in a slice of `shards`
+// devices (ArgSpec::Local of each): spec[o], or error[o] where the output
+// cannot be split so (spec[o] then empty).
+struct LocalOutputs {
+  int shards = 0;
+  std::vector<TensorSpec> spec;
+  std::vector<absl::Status> error;
+};
 
 struct LoadedProgram {
   uint64_t id = 0;  // LoadProgram.program_id
@@ -44,6 +55,21 @@ struct LoadedProgram {
   absl::flat_hash_map<std::vector<int>,
                       std::shared_ptr<const xla::PjrtExecutable>>
       executables ABSL_GUARDED_BY(xla_mu);
+  // What each call's run needs once, not per call (XlaPrograms::QueueRun):
+  // the run's name in its outputs' errors ("program 'f' on worker 3"), for
+  // the worker id it was made under; the executable and slice size whose
+  // compiled outputs were checked against `outputs`.
+  std::shared_ptr<const std::string> run_name ABSL_GUARDED_BY(xla_mu);
+  std::shared_ptr<const LocalOutputs> local_outputs ABSL_GUARDED_BY(xla_mu);
+  int64_t run_name_worker ABSL_GUARDED_BY(xla_mu) = -1;
+  std::shared_ptr<const xla::PjrtExecutable> outputs_checked_for
+      ABSL_GUARDED_BY(xla_mu);
+  int outputs_checked_shards ABSL_GUARDED_BY(xla_mu) = -1;
+
+  // The outputs' local specs in a slice of `shards` devices, made once per
+  // slice size (every call of a program reads them: its outputs declared,
+  // charged and checked).
+  std::shared_ptr<const LocalOutputs> OutputsOn(int shards);
 };
 
 }  // namespace plexus

@@ -56,9 +56,9 @@ bool TaskRunner::TryRunInline(const std::shared_ptr<CallContext>& call) {
 int64_t TaskRunner::MostBytes(const CallContext& call) const {
   const proto::Execute& exec = call.exec();
   int64_t bytes = 0;
-  for (const ArgSpec& out : call.program->outputs) {
-    auto local = out.Local(exec.num_shards());
-    if (local.ok()) bytes += local->byte_size();
+  const LocalOutputs& outputs = *call.outputs;
+  for (size_t o = 0; o < outputs.spec.size(); ++o) {
+    if (outputs.error[o].ok()) bytes += outputs.spec[o].byte_size();
   }
   // An input may be assembled from pieces (memory of its own).
   for (const proto::InputBinding& binding : exec.tasks(0).inputs()) {

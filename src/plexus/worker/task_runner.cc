@@ -101,17 +101,19 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   ctx.shard = task.shard();
   ctx.num_shards = exec.num_shards();
   ctx.clock = clock_;
-  ctx.input_shardings.reserve(program->inputs.size());
-  for (const ArgSpec& in : program->inputs) {
-    ctx.input_shardings.push_back(in.sharding);
+  if (program->kernel != nullptr) {  // a built-in kernel may read them
+    ctx.input_shardings.reserve(program->inputs.size());
+    for (const ArgSpec& in : program->inputs) {
+      ctx.input_shardings.push_back(in.sharding);
+    }
   }
   const size_t num_inputs = task.inputs_size();
   ctx.inputs.reserve(num_inputs);
   state.keep.reserve(state.keep.size() + num_inputs);
-  std::vector<std::shared_ptr<const Storage>> input_storage;
+  InputStorage input_storage;
   input_storage.reserve(num_inputs);
   // XLA reads inputs where they are (device memory as it is).
-  std::vector<const DeviceBuffer*> input_devices;
+  InputDevices input_devices;
   input_devices.reserve(num_inputs);
   for (int i = 0; i < task.inputs_size(); ++i) {
     input_devices.push_back(nullptr);
@@ -127,8 +129,8 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   if (stored_collective) {
     return AllReduceStored(*call, task_index, ctx, input_storage, state);
   }
-  std::vector<bool> donate(ctx.inputs.size(), false);
-  std::vector<int> written_over(program->outputs.size(), -1);
+  Donations donate(ctx.inputs.size(), false);
+  WrittenOver written_over(program->outputs.size(), -1);
   if (program->xla) {
     xla_.TakeDonations(*call, task_index, ctx, input_devices, state.keep,
                        input_storage, &donate, &written_over);
@@ -166,15 +168,19 @@ absl::Status TaskRunner::ExecuteTask(const std::shared_ptr<CallContext>& call,
   return absl::OkStatus();
 }
 
-absl::Status TaskRunner::AllReduceStored(
-    CallContext& call, int task_index, const builtin::KernelContext& ctx,
-    const std::vector<std::shared_ptr<const Storage>>& input_storage,
-    TaskState& state) {
+absl::Status TaskRunner::AllReduceStored(CallContext& call, int task_index,
+                                         const builtin::KernelContext& ctx,
+                                         const InputStorage& input_storage,
+                                         TaskState& state) {
   const proto::Execute& exec = call.exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   const LoadedProgram& program = *call.program;
-  auto local = program.outputs[0].Local(exec.num_shards());
-  if (!local.ok()) return local.status();
+  if (program.outputs.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("program '", program.name, "': all_reduce of no output"));
+  }
+  if (!call.outputs->error[0].ok()) return call.outputs->error[0];
+  const TensorSpec* local = &call.outputs->spec[0];
   if (ctx.inputs.size() != 1 || ctx.inputs[0].spec != *local) {
     return absl::InvalidArgumentError(absl::StrCat(
         "program '", program.name, "': all_reduce of ",
@@ -201,11 +207,11 @@ absl::Status TaskRunner::AllReduceStored(
   return absl::OkStatus();
 }
 
-absl::Status TaskRunner::MakeOutputs(
-    const CallContext& call, int task_index,
-    const std::vector<int>& written_over,
-    const std::vector<std::shared_ptr<const Storage>>& input_storage,
-    builtin::KernelContext* ctx, TaskState& state, bool* all_aliased) {
+absl::Status TaskRunner::MakeOutputs(const CallContext& call, int task_index,
+                                     const WrittenOver& written_over,
+                                     const InputStorage& input_storage,
+                                     builtin::KernelContext* ctx,
+                                     TaskState& state, bool* all_aliased) {
   const proto::Execute& exec = call.exec();
   const LoadedProgram& program = *call.program;
   const int device = exec.tasks(task_index).device();
@@ -214,8 +220,8 @@ absl::Status TaskRunner::MakeOutputs(
   // for them all, one take of the store's lock).
   int64_t xla_bytes = 0;
   for (size_t o = 0; o < program.outputs.size(); ++o) {
-    auto local = program.outputs[o].Local(exec.num_shards());
-    if (!local.ok()) return local.status();
+    if (!call.outputs->error[o].ok()) return call.outputs->error[o];
+    const TensorSpec* local = &call.outputs->spec[o];
     if (program.xla &&
         !(task_index > 0 && program.outputs[o].sharding.is_partial())) {
       // XLA's output stays in device memory, charged to the device now;

@@ -120,9 +120,11 @@ class TaskRunner {
   // Declares each task's outputs and pins its inputs; sets input_errors.
   void DeclareAndPin(CallContext& call, const absl::Status& collective_error);
   // The local spec of each of the call's outputs (an empty spec where the
-  // program names none), into `specs`.
-  static void DeclaredSpecs(const CallContext& call,
-                            std::vector<TensorSpec>& specs);
+  // program names none, or cannot split it): the program's own list
+  // (LoadedProgram::OutputsOn) where the op names its outputs, else one
+  // made into `made`.
+  static absl::Span<const TensorSpec> DeclaredSpecs(
+      const CallContext& call, std::vector<TensorSpec>& made);
   void Enqueue(const std::shared_ptr<CallContext>& call);
 
   // --- a quick task on the reader (task_inline.cc)
@@ -148,18 +150,18 @@ class TaskRunner {
                            int task_index, bool dropped, TaskState& state);
   // all_reduce on the values as they are stored: the collective sums them
   // on the GPUs or on the host, and gives the output's Storage.
-  absl::Status AllReduceStored(
-      CallContext& call, int task_index, const builtin::KernelContext& ctx,
-      const std::vector<std::shared_ptr<const Storage>>& input_storage,
-      TaskState& state);
+  absl::Status AllReduceStored(CallContext& call, int task_index,
+                               const builtin::KernelContext& ctx,
+                               const InputStorage& input_storage,
+                               TaskState& state);
   // The outputs of the task, in `state` and `ctx`: charged to the device
   // and allocated, an input's buffer (aliased), or left null for XLA.
   // `all_aliased`: every output is an input's buffer.
-  absl::Status MakeOutputs(
-      const CallContext& call, int task_index,
-      const std::vector<int>& written_over,
-      const std::vector<std::shared_ptr<const Storage>>& input_storage,
-      builtin::KernelContext* ctx, TaskState& state, bool* all_aliased);
+  absl::Status MakeOutputs(const CallContext& call, int task_index,
+                           const WrittenOver& written_over,
+                           const InputStorage& input_storage,
+                           builtin::KernelContext* ctx, TaskState& state,
+                           bool* all_aliased);
   // The task ran (`status`): its outputs go into the store, or fail there.
   void PublishOutputs(CallContext& call, int task_index,
                       const absl::Status& status, bool dropped,

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/common/logging.h"
 #include "plexus/worker/frame_arena.h"
@@ -47,6 +48,7 @@ void TaskRunner::Submit(proto::Execute& incoming,
   const proto::Execute& exec = call->exec();
   if (program != nullptr) {
     call->program = program.get();
+    call->outputs = program->OutputsOn(exec.num_shards());
     call->program_ref = std::move(program);  // alive while the call runs
   }
   call->tasks_left = exec.tasks_size();
@@ -175,9 +177,11 @@ void TaskRunner::DeclareAndPin(CallContext& call,
   // worker) fails its task now: nothing would ever fulfil it.
   call.input_errors.assign(exec.tasks_size(), collective_error);
   const int num_devices = static_cast<int>(devices_.size());
-  std::vector<TensorSpec> specs;
-  std::vector<BufferKey> keys;
-  std::vector<int> argument_of;  // of each of the inputs' keys
+  std::vector<TensorSpec> made;  // specs when the op's outputs are not the
+                                 // program's
+  absl::Span<const TensorSpec> specs;
+  absl::InlinedVector<BufferKey, 8> keys;
+  absl::InlinedVector<int, 8> argument_of;  // of each of the inputs' keys
   keys.reserve(exec.output_ids_size());
   for (int t = 0; t < exec.tasks_size(); ++t) {
     const proto::ShardTask& task = exec.tasks(t);
@@ -191,7 +195,7 @@ void TaskRunner::DeclareAndPin(CallContext& call,
     }
     // The store is taken once for the task's outputs and once for its
     // inputs (a call of a 100-leaf pytree declares 100 and pins 100).
-    if (t == 0) DeclaredSpecs(call, specs);
+    if (t == 0) specs = DeclaredSpecs(call, made);
     keys.clear();
     for (int o = 0; o < exec.output_ids_size(); ++o) {
       keys.push_back({exec.output_ids(o), task.shard()});
@@ -227,16 +231,20 @@ void TaskRunner::DeclareAndPin(CallContext& call,
   }
 }
 
-void TaskRunner::DeclaredSpecs(const CallContext& call,
-                               std::vector<TensorSpec>& specs) {
+absl::Span<const TensorSpec> TaskRunner::DeclaredSpecs(
+    const CallContext& call, std::vector<TensorSpec>& made) {
   const proto::Execute& exec = call.exec();
-  specs.assign(exec.output_ids_size(), TensorSpec());
+  if (call.outputs != nullptr &&
+      static_cast<int>(call.outputs->spec.size()) == exec.output_ids_size()) {
+    return call.outputs->spec;  // the usual call: the program's own
+  }
+  made.assign(exec.output_ids_size(), TensorSpec());
   for (int o = 0; o < exec.output_ids_size(); ++o) {
-    if (call.program && o < static_cast<int>(call.program->outputs.size())) {
-      auto local = call.program->outputs[o].Local(exec.num_shards());
-      if (local.ok()) specs[o] = *std::move(local);
+    if (call.outputs && o < static_cast<int>(call.outputs->spec.size())) {
+      made[o] = call.outputs->spec[o];
     }
   }
+  return made;
 }
 
 void TaskRunner::Enqueue(const std::shared_ptr<CallContext>& call) {

@@ -56,10 +56,8 @@ void RecordLocalReads(Timeline& timeline, int64_t worker_id,
 
 absl::Status XlaPrograms::RunPartition(
     const std::shared_ptr<CallContext>& call_ref, int task_index,
-    const builtin::KernelContext& ctx,
-    const std::vector<const DeviceBuffer*>& input_devices,
-    const std::vector<std::shared_ptr<const Storage>>& input_storage,
-    const std::vector<bool>& donate,
+    const builtin::KernelContext& ctx, const InputDevices& input_devices,
+    const InputStorage& input_storage, const Donations& donate,
     std::vector<std::shared_ptr<Storage>>* outputs, int64_t* reserved_ahead) {
   CallContext& call = *call_ref;
   const proto::Execute& exec = call.exec();
@@ -108,10 +106,17 @@ absl::Status XlaPrograms::RunPartition(
                           ? &block->views()
                           : nullptr});
   }
+  // The run's arguments through one pointer: with `this`, two words, which
+  // the std::function holds in place (no allocation per call).
+  struct Queued {
+    const std::shared_ptr<CallContext>& call;
+    const std::shared_ptr<const xla::PjrtExecutable>& exe;
+  } queued{call_ref, *exe};
   auto mine = call.island->Arrive(
       task_index, std::move(inputs),
-      [&](const IslandExecution::Inputs& in, IslandExecution::DoneFn done) {
-        return QueueRun(call_ref, **exe, in, std::move(done));
+      [this, &queued](const IslandExecution::Inputs& in,
+                      IslandExecution::DoneFn done) {
+        return QueueRun(queued.call, queued.exe, in, std::move(done));
       });
   if (scratch > 0) {
     // XLA's scratch is in use until the run has ended.
@@ -139,42 +144,61 @@ absl::Status XlaPrograms::RunPartition(
 
 absl::StatusOr<IslandExecution::Outputs> XlaPrograms::QueueRun(
     const std::shared_ptr<CallContext>& call_ref,
-    const xla::PjrtExecutable& exe, const IslandExecution::Inputs& in,
-    IslandExecution::DoneFn done) {
+    const std::shared_ptr<const xla::PjrtExecutable>& executable,
+    const IslandExecution::Inputs& in, IslandExecution::DoneFn done) {
+  const xla::PjrtExecutable& exe = *executable;
   const proto::Execute& exec = call_ref->exec();
-  const LoadedProgram& program = *call_ref->program;
-  for (size_t o = 0; o < program.outputs.size(); ++o) {
-    const TensorSpec& got = exe.outputs()[o];
-    auto local = program.outputs[o].Local(exec.num_shards());
-    if (!local.ok()) return local.status();
-    if (got != *local) {
-      return absl::InternalError(absl::StrCat(
-          "XLA compiled output ", o, " as ", got.ToString(),
-          " per device, the program declared ", local->ToString()));
+  LoadedProgram& program = *call_ref->program;
+  const int64_t worker = me_.worker_id.load();
+  std::shared_ptr<const std::string> name;
+  bool checked;
+  {
+    absl::MutexLock lock(&program.xla_mu);
+    if (program.run_name == nullptr || program.run_name_worker != worker) {
+      program.run_name = std::make_shared<const std::string>(
+          absl::StrCat("program '", program.name, "' on worker ", worker));
+      program.run_name_worker = worker;
     }
+    name = program.run_name;
+    checked = program.outputs_checked_for == executable &&
+              program.outputs_checked_shards == exec.num_shards();
+  }
+  if (!checked) {
+    const LocalOutputs& outputs = *call_ref->outputs;
+    for (size_t o = 0; o < program.outputs.size(); ++o) {
+      const TensorSpec& got = exe.outputs()[o];
+      if (!outputs.error[o].ok()) return outputs.error[o];
+      const TensorSpec* local = &outputs.spec[o];
+      if (got != *local) {
+        return absl::InternalError(absl::StrCat(
+            "XLA compiled output ", o, " as ", got.ToString(),
+            " per device, the program declared ", local->ToString()));
+      }
+    }
+    absl::MutexLock lock(&program.xla_mu);
+    program.outputs_checked_for = executable;
+    program.outputs_checked_shards = exec.num_shards();
   }
   // Queued behind what the device runs already; its inputs need not be
   // ready. The call stays alive until the run's end is handled.
   const int64_t queued_ns = timeline_.enabled() ? timeline_.NowNs() : 0;
   xla::PjrtRuntime::ArgumentReads reads;
   auto out = exe.runtime().Execute(
-      exe, in,
-      absl::StrCat("program '", program.name, "' on worker ",
-                   me_.worker_id.load()),
+      exe, in, std::move(name),
       [call_ref, done = std::move(done)](absl::Status end) { done(end); },
       timeline_.enabled() ? &reads : nullptr);
   if (!out.ok()) return out.status();
   RecordLocalReads(timeline_, me_.worker_id.load(), exec, in, reads, queued_ns);
   IslandExecution::Outputs result(out->size());
   for (size_t p = 0; p < out->size(); ++p) {
-    result[p].assign((*out)[p].begin(), (*out)[p].end());
+    result[p].assign(std::make_move_iterator((*out)[p].begin()),
+                     std::make_move_iterator((*out)[p].end()));
   }
   return result;
 }
 
-void XlaPrograms::CountDonations(
-    const std::vector<const DeviceBuffer*>& input_devices,
-    const std::vector<bool>& donate) {
+void XlaPrograms::CountDonations(const InputDevices& input_devices,
+                                 const Donations& donate) {
   // A donated input the plugin did not take (its module does not alias it,
   // or another partition's could not be given): its memory is freed when
   // the run ends, and its output was charged in its place meanwhile.
@@ -190,10 +214,9 @@ void XlaPrograms::CountDonations(
 
 void XlaPrograms::TakeDonations(
     const CallContext& call, int task_index, const builtin::KernelContext& ctx,
-    const std::vector<const DeviceBuffer*>& input_devices,
+    const InputDevices& input_devices,
     const std::vector<std::shared_ptr<const Storage>>& keep,
-    const std::vector<std::shared_ptr<const Storage>>& bound,
-    std::vector<bool>* donate, std::vector<int>* written_over) {
+    const InputStorage& bound, Donations* donate, WrittenOver* written_over) {
   const proto::Execute& exec = call.exec();
   const proto::ShardTask& task = exec.tasks(task_index);
   const LoadedProgram& program = *call.program;
@@ -208,24 +231,27 @@ void XlaPrograms::TakeDonations(
       continue;  // not allowed by the server (or not well formed)
     }
     const proto::InputBinding& binding = task.inputs(i);
-    auto local = program.outputs[o].Local(exec.num_shards());
+    const absl::Status& local_error = call.outputs->error[o];
+    const TensorSpec* local = &call.outputs->spec[o];
     const DeviceBuffer* buffer =
         i < static_cast<int>(input_devices.size()) ? input_devices[i] : nullptr;
     // The entry's Storage, as the task holds it: TakeForDonation checks
     // that nothing else does.
     const Storage* storage = nullptr;
     long refs = 0;
-    for (const auto* list : {&keep, &bound}) {
-      for (const auto& held : *list) {
+    auto count = [&](absl::Span<const std::shared_ptr<const Storage>> list) {
+      for (const auto& held : list) {
         if (buffer != nullptr && held->device_buffer() == buffer) {
           storage = held.get();
           refs++;
         }
       }
-    }
+    };
+    count(keep);
+    count(bound);
     const BufferKey key{binding.pieces(0).buffer_id(),
                         binding.pieces(0).shard()};
-    if (storage == nullptr || binding.pieces_size() != 1 || !local.ok() ||
+    if (storage == nullptr || binding.pieces_size() != 1 || !local_error.ok() ||
         !(ctx.inputs[i].spec == *local) ||
         !store_.TakeForDonation(
             key, storage, refs,

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -44,6 +45,13 @@
 #include "plexus/worker/worker_identity.h"
 
 namespace plexus {
+
+// A task's lists by input and by output (TaskRunner::ExecuteTask), held in
+// place for the usual call's few.
+using InputDevices = absl::InlinedVector<const DeviceBuffer*, 4>;
+using InputStorage = absl::InlinedVector<std::shared_ptr<const Storage>, 4>;
+using Donations = absl::InlinedVector<bool, 4>;
+using WrittenOver = absl::InlinedVector<int, 4>;
 
 class XlaPrograms {
  public:
@@ -82,10 +90,10 @@ class XlaPrograms {
   // i's; counts the donations declined.
   void TakeDonations(const CallContext& call, int task_index,
                      const builtin::KernelContext& ctx,
-                     const std::vector<const DeviceBuffer*>& input_devices,
+                     const InputDevices& input_devices,
                      const std::vector<std::shared_ptr<const Storage>>& keep,
-                     const std::vector<std::shared_ptr<const Storage>>& bound,
-                     std::vector<bool>* donate, std::vector<int>* written_over);
+                     const InputStorage& bound, Donations* donate,
+                     WrittenOver* written_over);
 
   // Runs partition `task_index` of an XLA call (xla_partition.cc): joins
   // the island's other tasks and returns once the executable's run is
@@ -101,13 +109,13 @@ class XlaPrograms {
   // `input_storage[i]`: the block input i's tensor points into, whose
   // views (Storage::views) keep the runtime's wrapping of host memory
   // from run to run.
-  absl::Status RunPartition(
-      const std::shared_ptr<CallContext>& call, int task_index,
-      const builtin::KernelContext& ctx,
-      const std::vector<const DeviceBuffer*>& input_devices,
-      const std::vector<std::shared_ptr<const Storage>>& input_storage,
-      const std::vector<bool>& donate,
-      std::vector<std::shared_ptr<Storage>>* outputs, int64_t* reserved_ahead);
+  absl::Status RunPartition(const std::shared_ptr<CallContext>& call,
+                            int task_index, const builtin::KernelContext& ctx,
+                            const InputDevices& input_devices,
+                            const InputStorage& input_storage,
+                            const Donations& donate,
+                            std::vector<std::shared_ptr<Storage>>* outputs,
+                            int64_t* reserved_ahead);
   // The executable of `program` for the island on `devices` if it is
   // resolved already and its lock is free now (a compile holds it); else
   // null. Never waits (TaskRunner::TryRunInline, on the reader).
@@ -152,11 +160,12 @@ class XlaPrograms {
   // The island's run (IslandExecution::RunFn) of `exe` for the call,
   // queued behind what its devices run already.
   absl::StatusOr<IslandExecution::Outputs> QueueRun(
-      const std::shared_ptr<CallContext>& call, const xla::PjrtExecutable& exe,
+      const std::shared_ptr<CallContext>& call,
+      const std::shared_ptr<const xla::PjrtExecutable>& exe,
       const IslandExecution::Inputs& in, IslandExecution::DoneFn done);
   // Counts the donations a queued run took, and those it declined.
-  void CountDonations(const std::vector<const DeviceBuffer*>& input_devices,
-                      const std::vector<bool>& donate);
+  void CountDonations(const InputDevices& input_devices,
+                      const Donations& donate);
   // Runs at kCompileNice above the worker's nice value.
   void CompilerLoop();
   // Lists a compile of `program`'s island on `devices` in

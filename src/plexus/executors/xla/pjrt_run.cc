@@ -18,11 +18,11 @@ struct PjrtRuntime::Run {
   // device-to-device copies) and their zero-copy events.
   std::unique_ptr<PjrtScope> scope;
   // Host copies of device buffers no path here can read.
-  std::vector<std::unique_ptr<char[]>> staged;
+  Staged staged;
   // Host blocks' views it reads (PjrtRuntime::KeptView).
-  std::vector<std::shared_ptr<const void>> views;
-  std::vector<PJRT_Event*> complete;  // one per partition
-  std::atomic<int> left{0};           // partitions not yet complete
+  Views views;
+  absl::InlinedVector<PJRT_Event*, 1> complete;  // one per partition
+  std::atomic<int> left{0};                      // partitions not yet complete
   absl::Mutex mu;
   absl::Status status ABSL_GUARDED_BY(mu);
   DoneFn done;
@@ -40,6 +40,15 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
     const PjrtExecutable& exe,
     const std::vector<std::vector<XlaArgument>>& inputs, absl::string_view what,
     DoneFn done, ArgumentReads* reads) const {
+  return Execute(exe, inputs, std::make_shared<const std::string>(what),
+                 std::move(done), reads);
+}
+
+absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
+    const PjrtExecutable& exe,
+    const std::vector<std::vector<XlaArgument>>& inputs,
+    std::shared_ptr<const std::string> what, DoneFn done,
+    ArgumentReads* reads) const {
   const size_t parts = exe.devices_.size();
   if (inputs.size() != parts) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -51,14 +60,14 @@ absl::StatusOr<PjrtRuntime::Outputs> PjrtRuntime::Execute(
   absl::StatusOr<BoundArguments> bound =
       BindArguments(exe, inputs, *run, reads);
   if (!bound.ok()) return bound.status();
-  std::vector<std::vector<PJRT_Buffer*>> outs(
-      parts, std::vector<PJRT_Buffer*>(exe.outputs_.size(), nullptr));
+  BufferLists outs(parts, absl::InlinedVector<PJRT_Buffer*, 4>(
+                              exe.outputs_.size(), nullptr));
   if (absl::Status s = Launch(exe, *bound, *run, outs); !s.ok()) return s;
   // Queued: from here `done` is called, once, whatever else happens. The
   // outputs are ours (freed with their PjrtBuffer), each ready once the run
   // that makes it has completed; one the plugin did not give is null, for
   // the caller to report.
-  Outputs result = WrapOutputs(exe, outs, what);
+  Outputs result = WrapOutputs(exe, outs, std::move(what));
   // Its end: each partition's completion counts down, the last hands the
   // run to the completion thread.
   run->done = std::move(done);
@@ -88,7 +97,7 @@ absl::StatusOr<PjrtRuntime::BoundArguments> PjrtRuntime::BindArguments(
   bound.args.resize(parts);
   // Argument i may be donated only if every partition's is its own buffer
   // and donated; the plugin takes one list for all partitions.
-  std::vector<bool> donatable(num_args, parts > 0);
+  absl::InlinedVector<bool, 8> donatable(num_args, parts > 0);
   if (reads != nullptr) reads->assign(parts, {});
   for (size_t p = 0; p < parts; ++p) {
     bound.args[p].reserve(num_args);
@@ -123,12 +132,12 @@ absl::StatusOr<PjrtRuntime::BoundArguments> PjrtRuntime::BindArguments(
   return bound;
 }
 
-absl::Status PjrtRuntime::Launch(
-    const PjrtExecutable& exe, BoundArguments& bound, Run& run,
-    std::vector<std::vector<PJRT_Buffer*>>& outs) const {
+absl::Status PjrtRuntime::Launch(const PjrtExecutable& exe,
+                                 BoundArguments& bound, Run& run,
+                                 BufferLists& outs) const {
   const size_t parts = exe.devices_.size();
-  std::vector<PJRT_Buffer* const*> arg_lists(parts);
-  std::vector<PJRT_Buffer**> out_lists(parts);
+  absl::InlinedVector<PJRT_Buffer* const*, 1> arg_lists(parts);
+  absl::InlinedVector<PJRT_Buffer**, 1> out_lists(parts);
   for (size_t p = 0; p < parts; ++p) {
     arg_lists[p] = bound.args[p].data();
     out_lists[p] = outs[p].data();
@@ -152,10 +161,8 @@ absl::Status PjrtRuntime::Launch(
 }
 
 PjrtRuntime::Outputs PjrtRuntime::WrapOutputs(
-    const PjrtExecutable& exe,
-    const std::vector<std::vector<PJRT_Buffer*>>& outs,
-    absl::string_view what) const {
-  auto producer = std::make_shared<const std::string>(what);
+    const PjrtExecutable& exe, const BufferLists& outs,
+    std::shared_ptr<const std::string> producer) const {
   Outputs result(outs.size());
   for (size_t p = 0; p < outs.size(); ++p) {
     for (size_t o = 0; o < outs[p].size(); ++o) {
@@ -274,9 +281,9 @@ struct PjrtRuntime::HostView {
   PJRT_Buffer* buffer = nullptr;
 };
 
-absl::StatusOr<PJRT_Buffer*> PjrtRuntime::KeptView(
-    const XlaArgument& arg, PJRT_Device* device,
-    std::vector<std::shared_ptr<const void>>* views) const {
+absl::StatusOr<PJRT_Buffer*> PjrtRuntime::KeptView(const XlaArgument& arg,
+                                                   PJRT_Device* device,
+                                                   Views* views) const {
   // Keyed by this runtime's client, which the view keeps alive: every view
   // under this key is a HostView made here.
   HostViews::Key key{handle_of_client_.get(), device, arg.spec};
@@ -296,10 +303,11 @@ absl::StatusOr<PJRT_Buffer*> PjrtRuntime::KeptView(
   return static_cast<const HostView*>(view.get())->buffer;
 }
 
-absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(
-    PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-    std::vector<std::unique_ptr<char[]>>* staged,
-    std::vector<std::shared_ptr<const void>>* views, ArgumentRead* read) const {
+absl::StatusOr<PJRT_Buffer*> PjrtRuntime::Argument(PjrtScope& scope,
+                                                   const XlaArgument& arg,
+                                                   PJRT_Device* device,
+                                                   Staged* staged, Views* views,
+                                                   ArgumentRead* read) const {
   *read = ArgumentRead::kHost;
   const auto* mine = dynamic_cast<const PjrtBuffer*>(arg.device);
   if (mine != nullptr && mine->BelongsTo(*this)) {

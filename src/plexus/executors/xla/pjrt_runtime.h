@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -319,6 +320,13 @@ class PjrtRuntime {
       const std::vector<std::vector<XlaArgument>>& inputs,
       absl::string_view what, DoneFn done,
       ArgumentReads* reads = nullptr) const;
+  // Execute with `what` already shared: the outputs keep it as it is (a
+  // worker runs a program's calls under one name, made once).
+  absl::StatusOr<Outputs> Execute(
+      const PjrtExecutable& exe,
+      const std::vector<std::vector<XlaArgument>>& inputs,
+      std::shared_ptr<const std::string> what, DoneFn done,
+      ArgumentReads* reads = nullptr) const;
 
  private:
   friend class PjrtExecutable;
@@ -339,19 +347,24 @@ class PjrtRuntime {
   // if made here; host copies it needed kept in `staged`), and how it is
   // read (`read`; kAlias: it is the argument's own PjrtBuffer, so it may
   // be donated).
-  absl::StatusOr<PJRT_Buffer*> Argument(
-      PjrtScope& scope, const XlaArgument& arg, PJRT_Device* device,
-      std::vector<std::unique_ptr<char[]>>* staged,
-      std::vector<std::shared_ptr<const void>>* views,
-      ArgumentRead* read) const;
+  // Per-run lists sized for the usual run (one partition, a few arguments
+  // and outputs) without an allocation each.
+  using Staged = absl::InlinedVector<std::unique_ptr<char[]>, 1>;
+  using Views = absl::InlinedVector<std::shared_ptr<const void>, 4>;
+  using BufferLists =
+      absl::InlinedVector<absl::InlinedVector<PJRT_Buffer*, 4>, 1>;
+  absl::StatusOr<PJRT_Buffer*> Argument(PjrtScope& scope,
+                                        const XlaArgument& arg,
+                                        PJRT_Device* device, Staged* staged,
+                                        Views* views, ArgumentRead* read) const;
   // Host memory read in place through the view kept in `arg.views` for
   // `device` (made and kept there first if none is); the run holds it in
   // `views` until its end.
   struct HostView;
   mutable std::atomic<int64_t> host_views_made_{0};
-  absl::StatusOr<PJRT_Buffer*> KeptView(
-      const XlaArgument& arg, PJRT_Device* device,
-      std::vector<std::shared_ptr<const void>>* views) const;
+  absl::StatusOr<PJRT_Buffer*> KeptView(const XlaArgument& arg,
+                                        PJRT_Device* device,
+                                        Views* views) const;
 
   std::string plugin_path_;
   const PJRT_Api* api_ = nullptr;
@@ -370,8 +383,8 @@ class PjrtRuntime {
   // Execute's steps, in order. The PJRT buffers each partition reads (what
   // they need kept in `run`), and the arguments that may not be donated.
   struct BoundArguments {
-    std::vector<std::vector<PJRT_Buffer*>> args;  // by partition
-    std::vector<int64_t> non_donatable;
+    BufferLists args;  // by partition
+    absl::InlinedVector<int64_t, 4> non_donatable;
   };
   absl::StatusOr<BoundArguments> BindArguments(
       const PjrtExecutable& exe,
@@ -380,12 +393,10 @@ class PjrtRuntime {
   // Queues the run on the plugin: `outs` gets each partition's outputs
   // (sized by the caller), run.complete each partition's event.
   absl::Status Launch(const PjrtExecutable& exe, BoundArguments& bound,
-                      Run& run,
-                      std::vector<std::vector<PJRT_Buffer*>>& outs) const;
+                      Run& run, BufferLists& outs) const;
   // The outputs as PjrtBuffers made by `what` (null where none was given).
-  Outputs WrapOutputs(const PjrtExecutable& exe,
-                      const std::vector<std::vector<PJRT_Buffer*>>& outs,
-                      absl::string_view what) const;
+  Outputs WrapOutputs(const PjrtExecutable& exe, const BufferLists& outs,
+                      std::shared_ptr<const std::string> what) const;
   // Whether every partition of `run` has completed already (the CPU plugin
   // runs small programs inline); if so, their errors are in run.status.
   bool EndedInline(Run& run) const;
