@@ -135,6 +135,7 @@ py::dict SliceDevices(const Slice& s) {
 
 std::vector<Future> FuturesFrom(const py::sequence& seq) {
   std::vector<Future> out;
+  out.reserve(seq.size());
   for (auto x : seq) out.push_back(x.cast<Future>());
   return out;
 }
