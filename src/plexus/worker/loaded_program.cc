@@ -4,7 +4,7 @@ namespace plexus {
 
 std::shared_ptr<const LocalOutputs> LoadedProgram::OutputsOn(int shards) {
   {
-    absl::MutexLock lock(&xla_mu);
+    absl::MutexLock lock(&first_use_mu);
     if (local_outputs != nullptr && local_outputs->shards == shards) {
       return local_outputs;
     }
@@ -21,7 +21,7 @@ std::shared_ptr<const LocalOutputs> LoadedProgram::OutputsOn(int shards) {
       made->error[o] = local.status();
     }
   }
-  absl::MutexLock lock(&xla_mu);
+  absl::MutexLock lock(&first_use_mu);
   local_outputs = std::move(made);
   return local_outputs;
 }

@@ -4,9 +4,8 @@
 // (call_context.h) and ahead-of-time compiles hold their own references.
 //
 // Thread-safety: complete when the applier publishes it, and never
-// modified after, except what is made on first use under `xla_mu`
-// (`executables`, the run's name, the local output specs) and the atomic
-// `quick_device`.
+// modified after, except `executables` (under `xla_mu`), what its calls
+// make once (under `first_use_mu`) and the atomic `quick_device`.
 #pragma once
 
 #include <atomic>
@@ -55,20 +54,25 @@ struct LoadedProgram {
   absl::flat_hash_map<std::vector<int>,
                       std::shared_ptr<const xla::PjrtExecutable>>
       executables ABSL_GUARDED_BY(xla_mu);
-  // What each call's run needs once, not per call (XlaPrograms::QueueRun):
-  // the run's name in its outputs' errors ("program 'f' on worker 3"), for
-  // the worker id it was made under; the executable and slice size whose
-  // compiled outputs were checked against `outputs`.
-  std::shared_ptr<const std::string> run_name ABSL_GUARDED_BY(xla_mu);
-  std::shared_ptr<const LocalOutputs> local_outputs ABSL_GUARDED_BY(xla_mu);
-  int64_t run_name_worker ABSL_GUARDED_BY(xla_mu) = -1;
+  // What every call needs and is made once, not per call: the outputs'
+  // local specs (OutputsOn); the run's name in its outputs' errors
+  // ("program 'f' on worker 3"), for the worker id it was made under; the
+  // executable and slice size whose compiled outputs were checked against
+  // `outputs` (XlaPrograms::QueueRun). A lock of their own, held for no
+  // more than a look or a swap: `xla_mu` is held through a compile, which
+  // a call's op must not wait for on the ops connection's thread.
+  absl::Mutex first_use_mu;
+  std::shared_ptr<const LocalOutputs> local_outputs
+      ABSL_GUARDED_BY(first_use_mu);
+  std::shared_ptr<const std::string> run_name ABSL_GUARDED_BY(first_use_mu);
+  int64_t run_name_worker ABSL_GUARDED_BY(first_use_mu) = -1;
   std::shared_ptr<const xla::PjrtExecutable> outputs_checked_for
-      ABSL_GUARDED_BY(xla_mu);
-  int outputs_checked_shards ABSL_GUARDED_BY(xla_mu) = -1;
+      ABSL_GUARDED_BY(first_use_mu);
+  int outputs_checked_shards ABSL_GUARDED_BY(first_use_mu) = -1;
 
   // The outputs' local specs in a slice of `shards` devices, made once per
   // slice size (every call of a program reads them: its outputs declared,
-  // charged and checked).
+  // charged and checked). Never waits for a compile.
   std::shared_ptr<const LocalOutputs> OutputsOn(int shards);
 };
 

@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+
 namespace plexus {
 namespace {
 
@@ -45,6 +49,29 @@ TEST(LoadedProgramTest, OutputsAreSplitOncePerSliceSize) {
   EXPECT_EQ(four->spec[2], TensorSpec());
   // The list an earlier call holds is unchanged.
   EXPECT_EQ(two->spec[0], (TensorSpec{DType::kF32, {4, 4}}));
+}
+
+// The ops connection's thread reads a call's specs while a compile of the
+// same program may hold `xla_mu` (ExecutableFor holds it throughout, for
+// seconds): it must not wait for it. (With the specs under `xla_mu`, a
+// 3-host run stalled its workers' ops behind an island's compile, and the
+// server dropped a worker: tests/test_deploy_kubernetes.py.)
+TEST(LoadedProgramTest, ACallsSpecsDoNotWaitForACompile) {
+  LoadedProgram program;
+  program.outputs = {Arg({8}, Sharding::Split(0))};
+  absl::Notification read;
+  std::thread ops;
+  {
+    absl::MutexLock compiling(&program.xla_mu);
+    ops = std::thread([&] {
+      EXPECT_EQ(program.OutputsOn(2)->spec[0], (TensorSpec{DType::kF32, {4}}));
+      read.Notify();
+    });
+    // A bounded wait for the event: the read is done while the compile
+    // still holds the lock (without the fix it waits until it lets go).
+    EXPECT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  }
+  ops.join();
 }
 
 }  // namespace

@@ -153,7 +153,7 @@ absl::StatusOr<IslandExecution::Outputs> XlaPrograms::QueueRun(
   std::shared_ptr<const std::string> name;
   bool checked;
   {
-    absl::MutexLock lock(&program.xla_mu);
+    absl::MutexLock lock(&program.first_use_mu);
     if (program.run_name == nullptr || program.run_name_worker != worker) {
       program.run_name = std::make_shared<const std::string>(
           absl::StrCat("program '", program.name, "' on worker ", worker));
@@ -175,7 +175,7 @@ absl::StatusOr<IslandExecution::Outputs> XlaPrograms::QueueRun(
             " per device, the program declared ", local->ToString()));
       }
     }
-    absl::MutexLock lock(&program.xla_mu);
+    absl::MutexLock lock(&program.first_use_mu);
     program.outputs_checked_for = executable;
     program.outputs_checked_shards = exec.num_shards();
   }
