@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "plexus/executors/builtin/kernel.h"
 #include "plexus/executors/xla/xla_executor.h"
@@ -30,6 +31,12 @@ struct LocalOutputs {
   int shards = 0;
   std::vector<TensorSpec> spec;
   std::vector<absl::Status> error;
+
+  // Output o's local spec, or why it has none.
+  absl::StatusOr<const TensorSpec*> Of(size_t o) const {
+    if (!error[o].ok()) return error[o];
+    return &spec[o];
+  }
 };
 
 struct LoadedProgram {

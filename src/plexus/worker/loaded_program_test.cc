@@ -20,7 +20,6 @@ ArgSpec Arg(Shape shape, Sharding sharding) {
 
 TEST(LoadedProgramTest, OutputsAreSplitOncePerSliceSize) {
   LoadedProgram program;
-  program.name = "f";
   program.outputs = {Arg({8, 4}, Sharding::Split(0)),
                      Arg({6}, Sharding::Replicated()),
                      Arg({6}, Sharding::Split(0))};

@@ -179,8 +179,9 @@ absl::Status TaskRunner::AllReduceStored(CallContext& call, int task_index,
     return absl::InvalidArgumentError(
         absl::StrCat("program '", program.name, "': all_reduce of no output"));
   }
-  if (!call.outputs->error[0].ok()) return call.outputs->error[0];
-  const TensorSpec* local = &call.outputs->spec[0];
+  absl::StatusOr<const TensorSpec*> of = call.outputs->Of(0);
+  if (!of.ok()) return of.status();
+  const TensorSpec* local = *of;
   if (ctx.inputs.size() != 1 || ctx.inputs[0].spec != *local) {
     return absl::InvalidArgumentError(absl::StrCat(
         "program '", program.name, "': all_reduce of ",
@@ -220,8 +221,9 @@ absl::Status TaskRunner::MakeOutputs(const CallContext& call, int task_index,
   // for them all, one take of the store's lock).
   int64_t xla_bytes = 0;
   for (size_t o = 0; o < program.outputs.size(); ++o) {
-    if (!call.outputs->error[o].ok()) return call.outputs->error[o];
-    const TensorSpec* local = &call.outputs->spec[o];
+    absl::StatusOr<const TensorSpec*> of = call.outputs->Of(o);
+    if (!of.ok()) return of.status();
+    const TensorSpec* local = *of;
     if (program.xla &&
         !(task_index > 0 && program.outputs[o].sharding.is_partial())) {
       // XLA's output stays in device memory, charged to the device now;

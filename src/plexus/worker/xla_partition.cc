@@ -167,8 +167,9 @@ absl::StatusOr<IslandExecution::Outputs> XlaPrograms::QueueRun(
     const LocalOutputs& outputs = *call_ref->outputs;
     for (size_t o = 0; o < program.outputs.size(); ++o) {
       const TensorSpec& got = exe.outputs()[o];
-      if (!outputs.error[o].ok()) return outputs.error[o];
-      const TensorSpec* local = &outputs.spec[o];
+      absl::StatusOr<const TensorSpec*> of = outputs.Of(o);
+      if (!of.ok()) return of.status();
+      const TensorSpec* local = *of;
       if (got != *local) {
         return absl::InternalError(absl::StrCat(
             "XLA compiled output ", o, " as ", got.ToString(),
@@ -231,8 +232,7 @@ void XlaPrograms::TakeDonations(
       continue;  // not allowed by the server (or not well formed)
     }
     const proto::InputBinding& binding = task.inputs(i);
-    const absl::Status& local_error = call.outputs->error[o];
-    const TensorSpec* local = &call.outputs->spec[o];
+    absl::StatusOr<const TensorSpec*> local = call.outputs->Of(o);
     const DeviceBuffer* buffer =
         i < static_cast<int>(input_devices.size()) ? input_devices[i] : nullptr;
     // The entry's Storage, as the task holds it: TakeForDonation checks
@@ -251,8 +251,8 @@ void XlaPrograms::TakeDonations(
     count(bound);
     const BufferKey key{binding.pieces(0).buffer_id(),
                         binding.pieces(0).shard()};
-    if (storage == nullptr || binding.pieces_size() != 1 || !local_error.ok() ||
-        !(ctx.inputs[i].spec == *local) ||
+    if (storage == nullptr || binding.pieces_size() != 1 || !local.ok() ||
+        !(ctx.inputs[i].spec == **local) ||
         !store_.TakeForDonation(
             key, storage, refs,
             absl::FailedPreconditionError(
