@@ -4,6 +4,10 @@
 
 namespace plexus {
 
+std::string KeyString(const ShardKey& key) {
+  return absl::StrCat("buffer ", key.buffer_id, " shard ", key.shard);
+}
+
 absl::Status CheckIdsLeft(absl::string_view what, uint64_t first,
                           uint64_t count) {
   if (first >= 1 && first <= kMaxIdCount && count <= kMaxIdCount - first + 1) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -81,5 +82,7 @@ struct ShardKey {
     return H::combine(std::move(h), k.buffer_id, k.shard);
   }
 };
+// "buffer 12 shard 0", for messages and log lines.
+std::string KeyString(const ShardKey& key);
 
 }  // namespace plexus

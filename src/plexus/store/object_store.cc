@@ -7,10 +7,6 @@
 
 namespace plexus {
 
-std::string KeyString(const BufferKey& key) {
-  return absl::StrCat("buffer ", key.buffer_id, " shard ", key.shard);
-}
-
 ObjectStore::ObjectStore(Options options)
     : options_(std::move(options)),
       capacity_(options_.device_memory),

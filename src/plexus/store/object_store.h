@@ -58,7 +58,6 @@ namespace plexus {
 
 // The one shard key, and the id layout (ClientOfBuffer): common/ids.h.
 using BufferKey = ShardKey;
-std::string KeyString(const BufferKey& key);  // "buffer 12 shard 0"
 
 struct ObjectStoreStats {
   int64_t live_shards = 0;
@@ -256,6 +255,32 @@ class ObjectStore {
   // AwaitReady(key).
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const BufferKey& key, const ReadyCallback& on_ready);
+  // AwaitReady(key, on_ready) without a thread blocked in it (a data-plane
+  // connection that parks a FETCH and goes back to reading its socket).
+  // Returns the result now where AwaitReady would not block: the shard is
+  // ready or failed, or a wait for its unknown key must end at once. Else
+  // nullopt, and the watch is kept until EndWatch or AwaitWatched: its
+  // `on_ready` runs as AwaitReady's hook does, on the thread that readies
+  // or fails the shard; `poke` is called whenever AwaitReady's wait would
+  // wake to look again without a result (its buffer rejected, its client
+  // gone, the store shutting down). `poke` runs under this store's lock:
+  // it may only wake someone (an eventfd's write). `*watch` says which
+  // watch this is, and until when an unknown key is waited for.
+  struct Watch {
+    uint64_t id = 0;
+    absl::Time deadline = absl::InfiniteFuture();
+  };
+  std::optional<absl::StatusOr<std::shared_ptr<const Storage>>> WatchReady(
+      const BufferKey& key, const ReadyCallback& on_ready,
+      std::function<void()> poke, Watch* watch);
+  // Ends a watch WatchReady kept: its `poke` is not called again; its
+  // `on_ready`, if already handed out, may still run once (it decides for
+  // itself whether it is still wanted).
+  void EndWatch(const BufferKey& key, const Watch& watch);
+  // EndWatch, then AwaitReady(key), an unknown key waited for only until
+  // the watch's deadline.
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitWatched(
+      const BufferKey& key, const Watch& watch);
   // AwaitReady for an input of a task: while it blocks, the wait is listed
   // by AwaitedInputs (a wait that does not block is never listed, and
   // costs nothing more than AwaitReady).
@@ -316,9 +341,24 @@ class ObjectStore {
   };
   // AwaitReady's wait; lists `wait`, if given, while it blocks.
   // `on_ready`, if set: AwaitReady's hook.
+  // An unknown key is waited for until `unknown_deadline` (InfinitePast:
+  // unknown_key_timeout from now).
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReadyLocked(
       const BufferKey& key, InputWait* wait,
-      const ReadyCallback* on_ready = nullptr)
+      const ReadyCallback* on_ready = nullptr,
+      absl::Time unknown_deadline = absl::InfinitePast())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The result a read of `key` has now, if it would not block.
+  std::optional<absl::StatusOr<std::shared_ptr<const Storage>>> ReadNowLocked(
+      const BufferKey& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndWatchLocked(const BufferKey& key, const Watch& watch)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the key's wait slot (made on first use), one waiter more.
+  struct KeyWait;
+  KeyWait* JoinKeyWaitLocked(const BufferKey& key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One waiter less; the slot goes back to the free list at none.
+  void LeaveKeyWaitLocked(const BufferKey& key, KeyWait* wait)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Lists `wait` (at the tail: the newest), or updates its source.
   void ListWaitLocked(InputWait* wait, int64_t source_worker)
@@ -429,6 +469,9 @@ class ObjectStore {
     // number of the wait's: handed out at the key's completion, else taken
     // back by their wait as it wakes.
     std::vector<std::pair<uint64_t, ReadyCallback>> on_ready;
+    // WatchReady's pokes, by the watch's number (its waiters are counted
+    // in `waiters` too).
+    std::vector<std::pair<uint64_t, std::function<void()>>> pokes;
   };
   uint64_t next_hook_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<BufferKey, KeyWait*> key_waits_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,8 @@
 // a shard to be ready (AwaitReady, AwaitInput, OnReady), and the list of
 // inputs awaited that "why is it stuck" reads (AwaitedInputs). Each wait
 // reads its deadline from the injected clock and says what ended it.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "plexus/common/status_proto.h"
 #include "plexus/store/object_store.h"
@@ -34,9 +36,7 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key,
   return absl::OkStatus();
 }
 
-bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
-                                 absl::Time deadline,
-                                 const ReadyCallback* on_ready) {
+ObjectStore::KeyWait* ObjectStore::JoinKeyWaitLocked(const BufferKey& key) {
   KeyWait*& slot = key_waits_[key];
   if (slot == nullptr) {
     if (free_key_waits_.empty()) {
@@ -46,9 +46,22 @@ bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
     slot = free_key_waits_.back();
     free_key_waits_.pop_back();
   }
-  KeyWait* wait = slot;  // `slot` may move while the lock is released
+  slot->waiters++;
+  return slot;  // stable: the map's slot may move, the KeyWait does not
+}
+
+void ObjectStore::LeaveKeyWaitLocked(const BufferKey& key, KeyWait* wait) {
+  if (--wait->waiters == 0) {
+    key_waits_.erase(key);
+    free_key_waits_.push_back(wait);
+  }
+}
+
+bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
+                                 absl::Time deadline,
+                                 const ReadyCallback* on_ready) {
+  KeyWait* wait = JoinKeyWaitLocked(key);
   const int declaration = until == KeyEvent::kDeclared ? 1 : 0;
-  wait->waiters++;
   wait->for_declaration += declaration;
   const uint64_t hook = on_ready != nullptr ? ++next_hook_ : 0;
   if (hook != 0) wait->on_ready.emplace_back(hook, *on_ready);
@@ -64,10 +77,7 @@ bool ObjectStore::AwaitKeyLocked(const BufferKey& key, KeyEvent until,
       }
     }
   }
-  if (--wait->waiters == 0) {
-    key_waits_.erase(key);
-    free_key_waits_.push_back(wait);
-  }
+  LeaveKeyWaitLocked(key, wait);
   return timed_out;
 }
 
@@ -81,7 +91,10 @@ void ObjectStore::SignalKeyLocked(const BufferKey& key, KeyEvent event) {
 }
 
 void ObjectStore::SignalKeyWaitsLocked() {
-  for (auto& [key, wait] : key_waits_) wait->cv.SignalAll();
+  for (auto& [key, wait] : key_waits_) {
+    wait->cv.SignalAll();
+    for (auto& [number, poke] : wait->pokes) poke();
+  }
 }
 
 absl::StatusOr<ObjectStore::Entry*> ObjectStore::AwaitDeclaredLocked(
@@ -116,6 +129,76 @@ absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReady(
     const BufferKey& key, const ReadyCallback& on_ready) {
   absl::MutexLock lock(&mu_);
   return AwaitReadyLocked(key, nullptr, on_ready ? &on_ready : nullptr);
+}
+
+std::optional<absl::StatusOr<std::shared_ptr<const Storage>>>
+ObjectStore::ReadNowLocked(const BufferKey& key) const {
+  if (shutdown_) return absl::CancelledError("worker shutting down");
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    const Entry& e = it->second;
+    if (e.state == Entry::State::kReady) {
+      return std::shared_ptr<const Storage>(e.data);
+    }
+    if (e.state == Entry::State::kFailed) return e.status;
+    return std::nullopt;
+  }
+  if (absl::Status end = UnknownKeyEndLocked(key, /*read=*/true); !end.ok()) {
+    return end;
+  }
+  return std::nullopt;
+}
+
+std::optional<absl::StatusOr<std::shared_ptr<const Storage>>>
+ObjectStore::WatchReady(const BufferKey& key, const ReadyCallback& on_ready,
+                        std::function<void()> poke, Watch* watch) {
+  absl::MutexLock lock(&mu_);
+  auto now = ReadNowLocked(key);
+  if (now.has_value()) return now;
+  *watch =
+      Watch{++next_hook_, options_.clock->Now() + options_.unknown_key_timeout};
+  KeyWait* wait = JoinKeyWaitLocked(key);
+  wait->pokes.emplace_back(watch->id, std::move(poke));
+  auto it = entries_.find(key);
+  if (it != entries_.end()) {
+    // Pending: its completion (or failure) hands the hook out; no bound.
+    it->second.callbacks.push_back(on_ready);
+    watch->deadline = absl::InfiniteFuture();
+  } else {
+    wait->on_ready.emplace_back(watch->id, on_ready);
+  }
+  return std::nullopt;
+}
+
+void ObjectStore::EndWatchLocked(const BufferKey& key, const Watch& watch) {
+  auto it = key_waits_.find(key);
+  if (it == key_waits_.end()) return;
+  KeyWait* wait = it->second;
+  auto& pokes = wait->pokes;
+  auto poke = std::find_if(pokes.begin(), pokes.end(),
+                           [&](const auto& p) { return p.first == watch.id; });
+  if (poke == pokes.end()) return;  // ended already
+  pokes.erase(poke);
+  auto& hooks = wait->on_ready;
+  for (auto h = hooks.begin(); h != hooks.end(); ++h) {
+    if (h->first == watch.id) {
+      hooks.erase(h);
+      break;
+    }
+  }
+  LeaveKeyWaitLocked(key, wait);
+}
+
+void ObjectStore::EndWatch(const BufferKey& key, const Watch& watch) {
+  absl::MutexLock lock(&mu_);
+  EndWatchLocked(key, watch);
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitWatched(
+    const BufferKey& key, const Watch& watch) {
+  absl::MutexLock lock(&mu_);
+  EndWatchLocked(key, watch);
+  return AwaitReadyLocked(key, nullptr, nullptr, watch.deadline);
 }
 
 absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitInput(
@@ -160,9 +243,11 @@ int ObjectStore::AwaitedInputs(int max, std::vector<AwaitedInput>* out) const {
 }
 
 absl::StatusOr<std::shared_ptr<const Storage>> ObjectStore::AwaitReadyLocked(
-    const BufferKey& key, InputWait* wait, const ReadyCallback* on_ready) {
-  const absl::Time unknown_deadline =
-      options_.clock->Now() + options_.unknown_key_timeout;
+    const BufferKey& key, InputWait* wait, const ReadyCallback* on_ready,
+    absl::Time unknown_deadline) {
+  if (unknown_deadline == absl::InfinitePast()) {
+    unknown_deadline = options_.clock->Now() + options_.unknown_key_timeout;
+  }
   if (wait != nullptr) wait->input.key = key;
   while (true) {
     if (shutdown_) return absl::CancelledError("worker shutting down");

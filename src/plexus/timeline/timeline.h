@@ -29,6 +29,7 @@
 #include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -189,6 +190,11 @@ class ScopedEvent {
     timeline_->Record(event);
     timeline_ = nullptr;
   }
+  // Where it will be recorded (null: nowhere).
+  Timeline* timeline() const { return timeline_; }
+  // Stops it from being recorded here; returns where it would have been
+  // (its taker records it, with its end: a parked answer's event).
+  Timeline* Dismiss() { return std::exchange(timeline_, nullptr); }
   TimelineEvent event;
 
  private:

@@ -60,6 +60,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -289,6 +290,30 @@ class DataPlaneHandler {
       absl::StatusOr<std::shared_ptr<const Storage>> result)>;
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReadyTelling(
       const ShardKey& key, const ReadyHook& on_ready) {
+    return AwaitReady(key);
+  }
+  // A FETCH's or WAIT's wait that does not hold the connection's thread:
+  // the result now where AwaitReadyTelling would not block; else nullopt,
+  // with `on_ready` kept as AwaitReadyTelling keeps it and `poke` called
+  // (from under the handler's lock: it only wakes) whenever the wait would
+  // look again without a result. The connection's thread then goes back to
+  // its socket, and on its next wake-up ends the watch (EndWatch) or
+  // finishes the wait (AwaitWatched). By default: AwaitReadyTelling, now.
+  struct ReadyWatch {
+    uint64_t id = 0;
+    absl::Time deadline = absl::InfiniteFuture();  // then AwaitWatched
+  };
+  virtual std::optional<absl::StatusOr<std::shared_ptr<const Storage>>>
+  WatchReady(const ShardKey& key, const ReadyHook& on_ready,
+             std::function<void()> poke, ReadyWatch* watch) {
+    return AwaitReadyTelling(key, on_ready);
+  }
+  // Ends a watch WatchReady kept (its hook may still run once).
+  virtual void EndWatch(const ShardKey& key, const ReadyWatch& watch) {}
+  // EndWatch, then AwaitReady: a key still unknown is waited for until
+  // the watch's deadline.
+  virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitWatched(
+      const ShardKey& key, const ReadyWatch& watch) {
     return AwaitReady(key);
   }
   // The serialized executable of content fingerprint `fingerprint`, now,

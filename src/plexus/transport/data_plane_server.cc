@@ -24,6 +24,7 @@
 #include "plexus/common/logging.h"
 #include "plexus/timeline/timeline.h"
 #include "plexus/transport/data_plane.h"
+#include "plexus/transport/internal/fetch_answers.h"
 #include "plexus/transport/internal/frame_socket.h"
 #include "plexus/transport/internal/handshake.h"
 #include "plexus/transport/internal/socket_io.h"
@@ -31,6 +32,7 @@
 namespace plexus::transport {
 namespace {
 
+using internal::FetchAnswers;
 using internal::FrameHeader;
 using internal::FrameSocket;
 using internal::FrameType;
@@ -66,10 +68,6 @@ std::optional<DataPlaneRequest> RequestOf(FrameType type) {
       break;
   }
   return std::nullopt;
-}
-
-std::string KeyString(const ShardKey& key) {
-  return absl::StrCat("buffer ", key.buffer_id, " shard ", key.shard);
 }
 
 // Thread-safe. Destruction stops accepting, shuts every connection down and
@@ -119,6 +117,8 @@ class DataPlaneServerImpl : public DataPlaneServer {
     uint64_t ops_generation = 0;
     bool carried_ops = false;
     bool handed_off = false;  // the handler reads it (TakeOpsConnection)
+    // Its client's FETCHes and WAITs (made at the first).
+    std::unique_ptr<FetchAnswers> answers;
   };
   // Handles one frame. An error means the connection must close; handler
   // failures that the peer should see travel as ERROR frames instead.
@@ -129,7 +129,6 @@ class DataPlaneServerImpl : public DataPlaneServer {
   absl::Status ServeOps(FrameSocket& socket, const FrameHeader& header,
                         const DataPlanePeer& peer, ConnectionState& state);
   absl::Status ServeShard(FrameSocket& socket, const FrameHeader& header);
-  absl::Status ServeFetchOrWait(FrameSocket& socket, const FrameHeader& header);
   // PUSH_IPC, its payload read; `allowed`: Authorize's and AdmitGeneration's
   // word. Always answered (ACK or ERROR) unless the stream broke.
   absl::Status ServeIpc(FrameSocket& socket, const FrameHeader& header,
@@ -399,7 +398,13 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
   absl::Status ended;
   while (peer.ok()) {
     bool eof = false;
-    absl::StatusOr<FrameHeader> header = socket->ReadHeader(&eof);
+    // A parked answer is finished before the next frame is read.
+    absl::Status finished = state.answers != nullptr
+                                ? state.answers->FinishParked()
+                                : absl::OkStatus();
+    absl::StatusOr<FrameHeader> header =
+        finished.ok() ? socket->ReadHeader(&eof)
+                      : absl::StatusOr<FrameHeader>(finished);
     absl::Status status = header.ok()
                               ? ServeFrame(*socket, *header, *peer, state)
                               : header.status();
@@ -496,7 +501,11 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
       if (!allowed.ok()) {
         return socket.SendError(FrameType::kError, header.key(), allowed);
       }
-      return ServeFetchOrWait(socket, header);
+      if (state.answers == nullptr) {
+        state.answers = std::make_unique<FetchAnswers>(
+            socket, *handler_, *counters_, *options_.clock);
+      }
+      return state.answers->Serve(header, event);
     case DataPlaneRequest::kPushIpc:
       return ServeIpc(socket, header, allowed);
     case DataPlaneRequest::kOps:
@@ -637,117 +646,6 @@ absl::Status DataPlaneServerImpl::ServeIpc(FrameSocket& socket,
     return socket.SendError(FrameType::kError, key, result);
   }
   return socket.SendControl(FrameType::kAck, key);
-}
-
-// A FETCH's or WAIT's answer, sent by whichever comes first: the thread
-// that readies the shard (the handler's hook, AwaitReadyTelling) or the
-// connection's own thread once its wait returns. Only one sends; the
-// connection's thread waits while the hook's send is under way, so the
-// connection's frames keep their order, and it sends whatever of the frame
-// the hook could not (the hook never blocks on a peer that stops reading).
-struct EarlyAnswer {
-  enum class State { kOpen, kSending, kSent, kClaimed };
-  absl::Mutex mu;
-  State state ABSL_GUARDED_BY(mu) = State::kOpen;
-  absl::Status sent ABSL_GUARDED_BY(mu);   // the hook's send, once kSent
-  std::string rest ABSL_GUARDED_BY(mu);    // the frame's bytes not yet sent
-  size_t payload ABSL_GUARDED_BY(mu) = 0;  // DATA bytes the frame carries
-};
-
-absl::Status DataPlaneServerImpl::ServeFetchOrWait(FrameSocket& socket,
-                                                   const FrameHeader& header) {
-  const ShardKey key = header.key();
-  const bool wait = header.frame_type() == FrameType::kWait;
-  auto early = std::make_shared<EarlyAnswer>();
-  // Runs on the readying thread. Answers only what needs no waiting there
-  // and little time: an ACK, or a small value in host memory. A value in
-  // device memory only once computed, and read in place (an XLA output of
-  // the CPU plugin, which runs a small program inline, before its outputs
-  // are published); one still computing, or on a GPU, is left to the
-  // connection's thread, as is an error, which that thread words.
-  // `socket` is touched only while the state is kSending, which the
-  // connection's thread waits out.
-  auto hook = [early, wait, key, socket = &socket](
-                  absl::StatusOr<std::shared_ptr<const Storage>> result) {
-    if (!result.ok() || *result == nullptr) return;
-    const Storage& data = **result;
-    if (const DeviceBuffer* device = data.device_buffer(); device != nullptr) {
-      const std::optional<absl::Status> computed = device->Computed();
-      if (!computed.has_value() || !computed->ok()) return;
-    }
-    if (!wait && (data.size() > FrameSocket::kSmallFrameBytes ||
-                  data.data() == nullptr)) {
-      return;
-    }
-    {
-      absl::MutexLock lock(&early->mu);
-      if (early->state != EarlyAnswer::State::kOpen) return;
-      early->state = EarlyAnswer::State::kSending;
-    }
-    std::string frame;
-    absl::StatusOr<size_t> went = socket->TrySendSmall(
-        wait ? FrameType::kAck : FrameType::kData, key,
-        wait ? absl::string_view()
-             : absl::string_view(static_cast<const char*>(data.data()),
-                                 data.size()),
-        &frame);
-    absl::MutexLock lock(&early->mu);
-    early->payload = wait ? 0 : data.size();
-    if (went.ok()) early->rest = frame.substr(*went);
-    early->sent = went.status();
-    early->state = EarlyAnswer::State::kSent;
-  };
-  absl::StatusOr<std::shared_ptr<const Storage>> ready =
-      handler_->AwaitReadyTelling(key, hook);
-  bool answered = false;  // by the hook (no hook runs once this is known)
-  absl::Status sent;
-  std::string rest;
-  size_t payload = 0;
-  {
-    absl::MutexLock lock(&early->mu);
-    if (early->state == EarlyAnswer::State::kOpen) {
-      early->state = EarlyAnswer::State::kClaimed;  // the hook stands down
-    } else {
-      EarlyAnswer* e = early.get();
-      auto done = [e]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(e->mu) {
-        return e->state == EarlyAnswer::State::kSent;
-      };
-      early->mu.Await(absl::Condition(&done));
-      answered = true;
-      sent = early->sent;
-      rest = std::move(early->rest);
-      payload = early->payload;
-    }
-  }
-  if (answered) {
-    if (!sent.ok()) return sent;
-    if (absl::Status s = socket.SendRemainder(rest); !s.ok()) return s;
-    counters_->early_answers.fetch_add(1);
-    counters_->bytes_to_clients.fetch_add(static_cast<int64_t>(payload));
-    return absl::OkStatus();
-  }
-  if (ready.ok() && *ready == nullptr) {
-    ready = absl::InternalError(
-        absl::StrCat(KeyString(key), " is ready but holds no storage"));
-  }
-  if (!ready.ok()) {
-    return socket.SendError(FrameType::kError, key, ready.status());
-  }
-  if (header.frame_type() == FrameType::kWait) {
-    return socket.SendControl(FrameType::kAck, key);
-  }
-  // The client reads host memory (shared with it where large): a value in
-  // device memory is copied out now, once per fetch.
-  ready = Storage::InHostMemory(*std::move(ready), /*shareable=*/true);
-  if (!ready.ok()) {
-    return socket.SendError(FrameType::kError, key, ready.status());
-  }
-  const Storage& data = **ready;
-  if (absl::Status s = socket.SendShard(FrameType::kData, key, data); !s.ok()) {
-    return s;
-  }
-  counters_->bytes_to_clients.fetch_add(static_cast<int64_t>(data.size()));
-  return absl::OkStatus();
 }
 
 }  // namespace

@@ -196,19 +196,56 @@ absl::StatusOr<std::shared_ptr<const Storage>> WorkerDataPlane::AwaitReady(
   return AwaitReadyTelling(key, nullptr);
 }
 
-absl::StatusOr<std::shared_ptr<const Storage>>
-WorkerDataPlane::AwaitReadyTelling(const transport::ShardKey& key,
-                                   const ReadyHook& on_ready) {
-  absl::StatusOr<std::shared_ptr<const Storage>> ready =
-      store_.AwaitReady({key.buffer_id, key.shard}, on_ready);
-  // A value in device memory may still be being computed: a client's
-  // wait or fetch is answered once it is, with its error if it failed.
+namespace {
+
+// A value in device memory may still be being computed: a client's wait
+// or fetch is answered once it is, with its error if it failed.
+absl::StatusOr<std::shared_ptr<const Storage>> Computed(
+    absl::StatusOr<std::shared_ptr<const Storage>> ready) {
   if (ready.ok() && *ready != nullptr) {
     if (const DeviceBuffer* device = (*ready)->device_buffer()) {
       if (absl::Status s = device->Await(); !s.ok()) return s;
     }
   }
   return ready;
+}
+
+ObjectStore::Watch StoreWatch(
+    const transport::DataPlaneHandler::ReadyWatch& w) {
+  return {w.id, w.deadline};
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const Storage>>
+WorkerDataPlane::AwaitReadyTelling(const transport::ShardKey& key,
+                                   const ReadyHook& on_ready) {
+  return Computed(store_.AwaitReady({key.buffer_id, key.shard}, on_ready));
+}
+
+std::optional<absl::StatusOr<std::shared_ptr<const Storage>>>
+WorkerDataPlane::WatchReady(const transport::ShardKey& key,
+                            const ReadyHook& on_ready,
+                            std::function<void()> poke, ReadyWatch* watch) {
+  ObjectStore::Watch kept;
+  auto now = store_.WatchReady({key.buffer_id, key.shard}, on_ready,
+                               std::move(poke), &kept);
+  if (!now.has_value()) {
+    *watch = {kept.id, kept.deadline};
+    return std::nullopt;
+  }
+  return Computed(*std::move(now));
+}
+
+void WorkerDataPlane::EndWatch(const transport::ShardKey& key,
+                               const ReadyWatch& watch) {
+  store_.EndWatch({key.buffer_id, key.shard}, StoreWatch(watch));
+}
+
+absl::StatusOr<std::shared_ptr<const Storage>> WorkerDataPlane::AwaitWatched(
+    const transport::ShardKey& key, const ReadyWatch& watch) {
+  return Computed(
+      store_.AwaitWatched({key.buffer_id, key.shard}, StoreWatch(watch)));
 }
 
 absl::StatusOr<std::shared_ptr<const Storage>>

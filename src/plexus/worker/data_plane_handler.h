@@ -80,6 +80,15 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   // the thread that readies it.
   absl::StatusOr<std::shared_ptr<const Storage>> AwaitReadyTelling(
       const transport::ShardKey& key, const ReadyHook& on_ready) override;
+  // The store's watch (ObjectStore::WatchReady), and its end; a ready
+  // value in device memory is awaited as AwaitReadyTelling awaits it.
+  std::optional<absl::StatusOr<std::shared_ptr<const Storage>>> WatchReady(
+      const transport::ShardKey& key, const ReadyHook& on_ready,
+      std::function<void()> poke, ReadyWatch* watch) override;
+  void EndWatch(const transport::ShardKey& key,
+                const ReadyWatch& watch) override;
+  absl::StatusOr<std::shared_ptr<const Storage>> AwaitWatched(
+      const transport::ShardKey& key, const ReadyWatch& watch) override;
   // Where the worker's devices are CUDA GPUs and the CUDA libraries load
   // (CudaIpc::available).
   bool OpensCudaIpc() override;
