@@ -455,6 +455,46 @@ TEST_F(RegistrationTest, ARejoiningWorkerHearsItWasDeclaredDown) {
   End(*b);
 }
 
+// A stream's end names how it ended: the worker closed it (its session
+// ended on its side), or the connection was cut under it (a killed
+// process, a lost host, an unanswered keepalive: here its call is
+// cancelled), with when the worker was last heard from. It used to say
+// "process exited or was killed" either way, also of a live worker whose
+// connection had dropped.
+TEST_F(RegistrationTest, AWorkersEndSaysHowItsStreamEnded) {
+  Start();
+  auto closed = Register(Registration(kProtocolVersion));
+  auto cut = Register(Registration(kProtocolVersion));
+  ASSERT_TRUE(closed->accepted && cut->accepted);
+  const int64_t closed_id = closed->first.worker_id();
+  closed->stream->WritesDone();
+  End(*cut);
+  proto::ClusterStatus status;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (int i = 0; i < 100'000 && absl::Now() < deadline; ++i) {
+    status = Status();
+    if (status.workers_size() == 2 && !status.workers(0).alive() &&
+        !status.workers(1).alive()) {
+      break;
+    }
+  }
+  ASSERT_EQ(status.workers_size(), 2);
+  for (const auto& worker : status.workers()) {
+    ASSERT_FALSE(worker.alive());
+    const std::string& why = worker.down_reason();
+    EXPECT_NE(why.find("lost its connection"), std::string::npos) << why;
+    EXPECT_NE(why.find(worker.worker_id() == closed_id
+                           ? "the worker closed its stream"
+                           : "the connection was cut"),
+              std::string::npos)
+        << why;
+    EXPECT_NE(why.find("last heard from"), std::string::npos) << why;
+    EXPECT_EQ(why.find("process exited or was killed"), std::string::npos)
+        << why;
+  }
+  End(*closed);
+}
+
 TEST_F(RegistrationTest, StatusShowsTheAdvertisedAddress) {
   ServerOptions options;
   options.listen_address = "0.0.0.0:0";

@@ -130,7 +130,7 @@ grpc::Status ServerImpl::ServeWorker(grpc::ServerContext* ctx,
     channel->Shutdown();
     reports_poller_->Remove(id);  // no report of its is applied after
   }
-  EndWorkerSession(id, channel.get());
+  EndWorkerSession(id, channel.get(), ctx->IsCancelled());
   return grpc::Status::OK;
 }
 
@@ -427,10 +427,30 @@ void ServerImpl::DrainCompletions() {
   }
 }
 
-void ServerImpl::EndWorkerSession(int64_t id, WorkerChannel* channel) {
-  WorkerDown(id, absl::StrCat("worker ", id,
-                              " lost its connection to the "
-                              "server (process exited or was killed)"));
+void ServerImpl::EndWorkerSession(int64_t id, WorkerChannel* channel,
+                                  bool cut) {
+  std::string heard;
+  {
+    absl::MutexLock lock(&heard_mu_);
+    if (auto it = heard_.find(id); it != heard_.end()) {
+      heard = absl::StrCat(
+          "; last heard from ",
+          absl::FormatDuration(absl::Trunc(
+              options_.clock->Now() - it->second.at, absl::Milliseconds(1))),
+          " before");
+    }
+  }
+  // Which end closed it is all a stream's end says: a worker that closed
+  // it (its session ended on its side: it logs why) or a connection cut
+  // under it (its process ended, its host or network failed, or the
+  // channel's keepalive found the other end silent).
+  WorkerDown(id,
+             absl::StrCat("worker ", id, " lost its connection to the server (",
+                          cut ? "the connection was cut: its process "
+                                "ended, its host or network failed, or "
+                                "a keepalive went unanswered"
+                              : "the worker closed its stream",
+                          heard, ")"));
   {
     absl::MutexLock lock(&heard_mu_);
     heard_.erase(id);

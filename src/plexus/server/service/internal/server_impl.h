@@ -143,8 +143,10 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // records now if the state lock is free, else by whoever holds it.
   void OnCallsDone(int64_t id, const proto::CallsDone& done);
   // The session ended: the worker is down, its stamps, timeline estimate,
-  // queue and context go.
-  void EndWorkerSession(int64_t id, WorkerChannel* channel);
+  // queue and context go. `cut`: the stream did not end by the worker's
+  // close (its call was cancelled: the connection dropped); the reason
+  // says which, and how long before the worker was last heard from.
+  void EndWorkerSession(int64_t id, WorkerChannel* channel, bool cut);
 
   // ------------------------------------------------------------ clients
   // The hello, then each batch the client sends, then its end.
