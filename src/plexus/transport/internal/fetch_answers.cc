@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -32,19 +33,19 @@ struct FetchAnswers::Shared {
     if (wake >= 0) eventfd_write(wake, 1);
   }
   // Claims the answer for the connection's thread, or waits out the hook's
-  // send: true when the hook answered. No hook sends afterwards.
-  bool Claim() ABSL_LOCKS_EXCLUDED(mu) {
+  // send: what it sent, where it answered. No hook sends afterwards.
+  std::optional<Sent> Claim() ABSL_LOCKS_EXCLUDED(mu) {
     absl::MutexLock lock(&mu);
     wake = -1;
     if (state == State::kOpen) {
       state = State::kClaimed;  // the hook stands down
-      return false;
+      return std::nullopt;
     }
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       return state == State::kSent;
     };
     mu.Await(absl::Condition(&done));
-    return true;
+    return Sent{sent, std::move(rest), payload, sent_ns};
   }
 };
 
@@ -152,15 +153,8 @@ absl::Status FetchAnswers::Serve(const FrameHeader& header,
   }
   // Known at once (or awaited by a handler that cannot watch, whose hook
   // may have answered meanwhile).
-  if (shared->Claim()) {
-    absl::MutexLock lock(&shared->mu);
-    if (!shared->sent.ok()) return shared->sent;
-    if (absl::Status s = socket_.SendRemainder(shared->rest); !s.ok()) {
-      return s;
-    }
-    counters_.early_answers.fetch_add(1);
-    counters_.bytes_to_clients.fetch_add(static_cast<int64_t>(shared->payload));
-    return absl::OkStatus();
+  if (std::optional<Sent> sent = shared->Claim()) {
+    return FinishSent(*sent, /*deliver=*/true);
   }
   return SendResult(header, *std::move(now));
 }
@@ -198,23 +192,14 @@ absl::Status FetchAnswers::FinishParked() {
 absl::Status FetchAnswers::Finish(Parked& parked, bool deliver) {
   const ShardKey key = parked.header.key();
   absl::Status result;
-  const bool answered = parked.shared->Claim();
+  std::optional<Sent> sent = parked.shared->Claim();
   // No poke comes from this answer now: one that came is spent.
   eventfd_t drained;
   eventfd_read(wake_.get(), &drained);  // nonblocking: none is fine
-  if (answered) {
+  if (sent.has_value()) {
     handler_.EndWatch(key, parked.watch);
-    absl::MutexLock lock(&parked.shared->mu);
-    result = parked.shared->sent;
-    if (result.ok() && deliver) {
-      result = socket_.SendRemainder(parked.shared->rest);
-    }
-    if (result.ok()) {
-      counters_.early_answers.fetch_add(1);
-      counters_.bytes_to_clients.fetch_add(
-          static_cast<int64_t>(parked.shared->payload));
-    }
-    parked.event.end_ns = parked.shared->sent_ns;
+    result = FinishSent(*sent, deliver);
+    parked.event.end_ns = sent->at_ns;
   } else if (!deliver) {
     handler_.EndWatch(key, parked.watch);
     parked.event.failed = true;
@@ -228,6 +213,16 @@ absl::Status FetchAnswers::Finish(Parked& parked, bool deliver) {
     parked.timeline->Record(parked.event);
   }
   return result;
+}
+
+absl::Status FetchAnswers::FinishSent(const Sent& sent, bool deliver) {
+  if (!sent.status.ok()) return sent.status;
+  if (deliver) {
+    if (absl::Status s = socket_.SendRemainder(sent.rest); !s.ok()) return s;
+  }
+  counters_.early_answers.fetch_add(1);
+  counters_.bytes_to_clients.fetch_add(static_cast<int64_t>(sent.payload));
+  return absl::OkStatus();
 }
 
 absl::Status FetchAnswers::SendResult(

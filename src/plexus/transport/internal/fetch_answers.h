@@ -27,7 +27,9 @@
 // it); they outlive it.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -67,9 +69,21 @@ class FetchAnswers {
 
  private:
   struct Parked;
+  // What the hook sent, taken by the connection's thread (which sends the
+  // rest without holding the shared lock: a hook that runs again must not
+  // wait on a peer that stops reading).
+  struct Sent {
+    absl::Status status;
+    std::string rest;
+    size_t payload = 0;
+    int64_t at_ns = 0;
+  };
   // The answer's end: by the hook's send, or `ready` sent from here
   // (`deliver` false: not sent, the peer has gone).
   absl::Status Finish(Parked& parked, bool deliver);
+  // The hook's answer, finished: the bytes it could not send (unless the
+  // peer has gone: `deliver` false), and the counters.
+  absl::Status FinishSent(const Sent& sent, bool deliver);
   // `ready` as the answer to `header`: an ERROR, an ACK or the DATA.
   absl::Status SendResult(const FrameHeader& header,
                           absl::StatusOr<std::shared_ptr<const Storage>> ready);
