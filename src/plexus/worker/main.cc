@@ -141,6 +141,9 @@ void FinishOptions(Flags& f) {
   plexus::WorkerOptions& options = f.options;
   options.timeline = f.timeline_events > 0;
   options.timeline_skew = plexus::TestSkewFromEnv(options.host_name);
+  if (const char* stall = std::getenv("PLEXUS_TEST_STALL_FIRST_EXECUTE_MS")) {
+    options.stall_first_execute = absl::Milliseconds(std::atoi(stall));
+  }
   if (f.timeline_events > 0) options.timeline_capacity = f.timeline_events;
   options.device_memory = static_cast<int64_t>(f.memory_mib * (1 << 20));
   options.device_memory_given = f.memory_option->count() > 0;

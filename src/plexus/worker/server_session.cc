@@ -17,6 +17,7 @@
 #include "plexus/timeline/timeline_proto.h"
 #include "plexus/transport/internal/frame_socket.h"
 #include "plexus/worker/frame_arena.h"
+#include "plexus/worker/ops_inbox.h"
 
 namespace plexus {
 namespace {
@@ -304,11 +305,21 @@ void ServerSession::StopHeartbeats() {
 
 void ServerSession::ReaderLoop() {
   SetThreadName("plexus-reader");
+  // Read here, applied in order on a thread of their own (ops_inbox.h
+  // says why: an op that waits must not stop this thread's reads).
+  OpsInbox inbox;
+  std::thread applier([this, &inbox] {
+    SetThreadName("plexus-apply");
+    proto::ServerToWorker msg;
+    while (inbox.Pop(&msg)) {
+      apply_(msg);
+      NoteOpsMoved(msg);
+    }
+  });
   proto::ServerToWorker msg;
-  while (stream_->Read(&msg)) {
-    apply_(msg);
-    NoteOpsMoved(msg);
-  }
+  while (stream_->Read(&msg)) inbox.Push(std::move(msg));
+  inbox.Close();
+  applier.join();  // every message read is applied before the end
   {
     // The ops the server wrote as frames before it ended the session are
     // applied first, as the stream's own would have been: it shuts the

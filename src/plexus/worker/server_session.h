@@ -1,6 +1,7 @@
 // The worker's session with the server: the control stream it registers
-// on, and three threads over it. The reader applies the server's ops in
-// order (through the `apply` function the worker gives Connect); the
+// on, and four threads over it. The reader reads the server's ops and an
+// applier thread applies them in order (through the `apply` function the
+// worker gives Connect; ops_inbox.h says why two threads); the
 // writer sends what the report queue gathers as it comes; the heartbeat
 // thread sends a heartbeat (the worker's figures, and a clock probe)
 // every heartbeat interval.

@@ -2,6 +2,7 @@
 // connected and torn down here.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -183,6 +184,14 @@ void WorkerImpl::ApplyOps(proto::ServerToWorker& msg) {
   }
   // The first message: pushes of an earlier server's temporaries end now.
   if (msg.temp_floor() != 0) store_->SetTemporaryFloor(msg.temp_floor());
+  if (options_.stall_first_execute > absl::ZeroDuration() &&
+      std::any_of(msg.ops().begin(), msg.ops().end(),
+                  [](const proto::WorkerOp& op) { return op.has_execute(); }) &&
+      !stalled_once_.exchange(true)) {
+    SPDLOG_WARN("TEST ONLY: applying an EXECUTE {} late",
+                absl::FormatDuration(options_.stall_first_execute));
+    options_.clock->SleepFor(options_.stall_first_execute);
+  }
   for (auto& op : *msg.mutable_ops()) applier_->Apply(op);
 }
 

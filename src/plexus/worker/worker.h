@@ -94,6 +94,11 @@ struct WorkerOptions {
   bool timeline = true;
   size_t timeline_capacity = size_t{1} << 16;
   absl::Duration timeline_skew;
+  // TEST ONLY ($PLEXUS_TEST_STALL_FIRST_EXECUTE_MS): the first message of
+  // ops with an EXECUTE is applied this much later, as if its applier
+  // waited on a lock (a stalled ops thread, for the tests of what the
+  // worker's connection to the server does meanwhile).
+  absl::Duration stall_first_execute;
 };
 
 class Worker {

@@ -136,6 +136,7 @@ class WorkerImpl : public Worker {
   // Set by Resume before it registers again; ApplyOps reads it on the
   // first message.
   std::atomic<bool> resuming_{false};
+  std::atomic<bool> stalled_once_{false};  // stall_first_execute, spent
   // What this worker did (timeline/timeline.h); the server collects it
   // (CollectTimeline, answered on the reader thread).
   Timeline timeline_;
