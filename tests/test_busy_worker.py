@@ -17,14 +17,14 @@ from plexus import _core
 from plexus._binaries import bin_dir
 
 from test_membership import _ready_line, _spawn
-from test_netns import make_certificate
+from tls_cert import self_signed
 
 STALL_MS = 3000
 
 
 def test_a_worker_whose_ops_wait_past_its_keepalive_keeps_its_session(
         tmp_path):
-    cert, key = make_certificate(tmp_path, "127.0.0.1")
+    cert, key = self_signed(tmp_path, "IP:127.0.0.1")
     env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
     env.pop("PLEXUS_TLS_CA", None)
     server_log = tmp_path / "server.log"

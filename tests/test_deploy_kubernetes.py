@@ -36,6 +36,7 @@ from mlp_data_parallel import LOSS_THRESHOLD  # deploy_job's path
 from kube import Manifests, PodRunner
 from netns import NetnsLab
 from test_netns import bounded, readme_example
+from tls_cert import self_signed
 
 DEPLOY = ROOT / "deploy" / "kubernetes"
 FILES = sorted(DEPLOY.glob("*.yaml"))
@@ -186,13 +187,7 @@ def make_secrets(m, lab, tmp_path, monkeypatch):
                                 ".plexus.svc.cluster.local")]
         san = ",".join([f"DNS:{n}" for n in names]
                        + [f"IP:{pod.ip}" for pod in pods])
-        cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
-             "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-server",
-             "-addext", f"subjectAltName={san}"],
-            check=True, capture_output=True, timeout=60)
+        cert, key = self_signed(tmp_path, san, common_name="plexus-server")
         for k, f in (("tls.crt", cert), ("tls.key", key), ("ca.crt", cert)):
             m.set_secret("plexus-tls", k, f.read_text())
         monkeypatch.setenv("PLEXUS_TLS_CA", str(cert))

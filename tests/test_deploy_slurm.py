@@ -24,6 +24,7 @@ import pytest
 
 from conftest import PLEXUS_PYTHONPATH, ROOT
 from plexus._binaries import bin_dir
+from tls_cert import self_signed
 
 SCRIPT = ROOT / "deploy" / "slurm" / "plexus.sbatch"
 JOB = ROOT / "tests" / "deploy_job.py"
@@ -279,14 +280,8 @@ def test_the_sbatch_script_runs_the_data_parallel_example(tmp_path, want):
                 (shims / name).chmod(0o755)
             # This path also runs the control plane on TLS: a certificate
             # naming the node, the CA for the workers and the program.
-            cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-            subprocess.run(
-                ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                 "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-                 str(key), "-out", str(cert), "-days", "1", "-subj",
-                 "/CN=plexus-server", "-addext",
-                 f"subjectAltName=DNS:{socket.gethostname()}"],
-                check=True, capture_output=True, timeout=60)
+            cert, key = self_signed(tmp_path, f"DNS:{socket.gethostname()}",
+                                    common_name="plexus-server")
             env.update(PLEXUS_TLS_CERT=str(cert), PLEXUS_TLS_KEY=str(key),
                        PLEXUS_TLS_CA=str(cert))
             env.update(PATH=f"{shims}:{env['PATH']}", SLURM_JOB_ID="4242",

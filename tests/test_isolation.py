@@ -22,6 +22,7 @@ from plexus._binaries import bin_dir
 
 import dataplane
 from conftest import PLEXUS_PYTHONPATH
+from tls_cert import self_signed
 
 
 def environment(secret=None):
@@ -412,14 +413,8 @@ def test_a_session_must_prove_its_tenant(tmp_path, monkeypatch):
 
 
 def test_tls_on_loopback_with_local_workers(tmp_path, monkeypatch):
-    # A self-signed certificate for 127.0.0.1 (its own CA), from openssl.
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-test",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60)
+    # A self-signed certificate for 127.0.0.1 (its own CA).
+    cert, key = self_signed(tmp_path, "IP:127.0.0.1")
     secret = _core.new_cluster_secret()
     monkeypatch.delenv("PLEXUS_TLS_CA", raising=False)
     log = tmp_path / "server.log"
@@ -460,13 +455,8 @@ def test_tls_on_loopback_with_local_workers(tmp_path, monkeypatch):
             c.close()
         # A worker that trusts another CA is refused by the handshake, and
         # says so: not only "cannot reach the server".
-        other_key, other = tmp_path / "other-key.pem", tmp_path / "other.pem"
-        subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-             "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
-             str(other_key), "-out", str(other), "-days", "1", "-subj",
-             "/CN=another", "-addext", "subjectAltName=IP:127.0.0.1"],
-            check=True, capture_output=True, timeout=60)
+        other, _ = self_signed(tmp_path, "IP:127.0.0.1", stem="other",
+                               common_name="another")
         wrong = subprocess.run(
             [str(bin_dir() / "plexus-worker"), "--server", address,
              "--host-name", "wrong-ca", "--reconnect-timeout-s", "1"],

@@ -8,7 +8,6 @@ socket, logged a warning, and the consumer waited forever).
 """
 import concurrent.futures
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ import pytest
 import plexus
 from plexus import _core
 from netns import NetnsLab
+from tls_cert import self_signed
 
 WAIT_S = 30  # what a result may take before the test calls it a hang
 
@@ -137,17 +137,8 @@ def test_a_transfer_that_cannot_be_delivered_fails_its_consumers(
 
 
 def make_certificate(tmp_path, *ips):
-    """A self-signed certificate naming `ips` (its own CA) and its key, made
-    with the openssl command."""
-    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
-    san = ",".join(f"IP:{ip}" for ip in ips)
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-test",
-         "-addext", f"subjectAltName={san}"],
-        check=True, capture_output=True, timeout=60)
-    return cert, key
+    """A self-signed certificate naming `ips` (its own CA) and its key."""
+    return self_signed(tmp_path, *(f"IP:{ip}" for ip in ips))
 
 
 def compute(client):

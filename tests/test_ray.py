@@ -9,7 +9,6 @@ every wait is bounded. With CI=true a missing Ray fails the module
 (tests/conftest.py), it does not skip.
 """
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ import plexus.ray  # noqa: E402
 from deploy_job import run  # noqa: E402
 from mlp_data_parallel import LOSS_THRESHOLD  # noqa: E402 (deploy_job's path)
 from test_netns import bounded  # noqa: E402
+from tls_cert import self_signed  # noqa: E402
 
 # Under the ASan stage the test process preloads the sanitizer runtime; Ray's
 # own daemons must not (they are not built with it), the host actors must
@@ -63,13 +63,9 @@ def parent_title(pid):
 def test_plexus_ray_runs_the_data_parallel_example(local_ray, tmp_path,
                                                     monkeypatch):
     # The control plane on TLS: a certificate naming the node's address.
-    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key),
-         "-out", str(cert), "-days", "1", "-subj", "/CN=plexus-ray",
-         "-addext", f"subjectAltName=IP:{ray.util.get_node_ip_address()}"],
-        check=True, capture_output=True, timeout=60)
+    cert, key = self_signed(tmp_path,
+                            f"IP:{ray.util.get_node_ip_address()}",
+                            common_name="plexus-ray")
     monkeypatch.delenv("PLEXUS_TLS_CA", raising=False)
     with plexus.ray.start(hosts=2, devices_per_host=1, cpus_per_host=1,
                           strategy="PACK", timeout=60, log_dir=str(tmp_path),
