@@ -28,6 +28,7 @@ using test_support::Filled;
 using test_support::kDeadline;
 using test_support::MapHandler;
 using test_support::UniqueUnixName;
+using test_support::Valued;
 
 // A handler whose wait blocks until the test releases it, handing its hook
 // to the test: the test plays the thread that readies the shard.
@@ -74,12 +75,6 @@ class HookingHandler : public MapHandler {
   bool released_ ABSL_GUARDED_BY(hook_mu_) = false;
   std::shared_ptr<const Storage> value_ ABSL_GUARDED_BY(hook_mu_);
 };
-
-std::shared_ptr<const Storage> Valued(size_t n, char byte) {
-  std::shared_ptr<Storage> s = *Storage::Allocate(n);
-  std::memset(s->data(), byte, n);
-  return s;
-}
 
 // A value in a device's memory that is the host's (as the CPU plugin's),
 // computed or still computing (Computed says none; Await never blocks

@@ -27,13 +27,8 @@ using test_support::Filled;
 using test_support::kDeadline;
 using test_support::MapHandler;
 using test_support::UniqueUnixName;
+using test_support::Valued;
 using Result = absl::StatusOr<std::shared_ptr<const Storage>>;
-
-std::shared_ptr<const Storage> Valued(size_t n, char byte) {
-  std::shared_ptr<Storage> s = *Storage::Allocate(n);
-  std::memset(s->data(), byte, n);
-  return s;
-}
 
 std::string Text(const Storage& s) {
   return std::string(static_cast<const char*>(s.data()), s.size());

@@ -4,6 +4,7 @@
 // a rejoining worker is told.
 #include <unistd.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
@@ -86,6 +87,21 @@ class RegistrationTest : public ::testing::Test {
     grpc::ClientContext ctx;
     proto::ClusterStatus status;
     EXPECT_TRUE(stub_->GetStatus(&ctx, {}, &status).ok());
+    return status;
+  }
+  // The first status in which `n` workers are all down (each status is a
+  // round trip: bounded by count and time), else the last one read.
+  proto::ClusterStatus AwaitAllDown(int n) {
+    proto::ClusterStatus status;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    for (int i = 0; i < 100'000 && absl::Now() < deadline; ++i) {
+      status = Status();
+      if (status.workers_size() == n &&
+          std::none_of(status.workers().begin(), status.workers().end(),
+                       [](const auto& w) { return w.alive(); })) {
+        break;
+      }
+    }
     return status;
   }
 
@@ -356,14 +372,8 @@ TEST_F(RegistrationTest, AWorkersOpsMoveToItsDataPlaneAndTheirEndEndsIt) {
   EXPECT_TRUE(ended.HasBeenNotified());
   w->stream->Finish().IgnoreError();
   // The stream ended on this side as the server cancelled it; its handler
-  // then declares the worker down (each status is a round trip: bounded
-  // by count and time).
-  proto::ClusterStatus status;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  for (int i = 0; i < 100'000 && absl::Now() < deadline; ++i) {
-    status = Status();
-    if (status.workers_size() == 1 && !status.workers(0).alive()) break;
-  }
+  // then declares the worker down.
+  const proto::ClusterStatus status = AwaitAllDown(1);
   ASSERT_EQ(status.workers_size(), 1);
   EXPECT_FALSE(status.workers(0).alive());
   EXPECT_NE(status.workers(0).down_reason().find("lost its connection"),
@@ -469,15 +479,7 @@ TEST_F(RegistrationTest, AWorkersEndSaysHowItsStreamEnded) {
   const int64_t closed_id = closed->first.worker_id();
   closed->stream->WritesDone();
   End(*cut);
-  proto::ClusterStatus status;
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  for (int i = 0; i < 100'000 && absl::Now() < deadline; ++i) {
-    status = Status();
-    if (status.workers_size() == 2 && !status.workers(0).alive() &&
-        !status.workers(1).alive()) {
-      break;
-    }
-  }
+  const proto::ClusterStatus status = AwaitAllDown(2);
   ASSERT_EQ(status.workers_size(), 2);
   for (const auto& worker : status.workers()) {
     ASSERT_FALSE(worker.alive());

@@ -208,6 +208,13 @@ inline std::shared_ptr<Storage> Pattern(size_t bytes, int seed) {
   return s;
 }
 
+// `n` bytes of `byte`.
+inline std::shared_ptr<const Storage> Valued(size_t n, char byte) {
+  std::shared_ptr<Storage> s = *Storage::Allocate(n);
+  std::memset(s->data(), byte, n);
+  return s;
+}
+
 inline bool SameBytes(const Storage& a, const Storage& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size()) == 0;
 }
