@@ -130,16 +130,15 @@ absl::Status FetchAnswers::Serve(const FrameHeader& header,
     if (fd >= 0) wake_ = UniqueFd(fd);
   }
   auto shared = std::make_shared<Shared>();
-  Timeline* timeline = event.timeline();
-  if (wake_.valid()) {
-    absl::MutexLock lock(&shared->mu);
-    shared->wake = wake_.get();
-    shared->timeline = timeline;
-  }
   const ShardKey key = header.key();
   DataPlaneHandler::ReadyWatch watch;
   std::optional<absl::StatusOr<std::shared_ptr<const Storage>>> now;
   if (wake_.valid()) {
+    {
+      absl::MutexLock lock(&shared->mu);
+      shared->wake = wake_.get();
+      shared->timeline = event.timeline();
+    }
     now = handler_.WatchReady(
         key, HookFor(shared, header, &socket_), [shared] { shared->Poke(); },
         &watch);
