@@ -6,6 +6,12 @@ an order that alternates between rounds), the median microseconds of:
     child Python process over a unix socket / TCP loopback (TCP_NODELAY):
     the cost of two process hops on this machine, with Python's own cost
     on both ends;
+  - ring-unix: 64 bytes around a ring of three Python processes (this
+    one, then two children, each forwarding it to the next over a unix
+    socket pair): three process hops, the path a round trip through the
+    controller takes (client -> server -> worker -> client), so the
+    least such a round trip could cost here with Python's own cost at
+    one end;
   - plexus-python: `np.asarray(prog(x))` on a 1-host, 1-device embedded
     cluster (`prog` the built-in `scale` by 1 of f32[4]): a call, then a
     fetch of its small result, from the Python client;
@@ -98,6 +104,49 @@ class PingPong:
         self._child.wait()
         if self._path:
             os.unlink(self._path)
+
+
+def _forward(in_fd, out_fd):
+    """A ring's child: sends on every message it reads until EOF."""
+    src = socket.socket(fileno=in_fd)
+    dst = socket.socket(fileno=out_fd)
+    while True:
+        data = src.recv(MESSAGE)
+        if not data:
+            dst.close()
+            return
+        dst.sendall(data)
+
+
+class Ring:
+    """This process and two children, each forwarding to the next over a
+    unix socket pair: this -> first -> second -> this."""
+
+    def __init__(self):
+        to_first, first_in = socket.socketpair()
+        first_out, second_in = socket.socketpair()
+        second_out, from_second = socket.socketpair()
+        self._children = []
+        for a, b in ((first_in, first_out), (second_in, second_out)):
+            self._children.append(subprocess.Popen(
+                [sys.executable, __file__, "--forward", str(a.fileno()),
+                 str(b.fileno())], pass_fds=(a.fileno(), b.fileno())))
+        for s in (first_in, first_out, second_in, second_out):
+            s.close()
+        self._out, self._in = to_first, from_second
+        self._buf = b"x" * MESSAGE
+
+    def once(self):
+        self._out.sendall(self._buf)
+        got = 0
+        while got < MESSAGE:
+            got += len(self._in.recv(MESSAGE - got))
+
+    def close(self):
+        self._out.close()
+        for child in self._children:
+            child.wait()
+        self._in.close()
 
 
 def median_micros(once, iters, warmup=50, cost=None):
@@ -270,6 +319,7 @@ def main():
     measures = {
         "pingpong-unix": PingPong(socket.AF_UNIX),
         "pingpong-tcp": PingPong(socket.AF_INET),
+        "ring-unix": Ring(),
     }
     onces = {k: v.once for k, v in measures.items()}
     cluster = plexus.local(hosts=1, devices_per_host=1)
@@ -326,17 +376,21 @@ def main():
         if ray:
             ray[2]()
     base = rows["pingpong-unix"]
+    ring = rows["ring-unix"]
     print(f"\n| measure | us per round trip (median of {args.rounds} "
-          f"rounds) | [min, max] | / unix ping-pong (median of rounds) |")
-    print("|---|---|---|---|")
+          f"rounds) | [min, max] | / unix ping-pong | / ring of three "
+          f"(medians of rounds' ratios) |")
+    print("|---|---|---|---|---|")
     result = {"rounds": args.rounds, "iters": args.iters, "measures": {}}
     for k, v in rows.items():
         ratio = statistics.median(a / b for a, b in zip(v, base))
+        to_ring = statistics.median(a / b for a, b in zip(v, ring))
         print(f"| {k} | {statistics.median(v):.1f} | [{min(v):.1f}, "
-              f"{max(v):.1f}] | {ratio:.2f} |")
+              f"{max(v):.1f}] | {ratio:.2f} | {to_ring:.2f} |")
         result["measures"][k] = {"micros": v,
                                  "median_micros": statistics.median(v),
-                                 "ratio_to_unix_pingpong": ratio}
+                                 "ratio_to_unix_pingpong": ratio,
+                                 "ratio_to_ring": to_ring}
     print("\n| plexus-python, per round trip (median of rounds) | CPU us | "
           "context switches | threads: [CPU us, switches] |")
     print("|---|---|---|---|")
@@ -351,7 +405,9 @@ def main():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--echo":
+    if len(sys.argv) == 4 and sys.argv[1] == "--forward":
+        _forward(int(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--echo":
         fam = socket.AF_UNIX if sys.argv[2] == "unix" else socket.AF_INET
         addr = json.loads(sys.argv[3])
         _echo(fam, addr if isinstance(addr, str) else tuple(addr))

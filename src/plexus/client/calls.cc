@@ -219,6 +219,13 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     }
   }
   core->calls++;
+  // A round trip's call (made right after a wait): its small outputs are
+  // answered on the relay links, no FETCH sent (DataPath::RelayCall).
+  if (sessions.waited() &&
+      core->data().RelayCall(program.slice()->info(), program.outputs(),
+                             call->output_ids())) {
+    call->set_relay(true);
+  }
   ops->push_back(std::move(op));
   AppendDonations(sessions, program, inputs, ops);
   return outputs;

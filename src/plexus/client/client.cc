@@ -499,6 +499,8 @@ ClientCounters Client::counters() const {
   c.messages_sent = core_->session().messages_sent();
   c.messages_sent_inline = core_->session().messages_sent_inline();
   c.messages_sent_as_frames = core_->session().messages_sent_as_frames();
+  c.relay_links_opened = core_->data().relay_links_opened.load();
+  c.answers_relayed = core_->data().answers_relayed.load();
   return c;
 }
 

@@ -361,6 +361,16 @@ struct ClientOptions {
   // batches beside the loop (written inline, each would cost the loop a
   // write). False: the sender writes every op.
   bool send_inline_after_wait = true;
+  // Such a call (made right after a wait) goes with Call.relay where its
+  // outputs' shards are small (16 KiB at most) and the client has a relay
+  // link to each worker of its slice (opened after its first fetch from
+  // that worker): each worker then sends the outputs it computes on the
+  // link as soon as they are decided, and a fetch or wait of them reads
+  // them there, with no FETCH sent (transport/relay_links.h): a blocking
+  // round trip takes the three messages any path through the server
+  // needs, not four. Anything else is fetched as before. The Python
+  // client turns it off with $PLEXUS_RELAY_ANSWERS=0.
+  bool relay_answers = true;
   // Who the session opens as (common/credentials.h, tenant credentials):
   //   - `tenant` and `tenant_token` (32 hex digits, `plexus token`), else
   //     $PLEXUS_TENANT and $PLEXUS_TENANT_TOKEN;
@@ -409,6 +419,10 @@ struct ClientCounters {
   // Of those, sent as frames on the server's ops listener (its session's
   // ops moved there: ServerToClient.ops_*), not on the gRPC stream.
   int64_t messages_sent_as_frames = 0;
+  // Relay links opened (one per worker fetched from), and the fetches and
+  // waits answered by a relayed answer (ClientOptions::relay_answers).
+  int64_t relay_links_opened = 0;
+  int64_t answers_relayed = 0;
 };
 
 // The payload bytes of one put or fetch: all it will move, once known, and

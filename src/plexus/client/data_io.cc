@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "plexus/client/client.h"
 #include "plexus/client/client_core.h"
@@ -354,17 +355,28 @@ absl::Status DataPath::Fetch(const Future& future, void* dst,
     progress->done_bytes = 0;
     received = &progress->done_bytes;
   }
+  // However it ends, a later read of it does not wait for relayed answers.
+  absl::Cleanup forget = [this, id] { ForgetRelayed(id); };
   for (size_t r = 0; r < plan->reads.size(); ++r) {
     const int j = plan->reads[r];
     std::shared_ptr<Storage> data;
-    absl::Status s = WithConnection(info.devices(j), epoch, id,
-                                    [&](transport::DataPlaneConnection& conn) {
-                                      auto got = conn.Fetch({id, j}, received);
-                                      if (!got.ok()) return got.status();
-                                      data = std::move(*got);
-                                      return absl::OkStatus();
-                                    });
-    if (!s.ok()) return s;
+    if (auto relayed = AwaitRelayed(info.devices(j).worker_id(), {id, j},
+                                    /*keep=*/false)) {
+      if (!relayed->ok()) return relayed->status();
+      data = **std::move(relayed);
+      if (received != nullptr) received->fetch_add(bytes);
+    } else {
+      absl::Status s =
+          WithConnection(info.devices(j), epoch, id,
+                         [&](transport::DataPlaneConnection& conn) {
+                           auto got = conn.Fetch({id, j}, received);
+                           if (!got.ok()) return got.status();
+                           data = std::move(*got);
+                           return absl::OkStatus();
+                         });
+      if (!s.ok()) return s;
+      MaybeLink(info.devices(j), epoch);
+    }
     if (static_cast<int64_t>(data->size()) < bytes) {
       return absl::InternalError(
           absl::StrCat("shard ", j, " of ", arg.global.ToString(), " has ",
@@ -402,12 +414,19 @@ absl::Status DataPath::Wait(const Future& future) {
   const uint64_t id = where.first;
   const proto::SliceInfo* map = where.second;
   for (int j = 0; j < map->devices_size(); ++j) {
+    // A relayed value stays with its link for the fetch that may follow.
+    if (auto relayed = AwaitRelayed(map->devices(j).worker_id(), {id, j},
+                                    /*keep=*/true)) {
+      if (!relayed->ok()) return relayed->status();
+      continue;
+    }
     absl::Status s = WithConnection(map->devices(j), epoch, id,
                                     [&](transport::DataPlaneConnection& conn) {
                                       return conn.Wait({id, j});
                                     });
     wait_round_trips++;
     if (!s.ok()) return s;
+    MaybeLink(map->devices(j), epoch);
   }
   return absl::OkStatus();
 }

@@ -151,6 +151,7 @@ absl::Status DataPath::WithConnection(
 
 void DataPath::Clear() {
   absl::MutexLock lock(&mu_);
+  DropLinksLocked();
   pool_.clear();
   kept_puts_.clear();
 }
@@ -176,17 +177,21 @@ void DataPath::SessionResumed(uint64_t epoch,
   identity_ = id;
   // Its connections were broken with the stream; its kept puts stand.
   pool_.clear();
+  DropLinksLocked();
+  unlinked_.clear();
 }
 
 void DataPath::StreamBroke() {
   absl::MutexLock lock(&mu_);
   usable_ = false;
+  DropLinksLocked();
 }
 
 void DataPath::SessionEnded() {
   absl::MutexLock lock(&mu_);
   usable_ = false;
   pool_.clear();
+  DropLinksLocked();
   for (auto& [conn, use] : in_use_) {
     use.shut = true;
     conn->Shutdown();
@@ -197,6 +202,7 @@ void DataPath::WorkerDown(int64_t worker, const absl::Status& why) {
   absl::MutexLock lock(&mu_);
   workers_down_[worker] = why;
   pool_.erase(worker);
+  DropLinksLocked(worker);
   for (auto& [conn, use] : in_use_) {
     if (!use.NeedsWorker(worker)) continue;
     use.shut = true;

@@ -22,12 +22,14 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "plexus/client/client.h"
@@ -76,6 +78,22 @@ class DataPath : public SessionObserver {
                         absl::Time deadline);
   // Sequential dispatch: blocks until every input is computed (or failed).
   void AwaitInputs(const std::vector<Future>& inputs);
+
+  // --- relayed answers (relay.cc; transport/relay_links.h)
+  // Whether a call on a slice of map `slice` with outputs `outputs` and
+  // their ids `ids`, made right after the client waited on a result, goes
+  // with Call.relay: relays are on (ClientOptions::relay_answers), each
+  // output's shard is small (transport::kRelayedValueBytes at most), and
+  // a relay link is open to every worker of the slice. If so, `ids` are
+  // remembered as relayed: a fetch or wait of one reads its answer on the
+  // link instead of asking the worker.
+  bool RelayCall(const proto::SliceInfo& slice,
+                 absl::Span<const ArgSpec> outputs,
+                 absl::Span<const uint64_t> ids);
+  // Relay links opened, and the fetches and waits their answers served
+  // (ClientCounters).
+  std::atomic<int64_t> relay_links_opened{0};
+  std::atomic<int64_t> answers_relayed{0};
 
   // --- connections (data_path.cc)
   // A data-plane connection, for session `epoch`, to the worker holding
@@ -134,6 +152,28 @@ class DataPath : public SessionObserver {
   // Why session `epoch`'s request cannot go on (its end, or the close),
   // as the session words it.
   absl::Status SessionGone(uint64_t epoch) const;
+  // The relayed answer of `key` from `worker`'s link: its value or its
+  // error; nullopt where there is none to wait for (the call was not
+  // relayed, another thread reads the link, the worker skipped it, the
+  // link ended, or no answer came within kRelayWait): fetch it then.
+  // `keep`: a value read stays with the link for the next reader (a
+  // wait's, which a fetch follows).
+  std::optional<absl::StatusOr<std::shared_ptr<Storage>>> AwaitRelayed(
+      int64_t worker, const ShardKey& key, bool keep);
+  // A fetch read (or gave up on) buffer `id`: no later read waits for its
+  // relayed answers.
+  void ForgetRelayed(uint64_t id);
+  // After a fetch or wait answered by `device`'s worker: opens a relay
+  // link to it, where relays are on and it has none (once per worker and
+  // session; a worker that refuses or is slow to answer is not asked
+  // again in this session).
+  void MaybeLink(const proto::SliceDevice& device, uint64_t epoch);
+  struct RelayLink;
+  // Shuts down and forgets the links (of `worker` only, if not -1).
+  void DropLinksLocked(int64_t worker = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets `link` if it is still `worker`'s (it ended).
+  void DropLink(int64_t worker, const std::shared_ptr<RelayLink>& link);
+
   // Puts shards again for a recovery (its own thread: the session's reader
   // must not wait on a worker).
   void RePutLoop(uint64_t epoch);
@@ -181,6 +221,14 @@ class DataPath : public SessionObserver {
   std::deque<std::pair<uint64_t, int32_t>> reputs_ ABSL_GUARDED_BY(mu_);
   // Started on the session's first reput; joined when the session is done.
   std::thread reputter_;
+  // The relay links of this session, by worker; the workers that would not
+  // take one; the outputs of relayed calls not read yet (oldest first, at
+  // most kRelayedIds).
+  absl::flat_hash_map<int64_t, std::shared_ptr<RelayLink>> links_
+      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int64_t> unlinked_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> relayed_ ABSL_GUARDED_BY(mu_);
+  std::deque<uint64_t> relayed_order_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace plexus

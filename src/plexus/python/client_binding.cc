@@ -1,6 +1,8 @@
 // plexus._core.Client: the C++ Client, its blocking methods without the GIL.
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "plexus/python/convert.h"
 #include "plexus/python/define.h"
@@ -28,6 +30,10 @@ void DefineClientSession(py::class_<Client>& cls) {
            options.name = name;
            options.shared_memory = shared_memory;
            options.sequential_dispatch = sequential_dispatch;
+           // An A/B switch for benchmarks and tests (ClientOptions).
+           if (const char* relay = std::getenv("PLEXUS_RELAY_ANSWERS")) {
+             options.relay_answers = std::string(relay) != "0";
+           }
            // Who the session opens as: ClientOptions says how each is
            // found when not given.
            options.tenant = tenant;
@@ -116,6 +122,8 @@ void DefineClientRecords(py::class_<Client>& cls) {
              d["messages_sent"] = k.messages_sent;
              d["messages_sent_inline"] = k.messages_sent_inline;
              d["messages_sent_as_frames"] = k.messages_sent_as_frames;
+             d["relay_links_opened"] = k.relay_links_opened;
+             d["answers_relayed"] = k.answers_relayed;
              d["calls"] = k.calls;
              d["live_futures"] = k.live_futures;
              return d;

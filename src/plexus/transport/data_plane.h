@@ -41,6 +41,12 @@
 //                            stream (ClientToServer.ops_on_frames); only
 //                            from the session's own client credential, with
 //                            its stream's ops generation
+//   RELAY  client -> worker  this connection takes the answers the server
+//                            relays for the client's calls (relay_links.h):
+//                            replied with ACK, then, one per relayed
+//                            shard, DATA (a small value), ERROR, or SKIP
+//                            (not relayed: fetch it), as each is decided,
+//                            in no set order; the client sends nothing more
 //   PUSH_IPC worker -> worker, unix socket only, to a worker that said in
 //                            its handshake it opens CUDA IPC: a shard in the
 //                            sender's GPU memory, as an IpcShard (the
@@ -79,6 +85,8 @@ class Timeline;  // timeline/timeline.h
 namespace plexus::transport {
 
 inline constexpr size_t kChunkBytes = 1 << 20;
+// The largest value a worker relays (RelayLinks): larger ones are SKIPped.
+inline constexpr size_t kRelayedValueBytes = size_t{16} << 10;
 
 using ::plexus::ShardKey;  // common/ids.h
 
@@ -137,6 +145,10 @@ struct DataPlaneCounters {
   // FETCH or WAIT answers sent by the thread that readied their shard
   // (DataPlaneHandler::AwaitReadyTelling), not the connection's.
   std::atomic<int64_t> early_answers{0};
+  // Answers relayed to clients (RelayLinks): values, errors and SKIPs sent,
+  // and links shut because a client's socket could not take one.
+  std::atomic<int64_t> relayed_answers{0};
+  std::atomic<int64_t> relay_links_shut{0};
 };
 
 // What a data-plane server asks of its owner (the worker's object store).
@@ -156,7 +168,8 @@ enum class DataPlaneRequest {
   kWait,
   kFetchExecutable,  // key: {fingerprint, 0}
   kPushIpc,
-  kOps,  // key: none (zero)
+  kOps,    // key: none (zero)
+  kRelay,  // key: none (zero)
 };
 
 // Who is at the far end of a data-plane connection: what it proved in the
@@ -276,6 +289,19 @@ class DataPlaneHandler {
   // server stopping). Called once per such connection, from its thread.
   virtual void OpsEnded(const DataPlanePeer& peer, uint64_t generation,
                         const absl::Status& why) {}
+  // A client's RELAY (after Authorize): the connection's socket `fd`
+  // takes the answers relayed to `peer` from now on, until RelayEnded. The
+  // handler keeps a dup of it (RelayLinks::Open, which also sends the
+  // ACK); nothing else writes it, and this end then only waits for its
+  // end (a frame from the client closes it). An error refuses it (the
+  // client hears it, and fetches as before). By default relays are
+  // refused.
+  virtual absl::Status OpenRelay(const DataPlanePeer& peer, int fd) {
+    return absl::UnimplementedError("this data plane relays no answers");
+  }
+  // The connection OpenRelay took ended (the client closed it, an error,
+  // the server stopping); `fd` is still open, closed after this returns.
+  virtual void RelayEnded(const DataPlanePeer& peer, int fd) {}
   // Blocks until `key` is ready; returns its bytes or its error.
   virtual absl::StatusOr<std::shared_ptr<const Storage>> AwaitReady(
       const ShardKey& key) = 0;
@@ -458,6 +484,22 @@ class DataPlaneConnection {
   virtual absl::Status SendWaits(const std::vector<ShardKey>& keys) = 0;
   virtual absl::StatusOr<size_t> AwaitWaits(const std::vector<ShardKey>& keys,
                                             absl::Time deadline) = 0;
+  // RELAY: from now on this connection takes the answers the server relays
+  // for this client's calls (a call sent with Call.relay set); OK once the
+  // worker took it, DeadlineExceeded (the connection broken) where its
+  // answer did not come by `deadline`. Nothing else may be asked on it
+  // afterwards.
+  virtual absl::Status OpenRelay(absl::Time deadline) = 0;
+  // The next answer relayed on a connection OpenRelay opened, waiting at
+  // most until `deadline` (DeadlineExceeded, the connection still in step).
+  // `result`: the value or the error of `key` (a shard of -1: every shard
+  // of the buffer failed with it), or nullopt where the worker did not
+  // relay it (SKIP: fetch it). An I/O error breaks the connection.
+  struct Relayed {
+    ShardKey key;
+    std::optional<absl::StatusOr<std::shared_ptr<Storage>>> result;
+  };
+  virtual absl::StatusOr<Relayed> ReadRelayed(absl::Time deadline) = 0;
   // Wakes the user blocked in one of the calls above (it returns an error)
   // and breaks the connection. The one method safe to call from another
   // thread, while the connection exists: how a client stops waiting on a

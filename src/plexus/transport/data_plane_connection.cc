@@ -124,6 +124,46 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     return AwaitAck(FrameType::kWait, key);
   }
 
+  absl::Status OpenRelay(absl::Time deadline) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (absl::Status s = socket_->SendControl(FrameType::kRelay, {}); !s.ok()) {
+      return Context(FrameType::kRelay, {}, s);
+    }
+    if (absl::Status s = AwaitReadable(deadline); !s.ok()) {
+      return Context(FrameType::kRelay, {}, socket_->Break(s));
+    }
+    return AwaitAck(FrameType::kRelay, {}, /*readable=*/true);
+  }
+
+  absl::StatusOr<Relayed> ReadRelayed(absl::Time deadline) override {
+    if (absl::Status s = CheckOpen(); !s.ok()) return s;
+    if (absl::Status s = AwaitReadable(deadline); !s.ok()) return s;
+    bool eof = false;
+    absl::StatusOr<FrameHeader> answer =
+        socket_->ReadHeader(&eof, /*idle_wait=*/false);
+    if (!answer.ok()) return Context(FrameType::kRelay, {}, answer.status());
+    Relayed relayed{answer->key(), std::nullopt};
+    switch (answer->frame_type()) {
+      case FrameType::kSkip:
+        return relayed;
+      case FrameType::kError: {
+        absl::Status error = socket_->ReadErrorStatus(*answer);
+        if (socket_->broken()) return Context(FrameType::kRelay, {}, error);
+        relayed.result = error;
+        return relayed;
+      }
+      case FrameType::kData: {
+        absl::StatusOr<std::shared_ptr<Storage>> data = socket_->ReadShard(
+            *answer, [](size_t bytes) { return Storage::Allocate(bytes); });
+        if (!data.ok()) return Context(FrameType::kRelay, {}, data.status());
+        relayed.result = std::move(data);
+        return relayed;
+      }
+      default:
+        return Unexpected(FrameType::kRelay, answer->key(), *answer);
+    }
+  }
+
   // At most this many WAITs are unanswered at once: the rest go out as
   // answers come in, so neither side's socket buffer fills with frames the
   // other is not reading (which would stall both).
@@ -146,18 +186,7 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
     for (size_t i = 0; i < keys.size(); ++i) {
       // The next answer, or the deadline: the ones still due leave the
       // stream out of step, so the connection is broken.
-      const absl::Duration left = deadline - clock_->Now();
-      const int ms =
-          deadline == absl::InfiniteFuture()
-              ? -1
-              : static_cast<int>(absl::ToInt64Milliseconds(std::max(
-                    left + absl::Microseconds(999), absl::ZeroDuration())));
-      pollfd p{socket_->fd(), POLLIN, 0};
-      int ready;
-      do {
-        ready = poll(&p, 1, ms);
-      } while (ready < 0 && errno == EINTR);
-      if (ready == 0) {
+      if (!AwaitReadable(deadline).ok()) {
         socket_->Break(absl::DeadlineExceededError("wait deadline"))
             .IgnoreError();
         return i;
@@ -201,6 +230,27 @@ class DataPlaneConnectionImpl : public DataPlaneConnection {
         received);
     if (!data.ok()) return Context(type, key, data.status());
     return data;
+  }
+
+  // Waits until the socket has something to read (a frame, its end) or
+  // `deadline` passes (DeadlineExceeded).
+  absl::Status AwaitReadable(absl::Time deadline) {
+    while (true) {
+      const absl::Duration left = deadline - clock_->Now();
+      const int ms =
+          deadline == absl::InfiniteFuture()
+              ? -1
+              : static_cast<int>(absl::ToInt64Milliseconds(std::max(
+                    left + absl::Microseconds(999), absl::ZeroDuration())));
+      pollfd p{socket_->fd(), POLLIN, 0};
+      const int ready = poll(&p, 1, ms);
+      if (ready < 0 && errno == EINTR) continue;
+      if (ready == 0) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("no answer from ", address_, " by the deadline"));
+      }
+      return absl::OkStatus();  // readable, or an error the read will say
+    }
   }
 
   absl::Status CheckOpen() const {

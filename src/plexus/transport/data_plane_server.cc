@@ -58,7 +58,10 @@ std::optional<DataPlaneRequest> RequestOf(FrameType type) {
       return DataPlaneRequest::kPushIpc;
     case FrameType::kOps:
       return DataPlaneRequest::kOps;
+    case FrameType::kRelay:
+      return DataPlaneRequest::kRelay;
     case FrameType::kReports:  // the server reads these, not a worker
+    case FrameType::kSkip:
     case FrameType::kAck:
     case FrameType::kData:
     case FrameType::kError:
@@ -119,6 +122,9 @@ class DataPlaneServerImpl : public DataPlaneServer {
     bool handed_off = false;  // the handler reads it (TakeOpsConnection)
     // Its client's FETCHes and WAITs (made at the first).
     std::unique_ptr<FetchAnswers> answers;
+    // The handler took it for relayed answers (OpenRelay): it is only
+    // written by the handler from then on, and ends at its next frame.
+    bool relay = false;
   };
   // Handles one frame. An error means the connection must close; handler
   // failures that the peer should see travel as ERROR frames instead.
@@ -427,6 +433,7 @@ void DataPlaneServerImpl::Serve(FrameSocket* socket, uint64_t id) {
   if (state.carried_ops && !state.handed_off) {
     handler_->OpsEnded(*peer, state.ops_generation, ended);
   }
+  if (state.relay) handler_->RelayEnded(*peer, socket->fd());
   absl::MutexLock lock(&mu_);
   auto it = connections_.find(id);
   if (it != connections_.end()) {
@@ -448,6 +455,12 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
                                              const DataPlanePeer& peer,
                                              ConnectionState& state) {
   std::optional<DataPlaneRequest> request = RequestOf(header.frame_type());
+  if (state.relay) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(FrameTypeName(header.frame_type()),
+                     " frame on a relay connection: nothing may follow a "
+                     "RELAY"));
+  }
   if (!request.has_value()) {
     return absl::InvalidArgumentError(
         absl::StrCat("unexpected ", FrameTypeName(header.frame_type()),
@@ -508,6 +521,18 @@ absl::Status DataPlaneServerImpl::ServeFrame(FrameSocket& socket,
       return state.answers->Serve(header, event);
     case DataPlaneRequest::kPushIpc:
       return ServeIpc(socket, header, allowed);
+    case DataPlaneRequest::kRelay: {
+      if (!allowed.ok()) {
+        return socket.SendError(FrameType::kError, header.key(), allowed);
+      }
+      // The handler sends the ACK, and every frame after it.
+      absl::Status opened = handler_->OpenRelay(peer, socket.fd());
+      if (!opened.ok()) {
+        return socket.SendError(FrameType::kError, header.key(), opened);
+      }
+      state.relay = true;
+      return absl::OkStatus();
+    }
     case DataPlaneRequest::kOps:
       // One-way: a refused peer is not heard further.
       if (!allowed.ok()) return allowed;

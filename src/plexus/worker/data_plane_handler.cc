@@ -10,15 +10,26 @@ namespace plexus {
 
 WorkerDataPlane::WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
                                  const PeerTable& peers, xla::XlaExecutor& xla,
-                                 const CudaIpc& cuda_ipc, bool to_device_memory,
-                                 OpsSink ops)
+                                 const CudaIpc& cuda_ipc,
+                                 transport::RelayLinks& relays,
+                                 bool to_device_memory, OpsSink ops)
     : me_(me),
       store_(store),
       peers_(peers),
       xla_(xla),
       cuda_ipc_(cuda_ipc),
+      relays_(relays),
       to_device_memory_(to_device_memory),
       ops_(std::move(ops)) {}
+
+absl::Status WorkerDataPlane::OpenRelay(const transport::DataPlanePeer& peer,
+                                        int fd) {
+  return relays_.Open(peer.id, fd);
+}
+
+void WorkerDataPlane::RelayEnded(const transport::DataPlanePeer& peer, int fd) {
+  relays_.Ended(peer.id, fd);
+}
 
 absl::Status WorkerDataPlane::ApplyOps(const transport::DataPlanePeer& peer,
                                        uint64_t generation,
@@ -74,6 +85,11 @@ absl::Status WorkerDataPlane::Authorize(transport::DataPlaneRequest request,
     return s;
   }
   if (peer.role == CredentialRole::kServer) return absl::OkStatus();
+  if (request == transport::DataPlaneRequest::kRelay) {
+    if (peer.role == CredentialRole::kClient) return absl::OkStatus();
+    return absl::PermissionDeniedError(
+        "a relay connection is a client's; this connection is a worker's");
+  }
   if (request == transport::DataPlaneRequest::kPush ||
       request == transport::DataPlaneRequest::kPushError ||
       request == transport::DataPlaneRequest::kPushIpc ||

@@ -10,8 +10,8 @@
 // server's, which may ask for nothing else.
 //
 // Owns the count of fenced pushes. Borrows the identity, the object store,
-// the peer table (fenced generations), the XLA executor and the CUDA IPC;
-// they outlive it.
+// the peer table (fenced generations), the XLA executor, the CUDA IPC and
+// the relay links; they outlive it.
 //
 // Thread-safe (the data plane's threads call it); no lock of its own.
 #pragma once
@@ -25,6 +25,7 @@
 #include "plexus/executors/xla/xla_executor.h"
 #include "plexus/store/object_store.h"
 #include "plexus/transport/data_plane.h"
+#include "plexus/transport/relay_links.h"
 #include "plexus/worker/cuda_ipc.h"
 #include "plexus/worker/peer_table.h"
 #include "plexus/worker/worker_identity.h"
@@ -49,10 +50,11 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   // stored (PjrtRuntime::Upload), once, as jax.device_put places it; where
   // that fails (the device is out of memory) it is stored in host memory,
   // said once in the log, and each program reading it copies it in.
+  // `relays`: where clients' RELAY connections go (OpenRelay).
   WorkerDataPlane(const WorkerIdentity& me, ObjectStore& store,
                   const PeerTable& peers, xla::XlaExecutor& xla,
-                  const CudaIpc& cuda_ipc, bool to_device_memory = false,
-                  OpsSink ops = {});
+                  const CudaIpc& cuda_ipc, transport::RelayLinks& relays,
+                  bool to_device_memory = false, OpsSink ops = {});
 
   absl::StatusOr<Credential> CredentialFor(
       const transport::DataPlanePeer& peer) override;
@@ -111,6 +113,9 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   absl::Status OpsConnectionOpened(const transport::DataPlanePeer& peer,
                                    uint64_t generation, int fd) override;
 
+  // A client's relay connection, to `relays` (RelayLinks::Open, Ended).
+  absl::Status OpenRelay(const transport::DataPlanePeer& peer, int fd) override;
+  void RelayEnded(const transport::DataPlanePeer& peer, int fd) override;
   // Pushes refused because their generation was declared down.
   int64_t pushes_fenced() const { return pushes_fenced_.load(); }
 
@@ -129,6 +134,7 @@ class WorkerDataPlane : public transport::DataPlaneHandler {
   const PeerTable& peers_;
   xla::XlaExecutor& xla_;
   const CudaIpc& cuda_ipc_;
+  transport::RelayLinks& relays_;
   const bool to_device_memory_;
   const OpsSink ops_;
   std::atomic<int64_t> pushes_fenced_{0};

@@ -26,7 +26,8 @@ absl::Status FailureFromProto(const proto::Status& proto,
 OpApplier::OpApplier(ObjectStore& store, PeerTable& peers, TaskRunner& tasks,
                      XlaPrograms& xla, ReportQueue& reports,
                      ServerSession& session, Timeline& timeline,
-                     CollectiveGpus* nccl, int num_devices)
+                     CollectiveGpus* nccl, int num_devices,
+                     transport::RelayLinks& relays)
     : store_(store),
       peers_(peers),
       tasks_(tasks),
@@ -35,7 +36,8 @@ OpApplier::OpApplier(ObjectStore& store, PeerTable& peers, TaskRunner& tasks,
       session_(session),
       timeline_(timeline),
       nccl_(nccl),
-      num_devices_(num_devices) {}
+      num_devices_(num_devices),
+      relays_(relays) {}
 
 void OpApplier::Apply(proto::WorkerOp& op) {
   switch (op.op_case()) {
@@ -58,10 +60,7 @@ void OpApplier::Apply(proto::WorkerOp& op) {
       store_.Release(absl::MakeConstSpan(op.release().buffer_ids()));
       break;
     case proto::WorkerOp::kFail:
-      for (uint64_t id : op.fail().buffer_ids()) {
-        store_.FailBuffer(
-            id, FailureFromProto(op.fail().status(), "call rejected"));
-      }
+      ApplyFail(op.fail());
       break;
     case proto::WorkerOp::kPeerDown:
       ApplyPeerDown(op.peer_down());
@@ -138,16 +137,50 @@ void OpApplier::ApplyLoad(proto::LoadProgram& load) {
 }
 
 void OpApplier::ApplyExecute(proto::Execute& exec) {
+  const bool relay = exec.relay() && relays_.Has(exec.client_id());
   if (absl::Status s = layouts_.Expand(&exec); !s.ok()) {
     // It cannot run here: whoever reads its outputs hears why, and the
     // server hears it done (failed), rather than wait for it.
     SPDLOG_ERROR("{}", std::string(s.message()));
-    for (uint64_t id : exec.output_ids()) store_.FailBuffer(id, s);
+    for (uint64_t id : exec.output_ids()) {
+      store_.FailBuffer(id, s);
+      if (relay) relays_.Answer(exec.client_id(), {id, -1}, s);
+    }
     reports_.CallFinished(exec, /*failed=*/true, 0, 0);
     return;
   }
+  std::vector<BufferKey> relayed;
+  if (relay) {
+    for (const proto::ShardTask& task : exec.tasks()) {
+      for (uint64_t id : exec.output_ids()) {
+        relayed.push_back(BufferKey{id, task.shard()});
+      }
+    }
+  }
   auto it = programs_.find(exec.program_id());
   tasks_.Submit(exec, it != programs_.end() ? it->second : nullptr);
+  // After the outputs are declared (a task run inline has readied them:
+  // answered now, from this thread).
+  if (relay) RelayOutputs(exec.client_id(), relayed);
+}
+
+void OpApplier::RelayOutputs(uint64_t client,
+                             const std::vector<BufferKey>& keys) {
+  const int64_t since = timeline_.enabled() ? timeline_.NowNs() : 0;
+  for (const BufferKey& key : keys) {
+    store_.OnReady(key, [relays = &relays_, client, key, since](auto result) {
+      relays->Answer(client, {key.buffer_id, key.shard}, result, since);
+    });
+  }
+}
+
+void OpApplier::ApplyFail(const proto::FailBuffers& fail) {
+  const absl::Status why = FailureFromProto(fail.status(), "call rejected");
+  for (uint64_t id : fail.buffer_ids()) {
+    store_.FailBuffer(id, why);
+    // Every shard of it here: the client's relayed wait hears it once.
+    if (fail.relay()) relays_.Answer(ClientOfBuffer(id), {id, -1}, why);
+  }
 }
 
 void OpApplier::ApplyExpect(const proto::Expect& e) {
@@ -240,6 +273,7 @@ void OpApplier::UnloadAll() {
 }
 
 void OpApplier::ApplyClientGone(uint64_t client) {
+  relays_.Drop(client);
   store_.ReleaseClient(client);
   layouts_.ForgetClient(client);
   reports_.ClientGone(client);

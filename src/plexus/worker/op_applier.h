@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -21,6 +22,7 @@
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/store/object_store.h"
 #include "plexus/timeline/timeline.h"
+#include "plexus/transport/relay_links.h"
 #include "plexus/worker/loaded_program.h"
 #include "plexus/worker/nccl_collective.h"
 #include "plexus/worker/peer_table.h"
@@ -33,9 +35,12 @@ namespace plexus {
 
 class OpApplier {
  public:
+  // `relays`: where a relayed call's outputs are answered (Execute.relay,
+  // FailBuffers.relay).
   OpApplier(ObjectStore& store, PeerTable& peers, TaskRunner& tasks,
             XlaPrograms& xla, ReportQueue& reports, ServerSession& session,
-            Timeline& timeline, CollectiveGpus* nccl, int num_devices);
+            Timeline& timeline, CollectiveGpus* nccl, int num_devices,
+            transport::RelayLinks& relays);
 
   // Applies `op`, consuming it (moved from).
   void Apply(proto::WorkerOp& op);
@@ -54,6 +59,12 @@ class OpApplier {
   void ApplyTransfer(const proto::Transfer& transfer);
   void ApplyPeerDown(const proto::PeerDown& down);
   void ApplyClientGone(uint64_t client);
+  // FailBuffers: each buffer fails here; a relayed call's failure also
+  // goes to its client's relay link.
+  void ApplyFail(const proto::FailBuffers& fail);
+  // A relayed Execute's output shards here, `keys` (taken before it was
+  // submitted), answered on the client's link as each is decided.
+  void RelayOutputs(uint64_t client, const std::vector<BufferKey>& keys);
   // The spec of a shard the server declares on `device`, or why this
   // worker cannot hold it (no such device, a spec that does not parse):
   // the shard then fails instead of waiting for data in a wrong size.
@@ -70,6 +81,7 @@ class OpApplier {
   Timeline& timeline_;
   CollectiveGpus* const nccl_;  // may be null
   const int num_devices_;
+  transport::RelayLinks& relays_;
 
   // Calls and compile jobs hold their own references.
   absl::flat_hash_map<uint64_t, std::shared_ptr<LoadedProgram>> programs_;

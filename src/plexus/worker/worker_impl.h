@@ -154,6 +154,9 @@ class WorkerImpl : public Worker {
   std::unique_ptr<CollectiveGpus> nccl_;
   std::vector<std::unique_ptr<Device>> devices_;
   transport::DataPlaneCounters counters_;
+  // The clients' relay links (the data plane opens them, the applier's
+  // relayed calls answer on them); outlive the parts below.
+  transport::RelayLinks relays_{&counters_, &timeline_};
 
   // The parts, made by StartLocal (null before, or where it failed early).
   std::unique_ptr<PeerTable> peers_;

@@ -134,9 +134,9 @@ void WorkerImpl::MakeParts() {
   tasks_ = std::make_unique<TaskRunner>(*store_, devices_, *xla_programs_,
                                         *peers_, reports_, timeline_, me_,
                                         nccl_.get(), options_.clock);
-  applier_ = std::make_unique<OpApplier>(*store_, *peers_, *tasks_,
-                                         *xla_programs_, reports_, session_,
-                                         timeline_, nccl_.get(), num_devices());
+  applier_ = std::make_unique<OpApplier>(
+      *store_, *peers_, *tasks_, *xla_programs_, reports_, session_, timeline_,
+      nccl_.get(), num_devices(), relays_);
   // A GPU's values are placed in its memory as they arrive (the CPU
   // plugin's device memory is host memory: nothing to place).
   bool to_device_memory = false;
@@ -145,7 +145,7 @@ void WorkerImpl::MakeParts() {
     to_device_memory = runtime.ok() && (*runtime)->platform() != "cpu";
   }
   data_plane_ = std::make_unique<WorkerDataPlane>(
-      me_, *store_, *peers_, *xla_, *cuda_ipc_, to_device_memory,
+      me_, *store_, *peers_, *xla_, *cuda_ipc_, relays_, to_device_memory,
       WorkerDataPlane::OpsSink{
           .apply =
               [this](uint64_t generation, const std::string& bytes) {

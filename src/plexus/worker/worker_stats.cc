@@ -27,6 +27,8 @@ proto::WorkerStats WorkerImpl::CollectStats() {
   }
   s.set_calls_executed(tasks_->calls_executed());
   s.set_tasks_inline(tasks_->tasks_inline());
+  s.set_answers_relayed(counters_.relayed_answers.load());
+  s.set_relay_links_shut(counters_.relay_links_shut.load());
   s.set_calls_failed(tasks_->calls_failed());
   s.set_programs_loaded(applier_->programs_loaded());
   s.set_pushes_fenced(data_plane_->pushes_fenced());

@@ -447,8 +447,8 @@ absl::Status ClusterState::RoutePut(uint64_t client_id,
 void ClusterState::FailCallOutputs(uint64_t client_id, const proto::Call& call,
                                    const absl::Status& status, WorkerOps* ops) {
   FailOnSlice(client_id, call.slice_id(),
-              {call.output_ids().begin(), call.output_ids().end()}, status,
-              ops);
+              {call.output_ids().begin(), call.output_ids().end()}, status, ops,
+              call.relay());
   for (uint64_t o : call.output_ids()) {
     // Not a live buffer a hostile call named as its output: that one stays.
     if (ClientOfBuffer(o) == client_id && records_.FindBuffer(o) == nullptr) {
@@ -465,8 +465,8 @@ void ClusterState::FailRefusedPut(uint64_t client_id, const proto::PutDecl& put,
 
 void ClusterState::FailOnSlice(uint64_t client_id, uint64_t slice_id,
                                const std::vector<uint64_t>& ids,
-                               const absl::Status& status,
-                               WorkerOps* ops) const {
+                               const absl::Status& status, WorkerOps* ops,
+                               bool relay) const {
   auto it = slices_.find(slice_id);
   if (it == slices_.end() || it->second.client_id != client_id) return;
   proto::WorkerOp op;
@@ -475,6 +475,7 @@ void ClusterState::FailOnSlice(uint64_t client_id, uint64_t slice_id,
   }
   if (op.fail().buffer_ids_size() == 0) return;
   *op.mutable_fail()->mutable_status() = StatusToProto(status);
+  op.mutable_fail()->set_relay(relay);
   for (int64_t w : WorkersAClientMayAsk(it->second)) (*ops)[w].push_back(op);
 }
 

@@ -674,9 +674,10 @@ class ClusterState {
   // The client's own buffers among `ids` fail with `status` on
   // WorkersAClientMayAsk of its slice `slice_id` (nothing if it does not
   // hold that slice): what FailCallOutputs and FailRefusedPut share.
+  // `relay`: the call's Call.relay (FailBuffers.relay).
   void FailOnSlice(uint64_t client_id, uint64_t slice_id,
                    const std::vector<uint64_t>& ids, const absl::Status& status,
-                   WorkerOps* ops) const;
+                   WorkerOps* ops, bool relay = false) const;
   // What a loss that no spare took (`loss.broken`) costs `client_id`:
   // every value of its broken slices, and every output of its calls not
   // done that reads one (on any slice, transitively), can never be read.

@@ -83,6 +83,7 @@ int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
             fail.mutable_fail()->add_buffer_ids(id);
           }
           *fail.mutable_fail()->mutable_status() = lost;
+          fail.mutable_fail()->set_relay(unit.executes->relay());
           unit.ops[w].push_back(std::move(fail));
         }
         unit.executes.reset();
@@ -94,6 +95,7 @@ int64_t Admission::FailCallsOn(int64_t worker, const absl::Status& status) {
           *fail.mutable_fail()->mutable_buffer_ids() =
               op.execute().output_ids();
           *fail.mutable_fail()->mutable_status() = lost;
+          fail.mutable_fail()->set_relay(op.execute().relay());
           op = std::move(fail);
         }
       }

@@ -512,6 +512,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   route_shared_.set_program_id(call.program_id());
   route_shared_.set_num_shards(n);
   route_shared_.set_client_id(client_id);
+  route_shared_.set_relay(call.relay());
   *route_shared_.mutable_output_ids() = call.output_ids();
   if (prog.collective) {
     // New each time the call is routed: a run after a restart or a loss

@@ -99,7 +99,8 @@ void AppendMessage(uint8_t tag, const google::protobuf::MessageLite& message,
 CallExecutes::CallExecutes(const proto::Execute& shared, int hosts)
     : call_id_(shared.call_id()),
       program_id_(shared.program_id()),
-      output_ids_(shared.output_ids().begin(), shared.output_ids().end()) {
+      output_ids_(shared.output_ids().begin(), shared.output_ids().end()),
+      relay_(shared.relay()) {
   shared.SerializeToString(&shared_);
   hosts_.reserve(hosts);
 }

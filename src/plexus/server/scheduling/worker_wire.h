@@ -101,6 +101,7 @@ class CallExecutes {
   uint64_t call_id() const { return call_id_; }
   uint64_t program_id() const { return program_id_; }
   absl::Span<const uint64_t> output_ids() const { return output_ids_; }
+  bool relay() const { return relay_; }  // Execute.relay
   uint64_t ticket() const { return ticket_; }
 
   // Host `host`'s op (a WorkerOp holding its Execute), in wire form: its
@@ -124,6 +125,7 @@ class CallExecutes {
   uint64_t call_id_ = 0;
   uint64_t program_id_ = 0;
   absl::InlinedVector<uint64_t, 2> output_ids_;
+  bool relay_ = false;
   std::string shared_;  // the shared fields of Execute, encoded
   std::string tasks_;   // every host's field `tasks`, encoded, host by host
   std::vector<Host> hosts_;

@@ -69,17 +69,8 @@ DataPlaneHandler::ReadyHook HookFor(std::shared_ptr<FetchAnswers::Shared> s,
   return [s = std::move(s), wait, key = header.key(),
           socket](absl::StatusOr<std::shared_ptr<const Storage>> result) {
     using State = FetchAnswers::Shared::State;
-    auto answerable = [&] {
-      if (!result.ok() || *result == nullptr) return false;
-      const Storage& data = **result;
-      if (const DeviceBuffer* device = data.device_buffer()) {
-        const std::optional<absl::Status> computed = device->Computed();
-        if (!computed.has_value() || !computed->ok()) return false;
-      }
-      return wait || (data.size() <= FrameSocket::kSmallFrameBytes &&
-                      data.data() != nullptr);
-    };
-    if (!answerable()) {
+    if (!result.ok() || *result == nullptr ||
+        !AnswerableAtOnce(**result, /*with_bytes=*/!wait)) {
       s->Poke();  // a parked answer's thread words it
       return;
     }
@@ -112,6 +103,15 @@ DataPlaneHandler::ReadyHook HookFor(std::shared_ptr<FetchAnswers::Shared> s,
 }
 
 }  // namespace
+
+bool AnswerableAtOnce(const Storage& data, bool with_bytes) {
+  if (const DeviceBuffer* device = data.device_buffer()) {
+    const std::optional<absl::Status> computed = device->Computed();
+    if (!computed.has_value() || !computed->ok()) return false;
+  }
+  return !with_bytes || (data.size() <= FrameSocket::kSmallFrameBytes &&
+                         data.data() != nullptr);
+}
 
 FetchAnswers::FetchAnswers(FrameSocket& socket, DataPlaneHandler& handler,
                            DataPlaneCounters& counters, Clock& clock)

@@ -41,6 +41,11 @@
 
 namespace plexus::transport::internal {
 
+// Whether the thread that readied `data` may answer with it at once: a
+// device value only once computed; with `with_bytes` (DATA, not a WAIT's
+// ACK), only a small one readable in place (kSmallFrameBytes at most).
+bool AnswerableAtOnce(const Storage& data, bool with_bytes);
+
 class FetchAnswers {
  public:
   FetchAnswers(FrameSocket& socket, DataPlaneHandler& handler,

@@ -69,6 +69,10 @@ const char* FrameTypeName(FrameType type) {
       return "OPS";
     case FrameType::kReports:
       return "REPORTS";
+    case FrameType::kRelay:
+      return "RELAY";
+    case FrameType::kSkip:
+      return "SKIP";
   }
   return "UNKNOWN";
 }
@@ -163,13 +167,15 @@ absl::Status FrameSocket::SendControl(FrameType type, const ShardKey& key) {
 absl::StatusOr<size_t> FrameSocket::TrySendSmall(FrameType type,
                                                  const ShardKey& key,
                                                  absl::string_view payload,
-                                                 std::string* frame) {
+                                                 std::string* frame,
+                                                 int32_t status_code) {
   if (payload.size() > kSmallFrameBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("a frame of ", payload.size(), " bytes is not small"));
   }
   FrameHeader header = MakeHeader(type, key);
   header.payload_bytes = payload.size();
+  header.status_code = status_code;
   frame->assign(reinterpret_cast<const char*>(&header), sizeof(header));
   frame->append(payload.data(), payload.size());
   while (true) {
@@ -322,7 +328,7 @@ absl::Status CheckFrameHeader(const FrameHeader& header, bool is_unix,
   for (uint8_t b : header.reserved2) reserved_zero = reserved_zero && b == 0;
   if (!reserved_zero) return malformed("reserved header fields are not zero");
   if (header.type < static_cast<uint16_t>(FrameType::kPush) ||
-      header.type > static_cast<uint16_t>(FrameType::kReports)) {
+      header.type > static_cast<uint16_t>(FrameType::kSkip)) {
     return malformed("unknown frame type");
   }
   FrameType type = header.frame_type();

@@ -82,6 +82,14 @@ enum class FrameType : uint16_t {
   // worker -> server, on the server's ops connection: one
   // proto::WorkerToServer in wire form (its calls done); one-way.
   kReports = 15,
+  // client -> worker: this connection takes the answers the server relays
+  // for the client's calls (relay_links.h); replied with ACK, then DATA,
+  // ERROR or SKIP frames as relayed values are decided; nothing more comes
+  // from the client.
+  kRelay = 16,
+  // worker -> client, on a relay connection: the value of this key is not
+  // relayed (too large, not in host memory, still computing): fetch it.
+  kSkip = 17,
 };
 const char* FrameTypeName(FrameType type);
 
@@ -195,9 +203,11 @@ class FrameSocket {
   // is the caller's to send (SendRemainder) before anything else is
   // written. An I/O error breaks the stream.
   static constexpr size_t kSmallFrameBytes = size_t{16} << 10;
+  // `status_code`: the header's (an ERROR's code).
   absl::StatusOr<size_t> TrySendSmall(FrameType type, const ShardKey& key,
                                       absl::string_view payload,
-                                      std::string* frame);
+                                      std::string* frame,
+                                      int32_t status_code = 0);
   // The bytes of a frame TrySendSmall began, written (blocking).
   absl::Status SendRemainder(absl::string_view rest);
   // PUSH, PUT or DATA. A memfd-backed `data` on a unix socket travels as its
