@@ -11,7 +11,9 @@
 # C++ round trips, the unix ping-pong of the same run) and the median of the
 # rounds' after/before ratios, with the CPU and context switches each
 # process spent per Python round trip. Raw JSON stays in $AB_DIR (default a
-# fresh temporary folder).
+# fresh temporary folder). $BEFORE_ENV and $AFTER_ENV, if set, are
+# environment assignments for that side's runs (one tree against itself
+# with a switch: BEFORE_ENV=PLEXUS_RELAY_ANSWERS=0).
 set -euo pipefail
 # shellcheck source=bench/abba.sh
 source "$(dirname "$(realpath "$0")")/abba.sh"
@@ -26,7 +28,10 @@ ab_dir roundtrip_ab
 run() {  # which round
   local which=$1 round=$2 tree
   tree=$([[ $which == before ]] && echo "$before" || echo "$after")
-  ab_run "$which" "$round" env PYTHONPATH="$tree/python" \
+  local -a extra
+  read -r -a extra <<<"$([[ $which == before ]] && echo "${BEFORE_ENV:-}" ||
+    echo "${AFTER_ENV:-}")"
+  ab_run "$which" "$round" env "${extra[@]}" PYTHONPATH="$tree/python" \
     PLEXUS_BIN_DIR="$tree/build/bin" python3 "$here/roundtrip.py" --no-ray \
     --rounds 1 --iters "$iters" --json "$dir/$which.$round.json"
 }
@@ -40,7 +45,8 @@ def micros(w, r, m):
     return runs[w][r]["measures"][m]["median_micros"]
 print("\n| measure | before: median us | after: median us | after/before (median of rounds) |")
 print("|---|---|---|---|")
-for m in ("pingpong-unix", "plexus-python", "plexus-jit", "plexus-cpp"):
+for m in ("pingpong-unix", "ring-unix", "plexus-python", "plexus-jit",
+          "plexus-cpp"):
     if any(m not in run["measures"] for w in runs for run in runs[w]):
         continue  # a tree whose bench did not measure it
     b = [micros("before", r, m) for r in range(rounds)]

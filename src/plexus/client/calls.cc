@@ -219,9 +219,11 @@ absl::StatusOr<std::vector<Future>> BuildCall(
     }
   }
   core->calls++;
-  // A round trip's call (made right after a wait): its small outputs are
-  // answered on the relay links, no FETCH sent (DataPath::RelayCall).
-  if (sessions.waited() &&
+  // A round trip's call (made alone right after a wait, not a graph's,
+  // whose calls made after a wait are many, their outputs mostly read by
+  // the next call only): its small outputs are answered on the relay
+  // links, no FETCH sent (DataPath::RelayCall).
+  if (graph_id == 0 && sessions.waited() &&
       core->data().RelayCall(program.slice()->info(), program.outputs(),
                              call->output_ids())) {
     call->set_relay(true);

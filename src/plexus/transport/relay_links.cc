@@ -164,7 +164,7 @@ void RelayLinks::Answer(
   }
   if (!whole) {
     counters_->relay_links_shut.fetch_add(1);
-    SPDLOG_WARN(
+    SPDLOG_INFO(
         "relay: client {}'s link could not take the answer of {} at once "
         "(the client left relayed values unread): shut down; the client "
         "fetches instead",
