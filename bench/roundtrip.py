@@ -69,6 +69,14 @@ def _echo(family, address):
         s.sendall(data)
 
 
+def _round_trip(out, back, buf):
+    """Sends `buf` on `out` and reads as many bytes back from `back`."""
+    out.sendall(buf)
+    got = 0
+    while got < len(buf):
+        got += len(back.recv(len(buf) - got))
+
+
 class PingPong:
     """A connected pair: this process and an echoing child process."""
 
@@ -94,10 +102,7 @@ class PingPong:
         self._buf = b"x" * MESSAGE
 
     def once(self):
-        self._sock.sendall(self._buf)
-        got = 0
-        while got < MESSAGE:
-            got += len(self._sock.recv(MESSAGE - got))
+        _round_trip(self._sock, self._sock, self._buf)
 
     def close(self):
         self._sock.close()
@@ -137,10 +142,7 @@ class Ring:
         self._buf = b"x" * MESSAGE
 
     def once(self):
-        self._out.sendall(self._buf)
-        got = 0
-        while got < MESSAGE:
-            got += len(self._in.recv(MESSAGE - got))
+        _round_trip(self._out, self._in, self._buf)
 
     def close(self):
         self._out.close()
