@@ -12,6 +12,14 @@ an order that alternates between rounds), the median microseconds of:
     controller takes (client -> server -> worker -> client), so the
     least such a round trip could cost here with Python's own cost at
     one end;
+  - pingpong-same-cpu / pingpong-cross-cpu: the unix ping-pong again,
+    between two processes of their own each pinned to a CPU: both to CPU
+    0, or one to CPU 0 and the other to CPU 1 (run in a child process of
+    this one, which prints its median). On a VM whose idle vCPUs sleep in
+    the hypervisor, the two differ several times over (a wake-up across
+    vCPUs costs tens of microseconds), and the unpinned ping-pong above
+    lands in either, as the scheduler places its ends; a cluster's three
+    processes on two CPUs cannot all share one;
   - plexus-python: `np.asarray(prog(x))` on a 1-host, 1-device embedded
     cluster (`prog` the built-in `scale` by 1 of f32[4]): a call, then a
     fetch of its small result, from the Python client;
@@ -149,6 +157,37 @@ class Ring:
         for child in self._children:
             child.wait()
         self._in.close()
+
+
+def _pinned_pingpong(cross, iters):
+    """In a child process: a ping-pong between this process, pinned to CPU
+    0, and a fork of it pinned to CPU 1 (`cross`) or 0; prints the median
+    microseconds."""
+    a, b = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {1 if cross else 0})
+        a.close()
+        while True:
+            data = b.recv(MESSAGE)
+            if not data:
+                os._exit(0)
+            b.sendall(data)
+    os.sched_setaffinity(0, {0})
+    b.close()
+    buf = b"x" * MESSAGE
+    print(median_micros(lambda: _round_trip(a, a, buf), iters))
+    a.close()
+    os.waitpid(pid, 0)
+
+
+def pinned_pingpong(cross, iters):
+    """_pinned_pingpong's median, run in a fresh process."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--pinned-pingpong",
+         "cross" if cross else "same", str(iters)],
+        check=True, capture_output=True, text=True).stdout
+    return float(out.strip().splitlines()[-1])
 
 
 def median_micros(once, iters, warmup=50, cost=None):
@@ -344,6 +383,9 @@ def main():
         onces["ray-cdag"] = ray[0]
         onces["ray-cdag-ndarray"] = ray[1]
     rows = {k: [] for k in onces}
+    if len(os.sched_getaffinity(0)) >= 2:
+        rows["pingpong-same-cpu"] = []
+        rows["pingpong-cross-cpu"] = []
     if not args.no_cpp:
         rows["plexus-cpp"] = []
         rows["pingpong-tcp-cpp"] = []
@@ -355,7 +397,10 @@ def main():
             for name in names:
                 if name == "pingpong-tcp-cpp":
                     continue  # measured with plexus-cpp, in its process
-                if name == "plexus-cpp":
+                if name.startswith("pingpong-") and name.endswith("-cpu"):
+                    rows[name].append(pinned_pingpong(
+                        name == "pingpong-cross-cpu", args.iters))
+                elif name == "plexus-cpp":
                     op, ping = cpp_op_by_op(bin_dir, args.iters)
                     rows["plexus-cpp"].append(op)
                     rows["pingpong-tcp-cpp"].append(ping)
@@ -407,7 +452,9 @@ def main():
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--forward":
+    if len(sys.argv) == 4 and sys.argv[1] == "--pinned-pingpong":
+        _pinned_pingpong(sys.argv[2] == "cross", int(sys.argv[3]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "--forward":
         _forward(int(sys.argv[2]), int(sys.argv[3]))
     elif len(sys.argv) == 4 and sys.argv[1] == "--echo":
         fam = socket.AF_UNIX if sys.argv[2] == "unix" else socket.AF_INET
