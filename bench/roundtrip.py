@@ -18,8 +18,7 @@ an order that alternates between rounds), the median microseconds of:
     this one, which prints its median). On a VM whose idle vCPUs sleep in
     the hypervisor, the two differ several times over (a wake-up across
     vCPUs costs tens of microseconds), and the unpinned ping-pong above
-    lands in either, as the scheduler places its ends; a cluster's three
-    processes on two CPUs cannot all share one;
+    lands in either, as the scheduler places its ends;
   - plexus-python: `np.asarray(prog(x))` on a 1-host, 1-device embedded
     cluster (`prog` the built-in `scale` by 1 of f32[4]): a call, then a
     fetch of its small result, from the Python client;

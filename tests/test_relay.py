@@ -107,3 +107,22 @@ def test_relayed_values_left_unread_shut_the_link_not_the_worker(cluster):
     np.testing.assert_array_equal(np.asarray(scale(x)), 3.0)
     assert client.counters()["relay_links_opened"] == 2
     client.close()
+
+
+def test_a_graphs_calls_are_not_relayed(cluster):
+    # A graph records its calls made after a wait in one batch; most of
+    # their outputs are read by the next call only, so none is relayed
+    # (relayed, they piled up unread on the link in the examples' training
+    # loops). A call made alone after the graph's fetch is.
+    client = connect(cluster, True)
+    s = client.slice(1)
+    x = s.put(np.ones(4, np.float32))
+    scale = s.program("scale", x, factor=2.0)
+    np.testing.assert_array_equal(np.asarray(scale(x)), 2.0)  # opens it
+    with client.graph():
+        y = scale(scale(scale(x)))
+    np.testing.assert_array_equal(np.asarray(y), 8.0)
+    assert client.counters()["answers_relayed"] == 0
+    np.testing.assert_array_equal(np.asarray(scale(y)), 16.0)
+    assert client.counters()["answers_relayed"] == 1
+    client.close()

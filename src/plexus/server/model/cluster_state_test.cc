@@ -538,6 +538,40 @@ TEST_F(OwnershipTest, ACallWritesOnlyItsClientsBuffers) {
   }
 }
 
+// A relayed call (Call.relay: a client's round trip) is relayed in every
+// op that decides its outputs on a worker: its Execute, and the
+// FailBuffers of a refusal; another call's ops say nothing of it.
+TEST_F(OwnershipTest, ARelayedCallsOpsSayRelay) {
+  for (bool relay : {true, false}) {
+    proto::Call call = BCall(B(5));
+    call.set_relay(relay);
+    WorkerOps ops;
+    ASSERT_TRUE(state_.RouteCall(other_, call, &ops).ok());
+    int executes = 0;
+    for (const auto& [w, list] : ops) {
+      for (const proto::WorkerOp& op : list) {
+        if (!op.has_execute()) continue;
+        EXPECT_EQ(op.execute().relay(), relay);
+        ++executes;
+      }
+    }
+    EXPECT_GT(executes, 0);
+    proto::Call refused = call;
+    refused.set_call_id(B(20));
+    refused.set_output_ids(0, B(21));
+    refused.set_program_id(B(99));  // never registered
+    ops.clear();
+    const absl::Status st = state_.RouteCall(other_, refused, &ops);
+    ASSERT_FALSE(st.ok());
+    state_.FailCallOutputs(other_, refused, st, &ops);
+    ASSERT_FALSE(ops.empty());
+    for (const auto& [w, list] : ops) {
+      ASSERT_EQ(list.size(), 1u);
+      EXPECT_EQ(list[0].fail().relay(), relay);
+    }
+  }
+}
+
 TEST_F(OwnershipTest, AFailedCallFailsNothingOnAnotherClientsSlice) {
   proto::Call call = BCall(B(5));
   call.set_slice_id(a_slice_.slice_id());

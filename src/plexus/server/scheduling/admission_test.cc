@@ -454,6 +454,8 @@ TEST(AdmissionTest, CallsWaitingForALostWorkerFailTheirOutputsAtOnce) {
     AdmissionUnit unit = Call(7, {1, 2});
     for (auto& [w, list] : unit.ops) {
       list.back().mutable_execute()->add_output_ids(out);
+      // A relayed call's failure is relayed too (FailBuffers.relay).
+      list.back().mutable_execute()->set_relay(out == 11);
     }
     return unit;
   };
@@ -475,6 +477,8 @@ TEST(AdmissionTest, CallsWaitingForALostWorkerFailTheirOutputsAtOnce) {
   }
   EXPECT_EQ(out[0].unit.ops.at(1).back().fail().buffer_ids(0), 11u);
   EXPECT_EQ(out[1].unit.ops.at(1).back().fail().buffer_ids(0), 12u);
+  EXPECT_TRUE(out[0].unit.ops.at(1).back().fail().relay());
+  EXPECT_FALSE(out[1].unit.ops.at(1).back().fail().relay());
 }
 
 // A client whose slice lost a host: its waiting units are held apart
