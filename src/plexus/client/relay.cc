@@ -182,13 +182,7 @@ void DataPath::DropLink(int64_t worker,
                         const std::shared_ptr<RelayLink>& link) {
   absl::MutexLock lock(&mu_);
   auto it = links_.find(worker);
-  if (it == links_.end() || it->second != link) return;
-  link->conn->Shutdown();
-  links_.erase(it);
-  if (links_.empty()) {
-    relayed_.clear();
-    relayed_order_.clear();
-  }
+  if (it != links_.end() && it->second == link) DropLinksLocked(worker);
 }
 
 }  // namespace plexus

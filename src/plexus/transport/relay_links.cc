@@ -71,48 +71,42 @@ absl::Status RelayLinks::Open(uint64_t client, int fd) {
     if (absl::Status s = link->socket.SendControl(FrameType::kAck, {});
         !s.ok()) {
       link->shut = true;
-      absl::MutexLock lock(&mu_);
-      if (auto it = links_.find(client);
-          it != links_.end() && it->second == link) {
-        links_.erase(it);
-      }
+      Unlist(client, fd);
       return s;
     }
   }
-  if (replaced != nullptr) {
-    absl::MutexLock link_lock(&replaced->mu);
-    replaced->shut = true;
-    replaced->socket.Shutdown();
-  }
+  if (replaced != nullptr) Shut(*replaced, /*shutdown=*/true);
   SPDLOG_DEBUG("relay: client {} opened a link", client);
   return absl::OkStatus();
 }
 
 void RelayLinks::Ended(uint64_t client, int fd) {
-  std::shared_ptr<Link> ended;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(client);
-    if (it == links_.end() || it->second->original_fd != fd) return;
-    ended = std::move(it->second);
-    links_.erase(it);
+  if (std::shared_ptr<Link> ended = Unlist(client, fd)) {
+    Shut(*ended, /*shutdown=*/false);  // its connection is ending anyway
   }
-  absl::MutexLock link_lock(&ended->mu);
-  ended->shut = true;
 }
 
 void RelayLinks::Drop(uint64_t client) {
-  std::shared_ptr<Link> dropped;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(client);
-    if (it == links_.end()) return;
-    dropped = std::move(it->second);
-    links_.erase(it);
+  if (std::shared_ptr<Link> dropped = Unlist(client, -1)) {
+    Shut(*dropped, /*shutdown=*/true);
   }
-  absl::MutexLock link_lock(&dropped->mu);
-  dropped->shut = true;
-  dropped->socket.Shutdown();
+}
+
+std::shared_ptr<RelayLinks::Link> RelayLinks::Unlist(uint64_t client, int fd) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(client);
+  if (it == links_.end() || (fd >= 0 && it->second->original_fd != fd)) {
+    return nullptr;
+  }
+  std::shared_ptr<Link> link = std::move(it->second);
+  links_.erase(it);
+  return link;
+}
+
+void RelayLinks::Shut(Link& link, bool shutdown) {
+  absl::MutexLock link_lock(&link.mu);
+  link.shut = true;
+  if (shutdown) link.socket.Shutdown();
 }
 
 bool RelayLinks::Has(uint64_t client) const { return Find(client) != nullptr; }
@@ -169,7 +163,7 @@ void RelayLinks::Answer(
         "(the client left relayed values unread): shut down; the client "
         "fetches instead",
         client, KeyString(key));
-    Ended(client, link->original_fd);
+    Unlist(client, link->original_fd);
     return;
   }
   counters_->relayed_answers.fetch_add(1);

@@ -76,6 +76,12 @@ class RelayLinks {
  private:
   struct Link;
   std::shared_ptr<Link> Find(uint64_t client) const;
+  // Takes `client`'s link out of the list, if it is the one of
+  // connection `fd` (-1: whichever it is).
+  std::shared_ptr<Link> Unlist(uint64_t client, int fd);
+  // Marks it shut (no answer goes on it); `shutdown`: its socket too, so
+  // its client sees the end.
+  static void Shut(Link& link, bool shutdown);
 
   DataPlaneCounters* const counters_;
   Timeline* const timeline_;
