@@ -40,8 +40,7 @@ def test_a_round_trips_answer_comes_on_the_relay_link(cluster, hosts):
     for relay in (True, False):
         client = connect(cluster, relay)
         s = client.slice(2 * hosts, hosts=[f"host{h}" for h in range(hosts)])
-        # Split: a fetch reads every shard (one replica of a replicated
-        # value; the others' answers wait on the link, read past later).
+        # Split: a fetch reads every shard, each answered on its link.
         x = s.put(np.arange(8 * hosts, dtype=np.float32),
                   sharding=("split", 0))
         scale = s.program("scale", x, factor=2.0)
@@ -61,6 +60,48 @@ def test_a_round_trips_answer_comes_on_the_relay_link(cluster, hosts):
     assert counts[True] == (hosts, (rounds - 1) * shards,
                             (rounds - 1) * shards), counts
     assert counts[False] == (0, 0, 0), counts
+
+
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_a_replicated_value_is_relayed_once(cluster, hosts):
+    # A fetch of a replicated value reads one replica, device 0's: a
+    # relayed call's workers answer that shard only (Call.relay_first_shard)
+    # and only device 0's worker needs a link. Before, every replica was
+    # answered, all but one left unread on the links (1 host), and on 2
+    # hosts no call was relayed at all (the second host had no link: no
+    # fetch ever read from it).
+    rounds = 20
+    client = connect(cluster, True)
+    s = client.slice(2 * hosts, hosts=[f"host{h}" for h in range(hosts)])
+    x = s.put(np.arange(8, dtype=np.float32))  # replicated
+    scale = s.program("scale", x, factor=2.0)
+    relayed_before = worker_stat(cluster, "answers_relayed")
+    y, want = x, np.arange(8, dtype=np.float32)
+    for _ in range(rounds):
+        y = scale(y)
+        want = want * 2.0
+        np.testing.assert_array_equal(np.asarray(y), want)
+    c = client.counters()
+    assert (c["relay_links_opened"], c["answers_relayed"],
+            worker_stat(cluster, "answers_relayed") - relayed_before) == (
+        1, rounds - 1, rounds - 1)
+    # A wait reads every replica. Client::Wait takes device 0's relayed
+    # answer (left for the fetch) and asks the others' workers, which opens
+    # their links; it never waits on a link for a replica not relayed (it
+    # would, 30 s, then drop the link: a link opened again). plexus's
+    # block_until_ready asks every worker. Still one answer per call.
+    relayed_before = worker_stat(cluster, "answers_relayed")
+    for i in range(6):
+        y = scale(y)
+        want = want * 2.0
+        if i % 2:
+            y.block_until_ready()
+        else:
+            client._core.wait(y._f)
+        np.testing.assert_array_equal(np.asarray(y), want)
+    assert client.counters()["relay_links_opened"] == hosts
+    assert worker_stat(cluster, "answers_relayed") - relayed_before == 6
+    client.close()
 
 
 def test_a_relayed_calls_failure_keeps_its_message(cluster):

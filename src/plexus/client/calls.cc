@@ -223,10 +223,11 @@ absl::StatusOr<std::vector<Future>> BuildCall(
   // whose calls made after a wait are many, their outputs mostly read by
   // the next call only): its small outputs are answered on the relay
   // links, no FETCH sent (DataPath::RelayCall).
-  if (graph_id == 0 && sessions.waited() &&
-      core->data().RelayCall(program.slice()->info(), program.outputs(),
-                             call->output_ids())) {
-    call->set_relay(true);
+  if (graph_id == 0 && sessions.waited()) {
+    const DataPath::Relay relay = core->data().RelayCall(
+        program.slice()->info(), program.outputs(), call->output_ids());
+    call->set_relay(relay != DataPath::Relay::kNone);
+    call->set_relay_first_shard(relay == DataPath::Relay::kFirstShard);
   }
   ops->push_back(std::move(op));
   AppendDonations(sessions, program, inputs, ops);

@@ -13,6 +13,7 @@
 #include "plexus/client/client.h"
 #include "plexus/client/client_core.h"
 #include "plexus/client/data_path.h"
+#include "plexus/client/fetch_plan.h"
 
 namespace plexus {
 namespace {
@@ -266,33 +267,6 @@ absl::Status DataPath::SendShard(const Slice& slice, uint64_t id, int j,
 // ---------------------------------------------------------------- reads
 
 namespace {
-
-// The shards a fetch reads: one device per distinct block (every device of
-// a split or partial value, one of a replicated one), with each one's
-// block for a mesh sharding.
-struct FetchPlan {
-  std::vector<int> reads;
-  std::vector<Box> boxes;  // mesh only, per read
-};
-
-absl::StatusOr<FetchPlan> PlanFetch(const ArgSpec& arg, int n) {
-  FetchPlan plan;
-  if (arg.sharding.is_mesh()) {
-    std::map<Shape, bool> seen;
-    for (int j = 0; j < n; ++j) {
-      auto box = arg.BlockOf(n, j);
-      if (!box.ok()) return box.status();
-      if (!seen.emplace(box->start, true).second) continue;
-      plan.reads.push_back(j);
-      plan.boxes.push_back(*box);
-    }
-  } else {
-    for (int j = 0; j < (arg.sharding.is_replicated() ? 1 : n); ++j) {
-      plan.reads.push_back(j);
-    }
-  }
-  return plan;
-}
 
 // Writes shard `j` (`data`, of spec `local`; `box`: its block, for a mesh
 // sharding) into its place in the global array `dst`.

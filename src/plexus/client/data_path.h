@@ -80,16 +80,21 @@ class DataPath : public SessionObserver {
   void AwaitInputs(const std::vector<Future>& inputs);
 
   // --- relayed answers (relay.cc; transport/relay_links.h)
+  // Which output shards of a relayed call its workers answer on the links
+  // (Call.relay, Call.relay_first_shard): those a fetch reads (PlanFetch).
+  enum class Relay { kNone, kEveryShard, kFirstShard };
   // Whether a call on a slice of map `slice` with outputs `outputs` and
   // their ids `ids`, made right after the client waited on a result, goes
   // with Call.relay: relays are on (ClientOptions::relay_answers), each
-  // output's shard is small (transport::kRelayedValueBytes at most), and
-  // a relay link is open to every worker of the slice. If so, `ids` are
-  // remembered as relayed: a fetch or wait of one reads its answer on the
-  // link instead of asking the worker.
-  bool RelayCall(const proto::SliceInfo& slice,
-                 absl::Span<const ArgSpec> outputs,
-                 absl::Span<const uint64_t> ids);
+  // output's shard is small (transport::kRelayedValueBytes at most), a
+  // fetch of every output reads all its shards (kEveryShard) or, of every
+  // output, one replica (kFirstShard: a replicated value's device 0), and
+  // a relay link is open to each worker holding a shard so read. If so,
+  // `ids` are remembered as relayed: a fetch or wait of one of those
+  // shards reads its answer on the link instead of asking the worker.
+  Relay RelayCall(const proto::SliceInfo& slice,
+                  absl::Span<const ArgSpec> outputs,
+                  absl::Span<const uint64_t> ids);
   // Relay links opened, and the fetches and waits their answers served
   // (ClientCounters).
   std::atomic<int64_t> relay_links_opened{0};
@@ -223,11 +228,11 @@ class DataPath : public SessionObserver {
   std::thread reputter_;
   // The relay links of this session, by worker; the workers that would not
   // take one; the outputs of relayed calls not read yet (oldest first, at
-  // most kRelayedIds).
+  // most kRelayedIds), each with whether only its shard 0 is relayed.
   absl::flat_hash_map<int64_t, std::shared_ptr<RelayLink>> links_
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> unlinked_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<uint64_t> relayed_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, bool> relayed_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> relayed_order_ ABSL_GUARDED_BY(mu_);
 };
 

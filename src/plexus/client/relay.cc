@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "plexus/client/data_path.h"
+#include "plexus/client/fetch_plan.h"
 #include "plexus/common/logging.h"
 
 namespace plexus {
@@ -38,32 +39,47 @@ struct DataPath::RelayLink {
   std::deque<transport::DataPlaneConnection::Relayed> stash ABSL_GUARDED_BY(mu);
 };
 
-bool DataPath::RelayCall(const proto::SliceInfo& slice,
-                         absl::Span<const ArgSpec> outputs,
-                         absl::Span<const uint64_t> ids) {
-  if (!options_.relay_answers || outputs.empty()) return false;
+DataPath::Relay DataPath::RelayCall(const proto::SliceInfo& slice,
+                                    absl::Span<const ArgSpec> outputs,
+                                    absl::Span<const uint64_t> ids) {
+  if (!options_.relay_answers || outputs.empty()) return Relay::kNone;
   const int n = slice.devices_size();
+  bool every = false;  // an output whose fetch reads every shard
+  bool first = false;  // an output whose fetch reads one replica
   for (const ArgSpec& out : outputs) {
     absl::StatusOr<TensorSpec> local = out.Local(n);
     if (!local.ok() ||
         local->byte_size() >
             static_cast<int64_t>(transport::kRelayedValueBytes)) {
-      return false;
+      return Relay::kNone;
+    }
+    absl::StatusOr<FetchPlan> plan = PlanFetch(out, n);
+    if (!plan.ok()) return Relay::kNone;
+    if (static_cast<int>(plan->reads.size()) == n) {
+      every = true;
+    } else if (plan->reads.size() == 1) {
+      first = true;  // reads shard 0
+    } else {
+      return Relay::kNone;  // a mesh's replicated blocks: fetched
     }
   }
+  // Replicas of one output beside every shard of another: the replicas'
+  // answers would wait on their links unread. Fetched.
+  if (every && first) return Relay::kNone;
+  const Relay relay = first ? Relay::kFirstShard : Relay::kEveryShard;
   absl::MutexLock lock(&mu_);
-  if (!usable_ || links_.empty()) return false;
-  for (const proto::SliceDevice& d : slice.devices()) {
-    if (!links_.contains(d.worker_id())) return false;
+  if (!usable_ || links_.empty()) return Relay::kNone;
+  for (int j = 0; j < (first ? 1 : n); ++j) {
+    if (!links_.contains(slice.devices(j).worker_id())) return Relay::kNone;
   }
   for (uint64_t id : ids) {
-    if (relayed_.insert(id).second) relayed_order_.push_back(id);
+    if (relayed_.emplace(id, first).second) relayed_order_.push_back(id);
   }
   while (relayed_order_.size() > kRelayedIds) {
     relayed_.erase(relayed_order_.front());
     relayed_order_.pop_front();
   }
-  return true;
+  return relay;
 }
 
 std::optional<absl::StatusOr<std::shared_ptr<Storage>>> DataPath::AwaitRelayed(
@@ -71,7 +87,11 @@ std::optional<absl::StatusOr<std::shared_ptr<Storage>>> DataPath::AwaitRelayed(
   std::shared_ptr<RelayLink> link;
   {
     absl::MutexLock lock(&mu_);
-    if (!relayed_.contains(key.buffer_id)) return std::nullopt;
+    auto relayed = relayed_.find(key.buffer_id);
+    // Not relayed, or not this shard (a replica a fetch does not read).
+    if (relayed == relayed_.end() || (relayed->second && key.shard != 0)) {
+      return std::nullopt;
+    }
     auto it = links_.find(worker);
     if (it == links_.end()) return std::nullopt;
     link = it->second;

@@ -152,6 +152,8 @@ void OpApplier::ApplyExecute(proto::Execute& exec) {
   std::vector<BufferKey> relayed;
   if (relay) {
     for (const proto::ShardTask& task : exec.tasks()) {
+      // Only what the client's fetch reads (Call.relay_first_shard).
+      if (exec.relay_first_shard() && task.shard() != 0) continue;
       for (uint64_t id : exec.output_ids()) {
         relayed.push_back(BufferKey{id, task.shard()});
       }

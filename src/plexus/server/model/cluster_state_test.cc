@@ -540,9 +540,31 @@ TEST_F(OwnershipTest, ACallWritesOnlyItsClientsBuffers) {
 
 // A relayed call (Call.relay: a client's round trip) is relayed in every
 // op that decides its outputs on a worker: its Execute, and the
-// FailBuffers of a refusal; another call's ops say nothing of it.
+// FailBuffers of a refusal; another call's ops say nothing of it. Its
+// Execute says too whether only shard 0 is relayed (relay_first_shard),
+// which means nothing without relay.
 TEST_F(OwnershipTest, ARelayedCallsOpsSayRelay) {
   for (bool relay : {true, false}) {
+    for (bool first_shard : {true, false}) {
+      proto::Call call = BCall(B(5));
+      const uint64_t n = 30 + 4 * relay + 2 * first_shard;
+      call.set_call_id(B(n));
+      call.set_output_ids(0, B(n + 1));
+      call.set_relay(relay);
+      call.set_relay_first_shard(first_shard);
+      WorkerOps ops;
+      ASSERT_TRUE(state_.RouteCall(other_, call, &ops).ok());
+      int executes = 0;
+      for (const auto& [w, list] : ops) {
+        for (const proto::WorkerOp& op : list) {
+          if (!op.has_execute()) continue;
+          EXPECT_EQ(op.execute().relay(), relay);
+          EXPECT_EQ(op.execute().relay_first_shard(), relay && first_shard);
+          ++executes;
+        }
+      }
+      EXPECT_GT(executes, 0);
+    }
     proto::Call call = BCall(B(5));
     call.set_relay(relay);
     WorkerOps ops;

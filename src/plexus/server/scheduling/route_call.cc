@@ -513,6 +513,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
   route_shared_.set_num_shards(n);
   route_shared_.set_client_id(client_id);
   route_shared_.set_relay(call.relay());
+  route_shared_.set_relay_first_shard(call.relay() && call.relay_first_shard());
   *route_shared_.mutable_output_ids() = call.output_ids();
   if (prog.collective) {
     // New each time the call is routed: a run after a restart or a loss
