@@ -24,6 +24,12 @@ an order that alternates between rounds), the median microseconds of:
     fetch of its small result, from the Python client;
   - plexus-jit: the same with a plexus.jit program (`x * 1.0`, compiled
     by XLA's CPU plugin on the worker), the round trip a JAX user makes;
+  - plexus-wait: `prog(x).block_until_ready()`, the round trip of JAX's
+    own idiom (a wait, no value read);
+  With --hosts H (default 1) those three run on a cluster of H hosts of
+  one device each, on a slice spanning them: x is replicated, so a fetch
+  reads device 0's copy and a wait confirms every host's (the CPU and
+  context switches below are host 0's worker's);
   - plexus-cpp: the C++ client's op-by-op call + wait on its own embedded
     cluster (`plexus-bench-dispatch --op-by-op-only --hosts-list 1`, one
     process per round; its own 64 B TCP ping-pong is reported beside it as
@@ -338,6 +344,9 @@ def main():
     ap.add_argument("--no-ray", action="store_true")
     ap.add_argument("--no-cpp", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--hosts", type=int, default=1,
+                    help="hosts (one device each) of the Plexus measures' "
+                         "slice, over which x is replicated")
     ap.add_argument("--breakdown", type=int, default=0, metavar="CALLS",
                     help="only attribute the Python round trip's time to "
                          "its hops, from the timeline of CALLS calls")
@@ -362,13 +371,15 @@ def main():
         "ring-unix": Ring(),
     }
     onces = {k: v.once for k, v in measures.items()}
-    cluster = plexus.local(hosts=1, devices_per_host=1)
+    cluster = plexus.local(hosts=args.hosts, devices_per_host=1)
     client = cluster.connect(name="bench-roundtrip")
-    s = client.slice(1)
-    x = s.put(np.ones(4, np.float32))
+    s = client.slice(args.hosts,
+                     hosts=[f"host{h}" for h in range(args.hosts)])
+    x = s.put(np.ones(4, np.float32))  # replicated
     prog = s.program("scale", x, factor=1.0)
     assert np.asarray(prog(x)).tolist() == [1.0] * 4
     onces["plexus-python"] = lambda: np.asarray(prog(x))
+    onces["plexus-wait"] = lambda: prog(x).block_until_ready()
     jitted = plexus.jit(lambda a: a * 1.0, slice=s)
     assert np.asarray(jitted(x)).tolist() == [1.0] * 4
     onces["plexus-jit"] = lambda: np.asarray(jitted(x))

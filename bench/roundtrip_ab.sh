@@ -13,7 +13,9 @@
 # process spent per Python round trip. Raw JSON stays in $AB_DIR (default a
 # fresh temporary folder). $BEFORE_ENV and $AFTER_ENV, if set, are
 # environment assignments for that side's runs (one tree against itself
-# with a switch: BEFORE_ENV=PLEXUS_RELAY_ANSWERS=0).
+# with a switch: BEFORE_ENV=PLEXUS_RELAY_ANSWERS=0). $ROUNDTRIP_ARGS, if
+# set, goes to every run of roundtrip.py (ROUNDTRIP_ARGS="--hosts 2
+# --no-cpp": the replicated round trip over two hosts).
 set -euo pipefail
 # shellcheck source=bench/abba.sh
 source "$(dirname "$(realpath "$0")")/abba.sh"
@@ -31,8 +33,11 @@ run() {  # which round
   local -a extra
   read -r -a extra <<<"$([[ $which == before ]] && echo "${BEFORE_ENV:-}" ||
     echo "${AFTER_ENV:-}")"
+  local -a args
+  read -r -a args <<<"${ROUNDTRIP_ARGS:-}"
   ab_run "$which" "$round" env "${extra[@]}" PYTHONPATH="$tree/python" \
     PLEXUS_BIN_DIR="$tree/build/bin" python3 "$here/roundtrip.py" --no-ray \
+    "${args[@]}" \
     --rounds 1 --iters "$iters" --json "$dir/$which.$round.json"
 }
 abba "$rounds" before after
@@ -46,7 +51,7 @@ def micros(w, r, m):
 print("\n| measure | before: median us | after: median us | after/before (median of rounds) |")
 print("|---|---|---|---|")
 for m in ("pingpong-unix", "ring-unix", "plexus-python", "plexus-jit",
-          "plexus-cpp"):
+          "plexus-wait", "plexus-cpp"):
     if any(m not in run["measures"] for w in runs for run in runs[w]):
         continue  # a tree whose bench did not measure it
     b = [micros("before", r, m) for r in range(rounds)]

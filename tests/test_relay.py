@@ -104,6 +104,60 @@ def test_a_replicated_value_is_relayed_once(cluster, hosts):
     client.close()
 
 
+@pytest.mark.parametrize("hosts", [1, 2])
+def test_a_wait_reads_the_relay_links(cluster, hosts):
+    # plexus.wait / block_until_ready (the JAX idiom: f(x).block_until_ready())
+    # of a relayed call's outputs reads their answers on the links, as a
+    # fetch does, and the values stay there for the fetch that may follow;
+    # a wait answered by a worker opens its link. Before, a wait asked every
+    # worker and opened no link: a loop of waits alone was never relayed,
+    # and one after a fetch left every answer unread on the link.
+    rounds = 20
+    client = connect(cluster, True)
+    s = client.slice(2 * hosts, hosts=[f"host{h}" for h in range(hosts)])
+    x = s.put(np.arange(8 * hosts, dtype=np.float32), sharding=("split", 0))
+    scale = s.program("scale", x, factor=2.0)
+    shut_before = worker_stat(cluster, "relay_links_shut")
+    y = x
+    for _ in range(rounds):
+        y = scale(y)
+        y.block_until_ready()
+    shards = 2 * hosts
+    c = client.counters()
+    assert (c["relay_links_opened"], c["answers_relayed"]) == (
+        hosts, (rounds - 1) * shards)
+    np.testing.assert_array_equal(
+        np.asarray(y), np.arange(8 * hosts, dtype=np.float32) * 2.0 ** rounds)
+    assert client.counters()["answers_relayed"] == rounds * shards
+    assert worker_stat(cluster, "relay_links_shut") == shut_before
+    client.close()
+
+
+def test_a_relayed_wait_that_times_out_keeps_the_link(cluster):
+    # A wait with a timeout on a relayed call still running says which host
+    # did not confirm it by then, and leaves the link for the answer still
+    # due: the next wait reads it there, no link opened again.
+    client = connect(cluster, True)
+    s = client.slice(1)
+    x = s.put(np.ones(4, np.float32))
+    # A second of work: far past the wait's 10 ms, on any machine's load.
+    busy = s.program("busy_wait", x, micros=1_000_000)
+    scale = s.program("scale", x, factor=1.0)
+    np.testing.assert_array_equal(np.asarray(scale(x)), 1.0)  # opens it
+    y = busy(x)  # relayed
+    with pytest.raises(plexus.DeadlineExceededError,
+                       match=r"1 of 1 futures not ready by the deadline "
+                             r"\(not confirmed ready by host host\d"):
+        plexus.wait(y, timeout=0.01)
+    relayed = client.counters()["answers_relayed"]
+    plexus.wait(y)
+    np.testing.assert_array_equal(np.asarray(y), 1.0)
+    c = client.counters()
+    assert c["relay_links_opened"] == 1
+    assert c["answers_relayed"] == relayed + 2  # the wait's, the fetch's
+    client.close()
+
+
 def test_a_relayed_calls_failure_keeps_its_message(cluster):
     # A program that fails on the worker: its error comes on the link, code
     # and message as a fetch would have them; the next round trip is

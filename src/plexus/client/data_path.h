@@ -162,9 +162,15 @@ class DataPath : public SessionObserver {
   // relayed, another thread reads the link, the worker skipped it, the
   // link ended, or no answer came within kRelayWait): fetch it then.
   // `keep`: a value read stays with the link for the next reader (a
-  // wait's, which a fetch follows).
+  // wait's, which a fetch follows). `deadline`: the caller's own
+  // (WaitMany's); where it passes first, nullopt with `*timed_out` set,
+  // the link kept for the answer still due.
   std::optional<absl::StatusOr<std::shared_ptr<Storage>>> AwaitRelayed(
-      int64_t worker, const ShardKey& key, bool keep);
+      int64_t worker, const ShardKey& key, bool keep,
+      absl::Time deadline = absl::InfiniteFuture(), bool* timed_out = nullptr);
+  // Whether `key` is a relayed call's output shard whose answer comes on
+  // a link (a fetch or wait reads it there: AwaitRelayed).
+  bool IsRelayed(const ShardKey& key) const;
   // A fetch read (or gave up on) buffer `id`: no later read waits for its
   // relayed answers.
   void ForgetRelayed(uint64_t id);
@@ -173,6 +179,8 @@ class DataPath : public SessionObserver {
   // session; a worker that refuses or is slow to answer is not asked
   // again in this session).
   void MaybeLink(const proto::SliceDevice& device, uint64_t epoch);
+  bool IsRelayedLocked(const ShardKey& key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct RelayLink;
   // Shuts down and forgets the links (of `worker` only, if not -1).
   void DropLinksLocked(int64_t worker = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

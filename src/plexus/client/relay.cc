@@ -82,16 +82,24 @@ DataPath::Relay DataPath::RelayCall(const proto::SliceInfo& slice,
   return relay;
 }
 
+bool DataPath::IsRelayedLocked(const ShardKey& key) const {
+  auto relayed = relayed_.find(key.buffer_id);
+  // Not relayed, or not this shard (a replica a fetch does not read).
+  return relayed != relayed_.end() && !(relayed->second && key.shard != 0);
+}
+
+bool DataPath::IsRelayed(const ShardKey& key) const {
+  absl::MutexLock lock(&mu_);
+  return IsRelayedLocked(key);
+}
+
 std::optional<absl::StatusOr<std::shared_ptr<Storage>>> DataPath::AwaitRelayed(
-    int64_t worker, const ShardKey& key, bool keep) {
+    int64_t worker, const ShardKey& key, bool keep, absl::Time deadline,
+    bool* timed_out) {
   std::shared_ptr<RelayLink> link;
   {
     absl::MutexLock lock(&mu_);
-    auto relayed = relayed_.find(key.buffer_id);
-    // Not relayed, or not this shard (a replica a fetch does not read).
-    if (relayed == relayed_.end() || (relayed->second && key.shard != 0)) {
-      return std::nullopt;
-    }
+    if (!IsRelayedLocked(key)) return std::nullopt;
     auto it = links_.find(worker);
     if (it == links_.end()) return std::nullopt;
     link = it->second;
@@ -113,10 +121,18 @@ std::optional<absl::StatusOr<std::shared_ptr<Storage>>> DataPath::AwaitRelayed(
   // Answers pushed out of the stash unread: their buffers are fetched.
   std::vector<uint64_t> evicted;
   // On the connection's clock (Checkout's connections keep the real one).
-  const absl::Time deadline = Clock::Real()->Now() + kRelayWait;
+  const absl::Time backstop = Clock::Real()->Now() + kRelayWait;
+  const bool callers = deadline < backstop;
   while (!found) {
     absl::StatusOr<transport::DataPlaneConnection::Relayed> got =
-        link->conn->ReadRelayed(deadline);
+        link->conn->ReadRelayed(callers ? deadline : backstop);
+    if (callers && absl::IsDeadlineExceeded(got.status()) &&
+        link->conn->healthy()) {
+      // The caller's time is up, not the link's: its answer is still due.
+      link->mu.Unlock();
+      if (timed_out != nullptr) *timed_out = true;
+      return std::nullopt;
+    }
     if (!got.ok()) {
       // Ended (its worker, the session, a worker that shut it) or silent:
       // the fetch asks the worker, which still answers.
