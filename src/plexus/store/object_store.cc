@@ -22,7 +22,7 @@ ObjectStore::Entry& ObjectStore::GetOrCreateLocked(const BufferKey& key) {
     auto& shards = shards_[key.buffer_id];
     shards.push_back(key.shard);
     SignalKeyLocked(key, KeyEvent::kDeclared);
-    if (!released_.empty()) released_.erase(key.buffer_id);
+    released_.Forget(key.buffer_id);
   }
   return it->second;
 }
@@ -255,8 +255,7 @@ std::vector<ObjectStore::KeptShard> ObjectStore::KeepReady() {
   std::vector<KeptShard> kept;
   absl::MutexLock lock(&mu_);
   // The next server routes again, under the same ids, what it needs.
-  released_.clear();
-  released_order_.clear();
+  released_.Clear();
   std::vector<BufferKey> drop;
   for (auto& [key, e] : entries_) {
     if (e.state == Entry::State::kReady &&
@@ -281,8 +280,7 @@ std::vector<ObjectStore::KeptShard> ObjectStore::KeepReady() {
 
 void ObjectStore::DropAll() {
   absl::MutexLock lock(&mu_);
-  released_.clear();  // the next server's clients may be given these ids
-  released_order_.clear();
+  released_.Clear();  // the next server's clients may be given these ids
   std::vector<BufferKey> drop;
   for (const auto& [key, e] : entries_) {
     if (e.state != Entry::State::kPending) drop.push_back(key);
@@ -324,13 +322,7 @@ void ObjectStore::ReleaseLocked(uint64_t buffer_id, Completions& done,
     rejected_.erase(buffer_id);
     auto sit = shards_.find(buffer_id);
     if (sit == shards_.end()) return;
-    if (released_.insert(buffer_id).second) {
-      released_order_.push_back(buffer_id);
-      if (released_order_.size() > kReleasedRemembered) {
-        released_.erase(released_order_.front());
-        released_order_.pop_front();
-      }
-    }
+    released_.Add(buffer_id);
     const ShardList shards = sit->second;
     for (int32_t s : shards) {
       BufferKey key{buffer_id, s};

@@ -52,6 +52,7 @@
 #include "plexus/common/clock.h"
 #include "plexus/common/ids.h"
 #include "plexus/common/types.h"
+#include "plexus/store/remembered_ids.h"
 #include "plexus/store/storage.h"
 
 namespace plexus {
@@ -497,12 +498,11 @@ class ObjectStore {
   absl::flat_hash_set<uint64_t> departed_ ABSL_GUARDED_BY(mu_);
   uint64_t temporary_floor_ ABSL_GUARDED_BY(mu_) = 0;  // SetTemporaryFloor
   // Buffers released here whose entries are gone, the last
-  // kReleasedRemembered of them (oldest first in the deque): a read of one
-  // ends at once (ReleasedOnWorkerError) instead of waiting for a
-  // declaration. A declaration takes the id back out.
+  // kReleasedRemembered of them: a read of one ends at once
+  // (ReleasedOnWorkerError) instead of waiting for a declaration. A
+  // declaration takes the id back out.
   static constexpr size_t kReleasedRemembered = 65536;
-  absl::flat_hash_set<uint64_t> released_ ABSL_GUARDED_BY(mu_);
-  std::deque<uint64_t> released_order_ ABSL_GUARDED_BY(mu_);
+  RememberedIds released_ ABSL_GUARDED_BY(mu_){kReleasedRemembered};
   // Workers declared down (FailFromSource), and why.
   absl::flat_hash_map<int64_t, absl::Status> down_sources_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -20,7 +20,7 @@ absl::Status ObjectStore::UnknownKeyEndLocked(const BufferKey& key,
         absl::StrCat(KeyString(key), " belongs to client ",
                      ClientOfBuffer(key.buffer_id), ", which has left"));
   }
-  if (read && released_.contains(key.buffer_id) && !entries_.contains(key)) {
+  if (read && released_.Contains(key.buffer_id) && !entries_.contains(key)) {
     return ReleasedOnWorkerError(KeyString(key));
   }
   if (temporary_floor_ > 0 &&
