@@ -25,6 +25,7 @@
 //
 //   plexus-bench-dispatch [--hosts-list 1,2] [--repeats 5] [--calls 2048]
 //                         [--json FILE] [--timeline on|off]
+//                         [--modes chained,op-by-op,...]
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -60,6 +62,8 @@ struct Flags {
   int graph_size = 128;
   std::string json_path;
   std::string log_level = "warn";
+  // The modes to measure (--modes); empty: every one.
+  std::vector<std::string> modes;
   // --journal on: the server writes its journal (a fresh file per cluster,
   // in a temporary folder), to measure what journaling costs
   // (bench/timeline_ab.sh with AB_FLAG=--journal).
@@ -324,10 +328,16 @@ absl::StatusOr<double> GraphsOnce(Setup& s, int graphs, int graph_size,
   return NowSeconds() - start;
 }
 
-// With `op_by_op_only`, measures op-by-op calls and nothing else.
+// Whether `flags` asks for `mode` (every mode when --modes is not given).
+bool Wanted(const Flags& flags, const std::string& mode) {
+  return flags.modes.empty() ||
+         std::find(flags.modes.begin(), flags.modes.end(), mode) !=
+             flags.modes.end();
+}
+
+// Measures the modes `flags` asks for on a cluster of `hosts`.
 absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
-                                                        const Flags& flags,
-                                                        bool op_by_op_only) {
+                                                        const Flags& flags) {
   auto setup = MakeSetup(hosts, flags);
   if (!setup.ok()) return setup.status();
   Setup& s = *setup;
@@ -344,11 +354,12 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
   // Op-by-op pays a full round trip per call; a quarter of the calls keeps
   // its time near that of the batched modes.
   const int op_calls = std::max(16, flags.calls / 4);
-  auto op =
-      Measure(flags.repeats, op_calls, [&] { return OpByOpOnce(s, op_calls); });
-  if (!op.ok()) return op.status();
-  report({"op-by-op", hosts, op_calls, *op});
-  if (op_by_op_only) return results;
+  if (Wanted(flags, "op-by-op")) {
+    auto op = Measure(flags.repeats, op_calls,
+                      [&] { return OpByOpOnce(s, op_calls); });
+    if (!op.ok()) return op.status();
+    report({"op-by-op", hosts, op_calls, *op});
+  }
 
   const int graphs = std::max(1, flags.calls / flags.graph_size);
   const int graph_calls = graphs * flags.graph_size;
@@ -360,6 +371,7 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
   for (const Mode& mode :
        {Mode{"chained", true, false}, Mode{"independent", false, false},
         Mode{"chained-wait", true, true}}) {
+    if (!Wanted(flags, mode.name)) continue;
     auto m = Measure(flags.repeats, graph_calls, [&] {
       return GraphsOnce(s, graphs, flags.graph_size, mode.chained,
                         mode.wait_each);
@@ -389,10 +401,12 @@ absl::StatusOr<std::vector<DispatchResult>> RunDispatch(int hosts,
     }
     report(r);
   }
-  auto fused =
-      Measure(flags.repeats, graph_calls, [&] { return FusedOnce(s, graphs); });
-  if (!fused.ok()) return fused.status();
-  report({"fused", hosts, graph_calls, *fused});
+  if (Wanted(flags, "fused")) {
+    auto fused = Measure(flags.repeats, graph_calls,
+                         [&] { return FusedOnce(s, graphs); });
+    if (!fused.ok()) return fused.status();
+    report({"fused", hosts, graph_calls, *fused});
+  }
   return results;
 }
 
@@ -456,6 +470,12 @@ int Main(int argc, char** argv) {
   app.add_flag("--op-by-op-only", op_by_op_only,
                "measure op-by-op calls only (and a short ping-pong): the "
                "C++ client's blocking round trip, for bench/roundtrip.py");
+  app.add_option("--modes", flags.modes,
+                 "measure only these modes (default: all), e.g. chained to "
+                 "profile the server's cost per chained call alone")
+      ->delimiter(',')
+      ->check(CLI::IsMember(
+          {"op-by-op", "chained", "independent", "chained-wait", "fused"}));
   std::string timeline = "on";
   app.add_option("--timeline", timeline,
                  "on (the default of every server and worker): the timeline "
@@ -471,6 +491,7 @@ int Main(int argc, char** argv) {
       ->check(CLI::IsMember({"on", "off"}));
   CLI11_PARSE(app, argc, argv);
   flags.journal = journal == "on";
+  if (op_by_op_only) flags.modes = {"op-by-op"};
   signal(SIGPIPE, SIG_IGN);
   // The server and its workers read it as they start.
   if (timeline == "off") setenv("PLEXUS_TIMELINE_EVENTS", "0", 1);
@@ -502,7 +523,7 @@ int Main(int argc, char** argv) {
 
   std::vector<DispatchResult> dispatch;
   for (int hosts : flags.hosts_list) {
-    auto r = RunDispatch(hosts, flags, op_by_op_only);
+    auto r = RunDispatch(hosts, flags);
     if (!r.ok()) {
       std::fprintf(stderr, "dispatch, %d hosts: %s\n", hosts,
                    r.status().ToString().c_str());
