@@ -49,7 +49,7 @@ void Admission::AddWorker(int64_t worker, int devices) {
 void Admission::RemoveWorker(int64_t worker) {
   std::vector<uint64_t> tickets;
   in_flight_.ForEach([&](uint64_t ticket, const InFlight& f) {
-    if (std::binary_search(f.workers.begin(), f.workers.end(), worker)) {
+    if (std::binary_search(f.workers->begin(), f.workers->end(), worker)) {
       tickets.push_back(ticket);
     }
   });
@@ -113,9 +113,9 @@ void Admission::EndEverywhere(uint64_t ticket) {
   f->cut_short = true;
   // The last EndOn erases the entry: the workers left are counted first.
   for (size_t i = 0, left = f->remaining; left > 0; ++i) {
-    if (f->ended[i]) continue;
+    if (f->Ended(i)) continue;
     --left;
-    EndOn(ticket, *f, f->workers[i]);
+    EndOn(ticket, *f, (*f->workers)[i]);
   }
 }
 
@@ -278,7 +278,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
       if (unit_out->executes != nullptr) {
         unit_out->executes->Stamp(ticket, c.pass);  // once for every host
       }
-      f.workers.reserve(unit_out->exec_workers.size());
+      unit_workers_.clear();
       for (size_t k = 0; k < unit_out->exec_workers.size(); ++k) {
         const int64_t w = unit_out->exec_workers[k];
         Window* window = unit_windows_[k];
@@ -293,7 +293,7 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
           load->micros += cost;
         }
         if (!was_past_half && PastHalf(*window)) windows_past_half_++;
-        f.workers.push_back(w);
+        unit_workers_.push_back(w);
         if (unit_out->executes != nullptr) continue;
         for (proto::WorkerOp& op : unit_out->ops[w]) {
           if (op.has_execute()) {
@@ -303,12 +303,13 @@ bool Admission::Next(uint64_t* client_out, AdmissionUnit* unit_out) {
         }
       }
       // (A slice lists its hosts in order, most often already sorted.)
-      if (!std::is_sorted(f.workers.begin(), f.workers.end())) {
-        std::sort(f.workers.begin(), f.workers.end());
+      if (!std::is_sorted(unit_workers_.begin(), unit_workers_.end())) {
+        std::sort(unit_workers_.begin(), unit_workers_.end());
       }
-      f.ended.assign(f.workers.size(), false);
-      f.remaining = static_cast<int>(f.workers.size());
-      if (f.workers.empty()) {
+      f.workers = worker_lists_.Share(unit_workers_);
+      f.ended.assign((unit_workers_.size() + 63) / 64, 0);
+      f.remaining = static_cast<int>(unit_workers_.size());
+      if (unit_workers_.empty()) {
         in_flight_.Erase(ticket);
         c.view.in_flight--;
       } else {
@@ -337,8 +338,8 @@ void Admission::EndOn(uint64_t ticket, InFlight& f, int64_t worker) {
 void Admission::EndOn(uint64_t ticket, InFlight& f, int64_t worker,
                       Window* window) {
   // (Once per host per call: the vectors' storage is read once.)
-  const int64_t* workers = f.workers.data();
-  const size_t n = f.workers.size();
+  const int64_t* workers = f.workers->data();
+  const size_t n = f.workers->size();
   size_t i = window != nullptr ? window->last_index : n;
   if (i >= n || workers[i] != worker) {
     const int64_t* w = std::lower_bound(workers, workers + n, worker);
@@ -346,9 +347,10 @@ void Admission::EndOn(uint64_t ticket, InFlight& f, int64_t worker,
     i = static_cast<size_t>(w - workers);
     if (window != nullptr) window->last_index = i;
   }
-  bool& ended = f.ended.data()[i];
-  if (ended) return;
-  ended = true;
+  uint64_t& ended = f.ended.data()[i / 64];
+  const uint64_t bit = uint64_t{1} << (i % 64);
+  if ((ended & bit) != 0) return;
+  ended |= bit;
   f.remaining--;
   if (window != nullptr) {
     Load& total = window->total;
@@ -439,8 +441,8 @@ Admission::WorkersNotDone() const {
   in_flight_.ForEach([&](uint64_t, const InFlight& f) {
     if (f.call_seq == 0) return;
     absl::InlinedVector<int64_t, 4>& left = out[f.call_seq];
-    for (size_t i = 0; i < f.workers.size(); ++i) {
-      if (!f.ended[i]) left.push_back(f.workers[i]);
+    for (size_t i = 0; i < f.workers->size(); ++i) {
+      if (!f.Ended(i)) left.push_back((*f.workers)[i]);
     }
   });
   return out;

@@ -65,6 +65,7 @@
 #include "plexus/proto/plexus.pb.h"
 #include "plexus/server/model/cluster_state.h"
 #include "plexus/server/scheduling/ticket_table.h"
+#include "plexus/server/scheduling/worker_lists.h"
 
 namespace plexus {
 
@@ -227,10 +228,13 @@ class Admission {
     uint64_t program_id = 0;
     double start_tag = 0;
     double cost = 0;  // estimate charged on each of `workers`
-    // Its workers, sorted, and which have reported it done (or gone): a
-    // report finds its worker by binary search, not by a scan of them all.
-    absl::InlinedVector<int64_t, 4> workers;
-    absl::InlinedVector<bool, 4> ended;
+    // Its workers, sorted (shared by the calls over the same hosts:
+    // WorkerLists), and which have reported it done (or gone), a bit per
+    // worker (one word inline up to 64): a report finds its worker by
+    // binary search, not by a scan of them all, in a list in cache.
+    WorkerLists::List workers;
+    absl::InlinedVector<uint64_t, 1> ended;
+    bool Ended(size_t i) const { return (ended[i / 64] >> (i % 64)) & 1; }
     int remaining = 0;  // workers not ended
     uint64_t call_seq = 0;
     bool cut_short = false;  // a worker or the client went
@@ -289,6 +293,8 @@ class Admission {
   // Next's scratch: the windows of the unit it looks at, found once for
   // its room and its admission (null: that worker is gone).
   std::vector<Window*> unit_windows_;
+  std::vector<int64_t> unit_workers_;  // (scratch of Next: no allocation)
+  WorkerLists worker_lists_;
   uint64_t next_ticket_ = 1;
   uint64_t next_arrival_ = 1;
   std::vector<std::pair<uint64_t, bool>> done_calls_;

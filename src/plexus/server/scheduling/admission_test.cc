@@ -527,40 +527,52 @@ TEST(AdmissionTest, UnitsHeldForALossStayOutOfTheWayUntilTaken) {
 
 // A call over `workers` in wire form (its Executes encoded once).
 AdmissionUnit WireCall(uint64_t program, uint64_t output,
-                       const std::vector<int64_t>& workers) {
+                       const std::vector<int64_t>& workers,
+                       uint64_t call_seq = 7) {
   proto::Execute shared;
   shared.set_program_id(program);
   shared.add_output_ids(output);
   auto executes = std::make_shared<CallExecutes>(shared);
   proto::ShardTask task;
   for (int64_t w : workers) executes->AddHost(w, {&task});
-  return MakeAdmissionUnit({}, /*call_seq=*/7, std::move(executes));
+  return MakeAdmissionUnit({}, call_seq, std::move(executes));
 }
 
+// Over 70 workers (more than a word of done bits), with a second call over
+// the same workers (which shares the first's worker list) ending apart.
 TEST(AdmissionTest, AWideCallEndsWithItsLastWorkersReportInAnyOrder) {
   Admission a;
   a.AddClient(1, 1, 100);
   std::vector<int64_t> workers;
-  for (int64_t w = 40; w >= 1; --w) workers.push_back(w);  // not sorted
+  for (int64_t w = 70; w >= 1; --w) workers.push_back(w);  // not sorted
   for (int64_t w : workers) a.AddWorker(w, 1);
-  a.Enqueue(1, WireCall(5, 99, workers));
+  a.Enqueue(1, WireCall(5, 99, workers, /*call_seq=*/5));
+  a.Enqueue(1, WireCall(5, 100, workers, /*call_seq=*/6));
   std::vector<Admitted> admitted = Drain(a);
-  ASSERT_EQ(admitted.size(), 1u);
+  ASSERT_EQ(admitted.size(), 2u);
   // One ticket for the call, stamped once for every host.
   const CallExecutes& executes = *admitted[0].unit.executes;
   const uint64_t ticket = executes.ticket();
   ASSERT_NE(ticket, 0u);
   EXPECT_EQ(executes.Execute(0).ticket(), ticket);
-  EXPECT_EQ(executes.Execute(39).ticket(), ticket);
-  for (int64_t w = 1; w <= 39; ++w) {
+  EXPECT_EQ(executes.Execute(69).ticket(), ticket);
+  const uint64_t second = admitted[1].unit.executes->ticket();
+  for (int64_t w = 1; w <= 69; ++w) {
     a.Completed(w, Done(1, ticket, 10));
     a.Completed(w, Done(1, ticket, 10));  // told twice: counted once
   }
+  a.Completed(70, Done(1, second, 10));
   EXPECT_FALSE(a.has_done_calls());
-  EXPECT_EQ(a.WorkersNotDone().at(7), (absl::InlinedVector<int64_t, 4>{40}));
-  a.Completed(40, Done(1, ticket, 10));
+  using NotDone = absl::InlinedVector<int64_t, 4>;
+  EXPECT_EQ(a.WorkersNotDone().at(5), (NotDone{70}));
+  EXPECT_EQ(a.WorkersNotDone().at(6).size(), 69u);
+  a.Completed(70, Done(1, ticket, 10));
   EXPECT_EQ(a.TakeDoneCalls(),
-            (std::vector<std::pair<uint64_t, bool>>{{7, false}}));
+            (std::vector<std::pair<uint64_t, bool>>{{5, false}}));
+  EXPECT_EQ(a.Find(1)->in_flight, 1);
+  for (int64_t w = 1; w <= 69; ++w) a.Completed(w, Done(1, second, 10));
+  EXPECT_EQ(a.TakeDoneCalls(),
+            (std::vector<std::pair<uint64_t, bool>>{{6, false}}));
   EXPECT_EQ(a.Find(1)->in_flight, 0);
 }
 
