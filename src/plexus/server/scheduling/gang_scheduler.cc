@@ -74,6 +74,9 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
     if (slot.staged.empty()) touched_.push_back(static_cast<size_t>(worker));
     return &slot.staged;
   };
+  // The batch's calls' wire Executes, kept alive by one reference per
+  // worker's push, not one per host of each call (OutOp::keep).
+  std::shared_ptr<const void> keep = KeepExecutes(units);
   for (GangUnit& unit : units) {
     for (auto& [worker, list] : unit.ops) {
       if (list.empty()) continue;
@@ -89,12 +92,13 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
     if (unit.executes == nullptr) continue;
     for (int h = 0; h < unit.executes->hosts(); ++h) {
       if (std::vector<OutOp>* out = stage(unit.executes->worker(h))) {
-        out->emplace_back(unit.executes, h);
+        out->emplace_back(unit.executes.get(), h);
       }
     }
   }
   for (size_t at : touched_) {
     Slot& slot = slots_[at];
+    HoldIn(slot.staged, keep);
     slot.queue->PushAll(slot.staged);
     slot.staged.clear();
   }
@@ -102,7 +106,30 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
   return epoch;
 }
 
+std::shared_ptr<const void> GangScheduler::KeepExecutes(
+    const std::vector<GangUnit>& units) {
+  auto keep = std::make_shared<std::vector<std::shared_ptr<const void>>>();
+  for (const GangUnit& unit : units) {
+    if (unit.executes != nullptr) keep->push_back(unit.executes);
+  }
+  if (keep->empty()) return nullptr;
+  return keep;
+}
+
+void GangScheduler::HoldIn(std::vector<OutOp>& ops,
+                           const std::shared_ptr<const void>& keep) {
+  if (keep == nullptr) return;
+  // (An op of its own, a shared encoded one, keeps its own reference.)
+  for (OutOp& op : ops) {
+    if (op.keep == nullptr) {
+      op.keep = keep;
+      return;
+    }
+  }
+}
+
 void GangScheduler::SubmitInconsistentLocked(std::vector<GangUnit>& units) {
+  std::shared_ptr<const void> keep = KeepExecutes(units);
   std::vector<OutOp> ops;
   for (auto& [worker, queue] : queues_) {
     const bool reverse = worker % 2 == 1;
@@ -120,10 +147,12 @@ void GangScheduler::SubmitInconsistentLocked(std::vector<GangUnit>& units) {
       if (unit.executes == nullptr) continue;
       for (int h = 0; h < unit.executes->hosts(); ++h) {
         if (unit.executes->worker(h) == worker)
-          ops.emplace_back(unit.executes, h);
+          ops.emplace_back(unit.executes.get(), h);
       }
     }
-    if (!ops.empty()) queue->PushAll(ops);
+    if (ops.empty()) continue;
+    HoldIn(ops, keep);
+    queue->PushAll(ops);
   }
 }
 

@@ -88,6 +88,14 @@ class GangScheduler {
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   // The workers the batch touched (their slots' index).
   std::vector<size_t> touched_ ABSL_GUARDED_BY(mu_);
+  // One reference to every wire Execute of `units` (null: none), which
+  // the first op of each worker's push holds (OutOp::keep).
+  static std::shared_ptr<const void> KeepExecutes(
+      const std::vector<GangUnit>& units);
+  // `keep` held by one op of a worker's push: the first with no reference
+  // of its own, which every call's op of the batch is (nothing if none).
+  static void HoldIn(std::vector<OutOp>& ops,
+                     const std::shared_ptr<const void>& keep);
   // The test-only order without consistency (Options::consistent_order).
   void SubmitInconsistentLocked(std::vector<GangUnit>& units)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,6 +1,7 @@
 #include "plexus/server/scheduling/gang_scheduler.h"
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace plexus {
@@ -124,6 +125,42 @@ TEST(GangSchedulerTest, AnOpEncodedForSeveralWorkersKeepsItsPlaceInTheUnit) {
   EXPECT_EQ(a.WaitFor(4), (std::vector<uint64_t>{10, 1011, 2007, 11}));
   EXPECT_EQ(b.WaitFor(3), (std::vector<uint64_t>{10, 2007, 11}));
   EXPECT_EQ(c.WaitFor(3), (std::vector<uint64_t>{11, 1012, 12}));
+}
+
+// A call's wire Executes live while a worker's queue still holds its op,
+// after the batch that brought them is gone, and no longer once every
+// queue has written it: each worker's push holds one reference for the
+// batch (OutOp::keep), not one per host.
+TEST(GangSchedulerTest, AWireCallLivesUntilEveryQueueWroteIt) {
+  GangScheduler scheduler({});
+  absl::Notification go;
+  auto gated = [&go](std::vector<OutOp>& ops) {
+    go.WaitForNotification();
+    for (const OutOp& op : ops) {
+      // Read after the batch was dropped: ASan's use-after-free if nothing
+      // kept it.
+      if (op.call != nullptr)
+        EXPECT_EQ(op.call->Execute(op.host).call_id(), 10u);
+    }
+    return true;
+  };
+  auto a = std::make_shared<WorkerQueue>(gated);
+  auto b = std::make_shared<WorkerQueue>(gated);
+  scheduler.AddWorker(1, a);
+  scheduler.AddWorker(2, b);
+  std::vector<GangUnit> batch;
+  batch.push_back(WireCall(10, {1, 2}));
+  batch.push_back(WireCall(10, {2}));
+  std::weak_ptr<const CallExecutes> first = batch[0].executes;
+  std::weak_ptr<const CallExecutes> second = batch[1].executes;
+  scheduler.Submit(std::move(batch));
+  EXPECT_FALSE(first.expired());
+  EXPECT_FALSE(second.expired());
+  go.Notify();
+  scheduler.RemoveWorker(1)->Stop();  // written, and its writer gone
+  scheduler.RemoveWorker(2)->Stop();
+  EXPECT_TRUE(first.expired());
+  EXPECT_TRUE(second.expired());
 }
 
 }  // namespace

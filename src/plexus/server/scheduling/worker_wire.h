@@ -152,22 +152,38 @@ struct EncodedOp {
 // encoded once for several workers.
 // Small and cheap to move (it is moved from the gang scheduler's staging
 // to a worker's queue to its writer's batch, per host of every call): a
-// proto op is held by pointer.
+// proto op is held by pointer, a shared one by a plain pointer that
+// `keep` keeps alive.
+//
+// `keep` is this op's own reference to what `call` or `encoded` points
+// to, or (GangScheduler) one reference for every op pushed into a queue
+// with it: an op whose `keep` is null is kept alive by an earlier op of
+// the same push. A queue's ops are only ever taken whole (a writer swaps
+// them all out), so those ops are written, and dropped, together. This
+// way a call over H hosts costs no shared count per host: each host's
+// increment and its writer's decrement, on another CPU, moved the count's
+// cache line for every host of every call (issue 28).
 struct OutOp {
   OutOp() = default;
   // Implicit: a queue takes proto ops as they are.
   OutOp(proto::WorkerOp proto_op)  // NOLINT
       : op(std::make_unique<proto::WorkerOp>(std::move(proto_op))) {}
+  // One host's Execute of `executes`, which this op keeps alive.
   OutOp(std::shared_ptr<const CallExecutes> executes, int host_index)
-      : call(std::move(executes)), host(host_index) {}
+      : call(executes.get()), host(host_index), keep(std::move(executes)) {}
+  // One host's Execute of `executes`, which another op of its push keeps
+  // alive (`keep`, above).
+  OutOp(const CallExecutes* executes, int host_index)
+      : call(executes), host(host_index) {}
   explicit OutOp(std::shared_ptr<const EncodedOp> shared)
-      : encoded(std::move(shared)) {}
+      : encoded(shared.get()), keep(std::move(shared)) {}
 
   std::unique_ptr<proto::WorkerOp>
       op;  // set when `call` and `encoded` are null
-  std::shared_ptr<const CallExecutes> call;
+  const CallExecutes* call = nullptr;
   int host = 0;
-  std::shared_ptr<const EncodedOp> encoded;
+  const EncodedOp* encoded = nullptr;
+  std::shared_ptr<const void> keep;
 };
 
 // `ops`, in order, as elements of ServerToWorker's field `ops`: bytes that
