@@ -74,9 +74,6 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
     if (slot.staged.empty()) touched_.push_back(static_cast<size_t>(worker));
     return &slot.staged;
   };
-  // The batch's calls' wire Executes, kept alive by one reference per
-  // worker's push, not one per host of each call (OutOp::keep).
-  std::shared_ptr<const void> keep = KeepExecutes(units);
   for (GangUnit& unit : units) {
     for (auto& [worker, list] : unit.ops) {
       if (list.empty()) continue;
@@ -96,6 +93,9 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
       }
     }
   }
+  // The batch's calls' wire Executes, kept alive by one reference per
+  // worker's push, not one per host of each call (OutOp::keep).
+  const std::shared_ptr<const void> keep = KeepExecutes(units);
   for (size_t at : touched_) {
     Slot& slot = slots_[at];
     HoldIn(slot.staged, keep);
@@ -107,10 +107,10 @@ uint64_t GangScheduler::Submit(std::vector<GangUnit> units) {
 }
 
 std::shared_ptr<const void> GangScheduler::KeepExecutes(
-    const std::vector<GangUnit>& units) {
+    std::vector<GangUnit>& units) {
   auto keep = std::make_shared<std::vector<std::shared_ptr<const void>>>();
-  for (const GangUnit& unit : units) {
-    if (unit.executes != nullptr) keep->push_back(unit.executes);
+  for (GangUnit& unit : units) {
+    if (unit.executes != nullptr) keep->push_back(std::move(unit.executes));
   }
   if (keep->empty()) return nullptr;
   return keep;
@@ -129,7 +129,6 @@ void GangScheduler::HoldIn(std::vector<OutOp>& ops,
 }
 
 void GangScheduler::SubmitInconsistentLocked(std::vector<GangUnit>& units) {
-  std::shared_ptr<const void> keep = KeepExecutes(units);
   std::vector<OutOp> ops;
   for (auto& [worker, queue] : queues_) {
     const bool reverse = worker % 2 == 1;
@@ -147,12 +146,10 @@ void GangScheduler::SubmitInconsistentLocked(std::vector<GangUnit>& units) {
       if (unit.executes == nullptr) continue;
       for (int h = 0; h < unit.executes->hosts(); ++h) {
         if (unit.executes->worker(h) == worker)
-          ops.emplace_back(unit.executes.get(), h);
+          ops.emplace_back(unit.executes, h);  // (its own reference)
       }
     }
-    if (ops.empty()) continue;
-    HoldIn(ops, keep);
-    queue->PushAll(ops);
+    if (!ops.empty()) queue->PushAll(ops);
   }
 }
 

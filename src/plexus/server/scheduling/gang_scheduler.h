@@ -89,9 +89,8 @@ class GangScheduler {
   // The workers the batch touched (their slots' index).
   std::vector<size_t> touched_ ABSL_GUARDED_BY(mu_);
   // One reference to every wire Execute of `units` (null: none), which
-  // the first op of each worker's push holds (OutOp::keep).
-  static std::shared_ptr<const void> KeepExecutes(
-      const std::vector<GangUnit>& units);
+  // one op of each worker's push holds (OutOp::keep); moved out of them.
+  static std::shared_ptr<const void> KeepExecutes(std::vector<GangUnit>& units);
   // `keep` held by one op of a worker's push: the first with no reference
   // of its own, which every call's op of the batch is (nothing if none).
   static void HoldIn(std::vector<OutOp>& ops,

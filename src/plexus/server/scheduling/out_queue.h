@@ -71,8 +71,13 @@ class OutQueue : public WriterPool::Drainable,
     {
       absl::MutexLock lock(&mu_);
       if (!closed_) {
-        queue_.insert(queue_.end(), std::make_move_iterator(ops.begin()),
-                      std::make_move_iterator(ops.end()));
+        if (queue_.empty()) {
+          // The usual case (the writer took the last): no op is moved.
+          queue_.swap(ops);
+        } else {
+          queue_.insert(queue_.end(), std::make_move_iterator(ops.begin()),
+                        std::make_move_iterator(ops.end()));
+        }
         schedule = ScheduleLocked();
       }
     }

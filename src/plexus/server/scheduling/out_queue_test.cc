@@ -3,7 +3,9 @@
 #include <atomic>
 #include <memory>
 #include <thread>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
@@ -52,6 +54,39 @@ TEST(OutQueueTest, NoWriteAfterStopReturnsWhileAnotherOwnerHoldsTheQueue) {
   client_session.reset();         // the last owner
   EXPECT_EQ(writes, 2);
   EXPECT_EQ(writes_to_dead_stream, 0);
+}
+
+// PushAll onto an empty queue takes the pushed ops' storage whole; onto
+// ops still queued (the writer busy) it appends them: either way the
+// writer gets every op once, in order, and the pusher's vector is empty.
+TEST(OutQueueTest, PushAllKeepsTheOrderWhetherOrNotOpsAreQueued) {
+  absl::Mutex mu;
+  std::vector<int> written;
+  absl::Notification writing, gate;
+  auto queue = std::make_shared<OutQueue<int>>([&](std::vector<int>& ops) {
+    {
+      absl::MutexLock lock(&mu);
+      written.insert(written.end(), ops.begin(), ops.end());
+    }
+    if (!writing.HasBeenNotified()) {
+      writing.Notify();
+      gate.WaitForNotification();  // the next pushes queue behind it
+    }
+    return true;
+  });
+  std::vector<int> ops = {1, 2};
+  queue->PushAll(ops);  // onto an empty queue
+  EXPECT_TRUE(ops.empty());
+  writing.WaitForNotification();
+  ops = {3, 4};
+  queue->PushAll(ops);  // onto an empty queue, the writer busy
+  ops = {5};
+  queue->PushAll(ops);  // onto 3 and 4, still queued
+  EXPECT_TRUE(ops.empty());
+  gate.Notify();
+  queue->Stop();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(written, (std::vector<int>{1, 2, 3, 4, 5}));
 }
 
 TEST(OutQueueTest, StopIsIdempotentAndTheDestructorAfterItIsANoOp) {
