@@ -164,6 +164,7 @@ AdmissionUnit MakeAdmissionUnit(WorkerOps ops, uint64_t call_seq,
                                 std::shared_ptr<CallExecutes> executes) {
   AdmissionUnit unit;
   if (executes != nullptr) {
+    unit.exec_workers.reserve(static_cast<size_t>(executes->hosts()));
     for (int h = 0; h < executes->hosts(); ++h) {
       unit.exec_workers.push_back(executes->worker(h));
     }

@@ -17,9 +17,9 @@ struct RecordingWorker {
       std::make_shared<WorkerQueue>([this](std::vector<OutOp>& ops) {
         absl::MutexLock lock(&mu);
         for (auto& op : ops) {
-          if (op.encoded != nullptr) {
+          if (op.call == nullptr && op.bytes != nullptr) {
             proto::WorkerOp shared;
-            EXPECT_TRUE(shared.ParseFromString(op.encoded->bytes));
+            EXPECT_TRUE(shared.ParseFromString(std::string(op.bytes, op.size)));
             calls.push_back(2000 + shared.release().buffer_ids(0));
           } else if (op.call != nullptr) {
             calls.push_back(op.call->Execute(op.host).call_id());

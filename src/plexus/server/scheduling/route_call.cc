@@ -151,6 +151,7 @@ SliceRecord::RouteCache& HostsOf(const SliceRecord& slice,
   // Each host's tasks, in slice order: a counting sort by host.
   auto layout = std::make_shared<ShardLayoutMap>();
   layout->layout_id = (*next_layout_id)++;
+  for (const auto& [w, shards] : cache.hosts) layout->workers.push_back(w);
   layout->begin.assign(cache.hosts.size() + 1, 0);
   for (int h : cache.host_of) layout->begin[h + 1]++;
   for (size_t h = 1; h < layout->begin.size(); ++h) {
@@ -583,7 +584,7 @@ absl::Status ClusterState::RouteCall(uint64_t client_id,
       }
       hosts.layout_told = true;
     }
-    made->AddOwnShardsLayout(hosts.hosts, hosts.layout, own);
+    made->AddOwnShardsLayout(hosts.layout, own);
   }
   *executes = std::move(made);
   calls_routed_++;

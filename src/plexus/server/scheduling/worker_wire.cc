@@ -264,7 +264,6 @@ proto::ShardLayout ShardLayoutMap::OpFor(int host, uint64_t client_id) const {
 }
 
 void CallExecutes::AddOwnShardsLayout(
-    absl::Span<const std::pair<int64_t, int>> hosts,
     std::shared_ptr<const ShardLayoutMap> layout,
     absl::Span<const OwnShardInput> inputs) {
   // The template: AddOwnShardsHosts's bytes for the one task of device 0
@@ -283,10 +282,6 @@ void CallExecutes::AddOwnShardsLayout(
   Coded::WriteVarint64ToArray(layout->layout_id, p);
   shared_.append(tasks_, at, std::string::npos);
   tasks_.resize(at);
-  for (const auto& [worker, count] : hosts) {
-    hosts_.push_back(
-        {worker, static_cast<uint32_t>(at), static_cast<uint32_t>(at)});
-  }
   layout_ = std::move(layout);
 }
 
@@ -296,7 +291,7 @@ void CallExecutes::Stamp(uint64_t ticket, double start_tag) {
   stamp_bytes_ = (ticket_ != 0 ? 1 + VarintSize(ticket_) : 0) +
                  (start_tag_ != 0 ? 1 + 8 : 0);
   op_bytes_.clear();
-  if (layout_ != nullptr && !hosts_.empty()) {
+  if (layout_ != nullptr && hosts() > 0) {
     // Every host's bytes are the same: written once, here (before the
     // writers share them).
     std::string op(WorkerOpSize(0), '\0');
@@ -306,8 +301,13 @@ void CallExecutes::Stamp(uint64_t ticket, double start_tag) {
 }
 
 size_t CallExecutes::ExecuteSize(int host) const {
+  return shared_.size() + TaskBytes(host).size() + stamp_bytes_;
+}
+
+absl::string_view CallExecutes::TaskBytes(int host) const {
+  if (layout_ != nullptr) return {};  // (every host's tasks: own_task)
   const Host& h = hosts_[host];
-  return shared_.size() + (h.end - h.begin) + stamp_bytes_;
+  return absl::string_view(tasks_).substr(h.begin, h.end - h.begin);
 }
 
 size_t CallExecutes::WorkerOpSize(int host) const {
@@ -321,12 +321,12 @@ uint8_t* CallExecutes::WriteWorkerOp(int host, uint8_t* target) const {
     std::memcpy(target, op_bytes_.data(), op_bytes_.size());
     return target + op_bytes_.size();
   }
-  const Host& h = hosts_[host];
+  const absl::string_view tasks = TaskBytes(host);
   target = WriteHeader(kExecuteTag, ExecuteSize(host), target);
   std::memcpy(target, shared_.data(), shared_.size());
   target += shared_.size();
-  std::memcpy(target, tasks_.data() + h.begin, h.end - h.begin);
-  target += h.end - h.begin;
+  std::memcpy(target, tasks.data(), tasks.size());
+  target += tasks.size();
   if (ticket_ != 0) {
     *target++ = kTicketTag;
     target = Coded::WriteVarint64ToArray(ticket_, target);
@@ -357,9 +357,9 @@ proto::Execute CallExecutes::Execute(int host) const {
 size_t OpsSize(const std::vector<OutOp>& ops) {
   size_t size = 0;
   for (const OutOp& op : ops) {
-    const size_t one = op.encoded != nullptr ? op.encoded->bytes.size()
-                       : op.call == nullptr  ? op.op->ByteSizeLong()
-                                             : op.call->WorkerOpSize(op.host);
+    const size_t one = op.bytes != nullptr  ? op.size
+                       : op.call == nullptr ? op.op->ByteSizeLong()
+                                            : op.call->WorkerOpSize(op.host);
     size += HeaderSize(one) + one;
   }
   return size;
@@ -367,11 +367,10 @@ size_t OpsSize(const std::vector<OutOp>& ops) {
 
 uint8_t* WriteOps(const std::vector<OutOp>& ops, uint8_t* target) {
   for (const OutOp& op : ops) {
-    if (op.encoded != nullptr) {
-      const std::string& bytes = op.encoded->bytes;
-      target = WriteHeader(kOpTag, bytes.size(), target);
-      std::memcpy(target, bytes.data(), bytes.size());
-      target += bytes.size();
+    if (op.bytes != nullptr) {
+      target = WriteHeader(kOpTag, op.size, target);
+      std::memcpy(target, op.bytes, op.size);
+      target += op.size;
     } else if (op.call == nullptr) {
       target = WriteHeader(kOpTag, op.op->GetCachedSize(), target);
       target = op.op->SerializeWithCachedSizesToArray(target);

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "plexus/proto/plexus.pb.h"
 
@@ -55,6 +56,7 @@ struct DeviceShard {
 // per map (SliceRecord::RouteCache), shared by the calls routed on it.
 struct ShardLayoutMap {
   uint64_t layout_id = 0;
+  std::vector<int64_t> workers;  // host h's worker
   std::vector<DeviceShard> tasks;
   std::vector<uint32_t> begin;  // host h's tasks: [begin[h], begin[h + 1])
   // Host `host`'s part as the op that tells it (proto::ShardLayout).
@@ -89,15 +91,25 @@ class CallExecutes {
   // task of device 0 and shard 0, as AddOwnShardsHosts writes it) that each
   // worker expands with its own devices and shards (proto::Execute's
   // layout_id and own_task; common/shard_layouts.h). Nothing is encoded
-  // per host. `hosts` are the layout's, in its order.
-  void AddOwnShardsLayout(absl::Span<const std::pair<int64_t, int>> hosts,
-                          std::shared_ptr<const ShardLayoutMap> layout,
+  // or listed per host: the hosts are the layout's workers, in its order.
+  void AddOwnShardsLayout(std::shared_ptr<const ShardLayoutMap> layout,
                           absl::Span<const OwnShardInput> inputs);
-  // Admission's ticket and start tag, the same on every host.
+  // Admission's ticket and start tag, the same on every host; before any
+  // OutOp of it is made.
   void Stamp(uint64_t ticket, double start_tag);
+  // Once stamped, the WorkerOp every host gets where they all get the same
+  // (a layout's call); empty (a null data()) otherwise.
+  absl::string_view SameOpBytes() const {
+    return op_bytes_.empty() ? absl::string_view() : op_bytes_;
+  }
 
-  int hosts() const { return static_cast<int>(hosts_.size()); }
-  int64_t worker(int host) const { return hosts_[host].worker; }
+  int hosts() const {
+    return static_cast<int>(layout_ != nullptr ? layout_->workers.size()
+                                               : hosts_.size());
+  }
+  int64_t worker(int host) const {
+    return layout_ != nullptr ? layout_->workers[host] : hosts_[host].worker;
+  }
   uint64_t call_id() const { return call_id_; }
   uint64_t program_id() const { return program_id_; }
   absl::Span<const uint64_t> output_ids() const { return output_ids_; }
@@ -116,6 +128,8 @@ class CallExecutes {
 
  private:
   size_t ExecuteSize(int host) const;
+  // Host `host`'s field `tasks`, encoded (none with a layout).
+  absl::string_view TaskBytes(int host) const;
 
   struct Host {
     int64_t worker;
@@ -128,8 +142,8 @@ class CallExecutes {
   bool relay_ = false;
   std::string shared_;  // the shared fields of Execute, encoded
   std::string tasks_;   // every host's field `tasks`, encoded, host by host
-  std::vector<Host> hosts_;
-  // Set by AddOwnShardsLayout: the hosts' tasks (for Execute).
+  std::vector<Host> hosts_;  // (empty with layout_: its workers are hosts)
+  // Set by AddOwnShardsLayout: the hosts and their tasks (for Execute).
   std::shared_ptr<const ShardLayoutMap> layout_;
   // With layout_, once stamped: the WorkerOp every host gets, whole (its
   // writers copy it; nothing is sized or assembled per host).
@@ -170,19 +184,31 @@ struct OutOp {
       : op(std::make_unique<proto::WorkerOp>(std::move(proto_op))) {}
   // One host's Execute of `executes`, which this op keeps alive.
   OutOp(std::shared_ptr<const CallExecutes> executes, int host_index)
-      : call(executes.get()), host(host_index), keep(std::move(executes)) {}
-  // One host's Execute of `executes`, which another op of its push keeps
-  // alive (`keep`, above).
+      : OutOp(executes.get(), host_index) {
+    keep = std::move(executes);
+  }
+  // One host's Execute of `executes` (stamped: CallExecutes::Stamp), which
+  // another op of its push keeps alive (`keep`, above).
   OutOp(const CallExecutes* executes, int host_index)
-      : call(executes), host(host_index) {}
+      : call(executes), host(host_index) {
+    const absl::string_view same = executes->SameOpBytes();
+    bytes = same.data();
+    size = static_cast<uint32_t>(same.size());
+  }
   explicit OutOp(std::shared_ptr<const EncodedOp> shared)
-      : encoded(shared.get()), keep(std::move(shared)) {}
+      : bytes(shared->bytes.data()),
+        size(static_cast<uint32_t>(shared->bytes.size())),
+        keep(std::move(shared)) {}
 
-  std::unique_ptr<proto::WorkerOp>
-      op;  // set when `call` and `encoded` are null
+  std::unique_ptr<proto::WorkerOp> op;  // set when `call` and `bytes` are
+                                        // null
   const CallExecutes* call = nullptr;
   int host = 0;
-  const EncodedOp* encoded = nullptr;
+  // The op's encoded WorkerOp where it is ready to copy (an op encoded for
+  // several workers; a call every host of which gets the same bytes), so
+  // a writer reads nothing else of it: null otherwise.
+  uint32_t size = 0;
+  const char* bytes = nullptr;
   std::shared_ptr<const void> keep;
 };
 

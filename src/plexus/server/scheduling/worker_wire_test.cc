@@ -170,10 +170,11 @@ TEST(CallExecutesTest, ALayoutsHostsGetTheSameBytesAndExpandToTheirTasks) {
   layout->layout_id = 300;  // a two-byte varint
   layout->tasks = {{0, 0}, {1, 200}, {0, 1}, {3, 4}, {2, 20000}};
   layout->begin = {0, 2, 3, 5};
+  layout->workers = {5, 6, 9};
   const std::vector<std::pair<int64_t, int>> hosts = {{5, 2}, {6, 1}, {9, 2}};
 
   CallExecutes shared(Shared()), listed(Shared());
-  shared.AddOwnShardsLayout(hosts, layout, inputs);
+  shared.AddOwnShardsLayout(layout, inputs);
   listed.AddOwnShardsHosts(hosts, layout->tasks, inputs);
   shared.Stamp(77, 1.5);
   listed.Stamp(77, 1.5);
@@ -203,6 +204,22 @@ TEST(CallExecutesTest, ALayoutsHostsGetTheSameBytesAndExpandToTheirTasks) {
   }
   // One host's op is smaller than any host's listed one.
   EXPECT_LT(shared.WorkerOpSize(1), listed.WorkerOpSize(0));
+  // A queued op of it carries those bytes (a writer reads nothing else),
+  // and one of a call listing its hosts' tasks does not.
+  const OutOp queued(&shared, 2);
+  ASSERT_NE(queued.bytes, nullptr);
+  EXPECT_EQ(std::string(queued.bytes, queued.size), first);
+  EXPECT_EQ(OutOp(&listed, 2).bytes, nullptr);
+  std::vector<OutOp> ops;
+  ops.emplace_back(&shared, 1);
+  std::string appended;
+  AppendOps(ops, &appended);
+  proto::ServerToWorker parsed;
+  ASSERT_TRUE(parsed.ParseFromString(appended));
+  ASSERT_EQ(parsed.ops_size(), 1);
+  proto::WorkerOp written;
+  ASSERT_TRUE(written.ParseFromString(first));
+  EXPECT_TRUE(MessageDifferencer::Equals(parsed.ops(0), written));
 }
 
 TEST(AppendOpsTest, AWorkerParsesProtoAndEncodedOpsInQueueOrder) {
