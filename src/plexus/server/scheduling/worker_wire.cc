@@ -305,7 +305,9 @@ size_t CallExecutes::ExecuteSize(int host) const {
 }
 
 absl::string_view CallExecutes::TaskBytes(int host) const {
-  if (layout_ != nullptr) return {};  // (every host's tasks: own_task)
+  // With a layout, none: every host's tasks are own_task. (A view into
+  // tasks_ either way: memcpy of it never gets a null pointer.)
+  if (layout_ != nullptr) return absl::string_view(tasks_.data(), 0);
   const Host& h = hosts_[host];
   return absl::string_view(tasks_).substr(h.begin, h.end - h.begin);
 }
