@@ -63,6 +63,34 @@ def test_a_donated_value_is_gone_and_its_memory_holds_the_output():
         assert int(st["device_peak_bytes"][0]) > 6 * MIB
 
 
+def test_a_donating_call_made_on_a_ready_input_holds_one_value():
+    # Each step made after the last is done finds its input ready and the
+    # device idle: a quick task the worker could run on its ops thread,
+    # reserving room ahead for its output and input. A donating one must
+    # not: the room was counted beside the value written over (the
+    # device's peak read three values; the test above caught it only when
+    # its 3 MiB steps happened to run that fast).
+    small = (128, 128)  # 64 KiB of float32: a step takes microseconds
+    with plexus.local(hosts=1) as cluster:
+        client = cluster.connect()
+        s = client.slice(1)
+        init = plexus.jit(lambda: jnp.ones(small, jnp.float32), s,
+                          name="init")
+        step = plexus.jit(lambda p: p * 0.5 + 1.0, s, name="step",
+                          donate_argnums=0)
+        p = init()
+        plexus.wait(p)
+        want = np.ones(small, np.float32)
+        for _ in range(8):
+            p = step(p)
+            plexus.wait(p)
+            want = want * np.float32(0.5) + np.float32(1.0)
+        np.testing.assert_array_equal(np.asarray(p), want)
+        st = worker_stats(cluster)
+        assert st["donations"] == 8 and st["donations_declined"] == 0
+        assert int(st["device_peak_bytes"][0]) == 64 * 1024
+
+
 def donation_counts(cluster):
     st = cluster.status(fresh=True)["workers"]
     return (sum(int(w["stats"].get("donations", 0)) for w in st),

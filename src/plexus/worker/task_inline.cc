@@ -28,6 +28,13 @@ bool TaskRunner::TryRunInline(const std::shared_ptr<CallContext>& call) {
     call->executable = xla_.ResolvedExecutable(*program, {device});
     if (call->executable == nullptr) return false;
   }
+  // No donated input: whether its output needs memory of its own is
+  // decided as it runs (TakeDonations), so room reserved ahead here (for
+  // the output, MostBytes) would be counted beside the input it is written
+  // over — three values' worth of a device's peak for one.
+  for (const proto::InputBinding& binding : exec.tasks(0).inputs()) {
+    if (binding.donate()) return false;
+  }
   // Its inputs are ready (no wait for them), and stay so: what would let
   // them go comes through this reader.
   absl::InlinedVector<BufferKey, 8> inputs;

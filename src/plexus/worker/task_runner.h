@@ -11,8 +11,9 @@
 //
 // A quick task runs on the reader itself (TryRunInline), saving the device
 // thread's wake-up (a round trip's last hop but one, and a switch of the
-// worker's CPU per call): the call's only task here, of a program that is
-// not a collective and whose last task on that device ran within
+// worker's CPU per call): the call's only task here, donating no input,
+// of a program that is not a collective and whose last task on that device
+// ran within
 // kInlineTask (an XLA task's launch, and its run on the device), with its
 // inputs ready and its memory reserved now without
 // waiting (ObjectStore::TryReserve), on a device with nothing queued or
