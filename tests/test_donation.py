@@ -18,15 +18,20 @@ def worker_stats(cluster):
     return cluster.status(fresh=True)["workers"][0]["stats"]
 
 
+def ones_and_donating_step(s, shape):
+    """`init` (ones of `shape`) and `step` (p * 0.5 + 1, donating p) on s."""
+    init = plexus.jit(lambda: jnp.ones(shape, jnp.float32), s, name="init")
+    step = plexus.jit(lambda p: p * 0.5 + 1.0, s, name="step",
+                      donate_argnums=0)
+    return init, step
+
+
 def test_a_donated_value_is_gone_and_its_memory_holds_the_output():
     # A cluster of its own: the device's high-water mark is this test's.
     with plexus.local(hosts=1) as cluster:
         client = cluster.connect()
         s = client.slice(1)
-        init = plexus.jit(lambda: jnp.ones(SHAPE, jnp.float32), s,
-                          name="init")
-        step = plexus.jit(lambda p: p * 0.5 + 1.0, s, name="step",
-                          donate_argnums=0)
+        init, step = ones_and_donating_step(s, SHAPE)
         keep = plexus.jit(lambda p: p * 0.5 + 1.0, s, name="keep")
 
         # Ten updates queued at once, each donating the last one's output:
@@ -74,10 +79,7 @@ def test_a_donating_call_made_on_a_ready_input_holds_one_value():
     with plexus.local(hosts=1) as cluster:
         client = cluster.connect()
         s = client.slice(1)
-        init = plexus.jit(lambda: jnp.ones(small, jnp.float32), s,
-                          name="init")
-        step = plexus.jit(lambda p: p * 0.5 + 1.0, s, name="step",
-                          donate_argnums=0)
+        init, step = ones_and_donating_step(s, small)
         p = init()
         plexus.wait(p)
         want = np.ones(small, np.float32)
