@@ -242,6 +242,25 @@ def test_cli_up_status_down(tmp_path):
     assert gone.returncode == 1 and "no Plexus cluster" in gone.stderr
 
 
+def test_a_fresh_status_holds_what_the_workers_did_before_it_was_asked():
+    # status(fresh=True) asks every worker for its figures, read after the
+    # request came, so they count each value made before it was asked. It
+    # used to wait for any heartbeat read after the request came, which
+    # may have been composed before (a donation test saw 7 of its 8
+    # donations), or for none in its 3 s (here, where periodic heartbeats
+    # are 6 s apart: a 60 s heartbeat timeout, it saw empty figures).
+    with plexus.local(hosts=2, heartbeat_timeout_ms=60000) as cluster:
+        client = cluster.connect()
+        s = client.slice(2, placement="spread")
+        shard = 256 * 4  # bytes of one worker's row of float32
+        x = s.put(np.zeros((2, 256), np.float32), plexus.P("devices", None))
+        y = s.program("scale", x, factor=2.0)(x)
+        y.block_until_ready()
+        st = cluster.status(fresh=True)
+        assert [w["stats"].get("live_bytes", 0)
+                for w in st["workers"]] == [2 * shard] * 2, st["workers"]
+
+
 def test_a_wait_on_the_status_that_times_out_says_what_it_last_saw():
     # A test (or a user's script) that waits on the status and times out
     # is told what the cluster looked like then: each client's calls

@@ -222,9 +222,10 @@ class LocalCluster:
         return self
 
     def status(self, fresh=False):
-        """The server's view of the cluster, as a dict. fresh=True waits for
-        a heartbeat from every live worker first (~0.5 s), so worker stats
-        are current."""
+        """The server's view of the cluster, as a dict. fresh=True first asks
+        every live worker for its figures and waits for them and for each
+        one's next heartbeat (~0.1 s), so worker stats count everything
+        this process saw happen."""
         return cluster_status(self.address, fresh)
 
     def wait_until(self, predicate, timeout=10.0, what="a condition"):

@@ -44,8 +44,9 @@ def decode_status(text):
 
 
 def cluster_status(address, fresh=False):
-    """The status of the server at `address`, as a dict. fresh=True waits
-    for a heartbeat from every live worker first (~0.5 s)."""
+    """The status of the server at `address`, as a dict. fresh=True first
+    asks every live worker for its figures and waits for them and for each
+    one's next heartbeat (~0.1 s)."""
     return decode_status(_core.cluster_status(address, fresh))
 
 

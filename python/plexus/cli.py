@@ -117,9 +117,9 @@ def cmd_wait(args):
     deadline = time.monotonic() + args.timeout
     alive, error = 0, None
     while True:
-        # A fresh status waits for a heartbeat of every live worker (~0.5 s);
-        # with no server or no worker yet it returns at once, so those
-        # rounds are 0.2 s apart.
+        # A fresh status waits for every live worker's figures and next
+        # heartbeat (~0.1 s); with no server or no worker yet it returns at
+        # once, so those rounds are 0.2 s apart.
         try:
             st = cluster_status(address, True)
             alive = sum(1 for w in st.get("workers", []) if w["alive"])

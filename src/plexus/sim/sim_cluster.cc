@@ -46,7 +46,9 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   // the session, and would wait its drain bound for one left open).
   void Kill();
 
-  void Beat();         // a heartbeat now, and the next one scheduled
+  void Beat();  // a heartbeat now, and the next one scheduled
+  // A heartbeat now answering `request_id` (SendStats), off the period.
+  void SendBeat(uint64_t request_id);
   void CompleteDue();  // delayed completions whose time has come
   void Flush();        // the gathered CallsDone, as one report
 
@@ -132,6 +134,7 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   std::atomic<int64_t> calls_reported_{0};
   std::atomic<int64_t> reports_{0};
   std::atomic<int64_t> heartbeats_{0};
+  std::atomic<uint64_t> stats_answered_{0};  // the last SendStats answered
   std::atomic<int64_t> ops_{0};
   std::atomic<int64_t> ops_framed_{0};
   std::atomic<int64_t> reports_framed_{0};
@@ -376,6 +379,9 @@ void SimHost::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kCollectTimeline:
       AnswerTimeline(op.collect_timeline());
       break;
+    case proto::WorkerOp::kSendStats:
+      SendBeat(op.send_stats().request_id());
+      break;
     case proto::WorkerOp::kShardLayout: {
       absl::MutexLock lock(&mu_);
       layouts_.Add(op.shard_layout());
@@ -509,6 +515,14 @@ void SimHost::AnswerTimeline(const proto::CollectTimeline& request) {
 
 void SimHost::Beat() {
   if (ended_.load()) return;
+  SendBeat(stats_answered_.load());
+  cluster_.Schedule(
+      {absl::Now() + heartbeat_interval_, SimCluster::Due::kHeartbeat, this});
+}
+
+void SimHost::SendBeat(uint64_t request_id) {
+  if (ended_.load()) return;
+  stats_answered_.store(std::max(stats_answered_.load(), request_id));
   proto::WorkerToServer msg;
   proto::WorkerStats* stats = msg.mutable_heartbeat();
   const int devices = cluster_.options_.devices_per_host;
@@ -528,11 +542,10 @@ void SimHost::Beat() {
     stats->add_device_waiting_bytes(0);
     stats->add_device_tasks_pending(d == 0 ? pending : 0);
   }
+  stats->set_answers(request_id);
   stats->mutable_clock()->set_sent_ns(absl::GetCurrentTimeNanos());
   heartbeats_++;
   Send(std::move(msg));
-  cluster_.Schedule(
-      {absl::Now() + heartbeat_interval_, SimCluster::Due::kHeartbeat, this});
 }
 
 // ---------------------------------------------------------------- SimCluster

@@ -71,6 +71,9 @@ void OpApplier::Apply(proto::WorkerOp& op) {
     case proto::WorkerOp::kCollectTimeline:
       session_.SendTimeline(op.collect_timeline());
       break;
+    case proto::WorkerOp::kSendStats:
+      session_.SendStats(op.send_stats());
+      break;
     case proto::WorkerOp::kTransferFailed:
       // The sender could not reach this worker's data plane; the server
       // relays what it would have said in a PUSH_ERROR.

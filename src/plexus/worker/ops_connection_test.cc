@@ -20,8 +20,7 @@
 namespace plexus {
 namespace {
 
-// A status that waited for a heartbeat of each worker sent after it was
-// asked for.
+// A status that asked each worker for a heartbeat and waited for them.
 proto::ClusterStatus FreshStatus(const std::string& address) {
   auto stub = proto::Controller::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
@@ -42,9 +41,9 @@ struct Chained {
   std::vector<float> y;
   std::vector<int64_t> frames;
   std::vector<int64_t> reports;
-  // Then, with no call running, after two more fresh statuses (each waits
-  // for a heartbeat of every worker sent after it was asked): the frames
-  // each worker had sent back (its heartbeats among them, or not).
+  // Then, with no call running, after two more fresh statuses (each asks
+  // every worker for a heartbeat): the frames each worker had sent back
+  // (its heartbeats among them, or not).
   std::vector<int64_t> reports_idle;
   int64_t client_frames = -1;
   int64_t client_messages = -1;

@@ -110,6 +110,9 @@ absl::Status ServerSession::Reconnect(proto::WorkerToServer hello,
   {
     absl::MutexLock lock(&beat_mu_);
     beat_stop_ = false;
+    // Request ids are the server session's: a new one counts from 1.
+    stats_asked_ = 0;
+    stats_answered_ = 0;
   }
   reports_.Reopen();
   stream_.reset();
@@ -438,15 +441,18 @@ void ServerSession::HeartbeatLoop() {
   Clock* const clock = options_.clock;
   absl::Time next = clock->Now() + heartbeat_interval_;
   while (true) {
+    uint64_t answers;
     {
       absl::MutexLock lock(&beat_mu_);
-      while (!beat_stop_ &&
+      while (!beat_stop_ && stats_asked_ == stats_answered_ &&
              !clock->AwaitWithDeadline(&beat_mu_, &beat_wake_, next)) {
       }
       if (beat_stop_) return;
+      answers = stats_answered_ = stats_asked_;
     }
     proto::WorkerToServer beat;
     *beat.mutable_heartbeat() = stats_();
+    beat.mutable_heartbeat()->set_answers(answers);
     {
       // The probe's send time is read last, as close to the write as it
       // can be (timeline/clock_offset.h).
@@ -455,12 +461,20 @@ void ServerSession::HeartbeatLoop() {
     }
     beat.mutable_heartbeat()->mutable_clock()->set_sent_ns(timeline_.NowNs());
     if (!WriteToServer(beat)) return;
-    // On the period's grid; after a stall (the process stopped, the
-    // machine starved it), one beat at once and the grid from there.
-    next += heartbeat_interval_;
+    // On the period's grid (a beat the server asked for leaves it as it
+    // is); after a stall (the process stopped, the machine starved it),
+    // one beat at once and the grid from there.
     const absl::Time now = clock->Now();
+    if (now < next) continue;
+    next += heartbeat_interval_;
     if (next < now) next = now;
   }
+}
+
+void ServerSession::SendStats(const proto::SendStats& request) {
+  absl::MutexLock lock(&beat_mu_);
+  stats_asked_ = request.request_id();
+  beat_wake_.Signal();
 }
 
 void ServerSession::ApplyClockEcho(const proto::ClockEcho& echo) {

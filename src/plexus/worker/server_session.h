@@ -4,7 +4,8 @@
 // worker gives Connect; ops_inbox.h says why two threads); the
 // writer sends what the report queue gathers as it comes; the heartbeat
 // thread sends a heartbeat (the worker's figures, and a clock probe)
-// every heartbeat interval.
+// every heartbeat interval, and at once when the server asks for one
+// (SendStats, a fresh status).
 //
 // Heartbeats are what the server's failure detector reads, so nothing
 // else the worker does may hold them up: they have their thread to
@@ -110,6 +111,9 @@ class ServerSession {
   void ApplyClockEcho(const proto::ClockEcho& echo);
   // The timeline's events since request.since_ns, in chunks.
   void SendTimeline(const proto::CollectTimeline& request);
+  // A heartbeat now, its figures read after this call, answering
+  // request.request_id (a fresh status waits for it).
+  void SendStats(const proto::SendStats& request);
 
  private:
   // Registers and reads the server's first message into `first`.
@@ -167,6 +171,10 @@ class ServerSession {
   absl::Mutex beat_mu_;
   absl::CondVar beat_wake_;
   bool beat_stop_ ABSL_GUARDED_BY(beat_mu_) = false;
+  // The server's last SendStats request, and the last a heartbeat
+  // answered: a beat goes at once while they differ.
+  uint64_t stats_asked_ ABSL_GUARDED_BY(beat_mu_) = 0;
+  uint64_t stats_answered_ ABSL_GUARDED_BY(beat_mu_) = 0;
   // The last clock round trip completed (the server's ClockEcho, read at
   // t4), which the next heartbeat carries.
   absl::Mutex probe_mu_;

@@ -49,6 +49,9 @@ struct WorkerRecord {
   proto::WorkerStats stats;
   absl::Time last_heartbeat;
   int64_t heartbeats = 0;  // received so far
+  // The highest SendStats request its heartbeats answered (a fresh
+  // status waits for its own).
+  uint64_t stats_answered = 0;
   std::set<uint64_t> loaded_programs;
   // The peers it was told of (WorkerOp.peer), by id: a bit each. A worker
   // is told of a peer only as an op it is sent needs it (ClusterState::

@@ -39,7 +39,7 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
                             proto::ClusterStatus* status) {
   absl::MutexLock lock(&mu_);
   if (request.fresh_timeout_ms() > 0) {
-    AwaitFreshHeartbeatsLocked(absl::Milliseconds(request.fresh_timeout_ms()));
+    AwaitFreshStatsLocked(absl::Milliseconds(request.fresh_timeout_ms()));
   }
   status->set_address(advertised_);
   status->set_web_address(web_advertised_);
@@ -56,17 +56,35 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
   FillGraphsLocked(status);
 }
 
-void ServerImpl::AwaitFreshHeartbeatsLocked(absl::Duration timeout) {
-  // Wait for one heartbeat from every live worker (heartbeats are
-  // recorded under mu_, so Await re-checks as they arrive).
-  std::map<int64_t, int64_t> seen;
+void ServerImpl::AwaitFreshStatsLocked(absl::Duration timeout) {
+  // Every live worker is asked for a heartbeat now, read after it applied
+  // this op (and every op sent before it): a beat already on its way when
+  // the request came does not count. Its next periodic beat is awaited
+  // too (a beat is read after the ones before it), so what a caller sent
+  // just before asking (a release lingering in its client) has a period
+  // to arrive, as it always had. Heartbeats are recorded under mu_, so
+  // Await re-checks as they arrive.
+  const uint64_t request = ++stats_requests_;
+  struct Asked {
+    int64_t id;
+    int64_t heartbeats;
+  };
+  std::vector<Asked> asked;
   for (const auto& [id, w] : state_.workers()) {
-    if (w.alive) seen[id] = w.heartbeats;
+    if (!w.alive) continue;
+    proto::WorkerOp op;
+    op.mutable_send_stats()->set_request_id(request);
+    scheduler_.Send(id, std::move(op));
+    // The answer is one beat, the next periodic one another.
+    asked.push_back({id, w.heartbeats + 1});
   }
   auto fresh = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (const auto& [id, count] : seen) {
-      const WorkerRecord* w = state_.FindWorker(id);
-      if (w != nullptr && w->alive && w->heartbeats == count) return false;
+    for (const Asked& a : asked) {
+      const WorkerRecord* w = state_.FindWorker(a.id);
+      if (w != nullptr && w->alive &&
+          (w->stats_answered < request || w->heartbeats <= a.heartbeats)) {
+        return false;
+      }
     }
     return true;
   };

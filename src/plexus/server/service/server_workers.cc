@@ -383,6 +383,7 @@ void ServerImpl::OnHeartbeat(int64_t id, const proto::WorkerToServer& msg) {
       w->stats = msg.heartbeat();
       w->last_heartbeat = options_.clock->Now();
       w->heartbeats++;
+      w->stats_answered = std::max(w->stats_answered, w->stats.answers());
     }
   }
   OnClockProbe(id, msg.heartbeat().clock(), read_ns);

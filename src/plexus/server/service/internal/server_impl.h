@@ -281,10 +281,11 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // why list when request.why_after_ms() < 0.
   void FillStatus(const proto::StatusRequest& request,
                   proto::ClusterStatus* status);
-  // Waits, up to `timeout` (real time: the caller's RPC budget), for one
-  // heartbeat from every worker alive now (heartbeats are recorded under
-  // mu_, so Await re-checks as they arrive).
-  void AwaitFreshHeartbeatsLocked(absl::Duration timeout)
+  // Asks every worker alive now for a heartbeat (SendStats) and waits, up
+  // to `timeout` (real time: the caller's RPC budget), for each one's
+  // answer, figures read after the request came, and its next periodic
+  // heartbeat after that.
+  void AwaitFreshStatsLocked(absl::Duration timeout)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FillStatus's parts: the workers and clients (with their admission
   // view); the slices and recovery counters; the why list and the waiting
@@ -533,6 +534,8 @@ class ServerImpl final : public Server, public proto::Controller::Service {
   // the worker queues (one consistent order across clients).
   absl::Mutex mu_;
   ClusterState state_ ABSL_GUARDED_BY(mu_);
+  // The last SendStats request id (AwaitFreshStatsLocked).
+  uint64_t stats_requests_ ABSL_GUARDED_BY(mu_) = 0;
   // Owns the worker queues and the order of everything put on them.
   // The admission lock: taken after mu_ when both are held, never before.
   absl::Mutex admission_mu_ ABSL_ACQUIRED_AFTER(mu_);
