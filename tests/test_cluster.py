@@ -261,6 +261,36 @@ def test_a_fresh_status_holds_what_the_workers_did_before_it_was_asked():
                 for w in st["workers"]] == [2 * shard] * 2, st["workers"]
 
 
+def test_a_fresh_status_says_how_old_a_silent_workers_figures_are():
+    # A stopped worker cannot answer a fresh status: the status comes at
+    # the end of its wait (3 s) anyway, with that worker's figures as old
+    # as its last heartbeat, before it stopped; the other answered after
+    # the request. `plexus status` and a wait on the status that times out
+    # name the silent host. (Heartbeats 1 s apart: silent from 3 s on,
+    # declared down after 10 s.)
+    with plexus.local(hosts=2, heartbeat_timeout_ms=10000) as cluster:
+        pids = {w["host_name"]: int(w["pid"])
+                for w in cluster.status()["workers"]}
+        os.kill(pids["host1"], signal.SIGSTOP)
+        try:
+            st = cluster.status(fresh=True)
+            assert int(st["heartbeat_interval_ms"]) == 1000
+            age = {w["host_name"]: int(w["stats_age_ms"])
+                   for w in st["workers"]}
+            assert all(w["alive"] for w in st["workers"]), st["workers"]
+            assert age["host1"] >= 3000 and age["host0"] < age["host1"], age
+            from plexus.cli import format_status
+            text = format_status(st)
+            assert "up (silent " in text, text
+            with pytest.raises(TimeoutError,
+                               match=r"host1 alive \(last heard \d+ ms "
+                                     r"ago\)"):
+                cluster.wait_until(lambda st: False, timeout=0,
+                                   what="nothing")
+        finally:
+            os.kill(pids["host1"], signal.SIGCONT)
+
+
 def test_a_wait_on_the_status_that_times_out_says_what_it_last_saw():
     # A test (or a user's script) that waits on the status and times out
     # is told what the cluster looked like then: each client's calls

@@ -10,21 +10,29 @@ from ._api import Client
 from ._binaries import bin_dir, default_pjrt_plugin
 from ._spawn import describe_exit, read_ready_line, spawn
 from ._status import cluster_status, web_url
+from ._status_text import silent_ms
 
 
 
 def _brief(st):
     """What a wait on the status that timed out last saw, in a line: each
     client's calls waiting, in flight and admitted; each worker, alive or
-    down."""
+    down, and, alive but silent (stopped, starved: _status_text.silent_ms),
+    for how long."""
     clients = ", ".join(
         f"{c.get('name')}: {c.get('calls_pending', 0)} waiting, "
         f"{c.get('calls_in_flight', 0)} in flight, "
         f"{c.get('calls_admitted', 0)} admitted"
         for c in st.get("clients", []))
-    workers = ", ".join(
-        f"{w.get('host_name')} {'alive' if w.get('alive') else 'down'}"
-        for w in st.get("workers", []))
+
+    def worker(w):
+        if not w.get("alive"):
+            return f"{w.get('host_name')} down"
+        silent = silent_ms(st, w)
+        return f"{w.get('host_name')} alive" + (
+            "" if silent is None else f" (last heard {silent} ms ago)")
+
+    workers = ", ".join(worker(w) for w in st.get("workers", []))
     return f"clients [{clients}]; workers [{workers}]"
 
 class ClusterExitError(RuntimeError):

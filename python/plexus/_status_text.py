@@ -27,7 +27,7 @@ def table(headers, rows):
 def format_status(st):
     """The cluster status as tables a person can scan."""
     workers = st.get("workers", [])
-    out = [_workers_table(workers)]
+    out = [_workers_table(st, workers)]
     xla = [w for w in workers if w.get("stats", {}).get("xla_platform") or
            w.get("stats", {}).get("xla_compiles")]
     if xla:
@@ -56,13 +56,30 @@ def format_status(st):
     return "\n".join(out)
 
 
-def _workers_table(workers):
+def silent_ms(st, w):
+    """How long an alive worker has not been heard from, if for three
+    heartbeat periods or more (stopped, starved); else None."""
+    age = int(w.get("stats_age_ms", 0))
+    period = int(st.get("heartbeat_interval_ms", 0)) or 100
+    return age if w.get("alive") and age >= 3 * period else None
+
+
+def _state(st, w):
+    """A worker's STATE: up, spare or DOWN; alive but silent, for how
+    long."""
+    if not w["alive"]:
+        return "DOWN"
+    state = "spare" if w.get("spare") else "up"
+    silent = silent_ms(st, w)
+    return state if silent is None else f"{state} (silent {silent / 1000:.1f} s)"
+
+
+def _workers_table(st, workers):
     rows = []
     for w in workers:
         s = w.get("stats", {})
         rows.append([
-            w["host_name"], w["worker_id"], w["pid"],
-            ("spare" if w.get("spare") else "up") if w["alive"] else "DOWN",
+            w["host_name"], w["worker_id"], w["pid"], _state(st, w),
             len(w.get("devices", [])),
             s.get("live_buffers", 0), human(s.get("live_bytes", 0)),
             s.get("calls_executed", 0), s.get("calls_failed", 0),

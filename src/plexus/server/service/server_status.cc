@@ -42,6 +42,8 @@ void ServerImpl::FillStatus(const proto::StatusRequest& request,
     AwaitFreshStatsLocked(absl::Milliseconds(request.fresh_timeout_ms()));
   }
   status->set_address(advertised_);
+  status->set_heartbeat_interval_ms(
+      absl::ToInt64Milliseconds(HeartbeatInterval(options_)));
   status->set_web_address(web_advertised_);
   status->set_calls_routed(state_.calls_routed());
   status->set_transfers_routed(state_.transfers_routed());
@@ -104,6 +106,8 @@ void ServerImpl::FillWorkersAndClientsLocked(proto::ClusterStatus* status) {
     ws->set_spare(w.info.spare());
     *ws->mutable_devices() = w.info.devices();
     *ws->mutable_stats() = w.stats;
+    ws->set_stats_age_ms(
+        absl::ToInt64Milliseconds(options_.clock->Now() - w.last_heartbeat));
   }
   for (const auto& [id, c] : state_.clients()) {
     auto* cs = status->add_clients();
