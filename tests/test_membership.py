@@ -184,6 +184,26 @@ def _wait_for_log(path, text, count, timeout):
         tail.wait()
 
 
+def test_a_second_server_on_an_address_in_use_fails_to_listen(tmp_path):
+    # gRPC's default SO_REUSEPORT let a second server bind a port in use
+    # and take some of its connections: two concurrent tests whose server
+    # restarted on a freed port met the other's workers, refused for a
+    # wrong secret. It exits instead, saying it cannot listen.
+    env = dict(os.environ, PLEXUS_CLUSTER_SECRET=_core.new_cluster_secret())
+    server, address = _server("127.0.0.1:0", tmp_path / "first.log", env)
+    try:
+        second = subprocess.run(
+            [str(bin_dir() / "plexus-server"), "--listen", address,
+             "--die-with-parent"], env=env, capture_output=True, text=True,
+            timeout=60)
+        assert second.returncode != 0, second.stderr
+        assert f"cannot listen on {address}" in second.stderr, second.stderr
+        assert server.poll() is None
+    finally:
+        server.kill()
+        server.wait()
+
+
 def test_a_standalone_worker_registers_with_a_restarted_server(tmp_path):
     secret = _core.new_cluster_secret()
     env = dict(os.environ, PLEXUS_CLUSTER_SECRET=secret)

@@ -72,6 +72,11 @@ absl::Status ServerImpl::Init() {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(options_.listen_address, *credentials, &port);
+  // One server per address: gRPC sets SO_REUSEPORT by default, so a second
+  // server on a port in use bound it too and took half of its new
+  // connections (workers and clients of one cluster refused by the other's
+  // secret). It fails to listen instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(256 << 20);
   builder.SetMaxSendMessageSize(256 << 20);
   // Workers and clients given a server list (a primary and its standby)
