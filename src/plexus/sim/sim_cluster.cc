@@ -47,7 +47,8 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   void Kill();
 
   void Beat();  // a heartbeat now, and the next one scheduled
-  // A heartbeat now answering `request_id` (SendStats), off the period.
+  // A heartbeat now answering `request_id` (SendStats; 0: none), off the
+  // period.
   void SendBeat(uint64_t request_id);
   void CompleteDue();  // delayed completions whose time has come
   void Flush();        // the gathered CallsDone, as one report
@@ -134,7 +135,6 @@ class SimHost final : public grpc::ClientBidiReactor<proto::WorkerToServer,
   std::atomic<int64_t> calls_reported_{0};
   std::atomic<int64_t> reports_{0};
   std::atomic<int64_t> heartbeats_{0};
-  std::atomic<uint64_t> stats_answered_{0};  // the last SendStats answered
   std::atomic<int64_t> ops_{0};
   std::atomic<int64_t> ops_framed_{0};
   std::atomic<int64_t> reports_framed_{0};
@@ -515,14 +515,13 @@ void SimHost::AnswerTimeline(const proto::CollectTimeline& request) {
 
 void SimHost::Beat() {
   if (ended_.load()) return;
-  SendBeat(stats_answered_.load());
+  SendBeat(0);  // (the server keeps the highest request answered)
   cluster_.Schedule(
       {absl::Now() + heartbeat_interval_, SimCluster::Due::kHeartbeat, this});
 }
 
 void SimHost::SendBeat(uint64_t request_id) {
   if (ended_.load()) return;
-  stats_answered_.store(std::max(stats_answered_.load(), request_id));
   proto::WorkerToServer msg;
   proto::WorkerStats* stats = msg.mutable_heartbeat();
   const int devices = cluster_.options_.devices_per_host;
